@@ -1,0 +1,21 @@
+# Fails the configure step if a file of the core (everything under csrc/ except the
+# two bridge folders csrc/torch and csrc/python) includes LibTorch or pybind11
+# headers: the core must build and test without torch.
+function(shardwise_check_core_is_torch_free csrc_dir)
+  file(GLOB_RECURSE files ${csrc_dir}/*.h ${csrc_dir}/*.cc)
+  set(offenders)
+  foreach(f IN LISTS files)
+    file(RELATIVE_PATH rel ${csrc_dir} ${f})
+    if(rel MATCHES "^(torch|python)/")
+      continue()
+    endif()
+    file(STRINGS ${f} hits REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](torch|ATen|c10|pybind11)/")
+    if(hits)
+      list(APPEND offenders "csrc/${rel}: ${hits}")
+    endif()
+  endforeach()
+  if(offenders)
+    list(JOIN offenders "\n  " msg)
+    message(FATAL_ERROR "LibTorch/pybind11 headers included outside csrc/torch and csrc/python:\n  ${msg}")
+  endif()
+endfunction()

@@ -1,0 +1,41 @@
+#include "ir/graph.h"
+
+#include <gtest/gtest.h>
+
+#include "support/error.h"
+
+namespace shardwise::ir {
+namespace {
+
+TEST(GraphTest, BuildsLinearAndFindsUsers) {
+  Graph g;
+  auto x = g.add_value("x", TensorType{DType::F32, {2, 16}, 0}, ValueRole::Input);
+  auto w = g.add_value("fc.weight", TensorType{DType::F32, {4, 16}, {}}, ValueRole::Parameter);
+  auto n = g.add_node("aten::linear", {x, w}, {{"linear", TensorType{DType::F32, {2, 4}, 0}}}, {}, "fc");
+  g.set_outputs({g.node(n).outputs[0]});
+  EXPECT_EQ(g.inputs(), std::vector<ValueId>{x});
+  EXPECT_EQ(g.users(w), std::vector<NodeId>{n});
+  EXPECT_EQ(g.value(g.node(n).outputs[0]).producer, n);
+  EXPECT_EQ(g.value(x).type.str(), "f32[b2,16]");
+  EXPECT_EQ(*g.find_value("fc.weight"), w);
+}
+
+TEST(GraphTest, RejectsDuplicateNamesAndBadIds) {
+  Graph g;
+  g.add_value("x", TensorType{}, ValueRole::Input);
+  EXPECT_THROW(g.add_value("x", TensorType{}, ValueRole::Parameter), support::ValidationError);
+  EXPECT_THROW(g.add_node("aten::relu", {7}, {{"y", TensorType{}}}), support::ValidationError);
+  EXPECT_THROW(g.add_value("z", TensorType{}, ValueRole::Activation), support::ValidationError);
+  EXPECT_EQ(g.values().size(), 1u);  // nothing changed by the failed calls
+}
+
+TEST(AttributeTest, DoublesPrintAsDoubles) {
+  EXPECT_EQ(attr_str(AttrValue{1.0}), "1.0");
+  EXPECT_EQ(attr_str(AttrValue{std::int64_t{-1}}), "-1");
+  EXPECT_EQ(attr_str(AttrValue{std::vector<std::int64_t>{2, 8}}), "[2,8]");
+  EXPECT_EQ(attr_str(AttrValue{std::string("tanh")}), "\"tanh\"");
+  EXPECT_EQ(attr_str(AttrValue{NoneAttr{}}), "none");
+}
+
+}  // namespace
+}  // namespace shardwise::ir
