@@ -1,0 +1,1 @@
+#include "tools/pass_pipeline.h"
