@@ -1,1 +1,140 @@
 #include "tools/pass_pipeline.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join lives here from fmt 11 on
+
+#include <utility>
+
+#include "ir/json.h"
+#include "ir/parser.h"
+#include "ir/printer.h"
+#include "ir/verifier.h"
+#include "support/error.h"
+#include "transform/dead_code.h"
+
+namespace shardwise::tools {
+namespace {
+
+struct PassEntry {
+  PassInfo info;
+  std::function<void(ir::Graph&)> run;
+};
+
+void json_roundtrip(ir::Graph& graph) {
+  ir::Graph back = ir::graph_from_json_string(ir::graph_to_json_string(graph));
+  // Compared as text rather than with Graph ==, so a NaN attribute (NaN != NaN) does
+  // not count as a change; the text shows every field that matters.
+  const std::string before = ir::print_graph(graph);
+  const std::string after = ir::print_graph(back);
+  if (before != after) {
+    std::size_t line = 1;
+    std::size_t i = 0;
+    while (i < before.size() && i < after.size() && before[i] == after[i]) line += before[i++] == '\n';
+    throw support::Error(fmt::format("the graph changed across a JSON round trip (first difference on line {} of the "
+                                     "printed graph)",
+                                     line));
+  }
+  graph = std::move(back);
+}
+
+// The one place passes are registered, in the order a full pipeline runs them (and
+// --help lists them). Why each sits where it does:
+std::vector<PassEntry> make_registry() {
+  std::vector<PassEntry> passes;
+  // verify first: every later pass indexes values and nodes by id and trusts the
+  // invariants of ir/graph.h, so a broken graph must stop here with a clear message.
+  passes.push_back({{"verify", "check the structural invariants of the graph (ids, roles, topological order)"},
+                    [](ir::Graph& g) { ir::verify_graph(g); }});
+  // dce before the analyses: nodes that reach no output are removed first, so the
+  // analyses neither spend time on them nor fail on a dead op they have no rule for.
+  passes.push_back({{"dce", "remove nodes whose outputs reach no graph output (leaf values stay)"},
+                    [](ir::Graph& g) { transform::eliminate_dead_code(g); }});
+  // ---- analysis passes (the lead adds them here) ----
+  // "check-shapes" goes here, after dce: it checks every node against the op rules
+  // of csrc/ops, so it must see the final set of nodes.
+  // "propagate-batch-dim" goes after check-shapes: it reads shapes and assumes the op
+  // rules hold, and it annotates types (batch_dim) that the passes below must keep.
+  // ---- checks of the final form ----
+  // json-roundtrip last: it proves the JSON form keeps everything the earlier passes
+  // produced, annotations included.
+  passes.push_back({{"json-roundtrip", "write the graph as JSON and read it back; fail if anything changed"},
+                    json_roundtrip});
+  return passes;
+}
+
+const std::vector<PassEntry>& registry() {
+  static const std::vector<PassEntry> passes = make_registry();
+  return passes;
+}
+
+const PassEntry& find_pass(std::string_view name) {
+  for (const PassEntry& p : registry()) {
+    if (p.info.name == name) return p;
+  }
+  std::vector<std::string_view> known;
+  for (const PassEntry& p : registry()) known.push_back(p.info.name);
+  throw support::Error(fmt::format("unknown pass '{}' (known passes: {})", name, fmt::join(known, ", ")));
+}
+
+// Rethrows a pass failure with the pass name in front, keeping the error type (the
+// Python bindings map each type to its own exception).
+template <typename F>
+void with_context(std::string_view what, F&& body) {
+  try {
+    body();
+  } catch (const support::ParseError& e) {
+    throw support::ParseError(fmt::format("{}: {}", what, e.what()));
+  } catch (const support::ValidationError& e) {
+    throw support::ValidationError(fmt::format("{}: {}", what, e.what()));
+  } catch (const support::Error& e) {
+    throw support::Error(fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+}  // namespace
+
+std::vector<PassInfo> available_passes() {
+  std::vector<PassInfo> out;
+  for (const PassEntry& p : registry()) out.push_back(p.info);
+  return out;
+}
+
+void run_pass(std::string_view name, ir::Graph& graph) { find_pass(name).run(graph); }
+
+void run_passes(ir::Graph& graph, const std::vector<std::string>& passes, const PipelineOptions& options) {
+  std::vector<const PassEntry*> resolved;
+  for (const std::string& name : passes) resolved.push_back(&find_pass(name));
+  if (options.verify_each) with_context("verifying the input graph", [&] { ir::verify_graph(graph); });
+  for (const PassEntry* pass : resolved) {
+    with_context(fmt::format("pass '{}'", pass->info.name), [&] { pass->run(graph); });
+    if (options.verify_each) {
+      with_context(fmt::format("verifying after pass '{}'", pass->info.name), [&] { ir::verify_graph(graph); });
+    }
+    if (options.after_each) options.after_each(pass->info.name, graph);
+  }
+}
+
+std::string run_pipeline(std::string_view ir_text, const std::vector<std::string>& passes, bool verify_each) {
+  ir::Graph graph = ir::parse_graph(ir_text);
+  PipelineOptions options;
+  options.verify_each = verify_each;
+  run_passes(graph, passes, options);
+  return ir::print_graph(graph);
+}
+
+std::vector<std::string> split_pass_list(std::string_view list) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    std::size_t end = list.find(',', start);
+    if (end == std::string_view::npos) end = list.size();
+    std::string_view item = list.substr(start, end - start);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t' || item.back() == '\r')) item.remove_suffix(1);
+    if (!item.empty()) out.emplace_back(item);
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace shardwise::tools

@@ -1,2 +1,51 @@
-// The pass pipeline of shardwise-opt and the golden tests (owned by the IR text/pass work).
+// The pass pipeline of shardwise-opt and the golden tests: named passes over an
+// ir::Graph, run in the order given, optionally verifying the graph after each.
+//
+// Passes (available_passes() is the authoritative list, with help text):
+//   verify          structural checks (ir/verifier.h); leaves the graph unchanged
+//   dce             dead-code elimination (transform/dead_code.h)
+//   json-roundtrip  graph -> JSON text -> graph; fails if the graph changed, so a
+//                   golden test with it proves the JSON form loses nothing
+//
+// Worked example:
+//   std::string out = run_pipeline(ir_text, {"dce", "verify"}, /*verify_each=*/true);
+//   // `out` is print_graph of the graph after dce, text parsed and verified first.
 #pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace shardwise::tools {
+
+struct PassInfo {
+  std::string name;
+  std::string help;
+};
+
+// In pipeline order of the registry (see pass_pipeline.cc for why each sits where it does).
+std::vector<PassInfo> available_passes();
+
+// Runs one pass. Throws support::Error on an unknown name, listing the known ones.
+void run_pass(std::string_view name, ir::Graph& graph);
+
+struct PipelineOptions {
+  bool verify_each = false;  // verify the input graph and the graph after every pass
+  // Called after each pass with its name and the resulting graph (--print-after-each).
+  std::function<void(std::string_view pass, const ir::Graph& graph)> after_each;
+};
+
+// Runs `passes` in order on `graph`. Every pass name is checked before the first runs,
+// so a typo fails fast. An error from a pass is rethrown with the pass name in front.
+void run_passes(ir::Graph& graph, const std::vector<std::string>& passes, const PipelineOptions& options = {});
+
+// Parses `ir_text`, runs the passes, returns the printed result.
+std::string run_pipeline(std::string_view ir_text, const std::vector<std::string>& passes, bool verify_each);
+
+// "a, b,,c" -> {"a", "b", "c"}: the --passes= / `// RUN:` list syntax.
+std::vector<std::string> split_pass_list(std::string_view list);
+
+}  // namespace shardwise::tools

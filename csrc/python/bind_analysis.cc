@@ -1,0 +1,7 @@
+#include "python/bindings.h"
+
+namespace shardwise::python {
+
+void bind_analysis(pybind11::module_& m) {}
+
+}  // namespace shardwise::python

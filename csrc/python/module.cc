@@ -1,0 +1,12 @@
+// shardwise._C: bindings only. Import torch before this module (shardwise/__init__.py does).
+#include <pybind11/pybind11.h>
+
+#include "python/bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "shardwise core bindings";
+  shardwise::python::bind_errors(m);
+  shardwise::python::bind_ir(m);
+  shardwise::python::bind_analysis(m);
+  shardwise::python::bind_torchscript(m);
+}

@@ -1,0 +1,15 @@
+"""shardwise: automatic data, tensor and pipeline parallelism for PyTorch models."""
+import torch  # noqa: F401  (must load before the extension: _C links against libtorch)
+
+from . import _C
+from ._C import ParseError, ShardwiseError, ValidationError
+from ._fx_import import CaptureError
+from .capture import capture
+from .graph import Graph, RepeatedBlocks, UnknownOp
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "capture", "Graph", "RepeatedBlocks", "UnknownOp",
+    "ShardwiseError", "ParseError", "ValidationError", "CaptureError",
+]

@@ -1,0 +1,291 @@
+"""ATen-level FX graph -> shardwise IR (as the JSON document `_C.Graph.from_json` reads).
+
+Both Python capture paths end here: `torch.export.export` (an ExportedProgram) and the
+fx fallback (`torch.fx.symbolic_trace` lowered to ATen by `make_fx`). The conventions
+are those of the core IR (csrc/ir/graph.h), shared with the TorchScript importer:
+
+- op names are ``aten::<name>`` plus ``.<overload>`` unless the overload is "default";
+- node inputs are the tensor operands in schema order (missing optional tensors
+  omitted, ``Tensor[]`` arguments flattened); every other argument is an attribute
+  keyed by its schema name, defaults filled in, so both importers agree;
+- parameters and buffers are leaf values named by their fully qualified names;
+- the module path of a node is the innermost entry of its ``nn_module_stack``.
+
+An op that is not an ATen OpOverload (a Python callable the tracer kept) becomes an
+opaque node named ``python::<qualified name>``: it has no sharding rule, so the
+planner replicates it and `Graph.unknown_ops()` reports it. It never breaks capture.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from . import _C
+
+_DTYPES = {
+    torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "bool", torch.complex64: "c64", torch.complex128: "c128",
+}
+for _name, _short in (("float8_e4m3fn", "f8e4m3"), ("float8_e5m2", "f8e5m2")):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _short
+
+
+class CaptureError(_C.ShardwiseError):
+    """Capture could not turn the program into the IR; the message names the node."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise CaptureError(f"unsupported tensor dtype {dtype}") from None
+
+
+def tensor_entry(name: str, t: torch.Tensor, batch_dim: int | None) -> dict:
+    shape = [int(d) for d in t.shape]  # static shapes: a SymInt here would raise, by design
+    entry = {"name": name, "dtype": dtype_name(t.dtype), "shape": shape}
+    if batch_dim is not None and t.dim() > 0:
+        entry["batch_dim"] = batch_dim % t.dim()
+    return entry
+
+
+def op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        schema = target._schema
+        base = schema.name  # "aten::linear"
+        return base if schema.overload_name in ("", "default") else f"{base}.{schema.overload_name}"
+    qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    module = getattr(target, "__module__", None)
+    return f"python::{module}.{qual}" if module else f"python::{qual}"
+
+
+def _attr_value(value: Any, where: str) -> Any:
+    """A Python argument -> a JSON attribute value (int, float, str, bool, None, list)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        items = [_attr_value(v, where) for v in value]
+        if all(isinstance(v, (bool, int)) for v in items):
+            return [int(v) for v in items]
+        if all(isinstance(v, (bool, int, float)) for v in items):
+            return [float(v) for v in items]
+        return str(list(value))  # e.g. a list holding None: kept readable, never fatal
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise CaptureError(f"{where}: symbolic value {value}; capture needs static shapes")
+    return str(value)
+
+
+def _module_path(node: torch.fx.Node, strip_prefix: str) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    if path.startswith("L['self']."):  # dynamo-style spelling, seen in some versions
+        path = path[len("L['self'].") :]
+    if strip_prefix and (path == strip_prefix[:-1] or path.startswith(strip_prefix)):
+        path = path[len(strip_prefix) :]
+    return path
+
+
+@dataclass
+class _Builder:
+    """Accumulates the IR document while walking one or more (nested) FX graphs."""
+
+    strip_prefix: str = ""
+    values: list = field(default_factory=list)
+    nodes: list = field(default_factory=list)
+    names: set = field(default_factory=set)
+
+    def unique(self, name: str) -> str:
+        name = name or "v"
+        out, k = name, 1
+        while out in self.names:
+            out, k = f"{name}_{k}", k + 1
+        self.names.add(out)
+        return out
+
+    def leaf(self, name: str, t: torch.Tensor, role: str, batch_dim: int | None = None) -> str:
+        if name in self.names:
+            raise CaptureError(f"two leaf values named '{name}'")
+        self.names.add(name)
+        entry = tensor_entry(name, t, batch_dim)
+        entry["role"] = role
+        self.values.append(entry)
+        return name
+
+
+def _schema_args(node: torch.fx.Node) -> list[tuple[str, Any]]:
+    """(argument name, value) for every schema argument, defaults filled in."""
+    schema = node.target._schema
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            out.append((arg.name, node.args[i]))
+        elif arg.name in node.kwargs:
+            out.append((arg.name, node.kwargs[arg.name]))
+        elif arg.has_default_value():
+            out.append((arg.name, arg.default_value))
+    return out
+
+
+def _split_operands(items: list[tuple[str, Any]], env: dict, where: str):
+    """Tensor operands -> input names; the rest -> attributes."""
+    inputs, attrs = [], {}
+    for name, value in items:
+        if isinstance(value, torch.fx.Node):
+            if value not in env:
+                raise CaptureError(f"{where}: operand '{value.name}' is not a tensor the IR knows")
+            ref = env[value]
+            if isinstance(ref, list):  # a multi-output value used whole (rare)
+                inputs.extend(r for r in ref if r is not None)
+            else:
+                inputs.append(ref)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value):
+            present = []
+            for v in value:
+                if isinstance(v, torch.fx.Node):
+                    inputs.append(env[v])
+                    present.append(1)
+                else:
+                    present.append(0)
+            if not all(present):  # e.g. index.Tensor's [None, idx]: keep where the tensors sit
+                attrs[f"{name}_present"] = present
+        else:
+            attrs[name] = _attr_value(value, f"{where}, argument '{name}'")
+    return inputs, attrs
+
+
+def _output_tensors(val: Any) -> list[torch.Tensor | None] | None:
+    """Tensors produced by a node: a list for multi-output ops, None for a plain tensor."""
+    if isinstance(val, (list, tuple)):
+        return [v if isinstance(v, torch.Tensor) else None for v in val]
+    return None
+
+
+def walk_graph(
+    graph: torch.fx.Graph,
+    builder: _Builder,
+    env: dict,
+    owner: torch.fx.GraphModule | None = None,
+) -> list:
+    """Adds every call_function node of `graph` to `builder`.
+
+    `env` maps FX nodes already bound (placeholders) to IR value names; returns the
+    IR value names (or nested lists) the graph's output node returns.
+    """
+    for node in graph.nodes:
+        if node.op in ("placeholder",):
+            if node not in env:
+                raise CaptureError(f"placeholder '{node.name}' has no binding")
+            continue
+        if node.op == "get_attr":
+            continue  # submodules of higher-order ops: inlined at their call site
+        if node.op == "output":
+            returned = node.args[0]
+            return [_lookup(env, a) for a in returned] if isinstance(returned, (list, tuple)) else [_lookup(env, returned)]
+        if node.op != "call_function":
+            raise CaptureError(f"node '{node.name}': unexpected FX op kind '{node.op}' in an ATen graph")
+        where = f"node '{node.name}' ({op_name(node.target)}) in module '{_module_path(node, builder.strip_prefix)}'"
+        if node.target is operator.getitem:
+            source, index = node.args
+            env[node] = env[source][index]
+            continue
+        sub = _inline_target(node, owner)
+        if sub is not None:
+            sub_gm, operands = sub
+            placeholders = [n for n in sub_gm.graph.nodes if n.op == "placeholder"]
+            sub_env = {p: env[a] for p, a in zip(placeholders, operands)}
+            results = walk_graph(sub_gm.graph, builder, sub_env, sub_gm)
+            env[node] = results if len(results) != 1 or isinstance(node.meta.get("val"), (list, tuple)) else results[0]
+            continue
+        _add_op_node(node, builder, env, where)
+    raise CaptureError("FX graph has no output node")
+
+
+def _lookup(env: dict, arg: Any):
+    if isinstance(arg, torch.fx.Node):
+        return env.get(arg)
+    return None  # a non-tensor output (None, int): not part of the IR
+
+
+def _inline_target(node: torch.fx.Node, owner: torch.fx.GraphModule | None):
+    """A higher-order op (e.g. wrap_with_set_grad_enabled, autocast) that calls a
+    subgraph: returns (subgraph module, its tensor operands) so the caller inlines it."""
+    if isinstance(node.target, torch._ops.OpOverload) or owner is None:
+        return None
+    subs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
+    if len(subs) != 1:
+        return None
+    sub_gm = getattr(owner, subs[0].target, None)
+    if not isinstance(sub_gm, torch.fx.GraphModule):
+        return None
+    operands = [a for a in node.args if isinstance(a, torch.fx.Node) and a is not subs[0]]
+    return sub_gm, operands
+
+
+def _add_op_node(node: torch.fx.Node, builder: _Builder, env: dict, where: str) -> None:
+    val = node.meta.get("val")
+    if isinstance(node.target, torch._ops.OpOverload):
+        if len(node.target._schema.returns) == 0:
+            return  # e.g. _assert_tensor_metadata: a check with no result, nothing to shard
+        inputs, attrs = _split_operands(_schema_args(node), env, where)
+    else:
+        items = [(f"arg{i}", a) for i, a in enumerate(node.args)] + list(node.kwargs.items())
+        inputs, attrs = _split_operands(items, env, where)
+    multi = _output_tensors(val)
+    if multi is None:
+        if not isinstance(val, torch.Tensor):
+            raise CaptureError(f"{where}: no tensor metadata on the result (got {type(val).__name__})")
+        outputs = [tensor_entry(builder.unique(node.name), val, None)]
+        env[node] = outputs[0]["name"]
+    else:
+        getitem_names = {u.args[1]: u.name for u in node.users if u.target is operator.getitem}
+        outputs, refs = [], []
+        for i, t in enumerate(multi):
+            if t is None:
+                refs.append(None)
+                continue
+            name = builder.unique(getitem_names.get(i, f"{node.name}.{i}"))
+            outputs.append(tensor_entry(name, t, None))
+            refs.append(name)
+        env[node] = refs
+    builder.nodes.append({
+        "op": op_name(node.target),
+        "inputs": inputs,
+        "outputs": outputs,
+        "attrs": attrs,
+        "module": _module_path(node, builder.strip_prefix),
+    })
+
+
+def flatten_names(results: list) -> list[str]:
+    out = []
+    for r in results:
+        if isinstance(r, list):
+            out.extend(flatten_names(r))
+        elif r is not None:
+            out.append(r)
+    return out
+
+
+def document(builder: _Builder, outputs: list[str]) -> dict:
+    return {
+        "format": "shardwise.graph",
+        "version": 1,
+        "values": builder.values,
+        "nodes": builder.nodes,
+        "outputs": outputs,
+    }
+
+
+ParamNamer = Callable[[str], str]

@@ -1,0 +1,61 @@
+"""Build shardwise: CMake builds the torch-free core and the shardwise._C extension.
+
+    pip install --no-build-isolation .      (or -e . for development)
+
+Environment: SHARDWISE_BUILD_TYPE (Release|Debug|RelWithDebInfo, default Release),
+SHARDWISE_JOBS (parallel compile jobs, default 2).
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        import torch  # the build compiles against the installed torch (no build isolation)
+
+        out_dir = Path(self.get_ext_fullpath(ext.name)).parent.resolve()
+        build_dir = ROOT / "build" / "python"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        cfg = os.environ.get("SHARDWISE_BUILD_TYPE", "Release")
+        args = [
+            "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+            f"-DCMAKE_BUILD_TYPE={cfg}",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            "-DSHARDWISE_BUILD_PYTHON=ON",
+            "-DSHARDWISE_BUILD_TESTS=OFF",
+            f"-DSHARDWISE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        ]
+        subprocess.run(args, check=True)
+        jobs = os.environ.get("SHARDWISE_JOBS", "2")
+        subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C", "-j", jobs], check=True)
+
+
+setup(
+    name="shardwise",
+    version="0.1.0",
+    description="Automatic data, tensor and pipeline parallelism for PyTorch models",
+    python_requires=">=3.10",
+    package_dir={"": "python"},
+    packages=find_packages("python"),
+    ext_modules=[CMakeExtension("shardwise._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    # torch is not pinned here: the wheel must work with the torch of the machine it
+    # is built on (2.13 CPU here, 2.11+cu130 on the GPU machine). Install scripts pin.
+    install_requires=["torch>=2.11", "rich>=13"],
+    extras_require={"test": ["pytest", "transformers>=4.45"]},
+    entry_points={"console_scripts": ["shardwise=shardwise.__main__:main"]},
+    zip_safe=False,
+)

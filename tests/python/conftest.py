@@ -1,0 +1,63 @@
+"""Shared fixtures: real models nobody here wrote (Hugging Face transformers, built
+from small configs with random weights) and small hand-written ones."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+transformers = pytest.importorskip("transformers")
+
+BATCH, SEQ, VOCAB = 2, 16, 128
+
+
+def _ids():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    return {"input_ids": ids, "labels": ids}
+
+
+def gpt2(layers: int = 3, hidden: int = 64, heads: int = 4):
+    cfg = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=VOCAB,
+                                  n_positions=64, use_cache=False)
+    return transformers.GPT2LMHeadModel(cfg).eval(), _ids()
+
+
+def bert(layers: int = 2):
+    cfg = transformers.BertConfig(num_hidden_layers=layers, hidden_size=64, num_attention_heads=4,
+                                  intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64)
+    return transformers.BertForMaskedLM(cfg).eval(), _ids()
+
+
+def llama(layers: int = 2):
+    cfg = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=64, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=128, vocab_size=VOCAB,
+                                   max_position_embeddings=64, use_cache=False)
+    return transformers.LlamaForCausalLM(cfg).eval(), _ids()
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(16 * 4 * 4, classes))
+
+    def forward(self, x, target):
+        return nn.functional.cross_entropy(self.head(self.features(x)), target)
+
+
+def cnn():
+    torch.manual_seed(0)
+    return SmallCNN().eval(), (torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)))
+
+
+MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "cnn": cnn}
+
+
+@pytest.fixture(params=sorted(MODELS))
+def model_and_inputs(request):
+    model, inputs = MODELS[request.param]()
+    return request.param, model, inputs
