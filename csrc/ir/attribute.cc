@@ -53,7 +53,10 @@ std::string attr_str(const AttrValue& value) {
           return fmt::format("[{}]", fmt::join(v, ","));
         } else {
           std::string out = "[";
-          for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + double_str(v[i]);
+          for (std::size_t i = 0; i < v.size(); ++i) {
+            if (i) out += ',';
+            out += double_str(v[i]);
+          }
           return out + "]";
         }
       },

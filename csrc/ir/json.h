@@ -28,6 +28,9 @@
 //    that does not fit the schema -> support::ParseError naming the path
 //    ("nodes[3].inputs[1]: undefined value 'x'").
 //
+// Only <nlohmann/json_fwd.hpp> is included here, to keep this header light; a caller
+// that touches the returned nlohmann::json includes <nlohmann/json.hpp> itself.
+//
 // Worked example:
 //   nlohmann::json j = graph_to_json(g);
 //   std::string text = graph_to_json_string(g, 2);   // pretty-printed

@@ -497,7 +497,7 @@ class TextParser {
       if (word == "activation") fail(role_loc, "an activation is defined by a node line ('= op(...)'), not a role");
       fail(role_loc, fmt::format("expected a role (parameter, buffer, constant, input) or '=' after the type of {}, "
                                  "found {}",
-                                 value_ref(first.name), word.empty() ? describe_here() : "'" + std::string(word) + "'"));
+                                 value_ref(first.name), word.empty() ? describe_here() : fmt::format("'{}'", word)));
     }
     s.is_leaf = true;
     s.role = *role;

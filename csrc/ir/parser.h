@@ -7,8 +7,9 @@
 //    unknown dtype, bad number, undefined or duplicate %value, missing brace, trailing
 //    junk... Any input, however broken, ends in a Graph or a ParseError: no crash, no
 //    hang, no recursion whose depth depends on the input (it is fuzzed).
-//  - Whitespace (newlines included) separates tokens freely; `//` and `#` start a
-//    comment that runs to the end of the line (outside strings).
+//  - Whitespace (newlines included) separates tokens freely, except after `%` and `@`,
+//    which bind to the name that follows; `//` and `#` start a comment that runs to
+//    the end of the line (outside strings).
 //  - Values are created in the order they appear, so ids follow the text; the header
 //    inputs come first, except those re-declared in the body with role `input` (see
 //    printer.h), which must be the last header inputs, in header order, with the same type.

@@ -65,7 +65,10 @@ std::string quote_string(std::string_view text) {
 
 std::string value_ref(std::string_view name) {
   if (all_of_nonempty(name, is_value_name_char)) return fmt::format("%{}", name);
-  return "%" + quote_string(name);
+  // Built by appends: `"%" + std::string&&` trips GCC 12's false -Wrestrict (bug 105329).
+  std::string out = "%";
+  out += quote_string(name);
+  return out;
 }
 
 std::string print_node(const Graph& graph, NodeId id) {

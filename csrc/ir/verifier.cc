@@ -95,7 +95,7 @@ class Verifier {
         if (!valid_value(out)) fail(node_desc(n), fmt::format("output {} is value id {}, which does not exist", k, out));
         const Value& v = values_[static_cast<std::size_t>(out)];
         if (v.role != ValueRole::Activation) {
-          fail(node_desc(n), fmt::format("output {} is {}, a {} rather than an activation", k, value_desc(out),
+          fail(node_desc(n), fmt::format("output {} is {}, a leaf ({}) rather than an activation", k, value_desc(out),
                                          role_name(v.role)));
         }
         if (v.producer != static_cast<NodeId>(n) || v.output_index != static_cast<int>(k)) {
