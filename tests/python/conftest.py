@@ -56,8 +56,3 @@ def cnn():
 
 MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "cnn": cnn}
 
-
-@pytest.fixture(params=sorted(MODELS))
-def model_and_inputs(request):
-    model, inputs = MODELS[request.param]()
-    return request.param, model, inputs
