@@ -6,6 +6,7 @@ Environment: SHARDWISE_BUILD_TYPE (Release|Debug|RelWithDebInfo, default Release
 SHARDWISE_JOBS (parallel compile jobs, default 2).
 """
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,14 +26,17 @@ class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         import torch  # the build compiles against the installed torch (no build isolation)
 
-        out_dir = Path(self.get_ext_fullpath(ext.name)).parent.resolve()
+        target = Path(self.get_ext_fullpath(ext.name)).resolve()
         build_dir = ROOT / "build" / "python"
+        # A fixed output folder, so `cmake --build build/python --target _C` during
+        # development writes where scripts/rebuild-ext.sh copies from.
+        lib_dir = build_dir / "lib"
         build_dir.mkdir(parents=True, exist_ok=True)
         cfg = os.environ.get("SHARDWISE_BUILD_TYPE", "Release")
         args = [
             "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
             f"-DCMAKE_BUILD_TYPE={cfg}",
-            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={lib_dir}",
             f"-DPython3_EXECUTABLE={sys.executable}",
             "-DSHARDWISE_BUILD_PYTHON=ON",
             "-DSHARDWISE_BUILD_TESTS=OFF",
@@ -41,6 +45,9 @@ class CMakeBuild(build_ext):
         subprocess.run(args, check=True)
         jobs = os.environ.get("SHARDWISE_JOBS", "2")
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C", "-j", jobs], check=True)
+        built = lib_dir / target.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, target)
 
 
 setup(

@@ -205,7 +205,7 @@ def capture(
     if method == "torchscript":
         from ._torchscript import import_torchscript
 
-        return Graph._from_core(import_torchscript(model, tuple(named.values())), batch_dim=batch_dim)
+        return Graph._from_core(import_torchscript(model, named), batch_dim=batch_dim)
     if method == "export":
         try:
             doc = _capture_export(model, named, batch_dim)
