@@ -1,0 +1,80 @@
+// The dimension rule of one op instance, as plain data.
+//
+// A rule names the iteration indices of an op and says, for every dimension of every
+// tensor operand, which indices that dimension factorises into (major to minor). Each
+// index has a kind that tells the sharding search what splitting it means:
+//
+//   Spatial  the computation is independent along the index: split the index and every
+//            operand dimension that carries it is split the same way. An index that no
+//            output carries but some input does only occurs on operands the op reads for
+//            metadata (type, device, shape): splitting it changes nothing.
+//   Reduced  carried by inputs only and summed over (contracted): splitting it leaves each
+//            rank with a partial result of every output, combined by `reduction`
+//            (DTensor's Partial(sum) for a matmul, Partial(avg) for a mean, ...).
+//   Whole    the op needs the index entire (softmax's dim, layer norm's normalised dims,
+//            convolution windows, the cat dim): it must not be split.
+//
+// DimIndices lists the indices of one tensor dimension, major to minor. An empty list is a
+// size-1 dimension tied to no index (a broadcast operand, a keepdim reduction, a view that
+// adds or drops a unit dimension).
+//
+// Worked example: aten::mm on f32[32,768] x f32[768,2304] -> f32[32,2304]:
+//   indices  0:m=32 Spatial, 1:k=768 Reduced(sum), 2:n=2304 Spatial
+//   inputs   {{0},{1}}, {{1},{2}}
+//   outputs  {{0},{2}}
+//   str()    "m k, k n -> m n  [m=32, k=768 reduced, n=2304]"
+// and aten::view f32[2,8,768] -> f32[2,8,12,64] factorises input dim 2 into (heads, d):
+//   indices  0:i0=2, 1:i1=8, 2:i2=12, 3:i3=64 (all Spatial)
+//   inputs   {{0},{1},{2,3}}     outputs {{0},{1},{2},{3}}
+// so splitting index 2 (the heads) splits input dim 2 by its major factor and output dim 2.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardwise::ops {
+
+enum class IndexKind : std::uint8_t { Spatial, Reduced, Whole };
+std::string_view index_kind_name(IndexKind kind);  // "spatial", "reduced", "whole"
+
+// How the per-rank results of a split Reduced index combine into the true result.
+enum class Reduction : std::uint8_t { Sum, Mean, Max, Min };
+std::string_view reduction_name(Reduction reduction);  // "sum", "mean", "max", "min"
+
+struct Index {
+  std::string label;  // unique within its rule; for people reading a dump only
+  std::int64_t size = 1;
+  IndexKind kind = IndexKind::Spatial;
+  Reduction reduction = Reduction::Sum;  // meaningful for Reduced indices only
+
+  friend bool operator==(const Index&, const Index&) = default;
+};
+
+using DimIndices = std::vector<int>;          // indices of one tensor dim, major to minor
+using OperandDims = std::vector<DimIndices>;  // one entry per dim of one tensor operand
+
+struct DimRule {
+  std::vector<Index> indices;
+  std::vector<OperandDims> inputs;   // one per tensor input of the node, in node order
+  std::vector<OperandDims> outputs;  // one per output of the node
+
+  // Id of the index with this label, or -1.
+  int find(std::string_view label) const;
+  // Product of the sizes of the indices (1 for an empty list): the size the dim must have.
+  std::int64_t dims_size(const DimIndices& dims) const;
+  // Shape implied for one operand.
+  std::vector<std::int64_t> shape_of(const OperandDims& operand) const;
+  // One line, see the worked example above.
+  std::string str() const;
+
+  friend bool operator==(const DimRule&, const DimRule&) = default;
+};
+
+// Throws support::ValidationError if the rule is malformed: an index id out of range, a
+// repeated or empty label, an index used twice in one operand, an index used nowhere, or a
+// Reduced index in an output.
+void check_structure(const DimRule& rule);
+
+}  // namespace shardwise::ops

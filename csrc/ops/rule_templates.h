@@ -1,0 +1,103 @@
+// Rule templates: dimension rules whose shape depends on a node's attributes (which dim a
+// softmax runs over, which dims a view splits), called from the op table as
+// "name(arg, ...)" (see rule_text.h for the argument syntax).
+//
+// The templates, their parameters (a default in brackets; none = required) and meaning.
+// "dim" parameters accept negative dims; a list parameter also accepts one integer.
+//
+//   elementwise()                      n-ary numpy broadcasting; every output the broadcast shape
+//   expand(size)                       broadcast input 0 to `size` (-1 keeps a dim); new dims Spatial
+//   whole(dim)                         as elementwise, but the listed dims Whole (softmax, cumsum,
+//                                      flip, triu); outputs keep input 0's shape
+//   whole_resized(dim[-1])             as whole, but outputs may resize the listed dims (diff, topk)
+//   reduce_sum(dim[none], keepdim[false])   listed dims (none or [] = all) Reduced(sum); also
+//   reduce_mean / reduce_max / reduce_min   Reduced(mean / max / min), and reduce_whole: the
+//   reduce_whole                            reduced dims Whole (var, argmax: no partial form)
+//   transpose(dim0, dim1)              swap two dims (a rank < 2 tensor passes through)
+//   permute(dims)                      reorder dims
+//   reshape(size[none])                view / reshape by factorisation (reshape_factorisation.h);
+//                                      with no size, a second input gives the shape (view_as)
+//   flatten(start_dim[0], end_dim[-1]), unflatten(dim, sizes), unsqueeze(dim),
+//   squeeze(dim[none])                 the same factorisation, output shape from the attrs
+//   slice(dim[0], start[none], end[none], step[1])   the sliced dim Whole (unless kept whole)
+//   narrow(dim, length)                as slice
+//   select(dim)                        the dim Whole on the input, gone from the output
+//   cat(dim[0]), stack(dim[0])         the joined dim Whole; when cat's inputs are equal along
+//                                      it, the output dim is (P c): P Whole parts, c Spatial,
+//                                      so a fused q|k|v tensor stays splittable (strided)
+//   split(split_size, dim[0]), split_sizes(split_sizes, dim[0]), chunk(chunks, dim[0]),
+//   unbind(dim[0])                     the reverse of cat: equal parts give input dim (P c)
+//   index_select(dim), gather(dim), scatter(dim)   the indexed dim Whole in the source
+//   index()                            advanced indexing (index tensors, Nones omitted): the
+//                                      indexed dims Whole, index tensors' dims Spatial
+//   index_put()                        indexed dims of self Whole; index and value dims Whole
+//   embedding is a pattern: "Ve,...->...e"
+//   conv(groups[1], transposed[false]) N Spatial, in-channels Reduced, out-channels Spatial,
+//                                      groups (when > 1) a Spatial major factor of both,
+//                                      windows and kernel dims Whole
+//   window(rank)                       pooling over the last `rank` dims: those Whole, the rest
+//                                      Spatial
+//   norm_last(normalized_shape)        layer/rms norm: the last len(normalized_shape) dims Whole
+//   batch_norm()                       [N, C, ...]: N and C Spatial (N with per-rank statistics,
+//                                      as DDP without SyncBatchNorm), the rest Whole
+//   group_norm()                       [N, C, ...]: N Spatial, the rest Whole
+//   attention(enable_gqa[false])       scaled dot-product attention, see below
+//   cross_entropy(reduction[1])        [N, C, d...] logits: C Whole; N and d... Spatial when
+//                                      reduction is none (0), else Reduced(mean (1) / sum (2)).
+//                                      Partial(mean) is exact for equal shards with no ignored
+//                                      targets; vocabulary-parallel loss (C split) needs its own
+//                                      rewrite, so C stays Whole, as the embedding's V does
+//   loss(reduction[1])                 elementwise loss (mse, l1): broadcast dims Spatial or
+//                                      Reduced by the reduction, as cross_entropy
+//   create(size[none])                 no data inputs (full, zeros, new_ones): every output dim
+//                                      a new Spatial index; tensor inputs are metadata only
+//   arange(end, start[0], step[1])     1-D creation with its length computed
+//   pad(pad)                           the padded dims Whole
+//   repeat(repeats)                    output dim = (r n): repeat count r (Spatial, output only)
+//                                      major, input dim n minor
+//   repeat_interleave(repeats, dim[none])   output dim = (n r)
+//   matmul()                           torch.matmul: 1-D promotion and broadcasting batch dims
+//   einsum(equation)                   the equation as a pattern (uppercase labels Whole)
+//
+// Attention: q [..., s, d], k [..., t, d], v [..., t, e], optional mask broadcastable to
+// [..., s, t]; out [..., s, e]. Batch dims (usually b, h) and s are Spatial, e is Spatial
+// (split v's columns), d and t are Whole: splitting d leaves partial scores, but a softmax
+// of partial sums is not a partial sum of softmaxes; splitting t needs a log-sum-exp
+// rescaling (ring or flash-decoding attention) that is not a plain Partial. With
+// enable_gqa, q's heads are (g r) and k/v's heads (g): the kv groups g stay splittable.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/attribute.h"
+#include "ops/dim_rule.h"
+#include "ops/rule_operands.h"
+#include "ops/rule_text.h"
+
+namespace shardwise::ops {
+
+struct TemplateParam {
+  std::string name;
+  std::optional<ir::AttrValue> default_value;  // nullopt: the rule must bind it
+};
+
+struct RuleTemplateInfo {
+  std::string name;
+  std::vector<TemplateParam> params;
+};
+
+// Every template, in the order listed above.
+const std::vector<RuleTemplateInfo>& rule_templates();
+
+// Throws support::ValidationError for an unknown template, more arguments than
+// parameters, or a required parameter left unbound.
+void check_template_call(const TemplateCall& call);
+
+// Builds the rule for one node (see rule_operands.h for the two modes). Throws
+// support::ValidationError when an attribute is missing or malformed, or the operands
+// cannot fit the template.
+std::optional<DimRule> instantiate_template(const TemplateCall& call, const RuleOperands& operands);
+
+}  // namespace shardwise::ops
