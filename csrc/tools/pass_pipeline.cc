@@ -5,10 +5,13 @@
 
 #include <utility>
 
+#include "analysis/batch_dim.h"
+#include "analysis/shape_check.h"
 #include "ir/json.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
+#include "ops/op_table.h"
 #include "support/error.h"
 #include "transform/dead_code.h"
 
@@ -49,11 +52,15 @@ std::vector<PassEntry> make_registry() {
   // analyses neither spend time on them nor fail on a dead op they have no rule for.
   passes.push_back({{"dce", "remove nodes whose outputs reach no graph output (leaf values stay)"},
                     [](ir::Graph& g) { transform::eliminate_dead_code(g); }});
-  // ---- analysis passes (the lead adds them here) ----
-  // "check-shapes" goes here, after dce: it checks every node against the op rules
-  // of csrc/ops, so it must see the final set of nodes.
-  // "propagate-batch-dim" goes after check-shapes: it reads shapes and assumes the op
-  // rules hold, and it annotates types (batch_dim) that the passes below must keep.
+  // ---- analysis passes ----
+  // check-shapes after dce: it checks every node against the op rules of csrc/ops,
+  // so it must see the final set of nodes.
+  passes.push_back({{"check-shapes", "check every node's shapes against its op's dimension rule"},
+                    [](ir::Graph& g) { analysis::check_shapes(ops::OpTable::builtin(), g); }});
+  // propagate-batch-dim after check-shapes: it reads shapes and assumes the op rules
+  // hold, and it annotates types (batch_dim) that the passes below must keep.
+  passes.push_back({{"propagate-batch-dim", "mark the batch dimension of every value reachable from a batch-marked one"},
+                    [](ir::Graph& g) { analysis::propagate_batch_dim(ops::OpTable::builtin(), g); }});
   // ---- checks of the final form ----
   // json-roundtrip last: it proves the JSON form keeps everything the earlier passes
   // produced, annotations included.

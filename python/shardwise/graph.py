@@ -39,12 +39,14 @@ class Graph:
 
     @classmethod
     def _from_core(cls, core: "_C.Graph", batch_dim: int | None = 0) -> "Graph":
-        """Post-capture passes shared by every front end (order matters: dead code
-        first so batch propagation and analyses see only what the outputs need)."""
+        """Post-capture passes shared by every front end, in the order of the pass
+        pipeline (csrc/tools/pass_pipeline.cc): dead code first, so the checks and the
+        batch propagation see only what the outputs need."""
         _C.eliminate_dead_code(core)
+        core.verify()
+        _C.check_shapes(core)  # an importer bug or a wrong rule shows here, naming the node
         if batch_dim is not None:
             _C.propagate_batch_dim(core)
-        core.verify()
         return cls(core)
 
     # ---- serialisation ------------------------------------------------------

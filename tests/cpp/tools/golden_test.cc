@@ -152,7 +152,7 @@ TEST(PassPipelineTest, ListsThePasses) {
     names.push_back(p.name);
     EXPECT_FALSE(p.help.empty()) << p.name;
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"verify", "dce", "json-roundtrip"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"verify", "dce", "check-shapes", "propagate-batch-dim", "json-roundtrip"}));
 }
 
 TEST(PassPipelineTest, UnknownPassListsKnownOnes) {
@@ -161,7 +161,7 @@ TEST(PassPipelineTest, UnknownPassListsKnownOnes) {
     run_pass("cse", g);
     FAIL() << "no error";
   } catch (const support::Error& e) {
-    EXPECT_STREQ(e.what(), "unknown pass 'cse' (known passes: verify, dce, json-roundtrip)");
+    EXPECT_STREQ(e.what(), "unknown pass 'cse' (known passes: verify, dce, check-shapes, propagate-batch-dim, json-roundtrip)");
   }
   // Names are checked before any pass runs: dce must not have run.
   EXPECT_THROW(run_passes(g, {"dce", "nope"}), support::Error);
@@ -206,7 +206,7 @@ TEST(PassPipelineTest, SplitsPassLists) {
   EXPECT_EQ(split_pass_list(" "), std::vector<std::string>{});
   EXPECT_EQ(split_pass_list("dce"), std::vector<std::string>{"dce"});
   EXPECT_EQ(split_pass_list(" verify, dce ,,json-roundtrip,"),
-            (std::vector<std::string>{"verify", "dce", "json-roundtrip"}));
+            (std::vector<std::string>{"verify", "dce", "check-shapes", "propagate-batch-dim", "json-roundtrip"}));
 }
 
 }  // namespace
