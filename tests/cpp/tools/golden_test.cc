@@ -206,7 +206,7 @@ TEST(PassPipelineTest, SplitsPassLists) {
   EXPECT_EQ(split_pass_list(" "), std::vector<std::string>{});
   EXPECT_EQ(split_pass_list("dce"), std::vector<std::string>{"dce"});
   EXPECT_EQ(split_pass_list(" verify, dce ,,json-roundtrip,"),
-            (std::vector<std::string>{"verify", "dce", "check-shapes", "propagate-batch-dim", "json-roundtrip"}));
+            (std::vector<std::string>{"verify", "dce", "json-roundtrip"}));
 }
 
 }  // namespace
