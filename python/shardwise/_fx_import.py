@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx
@@ -287,5 +287,3 @@ def document(builder: _Builder, outputs: list[str]) -> dict:
         "outputs": outputs,
     }
 
-
-ParamNamer = Callable[[str], str]
