@@ -9,6 +9,8 @@ namespace shardwise::python {
 void bind_errors(pybind11::module_& m);
 void bind_ir(pybind11::module_& m);
 void bind_analysis(pybind11::module_& m);
+void bind_cost(pybind11::module_& m);
+void bind_models(pybind11::module_& m);
 void bind_torchscript(pybind11::module_& m);
 
 }  // namespace shardwise::python

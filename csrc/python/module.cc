@@ -8,5 +8,7 @@ PYBIND11_MODULE(_C, m) {
   shardwise::python::bind_errors(m);
   shardwise::python::bind_ir(m);
   shardwise::python::bind_analysis(m);
+  shardwise::python::bind_cost(m);
+  shardwise::python::bind_models(m);
   shardwise::python::bind_torchscript(m);
 }

@@ -5,11 +5,12 @@ from . import _C, models
 from ._C import ParseError, ShardwiseError, ValidationError
 from ._fx_import import CaptureError
 from .capture import capture
+from .cluster import Cluster
 from .graph import Graph, RepeatedBlocks, UnknownOp
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "capture", "Graph", "RepeatedBlocks", "UnknownOp",
+    "capture", "Cluster", "Graph", "RepeatedBlocks", "UnknownOp",
     "ShardwiseError", "ParseError", "ValidationError", "CaptureError",
 ]

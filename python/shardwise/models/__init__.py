@@ -1,4 +1,6 @@
-"""Built-in models: small PyTorch programs for the quick start, tests and examples."""
+"""Built-in models: small PyTorch programs for the quick start, tests and examples, and
+torch-free graph builders (gpt) for configurations too large to instantiate."""
+from .gpt import gpt
 from .tiny_gpt import TinyGPT, TinyGPTConfig
 
-__all__ = ["TinyGPT", "TinyGPTConfig"]
+__all__ = ["TinyGPT", "TinyGPTConfig", "gpt"]

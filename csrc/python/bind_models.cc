@@ -1,0 +1,46 @@
+// Python face of the torch-free model builders (csrc/models): shardwise._C.build_gpt returns
+// a _C.Graph; python/shardwise/models/gpt.py wraps it as a shardwise.Graph.
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "ir/dtype.h"
+#include "models/gpt.h"
+#include "python/bindings.h"
+#include "support/error.h"
+
+namespace py = pybind11;
+
+namespace shardwise::python {
+
+void bind_models(py::module_& m) {
+  m.def(
+      "build_gpt",
+      [](int layers, int hidden, int heads, int seq, int vocab, int batch, const std::string& dtype, int ffn_hidden,
+         bool tie_embeddings, bool with_loss, int positions, double dropout, double layer_norm_eps) {
+        const auto parsed = ir::parse_dtype(dtype);
+        if (!parsed) {
+          throw support::ValidationError("build_gpt: unknown dtype '" + dtype + "' (expected bf16, f16, f32 or f64)");
+        }
+        models::GptConfig config{.layers = layers,
+                                 .hidden = hidden,
+                                 .heads = heads,
+                                 .seq = seq,
+                                 .vocab = vocab,
+                                 .batch = batch,
+                                 .dtype = *parsed,
+                                 .ffn_hidden = ffn_hidden,
+                                 .tie_embeddings = tie_embeddings,
+                                 .with_loss = with_loss,
+                                 .positions = positions,
+                                 .dropout = dropout,
+                                 .layer_norm_eps = layer_norm_eps};
+        return models::build_gpt(config);
+      },
+      py::kw_only(), py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("seq"), py::arg("vocab"),
+      py::arg("batch") = 1, py::arg("dtype") = "bf16", py::arg("ffn_hidden") = 0, py::arg("tie_embeddings") = true,
+      py::arg("with_loss") = true, py::arg("positions") = 0, py::arg("dropout") = 0.1, py::arg("layer_norm_eps") = 1e-5,
+      "The graph a capture of transformers' GPT2LMHeadModel gives, built from its configuration (models/gpt.h).");
+}
+
+}  // namespace shardwise::python

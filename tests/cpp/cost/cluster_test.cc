@@ -1,0 +1,375 @@
+#include "cost/cluster.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "support/error.h"
+#include "test_clusters.h"
+
+namespace shardwise::cost {
+namespace {
+
+using nlohmann::json;
+using testing::error_of;
+using testing::test_device;
+
+// Node 0 mixes two device types (runs of 2 "a" then 1 "b"), node 1 holds 4 "a":
+//   rank:   0 1 2 | 3 4 5 6
+//   node:   0 0 0 | 1 1 1 1
+//   device: a a b | a a a a
+// Three levels: "pair" (groups of 2 inside a node), "node", "net"; "b" is slower on each.
+Cluster rich_cluster() {
+  LinkLevel pair{"pair", 2, 2e11, 5e-7, {{"b", LinkSpeed{5e10, 1e-6}}}};
+  LinkLevel node{"node", 0, 1e11, 1e-6, {}};
+  LinkLevel net{"net", 0, 1e10, 1e-5, {{"b", LinkSpeed{5e9, 2e-5}}}};
+  return Cluster("rich", {test_device("a"), test_device("b")}, {Node{{{"a", 2}, {"b", 1}}}, Node::uniform("a", 4)},
+                 {pair, node, net});
+}
+
+// ---- small value types ---------------------------------------------------------
+
+TEST(ClusterTest, PrecisionNamesRoundTrip) {
+  for (Precision p : kAllPrecisions) EXPECT_EQ(parse_precision(precision_name(p)), p);
+  EXPECT_EQ(precision_name(Precision::TF32), "tf32");
+  EXPECT_EQ(parse_precision("fp32"), std::nullopt);
+  const PeakFlops f{1, 2, 3, 4};
+  EXPECT_EQ(f.at(Precision::F32), 1);
+  EXPECT_EQ(f.at(Precision::TF32), 2);
+  EXPECT_EQ(f.at(Precision::BF16), 3);
+  EXPECT_EQ(f.at(Precision::F16), 4);
+}
+
+TEST(ClusterTest, LinkSpeedForADeviceUsesItsOverride) {
+  const LinkLevel net{"net", 0, 1e10, 1e-5, {{"b", LinkSpeed{5e9, 2e-5}}}};
+  EXPECT_EQ(net.speed_for("a"), (LinkSpeed{1e10, 1e-5}));
+  EXPECT_EQ(net.speed_for("b"), (LinkSpeed{5e9, 2e-5}));
+}
+
+// ---- rank queries --------------------------------------------------------------
+
+TEST(ClusterTest, RanksAreNumberedNodeMajorRunByRun) {
+  const Cluster c = rich_cluster();
+  EXPECT_EQ(c.world_size(), 7);
+  EXPECT_EQ(c.num_nodes(), 2);
+  EXPECT_TRUE(c.heterogeneous());
+  const std::vector<int> nodes = {0, 0, 0, 1, 1, 1, 1};
+  const std::vector<int> locals = {0, 1, 2, 0, 1, 2, 3};
+  const std::vector<std::string> devices = {"a", "a", "b", "a", "a", "a", "a"};
+  for (int r = 0; r < 7; ++r) {
+    EXPECT_EQ(c.node_of(r), nodes[static_cast<std::size_t>(r)]) << r;
+    EXPECT_EQ(c.local_rank(r), locals[static_cast<std::size_t>(r)]) << r;
+    EXPECT_EQ(c.device_of(r).name, devices[static_cast<std::size_t>(r)]) << r;
+  }
+  EXPECT_EQ(c.first_rank(0), 0);
+  EXPECT_EQ(c.first_rank(1), 3);
+  ASSERT_NE(c.find_device_type("b"), nullptr);
+  EXPECT_EQ(c.find_device_type("b")->name, "b");
+  EXPECT_EQ(c.find_device_type("c"), nullptr);
+}
+
+TEST(ClusterTest, UniformNodesPutRankROnNodeRDividedByD) {
+  const Cluster c = testing::two_level_cluster(3, 4);
+  EXPECT_EQ(c.world_size(), 12);
+  EXPECT_FALSE(c.heterogeneous());
+  for (int r = 0; r < 12; ++r) {
+    EXPECT_EQ(c.node_of(r), r / 4);
+    EXPECT_EQ(c.local_rank(r), r % 4);
+  }
+}
+
+TEST(ClusterTest, RankQueriesRejectOutOfRange) {
+  const Cluster c = testing::flat_cluster(4);
+  EXPECT_EQ(error_of<support::ValidationError>([&] { c.node_of(4); }),
+            "rank 4 is out of range for a cluster of 4 ranks");
+  EXPECT_THROW(c.device_of(-1), support::ValidationError);
+  EXPECT_THROW(c.local_rank(7), support::ValidationError);
+  EXPECT_EQ(error_of<support::ValidationError>([&] { c.first_rank(1); }),
+            "node 1 is out of range for a cluster of 1 nodes");
+}
+
+// ---- spans ---------------------------------------------------------------------------
+
+TEST(ClusterTest, SpanOnAOneLevelHierarchyIsAlwaysLevelZero) {
+  const Cluster c = testing::flat_cluster(4);
+  const std::vector<int> one = {2};
+  const std::vector<int> all = {3, 0, 2, 1};
+  EXPECT_EQ(c.span_of(one), (GroupSpan{0, 1, 1, true}));
+  EXPECT_EQ(c.span_of(all), (GroupSpan{0, 1, 4, true}));
+}
+
+TEST(ClusterTest, SpanOnATwoLevelHierarchy) {
+  const Cluster c = testing::two_level_cluster(3, 4);  // nodes {0-3}, {4-7}, {8-11}
+  const std::vector<int> inside = {1, 3};
+  const std::vector<int> column = {8, 0, 4};  // one rank per node
+  const std::vector<int> two_nodes = {0, 1, 4, 5};
+  const std::vector<int> uneven = {0, 1, 2, 5};  // 3 on node 0, 1 on node 1
+  const std::vector<int> everything = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  EXPECT_EQ(c.span_of(inside), (GroupSpan{0, 1, 2, true}));
+  EXPECT_EQ(c.span_of(column), (GroupSpan{1, 3, 1, true}));
+  EXPECT_EQ(c.span_of(two_nodes), (GroupSpan{1, 2, 2, true}));
+  EXPECT_EQ(c.span_of(uneven), (GroupSpan{1, 2, 3, false}));
+  EXPECT_EQ(c.span_of(everything), (GroupSpan{1, 3, 4, true}));
+}
+
+TEST(ClusterTest, SpanOnAThreeLevelHierarchyFollowsTheGroups) {
+  const Cluster c = rich_cluster();  // pairs: {0,1}, {2} on node 0; {3,4}, {5,6} on node 1
+  const std::vector<int> pair = {1, 0};
+  const std::vector<int> across_pairs = {0, 2};
+  const std::vector<int> neighbours_in_two_pairs = {4, 5};
+  const std::vector<int> across_nodes = {1, 3};
+  EXPECT_EQ(c.span_of(pair).level, 0);
+  EXPECT_EQ(c.span_of(across_pairs).level, 1);
+  EXPECT_EQ(c.span_of(neighbours_in_two_pairs).level, 1);
+  EXPECT_EQ(c.span_of(across_nodes).level, 2);
+}
+
+TEST(ClusterTest, SpanRejectsBadGroups) {
+  const Cluster c = testing::flat_cluster(4);
+  EXPECT_EQ(error_of<support::ValidationError>([&] { c.span_of({}); }), "ranks: a group needs at least one rank");
+  const std::vector<int> twice = {1, 2, 1};
+  EXPECT_EQ(error_of<support::ValidationError>([&] { c.span_of(twice); }), "ranks: rank 1 appears more than once");
+  const std::vector<int> outside = {0, 9};
+  EXPECT_EQ(error_of<support::ValidationError>([&] { c.span_of(outside); }),
+            "rank 9 is out of range for a cluster of 4 ranks");
+}
+
+TEST(ClusterTest, LinkSpeedIsTheSlowestMember) {
+  const Cluster c = rich_cluster();
+  const std::vector<int> fast_only = {0, 3};
+  const std::vector<int> with_b = {2, 3};
+  EXPECT_EQ(c.link_speed(2, fast_only), (LinkSpeed{1e10, 1e-5}));
+  EXPECT_EQ(c.link_speed(2, with_b), (LinkSpeed{5e9, 2e-5}));   // b's override
+  EXPECT_EQ(c.link_speed(1, with_b), (LinkSpeed{1e11, 1e-6}));  // no override at "node"
+  EXPECT_THROW(c.link_speed(3, with_b), support::ValidationError);
+  EXPECT_THROW(c.link_speed(0, {}), support::ValidationError);
+}
+
+// ---- validation ----------------------------------------------------------------------
+
+std::vector<LinkLevel> two_links() {
+  return {LinkLevel{"fast", 0, 1e11, 1e-6, {}}, LinkLevel{"net", 0, 1e10, 1e-5, {}}};
+}
+
+std::string construct_error(std::vector<DeviceType> types, std::vector<Node> nodes, std::vector<LinkLevel> links) {
+  return error_of<support::ValidationError>([&] { Cluster("bad", types, nodes, links); });
+}
+
+TEST(ClusterTest, RejectsImpossibleDeviceTypes) {
+  const std::vector<Node> nodes = {Node::uniform("dev", 2)};
+  DeviceType t = test_device("dev");
+  t.peak_flops.tf32 = 0;
+  EXPECT_EQ(construct_error({t}, nodes, two_links()),
+            "device_types[0].peak_flops.tf32: peak FLOP/s must be positive and finite, got 0");
+  t = test_device("dev");
+  t.peak_flops.f16 = -1;
+  EXPECT_EQ(construct_error({t}, nodes, two_links()),
+            "device_types[0].peak_flops.f16: peak FLOP/s must be positive and finite, got -1");
+  t = test_device("dev");
+  t.memory_bytes = 0;
+  EXPECT_EQ(construct_error({t}, nodes, two_links()),
+            "device_types[0].memory_bytes: memory must be positive bytes, got 0");
+  t = test_device("dev");
+  t.memory_bandwidth = -5;
+  EXPECT_EQ(construct_error({t}, nodes, two_links()),
+            "device_types[0].memory_bandwidth: memory bandwidth must be positive and finite bytes/s, got -5");
+  EXPECT_EQ(construct_error({test_device("dev"), test_device("dev")}, nodes, two_links()),
+            "device_types[1].name: duplicate device type 'dev' (also device_types[0])");
+  EXPECT_EQ(construct_error({test_device("")}, nodes, two_links()), "device_types[0].name: a device type needs a name");
+  EXPECT_EQ(construct_error({}, nodes, two_links()), "device_types: a cluster needs at least one device type");
+}
+
+TEST(ClusterTest, RejectsImpossibleNodes) {
+  const std::vector<DeviceType> types = {test_device("A100"), test_device("V100")};
+  EXPECT_EQ(construct_error(types, {Node::uniform("A100", 8), Node::uniform("V100", 8), Node::uniform("A200", 8)},
+                            two_links()),
+            "nodes[2].device: unknown device type 'A200' (known: A100, V100)");
+  EXPECT_EQ(construct_error(types, {Node::uniform("A100", 0)}, two_links()),
+            "nodes[0].count: device count must be at least 1, got 0");
+  EXPECT_EQ(construct_error(types, {Node{{{"A100", 4}, {"V100", -1}}}}, two_links()),
+            "nodes[0].devices[1].count: device count must be at least 1, got -1");
+  EXPECT_EQ(construct_error(types, {Node{}}, two_links()), "nodes[0].devices: a node needs at least one device");
+  EXPECT_EQ(construct_error(types, {}, two_links()), "nodes: a cluster needs at least one node");
+  // Checked before the rank tables grow: a typo'd count fails at once.
+  EXPECT_EQ(construct_error(types, {Node::uniform("A100", 8), Node::uniform("A100", 1'000'000'000)}, two_links()),
+            "nodes[1].count: the cluster would exceed 16777216 ranks");
+}
+
+TEST(ClusterTest, RejectsImpossibleLinks) {
+  const std::vector<DeviceType> types = {test_device("dev")};
+  const std::vector<Node> nodes = {Node::uniform("dev", 4), Node::uniform("dev", 4)};
+  auto links = two_links();
+  links[1].bandwidth = 0;
+  EXPECT_EQ(construct_error(types, nodes, links),
+            "links[1].bandwidth: bandwidth must be positive and finite bytes/s, got 0");
+  links = two_links();
+  links[0].latency = -1e-6;
+  EXPECT_EQ(construct_error(types, nodes, links), "links[0].latency: latency must be finite seconds >= 0, got -1e-06");
+  links = two_links();
+  links[0].per_device.emplace("gpu", LinkSpeed{1e9, 0});
+  EXPECT_EQ(construct_error(types, nodes, links), "links[0].per_device.gpu: unknown device type 'gpu' (known: dev)");
+  links = two_links();
+  links[0].per_device.emplace("dev", LinkSpeed{-2, 0});
+  EXPECT_EQ(construct_error(types, nodes, links),
+            "links[0].per_device.dev.bandwidth: bandwidth must be positive and finite bytes/s, got -2");
+  links = two_links();
+  links[0].name = "";
+  EXPECT_EQ(construct_error(types, nodes, links), "links[0].name: a link level needs a name");
+  EXPECT_EQ(construct_error(types, nodes, {}), "links: a cluster needs at least one link level");
+}
+
+TEST(ClusterTest, RejectsSpansThatDoNotNest) {
+  const std::vector<DeviceType> types = {test_device("dev")};
+  const std::vector<Node> nodes = {Node::uniform("dev", 8)};
+  const LinkLevel node{"node", 0, 1e11, 1e-6, {}};
+  const LinkLevel net{"net", 0, 1e10, 1e-5, {}};
+  EXPECT_EQ(construct_error(types, nodes, {node, LinkLevel{"net", 2, 1e10, 1e-5, {}}}),
+            "links[1].span: the outermost level connects nodes and takes no span (0 or absent), got 2");
+  EXPECT_EQ(construct_error(types, nodes, {LinkLevel{"node", 4, 1e11, 1e-6, {}}, net}),
+            "links[0].span: the last level inside a node must cover the whole node (span 0 or absent), got 4");
+  EXPECT_EQ(construct_error(types, nodes, {LinkLevel{"pair", 0, 1e11, 1e-6, {}}, node, net}),
+            "links[0].span: an inner level below the whole-node level needs a span of at least 1, got 0");
+  EXPECT_EQ(construct_error(types, nodes,
+                            {LinkLevel{"pair", 2, 1e11, 1e-6, {}}, LinkLevel{"triple", 3, 1e11, 1e-6, {}}, node, net}),
+            "links[1].span: spans must nest: 3 is not a larger multiple of links[0].span = 2");
+  // Nesting spans are fine.
+  EXPECT_NO_THROW(Cluster("ok", types, nodes,
+                          {LinkLevel{"pair", 2, 1e11, 1e-6, {}}, LinkLevel{"quad", 4, 1e11, 1e-6, {}}, node, net}));
+}
+
+// ---- JSON ----------------------------------------------------------------------------
+
+TEST(ClusterJsonTest, RoundTripIsExact) {
+  const Cluster c = rich_cluster();
+  EXPECT_EQ(cluster_from_json(cluster_to_json(c)), c);
+  EXPECT_EQ(cluster_from_json_string(cluster_to_json_string(c)), c);
+  EXPECT_EQ(cluster_from_json_string(cluster_to_json_string(c, 2)), c);
+  // Writing what was read gives the same text.
+  EXPECT_EQ(cluster_to_json_string(cluster_from_json_string(cluster_to_json_string(c))), cluster_to_json_string(c));
+  // Awkward doubles survive.
+  Cluster odd("odd", {DeviceType{"d", PeakFlops{0.1, 1.0 / 3, 1e-300, 1.7976931348623157e308}, 1, 2.5e-7}},
+              {Node::uniform("d", 1)}, {LinkLevel{"l", 0, 0.30000000000000004, 0, {}}});
+  EXPECT_EQ(cluster_from_json_string(cluster_to_json_string(odd)), odd);
+}
+
+TEST(ClusterJsonTest, WritesTheSchema) {
+  LinkLevel net{"net", 0, 1e10, 1e-5, {{"b", LinkSpeed{5e9, 2e-5}}}};
+  const Cluster c("small", {test_device("a"), test_device("b")}, {Node::uniform("a", 2), Node{{{"a", 1}, {"b", 1}}}},
+                  {LinkLevel{"pair", 0, 1e11, 1e-6, {}}, net});
+  const json expected = json::parse(R"({
+    "format": "shardwise.cluster", "version": 1, "name": "small",
+    "device_types": [
+      {"name": "a", "peak_flops": {"f32": 1e12, "tf32": 2e12, "bf16": 4e12, "f16": 4e12},
+       "memory_bytes": 17179869184, "memory_bandwidth": 1e12},
+      {"name": "b", "peak_flops": {"f32": 1e12, "tf32": 2e12, "bf16": 4e12, "f16": 4e12},
+       "memory_bytes": 17179869184, "memory_bandwidth": 1e12}],
+    "nodes": [{"device": "a", "count": 2},
+              {"devices": [{"device": "a", "count": 1}, {"device": "b", "count": 1}]}],
+    "links": [{"name": "pair", "bandwidth": 1e11, "latency": 1e-6},
+              {"name": "net", "bandwidth": 1e10, "latency": 1e-5,
+               "per_device": {"b": {"bandwidth": 5e9, "latency": 2e-5}}}]})");
+  EXPECT_EQ(cluster_to_json(c), expected) << cluster_to_json(c).dump(2);
+}
+
+// A minimal hand-written file: no format/version/name, integers where doubles go, an
+// integral float for memory_bytes, span given.
+constexpr const char* kHandWritten = R"({
+  "device_types": [{"name": "gpu", "peak_flops": {"f32": 10, "tf32": 20, "bf16": 40, "f16": 40},
+                    "memory_bytes": 80e9, "memory_bandwidth": 2000000000000}],
+  "nodes": [{"device": "gpu", "count": 4}, {"device": "gpu", "count": 4}],
+  "links": [{"name": "pair", "span": 2, "bandwidth": 100, "latency": 0},
+            {"name": "node", "bandwidth": 50, "latency": 1e-6},
+            {"name": "net", "bandwidth": 10, "latency": 1e-5}]})";
+
+TEST(ClusterJsonTest, ReadsAHandWrittenFile) {
+  const Cluster c = cluster_from_json_string(kHandWritten);
+  EXPECT_EQ(c.name(), "");
+  EXPECT_EQ(c.world_size(), 8);
+  EXPECT_EQ(c.device_of(7).memory_bytes, 80'000'000'000);
+  EXPECT_EQ(c.device_of(0).peak_flops.bf16, 40.0);
+  EXPECT_EQ(c.links()[0].span, 2);
+  EXPECT_EQ(cluster_from_json(cluster_to_json(c)), c);
+}
+
+void expect_parse_error(const json& j, const std::string& message) {
+  EXPECT_EQ(error_of<support::ParseError>([&] { cluster_from_json(j); }), message);
+}
+
+TEST(ClusterJsonTest, StructuralErrorsNameThePath) {
+  const json good = json::parse(kHandWritten);
+  json j = good;
+  j["nodes"][1].erase("count");
+  expect_parse_error(j, "nodes[1]: missing \"count\"");
+  j = good;
+  j["links"][0]["bandwidth"] = "fast";
+  expect_parse_error(j, "links[0].bandwidth: expected a number, found string");
+  j = good;
+  j["links"][1]["latancy"] = 1;
+  expect_parse_error(j,
+                     "links[1]: unknown key \"latancy\" (expected \"name\", \"span\", \"bandwidth\", \"latency\", "
+                     "\"per_device\")");
+  j = good;
+  j["device_types"][0]["peak_flops"].erase("tf32");
+  expect_parse_error(j, "device_types[0].peak_flops: missing \"tf32\"");
+  j = good;
+  j["device_types"][0]["memory_bytes"] = 1.5;
+  expect_parse_error(j, "device_types[0].memory_bytes: expected an integer, found 1.5");
+  j = good;
+  j.erase("links");
+  expect_parse_error(j, "cluster: missing \"links\"");
+  j = good;
+  j["nodes"] = json::object();
+  expect_parse_error(j, "nodes: expected an array, found object");
+  j = good;
+  j["nodes"][0]["devices"] = json::array();
+  expect_parse_error(j,
+                     "nodes[0]: give either \"device\" and \"count\" (one run) or \"devices\" (a list of runs), "
+                     "not both");
+  j = good;
+  j["nodes"][0] = json{{"devices", json::array({json{{"device", "gpu"}}})}};
+  expect_parse_error(j, "nodes[0].devices[0]: missing \"count\"");
+  j = good;
+  j["links"][1]["per_device"] = json{{"gpu", json{{"bandwidth", 1}}}};
+  expect_parse_error(j, "links[1].per_device.gpu: missing \"latency\"");
+  j = good;
+  j["format"] = "shardwise.graph";
+  expect_parse_error(j, "format: expected \"shardwise.cluster\", got \"shardwise.graph\"");
+  j = good;
+  j["version"] = 2;
+  expect_parse_error(j, "version: unsupported version 2 (this build reads 1)");
+  expect_parse_error(json::array(), "cluster: expected an object, found array");
+}
+
+TEST(ClusterJsonTest, ImpossibleValuesAreValidationErrorsNamingThePath) {
+  json j = json::parse(kHandWritten);
+  j["nodes"].push_back(json{{"device", "A200"}, {"count", 8}});
+  EXPECT_EQ(error_of<support::ValidationError>([&] { cluster_from_json(j); }),
+            "nodes[2].device: unknown device type 'A200' (known: gpu)");
+  j = json::parse(kHandWritten);
+  j["links"][2]["bandwidth"] = -10;
+  EXPECT_EQ(error_of<support::ValidationError>([&] { cluster_from_json(j); }),
+            "links[2].bandwidth: bandwidth must be positive and finite bytes/s, got -10");
+  j = json::parse(kHandWritten);
+  j["nodes"][0]["count"] = 0;
+  EXPECT_EQ(error_of<support::ValidationError>([&] { cluster_from_json(j); }),
+            "nodes[0].count: device count must be at least 1, got 0");
+}
+
+TEST(ClusterJsonTest, MalformedTextIsAParseError) {
+  for (const char* text : {"", "{", "[1,", "{\"nodes\": }"}) {
+    const std::string message = error_of<support::ParseError>([&] { cluster_from_json_string(text); });
+    EXPECT_EQ(message.rfind("invalid cluster JSON: ", 0), 0u) << message;
+  }
+}
+
+TEST(ClusterTest, SummaryNamesTheParts) {
+  const std::string s = rich_cluster().summary();
+  EXPECT_EQ(s,
+            "rich: 7 ranks on 2 nodes: 1 x [2 a + 1 b], 1 x [4 a]; links pair (groups of 2) 200 GB/s 0.5 us "
+            "(b: 50 GB/s 1 us) < node 100 GB/s 1 us < net 10 GB/s 10 us (b: 5 GB/s 20 us)");
+}
+
+}  // namespace
+}  // namespace shardwise::cost
