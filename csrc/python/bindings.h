@@ -11,6 +11,7 @@ void bind_ir(pybind11::module_& m);
 void bind_analysis(pybind11::module_& m);
 void bind_cost(pybind11::module_& m);
 void bind_models(pybind11::module_& m);
+void bind_plan(pybind11::module_& m);
 void bind_torchscript(pybind11::module_& m);
 
 }  // namespace shardwise::python

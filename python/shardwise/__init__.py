@@ -7,10 +7,11 @@ from ._fx_import import CaptureError
 from .capture import capture
 from .cluster import Cluster
 from .graph import Graph, RepeatedBlocks, UnknownOp
+from .plan import Plan
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "capture", "Cluster", "Graph", "RepeatedBlocks", "UnknownOp",
+    "capture", "Cluster", "Graph", "Plan", "RepeatedBlocks", "UnknownOp",
     "ShardwiseError", "ParseError", "ValidationError", "CaptureError",
 ]

@@ -1,0 +1,48 @@
+// Memory per rank; see memory_cost.h.
+#include "cost/memory_cost.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "support/error.h"
+
+namespace shardwise::cost {
+
+ModelStateBytes model_state_bytes(double parameters, int data, int zero_stage, const MemoryConstants& constants) {
+  if (data < 1) throw support::ValidationError(fmt::format("model_state_bytes: data degree {} < 1", data));
+  if (zero_stage < 0 || zero_stage > 3)
+    throw support::ValidationError(fmt::format("model_state_bytes: ZeRO stage {} is not in 0..3", zero_stage));
+  double d = static_cast<double>(data);
+  ModelStateBytes out;
+  out.weights = parameters * constants.weight_bytes / (zero_stage >= 3 ? d : 1.0);
+  out.gradients = parameters * constants.gradient_bytes / (zero_stage >= 2 ? d : 1.0);
+  out.optimizer = parameters * constants.optimizer_bytes / (zero_stage >= 1 ? d : 1.0);
+  return out;
+}
+
+double stage_micro_batches_in_flight(plan::Schedule schedule, int pipeline, int virtual_stages, int kfkb_k,
+                                     std::int64_t micro_batches) {
+  double m = static_cast<double>(micro_batches);
+  double p = pipeline;
+  switch (schedule) {
+    case plan::Schedule::GPipe: return m;
+    case plan::Schedule::OneFOneB: return std::min(m, p);
+    case plan::Schedule::KFKB: return std::min(m, static_cast<double>(kfkb_k) * p);
+    case plan::Schedule::Interleaved1F1B: {
+      double v = virtual_stages;
+      if (pipeline == 1) return std::min(m, 1.0);  // no pipeline: one micro-batch at a time
+      double chunks = std::min(m * v, 2.0 * (p - 1) + (v - 1) * p + 1);
+      return chunks / v;
+    }
+  }
+  return m;
+}
+
+double stage_activation_bytes(double layer_full_bytes, double layer_input_bytes, double layers_on_stage,
+                              double micro_batches_in_flight, bool recompute) {
+  if (!recompute) return micro_batches_in_flight * layers_on_stage * layer_full_bytes;
+  return micro_batches_in_flight * layers_on_stage * layer_input_bytes + (layers_on_stage > 0 ? layer_full_bytes : 0);
+}
+
+}  // namespace shardwise::cost

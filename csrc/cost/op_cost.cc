@@ -1,0 +1,149 @@
+// The analytic op-cost model; see op_cost.h for the formulas.
+//
+// Why these default constants (AnalyticConstants): they are the one set the Megatron-LM
+// benchmark (benchmarks/megatron.py) is run with, for every row and model size:
+//  - max_efficiency 0.75: cuBLAS bf16 GEMMs of transformer sizes reach 70-80% of the A100's
+//    312 TFLOP/s in isolation.
+//  - half_efficiency_dim 96: a GEMM whose intensity is ~100 multiply-adds per element (a
+//    64/128-wide attention head, a 1/8 slice of a small layer) runs at about half that.
+//  - memory_efficiency 0.75: streaming kernels reach ~75% of HBM bandwidth.
+//  - attention_score_bytes 12: unfused attention writes the bf16 scores, reads them in the
+//    fused scale-mask-softmax, writes the probabilities, the dropout mask and the dropped
+//    probabilities, and the PV product reads them back: about six 2-byte passes.
+#include "cost/op_cost.h"
+
+#include <algorithm>
+#include <array>
+#include <string_view>
+
+#include "analysis/flops.h"
+#include "ops/op_table.h"
+
+namespace shardwise::cost {
+namespace {
+
+// Zero-FLOP ops that return a view of their input: no data moves.
+constexpr std::array<std::string_view, 19> kAliasOps = {
+    "aten::view",   "aten::reshape", "aten::_unsafe_view", "aten::alias",     "aten::transpose",
+    "aten::permute", "aten::t",      "aten::unsqueeze",    "aten::squeeze",   "aten::expand",
+    "aten::split",  "aten::split_with_sizes", "aten::slice", "aten::select",  "aten::unbind",
+    "aten::detach", "aten::as_strided", "aten::chunk",     "aten::narrow"};
+
+bool is_alias(const ir::Graph& graph, const ir::Node& node) {
+  std::string_view base = ops::op_base_name(node.op);
+  if (std::find(kAliasOps.begin(), kAliasOps.end(), base) != kAliasOps.end()) return true;
+  // `to` without a dtype change returns its input (copy=false).
+  if (base == "aten::to" && !node.inputs.empty() && !node.outputs.empty()) {
+    return graph.value(node.inputs[0]).type.dtype == graph.value(node.outputs[0]).type.dtype;
+  }
+  return false;
+}
+
+// Activations and inputs scale with the batch; parameters, buffers and constants do not.
+// (Not batch_dim: a graph built at batch 1 loses it through [b*s, h] views.)
+bool scales_with_batch(const ir::Value& value) {
+  return value.role == ir::ValueRole::Activation || value.role == ir::ValueRole::Input;
+}
+
+// Elements of a value on one rank under the context: scaled by the batch, divided by the
+// tensor-parallel degree when the split covers it.
+double local_elements(const ir::Value& value, const NodeContext& context, bool is_output) {
+  double elements = static_cast<double>(value.type.numel());
+  if (scales_with_batch(value)) elements *= context.batch_scale;
+  bool split = false;
+  switch (context.split) {
+    case TensorSplit::None: break;
+    case TensorSplit::All: split = true; break;
+    // Column: Y[:, n/t] = X W[:, n/t]; Row: Y (partial) = X[:, k/t] W[k/t, :].
+    case TensorSplit::Column: split = is_output || value.role == ir::ValueRole::Parameter; break;
+    case TensorSplit::Row:
+      // A 1-D parameter of a row-parallel product is its bias: added once after the all-reduce.
+      split = !is_output && (value.role != ir::ValueRole::Parameter || value.type.rank() >= 2);
+      break;
+  }
+  return split ? elements / context.shards : elements;
+}
+
+double local_bytes(const ir::Value& value, const NodeContext& context, bool is_output) {
+  return local_elements(value, context, is_output) * ir::dtype_bytes(value.type.dtype);
+}
+
+// Work scales with the batch when the output does and divides by t under any split.
+double work_scale(const ir::Graph& graph, const ir::Node& node, const NodeContext& context) {
+  double scale = 1.0;
+  if (!node.outputs.empty() && scales_with_batch(graph.value(node.outputs[0]))) scale = context.batch_scale;
+  if (context.split != TensorSplit::None) scale /= context.shards;
+  return scale;
+}
+
+}  // namespace
+
+double matmul_efficiency(const AnalyticConstants& constants, double intensity) {
+  if (intensity <= 0) return constants.max_efficiency;  // no elements: degenerate, never slower than max
+  return constants.max_efficiency * intensity / (intensity + constants.half_efficiency_dim);
+}
+
+OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device,
+                                    Precision precision, const NodeContext& context) const {
+  const ops::OpSpec* spec = ops::OpTable::builtin().find(node.op);
+  ops::FlopsKind kind = spec != nullptr ? spec->flops.kind : ops::FlopsKind::Zero;
+  double bandwidth = device.memory_bandwidth * constants_.memory_efficiency;
+  OpTime time;
+
+  if (kind == ops::FlopsKind::Zero) {
+    if (is_alias(graph, node)) return time;
+    double bytes = 0;
+    for (ir::ValueId out : node.outputs) bytes += 2.0 * local_bytes(graph.value(out), context, true);
+    time.forward = bytes / bandwidth;
+    time.backward = constants_.memory_backward_factor * time.forward;
+    return time;
+  }
+
+  if (kind == ops::FlopsKind::Contraction || kind == ops::FlopsKind::Convolution ||
+      kind == ops::FlopsKind::Attention) {
+    analysis::NodeFlops flops = analysis::node_flops(ops::OpTable::builtin(), graph, node);
+    double scale = work_scale(graph, node, context);
+    double matmul = static_cast<double>(flops.matmul) * scale;
+    double elements = 0;
+    for (ir::ValueId in : node.inputs) elements += local_elements(graph.value(in), context, false);
+    for (ir::ValueId out : node.outputs) elements += local_elements(graph.value(out), context, true);
+    double intensity = elements > 0 ? matmul / (2.0 * elements) : 0.0;
+    double efficiency = matmul_efficiency(constants_, intensity);
+    time.forward = matmul / (device.peak_flops.at(precision) * efficiency);
+    time.backward = constants_.contraction_backward_factor * time.forward;
+    time.contraction = true;
+    if (kind == ops::FlopsKind::Attention && spec->flops.per_element > 0) {
+      // The rest of an attention node's FLOPs is its softmax: per_element per score.
+      double scores = static_cast<double>(flops.total - flops.matmul) * scale / spec->flops.per_element;
+      double softmax = scores * constants_.attention_score_bytes / bandwidth;
+      time.forward += softmax;
+      time.backward += constants_.memory_backward_factor * softmax;
+    }
+    // A bias (the rest of an addmm's FLOPs) is fused into the GEMM epilogue: free.
+    return time;
+  }
+
+  // Memory-bound: pointwise, normalisations, reductions, losses. A pointwise op reading a
+  // pointwise op's output is fused with it (Megatron's bias-GeLU, torch.compile): that input
+  // stays in registers, so only the chain's first inputs and each output cross HBM.
+  double bytes = 0;
+  for (ir::ValueId in : node.inputs) {
+    const ir::Value& value = graph.value(in);
+    if (kind == ops::FlopsKind::PerOutputElement && value.producer.has_value()) {
+      const ops::OpSpec* from = ops::OpTable::builtin().find(graph.node(*value.producer).op);
+      if (from != nullptr && from->flops.kind == ops::FlopsKind::PerOutputElement) continue;
+    }
+    bytes += local_bytes(value, context, false);
+  }
+  for (ir::ValueId out : node.outputs) bytes += local_bytes(graph.value(out), context, true);
+  time.forward = bytes / bandwidth;
+  time.backward = constants_.memory_backward_factor * time.forward;
+  return time;
+}
+
+double AnalyticCostModel::collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
+                                          std::int64_t bytes) const {
+  return cost::collective_time(cluster, kind, ranks, bytes);
+}
+
+}  // namespace shardwise::cost

@@ -1,0 +1,114 @@
+// How long one node of a graph takes on one device: the cost-model interface every planner
+// calls (CostModel), and its analytic implementation (AnalyticCostModel). A profiled model
+// (measured times) implements the same interface and replaces it without touching callers.
+//
+// The analytic model, with every constant in AnalyticConstants (one set for all models and
+// clusters; the values and why are in op_cost.cc):
+//
+//   contraction (FlopsKind Contraction, Convolution, and the two products of Attention)
+//       forward  = matmul FLOPs / (peak(precision) x matmul_efficiency(d))
+//       d        = matmul FLOPs / (2 x elements the node reads and writes): the arithmetic
+//                  intensity in multiply-adds per element. For an [M,K] x [K,N] product it is
+//                  1 / (1/M + 1/K + 1/N): about the smallest GEMM dimension, but it needs no
+//                  knowledge of which operand is which, so it works for addmm, bmm, linear,
+//                  einsum and attention alike.
+//       matmul_efficiency(d) = max_efficiency x d / (d + half_efficiency_dim)
+//                  a saturating curve: small GEMMs (a 64-wide head, a t-way sliced weight)
+//                  are latency- and bandwidth-bound, large ones approach max_efficiency.
+//       backward = contraction_backward_factor (2) x forward: dX and dW are one product each.
+//       Attention's softmax is memory-bound over the scores: scores x attention_score_bytes
+//       (the unfused kernels of Megatron-LM 2021 write the scores, the probabilities and the
+//       dropout mask; 0 would model a flash kernel that never materialises them).
+//   memory-bound (pointwise, normalisations, reductions, losses, copies)
+//       forward  = bytes moved / (memory bandwidth x memory_efficiency); bytes moved =
+//                  inputs + outputs for pointwise and reductions; 2 x outputs for copies and
+//                  gathers (Zero-FLOP ops that are not aliases: contiguous, embedding, cat)
+//       backward = memory_backward_factor x forward (read the output gradient and the saved
+//                  inputs, write the input gradients)
+//   aliases (view, reshape, transpose, split, expand, ... and a `to` that keeps the dtype): 0
+//
+// NodeContext scales one node to a plan: batch_scale multiplies every activation and input
+// (not parameters, buffers, constants) (a graph built at batch 1 costed at micro-batch 4: 4), and a tensor-parallel
+// split divides the work by `shards`:
+//   Column  the weight and the output are split (Megatron's first GEMM of a pair)
+//   Row     the weight and the activation inputs are split (the second GEMM)
+//   All     every operand is split (attention heads, the pointwise ops between a pair)
+//
+// Worked example (A100 bf16 peak 312 TFLOP/s, 2.039 TB/s; default constants
+// max_efficiency 0.75, half_efficiency_dim 96, memory_efficiency 0.75):
+//   aten::mm  bf16[2048,4096] x bf16[4096,4096]: 2*2048*4096*4096 = 68.7 GFLOP,
+//     elements 2048*4096*2 + 4096^2 = 33.6M, d = 68.7e9 / (2 * 33.6e6) = 1024,
+//     efficiency = 0.75 * 1024 / 1120 = 0.686, forward = 68.7e9 / (312e12 * 0.686) = 0.321 ms,
+//     backward 0.642 ms.
+//   aten::gelu on bf16[2048,4096]: bytes 2 * 16.8 MB = 33.6 MB, forward = 33.6e6 /
+//     (2.039e12 * 0.75) = 21.9 us, backward 43.9 us.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "cost/cluster.h"
+#include "cost/collective_cost.h"
+#include "ir/graph.h"
+
+namespace shardwise::cost {
+
+// Which operands a tensor-parallel split divides (see the header comment).
+enum class TensorSplit : std::uint8_t { None, Column, Row, All };
+
+struct NodeContext {
+  double batch_scale = 1.0;  // multiplies every tensor that has a batch dimension
+  int shards = 1;            // tensor-parallel degree the split divides by
+  TensorSplit split = TensorSplit::None;
+};
+
+struct OpTime {
+  double forward = 0;   // seconds
+  double backward = 0;  // seconds
+  bool contraction = false;  // priced on the matmul curve (for reports)
+
+  friend bool operator==(const OpTime&, const OpTime&) = default;
+};
+
+// The interface planners call. Implementations must be deterministic and thread-compatible
+// (const methods, no hidden state that changes results).
+class CostModel {
+ public:
+  virtual ~CostModel() = default;
+  virtual OpTime node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device,
+                           Precision precision, const NodeContext& context) const = 0;
+  virtual double collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
+                                 std::int64_t bytes) const = 0;
+};
+
+struct AnalyticConstants {
+  double max_efficiency = 0.75;        // matmul efficiency of a very large GEMM (fraction of peak)
+  double half_efficiency_dim = 96;     // intensity d at which a GEMM reaches half of max_efficiency
+  double memory_efficiency = 0.75;     // achieved / peak memory bandwidth of memory-bound kernels
+  double contraction_backward_factor = 2.0;
+  double memory_backward_factor = 2.0;
+  double attention_score_bytes = 12.0;  // bytes moved per attention score, forward (0 = flash)
+
+  friend bool operator==(const AnalyticConstants&, const AnalyticConstants&) = default;
+};
+
+// matmul_efficiency(d) of the header comment.
+double matmul_efficiency(const AnalyticConstants& constants, double intensity);
+
+class AnalyticCostModel final : public CostModel {
+ public:
+  explicit AnalyticCostModel(AnalyticConstants constants = {}) : constants_(constants) {}
+
+  const AnalyticConstants& constants() const { return constants_; }
+
+  OpTime node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device, Precision precision,
+                   const NodeContext& context) const override;
+  // The alpha-beta model of collective_cost.h (Algorithm::Auto).
+  double collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
+                         std::int64_t bytes) const override;
+
+ private:
+  AnalyticConstants constants_;
+};
+
+}  // namespace shardwise::cost

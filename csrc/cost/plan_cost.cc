@@ -1,0 +1,404 @@
+// The plan evaluator; the model is documented in plan_cost.h.
+#include "cost/plan_cost.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "analysis/activation_bytes.h"
+#include "analysis/flops.h"
+#include "analysis/repeated_blocks.h"
+#include "ops/op_table.h"
+#include "support/error.h"
+
+namespace shardwise::cost {
+namespace {
+
+using support::ValidationError;
+
+ops::FlopsKind kind_of(const ir::Node& node) {
+  const ops::OpSpec* spec = ops::OpTable::builtin().find(node.op);
+  return spec != nullptr ? spec->flops.kind : ops::FlopsKind::Zero;
+}
+
+// A contraction reading a weight matrix: a candidate end of a tensor-parallel pair.
+bool weighted_contraction(const ir::Graph& graph, const ir::Node& node) {
+  if (kind_of(node) != ops::FlopsKind::Contraction) return false;
+  return std::any_of(node.inputs.begin(), node.inputs.end(), [&](ir::ValueId v) {
+    const ir::Value& value = graph.value(v);
+    return value.role == ir::ValueRole::Parameter && value.type.rank() >= 2;
+  });
+}
+
+// Ops that need the whole feature dimension: a tensor-parallel region stops before them.
+bool needs_whole_features(const ir::Node& node) { return kind_of(node) == ops::FlopsKind::PerInputElement; }
+
+using Users = std::vector<std::vector<ir::NodeId>>;
+
+Users users_of(const ir::Graph& graph) {
+  Users users(graph.values().size());
+  for (const ir::Node& node : graph.nodes())
+    for (ir::ValueId in : node.inputs) users[static_cast<std::size_t>(in)].push_back(node.id);
+  return users;
+}
+
+struct LayerSplits {
+  std::map<ir::NodeId, TensorSplit> split;  // nodes of the layer that are not replicated
+  std::vector<ir::NodeId> row_ends;         // the second contraction of each pair
+};
+
+// Megatron pairs inside one layer, from its dataflow (see plan_cost.h).
+LayerSplits find_pairs(const ir::Graph& graph, const std::vector<ir::NodeId>& layer, const Users& users) {
+  LayerSplits out;
+  std::set<ir::NodeId> in_layer(layer.begin(), layer.end());
+  for (ir::NodeId first : layer) {
+    const ir::Node& start = graph.node(first);
+    if (!weighted_contraction(graph, start) || out.split.contains(first)) continue;
+    std::set<ir::NodeId> between, partners;
+    std::vector<ir::NodeId> frontier;
+    auto push_users = [&](const ir::Node& n) {
+      for (ir::ValueId v : n.outputs)
+        for (ir::NodeId u : users[static_cast<std::size_t>(v)])
+          if (in_layer.contains(u)) frontier.push_back(u);
+    };
+    push_users(start);
+    while (!frontier.empty()) {
+      ir::NodeId id = frontier.back();
+      frontier.pop_back();
+      const ir::Node& n = graph.node(id);
+      if (weighted_contraction(graph, n)) {
+        partners.insert(id);
+        continue;
+      }
+      if (needs_whole_features(n) || between.contains(id)) continue;
+      between.insert(id);
+      push_users(n);
+    }
+    if (partners.size() != 1 || out.split.contains(*partners.begin())) continue;
+    bool clash = std::any_of(between.begin(), between.end(), [&](ir::NodeId b) { return out.split.contains(b); });
+    if (clash) continue;
+    out.split[first] = TensorSplit::Column;
+    out.split[*partners.begin()] = TensorSplit::Row;
+    for (ir::NodeId b : between) out.split[b] = TensorSplit::All;
+    out.row_ends.push_back(*partners.begin());
+  }
+  return out;
+}
+
+// Outside the layers: weighted contractions column-parallel, everything after them 1/t.
+std::map<ir::NodeId, TensorSplit> outside_splits(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
+                                                 const Users& users) {
+  std::map<ir::NodeId, TensorSplit> split;
+  std::set<ir::NodeId> here(nodes.begin(), nodes.end());
+  std::vector<ir::NodeId> frontier;
+  for (ir::NodeId id : nodes) {
+    if (!weighted_contraction(graph, graph.node(id))) continue;
+    split[id] = TensorSplit::Column;
+    frontier.push_back(id);
+  }
+  while (!frontier.empty()) {
+    ir::NodeId id = frontier.back();
+    frontier.pop_back();
+    for (ir::ValueId v : graph.node(id).outputs)
+      for (ir::NodeId u : users[static_cast<std::size_t>(v)])
+        if (here.contains(u) && !split.contains(u)) {
+          split[u] = TensorSplit::All;
+          frontier.push_back(u);
+        }
+  }
+  return split;
+}
+
+struct PartCost {
+  double forward = 0;
+  double backward = 0;
+  double matmul_flops = 0;  // forward, at the graph's batch, whole (unsharded)
+  double activation_bytes = 0;  // saved outputs on one rank, at the micro-batch
+  double parameters = 0;        // held by one rank
+};
+
+PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
+                    const std::map<ir::NodeId, TensorSplit>& split, const std::set<ir::ValueId>& sharded_params,
+                    const std::vector<std::int64_t>& act_bytes, const CostModel& model, const DeviceType& device,
+                    Precision precision, double batch_scale, int t, std::set<ir::ValueId>* seen_params) {
+  PartCost out;
+  for (ir::NodeId id : nodes) {
+    const ir::Node& node = graph.node(id);
+    auto it = split.find(id);
+    NodeContext context{batch_scale, t, it == split.end() || t == 1 ? TensorSplit::None : it->second};
+    OpTime time = model.node_time(graph, node, device, precision, context);
+    out.forward += time.forward;
+    out.backward += time.backward;
+    out.matmul_flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).matmul);
+    // Saved activations: outputs of nodes that move data (views share their input's memory).
+    if (time.forward > 0) {
+      double bytes = static_cast<double>(act_bytes[static_cast<std::size_t>(id)]);
+      bytes *= batch_scale;  // every saved output is an activation
+      if (context.split == TensorSplit::Column || context.split == TensorSplit::All) bytes /= t;
+      out.activation_bytes += bytes;
+    }
+    for (ir::ValueId in : node.inputs) {
+      const ir::Value& value = graph.value(in);
+      if (value.role != ir::ValueRole::Parameter || !seen_params->insert(in).second) continue;
+      double n = static_cast<double>(value.type.numel());
+      out.parameters += sharded_params.contains(in) ? n / t : n;
+    }
+  }
+  return out;
+}
+
+int graph_batch(const ir::Graph& graph) {
+  for (ir::ValueId in : graph.inputs()) {
+    const ir::TensorType& type = graph.value(in).type;
+    if (type.batch_dim.has_value()) return static_cast<int>(type.shape[static_cast<std::size_t>(*type.batch_dim)]);
+  }
+  return 1;
+}
+
+}  // namespace
+
+std::map<std::string, double> PlanCost::breakdown() const {
+  return {{"compute", compute},
+          {"tensor_parallel", tensor_parallel},
+          {"pipeline_p2p", pipeline_p2p},
+          {"pipeline_bubble", pipeline_bubble},
+          {"data_parallel", data_parallel},
+          {"data_parallel_total", data_parallel_total},
+          {"data_parallel_overlapped", data_parallel_overlapped ? 1.0 : 0.0},
+          {"optimizer", optimizer}};
+}
+
+PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Plan& plan, const CostModel& model,
+                  const PlanCostConstants& constants) {
+  plan::validate(plan, cluster.world_size());
+  const int t = plan.tensor, p = plan.pipeline, d = plan.data, v = plan.virtual_stages;
+  const std::int64_t m = plan.num_micro_batches();
+  std::optional<Precision> precision = parse_precision(plan.precision);
+  if (!precision) throw ValidationError(fmt::format("evaluate: unknown precision '{}'", plan.precision));
+
+  // The slowest device type sets the pace (a homogeneous cluster has one).
+  const DeviceType* device = &cluster.device_of(0);
+  for (const DeviceType& type : cluster.device_types())
+    if (type.peak_flops.at(*precision) < device->peak_flops.at(*precision)) device = &type;
+
+  // ---- structure ---------------------------------------------------------------------
+  std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
+  const analysis::RepeatedBlockGroup* layers = nullptr;
+  std::size_t best = 0;
+  for (const auto& g : groups) {
+    std::size_t size = 0;
+    for (const auto& b : g.nodes) size += b.size();
+    if (size > best) best = size, layers = &g;
+  }
+  const int num_layers = layers != nullptr ? static_cast<int>(layers->nodes.size()) : 0;
+  if (p * v > std::max(num_layers, 1))
+    throw ValidationError(fmt::format("evaluate: pipeline {} x virtual_stages {} = {} chunks but the graph has {} layers",
+                                      p, v, p * v, num_layers));
+
+  std::set<ir::NodeId> in_layers;
+  if (layers != nullptr)
+    for (const auto& b : layers->nodes) in_layers.insert(b.begin(), b.end());
+  ir::NodeId first_layer_node = layers != nullptr ? layers->nodes.front().front() : 0;
+  std::vector<ir::NodeId> pre, post;
+  for (const ir::Node& node : graph.nodes()) {
+    if (in_layers.contains(node.id)) continue;
+    (layers != nullptr && node.id < first_layer_node ? pre : post).push_back(node.id);
+  }
+
+  Users users = users_of(graph);
+  LayerSplits layer_splits;
+  if (layers != nullptr) layer_splits = find_pairs(graph, layers->nodes.front(), users);
+  std::map<ir::NodeId, TensorSplit> outside = outside_splits(graph, post, users);
+  {
+    std::map<ir::NodeId, TensorSplit> pre_split = outside_splits(graph, pre, users);
+    outside.insert(pre_split.begin(), pre_split.end());
+  }
+
+  // Parameters a column/row split shards (weights; a row-parallel bias stays whole).
+  std::set<ir::ValueId> sharded_params;
+  auto note_params = [&](const std::map<ir::NodeId, TensorSplit>& split) {
+    for (const auto& [id, s] : split) {
+      if (s != TensorSplit::Column && s != TensorSplit::Row) continue;
+      for (ir::ValueId in : graph.node(id).inputs) {
+        const ir::Value& value = graph.value(in);
+        if (value.role == ir::ValueRole::Parameter && (s == TensorSplit::Column || value.type.rank() >= 2))
+          sharded_params.insert(in);
+      }
+    }
+  };
+  note_params(layer_splits.split);
+  note_params(outside);
+
+  const double batch_scale = static_cast<double>(plan.micro_batch) / graph_batch(graph);
+  std::vector<std::int64_t> act_bytes = analysis::activation_bytes(graph);
+
+  std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
+  PartCost layer = layers != nullptr ? cost_nodes(graph, layers->nodes.front(), layer_splits.split, sharded_params,
+                                                  act_bytes, model, *device, *precision, batch_scale, t, &seen_layer)
+                                     : PartCost{};
+  PartCost pre_cost = cost_nodes(graph, pre, outside, sharded_params, act_bytes, model, *device, *precision,
+                                 batch_scale, t, &seen_pre);
+  PartCost post_cost = cost_nodes(graph, post, outside, sharded_params, act_bytes, model, *device, *precision,
+                                  batch_scale, t, &seen_post);
+  if (layers == nullptr) {  // no repeated structure: the whole graph is one part on one stage
+    post_cost.forward += pre_cost.forward;
+    post_cost.backward += pre_cost.backward;
+    post_cost.matmul_flops += pre_cost.matmul_flops;
+  }
+
+  // The layer's input (the residual stream): the batched activation its first node reads
+  // from outside the layer. Kept per layer under recomputation, sent between stages.
+  double layer_input_bytes = 0;
+  if (layers != nullptr) {
+    std::set<ir::NodeId> first(layers->nodes.front().begin(), layers->nodes.front().end());
+    for (ir::ValueId in : graph.node(layers->nodes.front().front()).inputs) {
+      const ir::Value& value = graph.value(in);
+      if (value.role == ir::ValueRole::Activation && !first.contains(*value.producer))
+        layer_input_bytes = std::max(layer_input_bytes, static_cast<double>(value.type.bytes()) * batch_scale);
+    }
+  }
+
+  // ---- per micro-batch, per device -----------------------------------------------------
+  const bool recompute = plan.recompute == plan::Recompute::Full;
+  const double layer_compute = layer.forward + layer.backward + (recompute ? layer.forward : 0.0);
+  PlanCost out;
+  out.layers = num_layers;
+  out.tensor_parallel_pairs_per_layer = static_cast<int>(layer_splits.row_ends.size());
+  out.all_reduces_per_layer_per_micro_batch = t > 1 ? out.tensor_parallel_pairs_per_layer * (recompute ? 3 : 2) : 0;
+  out.micro_batches = m;
+
+  double layer_tp = 0;
+  if (t > 1) {
+    std::vector<int> tp_ranks(static_cast<std::size_t>(t));
+    std::iota(tp_ranks.begin(), tp_ranks.end(), 0);
+    for (ir::NodeId row : layer_splits.row_ends) {
+      const ir::Value& out_value = graph.value(graph.node(row).outputs[0]);
+      double bytes = static_cast<double>(out_value.type.bytes()) * batch_scale;
+      double each = model.collective_time(cluster, CollectiveKind::AllReduce, tp_ranks, static_cast<std::int64_t>(bytes));
+      layer_tp += each * (recompute ? 3 : 2);
+    }
+  }
+
+  // Layers per device: chunks s, s + p, ... of the plan's split (or a balanced one).
+  std::vector<int> chunk_layers = plan.layers_per_stage;
+  if (chunk_layers.empty()) {
+    int chunks = p * v;
+    for (int c = 0; c < chunks; ++c) chunk_layers.push_back(num_layers / chunks + (c < num_layers % chunks ? 1 : 0));
+  } else if (std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0) != num_layers) {
+    throw ValidationError(fmt::format("evaluate: layers_per_stage sums to {} but the graph has {} layers",
+                                      std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0), num_layers));
+  }
+  std::vector<int> device_layers(static_cast<std::size_t>(p), 0);
+  for (std::size_t c = 0; c < chunk_layers.size(); ++c) device_layers[c % static_cast<std::size_t>(p)] += chunk_layers[c];
+
+  double p2p_mb = 0;
+  if (p > 1) {
+    std::vector<int> pair = {0, t * d};
+    double bytes = layer_input_bytes / t;  // scatter/gather: each of the t ranks sends 1/t
+    p2p_mb = 2.0 * v * model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes));
+  }
+
+  // Bottleneck device and its parameters.
+  double worst_compute = 0, worst_tp = 0;
+  std::vector<double> device_params(static_cast<std::size_t>(p), 0);
+  std::vector<double> device_backward(static_cast<std::size_t>(p), 0);
+  for (int s = 0; s < p; ++s) {
+    double layers_here = device_layers[static_cast<std::size_t>(s)];
+    double compute = layers_here * layer_compute;
+    double backward = layers_here * layer.backward;
+    double params = layers_here * layer.parameters;
+    if (s == 0) compute += pre_cost.forward + pre_cost.backward, backward += pre_cost.backward, params += pre_cost.parameters;
+    if (s == p - 1)
+      compute += post_cost.forward + post_cost.backward, backward += post_cost.backward, params += post_cost.parameters;
+    double tp = layers_here * layer_tp;
+    if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp;
+    device_params[static_cast<std::size_t>(s)] = params;
+    device_backward[static_cast<std::size_t>(s)] = backward;
+  }
+  const double t_mb = worst_compute + worst_tp + p2p_mb;
+  const double md = static_cast<double>(m);
+  out.compute = md * worst_compute;
+  out.tensor_parallel = md * worst_tp;
+  out.pipeline_p2p = md * p2p_mb;
+  out.pipeline_bubble = (p - 1) / static_cast<double>(v) * t_mb;
+  out.bubble_fraction = out.pipeline_bubble / (md * t_mb);
+
+  // ---- data parallelism and optimizer --------------------------------------------------
+  const MemoryConstants& mem = constants.memory;
+  double dp_exposed = 0, dp_total = 0, optimizer = 0;
+  for (int s = 0; s < p; ++s) {
+    double params = device_params[static_cast<std::size_t>(s)];
+    std::vector<int> dp_ranks;
+    for (int j = 0; j < d; ++j) dp_ranks.push_back(s * t * d + j * t);
+    double sync = 0, exposed = 0;
+    if (d > 1 && plan.zero_stage < 3) {
+      sync = model.collective_time(cluster, CollectiveKind::AllReduce, dp_ranks,
+                                   static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param));
+      exposed = p == 1 ? std::max(0.0, sync - device_backward[static_cast<std::size_t>(s)]) : sync;
+    } else if (d > 1) {
+      double gather = model.collective_time(cluster, CollectiveKind::AllGather, dp_ranks,
+                                            static_cast<std::int64_t>(params * mem.weight_bytes));
+      double scatter = model.collective_time(cluster, CollectiveKind::ReduceScatter, dp_ranks,
+                                             static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param));
+      double per_mb = gather * (recompute ? 3 : 2) + scatter;
+      sync = md * per_mb;
+      exposed = md * std::max(0.0, per_mb - t_mb);
+    }
+    dp_total = std::max(dp_total, sync);
+    dp_exposed = std::max(dp_exposed, exposed);
+    double held = params / (plan.zero_stage >= 1 ? d : 1);
+    optimizer = std::max(optimizer, held * 2.0 * mem.bytes_per_parameter() /
+                                        (device->memory_bandwidth * constants.optimizer_memory_efficiency));
+  }
+  out.data_parallel = dp_exposed;
+  out.data_parallel_total = dp_total;
+  out.data_parallel_overlapped = d > 1 && (p == 1 || plan.zero_stage == 3);
+  out.optimizer = optimizer;
+  out.step_time = out.compute + out.tensor_parallel + out.pipeline_p2p + out.pipeline_bubble + out.data_parallel +
+                  out.optimizer;
+
+  // ---- memory per rank (the most loaded pipeline stage) --------------------------------
+  double in_flight = stage_micro_batches_in_flight(plan.schedule, p, v, plan.kfkb_k, m);
+  for (int s = 0; s < p; ++s) {
+    ModelStateBytes states = model_state_bytes(device_params[static_cast<std::size_t>(s)], d, plan.zero_stage, mem);
+    // Stage s holds fewer micro-batches the later it is (1F1B: p - s); the first holds most.
+    double flight = std::max(1.0, in_flight - (plan.schedule == plan::Schedule::GPipe ? 0.0 : s));
+    double acts = stage_activation_bytes(layer.activation_bytes, layer_input_bytes / t,
+                                         device_layers[static_cast<std::size_t>(s)], flight, recompute);
+    if (s == 0) acts += pre_cost.activation_bytes;
+    if (s == p - 1) acts += post_cost.activation_bytes;
+    double total = states.total() + acts;
+    if (total > out.memory_per_rank) {
+      out.memory_per_rank = total;
+      out.memory_breakdown = {{"weights", states.weights},
+                              {"gradients", states.gradients},
+                              {"optimizer", states.optimizer},
+                              {"activations", acts},
+                              {"stage", static_cast<double>(s)}};
+    }
+  }
+
+  // ---- Megatron-LM's FLOP accounting ---------------------------------------------------
+  double per_sample = (4.0 * num_layers * layer.matmul_flops + 3.0 * (pre_cost.matmul_flops + post_cost.matmul_flops)) /
+                      graph_batch(graph);
+  if (layers == nullptr) per_sample = 3.0 * post_cost.matmul_flops / graph_batch(graph);
+  out.model_flops = per_sample * static_cast<double>(plan.global_batch);
+  out.tflops_per_device = out.step_time > 0 ? out.model_flops / out.step_time / cluster.world_size() / 1e12 : 0;
+  return out;
+}
+
+plan::Plan with_prediction(plan::Plan plan, const PlanCost& cost) {
+  plan::Predicted predicted;
+  predicted.step_time = cost.step_time;
+  predicted.tflops_per_device = cost.tflops_per_device;
+  predicted.memory_per_rank = cost.memory_per_rank;
+  predicted.breakdown = cost.breakdown();
+  predicted.memory_breakdown = cost.memory_breakdown;
+  plan.predicted = std::move(predicted);
+  return plan;
+}
+
+}  // namespace shardwise::cost

@@ -1,0 +1,108 @@
+// The evaluator: step time, memory per rank and TFLOP/s per device of a plan on a cluster.
+//
+//   PlanCost evaluate(graph, cluster, plan, model)
+//
+// The graph may be built at any batch B0 (the batch size of its first input's batch
+// dimension); every tensor with a batch dimension is scaled to the plan's micro-batch.
+//
+// Structure, found from the graph alone (no layer names):
+//  - Layers: the largest group of analysis::find_repeated_blocks (most nodes in all). Nodes
+//    before its first layer are "pre" (first pipeline stage), after its last "post" (last
+//    stage). Every layer is costed as the first one.
+//  - Tensor parallelism (degree t), Megatron-style, from the dataflow of one layer: a
+//    weighted contraction (a contraction reading a parameter of rank >= 2) whose output
+//    reaches another weighted contraction through ops that are not normalisations or
+//    reductions (pointwise, views, attention) forms a pair: the first is column-parallel,
+//    the second row-parallel, the ops between run on 1/t of the data (attention heads, the
+//    MLP activation). One all-reduce of the second's output per pair in forward, one in
+//    backward, and one more per pair when recomputing. Everything else in the layer (layer
+//    norms, residual adds, dropout after the pair) is replicated on the t ranks.
+//    Outside the layers, a weighted contraction is column-parallel over its parameter (the
+//    vocabulary-parallel LM head) and the ops after it run on 1/t (the vocabulary-parallel
+//    loss; its small all-reduces over [b, s] are ignored). A parameter any contraction
+//    shards is stored sharded wherever it is read (the vocabulary-parallel embedding).
+//  - Pipeline (degree p, v virtual stages): layers balanced over p x v chunks (or the
+//    plan's layers_per_stage), device s holding chunks s, s + p, ...; the bottleneck device
+//    sets the pace. Per micro-batch: T_mb = compute + tensor-parallel all-reduces + p2p.
+//      ideal   = m x T_mb
+//      bubble  = (p - 1) / v x T_mb    (GPipe, 1F1B, kFkB: v = 1): the (p-1)/(v m) fraction
+//      p2p     = 2 v sends (activation forward, gradient backward) per micro-batch of
+//                b x s x h / t bytes (Megatron's scatter/gather over the t ranks) between rank
+//                r and r + t d, on the link that pair crosses; not overlapped (conservative).
+//  - Data parallelism (degree d): gradients of the device's parameters, at
+//    grad_reduce_bytes_per_param, all-reduced over the data group (ranks r, r + t, ...;
+//    ring or hierarchical, the faster, from collective_cost.h). With p = 1 the all-reduce
+//    overlaps the last micro-batch's backward (exposed = max(0, all-reduce - backward));
+//    with p > 1 it follows the pipeline flush, fully exposed (Megatron-LM 2021). ZeRO 1-2:
+//    reduce-scatter + all-gather, priced as the all-reduce. ZeRO-3: per micro-batch an
+//    all-gather of the weights for forward, recomputation and backward, and a reduce-scatter
+//    of the gradients, overlapped with that micro-batch's compute (exposed = the excess).
+//  - Optimizer step: 2 x bytes_per_parameter per parameter held (read + write), memory-bound.
+//  step_time = ideal + bubble + data_parallel (exposed) + optimizer.
+//
+// TFLOP/s per device uses Megatron-LM's accounting (Narayanan et al. 2021, eq. 3:
+// 96 B s l h^2 (1 + s/6h + V/16lh), recomputation included): from the graph's matmul FLOPs,
+// 4 x the layers' forward (forward, recompute, 2 x backward) + 3 x the rest (the LM head),
+// per sample, x global batch / step_time / world size. The same number whether the plan
+// recomputes or not, so predictions compare like for like with the paper.
+//
+// Worked example: see tests/cpp/cost/plan_cost_test.cc (a 4-layer toy GPT, t = 2, p = 2:
+// 2 pairs per layer, bubble (2-1)/m of the ideal time).
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "cost/cluster.h"
+#include "cost/memory_cost.h"
+#include "cost/op_cost.h"
+#include "ir/graph.h"
+#include "plan/plan.h"
+
+namespace shardwise::cost {
+
+struct PlanCostConstants {
+  // Megatron-LM 2021 all-reduces fp32 main gradients (bf16 training).
+  double grad_reduce_bytes_per_param = 4;
+  // Fraction of HBM bandwidth the optimizer step reaches.
+  double optimizer_memory_efficiency = 0.75;
+  MemoryConstants memory;
+};
+
+struct PlanCost {
+  double step_time = 0;  // seconds per iteration
+  // Breakdown (seconds per iteration; they sum to step_time):
+  double compute = 0;          // m x per-micro-batch compute on the bottleneck device
+  double tensor_parallel = 0;  // m x its all-reduces
+  double pipeline_p2p = 0;     // m x its sends / receives
+  double pipeline_bubble = 0;  // (p - 1) / v x T_mb
+  double data_parallel = 0;    // exposed gradient synchronisation
+  double optimizer = 0;
+  double data_parallel_total = 0;  // the whole synchronisation, before overlap
+  bool data_parallel_overlapped = false;
+
+  double memory_per_rank = 0;  // bytes on the most loaded rank
+  std::map<std::string, double> memory_breakdown;
+
+  double model_flops = 0;  // per iteration, Megatron-LM's accounting
+  double tflops_per_device = 0;
+
+  // Structure found (for tests and reports).
+  int layers = 0;
+  int tensor_parallel_pairs_per_layer = 0;
+  int all_reduces_per_layer_per_micro_batch = 0;
+  std::int64_t micro_batches = 0;
+  double bubble_fraction = 0;  // bubble / ideal
+
+  std::map<std::string, double> breakdown() const;
+};
+
+// Throws support::ValidationError when the plan does not fit the cluster (t x p x d !=
+// world size), the graph (p x v > layers), or is invalid (plan::validate).
+PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Plan& plan, const CostModel& model,
+                  const PlanCostConstants& constants = {});
+
+// The plan with predicted figures filled in.
+plan::Plan with_prediction(plan::Plan plan, const PlanCost& cost);
+
+}  // namespace shardwise::cost

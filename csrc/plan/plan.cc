@@ -1,0 +1,207 @@
+// The plan value: names, validation, JSON and hash. See plan.h.
+#include "plan/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "support/error.h"
+
+namespace shardwise::plan {
+namespace {
+
+using nlohmann::json;
+using support::ParseError;
+using support::ValidationError;
+
+constexpr std::array<std::pair<Schedule, std::string_view>, 4> kSchedules = {{
+    {Schedule::GPipe, "gpipe"},
+    {Schedule::OneFOneB, "1f1b"},
+    {Schedule::Interleaved1F1B, "interleaved-1f1b"},
+    {Schedule::KFKB, "kfkb"},
+}};
+
+constexpr std::array<std::string_view, 4> kPrecisions = {"f32", "tf32", "bf16", "f16"};
+
+// Reads a required field of the expected JSON type, naming its path on error.
+template <typename T>
+T field(const json& object, const char* key) {
+  auto it = object.find(key);
+  if (it == object.end()) throw ParseError(fmt::format("plan: missing field '{}'", key));
+  try {
+    return it->get<T>();
+  } catch (const json::exception& e) {
+    throw ParseError(fmt::format("plan.{}: wrong type ({})", key, e.what()));
+  }
+}
+
+}  // namespace
+
+std::string_view schedule_name(Schedule schedule) {
+  for (const auto& [s, name] : kSchedules)
+    if (s == schedule) return name;
+  return "?";
+}
+
+Schedule schedule_from_name(std::string_view name) {
+  if (name == "interleaved") return Schedule::Interleaved1F1B;
+  for (const auto& [s, known] : kSchedules)
+    if (known == name) return s;
+  throw ValidationError(
+      fmt::format("plan.schedule: unknown schedule '{}' (known: gpipe, 1f1b, interleaved-1f1b, kfkb)", name));
+}
+
+std::string_view recompute_name(Recompute recompute) { return recompute == Recompute::Full ? "full" : "none"; }
+
+Recompute recompute_from_name(std::string_view name) {
+  if (name == "full") return Recompute::Full;
+  if (name == "none") return Recompute::None;
+  throw ValidationError(fmt::format("plan.recompute: unknown value '{}' (known: none, full)", name));
+}
+
+std::int64_t Plan::num_micro_batches() const {
+  std::int64_t per_step = micro_batch * data;
+  return per_step > 0 ? global_batch / per_step : 0;
+}
+
+void validate(const Plan& plan, std::optional<int> world_size) {
+  if (plan.data < 1 || plan.tensor < 1 || plan.pipeline < 1)
+    throw ValidationError(fmt::format("plan: degrees must be >= 1 (data {}, tensor {}, pipeline {})", plan.data,
+                                      plan.tensor, plan.pipeline));
+  if (world_size.has_value() && plan.world_size() != *world_size)
+    throw ValidationError(fmt::format("plan: world size {} != t {} x p {} x d {} = {}", *world_size, plan.tensor,
+                                      plan.pipeline, plan.data, plan.world_size()));
+  if (plan.micro_batch < 1 || plan.global_batch < 1)
+    throw ValidationError(fmt::format("plan: global_batch ({}) and micro_batch ({}) must be >= 1",
+                                      plan.global_batch, plan.micro_batch));
+  if (plan.global_batch % (plan.micro_batch * plan.data) != 0)
+    throw ValidationError(fmt::format(
+        "plan: global_batch {} is not divisible by micro_batch {} x data {} = {}", plan.global_batch,
+        plan.micro_batch, plan.data, plan.micro_batch * plan.data));
+  if (plan.virtual_stages < 1) throw ValidationError(fmt::format("plan.virtual_stages: {} < 1", plan.virtual_stages));
+  if (plan.virtual_stages > 1 && plan.schedule != Schedule::Interleaved1F1B)
+    throw ValidationError(fmt::format("plan.virtual_stages: {} needs schedule interleaved-1f1b, not {}",
+                                      plan.virtual_stages, schedule_name(plan.schedule)));
+  if (plan.kfkb_k < 1) throw ValidationError(fmt::format("plan.kfkb_k: {} < 1", plan.kfkb_k));
+  if (plan.kfkb_k > 1 && plan.schedule != Schedule::KFKB)
+    throw ValidationError(
+        fmt::format("plan.kfkb_k: {} needs schedule kfkb, not {}", plan.kfkb_k, schedule_name(plan.schedule)));
+  if (plan.zero_stage < 0 || plan.zero_stage > 3)
+    throw ValidationError(fmt::format("plan.zero_stage: {} is not in 0..3", plan.zero_stage));
+  if (!plan.layers_per_stage.empty()) {
+    std::size_t chunks = static_cast<std::size_t>(plan.pipeline) * static_cast<std::size_t>(plan.virtual_stages);
+    if (plan.layers_per_stage.size() != chunks)
+      throw ValidationError(fmt::format("plan.layers_per_stage: {} entries, expected pipeline {} x virtual_stages {} = {}",
+                                        plan.layers_per_stage.size(), plan.pipeline, plan.virtual_stages, chunks));
+    for (std::size_t i = 0; i < chunks; ++i)
+      if (plan.layers_per_stage[i] < 0)
+        throw ValidationError(fmt::format("plan.layers_per_stage[{}]: {} < 0", i, plan.layers_per_stage[i]));
+  }
+  if (std::find(kPrecisions.begin(), kPrecisions.end(), plan.precision) == kPrecisions.end())
+    throw ValidationError(fmt::format("plan.precision: unknown '{}' (known: f32, tf32, bf16, f16)", plan.precision));
+}
+
+namespace {
+
+json plan_decisions(const Plan& plan) {
+  return json{{"format", "shardwise.plan"},
+              {"version", 1},
+              {"data", plan.data},
+              {"tensor", plan.tensor},
+              {"pipeline", plan.pipeline},
+              {"global_batch", plan.global_batch},
+              {"micro_batch", plan.micro_batch},
+              {"schedule", schedule_name(plan.schedule)},
+              {"virtual_stages", plan.virtual_stages},
+              {"kfkb_k", plan.kfkb_k},
+              {"recompute", recompute_name(plan.recompute)},
+              {"zero_stage", plan.zero_stage},
+              {"layers_per_stage", plan.layers_per_stage},
+              {"precision", plan.precision}};
+}
+
+}  // namespace
+
+json plan_to_json(const Plan& plan) {
+  json out = plan_decisions(plan);
+  if (plan.predicted.has_value()) {
+    const Predicted& p = *plan.predicted;
+    out["predicted"] = json{{"step_time", p.step_time},
+                            {"tflops_per_device", p.tflops_per_device},
+                            {"memory_per_rank", p.memory_per_rank},
+                            {"breakdown", p.breakdown},
+                            {"memory_breakdown", p.memory_breakdown}};
+  }
+  return out;
+}
+
+Plan plan_from_json(const json& in) {
+  if (!in.is_object()) throw ParseError("plan: expected a JSON object");
+  static const std::set<std::string> known = {"format",      "version",    "data",           "tensor",
+                                              "pipeline",    "global_batch", "micro_batch",  "schedule",
+                                              "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
+                                              "layers_per_stage", "precision", "predicted"};
+  for (const auto& [key, value] : in.items())
+    if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
+  if (in.contains("format") && field<std::string>(in, "format") != "shardwise.plan")
+    throw ParseError(fmt::format("plan.format: expected 'shardwise.plan', got '{}'", field<std::string>(in, "format")));
+  if (in.contains("version") && field<int>(in, "version") != 1)
+    throw ParseError(fmt::format("plan.version: unsupported version {}", field<int>(in, "version")));
+  Plan plan;
+  plan.data = field<int>(in, "data");
+  plan.tensor = field<int>(in, "tensor");
+  plan.pipeline = field<int>(in, "pipeline");
+  plan.global_batch = field<std::int64_t>(in, "global_batch");
+  plan.micro_batch = field<std::int64_t>(in, "micro_batch");
+  plan.schedule = schedule_from_name(field<std::string>(in, "schedule"));
+  if (in.contains("virtual_stages")) plan.virtual_stages = field<int>(in, "virtual_stages");
+  if (in.contains("kfkb_k")) plan.kfkb_k = field<int>(in, "kfkb_k");
+  if (in.contains("recompute")) plan.recompute = recompute_from_name(field<std::string>(in, "recompute"));
+  if (in.contains("zero_stage")) plan.zero_stage = field<int>(in, "zero_stage");
+  if (in.contains("layers_per_stage")) plan.layers_per_stage = field<std::vector<int>>(in, "layers_per_stage");
+  if (in.contains("precision")) plan.precision = field<std::string>(in, "precision");
+  if (in.contains("predicted")) {
+    const json& p = in.at("predicted");
+    if (!p.is_object()) throw ParseError("plan.predicted: expected an object");
+    Predicted predicted;
+    predicted.step_time = field<double>(p, "step_time");
+    predicted.tflops_per_device = field<double>(p, "tflops_per_device");
+    predicted.memory_per_rank = field<double>(p, "memory_per_rank");
+    if (p.contains("breakdown")) predicted.breakdown = field<std::map<std::string, double>>(p, "breakdown");
+    if (p.contains("memory_breakdown"))
+      predicted.memory_breakdown = field<std::map<std::string, double>>(p, "memory_breakdown");
+    plan.predicted = std::move(predicted);
+  }
+  validate(plan);
+  return plan;
+}
+
+std::string plan_to_json_string(const Plan& plan, int indent) { return plan_to_json(plan).dump(indent); }
+
+Plan plan_from_json_string(std::string_view text) {
+  json parsed;
+  try {
+    parsed = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw ParseError(fmt::format("plan: malformed JSON: {}", e.what()));
+  }
+  return plan_from_json(parsed);
+}
+
+std::uint64_t plan_hash(const Plan& plan) {
+  // nlohmann's object is a std::map: dump() writes keys sorted, so the text is canonical.
+  std::string text = plan_decisions(plan).dump();
+  std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a 64 offset basis
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ULL;  // FNV-1a 64 prime
+  }
+  return hash;
+}
+
+std::string plan_hash_hex(const Plan& plan) { return fmt::format("{:016x}", plan_hash(plan)); }
+
+}  // namespace shardwise::plan

@@ -1,0 +1,101 @@
+// The plan: one plain, serialisable value saying how a model is trained on a cluster — the
+// data / tensor / pipeline degrees, batch sizes, pipeline schedule, recomputation, ZeRO stage,
+// stage boundaries and precision — plus, once costed, the predicted figures. Searches produce
+// it, users write it by hand (shardwise.Plan.manual), every rank checks its hash.
+//
+// Contract:
+//  - world size = data x tensor x pipeline. Rank layout (Megatron-LM's): tensor innermost,
+//    then data, then pipeline: rank = t_idx + tensor * (d_idx + data * p_idx).
+//  - global_batch = micro_batch x data x num_micro_batches(); validate() rejects a global
+//    batch that micro_batch x data does not divide, naming the numbers.
+//  - layers_per_stage: empty = balanced (the evaluator splits the repeated blocks evenly);
+//    else pipeline x virtual_stages entries (one per model chunk, in pipeline order).
+//  - virtual_stages > 1 only with Schedule::Interleaved1F1B; kfkb_k > 1 only with KFKB.
+//  - precision: "f32", "tf32", "bf16" or "f16" (cost::Precision names).
+//  - predicted: set by the evaluator (cost/plan_cost.h); not part of the hash, so costing a
+//    plan twice, or with another model, keeps its identity.
+//
+// JSON (plan_to_json writes exactly this; plan_from_json reads it back to an equal Plan):
+//   {"format": "shardwise.plan", "version": 1,
+//    "data": 8, "tensor": 8, "pipeline": 4, "global_batch": 1792, "micro_batch": 1,
+//    "schedule": "interleaved-1f1b", "virtual_stages": 2, "kfkb_k": 1,
+//    "recompute": "full", "zero_stage": 0, "layers_per_stage": [], "precision": "bf16",
+//    "predicted": {"step_time": 12.3, "tflops_per_device": 141.0, "memory_per_rank": 6.1e10,
+//                  "breakdown": {"compute": ...}, "memory_breakdown": {"parameters": ...}}}
+//
+// Worked example:
+//   Plan p{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
+//   p.world_size();         // 8
+//   p.num_micro_batches();  // 16 / (2 * 2) = 4
+//   validate(p, 8);         // ok; validate(p, 16) throws "world size 16 != t 2 x p 2 x d 2 = 8"
+//   plan_hash_hex(p);       // 16 hex digits, FNV-1a 64 of the canonical JSON
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardwise::plan {
+
+enum class Schedule : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, KFKB };
+enum class Recompute : std::uint8_t { None, Full };
+
+// "gpipe", "1f1b", "interleaved-1f1b", "kfkb".
+std::string_view schedule_name(Schedule schedule);
+// Also accepts "interleaved". Throws support::ValidationError listing the known names.
+Schedule schedule_from_name(std::string_view name);
+std::string_view recompute_name(Recompute recompute);  // "none", "full"
+Recompute recompute_from_name(std::string_view name);
+
+struct Predicted {
+  double step_time = 0;          // seconds per iteration (global batch)
+  double tflops_per_device = 0;  // Megatron-LM's accounting, see cost/plan_cost.h
+  double memory_per_rank = 0;    // bytes, the most loaded rank
+  std::map<std::string, double> breakdown;         // seconds per part of the step
+  std::map<std::string, double> memory_breakdown;  // bytes per part, the most loaded rank
+
+  friend bool operator==(const Predicted&, const Predicted&) = default;
+};
+
+struct Plan {
+  int data = 1;
+  int tensor = 1;
+  int pipeline = 1;
+  std::int64_t global_batch = 1;
+  std::int64_t micro_batch = 1;
+  Schedule schedule = Schedule::OneFOneB;
+  int virtual_stages = 1;  // interleaved-1f1b: model chunks per device
+  int kfkb_k = 1;          // kfkb: micro-batches per group
+  Recompute recompute = Recompute::None;
+  int zero_stage = 0;  // 0-3
+  std::vector<int> layers_per_stage;
+  std::string precision = "bf16";
+  std::optional<Predicted> predicted;
+
+  int world_size() const { return data * tensor * pipeline; }
+  // global_batch / (micro_batch x data); validate() first.
+  std::int64_t num_micro_batches() const;
+
+  friend bool operator==(const Plan&, const Plan&) = default;
+};
+
+// Throws support::ValidationError naming the field and the numbers on the first broken
+// invariant of the contract; with a world size, also checks t x p x d against it.
+void validate(const Plan& plan, std::optional<int> world_size = std::nullopt);
+
+nlohmann::json plan_to_json(const Plan& plan);
+// Throws support::ParseError (missing field, wrong type, unknown key: with its JSON path)
+// or support::ValidationError (validate()).
+Plan plan_from_json(const nlohmann::json& json);
+std::string plan_to_json_string(const Plan& plan, int indent = -1);
+Plan plan_from_json_string(std::string_view text);
+
+// FNV-1a 64 of the canonical (sorted keys, no spaces) JSON without "predicted".
+std::uint64_t plan_hash(const Plan& plan);
+std::string plan_hash_hex(const Plan& plan);
+
+}  // namespace shardwise::plan

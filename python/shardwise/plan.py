@@ -1,0 +1,103 @@
+"""shardwise.Plan: how a model trains on a cluster, and what that is predicted to cost.
+
+A thin Python face over the C++ plan (csrc/plan/plan.h) and evaluator
+(csrc/cost/plan_cost.h): the plan is its JSON document; every figure comes from the core.
+
+    >>> g = shardwise.models.gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)
+    >>> c = shardwise.Cluster.preset("dgx-a100", nodes=192)
+    >>> p = shardwise.Plan.manual(g, c, tensor=8, pipeline=8, data=24, global_batch=1536,
+    ...                           micro_batch=1, schedule="interleaved-1f1b", virtual_stages=2)
+    >>> p.predicted_tflops_per_device(), p.predicted_step_time(), p.predicted_memory()
+"""
+from __future__ import annotations
+
+import json
+
+from . import _C
+
+_SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved-1f1b",
+              "interleaved-1f1b": "interleaved-1f1b", "kfkb": "kfkb"}
+
+
+class Plan:
+    """Data / tensor / pipeline degrees, batches, schedule, recomputation, ZeRO stage and,
+    once costed, the predicted step time, TFLOP/s per device and memory per rank."""
+
+    def __init__(self, doc: dict, result: dict | None = None):
+        self._doc = doc
+        self._result = result
+
+    # ---- construction -------------------------------------------------------
+    @classmethod
+    def manual(cls, graph, cluster, *, tensor: int = 1, pipeline: int = 1, data: int | None = None,
+               global_batch: int, micro_batch: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
+               kfkb_k: int = 1, recompute: bool = True, zero: int = 0, precision: str = "bf16",
+               layers_per_stage: list[int] | None = None) -> "Plan":
+        """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
+        graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p).
+        Raises shardwise.ValidationError naming the numbers when the plan is inconsistent
+        (t x p x d != world size, global batch not divisible by micro batch x data, ...)."""
+        if data is None:
+            data = max(1, cluster.world_size // (tensor * pipeline))
+        name = _SCHEDULES.get(str(schedule).lower())
+        if name is None:
+            raise _C.ValidationError(f"Plan.manual: unknown schedule {schedule!r} (known: {sorted(_SCHEDULES)})")
+        doc = {"format": "shardwise.plan", "version": 1, "data": data, "tensor": tensor, "pipeline": pipeline,
+               "global_batch": global_batch, "micro_batch": micro_batch, "schedule": name,
+               "virtual_stages": virtual_stages, "kfkb_k": kfkb_k,
+               "recompute": "full" if recompute else "none", "zero_stage": zero,
+               "layers_per_stage": list(layers_per_stage or []), "precision": precision}
+        result = _C.evaluate_plan(graph._core, cluster._core, json.dumps(doc))
+        return cls(json.loads(result["plan"]), result)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls(json.loads(_C.plan_normalise(text)))
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self._doc, indent=indent, sort_keys=True)
+
+    def hash(self) -> str:
+        """16 hex digits: FNV-1a 64 of the canonical JSON without the predictions."""
+        return _C.plan_hash(json.dumps(self._doc))
+
+    # ---- fields ----------------------------------------------------------------
+    def __getattr__(self, name: str):
+        doc = self.__dict__.get("_doc", {})
+        if name in doc:
+            return doc[name]
+        raise AttributeError(name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Plan) and self._doc == other._doc
+
+    def __repr__(self) -> str:
+        d = self._doc
+        return (f"Plan(t={d['tensor']}, p={d['pipeline']}, d={d['data']}, global_batch={d['global_batch']}, "
+                f"micro_batch={d['micro_batch']}, schedule={d['schedule']!r}, v={d['virtual_stages']}, "
+                f"recompute={d['recompute']!r}, zero={d['zero_stage']})")
+
+    # ---- predictions -----------------------------------------------------------
+    def _predicted(self) -> dict:
+        pred = self._doc.get("predicted")
+        if pred is None:
+            raise _C.ValidationError("Plan: not costed (make it with Plan.manual, or load one with predictions)")
+        return pred
+
+    def predicted_step_time(self) -> float:
+        """Seconds per iteration of the global batch."""
+        return self._predicted()["step_time"]
+
+    def predicted_tflops_per_device(self) -> float:
+        """Megatron-LM's accounting (recomputation counted), per device."""
+        return self._predicted()["tflops_per_device"]
+
+    def predicted_memory(self) -> tuple[float, dict]:
+        """(bytes on the most loaded rank, {weights, gradients, optimizer, activations, stage})."""
+        pred = self._predicted()
+        return pred["memory_per_rank"], dict(pred["memory_breakdown"])
+
+    def breakdown(self) -> dict:
+        """Seconds per part of the step: compute, tensor_parallel, pipeline_p2p,
+        pipeline_bubble, data_parallel (exposed), data_parallel_total, optimizer."""
+        return dict(self._predicted()["breakdown"])

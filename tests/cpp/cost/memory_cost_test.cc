@@ -1,0 +1,41 @@
+#include "cost/memory_cost.h"
+
+#include <gtest/gtest.h>
+
+#include "support/error.h"
+
+namespace shardwise::cost {
+namespace {
+
+TEST(MemoryCost, GPT3ModelStatesSpreadOverTensorAndPipelineRanks) {
+  // 175B parameters x 16 bytes over t = 8, p = 12 (96 model-parallel ranks).
+  double params = 175e9;
+  ModelStateBytes s = model_state_bytes(params / 96, 8, 0);
+  EXPECT_EQ(MemoryConstants{}.bytes_per_parameter(), 16.0);
+  EXPECT_NEAR(s.total(), 175e9 * 16 / 96, 1.0);  // 29.17 GB: data parallelism alone does not shard
+  EXPECT_NEAR(s.weights, 175e9 * 2 / 96, 1.0);
+  // ZeRO-1 shards the 12 optimizer bytes over d = 8; ZeRO-3 all 16.
+  EXPECT_NEAR(model_state_bytes(params / 96, 8, 1).total(), 175e9 / 96 * (2 + 2 + 12.0 / 8), 1.0);
+  EXPECT_NEAR(model_state_bytes(params / 96, 8, 3).total(), 175e9 / 96 * 16 / 8, 1.0);
+  // Configurable bytes per parameter: fp32 training with Adam = 4 + 4 + 8.
+  MemoryConstants fp32{4, 4, 8};
+  EXPECT_NEAR(model_state_bytes(params, 1, 0, fp32).total(), 175e9 * 16, 1.0);
+  EXPECT_THROW(model_state_bytes(params, 0, 0), support::ValidationError);
+  EXPECT_THROW(model_state_bytes(params, 1, 4), support::ValidationError);
+}
+
+TEST(MemoryCost, MicroBatchesInFlight) {
+  EXPECT_EQ(stage_micro_batches_in_flight(plan::Schedule::GPipe, 4, 1, 1, 16), 16);
+  EXPECT_EQ(stage_micro_batches_in_flight(plan::Schedule::OneFOneB, 4, 1, 1, 16), 4);
+  EXPECT_EQ(stage_micro_batches_in_flight(plan::Schedule::OneFOneB, 4, 1, 1, 2), 2);
+  EXPECT_EQ(stage_micro_batches_in_flight(plan::Schedule::KFKB, 4, 1, 2, 16), 8);
+  EXPECT_DOUBLE_EQ(stage_micro_batches_in_flight(plan::Schedule::Interleaved1F1B, 12, 2, 1, 24), 35.0 / 2);
+}
+
+TEST(MemoryCost, RecomputationKeepsOnlyLayerInputs) {
+  EXPECT_EQ(stage_activation_bytes(100, 10, 4, 3, false), 1200);
+  EXPECT_EQ(stage_activation_bytes(100, 10, 4, 3, true), 3 * 4 * 10 + 100);
+}
+
+}  // namespace
+}  // namespace shardwise::cost

@@ -1,0 +1,116 @@
+#include "cost/plan_cost.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "cost/cluster_presets.h"
+#include "cost/collective_cost.h"
+#include "models/gpt.h"
+#include "support/error.h"
+
+namespace shardwise::cost {
+namespace {
+
+ir::Graph tiny_gpt() { return models::build_gpt({.layers = 4, .hidden = 64, .heads = 4, .seq = 16, .vocab = 128}); }
+
+plan::Plan tiny_plan() {
+  plan::Plan p;
+  p.tensor = 2;
+  p.pipeline = 2;
+  p.data = 2;
+  p.global_batch = 8;
+  p.micro_batch = 1;  // m = 8 / (1 x 2) = 4
+  return p;
+}
+
+TEST(PlanCost, FindsMegatronPairsAndCountsAllReduces) {
+  ir::Graph g = tiny_gpt();
+  Cluster c = preset("dgx-a100", 1);
+  AnalyticCostModel model;
+  PlanCost cost = evaluate(g, c, tiny_plan(), model);
+  EXPECT_EQ(cost.layers, 4);
+  EXPECT_EQ(cost.tensor_parallel_pairs_per_layer, 2);  // attention (c_attn, c_proj) and MLP (c_fc, c_proj)
+  EXPECT_EQ(cost.all_reduces_per_layer_per_micro_batch, 4);  // 1 forward + 1 backward per pair
+  EXPECT_EQ(cost.micro_batches, 4);
+
+  // Hand-checked tensor-parallel time: m x 2 layers per stage x 2 pairs x 2 all-reduces of
+  // the row-parallel output [16, 64] bf16 = 2,048 bytes over ranks {0, 1}.
+  std::vector<int> tp = {0, 1};
+  double one = collective_time(c, CollectiveKind::AllReduce, tp, 16 * 64 * 2);
+  EXPECT_NEAR(cost.tensor_parallel, 4 * 2 * 2 * 2 * one, 1e-12);
+
+  // 1F1B bubble: (p - 1) / m of the ideal time.
+  EXPECT_NEAR(cost.bubble_fraction, 1.0 / 4, 1e-12);
+  EXPECT_NEAR(cost.step_time, cost.compute + cost.tensor_parallel + cost.pipeline_p2p + cost.pipeline_bubble +
+                                  cost.data_parallel + cost.optimizer,
+              1e-15);
+  EXPECT_FALSE(cost.data_parallel_overlapped);  // p > 1: after the flush
+
+  // Megatron's FLOP accounting: per sample 4 x layers' forward matmul + 3 x LM head.
+  //   layer: 2*16*(3+1+8)*64^2 + 2*2*16*16*64 = 1,638,400; head: 2*16*64*128 = 262,144.
+  EXPECT_DOUBLE_EQ(cost.model_flops, 8.0 * (4 * 4 * 1638400.0 + 3 * 262144.0));
+  EXPECT_NEAR(cost.tflops_per_device, cost.model_flops / cost.step_time / 8 / 1e12, 1e-9);
+}
+
+TEST(PlanCost, RecomputationAndInterleaving) {
+  ir::Graph g = tiny_gpt();
+  Cluster c = preset("dgx-a100", 1);
+  AnalyticCostModel model;
+  plan::Plan p = tiny_plan();
+  PlanCost base = evaluate(g, c, p, model);
+  p.recompute = plan::Recompute::Full;
+  PlanCost rec = evaluate(g, c, p, model);
+  EXPECT_EQ(rec.all_reduces_per_layer_per_micro_batch, 6);  // recomputation repeats the forward ones
+  EXPECT_GT(rec.compute, base.compute);
+  EXPECT_LT(rec.memory_breakdown.at("activations"), base.memory_breakdown.at("activations") * 1.01 + 1);
+  EXPECT_DOUBLE_EQ(rec.model_flops, base.model_flops);  // same accounting either way
+
+  p.schedule = plan::Schedule::Interleaved1F1B;
+  p.virtual_stages = 2;
+  PlanCost inter = evaluate(g, c, p, model);
+  EXPECT_NEAR(inter.bubble_fraction, 1.0 / (2 * 4), 1e-12);  // (p - 1) / (v m)
+}
+
+TEST(PlanCost, DataParallelOnlyOverlapsAndMismatchesAreErrors) {
+  ir::Graph g = tiny_gpt();
+  Cluster c = preset("dgx-a100", 1);
+  AnalyticCostModel model;
+  plan::Plan p;
+  p.data = 8;
+  p.global_batch = 16;
+  PlanCost cost = evaluate(g, c, p, model);
+  EXPECT_TRUE(cost.data_parallel_overlapped);
+  EXPECT_EQ(cost.pipeline_bubble, 0.0);
+  EXPECT_EQ(cost.tensor_parallel, 0.0);
+  EXPECT_GT(cost.data_parallel_total, 0.0);
+
+  p.data = 4;  // 4 != 8 ranks
+  EXPECT_THROW(evaluate(g, c, p, model), support::ValidationError);
+  p.data = 1;
+  p.pipeline = 8;  // 8 stages, 4 layers
+  EXPECT_THROW(evaluate(g, c, p, model), support::ValidationError);
+}
+
+TEST(PlanCost, Gpt3_175BCostsInUnderASecond) {
+  auto start = std::chrono::steady_clock::now();
+  ir::Graph g = models::build_gpt({.layers = 96, .hidden = 12288, .heads = 96, .seq = 2048, .vocab = 51200});
+  Cluster c = preset("dgx-a100", 192);
+  plan::Plan p;
+  p.tensor = 8;
+  p.pipeline = 8;
+  p.data = 24;
+  p.global_batch = 1536;
+  p.schedule = plan::Schedule::Interleaved1F1B;
+  p.virtual_stages = 2;
+  p.recompute = plan::Recompute::Full;
+  PlanCost cost = evaluate(g, c, p, AnalyticCostModel{});
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 1.0);
+  EXPECT_GT(cost.tflops_per_device, 100);
+  EXPECT_LT(cost.tflops_per_device, 200);
+  EXPECT_LT(cost.memory_per_rank, 80e9);
+}
+
+}  // namespace
+}  // namespace shardwise::cost
