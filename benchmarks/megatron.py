@@ -109,7 +109,7 @@ def main() -> None:
               f" mean |error| {sum(abs(e) for e in errors) / len(errors):.1f}%")
 
     print()
-    print("Table 2 ranking check: PTD-P vs ZeRO-3 (micro-batch as published, no recompute for ZeRO-3 rows)")
+    print("Table 2 ranking check: PTD-P vs ZeRO-3 (micro-batch as published, full recomputation in both systems)")
     print(f"{'model':>5} {'system':>7} {'t':>2} {'p':>3} {'GPUs':>5} {'B':>5} {'b':>2} {'pub':>5} {'pred':>6} {'err%':>6}")
     preds = {}
     for name, heads, hidden, layers, system, t, p, gpus, batch, b, published in TABLE2:

@@ -142,8 +142,8 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
 }
 
 double AnalyticCostModel::collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
-                                          std::int64_t bytes) const {
-  return cost::collective_time(cluster, kind, ranks, bytes);
+                                          std::int64_t bytes, Algorithm algorithm) const {
+  return cost::collective_time(cluster, kind, ranks, bytes, algorithm);
 }
 
 }  // namespace shardwise::cost

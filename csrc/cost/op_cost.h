@@ -77,8 +77,10 @@ class CostModel {
   virtual ~CostModel() = default;
   virtual OpTime node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device,
                            Precision precision, const NodeContext& context) const = 0;
+  // `algorithm` lets a caller that knows how a system issues a collective (e.g. ZeRO-3's
+  // flat per-bucket gathers) ask for that algorithm rather than the best one.
   virtual double collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
-                                 std::int64_t bytes) const = 0;
+                                 std::int64_t bytes, Algorithm algorithm) const = 0;
 };
 
 struct AnalyticConstants {
@@ -103,9 +105,9 @@ class AnalyticCostModel final : public CostModel {
 
   OpTime node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device, Precision precision,
                    const NodeContext& context) const override;
-  // The alpha-beta model of collective_cost.h (Algorithm::Auto).
+  // The alpha-beta model of collective_cost.h.
   double collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
-                         std::int64_t bytes) const override;
+                         std::int64_t bytes, Algorithm algorithm) const override;
 
  private:
   AnalyticConstants constants_;

@@ -277,7 +277,8 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
     for (ir::NodeId row : layer_splits.row_ends) {
       const ir::Value& out_value = graph.value(graph.node(row).outputs[0]);
       double bytes = static_cast<double>(out_value.type.bytes()) * batch_scale;
-      double each = model.collective_time(cluster, CollectiveKind::AllReduce, tp_ranks, static_cast<std::int64_t>(bytes));
+      double each = model.collective_time(cluster, CollectiveKind::AllReduce, tp_ranks, static_cast<std::int64_t>(bytes),
+                                          Algorithm::Auto);
       layer_tp += each * (recompute ? 3 : 2);
     }
   }
@@ -298,7 +299,8 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
   if (p > 1) {
     std::vector<int> pair = {0, t * d};
     double bytes = layer_input_bytes / t;  // scatter/gather: each of the t ranks sends 1/t
-    p2p_mb = 2.0 * v * model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes));
+    p2p_mb = 2.0 * v * model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
+                                                   Algorithm::Auto);
   }
 
   // Bottleneck device and its parameters.
@@ -336,13 +338,20 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
     double sync = 0, exposed = 0;
     if (d > 1 && plan.zero_stage < 3) {
       sync = model.collective_time(cluster, CollectiveKind::AllReduce, dp_ranks,
-                                   static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param));
+                                   static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param),
+                                   Algorithm::Auto);
       exposed = p == 1 ? std::max(0.0, sync - device_backward[static_cast<std::size_t>(s)]) : sync;
     } else if (d > 1) {
+      // ZeRO-3 gathers each parameter bucket and reduce-scatters its gradient as flat
+      // collectives over the whole data group, once per micro-batch, so they run at the
+      // ring's bottleneck link (one NIC per GPU), not the hierarchical all-NIC rate.
+      // Narayanan et al. 2021 Table 2 shows exactly that: ZeRO-3's 175B throughput falls
+      // from 144 to 44 TFLOP/s as the per-GPU batch shrinks while this traffic stays.
       double gather = model.collective_time(cluster, CollectiveKind::AllGather, dp_ranks,
-                                            static_cast<std::int64_t>(params * mem.weight_bytes));
+                                            static_cast<std::int64_t>(params * mem.weight_bytes), Algorithm::Ring);
       double scatter = model.collective_time(cluster, CollectiveKind::ReduceScatter, dp_ranks,
-                                             static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param));
+                                             static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param),
+                                             Algorithm::Ring);
       double per_mb = gather * (recompute ? 3 : 2) + scatter;
       sync = md * per_mb;
       exposed = md * std::max(0.0, per_mb - t_mb);
