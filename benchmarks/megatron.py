@@ -78,22 +78,52 @@ def best_plan(graph, cluster, t, p, d, batch, layers):
     return best
 
 
+def predict_table1_row(row):
+    """(plan, micro_batch, virtual_stages, planning ms) for one Table 1 row, or None."""
+    params, heads, hidden, layers, t, p, gpus, batch, published = row
+    d = gpus // (t * p)
+    graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200)
+    cluster = shardwise.Cluster.preset("dgx-a100", nodes=gpus // 8)
+    start = time.perf_counter()
+    found = best_plan(graph, cluster, t, p, d, batch, layers)
+    elapsed = (time.perf_counter() - start) * 1e3
+    return None if found is None else (*found, elapsed)
+
+
+def predict_table2_row(row) -> float:
+    """Predicted TFLOP/s per GPU of one Table 2 row."""
+    name, heads, hidden, layers, system, t, p, gpus, batch, b, published = row
+    d = gpus // (t * p)
+    graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200)
+    cluster = shardwise.Cluster.preset("dgx-a100", nodes=gpus // 8)
+    if system == "ZeRO-3":
+        plan = shardwise.Plan.manual(graph, cluster, tensor=1, pipeline=1, data=d, global_batch=batch,
+                                     micro_batch=b, schedule="1f1b", recompute=True, zero=3)
+    else:
+        plan = best_plan(graph, cluster, t, p, d, batch, layers)[0]
+    return plan.predicted_tflops_per_device()
+
+
+def table2_pairs(preds: dict):
+    """(model, GPUs, PTD-P, ZeRO-3) for every size where both were predicted."""
+    for name, heads, hidden, layers, system, t, p, gpus, batch, b, published in TABLE2:
+        if system == "PTD-P" and (name, "ZeRO-3", gpus) in preds and (name, "PTD-P", gpus) in preds:
+            yield name, gpus, preds[(name, "PTD-P", gpus)], preds[(name, "ZeRO-3", gpus)]
+
+
 def main() -> None:
     print("Megatron-LM (Narayanan et al. 2021) Table 1 vs shardwise's analytic model, DGX-A100 preset")
     print(f"{'params':>8} {'h':>6} {'L':>4} {'t':>2} {'p':>3} {'d':>4} {'GPUs':>5} {'B':>5} {'b':>2} {'v':>2}"
           f" {'pub':>5} {'pred':>6} {'err%':>6} {'mem GB':>7} {'bubble%':>7} {'cost ms':>7}")
     errors = []
-    for params, heads, hidden, layers, t, p, gpus, batch, published in TABLE1:
+    for row in TABLE1:
+        params, heads, hidden, layers, t, p, gpus, batch, published = row
         d = gpus // (t * p)
-        graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200)
-        cluster = shardwise.Cluster.preset("dgx-a100", nodes=gpus // 8)
-        start = time.perf_counter()
-        found = best_plan(graph, cluster, t, p, d, batch, layers)
-        elapsed = (time.perf_counter() - start) * 1e3
+        found = predict_table1_row(row)
         if found is None:
             print(f"{params:>8} no plan fits in 80 GB")
             continue
-        plan, b, v = found
+        plan, b, v, elapsed = found
         pred = plan.predicted_tflops_per_device()
         err = 100 * (pred - published) / published
         errors.append(err)
@@ -112,32 +142,23 @@ def main() -> None:
     print("Table 2 ranking check: PTD-P vs ZeRO-3 (micro-batch as published, full recomputation in both systems)")
     print(f"{'model':>5} {'system':>7} {'t':>2} {'p':>3} {'GPUs':>5} {'B':>5} {'b':>2} {'pub':>5} {'pred':>6} {'err%':>6}")
     preds = {}
-    for name, heads, hidden, layers, system, t, p, gpus, batch, b, published in TABLE2:
-        d = gpus // (t * p)
-        graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200)
-        cluster = shardwise.Cluster.preset("dgx-a100", nodes=gpus // 8)
+    for row in TABLE2:
+        name, heads, hidden, layers, system, t, p, gpus, batch, b, published = row
         try:
-            if system == "ZeRO-3":
-                plan = shardwise.Plan.manual(graph, cluster, tensor=1, pipeline=1, data=d, global_batch=batch,
-                                             micro_batch=b, schedule="1f1b", recompute=True, zero=3)
-            else:
-                found = best_plan(graph, cluster, t, p, d, batch, layers)
-                plan = found[0]
-            pred = plan.predicted_tflops_per_device()
+            pred = predict_table2_row(row)
         except Exception as e:  # noqa: BLE001 - a benchmark never fails
             print(f"{name:>5} {system:>7} {gpus:>5}: {e}")
             continue
         preds[(name, system, gpus)] = pred
         print(f"{name:>5} {system:>7} {t:>2} {p:>3} {gpus:>5} {batch:>5} {b:>2} {published:>5} {pred:>6.1f}"
               f" {100 * (pred - published) / published:>+6.1f}")
-    for name, heads, hidden, layers, system, t, p, gpus, batch, b, published in TABLE2:
-        if system != "PTD-P":
-            continue
-        z = preds.get((name, "ZeRO-3", gpus))
-        q = preds.get((name, "PTD-P", gpus))
-        if z is not None and q is not None:
-            print(f"{name} at {gpus} GPUs: PTD-P {'>' if q > z else '<='} ZeRO-3 ({q:.0f} vs {z:.0f})"
-                  f" {'ok' if q > z else 'WRONG ORDER'}")
+    right = 0
+    pairs = list(table2_pairs(preds))
+    for name, gpus, q, z in pairs:
+        right += q > z
+        print(f"{name} at {gpus} GPUs: PTD-P {'>' if q > z else '<='} ZeRO-3 ({q:.0f} vs {z:.0f})"
+              f" {'ok' if q > z else 'WRONG ORDER'}")
+    print(f"{right}/{len(pairs)} pairs ranked as published")
 
 
 if __name__ == "__main__":

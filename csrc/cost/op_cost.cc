@@ -7,9 +7,12 @@
 //  - half_efficiency_dim 96: a GEMM whose intensity is ~100 multiply-adds per element (a
 //    64/128-wide attention head, a 1/8 slice of a small layer) runs at about half that.
 //  - memory_efficiency 0.75: streaming kernels reach ~75% of HBM bandwidth.
-//  - attention_score_bytes 12: unfused attention writes the bf16 scores, reads them in the
-//    fused scale-mask-softmax, writes the probabilities, the dropout mask and the dropped
-//    probabilities, and the PV product reads them back: about six 2-byte passes.
+//  - attention_score_bytes 9: what the unfused attention of Megatron-LM 2021 moves per
+//    score beyond its two GEMMs: the fused scale-mask-softmax reads the bf16 scores and
+//    writes the probabilities (2 + 2), dropout reads them and writes the dropped ones and
+//    a 1-byte mask (2 + 2 + 1). The QK^T GEMM's write of the scores and the PV GEMM's
+//    read of them are not counted here: the GEMMs' own time already prices them through
+//    their low arithmetic intensity (the s x s operand is in it).
 #include "cost/op_cost.h"
 
 #include <algorithm>

@@ -89,7 +89,7 @@ struct AnalyticConstants {
   double memory_efficiency = 0.75;     // achieved / peak memory bandwidth of memory-bound kernels
   double contraction_backward_factor = 2.0;
   double memory_backward_factor = 2.0;
-  double attention_score_bytes = 12.0;  // bytes moved per attention score, forward (0 = flash)
+  double attention_score_bytes = 9.0;   // bytes moved per attention score, forward (0 = flash)
 
   friend bool operator==(const AnalyticConstants&, const AnalyticConstants&) = default;
 };

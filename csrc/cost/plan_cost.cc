@@ -340,7 +340,9 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
       sync = model.collective_time(cluster, CollectiveKind::AllReduce, dp_ranks,
                                    static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param),
                                    Algorithm::Auto);
-      exposed = p == 1 ? std::max(0.0, sync - device_backward[static_cast<std::size_t>(s)]) : sync;
+      const double backward = device_backward[static_cast<std::size_t>(s)];
+      exposed = p == 1 ? std::max(0.0, sync - backward) + constants.overlap_interference * std::min(sync, backward)
+                       : sync;
     } else if (d > 1) {
       // ZeRO-3 gathers each parameter bucket and reduce-scatters its gradient as flat
       // collectives over the whole data group, once per micro-batch, so they run at the
@@ -354,7 +356,7 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
                                              Algorithm::Ring);
       double per_mb = gather * (recompute ? 3 : 2) + scatter;
       sync = md * per_mb;
-      exposed = md * std::max(0.0, per_mb - t_mb);
+      exposed = md * (std::max(0.0, per_mb - t_mb) + constants.overlap_interference * std::min(per_mb, t_mb));
     }
     dp_total = std::max(dp_total, sync);
     dp_exposed = std::max(dp_exposed, exposed);

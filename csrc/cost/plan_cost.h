@@ -66,6 +66,11 @@ struct PlanCostConstants {
   double grad_reduce_bytes_per_param = 4;
   // Fraction of HBM bandwidth the optimizer step reaches.
   double optimizer_memory_efficiency = 0.75;
+  // Communication overlapped with compute is not free: NCCL kernels take SMs and HBM
+  // bandwidth from the GEMMs they run beside. Each second of overlap adds this fraction
+  // of a second to the step. One constant for every overlapped collective (data-parallel
+  // gradient sync beside backward, ZeRO-3 gathers beside the forward and backward).
+  double overlap_interference = 0.18;
   MemoryConstants memory;
 };
 
