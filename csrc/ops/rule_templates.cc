@@ -154,6 +154,22 @@ class Builder {
   std::map<char, int> counters_;
 };
 
+// The replicate-only rule of a node whose output shape depends on data (or on every
+// dim at once): every dim of every operand and of output 0 is Whole. Needs the node's
+// own output shape, so it is only available when checking a node.
+DimRule all_whole_rule(const RuleOperands& ops) {
+  Builder b;
+  for (std::size_t i = 0; i < ops.inputs.size(); ++i) {
+    OperandDims dims;
+    for (auto s : ops.input_shape(i)) dims.push_back(b.whole_or_unit(s));
+    b.rule.inputs.push_back(std::move(dims));
+  }
+  OperandDims out;
+  for (auto s : *ops.output_shape(0)) out.push_back(b.whole_or_unit(s));
+  b.rule.outputs.push_back(std::move(out));
+  return std::move(b.rule);
+}
+
 // The shape output `o` is built with: the node's own in check mode, else `computed`.
 std::optional<Shape> out_shape(const RuleOperands& ops, std::size_t o, const std::optional<Shape>& computed) {
   if (ops.outputs_known) return *ops.output_shape(o);
@@ -764,16 +780,7 @@ std::optional<DimRule> index(const Args&, const RuleOperands& ops) {
   auto broadcast = broadcast_shapes(input_shapes(ops, 1));
   auto opaque = [&]() -> std::optional<DimRule> {
     if (!ops.outputs_known) return std::nullopt;
-    Builder b;
-    for (std::size_t i = 0; i < ops.inputs.size(); ++i) {
-      OperandDims dims;
-      for (auto s : ops.input_shape(i)) dims.push_back(b.whole_or_unit(s));
-      b.rule.inputs.push_back(std::move(dims));
-    }
-    OperandDims out;
-    for (auto s : *ops.output_shape(0)) out.push_back(b.whole_or_unit(s));
-    b.rule.outputs.push_back(std::move(out));
-    return std::move(b.rule);
+    return all_whole_rule(ops);
   };
   if (mask || !broadcast || k > self.size() || k == 0) return opaque();
   auto expected = [&](std::size_t start) {
@@ -1143,16 +1150,7 @@ std::optional<DimRule> repeat_interleave(const Args& args, const RuleOperands& o
   if (ops.inputs.size() > 1 || args.is_none(1)) {
     // Tensor repeats, or a flattened input: the output length depends on data or on every dim.
     if (!ops.outputs_known) return std::nullopt;
-    Builder b;
-    for (std::size_t i = 0; i < ops.inputs.size(); ++i) {
-      OperandDims dims;
-      for (auto s : ops.input_shape(i)) dims.push_back(b.whole_or_unit(s));
-      b.rule.inputs.push_back(std::move(dims));
-    }
-    OperandDims out;
-    for (auto s : *ops.output_shape(0)) out.push_back(b.whole_or_unit(s));
-    b.rule.outputs.push_back(std::move(out));
-    return std::move(b.rule);
+    return all_whole_rule(ops);
   }
   const auto repeats = args.integer(0);
   const int d = normalise_dim(args.integer(1), static_cast<int>(in.size()));

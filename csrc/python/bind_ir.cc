@@ -3,65 +3,17 @@
 // into a graph that a pass may rebuild.
 #include <pybind11/stl.h>
 
-#include <variant>
-
 #include "ir/graph.h"
 #include "ir/json.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
 #include "python/bindings.h"
+#include "python/ir_dicts.h"
 
 namespace py = pybind11;
 
 namespace shardwise::python {
-namespace {
-
-py::object attr_to_python(const ir::AttrValue& value) {
-  return std::visit(
-      [](const auto& v) -> py::object {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, ir::NoneAttr>) {
-          return py::none();
-        } else {
-          return py::cast(v);
-        }
-      },
-      value);
-}
-
-py::dict value_to_python(const ir::Value& v) {
-  py::dict d;
-  d["name"] = v.name;
-  d["dtype"] = std::string(ir::dtype_name(v.type.dtype));
-  d["shape"] = v.type.shape;
-  d["batch_dim"] = v.type.batch_dim ? py::cast(*v.type.batch_dim) : py::none();
-  d["role"] = std::string(ir::role_name(v.role));
-  return d;
-}
-
-py::dict node_to_python(const ir::Graph& g, const ir::Node& n) {
-  py::dict d;
-  d["op"] = n.op;
-  py::list inputs, outputs;
-  for (auto id : n.inputs) inputs.append(g.value(id).name);
-  for (auto id : n.outputs) outputs.append(g.value(id).name);
-  d["inputs"] = inputs;
-  d["outputs"] = outputs;
-  d["module"] = n.module_path;
-  py::dict attrs;
-  for (const auto& [key, value] : n.attrs) attrs[py::str(key)] = attr_to_python(value);
-  d["attrs"] = attrs;
-  return d;
-}
-
-py::list names(const ir::Graph& g, const std::vector<ir::ValueId>& ids) {
-  py::list out;
-  for (auto id : ids) out.append(g.value(id).name);
-  return out;
-}
-
-}  // namespace
 
 void bind_ir(py::module_& m) {
   py::class_<ir::Graph>(m, "Graph")
@@ -86,8 +38,8 @@ void bind_ir(py::module_& m) {
              for (const auto& v : g.values()) out.append(value_to_python(v));
              return out;
            })
-      .def("input_names", [](const ir::Graph& g) { return names(g, g.inputs()); })
-      .def("output_names", [](const ir::Graph& g) { return names(g, g.outputs()); });
+      .def("input_names", [](const ir::Graph& g) { return value_names(g, g.inputs()); })
+      .def("output_names", [](const ir::Graph& g) { return value_names(g, g.outputs()); });
 }
 
 }  // namespace shardwise::python

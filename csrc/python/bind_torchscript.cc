@@ -18,6 +18,7 @@
 
 #include "ir/graph.h"
 #include "python/bindings.h"
+#include "python/ir_dicts.h"
 #include "torch/torchscript_import.h"
 
 namespace py = pybind11;
@@ -96,51 +97,17 @@ TorchScriptImportOptions make_options(const py::sequence& module_tensors, const 
   return options;
 }
 
-py::object attr_to_python(const ir::AttrValue& value) {
-  return std::visit(
-      [](const auto& v) -> py::object {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, ir::NoneAttr>) return py::none();
-        else return py::cast(v);
-      },
-      value);
-}
-
 // The graph as plain Python data: what tests need without the _C.Graph binding.
 py::dict graph_to_python(const ir::Graph& g) {
   py::list values;
-  for (const ir::Value& v : g.values()) {
-    py::dict d;
-    d["name"] = v.name;
-    d["dtype"] = std::string(ir::dtype_name(v.type.dtype));
-    d["shape"] = v.type.shape;
-    d["batch_dim"] = v.type.batch_dim ? py::cast(*v.type.batch_dim) : py::none();
-    d["role"] = std::string(ir::role_name(v.role));
-    values.append(d);
-  }
+  for (const ir::Value& v : g.values()) values.append(value_to_python(v));
   py::list nodes;
-  for (const ir::Node& n : g.nodes()) {
-    py::dict d;
-    d["op"] = n.op;
-    py::list inputs, outputs;
-    for (auto id : n.inputs) inputs.append(g.value(id).name);
-    for (auto id : n.outputs) outputs.append(g.value(id).name);
-    d["inputs"] = inputs;
-    d["outputs"] = outputs;
-    py::dict attrs;
-    for (const auto& [key, value] : n.attrs) attrs[py::str(key)] = attr_to_python(value);
-    d["attrs"] = attrs;
-    d["module_path"] = n.module_path;
-    nodes.append(d);
-  }
-  py::list inputs, outputs;
-  for (auto id : g.inputs()) inputs.append(g.value(id).name);
-  for (auto id : g.outputs()) outputs.append(g.value(id).name);
+  for (const ir::Node& n : g.nodes()) nodes.append(node_to_python(g, n));
   py::dict out;
   out["values"] = values;
   out["nodes"] = nodes;
-  out["inputs"] = inputs;
-  out["outputs"] = outputs;
+  out["inputs"] = value_names(g, g.inputs());
+  out["outputs"] = value_names(g, g.outputs());
   return out;
 }
 

@@ -64,7 +64,7 @@ class Imported:
         return [v for v in self.doc["values"] if v["role"] == role]
 
     def module_paths(self) -> set[str]:
-        return {n["module_path"] for n in self.nodes}
+        return {n["module"] for n in self.nodes}
 
     def parameter_count(self) -> int:
         return sum(math.prod(v["shape"]) for v in self.role("parameter"))
@@ -120,7 +120,7 @@ def linear_like(g: Imported) -> list[tuple[str, list[list[int]], list[int], str]
     out = []
     for n in g.nodes:
         if n["op"] in ("aten::linear", "aten::addmm", "aten::matmul", "aten::mm", "aten::bmm"):
-            out.append((n["op"], [g.shape(i) for i in n["inputs"]], g.shape(n["outputs"][0]), n["module_path"]))
+            out.append((n["op"], [g.shape(i) for i in n["inputs"]], g.shape(n["outputs"][0]), n["module"]))
     return out
 
 
@@ -228,13 +228,13 @@ def test_gpt2_module_paths(gpt2_graph):
         assert p in paths, p
     # The attention core (split/view/transpose/sdpa) runs in the attention module itself.
     (sdpa0, sdpa1) = gpt2_graph.nodes_of("aten::scaled_dot_product_attention")
-    assert (sdpa0["module_path"], sdpa1["module_path"]) == ("transformer.h.0.attn", "transformer.h.1.attn")
+    assert (sdpa0["module"], sdpa1["module"]) == ("transformer.h.0.attn", "transformer.h.1.attn")
 
 
 def test_gpt2_plumbing_is_folded(gpt2_graph):
     g = gpt2_graph
     # x.view(x.size(0), x.size(1), -1, head_dim): sizes folded into the attribute.
-    views = [n for n in g.nodes_of("aten::view") if n["module_path"] == "transformer.h.0.attn"]
+    views = [n for n in g.nodes_of("aten::view") if n["module"] == "transformer.h.0.attn"]
     assert [n["attrs"]["size"] for n in views] == [[BATCH, SEQ, -1, 16]] * 3
     # Tensor.split(64, dim=2) + ListUnpack: one node with three outputs.
     (split0, split1) = g.nodes_of("aten::split.Tensor")
@@ -242,7 +242,7 @@ def test_gpt2_plumbing_is_folded(gpt2_graph):
     assert [g.shape(o) for o in split0["outputs"]] == [[BATCH, SEQ, 64]] * 3
     # Python numbers the tracer wrapped into 0-dim tensors are attributes, as torch.export
     # records them (NewGELU: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))).
-    act = [n for n in g.nodes if n["module_path"] == "transformer.h.0.mlp.act"]
+    act = [n for n in g.nodes if n["module"] == "transformer.h.0.mlp.act"]
     assert [n["op"] for n in act] == ["aten::mul.Tensor", "aten::pow.Tensor_Scalar", "aten::mul.Tensor",
                                       "aten::add.Tensor", "aten::mul.Tensor", "aten::tanh", "aten::add.Tensor",
                                       "aten::mul.Tensor"]
@@ -251,7 +251,7 @@ def test_gpt2_plumbing_is_folded(gpt2_graph):
     assert act[4]["attrs"]["other"] == pytest.approx(math.sqrt(2 / math.pi))
     assert not g.role("constant")
     # dtype / layout / device arguments are spelled as the export importer spells them.
-    (to,) = [n for n in g.nodes if n["op"] == "aten::to.dtype_layout" and n["module_path"] == "transformer"
+    (to,) = [n for n in g.nodes if n["op"] == "aten::to.dtype_layout" and n["module"] == "transformer"
              and g.shape(n["outputs"][0]) == [1, SEQ, 64]]
     assert (to["attrs"]["dtype"], to["attrs"]["layout"], to["attrs"]["device"]) == ("f32", "torch.strided", "cpu")
     # x[:, :, :] and .contiguous() return their input: dropped, as torch.export drops them.
@@ -352,7 +352,7 @@ def test_llama(llama, token_ids):
     assert linear_like(g) == expected
     assert {"model.embed_tokens", "model.rotary_emb", "model.layers.0.input_layernorm", "model.layers.1.self_attn",
             "model.layers.1.mlp.act_fn", "model.norm", "lm_head"} <= g.module_paths()
-    attn = [n for n in g.nodes if n["module_path"] == "model.layers.0.self_attn"]
+    attn = [n for n in g.nodes if n["module"] == "model.layers.0.self_attn"]
     # rotate_half: x[..., : x.shape[-1] // 2] is traced as NumToTensor / floor_divide /
     # Int on 0-dim tensors; folded to the slice bound.
     halves = [n["attrs"] for n in attn if n["op"] == "aten::slice.Tensor" and n["attrs"]["dim"] == 3]
@@ -375,7 +375,7 @@ def test_cnn(cnn, images):
     g = Imported(import_torchscript_debug(cnn, (images,)))
     check_common(g, cnn, (images,), ["x"])
     check_outputs(g, cnn, (images,))
-    assert [(n["op"], n["module_path"]) for n in g.nodes] == [
+    assert [(n["op"], n["module"]) for n in g.nodes] == [
         ("aten::conv2d", "features.0"),
         ("aten::batch_norm", "features.1"),
         ("aten::relu", "features.2"),  # ReLU(inplace=True): relu_ made functional
