@@ -12,6 +12,7 @@ void bind_analysis(pybind11::module_& m);
 void bind_cost(pybind11::module_& m);
 void bind_models(pybind11::module_& m);
 void bind_plan(pybind11::module_& m);
+void bind_profile(pybind11::module_& m);
 void bind_torchscript(pybind11::module_& m);
 
 }  // namespace shardwise::python

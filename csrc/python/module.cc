@@ -11,5 +11,6 @@ PYBIND11_MODULE(_C, m) {
   shardwise::python::bind_cost(m);
   shardwise::python::bind_models(m);
   shardwise::python::bind_plan(m);
+  shardwise::python::bind_profile(m);
   shardwise::python::bind_torchscript(m);
 }

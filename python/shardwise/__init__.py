@@ -8,10 +8,11 @@ from .capture import capture
 from .cluster import Cluster
 from .graph import Graph, RepeatedBlocks, UnknownOp
 from .plan import Plan
+from .profile import Profile, profile
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "capture", "Cluster", "Graph", "Plan", "RepeatedBlocks", "UnknownOp",
+    "capture", "Cluster", "Graph", "Plan", "Profile", "profile", "RepeatedBlocks", "UnknownOp",
     "ShardwiseError", "ParseError", "ValidationError", "CaptureError",
 ]

@@ -32,11 +32,14 @@ class Plan:
     def manual(cls, graph, cluster, *, tensor: int = 1, pipeline: int = 1, data: int | None = None,
                global_batch: int, micro_batch: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
                kfkb_k: int = 1, recompute: bool = True, zero: int = 0, precision: str = "bf16",
-               layers_per_stage: list[int] | None = None) -> "Plan":
+               layers_per_stage: list[int] | None = None, profile=None, cost_model=None) -> "Plan":
         """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p).
         Raises shardwise.ValidationError naming the numbers when the plan is inconsistent
-        (t x p x d != world size, global batch not divisible by micro batch x data, ...)."""
+        (t x p x d != world size, global batch not divisible by micro batch x data, ...).
+        ``profile`` (or its alias ``cost_model``): a ``shardwise.Profile``; measured op and
+        collective times replace the analytic ones where it has them (csrc/cost/profiled_cost.h)
+        and ``cost_coverage()`` says how many were measured. None: the analytic model."""
         if data is None:
             data = max(1, cluster.world_size // (tensor * pipeline))
         name = _SCHEDULES.get(str(schedule).lower())
@@ -47,7 +50,13 @@ class Plan:
                "virtual_stages": virtual_stages, "kfkb_k": kfkb_k,
                "recompute": "full" if recompute else "none", "zero_stage": zero,
                "layers_per_stage": list(layers_per_stage or []), "precision": precision}
-        result = _C.evaluate_plan(graph._core, cluster._core, json.dumps(doc))
+        if profile is not None and cost_model is not None and profile is not cost_model:
+            raise _C.ValidationError("Plan.manual: give profile= or cost_model=, not both")
+        profile = profile if profile is not None else cost_model
+        if profile is None:
+            result = _C.evaluate_plan(graph._core, cluster._core, json.dumps(doc))
+        else:
+            result = _C.evaluate_plan_profiled(graph._core, cluster._core, json.dumps(doc), profile.to_json())
         return cls(json.loads(result["plan"]), result)
 
     @classmethod
@@ -96,6 +105,14 @@ class Plan:
         """(bytes on the most loaded rank, {weights, gradients, optimizer, activations, stage})."""
         pred = self._predicted()
         return pred["memory_per_rank"], dict(pred["memory_breakdown"])
+
+    def cost_coverage(self) -> dict | None:
+        """Where the figures came from, for a plan costed with a profile: nodes_measured /
+        nodes_analytic (of the graph) and node_calls_* / collective_calls_* (of the
+        evaluation). None for the analytic model or a plan loaded from JSON."""
+        if self._result is None or "coverage" not in self._result:
+            return None
+        return dict(self._result["coverage"])
 
     def breakdown(self) -> dict:
         """Seconds per part of the step: compute, tensor_parallel, pipeline_p2p,

@@ -1,0 +1,295 @@
+#include "cost/profiled_cost.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "ir/attribute.h"
+#include "ir/dtype.h"
+#include "support/error.h"
+
+namespace shardwise::cost {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kFormat = "shardwise.profile";
+constexpr int kVersion = 1;
+
+// ---- signature -------------------------------------------------------------------
+
+void append_type(std::string& out, const ir::TensorType& type) {
+  out += ir::dtype_name(type.dtype);
+  out += '[';
+  for (std::size_t i = 0; i < type.shape.size(); ++i) {
+    if (i != 0) out += ',';
+    out += std::to_string(type.shape[i]);
+  }
+  out += ']';
+}
+
+void append_types(std::string& out, const ir::Graph& graph, const std::vector<ir::ValueId>& ids) {
+  out += '(';
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i != 0) out += ',';
+    append_type(out, graph.value(ids[i]).type);
+  }
+  out += ')';
+}
+
+// ---- validation ------------------------------------------------------------------
+
+[[noreturn]] void invalid(std::string_view path, std::string_view what) {
+  throw support::ValidationError(fmt::format("profile {}: {}", path, what));
+}
+
+void check_seconds(const std::string& path, double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) {
+    invalid(path, fmt::format("must be finite seconds >= 0, got {}", seconds));
+  }
+}
+
+// ---- JSON reading ----------------------------------------------------------------
+
+[[noreturn]] void fail(std::string_view path, std::string_view what) {
+  throw support::ParseError(fmt::format("profile {}: {}", path, what));
+}
+
+const json& object_at(const json& j, std::string_view path) {
+  if (!j.is_object()) fail(path, fmt::format("expected an object, found {}", j.type_name()));
+  return j;
+}
+
+void check_keys(const json& obj, std::string_view path, std::initializer_list<std::string_view> allowed) {
+  for (const auto& [key, value] : obj.items()) {
+    bool known = false;
+    for (auto a : allowed) known = known || key == a;
+    if (known) continue;
+    std::string expected;
+    for (auto a : allowed) expected += fmt::format("{}\"{}\"", expected.empty() ? "" : ", ", a);
+    fail(path, fmt::format("unknown key \"{}\" (expected {})", key, expected));
+  }
+}
+
+double number_at(const json& obj, std::string_view key, const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end()) fail(path, fmt::format("missing \"{}\"", key));
+  if (!it->is_number()) fail(path + "." + std::string(key), fmt::format("expected a number, found {}", it->type_name()));
+  return it->get<double>();
+}
+
+std::string string_value(const json& j, const std::string& path) {
+  if (!j.is_string()) fail(path, fmt::format("expected a string, found {}", j.type_name()));
+  return j.get<std::string>();
+}
+
+int group_size_from_key(const std::string& key, const std::string& path) {
+  std::size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(key, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != key.size() || key.empty()) fail(path, fmt::format("group size key \"{}\" is not an integer", key));
+  if (n < 1 || n > (1LL << 24)) invalid(path, fmt::format("group size must be in [1, 2^24], got {}", n));
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+std::string_view provenance_name(Provenance provenance) {
+  return provenance == Provenance::Measured ? "measured" : "analytic";
+}
+
+std::string node_signature(const ir::Graph& graph, const ir::Node& node) {
+  std::string out = node.op;
+  append_types(out, graph, node.inputs);
+  out += "->";
+  append_types(out, graph, node.outputs);
+  out += '{';
+  bool first = true;
+  for (const auto& [key, value] : node.attrs) {  // an ordered map: deterministic text
+    if (!first) out += ',';
+    first = false;
+    out += key;
+    out += '=';
+    out += ir::attr_str(value);
+  }
+  out += '}';
+  return out;
+}
+
+void validate_profile(const Profile& profile) {
+  for (const auto& [signature, op] : profile.ops) {
+    check_seconds(fmt::format("ops[\"{}\"].forward", signature), op.forward);
+    check_seconds(fmt::format("ops[\"{}\"].backward", signature), op.backward);
+  }
+  for (const auto& [kind, fits] : profile.collectives) {
+    for (const auto& [n, fit] : fits) {
+      const std::string path = fmt::format("collectives.{}.{}", collective_kind_name(kind), n);
+      if (n < 1) invalid(path, fmt::format("group size must be >= 1, got {}", n));
+      check_seconds(path + ".alpha", fit.alpha);
+      if (!std::isfinite(fit.beta) || fit.beta < 0) {
+        invalid(path + ".beta", fmt::format("must be finite seconds per byte >= 0, got {}", fit.beta));
+      }
+    }
+  }
+}
+
+json profile_to_json(const Profile& profile) {
+  json ops = json::object();
+  for (const auto& [signature, op] : profile.ops) ops[signature] = {{"forward", op.forward}, {"backward", op.backward}};
+  json skipped = json::object();
+  for (const auto& [signature, why] : profile.skipped) skipped[signature] = why;
+  json collectives = json::object();
+  for (const auto& [kind, fits] : profile.collectives) {
+    json per_size = json::object();
+    for (const auto& [n, fit] : fits) per_size[std::to_string(n)] = {{"alpha", fit.alpha}, {"beta", fit.beta}};
+    collectives[std::string(collective_kind_name(kind))] = std::move(per_size);
+  }
+  return {{"format", kFormat},  {"version", kVersion},  {"device", profile.device},
+          {"ops", std::move(ops)}, {"skipped", std::move(skipped)}, {"collectives", std::move(collectives)}};
+}
+
+Profile profile_from_json(const json& j) {
+  object_at(j, "(top level)");
+  check_keys(j, "(top level)", {"format", "version", "device", "ops", "skipped", "collectives"});
+  if (auto it = j.find("format"); it != j.end() && string_value(*it, "format") != kFormat) {
+    fail("format", fmt::format("expected \"{}\", found \"{}\"", kFormat, it->get<std::string>()));
+  }
+  if (auto it = j.find("version"); it != j.end() && (!it->is_number_integer() || it->get<int>() != kVersion)) {
+    fail("version", fmt::format("expected {}, found {}", kVersion, it->dump()));
+  }
+  Profile p;
+  auto device = j.find("device");
+  if (device == j.end()) fail("(top level)", "missing \"device\"");
+  p.device = string_value(*device, "device");
+  auto ops = j.find("ops");
+  if (ops == j.end()) fail("(top level)", "missing \"ops\"");
+  for (const auto& [signature, entry] : object_at(*ops, "ops").items()) {
+    const std::string path = fmt::format("ops[\"{}\"]", signature);
+    object_at(entry, path);
+    check_keys(entry, path, {"forward", "backward"});
+    p.ops[signature] = {number_at(entry, "forward", path), number_at(entry, "backward", path)};
+  }
+  if (auto it = j.find("skipped"); it != j.end()) {
+    for (const auto& [signature, why] : object_at(*it, "skipped").items()) {
+      p.skipped[signature] = string_value(why, fmt::format("skipped[\"{}\"]", signature));
+    }
+  }
+  if (auto it = j.find("collectives"); it != j.end()) {
+    for (const auto& [name, per_size] : object_at(*it, "collectives").items()) {
+      const CollectiveKind kind = collective_kind_from_name(name);  // ValidationError lists the known ones
+      for (const auto& [key, entry] : object_at(per_size, "collectives." + name).items()) {
+        const std::string path = fmt::format("collectives.{}.{}", name, key);
+        object_at(entry, path);
+        check_keys(entry, path, {"alpha", "beta"});
+        p.collectives[kind][group_size_from_key(key, path)] = {number_at(entry, "alpha", path),
+                                                               number_at(entry, "beta", path)};
+      }
+    }
+  }
+  validate_profile(p);
+  return p;
+}
+
+std::string profile_to_json_string(const Profile& profile, int indent) { return profile_to_json(profile).dump(indent); }
+
+Profile profile_from_json_string(std::string_view text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw support::ParseError(fmt::format("profile: malformed JSON: {}", e.what()));
+  }
+  return profile_from_json(j);
+}
+
+// ---- the model ---------------------------------------------------------------------
+
+ProfiledCostModel::ProfiledCostModel(Profile profile, AnalyticCostModel fallback)
+    : profile_(std::move(profile)), fallback_(fallback) {
+  validate_profile(profile_);
+}
+
+OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device,
+                                    Precision precision, const NodeContext& context) const {
+  auto it = profile_.ops.find(node_signature(graph, node));
+  OpTime analytic = fallback_.node_time(graph, node, device, precision, context);
+  if (it == profile_.ops.end()) {
+    node_analytic_.fetch_add(1, std::memory_order_relaxed);
+    return analytic;
+  }
+  node_measured_.fetch_add(1, std::memory_order_relaxed);
+  // Scale the measurement to the plan's context by the analytic model's own ratio (see the
+  // header): the profile fixes the level, the analytic model how it moves with batch and
+  // shards. A default context skips the second evaluation and returns the measurement.
+  const bool unscaled = context.batch_scale == 1.0 && (context.shards == 1 || context.split == TensorSplit::None);
+  OpTime out = analytic;
+  out.forward = it->second.forward;
+  out.backward = it->second.backward;
+  if (unscaled) return out;
+  const OpTime base = fallback_.node_time(graph, node, device, precision, NodeContext{});
+  if (base.forward > 0) out.forward *= analytic.forward / base.forward;
+  if (base.backward > 0) out.backward *= analytic.backward / base.backward;
+  return out;
+}
+
+const AlphaBetaFit* ProfiledCostModel::find_fit(CollectiveKind kind, int group_size) const {
+  auto by_kind = profile_.collectives.find(kind);
+  if (by_kind == profile_.collectives.end()) return nullptr;
+  auto fit = by_kind->second.find(group_size);
+  return fit == by_kind->second.end() ? nullptr : &fit->second;
+}
+
+double ProfiledCostModel::collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
+                                          std::int64_t bytes, Algorithm algorithm) const {
+  const AlphaBetaFit* fit = find_fit(kind, static_cast<int>(ranks.size()));
+  if (fit == nullptr) {
+    collective_analytic_.fetch_add(1, std::memory_order_relaxed);
+    return fallback_.collective_time(cluster, kind, ranks, bytes, algorithm);
+  }
+  collective_measured_.fetch_add(1, std::memory_order_relaxed);
+  if (bytes < 0) throw support::ValidationError(fmt::format("{}: bytes must be >= 0, got {}", collective_kind_name(kind), bytes));
+  // As the analytic model: one rank or nothing to move costs nothing (the library returns).
+  if (ranks.size() <= 1 || bytes == 0) return 0;
+  return fit->time(bytes);
+}
+
+Provenance ProfiledCostModel::provenance(const ir::Graph& graph, const ir::Node& node) const {
+  return profile_.ops.contains(node_signature(graph, node)) ? Provenance::Measured : Provenance::Analytic;
+}
+
+Provenance ProfiledCostModel::collective_provenance(CollectiveKind kind, int group_size) const {
+  return find_fit(kind, group_size) != nullptr ? Provenance::Measured : Provenance::Analytic;
+}
+
+ProfileCoverage ProfiledCostModel::coverage(const ir::Graph& graph) const {
+  ProfileCoverage c;
+  for (const auto& node : graph.nodes()) {
+    (provenance(graph, node) == Provenance::Measured ? c.nodes_measured : c.nodes_analytic) += 1;
+  }
+  return c;
+}
+
+ProfileCoverage ProfiledCostModel::calls() const {
+  ProfileCoverage c;
+  c.node_calls_measured = node_measured_.load(std::memory_order_relaxed);
+  c.node_calls_analytic = node_analytic_.load(std::memory_order_relaxed);
+  c.collective_calls_measured = collective_measured_.load(std::memory_order_relaxed);
+  c.collective_calls_analytic = collective_analytic_.load(std::memory_order_relaxed);
+  return c;
+}
+
+void ProfiledCostModel::reset_calls() const {
+  node_measured_.store(0, std::memory_order_relaxed);
+  node_analytic_.store(0, std::memory_order_relaxed);
+  collective_measured_.store(0, std::memory_order_relaxed);
+  collective_analytic_.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace shardwise::cost

@@ -1,0 +1,170 @@
+// Profiled mode: a CostModel that answers with times measured on a real device and a real
+// process group where it has them, and with the analytic model (op_cost.h,
+// collective_cost.h) everywhere else — and says which is which.
+//
+// Profile (plain data; JSON in and out) holds what python/shardwise/profile.py measured:
+//  - ops: per node signature (node_signature below), the forward and backward seconds of
+//    one call at the graph's recorded shapes and dtypes. The signature leaves out value
+//    names and module paths, so the same op at the same shapes in 96 repeated layers is
+//    one entry, measured once.
+//  - skipped: signatures the profiler could not rebuild or time, with the reason (kept so a
+//    report can say *why* a node stayed analytic); "collective:<kind>" for a collective the
+//    backend could not run. Informational only: the model never reads it.
+//  - collectives: per CollectiveKind and group size, an alpha-beta fit
+//    time = alpha + beta x bytes, least squares over measured sizes of the live process
+//    group. `bytes` follows collective_cost.h (always the whole buffer: the all-gather
+//    output, the reduce-scatter input, ...), so fitted and analytic numbers are comparable.
+//
+// ProfiledCostModel:
+//  - node_time: for a node whose signature is in the profile, the measured time, scaled to
+//    the plan's NodeContext by the analytic model's own ratio:
+//        measured x analytic(context) / analytic(no context)
+//    (a graph measured at batch 2 costed at micro-batch 8 on 4 tensor-parallel shards scales
+//    like the analytic model says, while its absolute level is the device's real one). With
+//    the default context (what the profile measured) it is exactly the measured value. When
+//    the analytic time of the unscaled node is 0 (aliases: view, transpose) the measured
+//    time is used unscaled (a launch overhead does not grow with the tensor). Other nodes:
+//    the fallback AnalyticCostModel.
+//    The measured numbers describe the profile's device at the graph's dtypes; the plan's
+//    Precision and the cluster's DeviceType change only the analytic fallback. Costing a
+//    profile measured on one device against a cluster of another is the caller's choice.
+//  - collective_time: alpha + beta x bytes when (kind, ranks.size()) was fitted, else the
+//    fallback's alpha-beta model on the cluster. The algorithm argument is ignored for a
+//    measured fit: the live library picked its own. One rank or zero bytes cost 0.
+//  - provenance / coverage: which numbers are measured. provenance(graph, node) and
+//    collective_provenance(kind, n) answer statically; coverage(graph) counts the graph's
+//    nodes; calls() counts what node_time / collective_time actually answered since
+//    construction (or reset_calls()), so a report can say "92% of the costed node times and
+//    0 of 14 collective estimates were measured". The counters are atomics: they never
+//    change a result, and a const model may be shared by threads.
+//
+// Errors: a negative or non-finite time, alpha < 0, beta < 0, group size < 1, an unknown
+// collective name -> support::ValidationError (naming the entry); malformed JSON, a wrong
+// type or an unknown key -> support::ParseError.
+//
+// Worked example:
+//   Profile p;  p.device = "cpu";
+//   p.ops["aten::gelu(f32[2,32,256])->(f32[2,32,256]){approximate=\"none\"}"] = {2.0e-5, 5.0e-5};
+//   p.collectives[CollectiveKind::AllReduce][2] = {1.0e-4, 2.0e-9};   // 100 us + 2 ns/byte
+//   ProfiledCostModel m(p);
+//   m.node_time(g, gelu_node, cpu, Precision::F32, {});   // {2.0e-5, 5.0e-5}: measured
+//   m.node_time(g, gelu_node, cpu, Precision::F32, {.batch_scale = 2});   // ~{4e-5, 1e-4}
+//   std::vector<int> r = {0, 1};
+//   m.collective_time(c, CollectiveKind::AllReduce, r, 1 << 20, Algorithm::Auto);
+//     // 1e-4 + 2e-9 x 1048576 = 2.197 ms, measured
+//   m.provenance(g, gelu_node);   // Provenance::Measured
+//   m.coverage(g);                // {nodes_measured 1, nodes_analytic (the rest), ...}
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "cost/cluster.h"
+#include "cost/collective_cost.h"
+#include "cost/op_cost.h"
+#include "ir/graph.h"
+
+namespace shardwise::cost {
+
+enum class Provenance : std::uint8_t { Measured, Analytic };
+std::string_view provenance_name(Provenance provenance);  // "measured", "analytic"
+
+// The key of a node's measurement: op, input and output types (dtype and shape, without
+// the batch marker: a measurement is of concrete shapes) and attributes, e.g.
+//   aten::linear(f32[2,32,64],f32[192,64],f32[192])->(f32[2,32,192]){}
+// Value names and module paths are left out on purpose (repeated blocks share one key).
+std::string node_signature(const ir::Graph& graph, const ir::Node& node);
+
+struct MeasuredOp {
+  double forward = 0;   // seconds, one call
+  double backward = 0;  // seconds, one call (0: no differentiable input)
+
+  friend bool operator==(const MeasuredOp&, const MeasuredOp&) = default;
+};
+
+struct AlphaBetaFit {
+  double alpha = 0;  // seconds per call
+  double beta = 0;   // seconds per byte
+
+  double time(std::int64_t bytes) const { return alpha + beta * static_cast<double>(bytes); }
+  friend bool operator==(const AlphaBetaFit&, const AlphaBetaFit&) = default;
+};
+
+struct Profile {
+  std::string device;                                          // e.g. "cpu", "NVIDIA H100 80GB HBM3"
+  std::map<std::string, MeasuredOp, std::less<>> ops;          // node signature -> times
+  std::map<std::string, std::string, std::less<>> skipped;     // node signature -> why not measured
+  std::map<CollectiveKind, std::map<int, AlphaBetaFit>> collectives;  // kind -> group size -> fit
+
+  friend bool operator==(const Profile&, const Profile&) = default;
+};
+
+// Throws ValidationError naming the entry (see the header comment).
+void validate_profile(const Profile& profile);
+
+// JSON (version 1):
+//   {"format": "shardwise.profile", "version": 1, "device": "cpu",
+//    "ops": {"<signature>": {"forward": 2.0e-5, "backward": 5.0e-5}, ...},
+//    "skipped": {"<signature>": "reason", ...},
+//    "collectives": {"all_reduce": {"2": {"alpha": 1.0e-4, "beta": 2.0e-9}}, ...}}
+// "format", "version", "skipped" and "collectives" are optional on input.
+nlohmann::json profile_to_json(const Profile& profile);
+Profile profile_from_json(const nlohmann::json& json);
+std::string profile_to_json_string(const Profile& profile, int indent = -1);
+Profile profile_from_json_string(std::string_view text);
+
+struct ProfileCoverage {
+  // Static, over a graph (coverage(graph)).
+  int nodes_measured = 0;
+  int nodes_analytic = 0;
+  // Dynamic, over calls answered (calls()).
+  std::int64_t node_calls_measured = 0;
+  std::int64_t node_calls_analytic = 0;
+  std::int64_t collective_calls_measured = 0;
+  std::int64_t collective_calls_analytic = 0;
+
+  friend bool operator==(const ProfileCoverage&, const ProfileCoverage&) = default;
+};
+
+class ProfiledCostModel final : public CostModel {
+ public:
+  // Validates the profile (ValidationError).
+  explicit ProfiledCostModel(Profile profile, AnalyticCostModel fallback = AnalyticCostModel{});
+  // The counters are atomics; a model is built once and passed by reference.
+  ProfiledCostModel(const ProfiledCostModel&) = delete;
+  ProfiledCostModel& operator=(const ProfiledCostModel&) = delete;
+
+  const Profile& profile() const { return profile_; }
+  const AnalyticCostModel& fallback() const { return fallback_; }
+
+  OpTime node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device, Precision precision,
+                   const NodeContext& context) const override;
+  double collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
+                         std::int64_t bytes, Algorithm algorithm) const override;
+
+  Provenance provenance(const ir::Graph& graph, const ir::Node& node) const;
+  Provenance collective_provenance(CollectiveKind kind, int group_size) const;
+
+  // Node counts of `graph` (the call counters are left 0).
+  ProfileCoverage coverage(const ir::Graph& graph) const;
+  // Call counters since construction or reset_calls() (the node counts are left 0).
+  ProfileCoverage calls() const;
+  void reset_calls() const;
+
+ private:
+  const AlphaBetaFit* find_fit(CollectiveKind kind, int group_size) const;
+
+  Profile profile_;
+  AnalyticCostModel fallback_;
+  mutable std::atomic<std::int64_t> node_measured_{0};
+  mutable std::atomic<std::int64_t> node_analytic_{0};
+  mutable std::atomic<std::int64_t> collective_measured_{0};
+  mutable std::atomic<std::int64_t> collective_analytic_{0};
+};
+
+}  // namespace shardwise::cost

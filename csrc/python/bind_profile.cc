@@ -1,0 +1,114 @@
+// Python face of profiled mode (csrc/cost/profiled_cost.h). Profiles cross the boundary as
+// their JSON text (python/shardwise/profile.py keeps it and wraps it as shardwise.Profile);
+// results come back as plain dicts, as in bind_plan.cc. The node signature is computed here
+// only, so the keys the profiler measures under are exactly the keys the model looks up.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "cost/plan_cost.h"
+#include "cost/profiled_cost.h"
+#include "ir/graph.h"
+#include "plan/plan.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace shardwise::python {
+namespace {
+
+py::dict coverage_to_python(const cost::ProfileCoverage& c) {
+  py::dict d;
+  d["nodes_measured"] = c.nodes_measured;
+  d["nodes_analytic"] = c.nodes_analytic;
+  d["node_calls_measured"] = c.node_calls_measured;
+  d["node_calls_analytic"] = c.node_calls_analytic;
+  d["collective_calls_measured"] = c.collective_calls_measured;
+  d["collective_calls_analytic"] = c.collective_calls_analytic;
+  return d;
+}
+
+}  // namespace
+
+void bind_profile(py::module_& m) {
+  m.def(
+      "node_signatures",
+      [](const ir::Graph& graph) {
+        std::vector<std::string> out;
+        out.reserve(graph.nodes().size());
+        for (const auto& node : graph.nodes()) out.push_back(cost::node_signature(graph, node));
+        return out;
+      },
+      py::arg("graph"), "The profile key of every node, in node order (csrc/cost/profiled_cost.h).");
+  m.def(
+      "profile_normalise",
+      [](const std::string& text, int indent) {
+        return cost::profile_to_json_string(cost::profile_from_json_string(text), indent);
+      },
+      py::arg("profile_json"), py::arg("indent") = -1, "Parse, validate and re-write a profile's JSON.");
+  m.def(
+      "profile_coverage",
+      [](const ir::Graph& graph, const std::string& text) {
+        cost::ProfiledCostModel model(cost::profile_from_json_string(text));
+        py::dict out = coverage_to_python(model.coverage(graph));
+        std::vector<std::string> provenance;
+        provenance.reserve(graph.nodes().size());
+        for (const auto& node : graph.nodes()) {
+          provenance.emplace_back(cost::provenance_name(model.provenance(graph, node)));
+        }
+        out["provenance"] = provenance;
+        return out;
+      },
+      py::arg("graph"), py::arg("profile_json"),
+      "Node counts measured / analytic, and every node's provenance in node order.");
+  m.def(
+      "profile_collective_time",
+      [](const cost::Cluster& cluster, const std::string& kind, const std::vector<int>& ranks, std::int64_t bytes,
+         const std::string& text) {
+        cost::ProfiledCostModel model(cost::profile_from_json_string(text));
+        const cost::CollectiveKind k = cost::collective_kind_from_name(kind);
+        py::dict out;
+        out["seconds"] = model.collective_time(cluster, k, ranks, bytes, cost::Algorithm::Auto);
+        out["provenance"] =
+            std::string(cost::provenance_name(model.collective_provenance(k, static_cast<int>(ranks.size()))));
+        return out;
+      },
+      py::arg("cluster"), py::arg("kind"), py::arg("ranks"), py::arg("bytes"), py::arg("profile_json"));
+  m.def(
+      "evaluate_plan_profiled",
+      [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text,
+         const std::string& profile_text) {
+        plan::Plan p = plan::plan_from_json_string(text);
+        cost::ProfiledCostModel model(cost::profile_from_json_string(profile_text));
+        cost::PlanCost c;
+        {
+          py::gil_scoped_release release;
+          c = cost::evaluate(graph, cluster, p, model);
+        }
+        // The same keys as evaluate_plan (bind_plan.cc), plus where the numbers came from.
+        py::dict out;
+        out["plan"] = plan::plan_to_json_string(cost::with_prediction(p, c));
+        out["step_time"] = c.step_time;
+        out["tflops_per_device"] = c.tflops_per_device;
+        out["memory_per_rank"] = c.memory_per_rank;
+        out["memory_breakdown"] = c.memory_breakdown;
+        out["breakdown"] = c.breakdown();
+        out["model_flops"] = c.model_flops;
+        out["layers"] = c.layers;
+        out["tensor_parallel_pairs_per_layer"] = c.tensor_parallel_pairs_per_layer;
+        out["micro_batches"] = c.micro_batches;
+        out["bubble_fraction"] = c.bubble_fraction;
+        cost::ProfileCoverage coverage = model.coverage(graph);
+        cost::ProfileCoverage calls = model.calls();
+        coverage.node_calls_measured = calls.node_calls_measured;
+        coverage.node_calls_analytic = calls.node_calls_analytic;
+        coverage.collective_calls_measured = calls.collective_calls_measured;
+        coverage.collective_calls_analytic = calls.collective_calls_analytic;
+        out["coverage"] = coverage_to_python(coverage);
+        return out;
+      },
+      py::arg("graph"), py::arg("cluster"), py::arg("plan_json"), py::arg("profile_json"));
+}
+
+}  // namespace shardwise::python

@@ -1,0 +1,603 @@
+"""Profiled mode: measure a captured graph's ops on this device and the live process
+group's collectives, and cost plans with those numbers (csrc/cost/profiled_cost.h).
+
+    >>> g = shardwise.capture(model, (idx, labels))
+    >>> prof = shardwise.profile(g, budget_s=30)          # CPU now, CUDA when present
+    >>> prof.coverage(g)["nodes_measured"], prof.coverage(g)["nodes_analytic"]
+    (83, 4)
+    >>> plan = shardwise.Plan.manual(g, shardwise.Cluster.preset("cpu"), global_batch=8, profile=prof)
+    >>> prof.save("tinygpt.profile.json"); shardwise.Profile.load("tinygpt.profile.json")
+
+How an op is measured. Every node has a signature (op, input/output dtypes and shapes,
+attributes; computed by the C++ core, ``_C.node_signatures``): nodes with the same
+signature (the same op at the same shapes in repeated layers) are measured once. For each
+distinct signature the ATen call is rebuilt from the IR node: ``torch.ops.aten.<name>.<overload>``,
+tensor operands in schema order from random tensors of the recorded shapes and dtypes
+(integer operands: indices in a valid range where the op says what that is: embedding
+rows, loss classes; zeros for other indexing ops, which are always in range; small values
+for elementwise ops; anything else is skipped), other arguments from the node's attributes
+(keyed by schema argument name; ``<arg>_present`` marks which slots of a ``Tensor?[]`` held
+tensors). Forward: the median of ``repeats`` timed calls after a warm-up. Backward: the
+median of ``torch.autograd.grad`` of the floating outputs (ones-like gradients) with respect
+to the floating parameter and activation operands, less the fixed cost of one
+``autograd.grad`` call (measured once on a one-element graph: a model's backward pays it
+once per step, not once per op). A node that cannot be rebuilt or run is
+recorded in ``Profile.skipped`` with the reason and stays analytic; so does every signature
+left when ``budget_s`` runs out.
+
+Collectives: when ``torch.distributed`` is initialised, all_reduce, all_gather
+(``all_gather_into_tensor``), reduce_scatter (``reduce_scatter_tensor``), all_to_all
+(``all_to_all_single``) and broadcast are timed at a few sizes (4 KiB - 4 MiB by default;
+``bytes`` as in csrc/cost/collective_cost.h: the whole buffer), the slowest rank's median per
+size is taken (every rank then fits the same line), and alpha (s) and beta (s/byte) are fitted
+by least squares with alpha >= 0 and beta >= 0. A collective the backend does not support
+(e.g. Gloo's reduce_scatter) is skipped under the key ``collective:<kind>``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+import warnings
+from typing import Any, Callable, Iterable
+
+import torch
+
+from . import _C
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Profile", "profile", "measure_collectives", "DEFAULT_COLLECTIVE_SIZES"]
+
+DEFAULT_COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
+_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+_TORCH_DTYPES = {
+    "f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
+    "bool": torch.bool,
+}
+
+# Integer operands with a known valid range: op -> (index of the integer operand among the
+# node's inputs, a function (input shapes) -> exclusive upper bound of the values).
+_INDEX_RANGES: dict[str, tuple[int, Callable[[list[list[int]]], int]]] = {
+    "aten::embedding": (1, lambda shapes: shapes[0][0]),
+    "aten::cross_entropy_loss": (1, lambda shapes: shapes[0][1] if len(shapes[0]) > 1 else shapes[0][0]),
+    "aten::nll_loss": (1, lambda shapes: shapes[0][1] if len(shapes[0]) > 1 else shapes[0][0]),
+    "aten::nll_loss_forward": (1, lambda shapes: shapes[0][1] if len(shapes[0]) > 1 else shapes[0][0]),
+    "aten::nll_loss2d_forward": (1, lambda shapes: shapes[0][1]),
+}
+# Indexing ops whose integer operands index some dimension: zeros are always in range.
+_ZERO_INDEX_OPS = {
+    "aten::gather", "aten::index.Tensor", "aten::index_select", "aten::take_along_dim",
+    "aten::scatter.src", "aten::scatter.value", "aten::scatter_add", "aten::index_put",
+    "aten::embedding_dense_backward",
+}
+# Ops for which any small integer values are valid (no value is an index or a divisor).
+_VALUE_SAFE_OPS = {
+    "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::eq.Tensor", "aten::ne.Tensor",
+    "aten::lt.Tensor", "aten::le.Tensor", "aten::gt.Tensor", "aten::ge.Tensor", "aten::eq.Scalar",
+    "aten::ne.Scalar", "aten::lt.Scalar", "aten::gt.Scalar", "aten::where.self", "aten::masked_fill.Scalar",
+    "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::transpose.int", "aten::permute",
+    "aten::expand", "aten::unsqueeze", "aten::squeeze.dim", "aten::slice.Tensor", "aten::select.int",
+    "aten::cat", "aten::stack", "aten::clone", "aten::contiguous", "aten::_to_copy", "aten::to.dtype",
+    "aten::detach", "aten::alias", "aten::sum", "aten::sum.dim_IntList", "aten::cumsum",
+    "aten::ones_like", "aten::zeros_like", "aten::full_like", "aten::copy", "aten::flatten.using_ints",
+    "aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::logical_not", "aten::logical_and",
+    "aten::tril", "aten::triu",
+}
+_MEMORY_FORMATS = {str(f): f for f in (torch.contiguous_format, torch.preserve_format, torch.channels_last,
+                                       torch.channels_last_3d)}
+_LAYOUTS = {str(torch.strided): torch.strided}
+
+
+class Profile:
+    """Measured op and collective times (the JSON document of csrc/cost/profiled_cost.h).
+
+    Usable wherever a cost model is accepted: ``Plan.manual(..., profile=prof)``."""
+
+    def __init__(self, doc: dict):
+        self._doc = doc
+
+    # ---- serialisation ------------------------------------------------------
+    @classmethod
+    def from_json(cls, text: str) -> "Profile":
+        """Validated by the core: bad values raise shardwise.ValidationError / ParseError."""
+        return cls(json.loads(_C.profile_normalise(text)))
+
+    def to_json(self, indent: int | None = None) -> str:
+        return _C.profile_normalise(json.dumps(self._doc), -1 if indent is None else indent)
+
+    def save(self, path: "str | os.PathLike[str]") -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json(indent=2))
+
+    @classmethod
+    def load(cls, path: "str | os.PathLike[str]") -> "Profile":
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(f.read())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Profile) and json.loads(self.to_json()) == json.loads(other.to_json())
+
+    __hash__ = None
+
+    # ---- contents -------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return self._doc["device"]
+
+    @property
+    def ops(self) -> dict[str, dict]:
+        """signature -> {"forward": s, "backward": s}."""
+        return dict(self._doc.get("ops", {}))
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """signature (or ``collective:<kind>``) -> why it was not measured."""
+        return dict(self._doc.get("skipped", {}))
+
+    @property
+    def collectives(self) -> dict[str, dict[int, dict]]:
+        """kind -> group size -> {"alpha": s, "beta": s/byte}."""
+        return {k: {int(n): dict(f) for n, f in v.items()} for k, v in self._doc.get("collectives", {}).items()}
+
+    def coverage(self, graph) -> dict:
+        """{nodes_measured, nodes_analytic, provenance: ["measured" | "analytic", per node]}
+        of ``graph`` under this profile (as the core model sees it)."""
+        out = dict(_C.profile_coverage(graph._core, json.dumps(self._doc)))
+        for k in ("node_calls_measured", "node_calls_analytic", "collective_calls_measured",
+                  "collective_calls_analytic"):
+            out.pop(k, None)  # static question: no calls were made
+        return out
+
+    def provenance(self, graph) -> list[str]:
+        """"measured" or "analytic" for every node of ``graph``, in node order."""
+        return list(_C.profile_coverage(graph._core, json.dumps(self._doc))["provenance"])
+
+    def collective_time(self, cluster, kind: str, ranks: Iterable[int], bytes: int) -> tuple[float, str]:
+        """(seconds, "measured" | "analytic") of one collective under this profile."""
+        r = _C.profile_collective_time(cluster._core, kind, list(ranks), int(bytes), json.dumps(self._doc))
+        return r["seconds"], r["provenance"]
+
+    def summary(self, graph=None) -> str:
+        lines = [f"profile on {self.device}: {len(self.ops)} op signatures measured, {len(self.skipped)} skipped"]
+        if graph is not None:
+            c = self.coverage(graph)
+            total = c["nodes_measured"] + c["nodes_analytic"]
+            lines.append(f"  nodes: {c['nodes_measured']}/{total} measured, {c['nodes_analytic']} analytic")
+        for kind, fits in sorted(self.collectives.items()):
+            for n, f in sorted(fits.items()):
+                lines.append(f"  {kind} x{n}: alpha {f['alpha'] * 1e6:.1f} us, beta {f['beta'] * 1e9:.3f} ns/B "
+                             f"({1 / f['beta'] / 1e9 if f['beta'] > 0 else float('inf'):.2f} GB/s)")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"Profile(device={self.device!r}, ops={len(self._doc.get('ops', {}))}, "
+                f"skipped={len(self._doc.get('skipped', {}))}, collectives={sorted(self.collectives)})")
+
+
+# ---- op measurement ---------------------------------------------------------------
+
+
+class _Skip(Exception):
+    """An op that cannot be rebuilt safely: stays analytic, with this reason."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _resolve_op(name: str):
+    if not name.startswith("aten::"):
+        raise _Skip(f"not an ATen op ({name})")
+    base, _, overload = name[len("aten::"):].partition(".")
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        raise _Skip(f"torch.ops.aten has no {base}")
+    op = getattr(packet, overload or "default", None)
+    if op is None:
+        raise _Skip(f"torch.ops.aten.{base} has no overload {overload or 'default'}")
+    return op
+
+
+def _is_tensor_type(t) -> bool:
+    return isinstance(t, torch.TensorType) or (isinstance(t, torch.OptionalType)
+                                                and isinstance(t.getElementType(), torch.TensorType))
+
+
+def _is_tensor_list_type(t) -> bool:
+    if not isinstance(t, torch.ListType):
+        return False
+    e = t.getElementType()
+    return _is_tensor_type(e)
+
+
+def _attr_to_torch(value: Any, arg) -> Any:
+    """An IR attribute back to the Python value the schema argument takes."""
+    if value is None:
+        return None
+    kind = str(arg.type)
+    if "ScalarType" in kind and isinstance(value, str):
+        if value not in _TORCH_DTYPES:
+            raise _Skip(f"argument '{arg.name}': unknown dtype {value!r}")
+        return _TORCH_DTYPES[value]
+    if "MemoryFormat" in kind and isinstance(value, str):
+        if value not in _MEMORY_FORMATS:
+            raise _Skip(f"argument '{arg.name}': unknown memory format {value!r}")
+        return _MEMORY_FORMATS[value]
+    if "Layout" in kind and isinstance(value, str):
+        if value not in _LAYOUTS:
+            raise _Skip(f"argument '{arg.name}': layout {value!r}")
+        return _LAYOUTS[value]
+    if "Device" in kind:
+        return None  # the profiling device is chosen below, not the capture's
+    if isinstance(value, str) and kind not in ("str", "Optional[str]"):
+        raise _Skip(f"argument '{arg.name}' ({kind}) was captured as text {value!r}")
+    return value
+
+
+def _make_tensor(v: dict, device: torch.device, op: str, position: int, shapes: list, requires_grad: bool):
+    dtype = _TORCH_DTYPES.get(v["dtype"])
+    if dtype is None:
+        raise _Skip(f"operand {position}: dtype {v['dtype']} cannot be generated")
+    shape = list(v["shape"])
+    if dtype.is_floating_point:
+        t = torch.randn(shape, dtype=dtype, device=device)
+        return t.requires_grad_(requires_grad)
+    if dtype == torch.bool:
+        return torch.rand(shape, device=device) < 0.5
+    if op in _INDEX_RANGES and _INDEX_RANGES[op][0] == position:
+        high = int(_INDEX_RANGES[op][1](shapes))
+        if high < 1:
+            raise _Skip(f"operand {position}: empty index range")
+        return torch.randint(0, high, shape, dtype=dtype, device=device)
+    if op in _ZERO_INDEX_OPS:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    if op in _VALUE_SAFE_OPS:
+        return torch.randint(0, 2, shape, dtype=dtype, device=device)
+    raise _Skip(f"integer operand {position} ({v['dtype']}) of an op with no known valid range")
+
+
+def _build_call(node: dict, values: dict, device: torch.device):
+    """(op, args, kwargs, differentiable inputs) rebuilding the node's ATen call."""
+    op = _resolve_op(node["op"])
+    attrs = node["attrs"]
+    in_values = [values[name] for name in node["inputs"]]
+    shapes = [list(v["shape"]) for v in in_values]
+    tensors = []
+    for i, v in enumerate(in_values):
+        grad = v["role"] in ("parameter", "activation")
+        tensors.append(_make_tensor(v, device, node["op"], i, shapes, grad))
+
+    schema_args = [a for a in op._schema.arguments if not a.kwarg_only] + \
+        [a for a in op._schema.arguments if a.kwarg_only]
+    # How many node inputs the tensor arguments after each position still need (for a
+    # Tensor[] argument, whose length the node does not record separately).
+    def single_tensor_slots(args) -> int:
+        return sum(1 for a in args if _is_tensor_type(a.type) and a.name not in attrs)
+
+    args, kwargs = [], {}
+    cursor = 0
+    for idx, a in enumerate(schema_args):
+        if a.is_out:
+            raise _Skip("an out= overload")
+        if _is_tensor_type(a.type):
+            if a.name in attrs:  # an optional tensor absent from the call
+                value = None
+            elif cursor < len(tensors):
+                value = tensors[cursor]
+                cursor += 1
+            elif a.has_default_value():
+                value = None
+            else:
+                raise _Skip(f"tensor argument '{a.name}' has no operand")
+        elif _is_tensor_list_type(a.type):
+            present = attrs.get(f"{a.name}_present")
+            if present is not None:
+                value = []
+                for p in present:
+                    value.append(tensors[cursor] if p else None)
+                    cursor += 1 if p else 0
+            else:
+                count = len(tensors) - cursor - single_tensor_slots(schema_args[idx + 1:])
+                value = tensors[cursor:cursor + count]
+                cursor += count
+        elif a.name in attrs:
+            value = _attr_to_torch(attrs[a.name], a)
+        elif a.has_default_value():
+            continue
+        else:
+            raise _Skip(f"argument '{a.name}' is neither an operand nor an attribute")
+        if a.kwarg_only:
+            kwargs[a.name] = value
+        else:
+            args.append(value)
+    if cursor != len(tensors):
+        raise _Skip(f"{len(tensors) - cursor} operand(s) left over after matching the schema")
+    # Creation ops with a device argument: put the result on the profiling device.
+    if any(a.name == "device" for a in op._schema.arguments):
+        kwargs["device"] = device
+    grads_wrt = [t for t in tensors if isinstance(t, torch.Tensor) and t.requires_grad]
+    return op, args, kwargs, grads_wrt
+
+
+def _floating_outputs(out) -> list[torch.Tensor]:
+    items = out if isinstance(out, (list, tuple)) else [out]
+    return [t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
+
+
+def _median_time(fn: Callable[[], Any], device: torch.device, repeats: int, min_sample_s: float) -> float:
+    """Median seconds of one call; calls are batched so a sample lasts >= min_sample_s
+    (a microsecond op is otherwise lost in the clock's and Python's noise)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    one = max(time.perf_counter() - t0, 1e-7)
+    inner = max(1, min(100, int(min_sample_s / one)))
+    samples = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        _sync(device)
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples)
+
+
+def _autograd_overhead(device: torch.device, repeats: int) -> float:
+    """Seconds of one torch.autograd.grad call on a one-element graph: the engine's fixed
+    start-up cost. A standalone backward pays it once per op; a model's backward pays it once
+    per step, so it is subtracted from every op's measured backward (on this CPU it is
+    ~100 us, more than the whole backward of a small elementwise op)."""
+    x = torch.ones(1, device=device, requires_grad=True)
+    g = torch.ones(1, device=device)
+
+    def one() -> float:
+        y = x.view(1)
+        _sync(device)
+        t0 = time.perf_counter()
+        torch.autograd.grad([y], [x], grad_outputs=[g])
+        _sync(device)
+        return time.perf_counter() - t0
+
+    one()
+    return statistics.median(one() for _ in range(max(3, repeats)))
+
+
+def _measure_node(node, values, device, warmup, repeats, min_sample_s) -> tuple[float, float]:
+    op, args, kwargs, wrt = _build_call(node, values, device)
+    try:
+        for _ in range(warmup):
+            op(*args, **kwargs)
+    except _Skip:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the rebuilt call leaves the op analytic
+        raise _Skip(f"the rebuilt call failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    forward = _median_time(lambda: op(*args, **kwargs), device, repeats, min_sample_s)
+
+    backward = 0.0
+    outs = _floating_outputs(op(*args, **kwargs)) if wrt else []
+    if outs:
+        def run_backward():
+            o = _floating_outputs(op(*args, **kwargs))
+            _sync(device)
+            t0 = time.perf_counter()
+            torch.autograd.grad(o, wrt, grad_outputs=[torch.ones_like(x) for x in o], allow_unused=True)
+            _sync(device)
+            return time.perf_counter() - t0
+
+        try:
+            run_backward()  # warm-up; also finds an op with no derivative
+        except Exception as e:  # noqa: BLE001
+            raise _Skip(f"backward failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        backward = statistics.median(run_backward() for _ in range(repeats))
+    return forward, backward
+
+
+def _progress(total: int, enabled: bool):
+    """A tqdm bar if tqdm is installed and wanted; else a no-op with the same face."""
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+
+            return tqdm(total=total, desc="shardwise.profile", unit="op", leave=False)
+        except ImportError:
+            pass
+
+    class _Null:
+        def update(self, n=1): ...
+        def set_postfix_str(self, s): ...
+        def close(self): ...
+
+    return _Null()
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def measure_ops(graph, *, device: "str | torch.device | None" = None, budget_s: float = 30.0, warmup: int = 1,
+                repeats: int = 5, min_sample_s: float = 2e-4, progress: bool = True) -> dict:
+    """The op part of a profile document: {"device", "ops", "skipped"}."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    values = {v["name"]: v for v in graph.values()}
+    nodes = graph.nodes()
+    signatures = _C.node_signatures(graph._core)
+    first: dict[str, dict] = {}
+    for sig, node in zip(signatures, nodes):
+        first.setdefault(sig, node)
+
+    ops, skipped = {}, {}
+    start = time.perf_counter()
+    overhead = _autograd_overhead(device, repeats)
+    bar = _progress(len(first), progress)
+    try:
+        for sig, node in first.items():
+            if time.perf_counter() - start > budget_s:
+                skipped[sig] = f"time budget of {budget_s:g} s exhausted"
+                bar.update()
+                continue
+            bar.set_postfix_str(node["op"])
+            try:
+                fwd, bwd = _measure_node(node, values, device, warmup, repeats, min_sample_s)
+            except _Skip as why:
+                skipped[sig] = str(why)
+            except (RuntimeError, ValueError, TypeError, IndexError) as e:  # rebuilding itself failed
+                skipped[sig] = f"could not rebuild: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            else:
+                # An op with a backward keeps a floor of 1 ns: measured, not "free".
+                ops[sig] = {"forward": max(fwd, 1e-9), "backward": max(bwd - overhead, 1e-9) if bwd > 0 else 0.0}
+            bar.update()
+    finally:
+        bar.close()
+    log.info("shardwise.profile: %d signatures measured, %d skipped in %.1f s (autograd overhead %.1f us "
+             "subtracted from each backward)", len(ops), len(skipped), time.perf_counter() - start, overhead * 1e6)
+    return {"device": _device_name(device), "ops": ops, "skipped": skipped}
+
+
+# ---- collective measurement -----------------------------------------------------------
+
+
+def _fit_alpha_beta(sizes: list[int], times: list[float]) -> tuple[float, float]:
+    """Least squares t = alpha + beta x bytes, constrained to alpha >= 0 and beta >= 0."""
+    n = len(sizes)
+    mx = sum(sizes) / n
+    mt = sum(times) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    beta = sum((x - mx) * (t - mt) for x, t in zip(sizes, times)) / sxx if sxx > 0 else 0.0
+    alpha = mt - beta * mx
+    if beta < 0:  # flat or noisy: a constant
+        return max(mt, 0.0), 0.0
+    if alpha < 0:  # the line through the origin that fits best
+        sxx0 = sum(x * x for x in sizes)
+        return 0.0, (sum(x * t for x, t in zip(sizes, times)) / sxx0 if sxx0 > 0 else 0.0)
+    return alpha, beta
+
+
+def _collective_call(kind: str, nbytes: int, world: int, device: torch.device, group):
+    import torch.distributed as dist
+
+    elem = 4  # float32
+    per = max(1, nbytes // (elem * world))  # a multiple of the world size in elements
+    numel = per * world
+    if kind == "all_reduce":
+        buf = torch.ones(numel, device=device)
+        return (lambda: dist.all_reduce(buf, group=group)), numel * elem
+    if kind == "all_gather":
+        inp, out = torch.ones(per, device=device), torch.empty(numel, device=device)
+        return (lambda: dist.all_gather_into_tensor(out, inp, group=group)), numel * elem
+    if kind == "reduce_scatter":
+        inp, out = torch.ones(numel, device=device), torch.empty(per, device=device)
+        return (lambda: dist.reduce_scatter_tensor(out, inp, group=group)), numel * elem
+    if kind == "all_to_all":
+        inp, out = torch.ones(numel, device=device), torch.empty(numel, device=device)
+        return (lambda: dist.all_to_all_single(out, inp, group=group)), numel * elem
+    if kind == "broadcast":
+        buf = torch.ones(numel, device=device)
+        return (lambda: dist.broadcast(buf, src=dist.get_global_rank(group, 0) if group is not None else 0,
+                                       group=group)), numel * elem
+    raise ValueError(f"unknown collective {kind!r} (known: {_COLLECTIVES})")
+
+
+def measure_collectives(*, sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES, kinds: Iterable[str] = _COLLECTIVES,
+                        repeats: int = 5, group=None, device: "str | torch.device | None" = None) -> dict:
+    """The collective part of a profile document: {"collectives", "skipped"}; every rank of
+    the group must call it (it is collective). Empty when torch.distributed is not initialised
+    or the group has one rank."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return {"collectives": {}, "skipped": {}}
+    world = dist.get_world_size(group)
+    if world < 2:
+        return {"collectives": {}, "skipped": {}}
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+            else torch.device("cpu")
+    device = torch.device(device)
+    fits, skipped = {}, {}
+    for kind in kinds:
+        xs, ts = [], []
+        try:
+            for size in sizes:
+                raw, nbytes = _collective_call(kind, int(size), world, device, group)
+
+                def call(raw=raw):
+                    # torch >= 2.13 deprecates the *_tensor names; they still run the same
+                    # collective, and the replacements do not exist in older releases.
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", FutureWarning)
+                        raw()
+
+                call()  # warm-up (and the first connection)
+                samples = []
+                for _ in range(repeats):
+                    dist.barrier(group=group)
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    call()
+                    _sync(device)
+                    samples.append(time.perf_counter() - t0)
+                # The slowest rank's median: a collective ends when its last member does, and
+                # every rank then fits the same line.
+                t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+                xs.append(nbytes)
+                ts.append(float(t.item()))
+        except (RuntimeError, NotImplementedError, ValueError) as e:
+            # Every rank fails the same way on an unsupported collective (same backend).
+            skipped[f"collective:{kind}"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            continue
+        alpha, beta = _fit_alpha_beta(xs, ts)
+        fits[kind] = {str(world): {"alpha": alpha, "beta": beta}}
+    return {"collectives": fits, "skipped": skipped}
+
+
+# ---- the entry point ---------------------------------------------------------------------
+
+
+def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
+            device: "str | torch.device | None" = None, warmup: int = 1, repeats: int = 5,
+            collectives: bool | None = None, collective_sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES,
+            group=None, progress: bool = True, **capture_kwargs) -> Profile:
+    """Measures a graph's ops on this device (and, when torch.distributed is initialised,
+    the process group's collectives) into a ``shardwise.Profile``.
+
+    model_or_graph: a ``shardwise.Graph``, or an ``nn.Module`` captured first with
+    ``shardwise.capture(model, example_inputs, **capture_kwargs)``. budget_s bounds the op
+    measurement (what is left stays analytic). collectives: None measures them when a process
+    group is initialised; every rank must then call profile() (the collectives are collective).
+    """
+    from .graph import Graph
+
+    if isinstance(model_or_graph, Graph):
+        graph = model_or_graph
+    elif isinstance(model_or_graph, torch.nn.Module):
+        from .capture import capture
+
+        graph = capture(model_or_graph, example_inputs, **capture_kwargs)
+    else:
+        raise TypeError(f"profile expects a shardwise.Graph or a torch.nn.Module, got {type(model_or_graph).__name__}")
+
+    doc = {"format": "shardwise.profile", "version": 1}
+    doc.update(measure_ops(graph, device=device, budget_s=budget_s, warmup=warmup, repeats=repeats,
+                           progress=progress))
+    if collectives is None:
+        import torch.distributed as dist
+
+        collectives = dist.is_available() and dist.is_initialized()
+    if collectives:
+        measured = measure_collectives(sizes=collective_sizes, repeats=repeats, group=group)
+        doc["collectives"] = measured["collectives"]
+        doc["skipped"].update(measured["skipped"])
+    else:
+        doc["collectives"] = {}
+    return Profile.from_json(json.dumps(doc))

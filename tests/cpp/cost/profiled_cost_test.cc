@@ -1,0 +1,160 @@
+#include "cost/profiled_cost.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "test_clusters.h"
+#include "support/error.h"
+
+namespace shardwise::cost {
+namespace {
+
+using testing::error_of;
+using testing::flat_cluster;
+using testing::test_device;
+
+ir::TensorType f32(std::vector<std::int64_t> shape, std::optional<int> batch_dim = std::nullopt) {
+  ir::TensorType t;
+  t.dtype = ir::DType::F32;
+  t.shape = std::move(shape);
+  t.batch_dim = batch_dim;
+  return t;
+}
+
+// Two identical "layers" (gelu then mm), as repeated blocks give, and one odd node.
+ir::Graph two_layer_graph() {
+  ir::Graph g;
+  ir::ValueId x = g.add_value("x", f32({4, 64}, 0), ir::ValueRole::Input);
+  ir::ValueId w0 = g.add_value("w0", f32({64, 64}), ir::ValueRole::Parameter);
+  ir::ValueId w1 = g.add_value("w1", f32({64, 64}), ir::ValueRole::Parameter);
+  ir::NodeId a = g.add_node("aten::gelu", {x}, {{"a0", f32({4, 64}, 0)}}, {{"approximate", std::string("none")}},
+                            "layers.0");
+  ir::NodeId m = g.add_node("aten::mm", {g.node(a).outputs[0], w0}, {{"m0", f32({4, 64}, 0)}}, {}, "layers.0");
+  ir::NodeId b = g.add_node("aten::gelu", {g.node(m).outputs[0]}, {{"a1", f32({4, 64}, 0)}},
+                            {{"approximate", std::string("none")}}, "layers.1");
+  ir::NodeId n = g.add_node("aten::mm", {g.node(b).outputs[0], w1}, {{"m1", f32({4, 64}, 0)}}, {}, "layers.1");
+  ir::NodeId t = g.add_node("aten::tanh", {g.node(n).outputs[0]}, {{"t", f32({4, 64}, 0)}});
+  g.set_outputs({g.node(t).outputs[0]});
+  return g;
+}
+
+Profile hand_profile(const ir::Graph& g) {
+  Profile p;
+  p.device = "test-cpu";
+  p.ops[node_signature(g, g.node(0))] = {2.0e-5, 5.0e-5};  // gelu
+  p.ops[node_signature(g, g.node(1))] = {1.0e-4, 2.0e-4};  // mm
+  p.skipped[node_signature(g, g.node(4))] = "not rebuilt";
+  p.collectives[CollectiveKind::AllReduce][2] = {1.0e-4, 2.0e-9};
+  return p;
+}
+
+TEST(ProfiledCost, SignatureIgnoresNamesAndModulesButNotShapesOrAttrs) {
+  ir::Graph g = two_layer_graph();
+  EXPECT_EQ(node_signature(g, g.node(0)), "aten::gelu(f32[4,64])->(f32[4,64]){approximate=\"none\"}");
+  EXPECT_EQ(node_signature(g, g.node(0)), node_signature(g, g.node(2)));  // repeated layer: one key
+  EXPECT_EQ(node_signature(g, g.node(1)), "aten::mm(f32[4,64],f32[64,64])->(f32[4,64]){}");
+  EXPECT_NE(node_signature(g, g.node(0)), node_signature(g, g.node(4)));
+}
+
+TEST(ProfiledCost, MeasuredNodesUseTheProfileOthersTheAnalyticModel) {
+  ir::Graph g = two_layer_graph();
+  ProfiledCostModel model(hand_profile(g));
+  AnalyticCostModel analytic;
+  DeviceType dev = test_device("dev");
+  OpTime gelu = model.node_time(g, g.node(2), dev, Precision::F32, {});
+  EXPECT_DOUBLE_EQ(gelu.forward, 2.0e-5);
+  EXPECT_DOUBLE_EQ(gelu.backward, 5.0e-5);
+  OpTime mm = model.node_time(g, g.node(3), dev, Precision::F32, {});
+  EXPECT_DOUBLE_EQ(mm.forward, 1.0e-4);
+  EXPECT_TRUE(mm.contraction);  // the report flag still comes from the analytic model
+  OpTime tanh = model.node_time(g, g.node(4), dev, Precision::F32, {});
+  EXPECT_EQ(tanh, analytic.node_time(g, g.node(4), dev, Precision::F32, {}));
+
+  EXPECT_EQ(model.provenance(g, g.node(0)), Provenance::Measured);
+  EXPECT_EQ(model.provenance(g, g.node(4)), Provenance::Analytic);
+  ProfileCoverage cov = model.coverage(g);
+  EXPECT_EQ(cov.nodes_measured, 4);
+  EXPECT_EQ(cov.nodes_analytic, 1);
+  ProfileCoverage calls = model.calls();
+  EXPECT_EQ(calls.node_calls_measured, 2);
+  EXPECT_EQ(calls.node_calls_analytic, 1);
+  model.reset_calls();
+  EXPECT_EQ(model.calls(), ProfileCoverage{});
+}
+
+TEST(ProfiledCost, ContextScalesTheMeasurementByTheAnalyticRatio) {
+  ir::Graph g = two_layer_graph();
+  ProfiledCostModel model(hand_profile(g));
+  AnalyticCostModel analytic;
+  DeviceType dev = test_device("dev");
+  NodeContext ctx{.batch_scale = 4.0, .shards = 2, .split = TensorSplit::All};
+  OpTime base = analytic.node_time(g, g.node(0), dev, Precision::F32, {});
+  OpTime scaled = analytic.node_time(g, g.node(0), dev, Precision::F32, ctx);
+  OpTime t = model.node_time(g, g.node(0), dev, Precision::F32, ctx);
+  EXPECT_NEAR(t.forward, 2.0e-5 * scaled.forward / base.forward, 1e-15);
+  EXPECT_NEAR(t.backward, 5.0e-5 * scaled.backward / base.backward, 1e-15);
+  EXPECT_NEAR(t.forward, 2.0e-5 * 2.0, 1e-12);  // gelu is memory-bound: x4 batch / 2 shards
+}
+
+TEST(ProfiledCost, CollectivesUseTheFitWhenKindAndGroupSizeWereMeasured) {
+  ir::Graph g = two_layer_graph();
+  ProfiledCostModel model(hand_profile(g));
+  Cluster c = flat_cluster(4);
+  std::vector<int> pair = {0, 1};
+  std::vector<int> four = {0, 1, 2, 3};
+  EXPECT_NEAR(model.collective_time(c, CollectiveKind::AllReduce, pair, 1 << 20, Algorithm::Auto),
+              1.0e-4 + 2.0e-9 * (1 << 20), 1e-15);
+  EXPECT_EQ(model.collective_provenance(CollectiveKind::AllReduce, 2), Provenance::Measured);
+  // Another group size, another kind: the analytic alpha-beta model on the cluster.
+  EXPECT_DOUBLE_EQ(model.collective_time(c, CollectiveKind::AllReduce, four, 1 << 20, Algorithm::Auto),
+                   cost::collective_time(c, CollectiveKind::AllReduce, four, 1 << 20));
+  EXPECT_DOUBLE_EQ(model.collective_time(c, CollectiveKind::AllGather, pair, 1 << 20, Algorithm::Auto),
+                   cost::collective_time(c, CollectiveKind::AllGather, pair, 1 << 20));
+  EXPECT_EQ(model.collective_provenance(CollectiveKind::AllGather, 2), Provenance::Analytic);
+  EXPECT_EQ(model.collective_time(c, CollectiveKind::AllReduce, pair, 0, Algorithm::Auto), 0.0);
+  ProfileCoverage calls = model.calls();
+  EXPECT_EQ(calls.collective_calls_measured, 2);
+  EXPECT_EQ(calls.collective_calls_analytic, 2);
+}
+
+TEST(ProfiledCost, JsonRoundTrip) {
+  ir::Graph g = two_layer_graph();
+  Profile p = hand_profile(g);
+  Profile back = profile_from_json_string(profile_to_json_string(p, 2));
+  EXPECT_EQ(back, p);
+  EXPECT_EQ(back.skipped.at(node_signature(g, g.node(4))), "not rebuilt");
+  // Optional parts may be left out of a hand-written file.
+  Profile minimal = profile_from_json_string(R"({"device": "cpu", "ops": {}})");
+  EXPECT_EQ(minimal.device, "cpu");
+  EXPECT_TRUE(minimal.collectives.empty());
+}
+
+TEST(ProfiledCost, BadProfilesAreClearErrors) {
+  EXPECT_NE(error_of<support::ValidationError>([] {
+              profile_from_json_string(R"({"device": "cpu", "ops": {"x": {"forward": -1, "backward": 0}}})");
+            }).find("forward"),
+            std::string::npos);
+  EXPECT_NE(error_of<support::ValidationError>([] {
+              profile_from_json_string(
+                  R"({"device": "cpu", "ops": {}, "collectives": {"all_reduce": {"2": {"alpha": 0, "beta": -1}}}})");
+            }).find("collectives.all_reduce.2.beta"),
+            std::string::npos);
+  EXPECT_NE(error_of<support::ValidationError>([] {
+              profile_from_json_string(R"({"device": "cpu", "ops": {}, "collectives": {"all_sum": {}}})");
+            }).find("all_sum"),
+            std::string::npos);
+  EXPECT_NE(error_of<support::ParseError>([] {
+              profile_from_json_string(R"({"device": "cpu", "ops": {}, "colectives": {}})");
+            }).find("colectives"),
+            std::string::npos);
+  EXPECT_NE(error_of<support::ParseError>([] { profile_from_json_string("{"); }).find("malformed"),
+            std::string::npos);
+  Profile p;
+  p.ops["x"] = {1.0, std::nan("")};
+  EXPECT_THROW(ProfiledCostModel{p}, support::ValidationError);
+}
+
+}  // namespace
+}  // namespace shardwise::cost

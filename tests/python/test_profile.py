@@ -1,0 +1,166 @@
+"""Profiled mode: measuring a captured graph's ops on this device and a live Gloo group's
+collectives, and costing plans with the measurements (python/shardwise/profile.py,
+csrc/cost/profiled_cost.h)."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+import torch
+
+import shardwise
+from shardwise import _C
+from shardwise.models import TinyGPT
+from shardwise.profile import _fit_alpha_beta, measure_collectives
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    model = TinyGPT()
+    idx = torch.randint(0, model.cfg.vocab, (2, model.cfg.seq))
+    graph = shardwise.capture(model, (idx, idx))
+    t0 = time.perf_counter()
+    prof = shardwise.profile(graph, budget_s=20, repeats=3, progress=False)
+    return graph, prof, time.perf_counter() - t0
+
+
+def test_most_nodes_are_measured_with_positive_times(tiny):
+    graph, prof, seconds = tiny
+    cov = prof.coverage(graph)
+    total = cov["nodes_measured"] + cov["nodes_analytic"]
+    assert total == graph.num_nodes()
+    assert cov["nodes_measured"] / total > 0.8, (cov, prof.skipped)
+    assert prof.ops and all(t["forward"] > 0 and t["backward"] >= 0 for t in prof.ops.values())
+    # Differentiable contractions have a real backward.
+    linears = [t for sig, t in prof.ops.items() if sig.startswith("aten::linear(")]
+    assert linears and all(t["backward"] > 0 for t in linears)
+    assert seconds < 60
+    assert prof.device == "cpu"
+
+
+def test_repeated_blocks_share_one_measurement(tiny):
+    graph, prof, _ = tiny
+    sigs = _C.node_signatures(graph._core)
+    counts = Counter(sigs)
+    layers = TinyGPT().cfg.layers
+    # Each block's layer norm / linear / attention appears once per layer under one key.
+    ln = [s for s in counts if s.startswith("aten::layer_norm(")]
+    assert any(counts[s] >= layers for s in ln)
+    assert len(prof.ops) + len(prof.skipped) == len(counts) < graph.num_nodes()
+    prov = prof.provenance(graph)
+    for sig, p in zip(sigs, prov):
+        assert p == ("measured" if sig in prof.ops else "analytic")
+
+
+def test_json_round_trip(tiny, tmp_path):
+    _, prof, _ = tiny
+    back = shardwise.Profile.from_json(prof.to_json())
+    assert back == prof
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert shardwise.Profile.load(path) == prof
+    doc = json.loads(prof.to_json())
+    doc["ops"][next(iter(doc["ops"]))]["forward"] = -1.0
+    with pytest.raises(shardwise.ValidationError, match="forward"):
+        shardwise.Profile.from_json(json.dumps(doc))
+
+
+def test_profiled_plan_differs_from_analytic(tiny):
+    graph, prof, _ = tiny
+    cluster = shardwise.Cluster.preset("cpu", nodes=1)
+    kw = dict(global_batch=4, micro_batch=2, precision="f32")
+    analytic = shardwise.Plan.manual(graph, cluster, **kw)
+    profiled = shardwise.Plan.manual(graph, cluster, profile=prof, **kw)
+    t = profiled.predicted_step_time()
+    assert math.isfinite(t) and t > 0
+    assert t != pytest.approx(analytic.predicted_step_time(), rel=1e-6)
+    assert analytic.cost_coverage() is None
+    cov = profiled.cost_coverage()
+    assert cov["nodes_measured"] > 0 and cov["node_calls_measured"] > 0
+    # Same plan either way: only the predictions differ.
+    assert profiled.hash() == analytic.hash()
+    # cost_model= is the same parameter.
+    same = shardwise.Plan.manual(graph, cluster, cost_model=prof, **kw)
+    assert same.predicted_step_time() == pytest.approx(t)
+
+
+def test_unmeasured_ops_stay_analytic_with_a_reason():
+    graph = shardwise.Graph.from_text(
+        "graph(%x: f32[b4,8]) {\n"
+        "  %y: f32[b4,8] = aten::relu(%x)\n"
+        "  %z: f32[b4,8] = aten::some_op_that_does_not_exist(%y)\n"
+        "  return (%z)\n"
+        "}\n")
+    prof = shardwise.profile(graph, budget_s=5, repeats=2, progress=False)
+    assert prof.provenance(graph) == ["measured", "analytic"]
+    (reason,) = prof.skipped.values()
+    assert "has no some_op_that_does_not_exist" in reason
+
+
+def test_zero_budget_leaves_everything_analytic(tiny):
+    graph, _, _ = tiny
+    prof = shardwise.profile(graph, budget_s=0, progress=False)
+    assert not prof.ops
+    assert all("budget" in why for why in prof.skipped.values())
+
+
+def test_alpha_beta_fit_is_constrained():
+    alpha, beta = _fit_alpha_beta([1000, 2000, 4000], [1e-5 + 1e-9 * x for x in (1000, 2000, 4000)])
+    assert alpha == pytest.approx(1e-5) and beta == pytest.approx(1e-9)
+    alpha, beta = _fit_alpha_beta([1000, 2000], [2e-6, 1e-6])  # noisy, decreasing: a constant
+    assert beta == 0 and alpha == pytest.approx(1.5e-6)
+    alpha, beta = _fit_alpha_beta([1000, 2000], [0.0, 3e-6])  # negative intercept: through 0
+    assert alpha == 0 and beta > 0
+
+
+# ---- collectives of a live 2-process Gloo group -------------------------------------------
+
+
+def _gloo_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=20))
+    try:
+        measured = measure_collectives(sizes=(4 << 10, 64 << 10, 1 << 20), repeats=3,
+                                       kinds=("all_reduce", "all_gather", "broadcast", "reduce_scatter"))
+        if rank == 0:
+            with open(out_path, "w") as f:
+                json.dump(measured, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gloo_collectives_fit_alpha_beta(tmp_path):
+    import torch.multiprocessing as mp
+
+    store, out = str(tmp_path / "store"), str(tmp_path / "out.json")
+    ctx = mp.spawn(_gloo_worker, args=(2, store, out), nprocs=2, join=False)
+    deadline = time.monotonic() + 90
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail("Gloo workers did not finish in 90 s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    with open(out) as f:
+        measured = json.load(f)
+    fit = measured["collectives"]["all_reduce"]["2"]
+    assert fit["beta"] > 0 and fit["alpha"] >= 0
+    for kind, reason in measured["skipped"].items():  # unsupported by Gloo: said, not fatal
+        assert kind.startswith("collective:") and reason
+    doc = {"device": "cpu", "ops": {}, "collectives": measured["collectives"], "skipped": measured["skipped"]}
+    prof = shardwise.Profile.from_json(json.dumps(doc))
+    cluster = shardwise.Cluster.preset("cpu", nodes=2)
+    seconds, provenance = prof.collective_time(cluster, "all_reduce", [0, 1], 1 << 20)
+    assert provenance == "measured"
+    assert seconds == pytest.approx(fit["alpha"] + fit["beta"] * (1 << 20))
+    _, provenance = prof.collective_time(cluster, "all_to_all", [0, 1], 1 << 20)
+    assert provenance == "analytic"
