@@ -10,6 +10,7 @@
 #include "ir/graph.h"
 #include "plan/plan.h"
 #include "python/bindings.h"
+#include "python/plan_result.h"
 
 namespace py = pybind11;
 
@@ -24,25 +25,7 @@ void bind_plan(py::module_& m) {
       "evaluate_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text) {
         plan::Plan p = plan::plan_from_json_string(text);
-        cost::AnalyticCostModel model;
-        cost::PlanCost c;
-        {
-          py::gil_scoped_release release;
-          c = cost::evaluate(graph, cluster, p, model);
-        }
-        py::dict out;
-        out["plan"] = plan::plan_to_json_string(cost::with_prediction(p, c));
-        out["step_time"] = c.step_time;
-        out["tflops_per_device"] = c.tflops_per_device;
-        out["memory_per_rank"] = c.memory_per_rank;
-        out["memory_breakdown"] = c.memory_breakdown;
-        out["breakdown"] = c.breakdown();
-        out["model_flops"] = c.model_flops;
-        out["layers"] = c.layers;
-        out["tensor_parallel_pairs_per_layer"] = c.tensor_parallel_pairs_per_layer;
-        out["micro_batches"] = c.micro_batches;
-        out["bubble_fraction"] = c.bubble_fraction;
-        return out;
+        return evaluate_plan_to_python(graph, cluster, p, cost::AnalyticCostModel{});
       },
       py::arg("graph"), py::arg("cluster"), py::arg("plan_json"));
 }

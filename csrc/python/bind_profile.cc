@@ -12,6 +12,7 @@
 #include "ir/graph.h"
 #include "plan/plan.h"
 #include "python/bindings.h"
+#include "python/plan_result.h"
 
 namespace py = pybind11;
 
@@ -81,24 +82,8 @@ void bind_profile(py::module_& m) {
          const std::string& profile_text) {
         plan::Plan p = plan::plan_from_json_string(text);
         cost::ProfiledCostModel model(cost::profile_from_json_string(profile_text));
-        cost::PlanCost c;
-        {
-          py::gil_scoped_release release;
-          c = cost::evaluate(graph, cluster, p, model);
-        }
-        // The same keys as evaluate_plan (bind_plan.cc), plus where the numbers came from.
-        py::dict out;
-        out["plan"] = plan::plan_to_json_string(cost::with_prediction(p, c));
-        out["step_time"] = c.step_time;
-        out["tflops_per_device"] = c.tflops_per_device;
-        out["memory_per_rank"] = c.memory_per_rank;
-        out["memory_breakdown"] = c.memory_breakdown;
-        out["breakdown"] = c.breakdown();
-        out["model_flops"] = c.model_flops;
-        out["layers"] = c.layers;
-        out["tensor_parallel_pairs_per_layer"] = c.tensor_parallel_pairs_per_layer;
-        out["micro_batches"] = c.micro_batches;
-        out["bubble_fraction"] = c.bubble_fraction;
+        // The keys of evaluate_plan, plus where the numbers came from.
+        py::dict out = evaluate_plan_to_python(graph, cluster, p, model);
         cost::ProfileCoverage coverage = model.coverage(graph);
         cost::ProfileCoverage calls = model.calls();
         coverage.node_calls_measured = calls.node_calls_measured;

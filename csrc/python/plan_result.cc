@@ -1,0 +1,33 @@
+#include "python/plan_result.h"
+
+#include <pybind11/stl.h>
+
+#include "cost/plan_cost.h"
+
+namespace py = pybind11;
+
+namespace shardwise::python {
+
+py::dict evaluate_plan_to_python(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
+                                 const cost::CostModel& model) {
+  cost::PlanCost c;
+  {
+    py::gil_scoped_release release;  // pure C++ from here; planners may run threads
+    c = cost::evaluate(graph, cluster, plan, model);
+  }
+  py::dict out;
+  out["plan"] = plan::plan_to_json_string(cost::with_prediction(plan, c));
+  out["step_time"] = c.step_time;
+  out["tflops_per_device"] = c.tflops_per_device;
+  out["memory_per_rank"] = c.memory_per_rank;
+  out["memory_breakdown"] = c.memory_breakdown;
+  out["breakdown"] = c.breakdown();
+  out["model_flops"] = c.model_flops;
+  out["layers"] = c.layers;
+  out["tensor_parallel_pairs_per_layer"] = c.tensor_parallel_pairs_per_layer;
+  out["micro_batches"] = c.micro_batches;
+  out["bubble_fraction"] = c.bubble_fraction;
+  return out;
+}
+
+}  // namespace shardwise::python
