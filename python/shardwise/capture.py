@@ -72,13 +72,14 @@ def _bind_inputs(model: torch.nn.Module, example_inputs: Any, example_kwargs: di
     else:
         args, kwargs = tuple(example_inputs), {}
     kwargs.update(example_kwargs or {})
+    signature = inspect.signature(model.forward)
     try:
-        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
     except TypeError as e:
         raise CaptureError(f"example inputs do not match {type(model).__name__}.forward: {e}") from None
     named = {}
     for name, value in bound.arguments.items():
-        kind = inspect.signature(model.forward).parameters[name].kind
+        kind = signature.parameters[name].kind
         if kind is inspect.Parameter.VAR_POSITIONAL:
             named.update({f"{name}_{i}": v for i, v in enumerate(value)})
         elif kind is inspect.Parameter.VAR_KEYWORD:
