@@ -1,0 +1,270 @@
+#include "schedule/schedules.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "support/error.h"
+
+namespace shardwise::schedule {
+namespace {
+
+void check_shape(const char* name, int ranks, int micro_batches) {
+  if (ranks < 1) throw support::ValidationError(fmt::format("{}: ranks must be >= 1, got {}", name, ranks));
+  if (micro_batches < 1) {
+    throw support::ValidationError(fmt::format("{}: micro_batches must be >= 1, got {}", name, micro_batches));
+  }
+}
+
+// Turns per-rank compute orders into full action lists: a Recv right before each
+// compute whose input comes from another rank, a Send right after each compute whose
+// output goes to another rank, and an OptimizerStep at the end.
+PipelineSchedule with_communication(int ranks, int micro_batches, int virtual_stages,
+                                    const std::vector<std::vector<Action>>& compute) {
+  PipelineSchedule s{ranks, micro_batches, virtual_stages, {}};
+  const int last = s.total_stages() - 1;
+  s.per_rank.resize(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    auto& out = s.per_rank[static_cast<std::size_t>(r)];
+    for (const Action& a : compute[static_cast<std::size_t>(r)]) {
+      const int g = a.stage;
+      const int i = a.micro_batch;
+      if (a.kind == ActionKind::Forward) {
+        if (g > 0 && s.rank_of_stage(g - 1) != r) out.push_back({ActionKind::RecvActivation, g, i, s.rank_of_stage(g - 1)});
+        out.push_back(a);
+        if (g < last && s.rank_of_stage(g + 1) != r) out.push_back({ActionKind::SendActivation, g, i, s.rank_of_stage(g + 1)});
+      } else {
+        if (g < last && s.rank_of_stage(g + 1) != r) out.push_back({ActionKind::RecvGradient, g, i, s.rank_of_stage(g + 1)});
+        out.push_back(a);
+        if (g > 0 && s.rank_of_stage(g - 1) != r) out.push_back({ActionKind::SendGradient, g, i, s.rank_of_stage(g - 1)});
+      }
+    }
+    out.push_back(Action::optimizer_step());
+  }
+  return s;
+}
+
+// 1F1B over groups of k micro-batches; k = 1 is plain 1F1B.
+std::vector<Action> grouped_1f1b_order(int ranks, int micro_batches, int rank, int k) {
+  const int groups = (micro_batches + k - 1) / k;
+  auto group = [&](int gi, ActionKind kind, std::vector<Action>& out) {
+    for (int i = gi * k; i < std::min(micro_batches, (gi + 1) * k); ++i) out.push_back({kind, rank, i, -1});
+  };
+  std::vector<Action> out;
+  const int warmup = std::min(ranks - 1 - rank, groups);
+  for (int gi = 0; gi < warmup; ++gi) group(gi, ActionKind::Forward, out);
+  for (int gi = 0; gi < groups - warmup; ++gi) {
+    group(warmup + gi, ActionKind::Forward, out);
+    group(gi, ActionKind::Backward, out);
+  }
+  for (int gi = groups - warmup; gi < groups; ++gi) group(gi, ActionKind::Backward, out);
+  return out;
+}
+
+}  // namespace
+
+PipelineSchedule gpipe(int ranks, int micro_batches) {
+  check_shape("gpipe", ranks, micro_batches);
+  std::vector<std::vector<Action>> compute(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    for (int i = 0; i < micro_batches; ++i) compute[static_cast<std::size_t>(r)].push_back(Action::forward(r, i));
+    for (int i = 0; i < micro_batches; ++i) compute[static_cast<std::size_t>(r)].push_back(Action::backward(r, i));
+  }
+  return with_communication(ranks, micro_batches, 1, compute);
+}
+
+PipelineSchedule kfkb(int ranks, int micro_batches, int k) {
+  check_shape("kfkb", ranks, micro_batches);
+  if (k < 1) throw support::ValidationError(fmt::format("kfkb: k must be >= 1, got {}", k));
+  std::vector<std::vector<Action>> compute;
+  for (int r = 0; r < ranks; ++r) compute.push_back(grouped_1f1b_order(ranks, micro_batches, r, k));
+  return with_communication(ranks, micro_batches, 1, compute);
+}
+
+PipelineSchedule one_f_one_b(int ranks, int micro_batches) {
+  check_shape("one_f_one_b", ranks, micro_batches);
+  return kfkb(ranks, micro_batches, 1);
+}
+
+PipelineSchedule interleaved_1f1b(int ranks, int micro_batches, int virtual_stages) {
+  check_shape("interleaved_1f1b", ranks, micro_batches);
+  if (virtual_stages < 1) {
+    throw support::ValidationError(fmt::format("interleaved_1f1b: virtual_stages must be >= 1, got {}", virtual_stages));
+  }
+  if (micro_batches % ranks != 0) {
+    throw support::ValidationError(fmt::format(
+        "interleaved_1f1b: micro_batches ({}) must be a multiple of ranks ({})", micro_batches, ranks));
+  }
+  const int p = ranks;
+  const int v = virtual_stages;
+  const int steps = micro_batches * v;  // forward (and backward) micro-steps per rank
+  std::vector<std::vector<Action>> compute(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    // Megatron's mapping of micro-step k to (chunk, micro-batch): rounds of p
+    // micro-batches walk through the chunks, forward ascending, backward descending.
+    auto mb = [&](int k) { return (k / (p * v)) * p + k % p; };
+    auto fwd = [&](int k) { return Action::forward(((k / p) % v) * p + r, mb(k)); };
+    auto bwd = [&](int k) { return Action::backward((v - 1 - (k / p) % v) * p + r, mb(k)); };
+    const int warmup = v == 1 ? std::min(p - r - 1, steps) : std::min((p - r - 1) * 2 + (v - 1) * p, steps);
+    auto& out = compute[static_cast<std::size_t>(r)];
+    for (int k = 0; k < warmup; ++k) out.push_back(fwd(k));
+    for (int k = 0; k < steps - warmup; ++k) {
+      out.push_back(fwd(warmup + k));
+      out.push_back(bwd(k));
+    }
+    for (int k = steps - warmup; k < steps; ++k) out.push_back(bwd(k));
+  }
+  return with_communication(p, micro_batches, v, compute);
+}
+
+int peak_in_flight(const std::vector<Action>& rank_actions) {
+  int now = 0;
+  int peak = 0;
+  for (const Action& a : rank_actions) {
+    if (a.kind == ActionKind::Forward) peak = std::max(peak, ++now);
+    if (a.kind == ActionKind::Backward) --now;
+  }
+  return peak;
+}
+
+void validate(const PipelineSchedule& s) {
+  if (s.ranks < 1 || s.micro_batches < 1 || s.virtual_stages < 1) {
+    throw support::ValidationError(fmt::format("schedule: ranks ({}), micro_batches ({}) and virtual_stages ({}) must be >= 1",
+                                               s.ranks, s.micro_batches, s.virtual_stages));
+  }
+  if (static_cast<int>(s.per_rank.size()) != s.ranks) {
+    throw support::ValidationError(
+        fmt::format("schedule: {} action lists for {} ranks", s.per_rank.size(), s.ranks));
+  }
+  const int stages = s.total_stages();
+  const int m = s.micro_batches;
+  auto fail = [](int r, const Action& a, const std::string& why) {
+    throw support::ValidationError(fmt::format("rank {}: {}: {}", r, to_string(a), why));
+  };
+
+  // Pass 1: every action is well-formed and owned by its rank.
+  for (int r = 0; r < s.ranks; ++r) {
+    for (const Action& a : s.per_rank[static_cast<std::size_t>(r)]) {
+      if (a.kind == ActionKind::OptimizerStep || a.kind == ActionKind::GradSync) continue;
+      if (a.stage < 0 || a.stage >= stages) fail(r, a, fmt::format("stage out of range [0, {})", stages));
+      if (a.micro_batch < 0 || a.micro_batch >= m) fail(r, a, fmt::format("micro-batch out of range [0, {})", m));
+      if (s.rank_of_stage(a.stage) != r) fail(r, a, fmt::format("stage {} lives on rank {}", a.stage, s.rank_of_stage(a.stage)));
+      if (a.is_compute()) continue;
+      const bool toward_next = a.kind == ActionKind::SendActivation || a.kind == ActionKind::RecvGradient;
+      const int neighbour = toward_next ? a.stage + 1 : a.stage - 1;
+      if (neighbour < 0 || neighbour >= stages) fail(r, a, "no neighbouring stage on that side");
+      if (a.peer != s.rank_of_stage(neighbour) || a.peer == r) {
+        fail(r, a, fmt::format("peer must be rank {} (owner of stage {}) and not this rank", s.rank_of_stage(neighbour), neighbour));
+      }
+    }
+  }
+
+  // Pass 2: sends and receives pair up one to one. A message is keyed by
+  // (is-gradient, producing stage, micro-batch).
+  using Key = std::tuple<bool, int, int>;
+  std::map<Key, std::pair<int, Action>> sends;
+  std::map<Key, std::pair<int, Action>> recvs;
+  for (int r = 0; r < s.ranks; ++r) {
+    for (const Action& a : s.per_rank[static_cast<std::size_t>(r)]) {
+      if (a.is_send()) {
+        const Key key{a.kind == ActionKind::SendGradient, a.stage, a.micro_batch};
+        if (!sends.emplace(key, std::pair{r, a}).second) fail(r, a, "sent twice");
+      } else if (a.is_recv()) {
+        const bool grad = a.kind == ActionKind::RecvGradient;
+        const Key key{grad, grad ? a.stage + 1 : a.stage - 1, a.micro_batch};
+        if (!recvs.emplace(key, std::pair{r, a}).second) fail(r, a, "received twice");
+      }
+    }
+  }
+  for (const auto& [key, ra] : sends) {
+    if (!recvs.contains(key)) fail(ra.first, ra.second, fmt::format("no matching receive on rank {}", ra.second.peer));
+  }
+  for (const auto& [key, ra] : recvs) {
+    if (!sends.contains(key)) fail(ra.first, ra.second, fmt::format("no matching send on rank {}", ra.second.peer));
+  }
+
+  // Pass 3: each forward and backward exactly once.
+  const auto cells = static_cast<std::size_t>(stages) * static_cast<std::size_t>(m);
+  auto cell = [m](int g, int i) { return static_cast<std::size_t>(g) * static_cast<std::size_t>(m) + static_cast<std::size_t>(i); };
+  std::vector<int> fwd_count(cells, 0), bwd_count(cells, 0);
+  for (const auto& list : s.per_rank) {
+    for (const Action& a : list) {
+      if (a.kind == ActionKind::Forward) ++fwd_count[cell(a.stage, a.micro_batch)];
+      if (a.kind == ActionKind::Backward) ++bwd_count[cell(a.stage, a.micro_batch)];
+    }
+  }
+  for (int g = 0; g < stages; ++g) {
+    for (int i = 0; i < m; ++i) {
+      for (const auto& [counts, what] : {std::pair{&fwd_count, "forward"}, std::pair{&bwd_count, "backward"}}) {
+        const int n = (*counts)[cell(g, i)];
+        if (n != 1) {
+          throw support::ValidationError(fmt::format("rank {}: {} of micro-batch {} at stage {} runs {} times (expected once)",
+                                                     s.rank_of_stage(g), what, i, g, n));
+        }
+      }
+    }
+  }
+
+  // Pass 4: abstract execution. Only receives block; every other unmet dependency is
+  // an ordering error within one rank's list.
+  std::vector<char> fwd_done(cells, 0), bwd_done(cells, 0), act_sent(cells, 0), grad_sent(cells, 0), act_in(cells, 0),
+      grad_in(cells, 0);
+  std::vector<std::size_t> pc(static_cast<std::size_t>(s.ranks), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < s.ranks; ++r) {
+      const auto& list = s.per_rank[static_cast<std::size_t>(r)];
+      auto& at = pc[static_cast<std::size_t>(r)];
+      for (; at < list.size(); ++at) {
+        const Action& a = list[at];
+        const int g = a.stage;
+        const int i = a.micro_batch;
+        bool blocked = false;
+        switch (a.kind) {
+          case ActionKind::Forward:
+            if (g > 0 && !(s.rank_of_stage(g - 1) == r ? fwd_done[cell(g - 1, i)] : act_in[cell(g, i)])) {
+              fail(r, a, fmt::format("runs before its input (forward of stage {} or its receive) is available", g - 1));
+            }
+            fwd_done[cell(g, i)] = 1;
+            break;
+          case ActionKind::Backward:
+            if (!fwd_done[cell(g, i)]) fail(r, a, "runs before its forward");
+            if (g + 1 < stages && !(s.rank_of_stage(g + 1) == r ? bwd_done[cell(g + 1, i)] : grad_in[cell(g, i)])) {
+              fail(r, a, fmt::format("runs before its output gradient (backward of stage {} or its receive) is available", g + 1));
+            }
+            bwd_done[cell(g, i)] = 1;
+            break;
+          case ActionKind::SendActivation:
+            if (!fwd_done[cell(g, i)]) fail(r, a, "sends an activation before its forward ran");
+            act_sent[cell(g, i)] = 1;
+            break;
+          case ActionKind::SendGradient:
+            if (!bwd_done[cell(g, i)]) fail(r, a, "sends a gradient before its backward ran");
+            grad_sent[cell(g, i)] = 1;
+            break;
+          case ActionKind::RecvActivation:
+            blocked = !act_sent[cell(g - 1, i)];
+            if (!blocked) act_in[cell(g, i)] = 1;
+            break;
+          case ActionKind::RecvGradient:
+            blocked = !grad_sent[cell(g + 1, i)];
+            if (!blocked) grad_in[cell(g, i)] = 1;
+            break;
+          case ActionKind::OptimizerStep:
+          case ActionKind::GradSync: break;
+        }
+        if (blocked) break;
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < s.ranks; ++r) {
+    const auto& list = s.per_rank[static_cast<std::size_t>(r)];
+    const auto at = pc[static_cast<std::size_t>(r)];
+    if (at < list.size()) fail(r, list[at], "deadlock: waits for a send that can never be issued");
+  }
+}
+
+}  // namespace shardwise::schedule

@@ -1,0 +1,62 @@
+// Generators of the classic pipeline schedules as per-rank action lists, and a
+// validator that any schedule (generated or hand-written) must pass before the
+// executor or the simulator touch it.
+//
+// Placement: with p ranks and v chunks per rank there are p*v virtual stages; virtual
+// stage g = c*p + r is chunk c of rank r, i.e. rank_of_stage(g) = g % p. With v = 1
+// this is the plain "stage s on rank s" layout; with v > 1 it is Megatron's round-robin
+// layout, so every hop g -> g+1 crosses ranks (when p > 1).
+//
+// Communication: the generators put a Recv right before the compute that consumes it
+// and a Send right after the compute that produced it, whenever the neighbouring stage
+// lives on another rank. Sends are asynchronous (see simulator.h); receives block.
+// Every rank ends with one OptimizerStep.
+//
+// Compute orders (rank r, p ranks, m micro-batches):
+//   gpipe(p, m):            F0..F(m-1), then B0..B(m-1). Peak in-flight = m.
+//   one_f_one_b(p, m):      DAPPLE / PipeDream-flush: warm-up min(p-1-r, m) forwards,
+//                           then alternate F, B (steady state), then the remaining B
+//                           (cool-down). Peak in-flight on rank r = min(p - r, m).
+//   interleaved_1f1b(p,m,v): Megatron-LM's interleaved schedule. Requires m % p == 0
+//                           (Megatron's own restriction: micro-batches are issued in
+//                           rounds of p per chunk, so a partial round would leave a
+//                           chunk waiting on micro-batches that never come). Warm-up
+//                           of (p-r-1)*2 + (v-1)*p forward micro-steps, then 1F1B.
+//   kfkb(p, m, k):          Ada-Grouper: micro-batches in groups of k (the last group
+//                           may be smaller), 1F1B over groups: warm-up min(p-1-r, G)
+//                           groups of k forwards, steady state k forwards then k
+//                           backwards, cool-down. kfkb(p, m, 1) == one_f_one_b(p, m).
+//                           Larger k hides more communication (k transfers overlap k
+//                           computes) at the cost of k times the activation memory.
+//
+// Example: one_f_one_b(2, 3), rank 0:
+//   F0@s0 SA0@s0->r1 F1@s0 SA1@s0->r1 RG0@s0<-r1 B0@s0 F2@s0 SA2@s0->r1
+//   RG1@s0<-r1 B1@s0 RG2@s0<-r1 B2@s0 OPT
+#pragma once
+
+#include "schedule/action.h"
+
+namespace shardwise::schedule {
+
+PipelineSchedule gpipe(int ranks, int micro_batches);
+PipelineSchedule one_f_one_b(int ranks, int micro_batches);
+PipelineSchedule interleaved_1f1b(int ranks, int micro_batches, int virtual_stages);
+PipelineSchedule kfkb(int ranks, int micro_batches, int k);
+
+// Checks, by abstract execution of the per-rank lists (no timing):
+//   - every action names a stage of its own rank and in-range micro-batch / peer;
+//   - every (stage, micro-batch) has exactly one Forward and one Backward;
+//   - dependencies hold: F(g, i) after F(g-1, i), B(g, i) after F(g, i) and after
+//     B(g+1, i) -- on the same rank earlier in its list, or via a matching Recv;
+//     a Send comes after the compute that produced its payload;
+//   - every Send has exactly one matching Recv and vice versa;
+//   - the lists cannot deadlock (blocking receives, asynchronous sends).
+// Throws support::ValidationError naming the rank and the action at fault.
+void validate(const PipelineSchedule& schedule);
+
+// Largest number of stashed forward activations ((stage, micro-batch) pairs whose
+// forward ran on this rank but whose backward has not) over the rank's list.
+// With v = 1 that is the number of micro-batches in flight.
+int peak_in_flight(const std::vector<Action>& rank_actions);
+
+}  // namespace shardwise::schedule

@@ -1,0 +1,101 @@
+#include "schedule/schedules.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "support/error.h"
+
+namespace shardwise::schedule {
+namespace {
+
+template <typename F>
+std::string validation_error_of(F&& f) {
+  try {
+    f();
+  } catch (const support::ValidationError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(ActionTest, TextForm) {
+  EXPECT_EQ(to_string(Action::forward(1, 3)), "F3@s1");
+  EXPECT_EQ(to_string(Action::backward(0, 0)), "B0@s0");
+  EXPECT_EQ(to_string(Action{ActionKind::SendActivation, 1, 2, 1}), "SA2@s1->r1");
+  EXPECT_EQ(to_string(Action{ActionKind::RecvGradient, 0, 2, 1}), "RG2@s0<-r1");
+  EXPECT_EQ(to_string(Action::optimizer_step()), "OPT");
+  EXPECT_EQ(Action::forward(1, 3), Action::forward(1, 3));
+  EXPECT_NE(Action::forward(1, 3), Action::backward(1, 3));
+}
+
+TEST(SchedulesTest, OneFOneBRankZeroMatchesHeaderExample) {
+  EXPECT_EQ(to_string(one_f_one_b(2, 3).per_rank[0]),
+            "F0@s0 SA0@s0->r1 F1@s0 SA1@s0->r1 RG0@s0<-r1 B0@s0 F2@s0 SA2@s0->r1 RG1@s0<-r1 B1@s0 RG2@s0<-r1 B2@s0 OPT");
+  EXPECT_EQ(to_string(gpipe(2, 1).per_rank[0]), "F0@s0 SA0@s0->r1 RG0@s0<-r1 B0@s0 OPT");
+}
+
+TEST(SchedulesTest, AllGeneratorsValidate) {
+  for (int p : {1, 2, 4, 8}) {
+    for (int m : {1, 3, 8, 32}) {
+      EXPECT_NO_THROW(validate(gpipe(p, m))) << p << " " << m;
+      EXPECT_NO_THROW(validate(one_f_one_b(p, m))) << p << " " << m;
+      for (int k : {1, 2, 3, 5}) EXPECT_NO_THROW(validate(kfkb(p, m, k))) << p << " " << m << " " << k;
+      if (m % p == 0) {
+        for (int v : {1, 2, 3, 4}) EXPECT_NO_THROW(validate(interleaved_1f1b(p, m, v))) << p << " " << m << " " << v;
+      }
+    }
+  }
+}
+
+TEST(SchedulesTest, KfkbWithKOneIsOneFOneB) {
+  for (int p : {1, 2, 4, 8}) {
+    for (int m : {1, 5, 8, 32}) {
+      EXPECT_EQ(kfkb(p, m, 1).per_rank, one_f_one_b(p, m).per_rank) << p << " " << m;
+    }
+  }
+}
+
+TEST(SchedulesTest, PeakInFlight) {
+  const int p = 4;
+  const int m = 8;
+  EXPECT_EQ(peak_in_flight(one_f_one_b(p, m).per_rank[0]), p);
+  EXPECT_EQ(peak_in_flight(one_f_one_b(p, m).per_rank[3]), 1);
+  EXPECT_EQ(peak_in_flight(gpipe(p, m).per_rank[0]), m);
+  for (int k : {2, 3, 4}) EXPECT_GE(peak_in_flight(kfkb(p, m, k).per_rank[0]), k) << k;
+  EXPECT_EQ(peak_in_flight(kfkb(p, m, 2).per_rank[0]), 2 * p);
+}
+
+TEST(SchedulesTest, InterleavedNeedsWholeRounds) {
+  EXPECT_EQ(validation_error_of([] { interleaved_1f1b(4, 6, 2); }),
+            "interleaved_1f1b: micro_batches (6) must be a multiple of ranks (4)");
+}
+
+TEST(ValidateTest, RejectsMissingBackward) {
+  auto s = gpipe(2, 2);
+  auto& r0 = s.per_rank[0];
+  std::erase(r0, Action::backward(0, 1));
+  EXPECT_EQ(validation_error_of([&] { validate(s); }),
+            "rank 0: backward of micro-batch 1 at stage 0 runs 0 times (expected once)");
+}
+
+TEST(ValidateTest, RejectsUnmatchedSend) {
+  auto s = gpipe(2, 2);
+  std::erase(s.per_rank[1], Action{ActionKind::RecvActivation, 1, 0, 0});
+  EXPECT_EQ(validation_error_of([&] { validate(s); }), "rank 0: SA0@s0->r1: no matching receive on rank 1");
+}
+
+TEST(ValidateTest, RejectsOutOfOrderAndDeadlock) {
+  auto s = gpipe(2, 1);
+  std::swap(s.per_rank[0][0], s.per_rank[0][1]);  // send before forward
+  EXPECT_EQ(validation_error_of([&] { validate(s); }),
+            "rank 0: SA0@s0->r1: sends an activation before its forward ran");
+  auto d = gpipe(2, 1);
+  // Rank 0 waits for the gradient before sending the activation: neither side moves.
+  std::swap(d.per_rank[0][1], d.per_rank[0][2]);
+  EXPECT_EQ(validation_error_of([&] { validate(d); }),
+            "rank 0: RG0@s0<-r1: deadlock: waits for a send that can never be issued");
+}
+
+}  // namespace
+}  // namespace shardwise::schedule
