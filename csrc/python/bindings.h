@@ -14,5 +14,6 @@ void bind_models(pybind11::module_& m);
 void bind_plan(pybind11::module_& m);
 void bind_profile(pybind11::module_& m);
 void bind_torchscript(pybind11::module_& m);
+void bind_schedule(pybind11::module_& m);
 
 }  // namespace shardwise::python

@@ -13,4 +13,5 @@ PYBIND11_MODULE(_C, m) {
   shardwise::python::bind_plan(m);
   shardwise::python::bind_profile(m);
   shardwise::python::bind_torchscript(m);
+  shardwise::python::bind_schedule(m);
 }

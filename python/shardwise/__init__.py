@@ -9,10 +9,11 @@ from .cluster import Cluster
 from .graph import Graph, RepeatedBlocks, UnknownOp
 from .plan import Plan
 from .profile import Profile, profile
+from .simulate import simulate
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "capture", "Cluster", "Graph", "Plan", "Profile", "profile", "RepeatedBlocks", "UnknownOp",
+    "capture", "Cluster", "Graph", "Plan", "Profile", "profile", "RepeatedBlocks", "simulate", "UnknownOp",
     "ShardwiseError", "ParseError", "ValidationError", "CaptureError",
 ]

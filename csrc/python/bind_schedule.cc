@@ -1,0 +1,82 @@
+// Python face of the pipeline schedules and the simulator (csrc/schedule):
+// shardwise._C.simulate_schedule(...) -> _C.Simulation, wrapped by
+// python/shardwise/simulate.py as shardwise.simulate. Pictures come back as strings.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "python/bindings.h"
+#include "schedule/chrome_trace.h"
+#include "schedule/schedules.h"
+#include "schedule/simulator.h"
+#include "schedule/timeline_svg.h"
+#include "support/error.h"
+
+namespace py = pybind11;
+
+namespace shardwise::python {
+namespace {
+
+struct Simulation {
+  schedule::PipelineSchedule schedule;
+  schedule::SimulationResult result;
+};
+
+schedule::PipelineSchedule make_schedule(const std::string& name, int stages, int micro_batches, int virtual_stages,
+                                         int k) {
+  if (name == "1f1b") return schedule::one_f_one_b(stages, micro_batches);
+  if (name == "gpipe") return schedule::gpipe(stages, micro_batches);
+  if (name == "interleaved-1f1b") return schedule::interleaved_1f1b(stages, micro_batches, virtual_stages);
+  if (name == "kfkb") return schedule::kfkb(stages, micro_batches, k);
+  throw support::ValidationError("simulate: unknown schedule '" + name +
+                                 "' (expected 1f1b, gpipe, interleaved-1f1b or kfkb)");
+}
+
+// forward / backward are a whole pipeline stage's seconds; with v virtual stages each
+// chunk takes 1/v of them (the same model split finer).
+Simulation simulate_schedule(const std::string& name, int stages, int micro_batches, int virtual_stages, int k,
+                             double forward, double backward, double comm, double optimizer_step) {
+  Simulation s;
+  s.schedule = make_schedule(name, stages, micro_batches, virtual_stages, k);
+  const int v = s.schedule.virtual_stages;
+  schedule::SimulationCosts costs;
+  costs.forward.assign(static_cast<std::size_t>(s.schedule.total_stages()), forward / v);
+  costs.backward.assign(static_cast<std::size_t>(s.schedule.total_stages()), backward / v);
+  if (comm > 0.0) costs.transfer = schedule::constant_transfer(comm);
+  costs.optimizer_step = optimizer_step;
+  s.result = schedule::simulate(s.schedule, costs);
+  return s;
+}
+
+}  // namespace
+
+void bind_schedule(py::module_& m) {
+  py::class_<Simulation>(m, "Simulation")
+      .def_property_readonly("step_time", [](const Simulation& s) { return s.result.step_time; })
+      .def_property_readonly("bubble_fraction", [](const Simulation& s) { return s.result.bubble_fraction; })
+      .def_property_readonly("bubble_overhead", [](const Simulation& s) { return s.result.bubble_overhead; })
+      .def_property_readonly("peak_in_flight", [](const Simulation& s) { return s.result.peak_in_flight; })
+      .def_property_readonly("busy", [](const Simulation& s) { return s.result.busy; })
+      .def_property_readonly("ranks", [](const Simulation& s) { return s.schedule.ranks; })
+      .def_property_readonly("trace_event_count",
+                             [](const Simulation& s) { return schedule::chrome_trace_event_count(s.result); })
+      .def(
+          "timeline_svg",
+          [](const Simulation& s, const std::string& title, double width) {
+            schedule::TimelineSvgOptions o;
+            o.title = title;
+            o.width = width;
+            return schedule::timeline_svg(s.result, s.schedule, o);
+          },
+          py::arg("title") = "", py::arg("width") = 1000.0)
+      .def("chrome_trace", [](const Simulation& s) { return schedule::chrome_trace(s.result, s.schedule); })
+      .def("actions", [](const Simulation& s, int rank) {
+        return schedule::to_string(s.schedule.per_rank.at(static_cast<std::size_t>(rank)));
+      });
+  m.def("simulate_schedule", &simulate_schedule, py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"),
+        py::arg("virtual_stages") = 1, py::arg("k") = 1, py::arg("forward") = 1.0, py::arg("backward") = 2.0,
+        py::arg("comm") = 0.0, py::arg("optimizer_step") = 0.0);
+}
+
+}  // namespace shardwise::python

@@ -1,0 +1,91 @@
+"""shardwise.simulate: cost a pipeline schedule with the discrete-event simulator.
+
+Example::
+
+    sim = shardwise.simulate("1f1b", stages=4, micro_batches=8)
+    sim.step_time            # 33.0 (forward 1 s, backward 2 s per stage, free network)
+    sim.bubble_fraction      # 3 / 11
+    sim.peak_in_flight       # [4, 3, 2, 1]
+    sim.timeline_svg("1f1b.svg")    # one row per rank, GPipe / 1F1B paper style
+    sim.chrome_trace("1f1b.json")   # open in https://ui.perfetto.dev
+
+`forward` / `backward` are the seconds of one micro-batch through one pipeline stage;
+with `virtual_stages` v each of a rank's v chunks takes 1/v of them. `comm` is the
+seconds of every point-to-point transfer (0 = free network).
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Union
+
+from . import _C
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "kfkb")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class Simulation:
+    """Result of :func:`simulate`: figures of one simulated training step and its pictures."""
+
+    def __init__(self, sim: "_C.Simulation", schedule: str) -> None:
+        self._sim = sim
+        self.schedule = schedule
+
+    @property
+    def step_time(self) -> float:
+        return self._sim.step_time
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self._sim.bubble_fraction
+
+    @property
+    def bubble_overhead(self) -> float:
+        return self._sim.bubble_overhead
+
+    @property
+    def peak_in_flight(self) -> List[int]:
+        return list(self._sim.peak_in_flight)
+
+    @property
+    def ranks(self) -> int:
+        return self._sim.ranks
+
+    @property
+    def trace_event_count(self) -> int:
+        """Number of "X" events :meth:`chrome_trace` writes (every non-idle interval)."""
+        return self._sim.trace_event_count
+
+    def actions(self, rank: int) -> str:
+        """The rank's action list as text, e.g. ``"F0@s0 SA0@s0->r1 ..."``."""
+        return self._sim.actions(rank)
+
+    def timeline_svg(self, path: PathLike, title: str = "", width: float = 1000.0) -> str:
+        """Writes the timeline as SVG to `path`; returns the SVG text."""
+        text = self._sim.timeline_svg(title, width)
+        with open(os.fspath(path), "w", encoding="utf-8") as f:
+            f.write(text)
+        return text
+
+    def chrome_trace(self, path: PathLike) -> str:
+        """Writes the timeline as Chrome trace JSON to `path`; returns the JSON text."""
+        text = self._sim.chrome_trace()
+        with open(os.fspath(path), "w", encoding="utf-8") as f:
+            f.write(text)
+        return text
+
+    def __repr__(self) -> str:
+        return (f"Simulation({self.schedule!r}, ranks={self.ranks}, step_time={self.step_time:.4g}, "
+                f"bubble_fraction={self.bubble_fraction:.4f})")
+
+
+def simulate(schedule: str = "1f1b", stages: int = 4, micro_batches: int = 8, virtual_stages: int = 1, k: int = 1,
+             forward: float = 1.0, backward: float = 2.0, comm: float = 0.0,
+             optimizer_step: float = 0.0) -> Simulation:
+    """Simulates one step of `schedule` ("1f1b", "gpipe", "interleaved-1f1b" or "kfkb")."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    sim = _C.simulate_schedule(schedule, stages, micro_batches, virtual_stages, k, forward, backward, comm,
+                               optimizer_step)
+    return Simulation(sim, schedule)
