@@ -25,6 +25,7 @@ from shardwise._torchscript import (
     import_torchscript_debug,
     trace,
 )
+from shardwise.capture import _tensor_leaves  # the flattening capture itself applies to outputs
 
 transformers = pytest.importorskip("transformers")
 
@@ -99,19 +100,9 @@ def check_common(g: Imported, model: nn.Module, inputs: tuple, input_names: list
         seen.update(n["outputs"])
 
 
-def eager_tensors(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in eager_tensors(v)]
-    if isinstance(out, (list, tuple)):
-        return [t for v in out for t in eager_tensors(v)]
-    return []
-
-
 def check_outputs(g: Imported, model: nn.Module, inputs: tuple) -> None:
     with torch.no_grad():
-        expected = eager_tensors(model(*inputs))
+        expected = _tensor_leaves(model(*inputs))
     assert [g.shape(o) for o in g.doc["outputs"]] == [list(t.shape) for t in expected]
 
 
