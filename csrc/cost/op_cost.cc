@@ -50,9 +50,14 @@ bool scales_with_batch(const ir::Value& value) {
 
 // Elements of a value on one rank under the context: scaled by the batch, divided by the
 // tensor-parallel degree when the split covers it.
-double local_elements(const ir::Value& value, const NodeContext& context, bool is_output) {
+// `operand`: the value's position among the node's inputs then outputs (for
+// NodeContext::operand_shards).
+double local_elements(const ir::Value& value, const NodeContext& context, bool is_output, std::size_t operand) {
   double elements = static_cast<double>(value.type.numel());
   if (scales_with_batch(value)) elements *= context.batch_scale;
+  if (!context.operand_shards.empty()) {
+    return operand < context.operand_shards.size() ? elements / context.operand_shards[operand] : elements;
+  }
   bool split = false;
   switch (context.split) {
     case TensorSplit::None: break;
@@ -67,14 +72,15 @@ double local_elements(const ir::Value& value, const NodeContext& context, bool i
   return split ? elements / context.shards : elements;
 }
 
-double local_bytes(const ir::Value& value, const NodeContext& context, bool is_output) {
-  return local_elements(value, context, is_output) * ir::dtype_bytes(value.type.dtype);
+double local_bytes(const ir::Value& value, const NodeContext& context, bool is_output, std::size_t operand) {
+  return local_elements(value, context, is_output, operand) * ir::dtype_bytes(value.type.dtype);
 }
 
 // Work scales with the batch when the output does and divides by t under any split.
 double work_scale(const ir::Graph& graph, const ir::Node& node, const NodeContext& context) {
   double scale = 1.0;
   if (!node.outputs.empty() && scales_with_batch(graph.value(node.outputs[0]))) scale = context.batch_scale;
+  if (!context.operand_shards.empty()) return scale / context.work_shards;
   if (context.split != TensorSplit::None) scale /= context.shards;
   return scale;
 }
@@ -96,7 +102,9 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   if (kind == ops::FlopsKind::Zero) {
     if (is_alias(graph, node)) return time;
     double bytes = 0;
-    for (ir::ValueId out : node.outputs) bytes += 2.0 * local_bytes(graph.value(out), context, true);
+    for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+      bytes += 2.0 * local_bytes(graph.value(node.outputs[o]), context, true, node.inputs.size() + o);
+    }
     time.forward = bytes / bandwidth;
     time.backward = constants_.memory_backward_factor * time.forward;
     return time;
@@ -108,8 +116,12 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
     double scale = work_scale(graph, node, context);
     double matmul = static_cast<double>(flops.matmul) * scale;
     double elements = 0;
-    for (ir::ValueId in : node.inputs) elements += local_elements(graph.value(in), context, false);
-    for (ir::ValueId out : node.outputs) elements += local_elements(graph.value(out), context, true);
+    for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+      elements += local_elements(graph.value(node.inputs[i]), context, false, i);
+    }
+    for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+      elements += local_elements(graph.value(node.outputs[o]), context, true, node.inputs.size() + o);
+    }
     double intensity = elements > 0 ? matmul / (2.0 * elements) : 0.0;
     double efficiency = matmul_efficiency(constants_, intensity);
     time.forward = matmul / (device.peak_flops.at(precision) * efficiency);
@@ -130,15 +142,17 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   // pointwise op's output is fused with it (Megatron's bias-GeLU, torch.compile): that input
   // stays in registers, so only the chain's first inputs and each output cross HBM.
   double bytes = 0;
-  for (ir::ValueId in : node.inputs) {
-    const ir::Value& value = graph.value(in);
+  for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+    const ir::Value& value = graph.value(node.inputs[i]);
     if (kind == ops::FlopsKind::PerOutputElement && value.producer.has_value()) {
       const ops::OpSpec* from = ops::OpTable::builtin().find(graph.node(*value.producer).op);
       if (from != nullptr && from->flops.kind == ops::FlopsKind::PerOutputElement) continue;
     }
-    bytes += local_bytes(value, context, false);
+    bytes += local_bytes(value, context, false, i);
   }
-  for (ir::ValueId out : node.outputs) bytes += local_bytes(graph.value(out), context, true);
+  for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+    bytes += local_bytes(graph.value(node.outputs[o]), context, true, node.inputs.size() + o);
+  }
   time.forward = bytes / bandwidth;
   time.backward = constants_.memory_backward_factor * time.forward;
   return time;

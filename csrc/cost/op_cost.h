@@ -46,6 +46,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "cost/cluster.h"
 #include "cost/collective_cost.h"
@@ -60,6 +61,11 @@ struct NodeContext {
   double batch_scale = 1.0;  // multiplies every tensor that has a batch dimension
   int shards = 1;            // tensor-parallel degree the split divides by
   TensorSplit split = TensorSplit::None;
+  // The SPMD search's general split (search/spmd_builder.h): when non-empty it replaces
+  // shards/split: one divisor per operand, the node's inputs then its outputs (1 = whole on
+  // every rank), and the node's FLOPs divide by work_shards.
+  std::vector<double> operand_shards;
+  double work_shards = 1;
 };
 
 struct OpTime {

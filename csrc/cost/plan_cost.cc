@@ -128,7 +128,10 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
   for (ir::NodeId id : nodes) {
     const ir::Node& node = graph.node(id);
     auto it = split.find(id);
-    NodeContext context{batch_scale, t, it == split.end() || t == 1 ? TensorSplit::None : it->second};
+    NodeContext context;
+    context.batch_scale = batch_scale;
+    context.shards = t;
+    context.split = it == split.end() || t == 1 ? TensorSplit::None : it->second;
     OpTime time = model.node_time(graph, node, device, precision, context);
     out.forward += time.forward;
     out.backward += time.backward;

@@ -228,7 +228,8 @@ OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   // Scale the measurement to the plan's context by the analytic model's own ratio (see the
   // header): the profile fixes the level, the analytic model how it moves with batch and
   // shards. A default context skips the second evaluation and returns the measurement.
-  const bool unscaled = context.batch_scale == 1.0 && (context.shards == 1 || context.split == TensorSplit::None);
+  const bool unscaled = context.batch_scale == 1.0 && context.operand_shards.empty() &&
+                        (context.shards == 1 || context.split == TensorSplit::None);
   OpTime out = analytic;
   out.forward = it->second.forward;
   out.backward = it->second.backward;

@@ -12,7 +12,11 @@
 //            rank with a partial result of every output, combined by `reduction`
 //            (DTensor's Partial(sum) for a matmul, Partial(avg) for a mean, ...).
 //   Whole    the op needs the index entire (softmax's dim, layer norm's normalised dims,
-//            convolution windows, the cat dim): it must not be split.
+//            convolution windows, the cat dim): it must not be split as it is. A Whole index
+//            that a normalisation reduces over has `statistics` > 0: how many per-row
+//            statistics (softmax: max and sum) the op combines when the index is split, so
+//            the search may split it and all-reduce those (search/strategy.h); 0 = the index
+//            cannot be split at all.
 //
 // DimIndices lists the indices of one tensor dimension, major to minor. An empty list is a
 // size-1 dimension tied to no index (a broadcast operand, a keepdim reduction, a view that
@@ -48,6 +52,10 @@ struct Index {
   std::int64_t size = 1;
   IndexKind kind = IndexKind::Spatial;
   Reduction reduction = Reduction::Sum;  // meaningful for Reduced indices only
+  // A Whole index that a normalisation reduces over: how many per-row statistics (softmax:
+  // max and sum) the op combines when the index is split; 0 = the index cannot be split at
+  // all. Not part of str(): the op table's rule text says it.
+  int statistics = 0;
 
   friend bool operator==(const Index&, const Index&) = default;
 };

@@ -241,10 +241,11 @@ const OpTable& OpTable::builtin() {
         {"aten::linalg_vector_norm", "reduce_whole(dim, keepdim=false)", PerInputElement, 2},
 
         // ---- ops that need one dim whole -------------------------------------------
-        {"aten::softmax.int", "whole(dim)", PerInputElement, 5},
-        {"aten::_softmax", "whole(dim)", PerInputElement, 5},
-        {"aten::log_softmax.int", "whole(dim)", PerInputElement, 5},
-        {"aten::_log_softmax", "whole(dim)", PerInputElement, 5},
+        // Softmax's dim may still be split: ranks combine 2 per-row statistics (max and sum).
+        {"aten::softmax.int", "whole(dim, 2)", PerInputElement, 5},
+        {"aten::_softmax", "whole(dim, 2)", PerInputElement, 5},
+        {"aten::log_softmax.int", "whole(dim, 2)", PerInputElement, 5},
+        {"aten::_log_softmax", "whole(dim, 2)", PerInputElement, 5},
         {"aten::cumsum", "whole(dim)", PerInputElement, 1},
         {"aten::cumprod", "whole(dim)", PerInputElement, 1},
         {"aten::cummax", "whole(dim)", PerInputElement, 1},
@@ -319,9 +320,11 @@ const OpTable& OpTable::builtin() {
         {"aten::index_put_", "index_put()", Zero, 0},
 
         // ---- normalisation --------------------------------------------------------------------
-        {"aten::layer_norm", "norm_last(normalized_shape)", PerInputElement, 5},
-        {"aten::native_layer_norm", "norm_last(normalized_shape)", PerInputElement, 5},
-        {"aten::rms_norm", "norm_last(normalized_shape)", PerInputElement, 4},
+        // Split normalised dims combine per-row statistics: layer norm mean and variance,
+        // rms norm the mean square.
+        {"aten::layer_norm", "norm_last(normalized_shape, 2)", PerInputElement, 5},
+        {"aten::native_layer_norm", "norm_last(normalized_shape, 2)", PerInputElement, 5},
+        {"aten::rms_norm", "norm_last(normalized_shape, 1)", PerInputElement, 4},
         {"aten::batch_norm", "batch_norm()", PerInputElement, 5},
         {"aten::native_batch_norm", "batch_norm()", PerInputElement, 5},
         {"aten::_native_batch_norm_legit_no_training", "batch_norm()", PerInputElement, 5},
@@ -331,10 +334,12 @@ const OpTable& OpTable::builtin() {
         {"aten::native_group_norm", "group_norm()", PerInputElement, 5},
 
         // ---- losses --------------------------------------------------------------------------
-        {"aten::cross_entropy_loss", "cross_entropy(reduction=1)", PerInputElement, 5},
-        {"aten::nll_loss", "cross_entropy(reduction=1)", PerInputElement, 1},
-        {"aten::nll_loss_nd", "cross_entropy(reduction=1)", PerInputElement, 1},
-        {"aten::nll_loss2d", "cross_entropy(reduction=1)", PerInputElement, 1},
+        // A split class dim combines per-row statistics: cross entropy's max, sum of
+        // exponentials and the target's logit; nll_loss's target value.
+        {"aten::cross_entropy_loss", "cross_entropy(reduction=1, 3)", PerInputElement, 5},
+        {"aten::nll_loss", "cross_entropy(reduction=1, 1)", PerInputElement, 1},
+        {"aten::nll_loss_nd", "cross_entropy(reduction=1, 1)", PerInputElement, 1},
+        {"aten::nll_loss2d", "cross_entropy(reduction=1, 1)", PerInputElement, 1},
         {"aten::mse_loss", "loss(reduction=1)", PerInputElement, 3},
         {"aten::l1_loss", "loss(reduction=1)", PerInputElement, 2},
         {"aten::smooth_l1_loss", "loss(reduction=1)", PerInputElement, 3},

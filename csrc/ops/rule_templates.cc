@@ -260,7 +260,16 @@ std::set<int> listed_dims(const Args& args, std::size_t p, int rank) {
   return out;
 }
 
-std::optional<DimRule> whole_impl(const Args& args, const RuleOperands& ops, bool resized) {
+// A `statistics` parameter (ops::Index::statistics): how many per-row statistics the op
+// combines across ranks when one of its Whole indices is split; 0 = not splittable. The
+// bound only catches typos in the table: no normalisation keeps dozens of values per row.
+int statistics_arg(const Args& args, std::size_t p) {
+  const auto n = args.integer(p);
+  if (n < 0 || n > 64) fail(fmt::format("statistics {} must be between 0 and 64", n));
+  return static_cast<int>(n);
+}
+
+std::optional<DimRule> whole_impl(const Args& args, const RuleOperands& ops, bool resized, int statistics) {
   const Shape& in = ops.input_shape(0);
   const int rank = static_cast<int>(in.size());
   const auto listed = listed_dims(args, 0, rank);
@@ -270,6 +279,7 @@ std::optional<DimRule> whole_impl(const Args& args, const RuleOperands& ops, boo
     const bool whole = listed.count(d) > 0;
     dims.push_back(
         {b.fresh(whole ? 'W' : 'd', in[static_cast<std::size_t>(d)], whole ? IndexKind::Whole : IndexKind::Spatial)});
+    if (whole) b.rule.indices.back().statistics = statistics;
   }
   // Other operands: the listed dims take the input's index when the sizes agree, an index
   // of their own otherwise; the rest broadcast.
@@ -294,8 +304,12 @@ std::optional<DimRule> whole_impl(const Args& args, const RuleOperands& ops, boo
   return std::move(b.rule);
 }
 
-std::optional<DimRule> whole(const Args& args, const RuleOperands& ops) { return whole_impl(args, ops, false); }
-std::optional<DimRule> whole_resized(const Args& args, const RuleOperands& ops) { return whole_impl(args, ops, true); }
+std::optional<DimRule> whole(const Args& args, const RuleOperands& ops) {
+  return whole_impl(args, ops, false, statistics_arg(args, 1));
+}
+std::optional<DimRule> whole_resized(const Args& args, const RuleOperands& ops) {
+  return whole_impl(args, ops, true, 0);
+}
 
 std::optional<DimRule> reduce_impl(const Args& args, const RuleOperands& ops, IndexKind kind, Reduction reduction) {
   const Shape& in = ops.input_shape(0);
@@ -908,14 +922,17 @@ std::optional<DimRule> window(const Args& args, const RuleOperands& ops) {
 // Normalisations: input 0's dims from `whole_from` on are Whole (normalised over); further
 // inputs (weight, bias, running stats) align with input 0 from the right, or with its
 // channel dim when `channel_params`; extra outputs (mean, rstd) align where they can.
+// `statistics` goes on every normalised (Whole) index of input 0.
 std::optional<DimRule> normalisation(const RuleOperands& ops, const std::vector<IndexKind>& leading_kinds,
-                                     std::size_t whole_from, bool channel_params, const std::vector<Shape>& inferred) {
+                                     std::size_t whole_from, bool channel_params, const std::vector<Shape>& inferred,
+                                     int statistics = 0) {
   const Shape& in = ops.input_shape(0);
   Builder b;
   OperandDims dims;
   for (std::size_t d = 0; d < in.size(); ++d) {
     const IndexKind kind = d < whole_from ? leading_kinds.at(d) : IndexKind::Whole;
     dims.push_back({b.fresh(kind == IndexKind::Whole ? 'W' : 'd', in[d], kind)});
+    if (kind == IndexKind::Whole) b.rule.indices.back().statistics = statistics;
   }
   b.rule.inputs.push_back(dims);
   for (std::size_t i = 1; i < ops.inputs.size(); ++i) {
@@ -960,7 +977,8 @@ std::optional<DimRule> norm_last(const Args& args, const RuleOperands& ops) {
   const std::size_t lead = in.size() - normalised;
   Shape stats(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(lead));
   stats.resize(in.size(), 1);
-  return normalisation(ops, std::vector<IndexKind>(lead, IndexKind::Spatial), lead, false, {in, stats, stats});
+  return normalisation(ops, std::vector<IndexKind>(lead, IndexKind::Spatial), lead, false, {in, stats, stats},
+                       statistics_arg(args, 1));
 }
 
 std::optional<DimRule> batch_norm(const Args&, const RuleOperands& ops) {
@@ -1060,6 +1078,7 @@ std::optional<DimRule> cross_entropy(const Args& args, const RuleOperands& ops) 
   for (std::size_t d = 0; d < in.size(); ++d) {
     if (d == class_at) {
       classes = b.add("C", in[d], IndexKind::Whole);
+      b.rule.indices.back().statistics = statistics_arg(args, 1);
       in_dims.push_back({classes});
       continue;
     }
@@ -1218,10 +1237,11 @@ const std::vector<TemplateDef>& definitions() {
     const AttrValue none{ir::NoneAttr{}};
     const auto reduce_params = std::vector<TemplateParam>{with_default("dim", none), with_default("keepdim", false)};
     const auto dim0 = with_default("dim", std::int64_t{0});
+    const auto statistics = with_default("statistics", std::int64_t{0});
     std::vector<TemplateDef> out = {
         {{"elementwise", {}}, elementwise, {1, kAny, 0, kAny}},
         {{"expand", {required("size")}}, expand, {1, 1, 1, 1}},
-        {{"whole", {required("dim")}}, whole, {1, kAny, 1, kAny}},
+        {{"whole", {required("dim"), statistics}}, whole, {1, kAny, 1, kAny}},
         {{"whole_resized", {with_default("dim", std::int64_t{-1})}}, whole_resized, {1, kAny, 1, kAny}},
         {{"reduce_sum", reduce_params}, reduce_sum, {1, 2, 1, kAny}},
         {{"reduce_mean", reduce_params}, reduce_mean, {1, 2, 1, kAny}},
@@ -1256,11 +1276,11 @@ const std::vector<TemplateDef>& definitions() {
         {{"index_put", {}}, index_put, {2, kAny, 1, 1}},
         {{"conv", {with_default("groups", std::int64_t{1}), with_default("transposed", false)}}, conv, {2, 3, 1, 1}},
         {{"window", {required("rank")}}, window, {1, 1, 1, kAny}},
-        {{"norm_last", {required("normalized_shape")}}, norm_last, {1, 3, 1, 3}},
+        {{"norm_last", {required("normalized_shape"), statistics}}, norm_last, {1, 3, 1, 3}},
         {{"batch_norm", {}}, batch_norm, {1, 5, 1, 3}},
         {{"group_norm", {}}, group_norm, {1, 3, 1, 3}},
         {{"attention", {with_default("enable_gqa", false)}}, attention, {3, 4, 1, kAny}},
-        {{"cross_entropy", {with_default("reduction", std::int64_t{1})}}, cross_entropy, {1, 3, 1, 1}},
+        {{"cross_entropy", {with_default("reduction", std::int64_t{1}), statistics}}, cross_entropy, {1, 3, 1, 1}},
         {{"loss", {with_default("reduction", std::int64_t{1})}}, loss, {1, 4, 1, 1}},
         {{"create", {with_default("size", none)}}, create, {0, kAny, 1, 1}},
         {{"arange", {required("end"), with_default("start", std::int64_t{0}), with_default("step", std::int64_t{1})}},

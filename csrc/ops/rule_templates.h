@@ -7,8 +7,10 @@
 //
 //   elementwise()                      n-ary numpy broadcasting; every output the broadcast shape
 //   expand(size)                       broadcast input 0 to `size` (-1 keeps a dim); new dims Spatial
-//   whole(dim)                         as elementwise, but the listed dims Whole (softmax, cumsum,
-//                                      flip, triu); outputs keep input 0's shape
+//   whole(dim, statistics[0])          as elementwise, but the listed dims Whole (softmax, cumsum,
+//                                      flip, triu); outputs keep input 0's shape. `statistics`
+//                                      (ops::Index::statistics) goes on the listed dims: softmax's
+//                                      2 (max and sum) make its dim splittable; 0 = never split
 //   whole_resized(dim[-1])             as whole, but outputs may resize the listed dims (diff, topk)
 //   reduce_sum(dim[none], keepdim[false])   listed dims (none or [] = all) Reduced(sum); also
 //   reduce_mean / reduce_max / reduce_min   Reduced(mean / max / min), and reduce_whole: the
@@ -37,16 +39,22 @@
 //                                      windows and kernel dims Whole
 //   window(rank)                       pooling over the last `rank` dims: those Whole, the rest
 //                                      Spatial
-//   norm_last(normalized_shape)        layer/rms norm: the last len(normalized_shape) dims Whole
+//   norm_last(normalized_shape, statistics[0])
+//                                      layer/rms norm: the last len(normalized_shape) dims Whole,
+//                                      with `statistics` (layer norm 2: mean and variance; rms
+//                                      norm 1: the mean square)
 //   batch_norm()                       [N, C, ...]: N and C Spatial (N with per-rank statistics,
 //                                      as DDP without SyncBatchNorm), the rest Whole
 //   group_norm()                       [N, C, ...]: N Spatial, the rest Whole
 //   attention(enable_gqa[false])       scaled dot-product attention, see below
-//   cross_entropy(reduction[1])        [N, C, d...] logits: C Whole; N and d... Spatial when
+//   cross_entropy(reduction[1], statistics[0])
+//                                      [N, C, d...] logits: C Whole; N and d... Spatial when
 //                                      reduction is none (0), else Reduced(mean (1) / sum (2)).
 //                                      Partial(mean) is exact for equal shards with no ignored
-//                                      targets; vocabulary-parallel loss (C split) needs its own
-//                                      rewrite, so C stays Whole, as the embedding's V does
+//                                      targets. C carries `statistics`: the per-row values a
+//                                      vocabulary-parallel loss combines across ranks (cross
+//                                      entropy 3: max, sum of exponentials, the target's logit;
+//                                      nll_loss 1: the target's value); 0 keeps C unsplittable
 //   loss(reduction[1])                 elementwise loss (mse, l1): broadcast dims Spatial or
 //                                      Reduced by the reduction, as cross_entropy
 //   create(size[none])                 no data inputs (full, zeros, new_ones): every output dim

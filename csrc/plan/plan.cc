@@ -2,6 +2,7 @@
 #include "plan/plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -25,6 +26,36 @@ constexpr std::array<std::pair<Schedule, std::string_view>, 4> kSchedules = {{
 }};
 
 constexpr std::array<std::string_view, 4> kPrecisions = {"f32", "tf32", "bf16", "f16"};
+
+// The sharded plan's invariants (plan.h): the mesh is {data, tensor}, the batch is one
+// micro-batch over it, and every entry has one placement or strategy per axis.
+void validate_sharding(const Plan& plan) {
+  const Sharding& s = *plan.sharding;
+  if (s.mesh.size() != 2 || s.mesh[0] != plan.data || s.mesh[1] != plan.tensor)
+    throw ValidationError(fmt::format("plan.sharding.mesh: [{}] must be [data {}, tensor {}]",
+                                      fmt::join(s.mesh, ", "), plan.data, plan.tensor));
+  if (plan.pipeline != 1)
+    throw ValidationError(fmt::format("plan.sharding: pipeline degree {} with a sharding (only 1 so far)",
+                                      plan.pipeline));
+  if (plan.micro_batch != plan.global_batch)
+    throw ValidationError(fmt::format("plan.sharding: micro_batch {} must equal global_batch {}", plan.micro_batch,
+                                      plan.global_batch));
+  if (s.axis_names.size() != s.mesh.size())
+    throw ValidationError(fmt::format("plan.sharding.axis_names: {} names for {} axes", s.axis_names.size(),
+                                      s.mesh.size()));
+  for (const auto& [name, per_axis] : s.placements)
+    if (per_axis.size() != s.mesh.size())
+      throw ValidationError(fmt::format("plan.sharding.placements['{}']: {} entries for {} mesh axes", name,
+                                        per_axis.size(), s.mesh.size()));
+  for (const auto& [name, per_axis] : s.strategies)
+    if (per_axis.size() != s.mesh.size())
+      throw ValidationError(fmt::format("plan.sharding.strategies['{}']: {} entries for {} mesh axes", name,
+                                        per_axis.size(), s.mesh.size()));
+  for (const auto& [name, axes] : s.zero)
+    for (int axis : axes)
+      if (axis < 0 || axis >= static_cast<int>(s.mesh.size()))
+        throw ValidationError(fmt::format("plan.sharding.zero['{}']: axis {} out of range", name, axis));
+}
 
 // Reads a required field of the expected JSON type, naming its path on error.
 template <typename T>
@@ -63,6 +94,7 @@ Recompute recompute_from_name(std::string_view name) {
 }
 
 std::int64_t Plan::num_micro_batches() const {
+  if (sharding.has_value()) return micro_batch > 0 ? global_batch / micro_batch : 0;
   std::int64_t per_step = micro_batch * data;
   return per_step > 0 ? global_batch / per_step : 0;
 }
@@ -77,7 +109,9 @@ void validate(const Plan& plan, std::optional<int> world_size) {
   if (plan.micro_batch < 1 || plan.global_batch < 1)
     throw ValidationError(fmt::format("plan: global_batch ({}) and micro_batch ({}) must be >= 1",
                                       plan.global_batch, plan.micro_batch));
-  if (plan.global_batch % (plan.micro_batch * plan.data) != 0)
+  if (plan.sharding.has_value()) {
+    validate_sharding(plan);
+  } else if (plan.global_batch % (plan.micro_batch * plan.data) != 0)
     throw ValidationError(fmt::format(
         "plan: global_batch {} is not divisible by micro_batch {} x data {} = {}", plan.global_batch,
         plan.micro_batch, plan.data, plan.micro_batch * plan.data));
@@ -106,7 +140,53 @@ void validate(const Plan& plan, std::optional<int> world_size) {
 
 namespace {
 
-json plan_decisions(const Plan& plan) {
+json sharding_to_json(const Sharding& sharding) {
+  return json{{"mesh", sharding.mesh},
+              {"axis_names", sharding.axis_names},
+              {"level", sharding.level},
+              {"placements", sharding.placements},
+              {"strategies", sharding.strategies},
+              {"zero", sharding.zero},
+              {"recompute", sharding.recompute}};
+}
+
+Sharding sharding_from_json(const json& in) {
+  if (!in.is_object()) throw ParseError("plan.sharding: expected an object");
+  static const std::set<std::string> known = {"mesh",       "axis_names", "level",    "placements",
+                                              "strategies", "zero",       "recompute"};
+  for (const auto& [key, value] : in.items())
+    if (!known.contains(key)) throw ParseError(fmt::format("plan.sharding.{}: unknown key", key));
+  Sharding out;
+  out.mesh = field<std::vector<int>>(in, "mesh");
+  out.axis_names = field<std::vector<std::string>>(in, "axis_names");
+  if (in.contains("level")) out.level = field<std::string>(in, "level");
+  out.placements = field<std::map<std::string, std::vector<std::string>>>(in, "placements");
+  if (in.contains("strategies"))
+    out.strategies = field<std::map<std::string, std::vector<std::string>>>(in, "strategies");
+  if (in.contains("zero")) out.zero = field<std::map<std::string, std::vector<int>>>(in, "zero");
+  if (in.contains("recompute")) out.recompute = field<bool>(in, "recompute");
+  return out;
+}
+
+json collective_to_json(const CollectiveRecord& c) {
+  return json{{"kind", c.kind},   {"value", c.value}, {"axis", c.axis},      {"phase", c.phase},
+              {"bytes", c.bytes}, {"count", c.count}, {"seconds", c.seconds}};
+}
+
+CollectiveRecord collective_from_json(const json& in) {
+  if (!in.is_object()) throw ParseError("plan.predicted.collectives: expected objects");
+  CollectiveRecord c;
+  c.kind = field<std::string>(in, "kind");
+  c.value = field<std::string>(in, "value");
+  c.axis = field<int>(in, "axis");
+  c.phase = field<std::string>(in, "phase");
+  c.bytes = field<double>(in, "bytes");
+  c.count = field<double>(in, "count");
+  c.seconds = field<double>(in, "seconds");
+  return c;
+}
+
+json plan_degrees(const Plan& plan) {
   return json{{"format", "shardwise.plan"},
               {"version", 1},
               {"data", plan.data},
@@ -123,6 +203,12 @@ json plan_decisions(const Plan& plan) {
               {"precision", plan.precision}};
 }
 
+json plan_decisions(const Plan& plan) {
+  json out = plan_degrees(plan);
+  if (plan.sharding.has_value()) out["sharding"] = sharding_to_json(*plan.sharding);
+  return out;
+}
+
 }  // namespace
 
 json plan_to_json(const Plan& plan) {
@@ -134,6 +220,11 @@ json plan_to_json(const Plan& plan) {
                             {"memory_per_rank", p.memory_per_rank},
                             {"breakdown", p.breakdown},
                             {"memory_breakdown", p.memory_breakdown}};
+    if (!p.collectives.empty()) {
+      json list = json::array();
+      for (const auto& c : p.collectives) list.push_back(collective_to_json(c));
+      out["predicted"]["collectives"] = std::move(list);
+    }
   }
   return out;
 }
@@ -143,7 +234,7 @@ Plan plan_from_json(const json& in) {
   static const std::set<std::string> known = {"format",      "version",    "data",           "tensor",
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
-                                              "layers_per_stage", "precision", "predicted"};
+                                              "layers_per_stage", "precision", "sharding", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
   if (in.contains("format") && field<std::string>(in, "format") != "shardwise.plan")
@@ -163,6 +254,7 @@ Plan plan_from_json(const json& in) {
   if (in.contains("zero_stage")) plan.zero_stage = field<int>(in, "zero_stage");
   if (in.contains("layers_per_stage")) plan.layers_per_stage = field<std::vector<int>>(in, "layers_per_stage");
   if (in.contains("precision")) plan.precision = field<std::string>(in, "precision");
+  if (in.contains("sharding")) plan.sharding = sharding_from_json(in.at("sharding"));
   if (in.contains("predicted")) {
     const json& p = in.at("predicted");
     if (!p.is_object()) throw ParseError("plan.predicted: expected an object");
@@ -173,6 +265,10 @@ Plan plan_from_json(const json& in) {
     if (p.contains("breakdown")) predicted.breakdown = field<std::map<std::string, double>>(p, "breakdown");
     if (p.contains("memory_breakdown"))
       predicted.memory_breakdown = field<std::map<std::string, double>>(p, "memory_breakdown");
+    if (p.contains("collectives")) {
+      if (!p.at("collectives").is_array()) throw ParseError("plan.predicted.collectives: expected an array");
+      for (const auto& c : p.at("collectives")) predicted.collectives.push_back(collective_from_json(c));
+    }
     plan.predicted = std::move(predicted);
   }
   validate(plan);

@@ -14,12 +14,19 @@
 //  - precision: "f32", "tf32", "bf16" or "f16" (cost::Precision names).
 //  - predicted: set by the evaluator (cost/plan_cost.h); not part of the hash, so costing a
 //    plan twice, or with another model, keeps its identity.
+//  - sharding: set by the SPMD search (search/spmd_search.h), see Sharding; part of the hash.
+//    With it, validate() requires mesh = {data, tensor}, pipeline 1, micro_batch =
+//    global_batch, and one placement per axis everywhere.
 //
 // JSON (plan_to_json writes exactly this; plan_from_json reads it back to an equal Plan):
 //   {"format": "shardwise.plan", "version": 1,
 //    "data": 8, "tensor": 8, "pipeline": 4, "global_batch": 1792, "micro_batch": 1,
 //    "schedule": "interleaved-1f1b", "virtual_stages": 2, "kfkb_k": 1,
 //    "recompute": "full", "zero_stage": 0, "layers_per_stage": [], "precision": "bf16",
+//    "sharding": {"mesh": [1, 8], "axis_names": ["data", "tensor"], "level": "fast",
+//                 "placements": {"h.0.attn.c_attn.weight": ["R", "S(1,g3)"], ...},
+//                 "strategies": {"addmm": ["replicate", "split n g3"], ...},
+//                 "zero": {}, "recompute": false},      (searched plans only)
 //    "predicted": {"step_time": 12.3, "tflops_per_device": 141.0, "memory_per_rank": 6.1e10,
 //                  "breakdown": {"compute": ...}, "memory_breakdown": {"parameters": ...}}}
 //
@@ -51,12 +58,52 @@ Schedule schedule_from_name(std::string_view name);
 std::string_view recompute_name(Recompute recompute);  // "none", "full"
 Recompute recompute_from_name(std::string_view name);
 
+// One collective of a searched plan's step, for reports (derived, so part of Predicted).
+struct CollectiveRecord {
+  std::string kind;    // cost::collective_kind_name: "all_reduce", "reduce_scatter", ...
+  std::string value;   // the value it moves (a gradient sync: the parameter's name)
+  int axis = 0;        // mesh axis
+  std::string phase;   // "forward", "backward" or "step" (gradient synchronisation)
+  double bytes = 0;    // per call, in collective_cost.h's units
+  double count = 1;    // calls per step (a repeated block's: the number of blocks)
+  double seconds = 0;  // predicted, per call
+
+  friend bool operator==(const CollectiveRecord&, const CollectiveRecord&) = default;
+};
+
+// The SPMD part of a searched plan (search/spmd_search.h): the device mesh, where every value
+// lives on it and how every node runs. Plans given by degrees alone have none.
+//  - mesh: axis sizes, outermost first, equal to {data, tensor} (rank layout as above:
+//    the last axis innermost); axis_names label them.
+//  - placements: every value of the graph (parameters, inputs, activations) by name, one
+//    placement text per axis (search/placement.h: "R", "S(1)", "S(2,g3)", "S(0)[0.6,0.4]",
+//    "P(sum)"); an activation's is its producer's output placement.
+//  - strategies: every node by its first output's name, one strategy text per axis
+//    ("replicate", "split k", "split n g3").
+//  - zero: per parameter name, the mesh axes over which its optimizer state and gradients
+//    are sharded while the weight stays replicated (ZeRO-2 on that axis); absent = none.
+//  - recompute: the repeated blocks are recomputed in backward.
+// A sharded plan runs its global batch as one micro-batch over the mesh: micro_batch =
+// global_batch, and the per-rank shares of the batch are in the inputs' placements.
+struct Sharding {
+  std::vector<int> mesh;
+  std::vector<std::string> axis_names;
+  std::string level;  // "fast" or "thorough": the search that produced it
+  std::map<std::string, std::vector<std::string>> placements;
+  std::map<std::string, std::vector<std::string>> strategies;
+  std::map<std::string, std::vector<int>> zero;
+  bool recompute = false;
+
+  friend bool operator==(const Sharding&, const Sharding&) = default;
+};
+
 struct Predicted {
   double step_time = 0;          // seconds per iteration (global batch)
   double tflops_per_device = 0;  // Megatron-LM's accounting, see cost/plan_cost.h
   double memory_per_rank = 0;    // bytes, the most loaded rank
   std::map<std::string, double> breakdown;         // seconds per part of the step
   std::map<std::string, double> memory_breakdown;  // bytes per part, the most loaded rank
+  std::vector<CollectiveRecord> collectives;       // searched plans: every collective of a step
 
   friend bool operator==(const Predicted&, const Predicted&) = default;
 };
@@ -74,10 +121,11 @@ struct Plan {
   int zero_stage = 0;  // 0-3
   std::vector<int> layers_per_stage;
   std::string precision = "bf16";
+  std::optional<Sharding> sharding;
   std::optional<Predicted> predicted;
 
   int world_size() const { return data * tensor * pipeline; }
-  // global_batch / (micro_batch x data); validate() first.
+  // global_batch / (micro_batch x data); validate() first. Sharded plans: 1.
   std::int64_t num_micro_batches() const;
 
   friend bool operator==(const Plan&, const Plan&) = default;

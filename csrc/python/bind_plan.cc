@@ -3,14 +3,19 @@
 // results come back as plain dicts. python/shardwise/plan.py wraps them as shardwise.Plan.
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "cost/op_cost.h"
 #include "cost/plan_cost.h"
 #include "ir/graph.h"
 #include "plan/plan.h"
+#include "search/plan_report.h"
+#include "search/spmd_search.h"
 #include "python/bindings.h"
 #include "python/plan_result.h"
+#include "support/error.h"
 
 namespace py = pybind11;
 
@@ -28,6 +33,76 @@ void bind_plan(py::module_& m) {
         return evaluate_plan_to_python(graph, cluster, p, cost::AnalyticCostModel{});
       },
       py::arg("graph"), py::arg("cluster"), py::arg("plan_json"));
+  m.def(
+      "search_plan",
+      [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
+         std::optional<std::vector<int>> mesh, double memory_fraction, const std::string& precision,
+         bool allow_recompute, bool allow_zero, std::optional<py::function> progress) {
+        search::SpmdSearchOptions options;
+        options.global_batch = global_batch;
+        options.level = search::search_level_from_name(level);
+        options.mesh = std::move(mesh);
+        options.memory_fraction = memory_fraction;
+        auto parsed = cost::parse_precision(precision);
+        if (!parsed) throw support::ValidationError("plan: unknown precision '" + precision + "' (known: f32, tf32, bf16, f16)");
+        options.precision = *parsed;
+        options.allow_recompute = allow_recompute;
+        options.allow_zero = allow_zero;
+        if (progress) {
+          options.progress = [fn = *progress](int done, int total) {
+            py::gil_scoped_acquire gil;
+            fn(done, total);
+          };
+        }
+        search::SpmdSearchResult r;
+        {
+          py::gil_scoped_release release;
+          r = search::search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);
+        }
+        double capacity = 0;
+        for (int rank = 0; rank < cluster.world_size(); ++rank) {
+          double bytes = static_cast<double>(cluster.device_of(rank).memory_bytes);
+          capacity = rank == 0 ? bytes : std::min(capacity, bytes);
+        }
+        py::list candidates;
+        for (const auto& c : r.candidates) {
+          py::dict d;
+          d["mesh"] = c.mesh;
+          d["recompute"] = c.recompute;
+          d["fits"] = c.fits;
+          d["step_time"] = c.step_time;
+          d["memory_per_rank"] = c.memory_per_rank;
+          candidates.append(d);
+        }
+        py::dict out;
+        out["plan"] = plan::plan_to_json_string(r.plan);
+        out["fits"] = r.fits;
+        out["candidates"] = candidates;
+        out["search_seconds"] = r.search_seconds;
+        out["memory_capacity"] = capacity * memory_fraction;
+        out["report"] = search::plan_report(r.plan, capacity * memory_fraction);
+        if (r.balance) {
+          py::dict b;
+          b["axis"] = r.balance->axis;
+          b["ranks"] = r.balance->ranks;
+          b["ratios"] = r.balance->ratios;
+          b["step_time"] = r.balance->step_time;
+          b["even_step_time"] = r.balance->even_step_time;
+          b["lp_step_time"] = r.balance->lp_step_time;
+          out["balance"] = b;
+        }
+        return out;
+      },
+      py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
+      py::arg("mesh") = py::none(), py::arg("memory_fraction") = 0.9, py::arg("precision") = "bf16",
+      py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
+      "The SPMD sharding search (csrc/search/spmd_search.h).");
+  m.def(
+      "plan_report",
+      [](const std::string& text, double capacity) {
+        return search::plan_report(plan::plan_from_json_string(text), capacity);
+      },
+      py::arg("plan_json"), py::arg("memory_capacity") = 0.0);
 }
 
 }  // namespace shardwise::python

@@ -60,6 +60,18 @@ class Plan:
         return cls(json.loads(result["plan"]), result)
 
     @classmethod
+    def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
+               memory_fraction: float = 0.9, precision: str = "bf16", recompute: bool = True, zero: bool = True,
+               progress=None) -> "Plan":
+        """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
+        activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
+        cluster's cost model. See ``shardwise.plan``."""
+        result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
+                                None if mesh is None else [int(x) for x in mesh], float(memory_fraction),
+                                str(precision), bool(recompute), bool(zero), progress)
+        return cls(json.loads(result["plan"]), result)
+
+    @classmethod
     def from_json(cls, text: str) -> "Plan":
         return cls(json.loads(_C.plan_normalise(text)))
 
@@ -82,6 +94,9 @@ class Plan:
 
     def __repr__(self) -> str:
         d = self._doc
+        if d.get("sharding"):
+            return (f"Plan(mesh={d['sharding']['mesh']}, level={d['sharding']['level']!r}, "
+                    f"global_batch={d['global_batch']}, recompute={d['sharding']['recompute']})")
         return (f"Plan(t={d['tensor']}, p={d['pipeline']}, d={d['data']}, global_batch={d['global_batch']}, "
                 f"micro_batch={d['micro_batch']}, schedule={d['schedule']!r}, v={d['virtual_stages']}, "
                 f"recompute={d['recompute']!r}, zero={d['zero_stage']})")
@@ -114,7 +129,64 @@ class Plan:
             return None
         return dict(self._result["coverage"])
 
+    # ---- searched plans ---------------------------------------------------------
+    @property
+    def fits(self) -> bool | None:
+        """Whether the searched plan fits in memory (None for plans not made by a search)."""
+        return None if self._result is None or "fits" not in self._result else bool(self._result["fits"])
+
+    def candidates(self) -> list[dict]:
+        """Every (mesh, recompute) candidate the search tried, with its step time and memory."""
+        return [] if self._result is None else [dict(c) for c in self._result.get("candidates", [])]
+
+    def balance(self) -> dict | None:
+        """Heterogeneous clusters: the uneven batch shares (axis, ranks, ratios) and the step
+        time with them, with equal shares and at the LP optimum. None when the batch is even."""
+        return None if self._result is None or "balance" not in self._result else dict(self._result["balance"])
+
+    def search_seconds(self) -> float | None:
+        return None if self._result is None else self._result.get("search_seconds")
+
+    def placements(self) -> dict[str, list[str]]:
+        """Value name -> placement per mesh axis ("R", "S(1)", "S(2,g3)", "P(sum)")."""
+        return {k: list(v) for k, v in (self._doc.get("sharding") or {}).get("placements", {}).items()}
+
+    def strategies(self) -> dict[str, list[str]]:
+        """Node (its first output's name) -> strategy per mesh axis ("split n g3", "replicate")."""
+        return {k: list(v) for k, v in (self._doc.get("sharding") or {}).get("strategies", {}).items()}
+
+    def collectives(self) -> list[dict]:
+        """Every collective of a step: kind, value, axis, phase, bytes, count, seconds."""
+        return [dict(c) for c in (self._doc.get("predicted") or {}).get("collectives", [])]
+
+    def report(self) -> str:
+        """The plan as text: mesh, predictions, parameter placements, collectives per step."""
+        if self._result is not None and "report" in self._result:
+            return self._result["report"]
+        return _C.plan_report(json.dumps(self._doc))
+
     def breakdown(self) -> dict:
         """Seconds per part of the step: compute, tensor_parallel, pipeline_p2p,
         pipeline_bubble, data_parallel (exposed), data_parallel_total, optimizer."""
         return dict(self._predicted()["breakdown"])
+
+
+def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
+         memory_fraction: float = 0.9, precision: str = "bf16", recompute: bool = True, zero: bool = True,
+         progress=None) -> Plan:
+    """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
+
+    ``level="fast"``: a beam dynamic programme per mesh axis; ``"thorough"``: an integer
+    programme (COIN-OR CBC) started from the fast answer, never worse under the cost model.
+    ``mesh``: fix the {data, tensor} mesh instead of searching every factorisation.
+    ``recompute`` / ``zero``: allow activation recomputation / sharded optimizer state.
+    ``progress(done, total)`` is called after each candidate. The graph must have been
+    captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
+
+        >>> g = shardwise.capture(model, (ids,))
+        >>> p = shardwise.plan(g, shardwise.Cluster.preset("dgx-a100"), global_batch=64)
+        >>> print(p.report())
+    """
+    return Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
+                       memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
+                       progress=progress)

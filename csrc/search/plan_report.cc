@@ -1,0 +1,116 @@
+#include "search/plan_report.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cctype>
+#include <map>
+#include <tuple>
+#include <vector>
+
+namespace shardwise::search {
+
+namespace {
+
+// "transformer.h.11.attn.c_attn.weight" -> "transformer.h.*.attn.c_attn.weight": numbered
+// siblings (the repeated blocks) collapse into one row. Names only, no model knowledge.
+std::string block_pattern(const std::string& name) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < name.size()) {
+    const bool at_start = i == 0 || name[i - 1] == '.';
+    std::size_t j = i;
+    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+    if (at_start && j > i && (j == name.size() || name[j] == '.')) {
+      out += '*';
+      i = j;
+    } else {
+      out += name[i++];
+    }
+  }
+  return out;
+}
+
+std::string bytes_text(double bytes) {
+  if (bytes >= 1e9) return fmt::format("{:.2f} GB", bytes / 1e9);
+  if (bytes >= 1e6) return fmt::format("{:.1f} MB", bytes / 1e6);
+  if (bytes >= 1e3) return fmt::format("{:.1f} kB", bytes / 1e3);
+  return fmt::format("{:.0f} B", bytes);
+}
+
+std::string seconds_text(double s) {
+  if (s >= 1) return fmt::format("{:.2f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+}  // namespace
+
+std::string plan_report(const plan::Plan& plan, double memory_capacity) {
+  std::string out;
+  if (plan.sharding) {
+    const plan::Sharding& s = *plan.sharding;
+    out += fmt::format("plan     mesh [{}] ({}), level {}, global batch {}, recompute {}\n", fmt::join(s.mesh, ", "),
+                       fmt::join(s.axis_names, " x "), s.level.empty() ? "manual" : s.level, plan.global_batch,
+                       s.recompute ? "yes" : "no");
+  } else {
+    out += fmt::format("plan     data {} x tensor {} x pipeline {}, global batch {}, micro-batch {}, schedule {}, "
+                       "recompute {}, ZeRO {}\n",
+                       plan.data, plan.tensor, plan.pipeline, plan.global_batch, plan.micro_batch,
+                       plan::schedule_name(plan.schedule), plan::recompute_name(plan.recompute), plan.zero_stage);
+  }
+  if (plan.predicted) {
+    const plan::Predicted& p = *plan.predicted;
+    out += fmt::format("predicted step {}, {:.1f} TFLOP/s per device, memory {} per rank{}\n",
+                       seconds_text(p.step_time), p.tflops_per_device, bytes_text(p.memory_per_rank),
+                       memory_capacity > 0 ? fmt::format(" (of {})", bytes_text(memory_capacity)) : "");
+    std::vector<std::string> parts;
+    for (const auto& [name, seconds] : p.breakdown) parts.push_back(fmt::format("{} {}", name, seconds_text(seconds)));
+    out += fmt::format("time     {}\n", fmt::join(parts, " | "));
+    parts.clear();
+    for (const auto& [name, bytes] : p.memory_breakdown) parts.push_back(fmt::format("{} {}", name, bytes_text(bytes)));
+    if (!parts.empty()) out += fmt::format("memory   {}\n", fmt::join(parts, " | "));
+  }
+  if (!plan.sharding) return out;
+
+  const plan::Sharding& s = *plan.sharding;
+  // Parameters: every leaf with a zero entry or a strategy-less name is a parameter or an
+  // input; the plan keeps no roles, so list the values no node produces (no strategy entry).
+  std::map<std::string, std::pair<int, std::string>> rows;  // pattern -> (count, placement text)
+  std::vector<std::string> order;
+  for (const auto& [name, placements] : s.placements) {
+    if (s.strategies.contains(name)) continue;
+    std::string text = fmt::format("[{}]", fmt::join(placements, ", "));
+    if (auto z = s.zero.find(name); z != s.zero.end()) text += fmt::format(" zero on axis {}", fmt::join(z->second, ","));
+    const std::string key = block_pattern(name) + "  " + text;
+    auto [it, added] = rows.try_emplace(key, 0, text);
+    it->second.first += 1;
+    if (added) order.push_back(key);
+  }
+  out += "parameters and inputs (placement per mesh axis; names that differ only in a block number are one row)\n";
+  for (const auto& key : order) {
+    const auto& [count, text] = rows.at(key);
+    const std::string pattern = key.substr(0, key.size() - text.size() - 2);
+    out += fmt::format("  {:<48} {:>4}  {}\n", pattern, count > 1 ? fmt::format("x{}", count) : "", text);
+  }
+  if (plan.predicted && !plan.predicted->collectives.empty()) {
+    // kind, axis, phase -> calls, bytes, seconds
+    std::map<std::tuple<std::string, int, std::string>, std::tuple<double, double, double>> groups;
+    for (const auto& c : plan.predicted->collectives) {
+      auto& [calls, bytes, seconds] = groups[{c.kind, c.axis, c.phase}];
+      calls += c.count;
+      bytes += c.count * c.bytes;
+      seconds += c.count * c.seconds;
+    }
+    out += "collectives per step (kind, mesh axis, phase: calls, bytes in all, seconds in all)\n";
+    for (const auto& [key, totals] : groups) {
+      const auto& [kind, axis, phase] = key;
+      const auto& [calls, bytes, seconds] = totals;
+      out += fmt::format("  {:<15} axis {}  {:<9} {:>6.0f} calls  {:>10}  {:>9}\n", kind, axis, phase, calls,
+                         bytes_text(bytes), seconds_text(seconds));
+    }
+  }
+  return out;
+}
+
+}  // namespace shardwise::search

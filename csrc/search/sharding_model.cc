@@ -1,0 +1,689 @@
+#include "search/sharding_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "analysis/flops.h"
+#include "analysis/repeated_blocks.h"
+#include "cost/collective_cost.h"
+#include "ops/node_rule.h"
+#include "ops/op_table.h"
+#include "search/resharding.h"
+#include "support/error.h"
+
+namespace shardwise::search {
+
+namespace {
+
+using support::ValidationError;
+
+bool scales_with_batch(const ir::Value& value) {
+  return value.role == ir::ValueRole::Activation || value.role == ir::ValueRole::Input;
+}
+
+bool is_leaf(const ir::Value& value) { return !value.producer.has_value(); }
+
+std::int64_t graph_batch(const ir::Graph& graph) {
+  for (ir::ValueId in : graph.inputs()) {
+    const ir::TensorType& type = graph.value(in).type;
+    if (type.batch_dim.has_value()) return type.shape[static_cast<std::size_t>(*type.batch_dim)];
+  }
+  return 0;
+}
+
+// Scales every index that some operand carries as the major factor of its batch dim.
+void scale_batch_indices(ops::DimRule& rule, const ir::Graph& graph, const ir::Node& node, double scale) {
+  if (scale == 1.0) return;
+  std::set<int> batch;
+  auto visit = [&](const ops::OperandDims& dims, ir::ValueId id) {
+    const ir::TensorType& type = graph.value(id).type;
+    if (!type.batch_dim.has_value()) return;
+    auto d = static_cast<std::size_t>(*type.batch_dim);
+    if (d < dims.size() && !dims[d].empty()) batch.insert(dims[d].front());
+  };
+  for (std::size_t i = 0; i < rule.inputs.size() && i < node.inputs.size(); ++i) visit(rule.inputs[i], node.inputs[i]);
+  for (std::size_t o = 0; o < rule.outputs.size() && o < node.outputs.size(); ++o)
+    visit(rule.outputs[o], node.outputs[o]);
+  for (int index : batch) {
+    auto& size = rule.indices[static_cast<std::size_t>(index)].size;
+    size = std::max<std::int64_t>(1, std::llround(static_cast<double>(size) * scale));
+  }
+}
+
+// The node's rule at the global batch: its operands' batch dims scaled, the rule built anew
+// (so a graph captured at batch 1, whose batch dims are unit dims tied to no index, still
+// gets a batch index to split). Falls back to scaling the rule's batch indices when the
+// template cannot rebuild it from the scaled shapes (an attribute pins the old size).
+std::optional<ops::DimRule> rule_at_batch(const ops::OpTable& table, const ir::Graph& graph, const ir::Node& node,
+                                          double scale) {
+  std::optional<ops::DimRule> rule = ops::dim_rule_for(table, graph, node);
+  if (!rule || scale == 1.0) return rule;
+  const ops::OpSpec* spec = table.find(node.op);
+  std::vector<ir::TensorType> inputs, outputs;
+  auto scaled = [&](ir::ValueId id) {
+    ir::TensorType type = graph.value(id).type;
+    if (type.batch_dim) {
+      auto& size = type.shape[static_cast<std::size_t>(*type.batch_dim)];
+      size = std::llround(static_cast<double>(size) * scale);
+    }
+    return type;
+  };
+  for (ir::ValueId in : node.inputs) inputs.push_back(scaled(in));
+  for (ir::ValueId out : node.outputs) outputs.push_back(scaled(out));
+  ops::RuleOperands operands;
+  for (const auto& t : inputs) operands.inputs.push_back(&t);
+  for (const auto& t : outputs) operands.outputs.push_back(&t);
+  operands.outputs_known = true;
+  operands.output_count = static_cast<int>(outputs.size());
+  operands.attrs = &node.attrs;
+  try {
+    auto rebuilt = ops::instantiate_rule(*spec, operands, ops::describe_node(graph, node));
+    if (rebuilt && rebuilt->inputs.size() == rule->inputs.size() && rebuilt->outputs.size() == rule->outputs.size())
+      return rebuilt;
+  } catch (const support::Error&) {
+  }
+  scale_batch_indices(*rule, graph, node, scale);
+  return rule;
+}
+
+double divisor(const Placement& placement, int axis_size) { return 1.0 / held_fraction(placement, axis_size); }
+
+}  // namespace
+
+ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
+                             ShardingModelOptions options)
+    : graph_(graph), cluster_(cluster), model_(model), options_(std::move(options)) {
+  const int axes = static_cast<int>(options_.mesh.size());
+  int world = 1;
+  for (int size : options_.mesh) world *= size;
+  if (world != cluster_.world_size())
+    throw ValidationError(fmt::format("spmd search: mesh of {} ranks on a cluster of {}", world, cluster_.world_size()));
+
+  device_ = &cluster_.device_of(0);
+  for (const cost::DeviceType& type : cluster_.device_types())
+    if (type.peak_flops.at(options_.precision) < device_->peak_flops.at(options_.precision)) device_ = &type;
+  const std::int64_t b0 = graph_batch(graph_);
+  // A batch dim of size 1 has no index in the rules (a unit dim is tied to none), so nothing
+  // could split the batch: say so rather than return a plan that never shards it.
+  if (b0 == 1 && options_.global_batch > 1)
+    throw ValidationError(fmt::format(
+        "spmd search: the graph was captured at batch 1; capture it with a batch of at least 2 (the batch size "
+        "does not matter otherwise: the search scales it to global_batch {})",
+        options_.global_batch));
+  batch_scale_ = b0 > 0 ? static_cast<double>(options_.global_batch) / static_cast<double>(b0) : 1.0;
+  float_bytes_ = options_.precision == cost::Precision::F32 || options_.precision == cost::Precision::TF32 ? 4 : 2;
+
+  const auto num_nodes = graph_.nodes().size();
+  const auto num_values = graph_.values().size();
+  const ops::OpTable& table = ops::OpTable::builtin();
+
+  // Rules at the global batch; a node whose rule cannot be built runs replicated.
+  rules_.resize(num_nodes);
+  saved_.assign(num_nodes, false);
+  for (const ir::Node& node : graph_.nodes()) {
+    try {
+      rules_[static_cast<std::size_t>(node.id)] = rule_at_batch(table, graph_, node, batch_scale_);
+    } catch (const support::ValidationError&) {
+      rules_[static_cast<std::size_t>(node.id)] = std::nullopt;
+    }
+    saved_[static_cast<std::size_t>(node.id)] =
+        model_.node_time(graph_, node, *device_, options_.precision, cost::NodeContext{}).forward > 0;
+  }
+
+  // Gradients flow into floating parameters and everything computed from them.
+  requires_grad_.assign(num_values, false);
+  for (const ir::Value& value : graph_.values())
+    if (value.role == ir::ValueRole::Parameter && ir::is_floating(value.type.dtype))
+      requires_grad_[static_cast<std::size_t>(value.id)] = true;
+  for (const ir::Node& node : graph_.nodes()) {
+    bool any = false;
+    for (ir::ValueId in : node.inputs) any = any || requires_grad_[static_cast<std::size_t>(in)];
+    for (ir::ValueId out : node.outputs)
+      requires_grad_[static_cast<std::size_t>(out)] = any && ir::is_floating(graph_.value(out).type.dtype);
+  }
+
+  // Repeated blocks: the largest group; instance k's j-th node folds into instance 0's.
+  rep_node_.resize(num_nodes);
+  for (std::size_t i = 0; i < num_nodes; ++i) rep_node_[i] = static_cast<ir::NodeId>(i);
+  instances_.assign(num_nodes, 1.0);
+  in_block_.assign(num_nodes, false);
+  rep_leaf_.assign(num_values, -1);
+  for (const ir::Value& value : graph_.values())
+    if (is_leaf(value)) rep_leaf_[static_cast<std::size_t>(value.id)] = value.id;
+
+  std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph_);
+  const analysis::RepeatedBlockGroup* layers = nullptr;
+  std::size_t best = 0;
+  for (const auto& g : groups) {
+    std::size_t size = 0;
+    for (const auto& b : g.nodes) size += b.size();
+    if (size > best) best = size, layers = &g;
+  }
+  if (layers != nullptr) {
+    const auto& first = layers->nodes.front();
+    for (const auto& block : layers->nodes) {
+      for (ir::NodeId id : block) in_block_[static_cast<std::size_t>(id)] = true;
+    }
+    for (std::size_t k = 1; k < layers->nodes.size(); ++k) {
+      const auto& block = layers->nodes[k];
+      if (block.size() != first.size()) continue;
+      for (std::size_t j = 0; j < block.size(); ++j) {
+        const ir::Node& node = graph_.node(block[j]);
+        const ir::Node& rep = graph_.node(first[j]);
+        if (node.op != rep.op || node.inputs.size() != rep.inputs.size() ||
+            rules_[static_cast<std::size_t>(node.id)] != rules_[static_cast<std::size_t>(rep.id)])
+          continue;
+        rep_node_[static_cast<std::size_t>(node.id)] = rep.id;
+        instances_[static_cast<std::size_t>(rep.id)] += 1;
+      }
+    }
+    // A parameter or buffer read only at one position of one instance folds into the
+    // value read at that position of instance 0.
+    std::vector<std::vector<std::pair<ir::NodeId, int>>> readers(num_values);
+    for (const ir::Node& node : graph_.nodes())
+      for (std::size_t i = 0; i < node.inputs.size(); ++i)
+        readers[static_cast<std::size_t>(node.inputs[i])].emplace_back(node.id, static_cast<int>(i));
+    for (const ir::Value& value : graph_.values()) {
+      if (!is_leaf(value) || value.role == ir::ValueRole::Input) continue;
+      const auto& users = readers[static_cast<std::size_t>(value.id)];
+      if (users.empty()) continue;
+      std::optional<ir::ValueId> target;
+      bool ok = true;
+      for (const auto& [user, pos] : users) {
+        ir::NodeId rep = rep_node_[static_cast<std::size_t>(user)];
+        if (rep == user) {
+          ok = false;
+          break;
+        }
+        ir::ValueId candidate = graph_.node(rep).inputs[static_cast<std::size_t>(pos)];
+        if (target && *target != candidate) ok = false;
+        target = candidate;
+      }
+      if (!ok || !target) continue;
+      const ir::Value& rep_value = graph_.value(*target);
+      if (!is_leaf(rep_value) || rep_value.type.shape != value.type.shape || rep_value.role != value.role) continue;
+      rep_leaf_[static_cast<std::size_t>(value.id)] = *target;
+    }
+    // Checkpoints when recomputing: the largest activation each block reads from outside.
+    for (const auto& block : layers->nodes) {
+      std::set<ir::NodeId> inside(block.begin(), block.end());
+      ir::ValueId largest = -1;
+      for (ir::NodeId id : block)
+        for (ir::ValueId in : graph_.node(id).inputs) {
+          const ir::Value& v = graph_.value(in);
+          if (!v.producer || inside.contains(*v.producer)) continue;
+          if (largest < 0 || v.type.numel() > graph_.value(largest).type.numel()) largest = in;
+        }
+      if (largest >= 0) block_inputs_.push_back(largest);
+    }
+  }
+
+  // Strided variants: a tensor of size P x c that an equal P-way split or concatenation
+  // (a Whole major factor) cuts apart.
+  std::set<std::pair<std::int64_t, std::int64_t>> strided;
+  for (const auto& rule : rules_) {
+    if (!rule) continue;
+    auto visit = [&](const ops::OperandDims& operand) {
+      for (const auto& dim : operand) {
+        if (dim.size() < 2) continue;
+        const ops::Index& major = rule->indices[static_cast<std::size_t>(dim.front())];
+        if (major.kind == ops::IndexKind::Whole && major.statistics == 0 && major.size >= 2)
+          strided.emplace(rule->dims_size(dim), major.size);
+      }
+    };
+    for (const auto& operand : rule->inputs) visit(operand);
+    for (const auto& operand : rule->outputs) visit(operand);
+  }
+  strided_.strided.assign(strided.begin(), strided.end());
+
+  // Producer -> reader edges, grouped by their representatives.
+  for (const ir::Node& node : graph_.nodes()) {
+    for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+      const ir::Value& value = graph_.value(node.inputs[i]);
+      EdgeKey key{};
+      if (is_leaf(value)) {
+        key.producer = rep_leaf_[static_cast<std::size_t>(value.id)];
+        key.producer_is_leaf = true;
+      } else {
+        key.producer = rep_node_[static_cast<std::size_t>(*value.producer)];
+        key.producer_is_leaf = false;
+      }
+      key.consumer = rep_node_[static_cast<std::size_t>(node.id)];
+      key.operand = static_cast<int>(i);
+      EdgeGroup& group = edges_[key];
+      if (group.value < 0) group.value = value.id;
+      group.count += 1;
+    }
+  }
+
+  node_choice_.assign(static_cast<std::size_t>(axes), {});
+  leaf_choice_.assign(static_cast<std::size_t>(axes), std::vector<LeafChoice>(num_values));
+  for (int a = 0; a < axes; ++a) {
+    auto& choices = node_choice_[static_cast<std::size_t>(a)];
+    for (const ir::Node& node : graph_.nodes()) choices.push_back(replicate_strategy(node.id));
+  }
+}
+
+std::vector<int> ShardingModel::axis_ranks(int axis) const {
+  const auto& mesh = options_.mesh;
+  int stride = 1;
+  for (std::size_t b = static_cast<std::size_t>(axis) + 1; b < mesh.size(); ++b) stride *= mesh[b];
+  std::vector<int> ranks;
+  for (int k = 0; k < mesh[static_cast<std::size_t>(axis)]; ++k) ranks.push_back(k * stride);
+  return ranks;
+}
+
+Strategy ShardingModel::replicate_strategy(ir::NodeId node) const {
+  const ir::Node& n = graph_.node(node);
+  Strategy s;
+  s.inputs.assign(n.inputs.size(), Placement::replicate());
+  s.input_grads.assign(n.inputs.size(), Placement::replicate());
+  s.outputs.assign(n.outputs.size(), Placement::replicate());
+  return s;
+}
+
+Placement ShardingModel::value_placement(int axis, ir::ValueId value) const {
+  const ir::Value& v = graph_.value(value);
+  const auto a = static_cast<std::size_t>(axis);
+  if (is_leaf(v)) return leaf_choice_[a][static_cast<std::size_t>(value)].placement;
+  return node_choice_[a][static_cast<std::size_t>(*v.producer)].outputs[static_cast<std::size_t>(v.output_index)];
+}
+
+double ShardingModel::held_except(ir::ValueId value, int axis) const {
+  double held = 1;
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b)
+    if (b != axis) held *= held_fraction(value_placement(b, value), options_.mesh[static_cast<std::size_t>(b)]);
+  return held;
+}
+
+double ShardingModel::held_all(ir::ValueId value) const { return held_except(value, -1); }
+
+double ShardingModel::value_bytes(ir::ValueId value) const {
+  const ir::Value& v = graph_.value(value);
+  double element = ir::is_floating(v.type.dtype) ? float_bytes_ : ir::dtype_bytes(v.type.dtype);
+  double bytes = static_cast<double>(v.type.numel()) * element;
+  return scales_with_batch(v) ? bytes * batch_scale_ : bytes;
+}
+
+ops::DimRule ShardingModel::rule_except(ir::NodeId node, int axis) const {
+  ops::DimRule rule = *rules_[static_cast<std::size_t>(node)];
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    if (b == axis) continue;
+    rule = local_rule(rule, node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(node)],
+                      options_.mesh[static_cast<std::size_t>(b)]);
+  }
+  return rule;
+}
+
+std::vector<Strategy> ShardingModel::node_strategies(ir::NodeId node, int axis) const {
+  if (!rules_[static_cast<std::size_t>(node)]) return {replicate_strategy(node)};
+  auto strategies =
+      enumerate_strategies(rule_except(node, axis), options_.mesh[static_cast<std::size_t>(axis)], strided_);
+  // A rule with fewer operands than the node (optional operands the rule leaves out) cannot
+  // place the rest: such a node runs replicated.
+  const ir::Node& n = graph_.node(node);
+  for (const auto& s : strategies)
+    if (s.inputs.size() != n.inputs.size() || s.outputs.size() != n.outputs.size()) return {replicate_strategy(node)};
+  return strategies;
+}
+
+double ShardingModel::node_compute(ir::NodeId node, int axis, const Strategy& choice,
+                                   const cost::DeviceType& device) const {
+  const ir::Node& n = graph_.node(node);
+  cost::NodeContext context;
+  context.batch_scale = batch_scale_;
+  context.operand_shards.assign(n.inputs.size() + n.outputs.size(), 1.0);
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    const Strategy& s = b == axis ? choice : node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(node)];
+    const int size = options_.mesh[static_cast<std::size_t>(b)];
+    for (std::size_t i = 0; i < n.inputs.size(); ++i) context.operand_shards[i] *= divisor(s.inputs[i], size);
+    for (std::size_t o = 0; o < n.outputs.size(); ++o)
+      context.operand_shards[n.inputs.size() + o] *= divisor(s.outputs[o], size);
+    if (s.index >= 0) context.work_shards *= size;
+  }
+  cost::OpTime time = model_.node_time(graph_, n, device, options_.precision, context);
+  double seconds = time.forward + time.backward;
+  if (options_.recompute && in_block_[static_cast<std::size_t>(node)]) seconds += time.forward;
+  return seconds;
+}
+
+double ShardingModel::node_memory(ir::NodeId node, int axis, const Strategy& choice) const {
+  if (!saved_[static_cast<std::size_t>(node)]) return 0;
+  const ir::Node& n = graph_.node(node);
+  double bytes = 0;
+  for (std::size_t o = 0; o < n.outputs.size(); ++o) {
+    double held = held_fraction(choice.outputs[o], options_.mesh[static_cast<std::size_t>(axis)]);
+    bytes += value_bytes(n.outputs[o]) * held_except(n.outputs[o], axis) * held;
+  }
+  return bytes;
+}
+
+double ShardingModel::leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
+  const ir::Value& v = graph_.value(leaf);
+  if (v.role == ir::ValueRole::Input) return 0;
+  double held = 1, state_held = 1;
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    const auto size = options_.mesh[static_cast<std::size_t>(b)];
+    const LeafChoice& c = b == axis ? choice : leaf_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(leaf)];
+    double h = held_fraction(c.placement, size);
+    held *= h;
+    state_held *= c.zero ? h / size : h;
+  }
+  const double numel = static_cast<double>(v.type.numel());
+  if (v.role != ir::ValueRole::Parameter || !requires_grad_[static_cast<std::size_t>(leaf)])
+    return value_bytes(leaf) * held;
+  const auto& m = options_.memory;
+  return numel * (m.weight_bytes * held + (m.gradient_bytes + m.optimizer_bytes) * state_held);
+}
+
+double ShardingModel::edge_seconds(int axis, ir::ValueId value, const Placement& produced, const Placement& wanted,
+                                   const Placement& gradient) const {
+  const auto ranks = axis_ranks(axis);
+  const double bytes = value_bytes(value) * held_except(value, axis);
+  double seconds = reshard_time(model_, cluster_, ranks, produced, wanted, static_cast<std::int64_t>(bytes));
+  if (requires_grad_[static_cast<std::size_t>(value)]) {
+    seconds += reshard_time(model_, cluster_, ranks, gradient, gradient_placement(produced),
+                            static_cast<std::int64_t>(bytes));
+  }
+  return seconds;
+}
+
+double ShardingModel::statistics_seconds(int axis, const Strategy& choice) const {
+  if (choice.statistics_elements <= 0) return 0;
+  const auto ranks = axis_ranks(axis);
+  // fp32 statistics, all-reduced in forward and again in backward.
+  return 2 * model_.collective_time(cluster_, cost::CollectiveKind::AllReduce, ranks, choice.statistics_elements * 4,
+                                    cost::Algorithm::Auto);
+}
+
+double ShardingModel::recompute_checkpoint_bytes() const {
+  if (!options_.recompute) return 0;
+  double bytes = 0;
+  for (ir::ValueId v : block_inputs_) bytes += value_bytes(v) * held_all(v);
+  return bytes;
+}
+
+void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale) {
+  const auto a = static_cast<std::size_t>(axis);
+  const int size = options_.mesh[a];
+  if (size <= 1) return;
+  const auto num_nodes = graph_.nodes().size();
+  const auto num_values = graph_.values().size();
+
+  // Choices of representative nodes and leaves.
+  std::vector<std::vector<Strategy>> strategies(num_nodes);
+  for (std::size_t u = 0; u < num_nodes; ++u)
+    if (rep_node_[u] == static_cast<ir::NodeId>(u)) strategies[u] = node_strategies(static_cast<ir::NodeId>(u), axis);
+
+  std::vector<std::vector<LeafChoice>> leaf_choices(num_values);
+  std::vector<double> leaf_instances(num_values, 0);
+  for (std::size_t v = 0; v < num_values; ++v)
+    if (rep_leaf_[v] >= 0) leaf_instances[static_cast<std::size_t>(rep_leaf_[v])] += 1;
+  for (const auto& [key, group] : edges_) {
+    if (!key.producer_is_leaf) continue;
+    auto& choices = leaf_choices[static_cast<std::size_t>(key.producer)];
+    if (choices.empty()) choices.push_back({Placement::replicate(), false});
+    for (const Strategy& s : strategies[static_cast<std::size_t>(key.consumer)]) {
+      const Placement& want = s.inputs[static_cast<std::size_t>(key.operand)];
+      if (!want.is_shard()) continue;
+      LeafChoice c{want, false};
+      if (std::find(choices.begin(), choices.end(), c) == choices.end()) choices.push_back(c);
+    }
+  }
+  for (std::size_t v = 0; v < num_values; ++v) {
+    auto& choices = leaf_choices[v];
+    const ir::Value& value = graph_.value(static_cast<ir::ValueId>(v));
+    if (choices.empty() || !options_.allow_zero || value.role != ir::ValueRole::Parameter || !requires_grad_[v])
+      continue;
+    choices.push_back({Placement::replicate(), true});
+  }
+
+  // Problem nodes, in sweep order: each node's unseen leaves, then the node.
+  SpmdProblem problem;
+  std::vector<int> node_id(num_nodes, -1), leaf_id(num_values, -1);
+  for (const ir::Node& node : graph_.nodes()) {
+    for (ir::ValueId in : node.inputs) {
+      ir::ValueId leaf = rep_leaf_[static_cast<std::size_t>(in)];
+      if (leaf < 0 || leaf_id[static_cast<std::size_t>(leaf)] >= 0) continue;
+      const auto& choices = leaf_choices[static_cast<std::size_t>(leaf)];
+      ChoiceNode c;
+      c.name = graph_.value(leaf).name;
+      for (const LeafChoice& choice : choices) {
+        // A tie-break, not a cost: with equal traffic (an all-reduce is a reduce-scatter and an
+        // all-gather), keep the weight and its optimizer state whole.
+        // A graph input is the other way round: each rank loads only its share of the batch,
+        // so its placement follows what its readers split (R -> S is local, a tie otherwise).
+        const ir::Value& value = graph_.value(leaf);
+        const bool whole = !choice.zero && choice.placement.is_replicate();
+        if (value.role == ir::ValueRole::Input) {
+          c.cost.push_back(1e-15 * value_bytes(leaf) *
+                           held_fraction(choice.placement, options_.mesh[static_cast<std::size_t>(axis)]));
+        } else {
+          c.cost.push_back(whole ? 0.0 : 1e-12 * static_cast<double>(value.type.numel()));
+        }
+        c.memory.push_back(leaf_memory(leaf, axis, choice) * leaf_instances[static_cast<std::size_t>(leaf)]);
+      }
+      leaf_id[static_cast<std::size_t>(leaf)] = static_cast<int>(problem.nodes.size());
+      problem.nodes.push_back(std::move(c));
+    }
+    const auto u = static_cast<std::size_t>(node.id);
+    if (rep_node_[u] != node.id) continue;
+    ChoiceNode c;
+    c.name = node.outputs.empty() ? node.op : graph_.value(node.outputs[0]).name;
+    const double n = instances_[u];
+    const double memory_count = options_.recompute && in_block_[u] ? 1.0 : n;
+    for (const Strategy& s : strategies[u]) {
+      c.cost.push_back(n * (node_compute(node.id, axis, s, *device_) + statistics_seconds(axis, s)));
+      c.memory.push_back(memory_count * node_memory(node.id, axis, s));
+    }
+    node_id[u] = static_cast<int>(problem.nodes.size());
+    problem.nodes.push_back(std::move(c));
+  }
+
+  // Edges, merged per pair of problem nodes; a self-pair (a block's output read by the next
+  // instance at a position folded into the same node) is a cost on that node's diagonal.
+  std::map<std::pair<int, int>, std::size_t> edge_at;
+  for (const auto& [key, group] : edges_) {
+    const int pa = key.producer_is_leaf ? leaf_id[static_cast<std::size_t>(key.producer)]
+                                        : node_id[static_cast<std::size_t>(key.producer)];
+    const int pb = node_id[static_cast<std::size_t>(key.consumer)];
+    if (pa < 0 || pb < 0) continue;
+    const ir::Value& value = graph_.value(group.value);
+    std::vector<Placement> produced;
+    if (key.producer_is_leaf) {
+      for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(key.producer)]) produced.push_back(c.placement);
+    } else {
+      for (const Strategy& s : strategies[static_cast<std::size_t>(key.producer)])
+        produced.push_back(s.outputs[static_cast<std::size_t>(value.output_index)]);
+    }
+    const auto& readers = strategies[static_cast<std::size_t>(key.consumer)];
+    const auto op = static_cast<std::size_t>(key.operand);
+    if (pa == pb) {
+      for (std::size_t s = 0; s < readers.size(); ++s)
+        problem.nodes[static_cast<std::size_t>(pb)].cost[s] +=
+            group.count * edge_seconds(axis, group.value, produced[s], readers[s].inputs[op], readers[s].input_grads[op]);
+      continue;
+    }
+    const bool flip = pa > pb;
+    const std::pair<int, int> pair = flip ? std::make_pair(pb, pa) : std::make_pair(pa, pb);
+    auto [it, added] = edge_at.emplace(pair, problem.edges.size());
+    if (added) {
+      ChoiceEdge e;
+      e.a = pair.first;
+      e.b = pair.second;
+      e.cost.assign(problem.nodes[static_cast<std::size_t>(e.a)].cost.size() *
+                        problem.nodes[static_cast<std::size_t>(e.b)].cost.size(),
+                    0.0);
+      problem.edges.push_back(std::move(e));
+    }
+    ChoiceEdge& e = problem.edges[it->second];
+    const std::size_t nb = problem.nodes[static_cast<std::size_t>(e.b)].cost.size();
+    for (std::size_t p = 0; p < produced.size(); ++p)
+      for (std::size_t r = 0; r < readers.size(); ++r) {
+        double seconds =
+            group.count * edge_seconds(axis, group.value, produced[p], readers[r].inputs[op], readers[r].input_grads[op]);
+        e.cost[flip ? r * nb + p : p * nb + r] += seconds;
+      }
+  }
+  problem.memory_limit = options_.memory_limit * memory_scale - recompute_checkpoint_bytes();
+
+  SpmdSolution solution = solve_fast(problem, FastOptions{options_.beam_width});
+  if (thorough) {
+    SpmdSolution exact = solve_ilp(problem, IlpOptions{}, &solution);
+    if ((exact.feasible && (!solution.feasible || exact.cost <= solution.cost)) ||
+        (!exact.feasible && !solution.feasible && exact.memory < solution.memory))
+      solution = std::move(exact);
+  }
+
+  for (std::size_t u = 0; u < num_nodes; ++u) {
+    if (node_id[u] < 0) continue;
+    node_choice_[a][u] = strategies[u][static_cast<std::size_t>(solution.choice[static_cast<std::size_t>(node_id[u])])];
+  }
+  for (std::size_t u = 0; u < num_nodes; ++u)
+    node_choice_[a][u] = node_choice_[a][static_cast<std::size_t>(rep_node_[u])];
+  for (std::size_t v = 0; v < num_values; ++v) {
+    if (leaf_id[v] < 0) continue;
+    leaf_choice_[a][v] = leaf_choices[v][static_cast<std::size_t>(solution.choice[static_cast<std::size_t>(leaf_id[v])])];
+  }
+  for (std::size_t v = 0; v < num_values; ++v)
+    if (rep_leaf_[v] >= 0) leaf_choice_[a][v] = leaf_choice_[a][static_cast<std::size_t>(rep_leaf_[v])];
+}
+
+double ShardingModel::compute_seconds(const cost::DeviceType& device) const {
+  double seconds = 0;
+  for (const ir::Node& node : graph_.nodes()) {
+    const auto u = static_cast<std::size_t>(node.id);
+    if (rep_node_[u] != node.id) continue;
+    seconds += instances_[u] * node_compute(node.id, -1, node_choice_[0][u], device);
+  }
+  return seconds;
+}
+
+double ShardingModel::parameter_bytes() const {
+  double bytes = 0;
+  for (const ir::Value& v : graph_.values())
+    if (is_leaf(v)) bytes += leaf_memory(v.id, -1, {});
+  return bytes;
+}
+
+double ShardingModel::activation_bytes() const {
+  double bytes = 0;
+  for (const ir::Node& node : graph_.nodes()) {
+    const auto u = static_cast<std::size_t>(node.id);
+    if (rep_node_[u] != node.id) continue;
+    const double count = options_.recompute && in_block_[u] ? 1.0 : instances_[u];
+    bytes += count * node_memory(node.id, 0, node_choice_[0][u]);
+  }
+  return bytes + recompute_checkpoint_bytes();
+}
+
+ShardingEvaluation ShardingModel::evaluate() const {
+  ShardingEvaluation out;
+  double compute = compute_seconds(*device_), activations = 0, gradients = 0, statistics = 0;
+  for (int axis = 0; axis < static_cast<int>(options_.mesh.size()); ++axis) {
+    const auto a = static_cast<std::size_t>(axis);
+    if (options_.mesh[a] <= 1) continue;
+    const auto ranks = axis_ranks(axis);
+    for (const ir::Node& node : graph_.nodes()) {
+      const auto u = static_cast<std::size_t>(node.id);
+      if (rep_node_[u] != node.id) continue;
+      const Strategy& s = node_choice_[a][u];
+      const double seconds = statistics_seconds(axis, s);
+      if (seconds <= 0) continue;
+      statistics += instances_[u] * seconds;
+      for (const char* phase : {"forward", "backward"}) {
+        out.collectives.push_back({"all_reduce", graph_.value(node.outputs[0]).name, axis, phase,
+                                   static_cast<double>(s.statistics_elements * 4), instances_[u], seconds / 2});
+      }
+    }
+    for (const auto& [key, group] : edges_) {
+      const ir::Value& value = graph_.value(group.value);
+      const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
+      const auto op = static_cast<std::size_t>(key.operand);
+      const Placement produced = value_placement(axis, group.value);
+      const double bytes = value_bytes(group.value) * held_except(group.value, axis);
+      auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into) {
+        auto step = reshard_step(from, to, static_cast<std::int64_t>(bytes), options_.mesh[a]);
+        if (!step) return;
+        double seconds = reshard_time(model_, cluster_, ranks, from, to, static_cast<std::int64_t>(bytes));
+        into += group.count * seconds;
+        out.collectives.push_back({std::string(cost::collective_kind_name(step->kind)), value.name, axis, phase,
+                                   static_cast<double>(step->bytes), group.count, seconds});
+      };
+      const bool parameter = value.role == ir::ValueRole::Parameter;
+      record(produced, reader.inputs[op], "forward", parameter ? gradients : activations);
+      if (requires_grad_[static_cast<std::size_t>(group.value)])
+        record(reader.input_grads[op], gradient_placement(produced), parameter ? "step" : "backward",
+               parameter ? gradients : activations);
+    }
+  }
+  out.step_time = compute + activations + gradients + statistics;
+  out.breakdown = {{"compute", compute}, {"activations", activations}, {"gradient_sync", gradients},
+                   {"statistics", statistics}};
+  const double params = parameter_bytes(), acts = activation_bytes();
+  out.memory_per_rank = params + acts;
+  out.memory_breakdown = {{"parameters", params}, {"activations", acts}};
+  out.fits = out.memory_per_rank <= options_.memory_limit;
+  double flops = 0;
+  for (const ir::Node& node : graph_.nodes())
+    flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph_, node).matmul);
+  out.model_flops = 3 * flops * batch_scale_;
+  return out;
+}
+
+plan::Sharding ShardingModel::sharding(std::string level) const {
+  plan::Sharding out;
+  out.mesh = options_.mesh;
+  out.axis_names = {"data", "tensor"};
+  out.axis_names.resize(options_.mesh.size(), "axis");
+  out.level = std::move(level);
+  out.recompute = options_.recompute;
+  const auto axes = options_.mesh.size();
+  for (const ir::Value& v : graph_.values()) {
+    std::vector<std::string> per_axis;
+    for (std::size_t a = 0; a < axes; ++a) per_axis.push_back(value_placement(static_cast<int>(a), v.id).str());
+    out.placements[v.name] = std::move(per_axis);
+    if (!is_leaf(v)) continue;
+    std::vector<int> zero;
+    for (std::size_t a = 0; a < axes; ++a)
+      if (leaf_choice_[a][static_cast<std::size_t>(v.id)].zero) zero.push_back(static_cast<int>(a));
+    if (!zero.empty()) out.zero[v.name] = std::move(zero);
+  }
+  for (const ir::Node& node : graph_.nodes()) {
+    if (node.outputs.empty()) continue;
+    const auto& rule = rules_[static_cast<std::size_t>(node.id)];
+    std::vector<std::string> per_axis;
+    for (std::size_t a = 0; a < axes; ++a) {
+      const Strategy& s = node_choice_[a][static_cast<std::size_t>(node.id)];
+      per_axis.push_back(rule ? s.str(*rule) : std::string("replicate"));
+    }
+    out.strategies[graph_.value(node.outputs[0]).name] = std::move(per_axis);
+  }
+  return out;
+}
+
+int ShardingModel::batch_axis() const {
+  for (std::size_t a = 0; a < options_.mesh.size(); ++a) {
+    if (options_.mesh[a] <= 1) continue;
+    for (ir::ValueId in : graph_.inputs()) {
+      const ir::TensorType& type = graph_.value(in).type;
+      const Placement& p = leaf_choice_[a][static_cast<std::size_t>(in)].placement;
+      if (type.batch_dim && p.is_shard() && p.dim == *type.batch_dim) return static_cast<int>(a);
+    }
+  }
+  return -1;
+}
+
+void ShardingModel::set_input_ratios(int axis, const std::vector<double>& ratios) {
+  for (ir::ValueId in : graph_.inputs()) {
+    Placement& p = leaf_choice_[static_cast<std::size_t>(axis)][static_cast<std::size_t>(in)].placement;
+    const ir::TensorType& type = graph_.value(in).type;
+    if (type.batch_dim && p.is_shard() && p.dim == *type.batch_dim) p.ratios = ratios;
+  }
+}
+
+}  // namespace shardwise::search

@@ -1,0 +1,138 @@
+// The state of one SPMD search candidate (a mesh, with or without recomputation): the
+// decision of every node and leaf on every mesh axis, the costs of those decisions, and the
+// per-axis SpmdProblem that improves them. Internal to search_spmd (search/spmd_search.h,
+// which documents the cost model); tests reach it through search_spmd.
+//
+// Lifecycle: construct (everything replicated), solve_axis() per axis as often as wanted,
+// evaluate() for the figures of the current decisions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cost/cluster.h"
+#include "cost/memory_cost.h"
+#include "cost/op_cost.h"
+#include "ir/graph.h"
+#include "ops/dim_rule.h"
+#include "plan/plan.h"
+#include "search/placement.h"
+#include "search/spmd_problem.h"
+#include "search/strategy.h"
+
+namespace shardwise::search {
+
+struct ShardingModelOptions {
+  std::vector<int> mesh;  // axis sizes, outermost first
+  std::int64_t global_batch = 1;
+  cost::Precision precision = cost::Precision::BF16;
+  double memory_limit = 0;  // bytes per rank
+  bool recompute = false;
+  bool allow_zero = true;
+  cost::MemoryConstants memory;
+  int beam_width = 256;
+};
+
+// A leaf's decision on one axis.
+struct LeafChoice {
+  Placement placement;
+  bool zero = false;  // parameters only: gradient and optimizer state sharded over the axis
+
+  friend bool operator==(const LeafChoice&, const LeafChoice&) = default;
+};
+
+struct ShardingEvaluation {
+  double step_time = 0;
+  double memory_per_rank = 0;
+  bool fits = false;
+  std::map<std::string, double> breakdown;         // seconds
+  std::map<std::string, double> memory_breakdown;  // bytes
+  std::vector<plan::CollectiveRecord> collectives;
+  double model_flops = 0;  // per step (3 x forward matmul FLOPs at the global batch)
+};
+
+class ShardingModel {
+ public:
+  ShardingModel(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
+                ShardingModelOptions options);
+
+  // Re-decides every node and leaf on `axis` with the other axes fixed. `memory_scale`
+  // multiplies the memory limit (> 1 while later axes are still unsolved). `thorough`
+  // solves the problem with the ILP started from the fast solver's answer.
+  void solve_axis(int axis, bool thorough, double memory_scale = 1.0);
+
+  ShardingEvaluation evaluate() const;
+
+  // The plan's sharding section for the current decisions.
+  plan::Sharding sharding(std::string level) const;
+
+  // Uneven shares: sets the graph inputs' batch placements on `axis` to these ratios.
+  void set_input_ratios(int axis, const std::vector<double>& ratios);
+  // The axis along which the graph's inputs are sharded on their batch dim, or -1.
+  int batch_axis() const;
+  // Compute seconds of the whole step on one device type, with the current decisions.
+  double compute_seconds(const cost::DeviceType& device) const;
+  // Parameter-state and activation bytes of the most loaded rank, split for balance.
+  double activation_bytes() const;
+  double parameter_bytes() const;
+
+  const std::vector<int>& mesh() const { return options_.mesh; }
+  std::vector<int> axis_ranks(int axis) const;
+
+ private:
+  struct EdgeKey {
+    int producer;  // problem-level identity: representative node (or leaf value) producing it
+    bool producer_is_leaf;
+    int consumer;  // representative consumer node
+    int operand;   // input position at the consumer
+    auto operator<=>(const EdgeKey&) const = default;
+  };
+  struct EdgeGroup {
+    ir::ValueId value = -1;  // the first instance's value (for bytes and names)
+    double count = 0;        // instances
+  };
+
+  Placement value_placement(int axis, ir::ValueId value) const;
+  double held_except(ir::ValueId value, int axis) const;  // product of held fractions, axis excluded
+  double held_all(ir::ValueId value) const;
+  double value_bytes(ir::ValueId value) const;  // whole tensor, at the global batch and precision
+  ops::DimRule rule_except(ir::NodeId node, int axis) const;
+  std::vector<Strategy> node_strategies(ir::NodeId node, int axis) const;
+  Strategy replicate_strategy(ir::NodeId node) const;
+  // Forward + backward (+ recomputed forward) seconds of a node with `choice` on `axis`
+  // (the other axes as decided), on `device`.
+  double node_compute(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
+  double node_memory(ir::NodeId node, int axis, const Strategy& choice) const;
+  double leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
+  double edge_seconds(int axis, ir::ValueId value, const Placement& produced, const Placement& wanted,
+                      const Placement& gradient) const;
+  double statistics_seconds(int axis, const Strategy& choice) const;
+  double recompute_checkpoint_bytes() const;
+
+  const ir::Graph& graph_;
+  const cost::Cluster& cluster_;
+  const cost::CostModel& model_;
+  ShardingModelOptions options_;
+  const cost::DeviceType* device_ = nullptr;  // the slowest: sets the pace
+  double batch_scale_ = 1;
+  double float_bytes_ = 2;
+  StrategyOptions strided_;
+
+  std::vector<std::optional<ops::DimRule>> rules_;  // per node, batch index scaled
+  std::vector<bool> requires_grad_;                 // per value
+  std::vector<bool> saved_;                         // per node: outputs kept for backward
+  std::vector<ir::NodeId> rep_node_;                // per node
+  std::vector<ir::ValueId> rep_leaf_;               // per value (leaves), else -1
+  std::vector<double> instances_;                   // per node: instances folded into it (reps)
+  std::vector<bool> in_block_;                      // per node
+  std::vector<ir::ValueId> block_inputs_;           // checkpointed values when recomputing
+  std::map<EdgeKey, EdgeGroup> edges_;
+
+  std::vector<std::vector<Strategy>> node_choice_;    // [axis][node]
+  std::vector<std::vector<LeafChoice>> leaf_choice_;  // [axis][value]
+};
+
+}  // namespace shardwise::search

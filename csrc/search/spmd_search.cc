@@ -1,0 +1,199 @@
+#include "search/spmd_search.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "search/hetero_balance.h"
+#include "search/sharding_model.h"
+#include "support/error.h"
+
+namespace shardwise::search {
+
+namespace {
+
+using support::ValidationError;
+
+// {data, tensor} meshes: the tensor axis holds consecutive ranks, so it must fit in a node
+// to ride the fastest links (any size on one node).
+std::vector<std::vector<int>> candidate_meshes(const cost::Cluster& cluster) {
+  const int world = cluster.world_size();
+  int per_node = cluster.nodes().front().device_count();
+  for (const auto& node : cluster.nodes()) per_node = std::min(per_node, node.device_count());
+  std::vector<std::vector<int>> meshes;
+  for (int t = 1; t <= world; ++t) {
+    if (world % t != 0) continue;
+    if (cluster.num_nodes() > 1 && per_node % t != 0) continue;
+    meshes.push_back({world / t, t});
+  }
+  return meshes;
+}
+
+struct Outcome {
+  ShardingEvaluation evaluation;
+  plan::Sharding sharding;
+  std::optional<BatchBalance> balance;
+};
+
+// Coordinate descent over the axes: the inner axis (others replicated, so its memory limit
+// is scaled by the unsolved axes' sizes), the outer, the inner again.
+Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
+                      const SpmdSearchOptions& options, const std::vector<int>& mesh, bool recompute, bool thorough,
+                      double memory_limit) {
+  ShardingModelOptions mo;
+  mo.mesh = mesh;
+  mo.global_batch = options.global_batch;
+  mo.precision = options.precision;
+  mo.memory_limit = memory_limit;
+  mo.recompute = recompute;
+  mo.allow_zero = options.allow_zero;
+  mo.memory = options.memory;
+  mo.beam_width = options.beam_width;
+  ShardingModel sm(graph, cluster, model, mo);
+  const int axes = static_cast<int>(mesh.size());
+  std::vector<int> order;
+  for (int a = axes - 1; a >= 0; --a) order.push_back(a);
+  if (axes > 1) order.push_back(axes - 1);
+  std::vector<bool> solved(static_cast<std::size_t>(axes), false);
+  for (int axis : order) {
+    double scale = 1;
+    for (int b = 0; b < axes; ++b)
+      if (b != axis && !solved[static_cast<std::size_t>(b)]) scale *= mesh[static_cast<std::size_t>(b)];
+    sm.solve_axis(axis, thorough, scale);
+    solved[static_cast<std::size_t>(axis)] = true;
+  }
+  Outcome out;
+  out.evaluation = sm.evaluate();
+
+  // Heterogeneous ranks along the batch axis: shares from the balance LP.
+  const int axis = sm.batch_axis();
+  if (cluster.heterogeneous() && axis >= 0) {
+    // Every group along the axis is alike in the presets (a run of devices per node); the
+    // first one stands for all.
+    std::vector<int> ranks = sm.axis_ranks(axis);
+    const double activations = sm.activation_bytes(), parameters = sm.parameter_bytes();
+    const double per_rank_batch = static_cast<double>(options.global_batch) / static_cast<double>(ranks.size());
+    const double comm = out.evaluation.step_time - out.evaluation.breakdown.at("compute");
+    std::vector<BalanceRank> balance;
+    for (int r : ranks) {
+      const cost::DeviceType& device = cluster.device_of(r);
+      BalanceRank b;
+      b.seconds_per_sample = sm.compute_seconds(device) / per_rank_batch;
+      b.fixed_seconds = comm;
+      b.memory_per_sample = activations / per_rank_batch;
+      b.fixed_memory = parameters;
+      b.memory_capacity = static_cast<double>(device.memory_bytes) * options.memory_fraction;
+      balance.push_back(b);
+    }
+    BalanceResult result = balance_shares(balance, options.global_batch);
+    if (result.feasible && result.step_time < result.even_step_time) {
+      out.balance = BatchBalance{axis, ranks, result.ratios(), result.step_time, result.even_step_time,
+                                 result.lp_step_time};
+      sm.set_input_ratios(axis, result.ratios());
+      out.evaluation.breakdown["compute"] += result.step_time - result.even_step_time;
+      out.evaluation.step_time += result.step_time - result.even_step_time;
+      double max_memory = 0;
+      for (std::size_t i = 0; i < balance.size(); ++i)
+        max_memory = std::max(max_memory, balance[i].fixed_memory +
+                                              balance[i].memory_per_sample * static_cast<double>(result.samples[i]));
+      out.evaluation.memory_per_rank = max_memory;
+      out.evaluation.fits = result.feasible;
+    }
+  }
+  out.sharding = sm.sharding(thorough ? "thorough" : "fast");
+  return out;
+}
+
+bool better(const Outcome& a, const Outcome& b) {
+  if (a.evaluation.fits != b.evaluation.fits) return a.evaluation.fits;
+  if (!a.evaluation.fits) return a.evaluation.memory_per_rank < b.evaluation.memory_per_rank;
+  return a.evaluation.step_time < b.evaluation.step_time;
+}
+
+}  // namespace
+
+std::string_view search_level_name(SearchLevel level) { return level == SearchLevel::Fast ? "fast" : "thorough"; }
+
+SearchLevel search_level_from_name(std::string_view name) {
+  if (name == "fast") return SearchLevel::Fast;
+  if (name == "thorough") return SearchLevel::Thorough;
+  throw ValidationError(fmt::format("search level '{}' (known: fast, thorough)", name));
+}
+
+SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
+                             const SpmdSearchOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.global_batch < 1)
+    throw ValidationError(fmt::format("spmd search: global_batch {} must be >= 1", options.global_batch));
+  if (graph.nodes().empty()) throw ValidationError("spmd search: the graph has no nodes");
+  std::vector<std::vector<int>> meshes;
+  if (options.mesh) {
+    int world = 1;
+    for (int size : *options.mesh) world *= size;
+    if (options.mesh->size() != 2 || world != cluster.world_size())
+      throw ValidationError(fmt::format("spmd search: mesh [{}] must be {{data, tensor}} with {} ranks",
+                                        fmt::join(*options.mesh, ", "), cluster.world_size()));
+    meshes.push_back(*options.mesh);
+  } else {
+    meshes = candidate_meshes(cluster);
+  }
+  double memory_limit = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < cluster.world_size(); ++r)
+    memory_limit = std::min(memory_limit, static_cast<double>(cluster.device_of(r).memory_bytes));
+  memory_limit *= options.memory_fraction;
+
+  std::vector<std::pair<std::vector<int>, bool>> runs;
+  for (const auto& mesh : meshes) runs.emplace_back(mesh, false);
+  if (options.allow_recompute)
+    for (const auto& mesh : meshes) runs.emplace_back(mesh, true);
+  const std::vector<bool> levels =
+      options.level == SearchLevel::Thorough ? std::vector<bool>{false, true} : std::vector<bool>{false};
+
+  SpmdSearchResult result;
+  std::optional<Outcome> best;
+  int done = 0;
+  const int total = static_cast<int>(runs.size() * levels.size());
+  for (const auto& [mesh, recompute] : runs) {
+    for (bool thorough : levels) {
+      Outcome outcome = run_candidate(graph, cluster, model, options, mesh, recompute, thorough, memory_limit);
+      result.candidates.push_back(
+          {mesh, recompute, outcome.evaluation.fits, outcome.evaluation.step_time, outcome.evaluation.memory_per_rank});
+      if (!best || better(outcome, *best)) best = std::move(outcome);
+      if (options.progress) options.progress(++done, total);
+    }
+  }
+
+  plan::Plan& plan = result.plan;
+  const plan::Sharding& sharding = best->sharding;
+  plan.data = sharding.mesh[0];
+  plan.tensor = sharding.mesh[1];
+  plan.pipeline = 1;
+  plan.global_batch = options.global_batch;
+  plan.micro_batch = options.global_batch;
+  plan.recompute = sharding.recompute ? plan::Recompute::Full : plan::Recompute::None;
+  plan.zero_stage = sharding.zero.empty() ? 0 : 2;
+  plan.precision = std::string(cost::precision_name(options.precision));
+  plan.sharding = sharding;
+  plan.sharding->level = std::string(search_level_name(options.level));
+  const ShardingEvaluation& e = best->evaluation;
+  plan::Predicted predicted;
+  predicted.step_time = e.step_time;
+  predicted.memory_per_rank = e.memory_per_rank;
+  predicted.tflops_per_device =
+      e.step_time > 0 ? e.model_flops / e.step_time / cluster.world_size() / 1e12 : 0.0;
+  predicted.breakdown = e.breakdown;
+  predicted.memory_breakdown = e.memory_breakdown;
+  predicted.collectives = e.collectives;
+  plan.predicted = std::move(predicted);
+  plan::validate(plan, cluster.world_size());
+  result.fits = e.fits;
+  result.balance = best->balance;
+  result.search_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace shardwise::search

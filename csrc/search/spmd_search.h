@@ -1,0 +1,105 @@
+// The SPMD sharding search: from a single-device graph and a cluster to a plan that says
+// where every parameter and activation lives on a 2-D device mesh and how every node runs.
+//
+//   SpmdSearchResult r = search_spmd(graph, cluster, model, {.global_batch = 512});
+//   r.plan.sharding->placements.at("h.0.attn.c_attn.weight");   // {"R", "S(1,g3)"}
+//
+// How (the mechanism is general: nothing here knows an op or a layer name):
+//  - Meshes: every {data, tensor} factorisation of the world size whose inner axis fits in a
+//    node (so it spans the fastest links); the names only say which axis is outer. Each mesh
+//    is searched with and without recomputation of the repeated blocks.
+//  - Per mesh axis, every node picks a Strategy (search/strategy.h) from its dimension rule
+//    and every leaf (parameter, input, buffer, constant) a placement: Replicate, a Shard one
+//    of its readers wants, or, for a parameter, Replicate with its gradient and optimizer
+//    state sharded over the axis (ZeRO-2). The cost of a choice: the node's forward and
+//    backward time at its local shapes (cost model, all axes' shards applied), the all-
+//    reduces of its statistics, and, on every producer -> reader edge, the resharding of
+//    the value forward and of its gradient backward (search/resharding.h) on the links the
+//    axis spans. A parameter's gradient synchronisation is the backward resharding of its
+//    Partial gradient: data parallelism, ZeRO and FSDP-style sharding fall out of it.
+//    Memory per rank: parameter states (MemoryConstants::bytes_per_parameter()) and saved
+//    activations, divided by their shards.
+//  - Repeated blocks (analysis/repeated_blocks.h, the largest group) share one decision per
+//    position: the problem has one set of choice nodes for all of them, costs summed.
+//  - The axes are solved one at a time with the other axes' decisions fixed (coordinate
+//    descent: the inner axis, the outer, the inner again), each as an SpmdProblem
+//    (search/spmd_problem.h): `fast` uses solve_fast, `thorough` solve_ilp started from
+//    solve_fast and also runs the fast search, returning the better: never worse than fast.
+//  - The mesh and recomputation choice with the lowest predicted step time that fits in
+//    memory wins; ties go to the earlier candidate (smaller tensor degree, no recompute).
+//  - Heterogeneous clusters: where the batch is sharded along an axis whose ranks differ,
+//    the shares come from search/hetero_balance.h and are recorded as uneven placements of
+//    the graph's inputs ("S(0)[0.31,0.31,...]").
+//
+// Predicted step time = compute + every collective, not overlapped (conservative), the
+// breakdown says which part is which: "compute", "activations" (forward and backward
+// resharding of activations), "gradient_sync" (of parameters), "statistics".
+//
+// Deterministic: the same graph, cluster, model and options give the same plan, bit for bit.
+// Throws support::ValidationError on global_batch < 1, an empty graph, or a mesh option that
+// does not multiply to the world size; a model that fits under no candidate returns the
+// least-memory candidate with `fits` false (the caller says how much memory it needs).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cost/cluster.h"
+#include "cost/memory_cost.h"
+#include "cost/op_cost.h"
+#include "ir/graph.h"
+#include "plan/plan.h"
+
+namespace shardwise::search {
+
+enum class SearchLevel : std::uint8_t { Fast, Thorough };
+std::string_view search_level_name(SearchLevel level);  // "fast", "thorough"
+SearchLevel search_level_from_name(std::string_view name);  // ValidationError on others
+
+struct SpmdSearchOptions {
+  std::int64_t global_batch = 0;  // required
+  SearchLevel level = SearchLevel::Fast;
+  cost::Precision precision = cost::Precision::BF16;
+  double memory_fraction = 0.9;         // of each device's memory the plan may use
+  std::optional<std::vector<int>> mesh;  // {data, tensor}; default: searched
+  bool allow_recompute = true;
+  bool allow_zero = true;
+  cost::MemoryConstants memory;
+  int beam_width = 256;
+  // Called after each candidate with (done, total); may throw to stop the search.
+  std::function<void(int, int)> progress;
+};
+
+struct SpmdCandidate {
+  std::vector<int> mesh;
+  bool recompute = false;
+  bool fits = false;
+  double step_time = 0;
+  double memory_per_rank = 0;
+};
+
+// The heterogeneous balance of the chosen plan (search/hetero_balance.h), when it has one.
+struct BatchBalance {
+  int axis = -1;                // mesh axis along which the batch is shared unevenly
+  std::vector<int> ranks;       // the ranks of one group along it
+  std::vector<double> ratios;   // their shares of the batch
+  double step_time = 0;         // predicted with these shares
+  double even_step_time = 0;    // predicted with equal shares
+  double lp_step_time = 0;      // the LP optimum (continuous shares)
+};
+
+struct SpmdSearchResult {
+  plan::Plan plan;  // sharding and predicted filled in
+  bool fits = false;
+  std::optional<BatchBalance> balance;
+  std::vector<SpmdCandidate> candidates;  // every candidate tried, in order
+  double search_seconds = 0;
+};
+
+SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
+                             const SpmdSearchOptions& options);
+
+}  // namespace shardwise::search

@@ -1,0 +1,180 @@
+#include "search/strategy.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "support/error.h"
+
+namespace shardwise::search {
+namespace {
+
+// Where an operand carries index `i`: its dim and the product of the sizes of the indices
+// major to i in that dim (the Shard's groups before the strided factor).
+struct Carrier {
+  int dim = -1;
+  std::int64_t major = 1;
+};
+
+std::optional<Carrier> find_carrier(const ops::DimRule& rule, const ops::OperandDims& operand, int i) {
+  for (std::size_t d = 0; d < operand.size(); ++d) {
+    std::int64_t major = 1;
+    for (int id : operand[d]) {
+      if (id == i) return Carrier{static_cast<int>(d), major};
+      major *= rule.indices.at(static_cast<std::size_t>(id)).size;
+    }
+  }
+  return std::nullopt;
+}
+
+bool splittable(const ops::Index& index) {
+  switch (index.kind) {
+    case ops::IndexKind::Spatial:
+      return true;
+    case ops::IndexKind::Reduced:
+      // Max / Min partials are not what the backward of a split needs (the arg of the
+      // extreme lives on one rank), so only additive reductions split.
+      return index.reduction == ops::Reduction::Sum || index.reduction == ops::Reduction::Mean;
+    case ops::IndexKind::Whole:
+      return index.statistics > 0;
+  }
+  return false;
+}
+
+// Every index other than `i` that some output carries: the rows a normalisation keeps one
+// set of statistics for.
+std::int64_t row_count(const ops::DimRule& rule, int i) {
+  std::set<int> carried;
+  for (const auto& output : rule.outputs) {
+    for (const auto& dims : output) carried.insert(dims.begin(), dims.end());
+  }
+  std::int64_t rows = 1;
+  for (int id : carried) {
+    if (id != i) rows *= rule.indices.at(static_cast<std::size_t>(id)).size;
+  }
+  return rows;
+}
+
+Strategy replicate_strategy(const ops::DimRule& rule) {
+  Strategy s;
+  s.inputs.assign(rule.inputs.size(), Placement::replicate());
+  s.input_grads = s.inputs;
+  s.outputs.assign(rule.outputs.size(), Placement::replicate());
+  return s;
+}
+
+Strategy split_strategy(const ops::DimRule& rule, int i, std::int64_t groups) {
+  const ops::Index& index = rule.indices.at(static_cast<std::size_t>(i));
+  Strategy s;
+  s.index = i;
+  s.groups = groups;
+  for (const auto& operand : rule.inputs) {
+    if (auto c = find_carrier(rule, operand, i)) {
+      s.inputs.push_back(Placement::shard(c->dim, c->major * groups));
+      s.input_grads.push_back(s.inputs.back());
+      continue;
+    }
+    switch (index.kind) {
+      case ops::IndexKind::Spatial:
+        // Every rank uses the whole operand for its slice, so every rank contributes to its
+        // gradient (Megatron's `f`, the data-parallel weight gradient).
+        s.inputs.push_back(Placement::replicate());
+        s.input_grads.push_back(Placement::partial(ops::Reduction::Sum));
+        break;
+      case ops::IndexKind::Reduced:
+        // An additive operand (addmm's bias) must enter the partial sum once, not n times.
+        s.inputs.push_back(Placement::partial(index.reduction));
+        s.input_grads.push_back(Placement::replicate());
+        break;
+      case ops::IndexKind::Whole:
+        // The combined statistics make every rank's rows exact, so a replicated operand's
+        // gradient is complete on every rank.
+        s.inputs.push_back(Placement::replicate());
+        s.input_grads.push_back(Placement::replicate());
+        break;
+    }
+  }
+  for (const auto& operand : rule.outputs) {
+    if (auto c = find_carrier(rule, operand, i)) {
+      s.outputs.push_back(Placement::shard(c->dim, c->major * groups));
+    } else if (index.kind == ops::IndexKind::Reduced) {
+      s.outputs.push_back(Placement::partial(index.reduction));
+    } else {
+      s.outputs.push_back(Placement::replicate());
+    }
+  }
+  if (index.kind == ops::IndexKind::Whole) {
+    s.statistics_elements = static_cast<std::int64_t>(index.statistics) * row_count(rule, i);
+  }
+  return s;
+}
+
+bool same_placements(const Strategy& a, const Strategy& b) {
+  return a.inputs == b.inputs && a.input_grads == b.input_grads && a.outputs == b.outputs &&
+         a.statistics_elements == b.statistics_elements;
+}
+
+void check_axis_size(int axis_size) {
+  if (axis_size < 1) throw support::ValidationError(fmt::format("axis size {} must be at least 1", axis_size));
+}
+
+}  // namespace
+
+std::string Strategy::str(const ops::DimRule& rule) const {
+  if (index < 0) return "replicate";
+  if (static_cast<std::size_t>(index) >= rule.indices.size()) {
+    throw support::ValidationError(
+        fmt::format("strategy splits index {}, the rule has {} indices", index, rule.indices.size()));
+  }
+  const auto& label = rule.indices[static_cast<std::size_t>(index)].label;
+  if (groups == 1) return fmt::format("split {}", label);
+  return fmt::format("split {} g{}", label, groups);
+}
+
+std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_size, const StrategyOptions& options) {
+  check_axis_size(axis_size);
+  std::vector<Strategy> out = {replicate_strategy(rule)};
+  if (axis_size == 1) return out;
+  const auto n = static_cast<std::int64_t>(axis_size);
+  for (std::size_t k = 0; k < rule.indices.size(); ++k) {
+    const auto& index = rule.indices[k];
+    if (!splittable(index)) continue;
+    // Groups to try: contiguous first, then the strided pairs listed for this size, ascending.
+    std::set<std::int64_t> strided;
+    for (const auto& [size, g] : options.strided) {
+      if (size == index.size && g > 1) strided.insert(g);
+    }
+    std::vector<std::int64_t> groups = {1};
+    groups.insert(groups.end(), strided.begin(), strided.end());
+    for (auto g : groups) {
+      const std::int64_t parts = n * g;
+      if (index.size < parts || index.size % parts != 0) continue;
+      Strategy s = split_strategy(rule, static_cast<int>(k), g);
+      const bool seen =
+          std::any_of(out.begin(), out.end(), [&](const Strategy& earlier) { return same_placements(earlier, s); });
+      if (!seen) out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+ops::DimRule local_rule(const ops::DimRule& rule, const Strategy& strategy, int axis_size) {
+  check_axis_size(axis_size);
+  ops::DimRule out = rule;
+  if (strategy.index < 0) return out;
+  if (static_cast<std::size_t>(strategy.index) >= rule.indices.size()) {
+    throw support::ValidationError(
+        fmt::format("strategy splits index {}, the rule has {} indices", strategy.index, rule.indices.size()));
+  }
+  auto& index = out.indices[static_cast<std::size_t>(strategy.index)];
+  if (index.size % axis_size != 0) {
+    throw support::ValidationError(
+        fmt::format("index {} of size {} does not split evenly over {} ranks", index.label, index.size, axis_size));
+  }
+  index.size /= axis_size;
+  return out;
+}
+
+}  // namespace shardwise::search

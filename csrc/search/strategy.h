@@ -1,0 +1,94 @@
+// The ways one node can run across one mesh axis, derived from its dimension rule alone
+// (ops/dim_rule.h): no op is special-cased here, so sharding the batch, the sequence, the
+// hidden size, the heads or the vocabulary all come out of the same loop.
+//
+// A strategy splits at most one index of the rule across the axis' n ranks (index -1:
+// every operand replicated, the node computed whole on every rank). For a split index i:
+//
+//   i Spatial     operands carrying i  -> Shard(dim, groups), their gradients the same
+//                 inputs not carrying i -> Replicate, gradient Partial(sum) (every rank
+//                                          contributes to it: Megatron's `f`, the data-
+//                                          parallel weight gradient)
+//                 outputs not carrying i -> Replicate (metadata-only reads)
+//   i Reduced     operands carrying i  -> Shard(dim, groups), gradients the same
+//   (Sum, Mean)   inputs not carrying i -> Partial(reduction) (an additive operand such as
+//                                          addmm's bias is added once), gradient Replicate
+//                 outputs -> Partial(reduction)
+//   i Whole with  operands carrying i  -> Shard, gradients the same; the other inputs ->
+//   statistics>0  Replicate, gradient Replicate; outputs not carrying i -> Replicate. The
+//                 node all-reduces `statistics_elements` elements (see Statistics below).
+//   i Whole without statistics, Reduced with Max / Min, size 1: never split.
+//
+// Dims and groups: the dim of an operand carrying i is listed as indices major to minor
+// (DimIndices); the Shard's groups = (product of the sizes of the indices major to i in
+// that dim) x the strategy's `groups`. So a view [b,s,768] -> [b,s,12,64] split on the heads
+// index (major) gives the input Shard(2) and on the head_dim index (minor) Shard(2, 12); the
+// input of an equal three-way split [.., 2304] -> 3 x [.., 768] split on the part index c gives
+// Shard(2, 3): the strided fused-QKV shard.
+//
+// Strided variants: a strategy with groups g > 1 views index i itself as [g, size/g] and
+// splits the minor part. They are offered only for the (index size, g) pairs in
+// StrategyOptions::strided (search/spmd_builder.h collects them from the equal splits and
+// concatenations of the graph: a tensor of size N later cut into g equal parts), so the
+// producer of a fused QKV can match its consumer's strided need without a reshard.
+//
+// Divisibility: a split needs size(i) % (n x g) == 0 and size(i) >= n x g (even shards; the
+// search makes only batch shards uneven, after the fact).
+//
+// Statistics (ops::Index::statistics): a Whole index that a normalisation reduces over
+// (softmax's dim, layer norm's normalised dims, cross entropy's classes) may be split when
+// the rule says how many per-row statistics (max and sum for softmax) the op must combine
+// across ranks: statistics_elements = statistics x the product of the sizes of every other
+// index of the rule that an output carries (the rows), all-reduced in forward and again in
+// backward. This is Megatron's vocabulary-parallel cross entropy, from the rule.
+//
+// Order: replicate first, then by index id, then by groups ascending; strategies whose
+// placements are all equal to an earlier one are dropped. Deterministic.
+//
+// Worked example: aten::mm "m k, k n -> m n [m=32, k=768 reduced, n=2304]" on 8 ranks, no
+// strided pairs:
+//   0 replicate            inputs R, R              grads R, R           outputs R
+//   1 split m              inputs S(0), R           grads S(0), P(sum)   outputs S(0)
+//   2 split k              inputs S(1), S(0)        grads S(1), S(0)     outputs P(sum)
+//   3 split n              inputs R, S(1)           grads P(sum), S(1)   outputs S(1)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/dim_rule.h"
+#include "search/placement.h"
+
+namespace shardwise::search {
+
+struct Strategy {
+  int index = -1;           // rule index split across the axis; -1 = replicate
+  std::int64_t groups = 1;  // strided variant (see the header comment)
+  std::vector<Placement> inputs;       // required placement of each tensor input (node order)
+  std::vector<Placement> input_grads;  // placement of the gradient the backward gives each input
+  std::vector<Placement> outputs;      // placement of each output
+  std::int64_t statistics_elements = 0;  // all-reduced in forward and in backward (Whole split)
+
+  // "replicate", "split k", "split n g3"; the index label comes from the rule.
+  std::string str(const ops::DimRule& rule) const;
+
+  friend bool operator==(const Strategy&, const Strategy&) = default;
+};
+
+struct StrategyOptions {
+  // (index size, groups) pairs for which strided variants are offered.
+  std::vector<std::pair<std::int64_t, std::int64_t>> strided;
+};
+
+// Every legal strategy of a node with `rule` on an axis of `axis_size` ranks (>= 1; with 1,
+// only replicate). Throws support::ValidationError on axis_size < 1.
+std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_size,
+                                           const StrategyOptions& options = {});
+
+// The rule as seen by one rank after `strategy` on an axis of axis_size ranks: the split
+// index's size divided by axis_size (how the next mesh axis sees the node).
+ops::DimRule local_rule(const ops::DimRule& rule, const Strategy& strategy, int axis_size);
+
+}  // namespace shardwise::search

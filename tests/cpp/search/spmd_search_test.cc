@@ -1,0 +1,187 @@
+// The SPMD search end to end on the C++-built GPT (models/gpt.h); the transformers models
+// are searched from Python (tests/python/test_spmd_search.py).
+#include "search/spmd_search.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cost/cluster_presets.h"
+#include "models/gpt.h"
+#include "search/placement.h"
+#include "search/plan_report.h"
+#include "support/error.h"
+
+namespace shardwise::search {
+namespace {
+
+ir::Graph gpt(int layers, int hidden, int heads, int batch = 2, int vocab = 50304) {
+  models::GptConfig c;
+  c.layers = layers;
+  c.hidden = hidden;
+  c.heads = heads;
+  c.seq = 1024;
+  c.vocab = vocab;
+  c.batch = batch;
+  c.dropout = 0;
+  return models::build_gpt(c);
+}
+
+// x [2, 1024] -> linear 4096 -> gelu -> linear 1024 -> mean: an MLP with no embedding.
+ir::Graph mlp() {
+  ir::Graph g;
+  auto f32 = [](std::vector<std::int64_t> shape, std::optional<int> batch = std::nullopt) {
+    return ir::TensorType{ir::DType::F32, std::move(shape), batch};
+  };
+  ir::ValueId x = g.add_value("x", f32({2, 1024}, 0), ir::ValueRole::Input);
+  ir::ValueId w1 = g.add_value("fc1.weight", f32({4096, 1024}), ir::ValueRole::Parameter);
+  ir::ValueId w2 = g.add_value("fc2.weight", f32({1024, 4096}), ir::ValueRole::Parameter);
+  ir::NodeId a = g.add_node("aten::linear", {x, w1}, {{"h", f32({2, 4096}, 0)}}, {}, "fc1");
+  ir::NodeId b = g.add_node("aten::gelu", {g.node(a).outputs[0]}, {{"act", f32({2, 4096}, 0)}}, {}, "act");
+  ir::NodeId c = g.add_node("aten::linear", {g.node(b).outputs[0], w2}, {{"y", f32({2, 1024}, 0)}}, {}, "fc2");
+  ir::NodeId d = g.add_node("aten::mean", {g.node(c).outputs[0]}, {{"loss", f32({})}}, {}, "");
+  g.set_outputs({g.node(d).outputs[0]});
+  return g;
+}
+
+cost::Cluster a100_with_memory(double gib) {
+  nlohmann::json j = cost::cluster_to_json(cost::preset("dgx-a100", 1));
+  for (auto& d : j["device_types"]) d["memory_bytes"] = static_cast<std::int64_t>(gib * (1LL << 30));
+  return cost::cluster_from_json(j);
+}
+
+const std::string& at(const plan::Plan& p, const std::string& value, int axis) {
+  return p.sharding->placements.at(value).at(static_cast<std::size_t>(axis));
+}
+
+TEST(SpmdSearch, MlpAtLargeBatchIsPureDataParallel) {
+  ir::Graph g = mlp();
+  SpmdSearchOptions o;
+  o.global_batch = 65536;
+  SpmdSearchResult r = search_spmd(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(r.fits);
+  int batch_shards = 1;
+  for (int axis = 0; axis < 2; ++axis) {
+    EXPECT_EQ(at(r.plan, "fc1.weight", axis), "R");
+    EXPECT_EQ(at(r.plan, "fc2.weight", axis), "R");
+    if (at(r.plan, "x", axis) == "S(0)") batch_shards *= r.plan.sharding->mesh[static_cast<std::size_t>(axis)];
+  }
+  EXPECT_EQ(batch_shards, 8);
+}
+
+TEST(SpmdSearch, SmallGptAtLargeBatchRunsItsBlocksDataParallel) {
+  // A small vocabulary: with GPT-2's 50k rows the embedding is most of a model this small,
+  // and sharding it (no gradient all-reduce) rightly beats replicating it.
+  ir::Graph g = gpt(2, 256, 4, 2, 1024);
+  cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  SpmdSearchOptions o;
+  o.global_batch = 512;
+  SpmdSearchResult r = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(r.fits);
+  const plan::Plan& p = r.plan;
+  // The blocks' GEMM weights whole on every rank, their products split over the batch on
+  // all 8 ranks. (The embeddings and the first layer norm of a block may be sharded
+  // otherwise: see the issue note; this pins what the search gets right today.)
+  for (const ir::Value& v : g.values()) {
+    if (v.role != ir::ValueRole::Parameter || v.name.find(".weight") == std::string::npos) continue;
+    if (v.name.find("c_attn") == std::string::npos && v.name.find("c_fc") == std::string::npos &&
+        v.name.find("c_proj") == std::string::npos)
+      continue;
+    for (int axis = 0; axis < 2; ++axis) EXPECT_EQ(at(p, v.name, axis), "R") << v.name << " axis " << axis;
+  }
+  for (const auto& [name, per_axis] : p.sharding->strategies) {
+    if (name.rfind("addmm", 0) != 0) continue;
+    for (int axis = 0; axis < 2; ++axis)
+      if (p.sharding->mesh[static_cast<std::size_t>(axis)] > 1)
+        EXPECT_EQ(per_axis[static_cast<std::size_t>(axis)], "split m") << name;
+  }
+}
+
+TEST(SpmdSearch, FusedQkvGetsAStridedShardWhenDataParallelCannotFit) {
+  // 4 layers of hidden 4096: 0.97B parameters x 16 bytes = 15.5 GB, more than 16 GiB x 0.9.
+  ir::Graph g = gpt(4, 4096, 32);
+  cost::Cluster cluster = a100_with_memory(16);
+  SpmdSearchOptions o;
+  o.global_batch = 4;
+  o.mesh = std::vector<int>{1, 8};
+  SpmdSearchResult r = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(r.fits);
+  const plan::Plan& p = r.plan;
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::string block = "transformer.h." + std::to_string(layer) + ".";
+    // q, k and v of the same heads on each rank: the [h, 3h] weight split in three groups.
+    EXPECT_EQ(at(p, block + "attn.c_attn.weight", 1), "S(1,g3)") << block;
+    EXPECT_EQ(at(p, block + "attn.c_attn.bias", 1), "S(0,g3)") << block;
+    // The MLP: up projection column-parallel, down projection row-parallel (Megatron).
+    EXPECT_EQ(at(p, block + "mlp.c_fc.weight", 1), "S(1)") << block;
+    EXPECT_EQ(at(p, block + "mlp.c_proj.weight", 1), "S(0)") << block;
+  }
+  EXPECT_LT(p.predicted->memory_per_rank, 16.0 * (1LL << 30) * 0.9);
+}
+
+TEST(SpmdSearch, ThoroughIsNeverWorseThanFastAndBothAreDeterministic) {
+  ir::Graph g = gpt(2, 1024, 16);
+  cost::Cluster cluster = a100_with_memory(4);
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  SpmdSearchResult fast = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  SpmdSearchResult again = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  EXPECT_EQ(plan::plan_to_json_string(fast.plan), plan::plan_to_json_string(again.plan));
+  EXPECT_EQ(plan::plan_hash(fast.plan), plan::plan_hash(again.plan));
+  o.level = SearchLevel::Thorough;
+  SpmdSearchResult thorough = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  EXPECT_EQ(thorough.plan.sharding->level, "thorough");
+  EXPECT_LE(thorough.plan.predicted->step_time, fast.plan.predicted->step_time * (1 + 1e-12));
+  // The plan survives its JSON form.
+  EXPECT_EQ(plan::plan_from_json_string(plan::plan_to_json_string(thorough.plan)), thorough.plan);
+}
+
+TEST(SpmdSearch, HeterogeneousClusterSharesTheBatchBySpeed) {
+  ir::Graph g = mlp();
+  cost::Cluster cluster = cost::preset("mixed-a100-v100", 1);  // 4 A100 + 4 V100 on PCIe
+  SpmdSearchOptions o;
+  o.global_batch = 65536;
+  o.mesh = std::vector<int>{8, 1};
+  SpmdSearchResult r = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(r.balance.has_value());
+  const BatchBalance& b = *r.balance;
+  ASSERT_EQ(b.ratios.size(), 8u);
+  // The A100s take more than the V100s, every rank of a kind the same share (+-1 sample).
+  for (int i = 0; i < 4; ++i) EXPECT_GT(b.ratios[static_cast<std::size_t>(i)], b.ratios[4]);
+  EXPECT_LT(b.step_time, b.even_step_time);
+  EXPECT_LE(b.step_time, b.lp_step_time * 1.05);
+  Placement input = parse_placement(at(r.plan, "x", 0));
+  EXPECT_EQ(input.ratios.size(), 8u);
+}
+
+TEST(SpmdSearch, ClearErrors) {
+  cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  SpmdSearchOptions o;
+  o.global_batch = 0;
+  EXPECT_THROW(search_spmd(gpt(1, 64, 4), cluster, cost::AnalyticCostModel{}, o), support::ValidationError);
+  o.global_batch = 16;
+  try {
+    search_spmd(gpt(1, 64, 4, /*batch=*/1), cluster, cost::AnalyticCostModel{}, o);
+    FAIL() << "a graph captured at batch 1 must be refused";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch of at least 2"), std::string::npos) << e.what();
+  }
+  o.mesh = std::vector<int>{3, 2};
+  EXPECT_THROW(search_spmd(gpt(1, 64, 4), cluster, cost::AnalyticCostModel{}, o), support::ValidationError);
+  EXPECT_THROW(search_level_from_name("slow"), support::ValidationError);
+}
+
+TEST(SpmdSearch, ReportFoldsRepeatedBlocks) {
+  ir::Graph g = gpt(3, 256, 4);
+  SpmdSearchOptions o;
+  o.global_batch = 64;
+  SpmdSearchResult r = search_spmd(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, o);
+  std::string text = plan_report(r.plan, 72e9);
+  EXPECT_NE(text.find("transformer.h.*.attn.c_attn.weight"), std::string::npos) << text;
+  EXPECT_NE(text.find("x3"), std::string::npos) << text;
+  EXPECT_NE(text.find("collectives per step"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace shardwise::search
