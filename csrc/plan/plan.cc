@@ -147,13 +147,14 @@ json sharding_to_json(const Sharding& sharding) {
               {"placements", sharding.placements},
               {"strategies", sharding.strategies},
               {"zero", sharding.zero},
-              {"recompute", sharding.recompute}};
+              {"recompute", sharding.recompute},
+              {"leaves", sharding.leaves}};
 }
 
 Sharding sharding_from_json(const json& in) {
   if (!in.is_object()) throw ParseError("plan.sharding: expected an object");
   static const std::set<std::string> known = {"mesh",       "axis_names", "level",    "placements",
-                                              "strategies", "zero",       "recompute"};
+                                              "strategies", "zero",       "recompute",  "leaves"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.sharding.{}: unknown key", key));
   Sharding out;
@@ -165,6 +166,7 @@ Sharding sharding_from_json(const json& in) {
     out.strategies = field<std::map<std::string, std::vector<std::string>>>(in, "strategies");
   if (in.contains("zero")) out.zero = field<std::map<std::string, std::vector<int>>>(in, "zero");
   if (in.contains("recompute")) out.recompute = field<bool>(in, "recompute");
+  if (in.contains("leaves")) out.leaves = field<std::vector<std::string>>(in, "leaves");
   return out;
 }
 

@@ -83,6 +83,8 @@ struct CollectiveRecord {
 //  - zero: per parameter name, the mesh axes over which its optimizer state and gradients
 //    are sharded while the weight stays replicated (ZeRO-2 on that axis); absent = none.
 //  - recompute: the repeated blocks are recomputed in backward.
+//  - leaves: the names of the graph's parameters, buffers and inputs (the values no node
+//    produces), in graph order: what a rank materialises or loads itself.
 // A sharded plan runs its global batch as one micro-batch over the mesh: micro_batch =
 // global_batch, and the per-rank shares of the batch are in the inputs' placements.
 struct Sharding {
@@ -93,6 +95,7 @@ struct Sharding {
   std::map<std::string, std::vector<std::string>> strategies;
   std::map<std::string, std::vector<int>> zero;
   bool recompute = false;
+  std::vector<std::string> leaves;
 
   friend bool operator==(const Sharding&, const Sharding&) = default;
 };

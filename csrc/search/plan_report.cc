@@ -74,13 +74,13 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
   if (!plan.sharding) return out;
 
   const plan::Sharding& s = *plan.sharding;
-  // Parameters: every leaf with a zero entry or a strategy-less name is a parameter or an
-  // input; the plan keeps no roles, so list the values no node produces (no strategy entry).
-  std::map<std::string, std::pair<int, std::string>> rows;  // pattern -> (count, placement text)
+  // Parameters, buffers and inputs: the leaves, in graph order.
+  std::map<std::string, std::pair<int, std::string>> rows;  // pattern + placement -> (count, placement text)
   std::vector<std::string> order;
-  for (const auto& [name, placements] : s.placements) {
-    if (s.strategies.contains(name)) continue;
-    std::string text = fmt::format("[{}]", fmt::join(placements, ", "));
+  for (const std::string& name : s.leaves) {
+    auto found = s.placements.find(name);
+    if (found == s.placements.end()) continue;
+    std::string text = fmt::format("[{}]", fmt::join(found->second, ", "));
     if (auto z = s.zero.find(name); z != s.zero.end()) text += fmt::format(" zero on axis {}", fmt::join(z->second, ","));
     const std::string key = block_pattern(name) + "  " + text;
     auto [it, added] = rows.try_emplace(key, 0, text);

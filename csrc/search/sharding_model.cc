@@ -648,6 +648,7 @@ plan::Sharding ShardingModel::sharding(std::string level) const {
     for (std::size_t a = 0; a < axes; ++a) per_axis.push_back(value_placement(static_cast<int>(a), v.id).str());
     out.placements[v.name] = std::move(per_axis);
     if (!is_leaf(v)) continue;
+    out.leaves.push_back(v.name);
     std::vector<int> zero;
     for (std::size_t a = 0; a < axes; ++a)
       if (leaf_choice_[a][static_cast<std::size_t>(v.id)].zero) zero.push_back(static_cast<int>(a));
