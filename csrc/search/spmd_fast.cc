@@ -1,4 +1,5 @@
-// solve_fast: a beam dynamic programme over the node order, with a Lagrange multiplier on memory.
+// solve_fast: a beam dynamic programme over the node order, with a Lagrange multiplier on memory,
+// and a greedy single-node polish of the answer (never worse, still deterministic).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -71,14 +72,15 @@ class BeamSweep {
     for (const ChoiceEdge& e : problem.edges) ending[static_cast<std::size_t>(std::max(e.a, e.b))].push_back(&e);
 
     plans_.resize(problem.nodes.size());
-    std::vector<int> frontier;                               // sorted node ids
+    std::vector<int> frontier;                            // sorted node ids
     std::vector<int> position(problem.nodes.size(), -1);  // node -> index in `frontier`
     for (int i = 0; i < n; ++i) {
       NodePlan& plan = plans_[static_cast<std::size_t>(i)];
       for (const ChoiceEdge* e : ending[static_cast<std::size_t>(i)]) {
         const int other = e->a == i ? e->b : e->a;
-        plan.incoming.push_back(IncomingEdge{&e->cost, position[static_cast<std::size_t>(other)], e->a == i,
-                                             static_cast<int>(problem.nodes[static_cast<std::size_t>(e->b)].cost.size())});
+        plan.incoming.push_back(
+            IncomingEdge{&e->cost, position[static_cast<std::size_t>(other)], e->a == i,
+                         static_cast<int>(problem.nodes[static_cast<std::size_t>(e->b)].cost.size())});
       }
       std::vector<int> next;
       for (int u : frontier) {
@@ -93,7 +95,8 @@ class BeamSweep {
       }
       for (int u : frontier) position[static_cast<std::size_t>(u)] = -1;
       frontier = std::move(next);
-      for (std::size_t k = 0; k < frontier.size(); ++k) position[static_cast<std::size_t>(frontier[k])] = static_cast<int>(k);
+      for (std::size_t k = 0; k < frontier.size(); ++k)
+        position[static_cast<std::size_t>(frontier[k])] = static_cast<int>(k);
     }
   }
 
@@ -145,8 +148,8 @@ class BeamSweep {
             double dq = weights.secondary[i][static_cast<std::size_t>(c)];
             for (const IncomingEdge& in : plan.incoming) {
               const int other = key[in.frontier_pos];
-              const double e = (*in.cost)[static_cast<std::size_t>(in.later_is_a ? c * in.stride + other
-                                                                                  : other * in.stride + c)];
+              const double e =
+                  (*in.cost)[static_cast<std::size_t>(in.later_is_a ? c * in.stride + other : other * in.stride + c)];
               if (weights.edge_cost_primary) {
                 dp += e;
               } else {
@@ -167,8 +170,8 @@ class BeamSweep {
             int found = -1;
             while (table[slot] >= 0) {
               const auto m = static_cast<std::size_t>(table[slot]);
-              if (cand_hash[m] == h &&
-                  std::equal(scratch.begin(), scratch.end(), cand_keys.begin() + static_cast<std::ptrdiff_t>(m * next_width))) {
+              if (cand_hash[m] == h && std::equal(scratch.begin(), scratch.end(),
+                                                  cand_keys.begin() + static_cast<std::ptrdiff_t>(m * next_width))) {
                 found = table[slot];
                 break;
               }
@@ -263,7 +266,8 @@ Weights lagrangian(const SpmdProblem& problem, double lambda) {
   w.edge_cost_primary = true;
   for (const ChoiceNode& node : problem.nodes) {
     std::vector<double> p(node.cost.size());
-    for (std::size_t c = 0; c < p.size(); ++c) p[c] = lambda > 0 ? node.cost[c] + lambda * node.memory[c] : node.cost[c];
+    for (std::size_t c = 0; c < p.size(); ++c)
+      p[c] = lambda > 0 ? node.cost[c] + lambda * node.memory[c] : node.cost[c];
     w.primary.push_back(std::move(p));
     w.secondary.emplace_back(node.cost.size(), 0.0);
   }
@@ -283,6 +287,113 @@ Weights least_memory(const SpmdProblem& problem) {
   return w;
 }
 
+// Single-node moves on an assignment of the (reduced) problem: what the Lagrangian leaves
+// behind when one multiplier cannot tell nodes with the same cost/memory trade-off apart
+// (all switch at the same lambda, leaving memory unused or overshooting the limit).
+class LocalSearch {
+ public:
+  explicit LocalSearch(const SpmdProblem& problem) : problem_(problem), incident_(problem.nodes.size()) {
+    for (std::size_t e = 0; e < problem.edges.size(); ++e) {
+      incident_[static_cast<std::size_t>(problem.edges[e].a)].push_back(static_cast<int>(e));
+      incident_[static_cast<std::size_t>(problem.edges[e].b)].push_back(static_cast<int>(e));
+    }
+  }
+
+  // Brings `choice` within the memory limit: each step takes the move with the least cost
+  // added per byte saved (the first such move on ties). Returns false when no move saves
+  // memory at a finite cost before the assignment fits.
+  bool repair(std::vector<int>& choice) const {
+    double memory = total(choice);
+    while (memory > problem_.memory_limit) {
+      int best_v = -1;
+      int best_c = 0;
+      double best_rate = kInf;
+      double best_saved = 0;
+      for (std::size_t v = 0; v < choice.size(); ++v) {
+        const ChoiceNode& node = problem_.nodes[v];
+        const double here = local_cost(choice, v, choice[v]);
+        for (std::size_t c = 0; c < node.cost.size(); ++c) {
+          const double saved = node.memory[static_cast<std::size_t>(choice[v])] - node.memory[c];
+          if (!(saved > 0)) continue;
+          const double there = local_cost(choice, v, static_cast<int>(c));
+          if (std::isinf(there)) continue;
+          const double rate = std::isinf(here) ? -kInf : (there - here) / saved;
+          if (rate < best_rate) {
+            best_rate = rate;
+            best_v = static_cast<int>(v);
+            best_c = static_cast<int>(c);
+            best_saved = saved;
+          }
+        }
+      }
+      if (best_v < 0) return false;
+      choice[static_cast<std::size_t>(best_v)] = best_c;
+      memory -= best_saved;
+    }
+    return true;
+  }
+
+  // Steepest descent on cost among moves that keep the assignment within the limit (the
+  // first best move on ties); stops at a local optimum.
+  void improve(std::vector<int>& choice) const {
+    double memory = total(choice);
+    const std::size_t max_moves = 64 * choice.size() + 64;
+    for (std::size_t move = 0; move < max_moves; ++move) {
+      int best_v = -1;
+      int best_c = 0;
+      double best_gain = 0;
+      double best_added = 0;
+      for (std::size_t v = 0; v < choice.size(); ++v) {
+        const ChoiceNode& node = problem_.nodes[v];
+        const double here = local_cost(choice, v, choice[v]);
+        if (std::isinf(here)) continue;
+        for (std::size_t c = 0; c < node.cost.size(); ++c) {
+          if (static_cast<int>(c) == choice[v]) continue;
+          const double added = node.memory[c] - node.memory[static_cast<std::size_t>(choice[v])];
+          if (!(memory + added <= problem_.memory_limit)) continue;
+          const double gain = here - local_cost(choice, v, static_cast<int>(c));
+          // Relative threshold: rounding alone must not make two equal assignments alternate.
+          if (gain > best_gain && gain > 1e-12 * here) {
+            best_gain = gain;
+            best_v = static_cast<int>(v);
+            best_c = static_cast<int>(c);
+            best_added = added;
+          }
+        }
+      }
+      if (best_v < 0) return;
+      choice[static_cast<std::size_t>(best_v)] = best_c;
+      memory += best_added;
+    }
+  }
+
+ private:
+  double total(const std::vector<int>& choice) const {
+    double memory = 0;
+    for (std::size_t v = 0; v < choice.size(); ++v)
+      memory += problem_.nodes[v].memory[static_cast<std::size_t>(choice[v])];
+    return memory;
+  }
+
+  // The cost that depends on node v's choice: its own and that of its edges.
+  double local_cost(const std::vector<int>& choice, std::size_t v, int c) const {
+    double cost = problem_.nodes[v].cost[static_cast<std::size_t>(c)];
+    for (int e : incident_[v]) {
+      const ChoiceEdge& edge = problem_.edges[static_cast<std::size_t>(e)];
+      const auto cols = problem_.nodes[static_cast<std::size_t>(edge.b)].cost.size();
+      const auto ca =
+          static_cast<std::size_t>(edge.a == static_cast<int>(v) ? c : choice[static_cast<std::size_t>(edge.a)]);
+      const auto cb =
+          static_cast<std::size_t>(edge.b == static_cast<int>(v) ? c : choice[static_cast<std::size_t>(edge.b)]);
+      cost += edge.cost[ca * cols + cb];
+    }
+    return cost;
+  }
+
+  const SpmdProblem& problem_;
+  std::vector<std::vector<int>> incident_;
+};
+
 }  // namespace
 
 SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) {
@@ -295,51 +406,76 @@ SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) 
   std::vector<int> kept;
   const SpmdProblem reduced = detail::fold_single_choice_nodes(problem, fixed, kept);
   const BeamSweep sweep(reduced, options.beam_width);
+  const LocalSearch local(reduced);
 
   // Every candidate is judged on the original problem, so feasibility is decided exactly
   // as the caller will check it.
-  auto evaluate = [&](const std::vector<int>& reduced_choice) {
-    SpmdSolution s;
+  struct Candidate {
+    std::vector<int> reduced;
+    SpmdSolution solution;
+  };
+  auto evaluate = [&](std::vector<int> reduced_choice) {
+    Candidate candidate;
+    SpmdSolution& s = candidate.solution;
     s.choice = detail::expand_choice(fixed, kept, reduced_choice);
     s.cost = total_cost(problem, s.choice);
     s.memory = total_memory(problem, s.choice);
     s.feasible = std::isfinite(s.cost) && s.memory <= problem.memory_limit;
     s.optimal = false;
     s.solver = "fast";
-    return s;
+    candidate.reduced = std::move(reduced_choice);
+    return candidate;
   };
-  auto fits = [&](const SpmdSolution& s) { return s.memory <= problem.memory_limit; };
+  auto fits = [&](const Candidate& c) { return c.solution.memory <= problem.memory_limit; };
+  // The better of the two by true cost; a polished one only replaces a feasible original.
+  auto polish = [&](Candidate best, const Candidate* overshoot) {
+    std::vector<std::vector<int>> starts{best.reduced};
+    if (overshoot != nullptr) {
+      std::vector<int> repaired = overshoot->reduced;
+      if (local.repair(repaired)) starts.push_back(std::move(repaired));
+    }
+    for (std::vector<int>& start : starts) {
+      local.improve(start);
+      Candidate c = evaluate(std::move(start));
+      if (c.solution.feasible && (!best.solution.feasible || c.solution.cost < best.solution.cost)) best = std::move(c);
+    }
+    return std::move(best.solution);
+  };
 
-  SpmdSolution unconstrained = evaluate(sweep.run(lagrangian(reduced, 0.0)));
-  if (fits(unconstrained)) return unconstrained;
+  Candidate unconstrained = evaluate(sweep.run(lagrangian(reduced, 0.0)));
+  if (fits(unconstrained))
+    return unconstrained.solution.feasible ? polish(std::move(unconstrained), nullptr)
+                                           : std::move(unconstrained.solution);
 
-  SpmdSolution smallest = evaluate(sweep.run(least_memory(reduced)));
-  if (!smallest.feasible) return smallest;
-  if (smallest.cost <= unconstrained.cost) return smallest;
+  Candidate smallest = evaluate(sweep.run(least_memory(reduced)));
+  if (!smallest.solution.feasible) return std::move(smallest.solution);
+  if (smallest.solution.cost <= unconstrained.solution.cost) return polish(std::move(smallest), nullptr);
 
   // The cheapest fit lies between lambda = 0 (too big) and lambda = inf (the least-memory
   // answer). Bisect geometrically around the slope between the two, whose scale follows the
   // units of cost and memory; outside [slope / 1e9, slope * 1e9] the answers are taken to be
   // the two ends.
-  const double extra_cost = smallest.cost - unconstrained.cost;
-  const double saved_memory = std::isfinite(unconstrained.memory)
-                                  ? unconstrained.memory - smallest.memory
+  const double extra_cost = smallest.solution.cost - unconstrained.solution.cost;
+  const double saved_memory = std::isfinite(unconstrained.solution.memory)
+                                  ? unconstrained.solution.memory - smallest.solution.memory
                                   : std::max(std::abs(problem.memory_limit), 1.0);
   const double slope = extra_cost / saved_memory;
   double lo = std::max(slope * 1e-9, std::numeric_limits<double>::min());
   double hi = std::max(slope * 1e9, lo * 2);
-  SpmdSolution best = std::move(smallest);
+  Candidate best = std::move(smallest);
+  Candidate overshoot = std::move(unconstrained);  // the probe at `lo`: cheap but too big
   for (int iteration = 0; iteration < 40 && hi > lo * (1 + 1e-12); ++iteration) {
     const double mid = std::sqrt(lo) * std::sqrt(hi);
-    SpmdSolution probe = evaluate(sweep.run(lagrangian(reduced, mid)));
+    Candidate probe = evaluate(sweep.run(lagrangian(reduced, mid)));
     if (fits(probe)) {
       hi = mid;
-      if (probe.feasible && probe.cost < best.cost) best = std::move(probe);
+      if (probe.solution.feasible && probe.solution.cost < best.solution.cost) best = std::move(probe);
     } else {
       lo = mid;
+      overshoot = std::move(probe);
     }
   }
-  return best;
+  return polish(std::move(best), &overshoot);
 }
 
 }  // namespace shardwise::search

@@ -174,9 +174,7 @@ class IlpModel {
   // True when some node has no allowed choice: the programme is infeasible as it stands.
   bool trivially_infeasible() const { return empty_node_; }
 
-  int x(int node, int choice) const {
-    return x_[static_cast<std::size_t>(node)][static_cast<std::size_t>(choice)];
-  }
+  int x(int node, int choice) const { return x_[static_cast<std::size_t>(node)][static_cast<std::size_t>(choice)]; }
 
   // Loads the programme into a new CBC model.
   CbcModelPtr load() const {
@@ -194,9 +192,9 @@ class IlpModel {
     const std::vector<double> col_lower(objective_.size(), 0.0);
     const std::vector<double> col_upper(objective_.size(), 1.0);
     CbcModelPtr model(Cbc_newModel());
-    Cbc_loadProblem(model.get(), static_cast<int>(objective_.size()), static_cast<int>(row_lower_.size()),
-                    start.data(), index.data(), value.data(), col_lower.data(), col_upper.data(),
-                    objective_.data(), row_lower_.data(), row_upper_.data());
+    Cbc_loadProblem(model.get(), static_cast<int>(objective_.size()), static_cast<int>(row_lower_.size()), start.data(),
+                    index.data(), value.data(), col_lower.data(), col_upper.data(), objective_.data(),
+                    row_lower_.data(), row_upper_.data());
     for (std::size_t c = 0; c < integer_.size(); ++c) {
       if (integer_[c]) Cbc_setInteger(model.get(), static_cast<int>(c));
     }
@@ -283,12 +281,13 @@ SpmdSolution solve_ilp(const SpmdProblem& problem, const IlpOptions& options, co
   if (ilp.trivially_infeasible()) return fallback();
 
   CbcModelPtr model = ilp.load();
-  // CbcMain1 otherwise prints its banner and progress to stdout; one thread keeps the
+  // CbcMain1 otherwise prints its banner and progress to stdout. "threads 0" is CBC's serial
+  // search (1 would add one worker thread beside the waiting main one): one thread keeps the
   // search, and so the answer, deterministic. The gaps are zero so "optimal" means optimal.
   Cbc_setLogLevel(model.get(), 0);
   Cbc_setParameter(model.get(), "log", "0");
   Cbc_setParameter(model.get(), "slog", "0");
-  Cbc_setParameter(model.get(), "threads", "1");
+  Cbc_setParameter(model.get(), "threads", "0");
   Cbc_setParameter(model.get(), "ratioGap", "0");
   Cbc_setParameter(model.get(), "allowableGap", "1e-10");
   if (options.max_seconds > 0) {

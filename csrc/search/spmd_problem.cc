@@ -81,8 +81,8 @@ void validate(const SpmdProblem& problem) {
   for (std::size_t e = 0; e < problem.edges.size(); ++e) {
     const ChoiceEdge& edge = problem.edges[e];
     if (edge.a < 0 || edge.a >= n || edge.b < 0 || edge.b >= n) {
-      throw ValidationError(fmt::format("spmd problem: edge {} joins nodes {} and {}, out of range for {} nodes", e,
-                                        edge.a, edge.b, n));
+      throw ValidationError(
+          fmt::format("spmd problem: edge {} joins nodes {} and {}, out of range for {} nodes", e, edge.a, edge.b, n));
     }
     if (edge.a == edge.b) {
       throw ValidationError(fmt::format("spmd problem: edge {} joins {} to itself", e, node_label(problem, edge.a)));
@@ -96,10 +96,9 @@ void validate(const SpmdProblem& problem) {
     }
     for (std::size_t k = 0; k < edge.cost.size(); ++k) {
       if (bad_value(edge.cost[k])) {
-        throw ValidationError(fmt::format("spmd problem: edge {} ({} -> {}) has cost {} for pair ({}, {}) (negative "
-                                          "or NaN)",
-                                          e, node_label(problem, edge.a), node_label(problem, edge.b), edge.cost[k],
-                                          k / cols, k % cols));
+        throw ValidationError(
+            fmt::format("spmd problem: edge {} ({} -> {}) has cost {} for pair ({}, {}) (negative or NaN)", e,
+                        node_label(problem, edge.a), node_label(problem, edge.b), edge.cost[k], k / cols, k % cols));
       }
     }
   }
@@ -164,19 +163,22 @@ SpmdProblem fold_single_choice_nodes(const SpmdProblem& problem, std::vector<int
     return found;
   };
 
+  // A node's choice is taken when it is queued: folding a neighbour can still make that
+  // choice infinite (no allowed choice left), and then every assignment costs +inf anyway.
   fixed.assign(problem.nodes.size(), -1);
   std::deque<int> queue;
-  std::vector<char> queued(problem.nodes.size(), 0);
+  std::vector<int> queued(problem.nodes.size(), -1);
   for (int v = 0; v < n; ++v) {
-    if (single_choice(v) >= 0) {
+    const int k = single_choice(v);
+    if (k >= 0) {
       queue.push_back(v);
-      queued[static_cast<std::size_t>(v)] = 1;
+      queued[static_cast<std::size_t>(v)] = k;
     }
   }
   while (!queue.empty()) {
     const int u = queue.front();
     queue.pop_front();
-    const int k = single_choice(u);
+    const int k = queued[static_cast<std::size_t>(u)];
     fixed[static_cast<std::size_t>(u)] = k;
     for (int e : incident[static_cast<std::size_t>(u)]) {
       const ChoiceEdge& edge = problem.edges[static_cast<std::size_t>(e)];
@@ -188,9 +190,12 @@ SpmdProblem fold_single_choice_nodes(const SpmdProblem& problem, std::vector<int
         wc[c] += edge.a == u ? edge.cost[static_cast<std::size_t>(k) * cols + c]
                              : edge.cost[c * cols + static_cast<std::size_t>(k)];
       }
-      if (!queued[static_cast<std::size_t>(w)] && single_choice(w) >= 0) {
-        queue.push_back(w);
-        queued[static_cast<std::size_t>(w)] = 1;
+      if (queued[static_cast<std::size_t>(w)] < 0) {
+        const int kw = single_choice(w);
+        if (kw >= 0) {
+          queue.push_back(w);
+          queued[static_cast<std::size_t>(w)] = kw;
+        }
       }
     }
   }
@@ -215,9 +220,8 @@ SpmdProblem fold_single_choice_nodes(const SpmdProblem& problem, std::vector<int
     if (a >= 0 && b >= 0) reduced.edges.push_back(ChoiceEdge{a, b, edge.cost});
   }
   // inf - inf would be NaN: an unlimited budget stays unlimited whatever the folded nodes take.
-  reduced.memory_limit = std::isinf(problem.memory_limit) && problem.memory_limit > 0
-                             ? kInf
-                             : problem.memory_limit - fixed_memory;
+  reduced.memory_limit =
+      std::isinf(problem.memory_limit) && problem.memory_limit > 0 ? kInf : problem.memory_limit - fixed_memory;
   return reduced;
 }
 

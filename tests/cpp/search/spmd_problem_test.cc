@@ -26,7 +26,7 @@ SpmdProblem worked_example() {
 
 struct BruteForce {
   bool feasible = false;
-  double cost = kInf;           // cheapest feasible
+  double cost = kInf;          // cheapest feasible
   double least_memory = kInf;  // least memory of a finite-cost assignment
 };
 
@@ -79,8 +79,8 @@ SpmdProblem random_problem(std::mt19937& rng) {
     int b = pick(rng);
     if (a == b) b = (a + 1) % n;
     ChoiceEdge edge{a, b, {}};
-    const std::size_t size = p.nodes[static_cast<std::size_t>(a)].cost.size() *
-                             p.nodes[static_cast<std::size_t>(b)].cost.size();
+    const std::size_t size =
+        p.nodes[static_cast<std::size_t>(a)].cost.size() * p.nodes[static_cast<std::size_t>(b)].cost.size();
     for (std::size_t k = 0; k < size; ++k) {
       edge.cost.push_back(unit(rng) < 0.05 ? kInf : std::round(unit(rng) * 50) / 10);
     }
@@ -90,48 +90,60 @@ SpmdProblem random_problem(std::mt19937& rng) {
   return p;
 }
 
-// A chain-like problem with skips: node i feeds i+1, and about one node in three also feeds
-// a node 2-8 further on; edges are written in either index order. Diagonal (no resharding)
-// edge entries are free, memory falls as cost rises (more sharding, more communication).
-SpmdProblem large_problem(int nodes, int choices, unsigned seed) {
+// A chain-like problem with skips, shaped like a sharding search: node i feeds i+1 and two
+// nodes in three also feed a node 2-8 further on; edges are written in either index order.
+// Choice 0 replicates, 1-2 shard two ways, 3-4 four ways: sharding divides the memory (the
+// node's own size, 10 to 1000) and adds communication to the cost; changing sharding along
+// an edge costs a resharding proportional to the tensor (0 when the choices agree). The
+// limit sits `tightness` of the way from the least to the most memory.
+SpmdProblem large_problem(int nodes, unsigned seed, double tightness) {
+  constexpr int kChoices = 5;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   SpmdProblem p;
   double least = 0;
   double most = 0;
+  std::vector<double> tensor(static_cast<std::size_t>(nodes));
   for (int v = 0; v < nodes; ++v) {
     ChoiceNode node{"n" + std::to_string(v), {}, {}};
-    for (int c = 0; c < choices; ++c) {
-      node.cost.push_back(1.0 + c * 0.5 + unit(rng) * 2.0);
-      node.memory.push_back((choices - c) * 100.0 + std::round(unit(rng) * 50));
+    const double compute = 1.0 + 3.0 * unit(rng);
+    const double bytes = std::round(10.0 * std::pow(100.0, unit(rng)));
+    tensor[static_cast<std::size_t>(v)] = 0.2 + unit(rng);
+    for (int c = 0; c < kChoices; ++c) {
+      const double degree = c == 0 ? 1 : (c <= 2 ? 2 : 4);
+      node.cost.push_back(compute * (1 + 0.15 * c * (0.5 + unit(rng))));
+      node.memory.push_back(std::round(bytes / degree + (c % 2) * bytes * 0.1));
     }
     least += *std::min_element(node.memory.begin(), node.memory.end());
     most += *std::max_element(node.memory.begin(), node.memory.end());
     p.nodes.push_back(std::move(node));
   }
   auto add_edge = [&](int from, int to) {
-    std::vector<double> cost(static_cast<std::size_t>(choices * choices));
-    for (int x = 0; x < choices; ++x) {
-      for (int y = 0; y < choices; ++y) cost[static_cast<std::size_t>(x * choices + y)] = x == y ? 0.0 : 0.5 + unit(rng) * 3;
+    std::vector<double> cost(kChoices * kChoices);
+    for (int x = 0; x < kChoices; ++x) {
+      for (int y = 0; y < kChoices; ++y) {
+        cost[static_cast<std::size_t>(x * kChoices + y)] =
+            x == y ? 0.0 : tensor[static_cast<std::size_t>(from)] * (0.5 + unit(rng));
+      }
     }
     if (unit(rng) < 0.5) {
       p.edges.push_back({from, to, cost});
-    } else {
-      std::vector<double> transposed(cost.size());
-      for (int x = 0; x < choices; ++x) {
-        for (int y = 0; y < choices; ++y) {
-          transposed[static_cast<std::size_t>(y * choices + x)] = cost[static_cast<std::size_t>(x * choices + y)];
-        }
-      }
-      p.edges.push_back({to, from, transposed});
+      return;
     }
+    std::vector<double> transposed(cost.size());
+    for (int x = 0; x < kChoices; ++x) {
+      for (int y = 0; y < kChoices; ++y) {
+        transposed[static_cast<std::size_t>(y * kChoices + x)] = cost[static_cast<std::size_t>(x * kChoices + y)];
+      }
+    }
+    p.edges.push_back({to, from, transposed});
   };
   std::uniform_int_distribution<int> skip(2, 8);
   for (int v = 0; v + 1 < nodes; ++v) {
     add_edge(v, v + 1);
-    if (v % 3 == 0 && v + 2 < nodes) add_edge(v, std::min(nodes - 1, v + skip(rng)));
+    if (v % 3 != 2 && v + 2 < nodes) add_edge(v, std::min(nodes - 1, v + skip(rng)));
   }
-  p.memory_limit = least + 0.4 * (most - least);
+  p.memory_limit = least + tightness * (most - least);
   return p;
 }
 
@@ -370,10 +382,10 @@ TEST(SpmdSolversTest, SingleChoicePresolve) {
              {"fixed", {2}, {5}},
              {"forced", {kInf, 3, kInf}, {1, 1, 1}},
              {"pinned", {0, 0}, {0, 7}}};
-  p.edges = {{1, 3, {kInf, 0}},               // fixed -> pinned: pinned must take choice 1
-             {3, 0, {5, 5, 5, 0, 2, 1}},      // pinned (a) x free (b)
+  p.edges = {{1, 3, {kInf, 0}},                    // fixed -> pinned: pinned must take choice 1
+             {3, 0, {5, 5, 5, 0, 2, 1}},           // pinned (a) x free (b)
              {0, 2, {0, 9, 0, 1, 0, 2, 3, 0, 0}},  // free (a) x forced (b)
-             {2, 1, {0, 4, 0}}};              // forced (a) x fixed (b)
+             {2, 1, {0, 4, 0}}};                   // forced (a) x fixed (b)
   // free=0: 1 + 0 + 9 = 10; free=1: 1 + 2 + 0 = 3; free=2: 4 + 1 + 0 = 5 (plus 2 + 3 + 4 fixed).
   const BruteForce best = brute_force(p);
   ASSERT_TRUE(best.feasible);
@@ -406,6 +418,31 @@ TEST(SpmdSolversTest, NoFiniteAssignment) {
   const SpmdSolution ilp = solve_ilp(p);
   expect_consistent(p, ilp);
   EXPECT_FALSE(ilp.feasible);
+
+  // "u" is folded for its one finite choice, which folding "f" then makes infinite too.
+  SpmdProblem q;
+  q.nodes = {{"f", {1}, {1}}, {"u", {kInf, 1}, {1, 1}}, {"w", {1, 2}, {1, 1}}};
+  q.edges = {{0, 1, {0, kInf}}, {1, 2, {0, 1, 1, 0}}};
+  for (const SpmdSolution& s : {solve_fast(q), solve_ilp(q)}) {
+    expect_consistent(q, s);
+    EXPECT_FALSE(s.feasible);
+    EXPECT_EQ(s.choice[0], 0);
+    EXPECT_EQ(s.choice[1], 1);
+  }
+}
+
+TEST(SpmdFastTest, PolishFillsMemoryTheLagrangianLeaves) {
+  // Four nodes with the same trade-off all switch at the same multiplier: the Lagrangian
+  // alone gives all-sharded (cost 8, memory 20) under a limit of 30; the best fit shards two.
+  SpmdProblem p;
+  for (int v = 0; v < 4; ++v) p.nodes.push_back({"l" + std::to_string(v), {1, 2}, {10, 5}});
+  p.memory_limit = 30;
+  const SpmdSolution fast = solve_fast(p);
+  expect_consistent(p, fast);
+  EXPECT_TRUE(fast.feasible);
+  EXPECT_EQ(fast.cost, 6);
+  EXPECT_EQ(fast.cost, brute_force(p).cost);
+  EXPECT_EQ(fast.memory, 30);
 }
 
 TEST(SpmdSolversTest, Deterministic) {
@@ -421,7 +458,7 @@ TEST(SpmdSolversTest, Deterministic) {
     EXPECT_EQ(c.choice, d.choice);
     EXPECT_EQ(c.cost, d.cost);
   }
-  const SpmdProblem big = large_problem(120, 4, 3);
+  const SpmdProblem big = large_problem(120, 3, 0.7);
   const SpmdSolution a = solve_fast(big);
   const SpmdSolution b = solve_fast(big);
   EXPECT_EQ(a.choice, b.choice);
@@ -429,7 +466,7 @@ TEST(SpmdSolversTest, Deterministic) {
 }
 
 TEST(SpmdIlpTest, Silent) {
-  const SpmdProblem p = large_problem(40, 3, 11);
+  const SpmdProblem p = large_problem(40, 11, 0.5);
   testing::internal::CaptureStdout();
   const SpmdSolution fast = solve_fast(p);
   const SpmdSolution ilp = solve_ilp(p, {}, &fast);
@@ -446,10 +483,12 @@ TEST(SpmdIlpTest, Silent) {
 }
 
 TEST(SpmdSolversTest, LargeProblem) {
-  // Random costs make a much harder integer programme than a model's (which has structure:
-  // one cheap consistent sharding per block); 100 nodes keeps CBC at seconds on 2 cores.
-  const SpmdProblem p = large_problem(100, 5, 42);
-  ASSERT_GE(p.edges.size(), 120u);
+  // 300 nodes, 5 choices, ~500 edges, a memory limit that binds. Nodes of different sizes
+  // trade cost for memory at different rates; when every node has the same rate (random
+  // costs on one memory ladder) the programme is a hard multiple-choice knapsack and CBC
+  // needs minutes to prove its optimum (pass IlpOptions::max_seconds there).
+  const SpmdProblem p = large_problem(300, 42, 0.7);
+  ASSERT_GE(p.edges.size(), 490u);
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   const SpmdSolution fast = solve_fast(p);
