@@ -221,4 +221,15 @@ class BlockFinder {
 
 std::vector<RepeatedBlockGroup> find_repeated_blocks(const ir::Graph& graph) { return BlockFinder(graph).run(); }
 
+const RepeatedBlockGroup* largest_group(const std::vector<RepeatedBlockGroup>& groups) {
+  const RepeatedBlockGroup* largest = nullptr;
+  std::size_t best = 0;
+  for (const auto& g : groups) {
+    std::size_t size = 0;
+    for (const auto& b : g.nodes) size += b.size();
+    if (size > best) best = size, largest = &g;
+  }
+  return largest;
+}
+
 }  // namespace shardwise::analysis

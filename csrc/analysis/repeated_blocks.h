@@ -40,4 +40,8 @@ struct RepeatedBlockGroup {
 
 std::vector<RepeatedBlockGroup> find_repeated_blocks(const ir::Graph& graph);
 
+// The group with the most nodes in all its blocks (a transformer's layers), or nullptr when
+// there is none; the first on a tie. Points into `groups`.
+const RepeatedBlockGroup* largest_group(const std::vector<RepeatedBlockGroup>& groups);
+
 }  // namespace shardwise::analysis

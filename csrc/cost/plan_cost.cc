@@ -189,13 +189,7 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
 
   // ---- structure ---------------------------------------------------------------------
   std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
-  const analysis::RepeatedBlockGroup* layers = nullptr;
-  std::size_t best = 0;
-  for (const auto& g : groups) {
-    std::size_t size = 0;
-    for (const auto& b : g.nodes) size += b.size();
-    if (size > best) best = size, layers = &g;
-  }
+  const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
   const int num_layers = layers != nullptr ? static_cast<int>(layers->nodes.size()) : 0;
   if (p * v > std::max(num_layers, 1))
     throw ValidationError(fmt::format("evaluate: pipeline {} x virtual_stages {} = {} chunks but the graph has {} layers",

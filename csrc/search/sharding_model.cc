@@ -156,13 +156,7 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
     if (is_leaf(value)) rep_leaf_[static_cast<std::size_t>(value.id)] = value.id;
 
   std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph_);
-  const analysis::RepeatedBlockGroup* layers = nullptr;
-  std::size_t best = 0;
-  for (const auto& g : groups) {
-    std::size_t size = 0;
-    for (const auto& b : g.nodes) size += b.size();
-    if (size > best) best = size, layers = &g;
-  }
+  const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
   if (layers != nullptr) {
     const auto& first = layers->nodes.front();
     for (const auto& block : layers->nodes) {

@@ -11,19 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include "search/choice_presolve.h"
 #include "search/spmd_problem.h"
 #include "support/error.h"
 
 namespace shardwise::search {
-
-namespace detail {
-
-// Defined in spmd_problem.cc (see there).
-SpmdProblem fold_single_choice_nodes(const SpmdProblem& problem, std::vector<int>& fixed, std::vector<int>& kept);
-std::vector<int> expand_choice(std::span<const int> fixed, std::span<const int> kept,
-                               std::span<const int> reduced_choice);
-
-}  // namespace detail
 
 namespace {
 

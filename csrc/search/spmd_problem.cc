@@ -9,20 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "search/choice_presolve.h"
 #include "support/error.h"
 
 namespace shardwise::search {
-
-namespace detail {
-
-// The single-choice presolve shared by solve_fast (spmd_fast.cc) and solve_ilp (spmd_ilp.cc).
-// It is declared again in those two files rather than in a header so the public contract
-// (spmd_problem.h) stays exactly the two solvers; a mismatch in the declarations fails at link.
-SpmdProblem fold_single_choice_nodes(const SpmdProblem& problem, std::vector<int>& fixed, std::vector<int>& kept);
-std::vector<int> expand_choice(std::span<const int> fixed, std::span<const int> kept,
-                               std::span<const int> reduced_choice);
-
-}  // namespace detail
 
 namespace {
 
