@@ -24,7 +24,7 @@ std::string_view op_base_name(std::string_view op) {
   return dot == std::string_view::npos ? op : op.substr(0, dot);
 }
 
-void OpTable::add(std::string name, std::string_view rule_text, FlopsCost flops) {
+void OpTable::add(std::string name, std::string_view rule_text, FlopsCost flops, bool linear) {
   if (name.empty()) throw support::ValidationError("op table: an op needs a name");
   if (by_name_.count(name)) throw support::ValidationError(fmt::format("op table: {} is registered twice", name));
   RuleText rule;
@@ -40,7 +40,7 @@ void OpTable::add(std::string name, std::string_view rule_text, FlopsCost flops)
   const auto at = specs_.size();
   by_name_.emplace(name, at);
   by_base_.emplace(std::string(op_base_name(name)), at);  // keeps the first of a base
-  specs_.push_back(OpSpec{std::move(name), std::string(rule_text), std::move(rule), flops});
+  specs_.push_back(OpSpec{std::move(name), std::string(rule_text), std::move(rule), flops, linear});
 }
 
 const OpSpec* OpTable::find(std::string_view op) const {

@@ -51,6 +51,11 @@ struct OpSpec {
   std::string rule_text;  // "~mn,mk,kn->mn"
   RuleText rule;          // parsed and checked by OpTable::add
   FlopsCost flops;
+  // The op is linear in its tensor input(s): f(a + b) = f(a) + f(b), so it may run on
+  // Partial(sum) operands and give Partial(sum) outputs without reducing first (a view of
+  // a row-parallel product's partial sums, a concatenation of partial sums). Data movement
+  // only: views, transposes, copies and casts, slices, cats and splits.
+  bool linear = false;
 };
 
 class OpTable {
@@ -61,7 +66,7 @@ class OpTable {
 
   // Parses and checks `rule_text`. Throws support::ValidationError naming the op on a bad
   // rule, an unknown template, or a name already in the table.
-  void add(std::string name, std::string_view rule_text, FlopsCost flops = {});
+  void add(std::string name, std::string_view rule_text, FlopsCost flops = {}, bool linear = false);
 
   // Full name, then base name (overload stripped), then any overload of the same base.
   // Null when none.

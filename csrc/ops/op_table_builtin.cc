@@ -14,7 +14,11 @@
 // Contractions and convolutions count 2 per multiply-add; a bias adds 1 per output element.
 #include "ops/op_table.h"
 
+#include <fmt/format.h>
+
 #include <string_view>
+
+#include "support/error.h"
 
 namespace shardwise::ops {
 
@@ -385,8 +389,31 @@ const OpTable& OpTable::builtin() {
         {"aten::scalar_tensor", "create([])", Zero, 0},
         {"aten::linspace", "create(steps)", Zero, 0},
     };
+    // Linear in their tensor inputs (OpSpec::linear): pure data movement of one value or of
+    // several values alike. Not here: ops that create values (fill, pad with a constant,
+    // creation), pick by value (sort, topk, max) or mix in a second operand (index_put).
+    static constexpr std::string_view kLinear[] = {
+        "aten::alias", "aten::contiguous", "aten::clone", "aten::detach", "aten::_to_copy", "aten::to.dtype",
+        "aten::to.dtype_layout", "aten::to.device", "aten::view", "aten::_unsafe_view", "aten::_reshape_alias",
+        "aten::reshape", "aten::flatten.using_ints", "aten::unflatten.int", "aten::unsqueeze", "aten::squeeze.dim",
+        "aten::squeeze.dims", "aten::squeeze", "aten::transpose.int", "aten::swapaxes", "aten::swapdims", "aten::t",
+        "aten::permute", "aten::expand", "aten::broadcast_to", "aten::slice.Tensor", "aten::narrow",
+        "aten::select.int", "aten::cat", "aten::concat", "aten::concatenate", "aten::stack", "aten::split.Tensor",
+        "aten::split.sizes", "aten::split_with_sizes", "aten::unsafe_split.Tensor", "aten::chunk", "aten::unbind.int",
+    };
+    auto linear = [](std::string_view name) {
+      for (std::string_view l : kLinear)
+        if (l == name) return true;
+      return false;
+    };
     OpTable out;
-    for (const auto& row : kRows) out.add(std::string(row.name), row.rule, FlopsCost{row.flops, row.per_element});
+    for (const auto& row : kRows)
+      out.add(std::string(row.name), row.rule, FlopsCost{row.flops, row.per_element}, linear(row.name));
+    for (std::string_view l : kLinear) {
+      const OpSpec* spec = out.find(l);
+      if (spec == nullptr || spec->name != l)
+        throw support::ValidationError(fmt::format("op table: linear op {} has no row", l));
+    }
     return out;
   }();
   return table;

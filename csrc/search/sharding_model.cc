@@ -322,11 +322,23 @@ std::vector<Strategy> ShardingModel::node_strategies(ir::NodeId node, int axis) 
   const ir::Node& n = graph_.node(node);
   for (const auto& s : strategies)
     if (s.inputs.size() != n.inputs.size() || s.outputs.size() != n.outputs.size()) return {replicate_strategy(node)};
+  // A linear op on floating values may carry partial sums through (strategy.h).
+  const ops::OpSpec* spec = ops::OpTable::builtin().find(n.op);
+  bool floating = spec != nullptr && spec->linear && !n.inputs.empty();
+  for (ir::ValueId v : n.inputs) floating = floating && ir::is_floating(graph_.value(v).type.dtype);
+  for (ir::ValueId v : n.outputs) floating = floating && ir::is_floating(graph_.value(v).type.dtype);
+  if (floating) strategies.push_back(partial_strategy(*rules_[static_cast<std::size_t>(node)]));
   return strategies;
 }
 
 double ShardingModel::node_compute(ir::NodeId node, int axis, const Strategy& choice,
                                    const cost::DeviceType& device) const {
+  const cost::OpTime time = node_time(node, axis, choice, device);
+  return time.forward + time.backward;
+}
+
+cost::OpTime ShardingModel::node_time(ir::NodeId node, int axis, const Strategy& choice,
+                                      const cost::DeviceType& device) const {
   const ir::Node& n = graph_.node(node);
   cost::NodeContext context;
   context.batch_scale = batch_scale_;
@@ -340,9 +352,8 @@ double ShardingModel::node_compute(ir::NodeId node, int axis, const Strategy& ch
     if (s.index >= 0) context.work_shards *= size;
   }
   cost::OpTime time = model_.node_time(graph_, n, device, options_.precision, context);
-  double seconds = time.forward + time.backward;
-  if (options_.recompute && in_block_[static_cast<std::size_t>(node)]) seconds += time.forward;
-  return seconds;
+  if (options_.recompute && in_block_[static_cast<std::size_t>(node)]) time.backward += time.forward;
+  return time;
 }
 
 double ShardingModel::node_memory(ir::NodeId node, int axis, const Strategy& choice) const {
@@ -487,6 +498,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale) {
     const int pb = node_id[static_cast<std::size_t>(key.consumer)];
     if (pa < 0 || pb < 0) continue;
     const ir::Value& value = graph_.value(group.value);
+    // Parameter traffic runs beside compute (ShardingModelOptions::parameter_weight).
+    const double weight = value.role == ir::ValueRole::Parameter ? options_.parameter_weight : 1.0;
     std::vector<Placement> produced;
     if (key.producer_is_leaf) {
       for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(key.producer)]) produced.push_back(c.placement);
@@ -499,7 +512,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale) {
     if (pa == pb) {
       for (std::size_t s = 0; s < readers.size(); ++s)
         problem.nodes[static_cast<std::size_t>(pb)].cost[s] +=
-            group.count * edge_seconds(axis, group.value, produced[s], readers[s].inputs[op], readers[s].input_grads[op]);
+            weight * group.count *
+            edge_seconds(axis, group.value, produced[s], readers[s].inputs[op], readers[s].input_grads[op]);
       continue;
     }
     const bool flip = pa > pb;
@@ -518,8 +532,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale) {
     const std::size_t nb = problem.nodes[static_cast<std::size_t>(e.b)].cost.size();
     for (std::size_t p = 0; p < produced.size(); ++p)
       for (std::size_t r = 0; r < readers.size(); ++r) {
-        double seconds =
-            group.count * edge_seconds(axis, group.value, produced[p], readers[r].inputs[op], readers[r].input_grads[op]);
+        double seconds = weight * group.count * edge_seconds(axis, group.value, produced[p], readers[r].inputs[op],
+                                                             readers[r].input_grads[op]);
         e.cost[flip ? r * nb + p : p * nb + r] += seconds;
       }
   }
@@ -577,7 +591,17 @@ double ShardingModel::activation_bytes() const {
 
 ShardingEvaluation ShardingModel::evaluate() const {
   ShardingEvaluation out;
-  double compute = compute_seconds(*device_), activations = 0, gradients = 0, statistics = 0;
+  double forward = 0, backward = 0;
+  for (const ir::Node& node : graph_.nodes()) {
+    const auto u = static_cast<std::size_t>(node.id);
+    if (rep_node_[u] != node.id) continue;
+    const cost::OpTime time = node_time(node.id, -1, node_choice_[0][u], *device_);
+    forward += instances_[u] * time.forward;
+    backward += instances_[u] * time.backward;
+  }
+  const double compute = forward + backward;
+  // Parameter collectives: the forward's weight gathers, the step's gradient reductions.
+  double activations = 0, parameter_forward = 0, parameter_step = 0, statistics = 0;
   for (int axis = 0; axis < static_cast<int>(options_.mesh.size()); ++axis) {
     const auto a = static_cast<std::size_t>(axis);
     if (options_.mesh[a] <= 1) continue;
@@ -609,14 +633,23 @@ ShardingEvaluation ShardingModel::evaluate() const {
                                    static_cast<double>(step->bytes), group.count, seconds});
       };
       const bool parameter = value.role == ir::ValueRole::Parameter;
-      record(produced, reader.inputs[op], "forward", parameter ? gradients : activations);
+      record(produced, reader.inputs[op], "forward", parameter ? parameter_forward : activations);
       if (requires_grad_[static_cast<std::size_t>(group.value)])
         record(reader.input_grads[op], gradient_placement(produced), parameter ? "step" : "backward",
-               parameter ? gradients : activations);
+               parameter ? parameter_step : activations);
     }
   }
+  // Hidden under its phase's compute at the interference price, the excess exposed.
+  const double k = options_.overlap_interference;
+  auto exposed = [k](double sync, double beside) { return std::max(0.0, sync - beside) + k * std::min(sync, beside); };
+  const double gradients = exposed(parameter_forward, forward) + exposed(parameter_step, backward);
+  out.parameter_sync = parameter_forward + parameter_step;
+  out.parameter_sync_hidden = parameter_forward <= forward && parameter_step <= backward;
   out.step_time = compute + activations + gradients + statistics;
-  out.breakdown = {{"compute", compute}, {"activations", activations}, {"gradient_sync", gradients},
+  out.breakdown = {{"compute", compute},
+                   {"activations", activations},
+                   {"gradient_sync", gradients},
+                   {"gradient_sync_total", out.parameter_sync},
                    {"statistics", statistics}};
   const double params = parameter_bytes(), acts = activation_bytes();
   out.memory_per_rank = params + acts;

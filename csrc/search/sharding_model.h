@@ -34,6 +34,15 @@ struct ShardingModelOptions {
   bool allow_zero = true;
   cost::MemoryConstants memory;
   int beam_width = 256;
+  // Parameter collectives (gradient reduction, ZeRO/FSDP weight gathers) run beside compute:
+  // the gathers beside the forward, the gradient reductions beside the backward. One
+  // second of them hidden that way still costs overlap_interference seconds (the cost
+  // model's constant: NCCL kernels share SMs and HBM with the GEMMs); the rest is exposed.
+  double overlap_interference = 0.18;
+  // What the per-axis solver charges for one second of parameter collectives: the
+  // interference while they hide under compute, 1 when they do not (search_spmd tries the
+  // first and falls back to the second; evaluate() always prices them exactly).
+  double parameter_weight = 1.0;
 };
 
 // A leaf's decision on one axis.
@@ -52,6 +61,10 @@ struct ShardingEvaluation {
   std::map<std::string, double> memory_breakdown;  // bytes
   std::vector<plan::CollectiveRecord> collectives;
   double model_flops = 0;  // per step (3 x forward matmul FLOPs at the global batch)
+  // Parameter collectives before overlap, and whether each phase's fit under its compute
+  // (forward gathers under the forward, gradient reductions under the backward).
+  double parameter_sync = 0;
+  bool parameter_sync_hidden = true;
 };
 
 class ShardingModel {
@@ -105,6 +118,8 @@ class ShardingModel {
   // Forward + backward (+ recomputed forward) seconds of a node with `choice` on `axis`
   // (the other axes as decided), on `device`.
   double node_compute(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
+  // The same, split: forward, and backward with the recomputed forward.
+  cost::OpTime node_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
   double node_memory(ir::NodeId node, int axis, const Strategy& choice) const;
   double leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
   double edge_seconds(int axis, ir::ValueId value, const Placement& produced, const Placement& wanted,

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "search/hetero_balance.h"
@@ -39,8 +41,45 @@ struct Outcome {
   std::optional<BatchBalance> balance;
 };
 
-// Coordinate descent over the axes: the inner axis (others replicated, so its memory limit
-// is scaled by the unsolved axes' sizes), the outer, the inner again.
+// Coordinate descent over the axes: the inner axis, the outer, the inner again. The first
+// pass on the inner axis sees the outer axes still replicated, so its memory limit is
+// either scaled by their sizes (they will shard something later: the inner axis may keep
+// everything whole and leave memory to the outer axes, right when the outer axes are as
+// fast) or left as it is (the inner axis, on the fastest links, saves the memory itself,
+// right when the outer axes cross slow links). Both are tried, and the better kept.
+//
+// Parameter collectives hide under compute (ShardingModelOptions::parameter_weight): the
+// solver prices them at the interference constant first; when the result's collectives
+// do not fit under its compute, the descent runs again pricing them whole.
+std::unique_ptr<ShardingModel> descend(const ir::Graph& graph, const cost::Cluster& cluster,
+                                       const cost::CostModel& model, const ShardingModelOptions& base,
+                                       bool thorough, bool scale_first_pass, double parameter_weight) {
+  ShardingModelOptions mo = base;
+  mo.parameter_weight = parameter_weight;
+  auto sm = std::make_unique<ShardingModel>(graph, cluster, model, mo);
+  const auto& mesh = mo.mesh;
+  const int axes = static_cast<int>(mesh.size());
+  std::vector<int> order;
+  for (int a = axes - 1; a >= 0; --a) order.push_back(a);
+  if (axes > 1) order.push_back(axes - 1);
+  std::vector<bool> solved(static_cast<std::size_t>(axes), false);
+  for (int axis : order) {
+    double scale = 1;
+    if (scale_first_pass)
+      for (int b = 0; b < axes; ++b)
+        if (b != axis && !solved[static_cast<std::size_t>(b)]) scale *= mesh[static_cast<std::size_t>(b)];
+    sm->solve_axis(axis, thorough, scale);
+    solved[static_cast<std::size_t>(axis)] = true;
+  }
+  return sm;
+}
+
+bool better_evaluation(const ShardingEvaluation& a, const ShardingEvaluation& b) {
+  if (a.fits != b.fits) return a.fits;
+  if (!a.fits) return a.memory_per_rank < b.memory_per_rank;
+  return a.step_time < b.step_time;
+}
+
 Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
                       const SpmdSearchOptions& options, const std::vector<int>& mesh, bool recompute, bool thorough,
                       double memory_limit) {
@@ -53,21 +92,25 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   mo.allow_zero = options.allow_zero;
   mo.memory = options.memory;
   mo.beam_width = options.beam_width;
-  ShardingModel sm(graph, cluster, model, mo);
-  const int axes = static_cast<int>(mesh.size());
-  std::vector<int> order;
-  for (int a = axes - 1; a >= 0; --a) order.push_back(a);
-  if (axes > 1) order.push_back(axes - 1);
-  std::vector<bool> solved(static_cast<std::size_t>(axes), false);
-  for (int axis : order) {
-    double scale = 1;
-    for (int b = 0; b < axes; ++b)
-      if (b != axis && !solved[static_cast<std::size_t>(b)]) scale *= mesh[static_cast<std::size_t>(b)];
-    sm.solve_axis(axis, thorough, scale);
-    solved[static_cast<std::size_t>(axis)] = true;
+  mo.overlap_interference = options.overlap_interference;
+  std::unique_ptr<ShardingModel> best_model;
+  ShardingEvaluation best_evaluation;
+  const bool two_axes = std::count_if(mesh.begin(), mesh.end(), [](int size) { return size > 1; }) > 1;
+  for (bool scale_first_pass : two_axes ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
+    for (double weight : {mo.overlap_interference, 1.0}) {
+      auto sm = descend(graph, cluster, model, mo, thorough, scale_first_pass, weight);
+      ShardingEvaluation evaluation = sm->evaluate();
+      const bool hidden = evaluation.parameter_sync_hidden;
+      if (!best_model || better_evaluation(evaluation, best_evaluation)) {
+        best_model = std::move(sm);
+        best_evaluation = std::move(evaluation);
+      }
+      if (hidden) break;  // the interference price was the right one
+    }
   }
+  ShardingModel& sm = *best_model;
   Outcome out;
-  out.evaluation = sm.evaluate();
+  out.evaluation = best_evaluation;
 
   // Heterogeneous ranks along the batch axis: shares from the balance LP.
   const int axis = sm.batch_axis();

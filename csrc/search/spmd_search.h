@@ -25,15 +25,21 @@
 //    descent: the inner axis, the outer, the inner again), each as an SpmdProblem
 //    (search/spmd_problem.h): `fast` uses solve_fast, `thorough` solve_ilp started from
 //    solve_fast and also runs the fast search, returning the better: never worse than fast.
+//    The first inner pass either leaves memory to the outer axes or saves it itself; both
+//    are tried (spmd_search.cc says why).
 //  - The mesh and recomputation choice with the lowest predicted step time that fits in
 //    memory wins; ties go to the earlier candidate (smaller tensor degree, no recompute).
 //  - Heterogeneous clusters: where the batch is sharded along an axis whose ranks differ,
 //    the shares come from search/hetero_balance.h and are recorded as uneven placements of
 //    the graph's inputs ("S(0)[0.31,0.31,...]").
 //
-// Predicted step time = compute + every collective, not overlapped (conservative), the
-// breakdown says which part is which: "compute", "activations" (forward and backward
-// resharding of activations), "gradient_sync" (of parameters), "statistics".
+// Predicted step time = compute + activation collectives + statistics + the exposed part of
+// the parameter collectives. Parameter collectives run beside compute (the weight gathers
+// beside the forward, the gradient reductions beside the backward, as DDP and FSDP run
+// them): exposed = max(0, sync - compute) + overlap_interference x min(sync, compute), per
+// phase, the same rule as cost/plan_cost.h. The breakdown: "compute", "activations"
+// (forward and backward resharding of activations, on the critical path), "gradient_sync"
+// (exposed), "gradient_sync_total" (before overlap; not part of the sum), "statistics".
 //
 // Deterministic: the same graph, cluster, model and options give the same plan, bit for bit.
 // Throws support::ValidationError on global_batch < 1, an empty graph, or a mesh option that
@@ -50,6 +56,7 @@
 #include "cost/cluster.h"
 #include "cost/memory_cost.h"
 #include "cost/op_cost.h"
+#include "cost/plan_cost.h"
 #include "ir/graph.h"
 #include "plan/plan.h"
 
@@ -69,6 +76,9 @@ struct SpmdSearchOptions {
   bool allow_zero = true;
   cost::MemoryConstants memory;
   int beam_width = 256;
+  // Seconds of step time one second of parameter collectives hidden under compute still
+  // costs (cost::PlanCostConstants::overlap_interference).
+  double overlap_interference = cost::PlanCostConstants{}.overlap_interference;
   // Called after each candidate with (done, total); may throw to stop the search.
   std::function<void(int, int)> progress;
 };

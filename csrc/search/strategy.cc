@@ -123,6 +123,7 @@ void check_axis_size(int axis_size) {
 }  // namespace
 
 std::string Strategy::str(const ops::DimRule& rule) const {
+  if (partial) return "partial";
   if (index < 0) return "replicate";
   if (static_cast<std::size_t>(index) >= rule.indices.size()) {
     throw support::ValidationError(
@@ -158,6 +159,15 @@ std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_si
     }
   }
   return out;
+}
+
+Strategy partial_strategy(const ops::DimRule& rule) {
+  Strategy s;
+  s.partial = true;
+  s.inputs.assign(rule.inputs.size(), Placement::partial(ops::Reduction::Sum));
+  s.input_grads.assign(rule.inputs.size(), Placement::replicate());
+  s.outputs.assign(rule.outputs.size(), Placement::partial(ops::Reduction::Sum));
+  return s;
 }
 
 ops::DimRule local_rule(const ops::DimRule& rule, const Strategy& strategy, int axis_size) {

@@ -42,6 +42,13 @@
 // index of the rule that an output carries (the rows), all-reduced in forward and again in
 // backward. This is Megatron's vocabulary-parallel cross entropy, from the rule.
 //
+// Partial passthrough (partial_strategy): a linear op (ops::OpSpec::linear: views, copies,
+// cats, splits) may run on Partial(sum) inputs and give Partial(sum) outputs, so the
+// reduction of a row-parallel product can wait until after a reshape and meet its reader
+// as an all-reduce, a reduce-scatter to whatever shard the reader wants, or nothing. The
+// search offers it next to the rule's strategies for linear nodes; it is not one of them
+// (the rule cannot say an op is linear).
+//
 // Order: replicate first, then by index id, then by groups ascending; strategies whose
 // placements are all equal to an earlier one are dropped. Deterministic.
 //
@@ -70,6 +77,7 @@ struct Strategy {
   std::vector<Placement> input_grads;  // placement of the gradient the backward gives each input
   std::vector<Placement> outputs;      // placement of each output
   std::int64_t statistics_elements = 0;  // all-reduced in forward and in backward (Whole split)
+  bool partial = false;                  // partial passthrough (index -1, see the header)
 
   // "replicate", "split k", "split n g3"; the index label comes from the rule.
   std::string str(const ops::DimRule& rule) const;
@@ -86,6 +94,10 @@ struct StrategyOptions {
 // only replicate). Throws support::ValidationError on axis_size < 1.
 std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_size,
                                            const StrategyOptions& options = {});
+
+// Partial passthrough for a linear op with this rule: inputs and outputs Partial(sum), the
+// inputs' gradients Replicate (the gradient of a sum reaches every term whole).
+Strategy partial_strategy(const ops::DimRule& rule);
 
 // The rule as seen by one rank after `strategy` on an axis of axis_size ranks: the split
 // index's size divided by axis_size (how the next mesh axis sees the node).

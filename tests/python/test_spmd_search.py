@@ -40,22 +40,40 @@ def llama_graph():
         intermediate_size=5504, vocab_size=32000, max_position_embeddings=512, use_cache=False)), 32000)
 
 
+def _block_forward_collectives(plan, layers: int) -> list[str]:
+    """Kinds of the forward collectives of activations on the tensor axis that every block
+    runs once (the report folds repeated blocks: count == layers)."""
+    leaves = set(plan.sharding["leaves"])
+    return sorted(c["kind"] for c in plan.collectives()
+                  if c["axis"] == 1 and c["phase"] == "forward" and c["count"] == layers and c["value"] not in leaves)
+
+
 def test_gpt2_tensor_parallel_with_strided_fused_qkv(gpt2_graph):
     # 0.2B parameters x 16 bytes = 3.3 GB: no room on 2 GiB devices unless the weights are split.
-    plan = shardwise.plan(gpt2_graph, _small_memory_a100(2), global_batch=4, mesh=(1, 8))
+    # 2 x 512 tokens a step: the weights' gathers would not hide under so little compute, so
+    # sharding the weights the FSDP way loses to Megatron's split.
+    plan = shardwise.plan(gpt2_graph, _small_memory_a100(2), global_batch=2, mesh=(1, 8))
     assert plan.fits
     placements = plan.placements()
     for layer in range(2):
         block = f"transformer.h.{layer}."
         # c_attn is GPT-2's fused [h, 3h] QKV: each rank holds q, k and v of the same heads.
         assert placements[block + "attn.c_attn.weight"][1] == "S(1,g3)"
-        assert placements[block + "mlp.c_fc.weight"][1] == "S(1)"      # column-parallel (Conv1D: [in, out])
+        assert placements[block + "attn.c_proj.weight"][1] == "S(0)"  # row-parallel (Conv1D: [in, out])
+        assert placements[block + "mlp.c_fc.weight"][1] == "S(1)"      # column-parallel
         assert placements[block + "mlp.c_proj.weight"][1] == "S(0)"    # row-parallel
+    # One all-reduce's worth per attention and per MLP block in forward: the all-reduce, or its
+    # reduce-scatter and all-gather halves around a sequence-sharded residual (Megatron with
+    # sequence parallelism, which the search prefers: the norms run on 1/8 of the tokens).
+    kinds = _block_forward_collectives(plan, 2)
+    assert kinds in (["all_reduce", "all_reduce"], ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"])
     assert "transformer.h.*.attn.c_attn.weight" in plan.report()
 
 
 def test_llama_megatron_projections(llama_graph):
-    plan = shardwise.plan(llama_graph, _small_memory_a100(2), global_batch=4, mesh=(1, 8))
+    # The fast level finds a plan 14% slower here (see the issue note); the thorough one is
+    # Megatron's.
+    plan = shardwise.plan(llama_graph, _small_memory_a100(2), global_batch=2, mesh=(1, 8), level="thorough")
     assert plan.fits
     placements = plan.placements()
     for layer in range(2):
@@ -68,6 +86,27 @@ def test_llama_megatron_projections(llama_graph):
         assert placements[block + "mlp.down_proj.weight"][1] == "S(1)"
     # The vocabulary-parallel LM head.
     assert placements["lm_head.weight"][1] == "S(0)"
+
+
+def test_llama_at_a_large_batch_is_pure_data_parallel(llama_graph):
+    # 80 GB devices, 512 sequences: every weight matrix whole on every rank, the batch over
+    # all 8. (The fast level leaves the embedding region hidden-sharded here, 12% slower by
+    # its own model: see the issue note.)
+    plan = shardwise.plan(llama_graph, shardwise.Cluster.preset("dgx-a100"), global_batch=512, level="thorough")
+    assert plan.fits
+    placements, mesh = plan.placements(), plan.sharding["mesh"]
+    matrices = [n for n in plan.sharding["leaves"] if n.endswith("_proj.weight") or n in
+                ("model.embed_tokens.weight", "lm_head.weight")]
+    assert len(matrices) == 2 * 7 + 2
+    for name in matrices:
+        assert placements[name] == ["R", "R"], name
+    # The embedding lookup and every projection run on a slice of the batch on every axis.
+    strategies = plan.strategies()
+    for node in ["embedding"] + [f"linear_{i}" if i else "linear" for i in range(14)]:
+        for axis, size in enumerate(mesh):
+            if size > 1:
+                assert strategies[node][axis] in ("split _0", "split m"), (node, strategies[node])
+    assert plan.breakdown()["gradient_sync"] <= plan.breakdown()["gradient_sync_total"]
 
 
 def test_plan_is_deterministic_survives_json_and_thorough_is_never_worse(llama_graph):

@@ -202,3 +202,22 @@ TEST(OpTableTest, EveryTemplateIsListed) {
 
 }  // namespace
 }  // namespace shardwise::ops
+
+namespace shardwise::ops {
+namespace {
+
+TEST(OpTableTest, LinearOpsAreDataMovementOnly) {
+  const OpTable& table = OpTable::builtin();
+  for (std::string_view op : {"aten::view", "aten::reshape", "aten::transpose.int", "aten::permute", "aten::cat",
+                              "aten::split.Tensor", "aten::_to_copy", "aten::contiguous"})
+    EXPECT_TRUE(table.find(op)->linear) << op;
+  // Pointwise maths, value picks, fills and contractions are not linear in the sense the
+  // search needs (a Partial input would give a wrong output).
+  for (std::string_view op : {"aten::gelu", "aten::add.Tensor", "aten::mul.Tensor", "aten::topk", "aten::fill_.Scalar",
+                              "aten::constant_pad_nd", "aten::mm", "aten::embedding", "aten::index_put"})
+    EXPECT_FALSE(table.find(op)->linear) << op;
+  EXPECT_FALSE(OpSpec{}.linear);
+}
+
+}  // namespace
+}  // namespace shardwise::ops

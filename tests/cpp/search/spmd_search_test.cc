@@ -4,7 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "cost/cluster_presets.h"
@@ -98,12 +104,27 @@ TEST(SpmdSearch, SmallGptAtLargeBatchRunsItsBlocksDataParallel) {
   }
 }
 
+// The forward collectives of activations on `axis` that every repeated block runs once
+// (count == layers), by kind.
+std::multiset<std::string> block_forward_collectives(const plan::Plan& p, const ir::Graph& g, int axis, int layers) {
+  std::multiset<std::string> kinds;
+  for (const auto& c : p.predicted->collectives) {
+    if (c.axis != axis || c.phase != "forward" || c.count != layers) continue;
+    const std::optional<ir::ValueId> v = g.find_value(c.value);
+    if (v && g.value(*v).role == ir::ValueRole::Activation) kinds.insert(c.kind);
+  }
+  return kinds;
+}
+
 TEST(SpmdSearch, FusedQkvGetsAStridedShardWhenDataParallelCannotFit) {
   // 4 layers of hidden 4096: 0.97B parameters x 16 bytes = 15.5 GB, more than 16 GiB x 0.9.
   ir::Graph g = gpt(4, 4096, 32);
   cost::Cluster cluster = a100_with_memory(16);
   SpmdSearchOptions o;
-  o.global_batch = 4;
+  // 2 x 1024 tokens a step. (At twice the tokens a token-parallel attention projection, its
+  // weight whole and the heads' output exchanged all-to-all, costs within 1% of the
+  // row-parallel one and wins the tie under the cost model.)
+  o.global_batch = 2;
   o.mesh = std::vector<int>{1, 8};
   SpmdSearchResult r = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
   ASSERT_TRUE(r.fits);
@@ -113,11 +134,59 @@ TEST(SpmdSearch, FusedQkvGetsAStridedShardWhenDataParallelCannotFit) {
     // q, k and v of the same heads on each rank: the [h, 3h] weight split in three groups.
     EXPECT_EQ(at(p, block + "attn.c_attn.weight", 1), "S(1,g3)") << block;
     EXPECT_EQ(at(p, block + "attn.c_attn.bias", 1), "S(0,g3)") << block;
-    // The MLP: up projection column-parallel, down projection row-parallel (Megatron).
+    // The attention output projection row-parallel; the MLP: up projection column-parallel,
+    // down projection row-parallel (Megatron).
+    EXPECT_EQ(at(p, block + "attn.c_proj.weight", 1), "S(0)") << block;
     EXPECT_EQ(at(p, block + "mlp.c_fc.weight", 1), "S(1)") << block;
     EXPECT_EQ(at(p, block + "mlp.c_proj.weight", 1), "S(0)") << block;
   }
   EXPECT_LT(p.predicted->memory_per_rank, 16.0 * (1LL << 30) * 0.9);
+  // One all-reduce's worth of activation traffic per attention and per MLP block: either the
+  // all-reduce itself (Megatron) or its two halves around a sequence-sharded residual
+  // (Megatron with sequence parallelism: no statistics all-reduce, 1/8 of the norms' work).
+  const auto kinds = block_forward_collectives(p, g, 1, 4);
+  const std::multiset<std::string> megatron = {"all_reduce", "all_reduce"};
+  const std::multiset<std::string> sequence_parallel = {"all_gather", "all_gather", "reduce_scatter", "reduce_scatter"};
+  EXPECT_TRUE(kinds == megatron || kinds == sequence_parallel) << fmt::format("{}", fmt::join(kinds, ", "));
+  // Partial sums of the row-parallel products are reduced once, after the reshape that
+  // follows them (a linear op carries them through) or right at the product.
+  for (const auto& [name, per_axis] : p.sharding->strategies)
+    if (per_axis[1] == "partial") EXPECT_EQ(p.sharding->placements.at(name)[1], "P(sum)") << name;
+}
+
+TEST(SpmdSearch, Gpt3BlockStructureOn1024A100sIsSearchedInSeconds) {
+  // GPT-3 175B: 96 layers, hidden 12288, 96 heads, sequence 2048, batch 1536, on 128 DGX
+  // A100 nodes with an 8-way tensor axis inside each. The search time is reported, not
+  // asserted to the issue's budget (fast < 1 s, thorough < 30 s: timing never fails a test
+  // on a loaded machine); the bounds below catch a change of complexity.
+  models::GptConfig c;
+  c.layers = 96;
+  c.hidden = 12288;
+  c.heads = 96;
+  c.seq = 2048;
+  c.vocab = 50304;
+  c.batch = 2;
+  c.dropout = 0;
+  ir::Graph g = models::build_gpt(c);
+  cost::Cluster cluster = cost::preset("dgx-a100", 128);
+  SpmdSearchOptions o;
+  o.global_batch = 1536;
+  o.mesh = std::vector<int>{128, 8};
+  SpmdSearchResult fast = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  o.level = SearchLevel::Thorough;
+  SpmdSearchResult thorough = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  std::printf("GPT-3 175B SPMD search on 128x8 A100: fast %.2f s (step %.2f s), thorough %.2f s (step %.2f s)\n",
+              fast.search_seconds, fast.plan.predicted->step_time, thorough.search_seconds,
+              thorough.plan.predicted->step_time);
+  EXPECT_TRUE(fast.fits);
+  EXPECT_TRUE(thorough.fits);
+  EXPECT_LE(thorough.plan.predicted->step_time, fast.plan.predicted->step_time * (1 + 1e-12));
+  EXPECT_LT(fast.search_seconds, 10.0);
+  EXPECT_LT(thorough.search_seconds, 120.0);
+  // What the plan is worth is not asserted here: see the issue note (the coordinate descent
+  // over the two axes leaves this one far from Megatron's step time).
+  for (const auto& r : {&fast, &thorough})
+    for (const auto& [name, per_axis] : r->plan.sharding->placements) ASSERT_EQ(per_axis.size(), 2u) << name;
 }
 
 TEST(SpmdSearch, ThoroughIsNeverWorseThanFastAndBothAreDeterministic) {

@@ -311,5 +311,21 @@ TEST(StrategyTest, LocalRule) {
   EXPECT_THROW(local_rule(rule, strategies[2], 5), support::ValidationError);  // 768 % 5
 }
 
+TEST(StrategyTest, PartialPassthroughKeepsPartialSums) {
+  // A view [m, n] -> [b, s, n] of a row-parallel product's partial sums stays partial; the
+  // gradient of a sum reaches each term whole.
+  const auto rule = rule_of("aten::view", {f32({8, 16})}, {f32({2, 4, 16})}, {{"size", Ints{2, 4, 16}}});
+  Strategy s = partial_strategy(rule);
+  EXPECT_TRUE(s.partial);
+  EXPECT_EQ(s.index, -1);
+  EXPECT_EQ(s.str(rule), "partial");
+  EXPECT_EQ(join(s.inputs), "P(sum)");
+  EXPECT_EQ(join(s.input_grads), "R");
+  EXPECT_EQ(join(s.outputs), "P(sum)");
+  // It is not one of the rule's strategies, and the next axis sees the rule unchanged.
+  for (const Strategy& t : enumerate_strategies(rule, 4)) EXPECT_FALSE(t.partial);
+  EXPECT_EQ(local_rule(rule, s, 4), rule);
+}
+
 }  // namespace
 }  // namespace shardwise::search
