@@ -151,11 +151,7 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   return out;
 }
 
-bool better(const Outcome& a, const Outcome& b) {
-  if (a.evaluation.fits != b.evaluation.fits) return a.evaluation.fits;
-  if (!a.evaluation.fits) return a.evaluation.memory_per_rank < b.evaluation.memory_per_rank;
-  return a.evaluation.step_time < b.evaluation.step_time;
-}
+bool better(const Outcome& a, const Outcome& b) { return better_evaluation(a.evaluation, b.evaluation); }
 
 }  // namespace
 
