@@ -412,7 +412,7 @@ double ShardingModel::recompute_checkpoint_bytes() const {
   return bytes;
 }
 
-void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale) {
+void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, double parameter_weight) {
   const auto a = static_cast<std::size_t>(axis);
   const int size = options_.mesh[a];
   if (size <= 1) return;
@@ -498,8 +498,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale) {
     const int pb = node_id[static_cast<std::size_t>(key.consumer)];
     if (pa < 0 || pb < 0) continue;
     const ir::Value& value = graph_.value(group.value);
-    // Parameter traffic runs beside compute (ShardingModelOptions::parameter_weight).
-    const double weight = value.role == ir::ValueRole::Parameter ? options_.parameter_weight : 1.0;
+    // Parameter traffic runs beside compute (see parameter_weight in the header).
+    const double weight = value.role == ir::ValueRole::Parameter ? parameter_weight : 1.0;
     std::vector<Placement> produced;
     if (key.producer_is_leaf) {
       for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(key.producer)]) produced.push_back(c.placement);

@@ -39,10 +39,6 @@ struct ShardingModelOptions {
   // second of them hidden that way still costs overlap_interference seconds (the cost
   // model's constant: NCCL kernels share SMs and HBM with the GEMMs); the rest is exposed.
   double overlap_interference = 0.18;
-  // What the per-axis solver charges for one second of parameter collectives: the
-  // interference while they hide under compute, 1 when they do not (search_spmd tries the
-  // first and falls back to the second; evaluate() always prices them exactly).
-  double parameter_weight = 1.0;
 };
 
 // A leaf's decision on one axis.
@@ -75,7 +71,10 @@ class ShardingModel {
   // Re-decides every node and leaf on `axis` with the other axes fixed. `memory_scale`
   // multiplies the memory limit (> 1 while later axes are still unsolved). `thorough`
   // solves the problem with the ILP started from the fast solver's answer.
-  void solve_axis(int axis, bool thorough, double memory_scale = 1.0);
+  // `parameter_weight`: what the solver charges for one second of parameter collectives:
+  // the overlap interference while they hide under compute, 1 when they do not
+  // (search_spmd tries both; evaluate() always prices them exactly).
+  void solve_axis(int axis, bool thorough, double memory_scale = 1.0, double parameter_weight = 1.0);
 
   ShardingEvaluation evaluate() const;
 

@@ -22,11 +22,11 @@
 //  - Repeated blocks (analysis/repeated_blocks.h, the largest group) share one decision per
 //    position: the problem has one set of choice nodes for all of them, costs summed.
 //  - The axes are solved one at a time with the other axes' decisions fixed (coordinate
-//    descent: the inner axis, the outer, the inner again), each as an SpmdProblem
+//    descent: one axis, the other, the first again), each as an SpmdProblem
 //    (search/spmd_problem.h): `fast` uses solve_fast, `thorough` solve_ilp started from
 //    solve_fast and also runs the fast search, returning the better: never worse than fast.
-//    The first inner pass either leaves memory to the outer axes or saves it itself; both
-//    are tried (spmd_search.cc says why).
+//    The descent runs inner axis first and outer axis first, and keeps the better
+//    (spmd_search.cc says why).
 //  - The mesh and recomputation choice with the lowest predicted step time that fits in
 //    memory wins; ties go to the earlier candidate (smaller tensor degree, no recompute).
 //  - Heterogeneous clusters: where the batch is sharded along an axis whose ranks differ,

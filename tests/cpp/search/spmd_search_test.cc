@@ -183,10 +183,15 @@ TEST(SpmdSearch, Gpt3BlockStructureOn1024A100sIsSearchedInSeconds) {
   EXPECT_LE(thorough.plan.predicted->step_time, fast.plan.predicted->step_time * (1 + 1e-12));
   EXPECT_LT(fast.search_seconds, 10.0);
   EXPECT_LT(thorough.search_seconds, 120.0);
-  // What the plan is worth is not asserted here: see the issue note (the coordinate descent
-  // over the two axes leaves this one far from Megatron's step time).
-  for (const auto& r : {&fast, &thorough})
-    for (const auto& [name, per_axis] : r->plan.sharding->placements) ASSERT_EQ(per_axis.size(), 2u) << name;
+  // Communication mostly hidden: the step within 1.5x of its compute (29.3 s of 22.1 s when
+  // written; Megatron-LM's own 175B run at 140 TFLOP/s per GPU is about 23 s). Solving the
+  // tensor axis first only, the data axis was left a batch it cannot split: 196 s.
+  for (const auto& r : {&fast, &thorough}) {
+    const auto& predicted = *r->plan.predicted;
+    EXPECT_LT(predicted.step_time, 1.5 * predicted.breakdown.at("compute")) << predicted.step_time;
+    // The data axis splits the batch of every block's attention.
+    EXPECT_EQ(r->plan.sharding->strategies.at("scaled_dot_product_attention").at(0), "split b");
+  }
 }
 
 TEST(SpmdSearch, ThoroughIsNeverWorseThanFastAndBothAreDeterministic) {
