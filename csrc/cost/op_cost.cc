@@ -107,6 +107,11 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
     }
     time.forward = bytes / bandwidth;
     time.backward = constants_.memory_backward_factor * time.forward;
+    // A lookup (embedding) scatters its output gradient into a dense gradient of the whole
+    // table: zeroed, then written, on every rank that holds the table (a vocabulary split
+    // divides it).
+    if (spec != nullptr && spec->lookup && !node.inputs.empty() && ir::is_floating(graph.value(node.inputs[0]).type.dtype))
+      time.backward += 2.0 * local_bytes(graph.value(node.inputs[0]), context, false, 0) / bandwidth;
     return time;
   }
 

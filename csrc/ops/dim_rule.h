@@ -16,7 +16,10 @@
 //            that a normalisation reduces over has `statistics` > 0: how many per-row
 //            statistics (softmax: max and sum) the op combines when the index is split, so
 //            the search may split it and all-reduce those (search/strategy.h); 0 = the index
-//            cannot be split at all.
+//            cannot be split at all. A Whole index whose positions another operand's values
+//            address (embedding's vocabulary, index_select's dim) has `lookup`: split, each
+//            rank looks up the addresses in its range and writes zeros for the rest, so the
+//            outputs are Partial(sum) (Megatron's vocabulary-parallel embedding).
 //
 // DimIndices lists the indices of one tensor dimension, major to minor. An empty list is a
 // size-1 dimension tied to no index (a broadcast operand, a keepdim reduction, a view that
@@ -56,6 +59,8 @@ struct Index {
   // max and sum) the op combines when the index is split; 0 = the index cannot be split at
   // all. Not part of str(): the op table's rule text says it.
   int statistics = 0;
+  // A Whole index addressed by the values of another operand (see above). Not part of str().
+  bool lookup = false;
 
   friend bool operator==(const Index&, const Index&) = default;
 };

@@ -40,7 +40,9 @@ void OpTable::add(std::string name, std::string_view rule_text, FlopsCost flops,
   const auto at = specs_.size();
   by_name_.emplace(name, at);
   by_base_.emplace(std::string(op_base_name(name)), at);  // keeps the first of a base
-  specs_.push_back(OpSpec{std::move(name), std::string(rule_text), std::move(rule), flops, linear});
+  const auto* call = std::get_if<TemplateCall>(&rule);
+  const bool lookup = call != nullptr && template_has_lookup(call->name);
+  specs_.push_back(OpSpec{std::move(name), std::string(rule_text), std::move(rule), flops, linear, lookup});
 }
 
 const OpSpec* OpTable::find(std::string_view op) const {

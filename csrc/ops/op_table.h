@@ -56,6 +56,9 @@ struct OpSpec {
   // a row-parallel product's partial sums, a concatenation of partial sums). Data movement
   // only: views, transposes, copies and casts, slices, cats and splits.
   bool linear = false;
+  // The rule looks rows up by another operand's values (ops::Index::lookup; set from the
+  // rule template): the backward writes a dense gradient the size of input 0.
+  bool lookup = false;
 };
 
 class OpTable {

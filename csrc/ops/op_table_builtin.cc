@@ -313,7 +313,7 @@ const OpTable& OpTable::builtin() {
         {"aten::unbind.int", "unbind(dim=0)", Zero, 0},
 
         // ---- indexing ---------------------------------------------------------------------
-        {"aten::embedding", "Ve,...->...e", Zero, 0},
+        {"aten::embedding", "embedding()", Zero, 0},
         {"aten::index_select", "index_select(dim)", Zero, 0},
         {"aten::gather", "gather(dim)", Zero, 0},
         {"aten::scatter.src", "scatter(dim)", Zero, 0},

@@ -729,6 +729,7 @@ std::optional<DimRule> index_select(const Args& args, const RuleOperands& ops) {
     const auto size = in[static_cast<std::size_t>(q)];
     if (q == d) {
       in_dims.push_back(b.whole_or_unit(size));
+      if (!in_dims.back().empty()) b.rule.indices[static_cast<std::size_t>(in_dims.back().front())].lookup = true;
       out_dims.push_back(k);
     } else {
       in_dims.push_back({b.fresh('d', size)});
@@ -737,6 +738,27 @@ std::optional<DimRule> index_select(const Args& args, const RuleOperands& ops) {
   }
   b.rule.inputs.push_back(std::move(in_dims));
   b.rule.inputs.push_back(index.empty() ? OperandDims{} : OperandDims{k});
+  b.rule.outputs.push_back(result->size() == out_dims.size() ? out_dims : b.align(out_dims, *result, true));
+  return std::move(b.rule);
+}
+
+// aten::embedding(weight [V, e], ids [...]) -> [..., e]: each id picks a row of the weight.
+std::optional<DimRule> embedding(const Args&, const RuleOperands& ops) {
+  const Shape& weight = ops.input_shape(0);
+  const Shape& ids = ops.input_shape(1);
+  if (weight.size() != 2) fail(fmt::format("embedding weight must be 2-D, got {} dims", weight.size()));
+  Shape computed = ids;
+  computed.push_back(weight[1]);
+  auto result = out_shape(ops, 0, computed);
+  Builder b;
+  const int v = b.add("V", weight[0], IndexKind::Whole);
+  b.rule.indices[static_cast<std::size_t>(v)].lookup = true;
+  const int e = b.add("e", weight[1]);
+  OperandDims id_dims;
+  for (std::size_t q = 0; q < ids.size(); ++q) id_dims.push_back({b.add(fmt::format("_{}", q), ids[q])});
+  OperandDims out_dims = id_dims;
+  out_dims.push_back({e});
+  b.rule.inputs = {{{v}, {e}}, id_dims};
   b.rule.outputs.push_back(result->size() == out_dims.size() ? out_dims : b.align(out_dims, *result, true));
   return std::move(b.rule);
 }
@@ -1270,6 +1292,7 @@ const std::vector<TemplateDef>& definitions() {
         {{"chunk", {required("chunks"), dim0}}, chunk, {1, 1, 1, kAny}},
         {{"unbind", {dim0}}, unbind, {1, 1, 1, kAny}},
         {{"index_select", {required("dim")}}, index_select, {2, 2, 1, 1}},
+        {{"embedding", {}}, embedding, {2, 2, 1, 1}},
         {{"gather", {required("dim")}}, gather, {2, 2, 1, 1}},
         {{"scatter", {required("dim")}}, scatter, {2, 3, 1, 1}},
         {{"index", {}}, index, {1, kAny, 1, 1}},
@@ -1324,6 +1347,8 @@ std::string Args::describe(std::size_t p) const {
 }
 
 }  // namespace
+
+bool template_has_lookup(std::string_view name) { return name == "embedding" || name == "index_select"; }
 
 const std::vector<RuleTemplateInfo>& rule_templates() {
   static const std::vector<RuleTemplateInfo> infos = [] {

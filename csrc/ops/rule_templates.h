@@ -30,10 +30,12 @@
 //   split(split_size, dim[0]), split_sizes(split_sizes, dim[0]), chunk(chunks, dim[0]),
 //   unbind(dim[0])                     the reverse of cat: equal parts give input dim (P c)
 //   index_select(dim), gather(dim), scatter(dim)   the indexed dim Whole in the source
+//                                      (index_select's with `lookup`: Index::lookup)
+//   embedding()                        [V, e] weight, ids of any rank -> [..., e]: V Whole
+//                                      with `lookup`, e and the ids' dims Spatial
 //   index()                            advanced indexing (index tensors, Nones omitted): the
 //                                      indexed dims Whole, index tensors' dims Spatial
 //   index_put()                        indexed dims of self Whole; index and value dims Whole
-//   embedding is a pattern: "Ve,...->...e"
 //   conv(groups[1], transposed[false]) N Spatial, in-channels Reduced, out-channels Spatial,
 //                                      groups (when > 1) a Spatial major factor of both,
 //                                      windows and kernel dims Whole
@@ -98,6 +100,10 @@ struct RuleTemplateInfo {
 
 // Every template, in the order listed above.
 const std::vector<RuleTemplateInfo>& rule_templates();
+
+// Whether the template's rules have an Index::lookup (embedding, index_select): the op's
+// backward scatters into a dense gradient the size of input 0.
+bool template_has_lookup(std::string_view name);
 
 // Throws support::ValidationError for an unknown template, more arguments than
 // parameters, or a required parameter left unbound.

@@ -38,7 +38,7 @@ bool splittable(const ops::Index& index) {
       // extreme lives on one rank), so only additive reductions split.
       return index.reduction == ops::Reduction::Sum || index.reduction == ops::Reduction::Mean;
     case ops::IndexKind::Whole:
-      return index.statistics > 0;
+      return index.statistics > 0 || index.lookup;
   }
   return false;
 }
@@ -90,7 +90,7 @@ Strategy split_strategy(const ops::DimRule& rule, int i, std::int64_t groups) {
         break;
       case ops::IndexKind::Whole:
         // The combined statistics make every rank's rows exact, so a replicated operand's
-        // gradient is complete on every rank.
+        // gradient is complete on every rank. A lookup's addresses are integers: no gradient.
         s.inputs.push_back(Placement::replicate());
         s.input_grads.push_back(Placement::replicate());
         break;
@@ -101,11 +101,14 @@ Strategy split_strategy(const ops::DimRule& rule, int i, std::int64_t groups) {
       s.outputs.push_back(Placement::shard(c->dim, c->major * groups));
     } else if (index.kind == ops::IndexKind::Reduced) {
       s.outputs.push_back(Placement::partial(index.reduction));
+    } else if (index.kind == ops::IndexKind::Whole && index.lookup) {
+      // Each rank wrote its rows' lookups and zeros elsewhere.
+      s.outputs.push_back(Placement::partial(ops::Reduction::Sum));
     } else {
       s.outputs.push_back(Placement::replicate());
     }
   }
-  if (index.kind == ops::IndexKind::Whole) {
+  if (index.kind == ops::IndexKind::Whole && !index.lookup) {
     s.statistics_elements = static_cast<std::int64_t>(index.statistics) * row_count(rule, i);
   }
   return s;

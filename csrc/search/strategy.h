@@ -17,7 +17,11 @@
 //   i Whole with  operands carrying i  -> Shard, gradients the same; the other inputs ->
 //   statistics>0  Replicate, gradient Replicate; outputs not carrying i -> Replicate. The
 //                 node all-reduces `statistics_elements` elements (see Statistics below).
-//   i Whole without statistics, Reduced with Max / Min, size 1: never split.
+//   i Whole with  operands carrying i  -> Shard, gradients the same; the addressing operand
+//   lookup        (the ids) -> Replicate; outputs not carrying i -> Partial(sum): each rank
+//                 looks up the addresses in its range, zeros elsewhere (the vocabulary-
+//                 parallel embedding, from the rule).
+//   i Whole without statistics or lookup, Reduced with Max / Min, size 1: never split.
 //
 // Dims and groups: the dim of an operand carrying i is listed as indices major to minor
 // (DimIndices); the Shard's groups = (product of the sizes of the indices major to i in

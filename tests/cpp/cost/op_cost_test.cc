@@ -51,6 +51,21 @@ TEST(OpCost, PointwiseIsMemoryBoundAndViewsAreFree) {
   EXPECT_EQ(model.node_time(g, g.node(view), a100(), Precision::BF16, {}).forward, 0.0);
 }
 
+TEST(OpCost, EmbeddingBackwardWritesTheWholeTableGradient) {
+  ir::Graph g;
+  ir::ValueId table = g.add_value("wte", bf16({50304, 1024}), ir::ValueRole::Parameter);
+  ir::TensorType ids{ir::DType::I64, {8, 128}, 0};
+  ir::ValueId x = g.add_value("ids", ids, ir::ValueRole::Input);
+  g.add_node("aten::embedding", {table, x}, {{"h", bf16({8, 128, 1024}, 0)}});
+  AnalyticCostModel model;
+  OpTime t = model.node_time(g, g.node(0), a100(), Precision::BF16, {});
+  const double bandwidth = 2.039e12 * 0.75;
+  const double out = 2.0 * 8 * 128 * 1024 * 2;  // read + write of the output
+  EXPECT_NEAR(t.forward, out / bandwidth, 1e-12);
+  // The output gradient read twice over, plus the dense table gradient zeroed and written.
+  EXPECT_NEAR(t.backward, 2 * out / bandwidth + 2.0 * 50304 * 1024 * 2 / bandwidth, 1e-12);
+}
+
 TEST(OpCost, EfficiencyCurveSaturates) {
   AnalyticConstants c;
   EXPECT_NEAR(matmul_efficiency(c, 96), 0.375, 1e-12);

@@ -195,7 +195,7 @@ TEST(OpTableTest, EveryTemplateIsListed) {
   for (std::string_view name :
        {"elementwise",   "reduce_sum", "whole",  "transpose", "permute", "reshape",   "flatten",
         "slice",         "cat",        "split",  "conv",      "window",  "norm_last", "attention",
-        "cross_entropy", "create",     "arange", "matmul",    "einsum",  "index"}) {
+        "cross_entropy", "create",     "arange", "matmul",    "einsum",  "index", "embedding"}) {
     EXPECT_TRUE(has(name)) << name;
   }
 }

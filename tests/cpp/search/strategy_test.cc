@@ -327,5 +327,26 @@ TEST(StrategyTest, PartialPassthroughKeepsPartialSums) {
   EXPECT_EQ(local_rule(rule, s, 4), rule);
 }
 
+TEST(StrategyTest, EmbeddingSplitsItsVocabularyIntoPartialSums) {
+  // Megatron's vocabulary-parallel embedding, from the rule's lookup index: each rank holds
+  // a slice of the table, looks up the ids in its rows, zeros elsewhere, and the outputs sum.
+  const auto rule = rule_of("aten::embedding", {f32({1000, 64}), i64({2, 16})}, {f32({2, 16, 64})});
+  ASSERT_TRUE(rule.indices[0].lookup);
+  bool found = false;
+  for (const Strategy& s : enumerate_strategies(rule, 8)) {
+    if (s.str(rule) != "split V") continue;
+    found = true;
+    EXPECT_EQ(join(s.inputs), "S(0) R");
+    EXPECT_EQ(join(s.outputs), "P(sum)");
+    EXPECT_EQ(join(s.input_grads), "S(0) R");
+    EXPECT_EQ(s.statistics_elements, 0);
+  }
+  EXPECT_TRUE(found);
+  // index_select's dim is a lookup too.
+  const auto select = rule_of("aten::index_select", {f32({1000, 64}), i64({32})}, {f32({32, 64})},
+                              {{"dim", std::int64_t{0}}});
+  EXPECT_TRUE(select.indices[static_cast<std::size_t>(select.inputs[0][0].front())].lookup);
+}
+
 }  // namespace
 }  // namespace shardwise::search
