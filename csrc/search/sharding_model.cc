@@ -385,15 +385,23 @@ double ShardingModel::leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& 
   return numel * (m.weight_bytes * held + (m.gradient_bytes + m.optimizer_bytes) * state_held);
 }
 
+double ShardingModel::reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to,
+                                      double bytes) const {
+  const auto ranks = axis_ranks(axis);
+  const double whole = reshard_time(model_, cluster_, ranks, from, to, static_cast<std::int64_t>(bytes));
+  if (whole <= 0 || graph_.value(value).role != ir::ValueRole::Parameter || bytes >= options_.bucket_bytes)
+    return whole;
+  // The latency part: the same collective on one byte.
+  const double latency = reshard_time(model_, cluster_, ranks, from, to, 1);
+  return whole - latency * (1.0 - bytes / options_.bucket_bytes);
+}
+
 double ShardingModel::edge_seconds(int axis, ir::ValueId value, const Placement& produced, const Placement& wanted,
                                    const Placement& gradient) const {
-  const auto ranks = axis_ranks(axis);
   const double bytes = value_bytes(value) * held_except(value, axis);
-  double seconds = reshard_time(model_, cluster_, ranks, produced, wanted, static_cast<std::int64_t>(bytes));
-  if (requires_grad_[static_cast<std::size_t>(value)]) {
-    seconds += reshard_time(model_, cluster_, ranks, gradient, gradient_placement(produced),
-                            static_cast<std::int64_t>(bytes));
-  }
+  double seconds = reshard_seconds(axis, value, produced, wanted, bytes);
+  if (requires_grad_[static_cast<std::size_t>(value)])
+    seconds += reshard_seconds(axis, value, gradient, gradient_placement(produced), bytes);
   return seconds;
 }
 
@@ -539,7 +547,42 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
   }
   problem.memory_limit = options_.memory_limit * memory_scale - recompute_checkpoint_bytes();
 
-  SpmdSolution solution = solve_fast(problem, FastOptions{options_.beam_width});
+  // Seeds for the fast solver: this axis' current decisions (a pass never makes the axis
+  // worse), and pure data parallelism (every node splits the index its batch dim carries,
+  // parameters whole, inputs split on their batch dim).
+  FastOptions fast{options_.beam_width, {}};
+  std::vector<int> current(problem.nodes.size(), 0), data_parallel(problem.nodes.size(), 0);
+  auto shards_batch = [&](ir::ValueId id, const Placement& p) {
+    const ir::TensorType& type = graph_.value(id).type;
+    return type.batch_dim && p.is_shard() && p.dim == *type.batch_dim && p.groups == 1 && p.ratios.empty();
+  };
+  for (std::size_t u = 0; u < num_nodes; ++u) {
+    if (node_id[u] < 0) continue;
+    const auto& options = strategies[u];
+    const ir::Node& node = graph_.node(static_cast<ir::NodeId>(u));
+    for (std::size_t c = 0; c < options.size(); ++c) {
+      if (options[c] == node_choice_[a][u]) current[static_cast<std::size_t>(node_id[u])] = static_cast<int>(c);
+      bool batch = false;
+      for (std::size_t o = 0; o < node.outputs.size(); ++o) batch = batch || shards_batch(node.outputs[o], options[c].outputs[o]);
+      for (std::size_t i = 0; i < node.inputs.size(); ++i) batch = batch || shards_batch(node.inputs[i], options[c].inputs[i]);
+      int& dp = data_parallel[static_cast<std::size_t>(node_id[u])];
+      if (batch && dp == 0) dp = static_cast<int>(c);
+    }
+  }
+  for (std::size_t v = 0; v < num_values; ++v) {
+    if (leaf_id[v] < 0) continue;
+    const auto& options = leaf_choices[v];
+    for (std::size_t c = 0; c < options.size(); ++c) {
+      if (options[c] == leaf_choice_[a][v]) current[static_cast<std::size_t>(leaf_id[v])] = static_cast<int>(c);
+      int& dp = data_parallel[static_cast<std::size_t>(leaf_id[v])];
+      if (graph_.value(static_cast<ir::ValueId>(v)).role == ir::ValueRole::Input && dp == 0 && !options[c].zero &&
+          shards_batch(static_cast<ir::ValueId>(v), options[c].placement))
+        dp = static_cast<int>(c);
+    }
+  }
+  fast.seeds = {std::move(current), std::move(data_parallel)};
+
+  SpmdSolution solution = solve_fast(problem, fast);
   if (thorough) {
     SpmdSolution exact = solve_ilp(problem, IlpOptions{}, &solution);
     if ((exact.feasible && (!solution.feasible || exact.cost <= solution.cost)) ||
@@ -605,7 +648,6 @@ ShardingEvaluation ShardingModel::evaluate() const {
   for (int axis = 0; axis < static_cast<int>(options_.mesh.size()); ++axis) {
     const auto a = static_cast<std::size_t>(axis);
     if (options_.mesh[a] <= 1) continue;
-    const auto ranks = axis_ranks(axis);
     for (const ir::Node& node : graph_.nodes()) {
       const auto u = static_cast<std::size_t>(node.id);
       if (rep_node_[u] != node.id) continue;
@@ -627,7 +669,7 @@ ShardingEvaluation ShardingModel::evaluate() const {
       auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into) {
         auto step = reshard_step(from, to, static_cast<std::int64_t>(bytes), options_.mesh[a]);
         if (!step) return;
-        double seconds = reshard_time(model_, cluster_, ranks, from, to, static_cast<std::int64_t>(bytes));
+        double seconds = reshard_seconds(axis, group.value, from, to, bytes);
         into += group.count * seconds;
         out.collectives.push_back({std::string(cost::collective_kind_name(step->kind)), value.name, axis, phase,
                                    static_cast<double>(step->bytes), group.count, seconds});

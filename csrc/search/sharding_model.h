@@ -39,6 +39,10 @@ struct ShardingModelOptions {
   // second of them hidden that way still costs overlap_interference seconds (the cost
   // model's constant: NCCL kernels share SMs and HBM with the GEMMs); the rest is exposed.
   double overlap_interference = 0.18;
+  // Parameter collectives run in buckets (DDP's default bucket_cap_mb = 25; FSDP gathers a
+  // unit at a time): a parameter smaller than a bucket pays its share of one collective's
+  // latency, not a whole one (a layer norm's 4 KB gradient is not a 42 us all-reduce).
+  double bucket_bytes = 25.0 * (1 << 20);
 };
 
 // A leaf's decision on one axis.
@@ -123,6 +127,9 @@ class ShardingModel {
   double leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
   double edge_seconds(int axis, ir::ValueId value, const Placement& produced, const Placement& wanted,
                       const Placement& gradient) const;
+  // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`; a parameter's
+  // latency is shared with its bucket (ShardingModelOptions::bucket_bytes).
+  double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes) const;
   double statistics_seconds(int axis, const Strategy& choice) const;
   double recompute_checkpoint_bytes() const;
 

@@ -434,40 +434,63 @@ SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) 
     return std::move(best.solution);
   };
 
-  Candidate unconstrained = evaluate(sweep.run(lagrangian(reduced, 0.0)));
-  if (fits(unconstrained))
-    return unconstrained.solution.feasible ? polish(std::move(unconstrained), nullptr)
-                                           : std::move(unconstrained.solution);
+  // The beam under the Lagrangian on memory, polished.
+  auto beam_solution = [&]() -> SpmdSolution {
+    Candidate unconstrained = evaluate(sweep.run(lagrangian(reduced, 0.0)));
+    if (fits(unconstrained))
+      return unconstrained.solution.feasible ? polish(std::move(unconstrained), nullptr)
+                                             : std::move(unconstrained.solution);
 
-  Candidate smallest = evaluate(sweep.run(least_memory(reduced)));
-  if (!smallest.solution.feasible) return std::move(smallest.solution);
-  if (smallest.solution.cost <= unconstrained.solution.cost) return polish(std::move(smallest), nullptr);
+    Candidate smallest = evaluate(sweep.run(least_memory(reduced)));
+    if (!smallest.solution.feasible) return std::move(smallest.solution);
+    if (smallest.solution.cost <= unconstrained.solution.cost) return polish(std::move(smallest), nullptr);
 
-  // The cheapest fit lies between lambda = 0 (too big) and lambda = inf (the least-memory
-  // answer). Bisect geometrically around the slope between the two, whose scale follows the
-  // units of cost and memory; outside [slope / 1e9, slope * 1e9] the answers are taken to be
-  // the two ends.
-  const double extra_cost = smallest.solution.cost - unconstrained.solution.cost;
-  const double saved_memory = std::isfinite(unconstrained.solution.memory)
-                                  ? unconstrained.solution.memory - smallest.solution.memory
-                                  : std::max(std::abs(problem.memory_limit), 1.0);
-  const double slope = extra_cost / saved_memory;
-  double lo = std::max(slope * 1e-9, std::numeric_limits<double>::min());
-  double hi = std::max(slope * 1e9, lo * 2);
-  Candidate best = std::move(smallest);
-  Candidate overshoot = std::move(unconstrained);  // the probe at `lo`: cheap but too big
-  for (int iteration = 0; iteration < 40 && hi > lo * (1 + 1e-12); ++iteration) {
-    const double mid = std::sqrt(lo) * std::sqrt(hi);
-    Candidate probe = evaluate(sweep.run(lagrangian(reduced, mid)));
-    if (fits(probe)) {
-      hi = mid;
-      if (probe.solution.feasible && probe.solution.cost < best.solution.cost) best = std::move(probe);
-    } else {
-      lo = mid;
-      overshoot = std::move(probe);
+    // The cheapest fit lies between lambda = 0 (too big) and lambda = inf (the least-memory
+    // answer). Bisect geometrically around the slope between the two, whose scale follows the
+    // units of cost and memory; outside [slope / 1e9, slope * 1e9] the answers are taken to be
+    // the two ends.
+    const double extra_cost = smallest.solution.cost - unconstrained.solution.cost;
+    const double saved_memory = std::isfinite(unconstrained.solution.memory)
+                                    ? unconstrained.solution.memory - smallest.solution.memory
+                                    : std::max(std::abs(problem.memory_limit), 1.0);
+    const double slope = extra_cost / saved_memory;
+    double lo = std::max(slope * 1e-9, std::numeric_limits<double>::min());
+    double hi = std::max(slope * 1e9, lo * 2);
+    Candidate best = std::move(smallest);
+    Candidate overshoot = std::move(unconstrained);  // the probe at `lo`: cheap but too big
+    for (int iteration = 0; iteration < 40 && hi > lo * (1 + 1e-12); ++iteration) {
+      const double mid = std::sqrt(lo) * std::sqrt(hi);
+      Candidate probe = evaluate(sweep.run(lagrangian(reduced, mid)));
+      if (fits(probe)) {
+        hi = mid;
+        if (probe.solution.feasible && probe.solution.cost < best.solution.cost) best = std::move(probe);
+      } else {
+        lo = mid;
+        overshoot = std::move(probe);
+      }
     }
+    return polish(std::move(best), &overshoot);
+  };
+
+  SpmdSolution beam = beam_solution();
+  for (const std::vector<int>& seed : options.seeds) {
+    if (seed.size() != problem.nodes.size())
+      throw support::ValidationError(fmt::format("spmd problem: a seed of {} choices for {} nodes", seed.size(),
+                                                 problem.nodes.size()));
+    std::vector<int> start(kept.size());
+    for (std::size_t i = 0; i < kept.size(); ++i) {
+      const int c = seed[static_cast<std::size_t>(kept[i])];
+      if (c < 0 || static_cast<std::size_t>(c) >= reduced.nodes[i].cost.size())
+        throw support::ValidationError(
+            fmt::format("spmd problem: seed choice {} out of range at node '{}'", c, reduced.nodes[i].name));
+      start[i] = c;
+    }
+    if (!fits(evaluate(start)) && !local.repair(start)) continue;
+    local.improve(start);
+    Candidate c = evaluate(std::move(start));
+    if (c.solution.feasible && (!beam.feasible || c.solution.cost < beam.cost)) beam = std::move(c.solution);
   }
-  return polish(std::move(best), &overshoot);
+  return beam;
 }
 
 }  // namespace shardwise::search

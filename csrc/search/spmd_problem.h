@@ -80,6 +80,12 @@ double total_memory(const SpmdProblem& problem, std::span<const int> choice);
 
 struct FastOptions {
   int beam_width = 256;
+  // Whole assignments (one choice per node) the solver also starts from: each is brought
+  // within memory, improved by single-node moves and kept when it beats the beam's answer.
+  // The SPMD search passes the axis' current decisions (so a coordinate-descent pass never
+  // makes the axis worse) and pure data parallelism (a baseline the beam's myopic pruning
+  // can lose early in the sweep).
+  std::vector<std::vector<int>> seeds;
 };
 
 struct IlpOptions {
