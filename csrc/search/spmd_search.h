@@ -16,14 +16,16 @@
 //    reduces of its statistics, and, on every producer -> reader edge, the resharding of
 //    the value forward and of its gradient backward (search/resharding.h) on the links the
 //    axis spans. A parameter's gradient synchronisation is the backward resharding of its
-//    Partial gradient: data parallelism, ZeRO and FSDP-style sharding fall out of it.
+//    Partial gradient: data parallelism, ZeRO and FSDP-style sharding fall out of it. A
+//    parameter's collectives share their bucket's latency (25 MB, DDP's default).
 //    Memory per rank: parameter states (MemoryConstants::bytes_per_parameter()) and saved
 //    activations, divided by their shards.
 //  - Repeated blocks (analysis/repeated_blocks.h, the largest group) share one decision per
 //    position: the problem has one set of choice nodes for all of them, costs summed.
 //  - The axes are solved one at a time with the other axes' decisions fixed (coordinate
 //    descent: one axis, the other, the first again), each as an SpmdProblem
-//    (search/spmd_problem.h): `fast` uses solve_fast, `thorough` solve_ilp started from
+//    (search/spmd_problem.h): `fast` uses solve_fast (seeded with the axis' current
+//    decisions and with pure data parallelism), `thorough` solve_ilp started from
 //    solve_fast and also runs the fast search, returning the better: never worse than fast.
 //    The descent runs inner axis first and outer axis first, and keeps the better
 //    (spmd_search.cc says why).

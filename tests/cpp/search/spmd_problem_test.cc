@@ -445,6 +445,36 @@ TEST(SpmdFastTest, PolishFillsMemoryTheLagrangianLeaves) {
   EXPECT_EQ(fast.memory, 30);
 }
 
+TEST(SpmdFastTest, SeedsRecoverWhatANarrowBeamPrunes) {
+  // A chain whose neighbours pay 10 to disagree. a's cheap choice leads a beam of one to
+  // a = b = 0, then c = 1 (its 0 costs 100): 10, a local optimum no single-node move leaves.
+  // All ones costs 1.
+  SpmdProblem p;
+  p.nodes = {{"a", {0, 1}, {0, 0}}, {"b", {0, 0}, {0, 0}}, {"c", {100, 0}, {0, 0}}};
+  p.edges = {{0, 1, {0, 10, 10, 0}}, {1, 2, {0, 10, 10, 0}}};
+  FastOptions narrow{1, {}};
+  EXPECT_DOUBLE_EQ(solve_fast(p, narrow).cost, 10);
+  narrow.seeds = {{1, 1, 1}};
+  SpmdSolution seeded = solve_fast(p, narrow);
+  EXPECT_DOUBLE_EQ(seeded.cost, 1);
+  EXPECT_EQ(seeded.choice, (std::vector<int>{1, 1, 1}));
+  // A worse seed never makes the answer worse.
+  narrow.seeds = {{0, 0, 0}};
+  EXPECT_DOUBLE_EQ(solve_fast(p, narrow).cost, 10);
+  // A seed over the memory limit is repaired, then improved: b must be 0 now.
+  p.nodes[1].memory = {0, 5};
+  p.memory_limit = 1;
+  narrow.seeds = {{1, 1, 1}};
+  SpmdSolution repaired = solve_fast(p, narrow);
+  EXPECT_TRUE(repaired.feasible);
+  EXPECT_DOUBLE_EQ(repaired.cost, 10);
+  // Malformed seeds are named.
+  narrow.seeds = {{1, 1}};
+  EXPECT_THROW(solve_fast(p, narrow), support::ValidationError);
+  narrow.seeds = {{1, 2, 1}};
+  EXPECT_THROW(solve_fast(p, narrow), support::ValidationError);
+}
+
 TEST(SpmdSolversTest, Deterministic) {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 5; ++trial) {
