@@ -1,7 +1,7 @@
 """shardwise: automatic data, tensor and pipeline parallelism for PyTorch models."""
 import torch  # noqa: F401  (must load before the extension: _C links against libtorch)
 
-from . import _C, models
+from . import _C, collectives, models
 from ._C import ParseError, ShardwiseError, ValidationError
 from ._fx_import import CaptureError
 from .capture import capture
