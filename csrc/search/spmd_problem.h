@@ -14,7 +14,8 @@
 // or NaN.
 //
 // Solvers, same problem, same objective:
-//  - solve_fast: a sweep over the nodes in index order keeping the best `beam_width`
+//  - solve_fast: a sweep over the nodes in index order (and another in reverse order,
+//    FastOptions::both_directions) keeping the best `beam_width`
 //    partial assignments (a dynamic programme over the "frontier": decided nodes with an
 //    edge to an undecided one; exact when the frontier's assignments never exceed the
 //    beam), the memory limit handled by a Lagrange multiplier on memory found by bisection.
@@ -86,6 +87,9 @@ struct FastOptions {
   // makes the axis worse) and pure data parallelism (a baseline the beam's myopic pruning
   // can lose early in the sweep).
   std::vector<std::vector<int>> seeds;
+  // Also sweep the nodes in reverse order and start from that answer too: a beam prunes
+  // myopically, and what it cannot see coming differs by direction.
+  bool both_directions = true;
 };
 
 struct IlpOptions {

@@ -24,8 +24,9 @@
 //    position: the problem has one set of choice nodes for all of them, costs summed.
 //  - The axes are solved one at a time with the other axes' decisions fixed (coordinate
 //    descent: one axis, the other, the first again), each as an SpmdProblem
-//    (search/spmd_problem.h): `fast` uses solve_fast (seeded with the axis' current
-//    decisions and with pure data parallelism), `thorough` solve_ilp started from
+//    (search/spmd_problem.h): `fast` uses solve_fast (sweeping forward and backward,
+//    seeded with the axis' current decisions and with pure data parallelism), `thorough`
+//    solve_ilp started from
 //    solve_fast and also runs the fast search, returning the better: never worse than fast.
 //    The descent runs inner axis first and outer axis first, and keeps the better
 //    (spmd_search.cc says why).

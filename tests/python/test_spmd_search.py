@@ -71,9 +71,9 @@ def test_gpt2_tensor_parallel_with_strided_fused_qkv(gpt2_graph):
 
 
 def test_llama_megatron_projections(llama_graph):
-    # The fast level finds a plan 14% slower here (see the issue note); the thorough one is
-    # Megatron's.
-    plan = shardwise.plan(llama_graph, _small_memory_a100(2), global_batch=2, mesh=(1, 8), level="thorough")
+    # (The fast level's beam, sweeping forward only, found a plan 14% slower here; it now
+    # also sweeps backward and matches the ILP.)
+    plan = shardwise.plan(llama_graph, _small_memory_a100(2), global_batch=2, mesh=(1, 8))
     assert plan.fits
     placements = plan.placements()
     for layer in range(2):
@@ -109,13 +109,17 @@ def test_llama_at_a_large_batch_is_pure_data_parallel(llama_graph):
     assert plan.breakdown()["gradient_sync"] <= plan.breakdown()["gradient_sync_total"]
 
 
-def test_gpt2_at_a_large_batch_runs_its_matrices_data_parallel(gpt2_graph):
+def test_gpt2_at_a_large_batch_runs_its_blocks_data_parallel(gpt2_graph):
+    # The blocks' matrices whole on every rank. The tied 50257 x 2048 table is not asserted:
+    # the search shards it by hidden on the data axis (an all-gather for the LM head, an
+    # all-to-all of the embeddings to the batch split) and predicts that 0.4% cheaper than
+    # replicating it, whose embedding backward writes the whole table's gradient on every
+    # rank (see the issue note).
     plan = shardwise.plan(gpt2_graph, shardwise.Cluster.preset("dgx-a100"), global_batch=512)
     assert plan.fits
     placements = plan.placements()
-    matrices = [n for n in plan.sharding["leaves"] if n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
-                or n == "transformer.wte.weight"]
-    assert len(matrices) == 2 * 4 + 1
+    matrices = [n for n in plan.sharding["leaves"] if n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))]
+    assert len(matrices) == 2 * 4
     for name in matrices:
         assert placements[name] == ["R", "R"], name
     # Every GEMM of the blocks runs on a slice of the batch on every axis.

@@ -452,7 +452,7 @@ TEST(SpmdFastTest, SeedsRecoverWhatANarrowBeamPrunes) {
   SpmdProblem p;
   p.nodes = {{"a", {0, 1}, {0, 0}}, {"b", {0, 0}, {0, 0}}, {"c", {100, 0}, {0, 0}}};
   p.edges = {{0, 1, {0, 10, 10, 0}}, {1, 2, {0, 10, 10, 0}}};
-  FastOptions narrow{1, {}};
+  FastOptions narrow{1, {}, false};  // one direction: the backward sweep alone would find it
   EXPECT_DOUBLE_EQ(solve_fast(p, narrow).cost, 10);
   narrow.seeds = {{1, 1, 1}};
   SpmdSolution seeded = solve_fast(p, narrow);
