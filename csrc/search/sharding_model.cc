@@ -134,6 +134,11 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
         model_.node_time(graph_, node, *device_, options_.precision, cost::NodeContext{}).forward > 0;
   }
 
+  // Reads per value: a leaf read n times sums n partial gradients before one reduction.
+  reads_.assign(num_values, 0.0);
+  for (const ir::Node& node : graph_.nodes())
+    for (ir::ValueId in : node.inputs) reads_[static_cast<std::size_t>(in)] += 1;
+
   // Gradients flow into floating parameters and everything computed from them.
   requires_grad_.assign(num_values, false);
   for (const ir::Value& value : graph_.values())
@@ -401,8 +406,14 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, const Placement&
   const double bytes = value_bytes(value) * held_except(value, axis);
   double seconds = reshard_seconds(axis, value, produced, wanted, bytes);
   if (requires_grad_[static_cast<std::size_t>(value)])
-    seconds += reshard_seconds(axis, value, gradient, gradient_placement(produced), bytes);
+    seconds += gradient_share(value, gradient) * reshard_seconds(axis, value, gradient, gradient_placement(produced), bytes);
   return seconds;
+}
+
+double ShardingModel::gradient_share(ir::ValueId value, const Placement& gradient) const {
+  const auto v = static_cast<std::size_t>(value);
+  if (!gradient.is_partial() || !is_leaf(graph_.value(value)) || reads_[v] <= 1) return 1.0;
+  return 1.0 / reads_[v];
 }
 
 double ShardingModel::statistics_seconds(int axis, const Strategy& choice) const {
@@ -666,19 +677,19 @@ ShardingEvaluation ShardingModel::evaluate() const {
       const auto op = static_cast<std::size_t>(key.operand);
       const Placement produced = value_placement(axis, group.value);
       const double bytes = value_bytes(group.value) * held_except(group.value, axis);
-      auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into) {
+      auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double share) {
         auto step = reshard_step(from, to, static_cast<std::int64_t>(bytes), options_.mesh[a]);
         if (!step) return;
         double seconds = reshard_seconds(axis, group.value, from, to, bytes);
-        into += group.count * seconds;
+        into += share * group.count * seconds;
         out.collectives.push_back({std::string(cost::collective_kind_name(step->kind)), value.name, axis, phase,
-                                   static_cast<double>(step->bytes), group.count, seconds});
+                                   static_cast<double>(step->bytes), share * group.count, seconds});
       };
       const bool parameter = value.role == ir::ValueRole::Parameter;
-      record(produced, reader.inputs[op], "forward", parameter ? parameter_forward : activations);
+      record(produced, reader.inputs[op], "forward", parameter ? parameter_forward : activations, 1.0);
       if (requires_grad_[static_cast<std::size_t>(group.value)])
         record(reader.input_grads[op], gradient_placement(produced), parameter ? "step" : "backward",
-               parameter ? parameter_step : activations);
+               parameter ? parameter_step : activations, gradient_share(group.value, reader.input_grads[op]));
     }
   }
   // Hidden under its phase's compute at the interference price, the excess exposed.

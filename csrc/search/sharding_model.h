@@ -130,6 +130,11 @@ class ShardingModel {
   // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`; a parameter's
   // latency is shared with its bucket (ShardingModelOptions::bucket_bytes).
   double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes) const;
+  // The share of a reader's gradient reduction that reader pays: a leaf read by n nodes
+  // (a tied embedding, a shared weight) adds its n Partial gradients locally and reduces
+  // them once, so each Partial reader pays 1/n (exact when every reader's gradient is
+  // Partial, the common case; an approximation of a hyper-edge otherwise).
+  double gradient_share(ir::ValueId value, const Placement& gradient) const;
   double statistics_seconds(int axis, const Strategy& choice) const;
   double recompute_checkpoint_bytes() const;
 
@@ -144,6 +149,7 @@ class ShardingModel {
 
   std::vector<std::optional<ops::DimRule>> rules_;  // per node, batch index scaled
   std::vector<bool> requires_grad_;                 // per value
+  std::vector<double> reads_;                       // per value: (node, input) reads
   std::vector<bool> saved_;                         // per node: outputs kept for backward
   std::vector<ir::NodeId> rep_node_;                // per node
   std::vector<ir::ValueId> rep_leaf_;               // per value (leaves), else -1

@@ -76,6 +76,30 @@ TEST(SpmdSearch, MlpAtLargeBatchIsPureDataParallel) {
   EXPECT_EQ(batch_shards, 8);
 }
 
+TEST(SpmdSearch, ASharedWeightReducesItsGradientOnce) {
+  // w read by two products (a tied weight): data parallel, its two partial gradients are
+  // summed locally and all-reduced once per step, not once per reader.
+  ir::Graph g;
+  auto f32 = [](std::vector<std::int64_t> shape, std::optional<int> batch = std::nullopt) {
+    return ir::TensorType{ir::DType::F32, std::move(shape), batch};
+  };
+  ir::ValueId x = g.add_value("x", f32({2, 1024}, 0), ir::ValueRole::Input);
+  ir::ValueId w = g.add_value("w", f32({1024, 1024}), ir::ValueRole::Parameter);
+  ir::NodeId a = g.add_node("aten::mm", {x, w}, {{"h", f32({2, 1024}, 0)}}, {}, "first");
+  ir::NodeId b = g.add_node("aten::mm", {g.node(a).outputs[0], w}, {{"y", f32({2, 1024}, 0)}}, {}, "second");
+  ir::NodeId c = g.add_node("aten::mean", {g.node(b).outputs[0]}, {{"loss", f32({})}}, {}, "");
+  g.set_outputs({g.node(c).outputs[0]});
+  SpmdSearchOptions o;
+  o.global_batch = 65536;
+  o.mesh = std::vector<int>{8, 1};
+  SpmdSearchResult r = search_spmd(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, o);
+  EXPECT_EQ(at(r.plan, "w", 0), "R");
+  double reductions = 0;
+  for (const auto& col : r.plan.predicted->collectives)
+    if (col.value == "w" && col.kind == "all_reduce") reductions += col.count;
+  EXPECT_DOUBLE_EQ(reductions, 1.0);
+}
+
 TEST(SpmdSearch, SmallGptAtLargeBatchRunsItsBlocksDataParallel) {
   // A small vocabulary: with GPT-2's 50k rows the embedding is most of a model this small,
   // and sharding it (no gradient all-reduce) rightly beats replicating it.
