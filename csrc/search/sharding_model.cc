@@ -390,6 +390,21 @@ double ShardingModel::leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& 
   return numel * (m.weight_bytes * held + (m.gradient_bytes + m.optimizer_bytes) * state_held);
 }
 
+double ShardingModel::optimizer_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
+  const ir::Value& v = graph_.value(leaf);
+  if (v.role != ir::ValueRole::Parameter || !requires_grad_[static_cast<std::size_t>(leaf)]) return 0;
+  double state_held = 1;
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    const auto size = options_.mesh[static_cast<std::size_t>(b)];
+    const LeafChoice& c = b == axis ? choice : leaf_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(leaf)];
+    const double h = held_fraction(c.placement, size);
+    state_held *= c.zero ? h / size : h;
+  }
+  // Read and write every byte of the rank's share of the states (cost/plan_cost.h's rule).
+  return static_cast<double>(v.type.numel()) * state_held * 2.0 * options_.memory.bytes_per_parameter() /
+         (device_->memory_bandwidth * options_.optimizer_memory_efficiency);
+}
+
 double ShardingModel::reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to,
                                       double bytes) const {
   const auto ranks = axis_ranks(axis);
@@ -401,10 +416,15 @@ double ShardingModel::reshard_seconds(int axis, ir::ValueId value, const Placeme
   return whole - latency * (1.0 - bytes / options_.bucket_bytes);
 }
 
-double ShardingModel::edge_seconds(int axis, ir::ValueId value, const Placement& produced, const Placement& wanted,
-                                   const Placement& gradient) const {
+int ShardingModel::forward_passes(ir::ValueId value, int consumer) const {
+  if (graph_.value(value).role != ir::ValueRole::Parameter) return 1;
+  return options_.recompute && in_block_[static_cast<std::size_t>(consumer)] ? 3 : 2;
+}
+
+double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, const Placement& produced,
+                                   const Placement& wanted, const Placement& gradient) const {
   const double bytes = value_bytes(value) * held_except(value, axis);
-  double seconds = reshard_seconds(axis, value, produced, wanted, bytes);
+  double seconds = forward_passes(value, consumer) * reshard_seconds(axis, value, produced, wanted, bytes);
   if (requires_grad_[static_cast<std::size_t>(value)])
     seconds += gradient_share(value, gradient) * reshard_seconds(axis, value, gradient, gradient_placement(produced), bytes);
   return seconds;
@@ -431,7 +451,7 @@ double ShardingModel::recompute_checkpoint_bytes() const {
   return bytes;
 }
 
-void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, double parameter_weight) {
+void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, double parameter_weight, bool seeds_only) {
   const auto a = static_cast<std::size_t>(axis);
   const int size = options_.mesh[a];
   if (size <= 1) return;
@@ -487,7 +507,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
           c.cost.push_back(1e-15 * value_bytes(leaf) *
                            held_fraction(choice.placement, options_.mesh[static_cast<std::size_t>(axis)]));
         } else {
-          c.cost.push_back(whole ? 0.0 : 1e-12 * static_cast<double>(value.type.numel()));
+          c.cost.push_back((whole ? 0.0 : 1e-12 * static_cast<double>(value.type.numel())) +
+                           leaf_instances[static_cast<std::size_t>(leaf)] * optimizer_seconds(leaf, axis, choice));
         }
         c.memory.push_back(leaf_memory(leaf, axis, choice) * leaf_instances[static_cast<std::size_t>(leaf)]);
       }
@@ -532,7 +553,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
       for (std::size_t s = 0; s < readers.size(); ++s)
         problem.nodes[static_cast<std::size_t>(pb)].cost[s] +=
             weight * group.count *
-            edge_seconds(axis, group.value, produced[s], readers[s].inputs[op], readers[s].input_grads[op]);
+            edge_seconds(axis, group.value, key.consumer, produced[s], readers[s].inputs[op], readers[s].input_grads[op]);
       continue;
     }
     const bool flip = pa > pb;
@@ -551,8 +572,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     const std::size_t nb = problem.nodes[static_cast<std::size_t>(e.b)].cost.size();
     for (std::size_t p = 0; p < produced.size(); ++p)
       for (std::size_t r = 0; r < readers.size(); ++r) {
-        double seconds = weight * group.count * edge_seconds(axis, group.value, produced[p], readers[r].inputs[op],
-                                                             readers[r].input_grads[op]);
+        double seconds = weight * group.count * edge_seconds(axis, group.value, key.consumer, produced[p],
+                                                             readers[r].inputs[op], readers[r].input_grads[op]);
         e.cost[flip ? r * nb + p : p * nb + r] += seconds;
       }
   }
@@ -586,15 +607,24 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     for (std::size_t c = 0; c < options.size(); ++c) {
       if (options[c] == leaf_choice_[a][v]) current[static_cast<std::size_t>(leaf_id[v])] = static_cast<int>(c);
       int& dp = data_parallel[static_cast<std::size_t>(leaf_id[v])];
-      if (graph_.value(static_cast<ir::ValueId>(v)).role == ir::ValueRole::Input && dp == 0 && !options[c].zero &&
+      const ir::ValueRole role = graph_.value(static_cast<ir::ValueId>(v)).role;
+      if (role == ir::ValueRole::Input && dp == 0 && !options[c].zero &&
           shards_batch(static_cast<ir::ValueId>(v), options[c].placement))
+        dp = static_cast<int>(c);
+      // Data parallelism as practised: whole weights, their gradient and optimizer state
+      // sharded (ZeRO-2), when the parameter may be.
+      if (role == ir::ValueRole::Parameter && options[c].zero && options[c].placement.is_replicate())
         dp = static_cast<int>(c);
     }
   }
-  fast.seeds = {std::move(current), std::move(data_parallel)};
+  fast.seeds_only = seeds_only;
+  if (seeds_only)
+    fast.seeds = {std::move(data_parallel)};
+  else
+    fast.seeds = {std::move(current), std::move(data_parallel)};
 
   SpmdSolution solution = solve_fast(problem, fast);
-  if (thorough) {
+  if (thorough && !seeds_only) {
     SpmdSolution exact = solve_ilp(problem, IlpOptions{}, &solution);
     if ((exact.feasible && (!solution.feasible || exact.cost <= solution.cost)) ||
         (!exact.feasible && !solution.feasible && exact.memory < solution.memory))
@@ -687,6 +717,10 @@ ShardingEvaluation ShardingModel::evaluate() const {
       };
       const bool parameter = value.role == ir::ValueRole::Parameter;
       record(produced, reader.inputs[op], "forward", parameter ? parameter_forward : activations, 1.0);
+      // A gathered weight is freed after its use and gathered again for the backward (and for
+      // the recomputed forward): ZeRO-3 / FSDP's traffic, as cost/plan_cost.h counts it.
+      if (parameter)
+        record(produced, reader.inputs[op], "backward", parameter_step, forward_passes(group.value, key.consumer) - 1);
       if (requires_grad_[static_cast<std::size_t>(group.value)])
         record(reader.input_grads[op], gradient_placement(produced), parameter ? "step" : "backward",
                parameter ? parameter_step : activations, gradient_share(group.value, reader.input_grads[op]));
@@ -698,12 +732,16 @@ ShardingEvaluation ShardingModel::evaluate() const {
   const double gradients = exposed(parameter_forward, forward) + exposed(parameter_step, backward);
   out.parameter_sync = parameter_forward + parameter_step;
   out.parameter_sync_hidden = parameter_forward <= forward && parameter_step <= backward;
-  out.step_time = compute + activations + gradients + statistics;
+  double optimizer = 0;
+  for (const ir::Value& v : graph_.values())
+    if (is_leaf(v)) optimizer += optimizer_seconds(v.id, -1, {});
+  out.step_time = compute + activations + gradients + statistics + optimizer;
   out.breakdown = {{"compute", compute},
                    {"activations", activations},
                    {"gradient_sync", gradients},
                    {"gradient_sync_total", out.parameter_sync},
-                   {"statistics", statistics}};
+                   {"statistics", statistics},
+                   {"optimizer", optimizer}};
   const double params = parameter_bytes(), acts = activation_bytes();
   out.memory_per_rank = params + acts;
   out.memory_breakdown = {{"parameters", params}, {"activations", acts}};

@@ -43,6 +43,8 @@ struct ShardingModelOptions {
   // unit at a time): a parameter smaller than a bucket pays its share of one collective's
   // latency, not a whole one (a layer norm's 4 KB gradient is not a 42 us all-reduce).
   double bucket_bytes = 25.0 * (1 << 20);
+  // Fraction of HBM bandwidth the optimizer step reaches (cost::PlanCostConstants).
+  double optimizer_memory_efficiency = 0.75;
 };
 
 // A leaf's decision on one axis.
@@ -77,8 +79,12 @@ class ShardingModel {
   // solves the problem with the ILP started from the fast solver's answer.
   // `parameter_weight`: what the solver charges for one second of parameter collectives:
   // the overlap interference while they hide under compute, 1 when they do not
-  // (search_spmd tries both; evaluate() always prices them exactly).
-  void solve_axis(int axis, bool thorough, double memory_scale = 1.0, double parameter_weight = 1.0);
+  // (search_spmd tries both; evaluate() always prices them exactly). `seeds_only`: no
+  // beam: the axis takes pure data parallelism (ZeRO-2), improved by local moves when it
+  // fits and as it is when it does not (a start for the coordinate descent: the other axis
+  // then has to save the memory, the way Megatron's tensor axis does under ZeRO).
+  void solve_axis(int axis, bool thorough, double memory_scale = 1.0, double parameter_weight = 1.0,
+                  bool seeds_only = false);
 
   ShardingEvaluation evaluate() const;
 
@@ -125,8 +131,14 @@ class ShardingModel {
   cost::OpTime node_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
   double node_memory(ir::NodeId node, int axis, const Strategy& choice) const;
   double leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
-  double edge_seconds(int axis, ir::ValueId value, const Placement& produced, const Placement& wanted,
+  // The optimizer step on this rank's share of a trainable parameter's states.
+  double optimizer_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
+  double edge_seconds(int axis, ir::ValueId value, int consumer, const Placement& produced, const Placement& wanted,
                       const Placement& gradient) const;
+  // How often the forward resharding of `value` into `consumer` runs per step: once for an
+  // activation; for a parameter, again for the backward (a gathered weight is freed after
+  // use, FSDP / ZeRO-3) and once more when the consumer's block is recomputed.
+  int forward_passes(ir::ValueId value, int consumer) const;
   // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`; a parameter's
   // latency is shared with its bucket (ShardingModelOptions::bucket_bytes).
   double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes) const;

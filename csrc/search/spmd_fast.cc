@@ -474,9 +474,12 @@ SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) 
     return polish(std::move(best), &overshoot);
   };
 
-  SpmdSolution beam = beam_solution();
+  if (options.seeds_only && options.seeds.empty())
+    throw support::ValidationError("spmd problem: solve_fast with seeds_only needs a seed");
+  SpmdSolution beam;
+  if (!options.seeds_only) beam = beam_solution();
   std::vector<std::vector<int>> seeds = options.seeds;
-  if (options.both_directions && problem.nodes.size() > 1) {
+  if (options.both_directions && !options.seeds_only && problem.nodes.size() > 1) {
     const std::size_t n = problem.nodes.size();
     SpmdProblem backward;
     backward.memory_limit = problem.memory_limit;
@@ -500,6 +503,10 @@ SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) 
         throw support::ValidationError(
             fmt::format("spmd problem: seed choice {} out of range at node '{}'", c, reduced.nodes[i].name));
       start[i] = c;
+    }
+    if (options.seeds_only) {
+      if (fits(evaluate(start))) local.improve(start);
+      return evaluate(std::move(start)).solution;
     }
     if (!fits(evaluate(start)) && !local.repair(start)) continue;
     local.improve(start);

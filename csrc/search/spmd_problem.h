@@ -90,6 +90,10 @@ struct FastOptions {
   // Also sweep the nodes in reverse order and start from that answer too: a beam prunes
   // myopically, and what it cannot see coming differs by direction.
   bool both_directions = true;
+  // Skip the beam: the answer is the first seed, improved by local moves when it fits and
+  // returned as it is (feasible false) when it does not: a start for a caller that will
+  // make room elsewhere (the SPMD search's data-parallel start).
+  bool seeds_only = false;
 };
 
 struct IlpOptions {

@@ -28,8 +28,8 @@
 //    seeded with the axis' current decisions and with pure data parallelism), `thorough`
 //    solve_ilp started from
 //    solve_fast and also runs the fast search, returning the better: never worse than fast.
-//    The descent runs inner axis first and outer axis first, and keeps the better
-//    (spmd_search.cc says why).
+//    The descent runs inner axis first, outer axis first, and outer axis first from pure
+//    data parallelism with ZeRO-2, and keeps the best (spmd_search.cc says why).
 //  - The mesh and recomputation choice with the lowest predicted step time that fits in
 //    memory wins; ties go to the earlier candidate (smaller tensor degree, no recompute).
 //  - Heterogeneous clusters: where the batch is sharded along an axis whose ranks differ,
@@ -37,12 +37,14 @@
 //    the graph's inputs ("S(0)[0.31,0.31,...]").
 //
 // Predicted step time = compute + activation collectives + statistics + the exposed part of
-// the parameter collectives. Parameter collectives run beside compute (the weight gathers
+// the parameter collectives + the optimizer step (every byte of the rank's share of the
+// parameter states read and written, as cost/plan_cost.h prices it). Parameter collectives run beside compute (the weight gathers
 // beside the forward, the gradient reductions beside the backward, as DDP and FSDP run
 // them): exposed = max(0, sync - compute) + overlap_interference x min(sync, compute), per
 // phase, the same rule as cost/plan_cost.h. The breakdown: "compute", "activations"
 // (forward and backward resharding of activations, on the critical path), "gradient_sync"
-// (exposed), "gradient_sync_total" (before overlap; not part of the sum), "statistics".
+// (exposed), "gradient_sync_total" (before overlap; not part of the sum), "statistics",
+// "optimizer".
 //
 // Deterministic: the same graph, cluster, model and options give the same plan, bit for bit.
 // Throws support::ValidationError on global_batch < 1, an empty graph, or a mesh option that

@@ -468,6 +468,16 @@ TEST(SpmdFastTest, SeedsRecoverWhatANarrowBeamPrunes) {
   SpmdSolution repaired = solve_fast(p, narrow);
   EXPECT_TRUE(repaired.feasible);
   EXPECT_DOUBLE_EQ(repaired.cost, 10);
+  // seeds_only: the first seed as a start: as it is when over the limit (for a caller that
+  // makes room elsewhere), improved by local moves when it fits; a seed is required.
+  FastOptions start_only{1, {{1, 1, 1}}, false, true};
+  SpmdSolution as_is = solve_fast(p, start_only);
+  EXPECT_EQ(as_is.choice, (std::vector<int>{1, 1, 1}));
+  EXPECT_FALSE(as_is.feasible);
+  start_only.seeds = {{1, 0, 0}};
+  EXPECT_EQ(solve_fast(p, start_only).choice, (std::vector<int>{0, 0, 1}));  // c to 1, then a to 0
+  start_only.seeds.clear();
+  EXPECT_THROW(solve_fast(p, start_only), support::ValidationError);
   // Malformed seeds are named.
   narrow.seeds = {{1, 1}};
   EXPECT_THROW(solve_fast(p, narrow), support::ValidationError);
