@@ -16,12 +16,25 @@
 #include "python/bindings.h"
 #include "python/plan_result.h"
 #include "support/error.h"
+#include "transform/local_shard.h"
 
 namespace py = pybind11;
 
 namespace shardwise::python {
 
 void bind_plan(py::module_& m) {
+  m.def(
+      "local_shard",
+      [](const std::vector<std::int64_t>& shape, const std::vector<std::string>& placements,
+         const std::vector<int>& mesh, int rank) {
+        transform::LocalShard s = transform::local_shard(shape, placements, mesh, rank);
+        py::dict out;
+        out["dims"] = s.dims;
+        out["shape"] = s.shape;
+        out["partial"] = s.partial;
+        return out;
+      },
+      py::arg("shape"), py::arg("placements"), py::arg("mesh"), py::arg("rank"));
   m.def("plan_normalise", [](const std::string& text) {
     return plan::plan_to_json_string(plan::plan_from_json_string(text));
   }, "Parse, validate and re-write a plan's JSON (canonical form).");

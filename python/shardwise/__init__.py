@@ -7,6 +7,7 @@ from ._fx_import import CaptureError
 from .capture import capture
 from .cluster import Cluster
 from .graph import Graph, RepeatedBlocks, UnknownOp
+from .materialize import materialize
 from .plan import Plan, plan
 from .profile import Profile, profile
 from .simulate import simulate
@@ -14,6 +15,7 @@ from .simulate import simulate
 __version__ = "0.1.0"
 
 __all__ = [
-    "capture", "Cluster", "Graph", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate", "UnknownOp",
+    "capture", "Cluster", "Graph", "materialize", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate",
+    "UnknownOp",
     "ShardwiseError", "ParseError", "ValidationError", "CaptureError",
 ]
