@@ -72,11 +72,6 @@ void bind_plan(py::module_& m) {
           py::gil_scoped_release release;
           r = search::search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);
         }
-        double capacity = 0;
-        for (int rank = 0; rank < cluster.world_size(); ++rank) {
-          double bytes = static_cast<double>(cluster.device_of(rank).memory_bytes);
-          capacity = rank == 0 ? bytes : std::min(capacity, bytes);
-        }
         py::list candidates;
         for (const auto& c : r.candidates) {
           py::dict d;
@@ -92,8 +87,8 @@ void bind_plan(py::module_& m) {
         out["fits"] = r.fits;
         out["candidates"] = candidates;
         out["search_seconds"] = r.search_seconds;
-        out["memory_capacity"] = capacity * memory_fraction;
-        out["report"] = search::plan_report(r.plan, capacity * memory_fraction);
+        out["memory_capacity"] = r.memory_limit;
+        out["report"] = search::plan_report(r.plan, r.memory_limit);
         if (r.balance) {
           py::dict b;
           b["axis"] = r.balance->axis;

@@ -372,17 +372,22 @@ double ShardingModel::node_memory(ir::NodeId node, int axis, const Strategy& cho
   return bytes;
 }
 
-double ShardingModel::leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
-  const ir::Value& v = graph_.value(leaf);
-  if (v.role == ir::ValueRole::Input) return 0;
+std::pair<double, double> ShardingModel::leaf_held(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
   double held = 1, state_held = 1;
   for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
     const auto size = options_.mesh[static_cast<std::size_t>(b)];
     const LeafChoice& c = b == axis ? choice : leaf_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(leaf)];
-    double h = held_fraction(c.placement, size);
+    const double h = held_fraction(c.placement, size);
     held *= h;
     state_held *= c.zero ? h / size : h;
   }
+  return {held, state_held};
+}
+
+double ShardingModel::leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
+  const ir::Value& v = graph_.value(leaf);
+  if (v.role == ir::ValueRole::Input) return 0;
+  const auto [held, state_held] = leaf_held(leaf, axis, choice);
   const double numel = static_cast<double>(v.type.numel());
   if (v.role != ir::ValueRole::Parameter || !requires_grad_[static_cast<std::size_t>(leaf)])
     return value_bytes(leaf) * held;
@@ -393,13 +398,7 @@ double ShardingModel::leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& 
 double ShardingModel::optimizer_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
   const ir::Value& v = graph_.value(leaf);
   if (v.role != ir::ValueRole::Parameter || !requires_grad_[static_cast<std::size_t>(leaf)]) return 0;
-  double state_held = 1;
-  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
-    const auto size = options_.mesh[static_cast<std::size_t>(b)];
-    const LeafChoice& c = b == axis ? choice : leaf_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(leaf)];
-    const double h = held_fraction(c.placement, size);
-    state_held *= c.zero ? h / size : h;
-  }
+  const double state_held = leaf_held(leaf, axis, choice).second;
   // Read and write every byte of the rank's share of the states (cost/plan_cost.h's rule).
   return static_cast<double>(v.type.numel()) * state_held * 2.0 * options_.memory.bytes_per_parameter() /
          (device_->memory_bandwidth * options_.optimizer_memory_efficiency);

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cost/cluster.h"
@@ -130,6 +131,9 @@ class ShardingModel {
   // The same, split: forward, and backward with the recomputed forward.
   cost::OpTime node_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
   double node_memory(ir::NodeId node, int axis, const Strategy& choice) const;
+  // The fractions of a leaf this rank holds: of its values, and of its gradient and
+  // optimizer state (ZeRO shards those further), with `choice` on `axis`.
+  std::pair<double, double> leaf_held(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
   double leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
   // The optimizer step on this rank's share of a trainable parameter's states.
   double optimizer_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const;

@@ -476,23 +476,9 @@ SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) 
 
   if (options.seeds_only && options.seeds.empty())
     throw support::ValidationError("spmd problem: solve_fast with seeds_only needs a seed");
-  SpmdSolution beam;
-  if (!options.seeds_only) beam = beam_solution();
-  std::vector<std::vector<int>> seeds = options.seeds;
-  if (options.both_directions && !options.seeds_only && problem.nodes.size() > 1) {
-    const std::size_t n = problem.nodes.size();
-    SpmdProblem backward;
-    backward.memory_limit = problem.memory_limit;
-    for (std::size_t i = 0; i < n; ++i) backward.nodes.push_back(problem.nodes[n - 1 - i]);
-    for (const ChoiceEdge& e : problem.edges)
-      backward.edges.push_back({static_cast<int>(n) - 1 - e.a, static_cast<int>(n) - 1 - e.b, e.cost});
-    FastOptions once{options.beam_width, {}, false};
-    const SpmdSolution back = solve_fast(backward, once);
-    std::vector<int> mapped(n);
-    for (std::size_t i = 0; i < n; ++i) mapped[i] = back.choice[n - 1 - i];
-    seeds.push_back(std::move(mapped));
-  }
-  for (const std::vector<int>& seed : seeds) {
+  // Seeds are checked before any work: bad input is an error, not a wasted sweep.
+  std::vector<std::vector<int>> seeds;
+  for (const std::vector<int>& seed : options.seeds) {
     if (seed.size() != problem.nodes.size())
       throw support::ValidationError(fmt::format("spmd problem: a seed of {} choices for {} nodes", seed.size(),
                                                  problem.nodes.size()));
@@ -504,6 +490,24 @@ SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) 
             fmt::format("spmd problem: seed choice {} out of range at node '{}'", c, reduced.nodes[i].name));
       start[i] = c;
     }
+    seeds.push_back(std::move(start));
+  }
+  SpmdSolution beam;
+  if (!options.seeds_only) beam = beam_solution();
+  if (options.both_directions && !options.seeds_only && reduced.nodes.size() > 1) {
+    // The reduced problem with its nodes in reverse order (already presolved).
+    const std::size_t n = reduced.nodes.size();
+    SpmdProblem backward;
+    backward.memory_limit = reduced.memory_limit;
+    for (std::size_t i = 0; i < n; ++i) backward.nodes.push_back(reduced.nodes[n - 1 - i]);
+    for (const ChoiceEdge& e : reduced.edges)
+      backward.edges.push_back({static_cast<int>(n) - 1 - e.a, static_cast<int>(n) - 1 - e.b, e.cost});
+    const SpmdSolution back = solve_fast(backward, FastOptions{options.beam_width, {}, false});
+    std::vector<int> start(n);
+    for (std::size_t i = 0; i < n; ++i) start[i] = back.choice[n - 1 - i];
+    seeds.push_back(std::move(start));
+  }
+  for (std::vector<int>& start : seeds) {
     if (options.seeds_only) {
       if (fits(evaluate(start))) local.improve(start);
       return evaluate(std::move(start)).solution;

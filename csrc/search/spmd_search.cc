@@ -248,6 +248,7 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
   plan.predicted = std::move(predicted);
   plan::validate(plan, cluster.world_size());
   result.fits = e.fits;
+  result.memory_limit = memory_limit;
   result.balance = best->balance;
   result.search_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

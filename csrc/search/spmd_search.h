@@ -111,6 +111,7 @@ struct SpmdSearchResult {
   bool fits = false;
   std::optional<BatchBalance> balance;
   std::vector<SpmdCandidate> candidates;  // every candidate tried, in order
+  double memory_limit = 0;  // bytes per rank the plan may use (smallest device x memory_fraction)
   double search_seconds = 0;
 };
 
