@@ -14,4 +14,5 @@ PYBIND11_MODULE(_C, m) {
   shardwise::python::bind_profile(m);
   shardwise::python::bind_torchscript(m);
   shardwise::python::bind_schedule(m);
+  shardwise::python::bind_transform(m);
 }

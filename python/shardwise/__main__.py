@@ -2,6 +2,8 @@
 
   inspect MODEL    capture MODEL and print its summary (parameters, FLOPs, repeated
                    blocks, unknown ops). MODEL: tiny-gpt | module:function | hf:NAME
+  train            train the built-in TinyGPT under torchrun, next to a single-device run:
+                   torchrun --nproc-per-node 4 -m shardwise train
 """
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the graph as JSON to this file")
     p.add_argument("--print-ir", action="store_true", help="print the IR text")
     p.set_defaults(run=_inspect)
+    from shardwise.train_demo import add_parser as add_train
+
+    add_train(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

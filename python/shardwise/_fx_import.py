@@ -105,6 +105,10 @@ class _Builder:
     values: list = field(default_factory=list)
     nodes: list = field(default_factory=list)
     names: set = field(default_factory=set)
+    # IR node (its first output's name) -> (FX node, the tuple index of each IR output or
+    # None for a single tensor): what the rewrite (python/shardwise/engine.py) lowers again.
+    sources: dict = field(default_factory=dict)
+    constants: dict = field(default_factory=dict)  # lifted constant tensors by IR name (export)
 
     def unique(self, name: str) -> str:
         name = name or "v"
@@ -259,6 +263,8 @@ def _add_op_node(node: torch.fx.Node, builder: _Builder, env: dict, where: str) 
             outputs.append(tensor_entry(name, t, None))
             refs.append(name)
         env[node] = refs
+    builder.sources[outputs[0]["name"]] = (node, None if multi is None else [i for i, t in enumerate(multi)
+                                                                               if t is not None])
     builder.nodes.append({
         "op": op_name(node.target),
         "inputs": inputs,

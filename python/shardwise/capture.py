@@ -115,11 +115,13 @@ def _canonical_names(model: torch.nn.Module) -> dict[str, str]:
     return canonical
 
 
-def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None) -> dict:
+def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, prefix: str = "model.") -> dict:
+    """`prefix`: the path, inside the export wrapper, of the module whose names the IR uses
+    (stripped from parameter names and module paths)."""
     wrapper = _TensorOutputs(model)
-    canonical = _canonical_names(model)
+    canonical = _canonical_names(wrapper)
     ep = torch.export.export(wrapper, (), kwargs=named, strict=False)
-    builder = _Builder(strip_prefix="model.")
+    builder = _Builder(strip_prefix=prefix)
     env: dict = {}
     user_names = iter(_input_names(named))
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
@@ -133,10 +135,12 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None) 
                 InputKind.CONSTANT_TENSOR: "constant"}.get(spec.kind)
         if role is None:
             raise CaptureError(f"input '{node.name}' of kind {spec.kind.name} is not supported")
-        name = canonical.get(_strip(spec.target), _strip(spec.target))
+        name = _strip(canonical.get(spec.target, spec.target), prefix)
+        if role == "constant":
+            builder.constants[name] = ep.constants.get(spec.target)
         env[node] = name if name in builder.names else builder.leaf(name, val, role)
     results = walk_graph(ep.graph, builder, env, ep.graph_module)
-    return document(builder, flatten_names(results))
+    return document(builder, flatten_names(results)), builder
 
 
 class _MetaInterpreter(torch.fx.Interpreter):
@@ -154,7 +158,7 @@ class _MetaInterpreter(torch.fx.Interpreter):
         return super().call_module(target, args, kwargs)
 
 
-def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None) -> dict:
+def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None, prefix: str = "model.") -> dict:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = torch.fx.symbolic_trace(model)
@@ -170,17 +174,18 @@ def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None) -> d
     with fx_traceback.preserve_node_meta():
         lowered = make_fx(run, pre_dispatch=True, tracing_mode="fake", _allow_non_fake_inputs=True)(
             params, buffers, *tensors)
-    builder = _Builder()
+    inner = prefix[len("model."):]  # symbolic_trace names are the model's own: no wrapper
+    builder = _Builder(strip_prefix=inner)
     env: dict = {}
     placeholders = [n for n in lowered.graph.nodes if n.op == "placeholder"]
-    leaf_specs = ([(n, "parameter") for n in params] + [(n, "buffer") for n in buffers]
+    leaf_specs = ([(_strip(n, inner), "parameter") for n in params] + [(_strip(n, inner), "buffer") for n in buffers]
                   + [(n, "input") for n in names])
     for (name, role), node in zip(leaf_specs, placeholders):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             env[node] = builder.leaf(name, val, role, batch_dim if role == "input" else None)
     results = walk_graph(lowered.graph, builder, env, lowered)
-    return document(builder, flatten_names(results))
+    return document(builder, flatten_names(results)), builder
 
 
 def capture(
@@ -207,21 +212,29 @@ def capture(
         from ._torchscript import import_torchscript
 
         return Graph._from_core(import_torchscript(model, named), batch_dim=batch_dim)
+    graph, _ = _capture_with_sources(model, named, method, batch_dim)
+    return graph
+
+
+def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batch_dim: int | None,
+                          prefix: str = "model."):
+    """The Graph and the capture's _Builder, whose `sources` map every IR node back to the
+    ATen FX node it came from (the rewrite lowers those again, per rank)."""
     if method == "export":
         try:
-            doc = _capture_export(model, named, batch_dim)
+            doc, builder = _capture_export(model, named, batch_dim, prefix)
         except CaptureError:
             raise
         except Exception as export_error:  # noqa: BLE001 - report both failures if the fallback fails too
             log.warning("torch.export failed (%s: %s); falling back to fx capture",
                         type(export_error).__name__, str(export_error).splitlines()[0] if str(export_error) else "")
             try:
-                doc = _capture_fx(model, named, batch_dim)
+                doc, builder = _capture_fx(model, named, batch_dim, prefix)
             except Exception as fx_error:
                 raise CaptureError(
                     f"could not capture {type(model).__name__}: torch.export failed with "
                     f"{type(export_error).__name__}: {export_error}\n"
                     f"and the fx fallback failed with {type(fx_error).__name__}: {fx_error}") from fx_error
     else:
-        doc = _capture_fx(model, named, batch_dim)
-    return Graph._from_core(_C.Graph.from_json(json.dumps(doc)), batch_dim=batch_dim)
+        doc, builder = _capture_fx(model, named, batch_dim, prefix)
+    return Graph._from_core(_C.Graph.from_json(json.dumps(doc)), batch_dim=batch_dim), builder

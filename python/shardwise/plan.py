@@ -89,6 +89,11 @@ class Plan:
             return doc[name]
         raise AttributeError(name)
 
+    @property
+    def sharding(self) -> dict | None:
+        """The SPMD section of a searched plan (mesh, placements, strategies), else None."""
+        return self._doc.get("sharding")
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Plan) and self._doc == other._doc
 

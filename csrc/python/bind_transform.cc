@@ -1,0 +1,119 @@
+// Bindings of the rewrite passes (csrc/transform): the rank program as Python dicts.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+#include "python/bindings.h"
+#include "support/error.h"
+#include "transform/spmd_rewrite.h"
+
+namespace py = pybind11;
+
+namespace shardwise::python {
+namespace {
+
+py::list spec_texts(const search::ShardingSpec& spec) {
+  py::list out;
+  for (const auto& p : spec) out.append(p.str());
+  return out;
+}
+
+py::list actions(const std::vector<transform::ReshardAction>& steps) {
+  py::list out;
+  for (const auto& a : steps) {
+    py::dict d;
+    d["kind"] = std::string(transform::reshard_kind_name(a.kind));
+    d["axis"] = a.axis;
+    d["dim"] = a.dim;
+    d["groups"] = a.groups;
+    d["concat_dim"] = a.concat_dim;
+    d["reduce"] = a.reduce;
+    d["scale_power"] = a.scale_power;
+    d["ratios"] = a.ratios;
+    d["text"] = a.str();
+    out.append(d);
+  }
+  return out;
+}
+
+py::dict operand(const transform::OperandRewrite& op) {
+  py::dict d;
+  d["value"] = op.value;
+  d["produced"] = spec_texts(op.produced);
+  d["required"] = spec_texts(op.required);
+  d["local_shape"] = op.local_shape;
+  d["forward"] = actions(op.forward);
+  d["backward"] = actions(op.backward);
+  d["gradient"] = op.gradient;
+  return d;
+}
+
+}  // namespace
+
+void bind_transform(py::module_& m) {
+  m.def(
+      "reshard_actions",
+      [](const std::vector<std::string>& from, const std::vector<std::string>& to) {
+        search::ShardingSpec a, b;
+        for (const auto& t : from) a.push_back(search::parse_placement(t));
+        for (const auto& t : to) b.push_back(search::parse_placement(t));
+        return actions(transform::reshard_actions(a, b));
+      },
+      py::arg("from_placements"), py::arg("to_placements"),
+      "The steps turning one placement into another (csrc/transform/reshard_actions.h).");
+  m.def(
+      "rank_program",
+      [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
+         const std::vector<std::string>& lookup_ops) {
+        plan::Plan p = plan::plan_from_json_string(plan_json);
+        if (!p.sharding) throw support::ValidationError("rank_program: the plan has no sharding section");
+        transform::RewriteOptions options;
+        options.whole_nodes = {whole_nodes.begin(), whole_nodes.end()};
+        options.lookup_ops = {lookup_ops.begin(), lookup_ops.end()};
+        transform::RankProgram program = transform::rank_program(graph, *p.sharding, rank, options);
+        py::list leaves, nodes, outputs;
+        for (const auto& l : program.leaves) {
+          py::dict d;
+          d["value"] = l.value;
+          d["placement"] = spec_texts(l.placement);
+          d["local_shape"] = l.local_shape;
+          d["gradient"] = spec_texts(l.gradient);
+          d["reduce_axes"] = l.reduce_axes;
+          leaves.append(d);
+        }
+        for (const auto& n : program.nodes) {
+          py::dict d;
+          d["node"] = n.node;
+          d["op"] = n.op;
+          d["mode"] = std::string(transform::node_mode_name(n.mode));
+          d["lookup_axes"] = n.lookup_axes;
+          py::list ins, outs;
+          for (const auto& op : n.inputs) ins.append(operand(op));
+          for (const auto& o : n.outputs) {
+            py::dict od;
+            od["value"] = o.value;
+            od["produced"] = spec_texts(o.produced);
+            od["local_shape"] = o.local_shape;
+            outs.append(od);
+          }
+          d["inputs"] = ins;
+          d["outputs"] = outs;
+          nodes.append(d);
+        }
+        for (const auto& o : program.outputs) outputs.append(operand(o));
+        py::dict out;
+        out["mesh"] = program.mesh;
+        out["rank"] = program.rank;
+        out["leaves"] = leaves;
+        out["nodes"] = nodes;
+        out["outputs"] = outputs;
+        return out;
+      },
+      py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
+      py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"},
+      "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h).");
+}
+
+}  // namespace shardwise::python

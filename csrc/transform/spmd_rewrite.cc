@@ -1,0 +1,329 @@
+#include "transform/spmd_rewrite.h"
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <sstream>
+
+#include "ops/node_rule.h"
+#include "ops/op_table.h"
+#include "support/error.h"
+#include "transform/local_shard.h"
+
+namespace shardwise::transform {
+namespace {
+
+using search::Placement;
+using search::ShardingSpec;
+using search::Strategy;
+using support::ValidationError;
+
+ShardingSpec replicated(std::size_t axes) { return ShardingSpec(axes, Placement::replicate()); }
+
+std::vector<std::string> texts(const ShardingSpec& spec) {
+  std::vector<std::string> out;
+  for (const auto& p : spec) out.push_back(p.str());
+  return out;
+}
+
+Strategy replicate_of(const ir::Node& node) {
+  Strategy s;
+  s.inputs.assign(node.inputs.size(), Placement::replicate());
+  s.input_grads.assign(node.inputs.size(), Placement::replicate());
+  s.outputs.assign(node.outputs.size(), Placement::replicate());
+  return s;
+}
+
+// The strategy a plan names by `text` ("replicate", "partial", "split n", "split n g3") for
+// `node` with `rule` (already local to the other axes' splits) on an axis of n ranks.
+Strategy strategy_from_text(const ir::Graph& graph, const ir::Node& node, const std::optional<ops::DimRule>& rule,
+                            const std::string& text, int axis, int n) {
+  auto where = [&] {
+    return fmt::format("node '{}' ({}, module '{}') on mesh axis {}", graph.value(node.outputs[0]).name, node.op,
+                       node.module_path, axis);
+  };
+  if (text == "replicate") return replicate_of(node);
+  if (!rule) throw ValidationError(fmt::format("plan: {} has strategy '{}' but no sharding rule", where(), text));
+  Strategy s;
+  if (text == "partial") {
+    s = search::partial_strategy(*rule);
+  } else {
+    std::istringstream words(text);
+    std::string verb, label, groups_text;
+    words >> verb >> label >> groups_text;
+    std::int64_t groups = 1;
+    if (!groups_text.empty()) {
+      if (groups_text.size() < 2 || groups_text[0] != 'g')
+        throw ValidationError(fmt::format("plan: {}: unreadable strategy '{}'", where(), text));
+      groups = std::stoll(groups_text.substr(1));
+    }
+    const int index = verb == "split" ? rule->find(label) : -1;
+    if (index < 0)
+      throw ValidationError(fmt::format("plan: {}: strategy '{}' names no index of the rule {}", where(), text,
+                                        rule->str()));
+    search::StrategyOptions options;
+    if (groups > 1) options.strided.emplace_back(rule->indices[static_cast<std::size_t>(index)].size, groups);
+    bool found = false;
+    for (Strategy& candidate : search::enumerate_strategies(*rule, n, options)) {
+      if (candidate.index == index && candidate.groups == groups) {
+        s = std::move(candidate);
+        found = true;
+        break;
+      }
+    }
+    if (!found)
+      throw ValidationError(fmt::format("plan: {}: strategy '{}' is not legal for the rule {} on {} ranks", where(),
+                                        text, rule->str(), n));
+  }
+  if (s.inputs.size() != node.inputs.size() || s.outputs.size() != node.outputs.size())
+    throw ValidationError(fmt::format("plan: {}: strategy '{}' places {} operands, the node has {}", where(), text,
+                                      s.inputs.size() + s.outputs.size(), node.inputs.size() + node.outputs.size()));
+  return s;
+}
+
+const std::vector<std::string>& plan_entry(const std::map<std::string, std::vector<std::string>>& map,
+                                           const std::string& name, const char* what, std::size_t axes) {
+  auto it = map.find(name);
+  if (it == map.end())
+    throw ValidationError(fmt::format("plan: no {} for '{}' (a plan made for another model?)", what, name));
+  if (it->second.size() != axes)
+    throw ValidationError(fmt::format("plan: the {} of '{}' has {} entries for a mesh of {} axes", what, name,
+                                      it->second.size(), axes));
+  return it->second;
+}
+
+class Recorder : public RewriteBuilder {
+ public:
+  explicit Recorder(RankProgram& program) : program_(program) {}
+  void leaf(const LeafRewrite& leaf) override { program_.leaves.push_back(leaf); }
+  void node(const NodeRewrite& node) override { program_.nodes.push_back(node); }
+  void output(const OperandRewrite& output) override { program_.outputs.push_back(output); }
+
+ private:
+  RankProgram& program_;
+};
+
+}  // namespace
+
+std::string_view node_mode_name(NodeMode mode) {
+  switch (mode) {
+    case NodeMode::Local: return "local";
+    case NodeMode::Lookup: return "lookup";
+    case NodeMode::Whole: return "whole";
+  }
+  return "?";
+}
+
+std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, const plan::Sharding& sharding) {
+  const std::size_t axes = sharding.mesh.size();
+  std::vector<std::vector<Strategy>> out;
+  for (const ir::Node& node : graph.nodes()) {
+    if (node.outputs.empty()) {
+      out.emplace_back(axes, replicate_of(node));
+      continue;
+    }
+    const auto& text = plan_entry(sharding.strategies, graph.value(node.outputs[0]).name, "strategy", axes);
+    const std::optional<ops::DimRule> rule = ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
+    // Pass 1 on the whole rule (a split legal on local sizes is legal on whole ones); pass 2
+    // on the rule as the other axes' splits leave it, as the search enumerated it: a strided
+    // shard's groups count what those splits left.
+    std::vector<Strategy> first;
+    for (std::size_t a = 0; a < axes; ++a)
+      first.push_back(strategy_from_text(graph, node, rule, text[a], static_cast<int>(a), sharding.mesh[a]));
+    if (axes == 1 || !rule) {
+      out.push_back(std::move(first));
+      continue;
+    }
+    std::vector<Strategy> second;
+    for (std::size_t a = 0; a < axes; ++a) {
+      ops::DimRule local = *rule;
+      for (std::size_t b = 0; b < axes; ++b)
+        if (b != a && !first[b].partial && first[b].index >= 0) local = search::local_rule(local, first[b], sharding.mesh[b]);
+      second.push_back(strategy_from_text(graph, node, local, text[a], static_cast<int>(a), sharding.mesh[a]));
+    }
+    out.push_back(std::move(second));
+  }
+  return out;
+}
+
+void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int rank, const RewriteOptions& options,
+                  RewriteBuilder& builder) {
+  const std::size_t axes = sharding.mesh.size();
+  if (axes == 0) throw ValidationError("plan: the sharding has an empty mesh");
+  int world = 1;
+  for (int size : sharding.mesh) world *= size;
+  if (rank < 0 || rank >= world)
+    throw ValidationError(fmt::format("rewrite: rank {} outside the plan's mesh of {} ranks", rank, world));
+  const auto strategies = resolve_strategies(graph, sharding);
+  const auto& nodes = graph.nodes();
+  const auto& values = graph.values();
+
+  auto local_shape = [&](const ir::Value& v, const ShardingSpec& spec) {
+    return local_shard(v.type.shape, texts(spec), sharding.mesh, rank).shape;
+  };
+
+  // How each node runs, what it needs of its operands and what it leaves.
+  std::vector<NodeRewrite> rewrites(nodes.size());
+  std::vector<std::vector<ShardingSpec>> grads(nodes.size());  // per operand: the reader's gradient
+  std::vector<ShardingSpec> produced(values.size());
+  for (const ir::Value& v : values)
+    if (!v.producer) {
+      std::vector<Placement> spec;
+      for (const auto& text : plan_entry(sharding.placements, v.name, "placement", axes))
+        spec.push_back(search::parse_placement(text));
+      produced[static_cast<std::size_t>(v.id)] = spec;
+    }
+  for (const ir::Node& node : nodes) {
+    const auto n = static_cast<std::size_t>(node.id);
+    NodeRewrite& rw = rewrites[n];
+    rw.node = node.id;
+    rw.op = node.op;
+    const std::optional<ops::DimRule> rule =
+        node.outputs.empty() ? std::nullopt : ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
+    bool whole = !node.outputs.empty() && options.whole_nodes.contains(graph.value(node.outputs[0]).name);
+    for (std::size_t a = 0; a < axes && !whole; ++a) {
+      const Strategy& s = strategies[n][a];
+      if (s.partial || s.index < 0 || !rule) continue;
+      if (node.inputs.empty()) whole = true;  // a creation op's values depend on its block
+      const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
+      if (index.kind != ops::IndexKind::Whole) continue;
+      if (index.lookup && options.lookup_ops.contains(node.op)) {
+        rw.lookup_axes.push_back(static_cast<int>(a));
+      } else {
+        whole = true;  // statistics, or a lookup the runtime has no kernel for
+      }
+    }
+    rw.mode = whole ? NodeMode::Whole : rw.lookup_axes.empty() ? NodeMode::Local : NodeMode::Lookup;
+    if (whole) rw.lookup_axes.clear();
+    for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+      OperandRewrite op;
+      op.value = graph.value(node.inputs[i]).name;
+      ShardingSpec need, grad;
+      for (std::size_t a = 0; a < axes; ++a) {
+        need.push_back(whole ? Placement::replicate() : strategies[n][a].inputs[i]);
+        grad.push_back(whole ? Placement::replicate() : strategies[n][a].input_grads[i]);
+      }
+      op.required = std::move(need);
+      rw.inputs.push_back(std::move(op));
+      grads[n].push_back(std::move(grad));
+    }
+    for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+      ShardingSpec spec;
+      for (std::size_t a = 0; a < axes; ++a)
+        spec.push_back(whole ? Placement::replicate() : strategies[n][a].outputs[o]);
+      const ir::Value& out = graph.value(node.outputs[o]);
+      produced[static_cast<std::size_t>(out.id)] = spec;
+      rw.outputs.push_back({out.name, spec, local_shape(out, spec)});
+    }
+  }
+
+  // Which values carry gradients: floating parameters and what floating values they reach.
+  std::vector<bool> gradient(values.size(), false);
+  for (const ir::Value& v : values)
+    gradient[static_cast<std::size_t>(v.id)] = !v.producer && v.role == ir::ValueRole::Parameter && ir::is_floating(v.type.dtype);
+  for (const ir::Node& node : nodes) {
+    bool any = false;
+    for (ir::ValueId in : node.inputs) any = any || gradient[static_cast<std::size_t>(in)];
+    for (ir::ValueId out : node.outputs)
+      gradient[static_cast<std::size_t>(out)] = any && ir::is_floating(graph.value(out).type.dtype);
+  }
+
+  // Canonical gradient placements; a parameter whose readers all give Partial(sum) on an
+  // axis where it is replicated keeps it Partial there for the engine's bucketed reduction.
+  std::vector<ShardingSpec> canonical(values.size());
+  std::vector<std::vector<int>> reduce_axes(values.size());
+  for (const ir::Value& v : values) {
+    const auto id = static_cast<std::size_t>(v.id);
+    for (const Placement& p : produced[id]) canonical[id].push_back(search::gradient_placement(p));
+  }
+  for (const ir::Value& v : values) {
+    const auto id = static_cast<std::size_t>(v.id);
+    if (v.producer || !gradient[id]) continue;
+    for (std::size_t a = 0; a < axes; ++a) {
+      if (!produced[id][a].is_replicate()) continue;
+      bool all_partial = true, any = false;
+      for (const ir::Node& node : nodes)
+        for (std::size_t i = 0; i < node.inputs.size(); ++i)
+          if (node.inputs[i] == v.id) {
+            any = true;
+            const Placement& g = grads[static_cast<std::size_t>(node.id)][i][a];
+            all_partial = all_partial && g.is_partial() && g.reduction == ops::Reduction::Sum;
+          }
+      if (any && all_partial) {
+        canonical[id][a] = Placement::partial();
+        reduce_axes[id].push_back(static_cast<int>(a));
+      }
+    }
+  }
+
+  // The backward steps of an edge: the reader's gradient to the value's canonical one. A
+  // value that is Partial(mean) on an axis is the mean of the ranks' values, so each rank's
+  // share of its gradient is the whole gradient over n: a Scale after the steps.
+  auto backward_steps = [&](const ShardingSpec& from, std::size_t value) {
+    std::vector<ReshardAction> steps = reshard_actions(from, canonical[value]);
+    for (std::size_t a = 0; a < axes; ++a) {
+      const Placement& p = produced[value][a];
+      if (p.is_partial() && p.reduction == ops::Reduction::Mean) {
+        ReshardAction scale;
+        scale.kind = ReshardKind::Scale;
+        scale.axis = static_cast<int>(a);
+        scale.scale_power = -1;
+        steps.push_back(scale);
+      }
+    }
+    return steps;
+  };
+
+  for (const ir::Value& v : values) {
+    if (v.producer) continue;
+    const auto id = static_cast<std::size_t>(v.id);
+    builder.leaf({v.name, produced[id], local_shape(v, produced[id]), gradient[id] ? canonical[id] : ShardingSpec{},
+                  reduce_axes[id]});
+  }
+  for (const ir::Node& node : nodes) {
+    const auto n = static_cast<std::size_t>(node.id);
+    NodeRewrite& rw = rewrites[n];
+    for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+      OperandRewrite& op = rw.inputs[i];
+      const ir::Value& v = graph.value(node.inputs[i]);
+      const auto id = static_cast<std::size_t>(v.id);
+      op.produced = produced[id];
+      op.local_shape = local_shape(v, op.required);
+      try {
+        op.forward = reshard_actions(op.produced, op.required);
+        op.gradient = gradient[id];
+        if (op.gradient) op.backward = backward_steps(grads[n][i], id);
+      } catch (const ValidationError& e) {
+        throw ValidationError(fmt::format("rewrite: operand {} ('{}') of node '{}' ({}, module '{}'): {}", i, v.name,
+                                          graph.value(node.outputs.empty() ? node.inputs[0] : node.outputs[0]).name,
+                                          node.op, node.module_path, e.what()));
+      }
+    }
+    builder.node(rw);
+  }
+  for (ir::ValueId out : graph.outputs()) {
+    const ir::Value& v = graph.value(out);
+    const auto id = static_cast<std::size_t>(out);
+    OperandRewrite op;
+    op.value = v.name;
+    op.produced = produced[id];
+    op.required = replicated(axes);
+    op.local_shape = v.type.shape;
+    op.forward = reshard_actions(op.produced, op.required);
+    op.gradient = gradient[id];
+    if (op.gradient) op.backward = backward_steps(replicated(axes), id);
+    builder.output(op);
+  }
+}
+
+RankProgram rank_program(const ir::Graph& graph, const plan::Sharding& sharding, int rank,
+                         const RewriteOptions& options) {
+  RankProgram program;
+  program.mesh = sharding.mesh;
+  program.rank = rank;
+  Recorder recorder(program);
+  rewrite_spmd(graph, sharding, rank, options, recorder);
+  return program;
+}
+
+}  // namespace shardwise::transform

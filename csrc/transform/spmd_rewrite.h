@@ -1,0 +1,124 @@
+// The rewrite of a searched plan into one rank's program: for every node, the placements its
+// operands must have, the collectives that bring each operand there (forward) and bring its
+// gradient back (backward), how the node runs, and every value's local shape on the rank.
+// The runtime (python/shardwise/engine.py) lowers the program into a torch.fx.GraphModule;
+// the core never sees a tensor or a process group.
+//
+// Input: the single-device graph and the plan's sharding section (plan/plan.h: placements of
+// every value, a strategy text per node and mesh axis). The strategies are resolved back into
+// search::Strategy values from each node's dimension rule (resolve_strategies), so the
+// program uses exactly the placements the search priced.
+//
+// How a node runs (NodeMode):
+//  - Local: every rank runs the op on its local operands (shape arguments rewritten to local
+//    shapes by the runtime): a split spatial or reduced index, a partial pass-through, or
+//    replication.
+//  - Lookup: an index split with `lookup` (embedding's vocabulary) on the axes in
+//    lookup_axes: each rank looks up the ids in its rows, zero elsewhere, giving a Partial
+//    sum. Only for ops in RewriteOptions::lookup_ops (those the runtime has a kernel for).
+//  - Whole: every operand gathered, the op run on whole tensors, the outputs replicated
+//    (readers then cut what they need). The fallback that keeps every plan correct: a split
+//    with statistics (softmax, layer norm or cross entropy over a split dim) the runtime has
+//    no distributed kernel for, a lookup outside lookup_ops, an op with no tensor operand
+//    whose output is split (arange's values depend on the block), and the nodes named in
+//    RewriteOptions::whole_nodes (the runtime names those whose local call fails its shape
+//    check).
+//
+// Gradients: every value's local gradient is kept in one canonical placement: its forward
+// placement with Partial read as Replicate (search::gradient_placement; for Partial(mean), the
+// Replicate gradient over the axis size: each rank's value counts 1/n). An edge whose reader
+// gives its gradient in another placement (a column-parallel product gives a Partial
+// gradient of its replicated input: Megatron's `f`) converts it in backward. Parameters are
+// the exception: a Replicate parameter on an axis where every reader gives a Partial(sum)
+// gradient keeps that gradient Partial and lists the axis in `reduce_axes`: the engine
+// reduces it after backward, in buckets (data parallelism's gradient all-reduce).
+//
+// Graph outputs are made Replicate on every rank (the loss is returned whole everywhere).
+//
+// Errors (support::ValidationError naming the node, value and axis): a plan whose mesh has a
+// different number of axes than its placements, a value or node the plan does not place, a
+// strategy text that is not legal for the node's rule, a rank outside the mesh.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "plan/plan.h"
+#include "search/placement.h"
+#include "search/strategy.h"
+#include "transform/reshard_actions.h"
+
+namespace shardwise::transform {
+
+enum class NodeMode : std::uint8_t { Local, Lookup, Whole };
+std::string_view node_mode_name(NodeMode mode);  // "local", "lookup", "whole"
+
+struct RewriteOptions {
+  std::set<std::string> lookup_ops = {"aten::embedding"};
+  std::set<std::string> whole_nodes;  // by the name of the node's first output
+};
+
+// One operand of a node (or a graph output): where its value arrives from and what it needs.
+struct OperandRewrite {
+  std::string value;
+  search::ShardingSpec produced;  // the value's placement as its producer leaves it
+  search::ShardingSpec required;  // what the reader needs
+  std::vector<std::int64_t> local_shape;  // at `required`, on this rank
+  std::vector<ReshardAction> forward;     // produced -> required
+  std::vector<ReshardAction> backward;    // reader's gradient -> the value's canonical one
+  bool gradient = false;                  // the value carries a gradient
+};
+
+struct OutputRewrite {
+  std::string value;
+  search::ShardingSpec produced;
+  std::vector<std::int64_t> local_shape;
+};
+
+struct NodeRewrite {
+  ir::NodeId node = -1;
+  std::string op;
+  NodeMode mode = NodeMode::Local;
+  std::vector<int> lookup_axes;  // Lookup: the axes whose split is the lookup
+  std::vector<OperandRewrite> inputs;
+  std::vector<OutputRewrite> outputs;
+};
+
+// A leaf (parameter, buffer, constant, input) as the rank holds it.
+struct LeafRewrite {
+  std::string value;
+  search::ShardingSpec placement;
+  std::vector<std::int64_t> local_shape;
+  search::ShardingSpec gradient;  // canonical gradient placement (parameters)
+  std::vector<int> reduce_axes;   // axes the engine reduces the gradient over after backward
+};
+
+// Receives the program in graph order: every leaf, then every node, then every output.
+class RewriteBuilder {
+ public:
+  virtual ~RewriteBuilder() = default;
+  virtual void leaf(const LeafRewrite& leaf) = 0;
+  virtual void node(const NodeRewrite& node) = 0;
+  virtual void output(const OperandRewrite& output) = 0;
+};
+
+// The strategies of a sharding, [node][axis] (nodes without outputs: replicated).
+std::vector<std::vector<search::Strategy>> resolve_strategies(const ir::Graph& graph, const plan::Sharding& sharding);
+
+void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int rank, const RewriteOptions& options,
+                  RewriteBuilder& builder);
+
+// The program as plain data (a RewriteBuilder that records).
+struct RankProgram {
+  std::vector<int> mesh;
+  int rank = 0;
+  std::vector<LeafRewrite> leaves;
+  std::vector<NodeRewrite> nodes;
+  std::vector<OperandRewrite> outputs;
+};
+RankProgram rank_program(const ir::Graph& graph, const plan::Sharding& sharding, int rank,
+                         const RewriteOptions& options = {});
+
+}  // namespace shardwise::transform

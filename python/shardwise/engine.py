@@ -1,0 +1,579 @@
+"""shardwise.parallelize: a model, a plan and torch.distributed -> training on every rank.
+
+    engine = shardwise.parallelize(model, (ids, targets), loss_fn)   # plan searched
+    opt = torch.optim.AdamW(engine.parameters(), lr=1e-3)
+    for ids, targets in batches:
+        opt.zero_grad()
+        loss = engine.train_step(ids, targets)                        # the loss, on every rank
+        opt.step()
+
+How (the data flow of docs/ARCHITECTURE.md):
+ 1. capture: the model and its loss as one ATen graph (torch.export), at the global batch;
+ 2. plan: the SPMD search (or the plan given), checked to be the same on every rank (hash);
+ 3. rewrite: the core's rank program (csrc/transform/spmd_rewrite.h) says, per node, what
+    each operand needs and which collectives bring it there, forward and backward;
+ 4. lowering (here): each IR node becomes the ATen call it was captured from, on local
+    shapes, in a ``torch.fx.GraphModule`` per rank (``engine.code`` prints it); a node whose
+    local call fails its shape check on meta tensors runs whole instead (gathered operands),
+    so every plan runs correctly;
+ 5. run: ``train_step`` slices the rank's share of the batch, runs the module, calls
+    backward and reduces the gradients the program left Partial (data parallelism) in
+    buckets through ``torch.distributed``.
+
+The batch: ``train_step(*batch)`` takes the whole global batch on every rank, as the
+single-device loop would; each rank keeps its share (the inputs' placements). With
+``loss_fn``, the last element of the batch is the target: ``loss = loss_fn(model(*batch[:-1]),
+batch[-1])``; without, the model returns the loss (a tensor, or an output with ``.loss``).
+
+Pipeline plans (pipeline > 1) are not executed yet; a plan without a sharding section (made
+by ``Plan.manual``) is completed by the SPMD search on its {data, tensor} mesh.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+import re
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.fx
+
+from . import _C
+from ._C import ValidationError
+from ._fx_import import _schema_args
+from .capture import _bind_inputs, _capture_with_sources, _input_names
+from .materialize import local_tensor
+from .plan import Plan
+
+log = logging.getLogger("shardwise.engine")
+
+__all__ = ["Engine", "parallelize"]
+
+_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
+_TARGET = "target"  # the IR name of the loss' target when parallelize is given a loss_fn
+
+
+# ---- the mesh as this rank sees it ---------------------------------------------------------
+class _Mesh:
+    """Axis sizes, this rank's coordinates and the torch.distributed group of each axis."""
+
+    def __init__(self, sizes: list[int], rank: int):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.sizes = list(sizes)
+        self.rank = rank
+        self.coords = []
+        stride = 1
+        for size in reversed(self.sizes):
+            self.coords.insert(0, (rank // stride) % size)
+            stride *= size
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        names = tuple(f"axis{a}" for a in range(len(self.sizes)))
+        self.device_mesh = init_device_mesh(device, tuple(self.sizes), mesh_dim_names=names)
+        self.groups = [self.device_mesh.get_group(a) for a in range(len(self.sizes))]
+        self.group_names = [g.group_name for g in self.groups]
+
+
+# ---- resharding steps ----------------------------------------------------------------------
+_STEP = re.compile(r"^(\w+)\(axis (\d+)(?:, (.*))?\)$")
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_step(text: str) -> tuple:
+    """'all_gather(axis 1, dim 0, g3)' -> ('all_gather', 1, {'dim': 0, 'groups': 3})."""
+    m = _STEP.match(text)
+    if not m:
+        raise ValidationError(f"unreadable resharding step {text!r}")
+    kind, axis, rest = m.group(1), int(m.group(2)), m.group(3) or ""
+    args: dict[str, Any] = {"groups": 1}
+    for part in filter(None, (p.strip() for p in re.split(r", (?=[a-z]|n\^|g\d)", rest))):
+        if part.startswith("dim "):
+            args["dim"] = int(part[4:])
+        elif part.startswith("split "):
+            args["dim"] = int(part[6:])
+        elif part.startswith("concat "):
+            args["concat_dim"] = int(part[7:])
+        elif part.startswith("ratios "):
+            args["ratios"] = [float(r) for r in part[7:].split(",")]
+        elif re.fullmatch(r"g\d+", part):
+            args["groups"] = int(part[1:])
+        elif part.startswith("n^"):
+            args["power"] = int(part[2:])
+        elif part in ("sum", "mean"):
+            args["reduce"] = part
+        else:
+            raise ValidationError(f"unreadable resharding step {text!r} (at {part!r})")
+    return kind, axis, args
+
+
+def _grouped(x: torch.Tensor, dim: int, groups: int) -> tuple[torch.Tensor, int]:
+    """`x` with `dim` viewed as [groups, size / groups] (strided shards), and the dim to cut."""
+    return (x, dim) if groups == 1 else (x.unflatten(dim, (groups, -1)), dim + 1)
+
+
+def _ungrouped(x: torch.Tensor, dim: int, groups: int) -> torch.Tensor:
+    return x if groups == 1 else x.flatten(dim, dim + 1)
+
+
+def _apply_step(x: torch.Tensor, text: str, mesh: _Mesh) -> torch.Tensor:
+    kind, axis, a = _parse_step(text)
+    n, k, group = mesh.sizes[axis], mesh.coords[axis], mesh.group_names[axis]
+    ops = torch.ops.shardwise
+    if kind == "all_gather":
+        y, d = _grouped(x, a["dim"], a["groups"])
+        return _ungrouped(ops.all_gather(y.contiguous(), d, group), a["dim"], a["groups"])
+    if kind == "reduce_scatter":
+        y, d = _grouped(x, a["dim"], a["groups"])
+        return _ungrouped(ops.reduce_scatter(y.contiguous(), d, group), a["dim"], a["groups"])
+    if kind == "all_reduce":
+        y = ops.all_reduce(x.contiguous(), "sum", group)  # Gloo has no average: divide after
+        return y / n if a.get("reduce") == "mean" else y
+    if kind == "all_to_all":
+        return ops.all_to_all(x.contiguous(), a["dim"], a["concat_dim"], group)
+    if kind == "slice":
+        y, d = _grouped(x, a["dim"], a["groups"])
+        length = y.shape[d]
+        if "ratios" in a:
+            cumulative = [0.0]
+            for r in a["ratios"]:
+                cumulative.append(cumulative[-1] + r)
+            begin = round(cumulative[k] * length)
+            end = length if k == n - 1 else round(cumulative[k + 1] * length)
+        else:
+            begin, end = k * (length // n), (k + 1) * (length // n)
+        return _ungrouped(y.narrow(d, begin, max(0, end - begin)), a["dim"], a["groups"]).contiguous()
+    if kind == "zero_others":
+        return x if k == 0 else torch.zeros_like(x)
+    if kind == "scale":
+        return x * float(n) ** a["power"]
+    raise ValidationError(f"unknown resharding step {text!r}")
+
+
+def _apply_steps(x: torch.Tensor, steps: tuple[str, ...], mesh: _Mesh) -> torch.Tensor:
+    for step in steps:
+        x = _apply_step(x, step, mesh)
+    return x
+
+
+class _ReshardFn(torch.autograd.Function):
+    """Forward: the steps to the reader's placement; backward: the steps that bring the
+    reader's gradient to the value's canonical one (spmd_rewrite.h). Explicit pairs, because
+    a collective's own autograd formula presumes one gradient placement (all-gather's
+    backward is a reduce-scatter only when the gradient is Partial)."""
+
+    @staticmethod
+    def forward(ctx, x, forward_steps, backward_steps, mesh):
+        ctx.backward_steps, ctx.mesh = backward_steps, mesh
+        y = _apply_steps(x, forward_steps, mesh)
+        return y.view_as(y) if y is x else y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _apply_steps(grad, ctx.backward_steps, ctx.mesh), None, None, None
+
+
+class Reshard(torch.nn.Module):
+    """``self.reshard(x, forward_steps, backward_steps)`` in the printed rank program."""
+
+    def __init__(self, mesh: _Mesh):
+        super().__init__()
+        self._mesh = mesh
+
+    def forward(self, x: torch.Tensor, forward_steps: tuple, backward_steps: tuple) -> torch.Tensor:
+        if not forward_steps and not backward_steps:
+            return x
+        return _ReshardFn.apply(x, tuple(forward_steps), tuple(backward_steps), self._mesh)
+
+
+class VocabLookup(torch.nn.Module):
+    """A lookup split over its table's rows (the vocabulary-parallel embedding): each rank
+    looks up the ids in its rows [start, stop), zero elsewhere; the sum over ranks is the
+    lookup (the program all-reduces or reduce-scatters it where a reader needs)."""
+
+    def forward(self, table, ids, start: int, stop: int, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+                sparse: bool = False):
+        inside = (ids >= start) & (ids < stop)
+        local = torch.where(inside, ids - start, torch.zeros_like(ids))
+        pad = padding_idx - start if start <= padding_idx < stop else -1
+        out = torch.ops.aten.embedding.default(table, local, pad, scale_grad_by_freq, sparse)
+        return out * inside.unsqueeze(-1).to(out.dtype)
+
+
+# ---- lowering one IR node back to its ATen call --------------------------------------------
+def _substitute(value: Any, operands) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return next(operands)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value):
+        return type(value)(next(operands) if isinstance(v, torch.fx.Node) else v for v in value)
+    return value
+
+
+def _matches_shape(value: Any, shape: list[int]) -> bool:
+    return (isinstance(value, (list, tuple)) and len(value) == len(shape) and len(shape) > 0
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and all(v == s or v == -1 for v, s in zip(value, shape)))
+
+
+def _call_parts(src: torch.fx.Node, operands: list, local_out: list[list[int]], global_out: list[list[int]]):
+    """(args, kwargs) of the source node's call with the operands substituted in schema
+    order (the IR's input order) and shape arguments made local: a size list equal to the
+    output's whole shape (view, reshape, expand, new_zeros: -1 allowed) becomes the local
+    shape; split sizes become the local outputs' sizes along the split dim."""
+    it = iter(operands)
+    target = src.target
+    if isinstance(target, torch._ops.OpOverload):
+        schema = target._schema
+        args, kwargs = [], {}
+        names = {a.name: a for a in schema.arguments}
+        for name, value in _schema_args(src):
+            value = _substitute(value, it)
+            (kwargs.__setitem__(name, value) if names[name].kwarg_only else args.append(value))
+        named = dict(_schema_args(src))
+    else:
+        args = [_substitute(a, it) for a in src.args]
+        kwargs = {k: _substitute(v, it) for k, v in src.kwargs.items()}
+        named = {}
+    if local_out and local_out != global_out:
+        g0, l0 = global_out[0], local_out[0]
+
+        def fix(value):
+            return list(l0) if l0 != g0 and _matches_shape(value, g0) else value
+
+        args = [fix(a) for a in args]
+        kwargs = {k: fix(v) for k, v in kwargs.items()}
+        if len(local_out) > 1 and "dim" in named:
+            dim = named["dim"] % len(l0)
+            for key in ("split_size", "split_sizes"):
+                position = next((i for i, (n, _) in enumerate(_schema_args(src)) if n == key), None)
+                if position is None:
+                    continue
+                sizes = [o[dim] for o in local_out]
+                new = sizes[0] if key == "split_size" else sizes
+                if key in kwargs:
+                    kwargs[key] = new
+                else:
+                    args[position] = new
+    return args, kwargs
+
+
+def _tensor_outputs(result: Any, indices: list[int] | None) -> list[torch.Tensor]:
+    return [result] if indices is None else [result[i] for i in indices]
+
+
+# ---- the engine ------------------------------------------------------------------------------
+class _Trainable(torch.nn.Module):
+    """The model and its loss as one module (captured together, so the loss is sharded too)."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable | None):
+        super().__init__()
+        self.model = model
+        self._loss_fn = loss_fn
+
+    def forward(self, **batch):
+        if self._loss_fn is not None:
+            target = batch.pop(_TARGET)
+            return self._loss_fn(self.model(**batch), target)
+        out = self.model(**batch)
+        if isinstance(out, torch.Tensor):
+            return out
+        loss = getattr(out, "loss", None)
+        if loss is None and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+            loss = out[0]
+        if loss is None:
+            raise ValidationError(f"parallelize: {type(self.model).__name__} returned {type(out).__name__} with no "
+                                  "loss; pass loss_fn=(output, target) -> loss")
+        return loss
+
+
+class Engine:
+    """One rank's share of a model under a plan. Train with any torch.optim optimizer over
+    ``engine.parameters()``; ``train_step`` returns the loss (the same on every rank)."""
+
+    def __init__(self, module: torch.fx.GraphModule, plan: Plan, mesh: _Mesh, program: dict, input_names: list[str],
+                 input_shapes: dict[str, list[int]], whole_nodes: list[str]):
+        self.module = module
+        self.plan = plan
+        self._mesh = mesh
+        self._program = program
+        self._input_names = input_names
+        self._global_shapes = input_shapes
+        self.whole_nodes = whole_nodes  # nodes run on gathered operands (no local form)
+        leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
+        self._input_placements = [leaves[name]["placement"] for name in input_names]
+        self._leaves = leaves
+        self._params = dict(module.named_parameters())
+        self._reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in self._params
+                        if leaves[name]["reduce_axes"]]
+
+    @property
+    def code(self) -> str:
+        """The rank's program as Python source (torch.fx)."""
+        return self.module.code
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def named_parameters(self):
+        return self.module.named_parameters()
+
+    def _local_batch(self, batch: tuple) -> list[torch.Tensor]:
+        if len(batch) != len(self._input_names):
+            raise ValidationError(f"train_step: {len(batch)} batch tensors, the captured program takes "
+                                  f"{len(self._input_names)} ({', '.join(self._input_names)})")
+        out = []
+        for name, tensor, placement in zip(self._input_names, batch, self._input_placements):
+            expected = self._global_shapes[name]
+            if list(tensor.shape) != expected:
+                raise ValidationError(f"train_step: input '{name}' has shape {list(tensor.shape)}, the program was "
+                                      f"captured at {expected} (rank {self._mesh.rank})")
+            out.append(local_tensor(tensor, placement, self._mesh.sizes, self._mesh.rank))
+        return out
+
+    def train_step(self, *batch) -> torch.Tensor:
+        """Forward and backward of the global batch; gradients left in the local parameters'
+        ``.grad`` (accumulated, as ``loss.backward()`` does). Returns the loss."""
+        outputs = self.module(*self._local_batch(batch))
+        loss = outputs[0]
+        loss.backward()
+        self._reduce_gradients()
+        return loss.detach()
+
+    def eval_step(self, *batch) -> torch.Tensor:
+        with torch.no_grad():
+            return self.module(*self._local_batch(batch))[0]
+
+    def _reduce_gradients(self) -> None:
+        """All-reduce (sum) the gradients the program left Partial, in buckets of 25 MB per
+        set of axes, every bucket issued before any is waited on."""
+        by_axes: dict[tuple, list[torch.Tensor]] = {}
+        for name, axes in self._reduce:
+            grad = self._params[name].grad
+            if grad is not None:
+                by_axes.setdefault(axes, []).append(grad)
+        pending = []
+        for axes, grads in by_axes.items():
+            bucket, size = [], 0
+            for g in grads + [None]:
+                if g is not None:
+                    bucket.append(g)
+                    size += g.numel() * g.element_size()
+                if bucket and (g is None or size >= _BUCKET_BYTES):
+                    flat = torch._utils._flatten_dense_tensors(bucket)
+                    works = [dist.all_reduce(flat, group=self._mesh.groups[a], async_op=True) for a in axes[:1]]
+                    pending.append((flat, bucket, works, axes[1:]))
+                    bucket, size = [], 0
+        for flat, bucket, works, rest in pending:
+            for w in works:
+                w.wait()
+            for a in rest:  # further axes: one after the other on the same buffer
+                dist.all_reduce(flat, group=self._mesh.groups[a])
+            for g, reduced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
+                g.copy_(reduced)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer whole, on every rank (gathered through the mesh)."""
+        out = {}
+        with torch.no_grad():
+            for name, tensor in [*self.module.named_parameters(), *self.module.named_buffers()]:
+                steps = tuple(s["text"] for s in _C.reshard_actions(
+                    self._leaves[name]["placement"], ["R"] * len(self._mesh.sizes)))
+                out[name] = _apply_steps(tensor.detach(), steps, self._mesh).clone()
+        return out
+
+
+def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
+    *path, last = qualified.split(".")
+    module = root
+    for part in path:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    if isinstance(value, torch.nn.Parameter):
+        module.register_parameter(last, value)
+    else:
+        module.register_buffer(last, value)
+
+
+def _meta_check(src: torch.fx.Node, node: dict, indices) -> bool:
+    """Does the local call give the local output shapes? (run on meta tensors)"""
+    operands = []
+    for op, arg in zip(node["inputs"], _operand_nodes(src)):
+        val = arg.meta.get("val")
+        operands.append(torch.empty(op["local_shape"], dtype=val.dtype, device="meta"))
+    local_out = [o["local_shape"] for o in node["outputs"]]
+    global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
+    if all(op["local_shape"] == list(a.meta["val"].shape) for op, a in zip(node["inputs"], _operand_nodes(src))) \
+            and local_out == global_out:
+        return True  # nothing local about it
+    args, kwargs = _call_parts(src, operands, local_out, global_out)
+    meta = torch.device("meta")  # a device argument (to(device=cpu)) would leave the meta device
+    args = [meta if isinstance(a, torch.device) else a for a in args]
+    kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in kwargs.items()}
+    try:
+        result = src.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - any failure means: run it whole
+        return False
+    got = [list(t.shape) for t in _tensor_outputs(result, indices)]
+    return got == local_out
+
+
+def _operand_nodes(src: torch.fx.Node) -> list[torch.fx.Node]:
+    """The FX nodes of the source call's tensor operands, in the IR's input order."""
+    out = []
+    items = _schema_args(src) if isinstance(src.target, torch._ops.OpOverload) else \
+        [(f"arg{i}", a) for i, a in enumerate(src.args)] + list(src.kwargs.items())
+    for _, value in items:
+        if isinstance(value, torch.fx.Node):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            out.extend(v for v in value if isinstance(v, torch.fx.Node))
+    return out
+
+
+def _build_module(program: dict, sources: dict, mesh: _Mesh, tensors: dict[str, torch.Tensor],
+                  input_names: list[str], trainable: set[str]) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    root = torch.nn.Module()
+    root.reshard = Reshard(mesh)
+    root.vocab_lookup = VocabLookup()
+    env: dict[str, torch.fx.Node] = {}
+    leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
+    for name in input_names:
+        env[name] = graph.placeholder(re.sub(r"\W", "_", name))
+    for name, leaf in leaves.items():
+        if name in env:
+            continue
+        if name not in tensors:
+            raise ValidationError(f"parallelize: the program needs '{name}', which the model does not have")
+        shard = local_tensor(tensors[name].detach(), leaf["placement"], mesh.sizes, mesh.rank)
+        _set_attr(root, name, torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard)
+        env[name] = graph.get_attr(name)
+    for node in program["nodes"]:
+        first = node["outputs"][0]["value"]
+        src, indices = sources[first]
+        operands = []
+        for op in node["inputs"]:
+            value = env[op["value"]]
+            fwd = tuple(s["text"] for s in op["forward"])
+            bwd = tuple(s["text"] for s in op["backward"])
+            if fwd or bwd:
+                value = graph.call_module("reshard", (value, fwd, bwd))
+            operands.append(value)
+        local_out = [o["local_shape"] for o in node["outputs"]]
+        global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
+        if node["mode"] == "lookup":
+            table = node["inputs"][0]
+            runs = _C.local_shard(list(src.args[0].meta["val"].shape), table["required"], mesh.sizes,
+                                  mesh.rank)["dims"][0]
+            _, _, padding_idx, scale, sparse = [v for _, v in _schema_args(src)]
+            call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
+                                                      scale, sparse))
+        else:
+            args, kwargs = _call_parts(src, operands, local_out, global_out)
+            call = graph.call_function(src.target, tuple(args), kwargs)
+        if indices is None:
+            env[first] = call
+        else:
+            for out, i in zip(node["outputs"], indices):
+                env[out["value"]] = graph.call_function(operator.getitem, (call, i))
+    results = []
+    for out in program["outputs"]:
+        value = env[out["value"]]
+        fwd = tuple(s["text"] for s in out["forward"])
+        bwd = tuple(s["text"] for s in out["backward"])
+        results.append(graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value)
+    graph.output(tuple(results))
+    return torch.fx.GraphModule(root, graph, class_name=f"Rank{mesh.rank}Program")
+
+
+def _check_same_plan(plan: Plan, rank: int) -> None:
+    digest = plan.hash()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, digest)
+    differ = [r for r, d in enumerate(everyone) if d != everyone[0]]
+    if differ:
+        raise ValidationError(f"parallelize: ranks hold different plans (rank 0: {everyone[0]}, "
+                              + ", ".join(f"rank {r}: {everyone[r]}" for r in differ) + f"); this is rank {rank}")
+
+
+def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None = None, plan: Plan | None = None,
+                cluster=None, *, level: str = "fast", mesh: tuple[int, int] | None = None) -> Engine:
+    """Rewrites `model` (with its loss) for this rank of the running torch.distributed job.
+
+    ``example_inputs``: the global batch (a tensor or a tuple; with ``loss_fn``, the target
+    last). ``plan``: a searched plan (``shardwise.plan``), a saved one (``Plan.from_json``),
+    a ``Plan.manual`` one (its {data, tensor} mesh is filled in by the search), or None (the
+    search on ``cluster``, default ``Cluster.detect()``, at ``level``, on the {data, tensor}
+    ``mesh`` when given). Every rank must call this with the
+    same arguments; the plan's hash is checked across ranks before the first collective.
+    """
+    if not dist.is_initialized():
+        raise ValidationError("parallelize: call torch.distributed.init_process_group() first (torchrun sets "
+                              "the environment for it)")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    batch = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    if not batch or not all(isinstance(t, torch.Tensor) for t in batch):
+        raise ValidationError("parallelize: example_inputs must be a tensor or a tuple of tensors (the batch)")
+    wrapper = _Trainable(model, loss_fn)
+    # The model's own argument names (so a plan searched on shardwise.capture(model) fits),
+    # and the loss' target as "target".
+    named = _bind_inputs(model, batch[:-1] if loss_fn is not None else batch, None)
+    if loss_fn is not None:
+        if _TARGET in named:
+            raise ValidationError(f"parallelize: {type(model).__name__}.forward has an argument named "
+                                  f"'{_TARGET}'; pass the loss inside the model (loss_fn=None)")
+        named[_TARGET] = batch[-1]
+    graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
+    input_names = _input_names(named)
+    global_batch = int(batch[0].shape[0])
+
+    from .cluster import Cluster
+
+    if plan is None or not plan.sharding:
+        if plan is not None and plan.pipeline > 1:
+            raise ValidationError(f"parallelize: pipeline plans (pipeline {plan.pipeline}) are not executed yet; "
+                                  "use a plan with pipeline 1")
+        if plan is not None:
+            mesh = (plan.data, plan.tensor)
+        cluster = cluster or Cluster.detect()
+        if cluster.world_size != world:
+            raise ValidationError(f"parallelize: the cluster has {cluster.world_size} devices, the job {world} ranks")
+        plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh)
+    sharding = plan.sharding
+    size = 1
+    for s in sharding["mesh"]:
+        size *= s
+    if size != world:
+        raise ValidationError(f"parallelize: the plan's mesh {sharding['mesh']} has {size} ranks, the job {world}")
+    if plan.global_batch != global_batch:
+        raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch}, the example batch "
+                              f"has {global_batch}")
+    _check_same_plan(plan, rank)
+    mesh = _Mesh(sharding["mesh"], rank)  # from here on, the rank's view of the plan's mesh
+
+    plan_json = plan.to_json()
+    program = _C.rank_program(graph._core, plan_json, rank)
+    whole = []
+    for n in program["nodes"]:
+        src, indices = builder.sources[n["outputs"][0]["value"]]
+        if n["mode"] == "local" and not _meta_check(src, n, indices):
+            whole.append(n["outputs"][0]["value"])
+    if whole:
+        program = _C.rank_program(graph._core, plan_json, rank, whole)
+    whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
+    if whole:
+        log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),
+                 ", ".join(whole[:8]) + (" ..." if len(whole) > 8 else ""))
+
+    inner = model
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in [*inner.named_parameters(remove_duplicate=False), *inner.named_buffers(remove_duplicate=False)]:
+        tensors.setdefault(name, t)
+    tensors.update({k: v for k, v in builder.constants.items() if v is not None})
+    trainable = {name for name, p in inner.named_parameters() if p.requires_grad}
+    module = _build_module(program, builder.sources, mesh, tensors, input_names, trainable)
+    shapes = {name: list(t.shape) for name, t in zip(input_names, batch)}
+    return Engine(module, plan, mesh, program, input_names, shapes, whole)
+

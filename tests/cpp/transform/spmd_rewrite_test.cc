@@ -1,0 +1,140 @@
+#include "transform/spmd_rewrite.h"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "support/error.h"
+
+namespace shardwise::transform {
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+using Steps = std::vector<std::string>;
+
+// x [8, 16] -> linear 32 (fc1) -> gelu -> linear 16 (fc2) -> mean.
+ir::Graph mlp() {
+  ir::Graph g;
+  auto f32 = [](Shape shape, std::optional<int> batch = std::nullopt) {
+    return ir::TensorType{ir::DType::F32, std::move(shape), batch};
+  };
+  ir::ValueId x = g.add_value("x", f32({8, 16}, 0), ir::ValueRole::Input);
+  ir::ValueId w1 = g.add_value("fc1.weight", f32({32, 16}), ir::ValueRole::Parameter);
+  ir::ValueId w2 = g.add_value("fc2.weight", f32({16, 32}), ir::ValueRole::Parameter);
+  ir::NodeId a = g.add_node("aten::linear", {x, w1}, {{"h", f32({8, 32}, 0)}}, {}, "fc1");
+  ir::NodeId b = g.add_node("aten::gelu", {g.node(a).outputs[0]}, {{"act", f32({8, 32}, 0)}}, {}, "act");
+  ir::NodeId c = g.add_node("aten::linear", {g.node(b).outputs[0], w2}, {{"y", f32({8, 16}, 0)}}, {}, "fc2");
+  ir::NodeId d = g.add_node("aten::mean", {g.node(c).outputs[0]}, {{"loss", f32({})}}, {}, "");
+  g.set_outputs({g.node(d).outputs[0]});
+  return g;
+}
+
+// Mesh {data 2, tensor 2}: batch on the data axis, Megatron's MLP on the tensor axis
+// (fc1 column-parallel: split n; fc2 row-parallel: split k).
+plan::Sharding megatron_mlp() {
+  plan::Sharding s;
+  s.mesh = {2, 2};
+  s.axis_names = {"data", "tensor"};
+  s.level = "manual";
+  s.placements = {{"x", {"S(0)", "R"}},        {"fc1.weight", {"R", "S(0)"}}, {"fc2.weight", {"R", "S(1)"}},
+                  {"h", {"S(0)", "S(1)"}},     {"act", {"S(0)", "S(1)"}},     {"y", {"S(0)", "P(sum)"}},
+                  {"loss", {"P(mean)", "P(sum)"}}};
+  s.strategies = {{"h", {"split _0", "split n"}},
+                  {"act", {"split d0", "split d1"}},
+                  {"y", {"split _0", "split k"}},
+                  {"loss", {"split r0", "partial"}}};
+  s.leaves = {"x", "fc1.weight", "fc2.weight"};
+  return s;
+}
+
+Steps str(const std::vector<ReshardAction>& actions) {
+  Steps out;
+  for (const auto& a : actions) out.push_back(a.str());
+  return out;
+}
+
+TEST(SpmdRewrite, MegatronMlpOnATwoByTwoMesh) {
+  ir::Graph g = mlp();
+  RankProgram p = rank_program(g, megatron_mlp(), 3);  // coordinates (1, 1)
+  ASSERT_EQ(p.leaves.size(), 3u);
+  EXPECT_EQ(p.leaves[0].local_shape, (Shape{4, 16}));  // x: half the batch
+  EXPECT_EQ(p.leaves[1].local_shape, (Shape{16, 16}));  // fc1 rows (output features)
+  EXPECT_EQ(p.leaves[2].local_shape, (Shape{16, 16}));  // fc2 columns (input features)
+  // Parameters: gradients Partial over the data axis (every rank's batch contributes), left to
+  // the engine's bucketed reduction; sharded and exact on the tensor axis.
+  EXPECT_EQ(p.leaves[1].reduce_axes, (std::vector<int>{0}));
+  EXPECT_EQ(search::spec_str(p.leaves[1].gradient), "[P(sum), S(0)]");
+  EXPECT_TRUE(p.leaves[0].reduce_axes.empty());
+
+  ASSERT_EQ(p.nodes.size(), 4u);
+  const NodeRewrite& fc1 = p.nodes[0];
+  EXPECT_EQ(fc1.mode, NodeMode::Local);
+  // x is replicated on the tensor axis; fc1's gradient of it is Partial there: Megatron's f
+  // (identity forward, all-reduce backward).
+  EXPECT_EQ(str(fc1.inputs[0].forward), Steps{});
+  EXPECT_EQ(str(fc1.inputs[0].backward), Steps{});  // x is an input: no gradient
+  EXPECT_EQ(fc1.outputs[0].local_shape, (Shape{4, 16}));
+  const NodeRewrite& fc2 = p.nodes[2];
+  EXPECT_EQ(str(fc2.inputs[0].forward), Steps{});
+  EXPECT_EQ(str(fc2.inputs[0].backward), Steps{});
+  EXPECT_EQ(search::spec_str(fc2.outputs[0].produced), "[S(0), P(sum)]");
+  // The loss: the mean over the data axis of partial sums over the tensor axis, made whole on
+  // every rank; each data rank's loss counts 1/2 of the mean, so its gradient is halved.
+  ASSERT_EQ(p.outputs.size(), 1u);
+  EXPECT_EQ(str(p.outputs[0].forward), (Steps{"all_reduce(axis 1, sum)", "all_reduce(axis 0, mean)"}));
+  EXPECT_EQ(str(p.outputs[0].backward), Steps{"scale(axis 0, n^-1)"});
+}
+
+TEST(SpmdRewrite, AReplicatedActivationReadByAColumnSplitGetsItsGradientReduced) {
+  ir::Graph g = mlp();
+  plan::Sharding s = megatron_mlp();
+  // fc1 replicated on the tensor axis, gelu too; fc2 stays row-parallel, so gelu's output is
+  // cut locally and fc2's gradient of it (sharded) is gathered back in backward.
+  s.strategies["h"] = {"split _0", "replicate"};
+  s.strategies["act"] = {"split d0", "replicate"};
+  s.placements["fc1.weight"] = {"R", "R"};
+  s.placements["h"] = s.placements["act"] = {"S(0)", "R"};
+  RankProgram p = rank_program(g, s, 0);
+  EXPECT_EQ(str(p.nodes[2].inputs[0].forward), Steps{"slice(axis 1, dim 1)"});
+  EXPECT_EQ(str(p.nodes[2].inputs[0].backward), Steps{"all_gather(axis 1, dim 1)"});
+  // fc1's weight: replicated on both axes; the replicated product gives its whole gradient on
+  // the tensor axis (every rank computed the same), a Partial one over the data axis.
+  EXPECT_EQ(p.leaves[1].reduce_axes, (std::vector<int>{0}));
+  EXPECT_EQ(search::spec_str(p.leaves[1].gradient), "[P(sum), R]");
+}
+
+TEST(SpmdRewrite, WholeNodesRunOnGatheredOperands) {
+  ir::Graph g = mlp();
+  RewriteOptions options;
+  options.whole_nodes = {"act"};
+  RankProgram p = rank_program(g, megatron_mlp(), 1, options);
+  const NodeRewrite& act = p.nodes[1];
+  EXPECT_EQ(act.mode, NodeMode::Whole);
+  EXPECT_EQ(str(act.inputs[0].forward), (Steps{"all_gather(axis 1, dim 1)", "all_gather(axis 0, dim 0)"}));
+  EXPECT_EQ(str(act.inputs[0].backward), (Steps{"slice(axis 0, dim 0)", "slice(axis 1, dim 1)"}));
+  EXPECT_EQ(act.outputs[0].local_shape, (Shape{8, 32}));
+  // fc2 cuts what it needs from the whole activation.
+  EXPECT_EQ(str(p.nodes[2].inputs[0].forward), (Steps{"slice(axis 0, dim 0)", "slice(axis 1, dim 1)"}));
+}
+
+TEST(SpmdRewrite, BadPlansNameWhatIsWrong) {
+  ir::Graph g = mlp();
+  plan::Sharding s = megatron_mlp();
+  s.strategies["h"] = {"split _0", "split q"};
+  try {
+    rank_program(g, s, 0);
+    FAIL() << "expected a ValidationError";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'h' (aten::linear, module 'fc1') on mesh axis 1"), std::string::npos)
+        << e.what();
+  }
+  s = megatron_mlp();
+  s.placements.erase("fc2.weight");
+  EXPECT_THROW(rank_program(g, s, 0), support::ValidationError);
+  EXPECT_THROW(rank_program(g, megatron_mlp(), 4), support::ValidationError);
+}
+
+}  // namespace
+}  // namespace shardwise::transform
