@@ -1003,9 +1003,15 @@ std::optional<DimRule> norm_last(const Args& args, const RuleOperands& ops) {
                        statistics_arg(args, 1));
 }
 
-std::optional<DimRule> batch_norm(const Args&, const RuleOperands& ops) {
+std::optional<DimRule> batch_norm(const Args& args, const RuleOperands& ops) {
   const Shape& in = ops.input_shape(0);
   if (in.size() < 2) fail(fmt::format("batch norm input {} has fewer than 2 dims", shape_str(in)));
+  if (args.boolean(0)) {
+    // Training: each channel's mean and variance run over N and the spatial dims, so N is
+    // Whole like them; split, the two statistics are combined across ranks (SyncBatchNorm),
+    // which is what keeps the result that of one device.
+    return normalisation(ops, {IndexKind::Whole, IndexKind::Spatial}, 2, true, {in}, 2);
+  }
   return normalisation(ops, {IndexKind::Spatial, IndexKind::Spatial}, 2, true, {in});
 }
 
@@ -1300,7 +1306,7 @@ const std::vector<TemplateDef>& definitions() {
         {{"conv", {with_default("groups", std::int64_t{1}), with_default("transposed", false)}}, conv, {2, 3, 1, 1}},
         {{"window", {required("rank")}}, window, {1, 1, 1, kAny}},
         {{"norm_last", {required("normalized_shape"), statistics}}, norm_last, {1, 3, 1, 3}},
-        {{"batch_norm", {}}, batch_norm, {1, 5, 1, 3}},
+        {{"batch_norm", {with_default("training", false)}}, batch_norm, {1, 5, 1, 3}},
         {{"group_norm", {}}, group_norm, {1, 3, 1, 3}},
         {{"attention", {with_default("enable_gqa", false)}}, attention, {3, 4, 1, kAny}},
         {{"cross_entropy", {with_default("reduction", std::int64_t{1}), statistics}}, cross_entropy, {1, 3, 1, 1}},

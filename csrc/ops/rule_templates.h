@@ -45,8 +45,10 @@
 //                                      layer/rms norm: the last len(normalized_shape) dims Whole,
 //                                      with `statistics` (layer norm 2: mean and variance; rms
 //                                      norm 1: the mean square)
-//   batch_norm()                       [N, C, ...]: N and C Spatial (N with per-rank statistics,
-//                                      as DDP without SyncBatchNorm), the rest Whole
+//   batch_norm(training[false])        [N, C, ...]: C Spatial, the rest Whole; N Spatial in
+//                                      evaluation, Whole with 2 statistics (mean, variance) in
+//                                      training, so a batch split combines them across ranks
+//                                      (SyncBatchNorm: the single-device result)
 //   group_norm()                       [N, C, ...]: N Spatial, the rest Whole
 //   attention(enable_gqa[false])       scaled dot-product attention, see below
 //   cross_entropy(reduction[1], statistics[0])

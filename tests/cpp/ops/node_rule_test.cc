@@ -281,8 +281,12 @@ TEST(NodeRuleTest, PoolingAndBatchNorm) {
   EXPECT_EQ(
       rule_str("aten::adaptive_avg_pool2d", {f32({4, 32, 3, 3})}, {f32({4, 32, 1, 1})}, {{"output_size", Ints{1, 1}}}),
       "d0 d1 W0 W1 -> d0 d1 1 1  [d0=4, d1=32, W0=3 whole, W1=3 whole]");
+  // Training: the batch is reduced over like the spatial dims (per-channel statistics).
   EXPECT_EQ(rule_str("aten::batch_norm", {f32({4, 16, 8, 8}), f32({16}), f32({16}), f32({16}), f32({16})},
                      {f32({4, 16, 8, 8})}, {{"training", true}}),
+            "W0 d0 W1 W2, d0, d0, d0, d0 -> W0 d0 W1 W2  [W0=4 whole, d0=16, W1=8 whole, W2=8 whole]");
+  EXPECT_EQ(rule_str("aten::batch_norm", {f32({4, 16, 8, 8}), f32({16}), f32({16}), f32({16}), f32({16})},
+                     {f32({4, 16, 8, 8})}, {{"training", false}}),
             "d0 d1 W0 W1, d1, d1, d1, d1 -> d0 d1 W0 W1  [d0=4, d1=16, W0=8 whole, W1=8 whole]");
 }
 

@@ -79,6 +79,14 @@ TEST(RuleStatisticsTest, BatchAndGroupNormKeepZero) {
   for (const auto& index : group.indices) EXPECT_EQ(index.statistics, 0) << index.label;
 }
 
+TEST(RuleStatisticsTest, TrainingBatchNormCombinesMeanAndVarianceOverTheBatch) {
+  const auto batch = rule_of("aten::batch_norm", {f32({4, 8, 5, 5}), f32({8}), f32({8})}, {f32({4, 8, 5, 5})},
+                             {{"training", true}});
+  EXPECT_EQ(index_of(batch, "W0").size, 4);
+  EXPECT_EQ(index_of(batch, "W0").statistics, 2);
+  EXPECT_EQ(index_of(batch, "d0").statistics, 0);  // channels: split freely
+}
+
 TEST(RuleStatisticsTest, CrossEntropyClassesCarryThree) {
   const auto rule = rule_of("aten::cross_entropy_loss", {f32({32, 1000}), i64({32})}, {f32({})});
   EXPECT_EQ(rule.str(), "n C, n -> ()  [n=32 reduced(mean), C=1000 whole]");

@@ -1,0 +1,259 @@
+"""shardwise.parallelize on real Gloo processes against the single-device run of the same
+model, seed and data: 5 AdamW steps, the loss of every step and the final full parameters.
+
+float64 throughout: the comparison is then about the rewrite, not rounding. (In float32,
+AdamW turns rounding noise on gradients that are zero in theory, such as attention's key
+bias, into lr-sized steps: TinyGPT's qkv.bias drifts by 4e-3 relative while the losses
+agree to 2e-7.) Plans come from the search: Megatron's on a 2 GiB A100 mesh is searched on
+the model at a large width (meta device, no weights) and runs on a narrow copy of it with
+the same names, through its JSON."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+import shardwise
+
+transformers = pytest.importorskip("transformers")
+
+STEPS = 5
+TOLERANCE = 1e-7  # relative, float64 (the issue's bar is 1e-5; measured errors are 1e-16 .. 1e-8)
+
+
+# ---- models (built identically in the test and in every rank) --------------------------------
+class WithLoss(nn.Module):
+    """A causal LM and its loss in one module, as parallelize(model, (ids, y)) captures it."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids, y):
+        logits = self.m(input_ids=ids, use_cache=False).logits
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def gpt2(hidden: int, seq: int, vocab: int):
+    return WithLoss(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=hidden, n_head=16, vocab_size=vocab, n_positions=seq, resid_pdrop=0, embd_pdrop=0,
+        attn_pdrop=0)))
+
+
+def llama(hidden: int, seq: int, vocab: int):
+    return WithLoss(transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=hidden, intermediate_size=int(2.75 * hidden), num_attention_heads=16,
+        num_key_value_heads=16, vocab_size=vocab, max_position_embeddings=seq)))
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 64)
+        self.fc2 = nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class TwoBranch(nn.Module):
+    """Two branches that meet again, and a skip connection around both."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.a = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        self.b = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
+        self.merge = nn.Linear(64, 32)
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.inp(x)
+        merged = self.merge(torch.cat([self.a(h), self.b(h)], dim=-1))
+        return self.head(F.layer_norm(merged + h, (32,)))
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1, stride=2)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.conv1(x)))
+        x = F.relu(self.conv2(x))
+        return self.fc(x.flatten(1))
+
+
+def bert():
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                  vocab_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    return transformers.BertForMaskedLM(cfg)
+
+
+class _BertWithLabels(nn.Module):
+    """Masked LM with its own loss (labels = the ids: nothing ignored)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, labels):
+        return self.m(input_ids=input_ids, labels=labels).loss
+
+
+def _ids(batch: int, seq: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def _cases() -> dict:
+    """name -> (build model, batch tensors, loss_fn)."""
+    return {
+        "mlp": (MLP, lambda: (torch.randn(8, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64),
+                              torch.randint(0, 4, (8,), generator=torch.Generator().manual_seed(2))), F.cross_entropy),
+        "two_branch": (TwoBranch, lambda: (torch.randn(8, 16, generator=torch.Generator().manual_seed(1),
+                                                       dtype=torch.float64),
+                                           torch.randint(0, 8, (8,), generator=torch.Generator().manual_seed(2))),
+                       F.cross_entropy),
+        "cnn": (SmallCNN, lambda: (torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(1),
+                                               dtype=torch.float64),
+                                   torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(2))),
+                F.cross_entropy),
+        "bert": (lambda: _BertWithLabels(bert()), lambda: (_ids(4, 16, 128, 1), _ids(4, 16, 128, 1)), None),
+        "gpt2": (lambda: gpt2(64, 16, 128), lambda: (_ids(2, 16, 128, 1), _ids(2, 16, 128, 2)), None),
+        "gpt2_batch4": (lambda: gpt2(64, 16, 128), lambda: (_ids(4, 16, 128, 1), _ids(4, 16, 128, 2)), None),
+        # hidden 256: 16 heads of 16, so the rotary table (head_dim / 2) still splits 4 ways
+        "llama": (lambda: llama(256, 16, 128), lambda: (_ids(2, 16, 128, 1), _ids(2, 16, 128, 2)), None),
+    }
+
+
+# ---- the ranks ---------------------------------------------------------------------------------
+def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, mesh, result_path: str) -> None:
+    build, make_batch, loss_fn = _cases()[case]
+    torch.manual_seed(0)
+    model = build().double()
+    reference = build().double()
+    reference.load_state_dict(model.state_dict())
+    batch = make_batch()
+    plan = shardwise.Plan.from_json(plan_json) if plan_json else None
+    engine = shardwise.parallelize(model, batch, loss_fn, plan=plan, mesh=mesh,
+                                   cluster=shardwise.Cluster.preset("cpu", world))
+    optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    losses, ref_losses = [], []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        losses.append(engine.train_step(*batch).item())
+        optimizer.step()
+        ref_optimizer.zero_grad()
+        loss = loss_fn(reference(*batch[:-1]), batch[-1]) if loss_fn else reference(*batch)
+        loss.backward()
+        ref_optimizer.step()
+        ref_losses.append(loss.item())
+    full = engine.full_state_dict()
+    ref_params = dict(reference.named_parameters())
+    # Relative to the tensor's largest magnitude, floored at 1e-6: a parameter whose gradient
+    # is zero in theory (attention's key bias) holds only rounding noise (1e-14) after training.
+    param_error = max(((full[k] - p).abs().max() / p.abs().max().clamp_min(1e-6)).item()
+                      for k, p in ref_params.items())
+    loss_error = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump({"loss_error": loss_error, "param_error": param_error, "losses": losses,
+                       "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
+                       "mesh": engine.plan.sharding["mesh"], "placements": engine.plan.placements()}, f)
+
+
+def _run(rank: int, world: int, store_path: str, args: tuple) -> None:
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    try:
+        _train_and_compare(rank, world, *args)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, case: str, plan_json: str | None = None, mesh=None) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        mp.spawn(_run, args=(world, os.path.join(tmp, "store"), (case, plan_json, mesh, result)), nprocs=world,
+                 join=True)
+        with open(result) as f:
+            return json.load(f)
+
+
+def _searched(model_builder, batch: int, seq: int, mesh, gib: float = 2.0) -> shardwise.Plan:
+    """The search's plan for the model at a large width on `mesh` A100s of `gib` GiB."""
+    with torch.device("meta"):
+        model = model_builder(2048, 512, 50304)
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    graph = shardwise.capture(model, (ids, ids))
+    doc = json.loads(shardwise.Cluster.preset("dgx-a100", 1).to_json())
+    doc["nodes"][0]["count"] = mesh[0] * mesh[1]
+    doc["device_types"][0]["memory_bytes"] = int(gib * 2**30)
+    return shardwise.plan(graph, shardwise.Cluster.from_json(json.dumps(doc)), global_batch=batch, mesh=mesh)
+
+
+def _check(result: dict) -> None:
+    assert result["loss_error"] < TOLERANCE, result
+    assert result["param_error"] < TOLERANCE, result
+
+
+# ---- the cases -----------------------------------------------------------------------------------
+def test_data_parallel_mlp_equals_one_device():
+    r = _spawn(2, "mlp", mesh=(2, 1))
+    _check(r)
+    assert r["placements"]["x"] == ["S(0)", "R"] and r["placements"]["fc1.weight"] == ["R", "R"]
+    assert "reshard" in r["code"]  # the loss: a mean over the data axis
+
+
+def test_megatron_gpt2_with_sequence_parallelism_equals_one_device():
+    plan = _searched(gpt2, batch=2, seq=512, mesh=(1, 4))
+    p = plan.placements()
+    block = "m.transformer.h.0."
+    assert p[block + "attn.c_attn.weight"][1] == "S(1,g3)"   # column-parallel, strided q/k/v
+    assert p[block + "attn.c_proj.weight"][1] == "S(0)"      # row-parallel
+    assert p[block + "mlp.c_fc.weight"][1] == "S(1)"
+    assert p[block + "mlp.c_proj.weight"][1] == "S(0)"
+    r = _spawn(4, "gpt2", plan.to_json())
+    _check(r)
+    code = r["code"]
+    assert "vocab_lookup" in code                            # vocabulary-parallel embedding
+    assert code.count("reduce_scatter(axis 1, dim 1)") >= 4  # sequence parallel: RS after each sublayer
+    assert "all_gather(axis 1, dim 0, g2)" in code           # ... and AG before the next
+
+
+def test_tensor_parallel_llama_equals_one_device():
+    plan = _searched(llama, batch=2, seq=512, mesh=(1, 4))
+    p = plan.placements()
+    mlp = "m.model.layers.0.mlp."
+    assert p[mlp + "gate_proj.weight"][1] == p[mlp + "up_proj.weight"][1] == "S(0)"  # column-parallel
+    assert p[mlp + "down_proj.weight"][1] == "S(1)"                                   # row-parallel
+    _check(_spawn(4, "llama", plan.to_json()))
+
+
+def test_hybrid_data_by_tensor_gpt2_equals_one_device():
+    plan = _searched(gpt2, batch=4, seq=512, mesh=(2, 2))
+    # The first block's MLP up-projection: tokens split over the data axis, output features
+    # (Megatron's column split) over the tensor axis.
+    assert plan.strategies()["addmm_2"] == ["split m", "split n"]
+    r = _spawn(4, "gpt2_batch4", plan.to_json())
+    _check(r)
+    assert r["mesh"] == [2, 2]
+
+
+@pytest.mark.parametrize("case,mesh", [("two_branch", (1, 2)), ("cnn", (2, 1)), ("bert", (1, 2))])
+def test_searched_plans_of_other_models_equal_one_device(case, mesh):
+    r = _spawn(2, case, mesh=mesh)
+    _check(r)
