@@ -4,7 +4,10 @@
 #include <string>
 #include <vector>
 
+#include "analysis/flops.h"
+#include "ops/op_table.h"
 #include "plan/plan.h"
+#include "search/stage_partition.h"
 #include "python/bindings.h"
 #include "support/error.h"
 #include "transform/spmd_rewrite.h"
@@ -54,6 +57,30 @@ py::dict operand(const transform::OperandRewrite& op) {
 
 void bind_transform(py::module_& m) {
   m.def(
+      "pipeline_stages",
+      [](const ir::Graph& graph, int stages) {
+        // Balanced by forward FLOPs, cut at repeated-block boundaries when there are enough
+        // of them (a transformer is cut between layers), else anywhere.
+        std::vector<double> cost, memory(graph.nodes().size(), 0.0);
+        for (const ir::Node& node : graph.nodes())
+          cost.push_back(static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).total) + 1.0);
+        search::StagePartitionProblem problem = search::problem_from_graph(graph, cost, memory);
+        problem.stages = stages;
+        std::vector<int> cuts = search::block_boundary_cuts(graph);
+        if (static_cast<int>(cuts.size()) >= stages - 1) problem.cut_candidates = std::move(cuts);
+        search::StagePartition partition = search::partition_stages(problem);
+        py::dict out;
+        py::list names;
+        for (const ir::Node& node : graph.nodes())
+          names.append(node.outputs.empty() ? std::string() : graph.value(node.outputs[0]).name);
+        out["nodes"] = names;
+        out["stage_of_node"] = partition.stage_of_node;
+        out["stage_cost"] = partition.stage_cost;
+        return out;
+      },
+      py::arg("graph"), py::arg("stages"),
+      "Balanced contiguous pipeline stages of a graph (csrc/search/stage_partition.h).");
+  m.def(
       "reshard_actions",
       [](const std::vector<std::string>& from, const std::vector<std::string>& to) {
         search::ShardingSpec a, b;
@@ -67,7 +94,21 @@ void bind_transform(py::module_& m) {
       "rank_program",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
          const std::vector<std::string>& lookup_ops) {
-        plan::Plan p = plan::plan_from_json_string(plan_json);
+        plan::Plan p;
+        if (plan_json.empty()) {
+          // Every value replicated on a one-rank mesh: the whole graph, as one device runs it
+          // (what a pipeline stage of a plan without tensor or data parallelism holds).
+          plan::Sharding s;
+          s.mesh = {1};
+          s.axis_names = {"data"};
+          s.level = "replicated";
+          for (const ir::Value& v : graph.values()) s.placements[v.name] = {"R"};
+          for (const ir::Node& n : graph.nodes())
+            if (!n.outputs.empty()) s.strategies[graph.value(n.outputs[0]).name] = {"replicate"};
+          p.sharding = std::move(s);
+        } else {
+          p = plan::plan_from_json_string(plan_json);
+        }
         if (!p.sharding) throw support::ValidationError("rank_program: the plan has no sharding section");
         transform::RewriteOptions options;
         options.whole_nodes = {whole_nodes.begin(), whole_nodes.end()};
@@ -113,7 +154,7 @@ void bind_transform(py::module_& m) {
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
       py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"},
-      "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h).");
+      "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated.");
 }
 
 }  // namespace shardwise::python

@@ -25,8 +25,9 @@ single-device loop would; each rank keeps its share (the inputs' placements). Wi
 ``loss_fn``, the last element of the batch is the target: ``loss = loss_fn(model(*batch[:-1]),
 batch[-1])``; without, the model returns the loss (a tensor, or an output with ``.loss``).
 
-Pipeline plans (pipeline > 1) are not executed yet; a plan without a sharding section (made
-by ``Plan.manual``) is completed by the SPMD search on its {data, tensor} mesh.
+A plan without a sharding section (made by ``Plan.manual``) with pipeline 1 is completed by
+the SPMD search on its {data, tensor} mesh; with pipeline > 1 (data = tensor = 1 so far) it
+runs as stage modules under the schedule's action list (python/shardwise/pipeline.py).
 """
 from __future__ import annotations
 
@@ -432,25 +433,40 @@ def _operand_nodes(src: torch.fx.Node) -> list[torch.fx.Node]:
     return out
 
 
-def _build_module(program: dict, sources: dict, mesh: _Mesh, tensors: dict[str, torch.Tensor],
-                  input_names: list[str], trainable: set[str]) -> torch.fx.GraphModule:
+def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dict[str, torch.Tensor],
+                  input_names: list[str], trainable: set[str], *, nodes: list[dict] | None = None,
+                  outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
+                  class_name: str | None = None) -> torch.fx.GraphModule:
+    """The GraphModule of `program`'s nodes (or the subset `nodes`, a pipeline stage) taking
+    `input_names` as arguments and returning `outputs` (default: the program's outputs, each
+    {"value", "forward", "backward"}). Leaves the nodes read become the module's parameters
+    and buffers: this rank's shards of `tensors`, or the objects in `parameters` (created and
+    recorded there when missing: stages on one rank share a tied weight)."""
     graph = torch.fx.Graph()
     root = torch.nn.Module()
-    root.reshard = Reshard(mesh)
+    if mesh is not None:
+        root.reshard = Reshard(mesh)
     root.vocab_lookup = VocabLookup()
     env: dict[str, torch.fx.Node] = {}
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
+    nodes = program["nodes"] if nodes is None else nodes
+    outputs = program["outputs"] if outputs is None else outputs
+    parameters = {} if parameters is None else parameters
+    sizes, rank = (mesh.sizes, mesh.rank) if mesh is not None else ([1] * len(program["mesh"]), 0)
     for name in input_names:
         env[name] = graph.placeholder(re.sub(r"\W", "_", name))
-    for name, leaf in leaves.items():
-        if name in env:
+    needed = [op["value"] for node in nodes for op in node["inputs"]]
+    for name in dict.fromkeys(needed):
+        if name in env or name not in leaves:
             continue
-        if name not in tensors:
-            raise ValidationError(f"parallelize: the program needs '{name}', which the model does not have")
-        shard = local_tensor(tensors[name].detach(), leaf["placement"], mesh.sizes, mesh.rank)
-        _set_attr(root, name, torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard)
+        if name not in parameters:
+            if name not in tensors:
+                raise ValidationError(f"parallelize: the program needs '{name}', which the model does not have")
+            shard = local_tensor(tensors[name].detach(), leaves[name]["placement"], sizes, rank)
+            parameters[name] = torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard
+        _set_attr(root, name, parameters[name])
         env[name] = graph.get_attr(name)
-    for node in program["nodes"]:
+    for node in nodes:
         first = node["outputs"][0]["value"]
         src, indices = sources[first]
         operands = []
@@ -465,8 +481,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh, tensors: dict[str, 
         global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
         if node["mode"] == "lookup":
             table = node["inputs"][0]
-            runs = _C.local_shard(list(src.args[0].meta["val"].shape), table["required"], mesh.sizes,
-                                  mesh.rank)["dims"][0]
+            runs = _C.local_shard(list(src.args[0].meta["val"].shape), table["required"], sizes, rank)["dims"][0]
             _, _, padding_idx, scale, sparse = [v for _, v in _schema_args(src)]
             call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
                                                       scale, sparse))
@@ -479,13 +494,13 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh, tensors: dict[str, 
             for out, i in zip(node["outputs"], indices):
                 env[out["value"]] = graph.call_function(operator.getitem, (call, i))
     results = []
-    for out in program["outputs"]:
+    for out in outputs:
         value = env[out["value"]]
-        fwd = tuple(s["text"] for s in out["forward"])
-        bwd = tuple(s["text"] for s in out["backward"])
+        fwd = tuple(s["text"] for s in out.get("forward", ()))
+        bwd = tuple(s["text"] for s in out.get("backward", ()))
         results.append(graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value)
     graph.output(tuple(results))
-    return torch.fx.GraphModule(root, graph, class_name=f"Rank{mesh.rank}Program")
+    return torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{rank}Program")
 
 
 def _check_same_plan(plan: Plan, rank: int) -> None:
@@ -531,10 +546,9 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
 
     from .cluster import Cluster
 
+    if plan is not None and not plan.sharding and plan.pipeline > 1:
+        return _parallelize_pipeline(wrapper, named, plan, batch, model)
     if plan is None or not plan.sharding:
-        if plan is not None and plan.pipeline > 1:
-            raise ValidationError(f"parallelize: pipeline plans (pipeline {plan.pipeline}) are not executed yet; "
-                                  "use a plan with pipeline 1")
         if plan is not None:
             mesh = (plan.data, plan.tensor)
         cluster = cluster or Cluster.detect()
@@ -577,3 +591,90 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     shapes = {name: list(t.shape) for name, t in zip(input_names, batch)}
     return Engine(module, plan, mesh, program, input_names, shapes, whole)
 
+
+
+def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: tuple, model: torch.nn.Module):
+    """A pipeline plan (Plan.manual with pipeline > 1; data and tensor 1): the graph captured
+    at the micro-batch, cut into pipeline x virtual_stages stages, this rank's stages lowered
+    into GraphModules and driven by the schedule's action list (python/shardwise/pipeline.py)."""
+    from .pipeline import PipelineEngine, parse_actions
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    p, v = plan.pipeline, plan.virtual_stages
+    if plan.data != 1 or plan.tensor != 1:
+        raise ValidationError(f"parallelize: pipeline plans with data {plan.data} or tensor {plan.tensor} > 1 are not "
+                              "executed yet (pipeline x SPMD); use data = tensor = 1")
+    if p != world:
+        raise ValidationError(f"parallelize: the plan has {p} pipeline stages, the job {world} ranks")
+    global_batch, mb = int(batch[0].shape[0]), int(plan.micro_batch)
+    if plan.global_batch != global_batch or global_batch % mb:
+        raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch} in micro-batches of "
+                              f"{mb}; the example batch has {global_batch}")
+    m = global_batch // mb
+    _check_same_plan(plan, rank)
+    micro = {k: t.narrow(0, 0, mb) for k, t in named.items()}
+    graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")
+    input_names = _input_names(named)
+    program = _C.rank_program(graph._core, "", 0)
+    stages = p * v
+    cut = _C.pipeline_stages(graph._core, stages)
+    stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
+
+    # Where each value is made and read, by stage; what crosses each cut (forwarded on).
+    index = {leaf["value"]: i for i, leaf in enumerate(program["leaves"])}
+    producer: dict[str, int] = {}
+    meta: dict[str, tuple] = {}
+    nodes_of = [[] for _ in range(stages)]
+    for node in program["nodes"]:
+        first = node["outputs"][0]["value"]
+        g = stage_of[first]
+        nodes_of[g].append(node)
+        src, indices = builder.sources[first]
+        for out, t in zip(node["outputs"], _tensor_outputs(src.meta["val"], indices)):
+            producer[out["value"]] = g
+            index.setdefault(out["value"], len(index))
+            meta[out["value"]] = (list(t.shape), t.dtype, index[out["value"]])
+    reads: dict[str, set] = {}
+    for g, nodes in enumerate(nodes_of):
+        for node in nodes:
+            for op in node["inputs"]:
+                reads.setdefault(op["value"], set()).add(g)
+    for out in program["outputs"]:
+        reads.setdefault(out["value"], set()).add(stages - 1)
+    received = [sorted((x for x, made in producer.items() if made < g and max(reads.get(x, {-1})) >= g),
+                       key=lambda x: index[x]) for g in range(stages)]
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        tensors.setdefault(name, t)
+    tensors.update({k: t for k, t in builder.constants.items() if t is not None})
+    trainable = {name for name, prm in model.named_parameters() if prm.requires_grad}
+    owners = {x: {g % p for g in gs} for x, gs in reads.items() if x in tensors}
+    for x in owners:
+        meta[x] = (list(tensors[x].shape), tensors[x].dtype, index.get(x, -1))
+    shared = []
+    for x in sorted(owners):  # every rank creates every group, in the same order
+        if len(owners[x]) > 1:
+            group = dist.new_group(sorted(owners[x]))
+            if rank in owners[x]:
+                shared.append((x, group))
+
+    parameters: dict[str, torch.Tensor] = {}
+    mine = {}
+    for g in range(rank, stages, p):
+        batch_inputs = [x for x in input_names if g in reads.get(x, set())]
+        last = g == stages - 1
+        outputs = program["outputs"] if last else [{"value": x} for x in received[g + 1]]
+        module = _build_module(program, builder.sources, None, tensors, batch_inputs + received[g], trainable,
+                               nodes=nodes_of[g], outputs=outputs, parameters=parameters,
+                               class_name=f"Stage{g}")
+        mine[g] = {"module": module, "inputs": batch_inputs + received[g], "received": received[g],
+                   "sent": [] if last else received[g + 1], "last": last}
+    schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
+    actions = parse_actions(schedule.actions(rank))
+    log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d, %s", rank, sorted(mine), stages, m, mb,
+             plan.schedule)
+    return PipelineEngine(plan=plan, stages=mine, actions=actions, stage_of_rank={g: g % p for g in range(stages)},
+                          micro_batch=mb, num_micro_batches=m, input_names=input_names,
+                          input_shapes={n: list(t.shape) for n, t in zip(input_names, batch)}, value_meta=meta,
+                          parameters=parameters, shared=shared, owners=owners, last_rank=(stages - 1) % p)

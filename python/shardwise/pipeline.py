@@ -1,0 +1,174 @@
+"""The pipeline executor: a plan with pipeline degree p runs as stage modules, one rank per
+stage (v model chunks per rank with interleaved 1F1B), driven by the schedule's action list.
+
+The action lists are the C++ schedules' (csrc/schedule/schedules.h, the same lists the
+simulator costs): "F3@s1" forward of micro-batch 3 on virtual stage 1, "SA3@s1->r2" send its
+activations, "RA3@s2<-r1" receive them, "B3@s1" backward, "SG3@s1->r0" / "RG3@s0<-r1" the
+gradients. Receives are posted (``dist.irecv``) when the list reaches them and waited just
+before the forward or backward that needs them; sends are issued (``dist.isend``) and waited
+at the end of the step. Gradients of every micro-batch accumulate in ``.grad``; the loss is
+the mean of the micro-batch losses (each the mean over its rows: together the global mean),
+broadcast from the last stage to every rank.
+
+Stages are contiguous, FLOPs-balanced cuts of the captured graph at repeated-block boundaries
+(csrc/search/stage_partition.h). A value crossing a cut goes to the next stage, which passes it
+on when a later stage reads it (a skip connection); its gradient comes back the same way. A
+weight read by stages on different ranks (a tied embedding and LM head) has its gradient
+all-reduced among those ranks after the step, as Megatron-LM does for its embedding group.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.distributed as dist
+
+from ._C import ValidationError
+
+_ACTION = re.compile(r"^(F|B|SA|SG|RA|RG)(\d+)@s(\d+)(?:(?:->|<-)r(\d+))?$")
+
+
+def parse_actions(text: str) -> list[tuple]:
+    """'F0@s0 SA0@s0->r1 ... OPT' -> [("F", 0, 0, -1), ("SA", 0, 0, 1), ...] (kind, mb, stage, peer)."""
+    out = []
+    for word in text.split():
+        if word in ("OPT", "SYNC"):
+            continue  # the optimizer step is the user's; no data axis to synchronise here
+        m = _ACTION.match(word)
+        if not m:
+            raise ValidationError(f"pipeline: unreadable schedule action {word!r}")
+        out.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)) if m.group(4) else -1))
+    return out
+
+
+class PipelineEngine:
+    """This rank's stages of a pipeline plan; the same face as ``shardwise.Engine``."""
+
+    def __init__(self, *, plan, stages: dict, actions: list[tuple], stage_of_rank: dict, micro_batch: int,
+                 num_micro_batches: int, input_names: list[str], input_shapes: dict, value_meta: dict,
+                 parameters: dict, shared: list[tuple], owners: dict, last_rank: int):
+        self.plan = plan
+        self._stages = stages  # virtual stage -> {"module", "inputs", "received", "sent"}
+        self._actions = actions
+        self._micro_batch = micro_batch
+        self._m = num_micro_batches
+        self._input_names = input_names
+        self._global_shapes = input_shapes
+        self._meta = value_meta
+        self._parameters = parameters  # name -> this rank's tensor (shared by its stages)
+        self._shared = shared          # (name, group) for weights read on several ranks
+        self._owners = owners          # name -> the ranks holding it
+        self._last_rank = last_rank
+        self.whole_nodes: list[str] = []
+
+    @property
+    def code(self) -> str:
+        return "\n".join(f"# virtual stage {g}\n{s['module'].code}" for g, s in sorted(self._stages.items()))
+
+    def parameters(self):
+        return [p for p in self._parameters.values() if isinstance(p, torch.nn.Parameter)]
+
+    def named_parameters(self):
+        return [(n, p) for n, p in self._parameters.items() if isinstance(p, torch.nn.Parameter)]
+
+    def _micro_batches(self, batch: tuple) -> list[dict]:
+        if len(batch) != len(self._input_names):
+            raise ValidationError(f"train_step: {len(batch)} batch tensors, the captured program takes "
+                                  f"{len(self._input_names)} ({', '.join(self._input_names)})")
+        for name, t in zip(self._input_names, batch):
+            if list(t.shape) != self._global_shapes[name]:
+                raise ValidationError(f"train_step: input '{name}' has shape {list(t.shape)}, the plan was made "
+                                      f"for {self._global_shapes[name]}")
+        mb = self._micro_batch
+        return [{name: t.narrow(0, i * mb, mb) for name, t in zip(self._input_names, batch)} for i in range(self._m)]
+
+    def _tag(self, value_index: int, micro_batch: int, gradient: bool) -> int:
+        return (micro_batch * 4096 + value_index) * 2 + int(gradient)
+
+    def train_step(self, *batch) -> torch.Tensor:
+        micro = self._micro_batches(batch)
+        live: dict = {}          # (stage, mb) -> {"inputs": {name: tensor}, "outputs": [tensors]}
+        pending: dict = {}       # (stage, mb, gradient) -> [(name, tensor, work)]
+        sends = []
+        losses = []
+        for kind, mb, g, peer in self._actions:
+            stage = self._stages[g]
+            if kind == "RA":
+                pending[(g, mb, False)] = [self._irecv(name, mb, peer, False) for name in stage["received"]]
+            elif kind == "F":
+                received = {name: t for name, t, work in self._wait(pending.pop((g, mb, False), []))}
+                for t in received.values():
+                    if t.is_floating_point():
+                        t.requires_grad_(True)
+                args = [micro[mb][name] if name in micro[mb] else received[name] for name in stage["inputs"]]
+                outputs = stage["module"](*args)
+                live[(g, mb)] = {"inputs": received, "outputs": list(outputs)}
+                if stage["last"]:
+                    losses.append(outputs[0].detach())
+            elif kind == "SA":
+                for name, t in zip(stage["sent"], live[(g, mb)]["outputs"]):
+                    sends.append((dist.isend(t.detach().contiguous(), dst=peer, tag=self._tag(self._index(name), mb,
+                                                                                          False)), t))
+            elif kind == "RG":
+                names = [n for n in stage["sent"] if self._meta[n][1].is_floating_point]
+                pending[(g, mb, True)] = [self._irecv(name, mb, peer, True) for name in names]
+            elif kind == "B":
+                state = live.pop((g, mb))
+                if stage["last"]:
+                    torch.autograd.backward(state["outputs"][0] / self._m)
+                else:
+                    grads = {name: t for name, t, _ in self._wait(pending.pop((g, mb, True), []))}
+                    pairs = [(t, grads[n]) for n, t in zip(stage["sent"], state["outputs"])
+                             if n in grads and t.requires_grad]
+                    if pairs:
+                        torch.autograd.backward([t for t, _ in pairs], [gr for _, gr in pairs])
+                live[(g, mb)] = state  # keep the received inputs' gradients for SG
+            elif kind == "SG":
+                state = live.pop((g, mb))
+                for name in stage["received"]:
+                    t = state["inputs"][name]
+                    if not t.is_floating_point():
+                        continue
+                    grad = t.grad if t.grad is not None else torch.zeros_like(t)
+                    sends.append((dist.isend(grad.contiguous(), dst=peer, tag=self._tag(self._index(name), mb, True)),
+                                  grad))
+        for work, _ in sends:
+            work.wait()
+        for name, group in self._shared:
+            p = self._parameters[name]
+            if isinstance(p, torch.nn.Parameter) and p.grad is not None:
+                dist.all_reduce(p.grad, group=group)
+        loss = (torch.stack(losses).mean() if losses else torch.zeros((), dtype=self._loss_dtype()))
+        dist.broadcast(loss, src=self._last_rank)
+        return loss
+
+    def _loss_dtype(self) -> torch.dtype:
+        return next(iter(self._parameters.values())).dtype if self._parameters else torch.float32
+
+    def _index(self, name: str) -> int:
+        return self._meta[name][2]
+
+    def _irecv(self, name: str, mb: int, peer: int, gradient: bool):
+        shape, dtype, index = self._meta[name]
+        buffer = torch.empty(shape, dtype=dtype)
+        return name, buffer, dist.irecv(buffer, src=peer, tag=self._tag(index, mb, gradient))
+
+    @staticmethod
+    def _wait(items):
+        for name, t, work in items:
+            work.wait()
+        return items
+
+    def eval_step(self, *batch) -> torch.Tensor:
+        raise ValidationError("eval_step: not yet supported for pipeline plans")
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer whole, on every rank (broadcast from a rank holding it)."""
+        out = {}
+        for name in sorted(self._owners):
+            shape, dtype, _ = self._meta[name]
+            owner = min(self._owners[name])
+            t = self._parameters[name].detach().clone() if name in self._parameters else torch.empty(shape, dtype=dtype)
+            dist.broadcast(t, src=owner)
+            out[name] = t
+        return out
