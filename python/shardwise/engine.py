@@ -58,9 +58,12 @@ _TARGET = "target"  # the IR name of the loss' target when parallelize is given 
 
 # ---- the mesh as this rank sees it ---------------------------------------------------------
 class _Mesh:
-    """Axis sizes, this rank's coordinates and the torch.distributed group of each axis."""
+    """Axis sizes, this rank's coordinates and the torch.distributed group of each axis.
 
-    def __init__(self, sizes: list[int], rank: int):
+    With `pipeline` > 1 the job is pipeline x mesh (Megatron's layout: the pipeline outermost):
+    the mesh is the rank's pipeline stage's sub-mesh, `rank` the rank within it."""
+
+    def __init__(self, sizes: list[int], rank: int, pipeline: int = 1):
         from torch.distributed.device_mesh import init_device_mesh
 
         self.sizes = list(sizes)
@@ -72,8 +75,12 @@ class _Mesh:
             stride *= size
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         names = tuple(f"axis{a}" for a in range(len(self.sizes)))
-        self.device_mesh = init_device_mesh(device, tuple(self.sizes), mesh_dim_names=names)
-        self.groups = [self.device_mesh.get_group(a) for a in range(len(self.sizes))]
+        if pipeline > 1:
+            self.device_mesh = init_device_mesh(device, (pipeline, *self.sizes), mesh_dim_names=("pipeline", *names))
+            self.groups = [self.device_mesh.get_group(a + 1) for a in range(len(self.sizes))]
+        else:
+            self.device_mesh = init_device_mesh(device, tuple(self.sizes), mesh_dim_names=names)
+            self.groups = [self.device_mesh.get_group(a) for a in range(len(self.sizes))]
         self.group_names = [g.group_name for g in self.groups]
 
 
@@ -346,32 +353,7 @@ class Engine:
             return self.module(*self._local_batch(batch))[0]
 
     def _reduce_gradients(self) -> None:
-        """All-reduce (sum) the gradients the program left Partial, in buckets of 25 MB per
-        set of axes, every bucket issued before any is waited on."""
-        by_axes: dict[tuple, list[torch.Tensor]] = {}
-        for name, axes in self._reduce:
-            grad = self._params[name].grad
-            if grad is not None:
-                by_axes.setdefault(axes, []).append(grad)
-        pending = []
-        for axes, grads in by_axes.items():
-            bucket, size = [], 0
-            for g in grads + [None]:
-                if g is not None:
-                    bucket.append(g)
-                    size += g.numel() * g.element_size()
-                if bucket and (g is None or size >= _BUCKET_BYTES):
-                    flat = torch._utils._flatten_dense_tensors(bucket)
-                    works = [dist.all_reduce(flat, group=self._mesh.groups[a], async_op=True) for a in axes[:1]]
-                    pending.append((flat, bucket, works, axes[1:]))
-                    bucket, size = [], 0
-        for flat, bucket, works, rest in pending:
-            for w in works:
-                w.wait()
-            for a in rest:  # further axes: one after the other on the same buffer
-                dist.all_reduce(flat, group=self._mesh.groups[a])
-            for g, reduced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
-                g.copy_(reduced)
+        reduce_gradients([(self._params[name], axes) for name, axes in self._reduce], self._mesh.groups)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer whole, on every rank (gathered through the mesh)."""
@@ -382,6 +364,32 @@ class Engine:
                     self._leaves[name]["placement"], ["R"] * len(self._mesh.sizes)))
                 out[name] = _apply_steps(tensor.detach(), steps, self._mesh).clone()
         return out
+
+
+def reduce_gradients(params: list[tuple[torch.Tensor, tuple]], groups: list) -> None:
+    """All-reduce (sum) the gradients the program left Partial over their axes' groups, in
+    buckets of 25 MB per set of axes, every bucket issued before any is waited on."""
+    by_axes: dict[tuple, list[torch.Tensor]] = {}
+    for param, axes in params:
+        if param.grad is not None:
+            by_axes.setdefault(tuple(axes), []).append(param.grad)
+    pending = []
+    for axes, grads in by_axes.items():
+        bucket, size = [], 0
+        for g in grads + [None]:
+            if g is not None:
+                bucket.append(g)
+                size += g.numel() * g.element_size()
+            if bucket and (g is None or size >= _BUCKET_BYTES):
+                flat = torch._utils._flatten_dense_tensors(bucket)
+                pending.append((flat, bucket, dist.all_reduce(flat, group=groups[axes[0]], async_op=True), axes[1:]))
+                bucket, size = [], 0
+    for flat, bucket, work, rest in pending:
+        work.wait()
+        for a in rest:  # further axes: one after the other on the same buffer
+            dist.all_reduce(flat, group=groups[a])
+        for g, reduced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
+            g.copy_(reduced)
 
 
 def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
@@ -503,6 +511,24 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     return torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{rank}Program")
 
 
+def _rank_program(graph, builder, plan_json: str, rank: int) -> tuple[dict, list[str]]:
+    """The core's program for `rank` (of the plan's mesh); nodes whose local call fails its
+    shape check on meta tensors are asked to run whole. Returns it and the nodes run whole."""
+    program = _C.rank_program(graph._core, plan_json, rank)
+    whole = []
+    for n in program["nodes"]:
+        src, indices = builder.sources[n["outputs"][0]["value"]]
+        if n["mode"] == "local" and not _meta_check(src, n, indices):
+            whole.append(n["outputs"][0]["value"])
+    if whole:
+        program = _C.rank_program(graph._core, plan_json, rank, whole)
+    whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
+    if whole:
+        log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),
+                 ", ".join(whole[:8]) + (" ..." if len(whole) > 8 else ""))
+    return program, whole
+
+
 def _check_same_plan(plan: Plan, rank: int) -> None:
     digest = plan.hash()
     everyone = [None] * dist.get_world_size()
@@ -547,7 +573,7 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     from .cluster import Cluster
 
     if plan is not None and not plan.sharding and plan.pipeline > 1:
-        return _parallelize_pipeline(wrapper, named, plan, batch, model)
+        return _parallelize_pipeline(wrapper, named, plan, batch, model, cluster, level)
     if plan is None or not plan.sharding:
         if plan is not None:
             mesh = (plan.data, plan.tensor)
@@ -567,19 +593,7 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     _check_same_plan(plan, rank)
     mesh = _Mesh(sharding["mesh"], rank)  # from here on, the rank's view of the plan's mesh
 
-    plan_json = plan.to_json()
-    program = _C.rank_program(graph._core, plan_json, rank)
-    whole = []
-    for n in program["nodes"]:
-        src, indices = builder.sources[n["outputs"][0]["value"]]
-        if n["mode"] == "local" and not _meta_check(src, n, indices):
-            whole.append(n["outputs"][0]["value"])
-    if whole:
-        program = _C.rank_program(graph._core, plan_json, rank, whole)
-    whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
-    if whole:
-        log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),
-                 ", ".join(whole[:8]) + (" ..." if len(whole) > 8 else ""))
+    program, whole = _rank_program(graph, builder, plan.to_json(), rank)
 
     inner = model
     tensors: dict[str, torch.Tensor] = {}
@@ -593,35 +607,51 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
 
 
 
-def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: tuple, model: torch.nn.Module):
-    """A pipeline plan (Plan.manual with pipeline > 1; data and tensor 1): the graph captured
-    at the micro-batch, cut into pipeline x virtual_stages stages, this rank's stages lowered
-    into GraphModules and driven by the schedule's action list (python/shardwise/pipeline.py)."""
+def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: tuple, model: torch.nn.Module,
+                          cluster=None, level: str = "fast"):
+    """A pipeline plan (Plan.manual with pipeline > 1): the graph captured at one micro-batch
+    of the data axis (micro_batch x data rows), sharded over each stage's {data, tensor}
+    sub-mesh by the SPMD search (one sharding for every stage), cut into pipeline x
+    virtual_stages stages, this rank's stages lowered into GraphModules and driven by the
+    schedule's action list (python/shardwise/pipeline.py). Ranks: Megatron's layout, the
+    pipeline outermost; a value crossing a cut goes between the ranks of the same sub-mesh
+    coordinate, as the shard its producer leaves."""
+    from .cluster import Cluster
     from .pipeline import PipelineEngine, parse_actions
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    p, v = plan.pipeline, plan.virtual_stages
-    if plan.data != 1 or plan.tensor != 1:
-        raise ValidationError(f"parallelize: pipeline plans with data {plan.data} or tensor {plan.tensor} > 1 are not "
-                              "executed yet (pipeline x SPMD); use data = tensor = 1")
-    if p != world:
-        raise ValidationError(f"parallelize: the plan has {p} pipeline stages, the job {world} ranks")
+    p, v, d, t = plan.pipeline, plan.virtual_stages, plan.data, plan.tensor
+    if p * d * t != world:
+        raise ValidationError(f"parallelize: the plan has pipeline {p} x data {d} x tensor {t} = {p * d * t} ranks, "
+                              f"the job {world}")
     global_batch, mb = int(batch[0].shape[0]), int(plan.micro_batch)
-    if plan.global_batch != global_batch or global_batch % mb:
+    rows = mb * d  # one micro-batch across the data axis
+    if plan.global_batch != global_batch or global_batch % rows:
         raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch} in micro-batches of "
-                              f"{mb}; the example batch has {global_batch}")
-    m = global_batch // mb
+                              f"{mb} x data {d}; the example batch has {global_batch}")
+    m = global_batch // rows
     _check_same_plan(plan, rank)
-    micro = {k: t.narrow(0, 0, mb) for k, t in named.items()}
+    micro = {k: x.narrow(0, 0, rows) for k, x in named.items()}
     graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")
     input_names = _input_names(named)
-    program = _C.rank_program(graph._core, "", 0)
+    size = d * t
+    pipeline_rank, local = rank // size, rank % size
+    if size > 1:
+        sub_cluster = cluster if cluster is not None and cluster.world_size == size else Cluster.preset("cpu", size)
+        sharded = Plan.search(graph, sub_cluster, global_batch=rows, level=level, mesh=(d, t))
+        _check_same_plan(sharded, rank)
+        program, whole = _rank_program(graph, builder, sharded.to_json(), local)
+        mesh = _Mesh([d, t], local, pipeline=p)
+    else:
+        sharded, whole, mesh = None, [], None
+        program = _C.rank_program(graph._core, "", 0)
     stages = p * v
     cut = _C.pipeline_stages(graph._core, stages)
     stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
 
     # Where each value is made and read, by stage; what crosses each cut (forwarded on).
-    index = {leaf["value"]: i for i, leaf in enumerate(program["leaves"])}
+    leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
+    index = {name: i for i, name in enumerate(leaves)}
     producer: dict[str, int] = {}
     meta: dict[str, tuple] = {}
     nodes_of = [[] for _ in range(stages)]
@@ -630,10 +660,10 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
         g = stage_of[first]
         nodes_of[g].append(node)
         src, indices = builder.sources[first]
-        for out, t in zip(node["outputs"], _tensor_outputs(src.meta["val"], indices)):
+        for out, val in zip(node["outputs"], _tensor_outputs(src.meta["val"], indices)):
             producer[out["value"]] = g
             index.setdefault(out["value"], len(index))
-            meta[out["value"]] = (list(t.shape), t.dtype, index[out["value"]])
+            meta[out["value"]] = (list(out["local_shape"]), val.dtype, index[out["value"]])
     reads: dict[str, set] = {}
     for g, nodes in enumerate(nodes_of):
         for node in nodes:
@@ -645,9 +675,9 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
                        key=lambda x: index[x]) for g in range(stages)]
 
     tensors: dict[str, torch.Tensor] = {}
-    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
-        tensors.setdefault(name, t)
-    tensors.update({k: t for k, t in builder.constants.items() if t is not None})
+    for name, x in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        tensors.setdefault(name, x)
+    tensors.update({k: x for k, x in builder.constants.items() if x is not None})
     trainable = {name for name, prm in model.named_parameters() if prm.requires_grad}
     owners = {x: {g % p for g in gs} for x, gs in reads.items() if x in tensors}
     for x in owners:
@@ -655,26 +685,32 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
     shared = []
     for x in sorted(owners):  # every rank creates every group, in the same order
         if len(owners[x]) > 1:
-            group = dist.new_group(sorted(owners[x]))
-            if rank in owners[x]:
-                shared.append((x, group))
+            for coordinate in range(size):
+                ranks = [o * size + coordinate for o in sorted(owners[x])]
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    shared.append((x, group))
 
     parameters: dict[str, torch.Tensor] = {}
     mine = {}
-    for g in range(rank, stages, p):
+    for g in range(pipeline_rank, stages, p):
         batch_inputs = [x for x in input_names if g in reads.get(x, set())]
         last = g == stages - 1
         outputs = program["outputs"] if last else [{"value": x} for x in received[g + 1]]
-        module = _build_module(program, builder.sources, None, tensors, batch_inputs + received[g], trainable,
-                               nodes=nodes_of[g], outputs=outputs, parameters=parameters,
-                               class_name=f"Stage{g}")
+        module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
+                               nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}")
         mine[g] = {"module": module, "inputs": batch_inputs + received[g], "received": received[g],
                    "sent": [] if last else received[g + 1], "last": last}
     schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
-    actions = parse_actions(schedule.actions(rank))
-    log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d, %s", rank, sorted(mine), stages, m, mb,
-             plan.schedule)
-    return PipelineEngine(plan=plan, stages=mine, actions=actions, stage_of_rank={g: g % p for g in range(stages)},
-                          micro_batch=mb, num_micro_batches=m, input_names=input_names,
-                          input_shapes={n: list(t.shape) for n, t in zip(input_names, batch)}, value_meta=meta,
-                          parameters=parameters, shared=shared, owners=owners, last_rank=(stages - 1) % p)
+    # The schedule's peers are pipeline ranks; this rank talks to the same sub-mesh coordinate.
+    actions = [(kind, i, g, peer * size + local if peer >= 0 else peer)
+               for kind, i, g, peer in parse_actions(schedule.actions(pipeline_rank))]
+    log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank, sorted(mine),
+             stages, m, rows, plan.schedule, [d, t])
+    reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters if leaves[name]["reduce_axes"]]
+    return PipelineEngine(plan=plan, stages=mine, actions=actions, micro_batch=rows, num_micro_batches=m,
+                          input_names=input_names, input_shapes={n: list(x.shape) for n, x in zip(input_names, batch)},
+                          value_meta=meta, parameters=parameters, shared=shared, owners=owners,
+                          last_rank=((stages - 1) % p) * size, mesh=mesh, leaves=leaves, reduce=reduce,
+                          stage_size=size, sharding=sharded, whole_nodes=whole, input_placements={
+                              n: leaves[n]["placement"] for n in input_names if n in leaves})

@@ -44,22 +44,30 @@ def parse_actions(text: str) -> list[tuple]:
 class PipelineEngine:
     """This rank's stages of a pipeline plan; the same face as ``shardwise.Engine``."""
 
-    def __init__(self, *, plan, stages: dict, actions: list[tuple], stage_of_rank: dict, micro_batch: int,
-                 num_micro_batches: int, input_names: list[str], input_shapes: dict, value_meta: dict,
-                 parameters: dict, shared: list[tuple], owners: dict, last_rank: int):
+    def __init__(self, *, plan, stages: dict, actions: list[tuple], micro_batch: int, num_micro_batches: int,
+                 input_names: list[str], input_shapes: dict, value_meta: dict, parameters: dict, shared: list[tuple],
+                 owners: dict, last_rank: int, mesh=None, leaves: dict | None = None, reduce: list | None = None,
+                 stage_size: int = 1, sharding=None, whole_nodes: list[str] | None = None,
+                 input_placements: dict | None = None):
         self.plan = plan
-        self._stages = stages  # virtual stage -> {"module", "inputs", "received", "sent"}
-        self._actions = actions
-        self._micro_batch = micro_batch
+        self.sharding = sharding       # the SPMD plan of each stage's sub-mesh (None: replicated)
+        self._stages = stages          # virtual stage -> {"module", "inputs", "received", "sent", "last"}
+        self._actions = actions        # (kind, micro-batch, virtual stage, peer rank)
+        self._micro_batch = micro_batch  # rows per micro-batch (across the data axis)
         self._m = num_micro_batches
         self._input_names = input_names
         self._global_shapes = input_shapes
-        self._meta = value_meta
+        self._meta = value_meta        # value -> (local shape, dtype, tag index)
         self._parameters = parameters  # name -> this rank's tensor (shared by its stages)
-        self._shared = shared          # (name, group) for weights read on several ranks
-        self._owners = owners          # name -> the ranks holding it
+        self._shared = shared          # (name, group) for weights read on several pipeline ranks
+        self._owners = owners          # name -> the pipeline ranks holding it
         self._last_rank = last_rank
-        self.whole_nodes: list[str] = []
+        self._mesh = mesh              # the stage's sub-mesh (engine._Mesh), or None
+        self._leaves = leaves or {}
+        self._reduce = reduce or []    # (name, axes): gradients left Partial over the sub-mesh
+        self._stage_size = stage_size
+        self._input_placements = input_placements or {}
+        self.whole_nodes = whole_nodes or []
 
     @property
     def code(self) -> str:
@@ -79,8 +87,17 @@ class PipelineEngine:
             if list(t.shape) != self._global_shapes[name]:
                 raise ValidationError(f"train_step: input '{name}' has shape {list(t.shape)}, the plan was made "
                                       f"for {self._global_shapes[name]}")
+        from .materialize import local_tensor
+
         mb = self._micro_batch
-        return [{name: t.narrow(0, i * mb, mb) for name, t in zip(self._input_names, batch)} for i in range(self._m)]
+        out = []
+        for i in range(self._m):
+            piece = {name: t.narrow(0, i * mb, mb) for name, t in zip(self._input_names, batch)}
+            if self._mesh is not None:  # this rank's share of the micro-batch on its sub-mesh
+                piece = {name: local_tensor(t, self._input_placements[name], self._mesh.sizes, self._mesh.rank)
+                         for name, t in piece.items()}
+            out.append(piece)
+        return out
 
     def _tag(self, value_index: int, micro_batch: int, gradient: bool) -> int:
         return (micro_batch * 4096 + value_index) * 2 + int(gradient)
@@ -134,6 +151,10 @@ class PipelineEngine:
                                   grad))
         for work, _ in sends:
             work.wait()
+        if self._reduce:
+            from .engine import reduce_gradients
+
+            reduce_gradients([(self._parameters[n], axes) for n, axes in self._reduce], self._mesh.groups)
         for name, group in self._shared:
             p = self._parameters[name]
             if isinstance(p, torch.nn.Parameter) and p.grad is not None:
@@ -163,12 +184,25 @@ class PipelineEngine:
         raise ValidationError("eval_step: not yet supported for pipeline plans")
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter and buffer whole, on every rank (broadcast from a rank holding it)."""
+        """Every parameter and buffer whole, on every rank: gathered on the sub-mesh of a stage
+        holding it, then broadcast from that stage's first rank."""
+        from . import _C
+        from .engine import _apply_steps
+
         out = {}
-        for name in sorted(self._owners):
-            shape, dtype, _ = self._meta[name]
-            owner = min(self._owners[name])
-            t = self._parameters[name].detach().clone() if name in self._parameters else torch.empty(shape, dtype=dtype)
-            dist.broadcast(t, src=owner)
-            out[name] = t
+        pipeline_rank = dist.get_rank() // self._stage_size
+        with torch.no_grad():
+            for name in sorted(self._owners):
+                shape, dtype, _ = self._meta[name]
+                if pipeline_rank in self._owners[name]:
+                    t = self._parameters[name].detach()
+                    if self._mesh is not None:
+                        steps = tuple(s["text"] for s in _C.reshard_actions(
+                            self._leaves[name]["placement"], ["R"] * len(self._mesh.sizes)))
+                        t = _apply_steps(t, steps, self._mesh)
+                    t = t.clone()
+                else:
+                    t = torch.empty(shape, dtype=dtype)
+                dist.broadcast(t, src=min(self._owners[name]) * self._stage_size)
+                out[name] = t
         return out

@@ -144,7 +144,8 @@ def _cases() -> dict:
 
 
 # ---- the ranks ---------------------------------------------------------------------------------
-def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, mesh, result_path: str) -> None:
+def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, mesh, result_path: str,
+                       stage_memory: float | None = None) -> None:
     build, make_batch, loss_fn = _cases()[case]
     torch.manual_seed(0)
     model = build().double()
@@ -152,8 +153,13 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
     reference.load_state_dict(model.state_dict())
     batch = make_batch()
     plan = shardwise.Plan.from_json(plan_json) if plan_json else None
-    engine = shardwise.parallelize(model, batch, loss_fn, plan=plan, mesh=mesh,
-                                   cluster=shardwise.Cluster.preset("cpu", world))
+    cluster = shardwise.Cluster.preset("cpu", world)
+    if stage_memory is not None:  # a pipeline stage's sub-mesh, with little memory per rank
+        stage_size = plan.data * plan.tensor
+        doc = json.loads(shardwise.Cluster.preset("cpu", stage_size).to_json())
+        doc["device_types"][0]["memory_bytes"] = int(stage_memory)
+        cluster = shardwise.Cluster.from_json(json.dumps(doc))
+    engine = shardwise.parallelize(model, batch, loss_fn, plan=plan, mesh=mesh, cluster=cluster)
     optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     losses, ref_losses = [], []
@@ -177,7 +183,9 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
         with open(result_path, "w") as f:
             json.dump({"loss_error": loss_error, "param_error": param_error, "losses": losses,
                        "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
-                       "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements()}, f)
+                       "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
+                       "stage_placements": engine.sharding.placements() if getattr(engine, "sharding", None)
+                       else None}, f)
 
 
 def _run(rank: int, world: int, store_path: str, args: tuple) -> None:
@@ -190,11 +198,11 @@ def _run(rank: int, world: int, store_path: str, args: tuple) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(world: int, case: str, plan_json: str | None = None, mesh=None) -> dict:
+def _spawn(world: int, case: str, plan_json: str | None = None, mesh=None, stage_memory: float | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_run, args=(world, os.path.join(tmp, "store"), (case, plan_json, mesh, result)), nprocs=world,
-                 join=True)
+        mp.spawn(_run, args=(world, os.path.join(tmp, "store"), (case, plan_json, mesh, result, stage_memory)),
+                 nprocs=world, join=True)
         with open(result) as f:
             return json.load(f)
 
@@ -267,11 +275,11 @@ def test_searched_plans_of_other_models_equal_one_device(case, mesh):
 
 # ---- pipeline plans -------------------------------------------------------------------------------
 def _pipeline_plan(case: str, stages: int, micro_batch: int, schedule: str, virtual_stages: int = 1,
-                   k: int = 1) -> str:
+                   k: int = 1, data: int = 1, tensor: int = 1) -> str:
     """A hand-written pipeline plan (plans are data: Plan.manual would also cost it, which
     needs repeated layers the two-branch model does not have)."""
     batch = _cases()[case][1]()
-    doc = {"format": "shardwise.plan", "version": 1, "data": 1, "tensor": 1, "pipeline": stages,
+    doc = {"format": "shardwise.plan", "version": 1, "data": data, "tensor": tensor, "pipeline": stages,
            "global_batch": int(batch[0].shape[0]), "micro_batch": micro_batch, "schedule": schedule,
            "virtual_stages": virtual_stages, "kfkb_k": k, "recompute": "none", "zero_stage": 0,
            "layers_per_stage": [], "precision": "f32"}
@@ -291,3 +299,12 @@ def test_pipeline_schedules_equal_one_device(schedule, virtual_stages, k):
 def test_two_branch_model_split_across_four_pipeline_stages():
     r = _spawn(4, "two_branch", _pipeline_plan("two_branch", 4, 2, "1f1b"))
     _check(r)
+
+
+def test_data_by_tensor_by_pipeline_hybrid_at_world_size_eight():
+    # 2 pipeline stages, each on a 2 x 2 {data, tensor} sub-mesh sharded by the search (little
+    # memory per rank, so the tensor axis shards the weights too); 2 micro-batches of 2 x 2 rows.
+    r = _spawn(8, "tiny_gpt", _pipeline_plan("tiny_gpt", 2, 2, "1f1b", data=2, tensor=2), stage_memory=3e5)
+    _check(r)
+    sharded = [k for k, v in r["stage_placements"].items() if k.endswith("weight") and v[1] != "R"]
+    assert "blocks.0.qkv.weight" in sharded
