@@ -326,6 +326,22 @@ class Engine:
     def named_parameters(self):
         return self.module.named_parameters()
 
+    def optimizer(self, optimizer_class=torch.optim.AdamW, **defaults) -> "ShardedOptimizer":
+        """An optimizer over this rank's parameters that applies the plan's ZeRO decisions: a
+        parameter the plan replicates on some mesh axes but shards the optimizer state of
+        over them (``plan.sharding["zero"]``) is stepped by torch's ZeroRedundancyOptimizer on
+        those axes' ranks, so each rank keeps the state of 1/n of them; the rest by
+        ``optimizer_class`` itself. The result is the single-device update (ZeRO-1 is exact);
+        any torch.optim optimizer over ``parameters()`` works too, with whole state."""
+        zero = (self.plan.sharding or {}).get("zero", {})
+        by_axes: dict[tuple, list] = {}
+        plain = []
+        for name, param in self.module.named_parameters():
+            axes = tuple(a for a in zero.get(name, ()) if self._leaves[name]["placement"][a] == "R"
+                         and self._mesh.sizes[a] > 1)
+            (by_axes.setdefault(axes, []) if axes else plain).append(param)
+        return ShardedOptimizer(self._mesh, by_axes, plain, optimizer_class, defaults)
+
     def _local_batch(self, batch: tuple) -> list[torch.Tensor]:
         if len(batch) != len(self._input_names):
             raise ValidationError(f"train_step: {len(batch)} batch tensors, the captured program takes "
@@ -364,6 +380,43 @@ class Engine:
                     self._leaves[name]["placement"], ["R"] * len(self._mesh.sizes)))
                 out[name] = _apply_steps(tensor.detach(), steps, self._mesh).clone()
         return out
+
+
+class ShardedOptimizer:
+    """Engine.optimizer's result: ZeroRedundancyOptimizer per set of ZeRO axes (its group: the
+    ranks of this rank's mesh slice along those axes), the plain optimizer for the rest."""
+
+    def __init__(self, mesh: _Mesh, zero_params: dict[tuple, list], plain: list, optimizer_class, defaults: dict):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self.optimizers = []
+        for axes, params in sorted(zero_params.items()):
+            group = mesh.groups[axes[0]] if len(axes) == 1 else mesh.device_mesh[
+                tuple(f"axis{a}" for a in axes)]._flatten().get_group()
+            self.optimizers.append(ZeroRedundancyOptimizer(params, optimizer_class, process_group=group, **defaults))
+        if plain:
+            self.optimizers.append(optimizer_class(plain, **defaults))
+
+    @property
+    def param_groups(self):
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+    def local_state_numel(self) -> int:
+        """Elements of optimizer state this rank holds (ZeRO keeps 1/n of its parameters')."""
+        total = 0
+        for o in self.optimizers:
+            inner = getattr(o, "optim", o)
+            for state in inner.state.values():
+                total += sum(v.numel() for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return total
 
 
 def reduce_gradients(params: list[tuple[torch.Tensor, tuple]], groups: list) -> None:

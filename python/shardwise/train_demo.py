@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if args.code:
             print(engine.code)
         print(f"{'step':>4}  {'loss (shardwise)':>17}  {'loss (one device)':>17}  {'rel. diff':>9}")
-    optimizer = torch.optim.AdamW(engine.parameters(), lr=args.lr)
+    optimizer = engine.optimizer(torch.optim.AdamW, lr=args.lr)  # the plan's ZeRO sharding applied
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=args.lr)
     worst = 0.0
     for step in range(args.steps):

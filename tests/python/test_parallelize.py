@@ -145,7 +145,7 @@ def _cases() -> dict:
 
 # ---- the ranks ---------------------------------------------------------------------------------
 def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, mesh, result_path: str,
-                       stage_memory: float | None = None) -> None:
+                       stage_memory: float | None = None, zero: bool = False) -> None:
     build, make_batch, loss_fn = _cases()[case]
     torch.manual_seed(0)
     model = build().double()
@@ -160,7 +160,7 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
         doc["device_types"][0]["memory_bytes"] = int(stage_memory)
         cluster = shardwise.Cluster.from_json(json.dumps(doc))
     engine = shardwise.parallelize(model, batch, loss_fn, plan=plan, mesh=mesh, cluster=cluster)
-    optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
+    optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2) if zero else torch.optim.AdamW(engine.parameters(), lr=1e-2)
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     losses, ref_losses = [], []
     for _ in range(STEPS):
@@ -185,7 +185,10 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
                        "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
                        "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
                        "stage_placements": engine.sharding.placements() if getattr(engine, "sharding", None)
-                       else None}, f)
+                       else None, "zero": (engine.plan.sharding or {}).get("zero"),
+                       "state": optimizer.local_state_numel() if zero else None,
+                       "whole_state": sum(v.numel() for s in ref_optimizer.state.values() for v in s.values()
+                                          if v.dim() > 0)}, f)
 
 
 def _run(rank: int, world: int, store_path: str, args: tuple) -> None:
@@ -198,10 +201,11 @@ def _run(rank: int, world: int, store_path: str, args: tuple) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(world: int, case: str, plan_json: str | None = None, mesh=None, stage_memory: float | None = None) -> dict:
+def _spawn(world: int, case: str, plan_json: str | None = None, mesh=None, stage_memory: float | None = None,
+           zero: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_run, args=(world, os.path.join(tmp, "store"), (case, plan_json, mesh, result, stage_memory)),
+        mp.spawn(_run, args=(world, os.path.join(tmp, "store"), (case, plan_json, mesh, result, stage_memory, zero)),
                  nprocs=world, join=True)
         with open(result) as f:
             return json.load(f)
@@ -265,6 +269,15 @@ def test_hybrid_data_by_tensor_gpt2_equals_one_device():
     r = _spawn(4, "gpt2_batch4", plan.to_json())
     _check(r)
     assert r["mesh"] == [2, 2]
+
+
+def test_zero_sharded_optimizer_state_equals_one_device():
+    # TinyGPT on 2 x 2 CPU ranks: the search replicates most weights and shards their optimizer
+    # state over both axes (ZeRO); engine.optimizer steps them with ZeroRedundancyOptimizer.
+    r = _spawn(4, "tiny_gpt", mesh=(2, 2), zero=True)
+    _check(r)
+    assert r["zero"], "the plan shards some optimizer state"
+    assert r["state"] < 0.5 * r["whole_state"], (r["state"], r["whole_state"])
 
 
 @pytest.mark.parametrize("case,mesh", [("two_branch", (1, 2)), ("cnn", (2, 1)), ("bert", (1, 2))])
