@@ -314,6 +314,7 @@ class Engine:
         self._params = dict(module.named_parameters())
         self._reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in self._params
                         if leaves[name]["reduce_axes"]]
+        self._buckets = _GradientBuckets([(self._params[n], axes) for n, axes in self._reduce], mesh.groups)
 
     @property
     def code(self) -> str:
@@ -358,18 +359,24 @@ class Engine:
     def train_step(self, *batch) -> torch.Tensor:
         """Forward and backward of the global batch; gradients left in the local parameters'
         ``.grad`` (accumulated, as ``loss.backward()`` does). Returns the loss."""
-        outputs = self.module(*self._local_batch(batch))
+        local = self._local_batch(batch)
+        # Gradients already there (the caller accumulates over steps) are set aside so the
+        # reduction sums only this step's contributions, then added back.
+        earlier = {p: p.grad for p in self._params.values() if p.grad is not None}
+        for p in earlier:
+            p.grad = None
+        self._buckets.start()
+        outputs = self.module(*local)
         loss = outputs[0]
         loss.backward()
-        self._reduce_gradients()
+        self._buckets.finish()
+        for p, g in earlier.items():
+            p.grad = g if p.grad is None else p.grad.add_(g)
         return loss.detach()
 
     def eval_step(self, *batch) -> torch.Tensor:
         with torch.no_grad():
             return self.module(*self._local_batch(batch))[0]
-
-    def _reduce_gradients(self) -> None:
-        reduce_gradients([(self._params[name], axes) for name, axes in self._reduce], self._mesh.groups)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer whole, on every rank (gathered through the mesh)."""
@@ -380,6 +387,77 @@ class Engine:
                     self._leaves[name]["placement"], ["R"] * len(self._mesh.sizes)))
                 out[name] = _apply_steps(tensor.detach(), steps, self._mesh).clone()
         return out
+
+
+class _GradientBuckets:
+    """Data parallelism's gradient all-reduce, overlapped with backward as DDP runs it: the
+    parameters the program left Partial are packed, in reverse order of registration (about
+    the order backward finishes them), into buckets of 25 MB per set of axes; a bucket's
+    all-reduce is issued (async) as soon as its last gradient is accumulated, and every
+    bucket is waited on at the end. Every rank forms the same buckets and autograd finishes
+    them in the same order, so the collectives line up; a bucket whose parameter got no
+    gradient this step is issued, with what it has, at the end, in bucket order."""
+
+    def __init__(self, params: list[tuple[torch.Tensor, tuple]], groups: list):
+        self._groups = groups
+        self._buckets: list[tuple[tuple, list]] = []
+        by_axes: dict[tuple, list] = {}
+        for param, axes in reversed(params):
+            by_axes.setdefault(tuple(axes), []).append(param)
+        for axes, group in by_axes.items():
+            bucket, size = [], 0
+            for param in group:
+                bucket.append(param)
+                size += param.numel() * param.element_size()
+                if size >= _BUCKET_BYTES:
+                    self._buckets.append((axes, bucket))
+                    bucket, size = [], 0
+            if bucket:
+                self._buckets.append((axes, bucket))
+        self._bucket_of = {}
+        for i, (_, bucket) in enumerate(self._buckets):
+            for param in bucket:
+                self._bucket_of[param] = i
+                param.register_post_accumulate_grad_hook(self._ready)
+        self._active = False
+
+    def start(self) -> None:
+        self._active = True
+        self._waiting = [len(bucket) for _, bucket in self._buckets]
+        self._issued: dict[int, tuple] = {}
+
+    def _ready(self, param: torch.Tensor) -> None:
+        if not self._active:
+            return  # a backward outside train_step: nothing to reduce
+        i = self._bucket_of[param]
+        self._waiting[i] -= 1
+        if self._waiting[i] == 0:
+            self._issue(i)
+
+    def _issue(self, i: int) -> None:
+        axes, bucket = self._buckets[i]
+        grads = [p.grad for p in bucket if p.grad is not None]
+        if not grads:
+            self._issued[i] = None
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        self._issued[i] = (flat, grads, dist.all_reduce(flat, group=self._groups[axes[0]], async_op=True), axes[1:])
+
+    def finish(self) -> None:
+        for i in range(len(self._buckets)):
+            if i not in self._issued:
+                self._issue(i)
+        for i in sorted(self._issued, key=lambda i: i):
+            entry = self._issued[i]
+            if entry is None:
+                continue
+            flat, grads, work, rest = entry
+            work.wait()
+            for a in rest:  # further axes: one after the other on the same buffer
+                dist.all_reduce(flat, group=self._groups[a])
+            for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                g.copy_(reduced)
+        self._active = False
 
 
 class ShardedOptimizer:

@@ -172,6 +172,17 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
         loss.backward()
         ref_optimizer.step()
         ref_losses.append(loss.item())
+    roundtrip = None
+    if case == "mlp":  # the same plan through its JSON, in a second engine: the same losses, bit for bit
+        torch.manual_seed(0)
+        again = shardwise.parallelize(build().double(), batch, loss_fn,
+                                      plan=shardwise.Plan.from_json(engine.plan.to_json()))
+        opt = torch.optim.AdamW(again.parameters(), lr=1e-2)
+        roundtrip = []
+        for _ in range(STEPS):
+            opt.zero_grad()
+            roundtrip.append(again.train_step(*batch).item())
+            opt.step()
     full = engine.full_state_dict()
     ref_params = dict(reference.named_parameters())
     # Relative to the tensor's largest magnitude, floored at 1e-6: a parameter whose gradient
@@ -186,7 +197,7 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
                        "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
                        "stage_placements": engine.sharding.placements() if getattr(engine, "sharding", None)
                        else None, "zero": (engine.plan.sharding or {}).get("zero"),
-                       "state": optimizer.local_state_numel() if zero else None,
+                       "state": optimizer.local_state_numel() if zero else None, "roundtrip": roundtrip,
                        "whole_state": sum(v.numel() for s in ref_optimizer.state.values() for v in s.values()
                                           if v.dim() > 0)}, f)
 
@@ -234,6 +245,7 @@ def test_data_parallel_mlp_equals_one_device():
     _check(r)
     assert r["placements"]["x"] == ["S(0)", "R"] and r["placements"]["fc1.weight"] == ["R", "R"]
     assert "reshard" in r["code"]  # the loss: a mean over the data axis
+    assert r["roundtrip"] == r["losses"]  # the plan saved as JSON and loaded again: identical
 
 
 def test_megatron_gpt2_with_sequence_parallelism_equals_one_device():
@@ -321,3 +333,44 @@ def test_data_by_tensor_by_pipeline_hybrid_at_world_size_eight():
     _check(r)
     sharded = [k for k, v in r["stage_placements"].items() if k.endswith("weight") and v[1] != "R"]
     assert "blocks.0.qkv.weight" in sharded
+
+
+def test_readme_training_job_runs_under_torchrun():
+    """The README's main job (scripts/quickstart.sh runs it with 4 processes after installing)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(shardwise.__path__[0]),
+                                                                     os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "shardwise", "train", "--steps", "3"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "loss (one device)" in out.stdout and "predicted step" in out.stdout
+    last = [line for line in out.stdout.splitlines() if line.startswith("largest relative difference")][-1]
+    losses = float(last.split("losses ")[1].split(",")[0])
+    assert losses < 1e-12, last
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL)")
+def test_nccl_world_size_one():
+    """The CUDA / NCCL path of the same code: collectives and a parallelized model at world 1."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("nccl", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+        try:
+            from shardwise import collectives as C
+
+            x = torch.arange(6.0, device="cuda").reshape(2, 3).requires_grad_()
+            assert torch.equal(C.all_reduce(x), x) and torch.equal(C.all_gather(x, dim=1), x)
+            torch.manual_seed(0)
+            model = MLP().cuda()
+            reference = MLP().cuda()
+            reference.load_state_dict(model.state_dict())
+            batch = (torch.randn(8, 16, device="cuda"), torch.randint(0, 4, (8,), device="cuda"))
+            engine = shardwise.parallelize(model, batch, F.cross_entropy, mesh=(1, 1),
+                                           cluster=shardwise.Cluster.preset("cpu", 1))
+            loss = engine.train_step(*batch)
+            expected = F.cross_entropy(reference(batch[0]), batch[1])
+            assert torch.allclose(loss, expected, rtol=1e-5)
+        finally:
+            dist.destroy_process_group()
