@@ -374,3 +374,59 @@ def test_nccl_world_size_one():
             assert torch.allclose(loss, expected, rtol=1e-5)
         finally:
             dist.destroy_process_group()
+
+
+# ---- bad input: clear errors, raised before any collective --------------------------------------
+def _errors(rank: int, world: int, result_path: str) -> None:
+    torch.manual_seed(0)
+    model = MLP().double()
+    batch = (torch.randn(8, 16, dtype=torch.float64), torch.randint(0, 4, (8,)))
+    messages = {}
+
+    def expect(key, fn):
+        try:
+            fn()
+        except shardwise.ValidationError as e:
+            messages[key] = str(e)
+        else:
+            messages[key] = None
+
+    engine = shardwise.parallelize(model, batch, F.cross_entropy, mesh=(2, 1), cluster=shardwise.Cluster.preset("cpu", 2))
+    expect("shape", lambda: engine.train_step(torch.randn(4, 16, dtype=torch.float64), batch[1][:4]))
+    expect("count", lambda: engine.train_step(batch[0]))
+    other = shardwise.parallelize(TwoBranch().double(), batch, F.cross_entropy, mesh=(2, 1),
+                                  cluster=shardwise.Cluster.preset("cpu", 2))
+    expect("model", lambda: shardwise.parallelize(model, batch, F.cross_entropy, plan=other.plan))
+    doc = json.loads(engine.plan.to_json())
+    doc["global_batch"], doc["micro_batch"] = 16, 16
+    expect("batch", lambda: shardwise.parallelize(model, batch, F.cross_entropy,
+                                                  plan=shardwise.Plan.from_json(json.dumps(doc))))
+    expect("world", lambda: shardwise.parallelize(model, batch, F.cross_entropy, mesh=(4, 1),
+                                                  cluster=shardwise.Cluster.preset("cpu", 4)))
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump(messages, f)
+
+
+def _run_errors(rank: int, world: int, store_path: str, result_path: str) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        _errors(rank, world, result_path)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bad_input_gets_clear_errors():
+    with pytest.raises(shardwise.ValidationError, match="init_process_group"):
+        shardwise.parallelize(MLP(), (torch.randn(8, 16), torch.randint(0, 4, (8,))), F.cross_entropy)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        mp.spawn(_run_errors, args=(2, os.path.join(tmp, "store"), result), nprocs=2, join=True)
+        with open(result) as f:
+            messages = json.load(f)
+    assert "input 'x' has shape [4, 16]" in messages["shape"] and "[8, 16]" in messages["shape"]
+    assert "1 batch tensors" in messages["count"]
+    assert "plan made for another model" in messages["model"]
+    assert "global batch 16" in messages["batch"]
+    assert "4 devices, the job 2 ranks" in messages["world"]
