@@ -137,6 +137,7 @@ void bind_transform(py::module_& m) {
             od["value"] = o.value;
             od["produced"] = spec_texts(o.produced);
             od["local_shape"] = o.local_shape;
+            od["scale"] = o.scale;
             outs.append(od);
           }
           d["inputs"] = ins;

@@ -91,7 +91,7 @@ std::vector<ReshardAction> reshard_actions(const search::ShardingSpec& from, con
       return false;
     };
     if (p.is_shard()) {
-      if (!p.ratios.empty()) throw unsupported("gathering an uneven shard");
+      if (!p.ratios.empty() && p.groups > 1) throw unsupported("a strided uneven shard");
       if (contiguous(p) && contiguous(q) && q.dim != p.dim && !outer_changes(b, q.dim) && !inner_shards(p.dim) &&
           !inner_shards(q.dim)) {
         ReshardAction& s = out.emplace_back(step(ReshardKind::AllToAll, b));
@@ -103,6 +103,7 @@ std::vector<ReshardAction> reshard_actions(const search::ShardingSpec& from, con
       ReshardAction& s = out.emplace_back(step(ReshardKind::AllGather, b));
       s.dim = p.dim;
       s.groups = p.groups;
+      s.ratios = p.ratios;  // uneven: the blocks differ in length
       cur[static_cast<std::size_t>(b)] = Placement::replicate();
     } else if (p.is_partial()) {
       const bool mean = p.reduction == ops::Reduction::Mean;

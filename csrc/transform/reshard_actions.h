@@ -27,8 +27,9 @@
 //                                                 dim 0, Slice axis 1 dim 0}
 //   reshard_actions({S(0), R}, {S(0), R})     -> {}
 //
-// Uneven shards (ratios) are cut locally (R -> S[ratios]); gathering or exchanging them is
-// not supported yet: ValidationError naming the placements. Also ValidationError when the
+// Uneven shards (ratios, heterogeneous clusters) are cut locally (Slice with the ratios) and
+// gathered (AllGather with the ratios: the blocks differ in length); they never take the
+// direct all-to-all or reduce-scatter. ValidationError on a strided uneven shard and when the
 // two specs have different lengths.
 #pragma once
 
@@ -53,7 +54,7 @@ struct ReshardAction {
   int concat_dim = -1;        // AllToAll: the dim whose shards are concatenated (the old shard dim)
   std::string reduce = "sum";  // AllReduce: "sum" or "mean"
   int scale_power = 0;         // Scale: multiply by (axis size)^scale_power (+1 or -1)
-  std::vector<double> ratios;  // Slice: uneven shares per rank of the axis (empty = even)
+  std::vector<double> ratios;  // Slice / AllGather: uneven shares per rank of the axis (empty = even)
 
   std::string str() const;  // "all_gather(axis 1, dim 0, g3)"
   friend bool operator==(const ReshardAction&, const ReshardAction&) = default;

@@ -173,6 +173,28 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
         spec.push_back(search::parse_placement(text));
       produced[static_cast<std::size_t>(v.id)] = spec;
     }
+  // Heterogeneous plans: the inputs' uneven batch shares, per axis, given to every Shard of
+  // a value's batch dim on that axis (the search records them on the inputs only).
+  std::vector<std::vector<double>> batch_ratios(axes);
+  for (ir::ValueId in : graph.inputs()) {
+    const ir::Value& v = graph.value(in);
+    for (std::size_t a = 0; a < axes; ++a) {
+      const Placement& p = produced[static_cast<std::size_t>(in)][a];
+      if (p.is_shard() && !p.ratios.empty() && v.type.batch_dim && p.dim == *v.type.batch_dim)
+        batch_ratios[a] = p.ratios;
+    }
+  }
+  auto uneven = [&](ShardingSpec& spec, const ir::Value& v) {
+    for (std::size_t a = 0; a < axes; ++a) {
+      Placement& p = spec[a];
+      if (!batch_ratios[a].empty() && p.is_shard() && p.ratios.empty() && p.groups == 1 && v.type.batch_dim &&
+          p.dim == *v.type.batch_dim)
+        p.ratios = batch_ratios[a];
+    }
+  };
+  for (const ir::Value& v : values)
+    if (!v.producer) uneven(produced[static_cast<std::size_t>(v.id)], v);
+
   for (const ir::Node& node : nodes) {
     const auto n = static_cast<std::size_t>(node.id);
     NodeRewrite& rw = rewrites[n];
@@ -203,17 +225,35 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
         need.push_back(whole ? Placement::replicate() : strategies[n][a].inputs[i]);
         grad.push_back(whole ? Placement::replicate() : strategies[n][a].input_grads[i]);
       }
+      uneven(need, graph.value(node.inputs[i]));
+      uneven(grad, graph.value(node.inputs[i]));
       op.required = std::move(need);
       rw.inputs.push_back(std::move(op));
       grads[n].push_back(std::move(grad));
+    }
+    // A mean over a batch split into uneven shares: each rank's mean counts its share.
+    double scale = 1.0;
+    for (std::size_t a = 0; a < axes && !whole; ++a) {
+      const Strategy& s = strategies[n][a];
+      if (batch_ratios[a].empty() || s.partial || s.index < 0 || !rule) continue;
+      const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
+      bool uneven_input = false;
+      for (const OperandRewrite& op : rw.inputs) uneven_input = uneven_input || !op.required[a].ratios.empty();
+      if (index.kind == ops::IndexKind::Reduced && index.reduction == ops::Reduction::Mean && uneven_input) {
+        int stride = 1;
+        for (std::size_t b = a + 1; b < axes; ++b) stride *= sharding.mesh[b];
+        const int k = (rank / stride) % sharding.mesh[a];
+        scale *= batch_ratios[a][static_cast<std::size_t>(k)] * sharding.mesh[a];
+      }
     }
     for (std::size_t o = 0; o < node.outputs.size(); ++o) {
       ShardingSpec spec;
       for (std::size_t a = 0; a < axes; ++a)
         spec.push_back(whole ? Placement::replicate() : strategies[n][a].outputs[o]);
       const ir::Value& out = graph.value(node.outputs[o]);
+      uneven(spec, out);
       produced[static_cast<std::size_t>(out.id)] = spec;
-      rw.outputs.push_back({out.name, spec, local_shape(out, spec)});
+      rw.outputs.push_back({out.name, spec, local_shape(out, spec), scale});
     }
   }
 

@@ -35,6 +35,11 @@
 //
 // Graph outputs are made Replicate on every rank (the loss is returned whole everywhere).
 //
+// Heterogeneous plans: the search records uneven batch shares only on the graph's inputs
+// (S(0)[0.6,0.4]); the rewrite gives every Shard of a value's batch dim on that axis the same
+// ratios, so the whole batch flows unevenly, and scales the Partial(mean) results of a
+// batch-mean split by the rank's share (OutputRewrite::scale).
+//
 // Errors (support::ValidationError naming the node, value and axis): a plan whose mesh has a
 // different number of axes than its placements, a value or node the plan does not place, a
 // strategy text that is not legal for the node's rule, a rank outside the mesh.
@@ -75,6 +80,9 @@ struct OutputRewrite {
   std::string value;
   search::ShardingSpec produced;
   std::vector<std::int64_t> local_shape;
+  // Multiply the rank's output by this (uneven batch shares: a mean over the rank's rows
+  // counts ratio x n in the mean over the axis' ranks, so Partial(mean) stays exact).
+  double scale = 1.0;
 };
 
 struct NodeRewrite {

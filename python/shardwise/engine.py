@@ -129,6 +129,13 @@ def _apply_step(x: torch.Tensor, text: str, mesh: _Mesh) -> torch.Tensor:
     kind, axis, a = _parse_step(text)
     n, k, group = mesh.sizes[axis], mesh.coords[axis], mesh.group_names[axis]
     ops = torch.ops.shardwise
+    if kind == "all_gather" and "ratios" in a:  # uneven blocks: pad to the longest, gather, trim
+        d = a["dim"]
+        sizes = ops.all_gather(torch.tensor([x.shape[d]], dtype=torch.int64, device=x.device), 0, group).tolist()
+        longest = max(sizes)
+        padded = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 1 - d) + [0, longest - x.shape[d]])
+        y = ops.all_gather(padded.contiguous(), d, group)
+        return torch.cat([y.narrow(d, r * longest, sizes[r]) for r in range(n)], dim=d)
     if kind == "all_gather":
         y, d = _grouped(x, a["dim"], a["groups"])
         return _ungrouped(ops.all_gather(y.contiguous(), d, group), a["dim"], a["groups"])
@@ -632,6 +639,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         else:
             for out, i in zip(node["outputs"], indices):
                 env[out["value"]] = graph.call_function(operator.getitem, (call, i))
+        for out in node["outputs"]:
+            if out.get("scale", 1.0) != 1.0:  # a mean over this rank's uneven share of the batch
+                env[out["value"]] = graph.call_function(operator.mul, (env[out["value"]], out["scale"]))
     results = []
     for out in outputs:
         value = env[out["value"]]

@@ -125,6 +125,8 @@ def _cases() -> dict:
     """name -> (build model, batch tensors, loss_fn)."""
     return {
         "tiny_gpt": (lambda: TinyGPT(TinyGPTConfig(layers=4)), lambda: _shifted(_ids(8, 32, 256, 1)), None),
+        "tiny_gpt_wide": (lambda: TinyGPT(TinyGPTConfig(layers=2, hidden=256, heads=4)),
+                          lambda: _shifted(_ids(16, 32, 256, 1)), None),
         "mlp": (MLP, lambda: (torch.randn(8, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64),
                               torch.randint(0, 4, (8,), generator=torch.Generator().manual_seed(2))), F.cross_entropy),
         "two_branch": (TwoBranch, lambda: (torch.randn(8, 16, generator=torch.Generator().manual_seed(1),
@@ -145,7 +147,7 @@ def _cases() -> dict:
 
 # ---- the ranks ---------------------------------------------------------------------------------
 def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, mesh, result_path: str,
-                       stage_memory: float | None = None, zero: bool = False) -> None:
+                       stage_memory: float | None = None, zero: bool = False, hetero: bool = False) -> None:
     build, make_batch, loss_fn = _cases()[case]
     torch.manual_seed(0)
     model = build().double()
@@ -158,6 +160,10 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
         stage_size = plan.data * plan.tensor
         doc = json.loads(shardwise.Cluster.preset("cpu", stage_size).to_json())
         doc["device_types"][0]["memory_bytes"] = int(stage_memory)
+        cluster = shardwise.Cluster.from_json(json.dumps(doc))
+    if hetero:  # one A100 and one V100
+        doc = json.loads(shardwise.Cluster.preset("mixed-a100-v100").to_json())
+        doc["nodes"][0]["devices"] = [{"count": 1, "device": "a100-pcie-80gb"}, {"count": 1, "device": "v100-pcie-32gb"}]
         cluster = shardwise.Cluster.from_json(json.dumps(doc))
     engine = shardwise.parallelize(model, batch, loss_fn, plan=plan, mesh=mesh, cluster=cluster)
     optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2) if zero else torch.optim.AdamW(engine.parameters(), lr=1e-2)
@@ -198,6 +204,7 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
                        "stage_placements": engine.sharding.placements() if getattr(engine, "sharding", None)
                        else None, "zero": (engine.plan.sharding or {}).get("zero"),
                        "state": optimizer.local_state_numel() if zero else None, "roundtrip": roundtrip,
+                       "local_rows": engine._local_batch(batch)[0].shape[0] if hetero else None,
                        "whole_state": sum(v.numel() for s in ref_optimizer.state.values() for v in s.values()
                                           if v.dim() > 0)}, f)
 
@@ -213,10 +220,11 @@ def _run(rank: int, world: int, store_path: str, args: tuple) -> None:
 
 
 def _spawn(world: int, case: str, plan_json: str | None = None, mesh=None, stage_memory: float | None = None,
-           zero: bool = False) -> dict:
+           zero: bool = False, hetero: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_run, args=(world, os.path.join(tmp, "store"), (case, plan_json, mesh, result, stage_memory, zero)),
+        mp.spawn(_run, args=(world, os.path.join(tmp, "store"),
+                             (case, plan_json, mesh, result, stage_memory, zero, hetero)),
                  nprocs=world, join=True)
         with open(result) as f:
             return json.load(f)
@@ -290,6 +298,16 @@ def test_zero_sharded_optimizer_state_equals_one_device():
     _check(r)
     assert r["zero"], "the plan shards some optimizer state"
     assert r["state"] < 0.5 * r["whole_state"], (r["state"], r["whole_state"])
+
+
+def test_uneven_batch_shares_on_a_heterogeneous_cluster_equal_one_device():
+    # An A100 and a V100: the search gives the A100 15 of the 16 sequences; the whole batch
+    # flows unevenly (gathered with padding where needed) and the loss' mean weighs each
+    # rank's rows.
+    r = _spawn(2, "tiny_gpt_wide", mesh=(2, 1), hetero=True)
+    _check(r)
+    assert r["placements"]["labels"][0].startswith("S(0)[")
+    assert r["local_rows"] == 15
 
 
 @pytest.mark.parametrize("case,mesh", [("two_branch", (1, 2)), ("cnn", (2, 1)), ("bert", (1, 2))])

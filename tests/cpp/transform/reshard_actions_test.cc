@@ -68,8 +68,17 @@ TEST(ReshardActions, InnerShardOfAChangingDimIsUndoneFirst) {
             (Steps{"all_gather(axis 1, dim 0)", "reduce_scatter(axis 0, dim 0)", "slice(axis 1, dim 0)"}));
 }
 
+TEST(ReshardActions, UnevenShardsAreGatheredAndCutWithTheirRatios) {
+  EXPECT_EQ(steps({"S(0)[0.25,0.75]"}, {"R"}), Steps{"all_gather(axis 0, dim 0, ratios 0.25,0.75)"});
+  // Different ratios: no direct all-to-all, a gather and a cut.
+  EXPECT_EQ(steps({"S(0)[0.25,0.75]"}, {"S(0)"}),
+            (Steps{"all_gather(axis 0, dim 0, ratios 0.25,0.75)", "slice(axis 0, dim 0)"}));
+  EXPECT_EQ(steps({"P(sum)"}, {"S(0)[0.25,0.75]"}),
+            (Steps{"all_reduce(axis 0, sum)", "slice(axis 0, dim 0, ratios 0.25,0.75)"}));
+}
+
 TEST(ReshardActions, UnsupportedAndMismatchedSpecsThrow) {
-  EXPECT_THROW(reshard_actions(spec({"S(0)[0.25,0.75]"}), spec({"R"})), support::ValidationError);
+  EXPECT_THROW(reshard_actions(spec({"S(0,g2)[0.25,0.75]"}), spec({"R"})), support::ValidationError);
   EXPECT_THROW(reshard_actions(spec({"R"}), spec({"R", "R"})), support::ValidationError);
 }
 
