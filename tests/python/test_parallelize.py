@@ -198,7 +198,7 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
     loss_error = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     if rank == 0:
         with open(result_path, "w") as f:
-            json.dump({"loss_error": loss_error, "param_error": param_error, "losses": losses,
+            json.dump({"case": case, "loss_error": loss_error, "param_error": param_error, "losses": losses,
                        "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
                        "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
                        "stage_placements": engine.sharding.placements() if getattr(engine, "sharding", None)
@@ -243,6 +243,8 @@ def _searched(model_builder, batch: int, seq: int, mesh, gib: float = 2.0) -> sh
 
 
 def _check(result: dict) -> None:
+    print(f"parallelize errors: {result['case']}: losses {result['loss_error']:.1e}, "
+          f"parameters {result['param_error']:.1e}")
     assert result["loss_error"] < TOLERANCE, result
     assert result["param_error"] < TOLERANCE, result
 
