@@ -16,6 +16,7 @@
 #include "python/bindings.h"
 #include "python/plan_result.h"
 #include "support/error.h"
+#include "search/joint_planner.h"
 #include "transform/local_shard.h"
 
 namespace py = pybind11;
@@ -105,6 +106,43 @@ void bind_plan(py::module_& m) {
       py::arg("mesh") = py::none(), py::arg("memory_fraction") = 0.9, py::arg("precision") = "bf16",
       py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
       "The SPMD sharding search (csrc/search/spmd_search.h).");
+  m.def(
+      "plan_joint",
+      [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
+         double memory_fraction, const std::string& precision, std::optional<py::function> progress) {
+        search::JointPlanOptions options;
+        options.global_batch = global_batch;
+        options.level = search::search_level_from_name(level);
+        options.memory_fraction = memory_fraction;
+        if (!cost::parse_precision(precision))
+          throw support::ValidationError("plan: unknown precision '" + precision + "' (known: f32, tf32, bf16, f16)");
+        options.precision = precision;
+        if (progress) {
+          options.progress = [fn = *progress](int done, int total) {
+            py::gil_scoped_acquire gil;
+            fn(done, total);
+          };
+        }
+        search::JointPlanResult r;
+        {
+          py::gil_scoped_release release;
+          r = search::plan_joint(graph, cluster, cost::AnalyticCostModel{}, options);
+        }
+        py::list best;
+        for (const auto& b : r.best) best.append(plan::plan_to_json_string(b.plan));
+        py::dict out;
+        out["plan"] = plan::plan_to_json_string(r.plan);
+        out["fits"] = r.fits;
+        out["evaluated"] = r.evaluated;
+        out["best"] = best;
+        out["search_seconds"] = r.search_seconds;
+        out["memory_capacity"] = r.memory_limit;
+        out["report"] = search::plan_report(r.plan, r.memory_limit);
+        return out;
+      },
+      py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
+      py::arg("memory_fraction") = 0.9, py::arg("precision") = "bf16", py::arg("progress") = py::none(),
+      "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h).");
   m.def(
       "plan_report",
       [](const std::string& text, double capacity) {

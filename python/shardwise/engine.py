@@ -244,7 +244,10 @@ def _call_parts(src: torch.fx.Node, operands: list, local_out: list[list[int]], 
         names = {a.name: a for a in schema.arguments}
         for name, value in _schema_args(src):
             value = _substitute(value, it)
-            (kwargs.__setitem__(name, value) if names[name].kwarg_only else args.append(value))
+            if names[name].kwarg_only:
+                kwargs[name] = value
+            else:
+                args.append(value)
         named = dict(_schema_args(src))
     else:
         args = [_substitute(a, it) for a in src.args]

@@ -72,6 +72,20 @@ class Plan:
         return cls(json.loads(result["plan"]), result)
 
     @classmethod
+    def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast", memory_fraction: float = 0.9,
+              precision: str = "bf16", progress=None) -> "Plan":
+        """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
+        micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
+        evaluator that prices Plan.manual. See ``shardwise.plan``."""
+        result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
+                               str(precision), progress)
+        return cls(json.loads(result["plan"]), result)
+
+    def alternatives(self) -> list["Plan"]:
+        """The joint planner's 10 best plans that fit, best first (empty for other plans)."""
+        return [] if self._result is None else [Plan(json.loads(t)) for t in self._result.get("best", [])]
+
+    @classmethod
     def from_json(cls, text: str) -> "Plan":
         return cls(json.loads(_C.plan_normalise(text)))
 
@@ -178,8 +192,13 @@ class Plan:
 
 def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
          memory_fraction: float = 0.9, precision: str = "bf16", recompute: bool = True, zero: bool = True,
-         progress=None) -> Plan:
+         progress=None, pipeline: bool | None = None) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
+
+    ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
+    schedule, virtual stages: ``Plan.joint``); False the SPMD sharding search (pipeline 1:
+    ``Plan.search``); None (default) the joint planner for a homogeneous cluster of several
+    nodes and a model with repeated layers when no ``mesh`` is given, else the SPMD search.
 
     ``level="fast"``: a beam dynamic programme per mesh axis; ``"thorough"``: an integer
     programme (COIN-OR CBC) started from the fast answer, never worse under the cost model.
@@ -192,6 +211,14 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         >>> p = shardwise.plan(g, shardwise.Cluster.preset("dgx-a100"), global_batch=64)
         >>> print(p.report())
     """
+    if pipeline is None:
+        pipeline = (mesh is None and cluster.num_nodes > 1 and not cluster.heterogeneous
+                    and bool(graph.repeated_blocks()))
+    if pipeline:
+        if mesh is not None:
+            raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
+        return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
+                          precision=precision, progress=progress)
     return Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                        memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                        progress=progress)

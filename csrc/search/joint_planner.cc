@@ -1,0 +1,132 @@
+#include "search/joint_planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "analysis/repeated_blocks.h"
+#include "support/error.h"
+
+namespace shardwise::search {
+namespace {
+
+using support::ValidationError;
+
+std::vector<std::int64_t> divisors(std::int64_t n) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t k = 1; k <= n; ++k)
+    if (n % k == 0) out.push_back(k);
+  return out;
+}
+
+}  // namespace
+
+JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
+                           const JointPlanOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.global_batch < 1)
+    throw ValidationError(fmt::format("joint planner: global batch {} < 1", options.global_batch));
+  if (cluster.device_types().size() != 1)
+    throw ValidationError("joint planner: a heterogeneous cluster; use the SPMD search (uneven batch shares)");
+  const auto groups = analysis::find_repeated_blocks(graph);
+  const analysis::RepeatedBlockGroup* layers_group = analysis::largest_group(groups);
+  if (layers_group == nullptr)
+    throw ValidationError("joint planner: the graph has no repeated layers to cut into pipeline stages");
+  const auto layers = static_cast<std::int64_t>(layers_group->module_paths.size());
+  const int world = cluster.world_size();
+  int per_node = 0;
+  for (const cost::Node& node : cluster.nodes()) per_node = std::max(per_node, node.device_count());
+  JointPlanResult result;
+  result.memory_limit = static_cast<double>(cluster.device_types().front().memory_bytes) * options.memory_fraction;
+  const bool thorough = options.level == SearchLevel::Thorough;
+
+  std::vector<plan::Plan> space;
+  auto add_all = [&](bool with_zero) {
+    for (std::int64_t t : divisors(world)) {
+      if (t > per_node) continue;
+      for (std::int64_t p : divisors(world / t)) {
+        if (p > layers) continue;
+        const std::int64_t d = world / (t * p);
+        if (options.global_batch % d != 0) continue;
+        for (std::int64_t b : divisors(options.global_batch / d)) {
+          if (thorough ? b > options.max_micro_batch : (b != 1 && b != 2 && b != 4)) continue;
+          const std::int64_t m = options.global_batch / (d * b);
+          std::vector<std::pair<plan::Schedule, int>> schedules = {{plan::Schedule::OneFOneB, 1}};
+          if (p > 1 && m % p == 0) {
+            const std::vector<int> vs = thorough ? std::vector<int>{2, 3, 4, 6, 8} : std::vector<int>{2, 4};
+            for (int v : vs)
+              if (p * v <= layers) schedules.emplace_back(plan::Schedule::Interleaved1F1B, v);
+          }
+          for (const auto& [schedule, v] : schedules)
+            for (plan::Recompute recompute : {plan::Recompute::None, plan::Recompute::Full})
+              for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
+                plan::Plan candidate;
+                candidate.data = static_cast<int>(d);
+                candidate.tensor = static_cast<int>(t);
+                candidate.pipeline = static_cast<int>(p);
+                candidate.global_batch = options.global_batch;
+                candidate.micro_batch = b;
+                candidate.schedule = schedule;
+                candidate.virtual_stages = v;
+                candidate.recompute = recompute;
+                candidate.zero_stage = d > 1 ? zero : 0;
+                candidate.precision = options.precision;
+                if (zero == 1 && d == 1) continue;  // nothing to shard it over
+                space.push_back(std::move(candidate));
+              }
+        }
+      }
+    }
+  };
+
+  std::vector<JointCandidate> fitting;
+  JointCandidate least_memory;
+  least_memory.memory_per_rank = std::numeric_limits<double>::infinity();
+  auto evaluate_space = [&] {
+    for (std::size_t i = 0; i < space.size(); ++i) {
+      if (options.progress && i % 64 == 0) options.progress(static_cast<int>(i), static_cast<int>(space.size()));
+      cost::PlanCost cost;
+      try {
+        cost = cost::evaluate(graph, cluster, space[i], model);
+      } catch (const ValidationError&) {
+        continue;  // a combination the evaluator rejects (layers the stages cannot split)
+      }
+      ++result.evaluated;
+      JointCandidate c{cost::with_prediction(space[i], cost), cost.step_time, cost.memory_per_rank,
+                       cost.memory_per_rank <= result.memory_limit};
+      if (c.fits) {
+        fitting.push_back(std::move(c));
+      } else if (c.memory_per_rank < least_memory.memory_per_rank) {
+        least_memory = std::move(c);
+      }
+    }
+  };
+  add_all(false);
+  evaluate_space();
+  if (thorough || fitting.empty()) {
+    space.clear();
+    add_all(true);
+    evaluate_space();
+  }
+  // Stable: ties keep the enumeration order (smaller t, p, b first).
+  std::stable_sort(fitting.begin(), fitting.end(),
+                   [](const JointCandidate& a, const JointCandidate& b) { return a.step_time < b.step_time; });
+  if (!fitting.empty()) {
+    result.plan = fitting.front().plan;
+    result.fits = true;
+    fitting.resize(std::min<std::size_t>(fitting.size(), 10));
+    result.best = std::move(fitting);
+  } else if (std::isfinite(least_memory.memory_per_rank)) {
+    result.plan = least_memory.plan;
+  } else {
+    throw ValidationError("joint planner: no combination of degrees could be evaluated for this graph and cluster");
+  }
+  result.search_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace shardwise::search

@@ -1,0 +1,71 @@
+// The joint planner: pipeline x data x tensor degrees, micro-batch size, schedule, virtual
+// stages, recomputation and ZeRO stage, searched together over the plan evaluator
+// (cost/plan_cost.h), the same model that prices a hand-written Megatron configuration.
+//
+//   JointPlanResult r = plan_joint(graph, cluster, model, {.global_batch = 1536});
+//   r.plan;          // e.g. t 8, p 8, d 16, micro-batch 1, interleaved-1f1b v 3, recompute
+//
+// The space (every combination is a plan::Plan the evaluator prices):
+//  - t: a divisor of the world size that fits in a node (tensor parallelism on the fastest
+//    links); p: a divisor of world / t no larger than the number of layers; d = world / (t p),
+//    dividing the global batch;
+//  - micro-batch b: a divisor of global_batch / d, up to max_micro_batch;
+//  - schedule: p = 1: none needed (1F1B, m micro-batches of gradient accumulation); p > 1:
+//    1F1B and interleaved 1F1B with v virtual stages (p v <= layers, m a multiple of p, as
+//    Megatron-LM requires). GPipe has 1F1B's bubble and more memory; kFkB only differs under
+//    a varying network (schedule/adaptive_kfkb.h picks k for those): neither can win here.
+//  - recomputation none / full; ZeRO 0 / 1 (optimizer state sharded over the data ranks).
+// `fast` tries b in {1, 2, 4}, v in {2, 4} and ZeRO 1 only when nothing fits without it;
+// `thorough` every b up to max_micro_batch, v in {2, 3, 4, 6, 8}, both ZeRO stages.
+//
+// The best plan that fits (memory per rank <= the smallest device's memory x
+// memory_fraction) has the lowest predicted step time; ties go to the earlier candidate in
+// the order above (smaller t, smaller p, smaller b). Nothing fits: the least-memory plan with
+// `fits` false. Deterministic. Homogeneous clusters only (heterogeneous ones: the SPMD
+// search's uneven shares, search/spmd_search.h): ValidationError otherwise, and on a
+// global batch < 1 or a graph with no repeated layers to cut.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "cost/cluster.h"
+#include "cost/op_cost.h"
+#include "cost/plan_cost.h"
+#include "ir/graph.h"
+#include "plan/plan.h"
+#include "search/spmd_search.h"
+
+namespace shardwise::search {
+
+struct JointPlanOptions {
+  std::int64_t global_batch = 0;  // required
+  SearchLevel level = SearchLevel::Fast;
+  std::string precision = "bf16";
+  double memory_fraction = 0.9;
+  int max_micro_batch = 16;  // thorough's cap on b
+  // Called every 64 candidates with (done, total); may throw to stop the search.
+  std::function<void(int, int)> progress;
+};
+
+struct JointCandidate {
+  plan::Plan plan;
+  double step_time = 0;
+  double memory_per_rank = 0;
+  bool fits = false;
+};
+
+struct JointPlanResult {
+  plan::Plan plan;  // predicted filled in
+  bool fits = false;
+  int evaluated = 0;                     // plans priced
+  std::vector<JointCandidate> best;      // the 10 best that fit, best first
+  double memory_limit = 0;
+  double search_seconds = 0;
+};
+
+JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
+                           const JointPlanOptions& options);
+
+}  // namespace shardwise::search

@@ -1,0 +1,92 @@
+#include "search/joint_planner.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cost/cluster_presets.h"
+#include "models/gpt.h"
+#include "support/error.h"
+
+namespace shardwise::search {
+namespace {
+
+ir::Graph gpt(int layers, int hidden, int heads, int seq = 2048, int vocab = 51200) {
+  models::GptConfig c;
+  c.layers = layers;
+  c.hidden = hidden;
+  c.heads = heads;
+  c.seq = seq;
+  c.vocab = vocab;
+  c.batch = 1;
+  return models::build_gpt(c);
+}
+
+TEST(JointPlanner, Gpt3OnAThousandA100sBeatsMegatronsConfigurationUnderTheSameModel) {
+  ir::Graph g = gpt(96, 12288, 96);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 128);
+  const cost::AnalyticCostModel model;
+  plan::Plan megatron;  // Narayanan et al. 2021's 1,024-GPU row: t 8, p 16, d 8, interleaved
+  megatron.tensor = 8;
+  megatron.pipeline = 16;
+  megatron.data = 8;
+  megatron.global_batch = 1536;
+  megatron.micro_batch = 1;
+  megatron.schedule = plan::Schedule::Interleaved1F1B;
+  megatron.virtual_stages = 2;
+  megatron.recompute = plan::Recompute::Full;
+  const double megatron_step = cost::evaluate(g, cluster, megatron, model).step_time;
+
+  JointPlanOptions options;
+  options.global_batch = 1536;
+  JointPlanResult r = plan_joint(g, cluster, model, options);
+  ASSERT_TRUE(r.fits);
+  ASSERT_TRUE(r.plan.predicted.has_value());
+  EXPECT_LE(r.plan.predicted->step_time, megatron_step);
+  EXPECT_EQ(r.plan.world_size(), 1024);
+  EXPECT_LE(r.plan.tensor, 8);  // tensor parallelism stays inside a node
+  EXPECT_GT(r.evaluated, 100);
+  ASSERT_FALSE(r.best.empty());
+  EXPECT_EQ(r.best.front().plan, r.plan);
+  for (std::size_t i = 1; i < r.best.size(); ++i) EXPECT_LE(r.best[i - 1].step_time, r.best[i].step_time);
+}
+
+TEST(JointPlanner, ThoroughIsNeverWorseThanFastAndBothAreDeterministic) {
+  ir::Graph g = gpt(24, 2048, 16);  // GPT-3 1.3B
+  const cost::Cluster cluster = cost::preset("dgx-a100", 2);
+  const cost::AnalyticCostModel model;
+  JointPlanOptions options;
+  options.global_batch = 512;
+  JointPlanResult fast = plan_joint(g, cluster, model, options);
+  EXPECT_EQ(plan_joint(g, cluster, model, options).plan, fast.plan);
+  options.level = SearchLevel::Thorough;
+  JointPlanResult thorough = plan_joint(g, cluster, model, options);
+  ASSERT_TRUE(fast.fits && thorough.fits);
+  EXPECT_LE(thorough.plan.predicted->step_time, fast.plan.predicted->step_time);
+  EXPECT_GT(thorough.evaluated, fast.evaluated);
+}
+
+TEST(JointPlanner, TightMemoryTurnsToZeroAndRecomputationOrReportsTheLeast) {
+  ir::Graph g = gpt(24, 2048, 16);
+  nlohmann::json j = cost::cluster_to_json(cost::preset("dgx-a100", 1));
+  for (auto& d : j["device_types"]) d["memory_bytes"] = std::int64_t{1} << 30;  // 1 GiB: nothing fits
+  JointPlanOptions options;
+  options.global_batch = 64;
+  JointPlanResult r = plan_joint(g, cost::cluster_from_json(j), cost::AnalyticCostModel{}, options);
+  EXPECT_FALSE(r.fits);
+  EXPECT_GT(r.plan.predicted->memory_per_rank, r.memory_limit);
+}
+
+TEST(JointPlanner, RejectsWhatItCannotPlan) {
+  ir::Graph g = gpt(4, 256, 4, 128, 1024);
+  JointPlanOptions options;
+  options.global_batch = 0;
+  EXPECT_THROW(plan_joint(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, options),
+               support::ValidationError);
+  options.global_batch = 8;
+  EXPECT_THROW(plan_joint(g, cost::preset("mixed-a100-v100", 1), cost::AnalyticCostModel{}, options),
+               support::ValidationError);
+}
+
+}  // namespace
+}  // namespace shardwise::search

@@ -1,0 +1,39 @@
+"""shardwise.plan's joint planner (pipeline x data x tensor) behind the one entry point."""
+from __future__ import annotations
+
+import pytest
+
+import shardwise
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    return shardwise.models.gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)
+
+
+def test_several_nodes_get_the_joint_planner_and_beat_megatron(gpt3):
+    cluster = shardwise.Cluster.preset("dgx-a100", nodes=128)
+    plan = shardwise.plan(gpt3, cluster, global_batch=1536)  # level fast
+    megatron = shardwise.Plan.manual(gpt3, cluster, tensor=8, pipeline=16, data=8, global_batch=1536,
+                                     micro_batch=1, schedule="interleaved-1f1b", virtual_stages=2, recompute=True)
+    assert plan.sharding is None and plan.tensor * plan.pipeline * plan.data == 1024
+    assert plan.fits
+    assert plan.predicted_step_time() <= megatron.predicted_step_time()
+    assert plan.predicted_tflops_per_device() >= megatron.predicted_tflops_per_device()
+    assert plan.search_seconds() < 60  # the issue's target is 5 s at fast; timing never fails tighter
+    alternatives = plan.alternatives()
+    assert alternatives and alternatives[0] == shardwise.Plan.from_json(plan.to_json())
+    steps = [p.predicted_step_time() for p in alternatives]
+    assert steps == sorted(steps)
+    assert "predicted step" in plan.report()
+
+
+def test_one_node_or_a_fixed_mesh_keeps_the_spmd_search():
+    graph = shardwise.models.gpt(layers=2, hidden=512, heads=8, seq=256, vocab=1024, batch=2)
+    one_node = shardwise.plan(graph, shardwise.Cluster.preset("dgx-a100"), global_batch=16)
+    assert one_node.sharding is not None
+    two_nodes = shardwise.plan(graph, shardwise.Cluster.preset("dgx-a100", nodes=2), global_batch=16, mesh=(2, 8))
+    assert two_nodes.sharding["mesh"] == [2, 8]
+    with pytest.raises(shardwise.ValidationError, match="mesh"):
+        shardwise.plan(graph, shardwise.Cluster.preset("dgx-a100", nodes=2), global_batch=16, mesh=(2, 8),
+                       pipeline=True)
