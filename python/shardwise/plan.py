@@ -184,6 +184,35 @@ class Plan:
             return self._result["report"]
         return _C.plan_report(json.dumps(self._doc))
 
+    def simulation(self):
+        """The plan's pipeline schedule run through the simulator (csrc/schedule/simulator.h)
+        with the predicted per-micro-batch times of its bottleneck stage: forward and backward
+        1 : 2 of the compute, the point-to-point time per send. A plan without pipeline
+        simulates one stage."""
+        from .simulate import simulate
+
+        pred = self._predicted()["breakdown"]
+        d = self._doc
+        m = max(1, d["global_batch"] // (d["micro_batch"] * d["data"]))
+        v = d.get("virtual_stages", 1)
+        compute = (pred.get("compute", 0.0) + pred.get("tensor_parallel", 0.0)) / m
+        sends = 2 * v * m
+        return simulate(d["schedule"], stages=d["pipeline"], micro_batches=m, virtual_stages=v,
+                        k=d.get("kfkb_k", 1), forward=compute / 3, backward=2 * compute / 3,
+                        comm=pred.get("pipeline_p2p", 0.0) / sends if d["pipeline"] > 1 else 0.0,
+                        optimizer_step=pred.get("optimizer", 0.0))
+
+    def timeline_svg(self, path, title: str | None = None) -> str:
+        """The plan's timeline as SVG (one row per pipeline rank): see ``simulation()``."""
+        d = self._doc
+        title = title if title is not None else (f"t {d['tensor']} p {d['pipeline']} d {d['data']}, "
+                                                 f"{d['schedule']}, global batch {d['global_batch']}")
+        return self.simulation().timeline_svg(path, title=title)
+
+    def chrome_trace(self, path) -> str:
+        """The plan's timeline as a Chrome trace (JSON that Perfetto opens)."""
+        return self.simulation().chrome_trace(path)
+
     def breakdown(self) -> dict:
         """Seconds per part of the step: compute, tensor_parallel, pipeline_p2p,
         pipeline_bubble, data_parallel (exposed), data_parallel_total, optimizer."""

@@ -37,3 +37,24 @@ def test_one_node_or_a_fixed_mesh_keeps_the_spmd_search():
     with pytest.raises(shardwise.ValidationError, match="mesh"):
         shardwise.plan(graph, shardwise.Cluster.preset("dgx-a100", nodes=2), global_batch=16, mesh=(2, 8),
                        pipeline=True)
+
+
+def test_a_plans_timeline_as_svg_and_chrome_trace(gpt3, tmp_path):
+    import json
+    import xml.etree.ElementTree as ET
+
+    cluster = shardwise.Cluster.preset("dgx-a100", nodes=128)
+    plan = shardwise.Plan.manual(gpt3, cluster, tensor=8, pipeline=16, data=8, global_batch=1536, micro_batch=1,
+                                 schedule="interleaved-1f1b", virtual_stages=2, recompute=True)
+    sim = plan.simulation()
+    assert sim.ranks == 16
+    # The simulated step is the evaluator's pipeline part, within the communication the
+    # evaluator does not overlap and the simulator places on the timeline.
+    assert abs(sim.step_time - plan.predicted_step_time()) / plan.predicted_step_time() < 0.15
+    plan.timeline_svg(tmp_path / "plan.svg")
+    root = ET.parse(tmp_path / "plan.svg").getroot()
+    assert root.tag.endswith("svg")
+    plan.chrome_trace(tmp_path / "plan.json")
+    events = json.loads((tmp_path / "plan.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert len([e for e in events if e.get("ph") != "M"]) == sim.trace_event_count  # M: names of rows
