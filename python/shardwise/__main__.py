@@ -4,6 +4,10 @@
                    blocks, unknown ops). MODEL: tiny-gpt | module:function | hf:NAME
   train            train the built-in TinyGPT under torchrun, next to a single-device run:
                    torchrun --nproc-per-node 4 -m shardwise train
+  plan MODEL       search a plan: --cluster PRESET|JSON [--nodes N] --global-batch B
+                   [--level fast|thorough] [--out plan.json]; MODEL also gpt:L,H,HEADS
+  simulate PLAN    the plan's pipeline timeline: --svg timeline.svg [--trace trace.json]
+  run SCRIPT       the torchrun line that trains SCRIPT (--plan plan.json, --exec)
 """
 from __future__ import annotations
 
@@ -46,9 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the graph as JSON to this file")
     p.add_argument("--print-ir", action="store_true", help="print the IR text")
     p.set_defaults(run=_inspect)
+    from shardwise._cli_plan import add_parsers as add_planning
     from shardwise.train_demo import add_parser as add_train
 
     add_train(sub)
+    add_planning(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import os
 import re
 from typing import Any, Callable
 
@@ -689,7 +690,8 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
 
     ``example_inputs``: the global batch (a tensor or a tuple; with ``loss_fn``, the target
     last). ``plan``: a searched plan (``shardwise.plan``), a saved one (``Plan.from_json``),
-    a ``Plan.manual`` one (its {data, tensor} mesh is filled in by the search), or None (the
+    a ``Plan.manual`` one (its {data, tensor} mesh is filled in by the search), the file
+    named by the environment variable SHARDWISE_PLAN, or None (the
     search on ``cluster``, default ``Cluster.detect()``, at ``level``, on the {data, tensor}
     ``mesh`` when given). Every rank must call this with the
     same arguments; the plan's hash is checked across ranks before the first collective.
@@ -716,6 +718,9 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
 
     from .cluster import Cluster
 
+    if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
+        with open(os.environ["SHARDWISE_PLAN"]) as f:
+            plan = Plan.from_json(f.read())
     if plan is not None and not plan.sharding and plan.pipeline > 1:
         return _parallelize_pipeline(wrapper, named, plan, batch, model, cluster, level)
     if plan is None or not plan.sharding:

@@ -18,3 +18,29 @@ def test_inspect_reports_a_bad_model_spec_as_an_error():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert "unknown model spec" in proc.stderr
+
+
+def test_plan_gpt3_on_a_thousand_gpus_then_simulate_and_show_the_torchrun_line(tmp_path):
+    plan_file, svg, trace = tmp_path / "plan.json", tmp_path / "t.svg", tmp_path / "t.json"
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "plan", "gpt:96,12288,96", "--cluster", "dgx-a100",
+                           "--nodes", "128", "--global-batch", "1536", "--out", str(plan_file)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "1024 devices" in proc.stdout and "predicted step" in proc.stdout and "TFLOP/s" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "simulate", str(plan_file), "--svg", str(svg),
+                           "--trace", str(trace)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert svg.read_text().lstrip().startswith("<svg") or "<svg" in svg.read_text()[:200]
+    assert trace.read_text().lstrip()[0] in "[{"
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "run", "--plan", str(plan_file), "train.py", "--lr",
+                           "1e-3"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "torchrun --nproc-per-node 1024 train.py --lr 1e-3" in proc.stdout
+    assert f"SHARDWISE_PLAN={plan_file}" in proc.stdout
+
+
+def test_plan_a_captured_model_on_one_node():
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "plan", "tiny-gpt", "--cluster", "dgx-a100",
+                           "--global-batch", "64"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "mesh" in proc.stdout  # one node: the SPMD search's report

@@ -1,0 +1,129 @@
+"""``python -m shardwise plan | simulate | run``: planning a job on any machine, drawing a
+plan's timeline, and the torchrun line that trains it.
+
+    python -m shardwise plan gpt:96,12288,96 --cluster dgx-a100 --nodes 128 --global-batch 1536
+    python -m shardwise plan hf:gpt2 --cluster cluster.json --global-batch 64 --out plan.json
+    python -m shardwise simulate plan.json --svg timeline.svg --trace trace.json
+    python -m shardwise run --plan plan.json train.py --epochs 3   # options before the script
+
+MODEL is one of the `inspect` specs (tiny-gpt, module:function, hf:NAME or hf:config.json,
+captured on the meta device: nothing is allocated) or ``gpt:LAYERS,HIDDEN,HEADS[,SEQ,VOCAB]``,
+a GPT built directly in the core's IR (no torch: GPT-3 175B plans in seconds).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import time
+
+
+def _graph(spec: str, batch: int, seq: int | None):
+    import shardwise
+
+    if spec.startswith("gpt:"):
+        numbers = [int(x) for x in spec[4:].split(",")]
+        if len(numbers) not in (3, 5):
+            raise ValueError(f"model spec {spec!r}: gpt:LAYERS,HIDDEN,HEADS[,SEQ,VOCAB]")
+        layers, hidden, heads = numbers[:3]
+        seq_len, vocab = (numbers[3], numbers[4]) if len(numbers) == 5 else (seq or 2048, 51200)
+        return shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=seq_len, vocab=vocab,
+                                    batch=max(2, batch))
+    from shardwise.models.registry import resolve_model
+
+    model, inputs = resolve_model(spec, batch=max(2, batch), seq=seq)
+    return shardwise.capture(model, inputs)
+
+
+def _cluster(text: str, nodes: int):
+    import shardwise
+
+    if text in shardwise.Cluster.preset_names():
+        return shardwise.Cluster.preset(text, nodes)
+    if nodes != 1:
+        raise ValueError("--nodes applies to a preset; a cluster file lists its nodes")
+    return shardwise.Cluster.from_json(text)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    import shardwise
+
+    t0 = time.perf_counter()
+    graph = _graph(args.model, args.batch, args.seq)
+    cluster = _cluster(args.cluster, args.nodes)
+    captured = time.perf_counter() - t0
+    pipeline = {"auto": None, "yes": True, "no": False}[args.pipeline]
+    plan = shardwise.plan(graph, cluster, global_batch=args.global_batch, level=args.level, pipeline=pipeline)
+    seconds = plan.search_seconds() or 0.0
+    print(f"{args.model} on {cluster.name} ({cluster.world_size} devices), global batch {args.global_batch}: "
+          f"graph in {captured:.1f} s, plan in {seconds:.2f} s ({args.level})")
+    print(plan.report())
+    if plan.fits is False:
+        print("warning: no plan fits in memory; this is the one that needs the least")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(plan.to_json(indent=1))
+            f.write("\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    import shardwise
+
+    with open(args.plan) as f:
+        plan = shardwise.Plan.from_json(f.read())
+    sim = plan.simulation()
+    print(f"{plan.schedule}: {sim.ranks} pipeline ranks, step {sim.step_time:.3f} s, bubble "
+          f"{100 * sim.bubble_fraction:.1f}%, peak in-flight micro-batches {max(sim.peak_in_flight)}")
+    if args.svg:
+        plan.timeline_svg(args.svg)
+        print(f"wrote {args.svg}")
+    if args.trace:
+        plan.chrome_trace(args.trace)
+        print(f"wrote {args.trace} (open it in https://ui.perfetto.dev)")
+    return 0
+
+
+def run_run(args: argparse.Namespace) -> int:
+    """Shows (and with --exec, runs) the torchrun line for a training script."""
+    nproc = args.nproc_per_node
+    if nproc is None and args.plan:
+        with open(args.plan) as f:
+            doc = json.load(f)
+        nproc = doc["data"] * doc["tensor"] * doc["pipeline"]
+    line = ["torchrun", "--nproc-per-node", str(nproc or 1), args.script, *args.script_args]
+    if args.plan:  # shardwise.parallelize(..., plan=None) loads it
+        line = ["env", f"SHARDWISE_PLAN={os.path.abspath(args.plan)}", *line]
+    print(shlex.join(line))
+    if args.exec:
+        os.execvp(line[0], line)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("plan", help="search a plan for MODEL on a cluster (no GPU needed)")
+    p.add_argument("model")
+    p.add_argument("--cluster", required=True, help="a preset name or a cluster JSON file")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--level", choices=("fast", "thorough"), default="fast")
+    p.add_argument("--pipeline", choices=("auto", "yes", "no"), default="auto",
+                   help="the joint pipeline x data x tensor planner (auto: for several nodes)")
+    p.add_argument("--batch", type=int, default=2, help="batch the model is captured at (scaled to the global)")
+    p.add_argument("--seq", type=int, default=None)
+    p.add_argument("--out", help="write the plan as JSON")
+    p.set_defaults(run=run_plan)
+    s = sub.add_parser("simulate", help="simulate a plan's pipeline schedule; draw its timeline")
+    s.add_argument("plan")
+    s.add_argument("--svg")
+    s.add_argument("--trace")
+    s.set_defaults(run=run_simulate)
+    r = sub.add_parser("run", help="show the torchrun line that trains SCRIPT (with --exec: run it)")
+    r.add_argument("script")
+    r.add_argument("script_args", nargs=argparse.REMAINDER)
+    r.add_argument("--plan")
+    r.add_argument("--nproc-per-node", type=int)
+    r.add_argument("--exec", action="store_true")
+    r.set_defaults(run=run_run)
