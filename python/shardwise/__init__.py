@@ -6,7 +6,7 @@ from ._C import ParseError, ShardwiseError, ValidationError
 from ._fx_import import CaptureError
 from .capture import capture
 from .cluster import Cluster
-from .engine import Engine, parallelize
+from .engine import CollectiveError, Engine, parallelize
 from .graph import Graph, RepeatedBlocks, UnknownOp
 from .materialize import materialize
 from .plan import Plan, plan
@@ -18,5 +18,5 @@ __version__ = "0.1.0"
 __all__ = [
     "capture", "Cluster", "Engine", "Graph", "parallelize", "materialize", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate",
     "UnknownOp",
-    "ShardwiseError", "ParseError", "ValidationError", "CaptureError",
+    "ShardwiseError", "ParseError", "ValidationError", "CaptureError", "CollectiveError",
 ]

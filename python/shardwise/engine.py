@@ -51,7 +51,25 @@ from .plan import Plan
 
 log = logging.getLogger("shardwise.engine")
 
-__all__ = ["Engine", "parallelize"]
+__all__ = ["CollectiveError", "Engine", "parallelize"]
+
+
+class CollectiveError(_C.ShardwiseError):
+    """A collective of a training step failed on this rank: a peer died or stalled past the
+    process group's timeout, or the transport broke. Raised instead of hanging; the message
+    names the rank, the step and the collective."""
+
+
+def _is_collective_failure(error: BaseException) -> bool:
+    return (isinstance(error, getattr(dist, "DistError", ())) or
+            (isinstance(error, RuntimeError) and str(error).startswith("shardwise.")))
+
+
+def _collective_error(error: BaseException, rank: int, step: int) -> CollectiveError:
+    return CollectiveError(f"rank {rank}, train_step {step}: a collective failed: {error}\n"
+                           "A peer rank probably died or stalled; every rank fails the same way within the "
+                           "timeout given to torch.distributed.init_process_group (its default: 30 minutes for "
+                           "Gloo, 10 for NCCL).")
 
 _BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 _TARGET = "target"  # the IR name of the loss' target when parallelize is given a loss_fn
@@ -376,11 +394,18 @@ class Engine:
         earlier = {p: p.grad for p in self._params.values() if p.grad is not None}
         for p in earlier:
             p.grad = None
+        self._steps = getattr(self, "_steps", 0) + 1
         self._buckets.start()
-        outputs = self.module(*local)
-        loss = outputs[0]
-        loss.backward()
-        self._buckets.finish()
+        try:
+            outputs = self.module(*local)
+            loss = outputs[0]
+            loss.backward()
+            self._buckets.finish()
+        except Exception as e:  # noqa: BLE001 - re-raised; only collective failures get context
+            self._buckets.abandon()
+            if _is_collective_failure(e):
+                raise _collective_error(e, dist.get_rank(), self._steps) from e
+            raise
         for p, g in earlier.items():
             p.grad = g if p.grad is None else p.grad.add_(g)
         return loss.detach()
@@ -453,6 +478,11 @@ class _GradientBuckets:
             return
         flat = torch._utils._flatten_dense_tensors(grads)
         self._issued[i] = (flat, grads, dist.all_reduce(flat, group=self._groups[axes[0]], async_op=True), axes[1:])
+
+    def abandon(self) -> None:
+        """A failed step: forget the buckets in flight (their collectives failed or never ran)."""
+        self._active = False
+        self._issued = {}
 
     def finish(self) -> None:
         for i in range(len(self._buckets)):

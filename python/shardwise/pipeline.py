@@ -104,6 +104,17 @@ class PipelineEngine:
 
     def train_step(self, *batch) -> torch.Tensor:
         micro = self._micro_batches(batch)
+        self._steps = getattr(self, "_steps", 0) + 1
+        try:
+            return self._run(micro)
+        except Exception as e:  # noqa: BLE001 - re-raised; only collective failures get context
+            from .engine import _collective_error, _is_collective_failure
+
+            if _is_collective_failure(e):
+                raise _collective_error(e, dist.get_rank(), self._steps) from e
+            raise
+
+    def _run(self, micro: list[dict]) -> torch.Tensor:
         live: dict = {}          # (stage, mb) -> {"inputs": {name: tensor}, "outputs": [tensors]}
         pending: dict = {}       # (stage, mb, gradient) -> [(name, tensor, work)]
         sends = []
