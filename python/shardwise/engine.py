@@ -344,6 +344,7 @@ class Engine:
         self._reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in self._params
                         if leaves[name]["reduce_axes"]]
         self._buckets = _GradientBuckets([(self._params[n], axes) for n, axes in self._reduce], mesh.groups)
+        self._steps = 0  # train_step calls, for error messages
 
     @property
     def code(self) -> str:
@@ -369,7 +370,10 @@ class Engine:
         for name, param in self.module.named_parameters():
             axes = tuple(a for a in zero.get(name, ()) if self._leaves[name]["placement"][a] == "R"
                          and self._mesh.sizes[a] > 1)
-            (by_axes.setdefault(axes, []) if axes else plain).append(param)
+            if axes:
+                by_axes.setdefault(axes, []).append(param)
+            else:
+                plain.append(param)
         return ShardedOptimizer(self._mesh, by_axes, plain, optimizer_class, defaults)
 
     def _local_batch(self, batch: tuple) -> list[torch.Tensor]:
@@ -394,7 +398,7 @@ class Engine:
         earlier = {p: p.grad for p in self._params.values() if p.grad is not None}
         for p in earlier:
             p.grad = None
-        self._steps = getattr(self, "_steps", 0) + 1
+        self._steps += 1
         self._buckets.start()
         try:
             outputs = self.module(*local)
@@ -403,6 +407,8 @@ class Engine:
             self._buckets.finish()
         except Exception as e:  # noqa: BLE001 - re-raised; only collective failures get context
             self._buckets.abandon()
+            for p in self._params.values():  # nothing lost: the gradients from before the step
+                p.grad = earlier.get(p)
             if _is_collective_failure(e):
                 raise _collective_error(e, dist.get_rank(), self._steps) from e
             raise

@@ -68,6 +68,7 @@ class PipelineEngine:
         self._stage_size = stage_size
         self._input_placements = input_placements or {}
         self.whole_nodes = whole_nodes or []
+        self._steps = 0  # train_step calls, for error messages
 
     @property
     def code(self) -> str:
@@ -104,7 +105,7 @@ class PipelineEngine:
 
     def train_step(self, *batch) -> torch.Tensor:
         micro = self._micro_batches(batch)
-        self._steps = getattr(self, "_steps", 0) + 1
+        self._steps += 1
         try:
             return self._run(micro)
         except Exception as e:  # noqa: BLE001 - re-raised; only collective failures get context
