@@ -35,7 +35,9 @@ def local_index(shape, placements, mesh, rank: int) -> tuple:
         raise ValidationError(f"a Partial placement {list(placements)} holds no slice of stored values")
     index = []
     for runs in shard["dims"]:
-        if len(runs) == 1:
+        if not runs:  # the rank holds none of this dim (an uneven share of 0, or a dim of size 0)
+            index.append(slice(0, 0))
+        elif len(runs) == 1:
             index.append(slice(runs[0][0], runs[0][1]))
         else:
             index.append(torch.cat([torch.arange(start, stop) for start, stop in runs]))
