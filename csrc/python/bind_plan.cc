@@ -3,6 +3,7 @@
 // results come back as plain dicts. python/shardwise/plan.py wraps them as shardwise.Plan.
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,24 @@
 namespace py = pybind11;
 
 namespace shardwise::python {
+namespace {
+
+cost::Precision precision_named(const std::string& precision) {
+  auto parsed = cost::parse_precision(precision);
+  if (!parsed) throw support::ValidationError("plan: unknown precision '" + precision + "' (known: f32, tf32, bf16, f16)");
+  return *parsed;
+}
+
+// A search's progress callback calling a Python function (the search runs without the GIL).
+std::function<void(int, int)> python_progress(const std::optional<py::function>& progress) {
+  if (!progress) return {};
+  return [fn = *progress](int done, int total) {
+    py::gil_scoped_acquire gil;
+    fn(done, total);
+  };
+}
+
+}  // namespace
 
 void bind_plan(py::module_& m) {
   m.def(
@@ -57,17 +76,10 @@ void bind_plan(py::module_& m) {
         options.level = search::search_level_from_name(level);
         options.mesh = std::move(mesh);
         options.memory_fraction = memory_fraction;
-        auto parsed = cost::parse_precision(precision);
-        if (!parsed) throw support::ValidationError("plan: unknown precision '" + precision + "' (known: f32, tf32, bf16, f16)");
-        options.precision = *parsed;
+        options.precision = precision_named(precision);
         options.allow_recompute = allow_recompute;
         options.allow_zero = allow_zero;
-        if (progress) {
-          options.progress = [fn = *progress](int done, int total) {
-            py::gil_scoped_acquire gil;
-            fn(done, total);
-          };
-        }
+        options.progress = python_progress(progress);
         search::SpmdSearchResult r;
         {
           py::gil_scoped_release release;
@@ -114,15 +126,9 @@ void bind_plan(py::module_& m) {
         options.global_batch = global_batch;
         options.level = search::search_level_from_name(level);
         options.memory_fraction = memory_fraction;
-        if (!cost::parse_precision(precision))
-          throw support::ValidationError("plan: unknown precision '" + precision + "' (known: f32, tf32, bf16, f16)");
+        precision_named(precision);  // checked here, named in the plan
         options.precision = precision;
-        if (progress) {
-          options.progress = [fn = *progress](int done, int total) {
-            py::gil_scoped_acquire gil;
-            fn(done, total);
-          };
-        }
+        options.progress = python_progress(progress);
         search::JointPlanResult r;
         {
           py::gil_scoped_release release;

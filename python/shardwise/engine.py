@@ -191,6 +191,12 @@ def _apply_steps(x: torch.Tensor, steps: tuple[str, ...], mesh: _Mesh) -> torch.
     return x
 
 
+def gather_whole(x: torch.Tensor, placement: list[str], mesh: _Mesh) -> torch.Tensor:
+    """The whole tensor from this rank's shard `x` placed `placement` (collective on the mesh)."""
+    steps = tuple(s["text"] for s in _C.reshard_actions(placement, ["R"] * len(mesh.sizes)))
+    return _apply_steps(x, steps, mesh)
+
+
 class _ReshardFn(torch.autograd.Function):
     """Forward: the steps to the reader's placement; backward: the steps that bring the
     reader's gradient to the value's canonical one (spmd_rewrite.h). Explicit pairs, because
@@ -261,17 +267,18 @@ def _call_parts(src: torch.fx.Node, operands: list, local_out: list[list[int]], 
         schema = target._schema
         args, kwargs = [], {}
         names = {a.name: a for a in schema.arguments}
-        for name, value in _schema_args(src):
+        items = _schema_args(src)
+        for name, value in items:
             value = _substitute(value, it)
             if names[name].kwarg_only:
                 kwargs[name] = value
             else:
                 args.append(value)
-        named = dict(_schema_args(src))
+        named = dict(items)
     else:
         args = [_substitute(a, it) for a in src.args]
         kwargs = {k: _substitute(v, it) for k, v in src.kwargs.items()}
-        named = {}
+        items, named = [], {}
     if local_out and local_out != global_out:
         g0, l0 = global_out[0], local_out[0]
 
@@ -283,7 +290,7 @@ def _call_parts(src: torch.fx.Node, operands: list, local_out: list[list[int]], 
         if len(local_out) > 1 and "dim" in named:
             dim = named["dim"] % len(l0)
             for key in ("split_size", "split_sizes"):
-                position = next((i for i, (n, _) in enumerate(_schema_args(src)) if n == key), None)
+                position = next((i for i, (n, _) in enumerate(items) if n == key), None)
                 if position is None:
                     continue
                 sizes = [o[dim] for o in local_out]
@@ -333,7 +340,6 @@ class Engine:
         self.module = module
         self.plan = plan
         self._mesh = mesh
-        self._program = program
         self._input_names = input_names
         self._global_shapes = input_shapes
         self.whole_nodes = whole_nodes  # nodes run on gathered operands (no local form)
@@ -425,9 +431,7 @@ class Engine:
         out = {}
         with torch.no_grad():
             for name, tensor in [*self.module.named_parameters(), *self.module.named_buffers()]:
-                steps = tuple(s["text"] for s in _C.reshard_actions(
-                    self._leaves[name]["placement"], ["R"] * len(self._mesh.sizes)))
-                out[name] = _apply_steps(tensor.detach(), steps, self._mesh).clone()
+                out[name] = gather_whole(tensor.detach(), self._leaves[name]["placement"], self._mesh).clone()
         return out
 
 
@@ -438,9 +442,11 @@ class _GradientBuckets:
     all-reduce is issued (async) as soon as its last gradient is accumulated, and every
     bucket is waited on at the end. Every rank forms the same buckets and autograd finishes
     them in the same order, so the collectives line up; a bucket whose parameter got no
-    gradient this step is issued, with what it has, at the end, in bucket order."""
+    gradient this step is issued, with what it has, at the end, in bucket order.
+    overlap=False (a pipeline: several backwards per step, one reduction after the last):
+    no hooks, every bucket issued by finish()."""
 
-    def __init__(self, params: list[tuple[torch.Tensor, tuple]], groups: list):
+    def __init__(self, params: list[tuple[torch.Tensor, tuple]], groups: list, overlap: bool = True):
         self._groups = groups
         self._buckets: list[tuple[tuple, list]] = []
         by_axes: dict[tuple, list] = {}
@@ -460,7 +466,8 @@ class _GradientBuckets:
         for i, (_, bucket) in enumerate(self._buckets):
             for param in bucket:
                 self._bucket_of[param] = i
-                param.register_post_accumulate_grad_hook(self._ready)
+                if overlap:
+                    param.register_post_accumulate_grad_hook(self._ready)
         self._active = False
 
     def start(self) -> None:
@@ -544,32 +551,6 @@ class ShardedOptimizer:
         return total
 
 
-def reduce_gradients(params: list[tuple[torch.Tensor, tuple]], groups: list) -> None:
-    """All-reduce (sum) the gradients the program left Partial over their axes' groups, in
-    buckets of 25 MB per set of axes, every bucket issued before any is waited on."""
-    by_axes: dict[tuple, list[torch.Tensor]] = {}
-    for param, axes in params:
-        if param.grad is not None:
-            by_axes.setdefault(tuple(axes), []).append(param.grad)
-    pending = []
-    for axes, grads in by_axes.items():
-        bucket, size = [], 0
-        for g in grads + [None]:
-            if g is not None:
-                bucket.append(g)
-                size += g.numel() * g.element_size()
-            if bucket and (g is None or size >= _BUCKET_BYTES):
-                flat = torch._utils._flatten_dense_tensors(bucket)
-                pending.append((flat, bucket, dist.all_reduce(flat, group=groups[axes[0]], async_op=True), axes[1:]))
-                bucket, size = [], 0
-    for flat, bucket, work, rest in pending:
-        work.wait()
-        for a in rest:  # further axes: one after the other on the same buffer
-            dist.all_reduce(flat, group=groups[a])
-        for g, reduced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
-            g.copy_(reduced)
-
-
 def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
     *path, last = qualified.split(".")
     module = root
@@ -585,15 +566,14 @@ def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
 
 def _meta_check(src: torch.fx.Node, node: dict, indices) -> bool:
     """Does the local call give the local output shapes? (run on meta tensors)"""
-    operands = []
-    for op, arg in zip(node["inputs"], _operand_nodes(src)):
-        val = arg.meta.get("val")
-        operands.append(torch.empty(op["local_shape"], dtype=val.dtype, device="meta"))
+    whole_operands = [arg.meta["val"] for arg in _operand_nodes(src)]
     local_out = [o["local_shape"] for o in node["outputs"]]
     global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
-    if all(op["local_shape"] == list(a.meta["val"].shape) for op, a in zip(node["inputs"], _operand_nodes(src))) \
+    if all(op["local_shape"] == list(val.shape) for op, val in zip(node["inputs"], whole_operands)) \
             and local_out == global_out:
         return True  # nothing local about it
+    operands = [torch.empty(op["local_shape"], dtype=val.dtype, device="meta")
+                for op, val in zip(node["inputs"], whole_operands)]
     args, kwargs = _call_parts(src, operands, local_out, global_out)
     meta = torch.device("meta")  # a device argument (to(device=cpu)) would leave the meta device
     args = [meta if isinstance(a, torch.device) else a for a in args]
@@ -748,17 +728,17 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
             raise ValidationError(f"parallelize: {type(model).__name__}.forward has an argument named "
                                   f"'{_TARGET}'; pass the loss inside the model (loss_fn=None)")
         named[_TARGET] = batch[-1]
-    graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
-    input_names = _input_names(named)
-    global_batch = int(batch[0].shape[0])
 
     from .cluster import Cluster
 
     if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
         with open(os.environ["SHARDWISE_PLAN"]) as f:
             plan = Plan.from_json(f.read())
-    if plan is not None and not plan.sharding and plan.pipeline > 1:
+    if plan is not None and not plan.sharding and plan.pipeline > 1:  # captured there, at one micro-batch
         return _parallelize_pipeline(wrapper, named, plan, batch, model, cluster, level)
+    graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
+    input_names = _input_names(named)
+    global_batch = int(batch[0].shape[0])
     if plan is None or not plan.sharding:
         if plan is not None:
             mesh = (plan.data, plan.tensor)
@@ -780,15 +760,20 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
 
     program, whole = _rank_program(graph, builder, plan.to_json(), rank)
 
-    inner = model
-    tensors: dict[str, torch.Tensor] = {}
-    for name, t in [*inner.named_parameters(remove_duplicate=False), *inner.named_buffers(remove_duplicate=False)]:
-        tensors.setdefault(name, t)
-    tensors.update({k: v for k, v in builder.constants.items() if v is not None})
-    trainable = {name for name, p in inner.named_parameters() if p.requires_grad}
+    tensors, trainable = _model_tensors(model, builder)
     module = _build_module(program, builder.sources, mesh, tensors, input_names, trainable)
     shapes = {name: list(t.shape) for name, t in zip(input_names, batch)}
     return Engine(module, plan, mesh, program, input_names, shapes, whole)
+
+
+def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """Every parameter, buffer and lifted constant by its IR name (a tied weight under its first
+    name), and the names of the trainable parameters."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        tensors.setdefault(name, t)
+    tensors.update({k: t for k, t in builder.constants.items() if t is not None})
+    return tensors, {name for name, p in model.named_parameters() if p.requires_grad}
 
 
 
@@ -859,11 +844,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
     received = [sorted((x for x, made in producer.items() if made < g and max(reads.get(x, {-1})) >= g),
                        key=lambda x: index[x]) for g in range(stages)]
 
-    tensors: dict[str, torch.Tensor] = {}
-    for name, x in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
-        tensors.setdefault(name, x)
-    tensors.update({k: x for k, x in builder.constants.items() if x is not None})
-    trainable = {name for name, prm in model.named_parameters() if prm.requires_grad}
+    tensors, trainable = _model_tensors(model, builder)
     owners = {x: {g % p for g in gs} for x, gs in reads.items() if x in tensors}
     for x in owners:
         meta[x] = (list(tensors[x].shape), tensors[x].dtype, index.get(x, -1))

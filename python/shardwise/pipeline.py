@@ -64,7 +64,13 @@ class PipelineEngine:
         self._last_rank = last_rank
         self._mesh = mesh              # the stage's sub-mesh (engine._Mesh), or None
         self._leaves = leaves or {}
-        self._reduce = reduce or []    # (name, axes): gradients left Partial over the sub-mesh
+        # Gradients the program left Partial over the sub-mesh, reduced after the last backward.
+        self._buckets = None
+        if reduce:
+            from .engine import _GradientBuckets
+
+            self._buckets = _GradientBuckets([(parameters[n], axes) for n, axes in reduce], mesh.groups,
+                                             overlap=False)
         self._stage_size = stage_size
         self._input_placements = input_placements or {}
         self.whole_nodes = whole_nodes or []
@@ -106,20 +112,35 @@ class PipelineEngine:
     def train_step(self, *batch) -> torch.Tensor:
         micro = self._micro_batches(batch)
         self._steps += 1
+        # Gradients from earlier steps (the caller accumulates) are set aside so the reductions
+        # sum only this step's, then added back; restored as they were if the step fails.
+        params = [p for _, p in self.named_parameters()]
+        earlier = {p: p.grad for p in params if p.grad is not None}
+        for p in earlier:
+            p.grad = None
         try:
-            return self._run(micro)
+            loss = self._run(micro)
         except Exception as e:  # noqa: BLE001 - re-raised; only collective failures get context
             from .engine import _collective_error, _is_collective_failure
 
+            if self._buckets is not None:
+                self._buckets.abandon()
+            for p in params:
+                p.grad = earlier.get(p)
             if _is_collective_failure(e):
                 raise _collective_error(e, dist.get_rank(), self._steps) from e
             raise
+        for p, g in earlier.items():
+            p.grad = g if p.grad is None else p.grad.add_(g)
+        return loss
 
     def _run(self, micro: list[dict]) -> torch.Tensor:
         live: dict = {}          # (stage, mb) -> {"inputs": {name: tensor}, "outputs": [tensors]}
         pending: dict = {}       # (stage, mb, gradient) -> [(name, tensor, work)]
         sends = []
         losses = []
+        if self._buckets is not None:
+            self._buckets.start()
         for kind, mb, g, peer in self._actions:
             stage = self._stages[g]
             if kind == "RA":
@@ -163,10 +184,8 @@ class PipelineEngine:
                                   grad))
         for work, _ in sends:
             work.wait()
-        if self._reduce:
-            from .engine import reduce_gradients
-
-            reduce_gradients([(self._parameters[n], axes) for n, axes in self._reduce], self._mesh.groups)
+        if self._buckets is not None:
+            self._buckets.finish()
         for name, group in self._shared:
             p = self._parameters[name]
             if isinstance(p, torch.nn.Parameter) and p.grad is not None:
@@ -198,8 +217,7 @@ class PipelineEngine:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer whole, on every rank: gathered on the sub-mesh of a stage
         holding it, then broadcast from that stage's first rank."""
-        from . import _C
-        from .engine import _apply_steps
+        from .engine import gather_whole
 
         out = {}
         pipeline_rank = dist.get_rank() // self._stage_size
@@ -209,9 +227,7 @@ class PipelineEngine:
                 if pipeline_rank in self._owners[name]:
                     t = self._parameters[name].detach()
                     if self._mesh is not None:
-                        steps = tuple(s["text"] for s in _C.reshard_actions(
-                            self._leaves[name]["placement"], ["R"] * len(self._mesh.sizes)))
-                        t = _apply_steps(t, steps, self._mesh)
+                        t = gather_whole(t, self._leaves[name]["placement"], self._mesh)
                     t = t.clone()
                 else:
                     t = torch.empty(shape, dtype=dtype)
