@@ -16,5 +16,6 @@ void bind_profile(pybind11::module_& m);
 void bind_torchscript(pybind11::module_& m);
 void bind_schedule(pybind11::module_& m);
 void bind_transform(pybind11::module_& m);
+void bind_log(pybind11::module_& m);
 
 }  // namespace shardwise::python

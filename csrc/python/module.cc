@@ -15,4 +15,5 @@ PYBIND11_MODULE(_C, m) {
   shardwise::python::bind_torchscript(m);
   shardwise::python::bind_schedule(m);
   shardwise::python::bind_transform(m);
+  shardwise::python::bind_log(m);
 }

@@ -9,6 +9,7 @@
 
 #include "analysis/repeated_blocks.h"
 #include "support/error.h"
+#include "support/log.h"
 
 namespace shardwise::search {
 namespace {
@@ -103,6 +104,8 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
         least_memory = std::move(c);
       }
     }
+    // The pass is done: a progress bar ends full (a second, finer pass starts its own count).
+    if (options.progress) options.progress(static_cast<int>(space.size()), static_cast<int>(space.size()));
   };
   add_all(false);
   evaluate_space();
@@ -126,6 +129,15 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   }
   result.search_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (support::log_enabled(support::LogLevel::Info)) {
+    const plan::Plan& p = result.plan;
+    support::log(support::LogLevel::Info,
+                 fmt::format("joint planner ({}): {} combinations in {:.2f} s; chose t{} p{} d{}, micro-batch {}, "
+                             "{}{}{}", thorough ? "thorough" : "fast", result.evaluated, result.search_seconds,
+                             p.tensor, p.pipeline, p.data, p.micro_batch, plan::schedule_name(p.schedule),
+                             p.virtual_stages > 1 ? fmt::format(" (v={})", p.virtual_stages) : std::string(),
+                             result.fits ? "" : " (fits under none: the one needing the least memory)"));
+  }
   return result;
 }
 

@@ -45,7 +45,8 @@ struct JointPlanOptions {
   std::string precision = "bf16";
   double memory_fraction = 0.9;
   int max_micro_batch = 16;  // thorough's cap on b
-  // Called every 64 candidates with (done, total); may throw to stop the search.
+  // Called every 64 candidates and at the end of each pass with (done, total); may throw to
+  // stop the search.
   std::function<void(int, int)> progress;
 };
 

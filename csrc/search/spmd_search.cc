@@ -13,6 +13,7 @@
 #include "search/hetero_balance.h"
 #include "search/sharding_model.h"
 #include "support/error.h"
+#include "support/log.h"
 
 namespace shardwise::search {
 
@@ -251,6 +252,15 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
   result.memory_limit = memory_limit;
   result.balance = best->balance;
   result.search_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (support::log_enabled(support::LogLevel::Info)) {
+    support::log(support::LogLevel::Info,
+                 fmt::format("spmd search ({}): {} candidates in {:.2f} s; chose mesh {} (data x tensor){}, "
+                             "step {:.4g} s, {:.3g} GB per rank of {:.3g} GB{}",
+                             options.level == SearchLevel::Thorough ? "thorough" : "fast", result.candidates.size(),
+                             result.search_seconds, sharding.mesh, sharding.recompute ? ", recompute" : "",
+                             e.step_time, e.memory_per_rank / 1e9, memory_limit / 1e9,
+                             e.fits ? "" : " (fits under no candidate: the one needing the least memory)"));
+  }
   return result;
 }
 

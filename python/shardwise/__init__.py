@@ -2,9 +2,11 @@
 import torch  # noqa: F401  (must load before the extension: _C links against libtorch)
 
 from . import _C, collectives, models
+from ._logging import install_core_sink as _install_core_sink
 from ._C import ParseError, ShardwiseError, ValidationError
 from ._fx_import import CaptureError
 from .capture import capture
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .cluster import Cluster
 from .engine import CollectiveError, Engine, parallelize
 from .graph import Graph, RepeatedBlocks, UnknownOp
@@ -13,10 +15,12 @@ from .plan import Plan, plan
 from .profile import Profile, profile
 from .simulate import simulate
 
+_install_core_sink()
+
 __version__ = "0.1.0"
 
 __all__ = [
-    "capture", "Cluster", "Engine", "Graph", "parallelize", "materialize", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate",
+    "capture", "save_checkpoint", "load_checkpoint", "Cluster", "Engine", "Graph", "parallelize", "materialize", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate",
     "UnknownOp",
-    "ShardwiseError", "ParseError", "ValidationError", "CaptureError", "CollectiveError",
+    "ShardwiseError", "ParseError", "ValidationError", "CaptureError", "CollectiveError", "CheckpointError",
 ]

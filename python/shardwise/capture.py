@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import logging
 import warnings
 from collections.abc import Mapping
 from typing import Any, Sequence
@@ -30,10 +29,11 @@ import torch.fx.traceback as fx_traceback
 from torch.export.graph_signature import InputKind
 
 from . import _C
+from ._logging import get_logger
 from ._fx_import import CaptureError, _Builder, document, flatten_names, walk_graph
 from .graph import Graph
 
-log = logging.getLogger("shardwise.capture")
+log = get_logger("shardwise.capture")
 
 _METHODS = ("export", "fx", "torchscript")
 
@@ -231,8 +231,11 @@ def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batc
             try:
                 doc, builder = _capture_fx(model, named, batch_dim, prefix)
             except Exception as fx_error:
+                inner = getattr(model, "model", None)  # parallelize's wrapper: name the user's model
+                name = type(inner if isinstance(inner, torch.nn.Module) and prefix.startswith("model.model.")
+                            else model).__name__
                 raise CaptureError(
-                    f"could not capture {type(model).__name__}: torch.export failed with "
+                    f"could not capture {name}: torch.export failed with "
                     f"{type(export_error).__name__}: {export_error}\n"
                     f"and the fx fallback failed with {type(fx_error).__name__}: {fx_error}") from fx_error
     else:

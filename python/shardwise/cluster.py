@@ -50,9 +50,11 @@ class Cluster:
         if isinstance(text_or_path, os.PathLike) or not str(text_or_path).lstrip().startswith("{"):
             with open(text_or_path, encoding="utf-8") as f:
                 text = f.read()
-        else:
-            text = str(text_or_path)
-        return cls(_C.Cluster.from_json(text))
+            try:
+                return cls(_C.Cluster.from_json(text))
+            except _C.ShardwiseError as e:  # the same error, naming the file
+                raise type(e)(f"{os.fspath(text_or_path)}: {e}") from None
+        return cls(_C.Cluster.from_json(str(text_or_path)))
 
     @classmethod
     def detect(cls) -> "Cluster":

@@ -32,10 +32,10 @@ runs as stage modules under the schedule's action list (python/shardwise/pipelin
 from __future__ import annotations
 
 import functools
-import logging
 import operator
 import os
 import re
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -44,12 +44,14 @@ import torch.fx
 
 from . import _C
 from ._C import ValidationError
+from ._logging import get_logger
 from ._fx_import import _schema_args
 from .capture import _bind_inputs, _capture_with_sources, _input_names
+from .checkpoint import keep_state
 from .materialize import local_tensor
 from .plan import Plan
 
-log = logging.getLogger("shardwise.engine")
+log = get_logger("shardwise.engine")
 
 __all__ = ["CollectiveError", "Engine", "parallelize"]
 
@@ -336,8 +338,9 @@ class Engine:
     ``engine.parameters()``; ``train_step`` returns the loss (the same on every rank)."""
 
     def __init__(self, module: torch.fx.GraphModule, plan: Plan, mesh: _Mesh, program: dict, input_names: list[str],
-                 input_shapes: dict[str, list[int]], whole_nodes: list[str]):
+                 input_shapes: dict[str, list[int]], whole_nodes: list[str], kept=None):
         self.module = module
+        self._kept = kept  # checkpoint.KeptState: the model's names, shapes, and what no rank holds
         self.plan = plan
         self._mesh = mesh
         self._input_names = input_names
@@ -425,6 +428,13 @@ class Engine:
     def eval_step(self, *batch) -> torch.Tensor:
         with torch.no_grad():
             return self.module(*self._local_batch(batch))[0]
+
+    def _checkpoint_state(self):
+        from .checkpoint import held_state
+
+        local = {**dict(self.module.named_parameters()), **dict(self.module.named_buffers())}
+        return held_state(self._kept, local, lambda n: self._leaves[n]["placement"], self._mesh,
+                          dict(self.module.named_parameters()))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer whole, on every rank (gathered through the mesh)."""
@@ -690,6 +700,49 @@ def _rank_program(graph, builder, plan_json: str, rank: int) -> tuple[dict, list
     return program, whole
 
 
+def _plan_file(path: str) -> Plan:
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise ValidationError(f"parallelize: SHARDWISE_PLAN={path}: cannot read it ({e.strerror})") from e
+    try:
+        return Plan.from_json(text)
+    except _C.ShardwiseError as e:
+        raise type(e)(f"parallelize: SHARDWISE_PLAN={path}: {e}") from e
+
+
+def _warn_unknown_ops(graph) -> None:
+    """An op no rule knows runs whole on gathered operands: correct, but not parallel."""
+    for u in graph.unknown_ops():
+        where = f"module '{u.module_path}'" if u.module_path else "the top-level module"
+        message = (f"parallelize: {u.op} ({u.count}x, in {where}) has no sharding rule; it runs replicated on "
+                   "gathered operands (the result is right, the op is not parallel)")
+        warnings.warn(message, stacklevel=3)
+
+
+_MEMORY_FRACTION = 0.9  # of each device's memory, what a searched plan may use (the rest: allocator, workspace)
+
+
+def _check_fits(plan: Plan, cluster, model_name: str) -> None:
+    """A searched plan that fits in no memory is the one needing the least: say how much."""
+    if plan.fits is not False:
+        return
+    need = plan.predicted_memory()[0]
+    have = min(cluster.device_of(r)["memory_bytes"] for r in range(cluster.world_size))
+    raise ValidationError(f"parallelize: {model_name} fits in memory under no plan on {cluster.world_size} ranks: "
+                          f"the least any plan needs is {_bytes(need)} per rank, the devices have {_bytes(have)} of "
+                          f"which plans may use {_MEMORY_FRACTION:.0%} (more devices, a smaller global batch or a "
+                          "pipeline plan may fit)")
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
 def _check_same_plan(plan: Plan, rank: int) -> None:
     digest = plan.hash()
     everyone = [None] * dist.get_world_size()
@@ -732,11 +785,11 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     from .cluster import Cluster
 
     if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
-        with open(os.environ["SHARDWISE_PLAN"]) as f:
-            plan = Plan.from_json(f.read())
+        plan = _plan_file(os.environ["SHARDWISE_PLAN"])
     if plan is not None and not plan.sharding and plan.pipeline > 1:  # captured there, at one micro-batch
         return _parallelize_pipeline(wrapper, named, plan, batch, model, cluster, level)
     graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
+    _warn_unknown_ops(graph)
     input_names = _input_names(named)
     global_batch = int(batch[0].shape[0])
     if plan is None or not plan.sharding:
@@ -745,7 +798,9 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
         cluster = cluster or Cluster.detect()
         if cluster.world_size != world:
             raise ValidationError(f"parallelize: the cluster has {cluster.world_size} devices, the job {world} ranks")
-        plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh)
+        plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
+                           memory_fraction=_MEMORY_FRACTION)
+        _check_fits(plan, cluster, type(model).__name__)
     sharding = plan.sharding
     size = 1
     for s in sharding["mesh"]:
@@ -763,7 +818,8 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     tensors, trainable = _model_tensors(model, builder)
     module = _build_module(program, builder.sources, mesh, tensors, input_names, trainable)
     shapes = {name: list(t.shape) for name, t in zip(input_names, batch)}
-    return Engine(module, plan, mesh, program, input_names, shapes, whole)
+    return Engine(module, plan, mesh, program, input_names, shapes, whole,
+                  kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}))
 
 
 def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Tensor], set[str]]:
@@ -803,6 +859,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
     _check_same_plan(plan, rank)
     micro = {k: x.narrow(0, 0, rows) for k, x in named.items()}
     graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")
+    _warn_unknown_ops(graph)
     input_names = _input_names(named)
     size = d * t
     pipeline_rank, local = rank // size, rank % size
@@ -879,4 +936,5 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
                           value_meta=meta, parameters=parameters, shared=shared, owners=owners,
                           last_rank=((stages - 1) % p) * size, mesh=mesh, leaves=leaves, reduce=reduce,
                           stage_size=size, sharding=sharded, whole_nodes=whole, input_placements={
-                              n: leaves[n]["placement"] for n in input_names if n in leaves})
+                              n: leaves[n]["placement"] for n in input_names if n in leaves},
+                          kept=keep_state(model, set(owners)))

@@ -48,8 +48,9 @@ class PipelineEngine:
                  input_names: list[str], input_shapes: dict, value_meta: dict, parameters: dict, shared: list[tuple],
                  owners: dict, last_rank: int, mesh=None, leaves: dict | None = None, reduce: list | None = None,
                  stage_size: int = 1, sharding=None, whole_nodes: list[str] | None = None,
-                 input_placements: dict | None = None):
+                 input_placements: dict | None = None, kept=None):
         self.plan = plan
+        self._kept = kept              # checkpoint.KeptState: the model's names, shapes, what no rank holds
         self.sharding = sharding       # the SPMD plan of each stage's sub-mesh (None: replicated)
         self._stages = stages          # virtual stage -> {"module", "inputs", "received", "sent", "last"}
         self._actions = actions        # (kind, micro-batch, virtual stage, peer rank)
@@ -213,6 +214,12 @@ class PipelineEngine:
 
     def eval_step(self, *batch) -> torch.Tensor:
         raise ValidationError("eval_step: not yet supported for pipeline plans")
+
+    def _checkpoint_state(self):
+        from .checkpoint import held_state
+
+        return held_state(self._kept, self._parameters, lambda n: self._leaves[n]["placement"], self._mesh,
+                          dict(self.named_parameters()))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer whole, on every rank: gathered on the sub-mesh of a stage

@@ -36,7 +36,6 @@ by least squares with alpha >= 0 and beta >= 0. A collective the backend does no
 from __future__ import annotations
 
 import json
-import logging
 import os
 import statistics
 import time
@@ -46,8 +45,9 @@ from typing import Any, Callable, Iterable
 import torch
 
 from . import _C
+from ._logging import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["Profile", "profile", "measure_collectives", "DEFAULT_COLLECTIVE_SIZES"]
 

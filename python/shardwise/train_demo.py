@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 4 -m shardwise train            # the built-in TinyGPT
     torchrun --nproc-per-node 4 -m shardwise train --mesh 2,2 # data x tensor, fixed
+    torchrun --nproc-per-node 4 -m shardwise train --save ckpt   # then --resume ckpt, under any plan
 
 Every rank builds the same TinyGPT (seed 0), ``shardwise.parallelize`` captures it, searches
 a plan for the job's cluster (``Cluster.detect()``: the CPU processes), rewrites it for the
@@ -59,8 +60,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'step':>4}  {'loss (shardwise)':>17}  {'loss (one device)':>17}  {'rel. diff':>9}")
     optimizer = engine.optimizer(torch.optim.AdamW, lr=args.lr)  # the plan's ZeRO sharding applied
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=args.lr)
+    start = 0
+    if args.resume:  # both runs go on from the checkpoint, resharded for this job's plan
+        start = shardwise.load_checkpoint(args.resume, engine, optimizer)["step"]
+        shardwise.load_checkpoint(args.resume, reference, ref_optimizer)
+        for _ in range(start):  # the batches of the steps already trained
+            batch()
+        if rank == 0:
+            print(f"resumed from {args.resume} at step {start}")
     worst = 0.0
-    for step in range(args.steps):
+    for step in range(start, start + args.steps):
         data = batch()
         optimizer.zero_grad()
         loss = engine.train_step(*data)
@@ -73,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
         worst = max(worst, diff)
         if rank == 0:
             print(f"{step:>4}  {loss.item():>17.6f}  {ref_loss.item():>17.6f}  {diff:>9.1e}")
+    if args.save:
+        shardwise.save_checkpoint(args.save, engine, optimizer, extra={"step": start + args.steps})
+        if rank == 0:
+            print(f"saved the model and optimizer state after step {start + args.steps - 1} to {args.save}")
     full = engine.full_state_dict()
     ref_state = dict(reference.named_parameters())
     param_diff = max(((full[k] - p).abs().max() / p.abs().max().clamp_min(1e-30)).item()
@@ -93,6 +106,8 @@ def add_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--mesh", help="data,tensor degrees (default: searched)")
     p.add_argument("--level", choices=("fast", "thorough"), default="fast")
+    p.add_argument("--save", metavar="DIR", help="save a checkpoint (DCP) after the last step")
+    p.add_argument("--resume", metavar="DIR", help="go on from a checkpoint (saved under any plan)")
     p.add_argument("--code", action="store_true", help="also print rank 0's program (torch.fx code)")
     # float64 by default so the comparison shows the rewrite, not rounding: in float32, AdamW
     # turns rounding noise on a gradient that is exactly zero in theory (attention's key bias)
