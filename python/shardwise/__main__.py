@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.run(args)
+    except KeyboardInterrupt:  # Ctrl-C: files are written whole at the end, so none is half-written
+        print("shardwise: interrupted; nothing was written", file=sys.stderr)
+        return 130
     except Exception as e:  # noqa: BLE001 - a CLI prints the error, not a traceback
         import shardwise
 

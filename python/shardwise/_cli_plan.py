@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shlex
+import sys
 import time
 
 
@@ -49,22 +50,34 @@ def _cluster(text: str, nodes: int):
 def run_plan(args: argparse.Namespace) -> int:
     import shardwise
 
+    from ._cli_render import interactive, print_plan, search_progress, status, write_whole
+    from ._logging import get_logger
+
     t0 = time.perf_counter()
-    graph = _graph(args.model, args.batch, args.seq)
+    with status(f"capturing {args.model}", interactive()):
+        graph = _graph(args.model, args.batch, args.seq)
     cluster = _cluster(args.cluster, args.nodes)
     captured = time.perf_counter() - t0
     pipeline = {"auto": None, "yes": True, "no": False}[args.pipeline]
-    plan = shardwise.plan(graph, cluster, global_batch=args.global_batch, level=args.level, pipeline=pipeline)
+    get_logger("shardwise.cli").info("planning %s on %s (%d devices), level %s", args.model, cluster.name,
+                                     cluster.world_size, args.level)
+    with search_progress(f"planning ({args.level})", interactive()) as progress:
+        plan = shardwise.plan(graph, cluster, global_batch=args.global_batch, level=args.level, pipeline=pipeline,
+                              progress=progress)
     seconds = plan.search_seconds() or 0.0
     print(f"{args.model} on {cluster.name} ({cluster.world_size} devices), global batch {args.global_batch}: "
           f"graph in {captured:.1f} s, plan in {seconds:.2f} s ({args.level})")
-    print(plan.report())
+    table = args.format == "table" or (args.format == "auto" and sys.stdout.isatty())
+    if table:
+        print_plan(plan, cluster)
+    else:
+        print(plan.report())
     if plan.fits is False:
-        print("warning: no plan fits in memory; this is the one that needs the least")
+        need = plan.predicted_memory()[0]
+        print(f"warning: no plan fits in memory; this is the one that needs the least ({need / 1e9:.2f} GB per "
+              f"rank, the devices have {cluster.device_of(0)['memory_bytes'] / 1e9:.2f} GB)")
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(plan.to_json(indent=1))
-            f.write("\n")
+        write_whole(args.out, plan.to_json(indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0
 
@@ -114,6 +127,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--batch", type=int, default=2, help="batch the model is captured at (scaled to the global)")
     p.add_argument("--seq", type=int, default=None)
     p.add_argument("--out", help="write the plan as JSON")
+    p.add_argument("--format", choices=("auto", "table", "text"), default="auto",
+                   help="the report as rich tables or as plan.report()'s text (auto: tables on a terminal)")
     p.set_defaults(run=run_plan)
     s = sub.add_parser("simulate", help="simulate a plan's pipeline schedule; draw its timeline")
     s.add_argument("plan")

@@ -44,3 +44,42 @@ def test_plan_a_captured_model_on_one_node():
                            "--global-batch", "64"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "mesh" in proc.stdout  # one node: the SPMD search's report
+
+
+def test_plan_as_rich_tables_names_the_figures_and_writes_the_file_whole(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "plan", "gpt:4,1024,16,512,50304", "--cluster",
+                           "dgx-a100", "--global-batch", "16", "--format", "table", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for heading in ("predicted time per step", "parameters and inputs: placement per mesh axis",
+                    "collectives per step", "TFLOP/s per device"):
+        assert heading in proc.stdout, proc.stdout
+    assert "transformer.h.*.mlp.c_fc.weight" in proc.stdout  # a parameter group: 4 blocks in one row
+    assert out.read_text().startswith("{")
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_ctrl_c_during_a_search_writes_nothing(tmp_path):
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "plan.json"
+    # Thorough on GPT-3 175B over 1,024 GPUs: 10+ s of search, interrupted half a second in.
+    proc = subprocess.Popen([sys.executable, "-m", "shardwise", "-v", "plan", "gpt:96,12288,96", "--cluster",
+                             "dgx-a100", "--nodes", "128", "--global-batch", "1536", "--level", "thorough", "--out",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    seen = []
+    for line in proc.stderr:  # -v: the CLI says when the search starts
+        seen.append(line)
+        if "planning gpt:96,12288,96" in line:
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    stdout, rest = proc.communicate(timeout=120)
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 130, stderr  # the search takes 10+ s here; it stops at its next callback
+    assert "interrupted; nothing was written" in stderr
+    assert not out.exists() and not list(tmp_path.iterdir())
