@@ -83,3 +83,25 @@ def test_ctrl_c_during_a_search_writes_nothing(tmp_path):
     assert proc.returncode == 130, stderr  # the search takes 10+ s here; it stops at its next callback
     assert "interrupted; nothing was written" in stderr
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_inspect_a_transformers_config_and_a_user_function_as_the_readme_shows(tmp_path):
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "inspect", "hf:gpt2", "--seq", "1024"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "124,439,808 parameters" in proc.stdout
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(
+        "import torch\n\n"
+        "def build():\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))\n"
+        "    return model, (torch.randn(8, 16),)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "inspect", "mypkg.models:build"], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "676 parameters" in proc.stdout, proc.stdout
