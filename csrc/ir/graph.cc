@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <string_view>
+#include <unordered_set>
 
 #include "support/error.h"
 
@@ -48,8 +50,12 @@ NodeId Graph::add_node(std::string op, std::vector<ValueId> inputs, std::vector<
                                                  id, op, module_path, in));
     }
   }
+  // Output names must also differ from each other: two outputs called "chunk.0" were
+  // both added, breaking name uniqueness (by_name_ kept the first; the printed text did
+  // not parse back). Found by fuzzing the JSON reader (tests/fuzz/graph_json_fuzz.cc).
+  std::unordered_set<std::string_view> new_names;
   for (const auto& out : outputs) {
-    if (out.name.empty() || by_name_.count(out.name)) {
+    if (out.name.empty() || by_name_.count(out.name) || !new_names.insert(out.name).second) {
       throw support::ValidationError(fmt::format("node {} ({}) at module '{}': output name '{}' is {}", id, op,
                                                  module_path, out.name, out.name.empty() ? "empty" : "taken"));
     }

@@ -29,6 +29,23 @@ TEST(GraphTest, RejectsDuplicateNamesAndBadIds) {
   EXPECT_EQ(g.values().size(), 1u);  // nothing changed by the failed calls
 }
 
+TEST(GraphTest, RejectsTwoOutputsOfOneNodeWithTheSameName) {
+  // Found by fuzzing the JSON reader (tests/fuzz/graph_json_fuzz.cc): add_node checked
+  // output names against existing values only, so a split with two outputs "chunk.0"
+  // gave a graph with a duplicate name whose printed text did not parse back.
+  Graph g;
+  auto x = g.add_value("x", TensorType{DType::F32, {4, 8}, 0}, ValueRole::Input);
+  try {
+    g.add_node("aten::split.Tensor", {x},
+               {{"chunk.0", TensorType{DType::F32, {4, 4}, 0}}, {"chunk.0", TensorType{DType::F32, {4, 4}, 0}}});
+    FAIL() << "no error";
+  } catch (const support::ValidationError& e) {
+    EXPECT_STREQ(e.what(), "node 0 (aten::split.Tensor) at module '': output name 'chunk.0' is taken");
+  }
+  EXPECT_EQ(g.values().size(), 1u);  // nothing added
+  EXPECT_TRUE(g.nodes().empty());
+}
+
 TEST(AttributeTest, DoublesPrintAsDoubles) {
   EXPECT_EQ(attr_str(AttrValue{1.0}), "1.0");
   EXPECT_EQ(attr_str(AttrValue{std::int64_t{-1}}), "-1");

@@ -210,6 +210,14 @@ TEST(JsonTest, RejectsBadNodes) {
   expect_parse_error(j, "outputs[0]: undefined value 'missing'");
 }
 
+TEST(JsonTest, RejectsTwoOutputsOfOneNodeWithTheSameName) {
+  // Found by fuzzing (tests/fuzz/graph_json_fuzz.cc): the graph was read with two values
+  // named "a", and print_graph's text then failed to parse ("duplicate value name %a").
+  json j = good_json();
+  j["nodes"][2]["outputs"][1]["name"] = "a";
+  expect_parse_error(j, "nodes[2]: node 2 (aten::split.Tensor) at module 'blocks[0]': output name 'a' is taken");
+}
+
 TEST(JsonTest, InvalidUtf8IsAnErrorWhenWriting) {
   Graph g;
   g.add_value("bad\xff", TensorType{}, ValueRole::Input);
