@@ -6,8 +6,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <type_traits>
+#include <utility>
 
 #include "support/error.h"
 
@@ -57,16 +61,70 @@ void validate_sharding(const Plan& plan) {
         throw ValidationError(fmt::format("plan.sharding.zero['{}']: axis {} out of range", name, axis));
 }
 
+template <typename T>
+struct IsVector : std::false_type {};
+template <typename U>
+struct IsVector<std::vector<U>> : std::true_type {};
+template <typename T>
+struct IsStringMap : std::false_type {};
+template <typename U>
+struct IsStringMap<std::map<std::string, U>> : std::true_type {};
+
+// Converts a JSON value to T, naming `path` on error. Integers are read here, not by
+// nlohmann's get<int>: that static_casts a JSON double to int, so "data": 1e10 was
+// undefined behaviour (UBSan: float-cast-overflow) and 2.5 silently became 2; int64 to
+// int narrowing made 4294967297 a 1. An integral double in range still reads (2.0 is 2,
+// as in cluster files).
+template <typename T>
+T read(const json& j, const std::string& path) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    static_assert(std::is_signed_v<T>);
+    constexpr auto lo = std::numeric_limits<T>::min();
+    constexpr auto hi = std::numeric_limits<T>::max();
+    if (j.is_number_unsigned()) {
+      const auto u = j.get<std::uint64_t>();
+      if (std::in_range<T>(u)) return static_cast<T>(u);
+    } else if (j.is_number_integer()) {
+      const auto i = j.get<std::int64_t>();
+      if (std::in_range<T>(i)) return static_cast<T>(i);
+    } else if (j.is_number_float()) {
+      // [lo, -lo) = [lo, hi + 1) holds exactly the integral doubles that fit T; lo is a
+      // power of two, so exact as a double.
+      const double d = j.get<double>();
+      if (d == std::trunc(d) && d >= static_cast<double>(lo) && d < -static_cast<double>(lo))
+        return static_cast<T>(d);
+      if (d != std::trunc(d)) throw ParseError(fmt::format("plan.{}: expected an integer, got {}", path, j.dump()));
+    } else {
+      throw ParseError(fmt::format("plan.{}: wrong type (expected an integer, got {})", path, j.type_name()));
+    }
+    throw ParseError(fmt::format("plan.{}: integer {} is out of range [{}, {}]", path, j.dump(), lo, hi));
+  } else if constexpr (IsVector<T>::value) {
+    if (!j.is_array()) throw ParseError(fmt::format("plan.{}: wrong type (expected an array, got {})", path, j.type_name()));
+    T out;
+    for (std::size_t i = 0; i < j.size(); ++i)
+      out.push_back(read<typename T::value_type>(j[i], fmt::format("{}[{}]", path, i)));
+    return out;
+  } else if constexpr (IsStringMap<T>::value) {
+    if (!j.is_object()) throw ParseError(fmt::format("plan.{}: wrong type (expected an object, got {})", path, j.type_name()));
+    T out;
+    for (const auto& [key, value] : j.items())
+      out.emplace(key, read<typename T::mapped_type>(value, fmt::format("{}['{}']", path, key)));
+    return out;
+  } else {
+    try {
+      return j.get<T>();
+    } catch (const json::exception& e) {
+      throw ParseError(fmt::format("plan.{}: wrong type ({})", path, e.what()));
+    }
+  }
+}
+
 // Reads a required field of the expected JSON type, naming its path on error.
 template <typename T>
 T field(const json& object, const char* key) {
   auto it = object.find(key);
   if (it == object.end()) throw ParseError(fmt::format("plan: missing field '{}'", key));
-  try {
-    return it->get<T>();
-  } catch (const json::exception& e) {
-    throw ParseError(fmt::format("plan.{}: wrong type ({})", key, e.what()));
-  }
+  return read<T>(*it, key);
 }
 
 }  // namespace
@@ -103,6 +161,12 @@ void validate(const Plan& plan, std::optional<int> world_size) {
   if (plan.data < 1 || plan.tensor < 1 || plan.pipeline < 1)
     throw ValidationError(fmt::format("plan: degrees must be >= 1 (data {}, tensor {}, pipeline {})", plan.data,
                                       plan.tensor, plan.pipeline));
+  // world_size() is an int product: reject degrees it would overflow (data 65536 x
+  // tensor 65536 was signed overflow, undefined behaviour, in validate(plan, world)).
+  const std::int64_t world = std::int64_t{plan.data} * plan.tensor;
+  if (world > std::numeric_limits<int>::max() / plan.pipeline)
+    throw ValidationError(fmt::format("plan: world size t {} x p {} x d {} exceeds {}", plan.tensor, plan.pipeline,
+                                      plan.data, std::numeric_limits<int>::max()));
   if (world_size.has_value() && plan.world_size() != *world_size)
     throw ValidationError(fmt::format("plan: world size {} != t {} x p {} x d {} = {}", *world_size, plan.tensor,
                                       plan.pipeline, plan.data, plan.world_size()));
@@ -111,10 +175,17 @@ void validate(const Plan& plan, std::optional<int> world_size) {
                                       plan.global_batch, plan.micro_batch));
   if (plan.sharding.has_value()) {
     validate_sharding(plan);
-  } else if (plan.global_batch % (plan.micro_batch * plan.data) != 0)
-    throw ValidationError(fmt::format(
-        "plan: global_batch {} is not divisible by micro_batch {} x data {} = {}", plan.global_batch,
-        plan.micro_batch, plan.data, plan.micro_batch * plan.data));
+  } else {
+    // micro_batch x data can overflow int64 in a hand-written plan (signed overflow was
+    // undefined behaviour here): such a product is larger than any global_batch.
+    std::int64_t per_step = 0;
+    if (__builtin_mul_overflow(plan.micro_batch, std::int64_t{plan.data}, &per_step))
+      throw ValidationError(fmt::format("plan: global_batch {} is not divisible by micro_batch {} x data {} (> 2^63)",
+                                        plan.global_batch, plan.micro_batch, plan.data));
+    if (plan.global_batch % per_step != 0)
+      throw ValidationError(fmt::format("plan: global_batch {} is not divisible by micro_batch {} x data {} = {}",
+                                        plan.global_batch, plan.micro_batch, plan.data, per_step));
+  }
   if (plan.virtual_stages < 1) throw ValidationError(fmt::format("plan.virtual_stages: {} < 1", plan.virtual_stages));
   if (plan.virtual_stages > 1 && plan.schedule != Schedule::Interleaved1F1B)
     throw ValidationError(fmt::format("plan.virtual_stages: {} needs schedule interleaved-1f1b, not {}",
@@ -283,7 +354,9 @@ Plan plan_from_json_string(std::string_view text) {
   json parsed;
   try {
     parsed = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // Not only parse_error: a number too large for a double ("1e400") is an
+    // out_of_range (406), which escaped as a nlohmann exception (found by fuzzing).
     throw ParseError(fmt::format("plan: malformed JSON: {}", e.what()));
   }
   return plan_from_json(parsed);

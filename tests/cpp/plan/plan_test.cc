@@ -69,5 +69,89 @@ TEST(Plan, ValidationNamesTheNumbers) {
   EXPECT_THROW(plan_from_json_string("{nope"), support::ParseError);
 }
 
+// A plan with the given JSON text in place of "data" (and the other fields valid).
+std::string with_data(const std::string& data) {
+  return R"({"data": )" + data +
+         R"(, "tensor": 1, "pipeline": 1, "global_batch": 8, "micro_batch": 1, "schedule": "1f1b"})";
+}
+
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Plan, NumberTooLargeForADoubleIsAParseError) {
+  // Found by fuzzing (tests/fuzz/plan_json_fuzz.cc): json::parse throws out_of_range (406),
+  // not parse_error, for "1e400"; it escaped plan_from_json_string as a nlohmann exception.
+  EXPECT_NE(error_of<support::ParseError>([] { plan_from_json_string(with_data("1e400")); })
+                .find("plan: malformed JSON: [json.exception.out_of_range.406] number overflow parsing '1e400'"),
+            std::string::npos);
+  EXPECT_THROW(plan_from_json_string("-2e308"), support::ParseError);
+}
+
+TEST(Plan, IntegerFieldsMustBeIntegersInRange) {
+  // nlohmann's get<int> static_casts: a double out of int's range was undefined behaviour
+  // (UBSan float-cast-overflow, reproduced through tests/fuzz/plan_json_fuzz.cc), 2.5 became
+  // 2 and 4294967297 became 1.
+  EXPECT_EQ(error_of<support::ParseError>([] { plan_from_json_string(with_data("1e10")); }),
+            "plan.data: integer 10000000000.0 is out of range [-2147483648, 2147483647]");
+  EXPECT_EQ(error_of<support::ParseError>([] { plan_from_json_string(with_data("4294967297")); }),
+            "plan.data: integer 4294967297 is out of range [-2147483648, 2147483647]");
+  EXPECT_EQ(error_of<support::ParseError>([] { plan_from_json_string(with_data("2.5")); }),
+            "plan.data: expected an integer, got 2.5");
+  EXPECT_NE(error_of<support::ParseError>([] { plan_from_json_string(with_data("\"2\"")); }).find("plan.data: wrong type"),
+            std::string::npos);
+  EXPECT_EQ(plan_from_json_string(with_data("2.0")).data, 2);  // an integral double still reads
+  EXPECT_EQ(error_of<support::ParseError>([] {
+              plan_from_json_string(R"({"data": 1, "tensor": 1, "pipeline": 1, "global_batch": 1e19,
+                                        "micro_batch": 1, "schedule": "1f1b"})");
+            }),
+            "plan.global_batch: integer 1e+19 is out of range [-9223372036854775808, 9223372036854775807]");
+  // Inside arrays and maps too, with the element's path.
+  EXPECT_EQ(error_of<support::ParseError>([] {
+              plan_from_json_string(R"({"data": 1, "tensor": 1, "pipeline": 2, "global_batch": 8, "micro_batch": 1,
+                                        "schedule": "1f1b", "layers_per_stage": [3, 1e300]})");
+            }),
+            "plan.layers_per_stage[1]: integer 1e+300 is out of range [-2147483648, 2147483647]");
+  EXPECT_EQ(error_of<support::ParseError>([] {
+              plan_from_json_string(R"({"data": 1, "tensor": 1, "pipeline": 1, "global_batch": 8, "micro_batch": 8,
+                                        "schedule": "1f1b", "sharding": {"mesh": [1, 1], "axis_names": ["data", "tensor"],
+                                        "placements": {}, "zero": {"w": [0.5]}}})");
+            }),
+            "plan.zero['w'][0]: expected an integer, got 0.5");
+}
+
+TEST(Plan, HugeDegreesAreValidationErrorsNotOverflow) {
+  // Signed overflow (undefined behaviour, reported by UBSan through the fuzz target):
+  // micro_batch x data in validate(), data x tensor x pipeline in world_size().
+  Plan p;
+  p.data = 3;
+  p.micro_batch = std::int64_t{1} << 62;
+  p.global_batch = 1;
+  EXPECT_EQ(error_of<support::ValidationError>([&] { validate(p); }),
+            "plan: global_batch 1 is not divisible by micro_batch 4611686018427387904 x data 3 (> 2^63)");
+  Plan q;
+  q.data = 65536;
+  q.tensor = 65536;
+  q.global_batch = 65536;
+  const std::string expected = "plan: world size t 65536 x p 1 x d 65536 exceeds 2147483647";
+  EXPECT_EQ(error_of<support::ValidationError>([&] { validate(q); }), expected);
+  EXPECT_EQ(error_of<support::ValidationError>([&] { validate(q, 8); }), expected);
+  EXPECT_EQ(error_of<support::ValidationError>([] {
+              plan_from_json_string(R"({"data": 65536, "tensor": 65536, "pipeline": 1, "global_batch": 65536,
+                                        "micro_batch": 1, "schedule": "1f1b"})");
+            }),
+            expected);
+  q.tensor = 32768;  // 2^31 - 1 is the largest world size; 2^31 is not
+  EXPECT_THROW(validate(q), support::ValidationError);
+  q.tensor = 16384;
+  EXPECT_NO_THROW(validate(q));
+}
+
 }  // namespace
 }  // namespace shardwise::plan
