@@ -161,7 +161,8 @@ Profile profile_from_json(const json& j) {
   if (auto it = j.find("format"); it != j.end() && string_value(*it, "format") != kFormat) {
     fail("format", fmt::format("expected \"{}\", found \"{}\"", kFormat, it->get<std::string>()));
   }
-  if (auto it = j.find("version"); it != j.end() && (!it->is_number_integer() || it->get<int>() != kVersion)) {
+  // Compared as int64: get<int>() narrowed 4294967297 to 1, which then passed as version 1.
+  if (auto it = j.find("version"); it != j.end() && (!it->is_number_integer() || it->get<std::int64_t>() != kVersion)) {
     fail("version", fmt::format("expected {}, found {}", kVersion, it->dump()));
   }
   Profile p;
@@ -203,7 +204,9 @@ Profile profile_from_json_string(std::string_view text) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // Not only parse_error: a number too large for a double ("1e400") is an
+    // out_of_range (406), which escaped as a nlohmann exception (found by fuzzing).
     throw support::ParseError(fmt::format("profile: malformed JSON: {}", e.what()));
   }
   return profile_from_json(j);

@@ -156,5 +156,23 @@ TEST(ProfiledCost, BadProfilesAreClearErrors) {
   EXPECT_THROW(ProfiledCostModel{p}, support::ValidationError);
 }
 
+TEST(ProfiledCost, NumberTooLargeForADoubleIsAParseError) {
+  // Found by fuzzing (tests/fuzz/profile_json_fuzz.cc): json::parse throws out_of_range
+  // (406), not parse_error, for "1e400"; it escaped as a nlohmann exception.
+  EXPECT_NE(error_of<support::ParseError>([] {
+              profile_from_json_string(R"({"device": "cpu", "ops": {"x": {"forward": 1e400, "backward": 0}}})");
+            }).find("profile: malformed JSON: [json.exception.out_of_range.406] number overflow parsing '1e400'"),
+            std::string::npos);
+}
+
+TEST(ProfiledCost, VersionIsComparedWithoutNarrowing) {
+  // get<int>() turned 4294967297 into 1, which passed as version 1.
+  EXPECT_NE(error_of<support::ParseError>([] {
+              profile_from_json_string(R"({"version": 4294967297, "device": "cpu", "ops": {}})");
+            }).find("profile version: expected 1, found 4294967297"),
+            std::string::npos);
+  EXPECT_EQ(profile_from_json_string(R"({"version": 1, "device": "cpu", "ops": {}})").device, "cpu");
+}
+
 }  // namespace
 }  // namespace shardwise::cost
