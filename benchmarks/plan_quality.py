@@ -1,0 +1,161 @@
+"""Plan quality: the joint planner's plan against Megatron-LM's published configuration, for
+every row of Narayanan et al. 2021 (arXiv 2104.04473) Table 1, both priced by the same cost
+model (`cost/plan_cost.h`).
+
+    PYTHONPATH=python python benchmarks/plan_quality.py [--levels fast,thorough]
+
+Megatron: the row's t, p, d (GPUs / (t p)) and global batch, interleaved 1F1B, full
+recomputation, with the micro-batch and virtual stages Table 1 leaves out chosen as in
+benchmarks/megatron.py (best predicted among b in {1, 2, 4, 8} and v dividing layers / p that
+fit in 80 GB with m a multiple of p).
+Ours: `shardwise.plan(graph, cluster, global_batch=B, level=..., pipeline=True)` on the same
+GPT graph (seq 2048, vocab 51200, bf16) and the same DGX-A100 cluster.
+Prints per row and level: the chosen (t, p, d), micro-batch, schedule, recomputation, ZeRO
+stage, predicted TFLOP/s per GPU, Megatron's, the ratio ours / Megatron and the planning
+seconds (wall and CPU). Also Megatron's (t, p, d) without recomputation (best b, v that fit),
+to separate what the degrees gain from what dropping recomputation gains, and flags a plan
+Megatron-LM could not run as written: t not dividing the heads or the 8 GPUs of a node
+(a tensor group then spans two nodes, which the cost model prices as if it were inside one:
+see the README), or layers not divisible by p x v (uneven stages: Megatron-LM's interleaved
+schedule needs even chunks). "best valid" is the best plan among the
+planner's ten best that has no flag. Where ours is below Megatron, the step's breakdown of
+both is printed. Asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _machine import Timer, machine_line  # noqa: E402
+from megatron import MEMORY, TABLE1, predict_table1_row  # noqa: E402
+
+import shardwise  # noqa: E402
+
+PER_NODE = 8
+
+
+def describe(plan) -> str:
+    sched = "1f1b" if plan.schedule == "1f1b" else f"int v{plan.virtual_stages}"
+    return (f"({plan.tensor},{plan.pipeline},{plan.data}) b{plan.micro_batch} {sched:<6} "
+            f"rc {plan.recompute:<4} z{plan.zero_stage}")
+
+
+def flags(plan, heads: int, layers: int) -> str:
+    out = []
+    t, p, v = plan.tensor, plan.pipeline, plan.virtual_stages
+    if heads % t:
+        out.append(f"t{t}!|heads{heads}")
+    if PER_NODE % t:
+        out.append(f"t{t} spans nodes")
+    if layers % (p * v):
+        out.append(f"uneven L{layers}/(p{p} v{v})")
+    return ",".join(out)
+
+
+def no_recompute(graph, cluster, t, p, d, batch, layers):
+    """Megatron's degrees, recomputation off: the best (b, v) that fits in 80 GB, or None."""
+    best = None
+    vs = [v for v in range(1, layers // p + 1) if layers % p == 0 and (layers // p) % v == 0] if p > 1 else [1]
+    for b in (1, 2, 4, 8):
+        if batch % (b * d):
+            continue
+        m = batch // (b * d)
+        for v in vs or [1]:
+            if v > 1 and m % p:
+                continue
+            try:
+                plan = shardwise.Plan.manual(graph, cluster, tensor=t, pipeline=p, data=d, global_batch=batch,
+                                             micro_batch=b, schedule="interleaved-1f1b", virtual_stages=v,
+                                             recompute=False)
+            except shardwise.ValidationError:
+                continue
+            if plan.predicted_memory()[0] <= MEMORY and (
+                    best is None or plan.predicted_tflops_per_device() > best.predicted_tflops_per_device()):
+                best = plan
+    return best
+
+
+def breakdown_line(label: str, plan) -> str:
+    br = plan.breakdown()
+    parts = ["compute", "tensor_parallel", "pipeline_p2p", "pipeline_bubble", "data_parallel", "optimizer"]
+    return (f"      {label:<9} step {plan.predicted_step_time():6.2f} s = "
+            + " + ".join(f"{k.replace('pipeline_', 'pp_').replace('_parallel', '')} {br.get(k, 0.0):.2f}"
+                         for k in parts)
+            + f"; memory {plan.predicted_memory()[0] / 1e9:.1f} GB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--levels", default="fast,thorough", help="comma-separated: fast, thorough")
+    args = ap.parse_args()
+    levels = [x for x in args.levels.split(",") if x]
+    print(machine_line())
+    print("Narayanan et al. 2021 Table 1 rows: ours = shardwise.plan(pipeline=True), Megatron = the published "
+          "(t, p, d), both priced by cost/plan_cost.h on DGX-A100 nodes")
+    print(f"{'params':>7} {'GPUs':>5} {'B':>5} {'level':<8} {'ours (t,p,d) b sched rc zero':<36} {'ours':>6} "
+          f"{'Megatron (t,p,d) b v':<22} {'Meg':>6} {'ours/Meg':>8} {'Meg norc':>8} {'wall s':>7} {'cpu s':>7}"
+          f"  {'flags':<22} best valid")
+    summary = {level: [] for level in levels}
+    with Timer() as whole:
+        for row in TABLE1:
+            params, heads, hidden, layers, t, p, gpus, batch, published = row
+            d = gpus // (t * p)
+            graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200)
+            cluster = shardwise.Cluster.preset("dgx-a100", nodes=gpus // PER_NODE)
+            found = predict_table1_row(row)
+            if found is None:
+                print(f"{params:>7} Megatron's configuration does not fit in 80 GB under the model; skipped")
+                continue
+            meg, mb, mv, _ = found
+            meg_tf = meg.predicted_tflops_per_device()
+            norc = no_recompute(graph, cluster, t, p, d, batch, layers)
+            norc_s = f"{norc.predicted_tflops_per_device():8.1f}" if norc is not None else f"{'no fit':>8}"
+            meg_s = f"({t},{p},{d}) b{mb} v{mv}"
+            for level in levels:
+                with Timer() as clock:
+                    ours = shardwise.plan(graph, cluster, global_batch=batch, level=level, pipeline=True)
+                tf = ours.predicted_tflops_per_device()
+                valid = [a for a in [ours, *ours.alternatives()[1:]] if not flags(a, heads, layers)]
+                valid_s = (f"{describe(valid[0])} {valid[0].predicted_tflops_per_device():.1f} "
+                           f"({valid[0].predicted_tflops_per_device() / meg_tf:.3f})" if valid else "none in top 10")
+                fl = flags(ours, heads, layers)
+                summary[level].append((params, tf / meg_tf, clock.wall, clock.cpu, fl,
+                                       valid[0].predicted_tflops_per_device() / meg_tf if valid else None))
+                print(f"{params:>7} {gpus:>5} {batch:>5} {level:<8} {describe(ours):<36} {tf:6.1f} {meg_s:<22} "
+                      f"{meg_tf:6.1f} {tf / meg_tf:8.4f} {norc_s} {clock.wall:7.2f} {clock.cpu:7.2f}  "
+                      f"{fl or '-':<22} {'=' if not fl else valid_s}", flush=True)
+                if tf < meg_tf or not ours.fits:
+                    print(breakdown_line("ours", ours))
+                    print(breakdown_line("Megatron", meg))
+    print()
+    for level in levels:
+        rows = summary[level]
+        if not rows:
+            continue
+        ratios = [r[1] for r in rows]
+        below = [f"{r[0]}B ({r[1]:.3f})" for r in rows if r[1] < 1]
+        flagged = [f"{r[0]}B" for r in rows if r[4]]
+        valid = [(r[1], r[5]) for r in rows if r[5] is not None]
+        print(f"{level}: ours / Megatron min {min(ratios):.3f}, geometric mean "
+              f"{_gmean(ratios):.3f}, max {max(ratios):.3f}; below 1 on {len(below)} of {len(rows)} rows"
+              f"{': ' + ', '.join(below) if below else ''}; planning {sum(r[2] for r in rows):.0f} s wall, "
+              f"{sum(r[3] for r in rows):.0f} s CPU in all, worst {max(r[2] for r in rows):.1f} s wall")
+        if flagged:
+            print(f"  plans Megatron-LM could not run as written on {len(flagged)} rows ({', '.join(flagged)}); "
+                  f"over the {len(valid)} rows with a valid plan among the ten best, geometric mean ours / Megatron "
+                  f"{_gmean([v[0] for v in valid]):.3f} as found, {_gmean([v[1] for v in valid]):.3f} with the best "
+                  f"valid one, min {min(v[1] for v in valid):.3f}")
+    print(f"whole run: {whole.wall:.0f} s wall, {whole.cpu:.0f} s CPU; {machine_line()}")
+
+
+def _gmean(xs: list[float]) -> float:
+    import math
+
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+if __name__ == "__main__":
+    main()
