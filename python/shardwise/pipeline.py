@@ -213,7 +213,38 @@ class PipelineEngine:
         return items
 
     def eval_step(self, *batch) -> torch.Tensor:
-        raise ValidationError("eval_step: not yet supported for pipeline plans")
+        """The loss of the global batch, forward only (no gradients, nothing kept): each
+        micro-batch passes the stages in order, every rank taking (micro-batch, stage) pairs
+        in the same order, receiving a stage's inputs just before running it and sending its
+        outputs without waiting, so no rank waits on one that waits on it."""
+        micro = self._micro_batches(batch)
+        p, size = self.plan.pipeline, self._stage_size
+        local = dist.get_rank() % size
+        losses, sends = [], []
+        with torch.no_grad():
+            for mb in range(self._m):
+                for g in sorted(self._stages):
+                    stage = self._stages[g]
+                    received = {}
+                    for name in stage["received"]:  # from the previous stage's rank, same sub-mesh coordinate
+                        shape, dtype, index = self._meta[name]
+                        received[name] = torch.empty(shape, dtype=dtype)
+                        dist.recv(received[name], src=((g - 1) % p) * size + local,
+                                  tag=self._tag(index, mb, False))
+                    outputs = stage["module"](*[micro[mb][n] if n in micro[mb] else received[n]
+                                                for n in stage["inputs"]])
+                    if stage["last"]:
+                        losses.append(outputs[0])
+                        continue
+                    for name, t in zip(stage["sent"], outputs):
+                        t = t.contiguous()
+                        sends.append((dist.isend(t, dst=((g + 1) % p) * size + local,
+                                                 tag=self._tag(self._index(name), mb, False)), t))
+            for work, _ in sends:
+                work.wait()
+            loss = torch.stack(losses).mean() if losses else torch.zeros((), dtype=self._loss_dtype())
+            dist.broadcast(loss, src=self._last_rank)
+        return loss
 
     def _checkpoint_state(self):
         from .checkpoint import held_state

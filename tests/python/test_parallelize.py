@@ -193,6 +193,10 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
             opt.zero_grad()
             roundtrip.append(again.train_step(*batch).item())
             opt.step()
+    # Forward only, after training: the loss of the same batch on one device.
+    eval_loss = engine.eval_step(*batch).item()
+    with torch.no_grad():
+        ref_eval = (loss_fn(reference(*batch[:-1]), batch[-1]) if loss_fn else reference(*batch)).item()
     full = engine.full_state_dict()
     ref_params = dict(reference.named_parameters())
     # Relative to the tensor's largest magnitude, floored at 1e-6: a parameter whose gradient
@@ -202,7 +206,8 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
     loss_error = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     if rank == 0:
         with open(result_path, "w") as f:
-            json.dump({"case": case, "loss_error": loss_error, "param_error": param_error, "losses": losses,
+            json.dump({"case": case, "loss_error": loss_error, "eval_error": abs(eval_loss - ref_eval) / abs(ref_eval),
+                       "param_error": param_error, "losses": losses,
                        "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
                        "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
                        "stage_placements": engine.sharding.placements() if getattr(engine, "sharding", None)
@@ -250,6 +255,7 @@ def _check(result: dict) -> None:
     print(f"parallelize errors: {result['case']}: losses {result['loss_error']:.1e}, "
           f"parameters {result['param_error']:.1e}")
     assert result["loss_error"] < TOLERANCE, result
+    assert result["eval_error"] < TOLERANCE, result
     assert result["param_error"] < TOLERANCE, result
 
 
