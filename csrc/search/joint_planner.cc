@@ -47,7 +47,10 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   std::vector<plan::Plan> space;
   auto add_all = [&](bool with_zero) {
     for (std::int64_t t : divisors(world)) {
-      if (t > per_node) continue;
+      // A tensor group lives inside one node: t divides the node's devices, so every group of
+      // t consecutive ranks stays on NVLink (the cost model prices the group of ranks 0..t-1;
+      // with t = 6 on 8-GPU nodes, half the groups would cross the network at 11x the cost).
+      if (t > per_node || per_node % t != 0) continue;
       for (std::int64_t p : divisors(world / t)) {
         if (p > layers) continue;
         const std::int64_t d = world / (t * p);
