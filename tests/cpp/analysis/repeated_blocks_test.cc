@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "gpt2_like_graph.h"
+#include "../support/time_bounds.h"
 
 namespace shardwise::analysis {
 namespace {
@@ -157,7 +158,7 @@ TEST(RepeatedBlocksTest, DeepModelsAreFast) {
   ASSERT_EQ(groups.size(), 1u);
   EXPECT_EQ(groups[0].module_paths.size(), 96u);
   // Milliseconds in practice; the bound only catches an accidental quadratic.
-  EXPECT_LT(std::chrono::duration<double>(elapsed).count(), 1.0);
+  EXPECT_LT(std::chrono::duration<double>(elapsed).count(), 1.0 * shardwise::test_support::kTimeBoundScale);
 
   config.layers = 48;
   const auto groups48 = find_repeated_blocks(testing::gpt2_like_graph(config));
