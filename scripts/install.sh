@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything shardwise needs on a fresh Debian machine, then builds and
 # installs the package. Safe to run again (each step is skipped when already done).
-#   system: cmake, ninja, g++, pkg-config, GoogleTest, fmt, nlohmann-json, ccache, COIN-OR CBC (apt)
+#   system: cmake, ninja, g++, pkg-config, GoogleTest, fmt, nlohmann-json, ccache, COIN-OR CBC,
+#           clang-19 with its sanitizer and libFuzzer runtime (scripts/harden.sh) (apt)
 #   python: torch==2.13.0 (the CPU wheel; pinned so pip never pulls a CUDA build),
 #           transformers, pytest, rich
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(cmake ninja-build g++ pkg-config libgtest-dev libfmt-dev nlohmann-json3-dev ccache coinor-libcbc-dev)
+apt_packages=(cmake ninja-build g++ pkg-config libgtest-dev libfmt-dev nlohmann-json3-dev ccache coinor-libcbc-dev
+              clang-19 libclang-rt-19-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

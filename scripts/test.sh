@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what is needed, builds the
-# torch-free core with its GoogleTest suite (CTest), then runs the Python tests.
+# torch-free core with its GoogleTest suite (CTest), runs it again under ASan + UBSan and
+# fuzzes the core's readers for a bounded time (scripts/harden.sh), then runs the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -9,6 +10,9 @@ echo "[test] core (no torch): configure, build, ctest"
 cmake -S . -B build/core -G Ninja -DSHARDWISE_BUILD_PYTHON=OFF -DSHARDWISE_WERROR=ON >/dev/null
 cmake --build build/core -j 2
 ctest --test-dir build/core --output-on-failure -j 2
+
+echo "[test] core hardening: ASan + UBSan ctest, bounded libFuzzer runs (scripts/harden.sh)"
+bash scripts/harden.sh
 
 echo "[test] python (pytest)"
 set +e
