@@ -22,7 +22,9 @@ def test_the_training_script_and_its_checkpoint_lines_run_under_torchrun(tmp_pat
     train = [b for b in blocks if "init_process_group" in b]
     checkpoint = [b for b in blocks if "save_checkpoint" in b]
     assert len(train) == 1 and len(checkpoint) == 1, "the README's training and checkpoint blocks"
-    (tmp_path / "train.py").write_text(train[0] + checkpoint[0] + "print('checkpoint step', step)\n")
+    # One write per rank (print writes the line and its newline apart: ranks interleave them).
+    (tmp_path / "train.py").write_text(train[0] + checkpoint[0]
+                                       + "import sys; sys.stdout.write(f'checkpoint step {step}\\n')\n")
     torchrun = shutil.which("torchrun")
     if torchrun is None:
         pytest.fail("torchrun is not on PATH (it comes with torch)")
