@@ -10,7 +10,6 @@
 
 #include "analysis/activation_bytes.h"
 #include "analysis/flops.h"
-#include "analysis/repeated_blocks.h"
 #include "ops/op_table.h"
 #include "support/error.h"
 
@@ -18,99 +17,6 @@ namespace shardwise::cost {
 namespace {
 
 using support::ValidationError;
-
-ops::FlopsKind kind_of(const ir::Node& node) {
-  const ops::OpSpec* spec = ops::OpTable::builtin().find(node.op);
-  return spec != nullptr ? spec->flops.kind : ops::FlopsKind::Zero;
-}
-
-// A contraction reading a weight matrix: a candidate end of a tensor-parallel pair.
-bool weighted_contraction(const ir::Graph& graph, const ir::Node& node) {
-  if (kind_of(node) != ops::FlopsKind::Contraction) return false;
-  return std::any_of(node.inputs.begin(), node.inputs.end(), [&](ir::ValueId v) {
-    const ir::Value& value = graph.value(v);
-    return value.role == ir::ValueRole::Parameter && value.type.rank() >= 2;
-  });
-}
-
-// Ops that need the whole feature dimension: a tensor-parallel region stops before them.
-bool needs_whole_features(const ir::Node& node) { return kind_of(node) == ops::FlopsKind::PerInputElement; }
-
-using Users = std::vector<std::vector<ir::NodeId>>;
-
-Users users_of(const ir::Graph& graph) {
-  Users users(graph.values().size());
-  for (const ir::Node& node : graph.nodes())
-    for (ir::ValueId in : node.inputs) users[static_cast<std::size_t>(in)].push_back(node.id);
-  return users;
-}
-
-struct LayerSplits {
-  std::map<ir::NodeId, TensorSplit> split;  // nodes of the layer that are not replicated
-  std::vector<ir::NodeId> row_ends;         // the second contraction of each pair
-};
-
-// Megatron pairs inside one layer, from its dataflow (see plan_cost.h).
-LayerSplits find_pairs(const ir::Graph& graph, const std::vector<ir::NodeId>& layer, const Users& users) {
-  LayerSplits out;
-  std::set<ir::NodeId> in_layer(layer.begin(), layer.end());
-  for (ir::NodeId first : layer) {
-    const ir::Node& start = graph.node(first);
-    if (!weighted_contraction(graph, start) || out.split.contains(first)) continue;
-    std::set<ir::NodeId> between, partners;
-    std::vector<ir::NodeId> frontier;
-    auto push_users = [&](const ir::Node& n) {
-      for (ir::ValueId v : n.outputs)
-        for (ir::NodeId u : users[static_cast<std::size_t>(v)])
-          if (in_layer.contains(u)) frontier.push_back(u);
-    };
-    push_users(start);
-    while (!frontier.empty()) {
-      ir::NodeId id = frontier.back();
-      frontier.pop_back();
-      const ir::Node& n = graph.node(id);
-      if (weighted_contraction(graph, n)) {
-        partners.insert(id);
-        continue;
-      }
-      if (needs_whole_features(n) || between.contains(id)) continue;
-      between.insert(id);
-      push_users(n);
-    }
-    if (partners.size() != 1 || out.split.contains(*partners.begin())) continue;
-    bool clash = std::any_of(between.begin(), between.end(), [&](ir::NodeId b) { return out.split.contains(b); });
-    if (clash) continue;
-    out.split[first] = TensorSplit::Column;
-    out.split[*partners.begin()] = TensorSplit::Row;
-    for (ir::NodeId b : between) out.split[b] = TensorSplit::All;
-    out.row_ends.push_back(*partners.begin());
-  }
-  return out;
-}
-
-// Outside the layers: weighted contractions column-parallel, everything after them 1/t.
-std::map<ir::NodeId, TensorSplit> outside_splits(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
-                                                 const Users& users) {
-  std::map<ir::NodeId, TensorSplit> split;
-  std::set<ir::NodeId> here(nodes.begin(), nodes.end());
-  std::vector<ir::NodeId> frontier;
-  for (ir::NodeId id : nodes) {
-    if (!weighted_contraction(graph, graph.node(id))) continue;
-    split[id] = TensorSplit::Column;
-    frontier.push_back(id);
-  }
-  while (!frontier.empty()) {
-    ir::NodeId id = frontier.back();
-    frontier.pop_back();
-    for (ir::ValueId v : graph.node(id).outputs)
-      for (ir::NodeId u : users[static_cast<std::size_t>(v)])
-        if (here.contains(u) && !split.contains(u)) {
-          split[u] = TensorSplit::All;
-          frontier.push_back(u);
-        }
-  }
-  return split;
-}
 
 struct PartCost {
   double forward = 0;
@@ -153,14 +59,6 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
   return out;
 }
 
-int graph_batch(const ir::Graph& graph) {
-  for (ir::ValueId in : graph.inputs()) {
-    const ir::TensorType& type = graph.value(in).type;
-    if (type.batch_dim.has_value()) return static_cast<int>(type.shape[static_cast<std::size_t>(*type.batch_dim)]);
-  }
-  return 1;
-}
-
 }  // namespace
 
 std::map<std::string, double> PlanCost::breakdown() const {
@@ -176,6 +74,12 @@ std::map<std::string, double> PlanCost::breakdown() const {
 
 PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Plan& plan, const CostModel& model,
                   const PlanCostConstants& constants) {
+  plan::validate(plan, cluster.world_size());  // before the graph analysis: bad plans fail fast
+  return evaluate(find_layer_structure(graph), graph, cluster, plan, model, constants);
+}
+
+PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
+                  const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants) {
   plan::validate(plan, cluster.world_size());
   const int t = plan.tensor, p = plan.pipeline, d = plan.data, v = plan.virtual_stages;
   const std::int64_t m = plan.num_micro_batches();
@@ -187,97 +91,53 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
   for (const DeviceType& type : cluster.device_types())
     if (type.peak_flops.at(*precision) < device->peak_flops.at(*precision)) device = &type;
 
-  // ---- structure ---------------------------------------------------------------------
-  std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
-  const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
-  const int num_layers = layers != nullptr ? static_cast<int>(layers->nodes.size()) : 0;
+  // ---- structure (the graph's, the same for every plan) --------------------------------
+  const int num_layers = structure.num_layers();
   if (p * v > std::max(num_layers, 1))
     throw ValidationError(fmt::format("evaluate: pipeline {} x virtual_stages {} = {} chunks but the graph has {} layers",
                                       p, v, p * v, num_layers));
-
-  std::set<ir::NodeId> in_layers;
-  if (layers != nullptr)
-    for (const auto& b : layers->nodes) in_layers.insert(b.begin(), b.end());
-  ir::NodeId first_layer_node = layers != nullptr ? layers->nodes.front().front() : 0;
-  std::vector<ir::NodeId> pre, post;
-  for (const ir::Node& node : graph.nodes()) {
-    if (in_layers.contains(node.id)) continue;
-    (layers != nullptr && node.id < first_layer_node ? pre : post).push_back(node.id);
-  }
-
-  Users users = users_of(graph);
-  LayerSplits layer_splits;
-  if (layers != nullptr) layer_splits = find_pairs(graph, layers->nodes.front(), users);
-  std::map<ir::NodeId, TensorSplit> outside = outside_splits(graph, post, users);
-  {
-    std::map<ir::NodeId, TensorSplit> pre_split = outside_splits(graph, pre, users);
-    outside.insert(pre_split.begin(), pre_split.end());
-  }
-
-  // Parameters a column/row split shards (weights; a row-parallel bias stays whole).
-  std::set<ir::ValueId> sharded_params;
-  auto note_params = [&](const std::map<ir::NodeId, TensorSplit>& split) {
-    for (const auto& [id, s] : split) {
-      if (s != TensorSplit::Column && s != TensorSplit::Row) continue;
-      for (ir::ValueId in : graph.node(id).inputs) {
-        const ir::Value& value = graph.value(in);
-        if (value.role == ir::ValueRole::Parameter && (s == TensorSplit::Column || value.type.rank() >= 2))
-          sharded_params.insert(in);
-      }
-    }
-  };
-  note_params(layer_splits.split);
-  note_params(outside);
-
-  const double batch_scale = static_cast<double>(plan.micro_batch) / graph_batch(graph);
-  std::vector<std::int64_t> act_bytes = analysis::activation_bytes(graph);
+  const auto& layers = structure.layers;
+  const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
+  const std::vector<std::int64_t>& act_bytes = structure.activation_bytes;
+  const std::set<ir::ValueId>& sharded_params = structure.sharded_params;
 
   std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
-  PartCost layer = layers != nullptr ? cost_nodes(graph, layers->nodes.front(), layer_splits.split, sharded_params,
-                                                  act_bytes, model, *device, *precision, batch_scale, t, &seen_layer)
-                                     : PartCost{};
-  PartCost pre_cost = cost_nodes(graph, pre, outside, sharded_params, act_bytes, model, *device, *precision,
-                                 batch_scale, t, &seen_pre);
-  PartCost post_cost = cost_nodes(graph, post, outside, sharded_params, act_bytes, model, *device, *precision,
-                                  batch_scale, t, &seen_post);
-  if (layers == nullptr) {  // no repeated structure: the whole graph is one part on one stage
+  PartCost layer = layers ? cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes,
+                                       model, *device, *precision, batch_scale, t, &seen_layer)
+                          : PartCost{};
+  PartCost pre_cost = cost_nodes(graph, structure.pre, structure.outside_split, sharded_params, act_bytes, model,
+                                 *device, *precision, batch_scale, t, &seen_pre);
+  PartCost post_cost = cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, model,
+                                  *device, *precision, batch_scale, t, &seen_post);
+  if (!layers) {  // no repeated structure: the whole graph is one part on one stage
     post_cost.forward += pre_cost.forward;
     post_cost.backward += pre_cost.backward;
     post_cost.matmul_flops += pre_cost.matmul_flops;
   }
-
-  // The layer's input (the residual stream): the batched activation its first node reads
-  // from outside the layer. Kept per layer under recomputation, sent between stages.
-  double layer_input_bytes = 0;
-  if (layers != nullptr) {
-    std::set<ir::NodeId> first(layers->nodes.front().begin(), layers->nodes.front().end());
-    for (ir::ValueId in : graph.node(layers->nodes.front().front()).inputs) {
-      const ir::Value& value = graph.value(in);
-      if (value.role == ir::ValueRole::Activation && !first.contains(*value.producer))
-        layer_input_bytes = std::max(layer_input_bytes, static_cast<double>(value.type.bytes()) * batch_scale);
-    }
-  }
+  const double layer_input_bytes = structure.layer_input_bytes * batch_scale;
 
   // ---- per micro-batch, per device -----------------------------------------------------
   const bool recompute = plan.recompute == plan::Recompute::Full;
   const double layer_compute = layer.forward + layer.backward + (recompute ? layer.forward : 0.0);
   PlanCost out;
   out.layers = num_layers;
-  out.tensor_parallel_pairs_per_layer = static_cast<int>(layer_splits.row_ends.size());
+  out.tensor_parallel_pairs_per_layer = static_cast<int>(structure.row_ends.size());
   out.all_reduces_per_layer_per_micro_batch = t > 1 ? out.tensor_parallel_pairs_per_layer * (recompute ? 3 : 2) : 0;
   out.micro_batches = m;
 
-  double layer_tp = 0;
+  double layer_tp = 0, pre_tp = 0, post_tp = 0;  // tensor-parallel all-reduces per micro-batch
   if (t > 1) {
     std::vector<int> tp_ranks(static_cast<std::size_t>(t));
     std::iota(tp_ranks.begin(), tp_ranks.end(), 0);
-    for (ir::NodeId row : layer_splits.row_ends) {
-      const ir::Value& out_value = graph.value(graph.node(row).outputs[0]);
-      double bytes = static_cast<double>(out_value.type.bytes()) * batch_scale;
-      double each = model.collective_time(cluster, CollectiveKind::AllReduce, tp_ranks, static_cast<std::int64_t>(bytes),
-                                          Algorithm::Auto);
-      layer_tp += each * (recompute ? 3 : 2);
-    }
+    auto all_reduce = [&](double bytes) {
+      return model.collective_time(cluster, CollectiveKind::AllReduce, tp_ranks,
+                                   static_cast<std::int64_t>(bytes * batch_scale), Algorithm::Auto);
+    };
+    for (ir::NodeId row : structure.row_ends)
+      layer_tp += all_reduce(static_cast<double>(graph.value(graph.node(row).outputs[0]).type.bytes())) *
+                  (recompute ? 3 : 2);
+    for (double bytes : structure.pre_lookup_bytes) pre_tp += all_reduce(bytes);
+    for (double bytes : structure.post_lookup_bytes) post_tp += all_reduce(bytes);
   }
 
   // Layers per device: chunks s, s + p, ... of the plan's split (or a balanced one).
@@ -312,7 +172,7 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
     if (s == 0) compute += pre_cost.forward + pre_cost.backward, backward += pre_cost.backward, params += pre_cost.parameters;
     if (s == p - 1)
       compute += post_cost.forward + post_cost.backward, backward += post_cost.backward, params += post_cost.parameters;
-    double tp = layers_here * layer_tp;
+    double tp = layers_here * layer_tp + (s == 0 ? pre_tp : 0.0) + (s == p - 1 ? post_tp : 0.0);
     if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp;
     device_params[static_cast<std::size_t>(s)] = params;
     device_backward[static_cast<std::size_t>(s)] = backward;
@@ -391,8 +251,8 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
 
   // ---- Megatron-LM's FLOP accounting ---------------------------------------------------
   double per_sample = (4.0 * num_layers * layer.matmul_flops + 3.0 * (pre_cost.matmul_flops + post_cost.matmul_flops)) /
-                      graph_batch(graph);
-  if (layers == nullptr) per_sample = 3.0 * post_cost.matmul_flops / graph_batch(graph);
+                      structure.graph_batch;
+  if (!layers) per_sample = 3.0 * post_cost.matmul_flops / structure.graph_batch;
   out.model_flops = per_sample * static_cast<double>(plan.global_batch);
   out.tflops_per_device = out.step_time > 0 ? out.model_flops / out.step_time / cluster.world_size() / 1e12 : 0;
   return out;

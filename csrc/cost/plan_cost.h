@@ -9,18 +9,20 @@
 //  - Layers: the largest group of analysis::find_repeated_blocks (most nodes in all). Nodes
 //    before its first layer are "pre" (first pipeline stage), after its last "post" (last
 //    stage). Every layer is costed as the first one.
-//  - Tensor parallelism (degree t), Megatron-style, from the dataflow of one layer: a
-//    weighted contraction (a contraction reading a parameter of rank >= 2) whose output
-//    reaches another weighted contraction through ops that are not normalisations or
-//    reductions (pointwise, views, attention) forms a pair: the first is column-parallel,
-//    the second row-parallel, the ops between run on 1/t of the data (attention heads, the
-//    MLP activation). One all-reduce of the second's output per pair in forward, one in
-//    backward, and one more per pair when recomputing. Everything else in the layer (layer
-//    norms, residual adds, dropout after the pair) is replicated on the t ranks.
+//  - Tensor parallelism (degree t), Megatron-style, from the dataflow of one layer
+//    (layer_structure.h): column-parallel weighted contractions (several may feed one
+//    group: q, k, v; SwiGLU's gate and up) whose outputs reach one row-parallel weighted
+//    contraction through ops that are not normalisations or reductions (pointwise, views,
+//    attention); the ops between run on 1/t of the data (attention heads, the MLP
+//    activation). One all-reduce of the row end's output per group in forward, one in
+//    backward, and one more per group when recomputing. Everything else in the layer (layer
+//    norms, residual adds, dropout after the group) is replicated on the t ranks.
 //    Outside the layers, a weighted contraction is column-parallel over its parameter (the
 //    vocabulary-parallel LM head) and the ops after it run on 1/t (the vocabulary-parallel
 //    loss; its small all-reduces over [b, s] are ignored). A parameter any contraction
-//    shards is stored sharded wherever it is read (the vocabulary-parallel embedding).
+//    shards is stored sharded wherever it is read (a tied embedding), and a lookup of a
+//    parameter table outside the layers is vocabulary-parallel with one all-reduce of its
+//    output per micro-batch in forward (an untied input embedding).
 //  - Pipeline (degree p, v virtual stages): layers balanced over p x v chunks (or the
 //    plan's layers_per_stage), device s holding chunks s, s + p, ...; the bottleneck device
 //    sets the pace. Per micro-batch: T_mb = compute + tensor-parallel all-reduces + p2p.
@@ -54,6 +56,7 @@
 #include <string>
 
 #include "cost/cluster.h"
+#include "cost/layer_structure.h"
 #include "cost/memory_cost.h"
 #include "cost/op_cost.h"
 #include "ir/graph.h"
@@ -106,6 +109,11 @@ struct PlanCost {
 // world size), the graph (p x v > layers), or is invalid (plan::validate).
 PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Plan& plan, const CostModel& model,
                   const PlanCostConstants& constants = {});
+
+// The same, with the graph's structure found beforehand (find_layer_structure(graph)): what
+// a planner pricing many plans on one graph calls.
+PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
+                  const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants = {});
 
 // The plan with predicted figures filled in.
 plan::Plan with_prediction(plan::Plan plan, const PlanCost& cost);

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "analysis/repeated_blocks.h"
+#include "cost/layer_structure.h"
 #include "support/error.h"
 #include "support/log.h"
 
@@ -32,11 +32,11 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     throw ValidationError(fmt::format("joint planner: global batch {} < 1", options.global_batch));
   if (cluster.device_types().size() != 1)
     throw ValidationError("joint planner: a heterogeneous cluster; use the SPMD search (uneven batch shares)");
-  const auto groups = analysis::find_repeated_blocks(graph);
-  const analysis::RepeatedBlockGroup* layers_group = analysis::largest_group(groups);
-  if (layers_group == nullptr)
+  // The graph's layers and tensor-parallel groups, found once for every candidate.
+  const cost::LayerStructure structure = cost::find_layer_structure(graph);
+  if (!structure.layers)
     throw ValidationError("joint planner: the graph has no repeated layers to cut into pipeline stages");
-  const auto layers = static_cast<std::int64_t>(layers_group->module_paths.size());
+  const auto layers = static_cast<std::int64_t>(structure.num_layers());
   const int world = cluster.world_size();
   int per_node = 0;
   for (const cost::Node& node : cluster.nodes()) per_node = std::max(per_node, node.device_count());
@@ -51,6 +51,8 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       // t consecutive ranks stays on NVLink (the cost model prices the group of ranks 0..t-1;
       // with t = 6 on 8-GPU nodes, half the groups would cross the network at 11x the cost).
       if (t > per_node || per_node % t != 0) continue;
+      // Each rank of a tensor group holds whole heads (Megatron-LM asserts the same).
+      if (structure.attention_heads > 0 && structure.attention_heads % t != 0) continue;
       for (std::int64_t p : divisors(world / t)) {
         if (p > layers) continue;
         const std::int64_t d = world / (t * p);
@@ -94,7 +96,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       if (options.progress && i % 64 == 0) options.progress(static_cast<int>(i), static_cast<int>(space.size()));
       cost::PlanCost cost;
       try {
-        cost = cost::evaluate(graph, cluster, space[i], model);
+        cost = cost::evaluate(structure, graph, cluster, space[i], model);
       } catch (const ValidationError&) {
         continue;  // a combination the evaluator rejects (layers the stages cannot split)
       }

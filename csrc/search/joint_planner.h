@@ -6,8 +6,8 @@
 //   r.plan;          // e.g. t 8, p 8, d 16, micro-batch 1, interleaved-1f1b v 3, recompute
 //
 // The space (every combination is a plan::Plan the evaluator prices):
-//  - t: a divisor of the world size that fits in a node (tensor parallelism on the fastest
-//    links); p: a divisor of world / t no larger than the number of layers; d = world / (t p),
+//  - t: a divisor of the world size and of a node's devices (tensor parallelism on the
+//    fastest links) and of the attention head count (each rank holds whole heads); p: a divisor of world / t no larger than the number of layers; d = world / (t p),
 //    dividing the global batch;
 //  - micro-batch b: a divisor of global_batch / d, up to max_micro_batch;
 //  - schedule: p = 1: none needed (1F1B, m micro-batches of gradient accumulation); p > 1:

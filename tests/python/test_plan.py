@@ -29,3 +29,35 @@ def test_costing_175b_takes_under_a_second():
     elapsed = time.perf_counter() - start
     print(f"175B plan built and costed in {elapsed * 1e3:.0f} ms; {p.predicted_tflops_per_device():.1f} TFLOP/s")
     assert elapsed < 1.0
+
+
+def test_llama_gated_mlp_and_separate_qkv_are_tensor_parallel_groups():
+    """A transformers LLaMA (separate q/k/v projections with grouped-query attention, SwiGLU
+    gate/up/down): the cost model finds two tensor-parallel groups per layer, as in GPT-2,
+    and every projection's weight is stored 1/t per rank."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=8,
+                                   num_key_value_heads=4, intermediate_size=768, vocab_size=512,
+                                   max_position_embeddings=64, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.zeros(8, 32, dtype=torch.long, device="meta")
+    g = shardwise.capture(model, {"input_ids": ids, "labels": ids})
+    c = shardwise.Cluster.preset("dgx-a100", nodes=1)
+
+    def plan(t):
+        return shardwise.Plan.manual(g, c, tensor=t, global_batch=8, micro_batch=1, recompute=False, precision="f32")
+
+    whole, four = plan(1), plan(4)
+    assert four._result["tensor_parallel_pairs_per_layer"] == 2
+    # Per rank at t = 4: the layers' projections and the (vocabulary-parallel) embedding and
+    # LM head are a quarter; the norms' weights (256 each) stay whole.
+    params = dict(model.named_parameters())
+    norms = sum(p.numel() for n, p in params.items() if "norm" in n)
+    matrices = sum(p.numel() for n, p in params.items() if "norm" not in n)
+    bytes_whole, bytes_four = whole.predicted_memory()[1]["weights"], four.predicted_memory()[1]["weights"]
+    per_param = bytes_whole / (norms + matrices)  # the weights' bytes (bf16 copies under mixed precision)
+    assert per_param == pytest.approx(round(per_param))
+    assert bytes_four == pytest.approx(per_param * (norms + matrices / 4))

@@ -35,11 +35,12 @@ TEST(PlanCost, FindsMegatronPairsAndCountsAllReduces) {
   EXPECT_EQ(cost.all_reduces_per_layer_per_micro_batch, 4);  // 1 forward + 1 backward per pair
   EXPECT_EQ(cost.micro_batches, 4);
 
-  // Hand-checked tensor-parallel time: m x 2 layers per stage x 2 pairs x 2 all-reduces of
-  // the row-parallel output [16, 64] bf16 = 2,048 bytes over ranks {0, 1}.
+  // Hand-checked tensor-parallel time on the first stage, the bottleneck: m x (2 layers x 2
+  // pairs x 2 all-reduces of the row-parallel output + the forward all-reduces of the two
+  // vocabulary-parallel lookups, wte and wpe), each [16, 64] bf16 = 2,048 bytes over {0, 1}.
   std::vector<int> tp = {0, 1};
   double one = collective_time(c, CollectiveKind::AllReduce, tp, 16 * 64 * 2);
-  EXPECT_NEAR(cost.tensor_parallel, 4 * 2 * 2 * 2 * one, 1e-12);
+  EXPECT_NEAR(cost.tensor_parallel, 4 * (2 * 2 * 2 + 2) * one, 1e-12);
 
   // 1F1B bubble: (p - 1) / m of the ideal time.
   EXPECT_NEAR(cost.bubble_fraction, 1.0 / 4, 1e-12);

@@ -77,6 +77,24 @@ TEST(JointPlanner, TightMemoryTurnsToZeroAndRecomputationOrReportsTheLeast) {
   EXPECT_GT(r.plan.predicted->memory_per_rank, r.memory_limit);
 }
 
+TEST(JointPlanner, TensorDegreesDivideTheHeadCount) {
+  // The same layers with 16 and with 12 heads on 8-GPU nodes: with 12, t = 8 would split
+  // heads across ranks, so the planner never prices it.
+  JointPlanOptions options;
+  options.global_batch = 64;
+  options.level = SearchLevel::Thorough;
+  const cost::Cluster cluster = cost::preset("dgx-a100", 2);
+  auto plans_priced = [&](int heads) {
+    JointPlanResult r = plan_joint(gpt(8, 768, heads, 512, 1024), cluster, cost::AnalyticCostModel{}, options);
+    EXPECT_FALSE(r.best.empty());
+    return r.evaluated;
+  };
+  const int with_16 = plans_priced(16), with_12 = plans_priced(12);
+  EXPECT_LT(with_12, with_16);
+  JointPlanResult r = plan_joint(gpt(8, 768, 12, 512, 1024), cluster, cost::AnalyticCostModel{}, options);
+  for (const JointCandidate& c : r.best) EXPECT_EQ(12 % c.plan.tensor, 0) << "t = " << c.plan.tensor;
+}
+
 TEST(JointPlanner, RejectsWhatItCannotPlan) {
   ir::Graph g = gpt(4, 256, 4, 128, 1024);
   JointPlanOptions options;
