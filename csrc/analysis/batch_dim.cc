@@ -40,4 +40,12 @@ bool propagate_batch_dim(const ops::OpTable& table, ir::Graph& graph) {
   return changed;
 }
 
+std::int64_t input_batch(const ir::Graph& graph) {
+  for (ir::ValueId in : graph.inputs()) {
+    const ir::TensorType& type = graph.value(in).type;
+    if (type.batch_dim.has_value()) return type.shape[static_cast<std::size_t>(*type.batch_dim)];
+  }
+  return 0;
+}
+
 }  // namespace shardwise::analysis

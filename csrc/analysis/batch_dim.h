@@ -15,11 +15,17 @@
 // a node whose shapes contradict its rule.
 #pragma once
 
+#include <cstdint>
+
 #include "ir/graph.h"
 #include "ops/op_table.h"
 
 namespace shardwise::analysis {
 
 bool propagate_batch_dim(const ops::OpTable& table, ir::Graph& graph);
+
+// The batch size the graph was built at: the size of the batch dim of its first input that
+// has one; 0 when no input has a batch dim.
+std::int64_t input_batch(const ir::Graph& graph);
 
 }  // namespace shardwise::analysis

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "analysis/activation_bytes.h"
+#include "analysis/batch_dim.h"
 #include "ops/op_table.h"
 
 namespace shardwise::cost {
@@ -123,14 +124,6 @@ void note_params(const ir::Graph& graph, const std::map<ir::NodeId, TensorSplit>
   }
 }
 
-int first_batch(const ir::Graph& graph) {
-  for (ir::ValueId in : graph.inputs()) {
-    const ir::TensorType& type = graph.value(in).type;
-    if (type.batch_dim.has_value()) return static_cast<int>(type.shape[static_cast<std::size_t>(*type.batch_dim)]);
-  }
-  return 1;
-}
-
 }  // namespace
 
 LayerStructure find_layer_structure(const ir::Graph& graph) {
@@ -176,7 +169,7 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
     }
 
   out.activation_bytes = analysis::activation_bytes(graph);
-  out.graph_batch = first_batch(graph);
+  out.graph_batch = static_cast<int>(std::max<std::int64_t>(1, analysis::input_batch(graph)));
 
   // The layer's input (the residual stream): the batched activation its first node reads
   // from outside the layer. Kept per layer under recomputation, sent between stages.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/batch_dim.h"
 #include "analysis/flops.h"
 #include "ops/op_table.h"
 #include "plan/plan.h"
@@ -108,6 +109,14 @@ void bind_transform(py::module_& m) {
           p.sharding = std::move(s);
         } else {
           p = plan::plan_from_json_string(plan_json);
+          // The plan's strategies name sizes at its global batch; a graph captured at another
+          // batch would fail later on some node with a message about that node's sizes.
+          const std::int64_t captured = analysis::input_batch(graph);
+          if (captured > 0 && p.global_batch > 0 && captured != p.global_batch)
+            throw support::ValidationError(
+                "rank_program: the graph was captured at batch " + std::to_string(captured) +
+                " but the plan is for global batch " + std::to_string(p.global_batch) +
+                "; capture the model at the global batch (shardwise.parallelize does)");
         }
         if (!p.sharding) throw support::ValidationError("rank_program: the plan has no sharding section");
         transform::RewriteOptions options;

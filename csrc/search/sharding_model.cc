@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "analysis/batch_dim.h"
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
 #include "cost/collective_cost.h"
@@ -26,14 +27,6 @@ bool scales_with_batch(const ir::Value& value) {
 }
 
 bool is_leaf(const ir::Value& value) { return !value.producer.has_value(); }
-
-std::int64_t graph_batch(const ir::Graph& graph) {
-  for (ir::ValueId in : graph.inputs()) {
-    const ir::TensorType& type = graph.value(in).type;
-    if (type.batch_dim.has_value()) return type.shape[static_cast<std::size_t>(*type.batch_dim)];
-  }
-  return 0;
-}
 
 // Scales every index that some operand carries as the major factor of its batch dim.
 void scale_batch_indices(ops::DimRule& rule, const ir::Graph& graph, const ir::Node& node, double scale) {
@@ -106,7 +99,7 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   device_ = &cluster_.device_of(0);
   for (const cost::DeviceType& type : cluster_.device_types())
     if (type.peak_flops.at(options_.precision) < device_->peak_flops.at(options_.precision)) device_ = &type;
-  const std::int64_t b0 = graph_batch(graph_);
+  const std::int64_t b0 = analysis::input_batch(graph_);
   // A batch dim of size 1 has no index in the rules (a unit dim is tied to none), so nothing
   // could split the batch: say so rather than return a plan that never shards it.
   if (b0 == 1 && options_.global_batch > 1)

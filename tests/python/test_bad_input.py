@@ -210,3 +210,18 @@ def test_a_cluster_file_with_impossible_values_names_the_file_and_field(tmp_path
     path.write_text(json.dumps(doc))
     with pytest.raises(shardwise.ValidationError, match=f"^{str(path)}: " + message):
         Cluster.from_json(path)
+
+
+def test_a_rank_program_for_a_graph_captured_at_another_batch_names_both_batches():
+    """The search scales a graph captured at any batch to the global batch, but a rank's
+    program is cut from the graph itself: a graph at another batch is refused up front,
+    naming both sizes, not on some node deep inside the rewrite."""
+    from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
+
+    model = TinyGPT(TinyGPTConfig(layers=1, hidden=64, heads=2, seq=16))
+    small = shardwise.capture(model, model.example_inputs(2))
+    plan = shardwise.plan(small, Cluster.preset("cpu", 4), global_batch=8, mesh=(4, 1))
+    with pytest.raises(shardwise.ValidationError, match="captured at batch 2 but the plan is for global batch 8"):
+        shardwise._C.rank_program(small._core, plan.to_json(), 0)
+    whole = shardwise.capture(model, model.example_inputs(8))
+    assert shardwise._C.rank_program(whole._core, plan.to_json(), 0)["nodes"]
