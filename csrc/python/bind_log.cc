@@ -26,14 +26,21 @@ void bind_log(py::module_& m) {
           delete f;
         });
         // A search logs without the GIL held; the Python call takes it, and a Python error in
-        // the sink is reported as unraisable here, under the GIL, rather than carried into C++.
+        // the sink is reported as unraisable here, under the GIL, rather than carried into C++
+        // (logging never changes results, support/log.h).
         support::set_log_sink(
             [fn](support::LogLevel level, const std::string& line) {
               py::gil_scoped_acquire gil;
               try {
                 (*fn)(static_cast<int>(level), line);
               } catch (py::error_already_set& e) {
-                e.discard_as_unraisable("shardwise log sink");
+                // A Ctrl-C that lands while the sink runs Python raises KeyboardInterrupt here;
+                // dropping it would lose the user's interrupt, so it is armed again and the
+                // search's next progress callback raises it.
+                if (e.matches(PyExc_KeyboardInterrupt))
+                  PyErr_SetInterrupt();
+                else
+                  e.discard_as_unraisable("shardwise log sink");
               }
             },
             static_cast<support::LogLevel>(least));

@@ -92,6 +92,9 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   JointCandidate least_memory;
   least_memory.memory_per_rank = std::numeric_limits<double>::infinity();
   auto evaluate_space = [&] {
+    if (support::log_enabled(support::LogLevel::Info))
+      support::log(support::LogLevel::Info, fmt::format("joint planner ({}): pricing {} combinations",
+                                                        thorough ? "thorough" : "fast", space.size()));
     for (std::size_t i = 0; i < space.size(); ++i) {
       if (options.progress && i % 64 == 0) options.progress(static_cast<int>(i), static_cast<int>(space.size()));
       cost::PlanCost cost;
