@@ -786,7 +786,9 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
 
     if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
         plan = _plan_file(os.environ["SHARDWISE_PLAN"])
-    if plan is not None and not plan.sharding and plan.pipeline > 1:  # captured there, at one micro-batch
+    # A pipeline plan, or one that accumulates gradients over micro-batches (the joint
+    # planner's pipeline 1 with m > 1): captured there, at one micro-batch, run by the schedule.
+    if plan is not None and not plan.sharding and (plan.pipeline > 1 or plan.num_micro_batches() > 1):
         return _parallelize_pipeline(wrapper, named, plan, batch, model, cluster, level)
     graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
     _warn_unknown_ops(graph)
@@ -835,7 +837,8 @@ def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Ten
 
 def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: tuple, model: torch.nn.Module,
                           cluster=None, level: str = "fast"):
-    """A pipeline plan (Plan.manual with pipeline > 1): the graph captured at one micro-batch
+    """A pipeline plan (Plan.manual with pipeline > 1, or pipeline 1 with several micro-batches:
+    gradient accumulation on one stage): the graph captured at one micro-batch
     of the data axis (micro_batch x data rows), sharded over each stage's {data, tensor}
     sub-mesh by the SPMD search (one sharding for every stage), cut into pipeline x
     virtual_stages stages, this rank's stages lowered into GraphModules and driven by the

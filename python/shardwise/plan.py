@@ -103,6 +103,11 @@ class Plan:
             return doc[name]
         raise AttributeError(name)
 
+    def num_micro_batches(self) -> int:
+        """m: global batch / (micro-batch x data) micro-batches per step on each data rank."""
+        d = self._doc
+        return max(1, d["global_batch"] // (d["micro_batch"] * d["data"]))
+
     @property
     def sharding(self) -> dict | None:
         """The SPMD section of a searched plan (mesh, placements, strategies), else None."""
@@ -193,7 +198,7 @@ class Plan:
 
         pred = self._predicted()["breakdown"]
         d = self._doc
-        m = max(1, d["global_batch"] // (d["micro_batch"] * d["data"]))
+        m = self.num_micro_batches()
         v = d.get("virtual_stages", 1)
         compute = (pred.get("compute", 0.0) + pred.get("tensor_parallel", 0.0)) / m
         sends = 2 * v * m
@@ -227,7 +232,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
     schedule, virtual stages: ``Plan.joint``); False the SPMD sharding search (pipeline 1:
     ``Plan.search``); None (default) the joint planner for a homogeneous cluster of several
-    nodes and a model with repeated layers when no ``mesh`` is given, else the SPMD search.
+    nodes and a model with repeated layers when no ``mesh`` is given, else the SPMD search,
+    and then the joint planner if no SPMD sharding of the whole batch fits but its plan
+    (in micro-batches) does.
 
     ``level="fast"``: a beam dynamic programme per mesh axis; ``"thorough"``: an integer
     programme (COIN-OR CBC) started from the fast answer, never worse under the cost model.
@@ -240,14 +247,29 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         >>> p = shardwise.plan(g, shardwise.Cluster.preset("dgx-a100"), global_batch=64)
         >>> print(p.report())
     """
-    if pipeline is None:
-        pipeline = (mesh is None and cluster.num_nodes > 1 and not cluster.heterogeneous
-                    and bool(graph.repeated_blocks()))
+    choose = pipeline is None
+    joint_possible = mesh is None and not cluster.heterogeneous and bool(graph.repeated_blocks())
+    if choose:
+        pipeline = cluster.num_nodes > 1 and joint_possible
     if pipeline:
         if mesh is not None:
             raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                           precision=precision, progress=progress)
-    return Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
-                       memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
-                       progress=progress)
+    found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
+                        memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
+                        progress=progress)
+    if choose and found.fits is False and joint_possible:
+        # The SPMD search shards one step of the whole global batch; when nothing fits that
+        # way, the joint planner's micro-batches (gradient accumulation, pipeline stages) may.
+        joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
+                           precision=precision, progress=progress)
+        if joint.fits:
+            from ._logging import get_logger
+
+            get_logger("shardwise.plan").info(
+                "no SPMD sharding of the whole batch %d fits; the joint planner's plan does, in micro-batches of %d "
+                "(pipeline %d, data %d, tensor %d)", global_batch, joint.micro_batch, joint.pipeline, joint.data,
+                joint.tensor)
+            return joint
+    return found

@@ -39,6 +39,19 @@ def test_one_node_or_a_fixed_mesh_keeps_the_spmd_search():
                        pipeline=True)
 
 
+def test_one_node_turns_to_micro_batches_when_no_sharding_of_the_whole_batch_fits(caplog):
+    # GPT-3 2.7B at the paper's batch of 512 sequences on 8 A100s: one step of the whole batch
+    # fits under no SPMD sharding; the joint planner's micro-batches do.
+    graph = shardwise.models.gpt(layers=32, hidden=2560, heads=32, seq=2048, vocab=51200, batch=2)
+    cluster = shardwise.Cluster.preset("dgx-a100")
+    assert shardwise.plan(graph, cluster, global_batch=512, pipeline=False).fits is False
+    with caplog.at_level("INFO", logger="shardwise"):
+        plan = shardwise.plan(graph, cluster, global_batch=512)
+    assert plan.fits and plan.sharding is None
+    assert plan.tensor * plan.pipeline * plan.data == 8 and plan.num_micro_batches() > 1
+    assert "micro-batches of" in caplog.text
+
+
 def test_a_plans_timeline_as_svg_and_chrome_trace(gpt3, tmp_path):
     import json
     import xml.etree.ElementTree as ET

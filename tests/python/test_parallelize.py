@@ -361,6 +361,14 @@ def test_pipeline_schedules_equal_one_device(schedule, virtual_stages, k):
     assert "Stage0" in r["code"] or "virtual stage" in r["code"]
 
 
+def test_gradient_accumulation_plan_without_pipeline_equals_one_device():
+    # Pipeline 1, data 2, micro-batches of 2 rows: 8 / (2 x 2) = 2 micro-batches accumulated
+    # per step on each rank (what the joint planner returns for one node when the whole batch
+    # does not fit at once).
+    r = _spawn(2, "tiny_gpt", _pipeline_plan("tiny_gpt", 1, 2, "1f1b", data=2))
+    _check(r)
+
+
 def test_two_branch_model_split_across_four_pipeline_stages():
     r = _spawn(4, "two_branch", _pipeline_plan("two_branch", 4, 2, "1f1b"))
     _check(r)
