@@ -1,12 +1,15 @@
 """shardwise's data parallelism against torch's DistributedDataParallel, side by side.
 
     python benchmarks/ddp.py            # spawns 2 and 4 Gloo processes on this machine
+    python benchmarks/ddp.py --profile  # + where one step of rank 0 goes, for each
 
 The same model (TinyGPT), the same global batch, the same Gloo world: each rank trains with
 ``shardwise.parallelize(..., mesh=(world, 1))`` (a pure data-parallel plan) and with
 ``DistributedDataParallel`` over its share of the batch, alternating, and reports the median
 step time (forward + backward + gradient all-reduce + AdamW step) of each and their ratio
-ours / DDP (the issue's target: <= 1.05). Timing never fails anything.
+ours / DDP (the issue's target: <= 1.05), the median over steps of the two's ratio in the
+same round (robust to load that drifts), and the CPU time of a step per process (less
+sensitive to other load when processes outnumber cores). Timing never fails anything.
 
 Where shardwise's step differs from DDP's: the global batch is given to every rank and
 sliced (DDP gets its share directly); the loss is a mean over the global batch, reduced
@@ -15,6 +18,7 @@ across ranks (one extra all-reduce of a scalar); gradients are summed, not avera
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -23,6 +27,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from _machine import cpu_model
+from _workers import profile_summary
 
 
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:
@@ -57,17 +64,38 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         ddp_opt.step()
 
     times = {"shardwise": [], "ddp": []}
+    cpu = {"shardwise": [], "ddp": []}  # this process's CPU seconds (all its threads)
     for step in range(args.warmup + args.steps):
         for name, fn in (("shardwise", ours), ("ddp", theirs)):
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             dist.barrier()
             if step >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, {k: statistics.median(v) for k, v in cpu.items()})
+    profiles = {}
+    for name, fn in (("shardwise", ours), ("ddp", theirs)):
+        if not args.profile:
+            break
+        from torch.profiler import ProfilerActivity, profile
+
+        dist.barrier()
+        if rank == 0:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+            profiles[name] = profile_summary(prof) + "\n" + prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=48)
+        else:
+            fn()
     if rank == 0:
+        paired = statistics.median(o / d for o, d in zip(times["shardwise"], times["ddp"]))
         with open(out, "w") as f:
-            f.write(f"{statistics.median(times['shardwise'])} {statistics.median(times['ddp'])}\n")
+            json.dump({"ours": statistics.median(times["shardwise"]), "ddp": statistics.median(times["ddp"]),
+                       "paired": paired, "ours_cpu": sum(c["shardwise"] for c in everyone) / world,
+                       "ddp_cpu": sum(c["ddp"] for c in everyone) / world, "profiles": profiles}, f)
     dist.destroy_process_group()
 
 
@@ -81,18 +109,26 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of rank 0")
     args = parser.parse_args()
-    print(f"machine: {os.uname().machine}, {os.cpu_count()} cores, torch {torch.__version__}; TinyGPT layers "
-          f"{args.layers}, hidden {args.hidden}, seq {args.seq}, global batch {args.batch}; median of {args.steps} "
-          "steps after warm-up, one thread per process")
-    print(f"{'world':>5}  {'shardwise ms':>12}  {'DDP ms':>8}  {'ours / DDP':>10}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
+          f"{torch.__version__}, Gloo; TinyGPT layers {args.layers}, hidden {args.hidden}, seq {args.seq}, global batch "
+          f"{args.batch}; median of {args.steps} steps after {args.warmup} of warm-up, one thread per process")
+    print("ms: median step time (rank 0); paired: median over steps of our step time / DDP's in the same round; "
+          "CPU ms: median CPU time of a step per process (mean over ranks)")
+    print(f"{'world':>5}  {'shardwise ms':>12}  {'DDP ms':>8}  {'ours / DDP':>10}  {'paired':>6}  {'CPU ours ms':>11}  "
+          f"{'CPU DDP ms':>10}  {'CPU ratio':>9}")
     for world in (int(w) for w in args.worlds.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "out")
             mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), args, out), nprocs=world, join=True)
-            ours, ddp = (float(x) for x in open(out).read().split())
-        print(f"{world:>5}  {ours * 1e3:>12.1f}  {ddp * 1e3:>8.1f}  {ours / ddp:>10.2f}")
-
+            r = json.load(open(out))
+        print(f"{world:>5}  {r['ours'] * 1e3:>12.1f}  {r['ddp'] * 1e3:>8.1f}  {r['ours'] / r['ddp']:>10.2f}  "
+              f"{r['paired']:>6.2f}  {r['ours_cpu'] * 1e3:>11.1f}  {r['ddp_cpu'] * 1e3:>10.1f}  "
+              f"{r['ours_cpu'] / r['ddp_cpu']:>9.2f}")
+        for name, table in r["profiles"].items():
+            print(f"--- profile of rank 0, one step, {name}, world {world} ---\n{table}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,44 @@
+"""Pieces the multi-process benchmarks share (ddp.py, tensor_parallel.py, pipeline.py,
+pipeline_memory.py): a hand-written pipeline plan and a one-step torch.profiler summary."""
+from __future__ import annotations
+
+import json
+
+
+def pipeline_plan(global_batch: int, micro_batch: int, schedule: str, stages: int):
+    """A pipeline plan with data = tensor = 1 (as tests/python/test_parallelize.py writes one)."""
+    import shardwise
+
+    doc = {"format": "shardwise.plan", "version": 1, "data": 1, "tensor": 1, "pipeline": stages,
+           "global_batch": global_batch, "micro_batch": micro_batch, "schedule": schedule, "virtual_stages": 1,
+           "kfkb_k": 1, "recompute": "none", "zero_stage": 0, "layers_per_stage": [], "precision": "f32"}
+    return shardwise.Plan.from_json(json.dumps(doc))
+
+
+_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul")
+_COLLECTIVES = ("c10d::", "shardwise::", "_c10d_functional", "gloo:", "record_param_comms")
+
+
+def profile_summary(prof) -> str:
+    """One step's self CPU time by kind (torch.profiler key averages): matmuls, attention,
+    collectives (the c10d / shardwise ops and their waits), DTensor's Python dispatch, the
+    optimizer step (its total) and the rest."""
+    rows = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in rows)
+    kinds = {"matmul": 0.0, "attention": 0.0, "collectives": 0.0, "DTensor dispatch": 0.0}
+    optimizer = 0.0
+    for e in rows:
+        name = e.key
+        if name in _MATMULS:
+            kinds["matmul"] += e.self_cpu_time_total
+        elif "scaled_dot_product" in name:
+            kinds["attention"] += e.self_cpu_time_total
+        elif name.startswith(_COLLECTIVES) or "wait" in name:
+            kinds["collectives"] += e.self_cpu_time_total
+        elif name == "PythonSubclass":
+            kinds["DTensor dispatch"] += e.self_cpu_time_total
+        elif name.startswith("Optimizer.step"):
+            optimizer = max(optimizer, e.cpu_time_total)
+    kinds["optimizer step (total)"] = optimizer
+    kinds["rest"] = total - sum(kinds.values())
+    return f"self CPU {total / 1e3:.1f} ms: " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in kinds.items())

@@ -1,0 +1,59 @@
+"""The side-by-side benchmarks run as their README commands say, at toy sizes (their figures
+are in benchmarks/README.md; timing never fails anything, so only what they print is
+checked): DDP, DTensor tensor parallelism and torch.distributed.pipelining next to ours, and
+the measured pipeline memory next to the simulator's."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TINY = ["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "16"]
+
+
+def _run(script: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def _row(out: str, first: str) -> list[str]:
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == [first]]
+    assert rows, out
+    return rows[0]
+
+
+def test_ddp_side_by_side():
+    out = _run("ddp.py", "--worlds", "2", "--batch", "4", "--steps", "2", "--warmup", "1", *TINY)
+    row = _row(out, "2")
+    assert float(row[3]) > 0  # ours / DDP
+
+
+def test_tensor_parallel_side_by_side_computes_the_same_loss():
+    out = _run("tensor_parallel.py", "--worlds", "2", "--batch", "4", "--steps", "2", "--warmup", "1", *TINY)
+    row = _row(out, "2")
+    assert float(row[8]) < 1e-5  # the first step's loss: ours and DTensor's, same weights
+
+
+def test_pipeline_side_by_side_runs_torch_pipelining_and_matches_losses():
+    out = _run("pipeline.py", "--batch", "4", "--micro-batch", "1", "--steps", "1", "--warmup", "1", *TINY)
+    assert "FAILED" not in out
+    for schedule in ("gpipe", "1f1b"):
+        assert float(_row(out, schedule)[5]) > 0  # ours / torch throughput: both ran
+    assert "largest difference between any two at any step: 0.00e+00" in out
+
+
+def test_pipeline_memory_matches_the_simulator():
+    out = _run("pipeline_memory.py", "--worlds", "2", "--batch", "8", "--micro-batch", "1", *TINY)
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["2"]]
+    assert len(rows) == 4, out  # (gpipe, 1f1b) x 2 ranks
+    for row in rows:
+        in_flight, simulated = int(row[6]), int(row[8])
+        assert in_flight == simulated, row
+    assert [int(r[6]) for r in rows] == [8, 8, 2, 1]
