@@ -140,6 +140,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     for (double bytes : structure.post_lookup_bytes) post_tp += all_reduce(bytes);
   }
 
+  out.layer_time = layer_compute + layer_tp;
+  out.first_stage_extra = pre_cost.forward + pre_cost.backward + pre_tp;
+  out.last_stage_extra = post_cost.forward + post_cost.backward + post_tp;
+
   // Layers per device: chunks s, s + p, ... of the plan's split (or a balanced one).
   std::vector<int> chunk_layers = plan.layers_per_stage;
   if (chunk_layers.empty()) {

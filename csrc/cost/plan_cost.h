@@ -89,6 +89,12 @@ struct PlanCost {
   double data_parallel_total = 0;  // the whole synchronisation, before overlap
   bool data_parallel_overlapped = false;
 
+  // Per micro-batch, what balances the stages (layer_balance.h): one layer's compute and
+  // tensor-parallel time, and the first and last stage's time outside the layers.
+  double layer_time = 0;
+  double first_stage_extra = 0;
+  double last_stage_extra = 0;
+
   double memory_per_rank = 0;  // bytes on the most loaded rank
   std::map<std::string, double> memory_breakdown;
 

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 
+#include "cost/layer_balance.h"
 #include "cost/layer_structure.h"
 #include "support/error.h"
 #include "support/log.h"
@@ -20,6 +22,21 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
   std::vector<std::int64_t> out;
   for (std::int64_t k = 1; k <= n; ++k)
     if (n % k == 0) out.push_back(k);
+  return out;
+}
+
+// The evaluator's default split: chunk c gets layers / chunks, the first ones one more.
+std::vector<int> even_split(std::int64_t layers, int chunks) {
+  std::vector<int> out;
+  for (int c = 0; c < chunks; ++c)
+    out.push_back(static_cast<int>(layers / chunks + (c < layers % chunks ? 1 : 0)));
+  return out;
+}
+
+// Layers per device of a chunk split (device s holds chunks s, s + p, ...).
+std::vector<int> device_layers(const std::vector<int>& chunks, int p) {
+  std::vector<int> out(static_cast<std::size_t>(p), 0);
+  for (std::size_t c = 0; c < chunks.size(); ++c) out[c % static_cast<std::size_t>(p)] += chunks[c];
   return out;
 }
 
@@ -95,22 +112,41 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     if (support::log_enabled(support::LogLevel::Info))
       support::log(support::LogLevel::Info, fmt::format("joint planner ({}): pricing {} combinations",
                                                         thorough ? "thorough" : "fast", space.size()));
+    auto price = [&](const plan::Plan& candidate) -> std::optional<cost::PlanCost> {
+      try {
+        cost::PlanCost cost = cost::evaluate(structure, graph, cluster, candidate, model);
+        ++result.evaluated;
+        JointCandidate c{cost::with_prediction(candidate, cost), cost.step_time, cost.memory_per_rank,
+                         cost.memory_per_rank <= result.memory_limit};
+        if (c.fits) {
+          fitting.push_back(std::move(c));
+        } else if (c.memory_per_rank < least_memory.memory_per_rank) {
+          least_memory = std::move(c);
+        }
+        return cost;
+      } catch (const ValidationError&) {
+        return std::nullopt;  // a combination the evaluator rejects (layers the stages cannot split)
+      }
+    };
     for (std::size_t i = 0; i < space.size(); ++i) {
       if (options.progress && i % 64 == 0) options.progress(static_cast<int>(i), static_cast<int>(space.size()));
-      cost::PlanCost cost;
-      try {
-        cost = cost::evaluate(structure, graph, cluster, space[i], model);
-      } catch (const ValidationError&) {
-        continue;  // a combination the evaluator rejects (layers the stages cannot split)
-      }
-      ++result.evaluated;
-      JointCandidate c{cost::with_prediction(space[i], cost), cost.step_time, cost.memory_per_rank,
-                       cost.memory_per_rank <= result.memory_limit};
-      if (c.fits) {
-        fitting.push_back(std::move(c));
-      } else if (c.memory_per_rank < least_memory.memory_per_rank) {
-        least_memory = std::move(c);
-      }
+      std::optional<cost::PlanCost> even = price(space[i]);
+      if (!even || space[i].pipeline == 1) continue;
+      // The same plan with its layers split by time rather than count (layer_balance.h):
+      // the last stage's LM head or the first stage's embedding take a share of its layers.
+      std::vector<int> balanced = cost::balance_layers({.layers = static_cast<int>(layers),
+                                                        .pipeline = space[i].pipeline,
+                                                        .virtual_stages = space[i].virtual_stages,
+                                                        .layer = even->layer_time,
+                                                        .first = even->first_stage_extra,
+                                                        .last = even->last_stage_extra});
+      if (balanced.empty() || device_layers(balanced, space[i].pipeline) ==
+                                  device_layers(even_split(layers, space[i].pipeline * space[i].virtual_stages),
+                                                space[i].pipeline))
+        continue;
+      plan::Plan uneven = space[i];
+      uneven.layers_per_stage = std::move(balanced);
+      price(uneven);
     }
     // The pass is done: a progress bar ends full (a second, finer pass starts its own count).
     if (options.progress) options.progress(static_cast<int>(space.size()), static_cast<int>(space.size()));

@@ -14,7 +14,10 @@
 //    1F1B and interleaved 1F1B with v virtual stages (p v <= layers, m a multiple of p, as
 //    Megatron-LM requires). GPipe has 1F1B's bubble and more memory; kFkB only differs under
 //    a varying network (schedule/adaptive_kfkb.h picks k for those): neither can win here.
-//  - recomputation none / full; ZeRO 0 / 1 (optimizer state sharded over the data ranks).
+//  - recomputation none / full; ZeRO 0 / 1 (optimizer state sharded over the data ranks);
+//  - layers per stage: balanced by count (the evaluator's default), and, for p > 1, balanced
+//    by time when that differs (cost/layer_balance.h: the stages holding the embedding and
+//    the LM head get fewer layers), each priced with its own memory per stage.
 // `fast` tries b in {1, 2, 4}, v in {2, 4} and ZeRO 1 only when nothing fits without it;
 // `thorough` every b up to max_micro_batch, v in {2, 3, 4, 6, 8}, both ZeRO stages.
 //

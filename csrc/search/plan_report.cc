@@ -54,10 +54,14 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
                        fmt::join(s.axis_names, " x "), s.level.empty() ? "manual" : s.level, plan.global_batch,
                        s.recompute ? "yes" : "no");
   } else {
-    out += fmt::format("plan     data {} x tensor {} x pipeline {}, global batch {}, micro-batch {}, schedule {}, "
+    out += fmt::format("plan     data {} x tensor {} x pipeline {}, global batch {}, micro-batch {}, schedule {}{}, "
                        "recompute {}, ZeRO {}\n",
                        plan.data, plan.tensor, plan.pipeline, plan.global_batch, plan.micro_batch,
-                       plan::schedule_name(plan.schedule), plan::recompute_name(plan.recompute), plan.zero_stage);
+                       plan::schedule_name(plan.schedule),
+                       plan.virtual_stages > 1 ? fmt::format(" (v={})", plan.virtual_stages) : std::string(),
+                       plan::recompute_name(plan.recompute), plan.zero_stage);
+    if (!plan.layers_per_stage.empty())
+      out += fmt::format("stages   layers per stage {}\n", fmt::join(plan.layers_per_stage, " / "));
   }
   if (plan.predicted) {
     const plan::Predicted& p = *plan.predicted;

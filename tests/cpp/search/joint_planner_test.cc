@@ -2,10 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cost/cluster_presets.h"
 #include "models/gpt.h"
+#include "search/plan_report.h"
 #include "support/error.h"
 
 namespace shardwise::search {
@@ -93,6 +98,32 @@ TEST(JointPlanner, TensorDegreesDivideTheHeadCount) {
   EXPECT_LT(with_12, with_16);
   JointPlanResult r = plan_joint(gpt(8, 768, 12, 512, 1024), cluster, cost::AnalyticCostModel{}, options);
   for (const JointCandidate& c : r.best) EXPECT_EQ(12 % c.plan.tensor, 0) << "t = " << c.plan.tensor;
+}
+
+TEST(JointPlanner, StagesBalancedByTimeWhenTheHeadIsHeavy) {
+  // Llama-3-8B's sizes in GPT layout: a 128k vocabulary on hidden 4096, so the LM head costs
+  // about two layers. The best pipelined plan gives its last stage fewer layers than its
+  // first, and beats the same plan with the count split (which may also be among the best).
+  ir::Graph g = gpt(32, 4096, 32, 8192, 128256);
+  JointPlanOptions options;
+  options.global_batch = 512;
+  const cost::Cluster cluster = cost::preset("dgx-a100", 8);
+  const cost::AnalyticCostModel model;
+  JointPlanResult r = plan_joint(g, cluster, model, options);
+  auto pipelined = std::find_if(r.best.begin(), r.best.end(), [](const JointCandidate& c) {
+    return c.plan.pipeline > 1;
+  });
+  ASSERT_NE(pipelined, r.best.end());
+  const plan::Plan& best = pipelined->plan;
+  ASSERT_EQ(best.layers_per_stage.size(), static_cast<std::size_t>(best.pipeline * best.virtual_stages));
+  EXPECT_LT(best.layers_per_stage.back(), best.layers_per_stage.front());
+  plan::Plan even = best;
+  even.layers_per_stage.clear();
+  even.predicted.reset();
+  EXPECT_LT(pipelined->step_time, cost::evaluate(g, cluster, even, model).step_time);
+  EXPECT_NE(plan_report(best).find(fmt::format("layers per stage {}", fmt::join(best.layers_per_stage, " / "))),
+            std::string::npos)
+      << plan_report(best);
 }
 
 TEST(JointPlanner, RejectsWhatItCannotPlan) {

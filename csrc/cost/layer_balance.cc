@@ -1,0 +1,30 @@
+// Time-balanced layers per pipeline chunk; the model is in layer_balance.h.
+#include "cost/layer_balance.h"
+
+#include <cstddef>
+
+namespace shardwise::cost {
+
+std::vector<int> balance_layers(const LayerBalanceProblem& problem) {
+  const int p = problem.pipeline, v = problem.virtual_stages;
+  if (p < 1 || v < 1 || problem.layers < p * v) return {};
+  std::vector<int> device(static_cast<std::size_t>(p), v);  // every chunk at least one layer
+  auto extra = [&](int s) { return (s == 0 ? problem.first : 0.0) + (s == p - 1 ? problem.last : 0.0); };
+  for (int left = problem.layers - p * v; left > 0; --left) {
+    int best = 0;
+    double best_time = 0;
+    for (int s = 0; s < p; ++s) {
+      double time = (device[static_cast<std::size_t>(s)] + 1) * problem.layer + extra(s);
+      if (s == 0 || time < best_time) best = s, best_time = time;
+    }
+    ++device[static_cast<std::size_t>(best)];
+  }
+  std::vector<int> chunks(static_cast<std::size_t>(p * v));
+  for (int s = 0; s < p; ++s) {
+    const int n = device[static_cast<std::size_t>(s)];
+    for (int k = 0; k < v; ++k) chunks[static_cast<std::size_t>(s + k * p)] = n / v + (k < n % v ? 1 : 0);
+  }
+  return chunks;
+}
+
+}  // namespace shardwise::cost

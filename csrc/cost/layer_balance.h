@@ -1,0 +1,39 @@
+// Layers per pipeline chunk that balance the devices' time, not the layer count.
+//
+//   std::vector<int> chunks = balance_layers({.layers = 24, .pipeline = 4, .virtual_stages = 1,
+//                                             .layer = 1.0, .first = 0.1, .last = 2.0});
+//   // {6, 7, 7, 4}: the last device also runs the LM head (two layers' worth), the first
+//   // the embedding
+//
+// Device s holds chunks s, s + p, ..., s + (v - 1) p (the interleaved layout; v = 1: one
+// chunk each). Its time per micro-batch is (its layers) x `layer`, plus `first` on device 0
+// (the embedding) and `last` on device p - 1 (the final norm, LM head and loss). Each chunk
+// gets at least one layer. Layers go one at a time to the device whose time grows least
+// (ties to the lower device), which minimises the largest device time for this separable
+// problem; a device's layers are spread over its chunks, the earlier chunks taking the
+// remainder. Deterministic.
+//
+// This is how the joint planner prices uneven stages (plan.layers_per_stage): a model whose
+// LM head costs several layers (a 128k vocabulary on a 4k hidden) gets fewer layers on its
+// last stage. The evaluator checks each split's memory per stage, so a split that overfills
+// the first stage (1F1B keeps p micro-batches there) does not fit and is not chosen.
+#pragma once
+
+#include <vector>
+
+namespace shardwise::cost {
+
+struct LayerBalanceProblem {
+  int layers = 0;
+  int pipeline = 1;
+  int virtual_stages = 1;
+  double layer = 0;  // one layer's time per micro-batch
+  double first = 0;  // device 0's time outside the layers
+  double last = 0;   // device p - 1's time outside the layers
+};
+
+// Layers per chunk (pipeline x virtual_stages entries, summing to layers); empty when
+// layers < pipeline x virtual_stages.
+std::vector<int> balance_layers(const LayerBalanceProblem& problem);
+
+}  // namespace shardwise::cost
