@@ -841,7 +841,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
     gradient accumulation on one stage): the graph captured at one micro-batch
     of the data axis (micro_batch x data rows), sharded over each stage's {data, tensor}
     sub-mesh by the SPMD search (one sharding for every stage), cut into pipeline x
-    virtual_stages stages, this rank's stages lowered into GraphModules and driven by the
+    virtual_stages stages (the plan's layers_per_stage, else balanced by forward FLOPs), this rank's stages lowered into GraphModules and driven by the
     schedule's action list (python/shardwise/pipeline.py). Ranks: Megatron's layout, the
     pipeline outermost; a value crossing a cut goes between the ranks of the same sub-mesh
     coordinate, as the shard its producer leaves."""
@@ -876,7 +876,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
         sharded, whole, mesh = None, [], None
         program = _C.rank_program(graph._core, "", 0)
     stages = p * v
-    cut = _C.pipeline_stages(graph._core, stages)
+    cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
     stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
 
     # Where each value is made and read, by stage; what crosses each cut (forwarded on).

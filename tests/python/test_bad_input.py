@@ -225,3 +225,16 @@ def test_a_rank_program_for_a_graph_captured_at_another_batch_names_both_batches
         shardwise._C.rank_program(small._core, plan.to_json(), 0)
     whole = shardwise.capture(model, model.example_inputs(8))
     assert shardwise._C.rank_program(whole._core, plan.to_json(), 0)["nodes"]
+
+
+def test_layers_per_stage_that_do_not_cover_the_model_name_the_counts():
+    from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
+
+    model = TinyGPT(TinyGPTConfig(layers=4, hidden=64, heads=2, seq=16))
+    graph = shardwise.capture(model, model.example_inputs(2))
+    with pytest.raises(shardwise.ValidationError, match="2 entries summing to 6; the graph has 4 layers for 2 stages"):
+        shardwise._C.pipeline_stages(graph._core, 2, [3, 3])
+    with pytest.raises(shardwise.ValidationError, match="every stage needs a layer"):
+        shardwise._C.pipeline_stages(graph._core, 2, [4, 0])
+    cut = shardwise._C.pipeline_stages(graph._core, 2, [3, 1])
+    assert cut["stage_cost"][0] > cut["stage_cost"][1] > 0

@@ -214,6 +214,9 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
                        else None, "zero": (engine.plan.sharding or {}).get("zero"),
                        "state": optimizer.local_state_numel() if zero else None, "roundtrip": roundtrip,
                        "local_rows": engine._local_batch(batch)[0].shape[0] if hetero else None,
+                       "blocks": sorted({int(n.split(".")[1]) for stage in getattr(engine, "_stages", {}).values()
+                                         for n, _ in stage["module"].named_parameters()
+                                         if n.startswith("blocks.")}),
                        "whole_state": sum(v.numel() for s in ref_optimizer.state.values() for v in s.values()
                                           if v.dim() > 0)}, f)
 
@@ -367,6 +370,16 @@ def test_gradient_accumulation_plan_without_pipeline_equals_one_device():
     # does not fit at once).
     r = _spawn(2, "tiny_gpt", _pipeline_plan("tiny_gpt", 1, 2, "1f1b", data=2))
     _check(r)
+
+
+def test_pipeline_follows_the_plans_layers_per_stage():
+    # The joint planner's time-balanced split (cost/layer_balance.h): 3 of TinyGPT's 4 blocks
+    # on the first stage, 1 on the last (which also holds the LM head), not FLOPs' 2 / 2.
+    doc = json.loads(_pipeline_plan("tiny_gpt", 2, 2, "1f1b"))
+    doc["layers_per_stage"] = [3, 1]
+    r = _spawn(2, "tiny_gpt", shardwise.Plan.from_json(json.dumps(doc)).to_json())
+    _check(r)
+    assert r["blocks"] == [0, 1, 2]
 
 
 def test_two_branch_model_split_across_four_pipeline_stages():
