@@ -27,4 +27,16 @@ std::vector<int> balance_layers(const LayerBalanceProblem& problem) {
   return chunks;
 }
 
+std::vector<int> even_layers(int layers, int chunks) {
+  std::vector<int> out;
+  for (int c = 0; c < chunks; ++c) out.push_back(layers / chunks + (c < layers % chunks ? 1 : 0));
+  return out;
+}
+
+std::vector<int> layers_per_device(const std::vector<int>& chunks, int pipeline) {
+  std::vector<int> out(static_cast<std::size_t>(pipeline), 0);
+  for (std::size_t c = 0; c < chunks.size(); ++c) out[c % static_cast<std::size_t>(pipeline)] += chunks[c];
+  return out;
+}
+
 }  // namespace shardwise::cost

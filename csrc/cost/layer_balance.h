@@ -36,4 +36,11 @@ struct LayerBalanceProblem {
 // layers < pipeline x virtual_stages.
 std::vector<int> balance_layers(const LayerBalanceProblem& problem);
 
+// The count split, the evaluator's default: chunk c gets layers / chunks, the first
+// layers % chunks one more.
+std::vector<int> even_layers(int layers, int chunks);
+
+// Layers per device of a chunk split: device s holds chunks s, s + p, ...
+std::vector<int> layers_per_device(const std::vector<int>& chunks, int pipeline);
+
 }  // namespace shardwise::cost

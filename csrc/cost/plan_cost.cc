@@ -8,8 +8,8 @@
 #include <set>
 #include <vector>
 
-#include "analysis/activation_bytes.h"
 #include "analysis/flops.h"
+#include "cost/layer_balance.h"
 #include "ops/op_table.h"
 #include "support/error.h"
 
@@ -147,14 +147,12 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   // Layers per device: chunks s, s + p, ... of the plan's split (or a balanced one).
   std::vector<int> chunk_layers = plan.layers_per_stage;
   if (chunk_layers.empty()) {
-    int chunks = p * v;
-    for (int c = 0; c < chunks; ++c) chunk_layers.push_back(num_layers / chunks + (c < num_layers % chunks ? 1 : 0));
+    chunk_layers = even_layers(num_layers, p * v);
   } else if (std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0) != num_layers) {
     throw ValidationError(fmt::format("evaluate: layers_per_stage sums to {} but the graph has {} layers",
                                       std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0), num_layers));
   }
-  std::vector<int> device_layers(static_cast<std::size_t>(p), 0);
-  for (std::size_t c = 0; c < chunk_layers.size(); ++c) device_layers[c % static_cast<std::size_t>(p)] += chunk_layers[c];
+  const std::vector<int> device_layers = layers_per_device(chunk_layers, p);
 
   double p2p_mb = 0;
   if (p > 1) {

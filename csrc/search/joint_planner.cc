@@ -25,21 +25,6 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
   return out;
 }
 
-// The evaluator's default split: chunk c gets layers / chunks, the first ones one more.
-std::vector<int> even_split(std::int64_t layers, int chunks) {
-  std::vector<int> out;
-  for (int c = 0; c < chunks; ++c)
-    out.push_back(static_cast<int>(layers / chunks + (c < layers % chunks ? 1 : 0)));
-  return out;
-}
-
-// Layers per device of a chunk split (device s holds chunks s, s + p, ...).
-std::vector<int> device_layers(const std::vector<int>& chunks, int p) {
-  std::vector<int> out(static_cast<std::size_t>(p), 0);
-  for (std::size_t c = 0; c < chunks.size(); ++c) out[c % static_cast<std::size_t>(p)] += chunks[c];
-  return out;
-}
-
 }  // namespace
 
 JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
@@ -140,9 +125,11 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                                                         .layer = even->layer_time,
                                                         .first = even->first_stage_extra,
                                                         .last = even->last_stage_extra});
-      if (balanced.empty() || device_layers(balanced, space[i].pipeline) ==
-                                  device_layers(even_split(layers, space[i].pipeline * space[i].virtual_stages),
-                                                space[i].pipeline))
+      const int p = space[i].pipeline;
+      if (balanced.empty() || cost::layers_per_device(balanced, p) ==
+                                  cost::layers_per_device(cost::even_layers(static_cast<int>(layers),
+                                                                            p * space[i].virtual_stages),
+                                                          p))
         continue;
       plan::Plan uneven = space[i];
       uneven.layers_per_stage = std::move(balanced);
