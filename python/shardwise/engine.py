@@ -800,8 +800,19 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
         cluster = cluster or Cluster.detect()
         if cluster.world_size != world:
             raise ValidationError(f"parallelize: the cluster has {cluster.world_size} devices, the job {world} ranks")
+        searched = plan is None
         plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                            memory_fraction=_MEMORY_FRACTION)
+        if searched and mesh is None and plan.fits is False and not cluster.heterogeneous and graph.repeated_blocks():
+            # No sharding of one step of the whole batch fits: the joint planner's
+            # micro-batches (gradient accumulation, pipeline stages) may, as shardwise.plan does.
+            joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=_MEMORY_FRACTION)
+            if joint.fits:
+                log.info(
+                    "no sharding of the whole batch %d fits; running the joint planner's plan in %d micro-batches "
+                    "(pipeline %d, data %d, tensor %d)", global_batch, joint.num_micro_batches(), joint.pipeline,
+                    joint.data, joint.tensor)
+                return _parallelize_pipeline(wrapper, named, joint, batch, model, cluster, level)
         _check_fits(plan, cluster, type(model).__name__)
     sharding = plan.sharding
     size = 1
@@ -838,13 +849,13 @@ def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Ten
 def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: tuple, model: torch.nn.Module,
                           cluster=None, level: str = "fast"):
     """A pipeline plan (Plan.manual with pipeline > 1, or pipeline 1 with several micro-batches:
-    gradient accumulation on one stage): the graph captured at one micro-batch
-    of the data axis (micro_batch x data rows), sharded over each stage's {data, tensor}
-    sub-mesh by the SPMD search (one sharding for every stage), cut into pipeline x
-    virtual_stages stages (the plan's layers_per_stage, else balanced by forward FLOPs), this rank's stages lowered into GraphModules and driven by the
-    schedule's action list (python/shardwise/pipeline.py). Ranks: Megatron's layout, the
-    pipeline outermost; a value crossing a cut goes between the ranks of the same sub-mesh
-    coordinate, as the shard its producer leaves."""
+    gradient accumulation on one stage): the graph captured at one micro-batch of the data
+    axis (micro_batch x data rows), sharded over each stage's {data, tensor} sub-mesh by the
+    SPMD search (one sharding for every stage), cut into pipeline x virtual_stages stages (the
+    plan's layers_per_stage, else balanced by forward FLOPs), this rank's stages lowered into
+    GraphModules and driven by the schedule's action list (python/shardwise/pipeline.py).
+    Ranks: Megatron's layout, the pipeline outermost; a value crossing a cut goes between the
+    ranks of the same sub-mesh coordinate, as the shard its producer leaves."""
     from .cluster import Cluster
     from .pipeline import PipelineEngine, parse_actions
 

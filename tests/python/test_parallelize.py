@@ -160,8 +160,8 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
     batch = make_batch()
     plan = shardwise.Plan.from_json(plan_json) if plan_json else None
     cluster = shardwise.Cluster.preset("cpu", world)
-    if stage_memory is not None:  # a pipeline stage's sub-mesh, with little memory per rank
-        stage_size = plan.data * plan.tensor
+    if stage_memory is not None:  # little memory per rank: a pipeline stage's sub-mesh, or the job's
+        stage_size = plan.data * plan.tensor if plan is not None else world
         doc = json.loads(shardwise.Cluster.preset("cpu", stage_size).to_json())
         doc["device_types"][0]["memory_bytes"] = int(stage_memory)
         cluster = shardwise.Cluster.from_json(json.dumps(doc))
@@ -206,7 +206,7 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
     loss_error = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     if rank == 0:
         with open(result_path, "w") as f:
-            json.dump({"case": case, "loss_error": loss_error, "eval_error": abs(eval_loss - ref_eval) / abs(ref_eval),
+            json.dump({"case": case, "engine": type(engine).__name__, "loss_error": loss_error, "eval_error": abs(eval_loss - ref_eval) / abs(ref_eval),
                        "param_error": param_error, "losses": losses,
                        "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
                        "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
@@ -380,6 +380,30 @@ def test_pipeline_follows_the_plans_layers_per_stage():
     r = _spawn(2, "tiny_gpt", shardwise.Plan.from_json(json.dumps(doc)).to_json())
     _check(r)
     assert r["blocks"] == [0, 1, 2]
+
+
+def test_a_batch_that_fits_only_in_micro_batches_runs_with_gradient_accumulation():
+    # Memory per rank below what any sharding of one step of the whole batch needs, but above
+    # what the joint planner's micro-batches need: parallelize runs the latter, no plan given.
+    build, make_batch, _ = _cases()["tiny_gpt"]
+    model, batch = build().double(), make_batch()
+    graph = shardwise.capture(model, batch)
+
+    def cluster(usable: float):
+        doc = json.loads(shardwise.Cluster.preset("cpu", 2).to_json())
+        doc["device_types"][0]["memory_bytes"] = int(usable / 0.9)  # parallelize lets plans use 90%
+        return shardwise.Cluster.from_json(json.dumps(doc))
+
+    # With too little memory the search returns the sharding that needs the least: 2% below it.
+    least = shardwise.Plan.search(graph, cluster(1.0), global_batch=8)
+    assert least.fits is False
+    usable = 0.98 * least.predicted_memory()[0]
+    assert shardwise.Plan.search(graph, cluster(usable), global_batch=8).fits is False
+    joint = shardwise.Plan.joint(graph, cluster(usable), global_batch=8)
+    assert joint.fits and joint.num_micro_batches() > 1, joint
+    r = _spawn(2, "tiny_gpt", stage_memory=usable / 0.9)
+    _check(r)
+    assert r["engine"] == "PipelineEngine"
 
 
 def test_two_branch_model_split_across_four_pipeline_stages():
