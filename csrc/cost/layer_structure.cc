@@ -144,7 +144,7 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
   if (out.layers) find_groups(graph, out.layers->nodes.front(), users, out);
   outside_splits(graph, out.post, users, out.outside_split);
   outside_splits(graph, out.pre, users, out.outside_split);
-  for (auto [nodes, bytes] : {std::pair{&out.pre, &out.pre_lookup_bytes}, std::pair{&out.post, &out.post_lookup_bytes}})
+  for (auto [nodes, lookups] : {std::pair{&out.pre, &out.pre_lookups}, std::pair{&out.post, &out.post_lookups}})
     for (ir::NodeId id : *nodes) {
       const ir::Node& node = graph.node(id);
       const ops::OpSpec* spec = ops::OpTable::builtin().find(node.op);
@@ -152,7 +152,8 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
       const ir::Value& table = graph.value(node.inputs[0]);
       if (table.role != ir::ValueRole::Parameter || table.type.rank() != 2) continue;
       out.sharded_params.insert(node.inputs[0]);
-      bytes->push_back(static_cast<double>(graph.value(node.outputs[0]).type.bytes()));
+      const ir::TensorType& type = graph.value(node.outputs[0]).type;
+      lookups->push_back({static_cast<double>(type.bytes()), type.batch_dim.has_value()});
     }
   note_params(graph, out.layer_split, out.sharded_params);
   note_params(graph, out.outside_split, out.sharded_params);

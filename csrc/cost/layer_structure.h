@@ -46,8 +46,13 @@ struct LayerStructure {
   // Lookups of a parameter table outside the layers (the input embedding): the table is
   // vocabulary-parallel (rows split over the t ranks, each looks up its own rows, zeros
   // elsewhere) and the output is all-reduced, once per micro-batch in forward, as in
-  // Megatron-LM. Output bytes at the graph's batch, of lookups before / after the layers.
-  std::vector<double> pre_lookup_bytes, post_lookup_bytes;
+  // Megatron-LM. Of lookups before / after the layers: output bytes at the graph's batch,
+  // and whether they grow with the batch (a position embedding's [1, s, h] does not).
+  struct LookupOutput {
+    double bytes = 0;
+    bool batched = true;
+  };
+  std::vector<LookupOutput> pre_lookups, post_lookups;
   std::set<ir::ValueId> sharded_params;           // parameters a column or row split shards
 
   std::vector<std::int64_t> activation_bytes;  // analysis::activation_bytes, by node

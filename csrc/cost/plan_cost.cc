@@ -130,14 +130,15 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     std::vector<int> tp_ranks(static_cast<std::size_t>(t));
     std::iota(tp_ranks.begin(), tp_ranks.end(), 0);
     auto all_reduce = [&](double bytes) {
-      return model.collective_time(cluster, CollectiveKind::AllReduce, tp_ranks,
-                                   static_cast<std::int64_t>(bytes * batch_scale), Algorithm::Auto);
+      return model.collective_time(cluster, CollectiveKind::AllReduce, tp_ranks, static_cast<std::int64_t>(bytes),
+                                   Algorithm::Auto);
     };
     for (ir::NodeId row : structure.row_ends)
-      layer_tp += all_reduce(static_cast<double>(graph.value(graph.node(row).outputs[0]).type.bytes())) *
+      layer_tp += all_reduce(static_cast<double>(graph.value(graph.node(row).outputs[0]).type.bytes()) * batch_scale) *
                   (recompute ? 3 : 2);
-    for (double bytes : structure.pre_lookup_bytes) pre_tp += all_reduce(bytes);
-    for (double bytes : structure.post_lookup_bytes) post_tp += all_reduce(bytes);
+    for (const auto& lookup : structure.pre_lookups) pre_tp += all_reduce(lookup.bytes * (lookup.batched ? batch_scale : 1));
+    for (const auto& lookup : structure.post_lookups)
+      post_tp += all_reduce(lookup.bytes * (lookup.batched ? batch_scale : 1));
   }
 
   out.layer_time = layer_compute + layer_tp;

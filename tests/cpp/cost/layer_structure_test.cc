@@ -98,6 +98,12 @@ TEST(LayerStructure, PricingWithTheStructureFoundOnceGivesTheSameFigures) {
   LayerStructure s = find_layer_structure(g);
   EXPECT_EQ(s.row_ends.size(), 2u);  // GPT-2's fused c_attn + c_proj, c_fc + c_proj
   EXPECT_EQ(s.attention_heads, 4);
+  // wte's lookup is vocabulary-parallel (its table is also the tied LM head), and wpe's: one
+  // forward all-reduce each. The position embedding's [1, s, h] does not grow with the batch.
+  ASSERT_EQ(s.pre_lookups.size(), 2u);
+  EXPECT_TRUE(s.pre_lookups[0].batched);
+  EXPECT_FALSE(s.pre_lookups[1].batched);
+  EXPECT_TRUE(s.post_lookups.empty());
   EXPECT_EQ(find_layer_structure(gated_decoder(2)).attention_heads, 0);  // no attention op
   Cluster c = preset("dgx-a100", 1);
   AnalyticCostModel model;
