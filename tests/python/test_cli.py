@@ -68,10 +68,13 @@ def test_ctrl_c_during_a_search_writes_nothing(tmp_path):
     out = tmp_path / "plan.json"
     # Thorough on the 1T row of Megatron-LM's Table 1 (3,072 GPUs, thousands of plans): seconds
     # of search, interrupted as soon as the core logs that it started pricing.
+    # SIGINT as a terminal leaves it: a test run started in the background (`cmd &` in a
+    # script) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
     proc = subprocess.Popen([sys.executable, "-m", "shardwise", "-v", "plan", "gpt:128,25600,160", "--cluster",
                              "dgx-a100", "--nodes", "384", "--global-batch", "3072", "--level", "thorough", "--out",
                              str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     for line in proc.stderr:  # -v: the core says when the search starts pricing
         seen.append(line)
