@@ -1,8 +1,11 @@
 """Pieces the multi-process benchmarks share (ddp.py, tensor_parallel.py, pipeline.py,
-pipeline_memory.py): a hand-written pipeline plan and a one-step torch.profiler summary."""
+pipeline_memory.py): a hand-written pipeline plan, the alternating timed rounds, and a
+profiled step with its torch.profiler summary."""
 from __future__ import annotations
 
 import json
+import time
+from typing import Callable
 
 
 def pipeline_plan(global_batch: int, micro_batch: int, schedule: str, stages: int):
@@ -42,3 +45,43 @@ def profile_summary(prof) -> str:
     kinds["optimizer step (total)"] = optimizer
     kinds["rest"] = total - sum(kinds.values())
     return f"self CPU {total / 1e3:.1f} ms: " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in kinds.items())
+
+
+def timed_rounds(steps: dict[str, Callable], warmup: int, count: int) -> tuple[dict, dict]:
+    """Each step once per round, in turn, between barriers (so every rank times the same
+    step): `warmup` rounds, then `count` timed ones. Returns the wall seconds and this
+    process's CPU seconds (all its threads) of each step, per name, timed rounds only."""
+    import torch.distributed as dist
+
+    wall = {name: [] for name in steps}
+    cpu = {name: [] for name in steps}
+    for round_ in range(warmup + count):
+        for name, fn in steps.items():
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            dist.barrier()
+            if round_ >= warmup:
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
+    return wall, cpu
+
+
+def profile_steps(steps: dict[str, Callable], profiled: bool, row_limit: int = 15,
+                  width: int = 48) -> dict[str, str]:
+    """One more run of each step, between barriers; where `profiled` (this rank), under
+    torch.profiler. Returns name -> profile_summary and the key-average table (empty elsewhere)."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    tables = {}
+    for name, fn in steps.items():
+        dist.barrier()
+        if profiled:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+            tables[name] = profile_summary(prof) + "\n" + prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=row_limit, max_name_column_width=width)
+        else:
+            fn()
+    return tables

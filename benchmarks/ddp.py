@@ -22,14 +22,13 @@ import json
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from _machine import cpu_model
-from _workers import profile_summary
+from _workers import profile_steps, timed_rounds
 
 
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:
@@ -63,33 +62,11 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         ddp(*local).backward()
         ddp_opt.step()
 
-    times = {"shardwise": [], "ddp": []}
-    cpu = {"shardwise": [], "ddp": []}  # this process's CPU seconds (all its threads)
-    for step in range(args.warmup + args.steps):
-        for name, fn in (("shardwise", ours), ("ddp", theirs)):
-            dist.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            dist.barrier()
-            if step >= args.warmup:
-                times[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.process_time() - c0)
+    steps = {"shardwise": ours, "ddp": theirs}
+    times, cpu = timed_rounds(steps, args.warmup, args.steps)
     everyone = [None] * world
     dist.all_gather_object(everyone, {k: statistics.median(v) for k, v in cpu.items()})
-    profiles = {}
-    for name, fn in (("shardwise", ours), ("ddp", theirs)):
-        if not args.profile:
-            break
-        from torch.profiler import ProfilerActivity, profile
-
-        dist.barrier()
-        if rank == 0:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                fn()
-            profiles[name] = profile_summary(prof) + "\n" + prof.key_averages().table(
-                sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=48)
-        else:
-            fn()
+    profiles = profile_steps(steps, rank == 0) if args.profile else {}
     if rank == 0:
         paired = statistics.median(o / d for o, d in zip(times["shardwise"], times["ddp"]))
         with open(out, "w") as f:

@@ -53,7 +53,9 @@ TABLE2 = [
 MEMORY = 80e9
 
 
-def best_plan(graph, cluster, t, p, d, batch, layers):
+def best_plan(graph, cluster, t, p, d, batch, layers, recompute: bool = True):
+    """(plan, b, v): the best predicted interleaved-1F1B plan of these degrees over b in
+    {1, 2, 4, 8} and v dividing layers / p that fits in MEMORY, or None."""
     best = None
     vs = [v for v in range(1, layers // p + 1) if (layers // p) % v == 0 and layers % p == 0] if p > 1 else [1]
     if p > 1 and layers % p != 0:
@@ -68,7 +70,7 @@ def best_plan(graph, cluster, t, p, d, batch, layers):
             try:
                 plan = shardwise.Plan.manual(graph, cluster, tensor=t, pipeline=p, data=d, global_batch=batch,
                                              micro_batch=b, schedule="interleaved-1f1b", virtual_stages=v,
-                                             recompute=True)
+                                             recompute=recompute)
             except shardwise.ValidationError:
                 continue
             if plan.predicted_memory()[0] > MEMORY:

@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from _machine import cpu_model
-from _workers import pipeline_plan, profile_summary
+from _workers import pipeline_plan, profile_steps
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -188,17 +188,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         if failed:
             break
     if args.profile and not failed:
-        from torch.profiler import ProfilerActivity, profile
-
-        for name, fn in steps.items():
-            dist.barrier()
-            if args.profile_rank in (rank, -1):
-                with profile(activities=[ProfilerActivity.CPU]) as prof:
-                    fn()
-                report["profiles"][name] = profile_summary(prof) + "\n" + prof.key_averages().table(
-                    sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=44)
-            else:
-                fn()
+        report["profiles"] = profile_steps(steps, args.profile_rank in (rank, -1), width=44)
     with open(f"{out}.{rank}", "w") as f:
         json.dump(report, f)
     if not failed:

@@ -30,7 +30,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _machine import Timer, machine_line  # noqa: E402
-from megatron import MEMORY, TABLE1, predict_table1_row  # noqa: E402
+from megatron import TABLE1, best_plan, predict_table1_row  # noqa: E402
 
 import shardwise  # noqa: E402
 
@@ -57,25 +57,8 @@ def flags(plan, heads: int, layers: int) -> str:
 
 def no_recompute(graph, cluster, t, p, d, batch, layers):
     """Megatron's degrees, recomputation off: the best (b, v) that fits in 80 GB, or None."""
-    best = None
-    vs = [v for v in range(1, layers // p + 1) if layers % p == 0 and (layers // p) % v == 0] if p > 1 else [1]
-    for b in (1, 2, 4, 8):
-        if batch % (b * d):
-            continue
-        m = batch // (b * d)
-        for v in vs or [1]:
-            if v > 1 and m % p:
-                continue
-            try:
-                plan = shardwise.Plan.manual(graph, cluster, tensor=t, pipeline=p, data=d, global_batch=batch,
-                                             micro_batch=b, schedule="interleaved-1f1b", virtual_stages=v,
-                                             recompute=False)
-            except shardwise.ValidationError:
-                continue
-            if plan.predicted_memory()[0] <= MEMORY and (
-                    best is None or plan.predicted_tflops_per_device() > best.predicted_tflops_per_device()):
-                best = plan
-    return best
+    found = best_plan(graph, cluster, t, p, d, batch, layers, recompute=False)
+    return found[0] if found else None
 
 
 def breakdown_line(label: str, plan) -> str:

@@ -25,7 +25,6 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 import types
 
 import torch
@@ -34,7 +33,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from _machine import cpu_model
-from _workers import profile_summary
+from _workers import profile_steps, timed_rounds
 
 
 def _tp_block_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,34 +104,11 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         tp_opt.step()
         losses["dtensor"].append(loss.item())
 
-    times = {"shardwise": [], "dtensor": []}
-    cpu = {"shardwise": [], "dtensor": []}  # this process's CPU seconds (all its threads)
-    for step in range(args.warmup + args.steps):
-        for name, fn in (("shardwise", ours), ("dtensor", theirs)):
-            dist.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            dist.barrier()
-            if step >= args.warmup:
-                times[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.process_time() - c0)
+    steps = {"shardwise": ours, "dtensor": theirs}
+    times, cpu = timed_rounds(steps, args.warmup, args.steps)
     everyone = [None] * world
     dist.all_gather_object(everyone, {k: statistics.median(v) for k, v in cpu.items()})
-    profiles = {}
-    if args.profile and rank == 0:
-        from torch.profiler import ProfilerActivity, profile
-
-    for name, fn in (("shardwise", ours), ("dtensor", theirs)):
-        if not args.profile:
-            break
-        dist.barrier()
-        if rank == 0:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                fn()
-            profiles[name] = profile_summary(prof) + "\n" + prof.key_averages().table(
-                sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=48)
-        else:
-            fn()
+    profiles = profile_steps(steps, rank == 0, row_limit=18) if args.profile else {}
     diffs = [abs(a - b) / abs(b) for a, b in zip(losses["shardwise"], losses["dtensor"])]
     if rank == 0:
         placements = engine.plan.placements()
