@@ -49,7 +49,7 @@ from ._fx_import import _schema_args
 from .capture import _bind_inputs, _capture_with_sources, _input_names
 from .checkpoint import keep_state
 from .materialize import local_tensor
-from .plan import Plan
+from .plan import Plan, micro_batch_fallback
 
 log = get_logger("shardwise.engine")
 
@@ -803,15 +803,10 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
         searched = plan is None
         plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                            memory_fraction=_MEMORY_FRACTION)
-        if searched and mesh is None and plan.fits is False and not cluster.heterogeneous and graph.repeated_blocks():
-            # No sharding of one step of the whole batch fits: the joint planner's
-            # micro-batches (gradient accumulation, pipeline stages) may, as shardwise.plan does.
-            joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=_MEMORY_FRACTION)
-            if joint.fits:
-                log.info(
-                    "no sharding of the whole batch %d fits; running the joint planner's plan in %d micro-batches "
-                    "(pipeline %d, data %d, tensor %d)", global_batch, joint.num_micro_batches(), joint.pipeline,
-                    joint.data, joint.tensor)
+        if searched and mesh is None:  # nothing fits at once: maybe in micro-batches, as shardwise.plan does
+            joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
+                                         memory_fraction=_MEMORY_FRACTION)
+            if joint is not None:
                 return _parallelize_pipeline(wrapper, named, joint, batch, model, cluster, level)
         _check_fits(plan, cluster, type(model).__name__)
     sharding = plan.sharding

@@ -248,9 +248,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         >>> print(p.report())
     """
     choose = pipeline is None
-    joint_possible = mesh is None and not cluster.heterogeneous and bool(graph.repeated_blocks())
     if choose:
-        pipeline = cluster.num_nodes > 1 and joint_possible
+        pipeline = (mesh is None and cluster.num_nodes > 1 and not cluster.heterogeneous
+                    and bool(graph.repeated_blocks()))
     if pipeline:
         if mesh is not None:
             raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
@@ -259,17 +259,30 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress)
-    if choose and found.fits is False and joint_possible:
-        # The SPMD search shards one step of the whole global batch; when nothing fits that
-        # way, the joint planner's micro-batches (gradient accumulation, pipeline stages) may.
-        joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
-                           precision=precision, progress=progress)
-        if joint.fits:
-            from ._logging import get_logger
-
-            get_logger("shardwise.plan").info(
-                "no SPMD sharding of the whole batch %d fits; the joint planner's plan does, in micro-batches of %d "
-                "(pipeline %d, data %d, tensor %d)", global_batch, joint.micro_batch, joint.pipeline, joint.data,
-                joint.tensor)
+    if choose and mesh is None:
+        joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
+                                     memory_fraction=memory_fraction, precision=precision, progress=progress)
+        if joint is not None:
             return joint
     return found
+
+
+def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, level: str, memory_fraction: float,
+                         precision: str = "bf16", progress=None) -> Plan | None:
+    """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
+    batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
+    stages), if that fits; else None. Only for homogeneous clusters and models with repeated
+    layers (what the joint planner takes). shardwise.plan and parallelize both ask it."""
+    if found.fits is not False or cluster.heterogeneous or not graph.repeated_blocks():
+        return None
+    joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
+                       precision=precision, progress=progress)
+    if not joint.fits:
+        return None
+    from ._logging import get_logger
+
+    get_logger("shardwise.plan").info(
+        "no sharding of the whole batch %d fits; the joint planner's plan does, in %d micro-batches of %d "
+        "(pipeline %d, data %d, tensor %d)", global_batch, joint.num_micro_batches(), joint.micro_batch,
+        joint.pipeline, joint.data, joint.tensor)
+    return joint
