@@ -61,6 +61,9 @@ struct Index {
   int statistics = 0;
   // A Whole index addressed by the values of another operand (see above). Not part of str().
   bool lookup = false;
+  // Split unevenly by another mesh axis (search::local_rule): its size is the largest
+  // rank's share, and the shares differ, so no further axis may split it. Not part of str().
+  bool uneven = false;
 
   friend bool operator==(const Index&, const Index&) = default;
 };

@@ -8,7 +8,9 @@
 //                      [h, 3h] placed Shard(1, 3) gives every rank q, k and v of the same
 //                      heads, which is what the split into q, k, v after it needs.
 //   Shard(dim)[ratios] uneven: rank r holds ratios[r] of `dim` (ratios sum to 1, one per
-//                      rank of the axis); heterogeneous clusters (search/hetero_balance.h)
+//                      rank of the axis); a heterogeneous cluster's batch shares
+//                      (search/hetero_balance.h), and a dim the axis does not divide
+//                      (GPT-2's 50257 words on 8 ranks: search/strategy.h)
 //   Partial(reduction) every rank holds a full-size tensor; the true value is their sum
 //                      (or mean, max, min): the result of splitting a contracted index
 //

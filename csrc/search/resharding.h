@@ -13,10 +13,12 @@
 //   P(red)         AllReduce(B)           ReduceScatter(B)            - if the same reduction,
 //                                                                     else AllReduce(B)
 //
-// Uneven shards are priced as even ones of the same bytes (ring collectives move the
-// largest share; the difference is second order and the search only makes batch shards
-// uneven). A Shard that differs only in its ratios from the other is local (both hold
-// the same data when the ratios agree; different ratios are an AllToAll(B / n)).
+// Uneven shards (ratios) are priced as the rewrite runs them (transform/reshard_actions.h):
+// never a direct all-to-all or reduce-scatter, so S -> S' (another dim, or other ratios)
+// with either side uneven is AllGather(B) and a local cut, and P -> uneven S is
+// AllReduce(B) and a cut. Gathers of uneven blocks are priced as even ones of the same
+// bytes (a ring moves the largest share; the difference is second order). A Shard whose
+// ratios agree with the other's within 1e-9 is the same data: nothing to do.
 //
 // Worked example (8 ranks on one DGX A100 node, a bf16 [2048, 4096] tensor, B = 16 MiB):
 //   reshard_step(P(sum), S(0), B, 8)  -> {ReduceScatter, 16 MiB}

@@ -320,6 +320,18 @@ std::vector<Strategy> ShardingModel::node_strategies(ir::NodeId node, int axis) 
   const ir::Node& n = graph_.node(node);
   for (const auto& s : strategies)
     if (s.inputs.size() != n.inputs.size() || s.outputs.size() != n.outputs.size()) return {replicate_strategy(node)};
+  // The batch's uneven shares are the balance LP's alone (hetero_balance.h; the rewrite reads
+  // an uneven batch as those shares): a batch that does not divide is not split.
+  auto uneven_batch = [&](const std::vector<Placement>& placements, const std::vector<ir::ValueId>& values) {
+    for (std::size_t i = 0; i < placements.size(); ++i) {
+      const auto& batch_dim = graph_.value(values[i]).type.batch_dim;
+      if (!placements[i].ratios.empty() && batch_dim && placements[i].dim == *batch_dim) return true;
+    }
+    return false;
+  };
+  std::erase_if(strategies, [&](const Strategy& s) {
+    return uneven_batch(s.inputs, n.inputs) || uneven_batch(s.outputs, n.outputs);
+  });
   // A linear op on floating values may carry partial sums through (strategy.h).
   const ops::OpSpec* spec = ops::OpTable::builtin().find(n.op);
   bool floating = spec != nullptr && spec->linear && !n.inputs.empty();

@@ -43,6 +43,22 @@ bool splittable(const ops::Index& index) {
   return false;
 }
 
+// An uneven split is offered only where every rank gets at least this many elements, so the
+// largest share is within 1/8 of the mean (3 channels on 2 ranks is not worth a split).
+constexpr std::int64_t kUnevenMinimumShare = 8;
+
+// Gives every Shard of the strategy the uneven shares; false when one is strided (an operand
+// carries the index under a major one), which the rewrite cannot cut unevenly.
+bool make_uneven(Strategy& s, const std::vector<double>& ratios) {
+  for (auto* list : {&s.inputs, &s.input_grads, &s.outputs})
+    for (Placement& p : *list) {
+      if (!p.is_shard()) continue;
+      if (p.groups != 1) return false;
+      p.ratios = ratios;
+    }
+  return true;
+}
+
 // Every index other than `i` that some output carries: the rows a normalisation keeps one
 // set of statistics for.
 std::int64_t row_count(const ops::DimRule& rule, int i) {
@@ -144,7 +160,7 @@ std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_si
   const auto n = static_cast<std::int64_t>(axis_size);
   for (std::size_t k = 0; k < rule.indices.size(); ++k) {
     const auto& index = rule.indices[k];
-    if (!splittable(index)) continue;
+    if (!splittable(index) || index.uneven) continue;  // uneven: another axis cut it unevenly
     // Groups to try: contiguous first, then the strided pairs listed for this size, ascending.
     std::set<std::int64_t> strided;
     for (const auto& [size, g] : options.strided) {
@@ -154,8 +170,11 @@ std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_si
     groups.insert(groups.end(), strided.begin(), strided.end());
     for (auto g : groups) {
       const std::int64_t parts = n * g;
-      if (index.size < parts || index.size % parts != 0) continue;
+      if (index.size < parts) continue;
       Strategy s = split_strategy(rule, static_cast<int>(k), g);
+      if (index.size % parts != 0 &&
+          (g != 1 || index.size < kUnevenMinimumShare * parts || !make_uneven(s, uneven_ratios(index.size, axis_size))))
+        continue;
       const bool seen =
           std::any_of(out.begin(), out.end(), [&](const Strategy& earlier) { return same_placements(earlier, s); });
       if (!seen) out.push_back(std::move(s));
@@ -182,12 +201,28 @@ ops::DimRule local_rule(const ops::DimRule& rule, const Strategy& strategy, int 
         fmt::format("strategy splits index {}, the rule has {} indices", strategy.index, rule.indices.size()));
   }
   auto& index = out.indices[static_cast<std::size_t>(strategy.index)];
-  if (index.size % axis_size != 0) {
+  if (index.size < axis_size) {
     throw support::ValidationError(
-        fmt::format("index {} of size {} does not split evenly over {} ranks", index.label, index.size, axis_size));
+        fmt::format("index {} of size {} does not split over {} ranks", index.label, index.size, axis_size));
+  }
+  if (index.size % axis_size != 0) {
+    index.size = index.size / axis_size + 1;  // the largest share
+    index.uneven = true;
+    return out;
   }
   index.size /= axis_size;
   return out;
+}
+
+std::vector<double> uneven_ratios(std::int64_t size, int n) {
+  if (n < 1 || size < n)
+    throw support::ValidationError(fmt::format("an index of size {} does not split over {} ranks", size, n));
+  if (size % n == 0) return {};
+  std::vector<double> ratios;
+  const std::int64_t base = size / n, longer = size % n;
+  for (std::int64_t r = 0; r < n; ++r)
+    ratios.push_back(static_cast<double>(base + (r < longer ? 1 : 0)) / static_cast<double>(size));
+  return ratios;
 }
 
 }  // namespace shardwise::search

@@ -36,8 +36,13 @@
 // concatenations of the graph: a tensor of size N later cut into g equal parts), so the
 // producer of a fused QKV can match its consumer's strided need without a reshard.
 //
-// Divisibility: a split needs size(i) % (n x g) == 0 and size(i) >= n x g (even shards; the
-// search makes only batch shards uneven, after the fact).
+// Divisibility: a strided split needs size(i) % (n x g) == 0. A contiguous split of an index
+// that n does not divide (GPT-2's 50257-word vocabulary on 8 ranks) is uneven, as DTensor
+// and torch.chunk cut: the first size % n ranks hold one more than the rest, recorded as
+// the shard's ratios (Shard(0)[6283/50257, ..., 6282/50257]); not where an operand carries
+// i under a major index (that would be a strided uneven shard), and only where every rank
+// gets at least 8 elements (the largest share within 1/8 of the mean). The largest share
+// bounds time and memory (held_fraction). Every split needs size(i) >= n.
 //
 // Statistics (ops::Index::statistics): a Whole index that a normalisation reduces over
 // (softmax's dim, layer norm's normalised dims, cross entropy's classes) may be split when
@@ -99,12 +104,17 @@ struct StrategyOptions {
 std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_size,
                                            const StrategyOptions& options = {});
 
+// Each of n ranks' share of an index of `size` >= n split as evenly as whole elements allow:
+// the first size % n ranks hold ceil(size / n), the others floor. Empty when n divides size.
+std::vector<double> uneven_ratios(std::int64_t size, int n);
+
 // Partial passthrough for a linear op with this rule: inputs and outputs Partial(sum), the
 // inputs' gradients Replicate (the gradient of a sum reaches every term whole).
 Strategy partial_strategy(const ops::DimRule& rule);
 
 // The rule as seen by one rank after `strategy` on an axis of axis_size ranks: the split
-// index's size divided by axis_size (how the next mesh axis sees the node).
+// index's size divided by axis_size (how the next mesh axis sees the node). An uneven split
+// leaves the largest share, marked Index::uneven so that no other axis splits it again.
 ops::DimRule local_rule(const ops::DimRule& rule, const Strategy& strategy, int axis_size);
 
 }  // namespace shardwise::search

@@ -80,9 +80,17 @@ def test_meta_model_and_a_loader_give_each_rank_its_heads_of_the_fused_qkv():
         columns = qkv[0].long()
         heads = torch.arange(256 * rank, 256 * rank + 256)
         assert torch.equal(columns, torch.cat([heads, 2048 + heads, 4096 + heads]))
-        # The table and every other tensor: each rank's share only.
+        # The tied 50257-word table, vocabulary-parallel and uneven: 6283 words on rank 0,
+        # 6282 on the others, each rank its own consecutive rows.
+        table = shards["transformer.wte.weight"]
+        first = 0 if rank == 0 else 6283 + 6282 * (rank - 1)
+        assert table.shape == (6283 if rank == 0 else 6282, 2048)
+        assert torch.equal(table[:, 0].long(), torch.arange(first, first + table.shape[0]) * 100000)
+        # Every other tensor: each rank's even share only.
         for name, tensor in shards.items():
             placed = plan.placements()[name]
+            if name == "transformer.wte.weight":
+                continue
             ways = 1
             for size, p in zip(plan.sharding["mesh"], placed):
                 ways *= size if p.startswith("S(") else 1

@@ -143,6 +143,9 @@ def _cases() -> dict:
         "bert": (lambda: _BertWithLabels(bert()), lambda: (_ids(4, 16, 128, 1), _ids(4, 16, 128, 1)), None),
         "gpt2": (lambda: gpt2(64, 16, 128), lambda: (_ids(2, 16, 128, 1), _ids(2, 16, 128, 2)), None),
         "gpt2_batch4": (lambda: gpt2(64, 16, 128), lambda: (_ids(4, 16, 128, 1), _ids(4, 16, 128, 2)), None),
+        # GPT-2's own vocabulary: 50257 words split 4 ways cannot be even
+        "gpt2_vocab50257": (lambda: gpt2(64, 16, 50257), lambda: (_ids(2, 16, 50257, 1), _ids(2, 16, 50257, 2)),
+                            None),
         # hidden 256: 16 heads of 16, so the rotary table (head_dim / 2) still splits 4 ways
         "llama": (lambda: llama(256, 16, 128), lambda: (_ids(2, 16, 128, 1), _ids(2, 16, 128, 2)), None),
     }
@@ -242,10 +245,10 @@ def _spawn(world: int, case: str, plan_json: str | None = None, mesh=None, stage
             return json.load(f)
 
 
-def _searched(model_builder, batch: int, seq: int, mesh, gib: float = 2.0) -> shardwise.Plan:
+def _searched(model_builder, batch: int, seq: int, mesh, gib: float = 2.0, vocab: int = 50304) -> shardwise.Plan:
     """The search's plan for the model at a large width on `mesh` A100s of `gib` GiB."""
     with torch.device("meta"):
-        model = model_builder(2048, 512, 50304)
+        model = model_builder(2048, 512, vocab)
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     graph = shardwise.capture(model, (ids, ids))
     doc = json.loads(shardwise.Cluster.preset("dgx-a100", 1).to_json())
@@ -295,6 +298,19 @@ def test_megatron_gpt2_with_sequence_parallelism_equals_one_device():
     assert "vocab_lookup" in code                            # vocabulary-parallel embedding
     assert code.count("reduce_scatter(axis 1, dim 1)") >= 4  # sequence parallel: RS after each sublayer
     assert "all_gather(axis 1, dim 0, g2)" in code           # ... and AG before the next
+
+
+def test_gpt2_uneven_vocabulary_parallel_embedding_and_head_equal_one_device():
+    # 50257 words on 4 ranks: 12565 on rank 0, 12564 on the others. The tied table is
+    # vocabulary-parallel for both of its readers: the lookup (each rank its rows, partial
+    # sums reduced) and the LM head (each rank its words' logits).
+    plan = _searched(gpt2, batch=2, seq=512, mesh=(1, 4), vocab=50257)
+    assert plan.placements()["m.transformer.wte.weight"][1].startswith("S(0)[0.2500149")
+    strategies = plan.strategies()
+    assert strategies["embedding"][1] == "split V" and strategies["linear"][1] == "split n"
+    r = _spawn(4, "gpt2_vocab50257", plan.to_json())
+    _check(r)
+    assert "vocab_lookup" in r["code"] and ", 0, 12565," in r["code"]  # rank 0's rows [0, 12565)
 
 
 def test_tensor_parallel_llama_equals_one_device():

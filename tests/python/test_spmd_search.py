@@ -68,6 +68,16 @@ def test_gpt2_tensor_parallel_with_strided_fused_qkv(gpt2_graph):
     kinds = _block_forward_collectives(plan, 2)
     assert kinds in (["all_reduce", "all_reduce"], ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"])
     assert "transformer.h.*.attn.c_attn.weight" in plan.report()
+    # The tied 50257-word table is vocabulary-parallel for both readers, cut unevenly (8 does
+    # not divide 50257: 6283 words on rank 0, 6282 on the rest): the lookup gives partial sums,
+    # the LM head each rank's words' logits, and the cross entropy combines their statistics.
+    assert placements["transformer.wte.weight"][1].startswith("S(0)[")
+    ratios = [float(r) for r in placements["transformer.wte.weight"][1][5:-1].split(",")]
+    assert [round(r * 50257) for r in ratios] == [6283] + [6282] * 7
+    strategies = plan.strategies()
+    assert strategies["embedding"][1] == "split V"       # the word lookup
+    assert strategies["linear"][1] == "split n"          # the LM head
+    assert strategies["cross_entropy_loss"][1] == "split C"
 
 
 def test_llama_megatron_projections(llama_graph):
@@ -86,6 +96,12 @@ def test_llama_megatron_projections(llama_graph):
         assert placements[block + "mlp.down_proj.weight"][1] == "S(1)"
     # The vocabulary-parallel LM head.
     assert placements["lm_head.weight"][1] == "S(0)"
+    # The untied input table is split too, by its hidden dim rather than Megatron's vocabulary:
+    # each rank looks up its 256 columns of every word and an all-to-all hands the tokens to
+    # the sequence split, 2 x 23 us a step against 2 x 33 us for the vocabulary-parallel
+    # lookup's reduce-scatter and the all-gather of its gradient (same memory: 1/8 each).
+    assert placements["model.embed_tokens.weight"][1] == "S(1)"
+    assert plan.strategies()["embedding"][1] == "split e"
 
 
 def test_llama_at_a_large_batch_is_pure_data_parallel(llama_graph):

@@ -57,20 +57,23 @@ TEST(ReshardStepTest, FromShard) {
   EXPECT_EQ(reshard_step(S(1, 3), P(ops::Reduction::Mean), kB, 8), step(CollectiveKind::AllGather, kB));
 }
 
-TEST(ReshardStepTest, UnevenShardsArePricedAsEvenOnes) {
+TEST(ReshardStepTest, UnevenShardsArePricedAsTheRewriteRunsThem) {
   const auto a = uneven(0, {0.75, 0.25});
   EXPECT_EQ(reshard_step(a, R(), kB, 2), step(CollectiveKind::AllGather, kB));
   EXPECT_EQ(reshard_step(a, P(), kB, 2), step(CollectiveKind::AllGather, kB));
-  EXPECT_EQ(reshard_step(P(), a, kB, 2), step(CollectiveKind::ReduceScatter, kB));
-  EXPECT_EQ(reshard_step(a, S(1), kB, 2), step(CollectiveKind::AllToAll, kB / 2));
+  // No direct reduce-scatter or all-to-all for uneven blocks (transform/reshard_actions.h):
+  // all-reduced or gathered whole, then cut locally.
+  EXPECT_EQ(reshard_step(P(), a, kB, 2), step(CollectiveKind::AllReduce, kB));
+  EXPECT_EQ(reshard_step(a, S(1), kB, 2), step(CollectiveKind::AllGather, kB));
+  EXPECT_EQ(reshard_step(S(1), a, kB, 2), step(CollectiveKind::AllGather, kB));
   // Same ratios hold the same data; so do even ratios and an even shard.
   EXPECT_EQ(reshard_step(a, uneven(0, {0.75, 0.25}), kB, 2), std::nullopt);
   EXPECT_EQ(reshard_step(S(0), uneven(0, {0.5, 0.5}), kB, 2), std::nullopt);
   EXPECT_EQ(reshard_step(uneven(0, {0.5, 0.5}), S(0), kB, 2), std::nullopt);
   // Different ratios move data.
-  EXPECT_EQ(reshard_step(a, uneven(0, {0.5, 0.5}), kB, 2), step(CollectiveKind::AllToAll, kB / 2));
-  EXPECT_EQ(reshard_step(a, S(0), kB, 2), step(CollectiveKind::AllToAll, kB / 2));
-  EXPECT_EQ(reshard_step(S(0), a, kB, 2), step(CollectiveKind::AllToAll, kB / 2));
+  EXPECT_EQ(reshard_step(a, uneven(0, {0.5, 0.5}), kB, 2), step(CollectiveKind::AllGather, kB));
+  EXPECT_EQ(reshard_step(a, S(0), kB, 2), step(CollectiveKind::AllGather, kB));
+  EXPECT_EQ(reshard_step(S(0), a, kB, 2), step(CollectiveKind::AllGather, kB));
 }
 
 TEST(ReshardStepTest, FromPartial) {

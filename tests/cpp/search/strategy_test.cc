@@ -308,7 +308,42 @@ TEST(StrategyTest, LocalRule) {
   bad.index = 9;
   EXPECT_THROW(local_rule(rule, bad, 8), support::ValidationError);
   EXPECT_THROW(local_rule(rule, strategies[2], 0), support::ValidationError);
-  EXPECT_THROW(local_rule(rule, strategies[2], 5), support::ValidationError);  // 768 % 5
+  // 768 on 5 ranks is uneven (154 x 3, 153 x 2): the next axis sees the largest share and
+  // may not split it again. An index smaller than the axis does not split at all.
+  const auto uneven_k = local_rule(rule, enumerate_strategies(rule, 5)[1], 5);
+  EXPECT_EQ(uneven_k.str(), "m k, k n -> m n  [m=32, k=154 reduced, n=2304]");
+  EXPECT_TRUE(uneven_k.indices[1].uneven);
+  EXPECT_EQ(labels(uneven_k, enumerate_strategies(uneven_k, 2)), (Lines{"replicate", "split m", "split n"}));
+  EXPECT_THROW(local_rule(rule, strategies[1], 64), support::ValidationError);  // m = 32 < 64
+}
+
+TEST(StrategyTest, UnevenSplitsCutAsEvenlyAsWholeElementsAllow) {
+  // GPT-2's LM head: 50257 words on 8 ranks, 6283 on the first, 6282 on the other seven.
+  const auto rule = rule_of("aten::mm", {f32({32, 768}), f32({768, 50257})}, {f32({32, 50257})});
+  const auto strategies = enumerate_strategies(rule, 8);
+  ASSERT_EQ(labels(rule, strategies), (Lines{"replicate", "split m", "split k", "split n"}));
+  const Strategy& n = strategies[3];
+  const std::vector<double> ratios = uneven_ratios(50257, 8);
+  ASSERT_EQ(ratios.size(), 8u);
+  EXPECT_DOUBLE_EQ(ratios[0], 6283.0 / 50257);
+  for (std::size_t r = 1; r < 8; ++r) EXPECT_DOUBLE_EQ(ratios[r], 6282.0 / 50257);
+  EXPECT_EQ(n.inputs[1].ratios, ratios);
+  EXPECT_EQ(n.input_grads[1].ratios, ratios);
+  EXPECT_EQ(n.outputs[0].ratios, ratios);
+  EXPECT_TRUE(n.inputs[0].is_replicate());
+  EXPECT_EQ(parse_placement(n.outputs[0].str()), n.outputs[0]);  // the plan's text reads back
+  EXPECT_DOUBLE_EQ(held_fraction(n.outputs[0], 8), 6283.0 / 50257);
+  EXPECT_TRUE(uneven_ratios(50256, 8).empty());
+  EXPECT_THROW(uneven_ratios(7, 8), support::ValidationError);
+  // Fewer than 8 elements on some rank: not offered (m = 32 on 5 ranks leaves 6).
+  const auto five = enumerate_strategies(mm_rule(), 5);
+  EXPECT_EQ(labels(mm_rule(), five), (Lines{"replicate", "split k", "split n"}));
+  // No strided uneven shard: [b, s, 12 x 100] -> [b, s, 12, 100] on 8 ranks; head_dim (100,
+  // minor in the merged dim) would be a strided uneven cut of the input: not offered.
+  const auto view =
+      rule_of("aten::view", {f32({2, 16, 1200})}, {f32({2, 16, 12, 100})}, {{"size", Ints{2, 16, 12, 100}}});
+  for (const Strategy& s : enumerate_strategies(view, 8))
+    for (const Placement& p : s.inputs) EXPECT_TRUE(p.ratios.empty()) << s.str(view);
 }
 
 TEST(StrategyTest, PartialPassthroughKeepsPartialSums) {
