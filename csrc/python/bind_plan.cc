@@ -121,9 +121,11 @@ void bind_plan(py::module_& m) {
   m.def(
       "plan_joint",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
-         double memory_fraction, const std::string& precision, std::optional<py::function> progress) {
+         double memory_fraction, const std::string& precision, std::optional<py::function> progress,
+         std::optional<std::pair<std::vector<double>, std::vector<double>>> network) {
         search::JointPlanOptions options;
         options.global_batch = global_batch;
+        if (network) options.network = search::NetworkCondition{network->first, network->second};
         options.level = search::search_level_from_name(level);
         options.memory_fraction = memory_fraction;
         precision_named(precision);  // checked here, named in the plan
@@ -148,6 +150,7 @@ void bind_plan(py::module_& m) {
       },
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
       py::arg("memory_fraction") = 0.9, py::arg("precision") = "bf16", py::arg("progress") = py::none(),
+      py::arg("network") = py::none(),
       "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h).");
   m.def(
       "plan_report",

@@ -10,6 +10,9 @@
 
 #include "cost/layer_balance.h"
 #include "cost/layer_structure.h"
+#include "schedule/adaptive_kfkb.h"
+#include "schedule/schedules.h"
+#include "schedule/simulator.h"
 #include "support/error.h"
 #include "support/log.h"
 
@@ -25,6 +28,70 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
   return out;
 }
 
+void check_network(const NetworkCondition& network) {
+  const auto& durations = network.durations;
+  const auto& scale = network.bandwidth_scale;
+  if (durations.empty() || durations.size() != scale.size())
+    throw ValidationError(fmt::format("joint planner: a network condition needs as many durations as bandwidth "
+                                      "scales, at least one (got {} and {})", durations.size(), scale.size()));
+  for (std::size_t j = 0; j < durations.size(); ++j)
+    if (!(durations[j] > 0) || !(scale[j] > 0) || !std::isfinite(durations[j]) || !std::isfinite(scale[j]))
+      throw ValidationError(fmt::format("joint planner: network segment {} lasts {} s at {} x the bandwidth; both "
+                                        "must be finite and > 0", j, durations[j], scale[j]));
+}
+
+// The simulator's costs of a costed pipelined plan (the header's "varying network"). A send's
+// "bytes" are its seconds at the cluster's bandwidth, so the network's scales are its rates.
+schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const NetworkCondition& network) {
+  const auto& b = plan.predicted->breakdown;
+  const int p = plan.pipeline, v = plan.virtual_stages;
+  const auto chunks = static_cast<std::size_t>(p * v);
+  const double m = static_cast<double>(plan.num_micro_batches());
+  const double per_micro_batch = (b.at("compute") + b.at("tensor_parallel")) / m;
+  schedule::SimulationCosts costs;
+  costs.forward.assign(chunks, per_micro_batch / 3 / v);
+  costs.backward.assign(chunks, 2 * per_micro_batch / 3 / v);
+  costs.boundary_bytes.assign(chunks - 1, b.at("pipeline_p2p") / (2.0 * v * m));
+  costs.transfer = schedule::periodic_bandwidth(network.durations, network.bandwidth_scale);
+  // The gradient synchronisation and optimizer step follow the flush, as the evaluator has
+  // them (added by after_flush), not overlapped with the last backwards as the simulator could.
+  return costs;
+}
+
+// The step of a pipeline the simulator timed: its flush, then the evaluator's exposed
+// gradient synchronisation and optimizer step.
+double after_flush(const plan::Plan& plan, double pipeline_seconds) {
+  const auto& b = plan.predicted->breakdown;
+  return pipeline_seconds + b.at("data_parallel") + b.at("optimizer");
+}
+
+schedule::PipelineSchedule schedule_of(const plan::Plan& plan) {
+  const int p = plan.pipeline;
+  const auto m = static_cast<int>(plan.num_micro_batches());
+  switch (plan.schedule) {
+    case plan::Schedule::GPipe: return schedule::gpipe(p, m);
+    case plan::Schedule::Interleaved1F1B: return schedule::interleaved_1f1b(p, m, plan.virtual_stages);
+    case plan::Schedule::KFKB: return schedule::kfkb(p, m, plan.kfkb_k);
+    case plan::Schedule::OneFOneB: break;
+  }
+  return schedule::one_f_one_b(p, m);
+}
+
+// The plan with its predicted step time replaced by `step_time` (simulated): the compute,
+// tensor-parallel, gradient and optimizer parts stay; what is left is the bubble (at most the
+// evaluator's) and exposed transfers.
+plan::Plan retimed(plan::Plan plan, double step_time) {
+  plan::Predicted& predicted = *plan.predicted;
+  auto& b = predicted.breakdown;
+  const double fixed = b["compute"] + b["tensor_parallel"] + b["data_parallel"] + b["optimizer"];
+  const double rest = std::max(0.0, step_time - fixed);
+  b["pipeline_bubble"] = std::min(b["pipeline_bubble"], rest);
+  b["pipeline_p2p"] = rest - b["pipeline_bubble"];
+  predicted.tflops_per_device *= predicted.step_time / step_time;
+  predicted.step_time = step_time;
+  return plan;
+}
+
 }  // namespace
 
 JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
@@ -34,6 +101,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     throw ValidationError(fmt::format("joint planner: global batch {} < 1", options.global_batch));
   if (cluster.device_types().size() != 1)
     throw ValidationError("joint planner: a heterogeneous cluster; use the SPMD search (uneven batch shares)");
+  if (options.network) check_network(*options.network);
   // The graph's layers and tensor-parallel groups, found once for every candidate.
   const cost::LayerStructure structure = cost::find_layer_structure(graph);
   if (!structure.layers)
@@ -145,6 +213,80 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     add_all(true);
     evaluate_space();
   }
+  if (options.network) {
+    // Every pipelined plan timed on the varying network; 1F1B plans also as kFkB with the
+    // adaptive k (the header says how). A simulated step is never shorter than the plan's
+    // compute, tensor-parallel, gradient and optimizer parts, so a plan whose parts alone
+    // reach the tenth best step so far cannot enter the ten best: it is dropped unsimulated
+    // (in the evaluator's order, the best come first).
+    std::stable_sort(fitting.begin(), fitting.end(),
+                     [](const JointCandidate& a, const JointCandidate& b) { return a.step_time < b.step_time; });
+    std::vector<double> ten_best;  // ascending
+    auto record = [&](double step) {
+      ten_best.insert(std::upper_bound(ten_best.begin(), ten_best.end(), step), step);
+      if (ten_best.size() > 10) ten_best.pop_back();
+    };
+    auto out_of_reach = [&](const plan::Plan& plan) {
+      const auto& b = plan.predicted->breakdown;
+      const double floor = b.at("compute") + b.at("tensor_parallel") + b.at("data_parallel") + b.at("optimizer");
+      return ten_best.size() == 10 && floor >= ten_best.back();
+    };
+    for (const JointCandidate& c : fitting)
+      if (c.plan.pipeline == 1) record(c.step_time);
+    std::vector<JointCandidate> kfkb_plans;
+    for (JointCandidate& c : fitting) {
+      if (c.plan.pipeline == 1) continue;
+      if (out_of_reach(c.plan)) {
+        c.fits = false;  // dropped below
+        continue;
+      }
+      const schedule::SimulationCosts costs = simulation_costs(c.plan, *options.network);
+      if (c.plan.schedule != plan::Schedule::OneFOneB) {
+        const double step = after_flush(c.plan, schedule::simulate(schedule_of(c.plan), costs).step_time);
+        c.plan = retimed(std::move(c.plan), step);
+        c.step_time = c.plan.predicted->step_time;
+        record(c.step_time);
+        continue;
+      }
+      const double activations = c.plan.predicted->memory_breakdown.at("activations");
+      const double in_flight = std::min<double>(static_cast<double>(c.plan.num_micro_batches()), c.plan.pipeline);
+      schedule::AdaptiveKfkbInput input{.ranks = c.plan.pipeline,
+                                        .micro_batches = static_cast<int>(c.plan.num_micro_batches()),
+                                        .costs = costs,
+                                        .memory_per_micro_batch = activations / in_flight,
+                                        // (a hair of slack: 1F1B itself fits, rounding aside)
+                                        .memory_limit = result.memory_limit * (1 + 1e-9) -
+                                                        (c.memory_per_rank - activations)};
+      std::erase_if(input.candidates, [&](int k) { return k > input.micro_batches; });
+      const schedule::AdaptiveChoice choice = schedule::choose_k(input);
+      const auto one = std::find_if(choice.candidates.begin(), choice.candidates.end(),
+                                    [](const schedule::AdaptiveCandidate& k) { return k.k == 1; });
+      const double one_f_one_b = after_flush(c.plan, one != choice.candidates.end() && one->fits
+                                                         ? one->step_time
+                                                         : schedule::simulate(schedule_of(c.plan), costs).step_time);
+      c.plan = retimed(std::move(c.plan), one_f_one_b);
+      c.step_time = c.plan.predicted->step_time;
+      record(c.step_time);
+      if (choice.k == 1) continue;
+      plan::Plan grouped = c.plan;
+      grouped.schedule = plan::Schedule::KFKB;
+      grouped.kfkb_k = choice.k;
+      try {
+        const cost::PlanCost cost = cost::evaluate(structure, graph, cluster, grouped, model);
+        ++result.evaluated;
+        if (cost.memory_per_rank > result.memory_limit) continue;
+        plan::Plan priced = cost::with_prediction(grouped, cost);
+        const double step = after_flush(priced, choice.step_time);
+        priced = retimed(std::move(priced), step);
+        record(priced.predicted->step_time);
+        kfkb_plans.push_back({priced, priced.predicted->step_time, cost.memory_per_rank, true});
+      } catch (const ValidationError&) {
+      }
+    }
+    std::erase_if(fitting, [](const JointCandidate& c) { return !c.fits; });
+    fitting.insert(fitting.end(), std::make_move_iterator(kfkb_plans.begin()),
+                   std::make_move_iterator(kfkb_plans.end()));
+  }
   // Stable: ties keep the enumeration order (smaller t, p, b first).
   std::stable_sort(fitting.begin(), fitting.end(),
                    [](const JointCandidate& a, const JointCandidate& b) { return a.step_time < b.step_time; });
@@ -166,7 +308,9 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                  fmt::format("joint planner ({}): {} combinations in {:.2f} s; chose t{} p{} d{}, micro-batch {}, "
                              "{}{}{}", thorough ? "thorough" : "fast", result.evaluated, result.search_seconds,
                              p.tensor, p.pipeline, p.data, p.micro_batch, plan::schedule_name(p.schedule),
-                             p.virtual_stages > 1 ? fmt::format(" (v={})", p.virtual_stages) : std::string(),
+                             p.virtual_stages > 1 ? fmt::format(" (v={})", p.virtual_stages)
+                             : p.schedule == plan::Schedule::KFKB ? fmt::format(" (k={})", p.kfkb_k)
+                                                                  : std::string(),
                              result.fits ? "" : " (fits under none: the one needing the least memory)"));
   }
   return result;

@@ -12,14 +12,30 @@
 //  - micro-batch b: a divisor of global_batch / d, up to max_micro_batch;
 //  - schedule: p = 1: none needed (1F1B, m micro-batches of gradient accumulation); p > 1:
 //    1F1B and interleaved 1F1B with v virtual stages (p v <= layers, m a multiple of p, as
-//    Megatron-LM requires). GPipe has 1F1B's bubble and more memory; kFkB only differs under
-//    a varying network (schedule/adaptive_kfkb.h picks k for those): neither can win here.
+//    Megatron-LM requires). GPipe has 1F1B's bubble and more memory: it cannot win. kFkB
+//    differs from 1F1B only where sends take time the evaluator cannot overlap: it joins
+//    with a network condition (below).
 //  - recomputation none / full; ZeRO 0 / 1 (optimizer state sharded over the data ranks);
 //  - layers per stage: balanced by count (the evaluator's default), and, for p > 1, balanced
 //    by time when that differs (cost/layer_balance.h: the stages holding the embedding and
 //    the LM head get fewer layers), each priced with its own memory per stage.
 // `fast` tries b in {1, 2, 4}, v in {2, 4} and ZeRO 1 only when nothing fits without it;
 // `thorough` every b up to max_micro_batch, v in {2, 3, 4, 6, 8}, both ZeRO stages.
+//
+// A varying network (JointPlanOptions::network, Ada-Grouper's preempted links): every
+// pipelined plan that fits is priced again by the discrete-event simulator
+// (schedule/simulator.h) with its stage-to-stage sends at the network's bandwidth over
+// time: per micro-batch the bottleneck device's compute and tensor-parallel time (forward
+// 1 : backward 2), each send the evaluator's point-to-point seconds at full bandwidth, then
+// the exposed gradient synchronisation and the optimizer step. Sends overlap compute there,
+// as they do at run time. For each 1F1B plan the adaptive kFkB (schedule/adaptive_kfkb.h)
+// picks the group size k from that network within the memory left for activations; a k > 1
+// that beats 1F1B by more than 1% joins the candidates as a kFkB plan (its memory from the
+// evaluator). Plans whose compute, tensor-parallel, gradient and optimizer parts alone
+// reach the tenth best step so far are dropped unsimulated (a step is never shorter).
+// Example (joint_planner_test.cc): GPT, 8 layers of 2048, on 4 DGX A100 nodes of 2 GiB
+// devices over 10 Gb/s: the evaluator alone picks t 4 p 8 1F1B; a steady network, t 4 p 2
+// interleaved; bandwidth halved every other 0.1 s, t 4 p 2 kFkB with k = 2.
 //
 // The best plan that fits (memory per rank <= the smallest device's memory x
 // memory_fraction) has the lowest predicted step time; ties go to the earlier candidate in
@@ -31,6 +47,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "cost/cluster.h"
@@ -42,8 +59,17 @@
 
 namespace shardwise::search {
 
+// The links between pipeline stages over time: bandwidth repeats with period
+// sum(durations), segment j at bandwidth_scale[j] x the cluster's (1 = as the cluster
+// says, 0.5 = halved). Durations in seconds, both lists of one length, every value > 0.
+struct NetworkCondition {
+  std::vector<double> durations;
+  std::vector<double> bandwidth_scale;
+};
+
 struct JointPlanOptions {
   std::int64_t global_batch = 0;  // required
+  std::optional<NetworkCondition> network;  // none: a steady network (the evaluator alone)
   SearchLevel level = SearchLevel::Fast;
   std::string precision = "bf16";
   double memory_fraction = 0.9;

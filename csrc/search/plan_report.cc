@@ -58,7 +58,9 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
                        "recompute {}, ZeRO {}\n",
                        plan.data, plan.tensor, plan.pipeline, plan.global_batch, plan.micro_batch,
                        plan::schedule_name(plan.schedule),
-                       plan.virtual_stages > 1 ? fmt::format(" (v={})", plan.virtual_stages) : std::string(),
+                       plan.virtual_stages > 1 ? fmt::format(" (v={})", plan.virtual_stages)
+                       : plan.schedule == plan::Schedule::KFKB ? fmt::format(" (k={})", plan.kfkb_k)
+                                                                : std::string(),
                        plan::recompute_name(plan.recompute), plan.zero_stage);
     if (!plan.layers_per_stage.empty())
       out += fmt::format("stages   layers per stage {}\n", fmt::join(plan.layers_per_stage, " / "));

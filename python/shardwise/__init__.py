@@ -11,7 +11,7 @@ from .cluster import Cluster
 from .engine import CollectiveError, Engine, parallelize
 from .graph import Graph, RepeatedBlocks, UnknownOp
 from .materialize import materialize
-from .plan import Plan, plan
+from .plan import NetworkCondition, Plan, plan
 from .profile import Profile, profile
 from .simulate import simulate
 
@@ -20,7 +20,7 @@ _install_core_sink()
 __version__ = "0.1.0"
 
 __all__ = [
-    "capture", "save_checkpoint", "load_checkpoint", "Cluster", "Engine", "Graph", "parallelize", "materialize", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate",
+    "capture", "save_checkpoint", "load_checkpoint", "Cluster", "Engine", "Graph", "parallelize", "materialize", "NetworkCondition", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate",
     "UnknownOp",
     "ShardwiseError", "ParseError", "ValidationError", "CaptureError", "CollectiveError", "CheckpointError",
 ]

@@ -12,11 +12,26 @@ A thin Python face over the C++ plan (csrc/plan/plan.h) and evaluator
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from . import _C
 
 _SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved-1f1b",
               "interleaved-1f1b": "interleaved-1f1b", "kfkb": "kfkb"}
+
+
+@dataclass(frozen=True)
+class NetworkCondition:
+    """The links between pipeline stages over time (Ada-Grouper's preempted network): the
+    bandwidth repeats with period ``sum(durations)`` seconds, segment j at ``bandwidth[j]``
+    times the cluster's (0.5 = halved). For ``shardwise.plan(..., network=...)``: pipelined
+    plans are timed on it by the simulator, and kFkB with the adaptive k joins 1F1B.
+
+        >>> shardwise.NetworkCondition(durations=(1.0, 1.0), bandwidth=(1.0, 0.5))
+    """
+
+    durations: tuple[float, ...]
+    bandwidth: tuple[float, ...]
 
 
 class Plan:
@@ -73,12 +88,14 @@ class Plan:
 
     @classmethod
     def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast", memory_fraction: float = 0.9,
-              precision: str = "bf16", progress=None) -> "Plan":
+              precision: str = "bf16", progress=None, network: NetworkCondition | None = None) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``."""
+        links = None if network is None else ([float(x) for x in network.durations],
+                                              [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
-                               str(precision), progress)
+                               str(precision), progress, links)
         return cls(json.loads(result["plan"]), result)
 
     def alternatives(self) -> list["Plan"]:
@@ -226,7 +243,7 @@ class Plan:
 
 def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
          memory_fraction: float = 0.9, precision: str = "bf16", recompute: bool = True, zero: bool = True,
-         progress=None, pipeline: bool | None = None) -> Plan:
+         progress=None, pipeline: bool | None = None, network: NetworkCondition | None = None) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
 
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
@@ -240,6 +257,8 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     programme (COIN-OR CBC) started from the fast answer, never worse under the cost model.
     ``mesh``: fix the {data, tensor} mesh instead of searching every factorisation.
     ``recompute`` / ``zero``: allow activation recomputation / sharded optimizer state.
+    ``network``: a ``NetworkCondition`` for the links between pipeline stages; the joint
+    planner then times its pipelined plans on it and may pick kFkB (implies the joint planner).
     ``progress(done, total)`` is called after each candidate. The graph must have been
     captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
 
@@ -247,6 +266,10 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         >>> p = shardwise.plan(g, shardwise.Cluster.preset("dgx-a100"), global_batch=64)
         >>> print(p.report())
     """
+    if network is not None and pipeline is False:
+        raise _C.ValidationError("plan: network= describes the links between pipeline stages; not with pipeline=False")
+    if network is not None and pipeline is None:
+        pipeline = True
     choose = pipeline is None
     if choose:
         pipeline = (mesh is None and cluster.num_nodes > 1 and not cluster.heterogeneous
@@ -255,7 +278,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         if mesh is not None:
             raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
-                          precision=precision, progress=progress)
+                          precision=precision, progress=progress, network=network)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress)

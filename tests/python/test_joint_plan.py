@@ -71,3 +71,40 @@ def test_a_plans_timeline_as_svg_and_chrome_trace(gpt3, tmp_path):
     events = json.loads((tmp_path / "plan.json").read_text())
     events = events["traceEvents"] if isinstance(events, dict) else events
     assert len([e for e in events if e.get("ph") != "M"]) == sim.trace_event_count  # M: names of rows
+
+
+def _slow_links_cluster() -> shardwise.Cluster:
+    """4 DGX A100 nodes whose devices hold 2 GiB and whose nodes talk over 10 Gb/s."""
+    import json
+
+    doc = json.loads(shardwise.Cluster.preset("dgx-a100", nodes=4).to_json())
+    for device in doc["device_types"]:
+        device["memory_bytes"] = 2 * 2**30
+    doc["links"][1]["bandwidth"] = 1.25e9
+    return shardwise.Cluster.from_json(json.dumps(doc))
+
+
+def test_a_varying_network_between_stages_turns_the_plan_to_kfkb(tmp_path):
+    # The model must be cut into stages, and the sends between them are long next to a
+    # stage's compute. With the bandwidth halved every other 0.1 s, groups of k micro-batches
+    # hide their sends (Ada-Grouper); on a steady network 1F1B-style schedules win.
+    graph = shardwise.models.gpt(layers=8, hidden=2048, heads=16, seq=2048, vocab=51200)
+    cluster = _slow_links_cluster()
+    steady = shardwise.plan(graph, cluster, global_batch=256,
+                            network=shardwise.NetworkCondition(durations=(0.1,), bandwidth=(1.0,)))
+    varying = shardwise.plan(graph, cluster, global_batch=256,
+                             network=shardwise.NetworkCondition(durations=(0.1, 0.1), bandwidth=(1.0, 0.5)))
+    print(f"steady: {steady.schedule} {steady.predicted_step_time():.4f} s; halved every other 0.1 s: "
+          f"{varying.schedule} k={varying.kfkb_k} {varying.predicted_step_time():.4f} s")
+    assert steady.fits and varying.fits and varying.pipeline > 1
+    assert steady.schedule != "kfkb"
+    assert varying.schedule == "kfkb" and varying.kfkb_k >= 2
+    assert f"kfkb (k={varying.kfkb_k})" in varying.report()
+    assert varying.predicted_step_time() > steady.predicted_step_time()
+    assert varying.simulation().ranks == varying.pipeline  # the timeline draws the kFkB plan
+    with pytest.raises(shardwise.ValidationError, match="pipeline"):
+        shardwise.plan(graph, cluster, global_batch=256, pipeline=False,
+                       network=shardwise.NetworkCondition(durations=(0.1,), bandwidth=(1.0,)))
+    with pytest.raises(shardwise.ValidationError, match="network segment 1"):
+        shardwise.plan(graph, cluster, global_batch=256,
+                       network=shardwise.NetworkCondition(durations=(0.1, 0.1), bandwidth=(1.0, 0.0)))

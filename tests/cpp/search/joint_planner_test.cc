@@ -126,6 +126,79 @@ TEST(JointPlanner, StagesBalancedByTimeWhenTheHeadIsHeavy) {
       << plan_report(best);
 }
 
+// GPT with 8 layers of hidden 2048 on 4 DGX A100 nodes whose devices hold 2 GiB and whose
+// nodes talk over 10 Gb/s Ethernet: the model must be cut into stages, and the sends
+// between them are long next to a stage's compute.
+cost::Cluster slow_links_cluster() {
+  nlohmann::json j = cost::cluster_to_json(cost::preset("dgx-a100", 4));
+  for (auto& d : j["device_types"]) d["memory_bytes"] = std::int64_t{2} << 30;
+  j["links"][1]["bandwidth"] = 1.25e9;
+  return cost::cluster_from_json(j);
+}
+
+TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulationAndTurnsToKfkb) {
+  ir::Graph g = gpt(8, 2048, 16);
+  const cost::Cluster cluster = slow_links_cluster();
+  const cost::AnalyticCostModel model;
+  JointPlanOptions options;
+  options.global_batch = 256;
+  const JointPlanResult steady_evaluator = plan_joint(g, cluster, model, options);
+  options.network = NetworkCondition{{0.1}, {1.0}};  // steady: sends overlap compute
+  const JointPlanResult steady = plan_joint(g, cluster, model, options);
+  options.network = NetworkCondition{{0.1, 0.1}, {1.0, 0.5}};  // halved every other 0.1 s
+  const JointPlanResult varying = plan_joint(g, cluster, model, options);
+  ASSERT_TRUE(steady_evaluator.fits && steady.fits && varying.fits);
+  for (const JointPlanResult* r : {&steady_evaluator, &steady, &varying}) {
+    const std::string report = plan_report(r->plan);
+    fmt::print("{}: {:.4f} s a step; {} (planned in {:.2f} s)\n",
+               r == &varying ? "halved every other 0.1 s" : r == &steady ? "steady, simulated" : "evaluator alone",
+               r->plan.predicted->step_time, report.substr(0, report.find('\n')), r->search_seconds);
+    // Every candidate's breakdown still adds up to its step time.
+    for (const JointCandidate& c : r->best) {
+      double sum = 0;
+      for (const auto& [part, seconds] : c.plan.predicted->breakdown)
+        if (part != "data_parallel_total" && part != "data_parallel_overlapped") sum += seconds;
+      EXPECT_NEAR(sum, c.step_time, 1e-9 * c.step_time);
+      EXPECT_LE(c.memory_per_rank, varying.memory_limit);
+    }
+    for (std::size_t i = 1; i < r->best.size(); ++i) EXPECT_LE(r->best[i - 1].step_time, r->best[i].step_time);
+  }
+  // The simulator overlaps the sends the evaluator charges whole: a steady network's best
+  // plan is faster than the evaluator's, and a varying one slower than the steady one.
+  EXPECT_LT(steady.plan.predicted->step_time, steady_evaluator.plan.predicted->step_time);
+  EXPECT_GT(varying.plan.predicted->step_time, steady.plan.predicted->step_time);
+  EXPECT_NE(steady.plan.schedule, plan::Schedule::KFKB);
+  // On the varying network groups of k micro-batches hide their sends: kFkB wins, and beats
+  // its own 1F1B twin (same degrees and micro-batch) by more than Ada-Grouper's 1%.
+  ASSERT_EQ(varying.plan.schedule, plan::Schedule::KFKB) << plan_report(varying.plan);
+  EXPECT_GE(varying.plan.kfkb_k, 2);
+  EXPECT_NE(plan_report(varying.plan).find(fmt::format("kfkb (k={})", varying.plan.kfkb_k)), std::string::npos);
+  auto twin = std::find_if(varying.best.begin(), varying.best.end(), [&](const JointCandidate& c) {
+    return c.plan.schedule == plan::Schedule::OneFOneB && c.plan.tensor == varying.plan.tensor &&
+           c.plan.pipeline == varying.plan.pipeline && c.plan.micro_batch == varying.plan.micro_batch &&
+           c.plan.recompute == varying.plan.recompute && c.plan.zero_stage == varying.plan.zero_stage &&
+           c.plan.layers_per_stage == varying.plan.layers_per_stage;
+  });
+  ASSERT_NE(twin, varying.best.end());
+  EXPECT_GT(twin->step_time, 1.01 * varying.plan.predicted->step_time);
+  // k times the activations in flight: more memory than the twin.
+  EXPECT_GT(varying.plan.predicted->memory_per_rank, twin->memory_per_rank);
+  // Deterministic.
+  EXPECT_EQ(plan_joint(g, cluster, model, options).plan, varying.plan);
+}
+
+TEST(JointPlanner, RejectsABadNetworkCondition) {
+  ir::Graph g = gpt(4, 256, 4, 128, 1024);
+  JointPlanOptions options;
+  options.global_batch = 8;
+  for (const NetworkCondition& bad : {NetworkCondition{{}, {}}, NetworkCondition{{1.0}, {1.0, 0.5}},
+                                      NetworkCondition{{1.0, 0.0}, {1.0, 0.5}}, NetworkCondition{{1.0}, {-0.5}}}) {
+    options.network = bad;
+    EXPECT_THROW(plan_joint(g, cost::preset("dgx-a100", 2), cost::AnalyticCostModel{}, options),
+                 support::ValidationError);
+  }
+}
+
 TEST(JointPlanner, RejectsWhatItCannotPlan) {
   ir::Graph g = gpt(4, 256, 4, 128, 1024);
   JointPlanOptions options;
