@@ -666,6 +666,23 @@ double ShardingModel::parameter_bytes() const {
   return bytes;
 }
 
+double ShardingModel::gathered_parameter_bytes() const {
+  // The largest weight a reader gathers beyond the rank's stored share: FSDP gathers one
+  // unit at a time and frees it after use, so the peak is one weight's, not their sum.
+  double peak = 0;
+  for (const auto& [key, group] : edges_) {
+    const ir::Value& value = graph_.value(group.value);
+    if (value.role != ir::ValueRole::Parameter) continue;
+    double wanted = 1;
+    for (int a = 0; a < static_cast<int>(options_.mesh.size()); ++a) {
+      const Strategy& reader = node_choice_[static_cast<std::size_t>(a)][static_cast<std::size_t>(key.consumer)];
+      wanted *= held_fraction(reader.inputs[static_cast<std::size_t>(key.operand)], options_.mesh[static_cast<std::size_t>(a)]);
+    }
+    peak = std::max(peak, value_bytes(group.value) * (wanted - held_all(group.value)));
+  }
+  return peak;
+}
+
 double ShardingModel::activation_bytes() const {
   double bytes = 0;
   for (const ir::Node& node : graph_.nodes()) {
@@ -746,9 +763,9 @@ ShardingEvaluation ShardingModel::evaluate() const {
                    {"gradient_sync_total", out.parameter_sync},
                    {"statistics", statistics},
                    {"optimizer", optimizer}};
-  const double params = parameter_bytes(), acts = activation_bytes();
-  out.memory_per_rank = params + acts;
-  out.memory_breakdown = {{"parameters", params}, {"activations", acts}};
+  const double params = parameter_bytes(), acts = activation_bytes(), gathered = gathered_parameter_bytes();
+  out.memory_per_rank = params + acts + gathered;
+  out.memory_breakdown = {{"parameters", params}, {"activations", acts}, {"gathered_parameters", gathered}};
   out.fits = out.memory_per_rank <= options_.memory_limit;
   double flops = 0;
   for (const ir::Node& node : graph_.nodes())

@@ -101,6 +101,9 @@ class ShardingModel {
   // Parameter-state and activation bytes of the most loaded rank, split for balance.
   double activation_bytes() const;
   double parameter_bytes() const;
+  // The largest weight one reader gathers beyond the rank's stored share (FSDP-style: held
+  // only while its reader runs, one at a time): part of the peak, not of the sum.
+  double gathered_parameter_bytes() const;
 
   const std::vector<int>& mesh() const { return options_.mesh; }
   std::vector<int> axis_ranks(int axis) const;

@@ -19,7 +19,10 @@
 //    Partial gradient: data parallelism, ZeRO and FSDP-style sharding fall out of it. A
 //    parameter's collectives share their bucket's latency (25 MB, DDP's default).
 //    Memory per rank: parameter states (MemoryConstants::bytes_per_parameter()) and saved
-//    activations, divided by their shards.
+//    activations, divided by their shards; the evaluation adds the largest weight a reader
+//    gathers beyond its stored share (FSDP holds one gathered unit at a time), which the
+//    per-axis problems, sums over choices, do not see: a plan that fits only without it is
+//    reported as not fitting.
 //  - Repeated blocks (analysis/repeated_blocks.h, the largest group) share one decision per
 //    position: the problem has one set of choice nodes for all of them, costs summed.
 //  - The axes are solved one at a time with the other axes' decisions fixed (coordinate
