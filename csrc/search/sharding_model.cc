@@ -722,11 +722,21 @@ ShardingEvaluation ShardingModel::evaluate() const {
                                    static_cast<double>(s.statistics_elements * 4), instances_[u], seconds / 2});
       }
     }
+    // Readers of one activation that want it the same way share one resharding, as the
+    // runtime runs it (engine.py reuses the reshard, its backward sees the summed gradient):
+    // q, k and v read one gathered norm output. The per-axis problems still price each
+    // reader's edge (a pair cost cannot see the others), so they lean against such splits.
+    std::set<std::string> shared;
     for (const auto& [key, group] : edges_) {
       const ir::Value& value = graph_.value(group.value);
       const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
       const auto op = static_cast<std::size_t>(key.operand);
       const Placement produced = value_placement(axis, group.value);
+      if (value.role != ir::ValueRole::Parameter &&
+          !shared.insert(fmt::format("{} {} {} {}", group.value, reader.inputs[op].str(), reader.input_grads[op].str(),
+                                     group.count))
+               .second)
+        continue;
       const double bytes = value_bytes(group.value) * held_except(group.value, axis);
       auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double share) {
         auto step = reshard_step(from, to, static_cast<std::int64_t>(bytes), options_.mesh[a]);

@@ -642,6 +642,10 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             parameters[name] = torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard
         _set_attr(root, name, parameters[name])
         env[name] = graph.get_attr(name)
+    # Readers that want a value the same way share one reshard (q, k and v read one gathered
+    # norm output): its backward then runs once, on the sum of their gradients (every step is
+    # linear). The search's evaluation counts it once too (sharding_model.cc).
+    reshards: dict[tuple, torch.fx.Node] = {}
     for node in nodes:
         first = node["outputs"][0]["value"]
         src, indices = sources[first]
@@ -651,7 +655,10 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             fwd = tuple(s["text"] for s in op["forward"])
             bwd = tuple(s["text"] for s in op["backward"])
             if fwd or bwd:
-                value = graph.call_module("reshard", (value, fwd, bwd))
+                key = (op["value"], fwd, bwd)
+                if key not in reshards:
+                    reshards[key] = graph.call_module("reshard", (value, fwd, bwd))
+                value = reshards[key]
             operands.append(value)
         local_out = [o["local_shape"] for o in node["outputs"]]
         global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]

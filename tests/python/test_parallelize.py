@@ -319,7 +319,13 @@ def test_tensor_parallel_llama_equals_one_device():
     mlp = "m.model.layers.0.mlp."
     assert p[mlp + "gate_proj.weight"][1] == p[mlp + "up_proj.weight"][1] == "S(0)"  # column-parallel
     assert p[mlp + "down_proj.weight"][1] == "S(1)"                                   # row-parallel
-    _check(_spawn(4, "llama", plan.to_json()))
+    r = _spawn(4, "llama", plan.to_json())
+    _check(r)
+    # Readers that want a value the same way share its reshard (q, k and v, gate and up read
+    # one gathered norm output): no reshard of the same value with the same steps twice.
+    calls = [line.split("self.reshard(", 1)[1].split(";")[0]
+             for line in r["code"].splitlines() if "self.reshard(" in line]
+    assert len(calls) == len(set(calls)), sorted(c for c in calls if calls.count(c) > 1)
 
 
 def test_hybrid_data_by_tensor_gpt2_equals_one_device():

@@ -94,6 +94,9 @@ def test_llama_megatron_projections(llama_graph):
         assert placements[block + "mlp.gate_proj.weight"][1] == "S(0)"
         assert placements[block + "mlp.up_proj.weight"][1] == "S(0)"
         assert placements[block + "mlp.down_proj.weight"][1] == "S(1)"
+    # One all-reduce's worth per attention and per MLP block in forward (as GPT-2's above).
+    kinds = _block_forward_collectives(plan, 2)
+    assert kinds in (["all_reduce", "all_reduce"], ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"])
     # The vocabulary-parallel LM head.
     assert placements["lm_head.weight"][1] == "S(0)"
     # The untied input table is split too, by its hidden dim rather than Megatron's vocabulary:
