@@ -70,12 +70,28 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
     out += fmt::format("predicted step {}, {:.1f} TFLOP/s per device, memory {} per rank{}\n",
                        seconds_text(p.step_time), p.tflops_per_device, bytes_text(p.memory_per_rank),
                        memory_capacity > 0 ? fmt::format(" (of {})", bytes_text(memory_capacity)) : "");
+    // Two entries are not amounts: whether the data-parallel sync overlaps the backward (a
+    // flag among the seconds) and which pipeline stage is the most loaded (among the bytes).
     std::vector<std::string> parts;
-    for (const auto& [name, seconds] : p.breakdown) parts.push_back(fmt::format("{} {}", name, seconds_text(seconds)));
-    out += fmt::format("time     {}\n", fmt::join(parts, " | "));
+    bool overlapped = false;
+    for (const auto& [name, seconds] : p.breakdown) {
+      if (name == "data_parallel_overlapped") {
+        overlapped = seconds != 0;
+        continue;
+      }
+      parts.push_back(fmt::format("{} {}", name, seconds_text(seconds)));
+    }
+    out += fmt::format("time     {}{}\n", fmt::join(parts, " | "), overlapped ? " (data-parallel sync beside backward)" : "");
     parts.clear();
-    for (const auto& [name, bytes] : p.memory_breakdown) parts.push_back(fmt::format("{} {}", name, bytes_text(bytes)));
-    if (!parts.empty()) out += fmt::format("memory   {}\n", fmt::join(parts, " | "));
+    std::string stage;
+    for (const auto& [name, bytes] : p.memory_breakdown) {
+      if (name == "stage") {
+        stage = fmt::format(" (pipeline stage {})", static_cast<long long>(bytes));
+        continue;
+      }
+      parts.push_back(fmt::format("{} {}", name, bytes_text(bytes)));
+    }
+    if (!parts.empty()) out += fmt::format("memory   {}{}\n", fmt::join(parts, " | "), stage);
   }
   if (!plan.sharding) return out;
 

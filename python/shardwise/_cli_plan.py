@@ -3,6 +3,8 @@ plan's timeline, and the torchrun line that trains it.
 
     python -m shardwise plan gpt:96,12288,96 --cluster dgx-a100 --nodes 128 --global-batch 1536
     python -m shardwise plan hf:gpt2 --cluster cluster.json --global-batch 64 --out plan.json
+    python -m shardwise plan gpt:8,2048,16 --cluster dgx-a100 --nodes 4 --global-batch 256 \
+        --network 0.1:1,0.1:0.5      # the links between stages halved every other 0.1 s
     python -m shardwise simulate plan.json --svg timeline.svg --trace trace.json
     python -m shardwise run --plan plan.json train.py --epochs 3   # options before the script
 
@@ -47,12 +49,29 @@ def _cluster(text: str, nodes: int):
     return shardwise.Cluster.from_json(text)
 
 
+def _network(text: str | None):
+    """'0.1:1,0.1:0.5' -> NetworkCondition(durations=(0.1, 0.1), bandwidth=(1.0, 0.5))."""
+    import shardwise
+
+    if text is None:
+        return None
+    try:
+        segments = [tuple(float(x) for x in part.split(":")) for part in text.split(",")]
+    except ValueError:
+        segments = []
+    if not segments or any(len(s) != 2 for s in segments):
+        raise ValueError(f"--network {text!r}: expected SECONDS:BANDWIDTH_SCALE[,SECONDS:BANDWIDTH_SCALE...], "
+                         "e.g. 0.1:1,0.1:0.5")
+    return shardwise.NetworkCondition(durations=tuple(s[0] for s in segments), bandwidth=tuple(s[1] for s in segments))
+
+
 def run_plan(args: argparse.Namespace) -> int:
     import shardwise
 
     from ._cli_render import interactive, print_plan, search_progress, status, write_whole
     from ._logging import get_logger
 
+    network = _network(args.network)  # checked before any work
     t0 = time.perf_counter()
     with status(f"capturing {args.model}", interactive()):
         graph = _graph(args.model, args.batch, args.seq)
@@ -63,7 +82,7 @@ def run_plan(args: argparse.Namespace) -> int:
                                      cluster.world_size, args.level)
     with search_progress(f"planning ({args.level})", interactive()) as progress:
         plan = shardwise.plan(graph, cluster, global_batch=args.global_batch, level=args.level, pipeline=pipeline,
-                              progress=progress)
+                              progress=progress, network=network)
     seconds = plan.search_seconds() or 0.0
     print(f"{args.model} on {cluster.name} ({cluster.world_size} devices), global batch {args.global_batch}: "
           f"graph in {captured:.1f} s, plan in {seconds:.2f} s ({args.level})")
@@ -125,6 +144,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--pipeline", choices=("auto", "yes", "no"), default="auto",
                    help="the joint pipeline x data x tensor planner (auto: for several nodes)")
     p.add_argument("--batch", type=int, default=2, help="batch the model is captured at (scaled to the global)")
+    p.add_argument("--network", metavar="S:SCALE,...",
+                   help="the links between pipeline stages over time, repeating: seconds at a fraction of their "
+                        "bandwidth (0.1:1,0.1:0.5 halves it every other 0.1 s); pipelined plans are timed on it and "
+                        "kFkB competes with 1F1B")
     p.add_argument("--seq", type=int, default=None)
     p.add_argument("--out", help="write the plan as JSON")
     p.add_argument("--format", choices=("auto", "table", "text"), default="auto",

@@ -62,7 +62,8 @@ def plan_tables(plan, cluster) -> list[Table]:
     used = f"{_bytes(memory)} per rank" + (f" of {_bytes(capacity)} ({100 * memory / capacity:.0f}%)"
                                            if capacity else "")
     summary.add_row("memory", used + ("" if plan.fits is not False else "  [red]fits under no plan[/red]"))
-    summary.add_row("memory parts", ", ".join(f"{k} {_bytes(v)}" for k, v in sorted(parts.items()) if v))
+    summary.add_row("memory parts", ", ".join(f"{k} {_bytes(v)}" for k, v in sorted(parts.items())
+                                              if v and k != "stage"))  # stage: the most loaded one, a number
     if plan.search_seconds() is not None:
         summary.add_row("search", f"{plan.search_seconds():.2f} s")
     out.append(summary)
@@ -73,7 +74,8 @@ def plan_tables(plan, cluster) -> list[Table]:
     time.add_column("share", justify="right")
     step = plan.predicted_step_time()
     for part, seconds in sorted(plan.breakdown().items(), key=lambda kv: -kv[1]):
-        if seconds > 0 and not part.endswith("_total"):  # *_total: the time before overlap, not on the step
+        # *_total: the time before overlap, not on the step; *_overlapped: a flag, not seconds
+        if seconds > 0 and not part.endswith(("_total", "_overlapped")):
             time.add_row(part, _seconds(seconds), f"{100 * seconds / step:.1f}%" if step else "")
     out.append(time)
 

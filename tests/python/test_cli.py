@@ -20,6 +20,27 @@ def test_inspect_reports_a_bad_model_spec_as_an_error():
     assert "unknown model spec" in proc.stderr
 
 
+def test_plan_on_a_varying_network_between_stages(tmp_path):
+    # 4 DGX A100 nodes of 2 GiB devices over 10 Gb/s, bandwidth halved every other 0.1 s: kFkB.
+    import json
+
+    import shardwise
+
+    doc = json.loads(shardwise.Cluster.preset("dgx-a100", nodes=4).to_json())
+    for device in doc["device_types"]:
+        device["memory_bytes"] = 2 * 2**30
+    doc["links"][1]["bandwidth"] = 1.25e9
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps(doc))
+    args = [sys.executable, "-m", "shardwise", "plan", "gpt:8,2048,16", "--cluster", str(cluster), "--global-batch",
+            "256", "--format", "text", "--network"]
+    proc = subprocess.run(args + ["0.1:1,0.1:0.5"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "schedule kfkb (k=2)" in proc.stdout, proc.stdout
+    proc = subprocess.run(args + ["0.1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "--network '0.1': expected SECONDS:BANDWIDTH_SCALE" in proc.stderr
+
+
 def test_plan_gpt3_on_a_thousand_gpus_then_simulate_and_show_the_torchrun_line(tmp_path):
     plan_file, svg, trace = tmp_path / "plan.json", tmp_path / "t.svg", tmp_path / "t.json"
     proc = subprocess.run([sys.executable, "-m", "shardwise", "plan", "gpt:96,12288,96", "--cluster", "dgx-a100",
