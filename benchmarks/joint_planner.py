@@ -6,9 +6,16 @@ Megatron-LM configuration for that size, priced by the same cost model.
 Prints the planning time at both levels (targets: fast < 5 s, thorough < 60 s), the chosen
 (t, p, d), micro-batch, schedule, virtual stages, recomputation, ZeRO stage, and the predicted
 step time and TFLOP/s per device against Megatron's t 8, p 16, d 8 (interleaved, v 2).
+
+Then the same planner told the condition of the links between pipeline stages
+(shardwise.NetworkCondition): with none (the evaluator alone), steady, and with the bandwidth
+cut every other period, on a small GPT that must be pipelined over slow links and on 175B:
+the chosen plan, its predicted step, and for a kFkB choice its step against its own 1F1B twin
+(same degrees and micro-batch), both simulated on that network.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -39,6 +46,36 @@ def main() -> None:
         label = f"{level} ({seconds:.1f} s)"
         print(f"{label:<22}{describe(plan):<78}{step:>8.2f}  {plan.predicted_tflops_per_device():>8.1f}  "
               f"{step / base:>15.3f}")
+
+    networks = [("none (evaluator alone)", None),
+                ("steady", shardwise.NetworkCondition(durations=(0.1,), bandwidth=(1.0,))),
+                ("halved every other 0.1 s", shardwise.NetworkCondition(durations=(0.1, 0.1), bandwidth=(1.0, 0.5))),
+                ("1/5 every other 0.1 s", shardwise.NetworkCondition(durations=(0.1, 0.1), bandwidth=(1.0, 0.2)))]
+    doc = json.loads(shardwise.Cluster.preset("dgx-a100", nodes=4).to_json())
+    for device in doc["device_types"]:
+        device["memory_bytes"] = 2 * 2**30
+    doc["links"][1]["bandwidth"] = 1.25e9
+    cases = [("GPT 8 x 2048 on 4 DGX A100 nodes, 2 GiB devices, 10 Gb/s between nodes, batch 256",
+              shardwise.models.gpt(layers=8, hidden=2048, heads=16, seq=2048, vocab=51200),
+              shardwise.Cluster.from_json(json.dumps(doc)), 256),
+             ("GPT-3 175B on 128 DGX A100 nodes, batch 1536", graph, cluster, 1536)]
+    for title, g, c, batch in cases:
+        print(f"\n{title}, level fast")
+        print(f"{'network':<26}{'plan':<78}{'step s':>8}  {'plan s':>6}  kfkb / its 1f1b")
+        for name, network in networks:
+            t0 = time.perf_counter()
+            plan = shardwise.plan(g, c, global_batch=batch, pipeline=True, network=network)
+            seconds = time.perf_counter() - t0
+            twin = ""
+            if plan.schedule == "kfkb":
+                same = [p for p in plan.alternatives() if p.schedule == "1f1b" and
+                        (p.tensor, p.pipeline, p.data, p.micro_batch) ==
+                        (plan.tensor, plan.pipeline, plan.data, plan.micro_batch)]
+                twin = f"{plan.predicted_step_time() / same[0].predicted_step_time():.3f}" if same else "twin not in 10 best"
+                label = describe(plan) + f"  k {plan.kfkb_k}"
+            else:
+                label = describe(plan)
+            print(f"{name:<26}{label:<78}{plan.predicted_step_time():>8.3f}  {seconds:>6.2f}  {twin}")
 
 
 if __name__ == "__main__":
