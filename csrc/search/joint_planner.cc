@@ -258,7 +258,11 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                                         .memory_limit = result.memory_limit * (1 + 1e-9) -
                                                         (c.memory_per_rank - activations)};
       std::erase_if(input.candidates, [&](int k) { return k > input.micro_batches; });
-      const schedule::AdaptiveChoice choice = schedule::choose_k(input);
+      schedule::AdaptiveChoice choice;  // k = 1, not simulated, when choose_k finds no k fits
+      try {
+        choice = schedule::choose_k(input);
+      } catch (const ValidationError&) {
+      }
       const auto one = std::find_if(choice.candidates.begin(), choice.candidates.end(),
                                     [](const schedule::AdaptiveCandidate& k) { return k.k == 1; });
       const double one_f_one_b = after_flush(c.plan, one != choice.candidates.end() && one->fits
