@@ -74,6 +74,7 @@ def test_gpt2_tensor_parallel_with_strided_fused_qkv(gpt2_graph):
     assert placements["transformer.wte.weight"][1].startswith("S(0)[")
     ratios = [float(r) for r in placements["transformer.wte.weight"][1][5:-1].split(",")]
     assert [round(r * 50257) for r in ratios] == [6283] + [6282] * 7
+    assert "transformer.wte.weight" in plan.report() and "[R, S(0)[0.12502, 0.12500 x7]]" in plan.report()
     strategies = plan.strategies()
     assert strategies["embedding"][1] == "split V"       # the word lookup
     assert strategies["linear"][1] == "split n"          # the LM head
