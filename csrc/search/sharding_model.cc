@@ -581,7 +581,10 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
         e.cost[flip ? r * nb + p : p * nb + r] += seconds;
       }
   }
-  problem.memory_limit = options_.memory_limit * memory_scale - recompute_checkpoint_bytes();
+  // The gathered-weight peak is a max, not a sum over choices: the problem cannot price it,
+  // so it keeps room for the peak the current decisions have (the descent's later passes see
+  // the gathers its earlier ones chose).
+  problem.memory_limit = options_.memory_limit * memory_scale - recompute_checkpoint_bytes() - gathered_parameter_bytes();
 
   // Seeds for the fast solver: this axis' current decisions (a pass never makes the axis
   // worse), and pure data parallelism (every node splits the index its batch dim carries,

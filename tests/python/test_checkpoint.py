@@ -44,7 +44,7 @@ def _pipeline_plan() -> str:
 
 
 def _cluster(world: int, memory: float) -> shardwise.Cluster:
-    """CPU ranks with little memory, so the search must shard: at 1.3 MB every weight over
+    """CPU ranks with little memory, so the search must shard: at 1.33 MB every weight over
     both axes of a 2 x 2 mesh; at 1.5 MB the optimizer state over the data axis (ZeRO) and
     the position embedding over the tensor axis."""
     doc = json.loads(shardwise.Cluster.preset("cpu", world).to_json())
@@ -55,7 +55,7 @@ def _cluster(world: int, memory: float) -> shardwise.Cluster:
 def _engine(layout: str, world: int):
     model = _model()
     if layout in ("sharded", "zero"):  # 2 x 2 data x tensor; engine.optimizer applies ZeRO
-        memory = 1.3e6 if layout == "sharded" else 1.5e6
+        memory = 1.33e6 if layout == "sharded" else 1.5e6
         engine = shardwise.parallelize(model, _batch(0), mesh=(2, 2), cluster=_cluster(world, memory))
         return engine, engine.optimizer(torch.optim.AdamW, lr=LR)
     if layout == "pipeline":
