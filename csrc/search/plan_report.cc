@@ -106,7 +106,8 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
       }
       parts.push_back(fmt::format("{} {}", name, seconds_text(seconds)));
     }
-    out += fmt::format("time     {}{}\n", fmt::join(parts, " | "), overlapped ? " (data-parallel sync beside backward)" : "");
+    out += fmt::format("time     {}{}\n", fmt::join(parts, " | "),
+                       overlapped ? " (data-parallel sync beside backward)" : "");
     parts.clear();
     std::string stage;
     for (const auto& [name, bytes] : p.memory_breakdown) {

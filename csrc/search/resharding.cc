@@ -55,7 +55,8 @@ std::optional<ReshardStep> reshard_step(const Placement& from, const Placement& 
     case PlacementKind::Partial:
       if (to.is_replicate()) return ReshardStep{CollectiveKind::AllReduce, b};
       // ... and no reduce-scatter: all-reduced, then cut.
-      if (to.is_shard()) return ReshardStep{to.ratios.empty() ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce, b};
+      if (to.is_shard())
+        return ReshardStep{to.ratios.empty() ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce, b};
       if (to.reduction == from.reduction) return std::nullopt;
       // Another reduction needs the true value first; every rank then holds it, which is a
       // valid partial of any reduction once the others are neutralised locally.

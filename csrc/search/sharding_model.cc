@@ -584,7 +584,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
   // The gathered-weight peak is a max, not a sum over choices: the problem cannot price it,
   // so it keeps room for the peak the current decisions have (the descent's later passes see
   // the gathers its earlier ones chose).
-  problem.memory_limit = options_.memory_limit * memory_scale - recompute_checkpoint_bytes() - gathered_parameter_bytes();
+  problem.memory_limit =
+      options_.memory_limit * memory_scale - recompute_checkpoint_bytes() - gathered_parameter_bytes();
 
   // Seeds for the fast solver: this axis' current decisions (a pass never makes the axis
   // worse), and pure data parallelism (every node splits the index its batch dim carries,
@@ -677,9 +678,9 @@ double ShardingModel::gathered_parameter_bytes() const {
     const ir::Value& value = graph_.value(group.value);
     if (value.role != ir::ValueRole::Parameter) continue;
     double wanted = 1;
-    for (int a = 0; a < static_cast<int>(options_.mesh.size()); ++a) {
-      const Strategy& reader = node_choice_[static_cast<std::size_t>(a)][static_cast<std::size_t>(key.consumer)];
-      wanted *= held_fraction(reader.inputs[static_cast<std::size_t>(key.operand)], options_.mesh[static_cast<std::size_t>(a)]);
+    for (std::size_t a = 0; a < options_.mesh.size(); ++a) {
+      const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
+      wanted *= held_fraction(reader.inputs[static_cast<std::size_t>(key.operand)], options_.mesh[a]);
     }
     peak = std::max(peak, value_bytes(group.value) * (wanted - held_all(group.value)));
   }
