@@ -71,7 +71,8 @@ def main() -> None:
                 same = [p for p in plan.alternatives() if p.schedule == "1f1b" and
                         (p.tensor, p.pipeline, p.data, p.micro_batch) ==
                         (plan.tensor, plan.pipeline, plan.data, plan.micro_batch)]
-                twin = f"{plan.predicted_step_time() / same[0].predicted_step_time():.3f}" if same else "twin not in 10 best"
+                twin = (f"{plan.predicted_step_time() / same[0].predicted_step_time():.3f}" if same
+                        else "twin not in 10 best")
                 label = describe(plan) + f"  k {plan.kfkb_k}"
             else:
                 label = describe(plan)

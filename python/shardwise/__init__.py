@@ -20,7 +20,8 @@ _install_core_sink()
 __version__ = "0.1.0"
 
 __all__ = [
-    "capture", "save_checkpoint", "load_checkpoint", "Cluster", "Engine", "Graph", "parallelize", "materialize", "NetworkCondition", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate",
+    "capture", "save_checkpoint", "load_checkpoint", "Cluster", "Engine", "Graph", "parallelize", "materialize",
+    "NetworkCondition", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate",
     "UnknownOp",
     "ShardwiseError", "ParseError", "ValidationError", "CaptureError", "CollectiveError", "CheckpointError",
 ]
