@@ -261,11 +261,8 @@ class VocabCrossEntropy(torch.nn.Module):
         ops = torch.ops.shardwise
         rows = logits if logits.dim() > 1 else logits.unsqueeze(0)
         labels = target if logits.dim() > 1 else target.unsqueeze(0)
-        # Classes on dim 1 ([N, C] or [N, C, d1, ...]): move them last for the per-row sums;
-        # half-precision logits are combined in float32, as Megatron does.
+        # Classes on dim 1 ([N, C] or [N, C, d1, ...]): move them last for the per-row sums.
         rows = rows.movedim(1, -1)
-        if rows.dtype in (torch.float16, torch.bfloat16):
-            rows = rows.float()
         top = ops.all_reduce(rows.detach().amax(dim=-1).contiguous(), "max", group)  # a constant shift
         shifted = rows - top.unsqueeze(-1)
         sum_exp = ops.all_reduce(shifted.exp().sum(dim=-1).contiguous(), "sum", group)
@@ -278,10 +275,10 @@ class VocabCrossEntropy(torch.nn.Module):
         if logits.dim() == 1:
             loss = loss.squeeze(0)
         if reduction == 0:
-            return loss.to(logits.dtype)
+            return loss
         if reduction == 2:
-            return loss.sum().to(logits.dtype)
-        return (loss.sum() / valid.sum()).to(logits.dtype)
+            return loss.sum()
+        return loss.sum() / valid.sum()
 
 
 # ---- lowering one IR node back to its ATen call --------------------------------------------

@@ -145,32 +145,6 @@ def _errors_name_op_group_and_rank(rank: int, world: int) -> None:
         C.all_reduce(x, group="nope")
 
 
-def _vocabulary_parallel_cross_entropy(rank: int, world: int) -> None:
-    # 11 classes on 3 ranks, cut unevenly (4, 4, 3); one ignored target. Each rank's loss is
-    # the whole loss and its gradient the whole gradient's columns, for every reduction.
-    import torch.nn.functional as F
-
-    from shardwise.engine import VocabCrossEntropy, _Mesh
-
-    kernel = VocabCrossEntropy(_Mesh([world], rank))
-    logits = torch.randn(6, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    target = torch.tensor([0, 3, -100, 10, 5, 7])
-    start, stop = [(0, 4), (4, 8), (8, 11)][rank]
-    for reduction, name in ((0, "none"), (1, "mean"), (2, "sum")):
-        whole = logits.clone().requires_grad_()
-        want = F.cross_entropy(whole, target, reduction=name)
-        (want_grad,) = torch.autograd.grad(want.sum(), whole)
-        mine = logits[:, start:stop].clone().requires_grad_()
-        got = kernel(mine, target, start, stop, 0, reduction, -100)
-        (got_grad,) = torch.autograd.grad(got.sum(), mine)
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-        torch.testing.assert_close(got_grad, want_grad[:, start:stop], rtol=0, atol=1e-12)
-
-
-def test_vocabulary_parallel_cross_entropy_equals_the_whole_one():
-    _spawn("_vocabulary_parallel_cross_entropy", 3)
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_values_and_gradients(world):
     _spawn("_values_and_gradients", world)
