@@ -175,7 +175,6 @@ void bind_transform(py::module_& m) {
           d["op"] = n.op;
           d["mode"] = std::string(transform::node_mode_name(n.mode));
           d["lookup_axes"] = n.lookup_axes;
-          d["statistics_axis"] = n.statistics_axis;
           py::list ins, outs;
           for (const auto& op : n.inputs) ins.append(operand(op));
           for (const auto& o : n.outputs) {

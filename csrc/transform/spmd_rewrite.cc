@@ -103,17 +103,6 @@ class Recorder : public RewriteBuilder {
   RankProgram& program_;
 };
 
-// The runtime's vocabulary-parallel kernel covers cross entropy without class weights or
-// label smoothing (what language models use); the rest runs whole.
-bool plain_cross_entropy(const ir::Node& node) {
-  if (node.inputs.size() != 2) return false;
-  auto smoothing = node.attrs.find("label_smoothing");
-  if (smoothing == node.attrs.end()) return true;
-  if (const double* d = std::get_if<double>(&smoothing->second)) return *d == 0.0;
-  if (const auto* i = std::get_if<std::int64_t>(&smoothing->second)) return *i == 0;
-  return std::holds_alternative<ir::NoneAttr>(smoothing->second);
-}
-
 }  // namespace
 
 std::string_view node_mode_name(NodeMode mode) {
@@ -121,7 +110,6 @@ std::string_view node_mode_name(NodeMode mode) {
     case NodeMode::Local: return "local";
     case NodeMode::Lookup: return "lookup";
     case NodeMode::Whole: return "whole";
-    case NodeMode::Statistics: return "statistics";
   }
   return "?";
 }
@@ -223,22 +211,12 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       if (index.kind != ops::IndexKind::Whole) continue;
       if (index.lookup && options.lookup_ops.contains(node.op)) {
         rw.lookup_axes.push_back(static_cast<int>(a));
-      } else if (index.statistics > 0 && options.statistics_ops.contains(node.op) && rw.statistics_axis < 0 &&
-                 plain_cross_entropy(node)) {
-        rw.statistics_axis = static_cast<int>(a);
       } else {
-        whole = true;  // statistics on a second axis or with no kernel, or a lookup with none
+        whole = true;  // statistics, or a lookup the runtime has no kernel for
       }
     }
-    if (rw.statistics_axis >= 0 && !rw.lookup_axes.empty()) whole = true;
-    rw.mode = whole                       ? NodeMode::Whole
-              : rw.statistics_axis >= 0   ? NodeMode::Statistics
-              : rw.lookup_axes.empty()    ? NodeMode::Local
-                                          : NodeMode::Lookup;
-    if (whole) {
-      rw.lookup_axes.clear();
-      rw.statistics_axis = -1;
-    }
+    rw.mode = whole ? NodeMode::Whole : rw.lookup_axes.empty() ? NodeMode::Local : NodeMode::Lookup;
+    if (whole) rw.lookup_axes.clear();
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       OperandRewrite op;
       op.value = graph.value(node.inputs[i]).name;

@@ -16,10 +16,6 @@
 //  - Lookup: an index split with `lookup` (embedding's vocabulary) on the axes in
 //    lookup_axes: each rank looks up the ids in its rows, zero elsewhere, giving a Partial
 //    sum. Only for ops in RewriteOptions::lookup_ops (those the runtime has a kernel for).
-//  - Statistics: a normalised dim split (statistics > 0) on one axis, for ops in
-//    RewriteOptions::statistics_ops: each rank runs the runtime's kernel on its slice and
-//    all-reduces the per-row statistics over statistics_axis (cross entropy over a
-//    vocabulary-parallel LM head's logits: max, sum of exponentials, target logit).
 //  - Whole: every operand gathered, the op run on whole tensors, the outputs replicated
 //    (readers then cut what they need). The fallback that keeps every plan correct: a split
 //    with statistics (softmax, layer norm or cross entropy over a split dim) the runtime has
@@ -61,15 +57,11 @@
 
 namespace shardwise::transform {
 
-enum class NodeMode : std::uint8_t { Local, Lookup, Whole, Statistics };
-std::string_view node_mode_name(NodeMode mode);  // "local", "lookup", "whole", "statistics"
+enum class NodeMode : std::uint8_t { Local, Lookup, Whole };
+std::string_view node_mode_name(NodeMode mode);  // "local", "lookup", "whole"
 
 struct RewriteOptions {
   std::set<std::string> lookup_ops = {"aten::embedding"};
-  // Ops whose split normalised dim the runtime combines with its own kernel (all-reducing
-  // the per-row statistics) instead of gathering the operand: Megatron's vocabulary-parallel
-  // cross entropy. One such axis per node; more run whole.
-  std::set<std::string> statistics_ops = {"aten::cross_entropy_loss"};
   std::set<std::string> whole_nodes;  // by the name of the node's first output
 };
 
@@ -98,7 +90,6 @@ struct NodeRewrite {
   std::string op;
   NodeMode mode = NodeMode::Local;
   std::vector<int> lookup_axes;  // Lookup: the axes whose split is the lookup
-  int statistics_axis = -1;      // Statistics: the axis whose split the kernel combines
   std::vector<OperandRewrite> inputs;
   std::vector<OutputRewrite> outputs;
 };

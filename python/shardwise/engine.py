@@ -243,44 +243,6 @@ class VocabLookup(torch.nn.Module):
         return out * inside.unsqueeze(-1).to(out.dtype)
 
 
-class VocabCrossEntropy(torch.nn.Module):
-    """Cross entropy over logits whose classes are split across one mesh axis (Megatron's
-    vocabulary-parallel loss): each rank holds classes [start, stop) of every row; the row's
-    max, sum of exponentials and target logit are all-reduced over the axis, so no rank
-    gathers the logits. The all-reduces' backward is the identity (every rank's loss, and so
-    its gradient, is the same), which leaves each rank softmax - one-hot on its own classes.
-    No class weights or label smoothing (the rewrite runs those whole)."""
-
-    def __init__(self, mesh: _Mesh):
-        super().__init__()
-        self._mesh = mesh
-
-    def forward(self, logits, target, start: int, stop: int, axis: int, reduction: int = 1,
-                ignore_index: int = -100):
-        group = self._mesh.group_names[axis]
-        ops = torch.ops.shardwise
-        rows = logits if logits.dim() > 1 else logits.unsqueeze(0)
-        labels = target if logits.dim() > 1 else target.unsqueeze(0)
-        # Classes on dim 1 ([N, C] or [N, C, d1, ...]): move them last for the per-row sums.
-        rows = rows.movedim(1, -1)
-        top = ops.all_reduce(rows.detach().amax(dim=-1).contiguous(), "max", group)  # a constant shift
-        shifted = rows - top.unsqueeze(-1)
-        sum_exp = ops.all_reduce(shifted.exp().sum(dim=-1).contiguous(), "sum", group)
-        inside = (labels >= start) & (labels < stop)
-        local = torch.where(inside, labels - start, torch.zeros_like(labels))
-        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * inside.to(shifted.dtype)
-        target_logit = ops.all_reduce(picked.contiguous(), "sum", group)
-        valid = (labels != ignore_index).to(shifted.dtype)
-        loss = (torch.log(sum_exp) - target_logit) * valid
-        if logits.dim() == 1:
-            loss = loss.squeeze(0)
-        if reduction == 0:
-            return loss
-        if reduction == 2:
-            return loss.sum()
-        return loss.sum() / valid.sum()
-
-
 # ---- lowering one IR node back to its ATen call --------------------------------------------
 def _substitute(value: Any, operands) -> Any:
     if isinstance(value, torch.fx.Node):
@@ -661,8 +623,6 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     if mesh is not None:
         root.reshard = Reshard(mesh)
     root.vocab_lookup = VocabLookup()
-    if mesh is not None:
-        root.vocab_cross_entropy = VocabCrossEntropy(mesh)
     env: dict[str, torch.fx.Node] = {}
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
     nodes = program["nodes"] if nodes is None else nodes
@@ -708,14 +668,6 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             _, _, padding_idx, scale, sparse = [v for _, v in _schema_args(src)]
             call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
                                                       scale, sparse))
-        elif node["mode"] == "statistics":  # cross entropy over split classes (the rewrite allows no other)
-            logits = node["inputs"][0]
-            shape = list(src.args[0].meta["val"].shape)
-            runs = _C.local_shard(shape, logits["required"], sizes, rank)["dims"][1 if len(shape) > 1 else 0]
-            named = dict(_schema_args(src))
-            call = graph.call_module("vocab_cross_entropy", (operands[0], operands[1], runs[0][0], runs[-1][1],
-                                                             node["statistics_axis"], named.get("reduction", 1),
-                                                             named.get("ignore_index", -100)))
         else:
             args, kwargs = _call_parts(src, operands, local_out, global_out)
             call = graph.call_function(src.target, tuple(args), kwargs)

@@ -119,41 +119,6 @@ TEST(SpmdRewrite, WholeNodesRunOnGatheredOperands) {
   EXPECT_EQ(str(p.nodes[2].inputs[0].forward), (Steps{"slice(axis 0, dim 0)", "slice(axis 1, dim 1)"}));
 }
 
-// logits [8, 1001] (1001 classes: uneven on 4 ranks) and targets -> cross entropy.
-ir::Graph cross_entropy(ir::Attributes attrs = {}) {
-  ir::Graph g;
-  ir::ValueId logits =
-      g.add_value("logits", ir::TensorType{ir::DType::F32, {8, 1001}, 0}, ir::ValueRole::Input);
-  ir::ValueId target = g.add_value("target", ir::TensorType{ir::DType::I64, {8}, 0}, ir::ValueRole::Input);
-  ir::NodeId n = g.add_node("aten::cross_entropy_loss", {logits, target},
-                            {{"loss", ir::TensorType{ir::DType::F32, {}, std::nullopt}}}, std::move(attrs), "loss");
-  g.set_outputs({g.node(n).outputs[0]});
-  return g;
-}
-
-TEST(SpmdRewrite, CrossEntropyOverSplitClassesCombinesStatistics) {
-  plan::Sharding s;
-  s.mesh = {4};
-  s.axis_names = {"tensor"};
-  s.level = "manual";
-  const std::string classes = search::Placement{search::PlacementKind::Shard, 1, 1,
-                                                search::uneven_ratios(1001, 4)}.str();
-  s.placements = {{"logits", {classes}}, {"target", {"R"}}, {"loss", {"R"}}};
-  s.strategies = {{"loss", {"split C"}}};
-  s.leaves = {"logits", "target"};
-  RankProgram p = rank_program(cross_entropy(), s, 1);
-  ASSERT_EQ(p.nodes.size(), 1u);
-  EXPECT_EQ(p.nodes[0].mode, NodeMode::Statistics);
-  EXPECT_EQ(p.nodes[0].statistics_axis, 0);
-  EXPECT_TRUE(p.nodes[0].inputs[0].forward.empty());            // no gather of the logits
-  EXPECT_EQ(p.nodes[0].inputs[0].local_shape, (Shape{8, 250}));  // 251 250 250 250
-  // Label smoothing has no kernel: whole, on gathered logits.
-  RankProgram smoothed = rank_program(cross_entropy({{"label_smoothing", 0.1}}), s, 1);
-  EXPECT_EQ(smoothed.nodes[0].mode, NodeMode::Whole);
-  EXPECT_EQ(smoothed.nodes[0].statistics_axis, -1);
-  EXPECT_FALSE(smoothed.nodes[0].inputs[0].forward.empty());
-}
-
 TEST(SpmdRewrite, BadPlansNameWhatIsWrong) {
   ir::Graph g = mlp();
   plan::Sharding s = megatron_mlp();
