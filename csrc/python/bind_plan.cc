@@ -158,6 +158,8 @@ void bind_plan(py::module_& m) {
         return search::plan_report(plan::plan_from_json_string(text), capacity);
       },
       py::arg("plan_json"), py::arg("memory_capacity") = 0.0);
+  m.def("readable_placement", &search::readable_placement, py::arg("placement"),
+        "A placement's text for people (csrc/search/plan_report.h).");
 }
 
 }  // namespace shardwise::python

@@ -58,6 +58,13 @@ schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const Network
   return costs;
 }
 
+// What no schedule shortens: the bottleneck device's compute and tensor-parallel time, the
+// exposed gradient synchronisation and the optimizer step (a simulated step's floor).
+double fixed_seconds(const plan::Plan& plan) {
+  const auto& b = plan.predicted->breakdown;
+  return b.at("compute") + b.at("tensor_parallel") + b.at("data_parallel") + b.at("optimizer");
+}
+
 // The step of a pipeline the simulator timed: its flush, then the evaluator's exposed
 // gradient synchronisation and optimizer step.
 double after_flush(const plan::Plan& plan, double pipeline_seconds) {
@@ -81,10 +88,9 @@ schedule::PipelineSchedule schedule_of(const plan::Plan& plan) {
 // tensor-parallel, gradient and optimizer parts stay; what is left is the bubble (at most the
 // evaluator's) and exposed transfers.
 plan::Plan retimed(plan::Plan plan, double step_time) {
+  const double rest = std::max(0.0, step_time - fixed_seconds(plan));
   plan::Predicted& predicted = *plan.predicted;
   auto& b = predicted.breakdown;
-  const double fixed = b["compute"] + b["tensor_parallel"] + b["data_parallel"] + b["optimizer"];
-  const double rest = std::max(0.0, step_time - fixed);
   b["pipeline_bubble"] = std::min(b["pipeline_bubble"], rest);
   b["pipeline_p2p"] = rest - b["pipeline_bubble"];
   predicted.tflops_per_device *= predicted.step_time / step_time;
@@ -227,9 +233,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       if (ten_best.size() > 10) ten_best.pop_back();
     };
     auto out_of_reach = [&](const plan::Plan& plan) {
-      const auto& b = plan.predicted->breakdown;
-      const double floor = b.at("compute") + b.at("tensor_parallel") + b.at("data_parallel") + b.at("optimizer");
-      return ten_best.size() == 10 && floor >= ten_best.back();
+      return ten_best.size() == 10 && fixed_seconds(plan) >= ten_best.back();
     };
     for (const JointCandidate& c : fitting)
       if (c.plan.pipeline == 1) record(c.step_time);

@@ -41,9 +41,14 @@ std::string bytes_text(double bytes) {
   return fmt::format("{:.0f} B", bytes);
 }
 
-// A placement for people: uneven shares to 5 decimals, equal neighbours run together
-// ("S(0)[0.12502, 0.12500 x7]" for 50257 words on 8 ranks). The plan's JSON keeps the exact
-// text, which reads back to the same doubles.
+std::string seconds_text(double s) {
+  if (s >= 1) return fmt::format("{:.2f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+}  // namespace
+
 std::string readable_placement(const std::string& text) {
   const auto open = text.find('[');
   if (open == std::string::npos) return text;
@@ -62,14 +67,6 @@ std::string readable_placement(const std::string& text) {
   }
   return fmt::format("{}[{}]", text.substr(0, open), fmt::join(runs, ", "));
 }
-
-std::string seconds_text(double s) {
-  if (s >= 1) return fmt::format("{:.2f} s", s);
-  if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
-  return fmt::format("{:.1f} us", s * 1e6);
-}
-
-}  // namespace
 
 std::string plan_report(const plan::Plan& plan, double memory_capacity) {
   std::string out;

@@ -22,4 +22,9 @@ namespace shardwise::search {
 
 std::string plan_report(const plan::Plan& plan, double memory_capacity = 0);
 
+// A placement's text for people: uneven shares to 5 decimals, equal neighbours run together
+// ("S(0)[0.12502, 0.12500 x7]" for 50257 words on 8 ranks); other placements unchanged.
+// The plan's JSON keeps the exact text, which reads back to the same doubles.
+std::string readable_placement(const std::string& text);
+
 }  // namespace shardwise::search

@@ -17,24 +17,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from . import _C
 
 
-def _readable(placement: str) -> str:
-    """'S(0)[0.12501741050997872,0.12499751278428875,...]' -> 'S(0)[0.12502, 0.12500 x7]', as
-    plan.report() writes uneven shares (the plan's JSON keeps the exact text)."""
-    head, bracket, tail = placement.partition("[")
-    if not bracket:
-        return placement
-    ratios = [float(r) for r in tail.rstrip("]").split(",")]
-    runs: list[str] = []
-    r = 0
-    while r < len(ratios):
-        end = r
-        while end < len(ratios) and ratios[end] == ratios[r]:
-            end += 1
-        runs.append(f"{ratios[r]:.5f}" + (f" x{end - r}" if end - r > 1 else ""))
-        r = end
-    return f"{head}[{', '.join(runs)}]"
 
 def _seconds(s: float) -> str:
     return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
@@ -111,7 +96,7 @@ def plan_tables(plan, cluster) -> list[Table]:
         table.add_column("placement")
         table.add_column("optimizer state")
         for (group, placement, axes), names in groups.items():
-            table.add_row(group, str(len(names)), "[" + ", ".join(map(_readable, placement)) + "]",
+            table.add_row(group, str(len(names)), "[" + ", ".join(map(_C.readable_placement, placement)) + "]",
                           f"sharded on axis {','.join(map(str, axes))}" if axes else "")
         out.append(table)
         collectives: dict[tuple, list[float]] = {}
