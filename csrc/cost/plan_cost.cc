@@ -79,7 +79,8 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
 }
 
 PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
-                  const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants) {
+                  const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants,
+                  const StageLayoutPrices* layout) {
   plan::validate(plan, cluster.world_size());
   const int t = plan.tensor, p = plan.pipeline, d = plan.data, v = plan.virtual_stages;
   const std::int64_t m = plan.num_micro_batches();
@@ -109,12 +110,25 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
                                  *device, *precision, batch_scale, t, &seen_pre);
   PartCost post_cost = cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, model,
                                   *device, *precision, batch_scale, t, &seen_post);
+  if (layout != nullptr) {  // the searched layout's prices; the FLOP accounting stays the graph's
+    auto take = [](PartCost& part, const PartPrice& price) {
+      part.forward = price.forward;
+      part.backward = price.backward;
+      part.activation_bytes = price.activation_bytes;
+      part.parameters = price.parameters;
+    };
+    take(layer, layout->layer);
+    take(pre_cost, layout->pre);
+    take(post_cost, layout->post);
+  }
   if (!layers) {  // no repeated structure: the whole graph is one part on one stage
     post_cost.forward += pre_cost.forward;
     post_cost.backward += pre_cost.backward;
     post_cost.matmul_flops += pre_cost.matmul_flops;
   }
-  const double layer_input_bytes = structure.layer_input_bytes * batch_scale;
+  // One rank's share of a layer's input (Megatron: scattered over the t ranks).
+  const double boundary_bytes =
+      layout != nullptr ? layout->boundary_bytes : structure.layer_input_bytes * batch_scale / t;
 
   // ---- per micro-batch, per device -----------------------------------------------------
   const bool recompute = plan.recompute == plan::Recompute::Full;
@@ -141,6 +155,13 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       post_tp += all_reduce(lookup.bytes * (lookup.batched ? batch_scale : 1));
   }
 
+  if (layout != nullptr) {
+    // Recomputation runs the forward's collectives again: about half of forward + backward's.
+    const double again = recompute ? 1.5 : 1.0;
+    layer_tp = layout->layer.collectives * again;
+    pre_tp = layout->pre.collectives;
+    post_tp = layout->post.collectives;
+  }
   out.layer_time = layer_compute + layer_tp;
   out.first_stage_extra = pre_cost.forward + pre_cost.backward + pre_tp;
   out.last_stage_extra = post_cost.forward + post_cost.backward + post_tp;
@@ -158,7 +179,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   double p2p_mb = 0;
   if (p > 1) {
     std::vector<int> pair = {0, t * d};
-    double bytes = layer_input_bytes / t;  // scatter/gather: each of the t ranks sends 1/t
+    double bytes = boundary_bytes;
     p2p_mb = 2.0 * v * model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
                                                    Algorithm::Auto);
   }
@@ -167,6 +188,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   double worst_compute = 0, worst_tp = 0;
   std::vector<double> device_params(static_cast<std::size_t>(p), 0);
   std::vector<double> device_backward(static_cast<std::size_t>(p), 0);
+  std::vector<double> device_tensor_sync(static_cast<std::size_t>(p), 0);  // searched layouts only
   for (int s = 0; s < p; ++s) {
     double layers_here = device_layers[static_cast<std::size_t>(s)];
     double compute = layers_here * layer_compute;
@@ -179,6 +201,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp;
     device_params[static_cast<std::size_t>(s)] = params;
     device_backward[static_cast<std::size_t>(s)] = backward;
+    if (layout != nullptr)
+      device_tensor_sync[static_cast<std::size_t>(s)] = layers_here * layout->layer.gradient_sync +
+                                                        (s == 0 ? layout->pre.gradient_sync : 0.0) +
+                                                        (s == p - 1 ? layout->post.gradient_sync : 0.0);
   }
   const double t_mb = worst_compute + worst_tp + p2p_mb;
   const double md = static_cast<double>(m);
@@ -218,6 +244,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       sync = md * per_mb;
       exposed = md * (std::max(0.0, per_mb - t_mb) + constants.overlap_interference * std::min(per_mb, t_mb));
     }
+    // A searched layout that splits the batch over the t ranks reduces those gradients too,
+    // once per step after the last micro-batch: exposed.
+    sync += device_tensor_sync[static_cast<std::size_t>(s)];
+    exposed += device_tensor_sync[static_cast<std::size_t>(s)];
     dp_total = std::max(dp_total, sync);
     dp_exposed = std::max(dp_exposed, exposed);
     double held = params / (plan.zero_stage >= 1 ? d : 1);
@@ -237,7 +267,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     ModelStateBytes states = model_state_bytes(device_params[static_cast<std::size_t>(s)], d, plan.zero_stage, mem);
     // Stage s holds fewer micro-batches the later it is (1F1B: p - s); the first holds most.
     double flight = std::max(1.0, in_flight - (plan.schedule == plan::Schedule::GPipe ? 0.0 : s));
-    double acts = stage_activation_bytes(layer.activation_bytes, layer_input_bytes / t,
+    double acts = stage_activation_bytes(layer.activation_bytes, boundary_bytes,
                                          device_layers[static_cast<std::size_t>(s)], flight, recompute);
     if (s == 0) acts += pre_cost.activation_bytes;
     if (s == p - 1) acts += post_cost.activation_bytes;

@@ -111,6 +111,24 @@ struct PlanCost {
   std::map<std::string, double> breakdown() const;
 };
 
+// A searched layout of a stage's tensor-parallel ranks (search/stage_layout.h finds it with
+// the SPMD search), priced by part per micro-batch on one rank. It replaces the Megatron-style
+// figures above for one layer, the nodes before the layers and those after them; the pipeline,
+// data parallelism, ZeRO, the optimizer and the activations in flight are priced as above.
+struct PartPrice {
+  double forward = 0;        // compute seconds
+  double backward = 0;       // compute seconds, without a recomputed forward
+  double collectives = 0;    // per micro-batch, on the critical path (where the all-reduces were)
+  double gradient_sync = 0;  // per step: gradients reduced over the t ranks (a batch split over them)
+  double parameters = 0;     // elements held by one rank
+  double activation_bytes = 0;  // saved outputs, one rank
+};
+
+struct StageLayoutPrices {
+  PartPrice layer, pre, post;
+  double boundary_bytes = 0;  // one rank's share of a layer's input: what crosses a stage boundary
+};
+
 // Throws support::ValidationError when the plan does not fit the cluster (t x p x d !=
 // world size), the graph (p x v > layers), or is invalid (plan::validate).
 PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Plan& plan, const CostModel& model,
@@ -118,8 +136,11 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
 
 // The same, with the graph's structure found beforehand (find_layer_structure(graph)): what
 // a planner pricing many plans on one graph calls.
+// `layout`: the stages' searched layout at this plan's tensor degree and micro-batch, instead
+// of Megatron's.
 PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
-                  const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants = {});
+                  const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants = {},
+                  const StageLayoutPrices* layout = nullptr);
 
 // The plan with predicted figures filled in.
 plan::Plan with_prediction(plan::Plan plan, const PlanCost& cost);

@@ -102,7 +102,7 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   const std::int64_t b0 = analysis::input_batch(graph_);
   // A batch dim of size 1 has no index in the rules (a unit dim is tied to none), so nothing
   // could split the batch: say so rather than return a plan that never shards it.
-  if (b0 == 1 && options_.global_batch > 1)
+  if (b0 == 1 && options_.global_batch > 1 && options_.require_batch_index)
     throw ValidationError(fmt::format(
         "spmd search: the graph was captured at batch 1; capture it with a batch of at least 2 (the batch size "
         "does not matter otherwise: the search scales it to global_batch {})",
@@ -349,6 +349,13 @@ double ShardingModel::node_compute(ir::NodeId node, int axis, const Strategy& ch
 
 cost::OpTime ShardingModel::node_time(ir::NodeId node, int axis, const Strategy& choice,
                                       const cost::DeviceType& device) const {
+  cost::OpTime time = base_time(node, axis, choice, device);
+  if (options_.recompute && in_block_[static_cast<std::size_t>(node)]) time.backward += time.forward;
+  return time;
+}
+
+cost::OpTime ShardingModel::base_time(ir::NodeId node, int axis, const Strategy& choice,
+                                      const cost::DeviceType& device) const {
   const ir::Node& n = graph_.node(node);
   cost::NodeContext context;
   context.batch_scale = batch_scale_;
@@ -361,9 +368,7 @@ cost::OpTime ShardingModel::node_time(ir::NodeId node, int axis, const Strategy&
       context.operand_shards[n.inputs.size() + o] *= divisor(s.outputs[o], size);
     if (s.index >= 0) context.work_shards *= size;
   }
-  cost::OpTime time = model_.node_time(graph_, n, device, options_.precision, context);
-  if (options_.recompute && in_block_[static_cast<std::size_t>(node)]) time.backward += time.forward;
-  return time;
+  return model_.node_time(graph_, n, device, options_.precision, context);
 }
 
 double ShardingModel::node_memory(ir::NodeId node, int axis, const Strategy& choice) const {
@@ -374,7 +379,7 @@ double ShardingModel::node_memory(ir::NodeId node, int axis, const Strategy& cho
     double held = held_fraction(choice.outputs[o], options_.mesh[static_cast<std::size_t>(axis)]);
     bytes += value_bytes(n.outputs[o]) * held_except(n.outputs[o], axis) * held;
   }
-  return bytes;
+  return bytes * options_.activation_memory_scale;
 }
 
 std::pair<double, double> ShardingModel::leaf_held(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
@@ -394,10 +399,11 @@ double ShardingModel::leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& 
   if (v.role == ir::ValueRole::Input) return 0;
   const auto [held, state_held] = leaf_held(leaf, axis, choice);
   const double numel = static_cast<double>(v.type.numel());
+  const double scale = options_.parameter_memory_scale;
   if (v.role != ir::ValueRole::Parameter || !requires_grad_[static_cast<std::size_t>(leaf)])
-    return value_bytes(leaf) * held;
+    return value_bytes(leaf) * held * scale;
   const auto& m = options_.memory;
-  return numel * (m.weight_bytes * held + (m.gradient_bytes + m.optimizer_bytes) * state_held);
+  return numel * (m.weight_bytes * held + (m.gradient_bytes + m.optimizer_bytes) * state_held) * scale;
 }
 
 double ShardingModel::optimizer_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
@@ -452,7 +458,7 @@ double ShardingModel::recompute_checkpoint_bytes() const {
   if (!options_.recompute) return 0;
   double bytes = 0;
   for (ir::ValueId v : block_inputs_) bytes += value_bytes(v) * held_all(v);
-  return bytes;
+  return bytes * options_.activation_memory_scale;
 }
 
 void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, double parameter_weight, bool seeds_only) {
@@ -698,19 +704,19 @@ double ShardingModel::activation_bytes() const {
   return bytes + recompute_checkpoint_bytes();
 }
 
-ShardingEvaluation ShardingModel::evaluate() const {
-  ShardingEvaluation out;
-  double forward = 0, backward = 0;
+ShardingModel::Tally ShardingModel::tally() const {
+  Tally out;
+  out.by_node.assign(graph_.nodes().size(), {});
   for (const ir::Node& node : graph_.nodes()) {
     const auto u = static_cast<std::size_t>(node.id);
     if (rep_node_[u] != node.id) continue;
-    const cost::OpTime time = node_time(node.id, -1, node_choice_[0][u], *device_);
-    forward += instances_[u] * time.forward;
-    backward += instances_[u] * time.backward;
+    const cost::OpTime time = base_time(node.id, -1, node_choice_[0][u], *device_);
+    const double recomputed = options_.recompute && in_block_[u] ? time.forward : 0.0;
+    out.by_node[u].forward = instances_[u] * time.forward;
+    out.by_node[u].backward = instances_[u] * time.backward;
+    out.forward += instances_[u] * time.forward;
+    out.backward += instances_[u] * (time.backward + recomputed);
   }
-  const double compute = forward + backward;
-  // Parameter collectives: the forward's weight gathers, the step's gradient reductions.
-  double activations = 0, parameter_forward = 0, parameter_step = 0, statistics = 0;
   for (int axis = 0; axis < static_cast<int>(options_.mesh.size()); ++axis) {
     const auto a = static_cast<std::size_t>(axis);
     if (options_.mesh[a] <= 1) continue;
@@ -720,7 +726,8 @@ ShardingEvaluation ShardingModel::evaluate() const {
       const Strategy& s = node_choice_[a][u];
       const double seconds = statistics_seconds(axis, s);
       if (seconds <= 0) continue;
-      statistics += instances_[u] * seconds;
+      out.statistics += instances_[u] * seconds;
+      out.by_node[u].collectives += instances_[u] * seconds;
       for (const char* phase : {"forward", "backward"}) {
         out.collectives.push_back({"all_reduce", graph_.value(node.outputs[0]).name, axis, phase,
                                    static_cast<double>(s.statistics_elements * 4), instances_[u], seconds / 2});
@@ -742,25 +749,56 @@ ShardingEvaluation ShardingModel::evaluate() const {
                .second)
         continue;
       const double bytes = value_bytes(group.value) * held_except(group.value, axis);
-      auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double share) {
+      NodePrice& price = out.by_node[static_cast<std::size_t>(key.consumer)];
+      auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double& by_node,
+                        double share) {
         auto step = reshard_step(from, to, static_cast<std::int64_t>(bytes), options_.mesh[a]);
         if (!step) return;
         double seconds = reshard_seconds(axis, group.value, from, to, bytes);
         into += share * group.count * seconds;
+        by_node += share * group.count * seconds;
         out.collectives.push_back({std::string(cost::collective_kind_name(step->kind)), value.name, axis, phase,
                                    static_cast<double>(step->bytes), share * group.count, seconds});
       };
       const bool parameter = value.role == ir::ValueRole::Parameter;
-      record(produced, reader.inputs[op], "forward", parameter ? parameter_forward : activations, 1.0);
+      record(produced, reader.inputs[op], "forward", parameter ? out.parameter_forward : out.activations,
+             price.collectives, 1.0);
       // A gathered weight is freed after its use and gathered again for the backward (and for
       // the recomputed forward): ZeRO-3 / FSDP's traffic, as cost/plan_cost.h counts it.
       if (parameter)
-        record(produced, reader.inputs[op], "backward", parameter_step, forward_passes(group.value, key.consumer) - 1);
+        record(produced, reader.inputs[op], "backward", out.parameter_step, price.collectives,
+               forward_passes(group.value, key.consumer) - 1);
       if (requires_grad_[static_cast<std::size_t>(group.value)])
         record(reader.input_grads[op], gradient_placement(produced), parameter ? "step" : "backward",
-               parameter ? parameter_step : activations, gradient_share(group.value, reader.input_grads[op]));
+               parameter ? out.parameter_step : out.activations, parameter ? price.gradient_sync : price.collectives,
+               gradient_share(group.value, reader.input_grads[op]));
     }
   }
+  return out;
+}
+
+std::vector<NodePrice> ShardingModel::node_prices() const {
+  const Tally tally = this->tally();
+  std::vector<NodePrice> out(graph_.nodes().size());
+  const double unscale = options_.activation_memory_scale > 0 ? 1.0 / options_.activation_memory_scale : 1.0;
+  for (const ir::Node& node : graph_.nodes()) {
+    const auto u = static_cast<std::size_t>(node.id);
+    const auto r = static_cast<std::size_t>(rep_node_[u]);
+    const NodePrice& total = tally.by_node[r];
+    const double n = instances_[r];
+    out[u] = {total.forward / n, total.backward / n, total.collectives / n, total.gradient_sync / n,
+              node_memory(rep_node_[u], 0, node_choice_[0][r]) * unscale};
+  }
+  return out;
+}
+
+ShardingEvaluation ShardingModel::evaluate() const {
+  ShardingEvaluation out;
+  Tally tally = this->tally();
+  const double forward = tally.forward, backward = tally.backward, compute = forward + backward;
+  const double activations = tally.activations, statistics = tally.statistics;
+  const double parameter_forward = tally.parameter_forward, parameter_step = tally.parameter_step;
+  out.collectives = std::move(tally.collectives);
   // Hidden under its phase's compute at the interference price, the excess exposed.
   const double k = options_.overlap_interference;
   auto exposed = [k](double sync, double beside) { return std::max(0.0, sync - beside) + k * std::min(sync, beside); };

@@ -1,7 +1,8 @@
 // The state of one SPMD search candidate (a mesh, with or without recomputation): the
 // decision of every node and leaf on every mesh axis, the costs of those decisions, and the
 // per-axis SpmdProblem that improves them. Internal to search_spmd (search/spmd_search.h,
-// which documents the cost model); tests reach it through search_spmd.
+// which documents the cost model) and to the joint planner's stage layouts
+// (search/stage_layout.h); tests reach it through those.
 //
 // Lifecycle: construct (everything replicated), solve_axis() per axis as often as wanted,
 // evaluate() for the figures of the current decisions.
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -46,6 +48,28 @@ struct ShardingModelOptions {
   double bucket_bytes = 25.0 * (1 << 20);
   // Fraction of HBM bandwidth the optimizer step reaches (cost::PlanCostConstants).
   double optimizer_memory_efficiency = 0.75;
+  // The graph standing for a pipeline stage's share of it (search/stage_layout.h): a rank
+  // holds this fraction of the parameter states and of the saved activations of the whole
+  // graph at one micro-batch (1F1B's first stage: 1/p of the layers, ~p micro-batches in
+  // flight). Memory only; times are the whole graph's.
+  double parameter_memory_scale = 1;
+  double activation_memory_scale = 1;
+  // A graph captured at batch 1 searched at more rows throws (nothing could split its batch)
+  // unless false: a stage layout prices its tensor axis, which need not split the batch.
+  bool require_batch_index = true;
+};
+
+// One node's share of the current decisions' costs, per instance (a folded node of a
+// repeated block: its representative's), at the options' global batch.
+struct NodePrice {
+  double forward = 0;   // compute seconds
+  double backward = 0;  // compute seconds, without a recomputed forward
+  // Collectives on the critical path: resharding of activations into this node (forward,
+  // and their gradients back), its statistics' all-reduces, and gathers of the weights it
+  // reads (each forward pass).
+  double collectives = 0;
+  double gradient_sync = 0;      // reductions of the gradients of the weights it reads (once per step)
+  double activation_bytes = 0;   // saved outputs, per rank
 };
 
 // A leaf's decision on one axis.
@@ -89,6 +113,13 @@ class ShardingModel {
 
   ShardingEvaluation evaluate() const;
 
+  // The current decisions' costs by node (indexed by NodeId): what a pipeline planner sums
+  // over a stage's nodes. The evaluate() sums, without its overlap of parameter
+  // collectives, which the planner's own model decides.
+  std::vector<NodePrice> node_prices() const;
+  // The fraction of a value each rank holds over all mesh axes (1 = whole).
+  double held_fraction_of(ir::ValueId value) const { return held_all(value); }
+
   // The plan's sharding section for the current decisions.
   plan::Sharding sharding(std::string level) const;
 
@@ -106,6 +137,7 @@ class ShardingModel {
   double gathered_parameter_bytes() const;
 
   const std::vector<int>& mesh() const { return options_.mesh; }
+  const ShardingModelOptions& options() const { return options_; }
   std::vector<int> axis_ranks(int axis) const;
 
  private:
@@ -121,6 +153,16 @@ class ShardingModel {
     double count = 0;        // instances
   };
 
+  // evaluate()'s sums, and the same costs by representative node (over its instances).
+  struct Tally {
+    std::vector<NodePrice> by_node;
+    std::vector<plan::CollectiveRecord> collectives;
+    double forward = 0, backward = 0;  // backward with the recomputed forward
+    double activations = 0, statistics = 0;
+    double parameter_forward = 0, parameter_step = 0;  // weight gathers; re-gathers and reductions
+  };
+  Tally tally() const;
+
   Placement value_placement(int axis, ir::ValueId value) const;
   double held_except(ir::ValueId value, int axis) const;  // product of held fractions, axis excluded
   double held_all(ir::ValueId value) const;
@@ -133,6 +175,8 @@ class ShardingModel {
   double node_compute(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
   // The same, split: forward, and backward with the recomputed forward.
   cost::OpTime node_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
+  // The same without the recomputed forward.
+  cost::OpTime base_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
   double node_memory(ir::NodeId node, int axis, const Strategy& choice) const;
   // The fractions of a leaf this rank holds: of its values, and of its gradient and
   // optimizer state (ZeRO shards those further), with `choice` on `axis`.
@@ -180,5 +224,12 @@ class ShardingModel {
   std::vector<std::vector<Strategy>> node_choice_;    // [axis][node]
   std::vector<std::vector<LeafChoice>> leaf_choice_;  // [axis][value]
 };
+
+// The decisions search_spmd takes for one candidate (its mesh and recomputation, from `start`
+// with every decision replicated): the coordinate descents, the best kept, its evaluation
+// in `evaluation` when given. For callers that price the decisions themselves: the joint
+// planner's stage layouts (search/stage_layout.h). Defined in spmd_search.cc.
+std::unique_ptr<ShardingModel> search_decisions(const ShardingModel& start, bool thorough,
+                                                ShardingEvaluation* evaluation = nullptr);
 
 }  // namespace shardwise::search

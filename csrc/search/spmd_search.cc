@@ -94,6 +94,35 @@ bool better_evaluation(const ShardingEvaluation& a, const ShardingEvaluation& b)
   return a.step_time < b.step_time;
 }
 
+}  // namespace
+
+std::unique_ptr<ShardingModel> search_decisions(const ShardingModel& start, bool thorough,
+                                                ShardingEvaluation* evaluation) {
+  std::unique_ptr<ShardingModel> best_model;
+  ShardingEvaluation best_evaluation;
+  const std::vector<int>& mesh = start.mesh();
+  const bool two_axes = std::count_if(mesh.begin(), mesh.end(), [](int size) { return size > 1; }) > 1;
+  const std::vector<DescentSchedule> schedules =
+      two_axes ? std::vector<DescentSchedule>{{false, false}, {true, false}, {true, true}}
+               : std::vector<DescentSchedule>{{false, false}};
+  for (const DescentSchedule& schedule : schedules) {
+    for (double weight : {start.options().overlap_interference, 1.0}) {
+      auto sm = descend(start, thorough, schedule, weight);
+      ShardingEvaluation evaluation = sm->evaluate();
+      const bool hidden = evaluation.parameter_sync_hidden;
+      if (!best_model || better_evaluation(evaluation, best_evaluation)) {
+        best_model = std::move(sm);
+        best_evaluation = std::move(evaluation);
+      }
+      if (hidden) break;  // the interference price was the right one
+    }
+  }
+  if (evaluation != nullptr) *evaluation = std::move(best_evaluation);
+  return best_model;
+}
+
+namespace {
+
 Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
                       const SpmdSearchOptions& options, const std::vector<int>& mesh, bool recompute, bool thorough,
                       double memory_limit) {
@@ -109,27 +138,9 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   mo.overlap_interference = options.overlap_interference;
   mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
   const ShardingModel start(graph, cluster, model, mo);
-  std::unique_ptr<ShardingModel> best_model;
-  ShardingEvaluation best_evaluation;
-  const bool two_axes = std::count_if(mesh.begin(), mesh.end(), [](int size) { return size > 1; }) > 1;
-  const std::vector<DescentSchedule> schedules =
-      two_axes ? std::vector<DescentSchedule>{{false, false}, {true, false}, {true, true}}
-               : std::vector<DescentSchedule>{{false, false}};
-  for (const DescentSchedule& schedule : schedules) {
-    for (double weight : {mo.overlap_interference, 1.0}) {
-      auto sm = descend(start, thorough, schedule, weight);
-      ShardingEvaluation evaluation = sm->evaluate();
-      const bool hidden = evaluation.parameter_sync_hidden;
-      if (!best_model || better_evaluation(evaluation, best_evaluation)) {
-        best_model = std::move(sm);
-        best_evaluation = std::move(evaluation);
-      }
-      if (hidden) break;  // the interference price was the right one
-    }
-  }
-  ShardingModel& sm = *best_model;
   Outcome out;
-  out.evaluation = best_evaluation;
+  std::unique_ptr<ShardingModel> best_model = search_decisions(start, thorough, &out.evaluation);
+  ShardingModel& sm = *best_model;
 
   // Heterogeneous ranks along the batch axis: shares from the balance LP.
   const int axis = sm.batch_axis();

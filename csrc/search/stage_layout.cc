@@ -1,0 +1,122 @@
+// A stage's searched layout, priced by part; the model is documented in stage_layout.h.
+#include "search/stage_layout.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "cost/layer_balance.h"
+#include "cost/memory_cost.h"
+#include "search/sharding_model.h"
+#include "support/error.h"
+
+namespace shardwise::search {
+namespace {
+
+struct MemoryShares {
+  double parameters = 1;   // of the graph's parameter states, on the first stage's ranks
+  double activations = 1;  // of one micro-batch's saved activations of the whole graph
+};
+
+MemoryShares first_stage_shares(const cost::LayerStructure& structure, const plan::Plan& plan) {
+  const int layers = structure.num_layers();
+  const int chunks = plan.pipeline * plan.virtual_stages;
+  std::vector<int> chunk_layers = plan.layers_per_stage.empty() ? cost::even_layers(layers, chunks)
+                                                                : plan.layers_per_stage;
+  const double share = layers > 0 ? cost::layers_per_device(chunk_layers, plan.pipeline).front() /
+                                         static_cast<double>(layers)
+                                   : 1.0;
+  const double zero = cost::model_state_bytes(1, plan.data, plan.zero_stage).total() /
+                      cost::model_state_bytes(1, 1, 0).total();
+  const double in_flight = cost::stage_micro_batches_in_flight(plan.schedule, plan.pipeline, plan.virtual_stages,
+                                                               plan.kfkb_k, plan.num_micro_batches());
+  return {share * zero, share * in_flight};
+}
+
+}  // namespace
+
+StageLayoutKey stage_layout_key(const cost::LayerStructure& structure, const plan::Plan& plan) {
+  const MemoryShares shares = first_stage_shares(structure, plan);
+  return {plan.tensor, plan.micro_batch, plan.recompute == plan::Recompute::Full,
+          std::llround(shares.parameters * 1000), std::llround(shares.activations * 1000)};
+}
+
+std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cost::LayerStructure& structure,
+                                               const cost::Cluster& cluster, const cost::CostModel& model,
+                                               const plan::Plan& plan, const StageLayoutOptions& options) {
+  const int t = plan.tensor;
+  if (t <= 1 || !structure.layers) return std::nullopt;
+  const std::optional<cost::Precision> precision = cost::parse_precision(plan.precision);
+  if (!precision) throw support::ValidationError(fmt::format("stage layout: unknown precision '{}'", plan.precision));
+  // The t ranks of one stage sit on one node (the joint planner's t divides a node).
+  const cost::DeviceType& device = cluster.device_of(0);
+  const cost::Cluster ranks(cluster.name() + "/stage", {device}, {cost::Node::uniform(device.name, t)},
+                            cluster.links());
+
+  const MemoryShares shares = first_stage_shares(structure, plan);
+  ShardingModelOptions mo;
+  mo.mesh = {1, t};
+  mo.global_batch = plan.micro_batch;
+  mo.precision = *precision;
+  mo.memory_limit = static_cast<double>(device.memory_bytes) * options.memory_fraction;
+  mo.recompute = plan.recompute == plan::Recompute::Full;
+  mo.allow_zero = false;
+  mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
+  mo.parameter_memory_scale = shares.parameters;
+  mo.activation_memory_scale = shares.activations;
+  mo.require_batch_index = false;
+  std::optional<ShardingModel> start;
+  try {
+    start.emplace(graph, ranks, model, mo);
+  } catch (const support::ValidationError&) {
+    return std::nullopt;  // a graph the search cannot take (say why: the caller keeps Megatron's layout)
+  }
+  ShardingEvaluation evaluation;
+  const bool thorough = options.level == SearchLevel::Thorough;
+  std::unique_ptr<ShardingModel> found = search_decisions(*start, thorough, &evaluation);
+  const std::vector<NodePrice> prices = found->node_prices();
+
+  auto part = [&](const std::vector<ir::NodeId>& nodes) {
+    cost::PartPrice out;
+    std::set<ir::ValueId> seen;
+    for (ir::NodeId id : nodes) {
+      const NodePrice& price = prices[static_cast<std::size_t>(id)];
+      out.forward += price.forward;
+      out.backward += price.backward;
+      out.collectives += price.collectives;
+      out.gradient_sync += price.gradient_sync;
+      out.activation_bytes += price.activation_bytes;
+      for (ir::ValueId in : graph.node(id).inputs) {
+        const ir::Value& value = graph.value(in);
+        if (value.role != ir::ValueRole::Parameter || !seen.insert(in).second) continue;
+        out.parameters += static_cast<double>(value.type.numel()) * found->held_fraction_of(in);
+      }
+    }
+    return out;
+  };
+  StageLayout out;
+  const std::vector<ir::NodeId>& first = structure.layers->nodes.front();
+  out.prices.layer = part(first);
+  out.prices.pre = part(structure.pre);
+  out.prices.post = part(structure.post);
+  // The layer's input from outside it (the residual stream): the largest such activation.
+  const std::set<ir::NodeId> inside(first.begin(), first.end());
+  ir::ValueId input = -1;
+  for (ir::NodeId id : first)
+    for (ir::ValueId in : graph.node(id).inputs) {
+      const ir::Value& value = graph.value(in);
+      if (!value.producer || inside.contains(*value.producer)) continue;
+      if (input < 0 || value.type.numel() > graph.value(input).type.numel()) input = in;
+    }
+  const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
+  out.prices.boundary_bytes =
+      structure.layer_input_bytes * batch_scale * (input >= 0 ? found->held_fraction_of(input) : 1.0);
+  out.sharding = found->sharding(std::string(search_level_name(options.level)));
+  out.memory_per_rank = evaluation.memory_per_rank;
+  out.fits = evaluation.fits;
+  return out;
+}
+
+}  // namespace shardwise::search

@@ -1,0 +1,61 @@
+// The layout of a pipeline stage's tensor-parallel ranks as the SPMD search finds it, priced
+// by part for the plan evaluator (cost::StageLayoutPrices), so the joint planner prices a
+// candidate by the layout its stages will run rather than by Megatron's.
+//
+//   std::optional<StageLayout> l = search_stage_layout(graph, structure, cluster, model, plan, options);
+//   cost::evaluate(structure, graph, cluster, plan, model, {}, &l->prices);
+//
+// What is searched: the whole graph at one micro-batch (plan.micro_batch rows) on a mesh
+// {1, t} of t devices of one node (the tensor axis of any stage: the evaluator's data axis of d
+// ranks and its pipeline stay as they are), recomputation as the plan says, no ZeRO on the
+// tensor axis (the plan's ZeRO is over its data ranks). Memory as the plan's first stage holds
+// it: parameter states x its share of the layers (and / d where ZeRO shards them), saved
+// activations x its micro-batches in flight x its share of the layers, against the smallest
+// device's memory x memory_fraction. The decisions found are summed by part, as the evaluator
+// prices them: the first layer's nodes, the nodes before the layers, the nodes after them.
+// One rank's share of the layers' input is what crosses a stage boundary.
+//
+// The layout depends on (t, micro-batch, recomputation) and, through memory, on the plan's
+// first stage: StageLayoutKey says which plans may share one.
+//
+// A graph captured at batch 1 is searched at b rows all the same: its costs scale to the
+// micro-batch, only its batch cannot be split over the t ranks (a layout seldom wants that).
+// Empty when the graph has no layers, or when t = 1 (nothing to lay out).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+#include "cost/cluster.h"
+#include "cost/layer_structure.h"
+#include "cost/op_cost.h"
+#include "cost/plan_cost.h"
+#include "ir/graph.h"
+#include "plan/plan.h"
+#include "search/spmd_search.h"
+
+namespace shardwise::search {
+
+struct StageLayoutOptions {
+  SearchLevel level = SearchLevel::Fast;
+  double memory_fraction = 0.9;
+};
+
+struct StageLayout {
+  cost::StageLayoutPrices prices;
+  plan::Sharding sharding;  // of the {1, t} mesh, for reports
+  double memory_per_rank = 0;  // the search's estimate of the first stage's
+  bool fits = false;
+};
+
+// Plans with one key share one layout: tensor degree, micro-batch, recomputation, and the
+// memory shares (rounded to 1e-3) that set the search's memory.
+using StageLayoutKey = std::tuple<int, std::int64_t, bool, long long, long long>;
+StageLayoutKey stage_layout_key(const cost::LayerStructure& structure, const plan::Plan& plan);
+
+std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cost::LayerStructure& structure,
+                                               const cost::Cluster& cluster, const cost::CostModel& model,
+                                               const plan::Plan& plan, const StageLayoutOptions& options);
+
+}  // namespace shardwise::search
