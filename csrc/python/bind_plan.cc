@@ -122,8 +122,9 @@ void bind_plan(py::module_& m) {
       "plan_joint",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
          double memory_fraction, const std::string& precision, std::optional<py::function> progress,
-         std::optional<std::pair<std::vector<double>, std::vector<double>>> network) {
+         std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts) {
         search::JointPlanOptions options;
+        options.stage_layouts = stage_layouts;
         options.global_batch = global_batch;
         if (network) options.network = search::NetworkCondition{network->first, network->second};
         options.level = search::search_level_from_name(level);
@@ -142,6 +143,8 @@ void bind_plan(py::module_& m) {
         out["plan"] = plan::plan_to_json_string(r.plan);
         out["fits"] = r.fits;
         out["evaluated"] = r.evaluated;
+        out["stage_layout_searches"] = r.stage_layout_searches;
+        out["searched_layout"] = r.searched_layout;
         out["best"] = best;
         out["search_seconds"] = r.search_seconds;
         out["memory_capacity"] = r.memory_limit;
@@ -150,7 +153,7 @@ void bind_plan(py::module_& m) {
       },
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
       py::arg("memory_fraction") = 0.9, py::arg("precision") = "bf16", py::arg("progress") = py::none(),
-      py::arg("network") = py::none(),
+      py::arg("network") = py::none(), py::arg("stage_layouts") = true,
       "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h).");
   m.def(
       "plan_report",

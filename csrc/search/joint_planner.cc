@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "cost/layer_balance.h"
@@ -13,6 +14,7 @@
 #include "schedule/adaptive_kfkb.h"
 #include "schedule/schedules.h"
 #include "schedule/simulator.h"
+#include "search/stage_layout.h"
 #include "support/error.h"
 #include "support/log.h"
 
@@ -165,6 +167,10 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   };
 
   std::vector<JointCandidate> fitting;
+  // Plans within 1.5 x the memory under Megatron's layout: their searched layout may fit
+  // (sequence parallelism saves activations: GPT 8 x 2048 at t 8, 1.54 GB against 1.10 GB);
+  // the stage layouts' pass takes them.
+  std::vector<JointCandidate> near_fitting;
   JointCandidate least_memory;
   least_memory.memory_per_rank = std::numeric_limits<double>::infinity();
   auto evaluate_space = [&] {
@@ -179,9 +185,10 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                          cost.memory_per_rank <= result.memory_limit};
         if (c.fits) {
           fitting.push_back(std::move(c));
-        } else if (c.memory_per_rank < least_memory.memory_per_rank) {
-          least_memory = std::move(c);
+          return cost;
         }
+        if (options.stage_layouts && c.memory_per_rank <= 1.5 * result.memory_limit) near_fitting.push_back(c);
+        if (c.memory_per_rank < least_memory.memory_per_rank) least_memory = std::move(c);
         return cost;
       } catch (const ValidationError&) {
         return std::nullopt;  // a combination the evaluator rejects (layers the stages cannot split)
@@ -218,6 +225,81 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     space.clear();
     add_all(true);
     evaluate_space();
+  }
+  std::map<StageLayoutKey, std::optional<StageLayout>> layouts;
+  if (options.stage_layouts) {
+    // The candidates priced again with the layout the SPMD search finds for their stages' t
+    // ranks (stage_layout.h), the layout parallelize() runs, instead of Megatron's. Lazily: the
+    // best not yet re-priced is re-priced until the ten best all are (or the searches run out),
+    // with the best of every tensor degree first, so a degree Megatron's layout prices badly
+    // (a graph it cannot split) has its chance. One search per StageLayoutKey.
+    const int budget = thorough ? 48 : 12;
+    fitting.insert(fitting.end(), std::make_move_iterator(near_fitting.begin()),
+                   std::make_move_iterator(near_fitting.end()));
+    std::vector<bool> checked(fitting.size(), false);
+    auto by_step = [&](std::size_t a, std::size_t b) { return fitting[a].step_time < fitting[b].step_time; };
+    // A layout found for one plan serves every plan with its (t, micro-batch, recomputation):
+    // the memory shares only matter where memory binds, so a plan that does not fit under
+    // another plan's layout gets a search of its own.
+    std::map<StageLayoutKey, const std::optional<StageLayout>*> shared;
+    auto search = [&](const StageLayoutKey& key, const plan::Plan& plan) -> const std::optional<StageLayout>* {
+      if (auto found = layouts.find(key); found != layouts.end()) return &found->second;
+      if (static_cast<int>(layouts.size()) >= budget) return nullptr;
+      ++result.stage_layout_searches;
+      const auto* layout = &layouts.emplace(key, search_stage_layout(graph, structure, cluster, model, plan,
+                                                                     {options.level, options.memory_fraction}))
+                                .first->second;
+      shared.emplace(StageLayoutKey{std::get<0>(key), std::get<1>(key), std::get<2>(key), -1, -1}, layout);
+      return layout;
+    };
+    auto reprice = [&](std::size_t i) {
+      checked[i] = true;
+      JointCandidate& c = fitting[i];
+      if (c.plan.tensor == 1) return;  // nothing to lay out: Megatron's prices are the graph's
+      const StageLayoutKey key = stage_layout_key(structure, c.plan);
+      const StageLayoutKey family{std::get<0>(key), std::get<1>(key), std::get<2>(key), -1, -1};
+      auto priced = [&](const std::optional<StageLayout>* layout) -> std::optional<JointCandidate> {
+        if (layout == nullptr || !*layout) return std::nullopt;
+        plan::Plan plain = c.plan;
+        plain.predicted.reset();
+        try {
+          const cost::PlanCost cost =
+              cost::evaluate(structure, graph, cluster, plain, model, {}, &(*layout)->prices);
+          ++result.evaluated;
+          return JointCandidate{cost::with_prediction(std::move(plain), cost), cost.step_time, cost.memory_per_rank,
+                                cost.memory_per_rank <= result.memory_limit, true};
+        } catch (const ValidationError&) {
+          return std::nullopt;
+        }
+      };
+      const auto family_layout = shared.find(family);
+      const bool own = layouts.contains(key) || family_layout == shared.end();
+      std::optional<JointCandidate> found = priced(own ? search(key, c.plan) : family_layout->second);
+      if (!own && (!found || !found->fits)) found = priced(search(key, c.plan));
+      if (found) c = std::move(*found);
+    };
+    std::vector<std::size_t> order(fitting.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), by_step);
+    std::map<int, std::size_t> best_of_degree;
+    for (std::size_t i : order)
+      if (fitting[i].fits) best_of_degree.emplace(fitting[i].plan.tensor, i);
+    for (const auto& [t, i] : best_of_degree) reprice(i);
+    for (;;) {
+      // The best not yet re-priced, fitting or near it, ahead of the tenth best re-priced one.
+      std::stable_sort(order.begin(), order.end(), by_step);
+      std::size_t seen = 0, next = order.size();
+      for (std::size_t i : order) {
+        if (!checked[i]) {
+          next = i;
+          break;
+        }
+        if (fitting[i].fits && ++seen == 10) break;
+      }
+      if (next == order.size()) break;
+      reprice(next);
+    }
+    std::erase_if(fitting, [](const JointCandidate& c) { return !c.fits; });
   }
   if (options.network) {
     // Every pipelined plan timed on the varying network; 1F1B plans also as kFkB with the
@@ -279,15 +361,20 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       plan::Plan grouped = c.plan;
       grouped.schedule = plan::Schedule::KFKB;
       grouped.kfkb_k = choice.k;
+      const cost::StageLayoutPrices* layout = nullptr;  // its 1F1B twin's, if searched
+      if (c.searched_layout) {
+        auto found = layouts.find(stage_layout_key(structure, c.plan));
+        if (found != layouts.end() && found->second) layout = &found->second->prices;
+      }
       try {
-        const cost::PlanCost cost = cost::evaluate(structure, graph, cluster, grouped, model);
+        const cost::PlanCost cost = cost::evaluate(structure, graph, cluster, grouped, model, {}, layout);
         ++result.evaluated;
         if (cost.memory_per_rank > result.memory_limit) continue;
         plan::Plan priced = cost::with_prediction(grouped, cost);
         const double step = after_flush(priced, choice.step_time);
         priced = retimed(std::move(priced), step);
         record(priced.predicted->step_time);
-        kfkb_plans.push_back({priced, priced.predicted->step_time, cost.memory_per_rank, true});
+        kfkb_plans.push_back({priced, priced.predicted->step_time, cost.memory_per_rank, true, layout != nullptr});
       } catch (const ValidationError&) {
       }
     }
@@ -300,6 +387,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                    [](const JointCandidate& a, const JointCandidate& b) { return a.step_time < b.step_time; });
   if (!fitting.empty()) {
     result.plan = fitting.front().plan;
+    result.searched_layout = fitting.front().searched_layout;
     result.fits = true;
     fitting.resize(std::min<std::size_t>(fitting.size(), 10));
     result.best = std::move(fitting);
@@ -313,12 +401,14 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   if (support::log_enabled(support::LogLevel::Info)) {
     const plan::Plan& p = result.plan;
     support::log(support::LogLevel::Info,
-                 fmt::format("joint planner ({}): {} combinations in {:.2f} s; chose t{} p{} d{}, micro-batch {}, "
-                             "{}{}{}", thorough ? "thorough" : "fast", result.evaluated, result.search_seconds,
+                 fmt::format("joint planner ({}): {} combinations, {} stage layouts searched, in {:.2f} s; chose "
+                             "t{} p{} d{}, micro-batch {}, {}{}{}{}", thorough ? "thorough" : "fast", result.evaluated,
+                             result.stage_layout_searches, result.search_seconds,
                              p.tensor, p.pipeline, p.data, p.micro_batch, plan::schedule_name(p.schedule),
                              p.virtual_stages > 1 ? fmt::format(" (v={})", p.virtual_stages)
                              : p.schedule == plan::Schedule::KFKB ? fmt::format(" (k={})", p.kfkb_k)
                                                                   : std::string(),
+                             result.searched_layout ? ", its stages' layout searched" : "",
                              result.fits ? "" : " (fits under none: the one needing the least memory)"));
   }
   return result;

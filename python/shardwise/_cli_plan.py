@@ -86,6 +86,9 @@ def run_plan(args: argparse.Namespace) -> int:
     seconds = plan.search_seconds() or 0.0
     print(f"{args.model} on {cluster.name} ({cluster.world_size} devices), global batch {args.global_batch}: "
           f"graph in {captured:.1f} s, plan in {seconds:.2f} s ({args.level})")
+    if plan.searched_layout():
+        print(f"stages priced with the layout the SPMD search finds for their {plan.tensor} tensor ranks "
+              f"({plan._result['stage_layout_searches']} layouts searched)")
     table = args.format == "table" or (args.format == "auto" and sys.stdout.isatty())
     if table:
         print_plan(plan, cluster)

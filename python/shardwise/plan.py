@@ -88,14 +88,18 @@ class Plan:
 
     @classmethod
     def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast", memory_fraction: float = 0.9,
-              precision: str = "bf16", progress=None, network: NetworkCondition | None = None) -> "Plan":
+              precision: str = "bf16", progress=None, network: NetworkCondition | None = None,
+              stage_layouts: bool = True) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
-        evaluator that prices Plan.manual. See ``shardwise.plan``."""
+        evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
+        plans are priced again with the layout the SPMD search finds for their stages' tensor
+        ranks (csrc/search/stage_layout.h), as ``parallelize`` runs them; False keeps
+        Megatron's layout, the one Plan.manual is priced with."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
-                               str(precision), progress, links)
+                               str(precision), progress, links, bool(stage_layouts))
         return cls(json.loads(result["plan"]), result)
 
     def alternatives(self) -> list["Plan"]:
@@ -187,6 +191,13 @@ class Plan:
 
     def search_seconds(self) -> float | None:
         return None if self._result is None else self._result.get("search_seconds")
+
+    def searched_layout(self) -> bool | None:
+        """The joint planner's plans: whether this one is priced with its stages' layout as the
+        SPMD search finds it (True) or with Megatron's (False: tensor degree 1, or not re-priced).
+        None for other plans."""
+        return None if self._result is None or "searched_layout" not in self._result else \
+            bool(self._result["searched_layout"])
 
     def placements(self) -> dict[str, list[str]]:
         """Value name -> placement per mesh axis ("R", "S(1)", "S(2,g3)", "P(sum)")."""

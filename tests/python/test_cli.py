@@ -48,6 +48,7 @@ def test_plan_gpt3_on_a_thousand_gpus_then_simulate_and_show_the_torchrun_line(t
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "1024 devices" in proc.stdout and "predicted step" in proc.stdout and "TFLOP/s" in proc.stdout
+    assert "layout the SPMD search finds for their 8 tensor ranks" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "shardwise", "simulate", str(plan_file), "--svg", str(svg),
                            "--trace", str(trace)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
