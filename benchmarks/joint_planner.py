@@ -5,7 +5,9 @@ Megatron-LM configuration for that size, priced by the same cost model.
 
 Prints the planning time at both levels (targets: fast < 5 s, thorough < 60 s), the chosen
 (t, p, d), micro-batch, schedule, virtual stages, recomputation, ZeRO stage, and the predicted
-step time and TFLOP/s per device against Megatron's t 8, p 16, d 8 (interleaved, v 2).
+step time and TFLOP/s per device against Megatron's t 8, p 16, d 8 (interleaved, v 2): once
+with the best plans' stages laid out by the SPMD search (the default), once with Megatron's
+layout alone (the model Megatron's row is priced with).
 
 Then the same planner told the condition of the links between pipeline stages
 (shardwise.NetworkCondition): with none (the evaluator alone), steady, and with the bandwidth
@@ -34,18 +36,22 @@ def main() -> None:
           f"{cluster.world_size} A100 (DGX, 128 nodes), global batch 1536, bf16")
     megatron = shardwise.Plan.manual(graph, cluster, tensor=8, pipeline=16, data=8, global_batch=1536, micro_batch=1,
                                      schedule="interleaved-1f1b", virtual_stages=2, recompute=True)
-    print(f"{'':<22}{'plan':<78}{'step s':>8}  {'TFLOP/s':>8}  {'step / Megatron':>15}")
+    print(f"{'':<30}{'plan':<78}{'step s':>8}  {'TFLOP/s':>8}  {'step / Megatron':>15}")
     base = megatron.predicted_step_time()
-    print(f"{'Megatron (Table 1)':<22}{describe(megatron):<78}{base:>8.2f}  "
+    print(f"{'Megatron (Table 1)':<30}{describe(megatron):<78}{base:>8.2f}  "
           f"{megatron.predicted_tflops_per_device():>8.1f}  {1.0:>15.3f}")
     for level in ("fast", "thorough"):
-        t0 = time.perf_counter()
-        plan = shardwise.plan(graph, cluster, global_batch=1536, level=level)  # joint: several nodes
-        seconds = time.perf_counter() - t0
-        step = plan.predicted_step_time()
-        label = f"{level} ({seconds:.1f} s)"
-        print(f"{label:<22}{describe(plan):<78}{step:>8.2f}  {plan.predicted_tflops_per_device():>8.1f}  "
-              f"{step / base:>15.3f}")
+        for layouts in (True, False):
+            t0 = time.perf_counter()
+            plan = shardwise.Plan.joint(graph, cluster, global_batch=1536, level=level, stage_layouts=layouts)
+            seconds = time.perf_counter() - t0
+            step = plan.predicted_step_time()
+            label = f"{level} ({seconds:.1f} s)" if layouts else f"{level}, Megatron's layout"
+            print(f"{label:<30}{describe(plan):<78}{step:>8.2f}  {plan.predicted_tflops_per_device():>8.1f}  "
+                  f"{step / base:>15.3f}")
+    print("(the first of each level prices its best plans with the layout the SPMD search finds for their "
+          "stages' tensor ranks, sequence parallelism included; the second, like Megatron's row, with Megatron's "
+          "layout)")
 
     networks = [("none (evaluator alone)", None),
                 ("steady", shardwise.NetworkCondition(durations=(0.1,), bandwidth=(1.0,))),
