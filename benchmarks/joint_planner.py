@@ -4,8 +4,9 @@ Megatron-LM configuration for that size, priced by the same cost model.
     python benchmarks/joint_planner.py
 
 Prints the planning time at both levels (targets: fast < 5 s, thorough < 60 s), the chosen
-(t, p, d), micro-batch, schedule, virtual stages, recomputation, ZeRO stage, and the predicted
-step time and TFLOP/s per device against Megatron's t 8, p 16, d 8 (interleaved, v 2): once
+(t, p, d), micro-batch b and micro-batches m per step, schedule, virtual stages,
+recomputation, ZeRO stage, and the predicted step time and TFLOP/s per device against
+Megatron's t 8, p 16, d 8 (interleaved, v 2): once
 with the best plans' stages laid out by the SPMD search (the default), once with Megatron's
 layout alone (the model Megatron's row is priced with).
 
@@ -25,8 +26,9 @@ import shardwise
 
 
 def describe(plan) -> str:
-    return (f"t {plan.tensor:>2} p {plan.pipeline:>2} d {plan.data:>3}  b {plan.micro_batch}  {plan.schedule:<16} "
-            f"v {plan.virtual_stages}  recompute {plan.recompute:<4}  zero {plan.zero_stage}")
+    return (f"t {plan.tensor:>2} p {plan.pipeline:>2} d {plan.data:>3}  b {plan.micro_batch} "
+            f"m {plan.num_micro_batches():>4}  {plan.schedule:<16} v {plan.virtual_stages}  "
+            f"recompute {plan.recompute:<4}  zero {plan.zero_stage}")
 
 
 def main() -> None:
@@ -36,9 +38,9 @@ def main() -> None:
           f"{cluster.world_size} A100 (DGX, 128 nodes), global batch 1536, bf16")
     megatron = shardwise.Plan.manual(graph, cluster, tensor=8, pipeline=16, data=8, global_batch=1536, micro_batch=1,
                                      schedule="interleaved-1f1b", virtual_stages=2, recompute=True)
-    print(f"{'':<30}{'plan':<78}{'step s':>8}  {'TFLOP/s':>8}  {'step / Megatron':>15}")
+    print(f"{'':<30}{'plan':<86}{'step s':>8}  {'TFLOP/s':>8}  {'step / Megatron':>15}")
     base = megatron.predicted_step_time()
-    print(f"{'Megatron (Table 1)':<30}{describe(megatron):<78}{base:>8.2f}  "
+    print(f"{'Megatron (Table 1)':<30}{describe(megatron):<86}{base:>8.2f}  "
           f"{megatron.predicted_tflops_per_device():>8.1f}  {1.0:>15.3f}")
     for level in ("fast", "thorough"):
         for layouts in (True, False):
@@ -47,7 +49,7 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             step = plan.predicted_step_time()
             label = f"{level} ({seconds:.1f} s)" if layouts else f"{level}, Megatron's layout"
-            print(f"{label:<30}{describe(plan):<78}{step:>8.2f}  {plan.predicted_tflops_per_device():>8.1f}  "
+            print(f"{label:<30}{describe(plan):<86}{step:>8.2f}  {plan.predicted_tflops_per_device():>8.1f}  "
                   f"{step / base:>15.3f}")
     print("(the first of each level prices its best plans with the layout the SPMD search finds for their "
           "stages' tensor ranks, sequence parallelism included; the second, like Megatron's row, with Megatron's "
@@ -67,7 +69,7 @@ def main() -> None:
              ("GPT-3 175B on 128 DGX A100 nodes, batch 1536", graph, cluster, 1536)]
     for title, g, c, batch in cases:
         print(f"\n{title}, level fast")
-        print(f"{'network':<26}{'plan':<78}{'step s':>8}  {'plan s':>6}  kfkb / its 1f1b")
+        print(f"{'network':<26}{'plan':<86}{'step s':>8}  {'plan s':>6}  kfkb / its 1f1b")
         for name, network in networks:
             t0 = time.perf_counter()
             plan = shardwise.plan(g, c, global_batch=batch, pipeline=True, network=network)
@@ -82,7 +84,7 @@ def main() -> None:
                 label = describe(plan) + f"  k {plan.kfkb_k}"
             else:
                 label = describe(plan)
-            print(f"{name:<26}{label:<78}{plan.predicted_step_time():>8.3f}  {seconds:>6.2f}  {twin}")
+            print(f"{name:<26}{label:<86}{plan.predicted_step_time():>8.3f}  {seconds:>6.2f}  {twin}")
 
 
 if __name__ == "__main__":
