@@ -464,6 +464,41 @@ LinkSpeed Cluster::link_speed(int level, std::span<const int> ranks) const {
   return speed;
 }
 
+Cluster first_ranks(const Cluster& cluster, int count) {
+  if (count < 1 || count > cluster.world_size())
+    throw support::ValidationError(fmt::format("first_ranks: {} ranks of a cluster of {}", count, cluster.world_size()));
+  if (count == cluster.world_size()) return cluster;
+  std::vector<Node> nodes;
+  int left = count;
+  for (const Node& node : cluster.nodes()) {
+    if (left == 0) break;
+    Node part;
+    for (const DeviceRun& run : node.devices) {
+      if (left == 0) break;
+      const int take = std::min(left, run.count);
+      part.devices.push_back({run.device, take});
+      left -= take;
+    }
+    nodes.push_back(std::move(part));
+  }
+  // Only the types its ranks use: a search paces itself by the slowest type it is given.
+  std::vector<DeviceType> types;
+  for (const DeviceType& type : cluster.device_types()) {
+    const bool used = std::any_of(nodes.begin(), nodes.end(), [&](const Node& node) {
+      return std::any_of(node.devices.begin(), node.devices.end(),
+                         [&](const DeviceRun& run) { return run.device == type.name; });
+    });
+    if (used) types.push_back(type);
+  }
+  std::vector<LinkLevel> links = cluster.links();
+  for (LinkLevel& level : links)
+    std::erase_if(level.per_device, [&](const auto& entry) {
+      return std::none_of(types.begin(), types.end(), [&](const DeviceType& t) { return t.name == entry.first; });
+    });
+  return Cluster(fmt::format("{} (first {} ranks)", cluster.name(), count), std::move(types), std::move(nodes),
+                 std::move(links));
+}
+
 std::string Cluster::summary() const {
   std::string nodes;
   // Consecutive equal nodes print once: "2 x [8 a100-sxm4-80gb]".

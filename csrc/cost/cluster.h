@@ -207,6 +207,12 @@ class Cluster {
   std::vector<int> node_first_rank_;
 };
 
+// The cluster of its first `count` ranks: whole nodes, then the first devices of the next,
+// with the same device types and links. Under Megatron's rank layout that is one pipeline
+// stage's sub-mesh (or, count = t, its tensor ranks). ValidationError unless 1 <= count <=
+// world size.
+Cluster first_ranks(const Cluster& cluster, int count);
+
 // JSON (schema above). Only <nlohmann/json_fwd.hpp> is included here; a caller that
 // touches the nlohmann::json includes <nlohmann/json.hpp> itself.
 nlohmann::json cluster_to_json(const Cluster& cluster);

@@ -83,6 +83,8 @@ void bind_cost(py::module_& m) {
              const std::string& algorithm) { return estimate(c, kind, ranks, bytes, algorithm).seconds; },
           py::arg("kind"), py::arg("ranks"), py::arg("bytes"), py::arg("algorithm") = "auto")
       .def("summary", &cost::Cluster::summary)
+      .def("first_ranks", [](const cost::Cluster& c, int count) { return cost::first_ranks(c, count); },
+           py::arg("count"))
       .def("__eq__", [](const cost::Cluster& a, const cost::Cluster& b) { return a == b; }, py::is_operator());
 
   m.def("cluster_preset_names", &cost::preset_names);

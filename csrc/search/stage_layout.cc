@@ -51,9 +51,8 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
   const std::optional<cost::Precision> precision = cost::parse_precision(plan.precision);
   if (!precision) throw support::ValidationError(fmt::format("stage layout: unknown precision '{}'", plan.precision));
   // The t ranks of one stage sit on one node (the joint planner's t divides a node).
-  const cost::DeviceType& device = cluster.device_of(0);
-  const cost::Cluster ranks(cluster.name() + "/stage", {device}, {cost::Node::uniform(device.name, t)},
-                            cluster.links());
+  const cost::Cluster ranks = cost::first_ranks(cluster, t);
+  const cost::DeviceType& device = ranks.device_of(0);
 
   const MemoryShares shares = first_stage_shares(structure, plan);
   ShardingModelOptions mo;

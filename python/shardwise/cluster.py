@@ -135,6 +135,11 @@ class Cluster:
         return self._core.collective_estimate(kind, list(ranks), int(bytes), algorithm)
 
     # ---- value semantics ----------------------------------------------------
+    def first_ranks(self, count: int) -> "Cluster":
+        """The cluster of this one's first ``count`` ranks (whole nodes, then part of the next):
+        one pipeline stage's sub-mesh under Megatron's rank layout."""
+        return Cluster(self._core.first_ranks(int(count)))
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Cluster) and self._core == other._core
 

@@ -880,7 +880,13 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
     size = d * t
     pipeline_rank, local = rank // size, rank % size
     if size > 1:
-        sub_cluster = cluster if cluster is not None and cluster.world_size == size else Cluster.preset("cpu", size)
+        # The stages' sub-mesh: the job's first d x t ranks (every stage's are alike), so the
+        # layout is searched on the devices and links it runs on, as the joint planner priced it
+        # (csrc/search/stage_layout.h). A cluster of exactly d x t ranks is taken as that sub-mesh.
+        job = cluster or Cluster.detect()
+        if job.world_size not in (world, size):
+            raise ValidationError(f"parallelize: the cluster has {job.world_size} devices, the job {world} ranks")
+        sub_cluster = job if job.world_size == size else job.first_ranks(size)
         sharded = Plan.search(graph, sub_cluster, global_batch=rows, level=level, mesh=(d, t))
         _check_same_plan(sharded, rank)
         program, whole = _rank_program(graph, builder, sharded.to_json(), local)

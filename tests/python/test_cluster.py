@@ -47,6 +47,16 @@ def test_preset_numbers():
     assert Cluster.preset("cpu", nodes=4).devices == ["cpu"] * 4
 
 
+def test_first_ranks_is_a_pipeline_stages_sub_mesh():
+    job = Cluster.preset("dgx-a100", nodes=4)
+    stage = job.first_ranks(16)  # 2 of the 4 nodes
+    assert stage.world_size == 16 and stage.num_nodes == 2
+    assert stage.devices == job.devices[:16]
+    assert job.first_ranks(4).num_nodes == 1 and job.first_ranks(32) == job
+    with pytest.raises(shardwise.ValidationError, match="33 ranks of a cluster of 32"):
+        job.first_ranks(33)
+
+
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(shardwise.ValidationError, match=r"unknown cluster preset 'dgx-a200' \(known: cpu, dgx-a100"):
         Cluster.preset("dgx-a200")

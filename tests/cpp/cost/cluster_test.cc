@@ -70,6 +70,29 @@ TEST(ClusterTest, RanksAreNumberedNodeMajorRunByRun) {
   EXPECT_EQ(c.find_device_type("c"), nullptr);
 }
 
+// A pipeline stage's sub-mesh: the first ranks, run by run, node by node, on the same links.
+TEST(ClusterTest, FirstRanksKeepWholeNodesThenPartOfTheNext) {
+  const Cluster c = rich_cluster();
+  const Cluster two = first_ranks(c, 2);
+  EXPECT_EQ(two.world_size(), 2);
+  EXPECT_EQ(two.num_nodes(), 1);
+  EXPECT_FALSE(two.heterogeneous());
+  ASSERT_EQ(two.device_types().size(), 1u);  // only the types its ranks use
+  EXPECT_EQ(two.device_types().front().name, "a");
+  EXPECT_EQ(two.links()[1], c.links()[1]);  // "b"'s own link speeds go with "b"
+  EXPECT_TRUE(two.links()[0].per_device.empty());
+  const Cluster five = first_ranks(c, 5);
+  EXPECT_EQ(five.num_nodes(), 2);
+  for (int r = 0; r < 5; ++r) {
+    EXPECT_EQ(five.device_of(r).name, c.device_of(r).name) << r;
+    EXPECT_EQ(five.node_of(r), c.node_of(r)) << r;
+  }
+  EXPECT_EQ(first_ranks(c, 7), c);
+  EXPECT_NE(error_of<support::ValidationError>([&] { first_ranks(c, 0); }).find("0 ranks of a cluster of 7"),
+            std::string::npos);
+  EXPECT_THROW(first_ranks(c, 8), support::ValidationError);
+}
+
 TEST(ClusterTest, UniformNodesPutRankROnNodeRDividedByD) {
   const Cluster c = testing::two_level_cluster(3, 4);
   EXPECT_EQ(c.world_size(), 12);
