@@ -227,6 +227,13 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     evaluate_space();
   }
   std::map<StageLayoutKey, std::optional<StageLayout>> layouts;
+  // A layout found for one plan serves every plan with its (t, micro-batch, recomputation):
+  // the memory shares only matter where memory binds, so a plan that does not fit under
+  // another plan's layout gets a search of its own. Keyed by that family (shares -1).
+  std::map<StageLayoutKey, const std::optional<StageLayout>*> shared;
+  auto family_of = [](const StageLayoutKey& key) {
+    return StageLayoutKey{std::get<0>(key), std::get<1>(key), std::get<2>(key), -1, -1};
+  };
   if (options.stage_layouts) {
     // The candidates priced again with the layout the SPMD search finds for their stages' t
     // ranks (stage_layout.h), the layout parallelize() runs, instead of Megatron's. Lazily: the
@@ -238,10 +245,6 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                    std::make_move_iterator(near_fitting.end()));
     std::vector<bool> checked(fitting.size(), false);
     auto by_step = [&](std::size_t a, std::size_t b) { return fitting[a].step_time < fitting[b].step_time; };
-    // A layout found for one plan serves every plan with its (t, micro-batch, recomputation):
-    // the memory shares only matter where memory binds, so a plan that does not fit under
-    // another plan's layout gets a search of its own.
-    std::map<StageLayoutKey, const std::optional<StageLayout>*> shared;
     auto search = [&](const StageLayoutKey& key, const plan::Plan& plan) -> const std::optional<StageLayout>* {
       if (auto found = layouts.find(key); found != layouts.end()) return &found->second;
       if (static_cast<int>(layouts.size()) >= budget) return nullptr;
@@ -249,7 +252,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       const auto* layout = &layouts.emplace(key, search_stage_layout(graph, structure, cluster, model, plan,
                                                                      {options.level, options.memory_fraction}))
                                 .first->second;
-      shared.emplace(StageLayoutKey{std::get<0>(key), std::get<1>(key), std::get<2>(key), -1, -1}, layout);
+      shared.emplace(family_of(key), layout);
       return layout;
     };
     auto reprice = [&](std::size_t i) {
@@ -257,7 +260,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       JointCandidate& c = fitting[i];
       if (c.plan.tensor == 1) return;  // nothing to lay out: Megatron's prices are the graph's
       const StageLayoutKey key = stage_layout_key(structure, c.plan);
-      const StageLayoutKey family{std::get<0>(key), std::get<1>(key), std::get<2>(key), -1, -1};
+      const StageLayoutKey family = family_of(key);
       auto priced = [&](const std::optional<StageLayout>* layout) -> std::optional<JointCandidate> {
         if (layout == nullptr || !*layout) return std::nullopt;
         plan::Plan plain = c.plan;
@@ -361,10 +364,16 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       plan::Plan grouped = c.plan;
       grouped.schedule = plan::Schedule::KFKB;
       grouped.kfkb_k = choice.k;
-      const cost::StageLayoutPrices* layout = nullptr;  // its 1F1B twin's, if searched
+      const cost::StageLayoutPrices* layout = nullptr;  // its 1F1B twin's, if searched: its own, else its family's
       if (c.searched_layout) {
-        auto found = layouts.find(stage_layout_key(structure, c.plan));
-        if (found != layouts.end() && found->second) layout = &found->second->prices;
+        const StageLayoutKey key = stage_layout_key(structure, c.plan);
+        const std::optional<StageLayout>* found = nullptr;
+        if (auto own = layouts.find(key); own != layouts.end()) {
+          found = &own->second;
+        } else if (auto family = shared.find(family_of(key)); family != shared.end()) {
+          found = family->second;
+        }
+        if (found != nullptr && *found) layout = &(*found)->prices;
       }
       try {
         const cost::PlanCost cost = cost::evaluate(structure, graph, cluster, grouped, model, {}, layout);

@@ -175,6 +175,7 @@ TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulationAndTurnsToKfkb) {
   // its own 1F1B twin (same degrees and micro-batch) by more than Ada-Grouper's 1%.
   ASSERT_EQ(varying.plan.schedule, plan::Schedule::KFKB) << plan_report(varying.plan);
   EXPECT_GE(varying.plan.kfkb_k, 2);
+  EXPECT_TRUE(varying.searched_layout);  // priced with its 1F1B twin's stage layout
   EXPECT_NE(plan_report(varying.plan).find(fmt::format("kfkb (k={})", varying.plan.kfkb_k)), std::string::npos);
   auto twin = std::find_if(varying.best.begin(), varying.best.end(), [&](const JointCandidate& c) {
     return c.plan.schedule == plan::Schedule::OneFOneB && c.plan.tensor == varying.plan.tensor &&
