@@ -73,8 +73,8 @@ TEST(StageLayout, PlansThatDifferOnlyInWhatTheLayoutCannotSeeShareOne) {
   ir::Graph g = gpt(8, 2048, 16);
   const cost::LayerStructure structure = cost::find_layer_structure(g);
   const plan::Plan a{.data = 2, .tensor = 8, .pipeline = 2, .global_batch = 256, .micro_batch = 1};
-  plan::Plan b = a;
-  b.precision = "bf16";
+  plan::Plan b = a;  // twice the micro-batches: 1F1B still holds p of them in flight
+  b.global_batch = 512;
   EXPECT_EQ(stage_layout_key(structure, a), stage_layout_key(structure, b));
   plan::Plan recompute = a;
   recompute.recompute = plan::Recompute::Full;
@@ -85,8 +85,8 @@ TEST(StageLayout, PlansThatDifferOnlyInWhatTheLayoutCannotSeeShareOne) {
   EXPECT_NE(stage_layout_key(structure, a), stage_layout_key(structure, deeper));
 }
 
-TEST(StageLayout, NothingToLayOutOrNothingToSearchIsEmpty) {
-  ir::Graph g = gpt(4, 256, 4, 128, 1024);  // captured at batch 1
+TEST(StageLayout, TensorDegreeOneHasNothingToLayOut) {
+  ir::Graph g = gpt(4, 256, 4, 128, 1024);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
   const cost::AnalyticCostModel model;
   const cost::LayerStructure structure = cost::find_layer_structure(g);
