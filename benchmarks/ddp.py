@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from _machine import cpu_model
-from _workers import profile_steps, timed_rounds
+from _workers import finish_worker, profile_steps, timed_rounds
 
 
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:
@@ -73,7 +73,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
             json.dump({"ours": statistics.median(times["shardwise"]), "ddp": statistics.median(times["ddp"]),
                        "paired": paired, "ours_cpu": sum(c["shardwise"] for c in everyone) / world,
                        "ddp_cpu": sum(c["ddp"] for c in everyone) / world, "profiles": profiles}, f)
-    dist.destroy_process_group()
+    finish_worker()
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from _machine import cpu_model
-from _workers import pipeline_plan
+from _workers import finish_worker, pipeline_plan
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -189,7 +189,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(everyone, f)
-    dist.destroy_process_group()
+    finish_worker()
 
 
 def _predicted(args, world: int, m: int) -> dict:

@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from _machine import cpu_model
-from _workers import profile_steps, timed_rounds
+from _workers import finish_worker, profile_steps, timed_rounds
 
 
 def _tp_block_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,7 +121,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
                     f"{statistics.median(o / t for o, t in zip(times['shardwise'], times['dtensor']))}\n{shown}\n")
             for name, table in profiles.items():
                 f.write(f"--- profile of rank 0, one step, {name} ---\n{table}\n")
-    dist.destroy_process_group()
+    finish_worker()
 
 
 def main() -> None:
