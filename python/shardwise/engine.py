@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from . import _C
+from . import _C, _teardown
 from ._C import ValidationError
 from ._logging import get_logger
 from ._fx_import import _schema_args
@@ -85,6 +85,7 @@ class _Mesh:
     the mesh is the rank's pipeline stage's sub-mesh, `rank` the rank within it."""
 
     def __init__(self, sizes: list[int], rank: int, pipeline: int = 1):
+        _teardown.hold(self)  # its groups are destroyed before the interpreter's finalization
         from torch.distributed.device_mesh import init_device_mesh
 
         self.sizes = list(sizes)
@@ -339,6 +340,7 @@ class Engine:
 
     def __init__(self, module: torch.fx.GraphModule, plan: Plan, mesh: _Mesh, program: dict, input_names: list[str],
                  input_shapes: dict[str, list[int]], whole_nodes: list[str], kept=None):
+        _teardown.hold(self)
         self.module = module
         self._kept = kept  # checkpoint.KeptState: the model's names, shapes, and what no rank holds
         self.plan = plan

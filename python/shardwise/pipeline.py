@@ -23,6 +23,7 @@ import re
 import torch
 import torch.distributed as dist
 
+from . import _teardown
 from ._C import ValidationError
 
 _ACTION = re.compile(r"^(F|B|SA|SG|RA|RG)(\d+)@s(\d+)(?:(?:->|<-)r(\d+))?$")
@@ -49,6 +50,7 @@ class PipelineEngine:
                  owners: dict, last_rank: int, mesh=None, leaves: dict | None = None, reduce: list | None = None,
                  stage_size: int = 1, sharding=None, whole_nodes: list[str] | None = None,
                  input_placements: dict | None = None, kept=None):
+        _teardown.hold(self)
         self.plan = plan
         self._kept = kept              # checkpoint.KeptState: the model's names, shapes, what no rank holds
         self.sharding = sharding       # the SPMD plan of each stage's sub-mesh (None: replicated)
