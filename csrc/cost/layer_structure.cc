@@ -179,8 +179,12 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
     std::set<ir::NodeId> first(layer.begin(), layer.end());
     for (ir::ValueId in : graph.node(layer.front()).inputs) {
       const ir::Value& value = graph.value(in);
-      if (value.role == ir::ValueRole::Activation && !first.contains(*value.producer))
-        out.layer_input_bytes = std::max(out.layer_input_bytes, static_cast<double>(value.type.bytes()));
+      const auto bytes = static_cast<double>(value.type.bytes());
+      if (value.role == ir::ValueRole::Activation && !first.contains(*value.producer) &&
+          (out.layer_input < 0 || bytes > out.layer_input_bytes)) {
+        out.layer_input_bytes = bytes;
+        out.layer_input = in;
+      }
     }
   }
   return out;

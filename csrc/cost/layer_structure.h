@@ -61,6 +61,7 @@ struct LayerStructure {
   // 0 when the layers have no attention. A tensor degree must divide it.
   int attention_heads = 0;
   double layer_input_bytes = 0;  // the residual stream a layer reads, at the graph's batch
+  ir::ValueId layer_input = -1;  // that value, in the first layer (-1: none)
   int graph_batch = 1;           // the batch size of the graph's first batched input
 
   int num_layers() const { return layers ? static_cast<int>(layers->nodes.size()) : 0; }

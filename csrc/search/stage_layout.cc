@@ -100,18 +100,10 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
   out.prices.layer = part(first);
   out.prices.pre = part(structure.pre);
   out.prices.post = part(structure.post);
-  // The layer's input from outside it (the residual stream): the largest such activation.
-  const std::set<ir::NodeId> inside(first.begin(), first.end());
-  ir::ValueId input = -1;
-  for (ir::NodeId id : first)
-    for (ir::ValueId in : graph.node(id).inputs) {
-      const ir::Value& value = graph.value(in);
-      if (!value.producer || inside.contains(*value.producer)) continue;
-      if (input < 0 || value.type.numel() > graph.value(input).type.numel()) input = in;
-    }
   const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
   out.prices.boundary_bytes =
-      structure.layer_input_bytes * batch_scale * (input >= 0 ? found->held_fraction_of(input) : 1.0);
+      structure.layer_input_bytes * batch_scale *
+      (structure.layer_input >= 0 ? found->held_fraction_of(structure.layer_input) : 1.0);
   out.sharding = found->sharding(std::string(search_level_name(options.level)));
   out.memory_per_rank = evaluation.memory_per_rank;
   out.fits = evaluation.fits;

@@ -9,23 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "cost/cluster_presets.h"
-#include "models/gpt.h"
 #include "search/plan_report.h"
 #include "support/error.h"
+#include "test_graphs.h"
 
 namespace shardwise::search {
 namespace {
 
-ir::Graph gpt(int layers, int hidden, int heads, int seq = 2048, int vocab = 51200) {
-  models::GptConfig c;
-  c.layers = layers;
-  c.hidden = hidden;
-  c.heads = heads;
-  c.seq = seq;
-  c.vocab = vocab;
-  c.batch = 1;
-  return models::build_gpt(c);
-}
+using testing::gpt;
 
 TEST(JointPlanner, Gpt3OnAThousandA100sBeatsMegatronsConfigurationUnderTheSameModel) {
   ir::Graph g = gpt(96, 12288, 96);

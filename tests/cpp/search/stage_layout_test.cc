@@ -7,21 +7,12 @@
 
 #include "cost/cluster_presets.h"
 #include "cost/layer_structure.h"
-#include "models/gpt.h"
+#include "test_graphs.h"
 
 namespace shardwise::search {
 namespace {
 
-ir::Graph gpt(int layers, int hidden, int heads, int seq = 2048, int vocab = 51200) {
-  models::GptConfig c;
-  c.layers = layers;
-  c.hidden = hidden;
-  c.heads = heads;
-  c.seq = seq;
-  c.vocab = vocab;
-  c.batch = 1;
-  return models::build_gpt(c);
-}
+using testing::gpt;
 
 void print(const char* name, const cost::PartPrice& p) {
   fmt::print("{:<6} forward {:.4g} s, backward {:.4g} s, collectives {:.4g} s, gradient sync {:.4g} s, {:.4g} "
