@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -71,10 +72,27 @@ struct Index {
 using DimIndices = std::vector<int>;          // indices of one tensor dim, major to minor
 using OperandDims = std::vector<DimIndices>;  // one entry per dim of one tensor operand
 
+// A loss whose mean divides by a count the data decides: nll_loss and cross entropy over
+// class-index targets divide their sum by the total weight of the targets that are not
+// ignore_index (the class weight of each, or 1), so a batch whose labels are padded with -100
+// counts only its real tokens. Each rank's own mean over its share is then not a share of the
+// mean (the ranks count different numbers of tokens, some none at all). The rule still says
+// Reduced(mean), so the search prices and places it as any mean (Partial(mean)); the rewrite
+// marks such a node counted (transform/spmd_rewrite.h) and the runtime computes each rank's
+// share as its sum times shares / (the count of the whole batch), which averages to the
+// one-device mean exactly.
+struct CountedMean {
+  int target = -1;  // the input position of the class-index targets
+  int weight = -1;  // of the class weights, -1 when there are none
+
+  friend bool operator==(const CountedMean&, const CountedMean&) = default;
+};
+
 struct DimRule {
   std::vector<Index> indices;
   std::vector<OperandDims> inputs;   // one per tensor input of the node, in node order
   std::vector<OperandDims> outputs;  // one per output of the node
+  std::optional<CountedMean> counted_mean;  // see CountedMean; not part of str()
 
   // Id of the index with this label, or -1.
   int find(std::string_view label) const;

@@ -295,6 +295,10 @@ const OpTable& OpTable::builtin() {
         {"aten::slice.Tensor", "slice(dim=0, start, end, step=1)", Zero, 0},
         {"aten::narrow", "narrow(dim, length)", Zero, 0},
         {"aten::select.int", "select(dim)", Zero, 0},
+        // Functional forms of writes into a view (capture turns `x[:, t] = y` into these).
+        {"aten::select_scatter", "select_scatter(dim)", Zero, 0},
+        {"aten::slice_scatter", "scatter(dim)", Zero, 0},
+        {"aten::copy", "elementwise()", Zero, 0},
         {"aten::pad", "pad(pad)", Zero, 0},
         {"aten::constant_pad_nd", "pad(pad)", Zero, 0},
         {"aten::reflection_pad1d", "pad(padding)", Zero, 0},

@@ -542,6 +542,32 @@ std::optional<DimRule> select(const Args& args, const RuleOperands& ops) {
   return std::move(b.rule);
 }
 
+// select_scatter(self, src, dim, index): self with its slice at `index` of `dim` replaced
+// by src (self's shape without `dim`): the functional form of `self[:, t] = src`. The dim is
+// Whole (its positions are addressed); every other dim is shared with src.
+std::optional<DimRule> select_scatter(const Args& args, const RuleOperands& ops) {
+  const Shape& self = ops.input_shape(0);
+  const int d = normalise_dim(args.integer(0), static_cast<int>(self.size()));
+  if (ops.input_shape(1).size() + 1 != self.size())
+    fail(fmt::format("select_scatter of {} along dim {} takes a source of {} dims", shape_str(self), d,
+                     self.size() - 1));
+  Builder b;
+  OperandDims self_dims, src_dims;
+  for (int k = 0; k < static_cast<int>(self.size()); ++k) {
+    const auto size = self[static_cast<std::size_t>(k)];
+    if (k == d) {
+      self_dims.push_back(b.whole_or_unit(size));
+    } else {
+      self_dims.push_back({b.fresh('d', size)});
+      src_dims.push_back(self_dims.back());
+    }
+  }
+  b.rule.inputs.push_back(self_dims);
+  b.rule.inputs.push_back(std::move(src_dims));
+  b.rule.outputs.push_back(std::move(self_dims));
+  return std::move(b.rule);
+}
+
 // Joining (cat) or parting (split) tensors along one dim. `whole` has the joined dim; each
 // of `parts` has its piece of it (or lacks the dim when `parts_drop_dim`, as stack and
 // unbind). Equal pieces make the whole dim (P c), P Whole over the parts, c Spatial.
@@ -1115,12 +1141,18 @@ std::optional<DimRule> cross_entropy(const Args& args, const RuleOperands& ops) 
     out_dims.push_back(in_dims.back());
   }
   b.rule.inputs.push_back(in_dims);
+  bool class_indices = false;
   if (ops.inputs.size() > 1) {
     // Class indices [N, d...], or class probabilities shaped like the logits.
     const Shape& target = ops.input_shape(1);
-    b.rule.inputs.push_back(target.size() == in.size() ? in_dims : target_dims);
+    class_indices = target.size() != in.size();
+    b.rule.inputs.push_back(class_indices ? target_dims : in_dims);
   }
   for (std::size_t i = 2; i < ops.inputs.size(); ++i) b.rule.inputs.push_back({{classes}});  // class weights
+  // A mean over class-index targets divides by the weight of the targets not ignored
+  // (dim_rule.h: CountedMean); over class probabilities, by the number of rows.
+  if (class_indices && reduction == Reduction::Mean && kind == IndexKind::Reduced)
+    b.rule.counted_mean = CountedMean{1, ops.inputs.size() > 2 ? 2 : -1};
   for (int o = 0; o < ops.output_count; ++o) {
     b.rule.outputs.push_back(kind == IndexKind::Spatial && o == 0 ? out_dims : OperandDims{});
   }
@@ -1301,6 +1333,7 @@ const std::vector<TemplateDef>& definitions() {
         {{"embedding", {}}, embedding, {2, 2, 1, 1}},
         {{"gather", {required("dim")}}, gather, {2, 2, 1, 1}},
         {{"scatter", {required("dim")}}, scatter, {2, 3, 1, 1}},
+        {{"select_scatter", {required("dim")}}, select_scatter, {2, 2, 1, 1}},
         {{"index", {}}, index, {1, kAny, 1, 1}},
         {{"index_put", {}}, index_put, {2, kAny, 1, 1}},
         {{"conv", {with_default("groups", std::int64_t{1}), with_default("transposed", false)}}, conv, {2, 3, 1, 1}},

@@ -175,6 +175,15 @@ void bind_transform(py::module_& m) {
           d["op"] = n.op;
           d["mode"] = std::string(transform::node_mode_name(n.mode));
           d["lookup_axes"] = n.lookup_axes;
+          if (n.counted) {
+            py::dict c;
+            c["shares"] = n.counted->shares;
+            c["target"] = n.counted->target;
+            c["weight"] = n.counted->weight;
+            d["counted"] = c;
+          } else {
+            d["counted"] = py::none();
+          }
           py::list ins, outs;
           for (const auto& op : n.inputs) ins.append(operand(op));
           for (const auto& o : n.outputs) {

@@ -1,5 +1,6 @@
 #include "transform/dead_code.h"
 
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -10,6 +11,20 @@ using ir::NodeId;
 using ir::ValueId;
 using ir::ValueRole;
 
+namespace {
+
+// An in-place op on a leaf (aten's trailing underscore, as `num_batches_tracked += 1` on a
+// buffer) updates the model's state: live though nothing reads its result. Capture has made
+// every other write functional (python/shardwise/_functionalize.py).
+bool updates_state(const Graph& graph, const ir::Node& node) {
+  const std::string_view op(node.op);
+  const std::string_view base = op.substr(0, op.find('.'));
+  const bool in_place = base.size() > 2 && base.back() == '_' && base.substr(base.size() - 2) != "__";
+  return in_place && !node.inputs.empty() && !graph.value(node.inputs[0]).producer;
+}
+
+}  // namespace
+
 bool eliminate_dead_code(Graph& graph) {
   const auto& nodes = graph.nodes();
   std::vector<bool> live_value(graph.values().size(), false);
@@ -19,6 +34,7 @@ bool eliminate_dead_code(Graph& graph) {
   std::vector<bool> live_node(nodes.size(), false);
   std::size_t dead = 0;
   for (std::size_t n = nodes.size(); n-- > 0;) {
+    live_node[n] = updates_state(graph, nodes[n]);
     for (ValueId out : nodes[n].outputs) live_node[n] = live_node[n] || live_value[static_cast<std::size_t>(out)];
     if (!live_node[n]) {
       ++dead;

@@ -231,9 +231,22 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       rw.inputs.push_back(std::move(op));
       grads[n].push_back(std::move(grad));
     }
+    // A counted mean (ops::CountedMean): the shares of its rows; the runtime divides by the
+    // count of the whole batch.
+    if (rule && rule->counted_mean) {
+      CountedRewrite counted{1, rule->counted_mean->target, rule->counted_mean->weight};
+      for (std::size_t a = 0; a < axes && !whole; ++a) {
+        const Strategy& s = strategies[n][a];
+        if (s.partial || s.index < 0) continue;
+        const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
+        if (index.kind == ops::IndexKind::Reduced && index.reduction == ops::Reduction::Mean)
+          counted.shares *= sharding.mesh[a];
+      }
+      rw.counted = counted;
+    }
     // A mean over a batch split into uneven shares: each rank's mean counts its share.
     double scale = 1.0;
-    for (std::size_t a = 0; a < axes && !whole; ++a) {
+    for (std::size_t a = 0; a < axes && !whole && !rw.counted; ++a) {
       const Strategy& s = strategies[n][a];
       if (batch_ratios[a].empty() || s.partial || s.index < 0 || !rule) continue;
       const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];

@@ -45,6 +45,7 @@
 // strategy text that is not legal for the node's rule, a rank outside the mesh.
 #pragma once
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -85,11 +86,25 @@ struct OutputRewrite {
   double scale = 1.0;
 };
 
+// A loss whose mean divides by a count of its targets (ops/dim_rule.h: CountedMean). Each
+// rank runs the op with reduction sum over its rows and multiplies by shares / G, G the count
+// of the whole batch (every rank holds the global batch, so every rank computes G alone, with
+// no collective): the outputs' Partial(mean) over `shares` ranks then averages to the one-device
+// mean, whatever each rank counts. `shares` is the product of the sizes of the mesh axes that
+// split the loss' rows (1: none; the runtime multiplies in its micro-batches too). The output's
+// uneven-share scale stays 1: G already weighs each rank's rows.
+struct CountedRewrite {
+  int shares = 1;
+  int target = -1;  // input positions, as in ops::CountedMean
+  int weight = -1;
+};
+
 struct NodeRewrite {
   ir::NodeId node = -1;
   std::string op;
   NodeMode mode = NodeMode::Local;
   std::vector<int> lookup_axes;  // Lookup: the axes whose split is the lookup
+  std::optional<CountedRewrite> counted;
   std::vector<OperandRewrite> inputs;
   std::vector<OutputRewrite> outputs;
 };

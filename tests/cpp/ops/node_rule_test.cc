@@ -327,6 +327,38 @@ TEST(NodeRuleTest, CrossEntropyReducesTheBatch) {
             "r0 r1, r0 r1 -> ()  [r0=4 reduced(mean), r1=3 reduced(mean)]");
 }
 
+TEST(NodeRuleTest, WritesIntoAViewInFunctionalForm) {
+  // out[:, t] = src: the written dim is addressed (Whole), the others are shared with src.
+  EXPECT_EQ(rule_str("aten::select_scatter", {f32({4, 3, 8}), f32({4, 8})}, {f32({4, 3, 8})},
+                     {{"dim", std::int64_t{1}}, {"index", std::int64_t{2}}}),
+            "d0 W0 d1, d0 d1 -> d0 W0 d1  [d0=4, W0=3 whole, d1=8]");
+  EXPECT_EQ(rule_str("aten::slice_scatter", {f32({4, 6}), f32({4, 2})}, {f32({4, 6})},
+                     {{"dim", std::int64_t{1}}, {"start", std::int64_t{2}}, {"end", std::int64_t{4}}}),
+            "d0 W0, d0 W1 -> d0 W0  [d0=4, W0=6 whole, W1=2 whole]");
+  EXPECT_EQ(rule_str("aten::copy", {f32({4, 6}), f32({4, 6})}, {f32({4, 6})}), "d0 d1, d0 d1 -> d0 d1  [d0=4, d1=6]");
+}
+
+TEST(NodeRuleTest, AMeanOverClassIndicesIsCountedByItsTargets) {
+  // Class-index targets: the mean divides by the weight of the targets not ignored, which
+  // the data decides (a -100 label counts nothing).
+  DimRule plain = rule_of(one_node("aten::cross_entropy_loss", {f32({32, 10}), i64({32})}, {f32({})}));
+  ASSERT_TRUE(plain.counted_mean.has_value());
+  EXPECT_EQ(plain.counted_mean->target, 1);
+  EXPECT_EQ(plain.counted_mean->weight, -1);
+  DimRule weighted = rule_of(one_node("aten::nll_loss_nd", {f32({4, 10, 7}), i64({4, 7}), f32({10})}, {f32({})}));
+  ASSERT_TRUE(weighted.counted_mean.has_value());
+  EXPECT_EQ(weighted.counted_mean->weight, 2);
+  // A sum, no reduction, or class probabilities (a mean over the rows: a fixed count) is not.
+  EXPECT_FALSE(rule_of(one_node("aten::cross_entropy_loss", {f32({32, 10}), i64({32})}, {f32({})},
+                                {{"reduction", std::int64_t{2}}}))
+                   .counted_mean);
+  EXPECT_FALSE(rule_of(one_node("aten::cross_entropy_loss", {f32({32, 10}), i64({32})}, {f32({32})},
+                                {{"reduction", std::int64_t{0}}}))
+                   .counted_mean);
+  EXPECT_FALSE(rule_of(one_node("aten::cross_entropy_loss", {f32({32, 10}), f32({32, 10})}, {f32({})})).counted_mean);
+  EXPECT_FALSE(rule_of(one_node("aten::mse_loss", {f32({4, 3}), f32({4, 3})}, {f32({})})).counted_mean);
+}
+
 // ---- creation, casts, metadata ---------------------------------------------------------------
 
 TEST(NodeRuleTest, CreationOps) {

@@ -46,6 +46,28 @@ TEST(DeadCodeTest, RemovesUnusedNodesAndKeepsLeaves) {
   EXPECT_EQ(g, before);
 }
 
+TEST(DeadCodeTest, InPlaceUpdatesOfStateStayThoughNothingReadsThem) {
+  // Batch norm's `num_batches_tracked += 1`: an in-place op on a buffer. An in-place op on an
+  // activation, or an out-of-place one on the buffer, is dead when unread.
+  ir::Graph g = parse_graph(R"(graph(%x: f32[b2,4]) {
+  %count: i64[] buffer
+  %tracked: i64[] = aten::add_.Tensor(%count, %count)
+  %h: f32[b2,4] = aten::relu(%x)
+  %dead1: f32[b2,4] = aten::add_.Tensor(%h, %h)
+  %dead2: i64[] = aten::add.Tensor(%count, %count)
+  %dead3: f32[b2,4] = aten::__and__.Tensor(%x, %x)
+  return (%h)
+})");
+  EXPECT_TRUE(eliminate_dead_code(g));
+  EXPECT_EQ(print_graph(g), R"(graph(%x: f32[b2,4]) {
+  %count: i64[] buffer
+  %tracked: i64[] = aten::add_.Tensor(%count, %count)
+  %h: f32[b2,4] = aten::relu(%x)
+  return (%h)
+}
+)");
+}
+
 TEST(DeadCodeTest, MultiOutputNodeStaysWhenOneOutputIsUsed) {
   ir::Graph g = parse_graph(R"(graph(%x: f32[4,8]) {
   %a: f32[4,4], %b: f32[4,4] = aten::split.Tensor(%x) {dim=1, split_size=4}

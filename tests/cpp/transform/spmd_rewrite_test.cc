@@ -119,6 +119,48 @@ TEST(SpmdRewrite, WholeNodesRunOnGatheredOperands) {
   EXPECT_EQ(str(p.nodes[2].inputs[0].forward), (Steps{"slice(axis 0, dim 0)", "slice(axis 1, dim 1)"}));
 }
 
+// logits [8, 10] and labels [8] -> cross entropy (mean over the labels not ignored).
+ir::Graph classifier() {
+  ir::Graph g;
+  ir::ValueId x = g.add_value("x", ir::TensorType{ir::DType::F32, {8, 16}, 0}, ir::ValueRole::Input);
+  ir::ValueId y = g.add_value("y", ir::TensorType{ir::DType::I64, {8}, 0}, ir::ValueRole::Input);
+  ir::ValueId w = g.add_value("fc.weight", ir::TensorType{ir::DType::F32, {10, 16}, {}}, ir::ValueRole::Parameter);
+  ir::NodeId a = g.add_node("aten::linear", {x, w}, {{"logits", {ir::DType::F32, {8, 10}, 0}}}, {}, "fc");
+  ir::NodeId b = g.add_node("aten::cross_entropy_loss", {g.node(a).outputs[0], y}, {{"loss", {ir::DType::F32, {}, {}}}},
+                            {{"reduction", std::int64_t{1}}, {"ignore_index", std::int64_t{-100}}}, "");
+  g.set_outputs({g.node(b).outputs[0]});
+  return g;
+}
+
+TEST(SpmdRewrite, ACountedMeanSplitOverTheBatchIsMarkedWithItsShares) {
+  ir::Graph g = classifier();
+  plan::Sharding s;
+  s.mesh = {2, 2};
+  s.axis_names = {"data", "tensor"};
+  s.level = "manual";
+  s.placements = {{"x", {"S(0)", "R"}},           {"y", {"S(0)", "R"}},        {"fc.weight", {"R", "R"}},
+                  {"logits", {"S(0)", "R"}}, {"loss", {"P(mean)", "R"}}};
+  s.strategies = {{"logits", {"split _0", "replicate"}}, {"loss", {"split n", "replicate"}}};
+  s.leaves = {"x", "y", "fc.weight"};
+  RankProgram p = rank_program(g, s, 1);
+  EXPECT_FALSE(p.nodes[0].counted.has_value());
+  ASSERT_TRUE(p.nodes[1].counted.has_value());
+  EXPECT_EQ(p.nodes[1].counted->shares, 2);  // the data axis splits its rows, the tensor axis does not
+  EXPECT_EQ(p.nodes[1].counted->target, 1);
+  EXPECT_EQ(p.nodes[1].counted->weight, -1);
+  // Uneven shares: the count of the whole batch weighs each rank's rows, so no share scale.
+  s.placements["x"] = s.placements["y"] = {"S(0)[0.75,0.25]", "R"};
+  p = rank_program(g, s, 2);
+  EXPECT_EQ(p.nodes[1].counted->shares, 2);
+  EXPECT_EQ(p.nodes[1].outputs[0].scale, 1.0);
+  // Replicated: still counted (a pipeline's micro-batches split its rows), one share.
+  s.strategies["loss"] = {"replicate", "replicate"};
+  s.placements["loss"] = {"R", "R"};
+  p = rank_program(g, s, 0);
+  ASSERT_TRUE(p.nodes[1].counted.has_value());
+  EXPECT_EQ(p.nodes[1].counted->shares, 1);
+}
+
 TEST(SpmdRewrite, BadPlansNameWhatIsWrong) {
   ir::Graph g = mlp();
   plan::Sharding s = megatron_mlp();
