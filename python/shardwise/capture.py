@@ -30,6 +30,7 @@ from torch.export.graph_signature import InputKind
 
 from . import _C
 from ._logging import get_logger
+from ._functionalize import functionalize
 from ._fx_import import CaptureError, _Builder, document, flatten_names, walk_graph
 from .graph import Graph
 
@@ -139,6 +140,7 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
         if role == "constant":
             builder.constants[name] = ep.constants.get(spec.target)
         env[node] = name if name in builder.names else builder.leaf(name, val, role)
+    functionalize(ep.graph)
     results = walk_graph(ep.graph, builder, env, ep.graph_module)
     return document(builder, flatten_names(results)), builder
 
@@ -184,6 +186,7 @@ def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None, pref
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             env[node] = builder.leaf(name, val, role, batch_dim if role == "input" else None)
+    functionalize(lowered.graph)
     results = walk_graph(lowered.graph, builder, env, lowered)
     return document(builder, flatten_names(results)), builder
 
@@ -223,8 +226,8 @@ def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batc
     if method == "export":
         try:
             doc, builder = _capture_export(model, named, batch_dim, prefix)
-        except CaptureError:
-            raise
+        except _C.ShardwiseError:
+            raise  # shardwise's own errors say what is wrong; the fx fallback would not help
         except Exception as export_error:  # noqa: BLE001 - report both failures if the fallback fails too
             log.warning("torch.export failed (%s: %s); falling back to fx capture",
                         type(export_error).__name__, str(export_error).splitlines()[0] if str(export_error) else "")

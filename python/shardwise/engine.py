@@ -1,315 +1,74 @@
 """shardwise.parallelize: a model, a plan and torch.distributed -> training on every rank.
 
-    engine = shardwise.parallelize(model, (ids, targets), loss_fn)   # plan searched
-    opt = torch.optim.AdamW(engine.parameters(), lr=1e-3)
-    for ids, targets in batches:
-        opt.zero_grad()
-        loss = engine.train_step(ids, targets)                        # the loss, on every rank
-        opt.step()
+    engine = shardwise.parallelize(model, batch)          # batch: a collator's dict, or (args...)
+    opt = engine.optimizer(torch.optim.AdamW, lr=1e-3)    # a torch.optim.Optimizer
+    for batch in loader:
+        loss = engine.train_step(**batch)                 # the loss, on every rank
+        engine.clip_grad_norm_(1.0)
+        opt.step(); opt.zero_grad()
 
 How (the data flow of docs/ARCHITECTURE.md):
  1. capture: the model and its loss as one ATen graph (torch.export), at the global batch;
  2. plan: the SPMD search (or the plan given), checked to be the same on every rank (hash);
  3. rewrite: the core's rank program (csrc/transform/spmd_rewrite.h) says, per node, what
     each operand needs and which collectives bring it there, forward and backward;
- 4. lowering (here): each IR node becomes the ATen call it was captured from, on local
-    shapes, in a ``torch.fx.GraphModule`` per rank (``engine.code`` prints it); a node whose
-    local call fails its shape check on meta tensors runs whole instead (gathered operands),
-    so every plan runs correctly;
- 5. run: ``train_step`` slices the rank's share of the batch, runs the module, calls
-    backward and reduces the gradients the program left Partial (data parallelism) in
-    buckets through ``torch.distributed``.
+ 4. lowering (runtime/lower.py): each IR node becomes the ATen call it was captured from, on
+    local shapes, in a ``torch.fx.GraphModule`` per rank (``engine.code`` prints it);
+ 5. run (runtime/engine_base.py): ``train_step`` binds the batch by name, the ranks agree on
+    it, each keeps its share (the inputs' placements), runs the module, calls backward and
+    reduces the gradients the program left Partial (data parallelism) in buckets.
 
-The batch: ``train_step(*batch)`` takes the whole global batch on every rank, as the
-single-device loop would; each rank keeps its share (the inputs' placements). With
-``loss_fn``, the last element of the batch is the target: ``loss = loss_fn(model(*batch[:-1]),
-batch[-1])``; without, the model returns the loss (a tensor, or an output with ``.loss``).
+The batch: ``train_step`` takes the whole global batch on every rank, as the single-device
+loop would, bound as ``model(*args, **kwargs)`` binds it (runtime/batch.py); each rank keeps
+its share. With ``loss_fn``, the target is the last positional element (or ``target=``):
+``loss = loss_fn(model(*args), target)``; without, the model returns the loss (a tensor, or an
+output with ``.loss``, as a transformers model given ``labels=``).
+
+A program is captured per (mode, batch shapes): ``engine.eval()`` runs the model as
+``model.eval()`` does (a capture in eval mode: dropout off, batch norm on running statistics),
+and a batch of another shape (the last, shorter one; another sequence length) is captured
+again and run under the same sharding (searched again on the same mesh when the sharding does
+not fit it; the parameters' placements must stay), each logged once; ``static=True`` refuses
+both new shapes instead.
 
 A plan without a sharding section (made by ``Plan.manual``) with pipeline 1 is completed by
-the SPMD search on its {data, tensor} mesh; with pipeline > 1 (data = tensor = 1 so far) it
-runs as stage modules under the schedule's action list (python/shardwise/pipeline.py).
+the SPMD search on its {data, tensor} mesh; with pipeline > 1 it runs as stage modules under
+the schedule's action list (python/shardwise/pipeline.py).
 """
 from __future__ import annotations
 
-import functools
-import operator
+import json
 import os
-import re
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.fx
 
-from . import _C, _teardown
+from . import _C
 from ._C import ValidationError
 from ._logging import get_logger
-from ._fx_import import _schema_args
-from .capture import _bind_inputs, _capture_with_sources, _input_names
+from .capture import _capture_with_sources
 from .checkpoint import keep_state
 from .materialize import local_tensor
 from .plan import Plan, micro_batch_fallback
+from .runtime.batch import TARGET, BatchBinding, map_tensors, split_call
+from .runtime.buckets import _GradientBuckets
+from .runtime.counted import Counter
+from .runtime.engine_base import CollectiveError, EngineBase
+from .runtime.grad_norm import plain
+from .runtime.lower import _build_module, _rank_program
+from .runtime.mesh import _Mesh
+from .runtime.reshard import gather_whole
+from .runtime.verify import should_verify, verify_capture
 
 log = get_logger("shardwise.engine")
 
 __all__ = ["CollectiveError", "Engine", "parallelize"]
 
 
-class CollectiveError(_C.ShardwiseError):
-    """A collective of a training step failed on this rank: a peer died or stalled past the
-    process group's timeout, or the transport broke. Raised instead of hanging; the message
-    names the rank, the step and the collective."""
-
-
-def _is_collective_failure(error: BaseException) -> bool:
-    return (isinstance(error, getattr(dist, "DistError", ())) or
-            (isinstance(error, RuntimeError) and str(error).startswith("shardwise.")))
-
-
-def _collective_error(error: BaseException, rank: int, step: int) -> CollectiveError:
-    return CollectiveError(f"rank {rank}, train_step {step}: a collective failed: {error}\n"
-                           "A peer rank probably died or stalled; every rank fails the same way within the "
-                           "timeout given to torch.distributed.init_process_group (its default: 30 minutes for "
-                           "Gloo, 10 for NCCL).")
-
-_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
-_TARGET = "target"  # the IR name of the loss' target when parallelize is given a loss_fn
-
-
-# ---- the mesh as this rank sees it ---------------------------------------------------------
-class _Mesh:
-    """Axis sizes, this rank's coordinates and the torch.distributed group of each axis.
-
-    With `pipeline` > 1 the job is pipeline x mesh (Megatron's layout: the pipeline outermost):
-    the mesh is the rank's pipeline stage's sub-mesh, `rank` the rank within it."""
-
-    def __init__(self, sizes: list[int], rank: int, pipeline: int = 1):
-        _teardown.hold(self)  # its groups are destroyed before the interpreter's finalization
-        from torch.distributed.device_mesh import init_device_mesh
-
-        self.sizes = list(sizes)
-        self.rank = rank
-        self.coords = []
-        stride = 1
-        for size in reversed(self.sizes):
-            self.coords.insert(0, (rank // stride) % size)
-            stride *= size
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        names = tuple(f"axis{a}" for a in range(len(self.sizes)))
-        if pipeline > 1:
-            self.device_mesh = init_device_mesh(device, (pipeline, *self.sizes), mesh_dim_names=("pipeline", *names))
-            self.groups = [self.device_mesh.get_group(a + 1) for a in range(len(self.sizes))]
-        else:
-            self.device_mesh = init_device_mesh(device, tuple(self.sizes), mesh_dim_names=names)
-            self.groups = [self.device_mesh.get_group(a) for a in range(len(self.sizes))]
-        self.group_names = [g.group_name for g in self.groups]
-
-
-# ---- resharding steps ----------------------------------------------------------------------
-_STEP = re.compile(r"^(\w+)\(axis (\d+)(?:, (.*))?\)$")
-
-
-@functools.lru_cache(maxsize=None)
-def _parse_step(text: str) -> tuple:
-    """'all_gather(axis 1, dim 0, g3)' -> ('all_gather', 1, {'dim': 0, 'groups': 3})."""
-    m = _STEP.match(text)
-    if not m:
-        raise ValidationError(f"unreadable resharding step {text!r}")
-    kind, axis, rest = m.group(1), int(m.group(2)), m.group(3) or ""
-    args: dict[str, Any] = {"groups": 1}
-    for part in filter(None, (p.strip() for p in re.split(r", (?=[a-z]|n\^|g\d)", rest))):
-        if part.startswith("dim "):
-            args["dim"] = int(part[4:])
-        elif part.startswith("split "):
-            args["dim"] = int(part[6:])
-        elif part.startswith("concat "):
-            args["concat_dim"] = int(part[7:])
-        elif part.startswith("ratios "):
-            args["ratios"] = [float(r) for r in part[7:].split(",")]
-        elif re.fullmatch(r"g\d+", part):
-            args["groups"] = int(part[1:])
-        elif part.startswith("n^"):
-            args["power"] = int(part[2:])
-        elif part in ("sum", "mean"):
-            args["reduce"] = part
-        else:
-            raise ValidationError(f"unreadable resharding step {text!r} (at {part!r})")
-    return kind, axis, args
-
-
-def _grouped(x: torch.Tensor, dim: int, groups: int) -> tuple[torch.Tensor, int]:
-    """`x` with `dim` viewed as [groups, size / groups] (strided shards), and the dim to cut."""
-    return (x, dim) if groups == 1 else (x.unflatten(dim, (groups, -1)), dim + 1)
-
-
-def _ungrouped(x: torch.Tensor, dim: int, groups: int) -> torch.Tensor:
-    return x if groups == 1 else x.flatten(dim, dim + 1)
-
-
-def _apply_step(x: torch.Tensor, text: str, mesh: _Mesh) -> torch.Tensor:
-    kind, axis, a = _parse_step(text)
-    n, k, group = mesh.sizes[axis], mesh.coords[axis], mesh.group_names[axis]
-    ops = torch.ops.shardwise
-    if kind == "all_gather" and "ratios" in a:  # uneven blocks: pad to the longest, gather, trim
-        d = a["dim"]
-        sizes = ops.all_gather(torch.tensor([x.shape[d]], dtype=torch.int64, device=x.device), 0, group).tolist()
-        longest = max(sizes)
-        padded = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 1 - d) + [0, longest - x.shape[d]])
-        y = ops.all_gather(padded.contiguous(), d, group)
-        return torch.cat([y.narrow(d, r * longest, sizes[r]) for r in range(n)], dim=d)
-    if kind == "all_gather":
-        y, d = _grouped(x, a["dim"], a["groups"])
-        return _ungrouped(ops.all_gather(y.contiguous(), d, group), a["dim"], a["groups"])
-    if kind == "reduce_scatter":
-        y, d = _grouped(x, a["dim"], a["groups"])
-        return _ungrouped(ops.reduce_scatter(y.contiguous(), d, group), a["dim"], a["groups"])
-    if kind == "all_reduce":
-        y = ops.all_reduce(x.contiguous(), "sum", group)  # Gloo has no average: divide after
-        return y / n if a.get("reduce") == "mean" else y
-    if kind == "all_to_all":
-        return ops.all_to_all(x.contiguous(), a["dim"], a["concat_dim"], group)
-    if kind == "slice":
-        y, d = _grouped(x, a["dim"], a["groups"])
-        length = y.shape[d]
-        if "ratios" in a:
-            cumulative = [0.0]
-            for r in a["ratios"]:
-                cumulative.append(cumulative[-1] + r)
-            begin = round(cumulative[k] * length)
-            end = length if k == n - 1 else round(cumulative[k + 1] * length)
-        else:
-            begin, end = k * (length // n), (k + 1) * (length // n)
-        return _ungrouped(y.narrow(d, begin, max(0, end - begin)), a["dim"], a["groups"]).contiguous()
-    if kind == "zero_others":
-        return x if k == 0 else torch.zeros_like(x)
-    if kind == "scale":
-        return x * float(n) ** a["power"]
-    raise ValidationError(f"unknown resharding step {text!r}")
-
-
-def _apply_steps(x: torch.Tensor, steps: tuple[str, ...], mesh: _Mesh) -> torch.Tensor:
-    for step in steps:
-        x = _apply_step(x, step, mesh)
-    return x
-
-
-def gather_whole(x: torch.Tensor, placement: list[str], mesh: _Mesh) -> torch.Tensor:
-    """The whole tensor from this rank's shard `x` placed `placement` (collective on the mesh)."""
-    steps = tuple(s["text"] for s in _C.reshard_actions(placement, ["R"] * len(mesh.sizes)))
-    return _apply_steps(x, steps, mesh)
-
-
-class _ReshardFn(torch.autograd.Function):
-    """Forward: the steps to the reader's placement; backward: the steps that bring the
-    reader's gradient to the value's canonical one (spmd_rewrite.h). Explicit pairs, because
-    a collective's own autograd formula presumes one gradient placement (all-gather's
-    backward is a reduce-scatter only when the gradient is Partial)."""
-
-    @staticmethod
-    def forward(ctx, x, forward_steps, backward_steps, mesh):
-        ctx.backward_steps, ctx.mesh = backward_steps, mesh
-        y = _apply_steps(x, forward_steps, mesh)
-        return y.view_as(y) if y is x else y
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _apply_steps(grad, ctx.backward_steps, ctx.mesh), None, None, None
-
-
-class Reshard(torch.nn.Module):
-    """``self.reshard(x, forward_steps, backward_steps)`` in the printed rank program."""
-
-    def __init__(self, mesh: _Mesh):
-        super().__init__()
-        self._mesh = mesh
-
-    def forward(self, x: torch.Tensor, forward_steps: tuple, backward_steps: tuple) -> torch.Tensor:
-        if not forward_steps and not backward_steps:
-            return x
-        return _ReshardFn.apply(x, tuple(forward_steps), tuple(backward_steps), self._mesh)
-
-
-class VocabLookup(torch.nn.Module):
-    """A lookup split over its table's rows (the vocabulary-parallel embedding): each rank
-    looks up the ids in its rows [start, stop), zero elsewhere; the sum over ranks is the
-    lookup (the program all-reduces or reduce-scatters it where a reader needs)."""
-
-    def forward(self, table, ids, start: int, stop: int, padding_idx: int = -1, scale_grad_by_freq: bool = False,
-                sparse: bool = False):
-        inside = (ids >= start) & (ids < stop)
-        local = torch.where(inside, ids - start, torch.zeros_like(ids))
-        pad = padding_idx - start if start <= padding_idx < stop else -1
-        out = torch.ops.aten.embedding.default(table, local, pad, scale_grad_by_freq, sparse)
-        return out * inside.unsqueeze(-1).to(out.dtype)
-
-
-# ---- lowering one IR node back to its ATen call --------------------------------------------
-def _substitute(value: Any, operands) -> Any:
-    if isinstance(value, torch.fx.Node):
-        return next(operands)
-    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value):
-        return type(value)(next(operands) if isinstance(v, torch.fx.Node) else v for v in value)
-    return value
-
-
-def _matches_shape(value: Any, shape: list[int]) -> bool:
-    return (isinstance(value, (list, tuple)) and len(value) == len(shape) and len(shape) > 0
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-            and all(v == s or v == -1 for v, s in zip(value, shape)))
-
-
-def _call_parts(src: torch.fx.Node, operands: list, local_out: list[list[int]], global_out: list[list[int]]):
-    """(args, kwargs) of the source node's call with the operands substituted in schema
-    order (the IR's input order) and shape arguments made local: a size list equal to the
-    output's whole shape (view, reshape, expand, new_zeros: -1 allowed) becomes the local
-    shape; split sizes become the local outputs' sizes along the split dim."""
-    it = iter(operands)
-    target = src.target
-    if isinstance(target, torch._ops.OpOverload):
-        schema = target._schema
-        args, kwargs = [], {}
-        names = {a.name: a for a in schema.arguments}
-        items = _schema_args(src)
-        for name, value in items:
-            value = _substitute(value, it)
-            if names[name].kwarg_only:
-                kwargs[name] = value
-            else:
-                args.append(value)
-        named = dict(items)
-    else:
-        args = [_substitute(a, it) for a in src.args]
-        kwargs = {k: _substitute(v, it) for k, v in src.kwargs.items()}
-        items, named = [], {}
-    if local_out and local_out != global_out:
-        g0, l0 = global_out[0], local_out[0]
-
-        def fix(value):
-            return list(l0) if l0 != g0 and _matches_shape(value, g0) else value
-
-        args = [fix(a) for a in args]
-        kwargs = {k: fix(v) for k, v in kwargs.items()}
-        if len(local_out) > 1 and "dim" in named:
-            dim = named["dim"] % len(l0)
-            for key in ("split_size", "split_sizes"):
-                position = next((i for i, (n, _) in enumerate(items) if n == key), None)
-                if position is None:
-                    continue
-                sizes = [o[dim] for o in local_out]
-                new = sizes[0] if key == "split_size" else sizes
-                if key in kwargs:
-                    kwargs[key] = new
-                else:
-                    args[position] = new
-    return args, kwargs
-
-
-def _tensor_outputs(result: Any, indices: list[int] | None) -> list[torch.Tensor]:
-    return [result] if indices is None else [result[i] for i in indices]
-
-
-# ---- the engine ------------------------------------------------------------------------------
 class _Trainable(torch.nn.Module):
     """The model and its loss as one module (captured together, so the loss is sharded too)."""
 
@@ -320,7 +79,7 @@ class _Trainable(torch.nn.Module):
 
     def forward(self, **batch):
         if self._loss_fn is not None:
-            target = batch.pop(_TARGET)
+            target = batch.pop(TARGET)
             return self._loss_fn(self.model(**batch), target)
         out = self.model(**batch)
         if isinstance(out, torch.Tensor):
@@ -330,383 +89,201 @@ class _Trainable(torch.nn.Module):
             loss = out[0]
         if loss is None:
             raise ValidationError(f"parallelize: {type(self.model).__name__} returned {type(out).__name__} with no "
-                                  "loss; pass loss_fn=(output, target) -> loss")
+                                  "loss; give it its labels by keyword (labels=...), or pass loss_fn=(output, "
+                                  "target) -> loss")
         return loss
 
 
-class Engine:
-    """One rank's share of a model under a plan. Train with any torch.optim optimizer over
-    ``engine.parameters()``; ``train_step`` returns the loss (the same on every rank)."""
+@dataclass
+class _Program:
+    """One captured and lowered program of the engine: a (mode, batch shapes)."""
 
-    def __init__(self, module: torch.fx.GraphModule, plan: Plan, mesh: _Mesh, program: dict, input_names: list[str],
-                 input_shapes: dict[str, list[int]], whole_nodes: list[str], kept=None):
-        _teardown.hold(self)
-        self.module = module
-        self._kept = kept  # checkpoint.KeptState: the model's names, shapes, and what no rank holds
+    module: torch.fx.GraphModule
+    program: dict
+    plan: Plan
+    whole: list[str]
+    placements: list  # per input, in the binding's order
+    counter: Counter
+
+
+class Engine(EngineBase):
+    """One rank's share of a model under a plan (runtime/engine_base.py: the loop's controls)."""
+
+    def __init__(self, *, model: torch.nn.Module, wrapper: _Trainable, binding: BatchBinding, plan: Plan,
+                 mesh: _Mesh, first: _Program, parameters: dict, tensors: dict, trainable: set[str], kept,
+                 cluster, level: str, static: bool, shapes: tuple):
+        super().__init__(binding)
+        self._model = model
+        self._wrapper = wrapper
         self.plan = plan
         self._mesh = mesh
-        self._input_names = input_names
-        self._global_shapes = input_shapes
-        self.whole_nodes = whole_nodes  # nodes run on gathered operands (no local form)
-        leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
-        self._input_placements = [leaves[name]["placement"] for name in input_names]
-        self._leaves = leaves
-        self._params = dict(module.named_parameters())
-        self._reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in self._params
-                        if leaves[name]["reduce_axes"]]
+        self._parameters = parameters  # IR name -> this rank's tensor (shared by every program)
+        self._tensors = tensors        # IR name -> the model's whole tensor (for programs built later)
+        self._trainable = trainable
+        self._kept = kept              # checkpoint.KeptState: the model's names, shapes, and what no rank holds
+        self._cluster, self._level, self._static = cluster, level, static
+        self._programs = {(True, shapes): first}
+        self._first = first
+        self._leaves = {leaf["value"]: leaf for leaf in first.program["leaves"]}
+        self._model_names = {id(p): n for n, p in model.named_parameters()}
+        self._params = {n: p for n, p in parameters.items() if isinstance(p, torch.nn.Parameter)}
+        self._reduce = [(name, tuple(self._leaves[name]["reduce_axes"])) for name in self._params
+                        if self._leaves[name]["reduce_axes"]]
         self._buckets = _GradientBuckets([(self._params[n], axes) for n, axes in self._reduce], mesh.groups)
-        self._steps = 0  # train_step calls, for error messages
+        world = 1
+        for size in mesh.sizes:
+            world *= size
+        self._world = world
+
+    # ---- what the rank holds ------------------------------------------------------------------
+    @property
+    def module(self) -> torch.fx.GraphModule:
+        """The training program's module (at the example batch's shapes)."""
+        return self._first.module
 
     @property
     def code(self) -> str:
         """The rank's program as Python source (torch.fx)."""
-        return self.module.code
+        return self._first.module.code
 
-    def parameters(self):
-        return self.module.parameters()
+    @property
+    def whole_nodes(self) -> list[str]:
+        """Nodes the training program runs on gathered operands (no local form)."""
+        return self._first.whole
 
-    def named_parameters(self):
-        return self.module.named_parameters()
+    def _held(self):
+        out = []
+        for name, p in self._params.items():
+            copies = 1
+            for axis, placement in enumerate(self._leaves[name]["placement"]):
+                if placement == "R":
+                    copies *= self._mesh.sizes[axis]
+            out.append((name, p, copies, copies < self._world))
+        return out
 
-    def optimizer(self, optimizer_class=torch.optim.AdamW, **defaults) -> "ShardedOptimizer":
-        """An optimizer over this rank's parameters that applies the plan's ZeRO decisions: a
-        parameter the plan replicates on some mesh axes but shards the optimizer state of
-        over them (``plan.sharding["zero"]``) is stepped by torch's ZeroRedundancyOptimizer on
-        those axes' ranks, so each rank keeps the state of 1/n of them; the rest by
-        ``optimizer_class`` itself. The result is the single-device update (ZeRO-1 is exact);
-        any torch.optim optimizer over ``parameters()`` works too, with whole state."""
+    def _zero_groups(self) -> dict[str, tuple]:
         zero = (self.plan.sharding or {}).get("zero", {})
-        by_axes: dict[tuple, list] = {}
-        plain = []
-        for name, param in self.module.named_parameters():
+        out = {}
+        for name in self._params:
             axes = tuple(a for a in zero.get(name, ()) if self._leaves[name]["placement"][a] == "R"
                          and self._mesh.sizes[a] > 1)
             if axes:
-                by_axes.setdefault(axes, []).append(param)
-            else:
-                plain.append(param)
-        return ShardedOptimizer(self._mesh, by_axes, plain, optimizer_class, defaults)
-
-    def _local_batch(self, batch: tuple) -> list[torch.Tensor]:
-        if len(batch) != len(self._input_names):
-            raise ValidationError(f"train_step: {len(batch)} batch tensors, the captured program takes "
-                                  f"{len(self._input_names)} ({', '.join(self._input_names)})")
-        out = []
-        for name, tensor, placement in zip(self._input_names, batch, self._input_placements):
-            expected = self._global_shapes[name]
-            if list(tensor.shape) != expected:
-                raise ValidationError(f"train_step: input '{name}' has shape {list(tensor.shape)}, the program was "
-                                      f"captured at {expected} (rank {self._mesh.rank})")
-            out.append(local_tensor(tensor, placement, self._mesh.sizes, self._mesh.rank))
+                out[name] = self._mesh.axes_group(axes)
         return out
 
-    def train_step(self, *batch) -> torch.Tensor:
-        """Forward and backward of the global batch; gradients left in the local parameters'
-        ``.grad`` (accumulated, as ``loss.backward()`` does). Returns the loss."""
-        local = self._local_batch(batch)
-        # Gradients already there (the caller accumulates over steps) are set aside so the
-        # reduction sums only this step's contributions, then added back.
-        earlier = {p: p.grad for p in self._params.values() if p.grad is not None}
-        for p in earlier:
-            p.grad = None
-        self._steps += 1
-        self._buckets.start()
+    def _process_groups(self) -> list:
+        return [self._control, *self._mesh.groups]
+
+    def _local_batch(self, batch: tuple) -> list[torch.Tensor]:
+        """This rank's share of a positional batch (tests and benchmarks)."""
+        tensors = self._binding.bind(*split_call(batch, {}))
+        program = self._programs[(True, tuple(tuple(t.shape) for t in tensors.values()))]
+        return [local_tensor(t, p, self._mesh.sizes, self._mesh.rank) for t, p in zip(tensors.values(),
+                                                                                      program.placements)]
+
+    # ---- steps -------------------------------------------------------------------------------------
+    def _check_shapes(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        shapes = tuple(tuple(t.shape) for t in tensors.values())
+        if self._static and (True, shapes) not in self._programs:
+            first = next(iter(self._programs))[1]
+            raise ValidationError(f"{where}: the batch has shapes {dict(zip(tensors, map(list, shapes)))}, the "
+                                  f"program was captured at {dict(zip(tensors, map(list, first)))} (static=True "
+                                  f"refuses other shapes; rank {self._mesh.rank})")
+
+    def _run(self, tensors: dict[str, torch.Tensor], training: bool | None, carry: dict) -> torch.Tensor:
+        mode = self.training
+        program = self._program_for(mode, tensors)
+        local = [local_tensor(t, p, self._mesh.sizes, self._mesh.rank)
+                 for t, p in zip(tensors.values(), program.placements)]
+        counts = program.counter(tensors)
+        if training is None:
+            return program.module(*local, *counts)[0]
+        reduce = self._syncing and bool(self._reduce)
+        if reduce:
+            self._buckets.start(carry)
         try:
-            outputs = self.module(*local)
-            loss = outputs[0]
+            loss = program.module(*local, *counts)[0]
             loss.backward()
-            self._buckets.finish()
-        except Exception as e:  # noqa: BLE001 - re-raised; only collective failures get context
-            self._buckets.abandon()
-            for p in self._params.values():  # nothing lost: the gradients from before the step
-                p.grad = earlier.get(p)
-            if _is_collective_failure(e):
-                raise _collective_error(e, dist.get_rank(), self._steps) from e
+            if reduce:
+                self._buckets.finish()
+        except BaseException:
+            if reduce:
+                self._buckets.abandon()
             raise
-        for p, g in earlier.items():
-            p.grad = g if p.grad is None else p.grad.add_(g)
         return loss.detach()
 
-    def eval_step(self, *batch) -> torch.Tensor:
-        with torch.no_grad():
-            return self.module(*self._local_batch(batch))[0]
+    def _program_for(self, training: bool, tensors: dict[str, torch.Tensor]) -> _Program:
+        shapes = tuple(tuple(t.shape) for t in tensors.values())
+        key = (training, shapes)
+        if key not in self._programs:
+            self._programs[key] = self._build_program(training, tensors)
+        return self._programs[key]
 
+    def _build_program(self, training: bool, tensors: dict[str, torch.Tensor]) -> _Program:
+        """A program for another mode or batch shape: captured again, run under the engine's
+        sharding (searched again on its mesh when that does not fit), sharing the parameters."""
+        was = self._model.training
+        self._model.train(training)
+        try:
+            graph, builder = _capture_with_sources(self._wrapper, self._binding.last, "export", 0,
+                                                   prefix="model.model.")
+        finally:
+            self._model.train(was)
+        batch = int(next(iter(tensors.values())).shape[0])
+        doc = json.loads(self.plan.to_json())
+        doc["global_batch"] = doc["micro_batch"] = batch
+        doc.pop("predicted", None)
+        plan = Plan.from_json(json.dumps(doc))
+        rank = self._mesh.rank
+        try:
+            program, whole = _rank_program(graph, builder, plan.to_json(), rank)
+        except ValidationError as e:
+            log.info("rank %d: the plan's sharding does not fit the %s program at batch shapes %s (%s); searching "
+                     "its mesh again", rank, "training" if training else "eval", [list(t.shape) for t in
+                                                                                  tensors.values()], e)
+            plan = Plan.search(graph, self._cluster, global_batch=batch, level=self._level,
+                               mesh=tuple(self._mesh.sizes), memory_fraction=_MEMORY_FRACTION)
+            _check_same_plan(plan, dist.get_rank())
+            program, whole = _rank_program(graph, builder, plan.to_json(), rank)
+        leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
+        for name, leaf in leaves.items():
+            if name in self._leaves and name in self._parameters and leaf["placement"] != self._leaves[name][
+                    "placement"]:
+                raise ValidationError(f"train_step: the {'training' if training else 'eval'} program at batch shapes "
+                                      f"{[list(t.shape) for t in tensors.values()]} places '{name}' "
+                                      f"{leaf['placement']}, the engine holds it {self._leaves[name]['placement']}; "
+                                      "parallelize with static=True and a batch of this shape, or pad the batch")
+            if name in self._params and leaf["reduce_axes"] != self._leaves[name]["reduce_axes"]:
+                raise ValidationError(f"train_step: the new program reduces '{name}' over other axes "
+                                      f"({leaf['reduce_axes']} against {self._leaves[name]['reduce_axes']})")
+        names = self._binding.names
+        module = _build_module(program, builder.sources, self._mesh, self._tensors, names, self._trainable,
+                               parameters=self._parameters)
+        counter = Counter.build(graph, builder, self._tensors, self._trainable, module.counted, names)
+        log.info("rank %d: a %s program for batch shapes %s (%d nodes, %d whole)", rank,
+                 "training" if training else "eval", [list(t.shape) for t in tensors.values()],
+                 len(program["nodes"]), len(whole))
+        return _Program(module, program, plan, whole, [leaves[n]["placement"] for n in names], counter)
+
+    # ---- state ------------------------------------------------------------------------------------
     def _checkpoint_state(self):
         from .checkpoint import held_state
 
-        local = {**dict(self.module.named_parameters()), **dict(self.module.named_buffers())}
-        return held_state(self._kept, local, lambda n: self._leaves[n]["placement"], self._mesh,
-                          dict(self.module.named_parameters()))
+        return held_state(self._kept, self._parameters, lambda n: self._leaves[n]["placement"], self._mesh,
+                          dict(self._params))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer whole, on every rank (gathered through the mesh)."""
-        out = {}
+        return self._gather({n: t.detach() for n, t in self._parameters.items()})
+
+    def _full_grads(self) -> dict[str, torch.Tensor]:
+        """Every trainable parameter's gradient whole (zeros where there is none), on every rank."""
+        return self._gather({n: plain(p.grad) if p.grad is not None else torch.zeros_like(p)
+                             for n, p in self._params.items()})
+
+    def _gather(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            for name, tensor in [*self.module.named_parameters(), *self.module.named_buffers()]:
-                out[name] = gather_whole(tensor.detach(), self._leaves[name]["placement"], self._mesh).clone()
-        return out
-
-
-class _GradientBuckets:
-    """Data parallelism's gradient all-reduce, overlapped with backward as DDP runs it: the
-    parameters the program left Partial are packed, in reverse order of registration (about
-    the order backward finishes them), into buckets of 25 MB per set of axes; a bucket's
-    all-reduce is issued (async) as soon as its last gradient is accumulated, and every
-    bucket is waited on at the end. Every rank forms the same buckets and autograd finishes
-    them in the same order, so the collectives line up; a bucket whose parameter got no
-    gradient this step is issued, with what it has, at the end, in bucket order.
-    overlap=False (a pipeline: several backwards per step, one reduction after the last):
-    no hooks, every bucket issued by finish()."""
-
-    def __init__(self, params: list[tuple[torch.Tensor, tuple]], groups: list, overlap: bool = True):
-        self._groups = groups
-        self._buckets: list[tuple[tuple, list]] = []
-        by_axes: dict[tuple, list] = {}
-        for param, axes in reversed(params):
-            by_axes.setdefault(tuple(axes), []).append(param)
-        for axes, group in by_axes.items():
-            bucket, size = [], 0
-            for param in group:
-                bucket.append(param)
-                size += param.numel() * param.element_size()
-                if size >= _BUCKET_BYTES:
-                    self._buckets.append((axes, bucket))
-                    bucket, size = [], 0
-            if bucket:
-                self._buckets.append((axes, bucket))
-        self._bucket_of = {}
-        for i, (_, bucket) in enumerate(self._buckets):
-            for param in bucket:
-                self._bucket_of[param] = i
-                if overlap:
-                    param.register_post_accumulate_grad_hook(self._ready)
-        self._active = False
-
-    def start(self) -> None:
-        self._active = True
-        self._waiting = [len(bucket) for _, bucket in self._buckets]
-        self._issued: dict[int, tuple] = {}
-
-    def _ready(self, param: torch.Tensor) -> None:
-        if not self._active:
-            return  # a backward outside train_step: nothing to reduce
-        i = self._bucket_of[param]
-        self._waiting[i] -= 1
-        if self._waiting[i] == 0:
-            self._issue(i)
-
-    def _issue(self, i: int) -> None:
-        axes, bucket = self._buckets[i]
-        grads = [p.grad for p in bucket if p.grad is not None]
-        if not grads:
-            self._issued[i] = None
-            return
-        flat = torch._utils._flatten_dense_tensors(grads)
-        self._issued[i] = (flat, grads, dist.all_reduce(flat, group=self._groups[axes[0]], async_op=True), axes[1:])
-
-    def abandon(self) -> None:
-        """A failed step: forget the buckets in flight (their collectives failed or never ran)."""
-        self._active = False
-        self._issued = {}
-
-    def finish(self) -> None:
-        for i in range(len(self._buckets)):
-            if i not in self._issued:
-                self._issue(i)
-        for i in sorted(self._issued, key=lambda i: i):
-            entry = self._issued[i]
-            if entry is None:
-                continue
-            flat, grads, work, rest = entry
-            work.wait()
-            for a in rest:  # further axes: one after the other on the same buffer
-                dist.all_reduce(flat, group=self._groups[a])
-            for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                g.copy_(reduced)
-        self._active = False
-
-
-class ShardedOptimizer:
-    """Engine.optimizer's result: ZeroRedundancyOptimizer per set of ZeRO axes (its group: the
-    ranks of this rank's mesh slice along those axes), the plain optimizer for the rest."""
-
-    def __init__(self, mesh: _Mesh, zero_params: dict[tuple, list], plain: list, optimizer_class, defaults: dict):
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        self.optimizers = []
-        for axes, params in sorted(zero_params.items()):
-            group = mesh.groups[axes[0]] if len(axes) == 1 else mesh.device_mesh[
-                tuple(f"axis{a}" for a in axes)]._flatten().get_group()
-            self.optimizers.append(ZeroRedundancyOptimizer(params, optimizer_class, process_group=group, **defaults))
-        if plain:
-            self.optimizers.append(optimizer_class(plain, **defaults))
-
-    @property
-    def param_groups(self):
-        return [g for o in self.optimizers for g in o.param_groups]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        for o in self.optimizers:
-            o.step()
-
-    def local_state_numel(self) -> int:
-        """Elements of optimizer state this rank holds (ZeRO keeps 1/n of its parameters')."""
-        total = 0
-        for o in self.optimizers:
-            inner = getattr(o, "optim", o)
-            for state in inner.state.values():
-                total += sum(v.numel() for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
-        return total
-
-
-def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
-    *path, last = qualified.split(".")
-    module = root
-    for part in path:
-        if not hasattr(module, part):
-            module.add_module(part, torch.nn.Module())
-        module = getattr(module, part)
-    if isinstance(value, torch.nn.Parameter):
-        module.register_parameter(last, value)
-    else:
-        module.register_buffer(last, value)
-
-
-def _meta_check(src: torch.fx.Node, node: dict, indices) -> bool:
-    """Does the local call give the local output shapes? (run on meta tensors)"""
-    whole_operands = [arg.meta["val"] for arg in _operand_nodes(src)]
-    local_out = [o["local_shape"] for o in node["outputs"]]
-    global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
-    if all(op["local_shape"] == list(val.shape) for op, val in zip(node["inputs"], whole_operands)) \
-            and local_out == global_out:
-        return True  # nothing local about it
-    operands = [torch.empty(op["local_shape"], dtype=val.dtype, device="meta")
-                for op, val in zip(node["inputs"], whole_operands)]
-    args, kwargs = _call_parts(src, operands, local_out, global_out)
-    meta = torch.device("meta")  # a device argument (to(device=cpu)) would leave the meta device
-    args = [meta if isinstance(a, torch.device) else a for a in args]
-    kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in kwargs.items()}
-    try:
-        result = src.target(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - any failure means: run it whole
-        return False
-    got = [list(t.shape) for t in _tensor_outputs(result, indices)]
-    return got == local_out
-
-
-def _operand_nodes(src: torch.fx.Node) -> list[torch.fx.Node]:
-    """The FX nodes of the source call's tensor operands, in the IR's input order."""
-    out = []
-    items = _schema_args(src) if isinstance(src.target, torch._ops.OpOverload) else \
-        [(f"arg{i}", a) for i, a in enumerate(src.args)] + list(src.kwargs.items())
-    for _, value in items:
-        if isinstance(value, torch.fx.Node):
-            out.append(value)
-        elif isinstance(value, (list, tuple)):
-            out.extend(v for v in value if isinstance(v, torch.fx.Node))
-    return out
-
-
-def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dict[str, torch.Tensor],
-                  input_names: list[str], trainable: set[str], *, nodes: list[dict] | None = None,
-                  outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
-                  class_name: str | None = None) -> torch.fx.GraphModule:
-    """The GraphModule of `program`'s nodes (or the subset `nodes`, a pipeline stage) taking
-    `input_names` as arguments and returning `outputs` (default: the program's outputs, each
-    {"value", "forward", "backward"}). Leaves the nodes read become the module's parameters
-    and buffers: this rank's shards of `tensors`, or the objects in `parameters` (created and
-    recorded there when missing: stages on one rank share a tied weight)."""
-    graph = torch.fx.Graph()
-    root = torch.nn.Module()
-    if mesh is not None:
-        root.reshard = Reshard(mesh)
-    root.vocab_lookup = VocabLookup()
-    env: dict[str, torch.fx.Node] = {}
-    leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
-    nodes = program["nodes"] if nodes is None else nodes
-    outputs = program["outputs"] if outputs is None else outputs
-    parameters = {} if parameters is None else parameters
-    sizes, rank = (mesh.sizes, mesh.rank) if mesh is not None else ([1] * len(program["mesh"]), 0)
-    for name in input_names:
-        env[name] = graph.placeholder(re.sub(r"\W", "_", name))
-    needed = [op["value"] for node in nodes for op in node["inputs"]]
-    for name in dict.fromkeys(needed):
-        if name in env or name not in leaves:
-            continue
-        if name not in parameters:
-            if name not in tensors:
-                raise ValidationError(f"parallelize: the program needs '{name}', which the model does not have")
-            shard = local_tensor(tensors[name].detach(), leaves[name]["placement"], sizes, rank)
-            parameters[name] = torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard
-        _set_attr(root, name, parameters[name])
-        env[name] = graph.get_attr(name)
-    # Readers that want a value the same way share one reshard (q, k and v read one gathered
-    # norm output): its backward then runs once, on the sum of their gradients (every step is
-    # linear). The search's evaluation counts it once too (sharding_model.cc).
-    reshards: dict[tuple, torch.fx.Node] = {}
-    for node in nodes:
-        first = node["outputs"][0]["value"]
-        src, indices = sources[first]
-        operands = []
-        for op in node["inputs"]:
-            value = env[op["value"]]
-            fwd = tuple(s["text"] for s in op["forward"])
-            bwd = tuple(s["text"] for s in op["backward"])
-            if fwd or bwd:
-                key = (op["value"], fwd, bwd)
-                if key not in reshards:
-                    reshards[key] = graph.call_module("reshard", (value, fwd, bwd))
-                value = reshards[key]
-            operands.append(value)
-        local_out = [o["local_shape"] for o in node["outputs"]]
-        global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
-        if node["mode"] == "lookup":
-            table = node["inputs"][0]
-            runs = _C.local_shard(list(src.args[0].meta["val"].shape), table["required"], sizes, rank)["dims"][0]
-            _, _, padding_idx, scale, sparse = [v for _, v in _schema_args(src)]
-            call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
-                                                      scale, sparse))
-        else:
-            args, kwargs = _call_parts(src, operands, local_out, global_out)
-            call = graph.call_function(src.target, tuple(args), kwargs)
-        if indices is None:
-            env[first] = call
-        else:
-            for out, i in zip(node["outputs"], indices):
-                env[out["value"]] = graph.call_function(operator.getitem, (call, i))
-        for out in node["outputs"]:
-            if out.get("scale", 1.0) != 1.0:  # a mean over this rank's uneven share of the batch
-                env[out["value"]] = graph.call_function(operator.mul, (env[out["value"]], out["scale"]))
-    results = []
-    for out in outputs:
-        value = env[out["value"]]
-        fwd = tuple(s["text"] for s in out.get("forward", ()))
-        bwd = tuple(s["text"] for s in out.get("backward", ()))
-        results.append(graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value)
-    graph.output(tuple(results))
-    return torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{rank}Program")
-
-
-def _rank_program(graph, builder, plan_json: str, rank: int) -> tuple[dict, list[str]]:
-    """The core's program for `rank` (of the plan's mesh); nodes whose local call fails its
-    shape check on meta tensors are asked to run whole. Returns it and the nodes run whole."""
-    program = _C.rank_program(graph._core, plan_json, rank)
-    whole = []
-    for n in program["nodes"]:
-        src, indices = builder.sources[n["outputs"][0]["value"]]
-        if n["mode"] == "local" and not _meta_check(src, n, indices):
-            whole.append(n["outputs"][0]["value"])
-    if whole:
-        program = _C.rank_program(graph._core, plan_json, rank, whole)
-    whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
-    if whole:
-        log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),
-                 ", ".join(whole[:8]) + (" ..." if len(whole) > 8 else ""))
-    return program, whole
+            return {n: gather_whole(t, self._leaves[n]["placement"], self._mesh).clone() for n, t in local.items()}
 
 
 def _plan_file(path: str) -> Plan:
@@ -762,34 +339,38 @@ def _check_same_plan(plan: Plan, rank: int) -> None:
                               + ", ".join(f"rank {r}: {everyone[r]}" for r in differ) + f"); this is rank {rank}")
 
 
-def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None = None, plan: Plan | None = None,
-                cluster=None, *, level: str = "fast", mesh: tuple[int, int] | None = None) -> Engine:
+
+def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Callable | None = None,
+                plan: Plan | None = None, cluster=None, *, level: str = "fast", mesh: tuple[int, int] | None = None,
+                example_kwargs: dict | None = None, static: bool = False, verify: bool | str = "auto"):
     """Rewrites `model` (with its loss) for this rank of the running torch.distributed job.
 
-    ``example_inputs``: the global batch (a tensor or a tuple; with ``loss_fn``, the target
-    last). ``plan``: a searched plan (``shardwise.plan``), a saved one (``Plan.from_json``),
-    a ``Plan.manual`` one (its {data, tensor} mesh is filled in by the search), the file
-    named by the environment variable SHARDWISE_PLAN, or None (the
-    search on ``cluster``, default ``Cluster.detect()``, at ``level``, on the {data, tensor}
-    ``mesh`` when given). Every rank must call this with the
-    same arguments; the plan's hash is checked across ranks before the first collective.
+    ``example_inputs``: the global batch as the model takes it: a tensor, a tuple of positional
+    arguments, or a dict of keyword arguments (a data collator's batch; ``example_kwargs`` adds
+    keywords to positional ones); bound by the model's own signature, by name. With ``loss_fn``,
+    the target is the last positional element (or the keyword ``target``). ``plan``: a searched
+    plan (``shardwise.plan``), a saved one (``Plan.from_json``), a ``Plan.manual`` one (its
+    {data, tensor} mesh is filled in by the search), the file named by the environment variable
+    SHARDWISE_PLAN, or None (the search on ``cluster``, default ``Cluster.detect()``, at
+    ``level``, on the {data, tensor} ``mesh`` when given). ``static``: refuse batches of other
+    shapes instead of capturing them again. ``verify``: run the captured program whole once
+    against the eager model before anything else (runtime/verify.py; "auto": for models under
+    256 MiB of parameters, not on the meta device). Every rank must call this with the same arguments;
+    the plan's hash is checked across ranks before the first collective.
     """
     if not dist.is_initialized():
         raise ValidationError("parallelize: call torch.distributed.init_process_group() first (torchrun sets "
                               "the environment for it)")
     world, rank = dist.get_world_size(), dist.get_rank()
-    batch = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    if not batch or not all(isinstance(t, torch.Tensor) for t in batch):
-        raise ValidationError("parallelize: example_inputs must be a tensor or a tuple of tensors (the batch)")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    args, kwargs = split_call(tuple(example_inputs) if not isinstance(example_inputs, dict)
+                              else (example_inputs,), {})
+    kwargs.update(example_kwargs or {})
+    binding, named = BatchBinding.capture(model, args, kwargs, loss_fn)
+    binding.last = named
+    batch = [named_tensor for named_tensor in binding.bind(args, kwargs, "parallelize").values()]
     wrapper = _Trainable(model, loss_fn)
-    # The model's own argument names (so a plan searched on shardwise.capture(model) fits),
-    # and the loss' target as "target".
-    named = _bind_inputs(model, batch[:-1] if loss_fn is not None else batch, None)
-    if loss_fn is not None:
-        if _TARGET in named:
-            raise ValidationError(f"parallelize: {type(model).__name__}.forward has an argument named "
-                                  f"'{_TARGET}'; pass the loss inside the model (loss_fn=None)")
-        named[_TARGET] = batch[-1]
 
     from .cluster import Cluster
 
@@ -798,10 +379,13 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     # A pipeline plan, or one that accumulates gradients over micro-batches (the joint
     # planner's pipeline 1 with m > 1): captured there, at one micro-batch, run by the schedule.
     if plan is not None and not plan.sharding and (plan.pipeline > 1 or plan.num_micro_batches() > 1):
-        return _parallelize_pipeline(wrapper, named, plan, batch, model, cluster, level)
+        return _parallelize_pipeline(wrapper, named, binding, plan, batch, model, cluster, level, verify)
     graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
     _warn_unknown_ops(graph)
-    input_names = _input_names(named)
+    input_names = binding.names
+    tensors, trainable = _model_tensors(model, builder)
+    if should_verify(model, verify):
+        verify_capture(wrapper, named, graph, builder, tensors, trainable, input_names, dict(zip(input_names, batch)))
     global_batch = int(batch[0].shape[0])
     if plan is None or not plan.sharding:
         if plan is not None:
@@ -816,7 +400,7 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
             joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
                                          memory_fraction=_MEMORY_FRACTION)
             if joint is not None:
-                return _parallelize_pipeline(wrapper, named, joint, batch, model, cluster, level)
+                return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, cluster, level, verify)
         _check_fits(plan, cluster, type(model).__name__)
     sharding = plan.sharding
     size = 1
@@ -831,12 +415,16 @@ def parallelize(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     mesh = _Mesh(sharding["mesh"], rank)  # from here on, the rank's view of the plan's mesh
 
     program, whole = _rank_program(graph, builder, plan.to_json(), rank)
-
-    tensors, trainable = _model_tensors(model, builder)
-    module = _build_module(program, builder.sources, mesh, tensors, input_names, trainable)
-    shapes = {name: list(t.shape) for name, t in zip(input_names, batch)}
-    return Engine(module, plan, mesh, program, input_names, shapes, whole,
-                  kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}))
+    parameters: dict[str, torch.Tensor] = {}
+    module = _build_module(program, builder.sources, mesh, tensors, input_names, trainable, parameters=parameters)
+    counter = Counter.build(graph, builder, tensors, trainable, module.counted, input_names)
+    leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
+    first = _Program(module, program, plan, whole, [leaves[n]["placement"] for n in input_names], counter)
+    shapes = tuple(tuple(t.shape) for t in batch)
+    return Engine(model=model, wrapper=wrapper, binding=binding, plan=plan, mesh=mesh, first=first,
+                  parameters=parameters, tensors=tensors, trainable=trainable,
+                  kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}), cluster=cluster,
+                  level=level, static=static, shapes=shapes)
 
 
 def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Tensor], set[str]]:
@@ -850,8 +438,8 @@ def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Ten
 
 
 
-def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: tuple, model: torch.nn.Module,
-                          cluster=None, level: str = "fast"):
+def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBinding, plan: Plan, batch: list,
+                          model: torch.nn.Module, cluster=None, level: str = "fast", verify: bool | str = "auto"):
     """A pipeline plan (Plan.manual with pipeline > 1, or pipeline 1 with several micro-batches:
     gradient accumulation on one stage): the graph captured at one micro-batch of the data
     axis (micro_batch x data rows), sharded over each stage's {data, tensor} sub-mesh by the
@@ -861,7 +449,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
     Ranks: Megatron's layout, the pipeline outermost; a value crossing a cut goes between the
     ranks of the same sub-mesh coordinate, as the shard its producer leaves."""
     from .cluster import Cluster
-    from .pipeline import PipelineEngine, parse_actions
+    from .pipeline import PipelineEngine, parse_actions, stage_program
 
     world, rank = dist.get_world_size(), dist.get_rank()
     p, v, d, t = plan.pipeline, plan.virtual_stages, plan.data, plan.tensor
@@ -875,12 +463,16 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
                               f"{mb} x data {d}; the example batch has {global_batch}")
     m = global_batch // rows
     _check_same_plan(plan, rank)
-    micro = {k: x.narrow(0, 0, rows) for k, x in named.items()}
+    micro = map_tensors(named, lambda x: x.narrow(0, 0, rows))
     graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")
     _warn_unknown_ops(graph)
-    input_names = _input_names(named)
+    tensors, trainable = _model_tensors(model, builder)
+    if should_verify(model, verify):
+        verify_capture(wrapper, micro, graph, builder, tensors, trainable, binding.names,
+                       dict(zip(binding.names, (x.narrow(0, 0, rows) for x in batch))))
     size = d * t
     pipeline_rank, local = rank // size, rank % size
+    sharded, mesh = None, None
     if size > 1:
         # The stages' sub-mesh: the job's first d x t ranks (every stage's are alike), so the
         # layout is searched on the devices and links it runs on, as the joint planner priced it
@@ -888,77 +480,29 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, plan: Plan, batch: t
         job = cluster or Cluster.detect()
         if job.world_size not in (world, size):
             raise ValidationError(f"parallelize: the cluster has {job.world_size} devices, the job {world} ranks")
-        sub_cluster = job if job.world_size == size else job.first_ranks(size)
-        sharded = Plan.search(graph, sub_cluster, global_batch=rows, level=level, mesh=(d, t))
+        cluster = job if job.world_size == size else job.first_ranks(size)
+        sharded = Plan.search(graph, cluster, global_batch=rows, level=level, mesh=(d, t))
         _check_same_plan(sharded, rank)
-        program, whole = _rank_program(graph, builder, sharded.to_json(), local)
         mesh = _Mesh([d, t], local, pipeline=p)
-    else:
-        sharded, whole, mesh = None, [], None
-        program = _C.rank_program(graph._core, "", 0)
-    stages = p * v
-    cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
-    stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
-
-    # Where each value is made and read, by stage; what crosses each cut (forwarded on).
-    leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
-    index = {name: i for i, name in enumerate(leaves)}
-    producer: dict[str, int] = {}
-    meta: dict[str, tuple] = {}
-    nodes_of = [[] for _ in range(stages)]
-    for node in program["nodes"]:
-        first = node["outputs"][0]["value"]
-        g = stage_of[first]
-        nodes_of[g].append(node)
-        src, indices = builder.sources[first]
-        for out, val in zip(node["outputs"], _tensor_outputs(src.meta["val"], indices)):
-            producer[out["value"]] = g
-            index.setdefault(out["value"], len(index))
-            meta[out["value"]] = (list(out["local_shape"]), val.dtype, index[out["value"]])
-    reads: dict[str, set] = {}
-    for g, nodes in enumerate(nodes_of):
-        for node in nodes:
-            for op in node["inputs"]:
-                reads.setdefault(op["value"], set()).add(g)
-    for out in program["outputs"]:
-        reads.setdefault(out["value"], set()).add(stages - 1)
-    received = [sorted((x for x, made in producer.items() if made < g and max(reads.get(x, {-1})) >= g),
-                       key=lambda x: index[x]) for g in range(stages)]
-
-    tensors, trainable = _model_tensors(model, builder)
-    owners = {x: {g % p for g in gs} for x, gs in reads.items() if x in tensors}
-    for x in owners:
-        meta[x] = (list(tensors[x].shape), tensors[x].dtype, index.get(x, -1))
+    parameters: dict[str, torch.Tensor] = {}
+    first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
+                          parameters, m)
     shared = []
-    for x in sorted(owners):  # every rank creates every group, in the same order
-        if len(owners[x]) > 1:
+    for x in sorted(first.owners):  # every rank creates every group, in the same order
+        if len(first.owners[x]) > 1:
             for coordinate in range(size):
-                ranks = [o * size + coordinate for o in sorted(owners[x])]
+                ranks = [o * size + coordinate for o in sorted(first.owners[x])]
                 group = dist.new_group(ranks)
                 if rank in ranks:
                     shared.append((x, group))
-
-    parameters: dict[str, torch.Tensor] = {}
-    mine = {}
-    for g in range(pipeline_rank, stages, p):
-        batch_inputs = [x for x in input_names if g in reads.get(x, set())]
-        last = g == stages - 1
-        outputs = program["outputs"] if last else [{"value": x} for x in received[g + 1]]
-        module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
-                               nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}")
-        mine[g] = {"module": module, "inputs": batch_inputs + received[g], "received": received[g],
-                   "sent": [] if last else received[g + 1], "last": last}
     schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
     # The schedule's peers are pipeline ranks; this rank talks to the same sub-mesh coordinate.
     actions = [(kind, i, g, peer * size + local if peer >= 0 else peer)
                for kind, i, g, peer in parse_actions(schedule.actions(pipeline_rank))]
-    log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank, sorted(mine),
-             stages, m, rows, plan.schedule, [d, t])
-    reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters if leaves[name]["reduce_axes"]]
-    return PipelineEngine(plan=plan, stages=mine, actions=actions, micro_batch=rows, num_micro_batches=m,
-                          input_names=input_names, input_shapes={n: list(x.shape) for n, x in zip(input_names, batch)},
-                          value_meta=meta, parameters=parameters, shared=shared, owners=owners,
-                          last_rank=((stages - 1) % p) * size, mesh=mesh, leaves=leaves, reduce=reduce,
-                          stage_size=size, sharding=sharded, whole_nodes=whole, input_placements={
-                              n: leaves[n]["placement"] for n in input_names if n in leaves},
-                          kept=keep_state(model, set(owners)))
+    log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank,
+             sorted(first.stages), p * v, m, rows, plan.schedule, [d, t])
+    return PipelineEngine(model=model, wrapper=wrapper, binding=binding, plan=plan, first=first, actions=actions,
+                          micro_batch=rows, num_micro_batches=m, shapes=tuple(tuple(x.shape) for x in batch),
+                          parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
+                          last_rank=((p * v - 1) % p) * size, mesh=mesh, stage_size=size, sharding=sharded,
+                          cluster=cluster, level=level, kept=keep_state(model, set(first.owners)))

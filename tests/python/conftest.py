@@ -56,3 +56,23 @@ def cnn():
 
 MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "cnn": cnn}
 
+
+
+def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
+    """A CPU cluster whose memory holds `graph` on `mesh` only with weights sharded on the
+    mesh's tensor axis: halfway between the least any plan needs and what the replicated
+    plan needs (as the cost model predicts them). A tiny model's plan otherwise splits only
+    the batch, on both axes."""
+    import json
+
+    import shardwise
+
+    def with_memory(cluster, memory: float):
+        doc = json.loads(cluster.to_json())
+        doc["device_types"][0]["memory_bytes"] = int(memory)
+        return shardwise.Cluster.from_json(json.dumps(doc))
+
+    cluster = shardwise.Cluster.preset("cpu", world)
+    replicated = shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh).predicted_memory()[0]
+    least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=rows, mesh=mesh).predicted_memory()[0]
+    return with_memory(cluster, (least + replicated) / 2 / 0.9)  # plans may use 90% (engine.py)

@@ -498,7 +498,8 @@ def _errors(rank: int, world: int, result_path: str) -> None:
         else:
             messages[key] = None
 
-    engine = shardwise.parallelize(model, batch, F.cross_entropy, mesh=(2, 1), cluster=shardwise.Cluster.preset("cpu", 2))
+    engine = shardwise.parallelize(model, batch, F.cross_entropy, mesh=(2, 1), cluster=shardwise.Cluster.preset("cpu", 2),
+                                   static=True)
     expect("shape", lambda: engine.train_step(torch.randn(4, 16, dtype=torch.float64), batch[1][:4]))
     expect("count", lambda: engine.train_step(batch[0]))
     other = shardwise.parallelize(TwoBranch().double(), batch, F.cross_entropy, mesh=(2, 1),
@@ -532,8 +533,9 @@ def test_bad_input_gets_clear_errors():
         mp.spawn(_run_errors, args=(2, os.path.join(tmp, "store"), result), nprocs=2, join=True)
         with open(result) as f:
             messages = json.load(f)
-    assert "input 'x' has shape [4, 16]" in messages["shape"] and "[8, 16]" in messages["shape"]
-    assert "1 batch tensors" in messages["count"]
+    assert "'x': [4, 16]" in messages["shape"] and "'x': [8, 16]" in messages["shape"], messages["shape"]
+    assert "static=True" in messages["shape"]
+    assert "missing a required argument: 'x'" in messages["count"], messages["count"]
     assert "plan made for another model" in messages["model"]
     assert "global batch 16" in messages["batch"]
     assert "4 devices, the job 2 ranks" in messages["world"]

@@ -1,0 +1,94 @@
+"""Data parallelism's gradient reduction in buckets, overlapped with backward as DDP runs it."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
+
+
+class _GradientBuckets:
+    """Data parallelism's gradient all-reduce, overlapped with backward as DDP runs it: the
+    parameters the program left Partial are packed, in reverse order of registration (about
+    the order backward finishes them), into buckets of 25 MB per set of axes; a bucket's
+    all-reduce is issued (async) as soon as its last gradient is accumulated, and every
+    bucket is waited on at the end. Every rank forms the same buckets and autograd finishes
+    them in the same order, so the collectives line up; a bucket whose parameter got no
+    gradient this step is issued, with what it has, at the end, in bucket order.
+    overlap=False (a pipeline: several backwards per step, one reduction after the last):
+    no hooks, every bucket issued by finish()."""
+
+    def __init__(self, params: list[tuple[torch.Tensor, tuple]], groups: list, overlap: bool = True):
+        self._groups = groups
+        self._buckets: list[tuple[tuple, list]] = []
+        by_axes: dict[tuple, list] = {}
+        for param, axes in reversed(params):
+            by_axes.setdefault(tuple(axes), []).append(param)
+        for axes, group in by_axes.items():
+            bucket, size = [], 0
+            for param in group:
+                bucket.append(param)
+                size += param.numel() * param.element_size()
+                if size >= _BUCKET_BYTES:
+                    self._buckets.append((axes, bucket))
+                    bucket, size = [], 0
+            if bucket:
+                self._buckets.append((axes, bucket))
+        self._bucket_of = {}
+        for i, (_, bucket) in enumerate(self._buckets):
+            for param in bucket:
+                self._bucket_of[param] = i
+                if overlap:
+                    param.register_post_accumulate_grad_hook(self._ready)
+        self._active = False
+
+    def start(self, carry: dict | None = None) -> None:
+        """A step begins; `carry`: gradients of earlier unsynchronised steps (engine.no_sync), by
+        parameter, folded into each bucket before its reduction (popped from the dict)."""
+        self._carry = carry if carry is not None else {}
+        self._active = True
+        self._waiting = [len(bucket) for _, bucket in self._buckets]
+        self._issued: dict[int, tuple] = {}
+
+    def _ready(self, param: torch.Tensor) -> None:
+        if not self._active:
+            return  # a backward outside train_step: nothing to reduce
+        i = self._bucket_of[param]
+        self._waiting[i] -= 1
+        if self._waiting[i] == 0:
+            self._issue(i)
+
+    def _issue(self, i: int) -> None:
+        axes, bucket = self._buckets[i]
+        for p in bucket:
+            held = self._carry.pop(p, None)
+            if held is not None:
+                p.grad = held.clone() if p.grad is None else p.grad.add_(held)
+        grads = [p.grad for p in bucket if p.grad is not None]
+        if not grads:
+            self._issued[i] = None
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        self._issued[i] = (flat, grads, dist.all_reduce(flat, group=self._groups[axes[0]], async_op=True), axes[1:])
+
+    def abandon(self) -> None:
+        """A failed step: forget the buckets in flight (their collectives failed or never ran)."""
+        self._active = False
+        self._issued = {}
+
+    def finish(self) -> None:
+        for i in range(len(self._buckets)):
+            if i not in self._issued:
+                self._issue(i)
+        for i in sorted(self._issued, key=lambda i: i):
+            entry = self._issued[i]
+            if entry is None:
+                continue
+            flat, grads, work, rest = entry
+            work.wait()
+            for a in rest:  # further axes: one after the other on the same buffer
+                dist.all_reduce(flat, group=self._groups[a])
+            for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                g.copy_(reduced)
+        self._active = False
+

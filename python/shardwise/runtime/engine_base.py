@@ -1,0 +1,255 @@
+"""What every engine does around its program: the training loop's controls.
+
+    engine.train_step(**batch)         # forward + backward of the global batch; the loss
+    engine.eval(); engine.eval_step(**batch); engine.train()
+    with engine.no_sync(): engine.train_step(**first_half)    # accumulate, reduce once
+    engine.clip_grad_norm_(1.0)        # the global norm; every shard clipped by one factor
+    opt = engine.optimizer(torch.optim.AdamW, groups, lr=...)   # a torch.optim.Optimizer
+
+A step is collective: every rank runs it with the same global batch. So before it runs any
+collective, the ranks agree (one small all-reduce over a CPU group): that each bound its batch
+(names, dtypes and non-tensor arguments as captured), that they are at the same step, and that
+their batches have the same shapes. A batch refused on one rank is refused on every rank, at
+the same step, and the engine stays usable (the loop may catch it and go on). A failure inside
+the step on one rank, after collectives began, leaves the ranks out of step: that rank marks
+the engine broken and aborts its process groups, so the others fail within moments
+(CollectiveError) instead of pairing their next collectives with the wrong step; every later
+call on a broken engine raises.
+
+Gradients a step adds are those of its batch; gradients already there (the caller accumulates
+over calls) are set aside during the step and added back after it, and restored unchanged if
+the step fails. Under ``no_sync()`` a step's gradients are not reduced over the data axes: they
+are kept aside and reduced with the next synchronised step's (DDP's ``no_sync``: one reduction
+for several steps); ``.grad`` holds only reduced gradients.
+
+Subclasses (the SPMD and pipeline engines) provide:
+    _run(tensors, training) -> loss   forward (and backward when training) of a bound batch;
+                                      the reduction of gradients left Partial included unless
+                                      self._syncing is False
+    _held() -> [(name, parameter, copies, differs)]   the rank's trainable tensors: how many
+                                      ranks hold the same copy, whether other ranks hold others
+    _zero_groups() -> {name: (group, index, size, ranks)}   ZeRO parameters' groups
+    _model_names: {id(model parameter): name}           the user's model's tensors by name
+"""
+from __future__ import annotations
+
+import contextlib
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from .. import _C, _teardown
+from .._C import ValidationError
+from .._logging import get_logger
+from . import grad_norm
+from .batch import BatchBinding
+from .optim import ShardedOptimizer, param_groups
+
+log = get_logger("shardwise.engine")
+
+
+class CollectiveError(_C.ShardwiseError):
+    """A collective of a training step failed on this rank: a peer died or stalled past the
+    process group's timeout, or the transport broke. Raised instead of hanging; the message
+    names the rank, the step and the collective."""
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    return (isinstance(error, getattr(dist, "DistError", ())) or
+            (isinstance(error, RuntimeError) and str(error).startswith("shardwise.")))
+
+
+def collective_error(error: BaseException, rank: int, step: int) -> CollectiveError:
+    return CollectiveError(f"rank {rank}, train_step {step}: a collective failed: {error}\n"
+                           "A peer rank probably died or stalled; every rank fails the same way within the "
+                           "timeout given to torch.distributed.init_process_group (its default: 30 minutes for "
+                           "Gloo, 10 for NCCL).")
+
+
+class EngineBase:
+    def __init__(self, binding: BatchBinding):
+        _teardown.hold(self)
+        self._binding = binding
+        self.training = True
+        self._syncing = True
+        self._carry: dict[torch.Tensor, torch.Tensor] = {}  # unreduced gradients of no_sync steps
+        self._steps = 0          # steps run (train and eval), for error messages
+        self._broken: str | None = None
+        self._control = _control_group()
+
+    # ---- loop controls ---------------------------------------------------------------------
+    def train(self, mode: bool = True) -> "EngineBase":
+        """Training mode (dropout on, batch norm on batch statistics), as ``nn.Module.train``."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self) -> "EngineBase":
+        """Evaluation mode: ``eval_step`` and ``train_step`` run the model as ``model.eval()`` does."""
+        return self.train(False)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Steps inside accumulate gradients without reducing them over the data axes; the next
+        step outside reduces everything once (torch DDP's ``no_sync``)."""
+        old, self._syncing = self._syncing, False
+        try:
+            yield
+        finally:
+            self._syncing = old
+
+    # ---- parameters, optimizer, clipping ----------------------------------------------------
+    def named_parameters(self):
+        return [(n, p) for n, p, _, _ in self._held()]
+
+    def parameters(self):
+        return [p for _, p, _, _ in self._held()]
+
+    def optimizer(self, optimizer_class=torch.optim.AdamW, params=None, **defaults) -> ShardedOptimizer:
+        """A ``torch.optim.Optimizer`` (runtime/optim.py) of `optimizer_class` over this rank's
+        parameters, in the groups `params` gives (None: one group; names or tensors, the engine's
+        or the model's; or group dicts of them with their own options), applying the plan's ZeRO."""
+        named = {n: p for n, p in self.named_parameters()}
+        groups = param_groups(params, named, self._model_names)
+        return ShardedOptimizer(groups, optimizer_class, defaults, self._zero_groups())
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                        foreach=None) -> torch.Tensor:
+        """The norm of the whole model's gradient, the same on every rank, and every gradient
+        shard scaled by one factor: ``torch.nn.utils.clip_grad_norm_`` of the single-device model
+        (runtime/grad_norm.py). Call it after ``train_step`` and before ``optimizer.step()``."""
+        self._usable("clip_grad_norm_")
+        held = [(p, copies) for _, p, copies, _ in self._held()]
+        return grad_norm.clip_grad_norm_(held, max_norm, norm_type, error_if_nonfinite, group=self._control)
+
+    # ---- steps -------------------------------------------------------------------------------
+    def train_step(self, *args, **kwargs) -> torch.Tensor:
+        """Forward and backward of the global batch (bound as ``model(*args, **kwargs)`` binds
+        it; a collator's dict alone is taken as keywords); gradients added to ``.grad``, reduced
+        over the data axes (unless under ``no_sync``). Returns the loss, the same on every rank."""
+        tensors = self._agree(args, kwargs, "train_step")
+        params = self.parameters()
+        earlier = {p: p.grad for p in params if p.grad is not None}
+        for p in earlier:
+            p.grad = None
+        carry = dict(self._carry)  # the subclass pops what it folds into its reduction
+        try:
+            loss = self._run(tensors, training=self.training, carry=carry if self._syncing else {})
+        except BaseException as e:
+            for p in params:  # nothing lost: the gradients from before the step
+                p.grad = earlier.get(p)
+            failure = self._failed(e)
+            if failure is e:
+                raise
+            raise failure from e
+        if self._syncing:
+            for p, g in carry.items():  # held back gradients of exact (unreduced) parameters
+                p.grad = g if p.grad is None else p.grad.add_(g)
+            self._carry = {}
+        else:  # held back, unreduced, until the next synchronised step
+            for p in params:
+                if p.grad is not None:
+                    self._carry[p] = p.grad if p not in self._carry else self._carry[p].add_(p.grad)
+                    p.grad = None
+        for p, g in earlier.items():
+            p.grad = g if p.grad is None else p.grad.add_(grad_norm.plain(g))
+        grad_norm.mark_local([p for _, p, _, differs in self._held() if differs])
+        return loss
+
+    def eval_step(self, *args, **kwargs) -> torch.Tensor:
+        """The loss of the global batch, forward only, in the engine's mode (``eval()`` first for
+        what ``model.eval()`` computes); no gradient is kept."""
+        tensors = self._agree(args, kwargs, "eval_step")
+        try:
+            with torch.no_grad():
+                return self._run(tensors, training=None, carry={})
+        except BaseException as e:
+            failure = self._failed(e)
+            if failure is e:
+                raise
+            raise failure from e
+
+    # ---- the protocol -----------------------------------------------------------------------------
+    def _usable(self, where: str) -> None:
+        if self._broken is not None:
+            raise CollectiveError(f"{where}: this engine is unusable: {self._broken}")
+
+    def _agree(self, args: tuple, kwargs: dict, where: str) -> dict[str, torch.Tensor]:
+        """Binds the batch on this rank and agrees with every rank before any collective."""
+        self._usable(where)
+        self._steps += 1
+        error = None
+        tensors: dict[str, torch.Tensor] = {}
+        try:
+            tensors = self._binding.bind(args, kwargs, where)
+            self._check_shapes(tensors, where)
+        except ValidationError as e:
+            error = e
+        shapes = zlib.crc32(repr([list(t.shape) for t in tensors.values()]).encode()) if error is None else 0
+        mode = int(self.training)
+        flags = torch.tensor([int(error is not None), self._steps, -self._steps, shapes, -shapes, mode, -mode],
+                             dtype=torch.int64)
+        try:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._control)
+        except BaseException as e:
+            failure = self._failed(e)
+            if failure is e:
+                raise
+            raise failure from e
+        failed, high, low, hi_shape, lo_shape, hi_mode, lo_mode = flags.tolist()
+        rank = dist.get_rank()
+        if error is not None:
+            raise error
+        if failed:
+            raise ValidationError(f"{where} {self._steps}: another rank refused its batch (its error says why); "
+                                  f"no rank ran this step (rank {rank})")
+        if high != -low:
+            self._broken = f"the ranks were at different steps ({-low} to {high})"
+            raise CollectiveError(f"{where}: the ranks are at different steps ({-low} to {high}); rank {rank} is at "
+                                  f"{self._steps}. A rank skipped or repeated a call")
+        if hi_shape != -lo_shape:
+            raise ValidationError(f"{where} {self._steps}: the ranks were given batches of different shapes (rank "
+                                  f"{rank}: {[list(t.shape) for t in tensors.values()]}); every rank takes the same "
+                                  "global batch")
+        if hi_mode != -lo_mode:
+            raise ValidationError(f"{where} {self._steps}: some ranks are in train() mode, others in eval(); every "
+                                  "rank must switch together")
+        return tensors
+
+    def _check_shapes(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        """Subclasses refuse shapes they cannot run (before the ranks agree)."""
+
+    def _failed(self, error: BaseException) -> BaseException:
+        """A step failed after the ranks agreed: unless every rank failed the same way (a
+        collective error reaches them all; Ctrl-C reaches every process torchrun started), this
+        rank leaves the others waiting in collectives, so it aborts its groups (they fail at once)
+        and the engine is broken. Returns what to raise."""
+        if self._broken is None:
+            first = str(error).splitlines()[0] if str(error) else ""
+            self._broken = f"step {self._steps} failed on rank {dist.get_rank()} ({type(error).__name__}: {first})"
+        if not isinstance(error, Exception):
+            return error
+        if is_collective_failure(error):
+            return collective_error(error, dist.get_rank(), self._steps)
+        _abort(self._process_groups())
+        return error
+
+    def _process_groups(self) -> list:
+        return [self._control]
+
+
+def _control_group():
+    """The group the ranks agree on: the world's, or a Gloo one beside NCCL (no device sync)."""
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    return dist.new_group(backend="gloo")
+
+
+def _abort(groups: list) -> None:
+    for group in groups:
+        try:
+            pg = group if group is not None else dist.group.WORLD
+            if hasattr(pg, "abort"):
+                pg.abort()
+        except Exception:  # noqa: BLE001 - aborting on the way out; the original error is what matters
+            pass

@@ -1,0 +1,343 @@
+"""Lowering a rank program (csrc/transform/spmd_rewrite.h) into a torch.fx.GraphModule.
+
+Each IR node becomes the ATen call it was captured from, on local shapes: its operands
+resharded as the program says (``self.reshard(x, forward_steps, backward_steps)``), shape
+arguments made local, a vocabulary-parallel lookup as ``self.vocab_lookup``, and a loss whose
+mean the data counts (``counted``) run as a sum times shares / G, G an input of the module.
+"""
+from __future__ import annotations
+
+import operator
+import re
+from typing import Any
+
+import torch
+import torch.fx
+
+from .. import _C
+from .._C import ValidationError
+from .._fx_import import _schema_args
+from .._logging import get_logger
+from ..materialize import local_index, local_tensor, take
+from .mesh import _Mesh
+from .reshard import Reshard
+
+log = get_logger("shardwise.engine")
+
+
+class VocabLookup(torch.nn.Module):
+    """A lookup split over its table's rows (the vocabulary-parallel embedding): each rank
+    looks up the ids in its rows [start, stop), zero elsewhere; the sum over ranks is the
+    lookup (the program all-reduces or reduce-scatters it where a reader needs)."""
+
+    def forward(self, table, ids, start: int, stop: int, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+                sparse: bool = False):
+        inside = (ids >= start) & (ids < stop)
+        local = torch.where(inside, ids - start, torch.zeros_like(ids))
+        pad = padding_idx - start if start <= padding_idx < stop else -1
+        out = torch.ops.aten.embedding.default(table, local, pad, scale_grad_by_freq, sparse)
+        return out * inside.unsqueeze(-1).to(out.dtype)
+
+
+# ---- random ops: drawn as one device draws them ---------------------------------------------
+# A seeded random op on a shard would draw its own, smaller mask: not one device's. Every rank
+# instead draws the mask of the whole operand, from the generator state one device has at that
+# point (every rank runs the same seeded ops in the same order on the same global shapes), and
+# keeps its block. A dropout's mask is the op run on ones (its output is then the scaled mask,
+# the values one device multiplies by); a *_like op's values do not depend on its operand. Any
+# other seeded op on sharded operands runs whole (_rank_program).
+_MASKS = {torch.ops.aten.dropout.default, torch.ops.aten.feature_dropout.default}
+_LIKE = {torch.ops.aten.rand_like.default, torch.ops.aten.randn_like.default}
+
+
+def _draws(src: torch.fx.Node) -> bool:
+    """Does the node draw random numbers? (a dropout with p = 0 or in eval mode does not)"""
+    target = src.target
+    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    args = dict(_schema_args(src))
+    return not (args.get("p") == 0 or args.get("dropout_p") == 0 or args.get("train") is False)
+
+
+class OneDeviceRandom(torch.nn.Module):
+    """``self.one_device_random(x, op, args, kwargs, shape, index)``: `op` (a dropout or a
+    *_like op) on this rank's block `x` of a tensor of `shape`, drawn as one device draws it."""
+
+    def forward(self, x, op: str, args, kwargs, shape, index):
+        op = _BY_NAME[op]
+        drawn = op(torch.ones(shape, dtype=x.dtype, device=x.device), *args, **kwargs)
+        block = take(drawn, tuple(torch.tensor(i, dtype=torch.long) if isinstance(i, tuple) else i for i in index))
+        return x * block if op in _MASKS else block
+
+
+_BY_NAME = {str(op): op for op in _MASKS | _LIKE}
+
+
+def _whole_index(placement: list[str]) -> list[str]:
+    """A placement's Partial entries as Replicate: the block a rank holds of a Partial value is whole."""
+    return ["R" if p.startswith("P") else p for p in placement]
+
+
+# ---- lowering one IR node back to its ATen call --------------------------------------------
+def _substitute(value: Any, operands) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return next(operands)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value):
+        return type(value)(next(operands) if isinstance(v, torch.fx.Node) else v for v in value)
+    return value
+
+
+def _matches_shape(value: Any, shape: list[int]) -> bool:
+    return (isinstance(value, (list, tuple)) and len(value) == len(shape) and len(shape) > 0
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and all(v == s or v == -1 for v, s in zip(value, shape)))
+
+
+def _call_parts(src: torch.fx.Node, operands: list, local_out: list[list[int]], global_out: list[list[int]]):
+    """(args, kwargs) of the source node's call with the operands substituted in schema
+    order (the IR's input order) and shape arguments made local: a size list equal to the
+    output's whole shape (view, reshape, expand, new_zeros: -1 allowed) becomes the local
+    shape; split sizes become the local outputs' sizes along the split dim."""
+    it = iter(operands)
+    target = src.target
+    if isinstance(target, torch._ops.OpOverload):
+        schema = target._schema
+        args, kwargs = [], {}
+        names = {a.name: a for a in schema.arguments}
+        items = _schema_args(src)
+        for name, value in items:
+            value = _substitute(value, it)
+            if names[name].kwarg_only:
+                kwargs[name] = value
+            else:
+                args.append(value)
+        named = dict(items)
+    else:
+        args = [_substitute(a, it) for a in src.args]
+        kwargs = {k: _substitute(v, it) for k, v in src.kwargs.items()}
+        items, named = [], {}
+    if local_out and local_out != global_out:
+        g0, l0 = global_out[0], local_out[0]
+
+        def fix(value):
+            return list(l0) if l0 != g0 and _matches_shape(value, g0) else value
+
+        args = [fix(a) for a in args]
+        kwargs = {k: fix(v) for k, v in kwargs.items()}
+        if len(local_out) > 1 and "dim" in named:
+            dim = named["dim"] % len(l0)
+            for key in ("split_size", "split_sizes"):
+                position = next((i for i, (n, _) in enumerate(items) if n == key), None)
+                if position is None:
+                    continue
+                sizes = [o[dim] for o in local_out]
+                new = sizes[0] if key == "split_size" else sizes
+                if key in kwargs:
+                    kwargs[key] = new
+                else:
+                    args[position] = new
+    return args, kwargs
+
+
+def _tensor_outputs(result: Any, indices: list[int] | None) -> list[torch.Tensor]:
+    return [result] if indices is None else [result[i] for i in indices]
+
+
+def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
+    *path, last = qualified.split(".")
+    module = root
+    for part in path:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    if isinstance(value, torch.nn.Parameter):
+        module.register_parameter(last, value)
+    else:
+        module.register_buffer(last, value)
+
+
+def _meta_check(src: torch.fx.Node, node: dict, indices) -> bool:
+    """Does the local call give the local output shapes? (run on meta tensors)"""
+    whole_operands = [arg.meta["val"] for arg in _operand_nodes(src)]
+    local_out = [o["local_shape"] for o in node["outputs"]]
+    global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
+    if all(op["local_shape"] == list(val.shape) for op, val in zip(node["inputs"], whole_operands)) \
+            and local_out == global_out:
+        return True  # nothing local about it
+    operands = [torch.empty(op["local_shape"], dtype=val.dtype, device="meta")
+                for op, val in zip(node["inputs"], whole_operands)]
+    args, kwargs = _call_parts(src, operands, local_out, global_out)
+    meta = torch.device("meta")  # a device argument (to(device=cpu)) would leave the meta device
+    args = [meta if isinstance(a, torch.device) else a for a in args]
+    kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in kwargs.items()}
+    try:
+        result = src.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - any failure means: run it whole
+        return False
+    got = [list(t.shape) for t in _tensor_outputs(result, indices)]
+    return got == local_out
+
+
+def _operand_nodes(src: torch.fx.Node) -> list[torch.fx.Node]:
+    """The FX nodes of the source call's tensor operands, in the IR's input order."""
+    out = []
+    items = _schema_args(src) if isinstance(src.target, torch._ops.OpOverload) else \
+        [(f"arg{i}", a) for i, a in enumerate(src.args)] + list(src.kwargs.items())
+    for _, value in items:
+        if isinstance(value, torch.fx.Node):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            out.extend(v for v in value if isinstance(v, torch.fx.Node))
+    return out
+
+
+def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dict[str, torch.Tensor],
+                  input_names: list[str], trainable: set[str], *, nodes: list[dict] | None = None,
+                  outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
+                  class_name: str | None = None, micro_batches: int = 1) -> torch.fx.GraphModule:
+    """The GraphModule of `program`'s nodes (or the subset `nodes`, a pipeline stage) taking
+    `input_names` as arguments and returning `outputs` (default: the program's outputs, each
+    {"value", "forward", "backward"}). Leaves the nodes read become the module's parameters
+    and buffers: this rank's shards of `tensors`, or the objects in `parameters` (created and
+    recorded there when missing: stages on one rank share a tied weight).
+
+    A counted loss (the node's "counted": a mean over the targets the data counts) whose rows
+    are split, over mesh axes or into `micro_batches`, runs as its sum times shares x
+    micro_batches / G: the module takes one more argument per such node, after the inputs, G
+    the count of its targets over the whole global batch (runtime/counted.py computes it), and
+    lists those nodes in ``module.counted`` in that order."""
+    graph = torch.fx.Graph()
+    root = torch.nn.Module()
+    if mesh is not None:
+        root.reshard = Reshard(mesh)
+    root.vocab_lookup = VocabLookup()
+    root.one_device_random = OneDeviceRandom()
+    env: dict[str, torch.fx.Node] = {}
+    leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
+    nodes = program["nodes"] if nodes is None else nodes
+    outputs = program["outputs"] if outputs is None else outputs
+    parameters = {} if parameters is None else parameters
+    sizes, rank = (mesh.sizes, mesh.rank) if mesh is not None else ([1] * len(program["mesh"]), 0)
+    for name in input_names:
+        env[name] = graph.placeholder(re.sub(r"\W", "_", name))
+    counted = [n for n in nodes if n.get("counted") and n["counted"]["shares"] * micro_batches > 1]
+    counts = {n["outputs"][0]["value"]: graph.placeholder("count_" + re.sub(r"\W", "_", n["outputs"][0]["value"]))
+              for n in counted}
+    needed = [op["value"] for node in nodes for op in node["inputs"]]
+    for name in dict.fromkeys(needed):
+        if name in env or name not in leaves:
+            continue
+        if name not in parameters:
+            if name not in tensors:
+                raise ValidationError(f"parallelize: the program needs '{name}', which the model does not have")
+            shard = local_tensor(tensors[name].detach(), leaves[name]["placement"], sizes, rank)
+            parameters[name] = torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard
+        _set_attr(root, name, parameters[name])
+        env[name] = graph.get_attr(name)
+    # Readers that want a value the same way share one reshard (q, k and v read one gathered
+    # norm output): its backward then runs once, on the sum of their gradients (every step is
+    # linear). The search's evaluation counts it once too (sharding_model.cc).
+    reshards: dict[tuple, torch.fx.Node] = {}
+    for node in nodes:
+        first = node["outputs"][0]["value"]
+        src, indices = sources[first]
+        operands = []
+        for op in node["inputs"]:
+            value = env[op["value"]]
+            fwd = tuple(s["text"] for s in op["forward"])
+            bwd = tuple(s["text"] for s in op["backward"])
+            if fwd or bwd:
+                key = (op["value"], fwd, bwd)
+                if key not in reshards:
+                    reshards[key] = graph.call_module("reshard", (value, fwd, bwd))
+                value = reshards[key]
+            operands.append(value)
+        local_out = [o["local_shape"] for o in node["outputs"]]
+        global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
+        if node["mode"] == "lookup":
+            table = node["inputs"][0]
+            runs = _C.local_shard(list(src.args[0].meta["val"].shape), table["required"], sizes, rank)["dims"][0]
+            _, _, padding_idx, scale, sparse = [v for _, v in _schema_args(src)]
+            call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
+                                                      scale, sparse))
+        elif src.target in _MASKS | _LIKE and _draws(src) and node["inputs"][0]["local_shape"] != list(
+                src.args[0].meta["val"].shape) or (src.target in _MASKS and _draws(src) and any(
+                    p.startswith("P") for p in node["inputs"][0]["required"])):
+            args, kwargs = _call_parts(src, operands, local_out, global_out)
+            index = local_index(tuple(src.args[0].meta["val"].shape), _whole_index(node["inputs"][0]["required"]),
+                                sizes, rank)
+            index = tuple(tuple(i.tolist()) if isinstance(i, torch.Tensor) else i for i in index)
+            call = graph.call_module("one_device_random", (args[0], str(src.target), tuple(args[1:]), kwargs,
+                                                           tuple(src.args[0].meta["val"].shape), index))
+        else:
+            args, kwargs = _call_parts(src, operands, local_out, global_out)
+            if first in counts:  # the sum over this rank's rows, times its share of the whole count
+                args, kwargs = _with_argument(src, args, kwargs, "reduction", 2)
+            call = graph.call_function(src.target, tuple(args), kwargs)
+            if first in counts:
+                shares = node["counted"]["shares"] * micro_batches
+                call = graph.call_function(operator.truediv, (graph.call_function(operator.mul, (call, float(shares))),
+                                                              counts[first]))
+        if indices is None:
+            env[first] = call
+        else:
+            for out, i in zip(node["outputs"], indices):
+                env[out["value"]] = graph.call_function(operator.getitem, (call, i))
+        for out in node["outputs"]:
+            if out.get("scale", 1.0) != 1.0:  # a mean over this rank's uneven share of the batch
+                env[out["value"]] = graph.call_function(operator.mul, (env[out["value"]], out["scale"]))
+    results = []
+    for out in outputs:
+        value = env[out["value"]]
+        fwd = tuple(s["text"] for s in out.get("forward", ()))
+        bwd = tuple(s["text"] for s in out.get("backward", ()))
+        results.append(graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value)
+    graph.output(tuple(results))
+    module = torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{rank}Program")
+    module.counted = [n["outputs"][0]["value"] for n in counted]
+    return module
+
+
+def _with_argument(src: torch.fx.Node, args: list, kwargs: dict, name: str, value: Any) -> tuple[list, dict]:
+    """The call's (args, kwargs) with the schema argument `name` set to `value`."""
+    names = [a.name for a in src.target._schema.arguments]
+    position = names.index(name)
+    if position < len(args):
+        args = list(args)
+        args[position] = value
+    else:
+        kwargs = {**kwargs, name: value}
+    return args, kwargs
+
+
+def _random_on_shards(src: torch.fx.Node, node: dict) -> bool:
+    """A random op whose draws the lowering cannot make one device's on these operands (a
+    Partial operand of a *_like op, or any other seeded op on sharded operands): run it whole."""
+    if not _draws(src):
+        return False
+    partial = any(p.startswith("P") for op in node["inputs"] for p in op["required"])
+    sharded = any(op["local_shape"] != list(v.meta["val"].shape) for op, v in zip(node["inputs"], _operand_nodes(src)))
+    if src.target in _MASKS:
+        return False
+    if src.target in _LIKE:
+        return partial
+    return partial or sharded
+
+
+def _rank_program(graph, builder, plan_json: str, rank: int) -> tuple[dict, list[str]]:
+    """The core's program for `rank` (of the plan's mesh); nodes whose local call fails its
+    shape check on meta tensors are asked to run whole. Returns it and the nodes run whole."""
+    program = _C.rank_program(graph._core, plan_json, rank)
+    whole = []
+    for n in program["nodes"]:
+        src, indices = builder.sources[n["outputs"][0]["value"]]
+        if n["mode"] == "local" and (not _meta_check(src, n, indices) or _random_on_shards(src, n)):
+            whole.append(n["outputs"][0]["value"])
+    if whole:
+        program = _C.rank_program(graph._core, plan_json, rank, whole)
+    whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
+    if whole:
+        log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),
+                 ", ".join(whole[:8]) + (" ..." if len(whole) > 8 else ""))
+    return program, whole
+
