@@ -130,7 +130,7 @@ void bind_transform(py::module_& m) {
   m.def(
       "rank_program",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
-         const std::vector<std::string>& lookup_ops) {
+         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes) {
         plan::Plan p;
         if (plan_json.empty()) {
           // Every value replicated on a one-rank mesh: the whole graph, as one device runs it
@@ -148,7 +148,7 @@ void bind_transform(py::module_& m) {
           // The plan's strategies name sizes at its global batch; a graph captured at another
           // batch would fail later on some node with a message about that node's sizes.
           const std::int64_t captured = analysis::input_batch(graph);
-          if (captured > 0 && p.global_batch > 0 && captured != p.global_batch)
+          if (!adapt_to_shapes && captured > 0 && p.global_batch > 0 && captured != p.global_batch)
             throw support::ValidationError(
                 "rank_program: the graph was captured at batch " + std::to_string(captured) +
                 " but the plan is for global batch " + std::to_string(p.global_batch) +
@@ -158,6 +158,7 @@ void bind_transform(py::module_& m) {
         transform::RewriteOptions options;
         options.whole_nodes = {whole_nodes.begin(), whole_nodes.end()};
         options.lookup_ops = {lookup_ops.begin(), lookup_ops.end()};
+        options.adapt_to_shapes = adapt_to_shapes;
         transform::RankProgram program = transform::rank_program(graph, *p.sharding, rank, options);
         py::list leaves, nodes, outputs;
         for (const auto& l : program.leaves) {
@@ -208,7 +209,7 @@ void bind_transform(py::module_& m) {
         return out;
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
-      py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"},
+      py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"}, py::arg("adapt_to_shapes") = false,
       "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated.");
 }
 

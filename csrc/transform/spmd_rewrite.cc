@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 
@@ -114,7 +115,8 @@ std::string_view node_mode_name(NodeMode mode) {
   return "?";
 }
 
-std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, const plan::Sharding& sharding) {
+std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, const plan::Sharding& sharding,
+                                                      bool adapt_to_shapes) {
   const std::size_t axes = sharding.mesh.size();
   std::vector<std::vector<Strategy>> out;
   for (const ir::Node& node : graph.nodes()) {
@@ -127,9 +129,17 @@ std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, co
     // Pass 1 on the whole rule (a split legal on local sizes is legal on whole ones); pass 2
     // on the rule as the other axes' splits leave it, as the search enumerated it: a strided
     // shard's groups count what those splits left.
+    // Adapting to other shapes: a strategy that does not split these sizes replicates.
+    auto resolve = [&](const std::optional<ops::DimRule>& r, std::size_t a) {
+      try {
+        return strategy_from_text(graph, node, r, text[a], static_cast<int>(a), sharding.mesh[a]);
+      } catch (const ValidationError&) {
+        if (!adapt_to_shapes) throw;
+        return replicate_of(node);
+      }
+    };
     std::vector<Strategy> first;
-    for (std::size_t a = 0; a < axes; ++a)
-      first.push_back(strategy_from_text(graph, node, rule, text[a], static_cast<int>(a), sharding.mesh[a]));
+    for (std::size_t a = 0; a < axes; ++a) first.push_back(resolve(rule, a));
     if (axes == 1 || !rule) {
       out.push_back(std::move(first));
       continue;
@@ -139,7 +149,7 @@ std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, co
       ops::DimRule local = *rule;
       for (std::size_t b = 0; b < axes; ++b)
         if (b != a && !first[b].partial && first[b].index >= 0) local = search::local_rule(local, first[b], sharding.mesh[b]);
-      second.push_back(strategy_from_text(graph, node, local, text[a], static_cast<int>(a), sharding.mesh[a]));
+      second.push_back(first[a].index < 0 && !first[a].partial ? first[a] : resolve(local, a));
     }
     out.push_back(std::move(second));
   }
@@ -154,7 +164,7 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
   for (int size : sharding.mesh) world *= size;
   if (rank < 0 || rank >= world)
     throw ValidationError(fmt::format("rewrite: rank {} outside the plan's mesh of {} ranks", rank, world));
-  const auto strategies = resolve_strategies(graph, sharding);
+  const auto strategies = resolve_strategies(graph, sharding, options.adapt_to_shapes);
   const auto& nodes = graph.nodes();
   const auto& values = graph.values();
 
@@ -171,6 +181,18 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       std::vector<Placement> spec;
       for (const auto& text : plan_entry(sharding.placements, v.name, "placement", axes))
         spec.push_back(search::parse_placement(text));
+      // Adapting to other shapes: an input whose placement does not divide its shape is
+      // replicated on the axes that fail, outermost first.
+      while (options.adapt_to_shapes && v.role == ir::ValueRole::Input) {
+        try {
+          local_shard(v.type.shape, texts(spec), sharding.mesh, rank);
+          break;
+        } catch (const ValidationError&) {
+          auto shard = std::find_if(spec.begin(), spec.end(), [](const Placement& p) { return p.is_shard(); });
+          if (shard == spec.end()) throw;
+          *shard = Placement::replicate();
+        }
+      }
       produced[static_cast<std::size_t>(v.id)] = spec;
     }
   // Heterogeneous plans: the inputs' uneven batch shares, per axis, given to every Shard of

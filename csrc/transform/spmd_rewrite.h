@@ -64,6 +64,11 @@ std::string_view node_mode_name(NodeMode mode);  // "local", "lookup", "whole"
 struct RewriteOptions {
   std::set<std::string> lookup_ops = {"aten::embedding"};
   std::set<std::string> whole_nodes;  // by the name of the node's first output
+  // The plan was made for other batch shapes (the last, shorter batch; another sequence
+  // length): a node whose strategy does not split its sizes here is replicated on that axis,
+  // and an input whose placement does not divide its shape is replicated there. Parameters
+  // keep their placements, so the engine's shards serve this program too.
+  bool adapt_to_shapes = false;
 };
 
 // One operand of a node (or a graph output): where its value arrives from and what it needs.
@@ -128,7 +133,8 @@ class RewriteBuilder {
 };
 
 // The strategies of a sharding, [node][axis] (nodes without outputs: replicated).
-std::vector<std::vector<search::Strategy>> resolve_strategies(const ir::Graph& graph, const plan::Sharding& sharding);
+std::vector<std::vector<search::Strategy>> resolve_strategies(const ir::Graph& graph, const plan::Sharding& sharding,
+                                                              bool adapt_to_shapes = false);
 
 void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int rank, const RewriteOptions& options,
                   RewriteBuilder& builder);

@@ -104,6 +104,7 @@ class _Program:
     whole: list[str]
     placements: list  # per input, in the binding's order
     counter: Counter
+    buckets: _GradientBuckets | None = None  # the reduction of gradients it leaves Partial
 
 
 class Engine(EngineBase):
@@ -124,12 +125,11 @@ class Engine(EngineBase):
         self._cluster, self._level, self._static = cluster, level, static
         self._programs = {(True, shapes): first}
         self._first = first
+        self._carry_buckets = None  # the buckets of the program that made the no_sync gradients
         self._leaves = {leaf["value"]: leaf for leaf in first.program["leaves"]}
         self._model_names = {id(p): n for n, p in model.named_parameters()}
         self._params = {n: p for n, p in parameters.items() if isinstance(p, torch.nn.Parameter)}
-        self._reduce = [(name, tuple(self._leaves[name]["reduce_axes"])) for name in self._params
-                        if self._leaves[name]["reduce_axes"]]
-        self._buckets = _GradientBuckets([(self._params[n], axes) for n, axes in self._reduce], mesh.groups)
+        first.buckets = self._buckets_of(first.program)
         world = 1
         for size in mesh.sizes:
             world *= size
@@ -171,6 +171,14 @@ class Engine(EngineBase):
                 out[name] = self._mesh.axes_group(axes)
         return out
 
+    def _buckets_of(self, program: dict) -> _GradientBuckets | None:
+        """Gradient buckets of the parameters `program` leaves Partial (a program for another
+        shape may reduce over other axes: a node replicated there gives a whole gradient)."""
+        leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
+        reduce = [(self._params[n], tuple(leaves[n]["reduce_axes"])) for n in self._params
+                  if n in leaves and leaves[n]["reduce_axes"]]
+        return _GradientBuckets(reduce, self._mesh.groups) if reduce else None
+
     def _process_groups(self) -> list:
         return [self._control, *self._mesh.groups]
 
@@ -198,18 +206,23 @@ class Engine(EngineBase):
         counts = program.counter(tensors)
         if training is None:
             return program.module(*local, *counts)[0]
-        reduce = self._syncing and bool(self._reduce)
-        if reduce:
-            self._buckets.start(carry)
+        buckets = program.buckets if self._syncing else None
+        if carry and buckets is not self._carry_buckets and self._carry_buckets is not None:
+            raise ValidationError("train_step: gradients held back under no_sync() were made by a program that "
+                                  "reduces them over other mesh axes than this batch's program; step the "
+                                  "optimizer between batches of different shapes")
+        if buckets is not None:
+            buckets.start(carry)
         try:
             loss = program.module(*local, *counts)[0]
             loss.backward()
-            if reduce:
-                self._buckets.finish()
+            if buckets is not None:
+                buckets.finish()
         except BaseException:
-            if reduce:
-                self._buckets.abandon()
+            if buckets is not None:
+                buckets.abandon()
             raise
+        self._carry_buckets = None if self._syncing else program.buckets
         return loss.detach()
 
     def _program_for(self, training: bool, tensors: dict[str, torch.Tensor]) -> _Program:
@@ -235,16 +248,22 @@ class Engine(EngineBase):
         doc.pop("predicted", None)
         plan = Plan.from_json(json.dumps(doc))
         rank = self._mesh.rank
+        shapes = [list(t.shape) for t in tensors.values()]
         try:
             program, whole = _rank_program(graph, builder, plan.to_json(), rank)
         except ValidationError as e:
-            log.info("rank %d: the plan's sharding does not fit the %s program at batch shapes %s (%s); searching "
-                     "its mesh again", rank, "training" if training else "eval", [list(t.shape) for t in
-                                                                                  tensors.values()], e)
-            plan = Plan.search(graph, self._cluster, global_batch=batch, level=self._level,
-                               mesh=tuple(self._mesh.sizes), memory_fraction=_MEMORY_FRACTION)
-            _check_same_plan(plan, dist.get_rank())
-            program, whole = _rank_program(graph, builder, plan.to_json(), rank)
+            # Nodes whose splits these sizes do not allow (3 rows on 2 data ranks) run replicated
+            # on that axis; the parameters keep their placements.
+            log.info("rank %d: the plan's sharding does not split the %s program at batch shapes %s (%s); the nodes "
+                     "it cannot split run replicated", rank, "training" if training else "eval", shapes, e)
+            try:
+                program, whole = _rank_program(graph, builder, plan.to_json(), rank, adapt_to_shapes=True)
+            except ValidationError as again:  # not a shape matter (another graph): search the mesh again
+                log.info("rank %d: %s; searching the mesh again", rank, again)
+                plan = Plan.search(graph, self._cluster, global_batch=batch, level=self._level,
+                                   mesh=tuple(self._mesh.sizes), memory_fraction=_MEMORY_FRACTION)
+                _check_same_plan(plan, dist.get_rank())
+                program, whole = _rank_program(graph, builder, plan.to_json(), rank)
         leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
         for name, leaf in leaves.items():
             if name in self._leaves and name in self._parameters and leaf["placement"] != self._leaves[name][
@@ -253,9 +272,6 @@ class Engine(EngineBase):
                                       f"{[list(t.shape) for t in tensors.values()]} places '{name}' "
                                       f"{leaf['placement']}, the engine holds it {self._leaves[name]['placement']}; "
                                       "parallelize with static=True and a batch of this shape, or pad the batch")
-            if name in self._params and leaf["reduce_axes"] != self._leaves[name]["reduce_axes"]:
-                raise ValidationError(f"train_step: the new program reduces '{name}' over other axes "
-                                      f"({leaf['reduce_axes']} against {self._leaves[name]['reduce_axes']})")
         names = self._binding.names
         module = _build_module(program, builder.sources, self._mesh, self._tensors, names, self._trainable,
                                parameters=self._parameters)
@@ -263,7 +279,8 @@ class Engine(EngineBase):
         log.info("rank %d: a %s program for batch shapes %s (%d nodes, %d whole)", rank,
                  "training" if training else "eval", [list(t.shape) for t in tensors.values()],
                  len(program["nodes"]), len(whole))
-        return _Program(module, program, plan, whole, [leaves[n]["placement"] for n in names], counter)
+        return _Program(module, program, plan, whole, [leaves[n]["placement"] for n in names], counter,
+                        self._buckets_of(program))
 
     # ---- state ------------------------------------------------------------------------------------
     def _checkpoint_state(self):

@@ -167,6 +167,35 @@ def _scenario_unverified_capture(rank, world):
     return {"error": None}
 
 
+def _scenario_shapes(rank, world, mesh):
+    """Batches of other shapes: the last, shorter one (3 rows on 2 data ranks) and another
+    sequence length, each captured again under the engine's sharding."""
+    model, reference = _qwen2(), _qwen2()
+    batch = _batch()
+    graph = shardwise.capture(_qwen2(), batch)
+    cluster = tight_cluster(graph, world, 4, mesh) if mesh[1] > 1 else shardwise.Cluster.preset("cpu", world)
+    engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster)
+    opt = engine.optimizer(torch.optim.SGD, lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    losses, ref_losses = [], []
+    for b in (batch, {k: v[:3] for k, v in batch.items()}, _batch(4, 12), batch):
+        losses.append(float(engine.train_step(**b)))
+        opt.step()
+        opt.zero_grad()
+        loss = reference(**b).loss
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(float(loss))
+    static = shardwise.parallelize(_qwen2(), batch, mesh=mesh, cluster=cluster, static=True)
+    try:
+        static.train_step(**_batch(4, 12))
+        refused = None
+    except shardwise.ValidationError as e:
+        refused = str(e)
+    return {"losses": losses, "ref": ref_losses, "programs": len(engine._programs), "refused": refused}
+
+
 def _scenario_positional_labels(rank, world, mesh):
     model = _qwen2()
     batch = _batch()
@@ -257,3 +286,11 @@ def test_a_capture_that_drops_a_write_is_refused_before_training():
     # eager model. With capture's writes dropped (as before the fix), it names what differs.
     r = _spawn(1, "unverified_capture")
     assert r["error"] and "captured program" in r["error"], r
+
+
+@pytest.mark.parametrize("mesh", [(2, 1), (1, 2)])
+def test_batches_of_other_shapes_are_captured_again_or_refused_under_static(mesh):
+    r = _spawn(2, "shapes", mesh)
+    assert max(abs(a - b) / b for a, b in zip(r["losses"], r["ref"])) < 1e-6, r
+    assert r["programs"] == 3, r  # the first batch's shapes came back: its program ran again
+    assert r["refused"] and "static=True" in r["refused"], r

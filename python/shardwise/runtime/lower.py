@@ -324,17 +324,18 @@ def _random_on_shards(src: torch.fx.Node, node: dict) -> bool:
     return partial or sharded
 
 
-def _rank_program(graph, builder, plan_json: str, rank: int) -> tuple[dict, list[str]]:
+def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bool = False) -> tuple[dict, list[str]]:
     """The core's program for `rank` (of the plan's mesh); nodes whose local call fails its
-    shape check on meta tensors are asked to run whole. Returns it and the nodes run whole."""
-    program = _C.rank_program(graph._core, plan_json, rank)
+    shape check on meta tensors are asked to run whole. Returns it and the nodes run whole.
+    `adapt_to_shapes`: the plan was made at other batch shapes (spmd_rewrite.h)."""
+    program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes)
     whole = []
     for n in program["nodes"]:
         src, indices = builder.sources[n["outputs"][0]["value"]]
         if n["mode"] == "local" and (not _meta_check(src, n, indices) or _random_on_shards(src, n)):
             whole.append(n["outputs"][0]["value"])
     if whole:
-        program = _C.rank_program(graph._core, plan_json, rank, whole)
+        program = _C.rank_program(graph._core, plan_json, rank, whole, adapt_to_shapes=adapt_to_shapes)
     whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
     if whole:
         log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),
