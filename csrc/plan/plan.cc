@@ -219,13 +219,14 @@ json sharding_to_json(const Sharding& sharding) {
               {"strategies", sharding.strategies},
               {"zero", sharding.zero},
               {"recompute", sharding.recompute},
-              {"leaves", sharding.leaves}};
+              {"leaves", sharding.leaves},
+              {"inputs", sharding.inputs}};
 }
 
 Sharding sharding_from_json(const json& in) {
   if (!in.is_object()) throw ParseError("plan.sharding: expected an object");
   static const std::set<std::string> known = {"mesh",       "axis_names", "level",    "placements",
-                                              "strategies", "zero",       "recompute",  "leaves"};
+                                              "strategies", "zero",       "recompute",  "leaves", "inputs"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.sharding.{}: unknown key", key));
   Sharding out;
@@ -238,6 +239,7 @@ Sharding sharding_from_json(const json& in) {
   if (in.contains("zero")) out.zero = field<std::map<std::string, std::vector<int>>>(in, "zero");
   if (in.contains("recompute")) out.recompute = field<bool>(in, "recompute");
   if (in.contains("leaves")) out.leaves = field<std::vector<std::string>>(in, "leaves");
+  if (in.contains("inputs")) out.inputs = field<std::vector<std::string>>(in, "inputs");
   return out;
 }
 

@@ -85,6 +85,9 @@ struct CollectiveRecord {
 //  - recompute: the repeated blocks are recomputed in backward.
 //  - leaves: the names of the graph's parameters, buffers and inputs (the values no node
 //    produces), in graph order: what a rank materialises or loads itself.
+//  - inputs: the model inputs the plan was made for (the graph's input values: a forward
+//    argument's name, a tuple argument's items name_0, name_1, ...), in graph order; the
+//    runtime refuses a batch that brings others, naming both.
 // A sharded plan runs its global batch as one micro-batch over the mesh: micro_batch =
 // global_batch, and the per-rank shares of the batch are in the inputs' placements.
 struct Sharding {
@@ -96,6 +99,7 @@ struct Sharding {
   std::map<std::string, std::vector<int>> zero;
   bool recompute = false;
   std::vector<std::string> leaves;
+  std::vector<std::string> inputs;
 
   friend bool operator==(const Sharding&, const Sharding&) = default;
 };

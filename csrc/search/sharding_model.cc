@@ -840,6 +840,7 @@ plan::Sharding ShardingModel::sharding(std::string level) const {
     out.placements[v.name] = std::move(per_axis);
     if (!is_leaf(v)) continue;
     out.leaves.push_back(v.name);
+    if (v.role == ir::ValueRole::Input) out.inputs.push_back(v.name);
     std::vector<int> zero;
     for (std::size_t a = 0; a < axes; ++a)
       if (leaf_choice_[a][static_cast<std::size_t>(v.id)].zero) zero.push_back(static_cast<int>(a));

@@ -211,8 +211,8 @@ def _state_tensor(key: str, value: torch.Tensor, param: _Held) -> _Held:
 
 
 def _hyperparameters(optimizer) -> list[dict]:
-    groups = [{k: v for k, v in g.items() if k != "params"} for outer, _ in _optimizer_parts(optimizer)
-              for g in outer.param_groups]
+    groups = [{k: v for k, v in g.items() if k not in ("params", "param_names")}
+              for outer, _ in _optimizer_parts(optimizer) for g in outer.param_groups]
     if groups and all(_same(g, groups[0]) for g in groups):
         return groups[:1]  # one set for every group, whatever the plan split them into
     return groups

@@ -62,6 +62,7 @@ from .runtime.grad_norm import plain
 from .runtime.lower import _build_module, _rank_program
 from .runtime.mesh import _Mesh
 from .runtime.reshard import gather_whole
+from .runtime.precision import Policy, cast_input, cast_inputs, compute_copy, policy_of
 from .runtime.verify import should_verify, verify_capture
 
 log = get_logger("shardwise.engine")
@@ -95,6 +96,23 @@ class _Trainable(torch.nn.Module):
 
 
 @dataclass
+class _Options:
+    """What parallelize was asked beyond the model and plan (engines keep it for later programs)."""
+
+    cluster: Any = None
+    level: str = "fast"
+    verify: bool | str = "auto"
+    policy: Policy | None = None
+    static: bool = False
+
+
+def _compute_dtypes(wrapper: "_Trainable", builder, tensors: dict[str, torch.Tensor]) -> dict[str, torch.dtype]:
+    """The dtype the program computes each held tensor in, where it differs (mixed precision)."""
+    computed, _ = _model_tensors(wrapper.model, builder)
+    return {n: t.dtype for n, t in computed.items() if n in tensors and t.dtype != tensors[n].dtype}
+
+
+@dataclass
 class _Program:
     """One captured and lowered program of the engine: a (mode, batch shapes)."""
 
@@ -112,8 +130,9 @@ class Engine(EngineBase):
 
     def __init__(self, *, model: torch.nn.Module, wrapper: _Trainable, binding: BatchBinding, plan: Plan,
                  mesh: _Mesh, first: _Program, parameters: dict, tensors: dict, trainable: set[str], kept,
-                 cluster, level: str, static: bool, shapes: tuple):
-        super().__init__(binding)
+                 options: _Options, compute_dtypes: dict, shapes: tuple):
+        super().__init__(binding, options.policy)
+        self._compute_dtypes = compute_dtypes
         self._model = model
         self._wrapper = wrapper
         self.plan = plan
@@ -122,7 +141,7 @@ class Engine(EngineBase):
         self._tensors = tensors        # IR name -> the model's whole tensor (for programs built later)
         self._trainable = trainable
         self._kept = kept              # checkpoint.KeptState: the model's names, shapes, and what no rank holds
-        self._cluster, self._level, self._static = cluster, level, static
+        self._cluster, self._level, self._static = options.cluster, options.level, options.static
         self._programs = {(True, shapes): first}
         self._first = first
         self._carry_buckets = None  # the buckets of the program that made the no_sync gradients
@@ -177,7 +196,7 @@ class Engine(EngineBase):
         leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
         reduce = [(self._params[n], tuple(leaves[n]["reduce_axes"])) for n in self._params
                   if n in leaves and leaves[n]["reduce_axes"]]
-        return _GradientBuckets(reduce, self._mesh.groups) if reduce else None
+        return _GradientBuckets(reduce, self._mesh.groups, reduce_dtype=self._reduce_dtype()) if reduce else None
 
     def _process_groups(self) -> list:
         return [self._control, *self._mesh.groups]
@@ -238,7 +257,7 @@ class Engine(EngineBase):
         was = self._model.training
         self._model.train(training)
         try:
-            graph, builder = _capture_with_sources(self._wrapper, self._binding.last, "export", 0,
+            graph, builder = _capture_with_sources(self._wrapper, self._captured_arguments(), "export", 0,
                                                    prefix="model.model.")
         finally:
             self._model.train(was)
@@ -274,7 +293,7 @@ class Engine(EngineBase):
                                       "parallelize with static=True and a batch of this shape, or pad the batch")
         names = self._binding.names
         module = _build_module(program, builder.sources, self._mesh, self._tensors, names, self._trainable,
-                               parameters=self._parameters)
+                               parameters=self._parameters, compute_dtypes=self._compute_dtypes)
         counter = Counter.build(graph, builder, self._tensors, self._trainable, module.counted, names)
         log.info("rank %d: a %s program for batch shapes %s (%d nodes, %d whole)", rank,
                  "training" if training else "eval", [list(t.shape) for t in tensors.values()],
@@ -359,7 +378,8 @@ def _check_same_plan(plan: Plan, rank: int) -> None:
 
 def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Callable | None = None,
                 plan: Plan | None = None, cluster=None, *, level: str = "fast", mesh: tuple[int, int] | None = None,
-                example_kwargs: dict | None = None, static: bool = False, verify: bool | str = "auto"):
+                example_kwargs: dict | None = None, static: bool = False, verify: bool | str = "auto",
+                mixed_precision=None):
     """Rewrites `model` (with its loss) for this rank of the running torch.distributed job.
 
     ``example_inputs``: the global batch as the model takes it: a tensor, a tuple of positional
@@ -372,7 +392,10 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     ``level``, on the {data, tensor} ``mesh`` when given). ``static``: refuse batches of other
     shapes instead of capturing them again. ``verify``: run the captured program whole once
     against the eager model before anything else (runtime/verify.py; "auto": for models under
-    256 MiB of parameters, not on the meta device). Every rank must call this with the same arguments;
+    256 MiB of parameters, not on the meta device). ``mixed_precision``: FSDP2's
+    ``MixedPrecisionPolicy`` (or a dict of its fields): compute in ``param_dtype`` on master
+    weights of the model's dtype, reduce gradients in ``reduce_dtype`` (runtime/precision.py).
+    Every rank must call this with the same arguments;
     the plan's hash is checked across ranks before the first collective.
     """
     if not dist.is_initialized():
@@ -385,9 +408,12 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                               else (example_inputs,), {})
     kwargs.update(example_kwargs or {})
     binding, named = BatchBinding.capture(model, args, kwargs, loss_fn)
-    binding.last = named
     batch = [named_tensor for named_tensor in binding.bind(args, kwargs, "parallelize").values()]
-    wrapper = _Trainable(model, loss_fn)
+    policy = policy_of(mixed_precision)
+    named = map_tensors(named, lambda t: cast_input(t, policy))
+    batch = list(cast_inputs(dict(zip(binding.names, batch)), policy).values())
+    wrapper = _Trainable(compute_copy(model, policy), loss_fn)  # the model as the program computes it
+    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static)
 
     from .cluster import Cluster
 
@@ -396,13 +422,15 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     # A pipeline plan, or one that accumulates gradients over micro-batches (the joint
     # planner's pipeline 1 with m > 1): captured there, at one micro-batch, run by the schedule.
     if plan is not None and not plan.sharding and (plan.pipeline > 1 or plan.num_micro_batches() > 1):
-        return _parallelize_pipeline(wrapper, named, binding, plan, batch, model, cluster, level, verify)
+        return _parallelize_pipeline(wrapper, named, binding, plan, batch, model, options)
     graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
     _warn_unknown_ops(graph)
     input_names = binding.names
     tensors, trainable = _model_tensors(model, builder)
+    compute = _compute_dtypes(wrapper, builder, tensors)
     if should_verify(model, verify):
-        verify_capture(wrapper, named, graph, builder, tensors, trainable, input_names, dict(zip(input_names, batch)))
+        verify_capture(wrapper, named, graph, builder, tensors, trainable, input_names, dict(zip(input_names, batch)),
+                       compute)
     global_batch = int(batch[0].shape[0])
     if plan is None or not plan.sharding:
         if plan is not None:
@@ -417,7 +445,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
             joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
                                          memory_fraction=_MEMORY_FRACTION)
             if joint is not None:
-                return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, cluster, level, verify)
+                return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)
     sharding = plan.sharding
     size = 1
@@ -428,20 +456,27 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     if plan.global_batch != global_batch:
         raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch}, the example batch "
                               f"has {global_batch}")
+    made_for = sharding.get("inputs") or []
+    if made_for and sorted(made_for) != sorted(input_names):
+        raise ValidationError(f"parallelize: the plan was made for the inputs {made_for}, the batch brings "
+                              f"{input_names} (a plan records the model inputs it was searched with: pass the "
+                              "same ones, by the same names)")
     _check_same_plan(plan, rank)
     mesh = _Mesh(sharding["mesh"], rank)  # from here on, the rank's view of the plan's mesh
 
     program, whole = _rank_program(graph, builder, plan.to_json(), rank)
     parameters: dict[str, torch.Tensor] = {}
-    module = _build_module(program, builder.sources, mesh, tensors, input_names, trainable, parameters=parameters)
+    module = _build_module(program, builder.sources, mesh, tensors, input_names, trainable, parameters=parameters,
+                           compute_dtypes=compute)
     counter = Counter.build(graph, builder, tensors, trainable, module.counted, input_names)
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
     first = _Program(module, program, plan, whole, [leaves[n]["placement"] for n in input_names], counter)
     shapes = tuple(tuple(t.shape) for t in batch)
+    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static)
     return Engine(model=model, wrapper=wrapper, binding=binding, plan=plan, mesh=mesh, first=first,
                   parameters=parameters, tensors=tensors, trainable=trainable,
-                  kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}), cluster=cluster,
-                  level=level, static=static, shapes=shapes)
+                  kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}), options=options,
+                  compute_dtypes=compute, shapes=shapes)
 
 
 def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Tensor], set[str]]:
@@ -456,7 +491,7 @@ def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Ten
 
 
 def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBinding, plan: Plan, batch: list,
-                          model: torch.nn.Module, cluster=None, level: str = "fast", verify: bool | str = "auto"):
+                          model: torch.nn.Module, options: _Options):
     """A pipeline plan (Plan.manual with pipeline > 1, or pipeline 1 with several micro-batches:
     gradient accumulation on one stage): the graph captured at one micro-batch of the data
     axis (micro_batch x data rows), sharded over each stage's {data, tensor} sub-mesh by the
@@ -469,6 +504,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     from .pipeline import PipelineEngine, parse_actions, stage_program
 
     world, rank = dist.get_world_size(), dist.get_rank()
+    cluster, level = options.cluster, options.level
     p, v, d, t = plan.pipeline, plan.virtual_stages, plan.data, plan.tensor
     if p * d * t != world:
         raise ValidationError(f"parallelize: the plan has pipeline {p} x data {d} x tensor {t} = {p * d * t} ranks, "
@@ -484,9 +520,10 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")
     _warn_unknown_ops(graph)
     tensors, trainable = _model_tensors(model, builder)
-    if should_verify(model, verify):
+    compute = _compute_dtypes(wrapper, builder, tensors)
+    if should_verify(model, options.verify):
         verify_capture(wrapper, micro, graph, builder, tensors, trainable, binding.names,
-                       dict(zip(binding.names, (x.narrow(0, 0, rows) for x in batch))))
+                       dict(zip(binding.names, (x.narrow(0, 0, rows) for x in batch))), compute)
     size = d * t
     pipeline_rank, local = rank // size, rank % size
     sharded, mesh = None, None
@@ -503,7 +540,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
         mesh = _Mesh([d, t], local, pipeline=p)
     parameters: dict[str, torch.Tensor] = {}
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
-                          parameters, m)
+                          parameters, m, compute_dtypes=compute)
     shared = []
     for x in sorted(first.owners):  # every rank creates every group, in the same order
         if len(first.owners[x]) > 1:
@@ -522,4 +559,5 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                           micro_batch=rows, num_micro_batches=m, shapes=tuple(tuple(x.shape) for x in batch),
                           parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
                           last_rank=((p * v - 1) % p) * size, mesh=mesh, stage_size=size, sharding=sharded,
-                          cluster=cluster, level=level, kept=keep_state(model, set(first.owners)))
+                          cluster=cluster, level=level, kept=keep_state(model, set(first.owners)),
+                          policy=options.policy, compute_dtypes=compute)

@@ -75,7 +75,8 @@ class StageProgram:
 
 
 def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input_names: list[str], tensors: dict,
-                  trainable: set, parameters: dict, micro_batches: int, frozen: bool = False) -> StageProgram:
+                  trainable: set, parameters: dict, micro_batches: int, frozen: bool = False,
+                  compute_dtypes: dict | None = None) -> StageProgram:
     """`graph` (captured at one micro-batch) sharded by `sharded` on the stage sub-mesh (None:
     replicated), cut into the plan's pipeline x virtual stages, and this rank's stages lowered,
     sharing `parameters` (filled when empty; `frozen`: a later program, which must not hold a
@@ -130,7 +131,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         outputs = program["outputs"] if last else [{"value": x} for x in received[g + 1]]
         module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
                                nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
-                               micro_batches=micro_batches)
+                               micro_batches=micro_batches, compute_dtypes=compute_dtypes)
         counted.extend(module.counted)
         mine[g] = {"module": module, "inputs": batch_inputs + received[g], "received": received[g],
                    "sent": [] if last else received[g + 1], "last": last}
@@ -151,8 +152,9 @@ class PipelineEngine(EngineBase):
     def __init__(self, *, model, wrapper, binding, plan, first: StageProgram, actions: list[tuple], micro_batch: int,
                  num_micro_batches: int, shapes: tuple, parameters: dict, tensors: dict, trainable: set,
                  shared: list[tuple], last_rank: int, mesh=None, stage_size: int = 1, sharding=None, cluster=None,
-                 level: str = "fast", kept=None):
-        super().__init__(binding)
+                 level: str = "fast", kept=None, policy=None, compute_dtypes: dict | None = None):
+        super().__init__(binding, policy)
+        self._compute_dtypes = compute_dtypes or {}
         self.plan = plan
         self._model = model
         self._wrapper = wrapper
@@ -178,7 +180,7 @@ class PipelineEngine(EngineBase):
         self._buckets = None
         if first.reduce:
             self._buckets = _GradientBuckets([(parameters[n], axes) for n, axes in first.reduce], mesh.groups,
-                                             overlap=False)
+                                             overlap=False, reduce_dtype=self._reduce_dtype())
         self._stage_size = stage_size
         self.whole_nodes = first.whole
 
@@ -250,7 +252,7 @@ class PipelineEngine(EngineBase):
         was = self._model.training
         self._model.train(training)
         try:
-            micro = map_tensors(self._binding.last, lambda x: x.narrow(0, 0, rows))
+            micro = map_tensors(self._captured_arguments(), lambda x: x.narrow(0, 0, rows))
             graph, builder = _capture_with_sources(self._wrapper, micro, "export", 0, prefix="model.model.")
         finally:
             self._model.train(was)
@@ -263,7 +265,8 @@ class PipelineEngine(EngineBase):
                                       mesh=tuple(self._mesh.sizes))
         pipeline_rank = dist.get_rank() // self._stage_size
         program = stage_program(graph, builder, self.plan, sharded, self._mesh, pipeline_rank, self._binding.names,
-                                self._tensors, self._trainable, self._parameters, self._m, frozen=True)
+                                self._tensors, self._trainable, self._parameters, self._m, frozen=True,
+                                compute_dtypes=self._compute_dtypes)
         for name, leaf in program.leaves.items():
             if name in self._leaves and leaf["placement"] != self._leaves[name]["placement"] and \
                     name in self._parameters:

@@ -75,7 +75,7 @@ def _scenario_writes(rank, world, mesh):
         loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        ref_losses.append(float(loss))
+        ref_losses.append(float(loss.detach()))
     full = engine.full_state_dict()
     return {"losses": losses, "ref_losses": ref_losses,
             "error": max((full[n].double() - t.double()).abs().max().item() for n, t in
@@ -131,7 +131,7 @@ def _scenario_failed_step(rank, world, mesh):
         loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        events.append(("reference", step, float(loss)))
+        events.append(("reference", step, float(loss.detach())))
     gathered = [None] * world
     dist.all_gather_object(gathered, events)
     return {"events": gathered}
@@ -186,7 +186,7 @@ def _scenario_shapes(rank, world, mesh):
         loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        ref_losses.append(float(loss))
+        ref_losses.append(float(loss.detach()))
     static = shardwise.parallelize(_qwen2(), batch, mesh=mesh, cluster=cluster, static=True)
     try:
         static.train_step(**_batch(4, 12))

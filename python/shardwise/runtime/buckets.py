@@ -18,8 +18,10 @@ class _GradientBuckets:
     overlap=False (a pipeline: several backwards per step, one reduction after the last):
     no hooks, every bucket issued by finish()."""
 
-    def __init__(self, params: list[tuple[torch.Tensor, tuple]], groups: list, overlap: bool = True):
+    def __init__(self, params: list[tuple[torch.Tensor, tuple]], groups: list, overlap: bool = True,
+                 reduce_dtype: torch.dtype | None = None):
         self._groups = groups
+        self._reduce_dtype = reduce_dtype  # a mixed-precision policy's (runtime/precision.py)
         self._buckets: list[tuple[tuple, list]] = []
         by_axes: dict[tuple, list] = {}
         for param, axes in reversed(params):
@@ -69,6 +71,8 @@ class _GradientBuckets:
             self._issued[i] = None
             return
         flat = torch._utils._flatten_dense_tensors(grads)
+        if self._reduce_dtype is not None and flat.dtype != self._reduce_dtype:
+            flat = flat.to(self._reduce_dtype)
         self._issued[i] = (flat, grads, dist.all_reduce(flat, group=self._groups[axes[0]], async_op=True), axes[1:])
 
     def abandon(self) -> None:
@@ -88,6 +92,8 @@ class _GradientBuckets:
             work.wait()
             for a in rest:  # further axes: one after the other on the same buffer
                 dist.all_reduce(flat, group=self._groups[a])
+            if flat.dtype != grads[0].dtype:
+                flat = flat.to(grads[0].dtype)
             for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
                 g.copy_(reduced)
         self._active = False

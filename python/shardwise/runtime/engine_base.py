@@ -43,8 +43,9 @@ from .. import _C, _teardown
 from .._C import ValidationError
 from .._logging import get_logger
 from . import grad_norm
-from .batch import BatchBinding
+from .batch import BatchBinding, map_tensors
 from .optim import ShardedOptimizer, param_groups
+from .precision import Policy, cast_input, cast_inputs, cast_output
 
 log = get_logger("shardwise.engine")
 
@@ -68,9 +69,10 @@ def collective_error(error: BaseException, rank: int, step: int) -> CollectiveEr
 
 
 class EngineBase:
-    def __init__(self, binding: BatchBinding):
+    def __init__(self, binding: BatchBinding, policy: Policy | None = None):
         _teardown.hold(self)
         self._binding = binding
+        self._policy = policy  # mixed precision (runtime/precision.py)
         self.training = True
         self._syncing = True
         self._carry: dict[torch.Tensor, torch.Tensor] = {}  # unreduced gradients of no_sync steps
@@ -134,7 +136,8 @@ class EngineBase:
             p.grad = None
         carry = dict(self._carry)  # the subclass pops what it folds into its reduction
         try:
-            loss = self._run(tensors, training=self.training, carry=carry if self._syncing else {})
+            loss = cast_output(self._run(cast_inputs(tensors, self._policy), training=self.training,
+                                         carry=carry if self._syncing else {}), self._policy)
         except BaseException as e:
             for p in params:  # nothing lost: the gradients from before the step
                 p.grad = earlier.get(p)
@@ -162,12 +165,20 @@ class EngineBase:
         tensors = self._agree(args, kwargs, "eval_step")
         try:
             with torch.no_grad():
-                return self._run(tensors, training=None, carry={})
+                return cast_output(self._run(cast_inputs(tensors, self._policy), training=None, carry={}),
+                                   self._policy)
         except BaseException as e:
             failure = self._failed(e)
             if failure is e:
                 raise
             raise failure from e
+
+    def _captured_arguments(self) -> dict:
+        """The last step's bound arguments as a capture traces them (inputs cast by the policy)."""
+        return map_tensors(self._binding.last, lambda t: cast_input(t, self._policy))
+
+    def _reduce_dtype(self):
+        return self._policy.reduce_dtype if self._policy is not None else None
 
     # ---- the protocol -----------------------------------------------------------------------------
     def _usable(self, where: str) -> None:

@@ -194,7 +194,8 @@ def _operand_nodes(src: torch.fx.Node) -> list[torch.fx.Node]:
 def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dict[str, torch.Tensor],
                   input_names: list[str], trainable: set[str], *, nodes: list[dict] | None = None,
                   outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
-                  class_name: str | None = None, micro_batches: int = 1) -> torch.fx.GraphModule:
+                  class_name: str | None = None, micro_batches: int = 1,
+                  compute_dtypes: dict[str, torch.dtype] | None = None) -> torch.fx.GraphModule:
     """The GraphModule of `program`'s nodes (or the subset `nodes`, a pipeline stage) taking
     `input_names` as arguments and returning `outputs` (default: the program's outputs, each
     {"value", "forward", "backward"}). Leaves the nodes read become the module's parameters
@@ -205,7 +206,10 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     are split, over mesh axes or into `micro_batches`, runs as its sum times shares x
     micro_batches / G: the module takes one more argument per such node, after the inputs, G
     the count of its targets over the whole global batch (runtime/counted.py computes it), and
-    lists those nodes in ``module.counted`` in that order."""
+    lists those nodes in ``module.counted`` in that order.
+
+    `compute_dtypes`: a leaf the program computes in another dtype than the tensor held (the
+    master weights of a mixed-precision policy, runtime/precision.py) is cast at its use."""
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     if mesh is not None:
@@ -234,6 +238,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             parameters[name] = torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard
         _set_attr(root, name, parameters[name])
         env[name] = graph.get_attr(name)
+        dtype = (compute_dtypes or {}).get(name)
+        if dtype is not None and dtype != parameters[name].dtype:
+            env[name] = graph.call_method("to", (env[name], dtype))
     # Readers that want a value the same way share one reshard (q, k and v read one gathered
     # norm output): its backward then runs once, on the sum of their gradients (every step is
     # linear). The search's evaluation counts it once too (sharding_model.cc).

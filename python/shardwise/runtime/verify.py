@@ -42,14 +42,18 @@ def should_verify(model: torch.nn.Module, verify) -> bool:
 
 
 def verify_capture(wrapper: torch.nn.Module, named: dict, graph, builder, tensors: dict[str, torch.Tensor],
-                   trainable: set[str], input_names: list[str], batch: dict[str, torch.Tensor]) -> dict:
+                   trainable: set[str], input_names: list[str], batch: dict[str, torch.Tensor],
+                   compute_dtypes: dict[str, torch.dtype] | None = None) -> dict:
     """Raises CaptureError when the captured program and the eager model disagree; returns the
-    figures (loss and worst gradient differences, relative)."""
+    figures (loss and worst gradient differences, relative). `wrapper`: the model as the
+    program computes it (a mixed-precision policy's copy); `tensors`: the weights the engine
+    holds, cast to `compute_dtypes` at their use."""
     model_name = type(getattr(wrapper, "model", wrapper)).__name__
     program = _C.rank_program(graph._core, "", 0)
     copies = {name: (torch.nn.Parameter(t.detach().clone()) if name in trainable else t.detach().clone())
               for name, t in tensors.items()}
-    module = _build_module(program, builder.sources, None, copies, input_names, trainable, parameters=dict(copies))
+    module = _build_module(program, builder.sources, None, copies, input_names, trainable, parameters=dict(copies),
+                           compute_dtypes=compute_dtypes)
     # Eager: the wrapper on copies of its own tensors (names under "model.").
     eager_state = {}
     for name, t in [*wrapper.named_parameters(), *wrapper.named_buffers()]:  # tied weights under their first name
@@ -64,7 +68,8 @@ def verify_capture(wrapper: torch.nn.Module, named: dict, graph, builder, tensor
         counts = _counts(graph, builder, tensors, trainable, module, input_names, batch)
         loss = module(*[batch[n] for n in input_names], *counts)[0]
         loss.backward()
-    dtypes = [t.dtype for t in tensors.values() if t.is_floating_point()] + [loss.dtype]
+    dtypes = [t.dtype for t in tensors.values() if t.is_floating_point()] + [loss.dtype] + \
+        list((compute_dtypes or {}).values())
     tolerance = max(_TOLERANCE.get(d, 1e-4) for d in dtypes)
     loss, eager_loss = loss.detach(), eager_loss.detach()
     loss_error = abs(float(loss) - float(eager_loss)) / max(abs(float(eager_loss)), 1e-12)
