@@ -56,13 +56,19 @@ class CollectiveError(_C.ShardwiseError):
     names the rank, the step and the collective."""
 
 
+# What torch.distributed's transports say when a peer is gone or late (Gloo raises plain
+# RuntimeErrors, e.g. "[.../gloo/transport/tcp/pair.cc:537] Read error ...: Connection closed").
+_TRANSPORT_FAILURES = ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset", "timed out", "Timed out")
+
+
 def is_collective_failure(error: BaseException) -> bool:
     return (isinstance(error, getattr(dist, "DistError", ())) or
-            (isinstance(error, RuntimeError) and str(error).startswith("shardwise.")))
+            (isinstance(error, RuntimeError) and (str(error).startswith("shardwise.") or
+                                                 any(m in str(error) for m in _TRANSPORT_FAILURES))))
 
 
-def collective_error(error: BaseException, rank: int, step: int) -> CollectiveError:
-    return CollectiveError(f"rank {rank}, train_step {step}: a collective failed: {error}\n"
+def collective_error(error: BaseException, rank: int, step: int, collective: str = "") -> CollectiveError:
+    return CollectiveError(f"rank {rank}, train_step {step}: a collective failed{collective}: {error}\n"
                            "A peer rank probably died or stalled; every rank fails the same way within the "
                            "timeout given to torch.distributed.init_process_group (its default: 30 minutes for "
                            "Gloo, 10 for NCCL).")
@@ -203,10 +209,11 @@ class EngineBase:
         try:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._control)
         except BaseException as e:
-            failure = self._failed(e)
-            if failure is e:
-                raise
-            raise failure from e
+            if isinstance(e, Exception):  # the first collective of a step: a peer is gone or late
+                self._broken = f"step {self._steps}: the ranks could not agree ({type(e).__name__})"
+                raise collective_error(e, dist.get_rank(), self._steps,
+                                       " (shardwise.agree: the all_reduce of the step's flags over the job)") from e
+            raise
         failed, high, low, hi_shape, lo_shape, hi_mode, lo_mode = flags.tolist()
         rank = dist.get_rank()
         if error is not None:
