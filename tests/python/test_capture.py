@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 
 import pytest
 import torch
 import torch.nn as nn
 
 import shardwise
-from conftest import BATCH, MODELS, SEQ, VOCAB, gpt2, llama
+from conftest import BATCH, MODELS, SEQ, VOCAB, _ids, gpt2, llama, transformers
 
 
 def _numel(model: nn.Module) -> int:
@@ -191,3 +192,127 @@ def test_export_and_torchscript_give_the_same_ir_modulo_op_spelling(name):
     assert [g.module_paths for g in by_ts.repeated_blocks()] == [g.module_paths for g in by_export.repeated_blocks()]
     out_types = lambda g: [(v["shape"], v["dtype"]) for v in g.values() if v["name"] in g.output_names()]  # noqa: E731
     assert sorted(out_types(by_ts)) == sorted(out_types(by_export))
+
+
+# ---- architectures whose ops needed rules or rule fixes ------------------------------------
+
+METHODS = ("export", "fx", "torchscript")
+
+
+def _values(graph) -> dict:
+    return {v["name"]: v for v in graph.values()}
+
+
+def _capture_quietly(model, inputs, method):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript's deprecation notice; tracer warnings
+        return shardwise.capture(model, inputs, method=method)
+
+
+def falcon(**config):
+    cfg = transformers.FalconConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=VOCAB,
+                                    use_cache=False, **config)
+    return transformers.FalconForCausalLM(cfg).eval(), _ids()
+
+
+@pytest.mark.parametrize("config", [{"multi_query": True}, {"new_decoder_architecture": True, "num_kv_heads": 2}],
+                         ids=["multi-query", "grouped-kv"])
+@pytest.mark.parametrize("method", ["export", "torchscript"])
+def test_falcon_list_index_after_ellipsis_indexes_the_right_dim(config, method):
+    """fused_qkv[..., [-2], :] (and qkv[:, :, :, [-2]]) index a trailing dim through
+    aten::index.Tensor with None entries; the rule reads indices_present, so the shape
+    check infers [b, s, 1, d] rather than indexing dim 0, and the batch dim runs through."""
+    model, inputs = falcon(**config)
+    graph = _capture_quietly(model, inputs, method)
+    assert graph.unknown_ops() == []
+    values = _values(graph)
+    picks = [n for n in graph.nodes() if n["op"] == "aten::index.Tensor" and "attention" in n["module"]]
+    assert picks, "no fused-qkv index node"
+    for node in picks:
+        present = node["attrs"]["indices_present"]
+        assert present[-1] == 1 and not any(present[:-1])
+        out = values[node["outputs"][0]]
+        assert out["shape"][0] == BATCH and out["shape"][-2] == 1 and out["batch_dim"] == 0
+    plan = shardwise.plan(graph, shardwise.Cluster.preset("cpu", 4), global_batch=4, mesh=(1, 4))
+    assert plan.strategies()
+
+
+class _MinMax(nn.Module):
+    def forward(self, a, b):
+        return torch.min(a, b) * torch.max(a, b)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_binary_min_and_max_are_elementwise(method):
+    """torch.min(a, b) / torch.max(a, b) are aten::min.other / max.other: pointwise, not
+    the full reductions aten::min / aten::max whose rule they used to borrow."""
+    graph = _capture_quietly(_MinMax(), (torch.randn(4, 8), torch.randn(4, 1)), method)
+    assert {n["op"] for n in graph.nodes()} >= {"aten::min.other", "aten::max.other"}
+    assert graph.unknown_ops() == []
+    (out,) = graph.output_names()
+    assert _values(graph)[out]["shape"] == [4, 8] and _values(graph)[out]["batch_dim"] == 0
+
+
+def test_t5_relative_position_buckets_capture():
+    """T5 computes its relative position buckets with torch.min(a, b)."""
+    cfg = transformers.T5Config(num_layers=1, num_decoder_layers=1, d_model=64, d_kv=16, d_ff=128, num_heads=4,
+                                vocab_size=VOCAB, decoder_start_token_id=0, use_cache=False)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    ids = _ids()["input_ids"]
+    graph = shardwise.capture(model, {"input_ids": ids, "labels": ids[:, : SEQ // 2].contiguous()})
+    assert "aten::min.other" in {n["op"] for n in graph.nodes()}
+    assert graph.unknown_ops() == []
+    assert graph.num_parameters() == _numel(model)
+
+
+def _freqs_cis(dim: int, end: int, theta: float = 10000.0) -> torch.Tensor:
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    freqs = torch.outer(torch.arange(end, dtype=torch.float32), freqs)
+    return torch.polar(torch.ones_like(freqs), freqs)  # complex64, as the Llama reference code builds it
+
+
+def _apply_rotary_emb(xq, xk, freqs_cis):
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+    xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+class ComplexRopeAttention(nn.Module):
+    """The attention of the Llama reference code and torchtitan's llama, trimmed: rotary
+    embeddings as a complex product with a complex64 buffer."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, max_seq: int = 32):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.register_buffer("freqs_cis", _freqs_cis(self.head_dim, max_seq), persistent=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.heads, self.head_dim)
+        k = self.wk(x).view(b, s, self.heads, self.head_dim)
+        v = self.wv(x).view(b, s, self.heads, self.head_dim)
+        q, k = _apply_rotary_emb(q, k, self.freqs_cis[:s])
+        out = nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                         is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+@pytest.mark.parametrize("method", ["export", "torchscript"])
+def test_complex_rotary_embeddings_have_rules_and_complex_values(method):
+    torch.manual_seed(0)
+    graph = _capture_quietly(ComplexRopeAttention().eval(), (torch.randn(4, 16, 64),), method)
+    assert graph.unknown_ops() == []
+    ops = {n["op"] for n in graph.nodes()}
+    assert {"aten::view_as_complex", "aten::view_as_real"} <= ops
+    values = _values(graph)
+    assert values["freqs_cis"]["dtype"] == "c64"
+    product = [values[n["outputs"][0]] for n in graph.nodes() if n["op"] == "aten::mul.Tensor"]
+    assert product and all(v["dtype"] == "c64" and v["batch_dim"] == 0 for v in product)
+    (out,) = graph.output_names()
+    assert values[out]["batch_dim"] == 0
+    plan = shardwise.plan(graph, shardwise.Cluster.preset("cpu", 4), global_batch=4, mesh=(1, 4))
+    assert any(s != "replicate" for texts in plan.strategies().values() for s in texts)
