@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import keyword
 import warnings
 from collections.abc import Mapping
 from typing import Any, Sequence
@@ -30,7 +31,8 @@ from torch.export.graph_signature import InputKind
 
 from . import _C
 from ._logging import get_logger
-from ._fx_import import CaptureError, _Builder, document, flatten_names, walk_graph
+from ._fx_import import CaptureError, _Builder, document, flatten_names, op_name, walk_graph
+from ._inputs import forward_signature, split_call, tensor_leaves
 from .graph import Graph
 
 log = get_logger("shardwise.capture")
@@ -38,29 +40,48 @@ log = get_logger("shardwise.capture")
 _METHODS = ("export", "fx", "torchscript")
 
 
-def _tensor_leaves(out: Any) -> list[torch.Tensor]:
-    """The tensors of a model's output, in order; non-tensor leaves (caches, None,
-    Python scalars) are dropped: they are not part of the computation to shard."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, Mapping):
-        return [t for v in out.values() for t in _tensor_leaves(v)]
-    if isinstance(out, (list, tuple)):
-        return [t for v in out for t in _tensor_leaves(v)]
-    return []
+# The tensors of a model's output (capture's own name for it, kept for its readers).
+_tensor_leaves = tensor_leaves
 
 
 class _TensorOutputs(torch.nn.Module):
-    """Calls the model with keyword arguments and returns its output tensors as a flat
-    tuple, so outputs torch.export cannot flatten (e.g. a KV cache object) never stop
-    capture. Names inside it are the model's own, under the prefix "model."."""
+    """Calls the model with the bound inputs and returns its output tensors as a flat
+    tuple, so outputs torch.export and the TorchScript tracer cannot flatten (a KV cache
+    object) never stop capture. Names inside it are the model's own, under the prefix
+    "model."."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, constants: dict | None = None):
         super().__init__()
         self.model = model
+        self._signature = forward_signature(model)
+        self._constants = dict(constants or {})  # bound inputs that are Python values, passed as they are
 
     def forward(self, **kwargs):
-        return tuple(_tensor_leaves(self.model(**kwargs)))
+        return self._call(kwargs)
+
+    def _call(self, named: dict):
+        args, kwargs = split_call(self._signature, {**self._constants, **named})
+        return tuple(tensor_leaves(self.model(*args, **kwargs)))
+
+
+def _named_forward(model: torch.nn.Module, names: Sequence[str], constants: dict) -> _TensorOutputs:
+    """A _TensorOutputs whose forward() takes exactly `names`, one argument each (and
+    passes `constants` along).
+
+    symbolic_trace makes one placeholder per argument of the forward() it traces, and
+    cannot trace a forward() that takes **kwargs or a decorator's (*args, **kwargs)
+    (transformers wraps every forward so: "co_varnames is too small"). The wrapper's own
+    signature says what the trace takes; the model is then traced through like any
+    submodule."""
+    bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n)]
+    if bad:
+        raise CaptureError(f"fx capture names each input after its forward() argument; {bad} are not Python names")
+    body = ", ".join(f"{n!r}: {n}" for n in names)
+    source = f"def forward(self, {', '.join(names)}):\n    return self._call({{{body}}})\n"
+    scope: dict = {}
+    exec(source, scope)  # noqa: S102 - the names are checked identifiers
+    cls = type("_NamedTensorOutputs", (_TensorOutputs,), {"forward": scope["forward"]})
+    return cls(model, constants)
 
 
 def _bind_inputs(model: torch.nn.Module, example_inputs: Any, example_kwargs: dict | None) -> dict:
@@ -93,7 +114,7 @@ def _input_names(named: dict) -> list[str]:
     """IR names of the tensor leaves of the bound inputs, in pytree order."""
     names = []
     for key, value in named.items():
-        leaves = _tensor_leaves(value)
+        leaves = tensor_leaves(value)
         if isinstance(value, torch.Tensor):
             names.append(key)
         else:
@@ -120,7 +141,12 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
     (stripped from parameter names and module paths)."""
     wrapper = _TensorOutputs(model)
     canonical = _canonical_names(wrapper)
-    ep = torch.export.export(wrapper, (), kwargs=named, strict=False)
+    tracking = _ModuleTracker(_named_root(model, prefix))
+    with tracking:
+        try:
+            ep = torch.export.export(wrapper, (), kwargs=named, strict=False)
+        except Exception as e:
+            raise _Located(e, tracking.innermost()) from e
     builder = _Builder(strip_prefix=prefix)
     env: dict = {}
     user_names = iter(_input_names(named))
@@ -128,9 +154,10 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
     for spec, node in zip(ep.graph_signature.input_specs, placeholders):
         val = node.meta.get("val")
         if spec.kind == InputKind.USER_INPUT:
-            if isinstance(val, torch.Tensor):
-                env[node] = builder.leaf(next(user_names), val, "input", batch_dim)
-            continue  # a Python constant input: specialised into the graph
+            # A Python constant input is specialised into the graph: its placeholder is bound
+            # to no value, and nothing reads it.
+            env[node] = builder.leaf(next(user_names), val, "input", batch_dim) if isinstance(val, torch.Tensor) else None
+            continue
         role = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer",
                 InputKind.CONSTANT_TENSOR: "constant"}.get(spec.kind)
         if role is None:
@@ -146,7 +173,18 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
 class _MetaInterpreter(torch.fx.Interpreter):
     """Runs a symbolic_trace graph; Interpreter.run_node already publishes each node's
     meta (with its nn_module_stack) as the current meta, which make_fx copies onto the
-    ATen nodes it records under preserve_node_meta()."""
+    ATen nodes it records under preserve_node_meta(). The node being run when something
+    fails is kept in `failed_at`, for the error."""
+
+    failed_at: torch.fx.Node | None = None
+
+    def run_node(self, n):
+        try:
+            return super().run_node(n)
+        except Exception:
+            if self.failed_at is None:
+                self.failed_at = n
+            raise
 
     def call_module(self, target, args, kwargs):
         # A leaf module's own path is not in the stack recorded at its call site.
@@ -158,34 +196,177 @@ class _MetaInterpreter(torch.fx.Interpreter):
         return super().call_module(target, args, kwargs)
 
 
+class _BufferTracer(torch.fx.Tracer):
+    """symbolic_trace's tracer, with buffers read as graph values like parameters:
+    `self.freqs_cis[:seq]` (rotary tables, causal masks) slices a buffer by a traced size,
+    which a plain tensor cannot take."""
+
+    proxy_buffer_attributes = True
+
+
 def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None, prefix: str = "model.") -> dict:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    gm = torch.fx.symbolic_trace(model)
+    names = [n for n, v in named.items() if isinstance(v, torch.Tensor)]
+    constants = {n: v for n, v in named.items() if not isinstance(v, torch.Tensor)}
+    nested = [n for n, v in constants.items() if tensor_leaves(v)]
+    if nested:
+        raise CaptureError(f"fx capture takes tensors and Python constants as inputs; {nested} hold tensors inside "
+                           "a structure (capture with method='export')")
+    wrapper = _named_forward(model, names, constants)  # Python values (flags, sizes) are baked in
+    tracking = _ModuleTracker(_named_root(model, prefix))
+    with tracking:
+        try:
+            gm = torch.fx.GraphModule(wrapper, _BufferTracer().trace(wrapper), type(model).__name__)
+        except Exception as e:
+            raise _Located(e, tracking.innermost()) from e
     params = dict(gm.named_parameters())
     buffers = dict(gm.named_buffers())
-    names = list(named)
     tensors = [named[n] for n in names]
+    interpreter: list[_MetaInterpreter] = []
 
     def run(p, b, *xs):
         with torch.nn.utils.stateless._reparametrize_module(gm, {**p, **b}, tie_weights=True):
-            return tuple(_tensor_leaves(_MetaInterpreter(gm).run(*xs)))
+            interpreter.append(_MetaInterpreter(gm))
+            return tuple(tensor_leaves(interpreter[-1].run(*xs)))
 
-    with fx_traceback.preserve_node_meta():
-        lowered = make_fx(run, pre_dispatch=True, tracing_mode="fake", _allow_non_fake_inputs=True)(
-            params, buffers, *tensors)
-    inner = prefix[len("model."):]  # symbolic_trace names are the model's own: no wrapper
-    builder = _Builder(strip_prefix=inner)
+    try:
+        with fx_traceback.preserve_node_meta():
+            lowered = make_fx(run, pre_dispatch=True, tracing_mode="fake", _allow_non_fake_inputs=True)(
+                params, buffers, *tensors)
+    except Exception as e:
+        node = interpreter[-1].failed_at if interpreter else None
+        raise _Located(e, _node_module(node, prefix) if node is not None else None,
+                       _fx_op(node) if node is not None else None) from e
+    builder = _Builder(strip_prefix=prefix)
     env: dict = {}
     placeholders = [n for n in lowered.graph.nodes if n.op == "placeholder"]
-    leaf_specs = ([(_strip(n, inner), "parameter") for n in params] + [(_strip(n, inner), "buffer") for n in buffers]
+    leaf_specs = ([(_strip(n, prefix), "parameter") for n in params] + [(_strip(n, prefix), "buffer") for n in buffers]
                   + [(n, "input") for n in names])
     for (name, role), node in zip(leaf_specs, placeholders):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             env[node] = builder.leaf(name, val, role, batch_dim if role == "input" else None)
+    # Tensors the program makes from Python values (Falcon's fused_qkv[..., [-2], :] indexes
+    # with torch.tensor([-2])): make_fx keeps them as attributes, export lifts them as
+    # constant inputs; both become Constant leaves.
+    for node in lowered.graph.nodes:
+        val = getattr(lowered, node.target, None) if node.op == "get_attr" else None
+        if isinstance(val, torch.Tensor):
+            name = node.target if node.target not in builder.names else builder.unique(node.target)
+            builder.names.discard(name)
+            env[node] = builder.leaf(name, val, "constant")
+            builder.constants[name] = val
     results = walk_graph(lowered.graph, builder, env, lowered)
     return document(builder, flatten_names(results)), builder
+
+
+# ---- where a capture failed ----------------------------------------------------------------
+
+
+class _ModuleTracker:
+    """Which module a trace was in when it failed. Forward pre-hooks push a module's path
+    and forward hooks pop it, so an exception leaves the failing module on top. The hooks
+    touch no tensor: the captured program is the same with them."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.stack: list[str] = []
+        self.handles: list = []
+
+    def __enter__(self):
+        for path, module in self.model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(lambda m, a, path=path: self.stack.append(path)))
+            self.handles.append(module.register_forward_hook(lambda m, a, o: self._pop()))
+        return self
+
+    def _pop(self):
+        if self.stack:
+            self.stack.pop()
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        return False
+
+    def innermost(self) -> str | None:
+        """The failing module's path ("" for the model itself), or None if the failure
+        came before any module ran."""
+        return self.stack[-1] if self.stack else None
+
+
+class _Located(Exception):
+    """A capture failure with where it happened: the module path (as the IR names it) and
+    the op when known."""
+
+    def __init__(self, error: BaseException, module: str | None, op: str | None = None):
+        super().__init__(str(error))
+        self.error = error
+        self.module = module
+        self.op = _failing_op(error) or op
+
+
+def _failing_op(error: BaseException) -> str | None:
+    """The op named by torch's fake-tensor errors (no fake kernel, data-dependent output)."""
+    func = getattr(error, "func", None)
+    return op_name(func) if isinstance(func, torch._ops.OpOverload) else None
+
+
+def _fx_op(node: torch.fx.Node) -> str | None:
+    if isinstance(node.target, torch._ops.OpOverloadPacket):  # symbolic_trace's torch.ops.ns.op
+        return node.target._qualified_op_name
+    if node.op == "call_function":
+        return op_name(node.target)
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    return None
+
+
+def _node_module(node: torch.fx.Node, prefix: str) -> str | None:
+    """The module path (as the IR names it) of a symbolic_trace node."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return "" if path == prefix[:-1] else _strip(path, prefix)
+
+
+def _named_root(model: torch.nn.Module, prefix: str) -> torch.nn.Module:
+    """The module whose names the IR uses: `model` itself for the prefix "model." (the
+    capture wrapper's), a submodule of it for a longer prefix (parallelize's)."""
+    inner = prefix[len("model."):-1]
+    return model.get_submodule(inner) if inner else model
+
+
+def _describe(located: _Located, root: torch.nn.Module) -> str:
+    """` at <op> in module '<path>' (<class>)`, as much of it as is known."""
+    parts = []
+    if located.op:
+        parts.append(f" at {located.op}")
+    if located.module is not None:
+        try:
+            cls = type(root.get_submodule(located.module)).__name__
+        except AttributeError:
+            cls = None
+        parts.append(f" in module '{located.module}'" + (f" ({cls})" if cls else ""))
+    return "".join(parts)
+
+
+def _hint(error: BaseException) -> str:
+    """What to do about the failures that have one fix."""
+    name = type(error).__name__
+    if name == "UnsupportedOperatorException":
+        return ("\nhint: the op has no fake (meta) kernel, so its output shapes cannot be traced: register one "
+                "with torch.library.register_fake, or capture with method='torchscript', which runs the op")
+    if name in ("GuardOnDataDependentSymNode", "DynamicOutputShapeException", "DataDependentOutputException"):
+        return "\nhint: a shape or a branch there depends on tensor values; capture needs static shapes"
+    return ""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def capture(
@@ -220,24 +401,31 @@ def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batc
                           prefix: str = "model."):
     """The Graph and the capture's _Builder, whose `sources` map every IR node back to the
     ATen FX node it came from (the rewrite lowers those again, per rank)."""
+    root = _named_root(model, prefix)  # parallelize's wrapper: name the user's model
     if method == "export":
         try:
             doc, builder = _capture_export(model, named, batch_dim, prefix)
-        except CaptureError:
-            raise
-        except Exception as export_error:  # noqa: BLE001 - report both failures if the fallback fails too
-            log.warning("torch.export failed (%s: %s); falling back to fx capture",
-                        type(export_error).__name__, str(export_error).splitlines()[0] if str(export_error) else "")
+        except _Located as export_error:  # report both failures if the fallback fails too
+            log.warning("torch.export failed%s (%s: %s); falling back to fx capture", _describe(export_error, root),
+                        type(export_error.error).__name__, _first_line(export_error.error))
             try:
                 doc, builder = _capture_fx(model, named, batch_dim, prefix)
             except Exception as fx_error:
-                inner = getattr(model, "model", None)  # parallelize's wrapper: name the user's model
-                name = type(inner if isinstance(inner, torch.nn.Module) and prefix.startswith("model.model.")
-                            else model).__name__
+                fx = fx_error if isinstance(fx_error, _Located) else _Located(fx_error, None)
                 raise CaptureError(
-                    f"could not capture {name}: torch.export failed with "
-                    f"{type(export_error).__name__}: {export_error}\n"
-                    f"and the fx fallback failed with {type(fx_error).__name__}: {fx_error}") from fx_error
+                    f"could not capture {type(root).__name__}: torch.export failed{_describe(export_error, root)} "
+                    f"with {type(export_error.error).__name__}: {_first_line(export_error.error)}"
+                    f"{_hint(export_error.error)}\n"
+                    f"and the fx fallback failed{_describe(fx, root)} with {type(fx.error).__name__}: "
+                    f"{_first_line(fx.error)}\n"
+                    f"torch.export's error in full: {export_error.error}\n"
+                    f"fx's error in full: {fx.error}") from fx.error
     else:
-        doc, builder = _capture_fx(model, named, batch_dim, prefix)
+        try:
+            doc, builder = _capture_fx(model, named, batch_dim, prefix)
+        except _Located as fx_error:
+            raise CaptureError(
+                f"could not capture {type(root).__name__} with fx{_describe(fx_error, root)}: "
+                f"{type(fx_error.error).__name__}: {_first_line(fx_error.error)}{_hint(fx_error.error)}\n"
+                f"in full: {fx_error.error}") from fx_error.error
     return Graph._from_core(_C.Graph.from_json(json.dumps(doc)), batch_dim=batch_dim), builder

@@ -316,3 +316,152 @@ def test_complex_rotary_embeddings_have_rules_and_complex_values(method):
     assert values[out]["batch_dim"] == 0
     plan = shardwise.plan(graph, shardwise.Cluster.preset("cpu", 4), global_batch=4, mesh=(1, 4))
     assert any(s != "replicate" for texts in plan.strategies().values() for s in texts)
+
+
+# ---- binding inputs, non-tensor outputs, errors -------------------------------------------
+
+
+class _StarArgs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, *xs):
+        return sum(self.fc(x) for x in xs)
+
+
+class _ArgThenStarArgs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, *rest, scale: float = 2.0):
+        return self.fc(x) * scale + sum(rest)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("model_cls,names", [(_StarArgs, ["xs_0", "xs_1"]), (_ArgThenStarArgs, ["x", "rest_0"])])
+def test_forward_star_args_are_bound_and_passed_positionally(method, model_cls, names):
+    """The items of forward(*xs) are inputs xs_0, xs_1, ...; every front end calls the model
+    back with them (and any argument before them) positionally."""
+    torch.manual_seed(0)
+    model = model_cls()
+    graph = _capture_quietly(model, (torch.randn(2, 8), torch.randn(2, 8)), method)
+    inputs = [v["name"] for v in graph.values() if v["role"] == "input"]
+    assert inputs == names
+    assert [v["name"] for v in graph.values() if v["role"] == "parameter"] == ["fc.weight", "fc.bias"]
+    assert graph.unknown_ops() == []
+    assert "aten::linear" in {n["op"] for n in graph.nodes()}
+
+
+def test_transformers_default_use_cache_captures_through_torchscript():
+    """With its default use_cache=True a transformers model returns a Cache object, which
+    the TorchScript tracer cannot type; capture traces the output's tensors only, as export
+    does, so both give the same outputs."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64)
+    assert cfg.use_cache
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    by_ts = _capture_quietly(model, _ids(), "torchscript")
+    by_export = shardwise.capture(model, _ids())
+    out_shapes = lambda g: [_values(g)[o]["shape"] for o in g.output_names()]  # noqa: E731
+    assert out_shapes(by_ts) == out_shapes(by_export) == [[], [BATCH, SEQ, VOCAB]]  # loss, logits
+    assert by_ts.unknown_ops() == [] and by_ts.num_parameters() == _numel(model)
+    assert "forward" not in model.__dict__  # the traced copy's forward, not the user's model's
+
+
+class _NoFake(nn.Module):
+    def forward(self, x):
+        return torch.ops.shardwise_test_nofake.double(x)
+
+
+class _WithNoFake(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.inner = nn.Sequential(nn.ReLU(), _NoFake())
+
+    def forward(self, x):
+        return self.inner(self.fc(x)).sum()
+
+
+@pytest.fixture(scope="module")
+def op_without_fake_kernel():
+    lib = torch.library.Library("shardwise_test_nofake", "FRAGMENT")
+    lib.define("double(Tensor x) -> Tensor")
+    lib.impl("double", lambda x: x * 2, "CPU")  # no Meta / fake kernel: shapes cannot be traced
+    yield
+    del lib
+
+
+@pytest.mark.parametrize("method", ["export", "fx"])
+def test_an_op_that_cannot_be_traced_is_named_with_its_module(op_without_fake_kernel, method):
+    with pytest.raises(shardwise.CaptureError) as info:
+        shardwise.capture(_WithNoFake(), (torch.randn(2, 4),), method=method)
+    first = str(info.value).splitlines()[0]
+    assert "shardwise_test_nofake::double" in first and "in module 'inner.1' (_NoFake)" in first, first
+    assert "register_fake" in str(info.value)
+
+
+def test_an_op_that_cannot_be_traced_is_kept_by_torchscript(op_without_fake_kernel):
+    graph = _capture_quietly(_WithNoFake(), (torch.randn(2, 4),), "torchscript")
+    assert [(u.op, u.module_path) for u in graph.unknown_ops()] == [("shardwise_test_nofake::double", "inner.1")]
+
+
+class _DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y[torch.nonzero(y > 0)[:, 0]].sum()
+
+
+@pytest.mark.parametrize("method", ["export", "fx"])
+def test_a_data_dependent_shape_names_the_node(method):
+    with pytest.raises(shardwise.CaptureError, match=r"node 'nonzero' \(aten::nonzero\).*depends on tensor values"):
+        shardwise.capture(_DataDependent(), (torch.randn(2, 4),), method=method)
+
+
+class _TableAndListIndex(nn.Module):
+    """A buffer sliced by a traced size (rotary tables, causal masks) and a list index
+    (a tensor made from a Python list): the two things plain symbolic_trace + make_fx lost."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("table", torch.randn(32, 8))
+
+    def forward(self, x):
+        y = self.fc(x) + self.table[: x.size(1)]
+        return y.view(x.size(0), x.size(1), 2, 4)[..., [-1], :]
+
+
+def test_fx_reads_buffers_and_constant_tensors():
+    graph = shardwise.capture(_TableAndListIndex(), (torch.randn(2, 16, 8),), method="fx")
+    values = _values(graph)
+    assert values["table"]["role"] == "buffer"
+    assert [v["shape"] for v in graph.values() if v["role"] == "constant"] == [[1]]
+    (out,) = graph.output_names()
+    assert values[out]["shape"] == [2, 16, 1, 4] and values[out]["batch_dim"] == 0
+
+
+class _Flagged(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, double=False, *, scale=1.0):
+        y = self.fc(x) * scale
+        return y * 2 if double else y
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_python_constant_inputs_are_specialised(method):
+    """Flags and numbers among the inputs (use_cache=False, output_attentions=True) are part
+    of the program: every front end bakes them in, and only tensors become inputs."""
+    graph = _capture_quietly(_Flagged(), {"x": torch.randn(2, 4), "double": True, "scale": 3.0}, method)
+    assert [v["name"] for v in graph.values() if v["role"] == "input"] == ["x"]
+    assert [(n["op"], n["attrs"].get("other")) for n in graph.nodes()] == [
+        ("aten::linear", None), ("aten::mul.Tensor", 3.0), ("aten::mul.Tensor", 2)]
