@@ -1,7 +1,7 @@
 """ATen-level FX graph -> shardwise IR (as the JSON document `_C.Graph.from_json` reads).
 
 Both Python capture paths end here: `torch.export.export` (an ExportedProgram) and the
-fx fallback (`torch.fx.symbolic_trace` lowered to ATen by `make_fx`). The conventions
+fx fallback (`make_fx` on fake tensors, recording each node's module stack). The conventions
 are those of the core IR (csrc/ir/graph.h), shared with the TorchScript importer:
 
 - op names are ``aten::<name>`` plus ``.<overload>`` unless the overload is "default";
@@ -209,6 +209,9 @@ def walk_graph(
             source, index = node.args
             env[node] = env[source][index]
             continue
+        if (not isinstance(node.target, torch._ops.OpOverload) and not node.users
+                and not isinstance(node.meta.get("val"), (torch.Tensor, list, tuple))):
+            continue  # a call kept for its effect on autograd state (torch._C._set_grad_enabled): nothing to shard
         sub = _inline_target(node, owner)
         if sub is not None:
             sub_gm, operands = sub

@@ -14,14 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.fx
 
 
-def tensor_leaves(out: Any) -> list:
+def tensor_leaves(out: Any) -> list[torch.Tensor]:
     """The tensors of a model's output, in order; non-tensor leaves (caches, None, Python
-    scalars) are dropped: they are not part of the computation to shard. Under
-    symbolic_trace a tensor is an fx Proxy, kept likewise."""
-    if isinstance(out, (torch.Tensor, torch.fx.Proxy)):
+    scalars) are dropped: they are not part of the computation to shard."""
+    if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, Mapping):
         return [t for v in out.values() for t in tensor_leaves(v)]

@@ -4,9 +4,8 @@ Three front ends reach the same core IR:
 
 - ``method="export"`` (default): ``torch.export.export(..., strict=False)``, the
   training IR (pre-dispatch ATen) with shapes from ``node.meta["val"]``.
-- ``method="fx"``: ``torch.fx.symbolic_trace`` for the program structure (and each
-  node's ``nn_module_stack``), then lowered to the same ATen ops by interpreting that
-  graph under ``make_fx``; used automatically when export fails.
+- ``method="fx"``: ``make_fx`` on fake tensors (pre-dispatch ATen, each node's
+  ``nn_module_stack`` recorded); used automatically when export fails.
 - ``method="torchscript"``: ``torch.jit.trace`` and the C++ importer that walks the
   ``torch::jit::Graph``. TorchScript is deprecated in favour of torch.export (torch
   2.11+); it is supported because existing code still ships traced modules, and
@@ -19,10 +18,9 @@ from __future__ import annotations
 
 import inspect
 import json
-import keyword
 import warnings
 from collections.abc import Mapping
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -62,26 +60,6 @@ class _TensorOutputs(torch.nn.Module):
     def _call(self, named: dict):
         args, kwargs = split_call(self._signature, {**self._constants, **named})
         return tuple(tensor_leaves(self.model(*args, **kwargs)))
-
-
-def _named_forward(model: torch.nn.Module, names: Sequence[str], constants: dict) -> _TensorOutputs:
-    """A _TensorOutputs whose forward() takes exactly `names`, one argument each (and
-    passes `constants` along).
-
-    symbolic_trace makes one placeholder per argument of the forward() it traces, and
-    cannot trace a forward() that takes **kwargs or a decorator's (*args, **kwargs)
-    (transformers wraps every forward so: "co_varnames is too small"). The wrapper's own
-    signature says what the trace takes; the model is then traced through like any
-    submodule."""
-    bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n)]
-    if bad:
-        raise CaptureError(f"fx capture names each input after its forward() argument; {bad} are not Python names")
-    body = ", ".join(f"{n!r}: {n}" for n in names)
-    source = f"def forward(self, {', '.join(names)}):\n    return self._call({{{body}}})\n"
-    scope: dict = {}
-    exec(source, scope)  # noqa: S102 - the names are checked identifiers
-    cls = type("_NamedTensorOutputs", (_TensorOutputs,), {"forward": scope["forward"]})
-    return cls(model, constants)
 
 
 def _bind_inputs(model: torch.nn.Module, example_inputs: Any, example_kwargs: dict | None) -> dict:
@@ -170,74 +148,38 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
     return document(builder, flatten_names(results)), builder
 
 
-class _MetaInterpreter(torch.fx.Interpreter):
-    """Runs a symbolic_trace graph; Interpreter.run_node already publishes each node's
-    meta (with its nn_module_stack) as the current meta, which make_fx copies onto the
-    ATen nodes it records under preserve_node_meta(). The node being run when something
-    fails is kept in `failed_at`, for the error."""
-
-    failed_at: torch.fx.Node | None = None
-
-    def run_node(self, n):
-        try:
-            return super().run_node(n)
-        except Exception:
-            if self.failed_at is None:
-                self.failed_at = n
-            raise
-
-    def call_module(self, target, args, kwargs):
-        # A leaf module's own path is not in the stack recorded at its call site.
-        meta = fx_traceback.get_current_meta()
-        if meta is not None:
-            stack = dict(meta.get("nn_module_stack") or {})
-            stack[target] = (target, type(self.module.get_submodule(target)))
-            meta["nn_module_stack"] = stack
-        return super().call_module(target, args, kwargs)
-
-
-class _BufferTracer(torch.fx.Tracer):
-    """symbolic_trace's tracer, with buffers read as graph values like parameters:
-    `self.freqs_cis[:seq]` (rotary tables, causal masks) slices a buffer by a traced size,
-    which a plain tensor cannot take."""
-
-    proxy_buffer_attributes = True
-
-
 def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None, prefix: str = "model.") -> dict:
+    """make_fx on fake tensors, with each ATen node's module stack recorded: an independent
+    route to the same ATen program as torch.export, with none of export's own machinery
+    (graph signatures, input and output specs, guards)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    wrapper = _TensorOutputs(model)
+    params = dict(wrapper.named_parameters())  # tied weights once, under their first name
+    buffers = dict(wrapper.named_buffers())
     names = [n for n, v in named.items() if isinstance(v, torch.Tensor)]
     constants = {n: v for n, v in named.items() if not isinstance(v, torch.Tensor)}
     nested = [n for n, v in constants.items() if tensor_leaves(v)]
     if nested:
         raise CaptureError(f"fx capture takes tensors and Python constants as inputs; {nested} hold tensors inside "
                            "a structure (capture with method='export')")
-    wrapper = _named_forward(model, names, constants)  # Python values (flags, sizes) are baked in
-    tracking = _ModuleTracker(_named_root(model, prefix))
-    with tracking:
-        try:
-            gm = torch.fx.GraphModule(wrapper, _BufferTracer().trace(wrapper), type(model).__name__)
-        except Exception as e:
-            raise _Located(e, tracking.innermost()) from e
-    params = dict(gm.named_parameters())
-    buffers = dict(gm.named_buffers())
-    tensors = [named[n] for n in names]
-    interpreter: list[_MetaInterpreter] = []
 
     def run(p, b, *xs):
-        with torch.nn.utils.stateless._reparametrize_module(gm, {**p, **b}, tie_weights=True):
-            interpreter.append(_MetaInterpreter(gm))
-            return tuple(tensor_leaves(interpreter[-1].run(*xs)))
+        # Parameters and buffers as traced inputs (placeholders, in this order), Python
+        # values among the inputs baked in.
+        with torch.nn.utils.stateless._reparametrize_module(wrapper, {**p, **b}, tie_weights=True):
+            return wrapper._call({**constants, **dict(zip(names, xs))})
 
+    # make_fx records each node's nn_module_stack (paths under `run._orig_mod`) when asked
+    # to and when node meta is preserved, as torch.export's non-strict tracing does.
+    run._orig_mod = wrapper
+    tracking = _ModuleTracker(_named_root(model, prefix))
     try:
-        with fx_traceback.preserve_node_meta():
-            lowered = make_fx(run, pre_dispatch=True, tracing_mode="fake", _allow_non_fake_inputs=True)(
-                params, buffers, *tensors)
+        with tracking, fx_traceback.preserve_node_meta():
+            lowered = make_fx(run, pre_dispatch=True, tracing_mode="fake", _allow_non_fake_inputs=True,
+                              record_module_stack=True)(params, buffers, *[named[n] for n in names])
     except Exception as e:
-        node = interpreter[-1].failed_at if interpreter else None
-        raise _Located(e, _node_module(node, prefix) if node is not None else None,
-                       _fx_op(node) if node is not None else None) from e
+        raise _Located(e, tracking.innermost()) from e
     builder = _Builder(strip_prefix=prefix)
     env: dict = {}
     placeholders = [n for n in lowered.graph.nodes if n.op == "placeholder"]
@@ -298,38 +240,19 @@ class _ModuleTracker:
 
 class _Located(Exception):
     """A capture failure with where it happened: the module path (as the IR names it) and
-    the op when known."""
+    the op when torch's error names one."""
 
-    def __init__(self, error: BaseException, module: str | None, op: str | None = None):
+    def __init__(self, error: BaseException, module: str | None):
         super().__init__(str(error))
         self.error = error
         self.module = module
-        self.op = _failing_op(error) or op
+        self.op = _failing_op(error)
 
 
 def _failing_op(error: BaseException) -> str | None:
     """The op named by torch's fake-tensor errors (no fake kernel, data-dependent output)."""
     func = getattr(error, "func", None)
     return op_name(func) if isinstance(func, torch._ops.OpOverload) else None
-
-
-def _fx_op(node: torch.fx.Node) -> str | None:
-    if isinstance(node.target, torch._ops.OpOverloadPacket):  # symbolic_trace's torch.ops.ns.op
-        return node.target._qualified_op_name
-    if node.op == "call_function":
-        return op_name(node.target)
-    if node.op == "call_method":
-        return f"Tensor.{node.target}"
-    return None
-
-
-def _node_module(node: torch.fx.Node, prefix: str) -> str | None:
-    """The module path (as the IR names it) of a symbolic_trace node."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    path = list(stack.values())[-1][0]
-    return "" if path == prefix[:-1] else _strip(path, prefix)
 
 
 def _named_root(model: torch.nn.Module, prefix: str) -> torch.nn.Module:

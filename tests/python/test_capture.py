@@ -18,9 +18,7 @@ def _numel(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() yields tied weights once
 
 
-# transformers models branch on Python values while building masks, which
-# symbolic_trace cannot follow; the fx path is covered by the CNN and TinyGPT.
-@pytest.mark.parametrize("name,method", [(m, "export") for m in sorted(MODELS)] + [("cnn", "fx")])
+@pytest.mark.parametrize("name,method", [(m, method) for m in sorted(MODELS) for method in ("export", "fx")])
 def test_capture_counts_parameters_and_knows_every_op(name, method):
     model, inputs = MODELS[name]()
     graph = shardwise.capture(model, inputs, method=method)
