@@ -16,6 +16,7 @@ Meta-device models capture without allocating weights: build the model under
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import warnings
@@ -175,7 +176,7 @@ def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None, pref
     run._orig_mod = wrapper
     tracking = _ModuleTracker(_named_root(model, prefix))
     try:
-        with tracking, fx_traceback.preserve_node_meta():
+        with tracking, fx_traceback.preserve_node_meta(), _compiling():
             lowered = make_fx(run, pre_dispatch=True, tracing_mode="fake", _allow_non_fake_inputs=True,
                               record_module_stack=True)(params, buffers, *[named[n] for n in names])
     except Exception as e:
@@ -201,6 +202,17 @@ def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None, pref
             builder.constants[name] = val
     results = walk_graph(lowered.graph, builder, env, lowered)
     return document(builder, flatten_names(results)), builder
+
+
+@contextlib.contextmanager
+def _compiling():
+    """torch.compiler.is_compiling() is true while fx traces, as it is under torch.export:
+    models branch on it to take their traceable path (transformers' MoE experts pick a
+    grouped-mm fallback whose fake kernel takes float32, where torch._grouped_mm's wants
+    bfloat16)."""
+    session = getattr(torch.compiler, "_compile_session_context", None)
+    with session() if session is not None else contextlib.nullcontext():
+        yield
 
 
 # ---- where a capture failed ----------------------------------------------------------------
