@@ -1262,8 +1262,10 @@ class Importer {
         for (std::size_t k = 0; k < numbers.size(); ++k) {
           if (k) text += ", ";
           const Item& v = numbers[k];
+          // An unknown element says why (its root cause), for the rule that reads the list.
           text += v.kind == Item::Kind::None ? std::string("None") : v.is_number() ? ir::attr_str(to_attr(n, arg, v))
-                  : v.kind == Item::Kind::String ? v.s : std::string(kind_name(v.kind));
+                  : v.kind == Item::Kind::String ? v.s
+                  : v.kind == Item::Kind::Opaque ? cat("<", v.s, ">") : std::string(kind_name(v.kind));
         }
         return text + "]";
       }

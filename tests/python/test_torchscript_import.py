@@ -535,6 +535,20 @@ def test_data_dependent_if_is_an_error_naming_node_and_line():
     assert "no static shape" in msg  # the second problem of scripted graphs, as a note
 
 
+def test_a_list_attribute_with_a_run_time_value_says_where_it_comes_from():
+    """Swin pads by torch.min(torch.tensor(sizes)) when tracing: a value the importer does not
+    fold. The error names the list's unknown elements by their cause, not "unknown value"."""
+
+    class Pad(nn.Module):
+        def forward(self, x):
+            width = (x.size(-1) + 1) // 2  # traced size arithmetic
+            window = torch.min(torch.tensor([4, 6]))  # a reduction the importer does not fold
+            return nn.functional.pad(x, (0, (window - width % window) % window))
+
+    with pytest.raises(shardwise.ShardwiseError, match=r"'pad'.*<the value of tensor .* computed at run time"):
+        shardwise.capture(Pad(), (torch.randn(2, 3),), method="torchscript")
+
+
 def test_loop_is_an_error():
     def repeat(x, n: int):
         for _ in range(n):
