@@ -131,6 +131,12 @@ const OpTable& OpTable::builtin() {
         {"aten::clamp_max", "elementwise()", PerOutputElement, 1},
         {"aten::maximum", "elementwise()", PerOutputElement, 1},
         {"aten::minimum", "elementwise()", PerOutputElement, 1},
+        // torch.max(a, b) / torch.min(a, b) (T5's relative position buckets): binary
+        // pointwise. Without these rows they would borrow aten::max's full reduction.
+        {"aten::max.other", "elementwise()", PerOutputElement, 1},
+        {"aten::min.other", "elementwise()", PerOutputElement, 1},
+        {"aten::fmax", "elementwise()", PerOutputElement, 1},
+        {"aten::fmin", "elementwise()", PerOutputElement, 1},
         {"aten::lerp.Scalar", "elementwise()", PerOutputElement, 1},
         {"aten::lerp.Tensor", "elementwise()", PerOutputElement, 1},
         {"aten::addcmul", "elementwise()", PerOutputElement, 1},
@@ -195,7 +201,10 @@ const OpTable& OpTable::builtin() {
         {"aten::copy_", "elementwise()", Zero, 0},
         {"aten::fill_.Scalar", "...->...", Zero, 0},
         {"aten::fill_.Tensor", "...,_->...", Zero, 0},
+        {"aten::fill.Scalar", "...->...", Zero, 0},  // functional forms (capture's of a write into a tensor)
+        {"aten::fill.Tensor", "...,_->...", Zero, 0},
         {"aten::zero_", "...->...", Zero, 0},
+        {"aten::zero", "...->...", Zero, 0},
         {"aten::ones_like", "...->...", Zero, 0},
         {"aten::zeros_like", "...->...", Zero, 0},
         {"aten::empty_like", "...->...", Zero, 0},
@@ -203,6 +212,21 @@ const OpTable& OpTable::builtin() {
         {"aten::rand_like", "...->...", Zero, 0},
         {"aten::randn_like", "...->...", Zero, 0},
         {"aten::bernoulli", "...->...", Zero, 0},
+        // Complex numbers (rotary embeddings as the Llama reference code and torchtitan
+        // write them): a complex tensor is its real view less the trailing (re, im) pair,
+        // which stays whole: half of it is not a complex number. Not in kLinear although
+        // they move data only: a partial sum reaching them is reduced before, in the real
+        // dtype, since collectives on complex tensors are not supported by every backend.
+        {"aten::view_as_complex", "...K->...", Zero, 0},
+        {"aten::view_as_real", "...->...K", Zero, 0},
+        {"aten::real", "...->...", Zero, 0},
+        {"aten::imag", "...->...", Zero, 0},
+        {"aten::conj", "...->...", Zero, 0},
+        {"aten::_conj", "...->...", Zero, 0},
+        {"aten::conj_physical", "...->...", Zero, 0},
+        {"aten::complex", "elementwise()", PerOutputElement, 1},
+        {"aten::polar", "elementwise()", PerOutputElement, 1},
+        {"aten::angle", "elementwise()", PerOutputElement, 1},
         {"aten::_assert_tensor_metadata", "_->", Zero, 0},
         {"aten::_assert_async", "_->", Zero, 0},
         {"aten::_assert_async.msg", "_->", Zero, 0},
@@ -284,6 +308,10 @@ const OpTable& OpTable::builtin() {
         {"aten::swapdims", "transpose(dim0, dim1)", Zero, 0},
         {"aten::t", "transpose(0, 1)", Zero, 0},
         {"aten::permute", "permute(dims)", Zero, 0},
+        {"aten::numpy_T", "permute(none)", Zero, 0},  // x.T (Falcon's `x @ self.weight.T`)
+        {"aten::mT", "transpose(-2, -1)", Zero, 0},
+        {"aten::matrix_H", "transpose(-2, -1)", Zero, 0},
+        {"aten::adjoint", "transpose(-2, -1)", Zero, 0},
         {"aten::expand", "expand(size)", Zero, 0},
         {"aten::broadcast_to", "expand(size)", Zero, 0},
         {"aten::expand_as", "elementwise()", Zero, 0},
@@ -323,9 +351,11 @@ const OpTable& OpTable::builtin() {
         {"aten::scatter.src", "scatter(dim)", Zero, 0},
         {"aten::scatter.value", "scatter(dim)", Zero, 0},
         {"aten::scatter_add", "scatter(dim)", PerInputElement, 0},
-        {"aten::index.Tensor", "index()", Zero, 0},
-        {"aten::index_put", "index_put()", Zero, 0},
-        {"aten::index_put_", "index_put()", Zero, 0},
+        // indices_present: where the index list held None (x[..., [-2], :]), so the rule
+        // knows which dims the tensors index.
+        {"aten::index.Tensor", "index(indices_present)", Zero, 0},
+        {"aten::index_put", "index_put(indices_present)", Zero, 0},
+        {"aten::index_put_", "index_put(indices_present)", Zero, 0},
 
         // ---- normalisation --------------------------------------------------------------------
         // Split normalised dims combine per-row statistics: layer norm mean and variance,
@@ -401,9 +431,10 @@ const OpTable& OpTable::builtin() {
         "aten::to.dtype_layout", "aten::to.device", "aten::view", "aten::_unsafe_view", "aten::_reshape_alias",
         "aten::reshape", "aten::flatten.using_ints", "aten::unflatten.int", "aten::unsqueeze", "aten::squeeze.dim",
         "aten::squeeze.dims", "aten::squeeze", "aten::transpose.int", "aten::swapaxes", "aten::swapdims", "aten::t",
-        "aten::permute", "aten::expand", "aten::broadcast_to", "aten::slice.Tensor", "aten::narrow",
-        "aten::select.int", "aten::cat", "aten::concat", "aten::concatenate", "aten::stack", "aten::split.Tensor",
-        "aten::split.sizes", "aten::split_with_sizes", "aten::unsafe_split.Tensor", "aten::chunk", "aten::unbind.int",
+        "aten::permute", "aten::numpy_T", "aten::mT", "aten::expand", "aten::broadcast_to", "aten::slice.Tensor",
+        "aten::narrow", "aten::select.int", "aten::cat", "aten::concat", "aten::concatenate", "aten::stack",
+        "aten::split.Tensor", "aten::split.sizes", "aten::split_with_sizes", "aten::unsafe_split.Tensor", "aten::chunk",
+        "aten::unbind.int",
     };
     auto linear = [](std::string_view name) {
       for (std::string_view l : kLinear)

@@ -378,6 +378,11 @@ std::optional<DimRule> transpose(const Args& args, const RuleOperands& ops) {
 
 std::optional<DimRule> permute(const Args& args, const RuleOperands& ops) {
   const int rank = ops.input_rank(0);
+  if (args.is_none(0)) {  // numpy's .T: every dim, reversed
+    std::vector<int> order;
+    for (int q = rank - 1; q >= 0; --q) order.push_back(q);
+    return permuted(ops, order);
+  }
   const auto dims = args.ints(0);
   if (static_cast<int>(dims.size()) != rank) {
     fail(fmt::format("permute dims [{}] do not match rank {}", fmt::join(dims, ","), rank));
@@ -828,11 +833,35 @@ std::optional<DimRule> scatter(const Args& args, const RuleOperands& ops) {
   return std::move(b.rule);
 }
 
-// Advanced indexing self[i0, i1, ...] with the index tensors (Nones omitted) applying to a
-// run of consecutive dims: the output is self's leading dims, the index tensors'
-// broadcast shape, self's trailing dims. The run's start is the first that explains the
-// output; a shape that none explains (or a bool mask) gets an opaque rule: all Whole.
-std::optional<DimRule> index(const Args&, const RuleOperands& ops) {
+// Which dims of `self` an advanced index reads: parameter 0 is the node's
+// `indices_present` (both importers record it when `indices` holds a None: 1 where entry q
+// is a tensor indexing dim q, 0 where a None keeps dim q). Without it the `count` tensors
+// index the leading dims, as ATen reads a list with no None; nullopt when the list does
+// not fit `self` (more tensors than dims, a count that disagrees with the operands).
+std::optional<std::vector<std::size_t>> indexed_dims(const Args& args, std::size_t count, std::size_t rank) {
+  std::vector<std::size_t> dims;
+  if (args.is_none(0)) {
+    for (std::size_t q = 0; q < count; ++q) dims.push_back(q);
+  } else {
+    const Ints present = args.ints(0);
+    for (std::size_t q = 0; q < present.size(); ++q) {
+      if (present[q] != 0) dims.push_back(q);
+    }
+    if (dims.size() != count) return std::nullopt;
+  }
+  if (!dims.empty() && dims.back() >= rank) return std::nullopt;
+  return dims;
+}
+
+// Advanced indexing self[i0, i1, ...] (aten::index.Tensor) as numpy and ATen define it: the
+// index tensors broadcast together; when the dims they index are adjacent
+// (x[:, idx], Falcon's fused_qkv[..., [-2], :]) the broadcast dims replace them in place,
+// otherwise (x[idx, :, idx2]) they go first, before every dim left unindexed. Which dims
+// are indexed comes from `indices_present` (indexed_dims); without it, an old IR whose
+// Nones were dropped, the run of indexed dims starts where it explains the output shape
+// (in infer mode: at dim 0, which is right for a list with no None). A bool mask, or
+// shapes nothing explains, gets an opaque rule: all Whole.
+std::optional<DimRule> index(const Args& args, const RuleOperands& ops) {
   const Shape& self = ops.input_shape(0);
   const std::size_t k = ops.inputs.size() - 1;
   bool mask = false;
@@ -845,24 +874,34 @@ std::optional<DimRule> index(const Args&, const RuleOperands& ops) {
     return all_whole_rule(ops);
   };
   if (mask || !broadcast || k > self.size() || k == 0) return opaque();
-  auto expected = [&](std::size_t start) {
-    Shape out(self.begin(), self.begin() + static_cast<std::ptrdiff_t>(start));
-    out.insert(out.end(), broadcast->begin(), broadcast->end());
-    out.insert(out.end(), self.begin() + static_cast<std::ptrdiff_t>(start + k), self.end());
-    return out;
-  };
-  std::optional<std::size_t> start;
-  for (std::size_t s = 0; s + k <= self.size() && !start; ++s) {
-    if (!ops.outputs_known || expected(s) == *ops.output_shape(0)) start = s;
+  std::optional<std::vector<std::size_t>> dims;
+  if (!args.is_none(0)) {
+    dims = indexed_dims(args, k, self.size());
+  } else {
+    // No record of the Nones: the first run of k consecutive dims that explains the output.
+    auto expected = [&](std::size_t start) {
+      Shape out(self.begin(), self.begin() + static_cast<std::ptrdiff_t>(start));
+      out.insert(out.end(), broadcast->begin(), broadcast->end());
+      out.insert(out.end(), self.begin() + static_cast<std::ptrdiff_t>(start + k), self.end());
+      return out;
+    };
+    for (std::size_t s = 0; s + k <= self.size() && !dims; ++s) {
+      if (!ops.outputs_known || expected(s) == *ops.output_shape(0)) {
+        dims.emplace();
+        for (std::size_t q = s; q < s + k; ++q) dims->push_back(q);
+      }
+    }
   }
-  if (!start) return opaque();
+  if (!dims) return opaque();
+  const bool adjacent = dims->back() - dims->front() + 1 == k;
   Builder b;
   OperandDims self_dims, out_dims, index_dims;
   for (auto size : *broadcast) index_dims.push_back({b.fresh('i', size)});
+  if (!adjacent) out_dims = index_dims;
   for (std::size_t q = 0; q < self.size(); ++q) {
-    if (q >= *start && q < *start + k) {
+    if (std::find(dims->begin(), dims->end(), q) != dims->end()) {
       self_dims.push_back(b.whole_or_unit(self[q]));
-      if (q == *start) out_dims.insert(out_dims.end(), index_dims.begin(), index_dims.end());
+      if (adjacent && q == dims->front()) out_dims.insert(out_dims.end(), index_dims.begin(), index_dims.end());
     } else {
       self_dims.push_back({b.fresh('d', self[q])});
       out_dims.push_back(self_dims.back());
@@ -875,19 +914,27 @@ std::optional<DimRule> index(const Args&, const RuleOperands& ops) {
   return std::move(b.rule);
 }
 
-std::optional<DimRule> index_put(const Args&, const RuleOperands& ops) {
+// self[indices] = values: the indexed dims of self (indexed_dims) Whole, the others
+// Spatial and shared with the outputs; index and value operands Whole.
+std::optional<DimRule> index_put(const Args& args, const RuleOperands& ops) {
   const Shape& self = ops.input_shape(0);
   const std::size_t k = ops.inputs.size() >= 2 ? ops.inputs.size() - 2 : 0;
+  auto dims = indexed_dims(args, k, self.size());
+  if (!dims) {
+    if (!ops.outputs_known) return std::nullopt;
+    return all_whole_rule(ops);
+  }
   Builder b;
   OperandDims self_dims;
   for (std::size_t q = 0; q < self.size(); ++q) {
-    self_dims.push_back(q < k ? b.whole_or_unit(self[q]) : DimIndices{b.fresh('d', self[q])});
+    const bool indexed = std::find(dims->begin(), dims->end(), q) != dims->end();
+    self_dims.push_back(indexed ? b.whole_or_unit(self[q]) : DimIndices{b.fresh('d', self[q])});
   }
   b.rule.inputs.push_back(self_dims);
   for (std::size_t i = 1; i < ops.inputs.size(); ++i) {
-    OperandDims dims;
-    for (auto s : ops.input_shape(i)) dims.push_back(b.whole_or_unit(s));
-    b.rule.inputs.push_back(std::move(dims));
+    OperandDims dims_i;
+    for (auto s : ops.input_shape(i)) dims_i.push_back(b.whole_or_unit(s));
+    b.rule.inputs.push_back(std::move(dims_i));
   }
   for (int o = 0; o < ops.output_count; ++o) b.rule.outputs.push_back(self_dims);
   return std::move(b.rule);
@@ -1060,7 +1107,7 @@ std::optional<DimRule> attention(const Args& args, const RuleOperands& ops) {
   const std::size_t batch = q.size() - 2;
   Builder b;
   // Batch dims: b and h for the usual rank 4, else _0, _1, ...
-  OperandDims q_dims, kv_batch;
+  OperandDims q_dims, k_batch, v_batch;
   for (std::size_t d = 0; d < batch; ++d) {
     const bool heads = d + 1 == batch;
     std::string label = batch == 2 ? (d == 0 ? "b" : "h") : fmt::format("_{}", d);
@@ -1069,17 +1116,22 @@ std::optional<DimRule> attention(const Args& args, const RuleOperands& ops) {
       const int g = b.add("g", k[d]);
       const int r = b.add("r", q[d] / k[d]);
       q_dims.push_back({g, r});
-      kv_batch.push_back({g});
+      k_batch.push_back({g});
+      v_batch.push_back({g});
       continue;
     }
     q_dims.push_back({b.add(label, q[d])});
-    kv_batch.push_back(q_dims.back());
+    // A key or value batch dim of 1 against a larger query dim broadcasts (the kernels
+    // batch their products as matmul does): multi-query attention's single k/v head
+    // (Falcon-7B) is read whole by every shard of the query heads.
+    k_batch.push_back(k[d] == 1 && q[d] != 1 ? DimIndices{} : q_dims.back());
+    v_batch.push_back(v[d] == 1 && q[d] != 1 ? DimIndices{} : q_dims.back());
   }
   const int s = b.add("s", q[batch]);
   const int d = b.add("D", q[batch + 1], IndexKind::Whole);
   const int t = b.add("T", k[batch], IndexKind::Whole);
   const int e = b.add("e", v[batch + 1]);
-  OperandDims scores = q_dims, k_dims = kv_batch, v_dims = kv_batch, out = q_dims;
+  OperandDims scores = q_dims, k_dims = k_batch, v_dims = v_batch, out = q_dims;
   q_dims.insert(q_dims.end(), {{s}, {d}});
   k_dims.insert(k_dims.end(), {{t}, {d}});
   v_dims.insert(v_dims.end(), {{t}, {e}});
@@ -1309,7 +1361,7 @@ const std::vector<TemplateDef>& definitions() {
         {{"reduce_min", reduce_params}, reduce_min, {1, 2, 1, kAny}},
         {{"reduce_whole", reduce_params}, reduce_whole, {1, 2, 1, kAny}},
         {{"transpose", {required("dim0"), required("dim1")}}, transpose, {1, 1, 1, 1}},
-        {{"permute", {required("dims")}}, permute, {1, 1, 1, 1}},
+        {{"permute", {with_default("dims", none)}}, permute, {1, 1, 1, 1}},
         {{"reshape", {with_default("size", none)}}, reshape, {1, 2, 1, 1}},
         {{"flatten", {with_default("start_dim", std::int64_t{0}), with_default("end_dim", std::int64_t{-1})}},
          flatten,
@@ -1334,8 +1386,8 @@ const std::vector<TemplateDef>& definitions() {
         {{"gather", {required("dim")}}, gather, {2, 2, 1, 1}},
         {{"scatter", {required("dim")}}, scatter, {2, 3, 1, 1}},
         {{"select_scatter", {required("dim")}}, select_scatter, {2, 2, 1, 1}},
-        {{"index", {}}, index, {1, kAny, 1, 1}},
-        {{"index_put", {}}, index_put, {2, kAny, 1, 1}},
+        {{"index", {with_default("indices_present", none)}}, index, {1, kAny, 1, 1}},
+        {{"index_put", {with_default("indices_present", none)}}, index_put, {2, kAny, 1, 1}},
         {{"conv", {with_default("groups", std::int64_t{1}), with_default("transposed", false)}}, conv, {2, 3, 1, 1}},
         {{"window", {required("rank")}}, window, {1, 1, 1, kAny}},
         {{"norm_last", {required("normalized_shape"), statistics}}, norm_last, {1, 3, 1, 3}},

@@ -16,7 +16,7 @@
 //   reduce_mean / reduce_max / reduce_min   Reduced(mean / max / min), and reduce_whole: the
 //   reduce_whole                            reduced dims Whole (var, argmax: no partial form)
 //   transpose(dim0, dim1)              swap two dims (a rank < 2 tensor passes through)
-//   permute(dims)                      reorder dims
+//   permute(dims[none])                reorder dims; none reverses them all (numpy's x.T)
 //   reshape(size[none])                view / reshape by factorisation (reshape_factorisation.h);
 //                                      with no size, a second input gives the shape (view_as)
 //   flatten(start_dim[0], end_dim[-1]), unflatten(dim, sizes), unsqueeze(dim),
@@ -33,9 +33,13 @@
 //                                      (index_select's with `lookup`: Index::lookup)
 //   embedding()                        [V, e] weight, ids of any rank -> [..., e]: V Whole
 //                                      with `lookup`, e and the ids' dims Spatial
-//   index()                            advanced indexing (index tensors, Nones omitted): the
-//                                      indexed dims Whole, index tensors' dims Spatial
-//   index_put()                        indexed dims of self Whole; index and value dims Whole
+//   index(indices_present[none])       advanced indexing (index tensors, Nones omitted): the
+//                                      indexed dims Whole, index tensors' dims Spatial, placed
+//                                      where the indexed dims were when adjacent, else first
+//                                      (numpy). indices_present: 1 per entry of the index list
+//                                      that is a tensor, 0 per None (x[..., [-2], :] is
+//                                      [0, 0, 1]); none: the tensors index the leading dims
+//   index_put(indices_present[none])   indexed dims of self Whole; index and value dims Whole
 //   conv(groups[1], transposed[false]) N Spatial, in-channels Reduced, out-channels Spatial,
 //                                      groups (when > 1) a Spatial major factor of both,
 //                                      windows and kernel dims Whole
@@ -77,6 +81,8 @@
 // of partial sums is not a partial sum of softmaxes; splitting t needs a log-sum-exp
 // rescaling (ring or flash-decoding attention) that is not a plain Partial. With
 // enable_gqa, q's heads are (g r) and k/v's heads (g): the kv groups g stay splittable.
+// A k or v batch dim of 1 where q's is larger broadcasts (multi-query attention's one
+// k/v head): a unit dim tied to no index.
 #pragma once
 
 #include <optional>

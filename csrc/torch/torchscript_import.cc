@@ -668,6 +668,7 @@ class Importer {
       fail(n, "a call that could not be inlined (is the method's module still alive?)");
     }
     if (kind == "prim::PythonOp") {
+      if (n->hasAttribute(jit::attr::Subgraph)) return inline_python_op(n);
       fail(n, "a Python function the tracer could not see into (a torch.autograd.Function or "
               "@torch.jit.ignore'd code); it has no ATen schema, so it cannot be imported");
     }
@@ -686,6 +687,24 @@ class Importer {
     if (n->kind().is_prim()) fail(n, "this TorchScript construct has no counterpart in the IR");
     if (options_.elide_no_ops && elide_no_op(n, kind)) return;
     tensor_op(n);
+  }
+
+  // A torch.autograd.Function (Bloom's GeLUFunction): the tracer records its forward as the
+  // PythonOp's Subgraph, whose inputs are the op's tensor inputs. The IR takes the forward's
+  // ATen ops, as torch.export does; the function's own backward is not kept (the rank
+  // program differentiates the forward ops, which is exact for a correct backward).
+  void inline_python_op(jit::Node* n) {
+    const std::shared_ptr<jit::Graph> sub = n->g(jit::attr::Subgraph);
+    if (sub->inputs().size() != n->inputs().size() || sub->outputs().size() != n->outputs().size()) {
+      fail(n, cat("a torch.autograd.Function whose traced forward takes ", sub->inputs().size(), " inputs and gives ",
+                  sub->outputs().size(), " outputs where the call has ", n->inputs().size(), " and ",
+                  n->outputs().size()));
+    }
+    const std::string path = module_path(n);
+    for (jit::Node* inner : sub->nodes()) call_paths_.emplace(inner, path);  // when its scope is blank
+    for (std::size_t i = 0; i < n->inputs().size(); ++i) env_[sub->inputs()[i]] = item(n->input(i));
+    import_block(sub->block());
+    for (std::size_t o = 0; o < n->outputs().size(); ++o) env_[n->output(o)] = item(sub->outputs()[o]);
   }
 
   // Ops that return their input unchanged: `x[:, :, :]` (the tracer records a full-range
@@ -1243,8 +1262,10 @@ class Importer {
         for (std::size_t k = 0; k < numbers.size(); ++k) {
           if (k) text += ", ";
           const Item& v = numbers[k];
+          // An unknown element says why (its root cause), for the rule that reads the list.
           text += v.kind == Item::Kind::None ? std::string("None") : v.is_number() ? ir::attr_str(to_attr(n, arg, v))
-                  : v.kind == Item::Kind::String ? v.s : std::string(kind_name(v.kind));
+                  : v.kind == Item::Kind::String ? v.s
+                  : v.kind == Item::Kind::Opaque ? cat("<", v.s, ">") : std::string(kind_name(v.kind));
         }
         return text + "]";
       }

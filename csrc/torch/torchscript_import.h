@@ -9,6 +9,8 @@
 //  - inlines prim::CallMethod / prim::CallFunction (on a copy; the caller's graph is
 //    never modified), removes tensor mutation where torch can prove it safe
 //    (aten::relu_ -> aten::relu) and dead code;
+//  - inlines a torch.autograd.Function's forward (the Subgraph the tracer records on its
+//    prim::PythonOp), as torch.export does;
 //  - resolves prim::GetAttr chains from the module's `self` input into parameter and
 //    buffer leaf values, named by their fully qualified names (tied weights are one
 //    value: the caller's table maps every alias to its canonical name);

@@ -1,7 +1,7 @@
 """ATen-level FX graph -> shardwise IR (as the JSON document `_C.Graph.from_json` reads).
 
 Both Python capture paths end here: `torch.export.export` (an ExportedProgram) and the
-fx fallback (`torch.fx.symbolic_trace` lowered to ATen by `make_fx`). The conventions
+fx fallback (`make_fx` on fake tensors, recording each node's module stack). The conventions
 are those of the core IR (csrc/ir/graph.h), shared with the TorchScript importer:
 
 - op names are ``aten::<name>`` plus ``.<overload>`` unless the overload is "default";
@@ -47,8 +47,13 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise CaptureError(f"unsupported tensor dtype {dtype}") from None
 
 
-def tensor_entry(name: str, t: torch.Tensor, batch_dim: int | None) -> dict:
-    shape = [int(d) for d in t.shape]  # static shapes: a SymInt here would raise, by design
+def tensor_entry(name: str, t: torch.Tensor, batch_dim: int | None, where: str | None = None) -> dict:
+    if any(isinstance(d, torch.SymInt) for d in t.shape):
+        # A size the trace could not fix (torch.nonzero, boolean masks, .item()): the IR has
+        # static shapes only. Said here, naming the node, rather than by int()'s guard error.
+        raise CaptureError(f"{where or f'value {name!r}'}: its shape {list(t.shape)} depends on tensor values; "
+                           "capture needs static shapes")
+    shape = [int(d) for d in t.shape]
     entry = {"name": name, "dtype": dtype_name(t.dtype), "shape": shape}
     if batch_dim is not None and t.dim() > 0:
         entry["batch_dim"] = batch_dim % t.dim()
@@ -204,6 +209,9 @@ def walk_graph(
             source, index = node.args
             env[node] = env[source][index]
             continue
+        if (not isinstance(node.target, torch._ops.OpOverload) and not node.users
+                and not isinstance(node.meta.get("val"), (torch.Tensor, list, tuple))):
+            continue  # a call kept for its effect on autograd state (torch._C._set_grad_enabled): nothing to shard
         sub = _inline_target(node, owner)
         if sub is not None:
             sub_gm, operands = sub
@@ -250,7 +258,7 @@ def _add_op_node(node: torch.fx.Node, builder: _Builder, env: dict, where: str) 
     if multi is None:
         if not isinstance(val, torch.Tensor):
             raise CaptureError(f"{where}: no tensor metadata on the result (got {type(val).__name__})")
-        outputs = [tensor_entry(builder.unique(node.name), val, None)]
+        outputs = [tensor_entry(builder.unique(node.name), val, None, where)]
         env[node] = outputs[0]["name"]
     else:
         getitem_names = {u.args[1]: u.name for u in node.users if u.target is operator.getitem}
@@ -260,7 +268,7 @@ def _add_op_node(node: torch.fx.Node, builder: _Builder, env: dict, where: str) 
                 refs.append(None)
                 continue
             name = builder.unique(getitem_names.get(i, f"{node.name}.{i}"))
-            outputs.append(tensor_entry(name, t, None))
+            outputs.append(tensor_entry(name, t, None, where))
             refs.append(name)
         env[node] = refs
     builder.sources[outputs[0]["name"]] = (node, None if multi is None else [i for i, t in enumerate(multi)

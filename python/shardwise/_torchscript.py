@@ -14,6 +14,7 @@ flow, so importing it fails with a ShardwiseError that says so; trace it instead
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 from collections.abc import Mapping
@@ -22,20 +23,68 @@ from typing import Any, Sequence
 import torch
 
 from . import _C
+from ._inputs import forward_signature, split_call, tensor_leaves
 
 __all__ = ["import_torchscript", "import_torchscript_debug", "import_graph_debug", "trace", "module_tensor_table"]
 
 _ScriptTypes = (torch.jit.ScriptModule, torch.jit.ScriptFunction)
 
 
+def _tensor_output_view(model: torch.nn.Module, example_inputs: tuple | Mapping) -> torch.nn.Module:
+    """A shallow copy of `model` (the same parameters, buffers and submodules, so the same
+    names) whose forward() returns the tensors of the model's output as a flat tuple.
+
+    The tracer accepts only tensors, and lists, tuples and dicts of them, as outputs: a
+    transformers model with its default use_cache=True returns a Cache object and fails
+    with "Tracer cannot infer type of CausalLMOutputWithPast(...)". The importer keeps only
+    output tensors anyway (non-tensor outputs are not part of the computation to shard), as
+    torch.export capture does. With keyword inputs the copy's forward() takes exactly those
+    names and calls the model as capture bound them (``forward(*xs)``'s ``xs_0``, ...
+    positionally: shardwise._inputs.split_call)."""
+    original = model.forward
+    signature = forward_signature(model)
+    if isinstance(example_inputs, Mapping):
+        names = [n for n, v in example_inputs.items() if not _is_constant(v)]
+        constants = {n: v for n, v in example_inputs.items() if _is_constant(v)}
+
+        def forward(*args, **kwargs):
+            named = dict(constants, **dict(zip(names, args)), **kwargs)
+            call_args, call_kwargs = split_call(signature, named)
+            return tuple(tensor_leaves(original(*call_args, **call_kwargs)))
+
+        # The tracer names the traced method's inputs from this signature.
+        forward.__signature__ = inspect.Signature(
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    else:
+        def forward(*args, **kwargs):
+            return tuple(tensor_leaves(original(*args, **kwargs)))
+
+        if signature is not None:
+            forward.__signature__ = signature
+    view = copy.copy(model)  # the user's module keeps its own forward()
+    view.forward = forward
+    return view
+
+
+def _is_constant(value: Any) -> bool:
+    """A keyword input the tracer cannot take (it takes tensors, and tuples and dicts of
+    them): a flag, a size, None. Traced as the constant it is, as torch.export does."""
+    return not tensor_leaves(value)
+
+
 def trace(model: torch.nn.Module, example_inputs: tuple | Mapping) -> torch.jit.ScriptModule:
     """``torch.jit.trace`` as the importer wants it; a Mapping is traced as keyword
-    arguments (``example_kwarg_inputs``).
+    arguments (``example_kwarg_inputs``). An nn.Module is traced returning the tensors of
+    its output as a flat tuple (`_tensor_output_view`).
 
     strict=False lets the model return dicts and lists (Hugging Face ModelOutput);
     check_trace=False skips re-running the model to compare traces, which is slow and,
     for models that build masks from Python control flow, reports harmless differences.
     """
+    if isinstance(model, torch.nn.Module) and not isinstance(model, _ScriptTypes):
+        model = _tensor_output_view(model, example_inputs)
+        if isinstance(example_inputs, Mapping):  # the view takes the constants itself
+            example_inputs = {n: v for n, v in example_inputs.items() if not _is_constant(v)}
     if isinstance(example_inputs, Mapping):
         return torch.jit.trace(model, example_kwarg_inputs=dict(example_inputs), strict=False, check_trace=False)
     return torch.jit.trace(model, tuple(example_inputs), strict=False, check_trace=False)

@@ -4,9 +4,8 @@ Three front ends reach the same core IR:
 
 - ``method="export"`` (default): ``torch.export.export(..., strict=False)``, the
   training IR (pre-dispatch ATen) with shapes from ``node.meta["val"]``.
-- ``method="fx"``: ``torch.fx.symbolic_trace`` for the program structure (and each
-  node's ``nn_module_stack``), then lowered to the same ATen ops by interpreting that
-  graph under ``make_fx``; used automatically when export fails.
+- ``method="fx"``: ``make_fx`` on fake tensors (pre-dispatch ATen, each node's
+  ``nn_module_stack`` recorded); used automatically when export fails.
 - ``method="torchscript"``: ``torch.jit.trace`` and the C++ importer that walks the
   ``torch::jit::Graph``. TorchScript is deprecated in favour of torch.export (torch
   2.11+); it is supported because existing code still ships traced modules, and
@@ -17,11 +16,12 @@ Meta-device models capture without allocating weights: build the model under
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import warnings
 from collections.abc import Mapping
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -31,7 +31,8 @@ from torch.export.graph_signature import InputKind
 from . import _C
 from ._logging import get_logger
 from ._functionalize import functionalize
-from ._fx_import import CaptureError, _Builder, document, flatten_names, walk_graph
+from ._fx_import import CaptureError, _Builder, document, flatten_names, op_name, walk_graph
+from ._inputs import forward_signature, split_call, tensor_leaves
 from .graph import Graph
 
 log = get_logger("shardwise.capture")
@@ -39,29 +40,28 @@ log = get_logger("shardwise.capture")
 _METHODS = ("export", "fx", "torchscript")
 
 
-def _tensor_leaves(out: Any) -> list[torch.Tensor]:
-    """The tensors of a model's output, in order; non-tensor leaves (caches, None,
-    Python scalars) are dropped: they are not part of the computation to shard."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, Mapping):
-        return [t for v in out.values() for t in _tensor_leaves(v)]
-    if isinstance(out, (list, tuple)):
-        return [t for v in out for t in _tensor_leaves(v)]
-    return []
+# The tensors of a model's output (capture's own name for it, kept for its readers).
+_tensor_leaves = tensor_leaves
 
 
 class _TensorOutputs(torch.nn.Module):
-    """Calls the model with keyword arguments and returns its output tensors as a flat
-    tuple, so outputs torch.export cannot flatten (e.g. a KV cache object) never stop
-    capture. Names inside it are the model's own, under the prefix "model."."""
+    """Calls the model with the bound inputs and returns its output tensors as a flat
+    tuple, so outputs torch.export and the TorchScript tracer cannot flatten (a KV cache
+    object) never stop capture. Names inside it are the model's own, under the prefix
+    "model."."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, constants: dict | None = None):
         super().__init__()
         self.model = model
+        self._signature = forward_signature(model)
+        self._constants = dict(constants or {})  # bound inputs that are Python values, passed as they are
 
     def forward(self, **kwargs):
-        return tuple(_tensor_leaves(self.model(**kwargs)))
+        return self._call(kwargs)
+
+    def _call(self, named: dict):
+        args, kwargs = split_call(self._signature, {**self._constants, **named})
+        return tuple(tensor_leaves(self.model(*args, **kwargs)))
 
 
 def _bind_inputs(model: torch.nn.Module, example_inputs: Any, example_kwargs: dict | None) -> dict:
@@ -94,7 +94,7 @@ def _input_names(named: dict) -> list[str]:
     """IR names of the tensor leaves of the bound inputs, in pytree order."""
     names = []
     for key, value in named.items():
-        leaves = _tensor_leaves(value)
+        leaves = tensor_leaves(value)
         if isinstance(value, torch.Tensor):
             names.append(key)
         else:
@@ -121,7 +121,14 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
     (stripped from parameter names and module paths)."""
     wrapper = _TensorOutputs(model)
     canonical = _canonical_names(wrapper)
-    ep = torch.export.export(wrapper, (), kwargs=named, strict=False)
+    tracking = _ModuleTracker(_named_root(model, prefix))
+    with tracking:
+        try:
+            ep = torch.export.export(wrapper, (), kwargs=named, strict=False)
+        except _C.ShardwiseError:
+            raise  # shardwise's own errors (a model with no loss) say what is wrong; fx would not help
+        except Exception as e:
+            raise _Located(e, tracking.innermost()) from e
     builder = _Builder(strip_prefix=prefix)
     env: dict = {}
     user_names = iter(_input_names(named))
@@ -129,9 +136,10 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
     for spec, node in zip(ep.graph_signature.input_specs, placeholders):
         val = node.meta.get("val")
         if spec.kind == InputKind.USER_INPUT:
-            if isinstance(val, torch.Tensor):
-                env[node] = builder.leaf(next(user_names), val, "input", batch_dim)
-            continue  # a Python constant input: specialised into the graph
+            # A Python constant input is specialised into the graph: its placeholder is bound
+            # to no value, and nothing reads it.
+            env[node] = builder.leaf(next(user_names), val, "input", batch_dim) if isinstance(val, torch.Tensor) else None
+            continue
         role = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer",
                 InputKind.CONSTANT_TENSOR: "constant"}.get(spec.kind)
         if role is None:
@@ -145,50 +153,160 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
     return document(builder, flatten_names(results)), builder
 
 
-class _MetaInterpreter(torch.fx.Interpreter):
-    """Runs a symbolic_trace graph; Interpreter.run_node already publishes each node's
-    meta (with its nn_module_stack) as the current meta, which make_fx copies onto the
-    ATen nodes it records under preserve_node_meta()."""
-
-    def call_module(self, target, args, kwargs):
-        # A leaf module's own path is not in the stack recorded at its call site.
-        meta = fx_traceback.get_current_meta()
-        if meta is not None:
-            stack = dict(meta.get("nn_module_stack") or {})
-            stack[target] = (target, type(self.module.get_submodule(target)))
-            meta["nn_module_stack"] = stack
-        return super().call_module(target, args, kwargs)
-
-
 def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None, prefix: str = "model.") -> dict:
+    """make_fx on fake tensors, with each ATen node's module stack recorded: an independent
+    route to the same ATen program as torch.export, with none of export's own machinery
+    (graph signatures, input and output specs, guards)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    gm = torch.fx.symbolic_trace(model)
-    params = dict(gm.named_parameters())
-    buffers = dict(gm.named_buffers())
-    names = list(named)
-    tensors = [named[n] for n in names]
+    wrapper = _TensorOutputs(model)
+    params = dict(wrapper.named_parameters())  # tied weights once, under their first name
+    buffers = dict(wrapper.named_buffers())
+    names = [n for n, v in named.items() if isinstance(v, torch.Tensor)]
+    constants = {n: v for n, v in named.items() if not isinstance(v, torch.Tensor)}
+    nested = [n for n, v in constants.items() if tensor_leaves(v)]
+    if nested:
+        raise CaptureError(f"fx capture takes tensors and Python constants as inputs; {nested} hold tensors inside "
+                           "a structure (capture with method='export')")
 
     def run(p, b, *xs):
-        with torch.nn.utils.stateless._reparametrize_module(gm, {**p, **b}, tie_weights=True):
-            return tuple(_tensor_leaves(_MetaInterpreter(gm).run(*xs)))
+        # Parameters and buffers as traced inputs (placeholders, in this order), Python
+        # values among the inputs baked in.
+        with torch.nn.utils.stateless._reparametrize_module(wrapper, {**p, **b}, tie_weights=True):
+            return wrapper._call({**constants, **dict(zip(names, xs))})
 
-    with fx_traceback.preserve_node_meta():
-        lowered = make_fx(run, pre_dispatch=True, tracing_mode="fake", _allow_non_fake_inputs=True)(
-            params, buffers, *tensors)
-    inner = prefix[len("model."):]  # symbolic_trace names are the model's own: no wrapper
-    builder = _Builder(strip_prefix=inner)
+    # make_fx records each node's nn_module_stack (paths under `run._orig_mod`) when asked
+    # to and when node meta is preserved, as torch.export's non-strict tracing does.
+    run._orig_mod = wrapper
+    tracking = _ModuleTracker(_named_root(model, prefix))
+    try:
+        with tracking, fx_traceback.preserve_node_meta(), _compiling():
+            lowered = make_fx(run, pre_dispatch=True, tracing_mode="fake", _allow_non_fake_inputs=True,
+                              record_module_stack=True)(params, buffers, *[named[n] for n in names])
+    except Exception as e:
+        raise _Located(e, tracking.innermost()) from e
+    builder = _Builder(strip_prefix=prefix)
     env: dict = {}
     placeholders = [n for n in lowered.graph.nodes if n.op == "placeholder"]
-    leaf_specs = ([(_strip(n, inner), "parameter") for n in params] + [(_strip(n, inner), "buffer") for n in buffers]
+    leaf_specs = ([(_strip(n, prefix), "parameter") for n in params] + [(_strip(n, prefix), "buffer") for n in buffers]
                   + [(n, "input") for n in names])
     for (name, role), node in zip(leaf_specs, placeholders):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             env[node] = builder.leaf(name, val, role, batch_dim if role == "input" else None)
+    # Tensors the program makes from Python values (Falcon's fused_qkv[..., [-2], :] indexes
+    # with torch.tensor([-2])): make_fx keeps them as attributes, export lifts them as
+    # constant inputs; both become Constant leaves.
+    for node in lowered.graph.nodes:
+        val = getattr(lowered, node.target, None) if node.op == "get_attr" else None
+        if isinstance(val, torch.Tensor):
+            name = node.target if node.target not in builder.names else builder.unique(node.target)
+            builder.names.discard(name)
+            env[node] = builder.leaf(name, val, "constant")
+            builder.constants[name] = val
     functionalize(lowered.graph)
     results = walk_graph(lowered.graph, builder, env, lowered)
     return document(builder, flatten_names(results)), builder
+
+
+@contextlib.contextmanager
+def _compiling():
+    """torch.compiler.is_compiling() is true while fx traces, as it is under torch.export:
+    models branch on it to take their traceable path (transformers' MoE experts pick a
+    grouped-mm fallback whose fake kernel takes float32, where torch._grouped_mm's wants
+    bfloat16)."""
+    session = getattr(torch.compiler, "_compile_session_context", None)
+    with session() if session is not None else contextlib.nullcontext():
+        yield
+
+
+# ---- where a capture failed ----------------------------------------------------------------
+
+
+class _ModuleTracker:
+    """Which module a trace was in when it failed. Forward pre-hooks push a module's path
+    and forward hooks pop it, so an exception leaves the failing module on top. The hooks
+    touch no tensor: the captured program is the same with them."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.stack: list[str] = []
+        self.handles: list = []
+
+    def __enter__(self):
+        for path, module in self.model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(lambda m, a, path=path: self.stack.append(path)))
+            self.handles.append(module.register_forward_hook(lambda m, a, o: self._pop()))
+        return self
+
+    def _pop(self):
+        if self.stack:
+            self.stack.pop()
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        return False
+
+    def innermost(self) -> str | None:
+        """The failing module's path ("" for the model itself), or None if the failure
+        came before any module ran."""
+        return self.stack[-1] if self.stack else None
+
+
+class _Located(Exception):
+    """A capture failure with where it happened: the module path (as the IR names it) and
+    the op when torch's error names one."""
+
+    def __init__(self, error: BaseException, module: str | None):
+        super().__init__(str(error))
+        self.error = error
+        self.module = module
+        self.op = _failing_op(error)
+
+
+def _failing_op(error: BaseException) -> str | None:
+    """The op named by torch's fake-tensor errors (no fake kernel, data-dependent output)."""
+    func = getattr(error, "func", None)
+    return op_name(func) if isinstance(func, torch._ops.OpOverload) else None
+
+
+def _named_root(model: torch.nn.Module, prefix: str) -> torch.nn.Module:
+    """The module whose names the IR uses: `model` itself for the prefix "model." (the
+    capture wrapper's), a submodule of it for a longer prefix (parallelize's)."""
+    inner = prefix[len("model."):-1]
+    return model.get_submodule(inner) if inner else model
+
+
+def _describe(located: _Located, root: torch.nn.Module) -> str:
+    """` at <op> in module '<path>' (<class>)`, as much of it as is known."""
+    parts = []
+    if located.op:
+        parts.append(f" at {located.op}")
+    if located.module is not None:
+        try:
+            cls = type(root.get_submodule(located.module)).__name__
+        except AttributeError:
+            cls = None
+        parts.append(f" in module '{located.module}'" + (f" ({cls})" if cls else ""))
+    return "".join(parts)
+
+
+def _hint(error: BaseException) -> str:
+    """What to do about the failures that have one fix."""
+    name = type(error).__name__
+    if name == "UnsupportedOperatorException":
+        return ("\nhint: the op has no fake (meta) kernel, so its output shapes cannot be traced: register one "
+                "with torch.library.register_fake, or capture with method='torchscript', which runs the op")
+    if name in ("GuardOnDataDependentSymNode", "DynamicOutputShapeException", "DataDependentOutputException"):
+        return "\nhint: a shape or a branch there depends on tensor values; capture needs static shapes"
+    return ""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def capture(
@@ -223,24 +341,31 @@ def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batc
                           prefix: str = "model."):
     """The Graph and the capture's _Builder, whose `sources` map every IR node back to the
     ATen FX node it came from (the rewrite lowers those again, per rank)."""
+    root = _named_root(model, prefix)  # parallelize's wrapper: name the user's model
     if method == "export":
         try:
             doc, builder = _capture_export(model, named, batch_dim, prefix)
-        except _C.ShardwiseError:
-            raise  # shardwise's own errors say what is wrong; the fx fallback would not help
-        except Exception as export_error:  # noqa: BLE001 - report both failures if the fallback fails too
-            log.warning("torch.export failed (%s: %s); falling back to fx capture",
-                        type(export_error).__name__, str(export_error).splitlines()[0] if str(export_error) else "")
+        except _Located as export_error:  # report both failures if the fallback fails too
+            log.warning("torch.export failed%s (%s: %s); falling back to fx capture", _describe(export_error, root),
+                        type(export_error.error).__name__, _first_line(export_error.error))
             try:
                 doc, builder = _capture_fx(model, named, batch_dim, prefix)
             except Exception as fx_error:
-                inner = getattr(model, "model", None)  # parallelize's wrapper: name the user's model
-                name = type(inner if isinstance(inner, torch.nn.Module) and prefix.startswith("model.model.")
-                            else model).__name__
+                fx = fx_error if isinstance(fx_error, _Located) else _Located(fx_error, None)
                 raise CaptureError(
-                    f"could not capture {name}: torch.export failed with "
-                    f"{type(export_error).__name__}: {export_error}\n"
-                    f"and the fx fallback failed with {type(fx_error).__name__}: {fx_error}") from fx_error
+                    f"could not capture {type(root).__name__}: torch.export failed{_describe(export_error, root)} "
+                    f"with {type(export_error.error).__name__}: {_first_line(export_error.error)}"
+                    f"{_hint(export_error.error)}\n"
+                    f"and the fx fallback failed{_describe(fx, root)} with {type(fx.error).__name__}: "
+                    f"{_first_line(fx.error)}\n"
+                    f"torch.export's error in full: {export_error.error}\n"
+                    f"fx's error in full: {fx.error}") from fx.error
     else:
-        doc, builder = _capture_fx(model, named, batch_dim, prefix)
+        try:
+            doc, builder = _capture_fx(model, named, batch_dim, prefix)
+        except _Located as fx_error:
+            raise CaptureError(
+                f"could not capture {type(root).__name__} with fx{_describe(fx_error, root)}: "
+                f"{type(fx_error.error).__name__}: {_first_line(fx_error.error)}{_hint(fx_error.error)}\n"
+                f"in full: {fx_error.error}") from fx_error.error
     return Graph._from_core(_C.Graph.from_json(json.dumps(doc)), batch_dim=batch_dim), builder

@@ -50,11 +50,12 @@ import torch.fx
 from . import _C
 from ._C import ValidationError
 from ._logging import get_logger
+from ._inputs import forward_signature, split_call
 from .capture import _capture_with_sources
 from .checkpoint import keep_state
 from .materialize import local_tensor
 from .plan import Plan, micro_batch_fallback
-from .runtime.batch import TARGET, BatchBinding, map_tensors, split_call
+from .runtime.batch import TARGET, BatchBinding, call_arguments, map_tensors
 from .runtime.buckets import _GradientBuckets
 from .runtime.counted import Counter
 from .runtime.engine_base import CollectiveError, EngineBase
@@ -79,10 +80,11 @@ class _Trainable(torch.nn.Module):
         self._loss_fn = loss_fn
 
     def forward(self, **batch):
+        target = batch.pop(TARGET) if self._loss_fn is not None else None
+        args, kwargs = split_call(forward_signature(self.model), batch)  # forward(*args) items positionally
+        out = self.model(*args, **kwargs)
         if self._loss_fn is not None:
-            target = batch.pop(TARGET)
-            return self._loss_fn(self.model(**batch), target)
-        out = self.model(**batch)
+            return self._loss_fn(out, target)
         if isinstance(out, torch.Tensor):
             return out
         loss = getattr(out, "loss", None)
@@ -203,7 +205,7 @@ class Engine(EngineBase):
 
     def _local_batch(self, batch: tuple) -> list[torch.Tensor]:
         """This rank's share of a positional batch (tests and benchmarks)."""
-        tensors = self._binding.bind(*split_call(batch, {}))
+        tensors = self._binding.bind(*call_arguments(batch, {}))
         program = self._programs[(True, tuple(tuple(t.shape) for t in tensors.values()))]
         return [local_tensor(t, p, self._mesh.sizes, self._mesh.rank) for t, p in zip(tensors.values(),
                                                                                       program.placements)]
@@ -404,7 +406,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     world, rank = dist.get_world_size(), dist.get_rank()
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    args, kwargs = split_call(tuple(example_inputs) if not isinstance(example_inputs, dict)
+    args, kwargs = call_arguments(tuple(example_inputs) if not isinstance(example_inputs, dict)
                               else (example_inputs,), {})
     kwargs.update(example_kwargs or {})
     binding, named = BatchBinding.capture(model, args, kwargs, loss_fn)

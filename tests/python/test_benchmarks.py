@@ -57,3 +57,15 @@ def test_pipeline_memory_matches_the_simulator():
         in_flight, simulated = int(row[6]), int(row[8])
         assert in_flight == simulated, row
     assert [int(r[6]) for r in rows] == [8, 8, 2, 1]
+
+
+def test_model_zoo_captures_and_plans_by_every_method(tmp_path):
+    import json
+
+    out = _run("model_zoo.py", "falcon", "t5", "vit", "--json", str(tmp_path / "zoo.json"))
+    assert "models; captured by export" in out
+    results = {r["name"]: r for r in json.loads((tmp_path / "zoo.json").read_text())}
+    assert set(results) == {"falcon", "falcon-gqa", "t5", "vit"}
+    for name, r in results.items():
+        assert r["captured"] == ["export", "fx", "torchscript"], (name, r["errors"])
+        assert r["plans"] == [[1, 4], [2, 2]] and r["errors"] == {} and r["unknown_ops"] == [], name

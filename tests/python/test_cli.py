@@ -133,3 +133,41 @@ def test_inspect_a_transformers_config_and_a_user_function_as_the_readme_shows(t
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "676 parameters" in proc.stdout, proc.stdout
+
+
+def test_hf_configs_get_their_task_head_and_labels(tmp_path):
+    """hf:NAME builds the head of the config's task, not only causal / masked LMs: the
+    class a checkpoint's config names, else seq2seq for an encoder-decoder, masked LM for an
+    encoder, causal LM for a decoder, image classification for a vision model."""
+    import transformers
+
+    from shardwise.models.registry import hf_task_head, resolve_model
+
+    expected = {"t5": ("seq2seq-lm", "T5ForConditionalGeneration"),
+                "bart": ("seq2seq-lm", "BartForConditionalGeneration"),
+                "whisper": ("speech-seq2seq", "WhisperForConditionalGeneration"),
+                "bert": ("masked-lm", "BertForMaskedLM"), "gpt2": ("causal-lm", "GPT2LMHeadModel"),
+                "vit": ("image-classification", "ViTForImageClassification"),
+                "resnet": ("image-classification", "ResNetForImageClassification")}
+    for name, head in expected.items():
+        assert hf_task_head(transformers.AutoConfig.for_model(name)) == head, name
+    model, inputs = resolve_model("hf:vit", batch=2)
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == {"pixel_values": (2, 3, 224, 224), "labels": (2,)}
+    # A saved config names its class: that one is built.
+    cfg = transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                  architectures=["BertForSequenceClassification"])
+    cfg.save_pretrained(tmp_path)
+    model, inputs = resolve_model(f"hf:{tmp_path / 'config.json'}", batch=2, seq=8)
+    assert type(model).__name__ == "BertForSequenceClassification" and list(inputs) == ["input_ids"]
+
+
+def test_inspect_and_plan_seq2seq_and_vision_configs():
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "inspect", "hf:t5", "--seq", "32", "--batch", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "60,506,624 parameters" in proc.stdout  # t5-small's shapes
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "plan", "hf:vit", "--cluster", "dgx-a100",
+                           "--global-batch", "64", "--batch", "2", "--format", "text"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "predicted step" in proc.stdout

@@ -451,6 +451,45 @@ def test_optional_tensor_list_records_positions():
     assert "aten::slice.Tensor" not in g.ops()  # the leading `:` is a full-range slice: dropped
 
 
+class _TanhGelu(torch.autograd.Function):
+    """Bloom's GeLUFunction, trimmed: a forward of ATen ops and a hand-written backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+        return grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.79788456 * (1 + 3 * 0.044715 * x * x))
+
+
+def test_autograd_function_forward_is_inlined():
+    """The tracer records a torch.autograd.Function as prim::PythonOp with its traced forward
+    as a Subgraph: the importer takes the forward's ATen ops, in the function's module, as
+    torch.export does (Bloom's MLP)."""
+
+    class Act(nn.Module):
+        def forward(self, x):
+            return _TanhGelu.apply(x)
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.act = nn.Linear(8, 8), Act()
+
+        def forward(self, x):
+            return self.act(self.fc(x)) + 1
+
+    x = torch.randn(BATCH, 8)
+    g = Imported(import_torchscript_debug(Mlp(), (x,)))
+    assert "aten::tanh" in g.ops() and not any(op.startswith("prim::") for op in g.ops())
+    assert {n["module"] for n in g.nodes if n["op"] == "aten::tanh"} == {"act"}
+    assert g.shape(g.doc["outputs"][0]) == [BATCH, 8]
+
+
 def test_traced_function_without_module():
     fn = torch.jit.trace(lambda a, b: torch.relu(a @ b), (torch.randn(3, 4), torch.randn(4, 5)))
     g = Imported(import_graph_debug(fn.graph))
@@ -494,6 +533,20 @@ def test_data_dependent_if_is_an_error_naming_node_and_line():
     assert f"test_torchscript_import.py:{Gate.forward.__code__.co_firstlineno + 1}" in msg
     assert "data-dependent control flow" in msg and "torch.jit.trace" in msg
     assert "no static shape" in msg  # the second problem of scripted graphs, as a note
+
+
+def test_a_list_attribute_with_a_run_time_value_says_where_it_comes_from():
+    """Swin pads by torch.min(torch.tensor(sizes)) when tracing: a value the importer does not
+    fold. The error names the list's unknown elements by their cause, not "unknown value"."""
+
+    class Pad(nn.Module):
+        def forward(self, x):
+            width = (x.size(-1) + 1) // 2  # traced size arithmetic
+            window = torch.min(torch.tensor([4, 6]))  # a reduction the importer does not fold
+            return nn.functional.pad(x, (0, (window - width % window) % window))
+
+    with pytest.raises(shardwise.ShardwiseError, match=r"'pad'.*<the value of tensor .* computed at run time"):
+        shardwise.capture(Pad(), (torch.randn(2, 3),), method="torchscript")
 
 
 def test_loop_is_an_error():

@@ -33,7 +33,7 @@ from ..capture import _bind_inputs, _input_names, _tensor_leaves
 TARGET = "target"  # the IR name of the loss' target when parallelize is given a loss_fn
 
 
-def split_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def call_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """(args, kwargs) of a step call; one Mapping passed alone is the keywords (a collator's batch)."""
     if len(args) == 1 and not kwargs and isinstance(args[0], Mapping):
         return (), dict(args[0])
@@ -68,7 +68,7 @@ class BatchBinding:
     def bind(self, args: tuple, kwargs: dict, where: str = "train_step") -> dict[str, torch.Tensor]:
         """{IR name: tensor} of a step's call, in the program's order, or ValidationError.
         ``self.last`` keeps the call's bound arguments (what a new capture traces)."""
-        args, kwargs = split_call(args, kwargs)
+        args, kwargs = call_arguments(args, kwargs)
         try:
             named = _bind(self._model, args, kwargs, self._has_loss_fn)
         except ValidationError as e:

@@ -11,6 +11,7 @@ namespace shardwise::ops {
 namespace {
 
 using testing::boolean;
+using testing::c64;
 using testing::f32;
 using testing::i64;
 using testing::one_node;
@@ -120,6 +121,10 @@ TEST(NodeRuleTest, PermuteAndTranspose) {
   EXPECT_EQ(rule_str("aten::t", {f32({5})}, {f32({5})}), "d0 -> d0  [d0=5]");  // rank 1 passes through
   EXPECT_THROW(rule_str("aten::permute", {f32({2, 3})}, {f32({3, 2})}, {{"dims", Ints{0, 0}}}),
                support::ValidationError);
+  // x.T (Falcon's `x @ self.weight.T`) reverses every dim; x.mT swaps the last two.
+  EXPECT_EQ(rule_str("aten::numpy_T", {f32({3, 5})}, {f32({5, 3})}), "d0 d1 -> d1 d0  [d0=3, d1=5]");
+  EXPECT_EQ(inferred("aten::numpy_T", {f32({2, 3, 5})}, {f32({5, 3, 2})}), (std::vector<Shape>{{5, 3, 2}}));
+  EXPECT_EQ(rule_str("aten::mT", {f32({2, 3, 5})}, {f32({2, 5, 3})}), "d0 d1 d2 -> d0 d2 d1  [d0=2, d1=3, d2=5]");
 }
 
 TEST(NodeRuleTest, ExpandAddsSpatialDims) {
@@ -142,6 +147,34 @@ TEST(NodeRuleTest, ElementwiseBroadcasting) {
   EXPECT_EQ(inferred("aten::eq.Tensor", {i64({2, 1, 16, 1}), i64({2, 1, 1, 16})}, {boolean({2, 1, 16, 16})}),
             (std::vector<Shape>{{2, 1, 16, 16}}));
   EXPECT_THROW(rule_str("aten::add.Tensor", {f32({4, 3}), f32({5})}, {f32({4, 3})}), support::ValidationError);
+}
+
+// torch.min(a, b) / torch.max(a, b) are binary pointwise ops (T5's relative position
+// buckets), not the full reductions aten::min / aten::max: the overloads have rows of
+// their own, so they never borrow the base name's rule.
+TEST(NodeRuleTest, BinaryMinAndMaxAreElementwise) {
+  for (const char* op : {"aten::min.other", "aten::max.other", "aten::minimum", "aten::fmax"}) {
+    EXPECT_EQ(rule_str(op, {i64({16, 16}), i64({16, 1})}, {i64({16, 16})}),
+              "d0 d1, d0 1 -> d0 d1  [d0=16, d1=16]")
+        << op;
+    EXPECT_EQ(inferred(op, {i64({16, 1}), i64({1, 16})}, {i64({16, 16})}), (std::vector<Shape>{{16, 16}})) << op;
+  }
+  // The unary forms stay reductions.
+  EXPECT_EQ(rule_str("aten::min", {f32({2, 3})}, {f32({})}), "r0 r1 -> ()  [r0=2 reduced(min), r1=3 reduced(min)]");
+}
+
+// Complex rotary embeddings (Llama reference code, torchtitan): the real view's trailing
+// (re, im) pair is one Whole index, every other dim passes through.
+TEST(NodeRuleTest, ComplexViewsKeepTheRealImaginaryPairWhole) {
+  EXPECT_EQ(rule_str("aten::view_as_complex", {f32({2, 16, 4, 8, 2})}, {c64({2, 16, 4, 8})}),
+            "_0 _1 _2 _3 K -> _0 _1 _2 _3  [_0=2, _1=16, _2=4, _3=8, K=2 whole]");
+  EXPECT_EQ(rule_str("aten::view_as_real", {c64({2, 16, 4, 8})}, {f32({2, 16, 4, 8, 2})}),
+            "_0 _1 _2 _3 -> _0 _1 _2 _3 K  [_0=2, _1=16, _2=4, _3=8, K=2 whole]");
+  EXPECT_EQ(inferred("aten::view_as_complex", {f32({2, 16, 4, 8, 2})}, {c64({2, 16, 4, 8})}),
+            (std::vector<Shape>{{2, 16, 4, 8}}));
+  // The complex product with the broadcast frequencies is an ordinary elementwise op.
+  EXPECT_EQ(rule_str("aten::mul.Tensor", {c64({2, 16, 4, 8}), c64({1, 16, 1, 8})}, {c64({2, 16, 4, 8})}),
+            "d0 d1 d2 d3, 1 d1 1 d3 -> d0 d1 d2 d3  [d0=2, d1=16, d2=4, d3=8]");
 }
 
 TEST(NodeRuleTest, SoftmaxNeedsItsDimWhole) {
@@ -259,6 +292,36 @@ TEST(NodeRuleTest, GatherIndexSelectAndAdvancedIndexing) {
             "d0 W0 d1, i0 -> d0 i0 d1  [i0=5, d0=4, W0=10 whole, d1=3]");
 }
 
+// The index list's Nones are recorded as indices_present; they, not the output shape, say
+// which dims are indexed, so the shape check (which infers the output from the inputs)
+// gets Falcon's fused_qkv[..., [-2], :] right: indexing dim 2, not dim 0.
+TEST(NodeRuleTest, AdvancedIndexingAfterEllipsisIndexesTheRightDim) {
+  const ir::Attributes falcon{{"indices_present", Ints{0, 0, 1}}};
+  EXPECT_EQ(rule_str("aten::index.Tensor", {f32({4, 16, 6, 16}), i64({1})}, {f32({4, 16, 1, 16})}, falcon),
+            "d0 d1 W0 d2, i0 -> d0 d1 i0 d2  [i0=1, d0=4, d1=16, W0=6 whole, d2=16]");
+  EXPECT_EQ(inferred("aten::index.Tensor", {f32({4, 16, 6, 16}), i64({1})}, {f32({4, 16, 1, 16})}, falcon),
+            (std::vector<Shape>{{4, 16, 1, 16}}));
+  // Falcon's new decoder architecture: qkv[:, :, :, [-2]] on [b, s, groups, q + 2, d].
+  EXPECT_EQ(inferred("aten::index.Tensor", {f32({4, 16, 2, 4, 16}), i64({1})}, {f32({4, 16, 2, 1, 16})},
+                     {{"indices_present", Ints{0, 0, 0, 1}}}),
+            (std::vector<Shape>{{4, 16, 2, 1, 16}}));
+  // Index tensors apart (x[i, :, j]): their broadcast dims go first, as numpy puts them.
+  EXPECT_EQ(rule_str("aten::index.Tensor", {f32({5, 6, 7}), i64({3}), i64({3})}, {f32({3, 6})},
+                     {{"indices_present", Ints{1, 0, 1}}}),
+            "W0 d0 W1, i0, i0 -> i0 d0  [i0=3, W0=5 whole, d0=6, W1=7 whole]");
+  EXPECT_EQ(inferred("aten::index.Tensor", {f32({5, 6, 7}), i64({3}), i64({3})}, {f32({3, 6})},
+                     {{"indices_present", Ints{1, 0, 1}}}),
+            (std::vector<Shape>{{3, 6}}));
+  // A count of present entries that disagrees with the operands: no rule to trust.
+  EXPECT_EQ(rule_str("aten::index.Tensor", {f32({5, 6}), i64({3})}, {f32({5, 3})}, {{"indices_present", Ints{1, 1}}}),
+            "W0 W1, W2 -> W3 W4  [W0=5 whole, W1=6 whole, W2=3 whole, W3=5 whole, W4=3 whole]");
+  // index_put: x[:, idx] = v writes dim 1, so dim 0 stays splittable.
+  EXPECT_EQ(rule_str("aten::index_put", {f32({4, 10, 3}), i64({5}), f32({4, 5, 3})}, {f32({4, 10, 3})},
+                     {{"indices_present", Ints{0, 1}}}),
+            "d0 W0 d1, W1, W2 W3 W4 -> d0 W0 d1  [d0=4, W0=10 whole, d1=3, W1=5 whole, W2=4 whole, W3=5 whole, "
+            "W4=3 whole]");
+}
+
 // ---- convolution, pooling, normalisation ------------------------------------------------
 
 TEST(NodeRuleTest, Conv2dChannelsAndWindows) {
@@ -312,6 +375,12 @@ TEST(NodeRuleTest, ScaledDotProductAttention) {
   EXPECT_EQ(inferred("aten::scaled_dot_product_attention",
                      {f32({2, 4, 8, 16}), f32({2, 4, 10, 16}), f32({2, 4, 10, 32})}, {f32({2, 4, 8, 32})}),
             (std::vector<Shape>{{2, 4, 8, 32}}));
+  // Multi-query attention (Falcon-7B): one k/v head broadcast against the query heads, so
+  // the heads stay splittable and each shard reads the k/v head whole.
+  EXPECT_EQ(rule_str("aten::scaled_dot_product_attention",
+                     {f32({4, 4, 16, 16}), f32({4, 1, 16, 16}), f32({4, 1, 16, 16}), boolean({4, 1, 16, 16})},
+                     {f32({4, 4, 16, 16})}),
+            "b h s D, b 1 T D, b 1 T e, b 1 s T -> b h s e  [b=4, h=4, s=16, D=16 whole, T=16 whole, e=16]");
 }
 
 TEST(NodeRuleTest, CrossEntropyReducesTheBatch) {

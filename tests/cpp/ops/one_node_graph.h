@@ -16,6 +16,9 @@ inline ir::TensorType f32(std::vector<std::int64_t> shape) {
 inline ir::TensorType i64(std::vector<std::int64_t> shape) {
   return ir::TensorType{ir::DType::I64, std::move(shape), {}};
 }
+inline ir::TensorType c64(std::vector<std::int64_t> shape) {
+  return ir::TensorType{ir::DType::C64, std::move(shape), {}};
+}
 inline ir::TensorType boolean(std::vector<std::int64_t> shape) {
   return ir::TensorType{ir::DType::Bool, std::move(shape), {}};
 }

@@ -187,6 +187,21 @@ TEST(OpTableTest, BuiltinFlopsKinds) {
   EXPECT_EQ(flops_kind_name(FlopsKind::Contraction), "contraction");
 }
 
+TEST(OpTableTest, EveryInPlaceOpHasItsFunctionalFormToo) {
+  // Capture turns a write into an intermediate tensor (aten::fill_, aten::add_, ...) into its
+  // functional form (python/shardwise/_functionalize.py): that op must have a rule as well.
+  const auto& table = OpTable::builtin();
+  for (const OpSpec& spec : table.specs()) {
+    const std::string_view name(spec.name);
+    const auto dot = name.find('.');
+    const std::string_view base = name.substr(0, dot);
+    if (base.size() < 2 || base.back() != '_' || base.ends_with("__")) continue;
+    std::string functional(base.substr(0, base.size() - 1));
+    if (dot != std::string_view::npos) functional += name.substr(dot);
+    EXPECT_NE(table.find(functional), nullptr) << spec.name << " has no " << functional;
+  }
+}
+
 TEST(OpTableTest, EveryTemplateIsListed) {
   const auto& templates = rule_templates();
   auto has = [&](std::string_view name) {
