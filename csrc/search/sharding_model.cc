@@ -301,9 +301,10 @@ double ShardingModel::value_bytes(ir::ValueId value) const {
   return scales_with_batch(v) ? bytes * batch_scale_ : bytes;
 }
 
-ops::DimRule ShardingModel::rule_except(ir::NodeId node, int axis) const {
+ops::DimRule ShardingModel::rule_except(ir::NodeId node, int axis, bool outer_only) const {
   ops::DimRule rule = *rules_[static_cast<std::size_t>(node)];
-  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+  const int axes = outer_only ? axis : static_cast<int>(options_.mesh.size());
+  for (int b = 0; b < axes; ++b) {
     if (b == axis) continue;
     rule = local_rule(rule, node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(node)],
                       options_.mesh[static_cast<std::size_t>(b)]);
@@ -313,8 +314,9 @@ ops::DimRule ShardingModel::rule_except(ir::NodeId node, int axis) const {
 
 std::vector<Strategy> ShardingModel::node_strategies(ir::NodeId node, int axis) const {
   if (!rules_[static_cast<std::size_t>(node)]) return {replicate_strategy(node)};
+  const ops::DimRule layout = rule_except(node, axis, /*outer_only=*/true);
   auto strategies =
-      enumerate_strategies(rule_except(node, axis), options_.mesh[static_cast<std::size_t>(axis)], strided_);
+      enumerate_strategies(rule_except(node, axis), options_.mesh[static_cast<std::size_t>(axis)], strided_, &layout);
   // A rule with fewer operands than the node (optional operands the rule leaves out) cannot
   // place the rest: such a node runs replicated.
   const ir::Node& n = graph_.node(node);

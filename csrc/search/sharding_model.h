@@ -167,7 +167,10 @@ class ShardingModel {
   double held_except(ir::ValueId value, int axis) const;  // product of held fractions, axis excluded
   double held_all(ir::ValueId value) const;
   double value_bytes(ir::ValueId value) const;  // whole tensor, at the global batch and precision
-  ops::DimRule rule_except(ir::NodeId node, int axis) const;
+  // The node's rule as the other axes' current splits leave it: every other axis
+  // (`outer_only` false: what may split, sizes for costs), or only the axes outer to `axis`
+  // (true: where this axis' blocks lie, enumerate_strategies' `layout`).
+  ops::DimRule rule_except(ir::NodeId node, int axis, bool outer_only = false) const;
   std::vector<Strategy> node_strategies(ir::NodeId node, int axis) const;
   Strategy replicate_strategy(ir::NodeId node) const;
   // Forward + backward (+ recomputed forward) seconds of a node with `choice` on `axis`

@@ -81,13 +81,15 @@ Strategy replicate_strategy(const ops::DimRule& rule) {
   return s;
 }
 
-Strategy split_strategy(const ops::DimRule& rule, int i, std::int64_t groups) {
+// `layout`: the rule whose index sizes say where the blocks lie (see enumerate_strategies);
+// it has the same indices and operands as `rule`.
+Strategy split_strategy(const ops::DimRule& rule, const ops::DimRule& layout, int i, std::int64_t groups) {
   const ops::Index& index = rule.indices.at(static_cast<std::size_t>(i));
   Strategy s;
   s.index = i;
   s.groups = groups;
-  for (const auto& operand : rule.inputs) {
-    if (auto c = find_carrier(rule, operand, i)) {
+  for (const auto& operand : layout.inputs) {
+    if (auto c = find_carrier(layout, operand, i)) {
       s.inputs.push_back(Placement::shard(c->dim, c->major * groups));
       s.input_grads.push_back(s.inputs.back());
       continue;
@@ -112,8 +114,8 @@ Strategy split_strategy(const ops::DimRule& rule, int i, std::int64_t groups) {
         break;
     }
   }
-  for (const auto& operand : rule.outputs) {
-    if (auto c = find_carrier(rule, operand, i)) {
+  for (const auto& operand : layout.outputs) {
+    if (auto c = find_carrier(layout, operand, i)) {
       s.outputs.push_back(Placement::shard(c->dim, c->major * groups));
     } else if (index.kind == ops::IndexKind::Reduced) {
       s.outputs.push_back(Placement::partial(index.reduction));
@@ -153,8 +155,13 @@ std::string Strategy::str(const ops::DimRule& rule) const {
   return fmt::format("split {} g{}", label, groups);
 }
 
-std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_size, const StrategyOptions& options) {
+std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_size, const StrategyOptions& options,
+                                           const ops::DimRule* layout) {
   check_axis_size(axis_size);
+  if (layout == nullptr) layout = &rule;
+  if (layout->indices.size() != rule.indices.size() || layout->inputs.size() != rule.inputs.size() ||
+      layout->outputs.size() != rule.outputs.size())
+    throw support::ValidationError(fmt::format("layout rule {} does not match the rule {}", layout->str(), rule.str()));
   std::vector<Strategy> out = {replicate_strategy(rule)};
   if (axis_size == 1) return out;
   const auto n = static_cast<std::int64_t>(axis_size);
@@ -171,7 +178,7 @@ std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_si
     for (auto g : groups) {
       const std::int64_t parts = n * g;
       if (index.size < parts) continue;
-      Strategy s = split_strategy(rule, static_cast<int>(k), g);
+      Strategy s = split_strategy(rule, *layout, static_cast<int>(k), g);
       if (index.size % parts != 0 &&
           (g != 1 || index.size < kUnevenMinimumShare * parts || !make_uneven(s, uneven_ratios(index.size, axis_size))))
         continue;

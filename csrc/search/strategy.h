@@ -101,8 +101,20 @@ struct StrategyOptions {
 
 // Every legal strategy of a node with `rule` on an axis of `axis_size` ranks (>= 1; with 1,
 // only replicate). Throws support::ValidationError on axis_size < 1.
+//
+// On a mesh of several axes, `rule` is the rule as every other axis' split leaves it
+// (local_rule): it decides what may split and by how much. `layout` (default: `rule`) is the
+// rule as only the axes *outer* to this one leave it (same indices, operands): the Shards'
+// groups (the sizes of the indices major to the split one) come from it, because a
+// ShardingSpec nests axis 0 outermost (placement.h, transform/local_shard.h): this axis cuts
+// what its outer axes left, before any inner axis cuts. An inner axis' split of a major index
+// does not move this axis' blocks. Example: [b=2, s=16, h] -> [32, h] (dim 0 = b s), the
+// tensor axis 0 splitting s, the data axis 1 splitting b: axis 0 holds s-block k of *both*
+// sequences, Shard(0, 2), not Shard(0) (the rows of one sequence), which is what `rule`, with
+// b already cut to 1 by axis 1, would say.
 std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_size,
-                                           const StrategyOptions& options = {});
+                                           const StrategyOptions& options = {},
+                                           const ops::DimRule* layout = nullptr);
 
 // Each of n ranks' share of an index of `size` >= n split as evenly as whole elements allow:
 // the first size % n ranks hold ceil(size / n), the others floor. Empty when n divides size.

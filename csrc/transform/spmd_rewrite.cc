@@ -38,7 +38,7 @@ Strategy replicate_of(const ir::Node& node) {
 // The strategy a plan names by `text` ("replicate", "partial", "split n", "split n g3") for
 // `node` with `rule` (already local to the other axes' splits) on an axis of n ranks.
 Strategy strategy_from_text(const ir::Graph& graph, const ir::Node& node, const std::optional<ops::DimRule>& rule,
-                            const std::string& text, int axis, int n) {
+                            const std::string& text, int axis, int n, const ops::DimRule* layout = nullptr) {
   auto where = [&] {
     return fmt::format("node '{}' ({}, module '{}') on mesh axis {}", graph.value(node.outputs[0]).name, node.op,
                        node.module_path, axis);
@@ -65,7 +65,7 @@ Strategy strategy_from_text(const ir::Graph& graph, const ir::Node& node, const 
     search::StrategyOptions options;
     if (groups > 1) options.strided.emplace_back(rule->indices[static_cast<std::size_t>(index)].size, groups);
     bool found = false;
-    for (Strategy& candidate : search::enumerate_strategies(*rule, n, options)) {
+    for (Strategy& candidate : search::enumerate_strategies(*rule, n, options, layout)) {
       if (candidate.index == index && candidate.groups == groups) {
         s = std::move(candidate);
         found = true;
@@ -127,12 +127,14 @@ std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, co
     const auto& text = plan_entry(sharding.strategies, graph.value(node.outputs[0]).name, "strategy", axes);
     const std::optional<ops::DimRule> rule = ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
     // Pass 1 on the whole rule (a split legal on local sizes is legal on whole ones); pass 2
-    // on the rule as the other axes' splits leave it, as the search enumerated it: a strided
-    // shard's groups count what those splits left.
+    // on the rule as the other axes' splits leave it, as the search enumerated it, with the
+    // shards' groups counted on what the *outer* axes' splits left (enumerate_strategies'
+    // `layout`: axis 0 cuts first, so an inner axis' split of a major index does not move
+    // an outer axis' blocks).
     // Adapting to other shapes: a strategy that does not split these sizes replicates.
-    auto resolve = [&](const std::optional<ops::DimRule>& r, std::size_t a) {
+    auto resolve = [&](const std::optional<ops::DimRule>& r, std::size_t a, const ops::DimRule* layout = nullptr) {
       try {
-        return strategy_from_text(graph, node, r, text[a], static_cast<int>(a), sharding.mesh[a]);
+        return strategy_from_text(graph, node, r, text[a], static_cast<int>(a), sharding.mesh[a], layout);
       } catch (const ValidationError&) {
         if (!adapt_to_shapes) throw;
         return replicate_of(node);
@@ -147,9 +149,13 @@ std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, co
     std::vector<Strategy> second;
     for (std::size_t a = 0; a < axes; ++a) {
       ops::DimRule local = *rule;
-      for (std::size_t b = 0; b < axes; ++b)
-        if (b != a && !first[b].partial && first[b].index >= 0) local = search::local_rule(local, first[b], sharding.mesh[b]);
-      second.push_back(first[a].index < 0 && !first[a].partial ? first[a] : resolve(local, a));
+      ops::DimRule layout = *rule;
+      for (std::size_t b = 0; b < axes; ++b) {
+        if (b == a || first[b].partial || first[b].index < 0) continue;
+        local = search::local_rule(local, first[b], sharding.mesh[b]);
+        if (b < a) layout = search::local_rule(layout, first[b], sharding.mesh[b]);
+      }
+      second.push_back(first[a].index < 0 && !first[a].partial ? first[a] : resolve(local, a, &layout));
     }
     out.push_back(std::move(second));
   }

@@ -10,7 +10,12 @@ becomes a scatter of the new slice into its base (``select_scatter``, ``slice_sc
 every later reader of the written tensor (or of the view) reads the new value.
 
 Writes into a model's buffers (batch norm's running statistics, ``num_batches_tracked += 1``)
-stay as they are: the rank program runs them on the rank's own buffers, in place.
+stay as they are: the rank program runs them on the rank's own buffers, in place. A lifted
+constant (``constants``: what ``torch.tensor(data)`` makes inside forward) is not state: a
+write into it is a write into the fresh tensor the call made, made functional like any other.
+On CPU torch.export copies such a constant first (``lift_fresh_copy``, which the IR leaves out:
+_fx_import.VALUE_IDENTITIES) and the write lands on the copy; on the meta device it reads the
+constant directly. Both must give the same graph (transformers' empty KV cache: ``detach_``).
 
 A write this pass cannot express exactly (into a view it has no scatter for, into an input
 or parameter, into a tensor another view still aliases) raises CaptureError naming the op,
@@ -75,9 +80,11 @@ def _fake_value(target, args, kwargs, like: list):
         return target(*fake_args, **fake_kwargs)
 
 
-def functionalize(graph: torch.fx.Graph) -> int:
-    """Rewrites `graph` in place (its placeholders are the parameters, buffers and inputs).
-    Returns the number of writes made functional."""
+def functionalize(graph: torch.fx.Graph, constants=()) -> int:
+    """Rewrites `graph` in place (its placeholders are the parameters, buffers and inputs;
+    `constants`: the placeholders that are lifted constants). Returns the number of writes made
+    functional."""
+    constants = set(constants)
     changed = 0
     for node in list(graph.nodes):
         if not _writes_first_operand(node):
@@ -90,7 +97,7 @@ def functionalize(graph: torch.fx.Graph) -> int:
             base = base.args[0]
         if not isinstance(base, torch.fx.Node):
             raise CaptureError(f"capture: a write into a tensor that is not a graph value: {_where(node)}")
-        if base.op == "placeholder":
+        if base.op == "placeholder" and base not in constants:
             if chain:
                 raise CaptureError(f"capture: a write into a view of an input, parameter or buffer cannot be run "
                                    f"per rank: {_where(node)}")

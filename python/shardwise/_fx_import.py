@@ -36,6 +36,31 @@ for _name, _short in (("float8_e4m3fn", "f8e4m3"), ("float8_e5m2", "f8e5m2")):
         _DTYPES[getattr(torch, _name)] = _short
 
 
+# Ops the IR leaves out: each returns its operand's value, and whether torch.export records one
+# at all depends on the kernels of the device the model was captured on, not on the program.
+# The IR, its node names and the plans searched on it must not (a plan searched on a meta
+# model runs on the CPU or GPU capture of the same model):
+#   aten.contiguous      Tensor.contiguous() is traced only where its operand is not contiguous
+#                        already. SDPA's CPU kernel returns a [b, s, h, d]-strided output (so do
+#                        fused GPU kernels) and its meta kernel a [b, h, s, d] one, so
+#                        `out.transpose(1, 2).contiguous()` (every transformers attention) is a
+#                        copy on the meta device and nothing on CPU.
+#   aten.lift_fresh_copy torch.tensor(data) copies its lifted constant on CPU; on the meta device
+#                        the constant is read directly (transformers' DynamicLayer's empty cache).
+# Neither changes a value, so no sharding decision is lost; every node of both ops is left out
+# (a real copy too: labels[..., 1:].contiguous()), so no other node's name moves (FX numbers
+# nodes per op: 'contiguous_2' would otherwise name the CPU capture's 'contiguous'), and the
+# TorchScript importer already elides aten::contiguous (csrc/torch/torchscript_import.cc). The
+# rewrite calls them again where a captured node read one (engine._build_module), so the rank
+# program keeps the captured program's memory layouts (a view after contiguous()) and copies.
+VALUE_IDENTITIES = frozenset({torch.ops.aten.contiguous.default, torch.ops.aten.lift_fresh_copy.default})
+
+
+def is_value_identity(node: Any) -> bool:
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in VALUE_IDENTITIES
+            and bool(node.args) and isinstance(node.args[0], torch.fx.Node))
+
+
 class CaptureError(_C.ShardwiseError):
     """Capture could not turn the program into the IR; the message names the node."""
 
@@ -212,6 +237,9 @@ def walk_graph(
         if (not isinstance(node.target, torch._ops.OpOverload) and not node.users
                 and not isinstance(node.meta.get("val"), (torch.Tensor, list, tuple))):
             continue  # a call kept for its effect on autograd state (torch._C._set_grad_enabled): nothing to shard
+        if is_value_identity(node) and node.args[0] in env:
+            env[node] = env[node.args[0]]  # see VALUE_IDENTITIES
+            continue
         sub = _inline_target(node, owner)
         if sub is not None:
             sub_gm, operands = sub

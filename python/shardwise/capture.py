@@ -148,7 +148,8 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
         if role == "constant":
             builder.constants[name] = ep.constants.get(spec.target)
         env[node] = name if name in builder.names else builder.leaf(name, val, role)
-    functionalize(ep.graph)
+    functionalize(ep.graph, constants=[node for spec, node in zip(ep.graph_signature.input_specs, placeholders)
+                                       if spec.kind == InputKind.CONSTANT_TENSOR])
     results = walk_graph(ep.graph, builder, env, ep.graph_module)
     return document(builder, flatten_names(results)), builder
 

@@ -159,6 +159,39 @@ def test_meta_gpt2_xl_captures_quickly_with_48_repeated_blocks():
     print(f"GPT-2 XL shape on meta: captured in {elapsed:.1f} s, {graph.num_nodes()} nodes")
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_meta_and_cpu_captures_name_the_same_nodes(arch):
+    """A plan searched on a meta-device model runs on the CPU or GPU capture of the same model,
+    by node name: the two graphs must be the same node for node. SDPA's meta kernel leaves
+    `out.transpose(1, 2)` non-contiguous where the CPU kernel does not (so `.contiguous()` is a
+    node on meta only), and torch.tensor(data) is a lift_fresh_copy node on CPU only."""
+    transformers = pytest.importorskip("transformers")
+
+    def build():
+        if arch == "gpt2":
+            return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=SEQ))
+        config = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": SEQ}
+        if arch == "llama":
+            return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**config))
+
+    def nodes(device):
+        with torch.device(device):
+            model = build()
+        ids = torch.zeros(BATCH, SEQ, dtype=torch.long, device=device)
+        doc = json.loads(shardwise.capture(model, {"input_ids": ids, "labels": ids}).to_json())
+        for n in doc["nodes"]:
+            n["attrs"].pop("device", None)  # arange(device=...) spells the device, as it should
+        return doc
+
+    on_cpu, on_meta = nodes("cpu"), nodes("meta")
+    ops = {n["op"] for n in on_cpu["nodes"]}
+    assert "aten::contiguous" not in ops and "aten::lift_fresh_copy" not in ops
+    assert on_meta == on_cpu
+
+
 _CONTRACTIONS = {"aten::linear", "aten::addmm", "aten::matmul", "aten::mm", "aten::bmm",
                  "aten::scaled_dot_product_attention", "aten::conv2d", "aten::embedding"}
 

@@ -43,6 +43,18 @@ class WritesIntoABuffer(nn.Module):
         return F.cross_entropy(self.head(torch.relu(h)), y)
 
 
+class VarArgs(nn.Module):
+    """forward(*xs): the inputs come as positional items (capture names them xs_0, xs_1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, *xs):
+        return (self.a(xs[0]) * self.b(xs[1])).pow(2).mean()
+
+
 def _qwen2(dtype=torch.float64):
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -157,7 +169,7 @@ def _scenario_unverified_capture(rank, world):
     """Capture with its writes left as they were (the defect): parallelize must refuse."""
     import sys
 
-    sys.modules["shardwise.capture"].functionalize = lambda graph: 0
+    sys.modules["shardwise.capture"].functionalize = lambda graph, constants=(): 0
     torch.manual_seed(0)
     x, y = torch.randn(8, 8, dtype=torch.float64), torch.randint(0, 3, (8,))
     try:
@@ -194,6 +206,76 @@ def _scenario_shapes(rank, world, mesh):
     except shardwise.ValidationError as e:
         refused = str(e)
     return {"losses": losses, "ref": ref_losses, "programs": len(engine._programs), "refused": refused}
+
+
+class _WithLoss(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids, y):
+        return F.cross_entropy(self.m(input_ids=ids, use_cache=False).logits.flatten(0, 1), y.flatten())
+
+
+def _causal_lm(name):
+    torch.manual_seed(0)
+    if name == "gpt2":  # its default attention: SDPA
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=16, resid_pdrop=0,
+                                      embd_pdrop=0, attn_pdrop=0)
+        return _WithLoss(transformers.GPT2LMHeadModel(cfg)).double()
+    cfg = transformers.BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=128, hidden_dropout=0.0,
+                                   attention_dropout=0.0)
+    return _WithLoss(transformers.BloomForCausalLM(cfg)).double()
+
+
+def _scenario_outer_tensor_axis(rank, world, name):
+    """The layers' tensor parallelism on the outer mesh axis and the batch on the inner one: a
+    view merging (batch, sequence), or BLOOM's (batch, heads) reshape, splits the minor index
+    on the outer axis, which is a strided shard of the merged dim."""
+    g = torch.Generator().manual_seed(1)
+    ids, y = torch.randint(0, 128, (2, 16), generator=g), torch.randint(0, 128, (2, 16), generator=g)
+    searched = shardwise.parallelize(_causal_lm(name), (ids, y), mesh=(2, 2),
+                                     cluster=shardwise.Cluster.preset("cpu", 4)).plan
+    doc = json.loads(searched.to_json())
+    sharding = doc["sharding"]
+    weights = [v for n, v in sharding["placements"].items() if n.endswith(".weight")]
+    if any(v[1].startswith("S") for v in weights):  # the layers on the inner axis: swap the axes
+        for key in ("placements", "strategies"):
+            sharding[key] = {n: list(reversed(v)) for n, v in sharding[key].items()}
+        sharding["zero"] = {n: [1 - a for a in axes] for n, axes in sharding["zero"].items()}
+    model, reference = _causal_lm(name), _causal_lm(name)
+    engine = shardwise.parallelize(model, (ids, y), plan=shardwise.Plan.from_json(json.dumps(doc)))
+    opt, ref_opt = torch.optim.SGD(engine.parameters(), lr=0.5), torch.optim.SGD(reference.parameters(), lr=0.5)
+    losses, ref_losses = [], []
+    for _ in range(2):
+        losses.append(float(engine.train_step(ids, y)))
+        opt.step()
+        opt.zero_grad()
+        loss = reference(ids, y)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(float(loss.detach()))
+    full = engine.full_state_dict()
+    placements = engine.plan.placements()
+    outer = [n for n, v in placements.items() if n.endswith(".weight") and v[0].startswith("S")]
+    return {"losses": losses, "ref": ref_losses, "outer_splits": len(outer),
+            "error": max((full[n] - p).abs().max().item() for n, p in reference.named_parameters())}
+
+
+def _scenario_var_args(rank, world, mesh):
+    torch.manual_seed(0)
+    model, reference = VarArgs().double(), VarArgs().double()
+    reference.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(1)
+    x, z = torch.randn(8, 8, generator=g, dtype=torch.float64), torch.randn(8, 8, generator=g, dtype=torch.float64)
+    engine = shardwise.parallelize(model, (x, z), mesh=mesh, cluster=shardwise.Cluster.preset("cpu", world))
+    loss = engine.train_step(x, z)
+    ref = reference(x, z)
+    ref.backward()
+    grads = engine._full_grads()
+    return {"loss": float(loss), "ref": float(ref.detach()),
+            "error": max((grads[n] - p.grad).abs().max().item() for n, p in reference.named_parameters())}
 
 
 def _scenario_positional_labels(rank, world, mesh):
@@ -294,3 +376,21 @@ def test_batches_of_other_shapes_are_captured_again_or_refused_under_static(mesh
     assert max(abs(a - b) / b for a, b in zip(r["losses"], r["ref"])) < 1e-6, r
     assert r["programs"] == 3, r  # the first batch's shapes came back: its program ran again
     assert r["refused"] and "static=True" in r["refused"], r
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bloom"])
+def test_tensor_parallelism_on_the_outer_mesh_axis_equals_one_device(name):
+    # Before: GPT-2 wrong from step 1 (1.8e-3 relative here): its (batch, sequence) merge split
+    # on the outer axis was placed as a contiguous shard, not a strided one (search/strategy.h:
+    # groups count the major indices as the outer axes leave them). BLOOM's (batch, heads)
+    # reshape has the same shape of bug; this plan of it passed before too, and must still.
+    r = _spawn(4, "outer_tensor_axis", name)
+    assert r["outer_splits"] > 0, r  # weights sharded on the outer axis
+    assert max(abs(a - b) / b for a, b in zip(r["losses"], r["ref"])) < 1e-10, r
+    assert r["error"] < 1e-10, r
+
+
+def test_a_forward_of_var_args_trains():
+    # Before: parallelize called the model with its items as keywords (xs_0=..., a TypeError).
+    r = _spawn(2, "var_args", (2, 1))
+    assert abs(r["loss"] - r["ref"]) / r["ref"] < 1e-12 and r["error"] < 1e-12, r

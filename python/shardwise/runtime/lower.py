@@ -16,7 +16,7 @@ import torch.fx
 
 from .. import _C
 from .._C import ValidationError
-from .._fx_import import _schema_args
+from .._fx_import import _schema_args, is_value_identity
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .mesh import _Mesh
@@ -249,7 +249,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         first = node["outputs"][0]["value"]
         src, indices = sources[first]
         operands = []
-        for op in node["inputs"]:
+        captured_operands = _operand_nodes(src)
+        for i, op in enumerate(node["inputs"]):
+            captured = captured_operands[i] if i < len(captured_operands) else None
             value = env[op["value"]]
             fwd = tuple(s["text"] for s in op["forward"])
             bwd = tuple(s["text"] for s in op["backward"])
@@ -258,6 +260,15 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 if key not in reshards:
                     reshards[key] = graph.call_module("reshard", (value, fwd, bwd))
                 value = reshards[key]
+            # An operand the capture read through a value identity the IR leaves out
+            # (_fx_import.VALUE_IDENTITIES: contiguous(), a constant's fresh copy): called again
+            # on the local operand, so a view after contiguous() still finds its layout.
+            identities = []
+            while is_value_identity(captured):
+                identities.append(captured)
+                captured = captured.args[0]
+            for identity in reversed(identities):
+                value = graph.call_function(identity.target, (value,), dict(identity.kwargs))
             operands.append(value)
         local_out = [o["local_shape"] for o in node["outputs"]]
         global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]

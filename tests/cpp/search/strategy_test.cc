@@ -317,6 +317,41 @@ TEST(StrategyTest, LocalRule) {
   EXPECT_THROW(local_rule(rule, strategies[1], 64), support::ValidationError);  // m = 32 < 64
 }
 
+TEST(StrategyTest, GroupsCountTheMajorIndicesAsTheOuterAxesLeaveThem) {
+  // [b=2, s=16, 64] -> [32, 64] (dim 0 = b s) on a {2, 2} mesh: the inner axis 1 splits b, the
+  // outer axis 0 splits s. Axis 0 cuts first: its rank k holds s-block k of both sequences,
+  // Shard(0, g2). The rule as axis 1 leaves it (b cut to 1) would say Shard(0): the rows of
+  // one sequence, which is where axis 1's blocks lie, not axis 0's.
+  const auto rule = rule_of("aten::view", {f32({2, 16, 64})}, {f32({32, 64})}, {{"size", Ints{32, 64}}});
+  ASSERT_EQ(rule.inputs[0], (ops::OperandDims{{0}, {1}, {2}}));
+  ASSERT_EQ(rule.outputs[0], (ops::OperandDims{{0, 1}, {2}}));
+  auto line = [&](const ops::DimRule& local, const ops::DimRule* layout, const std::string& label) {
+    for (const auto& text : describe(rule, enumerate_strategies(local, 2, {}, layout)))
+      if (text.rfind(label + " |", 0) == 0) return text;
+    return std::string("(none)");
+  };
+  const auto after_b = local_rule(rule, enumerate_strategies(rule, 2)[1], 2);  // axis 1 split i0
+  ASSERT_EQ(after_b.indices[0].size, 1);
+  // Without a layout rule, the sizes axis 1 left: the wrong groups.
+  EXPECT_EQ(line(after_b, nullptr, "split i1"), "split i1 | in S(1) | grad S(1) | out S(0)");
+  // Axis 0's layout is the whole rule (no axis is outer to it).
+  EXPECT_EQ(line(after_b, &rule, "split i1"), "split i1 | in S(1) | grad S(1) | out S(0,g2)");
+  // Axis 1 (inner) after axis 0 split s: b is major and nothing outer cut it.
+  const auto after_s = local_rule(rule, enumerate_strategies(rule, 2)[2], 2);  // axis 0 split i1
+  ASSERT_EQ(after_s.indices[1].size, 8);
+  EXPECT_EQ(line(after_s, &after_s, "split i0"), "split i0 | in S(0) | grad S(0) | out S(0)");
+  // The other nesting, axis 0 on b, axis 1 on s: axis 1's groups count the b axis 0 left (1).
+  EXPECT_EQ(line(after_b, &after_b, "split i1"), "split i1 | in S(1) | grad S(1) | out S(0)");
+  // An uneven split under a major index would be a strided uneven shard: not offered.
+  const auto odd = rule_of("aten::view", {f32({2, 17, 64})}, {f32({34, 64})}, {{"size", Ints{34, 64}}});
+  const auto odd_after_b = local_rule(odd, enumerate_strategies(odd, 2)[1], 2);
+  EXPECT_EQ(labels(odd, enumerate_strategies(odd_after_b, 2)), (Lines{"replicate", "split i1", "split i2"}));
+  EXPECT_EQ(labels(odd, enumerate_strategies(odd_after_b, 2, {}, &odd)), (Lines{"replicate", "split i2"}));
+  // A layout rule of another node is a programming error.
+  const auto mm = mm_rule();
+  EXPECT_THROW(enumerate_strategies(rule, 2, {}, &mm), support::ValidationError);
+}
+
 TEST(StrategyTest, UnevenSplitsCutAsEvenlyAsWholeElementsAllow) {
   // GPT-2's LM head: 50257 words on 8 ranks, 6283 on the first, 6282 on the other seven.
   const auto rule = rule_of("aten::mm", {f32({32, 768}), f32({768, 50257})}, {f32({32, 50257})});

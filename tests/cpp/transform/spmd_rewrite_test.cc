@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "support/error.h"
+#include "transform/local_shard.h"
 
 namespace shardwise::transform {
 namespace {
@@ -159,6 +160,39 @@ TEST(SpmdRewrite, ACountedMeanSplitOverTheBatchIsMarkedWithItsShares) {
   p = rank_program(g, s, 0);
   ASSERT_TRUE(p.nodes[1].counted.has_value());
   EXPECT_EQ(p.nodes[1].counted->shares, 1);
+}
+
+TEST(SpmdRewrite, AnOuterAxisSplittingAMinorIndexIsStridedWhateverTheInnerAxesSplit) {
+  // x [b=2, s=16, 8] viewed as [32, 8]: the outer axis 0 splits s, the inner axis 1 splits b
+  // (a plan with the batch on the inner axis). Rank (a0, a1) holds sequence a1, positions
+  // [8 a0, 8 a0 + 8): rows 16 a1 + 8 a0 + [0, 8) of the view, which is [S(0,g2), S(0)] (axis 0
+  // cuts first). [S(0), S(0)] would be rows 8 (2 a0 + a1) + [0, 8): another rank's rows
+  // wherever a0 != a1, and every reshard of the view would move the wrong rows.
+  ir::Graph g;
+  const ir::TensorType in{ir::DType::F32, {2, 16, 8}, 0}, out{ir::DType::F32, {32, 8}, 0};
+  ir::ValueId x = g.add_value("x", in, ir::ValueRole::Input);
+  ir::Attributes size;
+  size["size"] = std::vector<std::int64_t>{32, 8};
+  ir::NodeId v = g.add_node("aten::view", {x}, {{"v", out}}, size, "");
+  g.set_outputs({g.node(v).outputs[0]});
+  plan::Sharding s;
+  s.mesh = {2, 2};
+  s.axis_names = {"data", "tensor"};
+  s.level = "manual";
+  s.placements = {{"x", {"S(1)", "S(0)"}}, {"v", {"S(0,g2)", "S(0)"}}};
+  s.strategies = {{"v", {"split i1", "split i0"}}};
+  s.leaves = {"x"};
+  for (int rank = 0; rank < 4; ++rank) {
+    RankProgram p = rank_program(g, s, rank);
+    ASSERT_EQ(p.nodes.size(), 1u);
+    const auto& o = p.nodes[0].outputs[0];
+    EXPECT_EQ(search::spec_str(o.produced), "[S(0,g2), S(0)]");
+    EXPECT_EQ(o.local_shape, (Shape{8, 8}));
+    const int a0 = rank / 2, a1 = rank % 2;
+    const LocalShard local = local_shard({32, 8}, {"S(0,g2)", "S(0)"}, s.mesh, rank);
+    const std::int64_t first = 16 * a1 + 8 * a0;
+    EXPECT_EQ(local.dims[0], (std::vector<IndexRun>{{first, first + 8}})) << "rank " << rank;
+  }
 }
 
 TEST(SpmdRewrite, BadPlansNameWhatIsWrong) {
