@@ -294,7 +294,8 @@ class GptBuilder {
     x = op("aten::reshape", "reshape", {x}, act({b_, nh_, s_, hd_}), {{"shape", Shape{b_, -1, s_, hd_}}}, m);
     x = op("aten::transpose.int", "transpose", {x}, act({b_, s_, nh_, hd_}),
            {{"dim0", std::int64_t{1}}, {"dim1", std::int64_t{2}}}, m);
-    x = op("aten::contiguous", "contiguous", {x}, act({b_, s_, nh_, hd_}), {{"memory_format", std::int64_t{0}}}, m);
+    // .contiguous() here is a node or none depending on the capture device's SDPA kernel;
+    // capture leaves it out (python/shardwise/_fx_import.py: VALUE_IDENTITIES), so does this.
     return op("aten::reshape", "reshape", {x}, act({b_, s_, h_}), {{"shape", Shape{b_, s_, -1}}}, m);
   }
 
@@ -329,11 +330,7 @@ class GptBuilder {
                   {"start", std::int64_t{1}},
                   {"step", std::int64_t{1}}},
                  "");
-    // With one sample the slice is already contiguous and .contiguous() leaves no node.
-    if (b_ > 1) {
-      shifted = op("aten::contiguous", "contiguous", {shifted}, typed(DType::I64, {b_, s_}),
-                   {{"memory_format", std::int64_t{0}}}, "");
-    }
+    // .contiguous() of the shifted labels: left out, as capture leaves it out.
     const ValueId flat_logits =
         op("aten::view", "view", {upcast}, typed(DType::F32, {b_ * s_, v_}), {{"size", Shape{-1, v_}}}, "");
     ValueId flat_labels = op("aten::view", "view", {shifted}, typed(DType::I64, {b_ * s_}), {{"size", Shape{-1}}}, "");

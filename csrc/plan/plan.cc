@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "support/error.h"
+#include "support/fnv1a.h"
 
 namespace shardwise::plan {
 namespace {
@@ -220,13 +221,14 @@ json sharding_to_json(const Sharding& sharding) {
               {"zero", sharding.zero},
               {"recompute", sharding.recompute},
               {"leaves", sharding.leaves},
-              {"inputs", sharding.inputs}};
+              {"inputs", sharding.inputs},
+              {"graph", sharding.graph}};
 }
 
 Sharding sharding_from_json(const json& in) {
   if (!in.is_object()) throw ParseError("plan.sharding: expected an object");
   static const std::set<std::string> known = {"mesh",       "axis_names", "level",    "placements",
-                                              "strategies", "zero",       "recompute",  "leaves", "inputs"};
+                                              "strategies", "zero",       "recompute",  "leaves", "inputs", "graph"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.sharding.{}: unknown key", key));
   Sharding out;
@@ -240,6 +242,7 @@ Sharding sharding_from_json(const json& in) {
   if (in.contains("recompute")) out.recompute = field<bool>(in, "recompute");
   if (in.contains("leaves")) out.leaves = field<std::vector<std::string>>(in, "leaves");
   if (in.contains("inputs")) out.inputs = field<std::vector<std::string>>(in, "inputs");
+  if (in.contains("graph")) out.graph = field<std::string>(in, "graph");
   return out;
 }
 
@@ -366,13 +369,7 @@ Plan plan_from_json_string(std::string_view text) {
 
 std::uint64_t plan_hash(const Plan& plan) {
   // nlohmann's object is a std::map: dump() writes keys sorted, so the text is canonical.
-  std::string text = plan_decisions(plan).dump();
-  std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a 64 offset basis
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ULL;  // FNV-1a 64 prime
-  }
-  return hash;
+  return support::fnv1a64(plan_decisions(plan).dump());
 }
 
 std::string plan_hash_hex(const Plan& plan) { return fmt::format("{:016x}", plan_hash(plan)); }

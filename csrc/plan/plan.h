@@ -85,6 +85,8 @@ struct CollectiveRecord {
 //  - recompute: the repeated blocks are recomputed in backward.
 //  - leaves: the names of the graph's parameters, buffers and inputs (the values no node
 //    produces), in graph order: what a rank materialises or loads itself.
+//  - graph: the fingerprint of the graph it was searched on (ir/fingerprint.h: names, ops
+//    and dataflow, not shapes); the runtime refuses a plan whose graph is another.
 //  - inputs: the model inputs the plan was made for (the graph's input values: a forward
 //    argument's name, a tuple argument's items name_0, name_1, ...), in graph order; the
 //    runtime refuses a batch that brings others, naming both.
@@ -100,6 +102,7 @@ struct Sharding {
   bool recompute = false;
   std::vector<std::string> leaves;
   std::vector<std::string> inputs;
+  std::string graph;  // ir::graph_fingerprint, "" when not known
 
   friend bool operator==(const Sharding&, const Sharding&) = default;
 };

@@ -3,6 +3,7 @@
 // into a graph that a pass may rebuild.
 #include <pybind11/stl.h>
 
+#include "ir/fingerprint.h"
 #include "ir/graph.h"
 #include "ir/json.h"
 #include "ir/parser.h"
@@ -24,6 +25,8 @@ void bind_ir(py::module_& m) {
       .def("__str__", [](const ir::Graph& g) { return ir::print_graph(g); })
       .def("__eq__", [](const ir::Graph& a, const ir::Graph& b) { return a == b; })
       .def("verify", [](const ir::Graph& g) { ir::verify_graph(g); })
+      .def("fingerprint", [](const ir::Graph& g) { return ir::graph_fingerprint(g); },
+           "Names, ops and dataflow, not shapes (csrc/ir/fingerprint.h): what a plan was searched on.")
       .def("num_nodes", [](const ir::Graph& g) { return g.nodes().size(); })
       .def("num_values", [](const ir::Graph& g) { return g.values().size(); })
       .def("nodes",

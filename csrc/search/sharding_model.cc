@@ -11,6 +11,7 @@
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
 #include "cost/collective_cost.h"
+#include "ir/fingerprint.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "search/resharding.h"
@@ -835,6 +836,7 @@ plan::Sharding ShardingModel::sharding(std::string level) const {
   out.axis_names.resize(options_.mesh.size(), "axis");
   out.level = std::move(level);
   out.recompute = options_.recompute;
+  out.graph = ir::graph_fingerprint(graph_);
   const auto axes = options_.mesh.size();
   for (const ir::Value& v : graph_.values()) {
     std::vector<std::string> per_axis;

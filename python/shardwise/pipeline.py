@@ -183,6 +183,8 @@ class PipelineEngine(EngineBase):
                                              overlap=False, reduce_dtype=self._reduce_dtype())
         self._stage_size = stage_size
         self.whole_nodes = first.whole
+        # Where this rank's tensors live (the model's device): receive buffers and the loss too.
+        self._device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
 
     @property
     def _stages(self) -> dict:
@@ -373,7 +375,8 @@ class PipelineEngine(EngineBase):
     def _broadcast_loss(self, losses: list, program: StageProgram) -> torch.Tensor:
         """The mean of the micro-batch losses, from the last stage to every rank, in the loss'
         dtype (sent as float64: exact for every floating dtype, and Gloo-safe for half ones)."""
-        loss = torch.stack(losses).mean().double() if losses else torch.zeros((), dtype=torch.float64)
+        loss = torch.stack(losses).mean().double() if losses else torch.zeros((), dtype=torch.float64,
+                                                                                device=self._device)
         dist.broadcast(loss, src=self._last_rank)
         return loss.to(program.loss_dtype)
 
@@ -382,7 +385,7 @@ class PipelineEngine(EngineBase):
 
     def _irecv(self, program: StageProgram, name: str, mb: int, peer: int, gradient: bool):
         shape, dtype, index = program.meta[name]
-        buffer = torch.empty(shape, dtype=dtype)
+        buffer = torch.empty(shape, dtype=dtype, device=self._device)
         return name, buffer, dist.irecv(buffer, src=peer, tag=self._tag(index, mb, gradient))
 
     @staticmethod
@@ -405,7 +408,7 @@ class PipelineEngine(EngineBase):
                 received = {}
                 for name in stage["received"]:  # from the previous stage's rank, same sub-mesh coordinate
                     shape, dtype, index = program.meta[name]
-                    received[name] = torch.empty(shape, dtype=dtype)
+                    received[name] = torch.empty(shape, dtype=dtype, device=self._device)
                     dist.recv(received[name], src=((g - 1) % p) * size + local, tag=self._tag(index, mb, False))
                 outputs = self._call(stage, [micro[mb][n] if n in micro[mb] else received[n]
                                              for n in stage["inputs"]], counts)
@@ -448,7 +451,7 @@ class PipelineEngine(EngineBase):
                         t = gather_whole(t, self._leaves[name]["placement"], self._mesh)
                     t = t.clone()
                 else:
-                    t = torch.empty(shape, dtype=dtype)
+                    t = torch.empty(shape, dtype=dtype, device=self._device)
                 dist.broadcast(t, src=min(self._owners[name]) * self._stage_size)
                 out[name] = t
         return out

@@ -55,6 +55,24 @@ class VarArgs(nn.Module):
         return (self.a(xs[0]) * self.b(xs[1])).pow(2).mean()
 
 
+class Losses(nn.Module):
+    """Means the data counts: cross entropy with class weights, label smoothing and -100
+    labels (mean over the weights of the counted labels), and a masked token mean written by
+    hand (sum over the mask / the mask's count)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 5)
+        self.register_buffer("class_weight", torch.tensor([1.0, 2.0, 0.5, 1.5, 3.0], dtype=torch.float64))
+
+    def forward(self, x, labels, mask):
+        logits = self.head(x)  # [rows, tokens, classes]
+        ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), weight=self.class_weight, label_smoothing=0.1)
+        per_token = logits.logsumexp(-1)
+        masked = (per_token * mask).sum() / mask.sum()
+        return ce + 0.1 * masked
+
+
 def _qwen2(dtype=torch.float64):
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -69,6 +87,22 @@ def _batch(rows=4, seq=8, vocab=96):
 
 
 # ---- scenarios (run on every rank) ----------------------------------------------------------------
+def _sgd_steps(engine, reference, batch: tuple, steps: int, lr: float) -> tuple[list[float], list[float]]:
+    """`steps` SGD steps of the engine and of the single-device reference on `batch`: their losses."""
+    opt, ref_opt = engine.optimizer(torch.optim.SGD, lr=lr), torch.optim.SGD(reference.parameters(), lr=lr)
+    losses, ref_losses = [], []
+    for _ in range(steps):
+        losses.append(float(engine.train_step(*batch)))
+        opt.step()
+        opt.zero_grad()
+        loss = reference(*batch)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(float(loss.detach()))
+    return losses, ref_losses
+
+
 def _scenario_writes(rank, world, mesh):
     torch.manual_seed(0)
     model, reference = WritesIntoABuffer().double(), WritesIntoABuffer().double()
@@ -76,18 +110,7 @@ def _scenario_writes(rank, world, mesh):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(8, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (8,), generator=g)
     engine = shardwise.parallelize(model, (x, y), mesh=mesh, cluster=shardwise.Cluster.preset("cpu", world))
-    opt = engine.optimizer(torch.optim.SGD, lr=0.1)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    losses, ref_losses = [], []
-    for _ in range(3):
-        losses.append(float(engine.train_step(x, y)))
-        opt.step()
-        opt.zero_grad()
-        loss = reference(x, y)
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(float(loss.detach()))
+    losses, ref_losses = _sgd_steps(engine, reference, (x, y), steps=3, lr=0.1)
     full = engine.full_state_dict()
     return {"losses": losses, "ref_losses": ref_losses,
             "error": max((full[n].double() - t.double()).abs().max().item() for n, t in
@@ -245,22 +268,39 @@ def _scenario_outer_tensor_axis(rank, world, name):
         sharding["zero"] = {n: [1 - a for a in axes] for n, axes in sharding["zero"].items()}
     model, reference = _causal_lm(name), _causal_lm(name)
     engine = shardwise.parallelize(model, (ids, y), plan=shardwise.Plan.from_json(json.dumps(doc)))
-    opt, ref_opt = torch.optim.SGD(engine.parameters(), lr=0.5), torch.optim.SGD(reference.parameters(), lr=0.5)
-    losses, ref_losses = [], []
-    for _ in range(2):
-        losses.append(float(engine.train_step(ids, y)))
-        opt.step()
-        opt.zero_grad()
-        loss = reference(ids, y)
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(float(loss.detach()))
+    losses, ref_losses = _sgd_steps(engine, reference, (ids, y), steps=2, lr=0.5)
     full = engine.full_state_dict()
     placements = engine.plan.placements()
     outer = [n for n, v in placements.items() if n.endswith(".weight") and v[0].startswith("S")]
     return {"losses": losses, "ref": ref_losses, "outer_splits": len(outer),
             "error": max((full[n] - p).abs().max().item() for n, p in reference.named_parameters())}
+
+
+def _scenario_counted_losses(rank, world, mesh):
+    torch.manual_seed(0)
+    model, reference = Losses().double(), Losses().double()
+    reference.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 6, 8, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 5, (4, 6), generator=g)
+    labels[0, 3:] = -100
+    labels[3] = -100  # the last data rank's rows count no label at all
+    mask = (labels != -100).double()
+    # A model this small is cheapest replicated; the loss is split over every mesh axis by hand
+    # (each rank then holds one row's 6 tokens: the last rank's count none).
+    searched = shardwise.parallelize(Losses().double(), (x, labels, mask), mesh=mesh,
+                                     cluster=shardwise.Cluster.preset("cpu", world), verify=False).plan
+    doc = json.loads(searched.to_json())
+    doc["sharding"]["strategies"]["cross_entropy_loss"] = ["split n" if size > 1 else "replicate" for size in mesh]
+    engine = shardwise.parallelize(model, (x, labels, mask), plan=shardwise.Plan.from_json(json.dumps(doc)))
+    loss = engine.train_step(x, labels, mask)
+    ref = reference(x, labels, mask)
+    ref.backward()
+    grads = engine._full_grads()
+    return {"loss": float(loss), "ref": float(ref.detach()),
+            "error": max(((grads[n] - p.grad).abs().max() / p.grad.abs().max()).item()
+                         for n, p in reference.named_parameters()),
+            "strategy": engine.plan.strategies()["cross_entropy_loss"]}
 
 
 def _scenario_var_args(rank, world, mesh):
@@ -393,4 +433,12 @@ def test_tensor_parallelism_on_the_outer_mesh_axis_equals_one_device(name):
 def test_a_forward_of_var_args_trains():
     # Before: parallelize called the model with its items as keywords (xs_0=..., a TypeError).
     r = _spawn(2, "var_args", (2, 1))
+    assert abs(r["loss"] - r["ref"]) / r["ref"] < 1e-12 and r["error"] < 1e-12, r
+
+
+@pytest.mark.parametrize("mesh", [(4, 1), (2, 2)])
+def test_means_the_data_counts_stay_global_with_weights_smoothing_and_masks(mesh):
+    # Before: each rank's mean over its own count (the last rank's: 0 / 0), averaged.
+    r = _spawn(4, "counted_losses", mesh)
+    assert r["strategy"] == ["split n" if size > 1 else "replicate" for size in mesh], r
     assert abs(r["loss"] - r["ref"]) / r["ref"] < 1e-12 and r["error"] < 1e-12, r

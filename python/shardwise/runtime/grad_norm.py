@@ -69,19 +69,18 @@ def clip_grad_norm_(held: list[tuple[torch.Tensor, int]], max_norm: float, norm_
     dtype = grads[0][0].dtype if grads else torch.float32
     device = grads[0][0].device if grads else torch.device("cpu")
     with torch.no_grad():
-        if math.isinf(norm_type):
-            local = max((g.abs().max().double() for g, _ in grads if g.numel()), default=torch.zeros((),
-                                                                                          dtype=torch.float64))
-            local = local.reshape(1).to(device)
-            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
-            total = local[0]
-        else:
-            local = torch.zeros(1, dtype=torch.float64, device=device)
-            for g, copies in grads:
+        # Summed on the gradients' device, reduced as one float64 on the CPU `group` (the
+        # engines' control group: Gloo, beside NCCL too).
+        local = torch.zeros((), dtype=torch.float64, device=device)
+        for g, copies in grads:
+            if math.isinf(norm_type):
+                local = torch.maximum(local, g.abs().max().double()) if g.numel() else local
+            else:
                 local += torch.linalg.vector_norm(g.double(), norm_type) ** norm_type / copies
-            dist.all_reduce(local, group=group)
-            total = local[0] ** (1.0 / norm_type)
-        total = total.to(dtype)
+        reduced = local.reshape(1).cpu()
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM, group=group)
+        total = reduced[0] if math.isinf(norm_type) else reduced[0] ** (1.0 / norm_type)
+        total = total.to(device=device, dtype=dtype)
         if error_if_nonfinite and not torch.isfinite(total):
             raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, "
                                "so it cannot be clipped. To disable this error and scale the gradients by the "

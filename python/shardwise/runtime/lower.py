@@ -66,7 +66,8 @@ class OneDeviceRandom(torch.nn.Module):
     def forward(self, x, op: str, args, kwargs, shape, index):
         op = _BY_NAME[op]
         drawn = op(torch.ones(shape, dtype=x.dtype, device=x.device), *args, **kwargs)
-        block = take(drawn, tuple(torch.tensor(i, dtype=torch.long) if isinstance(i, tuple) else i for i in index))
+        block = take(drawn, tuple(torch.tensor(i, dtype=torch.long, device=x.device) if isinstance(i, tuple) else i
+                                  for i in index))
         return x * block if op in _MASKS else block
 
 
@@ -227,7 +228,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     counted = [n for n in nodes if n.get("counted") and n["counted"]["shares"] * micro_batches > 1]
     counts = {n["outputs"][0]["value"]: graph.placeholder("count_" + re.sub(r"\W", "_", n["outputs"][0]["value"]))
               for n in counted}
-    needed = [op["value"] for node in nodes for op in node["inputs"]]
+    needed = [op["value"] for node in nodes for op in node["inputs"]] + [out["value"] for out in outputs]
     for name in dict.fromkeys(needed):
         if name in env or name not in leaves:
             continue

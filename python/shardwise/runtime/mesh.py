@@ -44,7 +44,7 @@ class _Mesh:
     def axes_group(self, axes: tuple[int, ...]) -> tuple:
         """(group, this rank's index in it, its size, the global ranks in it) of the ranks that
         share this rank's coordinates off `axes`."""
-        group = self._axes_groups.get(tuple(axes))
+        group = self._axes_groups.get(tuple(sorted(axes)))
         if group is None:
             raise ValueError(f"no group over mesh axes {axes} of a {len(self.sizes)}-axis mesh")
         ranks = dist.get_process_group_ranks(group)

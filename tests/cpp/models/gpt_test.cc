@@ -27,7 +27,7 @@ namespace {
 
 using Shape = std::vector<std::int64_t>;
 
-constexpr int kNodesPerLayer = 38;
+constexpr int kNodesPerLayer = 37;  // as a transformers GPT-2 block captures (no .contiguous(): VALUE_IDENTITIES)
 
 GptConfig small() { return GptConfig{.layers = 2, .hidden = 64, .heads = 4, .seq = 16, .vocab = 128}; }
 
@@ -265,16 +265,17 @@ TEST(GptTest, InputsOutputsAndBatchDimensions) {
   EXPECT_FALSE(g.find_value("labels").has_value());
 }
 
-TEST(GptTest, OneSampleLeavesNoContiguousOnTheLabels) {
-  // torch.export drops .contiguous() on an already contiguous [1, s] slice; batch 2 keeps it.
-  auto count_root_contiguous = [](const ir::Graph& g) {
+TEST(GptTest, NoContiguousAsCaptureLeavesNone) {
+  // torch.export records .contiguous() or not depending on the capture device's kernels, so
+  // capture leaves every one out (VALUE_IDENTITIES); the built-in graph matches it at any batch.
+  auto count_contiguous = [](const ir::Graph& g) {
     return std::count_if(g.nodes().begin(), g.nodes().end(),
-                         [](const ir::Node& n) { return n.op == "aten::contiguous" && n.module_path.empty(); });
+                         [](const ir::Node& n) { return n.op == "aten::contiguous"; });
   };
   auto c = small();
-  EXPECT_EQ(count_root_contiguous(build_gpt(c)), 0);
+  EXPECT_EQ(count_contiguous(build_gpt(c)), 0);
   c.batch = 2;
-  EXPECT_EQ(count_root_contiguous(build_gpt(c)), 1);
+  EXPECT_EQ(count_contiguous(build_gpt(c)), 0);
 }
 
 TEST(GptTest, TextAndJsonRoundTrip) {

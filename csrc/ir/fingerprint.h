@@ -1,0 +1,21 @@
+// A graph's identity as a plan sees it: every leaf by name and role, every node by its op,
+// its inputs' names and its outputs' names, in graph order (16 hex digits, FNV-1a 64).
+// Shapes and dtypes are left out on purpose: a plan searched on a wide copy of a model on the
+// meta device, or at another batch, applies to the narrow one on CPU, and such a plan names
+// the same nodes doing the same things. What the fingerprint catches is a plan applied to a
+// graph whose nodes carry the same names but are other nodes (a capture that numbered its
+// nodes otherwise): the runtime refuses it instead of placing the wrong node.
+//
+//   graph_fingerprint(g) == graph_fingerprint(g with every shape doubled)
+//   graph_fingerprint(g) != graph_fingerprint(g with one node's op changed)
+#pragma once
+
+#include <string>
+
+#include "ir/graph.h"
+
+namespace shardwise::ir {
+
+std::string graph_fingerprint(const Graph& graph);
+
+}  // namespace shardwise::ir
