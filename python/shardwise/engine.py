@@ -219,13 +219,12 @@ class Engine(EngineBase):
                                   f"program was captured at {dict(zip(tensors, map(list, first)))} (static=True "
                                   f"refuses other shapes; rank {self._mesh.rank})")
 
-    def _run(self, tensors: dict[str, torch.Tensor], training: bool | None, carry: dict) -> torch.Tensor:
-        mode = self.training
-        program = self._program_for(mode, tensors)
+    def _run(self, tensors: dict[str, torch.Tensor], backward: bool, carry: dict) -> torch.Tensor:
+        program = self._program_for(self.training, tensors)
         local = [local_tensor(t, p, self._mesh.sizes, self._mesh.rank)
                  for t, p in zip(tensors.values(), program.placements)]
         counts = program.counter(tensors)
-        if training is None:
+        if not backward:
             return program.module(*local, *counts)[0]
         buckets = program.buckets if self._syncing else None
         if carry and buckets is not self._carry_buckets and self._carry_buckets is not None:
@@ -256,13 +255,9 @@ class Engine(EngineBase):
     def _build_program(self, training: bool, tensors: dict[str, torch.Tensor]) -> _Program:
         """A program for another mode or batch shape: captured again, run under the engine's
         sharding (searched again on its mesh when that does not fit), sharing the parameters."""
-        was = self._model.training
-        self._model.train(training)
-        try:
+        with self._mode(training):
             graph, builder = _capture_with_sources(self._wrapper, self._captured_arguments(), "export", 0,
                                                    prefix="model.model.")
-        finally:
-            self._model.train(was)
         batch = int(next(iter(tensors.values())).shape[0])
         doc = json.loads(self.plan.to_json())
         doc["global_batch"] = doc["micro_batch"] = batch

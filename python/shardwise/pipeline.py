@@ -251,13 +251,9 @@ class PipelineEngine(EngineBase):
         from .runtime.batch import map_tensors
 
         rows = self._micro_batch
-        was = self._model.training
-        self._model.train(training)
-        try:
+        with self._mode(training):
             micro = map_tensors(self._captured_arguments(), lambda x: x.narrow(0, 0, rows))
             graph, builder = _capture_with_sources(self._wrapper, micro, "export", 0, prefix="model.model.")
-        finally:
-            self._model.train(was)
         sharded = self.sharding
         if sharded is not None:
             try:
@@ -302,11 +298,11 @@ class PipelineEngine(EngineBase):
         module = stage["module"]
         return module(*args, *[counts[n] for n in module.counted])
 
-    def _run(self, tensors: dict, training: bool | None, carry: dict) -> torch.Tensor:
+    def _run(self, tensors: dict, backward: bool, carry: dict) -> torch.Tensor:
         program = self._program(self.training)
         micro, count_list = self._micro_batches(tensors, program)
         counts = dict(zip(program.counted, count_list))
-        if training is None:
+        if not backward:
             return self._forward_only(program, micro, counts)
         live: dict = {}          # (stage, mb) -> {"inputs": {name: tensor}, "outputs": [tensors]}
         pending: dict = {}       # (stage, mb, gradient) -> [(name, tensor, work)]

@@ -23,9 +23,11 @@ are kept aside and reduced with the next synchronised step's (DDP's ``no_sync``:
 for several steps); ``.grad`` holds only reduced gradients.
 
 Subclasses (the SPMD and pipeline engines) provide:
-    _run(tensors, training) -> loss   forward (and backward when training) of a bound batch;
-                                      the reduction of gradients left Partial included unless
-                                      self._syncing is False
+    _run(tensors, backward, carry) -> loss   forward (and backward) of a bound batch in
+                                      self.training's mode; the reduction of gradients left
+                                      Partial included unless self._syncing is False
+    _wrapper                          the module capture traces (its .model: the user's model,
+                                      or a mixed-precision policy's copy of it)
     _held() -> [(name, parameter, copies, differs)]   the rank's trainable tensors: how many
                                       ranks hold the same copy, whether other ranks hold others
     _zero_groups() -> {name: (group, index, size, ranks)}   ZeRO parameters' groups
@@ -142,7 +144,7 @@ class EngineBase:
             p.grad = None
         carry = dict(self._carry)  # the subclass pops what it folds into its reduction
         try:
-            loss = cast_output(self._run(cast_inputs(tensors, self._policy), training=self.training,
+            loss = cast_output(self._run(cast_inputs(tensors, self._policy), backward=True,
                                          carry=carry if self._syncing else {}), self._policy)
         except BaseException as e:
             for p in params:  # nothing lost: the gradients from before the step
@@ -171,7 +173,7 @@ class EngineBase:
         tensors = self._agree(args, kwargs, "eval_step")
         try:
             with torch.no_grad():
-                return cast_output(self._run(cast_inputs(tensors, self._policy), training=None, carry={}),
+                return cast_output(self._run(cast_inputs(tensors, self._policy), backward=False, carry={}),
                                    self._policy)
         except BaseException as e:
             failure = self._failed(e)
@@ -182,6 +184,17 @@ class EngineBase:
     def _captured_arguments(self) -> dict:
         """The last step's bound arguments as a capture traces them (inputs cast by the policy)."""
         return map_tensors(self._binding.last, lambda t: cast_input(t, self._policy))
+
+    @contextlib.contextmanager
+    def _mode(self, training: bool):
+        """The captured module in `training` mode for a new capture, as it was after."""
+        model = self._wrapper.model
+        was = model.training
+        model.train(training)
+        try:
+            yield
+        finally:
+            model.train(was)
 
     def _reduce_dtype(self):
         return self._policy.reduce_dtype if self._policy is not None else None
