@@ -333,9 +333,25 @@ def capture(
     if method == "torchscript":
         from ._torchscript import import_torchscript
 
-        return Graph._from_core(import_torchscript(model, named), batch_dim=batch_dim)
+        return Graph._from_core(import_torchscript(model, _unaliased(named)), batch_dim=batch_dim)
     graph, _ = _capture_with_sources(model, named, method, batch_dim)
     return graph
+
+
+def _unaliased(named: dict) -> dict:
+    """The inputs with every tensor that is another input (labels=input_ids, the usual causal-LM
+    call) replaced by a copy: torch.export folds aliased inputs into one placeholder, so the
+    graph would read the other name, and a plan searched on distinct tensors (or the engine's
+    own micro-batches, which are distinct) would not fit it. Only the capture sees the copies."""
+    seen: set[int] = set()
+    out = {}
+    for name, value in named.items():
+        if isinstance(value, torch.Tensor):
+            if id(value) in seen:
+                value = value.clone()
+            seen.add(id(value))
+        out[name] = value
+    return out
 
 
 def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batch_dim: int | None,
@@ -343,6 +359,7 @@ def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batc
     """The Graph and the capture's _Builder, whose `sources` map every IR node back to the
     ATen FX node it came from (the rewrite lowers those again, per rank)."""
     root = _named_root(model, prefix)  # parallelize's wrapper: name the user's model
+    named = _unaliased(named)
     if method == "export":
         try:
             doc, builder = _capture_export(model, named, batch_dim, prefix)

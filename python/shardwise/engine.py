@@ -456,8 +456,9 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     made_on = sharding.get("graph") or ""
     if made_on and made_on != (this := graph._core.fingerprint()):
         raise ValidationError(f"parallelize: the plan was searched on another graph than this model's capture "
-                              f"(fingerprint {made_on}, this capture's {this}: the same names would place other "
-                              "nodes); search the plan on this model as parallelize captures it, with its loss")
+                              f"(fingerprint {made_on}, this capture's {this}: a plan made for another model, or "
+                              "for this one captured otherwise, whose names would place other nodes); search the "
+                              "plan on this model as parallelize captures it, with its loss")
     made_for = sharding.get("inputs") or []
     if made_for and sorted(made_for) != sorted(input_names):
         raise ValidationError(f"parallelize: the plan was made for the inputs {made_for}, the batch brings "

@@ -536,6 +536,6 @@ def test_bad_input_gets_clear_errors():
     assert "'x': [4, 16]" in messages["shape"] and "'x': [8, 16]" in messages["shape"], messages["shape"]
     assert "static=True" in messages["shape"]
     assert "missing a required argument: 'x'" in messages["count"], messages["count"]
-    assert "plan made for another model" in messages["model"]
+    assert "plan made for another model" in messages["model"] and "fingerprint" in messages["model"], messages["model"]
     assert "global batch 16" in messages["batch"]
     assert "4 devices, the job 2 ranks" in messages["world"]

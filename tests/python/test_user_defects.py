@@ -442,3 +442,24 @@ def test_means_the_data_counts_stay_global_with_weights_smoothing_and_masks(mesh
     r = _spawn(4, "counted_losses", mesh)
     assert r["strategy"] == ["split n" if size > 1 else "replicate" for size in mesh], r
     assert abs(r["loss"] - r["ref"]) / r["ref"] < 1e-12 and r["error"] < 1e-12, r
+
+
+def test_the_same_tensor_passed_as_two_inputs_captures_the_graph_of_two_tensors():
+    # labels=input_ids is the usual causal-LM call; torch.export folds the two into one
+    # placeholder, and the graph then read the other name: a plan searched on such a call did
+    # not fit the engine's capture of the same model (fingerprint refused, or wrong nodes).
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(32, 8)
+            self.head = nn.Linear(8, 32)
+
+        def forward(self, input_ids, labels):
+            return F.cross_entropy(self.head(self.emb(input_ids)).flatten(0, 1), labels.flatten())
+
+    model = LM()
+    ids = torch.randint(0, 32, (2, 6))
+    aliased = shardwise.capture(model, (ids, ids))
+    distinct = shardwise.capture(model, (ids, ids.clone()))
+    assert aliased._core.fingerprint() == distinct._core.fingerprint()
+    assert str(aliased) == str(distinct)
