@@ -74,13 +74,18 @@ class ZooModel:
     def build_for_training(self, seed: int = 0) -> torch.nn.Module:
         """`build(seed)`'s weights in float64, in training mode, with every dropout-like rate
         the config has (dropout, pdrop, drop path, layer drop) set to 0: two runs of one
-        batch agree, and a step depends only on the weights and the batch."""
+        batch agree, and a step depends only on the weights and the batch. Mixtures of
+        experts run transformers' `batched_mm` experts (a matmul per token over its experts'
+        gathered weights): its default on CPU, `grouped_mm`, calls torch's grouped matmul,
+        which has no float64 kernel (and the model fails eagerly)."""
         import transformers
 
         cfg = self.config()
         for key, value in list(vars(cfg).items()):
             if isinstance(value, float) and any(k in key for k in ("dropout", "pdrop", "drop_path", "layerdrop")):
                 setattr(cfg, key, 0.0)
+        if self.family == "moe":
+            cfg._experts_implementation = "batched_mm"
         torch.manual_seed(seed)
         model = getattr(transformers, self.head)(cfg)
         return model.double().train()
@@ -356,17 +361,35 @@ def _train_batch(spec: ZooModel, step: int) -> dict[str, torch.Tensor]:
     return {k: v.double() if v.is_floating_point() else v for k, v in spec.batch(step).items()}
 
 
-def _tight_cluster(graph, mesh: tuple[int, int]):
-    """tests/python/conftest.py's `tight_cluster`: memory that holds the model on `mesh` only
-    with its weights sharded on the tensor axis."""
-    import importlib.util
-    import pathlib
+TRAIN_MEMORY_STEPS = (0.5, 0.25, 0.75, 0.1, 0.9, 0.02)
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "tests" / "python" / "conftest.py"
-    module_spec = importlib.util.spec_from_file_location("_shardwise_test_conftest", path)
-    conftest = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(conftest)
-    return conftest.tight_cluster(graph, TRAIN_WORLD, BATCH, mesh)
+
+def _sharded_cluster(graph, mesh: tuple[int, int]):
+    """A CPU cluster whose memory holds the model on `mesh` only with weights sharded on the
+    tensor axis, and that fraction of the way from the least memory any plan needs to what
+    the replicated plan needs. First 1/2, tests/python/conftest.py's `tight_cluster`; where
+    the search's plan there puts no weight on the tensor axis (ZeRO's sharded optimizer
+    state alone saves the half) or fits nowhere (the fast search is not monotonic in the
+    memory it is given: ResNet and ConvNeXt fit at some fractions and not at larger or
+    smaller ones), the other TRAIN_MEMORY_STEPS in turn. Returns (cluster, fraction), the
+    last tried when none gives such a plan."""
+    import json
+
+    def with_memory(cluster, memory: float):
+        doc = json.loads(cluster.to_json())
+        doc["device_types"][0]["memory_bytes"] = int(memory)
+        return shardwise.Cluster.from_json(json.dumps(doc))
+
+    cluster = shardwise.Cluster.preset("cpu", TRAIN_WORLD)
+    replicated = shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh).predicted_memory()[0]
+    least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=BATCH, mesh=mesh).predicted_memory()[0]
+    weights = {v["name"] for v in json.loads(graph.to_json())["values"] if v["role"] == "parameter"}
+    for fraction in TRAIN_MEMORY_STEPS:
+        tight = with_memory(cluster, (least + fraction * (replicated - least)) / 0.9)  # plans may use 90%
+        plan = shardwise.Plan.search(graph, tight, global_batch=BATCH, mesh=mesh, memory_fraction=0.9)
+        if plan.fits and any(p[1].startswith("S") for n, p in plan.placements().items() if n in weights):
+            break
+    return tight, fraction
 
 
 def _train_worker(rank: int, world: int, store: str, name: str, mesh: tuple[int, int], out: str) -> None:
@@ -392,10 +415,12 @@ def _train_worker(rank: int, world: int, store: str, name: str, mesh: tuple[int,
     try:
         for kind in TRAIN_PLANS:
             try:
+                fraction = None
                 if kind == "auto":
                     cluster = shardwise.Cluster.preset("cpu", world)
                 else:
-                    cluster = _tight_cluster(shardwise.capture(spec.build_for_training(), batches[0]), mesh)
+                    graph = shardwise.capture(spec.build_for_training(), batches[0])
+                    cluster, fraction = _sharded_cluster(graph, mesh)
                 model = spec.build_for_training()
                 engine = shardwise.parallelize(model, batches[0], mesh=mesh, cluster=cluster)
                 optimizer = engine.optimizer(torch.optim.AdamW, lr=TRAIN_LR)
@@ -408,7 +433,7 @@ def _train_worker(rank: int, world: int, store: str, name: str, mesh: tuple[int,
                 names = [n for n, _ in engine.named_parameters()]
                 sharded = [n for n in names if len(placements.get(n, ())) > 1 and placements[n][1].startswith("S")]
                 state = engine.full_state_dict()  # a collective: every rank gathers
-                results[kind] = {"losses": losses, "sharded": sharded, "parameters": len(names),
+                results[kind] = {"losses": losses, "sharded": sharded, "parameters": len(names), "memory": fraction,
                                  "whole": list(engine.whole_nodes), "state": state if rank == 0 else None}
             except Exception as e:  # noqa: BLE001 - the table reports it
                 results[kind] = {"error": first_line(e), "traceback": traceback.format_exc()}
@@ -450,7 +475,18 @@ def _spawn_training(name: str, mesh: tuple[int, int]) -> dict[str, dict]:
 def _reference_training(spec: ZooModel) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The same TRAIN_STEPS AdamW steps on one process: losses, parameters, and the floating
     buffers the model's state_dict keeps (batch norm's running statistics; not non-persistent
-    ones such as a rotary embedding's `original_inv_freq`, which no step reads or writes)."""
+    ones such as a rotary embedding's `original_inv_freq`, which no step reads or writes).
+    On one thread, as each rank runs: a model computing partly in float32 (RWKV's WKV
+    recurrence) rounds its reductions by the thread count, 1e-7 apart between 1 and 2."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _reference_steps(spec)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference_steps(spec: ZooModel):
     model = spec.build_for_training()
     optimizer = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR)
     losses = []
@@ -506,6 +542,7 @@ def train_equivalence(spec: ZooModel, graphs, plans) -> tuple[str, list[dict]]:
             param_error, param_where = _tensor_error(run["state"], ref_params)
             buffer_error, buffer_where = _tensor_error(run["state"], ref_buffers) if ref_buffers else (0.0, "")
             row.update(sharded=len(run["sharded"]), parameters=run["parameters"], whole=len(run["whole"]),
+                       memory=run["memory"],
                        whole_nodes=run["whole"][:8], loss=loss_error, param=param_error, param_where=param_where,
                        buffer=buffer_error, buffer_where=buffer_where, losses=run["losses"], ref_losses=ref_losses,
                        passed=loss_error < TRAIN_TOLERANCE and param_error < TRAIN_TOLERANCE
@@ -517,7 +554,8 @@ def train_equivalence(spec: ZooModel, graphs, plans) -> tuple[str, list[dict]]:
 
 def _print_train_details(results: list["Result"]) -> None:
     print(f"\ntraining equivalence ({TRAIN_STEPS} AdamW steps, lr {TRAIN_LR}, float64, {TRAIN_WORLD} Gloo processes; "
-          f"pass: loss and parameters within {TRAIN_TOLERANCE:.0e} relative):")
+          f"pass: loss and parameters within {TRAIN_TOLERANCE:.0e} relative; sharded (f): the memory f of the way "
+          f"from the least to the replicated plan's, where not {TRAIN_MEMORY_STEPS[0]:g}):")
     print("| model | mesh | plan | sharded weights | whole nodes | loss error | parameter error | result |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
@@ -527,7 +565,9 @@ def _print_train_details(results: list["Result"]) -> None:
                 continue
             worst = "" if row["passed"] else f" (worst {row['param_where'] if row['param'] >= row['buffer'] else row['buffer_where']})"
             buffer = f", buffers {row['buffer']:.1e}" if row["buffer"] >= TRAIN_TOLERANCE else ""
-            print(f"| {r.name} | {row['mesh']} | {row['plan']} | {row['sharded']}/{row['parameters']} | {row['whole']} "
+            plan = row["plan"] if row.get("memory") in (None, TRAIN_MEMORY_STEPS[0]) else \
+                f"{row['plan']} ({row['memory']:g})"
+            print(f"| {r.name} | {row['mesh']} | {plan} | {row['sharded']}/{row['parameters']} | {row['whole']} "
                   f"| {row['loss']:.1e} | {row['param']:.1e}{buffer} | "
                   f"{'pass' if row['passed'] else '**FAIL**' + worst} |")
     both = sum(bool(r.details.get("train eq")) and all(row["passed"] for row in r.details["train eq"])
