@@ -608,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"... {spec.name}", file=sys.stderr, flush=True)
         results.append(run_one(spec, tuple(args.methods), columns={c: COLUMNS[c] for c in args.columns},
                                verbose=args.verbose))
+        if results[-1].cells:
+            print("    " + ", ".join(f"{k}: {v}" for k, v in results[-1].cells.items()), file=sys.stderr, flush=True)
     print_table(results, args.columns, tuple(args.methods))
     if args.json:
         with open(args.json, "w") as f:
