@@ -71,6 +71,25 @@ class ZooModel:
             model = getattr(transformers, self.head)(self.config())
         return model.eval()
 
+    def build_for_training(self, seed: int = 0) -> torch.nn.Module:
+        """`build(seed)`'s weights in float64, in training mode, with every dropout-like rate
+        the config has (dropout, pdrop, drop path, layer drop) set to 0: two runs of one
+        batch agree, and a step depends only on the weights and the batch. Mixtures of
+        experts run transformers' `batched_mm` experts (a matmul per token over its experts'
+        gathered weights): its default on CPU, `grouped_mm`, calls torch's grouped matmul,
+        which has no float64 kernel (and the model fails eagerly)."""
+        import transformers
+
+        cfg = self.config()
+        for key, value in list(vars(cfg).items()):
+            if isinstance(value, float) and any(k in key for k in ("dropout", "pdrop", "drop_path", "layerdrop")):
+                setattr(cfg, key, 0.0)
+        if self.family == "moe":
+            cfg._experts_implementation = "batched_mm"
+        torch.manual_seed(seed)
+        model = getattr(transformers, self.head)(cfg)
+        return model.double().train()
+
     def batch(self, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
         """Example inputs with labels for the task head, drawn from `seed`."""
         g = torch.Generator().manual_seed(seed)
@@ -206,11 +225,12 @@ class Result:
     unknown: list[str] = field(default_factory=list)  # "op (module) xN"
     plans: dict[tuple[int, int], Any] = field(default_factory=dict)  # mesh -> shardwise.Plan
     cells: dict[str, str] = field(default_factory=dict)  # extra columns
+    details: dict[str, Any] = field(default_factory=dict)  # extra columns' rows, by column
 
     def to_json(self) -> dict:
         return {"name": self.name, "family": self.family, "captured": sorted(self.captured),
                 "unknown_ops": self.unknown, "plans": [list(m) for m in self.plans], "errors": self.errors,
-                "columns": self.cells}
+                "columns": self.cells, "details": self.details}
 
 
 def first_line(e: BaseException) -> str:
@@ -222,8 +242,10 @@ def first_line(e: BaseException) -> str:
 
 # A column: (model, graphs by method, plans by mesh) -> the cell's text. See the module
 # docstring; the training-equivalence column goes here.
-Column = Callable[[ZooModel, dict[str, Any], dict[tuple[int, int], Any]], str]
+Column = Callable[[ZooModel, dict[str, Any], dict[tuple[int, int], Any]], "str | tuple[str, Any]"]
 COLUMNS: dict[str, Column] = {}
+# A column's report below the table, given every result (its rows in `result.details[name]`).
+REPORTS: dict[str, Callable[[list["Result"]], None]] = {}
 
 
 @contextlib.contextmanager
@@ -266,7 +288,10 @@ def run_one(spec: ZooModel, methods=METHODS, meshes=MESHES, columns: dict[str, C
                     traceback.print_exc()
     for name, column in (columns or {}).items():
         try:
-            result.cells[name] = column(spec, result.captured, result.plans)
+            cell = column(spec, result.captured, result.plans)
+            if isinstance(cell, tuple):  # (text, details for the JSON and the column's report)
+                cell, result.details[name] = cell
+            result.cells[name] = cell
         except Exception as e:  # noqa: BLE001
             result.cells[name] = "fail"
             result.errors[name] = first_line(e)
@@ -315,10 +340,243 @@ def print_table(results: list[Result], columns: list[str], methods=METHODS) -> N
             print(f"  {r.name} [{what}]: {error}")
     if not any_failure:
         print("  none")
+    for column in columns:
+        if column in REPORTS:
+            REPORTS[column](results)
     ok = ", ".join(f"{m} {sum(m in r.captured for r in results)}" for m in methods)
     planned = sum(all(m in r.plans for m in MESHES) for r in results)
     print(f"\n{len(results)} models; captured by {ok}; planned on both meshes {planned}; "
           f"with unknown ops {sum(bool(r.unknown) for r in results)}")
+
+
+# ---- the training-equivalence column ("train eq") ---------------------------------------------
+
+TRAIN_STEPS, TRAIN_LR, TRAIN_TOLERANCE, TRAIN_TIMEOUT = 5, 1e-3, 1e-6, 1200
+TRAIN_WORLD = 4
+TRAIN_PLANS = ("auto", "sharded")
+
+
+def _train_batch(spec: ZooModel, step: int) -> dict[str, torch.Tensor]:
+    """Step `step`'s batch (`spec.batch(step)`), its floating tensors in float64."""
+    return {k: v.double() if v.is_floating_point() else v for k, v in spec.batch(step).items()}
+
+
+TRAIN_MEMORY_STEPS = (0.5, 0.25, 0.75, 0.1, 0.9, 0.02)
+
+
+def _sharded_cluster(graph, mesh: tuple[int, int]):
+    """A CPU cluster whose memory holds the model on `mesh` only with weights sharded on the
+    tensor axis, and that fraction of the way from the least memory any plan needs to what
+    the replicated plan needs. First 1/2, tests/python/conftest.py's `tight_cluster`; where
+    the search's plan there puts no weight on the tensor axis (ZeRO's sharded optimizer
+    state alone saves the half) or fits nowhere (the fast search is not monotonic in the
+    memory it is given: ResNet and ConvNeXt fit at some fractions and not at larger or
+    smaller ones), the other TRAIN_MEMORY_STEPS in turn. Returns (cluster, fraction), the
+    last tried when none gives such a plan."""
+    import json
+
+    def with_memory(cluster, memory: float):
+        doc = json.loads(cluster.to_json())
+        doc["device_types"][0]["memory_bytes"] = int(memory)
+        return shardwise.Cluster.from_json(json.dumps(doc))
+
+    cluster = shardwise.Cluster.preset("cpu", TRAIN_WORLD)
+    replicated = shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh).predicted_memory()[0]
+    least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=BATCH, mesh=mesh).predicted_memory()[0]
+    weights = {v["name"] for v in json.loads(graph.to_json())["values"] if v["role"] == "parameter"}
+    for fraction in TRAIN_MEMORY_STEPS:
+        tight = with_memory(cluster, (least + fraction * (replicated - least)) / 0.9)  # plans may use 90%
+        plan = shardwise.Plan.search(graph, tight, global_batch=BATCH, mesh=mesh, memory_fraction=0.9)
+        if plan.fits and any(p[1].startswith("S") for n, p in plan.placements().items() if n in weights):
+            break
+    return tight, fraction
+
+
+def _train_worker(rank: int, world: int, store: str, name: str, mesh: tuple[int, int], out: str) -> None:
+    """One rank: for each plan kind, parallelize a fresh float64 model on `mesh`, then
+    TRAIN_STEPS AdamW steps; rank 0 writes the losses and the whole parameters (each rank
+    writes its errors)."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    import transformers
+
+    torch.set_num_threads(1)
+    logging.getLogger("shardwise").setLevel(logging.ERROR)
+    transformers.logging.set_verbosity_error()
+    warnings.simplefilter("ignore")
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=TRAIN_TIMEOUT // 2))
+    spec = next(s for s in ZOO if s.name == name)
+    batches = [_train_batch(spec, step) for step in range(TRAIN_STEPS)]
+    results: dict[str, dict] = {}
+    try:
+        for kind in TRAIN_PLANS:
+            try:
+                fraction = None
+                if kind == "auto":
+                    cluster = shardwise.Cluster.preset("cpu", world)
+                else:
+                    graph = shardwise.capture(spec.build_for_training(), batches[0])
+                    cluster, fraction = _sharded_cluster(graph, mesh)
+                model = spec.build_for_training()
+                engine = shardwise.parallelize(model, batches[0], mesh=mesh, cluster=cluster)
+                optimizer = engine.optimizer(torch.optim.AdamW, lr=TRAIN_LR)
+                losses = []
+                for batch in batches:
+                    losses.append(float(engine.train_step(**batch)))
+                    optimizer.step()
+                    optimizer.zero_grad()
+                placements = engine.plan.placements()
+                names = [n for n, _ in engine.named_parameters()]
+                sharded = [n for n in names if len(placements.get(n, ())) > 1 and placements[n][1].startswith("S")]
+                state = engine.full_state_dict()  # a collective: every rank gathers
+                results[kind] = {"losses": losses, "sharded": sharded, "parameters": len(names), "memory": fraction,
+                                 "whole": list(engine.whole_nodes), "state": state if rank == 0 else None}
+            except Exception as e:  # noqa: BLE001 - the table reports it
+                results[kind] = {"error": first_line(e), "traceback": traceback.format_exc()}
+            dist.barrier()
+    finally:
+        torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+
+def _spawn_training(name: str, mesh: tuple[int, int]) -> dict[str, dict]:
+    """One spawn of TRAIN_WORLD Gloo processes (a FileStore in a temp dir) for both plans of
+    `mesh`; returns rank 0's results by plan kind, with any rank's error in place of them."""
+    import os
+    import tempfile
+    import time
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        context = mp.start_processes(_train_worker, args=(TRAIN_WORLD, os.path.join(tmp, "store"), name, mesh, tmp),
+                                     nprocs=TRAIN_WORLD, join=False, start_method="spawn")
+        deadline = time.monotonic() + TRAIN_TIMEOUT
+        try:
+            while not context.join(timeout=5):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the {mesh[0]}x{mesh[1]} run took over {TRAIN_TIMEOUT} s")
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+        ranks = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(TRAIN_WORLD)]
+    out = {}
+    for kind in TRAIN_PLANS:
+        errors = [r[kind] for r in ranks if "error" in r.get(kind, {"error": "no result"})]
+        out[kind] = errors[0] if errors else ranks[0][kind]
+    return out
+
+
+def _reference_training(spec: ZooModel) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The same TRAIN_STEPS AdamW steps on one process: losses, parameters, and the floating
+    buffers the model's state_dict keeps (batch norm's running statistics; not non-persistent
+    ones such as a rotary embedding's `original_inv_freq`, which no step reads or writes).
+    On one thread, as each rank runs: a model computing partly in float32 (RWKV's WKV
+    recurrence) rounds its reductions by the thread count, 1e-7 apart between 1 and 2."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _reference_steps(spec)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference_steps(spec: ZooModel):
+    model = spec.build_for_training()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR)
+    losses = []
+    for step in range(TRAIN_STEPS):
+        loss = model(**_train_batch(spec, step)).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return (losses, {n: p.detach() for n, p in model.named_parameters()},
+            {n: b for n, b in model.state_dict().items() if n not in dict(model.named_parameters())
+             and b.is_floating_point()})
+
+
+def _tensor_error(mine: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """The worst max |difference| relative to the reference tensor's max magnitude (floored
+    at 1e-6), and the tensor's name; a missing tensor is an infinite error."""
+    worst, where = 0.0, ""
+    for name, t in ref.items():
+        if name not in mine:
+            return float("inf"), f"{name} missing"
+        error = ((mine[name].to(t.dtype) - t).abs().max() / t.abs().max().clamp_min(1e-6)).item()
+        if not error <= worst:  # NaN counts as worst
+            worst, where = error, name
+    return worst, where
+
+
+def train_equivalence(spec: ZooModel, graphs, plans) -> tuple[str, list[dict]]:
+    """The "train eq" column: on 4 Gloo processes, `parallelize` on each mesh with the
+    automatic plan (`Cluster.preset("cpu", 4)`) and a sharded one (tight_cluster: the
+    memory holds the model only with its weights sharded on the tensor axis), TRAIN_STEPS
+    AdamW steps in float64 against one process. One row per (mesh, plan): weights sharded on
+    the tensor axis, whole nodes, the worst relative loss and parameter errors; pass within
+    TRAIN_TOLERANCE."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    ref_losses, ref_params, ref_buffers = _reference_training(spec)
+    rows = []
+    for mesh in MESHES:
+        try:
+            runs = _spawn_training(spec.name, mesh)
+        except Exception as e:  # noqa: BLE001
+            runs = {kind: {"error": first_line(e)} for kind in TRAIN_PLANS}
+        for kind in TRAIN_PLANS:
+            run = runs[kind]
+            row = {"mesh": f"{mesh[0]}x{mesh[1]}", "plan": kind}
+            if "error" in run:
+                row.update(error=run["error"], passed=False)
+                rows.append(row)
+                continue
+            loss_error = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(run["losses"], ref_losses))
+            param_error, param_where = _tensor_error(run["state"], ref_params)
+            buffer_error, buffer_where = _tensor_error(run["state"], ref_buffers) if ref_buffers else (0.0, "")
+            row.update(sharded=len(run["sharded"]), parameters=run["parameters"], whole=len(run["whole"]),
+                       memory=run["memory"],
+                       whole_nodes=run["whole"][:8], loss=loss_error, param=param_error, param_where=param_where,
+                       buffer=buffer_error, buffer_where=buffer_where, losses=run["losses"], ref_losses=ref_losses,
+                       passed=loss_error < TRAIN_TOLERANCE and param_error < TRAIN_TOLERANCE
+                       and buffer_error < TRAIN_TOLERANCE)
+            rows.append(row)
+    passed = sum(r["passed"] for r in rows)
+    return f"{'pass' if passed == len(rows) else 'FAIL'} {passed}/{len(rows)}", rows
+
+
+def _print_train_details(results: list["Result"]) -> None:
+    print(f"\ntraining equivalence ({TRAIN_STEPS} AdamW steps, lr {TRAIN_LR}, float64, {TRAIN_WORLD} Gloo processes; "
+          f"pass: loss and parameters within {TRAIN_TOLERANCE:.0e} relative; sharded (f): the memory f of the way "
+          f"from the least to the replicated plan's, where not {TRAIN_MEMORY_STEPS[0]:g}):")
+    print("| model | mesh | plan | sharded weights | whole nodes | loss error | parameter error | result |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        for row in r.details.get("train eq", []):
+            if "error" in row:
+                print(f"| {r.name} | {row['mesh']} | {row['plan']} | | | | | **fail**: {row['error']} |")
+                continue
+            worst = "" if row["passed"] else f" (worst {row['param_where'] if row['param'] >= row['buffer'] else row['buffer_where']})"
+            buffer = f", buffers {row['buffer']:.1e}" if row["buffer"] >= TRAIN_TOLERANCE else ""
+            plan = row["plan"] if row.get("memory") in (None, TRAIN_MEMORY_STEPS[0]) else \
+                f"{row['plan']} ({row['memory']:g})"
+            print(f"| {r.name} | {row['mesh']} | {plan} | {row['sharded']}/{row['parameters']} | {row['whole']} "
+                  f"| {row['loss']:.1e} | {row['param']:.1e}{buffer} | "
+                  f"{'pass' if row['passed'] else '**FAIL**' + worst} |")
+    both = sum(bool(r.details.get("train eq")) and all(row["passed"] for row in r.details["train eq"])
+               for r in results)
+    print(f"\n{both} of {len(results)} models pass on both meshes with both plans")
+
+
+COLUMNS["train eq"] = train_equivalence
+REPORTS["train eq"] = _print_train_details
 
 
 def select(names: list[str]) -> list[ZooModel]:
@@ -350,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"... {spec.name}", file=sys.stderr, flush=True)
         results.append(run_one(spec, tuple(args.methods), columns={c: COLUMNS[c] for c in args.columns},
                                verbose=args.verbose))
+        if results[-1].cells:
+            print("    " + ", ".join(f"{k}: {v}" for k, v in results[-1].cells.items()), file=sys.stderr, flush=True)
     print_table(results, args.columns, tuple(args.methods))
     if args.json:
         with open(args.json, "w") as f:

@@ -397,6 +397,30 @@ std::pair<double, double> ShardingModel::leaf_held(ir::ValueId leaf, int axis, c
   return {held, state_held};
 }
 
+bool ShardingModel::leaf_placement_fits(ir::ValueId leaf, int axis, const Placement& want) const {
+  if (!want.is_shard()) return true;
+  const std::vector<std::int64_t>& shape = graph_.value(leaf).type.shape;
+  if (want.dim < 0 || static_cast<std::size_t>(want.dim) >= shape.size()) return false;
+  // The axes cut the dim in mesh order, outermost first, each its block of what the outer
+  // ones left (local_shard.h): every even cut must divide what it cuts.
+  std::int64_t length = shape[static_cast<std::size_t>(want.dim)];
+  int cuts = 0;
+  bool uneven = false;
+  for (std::size_t b = 0; b < options_.mesh.size(); ++b) {
+    const Placement& p = static_cast<int>(b) == axis ? want : leaf_choice_[b][static_cast<std::size_t>(leaf)].placement;
+    if (!p.is_shard() || p.dim != want.dim) continue;
+    ++cuts;
+    if (!p.ratios.empty()) {
+      uneven = true;
+      continue;
+    }
+    const std::int64_t n = options_.mesh[b], groups = std::max<std::int64_t>(1, p.groups);
+    if (length < groups * n || length % (groups * n) != 0) return false;
+    length /= n;
+  }
+  return !(uneven && cuts > 1);  // uneven shares of a dim another axis cuts too: not offered
+}
+
 double ShardingModel::leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
   const ir::Value& v = graph_.value(leaf);
   if (v.role == ir::ValueRole::Input) return 0;
@@ -486,7 +510,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     if (choices.empty()) choices.push_back({Placement::replicate(), false});
     for (const Strategy& s : strategies[static_cast<std::size_t>(key.consumer)]) {
       const Placement& want = s.inputs[static_cast<std::size_t>(key.operand)];
-      if (!want.is_shard()) continue;
+      if (!want.is_shard() || !leaf_placement_fits(key.producer, axis, want)) continue;
       LeafChoice c{want, false};
       if (std::find(choices.begin(), choices.end(), c) == choices.end()) choices.push_back(c);
     }

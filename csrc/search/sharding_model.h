@@ -185,6 +185,11 @@ class ShardingModel {
   // optimizer state (ZeRO shards those further), with `choice` on `axis`.
   std::pair<double, double> leaf_held(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
   double leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
+  // Can the leaf be held as `want` on `axis` with its other axes' current placements? A
+  // reader asks for its own split on one axis only; the leaf's own dim may already be cut by
+  // another axis into blocks `want` does not divide (a [2, h] table S(0) on both axes of a
+  // 2 x 2 mesh), which no rank could hold (transform/local_shard.h).
+  bool leaf_placement_fits(ir::ValueId leaf, int axis, const Placement& want) const;
   // The optimizer step on this rank's share of a trainable parameter's states.
   double optimizer_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
   double edge_seconds(int axis, ir::ValueId value, int consumer, const Placement& produced, const Placement& wanted,

@@ -202,3 +202,47 @@ def test_a_gathered_weight_counts_at_its_peak():
     # 5.05 GiB: the stored shares and activations alone would fit (4.83 of 4.88 GB); with the
     # gathered layer they do not, and no plan does.
     assert shardwise.plan(graph, _small_memory_a100(5.05), global_batch=262144, mesh=(8, 1)).fits is False
+
+
+def _realizable(plan, graph) -> list[str]:
+    """The placements of `plan` that some rank cannot hold (transform/local_shard.h refuses
+    them: a dim cut by several mesh axes into blocks that do not divide it)."""
+    doc = json.loads(graph.to_json())
+    shapes = {v["name"]: v["shape"] for v in doc["values"]}
+    shapes.update({o["name"]: o["shape"] for n in doc["nodes"] for o in n["outputs"]})
+    mesh = plan.sharding["mesh"]
+    bad = []
+    for name, placement in plan.placements().items():
+        for rank in range(mesh[0] * mesh[1]):
+            try:
+                shardwise._C.local_shard(shapes[name], placement, list(mesh), rank)
+            except shardwise.ValidationError as e:
+                bad.append(f"{name} {placement} {shapes[name]}: {e}")
+                break
+    return bad
+
+
+@pytest.mark.parametrize("model", ["albert", "swin"])
+def test_a_small_dim_is_never_cut_by_two_axes_into_blocks_that_do_not_divide_it(model):
+    """A leaf takes, per mesh axis, a Shard one of its readers wants on that axis; a reader
+    split nowhere else wants a size-2 dim cut in 2 on either axis, but the leaf cannot be cut
+    in 2 on both (ALBERT's token-type table [2, 32], Swin's relative position bias table
+    [49, 2 heads], at a memory where weights are sharded on a 2 x 2 mesh: rank_program
+    refused the plan, "dim 0 holds 1 elements here")."""
+    from conftest import tight_cluster
+
+    torch.manual_seed(0)
+    if model == "albert":
+        m = transformers.AlbertForMaskedLM(transformers.AlbertConfig(
+            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, embedding_size=32,
+            vocab_size=128, max_position_embeddings=64))
+        ids = torch.randint(0, 128, (4, 16))
+        inputs = {"input_ids": ids, "labels": ids}
+    else:
+        m = transformers.SwinForImageClassification(transformers.SwinConfig(
+            image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
+            num_labels=10, drop_path_rate=0.0))
+        inputs = {"pixel_values": torch.randn(4, 3, 32, 32, dtype=torch.float64), "labels": torch.randint(0, 10, (4,))}
+    graph = shardwise.capture(m.double().train(), inputs)
+    plan = shardwise.plan(graph, tight_cluster(graph, 4, 4, (2, 2)), global_batch=4, mesh=(2, 2))
+    assert _realizable(plan, graph) == []

@@ -192,6 +192,37 @@ def _operand_nodes(src: torch.fx.Node) -> list[torch.fx.Node]:
     return out
 
 
+# ---- writes into the model's state ------------------------------------------------------------
+# Ops that update a buffer operand in place while their schema says nothing of it: batch norm
+# in training writes its running statistics (the flag named here says when). Ops whose schema
+# marks an argument written (Tensor(a!): add_, _native_batch_norm_legit) are found from it.
+_STATE_WRITES = {
+    torch.ops.aten.batch_norm.default: ("training", ("running_mean", "running_var")),
+    torch.ops.aten.native_batch_norm.default: ("training", ("running_mean", "running_var")),
+    torch.ops.aten.instance_norm.default: ("use_input_stats", ("running_mean", "running_var")),
+}
+
+
+def _written_operands(src: torch.fx.Node) -> set[int]:
+    """Positions (in _operand_nodes' order) of the tensor operands the call writes in place."""
+    target = src.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return set()
+    flag, names = _STATE_WRITES.get(target, (None, ()))
+    items = _schema_args(src)
+    writes_named = flag is not None and bool(dict(items).get(flag))
+    arguments = {a.name: a for a in target._schema.arguments}
+    out, position = set(), 0
+    for name, value in items:
+        count = 1 if isinstance(value, torch.fx.Node) else \
+            sum(isinstance(v, torch.fx.Node) for v in value) if isinstance(value, (list, tuple)) else 0
+        info = arguments[name].alias_info
+        if count and ((info is not None and info.is_write) or (writes_named and name in names)):
+            out.update(range(position, position + count))
+        position += count
+    return out
+
+
 def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dict[str, torch.Tensor],
                   input_names: list[str], trainable: set[str], *, nodes: list[dict] | None = None,
                   outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
@@ -251,12 +282,22 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         src, indices = sources[first]
         operands = []
         captured_operands = _operand_nodes(src)
+        written = _written_operands(src)
+        write_backs = []  # (leaf name, the operand the call writes, its placement) to copy back
         for i, op in enumerate(node["inputs"]):
             captured = captured_operands[i] if i < len(captured_operands) else None
             value = env[op["value"]]
             fwd = tuple(s["text"] for s in op["forward"])
             bwd = tuple(s["text"] for s in op["backward"])
-            if fwd or bwd:
+            if i in written and op["value"] in leaves and (fwd or value.op != "get_attr"):
+                # The call writes a copy of the rank's buffer (its block for a split node, or a
+                # cast): the write is copied back into the buffer after it (below). A copy of
+                # its own, as a slice may be a view of the buffer that the copy back would
+                # change under the call's saved operands.
+                value = graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value
+                value = graph.call_method("clone", (value,))
+                write_backs.append((op["value"], value, op["required"]))
+            elif fwd or bwd:
                 key = (op["value"], fwd, bwd)
                 if key not in reshards:
                     reshards[key] = graph.call_module("reshard", (value, fwd, bwd))
@@ -297,6 +338,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 shares = node["counted"]["shares"] * micro_batches
                 call = graph.call_function(operator.truediv, (graph.call_function(operator.mul, (call, float(shares))),
                                                               counts[first]))
+        for name, value, required in write_backs:
+            _write_back(graph, name, value, required, leaves[name]["placement"])
         if indices is None:
             env[first] = call
         else:
@@ -315,6 +358,21 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     module = torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{rank}Program")
     module.counted = [n["outputs"][0]["value"] for n in counted]
     return module
+
+
+def _write_back(graph: torch.fx.Graph, name: str, value: torch.fx.Node, required: list[str],
+                placement: list[str]) -> None:
+    """After a call that wrote `value`, the rank's copy of leaf `name` read in placement
+    `required` (the block of batch norm's running statistics a channel-split node updates),
+    the leaf (held in `placement`) becomes the written value: resharded back (the blocks
+    all-gathered) and copied in. A Partial copy has no state to write back: refused."""
+    if any(p.startswith("P") for p in required):
+        raise ValidationError(f"parallelize: the program writes '{name}' in place as a partial sum ({required}); "
+                              "a buffer's update must be read whole or as a block")
+    steps = tuple(s["text"] for s in _C.reshard_actions(list(required), list(placement)))
+    if steps:
+        value = graph.call_module("reshard", (value, steps, ()))
+    graph.call_method("copy_", (graph.get_attr(name), value))
 
 
 def _with_argument(src: torch.fx.Node, args: list, kwargs: dict, name: str, value: Any) -> tuple[list, dict]:
