@@ -4,7 +4,10 @@
 // meta device, or at another batch, applies to the narrow one on CPU, and such a plan names
 // the same nodes doing the same things. What the fingerprint catches is a plan applied to a
 // graph whose nodes carry the same names but are other nodes (a capture that numbered its
-// nodes otherwise): the runtime refuses it instead of placing the wrong node.
+// nodes otherwise): the runtime refuses it instead of placing the wrong node. A reader of a
+// cast (aten::to.*) counts as a reader of what was cast: torch returns a cast to the dtype a
+// tensor already has as the tensor itself, so which of the two names a capture records depends
+// on the model's dtype, and a model's float32 and float64 captures share one fingerprint.
 //
 //   graph_fingerprint(g) == graph_fingerprint(g with every shape doubled)
 //   graph_fingerprint(g) != graph_fingerprint(g with one node's op changed)
