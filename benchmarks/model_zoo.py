@@ -497,8 +497,8 @@ def _reference_steps(spec: ZooModel):
         optimizer.zero_grad()
         losses.append(float(loss.detach()))
     return (losses, {n: p.detach() for n, p in model.named_parameters()},
-            {n: b for n, b in model.state_dict().items() if n not in dict(model.named_parameters())
-             and b.is_floating_point()})
+            {n: b for n, b in model.state_dict().items()  # tied weights (lm_head = wte) are parameters
+             if n not in dict(model.named_parameters(remove_duplicate=False)) and b.is_floating_point()})
 
 
 def _tensor_error(mine: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[float, str]:
