@@ -399,11 +399,14 @@ std::pair<double, double> ShardingModel::leaf_held(ir::ValueId leaf, int axis, c
 
 bool ShardingModel::leaf_placement_fits(ir::ValueId leaf, int axis, const Placement& want) const {
   if (!want.is_shard()) return true;
-  const std::vector<std::int64_t>& shape = graph_.value(leaf).type.shape;
-  if (want.dim < 0 || static_cast<std::size_t>(want.dim) >= shape.size()) return false;
+  const ir::TensorType& type = graph_.value(leaf).type;
+  if (want.dim < 0 || static_cast<std::size_t>(want.dim) >= type.shape.size()) return false;
   // The axes cut the dim in mesh order, outermost first, each its block of what the outer
-  // ones left (local_shard.h): every even cut must divide what it cuts.
-  std::int64_t length = shape[static_cast<std::size_t>(want.dim)];
+  // ones left (local_shard.h): every even cut must divide what it cuts. A batch dim is cut
+  // at the global batch the search plans for, not at the batch the graph was captured at.
+  std::int64_t length = type.shape[static_cast<std::size_t>(want.dim)];
+  if (type.batch_dim == want.dim)
+    length = std::max<std::int64_t>(1, std::llround(static_cast<double>(length) * batch_scale_));
   int cuts = 0;
   bool uneven = false;
   for (std::size_t b = 0; b < options_.mesh.size(); ++b) {

@@ -85,7 +85,6 @@ def test_plan_as_rich_tables_names_the_figures_and_writes_the_file_whole(tmp_pat
 def test_ctrl_c_during_a_search_writes_nothing(tmp_path):
     import os
     import signal
-    import time
 
     out = tmp_path / "plan.json"
     # Thorough on the 1T row of Megatron-LM's Table 1 (3,072 GPUs, thousands of plans): seconds
@@ -102,12 +101,11 @@ def test_ctrl_c_during_a_search_writes_nothing(tmp_path):
         seen.append(line)
         if "joint planner (thorough): pricing" in line:
             break
-    signalled = time.perf_counter()
     proc.send_signal(signal.SIGINT)
     stdout, rest = proc.communicate(timeout=120)
     stderr = "".join(seen) + rest
     # The search stops at its next progress callback, long before its end.
-    assert proc.returncode == 130, f"rc {proc.returncode} {time.perf_counter() - signalled:.2f} s after SIGINT\n{stderr}"
+    assert proc.returncode == 130, f"rc {proc.returncode} after SIGINT\n{stderr}"
     assert "combinations in" not in stderr  # the line the planner logs when it finishes
     assert "interrupted; nothing was written" in stderr
     assert not out.exists() and not list(tmp_path.iterdir())

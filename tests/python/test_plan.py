@@ -1,4 +1,3 @@
-import time
 
 import pytest
 
@@ -20,15 +19,15 @@ def test_manual_plan_on_tiny_gpt_round_trips():
         shardwise.Plan.manual(g, c, tensor=2, pipeline=2, data=2, global_batch=7)
 
 
-def test_costing_175b_takes_under_a_second():
-    start = time.perf_counter()
+def test_costing_175b_on_interleaved_1f1b():
+    # benchmarks/planner_scaling.py times this; here the costed plan itself.
     g = shardwise.models.gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)
     c = shardwise.Cluster.preset("dgx-a100", nodes=192)
     p = shardwise.Plan.manual(g, c, tensor=8, pipeline=8, data=24, global_batch=1536, micro_batch=1,
                               schedule="interleaved-1f1b", virtual_stages=2, recompute=True)
-    elapsed = time.perf_counter() - start
-    print(f"175B plan built and costed in {elapsed * 1e3:.0f} ms; {p.predicted_tflops_per_device():.1f} TFLOP/s")
-    assert elapsed < 1.0
+    print(f"175B plan: {p.predicted_tflops_per_device():.1f} TFLOP/s")
+    assert 100 < p.predicted_tflops_per_device() < 200  # Megatron-LM's measured 175B run: 140
+    assert p.predicted_memory()[0] < 80e9
 
 
 def test_llama_gated_mlp_and_separate_qkv_are_tensor_parallel_groups():

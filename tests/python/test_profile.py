@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections import Counter
 from datetime import timedelta
 
@@ -24,13 +23,12 @@ def tiny():
     model = TinyGPT()
     idx = torch.randint(0, model.cfg.vocab, (2, model.cfg.seq))
     graph = shardwise.capture(model, (idx, idx))
-    t0 = time.perf_counter()
     prof = shardwise.profile(graph, budget_s=20, repeats=3, progress=False)
-    return graph, prof, time.perf_counter() - t0
+    return graph, prof
 
 
 def test_most_nodes_are_measured_with_positive_times(tiny):
-    graph, prof, seconds = tiny
+    graph, prof = tiny
     cov = prof.coverage(graph)
     total = cov["nodes_measured"] + cov["nodes_analytic"]
     assert total == graph.num_nodes()
@@ -39,12 +37,11 @@ def test_most_nodes_are_measured_with_positive_times(tiny):
     # Differentiable contractions have a real backward.
     linears = [t for sig, t in prof.ops.items() if sig.startswith("aten::linear(")]
     assert linears and all(t["backward"] > 0 for t in linears)
-    assert seconds < 60
     assert prof.device == "cpu"
 
 
 def test_repeated_blocks_share_one_measurement(tiny):
-    graph, prof, _ = tiny
+    graph, prof = tiny
     sigs = _C.node_signatures(graph._core)
     counts = Counter(sigs)
     layers = TinyGPT().cfg.layers
@@ -58,7 +55,7 @@ def test_repeated_blocks_share_one_measurement(tiny):
 
 
 def test_json_round_trip(tiny, tmp_path):
-    _, prof, _ = tiny
+    _, prof = tiny
     back = shardwise.Profile.from_json(prof.to_json())
     assert back == prof
     path = tmp_path / "p.json"
@@ -71,7 +68,7 @@ def test_json_round_trip(tiny, tmp_path):
 
 
 def test_profiled_plan_differs_from_analytic(tiny):
-    graph, prof, _ = tiny
+    graph, prof = tiny
     cluster = shardwise.Cluster.preset("cpu", nodes=1)
     kw = dict(global_batch=4, micro_batch=2, precision="f32")
     analytic = shardwise.Plan.manual(graph, cluster, **kw)
@@ -103,7 +100,7 @@ def test_unmeasured_ops_stay_analytic_with_a_reason():
 
 
 def test_zero_budget_leaves_everything_analytic(tiny):
-    graph, _, _ = tiny
+    graph, _ = tiny
     prof = shardwise.profile(graph, budget_s=0, progress=False)
     assert not prof.ops
     assert all("budget" in why for why in prof.skipped.values())
@@ -141,11 +138,12 @@ def test_gloo_collectives_fit_alpha_beta(tmp_path):
 
     store, out = str(tmp_path / "store"), str(tmp_path / "out.json")
     ctx = mp.spawn(_gloo_worker, args=(2, store, out), nprocs=2, join=False)
-    deadline = time.monotonic() + 90
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail("Gloo workers did not finish in 90 s")
+    try:  # a hang guard, not a timing claim: the workers' own collective timeout is 20 s
+        for _ in range(600):
+            if ctx.join(timeout=1):  # True once every worker has exited
+                break
+        else:
+            pytest.fail("the Gloo workers hung")
     finally:
         for p in ctx.processes:
             if p.is_alive():

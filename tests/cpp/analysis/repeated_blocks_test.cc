@@ -3,9 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 
 #include "gpt2_like_graph.h"
-#include "../support/time_bounds.h"
 
 namespace shardwise::analysis {
 namespace {
@@ -157,8 +157,9 @@ TEST(RepeatedBlocksTest, DeepModelsAreFast) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   ASSERT_EQ(groups.size(), 1u);
   EXPECT_EQ(groups[0].module_paths.size(), 96u);
-  // Milliseconds in practice; the bound only catches an accidental quadratic.
-  EXPECT_LT(std::chrono::duration<double>(elapsed).count(), 1.0 * shardwise::test_support::kTimeBoundScale);
+  // Milliseconds in practice: printed, not asserted (a test bounds no wall clock).
+  std::printf("[ timing ] repeated blocks of %zu nodes found in %.3f s\n", graph.nodes().size(),
+              std::chrono::duration<double>(elapsed).count());
 
   config.layers = 48;
   const auto groups48 = find_repeated_blocks(testing::gpt2_like_graph(config));

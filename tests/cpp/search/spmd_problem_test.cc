@@ -545,9 +545,8 @@ TEST(SpmdSolversTest, LargeProblem) {
   EXPECT_TRUE(ilp.feasible);
   EXPECT_LE(ilp.cost, fast.cost);
   EXPECT_TRUE(ilp.optimal);
-  // Generous bounds: the machine is shared; the targets are 1 s and 20 s.
-  EXPECT_LT(fast_s, 10.0);
-  EXPECT_LT(ilp_s, 120.0);
+  // The times are printed, not asserted (targets 1 s and 20 s): a shared machine or a
+  // sanitizer build must not turn a correct solve into a failure.
 }
 
 }  // namespace
