@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 PY=${PYTHON:-python3}
 NPROC=${NPROC:-4}
-exec "$PY" -m torch.distributed.run --nproc-per-node "$NPROC" -m shardwise train "$@"
+exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m shardwise train "$@"

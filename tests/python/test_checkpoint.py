@@ -229,7 +229,7 @@ def test_training_resumes_under_torchrun(tmp_path):
                                                                        os.environ.get("PYTHONPATH")]))}
 
     def run(*args) -> list[str]:
-        out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29533", "-m", "shardwise", "train",
+        out = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "shardwise", "train",
                               *args], capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         return [line.split()[:2] for line in out.stdout.splitlines() if line.split() and line.split()[0].isdigit()]

@@ -30,7 +30,7 @@ def test_the_training_script_and_its_checkpoint_lines_run_under_torchrun(tmp_pat
         pytest.fail("torchrun is not on PATH (it comes with torch)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(README.parent / "python"),
                                                                       os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run([torchrun, "--nproc-per-node", "4", "--master-port", "29541", "train.py"], cwd=tmp_path,
+    out = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", "train.py"], cwd=tmp_path,
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "predicted step" in out.stdout and "def forward" in out.stdout  # the report and the program
