@@ -381,6 +381,13 @@ const DeviceType& Cluster::device_of(int rank) const {
   return device_types_[static_cast<std::size_t>(rank_device_[static_cast<std::size_t>(rank)])];
 }
 
+std::vector<int> Cluster::ranks_per_node() const {
+  std::vector<int> out;
+  out.reserve(nodes_.size());
+  for (const Node& node : nodes_) out.push_back(node.device_count());
+  return out;
+}
+
 int Cluster::node_of(int rank) const {
   check_rank(rank);
   return rank_node_[static_cast<std::size_t>(rank)];

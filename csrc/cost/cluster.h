@@ -165,6 +165,9 @@ class Cluster {
 
   int world_size() const { return static_cast<int>(rank_node_.size()); }
   int num_nodes() const { return static_cast<int>(nodes_.size()); }
+  // Ranks on each node, in node order: what a launcher starts on each (torchrun --nnodes,
+  // --nproc-per-node).
+  std::vector<int> ranks_per_node() const;
   // True when the nodes use more than one device type.
   bool heterogeneous() const;
 

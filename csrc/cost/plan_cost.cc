@@ -288,6 +288,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   if (!layers) per_sample = 3.0 * post_cost.matmul_flops / structure.graph_batch;
   out.model_flops = per_sample * static_cast<double>(plan.global_batch);
   out.tflops_per_device = out.step_time > 0 ? out.model_flops / out.step_time / cluster.world_size() / 1e12 : 0;
+  out.ranks_per_node = cluster.ranks_per_node();
   return out;
 }
 
@@ -298,6 +299,7 @@ plan::Plan with_prediction(plan::Plan plan, const PlanCost& cost) {
   predicted.memory_per_rank = cost.memory_per_rank;
   predicted.breakdown = cost.breakdown();
   predicted.memory_breakdown = cost.memory_breakdown;
+  predicted.ranks_per_node = cost.ranks_per_node;
   plan.predicted = std::move(predicted);
   return plan;
 }

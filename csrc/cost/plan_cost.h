@@ -100,6 +100,7 @@ struct PlanCost {
 
   double model_flops = 0;  // per iteration, Megatron-LM's accounting
   double tflops_per_device = 0;
+  std::vector<int> ranks_per_node;  // the cluster priced on (Cluster::ranks_per_node)
 
   // Structure found (for tests and reports).
   int layers = 0;

@@ -303,6 +303,7 @@ json plan_to_json(const Plan& plan) {
       for (const auto& c : p.collectives) list.push_back(collective_to_json(c));
       out["predicted"]["collectives"] = std::move(list);
     }
+    if (!p.ranks_per_node.empty()) out["predicted"]["ranks_per_node"] = p.ranks_per_node;
   }
   return out;
 }
@@ -347,9 +348,21 @@ Plan plan_from_json(const json& in) {
       if (!p.at("collectives").is_array()) throw ParseError("plan.predicted.collectives: expected an array");
       for (const auto& c : p.at("collectives")) predicted.collectives.push_back(collective_from_json(c));
     }
+    if (p.contains("ranks_per_node")) {
+      predicted.ranks_per_node = field<std::vector<int>>(p, "ranks_per_node");
+      for (int n : predicted.ranks_per_node)
+        if (n <= 0) throw ParseError(fmt::format("plan.predicted.ranks_per_node: {} ranks on a node", n));
+    }
     plan.predicted = std::move(predicted);
   }
-  validate(plan);
+  validate(plan);  // the world size fits an int from here on
+  if (plan.predicted && !plan.predicted->ranks_per_node.empty()) {
+    std::int64_t sum = 0;
+    for (int n : plan.predicted->ranks_per_node) sum += n;
+    if (sum != plan.world_size())
+      throw ParseError(fmt::format("plan.predicted.ranks_per_node: {} ranks in all, the plan's world is {}", sum,
+                                   plan.world_size()));
+  }
   return plan;
 }
 

@@ -114,6 +114,9 @@ struct Predicted {
   std::map<std::string, double> breakdown;         // seconds per part of the step
   std::map<std::string, double> memory_breakdown;  // bytes per part, the most loaded rank
   std::vector<CollectiveRecord> collectives;       // searched plans: every collective of a step
+  // The cluster it was priced on: ranks on each node, in node order (they sum to the plan's
+  // world size). What `shardwise run --plan` turns into torchrun's --nnodes / --nproc-per-node.
+  std::vector<int> ranks_per_node;
 
   friend bool operator==(const Predicted&, const Predicted&) = default;
 };

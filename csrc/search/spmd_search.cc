@@ -257,6 +257,7 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
   predicted.breakdown = e.breakdown;
   predicted.memory_breakdown = e.memory_breakdown;
   predicted.collectives = e.collectives;
+  predicted.ranks_per_node = cluster.ranks_per_node();
   plan.predicted = std::move(predicted);
   plan::validate(plan, cluster.world_size());
   result.fits = e.fits;

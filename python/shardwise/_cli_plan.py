@@ -121,18 +121,75 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def launch_lines(ranks_per_node: list[int], script: list[str], endpoint: str) -> list[tuple[str, list[str]]]:
+    """torchrun's command for each kind of node the plan runs on: (which nodes, argv). One node:
+    --standalone (a free port on this machine). Several: every node runs the same line against
+    one c10d rendezvous at `endpoint` (the first node's address and a free port on it); nodes
+    with another device count get a line of their own (torchrun's --nnodes counts them all)."""
+    if len(ranks_per_node) == 1:
+        return [("this machine", ["torchrun", "--standalone", "--nproc-per-node", str(ranks_per_node[0]), *script])]
+    lines = []
+    for count in dict.fromkeys(ranks_per_node):  # distinct counts, in node order
+        nodes = [i for i, n in enumerate(ranks_per_node) if n == count]
+        which = "every node" if len(nodes) == len(ranks_per_node) else f"nodes {_ranges(nodes)}"
+        lines.append((which, ["torchrun", "--nnodes", str(len(ranks_per_node)), "--nproc-per-node", str(count),
+                              "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "shardwise",
+                              *script]))
+    return lines
+
+
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _shell_line(argv: list[str]) -> str:
+    """argv as a shell line; an argument naming a variable ($MASTER_ADDR) in double quotes, so
+    the shell expands it."""
+    return " ".join(f'"{a}"' if a.startswith("$") and '"' not in a else shlex.quote(a) for a in argv)
+
+
 def run_run(args: argparse.Namespace) -> int:
-    """Shows (and with --exec, runs) the torchrun line for a training script."""
-    nproc = args.nproc_per_node
-    if nproc is None and args.plan:
+    """Shows (and with --exec, runs) the torchrun line for a training script: for a plan, the
+    nodes it was priced on (its predicted.ranks_per_node) and their device counts."""
+    script = [args.script, *args.script_args]
+    if args.nproc_per_node is not None:
+        ranks_per_node = [args.nproc_per_node] * (args.nnodes or 1)
+    elif args.plan:
         with open(args.plan) as f:
             doc = json.load(f)
-        nproc = doc["data"] * doc["tensor"] * doc["pipeline"]
-    line = ["torchrun", "--nproc-per-node", str(nproc or 1), args.script, *args.script_args]
-    if args.plan:  # shardwise.parallelize(..., plan=None) loads it
-        line = ["env", f"SHARDWISE_PLAN={os.path.abspath(args.plan)}", *line]
-    print(shlex.join(line))
+        world = doc["data"] * doc["tensor"] * doc["pipeline"]
+        ranks_per_node = (doc.get("predicted") or {}).get("ranks_per_node") or []
+        if not ranks_per_node:  # an older or hand-written plan: its ranks on nnodes equal nodes
+            nodes = args.nnodes or 1
+            if world % nodes:
+                print(f"shardwise run: the plan's {world} ranks do not divide over {nodes} nodes", file=sys.stderr)
+                return 2
+            ranks_per_node = [world // nodes] * nodes
+            if args.nnodes is None and world > 1:
+                print(f"# the plan does not say its nodes: {world} ranks on this machine (--nnodes N to spread them)",
+                      file=sys.stderr)
+    else:
+        ranks_per_node = [1] * (args.nnodes or 1)
+    lines = launch_lines(ranks_per_node, script, args.rdzv_endpoint)
+    env = ["env", f"SHARDWISE_PLAN={os.path.abspath(args.plan)}"] if args.plan else []  # parallelize loads it
+    if len(ranks_per_node) > 1:
+        print(f"# {sum(ranks_per_node)} ranks on {len(ranks_per_node)} nodes; run on each node (the endpoint: the "
+              "first node's address and a free port on it)")
+    for which, line in lines:
+        print((f"# {which}\n" if len(lines) > 1 else "") + _shell_line(env + line))
     if args.exec:
+        if len(ranks_per_node) > 1:
+            print("shardwise run: --exec starts one machine's processes; this plan spans several nodes: run the line "
+                  "above on each", file=sys.stderr)
+            return 2
+        line = env + lines[0][1]
         os.execvp(line[0], line)
     return 0
 
@@ -165,6 +222,9 @@ def add_parsers(sub) -> None:
     r.add_argument("script")
     r.add_argument("script_args", nargs=argparse.REMAINDER)
     r.add_argument("--plan")
-    r.add_argument("--nproc-per-node", type=int)
+    r.add_argument("--nproc-per-node", type=int, help="ranks per node (default: the plan's, else 1)")
+    r.add_argument("--nnodes", type=int, help="nodes (default: the plan's, else 1)")
+    r.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500",
+                   help="several nodes: the c10d rendezvous, the first node's HOST:PORT (default %(default)s)")
     r.add_argument("--exec", action="store_true")
     r.set_defaults(run=run_run)

@@ -57,7 +57,10 @@ def test_plan_gpt3_on_a_thousand_gpus_then_simulate_and_show_the_torchrun_line(t
     proc = subprocess.run([sys.executable, "-m", "shardwise", "run", "--plan", str(plan_file), "train.py", "--lr",
                            "1e-3"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "torchrun --nproc-per-node 1024 train.py --lr 1e-3" in proc.stdout
+    # 128 nodes of 8: every node runs 8 processes against one rendezvous, not 1,024 on one.
+    assert ('torchrun --nnodes 128 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" '
+            '--rdzv-id shardwise train.py --lr 1e-3') in proc.stdout, proc.stdout
+    assert "1024 ranks on 128 nodes" in proc.stdout
     assert f"SHARDWISE_PLAN={plan_file}" in proc.stdout
 
 
@@ -80,6 +83,42 @@ def test_plan_as_rich_tables_names_the_figures_and_writes_the_file_whole(tmp_pat
     assert "transformer.h.*.mlp.c_fc.weight" in proc.stdout  # a parameter group: 4 blocks in one row
     assert out.read_text().startswith("{")
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_the_launch_line_follows_the_nodes_the_plan_was_priced_on(tmp_path):
+    import json
+
+    import shardwise
+
+    def launch(plan: shardwise.Plan, *extra: str) -> str:
+        path = tmp_path / "p.json"
+        path.write_text(plan.to_json())
+        proc = subprocess.run([sys.executable, "-m", "shardwise", "run", "--plan", str(path), *extra, "train.py"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    graph = shardwise.models.gpt(layers=2, hidden=64, heads=4, seq=32, vocab=128, batch=8)
+    one = shardwise.plan(graph, shardwise.Cluster.preset("cpu", 4), global_batch=8)
+    assert json.loads(one.to_json())["predicted"]["ranks_per_node"] == [4]
+    assert "torchrun --standalone --nproc-per-node 4 train.py" in launch(one)
+    # A node of 4 and a node of 2: a line for each kind of node, both counting 2 nodes.
+    doc = json.loads(shardwise.Cluster.preset("cpu", 4).to_json())
+    doc["nodes"] = [{"count": 4, "device": "cpu"}, {"count": 2, "device": "cpu"}]
+    doc["links"].append({"name": "ethernet", "bandwidth": 1e9, "latency": 1e-4})
+    mixed = shardwise.plan(graph, shardwise.Cluster.from_json(json.dumps(doc)), global_batch=6, mesh=(6, 1))
+    assert json.loads(mixed.to_json())["predicted"]["ranks_per_node"] == [4, 2]
+    out = launch(mixed, "--rdzv-endpoint", "10.0.0.1:29400")
+    assert "# nodes 0\n" in out and "--nnodes 2 --nproc-per-node 4" in out, out
+    assert "# nodes 1\n" in out and "--nnodes 2 --nproc-per-node 2" in out, out
+    assert "--rdzv-endpoint 10.0.0.1:29400" in out and "6 ranks on 2 nodes" in out
+    # A plan that does not say its nodes (written by hand): its ranks on --nnodes nodes.
+    bare = json.loads(one.to_json())
+    del bare["predicted"]
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "run", "--plan", str(tmp_path / "bare.json"), "--nnodes",
+                           "2", "train.py"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "--nnodes 2 --nproc-per-node 2" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_ctrl_c_during_a_search_writes_nothing(tmp_path):

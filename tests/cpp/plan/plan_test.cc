@@ -35,10 +35,28 @@ TEST(Plan, JsonRoundTripAndHash) {
   costed.predicted = Predicted{1.5, 140.0, 6e10, {{"compute", 1.0}}, {{"weights", 1e9}}};
   EXPECT_EQ(plan_from_json_string(plan_to_json_string(costed)), costed);
   EXPECT_EQ(plan_hash(costed), plan_hash(p));
+  // The nodes it was priced on (the launch line's --nnodes / --nproc-per-node).
+  costed.predicted->ranks_per_node = {4, 4};
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(costed)), costed);
+  EXPECT_EQ(plan_hash(costed), plan_hash(p));
 
   Plan other = p;
   other.micro_batch = 1;
   EXPECT_NE(plan_hash(other), plan_hash(p));
+}
+
+TEST(Plan, RanksPerNodeMustSumToTheWorld) {
+  Plan p = example();
+  p.predicted = Predicted{1.5, 140.0, 6e10, {}, {}};
+  p.predicted->ranks_per_node = {4, 2};  // 6 ranks for a world of 8
+  try {
+    plan_from_json_string(plan_to_json_string(p));
+    FAIL() << "a plan whose nodes hold 6 of its 8 ranks parsed";
+  } catch (const support::ParseError& e) {
+    EXPECT_NE(std::string(e.what()).find("6 ranks in all, the plan's world is 8"), std::string::npos) << e.what();
+  }
+  p.predicted->ranks_per_node = {8, 0};
+  EXPECT_THROW(plan_from_json_string(plan_to_json_string(p)), support::ParseError);
 }
 
 TEST(Plan, ValidationNamesTheNumbers) {
