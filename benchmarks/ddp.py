@@ -52,18 +52,27 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     share = args.batch // world
     local = tuple(t[rank * share:(rank + 1) * share] for t in batch)
 
+    losses = {"shardwise": [], "ddp": []}  # each step's loss over the global batch
+
     def ours():
         opt.zero_grad()
-        engine.train_step(*batch)
+        losses["shardwise"].append(engine.train_step(*batch).detach())
         opt.step()
 
     def theirs():
         ddp_opt.zero_grad()
-        ddp(*local).backward()
+        loss = ddp(*local)
+        loss.backward()
         ddp_opt.step()
+        losses["ddp"].append(loss.detach())
 
     steps = {"shardwise": ours, "ddp": theirs}
     times, cpu = timed_rounds(steps, args.warmup, args.steps)
+    # The same weights, batch and steps: the same losses (float32 rounding apart), or the two
+    # are not timing the same work. DDP's loss is its rank's share's mean: averaged here.
+    ddp_losses = torch.stack(losses["ddp"])
+    dist.all_reduce(ddp_losses)
+    loss_diff = ((torch.stack(losses["shardwise"]) - ddp_losses / world).abs() / (ddp_losses / world).abs()).max().item()
     everyone = [None] * world
     dist.all_gather_object(everyone, {k: statistics.median(v) for k, v in cpu.items()})
     profiles = profile_steps(steps, rank == 0) if args.profile else {}
@@ -71,7 +80,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         paired = statistics.median(o / d for o, d in zip(times["shardwise"], times["ddp"]))
         with open(out, "w") as f:
             json.dump({"ours": statistics.median(times["shardwise"]), "ddp": statistics.median(times["ddp"]),
-                       "paired": paired, "ours_cpu": sum(c["shardwise"] for c in everyone) / world,
+                       "paired": paired, "loss_diff": loss_diff, "ours_cpu": sum(c["shardwise"] for c in everyone) / world,
                        "ddp_cpu": sum(c["ddp"] for c in everyone) / world, "profiles": profiles}, f)
     finish_worker()
 
@@ -92,9 +101,10 @@ def main() -> None:
           f"{torch.__version__}, Gloo; TinyGPT layers {args.layers}, hidden {args.hidden}, seq {args.seq}, global batch "
           f"{args.batch}; median of {args.steps} steps after {args.warmup} of warm-up, one thread per process")
     print("ms: median step time (rank 0); paired: median over steps of our step time / DDP's in the same round; "
-          "CPU ms: median CPU time of a step per process (mean over ranks)")
+          "CPU ms: median CPU time of a step per process (mean over ranks); loss diff: the largest relative "
+          "difference between the two's losses over the global batch at any step (the same work)")
     print(f"{'world':>5}  {'shardwise ms':>12}  {'DDP ms':>8}  {'ours / DDP':>10}  {'paired':>6}  {'CPU ours ms':>11}  "
-          f"{'CPU DDP ms':>10}  {'CPU ratio':>9}")
+          f"{'CPU DDP ms':>10}  {'CPU ratio':>9}  {'loss diff':>9}")
     for world in (int(w) for w in args.worlds.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "out")
@@ -102,7 +112,7 @@ def main() -> None:
             r = json.load(open(out))
         print(f"{world:>5}  {r['ours'] * 1e3:>12.1f}  {r['ddp'] * 1e3:>8.1f}  {r['ours'] / r['ddp']:>10.2f}  "
               f"{r['paired']:>6.2f}  {r['ours_cpu'] * 1e3:>11.1f}  {r['ddp_cpu'] * 1e3:>10.1f}  "
-              f"{r['ours_cpu'] / r['ddp_cpu']:>9.2f}")
+              f"{r['ours_cpu'] / r['ddp_cpu']:>9.2f}  {r['loss_diff']:>9.1e}")
         for name, table in r["profiles"].items():
             print(f"--- profile of rank 0, one step, {name}, world {world} ---\n{table}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")

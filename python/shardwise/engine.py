@@ -58,7 +58,7 @@ from .plan import Plan, micro_batch_fallback
 from .runtime.batch import TARGET, BatchBinding, call_arguments, map_tensors
 from .runtime.buckets import _GradientBuckets
 from .runtime.counted import Counter
-from .runtime.engine_base import CollectiveError, EngineBase
+from .runtime.engine_base import CollectiveError, EngineBase, tied_names
 from .runtime.grad_norm import plain
 from .runtime.lower import _build_module, _rank_program
 from .runtime.mesh import _Mesh
@@ -137,6 +137,7 @@ class Engine(EngineBase):
         self._compute_dtypes = compute_dtypes
         self._model = model
         self._wrapper = wrapper
+        self._tied = tied_names(model)
         self.plan = plan
         self._mesh = mesh
         self._parameters = parameters  # IR name -> this rank's tensor (shared by every program)
@@ -306,8 +307,9 @@ class Engine(EngineBase):
                           dict(self._params))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter and buffer whole, on every rank (gathered through the mesh)."""
-        return self._gather({n: t.detach() for n, t in self._parameters.items()})
+        """The model's state_dict, whole, on every rank (gathered through the mesh): its
+        parameters and persistent buffers by its names, a tied weight under each of them."""
+        return self._as_state_dict(self._gather({n: t.detach() for n, t in self._parameters.items()}))
 
     def _full_grads(self) -> dict[str, torch.Tensor]:
         """Every trainable parameter's gradient whole (zeros where there is none), on every rank."""

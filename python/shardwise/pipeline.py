@@ -35,7 +35,7 @@ from ._logging import get_logger
 from .materialize import local_tensor
 from .runtime.buckets import _GradientBuckets
 from .runtime.counted import Counter
-from .runtime.engine_base import EngineBase
+from .runtime.engine_base import EngineBase, tied_names
 from .runtime.grad_norm import plain
 from .runtime.lower import _build_module, _rank_program, _tensor_outputs
 from .runtime.reshard import gather_whole
@@ -158,6 +158,7 @@ class PipelineEngine(EngineBase):
         self.plan = plan
         self._model = model
         self._wrapper = wrapper
+        self._tied = tied_names(model)
         self._kept = kept              # checkpoint.KeptState: the model's names, shapes, what no rank holds
         self.sharding = sharding       # the SPMD plan of each stage's sub-mesh (None: replicated)
         self._programs = {True: first}
@@ -427,8 +428,9 @@ class PipelineEngine(EngineBase):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer whole, on every rank: gathered on the sub-mesh of a stage
-        holding it, then broadcast from that stage's first rank."""
-        return self._gather(sorted(self._owners), lambda t: t.detach())
+        holding it, then broadcast from that stage's first rank. The model's state_dict: its
+        parameters and persistent buffers by its names, a tied weight under each of them."""
+        return self._as_state_dict(self._gather(sorted(self._owners), lambda t: t.detach()))
 
     def _full_grads(self) -> dict[str, torch.Tensor]:
         """Every trainable parameter's gradient whole (zeros where there is none), on every rank."""

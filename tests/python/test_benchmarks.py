@@ -32,7 +32,7 @@ def _row(out: str, first: str) -> list[str]:
 def test_ddp_side_by_side():
     out = _run("ddp.py", "--worlds", "2", "--batch", "4", "--steps", "2", "--warmup", "1", *TINY)
     row = _row(out, "2")
-    assert float(row[3]) > 0  # ours / DDP
+    assert float(row[8]) < 1e-5  # relative, the losses at every step: ours and DDP's, from the same weights
 
 
 def test_tensor_parallel_side_by_side_computes_the_same_loss():
@@ -44,8 +44,7 @@ def test_tensor_parallel_side_by_side_computes_the_same_loss():
 def test_pipeline_side_by_side_runs_torch_pipelining_and_matches_losses():
     out = _run("pipeline.py", "--batch", "4", "--micro-batch", "1", "--steps", "1", "--warmup", "1", *TINY)
     assert "FAILED" not in out
-    for schedule in ("gpipe", "1f1b"):
-        assert float(_row(out, schedule)[5]) > 0  # ours / torch throughput: both ran
+    assert {"gpipe", "1f1b"} <= {line.split()[0] for line in out.splitlines() if line.split()}, out
     assert "largest difference between any two at any step: 0.00e+00" in out
 
 

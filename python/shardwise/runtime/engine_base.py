@@ -76,6 +76,23 @@ def collective_error(error: BaseException, rank: int, step: int, collective: str
                            "Gloo, 10 for NCCL).")
 
 
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """Every other name of a tensor the model holds under several (a tied LM head: lm_head.weight
+    -> the embedding's name, the first one, under which the engine keeps it). state_dict names
+    each; so does the engine's full_state_dict, so that load_state_dict(strict=True) takes it."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        if t is None:
+            continue
+        if id(t) in first:
+            if name != first[id(t)]:
+                out[name] = first[id(t)]
+        else:
+            first[id(t)] = name
+    return out
+
+
 class EngineBase:
     def __init__(self, binding: BatchBinding, policy: Policy | None = None):
         _teardown.hold(self)
@@ -195,6 +212,19 @@ class EngineBase:
             yield
         finally:
             model.train(was)
+
+    def _as_state_dict(self, gathered: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The whole tensors by the model's state_dict names (torch's and FSDP's full state dict:
+        load_state_dict(strict=True) takes it): persistent buffers only, a tensor no rank holds
+        from the copy kept at parallelize, a tied weight under each of its names."""
+        kept = getattr(self, "_kept", None)
+        if kept is None:
+            state = dict(gathered)
+        else:
+            state = {n: gathered[n] if n in gathered else kept.extra[n].clone()
+                     for n in kept.names if n in gathered or n in kept.extra}
+        state.update({alias: state[name] for alias, name in self._tied.items() if name in state})
+        return state
 
     def _reduce_dtype(self):
         return self._policy.reduce_dtype if self._policy is not None else None
