@@ -43,6 +43,9 @@ from torch.distributed.checkpoint.planner_helpers import _create_read_item_for_b
 
 from . import _C
 from ._C import ValidationError
+from ._logging import get_logger
+
+log = get_logger("shardwise.checkpoint")
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
 
@@ -392,6 +395,12 @@ def load_checkpoint(path: str | os.PathLike, target, optimizer=None) -> dict:
     save_checkpoint. Raises ValidationError (nothing changed) when the checkpoint is not one,
     or holds another model: a missing or extra name, or another shape."""
     path = os.fspath(path)
+    if not os.path.exists(path) and os.path.exists(path + ".old"):
+        # save_checkpoint stopped between moving the previous checkpoint aside and moving the
+        # new one in: the previous one is whole under .old.
+        log.warning("load_checkpoint: %s is missing; loading %s.old, the checkpoint before an interrupted save",
+                    path, path)
+        path = path + ".old"
     errors: list[str] = []
     metadata = None
     try:

@@ -7,6 +7,7 @@ a checkpoint of another model, or a damaged one, is refused on every rank with n
 Real Gloo processes, float64."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -240,3 +241,79 @@ def test_training_resumes_under_torchrun(tmp_path):
     resumed = run("--steps", "2", "--resume", ckpt)
     assert first == whole[:2]
     assert resumed == whole[2:], (resumed, whole)
+
+
+def _interrupted_save_job(rank: int, world: int, store_path: str, path: str, fault: str, result: str) -> None:
+    """Saves after step 1, trains step 2, then saves again with rank 1's writes failing
+    (fault 'full': the disk is full) or rank 1 killed while it writes ('kill')."""
+    import errno
+
+    import torch.distributed.checkpoint as dcp
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=10))
+    engine, optimizer = _engine("pipeline", world)
+    _train(engine, optimizer, range(1))
+    shardwise.save_checkpoint(path, engine, optimizer, extra={"step": 1})
+    _train(engine, optimizer, range(1, 2))
+    if rank == 1:
+        def write_data(self, plan, planner):
+            if fault == "kill":
+                os._exit(3)
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+
+        dcp.FileSystemWriter.write_data = write_data
+    try:
+        shardwise.save_checkpoint(path, engine, optimizer, extra={"step": 2})
+        raised = None
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        raised = f"{type(e).__name__}: {e}"
+    with open(f"{result}.{rank}", "w") as f:
+        json.dump({"raised": raised}, f)
+    os._exit(0)  # a rank of a broken group: no teardown collective
+
+
+@pytest.mark.parametrize("fault", ["full", "kill"])
+def test_an_interrupted_save_leaves_the_previous_checkpoint_whole(tmp_path, fault):
+    world, path, result = 2, str(tmp_path / "ckpt"), str(tmp_path / "result")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_interrupted_save_job, args=(r, world, str(tmp_path / "store"), path, fault, result))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)  # a hang guard
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a rank hung"
+    survivors = [0, 1] if fault == "full" else [0]
+    for rank in survivors:
+        with open(f"{result}.{rank}") as f:
+            raised = json.load(f)["raised"]
+        assert raised is not None and raised.startswith(("CheckpointError", "CollectiveError")), raised
+        if fault == "full":
+            assert "No space left on device" in raised, raised
+    # The checkpoint of step 1, whole: it loads on one device and holds step 1's weights.
+    model, optimizer = _single(0)
+    extra = shardwise.load_checkpoint(path, model, optimizer)
+    assert extra == {"step": 1}
+    expected, _ = _single(1)
+    ref = expected.state_dict()
+    error = max(((v - ref[k]).abs().max() / ref[k].abs().max().clamp_min(1e-6)).item()
+                for k, v in model.state_dict().items())
+    assert error < 1e-10, error  # the pipeline's step 1 against one device's, in float64
+    after_two, _ = _single(2)  # and not step 2's
+    assert any(not torch.allclose(v, after_two.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+def test_a_save_stopped_between_its_two_renames_loads_the_previous_checkpoint(tmp_path):
+    # save_checkpoint moves the previous checkpoint to .old, then the new one in: a process
+    # killed between the two leaves only .old, which load_checkpoint takes.
+    model, optimizer = _single(1)
+    path = str(tmp_path / "ckpt")
+    shardwise.save_checkpoint(path, model, optimizer, extra={"step": 1})
+    os.replace(path, path + ".old")
+    fresh, fresh_optimizer = _single(0)
+    assert shardwise.load_checkpoint(path, fresh, fresh_optimizer) == {"step": 1}
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in fresh.state_dict().items())
