@@ -19,6 +19,22 @@ import torch.multiprocessing as mp
 TIMEOUT_S = 5
 
 
+def _second_step_then_exit(engine, batch, path: str) -> None:
+    """The step a peer's fault breaks: what it raised, written for the test; then out at once
+    (the group is broken: no teardown collective)."""
+    import shardwise
+
+    try:
+        engine.train_step(*batch)
+        result = {"raised": None}
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        result = {"raised": type(e).__name__, "message": str(e),
+                  "shardwise": isinstance(e, shardwise.ShardwiseError)}
+    with open(path, "w") as f:
+        json.dump(result, f)
+    os._exit(0)
+
+
 def _worker(rank: int, world: int, store: str, out: str, fault: str) -> None:
     import shardwise
 
@@ -34,15 +50,7 @@ def _worker(rank: int, world: int, store: str, out: str, fault: str) -> None:
         if fault == "stall":
             time.sleep(3 * TIMEOUT_S)
         os._exit(0 if fault == "stall" else 3)
-    try:
-        engine.train_step(*batch)
-        result = {"raised": None}
-    except Exception as e:  # noqa: BLE001 - the test inspects it
-        result = {"raised": type(e).__name__, "message": str(e),
-                  "shardwise": isinstance(e, shardwise.ShardwiseError)}
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(result, f)
-    os._exit(0)
+    _second_step_then_exit(engine, batch, f"{out}.{rank}")
 
 
 @pytest.mark.parametrize("fault", ["kill", "stall"])
@@ -122,15 +130,7 @@ def _mid_step_worker(rank: int, world: int, store: str, out: str, fault: str) ->
     engine.train_step(*batch)
     if rank == victim:
         module.dist = _DiesOn(module.dist, call, after=fault == "pipeline")
-    try:
-        engine.train_step(*batch)
-        result = {"raised": None}
-    except Exception as e:  # noqa: BLE001 - the test inspects it
-        result = {"raised": type(e).__name__, "message": str(e),
-                  "shardwise": isinstance(e, shardwise.ShardwiseError)}
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(result, f)
-    os._exit(0)
+    _second_step_then_exit(engine, batch, f"{out}.{rank}")
 
 
 @pytest.mark.parametrize("fault,world", [("bucket", 3), ("pipeline", 2)])
