@@ -318,3 +318,68 @@ def test_a_save_stopped_between_its_two_renames_loads_the_previous_checkpoint(tm
     assert shardwise.load_checkpoint(path, fresh, fresh_optimizer) == {"step": 1}
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in fresh.state_dict().items())
 
+
+RESTARTED_SCRIPT = """
+import os, sys
+import torch
+import torch.distributed as dist
+import shardwise
+from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
+
+dist.init_process_group("gloo")
+ckpt, steps, die_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+model = TinyGPT(TinyGPTConfig(layers=2)).double()
+
+
+def batch(step):
+    ids = torch.randint(0, 256, (8, 32), generator=torch.Generator().manual_seed(100 + step))
+    return ids, torch.roll(ids, -1, dims=1)
+
+
+engine = shardwise.parallelize(model, batch(0), mesh=(2, 1))
+optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
+start = shardwise.load_checkpoint(ckpt, engine, optimizer)["step"] if os.path.exists(ckpt) else 0
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+for step in range(start, steps):
+    if step == die_at and attempt == 0 and dist.get_rank() == 1:
+        os._exit(1)  # killed mid-run, on the first attempt only
+    optimizer.zero_grad()
+    loss = engine.train_step(*batch(step))
+    optimizer.step()
+    shardwise.save_checkpoint(ckpt, engine, optimizer, extra={"step": step + 1})
+    if dist.get_rank() == 0:
+        sys.stdout.write(f"step {step} loss {loss.item():.15e} attempt {attempt}\\n")
+        sys.stdout.flush()
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_restarts_a_killed_job_from_its_last_checkpoint_with_the_losses_of_an_uninterrupted_run(tmp_path):
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.fail("torchrun is not on PATH (it comes with torch)")
+    script = tmp_path / "train.py"
+    script.write_text(RESTARTED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(os.path.dirname(__file__), "..", "..",
+                                                                                    "python"),
+                                                                       os.environ.get("PYTHONPATH")]))}
+
+    def run(name: str, die_at: int) -> dict[int, tuple[str, int]]:
+        out = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                              "--monitor-interval", "0.5", str(script), str(tmp_path / name), "5", str(die_at)],
+                             capture_output=True, text=True, env=env, timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+        steps = {}
+        for line in out.stdout.splitlines():
+            if line.startswith("step "):
+                _, step, _, loss, _, attempt = line.split()
+                steps[int(step)] = (loss, int(attempt))
+        return steps
+
+    whole = run("whole", die_at=-1)
+    restarted = run("restarted", die_at=3)
+    assert sorted(whole) == sorted(restarted) == [0, 1, 2, 3, 4], (whole, restarted)
+    assert all(attempt == 0 for _, attempt in whole.values())
+    assert [restarted[s][1] for s in range(5)] == [0, 0, 0, 1, 1], restarted  # steps 3 and 4 after the restart
+    assert [whole[s][0] for s in range(5)] == [restarted[s][0] for s in range(5)], (whole, restarted)
