@@ -53,22 +53,28 @@ def _worker(rank: int, world: int, store: str, out: str, fault: str) -> None:
     _second_step_then_exit(engine, batch, f"{out}.{rank}")
 
 
+def _run_ranks(target, world: int, tmp: str, out: str, fault: str) -> list:
+    """`world` spawned processes of `target(rank, world, store, out, fault)`, joined; fails the
+    test if one hangs (a hang guard: the group's timeout is 5 s). Returns the processes."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, world, os.path.join(tmp, "store"), out, fault)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a rank hung"
+    return procs
+
+
 @pytest.mark.parametrize("fault", ["kill", "stall"])
 def test_a_dead_or_stalled_rank_makes_the_others_fail_within_the_timeout(fault):
     world = 3
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_worker, args=(r, world, os.path.join(tmp, "store"), out, fault))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.kill()
-        assert not alive, "a rank hung"
+        _run_ranks(_worker, world, tmp, out, fault)
         for rank in range(world - 1):
             with open(f"{out}.{rank}") as f:
                 result = json.load(f)
@@ -138,17 +144,7 @@ def test_a_rank_killed_inside_a_step_makes_the_others_fail_naming_rank_and_step(
     victim = world - 1 if fault == "bucket" else 0
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_mid_step_worker, args=(r, world, os.path.join(tmp, "store"), out, fault))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)  # a hang guard: the group's timeout is 5 s
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.kill()
-        assert not alive, "a rank hung"
+        procs = _run_ranks(_mid_step_worker, world, tmp, out, fault)
         assert procs[victim].exitcode == 3, "the victim died where the test put it"
         assert not os.path.exists(f"{out}.{victim}")
         for rank in (r for r in range(world) if r != victim):
