@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ._fx_import import CaptureError
+
 
 def tensor_leaves(out: Any) -> list[torch.Tensor]:
     """The tensors of a model's output, in order; non-tensor leaves (caches, None, Python
@@ -62,3 +64,41 @@ def split_call(signature: inspect.Signature | None, named: Mapping[str, Any]) ->
         else:
             break
     return args, kwargs
+
+
+def bind_inputs(model: torch.nn.Module, example_inputs: Any, example_kwargs: dict | None) -> dict:
+    """Example inputs as {forward argument name: value}, in signature order."""
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if isinstance(example_inputs, Mapping):
+        args, kwargs = (), dict(example_inputs)
+    else:
+        args, kwargs = tuple(example_inputs), {}
+    kwargs.update(example_kwargs or {})
+    signature = inspect.signature(model.forward)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise CaptureError(f"example inputs do not match {type(model).__name__}.forward: {e}") from None
+    named = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            named.update({f"{name}_{i}": v for i, v in enumerate(value)})
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    return named
+
+
+def input_names(named: dict) -> list[str]:
+    """IR names of the tensor leaves of the bound inputs, in pytree order."""
+    names = []
+    for key, value in named.items():
+        leaves = tensor_leaves(value)
+        if isinstance(value, torch.Tensor):
+            names.append(key)
+        else:
+            names.extend(f"{key}_{i}" for i in range(len(leaves)))
+    return names

@@ -17,10 +17,8 @@ Meta-device models capture without allocating weights: build the model under
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -32,7 +30,7 @@ from . import _C
 from ._logging import get_logger
 from ._functionalize import functionalize
 from ._fx_import import CaptureError, _Builder, document, flatten_names, op_name, walk_graph
-from ._inputs import forward_signature, split_call, tensor_leaves
+from ._inputs import bind_inputs, forward_signature, input_names, split_call, tensor_leaves
 from .graph import Graph
 
 log = get_logger("shardwise.capture")
@@ -64,44 +62,6 @@ class _TensorOutputs(torch.nn.Module):
         return tuple(tensor_leaves(self.model(*args, **kwargs)))
 
 
-def _bind_inputs(model: torch.nn.Module, example_inputs: Any, example_kwargs: dict | None) -> dict:
-    """Example inputs as {forward argument name: value}, in signature order."""
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    if isinstance(example_inputs, Mapping):
-        args, kwargs = (), dict(example_inputs)
-    else:
-        args, kwargs = tuple(example_inputs), {}
-    kwargs.update(example_kwargs or {})
-    signature = inspect.signature(model.forward)
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as e:
-        raise CaptureError(f"example inputs do not match {type(model).__name__}.forward: {e}") from None
-    named = {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind is inspect.Parameter.VAR_POSITIONAL:
-            named.update({f"{name}_{i}": v for i, v in enumerate(value)})
-        elif kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(value)
-        else:
-            named[name] = value
-    return named
-
-
-def _input_names(named: dict) -> list[str]:
-    """IR names of the tensor leaves of the bound inputs, in pytree order."""
-    names = []
-    for key, value in named.items():
-        leaves = tensor_leaves(value)
-        if isinstance(value, torch.Tensor):
-            names.append(key)
-        else:
-            names.extend(f"{key}_{i}" for i in range(len(leaves)))
-    return names
-
-
 def _strip(name: str, prefix: str = "model.") -> str:
     return name[len(prefix):] if name.startswith(prefix) else name
 
@@ -131,7 +91,7 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
             raise _Located(e, tracking.innermost()) from e
     builder = _Builder(strip_prefix=prefix)
     env: dict = {}
-    user_names = iter(_input_names(named))
+    user_names = iter(input_names(named))
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     for spec, node in zip(ep.graph_signature.input_specs, placeholders):
         val = node.meta.get("val")
@@ -329,7 +289,7 @@ def capture(
         raise ValueError(f"capture method must be one of {_METHODS}, got {method!r}")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"capture expects a torch.nn.Module, got {type(model).__name__}")
-    named = _bind_inputs(model, example_inputs, example_kwargs)
+    named = bind_inputs(model, example_inputs, example_kwargs)
     if method == "torchscript":
         from ._torchscript import import_torchscript
 

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from .._C import ValidationError
-from ..capture import _bind_inputs, _input_names, _tensor_leaves
+from .._inputs import bind_inputs, input_names, tensor_leaves
 
 TARGET = "target"  # the IR name of the loss' target when parallelize is given a loss_fn
 
@@ -61,7 +61,7 @@ class BatchBinding:
         tensors = _leaves(named)
         if not tensors:
             raise ValidationError(f"parallelize: the example batch holds no tensor for {type(model).__name__}.forward")
-        constants = {k: v for k, v in named.items() if not _tensor_leaves(v)}
+        constants = {k: v for k, v in named.items() if not tensor_leaves(v)}
         binding = cls(model, loss_fn is not None, list(tensors), constants, {k: t.dtype for k, t in tensors.items()})
         return binding, named
 
@@ -82,7 +82,7 @@ class BatchBinding:
                 + (f"; missing {missing}" if missing else "") + (f"; not captured {extra}" if extra else "")
                 + " (every step must bring the same inputs, by the same names, as the example batch)")
         for name, value in named.items():
-            if not _tensor_leaves(value) and name in self.constants and not _same(value, self.constants[name]):
+            if not tensor_leaves(value) and name in self.constants and not _same(value, self.constants[name]):
                 raise ValidationError(f"{where}: argument '{name}' is {value!r}; the program was captured with "
                                       f"{self.constants[name]!r} (non-tensor arguments are fixed at capture)")
         for name, t in tensors.items():
@@ -105,7 +105,7 @@ def _bind(model: torch.nn.Module, args: tuple, kwargs: dict, has_loss_fn: bool) 
             raise ValidationError(f"with loss_fn, the batch's last positional element (or the keyword '{TARGET}') "
                                   "is the target tensor; none was given")
     try:
-        named = _bind_inputs(model, args, kwargs)
+        named = bind_inputs(model, args, kwargs)
     except Exception as e:  # noqa: BLE001 - CaptureError or TypeError: a binding failure, said plainly
         raise ValidationError(str(e)) from None
     if has_loss_fn:
@@ -117,8 +117,8 @@ def _bind(model: torch.nn.Module, args: tuple, kwargs: dict, has_loss_fn: bool) 
 
 
 def _leaves(named: dict[str, Any]) -> dict[str, torch.Tensor]:
-    names = _input_names(named)
-    tensors = [t for v in named.values() for t in _tensor_leaves(v)]
+    names = input_names(named)
+    tensors = [t for v in named.values() for t in tensor_leaves(v)]
     return dict(zip(names, tensors))
 
 
