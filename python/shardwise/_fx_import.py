@@ -136,7 +136,7 @@ class _Builder:
     nodes: list = field(default_factory=list)
     names: set = field(default_factory=set)
     # IR node (its first output's name) -> (FX node, the tuple index of each IR output or
-    # None for a single tensor): what the rewrite (python/shardwise/engine.py) lowers again.
+    # None for a single tensor): what the rewrite (python/shardwise/runtime/lower.py) lowers again.
     sources: dict = field(default_factory=dict)
     constants: dict = field(default_factory=dict)  # lifted constant tensors by IR name (export)
 

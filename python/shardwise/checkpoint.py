@@ -23,9 +23,7 @@ to ``<path>`` at the end, so a crash mid-save leaves the previous checkpoint as 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
-import itertools
 import os
 import shutil
 import warnings
@@ -44,6 +42,10 @@ from torch.distributed.checkpoint.planner_helpers import _create_read_item_for_b
 from . import _C
 from ._C import ValidationError
 from ._logging import get_logger
+from .runtime.engine_base import EngineBase
+# What a rank holds, as boxes (runtime/state.py: the engines build it; keep_state, held_state and
+# KeptState are re-exported here, where they used to live).
+from .runtime.state import KeptState, _Box, _boxes, _Held, _state_names, held_state, keep_state, whole  # noqa: F401
 
 log = get_logger("shardwise.checkpoint")
 
@@ -58,48 +60,6 @@ class CheckpointError(_C.ShardwiseError):
     """A checkpoint could not be written or read (storage, or a rank failed); nothing changed."""
 
 
-@dataclasses.dataclass
-class _Box:
-    offsets: tuple[int, ...]      # in the global tensor
-    sizes: tuple[int, ...]
-    local: tuple[int, ...]        # the same box's offsets in this rank's tensor
-
-
-@dataclasses.dataclass
-class _Held:
-    """One global tensor as this rank holds it: its local tensor and the boxes it covers."""
-    shape: list[int]
-    tensor: torch.Tensor
-    boxes: list[_Box]
-
-
-def _boxes(shape: list[int], placement: list[str] | None, mesh_sizes: list[int] | None, rank: int) -> list[_Box]:
-    """The boxes of the global `shape` that `rank` holds under `placement` (None: all of it)."""
-    if placement is None or not mesh_sizes:
-        return [_Box(tuple([0] * len(shape)), tuple(shape), tuple([0] * len(shape)))]
-    runs = _C.local_shard(list(shape), list(placement), list(mesh_sizes), rank)["dims"]
-    per_dim = []
-    for size, dim_runs in zip(shape, runs):
-        at, entries = 0, []
-        for start, stop in dim_runs:
-            entries.append((start, stop - start, at))
-            at += stop - start
-        if not entries and size == 0:
-            entries = [(0, 0, 0)]
-        per_dim.append(entries)
-    out = []
-    for combo in itertools.product(*per_dim):
-        box = _Box(tuple(c[0] for c in combo), tuple(c[1] for c in combo), tuple(c[2] for c in combo))
-        if all(box.sizes) or not all(shape):  # skip empty boxes of a non-empty tensor
-            out.append(box)
-    return out
-
-
-def whole(tensor: torch.Tensor) -> _Held:
-    """A tensor held whole (one box)."""
-    return _Held(list(tensor.shape), tensor, _boxes(list(tensor.shape), None, None, 0))
-
-
 def _view(tensor: torch.Tensor, box: _Box) -> torch.Tensor:
     out = tensor
     for dim, (at, size) in enumerate(zip(box.local, box.sizes)):
@@ -112,10 +72,7 @@ def _model_state(target) -> tuple[list[str], dict[str, _Held], dict[str, torch.T
     """The names of every parameter and persistent buffer of the single-device model, {name:
     held tensor} of those this rank holds (a pipeline rank: its stages'), and {name: parameter
     object} of this rank's trainable ones (what an optimizer steps)."""
-    from .engine import Engine
-    from .pipeline import PipelineEngine
-
-    if isinstance(target, (Engine, PipelineEngine)):
+    if isinstance(target, EngineBase):  # the SPMD and pipeline engines: runtime/state.py's held_state
         return target._checkpoint_state()
     if isinstance(target, torch.nn.Module):
         names = _state_names(target)
@@ -123,46 +80,6 @@ def _model_state(target) -> tuple[list[str], dict[str, _Held], dict[str, torch.T
         held = {n: whole(tensors[n]) for n in names}
         return names, held, dict(target.named_parameters())
     raise ValidationError(f"checkpoint: expected a shardwise Engine or a torch.nn.Module, got {type(target).__name__}")
-
-
-@dataclasses.dataclass
-class KeptState:
-    """What an engine remembers of its model for checkpoints: the model's checkpointed names,
-    their global shapes, and a copy of those no stage reads (kept whole, so nothing is lost)."""
-    names: list[str]
-    shapes: dict[str, list[int]]
-    extra: dict[str, torch.Tensor]
-
-
-def keep_state(model: torch.nn.Module, read: set[str]) -> KeptState:
-    """`read`: the names the rewritten program holds on some rank."""
-    names = _state_names(model)
-    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    return KeptState(names, {n: list(tensors[n].shape) for n in names},
-                     {n: tensors[n].detach().clone() for n in names if n not in read})
-
-
-def held_state(kept: KeptState, local: dict[str, torch.Tensor], placement_of, mesh, params: dict):
-    """_model_state of an engine: `local` its tensors by name, `placement_of(name)` their
-    placements on `mesh` (an engine._Mesh, or None: whole)."""
-    held = {}
-    for name in kept.names:
-        if name in local:
-            shape = kept.shapes[name]
-            if mesh is None:
-                held[name] = _Held(shape, local[name], _boxes(shape, None, None, 0))
-            else:
-                held[name] = _Held(shape, local[name], _boxes(shape, placement_of(name), mesh.sizes, mesh.rank))
-        elif name in kept.extra:
-            held[name] = whole(kept.extra[name])
-    return kept.names, held, params
-
-
-def _state_names(model: torch.nn.Module) -> list[str]:
-    """The model's checkpointed names: parameters (a tied weight under its first name) and
-    the buffers its state_dict keeps (persistent ones)."""
-    persistent = set(model.state_dict(keep_vars=True))
-    return [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers() if n in persistent]
 
 
 def _optimizer_parts(optimizer) -> list[tuple[Any, Any]]:

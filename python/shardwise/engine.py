@@ -33,7 +33,9 @@ both new shapes instead.
 
 A plan without a sharding section (made by ``Plan.manual``) with pipeline 1 is completed by
 the SPMD search on its {data, tensor} mesh; with pipeline > 1 it runs as stage modules under
-the schedule's action list (python/shardwise/pipeline.py).
+the schedule's action list (runtime/pipeline_engine.py). The engines themselves live in the
+runtime (runtime/spmd_engine.py, runtime/pipeline_engine.py); this module captures, plans,
+picks one and builds it.
 """
 from __future__ import annotations
 
@@ -52,18 +54,17 @@ from ._C import ValidationError
 from ._logging import get_logger
 from ._inputs import forward_signature, split_call
 from .capture import _capture_with_sources
-from .checkpoint import keep_state
-from .materialize import local_tensor
+from .cluster import Cluster
 from .plan import Plan, micro_batch_fallback
 from .runtime.batch import TARGET, BatchBinding, call_arguments, map_tensors
-from .runtime.buckets import _GradientBuckets
 from .runtime.counted import Counter
-from .runtime.engine_base import CollectiveError, EngineBase, tied_names
-from .runtime.grad_norm import plain
+from .runtime.engine_base import CollectiveError, Recapture, check_same_plan
 from .runtime.lower import _build_module, _rank_program
 from .runtime.mesh import _Mesh
-from .runtime.reshard import gather_whole
+from .runtime.pipeline_engine import PipelineEngine, parse_actions, stage_program
 from .runtime.precision import Policy, cast_input, cast_inputs, compute_copy, policy_of
+from .runtime.spmd_engine import Engine, _Program
+from .runtime.state import keep_state
 from .runtime.verify import should_verify, verify_capture
 
 log = get_logger("shardwise.engine")
@@ -114,213 +115,6 @@ def _compute_dtypes(wrapper: "_Trainable", builder, tensors: dict[str, torch.Ten
     return {n: t.dtype for n, t in computed.items() if n in tensors and t.dtype != tensors[n].dtype}
 
 
-@dataclass
-class _Program:
-    """One captured and lowered program of the engine: a (mode, batch shapes)."""
-
-    module: torch.fx.GraphModule
-    program: dict
-    plan: Plan
-    whole: list[str]
-    placements: list  # per input, in the binding's order
-    counter: Counter
-    buckets: _GradientBuckets | None = None  # the reduction of gradients it leaves Partial
-
-
-class Engine(EngineBase):
-    """One rank's share of a model under a plan (runtime/engine_base.py: the loop's controls)."""
-
-    def __init__(self, *, model: torch.nn.Module, wrapper: _Trainable, binding: BatchBinding, plan: Plan,
-                 mesh: _Mesh, first: _Program, parameters: dict, tensors: dict, trainable: set[str], kept,
-                 options: _Options, compute_dtypes: dict, shapes: tuple):
-        super().__init__(binding, options.policy)
-        self._compute_dtypes = compute_dtypes
-        self._model = model
-        self._wrapper = wrapper
-        self._tied = tied_names(model)
-        self.plan = plan
-        self._mesh = mesh
-        self._parameters = parameters  # IR name -> this rank's tensor (shared by every program)
-        self._tensors = tensors        # IR name -> the model's whole tensor (for programs built later)
-        self._trainable = trainable
-        self._kept = kept              # checkpoint.KeptState: the model's names, shapes, and what no rank holds
-        self._cluster, self._level, self._static = options.cluster, options.level, options.static
-        self._programs = {(True, shapes): first}
-        self._first = first
-        self._carry_buckets = None  # the buckets of the program that made the no_sync gradients
-        self._leaves = {leaf["value"]: leaf for leaf in first.program["leaves"]}
-        self._model_names = {id(p): n for n, p in model.named_parameters()}
-        self._params = {n: p for n, p in parameters.items() if isinstance(p, torch.nn.Parameter)}
-        first.buckets = self._buckets_of(first.program)
-        world = 1
-        for size in mesh.sizes:
-            world *= size
-        self._world = world
-
-    # ---- what the rank holds ------------------------------------------------------------------
-    @property
-    def module(self) -> torch.fx.GraphModule:
-        """The training program's module (at the example batch's shapes)."""
-        return self._first.module
-
-    @property
-    def code(self) -> str:
-        """The rank's program as Python source (torch.fx)."""
-        return self._first.module.code
-
-    @property
-    def whole_nodes(self) -> list[str]:
-        """Nodes the training program runs on gathered operands (no local form)."""
-        return self._first.whole
-
-    def _held(self):
-        out = []
-        for name, p in self._params.items():
-            copies = 1
-            for axis, placement in enumerate(self._leaves[name]["placement"]):
-                if placement == "R":
-                    copies *= self._mesh.sizes[axis]
-            out.append((name, p, copies, copies < self._world))
-        return out
-
-    def _zero_groups(self) -> dict[str, tuple]:
-        zero = (self.plan.sharding or {}).get("zero", {})
-        out = {}
-        for name in self._params:
-            axes = tuple(a for a in zero.get(name, ()) if self._leaves[name]["placement"][a] == "R"
-                         and self._mesh.sizes[a] > 1)
-            if axes:
-                out[name] = self._mesh.axes_group(axes)
-        return out
-
-    def _buckets_of(self, program: dict) -> _GradientBuckets | None:
-        """Gradient buckets of the parameters `program` leaves Partial (a program for another
-        shape may reduce over other axes: a node replicated there gives a whole gradient)."""
-        leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
-        reduce = [(self._params[n], tuple(leaves[n]["reduce_axes"])) for n in self._params
-                  if n in leaves and leaves[n]["reduce_axes"]]
-        return _GradientBuckets(reduce, self._mesh.groups, reduce_dtype=self._reduce_dtype()) if reduce else None
-
-    def _process_groups(self) -> list:
-        return [self._control, *self._mesh.groups]
-
-    def _local_batch(self, batch: tuple) -> list[torch.Tensor]:
-        """This rank's share of a positional batch (tests and benchmarks)."""
-        tensors = self._binding.bind(*call_arguments(batch, {}))
-        program = self._programs[(True, tuple(tuple(t.shape) for t in tensors.values()))]
-        return [local_tensor(t, p, self._mesh.sizes, self._mesh.rank) for t, p in zip(tensors.values(),
-                                                                                      program.placements)]
-
-    # ---- steps -------------------------------------------------------------------------------------
-    def _check_shapes(self, tensors: dict[str, torch.Tensor], where: str) -> None:
-        shapes = tuple(tuple(t.shape) for t in tensors.values())
-        if self._static and (True, shapes) not in self._programs:
-            first = next(iter(self._programs))[1]
-            raise ValidationError(f"{where}: the batch has shapes {dict(zip(tensors, map(list, shapes)))}, the "
-                                  f"program was captured at {dict(zip(tensors, map(list, first)))} (static=True "
-                                  f"refuses other shapes; rank {self._mesh.rank})")
-
-    def _run(self, tensors: dict[str, torch.Tensor], backward: bool, carry: dict) -> torch.Tensor:
-        program = self._program_for(self.training, tensors)
-        local = [local_tensor(t, p, self._mesh.sizes, self._mesh.rank)
-                 for t, p in zip(tensors.values(), program.placements)]
-        counts = program.counter(tensors)
-        if not backward:
-            return program.module(*local, *counts)[0]
-        buckets = program.buckets if self._syncing else None
-        if carry and buckets is not self._carry_buckets and self._carry_buckets is not None:
-            raise ValidationError("train_step: gradients held back under no_sync() were made by a program that "
-                                  "reduces them over other mesh axes than this batch's program; step the "
-                                  "optimizer between batches of different shapes")
-        if buckets is not None:
-            buckets.start(carry)
-        try:
-            loss = program.module(*local, *counts)[0]
-            loss.backward()
-            if buckets is not None:
-                buckets.finish()
-        except BaseException:
-            if buckets is not None:
-                buckets.abandon()
-            raise
-        self._carry_buckets = None if self._syncing else program.buckets
-        return loss.detach()
-
-    def _program_for(self, training: bool, tensors: dict[str, torch.Tensor]) -> _Program:
-        shapes = tuple(tuple(t.shape) for t in tensors.values())
-        key = (training, shapes)
-        if key not in self._programs:
-            self._programs[key] = self._build_program(training, tensors)
-        return self._programs[key]
-
-    def _build_program(self, training: bool, tensors: dict[str, torch.Tensor]) -> _Program:
-        """A program for another mode or batch shape: captured again, run under the engine's
-        sharding (searched again on its mesh when that does not fit), sharing the parameters."""
-        with self._mode(training):
-            graph, builder = _capture_with_sources(self._wrapper, self._captured_arguments(), "export", 0,
-                                                   prefix="model.model.")
-        batch = int(next(iter(tensors.values())).shape[0])
-        doc = json.loads(self.plan.to_json())
-        doc["global_batch"] = doc["micro_batch"] = batch
-        doc.pop("predicted", None)
-        plan = Plan.from_json(json.dumps(doc))
-        rank = self._mesh.rank
-        shapes = [list(t.shape) for t in tensors.values()]
-        try:
-            program, whole = _rank_program(graph, builder, plan.to_json(), rank)
-        except ValidationError as e:
-            # Nodes whose splits these sizes do not allow (3 rows on 2 data ranks) run replicated
-            # on that axis; the parameters keep their placements.
-            log.info("rank %d: the plan's sharding does not split the %s program at batch shapes %s (%s); the nodes "
-                     "it cannot split run replicated", rank, "training" if training else "eval", shapes, e)
-            try:
-                program, whole = _rank_program(graph, builder, plan.to_json(), rank, adapt_to_shapes=True)
-            except ValidationError as again:  # not a shape matter (another graph): search the mesh again
-                log.info("rank %d: %s; searching the mesh again", rank, again)
-                plan = Plan.search(graph, self._cluster, global_batch=batch, level=self._level,
-                                   mesh=tuple(self._mesh.sizes), memory_fraction=_MEMORY_FRACTION)
-                _check_same_plan(plan, dist.get_rank())
-                program, whole = _rank_program(graph, builder, plan.to_json(), rank)
-        leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
-        for name, leaf in leaves.items():
-            if name in self._leaves and name in self._parameters and leaf["placement"] != self._leaves[name][
-                    "placement"]:
-                raise ValidationError(f"train_step: the {'training' if training else 'eval'} program at batch shapes "
-                                      f"{[list(t.shape) for t in tensors.values()]} places '{name}' "
-                                      f"{leaf['placement']}, the engine holds it {self._leaves[name]['placement']}; "
-                                      "parallelize with static=True and a batch of this shape, or pad the batch")
-        names = self._binding.names
-        module = _build_module(program, builder.sources, self._mesh, self._tensors, names, self._trainable,
-                               parameters=self._parameters, compute_dtypes=self._compute_dtypes)
-        counter = Counter.build(graph, builder, self._tensors, self._trainable, module.counted, names)
-        log.info("rank %d: a %s program for batch shapes %s (%d nodes, %d whole)", rank,
-                 "training" if training else "eval", [list(t.shape) for t in tensors.values()],
-                 len(program["nodes"]), len(whole))
-        return _Program(module, program, plan, whole, [leaves[n]["placement"] for n in names], counter,
-                        self._buckets_of(program))
-
-    # ---- state ------------------------------------------------------------------------------------
-    def _checkpoint_state(self):
-        from .checkpoint import held_state
-
-        return held_state(self._kept, self._parameters, lambda n: self._leaves[n]["placement"], self._mesh,
-                          dict(self._params))
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's state_dict, whole, on every rank (gathered through the mesh): its
-        parameters and persistent buffers by its names, a tied weight under each of them."""
-        return self._as_state_dict(self._gather({n: t.detach() for n, t in self._parameters.items()}))
-
-    def _full_grads(self) -> dict[str, torch.Tensor]:
-        """Every trainable parameter's gradient whole (zeros where there is none), on every rank."""
-        return self._gather({n: plain(p.grad) if p.grad is not None else torch.zeros_like(p)
-                             for n, p in self._params.items()})
-
-    def _gather(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            return {n: gather_whole(t, self._leaves[n]["placement"], self._mesh).clone() for n, t in local.items()}
-
-
 def _plan_file(path: str) -> Plan:
     try:
         with open(path) as f:
@@ -364,15 +158,22 @@ def _bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _check_same_plan(plan: Plan, rank: int) -> None:
-    digest = plan.hash()
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, digest)
-    differ = [r for r, d in enumerate(everyone) if d != everyone[0]]
-    if differ:
-        raise ValidationError(f"parallelize: ranks hold different plans (rank 0: {everyone[0]}, "
-                              + ", ".join(f"rank {r}: {everyone[r]}" for r in differ) + f"); this is rank {rank}")
+def _plan_at_batch(plan: Plan, rows: int) -> Plan:
+    """`plan` for a global batch of `rows` (one micro-batch; what it predicted dropped)."""
+    doc = json.loads(plan.to_json())
+    doc["global_batch"] = doc["micro_batch"] = rows
+    doc.pop("predicted", None)
+    return Plan.from_json(json.dumps(doc))
 
+
+def _recapture(wrapper: _Trainable, cluster, level: str, memory_fraction: float | None = None) -> Recapture:
+    """How an engine captures `wrapper` again and searches its mesh again (runtime/engine_base.py)."""
+    options = {} if memory_fraction is None else {"memory_fraction": memory_fraction}
+    return Recapture(
+        capture=lambda arguments: _capture_with_sources(wrapper, arguments, "export", 0, prefix="model.model."),
+        search=lambda graph, rows, mesh: Plan.search(graph, cluster, global_batch=rows, level=level, mesh=mesh,
+                                                     **options),
+        at_batch=_plan_at_batch)
 
 
 def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Callable | None = None,
@@ -413,8 +214,6 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     batch = list(cast_inputs(dict(zip(binding.names, batch)), policy).values())
     wrapper = _Trainable(compute_copy(model, policy), loss_fn)  # the model as the program computes it
     options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static)
-
-    from .cluster import Cluster
 
     if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
         plan = _plan_file(os.environ["SHARDWISE_PLAN"])
@@ -466,7 +265,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
         raise ValidationError(f"parallelize: the plan was made for the inputs {made_for}, the batch brings "
                               f"{input_names} (a plan records the model inputs it was searched with: pass the "
                               "same ones, by the same names)")
-    _check_same_plan(plan, rank)
+    check_same_plan(plan, rank)
     mesh = _Mesh(sharding["mesh"], rank)  # from here on, the rank's view of the plan's mesh
 
     program, whole = _rank_program(graph, builder, plan.to_json(), rank)
@@ -477,10 +276,10 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
     first = _Program(module, program, plan, whole, [leaves[n]["placement"] for n in input_names], counter)
     shapes = tuple(tuple(t.shape) for t in batch)
-    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static)
     return Engine(model=model, wrapper=wrapper, binding=binding, plan=plan, mesh=mesh, first=first,
                   parameters=parameters, tensors=tensors, trainable=trainable,
-                  kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}), options=options,
+                  kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}),
+                  recapture=_recapture(wrapper, cluster, level, _MEMORY_FRACTION), policy=policy, static=static,
                   compute_dtypes=compute, shapes=shapes)
 
 
@@ -502,12 +301,9 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     axis (micro_batch x data rows), sharded over each stage's {data, tensor} sub-mesh by the
     SPMD search (one sharding for every stage), cut into pipeline x virtual_stages stages (the
     plan's layers_per_stage, else balanced by forward FLOPs), this rank's stages lowered into
-    GraphModules and driven by the schedule's action list (python/shardwise/pipeline.py).
+    GraphModules and driven by the schedule's action list (runtime/pipeline_engine.py).
     Ranks: Megatron's layout, the pipeline outermost; a value crossing a cut goes between the
     ranks of the same sub-mesh coordinate, as the shard its producer leaves."""
-    from .cluster import Cluster
-    from .pipeline import PipelineEngine, parse_actions, stage_program
-
     world, rank = dist.get_world_size(), dist.get_rank()
     cluster, level = options.cluster, options.level
     p, v, d, t = plan.pipeline, plan.virtual_stages, plan.data, plan.tensor
@@ -520,7 +316,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
         raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch} in micro-batches of "
                               f"{mb} x data {d}; the example batch has {global_batch}")
     m = global_batch // rows
-    _check_same_plan(plan, rank)
+    check_same_plan(plan, rank)
     micro = map_tensors(named, lambda x: x.narrow(0, 0, rows))
     graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")
     _warn_unknown_ops(graph)
@@ -541,7 +337,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
             raise ValidationError(f"parallelize: the cluster has {job.world_size} devices, the job {world} ranks")
         cluster = job if job.world_size == size else job.first_ranks(size)
         sharded = Plan.search(graph, cluster, global_batch=rows, level=level, mesh=(d, t))
-        _check_same_plan(sharded, rank)
+        check_same_plan(sharded, rank)
         mesh = _Mesh([d, t], local, pipeline=p)
     parameters: dict[str, torch.Tensor] = {}
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
@@ -564,5 +360,5 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                           micro_batch=rows, num_micro_batches=m, shapes=tuple(tuple(x.shape) for x in batch),
                           parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
                           last_rank=((p * v - 1) % p) * size, mesh=mesh, stage_size=size, sharding=sharded,
-                          cluster=cluster, level=level, kept=keep_state(model, set(first.owners)),
+                          recapture=_recapture(wrapper, cluster, level), kept=keep_state(model, set(first.owners)),
                           policy=options.policy, compute_dtypes=compute)

@@ -111,7 +111,7 @@ class _DiesOn:
 
 def _mid_step_worker(rank: int, world: int, store: str, out: str, fault: str) -> None:
     import shardwise
-    import shardwise.pipeline
+    import shardwise.runtime.pipeline_engine
     import shardwise.runtime.buckets
     from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
@@ -132,7 +132,7 @@ def _mid_step_worker(rank: int, world: int, store: str, out: str, fault: str) ->
         plan = shardwise.Plan.manual(graph, shardwise.Cluster.preset("cpu", world), pipeline=world, global_batch=8,
                                      micro_batch=2, recompute=False)
         engine = shardwise.parallelize(model, batch, plan=plan)
-        victim, module, call = 0, shardwise.pipeline, "isend"
+        victim, module, call = 0, shardwise.runtime.pipeline_engine, "isend"
     engine.train_step(*batch)
     if rank == victim:
         module.dist = _DiesOn(module.dist, call, after=fault == "pipeline")

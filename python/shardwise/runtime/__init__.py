@@ -8,6 +8,15 @@
     counted   the counts of losses whose mean the data counts (lower)
     optim     torch.optim optimizers over an engine's shards  (mesh)
     grad_norm global gradient norms and clipping              ()
+    precision mixed-precision policies                        ()
+    verify    the capture against the eager model             (lower, counted)
+    state     what a rank holds of the model's state (boxes)  ()
+    engine_base  the training loop's controls                 (batch, optim, precision, grad_norm)
+    spmd_engine      the SPMD engine (shardwise.Engine)        (engine_base, lower, buckets, state, ...)
+    pipeline_engine  the pipeline engine, stage cut, actions   (engine_base, lower, buckets, state, ...)
 
-The engines (shardwise.engine, shardwise.pipeline) sit above these.
+Outside the package it imports only lower-level modules (_C, _logging, _teardown, _fx_import,
+_inputs, materialize); capture and plan reach the engines as a ``Recapture`` parallelize fills
+in. shardwise.parallelize (shardwise/engine.py), capture, plan, checkpoint and the CLI sit
+above; tests/python/test_runtime_imports.py keeps it so.
 """

@@ -32,11 +32,18 @@ Subclasses (the SPMD and pipeline engines) provide:
                                       ranks hold the same copy, whether other ranks hold others
     _zero_groups() -> {name: (group, index, size, ranks)}   ZeRO parameters' groups
     _model_names: {id(model parameter): name}           the user's model's tensors by name
+    _checkpoint_state() -> (names, held, params)       what a checkpoint writes (runtime/state.py)
+
+An engine needs a program it does not hold yet (eval mode, another batch shape) from the layers
+above the runtime: capture and the search. It gets them as a ``Recapture`` that parallelize
+fills in, so the runtime imports neither shardwise.capture nor shardwise.plan.
 """
 from __future__ import annotations
 
 import contextlib
 import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -91,6 +98,33 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
         else:
             first[id(t)] = name
     return out
+
+
+@dataclass
+class Recapture:
+    """What an engine asks of capture and the search for another program (parallelize fills it).
+
+    capture(arguments) -> (graph, builder)   the engine's module captured on `arguments` (by
+                                             name), as parallelize captured it
+    search(graph, rows, mesh) -> plan        a sharding searched for `graph` at global batch
+                                             `rows` on the {data, tensor} `mesh`
+    at_batch(plan, rows) -> plan             `plan` for a global batch of `rows`
+    """
+
+    capture: Callable[[dict], tuple]
+    search: Callable[[Any, int, tuple], Any]
+    at_batch: Callable[[Any, int], Any]
+
+
+def check_same_plan(plan, rank: int) -> None:
+    """Every rank holds `plan` (by its hash), or every rank raises naming those that differ."""
+    digest = plan.hash()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, digest)
+    differ = [r for r, d in enumerate(everyone) if d != everyone[0]]
+    if differ:
+        raise ValidationError(f"parallelize: ranks hold different plans (rank 0: {everyone[0]}, "
+                              + ", ".join(f"rank {r}: {everyone[r]}" for r in differ) + f"); this is rank {rank}")
 
 
 class EngineBase:

@@ -1,0 +1,451 @@
+"""The pipeline engine: a plan with pipeline degree p runs as stage modules, one rank per
+stage (v model chunks per rank with interleaved 1F1B), driven by the schedule's action list.
+
+The action lists are the C++ schedules' (csrc/schedule/schedules.h, the same lists the
+simulator costs): "F3@s1" forward of micro-batch 3 on virtual stage 1, "SA3@s1->r2" send its
+activations, "RA3@s2<-r1" receive them, "B3@s1" backward, "SG3@s1->r0" / "RG3@s0<-r1" the
+gradients. Receives are posted (``dist.irecv``) when the list reaches them and waited just
+before the forward or backward that needs them; sends are issued (``dist.isend``) and waited
+at the end of the step. Gradients of every micro-batch accumulate in ``.grad``; the loss is
+the mean of the micro-batch losses (each the mean over its rows: together the global mean; a
+loss whose mean the data counts takes each micro-batch's share of the global count, see
+runtime/counted.py), broadcast from the last stage to every rank in its own dtype.
+
+``engine.eval()`` captures the model again in eval mode (through the ``Recapture``
+shardwise.parallelize gave it: capture is above the runtime) and cuts it as the training graph
+was cut (the same layers per stage), sharing the parameters; a batch of another shape is
+refused (the schedule's micro-batches are fixed).
+
+Stages are contiguous, FLOPs-balanced cuts of the captured graph at repeated-block boundaries
+(csrc/search/stage_partition.h). A value crossing a cut goes to the next stage, which passes it
+on when a later stage reads it (a skip connection); its gradient comes back the same way. A
+weight read by stages on different ranks (a tied embedding and LM head) has its gradient
+all-reduced among those ranks after the step, as Megatron-LM does for its embedding group.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from .._C import ValidationError
+from .._logging import get_logger
+from ..materialize import local_tensor
+from .batch import map_tensors
+from .buckets import _GradientBuckets
+from .counted import Counter
+from .engine_base import EngineBase, Recapture, tied_names
+from .grad_norm import plain
+from .lower import _build_module, _rank_program, _tensor_outputs
+from .reshard import gather_whole
+from .state import held_state
+
+log = get_logger("shardwise.engine")
+
+_ACTION = re.compile(r"^(F|B|SA|SG|RA|RG)(\d+)@s(\d+)(?:(?:->|<-)r(\d+))?$")
+
+
+def parse_actions(text: str) -> list[tuple]:
+    """'F0@s0 SA0@s0->r1 ... OPT' -> [("F", 0, 0, -1), ("SA", 0, 0, 1), ...] (kind, mb, stage, peer)."""
+    out = []
+    for word in text.split():
+        if word in ("OPT", "SYNC"):
+            continue  # the optimizer step is the user's; no data axis to synchronise here
+        m = _ACTION.match(word)
+        if not m:
+            raise ValidationError(f"pipeline: unreadable schedule action {word!r}")
+        out.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)) if m.group(4) else -1))
+    return out
+
+
+@dataclass
+class StageProgram:
+    """One captured graph cut into this rank's stages (a mode's program)."""
+
+    stages: dict            # virtual stage -> {"module", "inputs", "received", "sent", "last"}
+    meta: dict              # value -> (local shape, dtype, tag index)
+    owners: dict            # parameter/buffer name -> the pipeline ranks reading it
+    leaves: dict            # leaf name -> its placement on the stage sub-mesh
+    reduce: list            # (parameter, axes) left Partial over the sub-mesh
+    whole: list             # nodes run on gathered operands
+    placements: dict        # batch input -> placement on the sub-mesh
+    counter: Counter        # the counts of counted losses, per micro-batch
+    counted: list           # their names, in the counter's order
+    loss_dtype: torch.dtype
+
+
+def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input_names: list[str], tensors: dict,
+                  trainable: set, parameters: dict, micro_batches: int, frozen: bool = False,
+                  compute_dtypes: dict | None = None) -> StageProgram:
+    """`graph` (captured at one micro-batch) sharded by `sharded` on the stage sub-mesh (None:
+    replicated), cut into the plan's pipeline x virtual stages, and this rank's stages lowered,
+    sharing `parameters` (filled when empty; `frozen`: a later program, which must not hold a
+    trainable parameter the first one did not)."""
+    p, v = plan.pipeline, plan.virtual_stages
+    if sharded is not None:
+        program, whole = _rank_program(graph, builder, sharded.to_json(), mesh.rank)
+    else:
+        program, whole = _C.rank_program(graph._core, "", 0), []
+    stages = p * v
+    cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
+    stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
+
+    # Where each value is made and read, by stage; what crosses each cut (forwarded on).
+    leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
+    index = {name: i for i, name in enumerate(leaves)}
+    producer: dict[str, int] = {}
+    meta: dict[str, tuple] = {}
+    nodes_of = [[] for _ in range(stages)]
+    for node in program["nodes"]:
+        first = node["outputs"][0]["value"]
+        g = stage_of[first]
+        nodes_of[g].append(node)
+        src, indices = builder.sources[first]
+        for out, val in zip(node["outputs"], _tensor_outputs(src.meta["val"], indices)):
+            producer[out["value"]] = g
+            index.setdefault(out["value"], len(index))
+            meta[out["value"]] = (list(out["local_shape"]), val.dtype, index[out["value"]])
+    reads: dict[str, set] = {}
+    for g, nodes in enumerate(nodes_of):
+        for node in nodes:
+            for op in node["inputs"]:
+                reads.setdefault(op["value"], set()).add(g)
+    for out in program["outputs"]:
+        reads.setdefault(out["value"], set()).add(stages - 1)
+    received = [sorted((x for x, made in producer.items() if made < g and max(reads.get(x, {-1})) >= g),
+                       key=lambda x: index[x]) for g in range(stages)]
+    owners = {x: {g % p for g in gs} for x, gs in reads.items() if x in tensors}
+    for x in owners:
+        meta[x] = (list(tensors[x].shape), tensors[x].dtype, index.get(x, -1))
+    if frozen:
+        mine_now = {x for x, o in owners.items() if pipeline_rank in o and x in trainable}
+        if not mine_now <= set(parameters):
+            extra = sorted(mine_now - set(parameters))
+            raise ValidationError(f"pipeline: the eval program's stages on pipeline rank {pipeline_rank} read "
+                                  f"{extra}, which its training stages do not hold; the cut differs between modes")
+    mine = {}
+    counted: list[str] = []
+    for g in range(pipeline_rank, stages, p):
+        batch_inputs = [x for x in input_names if g in reads.get(x, set())]
+        last = g == stages - 1
+        outputs = program["outputs"] if last else [{"value": x} for x in received[g + 1]]
+        module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
+                               nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
+                               micro_batches=micro_batches, compute_dtypes=compute_dtypes)
+        counted.extend(module.counted)
+        mine[g] = {"module": module, "inputs": batch_inputs + received[g], "received": received[g],
+                   "sent": [] if last else received[g + 1], "last": last}
+    reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters
+              if name in leaves and leaves[name]["reduce_axes"] and isinstance(parameters[name], torch.nn.Parameter)]
+    loss_value = program["outputs"][0]["value"]
+    src, indices = builder.sources[loss_value] if loss_value in builder.sources else (None, None)
+    loss_dtype = _tensor_outputs(src.meta["val"], indices)[0].dtype if src is not None else \
+        tensors[loss_value].dtype if loss_value in tensors else torch.float32
+    counter = Counter.build(graph, builder, tensors, trainable, counted, input_names)
+    return StageProgram(mine, meta, owners, leaves, reduce, whole,
+                        {n: leaves[n]["placement"] for n in input_names if n in leaves}, counter, counted, loss_dtype)
+
+
+class PipelineEngine(EngineBase):
+    """This rank's stages of a pipeline plan; the same face as ``shardwise.Engine``."""
+
+    def __init__(self, *, model, wrapper, binding, plan, first: StageProgram, actions: list[tuple], micro_batch: int,
+                 num_micro_batches: int, shapes: tuple, parameters: dict, tensors: dict, trainable: set,
+                 shared: list[tuple], last_rank: int, mesh=None, stage_size: int = 1, sharding=None,
+                 recapture: Recapture | None = None, kept=None, policy=None, compute_dtypes: dict | None = None):
+        super().__init__(binding, policy)
+        self._compute_dtypes = compute_dtypes or {}
+        self.plan = plan
+        self._model = model
+        self._wrapper = wrapper
+        self._tied = tied_names(model)
+        self._kept = kept              # runtime.state.KeptState: the model's names, shapes, what no rank holds
+        self.sharding = sharding       # the SPMD plan of each stage's sub-mesh (None: replicated)
+        self._programs = {True: first}
+        self._first = first
+        self._actions = actions        # (kind, micro-batch, virtual stage, peer rank)
+        self._micro_batch = micro_batch  # rows per micro-batch (across the data axis)
+        self._m = num_micro_batches
+        self._shapes = shapes
+        self._parameters = parameters  # name -> this rank's tensor (shared by its stages and programs)
+        self._tensors = tensors
+        self._trainable = trainable
+        self._shared = shared          # (name, group) for weights read on several pipeline ranks
+        self._owners = first.owners    # name -> the pipeline ranks holding it
+        self._last_rank = last_rank
+        self._mesh = mesh              # the stage's sub-mesh (runtime.mesh._Mesh), or None
+        self._leaves = first.leaves
+        self._recapture = recapture    # capture and the search, for the other mode's program
+        self._model_names = {id(p): n for n, p in model.named_parameters()}
+        # Gradients the program left Partial over the sub-mesh, reduced after the last backward.
+        self._buckets = None
+        if first.reduce:
+            self._buckets = _GradientBuckets([(parameters[n], axes) for n, axes in first.reduce], mesh.groups,
+                                             overlap=False, reduce_dtype=self._reduce_dtype())
+        self._stage_size = stage_size
+        self.whole_nodes = first.whole
+        # Where this rank's tensors live (the model's device): receive buffers and the loss too.
+        self._device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
+
+    @property
+    def _stages(self) -> dict:
+        return self._first.stages
+
+    @property
+    def code(self) -> str:
+        return "\n".join(f"# virtual stage {g}\n{s['module'].code}" for g, s in sorted(self._stages.items()))
+
+    def _held(self):
+        out = []
+        pipeline = self.plan.pipeline
+        for name, p in self._parameters.items():
+            if not isinstance(p, torch.nn.Parameter):
+                continue
+            copies = len(self._owners.get(name, {0}))
+            if self._mesh is not None:
+                for axis, placement in enumerate(self._leaves[name]["placement"]):
+                    if placement == "R":
+                        copies *= self._mesh.sizes[axis]
+            out.append((name, p, copies, pipeline > 1 or copies < self._world()))
+        return out
+
+    def _world(self) -> int:
+        return dist.get_world_size()
+
+    def _zero_groups(self) -> dict[str, tuple]:
+        if self._mesh is None or self.sharding is None:
+            return {}
+        zero = (self.sharding.sharding or {}).get("zero", {})
+        out = {}
+        for name, p in self._parameters.items():
+            if not isinstance(p, torch.nn.Parameter):
+                continue
+            axes = tuple(a for a in zero.get(name, ()) if self._leaves[name]["placement"][a] == "R"
+                         and self._mesh.sizes[a] > 1)
+            if axes:
+                out[name] = self._mesh.axes_group(axes)
+        return out
+
+    def _process_groups(self) -> list:
+        groups = [self._control, *(g for _, g in self._shared)]
+        if self._mesh is not None:
+            groups.extend(self._mesh.groups)
+        return groups
+
+    def _check_shapes(self, tensors: dict, where: str) -> None:
+        shapes = tuple(tuple(t.shape) for t in tensors.values())
+        if shapes != self._shapes:
+            raise ValidationError(f"{where}: the batch has shapes {dict(zip(tensors, map(list, shapes)))}, the "
+                                  f"pipeline plan was made for {dict(zip(tensors, map(list, self._shapes)))} "
+                                  f"({self._m} micro-batches of {self._micro_batch} rows); a pipeline takes batches "
+                                  "of that shape only")
+
+    def _program(self, training: bool) -> StageProgram:
+        if training not in self._programs:
+            self._programs[training] = self._build_program(training)
+        return self._programs[training]
+
+    def _build_program(self, training: bool) -> StageProgram:
+        """The model captured in the other mode, cut as the plan says, sharing the parameters."""
+        rows = self._micro_batch
+        with self._mode(training):
+            micro = map_tensors(self._captured_arguments(), lambda x: x.narrow(0, 0, rows))
+            graph, builder = self._recapture.capture(micro)
+        sharded = self.sharding
+        if sharded is not None:
+            try:
+                _rank_program(graph, builder, sharded.to_json(), self._mesh.rank)
+            except ValidationError:
+                sharded = self._recapture.search(graph, rows, tuple(self._mesh.sizes))
+        pipeline_rank = dist.get_rank() // self._stage_size
+        program = stage_program(graph, builder, self.plan, sharded, self._mesh, pipeline_rank, self._binding.names,
+                                self._tensors, self._trainable, self._parameters, self._m, frozen=True,
+                                compute_dtypes=self._compute_dtypes)
+        for name, leaf in program.leaves.items():
+            if name in self._leaves and leaf["placement"] != self._leaves[name]["placement"] and \
+                    name in self._parameters:
+                raise ValidationError(f"pipeline: the {'training' if training else 'eval'} program places '{name}' "
+                                      f"{leaf['placement']}, the engine holds it {self._leaves[name]['placement']}")
+        log.info("rank %d: a %s pipeline program (stages %s)", dist.get_rank(), "training" if training else "eval",
+                 sorted(program.stages))
+        return program
+
+    def _micro_batches(self, tensors: dict, program: StageProgram) -> tuple[list[dict], list[float]]:
+        """This rank's share of each micro-batch, and the counts of the global batch."""
+        mb = self._micro_batch
+        out = []
+        counts = [0.0] * len(program.counted)
+        for i in range(self._m):
+            whole = {name: t.narrow(0, i * mb, mb) for name, t in tensors.items()}
+            for k, c in enumerate(program.counter(whole)):
+                counts[k] += c
+            piece = whole
+            if self._mesh is not None:  # this rank's share of the micro-batch on its sub-mesh
+                piece = {name: local_tensor(t, program.placements[name], self._mesh.sizes, self._mesh.rank)
+                         for name, t in piece.items() if name in program.placements}
+            out.append(piece)
+        return out, counts
+
+    def _tag(self, value_index: int, micro_batch: int, gradient: bool) -> int:
+        return (micro_batch * 4096 + value_index) * 2 + int(gradient)
+
+    @staticmethod
+    def _call(stage: dict, args: list, counts: dict):
+        module = stage["module"]
+        return module(*args, *[counts[n] for n in module.counted])
+
+    def _run(self, tensors: dict, backward: bool, carry: dict) -> torch.Tensor:
+        program = self._program(self.training)
+        micro, count_list = self._micro_batches(tensors, program)
+        counts = dict(zip(program.counted, count_list))
+        if not backward:
+            return self._forward_only(program, micro, counts)
+        live: dict = {}          # (stage, mb) -> {"inputs": {name: tensor}, "outputs": [tensors]}
+        pending: dict = {}       # (stage, mb, gradient) -> [(name, tensor, work)]
+        sends = []
+        losses = []
+        reduce = self._buckets is not None and self._syncing
+        if reduce:
+            self._buckets.start(carry)
+        try:
+            for kind, mb, g, peer in self._actions:
+                stage = program.stages[g]
+                if kind == "RA":
+                    pending[(g, mb, False)] = [self._irecv(program, name, mb, peer, False)
+                                               for name in stage["received"]]
+                elif kind == "F":
+                    received = {name: t for name, t, work in self._wait(pending.pop((g, mb, False), []))}
+                    for t in received.values():
+                        if t.is_floating_point():
+                            t.requires_grad_(True)
+                    args = [micro[mb][name] if name in micro[mb] else received[name] for name in stage["inputs"]]
+                    outputs = self._call(stage, args, counts)
+                    live[(g, mb)] = {"inputs": received, "outputs": list(outputs)}
+                    if stage["last"]:
+                        losses.append(outputs[0].detach())
+                elif kind == "SA":
+                    for name, t in zip(stage["sent"], live[(g, mb)]["outputs"]):
+                        sends.append((dist.isend(t.detach().contiguous(), dst=peer,
+                                                 tag=self._tag(self._index(program, name), mb, False)), t))
+                elif kind == "RG":
+                    names = [n for n in stage["sent"] if program.meta[n][1].is_floating_point]
+                    pending[(g, mb, True)] = [self._irecv(program, name, mb, peer, True) for name in names]
+                elif kind == "B":
+                    state = live.pop((g, mb))
+                    if stage["last"]:
+                        torch.autograd.backward(state["outputs"][0] / self._m)
+                    else:
+                        grads = {name: t for name, t, _ in self._wait(pending.pop((g, mb, True), []))}
+                        pairs = [(t, grads[n]) for n, t in zip(stage["sent"], state["outputs"])
+                                 if n in grads and t.requires_grad]
+                        if pairs:
+                            torch.autograd.backward([t for t, _ in pairs], [gr for _, gr in pairs])
+                    live[(g, mb)] = state  # keep the received inputs' gradients for SG
+                elif kind == "SG":
+                    state = live.pop((g, mb))
+                    for name in stage["received"]:
+                        t = state["inputs"][name]
+                        if not t.is_floating_point():
+                            continue
+                        grad = t.grad if t.grad is not None else torch.zeros_like(t)
+                        sends.append((dist.isend(grad.contiguous(), dst=peer,
+                                                 tag=self._tag(self._index(program, name), mb, True)), grad))
+            for work, _ in sends:
+                work.wait()
+            if reduce:
+                self._buckets.finish()
+        except BaseException:
+            if reduce:
+                self._buckets.abandon()
+            raise
+        for name, group in self._shared:
+            p = self._parameters[name]
+            if isinstance(p, torch.nn.Parameter) and p.grad is not None:
+                dist.all_reduce(p.grad, group=group)
+        return self._broadcast_loss(losses, program)
+
+    def _broadcast_loss(self, losses: list, program: StageProgram) -> torch.Tensor:
+        """The mean of the micro-batch losses, from the last stage to every rank, in the loss'
+        dtype (sent as float64: exact for every floating dtype, and Gloo-safe for half ones)."""
+        loss = torch.stack(losses).mean().double() if losses else torch.zeros((), dtype=torch.float64,
+                                                                                device=self._device)
+        dist.broadcast(loss, src=self._last_rank)
+        return loss.to(program.loss_dtype)
+
+    def _index(self, program: StageProgram, name: str) -> int:
+        return program.meta[name][2]
+
+    def _irecv(self, program: StageProgram, name: str, mb: int, peer: int, gradient: bool):
+        shape, dtype, index = program.meta[name]
+        buffer = torch.empty(shape, dtype=dtype, device=self._device)
+        return name, buffer, dist.irecv(buffer, src=peer, tag=self._tag(index, mb, gradient))
+
+    @staticmethod
+    def _wait(items):
+        for name, t, work in items:
+            work.wait()
+        return items
+
+    def _forward_only(self, program: StageProgram, micro: list[dict], counts: dict) -> torch.Tensor:
+        """The loss of the global batch, forward only (no gradients, nothing kept): each
+        micro-batch passes the stages in order, every rank taking (micro-batch, stage) pairs
+        in the same order, receiving a stage's inputs just before running it and sending its
+        outputs without waiting, so no rank waits on one that waits on it."""
+        p, size = self.plan.pipeline, self._stage_size
+        local = dist.get_rank() % size
+        losses, sends = [], []
+        for mb in range(self._m):
+            for g in sorted(program.stages):
+                stage = program.stages[g]
+                received = {}
+                for name in stage["received"]:  # from the previous stage's rank, same sub-mesh coordinate
+                    shape, dtype, index = program.meta[name]
+                    received[name] = torch.empty(shape, dtype=dtype, device=self._device)
+                    dist.recv(received[name], src=((g - 1) % p) * size + local, tag=self._tag(index, mb, False))
+                outputs = self._call(stage, [micro[mb][n] if n in micro[mb] else received[n]
+                                             for n in stage["inputs"]], counts)
+                if stage["last"]:
+                    losses.append(outputs[0])
+                    continue
+                for name, t in zip(stage["sent"], outputs):
+                    t = t.contiguous()
+                    sends.append((dist.isend(t, dst=((g + 1) % p) * size + local,
+                                             tag=self._tag(self._index(program, name), mb, False)), t))
+        for work, _ in sends:
+            work.wait()
+        return self._broadcast_loss(losses, program)
+
+    def _checkpoint_state(self):
+        return held_state(self._kept, self._parameters, lambda n: self._leaves[n]["placement"], self._mesh,
+                          dict(self.named_parameters()))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer whole, on every rank: gathered on the sub-mesh of a stage
+        holding it, then broadcast from that stage's first rank. The model's state_dict: its
+        parameters and persistent buffers by its names, a tied weight under each of them."""
+        return self._as_state_dict(self._gather(sorted(self._owners), lambda t: t.detach()))
+
+    def _full_grads(self) -> dict[str, torch.Tensor]:
+        """Every trainable parameter's gradient whole (zeros where there is none), on every rank."""
+        names = sorted(n for n in self._owners if n in self._trainable)
+        return self._gather(names, lambda p: plain(p.grad) if p.grad is not None else torch.zeros_like(p))
+
+    def _gather(self, names: list[str], local_of) -> dict[str, torch.Tensor]:
+        out = {}
+        pipeline_rank = dist.get_rank() // self._stage_size
+        with torch.no_grad():
+            for name in names:
+                shape, dtype, _ = self._first.meta[name]
+                if pipeline_rank in self._owners[name]:
+                    t = local_of(self._parameters[name])
+                    if self._mesh is not None:
+                        t = gather_whole(t, self._leaves[name]["placement"], self._mesh)
+                    t = t.clone()
+                else:
+                    t = torch.empty(shape, dtype=dtype, device=self._device)
+                dist.broadcast(t, src=min(self._owners[name]) * self._stage_size)
+                out[name] = t
+        return out
