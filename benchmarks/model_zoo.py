@@ -385,8 +385,8 @@ def _sharded_cluster(graph, mesh: tuple[int, int]):
     least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=BATCH, mesh=mesh).predicted_memory()[0]
     weights = {v["name"] for v in json.loads(graph.to_json())["values"] if v["role"] == "parameter"}
     for fraction in TRAIN_MEMORY_STEPS:
-        tight = with_memory(cluster, (least + fraction * (replicated - least)) / 0.9)  # plans may use 90%
-        plan = shardwise.Plan.search(graph, tight, global_batch=BATCH, mesh=mesh, memory_fraction=0.9)
+        tight = with_memory(cluster, (least + fraction * (replicated - least)) / shardwise._C.MEMORY_FRACTION)
+        plan = shardwise.Plan.search(graph, tight, global_batch=BATCH, mesh=mesh)  # the default memory_fraction
         if plan.fits and any(p[1].startswith("S") for n, p in plan.placements().items() if n in weights):
             break
     return tight, fraction

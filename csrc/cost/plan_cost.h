@@ -57,6 +57,7 @@
 
 #include "cost/cluster.h"
 #include "cost/layer_structure.h"
+#include "cost/constants.h"
 #include "cost/memory_cost.h"
 #include "cost/op_cost.h"
 #include "ir/graph.h"
@@ -67,13 +68,10 @@ namespace shardwise::cost {
 struct PlanCostConstants {
   // Megatron-LM 2021 all-reduces fp32 main gradients (bf16 training).
   double grad_reduce_bytes_per_param = 4;
-  // Fraction of HBM bandwidth the optimizer step reaches.
-  double optimizer_memory_efficiency = 0.75;
-  // Communication overlapped with compute is not free: NCCL kernels take SMs and HBM
-  // bandwidth from the GEMMs they run beside. Each second of overlap adds this fraction
-  // of a second to the step. One constant for every overlapped collective (data-parallel
-  // gradient sync beside backward, ZeRO-3 gathers beside the forward and backward).
-  double overlap_interference = 0.18;
+  // Fraction of HBM bandwidth the optimizer step reaches (cost/constants.h).
+  double optimizer_memory_efficiency = kOptimizerMemoryEfficiency;
+  // What a second of communication overlapped with compute still costs (cost/constants.h).
+  double overlap_interference = kOverlapInterference;
   MemoryConstants memory;
 };
 

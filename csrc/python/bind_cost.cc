@@ -9,6 +9,7 @@
 #include "cost/cluster.h"
 #include "cost/cluster_presets.h"
 #include "cost/collective_cost.h"
+#include "cost/constants.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -86,6 +87,10 @@ void bind_cost(py::module_& m) {
       .def("first_ranks", [](const cost::Cluster& c, int count) { return cost::first_ranks(c, count); },
            py::arg("count"))
       .def("__eq__", [](const cost::Cluster& a, const cost::Cluster& b) { return a == b; }, py::is_operator());
+
+  // The cost model's constants the Python runtime reads (cost/constants.h: defined once there).
+  m.attr("GRADIENT_BUCKET_BYTES") = cost::kGradientBucketBytes;
+  m.attr("MEMORY_FRACTION") = cost::kMemoryFraction;
 
   m.def("cluster_preset_names", &cost::preset_names);
   m.def("known_device_types", [] {

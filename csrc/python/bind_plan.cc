@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cost/constants.h"
 #include "cost/op_cost.h"
 #include "cost/plan_cost.h"
 #include "ir/graph.h"
@@ -115,7 +116,7 @@ void bind_plan(py::module_& m) {
         return out;
       },
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
-      py::arg("mesh") = py::none(), py::arg("memory_fraction") = 0.9, py::arg("precision") = "bf16",
+      py::arg("mesh") = py::none(), py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
       py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
       "The SPMD sharding search (csrc/search/spmd_search.h).");
   m.def(
@@ -152,7 +153,7 @@ void bind_plan(py::module_& m) {
         return out;
       },
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
-      py::arg("memory_fraction") = 0.9, py::arg("precision") = "bf16", py::arg("progress") = py::none(),
+      py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16", py::arg("progress") = py::none(),
       py::arg("network") = py::none(), py::arg("stage_layouts") = true,
       "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h).");
   m.def(

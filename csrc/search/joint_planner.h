@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "cost/cluster.h"
+#include "cost/constants.h"
 #include "cost/op_cost.h"
 #include "cost/plan_cost.h"
 #include "ir/graph.h"
@@ -81,7 +82,7 @@ struct JointPlanOptions {
   std::optional<NetworkCondition> network;  // none: a steady network (the evaluator alone)
   SearchLevel level = SearchLevel::Fast;
   std::string precision = "bf16";
-  double memory_fraction = 0.9;
+  double memory_fraction = cost::kMemoryFraction;  // of each device's memory the plan may use
   int max_micro_batch = 16;  // thorough's cap on b
   // Price the best candidates with their stages' layout as the SPMD search finds it
   // (search/stage_layout.h) rather than Megatron's; false: Megatron's layout alone.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cost/cluster.h"
+#include "cost/constants.h"
 #include "cost/memory_cost.h"
 #include "cost/op_cost.h"
 #include "ir/graph.h"
@@ -40,14 +41,15 @@ struct ShardingModelOptions {
   // Parameter collectives (gradient reduction, ZeRO/FSDP weight gathers) run beside compute:
   // the gathers beside the forward, the gradient reductions beside the backward. One
   // second of them hidden that way still costs overlap_interference seconds (the cost
-  // model's constant: NCCL kernels share SMs and HBM with the GEMMs); the rest is exposed.
-  double overlap_interference = 0.18;
-  // Parameter collectives run in buckets (DDP's default bucket_cap_mb = 25; FSDP gathers a
-  // unit at a time): a parameter smaller than a bucket pays its share of one collective's
-  // latency, not a whole one (a layer norm's 4 KB gradient is not a 42 us all-reduce).
-  double bucket_bytes = 25.0 * (1 << 20);
-  // Fraction of HBM bandwidth the optimizer step reaches (cost::PlanCostConstants).
-  double optimizer_memory_efficiency = 0.75;
+  // model's constant, cost/constants.h: NCCL kernels share SMs and HBM with the GEMMs); the
+  // rest is exposed.
+  double overlap_interference = cost::kOverlapInterference;
+  // Parameter collectives run in buckets (the runtime's gradient buckets, cost/constants.h;
+  // FSDP gathers a unit at a time): a parameter smaller than a bucket pays its share of one
+  // collective's latency, not a whole one (a layer norm's 4 KB gradient is not a 42 us all-reduce).
+  double bucket_bytes = static_cast<double>(cost::kGradientBucketBytes);
+  // Fraction of HBM bandwidth the optimizer step reaches (cost/constants.h).
+  double optimizer_memory_efficiency = cost::kOptimizerMemoryEfficiency;
   // The graph standing for a pipeline stage's share of it (search/stage_layout.h): a rank
   // holds this fraction of the parameter states and of the saved activations of the whole
   // graph at one micro-batch (1F1B's first stage: 1/p of the layers, ~p micro-batches in

@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "cost/cluster.h"
+#include "cost/constants.h"
 #include "cost/memory_cost.h"
 #include "cost/op_cost.h"
 #include "cost/plan_cost.h"
@@ -78,15 +79,15 @@ struct SpmdSearchOptions {
   std::int64_t global_batch = 0;  // required
   SearchLevel level = SearchLevel::Fast;
   cost::Precision precision = cost::Precision::BF16;
-  double memory_fraction = 0.9;         // of each device's memory the plan may use
+  double memory_fraction = cost::kMemoryFraction;  // of each device's memory the plan may use
   std::optional<std::vector<int>> mesh;  // {data, tensor}; default: searched
   bool allow_recompute = true;
   bool allow_zero = true;
   cost::MemoryConstants memory;
   int beam_width = 256;
   // Seconds of step time one second of parameter collectives hidden under compute still
-  // costs (cost::PlanCostConstants::overlap_interference).
-  double overlap_interference = cost::PlanCostConstants{}.overlap_interference;
+  // costs (cost/constants.h).
+  double overlap_interference = cost::kOverlapInterference;
   // Called after each candidate with (done, total); may throw to stop the search.
   std::function<void(int, int)> progress;
 };

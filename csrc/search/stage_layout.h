@@ -28,6 +28,7 @@
 #include <tuple>
 
 #include "cost/cluster.h"
+#include "cost/constants.h"
 #include "cost/layer_structure.h"
 #include "cost/op_cost.h"
 #include "cost/plan_cost.h"
@@ -39,7 +40,7 @@ namespace shardwise::search {
 
 struct StageLayoutOptions {
   SearchLevel level = SearchLevel::Fast;
-  double memory_fraction = 0.9;
+  double memory_fraction = cost::kMemoryFraction;
 };
 
 struct StageLayout {

@@ -136,7 +136,7 @@ def _warn_unknown_ops(graph) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-_MEMORY_FRACTION = 0.9  # of each device's memory, what a searched plan may use (the rest: allocator, workspace)
+_MEMORY_FRACTION = _C.MEMORY_FRACTION  # of each device's memory, what a searched plan may use (csrc/cost/constants.h)
 
 
 def _check_fits(plan: Plan, cluster, model_name: str) -> None:

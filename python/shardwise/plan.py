@@ -76,8 +76,8 @@ class Plan:
 
     @classmethod
     def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
-               memory_fraction: float = 0.9, precision: str = "bf16", recompute: bool = True, zero: bool = True,
-               progress=None) -> "Plan":
+               memory_fraction: float = _C.MEMORY_FRACTION, precision: str = "bf16", recompute: bool = True,
+               zero: bool = True, progress=None) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
         cluster's cost model. See ``shardwise.plan``."""
@@ -87,9 +87,9 @@ class Plan:
         return cls(json.loads(result["plan"]), result)
 
     @classmethod
-    def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast", memory_fraction: float = 0.9,
-              precision: str = "bf16", progress=None, network: NetworkCondition | None = None,
-              stage_layouts: bool = True) -> "Plan":
+    def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast",
+              memory_fraction: float = _C.MEMORY_FRACTION, precision: str = "bf16", progress=None,
+              network: NetworkCondition | None = None, stage_layouts: bool = True) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
@@ -253,8 +253,9 @@ class Plan:
 
 
 def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
-         memory_fraction: float = 0.9, precision: str = "bf16", recompute: bool = True, zero: bool = True,
-         progress=None, pipeline: bool | None = None, network: NetworkCondition | None = None) -> Plan:
+         memory_fraction: float = _C.MEMORY_FRACTION, precision: str = "bf16", recompute: bool = True,
+         zero: bool = True, progress=None, pipeline: bool | None = None,
+         network: NetworkCondition | None = None) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
 
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,

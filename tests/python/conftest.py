@@ -75,4 +75,4 @@ def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
     cluster = shardwise.Cluster.preset("cpu", world)
     replicated = shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh).predicted_memory()[0]
     least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=rows, mesh=mesh).predicted_memory()[0]
-    return with_memory(cluster, (least + replicated) / 2 / 0.9)  # plans may use 90% (engine.py)
+    return with_memory(cluster, (least + replicated) / 2 / shardwise._C.MEMORY_FRACTION)  # what plans may use

@@ -413,7 +413,7 @@ def test_a_batch_that_fits_only_in_micro_batches_runs_with_gradient_accumulation
 
     def cluster(usable: float):
         doc = json.loads(shardwise.Cluster.preset("cpu", 2).to_json())
-        doc["device_types"][0]["memory_bytes"] = int(usable / 0.9)  # parallelize lets plans use 90%
+        doc["device_types"][0]["memory_bytes"] = int(usable / shardwise._C.MEMORY_FRACTION)  # what plans may use
         return shardwise.Cluster.from_json(json.dumps(doc))
 
     # With too little memory the search returns the sharding that needs the least: 2% below it.
@@ -423,7 +423,7 @@ def test_a_batch_that_fits_only_in_micro_batches_runs_with_gradient_accumulation
     assert shardwise.Plan.search(graph, cluster(usable), global_batch=8).fits is False
     joint = shardwise.Plan.joint(graph, cluster(usable), global_batch=8)
     assert joint.fits and joint.num_micro_batches() > 1, joint
-    r = _spawn(2, "tiny_gpt", stage_memory=usable / 0.9)
+    r = _spawn(2, "tiny_gpt", stage_memory=usable / shardwise._C.MEMORY_FRACTION)
     _check(r)
     assert r["engine"] == "PipelineEngine"
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
+from .. import _C
+
+_BUCKET_BYTES = _C.GRADIENT_BUCKET_BYTES  # DDP's default bucket_cap_mb (csrc/cost/constants.h: the search prices it)
 
 
 class _GradientBuckets:
