@@ -14,6 +14,7 @@ namespace py = pybind11;
 namespace shardwise::python {
 
 void bind_models(py::module_& m) {
+  const models::GptConfig kGptDefaults{};
   m.def(
       "build_gpt",
       [](int layers, int hidden, int heads, int seq, int vocab, int batch, const std::string& dtype, int ffn_hidden,
@@ -37,9 +38,12 @@ void bind_models(py::module_& m) {
                                  .layer_norm_eps = layer_norm_eps};
         return models::build_gpt(config);
       },
+      // The defaults are GptConfig's own (models/gpt.h), read from there.
       py::kw_only(), py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("seq"), py::arg("vocab"),
-      py::arg("batch") = 1, py::arg("dtype") = "bf16", py::arg("ffn_hidden") = 0, py::arg("tie_embeddings") = true,
-      py::arg("with_loss") = true, py::arg("positions") = 0, py::arg("dropout") = 0.1, py::arg("layer_norm_eps") = 1e-5,
+      py::arg("batch") = kGptDefaults.batch, py::arg("dtype") = std::string(ir::dtype_name(kGptDefaults.dtype)),
+      py::arg("ffn_hidden") = kGptDefaults.ffn_hidden, py::arg("tie_embeddings") = kGptDefaults.tie_embeddings,
+      py::arg("with_loss") = kGptDefaults.with_loss, py::arg("positions") = kGptDefaults.positions,
+      py::arg("dropout") = kGptDefaults.dropout, py::arg("layer_norm_eps") = kGptDefaults.layer_norm_eps,
       "The graph a capture of transformers' GPT2LMHeadModel gives, built from its configuration (models/gpt.h).");
 }
 

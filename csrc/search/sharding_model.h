@@ -37,7 +37,7 @@ struct ShardingModelOptions {
   bool recompute = false;
   bool allow_zero = true;
   cost::MemoryConstants memory;
-  int beam_width = 256;
+  int beam_width = kBeamWidth;  // search/spmd_problem.h
   // Parameter collectives (gradient reduction, ZeRO/FSDP weight gathers) run beside compute:
   // the gathers beside the forward, the gradient reductions beside the backward. One
   // second of them hidden that way still costs overlap_interference seconds (the cost

@@ -79,8 +79,12 @@ void validate(const SpmdProblem& problem);
 double total_cost(const SpmdProblem& problem, std::span<const int> choice);
 double total_memory(const SpmdProblem& problem, std::span<const int> choice);
 
+// Assignments the fast solver's beam keeps per step: its default, and the sharding model's
+// and the SPMD search's (they pass theirs on to it).
+inline constexpr int kBeamWidth = 256;
+
 struct FastOptions {
-  int beam_width = 256;
+  int beam_width = kBeamWidth;
   // Whole assignments (one choice per node) the solver also starts from: each is brought
   // within memory, improved by single-node moves and kept when it beats the beam's answer.
   // The SPMD search passes the axis' current decisions (so a coordinate-descent pass never

@@ -68,6 +68,7 @@
 #include "cost/plan_cost.h"
 #include "ir/graph.h"
 #include "plan/plan.h"
+#include "search/spmd_problem.h"
 
 namespace shardwise::search {
 
@@ -84,7 +85,7 @@ struct SpmdSearchOptions {
   bool allow_recompute = true;
   bool allow_zero = true;
   cost::MemoryConstants memory;
-  int beam_width = 256;
+  int beam_width = kBeamWidth;  // search/spmd_problem.h
   // Seconds of step time one second of parameter collectives hidden under compute still
   // costs (cost/constants.h).
   double overlap_interference = cost::kOverlapInterference;
