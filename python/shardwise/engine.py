@@ -100,7 +100,7 @@ class _Trainable(torch.nn.Module):
 
 @dataclass
 class _Options:
-    """What parallelize was asked beyond the model and plan (engines keep it for later programs)."""
+    """What parallelize was asked beyond the model and plan (the pipeline path reads it)."""
 
     cluster: Any = None
     level: str = "fast"
