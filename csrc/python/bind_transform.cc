@@ -12,6 +12,8 @@
 #include "search/stage_partition.h"
 #include "python/bindings.h"
 #include "support/error.h"
+#include "ir/printer.h"
+#include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
 
 namespace py = pybind11;
@@ -53,6 +55,43 @@ py::dict operand(const transform::OperandRewrite& op) {
   d["backward"] = actions(op.backward);
   d["gradient"] = op.gradient;
   return d;
+}
+
+// The sharding a rank program is made for, and the rewrite's options: `plan_json` empty is
+// every value replicated on a one-rank mesh (the whole graph, as one device runs it).
+std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Graph& graph, const std::string& plan_json,
+                                                                  const std::vector<std::string>& whole_nodes,
+                                                                  const std::vector<std::string>& lookup_ops,
+                                                                  bool adapt_to_shapes) {
+  plan::Plan p;
+  if (plan_json.empty()) {
+    // Every value replicated on a one-rank mesh: the whole graph, as one device runs it
+    // (what a pipeline stage of a plan without tensor or data parallelism holds).
+    plan::Sharding s;
+    s.mesh = {1};
+    s.axis_names = {"data"};
+    s.level = "replicated";
+    for (const ir::Value& v : graph.values()) s.placements[v.name] = {"R"};
+    for (const ir::Node& n : graph.nodes())
+      if (!n.outputs.empty()) s.strategies[graph.value(n.outputs[0]).name] = {"replicate"};
+    p.sharding = std::move(s);
+  } else {
+    p = plan::plan_from_json_string(plan_json);
+    // The plan's strategies name sizes at its global batch; a graph captured at another
+    // batch would fail later on some node with a message about that node's sizes.
+    const std::int64_t captured = analysis::input_batch(graph);
+    if (!adapt_to_shapes && captured > 0 && p.global_batch > 0 && captured != p.global_batch)
+      throw support::ValidationError(
+          "rank_program: the graph was captured at batch " + std::to_string(captured) +
+          " but the plan is for global batch " + std::to_string(p.global_batch) +
+          "; capture the model at the global batch (shardwise.parallelize does)");
+  }
+  if (!p.sharding) throw support::ValidationError("rank_program: the plan has no sharding section");
+  transform::RewriteOptions options;
+  options.whole_nodes = {whole_nodes.begin(), whole_nodes.end()};
+  options.lookup_ops = {lookup_ops.begin(), lookup_ops.end()};
+  options.adapt_to_shapes = adapt_to_shapes;
+  return {*p.sharding, options};
 }
 
 }  // namespace
@@ -131,35 +170,8 @@ void bind_transform(py::module_& m) {
       "rank_program",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
          const std::vector<std::string>& lookup_ops, bool adapt_to_shapes) {
-        plan::Plan p;
-        if (plan_json.empty()) {
-          // Every value replicated on a one-rank mesh: the whole graph, as one device runs it
-          // (what a pipeline stage of a plan without tensor or data parallelism holds).
-          plan::Sharding s;
-          s.mesh = {1};
-          s.axis_names = {"data"};
-          s.level = "replicated";
-          for (const ir::Value& v : graph.values()) s.placements[v.name] = {"R"};
-          for (const ir::Node& n : graph.nodes())
-            if (!n.outputs.empty()) s.strategies[graph.value(n.outputs[0]).name] = {"replicate"};
-          p.sharding = std::move(s);
-        } else {
-          p = plan::plan_from_json_string(plan_json);
-          // The plan's strategies name sizes at its global batch; a graph captured at another
-          // batch would fail later on some node with a message about that node's sizes.
-          const std::int64_t captured = analysis::input_batch(graph);
-          if (!adapt_to_shapes && captured > 0 && p.global_batch > 0 && captured != p.global_batch)
-            throw support::ValidationError(
-                "rank_program: the graph was captured at batch " + std::to_string(captured) +
-                " but the plan is for global batch " + std::to_string(p.global_batch) +
-                "; capture the model at the global batch (shardwise.parallelize does)");
-        }
-        if (!p.sharding) throw support::ValidationError("rank_program: the plan has no sharding section");
-        transform::RewriteOptions options;
-        options.whole_nodes = {whole_nodes.begin(), whole_nodes.end()};
-        options.lookup_ops = {lookup_ops.begin(), lookup_ops.end()};
-        options.adapt_to_shapes = adapt_to_shapes;
-        transform::RankProgram program = transform::rank_program(graph, *p.sharding, rank, options);
+        auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes);
+        transform::RankProgram program = transform::rank_program(graph, sharding, rank, options);
         py::list leaves, nodes, outputs;
         for (const auto& l : program.leaves) {
           py::dict d;
@@ -211,6 +223,22 @@ void bind_transform(py::module_& m) {
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
       py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"}, py::arg("adapt_to_shapes") = false,
       "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated.");
+  m.def(
+      "rank_graph",
+      [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
+         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes) {
+        auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes);
+        transform::RankGraph out = transform::rank_graph(graph, sharding, rank, options);
+        if (!adapt_to_shapes) transform::verify_rank_graph(out.graph, graph, sharding, rank);
+        py::dict d;
+        d["text"] = ir::print_graph(out.graph);
+        d["whole"] = out.whole;
+        return d;
+      },
+      py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
+      py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"}, py::arg("adapt_to_shapes") = false,
+      "One rank's program as a graph of the IR, collectives as nodes (csrc/transform/rank_graph.h), "
+      "verified against the plan: {text, whole}.");
 }
 
 }  // namespace shardwise::python

@@ -1,6 +1,11 @@
 // shardwise-opt: reads a graph (text IR, or JSON), runs passes, prints the result.
 //
-//   shardwise-opt [--passes=a,b] [--verify-each] [--emit=text|json] [--print-after-each] FILE|-
+//   shardwise-opt [--passes=a,b] [--verify-each] [--emit=text|json] [--print-after-each]
+//                 [--plan=PLAN.json] [--rank=N] FILE|-
+//
+// --plan reads a plan file (docs/plan-format.md) whose `sharding` section the rank-graph
+// pass rewrites for, on rank --rank (default 0):
+//   shardwise-opt --passes=rank-graph --plan=plan.json --rank=3 model.ir
 //
 // FILE is JSON when its name ends in .json; `-` reads stdin, as JSON when its first
 // non-blank character is '{' (text IR starts with `graph` or a comment). The result
@@ -22,6 +27,7 @@
 #include "ir/json.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "plan/plan.h"
 #include "support/error.h"
 #include "tools/pass_pipeline.h"
 
@@ -35,11 +41,14 @@ struct Options {
   bool print_after_each = false;
   bool emit_json = false;
   std::string file;
+  std::string plan;
+  int rank = 0;
 };
 
 std::string usage() {
   std::string out =
-      "usage: shardwise-opt [--passes=a,b] [--verify-each] [--emit=text|json] [--print-after-each] FILE|-\n"
+      "usage: shardwise-opt [--passes=a,b] [--verify-each] [--emit=text|json] [--print-after-each]\n"
+      "                     [--plan=PLAN.json] [--rank=N] FILE|-\n"
       "passes:\n";
   for (const auto& p : shardwise::tools::available_passes()) out += fmt::format("  {:16} {}\n", p.name, p.help);
   return out;
@@ -65,6 +74,14 @@ bool parse_args(int argc, char** argv, Options& opts) {
       const std::string_view emit = arg.substr(7);
       if (emit != "text" && emit != "json") throw Error(fmt::format("--emit must be text or json, not '{}'", emit));
       opts.emit_json = emit == "json";
+    } else if (starts_with(arg, "--plan=")) {
+      opts.plan = std::string(arg.substr(7));
+    } else if (starts_with(arg, "--rank=")) {
+      try {
+        opts.rank = std::stoi(std::string(arg.substr(7)));
+      } catch (const std::exception&) {
+        throw Error(fmt::format("--rank must be an integer, not '{}'", arg.substr(7)));
+      }
     } else if (arg != "-" && starts_with(arg, "-")) {
       throw Error(fmt::format("unknown option '{}' (see --help)", arg));
     } else {
@@ -110,6 +127,12 @@ int run(int argc, char** argv) {
   }
   shardwise::tools::PipelineOptions options;
   options.verify_each = opts.verify_each;
+  options.rank = opts.rank;
+  if (!opts.plan.empty()) {
+    const shardwise::plan::Plan plan = shardwise::plan::plan_from_json_string(read_input(opts.plan));
+    if (!plan.sharding) throw Error(fmt::format("{}: the plan has no sharding section", opts.plan));
+    options.sharding = plan.sharding;
+  }
   if (opts.print_after_each) {
     options.after_each = [&](std::string_view pass, const shardwise::ir::Graph& g) {
       std::cerr << fmt::format("// after pass '{}':\n", pass) << emit(g, opts.emit_json);
