@@ -9,7 +9,7 @@
 #include "analysis/repeated_blocks.h"
 #include "ops/op_table.h"
 #include "plan/plan.h"
-#include "search/stage_partition.h"
+#include "search/stage_assignment.h"
 #include "python/bindings.h"
 #include "support/error.h"
 #include "ir/printer.h"
@@ -100,61 +100,18 @@ void bind_transform(py::module_& m) {
   m.def(
       "pipeline_stages",
       [](const ir::Graph& graph, int stages, const std::vector<int>& layers_per_stage) {
-        std::vector<double> cost, memory(graph.nodes().size(), 0.0);
-        for (const ir::Node& node : graph.nodes())
-          cost.push_back(static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).total) + 1.0);
-        std::vector<int> stage_of_node;
-        std::vector<double> stage_cost;
-        if (layers_per_stage.empty()) {
-          // Balanced by forward FLOPs, cut at repeated-block boundaries when there are enough
-          // of them (a transformer is cut between layers), else anywhere.
-          search::StagePartitionProblem problem = search::problem_from_graph(graph, cost, memory);
-          problem.stages = stages;
-          std::vector<int> cuts = search::block_boundary_cuts(graph);
-          if (static_cast<int>(cuts.size()) >= stages - 1) problem.cut_candidates = std::move(cuts);
-          search::StagePartition partition = search::partition_stages(problem);
-          stage_of_node = std::move(partition.stage_of_node);
-          stage_cost = std::move(partition.stage_cost);
-        } else {
-          // The plan's split: chunk k starts at the first node of its first layer (the
-          // largest group of repeated blocks); nodes before the layers go with the first.
-          std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
-          const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
-          const int total = layers != nullptr ? static_cast<int>(layers->nodes.size()) : 0;
-          int sum = 0;
-          for (int n : layers_per_stage) {
-            if (n < 1) throw support::ValidationError("pipeline_stages: every stage needs a layer, got " + std::to_string(n));
-            sum += n;
-          }
-          if (static_cast<int>(layers_per_stage.size()) != stages || sum != total)
-            throw support::ValidationError("pipeline_stages: layers_per_stage has " +
-                                           std::to_string(layers_per_stage.size()) + " entries summing to " +
-                                           std::to_string(sum) + "; the graph has " + std::to_string(total) +
-                                           " layers for " + std::to_string(stages) + " stages");
-          std::vector<ir::NodeId> starts;  // first node of stages 1..
-          for (int k = 0, first = 0; k + 1 < stages; ++k) {
-            first += layers_per_stage[static_cast<std::size_t>(k)];
-            starts.push_back(layers->nodes[static_cast<std::size_t>(first)].front());
-          }
-          stage_cost.assign(static_cast<std::size_t>(stages), 0.0);
-          int stage = 0;
-          for (const ir::Node& node : graph.nodes()) {
-            while (stage + 1 < stages && node.id >= starts[static_cast<std::size_t>(stage)]) ++stage;
-            stage_of_node.push_back(stage);
-            stage_cost[static_cast<std::size_t>(stage)] += cost[static_cast<std::size_t>(node.id)];
-          }
-        }
+        search::StageAssignment assignment = search::assign_stages(graph, stages, layers_per_stage);
         py::dict out;
         py::list names;
         for (const ir::Node& node : graph.nodes())
           names.append(node.outputs.empty() ? std::string() : graph.value(node.outputs[0]).name);
         out["nodes"] = names;
-        out["stage_of_node"] = stage_of_node;
-        out["stage_cost"] = stage_cost;
+        out["stage_of_node"] = assignment.stage_of_node;
+        out["stage_cost"] = assignment.stage_cost;
         return out;
       },
       py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},
-      "Contiguous pipeline stages of a graph: balanced by forward FLOPs (csrc/search/stage_partition.h), or "
+      "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h): balanced by forward FLOPs, or "
       "the given layers per stage.");
   m.def(
       "reshard_actions",

@@ -12,9 +12,11 @@
 #include "ir/printer.h"
 #include "ir/verifier.h"
 #include "ops/op_table.h"
+#include "search/stage_assignment.h"
 #include "support/error.h"
 #include "transform/dead_code.h"
 #include "transform/rank_graph.h"
+#include "transform/stage_split.h"
 
 namespace shardwise::tools {
 namespace {
@@ -50,6 +52,14 @@ void rank_graph_pass(ir::Graph& graph, const PipelineOptions& options) {
   graph = std::move(rank.graph);
 }
 
+void split_stages_pass(ir::Graph& graph, const PipelineOptions& options) {
+  if (options.stage < 0 || options.stage >= options.stages)
+    throw support::ValidationError(
+        fmt::format("split-stages: stage {} of {} (give --stage=K/N with 0 <= K < N)", options.stage, options.stages));
+  const search::StageAssignment cut = search::assign_stages(graph, options.stages);
+  graph = std::move(transform::split_stages(graph, cut.stage_of_node, options.stages)[static_cast<std::size_t>(options.stage)]);
+}
+
 // The one place passes are registered, in the order a full pipeline runs them (and
 // --help lists them). Why each sits where it does:
 std::vector<PassEntry> make_registry() {
@@ -80,6 +90,10 @@ std::vector<PassEntry> make_registry() {
   // rank-graph last: its output is another program (one rank's), and the passes above are
   // for the captured one. It verifies its result against the global graph and the plan.
   passes.push_back({{"rank-graph", "rewrite into one rank's program under a plan (needs --plan, --rank)"}, rank_graph_pass});
+  // split-stages cuts the captured graph (the pipeline's stages are cut before each stage's
+  // sub-mesh rewrite, as the runtime does).
+  passes.push_back({{"split-stages", "cut into pipeline stages balanced by FLOPs and keep one (needs --stage=K/N)"},
+                    split_stages_pass});
   return passes;
 }
 

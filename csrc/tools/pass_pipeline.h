@@ -10,6 +10,9 @@
 //                   (transform/rank_graph.h), checked by verify_rank_graph; needs
 //                   PipelineOptions::sharding (shardwise-opt --plan, a golden file's
 //                   `// PLAN:` lines) and ::rank
+//   split-stages    the graph -> stage ::stage of ::stages pipeline stages
+//                   (search/stage_assignment.h cuts, transform/stage_split.h rewrites:
+//                   boundary values as shardwise::recv / shardwise::send)
 //
 // Worked example:
 //   std::string out = run_pipeline(ir_text, {"dce", "verify"}, /*verify_each=*/true);
@@ -42,6 +45,10 @@ struct PipelineOptions {
   // What the rank-graph pass rewrites for: a plan's sharding section and a rank of its mesh.
   std::optional<plan::Sharding> sharding;
   int rank = 0;
+  // What split-stages cuts: `stages` stages, keeping stage `stage` (a golden file's
+  // `// STAGE: 1 of 3`; shardwise-opt --stage=1/3).
+  int stages = 1;
+  int stage = 0;
 };
 
 // Runs one pass. Throws support::Error on an unknown name, listing the known ones.
