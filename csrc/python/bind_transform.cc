@@ -7,10 +7,12 @@
 #include "analysis/batch_dim.h"
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
+#include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "plan/plan.h"
 #include "search/stage_assignment.h"
 #include "python/bindings.h"
+#include "python/ir_dicts.h"
 #include "support/error.h"
 #include "ir/printer.h"
 #include "transform/rank_graph.h"
@@ -128,6 +130,10 @@ void bind_transform(py::module_& m) {
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
          const std::vector<std::string>& lookup_ops, bool adapt_to_shapes) {
         auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes);
+        // Nodes whose local call the ops' shape rules refuse run whole (rank_graph.h); the
+        // program is made with them named.
+        const std::vector<std::string> whole = transform::rank_graph(graph, sharding, rank, options).whole;
+        options.whole_nodes.insert(whole.begin(), whole.end());
         transform::RankProgram program = transform::rank_program(graph, sharding, rank, options);
         py::list leaves, nodes, outputs;
         for (const auto& l : program.leaves) {
@@ -144,6 +150,19 @@ void bind_transform(py::module_& m) {
           d["node"] = n.node;
           d["op"] = n.op;
           d["mode"] = std::string(transform::node_mode_name(n.mode));
+          // The attributes this rank's call takes that differ from the captured node's
+          // (local shape arguments), by schema argument name.
+          const ir::Node& captured = graph.node(n.node);
+          py::dict local_attrs;
+          for (const auto& [name, value] : n.attrs) {
+            auto it = captured.attrs.find(name);
+            if (it == captured.attrs.end() || !(it->second == value)) local_attrs[py::str(name)] = attr_to_python(value);
+          }
+          d["local_attrs"] = local_attrs;
+          // The core checked the local call's shapes against the op's shape rule; a node
+          // without a rule (an op the core does not know) is the runtime's to check.
+          d["shape_checked"] = n.mode != transform::NodeMode::Local ||
+                               ops::dim_rule_for(ops::OpTable::builtin(), graph, captured).has_value();
           d["lookup_axes"] = n.lookup_axes;
           if (n.counted) {
             py::dict c;
