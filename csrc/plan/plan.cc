@@ -289,6 +289,9 @@ json plan_decisions(const Plan& plan) {
 
 }  // namespace
 
+json sharding_section_to_json(const Sharding& sharding) { return sharding_to_json(sharding); }
+Sharding sharding_section_from_json(const json& in) { return sharding_from_json(in); }
+
 json plan_to_json(const Plan& plan) {
   json out = plan_decisions(plan);
   if (plan.predicted.has_value()) {

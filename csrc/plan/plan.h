@@ -155,6 +155,11 @@ Plan plan_from_json(const nlohmann::json& json);
 std::string plan_to_json_string(const Plan& plan, int indent = -1);
 Plan plan_from_json_string(std::string_view text);
 
+// The `sharding` section alone (a rank program's input in shardwise-opt and the golden tests);
+// ParseError as plan_from_json's, without the checks that need the rest of the plan.
+nlohmann::json sharding_section_to_json(const Sharding& sharding);
+Sharding sharding_section_from_json(const nlohmann::json& json);
+
 // FNV-1a 64 of the canonical (sorted keys, no spaces) JSON without "predicted".
 std::uint64_t plan_hash(const Plan& plan);
 std::string plan_hash_hex(const Plan& plan);

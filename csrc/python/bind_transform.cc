@@ -7,11 +7,15 @@
 #include "analysis/batch_dim.h"
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
+#include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "plan/plan.h"
-#include "search/stage_partition.h"
+#include "search/stage_assignment.h"
 #include "python/bindings.h"
+#include "python/ir_dicts.h"
 #include "support/error.h"
+#include "ir/printer.h"
+#include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
 
 namespace py = pybind11;
@@ -55,67 +59,61 @@ py::dict operand(const transform::OperandRewrite& op) {
   return d;
 }
 
+// The sharding a rank program is made for, and the rewrite's options: `plan_json` empty is
+// every value replicated on a one-rank mesh (the whole graph, as one device runs it).
+std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Graph& graph, const std::string& plan_json,
+                                                                  const std::vector<std::string>& whole_nodes,
+                                                                  const std::vector<std::string>& lookup_ops,
+                                                                  bool adapt_to_shapes) {
+  plan::Plan p;
+  if (plan_json.empty()) {
+    // Every value replicated on a one-rank mesh: the whole graph, as one device runs it
+    // (what a pipeline stage of a plan without tensor or data parallelism holds).
+    plan::Sharding s;
+    s.mesh = {1};
+    s.axis_names = {"data"};
+    s.level = "replicated";
+    for (const ir::Value& v : graph.values()) s.placements[v.name] = {"R"};
+    for (const ir::Node& n : graph.nodes())
+      if (!n.outputs.empty()) s.strategies[graph.value(n.outputs[0]).name] = {"replicate"};
+    p.sharding = std::move(s);
+  } else {
+    p = plan::plan_from_json_string(plan_json);
+    // The plan's strategies name sizes at its global batch; a graph captured at another
+    // batch would fail later on some node with a message about that node's sizes.
+    const std::int64_t captured = analysis::input_batch(graph);
+    if (!adapt_to_shapes && captured > 0 && p.global_batch > 0 && captured != p.global_batch)
+      throw support::ValidationError(
+          "rank_program: the graph was captured at batch " + std::to_string(captured) +
+          " but the plan is for global batch " + std::to_string(p.global_batch) +
+          "; capture the model at the global batch (shardwise.parallelize does)");
+  }
+  if (!p.sharding) throw support::ValidationError("rank_program: the plan has no sharding section");
+  transform::RewriteOptions options;
+  options.whole_nodes = {whole_nodes.begin(), whole_nodes.end()};
+  options.lookup_ops = {lookup_ops.begin(), lookup_ops.end()};
+  options.adapt_to_shapes = adapt_to_shapes;
+  return {*p.sharding, options};
+}
+
 }  // namespace
 
 void bind_transform(py::module_& m) {
   m.def(
       "pipeline_stages",
       [](const ir::Graph& graph, int stages, const std::vector<int>& layers_per_stage) {
-        std::vector<double> cost, memory(graph.nodes().size(), 0.0);
-        for (const ir::Node& node : graph.nodes())
-          cost.push_back(static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).total) + 1.0);
-        std::vector<int> stage_of_node;
-        std::vector<double> stage_cost;
-        if (layers_per_stage.empty()) {
-          // Balanced by forward FLOPs, cut at repeated-block boundaries when there are enough
-          // of them (a transformer is cut between layers), else anywhere.
-          search::StagePartitionProblem problem = search::problem_from_graph(graph, cost, memory);
-          problem.stages = stages;
-          std::vector<int> cuts = search::block_boundary_cuts(graph);
-          if (static_cast<int>(cuts.size()) >= stages - 1) problem.cut_candidates = std::move(cuts);
-          search::StagePartition partition = search::partition_stages(problem);
-          stage_of_node = std::move(partition.stage_of_node);
-          stage_cost = std::move(partition.stage_cost);
-        } else {
-          // The plan's split: chunk k starts at the first node of its first layer (the
-          // largest group of repeated blocks); nodes before the layers go with the first.
-          std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
-          const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
-          const int total = layers != nullptr ? static_cast<int>(layers->nodes.size()) : 0;
-          int sum = 0;
-          for (int n : layers_per_stage) {
-            if (n < 1) throw support::ValidationError("pipeline_stages: every stage needs a layer, got " + std::to_string(n));
-            sum += n;
-          }
-          if (static_cast<int>(layers_per_stage.size()) != stages || sum != total)
-            throw support::ValidationError("pipeline_stages: layers_per_stage has " +
-                                           std::to_string(layers_per_stage.size()) + " entries summing to " +
-                                           std::to_string(sum) + "; the graph has " + std::to_string(total) +
-                                           " layers for " + std::to_string(stages) + " stages");
-          std::vector<ir::NodeId> starts;  // first node of stages 1..
-          for (int k = 0, first = 0; k + 1 < stages; ++k) {
-            first += layers_per_stage[static_cast<std::size_t>(k)];
-            starts.push_back(layers->nodes[static_cast<std::size_t>(first)].front());
-          }
-          stage_cost.assign(static_cast<std::size_t>(stages), 0.0);
-          int stage = 0;
-          for (const ir::Node& node : graph.nodes()) {
-            while (stage + 1 < stages && node.id >= starts[static_cast<std::size_t>(stage)]) ++stage;
-            stage_of_node.push_back(stage);
-            stage_cost[static_cast<std::size_t>(stage)] += cost[static_cast<std::size_t>(node.id)];
-          }
-        }
+        search::StageAssignment assignment = search::assign_stages(graph, stages, layers_per_stage);
         py::dict out;
         py::list names;
         for (const ir::Node& node : graph.nodes())
           names.append(node.outputs.empty() ? std::string() : graph.value(node.outputs[0]).name);
         out["nodes"] = names;
-        out["stage_of_node"] = stage_of_node;
-        out["stage_cost"] = stage_cost;
+        out["stage_of_node"] = assignment.stage_of_node;
+        out["stage_cost"] = assignment.stage_cost;
         return out;
       },
       py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},
-      "Contiguous pipeline stages of a graph: balanced by forward FLOPs (csrc/search/stage_partition.h), or "
+      "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h): balanced by forward FLOPs, or "
       "the given layers per stage.");
   m.def(
       "reshard_actions",
@@ -131,35 +129,12 @@ void bind_transform(py::module_& m) {
       "rank_program",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
          const std::vector<std::string>& lookup_ops, bool adapt_to_shapes) {
-        plan::Plan p;
-        if (plan_json.empty()) {
-          // Every value replicated on a one-rank mesh: the whole graph, as one device runs it
-          // (what a pipeline stage of a plan without tensor or data parallelism holds).
-          plan::Sharding s;
-          s.mesh = {1};
-          s.axis_names = {"data"};
-          s.level = "replicated";
-          for (const ir::Value& v : graph.values()) s.placements[v.name] = {"R"};
-          for (const ir::Node& n : graph.nodes())
-            if (!n.outputs.empty()) s.strategies[graph.value(n.outputs[0]).name] = {"replicate"};
-          p.sharding = std::move(s);
-        } else {
-          p = plan::plan_from_json_string(plan_json);
-          // The plan's strategies name sizes at its global batch; a graph captured at another
-          // batch would fail later on some node with a message about that node's sizes.
-          const std::int64_t captured = analysis::input_batch(graph);
-          if (!adapt_to_shapes && captured > 0 && p.global_batch > 0 && captured != p.global_batch)
-            throw support::ValidationError(
-                "rank_program: the graph was captured at batch " + std::to_string(captured) +
-                " but the plan is for global batch " + std::to_string(p.global_batch) +
-                "; capture the model at the global batch (shardwise.parallelize does)");
-        }
-        if (!p.sharding) throw support::ValidationError("rank_program: the plan has no sharding section");
-        transform::RewriteOptions options;
-        options.whole_nodes = {whole_nodes.begin(), whole_nodes.end()};
-        options.lookup_ops = {lookup_ops.begin(), lookup_ops.end()};
-        options.adapt_to_shapes = adapt_to_shapes;
-        transform::RankProgram program = transform::rank_program(graph, *p.sharding, rank, options);
+        auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes);
+        // Nodes whose local call the ops' shape rules refuse run whole (rank_graph.h); the
+        // program is made with them named.
+        const std::vector<std::string> whole = transform::rank_graph(graph, sharding, rank, options).whole;
+        options.whole_nodes.insert(whole.begin(), whole.end());
+        transform::RankProgram program = transform::rank_program(graph, sharding, rank, options);
         py::list leaves, nodes, outputs;
         for (const auto& l : program.leaves) {
           py::dict d;
@@ -175,6 +150,19 @@ void bind_transform(py::module_& m) {
           d["node"] = n.node;
           d["op"] = n.op;
           d["mode"] = std::string(transform::node_mode_name(n.mode));
+          // The attributes this rank's call takes that differ from the captured node's
+          // (local shape arguments), by schema argument name.
+          const ir::Node& captured = graph.node(n.node);
+          py::dict local_attrs;
+          for (const auto& [name, value] : n.attrs) {
+            auto it = captured.attrs.find(name);
+            if (it == captured.attrs.end() || !(it->second == value)) local_attrs[py::str(name)] = attr_to_python(value);
+          }
+          d["local_attrs"] = local_attrs;
+          // The core checked the local call's shapes against the op's shape rule; a node
+          // without a rule (an op the core does not know) is the runtime's to check.
+          d["shape_checked"] = n.mode != transform::NodeMode::Local ||
+                               ops::dim_rule_for(ops::OpTable::builtin(), graph, captured).has_value();
           d["lookup_axes"] = n.lookup_axes;
           if (n.counted) {
             py::dict c;
@@ -211,6 +199,22 @@ void bind_transform(py::module_& m) {
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
       py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"}, py::arg("adapt_to_shapes") = false,
       "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated.");
+  m.def(
+      "rank_graph",
+      [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
+         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes) {
+        auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes);
+        transform::RankGraph out = transform::rank_graph(graph, sharding, rank, options);
+        if (!adapt_to_shapes) transform::verify_rank_graph(out.graph, graph, sharding, rank);
+        py::dict d;
+        d["text"] = ir::print_graph(out.graph);
+        d["whole"] = out.whole;
+        return d;
+      },
+      py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
+      py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"}, py::arg("adapt_to_shapes") = false,
+      "One rank's program as a graph of the IR, collectives as nodes (csrc/transform/rank_graph.h), "
+      "verified against the plan: {text, whole}.");
 }
 
 }  // namespace shardwise::python

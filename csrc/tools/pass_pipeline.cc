@@ -12,15 +12,18 @@
 #include "ir/printer.h"
 #include "ir/verifier.h"
 #include "ops/op_table.h"
+#include "search/stage_assignment.h"
 #include "support/error.h"
 #include "transform/dead_code.h"
+#include "transform/rank_graph.h"
+#include "transform/stage_split.h"
 
 namespace shardwise::tools {
 namespace {
 
 struct PassEntry {
   PassInfo info;
-  std::function<void(ir::Graph&)> run;
+  std::function<void(ir::Graph&, const PipelineOptions&)> run;
 };
 
 void json_roundtrip(ir::Graph& graph) {
@@ -40,6 +43,23 @@ void json_roundtrip(ir::Graph& graph) {
   graph = std::move(back);
 }
 
+void rank_graph_pass(ir::Graph& graph, const PipelineOptions& options) {
+  if (!options.sharding)
+    throw support::Error("rank-graph needs a plan's sharding (shardwise-opt --plan FILE, or `// PLAN:` lines in a "
+                         "golden file)");
+  transform::RankGraph rank = transform::rank_graph(graph, *options.sharding, options.rank);
+  transform::verify_rank_graph(rank.graph, graph, *options.sharding, options.rank);
+  graph = std::move(rank.graph);
+}
+
+void split_stages_pass(ir::Graph& graph, const PipelineOptions& options) {
+  if (options.stage < 0 || options.stage >= options.stages)
+    throw support::ValidationError(
+        fmt::format("split-stages: stage {} of {} (give --stage=K/N with 0 <= K < N)", options.stage, options.stages));
+  const search::StageAssignment cut = search::assign_stages(graph, options.stages);
+  graph = std::move(transform::split_stages(graph, cut.stage_of_node, options.stages)[static_cast<std::size_t>(options.stage)]);
+}
+
 // The one place passes are registered, in the order a full pipeline runs them (and
 // --help lists them). Why each sits where it does:
 std::vector<PassEntry> make_registry() {
@@ -47,25 +67,33 @@ std::vector<PassEntry> make_registry() {
   // verify first: every later pass indexes values and nodes by id and trusts the
   // invariants of ir/graph.h, so a broken graph must stop here with a clear message.
   passes.push_back({{"verify", "check the structural invariants of the graph (ids, roles, topological order)"},
-                    [](ir::Graph& g) { ir::verify_graph(g); }});
+                    [](ir::Graph& g, const PipelineOptions&) { ir::verify_graph(g); }});
   // dce before the analyses: nodes that reach no output are removed first, so the
   // analyses neither spend time on them nor fail on a dead op they have no rule for.
   passes.push_back({{"dce", "remove nodes whose outputs reach no graph output (leaf values stay)"},
-                    [](ir::Graph& g) { transform::eliminate_dead_code(g); }});
+                    [](ir::Graph& g, const PipelineOptions&) { transform::eliminate_dead_code(g); }});
   // ---- analysis passes ----
   // check-shapes after dce: it checks every node against the op rules of csrc/ops,
   // so it must see the final set of nodes.
   passes.push_back({{"check-shapes", "check every node's shapes against its op's dimension rule"},
-                    [](ir::Graph& g) { analysis::check_shapes(ops::OpTable::builtin(), g); }});
+                    [](ir::Graph& g, const PipelineOptions&) { analysis::check_shapes(ops::OpTable::builtin(), g); }});
   // propagate-batch-dim after check-shapes: it reads shapes and assumes the op rules
   // hold, and it annotates types (batch_dim) that the passes below must keep.
   passes.push_back({{"propagate-batch-dim", "mark the batch dimension of every value reachable from a batch-marked one"},
-                    [](ir::Graph& g) { analysis::propagate_batch_dim(ops::OpTable::builtin(), g); }});
+                    [](ir::Graph& g, const PipelineOptions&) { analysis::propagate_batch_dim(ops::OpTable::builtin(), g); }});
   // ---- checks of the final form ----
   // json-roundtrip last: it proves the JSON form keeps everything the earlier passes
   // produced, annotations included.
   passes.push_back({{"json-roundtrip", "write the graph as JSON and read it back; fail if anything changed"},
-                    json_roundtrip});
+                    [](ir::Graph& g, const PipelineOptions&) { json_roundtrip(g); }});
+  // ---- rewrites under a plan ----
+  // rank-graph last: its output is another program (one rank's), and the passes above are
+  // for the captured one. It verifies its result against the global graph and the plan.
+  passes.push_back({{"rank-graph", "rewrite into one rank's program under a plan (needs --plan, --rank)"}, rank_graph_pass});
+  // split-stages cuts the captured graph (the pipeline's stages are cut before each stage's
+  // sub-mesh rewrite, as the runtime does).
+  passes.push_back({{"split-stages", "cut into pipeline stages balanced by FLOPs and keep one (needs --stage=K/N)"},
+                    split_stages_pass});
   return passes;
 }
 
@@ -106,14 +134,16 @@ std::vector<PassInfo> available_passes() {
   return out;
 }
 
-void run_pass(std::string_view name, ir::Graph& graph) { find_pass(name).run(graph); }
+void run_pass(std::string_view name, ir::Graph& graph, const PipelineOptions& options) {
+  find_pass(name).run(graph, options);
+}
 
 void run_passes(ir::Graph& graph, const std::vector<std::string>& passes, const PipelineOptions& options) {
   std::vector<const PassEntry*> resolved;
   for (const std::string& name : passes) resolved.push_back(&find_pass(name));
   if (options.verify_each) with_context("verifying the input graph", [&] { ir::verify_graph(graph); });
   for (const PassEntry* pass : resolved) {
-    with_context(fmt::format("pass '{}'", pass->info.name), [&] { pass->run(graph); });
+    with_context(fmt::format("pass '{}'", pass->info.name), [&] { pass->run(graph, options); });
     if (options.verify_each) {
       with_context(fmt::format("verifying after pass '{}'", pass->info.name), [&] { ir::verify_graph(graph); });
     }
@@ -122,9 +152,14 @@ void run_passes(ir::Graph& graph, const std::vector<std::string>& passes, const 
 }
 
 std::string run_pipeline(std::string_view ir_text, const std::vector<std::string>& passes, bool verify_each) {
-  ir::Graph graph = ir::parse_graph(ir_text);
   PipelineOptions options;
   options.verify_each = verify_each;
+  return run_pipeline(ir_text, passes, options);
+}
+
+std::string run_pipeline(std::string_view ir_text, const std::vector<std::string>& passes,
+                         const PipelineOptions& options) {
+  ir::Graph graph = ir::parse_graph(ir_text);
   run_passes(graph, passes, options);
   return ir::print_graph(graph);
 }

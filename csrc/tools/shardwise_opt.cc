@@ -1,6 +1,13 @@
 // shardwise-opt: reads a graph (text IR, or JSON), runs passes, prints the result.
 //
-//   shardwise-opt [--passes=a,b] [--verify-each] [--emit=text|json] [--print-after-each] FILE|-
+//   shardwise-opt [--passes=a,b] [--verify-each] [--emit=text|json] [--print-after-each]
+//                 [--plan=PLAN.json] [--rank=N] [--stage=K/N] FILE|-
+//
+// --plan reads a plan file (docs/plan-format.md) whose `sharding` section the rank-graph
+// pass rewrites for, on rank --rank (default 0):
+//   shardwise-opt --passes=rank-graph --plan=plan.json --rank=3 model.ir
+// --stage=K/N keeps stage K of N for the split-stages pass:
+//   shardwise-opt --passes=split-stages --stage=1/3 model.ir
 //
 // FILE is JSON when its name ends in .json; `-` reads stdin, as JSON when its first
 // non-blank character is '{' (text IR starts with `graph` or a comment). The result
@@ -22,6 +29,7 @@
 #include "ir/json.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "plan/plan.h"
 #include "support/error.h"
 #include "tools/pass_pipeline.h"
 
@@ -35,11 +43,16 @@ struct Options {
   bool print_after_each = false;
   bool emit_json = false;
   std::string file;
+  std::string plan;
+  int rank = 0;
+  int stage = 0;
+  int stages = 1;
 };
 
 std::string usage() {
   std::string out =
-      "usage: shardwise-opt [--passes=a,b] [--verify-each] [--emit=text|json] [--print-after-each] FILE|-\n"
+      "usage: shardwise-opt [--passes=a,b] [--verify-each] [--emit=text|json] [--print-after-each]\n"
+      "                     [--plan=PLAN.json] [--rank=N] [--stage=K/N] FILE|-\n"
       "passes:\n";
   for (const auto& p : shardwise::tools::available_passes()) out += fmt::format("  {:16} {}\n", p.name, p.help);
   return out;
@@ -65,6 +78,24 @@ bool parse_args(int argc, char** argv, Options& opts) {
       const std::string_view emit = arg.substr(7);
       if (emit != "text" && emit != "json") throw Error(fmt::format("--emit must be text or json, not '{}'", emit));
       opts.emit_json = emit == "json";
+    } else if (starts_with(arg, "--plan=")) {
+      opts.plan = std::string(arg.substr(7));
+    } else if (starts_with(arg, "--rank=")) {
+      try {
+        opts.rank = std::stoi(std::string(arg.substr(7)));
+      } catch (const std::exception&) {
+        throw Error(fmt::format("--rank must be an integer, not '{}'", arg.substr(7)));
+      }
+    } else if (starts_with(arg, "--stage=")) {
+      const std::string text(arg.substr(8));
+      const auto slash = text.find('/');
+      try {
+        if (slash == std::string::npos) throw std::invalid_argument(text);
+        opts.stage = std::stoi(text.substr(0, slash));
+        opts.stages = std::stoi(text.substr(slash + 1));
+      } catch (const std::exception&) {
+        throw Error(fmt::format("--stage must be K/N (stage K of N), not '{}'", text));
+      }
     } else if (arg != "-" && starts_with(arg, "-")) {
       throw Error(fmt::format("unknown option '{}' (see --help)", arg));
     } else {
@@ -110,6 +141,14 @@ int run(int argc, char** argv) {
   }
   shardwise::tools::PipelineOptions options;
   options.verify_each = opts.verify_each;
+  options.rank = opts.rank;
+  options.stage = opts.stage;
+  options.stages = opts.stages;
+  if (!opts.plan.empty()) {
+    const shardwise::plan::Plan plan = shardwise::plan::plan_from_json_string(read_input(opts.plan));
+    if (!plan.sharding) throw Error(fmt::format("{}: the plan has no sharding section", opts.plan));
+    options.sharding = plan.sharding;
+  }
   if (opts.print_after_each) {
     options.after_each = [&](std::string_view pass, const shardwise::ir::Graph& g) {
       std::cerr << fmt::format("// after pass '{}':\n", pass) << emit(g, opts.emit_json);

@@ -104,6 +104,45 @@ class Recorder : public RewriteBuilder {
   RankProgram& program_;
 };
 
+using Shape = std::vector<std::int64_t>;
+
+bool matches_shape(const ir::AttrValue& value, const Shape& shape) {
+  const auto* list = std::get_if<std::vector<std::int64_t>>(&value);
+  if (!list || list->empty() || list->size() != shape.size()) return false;
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if ((*list)[i] != shape[i] && (*list)[i] != -1) return false;
+  return true;
+}
+
+// The op's attributes with its shape arguments made local (see the header).
+ir::Attributes local_attrs(const ir::Attributes& attrs, const std::vector<Shape>& global_out,
+                           const std::vector<Shape>& local_out) {
+  ir::Attributes out = attrs;
+  if (global_out.empty() || global_out == local_out) return out;
+  const Shape& g0 = global_out[0];
+  const Shape& l0 = local_out[0];
+  if (g0 != l0)
+    for (const char* key : {"size", "sizes", "shape"}) {
+      auto it = out.find(key);
+      if (it == out.end() || !matches_shape(it->second, g0)) continue;
+      auto& list = std::get<std::vector<std::int64_t>>(it->second);
+      for (std::size_t i = 0; i < list.size(); ++i)
+        if (list[i] != -1) list[i] = l0[i];
+    }
+  auto dim_it = out.find("dim");
+  if (local_out.size() > 1 && dim_it != out.end() && std::holds_alternative<std::int64_t>(dim_it->second) &&
+      !l0.empty()) {
+    const auto rank = static_cast<std::int64_t>(l0.size());
+    const auto dim = static_cast<std::size_t>(((std::get<std::int64_t>(dim_it->second) % rank) + rank) % rank);
+    std::vector<std::int64_t> sizes;
+    for (const Shape& o : local_out) sizes.push_back(o[dim]);
+    if (auto it = out.find("split_size"); it != out.end() && std::holds_alternative<std::int64_t>(it->second))
+      it->second = sizes[0];
+    if (auto it = out.find("split_sizes"); it != out.end()) it->second = sizes;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string_view node_mode_name(NodeMode mode) {
@@ -295,6 +334,15 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       uneven(spec, out);
       produced[static_cast<std::size_t>(out.id)] = spec;
       rw.outputs.push_back({out.name, spec, local_shape(out, spec), scale});
+    }
+    rw.attrs = node.attrs;
+    if (rw.mode == NodeMode::Local) {
+      std::vector<std::vector<std::int64_t>> global_out, local_out;
+      for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+        global_out.push_back(graph.value(node.outputs[o]).type.shape);
+        local_out.push_back(rw.outputs[o].local_shape);
+      }
+      rw.attrs = local_attrs(node.attrs, global_out, local_out);
     }
   }
 

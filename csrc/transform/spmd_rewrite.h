@@ -112,6 +112,10 @@ struct NodeRewrite {
   std::optional<CountedRewrite> counted;
   std::vector<OperandRewrite> inputs;
   std::vector<OutputRewrite> outputs;
+  // The node's attributes on this rank: a local node's shape arguments (size, sizes, shape: a
+  // list equal to the whole output shape, -1 kept; split_size(s) along the split dim) become
+  // its local output's; other attributes, and other modes' nodes, as captured.
+  ir::Attributes attrs;
 };
 
 // A leaf (parameter, buffer, constant, input) as the rank holds it.

@@ -121,20 +121,25 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def launch_lines(ranks_per_node: list[int], script: list[str], endpoint: str) -> list[tuple[str, list[str]]]:
+def launch_lines(ranks_per_node: list[int], script: list[str], endpoint: str,
+                 max_restarts: int = 0) -> list[tuple[str, list[str]]]:
     """torchrun's command for each kind of node the plan runs on: (which nodes, argv). One node:
     --standalone (a free port on this machine). Several: every node runs the same line against
     one c10d rendezvous at `endpoint` (the first node's address and a free port on it); nodes
-    with another device count get a line of their own (torchrun's --nnodes counts them all)."""
+    with another device count get a line of their own (torchrun's --nnodes counts them all).
+    `max_restarts`: torchrun restarts every rank that many times after a failure (the script
+    resumes from its checkpoint, README "Restarts")."""
+    restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
     if len(ranks_per_node) == 1:
-        return [("this machine", ["torchrun", "--standalone", "--nproc-per-node", str(ranks_per_node[0]), *script])]
+        return [("this machine", ["torchrun", "--standalone", "--nproc-per-node", str(ranks_per_node[0]), *restarts,
+                                  *script])]
     lines = []
     for count in dict.fromkeys(ranks_per_node):  # distinct counts, in node order
         nodes = [i for i, n in enumerate(ranks_per_node) if n == count]
         which = "every node" if len(nodes) == len(ranks_per_node) else f"nodes {_ranges(nodes)}"
         lines.append((which, ["torchrun", "--nnodes", str(len(ranks_per_node)), "--nproc-per-node", str(count),
                               "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "shardwise",
-                              *script]))
+                              *restarts, *script]))
     return lines
 
 
@@ -177,8 +182,13 @@ def run_run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
     else:
         ranks_per_node = [1] * (args.nnodes or 1)
-    lines = launch_lines(ranks_per_node, script, args.rdzv_endpoint)
-    env = ["env", f"SHARDWISE_PLAN={os.path.abspath(args.plan)}"] if args.plan else []  # parallelize loads it
+    lines = launch_lines(ranks_per_node, script, args.rdzv_endpoint, args.max_restarts)
+    env = [f"SHARDWISE_PLAN={os.path.abspath(args.plan)}"] if args.plan else []  # parallelize loads it
+    if args.max_restarts:
+        # A restarted attempt must not read the failed attempt's addresses from the agent's
+        # shared TCP store: its init_process_group then fails or hangs (pytorch/pytorch#135712).
+        env.append("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+    env = ["env", *env] if env else []
     if len(ranks_per_node) > 1:
         print(f"# {sum(ranks_per_node)} ranks on {len(ranks_per_node)} nodes; run on each node (the endpoint: the "
               "first node's address and a free port on it)")
@@ -226,5 +236,8 @@ def add_parsers(sub) -> None:
     r.add_argument("--nnodes", type=int, help="nodes (default: the plan's, else 1)")
     r.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500",
                    help="several nodes: the c10d rendezvous, the first node's HOST:PORT (default %(default)s)")
+    r.add_argument("--max-restarts", type=int, default=0,
+                   help="restart every rank up to N times after a failure (the script must resume from its "
+                        "checkpoint); sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (pytorch/pytorch#135712)")
     r.add_argument("--exec", action="store_true")
     r.set_defaults(run=run_run)

@@ -108,6 +108,12 @@ def test_the_launch_line_follows_the_nodes_the_plan_was_priced_on(tmp_path):
     one = shardwise.plan(graph, shardwise.Cluster.preset("cpu", 4), global_batch=8)
     assert json.loads(one.to_json())["predicted"]["ranks_per_node"] == [4]
     assert "torchrun --standalone --nproc-per-node 4 train.py" in launch(one)
+    assert "TORCH_DISABLE" not in launch(one)
+    # Restarts: torchrun's --max-restarts, with the restarted attempt kept off the failed one's
+    # shared store (pytorch/pytorch#135712; test_checkpoint's restart test runs it so).
+    restarting = launch(one, "--max-restarts", "3")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 4 --max-restarts 3 train.py" \
+        in restarting, restarting
     # A node of 4 and a node of 2: a line for each kind of node, both counting 2 nodes.
     doc = json.loads(shardwise.Cluster.preset("cpu", 4).to_json())
     doc["nodes"] = [{"count": 4, "device": "cpu"}, {"count": 2, "device": "cpu"}]

@@ -88,55 +88,34 @@ def _substitute(value: Any, operands) -> Any:
     return value
 
 
-def _matches_shape(value: Any, shape: list[int]) -> bool:
-    return (isinstance(value, (list, tuple)) and len(value) == len(shape) and len(shape) > 0
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-            and all(v == s or v == -1 for v, s in zip(value, shape)))
-
-
-def _call_parts(src: torch.fx.Node, operands: list, local_out: list[list[int]], global_out: list[list[int]]):
+def _call_parts(src: torch.fx.Node, operands: list, local_attrs: dict):
     """(args, kwargs) of the source node's call with the operands substituted in schema
-    order (the IR's input order) and shape arguments made local: a size list equal to the
-    output's whole shape (view, reshape, expand, new_zeros: -1 allowed) becomes the local
-    shape; split sizes become the local outputs' sizes along the split dim."""
+    order (the IR's input order) and the arguments the core made local (the rank program's
+    `local_attrs`: shape arguments at the local output's sizes, spmd_rewrite.h) set by name:
+    a schema argument's name, or `arg<i>` / a keyword for a call without a schema (the names
+    the capture gave them, _fx_import)."""
     it = iter(operands)
     target = src.target
     if isinstance(target, torch._ops.OpOverload):
         schema = target._schema
         args, kwargs = [], {}
         names = {a.name: a for a in schema.arguments}
-        items = _schema_args(src)
-        for name, value in items:
+        for name, value in _schema_args(src):
             value = _substitute(value, it)
             if names[name].kwarg_only:
                 kwargs[name] = value
             else:
                 args.append(value)
-        named = dict(items)
-    else:
-        args = [_substitute(a, it) for a in src.args]
-        kwargs = {k: _substitute(v, it) for k, v in src.kwargs.items()}
-        items, named = [], {}
-    if local_out and local_out != global_out:
-        g0, l0 = global_out[0], local_out[0]
-
-        def fix(value):
-            return list(l0) if l0 != g0 and _matches_shape(value, g0) else value
-
-        args = [fix(a) for a in args]
-        kwargs = {k: fix(v) for k, v in kwargs.items()}
-        if len(local_out) > 1 and "dim" in named:
-            dim = named["dim"] % len(l0)
-            for key in ("split_size", "split_sizes"):
-                position = next((i for i, (n, _) in enumerate(items) if n == key), None)
-                if position is None:
-                    continue
-                sizes = [o[dim] for o in local_out]
-                new = sizes[0] if key == "split_size" else sizes
-                if key in kwargs:
-                    kwargs[key] = new
-                else:
-                    args[position] = new
+        for name, value in local_attrs.items():
+            args, kwargs = _with_argument(src, args, kwargs, name, value)
+        return args, kwargs
+    args = [_substitute(a, it) for a in src.args]
+    kwargs = {k: _substitute(v, it) for k, v in src.kwargs.items()}
+    for name, value in local_attrs.items():
+        if name.startswith("arg") and name[3:].isdigit() and int(name[3:]) < len(args):
+            args[int(name[3:])] = value
+        else:
+            kwargs[name] = value
     return args, kwargs
 
 
@@ -167,7 +146,7 @@ def _meta_check(src: torch.fx.Node, node: dict, indices) -> bool:
         return True  # nothing local about it
     operands = [torch.empty(op["local_shape"], dtype=val.dtype, device="meta")
                 for op, val in zip(node["inputs"], whole_operands)]
-    args, kwargs = _call_parts(src, operands, local_out, global_out)
+    args, kwargs = _call_parts(src, operands, node["local_attrs"])
     meta = torch.device("meta")  # a device argument (to(device=cpu)) would leave the meta device
     args = [meta if isinstance(a, torch.device) else a for a in args]
     kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in kwargs.items()}
@@ -287,8 +266,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         for i, op in enumerate(node["inputs"]):
             captured = captured_operands[i] if i < len(captured_operands) else None
             value = env[op["value"]]
-            fwd = tuple(s["text"] for s in op["forward"])
-            bwd = tuple(s["text"] for s in op["backward"])
+            fwd = _step_texts(root, op["forward"])
+            bwd = _step_texts(root, op["backward"])
             if i in written and op["value"] in leaves and (fwd or value.op != "get_attr"):
                 # The call writes a copy of the rank's buffer (its block for a split node, or a
                 # cast): the write is copied back into the buffer after it (below). A copy of
@@ -312,8 +291,6 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             for identity in reversed(identities):
                 value = graph.call_function(identity.target, (value,), dict(identity.kwargs))
             operands.append(value)
-        local_out = [o["local_shape"] for o in node["outputs"]]
-        global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
         if node["mode"] == "lookup":
             table = node["inputs"][0]
             runs = _C.local_shard(list(src.args[0].meta["val"].shape), table["required"], sizes, rank)["dims"][0]
@@ -323,14 +300,14 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         elif src.target in _MASKS | _LIKE and _draws(src) and node["inputs"][0]["local_shape"] != list(
                 src.args[0].meta["val"].shape) or (src.target in _MASKS and _draws(src) and any(
                     p.startswith("P") for p in node["inputs"][0]["required"])):
-            args, kwargs = _call_parts(src, operands, local_out, global_out)
+            args, kwargs = _call_parts(src, operands, node["local_attrs"])
             index = local_index(tuple(src.args[0].meta["val"].shape), _whole_index(node["inputs"][0]["required"]),
                                 sizes, rank)
             index = tuple(tuple(i.tolist()) if isinstance(i, torch.Tensor) else i for i in index)
             call = graph.call_module("one_device_random", (args[0], str(src.target), tuple(args[1:]), kwargs,
                                                            tuple(src.args[0].meta["val"].shape), index))
         else:
-            args, kwargs = _call_parts(src, operands, local_out, global_out)
+            args, kwargs = _call_parts(src, operands, node["local_attrs"])
             if first in counts:  # the sum over this rank's rows, times its share of the whole count
                 args, kwargs = _with_argument(src, args, kwargs, "reduction", 2)
             call = graph.call_function(src.target, tuple(args), kwargs)
@@ -339,7 +316,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 call = graph.call_function(operator.truediv, (graph.call_function(operator.mul, (call, float(shares))),
                                                               counts[first]))
         for name, value, required in write_backs:
-            _write_back(graph, name, value, required, leaves[name]["placement"])
+            _write_back(graph, root, name, value, required, leaves[name]["placement"])
         if indices is None:
             env[first] = call
         else:
@@ -351,8 +328,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     results = []
     for out in outputs:
         value = env[out["value"]]
-        fwd = tuple(s["text"] for s in out.get("forward", ()))
-        bwd = tuple(s["text"] for s in out.get("backward", ()))
+        fwd = _step_texts(root, out.get("forward", ()))
+        bwd = _step_texts(root, out.get("backward", ()))
         results.append(graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value)
     graph.output(tuple(results))
     module = torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{rank}Program")
@@ -360,7 +337,12 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     return module
 
 
-def _write_back(graph: torch.fx.Graph, name: str, value: torch.fx.Node, required: list[str],
+def _step_texts(root: torch.nn.Module, steps) -> tuple[str, ...]:
+    """The texts the program names `steps` by, each registered with root.reshard."""
+    return tuple(root.reshard.step(s) for s in steps)
+
+
+def _write_back(graph: torch.fx.Graph, root: torch.nn.Module, name: str, value: torch.fx.Node, required: list[str],
                 placement: list[str]) -> None:
     """After a call that wrote `value`, the rank's copy of leaf `name` read in placement
     `required` (the block of batch norm's running statistics a channel-split node updates),
@@ -369,7 +351,7 @@ def _write_back(graph: torch.fx.Graph, name: str, value: torch.fx.Node, required
     if any(p.startswith("P") for p in required):
         raise ValidationError(f"parallelize: the program writes '{name}' in place as a partial sum ({required}); "
                               "a buffer's update must be read whole or as a block")
-    steps = tuple(s["text"] for s in _C.reshard_actions(list(required), list(placement)))
+    steps = _step_texts(root, _C.reshard_actions(list(required), list(placement)))
     if steps:
         value = graph.call_module("reshard", (value, steps, ()))
     graph.call_method("copy_", (graph.get_attr(name), value))
@@ -402,17 +384,26 @@ def _random_on_shards(src: torch.fx.Node, node: dict) -> bool:
 
 
 def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bool = False) -> tuple[dict, list[str]]:
-    """The core's program for `rank` (of the plan's mesh); nodes whose local call fails its
-    shape check on meta tensors are asked to run whole. Returns it and the nodes run whole.
-    `adapt_to_shapes`: the plan was made at other batch shapes (spmd_rewrite.h)."""
+    """The core's program for `rank` (of the plan's mesh). The core runs whole the nodes the
+    plan splits where the runtime has no distributed kernel and those whose local call its
+    ops' shape rules refuse (rank_graph.h). Two cases are the runtime's, as only torch knows
+    them: an op the core has no shape rule for (``shape_checked`` false), whose local call is
+    checked here on meta tensors, and a seeded random op whose draws cannot be one device's
+    on these operands (_random_on_shards). Those are asked to run whole too. Returns the
+    program and the nodes run whole. `adapt_to_shapes`: the plan was made at other batch
+    shapes (spmd_rewrite.h)."""
     program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes)
-    whole = []
+    runtime_whole = []
     for n in program["nodes"]:
         src, indices = builder.sources[n["outputs"][0]["value"]]
-        if n["mode"] == "local" and (not _meta_check(src, n, indices) or _random_on_shards(src, n)):
-            whole.append(n["outputs"][0]["value"])
-    if whole:
-        program = _C.rank_program(graph._core, plan_json, rank, whole, adapt_to_shapes=adapt_to_shapes)
+        if n["mode"] != "local":
+            continue
+        if (not n["shape_checked"] and not _meta_check(src, n, indices)) or _random_on_shards(src, n):
+            runtime_whole.append(n["outputs"][0]["value"])
+    if runtime_whole:
+        log.info("rank %d: the runtime runs %d more nodes whole (no shape rule in the core, or random draws on "
+                 "shards): %s", rank, len(runtime_whole), ", ".join(runtime_whole[:8]))
+        program = _C.rank_program(graph._core, plan_json, rank, runtime_whole, adapt_to_shapes=adapt_to_shapes)
     whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
     if whole:
         log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),

@@ -1,52 +1,19 @@
 """Resharding steps (csrc/transform/reshard_actions.h) run on tensors, with their autograd.
 
 A rank program's operand carries its forward steps (the producer's placement to the
-reader's) and its backward steps (the reader's gradient to the value's canonical one), as
-text such as "all_gather(axis 1, dim 0, g3)"; each step is one collective of
-``torch.ops.shardwise`` on the axis' group, or a local slice / scale.
+reader's) and its backward steps (the reader's gradient to the value's canonical one), each
+a typed dict from the core ({"kind", "axis", "dim", "groups", "concat_dim", "reduce",
+"scale_power", "ratios", "text"}); each step is one collective of ``torch.ops.shardwise`` on
+the axis' group, or a local slice / scale. The printed program names a step by its text
+("all_gather(axis 1, dim 0, g3)"); the Reshard module holds the typed step of each text.
 """
 from __future__ import annotations
-
-import functools
-import re
-from typing import Any
 
 import torch
 
 from .. import _C
 from .._C import ValidationError
 from .mesh import _Mesh
-
-_STEP = re.compile(r"^(\w+)\(axis (\d+)(?:, (.*))?\)$")
-
-
-@functools.lru_cache(maxsize=None)
-def _parse_step(text: str) -> tuple:
-    """'all_gather(axis 1, dim 0, g3)' -> ('all_gather', 1, {'dim': 0, 'groups': 3})."""
-    m = _STEP.match(text)
-    if not m:
-        raise ValidationError(f"unreadable resharding step {text!r}")
-    kind, axis, rest = m.group(1), int(m.group(2)), m.group(3) or ""
-    args: dict[str, Any] = {"groups": 1}
-    for part in filter(None, (p.strip() for p in re.split(r", (?=[a-z]|n\^|g\d)", rest))):
-        if part.startswith("dim "):
-            args["dim"] = int(part[4:])
-        elif part.startswith("split "):
-            args["dim"] = int(part[6:])
-        elif part.startswith("concat "):
-            args["concat_dim"] = int(part[7:])
-        elif part.startswith("ratios "):
-            args["ratios"] = [float(r) for r in part[7:].split(",")]
-        elif re.fullmatch(r"g\d+", part):
-            args["groups"] = int(part[1:])
-        elif part.startswith("n^"):
-            args["power"] = int(part[2:])
-        elif part in ("sum", "mean"):
-            args["reduce"] = part
-        else:
-            raise ValidationError(f"unreadable resharding step {text!r} (at {part!r})")
-    return kind, axis, args
-
 
 def _grouped(x: torch.Tensor, dim: int, groups: int) -> tuple[torch.Tensor, int]:
     """`x` with `dim` viewed as [groups, size / groups] (strided shards), and the dim to cut."""
@@ -57,11 +24,11 @@ def _ungrouped(x: torch.Tensor, dim: int, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.flatten(dim, dim + 1)
 
 
-def _apply_step(x: torch.Tensor, text: str, mesh: _Mesh) -> torch.Tensor:
-    kind, axis, a = _parse_step(text)
+def _apply_step(x: torch.Tensor, step: dict, mesh: _Mesh) -> torch.Tensor:
+    kind, axis, a = step["kind"], step["axis"], step
     n, k, group = mesh.sizes[axis], mesh.coords[axis], mesh.group_names[axis]
     ops = torch.ops.shardwise
-    if kind == "all_gather" and "ratios" in a:  # uneven blocks: pad to the longest, gather, trim
+    if kind == "all_gather" and a["ratios"]:  # uneven blocks: pad to the longest, gather, trim
         d = a["dim"]
         sizes = ops.all_gather(torch.tensor([x.shape[d]], dtype=torch.int64, device=x.device), 0, group).tolist()
         longest = max(sizes)
@@ -82,7 +49,7 @@ def _apply_step(x: torch.Tensor, text: str, mesh: _Mesh) -> torch.Tensor:
     if kind == "slice":
         y, d = _grouped(x, a["dim"], a["groups"])
         length = y.shape[d]
-        if "ratios" in a:
+        if a["ratios"]:
             cumulative = [0.0]
             for r in a["ratios"]:
                 cumulative.append(cumulative[-1] + r)
@@ -94,11 +61,11 @@ def _apply_step(x: torch.Tensor, text: str, mesh: _Mesh) -> torch.Tensor:
     if kind == "zero_others":
         return x if k == 0 else torch.zeros_like(x)
     if kind == "scale":
-        return x * float(n) ** a["power"]
-    raise ValidationError(f"unknown resharding step {text!r}")
+        return x * float(n) ** a["scale_power"]
+    raise ValidationError(f"unknown resharding step {step['text']!r}")
 
 
-def _apply_steps(x: torch.Tensor, steps: tuple[str, ...], mesh: _Mesh) -> torch.Tensor:
+def _apply_steps(x: torch.Tensor, steps: tuple[dict, ...], mesh: _Mesh) -> torch.Tensor:
     for step in steps:
         x = _apply_step(x, step, mesh)
     return x
@@ -106,8 +73,7 @@ def _apply_steps(x: torch.Tensor, steps: tuple[str, ...], mesh: _Mesh) -> torch.
 
 def gather_whole(x: torch.Tensor, placement: list[str], mesh: _Mesh) -> torch.Tensor:
     """The whole tensor from this rank's shard `x` placed `placement` (collective on the mesh)."""
-    steps = tuple(s["text"] for s in _C.reshard_actions(placement, ["R"] * len(mesh.sizes)))
-    return _apply_steps(x, steps, mesh)
+    return _apply_steps(x, tuple(_C.reshard_actions(placement, ["R"] * len(mesh.sizes))), mesh)
 
 
 class _ReshardFn(torch.autograd.Function):
@@ -128,14 +94,22 @@ class _ReshardFn(torch.autograd.Function):
 
 
 class Reshard(torch.nn.Module):
-    """``self.reshard(x, forward_steps, backward_steps)`` in the printed rank program."""
+    """``self.reshard(x, forward_steps, backward_steps)`` in the printed rank program: the
+    steps named by their texts, each registered (``step``) with its typed form when lowered."""
 
     def __init__(self, mesh: _Mesh):
         super().__init__()
         self._mesh = mesh
+        self._steps: dict[str, dict] = {}
+
+    def step(self, step: dict) -> str:
+        """Registers a typed step; returns the text the program names it by."""
+        self._steps.setdefault(step["text"], step)
+        return step["text"]
 
     def forward(self, x: torch.Tensor, forward_steps: tuple, backward_steps: tuple) -> torch.Tensor:
         if not forward_steps and not backward_steps:
             return x
-        return _ReshardFn.apply(x, tuple(forward_steps), tuple(backward_steps), self._mesh)
+        return _ReshardFn.apply(x, tuple(self._steps[t] for t in forward_steps),
+                                tuple(self._steps[t] for t in backward_steps), self._mesh)
 

@@ -2,6 +2,10 @@
 //
 // File format:
 //   // RUN: pass1,pass2        (first line; the list may be empty: `// RUN:`)
+//   // PLAN: {...}             (optional, any number of lines: a plan's sharding section as
+//                              JSON, the lines joined, for the rank-graph pass)
+//   // RANK: 3                 (optional: the rank the rank-graph pass rewrites for; 0)
+//   // STAGE: 1 of 3           (optional: the stage the split-stages pass keeps, of how many)
 //   <input graph, text IR>
 //   // EXPECT:
 //   <expected printed graph after the passes>
@@ -59,6 +63,9 @@ struct GoldenCase {
   std::vector<std::string> passes;
   std::string input;
   std::string expected;  // ends with exactly one '\n', like print_graph
+  std::string plan;      // the `// PLAN:` lines joined
+  int rank = 0;
+  int stage = 0, stages = 1;
 };
 
 // Fails the test (and returns false) when the file does not follow the format.
@@ -82,6 +89,13 @@ bool split_golden(const std::string& text, GoldenCase& out) {
       in_expect = true;
       continue;
     }
+    if (!in_expect && line.rfind("// PLAN:", 0) == 0) out.plan += line.substr(8) + "\n";
+    if (!in_expect && line.rfind("// RANK:", 0) == 0) out.rank = std::stoi(line.substr(8));
+    if (!in_expect && line.rfind("// STAGE:", 0) == 0) {
+      std::istringstream words(line.substr(9));
+      std::string of;
+      words >> out.stage >> of >> out.stages;
+    }
     (in_expect ? out.expected : out.input) += line + "\n";
   }
   if (!in_expect) {
@@ -100,7 +114,13 @@ TEST_P(GoldenTest, MatchesExpectedOutput) {
 
   std::string actual;
   try {
-    actual = run_pipeline(c.input, c.passes, /*verify_each=*/true);
+    PipelineOptions options;
+    options.verify_each = true;
+    options.rank = c.rank;
+    options.stage = c.stage;
+    options.stages = c.stages;
+    if (!c.plan.empty()) options.sharding = plan::sharding_section_from_json(nlohmann::json::parse(c.plan));
+    actual = run_pipeline(c.input, c.passes, options);
   } catch (const support::Error& e) {
     FAIL() << GetParam() << ": the pipeline failed: " << e.what();
   }
@@ -152,7 +172,8 @@ TEST(PassPipelineTest, ListsThePasses) {
     names.push_back(p.name);
     EXPECT_FALSE(p.help.empty()) << p.name;
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"verify", "dce", "check-shapes", "propagate-batch-dim", "json-roundtrip"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"verify", "dce", "check-shapes", "propagate-batch-dim", "json-roundtrip",
+                                             "rank-graph", "split-stages"}));
 }
 
 TEST(PassPipelineTest, UnknownPassListsKnownOnes) {
@@ -161,7 +182,9 @@ TEST(PassPipelineTest, UnknownPassListsKnownOnes) {
     run_pass("cse", g);
     FAIL() << "no error";
   } catch (const support::Error& e) {
-    EXPECT_STREQ(e.what(), "unknown pass 'cse' (known passes: verify, dce, check-shapes, propagate-batch-dim, json-roundtrip)");
+    EXPECT_STREQ(e.what(),
+                 "unknown pass 'cse' (known passes: verify, dce, check-shapes, propagate-batch-dim, json-roundtrip, "
+                 "rank-graph, split-stages)");
   }
   // Names are checked before any pass runs: dce must not have run.
   EXPECT_THROW(run_passes(g, {"dce", "nope"}), support::Error);

@@ -1,0 +1,56 @@
+#include "search/stage_assignment.h"
+
+#include <fmt/format.h>
+
+#include "analysis/flops.h"
+#include "analysis/repeated_blocks.h"
+#include "ops/op_table.h"
+#include "search/stage_partition.h"
+#include "support/error.h"
+
+namespace shardwise::search {
+
+StageAssignment assign_stages(const ir::Graph& graph, int stages, const std::vector<int>& layers_per_stage) {
+  if (stages < 1) throw support::ValidationError(fmt::format("pipeline stages: {} stages (at least 1)", stages));
+  std::vector<double> cost, memory(graph.nodes().size(), 0.0);
+  for (const ir::Node& node : graph.nodes())
+    cost.push_back(static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).total) + 1.0);
+  StageAssignment out;
+  if (layers_per_stage.empty()) {
+    StagePartitionProblem problem = problem_from_graph(graph, cost, memory);
+    problem.stages = stages;
+    std::vector<int> cuts = block_boundary_cuts(graph);
+    if (static_cast<int>(cuts.size()) >= stages - 1) problem.cut_candidates = std::move(cuts);
+    StagePartition partition = partition_stages(problem);
+    out.stage_of_node = std::move(partition.stage_of_node);
+    out.stage_cost = std::move(partition.stage_cost);
+    return out;
+  }
+  std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
+  const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
+  const int total = layers != nullptr ? static_cast<int>(layers->nodes.size()) : 0;
+  int sum = 0;
+  for (int n : layers_per_stage) {
+    if (n < 1) throw support::ValidationError(fmt::format("pipeline_stages: every stage needs a layer, got {}", n));
+    sum += n;
+  }
+  if (static_cast<int>(layers_per_stage.size()) != stages || sum != total)
+    throw support::ValidationError(fmt::format(
+        "pipeline_stages: layers_per_stage has {} entries summing to {}; the graph has {} layers for {} stages",
+        layers_per_stage.size(), sum, total, stages));
+  std::vector<ir::NodeId> starts;  // first node of stages 1..
+  for (int k = 0, first = 0; k + 1 < stages; ++k) {
+    first += layers_per_stage[static_cast<std::size_t>(k)];
+    starts.push_back(layers->nodes[static_cast<std::size_t>(first)].front());
+  }
+  out.stage_cost.assign(static_cast<std::size_t>(stages), 0.0);
+  int stage = 0;
+  for (const ir::Node& node : graph.nodes()) {
+    while (stage + 1 < stages && node.id >= starts[static_cast<std::size_t>(stage)]) ++stage;
+    out.stage_of_node.push_back(stage);
+    out.stage_cost[static_cast<std::size_t>(stage)] += cost[static_cast<std::size_t>(node.id)];
+  }
+  return out;
+}
+
+}  // namespace shardwise::search

@@ -1,0 +1,381 @@
+#include "transform/rank_graph.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <optional>
+#include <set>
+
+#include "ops/node_rule.h"
+#include "ops/op_table.h"
+#include "search/placement.h"
+#include "support/error.h"
+#include "transform/local_shard.h"
+
+namespace shardwise::transform {
+namespace {
+
+using search::Placement;
+using search::ShardingSpec;
+using support::ValidationError;
+using Shape = std::vector<std::int64_t>;
+
+constexpr std::string_view kWholeAttr = "shardwise.whole";
+
+std::vector<std::string> texts(const ShardingSpec& spec) {
+  std::vector<std::string> out;
+  for (const auto& p : spec) out.push_back(p.str());
+  return out;
+}
+
+// The placement of a value after one resharding step on it (reshard_actions.h's table).
+void apply_step(ShardingSpec& spec, const ReshardAction& step) {
+  Placement& p = spec[static_cast<std::size_t>(step.axis)];
+  switch (step.kind) {
+    case ReshardKind::AllGather:
+    case ReshardKind::AllReduce: p = Placement::replicate(); break;
+    case ReshardKind::ReduceScatter: p = Placement::shard(step.dim, step.groups); break;
+    case ReshardKind::AllToAll: p = Placement::shard(step.dim); break;
+    case ReshardKind::Slice:
+      p = Placement::shard(step.dim, step.groups);
+      p.ratios = step.ratios;
+      break;
+    case ReshardKind::ZeroOthers: p = Placement::partial(); break;
+    case ReshardKind::Scale:
+      p = Placement::partial(step.scale_power < 0 ? ops::Reduction::Sum : ops::Reduction::Mean);
+      break;
+  }
+}
+
+ir::Attributes step_attrs(const ReshardAction& step, const std::vector<int>& mesh, int rank, bool backward) {
+  ir::Attributes a;
+  a["axis"] = std::int64_t{step.axis};
+  a["group"] = axis_group(mesh, step.axis, rank);
+  switch (step.kind) {
+    case ReshardKind::AllGather:
+    case ReshardKind::ReduceScatter:
+    case ReshardKind::Slice:
+      a["dim"] = std::int64_t{step.dim};
+      if (step.groups > 1) a["groups"] = step.groups;
+      if (!step.ratios.empty()) a["ratios"] = step.ratios;
+      break;
+    case ReshardKind::AllReduce: a["reduce"] = step.reduce; break;
+    case ReshardKind::AllToAll:
+      a["dim"] = std::int64_t{step.dim};
+      a["concat_dim"] = std::int64_t{step.concat_dim};
+      break;
+    case ReshardKind::ZeroOthers: break;
+    case ReshardKind::Scale: a["power"] = std::int64_t{step.scale_power}; break;
+  }
+  if (backward) a["pass"] = std::string("backward");
+  return a;
+}
+
+// Emits the rank program into an ir::Graph.
+class GraphEmitter : public RewriteBuilder {
+ public:
+  GraphEmitter(const ir::Graph& global, const plan::Sharding& sharding, int rank)
+      : global_(global), sharding_(sharding), rank_(rank) {}
+
+  ir::Graph take() { return std::move(graph_); }
+  std::vector<std::string> whole;
+
+  void leaf(const LeafRewrite& leaf) override {
+    const ir::Value& v = global_value(leaf.value);
+    ir::TensorType type = v.type;
+    type.shape = leaf.local_shape;
+    graph_.add_value(v.name, type, v.role);
+    if (!leaf.reduce_axes.empty()) reductions_.push_back(leaf);
+  }
+
+  void node(const NodeRewrite& rw) override {
+    const ir::Node& node = global_.node(rw.node);
+    std::vector<ir::ValueId> inputs;
+    for (const OperandRewrite& op : rw.inputs) inputs.push_back(resharded(op, node.module_path));
+    std::vector<Shape> global_out, local_out;
+    for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+      global_out.push_back(global_.value(node.outputs[o]).type.shape);
+      local_out.push_back(rw.outputs[o].local_shape);
+    }
+    std::string op = node.op;
+    ir::Attributes attrs = rw.attrs;
+    if (rw.mode == NodeMode::Whole) {
+      attrs[std::string(kWholeAttr)] = true;
+      whole.push_back(global_.value(node.outputs[0]).name);
+    }
+    if (rw.mode == NodeMode::Lookup) {
+      // The table's rows this rank holds: its block of dim 0 (one run: the vocabulary is cut
+      // in consecutive blocks).
+      const OperandRewrite& table = rw.inputs[0];
+      const LocalShard shard =
+          local_shard(global_.value(node.inputs[0]).type.shape, texts(table.required), sharding_.mesh, rank_);
+      op = "shardwise::embedding_lookup";
+      attrs["start"] = shard.dims[0].front().first;
+      attrs["stop"] = shard.dims[0].back().second;
+    }
+    const bool counted = rw.counted && rw.counted->shares > 1;
+    if (counted) attrs["reduction"] = std::int64_t{2};
+    std::vector<ir::OutputSpec> outputs;
+    for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+      const ir::Value& v = global_.value(node.outputs[o]);
+      ir::TensorType type = v.type;
+      type.shape = local_out[o];
+      std::string name = v.name;
+      if (counted && o == 0) name += ".sum";
+      if (rw.outputs[o].scale != 1.0) name += ".share";
+      outputs.push_back({name, type});
+    }
+    const ir::NodeId id = graph_.add_node(op, inputs, outputs, attrs, node.module_path);
+    for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+      const ir::Value& v = global_.value(node.outputs[o]);
+      ir::ValueId out = graph_.node(id).outputs[o];
+      if (counted && o == 0) {
+        const ir::ValueId count =
+            graph_.add_value(v.name + ".count", ir::TensorType{ir::DType::I64, {}, std::nullopt}, ir::ValueRole::Input);
+        out = single(graph_.add_node("shardwise::counted_mean", {out, count},
+                                     {{rw.outputs[o].scale != 1.0 ? v.name + ".share" : v.name, graph_.value(out).type}},
+                                     {{"shares", std::int64_t{rw.counted->shares}}}, node.module_path));
+      }
+      if (rw.outputs[o].scale != 1.0)
+        out = single(graph_.add_node("aten::mul.Scalar", {out}, {{v.name, graph_.value(out).type}},
+                                     {{"other", rw.outputs[o].scale}}, node.module_path));
+      (void)out;
+    }
+  }
+
+  void output(const OperandRewrite& out) override { outputs_.push_back(resharded(out, "")); }
+
+  void finish() {
+    graph_.set_outputs(outputs_);
+    for (const LeafRewrite& leaf : reductions_) {
+      std::vector<std::int64_t> axes(leaf.reduce_axes.begin(), leaf.reduce_axes.end());
+      std::vector<std::int64_t> sizes;
+      for (int a : leaf.reduce_axes) sizes.push_back(sharding_.mesh[static_cast<std::size_t>(a)]);
+      graph_.add_node("shardwise::reduce_gradient", {*graph_.find_value(leaf.value)}, {},
+                      {{"axes", axes}, {"reduce", std::string("sum")}}, "");
+    }
+  }
+
+ private:
+  ir::ValueId single(ir::NodeId id) const { return graph_.node(id).outputs[0]; }
+
+  const ir::Value& global_value(const std::string& name) const {
+    return global_.value(*global_.find_value(name));
+  }
+
+  // The value `op` reads: the producer's, or the last node of its resharding region (the
+  // region's nodes carry the module path of the first reader that needs it).
+  ir::ValueId resharded(const OperandRewrite& op, const std::string& module) {
+    const ir::ValueId source = *graph_.find_value(op.value);
+    if (op.forward.empty() && op.backward.empty()) return source;
+    std::string key = op.value;
+    for (const ReshardAction& step : op.forward) key += "|" + step.str();
+    key += "|backward";
+    for (const ReshardAction& step : op.backward) key += "|" + step.str();
+    if (auto it = regions_.find(key); it != regions_.end()) return it->second;
+    const int k = ++reshardings_[op.value];
+    const std::string base = fmt::format("{}.r{}", op.value, k);
+    const ir::Value& global = global_value(op.value);
+    const std::size_t steps = op.forward.size() + op.backward.size();
+    std::size_t emitted = 0;
+    auto name = [&] { return ++emitted == steps ? base : fmt::format("{}.s{}", base, emitted); };
+    ShardingSpec spec = op.produced;
+    ir::ValueId value = source;
+    for (const ReshardAction& step : op.forward) {
+      apply_step(spec, step);
+      ir::TensorType type = graph_.value(value).type;
+      type.shape = local_shard(global.type.shape, texts(spec), sharding_.mesh, rank_).shape;
+      value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(step.kind)), {value},
+                                     {{name(), type}}, step_attrs(step, sharding_.mesh, rank_, false), module));
+    }
+    for (auto it = op.backward.rbegin(); it != op.backward.rend(); ++it)
+      value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
+                                     {{name(), graph_.value(value).type}},
+                                     step_attrs(*it, sharding_.mesh, rank_, true), module));
+    regions_.emplace(std::move(key), value);
+    return value;
+  }
+
+  const ir::Graph& global_;
+  const plan::Sharding& sharding_;
+  int rank_;
+  ir::Graph graph_;
+  std::vector<ir::ValueId> outputs_;
+  std::vector<LeafRewrite> reductions_;
+  std::map<std::string, int> reshardings_;
+  std::map<std::string, ir::ValueId> regions_;  // by value and step texts
+};
+
+// Local nodes whose op's shape rule, on the rank graph, refuses them or gives other shapes.
+std::vector<std::string> failing_local_calls(const ir::Graph& local) {
+  std::vector<std::string> failing;
+  const ops::OpTable& table = ops::OpTable::builtin();
+  for (const ir::Node& node : local.nodes()) {
+    if (node.outputs.empty() || node.op.starts_with("shardwise::") || node.attrs.contains(kWholeAttr)) continue;
+    bool fits = true;
+    try {
+      if (ops::dim_rule_for(table, local, node))
+        if (auto inferred = ops::infer_output_shapes(table, local, node))
+          for (std::size_t o = 0; o < inferred->size() && o < node.outputs.size(); ++o)
+            fits = fits && local.value(node.outputs[o]).type.shape == (*inferred)[o];
+    } catch (const ValidationError&) {
+      fits = false;
+    }
+    if (!fits) failing.push_back(local.value(node.outputs[0]).name);
+  }
+  return failing;
+}
+
+std::optional<int> mesh_size(const ir::Attributes& attrs, const std::vector<int>& mesh, std::string_view what) {
+  auto it = attrs.find("axis");
+  if (it == attrs.end() || !std::holds_alternative<std::int64_t>(it->second)) return std::nullopt;
+  const auto axis = std::get<std::int64_t>(it->second);
+  if (axis < 0 || axis >= static_cast<std::int64_t>(mesh.size()))
+    throw ValidationError(fmt::format("{}: axis {} outside the mesh [{}]", what, axis, fmt::join(mesh, ",")));
+  return mesh[static_cast<std::size_t>(axis)];
+}
+
+std::int64_t int_attr(const ir::Attributes& attrs, const std::string& key, std::int64_t fallback) {
+  auto it = attrs.find(key);
+  return it != attrs.end() && std::holds_alternative<std::int64_t>(it->second) ? std::get<std::int64_t>(it->second)
+                                                                                : fallback;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> axis_group(const std::vector<int>& mesh, int axis, int rank) {
+  std::int64_t stride = 1;
+  for (std::size_t b = static_cast<std::size_t>(axis) + 1; b < mesh.size(); ++b) stride *= mesh[b];
+  const std::int64_t n = mesh[static_cast<std::size_t>(axis)];
+  const std::int64_t k = (rank / stride) % n;
+  std::vector<std::int64_t> group;
+  for (std::int64_t j = 0; j < n; ++j) group.push_back(rank + (j - k) * stride);
+  return group;
+}
+
+RankGraph rank_graph(const ir::Graph& global, const plan::Sharding& sharding, int rank, const RewriteOptions& options) {
+  RewriteOptions opts = options;
+  // Each round runs whole the local calls the last one found not to fit; a node run whole
+  // changes only what its readers receive (Replicate, cut by a slice), so this ends.
+  for (std::size_t round = 0;; ++round) {
+    GraphEmitter emitter(global, sharding, rank);
+    rewrite_spmd(global, sharding, rank, opts, emitter);
+    emitter.finish();
+    RankGraph out{emitter.take(), sharding.mesh, rank, std::move(emitter.whole)};
+    const std::vector<std::string> failing = failing_local_calls(out.graph);
+    if (failing.empty()) return out;
+    if (round > global.nodes().size())
+      throw ValidationError(fmt::format("rewrite: rank {}: local calls still do not fit after running {} nodes whole",
+                                        rank, out.whole.size()));
+    opts.whole_nodes.insert(failing.begin(), failing.end());
+  }
+}
+
+void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const plan::Sharding& sharding, int rank) {
+  const auto where = [&](std::string_view what) { return fmt::format("rank graph of rank {}: {}", rank, what); };
+  const auto placement_of = [&](const std::string& name) -> std::optional<std::vector<std::string>> {
+    auto it = sharding.placements.find(name);
+    if (it == sharding.placements.end()) return std::nullopt;
+    return it->second;
+  };
+  bool uneven = false;
+  for (const auto& [name, spec] : sharding.placements)
+    for (const auto& text : spec) uneven = uneven || text.find('[') != std::string::npos;
+
+  for (const ir::Value& g : global.values()) {
+    const auto found = local.find_value(g.name);
+    if (!found) {
+      if (g.producer) continue;  // checked below, through its node
+      throw ValidationError(where(fmt::format("the {} '{}' is missing", ir::role_name(g.role), g.name)));
+    }
+    const ir::Value& l = local.value(*found);
+    if (l.type.dtype != g.type.dtype)
+      throw ValidationError(where(fmt::format("'{}' is {} but the model's is {}", g.name, l.type.str(), g.type.str())));
+    if (!g.producer && l.role != g.role)
+      throw ValidationError(where(fmt::format("'{}' is a {} but the model's is a {}", g.name, ir::role_name(l.role),
+                                              ir::role_name(g.role))));
+    const auto placement = placement_of(g.name);
+    if (!placement || (g.producer && uneven)) continue;
+    Shape expected = local_shard(g.type.shape, *placement, sharding.mesh, rank).shape;
+    if (g.producer && l.producer && local.node(*l.producer).attrs.contains(kWholeAttr)) expected = g.type.shape;
+    if (l.type.shape != expected)
+      throw ValidationError(where(fmt::format("'{}' is [{}] but its placement [{}] on mesh [{}] gives [{}]", g.name,
+                                              fmt::join(l.type.shape, ","), fmt::join(*placement, ", "),
+                                              fmt::join(sharding.mesh, ","), fmt::join(expected, ","))));
+  }
+
+  const ops::OpTable& table = ops::OpTable::builtin();
+  for (const ir::Node& node : local.nodes()) {
+    const std::string what = node.outputs.empty()
+                                 ? fmt::format("{} of '{}'", node.op, local.value(node.inputs.at(0)).name)
+                                 : fmt::format("{} node '{}'", node.op, local.value(node.outputs[0]).name);
+    if (!node.op.starts_with("shardwise::") || node.op == "shardwise::embedding_lookup" ||
+        node.op == "shardwise::counted_mean" || node.op == "shardwise::reduce_gradient") {
+      if (node.op.starts_with("shardwise::")) continue;
+      try {
+        if (!ops::dim_rule_for(table, local, node)) continue;
+      } catch (const ValidationError& e) {
+        throw ValidationError(where(e.what()));
+      }
+      const auto inferred = ops::infer_output_shapes(table, local, node);
+      if (!inferred) continue;
+      for (std::size_t o = 0; o < inferred->size() && o < node.outputs.size(); ++o)
+        if (local.value(node.outputs[o]).type.shape != (*inferred)[o])
+          throw ValidationError(where(fmt::format("{}: output {} is [{}] but its operands and attributes give [{}]",
+                                                  what, o, fmt::join(local.value(node.outputs[o]).type.shape, ","),
+                                                  fmt::join((*inferred)[o], ","))));
+      continue;
+    }
+    // A resharding step.
+    const std::optional<int> n = mesh_size(node.attrs, sharding.mesh, where(what));
+    if (!n || node.inputs.size() != 1 || node.outputs.size() != 1)
+      throw ValidationError(where(fmt::format("{}: a resharding step takes one operand, gives one value and names "
+                                              "its mesh axis", what)));
+    const auto axis = static_cast<int>(std::get<std::int64_t>(node.attrs.at("axis")));
+    auto group = node.attrs.find("group");
+    if (group == node.attrs.end() ||
+        std::get_if<std::vector<std::int64_t>>(&group->second) == nullptr ||
+        std::get<std::vector<std::int64_t>>(group->second) != axis_group(sharding.mesh, axis, rank))
+      throw ValidationError(where(fmt::format("{}: its group is not rank {}'s on mesh axis {} ([{}])", what, rank, axis,
+                                              fmt::join(axis_group(sharding.mesh, axis, rank), ","))));
+    const Shape& in = local.value(node.inputs[0]).type.shape;
+    const Shape& out = local.value(node.outputs[0]).type.shape;
+    Shape expected = in;
+    const bool backward = node.attrs.contains("pass");
+    const std::string kind = node.op.substr(std::string_view("shardwise::").size());
+    const std::int64_t dim = int_attr(node.attrs, "dim", -1);
+    const bool ratios = node.attrs.contains("ratios");
+    auto dim_ok = [&](std::int64_t d) {
+      if (d < 0 || d >= static_cast<std::int64_t>(in.size()))
+        throw ValidationError(where(fmt::format("{}: dim {} outside its operand's [{}]", what, d, fmt::join(in, ","))));
+      return static_cast<std::size_t>(d);
+    };
+    if (!backward && !ratios) {
+      if (kind == "all_gather") {
+        expected[dim_ok(dim)] *= *n;
+      } else if (kind == "reduce_scatter" || kind == "slice") {
+        expected[dim_ok(dim)] /= *n;
+      } else if (kind == "all_to_all") {
+        expected[dim_ok(dim)] /= *n;
+        expected[dim_ok(int_attr(node.attrs, "concat_dim", -1))] *= *n;
+      } else if (kind != "all_reduce" && kind != "zero_others" && kind != "scale") {
+        throw ValidationError(where(fmt::format("{}: unknown resharding step", what)));
+      }
+    }
+    if (!backward && ratios) {  // uneven blocks: only the cut dim changes
+      const std::size_t d = dim_ok(dim);
+      Shape a = in, b = out;
+      a[d] = b[d] = 0;
+      if (a != b)
+        throw ValidationError(where(fmt::format("{}: an uneven step changes dims other than {}: [{}] -> [{}]", what,
+                                                dim, fmt::join(in, ","), fmt::join(out, ","))));
+      continue;
+    }
+    if (out != expected)
+      throw ValidationError(where(fmt::format("{}: gives [{}] from [{}] but {} ranks make [{}]", what,
+                                              fmt::join(out, ","), fmt::join(in, ","), *n, fmt::join(expected, ","))));
+  }
+}
+
+}  // namespace shardwise::transform

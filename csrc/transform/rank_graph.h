@@ -1,0 +1,91 @@
+// One rank's program as an ir::Graph: the rank program of a plan (spmd_rewrite.h) emitted in
+// the same IR as the global graph, with local shapes and every collective an ordinary node.
+// It prints and parses like any graph (ir/printer.h), the golden tests hold it
+// (tests/golden/sharded_*.ir), and verify_rank_graph checks it against the plan.
+//
+// What the rank graph holds, from the global graph and a plan's sharding on rank r:
+//  - Leaves: every leaf of the global graph, same name, role and dtype, its local shape under
+//    the plan's placement (transform/local_shard.h).
+//  - Resharding: an operand whose producer leaves it in another placement than its reader
+//    needs is read through one node per step (reshard_actions.h), op `shardwise::<kind>`:
+//      shardwise::all_gather      {axis, dim, groups?, ratios?, group}
+//      shardwise::reduce_scatter  {axis, dim, groups?, group}
+//      shardwise::all_reduce      {axis, reduce, group}
+//      shardwise::all_to_all      {axis, dim (split), concat_dim, group}
+//      shardwise::slice           {axis, dim, groups?, ratios?, group}   (local: no traffic)
+//      shardwise::zero_others     {axis, group}                          (local)
+//      shardwise::scale           {axis, power, group}                   (local: x n^power)
+//    `group` is the ranks of r's group on that mesh axis, in coordinate order. The steps that
+//    bring the reader's gradient back to the value's canonical gradient placement follow the
+//    forward steps as nodes of the same ops with {pass="backward"}: identity in forward, and
+//    in backward the gradient runs through them from the reader back, so the last one
+//    emitted runs first. Forward and backward pairs are explicit because a collective's own
+//    autograd presumes one gradient placement (all-gather's backward is a reduce-scatter only
+//    when the gradient is Partial). The step nodes of one edge (each reading the previous)
+//    are one autograd region: forward runs the forward steps, backward the backward steps,
+//    and a lowering runs them as one function. Readers that need a value the same way share
+//    one region (every step is linear, so its backward on the sum of their gradients is
+//    exact). Their values are named `<value>.r<k>` (k-th resharding of the value) and
+//    `<value>.r<k>.s<j>` for the steps inside.
+//  - Ops, in the mode the rewrite chose:
+//      local   the op on local operands, its shape attributes (size, sizes, shape: a list
+//              equal to the whole output shape, -1 kept; split_size(s) along the split dim)
+//              rewritten to the local output's; the outputs at their local shapes.
+//      lookup  shardwise::embedding_lookup(table rows [start, stop), ids) {start, stop, and the
+//              op's own attributes}: ids outside the rows look up zeros (a Partial sum).
+//      whole   the op on whole (gathered) operands, outputs whole, marked {shardwise.whole=true}:
+//              the split the plan priced has no distributed kernel here, or the local call
+//              does not give the local shapes (the op's shape rule says so; see below).
+//    A counted mean split over ranks (CountedRewrite) runs with {reduction=2} (sum) into
+//    `<out>.sum`, then `%out = shardwise::counted_mean(%out.sum, %out.count) {shares}`, where
+//    `%out.count: i64[]` is an input of the rank graph: the count of the targets in the whole
+//    global batch, which the engine counts before the step. A mean over an uneven batch
+//    share is followed by aten::mul.Scalar {other=scale}, the op's output named `<out>.share`.
+//  - Outputs: every graph output made whole (Replicate) through the same step nodes.
+//  - Gradient reductions: a parameter whose gradient stays Partial(sum) on a mesh axis
+//    (spmd_rewrite.h: reduce_axes) ends the graph with `shardwise::reduce_gradient(%p)
+//    {axes, groups}`, no outputs: the engine reduces it after backward, in buckets.
+//
+// Whole by shape: a local node whose op has a shape rule that, on the local operands and
+// rewritten attributes, does not give the local output shapes (or refuses them) is run whole
+// instead; rank_graph repeats the rewrite with those nodes in RewriteOptions::whole_nodes
+// until none is left. RankGraph::whole lists every node run whole, for either reason.
+//
+// Errors: spmd_rewrite.h's (ValidationError naming node, value and axis).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "plan/plan.h"
+#include "transform/spmd_rewrite.h"
+
+namespace shardwise::transform {
+
+struct RankGraph {
+  ir::Graph graph;
+  std::vector<int> mesh;
+  int rank = 0;
+  std::vector<std::string> whole;  // nodes (by first output) run whole on gathered operands
+};
+
+RankGraph rank_graph(const ir::Graph& global, const plan::Sharding& sharding, int rank,
+                     const RewriteOptions& options = {});
+
+// The ranks of `rank`'s group on mesh axis `axis`, in coordinate order.
+std::vector<std::int64_t> axis_group(const std::vector<int>& mesh, int axis, int rank);
+
+// Checks a rank graph against the global graph and the plan (ValidationError naming the rank,
+// value and sizes at the first disagreement):
+//  - every leaf of the global graph is there, with its role, dtype and the local shape of
+//    its placement;
+//  - every step node's output shape is what its collective makes of its input's on the mesh,
+//    its group is `rank`'s on its axis, and a backward step is the identity shape;
+//  - every op with a shape rule gives its outputs' shapes from its operands and attributes;
+//  - every activation of the global graph has the local shape of its placement in the plan,
+//    or (a node marked shardwise.whole) its whole shape. Skipped for a plan with uneven
+//    batch shares (the rewrite spreads the inputs' shares over the batch's activations).
+void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const plan::Sharding& sharding, int rank);
+
+}  // namespace shardwise::transform

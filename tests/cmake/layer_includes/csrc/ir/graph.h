@@ -1,0 +1,3 @@
+// Fixture: a header of ir.
+#pragma once
+#include "support/error.h"

@@ -1,0 +1,2 @@
+// Fixture: a header of a layer above ir.
+#pragma once

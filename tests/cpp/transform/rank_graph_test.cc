@@ -1,0 +1,163 @@
+#include "transform/rank_graph.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ir/parser.h"
+#include "ir/printer.h"
+#include "support/error.h"
+
+namespace shardwise::transform {
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+
+constexpr const char* kMlp = R"(graph(%x: f32[b8,16]) {
+  %fc1.weight: f32[32,16] parameter
+  %fc2.weight: f32[16,32] parameter
+  %h: f32[b8,32] = aten::linear(%x, %fc1.weight) @fc1
+  %act: f32[b8,32] = aten::gelu(%h) {approximate="none"} @act
+  %y: f32[b8,16] = aten::linear(%act, %fc2.weight) @fc2
+  %loss: f32[] = aten::mean(%y) {dtype=none}
+  return (%loss)
+})";
+
+// Megatron's MLP on {data 2, tensor 2}: fc1 column-parallel, fc2 row-parallel.
+plan::Sharding megatron() {
+  plan::Sharding s;
+  s.mesh = {2, 2};
+  s.axis_names = {"data", "tensor"};
+  s.placements = {{"x", {"S(0)", "R"}},    {"fc1.weight", {"R", "S(0)"}}, {"fc2.weight", {"R", "S(1)"}},
+                  {"h", {"S(0)", "S(1)"}}, {"act", {"S(0)", "S(1)"}},     {"y", {"S(0)", "P(sum)"}},
+                  {"loss", {"P(mean)", "P(sum)"}}};
+  s.strategies = {{"h", {"split _0", "split n"}},
+                  {"act", {"split d0", "split d1"}},
+                  {"y", {"split _0", "split k"}},
+                  {"loss", {"split r0", "partial"}}};
+  return s;
+}
+
+const ir::Value& value(const ir::Graph& g, const std::string& name) { return g.value(*g.find_value(name)); }
+
+TEST(RankGraph, EveryRankHoldsItsShardsAndTheCollectivesAreNodes) {
+  const ir::Graph g = ir::parse_graph(kMlp);
+  for (int rank = 0; rank < 4; ++rank) {
+    const RankGraph r = rank_graph(g, megatron(), rank);
+    EXPECT_NO_THROW(verify_rank_graph(r.graph, g, megatron(), rank)) << rank;
+    EXPECT_EQ(value(r.graph, "x").type.shape, (Shape{4, 16}));
+    EXPECT_EQ(value(r.graph, "fc1.weight").type.shape, (Shape{16, 16}));
+    EXPECT_EQ(value(r.graph, "h").type.shape, (Shape{4, 16}));
+    EXPECT_TRUE(r.whole.empty());
+    // The loss made whole: a sum over the tensor axis, a mean over the data axis, and the
+    // mean's backward share, in that order, each naming its group.
+    std::vector<std::string> steps;
+    for (const ir::Node& n : r.graph.nodes())
+      if (n.op.starts_with("shardwise::") && !n.outputs.empty()) steps.push_back(n.op + " " + ir::attr_str(n.attrs.at("group")));
+    const int data = rank / 2, tensor = rank % 2;
+    EXPECT_EQ(steps, (std::vector<std::string>{
+                         "shardwise::all_reduce [" + std::to_string(data * 2) + "," + std::to_string(data * 2 + 1) + "]",
+                         "shardwise::all_reduce [" + std::to_string(tensor) + "," + std::to_string(tensor + 2) + "]",
+                         "shardwise::scale [" + std::to_string(tensor) + "," + std::to_string(tensor + 2) + "]"}));
+  }
+}
+
+TEST(RankGraph, TheTextParsesBackToTheSameGraph) {
+  const ir::Graph g = ir::parse_graph(kMlp);
+  const RankGraph r = rank_graph(g, megatron(), 1);
+  const std::string text = ir::print_graph(r.graph);
+  EXPECT_EQ(ir::parse_graph(text), r.graph);
+  EXPECT_NE(text.find("shardwise::reduce_gradient(%fc1.weight) {axes=[0], reduce=\"sum\"}"), std::string::npos) << text;
+}
+
+TEST(RankGraph, ShapeArgumentsAreMadeLocal) {
+  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b8,4,16]) {
+  %flat: f32[b32,16] = aten::view(%x) {size=[-1,16]}
+  %back: f32[b8,4,16] = aten::view(%flat) {size=[8,4,16]}
+  %s0: f32[b8,4,8], %s1: f32[b8,4,8] = aten::split.Tensor(%back) {dim=2, split_size=8}
+  %sum: f32[] = aten::sum(%s0) {dtype=none}
+  return (%sum)
+})");
+  plan::Sharding s;
+  s.mesh = {2};
+  s.axis_names = {"data"};
+  s.placements = {{"x", {"S(0)"}}, {"flat", {"S(0)"}}, {"back", {"S(0)"}}, {"s0", {"S(0)"}}, {"s1", {"S(0)"}},
+                  {"sum", {"P(sum)"}}};
+  s.strategies = {{"flat", {"split i0"}}, {"back", {"split i0"}}, {"s0", {"split d0"}}, {"sum", {"split r0"}}};
+  const RankGraph r = rank_graph(g, s, 0);
+  const ir::Graph& l = r.graph;
+  EXPECT_EQ(ir::attr_str(l.node(value(l, "back").producer.value()).attrs.at("size")), "[4,4,16]");
+  EXPECT_EQ(ir::attr_str(l.node(value(l, "flat").producer.value()).attrs.at("size")), "[-1,16]");  // -1 kept
+  EXPECT_EQ(value(l, "flat").type.shape, (Shape{16, 16}));
+  EXPECT_NO_THROW(verify_rank_graph(l, g, s, 0));
+}
+
+// The verifier refuses a rank graph that disagrees with the plan, naming what and where.
+class RankGraphVerifier : public testing::Test {
+ protected:
+  void expect_refused(const std::string& from, const std::string& to, const std::string& message) {
+    const ir::Graph g = ir::parse_graph(kMlp);
+    std::string text = ir::print_graph(rank_graph(g, megatron(), 3).graph);
+    const auto at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " not in\n" << text;
+    text.replace(at, from.size(), to);
+    const ir::Graph bad = ir::parse_graph(text);
+    try {
+      verify_rank_graph(bad, g, megatron(), 3);
+      FAIL() << "accepted:\n" << text;
+    } catch (const support::ValidationError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+};
+
+TEST_F(RankGraphVerifier, ALeafShardOfTheWrongSize) {
+  expect_refused("%fc1.weight: f32[16,16] parameter", "%fc1.weight: f32[32,16] parameter",
+                 "rank graph of rank 3: 'fc1.weight' is [32,16] but its placement [R, S(0)] on mesh [2,2] gives [16,16]");
+}
+
+TEST_F(RankGraphVerifier, AnotherRanksGroup) {
+  expect_refused("group=[2,3]", "group=[0,1]", "its group is not rank 3's on mesh axis 1 ([2,3])");
+}
+
+TEST_F(RankGraphVerifier, ACollectiveOfTheWrongShape) {
+  expect_refused("%loss.r1.s1: f32[] = shardwise::all_reduce(%loss) {axis=1",
+                 "%loss.r1.s1: f32[2] = shardwise::all_reduce(%loss) {axis=1",
+                 "shardwise::all_reduce node 'loss.r1.s1': gives [2] from [] but 2 ranks make []");
+}
+
+TEST_F(RankGraphVerifier, AnOpWhoseOutputItsOperandsDoNotGive) {
+  expect_refused("%act: f32[b4,16]", "%act: f32[b4,8]", "'act' is [4,8] but its placement [S(0), S(1)]");
+}
+
+TEST_F(RankGraphVerifier, ALeafOfAnotherDtype) {
+  expect_refused("graph(%x: f32[b4,16])", "graph(%x: f64[b4,16])", "'x' is f64[b4,16] but the model's is f32[b8,16]");
+}
+
+TEST(RankGraph, AnOpWhoseLocalCallDoesNotFitRunsWhole) {
+  // unflatten's `sizes` are the split dim's factors, not an output shape: with the dim cut in
+  // half, the local call would unflatten 8 columns as [4,4]. The op's shape rule refuses that
+  // local call, so the rank graph gathers the operand and runs the node whole.
+  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b8,16]) {
+  %w: f32[16,16] parameter
+  %h: f32[b8,16] = aten::linear(%x, %w) @fc
+  %u: f32[b8,4,4] = aten::unflatten(%h) {dim=1, sizes=[4,4]} @fc
+  %sum: f32[] = aten::sum(%u) {dtype=none}
+  return (%sum)
+})");
+  plan::Sharding s;
+  s.mesh = {2};
+  s.axis_names = {"tensor"};
+  s.placements = {{"x", {"R"}}, {"w", {"S(0)"}}, {"h", {"S(1)"}}, {"u", {"S(1)"}}, {"sum", {"P(sum)"}}};
+  s.strategies = {{"h", {"split n"}}, {"u", {"split i1"}}, {"sum", {"split r1"}}};
+  const RankGraph r = rank_graph(g, s, 1);
+  EXPECT_EQ(r.whole, (std::vector<std::string>{"u"})) << ir::print_graph(r.graph);
+  const ir::Node& node = r.graph.node(*value(r.graph, "u").producer);
+  EXPECT_TRUE(node.attrs.contains("shardwise.whole"));
+  EXPECT_EQ(r.graph.value(node.inputs[0]).type.shape, (Shape{8, 16}));  // h gathered first
+  EXPECT_NO_THROW(verify_rank_graph(r.graph, g, s, 1));
+}
+
+}  // namespace
+}  // namespace shardwise::transform
