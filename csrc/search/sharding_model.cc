@@ -764,7 +764,7 @@ ShardingModel::Tally ShardingModel::tally() const {
       }
     }
     // Readers of one activation that want it the same way share one resharding, as the
-    // runtime runs it (engine.py reuses the reshard, its backward sees the summed gradient):
+    // runtime runs it (runtime/lower.py reuses the reshard, its backward sees the summed gradient):
     // q, k and v read one gathered norm output. The per-axis problems still price each
     // reader's edge (a pair cost cannot see the others), so they lean against such splits.
     std::set<std::string> shared;

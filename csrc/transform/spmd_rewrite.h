@@ -1,7 +1,7 @@
 // The rewrite of a searched plan into one rank's program: for every node, the placements its
 // operands must have, the collectives that bring each operand there (forward) and bring its
 // gradient back (backward), how the node runs, and every value's local shape on the rank.
-// The runtime (python/shardwise/engine.py) lowers the program into a torch.fx.GraphModule;
+// The runtime (python/shardwise/runtime/lower.py) lowers the program into a torch.fx.GraphModule;
 // the core never sees a tensor or a process group.
 //
 // Input: the single-device graph and the plan's sharding section (plan/plan.h: placements of
