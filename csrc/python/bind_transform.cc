@@ -132,8 +132,8 @@ void bind_transform(py::module_& m) {
         auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes);
         // Nodes whose local call the ops' shape rules refuse run whole (rank_graph.h); the
         // program is made with them named.
-        const std::vector<std::string> whole = transform::rank_graph(graph, sharding, rank, options).whole;
-        options.whole_nodes.insert(whole.begin(), whole.end());
+        const transform::RankGraph rank_ir = transform::rank_graph(graph, sharding, rank, options);
+        options.whole_nodes.insert(rank_ir.whole.begin(), rank_ir.whole.end());
         transform::RankProgram program = transform::rank_program(graph, sharding, rank, options);
         py::list leaves, nodes, outputs;
         for (const auto& l : program.leaves) {
@@ -190,6 +190,7 @@ void bind_transform(py::module_& m) {
         for (const auto& o : program.outputs) outputs.append(operand(o));
         py::dict out;
         out["mesh"] = program.mesh;
+        out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
         out["rank"] = program.rank;
         out["leaves"] = leaves;
         out["nodes"] = nodes;

@@ -212,6 +212,7 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
             json.dump({"case": case, "engine": type(engine).__name__, "loss_error": loss_error, "eval_error": abs(eval_loss - ref_eval) / abs(ref_eval),
                        "param_error": param_error, "losses": losses,
                        "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
+                       "rank_ir": getattr(engine, "rank_ir", None),
                        "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
                        "stage_placements": engine.sharding.placements() if getattr(engine, "sharding", None)
                        else None, "zero": (engine.plan.sharding or {}).get("zero"),
@@ -298,6 +299,11 @@ def test_megatron_gpt2_with_sequence_parallelism_equals_one_device():
     assert "vocab_lookup" in code                            # vocabulary-parallel embedding
     assert code.count("reduce_scatter(axis 1, dim 1)") >= 4  # sequence parallel: RS after each sublayer
     assert "all_gather(axis 1, dim 0, g2)" in code           # ... and AG before the next
+    # The rank IR is the program that ran: the same collectives, forward and backward, each a node.
+    ir = r["rank_ir"]
+    assert "shardwise::embedding_lookup" in ir
+    for kind in ("all_gather", "reduce_scatter", "all_reduce", "slice"):
+        assert ir.count(f"shardwise::{kind}(") == code.count(f"'{kind}(axis"), kind
 
 
 def test_gpt2_uneven_vocabulary_parallel_embedding_and_head_equal_one_device():

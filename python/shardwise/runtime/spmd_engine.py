@@ -91,6 +91,12 @@ class Engine(EngineBase):
         return self._first.module.code
 
     @property
+    def rank_ir(self) -> str:
+        """The rank's program in shardwise's IR (docs/rank-ir.md): local shapes, every
+        collective a node, backward steps explicit; what ``code`` runs, before lowering."""
+        return self._first.program["rank_ir"]
+
+    @property
     def whole_nodes(self) -> list[str]:
         """Nodes the training program runs on gathered operands (no local form)."""
         return self._first.whole
