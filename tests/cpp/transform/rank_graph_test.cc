@@ -8,6 +8,7 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "support/error.h"
+#include "megatron_mlp_plan.h"
 
 namespace shardwise::transform {
 namespace {
@@ -24,20 +25,7 @@ constexpr const char* kMlp = R"(graph(%x: f32[b8,16]) {
   return (%loss)
 })";
 
-// Megatron's MLP on {data 2, tensor 2}: fc1 column-parallel, fc2 row-parallel.
-plan::Sharding megatron() {
-  plan::Sharding s;
-  s.mesh = {2, 2};
-  s.axis_names = {"data", "tensor"};
-  s.placements = {{"x", {"S(0)", "R"}},    {"fc1.weight", {"R", "S(0)"}}, {"fc2.weight", {"R", "S(1)"}},
-                  {"h", {"S(0)", "S(1)"}}, {"act", {"S(0)", "S(1)"}},     {"y", {"S(0)", "P(sum)"}},
-                  {"loss", {"P(mean)", "P(sum)"}}};
-  s.strategies = {{"h", {"split _0", "split n"}},
-                  {"act", {"split d0", "split d1"}},
-                  {"y", {"split _0", "split k"}},
-                  {"loss", {"split r0", "partial"}}};
-  return s;
-}
+plan::Sharding megatron() { return testing_plans::megatron_mlp(); }
 
 const ir::Value& value(const ir::Graph& g, const std::string& name) { return g.value(*g.find_value(name)); }
 

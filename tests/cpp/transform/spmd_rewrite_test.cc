@@ -8,6 +8,7 @@
 
 #include "support/error.h"
 #include "transform/local_shard.h"
+#include "megatron_mlp_plan.h"
 
 namespace shardwise::transform {
 namespace {
@@ -32,23 +33,7 @@ ir::Graph mlp() {
   return g;
 }
 
-// Mesh {data 2, tensor 2}: batch on the data axis, Megatron's MLP on the tensor axis
-// (fc1 column-parallel: split n; fc2 row-parallel: split k).
-plan::Sharding megatron_mlp() {
-  plan::Sharding s;
-  s.mesh = {2, 2};
-  s.axis_names = {"data", "tensor"};
-  s.level = "manual";
-  s.placements = {{"x", {"S(0)", "R"}},        {"fc1.weight", {"R", "S(0)"}}, {"fc2.weight", {"R", "S(1)"}},
-                  {"h", {"S(0)", "S(1)"}},     {"act", {"S(0)", "S(1)"}},     {"y", {"S(0)", "P(sum)"}},
-                  {"loss", {"P(mean)", "P(sum)"}}};
-  s.strategies = {{"h", {"split _0", "split n"}},
-                  {"act", {"split d0", "split d1"}},
-                  {"y", {"split _0", "split k"}},
-                  {"loss", {"split r0", "partial"}}};
-  s.leaves = {"x", "fc1.weight", "fc2.weight"};
-  return s;
-}
+using testing_plans::megatron_mlp;
 
 Steps str(const std::vector<ReshardAction>& actions) {
   Steps out;
