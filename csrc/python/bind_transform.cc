@@ -17,6 +17,7 @@
 #include "ir/printer.h"
 #include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
+#include "transform/stage_split.h"
 
 namespace py = pybind11;
 
@@ -110,11 +111,29 @@ void bind_transform(py::module_& m) {
         out["nodes"] = names;
         out["stage_of_node"] = assignment.stage_of_node;
         out["stage_cost"] = assignment.stage_cost;
+        // Each stage's boundary (transform/stage_split.h): the values it receives (recv) and
+        // sends (send), and the leaves it reads, by name in graph order.
+        py::list received, sent, leaves;
+        for (const ir::Graph& stage : transform::split_stages(graph, assignment.stage_of_node, stages)) {
+          std::vector<std::string> in, outs, read;
+          for (const ir::Node& node : stage.nodes()) {
+            if (node.op == "shardwise::recv") in.push_back(stage.value(node.outputs[0]).name);
+            if (node.op == "shardwise::send") outs.push_back(stage.value(node.inputs[0]).name);
+          }
+          for (const ir::Value& v : stage.values())
+            if (!v.producer) read.push_back(v.name);
+          received.append(in);
+          sent.append(outs);
+          leaves.append(read);
+        }
+        out["received"] = received;
+        out["sent"] = sent;
+        out["leaves"] = leaves;
         return out;
       },
       py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},
-      "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h): balanced by forward FLOPs, or "
-      "the given layers per stage.");
+      "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h: balanced by forward FLOPs, or the "
+      "given layers per stage) and their boundaries (csrc/transform/stage_split.h).");
   m.def(
       "reshard_actions",
       [](const std::vector<std::string>& from, const std::vector<std::string>& to) {

@@ -93,30 +93,24 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
     stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
 
-    # Where each value is made and read, by stage; what crosses each cut (forwarded on).
+    # The stages' nodes; what crosses each cut (forwarded on) and which leaves each stage reads
+    # are the core's (transform/stage_split.h: recv / send at the boundaries).
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
     index = {name: i for i, name in enumerate(leaves)}
-    producer: dict[str, int] = {}
     meta: dict[str, tuple] = {}
     nodes_of = [[] for _ in range(stages)]
     for node in program["nodes"]:
         first = node["outputs"][0]["value"]
-        g = stage_of[first]
-        nodes_of[g].append(node)
+        nodes_of[stage_of[first]].append(node)
         src, indices = builder.sources[first]
         for out, val in zip(node["outputs"], _tensor_outputs(src.meta["val"], indices)):
-            producer[out["value"]] = g
             index.setdefault(out["value"], len(index))
             meta[out["value"]] = (list(out["local_shape"]), val.dtype, index[out["value"]])
+    received = cut["received"]
     reads: dict[str, set] = {}
-    for g, nodes in enumerate(nodes_of):
-        for node in nodes:
-            for op in node["inputs"]:
-                reads.setdefault(op["value"], set()).add(g)
-    for out in program["outputs"]:
-        reads.setdefault(out["value"], set()).add(stages - 1)
-    received = [sorted((x for x, made in producer.items() if made < g and max(reads.get(x, {-1})) >= g),
-                       key=lambda x: index[x]) for g in range(stages)]
+    for g, names in enumerate(cut["leaves"]):
+        for name in names:
+            reads.setdefault(name, set()).add(g)
     owners = {x: {g % p for g in gs} for x, gs in reads.items() if x in tensors}
     for x in owners:
         meta[x] = (list(tensors[x].shape), tensors[x].dtype, index.get(x, -1))
@@ -131,13 +125,13 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     for g in range(pipeline_rank, stages, p):
         batch_inputs = [x for x in input_names if g in reads.get(x, set())]
         last = g == stages - 1
-        outputs = program["outputs"] if last else [{"value": x} for x in received[g + 1]]
+        outputs = program["outputs"] if last else [{"value": x} for x in cut["sent"][g]]
         module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
                                nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
                                micro_batches=micro_batches, compute_dtypes=compute_dtypes)
         counted.extend(module.counted)
         mine[g] = {"module": module, "inputs": batch_inputs + received[g], "received": received[g],
-                   "sent": [] if last else received[g + 1], "last": last}
+                   "sent": cut["sent"][g], "last": last}
     reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters
               if name in leaves and leaves[name]["reduce_axes"] and isinstance(parameters[name], torch.nn.Parameter)]
     loss_value = program["outputs"][0]["value"]
