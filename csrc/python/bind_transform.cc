@@ -183,6 +183,7 @@ void bind_transform(py::module_& m) {
           d["shape_checked"] = n.mode != transform::NodeMode::Local ||
                                ops::dim_rule_for(ops::OpTable::builtin(), graph, captured).has_value();
           d["lookup_axes"] = n.lookup_axes;
+          d["statistics_axis"] = n.statistics_axis;
           if (n.counted) {
             py::dict c;
             c["shares"] = n.counted->shares;

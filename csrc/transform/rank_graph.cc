@@ -114,6 +114,17 @@ class GraphEmitter : public RewriteBuilder {
       attrs["start"] = shard.dims[0].front().first;
       attrs["stop"] = shard.dims[0].back().second;
     }
+    if (rw.mode == NodeMode::Statistics) {
+      // Cross entropy over classes split on statistics_axis: this rank's classes [start, stop)
+      // of the class dim (1, or 0 for one row of logits).
+      const std::vector<std::int64_t>& shape = global_.value(node.inputs[0]).type.shape;
+      const LocalShard shard = local_shard(shape, texts(rw.inputs[0].required), sharding_.mesh, rank_);
+      const std::size_t classes = shape.size() > 1 ? 1 : 0;
+      op = "shardwise::vocab_cross_entropy";
+      attrs["axis"] = std::int64_t{rw.statistics_axis};
+      attrs["start"] = shard.dims[classes].front().first;
+      attrs["stop"] = shard.dims[classes].back().second;
+    }
     const bool counted = rw.counted && rw.counted->shares > 1;
     if (counted) attrs["reduction"] = std::int64_t{2};
     std::vector<ir::OutputSpec> outputs;
@@ -310,8 +321,10 @@ void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const pl
     const std::string what = node.outputs.empty()
                                  ? fmt::format("{} of '{}'", node.op, local.value(node.inputs.at(0)).name)
                                  : fmt::format("{} node '{}'", node.op, local.value(node.outputs[0]).name);
-    if (!node.op.starts_with("shardwise::") || node.op == "shardwise::embedding_lookup" ||
-        node.op == "shardwise::counted_mean" || node.op == "shardwise::reduce_gradient") {
+    static const std::set<std::string, std::less<>> kernels = {
+        "shardwise::embedding_lookup", "shardwise::vocab_cross_entropy", "shardwise::counted_mean",
+        "shardwise::reduce_gradient",  "shardwise::recv",                "shardwise::send"};
+    if (!node.op.starts_with("shardwise::") || kernels.contains(node.op)) {
       if (node.op.starts_with("shardwise::")) continue;
       try {
         if (!ops::dim_rule_for(table, local, node)) continue;

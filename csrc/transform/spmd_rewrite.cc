@@ -150,6 +150,7 @@ std::string_view node_mode_name(NodeMode mode) {
     case NodeMode::Local: return "local";
     case NodeMode::Lookup: return "lookup";
     case NodeMode::Whole: return "whole";
+    case NodeMode::Statistics: return "statistics";
   }
   return "?";
 }
@@ -278,12 +279,22 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       if (index.kind != ops::IndexKind::Whole) continue;
       if (index.lookup && options.lookup_ops.contains(node.op)) {
         rw.lookup_axes.push_back(static_cast<int>(a));
+      } else if (index.statistics > 0 && options.statistics_ops.contains(node.op) && rw.statistics_axis < 0 &&
+                 node.inputs.size() == 2) {  // no class weights
+        rw.statistics_axis = static_cast<int>(a);
       } else {
-        whole = true;  // statistics, or a lookup the runtime has no kernel for
+        whole = true;  // statistics on a second axis or with no kernel, or a lookup with none
       }
     }
-    rw.mode = whole ? NodeMode::Whole : rw.lookup_axes.empty() ? NodeMode::Local : NodeMode::Lookup;
-    if (whole) rw.lookup_axes.clear();
+    if (rw.statistics_axis >= 0 && !rw.lookup_axes.empty()) whole = true;
+    rw.mode = whole                       ? NodeMode::Whole
+              : rw.statistics_axis >= 0   ? NodeMode::Statistics
+              : rw.lookup_axes.empty()    ? NodeMode::Local
+                                          : NodeMode::Lookup;
+    if (whole) {
+      rw.lookup_axes.clear();
+      rw.statistics_axis = -1;
+    }
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       OperandRewrite op;
       op.value = graph.value(node.inputs[i]).name;

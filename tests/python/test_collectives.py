@@ -150,6 +150,42 @@ def test_values_and_gradients(world):
     _spawn("_values_and_gradients", world)
 
 
+def _vocabulary_parallel_cross_entropy(rank: int, world: int) -> None:
+    # 11 classes on 3 ranks, cut unevenly (4, 4, 3); one ignored target. Each rank's loss is
+    # the whole loss and its gradient the whole gradient's columns, for every reduction, with
+    # and without label smoothing, for [N, C] and [N, C, d] logits; bf16 logits within bf16.
+    import torch.nn.functional as F
+
+    from shardwise.runtime.lower import VocabCrossEntropy
+    from shardwise.runtime.mesh import _Mesh
+
+    kernel = VocabCrossEntropy(_Mesh([world], rank))
+    start, stop = [(0, 4), (4, 8), (8, 11)][rank]
+    gen = torch.Generator().manual_seed(1)
+    cases = [(torch.randn(6, 11, dtype=torch.float64, generator=gen), torch.tensor([0, 3, -100, 10, 5, 7])),
+             (torch.randn(2, 11, 3, dtype=torch.float64, generator=gen), torch.tensor([[1, -100, 9], [4, 8, 0]]))]
+    for logits, target in cases:
+        for smoothing in (0.0, 0.1):
+            for reduction, name in ((0, "none"), (1, "mean"), (2, "sum")):
+                whole = logits.clone().requires_grad_()
+                want = F.cross_entropy(whole, target, reduction=name, label_smoothing=smoothing)
+                (want_grad,) = torch.autograd.grad(want.sum(), whole)
+                mine = logits[:, start:stop].clone().requires_grad_()
+                got = kernel(mine, target, start, stop, 0, 11, reduction, -100, smoothing)
+                (got_grad,) = torch.autograd.grad(got.sum(), mine)
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+                torch.testing.assert_close(got_grad, want_grad[:, start:stop], rtol=0, atol=1e-12)
+    logits, target = cases[0]
+    got = kernel(logits[:, start:stop].to(torch.bfloat16), target, start, stop, 0, 11, 1, -100, 0.0)
+    assert got.dtype == torch.bfloat16
+    want = F.cross_entropy(logits.to(torch.bfloat16).float(), target)
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=0)
+
+
+def test_vocabulary_parallel_cross_entropy_equals_the_whole_one():
+    _spawn("_vocabulary_parallel_cross_entropy", 3)
+
+
 def test_megatron_mlp_matches_one_device():
     _spawn("_megatron_mlp_matches_one_device", 2)
 

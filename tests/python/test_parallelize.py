@@ -302,6 +302,7 @@ def test_megatron_gpt2_with_sequence_parallelism_equals_one_device():
     # The rank IR is the program that ran: the same collectives, forward and backward, each a node.
     ir = r["rank_ir"]
     assert "shardwise::embedding_lookup" in ir
+    assert r["whole"] == [], r["whole"]                       # every node has its local form
     for kind in ("all_gather", "reduce_scatter", "all_reduce", "slice"):
         assert ir.count(f"shardwise::{kind}(") == code.count(f"'{kind}(axis"), kind
 
@@ -317,6 +318,9 @@ def test_gpt2_uneven_vocabulary_parallel_embedding_and_head_equal_one_device():
     r = _spawn(4, "gpt2_vocab50257", plan.to_json())
     _check(r)
     assert "vocab_lookup" in r["code"] and ", 0, 12565," in r["code"]  # rank 0's rows [0, 12565)
+    # The loss combines each rank's words' statistics: no rank gathers the 50257 logits.
+    assert "vocab_cross_entropy" in r["code"] and "shardwise::vocab_cross_entropy" in r["rank_ir"]
+    assert r["whole"] == [], r["whole"]
 
 
 def test_tensor_parallel_llama_equals_one_device():

@@ -180,6 +180,48 @@ TEST(SpmdRewrite, AnOuterAxisSplittingAMinorIndexIsStridedWhateverTheInnerAxesSp
   }
 }
 
+// logits [8, 1001] (1001 classes: uneven on 4 ranks), targets (and class weights) -> cross entropy.
+ir::Graph cross_entropy(ir::Attributes attrs = {}, bool weighted = false) {
+  ir::Graph g;
+  ir::ValueId logits = g.add_value("logits", ir::TensorType{ir::DType::F32, {8, 1001}, 0}, ir::ValueRole::Input);
+  ir::ValueId target = g.add_value("target", ir::TensorType{ir::DType::I64, {8}, 0}, ir::ValueRole::Input);
+  std::vector<ir::ValueId> inputs = {logits, target};
+  if (weighted)
+    inputs.push_back(g.add_value("weight", ir::TensorType{ir::DType::F32, {1001}, std::nullopt}, ir::ValueRole::Buffer));
+  ir::NodeId n = g.add_node("aten::cross_entropy_loss", inputs,
+                            {{"loss", ir::TensorType{ir::DType::F32, {}, std::nullopt}}}, std::move(attrs), "loss");
+  g.set_outputs({g.node(n).outputs[0]});
+  return g;
+}
+
+TEST(SpmdRewrite, CrossEntropyOverSplitClassesCombinesStatistics) {
+  plan::Sharding s;
+  s.mesh = {4};
+  s.axis_names = {"tensor"};
+  s.level = "manual";
+  const std::string classes =
+      search::Placement{search::PlacementKind::Shard, 1, 1, search::uneven_ratios(1001, 4)}.str();
+  s.placements = {{"logits", {classes}}, {"target", {"R"}}, {"weight", {"R"}}, {"loss", {"R"}}};
+  s.strategies = {{"loss", {"split C"}}};
+  for (const ir::Attributes& attrs : {ir::Attributes{}, ir::Attributes{{"label_smoothing", 0.1}}}) {
+    RankProgram p = rank_program(cross_entropy(attrs), s, 1);
+    ASSERT_EQ(p.nodes.size(), 1u);
+    EXPECT_EQ(p.nodes[0].mode, NodeMode::Statistics);
+    EXPECT_EQ(p.nodes[0].statistics_axis, 0);
+    EXPECT_TRUE(p.nodes[0].inputs[0].forward.empty());            // no gather of the logits
+    EXPECT_EQ(p.nodes[0].inputs[0].local_shape, (Shape{8, 250}));  // 251 250 250 250
+  }
+  // Class weights have no kernel: whole, on gathered logits.
+  RankProgram weighted = rank_program(cross_entropy({}, true), s, 1);
+  EXPECT_EQ(weighted.nodes[0].mode, NodeMode::Whole);
+  EXPECT_EQ(weighted.nodes[0].statistics_axis, -1);
+  EXPECT_FALSE(weighted.nodes[0].inputs[0].forward.empty());
+  // Without the op in statistics_ops (a runtime with no kernel), whole too.
+  RewriteOptions none;
+  none.statistics_ops.clear();
+  EXPECT_EQ(rank_program(cross_entropy(), s, 1, none).nodes[0].mode, NodeMode::Whole);
+}
+
 TEST(SpmdRewrite, BadPlansNameWhatIsWrong) {
   ir::Graph g = mlp();
   plan::Sharding s = megatron_mlp();
