@@ -7,6 +7,7 @@
 #include "analysis/batch_dim.h"
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
+#include "ops/distributed_kernels.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "plan/plan.h"
@@ -95,6 +96,10 @@ std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Gr
   options.lookup_ops = {lookup_ops.begin(), lookup_ops.end()};
   options.adapt_to_shapes = adapt_to_shapes;
   return {*p.sharding, options};
+}
+
+std::vector<std::string> lookup_kernel_ops() {
+  return {ops::lookup_kernel_ops().begin(), ops::lookup_kernel_ops().end()};
 }
 
 }  // namespace
@@ -218,7 +223,7 @@ void bind_transform(py::module_& m) {
         return out;
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
-      py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"}, py::arg("adapt_to_shapes") = false,
+      py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false,
       "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated.");
   m.def(
       "rank_graph",
@@ -233,7 +238,7 @@ void bind_transform(py::module_& m) {
         return d;
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
-      py::arg("lookup_ops") = std::vector<std::string>{"aten::embedding"}, py::arg("adapt_to_shapes") = false,
+      py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false,
       "One rank's program as a graph of the IR, collectives as nodes (csrc/transform/rank_graph.h), "
       "verified against the plan: {text, whole}.");
 }

@@ -279,8 +279,8 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       if (index.kind != ops::IndexKind::Whole) continue;
       if (index.lookup && options.lookup_ops.contains(node.op)) {
         rw.lookup_axes.push_back(static_cast<int>(a));
-      } else if (index.statistics > 0 && options.statistics_ops.contains(node.op) && rw.statistics_axis < 0 &&
-                 node.inputs.size() == 2) {  // no class weights
+      } else if (index.statistics > 0 && rw.statistics_axis < 0 &&
+                 ops::has_statistics_kernel(node, options.statistics_ops)) {
         rw.statistics_axis = static_cast<int>(a);
       } else {
         whole = true;  // statistics on a second axis or with no kernel, or a lookup with none

@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ops/distributed_kernels.h"
 #include "plan/plan.h"
 #include "search/placement.h"
 #include "search/strategy.h"
@@ -68,11 +69,11 @@ enum class NodeMode : std::uint8_t { Local, Lookup, Whole, Statistics };
 std::string_view node_mode_name(NodeMode mode);  // "local", "lookup", "whole", "statistics"
 
 struct RewriteOptions {
-  std::set<std::string> lookup_ops = {"aten::embedding"};
+  std::set<std::string> lookup_ops = ops::lookup_kernel_ops();
   // Ops whose split normalised dim the runtime combines with a kernel of its own (all-reducing
   // the per-row statistics) instead of gathering the operand: Megatron's vocabulary-parallel
   // cross entropy (python/shardwise/runtime/lower.py, VocabCrossEntropy).
-  std::set<std::string> statistics_ops = {"aten::cross_entropy_loss"};
+  std::set<std::string> statistics_ops = ops::statistics_kernel_ops();
   std::set<std::string> whole_nodes;  // by the name of the node's first output
   // The plan was made for other batch shapes (the last, shorter batch; another sequence
   // length): a node whose strategy does not split its sizes here is replicated on that axis,
