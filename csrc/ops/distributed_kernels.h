@@ -5,11 +5,14 @@
 //    up its rows, the partial sums are reduced): aten::embedding;
 //  - statistics: a normalised dim split, the per-row statistics all-reduced (Megatron's
 //    vocabulary-parallel cross entropy): aten::cross_entropy_loss without class weights.
-// The search offers such a split only where this table says the runtime has the kernel
-// (search/sharding_model.cc), so it prices nothing the run does not do; the rewrite emits the
-// kernel for the same nodes (transform/spmd_rewrite.h). Softmax and layer norm over a split
-// dim have no kernel yet: the search does not split them, and a hand-written plan that does
-// runs them whole.
+// The rewrite emits the kernel for these nodes (transform/spmd_rewrite.h) and runs other
+// splits of a Whole index whole. Not yet: the search still offers and prices every statistics
+// split (compute / n plus the statistics' all-reduce), including those with no kernel here:
+// softmax and layer norm over a split dim, and training batch norm over the batch, which
+// every data-parallel CNN plan splits. Making the search read this table first needs a batch
+// norm kernel (its statistics all-reduced over the batch axis, SyncBatchNorm's): without one
+// the search, told the truth, moves ResNet's plans off data parallelism (tried; see
+// test_spmd_cnn.py).
 #pragma once
 
 #include <set>

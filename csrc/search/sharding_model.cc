@@ -12,7 +12,6 @@
 #include "analysis/repeated_blocks.h"
 #include "cost/collective_cost.h"
 #include "ir/fingerprint.h"
-#include "ops/distributed_kernels.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "search/resharding.h"
@@ -317,13 +316,8 @@ ops::DimRule ShardingModel::rule_except(ir::NodeId node, int axis, bool outer_on
 std::vector<Strategy> ShardingModel::node_strategies(ir::NodeId node, int axis) const {
   if (!rules_[static_cast<std::size_t>(node)]) return {replicate_strategy(node)};
   const ops::DimRule layout = rule_except(node, axis, /*outer_only=*/true);
-  // Splits the runtime runs with a kernel of its own only where it has one: nothing priced
-  // as split runs whole.
-  StrategyOptions options = strided_;
-  options.lookup_kernel = ops::lookup_kernel_ops().contains(graph_.node(node).op);
-  options.statistics_kernel = ops::has_statistics_kernel(graph_.node(node));
   auto strategies =
-      enumerate_strategies(rule_except(node, axis), options_.mesh[static_cast<std::size_t>(axis)], options, &layout);
+      enumerate_strategies(rule_except(node, axis), options_.mesh[static_cast<std::size_t>(axis)], strided_, &layout);
   // A rule with fewer operands than the node (optional operands the rule leaves out) cannot
   // place the rest: such a node runs replicated.
   const ir::Node& n = graph_.node(node);

@@ -29,7 +29,7 @@ std::optional<Carrier> find_carrier(const ops::DimRule& rule, const ops::Operand
   return std::nullopt;
 }
 
-bool splittable(const ops::Index& index, const StrategyOptions& options) {
+bool splittable(const ops::Index& index) {
   switch (index.kind) {
     case ops::IndexKind::Spatial:
       return true;
@@ -38,7 +38,7 @@ bool splittable(const ops::Index& index, const StrategyOptions& options) {
       // extreme lives on one rank), so only additive reductions split.
       return index.reduction == ops::Reduction::Sum || index.reduction == ops::Reduction::Mean;
     case ops::IndexKind::Whole:
-      return (index.statistics > 0 && options.statistics_kernel) || (index.lookup && options.lookup_kernel);
+      return index.statistics > 0 || index.lookup;
   }
   return false;
 }
@@ -167,7 +167,7 @@ std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_si
   const auto n = static_cast<std::int64_t>(axis_size);
   for (std::size_t k = 0; k < rule.indices.size(); ++k) {
     const auto& index = rule.indices[k];
-    if (!splittable(index, options) || index.uneven) continue;  // uneven: another axis cut it unevenly
+    if (!splittable(index) || index.uneven) continue;  // uneven: another axis cut it unevenly
     // Groups to try: contiguous first, then the strided pairs listed for this size, ascending.
     std::set<std::int64_t> strided;
     for (const auto& [size, g] : options.strided) {

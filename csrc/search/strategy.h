@@ -97,12 +97,6 @@ struct Strategy {
 struct StrategyOptions {
   // (index size, groups) pairs for which strided variants are offered.
   std::vector<std::pair<std::int64_t, std::int64_t>> strided;
-  // Whether the runtime has a kernel for this node's split Whole indices
-  // (ops/distributed_kernels.h): a lookup's table rows, a normalisation's statistics. Without
-  // one such an index is not split. Resolving a plan's text keeps both on: what the plan
-  // names is found, and the rewrite decides how it runs.
-  bool lookup_kernel = true;
-  bool statistics_kernel = true;
 };
 
 // Every legal strategy of a node with `rule` on an axis of `axis_size` ranks (>= 1; with 1,

@@ -1,4 +1,3 @@
-#include "ops/distributed_kernels.h"
 #include "search/strategy.h"
 
 #include <gtest/gtest.h>
@@ -179,26 +178,6 @@ TEST(StrategyTest, SoftmaxDimSplitsWithStatistics) {
                                                                // max and sum for each of the 2 x 12 x 16 rows.
                                                                "split W0 | in S(3) | grad S(3) | out S(3) | stats 768",
                                                            }));
-}
-
-TEST(StrategyTest, AStatisticsOrLookupSplitIsOfferedOnlyWithAKernel) {
-  // The search asks for a normalised dim's split only where the runtime has a kernel for it
-  // (ops/distributed_kernels.h): softmax has none, so without one the W0 split is not offered.
-  const auto rule =
-      rule_of("aten::softmax.int", {f32({2, 12, 16, 16})}, {f32({2, 12, 16, 16})}, {{"dim", std::int64_t{-1}}});
-  StrategyOptions options;
-  options.statistics_kernel = false;
-  EXPECT_EQ(labels(rule, enumerate_strategies(rule, 4, options)), (Lines{"replicate", "split d1", "split d2"}));
-  const auto lookup = rule_of("aten::embedding", {f32({64, 16}), i64({4, 8})}, {f32({4, 8, 16})}, {});
-  EXPECT_EQ(labels(lookup, enumerate_strategies(lookup, 4)).size(), 5u);  // replicate, V, e, _0, _1
-  options.lookup_kernel = false;
-  EXPECT_EQ(labels(lookup, enumerate_strategies(lookup, 4, options)).size(), 4u);
-  ir::Node softmax{0, "aten::softmax.int", {0}, {1}, {}, ""};
-  ir::Node cross_entropy{0, "aten::cross_entropy_loss", {0, 1}, {2}, {}, ""};
-  ir::Node weighted{0, "aten::cross_entropy_loss", {0, 1, 2}, {3}, {}, ""};
-  EXPECT_FALSE(ops::has_statistics_kernel(softmax));
-  EXPECT_TRUE(ops::has_statistics_kernel(cross_entropy));
-  EXPECT_FALSE(ops::has_statistics_kernel(weighted));  // class weights
 }
 
 TEST(StrategyTest, CumsumDimNeverSplits) {
