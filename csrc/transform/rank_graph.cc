@@ -161,8 +161,6 @@ class GraphEmitter : public RewriteBuilder {
     graph_.set_outputs(outputs_);
     for (const LeafRewrite& leaf : reductions_) {
       std::vector<std::int64_t> axes(leaf.reduce_axes.begin(), leaf.reduce_axes.end());
-      std::vector<std::int64_t> sizes;
-      for (int a : leaf.reduce_axes) sizes.push_back(sharding_.mesh[static_cast<std::size_t>(a)]);
       graph_.add_node("shardwise::reduce_gradient", {*graph_.find_value(leaf.value)}, {},
                       {{"axes", axes}, {"reduce", std::string("sum")}}, "");
     }

@@ -47,7 +47,7 @@
 //  - Outputs: every graph output made whole (Replicate) through the same step nodes.
 //  - Gradient reductions: a parameter whose gradient stays Partial(sum) on a mesh axis
 //    (spmd_rewrite.h: reduce_axes) ends the graph with `shardwise::reduce_gradient(%p)
-//    {axes, groups}`, no outputs: the engine reduces it after backward, in buckets.
+//    {axes, reduce="sum"}`, no outputs: the engine reduces it after backward, in buckets.
 //
 // Whole by shape: a local node whose op has a shape rule that, on the local operands and
 // rewritten attributes, does not give the local output shapes (or refuses them) is run whole
