@@ -133,8 +133,8 @@ class GraphEmitter : public RewriteBuilder {
       ir::TensorType type = v.type;
       type.shape = local_out[o];
       std::string name = v.name;
-      if (counted && o == 0) name += ".sum";
-      if (rw.outputs[o].scale != 1.0) name += ".share";
+      if (counted && o == 0) name = fresh(name + ".sum");
+      if (rw.outputs[o].scale != 1.0) name = fresh(name + ".share");
       outputs.push_back({name, type});
     }
     const ir::NodeId id = graph_.add_node(op, inputs, outputs, attrs, node.module_path);
@@ -143,9 +143,11 @@ class GraphEmitter : public RewriteBuilder {
       ir::ValueId out = graph_.node(id).outputs[o];
       if (counted && o == 0) {
         const ir::ValueId count =
-            graph_.add_value(v.name + ".count", ir::TensorType{ir::DType::I64, {}, std::nullopt}, ir::ValueRole::Input);
+            graph_.add_value(fresh(v.name + ".count"), ir::TensorType{ir::DType::I64, {}, std::nullopt},
+                             ir::ValueRole::Input);
         out = single(graph_.add_node("shardwise::counted_mean", {out, count},
-                                     {{rw.outputs[o].scale != 1.0 ? v.name + ".share" : v.name, graph_.value(out).type}},
+                                     {{rw.outputs[o].scale != 1.0 ? fresh(v.name + ".counted") : v.name,
+                                       graph_.value(out).type}},
                                      {{"shares", std::int64_t{rw.counted->shares}}}, node.module_path));
       }
       if (rw.outputs[o].scale != 1.0)
@@ -169,6 +171,14 @@ class GraphEmitter : public RewriteBuilder {
  private:
   ir::ValueId single(ir::NodeId id) const { return graph_.node(id).outputs[0]; }
 
+  // `name`, or `name_1`, `name_2`, ... when the rank graph or the model already has a value
+  // of that name (the rank graph adds names of its own: `.r1`, `.sum`, `.count`).
+  std::string fresh(const std::string& name) const {
+    std::string out = name;
+    for (int k = 1; graph_.find_value(out) || global_.find_value(out); ++k) out = fmt::format("{}_{}", name, k);
+    return out;
+  }
+
   const ir::Value& global_value(const std::string& name) const {
     return global_.value(*global_.find_value(name));
   }
@@ -184,11 +194,11 @@ class GraphEmitter : public RewriteBuilder {
     for (const ReshardAction& step : op.backward) key += "|" + step.str();
     if (auto it = regions_.find(key); it != regions_.end()) return it->second;
     const int k = ++reshardings_[op.value];
-    const std::string base = fmt::format("{}.r{}", op.value, k);
+    const std::string base = fresh(fmt::format("{}.r{}", op.value, k));
     const ir::Value& global = global_value(op.value);
     const std::size_t steps = op.forward.size() + op.backward.size();
     std::size_t emitted = 0;
-    auto name = [&] { return ++emitted == steps ? base : fmt::format("{}.s{}", base, emitted); };
+    auto name = [&] { return ++emitted == steps ? base : fresh(fmt::format("{}.s{}", base, emitted)); };
     ShardingSpec spec = op.produced;
     ir::ValueId value = source;
     for (const ReshardAction& step : op.forward) {

@@ -59,6 +59,24 @@ TEST(RankGraph, TheTextParsesBackToTheSameGraph) {
   EXPECT_NE(text.find("shardwise::reduce_gradient(%fc1.weight) {axes=[0], reduce=\"sum\"}"), std::string::npos) << text;
 }
 
+TEST(RankGraph, ItsOwnNamesDoNotTakeTheModels) {
+  // A model value already named as the rank graph would name a resharding ("loss.r1"): the
+  // rank graph's gets a suffix instead of failing on a taken name.
+  std::string text = kMlp;
+  text.replace(text.find("%act: "), 6, "%loss.r1: ");
+  for (std::size_t at; (at = text.find("(%act,")) != std::string::npos;) text.replace(at, 6, "(%loss.r1,");
+  const ir::Graph g = ir::parse_graph(text);
+  plan::Sharding s = megatron();
+  s.placements["loss.r1"] = s.placements.at("act");
+  s.placements.erase("act");
+  s.strategies["loss.r1"] = s.strategies.at("act");
+  s.strategies.erase("act");
+  const RankGraph r = rank_graph(g, s, 0);
+  EXPECT_TRUE(r.graph.find_value("loss.r1") && r.graph.find_value("loss.r1_1")) << ir::print_graph(r.graph);
+  EXPECT_EQ(r.graph.value(r.graph.outputs()[0]).name, "loss.r1_1");
+  EXPECT_NO_THROW(verify_rank_graph(r.graph, g, s, 0));
+}
+
 TEST(RankGraph, ShapeArgumentsAreMadeLocal) {
   const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b8,4,16]) {
   %flat: f32[b32,16] = aten::view(%x) {size=[-1,16]}
