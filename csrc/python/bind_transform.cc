@@ -154,11 +154,10 @@ void bind_transform(py::module_& m) {
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
          const std::vector<std::string>& lookup_ops, bool adapt_to_shapes) {
         auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes);
-        // Nodes whose local call the ops' shape rules refuse run whole (rank_graph.h); the
-        // program is made with them named.
+        // The rank graph's program: nodes whose local call the ops' shape rules refuse run
+        // whole there (rank_graph.h).
         const transform::RankGraph rank_ir = transform::rank_graph(graph, sharding, rank, options);
-        options.whole_nodes.insert(rank_ir.whole.begin(), rank_ir.whole.end());
-        transform::RankProgram program = transform::rank_program(graph, sharding, rank, options);
+        const transform::RankProgram& program = rank_ir.program;
         py::list leaves, nodes, outputs;
         for (const auto& l : program.leaves) {
           py::dict d;

@@ -72,8 +72,8 @@ ir::Attributes step_attrs(const ReshardAction& step, const std::vector<int>& mes
   return a;
 }
 
-// Emits the rank program into an ir::Graph.
-class GraphEmitter : public RewriteBuilder {
+// Emits a rank program (leaves, then nodes, then outputs) into an ir::Graph.
+class GraphEmitter {
  public:
   GraphEmitter(const ir::Graph& global, const plan::Sharding& sharding, int rank)
       : global_(global), sharding_(sharding), rank_(rank) {}
@@ -81,7 +81,7 @@ class GraphEmitter : public RewriteBuilder {
   ir::Graph take() { return std::move(graph_); }
   std::vector<std::string> whole;
 
-  void leaf(const LeafRewrite& leaf) override {
+  void leaf(const LeafRewrite& leaf) {
     const ir::Value& v = global_value(leaf.value);
     ir::TensorType type = v.type;
     type.shape = leaf.local_shape;
@@ -89,7 +89,7 @@ class GraphEmitter : public RewriteBuilder {
     if (!leaf.reduce_axes.empty()) reductions_.push_back(leaf);
   }
 
-  void node(const NodeRewrite& rw) override {
+  void node(const NodeRewrite& rw) {
     const ir::Node& node = global_.node(rw.node);
     std::vector<ir::ValueId> inputs;
     for (const OperandRewrite& op : rw.inputs) inputs.push_back(resharded(op, node.module_path));
@@ -157,7 +157,7 @@ class GraphEmitter : public RewriteBuilder {
     }
   }
 
-  void output(const OperandRewrite& out) override { outputs_.push_back(resharded(out, "")); }
+  void output(const OperandRewrite& out) { outputs_.push_back(resharded(out, "")); }
 
   void finish() {
     graph_.set_outputs(outputs_);
@@ -278,10 +278,13 @@ RankGraph rank_graph(const ir::Graph& global, const plan::Sharding& sharding, in
   // Each round runs whole the local calls the last one found not to fit; a node run whole
   // changes only what its readers receive (Replicate, cut by a slice), so this ends.
   for (std::size_t round = 0;; ++round) {
+    RankProgram program = rank_program(global, sharding, rank, opts);
     GraphEmitter emitter(global, sharding, rank);
-    rewrite_spmd(global, sharding, rank, opts, emitter);
+    for (const LeafRewrite& leaf : program.leaves) emitter.leaf(leaf);
+    for (const NodeRewrite& node : program.nodes) emitter.node(node);
+    for (const OperandRewrite& output : program.outputs) emitter.output(output);
     emitter.finish();
-    RankGraph out{emitter.take(), sharding.mesh, rank, std::move(emitter.whole)};
+    RankGraph out{emitter.take(), sharding.mesh, rank, std::move(emitter.whole), std::move(program)};
     const std::vector<std::string> failing = failing_local_calls(out.graph);
     if (failing.empty()) return out;
     if (round > global.nodes().size())

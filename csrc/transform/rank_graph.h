@@ -71,6 +71,7 @@ struct RankGraph {
   std::vector<int> mesh;
   int rank = 0;
   std::vector<std::string> whole;  // nodes (by first output) run whole on gathered operands
+  RankProgram program;             // the same program as data (spmd_rewrite.h), as the graph was made from it
 };
 
 RankGraph rank_graph(const ir::Graph& global, const plan::Sharding& sharding, int rank,
