@@ -24,6 +24,12 @@
 //                                       concat_dim in rank order; backward: the reverse
 //                                       exchange (concat_dim -> split_dim)
 //
+// Gloo with a tensor off the CPU (a CUDA tensor in a Gloo group: several ranks sharing one GPU,
+// which NCCL refuses): the op runs on a host copy and its result is moved back to the
+// tensor's device. Gloo has CUDA forms of some collectives and none of others (reduce-scatter,
+// send / recv), and the forms it has copy through host memory themselves; one host path
+// for every op keeps them alike (`on_host`).
+//
 // Every op waits for its Work and returns a new tensor. Bad arguments raise ValueError
 // naming the op, the group, this rank and the problem (an unknown group, a dim out of
 // range, a size that does not split over the group, an unknown reduce_op).
@@ -101,6 +107,17 @@ void wait(const char* op, const Group& g, const c10::intrusive_ptr<c10d::Work>& 
   }
 }
 
+// True when `g` runs `x`'s collectives with Gloo and `x` is not on the CPU: the op then works
+// on a host copy (see the top of this file).
+bool on_host(const Group& g, const Tensor& x) {
+  if (x.is_cpu() || x.is_meta()) return false;
+  try {
+    return g.pg->getBackend(x.device().type())->getBackendName() == "gloo";
+  } catch (const std::exception&) {
+    return false;  // no backend for this device: the collective itself says so
+  }
+}
+
 // The deprecated names are the ones every supported torch has (2.11 through 2.13 at least;
 // 2.13 adds *_single and keeps these as aliases).
 #pragma GCC diagnostic push
@@ -108,6 +125,7 @@ void wait(const char* op, const Group& g, const c10::intrusive_ptr<c10d::Work>& 
 
 Tensor all_reduce_kernel(const Tensor& x, const std::string& op_name, const std::string& group) {
   const Group g = resolve("all_reduce", group);
+  if (on_host(g, x)) return all_reduce_kernel(x.cpu(), op_name, group).to(x.device());
   c10d::AllreduceOptions options;
   options.reduceOp = reduce_op("all_reduce", g, op_name);
   // Gloo has no AVG: sum, then divide (NCCL has both; one path for all backends).
@@ -120,6 +138,7 @@ Tensor all_reduce_kernel(const Tensor& x, const std::string& op_name, const std:
 
 Tensor all_gather_kernel(const Tensor& x, int64_t dim, const std::string& group) {
   const Group g = resolve("all_gather", group);
+  if (on_host(g, x)) return all_gather_kernel(x.cpu(), dim, group).to(x.device());
   dim = check_dim("all_gather", g, x, dim);
   // Gathering along dim 0 of x with dim moved first is concatenation along dim.
   Tensor input = x.movedim(dim, 0).contiguous();
@@ -132,6 +151,7 @@ Tensor all_gather_kernel(const Tensor& x, int64_t dim, const std::string& group)
 
 Tensor reduce_scatter_kernel(const Tensor& x, int64_t dim, const std::string& group) {
   const Group g = resolve("reduce_scatter", group);
+  if (on_host(g, x)) return reduce_scatter_kernel(x.cpu(), dim, group).to(x.device());
   dim = check_dim("reduce_scatter", g, x, dim);
   check_splits("reduce_scatter", g, x, dim);
   Tensor input = x.movedim(dim, 0).contiguous();
@@ -146,6 +166,7 @@ Tensor reduce_scatter_kernel(const Tensor& x, int64_t dim, const std::string& gr
 
 Tensor all_to_all_kernel(const Tensor& x, int64_t split_dim, int64_t concat_dim, const std::string& group) {
   const Group g = resolve("all_to_all", group);
+  if (on_host(g, x)) return all_to_all_kernel(x.cpu(), split_dim, concat_dim, group).to(x.device());
   split_dim = check_dim("all_to_all", g, x, split_dim);
   concat_dim = check_dim("all_to_all", g, x, concat_dim);
   check_splits("all_to_all", g, x, split_dim);

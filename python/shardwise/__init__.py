@@ -8,6 +8,7 @@ from ._fx_import import CaptureError
 from .capture import capture
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .cluster import Cluster
+from .devices import backend_for, local_device
 from .engine import CollectiveError, Engine, parallelize
 from .graph import Graph, RepeatedBlocks, UnknownOp
 from .materialize import materialize
@@ -22,6 +23,6 @@ __version__ = "0.1.0"
 __all__ = [
     "capture", "save_checkpoint", "load_checkpoint", "Cluster", "Engine", "Graph", "parallelize", "materialize",
     "NetworkCondition", "Plan", "plan", "Profile", "profile", "RepeatedBlocks", "simulate",
-    "UnknownOp",
+    "UnknownOp", "local_device", "backend_for",
     "ShardwiseError", "ParseError", "ValidationError", "CaptureError", "CollectiveError", "CheckpointError",
 ]

@@ -369,7 +369,8 @@ def load_checkpoint(path: str | os.PathLike, target, optimizer=None) -> dict:
                                 errors.append(f"load_checkpoint: {key} is {list(md.size)} in {path}, neither a "
                                               f"scalar nor {name}'s shape {held[name].shape}")
                                 continue
-                            local = torch.empty(p.shape if md.size else (), dtype=md.properties.dtype)
+                            local = torch.empty(p.shape if md.size else (), dtype=md.properties.dtype,
+                                                device=held[name].tensor.device)
                             try:
                                 staged[key] = _state_tensor(key, local, held[name])
                             except ValidationError as e:

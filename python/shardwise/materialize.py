@@ -40,7 +40,8 @@ def local_index(shape, placements, mesh, rank: int) -> tuple:
         elif len(runs) == 1:
             index.append(slice(runs[0][0], runs[0][1]))
         else:
-            index.append(torch.cat([torch.arange(start, stop) for start, stop in runs]))
+            # A host index: indexing a tensor of any device with it is allowed (torch moves it).
+            index.append(torch.cat([torch.arange(start, stop, device="cpu") for start, stop in runs]))
     return tuple(index)
 
 

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     generator = torch.Generator().manual_seed(1)
 
     def batch():
-        idx = torch.randint(0, cfg.vocab, (args.batch, cfg.seq), generator=generator)
+        idx = torch.randint(0, cfg.vocab, (args.batch, cfg.seq), generator=generator, device="cpu")
         return idx, torch.roll(idx, -1, dims=1)
 
     mesh = tuple(int(x) for x in args.mesh.split(",")) if args.mesh else None

@@ -111,8 +111,7 @@ class _DiesOn:
 
 def _mid_step_worker(rank: int, world: int, store: str, out: str, fault: str) -> None:
     import shardwise
-    import shardwise.runtime.pipeline_engine
-    import shardwise.runtime.buckets
+    import shardwise.runtime.transport  # the runtime's own torch.distributed calls go through it
     from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
@@ -123,7 +122,7 @@ def _mid_step_worker(rank: int, world: int, store: str, out: str, fault: str) ->
         batch = (torch.randn(12, 16), torch.randint(0, 4, (12,)))
         engine = shardwise.parallelize(model, batch, torch.nn.functional.cross_entropy, mesh=(world, 1),
                                        cluster=shardwise.Cluster.preset("cpu", world))
-        victim, module, call = world - 1, shardwise.runtime.buckets, "all_reduce"
+        victim, call = world - 1, "all_reduce"
     else:  # two stages, four micro-batches: the first stage dies after its first send of step 2
         model = TinyGPT(TinyGPTConfig(layers=2))
         ids = torch.randint(0, 256, (8, 32), generator=torch.Generator().manual_seed(1))
@@ -132,10 +131,11 @@ def _mid_step_worker(rank: int, world: int, store: str, out: str, fault: str) ->
         plan = shardwise.Plan.manual(graph, shardwise.Cluster.preset("cpu", world), pipeline=world, global_batch=8,
                                      micro_batch=2, recompute=False)
         engine = shardwise.parallelize(model, batch, plan=plan)
-        victim, module, call = 0, shardwise.runtime.pipeline_engine, "isend"
+        victim, call = 0, "isend"
     engine.train_step(*batch)
     if rank == victim:
-        module.dist = _DiesOn(module.dist, call, after=fault == "pipeline")
+        transport = shardwise.runtime.transport
+        transport.dist = _DiesOn(transport.dist, call, after=fault == "pipeline")
     _second_step_then_exit(engine, batch, f"{out}.{rank}")
 
 

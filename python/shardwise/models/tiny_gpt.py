@@ -63,5 +63,5 @@ class TinyGPT(nn.Module):
 
     def example_inputs(self, batch: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(0)
-        idx = torch.randint(0, self.cfg.vocab, (batch, self.cfg.seq), generator=g)
+        idx = torch.randint(0, self.cfg.vocab, (batch, self.cfg.seq), generator=g, device="cpu").to(self.wte.weight.device)
         return idx, torch.roll(idx, -1, dims=1)

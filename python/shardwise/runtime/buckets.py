@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
+from . import transport
 
 _BUCKET_BYTES = _C.GRADIENT_BUCKET_BYTES  # DDP's default bucket_cap_mb (csrc/cost/constants.h: the search prices it)
 
@@ -75,7 +76,7 @@ class _GradientBuckets:
         flat = torch._utils._flatten_dense_tensors(grads)
         if self._reduce_dtype is not None and flat.dtype != self._reduce_dtype:
             flat = flat.to(self._reduce_dtype)
-        self._issued[i] = (flat, grads, dist.all_reduce(flat, group=self._groups[axes[0]], async_op=True), axes[1:])
+        self._issued[i] = (flat, grads, transport.all_reduce(flat, group=self._groups[axes[0]], async_op=True), axes[1:])
 
     def abandon(self) -> None:
         """A failed step: forget the buckets in flight (their collectives failed or never ran)."""
@@ -93,7 +94,7 @@ class _GradientBuckets:
             flat, grads, work, rest = entry
             work.wait()
             for a in rest:  # further axes: one after the other on the same buffer
-                dist.all_reduce(flat, group=self._groups[a])
+                transport.all_reduce(flat, group=self._groups[a])
             if flat.dtype != grads[0].dtype:
                 flat = flat.to(grads[0].dtype)
             for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):

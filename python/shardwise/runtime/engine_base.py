@@ -282,7 +282,7 @@ class EngineBase:
         shapes = zlib.crc32(repr([list(t.shape) for t in tensors.values()]).encode()) if error is None else 0
         mode = int(self.training)
         flags = torch.tensor([int(error is not None), self._steps, -self._steps, shapes, -shapes, mode, -mode],
-                             dtype=torch.int64)
+                             dtype=torch.int64, device="cpu")  # the control group is Gloo on the CPU
         try:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._control)
         except BaseException as e:

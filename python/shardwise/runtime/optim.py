@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from .._C import ValidationError
+from . import transport
 
 
 def param_groups(spec: Any, named: dict[str, torch.Tensor], model_names: dict[int, str]) -> list[dict]:
@@ -131,7 +132,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     batches.setdefault((id(pg), owner), [pg, owner, []])[2].append(p)
         for pg, owner, tensors in batches.values():
             flat = torch._utils._flatten_dense_tensors([t.detach() for t in tensors])
-            dist.broadcast(flat, src=owner, group=pg)
+            transport.broadcast(flat, src=owner, group=pg)
             for t, value in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
                 t.copy_(value)
         return loss

@@ -42,6 +42,7 @@ from .grad_norm import plain
 from .lower import _build_module, _rank_program, _tensor_outputs
 from .reshard import gather_whole
 from .state import held_state
+from . import transport
 
 log = get_logger("shardwise.engine")
 
@@ -322,7 +323,7 @@ class PipelineEngine(EngineBase):
                         losses.append(outputs[0].detach())
                 elif kind == "SA":
                     for name, t in zip(stage["sent"], live[(g, mb)]["outputs"]):
-                        sends.append((dist.isend(t.detach().contiguous(), dst=peer,
+                        sends.append((transport.isend(t.detach().contiguous(), dst=peer,
                                                  tag=self._tag(self._index(program, name), mb, False)), t))
                 elif kind == "RG":
                     names = [n for n in stage["sent"] if program.meta[n][1].is_floating_point]
@@ -345,7 +346,7 @@ class PipelineEngine(EngineBase):
                         if not t.is_floating_point():
                             continue
                         grad = t.grad if t.grad is not None else torch.zeros_like(t)
-                        sends.append((dist.isend(grad.contiguous(), dst=peer,
+                        sends.append((transport.isend(grad.contiguous(), dst=peer,
                                                  tag=self._tag(self._index(program, name), mb, True)), grad))
             for work, _ in sends:
                 work.wait()
@@ -358,7 +359,7 @@ class PipelineEngine(EngineBase):
         for name, group in self._shared:
             p = self._parameters[name]
             if isinstance(p, torch.nn.Parameter) and p.grad is not None:
-                dist.all_reduce(p.grad, group=group)
+                transport.all_reduce(p.grad, group=group)
         return self._broadcast_loss(losses, program)
 
     def _broadcast_loss(self, losses: list, program: StageProgram) -> torch.Tensor:
@@ -366,7 +367,7 @@ class PipelineEngine(EngineBase):
         dtype (sent as float64: exact for every floating dtype, and Gloo-safe for half ones)."""
         loss = torch.stack(losses).mean().double() if losses else torch.zeros((), dtype=torch.float64,
                                                                                 device=self._device)
-        dist.broadcast(loss, src=self._last_rank)
+        transport.broadcast(loss, src=self._last_rank)
         return loss.to(program.loss_dtype)
 
     def _index(self, program: StageProgram, name: str) -> int:
@@ -375,7 +376,7 @@ class PipelineEngine(EngineBase):
     def _irecv(self, program: StageProgram, name: str, mb: int, peer: int, gradient: bool):
         shape, dtype, index = program.meta[name]
         buffer = torch.empty(shape, dtype=dtype, device=self._device)
-        return name, buffer, dist.irecv(buffer, src=peer, tag=self._tag(index, mb, gradient))
+        return name, buffer, transport.irecv(buffer, src=peer, tag=self._tag(index, mb, gradient))
 
     @staticmethod
     def _wait(items):
@@ -398,7 +399,7 @@ class PipelineEngine(EngineBase):
                 for name in stage["received"]:  # from the previous stage's rank, same sub-mesh coordinate
                     shape, dtype, index = program.meta[name]
                     received[name] = torch.empty(shape, dtype=dtype, device=self._device)
-                    dist.recv(received[name], src=((g - 1) % p) * size + local, tag=self._tag(index, mb, False))
+                    transport.recv(received[name], src=((g - 1) % p) * size + local, tag=self._tag(index, mb, False))
                 outputs = self._call(stage, [micro[mb][n] if n in micro[mb] else received[n]
                                              for n in stage["inputs"]], counts)
                 if stage["last"]:
@@ -406,7 +407,7 @@ class PipelineEngine(EngineBase):
                     continue
                 for name, t in zip(stage["sent"], outputs):
                     t = t.contiguous()
-                    sends.append((dist.isend(t, dst=((g + 1) % p) * size + local,
+                    sends.append((transport.isend(t, dst=((g + 1) % p) * size + local,
                                              tag=self._tag(self._index(program, name), mb, False)), t))
         for work, _ in sends:
             work.wait()
@@ -440,6 +441,6 @@ class PipelineEngine(EngineBase):
                     t = t.clone()
                 else:
                     t = torch.empty(shape, dtype=dtype, device=self._device)
-                dist.broadcast(t, src=min(self._owners[name]) * self._stage_size)
+                transport.broadcast(t, src=min(self._owners[name]) * self._stage_size)
                 out[name] = t
         return out

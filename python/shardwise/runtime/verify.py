@@ -58,7 +58,7 @@ def verify_capture(wrapper: torch.nn.Module, named: dict, graph, builder, tensor
     eager_state = {}
     for name, t in [*wrapper.named_parameters(), *wrapper.named_buffers()]:  # tied weights under their first name
         eager_state[name] = t.detach().clone().requires_grad_(t.requires_grad)
-    seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         eager_loss = torch.func.functional_call(wrapper, eager_state, (), named, tie_weights=True, strict=False)

@@ -1,0 +1,87 @@
+"""Point-to-point and collective calls of the runtime on tensors of any device.
+
+The runtime's own ``torch.distributed`` calls (gradient buckets, pipeline sends and
+receives, the loss broadcast, ZeRO's parameter broadcast) go through here. On NCCL, and on
+Gloo with CPU tensors, each is the ``torch.distributed`` call itself. On Gloo with a tensor
+off the CPU (several ranks sharing one GPU, which NCCL refuses) the call runs on a host copy
+and the result is copied back: Gloo has CUDA forms of some collectives and none of others
+(send / recv), and the forms it has copy through host memory themselves. The ops of
+``torch.ops.shardwise`` do the same in C++ (csrc/torch/collectives.cc, ``on_host``).
+
+Every function returns what its ``torch.distributed`` namesake returns: a work handle for
+the asynchronous ones, whose ``wait()`` also finishes the copy back to the device.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def on_host(tensor: torch.Tensor, group=None) -> bool:
+    """True when `group` (None: the default group) runs `tensor`'s collectives with Gloo and
+    `tensor` is not on the CPU."""
+    if tensor.device.type in ("cpu", "meta"):
+        return False
+    backend = str(dist.get_backend(group))
+    if ":" not in backend:  # "gloo" / "nccl": one backend for every device type
+        return backend == "gloo"
+    per_device = dict(part.split(":", 1) for part in backend.split(","))  # "cpu:gloo,cuda:nccl"
+    return per_device.get(tensor.device.type) == "gloo"
+
+
+class _Staged:
+    """A host-side work handle: ``wait()`` waits for it, then copies the host result into the
+    device tensor (``into``; None for a send, whose host copy only has to stay alive)."""
+
+    def __init__(self, work, host: torch.Tensor, into: torch.Tensor | None):
+        self._work, self._host, self._into = work, host, into
+
+    def wait(self, *args, **kwargs) -> bool:
+        done = self._work.wait(*args, **kwargs) if self._work is not None else True
+        if self._into is not None:
+            self._into.copy_(self._host)
+            self._into = None
+        return done
+
+    def is_completed(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
+
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    if not on_host(tensor, group):
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    host = tensor.cpu()
+    work = _Staged(dist.all_reduce(host, op=op, group=group, async_op=async_op), host, tensor)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False):
+    if not on_host(tensor, group):
+        return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+    host = tensor.cpu()
+    work = _Staged(dist.broadcast(host, src=src, group=group, async_op=async_op), host, tensor)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def isend(tensor: torch.Tensor, dst: int, group=None, tag: int = 0):
+    if not on_host(tensor, group):
+        return dist.isend(tensor, dst=dst, group=group, tag=tag)
+    host = tensor.detach().cpu()
+    return _Staged(dist.isend(host, dst=dst, group=group, tag=tag), host, None)
+
+
+def irecv(tensor: torch.Tensor, src: int, group=None, tag: int = 0):
+    if not on_host(tensor, group):
+        return dist.irecv(tensor, src=src, group=group, tag=tag)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+    return _Staged(dist.irecv(host, src=src, group=group, tag=tag), host, tensor)
+
+
+def recv(tensor: torch.Tensor, src: int, group=None, tag: int = 0) -> None:
+    irecv(tensor, src, group=group, tag=tag).wait()
