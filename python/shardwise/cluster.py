@@ -16,11 +16,17 @@ of a send/recv (see csrc/cost/collective_cost.h).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import statistics
 from typing import Iterable
 
 from . import _C
+from ._logging import get_logger
+
+log = get_logger(__name__)
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 ALGORITHMS = ("auto", "ring", "hierarchical")
@@ -57,16 +63,35 @@ class Cluster:
         return cls(_C.Cluster.from_json(str(text_or_path)))
 
     @classmethod
-    def detect(cls) -> "Cluster":
+    def detect(cls, *, measure_links: bool = False) -> "Cluster":
         """This machine (and, under torchrun, its peers, assumed alike).
 
         World size: ``torch.distributed`` when it is initialised, else 1 rank. Ranks per
         node: ``LOCAL_WORLD_SIZE`` (set by torchrun), else all of them on one node.
-        Devices: the current CUDA device when CUDA is available, described from the
-        catalogue when its name is known (A100, H100, V100) and roughly from its
-        properties otherwise; else one CPU process per rank, sharing this machine's cores
-        and memory. Link numbers are not measured: they come from the matching preset,
-        or conservative PCIe / network figures.
+
+        CUDA (the current device, when CUDA is available):
+          - peak_flops: measured, per precision (f32 with TF32 off, tf32, bf16, f16), from a
+            timed square GEMM (n = 4096, less when free memory is short; the median of a few
+            runs after warm-ups; well under a second on an H100). A precision whose timing
+            fails keeps the catalogue's figure (A100, H100, V100) or, for an unknown GPU, a
+            rough estimate from the device's properties.
+          - memory_bytes: the device's total memory, as torch reports it.
+          - memory_bandwidth: the catalogue's figure, else a conservative guess (not measured).
+        CPU (otherwise): one process per rank, sharing this machine's cores and memory; FLOP/s
+        and memory bandwidth are estimates from the catalogue's per-core figures.
+
+        Links: with ``measure_links`` (and an initialised process group of several ranks), an
+        all-reduce is timed at a few sizes on each link level the job's ranks use (inside a
+        node, and between nodes: one rank per node), and the link's bandwidth and latency are
+        fitted so that the cost model's ring all-reduce reproduces the measured times. Levels
+        not measured (or whose fit fails) keep the matching preset's figures, or conservative
+        PCIe / network ones.
+
+        Collective: under an initialised process group of several ranks every rank must call
+        ``detect`` together, with the same ``measure_links``: measured figures are agreed
+        across the ranks (the slowest rank's), so that every rank plans on the same cluster.
+        How each figure was obtained is recorded in the cluster's name
+        ("detected ... [measured: peak_flops, links.nvswitch; device: memory_bytes; ...]").
         """
         world, per_node = _world_and_local_sizes()
         try:
@@ -75,7 +100,10 @@ class Cluster:
             cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
         except ImportError:  # pragma: no cover - torch is a dependency
             cuda = False
-        doc = _detect_cuda(world, per_node) if cuda else _detect_cpu(world, per_node)
+        doc, sources = _detect_cuda(world, per_node) if cuda else _detect_cpu(world, per_node)
+        if measure_links and world > 1:
+            _measure_links(doc["links"], world, per_node, sources)
+        doc["name"] += f" [{_describe_sources(sources)}]"
         return cls(_C.Cluster.from_json(json.dumps(doc)))
 
     # ---- serialisation ------------------------------------------------------
@@ -203,11 +231,12 @@ def _machine_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _detect_cpu(world: int, per_node: int) -> dict:
+def _detect_cpu(world: int, per_node: int) -> tuple[dict, dict[str, str]]:
     """One CPU process per rank. The catalogue's "cpu" type is about one core; each of
     the node's processes gets cores / processes of it in FLOP/s (fractions when the
     machine is oversubscribed) and memory / processes. Memory bandwidth is never scaled
-    up: one process rarely streams faster than one core's share of the channels."""
+    up: one process rarely streams faster than one core's share of the channels.
+    Returns the cluster document and how each figure was obtained (``_describe_sources``)."""
     base = _catalogue("cpu")
     share = _machine_cores() / per_node
     device = {
@@ -218,8 +247,13 @@ def _detect_cpu(world: int, per_node: int) -> dict:
     }
     # Between machines: 10 GbE, a conservative guess for CPU clusters.
     network = {"name": "ethernet", "bandwidth": 1.25e9 / per_node, "latency": 5e-5}
-    return _uniform(f"detected cpu ({world} process{'es' if world != 1 else ''})", device, world, per_node,
-                    _preset_links("cpu") + [network])
+    doc = _uniform(f"detected cpu ({world} process{'es' if world != 1 else ''})", device, world, per_node,
+                   _preset_links("cpu") + [network])
+    sources = {"peak_flops": "estimated", "memory_bytes": "machine", "memory_bandwidth": "catalogue",
+               "links.loopback": "preset"}
+    if len(doc["links"]) > 1:
+        sources["links.ethernet"] = "estimated"
+    return doc, sources
 
 
 # torch's device names ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB",
@@ -227,7 +261,9 @@ def _detect_cpu(world: int, per_node: int) -> dict:
 def _match_gpu(name: str) -> tuple[str, str | None] | None:
     upper = name.upper()
     pcie = "PCIE" in upper
-    if "H100" in upper and not pcie:
+    # H200: H100's compute and NVLink with more and faster HBM (capacity from the device, and
+    # the bandwidth measured, so the H100 entry's are not used).
+    if ("H100" in upper or "H200" in upper) and not pcie:
         return "h100-sxm5-80gb", "dgx-h100"
     if "A100" in upper:
         return ("a100-pcie-80gb", None) if pcie else ("a100-sxm4-80gb", "dgx-a100")
@@ -236,31 +272,326 @@ def _match_gpu(name: str) -> tuple[str, str | None] | None:
     return None
 
 
-def _detect_cuda(world: int, per_node: int) -> dict:
+def _estimate_from_properties(props) -> dict:
+    """Unknown GPU: a rough, low estimate from its properties at an assumed 1.4 GHz, 64 FP32
+    lanes per SM, and tensor cores as on V100 (sm70) / A100 (sm80+)."""
+    sms, clock = props.multi_processor_count, 1.4e9
+    f32 = sms * 64 * 2 * clock
+    tensor = sms * (1024 if props.major >= 8 else 512 if props.major >= 7 else 0) * 2 * clock
+    half = max(tensor, f32)
+    return {"peak_flops": {"f32": f32, "tf32": half / 2 if props.major >= 8 else f32,
+                           "bf16": half if props.major >= 8 else f32, "f16": half},
+            "memory_bandwidth": 5e11}
+
+
+def _detect_cuda(world: int, per_node: int) -> tuple[dict, dict[str, str]]:
+    """The current CUDA device, ``world`` of them, ``per_node`` to a node (``Cluster.detect``
+    says which figures are measured). Returns the cluster document and how each figure was
+    obtained (``_describe_sources``)."""
     import torch
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
     match = _match_gpu(props.name)
-    if match is not None:
-        device = _catalogue(match[0])
-    else:
-        # Unknown GPU: a rough, low estimate from its properties at an assumed 1.4 GHz,
-        # 64 FP32 lanes per SM, and tensor cores as on V100 (sm70) / A100 (sm80+).
-        sms, clock = props.multi_processor_count, 1.4e9
-        f32 = sms * 64 * 2 * clock
-        tensor = sms * (1024 if props.major >= 8 else 512 if props.major >= 7 else 0) * 2 * clock
-        half = max(tensor, f32)
-        device = {"peak_flops": {"f32": f32, "tf32": half / 2 if props.major >= 8 else f32,
-                                 "bf16": half if props.major >= 8 else f32, "f16": half},
-                  "memory_bandwidth": 5e11}
+    device = _catalogue(match[0]) if match is not None else _estimate_from_properties(props)
+    estimate_source = "catalogue" if match is not None else "estimated"
+    sources = {"memory_bytes": "device", "memory_bandwidth": estimate_source}
+
+    measured = _measure_peak_flops(torch.device("cuda", index), device["peak_flops"])
+    precisions = sorted(device["peak_flops"])
+    # Every rank must describe the same cluster (each plans on it and the plans' hashes are
+    # compared): the slowest rank's figures, and "measured" only where every rank measured.
+    agreed = _agree_across_ranks([measured.get(p, device["peak_flops"][p]) for p in precisions] +
+                                 [1.0 if p in measured else 0.0 for p in precisions], world, "min")
+    flops, was_measured = agreed[:len(precisions)], agreed[len(precisions):]
+    device["peak_flops"] = dict(zip(precisions, flops))
+    for p, ok in zip(precisions, was_measured):
+        sources[f"peak_flops.{p}"] = "measured" if ok else estimate_source
+    bandwidth = _measure_memory_bandwidth(torch.device("cuda", index))
+    bandwidth, bandwidth_measured = _agree_across_ranks([bandwidth or device["memory_bandwidth"],
+                                                        1.0 if bandwidth else 0.0], world, "min")
+    device["memory_bandwidth"] = bandwidth
+    if bandwidth_measured:
+        sources["memory_bandwidth"] = "measured"
+
     # Name from torch and capacity as torch reports it: the GPU may be a variant of the
     # catalogue entry (40GB A100) and usable memory is what the planner must fit in.
     device["name"] = "-".join(props.name.lower().replace("nvidia", "").split()) or "cuda"
     device["memory_bytes"] = int(props.total_memory)
     if match is not None and match[1] is not None:
         links = _preset_links(match[1])
+        link_source = "preset"
     else:
         # PCIe Gen3 x16 inside the node, a 100 Gb/s NIC shared by the node between nodes.
         links = [{"name": "pcie", "bandwidth": 16e9, "latency": 5e-6},
                  {"name": "network", "bandwidth": 12.5e9 / per_node, "latency": 1e-5}]
-    return _uniform(f"detected {props.name} x{world}", device, world, per_node, links)
+        link_source = "estimated"
+    doc = _uniform(f"detected {props.name} x{world}", device, world, per_node, links)
+    sources.update({f"links.{link['name']}": link_source for link in doc["links"]})
+    return doc, sources
+
+
+# ---- measurement -----------------------------------------------------------------------
+
+GEMM_SIZE = 4096  # large enough for cuBLAS to reach its peak on an A100 / H100, ~0.2 GB in f32
+_GEMM_WARMUPS, _GEMM_REPEATS = 2, 5
+
+
+def _gemm_dtype(precision: str):
+    import torch
+
+    dtypes = {"f32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+    if precision not in dtypes:
+        raise ValueError(f"no GEMM for precision {precision!r} (known: {', '.join(dtypes)})")
+    return dtypes[precision]
+
+
+@contextlib.contextmanager
+def _tf32_matmul(enabled: bool):
+    """TF32 on or off for cuBLAS matmuls in the block, restored after. Through the
+    ``fp32_precision`` setting where torch has it: torch refuses to read the legacy
+    ``allow_tf32`` flag once the new setting was used, so the legacy one is only the fallback."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        saved = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if enabled else "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = saved
+    else:  # pragma: no cover - torch before the fp32_precision setting
+        saved = matmul.allow_tf32
+        matmul.allow_tf32 = enabled
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = saved
+
+
+def _gemm_size(device) -> int:
+    """GEMM_SIZE, halved until the three n x n f32 matrices take at most a quarter of the
+    device's free memory (another process may be using the rest); at least 512."""
+    import torch
+
+    try:
+        free, _ = torch.cuda.mem_get_info(device)
+    except (RuntimeError, AttributeError):  # no figure: assume room for the full size
+        return GEMM_SIZE
+    n = GEMM_SIZE
+    while n > 512 and 3 * n * n * 4 > free / 4:
+        n //= 2
+    return n
+
+
+def _time_square_gemm(n: int, precision: str, device) -> float:
+    """Seconds of one n x n by n x n matmul at ``precision`` on ``device``: the median of
+    _GEMM_REPEATS runs timed with CUDA events, after _GEMM_WARMUPS untimed ones (cuBLAS picks
+    and loads its kernel on the first)."""
+    import torch
+
+    dtype = _gemm_dtype(precision)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    out = torch.empty(n, n, dtype=dtype, device=device)
+    with _tf32_matmul(precision == "tf32"):
+        for _ in range(_GEMM_WARMUPS):
+            torch.mm(a, b, out=out)
+        events = []
+        for _ in range(_GEMM_REPEATS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.mm(a, b, out=out)
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3  # ms -> s
+
+
+def _measure_peak_flops(device, precisions: Iterable[str]) -> dict[str, float]:
+    """FLOP/s of a square GEMM (2 n^3 floating-point operations) on ``device`` for each
+    precision; a precision whose timing fails, or gives no positive finite figure, is left
+    out (with a warning) for the caller to estimate."""
+    n = _gemm_size(device)
+    measured = {}
+    for precision in precisions:
+        try:
+            seconds = _time_square_gemm(n, precision, device)
+        except Exception as e:  # noqa: BLE001 - any failure leaves the estimate, never breaks detect()
+            log.warning("detect: timing a %dx%d %s GEMM on %s failed (%s: %s); using the estimate",
+                        n, n, precision, device, type(e).__name__, e)
+            continue
+        flops = 2.0 * n ** 3 / seconds if seconds > 0 else float("nan")
+        if not math.isfinite(flops) or flops <= 0:
+            log.warning("detect: a %dx%d %s GEMM on %s timed %r s; using the estimate", n, n, precision, device,
+                        seconds)
+            continue
+        measured[precision] = flops
+    return measured
+
+
+COPY_BYTES = 256 << 20  # a device-to-device copy long enough to reach HBM's bandwidth
+
+
+def _time_device_copy(nbytes: int, device) -> float:
+    """Seconds of one copy of `nbytes` between two buffers on ``device``: the median of
+    _GEMM_REPEATS runs timed with CUDA events, after _GEMM_WARMUPS untimed ones."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    for _ in range(_GEMM_WARMUPS):
+        dst.copy_(src)
+    events = []
+    for _ in range(_GEMM_REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3
+
+
+def _measure_memory_bandwidth(device) -> float | None:
+    """Bytes per second a device-to-device copy moves, counting what it reads and what it
+    writes (as the cost model's memory-bound ops count both), or None when the timing fails
+    or gives no positive finite figure (the caller keeps its estimate)."""
+    nbytes = COPY_BYTES
+    try:
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        while nbytes > (1 << 20) and 2 * nbytes > free // 4:
+            nbytes //= 2
+        seconds = _time_device_copy(nbytes, device)
+    except Exception as e:  # noqa: BLE001 - any failure leaves the estimate, never breaks detect()
+        log.warning("detect: timing a %d-byte copy on %s failed (%s: %s); using the estimate", nbytes, device,
+                    type(e).__name__, e)
+        return None
+    bandwidth = 2.0 * nbytes / seconds if seconds > 0 else float("nan")
+    if not math.isfinite(bandwidth) or bandwidth <= 0:
+        log.warning("detect: a %d-byte copy on %s timed %r s; using the estimate", nbytes, device, seconds)
+        return None
+    return bandwidth
+
+
+def _agree_across_ranks(values: list[float], world: int, how: str) -> list[float]:
+    """``values`` reduced over the default process group (``how``: "min" or "max"), so that
+    every rank ends with the same figures; as they are without a group of several ranks.
+    Collective: every rank must call it, with as many values."""
+    if world < 2 or not values:
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    op = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[how]
+    t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(t, op=op)
+    return [float(v) for v in t.cpu()]
+
+
+def _collective_device():
+    """Where the default group's collectives run: the current CUDA device when NCCL serves it
+    ("nccl", or "cpu:gloo,cuda:nccl" for a group of several backends), else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# Buffer sizes of the link measurement's all-reduces: the largest long enough for the bandwidth
+# term to stand well above the latency and the timing noise (NVSwitch: ~1 ms at 256 MiB; Gloo on
+# a few busy CPU cores: milliseconds of noise, ~10 ms at 32 MiB), all of them quick.
+_LINK_SIZES_CUDA = (1 << 20, 8 << 20, 64 << 20, 256 << 20)
+_LINK_SIZES_CPU = (64 << 10, 1 << 20, 8 << 20, 32 << 20)
+
+
+def _ring_all_reduce_terms(ranks: int) -> tuple[float, float]:
+    """(seconds per byte at 1 B/s, seconds per unit of latency) of a ring all-reduce over
+    ``ranks`` ranks of one link, as the C++ cost model prices it (2 (p-1)/p and 2 (p-1)), so
+    that a fitted link reproduces the measured times in the planner."""
+    cpu = _catalogue("cpu")
+
+    def flat(bandwidth: float, latency: float) -> Cluster:
+        return Cluster(_C.Cluster.from_json(json.dumps({
+            "name": "unit", "device_types": [cpu], "nodes": [{"device": "cpu", "count": ranks}],
+            "links": [{"name": "unit", "bandwidth": bandwidth, "latency": latency}]})))
+
+    per_byte = flat(1.0, 0.0).collective_time("all_reduce", range(ranks), 1 << 30, "ring") / (1 << 30)
+    per_latency = flat(1e30, 1.0).collective_time("all_reduce", range(ranks), 1, "ring")
+    return per_byte, per_latency
+
+
+def _measure_links(links: list[dict], world: int, per_node: int, sources: dict[str, str]) -> None:
+    """Replaces the bandwidth and latency of the link levels the job's ranks use with measured
+    ones (in ``links``, in place), and records it in ``sources``. Inside a node: an all-reduce
+    over each node's ranks; between nodes: over the ranks of one local index, one per node. All
+    groups run at once, as a job's traffic does (a node's ranks share its NIC: the figure is
+    per device, as the presets' are). Every rank takes the slowest group's fit, so all agree.
+    Collective over the default group: every rank must call it together."""
+    import torch.distributed as dist
+
+    from .profile import measure_collectives
+
+    if not (dist.is_available() and dist.is_initialized()) or world < 2:
+        return
+    nodes, rank = world // per_node, dist.get_rank()
+    device = _collective_device()
+    sizes = _LINK_SIZES_CUDA if device.type == "cuda" else _LINK_SIZES_CPU
+    # (level index in `links`, this rank's group over that level, the group's size)
+    levels = []
+    created = []
+    if per_node > 1:
+        if nodes == 1:
+            levels.append((0, None, per_node))
+        else:
+            # new_group is collective: every rank creates every node's group, in the same order.
+            groups = [dist.new_group(list(range(n * per_node, (n + 1) * per_node))) for n in range(nodes)]
+            created += groups
+            levels.append((0, groups[rank // per_node], per_node))
+    if nodes > 1:
+        groups = [dist.new_group([n * per_node + local for n in range(nodes)]) for local in range(per_node)]
+        created += groups
+        levels.append((len(links) - 1, groups[rank % per_node], nodes))
+    try:
+        for level, group, ranks in levels:
+            result = measure_collectives(sizes=sizes, kinds=("all_reduce",), group=group, device=device)
+            fit = result["collectives"].get("all_reduce", {}).get(str(ranks))
+            failed = fit is None
+            if failed:
+                log.warning("detect: measuring link %r failed (%s); keeping its %s figures", links[level]["name"],
+                            result["skipped"].get("collective:all_reduce", "no fit"),
+                            sources.get(f"links.{links[level]['name']}", "preset"))
+            alpha, beta, any_failed = _agree_across_ranks(
+                [0.0, 0.0, 1.0] if failed else [fit["alpha"], fit["beta"], 0.0], world, "max")
+            if any_failed or not (beta > 0 and math.isfinite(beta)):
+                continue  # a flat or failed fit says nothing about bandwidth: keep the figures
+            per_byte, per_latency = _ring_all_reduce_terms(ranks)
+            link = links[level]
+            link["bandwidth"] = per_byte / beta
+            link["latency"] = alpha / per_latency
+            link.pop("per_device", None)  # a measured figure holds for every device of this job
+            sources[f"links.{link['name']}"] = "measured"
+    finally:
+        for group in created:
+            dist.destroy_process_group(group)
+
+
+def _describe_sources(sources: dict[str, str]) -> str:
+    """{figure: how it was obtained} as one line, grouped by how, e.g.
+    ``measured: peak_flops, links.nvswitch; device: memory_bytes; catalogue: memory_bandwidth``
+    (the four peak_flops.<precision> collapse into peak_flops when they agree)."""
+    flops = {k: v for k, v in sources.items() if k.startswith("peak_flops.")}
+    if flops and len(set(flops.values())) == 1:
+        sources = {k: v for k, v in sources.items() if k not in flops}
+        sources["peak_flops"] = next(iter(flops.values()))
+    by_source: dict[str, list[str]] = {}
+    for figure, source in sources.items():
+        by_source.setdefault(source, []).append(figure)
+    order = ("measured", "device", "machine", "catalogue", "preset", "estimated")
+    ranked = sorted(by_source, key=lambda s: (order.index(s) if s in order else len(order), s))
+    return "; ".join(f"{source}: {', '.join(sorted(by_source[source]))}" for source in ranked)

@@ -172,3 +172,199 @@ def test_detect_under_torchrun(monkeypatch):
 ])
 def test_gpu_names_map_to_the_catalogue(torch_name, expected):
     assert cluster_module._match_gpu(torch_name) == expected
+
+
+# ---- detection from measurement ---------------------------------------------------------
+
+class _FakeDeviceProperties:
+    def __init__(self, name: str, total_memory: int = 80 << 30, sms: int = 132, major: int = 9):
+        self.name, self.total_memory = name, total_memory
+        self.multi_processor_count, self.major, self.minor = sms, major, 0
+
+
+def _fake_cuda(monkeypatch, props: _FakeDeviceProperties, gemm_seconds, free_memory: int = 64 << 30,
+               copy_seconds=None) -> list:
+    """torch.cuda as a machine with one `props` GPU shows it, without one; GEMM timings from
+    `gemm_seconds(n, precision)`. Returns the (n, precision) of every timed GEMM."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_memory, props.total_memory))
+    timed = []
+
+    def time_square_gemm(n, precision, device):
+        timed.append((n, precision))
+        return gemm_seconds(n, precision)
+
+    monkeypatch.setattr(cluster_module, "_time_square_gemm", time_square_gemm)
+    monkeypatch.setattr(cluster_module, "_time_device_copy", copy_seconds or _copy_fails)
+    return timed
+
+
+def _copy_fails(nbytes, device):
+    raise RuntimeError("no copy timing in this test")
+
+
+def test_detect_cuda_takes_peak_flops_from_a_timed_gemm(monkeypatch):
+    seconds = {"f32": 2e-2, "tf32": 4e-3, "bf16": 2e-3, "f16": 1.5e-3}
+    props = _FakeDeviceProperties("NVIDIA H100 80GB HBM3", total_memory=81_000_000_000)
+    timed = _fake_cuda(monkeypatch, props, lambda n, precision: seconds[precision])
+    c = Cluster.detect()
+    n = cluster_module.GEMM_SIZE
+    assert sorted(timed) == sorted((n, p) for p in seconds)
+    h100 = c.device_of(0)
+    assert h100["peak_flops"] == pytest.approx({p: 2 * n ** 3 / t for p, t in seconds.items()})
+    # Not measured: capacity from the device, bandwidth and links from the catalogue's H100 / DGX H100.
+    assert h100["memory_bytes"] == 81_000_000_000
+    assert h100["memory_bandwidth"] == cluster_module._catalogue("h100-sxm5-80gb")["memory_bandwidth"]
+    assert json.loads(c.to_json())["links"] == cluster_module._preset_links("dgx-h100")[:1]
+    assert c.name == ("detected NVIDIA H100 80GB HBM3 x1 [measured: peak_flops; device: memory_bytes; "
+                      "catalogue: memory_bandwidth; preset: links.nvswitch]")
+    assert Cluster.from_json(c.to_json()) == c
+
+
+def test_gemm_size_shrinks_when_free_memory_is_short(monkeypatch):
+    props = _FakeDeviceProperties("NVIDIA H100 80GB HBM3")
+    timed = _fake_cuda(monkeypatch, props, lambda n, precision: 1e-3, free_memory=3 * 1024 * 1024 * 4 * 4)
+    c = Cluster.detect()
+    assert {n for n, _ in timed} == {1024}
+    assert c.device_of(0)["peak_flops"]["bf16"] == pytest.approx(2 * 1024 ** 3 / 1e-3)
+
+
+def test_failed_gemm_timings_fall_back_to_positive_estimates(monkeypatch):
+    def flaky(n, precision):
+        if precision == "tf32":
+            raise RuntimeError("CUDA out of memory")
+        return {"f32": 2e-2, "bf16": 2e-3, "f16": 0.0}[precision]  # 0 s: an event that never ran
+
+    _fake_cuda(monkeypatch, _FakeDeviceProperties("NVIDIA A100-SXM4-80GB"), flaky)
+    c = Cluster.detect()
+    a100, catalogue = c.device_of(0), cluster_module._catalogue("a100-sxm4-80gb")["peak_flops"]
+    n = cluster_module.GEMM_SIZE
+    assert a100["peak_flops"] == pytest.approx({"f32": 2 * n ** 3 / 2e-2, "bf16": 2 * n ** 3 / 2e-3,
+                                                "tf32": catalogue["tf32"], "f16": catalogue["f16"]})
+    assert "measured: peak_flops.bf16, peak_flops.f32" in c.name
+    assert "catalogue: memory_bandwidth, peak_flops.f16, peak_flops.tf32" in c.name
+
+    # An unknown GPU whose every timing fails: the rough estimate from its properties.
+    def broken(n, precision):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    _fake_cuda(monkeypatch, _FakeDeviceProperties("NVIDIA GeForce RTX 4090", sms=128, major=8), broken)
+    c = Cluster.detect()
+    flops = c.device_of(0)["peak_flops"]
+    assert set(flops) == {"f32", "tf32", "bf16", "f16"} and all(v > 0 for v in flops.values())
+    assert "estimated: links.pcie, memory_bandwidth, peak_flops" in c.name
+
+
+def test_time_square_gemm_is_the_median_of_cuda_event_timings(monkeypatch):
+    # The timing code itself, run on the CPU: CUDA events replaced by ones that report
+    # 5, 1, 3, 2, 4 ms, and that check TF32 is on exactly while the tf32 GEMM runs.
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    reported = iter([5.0, 1.0, 3.0, 2.0, 4.0])
+    precisions_seen = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self):
+            precisions_seen.append(matmul.fp32_precision)
+
+        def elapsed_time(self, end):
+            return next(reported)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    assert cluster_module._time_square_gemm(64, "tf32", torch.device("cpu")) == pytest.approx(3e-3)
+    assert set(precisions_seen) == {"tf32"} and matmul.fp32_precision == before
+
+    reported, precisions_seen[:] = iter([1.0] * 5), []
+    cluster_module._time_square_gemm(64, "f32", torch.device("cpu"))
+    assert set(precisions_seen) == {"ieee"} and matmul.fp32_precision == before
+    with pytest.raises(ValueError, match="no GEMM for precision 'f8'"):
+        cluster_module._time_square_gemm(64, "f8", torch.device("cpu"))
+
+
+def _measure_links_job(rank: int, world: int, tmp: str) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.is_available = lambda: False  # the CPU path here, even on a machine with a GPU
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), world), rank=rank,
+                            world_size=world)
+    try:
+        out = {"agreed": cluster_module._agree_across_ranks([float(rank), 10.0 * rank], world, "min")}
+        out["preset"] = Cluster.detect().to_json()
+        out["one_node"] = Cluster.detect(measure_links=True).to_json()
+        os.environ["LOCAL_WORLD_SIZE"] = "1"  # as if each rank were on a machine of its own
+        out["two_nodes"] = Cluster.detect(measure_links=True).to_json()
+        with open(os.path.join(tmp, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_detect_measures_links_with_an_all_reduce(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_measure_links_job, args=(2, str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["agreed"] == ranks[1]["agreed"] == [0.0, 0.0]
+    for key in ("preset", "one_node", "two_nodes"):  # every rank describes the same cluster
+        assert ranks[0][key] == ranks[1][key], key
+    preset, one_node, two_nodes = (json.loads(ranks[0][k]) for k in ("preset", "one_node", "two_nodes"))
+
+    assert preset["links"] == cluster_module._preset_links("cpu")
+    [loopback] = one_node["links"]
+    assert loopback["name"] == "loopback" and loopback["bandwidth"] > 0 and loopback["latency"] >= 0
+    assert loopback["bandwidth"] != preset["links"][0]["bandwidth"]
+    assert "measured: links.loopback;" in one_node["name"]
+
+    inner, ethernet = two_nodes["links"]
+    assert inner == preset["links"][0]  # one rank a node: nothing crosses the inner level
+    assert ethernet["name"] == "ethernet" and ethernet["bandwidth"] > 0 and ethernet["bandwidth"] != 1.25e9
+    assert "measured: links.ethernet;" in two_nodes["name"] and "preset: links.loopback" in two_nodes["name"]
+    assert Cluster.from_json(ranks[0]["two_nodes"]).num_nodes == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_detect_measures_the_real_gpu():
+    import torch
+
+    c = Cluster.detect()
+    gpu = c.device_of(0)
+    assert gpu["peak_flops"]["bf16"] > gpu["peak_flops"]["f32"] > 0
+    assert gpu["memory_bytes"] == torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    assert "measured: memory_bandwidth, peak_flops" in c.name, c.name
+    print(f"detected {c.name}: bf16 {gpu['peak_flops']['bf16'] / 1e12:.0f} TFLOP/s, "
+          f"memory {gpu['memory_bandwidth'] / 1e12:.2f} TB/s")
+
+
+def test_detect_cuda_measures_memory_bandwidth_with_a_device_copy(monkeypatch):
+    # An H200 (H100's compute and links, its own memory): the copy's bytes read and written
+    # over its time is the bandwidth; a failed copy keeps the catalogue's (the test above).
+    copies = []
+
+    def copy_seconds(nbytes, device):
+        copies.append(nbytes)
+        return 2 * nbytes / 4.3e12
+
+    props = _FakeDeviceProperties("NVIDIA H200", total_memory=150_000_000_000)
+    _fake_cuda(monkeypatch, props, lambda n, precision: 1e-3, copy_seconds=copy_seconds)
+    c = Cluster.detect()
+    h200 = c.device_of(0)
+    assert copies == [cluster_module.COPY_BYTES]
+    assert h200["memory_bandwidth"] == pytest.approx(4.3e12)
+    assert h200["memory_bytes"] == 150_000_000_000
+    assert "measured: memory_bandwidth, peak_flops" in c.name and "preset: links.nvswitch" in c.name, c.name
