@@ -228,23 +228,7 @@ class GptBuilder {
     pos = op("aten::to.dtype_layout", "to", {pos}, act({1, s_, h_}), to_dtype_layout(c_.dtype), "transformer");
     const ValueId sum =
         op("aten::add.Tensor", "add", {tokens, pos}, act({b_, s_, h_}), {{"alpha", std::int64_t{1}}}, "transformer");
-    mask_ = causal_mask(position_ids);
     return dropout(sum, "transformer.drop");
-  }
-
-  // mask[b, 0, q, k] = position_ids[b, k] <= position_ids[b, q]: the causal part of the mask
-  // transformers builds (the rest detects packed sequences, which plain ids never are).
-  ValueId causal_mask(ValueId position_ids) {
-    const std::string m = "transformer";
-    const ValueId ids = op("aten::expand", "expand", {position_ids}, typed(DType::I64, {b_, s_}),
-                           {{"implicit", false}, {"size", Shape{b_, -1}}}, m);
-    const ValueId rows =
-        op("aten::unsqueeze", "unsqueeze", {ids}, typed(DType::I64, {b_, 1, s_}), {{"dim", std::int64_t{1}}}, m);
-    const ValueId query =
-        op("aten::unsqueeze", "unsqueeze", {rows}, typed(DType::I64, {b_, 1, s_, 1}), {{"dim", std::int64_t{3}}}, m);
-    const ValueId key =
-        op("aten::unsqueeze", "unsqueeze", {rows}, typed(DType::I64, {b_, 1, 1, s_}), {{"dim", std::int64_t{2}}}, m);
-    return op("aten::le.Tensor", "le", {key, query}, typed(DType::Bool, {b_, 1, s_, s_}), {}, m);
   }
 
   ValueId layer(ValueId x, int i) {
@@ -288,9 +272,11 @@ class GptBuilder {
     const ValueId query = heads(qkv_parts[0]);
     // scaling = head_dim ** -0.5, computed as Python does so the attribute prints identically.
     const double scale = std::pow(static_cast<double>(hd_), -0.5);
-    ValueId x = op("aten::scaled_dot_product_attention", "scaled_dot_product_attention", {query, key, value, mask_},
+    // Causal attention as transformers calls it eagerly (no mask, is_causal): a capture folds
+    // the mask export builds from shapes back into is_causal (python/shardwise/_causal_masks.py).
+    ValueId x = op("aten::scaled_dot_product_attention", "scaled_dot_product_attention", {query, key, value},
                    act({b_, nh_, s_, hd_}),
-                   {{"dropout_p", 0.0}, {"enable_gqa", false}, {"is_causal", false}, {"scale", scale}}, m);
+                   {{"dropout_p", 0.0}, {"enable_gqa", false}, {"is_causal", true}, {"scale", scale}}, m);
     x = op("aten::reshape", "reshape", {x}, act({b_, nh_, s_, hd_}), {{"shape", Shape{b_, -1, s_, hd_}}}, m);
     x = op("aten::transpose.int", "transpose", {x}, act({b_, s_, nh_, hd_}),
            {{"dim0", std::int64_t{1}}, {"dim1", std::int64_t{2}}}, m);
@@ -350,7 +336,7 @@ class GptBuilder {
   const std::int64_t b_, s_, h_, nh_, hd_, f_, v_, p_;
   ir::Graph g_;
   Namer names_;
-  ValueId wte_ = -1, wpe_ = -1, ln_f_weight_ = -1, ln_f_bias_ = -1, lm_head_weight_ = -1, mask_ = -1;
+  ValueId wte_ = -1, wpe_ = -1, ln_f_weight_ = -1, ln_f_bias_ = -1, lm_head_weight_ = -1;
   std::vector<LayerParams> layers_;
 };
 

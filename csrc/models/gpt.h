@@ -13,9 +13,8 @@
 //    untied (tied, lm_head reads wte, which counts once).
 //  - Inputs: input_ids, then labels (with_loss), both i64[b,s] with batch_dim 0.
 //  - Nodes: the capture's ops, module paths, attributes (schema names, defaults filled) and
-//    output types, node for node, except the causal-mask plumbing (see "Differences").
-//    Activations are named in torch.fx's style (view, view_1, ..., pow_1, getitem_2); the
-//    counters drift from a capture's where the mask plumbing differs (add_2 vs add_4).
+//    output types, node for node. Activations are named in torch.fx's style (view, view_1,
+//    ..., pow_1, getitem_2).
 //  - Outputs: (loss, logits) with the loss, where logits is the f32 upcast the loss reads
 //    when dtype is f32 (Python's .float() returns the same tensor) and lm_head's output
 //    otherwise; (logits) without.
@@ -27,21 +26,17 @@
 //
 // Per layer (module paths relative to transformer.h.{i}; 38 nodes):
 //   ln_1 layer_norm; attn.c_attn view,addmm,view; attn split, (view,transpose) for k, v, q,
-//   scaled_dot_product_attention(q,k,v,mask), reshape, transpose, contiguous, reshape;
+//   scaled_dot_product_attention(q,k,v, is_causal), reshape, transpose, contiguous, reshape;
 //   attn.c_proj view,addmm,view; attn.resid_dropout dropout; add; ln_2 layer_norm;
 //   mlp.c_fc view,addmm,view; mlp.act gelu_new as mul,pow,mul,add,mul,tanh,add,mul;
 //   mlp.c_proj view,addmm,view; mlp.dropout dropout; add.
 //
-// Differences from a capture (transformers 5.x, torch 2.13). Parameters, matmul FLOPs, the
-// repeated blocks and every node outside the mask plumbing are the capture's; total forward
-// FLOPs are lower by the plumbing's pointwise ops (O(b*s^2): 1,666 of 3.96M at b=2, s=16):
-//  - The attention mask. transformers builds it from position ids through ~30 ops (arange,
-//    diff, cumsum, index.Tensor, eq, le, __and__, to, expand) that also detect packed
-//    sequences. Here it is the causal part alone, over the same position ids:
-//      expand(position_ids) [b,s] -> unsqueeze(1) -> unsqueeze(3) [b,1,s,1] (query)
-//                                              \-> unsqueeze(2) [b,1,1,s] (key)
-//      le.Tensor(key, query) -> bool[b,1,s,s]
-//    the same type and values (no packing) as the mask sdpa reads in a capture.
+// The attention mask: transformers' eager SDPA attention passes is_causal and no mask; under
+// torch.export it builds a [b,1,s,s] mask from the position ids (~30 ops that also detect
+// packed sequences), which the capture folds back into is_causal where it depends on shapes
+// alone (python/shardwise/_causal_masks.py). Here attention is causal the same way.
+//
+// Differences from a capture (transformers 5.x, torch 2.13):
 //  - Attributes a capture takes from the machine keep the values a CPU meta-device capture
 //    gives: device="meta", layer_norm's cudnn_enable=false.
 //

@@ -54,9 +54,9 @@ const OpTable& OpTable::builtin() {
         {"aten::conv_transpose3d.input", "conv(groups=1, true)", Convolution, 0},
         {"aten::convolution", "conv(groups, transposed)", Convolution, 0},
         {"aten::_convolution", "conv(groups, transposed)", Convolution, 0},
-        {"aten::scaled_dot_product_attention", "attention(enable_gqa=false)", Attention, 5},
-        {"aten::_scaled_dot_product_flash_attention_for_cpu", "attention()", Attention, 5},
-        {"aten::_scaled_dot_product_efficient_attention", "attention()", Attention, 5},
+        {"aten::scaled_dot_product_attention", "attention(enable_gqa=false, is_causal=false)", Attention, 5},
+        {"aten::_scaled_dot_product_flash_attention_for_cpu", "attention(is_causal=false)", Attention, 5},
+        {"aten::_scaled_dot_product_efficient_attention", "attention(is_causal=false)", Attention, 5},
 
         // ---- pointwise ---------------------------------------------------------
         {"aten::add.Tensor", "elementwise()", PerOutputElement, 1},

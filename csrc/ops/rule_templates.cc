@@ -1127,7 +1127,10 @@ std::optional<DimRule> attention(const Args& args, const RuleOperands& ops) {
     k_batch.push_back(k[d] == 1 && q[d] != 1 ? DimIndices{} : q_dims.back());
     v_batch.push_back(v[d] == 1 && q[d] != 1 ? DimIndices{} : q_dims.back());
   }
-  const int s = b.add("s", q[batch]);
+  // is_causal masks score (i, j) by j > i in the shard's own positions: a shard of s would
+  // mask by its local row numbers, not the global ones (no kernel here takes an offset), so
+  // causal attention keeps s whole.
+  const int s = b.add("s", q[batch], args.boolean(1) ? IndexKind::Whole : IndexKind::Spatial);
   const int d = b.add("D", q[batch + 1], IndexKind::Whole);
   const int t = b.add("T", k[batch], IndexKind::Whole);
   const int e = b.add("e", v[batch + 1]);
@@ -1393,7 +1396,7 @@ const std::vector<TemplateDef>& definitions() {
         {{"norm_last", {required("normalized_shape"), statistics}}, norm_last, {1, 3, 1, 3}},
         {{"batch_norm", {with_default("training", false)}}, batch_norm, {1, 5, 1, 3}},
         {{"group_norm", {}}, group_norm, {1, 3, 1, 3}},
-        {{"attention", {with_default("enable_gqa", false)}}, attention, {3, 4, 1, kAny}},
+        {{"attention", {with_default("enable_gqa", false), with_default("is_causal", false)}}, attention, {3, 4, 1, kAny}},
         {{"cross_entropy", {with_default("reduction", std::int64_t{1}), statistics}}, cross_entropy, {1, 3, 1, 1}},
         {{"loss", {with_default("reduction", std::int64_t{1})}}, loss, {1, 4, 1, 1}},
         {{"create", {with_default("size", none)}}, create, {0, kAny, 1, 1}},

@@ -54,7 +54,7 @@
 //                                      training, so a batch split combines them across ranks
 //                                      (SyncBatchNorm: the single-device result)
 //   group_norm()                       [N, C, ...]: N Spatial, the rest Whole
-//   attention(enable_gqa[false])       scaled dot-product attention, see below
+//   attention(enable_gqa[false], is_causal[false])   scaled dot-product attention, see below
 //   cross_entropy(reduction[1], statistics[0])
 //                                      [N, C, d...] logits: C Whole; N and d... Spatial when
 //                                      reduction is none (0), else Reduced(mean (1) / sum (2)).
@@ -81,6 +81,7 @@
 // of partial sums is not a partial sum of softmaxes; splitting t needs a log-sum-exp
 // rescaling (ring or flash-decoding attention) that is not a plain Partial. With
 // enable_gqa, q's heads are (g r) and k/v's heads (g): the kv groups g stay splittable.
+// With is_causal, s is Whole too: the causal mask is by position within the call.
 // A k or v batch dim of 1 where q's is larger broadcasts (multi-query attention's one
 // k/v head): a unit dim tied to no index.
 #pragma once

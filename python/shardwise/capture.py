@@ -28,6 +28,7 @@ from torch.export.graph_signature import InputKind
 
 from . import _C
 from ._logging import get_logger
+from ._causal_masks import fold_causal_masks
 from ._functionalize import functionalize
 from ._fx_import import CaptureError, _Builder, document, flatten_names, op_name, walk_graph
 from ._inputs import bind_inputs, forward_signature, input_names, split_call, tensor_leaves
@@ -110,6 +111,7 @@ def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, 
         env[node] = name if name in builder.names else builder.leaf(name, val, role)
     functionalize(ep.graph, constants=[node for spec, node in zip(ep.graph_signature.input_specs, placeholders)
                                        if spec.kind == InputKind.CONSTANT_TENSOR])
+    fold_causal_masks(ep.graph)
     results = walk_graph(ep.graph, builder, env, ep.graph_module)
     return document(builder, flatten_names(results)), builder
 
@@ -166,6 +168,7 @@ def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None, pref
             env[node] = builder.leaf(name, val, "constant")
             builder.constants[name] = val
     functionalize(lowered.graph)
+    fold_causal_masks(lowered.graph)
     results = walk_graph(lowered.graph, builder, env, lowered)
     return document(builder, flatten_names(results)), builder
 

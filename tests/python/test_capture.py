@@ -510,3 +510,55 @@ def test_mixture_of_experts_captures_by_every_method(method):
     graph = _capture_quietly(model, _ids(), method)
     assert graph.num_parameters() == _numel(model)
     assert {u.module_path for u in graph.unknown_ops()} <= {"model.layers.0.mlp.experts"}
+
+
+# ---- causal masks: a constant of the graph given back to attention as is_causal -------------------
+def _attention_nodes(graph):
+    return [n for n in graph.nodes() if n["op"] == "aten::scaled_dot_product_attention"]
+
+
+@pytest.mark.parametrize("method", ["export", "fx"])
+def test_a_causal_mask_built_from_shapes_becomes_is_causal(method):
+    # transformers' SDPA attention passes is_causal=True eagerly, but under tracing it builds a
+    # [batch, 1, seq, seq] mask from arange: the capture gives the call back its is_causal.
+    model, batch = gpt2()
+    graph = shardwise.capture(model, batch, method=method)
+    nodes = _attention_nodes(graph)
+    assert nodes and all(n["attrs"]["is_causal"] is True and len(n["inputs"]) == 3 for n in nodes), nodes[:1]
+    assert not any(n["op"] == "aten::cumsum" for n in graph.nodes())  # the mask's own ops are gone
+
+
+def test_a_padding_mask_stays_a_mask():
+    model, batch = gpt2()
+    mask = torch.ones_like(batch["input_ids"])
+    mask[0, -3:] = 0  # padding: the mask depends on the input, not only on shapes
+    graph = shardwise.capture(model, {**batch, "attention_mask": mask})
+    nodes = _attention_nodes(graph)
+    assert nodes and all(n["attrs"]["is_causal"] is False and len(n["inputs"]) == 4 for n in nodes), nodes[:1]
+
+
+class _ConstantMaskAttention(nn.Module):
+    """Attention with a mask made from shapes alone: causal, or a band that is not causal."""
+
+    def __init__(self, band: bool):
+        super().__init__()
+        self.band = band
+        self.proj = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.proj(x).unsqueeze(1).chunk(3, dim=-1)
+        i = torch.arange(x.shape[1], device=x.device)
+        mask = i[None, :] <= i[:, None]
+        if self.band:
+            mask = mask & (i[:, None] - i[None, :] < 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum()
+
+
+@pytest.mark.parametrize("band", [False, True])
+def test_only_a_mask_equal_to_the_causal_one_is_folded(band):
+    x = torch.randn(2, 6, 8)
+    model = _ConstantMaskAttention(band)
+    graph = shardwise.capture(model, (x,))
+    (node,) = _attention_nodes(graph)
+    assert node["attrs"]["is_causal"] is (not band), node
+    assert len(node["inputs"]) == (4 if band else 3), node

@@ -11,9 +11,9 @@ configurations too large to instantiate, such as Megatron-LM's GPT family up to 
     g.num_parameters()   # 174,615,846,912 (GPT-3 175B: tied embeddings, 2048 positions)
     g.matmul_flops()     # forward, batch 1
 
-What differs from a capture: the causal mask is built from the position ids by five ops
-(expand, three unsqueezes, le) instead of the ~30 transformers emits to also detect packed
-sequences; the mask sdpa reads has the same type. See csrc/models/gpt.h.
+Attention is causal as transformers calls it eagerly (``is_causal``, no mask), which is what
+a capture gives once the mask torch.export builds from shapes is folded back
+(python/shardwise/_causal_masks.py). See csrc/models/gpt.h.
 """
 from __future__ import annotations
 

@@ -149,8 +149,8 @@ TEST(GptTest, EveryLayerIsOneRepeatedBlock) {
       EXPECT_EQ(g.node(groups[0].nodes[i][k]).op, g.node(groups[0].nodes[0][k]).op) << i << ":" << k;
     }
   }
-  // 8 embedding, 5 mask, 1 dropout, 4 head and 7 loss nodes around the layers (batch 1).
-  EXPECT_EQ(g.nodes().size(), static_cast<std::size_t>(5 * kNodesPerLayer + 25));
+  // 8 embedding, 1 dropout, 4 head and 7 loss nodes around the layers (batch 1).
+  EXPECT_EQ(g.nodes().size(), static_cast<std::size_t>(5 * kNodesPerLayer + 20));
 }
 
 TEST(GptTest, MatmulFlopsAreTheAnalyticCount) {
@@ -210,15 +210,14 @@ TEST(GptTest, HeavyOpsOfALayerInCaptureOrder) {
   expected.insert(expected.end(), {{"aten::layer_norm", "transformer.ln_f"}, {"aten::linear", "lm_head"}});
   EXPECT_EQ(seen, expected);
 
-  // Attention reads q, k, v in heads-major layout and the causal mask; scale = head_dim^-0.5.
+  // Attention reads q, k, v in heads-major layout, causal without a mask; scale = head_dim^-0.5.
   const auto sdpa = std::find_if(g.nodes().begin(), g.nodes().end(),
                                  [](const ir::Node& n) { return n.op == "aten::scaled_dot_product_attention"; });
   ASSERT_NE(sdpa, g.nodes().end());
-  ASSERT_EQ(sdpa->inputs.size(), 4u);
+  ASSERT_EQ(sdpa->inputs.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(g.value(sdpa->inputs[i]).type.shape, (Shape{2, 4, 16, 16}));
-  EXPECT_EQ(g.value(sdpa->inputs[3]).type, (ir::TensorType{ir::DType::Bool, {2, 1, 16, 16}, {}}));
   EXPECT_EQ(std::get<double>(sdpa->attrs.at("scale")), 0.25);
-  EXPECT_EQ(std::get<bool>(sdpa->attrs.at("is_causal")), false);
+  EXPECT_EQ(std::get<bool>(sdpa->attrs.at("is_causal")), true);
   // Query is the split's first output, reshaped last (transformers does key and value first).
   const auto& query_transpose = producer(g, sdpa->inputs[0]);
   const auto& query_view = producer(g, query_transpose.inputs[0]);
@@ -322,7 +321,7 @@ TEST(GptTest, TheLargestMegatronConfigBuilds) {
   const auto g = build_gpt(megatron_1t());
   std::printf("[ timing ] Megatron 1T graph built in %.3f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  EXPECT_EQ(g.nodes().size(), static_cast<std::size_t>(128 * kNodesPerLayer + 25));
+  EXPECT_EQ(g.nodes().size(), static_cast<std::size_t>(128 * kNodesPerLayer + 20));
   const auto sdpa = std::find_if(g.nodes().begin(), g.nodes().end(),
                                  [](const ir::Node& n) { return n.op == "aten::scaled_dot_product_attention"; });
   ASSERT_NE(sdpa, g.nodes().end());

@@ -372,6 +372,11 @@ TEST(NodeRuleTest, ScaledDotProductAttention) {
       rule_str("aten::scaled_dot_product_attention", {f32({2, 8, 16, 64}), f32({2, 2, 16, 64}), f32({2, 2, 16, 64})},
                {f32({2, 8, 16, 64})}, {{"enable_gqa", true}}),
       "b (g r) s D, b g T D, b g T e -> b (g r) s e  [b=2, g=2, r=4, s=16, D=64 whole, T=16 whole, e=64]");
+  // is_causal: the mask is by position within the call, so a shard of s would mask by its
+  // local rows; s stays whole.
+  EXPECT_EQ(rule_str("aten::scaled_dot_product_attention", {f32({2, 4, 8, 16}), f32({2, 4, 8, 16}), f32({2, 4, 8, 16})},
+                     {f32({2, 4, 8, 16})}, {{"is_causal", true}}),
+            "b h s D, b h T D, b h T e -> b h s e  [b=2, h=4, s=8 whole, D=16 whole, T=8 whole, e=16]");
   EXPECT_EQ(inferred("aten::scaled_dot_product_attention",
                      {f32({2, 4, 8, 16}), f32({2, 4, 10, 16}), f32({2, 4, 10, 32})}, {f32({2, 4, 8, 32})}),
             (std::vector<Shape>{{2, 4, 8, 32}}));
