@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 #include <sstream>
+#include <variant>
 
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
@@ -143,6 +144,43 @@ ir::Attributes local_attrs(const ir::Attributes& attrs, const std::vector<Shape>
   return out;
 }
 
+bool is_arange(const std::string& op) {
+  return op == "aten::arange" || op == "aten::arange.start" || op == "aten::arange.start_step";
+}
+
+// arange's value at global index i is start + i * step, so the block [lo, hi) of its output
+// is arange.start_step(start + lo * step, start + hi * step, step): the local form of an
+// arange whose output is split. Integer attributes stay integers (the output's dtype follows
+// them when none is given); a floating one makes every bound floating.
+ir::Attributes arange_block(const ir::Attributes& attrs, std::int64_t lo, std::int64_t hi) {
+  auto number = [&](const char* key, double fallback) -> std::variant<std::int64_t, double> {
+    auto it = attrs.find(key);
+    if (it == attrs.end()) return fallback == 0 ? std::variant<std::int64_t, double>(std::int64_t{0})
+                                                : std::variant<std::int64_t, double>(std::int64_t{1});
+    if (const auto* i = std::get_if<std::int64_t>(&it->second)) return *i;
+    if (const auto* d = std::get_if<double>(&it->second)) return *d;
+    throw ValidationError(fmt::format("arange's {} is neither an integer nor a float", key));
+  };
+  const auto start = number("start", 0), step = number("step", 1);
+  ir::Attributes out = attrs;
+  if (std::holds_alternative<std::int64_t>(start) && std::holds_alternative<std::int64_t>(step)) {
+    const std::int64_t s = std::get<std::int64_t>(start), d = std::get<std::int64_t>(step);
+    out["start"] = s + lo * d;
+    out["end"] = s + hi * d;
+    out["step"] = d;
+  } else {
+    auto real = [](const std::variant<std::int64_t, double>& v) {
+      return std::holds_alternative<double>(v) ? std::get<double>(v) : static_cast<double>(std::get<std::int64_t>(v));
+    };
+    const double s = real(start), d = real(step);
+    out["start"] = s + static_cast<double>(lo) * d;
+    // The end sits half a step past the last value, so rounding cannot add or drop one.
+    out["end"] = s + (static_cast<double>(hi) - 0.5) * d;
+    out["step"] = d;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string_view node_mode_name(NodeMode mode) {
@@ -274,7 +312,9 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
     for (std::size_t a = 0; a < axes && !whole; ++a) {
       const Strategy& s = strategies[n][a];
       if (s.partial || s.index < 0 || !rule) continue;
-      if (node.inputs.empty()) whole = true;  // a creation op's values depend on its block
+      // A creation op's values depend on its block: arange's local form starts at the block
+      // (below), any other runs whole.
+      if (node.inputs.empty() && !is_arange(node.op)) whole = true;
       const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
       if (index.kind != ops::IndexKind::Whole) continue;
       if (index.lookup && options.lookup_ops.contains(node.op)) {
@@ -287,6 +327,19 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       }
     }
     if (rw.statistics_axis >= 0 && !rw.lookup_axes.empty()) whole = true;
+    // arange split into one block [lo, hi) per rank; a strided split (several runs) has no
+    // single arange and runs whole.
+    std::optional<IndexRun> arange_run;
+    if (!whole && is_arange(node.op) && node.inputs.empty() && node.outputs.size() == 1 && rule) {
+      ShardingSpec spec;
+      for (std::size_t a = 0; a < axes; ++a) spec.push_back(strategies[n][a].outputs[0]);
+      const ir::Value& out = graph.value(node.outputs[0]);
+      const auto runs = local_shard(out.type.shape, texts(spec), sharding.mesh, rank).dims;
+      if (runs.size() == 1 && runs[0].size() == 1)
+        arange_run = runs[0][0];
+      else
+        whole = true;
+    }
     rw.mode = whole                       ? NodeMode::Whole
               : rw.statistics_axis >= 0   ? NodeMode::Statistics
               : rw.lookup_axes.empty()    ? NodeMode::Local
@@ -354,6 +407,10 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
         local_out.push_back(rw.outputs[o].local_shape);
       }
       rw.attrs = local_attrs(node.attrs, global_out, local_out);
+      if (arange_run && global_out != local_out) {
+        rw.op = "aten::arange.start_step";
+        rw.attrs = arange_block(node.attrs, arange_run->first, arange_run->second);
+      }
     }
   }
 

@@ -336,6 +336,9 @@ def test_tensor_parallel_llama_equals_one_device():
     calls = [line.split("self.reshard(", 1)[1].split(";")[0]
              for line in r["code"].splitlines() if "self.reshard(" in line]
     assert len(calls) == len(set(calls)), sorted(c for c in calls if calls.count(c) > 1)
+    # The rotary positions' arange, split with the sequence, runs as each rank's block of it
+    # (arange.start_step), not whole: every node has its local form.
+    assert r["whole"] == [], r["whole"]
 
 
 def test_hybrid_data_by_tensor_gpt2_equals_one_device():

@@ -16,7 +16,7 @@ import torch.fx
 
 from .. import _C
 from .._C import ValidationError
-from .._fx_import import _schema_args, is_value_identity
+from .._fx_import import _schema_args, is_value_identity, op_name
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .mesh import _Mesh
@@ -365,6 +365,12 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             index = tuple(tuple(i.tolist()) if isinstance(i, torch.Tensor) else i for i in index)
             call = graph.call_module("one_device_random", (args[0], str(src.target), tuple(args[1:]), kwargs,
                                                            tuple(src.args[0].meta["val"].shape), index))
+        elif isinstance(src.target, torch._ops.OpOverload) and node["op"] != op_name(src.target):
+            # The core runs the node as another overload of the op (an arange split into blocks:
+            # arange.start_step from the block's first value, csrc/transform/spmd_rewrite.cc).
+            target = _overload(node["op"])
+            args, kwargs = _call_by_schema(target, src, operands, node["local_attrs"])
+            call = graph.call_function(target, tuple(args), kwargs)
         else:
             args, kwargs = _call_parts(src, operands, node["local_attrs"])
             if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
@@ -414,6 +420,37 @@ def _write_back(graph: torch.fx.Graph, root: torch.nn.Module, name: str, value: 
     if steps:
         value = graph.call_module("reshard", (value, steps, ()))
     graph.call_method("copy_", (graph.get_attr(name), value))
+
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    """torch.ops for an IR op name ("aten::arange.start_step")."""
+    namespace, _, rest = name.partition("::")
+    op, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
+
+
+def _call_by_schema(target: torch._ops.OpOverload, src: torch.fx.Node, operands: list,
+                    local_attrs: dict) -> tuple[list, dict]:
+    """(args, kwargs) of a call of `target`, another overload of the source node's op: the
+    tensor operands in order, each argument the core set (local_attrs) by its name, and the
+    source call's other arguments of the same name (dtype, device: keyword-only)."""
+    source = dict(_schema_args(src))
+    it = iter(operands)
+    args, kwargs = [], {}
+    for argument in target._schema.arguments:
+        if isinstance(argument.type, torch.TensorType):
+            value = next(it)
+        elif argument.name in local_attrs:
+            value = local_attrs[argument.name]
+        elif argument.name in source:
+            value = source[argument.name]
+        else:
+            continue  # its default
+        if argument.kwarg_only:
+            kwargs[argument.name] = value
+        else:
+            args.append(value)
+    return args, kwargs
 
 
 def _with_argument(src: torch.fx.Node, args: list, kwargs: dict, name: str, value: Any) -> tuple[list, dict]:

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/node_rule.h"
+#include "ops/op_table.h"
 #include "support/error.h"
 #include "transform/local_shard.h"
 #include "megatron_mlp_plan.h"
@@ -220,6 +222,63 @@ TEST(SpmdRewrite, CrossEntropyOverSplitClassesCombinesStatistics) {
   RewriteOptions none;
   none.statistics_ops.clear();
   EXPECT_EQ(rank_program(cross_entropy(), s, 1, none).nodes[0].mode, NodeMode::Whole);
+}
+
+// x + arange(...): i64[12] on the second axis of a 2 x 3 mesh.
+ir::Graph positions_graph(const std::string& op, const ir::Attributes& attrs) {
+  ir::Graph g;
+  ir::ValueId x = g.add_value("x", ir::TensorType{ir::DType::I64, {12}, {}}, ir::ValueRole::Input);
+  ir::NodeId a = g.add_node(op, {}, {{"positions", {ir::DType::I64, {12}, {}}}}, attrs, "");
+  ir::NodeId b = g.add_node("aten::add.Tensor", {x, g.node(a).outputs[0]}, {{"y", {ir::DType::I64, {12}, {}}}},
+                            {{"alpha", std::int64_t{1}}}, "");
+  g.set_outputs({g.node(b).outputs[0]});
+  return g;
+}
+
+plan::Sharding positions_plan(const ir::Graph& g, const std::string& placement) {
+  auto split = [&](int node) {
+    const auto rule = ops::dim_rule_for(ops::OpTable::builtin(), g, g.node(node));
+    return placement == "R" ? std::string("replicate") : "split " + rule->indices[0].label;
+  };
+  plan::Sharding s;
+  s.mesh = {2, 3};
+  s.axis_names = {"data", "tensor"};
+  s.level = "manual";
+  s.placements = {{"x", {"R", placement}}, {"positions", {"R", placement}}, {"y", {"R", placement}}};
+  s.strategies = {{"positions", {"replicate", split(0)}}, {"y", {"replicate", split(1)}}};
+  s.leaves = {"x"};
+  return s;
+}
+
+TEST(SpmdRewrite, AnArangeSplitIntoBlocksStartsAtItsBlock) {
+  // arange(start 3, end 27, step 2): 12 values split 3 ways; rank 5 (coordinates 1, 2) holds
+  // indices [8, 12), the values 19 .. 25.
+  ir::Graph g = positions_graph("aten::arange.start_step",
+                                {{"start", std::int64_t{3}}, {"end", std::int64_t{27}}, {"step", std::int64_t{2}}});
+  RankProgram p = rank_program(g, positions_plan(g, "S(0)"), 5);
+  const NodeRewrite& positions = p.nodes[0];
+  EXPECT_EQ(positions.mode, NodeMode::Local);
+  EXPECT_EQ(positions.op, "aten::arange.start_step");
+  EXPECT_EQ(std::get<std::int64_t>(positions.attrs.at("start")), 19);
+  EXPECT_EQ(std::get<std::int64_t>(positions.attrs.at("end")), 27);
+  EXPECT_EQ(std::get<std::int64_t>(positions.attrs.at("step")), 2);
+  EXPECT_EQ(positions.outputs[0].local_shape, (Shape{4}));
+  // Float bounds: the end half a step past the block's last value. Rank 1: indices [4, 8).
+  g = positions_graph("aten::arange.start_step", {{"start", 0.5}, {"end", 12.5}, {"step", 1.0}});
+  p = rank_program(g, positions_plan(g, "S(0)"), 1);
+  EXPECT_EQ(std::get<double>(p.nodes[0].attrs.at("start")), 4.5);
+  EXPECT_EQ(std::get<double>(p.nodes[0].attrs.at("end")), 8.0);
+  // arange(end) becomes arange.start_step from its block: rank 4 (coordinates 1, 1), [4, 8).
+  g = positions_graph("aten::arange", {{"end", std::int64_t{12}}});
+  p = rank_program(g, positions_plan(g, "S(0)"), 4);
+  EXPECT_EQ(p.nodes[0].op, "aten::arange.start_step");
+  EXPECT_EQ(std::get<std::int64_t>(p.nodes[0].attrs.at("start")), 4);
+  EXPECT_EQ(std::get<std::int64_t>(p.nodes[0].attrs.at("end")), 8);
+  EXPECT_EQ(std::get<std::int64_t>(p.nodes[0].attrs.at("step")), 1);
+  // Replicated: the node as captured.
+  p = rank_program(g, positions_plan(g, "R"), 1);
+  EXPECT_EQ(p.nodes[0].op, "aten::arange");
+  EXPECT_FALSE(p.nodes[0].attrs.contains("start"));
 }
 
 TEST(SpmdRewrite, BadPlansNameWhatIsWrong) {
