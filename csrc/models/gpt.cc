@@ -276,7 +276,12 @@ class GptBuilder {
     // the mask export builds from shapes back into is_causal (python/shardwise/_causal_masks.py).
     ValueId x = op("aten::scaled_dot_product_attention", "scaled_dot_product_attention", {query, key, value},
                    act({b_, nh_, s_, hd_}),
-                   {{"dropout_p", 0.0}, {"enable_gqa", false}, {"is_causal", true}, {"scale", scale}}, m);
+                   {{"attn_mask", ir::NoneAttr{}},
+                    {"dropout_p", 0.0},
+                    {"enable_gqa", false},
+                    {"is_causal", true},
+                    {"scale", scale}},
+                   m);
     x = op("aten::reshape", "reshape", {x}, act({b_, nh_, s_, hd_}), {{"shape", Shape{b_, -1, s_, hd_}}}, m);
     x = op("aten::transpose.int", "transpose", {x}, act({b_, s_, nh_, hd_}),
            {{"dim0", std::int64_t{1}}, {"dim1", std::int64_t{2}}}, m);

@@ -44,11 +44,10 @@ def fold_causal_masks(graph: torch.fx.Graph) -> int:
         value = _constant(mask, values)
         if value is None or not _is_causal(value, query.shape[-2]):
             continue
-        args = list(node.args) + [None] * (len(_SIGNATURE) - len(node.args))
+        # As the eager call is made: no mask argument at all, is_causal set.
         kwargs = {k: v for k, v in node.kwargs.items() if k not in _SIGNATURE}
-        args[3], args[5] = None, True
-        args[4] = bound.get("dropout_p", 0.0)
-        node.args, node.kwargs = tuple(args), kwargs
+        node.args = (bound["query"], bound["key"], bound["value"])
+        node.kwargs = {"dropout_p": bound.get("dropout_p", 0.0), "is_causal": True, **kwargs}
         folded += 1
         _drop_unused(mask, graph)
     return folded
