@@ -6,7 +6,8 @@ simulator costs): "F3@s1" forward of micro-batch 3 on virtual stage 1, "SA3@s1->
 activations, "RA3@s2<-r1" receive them, "B3@s1" backward, "SG3@s1->r0" / "RG3@s0<-r1" the
 gradients. Receives are posted (``dist.irecv``) when the list reaches them and waited just
 before the forward or backward that needs them; sends are issued (``dist.isend``) and waited
-at the end of the step. Gradients of every micro-batch accumulate in ``.grad``; the loss is
+at the end of the step (both through runtime/transport.py: staged through host memory on
+Gloo with CUDA tensors). Gradients of every micro-batch accumulate in ``.grad``; the loss is
 the mean of the micro-batch losses (each the mean over its rows: together the global mean; a
 loss whose mean the data counts takes each micro-batch's share of the global count, see
 runtime/counted.py), broadcast from the last stage to every rank in its own dtype.

@@ -47,26 +47,25 @@ class _Staged:
         return self._work is None or self._work.is_completed()
 
 
-def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+def _collective(call, tensor: torch.Tensor, group, async_op: bool, **kwargs):
+    """`call` (dist.all_reduce, dist.broadcast) on `tensor` in place, on a host copy where
+    ``on_host`` says so."""
     if not on_host(tensor, group):
-        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        return call(tensor, group=group, async_op=async_op, **kwargs)
     host = tensor.cpu()
-    work = _Staged(dist.all_reduce(host, op=op, group=group, async_op=async_op), host, tensor)
+    work = _Staged(call(host, group=group, async_op=async_op, **kwargs), host, tensor)
     if async_op:
         return work
     work.wait()
     return None
+
+
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    return _collective(dist.all_reduce, tensor, group, async_op, op=op)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False):
-    if not on_host(tensor, group):
-        return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
-    host = tensor.cpu()
-    work = _Staged(dist.broadcast(host, src=src, group=group, async_op=async_op), host, tensor)
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _collective(dist.broadcast, tensor, group, async_op, src=src)
 
 
 def isend(tensor: torch.Tensor, dst: int, group=None, tag: int = 0):
