@@ -153,10 +153,9 @@ bool is_arange(const std::string& op) {
 // arange whose output is split. Integer attributes stay integers (the output's dtype follows
 // them when none is given); a floating one makes every bound floating.
 ir::Attributes arange_block(const ir::Attributes& attrs, std::int64_t lo, std::int64_t hi) {
-  auto number = [&](const char* key, double fallback) -> std::variant<std::int64_t, double> {
+  auto number = [&](const char* key, std::int64_t fallback) -> std::variant<std::int64_t, double> {
     auto it = attrs.find(key);
-    if (it == attrs.end()) return fallback == 0 ? std::variant<std::int64_t, double>(std::int64_t{0})
-                                                : std::variant<std::int64_t, double>(std::int64_t{1});
+    if (it == attrs.end()) return fallback;
     if (const auto* i = std::get_if<std::int64_t>(&it->second)) return *i;
     if (const auto* d = std::get_if<double>(&it->second)) return *d;
     throw ValidationError(fmt::format("arange's {} is neither an integer nor a float", key));

@@ -95,6 +95,15 @@ def op_name(target: Any) -> str:
     return f"python::{module}.{qual}" if module else f"python::{qual}"
 
 
+def op_overload(name: str) -> "torch._ops.OpOverload | None":
+    """The torch.ops overload an IR op name names ("aten::arange.start_step"): the inverse of
+    op_name. None when this torch has no such op or overload."""
+    namespace, _, rest = name.partition("::")
+    base, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace, None), base, None) if namespace and base else None
+    return getattr(packet, overload or "default", None) if packet is not None else None
+
+
 def _attr_value(value: Any, where: str) -> Any:
     """A Python argument -> a JSON attribute value (int, float, str, bool, None, list)."""
     if value is None or isinstance(value, (bool, int, float, str)):

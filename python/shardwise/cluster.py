@@ -385,10 +385,26 @@ def _gemm_size(device) -> int:
     return n
 
 
+def _median_cuda_seconds(run, device) -> float:
+    """Seconds of one ``run()`` on ``device``: the median of _GEMM_REPEATS runs timed with CUDA
+    events, after _GEMM_WARMUPS untimed ones (cuBLAS picks and loads its kernel on the first)."""
+    import torch
+
+    for _ in range(_GEMM_WARMUPS):
+        run()
+    events = []
+    for _ in range(_GEMM_REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3  # ms -> s
+
+
 def _time_square_gemm(n: int, precision: str, device) -> float:
-    """Seconds of one n x n by n x n matmul at ``precision`` on ``device``: the median of
-    _GEMM_REPEATS runs timed with CUDA events, after _GEMM_WARMUPS untimed ones (cuBLAS picks
-    and loads its kernel on the first)."""
+    """Seconds of one n x n by n x n matmul at ``precision`` on ``device`` (_median_cuda_seconds)."""
     import torch
 
     dtype = _gemm_dtype(precision)
@@ -396,17 +412,7 @@ def _time_square_gemm(n: int, precision: str, device) -> float:
     b = torch.randn(n, n, dtype=dtype, device=device)
     out = torch.empty(n, n, dtype=dtype, device=device)
     with _tf32_matmul(precision == "tf32"):
-        for _ in range(_GEMM_WARMUPS):
-            torch.mm(a, b, out=out)
-        events = []
-        for _ in range(_GEMM_REPEATS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.mm(a, b, out=out)
-            end.record()
-            events.append((start, end))
-        torch.cuda.synchronize(device)
-    return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3  # ms -> s
+        return _median_cuda_seconds(lambda: torch.mm(a, b, out=out), device)
 
 
 def _measure_peak_flops(device, precisions: Iterable[str]) -> dict[str, float]:
@@ -435,23 +441,12 @@ COPY_BYTES = 256 << 20  # a device-to-device copy long enough to reach HBM's ban
 
 
 def _time_device_copy(nbytes: int, device) -> float:
-    """Seconds of one copy of `nbytes` between two buffers on ``device``: the median of
-    _GEMM_REPEATS runs timed with CUDA events, after _GEMM_WARMUPS untimed ones."""
+    """Seconds of one copy of `nbytes` between two buffers on ``device`` (_median_cuda_seconds)."""
     import torch
 
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    for _ in range(_GEMM_WARMUPS):
-        dst.copy_(src)
-    events = []
-    for _ in range(_GEMM_REPEATS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize(device)
-    return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3
+    return _median_cuda_seconds(lambda: dst.copy_(src), device)
 
 
 def _measure_memory_bandwidth(device) -> float | None:

@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from . import _C
+from ._fx_import import op_overload
 from ._logging import get_logger
 
 log = get_logger(__name__)
@@ -194,13 +195,9 @@ def _sync(device: torch.device) -> None:
 def _resolve_op(name: str):
     if not name.startswith("aten::"):
         raise _Skip(f"not an ATen op ({name})")
-    base, _, overload = name[len("aten::"):].partition(".")
-    packet = getattr(torch.ops.aten, base, None)
-    if packet is None:
-        raise _Skip(f"torch.ops.aten has no {base}")
-    op = getattr(packet, overload or "default", None)
+    op = op_overload(name)
     if op is None:
-        raise _Skip(f"torch.ops.aten.{base} has no overload {overload or 'default'}")
+        raise _Skip(f"torch.ops.aten has no {name[len('aten::'):]}")
     return op
 
 

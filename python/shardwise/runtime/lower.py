@@ -16,7 +16,7 @@ import torch.fx
 
 from .. import _C
 from .._C import ValidationError
-from .._fx_import import _schema_args, is_value_identity, op_name
+from .._fx_import import _schema_args, is_value_identity, op_name, op_overload
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .mesh import _Mesh
@@ -368,7 +368,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         elif isinstance(src.target, torch._ops.OpOverload) and node["op"] != op_name(src.target):
             # The core runs the node as another overload of the op (an arange split into blocks:
             # arange.start_step from the block's first value, csrc/transform/spmd_rewrite.cc).
-            target = _overload(node["op"])
+            target = op_overload(node["op"])
             args, kwargs = _call_by_schema(target, src, operands, node["local_attrs"])
             call = graph.call_function(target, tuple(args), kwargs)
         else:
@@ -420,13 +420,6 @@ def _write_back(graph: torch.fx.Graph, root: torch.nn.Module, name: str, value: 
     if steps:
         value = graph.call_module("reshard", (value, steps, ()))
     graph.call_method("copy_", (graph.get_attr(name), value))
-
-
-def _overload(name: str) -> torch._ops.OpOverload:
-    """torch.ops for an IR op name ("aten::arange.start_step")."""
-    namespace, _, rest = name.partition("::")
-    op, _, overload = rest.partition(".")
-    return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
 
 
 def _call_by_schema(target: torch._ops.OpOverload, src: torch.fx.Node, operands: list,
