@@ -22,4 +22,13 @@ struct ParameterStats {
 
 ParameterStats parameter_stats(const ir::Graph& graph);
 
+// The precision a plan for this graph is priced in when nothing says otherwise (a plan's
+// "precision": "f32", "bf16" or "f16"): the floating dtype holding most parameter elements
+// (most floating activation elements for a graph without parameters), as the model trains.
+// f64 is priced as "f32": the device catalogue has no f64 rate (on CPUs f64 runs at about
+// half the f32 rate, so an f64 plan is predicted fast). No floating value: "f32".
+//   a graph of bf16 weights (a GPT built in bf16)          -> "bf16"
+//   an f32 model captured as torch holds it                -> "f32"
+const char* training_precision(const ir::Graph& graph);
+
 }  // namespace shardwise::analysis

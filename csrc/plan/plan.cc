@@ -32,34 +32,40 @@ constexpr std::array<std::pair<Schedule, std::string_view>, 4> kSchedules = {{
 
 constexpr std::array<std::string_view, 4> kPrecisions = {"f32", "tf32", "bf16", "f16"};
 
-// The sharded plan's invariants (plan.h): the mesh is {data, tensor}, the batch is one
-// micro-batch over it, and every entry has one placement or strategy per axis.
-void validate_sharding(const Plan& plan) {
-  const Sharding& s = *plan.sharding;
+// A sharding section's invariants: its mesh is {data, tensor} and every entry has one
+// placement or strategy per axis. `where`: "plan.sharding" or "plan.stage_sharding".
+void validate_sharding_section(const Sharding& s, const Plan& plan, std::string_view where) {
   if (s.mesh.size() != 2 || s.mesh[0] != plan.data || s.mesh[1] != plan.tensor)
-    throw ValidationError(fmt::format("plan.sharding.mesh: [{}] must be [data {}, tensor {}]",
-                                      fmt::join(s.mesh, ", "), plan.data, plan.tensor));
+    throw ValidationError(fmt::format("{}.mesh: [{}] must be [data {}, tensor {}]", where, fmt::join(s.mesh, ", "),
+                                      plan.data, plan.tensor));
+  if (s.axis_names.size() != s.mesh.size())
+    throw ValidationError(
+        fmt::format("{}.axis_names: {} names for {} axes", where, s.axis_names.size(), s.mesh.size()));
+  for (const auto& [name, per_axis] : s.placements)
+    if (per_axis.size() != s.mesh.size())
+      throw ValidationError(fmt::format("{}.placements['{}']: {} entries for {} mesh axes", where, name,
+                                        per_axis.size(), s.mesh.size()));
+  for (const auto& [name, per_axis] : s.strategies)
+    if (per_axis.size() != s.mesh.size())
+      throw ValidationError(fmt::format("{}.strategies['{}']: {} entries for {} mesh axes", where, name,
+                                        per_axis.size(), s.mesh.size()));
+  for (const auto& [name, axes] : s.zero)
+    for (int axis : axes)
+      if (axis < 0 || axis >= static_cast<int>(s.mesh.size()))
+        throw ValidationError(fmt::format("{}.zero['{}']: axis {} out of range", where, name, axis));
+}
+
+// The sharded plan's invariants (plan.h): the batch is one micro-batch over the mesh.
+void validate_sharding(const Plan& plan) {
+  if (plan.stage_sharding.has_value())
+    throw ValidationError("plan: a sharding and a stage_sharding (a plan is sharded on one mesh, or pipelined)");
   if (plan.pipeline != 1)
     throw ValidationError(fmt::format("plan.sharding: pipeline degree {} with a sharding (only 1 so far)",
                                       plan.pipeline));
   if (plan.micro_batch != plan.global_batch)
     throw ValidationError(fmt::format("plan.sharding: micro_batch {} must equal global_batch {}", plan.micro_batch,
                                       plan.global_batch));
-  if (s.axis_names.size() != s.mesh.size())
-    throw ValidationError(fmt::format("plan.sharding.axis_names: {} names for {} axes", s.axis_names.size(),
-                                      s.mesh.size()));
-  for (const auto& [name, per_axis] : s.placements)
-    if (per_axis.size() != s.mesh.size())
-      throw ValidationError(fmt::format("plan.sharding.placements['{}']: {} entries for {} mesh axes", name,
-                                        per_axis.size(), s.mesh.size()));
-  for (const auto& [name, per_axis] : s.strategies)
-    if (per_axis.size() != s.mesh.size())
-      throw ValidationError(fmt::format("plan.sharding.strategies['{}']: {} entries for {} mesh axes", name,
-                                        per_axis.size(), s.mesh.size()));
-  for (const auto& [name, axes] : s.zero)
-    for (int axis : axes)
-      if (axis < 0 || axis >= static_cast<int>(s.mesh.size()))
-        throw ValidationError(fmt::format("plan.sharding.zero['{}']: axis {} out of range", name, axis));
+  validate_sharding_section(*plan.sharding, plan, "plan.sharding");
 }
 
 template <typename T>
@@ -186,7 +192,14 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     if (plan.global_batch % per_step != 0)
       throw ValidationError(fmt::format("plan: global_batch {} is not divisible by micro_batch {} x data {} = {}",
                                         plan.global_batch, plan.micro_batch, plan.data, per_step));
+    if (plan.stage_sharding.has_value()) validate_sharding_section(*plan.stage_sharding, plan, "plan.stage_sharding");
   }
+  auto hex16 = [](const std::string& text) {
+    return text.size() == 16 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
+  };
+  if (plan.programs.has_value())
+    for (const auto& [key, text] : {std::pair{"plan", &plan.programs->plan}, std::pair{"hash", &plan.programs->hash}})
+      if (!hex16(*text)) throw ValidationError(fmt::format("plan.programs.{}: '{}' is not 16 hex digits", key, *text));
   if (plan.virtual_stages < 1) throw ValidationError(fmt::format("plan.virtual_stages: {} < 1", plan.virtual_stages));
   if (plan.virtual_stages > 1 && plan.schedule != Schedule::Interleaved1F1B)
     throw ValidationError(fmt::format("plan.virtual_stages: {} needs schedule interleaved-1f1b, not {}",
@@ -210,6 +223,23 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     throw ValidationError(fmt::format("plan.precision: unknown '{}' (known: f32, tf32, bf16, f16)", plan.precision));
 }
 
+Plan stage_plan(const Plan& plan) {
+  if (!plan.stage_sharding.has_value())
+    throw ValidationError(fmt::format("plan: no stage_sharding (pipeline {}, data {}, tensor {}): a plan given by its "
+                                      "degrees is completed first (shardwise.Plan.complete)",
+                                      plan.pipeline, plan.data, plan.tensor));
+  Plan stage;
+  stage.data = plan.data;
+  stage.tensor = plan.tensor;
+  stage.global_batch = plan.micro_batch * plan.data;
+  stage.micro_batch = stage.global_batch;
+  stage.recompute = plan.recompute;
+  stage.precision = plan.precision;
+  stage.sharding = plan.stage_sharding;
+  validate(stage);
+  return stage;
+}
+
 namespace {
 
 json sharding_to_json(const Sharding& sharding) {
@@ -225,12 +255,12 @@ json sharding_to_json(const Sharding& sharding) {
               {"graph", sharding.graph}};
 }
 
-Sharding sharding_from_json(const json& in) {
-  if (!in.is_object()) throw ParseError("plan.sharding: expected an object");
+Sharding sharding_from_json(const json& in, std::string_view where = "plan.sharding") {
+  if (!in.is_object()) throw ParseError(fmt::format("{}: expected an object", where));
   static const std::set<std::string> known = {"mesh",       "axis_names", "level",    "placements",
                                               "strategies", "zero",       "recompute",  "leaves", "inputs", "graph"};
   for (const auto& [key, value] : in.items())
-    if (!known.contains(key)) throw ParseError(fmt::format("plan.sharding.{}: unknown key", key));
+    if (!known.contains(key)) throw ParseError(fmt::format("{}.{}: unknown key", where, key));
   Sharding out;
   out.mesh = field<std::vector<int>>(in, "mesh");
   out.axis_names = field<std::vector<std::string>>(in, "axis_names");
@@ -284,6 +314,7 @@ json plan_degrees(const Plan& plan) {
 json plan_decisions(const Plan& plan) {
   json out = plan_degrees(plan);
   if (plan.sharding.has_value()) out["sharding"] = sharding_to_json(*plan.sharding);
+  if (plan.stage_sharding.has_value()) out["stage_sharding"] = sharding_to_json(*plan.stage_sharding);
   return out;
 }
 
@@ -294,6 +325,7 @@ Sharding sharding_section_from_json(const json& in) { return sharding_from_json(
 
 json plan_to_json(const Plan& plan) {
   json out = plan_decisions(plan);
+  if (plan.programs.has_value()) out["programs"] = json{{"plan", plan.programs->plan}, {"hash", plan.programs->hash}};
   if (plan.predicted.has_value()) {
     const Predicted& p = *plan.predicted;
     out["predicted"] = json{{"step_time", p.step_time},
@@ -316,7 +348,8 @@ Plan plan_from_json(const json& in) {
   static const std::set<std::string> known = {"format",      "version",    "data",           "tensor",
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
-                                              "layers_per_stage", "precision", "sharding", "predicted"};
+                                              "layers_per_stage", "precision", "sharding", "stage_sharding",
+                                              "programs", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
   if (in.contains("format") && field<std::string>(in, "format") != "shardwise.plan")
@@ -337,6 +370,14 @@ Plan plan_from_json(const json& in) {
   if (in.contains("layers_per_stage")) plan.layers_per_stage = field<std::vector<int>>(in, "layers_per_stage");
   if (in.contains("precision")) plan.precision = field<std::string>(in, "precision");
   if (in.contains("sharding")) plan.sharding = sharding_from_json(in.at("sharding"));
+  if (in.contains("stage_sharding")) plan.stage_sharding = sharding_from_json(in.at("stage_sharding"), "plan.stage_sharding");
+  if (in.contains("programs")) {
+    const json& p = in.at("programs");
+    if (!p.is_object()) throw ParseError("plan.programs: expected an object {plan, hash}");
+    for (const auto& [key, value] : p.items())
+      if (key != "plan" && key != "hash") throw ParseError(fmt::format("plan.programs.{}: unknown key", key));
+    plan.programs = ProgramsRecord{field<std::string>(p, "plan"), field<std::string>(p, "hash")};
+  }
   if (in.contains("predicted")) {
     const json& p = in.at("predicted");
     if (!p.is_object()) throw ParseError("plan.predicted: expected an object");

@@ -17,6 +17,16 @@
 //  - sharding: set by the SPMD search (search/spmd_search.h), see Sharding; part of the hash.
 //    With it, validate() requires mesh = {data, tensor}, pipeline 1, micro_batch =
 //    global_batch, and one placement per axis everywhere.
+//  - stage_sharding: a pipelined plan's (pipeline > 1, or micro-batches on one stage) layout
+//    of every stage's {data, tensor} sub-mesh, searched on the graph at one micro-batch of the
+//    data axis (micro_batch x data rows); part of the hash. With it the plan is complete: the
+//    runtime runs it and searches nothing. validate() requires no `sharding` beside it and
+//    its mesh = {data, tensor}.
+//  - programs: the hash of the rank programs the plan makes (16 hex digits: every rank's
+//    program hash in rank order, the bindings' program_hash) and the hash of the plan they
+//    were made from. Derived, so not part of the hash. The runtime refuses a plan whose
+//    programs come out otherwise (another version of the rewrite, or another graph); a
+//    record made for another plan hash (the plan was edited since) is stale and not checked.
 //
 // JSON (plan_to_json writes exactly this; plan_from_json reads it back to an equal Plan):
 //   {"format": "shardwise.plan", "version": 1,
@@ -27,6 +37,8 @@
 //                 "placements": {"h.0.attn.c_attn.weight": ["R", "S(1,g3)"], ...},
 //                 "strategies": {"addmm": ["replicate", "split n g3"], ...},
 //                 "zero": {}, "recompute": false},      (searched plans only)
+//    "stage_sharding": {... as "sharding" ...},                  (complete pipelined plans)
+//    "programs": {"plan": "0123456789abcdef", "hash": "fedcba9876543210"},   (when recorded)
 //    "predicted": {"step_time": 12.3, "tflops_per_device": 141.0, "memory_per_rank": 6.1e10,
 //                  "breakdown": {"compute": ...}, "memory_breakdown": {"parameters": ...}}}
 //
@@ -107,6 +119,13 @@ struct Sharding {
   friend bool operator==(const Sharding&, const Sharding&) = default;
 };
 
+// Plan::programs: the rank programs' hash, and the plan hash they were made from.
+struct ProgramsRecord {
+  std::string plan;  // plan_hash_hex of the plan when recorded
+  std::string hash;  // the programs' hash
+  friend bool operator==(const ProgramsRecord&, const ProgramsRecord&) = default;
+};
+
 struct Predicted {
   double step_time = 0;          // seconds per iteration (global batch)
   double tflops_per_device = 0;  // Megatron-LM's accounting, see cost/plan_cost.h
@@ -135,6 +154,8 @@ struct Plan {
   std::vector<int> layers_per_stage;
   std::string precision = "bf16";
   std::optional<Sharding> sharding;
+  std::optional<Sharding> stage_sharding;
+  std::optional<ProgramsRecord> programs;
   std::optional<Predicted> predicted;
 
   int world_size() const { return data * tensor * pipeline; }
@@ -148,6 +169,11 @@ struct Plan {
 // invariant of the contract; with a world size, also checks t x p x d against it.
 void validate(const Plan& plan, std::optional<int> world_size = std::nullopt);
 
+// The SPMD plan each stage of a complete pipelined plan runs on its {data, tensor} sub-mesh:
+// its stage_sharding over one micro-batch of the data axis (global = micro batch = micro_batch
+// x data rows), pipeline 1. ValidationError when the plan has no stage_sharding.
+Plan stage_plan(const Plan& plan);
+
 nlohmann::json plan_to_json(const Plan& plan);
 // Throws support::ParseError (missing field, wrong type, unknown key: with its JSON path)
 // or support::ValidationError (validate()).
@@ -160,7 +186,7 @@ Plan plan_from_json_string(std::string_view text);
 nlohmann::json sharding_section_to_json(const Sharding& sharding);
 Sharding sharding_section_from_json(const nlohmann::json& json);
 
-// FNV-1a 64 of the canonical (sorted keys, no spaces) JSON without "predicted".
+// FNV-1a 64 of the canonical (sorted keys, no spaces) JSON without "predicted" and "programs".
 std::uint64_t plan_hash(const Plan& plan);
 std::string plan_hash_hex(const Plan& plan);
 

@@ -29,6 +29,8 @@ void bind_analysis(py::module_& m) {
     d["per_node"] = report.per_node;
     return d;
   });
+  m.def("training_precision", [](const ir::Graph& g) { return std::string(analysis::training_precision(g)); },
+        "The precision a plan for the graph is priced in by default (csrc/analysis/parameter_stats.h).");
   m.def("parameter_stats", [](const ir::Graph& g) {
     auto stats = analysis::parameter_stats(g);
     py::dict d;

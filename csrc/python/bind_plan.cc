@@ -15,6 +15,7 @@
 #include "plan/plan.h"
 #include "search/plan_report.h"
 #include "search/spmd_search.h"
+#include "search/stage_layout.h"
 #include "python/bindings.h"
 #include "python/plan_result.h"
 #include "support/error.h"
@@ -60,6 +61,25 @@ void bind_plan(py::module_& m) {
     return plan::plan_to_json_string(plan::plan_from_json_string(text));
   }, "Parse, validate and re-write a plan's JSON (canonical form).");
   m.def("plan_hash", [](const std::string& text) { return plan::plan_hash_hex(plan::plan_from_json_string(text)); });
+  m.def(
+      "stage_plan", [](const std::string& text) {
+        return plan::plan_to_json_string(plan::stage_plan(plan::plan_from_json_string(text)));
+      },
+      py::arg("plan_json"), "The SPMD plan every stage of a complete pipelined plan runs (plan/plan.h).");
+  m.def(
+      "complete_plan",
+      [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text, const std::string& level) {
+        const plan::Plan p = plan::plan_from_json_string(text);
+        plan::Plan out;
+        {
+          py::gil_scoped_release release;
+          out = search::complete_plan(graph, cluster, p, search::search_level_from_name(level));
+        }
+        plan::validate(out);
+        return plan::plan_to_json_string(out);
+      },
+      py::arg("graph"), py::arg("cluster"), py::arg("plan_json"), py::arg("level") = "fast",
+      "The plan with everything its run needs (csrc/search/stage_layout.h: complete_plan).");
   m.def(
       "evaluate_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text) {

@@ -15,6 +15,8 @@
 #include "python/bindings.h"
 #include "python/ir_dicts.h"
 #include "support/error.h"
+#include "support/fnv1a.h"
+#include <fmt/format.h>
 #include "ir/printer.h"
 #include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
@@ -61,6 +63,19 @@ py::dict operand(const transform::OperandRewrite& op) {
   return d;
 }
 
+// Every value replicated on a one-rank mesh: what a stage of a plan without data or tensor
+// parallelism runs.
+plan::Sharding replicated(const ir::Graph& graph) {
+  plan::Sharding s;
+  s.mesh = {1};
+  s.axis_names = {"data"};
+  s.level = "replicated";
+  for (const ir::Value& v : graph.values()) s.placements[v.name] = {"R"};
+  for (const ir::Node& n : graph.nodes())
+    if (!n.outputs.empty()) s.strategies[graph.value(n.outputs[0]).name] = {"replicate"};
+  return s;
+}
+
 // The sharding a rank program is made for, and the rewrite's options: `plan_json` empty is
 // every value replicated on a one-rank mesh (the whole graph, as one device runs it).
 std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Graph& graph, const std::string& plan_json,
@@ -69,16 +84,7 @@ std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Gr
                                                                   bool adapt_to_shapes) {
   plan::Plan p;
   if (plan_json.empty()) {
-    // Every value replicated on a one-rank mesh: the whole graph, as one device runs it
-    // (what a pipeline stage of a plan without tensor or data parallelism holds).
-    plan::Sharding s;
-    s.mesh = {1};
-    s.axis_names = {"data"};
-    s.level = "replicated";
-    for (const ir::Value& v : graph.values()) s.placements[v.name] = {"R"};
-    for (const ir::Node& n : graph.nodes())
-      if (!n.outputs.empty()) s.strategies[graph.value(n.outputs[0]).name] = {"replicate"};
-    p.sharding = std::move(s);
+    p.sharding = replicated(graph);
   } else {
     p = plan::plan_from_json_string(plan_json);
     // The plan's strategies name sizes at its global batch; a graph captured at another
@@ -102,9 +108,68 @@ std::vector<std::string> lookup_kernel_ops() {
   return {ops::lookup_kernel_ops().begin(), ops::lookup_kernel_ops().end()};
 }
 
+// The hash of `rank`'s program under a complete plan (plan.h's `programs`): FNV-1a 64 of its
+// rank graph as printed (rank_graph.h, the core's program before the runtime asks for more
+// nodes whole); a pipelined plan's is its stage sub-mesh rank's, continued from the stage of
+// every node (search/stage_assignment.h). `graph`: captured at the plan's global batch (a
+// sharded plan) or at one micro-batch of the data axis (a pipelined one).
+std::uint64_t program_hash(const ir::Graph& graph, const plan::Plan& plan, int rank) {
+  transform::RewriteOptions options;
+  const std::vector<std::string> lookup = lookup_kernel_ops();
+  options.lookup_ops = {lookup.begin(), lookup.end()};
+  if (rank < 0 || rank >= plan.world_size())
+    throw support::ValidationError("program_hash: rank " + std::to_string(rank) + " of a plan of " +
+                                   std::to_string(plan.world_size()) + " ranks");
+  if (plan.sharding) return support::fnv1a64(ir::print_graph(transform::rank_graph(graph, *plan.sharding, rank,
+                                                                                   options).graph));
+  const int size = plan.data * plan.tensor;
+  std::string cut;
+  for (int stage : search::assign_stages(graph, plan.pipeline * plan.virtual_stages, plan.layers_per_stage)
+                       .stage_of_node)
+    cut += std::to_string(stage) + ",";
+  const plan::Sharding sharding = size == 1 ? replicated(graph) : *plan::stage_plan(plan).sharding;
+  return support::fnv1a64(ir::print_graph(transform::rank_graph(graph, sharding, rank % size, options).graph),
+                          support::fnv1a64(cut));
+}
+
+std::string hex(std::uint64_t hash) { return fmt::format("{:016x}", hash); }
+
+// Every rank's hashes in rank order, as one (plan.h's `programs`).
+std::string programs_hash(const std::vector<std::string>& per_rank) {
+  std::uint64_t h = support::kFnv1aOffsetBasis;
+  for (const auto& r : per_rank) h = support::fnv1a64(r, h);
+  return hex(h);
+}
+
 }  // namespace
 
 void bind_transform(py::module_& m) {
+  m.def(
+      "program_hash",
+      [](const ir::Graph& graph, const std::string& plan_json, int rank) {
+        const plan::Plan p = plan::plan_from_json_string(plan_json);
+        py::gil_scoped_release release;
+        return hex(program_hash(graph, p, rank));
+      },
+      py::arg("graph"), py::arg("plan_json"), py::arg("rank"),
+      "The hash of one rank's program under a complete plan (plan.h: programs).");
+  m.def("programs_hash", &programs_hash, py::arg("per_rank"),
+        "Every rank's program hash, in rank order, as the plan's `programs`.");
+  m.def(
+      "plan_programs",
+      [](const ir::Graph& graph, const std::string& plan_json) {
+        const plan::Plan p = plan::plan_from_json_string(plan_json);
+        py::gil_scoped_release release;
+        // A pipelined plan's ranks run their sub-mesh rank's program: each is made once.
+        const int distinct = p.sharding ? p.world_size() : p.data * p.tensor;
+        std::vector<std::string> made;
+        for (int r = 0; r < distinct; ++r) made.push_back(hex(program_hash(graph, p, r)));
+        std::vector<std::string> per_rank;
+        for (int r = 0; r < p.world_size(); ++r) per_rank.push_back(made[r % distinct]);
+        return programs_hash(per_rank);
+      },
+      py::arg("graph"), py::arg("plan_json"),
+      "The hash of every rank's program under a complete plan (plan.h: programs).");
   m.def(
       "pipeline_stages",
       [](const ir::Graph& graph, int stages, const std::vector<int>& layers_per_stage) {

@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "analysis/batch_dim.h"
 #include "cost/layer_balance.h"
 #include "cost/memory_cost.h"
 #include "search/sharding_model.h"
@@ -108,6 +109,51 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
   out.memory_per_rank = evaluation.memory_per_rank;
   out.fits = evaluation.fits;
   return out;
+}
+
+std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
+                                                      const plan::Plan& plan, SearchLevel level,
+                                                      double memory_fraction) {
+  if (plan.sharding.has_value() || plan.data * plan.tensor == 1) return std::nullopt;
+  if (plan.pipeline == 1 && plan.num_micro_batches() <= 1) return std::nullopt;
+  // A graph captured at batch 1 (a cost model's graph) has no batch index to split: the
+  // runtime captures at one micro-batch and completes the plan there (shardwise.Plan.complete).
+  if (analysis::input_batch(graph) == 1 && plan.micro_batch * plan.data > 1) return std::nullopt;
+  const int size = plan.data * plan.tensor;
+  if (cluster.world_size() < size)
+    throw support::ValidationError(fmt::format("stage sharding: the cluster has {} devices, a stage's sub-mesh data {} x "
+                                      "tensor {} = {}",
+                                      cluster.world_size(), plan.data, plan.tensor, size));
+  SpmdSearchOptions options;
+  options.global_batch = plan.micro_batch * plan.data;
+  options.level = level;
+  options.mesh = std::vector<int>{plan.data, plan.tensor};
+  options.memory_fraction = memory_fraction;
+  options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);  // validated
+  const cost::Cluster sub_mesh = cluster.world_size() == size ? cluster : cost::first_ranks(cluster, size);
+  SpmdSearchResult found = search_spmd(graph, sub_mesh, cost::AnalyticCostModel{}, options);
+  return std::move(found.plan.sharding);
+}
+
+plan::Plan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
+                         SearchLevel level, double memory_fraction) {
+  if (plan.sharding.has_value()) return plan;
+  if (plan.pipeline > 1 || plan.num_micro_batches() > 1) {
+    plan::Plan out = plan;
+    if (!out.stage_sharding) out.stage_sharding = complete_stage_sharding(graph, cluster, plan, level, memory_fraction);
+    return out;
+  }
+  if (analysis::input_batch(graph) == 1 && plan.global_batch > 1) return plan;
+  if (cluster.world_size() != plan.world_size())
+    throw support::ValidationError(fmt::format("complete plan: the cluster has {} devices, the plan data {} x tensor {}",
+                                               cluster.world_size(), plan.data, plan.tensor));
+  SpmdSearchOptions options;
+  options.global_batch = plan.global_batch;
+  options.level = level;
+  options.mesh = std::vector<int>{plan.data, plan.tensor};
+  options.memory_fraction = memory_fraction;
+  options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
+  return search_spmd(graph, cluster, cost::AnalyticCostModel{}, options).plan;
 }
 
 }  // namespace shardwise::search

@@ -59,4 +59,23 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
                                                const cost::Cluster& cluster, const cost::CostModel& model,
                                                const plan::Plan& plan, const StageLayoutOptions& options);
 
+// The layout a pipelined plan's stages run (plan.h's stage_sharding): the SPMD search on the
+// graph at one micro-batch of the data axis (micro_batch x data rows), on the {data, tensor}
+// mesh of the cluster's first data x tensor ranks (every stage's sub-mesh is alike), in the
+// plan's precision. What completes a plan, so that the runtime searches nothing; the same
+// search parallelize ran for a plan without one. Empty when data x tensor is 1 (every stage
+// holds its part of the graph whole), the plan is sharded (pipeline 1, one micro-batch), or
+// the graph was captured at batch 1 (no batch index to split; the runtime's capture completes it).
+std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
+                                                      const plan::Plan& plan, SearchLevel level,
+                                                      double memory_fraction = cost::kMemoryFraction);
+
+// The plan with everything its run needs (plan.h), so the runtime searches nothing: a
+// pipelined plan (pipeline > 1, or micro-batches on one stage) with its stage_sharding, a
+// plan of pipeline 1 and one micro-batch replaced by the SPMD search's plan on its {data,
+// tensor} mesh at its global batch (priced as that layout: the plan the runtime runs), in
+// its precision. Unchanged when it has a sharding, or when the graph was captured at batch 1.
+plan::Plan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
+                         SearchLevel level, double memory_fraction = cost::kMemoryFraction);
+
 }  // namespace shardwise::search

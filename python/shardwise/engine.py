@@ -58,7 +58,7 @@ from .cluster import Cluster
 from .plan import Plan, micro_batch_fallback
 from .runtime.batch import TARGET, BatchBinding, call_arguments, map_tensors
 from .runtime.counted import Counter
-from .runtime.engine_base import CollectiveError, Recapture, check_same_plan
+from .runtime.engine_base import CollectiveError, Recapture, check_same_plan, check_same_programs
 from .runtime.lower import _build_module, _rank_program
 from .runtime.mesh import _Mesh
 from .runtime.pipeline_engine import PipelineEngine, parse_actions, stage_program
@@ -107,6 +107,7 @@ class _Options:
     verify: bool | str = "auto"
     policy: Policy | None = None
     static: bool = False
+    precision: str | None = None
 
 
 def _compute_dtypes(wrapper: "_Trainable", builder, tensors: dict[str, torch.Tensor]) -> dict[str, torch.dtype]:
@@ -166,20 +167,24 @@ def _plan_at_batch(plan: Plan, rows: int) -> Plan:
     return Plan.from_json(json.dumps(doc))
 
 
-def _recapture(wrapper: _Trainable, cluster, level: str, memory_fraction: float | None = None) -> Recapture:
-    """How an engine captures `wrapper` again and searches its mesh again (runtime/engine_base.py)."""
-    options = {} if memory_fraction is None else {"memory_fraction": memory_fraction}
+def _recapture(wrapper: _Trainable, cluster, level: str, precision: str, memory_fraction: float | None = None
+               ) -> Recapture:
+    """How an engine captures `wrapper` again and searches its mesh again (runtime/engine_base.py),
+    in the precision of the plan it runs."""
+    options = {"precision": precision}
+    if memory_fraction is not None:
+        options["memory_fraction"] = memory_fraction
     return Recapture(
         capture=lambda arguments: _capture_with_sources(wrapper, arguments, "export", 0, prefix="model.model."),
-        search=lambda graph, rows, mesh: Plan.search(graph, cluster, global_batch=rows, level=level, mesh=mesh,
-                                                     **options),
+        search=lambda graph, rows, mesh: Plan.search(graph, cluster() if callable(cluster) else cluster,
+                                                     global_batch=rows, level=level, mesh=mesh, **options),
         at_batch=_plan_at_batch)
 
 
 def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Callable | None = None,
                 plan: Plan | None = None, cluster=None, *, level: str = "fast", mesh: tuple[int, int] | None = None,
                 example_kwargs: dict | None = None, static: bool = False, verify: bool | str = "auto",
-                mixed_precision=None):
+                mixed_precision=None, precision: str | None = None):
     """Rewrites `model` (with its loss) for this rank of the running torch.distributed job.
 
     ``example_inputs``: the global batch as the model takes it: a tensor, a tuple of positional
@@ -195,6 +200,8 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     256 MiB of parameters, not on the meta device). ``mixed_precision``: FSDP2's
     ``MixedPrecisionPolicy`` (or a dict of its fields): compute in ``param_dtype`` on master
     weights of the model's dtype, reduce gradients in ``reduce_dtype`` (runtime/precision.py).
+    ``precision``: what the search prices the plan in ("f32", "tf32", "bf16", "f16"); None:
+    the model's as captured (``param_dtype`` under a policy). A given plan keeps its own.
     Every rank must call this with the same arguments;
     the plan's hash is checked across ranks before the first collective.
     """
@@ -213,7 +220,8 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     named = map_tensors(named, lambda t: cast_input(t, policy))
     batch = list(cast_inputs(dict(zip(binding.names, batch)), policy).values())
     wrapper = _Trainable(compute_copy(model, policy), loss_fn)  # the model as the program computes it
-    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static)
+    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static,
+                       precision=precision)
 
     if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
         plan = _plan_file(os.environ["SHARDWISE_PLAN"])
@@ -231,17 +239,20 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                        compute)
     global_batch = int(batch[0].shape[0])
     if plan is None or not plan.sharding:
-        if plan is not None:
-            mesh = (plan.data, plan.tensor)
         cluster = cluster or Cluster.detect()
         if cluster.world_size != world:
             raise ValidationError(f"parallelize: the cluster has {cluster.world_size} devices, the job {world} ranks")
         searched = plan is None
-        plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
-                           memory_fraction=_MEMORY_FRACTION)
+        if searched:
+            plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
+                               memory_fraction=_MEMORY_FRACTION, precision=precision)
+        else:  # a plan given by its degrees: completed on this capture (Plan.complete)
+            log.info("parallelize: the plan gives no sharding of its %d x %d mesh: searching it once (the "
+                     "engine's plan holds it: save that one to run it without a search)", plan.data, plan.tensor)
+            plan = plan.complete(graph, cluster, level=level)
         if searched and mesh is None:  # nothing fits at once: maybe in micro-batches, as shardwise.plan does
             joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
-                                         memory_fraction=_MEMORY_FRACTION)
+                                         memory_fraction=_MEMORY_FRACTION, precision=precision)
             if joint is not None:
                 return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)
@@ -254,18 +265,9 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     if plan.global_batch != global_batch:
         raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch}, the example batch "
                               f"has {global_batch}")
-    made_on = sharding.get("graph") or ""
-    if made_on and made_on != (this := graph._core.fingerprint()):
-        raise ValidationError(f"parallelize: the plan was searched on another graph than this model's capture "
-                              f"(fingerprint {made_on}, this capture's {this}: a plan made for another model, or "
-                              "for this one captured otherwise, whose names would place other nodes); search the "
-                              "plan on this model as parallelize captures it, with its loss")
-    made_for = sharding.get("inputs") or []
-    if made_for and sorted(made_for) != sorted(input_names):
-        raise ValidationError(f"parallelize: the plan was made for the inputs {made_for}, the batch brings "
-                              f"{input_names} (a plan records the model inputs it was searched with: pass the "
-                              "same ones, by the same names)")
+    _check_made_for(sharding, graph, input_names)
     check_same_plan(plan, rank)
+    plan = check_same_programs(plan, graph, rank)
     mesh = _Mesh(sharding["mesh"], rank)  # from here on, the rank's view of the plan's mesh
 
     program, whole = _rank_program(graph, builder, plan.to_json(), rank)
@@ -279,8 +281,23 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     return Engine(model=model, wrapper=wrapper, binding=binding, plan=plan, mesh=mesh, first=first,
                   parameters=parameters, tensors=tensors, trainable=trainable,
                   kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}),
-                  recapture=_recapture(wrapper, cluster, level, _MEMORY_FRACTION), policy=policy, static=static,
-                  compute_dtypes=compute, shapes=shapes)
+                  recapture=_recapture(wrapper, cluster, level, plan.precision, _MEMORY_FRACTION), policy=policy,
+                  static=static, compute_dtypes=compute, shapes=shapes)
+
+
+def _check_made_for(sharding: dict, graph, input_names: list[str]) -> None:
+    """A plan's sharding was searched on this capture (its graph fingerprint) for these inputs."""
+    made_on = sharding.get("graph") or ""
+    if made_on and made_on != (this := graph._core.fingerprint()):
+        raise ValidationError(f"parallelize: the plan was searched on another graph than this model's capture "
+                              f"(fingerprint {made_on}, this capture's {this}: a plan made for another model, or "
+                              "for this one captured otherwise, whose names would place other nodes); search the "
+                              "plan on this model as parallelize captures it, with its loss")
+    made_for = sharding.get("inputs") or []
+    if made_for and sorted(made_for) != sorted(input_names):
+        raise ValidationError(f"parallelize: the plan was made for the inputs {made_for}, the batch brings "
+                              f"{input_names} (a plan records the model inputs it was searched with: pass the "
+                              "same ones, by the same names)")
 
 
 def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Tensor], set[str]]:
@@ -298,8 +315,10 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                           model: torch.nn.Module, options: _Options):
     """A pipeline plan (Plan.manual with pipeline > 1, or pipeline 1 with several micro-batches:
     gradient accumulation on one stage): the graph captured at one micro-batch of the data
-    axis (micro_batch x data rows), sharded over each stage's {data, tensor} sub-mesh by the
-    SPMD search (one sharding for every stage), cut into pipeline x virtual_stages stages (the
+    axis (micro_batch x data rows), sharded over each stage's {data, tensor} sub-mesh as the
+    plan's stage_sharding says (one sharding for every stage; a plan given by its degrees is
+    completed with one first: Plan.complete), its rank programs checked against the plan's
+    recorded hash (Plan.programs), cut into pipeline x virtual_stages stages (the
     plan's layers_per_stage, else balanced by forward FLOPs), this rank's stages lowered into
     GraphModules and driven by the schedule's action list (runtime/pipeline_engine.py).
     Ranks: Megatron's layout, the pipeline outermost; a value crossing a cut goes between the
@@ -328,17 +347,31 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     size = d * t
     pipeline_rank, local = rank // size, rank % size
     sharded, mesh = None, None
-    if size > 1:
-        # The stages' sub-mesh: the job's first d x t ranks (every stage's are alike), so the
-        # layout is searched on the devices and links it runs on, as the joint planner priced it
-        # (csrc/search/stage_layout.h). A cluster of exactly d x t ranks is taken as that sub-mesh.
+
+    def job_cluster():
         job = cluster or Cluster.detect()
         if job.world_size not in (world, size):
             raise ValidationError(f"parallelize: the cluster has {job.world_size} devices, the job {world} ranks")
-        cluster = job if job.world_size == size else job.first_ranks(size)
-        sharded = Plan.search(graph, cluster, global_batch=rows, level=level, mesh=(d, t))
-        check_same_plan(sharded, rank)
+        return job
+
+    def stage_cluster():  # what the eval-mode program's layout is searched on, if it needs its own
+        job = job_cluster()
+        return job if job.world_size == size else job.first_ranks(size)
+
+    if not plan.is_complete():
+        # A plan given by its degrees: completed once with its stages' layout, searched on the
+        # job's first d x t devices (every stage's sub-mesh is alike) as the joint planner
+        # completes its plans (csrc/search/stage_layout.h). The engine's plan is the complete one.
+        job = job_cluster()
+        log.info("parallelize: the plan gives no layout for its stages' %d x %d sub-mesh: searching it once "
+                 "(the engine's plan holds it: save that one to run it without a search)", d, t)
+        plan = plan.complete(graph, job, level=level)
+        check_same_plan(plan, rank)
+    if size > 1:
+        sharded = plan.stage_plan()
+        _check_made_for(sharded.sharding, graph, binding.names)
         mesh = _Mesh([d, t], local, pipeline=p)
+    plan = check_same_programs(plan, graph, rank)
     parameters: dict[str, torch.Tensor] = {}
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
                           parameters, m, compute_dtypes=compute)
@@ -360,5 +393,6 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                           micro_batch=rows, num_micro_batches=m, shapes=tuple(tuple(x.shape) for x in batch),
                           parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
                           last_rank=((p * v - 1) % p) * size, mesh=mesh, stage_size=size, sharding=sharded,
-                          recapture=_recapture(wrapper, cluster, level), kept=keep_state(model, set(first.owners)),
+                          recapture=_recapture(wrapper, stage_cluster, level, plan.precision),
+                          kept=keep_state(model, set(first.owners)),
                           policy=options.policy, compute_dtypes=compute)

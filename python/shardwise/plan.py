@@ -34,6 +34,14 @@ class NetworkCondition:
     bandwidth: tuple[float, ...]
 
 
+def _precision(graph, precision: str | None) -> str:
+    """The precision a plan is priced in: the one given, else the model's as captured (the
+    dtype most of its parameters have: a model cast to bf16, or captured under a mixed-
+    precision policy's param_dtype, trains in bf16; float32 and float64 models in f32;
+    csrc/analysis/parameter_stats.h)."""
+    return str(precision) if precision is not None else _C.training_precision(graph._core)
+
+
 class Plan:
     """Data / tensor / pipeline degrees, batches, schedule, recomputation, ZeRO stage and,
     once costed, the predicted step time, TFLOP/s per device and memory per rank."""
@@ -46,7 +54,7 @@ class Plan:
     @classmethod
     def manual(cls, graph, cluster, *, tensor: int = 1, pipeline: int = 1, data: int | None = None,
                global_batch: int, micro_batch: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
-               kfkb_k: int = 1, recompute: bool = True, zero: int = 0, precision: str = "bf16",
+               kfkb_k: int = 1, recompute: bool = True, zero: int = 0, precision: str | None = None,
                layers_per_stage: list[int] | None = None, profile=None, cost_model=None) -> "Plan":
         """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p).
@@ -64,7 +72,7 @@ class Plan:
                "global_batch": global_batch, "micro_batch": micro_batch, "schedule": name,
                "virtual_stages": virtual_stages, "kfkb_k": kfkb_k,
                "recompute": "full" if recompute else "none", "zero_stage": zero,
-               "layers_per_stage": list(layers_per_stage or []), "precision": precision}
+               "layers_per_stage": list(layers_per_stage or []), "precision": _precision(graph, precision)}
         if profile is not None and cost_model is not None and profile is not cost_model:
             raise _C.ValidationError("Plan.manual: give profile= or cost_model=, not both")
         profile = profile if profile is not None else cost_model
@@ -76,19 +84,19 @@ class Plan:
 
     @classmethod
     def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
-               memory_fraction: float = _C.MEMORY_FRACTION, precision: str = "bf16", recompute: bool = True,
+               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool = True,
                zero: bool = True, progress=None) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
         cluster's cost model. See ``shardwise.plan``."""
         result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
                                 None if mesh is None else [int(x) for x in mesh], float(memory_fraction),
-                                str(precision), bool(recompute), bool(zero), progress)
+                                _precision(graph, precision), bool(recompute), bool(zero), progress)
         return cls(json.loads(result["plan"]), result)
 
     @classmethod
     def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast",
-              memory_fraction: float = _C.MEMORY_FRACTION, precision: str = "bf16", progress=None,
+              memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, progress=None,
               network: NetworkCondition | None = None, stage_layouts: bool = True) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
@@ -99,7 +107,7 @@ class Plan:
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
-                               str(precision), progress, links, bool(stage_layouts))
+                               _precision(graph, precision), progress, links, bool(stage_layouts))
         return cls(json.loads(result["plan"]), result)
 
     def alternatives(self) -> list["Plan"]:
@@ -133,6 +141,58 @@ class Plan:
     def sharding(self) -> dict | None:
         """The SPMD section of a searched plan (mesh, placements, strategies), else None."""
         return self._doc.get("sharding")
+
+    @property
+    def stage_sharding(self) -> dict | None:
+        """A pipelined plan's layout of every stage's {data, tensor} sub-mesh (the SPMD search of
+        one micro-batch of the data axis), else None."""
+        return self._doc.get("stage_sharding")
+
+    @property
+    def programs(self) -> str | None:
+        """The hash of the rank programs the plan makes (16 hex digits; csrc/plan/plan.h), once
+        recorded by ``with_programs`` or by ``parallelize`` (the engine's plan); None when not
+        recorded, or recorded for the plan before an edit (stale: the edit made new programs)."""
+        record = self._doc.get("programs")
+        return record["hash"] if record and record["plan"] == self.hash() else None
+
+    def is_complete(self) -> bool:
+        """Whether the plan holds everything a run needs, so that ``parallelize`` searches
+        nothing: a sharding (pipeline 1, one micro-batch), or a pipelined plan whose stages hold
+        their graph whole (data x tensor 1) or carry their layout (``stage_sharding``)."""
+        d = self._doc
+        if d.get("sharding"):
+            return True
+        pipelined = d["pipeline"] > 1 or self.num_micro_batches() > 1
+        return pipelined and (d["data"] * d["tensor"] == 1 or bool(d.get("stage_sharding")))
+
+
+    def complete(self, graph, cluster, *, level: str = "fast") -> "Plan":
+        """The plan with everything its run needs (csrc/search/stage_layout.h: complete_plan),
+        searched once on ``graph`` (captured as ``parallelize`` captures the model: with its
+        loss, at one micro-batch of the data axis for a pipelined plan) and ``cluster``: a
+        pipelined plan gains its stages' layout (the SPMD search on the first data x tensor
+        devices); a plan of pipeline 1 and one micro-batch becomes the SPMD search's plan on its
+        {data, tensor} mesh. Unchanged when complete. Plans given by degrees alone
+        (``Plan.manual``, a hand-written file) are completed so; the planners' come complete."""
+        if self.is_complete():
+            return self
+        return Plan(json.loads(_C.complete_plan(graph._core, cluster._core, self.to_json(), level)))
+
+    def stage_plan(self) -> "Plan":
+        """The SPMD plan every stage of a complete pipelined plan runs on its sub-mesh."""
+        return Plan(json.loads(_C.stage_plan(self.to_json())))
+
+    def with_programs(self, graph) -> "Plan":
+        """The plan with the hash of every rank's program recorded (``programs``): made by the
+        core for each rank from ``graph`` (captured as ``parallelize`` captures it), so a job
+        that makes other programs from it is refused. The plan must be complete."""
+        return self.with_programs_hash(_C.plan_programs(graph._core, self.to_json()))
+
+    def with_programs_hash(self, programs: str) -> "Plan":
+        doc = dict(self._doc)
+        doc["programs"] = {"plan": self.hash(), "hash": programs}
+        return Plan(json.loads(_C.plan_normalise(json.dumps(doc))), self._result)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Plan) and self._doc == other._doc
@@ -253,7 +313,7 @@ class Plan:
 
 
 def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
-         memory_fraction: float = _C.MEMORY_FRACTION, precision: str = "bf16", recompute: bool = True,
+         memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool = True,
          zero: bool = True, progress=None, pipeline: bool | None = None,
          network: NetworkCondition | None = None) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
@@ -269,6 +329,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     programme (COIN-OR CBC) started from the fast answer, never worse under the cost model.
     ``mesh``: fix the {data, tensor} mesh instead of searching every factorisation.
     ``recompute`` / ``zero``: allow activation recomputation / sharded optimizer state.
+    ``precision``: "f32", "tf32", "bf16" or "f16"; None (default): the model's, as captured
+    (a bf16 model, or one captured under a mixed-precision policy, trains in bf16; a float32
+    or float64 model in f32).
     ``network``: a ``NetworkCondition`` for the links between pipeline stages; the joint
     planner then times its pipelined plans on it and may pick kFkB (implies the joint planner).
     ``progress(done, total)`` is called after each candidate. The graph must have been
@@ -303,7 +366,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
 
 
 def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, level: str, memory_fraction: float,
-                         precision: str = "bf16", progress=None) -> Plan | None:
+                         precision: str | None = None, progress=None) -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
     stages), if that fits; else None. Only for homogeneous clusters and models with repeated

@@ -127,6 +127,23 @@ def check_same_plan(plan, rank: int) -> None:
                               + ", ".join(f"rank {r}: {everyone[r]}" for r in differ) + f"); this is rank {rank}")
 
 
+def check_same_programs(plan, graph, rank: int):
+    """The plan with its rank programs' hash recorded (``Plan.programs``): every rank hashes the
+    program the core makes for it (_C.program_hash), the hashes are gathered in rank order and
+    combined. A plan that recorded another hash for itself (made by another version of the
+    rewrite, or for another graph) is refused on every rank, naming both."""
+    mine = _C.program_hash(graph._core, plan.to_json(), rank)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    made = _C.programs_hash(everyone)
+    recorded = plan.programs  # None when not recorded, or recorded before an edit of the plan
+    if recorded and recorded != made:
+        raise ValidationError(f"parallelize: the plan records rank programs {recorded}, this job makes {made} from "
+                              "it (another version of shardwise's rewrite, or another graph): search the plan "
+                              f"again, or run the version that made it; this is rank {rank}")
+    return plan.with_programs_hash(made)
+
+
 class EngineBase:
     def __init__(self, binding: BatchBinding, policy: Policy | None = None):
         _teardown.hold(self)

@@ -26,5 +26,25 @@ TEST(ParameterStatsTest, TiedWeightsCountOnce) {
   EXPECT_EQ(stats.buffers, 0);
 }
 
+// The default precision of a plan follows the dtype most parameter elements have; f64 is
+// priced as f32; a graph without floating parameters goes by its activations.
+TEST(ParameterStatsTest, TrainingPrecisionFollowsTheParameters) {
+  auto graph = [](ir::DType big, ir::DType small) {
+    ir::Graph g;
+    g.add_value("x", ir::TensorType{ir::DType::F32, {2, 16}, 0}, ir::ValueRole::Input);
+    g.add_value("w", ir::TensorType{big, {4, 16}, {}}, ir::ValueRole::Parameter);
+    g.add_value("b", ir::TensorType{small, {4}, {}}, ir::ValueRole::Parameter);
+    return g;
+  };
+  EXPECT_STREQ(training_precision(graph(ir::DType::BF16, ir::DType::F32)), "bf16");
+  EXPECT_STREQ(training_precision(graph(ir::DType::F32, ir::DType::BF16)), "f32");
+  EXPECT_STREQ(training_precision(graph(ir::DType::F16, ir::DType::F32)), "f16");
+  EXPECT_STREQ(training_precision(graph(ir::DType::F64, ir::DType::F64)), "f32");
+  EXPECT_STREQ(training_precision(testing::gpt2_like_graph(testing::Gpt2Config{})), "f32");
+  ir::Graph no_parameters;
+  no_parameters.add_value("x", ir::TensorType{ir::DType::I64, {2, 16}, 0}, ir::ValueRole::Input);
+  EXPECT_STREQ(training_precision(no_parameters), "f32");
+}
+
 }  // namespace
 }  // namespace shardwise::analysis

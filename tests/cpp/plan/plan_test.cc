@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "support/error.h"
 
 namespace shardwise::plan {
@@ -169,6 +171,58 @@ TEST(Plan, HugeDegreesAreValidationErrorsNotOverflow) {
   EXPECT_THROW(validate(q), support::ValidationError);
   q.tensor = 16384;
   EXPECT_NO_THROW(validate(q));
+}
+
+// A complete pipelined plan carries its stages' layout (part of the hash) and may record its
+// rank programs' hash (derived: not part of it); stage_plan is what every stage runs.
+TEST(Plan, StageShardingAndProgramsRoundTrip) {
+  Plan p = example();
+  p.virtual_stages = 1;
+  p.schedule = Schedule::OneFOneB;
+  Sharding s;
+  s.mesh = {2, 2};
+  s.axis_names = {"data", "tensor"};
+  s.level = "fast";
+  s.placements = {{"x", {"S(0)", "R"}}, {"w", {"R", "S(1)"}}};
+  s.strategies = {{"y", {"split m", "split n"}}};
+  s.graph = "0123456789abcdef";
+  Plan complete = p;
+  complete.stage_sharding = s;
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(complete)), complete);
+  EXPECT_NE(plan_hash(complete), plan_hash(p));
+  Plan recorded = complete;
+  recorded.programs = ProgramsRecord{plan_hash_hex(complete), "fedcba9876543210"};
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(recorded)), recorded);
+  EXPECT_EQ(plan_hash(recorded), plan_hash(complete));
+
+  const Plan stage = stage_plan(complete);
+  EXPECT_EQ(stage.pipeline, 1);
+  EXPECT_EQ(stage.global_batch, p.micro_batch * p.data);
+  EXPECT_EQ(stage.micro_batch, stage.global_batch);
+  EXPECT_EQ(stage.sharding, s);
+  EXPECT_THROW(stage_plan(p), support::ValidationError);
+
+  Plan wrong_mesh = complete;
+  wrong_mesh.stage_sharding->mesh = {4, 1};
+  try {
+    validate(wrong_mesh);
+    FAIL() << "a stage sharding on another mesh validated";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.stage_sharding.mesh: [4, 1] must be [data 2, tensor 2]"),
+              std::string::npos)
+        << e.what();
+  }
+  Plan bad_hash = complete;
+  bad_hash.programs = ProgramsRecord{plan_hash_hex(complete), "xyz"};
+  EXPECT_THROW(validate(bad_hash), support::ValidationError);
+  nlohmann::json doc = plan_to_json(complete);
+  doc["stage_sharding"]["extra"] = 1;
+  try {
+    plan_from_json(doc);
+    FAIL() << "an unknown key in stage_sharding parsed";
+  } catch (const support::ParseError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.stage_sharding.extra: unknown key"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -102,5 +102,31 @@ TEST(StageLayout, ABatchOneGraphIsLaidOutAtMoreRows) {
   EXPECT_GT(four->prices.layer.forward, 2 * one->prices.layer.forward);
 }
 
+// A pipelined plan completed with its stages' layout: the SPMD search of one micro-batch of
+// the data axis on the {data, tensor} sub-mesh of the cluster's first ranks. Nothing for a
+// plan whose stages hold their graph whole (data x tensor 1), nor for a graph captured at
+// batch 1 (no batch index; the runtime completes it at its own capture).
+TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
+  const ir::Graph g = gpt(4, 256, 4, 128, 1000);  // captured at batch 1
+  const ir::Graph batch4 = testing::gpt_at_batch(4, 256, 4, 128, 1000, 4);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  plan::Plan plan{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
+  EXPECT_FALSE(complete_stage_sharding(g, cluster, plan, SearchLevel::Fast));
+  const std::optional<plan::Sharding> s = complete_stage_sharding(batch4, cluster, plan, SearchLevel::Fast);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->mesh, (std::vector<int>{2, 2}));
+  SpmdSearchOptions options;
+  options.global_batch = 4;
+  options.mesh = std::vector<int>{2, 2};
+  const SpmdSearchResult direct = search_spmd(batch4, cost::first_ranks(cluster, 4), cost::AnalyticCostModel{},
+                                              options);
+  EXPECT_EQ(*s, *direct.plan.sharding);
+  plan.stage_sharding = s;
+  EXPECT_NO_THROW(plan::validate(plan, 8));
+
+  plan::Plan whole{.data = 1, .tensor = 1, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
+  EXPECT_FALSE(complete_stage_sharding(batch4, cluster, whole, SearchLevel::Fast));
+}
+
 }  // namespace
 }  // namespace shardwise::search

@@ -7,15 +7,19 @@
 
 namespace shardwise::search::testing {
 
-inline ir::Graph gpt(int layers, int hidden, int heads, int seq = 2048, int vocab = 51200) {
+inline ir::Graph gpt_at_batch(int layers, int hidden, int heads, int seq, int vocab, int batch) {
   models::GptConfig c;
   c.layers = layers;
   c.hidden = hidden;
   c.heads = heads;
   c.seq = seq;
   c.vocab = vocab;
-  c.batch = 1;
+  c.batch = batch;
   return models::build_gpt(c);
+}
+
+inline ir::Graph gpt(int layers, int hidden, int heads, int seq = 2048, int vocab = 51200) {
+  return gpt_at_batch(layers, hidden, heads, seq, vocab, 1);
 }
 
 }  // namespace shardwise::search::testing
