@@ -58,11 +58,15 @@ MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "cnn": cnn}
 
 
 
+TIGHT_PRECISION = "bf16"
+
+
 def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
     """A CPU cluster whose memory holds `graph` on `mesh` only with weights sharded on the
     mesh's tensor axis: halfway between the least any plan needs and what the replicated
     plan needs (as the cost model predicts them). A tiny model's plan otherwise splits only
-    the batch, on both axes."""
+    the batch, on both axes. Priced in TIGHT_PRECISION (bf16, CPU's slow rate, where such a
+    layout is worth its collectives): searches on it must state the same precision."""
     import json
 
     import shardwise
@@ -73,6 +77,8 @@ def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
         return shardwise.Cluster.from_json(json.dumps(doc))
 
     cluster = shardwise.Cluster.preset("cpu", world)
-    replicated = shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh).predicted_memory()[0]
-    least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=rows, mesh=mesh).predicted_memory()[0]
+    replicated = shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh,
+                                precision=TIGHT_PRECISION).predicted_memory()[0]
+    least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=rows, mesh=mesh,
+                           precision=TIGHT_PRECISION).predicted_memory()[0]
     return with_memory(cluster, (least + replicated) / 2 / shardwise._C.MEMORY_FRACTION)  # what plans may use

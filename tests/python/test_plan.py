@@ -60,3 +60,27 @@ def test_llama_gated_mlp_and_separate_qkv_are_tensor_parallel_groups():
     per_param = bytes_whole / (norms + matrices)  # the weights' bytes (bf16 copies under mixed precision)
     assert per_param == pytest.approx(round(per_param))
     assert bytes_four == pytest.approx(per_param * (norms + matrices / 4))
+
+
+def test_a_plan_is_priced_in_the_models_precision_unless_told():
+    # The model's dtype as captured: float32 -> f32, bf16 -> bf16, float64 -> f32 (no f64 rate);
+    # an explicit precision wins. On the CPU preset f32 runs 50 GFLOP/s and bf16 15, so the
+    # f32 plan of the same graph is predicted faster.
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    x = torch.randn(16, 64)
+    cluster = shardwise.Cluster.preset("cpu", 2)
+    f32 = shardwise.plan(shardwise.capture(model, (x,)), cluster, global_batch=16)
+    assert f32.precision == "f32"
+    told = shardwise.plan(shardwise.capture(model, (x,)), cluster, global_batch=16, precision="bf16")
+    assert told.precision == "bf16" and told.predicted_step_time() > f32.predicted_step_time()
+    bf16 = shardwise.plan(shardwise.capture(model.to(torch.bfloat16), (x.to(torch.bfloat16),)), cluster,
+                          global_batch=16)
+    assert bf16.precision == "bf16"
+    f64 = shardwise.plan(shardwise.capture(model.double(), (x.double(),)), cluster, global_batch=16)
+    assert f64.precision == "f32"
+    g = shardwise.models.gpt(layers=2, hidden=64, heads=4, seq=16, vocab=128, dtype="f32")
+    assert shardwise.Plan.manual(g, cluster, data=2, global_batch=8).precision == "f32"
+    assert shardwise.Plan.manual(shardwise.models.gpt(layers=2, hidden=64, heads=4, seq=16, vocab=128), cluster,
+                                 data=2, global_batch=8).precision == "bf16"

@@ -12,6 +12,10 @@ import shardwise
 transformers = pytest.importorskip("transformers")
 
 
+
+# These graphs are built in float32 (on the meta device) and priced as they train on A100s: bf16.
+A100_PRECISION = "bf16"
+
 def _small_memory_a100(gib: float) -> shardwise.Cluster:
     """One DGX A100 node (8 GPUs, NVSwitch) whose devices hold only `gib` GiB."""
     doc = json.loads(shardwise.Cluster.preset("dgx-a100").to_json())
@@ -52,7 +56,7 @@ def test_gpt2_tensor_parallel_with_strided_fused_qkv(gpt2_graph):
     # 0.2B parameters x 16 bytes = 3.3 GB: no room on 2 GiB devices unless the weights are split.
     # 2 x 512 tokens a step: the weights' gathers would not hide under so little compute, so
     # sharding the weights the FSDP way loses to Megatron's split.
-    plan = shardwise.plan(gpt2_graph, _small_memory_a100(2), global_batch=2, mesh=(1, 8))
+    plan = shardwise.plan(gpt2_graph, _small_memory_a100(2), global_batch=2, mesh=(1, 8), precision=A100_PRECISION)
     assert plan.fits
     placements = plan.placements()
     for layer in range(2):
@@ -84,7 +88,7 @@ def test_gpt2_tensor_parallel_with_strided_fused_qkv(gpt2_graph):
 def test_llama_megatron_projections(llama_graph):
     # (The fast level's beam, sweeping forward only, found a plan 14% slower here; it now
     # also sweeps backward and matches the ILP.)
-    plan = shardwise.plan(llama_graph, _small_memory_a100(2), global_batch=2, mesh=(1, 8))
+    plan = shardwise.plan(llama_graph, _small_memory_a100(2), global_batch=2, mesh=(1, 8), precision=A100_PRECISION)
     assert plan.fits
     placements = plan.placements()
     for layer in range(2):
@@ -112,7 +116,7 @@ def test_llama_at_a_large_batch_is_pure_data_parallel(llama_graph):
     # 80 GB devices, 512 sequences: every weight matrix whole on every rank, the batch over
     # all 8. (Before the fast solver started from a data-parallel seed, its beam left the
     # embedding region hidden-sharded here, 12% slower by its own model.)
-    plan = shardwise.plan(llama_graph, shardwise.Cluster.preset("dgx-a100"), global_batch=512)
+    plan = shardwise.plan(llama_graph, shardwise.Cluster.preset("dgx-a100"), global_batch=512, precision=A100_PRECISION)
     assert plan.fits
     placements, mesh = plan.placements(), plan.sharding["mesh"]
     matrices = [n for n in plan.sharding["leaves"] if n.endswith("_proj.weight") or n in
@@ -135,7 +139,7 @@ def test_gpt2_at_a_large_batch_runs_its_blocks_data_parallel(gpt2_graph):
     # gradient instead of all of it, 0.5 ms of HBM traffic at fp32) and exchanges the
     # embeddings all-to-all into the batch split (0.34 ms): cheaper under the cost model
     # than pure data parallelism, so not pure (see the issue note).
-    plan = shardwise.plan(gpt2_graph, shardwise.Cluster.preset("dgx-a100"), global_batch=512)
+    plan = shardwise.plan(gpt2_graph, shardwise.Cluster.preset("dgx-a100"), global_batch=512, precision=A100_PRECISION)
     assert plan.fits
     placements = plan.placements()
     matrices = [n for n in plan.sharding["leaves"] if n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))]
@@ -150,11 +154,11 @@ def test_gpt2_at_a_large_batch_runs_its_blocks_data_parallel(gpt2_graph):
 
 def test_plan_is_deterministic_survives_json_and_thorough_is_never_worse(llama_graph):
     cluster = _small_memory_a100(4)
-    fast = shardwise.plan(llama_graph, cluster, global_batch=8)
-    again = shardwise.plan(llama_graph, cluster, global_batch=8)
+    fast = shardwise.plan(llama_graph, cluster, global_batch=8, precision=A100_PRECISION)
+    again = shardwise.plan(llama_graph, cluster, global_batch=8, precision=A100_PRECISION)
     assert fast.to_json() == again.to_json() and fast.hash() == again.hash()
     assert shardwise.Plan.from_json(fast.to_json()) == fast
-    thorough = shardwise.plan(llama_graph, cluster, global_batch=8, level="thorough")
+    thorough = shardwise.plan(llama_graph, cluster, global_batch=8, level="thorough", precision=A100_PRECISION)
     assert thorough.sharding["level"] == "thorough"
     assert thorough.predicted_step_time() <= fast.predicted_step_time() * (1 + 1e-12)
     assert {c["mesh"][1] for c in fast.candidates()} == {1, 2, 4, 8}
@@ -194,14 +198,15 @@ def test_a_gathered_weight_counts_at_its_peak():
     with torch.device("meta"):
         model = Stack()
     graph = shardwise.capture(model, (torch.zeros(64, 8192, device="meta"),))
-    plan = shardwise.plan(graph, _small_memory_a100(5.3), global_batch=262144, mesh=(8, 1))
+    plan = shardwise.plan(graph, _small_memory_a100(5.3), global_batch=262144, mesh=(8, 1), precision=A100_PRECISION)
     assert plan.fits and plan.placements()["l.0.weight"][0].startswith("S(")
     memory, parts = plan.predicted_memory()
     assert parts["gathered_parameters"] == 8192 * 8192 * 2 * 7 / 8
     assert memory == pytest.approx(sum(parts.values()))
     # 5.05 GiB: the stored shares and activations alone would fit (4.83 of 4.88 GB); with the
     # gathered layer they do not, and no plan does.
-    assert shardwise.plan(graph, _small_memory_a100(5.05), global_batch=262144, mesh=(8, 1)).fits is False
+    assert shardwise.plan(graph, _small_memory_a100(5.05), global_batch=262144, mesh=(8, 1),
+                          precision=A100_PRECISION).fits is False
 
 
 def _realizable(plan, graph) -> list[str]:
@@ -229,7 +234,7 @@ def test_a_small_dim_is_never_cut_by_two_axes_into_blocks_that_do_not_divide_it(
     in 2 on both (ALBERT's token-type table [2, 32], Swin's relative position bias table
     [49, 2 heads], at a memory where weights are sharded on a 2 x 2 mesh: rank_program
     refused the plan, "dim 0 holds 1 elements here")."""
-    from conftest import tight_cluster
+    from conftest import TIGHT_PRECISION, tight_cluster
 
     torch.manual_seed(0)
     if model == "albert":
@@ -244,5 +249,6 @@ def test_a_small_dim_is_never_cut_by_two_axes_into_blocks_that_do_not_divide_it(
             num_labels=10, drop_path_rate=0.0))
         inputs = {"pixel_values": torch.randn(4, 3, 32, 32, dtype=torch.float64), "labels": torch.randint(0, 10, (4,))}
     graph = shardwise.capture(m.double().train(), inputs)
-    plan = shardwise.plan(graph, tight_cluster(graph, 4, 4, (2, 2)), global_batch=4, mesh=(2, 2))
+    plan = shardwise.plan(graph, tight_cluster(graph, 4, 4, (2, 2)), global_batch=4, mesh=(2, 2),
+                          precision=TIGHT_PRECISION)
     assert _realizable(plan, graph) == []

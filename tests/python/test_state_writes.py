@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import tight_cluster
+from conftest import TIGHT_PRECISION, tight_cluster
 
 STEPS, ROWS, TOLERANCE = 3, 4, 1e-9
 
@@ -57,7 +57,7 @@ def _worker(rank: int, world: int, store: str, mesh: tuple[int, int], result: st
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
         cluster = tight_cluster(shardwise.capture(_model(), _batch(0)), world, ROWS, mesh)
-        engine = shardwise.parallelize(_model(), _batch(0), mesh=mesh, cluster=cluster)
+        engine = shardwise.parallelize(_model(), _batch(0), mesh=mesh, cluster=cluster, precision=TIGHT_PRECISION)
         optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
         for step in range(STEPS):
             engine.train_step(*_batch(step))

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import shardwise
-from conftest import tight_cluster
+from conftest import TIGHT_PRECISION, tight_cluster
 
 transformers = pytest.importorskip("transformers")
 
@@ -124,7 +124,7 @@ def _bf16_policy_loop(build) -> dict:
     full = engine.full_state_dict()
     return {"losses": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
             "params": max(((full[n] - p).abs().max() / p.abs().max()).item() for n, p in reference.named_parameters()),
-            "dtype": str(next(iter(full.values())).dtype)}
+            "dtype": str(next(iter(full.values())).dtype), "precision": engine.plan.precision}
 
 
 def _worker(rank: int, world: int, store: str, layout: str, result: str) -> None:
@@ -143,6 +143,7 @@ def _worker(rank: int, world: int, store: str, layout: str, result: str) -> None
                                              precision="f32")
             elif LAYOUTS[layout].get("sharded"):
                 cluster = tight_cluster(shardwise.capture(qwen2(), example), world, ROWS, mesh)
+                options["precision"] = TIGHT_PRECISION
             return shardwise.parallelize(model, example, plan=plan, mesh=mesh, cluster=cluster, **options)
 
         # Dropout: on in training (two seeds, two losses; one seed twice, one loss) and off in
@@ -262,5 +263,7 @@ def test_a_users_hugging_face_loop_equals_one_device(layout):
     # 8 bits of mantissa).
     assert r["bf16"]["losses"] < BF16_TOLERANCE and r["bf16"]["params"] < BF16_TOLERANCE, r["bf16"]
     assert r["bf16"]["dtype"] == "torch.float32", r["bf16"]  # the master weights
+    if layout == "data4":  # searched with nothing said: priced as it computes, in the policy's param_dtype
+        assert r["bf16"]["precision"] == "bf16", r["bf16"]  # (the others state theirs: tight, or hand plans)
     if layout in ("tensor4", "2x2"):  # the tensor axis carries the layers: some weight is sharded on it
         assert any(p[1].startswith("S") for n, p in r["placements"].items() if n.endswith("weight")), r["placements"]

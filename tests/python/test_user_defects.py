@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import tight_cluster
+from conftest import TIGHT_PRECISION, tight_cluster
 
 transformers = pytest.importorskip("transformers")
 
@@ -123,7 +123,7 @@ def _scenario_clip(rank, world, mesh):
     batch = _batch()
     graph = shardwise.capture(_qwen2(), batch)
     cluster = tight_cluster(graph, world, 4, mesh) if mesh[1] > 1 else shardwise.Cluster.preset("cpu", world)
-    engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster)
+    engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster, precision=TIGHT_PRECISION)
     engine.train_step(**batch)
     out = {"sharded": any(p[1].startswith("S") for p in engine.plan.placements().values())}
     try:
@@ -209,7 +209,7 @@ def _scenario_shapes(rank, world, mesh):
     batch = _batch()
     graph = shardwise.capture(_qwen2(), batch)
     cluster = tight_cluster(graph, world, 4, mesh) if mesh[1] > 1 else shardwise.Cluster.preset("cpu", world)
-    engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster)
+    engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster, precision=TIGHT_PRECISION)
     opt = engine.optimizer(torch.optim.SGD, lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     losses, ref_losses = [], []
@@ -222,7 +222,8 @@ def _scenario_shapes(rank, world, mesh):
         ref_opt.step()
         ref_opt.zero_grad()
         ref_losses.append(float(loss.detach()))
-    static = shardwise.parallelize(_qwen2(), batch, mesh=mesh, cluster=cluster, static=True)
+    static = shardwise.parallelize(_qwen2(), batch, mesh=mesh, cluster=cluster, static=True,
+                                   precision=TIGHT_PRECISION)
     try:
         static.train_step(**_batch(4, 12))
         refused = None
