@@ -28,11 +28,12 @@ class Panel:
         self.series: list[dict] = []
 
     def add(self, label: str, points: list[tuple[float, float]], color: str, dashed: bool = False,
-            marker: str = "circle") -> None:
+            marker: str = "circle", line: bool = True, markers: bool = True) -> None:
+        """`line` False: the points alone (a scatter); `markers` False: the line alone."""
         points = [(x, y) for x, y in points if x > 0 and y > 0]
         if points:
             self.series.append({"label": label, "points": sorted(points), "color": color, "dashed": dashed,
-                                "marker": marker})
+                                "marker": marker, "line": line, "markers": markers})
 
     def _svg(self, left: float, top: float, width: float, height: float) -> list[str]:
         xs = [x for s in self.series for x, _ in s["points"]]
@@ -90,10 +91,13 @@ class Panel:
         for s in self.series:
             pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s["points"])
             dash = ' stroke-dasharray="6 4"' if s["dashed"] else ""
-            out.append(f'<polyline points="{pts}" fill="none" stroke="{s["color"]}" stroke-width="2"{dash}>'
-                       f'<title>{escape(s["label"])}</title></polyline>')
+            if s["line"]:
+                out.append(f'<polyline points="{pts}" fill="none" stroke="{s["color"]}" stroke-width="2"{dash}>'
+                           f'<title>{escape(s["label"])}</title></polyline>')
+            if not s["markers"]:
+                continue
             for x, y in s["points"]:
-                tip = f"<title>{escape(s['label'])}: {_fmt(x)} -> {y:.2f} s</title>"
+                tip = f"<title>{escape(s['label'])}: {_fmt(x)} -> {y:.3g}</title>"
                 if s["marker"] == "square":
                     out.append(f'<rect x="{px(x) - 3.5:.1f}" y="{py(y) - 3.5:.1f}" width="7" height="7" '
                                f'fill="white" stroke="{s["color"]}" stroke-width="1.5">{tip}</rect>')

@@ -45,6 +45,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
 
+#include <array>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -118,6 +120,29 @@ bool on_host(const Group& g, const Tensor& x) {
   }
 }
 
+// Bytes and calls of every collective this process ran, per kind, in the cost model's units
+// (csrc/cost/collective_cost.h: all-reduce the buffer, all-gather the gathered output,
+// reduce-scatter the input, all-to-all each rank's buffer): what benchmarks hold against a
+// plan's predicted collectives. Read and reset by the ops shardwise::traffic and
+// shardwise::reset_traffic (python/shardwise/runtime/traffic.py).
+enum TrafficKind : std::size_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kTrafficKinds };
+std::array<std::atomic<int64_t>, 2 * kTrafficKinds> traffic_counts{};
+
+void count(TrafficKind kind, const Tensor& buffer) {
+  traffic_counts[2 * kind].fetch_add(static_cast<int64_t>(buffer.nbytes()));
+  traffic_counts[2 * kind + 1].fetch_add(1);
+}
+
+std::vector<int64_t> traffic() {
+  std::vector<int64_t> out;
+  for (const auto& c : traffic_counts) out.push_back(c.load());
+  return out;
+}
+
+void reset_traffic() {
+  for (auto& c : traffic_counts) c.store(0);
+}
+
 // The deprecated names are the ones every supported torch has (2.11 through 2.13 at least;
 // 2.13 adds *_single and keeps these as aliases).
 #pragma GCC diagnostic push
@@ -132,6 +157,7 @@ Tensor all_reduce_kernel(const Tensor& x, const std::string& op_name, const std:
   const bool average = options.reduceOp == c10d::ReduceOp::AVG;
   if (average) options.reduceOp = c10d::ReduceOp::SUM;
   std::vector<Tensor> buffers{x.contiguous().clone()};
+  count(kAllReduce, buffers[0]);
   wait("all_reduce", g, g.pg->allreduce(buffers, options));
   return average ? buffers[0].div_(g.world) : buffers[0];
 }
@@ -145,6 +171,7 @@ Tensor all_gather_kernel(const Tensor& x, int64_t dim, const std::string& group)
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] *= g.world;
   Tensor output = at::empty(shape, input.options());
+  count(kAllGather, output);
   wait("all_gather", g, g.pg->_allgather_base(output, input));
   return output.movedim(0, dim).contiguous();
 }
@@ -160,6 +187,7 @@ Tensor reduce_scatter_kernel(const Tensor& x, int64_t dim, const std::string& gr
   Tensor output = at::empty(shape, input.options());
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
+  count(kReduceScatter, input);
   wait("reduce_scatter", g, g.pg->_reduce_scatter_base(output, input, options));
   return output.movedim(0, dim).contiguous();
 }
@@ -174,6 +202,7 @@ Tensor all_to_all_kernel(const Tensor& x, int64_t split_dim, int64_t concat_dim,
   Tensor input = at::stack(x.chunk(g.world, split_dim), 0).contiguous();
   Tensor output = at::empty_like(input);
   std::vector<int64_t> even;  // empty split sizes: equal rows
+  count(kAllToAll, input);
   wait("all_to_all", g, g.pg->alltoall_base(output, input, even, even));
   return at::cat(output.unbind(0), concat_dim);
 }
@@ -349,6 +378,9 @@ TORCH_LIBRARY(shardwise, m) {
   m.def("all_gather(Tensor x, int dim, str group) -> Tensor");
   m.def("reduce_scatter(Tensor x, int dim, str group) -> Tensor");
   m.def("all_to_all(Tensor x, int split_dim, int concat_dim, str group) -> Tensor");
+  // [bytes, calls] per kind: all_reduce, all_gather, reduce_scatter, all_to_all.
+  m.def("traffic() -> int[]", &traffic);
+  m.def("reset_traffic() -> ()", &reset_traffic);
 }
 
 // CPU and CUDA tensors alike: the group's backend does the work.

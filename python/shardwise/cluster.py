@@ -21,6 +21,7 @@ import json
 import math
 import os
 import statistics
+import time
 from typing import Iterable
 
 from . import _C
@@ -63,7 +64,7 @@ class Cluster:
         return cls(_C.Cluster.from_json(str(text_or_path)))
 
     @classmethod
-    def detect(cls, *, measure_links: bool = False) -> "Cluster":
+    def detect(cls, *, measure_links: bool = False, measure_compute: bool | None = None) -> "Cluster":
         """This machine (and, under torchrun, its peers, assumed alike).
 
         World size: ``torch.distributed`` when it is initialised, else 1 rank. Ranks per
@@ -78,7 +79,11 @@ class Cluster:
           - memory_bytes: the device's total memory, as torch reports it.
           - memory_bandwidth: the catalogue's figure, else a conservative guess (not measured).
         CPU (otherwise): one process per rank, sharing this machine's cores and memory; FLOP/s
-        and memory bandwidth are estimates from the catalogue's per-core figures.
+        and memory bandwidth are estimates from the catalogue's per-core figures, or, with
+        ``measure_compute``, measured as on CUDA: a timed square GEMM per precision (n = 1024;
+        tf32 is f32 on a CPU) and a timed copy, on every rank at once, so that ranks sharing
+        cores measure their share (about a second).
+        ``measure_compute``: None (default) measures on CUDA only; False never measures.
 
         Links: with ``measure_links`` (and an initialised process group of several ranks), an
         all-reduce is timed at a few sizes on each link level the job's ranks use (inside a
@@ -100,7 +105,10 @@ class Cluster:
             cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
         except ImportError:  # pragma: no cover - torch is a dependency
             cuda = False
-        doc, sources = _detect_cuda(world, per_node) if cuda else _detect_cpu(world, per_node)
+        if cuda:
+            doc, sources = _detect_cuda(world, per_node, measure_compute is not False)
+        else:
+            doc, sources = _detect_cpu(world, per_node, bool(measure_compute))
         if measure_links and world > 1:
             _measure_links(doc["links"], world, per_node, sources)
         doc["name"] += f" [{_describe_sources(sources)}]"
@@ -231,7 +239,7 @@ def _machine_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _detect_cpu(world: int, per_node: int) -> tuple[dict, dict[str, str]]:
+def _detect_cpu(world: int, per_node: int, measure: bool = False) -> tuple[dict, dict[str, str]]:
     """One CPU process per rank. The catalogue's "cpu" type is about one core; each of
     the node's processes gets cores / processes of it in FLOP/s (fractions when the
     machine is oversubscribed) and memory / processes. Memory bandwidth is never scaled
@@ -253,6 +261,11 @@ def _detect_cpu(world: int, per_node: int) -> tuple[dict, dict[str, str]]:
                "links.loopback": "preset"}
     if len(doc["links"]) > 1:
         sources["links.ethernet"] = "estimated"
+    if measure:
+        import torch
+
+        del sources["peak_flops"]
+        _measure_device(doc["device_types"][0], torch.device("cpu"), world, sources, "estimated")
     return doc, sources
 
 
@@ -284,7 +297,7 @@ def _estimate_from_properties(props) -> dict:
             "memory_bandwidth": 5e11}
 
 
-def _detect_cuda(world: int, per_node: int) -> tuple[dict, dict[str, str]]:
+def _detect_cuda(world: int, per_node: int, measure: bool = True) -> tuple[dict, dict[str, str]]:
     """The current CUDA device, ``world`` of them, ``per_node`` to a node (``Cluster.detect``
     says which figures are measured). Returns the cluster document and how each figure was
     obtained (``_describe_sources``)."""
@@ -296,23 +309,10 @@ def _detect_cuda(world: int, per_node: int) -> tuple[dict, dict[str, str]]:
     device = _catalogue(match[0]) if match is not None else _estimate_from_properties(props)
     estimate_source = "catalogue" if match is not None else "estimated"
     sources = {"memory_bytes": "device", "memory_bandwidth": estimate_source}
-
-    measured = _measure_peak_flops(torch.device("cuda", index), device["peak_flops"])
-    precisions = sorted(device["peak_flops"])
-    # Every rank must describe the same cluster (each plans on it and the plans' hashes are
-    # compared): the slowest rank's figures, and "measured" only where every rank measured.
-    agreed = _agree_across_ranks([measured.get(p, device["peak_flops"][p]) for p in precisions] +
-                                 [1.0 if p in measured else 0.0 for p in precisions], world, "min")
-    flops, was_measured = agreed[:len(precisions)], agreed[len(precisions):]
-    device["peak_flops"] = dict(zip(precisions, flops))
-    for p, ok in zip(precisions, was_measured):
-        sources[f"peak_flops.{p}"] = "measured" if ok else estimate_source
-    bandwidth = _measure_memory_bandwidth(torch.device("cuda", index))
-    bandwidth, bandwidth_measured = _agree_across_ranks([bandwidth or device["memory_bandwidth"],
-                                                        1.0 if bandwidth else 0.0], world, "min")
-    device["memory_bandwidth"] = bandwidth
-    if bandwidth_measured:
-        sources["memory_bandwidth"] = "measured"
+    if measure:
+        _measure_device(device, torch.device("cuda", index), world, sources, estimate_source)
+    else:
+        sources["peak_flops"] = estimate_source
 
     # Name from torch and capacity as torch reports it: the GPU may be a variant of the
     # catalogue entry (40GB A100) and usable memory is what the planner must fit in.
@@ -333,7 +333,29 @@ def _detect_cuda(world: int, per_node: int) -> tuple[dict, dict[str, str]]:
 
 # ---- measurement -----------------------------------------------------------------------
 
+def _measure_device(device: dict, where, world: int, sources: dict[str, str], estimate_source: str) -> None:
+    """`device`'s peak FLOP/s per precision and memory bandwidth measured on `where` (in place),
+    agreed across the ranks: every rank must describe the same cluster (each plans on it and
+    the plans' hashes are compared), so the slowest rank's figures, and "measured" only where
+    every rank measured."""
+    measured = _measure_peak_flops(where, device["peak_flops"])
+    precisions = sorted(device["peak_flops"])
+    agreed = _agree_across_ranks([measured.get(p, device["peak_flops"][p]) for p in precisions] +
+                                 [1.0 if p in measured else 0.0 for p in precisions], world, "min")
+    flops, was_measured = agreed[:len(precisions)], agreed[len(precisions):]
+    device["peak_flops"] = dict(zip(precisions, flops))
+    for p, ok in zip(precisions, was_measured):
+        sources[f"peak_flops.{p}"] = "measured" if ok else estimate_source
+    bandwidth = _measure_memory_bandwidth(where)
+    bandwidth, bandwidth_measured = _agree_across_ranks([bandwidth or device["memory_bandwidth"],
+                                                        1.0 if bandwidth else 0.0], world, "min")
+    device["memory_bandwidth"] = bandwidth
+    if bandwidth_measured:
+        sources["memory_bandwidth"] = "measured"
+
+
 GEMM_SIZE = 4096  # large enough for cuBLAS to reach its peak on an A100 / H100, ~0.2 GB in f32
+CPU_GEMM_SIZE = 1024  # a CPU's BLAS is near its peak here; 2 GFLOP, ~0.1 s per run on a core
 _GEMM_WARMUPS, _GEMM_REPEATS = 2, 5
 
 
@@ -375,6 +397,8 @@ def _gemm_size(device) -> int:
     device's free memory (another process may be using the rest); at least 512."""
     import torch
 
+    if device.type == "cpu":
+        return CPU_GEMM_SIZE
     try:
         free, _ = torch.cuda.mem_get_info(device)
     except (RuntimeError, AttributeError):  # no figure: assume room for the full size
@@ -385,13 +409,21 @@ def _gemm_size(device) -> int:
     return n
 
 
-def _median_cuda_seconds(run, device) -> float:
+def _median_seconds(run, device) -> float:
     """Seconds of one ``run()`` on ``device``: the median of _GEMM_REPEATS runs timed with CUDA
-    events, after _GEMM_WARMUPS untimed ones (cuBLAS picks and loads its kernel on the first)."""
+    events (a CPU device: the wall clock), after _GEMM_WARMUPS untimed ones (cuBLAS picks and
+    loads its kernel on the first)."""
     import torch
 
     for _ in range(_GEMM_WARMUPS):
         run()
+    if device.type == "cpu":
+        times = []
+        for _ in range(_GEMM_REPEATS):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
     events = []
     for _ in range(_GEMM_REPEATS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -404,15 +436,17 @@ def _median_cuda_seconds(run, device) -> float:
 
 
 def _time_square_gemm(n: int, precision: str, device) -> float:
-    """Seconds of one n x n by n x n matmul at ``precision`` on ``device`` (_median_cuda_seconds)."""
+    """Seconds of one n x n by n x n matmul at ``precision`` on ``device`` (_median_seconds)."""
     import torch
 
     dtype = _gemm_dtype(precision)
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     out = torch.empty(n, n, dtype=dtype, device=device)
+    if device.type == "cpu":  # no TF32 on a CPU: the f32 GEMM
+        return _median_seconds(lambda: torch.mm(a, b, out=out), device)
     with _tf32_matmul(precision == "tf32"):
-        return _median_cuda_seconds(lambda: torch.mm(a, b, out=out), device)
+        return _median_seconds(lambda: torch.mm(a, b, out=out), device)
 
 
 def _measure_peak_flops(device, precisions: Iterable[str]) -> dict[str, float]:
@@ -438,15 +472,16 @@ def _measure_peak_flops(device, precisions: Iterable[str]) -> dict[str, float]:
 
 
 COPY_BYTES = 256 << 20  # a device-to-device copy long enough to reach HBM's bandwidth
+CPU_COPY_BYTES = 64 << 20  # well past the caches
 
 
 def _time_device_copy(nbytes: int, device) -> float:
-    """Seconds of one copy of `nbytes` between two buffers on ``device`` (_median_cuda_seconds)."""
+    """Seconds of one copy of `nbytes` between two buffers on ``device`` (_median_seconds)."""
     import torch
 
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    return _median_cuda_seconds(lambda: dst.copy_(src), device)
+    return _median_seconds(lambda: dst.copy_(src), device)
 
 
 def _measure_memory_bandwidth(device) -> float | None:
@@ -457,9 +492,12 @@ def _measure_memory_bandwidth(device) -> float | None:
     try:
         import torch
 
-        free, _ = torch.cuda.mem_get_info(device)
-        while nbytes > (1 << 20) and 2 * nbytes > free // 4:
-            nbytes //= 2
+        if device.type == "cpu":
+            nbytes = CPU_COPY_BYTES
+        else:
+            free, _ = torch.cuda.mem_get_info(device)
+            while nbytes > (1 << 20) and 2 * nbytes > free // 4:
+                nbytes //= 2
         seconds = _time_device_copy(nbytes, device)
     except Exception as e:  # noqa: BLE001 - any failure leaves the estimate, never breaks detect()
         log.warning("detect: timing a %d-byte copy on %s failed (%s: %s); using the estimate", nbytes, device,

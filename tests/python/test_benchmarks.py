@@ -89,3 +89,22 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     assert figures["device"] == "cpu" and figures["step ratio engine / eager"] > 0, figures
     losses = figures["first losses (engine, eager)"]
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in losses), losses  # the engine computes what eager does
+
+
+def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_prediction(tmp_path):
+    import json
+
+    out = _run("fidelity.py", "--smoke", "--json", str(tmp_path / "fidelity.json"))
+    assert "step time predicted / measured" in out
+    result = json.loads((tmp_path / "fidelity.json").read_text())
+    # The cluster the plans are priced on was measured here, not taken from the catalogue.
+    assert "measured: " in result["cluster"]["name"] and "peak_flops" in result["cluster"]["name"].split(";")[0]
+    rows = {r["plan"]: r for r in result["rows"]}
+    assert set(rows) == {"gpt2 data 4", "gpt2 pipeline 2 x data 2, 1F1B"}
+    for r in rows.values():
+        assert r["step"] > 0 and r["predicted_step"] > 0 and r["memory"] > 0 and r["predicted_memory"] > 0, r
+    # Counted by the collective calls: data parallelism reduces the gradients (at least every
+    # parameter's bytes once), and the pipeline sends between its stages.
+    data = rows["gpt2 data 4"]
+    assert data["traffic"]["all_reduce"]["bytes"] >= 0.9 * data["predicted_traffic"]["all_reduce"], data
+    assert rows["gpt2 pipeline 2 x data 2, 1F1B"]["traffic"]["send"]["calls"] > 0

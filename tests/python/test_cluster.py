@@ -146,6 +146,27 @@ def test_detect_without_torch_distributed(monkeypatch):
     assert Cluster.from_json(c.to_json()) == c
 
 
+def test_detect_measures_a_cpu_when_asked(monkeypatch):
+    # The timed GEMMs and copy of the CUDA path, on the CPU: one process here, so its figures.
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    timed = []
+    real = cluster_module._time_square_gemm
+
+    def time_square_gemm(n, precision, device):
+        timed.append((n, precision, device.type))
+        return real(n, precision, device)
+
+    monkeypatch.setattr(cluster_module, "_time_square_gemm", time_square_gemm)
+    c = Cluster.detect(measure_compute=True)
+    n = cluster_module.CPU_GEMM_SIZE
+    assert sorted(timed) == sorted((n, p, "cpu") for p in ("f32", "tf32", "bf16", "f16"))
+    cpu = c.device_of(0)
+    assert all(v > 0 for v in cpu["peak_flops"].values()) and cpu["memory_bandwidth"] > 0
+    assert cpu["peak_flops"] != Cluster.detect().device_of(0)["peak_flops"]  # not the estimates
+    assert "measured: memory_bandwidth, peak_flops;" in c.name, c.name
+    assert Cluster.from_json(c.to_json()) == c
+
+
 def test_detect_under_torchrun(monkeypatch):
     # What torchrun sets up for 2 machines x 2 processes, without starting any.
     import torch.distributed as dist
@@ -261,8 +282,9 @@ def test_failed_gemm_timings_fall_back_to_positive_estimates(monkeypatch):
 
 
 def test_time_square_gemm_is_the_median_of_cuda_event_timings(monkeypatch):
-    # The timing code itself, run on the CPU: CUDA events replaced by ones that report
-    # 5, 1, 3, 2, 4 ms, and that check TF32 is on exactly while the tf32 GEMM runs.
+    # The timing code itself, run on the meta device (a CPU device is timed by the wall clock):
+    # CUDA events replaced by ones that report 5, 1, 3, 2, 4 ms, and that check TF32 is on
+    # exactly while the tf32 GEMM runs.
     import torch
 
     matmul = torch.backends.cuda.matmul
@@ -282,14 +304,14 @@ def test_time_square_gemm_is_the_median_of_cuda_event_timings(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    assert cluster_module._time_square_gemm(64, "tf32", torch.device("cpu")) == pytest.approx(3e-3)
+    assert cluster_module._time_square_gemm(64, "tf32", torch.device("meta")) == pytest.approx(3e-3)
     assert set(precisions_seen) == {"tf32"} and matmul.fp32_precision == before
 
     reported, precisions_seen[:] = iter([1.0] * 5), []
-    cluster_module._time_square_gemm(64, "f32", torch.device("cpu"))
+    cluster_module._time_square_gemm(64, "f32", torch.device("meta"))
     assert set(precisions_seen) == {"ieee"} and matmul.fp32_precision == before
     with pytest.raises(ValueError, match="no GEMM for precision 'f8'"):
-        cluster_module._time_square_gemm(64, "f8", torch.device("cpu"))
+        cluster_module._time_square_gemm(64, "f8", torch.device("meta"))
 
 
 def _measure_links_job(rank: int, world: int, tmp: str) -> None:

@@ -182,6 +182,37 @@ def _vocabulary_parallel_cross_entropy(rank: int, world: int) -> None:
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=0)
 
 
+def _traffic_is_counted_by_the_calls(rank: int, world: int) -> None:
+    from shardwise.runtime import traffic, transport
+
+    x = torch.zeros(4 * world, 3, dtype=torch.float64)  # 96 * world bytes
+    traffic.reset()
+    C.all_reduce(x)
+    C.all_gather(x, dim=0)       # the gathered output: world x the input
+    C.reduce_scatter(x, dim=0)   # the input
+    C.all_to_all(x, 0, 1)        # each rank's buffer
+    transport.all_reduce(x.clone())
+    transport.broadcast(x.clone(), src=0)
+    if rank == 0:
+        transport.isend(x.clone(), dst=1).wait()
+    elif rank == 1:
+        transport.recv(x.clone(), src=0)
+    got = traffic.snapshot()
+    n = x.numel() * x.element_size()
+    want = {"all_reduce": {"bytes": 2 * n, "calls": 2}, "all_gather": {"bytes": world * n, "calls": 1},
+            "reduce_scatter": {"bytes": n, "calls": 1}, "all_to_all": {"bytes": n, "calls": 1},
+            "broadcast": {"bytes": n, "calls": 1}}
+    if rank == 0:
+        want["send"] = {"bytes": n, "calls": 1}  # a receive is its sender's send
+    assert got == want, (rank, got)
+    traffic.reset()
+    assert traffic.snapshot() == {}
+
+
+def test_collective_traffic_is_counted_in_the_cost_models_units():
+    _spawn("_traffic_is_counted_by_the_calls", 2)
+
+
 def test_vocabulary_parallel_cross_entropy_equals_the_whole_one():
     _spawn("_vocabulary_parallel_cross_entropy", 3)
 

@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
+from shardwise.models import CausalLMWithLoss
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
 transformers = pytest.importorskip("transformers")
@@ -30,16 +31,7 @@ TOLERANCE = 1e-7  # relative, float64 (the issue's bar is 1e-5; measured errors 
 
 
 # ---- models (built identically in the test and in every rank) --------------------------------
-class WithLoss(nn.Module):
-    """A causal LM and its loss in one module, as parallelize(model, (ids, y)) captures it."""
-
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids, y):
-        logits = self.m(input_ids=ids, use_cache=False).logits
-        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+WithLoss = CausalLMWithLoss  # a causal LM and its loss in one module, as parallelize(model, (ids, y)) captures it
 
 
 def gpt2(hidden: int, seq: int, vocab: int):

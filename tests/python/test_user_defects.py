@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import shardwise
 from conftest import TIGHT_PRECISION, tight_cluster
+from shardwise.models import CausalLMWithLoss
 
 transformers = pytest.importorskip("transformers")
 
@@ -232,24 +233,15 @@ def _scenario_shapes(rank, world, mesh):
     return {"losses": losses, "ref": ref_losses, "programs": len(engine._programs), "refused": refused}
 
 
-class _WithLoss(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids, y):
-        return F.cross_entropy(self.m(input_ids=ids, use_cache=False).logits.flatten(0, 1), y.flatten())
-
-
 def _causal_lm(name):
     torch.manual_seed(0)
     if name == "gpt2":  # its default attention: SDPA
         cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=16, resid_pdrop=0,
                                       embd_pdrop=0, attn_pdrop=0)
-        return _WithLoss(transformers.GPT2LMHeadModel(cfg)).double()
+        return CausalLMWithLoss(transformers.GPT2LMHeadModel(cfg)).double()
     cfg = transformers.BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=128, hidden_dropout=0.0,
                                    attention_dropout=0.0)
-    return _WithLoss(transformers.BloomForCausalLM(cfg)).double()
+    return CausalLMWithLoss(transformers.BloomForCausalLM(cfg)).double()
 
 
 def _scenario_outer_tensor_axis(rank, world, name):

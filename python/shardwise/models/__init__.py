@@ -2,5 +2,6 @@
 torch-free graph builders (gpt) for configurations too large to instantiate."""
 from .gpt import gpt
 from .tiny_gpt import TinyGPT, TinyGPTConfig
+from .with_loss import CausalLMWithLoss
 
-__all__ = ["TinyGPT", "TinyGPTConfig", "gpt"]
+__all__ = ["CausalLMWithLoss", "TinyGPT", "TinyGPTConfig", "gpt"]

@@ -9,12 +9,15 @@ and the result is copied back: Gloo has CUDA forms of some collectives and none 
 ``torch.ops.shardwise`` do the same in C++ (csrc/torch/collectives.cc, ``on_host``).
 
 Every function returns what its ``torch.distributed`` namesake returns: a work handle for
-the asynchronous ones, whose ``wait()`` also finishes the copy back to the device.
+the asynchronous ones, whose ``wait()`` also finishes the copy back to the device. Each call
+is counted (traffic.py: bytes and calls per kind; a receive is its sender's send).
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from . import traffic
 
 
 def on_host(tensor: torch.Tensor, group=None) -> bool:
@@ -61,14 +64,17 @@ def _collective(call, tensor: torch.Tensor, group, async_op: bool, **kwargs):
 
 
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    traffic.count("all_reduce", tensor)
     return _collective(dist.all_reduce, tensor, group, async_op, op=op)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False):
+    traffic.count("broadcast", tensor)
     return _collective(dist.broadcast, tensor, group, async_op, src=src)
 
 
 def isend(tensor: torch.Tensor, dst: int, group=None, tag: int = 0):
+    traffic.count("send", tensor)
     if not on_host(tensor, group):
         return dist.isend(tensor, dst=dst, group=group, tag=tag)
     host = tensor.detach().cpu()

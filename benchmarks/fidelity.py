@@ -1,0 +1,310 @@
+"""Predicted against measured on this machine (issue 20, item 4).
+
+The local CPU "cluster" is profiled into a cluster description first: 4 Gloo processes call
+``Cluster.detect(measure_links=True, measure_compute=True)`` together (a timed GEMM per
+precision and a timed copy on every rank at once, so ranks sharing cores measure their
+share; all-reduce times fitted into the link), and every plan below is priced on that one
+description. Then, for a GPT-2-like and a LLaMA-like model (transformers, float32, sized so
+a step takes tenths of a second), each plan runs in 4 fresh Gloo processes:
+
+- step time: the median of the timed steps (wall clock, between barriers, rank 0);
+- peak memory per rank: the growth of the process's peak resident set (VmHWM, reset
+  through /proc/self/clear_refs) from before the engine is built to after the last step,
+  the largest over the ranks. It includes the allocator's and autograd's overheads, which
+  the model does not price;
+- bytes per collective kind per step, counted by the collective ops themselves
+  (shardwise.runtime.traffic), rank 0's, beside the plan's own list of collectives
+  (SPMD plans; the evaluator that prices pipelines lists none).
+
+Predictions: the SPMD search on the plan's {data, tensor} mesh (``shardwise.plan(...,
+mesh=)``), or the evaluator for pipelines (``Plan.manual``), both in f32 (the models' dtype).
+The runtime has no activation recomputation, so none of the plans recompute.
+
+    python benchmarks/fidelity.py [--steps 5] [--svg benchmarks/images/fidelity.svg] [--json out.json]
+
+Timing never fails anything; ``--smoke`` runs two plans with one step (tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _machine import machine_line  # noqa: E402
+
+WORLD = 4
+THREADS = max(1, (os.cpu_count() or 1) // WORLD)  # the processes share the cores: no oversubscription
+SEQ, BATCH, VOCAB = 128, 16, 4096
+
+
+def build(name: str) -> nn.Module:
+    import transformers
+
+    from shardwise.models import CausalLMWithLoss
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=8, vocab_size=VOCAB, n_positions=SEQ,
+                                      resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, bos_token_id=0, eos_token_id=0)
+        return CausalLMWithLoss(transformers.GPT2LMHeadModel(cfg))
+    cfg = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=256, intermediate_size=704, num_attention_heads=8,
+                                   num_key_value_heads=8, vocab_size=VOCAB, max_position_embeddings=SEQ,
+                                   bos_token_id=0, eos_token_id=0)
+    return CausalLMWithLoss(transformers.LlamaForCausalLM(cfg))
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    return ids, torch.roll(ids, -1, dims=1)
+
+
+# name -> (model, kind, degrees). kind: "spmd" (the search on the {data, tensor} mesh, without
+# ZeRO), "zero" (the same with too little memory for a replicated optimizer state), "tight"
+# (too little memory for replicated weights: they are sharded on the tensor axis), or a
+# pipeline schedule (the evaluator's plan; each stage's layout searched on its sub-mesh).
+PLANS = {
+    "gpt2 data 4": ("gpt2", "spmd", {"data": 4, "tensor": 1}),
+    "gpt2 data 4, ZeRO": ("gpt2", "zero", {"data": 4, "tensor": 1}),
+    "gpt2 tensor 4, weights sharded": ("gpt2", "tight", {"data": 1, "tensor": 4}),
+    "gpt2 2 x 2, searched": ("gpt2", "spmd", {"data": 2, "tensor": 2}),
+    "gpt2 2 x 2, weights sharded": ("gpt2", "tight", {"data": 2, "tensor": 2}),
+    "gpt2 pipeline 2 x data 2, 1F1B": ("gpt2", "1f1b", {"pipeline": 2, "data": 2, "micro_batch": 2}),
+    "gpt2 pipeline 2 x data 2, GPipe": ("gpt2", "gpipe", {"pipeline": 2, "data": 2, "micro_batch": 2}),
+    "gpt2 pipeline 2 x data 2, interleaved": ("gpt2", "interleaved-1f1b",
+                                              {"pipeline": 2, "data": 2, "micro_batch": 2, "virtual_stages": 2}),
+    "gpt2 pipeline 4, 1F1B": ("gpt2", "1f1b", {"pipeline": 4, "data": 1, "micro_batch": 2}),
+    "gpt2 pipeline 4, GPipe": ("gpt2", "gpipe", {"pipeline": 4, "data": 1, "micro_batch": 2}),
+    "llama data 4": ("llama", "spmd", {"data": 4, "tensor": 1}),
+    "llama tensor 4, weights sharded": ("llama", "tight", {"data": 1, "tensor": 4}),
+    "llama 2 x 2, searched": ("llama", "spmd", {"data": 2, "tensor": 2}),
+    "llama pipeline 4, 1F1B": ("llama", "1f1b", {"pipeline": 4, "data": 1, "micro_batch": 2}),
+}
+SMOKE = ["gpt2 data 4", "gpt2 pipeline 2 x data 2, 1F1B"]
+
+
+def layout(plan) -> str:
+    """What a plan does, in a few words: the weights sharded per mesh axis, ZeRO, stages."""
+    if plan.sharding:
+        weights = [n for n in plan.sharding["leaves"] if n.endswith("weight")]
+        placed = plan.placements()
+        counts = [sum(placed[n][a] != "R" for n in weights) for a in range(2)]
+        zero = sum(1 for n in weights if n in plan.sharding.get("zero", {}))
+        return (f"{counts[0]}/{counts[1]} of {len(weights)} weights sharded on data/tensor"
+                + (f", ZeRO on {zero}" if zero else ""))
+    return (f"{plan.pipeline * plan.virtual_stages} stages, {plan.num_micro_batches()} micro-batches"
+            + (", stage layout searched" if plan.stage_sharding else ""))
+
+
+# ---- the ranks ---------------------------------------------------------------------------------
+def _peak_rss_reset() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident set (Linux >= 4.0)
+    except OSError:
+        pass
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _detect(rank: int, store: str, out: str) -> None:
+    import shardwise
+
+    torch.set_num_threads(THREADS)
+    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
+    try:
+        cluster = shardwise.Cluster.detect(measure_links=True, measure_compute=True)
+        if rank == 0:
+            with open(out, "w") as f:
+                f.write(cluster.to_json())
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(rank: int, store: str, plan_json: str, model_name: str, steps: int, out: str) -> None:
+    import shardwise
+    from shardwise.runtime import traffic
+
+    torch.set_num_threads(THREADS)
+    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
+    try:
+        model = build(model_name)
+        ids, y = batch()
+        _peak_rss_reset()
+        base = _rss_kib("VmRSS")
+        engine = shardwise.parallelize(model, (ids, y), plan=shardwise.Plan.from_json(plan_json), verify=False)
+        optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)  # ZeRO plans shard its state
+        times, moved = [], None
+        for step in range(1 + steps):  # one warm-up step
+            dist.barrier()
+            traffic.reset()
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            loss = engine.train_step(ids, y)
+            optimizer.step()
+            dist.barrier()
+            if step:
+                times.append(time.perf_counter() - start)
+                moved = moved or traffic.snapshot()
+        peak = torch.tensor([float(_rss_kib("VmHWM") - base) * 1024])
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"step": statistics.median(times), "steps": times, "memory": float(peak),
+                           "traffic": moved, "loss": float(loss)}, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(fn, *args) -> dict | str:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        mp.spawn(fn, args=(os.path.join(tmp, "store"), *args, out), nprocs=WORLD, join=True)
+        with open(out) as f:
+            return f.read()
+
+
+# ---- plans and predictions ---------------------------------------------------------------------
+def make_plan(shardwise, name: str, cluster, graphs: dict):
+    model_name, kind, d = PLANS[name]
+    graph = graphs[model_name]
+    mesh = (d.get("data", 1), d.get("tensor", 1))
+    if kind in ("spmd", "zero", "tight"):
+        def with_memory(memory: float):
+            doc = json.loads(cluster.to_json())
+            doc["device_types"][0]["memory_bytes"] = int(memory / shardwise._C.MEMORY_FRACTION)
+            return shardwise.Cluster.from_json(json.dumps(doc))
+
+        replicated = shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh, zero=False)
+        if kind == "spmd":
+            return replicated
+        if kind == "zero":  # the optimizer state must shard over the data axis
+            return shardwise.plan(graph, with_memory(0.75 * replicated.predicted_memory()[0]), global_batch=BATCH,
+                                  mesh=mesh)
+        # halfway between the least any plan needs and the replicated one (tests/python/conftest.py)
+        least = shardwise.plan(graph, with_memory(1), global_batch=BATCH, mesh=mesh, zero=False)
+        memory = (least.predicted_memory()[0] + replicated.predicted_memory()[0]) / 2
+        return shardwise.plan(graph, with_memory(memory), global_batch=BATCH, mesh=mesh, zero=False)
+    # Captured as parallelize captures a pipelined plan's model: at one micro-batch of the data
+    # axis; completed here with its stages' layout on the profiled cluster (what the run uses).
+    rows = d["micro_batch"] * d["data"]
+    key = f"{model_name}@{rows}"
+    if key not in graphs:
+        ids, y = batch()
+        graphs[key] = shardwise.capture(build(model_name), (ids[:rows], y[:rows]))
+    plan = shardwise.Plan.manual(graphs[key], cluster, pipeline=d["pipeline"], data=d["data"], tensor=1,
+                                 global_batch=BATCH, micro_batch=d["micro_batch"], schedule=kind,
+                                 virtual_stages=d.get("virtual_stages", 1), recompute=False)
+    return plan.complete(graphs[key], cluster)
+
+
+def predicted_traffic(plan) -> dict:
+    out: dict[str, float] = {}
+    for c in plan.collectives():
+        out[c["kind"]] = out.get(c["kind"], 0.0) + c["bytes"] * c["count"]
+    return out
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="two plans, one step (tests)")
+    parser.add_argument("--svg", default=None, help="write the predicted-vs-measured scatter here")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    import shardwise
+
+    torch.set_num_threads(1)
+    names = SMOKE if args.smoke else list(PLANS)
+    steps = 1 if args.smoke else args.steps
+    print(machine_line())
+    cluster = shardwise.Cluster.from_json(_spawn(_detect))
+    device = cluster.device_of(0)
+    print(f"profiled: {cluster.name}\n  peak f32 {device['peak_flops']['f32'] / 1e9:.1f} GFLOP/s per rank, "
+          f"bf16 {device['peak_flops']['bf16'] / 1e9:.1f}, memory bandwidth {device['memory_bandwidth'] / 1e9:.2f} "
+          f"GB/s; links " + ", ".join(f"{link['name']} {link['bandwidth'] / 1e9:.2f} GB/s, "
+                                      f"{link['latency'] * 1e6:.0f} us"
+                                      for link in json.loads(cluster.to_json())["links"]))
+    graphs = {}
+    for model_name in sorted({PLANS[n][0] for n in names}):
+        ids, y = batch()
+        graphs[model_name] = shardwise.capture(build(model_name), (ids, y))
+    rows = []
+    for name in names:
+        plan = make_plan(shardwise, name, cluster, graphs)
+        measured = json.loads(_spawn(_run, plan.to_json(), PLANS[name][0], steps))
+        rows.append({"plan": name, "layout": layout(plan), "predicted_step": plan.predicted_step_time(),
+                     "predicted_memory": plan.predicted_memory()[0], "predicted_traffic": predicted_traffic(plan),
+                     **{k: measured[k] for k in ("step", "steps", "memory", "traffic", "loss")}})
+        r = rows[-1]
+        print(f"  {name}: step {r['step']:.3f} s measured, {r['predicted_step']:.3f} s predicted; "
+              f"memory {_mb(r['memory'])} MB measured, {_mb(r['predicted_memory'])} MB predicted", flush=True)
+
+    print(f"\n{len(rows)} plans, {WORLD} Gloo processes, batch {BATCH} x seq {SEQ}, float32, "
+          f"median of {steps} steps")
+    print("| plan | layout | step measured (s) | predicted (s) | predicted / measured | peak memory measured (MB) | "
+          "predicted (MB) | bytes per step measured, rank 0 (MB by kind) | predicted (MB by kind) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        kinds = sorted(set(r["traffic"] or {}) | set(r["predicted_traffic"]))
+        got = ", ".join(f"{k} {_mb((r['traffic'] or {}).get(k, {}).get('bytes', 0))}" for k in kinds
+                        if k in (r["traffic"] or {}))
+        want = ", ".join(f"{k} {_mb(v)}" for k, v in sorted(r["predicted_traffic"].items())) or "- (not listed)"
+        print(f"| {r['plan']} | {r['layout']} | {r['step']:.3f} | {r['predicted_step']:.3f} | "
+              f"{r['predicted_step'] / r['step']:.2f} | {_mb(r['memory'])} | {_mb(r['predicted_memory'])} | "
+              f"{got or '-'} | {want} |")
+    ratios = [r["predicted_step"] / r["step"] for r in rows]
+    print(f"\nstep time predicted / measured: median {statistics.median(ratios):.2f}, "
+          f"range {min(ratios):.2f} .. {max(ratios):.2f}")
+    order = sorted(rows, key=lambda r: r["step"])
+    predicted_order = sorted(rows, key=lambda r: r["predicted_step"])
+    print(f"fastest measured: {order[0]['plan']}; fastest predicted: {predicted_order[0]['plan']}")
+    if args.svg:
+        write_scatter(args.svg, rows, cluster.name)
+        print(f"scatter: {args.svg}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cluster": json.loads(cluster.to_json()), "rows": rows}, f, indent=1)
+
+
+def write_scatter(path: str, rows: list[dict], cluster_name: str) -> None:
+    from _svg import PALETTE, Panel, write_chart
+
+    step = Panel("Step time", "measured (s)", "predicted (s)")
+    memory = Panel("Peak memory per rank", "measured (MB)", "predicted (MB)")
+    models = sorted({r["plan"].split()[0] for r in rows})
+    for panel, key, scale in ((step, "step", 1.0), (memory, "memory", 1e-6)):
+        values = [v * scale for r in rows for v in (r[key], r["predicted_" + key])]
+        lo, hi = min(values) / 1.5, max(values) * 1.5
+        panel.add("predicted = measured", [(lo, lo), (hi, hi)], "#999999", dashed=True, markers=False)
+        for i, model in enumerate(models):
+            points = [(r[key] * scale, r["predicted_" + key] * scale) for r in rows if r["plan"].startswith(model)]
+            panel.add(model, points, PALETTE[i], line=False)
+    legend = [("predicted = measured", "#999999", True, "circle")] + \
+             [(m, PALETTE[i], False, "circle") for i, m in enumerate(models)]
+    write_chart(path, [step, memory], legend, f"{len(rows)} plans on 4 Gloo processes; {cluster_name[:80]}")
+
+
+if __name__ == "__main__":
+    main()
