@@ -11,9 +11,10 @@ fit in 80 GB with m a multiple of p).
 Ours: `shardwise.plan(graph, cluster, global_batch=B, level=..., pipeline=True)` on the same
 GPT graph (seq 2048, vocab 51200, bf16) and the same DGX-A100 cluster.
 Prints per row and level: the chosen (t, p, d), micro-batch, schedule, recomputation, ZeRO
-stage, predicted TFLOP/s per GPU, Megatron's, the ratio ours / Megatron and the planning
-seconds (wall and CPU). Also Megatron's (t, p, d) without recomputation (best b, v that fit),
-to separate what the degrees gain from what dropping recomputation gains, and flags a plan
+stage, predicted TFLOP/s per GPU (Megatron-LM's accounting, as the paper's), Megatron's, the
+ratio ours / Megatron and the planning seconds (wall and CPU). Also Megatron's (t, p, d)
+without recomputation (best b, v that fit), to separate what the degrees gain from what
+dropping recomputation gains, and flags a plan
 Megatron-LM could not run as written: t not dividing the heads or the 8 GPUs of a node
 (a tensor group then spans two nodes, which the cost model prices as if it were inside one:
 see the README), or layers not divisible by p x v (uneven stages: Megatron-LM's interleaved
@@ -93,20 +94,21 @@ def main() -> None:
                 print(f"{params:>7} Megatron's configuration does not fit in 80 GB under the model; skipped")
                 continue
             meg, mb, mv, _ = found
-            meg_tf = meg.predicted_tflops_per_device()
+            meg_tf = meg.predicted_megatron_tflops_per_device()
             norc = no_recompute(graph, cluster, t, p, d, batch, layers)
-            norc_s = f"{norc.predicted_tflops_per_device():8.1f}" if norc is not None else f"{'no fit':>8}"
+            norc_s = f"{norc.predicted_megatron_tflops_per_device():8.1f}" if norc is not None else f"{'no fit':>8}"
             meg_s = f"({t},{p},{d}) b{mb} v{mv}"
             for level in levels:
                 with Timer() as clock:
                     ours = shardwise.plan(graph, cluster, global_batch=batch, level=level, pipeline=True)
-                tf = ours.predicted_tflops_per_device()
+                tf = ours.predicted_megatron_tflops_per_device()
                 valid = [a for a in [ours, *ours.alternatives()[1:]] if not flags(a, heads, layers)]
-                valid_s = (f"{describe(valid[0])} {valid[0].predicted_tflops_per_device():.1f} "
-                           f"({valid[0].predicted_tflops_per_device() / meg_tf:.3f})" if valid else "none in top 10")
+                best_valid = valid[0].predicted_megatron_tflops_per_device() if valid else None
+                valid_s = (f"{describe(valid[0])} {best_valid:.1f} ({best_valid / meg_tf:.3f})" if valid
+                           else "none in top 10")
                 fl = flags(ours, heads, layers)
                 summary[level].append((params, tf / meg_tf, clock.wall, clock.cpu, fl,
-                                       valid[0].predicted_tflops_per_device() / meg_tf if valid else None))
+                                       valid[0].predicted_megatron_tflops_per_device() / meg_tf if valid else None))
                 print(f"{params:>7} {gpus:>5} {batch:>5} {level:<8} {describe(ours):<36} {tf:6.1f} {meg_s:<22} "
                       f"{meg_tf:6.1f} {tf / meg_tf:8.4f} {norc_s} {clock.wall:7.2f} {clock.cpu:7.2f}  "
                       f"{fl or '-':<22} {'=' if not fl else valid_s}", flush=True)

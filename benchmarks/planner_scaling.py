@@ -17,7 +17,7 @@ degrees, micro-batch, schedule, recomputation, ZeRO) at every point, so each lin
 planner; at 8 devices (one node) `shardwise.plan`'s default is the SPMD search, timed in a
 second table.
 Prints: wall and CPU seconds per plan (CPU is the fairer figure on a shared machine: the
-planner is single-threaded), plans priced, the plan found and its predicted TFLOP/s per GPU,
+planner is single-threaded), plans priced, the plan found and its predicted model TFLOP/s per GPU,
 and the time against the issue's budget for GPT-3 175B on 1,024 GPUs (fast < 5 s, thorough
 < 60 s). Writes a log-log chart (SVG, drawn here: matplotlib is not needed) and checks it
 parses as XML. Asserts nothing about timing.

@@ -282,12 +282,16 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     }
   }
 
-  // ---- Megatron-LM's FLOP accounting ---------------------------------------------------
-  double per_sample = (4.0 * num_layers * layer.matmul_flops + 3.0 * (pre_cost.matmul_flops + post_cost.matmul_flops)) /
-                      structure.graph_batch;
-  if (!layers) per_sample = 3.0 * post_cost.matmul_flops / structure.graph_batch;
-  out.model_flops = per_sample * static_cast<double>(plan.global_batch);
-  out.tflops_per_device = out.step_time > 0 ? out.model_flops / out.step_time / cluster.world_size() / 1e12 : 0;
+  // ---- FLOP accounting: model FLOPs, and Megatron-LM's (plan_cost.h) ------------------------
+  const double rest = pre_cost.matmul_flops + post_cost.matmul_flops;
+  const double forward = layers ? num_layers * layer.matmul_flops + rest : post_cost.matmul_flops;
+  const double megatron = layers ? 4.0 * num_layers * layer.matmul_flops + 3.0 * rest : 3.0 * post_cost.matmul_flops;
+  const double samples = static_cast<double>(plan.global_batch) / structure.graph_batch;
+  out.model_flops = 3.0 * forward * samples;
+  out.megatron_flops = megatron * samples;
+  const double per_device_second = out.step_time > 0 ? 1.0 / out.step_time / cluster.world_size() / 1e12 : 0;
+  out.tflops_per_device = out.model_flops * per_device_second;
+  out.megatron_tflops_per_device = out.megatron_flops * per_device_second;
   out.ranks_per_node = cluster.ranks_per_node();
   return out;
 }
@@ -296,6 +300,7 @@ plan::Plan with_prediction(plan::Plan plan, const PlanCost& cost) {
   plan::Predicted predicted;
   predicted.step_time = cost.step_time;
   predicted.tflops_per_device = cost.tflops_per_device;
+  predicted.megatron_tflops_per_device = cost.megatron_tflops_per_device;
   predicted.memory_per_rank = cost.memory_per_rank;
   predicted.breakdown = cost.breakdown();
   predicted.memory_breakdown = cost.memory_breakdown;

@@ -42,11 +42,13 @@
 //  - Optimizer step: 2 x bytes_per_parameter per parameter held (read + write), memory-bound.
 //  step_time = ideal + bubble + data_parallel (exposed) + optimizer.
 //
-// TFLOP/s per device uses Megatron-LM's accounting (Narayanan et al. 2021, eq. 3:
-// 96 B s l h^2 (1 + s/6h + V/16lh), recomputation included): from the graph's matmul FLOPs,
-// 4 x the layers' forward (forward, recompute, 2 x backward) + 3 x the rest (the LM head),
-// per sample, x global batch / step_time / world size. The same number whether the plan
-// recomputes or not, so predictions compare like for like with the paper.
+// TFLOP/s per device: model FLOPs, the standard definition (PaLM's MFU; what the SPMD search
+// reports too): 3 x the graph's forward matmul FLOPs (forward, 2 x backward) per sample, x
+// global batch / step_time / world size; a recomputed forward is work, not model FLOPs, so
+// it is not counted. megatron_tflops_per_device is Megatron-LM's accounting (Narayanan et
+// al. 2021, eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh), recomputation included): 4 x the layers'
+// forward + 3 x the rest, whether the plan recomputes or not; for comparison with the
+// paper's published figures only.
 //
 // Worked example: see tests/cpp/cost/plan_cost_test.cc (a 4-layer toy GPT, t = 2, p = 2:
 // 2 pairs per layer, bubble (2-1)/m of the ideal time).
@@ -96,8 +98,10 @@ struct PlanCost {
   double memory_per_rank = 0;  // bytes on the most loaded rank
   std::map<std::string, double> memory_breakdown;
 
-  double model_flops = 0;  // per iteration, Megatron-LM's accounting
+  double model_flops = 0;     // per iteration: 3 x forward (see above)
   double tflops_per_device = 0;
+  double megatron_flops = 0;  // per iteration, Megatron-LM's accounting (4 x the layers' forward)
+  double megatron_tflops_per_device = 0;
   std::vector<int> ranks_per_node;  // the cluster priced on (Cluster::ranks_per_node)
 
   // Structure found (for tests and reports).

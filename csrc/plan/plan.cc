@@ -339,6 +339,8 @@ json plan_to_json(const Plan& plan) {
       out["predicted"]["collectives"] = std::move(list);
     }
     if (!p.ranks_per_node.empty()) out["predicted"]["ranks_per_node"] = p.ranks_per_node;
+    if (p.megatron_tflops_per_device > 0)
+      out["predicted"]["megatron_tflops_per_device"] = p.megatron_tflops_per_device;
   }
   return out;
 }
@@ -384,6 +386,8 @@ Plan plan_from_json(const json& in) {
     Predicted predicted;
     predicted.step_time = field<double>(p, "step_time");
     predicted.tflops_per_device = field<double>(p, "tflops_per_device");
+    if (p.contains("megatron_tflops_per_device"))
+      predicted.megatron_tflops_per_device = field<double>(p, "megatron_tflops_per_device");
     predicted.memory_per_rank = field<double>(p, "memory_per_rank");
     if (p.contains("breakdown")) predicted.breakdown = field<std::map<std::string, double>>(p, "breakdown");
     if (p.contains("memory_breakdown"))

@@ -39,7 +39,8 @@
 //                 "zero": {}, "recompute": false},      (searched plans only)
 //    "stage_sharding": {... as "sharding" ...},                  (complete pipelined plans)
 //    "programs": {"plan": "0123456789abcdef", "hash": "fedcba9876543210"},   (when recorded)
-//    "predicted": {"step_time": 12.3, "tflops_per_device": 141.0, "memory_per_rank": 6.1e10,
+//    "predicted": {"step_time": 12.3, "tflops_per_device": 106.0, "megatron_tflops_per_device": 141.0,
+//                  "memory_per_rank": 6.1e10,
 //                  "breakdown": {"compute": ...}, "memory_breakdown": {"parameters": ...}}}
 //
 // Worked example:
@@ -128,7 +129,7 @@ struct ProgramsRecord {
 
 struct Predicted {
   double step_time = 0;          // seconds per iteration (global batch)
-  double tflops_per_device = 0;  // Megatron-LM's accounting, see cost/plan_cost.h
+  double tflops_per_device = 0;  // model FLOPs (3 x forward), see cost/plan_cost.h
   double memory_per_rank = 0;    // bytes, the most loaded rank
   std::map<std::string, double> breakdown;         // seconds per part of the step
   std::map<std::string, double> memory_breakdown;  // bytes per part, the most loaded rank
@@ -136,6 +137,9 @@ struct Predicted {
   // The cluster it was priced on: ranks on each node, in node order (they sum to the plan's
   // world size). What `shardwise run --plan` turns into torchrun's --nnodes / --nproc-per-node.
   std::vector<int> ranks_per_node;
+  // Megatron-LM's accounting (cost/plan_cost.h), for comparison with its published figures;
+  // 0 = not priced so (the SPMD search's plans), and then not written.
+  double megatron_tflops_per_device = 0;
 
   friend bool operator==(const Predicted&, const Predicted&) = default;
 };

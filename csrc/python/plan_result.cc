@@ -23,6 +23,7 @@ py::dict evaluate_plan_to_python(const ir::Graph& graph, const cost::Cluster& cl
   out["memory_breakdown"] = c.memory_breakdown;
   out["breakdown"] = c.breakdown();
   out["model_flops"] = c.model_flops;
+  out["megatron_tflops_per_device"] = c.megatron_tflops_per_device;
   out["layers"] = c.layers;
   out["tensor_parallel_pairs_per_layer"] = c.tensor_parallel_pairs_per_layer;
   out["micro_batches"] = c.micro_batches;

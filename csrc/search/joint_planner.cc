@@ -96,6 +96,7 @@ plan::Plan retimed(plan::Plan plan, double step_time) {
   b["pipeline_bubble"] = std::min(b["pipeline_bubble"], rest);
   b["pipeline_p2p"] = rest - b["pipeline_bubble"];
   predicted.tflops_per_device *= predicted.step_time / step_time;
+  predicted.megatron_tflops_per_device *= predicted.step_time / step_time;
   predicted.step_time = step_time;
   return plan;
 }

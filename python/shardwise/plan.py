@@ -218,8 +218,20 @@ class Plan:
         return self._predicted()["step_time"]
 
     def predicted_tflops_per_device(self) -> float:
-        """Megatron-LM's accounting (recomputation counted), per device."""
+        """Model TFLOP/s per device: 3 x the forward's matmul FLOPs per step (a recomputed
+        forward is not counted) / step time / devices (csrc/cost/plan_cost.h)."""
         return self._predicted()["tflops_per_device"]
+
+    def predicted_megatron_tflops_per_device(self) -> float:
+        """TFLOP/s per device in Megatron-LM's accounting (Narayanan et al. 2021, eq. 3: the
+        layers' forward counted 4 times, recomputation included whether or not the plan
+        recomputes), to hold against its published figures. The evaluator's plans (manual,
+        joint); the SPMD search's have none (ValidationError)."""
+        value = self._predicted().get("megatron_tflops_per_device")
+        if not value:
+            raise _C.ValidationError("Plan: no Megatron-LM accounting for this plan (the SPMD search prices model "
+                                     "FLOPs only: predicted_tflops_per_device)")
+        return value
 
     def predicted_memory(self) -> tuple[float, dict]:
         """(bytes on the most loaded rank, {weights, gradients, optimizer, activations, stage})."""

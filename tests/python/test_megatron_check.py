@@ -18,7 +18,7 @@ def test_table1_row_predicted_within_10_percent(row):
     published = row[-1]
     found = megatron.predict_table1_row(row)
     assert found is not None, "no plan fits in 80 GB"
-    predicted = found[0].predicted_tflops_per_device()
+    predicted = found[0].predicted_megatron_tflops_per_device()
     assert abs(predicted - published) / published <= 0.10, f"predicted {predicted:.1f} vs published {published}"
 
 

@@ -84,3 +84,22 @@ def test_a_plan_is_priced_in_the_models_precision_unless_told():
     assert shardwise.Plan.manual(g, cluster, data=2, global_batch=8).precision == "f32"
     assert shardwise.Plan.manual(shardwise.models.gpt(layers=2, hidden=64, heads=4, seq=16, vocab=128), cluster,
                                  data=2, global_batch=8).precision == "bf16"
+
+
+def test_tflops_are_model_flops_for_every_planner_and_megatrons_accounting_is_beside_it():
+    # GPT-3 175B on 128 DGX-A100 nodes, Megatron's configuration with full recomputation:
+    # model FLOPs leave the recomputed forward out (3/4 of the layers' share), Megatron-LM's
+    # accounting counts it (its paper: 140 for this run).
+    g = shardwise.models.gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)
+    c = shardwise.Cluster.preset("dgx-a100", nodes=128)
+    p = shardwise.Plan.manual(g, c, tensor=8, pipeline=16, data=8, global_batch=1536, micro_batch=1,
+                              schedule="interleaved-1f1b", virtual_stages=2, recompute=True)
+    model, megatron = p.predicted_tflops_per_device(), p.predicted_megatron_tflops_per_device()
+    assert 0.74 < model / megatron < 0.76 and 100 < megatron < 200
+    assert shardwise.Plan.from_json(p.to_json()).predicted_megatron_tflops_per_device() == megatron
+    # The SPMD search prices model FLOPs only: the same definition, and no Megatron figure.
+    small = shardwise.models.gpt(layers=2, hidden=256, heads=4, seq=128, vocab=1024, batch=4)
+    searched = shardwise.plan(small, shardwise.Cluster.preset("dgx-a100"), global_batch=64, mesh=(8, 1))
+    assert searched.predicted_tflops_per_device() > 0
+    with pytest.raises(shardwise.ValidationError, match="no Megatron-LM accounting"):
+        searched.predicted_megatron_tflops_per_device()
