@@ -70,16 +70,20 @@ void bind_plan(py::module_& m) {
       "complete_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text, const std::string& level) {
         const plan::Plan p = plan::plan_from_json_string(text);
-        plan::Plan out;
+        search::CompletedPlan out;
         {
           py::gil_scoped_release release;
           out = search::complete_plan(graph, cluster, p, search::search_level_from_name(level));
         }
-        plan::validate(out);
-        return plan::plan_to_json_string(out);
+        plan::validate(out.plan);
+        py::dict d;
+        d["plan"] = plan::plan_to_json_string(out.plan);
+        d["fits"] = out.fits ? py::cast(*out.fits) : py::none();
+        return d;
       },
       py::arg("graph"), py::arg("cluster"), py::arg("plan_json"), py::arg("level") = "fast",
-      "The plan with everything its run needs (csrc/search/stage_layout.h: complete_plan).");
+      "The plan with everything its run needs (csrc/search/stage_layout.h: complete_plan), and whether it fits "
+      "(None when no search said).");
   m.def(
       "evaluate_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text) {

@@ -407,7 +407,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     throw ValidationError("joint planner: no combination of degrees could be evaluated for this graph and cluster");
   }
   // The chosen plan complete, so the runtime searches nothing (stage_layout.h).
-  result.plan = complete_plan(graph, cluster, result.plan, options.level, options.memory_fraction);
+  result.plan = complete_plan(graph, cluster, result.plan, options.level, options.memory_fraction).plan;
   result.search_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (support::log_enabled(support::LogLevel::Info)) {

@@ -135,15 +135,15 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
   return std::move(found.plan.sharding);
 }
 
-plan::Plan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
-                         SearchLevel level, double memory_fraction) {
-  if (plan.sharding.has_value()) return plan;
+CompletedPlan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
+                            SearchLevel level, double memory_fraction) {
+  if (plan.sharding.has_value()) return {plan, std::nullopt};
   if (plan.pipeline > 1 || plan.num_micro_batches() > 1) {
     plan::Plan out = plan;
     if (!out.stage_sharding) out.stage_sharding = complete_stage_sharding(graph, cluster, plan, level, memory_fraction);
-    return out;
+    return {out, std::nullopt};
   }
-  if (analysis::input_batch(graph) == 1 && plan.global_batch > 1) return plan;
+  if (analysis::input_batch(graph) == 1 && plan.global_batch > 1) return {plan, std::nullopt};
   if (cluster.world_size() != plan.world_size())
     throw support::ValidationError(fmt::format("complete plan: the cluster has {} devices, the plan data {} x tensor {}",
                                                cluster.world_size(), plan.data, plan.tensor));
@@ -153,7 +153,8 @@ plan::Plan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, c
   options.mesh = std::vector<int>{plan.data, plan.tensor};
   options.memory_fraction = memory_fraction;
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
-  return search_spmd(graph, cluster, cost::AnalyticCostModel{}, options).plan;
+  SpmdSearchResult found = search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);
+  return {std::move(found.plan), found.fits};
 }
 
 }  // namespace shardwise::search

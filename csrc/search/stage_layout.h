@@ -75,7 +75,12 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
 // plan of pipeline 1 and one micro-batch replaced by the SPMD search's plan on its {data,
 // tensor} mesh at its global batch (priced as that layout: the plan the runtime runs), in
 // its precision. Unchanged when it has a sharding, or when the graph was captured at batch 1.
-plan::Plan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
-                         SearchLevel level, double memory_fraction = cost::kMemoryFraction);
+// `fits`: the SPMD search's verdict when it ran (whether its plan fits in memory), else empty.
+struct CompletedPlan {
+  plan::Plan plan;
+  std::optional<bool> fits;
+};
+CompletedPlan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
+                            SearchLevel level, double memory_fraction = cost::kMemoryFraction);
 
 }  // namespace shardwise::search

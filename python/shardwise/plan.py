@@ -177,7 +177,8 @@ class Plan:
         (``Plan.manual``, a hand-written file) are completed so; the planners' come complete."""
         if self.is_complete():
             return self
-        return Plan(json.loads(_C.complete_plan(graph._core, cluster._core, self.to_json(), level)))
+        done = _C.complete_plan(graph._core, cluster._core, self.to_json(), level)
+        return Plan(json.loads(done["plan"]), None if done["fits"] is None else {"fits": done["fits"]})
 
     def stage_plan(self) -> "Plan":
         """The SPMD plan every stage of a complete pipelined plan runs on its sub-mesh."""

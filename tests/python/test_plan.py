@@ -103,3 +103,22 @@ def test_tflops_are_model_flops_for_every_planner_and_megatrons_accounting_is_be
     assert searched.predicted_tflops_per_device() > 0
     with pytest.raises(shardwise.ValidationError, match="no Megatron-LM accounting"):
         searched.predicted_megatron_tflops_per_device()
+
+
+def test_a_degrees_plan_completed_on_its_mesh_says_whether_it_fits():
+    # Pipeline 1 and one micro-batch: completion is the SPMD search on the plan's mesh, and
+    # keeps its verdict, so parallelize can refuse a plan that fits nowhere (as for a search).
+    import json
+
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    graph = shardwise.capture(model, (torch.randn(16, 64),))
+    degrees = shardwise.Plan.from_json(json.dumps({"data": 2, "tensor": 1, "pipeline": 1, "global_batch": 16,
+                                                   "micro_batch": 8, "schedule": "1f1b", "precision": "f32"}))
+    assert degrees.fits is None and not degrees.is_complete()
+    done = degrees.complete(graph, shardwise.Cluster.preset("cpu", 2))
+    assert done.is_complete() and done.sharding["mesh"] == [2, 1] and done.fits is True
+    doc = json.loads(shardwise.Cluster.preset("cpu", 2).to_json())
+    doc["device_types"][0]["memory_bytes"] = 1000
+    assert degrees.complete(graph, shardwise.Cluster.from_json(json.dumps(doc))).fits is False
