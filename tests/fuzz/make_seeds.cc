@@ -98,6 +98,20 @@ int main(int argc, char** argv) {
       .collectives = {{.kind = "all_reduce", .value = "fc.weight", .axis = 0, .phase = "step", .bytes = 256,
                        .count = 1, .seconds = 1e-5}}};
   write(out / "plan_json", "sharded.json", plan::plan_to_json_string(sharded));
+  // A complete pipelined plan: its stages' layout, its programs' hash, both TFLOP/s figures.
+  plan::Plan complete{.data = 2, .tensor = 1, .pipeline = 2, .global_batch = 8, .micro_batch = 2};
+  complete.stage_sharding = plan::Sharding{.mesh = {2, 1},
+                                           .axis_names = {"data", "tensor"},
+                                           .level = "fast",
+                                           .placements = {{"x", {"S(0)", "R"}}, {"fc.weight", {"R", "R"}}},
+                                           .strategies = {{"linear", {"split _0", "replicate"}}},
+                                           .leaves = {"x", "fc.weight"},
+                                           .inputs = {"x"},
+                                           .graph = "28b60d000f51f969"};
+  complete.programs = plan::ProgramsRecord{plan::plan_hash_hex(complete), "0123456789abcdef"};
+  complete.predicted = plan::Predicted{.step_time = 0.5, .tflops_per_device = 90.0, .memory_per_rank = 1e9,
+                                       .megatron_tflops_per_device = 120.0};
+  write(out / "plan_json", "complete.json", plan::plan_to_json_string(complete));
 
   // cluster_json: the presets (one node; two for the mixed one: two node kinds).
   for (const std::string& name : cost::preset_names()) {

@@ -41,6 +41,11 @@ TEST(Plan, JsonRoundTripAndHash) {
   costed.predicted->ranks_per_node = {4, 4};
   EXPECT_EQ(plan_from_json_string(plan_to_json_string(costed)), costed);
   EXPECT_EQ(plan_hash(costed), plan_hash(p));
+  // Megatron-LM's accounting beside the model FLOPs (the evaluator's plans); 0 is not written.
+  EXPECT_EQ(plan_to_json(costed)["predicted"].count("megatron_tflops_per_device"), 0u);
+  costed.predicted->megatron_tflops_per_device = 186.0;
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(costed)), costed);
+  EXPECT_EQ(plan_hash(costed), plan_hash(p));
 
   Plan other = p;
   other.micro_batch = 1;
