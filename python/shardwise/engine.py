@@ -107,7 +107,6 @@ class _Options:
     verify: bool | str = "auto"
     policy: Policy | None = None
     static: bool = False
-    precision: str | None = None
 
 
 def _compute_dtypes(wrapper: "_Trainable", builder, tensors: dict[str, torch.Tensor]) -> dict[str, torch.dtype]:
@@ -220,8 +219,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     named = map_tensors(named, lambda t: cast_input(t, policy))
     batch = list(cast_inputs(dict(zip(binding.names, batch)), policy).values())
     wrapper = _Trainable(compute_copy(model, policy), loss_fn)  # the model as the program computes it
-    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static,
-                       precision=precision)
+    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static)
 
     if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
         plan = _plan_file(os.environ["SHARDWISE_PLAN"])
