@@ -111,6 +111,23 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
   return out;
 }
 
+namespace {
+
+// The SPMD search of `graph` at `rows` on the plan's {data, tensor} mesh of `cluster`, in the
+// plan's precision (validated with the plan): what completing a plan runs.
+SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
+                                  std::int64_t rows, SearchLevel level, double memory_fraction) {
+  SpmdSearchOptions options;
+  options.global_batch = rows;
+  options.level = level;
+  options.mesh = std::vector<int>{plan.data, plan.tensor};
+  options.memory_fraction = memory_fraction;
+  options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
+  return search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);
+}
+
+}  // namespace
+
 std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
                                                       const plan::Plan& plan, SearchLevel level,
                                                       double memory_fraction) {
@@ -121,18 +138,11 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
   if (analysis::input_batch(graph) == 1 && plan.micro_batch * plan.data > 1) return std::nullopt;
   const int size = plan.data * plan.tensor;
   if (cluster.world_size() < size)
-    throw support::ValidationError(fmt::format("stage sharding: the cluster has {} devices, a stage's sub-mesh data {} x "
-                                      "tensor {} = {}",
-                                      cluster.world_size(), plan.data, plan.tensor, size));
-  SpmdSearchOptions options;
-  options.global_batch = plan.micro_batch * plan.data;
-  options.level = level;
-  options.mesh = std::vector<int>{plan.data, plan.tensor};
-  options.memory_fraction = memory_fraction;
-  options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);  // validated
+    throw support::ValidationError(
+        fmt::format("stage sharding: the cluster has {} devices, a stage's sub-mesh data {} x tensor {} = {}",
+                    cluster.world_size(), plan.data, plan.tensor, size));
   const cost::Cluster sub_mesh = cluster.world_size() == size ? cluster : cost::first_ranks(cluster, size);
-  SpmdSearchResult found = search_spmd(graph, sub_mesh, cost::AnalyticCostModel{}, options);
-  return std::move(found.plan.sharding);
+  return search_plan_mesh(graph, sub_mesh, plan, plan.micro_batch * plan.data, level, memory_fraction).plan.sharding;
 }
 
 CompletedPlan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
@@ -147,13 +157,7 @@ CompletedPlan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster
   if (cluster.world_size() != plan.world_size())
     throw support::ValidationError(fmt::format("complete plan: the cluster has {} devices, the plan data {} x tensor {}",
                                                cluster.world_size(), plan.data, plan.tensor));
-  SpmdSearchOptions options;
-  options.global_batch = plan.global_batch;
-  options.level = level;
-  options.mesh = std::vector<int>{plan.data, plan.tensor};
-  options.memory_fraction = memory_fraction;
-  options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
-  SpmdSearchResult found = search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);
+  SpmdSearchResult found = search_plan_mesh(graph, cluster, plan, plan.global_batch, level, memory_fraction);
   return {std::move(found.plan), found.fits};
 }
 
