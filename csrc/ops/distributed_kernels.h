@@ -3,29 +3,42 @@
 // where the runtime has a kernel that combines the ranks' parts:
 //  - lookup: a table split over its rows (the vocabulary-parallel embedding: each rank looks
 //    up its rows, the partial sums are reduced): aten::embedding;
-//  - statistics: a normalised dim split, the per-row statistics all-reduced (Megatron's
-//    vocabulary-parallel cross entropy): aten::cross_entropy_loss without class weights.
-// The rewrite emits the kernel for these nodes (transform/spmd_rewrite.h) and runs other
-// splits of a Whole index whole. Not yet: the search still offers and prices every statistics
-// split (compute / n plus the statistics' all-reduce), including those with no kernel here:
-// softmax and layer norm over a split dim, and training batch norm over the batch, which
-// every data-parallel CNN plan splits. Making the search read this table first needs a batch
-// norm kernel (its statistics all-reduced over the batch axis, SyncBatchNorm's): without one
-// the search, told the truth, moves ResNet's plans off data parallelism (tried; see
-// test_spmd_cnn.py).
+//  - statistics: a normalised dim split, the per-row statistics all-reduced over the axis
+//    that splits it (python/shardwise/runtime/kernels.py runs each):
+//      aten::cross_entropy_loss          shardwise::vocab_cross_entropy  row max, sum of
+//                                        exponentials, target logit (Megatron's loss)
+//      aten::nll_loss, _nd, 2d           shardwise::vocab_nll_loss       the target's value
+//      aten::softmax.int, _softmax       shardwise::split_softmax        row max, sum of exp
+//      aten::log_softmax.int, _log_softmax shardwise::split_log_softmax  the same
+//      aten::layer_norm                  shardwise::split_layer_norm     mean, then variance
+//      aten::rms_norm                    shardwise::split_rms_norm       mean square
+//      aten::batch_norm (training)       shardwise::sync_batch_norm      per-channel mean, then
+//                                        variance, over the split batch or spatial dims
+//                                        (SyncBatchNorm); the running statistics from them
+//    Losses without class weights only (a weighted mean's denominator is not a row statistic).
+// The search offers and prices a statistics or lookup split only where this table has a
+// kernel (search/sharding_model.cc), and the rewrite emits the kernel the table names
+// (transform/spmd_rewrite.h, transform/rank_graph.h): the plan is what runs.
 #pragma once
 
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "ir/graph.h"
 
 namespace shardwise::ops {
 
 const std::set<std::string>& lookup_kernel_ops();      // {"aten::embedding"}
-const std::set<std::string>& statistics_kernel_ops();  // {"aten::cross_entropy_loss"}
+const std::set<std::string>& statistics_kernel_ops();  // every op of the statistics table above
 
-// `node`'s op is in `ops` and the kernel covers its operands (cross entropy: no class weights).
+// The runtime's kernel for `node` split over a statistics index ("shardwise::split_softmax"),
+// or nullopt: its op is not in `ops`, or the kernel does not cover its operands (a loss with
+// class weights).
+std::optional<std::string_view> statistics_kernel(const ir::Node& node,
+                                                  const std::set<std::string>& ops = statistics_kernel_ops());
 bool has_statistics_kernel(const ir::Node& node, const std::set<std::string>& ops = statistics_kernel_ops());
+bool is_statistics_kernel(std::string_view kernel);  // a name of the table's kernels
 
 }  // namespace shardwise::ops

@@ -253,6 +253,8 @@ void bind_transform(py::module_& m) {
                                ops::dim_rule_for(ops::OpTable::builtin(), graph, captured).has_value();
           d["lookup_axes"] = n.lookup_axes;
           d["statistics_axis"] = n.statistics_axis;
+          d["statistics_dim"] = n.statistics_dim;
+          d["kernel"] = n.kernel;
           if (n.counted) {
             py::dict c;
             c["shares"] = n.counted->shares;

@@ -12,6 +12,7 @@
 #include "analysis/repeated_blocks.h"
 #include "cost/collective_cost.h"
 #include "ir/fingerprint.h"
+#include "ops/distributed_kernels.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "search/resharding.h"
@@ -334,6 +335,20 @@ std::vector<Strategy> ShardingModel::node_strategies(ir::NodeId node, int axis) 
   };
   std::erase_if(strategies, [&](const Strategy& s) {
     return uneven_batch(s.inputs, n.inputs) || uneven_batch(s.outputs, n.outputs);
+  });
+  // A split the runtime has no distributed kernel for would run whole on gathered operands,
+  // not as priced (compute / n and the statistics' all-reduce): not offered
+  // (ops/distributed_kernels.h).
+  const ops::DimRule& rule = *rules_[static_cast<std::size_t>(node)];
+  std::erase_if(strategies, [&](const Strategy& s) {
+    if (s.partial || s.index < 0) return false;
+    const ops::Index& index = rule.indices.at(static_cast<std::size_t>(s.index));
+    if (index.kind != ops::IndexKind::Whole) return false;
+    if (index.lookup) return !ops::lookup_kernel_ops().contains(n.op);
+    if (index.statistics == 0) return false;
+    const auto kernel = ops::statistics_kernel(n);
+    // The vocabulary kernels take this rank's classes as one block (transform/spmd_rewrite.cc).
+    return !kernel || (s.groups != 1 && kernel->starts_with("shardwise::vocab_"));
   });
   // A linear op on floating values may carry partial sums through (strategy.h).
   const ops::OpSpec* spec = ops::OpTable::builtin().find(n.op);

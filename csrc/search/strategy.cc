@@ -59,6 +59,12 @@ bool make_uneven(Strategy& s, const std::vector<double>& ratios) {
   return true;
 }
 
+bool outputs_carry(const ops::DimRule& rule, int i) {
+  for (const auto& output : rule.outputs)
+    if (find_carrier(rule, output, i)) return true;
+  return false;
+}
+
 // Every index other than `i` that some output carries: the rows a normalisation keeps one
 // set of statistics for.
 std::int64_t row_count(const ops::DimRule& rule, int i) {
@@ -107,10 +113,14 @@ Strategy split_strategy(const ops::DimRule& rule, const ops::DimRule& layout, in
         s.input_grads.push_back(Placement::replicate());
         break;
       case ops::IndexKind::Whole:
-        // The combined statistics make every rank's rows exact, so a replicated operand's
-        // gradient is complete on every rank. A lookup's addresses are integers: no gradient.
+        // The combined statistics make every rank's rows exact. Where the outputs keep the
+        // split index (batch norm's rows), a replicated operand (its weight) meets only this
+        // rank's part of them: its gradient is a partial sum, as under a spatial split. Where
+        // they do not (a loss over split classes), every rank's gradient is complete. A
+        // lookup's addresses are integers: no gradient.
         s.inputs.push_back(Placement::replicate());
-        s.input_grads.push_back(Placement::replicate());
+        s.input_grads.push_back(!index.lookup && outputs_carry(layout, i) ? Placement::partial(ops::Reduction::Sum)
+                                                                          : Placement::replicate());
         break;
     }
   }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "ops/distributed_kernels.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "search/placement.h"
@@ -115,15 +116,18 @@ class GraphEmitter {
       attrs["stop"] = shard.dims[0].back().second;
     }
     if (rw.mode == NodeMode::Statistics) {
-      // Cross entropy over classes split on statistics_axis: this rank's classes [start, stop)
-      // of the class dim (1, or 0 for one row of logits).
+      // The kernel over input 0's dim split on statistics_axis: this rank's block [start,
+      // stop) of it (a vocabulary kernel's classes), and the dim's whole size (the count a
+      // norm's mean divides by).
       const std::vector<std::int64_t>& shape = global_.value(node.inputs[0]).type.shape;
       const LocalShard shard = local_shard(shape, texts(rw.inputs[0].required), sharding_.mesh, rank_);
-      const std::size_t classes = shape.size() > 1 ? 1 : 0;
-      op = "shardwise::vocab_cross_entropy";
+      const auto dim = static_cast<std::size_t>(rw.statistics_dim);
+      op = rw.kernel;
       attrs["axis"] = std::int64_t{rw.statistics_axis};
-      attrs["start"] = shard.dims[classes].front().first;
-      attrs["stop"] = shard.dims[classes].back().second;
+      attrs["dim"] = std::int64_t{rw.statistics_dim};
+      attrs["size"] = shape.at(dim);
+      attrs["start"] = shard.dims.at(dim).front().first;
+      attrs["stop"] = shard.dims.at(dim).back().second;
     }
     const bool counted = rw.counted && rw.counted->shares > 1;
     if (counted) attrs["reduction"] = std::int64_t{2};
@@ -333,9 +337,9 @@ void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const pl
                                  ? fmt::format("{} of '{}'", node.op, local.value(node.inputs.at(0)).name)
                                  : fmt::format("{} node '{}'", node.op, local.value(node.outputs[0]).name);
     static const std::set<std::string, std::less<>> kernels = {
-        "shardwise::embedding_lookup", "shardwise::vocab_cross_entropy", "shardwise::counted_mean",
-        "shardwise::reduce_gradient",  "shardwise::recv",                "shardwise::send"};
-    if (!node.op.starts_with("shardwise::") || kernels.contains(node.op)) {
+        "shardwise::embedding_lookup", "shardwise::counted_mean", "shardwise::reduce_gradient",
+        "shardwise::recv", "shardwise::send"};
+    if (!node.op.starts_with("shardwise::") || kernels.contains(node.op) || ops::is_statistics_kernel(node.op)) {
       if (node.op.starts_with("shardwise::")) continue;
       try {
         if (!ops::dim_rule_for(table, local, node)) continue;

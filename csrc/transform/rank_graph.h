@@ -33,9 +33,12 @@
 //              rewritten to the local output's; the outputs at their local shapes.
 //      lookup  shardwise::embedding_lookup(table rows [start, stop), ids) {start, stop, and the
 //              op's own attributes}: ids outside the rows look up zeros (a Partial sum).
-//      statistics  shardwise::vocab_cross_entropy(logits, target) {axis, start, stop, and the
-//              op's own attributes}: this rank's classes [start, stop) of every row; the row
-//              statistics are all-reduced over the axis, so no rank gathers the logits.
+//      statistics  the table's kernel (ops/distributed_kernels.h: shardwise::vocab_cross_entropy,
+//              split_softmax, split_layer_norm, sync_batch_norm, ...) on the op's operands
+//              {axis, dim, size, start, stop, and the op's own attributes}: input 0's dim `dim`
+//              (whole size `size`) is split on mesh axis `axis`, this rank holding [start,
+//              stop) of it; the statistics are all-reduced over the axis, so no rank gathers
+//              the operand.
 //      whole   the op on whole (gathered) operands, outputs whole, marked {shardwise.whole=true}:
 //              the split the plan priced has no distributed kernel here, or the local call
 //              does not give the local shapes (the op's shape rule says so; see below).

@@ -318,9 +318,14 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       if (index.kind != ops::IndexKind::Whole) continue;
       if (index.lookup && options.lookup_ops.contains(node.op)) {
         rw.lookup_axes.push_back(static_cast<int>(a));
-      } else if (index.statistics > 0 && rw.statistics_axis < 0 &&
-                 ops::has_statistics_kernel(node, options.statistics_ops)) {
+      } else if (const auto kernel = ops::statistics_kernel(node, options.statistics_ops);
+                 index.statistics > 0 && rw.statistics_axis < 0 && kernel && !s.inputs.empty() &&
+                 s.inputs[0].is_shard() && (s.groups == 1 || !kernel->starts_with("shardwise::vocab_"))) {
+        // The vocabulary kernels address this rank's classes as one block [start, stop); the
+        // others only sum over what the rank holds, in any layout.
         rw.statistics_axis = static_cast<int>(a);
+        rw.statistics_dim = s.inputs[0].dim;
+        rw.kernel = std::string(*kernel);
       } else {
         whole = true;  // statistics on a second axis or with no kernel, or a lookup with none
       }
@@ -346,6 +351,8 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
     if (whole) {
       rw.lookup_axes.clear();
       rw.statistics_axis = -1;
+      rw.statistics_dim = -1;
+      rw.kernel.clear();
     }
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       OperandRewrite op;

@@ -17,15 +17,16 @@
 //    lookup_axes: each rank looks up the ids in its rows, zero elsewhere, giving a Partial
 //    sum. Only for ops in RewriteOptions::lookup_ops (those the runtime has a kernel for).
 //  - Statistics: a normalised dim split (an index with statistics) on one axis, for ops in
-//    RewriteOptions::statistics_ops: each rank runs the runtime's kernel on its slice and
-//    all-reduces the per-row statistics over statistics_axis (cross entropy over a
-//    vocabulary-parallel LM head's logits: row max, sum of exponentials, target logit and,
-//    with label smoothing, the sum of the logits). Cross entropy with class weights has no
-//    such kernel and runs whole.
+//    RewriteOptions::statistics_ops: each rank runs the runtime's kernel (`kernel`, from
+//    ops/distributed_kernels.h) on its slice and all-reduces the per-row statistics over
+//    statistics_axis (cross entropy over a vocabulary-parallel LM head's logits: row max, sum
+//    of exponentials, target logit; layer norm over a split hidden dim: mean and variance;
+//    training batch norm over a split batch: SyncBatchNorm). A loss with class weights has
+//    no such kernel and runs whole.
 //  - Whole: every operand gathered, the op run on whole tensors, the outputs replicated
 //    (readers then cut what they need). The fallback that keeps every plan correct: a split
-//    with statistics (softmax, layer norm over a split dim, a second statistics axis) the
-//    runtime has no distributed kernel for, a lookup outside lookup_ops, an op with no tensor operand
+//    with statistics the runtime has no distributed kernel for (a weighted loss, a second
+//    statistics axis, a strided vocabulary), a lookup outside lookup_ops, an op with no tensor operand
 //    whose output is split (arange's values depend on the block), and the nodes named in
 //    RewriteOptions::whole_nodes (the runtime names those whose local call fails its shape
 //    check).
@@ -71,8 +72,7 @@ std::string_view node_mode_name(NodeMode mode);  // "local", "lookup", "whole", 
 struct RewriteOptions {
   std::set<std::string> lookup_ops = ops::lookup_kernel_ops();
   // Ops whose split normalised dim the runtime combines with a kernel of its own (all-reducing
-  // the per-row statistics) instead of gathering the operand: Megatron's vocabulary-parallel
-  // cross entropy (python/shardwise/runtime/lower.py, VocabCrossEntropy).
+  // the per-row statistics) instead of gathering the operand (python/shardwise/runtime/kernels.py).
   std::set<std::string> statistics_ops = ops::statistics_kernel_ops();
   std::set<std::string> whole_nodes;  // by the name of the node's first output
   // The plan was made for other batch shapes (the last, shorter batch; another sequence
@@ -120,7 +120,9 @@ struct NodeRewrite {
   std::string op;
   NodeMode mode = NodeMode::Local;
   std::vector<int> lookup_axes;  // Lookup: the axes whose split is the lookup
-  int statistics_axis = -1;      // Statistics: the axis whose split the kernel combines
+  int statistics_axis = -1;      // Statistics: the axis whose split the kernel combines,
+  int statistics_dim = -1;       // the dim of input 0 it splits,
+  std::string kernel;            // and the kernel (ops/distributed_kernels.h: shardwise::...)
   std::optional<CountedRewrite> counted;
   std::vector<OperandRewrite> inputs;
   std::vector<OutputRewrite> outputs;

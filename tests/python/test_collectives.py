@@ -154,16 +154,21 @@ def _vocabulary_parallel_cross_entropy(rank: int, world: int) -> None:
     # 11 classes on 3 ranks, cut unevenly (4, 4, 3); one ignored target. Each rank's loss is
     # the whole loss and its gradient the whole gradient's columns, for every reduction, with
     # and without label smoothing, for [N, C] and [N, C, d] logits; bf16 logits within bf16.
+    # nll_loss over split classes likewise.
     import torch.nn.functional as F
 
-    from shardwise.runtime.lower import VocabCrossEntropy
+    from shardwise.runtime.kernels import StatisticsKernels
     from shardwise.runtime.mesh import _Mesh
 
-    kernel = VocabCrossEntropy(_Mesh([world], rank))
+    kernels = StatisticsKernels(_Mesh([world], rank))
     start, stop = [(0, 4), (4, 8), (8, 11)][rank]
     gen = torch.Generator().manual_seed(1)
     cases = [(torch.randn(6, 11, dtype=torch.float64, generator=gen), torch.tensor([0, 3, -100, 10, 5, 7])),
              (torch.randn(2, 11, 3, dtype=torch.float64, generator=gen), torch.tensor([[1, -100, 9], [4, 8, 0]]))]
+
+    def kernel(name, logits, *args):
+        return kernels(name, 0, 1 if logits.dim() > 1 else 0, 11, start, stop, (logits,) + args, {})
+
     for logits, target in cases:
         for smoothing in (0.0, 0.1):
             for reduction, name in ((0, "none"), (1, "mean"), (2, "sum")):
@@ -171,15 +176,108 @@ def _vocabulary_parallel_cross_entropy(rank: int, world: int) -> None:
                 want = F.cross_entropy(whole, target, reduction=name, label_smoothing=smoothing)
                 (want_grad,) = torch.autograd.grad(want.sum(), whole)
                 mine = logits[:, start:stop].clone().requires_grad_()
-                got = kernel(mine, target, start, stop, 0, 11, reduction, -100, smoothing)
+                got = kernel("shardwise::vocab_cross_entropy", mine, target, None, reduction, -100, smoothing)
                 (got_grad,) = torch.autograd.grad(got.sum(), mine)
                 torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
                 torch.testing.assert_close(got_grad, want_grad[:, start:stop], rtol=0, atol=1e-12)
+        for reduction, name in ((0, "none"), (1, "mean"), (2, "sum")):
+            whole = logits.clone().requires_grad_()
+            want = F.nll_loss(whole, target, reduction=name)
+            (want_grad,) = torch.autograd.grad(want.sum(), whole)
+            mine = logits[:, start:stop].clone().requires_grad_()
+            got = kernel("shardwise::vocab_nll_loss", mine, target, None, reduction, -100)
+            (got_grad,) = torch.autograd.grad(got.sum(), mine)
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+            torch.testing.assert_close(got_grad, want_grad[:, start:stop], rtol=0, atol=1e-12)
     logits, target = cases[0]
-    got = kernel(logits[:, start:stop].to(torch.bfloat16), target, start, stop, 0, 11, 1, -100, 0.0)
+    got = kernel("shardwise::vocab_cross_entropy", logits[:, start:stop].to(torch.bfloat16), target)
     assert got.dtype == torch.bfloat16
     want = F.cross_entropy(logits.to(torch.bfloat16).float(), target)
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=0)
+    with pytest.raises(NotImplementedError, match="no distributed kernel 'shardwise::nope'"):
+        kernels("shardwise::nope", 0, 1, 11, start, stop, (logits,), {})
+
+
+def _split_statistics_kernels(rank: int, world: int) -> None:
+    # Softmax, log-softmax, layer norm and RMS norm over a split last dim (13 on 3 ranks: 5, 4,
+    # 4), and training batch norm over a split batch (7 rows: 3, 2, 2) and over a split spatial
+    # dim: each rank's output is the whole op's block, and the gradients of the operand, the
+    # weight and the bias are the whole op's (blocks where the parameter is split with the
+    # dim, else whole). Float64 within 1e-12; bf16 within bf16's precision.
+    import torch.nn.functional as F
+
+    from shardwise.runtime.kernels import StatisticsKernels
+    from shardwise.runtime.mesh import _Mesh
+
+    kernels = StatisticsKernels(_Mesh([world], rank))
+
+    def block(size):
+        sizes = [size // world + (1 if r < size % world else 0) for r in range(world)]
+        lo = sum(sizes[:rank])
+        return lo, lo + sizes[rank]
+
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 6, 13, dtype=torch.float64, generator=gen) * 3 + 1
+    w = torch.randn(13, dtype=torch.float64, generator=gen)
+    b = torch.randn(13, dtype=torch.float64, generator=gen)
+    lo, hi = block(13)
+    upstream = torch.randn(4, 6, 13, dtype=torch.float64, generator=gen)
+    cases = [  # (kernel, the whole op on (x, w, b), its arguments after x given (w, b), split params)
+        ("shardwise::split_softmax", lambda x, w, b: F.softmax(x, -1), lambda w, b: (-1, None), False),
+        ("shardwise::split_log_softmax", lambda x, w, b: torch.log_softmax(x, 2), lambda w, b: (2, None), False),
+        ("shardwise::split_layer_norm", lambda x, w, b: F.layer_norm(x, [13], w, b, 1e-5),
+         lambda w, b: ([13], w, b, 1e-5, True), True),
+        ("shardwise::split_rms_norm", lambda x, w, b: F.rms_norm(x, [13], w, 1e-6), lambda w, b: ([13], w, 1e-6), True),
+        ("shardwise::split_rms_norm", lambda x, w, b: F.rms_norm(x, [13], w), lambda w, b: ([13], w, None), True),
+    ]
+    for name, whole_op, arguments, split_params in cases:
+        xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
+        want = whole_op(xs, ws, bs)
+        want_grads = torch.autograd.grad((want * upstream).sum(), (xs, ws, bs), allow_unused=True)
+        xm = x[..., lo:hi].clone().requires_grad_()
+        wm, bm = (t[lo:hi].clone().requires_grad_() for t in (w, b))
+        got = kernels(name, 0, 2, 13, lo, hi, (xm,) + arguments(wm, bm), {})
+        got_grads = torch.autograd.grad((got * upstream[..., lo:hi]).sum(), (xm, wm, bm), allow_unused=True)
+        torch.testing.assert_close(got, want[..., lo:hi], rtol=0, atol=1e-12, msg=name)
+        torch.testing.assert_close(got_grads[0], want_grads[0][..., lo:hi], rtol=0, atol=1e-12, msg=name)
+        for got_g, want_g in zip(got_grads[1:], want_grads[1:]):
+            assert (got_g is None) == (want_g is None), name
+            if got_g is not None and split_params:
+                torch.testing.assert_close(got_g, want_g[lo:hi], rtol=0, atol=1e-12, msg=name)
+        # bf16 operands: combined in float32, returned in bf16
+        got = kernels(name, 0, 2, 13, lo, hi, (x[..., lo:hi].to(torch.bfloat16),) + arguments(
+            w[lo:hi].to(torch.bfloat16), b[lo:hi].to(torch.bfloat16)), {})
+        want = whole_op(x.to(torch.bfloat16), w.to(torch.bfloat16), b.to(torch.bfloat16))
+        assert got.dtype == want.dtype == torch.bfloat16, name
+        torch.testing.assert_close(got.double(), want[..., lo:hi].double(), rtol=2e-2, atol=2e-2, msg=name)
+
+    # Training batch norm, [N, C, H, W] split over N (dim 0) or H (dim 2); running statistics too.
+    images = torch.randn(7, 3, 5, 4, dtype=torch.float64, generator=gen) * 2 - 1
+    gamma, beta = torch.randn(3, dtype=torch.float64, generator=gen), torch.randn(3, dtype=torch.float64, generator=gen)
+    grad_out = torch.randn(7, 3, 5, 4, dtype=torch.float64, generator=gen)
+    for dim, size in ((0, 7), (2, 5)):
+        lo, hi = block(size)
+        index = [slice(None)] * 4
+        index[dim] = slice(lo, hi)
+        index = tuple(index)
+        xs, gs, bs = (t.clone().requires_grad_() for t in (images, gamma, beta))
+        mean, var = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+        want = F.batch_norm(xs, mean, var, gs, bs, training=True, momentum=0.1, eps=1e-5)
+        want_grads = torch.autograd.grad((want * grad_out).sum(), (xs, gs, bs))
+        xm = images[index].clone().requires_grad_()
+        gm, bm = (t.clone().requires_grad_() for t in (gamma, beta))
+        my_mean, my_var = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+        got = kernels("shardwise::sync_batch_norm", 0, dim, size, lo, hi,
+                      (xm, gm, bm, my_mean, my_var, True, 0.1, 1e-5, False), {})
+        # gamma's and beta's gradients are each rank's part: their sum over ranks is the whole
+        got_grads = torch.autograd.grad((got * grad_out[index]).sum(), (xm, gm, bm))
+        torch.testing.assert_close(got, want[index], rtol=0, atol=1e-12)
+        torch.testing.assert_close(got_grads[0], want_grads[0][index], rtol=0, atol=1e-12)
+        for got_g, want_g in zip(got_grads[1:], want_grads[1:]):
+            total = C.all_reduce(got_g.contiguous())
+            torch.testing.assert_close(total, want_g, rtol=0, atol=1e-12)
+        torch.testing.assert_close(my_mean, mean, rtol=0, atol=1e-14)
+        torch.testing.assert_close(my_var, var, rtol=0, atol=1e-14)
 
 
 def _traffic_is_counted_by_the_calls(rank: int, world: int) -> None:
@@ -215,6 +313,10 @@ def test_collective_traffic_is_counted_in_the_cost_models_units():
 
 def test_vocabulary_parallel_cross_entropy_equals_the_whole_one():
     _spawn("_vocabulary_parallel_cross_entropy", 3)
+
+
+def test_split_softmax_norm_and_batch_norm_kernels_equal_the_whole_ops():
+    _spawn("_split_statistics_kernels", 3)
 
 
 def test_megatron_mlp_matches_one_device():

@@ -2,8 +2,9 @@
 
 Each IR node becomes the ATen call it was captured from, on local shapes: its operands
 resharded as the program says (``self.reshard(x, forward_steps, backward_steps)``), shape
-arguments made local, a vocabulary-parallel lookup as ``self.vocab_lookup``, and a loss whose
-mean the data counts (``counted``) run as a sum times shares / G, G an input of the module.
+arguments made local, a vocabulary-parallel lookup as ``self.vocab_lookup``, a split the core
+gave a distributed kernel as ``self.statistics(kernel, ...)`` (runtime/kernels.py), and a loss
+whose mean the data counts (``counted``) run as a sum times shares / G, G an input of the module.
 """
 from __future__ import annotations
 
@@ -19,72 +20,11 @@ from .._C import ValidationError
 from .._fx_import import _schema_args, is_value_identity, op_name, op_overload
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
+from .kernels import StatisticsKernels, VocabLookup
 from .mesh import _Mesh
 from .reshard import Reshard
 
 log = get_logger("shardwise.engine")
-
-
-class VocabLookup(torch.nn.Module):
-    """A lookup split over its table's rows (the vocabulary-parallel embedding): each rank
-    looks up the ids in its rows [start, stop), zero elsewhere; the sum over ranks is the
-    lookup (the program all-reduces or reduce-scatters it where a reader needs)."""
-
-    def forward(self, table, ids, start: int, stop: int, padding_idx: int = -1, scale_grad_by_freq: bool = False,
-                sparse: bool = False):
-        inside = (ids >= start) & (ids < stop)
-        local = torch.where(inside, ids - start, torch.zeros_like(ids))
-        pad = padding_idx - start if start <= padding_idx < stop else -1
-        out = torch.ops.aten.embedding.default(table, local, pad, scale_grad_by_freq, sparse)
-        return out * inside.unsqueeze(-1).to(out.dtype)
-
-
-class VocabCrossEntropy(torch.nn.Module):
-    """Cross entropy over logits whose classes are split across one mesh axis (Megatron's
-    vocabulary-parallel loss): each rank holds classes [start, stop) of every row; the row's
-    max, sum of exponentials and target logit (and, with label smoothing, the sum of its
-    logits) are all-reduced over the axis, so no rank gathers the logits. The all-reduces'
-    backward is the identity (every rank's loss, and so its gradient, is the same), which
-    leaves each rank its own classes' columns of softmax - (1 - e) one-hot - e / C. Half-
-    precision logits are combined in float32, as Megatron does; the loss comes back in the
-    logits' dtype. No class weights (the rewrite runs those whole)."""
-
-    def __init__(self, mesh: _Mesh):
-        super().__init__()
-        self._mesh = mesh
-
-    def forward(self, logits, target, start: int, stop: int, axis: int, classes: int, reduction: int = 1,
-                ignore_index: int = -100, label_smoothing: float = 0.0):
-        group = self._mesh.group_names[axis]
-        ops = torch.ops.shardwise
-        rows = logits if logits.dim() > 1 else logits.unsqueeze(0)
-        labels = target if logits.dim() > 1 else target.unsqueeze(0)
-        # Classes on dim 1 ([N, C] or [N, C, d1, ...]): moved last for the per-row sums.
-        rows = rows.movedim(1, -1)
-        if rows.dtype in (torch.float16, torch.bfloat16):
-            rows = rows.float()
-        top = ops.all_reduce(rows.detach().amax(dim=-1).contiguous(), "max", group)  # a constant shift
-        shifted = rows - top.unsqueeze(-1)
-        sum_exp = ops.all_reduce(shifted.exp().sum(dim=-1).contiguous(), "sum", group)
-        inside = (labels >= start) & (labels < stop)
-        local = torch.where(inside, labels - start, torch.zeros_like(labels))
-        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * inside.to(shifted.dtype)
-        target_logit = ops.all_reduce(picked.contiguous(), "sum", group)
-        # -log p_t = log sum exp - x_t; with smoothing e, (1 - e) of that plus e times the mean
-        # over the classes of -log p_c = log sum exp - mean_c x_c (all on the shifted logits).
-        loss = torch.log(sum_exp) - target_logit
-        if label_smoothing:
-            mean_logit = ops.all_reduce(shifted.sum(dim=-1).contiguous(), "sum", group) / classes
-            loss = (1 - label_smoothing) * loss + label_smoothing * (torch.log(sum_exp) - mean_logit)
-        valid = (labels != ignore_index).to(shifted.dtype)
-        loss = loss * valid
-        if logits.dim() == 1:
-            loss = loss.squeeze(0)
-        if reduction == 0:
-            return loss.to(logits.dtype)
-        if reduction == 2:
-            return loss.sum().to(logits.dtype)
-        return (loss.sum() / valid.sum()).to(logits.dtype)
 
 
 # ---- random ops: drawn as one device draws them ---------------------------------------------
@@ -275,7 +215,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         root.reshard = Reshard(mesh)
     root.vocab_lookup = VocabLookup()
     if mesh is not None:
-        root.vocab_cross_entropy = VocabCrossEntropy(mesh)
+        root.statistics = StatisticsKernels(mesh)
     root.one_device_random = OneDeviceRandom()
     env: dict[str, torch.fx.Node] = {}
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
@@ -347,15 +287,15 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             _, _, padding_idx, scale, sparse = [v for _, v in _schema_args(src)]
             call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
                                                       scale, sparse))
-        elif node["mode"] == "statistics":  # cross entropy over split classes (the rewrite allows no other)
+        elif node["mode"] == "statistics":  # the core's kernel for the split (csrc/ops/distributed_kernels.h)
             shape = list(src.args[0].meta["val"].shape)
-            dim = 1 if len(shape) > 1 else 0
+            dim = node["statistics_dim"]
             runs = _C.local_shard(shape, node["inputs"][0]["required"], sizes, rank)["dims"][dim]
-            named = dict(_schema_args(src))
-            reduction = 2 if first in counts else named.get("reduction", 1)
-            call = graph.call_module("vocab_cross_entropy", (
-                operands[0], operands[1], runs[0][0], runs[-1][1], node["statistics_axis"], shape[dim], reduction,
-                named.get("ignore_index", -100), float(named.get("label_smoothing", 0.0))))
+            args, kwargs = _call_parts(src, operands, node["local_attrs"])
+            if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
+                args, kwargs = _with_argument(src, args, kwargs, "reduction", 2)
+            call = graph.call_module("statistics", (node["kernel"], node["statistics_axis"], dim, shape[dim],
+                                                    runs[0][0], runs[-1][1], tuple(args), kwargs))
         elif src.target in _MASKS | _LIKE and _draws(src) and node["inputs"][0]["local_shape"] != list(
                 src.args[0].meta["val"].shape) or (src.target in _MASKS and _draws(src) and any(
                     p.startswith("P") for p in node["inputs"][0]["required"])):
