@@ -1,6 +1,7 @@
-"""Pieces the multi-process benchmarks share (ddp.py, tensor_parallel.py, pipeline.py,
-pipeline_memory.py): a hand-written pipeline plan, the alternating timed rounds, a profiled
-step with its torch.profiler summary, and the end of a worker."""
+"""Pieces the multi-process benchmarks share (ddp.py, fsdp.py, tensor_parallel.py, pipeline.py,
+pipeline_memory.py): the TinyGPT size arguments, two TinyGPTs with the same weights in a Gloo
+worker, a hand-written pipeline plan, the alternating timed rounds, a profiled step with its
+torch.profiler summary, and the end of a worker."""
 from __future__ import annotations
 
 import json
@@ -47,6 +48,40 @@ def profile_summary(prof) -> str:
     kinds["optimizer step (total)"] = optimizer
     kinds["rest"] = total - sum(kinds.values())
     return f"self CPU {total / 1e3:.1f} ms: " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in kinds.items())
+
+
+def add_size_arguments(parser, *, worlds: str = "2,4", layers: int, hidden: int, heads: int, seq: int,
+                       batch: int, steps: int | None = 10, warmup: int | None = 3) -> None:
+    """The TinyGPT size and run-length arguments (steps / warmup None: the benchmark has none)."""
+    parser.add_argument("--worlds", default=worlds)
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--hidden", type=int, default=hidden)
+    parser.add_argument("--heads", type=int, default=heads)
+    parser.add_argument("--seq", type=int, default=seq)
+    parser.add_argument("--batch", type=int, default=batch)
+    if steps is not None:
+        parser.add_argument("--steps", type=int, default=steps)
+    if warmup is not None:
+        parser.add_argument("--warmup", type=int, default=warmup)
+
+
+def twin_tiny_gpts(rank: int, world: int, store: str, args):
+    """Joins the Gloo group (one thread per process); two TinyGPTs of `args`' size with the
+    same weights, and the global batch (ids, next ids)."""
+    import torch
+    import torch.distributed as dist
+
+    from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq)
+    torch.manual_seed(0)
+    model, twin = TinyGPT(cfg), TinyGPT(cfg)
+    twin.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, cfg.vocab, (args.batch, cfg.seq), generator=g)
+    return model, twin, (idx, torch.roll(idx, -1, dims=1))
 
 
 def timed_rounds(steps: dict[str, Callable], warmup: int, count: int) -> tuple[dict, dict]:

@@ -28,23 +28,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from _machine import cpu_model
-from _workers import finish_worker, profile_steps, timed_rounds
+from _workers import add_size_arguments, finish_worker, profile_steps, timed_rounds, twin_tiny_gpts
 
 
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     import shardwise
-    from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
-    cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq)
-    torch.manual_seed(0)
-    model = TinyGPT(cfg)
-    ddp_model = TinyGPT(cfg)
-    ddp_model.load_state_dict(model.state_dict())
-    g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, cfg.vocab, (args.batch, cfg.seq), generator=g)
-    batch = (idx, torch.roll(idx, -1, dims=1))
+    model, ddp_model, batch = twin_tiny_gpts(rank, world, store, args)
     engine = shardwise.parallelize(model, batch, mesh=(world, 1), cluster=shardwise.Cluster.preset("cpu", world))
     opt = torch.optim.AdamW(engine.parameters(), lr=1e-3)
     ddp = torch.nn.parallel.DistributedDataParallel(ddp_model)
@@ -87,14 +77,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", default="2,4")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    add_size_arguments(parser, layers=2, hidden=256, heads=4, seq=64, batch=16)
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of rank 0")
     args = parser.parse_args()
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "

@@ -18,9 +18,12 @@ a step takes tenths of a second), each plan runs in 4 fresh Gloo processes:
 
 Predictions: the SPMD search on the plan's {data, tensor} mesh (``shardwise.plan(...,
 mesh=)``), or the evaluator for pipelines (``Plan.manual``), both in f32 (the models' dtype).
-The runtime has no activation recomputation, so none of the plans recompute.
+Two plans recompute (each transformer layer one checkpointed region, as the cost model
+prices it): a data-parallel plan given too little memory to keep every layer's activations,
+and a 4-stage pipeline with recomputation.
 
     python benchmarks/fidelity.py [--steps 5] [--svg benchmarks/images/fidelity.svg] [--json out.json]
+                                  [--only "gpt2 data 4" ...]
 
 Timing never fails anything; ``--smoke`` runs two plans with one step (tests).
 """
@@ -70,8 +73,10 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 # name -> (model, kind, degrees). kind: "spmd" (the search on the {data, tensor} mesh, without
 # ZeRO), "zero" (the same with too little memory for a replicated optimizer state), "tight"
-# (too little memory for replicated weights: they are sharded on the tensor axis), or a
-# pipeline schedule (the evaluator's plan; each stage's layout searched on its sub-mesh).
+# (too little memory for replicated weights: they are sharded on the tensor axis),
+# "recompute" (too little memory to keep every layer's activations), or a pipeline schedule
+# (the evaluator's plan; each stage's layout searched on its sub-mesh; "recompute": True in
+# the degrees recomputes).
 PLANS = {
     "gpt2 data 4": ("gpt2", "spmd", {"data": 4, "tensor": 1}),
     "gpt2 data 4, ZeRO": ("gpt2", "zero", {"data": 4, "tensor": 1}),
@@ -84,6 +89,9 @@ PLANS = {
                                               {"pipeline": 2, "data": 2, "micro_batch": 2, "virtual_stages": 2}),
     "gpt2 pipeline 4, 1F1B": ("gpt2", "1f1b", {"pipeline": 4, "data": 1, "micro_batch": 2}),
     "gpt2 pipeline 4, GPipe": ("gpt2", "gpipe", {"pipeline": 4, "data": 1, "micro_batch": 2}),
+    "gpt2 data 4, recomputed": ("gpt2", "recompute", {"data": 4, "tensor": 1}),
+    "gpt2 pipeline 4, 1F1B, recomputed": ("gpt2", "1f1b", {"pipeline": 4, "data": 1, "micro_batch": 2,
+                                                           "recompute": True}),
     "llama data 4": ("llama", "spmd", {"data": 4, "tensor": 1}),
     "llama tensor 4, weights sharded": ("llama", "tight", {"data": 1, "tensor": 4}),
     "llama 2 x 2, searched": ("llama", "spmd", {"data": 2, "tensor": 2}),
@@ -100,9 +108,10 @@ def layout(plan) -> str:
         counts = [sum(placed[n][a] != "R" for n in weights) for a in range(2)]
         zero = sum(1 for n in weights if n in plan.sharding.get("zero", {}))
         return (f"{counts[0]}/{counts[1]} of {len(weights)} weights sharded on data/tensor"
-                + (f", ZeRO on {zero}" if zero else ""))
+                + (f", ZeRO on {zero}" if zero else "") + (", recomputed" if plan.sharding.get("recompute") else ""))
     return (f"{plan.pipeline * plan.virtual_stages} stages, {plan.num_micro_batches()} micro-batches"
-            + (", stage layout searched" if plan.stage_sharding else ""))
+            + (", stage layout searched" if plan.stage_sharding else "")
+            + (", recomputed" if json.loads(plan.to_json()).get("recompute") == "full" else ""))
 
 
 # ---- the ranks ---------------------------------------------------------------------------------
@@ -192,9 +201,13 @@ def make_plan(shardwise, name: str, cluster, graphs: dict):
             doc["device_types"][0]["memory_bytes"] = int(memory / shardwise._C.MEMORY_FRACTION)
             return shardwise.Cluster.from_json(json.dumps(doc))
 
-        replicated = shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh, zero=False)
+        replicated = shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh, zero=False, recompute=False)
         if kind == "spmd":
             return replicated
+        if kind == "recompute":  # between what recomputing and keeping every activation need
+            recomputing = shardwise.plan(graph, with_memory(1), global_batch=BATCH, mesh=mesh, zero=False)
+            memory = (recomputing.predicted_memory()[0] + replicated.predicted_memory()[0]) / 2
+            return shardwise.plan(graph, with_memory(memory), global_batch=BATCH, mesh=mesh, zero=False)
         if kind == "zero":  # the optimizer state must shard over the data axis
             return shardwise.plan(graph, with_memory(0.75 * replicated.predicted_memory()[0]), global_batch=BATCH,
                                   mesh=mesh)
@@ -211,7 +224,7 @@ def make_plan(shardwise, name: str, cluster, graphs: dict):
         graphs[key] = shardwise.capture(build(model_name), (ids[:rows], y[:rows]))
     plan = shardwise.Plan.manual(graphs[key], cluster, pipeline=d["pipeline"], data=d["data"], tensor=1,
                                  global_batch=BATCH, micro_batch=d["micro_batch"], schedule=kind,
-                                 virtual_stages=d.get("virtual_stages", 1), recompute=False)
+                                 virtual_stages=d.get("virtual_stages", 1), recompute=d.get("recompute", False))
     return plan.complete(graphs[key], cluster)
 
 
@@ -232,11 +245,15 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="two plans, one step (tests)")
     parser.add_argument("--svg", default=None, help="write the predicted-vs-measured scatter here")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--only", nargs="*", default=None, help="run these plans (names as listed)")
     args = parser.parse_args()
     import shardwise
 
     torch.set_num_threads(1)
-    names = SMOKE if args.smoke else list(PLANS)
+    names = SMOKE if args.smoke else args.only or list(PLANS)
+    unknown = [n for n in names if n not in PLANS]
+    if unknown:
+        parser.error(f"unknown plans {unknown}; known: {list(PLANS)}")
     steps = 1 if args.smoke else args.steps
     print(machine_line())
     cluster = shardwise.Cluster.from_json(_spawn(_detect))

@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from _machine import cpu_model
-from _workers import finish_worker, profile_steps, timed_rounds
+from _workers import add_size_arguments, finish_worker, profile_steps, timed_rounds
 
 
 def _tp_block_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,14 +126,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", default="2,4")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    add_size_arguments(parser, layers=4, hidden=512, heads=8, seq=128, batch=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of rank 0")
     args = parser.parse_args()

@@ -236,6 +236,8 @@ Plan stage_plan(const Plan& plan) {
   stage.recompute = plan.recompute;
   stage.precision = plan.precision;
   stage.sharding = plan.stage_sharding;
+  // The plan's own recompute decides the stages' (an edit of it reaches the run).
+  stage.sharding->recompute = plan.recompute == Recompute::Full;
   validate(stage);
   return stage;
 }

@@ -60,6 +60,8 @@ py::dict operand(const transform::OperandRewrite& op) {
   d["forward"] = actions(op.forward);
   d["backward"] = actions(op.backward);
   d["gradient"] = op.gradient;
+  d["regather"] = op.regather;
+  d["prefetch"] = op.gather == search::ParameterOverlap::BesideForward;
   return d;
 }
 
@@ -255,6 +257,7 @@ void bind_transform(py::module_& m) {
           d["statistics_axis"] = n.statistics_axis;
           d["statistics_dim"] = n.statistics_dim;
           d["kernel"] = n.kernel;
+          d["recompute_block"] = n.recompute_block;
           if (n.counted) {
             py::dict c;
             c["shares"] = n.counted->shares;

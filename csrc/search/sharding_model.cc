@@ -13,6 +13,7 @@
 #include "cost/collective_cost.h"
 #include "ir/fingerprint.h"
 #include "ops/distributed_kernels.h"
+#include "search/parameter_collectives.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "search/resharding.h"
@@ -460,6 +461,21 @@ double ShardingModel::optimizer_seconds(ir::ValueId leaf, int axis, const LeafCh
          (device_->memory_bandwidth * options_.optimizer_memory_efficiency);
 }
 
+double ShardingModel::zero_broadcast_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
+  if (!choice.zero || axis < 0 || options_.mesh[static_cast<std::size_t>(axis)] <= 1) return 0;
+  const double bytes = value_bytes(leaf) * held_except(leaf, axis);
+  const auto ranks = axis_ranks(axis);
+  const double whole =
+      model_.collective_time(cluster_, cost::CollectiveKind::Broadcast, ranks, static_cast<std::int64_t>(bytes),
+                             cost::Algorithm::Auto);
+  if (bytes >= options_.bucket_bytes) return whole;
+  // Flattened with the other parameters of its owner (one broadcast per owner): its share of
+  // the latency, as a gradient bucket's.
+  const double latency =
+      model_.collective_time(cluster_, cost::CollectiveKind::Broadcast, ranks, 1, cost::Algorithm::Auto);
+  return whole - latency * (1.0 - bytes / options_.bucket_bytes);
+}
+
 double ShardingModel::reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to,
                                       double bytes) const {
   const auto ranks = axis_ranks(axis);
@@ -471,17 +487,51 @@ double ShardingModel::reshard_seconds(int axis, ir::ValueId value, const Placeme
   return whole - latency * (1.0 - bytes / options_.bucket_bytes);
 }
 
-int ShardingModel::forward_passes(ir::ValueId value, int consumer) const {
+int ShardingModel::forward_passes(ir::ValueId value, int consumer, int operand) const {
+  // A parameter is gathered for its read, and again either for backward (released after the
+  // read) or for the recomputed forward, whose gathered copy backward then uses
+  // (search/parameter_collectives.h).
   if (graph_.value(value).role != ir::ValueRole::Parameter) return 1;
-  return options_.recompute && in_block_[static_cast<std::size_t>(consumer)] ? 3 : 2;
+  const auto c = static_cast<std::size_t>(consumer);
+  if (options_.recompute && in_block_[c]) return 2;
+  return rules_[c] && !backward_reads(*rules_[c], static_cast<std::size_t>(operand)) ? 1 : 2;
 }
 
-double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, const Placement& produced,
-                                   const Placement& wanted, const Placement& gradient) const {
+ParameterOverlap ShardingModel::gather_overlap(int axis, ir::ValueId value, int consumer, int operand,
+                                               const Placement& produced, const Placement& wanted) const {
+  ShardingSpec held, read;
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    if (b == axis) {
+      held.push_back(produced);
+      read.push_back(wanted);
+      continue;
+    }
+    held.push_back(value_placement(b, value));
+    read.push_back(node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(consumer)]
+                       .inputs[static_cast<std::size_t>(operand)]);
+  }
+  return forward_gather_overlap(held, read, options_.recompute && in_block_[static_cast<std::size_t>(consumer)]);
+}
+
+double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, int operand, const Placement& produced,
+                                   const Placement& wanted, const Placement& gradient, double hidden_weight) const {
   const double bytes = value_bytes(value) * held_except(value, axis);
-  double seconds = forward_passes(value, consumer) * reshard_seconds(axis, value, produced, wanted, bytes);
-  if (requires_grad_[static_cast<std::size_t>(value)])
-    seconds += gradient_share(value, gradient) * reshard_seconds(axis, value, gradient, gradient_placement(produced), bytes);
+  const bool parameter = graph_.value(value).role == ir::ValueRole::Parameter;
+  auto weight = [&](ParameterOverlap overlap) {
+    return parameter && overlap != ParameterOverlap::Exposed ? hidden_weight : 1.0;
+  };
+  const double gather = reshard_seconds(axis, value, produced, wanted, bytes);
+  double seconds = 0;
+  if (gather > 0) {
+    const ParameterOverlap first =
+        parameter ? gather_overlap(axis, value, consumer, operand, produced, wanted) : ParameterOverlap::Exposed;
+    seconds = (weight(first) + (forward_passes(value, consumer, operand) - 1) * weight(regather_overlap())) * gather;
+  }
+  if (requires_grad_[static_cast<std::size_t>(value)]) {
+    const Placement canonical = gradient_placement(produced);
+    seconds += weight(gradient_reduction_overlap(canonical)) * gradient_share(value, gradient) *
+               reshard_seconds(axis, value, gradient, canonical, bytes);
+  }
   return seconds;
 }
 
@@ -563,7 +613,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
                            held_fraction(choice.placement, options_.mesh[static_cast<std::size_t>(axis)]));
         } else {
           c.cost.push_back((whole ? 0.0 : 1e-12 * static_cast<double>(value.type.numel())) +
-                           leaf_instances[static_cast<std::size_t>(leaf)] * optimizer_seconds(leaf, axis, choice));
+                           leaf_instances[static_cast<std::size_t>(leaf)] *
+                               (optimizer_seconds(leaf, axis, choice) + zero_broadcast_seconds(leaf, axis, choice)));
         }
         c.memory.push_back(leaf_memory(leaf, axis, choice) * leaf_instances[static_cast<std::size_t>(leaf)]);
       }
@@ -593,8 +644,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     const int pb = node_id[static_cast<std::size_t>(key.consumer)];
     if (pa < 0 || pb < 0) continue;
     const ir::Value& value = graph_.value(group.value);
-    // Parameter traffic runs beside compute (see parameter_weight in the header).
-    const double weight = value.role == ir::ValueRole::Parameter ? parameter_weight : 1.0;
+    // Parameter traffic beside compute costs parameter_weight (see the header); edge_seconds
+    // weighs each of its collectives by where the runtime runs it.
     std::vector<Placement> produced;
     if (key.producer_is_leaf) {
       for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(key.producer)]) produced.push_back(c.placement);
@@ -607,8 +658,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     if (pa == pb) {
       for (std::size_t s = 0; s < readers.size(); ++s)
         problem.nodes[static_cast<std::size_t>(pb)].cost[s] +=
-            weight * group.count *
-            edge_seconds(axis, group.value, key.consumer, produced[s], readers[s].inputs[op], readers[s].input_grads[op]);
+            group.count * edge_seconds(axis, group.value, key.consumer, key.operand, produced[s], readers[s].inputs[op],
+                                       readers[s].input_grads[op], parameter_weight);
       continue;
     }
     const bool flip = pa > pb;
@@ -627,8 +678,9 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     const std::size_t nb = problem.nodes[static_cast<std::size_t>(e.b)].cost.size();
     for (std::size_t p = 0; p < produced.size(); ++p)
       for (std::size_t r = 0; r < readers.size(); ++r) {
-        double seconds = weight * group.count * edge_seconds(axis, group.value, key.consumer, produced[p],
-                                                             readers[r].inputs[op], readers[r].input_grads[op]);
+        double seconds = group.count * edge_seconds(axis, group.value, key.consumer, key.operand, produced[p],
+                                                    readers[r].inputs[op], readers[r].input_grads[op],
+                                                    parameter_weight);
         e.cost[flip ? r * nb + p : p * nb + r] += seconds;
       }
   }
@@ -722,9 +774,11 @@ double ShardingModel::parameter_bytes() const {
 }
 
 double ShardingModel::gathered_parameter_bytes() const {
-  // The largest weight a reader gathers beyond the rank's stored share: FSDP gathers one
-  // unit at a time and frees it after use, so the peak is one weight's, not their sum.
-  double peak = 0;
+  // The two largest weights readers gather beyond the rank's stored share: a gathered
+  // weight is released after its read (and gathered again for backward), while the next
+  // one is prefetched (search/parameter_collectives.h), so the peak is two weights', not
+  // their sum.
+  double peak = 0, second = 0;
   for (const auto& [key, group] : edges_) {
     const ir::Value& value = graph_.value(group.value);
     if (value.role != ir::ValueRole::Parameter) continue;
@@ -733,9 +787,15 @@ double ShardingModel::gathered_parameter_bytes() const {
       const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
       wanted *= held_fraction(reader.inputs[static_cast<std::size_t>(key.operand)], options_.mesh[a]);
     }
-    peak = std::max(peak, value_bytes(group.value) * (wanted - held_all(group.value)));
+    const double bytes = value_bytes(group.value) * (wanted - held_all(group.value));
+    if (bytes > peak) {
+      second = peak;
+      peak = bytes;
+    } else {
+      second = std::max(second, bytes);
+    }
   }
-  return peak;
+  return peak + second;
 }
 
 double ShardingModel::activation_bytes() const {
@@ -806,17 +866,27 @@ ShardingModel::Tally ShardingModel::tally() const {
                                    static_cast<double>(step->bytes), share * group.count, seconds});
       };
       const bool parameter = value.role == ir::ValueRole::Parameter;
-      record(produced, reader.inputs[op], "forward", parameter ? out.parameter_forward : out.activations,
+      // Where each parameter collective runs (search/parameter_collectives.h).
+      auto beside = [&](ParameterOverlap overlap) -> double& {
+        return overlap == ParameterOverlap::BesideForward    ? out.parameter_forward
+               : overlap == ParameterOverlap::BesideBackward ? out.parameter_step
+                                                             : out.parameter_exposed;
+      };
+      record(produced, reader.inputs[op], "forward",
+             parameter ? beside(gather_overlap(axis, group.value, key.consumer, key.operand, produced, reader.inputs[op]))
+                       : out.activations,
              price.collectives, 1.0);
-      // A gathered weight is freed after its use and gathered again for the backward (and for
-      // the recomputed forward): ZeRO-3 / FSDP's traffic, as cost/plan_cost.h counts it.
+      // A gathered weight is released after its read and gathered again for the backward (and
+      // for the recomputed forward): ZeRO-3 / FSDP's traffic, as the runtime runs it.
       if (parameter)
-        record(produced, reader.inputs[op], "backward", out.parameter_step, price.collectives,
-               forward_passes(group.value, key.consumer) - 1);
-      if (requires_grad_[static_cast<std::size_t>(group.value)])
-        record(reader.input_grads[op], gradient_placement(produced), parameter ? "step" : "backward",
-               parameter ? out.parameter_step : out.activations, parameter ? price.gradient_sync : price.collectives,
-               gradient_share(group.value, reader.input_grads[op]));
+        record(produced, reader.inputs[op], "backward", beside(regather_overlap()), price.collectives,
+               forward_passes(group.value, key.consumer, key.operand) - 1);
+      if (requires_grad_[static_cast<std::size_t>(group.value)]) {
+        const Placement canonical = gradient_placement(produced);
+        record(reader.input_grads[op], canonical, parameter ? "step" : "backward",
+               parameter ? beside(gradient_reduction_overlap(canonical)) : out.activations,
+               parameter ? price.gradient_sync : price.collectives, gradient_share(group.value, reader.input_grads[op]));
+      }
     }
   }
   return out;
@@ -843,23 +913,36 @@ ShardingEvaluation ShardingModel::evaluate() const {
   const double forward = tally.forward, backward = tally.backward, compute = forward + backward;
   const double activations = tally.activations, statistics = tally.statistics;
   const double parameter_forward = tally.parameter_forward, parameter_step = tally.parameter_step;
+  const double parameter_exposed = tally.parameter_exposed;
   out.collectives = std::move(tally.collectives);
   // Hidden under its phase's compute at the interference price, the excess exposed.
   const double k = options_.overlap_interference;
   auto exposed = [k](double sync, double beside) { return std::max(0.0, sync - beside) + k * std::min(sync, beside); };
-  const double gradients = exposed(parameter_forward, forward) + exposed(parameter_step, backward);
-  out.parameter_sync = parameter_forward + parameter_step;
+  const double gradients =
+      exposed(parameter_forward, forward) + exposed(parameter_step, backward) + parameter_exposed;
+  out.parameter_sync = parameter_forward + parameter_step + parameter_exposed;
   out.parameter_sync_hidden = parameter_forward <= forward && parameter_step <= backward;
-  double optimizer = 0;
-  for (const ir::Value& v : graph_.values())
-    if (is_leaf(v)) optimizer += optimizer_seconds(v.id, -1, {});
-  out.step_time = compute + activations + gradients + statistics + optimizer;
+  double optimizer = 0, broadcasts = 0;
+  for (const ir::Value& v : graph_.values()) {
+    if (!is_leaf(v)) continue;
+    optimizer += optimizer_seconds(v.id, -1, {});
+    for (int a = 0; a < static_cast<int>(options_.mesh.size()); ++a) {
+      const LeafChoice& choice = leaf_choice_[static_cast<std::size_t>(a)][static_cast<std::size_t>(v.id)];
+      const double seconds = zero_broadcast_seconds(v.id, a, choice);
+      if (seconds <= 0) continue;
+      broadcasts += seconds;
+      out.collectives.push_back({"broadcast", v.name, a, "step", value_bytes(v.id) * held_except(v.id, a), 1.0,
+                                 seconds});
+    }
+  }
+  out.step_time = compute + activations + gradients + statistics + optimizer + broadcasts;
   out.breakdown = {{"compute", compute},
                    {"activations", activations},
                    {"gradient_sync", gradients},
                    {"gradient_sync_total", out.parameter_sync},
                    {"statistics", statistics},
-                   {"optimizer", optimizer}};
+                   {"optimizer", optimizer},
+                   {"zero_broadcast", broadcasts}};
   const double params = parameter_bytes(), acts = activation_bytes(), gathered = gathered_parameter_bytes();
   out.memory_per_rank = params + acts + gathered;
   out.memory_breakdown = {{"parameters", params}, {"activations", acts}, {"gathered_parameters", gathered}};

@@ -23,6 +23,7 @@
 #include "ir/graph.h"
 #include "ops/dim_rule.h"
 #include "plan/plan.h"
+#include "search/parameter_collectives.h"
 #include "search/placement.h"
 #include "search/spmd_problem.h"
 #include "search/strategy.h"
@@ -161,7 +162,9 @@ class ShardingModel {
     std::vector<plan::CollectiveRecord> collectives;
     double forward = 0, backward = 0;  // backward with the recomputed forward
     double activations = 0, statistics = 0;
-    double parameter_forward = 0, parameter_step = 0;  // weight gathers; re-gathers and reductions
+    // Parameter collectives by where they run (search/parameter_collectives.h): beside the
+    // forward, beside the backward, or exposed.
+    double parameter_forward = 0, parameter_step = 0, parameter_exposed = 0;
   };
   Tally tally() const;
 
@@ -194,12 +197,22 @@ class ShardingModel {
   bool leaf_placement_fits(ir::ValueId leaf, int axis, const Placement& want) const;
   // The optimizer step on this rank's share of a trainable parameter's states.
   double optimizer_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
-  double edge_seconds(int axis, ir::ValueId value, int consumer, const Placement& produced, const Placement& wanted,
-                      const Placement& gradient) const;
+  // ZeRO (choice.zero on `axis`): the parameter broadcast from the rank that stepped it to
+  // its axis' group after the step (runtime/optim.py), blocking: exposed.
+  double zero_broadcast_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
+  // `hidden_weight`: what a second of a parameter collective that runs beside compute
+  // costs (solve_axis' parameter_weight); exposed ones cost 1.
+  double edge_seconds(int axis, ir::ValueId value, int consumer, int operand, const Placement& produced,
+                      const Placement& wanted, const Placement& gradient, double hidden_weight = 1.0) const;
   // How often the forward resharding of `value` into `consumer` runs per step: once for an
-  // activation; for a parameter, again for the backward (a gathered weight is freed after
-  // use, FSDP / ZeRO-3) and once more when the consumer's block is recomputed.
-  int forward_passes(ir::ValueId value, int consumer) const;
+  // activation; for a parameter, again for the backward where backward reads it (a gathered
+  // weight is released after its read, FSDP / ZeRO-3), or, in a recomputed block, for the
+  // recomputed forward, whose copy backward uses.
+  int forward_passes(ir::ValueId value, int consumer, int operand) const;
+  // Where the forward gather of parameter `value` into `consumer`'s `operand` runs, with
+  // `produced` -> `wanted` on `axis` and the other axes as decided (parameter_collectives.h).
+  ParameterOverlap gather_overlap(int axis, ir::ValueId value, int consumer, int operand, const Placement& produced,
+                                  const Placement& wanted) const;
   // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`; a parameter's
   // latency is shared with its bucket (ShardingModelOptions::bucket_bytes).
   double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes) const;

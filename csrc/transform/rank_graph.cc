@@ -10,6 +10,7 @@
 #include "ops/distributed_kernels.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
+#include "search/parameter_collectives.h"
 #include "search/placement.h"
 #include "support/error.h"
 #include "transform/local_shard.h"
@@ -23,6 +24,7 @@ using support::ValidationError;
 using Shape = std::vector<std::int64_t>;
 
 constexpr std::string_view kWholeAttr = "shardwise.whole";
+constexpr std::string_view kRecomputeAttr = "shardwise.recompute";
 
 std::vector<std::string> texts(const ShardingSpec& spec) {
   std::vector<std::string> out;
@@ -101,6 +103,7 @@ class GraphEmitter {
     }
     std::string op = node.op;
     ir::Attributes attrs = rw.attrs;
+    if (rw.recompute_block >= 0) attrs[std::string(kRecomputeAttr)] = std::int64_t{rw.recompute_block};
     if (rw.mode == NodeMode::Whole) {
       attrs[std::string(kWholeAttr)] = true;
       whole.push_back(global_.value(node.outputs[0]).name);
@@ -167,8 +170,9 @@ class GraphEmitter {
     graph_.set_outputs(outputs_);
     for (const LeafRewrite& leaf : reductions_) {
       std::vector<std::int64_t> axes(leaf.reduce_axes.begin(), leaf.reduce_axes.end());
+      const auto overlap = search::parameter_overlap_name(search::gradient_reduction_overlap(search::Placement::replicate()));
       graph_.add_node("shardwise::reduce_gradient", {*graph_.find_value(leaf.value)}, {},
-                      {{"axes", axes}, {"reduce", std::string("sum")}}, "");
+                      {{"axes", axes}, {"overlap", std::string(overlap)}, {"reduce", std::string("sum")}}, "");
     }
   }
 
@@ -194,6 +198,8 @@ class GraphEmitter {
     if (op.forward.empty() && op.backward.empty()) return source;
     std::string key = op.value;
     for (const ReshardAction& step : op.forward) key += "|" + step.str();
+    if (op.regather) key += "|regather";
+    key += fmt::format("|{}", search::parameter_overlap_name(op.gather));
     key += "|backward";
     for (const ReshardAction& step : op.backward) key += "|" + step.str();
     if (auto it = regions_.find(key); it != regions_.end()) return it->second;
@@ -205,17 +211,30 @@ class GraphEmitter {
     auto name = [&] { return ++emitted == steps ? base : fresh(fmt::format("{}.s{}", base, emitted)); };
     ShardingSpec spec = op.produced;
     ir::ValueId value = source;
+    // A parameter's collectives carry where the runtime runs them, the mark the search
+    // prices (search/parameter_collectives.h).
+    const bool parameter = global.role == ir::ValueRole::Parameter;
     for (const ReshardAction& step : op.forward) {
       apply_step(spec, step);
       ir::TensorType type = graph_.value(value).type;
       type.shape = local_shard(global.type.shape, texts(spec), sharding_.mesh, rank_).shape;
+      ir::Attributes attrs = step_attrs(step, sharding_.mesh, rank_, false);
+      const bool local = step.kind == ReshardKind::Slice || step.kind == ReshardKind::ZeroOthers ||
+                         step.kind == ReshardKind::Scale;
+      if (parameter && !local)
+        attrs["overlap"] = std::string(search::parameter_overlap_name(op.gather));
+      if (op.regather) attrs["regather"] = true;
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(step.kind)), {value},
-                                     {{name(), type}}, step_attrs(step, sharding_.mesh, rank_, false), module));
+                                     {{name(), type}}, std::move(attrs), module));
     }
-    for (auto it = op.backward.rbegin(); it != op.backward.rend(); ++it)
+    for (auto it = op.backward.rbegin(); it != op.backward.rend(); ++it) {
+      ir::Attributes attrs = step_attrs(*it, sharding_.mesh, rank_, true);
+      // A parameter gradient's step at its read runs there, in backward (a reduce-scatter to
+      // the shard); a gradient left Partial is reduced in buckets (reduce_gradient, below).
+      if (parameter) attrs["overlap"] = std::string(search::parameter_overlap_name(search::ParameterOverlap::Exposed));
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
-                                     {{name(), graph_.value(value).type}},
-                                     step_attrs(*it, sharding_.mesh, rank_, true), module));
+                                     {{name(), graph_.value(value).type}}, std::move(attrs), module));
+    }
     regions_.emplace(std::move(key), value);
     return value;
   }

@@ -42,6 +42,9 @@
 //      whole   the op on whole (gathered) operands, outputs whole, marked {shardwise.whole=true}:
 //              the split the plan priced has no distributed kernel here, or the local call
 //              does not give the local shapes (the op's shape rule says so; see below).
+//    With recomputation (the plan's sharding.recompute), each node of the k-th instance of
+//    the repeated blocks carries {shardwise.recompute=k}: the runtime runs each instance as
+//    one checkpointed region, its forward (collectives included) run again in backward.
 //    A counted mean split over ranks (CountedRewrite) runs with {reduction=2} (sum) into
 //    `<out>.sum`, then `%out = shardwise::counted_mean(%out.sum, %out.count) {shares}`, where
 //    `%out.count: i64[]` is an input of the rank graph: the count of the targets in the whole

@@ -7,8 +7,10 @@
 #include <sstream>
 #include <variant>
 
+#include "analysis/repeated_blocks.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
+#include "search/parameter_collectives.h"
 #include "support/error.h"
 #include "transform/local_shard.h"
 
@@ -483,9 +485,20 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
     builder.leaf({v.name, produced[id], local_shape(v, produced[id]), gradient[id] ? canonical[id] : ShardingSpec{},
                   reduce_axes[id]});
   }
+  // Recomputation: every instance of the largest group of repeated blocks (a transformer's
+  // layers) is one checkpointed region, as the search prices it (search/sharding_model.cc:
+  // in-block nodes recompute their forward in backward and keep one instance's activations).
+  if (sharding.recompute) {
+    const auto groups = analysis::find_repeated_blocks(graph);
+    if (const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups))
+      for (std::size_t k = 0; k < layers->nodes.size(); ++k)
+        for (ir::NodeId id : layers->nodes[k]) rewrites[static_cast<std::size_t>(id)].recompute_block = static_cast<int>(k);
+  }
   for (const ir::Node& node : nodes) {
     const auto n = static_cast<std::size_t>(node.id);
     NodeRewrite& rw = rewrites[n];
+    const std::optional<ops::DimRule> rule =
+        node.outputs.empty() ? std::nullopt : ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       OperandRewrite& op = rw.inputs[i];
       const ir::Value& v = graph.value(node.inputs[i]);
@@ -494,6 +507,19 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       op.local_shape = local_shape(v, op.required);
       try {
         op.forward = reshard_actions(op.produced, op.required);
+        op.regather = v.role == ir::ValueRole::Parameter && rw.recompute_block < 0 &&
+                      (!rule || search::backward_reads(*rule, i)) &&
+                      std::any_of(op.forward.begin(), op.forward.end(), [](const ReshardAction& step) {
+                        return step.kind == ReshardKind::AllGather || step.kind == ReshardKind::AllToAll ||
+                               step.kind == ReshardKind::AllReduce;
+                      });
+        if (v.role == ir::ValueRole::Parameter) {
+          op.gather = search::forward_gather_overlap(op.produced, op.required, rw.recompute_block >= 0);
+          if (op.gather == search::ParameterOverlap::BesideForward &&
+              (op.forward.size() != 1 || op.forward[0].kind != ReshardKind::AllGather))
+            throw ValidationError(fmt::format("internal: a prefetched gather of '{}' is not one all-gather ({} steps)",
+                                              v.name, op.forward.size()));
+        }
         op.gradient = gradient[id];
         if (op.gradient) op.backward = backward_steps(grads[n][i], id);
       } catch (const ValidationError& e) {

@@ -60,6 +60,7 @@
 #include "ir/graph.h"
 #include "ops/distributed_kernels.h"
 #include "plan/plan.h"
+#include "search/parameter_collectives.h"
 #include "search/placement.h"
 #include "search/strategy.h"
 #include "transform/reshard_actions.h"
@@ -91,6 +92,13 @@ struct OperandRewrite {
   std::vector<ReshardAction> forward;     // produced -> required
   std::vector<ReshardAction> backward;    // reader's gradient -> the value's canonical one
   bool gradient = false;                  // the value carries a gradient
+  // A parameter gathered for this read (forward steps with a collective), outside a recomputed block: the
+  // runtime releases the gathered weight after the read and runs the forward steps again
+  // when backward needs it (search/parameter_collectives.h).
+  bool regather = false;
+  // Where a parameter's forward gather runs (search/parameter_collectives.h): BesideForward
+  // when the runtime prefetches it (its forward steps are then one all-gather), else Exposed.
+  search::ParameterOverlap gather = search::ParameterOverlap::Exposed;
 };
 
 struct OutputRewrite {
@@ -124,6 +132,10 @@ struct NodeRewrite {
   int statistics_dim = -1;       // the dim of input 0 it splits,
   std::string kernel;            // and the kernel (ops/distributed_kernels.h: shardwise::...)
   std::optional<CountedRewrite> counted;
+  // Recomputation (plan::Sharding::recompute): the instance of the repeated blocks this node
+  // belongs to, run as one checkpointed region (its forward recomputed in backward, its
+  // collectives with it); -1 outside them or without recomputation.
+  int recompute_block = -1;
   std::vector<OperandRewrite> inputs;
   std::vector<OutputRewrite> outputs;
   // The node's attributes on this rank: a local node's shape arguments (size, sizes, shape: a

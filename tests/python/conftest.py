@@ -82,3 +82,16 @@ def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
     least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=rows, mesh=mesh,
                            precision=TIGHT_PRECISION).predicted_memory()[0]
     return with_memory(cluster, (least + replicated) / 2 / shardwise._C.MEMORY_FRACTION)  # what plans may use
+
+
+def train_one_device(model, batch_of, steps: int, optimizer) -> list[float]:
+    """The reference: `model` trained `steps` steps on one device, batch k = batch_of(k), with
+    `optimizer` (over its parameters); returns each step's loss."""
+    losses = []
+    for step in range(steps):
+        loss = model(*batch_of(step))
+        loss.backward()
+        losses.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses

@@ -1,6 +1,6 @@
 """The side-by-side benchmarks run as their README commands say, at toy sizes (their figures
 are in benchmarks/README.md; timing never fails anything, so only what they print is
-checked): DDP, DTensor tensor parallelism and torch.distributed.pipelining next to ours, and
+checked): DDP, FSDP2, DTensor tensor parallelism and torch.distributed.pipelining next to ours, and
 the measured pipeline memory next to the simulator's."""
 from __future__ import annotations
 
@@ -39,6 +39,13 @@ def test_tensor_parallel_side_by_side_computes_the_same_loss():
     out = _run("tensor_parallel.py", "--worlds", "2", "--batch", "4", "--steps", "2", "--warmup", "1", *TINY)
     row = _row(out, "2")
     assert float(row[8]) < 1e-5  # the first step's loss: ours and DTensor's, same weights
+
+
+def test_fsdp2_side_by_side_computes_the_same_loss():
+    out = _run("fsdp.py", "--worlds", "2", "--batch", "4", "--steps", "2", "--warmup", "1", *TINY)
+    row = _row(out, "2")
+    assert int(row[5]) > 0 and int(row[6]) > 0, out  # our plan shards weights and prefetches their gathers
+    assert float(row[8]) < 1e-5, out  # the losses at every step: ours and FSDP2's, from the same weights
 
 
 def test_pipeline_side_by_side_runs_torch_pipelining_and_matches_losses():

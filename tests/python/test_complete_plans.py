@@ -176,8 +176,11 @@ def test_the_joint_planner_returns_complete_plans():
     assert big.stage_plan().sharding == big.stage_sharding
     assert big.stage_plan().global_batch == big.micro_batch * big.data
 
+    # (At global batch 64 the fast candidates, micro-batches of 1, 2 or 4, reach a single
+    # micro-batch only at data 16; the planner prefers 2 micro-batches of 4 on data 8 x
+    # tensor 2 there, since parameter gathers are priced as the runtime runs them.)
     small = shardwise.Plan.joint(gpt(layers=8, hidden=1024, heads=16, seq=512, vocab=32000, batch=4), cluster,
-                                 global_batch=64)
+                                 global_batch=32)
     assert small.pipeline == 1 and small.num_micro_batches() == 1, small
     assert small.is_complete() and small.sharding["mesh"] == [small.data, small.tensor]
 

@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
+from conftest import train_one_device
 
 STEPS, ROWS, TOLERANCE = 3, 8, 1e-9
 
@@ -105,14 +106,8 @@ def _worker(rank: int, world: int, store: str, name: str, mesh: tuple[int, int],
         eval_loss = float(engine.eval_step(*_batch(name, 9)))
 
         reference = _model(name)
-        ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-        ref_losses = []
-        for step in range(STEPS):
-            loss = reference(*_batch(name, step))
-            loss.backward()
-            ref_losses.append(loss.item())
-            ref_opt.step()
-            ref_opt.zero_grad()
+        ref_losses = train_one_device(reference, lambda step: _batch(name, step), STEPS,
+                                      torch.optim.AdamW(reference.parameters(), lr=1e-2))
         reference.eval()
         with torch.no_grad():
             ref_eval = float(reference(*_batch(name, 9)))

@@ -101,7 +101,12 @@ def test_llama_megatron_projections(llama_graph):
         assert placements[block + "mlp.down_proj.weight"][1] == "S(1)"
     # One all-reduce's worth per attention and per MLP block in forward (as GPT-2's above).
     kinds = _block_forward_collectives(plan, 2)
-    assert kinds in (["all_reduce", "all_reduce"], ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"])
+    # (Since ZeRO's parameter broadcasts are priced, the 2 GiB devices' memory is saved
+    # otherwise, and one residual may cross between a sequence and a hidden split: a
+    # sixteenth of the block's traffic in an all-to-all.)
+    megatron = [k for k in kinds if k != "all_to_all"]
+    assert megatron in (["all_reduce", "all_reduce"], ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"])
+    assert kinds.count("all_to_all") <= 1, kinds
     # The vocabulary-parallel LM head.
     assert placements["lm_head.weight"][1] == "S(0)"
     # The untied input table is split too, by its hidden dim rather than Megatron's vocabulary:
@@ -123,7 +128,11 @@ def test_llama_at_a_large_batch_is_pure_data_parallel(llama_graph):
                 ("model.embed_tokens.weight", "lm_head.weight")]
     assert len(matrices) == 2 * 7 + 2
     for name in matrices:
-        assert placements[name] == ["R", "R"], name
+        # The input table may be held sharded over the data axis, FSDP's way: gathered for
+        # the lookup (prefetched) and never again (its backward reads the ids), where ZeRO
+        # would broadcast it after every step.
+        allowed = (["R", "R"], ["S(0)", "R"]) if name == "model.embed_tokens.weight" else (["R", "R"],)
+        assert placements[name] in allowed, (name, placements[name])
     # The embedding lookup and every projection run on a slice of the batch on every axis.
     strategies = plan.strategies()
     for node in ["embedding"] + [f"linear_{i}" if i else "linear" for i in range(14)]:

@@ -126,7 +126,8 @@ def _scenario_clip(rank, world, mesh):
     cluster = tight_cluster(graph, world, 4, mesh) if mesh[1] > 1 else shardwise.Cluster.preset("cpu", world)
     engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster, precision=TIGHT_PRECISION)
     engine.train_step(**batch)
-    out = {"sharded": any(p[1].startswith("S") for p in engine.plan.placements().values())}
+    out = {"sharded": any(x.startswith("S") for n, p in engine.plan.placements().items() if n in dict(model.named_parameters())
+                          for x in p)}
     try:
         out["torch_norm"] = float(torch.nn.utils.clip_grad_norm_(engine.parameters(), 1e9))
     except shardwise.ValidationError as e:
@@ -395,9 +396,13 @@ def test_writes_into_intermediate_tensors_are_kept(mesh):
 def test_clip_grad_norm_is_global_and_torchs_is_refused_when_weights_are_sharded(mesh):
     r = _spawn(2, "clip", mesh)
     assert abs(r["norm"] - r["ref_norm"]) / r["ref_norm"] < 1e-10, r
-    if mesh[1] > 1:  # weights sharded: torch's clip would see this rank's shard only
-        assert r["sharded"] and "engine.clip_grad_norm_" in r["refused"], r
-    else:            # every gradient whole on every rank: torch's is exact
+    if mesh[1] > 1:
+        assert r["sharded"], r  # the tight cluster leaves no room for replicated weights
+    # (On the data axis the search may shard a weight FSDP's way, which parameter gathers
+    # priced as the runtime runs them can make worth it.)
+    if r["sharded"]:  # torch's clip would see this rank's shard only
+        assert "engine.clip_grad_norm_" in r["refused"], r
+    else:             # every gradient whole on every rank: torch's is exact
         assert abs(r["torch_norm"] - r["ref_norm"]) / r["ref_norm"] < 1e-10, r
 
 

@@ -40,7 +40,7 @@ from .buckets import _GradientBuckets
 from .counted import Counter
 from .engine_base import EngineBase, Recapture, tied_names
 from .grad_norm import plain
-from .lower import _build_module, _rank_program, _tensor_outputs
+from .lower import _build_module, _rank_program, _tensor_outputs, program_code
 from .reshard import gather_whole
 from .state import held_state
 from . import transport
@@ -192,7 +192,7 @@ class PipelineEngine(EngineBase):
 
     @property
     def code(self) -> str:
-        return "\n".join(f"# virtual stage {g}\n{s['module'].code}" for g, s in sorted(self._stages.items()))
+        return "\n".join(f"# virtual stage {g}\n{program_code(s['module'])}" for g, s in sorted(self._stages.items()))
 
     def _held(self):
         out = []

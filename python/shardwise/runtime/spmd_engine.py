@@ -24,7 +24,7 @@ from .buckets import _GradientBuckets
 from .counted import Counter
 from .engine_base import EngineBase, Recapture, check_same_plan, tied_names
 from .grad_norm import plain
-from .lower import _build_module, _rank_program
+from .lower import _build_module, _rank_program, program_code
 from .mesh import _Mesh
 from .precision import Policy
 from .reshard import gather_whole
@@ -88,7 +88,7 @@ class Engine(EngineBase):
     @property
     def code(self) -> str:
         """The rank's program as Python source (torch.fx)."""
-        return self._first.module.code
+        return program_code(self._first.module)
 
     @property
     def rank_ir(self) -> str:

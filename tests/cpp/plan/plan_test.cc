@@ -204,7 +204,12 @@ TEST(Plan, StageShardingAndProgramsRoundTrip) {
   EXPECT_EQ(stage.pipeline, 1);
   EXPECT_EQ(stage.global_batch, p.micro_batch * p.data);
   EXPECT_EQ(stage.micro_batch, stage.global_batch);
-  EXPECT_EQ(stage.sharding, s);
+  // The plan's own recompute decides its stages' (an edit of it reaches the run).
+  Sharding recomputed = s;
+  recomputed.recompute = complete.recompute == Recompute::Full;
+  EXPECT_EQ(stage.sharding, recomputed);
+  complete.recompute = complete.recompute == Recompute::Full ? Recompute::None : Recompute::Full;
+  EXPECT_EQ(stage_plan(complete).sharding->recompute, complete.recompute == Recompute::Full);
   EXPECT_THROW(stage_plan(p), support::ValidationError);
 
   Plan wrong_mesh = complete;

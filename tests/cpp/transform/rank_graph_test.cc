@@ -56,7 +56,7 @@ TEST(RankGraph, TheTextParsesBackToTheSameGraph) {
   const RankGraph r = rank_graph(g, megatron(), 1);
   const std::string text = ir::print_graph(r.graph);
   EXPECT_EQ(ir::parse_graph(text), r.graph);
-  EXPECT_NE(text.find("shardwise::reduce_gradient(%fc1.weight) {axes=[0], reduce=\"sum\"}"), std::string::npos) << text;
+  EXPECT_NE(text.find("shardwise::reduce_gradient(%fc1.weight) {axes=[0], overlap=\"backward\", reduce=\"sum\"}"), std::string::npos) << text;
 }
 
 TEST(RankGraph, ItsOwnNamesDoNotTakeTheModels) {

@@ -1,0 +1,130 @@
+"""shardwise's ZeRO-3 (every weight sharded over the data axis) against PyTorch's FSDP2
+(``fully_shard``), side by side.
+
+    python benchmarks/fsdp.py            # spawns 2 and 4 Gloo processes on this machine
+
+The same model (TinyGPT), the same global batch, the same Gloo world. Ours: the searched
+data-parallel plan with every parameter's placement edited to a shard over the data axis
+(dim 0 where the world divides it, else dim 1), so each weight is gathered for its read
+(prefetched one read ahead), released after it, gathered again for backward, and its
+gradient reduce-scattered: ZeRO-3 as the plan prices it (search/parameter_collectives.h).
+FSDP2: ``fully_shard`` on each block, then on the root (reshard after forward, its default
+forward prefetch). Both train with AdamW on the rank's shards; each rank reports the median
+step time (forward + backward + gradient reduction + AdamW step), the ratio ours / FSDP2, the
+bytes our collectives moved in a step, and the largest relative difference between the two's
+losses over the global batch (the same work: float32 rounding apart). Timing never fails
+anything.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from _machine import cpu_model
+from _workers import add_size_arguments, finish_worker, timed_rounds, twin_tiny_gpts
+
+
+def zero3_plan(plan, parameters: dict[str, torch.Tensor], world: int):
+    """`plan` (data parallel on a (world, 1) mesh) with every parameter sharded over the data axis."""
+    import shardwise
+
+    doc = json.loads(plan.to_json())
+    for key in ("predicted", "programs"):
+        doc.pop(key, None)
+    placements = doc["sharding"]["placements"]
+    sharded = 0
+    for name, tensor in parameters.items():
+        if name not in placements:
+            continue
+        dims = [d for d in range(tensor.dim()) if tensor.shape[d] % world == 0]
+        if dims:
+            placements[name] = [f"S({dims[0]})", "R"]
+            sharded += 1
+    doc["sharding"]["zero"] = {}
+    return shardwise.Plan.from_json(json.dumps(doc)), sharded
+
+
+def _worker(rank: int, world: int, store: str, args, out: str) -> None:
+    import shardwise
+    from shardwise.runtime import traffic
+    from torch.distributed.fsdp import fully_shard
+
+    model, theirs_model, batch = twin_tiny_gpts(rank, world, store, args)
+    searched = shardwise.plan(shardwise.capture(model, batch), shardwise.Cluster.preset("cpu", world),
+                              global_batch=args.batch, mesh=(world, 1), zero=False, recompute=False)
+    plan, sharded = zero3_plan(searched, dict(model.named_parameters()), world)
+    engine = shardwise.parallelize(model, batch, plan=plan, verify=False)
+    opt = engine.optimizer(torch.optim.AdamW, lr=1e-3)
+    for block in theirs_model.blocks:
+        fully_shard(block)
+    fully_shard(theirs_model)
+    theirs_opt = torch.optim.AdamW(theirs_model.parameters(), lr=1e-3)
+    share = args.batch // world
+    local = tuple(t[rank * share:(rank + 1) * share] for t in batch)
+
+    losses = {"shardwise": [], "fsdp2": []}  # each step's loss over the global batch
+    moved = {}
+
+    def ours():
+        opt.zero_grad()
+        traffic.reset()
+        losses["shardwise"].append(engine.train_step(*batch).detach())
+        opt.step()
+        moved.update(traffic.snapshot())
+
+    def fsdp2():
+        theirs_opt.zero_grad()
+        loss = theirs_model(*local)
+        loss.backward()
+        theirs_opt.step()
+        losses["fsdp2"].append(loss.detach())
+
+    times, _ = timed_rounds({"shardwise": ours, "fsdp2": fsdp2}, args.warmup, args.steps)
+    theirs = torch.stack(losses["fsdp2"])
+    dist.all_reduce(theirs)  # each rank's share's mean, averaged over the ranks
+    theirs = theirs / world
+    loss_diff = ((torch.stack(losses["shardwise"]) - theirs).abs() / theirs.abs()).max().item()
+    if rank == 0:
+        paired = statistics.median(o / t for o, t in zip(times["shardwise"], times["fsdp2"]))
+        marks = engine.rank_ir.count('overlap="forward"')
+        with open(out, "w") as f:
+            json.dump({"ours": statistics.median(times["shardwise"]), "fsdp2": statistics.median(times["fsdp2"]),
+                       "paired": paired, "loss_diff": loss_diff, "sharded": sharded, "prefetched": marks,
+                       "moved": moved}, f)
+    finish_worker()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_size_arguments(parser, layers=2, hidden=256, heads=4, seq=64, batch=16)
+    args = parser.parse_args()
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
+          f"{torch.__version__}, Gloo; TinyGPT layers {args.layers}, hidden {args.hidden}, seq {args.seq}, global batch "
+          f"{args.batch}; median of {args.steps} steps after {args.warmup} of warm-up, one thread per process")
+    print("ms: median step time (rank 0); paired: median over steps of our step time / FSDP2's in the same round; "
+          "sharded: parameters our plan shards; prefetched: its gathers marked prefetched; MB moved: what our "
+          "collectives moved in a step (rank 0); loss diff: the largest relative difference between the two's "
+          "losses over the global batch at any step")
+    print(f"{'world':>5}  {'shardwise ms':>12}  {'FSDP2 ms':>8}  {'ours / FSDP2':>12}  {'paired':>6}  {'sharded':>7}  "
+          f"{'prefetched':>10}  {'MB moved':>8}  {'loss diff':>9}")
+    for world in (int(w) for w in args.worlds.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "out")
+            mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), args, out), nprocs=world, join=True)
+            r = json.load(open(out))
+        megabytes = sum(v["bytes"] for v in r["moved"].values()) / 1e6
+        print(f"{world:>5}  {r['ours'] * 1e3:>12.1f}  {r['fsdp2'] * 1e3:>8.1f}  {r['ours'] / r['fsdp2']:>12.2f}  "
+              f"{r['paired']:>6.2f}  {r['sharded']:>7}  {r['prefetched']:>10}  {megabytes:>8.2f}  "
+              f"{r['loss_diff']:>9.1e}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

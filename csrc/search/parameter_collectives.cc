@@ -1,0 +1,50 @@
+#include "search/parameter_collectives.h"
+
+namespace shardwise::search {
+
+std::string_view parameter_overlap_name(ParameterOverlap overlap) {
+  switch (overlap) {
+    case ParameterOverlap::Exposed: return "exposed";
+    case ParameterOverlap::BesideForward: return "forward";
+    case ParameterOverlap::BesideBackward: return "backward";
+  }
+  return "exposed";
+}
+
+ParameterOverlap forward_gather_overlap(const ShardingSpec& held, const ShardingSpec& wanted, bool recomputed) {
+  if (recomputed || held.size() != wanted.size()) return ParameterOverlap::Exposed;
+  int axis = -1;
+  for (std::size_t a = 0; a < held.size(); ++a) {
+    if (held[a] == wanted[a]) continue;
+    if (axis >= 0) return ParameterOverlap::Exposed;  // steps on two axes
+    axis = static_cast<int>(a);
+  }
+  if (axis < 0) return ParameterOverlap::Exposed;  // nothing to gather
+  const Placement& from = held[static_cast<std::size_t>(axis)];
+  if (!from.is_shard() || from.groups != 1 || !from.ratios.empty() || !wanted[static_cast<std::size_t>(axis)].is_replicate())
+    return ParameterOverlap::Exposed;
+  for (std::size_t b = 0; b < held.size(); ++b)  // another axis cutting the same dim: not one plain gather
+    if (static_cast<int>(b) != axis && held[b].is_shard() && held[b].dim == from.dim) return ParameterOverlap::Exposed;
+  return ParameterOverlap::BesideForward;
+}
+
+ParameterOverlap regather_overlap() { return ParameterOverlap::Exposed; }
+
+bool backward_reads(const ops::DimRule& rule, std::size_t operand) {
+  if (operand >= rule.inputs.size()) return true;
+  bool contraction = false, reduced = false;
+  for (const ops::Index& index : rule.indices) contraction = contraction || index.kind == ops::IndexKind::Reduced;
+  for (const auto& dim : rule.inputs[operand])
+    for (int i : dim) {
+      const ops::Index& index = rule.indices.at(static_cast<std::size_t>(i));
+      if (index.lookup) return false;
+      reduced = reduced || index.kind == ops::IndexKind::Reduced;
+    }
+  return !contraction || reduced;
+}
+
+ParameterOverlap gradient_reduction_overlap(const Placement& canonical) {
+  return canonical.is_replicate() ? ParameterOverlap::BesideBackward : ParameterOverlap::Exposed;
+}
+
+}  // namespace shardwise::search

@@ -1,0 +1,107 @@
+"""Parameters held sharded and read whole run as the plan prices them
+(search/parameter_collectives.h): gathered for the read, released after it, gathered again
+when backward needs them, their gradients reduce-scattered at the read; a replicated
+parameter's gradient reduced in buckets beside backward.
+
+A plan whose weights are sharded over the data axis (the search's, on a cluster too small for
+replicated weights) on 2 Gloo ranks in float64: training equals one device, the rank program
+marks each parameter collective with where it runs, and the bytes the collectives count in a
+step equal the plan's own list of collectives, kind by kind (before the weights were released
+after their read, the run gathered each once where the plan counted twice).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+import shardwise
+from conftest import TIGHT_PRECISION, tight_cluster, train_one_device
+
+ROWS, STEPS, TOLERANCE = 8, 3, 1e-9
+PRECISION_BYTES = 2  # TIGHT_PRECISION (bf16): the plan counts bytes at its precision; the run is float64
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 256)
+        self.fc2 = nn.Linear(256, 64)
+        self.fc3 = nn.Linear(64, 10)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x))))), y)
+
+
+def _model():
+    torch.manual_seed(0)
+    return MLP().double()
+
+
+def _batch(step: int):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(ROWS, 64, generator=g, dtype=torch.float64), torch.randint(0, 10, (ROWS,), generator=g)
+
+
+def _worker(rank: int, world: int, store: str, result: str) -> None:
+    from shardwise.runtime import traffic
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    try:
+        graph = shardwise.capture(_model(), _batch(0))
+        cluster = tight_cluster(graph, world, ROWS, (world, 1))
+        plan = shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(world, 1), precision=TIGHT_PRECISION, zero=False)
+        engine = shardwise.parallelize(_model(), _batch(0), plan=plan)
+        optimizer = engine.optimizer(torch.optim.SGD, lr=0.1)
+        losses, moved = [], None
+        for step in range(STEPS):
+            traffic.reset()
+            losses.append(float(engine.train_step(*_batch(step))))
+            optimizer.step()
+            optimizer.zero_grad()
+            moved = traffic.snapshot()
+        state = engine.full_state_dict()
+        reference = _model()
+        ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.SGD(reference.parameters(), lr=0.1))
+        if rank == 0:
+            predicted: dict[str, float] = {}
+            for c in plan.collectives():
+                predicted[c["kind"]] = predicted.get(c["kind"], 0.0) + c["bytes"] * c["count"]
+            with open(result, "w") as f:
+                json.dump({"losses": losses, "ref_losses": ref_losses, "moved": moved, "predicted": predicted,
+                           "error": max((state[n] - p).abs().max().item() for n, p in reference.named_parameters()),
+                           "placements": plan.placements(), "rank_ir": engine.rank_ir, "code": engine.code}, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_weights_are_gathered_released_and_gathered_again_as_priced():
+    world = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result), nprocs=world, join=True)
+        with open(result) as f:
+            r = json.load(f)
+    for a, b in zip(r["losses"], r["ref_losses"]):
+        assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+    assert r["error"] < TOLERANCE, r["error"]
+    sharded = [n for n, p in r["placements"].items() if n.endswith("weight") and p[0].startswith("S")]
+    assert sharded, r["placements"]  # the cluster leaves no room for replicated weights
+    # Each gather of a weight read whole is marked: prefetched beside the forward, released
+    # after the read and gathered again for backward; the gradients' reduce-scatters exposed.
+    assert 'overlap="forward", regather=true' in r["rank_ir"], r["rank_ir"]
+    assert 'overlap="exposed", pass="backward"' in r["rank_ir"], r["rank_ir"]
+    assert "self.regather(" in r["code"] and "self.prefetch.wait(" in r["code"], r["code"]
+    # The run moves what the plan lists, kind by kind (elements: the plan counts bf16 bytes).
+    for kind in ("all_gather", "reduce_scatter"):
+        predicted = r["predicted"].get(kind, 0.0) / PRECISION_BYTES
+        measured = r["moved"].get(kind, {}).get("bytes", 0) / 8
+        print(f"{kind}: {measured:.0f} elements moved per step, {predicted:.0f} in the plan")
+        assert predicted > 0 and measured == predicted, (kind, r["moved"], r["predicted"])
