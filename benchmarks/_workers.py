@@ -84,6 +84,34 @@ def twin_tiny_gpts(rank: int, world: int, store: str, args):
     return model, twin, (idx, torch.roll(idx, -1, dims=1))
 
 
+def size_line(args) -> str:
+    """What a side-by-side TinyGPT benchmark ran: sizes, batch and steps."""
+    return (f"TinyGPT layers {args.layers}, hidden {args.hidden}, seq {args.seq}, global batch {args.batch}; median of "
+            f"{args.steps} steps after {args.warmup} of warm-up, one thread per process")
+
+
+def run_world(worker: Callable, world: int, args) -> dict:
+    """`worker(rank, world, store, args, out)` in `world` spawned processes; rank 0's JSON from `out`."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out")
+        mp.spawn(worker, args=(world, os.path.join(tmp, "store"), args, out), nprocs=world, join=True)
+        with open(out) as f:
+            return json.load(f)
+
+
+def eager_step(model, optimizer, batch: tuple, losses: list) -> None:
+    """One plain torch training step (the side being compared against), its loss recorded."""
+    optimizer.zero_grad()
+    loss = model(*batch)
+    loss.backward()
+    optimizer.step()
+    losses.append(loss.detach())
+
+
 def timed_rounds(steps: dict[str, Callable], warmup: int, count: int) -> tuple[dict, dict]:
     """Each step once per round, in turn, between barriers (so every rank times the same
     step): `warmup` rounds, then `count` timed ones. Returns the wall seconds and this

@@ -21,14 +21,13 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from _machine import cpu_model
-from _workers import add_size_arguments, finish_worker, profile_steps, timed_rounds, twin_tiny_gpts
+from _workers import (add_size_arguments, eager_step, finish_worker, profile_steps, run_world, size_line, timed_rounds,
+                      twin_tiny_gpts)
 
 
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:
@@ -50,11 +49,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         opt.step()
 
     def theirs():
-        ddp_opt.zero_grad()
-        loss = ddp(*local)
-        loss.backward()
-        ddp_opt.step()
-        losses["ddp"].append(loss.detach())
+        eager_step(ddp, ddp_opt, local, losses["ddp"])
 
     steps = {"shardwise": ours, "ddp": theirs}
     times, cpu = timed_rounds(steps, args.warmup, args.steps)
@@ -81,18 +76,14 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of rank 0")
     args = parser.parse_args()
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
-          f"{torch.__version__}, Gloo; TinyGPT layers {args.layers}, hidden {args.hidden}, seq {args.seq}, global batch "
-          f"{args.batch}; median of {args.steps} steps after {args.warmup} of warm-up, one thread per process")
+          f"{torch.__version__}, Gloo; {size_line(args)}")
     print("ms: median step time (rank 0); paired: median over steps of our step time / DDP's in the same round; "
           "CPU ms: median CPU time of a step per process (mean over ranks); loss diff: the largest relative "
           "difference between the two's losses over the global batch at any step (the same work)")
     print(f"{'world':>5}  {'shardwise ms':>12}  {'DDP ms':>8}  {'ours / DDP':>10}  {'paired':>6}  {'CPU ours ms':>11}  "
           f"{'CPU DDP ms':>10}  {'CPU ratio':>9}  {'loss diff':>9}")
     for world in (int(w) for w in args.worlds.split(",")):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "out")
-            mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), args, out), nprocs=world, join=True)
-            r = json.load(open(out))
+        r = run_world(_worker, world, args)
         print(f"{world:>5}  {r['ours'] * 1e3:>12.1f}  {r['ddp'] * 1e3:>8.1f}  {r['ours'] / r['ddp']:>10.2f}  "
               f"{r['paired']:>6.2f}  {r['ours_cpu'] * 1e3:>11.1f}  {r['ddp_cpu'] * 1e3:>10.1f}  "
               f"{r['ours_cpu'] / r['ddp_cpu']:>9.2f}  {r['loss_diff']:>9.1e}")

@@ -195,7 +195,7 @@ def make_plan(shardwise, name: str, cluster, graphs: dict):
     model_name, kind, d = PLANS[name]
     graph = graphs[model_name]
     mesh = (d.get("data", 1), d.get("tensor", 1))
-    if kind in ("spmd", "zero", "tight"):
+    if kind in ("spmd", "zero", "tight", "recompute"):
         def with_memory(memory: float):
             doc = json.loads(cluster.to_json())
             doc["device_types"][0]["memory_bytes"] = int(memory / shardwise._C.MEMORY_FRACTION)

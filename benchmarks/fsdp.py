@@ -21,14 +21,12 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from _machine import cpu_model
-from _workers import add_size_arguments, finish_worker, timed_rounds, twin_tiny_gpts
+from _workers import add_size_arguments, eager_step, finish_worker, run_world, size_line, timed_rounds, twin_tiny_gpts
 
 
 def zero3_plan(plan, parameters: dict[str, torch.Tensor], world: int):
@@ -80,11 +78,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         moved.update(traffic.snapshot())
 
     def fsdp2():
-        theirs_opt.zero_grad()
-        loss = theirs_model(*local)
-        loss.backward()
-        theirs_opt.step()
-        losses["fsdp2"].append(loss.detach())
+        eager_step(theirs_model, theirs_opt, local, losses["fsdp2"])
 
     times, _ = timed_rounds({"shardwise": ours, "fsdp2": fsdp2}, args.warmup, args.steps)
     theirs = torch.stack(losses["fsdp2"])
@@ -106,8 +100,7 @@ def main() -> None:
     add_size_arguments(parser, layers=2, hidden=256, heads=4, seq=64, batch=16)
     args = parser.parse_args()
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
-          f"{torch.__version__}, Gloo; TinyGPT layers {args.layers}, hidden {args.hidden}, seq {args.seq}, global batch "
-          f"{args.batch}; median of {args.steps} steps after {args.warmup} of warm-up, one thread per process")
+          f"{torch.__version__}, Gloo; {size_line(args)}")
     print("ms: median step time (rank 0); paired: median over steps of our step time / FSDP2's in the same round; "
           "sharded: parameters our plan shards; prefetched: its gathers marked prefetched; MB moved: what our "
           "collectives moved in a step (rank 0); loss diff: the largest relative difference between the two's "
@@ -115,10 +108,7 @@ def main() -> None:
     print(f"{'world':>5}  {'shardwise ms':>12}  {'FSDP2 ms':>8}  {'ours / FSDP2':>12}  {'paired':>6}  {'sharded':>7}  "
           f"{'prefetched':>10}  {'MB moved':>8}  {'loss diff':>9}")
     for world in (int(w) for w in args.worlds.split(",")):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "out")
-            mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), args, out), nprocs=world, join=True)
-            r = json.load(open(out))
+        r = run_world(_worker, world, args)
         megabytes = sum(v["bytes"] for v in r["moved"].values()) / 1e6
         print(f"{world:>5}  {r['ours'] * 1e3:>12.1f}  {r['fsdp2'] * 1e3:>8.1f}  {r['ours'] / r['fsdp2']:>12.2f}  "
               f"{r['paired']:>6.2f}  {r['sharded']:>7}  {r['prefetched']:>10}  {megabytes:>8.2f}  "

@@ -13,9 +13,9 @@
 #include "cost/collective_cost.h"
 #include "ir/fingerprint.h"
 #include "ops/distributed_kernels.h"
-#include "search/parameter_collectives.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
+#include "search/parameter_collectives.h"
 #include "search/resharding.h"
 #include "support/error.h"
 

@@ -2,9 +2,12 @@
 
     mesh      the mesh as one rank sees it (groups per axis)
     reshard   resharding steps with their autograd          (mesh)
-    lower     rank program -> torch.fx.GraphModule            (mesh, reshard)
     traffic   bytes per collective kind, counted by the calls  ()
     transport the runtime's own torch.distributed calls       (traffic)
+    kernels   distributed kernels: split lookups, statistics  (mesh)
+    parameter_gathers  sharded weights prefetched, released, gathered again  (reshard, traffic, transport)
+    recompute checkpointed segments of recomputed blocks      ()
+    lower     rank program -> torch.fx.GraphModule            (mesh, reshard, kernels, parameter_gathers, recompute)
     buckets   gradient reduction in buckets                   (transport)
     batch     binding a step's arguments by name              ()
     counted   the counts of losses whose mean the data counts (lower)

@@ -13,7 +13,6 @@ import re
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.fx
 
 from .. import _C
@@ -22,9 +21,10 @@ from .._fx_import import _schema_args, is_value_identity, op_name, op_overload
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .kernels import StatisticsKernels, VocabLookup
-from . import traffic, transport
 from .mesh import _Mesh
-from .reshard import Reshard, _apply_steps
+from .parameter_gathers import PrefetchStart, PrefetchWait, Regather, _Prefetches, _released_after
+from .recompute import checkpoint_blocks
+from .reshard import Reshard
 
 log = get_logger("shardwise.engine")
 
@@ -256,12 +256,14 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     reshards: dict[tuple, torch.fx.Node] = {}
     # The prefetched gathers in order of first read: (reshard key, leaf, forward step text).
     prefetched: list[tuple] = []
+    seen: set[tuple] = set()
     for node in nodes:
         for op in node["inputs"]:
             if op.get("prefetch") and mesh is not None:
                 key = (op["value"], _step_texts(root, op["forward"]), _step_texts(root, op["backward"]),
                        op.get("regather", False))
-                if key not in [k for k, _, _ in prefetched]:
+                if key not in seen:
+                    seen.add(key)
                     prefetched.append((key, op["value"], key[1][0]))
     prefetch_index = {key: k for k, (key, _, _) in enumerate(prefetched)}
     if prefetched:
@@ -379,149 +381,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     graph.output(tuple(results))
     module = torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{rank}Program")
     if block_of:
-        module = _checkpoint_blocks(module, block_of)
+        module = checkpoint_blocks(module, block_of)
     module.counted = [n["outputs"][0]["value"] for n in counted]
     return module
-
-
-# ---- parameters gathered for a read: released after it, gathered again for backward ----------
-# A parameter held sharded (ZeRO-3 / FSDP) and read whole is gathered for its read. The
-# gathered weight is not kept for backward: autograd saves, in its place, how to make it again
-# (the shard and the steps), and backward runs the gather again, blocking, when it needs the
-# weight (search/parameter_collectives.h: what the cost model prices, twice the gather's
-# traffic, one gathered weight held at a time). Saved tensors are matched to the gathered
-# weight by their storage while the call runs (a transpose linear saves is a view of it).
-def _released_after(graph: torch.fx.Graph, call: torch.fx.Node, regathers: list) -> torch.fx.Node:
-    """`call` run through ``self.regather``, which saves `regathers`' gathered weights as
-    their shards."""
-    with graph.inserting_before(call):
-        fn = call.target if call.op == "call_function" else graph.get_attr(call.target)
-        wrapped = graph.call_module("regather", (fn, tuple(call.args), dict(call.kwargs), tuple(regathers)))
-    call.replace_all_uses_with(wrapped)
-    graph.erase_node(call)
-    return wrapped
-
-
-def _storage(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage().data_ptr() if t.numel() else None
-    except (RuntimeError, NotImplementedError):  # a tensor without storage
-        return None
-
-
-class _Released:
-    """A saved view of a gathered weight, held as the shard it was gathered from."""
-
-    def __init__(self, shard: torch.Tensor, steps: tuple, saved: torch.Tensor):
-        self.shard, self.steps = shard.detach(), steps
-        self.size, self.stride, self.offset = saved.size(), saved.stride(), saved.storage_offset()
-
-    def gather(self, reshard: Reshard) -> torch.Tensor:
-        steps = tuple(reshard._steps[t] for t in self.steps)
-        whole = _apply_steps(self.shard, steps, reshard._mesh)
-        return whole.as_strided(self.size, self.stride, self.offset)
-
-
-class Regather(torch.nn.Module):
-    """``self.regather(fn, args, kwargs, ((gathered, shard, steps), ...))``: fn(*args, **kwargs)
-    with every tensor it saves for backward that is (a view of) a gathered weight saved as
-    its shard, and gathered again when backward unpacks it."""
-
-    def __init__(self, reshard: Reshard):
-        super().__init__()
-        self._reshard = reshard
-
-    def forward(self, fn, args, kwargs, regathers):
-        if not torch.is_grad_enabled():
-            return fn(*args, **kwargs)
-        by_storage = {}
-        for gathered, shard, steps in regathers:
-            ptr = _storage(gathered)
-            if ptr is not None:
-                by_storage[ptr] = (shard, steps)
-
-        def pack(t):
-            hit = by_storage.get(_storage(t))
-            return t if hit is None else _Released(hit[0], hit[1], t)
-
-        def unpack(x):
-            return x.gather(self._reshard) if isinstance(x, _Released) else x
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            return fn(*args, **kwargs)
-
-
-# ---- parameter gathers prefetched one read ahead (FSDP's forward prefetch) ---------------------
-# A parameter's gather the core marks prefetched (search/parameter_collectives.h: one
-# all-gather of an even, contiguous shard, outside a recomputed block) is issued
-# asynchronously where the previous prefetched gather is waited for (the first at the
-# program's start) and waited for at its read: it runs while the reads between compute,
-# as the search prices it (beside the forward). Its backward is the gather's own backward
-# steps (the gradient's reduce-scatter), as the reshard would run them.
-class _Prefetches:
-    """The gathers in flight of one program: index -> (output, work, dim)."""
-
-    def __init__(self, reshard: Reshard):
-        self.reshard = reshard
-        self.pending: dict[int, tuple] = {}
-
-    def issue(self, shard: torch.Tensor, text: str) -> tuple:
-        step = self.reshard._steps[text]
-        mesh = self.reshard._mesh
-        axis, dim = step["axis"], step["dim"]
-        group = mesh.groups[axis]
-        moved = shard.detach().movedim(dim, 0).contiguous()
-        out = torch.empty((mesh.sizes[axis] * moved.shape[0],) + tuple(moved.shape[1:]), dtype=moved.dtype,
-                          device=moved.device)
-        traffic.count("all_gather", out)
-        if transport.on_host(moved, group):  # Gloo with a device tensor: staged, blocking
-            out.copy_(_apply_steps(shard.detach(), (step,), mesh).movedim(dim, 0))
-            return out, None, dim
-        return out, dist.all_gather_into_tensor(out, moved, group=group, async_op=True), dim
-
-
-class PrefetchStart(torch.nn.Module):
-    """``self.prefetch.start(k, shard, step)``: issues the k-th prefetched gather."""
-
-    def __init__(self, state: _Prefetches):
-        super().__init__()
-        self._state = state
-
-    def forward(self, k: int, shard: torch.Tensor, step: str) -> None:
-        if k == 0:
-            self._state.pending.clear()  # a step that failed left its gathers behind
-        self._state.pending[k] = self._state.issue(shard, step)
-
-
-class _Prefetched(torch.autograd.Function):
-    """Forward: the gathered weight (issued earlier); backward: the gather's backward steps."""
-
-    @staticmethod
-    def forward(ctx, shard, box, backward_steps, mesh):
-        ctx.backward_steps, ctx.mesh = backward_steps, mesh
-        return box[0]
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _apply_steps(grad, ctx.backward_steps, ctx.mesh), None, None, None
-
-
-class PrefetchWait(torch.nn.Module):
-    """``self.prefetch.wait(k, shard, forward_steps, backward_steps)``: the k-th prefetched
-    gather, waited for (issued now, blocking, when nothing issued it)."""
-
-    def __init__(self, state: _Prefetches):
-        super().__init__()
-        self._state = state
-
-    def forward(self, k: int, shard: torch.Tensor, forward_steps: tuple, backward_steps: tuple) -> torch.Tensor:
-        entry = self._state.pending.pop(k, None) or self._state.issue(shard, forward_steps[0])
-        out, work, dim = entry
-        if work is not None:
-            work.wait()
-        whole = out.movedim(0, dim).contiguous()
-        steps = tuple(self._state.reshard._steps[t] for t in backward_steps)
-        return _Prefetched.apply(shard, [whole], steps, self._state.reshard._mesh)
 
 
 def program_code(module: torch.fx.GraphModule) -> str:
@@ -530,45 +392,6 @@ def program_code(module: torch.fx.GraphModule) -> str:
     return getattr(module, "flat_code", None) or module.code
 
 
-class Checkpointed(torch.nn.Module):
-    """One recomputed block of a rank program: its activations are not kept for backward but
-    made again there (torch.utils.checkpoint, non-reentrant; the random state restored, so a
-    dropout draws the same mask), its collectives run again with it on every rank."""
-
-    def __init__(self, block: torch.nn.Module):
-        super().__init__()
-        self.block = block
-
-    def forward(self, *args):
-        if not torch.is_grad_enabled():
-            return self.block(*args)
-        return torch.utils.checkpoint.checkpoint(self.block, *args, use_reentrant=False, preserve_rng_state=True)
-
-
-def _checkpoint_blocks(module: torch.fx.GraphModule, block_of: dict) -> torch.fx.GraphModule:
-    """`module` split into consecutive segments, each recomputed block (the core's
-    ``recompute_block``) one segment run through Checkpointed. The flat program stays
-    readable as ``module.flat_code``."""
-    from torch.fx.passes.split_module import split_module
-
-    segment_of, segment, last = {}, 0, None
-    checkpointed = set()
-    for fx_node in module.graph.nodes:
-        if fx_node.op in ("placeholder", "output"):
-            continue
-        block = block_of.get(fx_node, -1)
-        if block != last:
-            segment, last = segment + 1, block
-        segment_of[fx_node.name] = segment
-        if block >= 0:
-            checkpointed.add(segment)
-    flat_code = module.code
-    split = split_module(module, module, lambda n: segment_of[n.name], keep_original_order=True)
-    for segment in checkpointed:
-        name = f"submod_{segment}"
-        setattr(split, name, Checkpointed(getattr(split, name)))
-    split.flat_code = flat_code
-    return split
 
 
 def _step_texts(root: torch.nn.Module, steps) -> tuple[str, ...]:
