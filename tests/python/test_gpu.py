@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import shardwise
+from conftest import with_zero
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
 
@@ -151,6 +152,8 @@ def _train(rank: int, world: int, store: str, result: str, spec: dict) -> None:
                                                                  reduce_dtype=torch.float32)
         engine = shardwise.parallelize(model, batch, plan=plan, mesh=tuple(spec["mesh"]) if spec.get("mesh") else None,
                                        cluster=shardwise.Cluster.preset("cpu", world), mixed_precision=policy)
+        if spec.get("zero"):  # ZeRO set by hand on the searched plan (conftest.with_zero)
+            engine = shardwise.parallelize(model, batch, plan=with_zero(engine.plan), mixed_precision=policy)
         optimizer_type, kwargs = ((torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}) if spec.get("bf16")
                                   else (torch.optim.AdamW, {"lr": 1e-2}))
         optimizer = engine.optimizer(optimizer_type, **kwargs)
@@ -303,6 +306,6 @@ def test_host_staged_runtime_calls_equal_one_device_on_cpu(spec):
 
 
 def test_host_staged_zero_broadcasts_equal_one_device_on_cpu():
-    r = _spawn(_train, 4, {"dtype": "float64", "device": "cpu", "host_staged": True, "mesh": [2, 2]})
+    r = _spawn(_train, 4, {"dtype": "float64", "device": "cpu", "host_staged": True, "mesh": [2, 2], "zero": True})
     _check(r, TOLERANCE[torch.float64], device="cpu")
     assert r["zero"] and r["staged"] > 0, r
