@@ -259,6 +259,10 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
 
   // How each node runs, what it needs of its operands and what it leaves.
   std::vector<NodeRewrite> rewrites(nodes.size());
+  std::vector<std::optional<ops::DimRule>> rules(nodes.size());  // by node, made once for both passes below
+  for (const ir::Node& node : nodes)
+    if (!node.outputs.empty())
+      rules[static_cast<std::size_t>(node.id)] = ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
   std::vector<std::vector<ShardingSpec>> grads(nodes.size());  // per operand: the reader's gradient
   std::vector<ShardingSpec> produced(values.size());
   for (const ir::Value& v : values)
@@ -307,8 +311,7 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
     NodeRewrite& rw = rewrites[n];
     rw.node = node.id;
     rw.op = node.op;
-    const std::optional<ops::DimRule> rule =
-        node.outputs.empty() ? std::nullopt : ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
+    const std::optional<ops::DimRule>& rule = rules[n];
     bool whole = !node.outputs.empty() && options.whole_nodes.contains(graph.value(node.outputs[0]).name);
     for (std::size_t a = 0; a < axes && !whole; ++a) {
       const Strategy& s = strategies[n][a];
@@ -497,8 +500,7 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
   for (const ir::Node& node : nodes) {
     const auto n = static_cast<std::size_t>(node.id);
     NodeRewrite& rw = rewrites[n];
-    const std::optional<ops::DimRule> rule =
-        node.outputs.empty() ? std::nullopt : ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
+    const std::optional<ops::DimRule>& rule = rules[n];
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       OperandRewrite& op = rw.inputs[i];
       const ir::Value& v = graph.value(node.inputs[i]);

@@ -273,7 +273,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         first = node["outputs"][0]["value"]
         src, indices = sources[first]
         block = node.get("recompute_block", -1)
-        before = len(graph.nodes)
+        last = next(reversed(graph.nodes), None)  # the program's last node before this one's
         operands = []
         captured_operands = _operand_nodes(src)
         written = _written_operands(src)
@@ -370,7 +370,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             if out.get("scale", 1.0) != 1.0:  # a mean over this rank's uneven share of the batch
                 env[out["value"]] = graph.call_function(operator.mul, (env[out["value"]], out["scale"]))
         if block >= 0:
-            for fx_node in list(graph.nodes)[before:]:
+            for fx_node in reversed(graph.nodes):  # the nodes made for this one, newest first
+                if fx_node is last:
+                    break
                 block_of[fx_node] = block
     results = []
     for out in outputs:
