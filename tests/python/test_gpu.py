@@ -290,6 +290,101 @@ def test_checkpoint_of_a_cuda_engine_resumes_exactly_and_loads_on_one_device():
     assert r["loaded_error"] == 0, r
 
 
+# ---- this round's runtime on a shared GPU ----------------------------------------------------------
+# The distributed kernels, the prefetched / released / gathered-again parameters and the
+# recomputed blocks, each the CPU suite's own case (its model, batch and plan) moved onto the
+# GPU: 2 ranks over Gloo (the kernels' collectives host-staged), float64, against the same loop
+# on the GPU. Each also asserts the rank program has the feature, so a plan that stopped
+# using it would fail here rather than pass vacuously.
+def _round_case(name: str, world: int):
+    """(model factory, batch of step k, plan factory, what the rank program must hold)."""
+    if name == "kernels":
+        import test_distributed_kernels as case
+
+        return (lambda: case._model("statistics"), lambda step: case._batch("statistics", step),
+                lambda: case._plan("statistics", world, (1, world)),
+                [f"shardwise::{kernel}(" for kernel in case.KERNELS])
+    if name == "gathers":
+        import test_parameter_gathers as case
+
+        def plan():
+            graph = shardwise.capture(case._model(), case._batch(0))
+            cluster = case.tight_cluster(graph, world, case.ROWS, (world, 1))
+            return shardwise.plan(graph, cluster, global_batch=case.ROWS, mesh=(world, 1),
+                                  precision=case.TIGHT_PRECISION, zero=False)
+
+        return case._model, case._batch, plan, ['overlap="forward"', "regather=true"]
+    import test_recompute as case
+
+    def plan():
+        searched = shardwise.parallelize(case._model(), case._batch(0), mesh=(world, 1),
+                                         cluster=shardwise.Cluster.preset("cpu", world), verify=False).plan
+        doc = json.loads(searched.to_json())
+        doc.pop("predicted", None)
+        doc.pop("programs", None)
+        doc["sharding"]["recompute"] = True
+        return shardwise.Plan.from_json(json.dumps(doc))
+
+    return case._model, case._batch, plan, ["shardwise.recompute="]
+
+
+def _round(rank: int, world: int, store: str, result: str, spec: dict) -> None:
+    device = torch.device(spec.get("device", "cuda"), 0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    try:
+        from conftest import train_one_device
+
+        model_of, batch_of, plan_of, marks = _round_case(spec["case"], world)
+        on_device = lambda step: tuple(t.to(device) for t in batch_of(step))  # noqa: E731
+        engine = shardwise.parallelize(model_of().to(device), on_device(0), plan=plan_of())
+        optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
+        torch.manual_seed(5)  # dropout's generator, the same for both runs
+        losses = []
+        for step in range(3):
+            losses.append(float(engine.train_step(*on_device(step))))
+            optimizer.step()
+            optimizer.zero_grad()
+        state = engine.full_state_dict()
+        reference = model_of().to(device)
+        torch.manual_seed(5)
+        ref_losses = train_one_device(reference, on_device, 3, torch.optim.AdamW(reference.parameters(), lr=1e-2))
+        if rank == 0:
+            with open(result, "w") as f:
+                json.dump({"devices": sorted({t.device.type for t in state.values()}
+                                             | {p.device.type for p in engine.parameters()}),
+                           "loss_error": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
+                           "param_error": max(((state[n] - p).abs().max() / p.abs().max().clamp_min(1e-6)).item()
+                                              for n, p in reference.named_parameters()),
+                           "missing": [m for m in marks if m not in engine.rank_ir],
+                           "whole": engine.whole_nodes}, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_round(r: dict, device: str) -> None:
+    print(f"{device}: losses {r['loss_error']:.1e}, parameters {r['param_error']:.1e}")
+    assert r["missing"] == [], r  # the rank program runs the feature under test
+    assert r["devices"] == [device], r
+    assert r["loss_error"] < TOLERANCE[torch.float64] and r["param_error"] < TOLERANCE[torch.float64], r
+
+
+@gpu
+@pytest.mark.parametrize("case", ["kernels", "gathers", "recompute"])
+def test_this_rounds_runtime_on_two_ranks_sharing_one_gpu_equals_one_device(case):
+    """kernels: layer norm, RMS norm, softmax, log-softmax and nll split over their dim;
+    gathers: weights sharded over the data axis, prefetched and gathered again in backward;
+    recompute: transformers GPT-2 with dropout on, each layer checkpointed."""
+    if case == "recompute":
+        pytest.importorskip("transformers")
+    r = _spawn(_round, 2, {"case": case})
+    _check_round(r, "cuda")
+    if case == "kernels":
+        assert r["whole"] == [], r
+
+
 # ---- the host-staged path on this CPU machine -------------------------------------------------------
 # runtime/transport.py stages a Gloo call through host memory when the tensor is off the CPU.
 # Here every runtime call is staged (on_host forced true): a pipeline's sends, receives and loss
