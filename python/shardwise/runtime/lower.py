@@ -273,7 +273,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         first = node["outputs"][0]["value"]
         src, indices = sources[first]
         block = node.get("recompute_block", -1)
-        last = next(reversed(graph.nodes), None)  # the program's last node before this one's
+        last = next(iter(reversed(graph.nodes)), None)  # the program's last node before this one's
         operands = []
         captured_operands = _operand_nodes(src)
         written = _written_operands(src)
