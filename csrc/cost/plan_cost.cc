@@ -226,9 +226,18 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       sync = model.collective_time(cluster, CollectiveKind::AllReduce, dp_ranks,
                                    static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param),
                                    Algorithm::Auto);
-      const double backward = device_backward[static_cast<std::size_t>(s)];
-      exposed = p == 1 ? std::max(0.0, sync - backward) + constants.overlap_interference * std::min(sync, backward)
-                       : sync;
+      // The runtime issues each gradient bucket from the hook of its last gradient
+      // (runtime/buckets.py): beside the step's backward without a pipeline; in a pipeline,
+      // beside the last backward of the rank's last virtual stage reading it, and the cooldown
+      // after it: pipeline rank s's last chunk ends while ranks s-1 .. 0 still run theirs
+      // (and pass the gradient down), so its window is its own last chunk's backward plus
+      // theirs. Rank 0, which runs the step's last backward, has its last chunk alone.
+      double window = device_backward[static_cast<std::size_t>(s)];
+      if (p > 1) {
+        window /= v;
+        for (int r = 0; r < s; ++r) window += device_backward[static_cast<std::size_t>(r)] / v + p2p_mb / (2.0 * v);
+      }
+      exposed = std::max(0.0, sync - window) + constants.overlap_interference * std::min(sync, window);
     } else if (d > 1) {
       // ZeRO-3 gathers each parameter bucket and reduce-scatters its gradient as flat
       // collectives over the whole data group, once per micro-batch, so they run at the
@@ -256,7 +265,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   }
   out.data_parallel = dp_exposed;
   out.data_parallel_total = dp_total;
-  out.data_parallel_overlapped = d > 1 && (p == 1 || plan.zero_stage == 3);
+  out.data_parallel_overlapped = d > 1;
   out.optimizer = optimizer;
   out.step_time = out.compute + out.tensor_parallel + out.pipeline_p2p + out.pipeline_bubble + out.data_parallel +
                   out.optimizer;

@@ -47,4 +47,6 @@ ParameterOverlap gradient_reduction_overlap(const Placement& canonical) {
   return canonical.is_replicate() ? ParameterOverlap::BesideBackward : ParameterOverlap::Exposed;
 }
 
+ParameterOverlap activation_collective_overlap() { return ParameterOverlap::Exposed; }
+
 }  // namespace shardwise::search

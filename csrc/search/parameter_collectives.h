@@ -13,6 +13,11 @@
 //    backward finishes them (runtime/buckets.py, DDP's overlap): beside backward.
 //  - A gradient reduced to a shard (ZeRO-3's reduce-scatter) runs at its read's backward
 //    step, blocking: exposed.
+//  - A collective on an activation or an activation's gradient (a tensor-parallel
+//    all-reduce, a sequence-parallel gather, an all-to-all) runs where its reader or its
+//    producer's backward needs it, blocking: exposed (activation_collective_overlap).
+//    Decomposing one into chunks beside its matmul is issue 21's (asynchronous tensor
+//    parallelism); until the runtime does it, the search does not price it.
 // Beside-compute seconds cost the overlap interference (cost/constants.h) up to the compute
 // they hide under; exposed seconds cost in full.
 #pragma once
@@ -48,5 +53,8 @@ bool backward_reads(const ops::DimRule& rule, std::size_t operand);
 
 // The reduction of a parameter's gradient to `canonical`, its gradient placement.
 ParameterOverlap gradient_reduction_overlap(const Placement& canonical);
+
+// Every collective of a value that is not a parameter, forward or backward.
+ParameterOverlap activation_collective_overlap();
 
 }  // namespace shardwise::search

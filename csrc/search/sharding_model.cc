@@ -517,20 +517,21 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
                                    const Placement& wanted, const Placement& gradient, double hidden_weight) const {
   const double bytes = value_bytes(value) * held_except(value, axis);
   const bool parameter = graph_.value(value).role == ir::ValueRole::Parameter;
-  auto weight = [&](ParameterOverlap overlap) {
-    return parameter && overlap != ParameterOverlap::Exposed ? hidden_weight : 1.0;
-  };
+  // Each collective costs what its mark (search/parameter_collectives.h, the rewrite's too)
+  // says: in full where exposed, `hidden_weight` where it runs beside compute.
+  auto weight = [&](ParameterOverlap overlap) { return overlap != ParameterOverlap::Exposed ? hidden_weight : 1.0; };
   const double gather = reshard_seconds(axis, value, produced, wanted, bytes);
   double seconds = 0;
   if (gather > 0) {
-    const ParameterOverlap first =
-        parameter ? gather_overlap(axis, value, consumer, operand, produced, wanted) : ParameterOverlap::Exposed;
+    const ParameterOverlap first = parameter ? gather_overlap(axis, value, consumer, operand, produced, wanted)
+                                             : activation_collective_overlap();
     seconds = (weight(first) + (forward_passes(value, consumer, operand) - 1) * weight(regather_overlap())) * gather;
   }
   if (requires_grad_[static_cast<std::size_t>(value)]) {
     const Placement canonical = gradient_placement(produced);
-    seconds += weight(gradient_reduction_overlap(canonical)) * gradient_share(value, gradient) *
-               reshard_seconds(axis, value, gradient, canonical, bytes);
+    const ParameterOverlap reduction =
+        parameter ? gradient_reduction_overlap(canonical) : activation_collective_overlap();
+    seconds += weight(reduction) * gradient_share(value, gradient) * reshard_seconds(axis, value, gradient, canonical, bytes);
   }
   return seconds;
 }

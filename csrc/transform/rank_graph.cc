@@ -221,8 +221,9 @@ class GraphEmitter {
       ir::Attributes attrs = step_attrs(step, sharding_.mesh, rank_, false);
       const bool local = step.kind == ReshardKind::Slice || step.kind == ReshardKind::ZeroOthers ||
                          step.kind == ReshardKind::Scale;
-      if (parameter && !local)
-        attrs["overlap"] = std::string(search::parameter_overlap_name(op.gather));
+      if (!local)
+        attrs["overlap"] = std::string(search::parameter_overlap_name(
+            parameter ? op.gather : search::activation_collective_overlap()));
       if (op.regather) attrs["regather"] = true;
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(step.kind)), {value},
                                      {{name(), type}}, std::move(attrs), module));
@@ -231,7 +232,12 @@ class GraphEmitter {
       ir::Attributes attrs = step_attrs(*it, sharding_.mesh, rank_, true);
       // A parameter gradient's step at its read runs there, in backward (a reduce-scatter to
       // the shard); a gradient left Partial is reduced in buckets (reduce_gradient, below).
-      if (parameter) attrs["overlap"] = std::string(search::parameter_overlap_name(search::ParameterOverlap::Exposed));
+      // An activation's gradient step runs in its producer's backward, blocking.
+      const bool local = it->kind == ReshardKind::Slice || it->kind == ReshardKind::ZeroOthers ||
+                         it->kind == ReshardKind::Scale;
+      if (!local)
+        attrs["overlap"] = std::string(search::parameter_overlap_name(
+            parameter ? search::ParameterOverlap::Exposed : search::activation_collective_overlap()));
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
                                      {{name(), graph_.value(value).type}}, std::move(attrs), module));
     }
@@ -391,6 +397,15 @@ void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const pl
     Shape expected = in;
     const bool backward = node.attrs.contains("pass");
     const std::string kind = node.op.substr(std::string_view("shardwise::").size());
+    if (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_reduce" || kind == "all_to_all") {
+      // Each collective says where it runs (search/parameter_collectives.h), the mark the
+      // search priced it by; a collective without one was priced by no rule.
+      auto mark = node.attrs.find("overlap");
+      const auto* name = mark == node.attrs.end() ? nullptr : std::get_if<std::string>(&mark->second);
+      if (name == nullptr || (*name != "exposed" && *name != "forward" && *name != "backward"))
+        throw ValidationError(where(fmt::format("{}: a collective without its overlap mark (exposed, forward or "
+                                                "backward)", what)));
+    }
     const std::int64_t dim = int_attr(node.attrs, "dim", -1);
     const bool ratios = node.attrs.contains("ratios");
     auto dim_ok = [&](std::int64_t d) {

@@ -91,7 +91,8 @@ std::vector<std::int64_t> axis_group(const std::vector<int>& mesh, int axis, int
 //  - every leaf of the global graph is there, with its role, dtype and the local shape of
 //    its placement;
 //  - every step node's output shape is what its collective makes of its input's on the mesh,
-//    its group is `rank`'s on its axis, and a backward step is the identity shape;
+//    its group is `rank`'s on its axis, and a backward step is the identity shape; every
+//    collective carries its overlap mark (search/parameter_collectives.h);
 //  - every op with a shape rule gives its outputs' shapes from its operands and attributes;
 //  - every activation of the global graph has the local shape of its placement in the plan,
 //    or (a node marked shardwise.whole) its whole shape. Skipped for a plan with uneven

@@ -18,12 +18,15 @@ class _GradientBuckets:
     bucket is waited on at the end. Every rank forms the same buckets and autograd finishes
     them in the same order, so the collectives line up; a bucket whose parameter got no
     gradient this step is issued, with what it has, at the end, in bucket order.
-    overlap=False (a pipeline: several backwards per step, one reduction after the last):
-    no hooks, every bucket issued by finish()."""
+    armed_only=True (a pipeline: several backwards per step): a gradient counts only once
+    its parameter is armed (``arm``), which the pipeline engine does just before the last
+    backward that accumulates it; overlap=False: no hooks, every bucket issued by finish()."""
 
     def __init__(self, params: list[tuple[torch.Tensor, tuple]], groups: list, overlap: bool = True,
-                 reduce_dtype: torch.dtype | None = None):
+                 reduce_dtype: torch.dtype | None = None, armed_only: bool = False):
         self._groups = groups
+        self._armed_only = armed_only
+        self._armed: set = set()
         self._reduce_dtype = reduce_dtype  # a mixed-precision policy's (runtime/precision.py)
         self._buckets: list[tuple[tuple, list]] = []
         by_axes: dict[tuple, list] = {}
@@ -46,21 +49,36 @@ class _GradientBuckets:
                 if overlap:
                     param.register_post_accumulate_grad_hook(self._ready)
         self._active = False
+        self.issued_in_backward = 0
 
     def start(self, carry: dict | None = None) -> None:
         """A step begins; `carry`: gradients of earlier unsynchronised steps (engine.no_sync), by
         parameter, folded into each bucket before its reduction (popped from the dict)."""
         self._carry = carry if carry is not None else {}
         self._active = True
+        self._armed = set()
+        self.issued_in_backward = 0  # buckets a hook issued this step (the rest: at finish())
         self._waiting = [len(bucket) for _, bucket in self._buckets]
         self._issued: dict[int, tuple] = {}
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def arm(self, params: list) -> None:
+        """The next backward accumulates `params`' gradients for the last time this step."""
+        self._armed.update(id(p) for p in params)
 
     def _ready(self, param: torch.Tensor) -> None:
         if not self._active:
             return  # a backward outside train_step: nothing to reduce
+        if self._armed_only:
+            if id(param) not in self._armed:
+                return  # an earlier micro-batch's backward: more gradient will come
+            self._armed.discard(id(param))  # counted once, whatever runs after
         i = self._bucket_of[param]
         self._waiting[i] -= 1
         if self._waiting[i] == 0:
+            self.issued_in_backward += 1
             self._issue(i)
 
     def _issue(self, i: int) -> None:
@@ -81,6 +99,7 @@ class _GradientBuckets:
     def abandon(self) -> None:
         """A failed step: forget the buckets in flight (their collectives failed or never ran)."""
         self._active = False
+        self._armed = set()
         self._issued = {}
 
     def finish(self) -> None:

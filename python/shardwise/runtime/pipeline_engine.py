@@ -77,6 +77,7 @@ class StageProgram:
     counter: Counter        # the counts of counted losses, per micro-batch
     counted: list           # their names, in the counter's order
     loss_dtype: torch.dtype
+    reads: dict             # leaf name -> the virtual stages of this rank that read it
 
 
 def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input_names: list[str], tensors: dict,
@@ -141,8 +142,10 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     loss_dtype = _tensor_outputs(src.meta["val"], indices)[0].dtype if src is not None else \
         tensors[loss_value].dtype if loss_value in tensors else torch.float32
     counter = Counter.build(graph, builder, tensors, trainable, counted, input_names)
+    here = {x: sorted(g for g in gs if g % p == pipeline_rank) for x, gs in reads.items()}
     return StageProgram(mine, meta, owners, leaves, reduce, whole,
-                        {n: leaves[n]["placement"] for n in input_names if n in leaves}, counter, counted, loss_dtype)
+                        {n: leaves[n]["placement"] for n in input_names if n in leaves}, counter, counted, loss_dtype,
+                        {x: gs for x, gs in here.items() if gs})
 
 
 class PipelineEngine(EngineBase):
@@ -176,11 +179,22 @@ class PipelineEngine(EngineBase):
         self._leaves = first.leaves
         self._recapture = recapture    # capture and the search, for the other mode's program
         self._model_names = {id(p): n for n, p in model.named_parameters()}
-        # Gradients the program left Partial over the sub-mesh, reduced after the last backward.
+        # Gradients the program left Partial over the sub-mesh, reduced in buckets beside the
+        # backward that accumulates them for the last time: a parameter's hook counts only
+        # during the last B action of the last of this rank's virtual stages that reads it
+        # (`_final`: action index -> those parameters), so a bucket is issued while that
+        # backward and the cooldown's remaining actions run (search/parameter_collectives.h's
+        # BesideBackward, priced in cost/plan_cost.cc as the window after the stage's last B).
         self._buckets = None
+        self._final: dict[int, list] = {}
         if first.reduce:
             self._buckets = _GradientBuckets([(parameters[n], axes) for n, axes in first.reduce], mesh.groups,
-                                             overlap=False, reduce_dtype=self._reduce_dtype())
+                                             reduce_dtype=self._reduce_dtype(), armed_only=True)
+            last_b = {g: i for i, (kind, _, g, _) in enumerate(actions) if kind == "B"}
+            for name, _ in first.reduce:
+                stages = [g for g in first.reads.get(name, []) if g in last_b]
+                if stages:
+                    self._final.setdefault(max(last_b[g] for g in stages), []).append(parameters[name])
         self._stage_size = stage_size
         self.whole_nodes = first.whole
         # Where this rank's tensors live (the model's device): receive buffers and the loss too.
@@ -307,8 +321,10 @@ class PipelineEngine(EngineBase):
         if reduce:
             self._buckets.start(carry)
         try:
-            for kind, mb, g, peer in self._actions:
+            for i, (kind, mb, g, peer) in enumerate(self._actions):
                 stage = program.stages[g]
+                if reduce and i in self._final:
+                    self._buckets.arm(self._final[i])
                 if kind == "RA":
                     pending[(g, mb, False)] = [self._irecv(program, name, mb, peer, False)
                                                for name in stage["received"]]

@@ -133,6 +133,11 @@ TEST_F(RankGraphVerifier, ACollectiveOfTheWrongShape) {
                  "shardwise::all_reduce node 'loss.r1.s1': gives [2] from [] but 2 ranks make []");
 }
 
+TEST_F(RankGraphVerifier, ACollectiveWithoutItsOverlapMark) {
+  expect_refused("group=[2,3], overlap=\"exposed\", ", "group=[2,3], ",
+                 "shardwise::all_reduce node 'loss.r1.s1': a collective without its overlap mark");
+}
+
 TEST_F(RankGraphVerifier, AnOpWhoseOutputItsOperandsDoNotGive) {
   expect_refused("%act: f32[b4,16]", "%act: f32[b4,8]", "'act' is [4,8] but its placement [S(0), S(1)]");
 }

@@ -1,0 +1,93 @@
+"""A pipeline's data-parallel gradient reduction runs beside backward, as the plan prices it.
+
+Each stage's gradients are final after the last backward (B) of the last of the rank's
+virtual stages that reads them; the pipeline engine arms exactly those parameters before that
+B, so each bucket's all-reduce is issued by the hook of its last gradient while that backward
+and the cooldown's remaining actions run (runtime/buckets.py), not after the step's last
+action. A parameter two virtual stages of one rank read (TinyGPT's tied embedding under
+interleaving) is armed only before the later one, so no bucket is reduced before its
+gradient is complete: training equals one device in float64.
+
+cost/plan_cost.cc prices the same thing: the reduction is exposed only beyond the window
+from the stage's last backward to the step's end; tests/cpp/plan_cost_test.cc states the
+formula.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import shardwise
+from conftest import train_one_device
+from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
+
+STEPS, ROWS, TOLERANCE = 3, 8, 1e-9
+
+
+def _model():
+    torch.manual_seed(0)
+    return TinyGPT(TinyGPTConfig(layers=4)).double()
+
+
+def _batch(step: int):
+    ids = torch.randint(0, 256, (ROWS, 32), generator=torch.Generator().manual_seed(step))
+    return ids, torch.roll(ids, -1, dims=1)
+
+
+def _plan(schedule: str, virtual_stages: int) -> shardwise.Plan:
+    return shardwise.Plan.from_json(json.dumps({
+        "format": "shardwise.plan", "version": 1, "data": 2, "tensor": 1, "pipeline": 2, "global_batch": ROWS,
+        "micro_batch": 2, "schedule": schedule, "virtual_stages": virtual_stages, "kfkb_k": 1, "recompute": "none",
+        "zero_stage": 0, "layers_per_stage": [], "precision": "f32"}))
+
+
+def _worker(rank: int, world: int, store: str, result: str, schedule: str, virtual_stages: int) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    try:
+        engine = shardwise.parallelize(_model(), _batch(0), plan=_plan(schedule, virtual_stages))
+        optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
+        losses, in_backward = [], []
+        for step in range(STEPS):
+            losses.append(float(engine.train_step(*_batch(step))))
+            in_backward.append(engine._buckets.issued_in_backward)
+            optimizer.step()
+            optimizer.zero_grad()
+        state = engine.full_state_dict()
+        reference = _model()
+        ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.AdamW(reference.parameters(), lr=1e-2))
+        report = {"rank": rank, "in_backward": in_backward, "buckets": len(engine._buckets), "losses": losses,
+                  "ref_losses": ref_losses,
+                  "error": max(((state[n] - p).abs().max() / p.abs().max().clamp_min(1e-6)).item()
+                               for n, p in reference.named_parameters())}
+        with open(f"{result}.{rank}", "w") as f:
+            json.dump(report, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("schedule,virtual_stages", [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_pipeline_buckets_are_issued_in_backward_and_train_as_one_device(schedule, virtual_stages):
+    world = 4
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result")
+        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result, schedule, virtual_stages),
+                 nprocs=world, join=True)
+        reports = []
+        for rank in range(world):
+            with open(f"{result}.{rank}") as f:
+                reports.append(json.load(f))
+    for r in reports:
+        assert r["buckets"] > 0, r
+        # Every bucket was issued by the hook of its last gradient, in backward, every step.
+        assert r["in_backward"] == [r["buckets"]] * STEPS, r
+    r = reports[0]
+    for a, b in zip(r["losses"], r["ref_losses"]):
+        assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+    assert r["error"] < TOLERANCE, r["error"]
