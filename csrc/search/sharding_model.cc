@@ -477,10 +477,11 @@ double ShardingModel::zero_broadcast_seconds(ir::ValueId leaf, int axis, const L
 }
 
 double ShardingModel::reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to,
-                                      double bytes) const {
+                                      double bytes, bool bucketed) const {
   const auto ranks = axis_ranks(axis);
   const double whole = reshard_time(model_, cluster_, ranks, from, to, static_cast<std::int64_t>(bytes));
-  if (whole <= 0 || graph_.value(value).role != ir::ValueRole::Parameter || bytes >= options_.bucket_bytes)
+  if (whole <= 0 || !bucketed || graph_.value(value).role != ir::ValueRole::Parameter ||
+      bytes >= options_.bucket_bytes)
     return whole;
   // The latency part: the same collective on one byte.
   const double latency = reshard_time(model_, cluster_, ranks, from, to, 1);
@@ -520,7 +521,7 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
   // Each collective costs what its mark (search/parameter_collectives.h, the rewrite's too)
   // says: in full where exposed, `hidden_weight` where it runs beside compute.
   auto weight = [&](ParameterOverlap overlap) { return overlap != ParameterOverlap::Exposed ? hidden_weight : 1.0; };
-  const double gather = reshard_seconds(axis, value, produced, wanted, bytes);
+  const double gather = reshard_seconds(axis, value, produced, wanted, bytes, false);
   double seconds = 0;
   if (gather > 0) {
     const ParameterOverlap first = parameter ? gather_overlap(axis, value, consumer, operand, produced, wanted)
@@ -531,7 +532,9 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
     const Placement canonical = gradient_placement(produced);
     const ParameterOverlap reduction =
         parameter ? gradient_reduction_overlap(canonical) : activation_collective_overlap();
-    seconds += weight(reduction) * gradient_share(value, gradient) * reshard_seconds(axis, value, gradient, canonical, bytes);
+    seconds += weight(reduction) * gradient_share(value, gradient) *
+               reshard_seconds(axis, value, gradient, canonical, bytes,
+                               parameter && reduction == ParameterOverlap::BesideBackward);
   }
   return seconds;
 }
@@ -857,10 +860,10 @@ ShardingModel::Tally ShardingModel::tally() const {
       const double bytes = value_bytes(group.value) * held_except(group.value, axis);
       NodePrice& price = out.by_node[static_cast<std::size_t>(key.consumer)];
       auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double& by_node,
-                        double share) {
+                        double share, bool bucketed = false) {
         auto step = reshard_step(from, to, static_cast<std::int64_t>(bytes), options_.mesh[a]);
         if (!step) return;
-        double seconds = reshard_seconds(axis, group.value, from, to, bytes);
+        double seconds = reshard_seconds(axis, group.value, from, to, bytes, bucketed);
         into += share * group.count * seconds;
         by_node += share * group.count * seconds;
         out.collectives.push_back({std::string(cost::collective_kind_name(step->kind)), value.name, axis, phase,
@@ -884,9 +887,11 @@ ShardingModel::Tally ShardingModel::tally() const {
                forward_passes(group.value, key.consumer, key.operand) - 1);
       if (requires_grad_[static_cast<std::size_t>(group.value)]) {
         const Placement canonical = gradient_placement(produced);
+        const ParameterOverlap reduction = gradient_reduction_overlap(canonical);
         record(reader.input_grads[op], canonical, parameter ? "step" : "backward",
-               parameter ? beside(gradient_reduction_overlap(canonical)) : out.activations,
-               parameter ? price.gradient_sync : price.collectives, gradient_share(group.value, reader.input_grads[op]));
+               parameter ? beside(reduction) : out.activations,
+               parameter ? price.gradient_sync : price.collectives, gradient_share(group.value, reader.input_grads[op]),
+               parameter && reduction == ParameterOverlap::BesideBackward);
       }
     }
   }

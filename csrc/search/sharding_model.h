@@ -213,9 +213,13 @@ class ShardingModel {
   // `produced` -> `wanted` on `axis` and the other axes as decided (parameter_collectives.h).
   ParameterOverlap gather_overlap(int axis, ir::ValueId value, int consumer, int operand, const Placement& produced,
                                   const Placement& wanted) const;
-  // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`; a parameter's
-  // latency is shared with its bucket (ShardingModelOptions::bucket_bytes).
-  double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes) const;
+  // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`. `bucketed`: a
+  // parameter gradient's reduction the engine flattens into its buckets
+  // (gradient_reduction_overlap's BesideBackward), whose latency it shares with the bucket
+  // (ShardingModelOptions::bucket_bytes); every other collective is one call of its own
+  // (the runtime gathers and reduce-scatters each parameter by itself).
+  double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes,
+                         bool bucketed) const;
   // The share of a reader's gradient reduction that reader pays: a leaf read by n nodes
   // (a tied embedding, a shared weight) adds its n Partial gradients locally and reduces
   // them once, so each Partial reader pays 1/n (exact when every reader's gradient is
