@@ -62,6 +62,8 @@ py::dict operand(const transform::OperandRewrite& op) {
   d["gradient"] = op.gradient;
   d["regather"] = op.regather;
   d["prefetch"] = op.gather == search::ParameterOverlap::BesideForward;
+  // The activation gradient's all-reduce beside the reader's weight gradient (runtime/async_gradients.py).
+  d["async_gradient"] = op.gradient_overlap == search::ParameterOverlap::BesideBackward;
   return d;
 }
 

@@ -49,4 +49,20 @@ ParameterOverlap gradient_reduction_overlap(const Placement& canonical) {
 
 ParameterOverlap activation_collective_overlap() { return ParameterOverlap::Exposed; }
 
+ParameterOverlap activation_gradient_overlap(std::string_view op, std::size_t operand, bool one_all_reduce,
+                                             bool only_read, const std::vector<bool>& trainable_weight) {
+  // The ops whose backward the runtime splits, with their input and weight operands.
+  struct Split {
+    std::string_view op;
+    std::size_t input, weight;
+  };
+  static constexpr Split kSplit[] = {{"aten::linear", 0, 1}, {"aten::addmm", 1, 2}, {"aten::mm", 0, 1}};
+  if (!one_all_reduce || !only_read) return ParameterOverlap::Exposed;
+  for (const Split& split : kSplit)
+    if (split.op == op && split.input == operand && split.weight < trainable_weight.size() &&
+        trainable_weight[split.weight])
+      return ParameterOverlap::BesideBackward;
+  return ParameterOverlap::Exposed;
+}
+
 }  // namespace shardwise::search

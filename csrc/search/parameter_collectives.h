@@ -16,14 +16,21 @@
 //  - A collective on an activation or an activation's gradient (a tensor-parallel
 //    all-reduce, a sequence-parallel gather, an all-to-all) runs where its reader or its
 //    producer's backward needs it, blocking: exposed (activation_collective_overlap).
-//    Decomposing one into chunks beside its matmul is issue 21's (asynchronous tensor
-//    parallelism); until the runtime does it, the search does not price it.
+//    One exception (activation_gradient_overlap): the all-reduce of an activation's
+//    gradient into a contraction that also computes a trainable weight's gradient, the
+//    activation's only read, with nothing in forward (the input of a column-parallel
+//    linear). The runtime splits that node's backward: the activation's gradient first, its
+//    all-reduce issued asynchronously, the weight's gradient computed while it runs
+//    (Megatron-LM's asynchronous tensor-parallel all-reduce; runtime/async_gradients.py):
+//    beside backward. Decomposing a forward collective into chunks beside its matmul is
+//    issue 21's; until the runtime does it, the search does not price it.
 // Beside-compute seconds cost the overlap interference (cost/constants.h) up to the compute
 // they hide under; exposed seconds cost in full.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "ops/dim_rule.h"
 #include "search/placement.h"
@@ -54,7 +61,16 @@ bool backward_reads(const ops::DimRule& rule, std::size_t operand);
 // The reduction of a parameter's gradient to `canonical`, its gradient placement.
 ParameterOverlap gradient_reduction_overlap(const Placement& canonical);
 
-// Every collective of a value that is not a parameter, forward or backward.
+// Every collective of a value that is not a parameter, forward or backward, but for:
 ParameterOverlap activation_collective_overlap();
+
+// The backward steps of activation operand `operand` of a node of `op`. `one_all_reduce`:
+// they are one all-reduce and the forward has no step; `only_read`: the node is the value's
+// only reader (one operand); `trainable_weight[j]`: operand j is a parameter with a gradient.
+// BesideBackward where `op` is one whose backward the runtime splits (linear, addmm, mm:
+// runtime/async_gradients.py), `operand` is its input and its weight operand is such a
+// parameter (its gradient is the product computed while the all-reduce runs); else Exposed.
+ParameterOverlap activation_gradient_overlap(std::string_view op, std::size_t operand, bool one_all_reduce,
+                                             bool only_read, const std::vector<bool>& trainable_weight);
 
 }  // namespace shardwise::search

@@ -477,11 +477,10 @@ double ShardingModel::zero_broadcast_seconds(ir::ValueId leaf, int axis, const L
 }
 
 double ShardingModel::reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to,
-                                      double bytes, bool bucketed) const {
+                                      double bytes) const {
   const auto ranks = axis_ranks(axis);
   const double whole = reshard_time(model_, cluster_, ranks, from, to, static_cast<std::int64_t>(bytes));
-  if (whole <= 0 || !bucketed || graph_.value(value).role != ir::ValueRole::Parameter ||
-      bytes >= options_.bucket_bytes)
+  if (whole <= 0 || graph_.value(value).role != ir::ValueRole::Parameter || bytes >= options_.bucket_bytes)
     return whole;
   // The latency part: the same collective on one byte.
   const double latency = reshard_time(model_, cluster_, ranks, from, to, 1);
@@ -496,6 +495,35 @@ int ShardingModel::forward_passes(ir::ValueId value, int consumer, int operand) 
   const auto c = static_cast<std::size_t>(consumer);
   if (options_.recompute && in_block_[c]) return 2;
   return rules_[c] && !backward_reads(*rules_[c], static_cast<std::size_t>(operand)) ? 1 : 2;
+}
+
+ParameterOverlap ShardingModel::activation_gradient_at(int axis, ir::ValueId value, int consumer, int operand,
+                                                       const Placement& produced, const Placement& wanted,
+                                                       const Placement& gradient) const {
+  const auto c = static_cast<std::size_t>(consumer);
+  if (!rules_[c] || !requires_grad_[static_cast<std::size_t>(value)]) return activation_collective_overlap();
+  // One all-reduce in all: no forward step on any axis, and one axis whose gradient goes
+  // Partial -> Replicate while every other axis' gradient needs no step.
+  int reductions = 0;
+  bool other_steps = false;
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    const Placement held = b == axis ? produced : value_placement(b, value);
+    const Strategy& reader = node_choice_[static_cast<std::size_t>(b)][c];
+    const Placement& read = b == axis ? wanted : reader.inputs[static_cast<std::size_t>(operand)];
+    const Placement& grad = b == axis ? gradient : reader.input_grads[static_cast<std::size_t>(operand)];
+    const Placement canonical = gradient_placement(held);
+    if (!(held == read)) other_steps = true;
+    if (grad == canonical) continue;
+    if (grad.is_partial() && grad.reduction == ops::Reduction::Sum && canonical.is_replicate()) ++reductions;
+    else other_steps = true;
+  }
+  const ir::Node& node = graph_.node(consumer);
+  std::vector<bool> trainable;
+  for (ir::ValueId in : node.inputs)
+    trainable.push_back(graph_.value(in).role == ir::ValueRole::Parameter &&
+                        requires_grad_[static_cast<std::size_t>(in)]);
+  return activation_gradient_overlap(node.op, static_cast<std::size_t>(operand), reductions == 1 && !other_steps,
+                                     reads_[static_cast<std::size_t>(value)] == 1, trainable);
 }
 
 ParameterOverlap ShardingModel::gather_overlap(int axis, ir::ValueId value, int consumer, int operand,
@@ -521,7 +549,7 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
   // Each collective costs what its mark (search/parameter_collectives.h, the rewrite's too)
   // says: in full where exposed, `hidden_weight` where it runs beside compute.
   auto weight = [&](ParameterOverlap overlap) { return overlap != ParameterOverlap::Exposed ? hidden_weight : 1.0; };
-  const double gather = reshard_seconds(axis, value, produced, wanted, bytes, false);
+  const double gather = reshard_seconds(axis, value, produced, wanted, bytes);
   double seconds = 0;
   if (gather > 0) {
     const ParameterOverlap first = parameter ? gather_overlap(axis, value, consumer, operand, produced, wanted)
@@ -531,10 +559,15 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
   if (requires_grad_[static_cast<std::size_t>(value)]) {
     const Placement canonical = gradient_placement(produced);
     const ParameterOverlap reduction =
-        parameter ? gradient_reduction_overlap(canonical) : activation_collective_overlap();
-    seconds += weight(reduction) * gradient_share(value, gradient) *
-               reshard_seconds(axis, value, gradient, canonical, bytes,
-                               parameter && reduction == ParameterOverlap::BesideBackward);
+        parameter ? gradient_reduction_overlap(canonical)
+                  : activation_gradient_at(axis, value, consumer, operand, produced, wanted, gradient);
+    // An activation's gradient beside its reader's weight gradient: hidden at the
+    // interference price whatever the solver charges for parameter collectives (the weight
+    // gradient's product, as long as the input gradient's, covers it; evaluate() caps it).
+    const double reduction_weight =
+        !parameter && reduction != ParameterOverlap::Exposed ? options_.overlap_interference : weight(reduction);
+    seconds += reduction_weight * gradient_share(value, gradient) *
+               reshard_seconds(axis, value, gradient, canonical, bytes);
   }
   return seconds;
 }
@@ -860,12 +893,12 @@ ShardingModel::Tally ShardingModel::tally() const {
       const double bytes = value_bytes(group.value) * held_except(group.value, axis);
       NodePrice& price = out.by_node[static_cast<std::size_t>(key.consumer)];
       auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double& by_node,
-                        double share, bool bucketed = false) {
+                        double share, double node_weight = 1.0) {
         auto step = reshard_step(from, to, static_cast<std::int64_t>(bytes), options_.mesh[a]);
         if (!step) return;
-        double seconds = reshard_seconds(axis, group.value, from, to, bytes, bucketed);
+        double seconds = reshard_seconds(axis, group.value, from, to, bytes);
         into += share * group.count * seconds;
-        by_node += share * group.count * seconds;
+        by_node += node_weight * share * group.count * seconds;
         out.collectives.push_back({std::string(cost::collective_kind_name(step->kind)), value.name, axis, phase,
                                    static_cast<double>(step->bytes), share * group.count, seconds});
       };
@@ -887,11 +920,18 @@ ShardingModel::Tally ShardingModel::tally() const {
                forward_passes(group.value, key.consumer, key.operand) - 1);
       if (requires_grad_[static_cast<std::size_t>(group.value)]) {
         const Placement canonical = gradient_placement(produced);
-        const ParameterOverlap reduction = gradient_reduction_overlap(canonical);
+        const ParameterOverlap reduction =
+            parameter ? gradient_reduction_overlap(canonical)
+                      : activation_gradient_at(axis, group.value, key.consumer, key.operand, produced,
+                                               reader.inputs[op], reader.input_grads[op]);
         record(reader.input_grads[op], canonical, parameter ? "step" : "backward",
-               parameter ? beside(reduction) : out.activations,
+               parameter                                        ? beside(reduction)
+               : reduction == ParameterOverlap::BesideBackward ? out.activation_backward
+                                                               : out.activations,
                parameter ? price.gradient_sync : price.collectives, gradient_share(group.value, reader.input_grads[op]),
-               parameter && reduction == ParameterOverlap::BesideBackward);
+               // a stage's price (node_prices) counts an activation's hidden all-reduce at
+               // the interference, as the solver does (edge_seconds)
+               !parameter && reduction == ParameterOverlap::BesideBackward ? options_.overlap_interference : 1.0);
       }
     }
   }
@@ -941,9 +981,14 @@ ShardingEvaluation ShardingModel::evaluate() const {
                                  seconds});
     }
   }
-  out.step_time = compute + activations + gradients + statistics + optimizer + broadcasts;
+  // The asynchronous all-reduces of activation gradients hide under the weight gradients'
+  // products, about half of the backward's compute (a contraction's backward is two
+  // products of its forward's size).
+  const double activation_beside = exposed(tally.activation_backward, backward / 2);
+  out.step_time = compute + activations + activation_beside + gradients + statistics + optimizer + broadcasts;
   out.breakdown = {{"compute", compute},
-                   {"activations", activations},
+                   {"activations", activations + activation_beside},
+                   {"activations_beside_backward_total", tally.activation_backward},
                    {"gradient_sync", gradients},
                    {"gradient_sync_total", out.parameter_sync},
                    {"statistics", statistics},

@@ -165,6 +165,9 @@ class ShardingModel {
     // Parameter collectives by where they run (search/parameter_collectives.h): beside the
     // forward, beside the backward, or exposed.
     double parameter_forward = 0, parameter_step = 0, parameter_exposed = 0;
+    // Activation gradients' all-reduces beside their reader's weight gradient
+    // (activation_gradient_overlap): hidden under the weight gradients' products.
+    double activation_backward = 0;
   };
   Tally tally() const;
 
@@ -211,15 +214,21 @@ class ShardingModel {
   int forward_passes(ir::ValueId value, int consumer, int operand) const;
   // Where the forward gather of parameter `value` into `consumer`'s `operand` runs, with
   // `produced` -> `wanted` on `axis` and the other axes as decided (parameter_collectives.h).
+  // Where the backward steps of activation `value` into `consumer`'s `operand` run, with
+  // `produced` -> `wanted` and `gradient` on `axis` and the other axes as decided
+  // (activation_gradient_overlap, parameter_collectives.h).
+  ParameterOverlap activation_gradient_at(int axis, ir::ValueId value, int consumer, int operand,
+                                          const Placement& produced, const Placement& wanted,
+                                          const Placement& gradient) const;
   ParameterOverlap gather_overlap(int axis, ir::ValueId value, int consumer, int operand, const Placement& produced,
                                   const Placement& wanted) const;
-  // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`. `bucketed`: a
-  // parameter gradient's reduction the engine flattens into its buckets
-  // (gradient_reduction_overlap's BesideBackward), whose latency it shares with the bucket
-  // (ShardingModelOptions::bucket_bytes); every other collective is one call of its own
-  // (the runtime gathers and reduce-scatters each parameter by itself).
-  double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes,
-                         bool bucketed) const;
+  // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`; a parameter's
+  // latency is shared with its bucket (ShardingModelOptions::bucket_bytes). (The runtime
+  // buckets only replicated gradients' reductions; it gathers and reduce-scatters each
+  // sharded parameter by itself, so a small parameter's gather is priced below what it
+  // costs. Pricing it whole moved the search off ZeRO-3 layouts of small models: the fix
+  // is the runtime grouping a block's gathers, as FSDP2 does.)
+  double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes) const;
   // The share of a reader's gradient reduction that reader pays: a leaf read by n nodes
   // (a tied embedding, a shared weight) adds its n Partial gradients locally and reduces
   // them once, so each Partial reader pays 1/n (exact when every reader's gradient is

@@ -45,9 +45,11 @@
 // beside the forward, the gradient reductions beside the backward, as DDP and FSDP run
 // them): exposed = max(0, sync - compute) + overlap_interference x min(sync, compute), per
 // phase, the same rule as cost/plan_cost.h. The breakdown: "compute", "activations"
-// (forward and backward resharding of activations, on the critical path), "gradient_sync"
-// (exposed), "gradient_sync_total" (before overlap; not part of the sum), "statistics",
-// "optimizer".
+// (forward and backward resharding of activations, on the critical path, with the exposed
+// part of the all-reduces run beside weight gradients), "activations_beside_backward_total"
+// (those all-reduces before overlap; not part of the sum), "gradient_sync" (exposed),
+// "gradient_sync_total" (before overlap; not part of the sum), "statistics",
+// "zero_broadcast", "optimizer".
 //
 // Deterministic: the same graph, cluster, model and options give the same plan, bit for bit.
 // Throws support::ValidationError on global_batch < 1, an empty graph, or a mesh option that

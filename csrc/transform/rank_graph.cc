@@ -25,6 +25,7 @@ using Shape = std::vector<std::int64_t>;
 
 constexpr std::string_view kWholeAttr = "shardwise.whole";
 constexpr std::string_view kRecomputeAttr = "shardwise.recompute";
+constexpr std::string_view kAsyncGradientAttr = "shardwise.async_gradient";
 
 std::vector<std::string> texts(const ShardingSpec& spec) {
   std::vector<std::string> out;
@@ -101,9 +102,16 @@ class GraphEmitter {
       global_out.push_back(global_.value(node.outputs[o]).type.shape);
       local_out.push_back(rw.outputs[o].local_shape);
     }
-    std::string op = node.op;
+    // The overload the rank calls (an arange's block: arange.start_step, whose shape rule
+    // reads its start; the captured arange(end) would read only its end).
+    std::string op = rw.op.empty() ? node.op : rw.op;
     ir::Attributes attrs = rw.attrs;
     if (rw.recompute_block >= 0) attrs[std::string(kRecomputeAttr)] = std::int64_t{rw.recompute_block};
+    // The operand whose gradient's all-reduce runs beside this node's weight gradient: the
+    // runtime splits the node's backward there.
+    for (std::size_t i = 0; i < rw.inputs.size(); ++i)
+      if (rw.inputs[i].gradient_overlap == search::ParameterOverlap::BesideBackward)
+        attrs[std::string(kAsyncGradientAttr)] = static_cast<std::int64_t>(i);
     if (rw.mode == NodeMode::Whole) {
       attrs[std::string(kWholeAttr)] = true;
       whole.push_back(global_.value(node.outputs[0]).name);
@@ -199,7 +207,8 @@ class GraphEmitter {
     std::string key = op.value;
     for (const ReshardAction& step : op.forward) key += "|" + step.str();
     if (op.regather) key += "|regather";
-    key += fmt::format("|{}", search::parameter_overlap_name(op.gather));
+    key += fmt::format("|{}|{}", search::parameter_overlap_name(op.gather),
+                       search::parameter_overlap_name(op.gradient_overlap));
     key += "|backward";
     for (const ReshardAction& step : op.backward) key += "|" + step.str();
     if (auto it = regions_.find(key); it != regions_.end()) return it->second;
@@ -236,8 +245,8 @@ class GraphEmitter {
       const bool local = it->kind == ReshardKind::Slice || it->kind == ReshardKind::ZeroOthers ||
                          it->kind == ReshardKind::Scale;
       if (!local)
-        attrs["overlap"] = std::string(search::parameter_overlap_name(
-            parameter ? search::ParameterOverlap::Exposed : search::activation_collective_overlap()));
+        attrs["overlap"] = std::string(
+            search::parameter_overlap_name(parameter ? search::ParameterOverlap::Exposed : op.gradient_overlap));
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
                                      {{name(), graph_.value(value).type}}, std::move(attrs), module));
     }

@@ -497,6 +497,9 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       for (std::size_t k = 0; k < layers->nodes.size(); ++k)
         for (ir::NodeId id : layers->nodes[k]) rewrites[static_cast<std::size_t>(id)].recompute_block = static_cast<int>(k);
   }
+  std::vector<int> reads(values.size(), 0);  // (node, operand) reads of each value
+  for (const ir::Node& node : nodes)
+    for (ir::ValueId in : node.inputs) ++reads[static_cast<std::size_t>(in)];
   for (const ir::Node& node : nodes) {
     const auto n = static_cast<std::size_t>(node.id);
     NodeRewrite& rw = rewrites[n];
@@ -528,6 +531,22 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
         throw ValidationError(fmt::format("rewrite: operand {} ('{}') of node '{}' ({}, module '{}'): {}", i, v.name,
                                           graph.value(node.outputs.empty() ? node.inputs[0] : node.outputs[0]).name,
                                           node.op, node.module_path, e.what()));
+      }
+    }
+    // An activation's gradient all-reduced beside the weight gradient's product (the rule the
+    // search prices it by, search/parameter_collectives.h): a local node only.
+    if (rule && rw.mode == NodeMode::Local) {
+      std::vector<bool> trainable;
+      for (std::size_t i = 0; i < node.inputs.size(); ++i)
+        trainable.push_back(graph.value(node.inputs[i]).role == ir::ValueRole::Parameter && rw.inputs[i].gradient);
+      for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+        OperandRewrite& op = rw.inputs[i];
+        const ir::Value& v = graph.value(node.inputs[i]);
+        if (v.role == ir::ValueRole::Parameter || !op.gradient) continue;
+        const bool one_all_reduce = op.forward.empty() && op.backward.size() == 1 &&
+                                    op.backward[0].kind == ReshardKind::AllReduce && op.backward[0].reduce == "sum";
+        op.gradient_overlap = search::activation_gradient_overlap(node.op, i, one_all_reduce,
+                                                                  reads[static_cast<std::size_t>(v.id)] == 1, trainable);
       }
     }
     builder.node(rw);

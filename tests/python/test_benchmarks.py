@@ -48,6 +48,15 @@ def test_fsdp2_side_by_side_computes_the_same_loss():
     assert float(row[8]) < 1e-5, out  # the losses at every step: ours and FSDP2's, from the same weights
 
 
+def test_async_tp_split_and_fused_backward_compute_the_same_loss():
+    out = _run("async_tp.py", "--worlds", "2", "--layers", "2", "--hidden", "32", "--ffn", "64", "--rows", "16",
+               "--steps", "2", "--warmup", "1")
+    line = next(line for line in out.splitlines() if line.startswith("world 2:"))
+    assert "2 linears split" in line, out  # every up projection's backward split
+    difference = float(line.rsplit("losses differ by ", 1)[1])
+    assert difference < 1e-6, out  # the same products: float32 rounding at most
+
+
 def test_pipeline_side_by_side_runs_torch_pipelining_and_matches_losses():
     out = _run("pipeline.py", "--batch", "4", "--micro-batch", "1", "--steps", "1", "--warmup", "1", *TINY)
     assert "FAILED" not in out

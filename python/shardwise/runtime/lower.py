@@ -20,6 +20,7 @@ from .._C import ValidationError
 from .._fx_import import _schema_args, is_value_identity, op_name, op_overload
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
+from .async_gradients import SPLIT_OPS, AsyncGradient
 from .kernels import StatisticsKernels, VocabLookup
 from .mesh import _Mesh
 from .parameter_gathers import PrefetchStart, PrefetchWait, Regather, _Prefetches, _released_after
@@ -225,6 +226,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         root.prefetch = torch.nn.Module()
         root.prefetch.start = PrefetchStart(prefetches)
         root.prefetch.wait = PrefetchWait(prefetches)
+        root.async_gradient = AsyncGradient(mesh, root.reshard._steps)
     env: dict[str, torch.fx.Node] = {}
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
     nodes = program["nodes"] if nodes is None else nodes
@@ -279,11 +281,15 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         written = _written_operands(src)
         write_backs = []  # (leaf name, the operand the call writes, its placement) to copy back
         regathers = []  # (gathered parameter, its shard, the forward steps): released after the call
+        async_operand = None  # (operand, its gradient's all-reduce): the call's backward is split
         for i, op in enumerate(node["inputs"]):
             captured = captured_operands[i] if i < len(captured_operands) else None
             value = env[op["value"]]
             fwd = _step_texts(root, op["forward"])
             bwd = _step_texts(root, op["backward"])
+            if op.get("async_gradient"):  # the all-reduce runs in the call's own backward
+                async_operand = (i, bwd[0])
+                fwd = bwd = ()
             # In a recomputed block a write into the model's state (batch norm's running
             # statistics, num_batches_tracked += 1) goes through a copy: the copy back is
             # skipped when backward runs the block again, or the state would update twice.
@@ -348,6 +354,13 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             target = op_overload(node["op"])
             args, kwargs = _call_by_schema(target, src, operands, node["local_attrs"])
             call = graph.call_function(target, tuple(args), kwargs)
+        elif async_operand is not None:  # runtime/async_gradients.py: the core marks linear, addmm, mm
+            if src.target not in SPLIT_OPS:
+                raise ValidationError(f"parallelize: the core split the backward of '{first}' ({src.target}), "
+                                      f"which the runtime cannot split ({', '.join(SPLIT_OPS.values())})")
+            args, kwargs = _call_parts(src, operands, node["local_attrs"])
+            call = graph.call_module("async_gradient", (SPLIT_OPS[src.target], async_operand[0], async_operand[1],
+                                                        tuple(args), kwargs))
         else:
             args, kwargs = _call_parts(src, operands, node["local_attrs"])
             if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
@@ -475,14 +488,57 @@ def _random_on_shards(src: torch.fx.Node, node: dict) -> bool:
 
 
 def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bool = False) -> tuple[dict, list[str]]:
-    """The core's program for `rank` (of the plan's mesh). The core runs whole the nodes the
-    plan splits where the runtime has no distributed kernel and those whose local call its
-    ops' shape rules refuse (rank_graph.h). Two cases are the runtime's, as only torch knows
-    them: an op the core has no shape rule for (``shape_checked`` false), whose local call is
-    checked here on meta tensors, and a seeded random op whose draws cannot be one device's
-    on these operands (_random_on_shards). Those are asked to run whole too. Returns the
-    program and the nodes run whole. `adapt_to_shapes`: the plan was made at other batch
-    shapes (spmd_rewrite.h)."""
+    """The core's program for `rank` (of the plan's mesh), with the same nodes run whole on
+    every rank of the job.
+
+    Whether a node runs whole is decided per rank (its local call's shapes, a meta check on
+    its block), and a node whole on one rank and split on another makes the two run
+    different collectives: the job hangs at the first one. So every rank's list is
+    all-gathered and each rank's program made with their union; an error on any rank is
+    raised on every rank (naming the rank), so that no rank goes on to a collective the
+    others never reach."""
+    import torch.distributed as dist
+
+    error, program, whole = None, None, []
+    try:
+        program, whole = _local_rank_program(graph, builder, plan_json, rank, adapt_to_shapes)
+    except ValidationError as e:
+        error = e
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if error is not None:
+            raise error
+        return program, whole
+    while True:  # until every rank runs the same nodes whole (each round adds to the union)
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, (str(error) if error is not None else None, sorted(whole)))
+        if error is not None:
+            raise error
+        failed = [(r, message) for r, (message, _) in enumerate(every) if message is not None]
+        if failed:
+            r, message = failed[0]
+            raise ValidationError(f"rank {r}: {message}")
+        union = sorted(set().union(*(set(names) for _, names in every)))
+        if all(names == union for _, names in every):
+            return program, whole
+        if union != sorted(whole):
+            log.info("rank %d: runs whole what other ranks run whole: %s", rank,
+                     ", ".join(sorted(set(union) - set(whole))[:8]))
+            try:
+                program = _C.rank_program(graph._core, plan_json, rank, union, adapt_to_shapes=adapt_to_shapes)
+                whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
+            except ValidationError as e:
+                error = e
+
+
+def _local_rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bool) -> tuple[dict, list[str]]:
+    """The core's program for `rank` alone. The core runs whole the nodes the plan splits
+    where the runtime has no distributed kernel and those whose local call its ops' shape
+    rules refuse (rank_graph.h). Two cases are the runtime's, as only torch knows them: an
+    op the core has no shape rule for (``shape_checked`` false), whose local call is checked
+    here on meta tensors, and a seeded random op whose draws cannot be one device's on these
+    operands (_random_on_shards). Those are asked to run whole too. Returns the program and
+    the nodes run whole. `adapt_to_shapes`: the plan was made at other batch shapes
+    (spmd_rewrite.h)."""
     program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes)
     runtime_whole = []
     for n in program["nodes"]:

@@ -156,9 +156,11 @@ TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulationAndTurnsToKfkb) {
     for (std::size_t i = 1; i < r->best.size(); ++i) EXPECT_LE(r->best[i - 1].step_time, r->best[i].step_time);
   }
   // The simulator overlaps the sends the evaluator charges whole: a steady network's best
-  // plan is faster than the evaluator's, and a varying one slower than the steady one.
+  // plan is faster than the evaluator's, and a varying one no faster than the steady one
+  // (as fast where kFkB's groups hide even the halved sends, as they do here since the
+  // stages' column-parallel input gradients are all-reduced beside the weight gradients).
   EXPECT_LT(steady.plan.predicted->step_time, steady_evaluator.plan.predicted->step_time);
-  EXPECT_GT(varying.plan.predicted->step_time, steady.plan.predicted->step_time);
+  EXPECT_GE(varying.plan.predicted->step_time, steady.plan.predicted->step_time);
   // (Whether a steady network already favours kFkB depends on how long a send is next to a
   // micro-batch's compute: Ada-Grouper's gain. With its stages laid out by the search, t 8 p 2
   // sends 1 MB per micro-batch over 10 Gb/s beside 5 ms of compute, and k = 2 wins there too.

@@ -97,7 +97,11 @@ TEST(StageLayout, ABatchOneGraphIsLaidOutAtMoreRows) {
   const std::optional<StageLayout> four = search_stage_layout(g, structure, cluster, model, rows, {});
   ASSERT_TRUE(one && four);
   EXPECT_EQ(four->prices.layer.parameters, one->prices.layer.parameters);
-  EXPECT_DOUBLE_EQ(four->prices.boundary_bytes, 4 * one->prices.boundary_bytes);
+  // The boundary is 4x the rows: whole (Megatron's layout) or split over the t = 4 ranks
+  // (sequence parallelism, which the search may pick at more rows and not at one).
+  EXPECT_TRUE(four->prices.boundary_bytes == 4 * one->prices.boundary_bytes ||
+              four->prices.boundary_bytes == one->prices.boundary_bytes)
+      << four->prices.boundary_bytes << " against " << one->prices.boundary_bytes;
   EXPECT_GT(four->prices.layer.activation_bytes, 2 * one->prices.layer.activation_bytes);
   EXPECT_GT(four->prices.layer.forward, 2 * one->prices.layer.forward);
 }

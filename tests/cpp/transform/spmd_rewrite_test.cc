@@ -2,14 +2,19 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ops/node_rule.h"
+#include "ir/printer.h"
 #include "ops/op_table.h"
 #include "support/error.h"
 #include "transform/local_shard.h"
+#include "transform/rank_graph.h"
 #include "megatron_mlp_plan.h"
 
 namespace shardwise::transform {
@@ -279,6 +284,22 @@ TEST(SpmdRewrite, AnArangeSplitIntoBlocksStartsAtItsBlock) {
   p = rank_program(g, positions_plan(g, "R"), 1);
   EXPECT_EQ(p.nodes[0].op, "aten::arange");
   EXPECT_FALSE(p.nodes[0].attrs.contains("start"));
+}
+
+TEST(SpmdRewrite, EveryRanksArangeBlockRunsLocallyInItsRankGraph) {
+  // The rank graph calls the overload the rewrite chose (arange.start_step): its shape rule
+  // reads the block's start. Calling the captured arange(end) there gave the ranks past the
+  // first block a length of end, not end - start, so they alone ran it whole and skipped the
+  // gather the others ran: a deadlock on the first collective.
+  ir::Graph g = positions_graph("aten::arange", {{"end", std::int64_t{12}}});
+  const plan::Sharding plan = positions_plan(g, "S(0)");
+  for (int rank = 0; rank < 6; ++rank) {
+    const RankGraph r = rank_graph(g, plan, rank);
+    EXPECT_TRUE(r.whole.empty()) << rank << ": " << fmt::format("{}", fmt::join(r.whole, ", "));
+    const std::string text = ir::print_graph(r.graph);
+    EXPECT_NE(text.find("aten::arange.start_step()"), std::string::npos) << text;
+    EXPECT_NO_THROW(verify_rank_graph(r.graph, g, plan, rank)) << rank;
+  }
 }
 
 TEST(SpmdRewrite, BadPlansNameWhatIsWrong) {
