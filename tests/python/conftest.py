@@ -97,6 +97,13 @@ def train_one_device(model, batch_of, steps: int, optimizer) -> list[float]:
     return losses
 
 
+def regression_batch(step: int, rows: int, features: int = 16):
+    """Batch `step` of a float64 regression: inputs and targets, [rows, features] each."""
+    g = torch.Generator().manual_seed(step)
+    return (torch.randn(rows, features, generator=g, dtype=torch.float64),
+            torch.randn(rows, features, generator=g, dtype=torch.float64))
+
+
 def with_zero(plan):
     """`plan` with the optimizer state of every parameter sharded (ZeRO) over each mesh axis
     of more than one rank that replicates it. The search prices ZeRO's parameter broadcasts,

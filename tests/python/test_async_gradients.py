@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import train_one_device
+from conftest import regression_batch, train_one_device
 
 ROWS, STEPS, TOLERANCE = 8, 3, 1e-9
 
@@ -46,9 +46,7 @@ def _model():
 
 
 def _batch(step: int):
-    g = torch.Generator().manual_seed(step)
-    return torch.randn(ROWS, 16, generator=g, dtype=torch.float64), torch.randn(ROWS, 16, generator=g,
-                                                                                 dtype=torch.float64)
+    return regression_batch(step, ROWS)
 
 
 def _megatron_plan(world: int) -> shardwise.Plan:

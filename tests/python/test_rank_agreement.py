@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import train_one_device
+from conftest import regression_batch, train_one_device
 
 ROWS, STEPS = 256, 2
 
@@ -48,9 +48,7 @@ def _model():
 
 
 def _batch(step: int):
-    g = torch.Generator().manual_seed(step)
-    return torch.randn(ROWS, 16, generator=g, dtype=torch.float64), torch.randn(ROWS, 16, generator=g,
-                                                                                 dtype=torch.float64)
+    return regression_batch(step, ROWS)
 
 
 def _worker(rank: int, world: int, store: str, result: str) -> None:
