@@ -508,7 +508,7 @@ def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bo
         if error is not None:
             raise error
         return program, whole
-    while True:  # until every rank runs the same nodes whole (each round adds to the union)
+    for _ in range(8):  # until every rank runs the same nodes whole (each round adds to the union)
         every: list = [None] * dist.get_world_size()
         dist.all_gather_object(every, (str(error) if error is not None else None, sorted(whole)))
         if error is not None:
@@ -528,6 +528,8 @@ def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bo
                 whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
             except ValidationError as e:
                 error = e
+    raise ValidationError(f"parallelize: rank {rank}: the ranks do not agree on the nodes run whole after 8 rounds "
+                          f"(this rank: {', '.join(sorted(whole)[:8])}); a rewrite that depends on the rank")
 
 
 def _local_rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bool) -> tuple[dict, list[str]]:
