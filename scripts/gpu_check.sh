@@ -103,7 +103,9 @@ built=$status
 # ---- 3. the GPU tests ----------------------------------------------------------------------------
 if ((status == 0)); then
   note "pytest -m gpu"
-  timeout "${GPU_CHECK_TEST_TIMEOUT:-1800}" $PY -m pytest -m gpu tests/python -v -rs -p no:cacheprovider -s \
+  # GPU_CHECK_TESTS: a pytest -k expression, to run some of them (a short device lease).
+  select=(); [[ -n ${GPU_CHECK_TESTS:-} ]] && select=(-k "$GPU_CHECK_TESTS")
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-1800}" $PY -m pytest -m gpu tests/python -v -rs -p no:cacheprovider -s "${select[@]}" \
     >"$report/tests.log" 2>&1
   rc=$?
   tail -25 "$report/tests.log"

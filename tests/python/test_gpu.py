@@ -314,6 +314,10 @@ def _round_case(name: str, world: int):
                                   precision=case.TIGHT_PRECISION, zero=False)
 
         return case._model, case._batch, plan, ['overlap="forward"', "regather=true"]
+    if name == "async":
+        import test_async_gradients as case
+
+        return case._model, case._batch, lambda: case._megatron_plan(world), ["shardwise.async_gradient="]
     import test_recompute as case
 
     def plan():
@@ -372,11 +376,13 @@ def _check_round(r: dict, device: str) -> None:
 
 
 @gpu
-@pytest.mark.parametrize("case", ["kernels", "gathers", "recompute"])
+@pytest.mark.parametrize("case", ["kernels", "gathers", "recompute", "async"])
 def test_this_rounds_runtime_on_two_ranks_sharing_one_gpu_equals_one_device(case):
     """kernels: layer norm, RMS norm, softmax, log-softmax and nll split over their dim;
     gathers: weights sharded over the data axis, prefetched and gathered again in backward;
-    recompute: transformers GPT-2 with dropout on, each layer checkpointed."""
+    recompute: transformers GPT-2 with dropout on, each layer checkpointed; async: a
+    column-parallel linear's input gradient all-reduced beside its weight gradient (host-staged
+    on Gloo)."""
     if case == "recompute":
         pytest.importorskip("transformers")
     r = _spawn(_round, 2, {"case": case})
