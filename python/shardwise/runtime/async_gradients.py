@@ -26,6 +26,7 @@ _LINEAR = torch.ops.aten.linear.default
 _ADDMM = torch.ops.aten.addmm.default
 _MM = torch.ops.aten.mm.default
 SPLIT_OPS = {_LINEAR: "aten::linear", _ADDMM: "aten::addmm", _MM: "aten::mm"}
+_BY_NAME = {name: op for op, name in SPLIT_OPS.items()}
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -99,7 +100,7 @@ class AsyncGradient(torch.nn.Module):
         self._steps = steps  # the Reshard module's typed steps, by text
 
     def forward(self, op: str, operand: int, step: str, args: tuple, kwargs: dict) -> torch.Tensor:
-        target = {name: t for t, name in SPLIT_OPS.items()}[op]
+        target = _BY_NAME[op]
         group = self._mesh.groups[self._steps[step]["axis"]]
         if target is _LINEAR:
             x, weight = args[0], args[1]
