@@ -64,6 +64,9 @@ py::dict operand(const transform::OperandRewrite& op) {
   d["prefetch"] = op.gather == search::ParameterOverlap::BesideForward;
   // The activation gradient's all-reduce beside the reader's weight gradient (runtime/async_gradients.py).
   d["async_gradient"] = op.gradient_overlap == search::ParameterOverlap::BesideBackward;
+  // A parameter gradient's reduce-scatter issued asynchronously, waited at the next
+  // (runtime/parameter_gathers.py, DeferredScatters).
+  d["scatter_in_backward"] = op.scatter == search::ParameterOverlap::BesideBackward;
   return d;
 }
 

@@ -47,6 +47,27 @@ ParameterOverlap gradient_reduction_overlap(const Placement& canonical) {
   return canonical.is_replicate() ? ParameterOverlap::BesideBackward : ParameterOverlap::Exposed;
 }
 
+ParameterOverlap gradient_scatter_overlap(const ShardingSpec& gradient, const ShardingSpec& canonical) {
+  if (gradient.size() != canonical.size()) return ParameterOverlap::Exposed;
+  int axis = -1;
+  for (std::size_t a = 0; a < gradient.size(); ++a) {
+    if (gradient[a].is_partial() && canonical[a].is_partial()) return ParameterOverlap::Exposed;  // bucketed
+    if (gradient[a] == canonical[a]) continue;
+    if (axis >= 0) return ParameterOverlap::Exposed;  // steps on two axes
+    axis = static_cast<int>(a);
+  }
+  if (axis < 0) return ParameterOverlap::Exposed;  // nothing to reduce
+  const Placement& from = gradient[static_cast<std::size_t>(axis)];
+  const Placement& to = canonical[static_cast<std::size_t>(axis)];
+  if (!from.is_partial() || from.reduction != ops::Reduction::Sum || !to.is_shard() || to.groups != 1 ||
+      !to.ratios.empty())
+    return ParameterOverlap::Exposed;
+  for (std::size_t b = 0; b < canonical.size(); ++b)  // another axis cutting the same dim: not one plain scatter
+    if (static_cast<int>(b) != axis && canonical[b].is_shard() && canonical[b].dim == to.dim)
+      return ParameterOverlap::Exposed;
+  return ParameterOverlap::BesideBackward;
+}
+
 ParameterOverlap activation_collective_overlap() { return ParameterOverlap::Exposed; }
 
 ParameterOverlap activation_gradient_overlap(std::string_view op, std::size_t operand, bool one_all_reduce,

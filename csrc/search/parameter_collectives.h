@@ -11,8 +11,12 @@
 //    backward uses that copy (python/shardwise/runtime/lower.py, Regather).
 //  - A gradient reduced to a replicated parameter is all-reduced in the engine's buckets as
 //    backward finishes them (runtime/buckets.py, DDP's overlap): beside backward.
-//  - A gradient reduced to a shard (ZeRO-3's reduce-scatter) runs at its read's backward
-//    step, blocking: exposed.
+//  - A gradient reduced to a shard (ZeRO-3's reduce-scatter) at its read's backward step:
+//    issued asynchronously there and waited for when the next one is issued (or when
+//    backward ends), its result added to the shard's gradient then (FSDP2's post-backward
+//    reduce-scatter, runtime/parameter_gathers.py, DeferredScatters): beside backward, where
+//    gradient_scatter_overlap says so (one reduce-scatter of an even, contiguous shard on one
+//    axis); else blocking: exposed.
 //  - A collective on an activation or an activation's gradient (a tensor-parallel
 //    all-reduce, a sequence-parallel gather, an all-to-all) runs where its reader or its
 //    producer's backward needs it, blocking: exposed (activation_collective_overlap).
@@ -60,6 +64,14 @@ bool backward_reads(const ops::DimRule& rule, std::size_t operand);
 
 // The reduction of a parameter's gradient to `canonical`, its gradient placement.
 ParameterOverlap gradient_reduction_overlap(const Placement& canonical);
+
+// A parameter's gradient at one read, `gradient` (the reader's, every mesh axis) to
+// `canonical` (the parameter's, every axis; Partial where the engine's buckets reduce it):
+// beside backward when it is one reduce-scatter, Partial(sum) -> an even, contiguous Shard on
+// one axis, with no other axis left Partial (a bucket's hook would reduce the gradient before
+// the scatter's part is added) nor cutting the same dim; else exposed. The mirror of
+// forward_gather_overlap.
+ParameterOverlap gradient_scatter_overlap(const ShardingSpec& gradient, const ShardingSpec& canonical);
 
 // Every collective of a value that is not a parameter, forward or backward, but for:
 ParameterOverlap activation_collective_overlap();

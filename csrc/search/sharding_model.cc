@@ -526,6 +526,24 @@ ParameterOverlap ShardingModel::activation_gradient_at(int axis, ir::ValueId val
                                      reads_[static_cast<std::size_t>(value)] == 1, trainable);
 }
 
+ParameterOverlap ShardingModel::parameter_gradient_at(int axis, ir::ValueId value, int consumer, int operand,
+                                                      const Placement& produced, const Placement& gradient) const {
+  const Placement canonical = gradient_placement(produced);
+  if (canonical.is_replicate()) return gradient_reduction_overlap(canonical);
+  ShardingSpec grads, canonicals;
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    if (b == axis) {
+      grads.push_back(gradient);
+      canonicals.push_back(canonical);
+      continue;
+    }
+    grads.push_back(node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(consumer)]
+                        .input_grads[static_cast<std::size_t>(operand)]);
+    canonicals.push_back(gradient_placement(value_placement(b, value)));
+  }
+  return gradient_scatter_overlap(grads, canonicals);
+}
+
 ParameterOverlap ShardingModel::gather_overlap(int axis, ir::ValueId value, int consumer, int operand,
                                                const Placement& produced, const Placement& wanted) const {
   ShardingSpec held, read;
@@ -559,7 +577,7 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
   if (requires_grad_[static_cast<std::size_t>(value)]) {
     const Placement canonical = gradient_placement(produced);
     const ParameterOverlap reduction =
-        parameter ? gradient_reduction_overlap(canonical)
+        parameter ? parameter_gradient_at(axis, value, consumer, operand, produced, gradient)
                   : activation_gradient_at(axis, value, consumer, operand, produced, wanted, gradient);
     // An activation's gradient beside its reader's weight gradient: hidden at the
     // interference price whatever the solver charges for parameter collectives (the weight
@@ -921,7 +939,8 @@ ShardingModel::Tally ShardingModel::tally() const {
       if (requires_grad_[static_cast<std::size_t>(group.value)]) {
         const Placement canonical = gradient_placement(produced);
         const ParameterOverlap reduction =
-            parameter ? gradient_reduction_overlap(canonical)
+            parameter ? parameter_gradient_at(axis, group.value, key.consumer, key.operand, produced,
+                                              reader.input_grads[op])
                       : activation_gradient_at(axis, group.value, key.consumer, key.operand, produced,
                                                reader.inputs[op], reader.input_grads[op]);
         record(reader.input_grads[op], canonical, parameter ? "step" : "backward",

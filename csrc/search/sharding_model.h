@@ -212,14 +212,20 @@ class ShardingModel {
   // weight is released after its read, FSDP / ZeRO-3), or, in a recomputed block, for the
   // recomputed forward, whose copy backward uses.
   int forward_passes(ir::ValueId value, int consumer, int operand) const;
-  // Where the forward gather of parameter `value` into `consumer`'s `operand` runs, with
-  // `produced` -> `wanted` on `axis` and the other axes as decided (parameter_collectives.h).
   // Where the backward steps of activation `value` into `consumer`'s `operand` run, with
   // `produced` -> `wanted` and `gradient` on `axis` and the other axes as decided
   // (activation_gradient_overlap, parameter_collectives.h).
   ParameterOverlap activation_gradient_at(int axis, ir::ValueId value, int consumer, int operand,
                                           const Placement& produced, const Placement& wanted,
                                           const Placement& gradient) const;
+  // Where the reduction of parameter `value`'s gradient at `consumer`'s `operand` runs, held
+  // `produced` with the reader's `gradient` on `axis` and the other axes as decided: in the
+  // buckets when it is replicated on `axis` (gradient_reduction_overlap), else
+  // gradient_scatter_overlap over every axis (parameter_collectives.h).
+  ParameterOverlap parameter_gradient_at(int axis, ir::ValueId value, int consumer, int operand,
+                                         const Placement& produced, const Placement& gradient) const;
+  // Where the forward gather of parameter `value` into `consumer`'s `operand` runs, with
+  // `produced` -> `wanted` on `axis` and the other axes as decided (parameter_collectives.h).
   ParameterOverlap gather_overlap(int axis, ir::ValueId value, int consumer, int operand, const Placement& produced,
                                   const Placement& wanted) const;
   // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`; a parameter's

@@ -207,8 +207,8 @@ class GraphEmitter {
     std::string key = op.value;
     for (const ReshardAction& step : op.forward) key += "|" + step.str();
     if (op.regather) key += "|regather";
-    key += fmt::format("|{}|{}", search::parameter_overlap_name(op.gather),
-                       search::parameter_overlap_name(op.gradient_overlap));
+    key += fmt::format("|{}|{}|{}", search::parameter_overlap_name(op.gather),
+                       search::parameter_overlap_name(op.gradient_overlap), search::parameter_overlap_name(op.scatter));
     key += "|backward";
     for (const ReshardAction& step : op.backward) key += "|" + step.str();
     if (auto it = regions_.find(key); it != regions_.end()) return it->second;
@@ -240,13 +240,14 @@ class GraphEmitter {
     for (auto it = op.backward.rbegin(); it != op.backward.rend(); ++it) {
       ir::Attributes attrs = step_attrs(*it, sharding_.mesh, rank_, true);
       // A parameter gradient's step at its read runs there, in backward (a reduce-scatter to
-      // the shard); a gradient left Partial is reduced in buckets (reduce_gradient, below).
-      // An activation's gradient step runs in its producer's backward, blocking.
+      // the shard, issued asynchronously where op.scatter says so); a gradient left Partial is
+      // reduced in buckets (reduce_gradient, below). An activation's gradient step runs in its
+      // producer's backward, blocking but where op.gradient_overlap says otherwise.
       const bool local = it->kind == ReshardKind::Slice || it->kind == ReshardKind::ZeroOthers ||
                          it->kind == ReshardKind::Scale;
       if (!local)
         attrs["overlap"] = std::string(
-            search::parameter_overlap_name(parameter ? search::ParameterOverlap::Exposed : op.gradient_overlap));
+            search::parameter_overlap_name(parameter ? op.scatter : op.gradient_overlap));
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
                                      {{name(), graph_.value(value).type}}, std::move(attrs), module));
     }

@@ -527,6 +527,13 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
         }
         op.gradient = gradient[id];
         if (op.gradient) op.backward = backward_steps(grads[n][i], id);
+        if (op.gradient && v.role == ir::ValueRole::Parameter) {
+          op.scatter = search::gradient_scatter_overlap(grads[n][i], canonical[id]);
+          if (op.scatter == search::ParameterOverlap::BesideBackward &&
+              (op.backward.size() != 1 || op.backward[0].kind != ReshardKind::ReduceScatter))
+            throw ValidationError(fmt::format("internal: an overlapped gradient step of '{}' is not one reduce-scatter "
+                                              "({} steps)", v.name, op.backward.size()));
+        }
       } catch (const ValidationError& e) {
         throw ValidationError(fmt::format("rewrite: operand {} ('{}') of node '{}' ({}, module '{}'): {}", i, v.name,
                                           graph.value(node.outputs.empty() ? node.inputs[0] : node.outputs[0]).name,

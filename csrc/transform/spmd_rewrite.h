@@ -103,6 +103,10 @@ struct OperandRewrite {
   // activation_gradient_overlap): BesideBackward when the reader's backward is split, its
   // gradient's one all-reduce issued asynchronously beside the weight gradient's product.
   search::ParameterOverlap gradient_overlap = search::ParameterOverlap::Exposed;
+  // Where a parameter's gradient step at this read runs (search/parameter_collectives.h,
+  // gradient_scatter_overlap): BesideBackward when it is one reduce-scatter the runtime
+  // issues asynchronously and waits for at the next one, else Exposed.
+  search::ParameterOverlap scatter = search::ParameterOverlap::Exposed;
 };
 
 struct OutputRewrite {

@@ -1,7 +1,9 @@
 """Parameters held sharded and read whole run as the plan prices them
 (search/parameter_collectives.h): gathered for the read, released after it, gathered again
-when backward needs them, their gradients reduce-scattered at the read; a replicated
-parameter's gradient reduced in buckets beside backward.
+when backward needs them, their gradients reduce-scattered where backward reaches the read; a replicated
+parameter's gradient reduced in buckets beside backward; the sharded parameters' gradients
+reduce-scattered beside backward too, each issued asynchronously where backward makes it and
+waited for at the next (FSDP2's post-backward reduce-scatter).
 
 A plan whose weights are sharded over the data axis (the search's, on a cluster too small for
 replicated weights) on 2 Gloo ranks in float64: training equals one device, the rank program
@@ -58,6 +60,15 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
         cluster = tight_cluster(graph, world, ROWS, (world, 1))
         plan = shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(world, 1), precision=TIGHT_PRECISION, zero=False)
         engine = shardwise.parallelize(_model(), _batch(0), plan=plan)
+        scatters = engine.module.scatters
+        in_backward = []  # for each reduce-scatter issued: was autograd running a node then?
+        issue = scatters.issue
+
+        def recorded(*args):
+            in_backward.append(torch._C._current_autograd_node() is not None)
+            issue(*args)
+
+        scatters.issue = recorded
         optimizer = engine.optimizer(torch.optim.SGD, lr=0.1)
         losses, moved = [], None
         for step in range(STEPS):
@@ -76,7 +87,8 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
             with open(result, "w") as f:
                 json.dump({"losses": losses, "ref_losses": ref_losses, "moved": moved, "predicted": predicted,
                            "error": max((state[n] - p).abs().max().item() for n, p in reference.named_parameters()),
-                           "placements": plan.placements(), "rank_ir": engine.rank_ir, "code": engine.code}, f)
+                           "placements": plan.placements(), "rank_ir": engine.rank_ir, "code": engine.code,
+                           "events": scatters.events, "in_backward": in_backward}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -95,10 +107,26 @@ def test_sharded_weights_are_gathered_released_and_gathered_again_as_priced():
     sharded = [n for n, p in r["placements"].items() if n.endswith("weight") and p[0].startswith("S")]
     assert sharded, r["placements"]  # the cluster leaves no room for replicated weights
     # Each gather of a weight read whole is marked: prefetched beside the forward, released
-    # after the read and gathered again for backward; the gradients' reduce-scatters exposed.
+    # after the read and gathered again for backward; the gradients' reduce-scatters beside
+    # backward, each one.
     assert 'overlap="forward", regather=true' in r["rank_ir"], r["rank_ir"]
-    assert 'overlap="exposed", pass="backward"' in r["rank_ir"], r["rank_ir"]
+    parameters = [f"%{n}." for n, _ in _model().named_parameters()]
+    scatters = [line for line in r["rank_ir"].splitlines() if "shardwise::reduce_scatter" in line
+                and any(p in line.split("=", 1)[1] for p in parameters)]
+    assert scatters and all('overlap="backward", pass="backward"' in line for line in scatters), scatters
     assert "self.regather(" in r["code"] and "self.prefetch.wait(" in r["code"], r["code"]
+    # ... and run there: each issued inside backward (autograd running a node), asynchronously,
+    # and waited for when the next is issued, the last when backward ends (an order a scatter
+    # waited for at once, or all at the end, does not have).
+    issued = [name for kind, name in r["events"] if kind == "issue"]
+    assert len(issued) == len(scatters) and len(set(issued)) == len(issued), (r["events"], scatters)
+    assert r["in_backward"] and all(r["in_backward"]), r["in_backward"]
+    expected = [("issue", issued[0])]
+    for earlier, later in zip(issued, issued[1:]):
+        expected += [("issue", later), ("wait", earlier)]
+    expected.append(("wait", issued[-1]))
+    assert [tuple(e) for e in r["events"]] == expected, r["events"]
+    assert "scatter = (" in r["code"], r["code"]
     # The run moves what the plan lists, kind by kind (elements: the plan counts bf16 bytes).
     for kind in ("all_gather", "reduce_scatter"):
         predicted = r["predicted"].get(kind, 0.0) / PRECISION_BYTES

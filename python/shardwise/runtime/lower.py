@@ -23,7 +23,7 @@ from ..materialize import local_index, local_tensor, take
 from .async_gradients import SPLIT_OPS, AsyncGradient
 from .kernels import StatisticsKernels, VocabLookup
 from .mesh import _Mesh
-from .parameter_gathers import PrefetchStart, PrefetchWait, Regather, _Prefetches, _released_after
+from .parameter_gathers import DeferredScatters, PrefetchStart, PrefetchWait, Regather, _Prefetches, _released_after
 from .recompute import checkpoint_blocks
 from .reshard import Reshard
 
@@ -221,6 +221,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         root.statistics = StatisticsKernels(mesh)
     root.one_device_random = OneDeviceRandom()
     if mesh is not None:
+        root.reshard.scatters = DeferredScatters(root.reshard)
         root.regather = Regather(root.reshard)
         prefetches = _Prefetches(root.reshard)
         root.prefetch = torch.nn.Module()
@@ -232,6 +233,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     nodes = program["nodes"] if nodes is None else nodes
     outputs = program["outputs"] if outputs is None else outputs
     parameters = {} if parameters is None else parameters
+    attrs: dict[str, torch.fx.Node] = {}  # a leaf's get_attr (before a mixed-precision cast)
     sizes, rank = (mesh.sizes, mesh.rank) if mesh is not None else ([1] * len(program["mesh"]), 0)
     for name in input_names:
         env[name] = graph.placeholder(re.sub(r"\W", "_", name))
@@ -248,7 +250,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             shard = local_tensor(tensors[name].detach(), leaves[name]["placement"], sizes, rank)
             parameters[name] = torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard
         _set_attr(root, name, parameters[name])
-        env[name] = graph.get_attr(name)
+        env[name] = attrs[name] = graph.get_attr(name)
         dtype = (compute_dtypes or {}).get(name)
         if dtype is not None and dtype != parameters[name].dtype:
             env[name] = graph.call_method("to", (env[name], dtype))
@@ -303,14 +305,19 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 write_backs.append((op["value"], value, op["required"]))
             elif fwd or bwd:
                 key = (op["value"], fwd, bwd, op.get("regather", False))
+                # A parameter's gradient reduce-scattered beside backward (DeferredScatters):
+                # delivered into the leaf's gradient, not through the cast before the gather.
+                scatter = {}
+                if op.get("scatter_in_backward") and mesh is not None:
+                    scatter = {"scatter": (op["value"], attrs[op["value"]])}
                 if key not in reshards and key in prefetch_index:
                     k = prefetch_index[key]
-                    reshards[key] = graph.call_module("prefetch.wait", (k, value, fwd, bwd))
+                    reshards[key] = graph.call_module("prefetch.wait", (k, value, fwd, bwd), scatter)
                     if k + 1 < len(prefetched):
                         _, leaf, step = prefetched[k + 1]
                         graph.call_module("prefetch.start", (k + 1, env[leaf], step))
                 elif key not in reshards:
-                    reshards[key] = graph.call_module("reshard", (value, fwd, bwd))
+                    reshards[key] = graph.call_module("reshard", (value, fwd, bwd), scatter)
                 if op.get("regather"):
                     regathers.append((reshards[key], value, fwd))
                 value = reshards[key]
@@ -398,6 +405,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     if block_of:
         module = checkpoint_blocks(module, block_of)
     module.counted = [n["outputs"][0]["value"] for n in counted]
+    # The gradient reduce-scatters this program issues in backward: the engine starts them
+    # with the step and finishes them after its backward (parameter_gathers.DeferredScatters).
+    module.scatters = root.reshard.scatters if mesh is not None else None
     return module
 
 

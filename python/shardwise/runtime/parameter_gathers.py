@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.fx
 
 from . import traffic, transport
-from .reshard import Reshard, _apply_steps
+from .reshard import Reshard, _apply_steps, backward_of
 
 # torch 2.13 renames all_gather_into_tensor (deprecated there); 2.11 has only the old name.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -134,13 +134,13 @@ class _Prefetched(torch.autograd.Function):
     """Forward: the gathered weight (issued earlier); backward: the gather's backward steps."""
 
     @staticmethod
-    def forward(ctx, shard, box, backward_steps, mesh):
-        ctx.backward_steps, ctx.mesh = backward_steps, mesh
+    def forward(ctx, shard, box, backward_steps, mesh, deferred):
+        ctx.backward_steps, ctx.mesh, ctx.deferred = backward_steps, mesh, deferred
         return box[0]
 
     @staticmethod
     def backward(ctx, grad):
-        return _apply_steps(grad, ctx.backward_steps, ctx.mesh), None, None, None
+        return backward_of(grad, ctx.backward_steps, ctx.mesh, ctx.deferred), None, None, None, None
 
 
 class PrefetchWait(torch.nn.Module):
@@ -151,11 +151,68 @@ class PrefetchWait(torch.nn.Module):
         super().__init__()
         self._state = state
 
-    def forward(self, k: int, shard: torch.Tensor, forward_steps: tuple, backward_steps: tuple) -> torch.Tensor:
+    def forward(self, k: int, shard: torch.Tensor, forward_steps: tuple, backward_steps: tuple,
+                scatter=None) -> torch.Tensor:
         entry = self._state.pending.pop(k, None) or self._state.issue(shard, forward_steps[0])
         out, work, dim = entry
         if work is not None:
             work.wait()
         whole = out.movedim(0, dim).contiguous()
         steps = tuple(self._state.reshard._steps[t] for t in backward_steps)
-        return _Prefetched.apply(shard, [whole], steps, self._state.reshard._mesh)
+        return _Prefetched.apply(shard, [whole], steps, self._state.reshard._mesh,
+                                 self._state.reshard.deferred(scatter))
+
+
+# ---- gradients reduce-scattered beside backward (FSDP2's post-backward reduce-scatter) ----------
+# A parameter's gradient the core marks ``overlap="backward"`` (search/parameter_collectives.h,
+# gradient_scatter_overlap: one reduce-scatter of an even, contiguous shard on one axis, no
+# axis left to the buckets) is not reduced where backward reaches the gather: the reduce-
+# scatter is issued asynchronously there, and the gather's backward gives its input no
+# gradient. The scatter in flight is waited for when the next is issued (one whole gradient in
+# flight besides the one being made, as FSDP2 holds it) or when backward ends (``finish``,
+# called by the engine), and its result, cast to the leaf's dtype (a mixed-precision master),
+# is added to the leaf's ``.grad``: what the blocking steps and the cast's backward made.
+class DeferredScatters:
+    """The reduce-scatters one program issues in backward. ``events``: ("issue" | "wait",
+    parameter name) in order, for the step since ``start``."""
+
+    def __init__(self, reshard: Reshard):
+        self._reshard = reshard
+        self._in_flight: tuple | None = None
+        self.events: list[tuple[str, str]] = []
+
+    def start(self) -> None:
+        self._in_flight = None
+        self.events = []
+
+    def issue(self, grad: torch.Tensor, steps: tuple, name: str, leaf: torch.Tensor) -> None:
+        (step,) = steps  # the core marks one reduce-scatter only (gradient_scatter_overlap)
+        mesh = self._reshard._mesh
+        axis, dim = step["axis"], step["dim"]
+        group = mesh.groups[axis]
+        moved = grad.movedim(dim, 0).contiguous()
+        out = torch.empty((moved.shape[0] // mesh.sizes[axis],) + tuple(moved.shape[1:]), dtype=moved.dtype,
+                          device=moved.device)
+        work = transport.reduce_scatter(out, moved, group=group, async_op=True)
+        earlier, self._in_flight = self._in_flight, (out, work, dim, name, leaf)
+        self.events.append(("issue", name))
+        if earlier is not None:
+            self._land(earlier)
+
+    def _land(self, entry: tuple) -> None:
+        out, work, dim, name, leaf = entry
+        work.wait()
+        g = out.movedim(0, dim).to(leaf.dtype).contiguous()
+        with torch.no_grad():
+            leaf.grad = g if leaf.grad is None else leaf.grad.add_(g)
+        self.events.append(("wait", name))
+
+    def finish(self) -> None:
+        """Backward has ended: the last scatter waited for and delivered."""
+        if self._in_flight is not None:
+            entry, self._in_flight = self._in_flight, None
+            self._land(entry)
+
+    def abandon(self) -> None:
+        """A failed step: forget the scatter in flight."""
+        self._in_flight = None

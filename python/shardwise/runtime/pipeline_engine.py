@@ -320,6 +320,9 @@ class PipelineEngine(EngineBase):
         reduce = self._buckets is not None and self._syncing
         if reduce:
             self._buckets.start(carry)
+        scatters = [st["module"].scatters for st in program.stages.values() if st["module"].scatters is not None]
+        for deferred in scatters:  # gradients reduce-scattered beside backward (parameter_gathers.py)
+            deferred.start()
         try:
             for i, (kind, mb, g, peer) in enumerate(self._actions):
                 stage = program.stages[g]
@@ -367,9 +370,13 @@ class PipelineEngine(EngineBase):
                                                  tag=self._tag(self._index(program, name), mb, True)), grad))
             for work, _ in sends:
                 work.wait()
+            for deferred in scatters:
+                deferred.finish()
             if reduce:
                 self._buckets.finish()
         except BaseException:
+            for deferred in scatters:
+                deferred.abandon()
             if reduce:
                 self._buckets.abandon()
             raise

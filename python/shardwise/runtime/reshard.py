@@ -83,14 +83,25 @@ class _ReshardFn(torch.autograd.Function):
     backward is a reduce-scatter only when the gradient is Partial)."""
 
     @staticmethod
-    def forward(ctx, x, forward_steps, backward_steps, mesh):
-        ctx.backward_steps, ctx.mesh = backward_steps, mesh
+    def forward(ctx, x, forward_steps, backward_steps, mesh, deferred=None):
+        ctx.backward_steps, ctx.mesh, ctx.deferred = backward_steps, mesh, deferred
         y = _apply_steps(x, forward_steps, mesh)
         return y.view_as(y) if y is x else y
 
     @staticmethod
     def backward(ctx, grad):
-        return _apply_steps(grad, ctx.backward_steps, ctx.mesh), None, None, None
+        return backward_of(grad, ctx.backward_steps, ctx.mesh, ctx.deferred), None, None, None, None
+
+
+def backward_of(grad: torch.Tensor, steps: tuple, mesh: _Mesh, deferred) -> torch.Tensor | None:
+    """The gradient `steps` make of a reader's `grad`; None where `deferred` (scatters, name,
+    leaf) takes it: the one reduce-scatter issued asynchronously, its result added to the
+    leaf's gradient when it lands (parameter_gathers.DeferredScatters)."""
+    if deferred is None:
+        return _apply_steps(grad, steps, mesh)
+    scatters, name, leaf = deferred
+    scatters.issue(grad, steps, name, leaf)
+    return None
 
 
 class Reshard(torch.nn.Module):
@@ -101,15 +112,26 @@ class Reshard(torch.nn.Module):
         super().__init__()
         self._mesh = mesh
         self._steps: dict[str, dict] = {}
+        self.scatters = None  # parameter_gathers.DeferredScatters, set by the lowering
 
     def step(self, step: dict) -> str:
         """Registers a typed step; returns the text the program names it by."""
         self._steps.setdefault(step["text"], step)
         return step["text"]
 
-    def forward(self, x: torch.Tensor, forward_steps: tuple, backward_steps: tuple) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, forward_steps: tuple, backward_steps: tuple, scatter=None) -> torch.Tensor:
+        """`scatter`: (name, leaf) of a parameter whose gradient's reduce-scatter (the one
+        backward step) runs beside backward, delivered into ``leaf.grad``."""
         if not forward_steps and not backward_steps:
             return x
         return _ReshardFn.apply(x, tuple(self._steps[t] for t in forward_steps),
-                                tuple(self._steps[t] for t in backward_steps), self._mesh)
+                                tuple(self._steps[t] for t in backward_steps), self._mesh,
+                                self.deferred(scatter))
+
+    def deferred(self, scatter) -> tuple | None:
+        """What backward_of takes for `scatter` ((name, leaf) or None)."""
+        if scatter is None:
+            return None
+        name, leaf = scatter
+        return self.scatters, name, leaf
 

@@ -162,12 +162,19 @@ class Engine(EngineBase):
                                   "optimizer between batches of different shapes")
         if buckets is not None:
             buckets.start(carry)
+        scatters = program.module.scatters  # gradients reduce-scattered beside backward (parameter_gathers.py)
+        if scatters is not None:
+            scatters.start()
         try:
             loss = program.module(*local, *counts)[0]
             loss.backward()
+            if scatters is not None:
+                scatters.finish()
             if buckets is not None:
                 buckets.finish()
         except BaseException:
+            if scatters is not None:
+                scatters.abandon()
             if buckets is not None:
                 buckets.abandon()
             raise

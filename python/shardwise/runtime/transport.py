@@ -19,6 +19,9 @@ import torch.distributed as dist
 
 from . import traffic
 
+# torch 2.13 renames reduce_scatter_tensor (deprecated there); 2.11 has only the old name.
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def on_host(tensor: torch.Tensor, group=None) -> bool:
     """True when `group` (None: the default group) runs `tensor`'s collectives with Gloo and
@@ -66,6 +69,20 @@ def _collective(call, tensor: torch.Tensor, group, async_op: bool, **kwargs):
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
     traffic.count("all_reduce", tensor)
     return _collective(dist.all_reduce, tensor, group, async_op, op=op)
+
+
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
+    """The sum over the group's ranks of `input` (dim 0: one block per rank), rank r's block
+    into `output` (``dist.reduce_scatter_single``)."""
+    traffic.count("reduce_scatter", input)
+    if not on_host(input, group):
+        return _REDUCE_SCATTER(output, input, group=group, async_op=async_op)
+    host = torch.empty(output.shape, dtype=output.dtype, device="cpu")
+    work = _Staged(_REDUCE_SCATTER(host, input.cpu(), group=group, async_op=async_op), host, output)
+    if async_op:
+        return work
+    work.wait()
+    return None
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False):
