@@ -67,6 +67,9 @@ py::dict operand(const transform::OperandRewrite& op) {
   // A parameter gradient's reduce-scatter issued asynchronously, waited at the next
   // (runtime/parameter_gathers.py, DeferredScatters).
   d["scatter_in_backward"] = op.scatter == search::ParameterOverlap::BesideBackward;
+  // Their unit groups: one flattened collective per group (parameter_collectives.h), -1 alone.
+  d["gather_group"] = op.gather_group;
+  d["scatter_group"] = op.scatter_group;
   return d;
 }
 

@@ -1,5 +1,9 @@
 #include "search/parameter_collectives.h"
 
+#include <map>
+
+#include "analysis/repeated_blocks.h"
+
 namespace shardwise::search {
 
 std::string_view parameter_overlap_name(ParameterOverlap overlap) {
@@ -66,6 +70,31 @@ ParameterOverlap gradient_scatter_overlap(const ShardingSpec& gradient, const Sh
     if (static_cast<int>(b) != axis && canonical[b].is_shard() && canonical[b].dim == to.dim)
       return ParameterOverlap::Exposed;
   return ParameterOverlap::BesideBackward;
+}
+
+std::vector<int> parameter_units(const ir::Graph& graph) {
+  const std::size_t n = graph.nodes().size();
+  std::vector<int> block(n, -1);
+  const std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
+  if (const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups))
+    for (std::size_t k = 0; k < layers->nodes.size(); ++k)
+      for (ir::NodeId id : layers->nodes[k]) block[static_cast<std::size_t>(id)] = static_cast<int>(k);
+  std::vector<int> unit(n, -1);
+  std::map<int, int> of_block;
+  int next = 0, run = -1;  // run: the unit of the nodes outside the blocks since the last block node
+  for (const ir::Node& node : graph.nodes()) {
+    const auto u = static_cast<std::size_t>(node.id);
+    if (block[u] >= 0) {
+      auto [it, fresh] = of_block.emplace(block[u], next);
+      if (fresh) ++next;
+      unit[u] = it->second;
+      run = -1;
+    } else {
+      if (run < 0) run = next++;
+      unit[u] = run;
+    }
+  }
+  return unit;
 }
 
 ParameterOverlap activation_collective_overlap() { return ParameterOverlap::Exposed; }

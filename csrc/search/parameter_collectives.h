@@ -28,6 +28,13 @@
 //    (Megatron-LM's asynchronous tensor-parallel all-reduce; runtime/async_gradients.py):
 //    beside backward. Decomposing a forward collective into chunks beside its matmul is
 //    issue 21's; until the runtime does it, the search does not price it.
+//  - Units (FSDP2's): the prefetched gathers of the parameters one unit reads (parameter_units:
+//    a transformer layer, or the run of nodes before, between or after the layers) on one
+//    axis and in one dtype are one flattened all-gather, issued where the unit before is
+//    waited for; their gathers again for backward, one flattened all-gather at the unit's
+//    first unpack; their gradients' reduce-scatters beside backward, one flattened
+//    reduce-scatter once the unit's last gradient is made. A unit's collective pays one
+//    latency: each member its share, by bytes. A collective issued alone pays all of it.
 // Beside-compute seconds cost the overlap interference (cost/constants.h) up to the compute
 // they hide under; exposed seconds cost in full.
 #pragma once
@@ -36,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ir/graph.h"
 #include "ops/dim_rule.h"
 #include "search/placement.h"
 
@@ -72,6 +80,13 @@ ParameterOverlap gradient_reduction_overlap(const Placement& canonical);
 // the scatter's part is added) nor cutting the same dim; else exposed. The mirror of
 // forward_gather_overlap.
 ParameterOverlap gradient_scatter_overlap(const ShardingSpec& gradient, const ShardingSpec& canonical);
+
+// The unit of each node (by node id) for its parameters' grouped collectives: the instance
+// of the largest group of repeated blocks (analysis/repeated_blocks.h: a transformer's
+// layers) the node belongs to; a node outside every instance belongs to the run of such
+// nodes it sits in (the embeddings before the first layer, the final norm and head after
+// the last). Numbered from 0 in node order.
+std::vector<int> parameter_units(const ir::Graph& graph);
 
 // Every collective of a value that is not a parameter, forward or backward, but for:
 ParameterOverlap activation_collective_overlap();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "analysis/batch_dim.h"
@@ -156,6 +157,18 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   for (const ir::Value& value : graph_.values())
     if (is_leaf(value)) rep_leaf_[static_cast<std::size_t>(value.id)] = value.id;
 
+  // The units of grouped parameter collectives, and the parameter bytes each reads.
+  units_ = parameter_units(graph_);
+  {
+    std::set<std::pair<int, ir::ValueId>> counted;
+    for (const ir::Node& node : graph_.nodes())
+      for (ir::ValueId in : node.inputs) {
+        const int unit = units_[static_cast<std::size_t>(node.id)];
+        const ir::Value& v = graph_.value(in);
+        if (v.role != ir::ValueRole::Parameter || !counted.emplace(unit, in).second) continue;
+        unit_elements_[{unit, v.type.shape.size() >= 2}] += static_cast<double>(v.type.numel());
+      }
+  }
   std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph_);
   const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
   if (layers != nullptr) {
@@ -477,14 +490,24 @@ double ShardingModel::zero_broadcast_seconds(ir::ValueId leaf, int axis, const L
 }
 
 double ShardingModel::reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to,
-                                      double bytes) const {
+                                      double bytes, double latency_share) const {
   const auto ranks = axis_ranks(axis);
   const double whole = reshard_time(model_, cluster_, ranks, from, to, static_cast<std::int64_t>(bytes));
-  if (whole <= 0 || graph_.value(value).role != ir::ValueRole::Parameter || bytes >= options_.bucket_bytes)
-    return whole;
+  if (whole <= 0 || latency_share >= 1.0 || graph_.value(value).role != ir::ValueRole::Parameter) return whole;
   // The latency part: the same collective on one byte.
   const double latency = reshard_time(model_, cluster_, ranks, from, to, 1);
-  return whole - latency * (1.0 - bytes / options_.bucket_bytes);
+  return whole - latency * (1.0 - latency_share);
+}
+
+double ShardingModel::parameter_latency_share(ir::ValueId value, int consumer, ParameterOverlap overlap,
+                                              bool replicated_gradient, double bytes) const {
+  if (replicated_gradient) return std::min(1.0, bytes / options_.bucket_bytes);
+  if (overlap == ParameterOverlap::Exposed) return 1.0;
+  const ir::Value& v = graph_.value(value);
+  auto it = unit_elements_.find({units_[static_cast<std::size_t>(consumer)], v.type.shape.size() >= 2});
+  return it != unit_elements_.end() && it->second > 0
+             ? std::min(1.0, static_cast<double>(v.type.numel()) / it->second)
+             : 1.0;
 }
 
 int ShardingModel::forward_passes(ir::ValueId value, int consumer, int operand) const {
@@ -567,13 +590,14 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
   // Each collective costs what its mark (search/parameter_collectives.h, the rewrite's too)
   // says: in full where exposed, `hidden_weight` where it runs beside compute.
   auto weight = [&](ParameterOverlap overlap) { return overlap != ParameterOverlap::Exposed ? hidden_weight : 1.0; };
-  const double gather = reshard_seconds(axis, value, produced, wanted, bytes);
   double seconds = 0;
-  if (gather > 0) {
-    const ParameterOverlap first = parameter ? gather_overlap(axis, value, consumer, operand, produced, wanted)
-                                             : activation_collective_overlap();
+  const ParameterOverlap first = parameter ? gather_overlap(axis, value, consumer, operand, produced, wanted)
+                                           : activation_collective_overlap();
+  // A prefetched gather and its gather again for backward run in their unit's group.
+  const double gather = reshard_seconds(axis, value, produced, wanted, bytes,
+                                        parameter ? parameter_latency_share(value, consumer, first, false, bytes) : 1.0);
+  if (gather > 0)
     seconds = (weight(first) + (forward_passes(value, consumer, operand) - 1) * weight(regather_overlap())) * gather;
-  }
   if (requires_grad_[static_cast<std::size_t>(value)]) {
     const Placement canonical = gradient_placement(produced);
     const ParameterOverlap reduction =
@@ -585,7 +609,10 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
     const double reduction_weight =
         !parameter && reduction != ParameterOverlap::Exposed ? options_.overlap_interference : weight(reduction);
     seconds += reduction_weight * gradient_share(value, gradient) *
-               reshard_seconds(axis, value, gradient, canonical, bytes);
+               reshard_seconds(axis, value, gradient, canonical, bytes,
+                               parameter ? parameter_latency_share(value, consumer, reduction, canonical.is_replicate(),
+                                                                   bytes)
+                                         : 1.0);
   }
   return seconds;
 }
@@ -829,11 +856,11 @@ double ShardingModel::parameter_bytes() const {
 }
 
 double ShardingModel::gathered_parameter_bytes() const {
-  // The two largest weights readers gather beyond the rank's stored share: a gathered
-  // weight is released after its read (and gathered again for backward), while the next
-  // one is prefetched (search/parameter_collectives.h), so the peak is two weights', not
-  // their sum.
-  double peak = 0, second = 0;
+  // The two largest units' weights readers gather beyond the rank's stored share: a unit's
+  // gathers are one flattened all-gather, its weights released after their reads (and
+  // gathered again for backward, the unit at once), while the next unit is prefetched
+  // (search/parameter_collectives.h), so the peak is two units', not the sum of all.
+  std::map<int, double> by_unit;
   for (const auto& [key, group] : edges_) {
     const ir::Value& value = graph_.value(group.value);
     if (value.role != ir::ValueRole::Parameter) continue;
@@ -842,7 +869,10 @@ double ShardingModel::gathered_parameter_bytes() const {
       const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
       wanted *= held_fraction(reader.inputs[static_cast<std::size_t>(key.operand)], options_.mesh[a]);
     }
-    const double bytes = value_bytes(group.value) * (wanted - held_all(group.value));
+    by_unit[units_[static_cast<std::size_t>(key.consumer)]] += value_bytes(group.value) * (wanted - held_all(group.value));
+  }
+  double peak = 0, second = 0;
+  for (const auto& [unit, bytes] : by_unit) {
     if (bytes > peak) {
       second = peak;
       peak = bytes;
@@ -897,6 +927,38 @@ ShardingModel::Tally ShardingModel::tally() const {
     // runtime runs it (runtime/lower.py reuses the reshard, its backward sees the summed gradient):
     // q, k and v read one gathered norm output. The per-axis problems still price each
     // reader's edge (a pair cost cannot see the others), so they lean against such splits.
+    // The unit groups the decisions make on this axis (parameter_collectives.h): one flattened
+    // collective per (unit, kind, dtype), whose latency its members share by elements.
+    std::map<std::tuple<int, int, int>, double> group_elements;
+    std::set<std::tuple<int, int, ir::ValueId>> members;
+    auto group_of = [&](int consumer, ir::ValueId value, int kind) {
+      return std::tuple{units_[static_cast<std::size_t>(consumer)], kind,
+                        static_cast<int>(graph_.value(value).type.dtype)};
+    };
+    auto scattered = [&](const EdgeKey& key, ir::ValueId value, const Placement& produced, const Strategy& reader) {
+      return requires_grad_[static_cast<std::size_t>(value)] && !gradient_placement(produced).is_replicate() &&
+             parameter_gradient_at(axis, value, key.consumer, key.operand, produced,
+                                   reader.input_grads[static_cast<std::size_t>(key.operand)]) ==
+                 ParameterOverlap::BesideBackward;
+    };
+    for (const auto& [key, group] : edges_) {
+      const ir::Value& value = graph_.value(group.value);
+      if (value.role != ir::ValueRole::Parameter) continue;
+      const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
+      const Placement produced = value_placement(axis, group.value);
+      const auto numel = static_cast<double>(value.type.numel());
+      if (gather_overlap(axis, group.value, key.consumer, key.operand, produced,
+                         reader.inputs[static_cast<std::size_t>(key.operand)]) == ParameterOverlap::BesideForward &&
+          members.emplace(units_[static_cast<std::size_t>(key.consumer)], 0, group.value).second)
+        group_elements[group_of(key.consumer, group.value, 0)] += numel;
+      if (scattered(key, group.value, produced, reader) &&
+          members.emplace(units_[static_cast<std::size_t>(key.consumer)], 1, group.value).second)
+        group_elements[group_of(key.consumer, group.value, 1)] += numel;
+    }
+    auto grouped_share = [&](int consumer, ir::ValueId value, int kind) {
+      const double total = group_elements[group_of(consumer, value, kind)];
+      return total > 0 ? std::min(1.0, static_cast<double>(graph_.value(value).type.numel()) / total) : 1.0;
+    };
     std::set<std::string> shared;
     for (const auto& [key, group] : edges_) {
       const ir::Value& value = graph_.value(group.value);
@@ -911,10 +973,10 @@ ShardingModel::Tally ShardingModel::tally() const {
       const double bytes = value_bytes(group.value) * held_except(group.value, axis);
       NodePrice& price = out.by_node[static_cast<std::size_t>(key.consumer)];
       auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double& by_node,
-                        double share, double node_weight = 1.0) {
+                        double share, double node_weight = 1.0, double latency_share = 1.0) {
         auto step = reshard_step(from, to, static_cast<std::int64_t>(bytes), options_.mesh[a]);
         if (!step) return;
-        double seconds = reshard_seconds(axis, group.value, from, to, bytes);
+        double seconds = reshard_seconds(axis, group.value, from, to, bytes, latency_share);
         into += share * group.count * seconds;
         by_node += node_weight * share * group.count * seconds;
         out.collectives.push_back({std::string(cost::collective_kind_name(step->kind)), value.name, axis, phase,
@@ -927,15 +989,19 @@ ShardingModel::Tally ShardingModel::tally() const {
                : overlap == ParameterOverlap::BesideBackward ? out.parameter_step
                                                              : out.parameter_exposed;
       };
-      record(produced, reader.inputs[op], "forward",
-             parameter ? beside(gather_overlap(axis, group.value, key.consumer, key.operand, produced, reader.inputs[op]))
-                       : out.activations,
-             price.collectives, 1.0);
+      const ParameterOverlap first =
+          parameter ? gather_overlap(axis, group.value, key.consumer, key.operand, produced, reader.inputs[op])
+                    : activation_collective_overlap();
+      // A prefetched gather and its gather again for backward run in their unit's group.
+      const double gather_latency =
+          parameter && first == ParameterOverlap::BesideForward ? grouped_share(key.consumer, group.value, 0) : 1.0;
+      record(produced, reader.inputs[op], "forward", parameter ? beside(first) : out.activations, price.collectives,
+             1.0, 1.0, gather_latency);
       // A gathered weight is released after its read and gathered again for the backward (and
       // for the recomputed forward): ZeRO-3 / FSDP's traffic, as the runtime runs it.
       if (parameter)
         record(produced, reader.inputs[op], "backward", beside(regather_overlap()), price.collectives,
-               forward_passes(group.value, key.consumer, key.operand) - 1);
+               forward_passes(group.value, key.consumer, key.operand) - 1, 1.0, gather_latency);
       if (requires_grad_[static_cast<std::size_t>(group.value)]) {
         const Placement canonical = gradient_placement(produced);
         const ParameterOverlap reduction =
@@ -950,7 +1016,11 @@ ShardingModel::Tally ShardingModel::tally() const {
                parameter ? price.gradient_sync : price.collectives, gradient_share(group.value, reader.input_grads[op]),
                // a stage's price (node_prices) counts an activation's hidden all-reduce at
                // the interference, as the solver does (edge_seconds)
-               !parameter && reduction == ParameterOverlap::BesideBackward ? options_.overlap_interference : 1.0);
+               !parameter && reduction == ParameterOverlap::BesideBackward ? options_.overlap_interference : 1.0,
+               !parameter                     ? 1.0
+               : canonical.is_replicate()      ? std::min(1.0, bytes / options_.bucket_bytes)
+               : reduction == ParameterOverlap::BesideBackward ? grouped_share(key.consumer, group.value, 1)
+                                                               : 1.0);
       }
     }
   }

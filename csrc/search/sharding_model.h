@@ -228,13 +228,22 @@ class ShardingModel {
   // `produced` -> `wanted` on `axis` and the other axes as decided (parameter_collectives.h).
   ParameterOverlap gather_overlap(int axis, ir::ValueId value, int consumer, int operand, const Placement& produced,
                                   const Placement& wanted) const;
-  // Resharding `bytes` (the whole tensor) of `value` from -> to on `axis`; a parameter's
-  // latency is shared with its bucket (ShardingModelOptions::bucket_bytes). (The runtime
-  // buckets only replicated gradients' reductions; it gathers and reduce-scatters each
-  // sharded parameter by itself, so a small parameter's gather is priced below what it
-  // costs. Pricing it whole moved the search off ZeRO-3 layouts of small models: the fix
-  // is the runtime grouping a block's gathers, as FSDP2 does.)
-  double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes) const;
+  // Resharding `bytes` (the rank's part of the tensor) of `value` from -> to on `axis`, paying
+  // `latency_share` of the collective's latency (1: issued alone).
+  double reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to, double bytes,
+                         double latency_share = 1.0) const;
+  // The share of one collective's latency a collective of parameter `value` at `consumer`
+  // pays, as the runtime issues it (parameter_collectives.h): a prefetched gather (and its
+  // gather again for backward) or a reduce-scatter beside backward, its share by elements of
+  // its unit's flattened collective; a replicated gradient's reduction, its share of a bucket
+  // of `bucket_bytes` (`bytes`: the rank's part); any other, all of it. Which of the unit's
+  // parameters join the group is the plan's (tally() counts the groups the decisions make);
+  // the solver, pricing one edge at a time, takes as peers the unit's parameters of the same
+  // rank class, vectors with vectors and matrices with matrices: a plan that gathers a
+  // unit's matrices (ZeRO-3) gathers its vectors too, while one that splits the matrices
+  // (tensor parallelism) may still gather the vectors (sequence-parallel norms) alone.
+  double parameter_latency_share(ir::ValueId value, int consumer, ParameterOverlap overlap, bool replicated_gradient,
+                                 double bytes) const;
   // The share of a reader's gradient reduction that reader pays: a leaf read by n nodes
   // (a tied embedding, a shared weight) adds its n Partial gradients locally and reduces
   // them once, so each Partial reader pays 1/n (exact when every reader's gradient is
@@ -260,6 +269,10 @@ class ShardingModel {
   std::vector<ir::ValueId> rep_leaf_;               // per value (leaves), else -1
   std::vector<double> instances_;                   // per node: instances folded into it (reps)
   std::vector<bool> in_block_;                      // per node
+  std::vector<int> units_;                          // per node: parameter_units
+  // Per (unit, matrix): the elements of the parameters of that rank class the unit reads
+  // (parameter_latency_share's peers).
+  std::map<std::pair<int, bool>, double> unit_elements_;
   std::vector<ir::ValueId> block_inputs_;           // checkpointed values when recomputing
   std::map<EdgeKey, EdgeGroup> edges_;
 

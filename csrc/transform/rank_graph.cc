@@ -207,8 +207,9 @@ class GraphEmitter {
     std::string key = op.value;
     for (const ReshardAction& step : op.forward) key += "|" + step.str();
     if (op.regather) key += "|regather";
-    key += fmt::format("|{}|{}|{}", search::parameter_overlap_name(op.gather),
-                       search::parameter_overlap_name(op.gradient_overlap), search::parameter_overlap_name(op.scatter));
+    key += fmt::format("|{}|{}|{}|{}|{}", search::parameter_overlap_name(op.gather),
+                       search::parameter_overlap_name(op.gradient_overlap), search::parameter_overlap_name(op.scatter),
+                       op.gather_group, op.scatter_group);
     key += "|backward";
     for (const ReshardAction& step : op.backward) key += "|" + step.str();
     if (auto it = regions_.find(key); it != regions_.end()) return it->second;
@@ -234,6 +235,8 @@ class GraphEmitter {
         attrs["overlap"] = std::string(search::parameter_overlap_name(
             parameter ? op.gather : search::activation_collective_overlap()));
       if (op.regather) attrs["regather"] = true;
+      // One flattened collective with the other members of its unit group (parameter_collectives.h).
+      if (!local && parameter && op.gather_group >= 0) attrs["unit_group"] = std::int64_t{op.gather_group};
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(step.kind)), {value},
                                      {{name(), type}}, std::move(attrs), module));
     }
@@ -248,6 +251,7 @@ class GraphEmitter {
       if (!local)
         attrs["overlap"] = std::string(
             search::parameter_overlap_name(parameter ? op.scatter : op.gradient_overlap));
+      if (!local && parameter && op.scatter_group >= 0) attrs["unit_group"] = std::int64_t{op.scatter_group};
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
                                      {{name(), graph_.value(value).type}}, std::move(attrs), module));
     }

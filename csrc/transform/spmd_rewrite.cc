@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 #include <variant>
 
 #include "analysis/repeated_blocks.h"
@@ -497,6 +499,14 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       for (std::size_t k = 0; k < layers->nodes.size(); ++k)
         for (ir::NodeId id : layers->nodes[k]) rewrites[static_cast<std::size_t>(id)].recompute_block = static_cast<int>(k);
   }
+  // Grouped parameter collectives: one group per (unit, kind, axis, dtype), in node order.
+  const std::vector<int> units = search::parameter_units(graph);
+  std::map<std::tuple<int, int, int, int>, int> groups;
+  auto group_of = [&](int unit, int kind, int axis, ir::DType dtype) {
+    auto [it, fresh] = groups.emplace(std::tuple{unit, kind, axis, static_cast<int>(dtype)},
+                                      static_cast<int>(groups.size()));
+    return it->second;
+  };
   std::vector<int> reads(values.size(), 0);  // (node, operand) reads of each value
   for (const ir::Node& node : nodes)
     for (ir::ValueId in : node.inputs) ++reads[static_cast<std::size_t>(in)];
@@ -534,6 +544,11 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
             throw ValidationError(fmt::format("internal: an overlapped gradient step of '{}' is not one reduce-scatter "
                                               "({} steps)", v.name, op.backward.size()));
         }
+        const int unit = units[n];
+        if (op.gather == search::ParameterOverlap::BesideForward)
+          op.gather_group = group_of(unit, 0, op.forward[0].axis, v.type.dtype);
+        if (op.scatter == search::ParameterOverlap::BesideBackward)
+          op.scatter_group = group_of(unit, 1, op.backward[0].axis, v.type.dtype);
       } catch (const ValidationError& e) {
         throw ValidationError(fmt::format("rewrite: operand {} ('{}') of node '{}' ({}, module '{}'): {}", i, v.name,
                                           graph.value(node.outputs.empty() ? node.inputs[0] : node.outputs[0]).name,

@@ -107,6 +107,12 @@ struct OperandRewrite {
   // gradient_scatter_overlap): BesideBackward when it is one reduce-scatter the runtime
   // issues asynchronously and waits for at the next one, else Exposed.
   search::ParameterOverlap scatter = search::ParameterOverlap::Exposed;
+  // The unit groups of a parameter's grouped collectives (search/parameter_collectives.h:
+  // one flattened collective per unit, axis and dtype), numbered in node order over the
+  // program, -1 where the collective runs alone: `gather_group` for a prefetched gather
+  // (and its gather again for backward), `scatter_group` for a reduce-scatter beside backward.
+  int gather_group = -1;
+  int scatter_group = -1;
 };
 
 struct OutputRewrite {

@@ -118,8 +118,9 @@ def test_sharded_weights_are_gathered_released_and_gathered_again_as_priced():
     # ... and run there: each issued inside backward (autograd running a node), asynchronously,
     # and waited for when the next is issued, the last when backward ends (an order a scatter
     # waited for at once, or all at the end, does not have).
-    issued = [name for kind, name in r["events"] if kind == "issue"]
-    assert len(issued) == len(scatters) and len(set(issued)) == len(issued), (r["events"], scatters)
+    issued = [group for kind, group in r["events"] if kind == "issue"]
+    unit_groups = {line.split("unit_group=")[1].split("}")[0] for line in scatters}
+    assert len(issued) == len(unit_groups) and len(set(issued)) == len(issued), (r["events"], scatters)
     assert r["in_backward"] and all(r["in_backward"]), r["in_backward"]
     expected = [("issue", issued[0])]
     for earlier, later in zip(issued, issued[1:]):
@@ -133,3 +134,127 @@ def test_sharded_weights_are_gathered_released_and_gathered_again_as_priced():
         measured = r["moved"].get(kind, {}).get("bytes", 0) / 8
         print(f"{kind}: {measured:.0f} elements moved per step, {predicted:.0f} in the plan")
         assert predicted > 0 and measured == predicted, (kind, r["moved"], r["predicted"])
+
+
+# ---- FSDP2's units: a layer's gathers and reduce-scatters flattened -----------------------------
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, h):
+        return h + F.gelu(self.fc(h))
+
+
+class Layers(nn.Module):
+    """Three repeated blocks between an input projection and a head: five units."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x, y):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return F.cross_entropy(self.head(h), y)
+
+
+def _layers():
+    torch.manual_seed(0)
+    return Layers().double()
+
+
+def _layers_batch(step: int):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(ROWS, 16, generator=g, dtype=torch.float64), torch.randint(0, 5, (ROWS,), generator=g)
+
+
+def _zero3(plan, model: nn.Module, world: int):
+    """`plan` (data parallel on a (world, 1) mesh) with every parameter that a dim of allows it
+    sharded over the data axis: ZeRO-3, whatever the search would pick."""
+    doc = json.loads(plan.to_json())
+    for key in ("predicted", "programs"):
+        doc.pop(key, None)
+    placements = doc["sharding"]["placements"]
+    for name, tensor in model.named_parameters():
+        dims = [d for d in range(tensor.dim()) if tensor.shape[d] % world == 0]
+        if name in placements and dims:
+            placements[name] = [f"S({dims[0]})", "R"]
+    doc["sharding"]["zero"] = {}
+    return shardwise.Plan.from_json(json.dumps(doc))
+
+
+def _units_worker(rank: int, world: int, store: str, result: str) -> None:
+    from shardwise.runtime import traffic
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    try:
+        graph = shardwise.capture(_layers(), _layers_batch(0))
+        searched = shardwise.plan(graph, shardwise.Cluster.preset("cpu", world), global_batch=ROWS, mesh=(world, 1),
+                                  zero=False, recompute=False)
+        engine = shardwise.parallelize(_layers(), _layers_batch(0), plan=_zero3(searched, _layers(), world))
+        optimizer = engine.optimizer(torch.optim.SGD, lr=0.1)
+        losses, moved = [], None
+        for step in range(STEPS):
+            traffic.reset()
+            losses.append(float(engine.train_step(*_layers_batch(step))))
+            optimizer.step()
+            optimizer.zero_grad()
+            moved = traffic.snapshot()
+        state = engine.full_state_dict()
+        reference = _layers()
+        ref_losses = train_one_device(reference, _layers_batch, STEPS,
+                                      torch.optim.SGD(reference.parameters(), lr=0.1))
+        if rank == 0:
+            with open(result, "w") as f:
+                json.dump({"losses": losses, "ref_losses": ref_losses, "moved": moved,
+                           "error": max((state[n] - p).abs().max().item() for n, p in reference.named_parameters()),
+                           "rank_ir": engine.rank_ir, "code": engine.code,
+                           "events": engine.module.scatters.events}, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_units_gathers_and_reduce_scatters_are_one_flattened_collective_each():
+    world = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        mp.spawn(_units_worker, args=(world, os.path.join(tmp, "store"), result), nprocs=world, join=True)
+        with open(result) as f:
+            r = json.load(f)
+    for a, b in zip(r["losses"], r["ref_losses"]):
+        assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+    assert r["error"] < TOLERANCE, r["error"]
+    # The collectives of parameters: their operand a parameter or a step of one.
+    parameters = [f"(%{n}{end}" for n, _ in _layers().named_parameters() for end in (")", ".")]
+    lines = [line for line in r["rank_ir"].splitlines() if any(p in line for p in parameters)]
+
+    def groups(kind: str, mark: str) -> tuple[set[str], int]:
+        marked = [line for line in lines if f"shardwise::{kind}" in line and f'overlap="{mark}"' in line]
+        assert marked and all("unit_group=" in line for line in marked), marked
+        return {line.split("unit_group=")[1].split("}")[0] for line in marked}, len(marked)
+
+    # The rank program groups each unit's parameters: the input projection's, each block's and
+    # the head's (five units), one group each for the forward gathers and the gradients.
+    gathers, gather_lines = groups("all_gather", "forward")
+    scatters, scatter_lines = groups("reduce_scatter", "backward")
+    assert len(gathers) == 5 and len(scatters) == 5, (gathers, scatters)
+    assert gather_lines > len(gathers) and scatter_lines > len(scatters), (gather_lines, scatter_lines)
+    # The run issues one collective per group: five reduce-scatters a step; five gathers in
+    # forward and at most one more per unit for backward, fewer than one per parameter.
+    calls = {kind: r["moved"].get(kind, {}).get("calls", 0) for kind in ("all_gather", "reduce_scatter")}
+    assert calls["reduce_scatter"] == len(scatters), (calls, scatters)
+    assert len(gathers) < calls["all_gather"] <= 2 * len(gathers), (calls, gathers)
+    # Each group's reduce-scatter issued once its last gradient arrives and waited for at the
+    # next group's, the last at the end of backward.
+    issued = [g for kind, g in r["events"] if kind == "issue"]
+    assert len(issued) == 5 and len(set(issued)) == 5, r["events"]
+    expected = [["issue", issued[0]]]
+    for earlier, later in zip(issued, issued[1:]):
+        expected += [["issue", later], ["wait", earlier]]
+    expected.append(["wait", issued[-1]])
+    assert r["events"] == expected, r["events"]

@@ -258,20 +258,38 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     # norm output): its backward then runs once, on the sum of their gradients (every step is
     # linear). The search's evaluation counts it once too (sharding_model.cc).
     reshards: dict[tuple, torch.fx.Node] = {}
-    # The prefetched gathers in order of first read: (reshard key, leaf, forward step text).
-    prefetched: list[tuple] = []
-    seen: set[tuple] = set()
+    # The prefetched gathers by unit group (the core's gather_group: one flattened all-gather
+    # each), the groups in order of first read, each group's members (reshard key, leaf,
+    # forward step text) in order of first read; and the reads whose gradients each unit
+    # group's flattened reduce-scatter waits for (parameter_gathers.DeferredScatters).
+    prefetched: dict[int, list[tuple]] = {}
+    scattered: dict[int, set] = {}
     for node in nodes:
         for op in node["inputs"]:
-            if op.get("prefetch") and mesh is not None:
-                key = (op["value"], _step_texts(root, op["forward"]), _step_texts(root, op["backward"]),
-                       op.get("regather", False))
-                if key not in seen:
-                    seen.add(key)
-                    prefetched.append((key, op["value"], key[1][0]))
-    prefetch_index = {key: k for k, (key, _, _) in enumerate(prefetched)}
-    if prefetched:
-        graph.call_module("prefetch.start", (0, env[prefetched[0][1]], prefetched[0][2]))
+            if mesh is None:
+                continue
+            key = _reshard_key(op, _step_texts(root, op["forward"]), _step_texts(root, op["backward"]))
+            if op.get("prefetch"):
+                members = prefetched.setdefault(op["gather_group"], [])
+                if key not in [m[0] for m in members]:
+                    members.append((key, op["value"], key[1][0]))
+            if op.get("scatter_in_backward"):
+                scattered.setdefault(op["scatter_group"], set()).add(key)
+    prefetch_groups = list(prefetched.values())
+    prefetch_index = {member[0]: (k, j) for k, members in enumerate(prefetch_groups)
+                      for j, member in enumerate(members)}
+    unit_group = {member[0]: g for g, members in prefetched.items() for member in members}
+    if mesh is not None:
+        root.reshard.scatters.members = {g: len(keys) for g, keys in scattered.items()}
+
+    def start_prefetch(k: int) -> None:
+        members = prefetch_groups[k]
+        graph.call_module("prefetch.start", (k, tuple(env[leaf] for _, leaf, _ in members),
+                                             tuple(text for _, _, text in members)))
+
+    if prefetch_groups:
+        start_prefetch(0)
+    first_waits: set[int] = set()
     block_of: dict[torch.fx.Node, int] = {}  # recomputation: the FX nodes of each checkpointed block
     for node in nodes:
         first = node["outputs"][0]["value"]
@@ -304,22 +322,23 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 value = graph.call_method("clone", (value,))
                 write_backs.append((op["value"], value, op["required"]))
             elif fwd or bwd:
-                key = (op["value"], fwd, bwd, op.get("regather", False))
+                key = _reshard_key(op, fwd, bwd)
                 # A parameter's gradient reduce-scattered beside backward (DeferredScatters):
                 # delivered into the leaf's gradient, not through the cast before the gather.
                 scatter = {}
                 if op.get("scatter_in_backward") and mesh is not None:
-                    scatter = {"scatter": (op["value"], attrs[op["value"]])}
+                    scatter = {"scatter": (op["value"], attrs[op["value"]], op["scatter_group"])}
                 if key not in reshards and key in prefetch_index:
-                    k = prefetch_index[key]
-                    reshards[key] = graph.call_module("prefetch.wait", (k, value, fwd, bwd), scatter)
-                    if k + 1 < len(prefetched):
-                        _, leaf, step = prefetched[k + 1]
-                        graph.call_module("prefetch.start", (k + 1, env[leaf], step))
+                    k, j = prefetch_index[key]
+                    reshards[key] = graph.call_module("prefetch.wait", (k, j, value, fwd, bwd), scatter)
+                    if k not in first_waits:  # the group's first read: the next group issued
+                        first_waits.add(k)
+                        if k + 1 < len(prefetch_groups):
+                            start_prefetch(k + 1)
                 elif key not in reshards:
                     reshards[key] = graph.call_module("reshard", (value, fwd, bwd), scatter)
-                if op.get("regather"):
-                    regathers.append((reshards[key], value, fwd))
+                if op.get("regather"):  # gathered again with its unit group where it was prefetched
+                    regathers.append((reshards[key], value, fwd, unit_group.get(key, -1)))
                 value = reshards[key]
             # An operand the capture read through a value identity the IR leaves out
             # (_fx_import.VALUE_IDENTITIES: contiguous(), a constant's fresh copy): called again
@@ -408,6 +427,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     # The gradient reduce-scatters this program issues in backward: the engine starts them
     # with the step and finishes them after its backward (parameter_gathers.DeferredScatters).
     module.scatters = root.reshard.scatters if mesh is not None else None
+    if mesh is not None:  # each forward pass saves its own unit groups to gather again
+        module.register_forward_pre_hook(lambda _module, _args: root.regather.new_pass())
     return module
 
 
@@ -417,6 +438,14 @@ def program_code(module: torch.fx.GraphModule) -> str:
     return getattr(module, "flat_code", None) or module.code
 
 
+
+
+def _reshard_key(op: dict, forward: tuple, backward: tuple) -> tuple:
+    """Readers whose operands share this key share one reshard: the value, its steps, and how
+    the core runs them (csrc/transform/rank_graph.cc keys its resharding regions alike: two
+    units reading one weight gather it each)."""
+    return (op["value"], forward, backward, op.get("regather", False), op.get("gather_group", -1),
+            op.get("scatter_group", -1))
 
 
 def _step_texts(root: torch.nn.Module, steps) -> tuple[str, ...]:

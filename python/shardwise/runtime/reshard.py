@@ -95,12 +95,12 @@ class _ReshardFn(torch.autograd.Function):
 
 def backward_of(grad: torch.Tensor, steps: tuple, mesh: _Mesh, deferred) -> torch.Tensor | None:
     """The gradient `steps` make of a reader's `grad`; None where `deferred` (scatters, name,
-    leaf) takes it: the one reduce-scatter issued asynchronously, its result added to the
-    leaf's gradient when it lands (parameter_gathers.DeferredScatters)."""
+    leaf, unit group) takes it: the one reduce-scatter issued asynchronously with its group's,
+    its result added to the leaf's gradient when it lands (parameter_gathers.DeferredScatters)."""
     if deferred is None:
         return _apply_steps(grad, steps, mesh)
-    scatters, name, leaf = deferred
-    scatters.issue(grad, steps, name, leaf)
+    scatters, name, leaf, group = deferred
+    scatters.issue(grad, steps, name, leaf, group)
     return None
 
 
@@ -120,8 +120,8 @@ class Reshard(torch.nn.Module):
         return step["text"]
 
     def forward(self, x: torch.Tensor, forward_steps: tuple, backward_steps: tuple, scatter=None) -> torch.Tensor:
-        """`scatter`: (name, leaf) of a parameter whose gradient's reduce-scatter (the one
-        backward step) runs beside backward, delivered into ``leaf.grad``."""
+        """`scatter`: (name, leaf, unit group) of a parameter whose gradient's reduce-scatter
+        (the one backward step) runs beside backward, delivered into ``leaf.grad``."""
         if not forward_steps and not backward_steps:
             return x
         return _ReshardFn.apply(x, tuple(self._steps[t] for t in forward_steps),
@@ -129,9 +129,9 @@ class Reshard(torch.nn.Module):
                                 self.deferred(scatter))
 
     def deferred(self, scatter) -> tuple | None:
-        """What backward_of takes for `scatter` ((name, leaf) or None)."""
+        """What backward_of takes for `scatter` ((name, leaf, unit group) or None)."""
         if scatter is None:
             return None
-        name, leaf = scatter
-        return self.scatters, name, leaf
+        name, leaf, group = scatter
+        return self.scatters, name, leaf, group
 

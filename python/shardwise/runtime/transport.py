@@ -19,7 +19,9 @@ import torch.distributed as dist
 
 from . import traffic
 
-# torch 2.13 renames reduce_scatter_tensor (deprecated there); 2.11 has only the old name.
+# torch 2.13 renames all_gather_into_tensor and reduce_scatter_tensor (deprecated there); 2.11
+# has only the old names.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
@@ -69,6 +71,19 @@ def _collective(call, tensor: torch.Tensor, group, async_op: bool, **kwargs):
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
     traffic.count("all_reduce", tensor)
     return _collective(dist.all_reduce, tensor, group, async_op, op=op)
+
+
+def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
+    """Every rank's `input`, rank r's at block r of `output` (dim 0; ``dist.all_gather_single``)."""
+    traffic.count("all_gather", output)
+    if not on_host(input, group):
+        return _ALL_GATHER(output, input, group=group, async_op=async_op)
+    host = torch.empty(output.shape, dtype=output.dtype, device="cpu")
+    work = _Staged(_ALL_GATHER(host, input.cpu(), group=group, async_op=async_op), host, output)
+    if async_op:
+        return work
+    work.wait()
+    return None
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):

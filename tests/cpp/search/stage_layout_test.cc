@@ -96,7 +96,9 @@ TEST(StageLayout, ABatchOneGraphIsLaidOutAtMoreRows) {
   rows.micro_batch = 4;
   const std::optional<StageLayout> four = search_stage_layout(g, structure, cluster, model, rows, {});
   ASSERT_TRUE(one && four);
-  EXPECT_EQ(four->prices.layer.parameters, one->prices.layer.parameters);
+  // The same weights whatever the rows (a small vector's placement may differ between the
+  // two searches: within 1%), where the activations grow with the rows.
+  EXPECT_NEAR(four->prices.layer.parameters, one->prices.layer.parameters, 0.01 * one->prices.layer.parameters);
   // The boundary is 4x the rows: whole (Megatron's layout) or split over the t = 4 ranks
   // (sequence parallelism, which the search may pick at more rows and not at one).
   EXPECT_TRUE(four->prices.boundary_bytes == 4 * one->prices.boundary_bytes ||
