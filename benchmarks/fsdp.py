@@ -88,10 +88,12 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     if rank == 0:
         paired = statistics.median(o / t for o, t in zip(times["shardwise"], times["fsdp2"]))
         marks = engine.rank_ir.count('overlap="forward"')
+        groups = {line.split("unit_group=")[1].split("}")[0] for line in engine.rank_ir.splitlines()
+                  if "unit_group=" in line and "shardwise::all_gather" in line}
         with open(out, "w") as f:
             json.dump({"ours": statistics.median(times["shardwise"]), "fsdp2": statistics.median(times["fsdp2"]),
                        "paired": paired, "loss_diff": loss_diff, "sharded": sharded, "prefetched": marks,
-                       "moved": moved}, f)
+                       "units": len(groups), "moved": moved}, f)
     finish_worker()
 
 
@@ -102,17 +104,19 @@ def main() -> None:
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
           f"{torch.__version__}, Gloo; {size_line(args)}")
     print("ms: median step time (rank 0); paired: median over steps of our step time / FSDP2's in the same round; "
-          "sharded: parameters our plan shards; prefetched: its gathers marked prefetched; MB moved: what our "
-          "collectives moved in a step (rank 0); loss diff: the largest relative difference between the two's "
+          "sharded: parameters our plan shards; prefetched: its gathers marked prefetched; units: the unit groups "
+          "they are gathered in (one flattened all-gather each); collectives: our collective calls in a step "
+          "(rank 0); MB moved: what they moved; loss diff: the largest relative difference between the two's "
           "losses over the global batch at any step")
     print(f"{'world':>5}  {'shardwise ms':>12}  {'FSDP2 ms':>8}  {'ours / FSDP2':>12}  {'paired':>6}  {'sharded':>7}  "
-          f"{'prefetched':>10}  {'MB moved':>8}  {'loss diff':>9}")
+          f"{'prefetched':>10}  {'units':>5}  {'collectives':>11}  {'MB moved':>8}  {'loss diff':>9}")
     for world in (int(w) for w in args.worlds.split(",")):
         r = run_world(_worker, world, args)
         megabytes = sum(v["bytes"] for v in r["moved"].values()) / 1e6
+        calls = sum(v["calls"] for v in r["moved"].values())
         print(f"{world:>5}  {r['ours'] * 1e3:>12.1f}  {r['fsdp2'] * 1e3:>8.1f}  {r['ours'] / r['fsdp2']:>12.2f}  "
-              f"{r['paired']:>6.2f}  {r['sharded']:>7}  {r['prefetched']:>10}  {megabytes:>8.2f}  "
-              f"{r['loss_diff']:>9.1e}")
+              f"{r['paired']:>6.2f}  {r['sharded']:>7}  {r['prefetched']:>10}  {r['units']:>5}  {calls:>11}  "
+              f"{megabytes:>8.2f}  {r['loss_diff']:>9.1e}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -4,19 +4,20 @@
 // and the run cannot disagree about what hides beside compute.
 //
 //  - A parameter held sharded and read whole (ZeRO-3 / FSDP) is gathered for its read in
-//    forward: prefetched one read ahead, beside the forward, where forward_gather_overlap
-//    says so, else blocking at the read: exposed. After the read the gathered weight is released (not kept
-//    for backward) and gathered again, blocking, when backward reads it (backward_reads):
-//    exposed. In a recomputed block the recomputed forward gathers it again instead, and
+//    forward: prefetched a unit ahead (below), beside the forward, where forward_gather_overlap
+//    says so, else blocking at the read: exposed. After the read the gathered weight is
+//    released (not kept for backward) and gathered again, blocking, when backward reads it
+//    (backward_reads): exposed. In a recomputed block the recomputed forward gathers it again instead, and
 //    backward uses that copy (python/shardwise/runtime/lower.py, Regather).
 //  - A gradient reduced to a replicated parameter is all-reduced in the engine's buckets as
 //    backward finishes them (runtime/buckets.py, DDP's overlap): beside backward.
 //  - A gradient reduced to a shard (ZeRO-3's reduce-scatter) at its read's backward step:
-//    issued asynchronously there and waited for when the next one is issued (or when
-//    backward ends), its result added to the shard's gradient then (FSDP2's post-backward
-//    reduce-scatter, runtime/parameter_gathers.py, DeferredScatters): beside backward, where
-//    gradient_scatter_overlap says so (one reduce-scatter of an even, contiguous shard on one
-//    axis); else blocking: exposed.
+//    where gradient_scatter_overlap says so (one reduce-scatter of an even, contiguous shard
+//    on one axis), held until its unit's last gradient is made, then issued asynchronously
+//    with them and waited for when the next unit's is issued (or when backward ends), its
+//    part added to the shard's gradient then (FSDP2's post-backward reduce-scatter,
+//    runtime/parameter_gathers.py, DeferredScatters): beside backward; else blocking at the
+//    read's backward step: exposed.
 //  - A collective on an activation or an activation's gradient (a tensor-parallel
 //    all-reduce, a sequence-parallel gather, an all-to-all) runs where its reader or its
 //    producer's backward needs it, blocking: exposed (activation_collective_overlap).
@@ -34,7 +35,8 @@
 //    waited for; their gathers again for backward, one flattened all-gather at the unit's
 //    first unpack; their gradients' reduce-scatters beside backward, one flattened
 //    reduce-scatter once the unit's last gradient is made. A unit's collective pays one
-//    latency: each member its share, by bytes. A collective issued alone pays all of it.
+//    latency: each member its share, by elements (ShardingModel::parameter_latency_share).
+//    A collective issued alone pays all of it.
 // Beside-compute seconds cost the overlap interference (cost/constants.h) up to the compute
 // they hide under; exposed seconds cost in full.
 #pragma once

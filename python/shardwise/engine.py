@@ -166,11 +166,11 @@ def _plan_at_batch(plan: Plan, rows: int) -> Plan:
     return Plan.from_json(json.dumps(doc))
 
 
-def _recapture(wrapper: _Trainable, cluster, level: str, precision: str, memory_fraction: float | None = None
-               ) -> Recapture:
+def _recapture(wrapper: _Trainable, cluster, level: str, precision: str, memory_fraction: float | None = None,
+               zero: bool = True) -> Recapture:
     """How an engine captures `wrapper` again and searches its mesh again (runtime/engine_base.py),
-    in the precision of the plan it runs."""
-    options = {"precision": precision}
+    in the precision of the plan it runs (and with ZeRO allowed or not, as parallelize was)."""
+    options = {"precision": precision, "zero": zero}
     if memory_fraction is not None:
         options["memory_fraction"] = memory_fraction
     return Recapture(
@@ -183,7 +183,7 @@ def _recapture(wrapper: _Trainable, cluster, level: str, precision: str, memory_
 def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Callable | None = None,
                 plan: Plan | None = None, cluster=None, *, level: str = "fast", mesh: tuple[int, int] | None = None,
                 example_kwargs: dict | None = None, static: bool = False, verify: bool | str = "auto",
-                mixed_precision=None, precision: str | None = None):
+                mixed_precision=None, precision: str | None = None, zero: bool = True):
     """Rewrites `model` (with its loss) for this rank of the running torch.distributed job.
 
     ``example_inputs``: the global batch as the model takes it: a tensor, a tuple of positional
@@ -201,6 +201,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     weights of the model's dtype, reduce gradients in ``reduce_dtype`` (runtime/precision.py).
     ``precision``: what the search prices the plan in ("f32", "tf32", "bf16", "f16"); None:
     the model's as captured (``param_dtype`` under a policy). A given plan keeps its own.
+    ``zero``: whether the search may shard the optimizer's states (``shardwise.plan``'s).
     Every rank must call this with the same arguments;
     the plan's hash is checked across ranks before the first collective.
     """
@@ -243,7 +244,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
         searched = plan is None
         if searched:
             plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
-                               memory_fraction=_MEMORY_FRACTION, precision=precision)
+                               memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero)
         else:  # a plan given by its degrees: completed on this capture (Plan.complete)
             log.info("parallelize: the plan gives no sharding of its %d x %d mesh: searching it once (the "
                      "engine's plan holds it: save that one to run it without a search)", plan.data, plan.tensor)
@@ -279,8 +280,8 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     return Engine(model=model, wrapper=wrapper, binding=binding, plan=plan, mesh=mesh, first=first,
                   parameters=parameters, tensors=tensors, trainable=trainable,
                   kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}),
-                  recapture=_recapture(wrapper, cluster, level, plan.precision, _MEMORY_FRACTION), policy=policy,
-                  static=static, compute_dtypes=compute, shapes=shapes)
+                  recapture=_recapture(wrapper, cluster, level, plan.precision, _MEMORY_FRACTION, zero),
+                  policy=policy, static=static, compute_dtypes=compute, shapes=shapes)
 
 
 def _check_made_for(sharding: dict, graph, input_names: list[str]) -> None:

@@ -66,7 +66,9 @@ def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
     mesh's tensor axis: halfway between the least any plan needs and what the replicated
     plan needs (as the cost model predicts them). A tiny model's plan otherwise splits only
     the batch, on both axes. Priced in TIGHT_PRECISION (bf16, CPU's slow rate, where such a
-    layout is worth its collectives): searches on it must state the same precision."""
+    layout is worth its collectives) and without ZeRO's sharded optimizer states (which save
+    a tiny model's memory without sharding any weight): searches on it must state the same
+    precision and zero=False (``tight_plan``; ``parallelize(..., zero=False)``)."""
     import json
 
     import shardwise
@@ -77,11 +79,19 @@ def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
         return shardwise.Cluster.from_json(json.dumps(doc))
 
     cluster = shardwise.Cluster.preset("cpu", world)
-    replicated = shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh,
-                                precision=TIGHT_PRECISION).predicted_memory()[0]
-    least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=rows, mesh=mesh,
-                           precision=TIGHT_PRECISION).predicted_memory()[0]
+    replicated = shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh, precision=TIGHT_PRECISION,
+                                zero=False).predicted_memory()[0]
+    least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=rows, mesh=mesh, precision=TIGHT_PRECISION,
+                           zero=False).predicted_memory()[0]
     return with_memory(cluster, (least + replicated) / 2 / shardwise._C.MEMORY_FRACTION)  # what plans may use
+
+
+def tight_plan(graph, world: int, rows: int, mesh: tuple[int, int]):
+    """The search's plan for `graph` on ``tight_cluster``: weights sharded on the tensor axis."""
+    import shardwise
+
+    return shardwise.plan(graph, tight_cluster(graph, world, rows, mesh), global_batch=rows, mesh=mesh,
+                          precision=TIGHT_PRECISION, zero=False)
 
 
 def train_one_device(model, batch_of, steps: int, optimizer) -> list[float]:

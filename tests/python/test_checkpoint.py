@@ -140,7 +140,8 @@ def test_one_device_to_two_plans_and_back_is_bitwise_equal(tmp_path):
 
     a = _spawn(4, tmp, layout="sharded", load=os.path.join(tmp, "single"), save=os.path.join(tmp, "sharded"))
     assert a["extra"] == {"step": 2}
-    assert a["placements"]["blocks.0.qkv.weight"] == ["S(1)", "S(1)"], "plan A shards the weights over both axes"
+    assert all(p.startswith("S") for p in a["placements"]["blocks.0.qkv.weight"]), \
+        ("plan A shards the weights over both axes", a["placements"]["blocks.0.qkv.weight"])
     b = _spawn(4, tmp, layout="zero", load=os.path.join(tmp, "sharded"), save=os.path.join(tmp, "zero"))
     assert b["zero"], "plan B shards optimizer state over the data axis (ZeRO)"
     _spawn(2, tmp, layout="pipeline", load=os.path.join(tmp, "zero"), save=os.path.join(tmp, "pipeline"))

@@ -103,10 +103,11 @@ def test_llama_megatron_projections(llama_graph):
     kinds = _block_forward_collectives(plan, 2)
     # (Since ZeRO's parameter broadcasts are priced, the 2 GiB devices' memory is saved
     # otherwise, and one residual may cross between a sequence and a hidden split: a
-    # sixteenth of the block's traffic in an all-to-all.)
+    # sixteenth of the block's traffic in an all-to-all. Since the parameters' collectives pay
+    # their unit's latency, a second projection's output may cross too.)
     megatron = [k for k in kinds if k != "all_to_all"]
     assert megatron in (["all_reduce", "all_reduce"], ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"])
-    assert kinds.count("all_to_all") <= 1, kinds
+    assert kinds.count("all_to_all") <= 2, kinds
     # The vocabulary-parallel LM head.
     assert placements["lm_head.weight"][1] == "S(0)"
     # The untied input table is split too, by its hidden dim rather than Megatron's vocabulary:
@@ -118,9 +119,12 @@ def test_llama_megatron_projections(llama_graph):
 
 
 def test_llama_at_a_large_batch_is_pure_data_parallel(llama_graph):
-    # 80 GB devices, 512 sequences: every weight matrix whole on every rank, the batch over
+    # 80 GB devices, 512 sequences: every weight matrix whole for its product, the batch over
     # all 8. (Before the fast solver started from a data-parallel seed, its beam left the
-    # embedding region hidden-sharded here, 12% slower by its own model.)
+    # embedding region hidden-sharded here, 12% slower by its own model.) A matrix may be held
+    # sharded over the data axes and gathered whole for its product (ZeRO-3, FSDP's layout):
+    # its unit's gathers and reduce-scatters run beside compute and cost what data
+    # parallelism's all-reduce does at this batch, in a quarter of the memory.
     plan = shardwise.plan(llama_graph, shardwise.Cluster.preset("dgx-a100"), global_batch=512, precision=A100_PRECISION)
     assert plan.fits
     placements, mesh = plan.placements(), plan.sharding["mesh"]
@@ -131,9 +135,10 @@ def test_llama_at_a_large_batch_is_pure_data_parallel(llama_graph):
         # The input table may be held sharded over the data axis, FSDP's way: gathered for
         # the lookup (prefetched) and never again (its backward reads the ids), where ZeRO
         # would broadcast it after every step.
-        allowed = (["R", "R"], ["S(0)", "R"]) if name == "model.embed_tokens.weight" else (["R", "R"],)
-        assert placements[name] in allowed, (name, placements[name])
-    # The embedding lookup and every projection run on a slice of the batch on every axis.
+        held = placements[name]
+        assert all(p == "R" or size > 1 for p, size in zip(held, mesh)), (name, held)
+    # The embedding lookup and every projection run on a slice of the batch on every axis: no
+    # matrix is split for its product (a sharded one is gathered whole first).
     strategies = plan.strategies()
     for node in ["embedding"] + [f"linear_{i}" if i else "linear" for i in range(14)]:
         for axis, size in enumerate(mesh):
@@ -143,7 +148,9 @@ def test_llama_at_a_large_batch_is_pure_data_parallel(llama_graph):
 
 
 def test_gpt2_at_a_large_batch_runs_its_blocks_data_parallel(gpt2_graph):
-    # The blocks' matrices whole on every rank. The tied 50257 x 2048 table is not asserted:
+    # The blocks' matrices whole for their products (held whole, or sharded over the data axes
+    # and gathered: ZeRO-3, as cheap as data parallelism at this batch; the addmm strategies
+    # below hold that no product is split). The tied 50257 x 2048 table is not asserted:
     # the search looks its rows up split by hidden (each rank writes 1/8 of the table's dense
     # gradient instead of all of it, 0.5 ms of HBM traffic at fp32) and exchanges the
     # embeddings all-to-all into the batch split (0.34 ms): cheaper under the cost model
@@ -154,7 +161,7 @@ def test_gpt2_at_a_large_batch_runs_its_blocks_data_parallel(gpt2_graph):
     matrices = [n for n in plan.sharding["leaves"] if n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))]
     assert len(matrices) == 2 * 4
     for name in matrices:
-        assert placements[name] == ["R", "R"], name
+        assert all(p == "R" or size > 1 for p, size in zip(placements[name], plan.sharding["mesh"])), name
     # Every GEMM of the blocks runs on a slice of the batch on every axis.
     for node, per_axis in plan.strategies().items():
         if node.startswith("addmm"):
@@ -243,7 +250,7 @@ def test_a_small_dim_is_never_cut_by_two_axes_into_blocks_that_do_not_divide_it(
     in 2 on both (ALBERT's token-type table [2, 32], Swin's relative position bias table
     [49, 2 heads], at a memory where weights are sharded on a 2 x 2 mesh: rank_program
     refused the plan, "dim 0 holds 1 elements here")."""
-    from conftest import TIGHT_PRECISION, tight_cluster
+    from conftest import tight_plan
 
     torch.manual_seed(0)
     if model == "albert":
@@ -258,6 +265,5 @@ def test_a_small_dim_is_never_cut_by_two_axes_into_blocks_that_do_not_divide_it(
             num_labels=10, drop_path_rate=0.0))
         inputs = {"pixel_values": torch.randn(4, 3, 32, 32, dtype=torch.float64), "labels": torch.randint(0, 10, (4,))}
     graph = shardwise.capture(m.double().train(), inputs)
-    plan = shardwise.plan(graph, tight_cluster(graph, 4, 4, (2, 2)), global_batch=4, mesh=(2, 2),
-                          precision=TIGHT_PRECISION)
+    plan = tight_plan(graph, 4, 4, (2, 2))
     assert _realizable(plan, graph) == []

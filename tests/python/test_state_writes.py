@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import TIGHT_PRECISION, tight_cluster
+from conftest import tight_plan
 
 STEPS, ROWS, TOLERANCE = 3, 4, 1e-9
 
@@ -56,9 +56,7 @@ def _batch(step: int):
 def _worker(rank: int, world: int, store: str, mesh: tuple[int, int], result: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
-        cluster = tight_cluster(shardwise.capture(_model(), _batch(0)), world, ROWS, mesh)
-        searched = shardwise.parallelize(_model(), _batch(0), mesh=mesh, cluster=cluster, precision=TIGHT_PRECISION,
-                                         verify=False).plan
+        searched = tight_plan(shardwise.capture(_model(), _batch(0)), world, ROWS, mesh)
         # Batch norm split over its channels on the tensor axis, whatever the search chose for
         # it: the case under test (the search's choice moves with the prices of its collectives).
         doc = json.loads(searched.to_json())

@@ -141,9 +141,9 @@ def _worker(rank: int, world: int, store: str, layout: str, result: str) -> None
                 plan = shardwise.Plan.manual(shardwise.capture(qwen2(), example), cluster, pipeline=p, data=d,
                                              global_batch=ROWS, micro_batch=ROWS // (2 * d), recompute=False,
                                              precision="f32")
-            elif LAYOUTS[layout].get("sharded"):
+            elif LAYOUTS[layout].get("sharded"):  # (the optimizer's states kept whole: tight_cluster)
                 cluster = tight_cluster(shardwise.capture(qwen2(), example), world, ROWS, mesh)
-                options["precision"] = TIGHT_PRECISION
+                options.update(precision=TIGHT_PRECISION, zero=False)
             return shardwise.parallelize(model, example, plan=plan, mesh=mesh, cluster=cluster, **options)
 
         # Dropout: on in training (two seeds, two losses; one seed twice, one loss) and off in

@@ -124,7 +124,7 @@ def _scenario_clip(rank, world, mesh):
     batch = _batch()
     graph = shardwise.capture(_qwen2(), batch)
     cluster = tight_cluster(graph, world, 4, mesh) if mesh[1] > 1 else shardwise.Cluster.preset("cpu", world)
-    engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster, precision=TIGHT_PRECISION)
+    engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster, precision=TIGHT_PRECISION, zero=False)
     engine.train_step(**batch)
     out = {"sharded": any(x.startswith("S") for n, p in engine.plan.placements().items() if n in dict(model.named_parameters())
                           for x in p)}
@@ -211,7 +211,7 @@ def _scenario_shapes(rank, world, mesh):
     batch = _batch()
     graph = shardwise.capture(_qwen2(), batch)
     cluster = tight_cluster(graph, world, 4, mesh) if mesh[1] > 1 else shardwise.Cluster.preset("cpu", world)
-    engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster, precision=TIGHT_PRECISION)
+    engine = shardwise.parallelize(model, batch, mesh=mesh, cluster=cluster, precision=TIGHT_PRECISION, zero=False)
     opt = engine.optimizer(torch.optim.SGD, lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     losses, ref_losses = [], []
