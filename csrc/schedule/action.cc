@@ -8,6 +8,7 @@ std::string to_string(const Action& a) {
   switch (a.kind) {
     case ActionKind::Forward: return fmt::format("F{}@s{}", a.micro_batch, a.stage);
     case ActionKind::Backward: return fmt::format("B{}@s{}", a.micro_batch, a.stage);
+    case ActionKind::WeightGradient: return fmt::format("W{}@s{}", a.micro_batch, a.stage);
     case ActionKind::SendActivation: return fmt::format("SA{}@s{}->r{}", a.micro_batch, a.stage, a.peer);
     case ActionKind::SendGradient: return fmt::format("SG{}@s{}->r{}", a.micro_batch, a.stage, a.peer);
     case ActionKind::RecvActivation: return fmt::format("RA{}@s{}<-r{}", a.micro_batch, a.stage, a.peer);

@@ -5,7 +5,11 @@
 // Contract:
 //   - `stage` is a virtual stage index in [0, ranks * virtual_stages). Virtual stage g
 //     lives on rank g % ranks (chunk g / ranks of that rank), see schedules.h.
-//   - Forward / Backward: `stage`, `micro_batch` set, `peer` == -1.
+//   - Forward / Backward / WeightGradient: `stage`, `micro_batch` set, `peer` == -1. In a
+//     schedule with WeightGradient actions (zero-bubble, Qi et al. 2024) Backward computes
+//     the input's gradient only (B) and WeightGradient the weights' (W), which may run
+//     later: every (stage, micro-batch) then has one of each, W after B on its rank.
+//     Without them, Backward is the whole backward.
 //   - SendActivation: the activation that `stage` produced for micro-batch `micro_batch`
 //     goes to rank `peer` (which owns stage + 1). SendGradient: the input gradient that
 //     backward of `stage` produced goes to rank `peer` (which owns stage - 1).
@@ -27,6 +31,7 @@ namespace shardwise::schedule {
 enum class ActionKind {
   Forward,
   Backward,
+  WeightGradient,
   SendActivation,
   SendGradient,
   RecvActivation,
@@ -43,17 +48,22 @@ struct Action {
 
   static Action forward(int stage, int micro_batch) { return {ActionKind::Forward, stage, micro_batch, -1}; }
   static Action backward(int stage, int micro_batch) { return {ActionKind::Backward, stage, micro_batch, -1}; }
+  static Action weight_gradient(int stage, int micro_batch) {
+    return {ActionKind::WeightGradient, stage, micro_batch, -1};
+  }
   static Action optimizer_step() { return {ActionKind::OptimizerStep, -1, -1, -1}; }
   static Action grad_sync() { return {ActionKind::GradSync, -1, -1, -1}; }
 
-  bool is_compute() const { return kind == ActionKind::Forward || kind == ActionKind::Backward; }
+  bool is_compute() const {
+    return kind == ActionKind::Forward || kind == ActionKind::Backward || kind == ActionKind::WeightGradient;
+  }
   bool is_send() const { return kind == ActionKind::SendActivation || kind == ActionKind::SendGradient; }
   bool is_recv() const { return kind == ActionKind::RecvActivation || kind == ActionKind::RecvGradient; }
 
   friend bool operator==(const Action&, const Action&) = default;
 };
 
-// Short text form: "F3@s1", "B0@s0", "SA2@s1->r1", "SG2@s1->r0", "RA2@s2<-r1",
+// Short text form: "F3@s1", "B0@s0", "W0@s0", "SA2@s1->r1", "SG2@s1->r0", "RA2@s2<-r1",
 // "RG2@s0<-r1", "OPT", "SYNC". Used in error messages and test failure output.
 std::string to_string(const Action& action);
 

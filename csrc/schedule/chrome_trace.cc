@@ -14,6 +14,7 @@ std::string event_name(const Interval& iv) {
   switch (iv.kind) {
     case IntervalKind::Forward: return fmt::format("F{} s{}", iv.micro_batch, iv.stage);
     case IntervalKind::Backward: return fmt::format("B{} s{}", iv.micro_batch, iv.stage);
+    case IntervalKind::WeightGradient: return fmt::format("W{} s{}", iv.micro_batch, iv.stage);
     case IntervalKind::Send: return fmt::format("send {} s{}", iv.micro_batch, iv.stage);
     case IntervalKind::RecvWait: return fmt::format("wait {} s{}", iv.micro_batch, iv.stage);
     case IntervalKind::Update: return "update";

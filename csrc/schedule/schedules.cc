@@ -31,7 +31,9 @@ PipelineSchedule with_communication(int ranks, int micro_batches, int virtual_st
     for (const Action& a : compute[static_cast<std::size_t>(r)]) {
       const int g = a.stage;
       const int i = a.micro_batch;
-      if (a.kind == ActionKind::Forward) {
+      if (a.kind == ActionKind::WeightGradient) {  // nothing crosses ranks for it
+        out.push_back(a);
+      } else if (a.kind == ActionKind::Forward) {
         if (g > 0 && s.rank_of_stage(g - 1) != r) out.push_back({ActionKind::RecvActivation, g, i, s.rank_of_stage(g - 1)});
         out.push_back(a);
         if (g < last && s.rank_of_stage(g + 1) != r) out.push_back({ActionKind::SendActivation, g, i, s.rank_of_stage(g + 1)});
@@ -119,12 +121,69 @@ PipelineSchedule interleaved_1f1b(int ranks, int micro_batches, int virtual_stag
   return with_communication(p, micro_batches, v, compute);
 }
 
+PipelineSchedule zero_bubble_h1(int ranks, int micro_batches) {
+  check_shape("zero_bubble_h1", ranks, micro_batches);
+  const int p = ranks, m = micro_batches;
+  // One action per tick on every rank, in micro-batch order per kind; an action's result is
+  // visible from the next tick. Each tick a rank runs, of what is ready: the oldest input
+  // gradient (B: the critical path runs through it), else the next forward while fewer than
+  // p micro-batches hold activations on it (one is held from its F to its W: 1F1B's peak,
+  // its first rank's), else the oldest weight gradient (W: nothing waits for it, so it fills
+  // the bubbles).
+  std::vector<std::vector<int>> f_done(static_cast<std::size_t>(p), std::vector<int>(static_cast<std::size_t>(m), -1));
+  std::vector<std::vector<int>> b_done = f_done;
+  std::vector<int> next_f(static_cast<std::size_t>(p), 0), next_b = next_f, next_w = next_f, held = next_f;
+  std::vector<std::vector<Action>> compute(static_cast<std::size_t>(p));
+  auto at = [](std::vector<std::vector<int>>& done, int r, int i) -> int& {
+    return done[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
+  };
+  for (int t = 0, left = 3 * p * m; left > 0; ++t) {
+    std::vector<ActionKind> chosen(static_cast<std::size_t>(p), ActionKind::OptimizerStep);  // none
+    for (int r = 0; r < p; ++r) {
+      const auto u = static_cast<std::size_t>(r);
+      const int b = next_b[u], f = next_f[u];
+      if (b < f && at(f_done, r, b) <= t && (r == p - 1 || (at(b_done, r + 1, b) >= 0 && at(b_done, r + 1, b) <= t)))
+        chosen[u] = ActionKind::Backward;
+      else if (f < m && held[u] < p && (r == 0 || (at(f_done, r - 1, f) >= 0 && at(f_done, r - 1, f) <= t)))
+        chosen[u] = ActionKind::Forward;
+      else if (next_w[u] < b)
+        chosen[u] = ActionKind::WeightGradient;
+    }
+    for (int r = 0; r < p; ++r) {
+      const auto u = static_cast<std::size_t>(r);
+      switch (chosen[u]) {
+        case ActionKind::Forward:
+          compute[u].push_back(Action::forward(r, next_f[u]));
+          at(f_done, r, next_f[u]++) = t + 1;
+          ++held[u];
+          break;
+        case ActionKind::Backward:
+          compute[u].push_back(Action::backward(r, next_b[u]));
+          at(b_done, r, next_b[u]++) = t + 1;
+          break;
+        case ActionKind::WeightGradient:
+          compute[u].push_back(Action::weight_gradient(r, next_w[u]++));
+          --held[u];
+          break;
+        default: continue;
+      }
+      --left;
+    }
+  }
+  return with_communication(ranks, micro_batches, 1, compute);
+}
+
 int peak_in_flight(const std::vector<Action>& rank_actions) {
+  // Activations are held from a forward to the last part of its backward: the weight
+  // gradient where the schedule splits them.
+  const bool split = std::any_of(rank_actions.begin(), rank_actions.end(),
+                                 [](const Action& a) { return a.kind == ActionKind::WeightGradient; });
+  const ActionKind release = split ? ActionKind::WeightGradient : ActionKind::Backward;
   int now = 0;
   int peak = 0;
   for (const Action& a : rank_actions) {
     if (a.kind == ActionKind::Forward) peak = std::max(peak, ++now);
-    if (a.kind == ActionKind::Backward) --now;
+    if (a.kind == release) --now;
   }
   return peak;
 }
@@ -188,17 +247,22 @@ void validate(const PipelineSchedule& s) {
   // Pass 3: each forward and backward exactly once.
   const auto cells = static_cast<std::size_t>(stages) * static_cast<std::size_t>(m);
   auto cell = [m](int g, int i) { return static_cast<std::size_t>(g) * static_cast<std::size_t>(m) + static_cast<std::size_t>(i); };
-  std::vector<int> fwd_count(cells, 0), bwd_count(cells, 0);
+  std::vector<int> fwd_count(cells, 0), bwd_count(cells, 0), weight_count(cells, 0);
+  bool split = false;  // a zero-bubble schedule: every backward in two parts
   for (const auto& list : s.per_rank) {
     for (const Action& a : list) {
       if (a.kind == ActionKind::Forward) ++fwd_count[cell(a.stage, a.micro_batch)];
       if (a.kind == ActionKind::Backward) ++bwd_count[cell(a.stage, a.micro_batch)];
+      if (a.kind == ActionKind::WeightGradient) ++weight_count[cell(a.stage, a.micro_batch)];
+      split = split || a.kind == ActionKind::WeightGradient;
     }
   }
   for (int g = 0; g < stages; ++g) {
     for (int i = 0; i < m; ++i) {
-      for (const auto& [counts, what] : {std::pair{&fwd_count, "forward"}, std::pair{&bwd_count, "backward"}}) {
+      for (const auto& [counts, what] : {std::pair{&fwd_count, "forward"}, std::pair{&bwd_count, "backward"},
+                                         std::pair{&weight_count, "weight gradient"}}) {
         const int n = (*counts)[cell(g, i)];
+        if (counts == &weight_count && !split) continue;
         if (n != 1) {
           throw support::ValidationError(fmt::format("rank {}: {} of micro-batch {} at stage {} runs {} times (expected once)",
                                                      s.rank_of_stage(g), what, i, g, n));
@@ -210,7 +274,7 @@ void validate(const PipelineSchedule& s) {
   // Pass 4: abstract execution. Only receives block; every other unmet dependency is
   // an ordering error within one rank's list.
   std::vector<char> fwd_done(cells, 0), bwd_done(cells, 0), act_sent(cells, 0), grad_sent(cells, 0), act_in(cells, 0),
-      grad_in(cells, 0);
+      grad_in(cells, 0), weight_done(cells, 0);
   std::vector<std::size_t> pc(static_cast<std::size_t>(s.ranks), 0);
   for (bool progress = true; progress;) {
     progress = false;
@@ -235,6 +299,10 @@ void validate(const PipelineSchedule& s) {
               fail(r, a, fmt::format("runs before its output gradient (backward of stage {} or its receive) is available", g + 1));
             }
             bwd_done[cell(g, i)] = 1;
+            break;
+          case ActionKind::WeightGradient:
+            if (!bwd_done[cell(g, i)]) fail(r, a, "runs before the backward of its input gradient");
+            weight_done[cell(g, i)] = 1;
             break;
           case ActionKind::SendActivation:
             if (!fwd_done[cell(g, i)]) fail(r, a, "sends an activation before its forward ran");

@@ -43,9 +43,25 @@ PipelineSchedule one_f_one_b(int ranks, int micro_batches);
 PipelineSchedule interleaved_1f1b(int ranks, int micro_batches, int virtual_stages);
 PipelineSchedule kfkb(int ranks, int micro_batches, int k);
 
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): each backward split into
+// its input gradient (B, which the rank before waits for) and its weight gradient (W, which
+// nothing waits for), the W postponed into what would be bubbles, within 1F1B's peak
+// activation memory (p micro-batches held from F to W on any rank: 1F1B's first rank's; its
+// later ranks hold fewer). Made by a unit-time list schedule: each rank runs, of what is
+// ready, the oldest B, else the next F within that memory, else the oldest W. With equal F,
+// B and W and free communication its step is at least m (F + B + W) + (p - 1)(F + B - W) (the
+// last rank's work after its first input arrives: the paper's bubble (p - 1)(F + B - W)),
+// which it reaches at m = p; 1F1B's is (m + p - 1)(F + B + W). (Holding only 1F1B's p - r
+// on rank r, the last rank must run each W at once, and the last B's chain back to rank 0
+// runs after all of them: 62 against 69 at p = 8, m = 16, where this one takes 57.)
+// Not yet run by the executor (issue 21: the runtime splits a stage's backward first) nor
+// offered by the planner.
+PipelineSchedule zero_bubble_h1(int ranks, int micro_batches);
+
 // Checks, by abstract execution of the per-rank lists (no timing):
 //   - every action names a stage of its own rank and in-range micro-batch / peer;
-//   - every (stage, micro-batch) has exactly one Forward and one Backward;
+//   - every (stage, micro-batch) has exactly one Forward and one Backward, and one
+//     WeightGradient (after its Backward, on its rank) where the schedule has any;
 //   - dependencies hold: F(g, i) after F(g-1, i), B(g, i) after F(g, i) and after
 //     B(g+1, i) -- on the same rank earlier in its list, or via a matching Recv;
 //     a Send comes after the compute that produced its payload;
@@ -55,7 +71,8 @@ PipelineSchedule kfkb(int ranks, int micro_batches, int k);
 void validate(const PipelineSchedule& schedule);
 
 // Largest number of stashed forward activations ((stage, micro-batch) pairs whose
-// forward ran on this rank but whose backward has not) over the rank's list.
+// forward ran on this rank but whose backward, or weight gradient where the list has any,
+// has not) over the rank's list.
 // With v = 1 that is the number of micro-batches in flight.
 int peak_in_flight(const std::vector<Action>& rank_actions);
 

@@ -64,6 +64,7 @@ const char* interval_kind_name(IntervalKind kind) {
   switch (kind) {
     case IntervalKind::Forward: return "forward";
     case IntervalKind::Backward: return "backward";
+    case IntervalKind::WeightGradient: return "weight_gradient";
     case IntervalKind::Send: return "send";
     case IntervalKind::RecvWait: return "recv_wait";
     case IntervalKind::Update: return "update";
@@ -132,9 +133,15 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
           grad_arrival[cell(g, i)] = now + d;
           tl.push_back({IntervalKind::Send, now, now + d, i, g});
         } else if (a.is_compute()) {
-          const bool f = a.kind == ActionKind::Forward;
-          const double d = (f ? costs.forward : costs.backward)[static_cast<std::size_t>(g)];
-          tl.push_back({f ? IntervalKind::Forward : IntervalKind::Backward, now, now + d, i, g});
+          const auto u = static_cast<std::size_t>(g);
+          const double d = a.kind == ActionKind::Forward    ? costs.forward[u]
+                           : a.kind == ActionKind::Backward ? costs.backward[u]
+                           : u < costs.weight.size()        ? costs.weight[u]
+                                                            : 0.0;
+          tl.push_back({a.kind == ActionKind::Forward    ? IntervalKind::Forward
+                        : a.kind == ActionKind::Backward ? IntervalKind::Backward
+                                                         : IntervalKind::WeightGradient,
+                        now, now + d, i, g});
           now += d;
           out.busy[r] += d;
         } else {

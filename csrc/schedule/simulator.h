@@ -3,7 +3,8 @@
 //
 // Model (deliberately simple, each rule says why):
 //   - A rank runs its list in order, one action at a time (one compute stream).
-//   - Forward / Backward of virtual stage g take forward[g] / backward[g] seconds.
+//   - Forward / Backward / WeightGradient of virtual stage g take forward[g] / backward[g] /
+//     weight[g] seconds.
 //   - Sends are asynchronous: the sender spends no time, the transfer starts when the
 //     Send action is reached and lasts transfer(start, bytes) seconds. This matches
 //     the runtime rule that p2p traffic is issued asynchronously and waited on just
@@ -17,7 +18,7 @@
 //
 // Figures:
 //   step_time        = time the last rank finishes its list.
-//   busy[r]          = Forward + Backward seconds on rank r.
+//   busy[r]          = Forward + Backward + WeightGradient seconds on rank r.
 //   bubble_fraction  = (ranks * step_time - sum_r busy[r]) / (ranks * step_time): the
 //                      share of rank-time not spent computing. For GPipe / 1F1B with
 //                      equal stages and free communication it is (p-1)/(m+p-1).
@@ -54,14 +55,17 @@ TransferTime periodic_bandwidth(std::vector<double> durations, std::vector<doubl
 
 struct SimulationCosts {
   std::vector<double> forward;         // seconds per virtual stage
-  std::vector<double> backward;        // seconds per virtual stage
+  std::vector<double> backward;        // seconds per virtual stage (the input's gradient only where
+                                       // the schedule has WeightGradient actions)
+  std::vector<double> weight;          // seconds per virtual stage of a WeightGradient action;
+                                       // empty = 0 (a schedule without them)
   std::vector<double> boundary_bytes;  // per boundary g -> g+1 (size stages - 1); empty = 0 bytes
   TransferTime transfer;               // null = free communication
   double optimizer_step = 0.0;
   double grad_sync = 0.0;
 };
 
-enum class IntervalKind { Forward, Backward, Send, RecvWait, Update, Idle };
+enum class IntervalKind { Forward, Backward, WeightGradient, Send, RecvWait, Update, Idle };
 
 const char* interval_kind_name(IntervalKind kind);
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace shardwise::schedule {
 namespace {
@@ -16,6 +17,8 @@ const char* fill_of(IntervalKind kind) {
       return "#4c8bf5";
     case IntervalKind::Backward:
       return "#34a853";
+    case IntervalKind::WeightGradient:
+      return "#a8dab5";
     case IntervalKind::Send:
       return "#f29900";
     case IntervalKind::RecvWait:
@@ -34,6 +37,8 @@ const char* legend_label(IntervalKind kind) {
       return "forward";
     case IntervalKind::Backward:
       return "backward";
+    case IntervalKind::WeightGradient:
+      return "weight gradient";
     case IntervalKind::Send:
       return "send (async)";
     case IntervalKind::RecvWait:
@@ -122,7 +127,8 @@ std::string timeline_svg(const SimulationResult& result, const PipelineSchedule&
     for (int pass = 0; pass < 2; ++pass) {
       for (const Interval& iv : result.timelines[static_cast<std::size_t>(r)]) {
         if ((iv.kind == IntervalKind::Send) != (pass == 1)) continue;
-        const bool compute = iv.kind == IntervalKind::Forward || iv.kind == IntervalKind::Backward;
+        const bool compute = iv.kind == IntervalKind::Forward || iv.kind == IntervalKind::Backward ||
+                             iv.kind == IntervalKind::WeightGradient;
         const double w = (iv.end - iv.start) * scale;
         if (!compute && w <= 0.0) continue;
         const double x = x0 + iv.start * scale;
@@ -176,8 +182,15 @@ std::string timeline_svg(const SimulationResult& result, const PipelineSchedule&
   s += "<g class=\"legend\">\n";
   double lx = x0;
   const double ly = rows_bottom + axis_h;
-  for (IntervalKind k : {IntervalKind::Forward, IntervalKind::Backward, IntervalKind::Send, IntervalKind::RecvWait,
-                         IntervalKind::Update, IntervalKind::Idle}) {
+  // Weight gradients only where the schedule splits its backward (zero-bubble).
+  bool split = false;
+  for (const auto& tl : result.timelines)
+    for (const Interval& iv : tl) split = split || iv.kind == IntervalKind::WeightGradient;
+  std::vector<IntervalKind> legend{IntervalKind::Forward, IntervalKind::Backward};
+  if (split) legend.push_back(IntervalKind::WeightGradient);
+  for (IntervalKind k : {IntervalKind::Send, IntervalKind::RecvWait, IntervalKind::Update, IntervalKind::Idle})
+    legend.push_back(k);
+  for (IntervalKind k : legend) {
     s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\" stroke=\"#999999\"/>\n",
                      lx, ly, fill_of(k));
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n", lx + 16.0, ly + 10.0, xml_escape(legend_label(k)));
