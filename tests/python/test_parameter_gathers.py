@@ -51,17 +51,34 @@ def _batch(step: int):
     return torch.randn(ROWS, 64, generator=g, dtype=torch.float64), torch.randint(0, 10, (ROWS,), generator=g)
 
 
-def _worker(rank: int, world: int, store: str, result: str) -> None:
+def _case(name: str):
+    """(model factory, batch of step k, the plan for `world` ranks from the model's graph)."""
+    if name == "mlp":  # the search's plan on a cluster too small for replicated weights
+        def plan(graph, world):
+            cluster = tight_cluster(graph, world, ROWS, (world, 1))
+            return shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(world, 1), precision=TIGHT_PRECISION,
+                                  zero=False)
+
+        return _model, _batch, plan
+
+    def zero3(graph, world):  # every weight sharded over the data axis, whatever the search picks
+        searched = shardwise.plan(graph, shardwise.Cluster.preset("cpu", world), global_batch=ROWS, mesh=(world, 1),
+                                  zero=False, recompute=False)
+        return _zero3(searched, _layers(), world)
+
+    return _layers, _layers_batch, zero3
+
+
+def _worker(rank: int, world: int, store: str, result: str, name: str) -> None:
     from shardwise.runtime import traffic
 
+    model_of, batch_of, plan_of = _case(name)
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
-        graph = shardwise.capture(_model(), _batch(0))
-        cluster = tight_cluster(graph, world, ROWS, (world, 1))
-        plan = shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(world, 1), precision=TIGHT_PRECISION, zero=False)
-        engine = shardwise.parallelize(_model(), _batch(0), plan=plan)
+        plan = plan_of(shardwise.capture(model_of(), batch_of(0)), world)
+        engine = shardwise.parallelize(model_of(), batch_of(0), plan=plan)
         scatters = engine.module.scatters
-        in_backward = []  # for each reduce-scatter issued: was autograd running a node then?
+        in_backward = []  # for each gradient the scatters took: was autograd running a node then?
         issue = scatters.issue
 
         def recorded(*args):
@@ -73,13 +90,13 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
         losses, moved = [], None
         for step in range(STEPS):
             traffic.reset()
-            losses.append(float(engine.train_step(*_batch(step))))
+            losses.append(float(engine.train_step(*batch_of(step))))
             optimizer.step()
             optimizer.zero_grad()
             moved = traffic.snapshot()
         state = engine.full_state_dict()
-        reference = _model()
-        ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.SGD(reference.parameters(), lr=0.1))
+        reference = model_of()
+        ref_losses = train_one_device(reference, batch_of, STEPS, torch.optim.SGD(reference.parameters(), lr=0.1))
         if rank == 0:
             predicted: dict[str, float] = {}
             for c in plan.collectives():
@@ -94,13 +111,16 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
         dist.destroy_process_group()
 
 
-def test_sharded_weights_are_gathered_released_and_gathered_again_as_priced():
-    world = 2
+def _run(name: str, world: int = 2) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result, name), nprocs=world, join=True)
         with open(result) as f:
-            r = json.load(f)
+            return json.load(f)
+
+
+def test_sharded_weights_are_gathered_released_and_gathered_again_as_priced():
+    r = _run("mlp")
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
     assert r["error"] < TOLERANCE, r["error"]
@@ -187,45 +207,8 @@ def _zero3(plan, model: nn.Module, world: int):
     return shardwise.Plan.from_json(json.dumps(doc))
 
 
-def _units_worker(rank: int, world: int, store: str, result: str) -> None:
-    from shardwise.runtime import traffic
-
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
-    try:
-        graph = shardwise.capture(_layers(), _layers_batch(0))
-        searched = shardwise.plan(graph, shardwise.Cluster.preset("cpu", world), global_batch=ROWS, mesh=(world, 1),
-                                  zero=False, recompute=False)
-        engine = shardwise.parallelize(_layers(), _layers_batch(0), plan=_zero3(searched, _layers(), world))
-        optimizer = engine.optimizer(torch.optim.SGD, lr=0.1)
-        losses, moved = [], None
-        for step in range(STEPS):
-            traffic.reset()
-            losses.append(float(engine.train_step(*_layers_batch(step))))
-            optimizer.step()
-            optimizer.zero_grad()
-            moved = traffic.snapshot()
-        state = engine.full_state_dict()
-        reference = _layers()
-        ref_losses = train_one_device(reference, _layers_batch, STEPS,
-                                      torch.optim.SGD(reference.parameters(), lr=0.1))
-        if rank == 0:
-            with open(result, "w") as f:
-                json.dump({"losses": losses, "ref_losses": ref_losses, "moved": moved,
-                           "error": max((state[n] - p).abs().max().item() for n, p in reference.named_parameters()),
-                           "rank_ir": engine.rank_ir, "code": engine.code,
-                           "events": engine.module.scatters.events}, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def test_a_units_gathers_and_reduce_scatters_are_one_flattened_collective_each():
-    world = 2
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "result.json")
-        mp.spawn(_units_worker, args=(world, os.path.join(tmp, "store"), result), nprocs=world, join=True)
-        with open(result) as f:
-            r = json.load(f)
+    r = _run("layers")
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
     assert r["error"] < TOLERANCE, r["error"]
@@ -251,6 +234,7 @@ def test_a_units_gathers_and_reduce_scatters_are_one_flattened_collective_each()
     assert len(gathers) < calls["all_gather"] <= 2 * len(gathers), (calls, gathers)
     # Each group's reduce-scatter issued once its last gradient arrives and waited for at the
     # next group's, the last at the end of backward.
+    assert r["in_backward"] and all(r["in_backward"]), r["in_backward"]  # every gradient taken in backward
     issued = [g for kind, g in r["events"] if kind == "issue"]
     assert len(issued) == 5 and len(set(issued)) == 5, r["events"]
     expected = [["issue", issued[0]]]

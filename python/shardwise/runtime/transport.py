@@ -73,31 +73,30 @@ def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op:
     return _collective(dist.all_reduce, tensor, group, async_op, op=op)
 
 
-def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
-    """Every rank's `input`, rank r's at block r of `output` (dim 0; ``dist.all_gather_single``)."""
-    traffic.count("all_gather", output)
+def _out_of_place(call, output: torch.Tensor, input: torch.Tensor, group, async_op: bool):
+    """`call` (all-gather or reduce-scatter into a tensor) from `input` into `output`, through
+    host copies where ``on_host`` says so."""
     if not on_host(input, group):
-        return _ALL_GATHER(output, input, group=group, async_op=async_op)
+        return call(output, input, group=group, async_op=async_op)
     host = torch.empty(output.shape, dtype=output.dtype, device="cpu")
-    work = _Staged(_ALL_GATHER(host, input.cpu(), group=group, async_op=async_op), host, output)
+    work = _Staged(call(host, input.cpu(), group=group, async_op=async_op), host, output)
     if async_op:
         return work
     work.wait()
     return None
+
+
+def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
+    """Every rank's `input`, rank r's at block r of `output` (dim 0; ``dist.all_gather_single``)."""
+    traffic.count("all_gather", output)
+    return _out_of_place(_ALL_GATHER, output, input, group, async_op)
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
     """The sum over the group's ranks of `input` (dim 0: one block per rank), rank r's block
     into `output` (``dist.reduce_scatter_single``)."""
     traffic.count("reduce_scatter", input)
-    if not on_host(input, group):
-        return _REDUCE_SCATTER(output, input, group=group, async_op=async_op)
-    host = torch.empty(output.shape, dtype=output.dtype, device="cpu")
-    work = _Staged(_REDUCE_SCATTER(host, input.cpu(), group=group, async_op=async_op), host, output)
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _out_of_place(_REDUCE_SCATTER, output, input, group, async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False):
