@@ -232,6 +232,11 @@ def test_a_units_gathers_and_reduce_scatters_are_one_flattened_collective_each()
     calls = {kind: r["moved"].get(kind, {}).get("calls", 0) for kind in ("all_gather", "reduce_scatter")}
     assert calls["reduce_scatter"] == len(scatters), (calls, scatters)
     assert len(gathers) < calls["all_gather"] <= 2 * len(gathers), (calls, gathers)
+    # ... and each weight at most twice in them (once for forward, once more where backward
+    # reads it), however many views of it autograd saves; each gradient scattered once.
+    sharded = sum(p.numel() * 8 for p in _layers().parameters() if any(size % 2 == 0 for size in p.shape))
+    assert sharded < r["moved"]["all_gather"]["bytes"] <= 2 * sharded, (r["moved"], sharded)
+    assert r["moved"]["reduce_scatter"]["bytes"] == sharded, (r["moved"], sharded)
     # Each group's reduce-scatter issued once its last gradient arrives and waited for at the
     # next group's, the last at the end of backward.
     assert r["in_backward"] and all(r["in_backward"]), r["in_backward"]  # every gradient taken in backward

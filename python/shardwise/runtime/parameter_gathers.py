@@ -60,10 +60,12 @@ class _RegatherUnit:
         self._wholes: list[torch.Tensor] | None = None
 
     def member(self, shard: torch.Tensor, steps: tuple) -> int:
-        key = (id(shard), steps)
+        """The index of `shard` (gathered by `steps`) in the group: one per shard, however many
+        views of its gathered weight the calls save."""
+        key = (_storage(shard), shard.storage_offset(), tuple(shard.shape), steps)
         if key not in self._index:
             self._index[key] = len(self._shards)
-            self._shards.append(shard)
+            self._shards.append(shard.detach())
             self._steps.append(steps[0])  # one all-gather (a prefetched gather's)
         return self._index[key]
 
@@ -126,7 +128,7 @@ class Regather(torch.nn.Module):
             if group < 0:
                 return _Released(shard, steps, t)
             unit = self._units.setdefault(group, _RegatherUnit(self._reshard))
-            return _Released(shard, steps, t, unit, unit.member(shard.detach(), steps))
+            return _Released(shard, steps, t, unit, unit.member(shard, steps))
 
         def unpack(x):
             return x.gather(self._reshard) if isinstance(x, _Released) else x
