@@ -157,7 +157,8 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   for (const ir::Value& value : graph_.values())
     if (is_leaf(value)) rep_leaf_[static_cast<std::size_t>(value.id)] = value.id;
 
-  // The units of grouped parameter collectives, and the parameter bytes each reads.
+  // The units of grouped parameter collectives, and the parameter elements each reads (per
+  // rank class: parameter_latency_share's peers).
   units_ = parameter_units(graph_);
   {
     std::set<std::pair<int, ir::ValueId>> counted;
@@ -923,10 +924,6 @@ ShardingModel::Tally ShardingModel::tally() const {
                                    static_cast<double>(s.statistics_elements * 4), instances_[u], seconds / 2});
       }
     }
-    // Readers of one activation that want it the same way share one resharding, as the
-    // runtime runs it (runtime/lower.py reuses the reshard, its backward sees the summed gradient):
-    // q, k and v read one gathered norm output. The per-axis problems still price each
-    // reader's edge (a pair cost cannot see the others), so they lean against such splits.
     // The unit groups the decisions make on this axis (parameter_collectives.h): one flattened
     // collective per (unit, kind, dtype), whose latency its members share by elements.
     std::map<std::tuple<int, int, int>, double> group_elements;
@@ -959,6 +956,10 @@ ShardingModel::Tally ShardingModel::tally() const {
       const double total = group_elements[group_of(consumer, value, kind)];
       return total > 0 ? std::min(1.0, static_cast<double>(graph_.value(value).type.numel()) / total) : 1.0;
     };
+    // Readers of one activation that want it the same way share one resharding, as the
+    // runtime runs it (runtime/lower.py reuses the reshard, its backward sees the summed gradient):
+    // q, k and v read one gathered norm output. The per-axis problems still price each
+    // reader's edge (a pair cost cannot see the others), so they lean against such splits.
     std::set<std::string> shared;
     for (const auto& [key, group] : edges_) {
       const ir::Value& value = graph_.value(group.value);
