@@ -29,20 +29,30 @@ schedule::PipelineSchedule make_schedule(const std::string& name, int stages, in
   if (name == "gpipe") return schedule::gpipe(stages, micro_batches);
   if (name == "interleaved-1f1b") return schedule::interleaved_1f1b(stages, micro_batches, virtual_stages);
   if (name == "kfkb") return schedule::kfkb(stages, micro_batches, k);
+  if (name == "zb-h1") return schedule::zero_bubble_h1(stages, micro_batches);
   throw support::ValidationError("simulate: unknown schedule '" + name +
-                                 "' (expected 1f1b, gpipe, interleaved-1f1b or kfkb)");
+                                 "' (expected 1f1b, gpipe, interleaved-1f1b, kfkb or zb-h1)");
 }
 
 // forward / backward are a whole pipeline stage's seconds; with v virtual stages each
-// chunk takes 1/v of them (the same model split finer).
+// chunk takes 1/v of them (the same model split finer). A schedule that splits the backward
+// (zb-h1) runs `weight_fraction` of it as the weights' gradient (W), the rest as the input's (B).
 Simulation simulate_schedule(const std::string& name, int stages, int micro_batches, int virtual_stages, int k,
-                             double forward, double backward, double comm, double optimizer_step) {
+                             double forward, double backward, double comm, double optimizer_step,
+                             double weight_fraction) {
+  if (!(weight_fraction >= 0.0 && weight_fraction <= 1.0))
+    throw support::ValidationError("simulate: weight_fraction must be in [0, 1], got " + std::to_string(weight_fraction));
   Simulation s;
   s.schedule = make_schedule(name, stages, micro_batches, virtual_stages, k);
   const int v = s.schedule.virtual_stages;
+  bool split = false;
+  for (const auto& list : s.schedule.per_rank)
+    for (const schedule::Action& a : list) split = split || a.kind == schedule::ActionKind::WeightGradient;
+  const auto n = static_cast<std::size_t>(s.schedule.total_stages());
   schedule::SimulationCosts costs;
-  costs.forward.assign(static_cast<std::size_t>(s.schedule.total_stages()), forward / v);
-  costs.backward.assign(static_cast<std::size_t>(s.schedule.total_stages()), backward / v);
+  costs.forward.assign(n, forward / v);
+  costs.backward.assign(n, (split ? backward * (1.0 - weight_fraction) : backward) / v);
+  if (split) costs.weight.assign(n, backward * weight_fraction / v);
   if (comm > 0.0) costs.transfer = schedule::constant_transfer(comm);
   costs.optimizer_step = optimizer_step;
   s.result = schedule::simulate(s.schedule, costs);
@@ -76,7 +86,7 @@ void bind_schedule(py::module_& m) {
       });
   m.def("simulate_schedule", &simulate_schedule, py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"),
         py::arg("virtual_stages") = 1, py::arg("k") = 1, py::arg("forward") = 1.0, py::arg("backward") = 2.0,
-        py::arg("comm") = 0.0, py::arg("optimizer_step") = 0.0);
+        py::arg("comm") = 0.0, py::arg("optimizer_step") = 0.0, py::arg("weight_fraction") = 0.5);
 }
 
 }  // namespace shardwise::python

@@ -20,7 +20,7 @@ from typing import List, Union
 
 from . import _C
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "kfkb")
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "kfkb", "zb-h1")
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -82,10 +82,13 @@ class Simulation:
 
 def simulate(schedule: str = "1f1b", stages: int = 4, micro_batches: int = 8, virtual_stages: int = 1, k: int = 1,
              forward: float = 1.0, backward: float = 2.0, comm: float = 0.0,
-             optimizer_step: float = 0.0) -> Simulation:
-    """Simulates one step of `schedule` ("1f1b", "gpipe", "interleaved-1f1b" or "kfkb")."""
+             optimizer_step: float = 0.0, weight_fraction: float = 0.5) -> Simulation:
+    """Simulates one step of `schedule` ("1f1b", "gpipe", "interleaved-1f1b", "kfkb" or
+    "zb-h1"). "zb-h1" (zero bubble, csrc/schedule/schedules.h) splits each backward: its
+    `weight_fraction` computes the weights' gradients (W), run later to fill the bubbles, the
+    rest the input's (B). Simulation only: neither the planner nor the runtime runs it yet."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     sim = _C.simulate_schedule(schedule, stages, micro_batches, virtual_stages, k, forward, backward, comm,
-                               optimizer_step)
+                               optimizer_step, weight_fraction)
     return Simulation(sim, schedule)
