@@ -286,7 +286,7 @@ class DeferredScatters:
         self._in_flight = None
         self.events = []
 
-    def issue(self, grad: torch.Tensor, steps: tuple, name: str, leaf: torch.Tensor, group: int) -> None:
+    def issue(self, grad: torch.Tensor, steps: tuple, leaf: torch.Tensor, group: int) -> None:
         (step,) = steps  # the core marks one reduce-scatter only (gradient_scatter_overlap)
         arrived = self._arrived.setdefault(group, [])
         arrived.append((grad, step, leaf))

@@ -94,13 +94,13 @@ class _ReshardFn(torch.autograd.Function):
 
 
 def backward_of(grad: torch.Tensor, steps: tuple, mesh: _Mesh, deferred) -> torch.Tensor | None:
-    """The gradient `steps` make of a reader's `grad`; None where `deferred` (scatters, name,
-    leaf, unit group) takes it: the one reduce-scatter issued asynchronously with its group's,
+    """The gradient `steps` make of a reader's `grad`; None where `deferred` (scatters, leaf,
+    unit group) takes it: the one reduce-scatter issued asynchronously with its group's,
     its result added to the leaf's gradient when it lands (parameter_gathers.DeferredScatters)."""
     if deferred is None:
         return _apply_steps(grad, steps, mesh)
-    scatters, name, leaf, group = deferred
-    scatters.issue(grad, steps, name, leaf, group)
+    scatters, leaf, group = deferred
+    scatters.issue(grad, steps, leaf, group)
     return None
 
 
@@ -129,9 +129,10 @@ class Reshard(torch.nn.Module):
                                 self.deferred(scatter))
 
     def deferred(self, scatter) -> tuple | None:
-        """What backward_of takes for `scatter` ((name, leaf, unit group) or None)."""
+        """What backward_of takes for `scatter` ((name, leaf, unit group) or None; the name is
+        the program's, for its reader)."""
         if scatter is None:
             return None
-        name, leaf, group = scatter
-        return self.scatters, name, leaf, group
+        _, leaf, group = scatter
+        return self.scatters, leaf, group
 
