@@ -5,18 +5,23 @@
     torchrun-free on GPUs: python benchmarks/pipeline.py --device cuda   # NCCL, one GPU per stage
 
 The same TinyGPT, the same global batch, micro-batches and Gloo world of ``--stages`` processes
-(one per stage), the same AdamW; four trainings from the same weights, alternating step by step:
+(one per stage), the same AdamW; six trainings from the same weights, alternating step by step:
 
 - ours: ``shardwise.parallelize(model, batch, plan=...)`` with a pipeline plan (pipeline p,
-  micro_batch b, schedule "gpipe" or "1f1b", data = tensor = 1): shardwise cuts the captured
+  micro_batch b, schedule "gpipe", "1f1b" or "zb-h1", data = tensor = 1): shardwise cuts the captured
   graph into p FLOPs-balanced stages at block boundaries and runs its schedule's action list;
 - torch: ``torch.distributed.pipelining.PipelineStage`` over hand-split stage modules cut at
   the same block boundaries shardwise chose (read from its stage modules), driven by
-  ``ScheduleGPipe`` / ``Schedule1F1B`` with the same number of micro-batches.
+  ``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleavedZeroBubble`` (one stage per
+  rank: its ZB1P is ZB-H1) with the same number of micro-batches.
+
+Both zero-bubble sides split each backward into B and W: shardwise where the core cuts it
+(csrc/transform/weight_gradient_split.h, runtime/weight_split.py), torch by autograd-graph
+surgery (torch/distributed/pipelining/_backward.py).
 
 TinyGPT ties its LM head to its embedding: shardwise holds the weight on the first and the
 last stage and all-reduces its gradient between them; the torch side does the same by hand
-(an ``all_reduce`` of the two copies' gradients after ``schedule.step``). All four compute the
+(an ``all_reduce`` of the two copies' gradients after ``schedule.step``). All six compute the
 same losses (the largest difference is printed). Printed: the median step time of each, the
 throughput (samples / s) and the ratio ours / torch of throughputs (the issue's target: >= 1.0).
 
@@ -44,7 +49,7 @@ import torch.nn.functional as F
 from _machine import cpu_model
 from _workers import pipeline_plan, profile_steps
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 
 
 class TorchStage(nn.Module):
@@ -135,10 +140,14 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     dist.all_gather_object(ranges, cut)
     report["cut"] = ranges
     if not args.skip_torch and all(ranges):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                  ScheduleInterleavedZeroBubble)
+
+        def zero_bubble(stage, n_microbatches, loss_fn):  # torch's ZB1P, one stage per rank: ZB-H1
+            return ScheduleInterleavedZeroBubble([stage], n_microbatches=n_microbatches, loss_fn=loss_fn)
 
         tied_group = dist.new_group(sorted({0, world - 1}))
-        for schedule, cls in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
+        for schedule, cls in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B), ("zb-h1", zero_bubble)):
             name = f"torch {schedule}"
             try:
                 model = TinyGPT(cfg)

@@ -1,4 +1,4 @@
-"""Peak activation memory of shardwise's GPipe and 1F1B, measured, next to the predictions.
+"""Peak activation memory of shardwise's GPipe, 1F1B and ZB-H1, measured, next to the predictions.
 
     python benchmarks/pipeline_memory.py                 # 2 and 4 Gloo processes (stages)
 
@@ -21,7 +21,8 @@ without touching the library:
 Predictions: ``shardwise.simulate(schedule, stages=p, micro_batches=m).peak_in_flight`` (per
 rank) and ``Plan.manual(...).predicted_memory()`` 's activations (the most loaded rank, from the
 cost model's activation bytes of the captured graph). Expected: the first stage holds m
-micro-batches under GPipe and p under 1F1B. Memory is deterministic, so oversubscribed cores
+micro-batches under GPipe and p under 1F1B; under ZB-H1 every stage holds p (a micro-batch's
+saved tensors live from its F to its W, which the schedule postpones into the bubbles). Memory is deterministic, so oversubscribed cores
 (4 processes on 2) do not change these figures.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch.multiprocessing as mp
 from _machine import cpu_model
 from _workers import finish_worker, pipeline_plan
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 
 
 class _MallInfo2(ctypes.Structure):
@@ -98,7 +99,9 @@ class Meter:
         self._by_call[call] = self._by_call.get(call, 0) + 1
         self.in_flight_peak = max(self.in_flight_peak, len(self._by_call))
         self._sample()
-        return _Packed(self, t, key, call)
+        # (detached: a saved output held with its grad_fn would make a cycle through autograd's
+        # C++ graph that outlives a graph kept for W (retain_graph), which no collector frees)
+        return _Packed(self, t.detach(), key, call)
 
     def release(self, key: int, call: int) -> None:
         entry = self._storages[key]

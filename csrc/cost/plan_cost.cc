@@ -185,7 +185,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   }
 
   // Bottleneck device and its parameters.
-  double worst_compute = 0, worst_tp = 0;
+  double worst_compute = 0, worst_tp = 0, worst_backward = 0;
   std::vector<double> device_params(static_cast<std::size_t>(p), 0);
   std::vector<double> device_backward(static_cast<std::size_t>(p), 0);
   std::vector<double> device_tensor_sync(static_cast<std::size_t>(p), 0);  // searched layouts only
@@ -198,7 +198,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     if (s == p - 1)
       compute += post_cost.forward + post_cost.backward, backward += post_cost.backward, params += post_cost.parameters;
     double tp = layers_here * layer_tp + (s == 0 ? pre_tp : 0.0) + (s == p - 1 ? post_tp : 0.0);
-    if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp;
+    if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp, worst_backward = backward;
     device_params[static_cast<std::size_t>(s)] = params;
     device_backward[static_cast<std::size_t>(s)] = backward;
     if (layout != nullptr)
@@ -212,6 +212,14 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   out.tensor_parallel = md * worst_tp;
   out.pipeline_p2p = md * p2p_mb;
   out.pipeline_bubble = (p - 1) / static_cast<double>(v) * t_mb;
+  if (plan.schedule == plan::Schedule::ZeroBubbleH1) {
+    // ZB-H1's bubble, (p - 1)(F + B - W) (Qi et al. 2024, and schedules.h): the weight
+    // gradient W fills what 1F1B leaves idle. W is half the backward: a matmul's weight
+    // product costs what its input product does, and the weights of norms and biases are a
+    // rounding error beside them.
+    const double weight = worst_backward / 2.0;
+    out.pipeline_bubble = (p - 1) * std::max(0.0, t_mb - 2.0 * weight);
+  }
   out.bubble_fraction = out.pipeline_bubble / (md * t_mb);
 
   // ---- data parallelism and optimizer --------------------------------------------------
@@ -275,7 +283,9 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   for (int s = 0; s < p; ++s) {
     ModelStateBytes states = model_state_bytes(device_params[static_cast<std::size_t>(s)], d, plan.zero_stage, mem);
     // Stage s holds fewer micro-batches the later it is (1F1B: p - s); the first holds most.
-    double flight = std::max(1.0, in_flight - (plan.schedule == plan::Schedule::GPipe ? 0.0 : s));
+    // (ZB-H1 holds up to p on every rank: schedules.h.)
+    const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan.schedule == plan::Schedule::ZeroBubbleH1;
+    double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));
     double acts = stage_activation_bytes(layer.activation_bytes, boundary_bytes,
                                          device_layers[static_cast<std::size_t>(s)], flight, recompute);
     if (s == 0) acts += pre_cost.activation_bytes;

@@ -23,11 +23,12 @@ using nlohmann::json;
 using support::ParseError;
 using support::ValidationError;
 
-constexpr std::array<std::pair<Schedule, std::string_view>, 4> kSchedules = {{
+constexpr std::array<std::pair<Schedule, std::string_view>, 5> kSchedules = {{
     {Schedule::GPipe, "gpipe"},
     {Schedule::OneFOneB, "1f1b"},
     {Schedule::Interleaved1F1B, "interleaved-1f1b"},
     {Schedule::KFKB, "kfkb"},
+    {Schedule::ZeroBubbleH1, "zb-h1"},
 }};
 
 constexpr std::array<std::string_view, 4> kPrecisions = {"f32", "tf32", "bf16", "f16"};
@@ -147,7 +148,7 @@ Schedule schedule_from_name(std::string_view name) {
   for (const auto& [s, known] : kSchedules)
     if (known == name) return s;
   throw ValidationError(
-      fmt::format("plan.schedule: unknown schedule '{}' (known: gpipe, 1f1b, interleaved-1f1b, kfkb)", name));
+      fmt::format("plan.schedule: unknown schedule '{}' (known: gpipe, 1f1b, interleaved-1f1b, kfkb, zb-h1)", name));
 }
 
 std::string_view recompute_name(Recompute recompute) { return recompute == Recompute::Full ? "full" : "none"; }
@@ -208,6 +209,9 @@ void validate(const Plan& plan, std::optional<int> world_size) {
   if (plan.kfkb_k > 1 && plan.schedule != Schedule::KFKB)
     throw ValidationError(
         fmt::format("plan.kfkb_k: {} needs schedule kfkb, not {}", plan.kfkb_k, schedule_name(plan.schedule)));
+  if (plan.schedule == Schedule::ZeroBubbleH1 && plan.recompute != Recompute::None)
+    throw ValidationError("plan.schedule: zb-h1 with recomputation; the runtime splits a stage's backward into B and "
+                          "W only where no block is recomputed (use 1f1b or interleaved-1f1b with recompute)");
   if (plan.zero_stage < 0 || plan.zero_stage > 3)
     throw ValidationError(fmt::format("plan.zero_stage: {} is not in 0..3", plan.zero_stage));
   if (!plan.layers_per_stage.empty()) {

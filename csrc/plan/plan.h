@@ -61,10 +61,13 @@
 
 namespace shardwise::plan {
 
-enum class Schedule : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, KFKB };
+// ZeroBubbleH1: ZB-H1 (schedule/schedules.h), each backward split into B and W by the runtime
+// (transform/weight_gradient_split.h); a plan with recomputation cannot take it (the runtime does
+// not split a recomputed block's backward).
+enum class Schedule : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, KFKB, ZeroBubbleH1 };
 enum class Recompute : std::uint8_t { None, Full };
 
-// "gpipe", "1f1b", "interleaved-1f1b", "kfkb".
+// "gpipe", "1f1b", "interleaved-1f1b", "kfkb", "zb-h1".
 std::string_view schedule_name(Schedule schedule);
 // Also accepts "interleaved". Throws support::ValidationError listing the known names.
 Schedule schedule_from_name(std::string_view name);

@@ -21,6 +21,7 @@
 #include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
 #include "transform/stage_split.h"
+#include "transform/weight_gradient_split.h"
 
 namespace py = pybind11;
 
@@ -193,8 +194,15 @@ void bind_transform(py::module_& m) {
         out["stage_cost"] = assignment.stage_cost;
         // Each stage's boundary (transform/stage_split.h): the values it receives (recv) and
         // sends (send), and the leaves it reads, by name in graph order.
-        py::list received, sent, leaves;
+        // And where each stage's backward splits into B and W (transform/weight_gradient_split.h):
+        // per stage, {reading node: its weight input positions} and the weight values it sends.
+        py::list received, sent, leaves, boundaries, weight_outputs;
         for (const ir::Graph& stage : transform::split_stages(graph, assignment.stage_of_node, stages)) {
+          const transform::WeightGradientSplit split = transform::weight_gradient_split(stage);
+          py::dict reads;
+          for (const auto& b : split.boundaries) reads[py::str(b.node)] = b.inputs;
+          boundaries.append(reads);
+          weight_outputs.append(split.weight_outputs);
           std::vector<std::string> in, outs, read;
           for (const ir::Node& node : stage.nodes()) {
             if (node.op == "shardwise::recv") in.push_back(stage.value(node.outputs[0]).name);
@@ -209,6 +217,8 @@ void bind_transform(py::module_& m) {
         out["received"] = received;
         out["sent"] = sent;
         out["leaves"] = leaves;
+        out["weight_boundaries"] = boundaries;
+        out["weight_outputs"] = weight_outputs;
         return out;
       },
       py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},

@@ -54,8 +54,8 @@ PipelineSchedule kfkb(int ranks, int micro_batches, int k);
 // which it reaches at m = p; 1F1B's is (m + p - 1)(F + B + W). (Holding only 1F1B's p - r
 // on rank r, the last rank must run each W at once, and the last B's chain back to rank 0
 // runs after all of them: 62 against 69 at p = 8, m = 16, where this one takes 57.)
-// Not yet run by the executor (issue 21: the runtime splits a stage's backward first) nor
-// offered by the planner.
+// Run by the executor with each stage's backward split (transform/weight_gradient_split.h,
+// runtime/weight_split.py); the planner's candidate without recomputation (plan.h).
 PipelineSchedule zero_bubble_h1(int ranks, int micro_batches);
 
 // Checks, by abstract execution of the per-rank lists (no timing):

@@ -53,6 +53,10 @@ schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const Network
   schedule::SimulationCosts costs;
   costs.forward.assign(chunks, per_micro_batch / 3 / v);
   costs.backward.assign(chunks, 2 * per_micro_batch / 3 / v);
+  if (plan.schedule == plan::Schedule::ZeroBubbleH1) {  // its W half the backward, as plan_cost.cc prices it
+    costs.backward.assign(chunks, per_micro_batch / 3 / v);
+    costs.weight.assign(chunks, per_micro_batch / 3 / v);
+  }
   costs.boundary_bytes.assign(chunks - 1, b.at("pipeline_p2p") / (2.0 * v * m));
   costs.transfer = schedule::periodic_bandwidth(network.durations, network.bandwidth_scale);
   // The gradient synchronisation and optimizer step follow the flush, as the evaluator has
@@ -81,6 +85,7 @@ schedule::PipelineSchedule schedule_of(const plan::Plan& plan) {
     case plan::Schedule::GPipe: return schedule::gpipe(p, m);
     case plan::Schedule::Interleaved1F1B: return schedule::interleaved_1f1b(p, m, plan.virtual_stages);
     case plan::Schedule::KFKB: return schedule::kfkb(p, m, plan.kfkb_k);
+    case plan::Schedule::ZeroBubbleH1: return schedule::zero_bubble_h1(p, m);
     case plan::Schedule::OneFOneB: break;
   }
   return schedule::one_f_one_b(p, m);
@@ -145,9 +150,13 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
             for (int v : vs)
               if (p * v <= layers) schedules.emplace_back(plan::Schedule::Interleaved1F1B, v);
           }
+          // ZB-H1 without recomputation only: the runtime does not split a recomputed block's
+          // backward (plan.h), so where memory needs recomputation it is not a candidate.
+          if (p > 1) schedules.emplace_back(plan::Schedule::ZeroBubbleH1, 1);
           for (const auto& [schedule, v] : schedules)
             for (plan::Recompute recompute : {plan::Recompute::None, plan::Recompute::Full})
               for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
+                if (schedule == plan::Schedule::ZeroBubbleH1 && recompute != plan::Recompute::None) continue;
                 plan::Plan candidate;
                 candidate.data = static_cast<int>(d);
                 candidate.tensor = static_cast<int>(t);

@@ -11,8 +11,11 @@
 //    dividing the global batch;
 //  - micro-batch b: a divisor of global_batch / d, up to max_micro_batch;
 //  - schedule: p = 1: none needed (1F1B, m micro-batches of gradient accumulation); p > 1:
-//    1F1B and interleaved 1F1B with v virtual stages (p v <= layers, m a multiple of p, as
-//    Megatron-LM requires). GPipe has 1F1B's bubble and more memory: it cannot win. kFkB
+//    1F1B, interleaved 1F1B with v virtual stages (p v <= layers, m a multiple of p, as
+//    Megatron-LM requires), and ZB-H1 without recomputation (its bubble (p - 1)(F + B - W)
+//    and p micro-batches held on every stage, cost/plan_cost.cc; the runtime does not split
+//    a recomputed block's backward, so where memory needs recomputation ZB-H1 is no
+//    candidate). GPipe has 1F1B's bubble and more memory: it cannot win. kFkB
 //    differs from 1F1B only where sends take time the evaluator cannot overlap: it joins
 //    with a network condition (below).
 //  - recomputation none / full; ZeRO 0 / 1 (optimizer state sharded over the data ranks);
@@ -43,8 +46,8 @@
 // evaluator). Plans whose compute, tensor-parallel, gradient and optimizer parts alone
 // reach the tenth best step so far are dropped unsimulated (a step is never shorter).
 // Example (joint_planner_test.cc): GPT, 8 layers of 2048, on 4 DGX A100 nodes of 2 GiB
-// devices over 10 Gb/s: the evaluator alone picks t 4 p 8 1F1B; a steady network, t 4 p 2
-// interleaved; bandwidth halved every other 0.1 s, t 4 p 2 kFkB with k = 2.
+// devices over 10 Gb/s: the evaluator alone picks t 8 p 2 ZB-H1; a steady network, and one
+// whose bandwidth halves every other 0.1 s, t 8 p 2 kFkB with k = 2.
 //
 // The best plan that fits (memory per rank <= the smallest device's memory x
 // memory_fraction) has the lowest predicted step time; ties go to the earlier candidate in

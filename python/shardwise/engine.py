@@ -372,8 +372,12 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
         mesh = _Mesh([d, t], local, pipeline=p)
     plan = check_same_programs(plan, graph, rank)
     parameters: dict[str, torch.Tensor] = {}
+    schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
+    # The schedule's peers are pipeline ranks; this rank talks to the same sub-mesh coordinate.
+    actions = [(kind, i, g, peer * size + local if peer >= 0 else peer)
+               for kind, i, g, peer in parse_actions(schedule.actions(pipeline_rank))]
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
-                          parameters, m, compute_dtypes=compute)
+                          parameters, m, compute_dtypes=compute, split_backward=any(a[0] == "W" for a in actions))
     shared = []
     for x in sorted(first.owners):  # every rank creates every group, in the same order
         if len(first.owners[x]) > 1:
@@ -382,10 +386,6 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                 group = dist.new_group(ranks)
                 if rank in ranks:
                     shared.append((x, group))
-    schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
-    # The schedule's peers are pipeline ranks; this rank talks to the same sub-mesh coordinate.
-    actions = [(kind, i, g, peer * size + local if peer >= 0 else peer)
-               for kind, i, g, peer in parse_actions(schedule.actions(pipeline_rank))]
     log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank,
              sorted(first.stages), p * v, m, rows, plan.schedule, [d, t])
     return PipelineEngine(model=model, wrapper=wrapper, binding=binding, plan=plan, first=first, actions=actions,

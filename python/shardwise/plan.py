@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from . import _C
 
 _SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved-1f1b",
-              "interleaved-1f1b": "interleaved-1f1b", "kfkb": "kfkb"}
+              "interleaved-1f1b": "interleaved-1f1b", "kfkb": "kfkb", "zb-h1": "zb-h1"}
 
 
 @dataclass(frozen=True)

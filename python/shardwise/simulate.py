@@ -86,7 +86,9 @@ def simulate(schedule: str = "1f1b", stages: int = 4, micro_batches: int = 8, vi
     """Simulates one step of `schedule` ("1f1b", "gpipe", "interleaved-1f1b", "kfkb" or
     "zb-h1"). "zb-h1" (zero bubble, csrc/schedule/schedules.h) splits each backward: its
     `weight_fraction` computes the weights' gradients (W), run later to fill the bubbles, the
-    rest the input's (B). Simulation only: neither the planner nor the runtime runs it yet."""
+    rest the input's (B). Plans take it too (``Plan.manual(schedule="zb-h1")``, the joint
+    planner's candidates without recomputation); the runtime splits each stage's backward where
+    csrc/transform/weight_gradient_split.h says (runtime/weight_split.py)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     sim = _C.simulate_schedule(schedule, stages, micro_batches, virtual_stages, k, forward, backward, comm,

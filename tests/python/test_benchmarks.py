@@ -61,18 +61,18 @@ def test_async_tp_split_and_fused_backward_compute_the_same_loss():
 def test_pipeline_side_by_side_runs_torch_pipelining_and_matches_losses():
     out = _run("pipeline.py", "--batch", "4", "--micro-batch", "1", "--steps", "1", "--warmup", "1", *TINY)
     assert "FAILED" not in out
-    assert {"gpipe", "1f1b"} <= {line.split()[0] for line in out.splitlines() if line.split()}, out
+    assert {"gpipe", "1f1b", "zb-h1"} <= {line.split()[0] for line in out.splitlines() if line.split()}, out
     assert "largest difference between any two at any step: 0.00e+00" in out
 
 
 def test_pipeline_memory_matches_the_simulator():
     out = _run("pipeline_memory.py", "--worlds", "2", "--batch", "8", "--micro-batch", "1", *TINY)
     rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["2"]]
-    assert len(rows) == 4, out  # (gpipe, 1f1b) x 2 ranks
+    assert len(rows) == 6, out  # (gpipe, 1f1b, zb-h1) x 2 ranks
     for row in rows:
         in_flight, simulated = int(row[6]), int(row[8])
         assert in_flight == simulated, row
-    assert [int(r[6]) for r in rows] == [8, 8, 2, 1]
+    assert [int(r[6]) for r in rows] == [8, 8, 2, 1, 2, 2]
 
 
 def test_model_zoo_captures_and_plans_by_every_method(tmp_path):

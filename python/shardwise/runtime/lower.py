@@ -26,6 +26,7 @@ from .mesh import _Mesh
 from .parameter_gathers import DeferredScatters, PrefetchStart, PrefetchWait, Regather, _Prefetches, _released_after
 from .recompute import checkpoint_blocks
 from .reshard import Reshard
+from .weight_split import WeightSplit
 
 log = get_logger("shardwise.engine")
 
@@ -197,7 +198,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                   input_names: list[str], trainable: set[str], *, nodes: list[dict] | None = None,
                   outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
                   class_name: str | None = None, micro_batches: int = 1,
-                  compute_dtypes: dict[str, torch.dtype] | None = None) -> torch.fx.GraphModule:
+                  compute_dtypes: dict[str, torch.dtype] | None = None,
+                  weight_boundaries: dict[str, list[int]] | None = None) -> torch.fx.GraphModule:
     """The GraphModule of `program`'s nodes (or the subset `nodes`, a pipeline stage) taking
     `input_names` as arguments and returning `outputs` (default: the program's outputs, each
     {"value", "forward", "backward"}). Leaves the nodes read become the module's parameters
@@ -211,7 +213,13 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     lists those nodes in ``module.counted`` in that order.
 
     `compute_dtypes`: a leaf the program computes in another dtype than the tensor held (the
-    master weights of a mixed-precision policy, runtime/precision.py) is cast at its use."""
+    master weights of a mixed-precision policy, runtime/precision.py) is cast at its use.
+
+    `weight_boundaries` (a pipeline stage under a zero-bubble schedule: the core's
+    transform/weight_gradient_split.h, {reading node: its weight input positions}): those
+    operands are read through ``self.weight_split.cut`` and the node's outputs recorded by
+    ``self.weight_split.site``, so that the engine runs the stage's backward as B and W
+    (runtime/weight_split.py)."""
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     if mesh is not None:
@@ -220,6 +228,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     if mesh is not None:
         root.statistics = StatisticsKernels(mesh)
     root.one_device_random = OneDeviceRandom()
+    if weight_boundaries is not None:
+        root.weight_split = WeightSplit()
+    sites = 0
     if mesh is not None:
         root.reshard.scatters = DeferredScatters(root.reshard)
         root.regather = Regather(root.reshard)
@@ -349,6 +360,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 captured = captured.args[0]
             for identity in reversed(identities):
                 value = graph.call_function(identity.target, (value,), dict(identity.kwargs))
+            if weight_boundaries is not None and i in weight_boundaries.get(first, ()):
+                value = graph.call_module("weight_split.cut", (value, sites))
             operands.append(value)
         if node["mode"] == "lookup":
             table = node["inputs"][0]
@@ -394,6 +407,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             call = graph.call_function(src.target, tuple(args), kwargs)
         if regathers and call.op in ("call_function", "call_module"):
             call = _released_after(graph, call, regathers)
+        if weight_boundaries is not None and weight_boundaries.get(first):
+            call = graph.call_module("weight_split.site", (call, sites))
+            sites += 1
         if first in counts:
             shares = node["counted"]["shares"] * micro_batches
             call = graph.call_function(operator.truediv, (graph.call_function(operator.mul, (call, float(shares))),
@@ -424,6 +440,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     if block_of:
         module = checkpoint_blocks(module, block_of)
     module.counted = [n["outputs"][0]["value"] for n in counted]
+    module.weight_split = root.weight_split if weight_boundaries is not None else None
     # The gradient reduce-scatters this program issues in backward: the engine starts them
     # with the step and finishes them after its backward (parameter_gathers.DeferredScatters).
     module.scatters = root.reshard.scatters if mesh is not None else None

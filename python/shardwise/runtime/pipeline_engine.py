@@ -43,11 +43,12 @@ from .grad_norm import plain
 from .lower import _build_module, _rank_program, _tensor_outputs, program_code
 from .reshard import gather_whole
 from .state import held_state
+from .weight_split import backward_input, backward_weight, check_splittable
 from . import transport
 
 log = get_logger("shardwise.engine")
 
-_ACTION = re.compile(r"^(F|B|SA|SG|RA|RG)(\d+)@s(\d+)(?:(?:->|<-)r(\d+))?$")
+_ACTION = re.compile(r"^(F|B|W|SA|SG|RA|RG)(\d+)@s(\d+)(?:(?:->|<-)r(\d+))?$")
 
 
 def parse_actions(text: str) -> list[tuple]:
@@ -82,11 +83,12 @@ class StageProgram:
 
 def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input_names: list[str], tensors: dict,
                   trainable: set, parameters: dict, micro_batches: int, frozen: bool = False,
-                  compute_dtypes: dict | None = None) -> StageProgram:
+                  compute_dtypes: dict | None = None, split_backward: bool = False) -> StageProgram:
     """`graph` (captured at one micro-batch) sharded by `sharded` on the stage sub-mesh (None:
     replicated), cut into the plan's pipeline x virtual stages, and this rank's stages lowered,
     sharing `parameters` (filled when empty; `frozen`: a later program, which must not hold a
-    trainable parameter the first one did not)."""
+    trainable parameter the first one did not). `split_backward`: the schedule runs each stage's
+    backward as B and W (runtime/weight_split.py), where the core's cut says."""
     p, v = plan.pipeline, plan.virtual_stages
     if sharded is not None:
         program, whole = _rank_program(graph, builder, sharded.to_json(), mesh.rank)
@@ -131,10 +133,13 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         outputs = program["outputs"] if last else [{"value": x} for x in cut["sent"][g]]
         module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
                                nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
-                               micro_batches=micro_batches, compute_dtypes=compute_dtypes)
+                               micro_batches=micro_batches, compute_dtypes=compute_dtypes,
+                               weight_boundaries=cut["weight_boundaries"][g] if split_backward else None)
+        if split_backward:
+            check_splittable(module, g)
         counted.extend(module.counted)
         mine[g] = {"module": module, "inputs": batch_inputs + received[g], "received": received[g],
-                   "sent": cut["sent"][g], "last": last}
+                   "sent": cut["sent"][g], "last": last, "weight_outputs": set(cut["weight_outputs"][g])}
     reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters
               if name in leaves and leaves[name]["reduce_axes"] and isinstance(parameters[name], torch.nn.Parameter)]
     loss_value = program["outputs"][0]["value"]
@@ -190,7 +195,8 @@ class PipelineEngine(EngineBase):
         if first.reduce:
             self._buckets = _GradientBuckets([(parameters[n], axes) for n, axes in first.reduce], mesh.groups,
                                              reduce_dtype=self._reduce_dtype(), armed_only=True)
-            last_b = {g: i for i, (kind, _, g, _) in enumerate(actions) if kind == "B"}
+            # (a split backward's weight gradients come in its W)
+            last_b = {g: i for i, (kind, _, g, _) in enumerate(actions) if kind in ("B", "W")}
             for name, _ in first.reduce:
                 stages = [g for g in first.reads.get(name, []) if g in last_b]
                 if stages:
@@ -273,7 +279,8 @@ class PipelineEngine(EngineBase):
         pipeline_rank = dist.get_rank() // self._stage_size
         program = stage_program(graph, builder, self.plan, sharded, self._mesh, pipeline_rank, self._binding.names,
                                 self._tensors, self._trainable, self._parameters, self._m, frozen=True,
-                                compute_dtypes=self._compute_dtypes)
+                                compute_dtypes=self._compute_dtypes,
+                                split_backward=any(a[0] == "W" for a in self._actions))
         for name, leaf in program.leaves.items():
             if name in self._leaves and leaf["placement"] != self._leaves[name]["placement"] and \
                     name in self._parameters:
@@ -337,17 +344,35 @@ class PipelineEngine(EngineBase):
                         if t.is_floating_point():
                             t.requires_grad_(True)
                     args = [micro[mb][name] if name in micro[mb] else received[name] for name in stage["inputs"]]
-                    outputs = self._call(stage, args, counts)
-                    live[(g, mb)] = {"inputs": received, "outputs": list(outputs)}
+                    split = stage["module"].weight_split
+                    if split is not None:  # a split backward: the weights read through fresh leaves
+                        split.active = True
+                        try:
+                            outputs = self._call(stage, args, counts)
+                        finally:
+                            split.active = False
+                        live[(g, mb)] = {"inputs": received, "outputs": list(outputs), "sites": split.take()}
+                    else:
+                        outputs = self._call(stage, args, counts)
+                        live[(g, mb)] = {"inputs": received, "outputs": list(outputs)}
                     if stage["last"]:
                         losses.append(outputs[0].detach())
                 elif kind == "SA":
                     for name, t in zip(stage["sent"], live[(g, mb)]["outputs"]):
-                        sends.append((transport.isend(t.detach().contiguous(), dst=peer,
-                                                 tag=self._tag(self._index(program, name), mb, False)), t))
+                        # The buffer sent is kept until the send completes, not the output: its
+                        # graph (kept for W under a split backward) would live to the step's end.
+                        buffer = t.detach().contiguous()
+                        sends.append((transport.isend(buffer, dst=peer,
+                                                      tag=self._tag(self._index(program, name), mb, False)), buffer))
                 elif kind == "RG":
                     names = [n for n in stage["sent"] if program.meta[n][1].is_floating_point]
                     pending[(g, mb, True)] = [self._irecv(program, name, mb, peer, True) for name in names]
+                elif kind == "B" and "sites" in live[(g, mb)]:
+                    self._backward_input(stage, live[(g, mb)], pending.pop((g, mb, True), []))
+                elif kind == "W":
+                    state = live.pop((g, mb))
+                    backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
+                    del state  # the micro-batch's graph (kept for W) freed now, not at the next action
                 elif kind == "B":
                     state = live.pop((g, mb))
                     if stage["last"]:
@@ -360,12 +385,13 @@ class PipelineEngine(EngineBase):
                             torch.autograd.backward([t for t, _ in pairs], [gr for _, gr in pairs])
                     live[(g, mb)] = state  # keep the received inputs' gradients for SG
                 elif kind == "SG":
-                    state = live.pop((g, mb))
+                    state = live[(g, mb)] if "sites" in live[(g, mb)] else live.pop((g, mb))  # (W still to run)
                     for name in stage["received"]:
                         t = state["inputs"][name]
                         if not t.is_floating_point():
                             continue
-                        grad = t.grad if t.grad is not None else torch.zeros_like(t)
+                        grad = state["input_grads"].get(name) if "sites" in state else t.grad
+                        grad = grad if grad is not None else torch.zeros_like(t)
                         sends.append((transport.isend(grad.contiguous(), dst=peer,
                                                  tag=self._tag(self._index(program, name), mb, True)), grad))
             for work, _ in sends:
@@ -385,6 +411,26 @@ class PipelineEngine(EngineBase):
             if isinstance(p, torch.nn.Parameter) and p.grad is not None:
                 transport.all_reduce(p.grad, group=group)
         return self._broadcast_loss(losses, program)
+
+    def _backward_input(self, stage: dict, state: dict, pending: list) -> None:
+        """B of a split backward (runtime/weight_split.py): the received inputs' gradients
+        (kept for SG) and each site's output gradients (kept for W), the weight values sent
+        kept with their gradients for W."""
+        if stage["last"]:
+            roots, root_grads, weight_outputs = [state["outputs"][0] / self._m], [None], []
+        else:
+            grads = {name: t for name, t, _ in self._wait(pending)}
+            pairs = [(n, t, grads[n]) for n, t in zip(stage["sent"], state["outputs"]) if n in grads and t.requires_grad]
+            roots = [t for n, t, _ in pairs if n not in stage["weight_outputs"]]
+            root_grads = [gr for n, _, gr in pairs if n not in stage["weight_outputs"]]
+            weight_outputs = [(t, gr) for n, t, gr in pairs if n in stage["weight_outputs"]]
+        names = [n for n in stage["received"] if state["inputs"][n].requires_grad]
+        input_grads, site_grads = backward_input(roots, root_grads, [state["inputs"][n] for n in names],
+                                                 state["sites"])
+        state["input_grads"] = dict(zip(names, input_grads))
+        state["site_grads"] = site_grads
+        state["weight_outputs"] = weight_outputs
+        state["outputs"] = None  # B's roots: W starts from the sites
 
     def _broadcast_loss(self, losses: list, program: StageProgram) -> torch.Tensor:
         """The mean of the micro-batch losses, from the last stage to every rank, in the loss'

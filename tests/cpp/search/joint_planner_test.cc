@@ -177,10 +177,12 @@ TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulationAndTurnsToKfkb) {
            c.plan.recompute == varying.plan.recompute && c.plan.zero_stage == varying.plan.zero_stage &&
            c.plan.layers_per_stage == varying.plan.layers_per_stage;
   });
-  ASSERT_NE(twin, varying.best.end());
-  EXPECT_GT(twin->step_time, 1.01 * varying.plan.predicted->step_time);
+  // (The twin may have left the ten best, which ZB-H1 plans also enter: then it is slower
+  // than the tenth.)
+  const double twin_step = twin != varying.best.end() ? twin->step_time : varying.best.back().step_time;
+  EXPECT_GT(twin_step, 1.01 * varying.plan.predicted->step_time);
   // k times the activations in flight: more memory than the twin.
-  EXPECT_GT(varying.plan.predicted->memory_per_rank, twin->memory_per_rank);
+  if (twin != varying.best.end()) EXPECT_GT(varying.plan.predicted->memory_per_rank, twin->memory_per_rank);
   // Deterministic.
   EXPECT_EQ(plan_joint(g, cluster, model, options).plan, varying.plan);
 }

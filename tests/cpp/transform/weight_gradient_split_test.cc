@@ -1,0 +1,68 @@
+#include "transform/weight_gradient_split.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ir/parser.h"
+#include "transform/stage_split.h"
+
+namespace shardwise::transform {
+namespace {
+
+// A linear layer as torch.export decomposes it (t + addmm), a weight-only positional
+// embedding of constant positions added to a token embedding, and a frozen buffer.
+constexpr const char* kEmbedThenLinear = R"(graph(%ids: i64[b2,4]) {
+  %wte: f32[16,8] parameter
+  %wpe: f32[4,8] parameter
+  %w: f32[8,8] parameter
+  %b: f32[8] parameter
+  %scale: f32[8] buffer
+  %pos: i64[4] = aten::arange() {end=4} @pos
+  %tok: f32[b2,4,8] = aten::embedding(%wte, %ids) @wte
+  %pe: f32[4,8] = aten::embedding(%wpe, %pos) @wpe
+  %h: f32[b2,4,8] = aten::add.Tensor(%tok, %pe) {alpha=1} @emb
+  %wt: f32[8,8] = aten::t(%w) @fc
+  %y: f32[b2,4,8] = aten::matmul(%h, %wt) @fc
+  %z: f32[b2,4,8] = aten::add.Tensor(%y, %b) {alpha=1} @fc
+  %s: f32[b2,4,8] = aten::mul.Tensor(%z, %scale) @out
+  return (%s)
+})";
+
+TEST(WeightGradientSplit, BoundariesAreTheWeightReadsOfActivationNodes) {
+  const ir::Graph g = ir::parse_graph(kEmbedThenLinear);
+  const WeightGradientSplit split = weight_gradient_split(g);
+  ASSERT_EQ(split.boundaries.size(), 4u);
+  EXPECT_EQ(split.boundaries[0].node, "tok");  // embedding(wte, ids): the table is read at 0
+  EXPECT_EQ(split.boundaries[0].inputs, (std::vector<int>{0}));
+  EXPECT_EQ(split.boundaries[1].node, "h");  // the weight-only positional embedding, added
+  EXPECT_EQ(split.boundaries[1].inputs, (std::vector<int>{1}));
+  EXPECT_EQ(split.boundaries[2].node, "y");  // the transposed weight, not t() itself
+  EXPECT_EQ(split.boundaries[2].inputs, (std::vector<int>{1}));
+  EXPECT_EQ(split.boundaries[3].node, "z");
+  EXPECT_EQ(split.boundaries[3].inputs, (std::vector<int>{1}));
+  EXPECT_TRUE(split.weight_outputs.empty());  // a buffer is no weight: mul(%z, %scale) has none
+}
+
+TEST(WeightGradientSplit, AReceivedValueIsAnActivationAndASentWeightValueAWeightOutput) {
+  // Stage 0 sends the transposed weight to stage 1 (a tied head reading it there).
+  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b2,8]) {
+  %w: f32[8,8] parameter
+  %wt: f32[8,8] = aten::t(%w) @fc
+  %a: f32[b2,8] = aten::relu(%x) @act
+  %y: f32[b2,8] = aten::mm(%a, %wt) @head
+  return (%y)
+})");
+  const std::vector<ir::Graph> stages = split_stages(g, {0, 0, 1}, 2);
+  const WeightGradientSplit first = weight_gradient_split(stages[0]);
+  EXPECT_TRUE(first.boundaries.empty());
+  EXPECT_EQ(first.weight_outputs, (std::vector<std::string>{"wt"}));
+  const WeightGradientSplit second = weight_gradient_split(stages[1]);
+  // Both operands are received: activations on this stage, their gradients B's to send back.
+  EXPECT_TRUE(second.boundaries.empty());
+  EXPECT_TRUE(second.weight_outputs.empty());
+}
+
+}  // namespace
+}  // namespace shardwise::transform
