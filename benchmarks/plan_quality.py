@@ -20,7 +20,10 @@ Megatron-LM could not run as written: t not dividing the heads or the 8 GPUs of 
 see the README), or layers not divisible by p x v (uneven stages: Megatron-LM's interleaved
 schedule needs even chunks). "best valid" is the best plan among the
 planner's ten best that has no flag. Where ours is below Megatron, the step's breakdown of
-both is printed. Asserts nothing.
+both is printed. Under every row, each plan's predicted MFU (model FLOPs / 312 TFLOP/s, A100
+bf16) as priced and with every overlap it relies on exposed instead, and which overlaps
+those are (the data-parallel reduction beside backward, ZB-H1's weight gradients in the
+bubble). Asserts nothing.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ PER_NODE = 8
 
 
 def describe(plan) -> str:
-    sched = "1f1b" if plan.schedule == "1f1b" else f"int v{plan.virtual_stages}"
+    sched = plan.schedule if plan.schedule in ("1f1b", "zb-h1") else f"int v{plan.virtual_stages}"
     return (f"({plan.tensor},{plan.pipeline},{plan.data}) b{plan.micro_batch} {sched:<6} "
             f"rc {plan.recompute:<4} z{plan.zero_stage}")
 
@@ -60,6 +63,34 @@ def no_recompute(graph, cluster, t, p, d, batch, layers):
     """Megatron's degrees, recomputation off: the best (b, v) that fits in 80 GB, or None."""
     found = best_plan(graph, cluster, t, p, d, batch, layers, recompute=False)
     return found[0] if found else None
+
+
+A100_BF16_PEAK = 312.0  # TFLOP/s: MFU = model FLOPs per second per GPU / this
+
+
+def overlap(plan) -> tuple[float, str]:
+    """(the plan's model-FLOPs MFU with every overlap it relies on exposed instead, and what
+    those overlaps are): the data-parallel reduction beside backward (the evaluator's
+    data_parallel_total less its exposed part), and ZB-H1's weight gradients filling 1F1B's
+    bubble ((p - 1) micro-batch times less ZB-H1's bubble, the evaluator's own formula)."""
+    br = plan.breakdown()
+    hidden = {}
+    dp = br.get("data_parallel_total", 0.0) - br.get("data_parallel", 0.0)
+    if dp > 1e-9:
+        hidden["dp beside bwd"] = dp
+    if plan.schedule == "zb-h1":
+        per_micro_batch = (br["compute"] + br["tensor_parallel"] + br["pipeline_p2p"]) / plan.num_micro_batches()
+        hidden["W in bubble"] = (plan.pipeline - 1) * per_micro_batch - br["pipeline_bubble"]
+    step = plan.predicted_step_time()
+    exposed = plan.predicted_tflops_per_device() * step / (step + sum(hidden.values())) / A100_BF16_PEAK
+    return exposed, ", ".join(f"{k} {v:.2f} s" for k, v in hidden.items()) or "none"
+
+
+def overlap_line(label: str, plan) -> str:
+    mfu = plan.predicted_tflops_per_device() / A100_BF16_PEAK
+    without, relies = overlap(plan)
+    return (f"      {label:<9} MFU {100 * mfu:5.1f}% with overlap, {100 * without:5.1f}% without; "
+            f"relies on: {relies}")
 
 
 def breakdown_line(label: str, plan) -> str:
@@ -115,6 +146,22 @@ def main() -> None:
                 if tf < meg_tf or not ours.fits:
                     print(breakdown_line("ours", ours))
                     print(breakdown_line("Megatron", meg))
+                print(overlap_line("ours", ours))
+                print(overlap_line("Megatron", meg))
+    # GPT-3 175B on 1,024 A100s (the joint planner's headline job): Megatron-LM's configuration
+    # for it (t 8, p 16, d 8, interleaved v 2, recomputation) against ours, with the overlaps.
+    gpt3 = shardwise.models.gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)
+    cluster = shardwise.Cluster.preset("dgx-a100", nodes=128)
+    meg = shardwise.Plan.manual(gpt3, cluster, tensor=8, pipeline=16, data=8, global_batch=1536, micro_batch=1,
+                                schedule="interleaved-1f1b", virtual_stages=2, recompute=True)
+    print(f"\nGPT-3 175B, 1024 GPUs, batch 1536: Megatron (8,16,8) b1 int v2 rc full "
+          f"{meg.predicted_megatron_tflops_per_device():.1f} TFLOP/s (Megatron's accounting)")
+    print(overlap_line("Megatron", meg))
+    for level in levels:
+        ours = shardwise.plan(gpt3, cluster, global_batch=1536, level=level, pipeline=True)
+        print(f"  {level:<8} ours {describe(ours)} {ours.predicted_megatron_tflops_per_device():.1f} TFLOP/s "
+              f"({ours.predicted_megatron_tflops_per_device() / meg.predicted_megatron_tflops_per_device():.3f} x)")
+        print(overlap_line("ours", ours))
     print()
     for level in levels:
         rows = summary[level]

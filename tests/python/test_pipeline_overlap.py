@@ -6,7 +6,8 @@ B, so each bucket's all-reduce is issued by the hook of its last gradient while 
 and the cooldown's remaining actions run (runtime/buckets.py), not after the step's last
 action. A parameter two virtual stages of one rank read (TinyGPT's tied embedding under
 interleaving) is armed only before the later one, so no bucket is reduced before its
-gradient is complete: training equals one device in float64.
+gradient is complete: training equals one device in float64. Under ZB-H1 the gradients come
+in W, so the hooks are armed before the last W instead.
 
 cost/plan_cost.cc prices the same thing: the reduction is exposed only beyond the window
 from the stage's last backward to the step's end; tests/cpp/plan_cost_test.cc states the
@@ -99,7 +100,7 @@ def _worker(rank: int, world: int, store: str, result: str, schedule: str, virtu
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("schedule,virtual_stages", [("1f1b", 1), ("interleaved-1f1b", 2)])
+@pytest.mark.parametrize("schedule,virtual_stages", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
 def test_pipeline_buckets_are_issued_in_backward_and_train_as_one_device(schedule, virtual_stages):
     world = 4
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,14 +121,17 @@ def test_pipeline_buckets_are_issued_in_backward_and_train_as_one_device(schedul
     assert r["error"] < TOLERANCE, r["error"]
 
 
-def test_pipeline_stages_reduce_scatter_their_sharded_weights_beside_backward_and_train_as_one_device():
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_pipeline_stages_reduce_scatter_their_sharded_weights_beside_backward_and_train_as_one_device(schedule):
     # 2 stages x 2 data ranks, every stage weight sharded over the data axis (ZeRO-3 inside the
-    # stages): each micro-batch's backward reduce-scatters its unit groups asynchronously, the
-    # micro-batches' gradients add up in the shards, and training equals one device.
+    # stages): each micro-batch's backward (under ZB-H1 its W) reduce-scatters its unit groups
+    # asynchronously, the micro-batches' gradients add up in the shards, and training equals
+    # one device.
     world = 4
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result, "1f1b", 1, True), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result, schedule, 1, True), nprocs=world,
+                 join=True)
         reports = []
         for rank in range(world):
             with open(f"{result}.{rank}") as f:
