@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from _machine import cpu_model
 from _workers import pipeline_plan, profile_steps
 
-SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v")
 
 
 class TorchStage(nn.Module):
@@ -83,14 +83,13 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
-def _blocks_of(engine) -> list[int]:
-    """Block indices of this rank's shardwise stage (read off its modules' parameter names)."""
-    found = set()
-    for stage in engine._stages.values():
-        for name, _ in stage["module"].named_parameters():
-            if name.startswith("blocks."):
-                found.add(int(name.split(".")[1]))
-    return sorted(found)
+def _blocks_of(engine) -> dict[int, list[int]]:
+    """Block indices of each of this rank's shardwise stages (read off its modules' parameter names)."""
+    out = {}
+    for g, stage in engine._stages.items():
+        out[g] = sorted({int(name.split(".")[1]) for name, _ in stage["module"].named_parameters()
+                         if name.startswith("blocks.")})
+    return out
 
 
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:
@@ -115,7 +114,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     report = {"rank": rank, "errors": {}, "times": {}, "cpu": {}, "losses": {}, "profiles": {}}
 
     steps = {}  # name -> callable returning the loss on the last rank (None elsewhere)
-    cut = None
+    cuts = {}   # schedule -> {stage: blocks} on this rank (ZB-V cuts 2p stages, the others p)
     for schedule in SCHEDULES:
         name = f"shardwise {schedule}"
         try:
@@ -124,7 +123,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
             engine = shardwise.parallelize(model, batch, plan=pipeline_plan(args.batch, args.micro_batch, schedule,
                                                                            world))
             opt = torch.optim.AdamW(engine.parameters(), lr=1e-3)
-            cut = cut or _blocks_of(engine)
+            cuts[schedule] = _blocks_of(engine)
 
             def ours(engine=engine, opt=opt):
                 opt.zero_grad()
@@ -135,13 +134,17 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
             steps[name] = ours
         except Exception as e:  # noqa: BLE001 - recorded and printed by the parent
             report["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
-    # The same stage boundaries for torch: every rank's block range.
-    ranges = [None] * world
-    dist.all_gather_object(ranges, cut)
-    report["cut"] = ranges
+    # The same stage boundaries for torch: every rank's block ranges, per schedule.
+    everyone = [None] * world
+    dist.all_gather_object(everyone, cuts)
+    stages_of = {s: {g: blocks for rank_cuts in everyone for g, blocks in rank_cuts.get(s, {}).items()}
+                 for s in SCHEDULES}
+    report["cut"] = [everyone[r].get("1f1b", {}).get(r) for r in range(world)]
+    report["cut_v"] = [stages_of["zb-v"].get(g) for g in range(2 * world)]
+    ranges = report["cut"]
     if not args.skip_torch and all(ranges):
         from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                  ScheduleInterleavedZeroBubble)
+                                                  ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
         def zero_bubble(stage, n_microbatches, loss_fn):  # torch's ZB1P, one stage per rank: ZB-H1
             return ScheduleInterleavedZeroBubble([stage], n_microbatches=n_microbatches, loss_fn=loss_fn)
@@ -175,6 +178,40 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
                 steps[name] = theirs
             except Exception as e:  # noqa: BLE001
                 report["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+        # ZB-V: two stages per rank in a V (rank r holds stages r and 2p - 1 - r), cut where ours is.
+        name = "torch zb-v"
+        try:
+            if "zb-v" not in cuts or not all(report["cut_v"]):
+                raise RuntimeError("shardwise's zb-v cut is missing")
+            model = TinyGPT(cfg)
+            model.load_state_dict(reference.state_dict())
+            mine = [rank, 2 * world - 1 - rank]
+            modules = []
+            for g in mine:
+                blocks = report["cut_v"][g]
+                modules.append(TorchStage(model, blocks[0], blocks[-1] + 1, g == 0, g == 2 * world - 1).to(device))
+            stages = [PipelineStage(mod, g, 2 * world, device) for mod, g in zip(modules, mine)]
+            sched = ScheduleZBVZeroBubble(stages, n_microbatches=m, loss_fn=lm_loss)
+            params = [p for mod in modules for p in mod.parameters()]
+            opt = torch.optim.AdamW(params, lr=1e-3)
+
+            def theirs_v(modules=modules, sched=sched, opt=opt):
+                opt.zero_grad()
+                losses = []
+                if rank == 0:  # the first and the last stage
+                    sched.step(batch[0], target=batch[1], losses=losses)
+                else:
+                    sched.step()
+                tied = [w for mod in modules for w in mod.tied()]  # both on rank 0: summed there
+                if len(tied) == 2:
+                    tied[0].grad.add_(tied[1].grad)
+                    tied[1].grad.copy_(tied[0].grad)
+                opt.step()
+                return torch.stack(losses).mean().item() if rank == 0 else None
+
+            steps[name] = theirs_v
+        except Exception as e:  # noqa: BLE001
+            report["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
 
     failed = set()
     for step in range(args.warmup + args.steps):
@@ -269,10 +306,17 @@ def main() -> None:
     if reports[0].get("cut"):
         print("stage blocks (shardwise's cut, used for both): "
               + ", ".join(f"rank {r}: {c[0]}-{c[-1]}" for r, c in enumerate(reports[0]["cut"]) if c))
+    if all(reports[0].get("cut_v") or [None]):
+        print("zb-v stage blocks: " + ", ".join(f"stage {g} (rank {min(g, 2 * world - 1 - g)}): {c[0]}-{c[-1]}"
+                                                for g, c in enumerate(reports[0]["cut_v"])))
     times = {name: statistics.median(v) for name, v in reports[0]["times"].items()}
     cpu = {name: sum(statistics.median(r["cpu"][name]) for r in reports) for name in times
            if all(name in r.get("cpu", {}) for r in reports)}
-    losses = reports[-1]["losses"]
+    losses = {}  # each training's losses from a rank that has them (torch's ZB-V: rank 0, the others' last)
+    for r in reversed(reports):
+        for name, values in r["losses"].items():
+            if name not in losses and values and values[0] is not None:
+                losses[name] = values
     walls = reports[0]["times"]
     paired = {s: statistics.median(t / o for o, t in zip(walls[f"shardwise {s}"], walls[f"torch {s}"]))
               for s in SCHEDULES if f"shardwise {s}" in walls and f"torch {s}" in walls}

@@ -41,7 +41,7 @@ import torch.multiprocessing as mp
 from _machine import cpu_model
 from _workers import finish_worker, pipeline_plan
 
-SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v")
 
 
 class _MallInfo2(ctypes.Structure):

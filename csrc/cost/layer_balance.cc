@@ -9,7 +9,8 @@ std::vector<int> balance_layers(const LayerBalanceProblem& problem) {
   const int p = problem.pipeline, v = problem.virtual_stages;
   if (p < 1 || v < 1 || problem.layers < p * v) return {};
   std::vector<int> device(static_cast<std::size_t>(p), v);  // every chunk at least one layer
-  auto extra = [&](int s) { return (s == 0 ? problem.first : 0.0) + (s == p - 1 ? problem.last : 0.0); };
+  const int last_device = problem.v_shape ? 0 : p - 1;
+  auto extra = [&](int s) { return (s == 0 ? problem.first : 0.0) + (s == last_device ? problem.last : 0.0); };
   for (int left = problem.layers - p * v; left > 0; --left) {
     int best = 0;
     double best_time = 0;
@@ -22,7 +23,11 @@ std::vector<int> balance_layers(const LayerBalanceProblem& problem) {
   std::vector<int> chunks(static_cast<std::size_t>(p * v));
   for (int s = 0; s < p; ++s) {
     const int n = device[static_cast<std::size_t>(s)];
-    for (int k = 0; k < v; ++k) chunks[static_cast<std::size_t>(s + k * p)] = n / v + (k < n % v ? 1 : 0);
+    for (int k = 0; k < v; ++k) {
+      // Round-robin: chunk s + k p; in a V (v = 2): chunks s and 2p - 1 - s.
+      const int chunk = problem.v_shape ? (k == 0 ? s : 2 * p - 1 - s) : s + k * p;
+      chunks[static_cast<std::size_t>(chunk)] = n / v + (k < n % v ? 1 : 0);
+    }
   }
   return chunks;
 }
@@ -33,9 +38,10 @@ std::vector<int> even_layers(int layers, int chunks) {
   return out;
 }
 
-std::vector<int> layers_per_device(const std::vector<int>& chunks, int pipeline) {
+std::vector<int> layers_per_device(const std::vector<int>& chunks, int pipeline, bool v_shape) {
   std::vector<int> out(static_cast<std::size_t>(pipeline), 0);
-  for (std::size_t c = 0; c < chunks.size(); ++c) out[c % static_cast<std::size_t>(pipeline)] += chunks[c];
+  const auto p = static_cast<std::size_t>(pipeline);
+  for (std::size_t c = 0; c < chunks.size(); ++c) out[v_shape ? (c < p ? c : 2 * p - 1 - c) : c % p] += chunks[c];
   return out;
 }
 

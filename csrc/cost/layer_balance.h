@@ -29,7 +29,8 @@ struct LayerBalanceProblem {
   int virtual_stages = 1;
   double layer = 0;  // one layer's time per micro-batch
   double first = 0;  // device 0's time outside the layers
-  double last = 0;   // device p - 1's time outside the layers
+  double last = 0;   // the last chunk's device's time outside the layers (p - 1; 0 in a V)
+  bool v_shape = false;  // ZB-V's placement (two chunks per device, layers_per_device below)
 };
 
 // Layers per chunk (pipeline x virtual_stages entries, summing to layers); empty when
@@ -40,7 +41,8 @@ std::vector<int> balance_layers(const LayerBalanceProblem& problem);
 // layers % chunks one more.
 std::vector<int> even_layers(int layers, int chunks);
 
-// Layers per device of a chunk split: device s holds chunks s, s + p, ...
-std::vector<int> layers_per_device(const std::vector<int>& chunks, int pipeline);
+// Layers per device of a chunk split: device s holds chunks s, s + p, ...; in a V (ZB-V, two
+// chunks per device) chunks s and 2p - 1 - s.
+std::vector<int> layers_per_device(const std::vector<int>& chunks, int pipeline, bool v_shape = false);
 
 }  // namespace shardwise::cost

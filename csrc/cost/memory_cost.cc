@@ -30,6 +30,8 @@ double stage_micro_batches_in_flight(plan::Schedule schedule, int pipeline, int 
     case plan::Schedule::OneFOneB: return std::min(m, p);
     // ZB-H1 holds at most p micro-batches from F to W on every rank (schedules.h), not p - s.
     case plan::Schedule::ZeroBubbleH1: return std::min(m, p);
+    // ZB-V: 2p chunks of half a stage, from F to W, on every rank (schedules.h).
+    case plan::Schedule::ZeroBubbleV: return std::min(m, p);
     case plan::Schedule::KFKB: return std::min(m, static_cast<double>(kfkb_k) * p);
     case plan::Schedule::Interleaved1F1B: {
       double v = virtual_stages;

@@ -174,7 +174,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     throw ValidationError(fmt::format("evaluate: layers_per_stage sums to {} but the graph has {} layers",
                                       std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0), num_layers));
   }
-  const std::vector<int> device_layers = layers_per_device(chunk_layers, p);
+  // ZB-V's chunks sit in a V: the last (the LM head's) on the first device, beside the first.
+  const bool v_shape = plan.schedule == plan::Schedule::ZeroBubbleV;
+  const int last_device = v_shape ? 0 : p - 1;
+  const std::vector<int> device_layers = layers_per_device(chunk_layers, p, v_shape);
 
   double p2p_mb = 0;
   if (p > 1) {
@@ -195,16 +198,16 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     double backward = layers_here * layer.backward;
     double params = layers_here * layer.parameters;
     if (s == 0) compute += pre_cost.forward + pre_cost.backward, backward += pre_cost.backward, params += pre_cost.parameters;
-    if (s == p - 1)
+    if (s == last_device)
       compute += post_cost.forward + post_cost.backward, backward += post_cost.backward, params += post_cost.parameters;
-    double tp = layers_here * layer_tp + (s == 0 ? pre_tp : 0.0) + (s == p - 1 ? post_tp : 0.0);
+    double tp = layers_here * layer_tp + (s == 0 ? pre_tp : 0.0) + (s == last_device ? post_tp : 0.0);
     if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp, worst_backward = backward;
     device_params[static_cast<std::size_t>(s)] = params;
     device_backward[static_cast<std::size_t>(s)] = backward;
     if (layout != nullptr)
       device_tensor_sync[static_cast<std::size_t>(s)] = layers_here * layout->layer.gradient_sync +
                                                         (s == 0 ? layout->pre.gradient_sync : 0.0) +
-                                                        (s == p - 1 ? layout->post.gradient_sync : 0.0);
+                                                        (s == last_device ? layout->post.gradient_sync : 0.0);
   }
   const double t_mb = worst_compute + worst_tp + p2p_mb;
   const double md = static_cast<double>(m);
@@ -212,13 +215,15 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   out.tensor_parallel = md * worst_tp;
   out.pipeline_p2p = md * p2p_mb;
   out.pipeline_bubble = (p - 1) / static_cast<double>(v) * t_mb;
-  if (plan.schedule == plan::Schedule::ZeroBubbleH1) {
+  if (plan.schedule == plan::Schedule::ZeroBubbleH1 || v_shape) {
     // ZB-H1's bubble, (p - 1)(F + B - W) (Qi et al. 2024, and schedules.h): the weight
     // gradient W fills what 1F1B leaves idle. W is half the backward: a matmul's weight
     // product costs what its input product does, and the weights of norms and biases are a
     // rounding error beside them.
+    // ZB-V's chunks are half a stage each: (p - 1)(F + B - W) / 2 (the list schedule of
+    // schedules.h reaches it at p = 2, 4 and at p = 8, m = 8; 4.5 against 3.5 units at m = 16).
     const double weight = worst_backward / 2.0;
-    out.pipeline_bubble = (p - 1) * std::max(0.0, t_mb - 2.0 * weight);
+    out.pipeline_bubble = (p - 1) * std::max(0.0, t_mb - 2.0 * weight) / (v_shape ? 2.0 : 1.0);
   }
   out.bubble_fraction = out.pipeline_bubble / (md * t_mb);
 
@@ -284,12 +289,13 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     ModelStateBytes states = model_state_bytes(device_params[static_cast<std::size_t>(s)], d, plan.zero_stage, mem);
     // Stage s holds fewer micro-batches the later it is (1F1B: p - s); the first holds most.
     // (ZB-H1 holds up to p on every rank: schedules.h.)
-    const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan.schedule == plan::Schedule::ZeroBubbleH1;
+    const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan.schedule == plan::Schedule::ZeroBubbleH1 ||
+                            v_shape;
     double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));
     double acts = stage_activation_bytes(layer.activation_bytes, boundary_bytes,
                                          device_layers[static_cast<std::size_t>(s)], flight, recompute);
     if (s == 0) acts += pre_cost.activation_bytes;
-    if (s == p - 1) acts += post_cost.activation_bytes;
+    if (s == last_device) acts += post_cost.activation_bytes;
     double total = states.total() + acts;
     if (total > out.memory_per_rank) {
       out.memory_per_rank = total;

@@ -23,12 +23,13 @@ using nlohmann::json;
 using support::ParseError;
 using support::ValidationError;
 
-constexpr std::array<std::pair<Schedule, std::string_view>, 5> kSchedules = {{
+constexpr std::array<std::pair<Schedule, std::string_view>, 6> kSchedules = {{
     {Schedule::GPipe, "gpipe"},
     {Schedule::OneFOneB, "1f1b"},
     {Schedule::Interleaved1F1B, "interleaved-1f1b"},
     {Schedule::KFKB, "kfkb"},
     {Schedule::ZeroBubbleH1, "zb-h1"},
+    {Schedule::ZeroBubbleV, "zb-v"},
 }};
 
 constexpr std::array<std::string_view, 4> kPrecisions = {"f32", "tf32", "bf16", "f16"};
@@ -148,7 +149,7 @@ Schedule schedule_from_name(std::string_view name) {
   for (const auto& [s, known] : kSchedules)
     if (known == name) return s;
   throw ValidationError(
-      fmt::format("plan.schedule: unknown schedule '{}' (known: gpipe, 1f1b, interleaved-1f1b, kfkb, zb-h1)", name));
+      fmt::format("plan.schedule: unknown schedule '{}' (known: gpipe, 1f1b, interleaved-1f1b, kfkb, zb-h1, zb-v)", name));
 }
 
 std::string_view recompute_name(Recompute recompute) { return recompute == Recompute::Full ? "full" : "none"; }
@@ -202,15 +203,20 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     for (const auto& [key, text] : {std::pair{"plan", &plan.programs->plan}, std::pair{"hash", &plan.programs->hash}})
       if (!hex16(*text)) throw ValidationError(fmt::format("plan.programs.{}: '{}' is not 16 hex digits", key, *text));
   if (plan.virtual_stages < 1) throw ValidationError(fmt::format("plan.virtual_stages: {} < 1", plan.virtual_stages));
-  if (plan.virtual_stages > 1 && plan.schedule != Schedule::Interleaved1F1B)
+  if (plan.schedule == Schedule::ZeroBubbleV && plan.virtual_stages != 2)
+    throw ValidationError(fmt::format("plan.virtual_stages: zb-v runs two chunks per rank (a V), not {}",
+                                      plan.virtual_stages));
+  if (plan.virtual_stages > 1 && plan.schedule != Schedule::Interleaved1F1B && plan.schedule != Schedule::ZeroBubbleV)
     throw ValidationError(fmt::format("plan.virtual_stages: {} needs schedule interleaved-1f1b, not {}",
                                       plan.virtual_stages, schedule_name(plan.schedule)));
   if (plan.kfkb_k < 1) throw ValidationError(fmt::format("plan.kfkb_k: {} < 1", plan.kfkb_k));
   if (plan.kfkb_k > 1 && plan.schedule != Schedule::KFKB)
     throw ValidationError(
         fmt::format("plan.kfkb_k: {} needs schedule kfkb, not {}", plan.kfkb_k, schedule_name(plan.schedule)));
-  if (plan.schedule == Schedule::ZeroBubbleH1 && plan.recompute != Recompute::None)
-    throw ValidationError("plan.schedule: zb-h1 with recomputation; the runtime splits a stage's backward into B and "
+  if ((plan.schedule == Schedule::ZeroBubbleH1 || plan.schedule == Schedule::ZeroBubbleV) &&
+      plan.recompute != Recompute::None)
+    throw ValidationError(std::string("plan.schedule: ") + std::string(schedule_name(plan.schedule)) +
+                          " with recomputation; the runtime splits a stage's backward into B and "
                           "W only where no block is recomputed (use 1f1b or interleaved-1f1b with recompute)");
   if (plan.zero_stage < 0 || plan.zero_stage > 3)
     throw ValidationError(fmt::format("plan.zero_stage: {} is not in 0..3", plan.zero_stage));

@@ -10,7 +10,8 @@
 //    batch that micro_batch x data does not divide, naming the numbers.
 //  - layers_per_stage: empty = balanced (the evaluator splits the repeated blocks evenly);
 //    else pipeline x virtual_stages entries (one per model chunk, in pipeline order).
-//  - virtual_stages > 1 only with Schedule::Interleaved1F1B; kfkb_k > 1 only with KFKB.
+//  - virtual_stages > 1 only with Schedule::Interleaved1F1B or ZeroBubbleV (which takes
+//    exactly 2); kfkb_k > 1 only with KFKB.
 //  - precision: "f32", "tf32", "bf16" or "f16" (cost::Precision names).
 //  - predicted: set by the evaluator (cost/plan_cost.h); not part of the hash, so costing a
 //    plan twice, or with another model, keeps its identity.
@@ -64,10 +65,11 @@ namespace shardwise::plan {
 // ZeroBubbleH1: ZB-H1 (schedule/schedules.h), each backward split into B and W by the runtime
 // (transform/weight_gradient_split.h); a plan with recomputation cannot take it (the runtime does
 // not split a recomputed block's backward).
-enum class Schedule : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, KFKB, ZeroBubbleH1 };
+// ZeroBubbleV: ZB-V, two chunks per rank in a V (virtual_stages 2), split as ZB-H1.
+enum class Schedule : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, KFKB, ZeroBubbleH1, ZeroBubbleV };
 enum class Recompute : std::uint8_t { None, Full };
 
-// "gpipe", "1f1b", "interleaved-1f1b", "kfkb", "zb-h1".
+// "gpipe", "1f1b", "interleaved-1f1b", "kfkb", "zb-h1", "zb-v".
 std::string_view schedule_name(Schedule schedule);
 // Also accepts "interleaved". Throws support::ValidationError listing the known names.
 Schedule schedule_from_name(std::string_view name);

@@ -30,8 +30,9 @@ schedule::PipelineSchedule make_schedule(const std::string& name, int stages, in
   if (name == "interleaved-1f1b") return schedule::interleaved_1f1b(stages, micro_batches, virtual_stages);
   if (name == "kfkb") return schedule::kfkb(stages, micro_batches, k);
   if (name == "zb-h1") return schedule::zero_bubble_h1(stages, micro_batches);
+  if (name == "zb-v") return schedule::zero_bubble_v(stages, micro_batches);
   throw support::ValidationError("simulate: unknown schedule '" + name +
-                                 "' (expected 1f1b, gpipe, interleaved-1f1b, kfkb or zb-h1)");
+                                 "' (expected 1f1b, gpipe, interleaved-1f1b, kfkb, zb-h1 or zb-v)");
 }
 
 // forward / backward are a whole pipeline stage's seconds; with v virtual stages each
@@ -69,6 +70,13 @@ void bind_schedule(py::module_& m) {
       .def_property_readonly("peak_in_flight", [](const Simulation& s) { return s.result.peak_in_flight; })
       .def_property_readonly("busy", [](const Simulation& s) { return s.result.busy; })
       .def_property_readonly("ranks", [](const Simulation& s) { return s.schedule.ranks; })
+      // The rank of each virtual stage (round-robin, or a V for zb-v): where the executor puts them.
+      .def_property_readonly("stage_ranks",
+                             [](const Simulation& s) {
+                               std::vector<int> out;
+                               for (int g = 0; g < s.schedule.total_stages(); ++g) out.push_back(s.schedule.rank_of_stage(g));
+                               return out;
+                             })
       .def_property_readonly("trace_event_count",
                              [](const Simulation& s) { return schedule::chrome_trace_event_count(s.result); })
       .def(

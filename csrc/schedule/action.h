@@ -4,7 +4,8 @@
 //
 // Contract:
 //   - `stage` is a virtual stage index in [0, ranks * virtual_stages). Virtual stage g
-//     lives on rank g % ranks (chunk g / ranks of that rank), see schedules.h.
+//     lives on rank g % ranks (chunk g / ranks of that rank), or in a V (rank_of_stage
+//     below), see schedules.h.
 //   - Forward / Backward / WeightGradient: `stage`, `micro_batch` set, `peer` == -1. In a
 //     schedule with WeightGradient actions (zero-bubble, Qi et al. 2024) Backward computes
 //     the input's gradient only (B) and WeightGradient the weights' (W), which may run
@@ -73,9 +74,14 @@ struct PipelineSchedule {
   int micro_batches = 0;
   int virtual_stages = 1;  // chunks per rank; total stages = ranks * virtual_stages
   std::vector<std::vector<Action>> per_rank;
+  // The V placement (ZB-V, schedules.h): two chunks per rank, stage g on rank g for g < p and
+  // on rank 2p - 1 - g after, so the last stage is on rank 0. Otherwise round-robin.
+  bool v_shape = false;
 
   int total_stages() const { return ranks * virtual_stages; }
-  int rank_of_stage(int stage) const { return stage % ranks; }
+  int rank_of_stage(int stage) const {
+    return v_shape ? (stage < ranks ? stage : 2 * ranks - 1 - stage) : stage % ranks;
+  }
 };
 
 // Space-separated text of one rank's actions, e.g. "F0@s0 F1@s0 B0@s0 ...".

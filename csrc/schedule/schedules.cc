@@ -22,8 +22,8 @@ void check_shape(const char* name, int ranks, int micro_batches) {
 // compute whose input comes from another rank, a Send right after each compute whose
 // output goes to another rank, and an OptimizerStep at the end.
 PipelineSchedule with_communication(int ranks, int micro_batches, int virtual_stages,
-                                    const std::vector<std::vector<Action>>& compute) {
-  PipelineSchedule s{ranks, micro_batches, virtual_stages, {}};
+                                    const std::vector<std::vector<Action>>& compute, bool v_shape = false) {
+  PipelineSchedule s{ranks, micro_batches, virtual_stages, {}, v_shape};
   const int last = s.total_stages() - 1;
   s.per_rank.resize(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
@@ -171,6 +171,86 @@ PipelineSchedule zero_bubble_h1(int ranks, int micro_batches) {
     }
   }
   return with_communication(ranks, micro_batches, 1, compute);
+}
+
+PipelineSchedule zero_bubble_v(int ranks, int micro_batches) {
+  check_shape("zero_bubble_v", ranks, micro_batches);
+  const int p = ranks, m = micro_batches, stages = 2 * p;
+  // Per stage: the tick each micro-batch's F and B finished (-1: not yet), and the next
+  // micro-batch of each kind (micro-batch order within a stage and kind).
+  std::vector<std::vector<int>> f_done(static_cast<std::size_t>(stages), std::vector<int>(static_cast<std::size_t>(m), -1));
+  std::vector<std::vector<int>> b_done = f_done;
+  std::vector<int> next_f(static_cast<std::size_t>(stages), 0), next_b = next_f, next_w = next_f;
+  std::vector<int> held(static_cast<std::size_t>(p), 0);  // chunk activations held, F to W
+  const int limit = 2 * p;  // 1F1B's first rank: p micro-batches of a whole stage, two chunks each
+  auto done_by = [](const std::vector<std::vector<int>>& done, int g, int i, int t) {
+    const int at = done[static_cast<std::size_t>(g)][static_cast<std::size_t>(i)];
+    return at >= 0 && at <= t;
+  };
+  std::vector<std::vector<Action>> compute(static_cast<std::size_t>(p));
+  for (int t = 0, left = 3 * stages * m; left > 0; ++t) {
+    if (t > 100 * stages * m)
+      throw support::ValidationError(fmt::format("zero_bubble_v({}, {}): no progress (internal)", p, m));
+    std::vector<Action> chosen(static_cast<std::size_t>(p), Action::optimizer_step());  // none
+    for (int r = 0; r < p; ++r) {
+      // The rank's chunks: the first on the way down (stage r), the second on the way back
+      // (stage 2p - 1 - r, whose forward leads to the loss on rank 0).
+      const int first = r, second = stages - 1 - r;
+      auto b_ready = [&](int g) {
+        const int i = next_b[static_cast<std::size_t>(g)];
+        return i < next_f[static_cast<std::size_t>(g)] && done_by(f_done, g, i, t) &&
+               (g == stages - 1 || done_by(b_done, g + 1, i, t));
+      };
+      auto f_ready = [&](int g) {
+        const int i = next_f[static_cast<std::size_t>(g)];
+        return i < m && (g == 0 || done_by(f_done, g - 1, i, t));
+      };
+      auto oldest = [&](const std::vector<int>& next, int a, int b) {  // the older micro-batch, the later stage on a tie
+        return next[static_cast<std::size_t>(b)] <= next[static_cast<std::size_t>(a)] ? b : a;
+      };
+      const bool b1 = b_ready(first), b2 = b_ready(second);
+      const auto u = static_cast<std::size_t>(r);
+      // B first (the critical path runs through it), then F (the second chunk first, and a
+      // first-chunk F only while a slot stays free for a second-chunk one, so the oldest
+      // micro-batch can always go on), then W (nothing waits for it: it fills the bubbles).
+      if (b1 || b2) {
+        const int g = b1 && b2 ? oldest(next_b, first, second) : b1 ? first : second;
+        chosen[u] = Action::backward(g, next_b[static_cast<std::size_t>(g)]);
+      } else if (f_ready(second) && held[u] < limit) {
+        chosen[u] = Action::forward(second, next_f[static_cast<std::size_t>(second)]);
+      } else if (f_ready(first) && held[u] + 2 <= limit) {
+        chosen[u] = Action::forward(first, next_f[static_cast<std::size_t>(first)]);
+      } else {
+        const bool w1 = next_w[static_cast<std::size_t>(first)] < next_b[static_cast<std::size_t>(first)];
+        const bool w2 = next_w[static_cast<std::size_t>(second)] < next_b[static_cast<std::size_t>(second)];
+        if (w1 || w2) {
+          const int g = w1 && w2 ? oldest(next_w, first, second) : w1 ? first : second;
+          chosen[u] = Action::weight_gradient(g, next_w[static_cast<std::size_t>(g)]);
+        }
+      }
+    }
+    for (int r = 0; r < p; ++r) {
+      const Action& a = chosen[static_cast<std::size_t>(r)];
+      const auto g = static_cast<std::size_t>(a.stage);
+      switch (a.kind) {
+        case ActionKind::Forward:
+          f_done[g][static_cast<std::size_t>(next_f[g]++)] = t + 1;
+          ++held[static_cast<std::size_t>(r)];
+          break;
+        case ActionKind::Backward:
+          b_done[g][static_cast<std::size_t>(next_b[g]++)] = t + 1;
+          break;
+        case ActionKind::WeightGradient:
+          ++next_w[g];
+          --held[static_cast<std::size_t>(r)];
+          break;
+        default: continue;
+      }
+      compute[static_cast<std::size_t>(r)].push_back(a);
+      --left;
+    }
+  }
+  return with_communication(ranks, micro_batches, 2, compute, true);
 }
 
 int peak_in_flight(const std::vector<Action>& rank_actions) {

@@ -58,6 +58,17 @@ PipelineSchedule kfkb(int ranks, int micro_batches, int k);
 // runtime/weight_split.py); the planner's candidate without recomputation (plan.h).
 PipelineSchedule zero_bubble_h1(int ranks, int micro_batches);
 
+// ZB-V (Qi et al. 2024, section 6): two chunks per rank placed in a V (stage g on rank g for
+// g < p, on rank 2p - 1 - g after: PipelineSchedule::v_shape), each backward split into B
+// and W as in ZB-H1. The first and last stage share rank 0, so the chain down and back up
+// turns around on rank p - 1 with no send. The same unit-time list schedule as ZB-H1, per
+// chunk: each rank runs, of what is ready, the oldest B (the later stage on a tie), else a
+// forward (the second chunk's first; a first-chunk forward only while a slot stays free for
+// a second-chunk one), else the oldest W, within 2p chunk activations held from F to W
+// (1F1B's first rank: p micro-batches of a whole stage). The bubble it reaches is measured
+// by the simulator (schedules_test.cc), not taken from the paper.
+PipelineSchedule zero_bubble_v(int ranks, int micro_batches);
+
 // Checks, by abstract execution of the per-rank lists (no timing):
 //   - every action names a stage of its own rank and in-range micro-batch / peer;
 //   - every (stage, micro-batch) has exactly one Forward and one Backward, and one

@@ -53,7 +53,8 @@ schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const Network
   schedule::SimulationCosts costs;
   costs.forward.assign(chunks, per_micro_batch / 3 / v);
   costs.backward.assign(chunks, 2 * per_micro_batch / 3 / v);
-  if (plan.schedule == plan::Schedule::ZeroBubbleH1) {  // its W half the backward, as plan_cost.cc prices it
+  if (plan.schedule == plan::Schedule::ZeroBubbleH1 || plan.schedule == plan::Schedule::ZeroBubbleV) {
+    // Its W half the backward, as plan_cost.cc prices it.
     costs.backward.assign(chunks, per_micro_batch / 3 / v);
     costs.weight.assign(chunks, per_micro_batch / 3 / v);
   }
@@ -86,6 +87,7 @@ schedule::PipelineSchedule schedule_of(const plan::Plan& plan) {
     case plan::Schedule::Interleaved1F1B: return schedule::interleaved_1f1b(p, m, plan.virtual_stages);
     case plan::Schedule::KFKB: return schedule::kfkb(p, m, plan.kfkb_k);
     case plan::Schedule::ZeroBubbleH1: return schedule::zero_bubble_h1(p, m);
+    case plan::Schedule::ZeroBubbleV: return schedule::zero_bubble_v(p, m);
     case plan::Schedule::OneFOneB: break;
   }
   return schedule::one_f_one_b(p, m);
@@ -153,10 +155,13 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
           // ZB-H1 without recomputation only: the runtime does not split a recomputed block's
           // backward (plan.h), so where memory needs recomputation it is not a candidate.
           if (p > 1) schedules.emplace_back(plan::Schedule::ZeroBubbleH1, 1);
+          if (p > 1 && 2 * p <= layers) schedules.emplace_back(plan::Schedule::ZeroBubbleV, 2);
           for (const auto& [schedule, v] : schedules)
             for (plan::Recompute recompute : {plan::Recompute::None, plan::Recompute::Full})
               for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
-                if (schedule == plan::Schedule::ZeroBubbleH1 && recompute != plan::Recompute::None) continue;
+                if ((schedule == plan::Schedule::ZeroBubbleH1 || schedule == plan::Schedule::ZeroBubbleV) &&
+                    recompute != plan::Recompute::None)
+                  continue;
                 plan::Plan candidate;
                 candidate.data = static_cast<int>(d);
                 candidate.tensor = static_cast<int>(t);
@@ -210,17 +215,20 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       if (!even || space[i].pipeline == 1) continue;
       // The same plan with its layers split by time rather than count (layer_balance.h):
       // the last stage's LM head or the first stage's embedding take a share of its layers.
+      // (ZB-V's V puts the LM head beside the embedding, on the first device.)
+      const bool v_shape = space[i].schedule == plan::Schedule::ZeroBubbleV;
       std::vector<int> balanced = cost::balance_layers({.layers = static_cast<int>(layers),
                                                         .pipeline = space[i].pipeline,
                                                         .virtual_stages = space[i].virtual_stages,
                                                         .layer = even->layer_time,
                                                         .first = even->first_stage_extra,
-                                                        .last = even->last_stage_extra});
+                                                        .last = even->last_stage_extra,
+                                                        .v_shape = v_shape});
       const int p = space[i].pipeline;
-      if (balanced.empty() || cost::layers_per_device(balanced, p) ==
+      if (balanced.empty() || cost::layers_per_device(balanced, p, v_shape) ==
                                   cost::layers_per_device(cost::even_layers(static_cast<int>(layers),
                                                                             p * space[i].virtual_stages),
-                                                          p))
+                                                          p, v_shape))
         continue;
       plan::Plan uneven = space[i];
       uneven.layers_per_stage = std::move(balanced);

@@ -12,10 +12,10 @@
 //  - micro-batch b: a divisor of global_batch / d, up to max_micro_batch;
 //  - schedule: p = 1: none needed (1F1B, m micro-batches of gradient accumulation); p > 1:
 //    1F1B, interleaved 1F1B with v virtual stages (p v <= layers, m a multiple of p, as
-//    Megatron-LM requires), and ZB-H1 without recomputation (its bubble (p - 1)(F + B - W)
-//    and p micro-batches held on every stage, cost/plan_cost.cc; the runtime does not split
-//    a recomputed block's backward, so where memory needs recomputation ZB-H1 is no
-//    candidate). GPipe has 1F1B's bubble and more memory: it cannot win. kFkB
+//    Megatron-LM requires), and ZB-H1 and ZB-V (v 2, 2p <= layers) without recomputation
+//    (bubbles (p - 1)(F + B - W) and half that, p micro-batches held on every stage,
+//    cost/plan_cost.cc; the runtime does not split a recomputed block's backward, so where
+//    memory needs recomputation they are no candidates). GPipe has 1F1B's bubble and more memory: it cannot win. kFkB
 //    differs from 1F1B only where sends take time the evaluator cannot overlap: it joins
 //    with a network condition (below).
 //  - recomputation none / full; ZeRO 0 / 1 (optimizer state sharded over the data ranks);

@@ -26,7 +26,9 @@ MemoryShares first_stage_shares(const cost::LayerStructure& structure, const pla
   const int chunks = plan.pipeline * plan.virtual_stages;
   std::vector<int> chunk_layers = plan.layers_per_stage.empty() ? cost::even_layers(layers, chunks)
                                                                 : plan.layers_per_stage;
-  const double share = layers > 0 ? cost::layers_per_device(chunk_layers, plan.pipeline).front() /
+  const double share = layers > 0 ? cost::layers_per_device(chunk_layers, plan.pipeline,
+                                                                  plan.schedule == plan::Schedule::ZeroBubbleV)
+                                              .front() /
                                          static_cast<double>(layers)
                                    : 1.0;
   const double zero = cost::model_state_bytes(1, plan.data, plan.zero_stage).total() /

@@ -377,7 +377,8 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     actions = [(kind, i, g, peer * size + local if peer >= 0 else peer)
                for kind, i, g, peer in parse_actions(schedule.actions(pipeline_rank))]
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
-                          parameters, m, compute_dtypes=compute, split_backward=any(a[0] == "W" for a in actions))
+                          parameters, m, compute_dtypes=compute, split_backward=any(a[0] == "W" for a in actions),
+                          stage_ranks=schedule.stage_ranks)
     shared = []
     for x in sorted(first.owners):  # every rank creates every group, in the same order
         if len(first.owners[x]) > 1:
@@ -391,7 +392,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     return PipelineEngine(model=model, wrapper=wrapper, binding=binding, plan=plan, first=first, actions=actions,
                           micro_batch=rows, num_micro_batches=m, shapes=tuple(tuple(x.shape) for x in batch),
                           parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
-                          last_rank=((p * v - 1) % p) * size, mesh=mesh, stage_size=size, sharding=sharded,
+                          last_rank=schedule.stage_ranks[-1] * size, mesh=mesh, stage_size=size, sharding=sharded,
                           recapture=_recapture(wrapper, stage_cluster, level, plan.precision),
                           kept=keep_state(model, set(first.owners)),
-                          policy=options.policy, compute_dtypes=compute)
+                          policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks)

@@ -54,7 +54,7 @@ def _model(case: str) -> nn.Module:
     torch.manual_seed(0)
     if case == "gpt2":
         return CausalLMWithLoss(transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_layer=4, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0, embd_pdrop=0,
+            n_layer=8, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0, embd_pdrop=0,
             attn_pdrop=0))).double()
     return TwoBranch().double()
 
@@ -70,11 +70,11 @@ def _batch(case: str, step: int):
 def _plan(stages: int, schedule: str = "zb-h1") -> shardwise.Plan:
     return shardwise.Plan.from_json(json.dumps({
         "format": "shardwise.plan", "version": 1, "data": 1, "tensor": 1, "pipeline": stages, "global_batch": ROWS,
-        "micro_batch": MICRO, "schedule": schedule, "virtual_stages": 1, "kfkb_k": 1, "recompute": "none",
+        "micro_batch": MICRO, "schedule": schedule, "virtual_stages": 2 if schedule == "zb-v" else 1, "kfkb_k": 1, "recompute": "none",
         "zero_stage": 0, "layers_per_stage": [], "precision": "f32"}))
 
 
-def _worker(rank: int, world: int, store: str, result: str, case: str) -> None:
+def _worker(rank: int, world: int, store: str, result: str, case: str, schedule: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
         # Which part of backward is running when a parameter's gradient accumulates.
@@ -99,7 +99,7 @@ def _worker(rank: int, world: int, store: str, result: str, case: str) -> None:
         pipeline_engine.backward_input = counted("B", real_input)
         pipeline_engine.backward_weight = counted("W", real_weight)
         model = _model(case)
-        engine = shardwise.parallelize(model, _batch(case, 0), plan=_plan(world))
+        engine = shardwise.parallelize(model, _batch(case, 0), plan=_plan(world, schedule))
         for p in engine.parameters():
             p.register_post_accumulate_grad_hook(
                 lambda _p: accumulated.__setitem__(phase["now"] if phase["now"] in accumulated else "other",
@@ -121,10 +121,16 @@ def _worker(rank: int, world: int, store: str, result: str, case: str) -> None:
             ref_optimizer.step()
             ref_optimizer.zero_grad()
             ref_losses.append(loss.item())
+        # Forward only (eval): the stages in order, ZB-V's turn handed on within rank p - 1.
+        batch = _batch(case, STEPS)
+        eval_loss = float(engine.eval_step(*batch))
+        with torch.no_grad():
+            ref_eval = reference(*batch).item()
         state = engine.full_state_dict()
         kinds = [a[0] for a in engine._actions]
-        report = {"rank": rank, "flops": flops, "ref_flops": ref_flops, "losses": losses, "ref_losses": ref_losses, "accumulated": accumulated,
-                  "W": kinds.count("W"), "B": kinds.count("B"), "stages": len(engine._stages),
+        report = {"rank": rank, "eval": [eval_loss, ref_eval], "flops": flops, "ref_flops": ref_flops, "losses": losses, "ref_losses": ref_losses,
+                  "accumulated": accumulated,
+                  "W": kinds.count("W"), "B": kinds.count("B"), "stages": sorted(engine._stages),
                   "micro_batches": engine._m, "code": engine.code,
                   "error": max(((state[n] - p).abs().max() / p.abs().max().clamp_min(1e-6)).item()
                                for n, p in reference.named_parameters())}
@@ -135,11 +141,13 @@ def _worker(rank: int, world: int, store: str, result: str, case: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
 @pytest.mark.parametrize("case,stages", [("gpt2", 2), ("gpt2", 4), ("two_branch", 2), ("two_branch", 4)])
-def test_zero_bubble_h1_splits_backward_and_trains_as_one_device(case, stages):
+def test_zero_bubble_splits_backward_and_trains_as_one_device(case, stages, schedule):
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result")
-        mp.spawn(_worker, args=(stages, os.path.join(tmp, "store"), result, case), nprocs=stages, join=True)
+        mp.spawn(_worker, args=(stages, os.path.join(tmp, "store"), result, case, schedule), nprocs=stages,
+                 join=True)
         reports = []
         for rank in range(stages):
             with open(f"{result}.{rank}") as f:
@@ -147,7 +155,9 @@ def test_zero_bubble_h1_splits_backward_and_trains_as_one_device(case, stages):
     for r in reports:
         m = r["micro_batches"]
         assert m == ROWS // MICRO
-        assert r["W"] == r["B"] == m * r["stages"], r  # one W per (stage, micro-batch)
+        assert r["W"] == r["B"] == m * len(r["stages"]), r  # one W per (stage, micro-batch)
+        # ZB-V's V: rank r holds stages r and 2p - 1 - r (the last beside the first on rank 0).
+        assert r["stages"] == ([r["rank"], 2 * stages - 1 - r["rank"]] if schedule == "zb-v" else [r["rank"]]), r
         assert "weight_split.cut" in r["code"] and "weight_split.site" in r["code"], r["code"]
         # The split is real: every parameter gradient accumulates in W, none in B or elsewhere.
         assert r["accumulated"]["B"] == 0 and r["accumulated"]["other"] == 0, r["accumulated"]
@@ -155,13 +165,14 @@ def test_zero_bubble_h1_splits_backward_and_trains_as_one_device(case, stages):
     # B and W together do the fused backward's products, none twice; W does the weight half.
     b, w = sum(r["flops"]["B"] for r in reports), sum(r["flops"]["W"] for r in reports)
     fused = reports[0]["ref_flops"]
-    print(f"zb-h1 {case} on {stages} stages: backward FLOPs B {b:.3g} + W {w:.3g} = {(b + w) / fused:.4f} x fused")
+    print(f"{schedule} {case} on {stages} stages: backward FLOPs B {b:.3g} + W {w:.3g} = {(b + w) / fused:.4f} x fused")
     assert abs(b + w - fused) <= 1e-6 * fused, (b, w, fused)
     assert 0.3 * fused < w < 0.7 * fused, (b, w, fused)
     r = reports[0]
     errors = [abs(a - b) / abs(b) for a, b in zip(r["losses"], r["ref_losses"])]
-    print(f"zb-h1 {case} on {stages} stages: losses within {max(errors):.1e}, parameters {r['error']:.1e}")
+    print(f"{schedule} {case} on {stages} stages: losses within {max(errors):.1e}, parameters {r['error']:.1e}")
     assert max(errors) <= TOLERANCE, (r["losses"], r["ref_losses"])
+    assert abs(r["eval"][0] - r["eval"][1]) <= TOLERANCE * abs(r["eval"][1]), r["eval"]
     assert r["error"] < TOLERANCE, r["error"]
 
 

@@ -83,13 +83,17 @@ class StageProgram:
 
 def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input_names: list[str], tensors: dict,
                   trainable: set, parameters: dict, micro_batches: int, frozen: bool = False,
-                  compute_dtypes: dict | None = None, split_backward: bool = False) -> StageProgram:
+                  compute_dtypes: dict | None = None, split_backward: bool = False,
+                  stage_ranks: list[int] | None = None) -> StageProgram:
     """`graph` (captured at one micro-batch) sharded by `sharded` on the stage sub-mesh (None:
     replicated), cut into the plan's pipeline x virtual stages, and this rank's stages lowered,
     sharing `parameters` (filled when empty; `frozen`: a later program, which must not hold a
     trainable parameter the first one did not). `split_backward`: the schedule runs each stage's
-    backward as B and W (runtime/weight_split.py), where the core's cut says."""
+    backward as B and W (runtime/weight_split.py), where the core's cut says. `stage_ranks`:
+    the pipeline rank of each virtual stage, as the schedule places them (default round-robin,
+    g % p; ZB-V's V: csrc/schedule/action.h)."""
     p, v = plan.pipeline, plan.virtual_stages
+    stage_ranks = list(stage_ranks) if stage_ranks is not None else [g % p for g in range(p * v)]
     if sharded is not None:
         program, whole = _rank_program(graph, builder, sharded.to_json(), mesh.rank)
     else:
@@ -116,7 +120,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     for g, names in enumerate(cut["leaves"]):
         for name in names:
             reads.setdefault(name, set()).add(g)
-    owners = {x: {g % p for g in gs} for x, gs in reads.items() if x in tensors}
+    owners = {x: {stage_ranks[g] for g in gs} for x, gs in reads.items() if x in tensors}
     for x in owners:
         meta[x] = (list(tensors[x].shape), tensors[x].dtype, index.get(x, -1))
     if frozen:
@@ -127,7 +131,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
                                   f"{extra}, which its training stages do not hold; the cut differs between modes")
     mine = {}
     counted: list[str] = []
-    for g in range(pipeline_rank, stages, p):
+    for g in (g for g in range(stages) if stage_ranks[g] == pipeline_rank):
         batch_inputs = [x for x in input_names if g in reads.get(x, set())]
         last = g == stages - 1
         outputs = program["outputs"] if last else [{"value": x} for x in cut["sent"][g]]
@@ -147,7 +151,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     loss_dtype = _tensor_outputs(src.meta["val"], indices)[0].dtype if src is not None else \
         tensors[loss_value].dtype if loss_value in tensors else torch.float32
     counter = Counter.build(graph, builder, tensors, trainable, counted, input_names)
-    here = {x: sorted(g for g in gs if g % p == pipeline_rank) for x, gs in reads.items()}
+    here = {x: sorted(g for g in gs if stage_ranks[g] == pipeline_rank) for x, gs in reads.items()}
     return StageProgram(mine, meta, owners, leaves, reduce, whole,
                         {n: leaves[n]["placement"] for n in input_names if n in leaves}, counter, counted, loss_dtype,
                         {x: gs for x, gs in here.items() if gs})
@@ -159,7 +163,8 @@ class PipelineEngine(EngineBase):
     def __init__(self, *, model, wrapper, binding, plan, first: StageProgram, actions: list[tuple], micro_batch: int,
                  num_micro_batches: int, shapes: tuple, parameters: dict, tensors: dict, trainable: set,
                  shared: list[tuple], last_rank: int, mesh=None, stage_size: int = 1, sharding=None,
-                 recapture: Recapture | None = None, kept=None, policy=None, compute_dtypes: dict | None = None):
+                 recapture: Recapture | None = None, kept=None, policy=None, compute_dtypes: dict | None = None,
+                 stage_ranks: list[int] | None = None):
         super().__init__(binding, policy)
         self._compute_dtypes = compute_dtypes or {}
         self.plan = plan
@@ -171,6 +176,9 @@ class PipelineEngine(EngineBase):
         self._programs = {True: first}
         self._first = first
         self._actions = actions        # (kind, micro-batch, virtual stage, peer rank)
+        # The pipeline rank of each virtual stage (the schedule's placement: g % p, or ZB-V's V).
+        self._stage_ranks = list(stage_ranks) if stage_ranks is not None else \
+            [g % plan.pipeline for g in range(plan.pipeline * plan.virtual_stages)]
         self._micro_batch = micro_batch  # rows per micro-batch (across the data axis)
         self._m = num_micro_batches
         self._shapes = shapes
@@ -280,7 +288,8 @@ class PipelineEngine(EngineBase):
         program = stage_program(graph, builder, self.plan, sharded, self._mesh, pipeline_rank, self._binding.names,
                                 self._tensors, self._trainable, self._parameters, self._m, frozen=True,
                                 compute_dtypes=self._compute_dtypes,
-                                split_backward=any(a[0] == "W" for a in self._actions))
+                                split_backward=any(a[0] == "W" for a in self._actions),
+                                stage_ranks=self._stage_ranks)
         for name, leaf in program.leaves.items():
             if name in self._leaves and leaf["placement"] != self._leaves[name]["placement"] and \
                     name in self._parameters:
@@ -339,7 +348,10 @@ class PipelineEngine(EngineBase):
                     pending[(g, mb, False)] = [self._irecv(program, name, mb, peer, False)
                                                for name in stage["received"]]
                 elif kind == "F":
-                    received = {name: t for name, t, work in self._wait(pending.pop((g, mb, False), []))}
+                    if (g, mb, False) not in pending and g - 1 in program.stages:
+                        received = self._handed_on(program, g, mb, live)  # the stage before is on this rank
+                    else:
+                        received = {name: t for name, t, work in self._wait(pending.pop((g, mb, False), []))}
                     for t in received.values():
                         if t.is_floating_point():
                             t.requires_grad_(True)
@@ -357,6 +369,8 @@ class PipelineEngine(EngineBase):
                         live[(g, mb)] = {"inputs": received, "outputs": list(outputs)}
                     if stage["last"]:
                         losses.append(outputs[0].detach())
+                    # (live holds them now: a local name would keep the graph past its W)
+                    outputs = received = args = None
                 elif kind == "SA":
                     for name, t in zip(stage["sent"], live[(g, mb)]["outputs"]):
                         # The buffer sent is kept until the send completes, not the output: its
@@ -368,7 +382,7 @@ class PipelineEngine(EngineBase):
                     names = [n for n in stage["sent"] if program.meta[n][1].is_floating_point]
                     pending[(g, mb, True)] = [self._irecv(program, name, mb, peer, True) for name in names]
                 elif kind == "B" and "sites" in live[(g, mb)]:
-                    self._backward_input(stage, live[(g, mb)], pending.pop((g, mb, True), []))
+                    self._backward_input(stage, live[(g, mb)], self._incoming(program, g, mb, pending, live))
                 elif kind == "W":
                     state = live.pop((g, mb))
                     backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
@@ -378,7 +392,7 @@ class PipelineEngine(EngineBase):
                     if stage["last"]:
                         torch.autograd.backward(state["outputs"][0] / self._m)
                     else:
-                        grads = {name: t for name, t, _ in self._wait(pending.pop((g, mb, True), []))}
+                        grads = self._incoming(program, g, mb, pending, live)
                         pairs = [(t, grads[n]) for n, t in zip(stage["sent"], state["outputs"])
                                  if n in grads and t.requires_grad]
                         if pairs:
@@ -412,14 +426,32 @@ class PipelineEngine(EngineBase):
                 transport.all_reduce(p.grad, group=group)
         return self._broadcast_loss(losses, program)
 
-    def _backward_input(self, stage: dict, state: dict, pending: list) -> None:
+    def _handed_on(self, program: StageProgram, g: int, mb: int, live: dict) -> dict:
+        """Stage g's inputs from stage g - 1 on this rank (ZB-V's turn on rank p - 1): its
+        outputs, detached, as a receive would give them (what g - 1 sends is what g receives)."""
+        before = program.stages[g - 1]
+        return {name: t.detach() for name, t in zip(before["sent"], live[(g - 1, mb)]["outputs"])
+                if name in program.stages[g]["received"]}
+
+    def _incoming(self, program: StageProgram, g: int, mb: int, pending: dict, live: dict) -> dict:
+        """The gradients of stage g's outputs for micro-batch mb: received from the next stage's
+        rank, or, where the next stage is on this rank, the gradients its B left for its inputs."""
+        if (g, mb, True) in pending or g + 1 not in program.stages:
+            return {name: t for name, t, _ in self._wait(pending.pop((g, mb, True), []))}
+        state = live[(g + 1, mb)]
+        if "sites" in state:  # a split backward: W still to run, the state stays
+            grads = state["input_grads"]
+        else:
+            grads = {n: t.grad for n, t in live.pop((g + 1, mb))["inputs"].items()}
+        return {n: gr for n, gr in grads.items() if gr is not None}
+
+    def _backward_input(self, stage: dict, state: dict, grads: dict) -> None:
         """B of a split backward (runtime/weight_split.py): the received inputs' gradients
         (kept for SG) and each site's output gradients (kept for W), the weight values sent
-        kept with their gradients for W."""
+        kept with their gradients for W. `grads`: the gradients of the stage's outputs."""
         if stage["last"]:
             roots, root_grads, weight_outputs = [state["outputs"][0] / self._m], [None], []
         else:
-            grads = {name: t for name, t, _ in self._wait(pending)}
             pairs = [(n, t, grads[n]) for n, t in zip(stage["sent"], state["outputs"]) if n in grads and t.requires_grad]
             roots = [t for n, t, _ in pairs if n not in stage["weight_outputs"]]
             root_grads = [gr for n, _, gr in pairs if n not in stage["weight_outputs"]]
@@ -459,25 +491,33 @@ class PipelineEngine(EngineBase):
         micro-batch passes the stages in order, every rank taking (micro-batch, stage) pairs
         in the same order, receiving a stage's inputs just before running it and sending its
         outputs without waiting, so no rank waits on one that waits on it."""
-        p, size = self.plan.pipeline, self._stage_size
+        size = self._stage_size
         local = dist.get_rank() % size
         losses, sends = [], []
         for mb in range(self._m):
+            handed: dict = {}  # a stage's outputs for the next stage on this rank (ZB-V's turn)
             for g in sorted(program.stages):
                 stage = program.stages[g]
                 received = {}
                 for name in stage["received"]:  # from the previous stage's rank, same sub-mesh coordinate
+                    if name in handed:
+                        received[name] = handed[name]
+                        continue
                     shape, dtype, index = program.meta[name]
                     received[name] = torch.empty(shape, dtype=dtype, device=self._device)
-                    transport.recv(received[name], src=((g - 1) % p) * size + local, tag=self._tag(index, mb, False))
+                    transport.recv(received[name], src=self._stage_ranks[g - 1] * size + local,
+                                   tag=self._tag(index, mb, False))
                 outputs = self._call(stage, [micro[mb][n] if n in micro[mb] else received[n]
                                              for n in stage["inputs"]], counts)
                 if stage["last"]:
                     losses.append(outputs[0])
                     continue
+                if g + 1 in program.stages:
+                    handed = dict(zip(stage["sent"], outputs))
+                    continue
                 for name, t in zip(stage["sent"], outputs):
                     t = t.contiguous()
-                    sends.append((transport.isend(t, dst=((g + 1) % p) * size + local,
+                    sends.append((transport.isend(t, dst=self._stage_ranks[g + 1] * size + local,
                                              tag=self._tag(self._index(program, name), mb, False)), t))
         for work, _ in sends:
             work.wait()

@@ -106,6 +106,20 @@ TEST(PlanCost, ZeroBubbleH1FillsTheBubbleWithWeightGradientsAtOneFOneBsMemory) {
   // (schedules.h), priced so: its activations are never below 1F1B's.
   EXPECT_DOUBLE_EQ(zb.memory_breakdown.at("stage"), one.memory_breakdown.at("stage"));
   EXPECT_GE(zb.memory_per_rank, one.memory_per_rank);
+
+  // ZB-V: two chunks per device in a V. The LM head's chunk sits on device 0 beside the
+  // embedding's, so device 0 is the bottleneck and holds the most; its bubble is half of what
+  // ZB-H1's would be on the same bottleneck: (p - 1)(t - 2W) / 2.
+  p.schedule = plan::Schedule::ZeroBubbleV;
+  p.virtual_stages = 2;
+  const PlanCost zv = evaluate(g, c, p, model);
+  EXPECT_DOUBLE_EQ(zv.memory_breakdown.at("stage"), 0.0);
+  EXPECT_GT(zv.pipeline_bubble, 0.0);
+  const double t_v = (zv.compute + zv.tensor_parallel + zv.pipeline_p2p) / m;
+  EXPECT_LT(zv.pipeline_bubble, (stages - 1) * t_v / 2);
+  EXPECT_GT(zv.pipeline_bubble, (stages - 1) * t_v / 6);
+  p.recompute = plan::Recompute::Full;  // the runtime cannot split a recomputed block's backward
+  EXPECT_THROW(plan::validate(p), support::ValidationError);
 }
 
 TEST(PlanCost, DataParallelOnlyOverlapsAndMismatchesAreErrors) {
