@@ -49,6 +49,23 @@ class SmallCNN(nn.Module):
         return nn.functional.cross_entropy(self.head(self.features(x)), target)
 
 
+class TwoBranch(nn.Module):
+    """Two branches that meet again, and a skip connection around both (logits of 8 classes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.a = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        self.b = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
+        self.merge = nn.Linear(64, 32)
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.inp(x)
+        merged = self.merge(torch.cat([self.a(h), self.b(h)], dim=-1))
+        return self.head(nn.functional.layer_norm(merged + h, (32,)))
+
+
 def cnn():
     torch.manual_seed(0)
     return SmallCNN().eval(), (torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)))
@@ -133,3 +150,42 @@ def with_zero(plan):
         if axes and name.endswith(("weight", "bias")):
             sharding.setdefault("zero", {})[name] = axes
     return shardwise.Plan.from_json(json.dumps(doc))
+
+
+def parameter_error(full: dict, reference: nn.Module) -> float:
+    """The largest error of a trained engine's whole parameters (``full_state_dict()``) against
+    the one-device model's, relative to each tensor's largest magnitude (floored at 1e-6: a
+    parameter whose gradient is zero in theory holds only rounding noise)."""
+    return max(((full[n] - p).abs().max() / p.abs().max().clamp_min(1e-6)).item()
+               for n, p in reference.named_parameters())
+
+
+def finish_rank(path: str, rank: int, report: dict) -> None:
+    """Writes this rank's report where the test reads it (``{path}.{rank}``) and waits for
+    every rank, so no process group is torn down under a rank still using it."""
+    import json
+
+    import torch.distributed as dist
+
+    with open(f"{path}.{rank}", "w") as f:
+        json.dump(report, f)
+    dist.barrier()
+
+
+def spawn_reports(worker, world: int, *args) -> list[dict]:
+    """Runs ``worker(rank, world, store, result, *args)`` on `world` processes (a Gloo job
+    over a file store) and returns each rank's report, as ``finish_rank`` wrote it."""
+    import json
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result")
+        mp.spawn(worker, args=(world, os.path.join(tmp, "store"), result, *args), nprocs=world, join=True)
+        reports = []
+        for rank in range(world):
+            with open(f"{result}.{rank}") as f:
+                reports.append(json.load(f))
+    return reports

@@ -135,6 +135,16 @@ def _twin(gpt3, cluster, plan, schedule: str, virtual_stages: int = 1, recompute
                                  virtual_stages=virtual_stages, recompute=recompute)
 
 
+def _planned(gpt3, cluster, network, label: str):
+    """The joint planner's plan for GPT-3 on `cluster`, timed by the evaluator (network None)
+    or the simulator, printed with what it chose."""
+    plan = shardwise.Plan.joint(gpt3, cluster, global_batch=1536, network=network)
+    print(f"{label}, {'simulated' if network else 'evaluator'}: t {plan.tensor} p {plan.pipeline} d {plan.data} "
+          f"{plan.schedule} v {plan.virtual_stages}, recompute {json.loads(plan.to_json())['recompute']}, "
+          f"{plan.predicted_step_time():.2f} s")
+    return plan
+
+
 def test_the_planner_takes_zero_bubble_where_the_simulator_says_it_wins_and_not_where_memory_needs_recompute(gpt3):
     steady = shardwise.NetworkCondition(durations=(1.0,), bandwidth=(1.0,))
     # 64 GB A100s: GPT-3 175B fits without recomputation under the zero-bubble schedules (p
@@ -143,9 +153,7 @@ def test_the_planner_takes_zero_bubble_where_the_simulator_says_it_wins_and_not_
     # 0.1%), and the simulator runs it faster than its 1F1B twin (same degrees).
     roomy = _gpt3_cluster(64)
     for network in (None, steady):
-        plan = shardwise.Plan.joint(gpt3, roomy, global_batch=1536, network=network)
-        print(f"64 GB, {'simulated' if network else 'evaluator'}: t {plan.tensor} p {plan.pipeline} d {plan.data} "
-              f"{plan.schedule} {plan.predicted_step_time():.2f} s")
+        plan = _planned(gpt3, roomy, network, "64 GB")
         assert plan.fits and plan.schedule in ("zb-h1", "zb-v"), plan
         assert json.loads(plan.to_json())["recompute"] == "none"
         one = _twin(gpt3, roomy, plan, "1f1b")
@@ -156,9 +164,7 @@ def test_the_planner_takes_zero_bubble_where_the_simulator_says_it_wins_and_not_
     # 1F1B with it.
     tight = _gpt3_cluster(48)
     for network in (None, steady):
-        plan = shardwise.Plan.joint(gpt3, tight, global_batch=1536, network=network)
-        print(f"48 GB, {'simulated' if network else 'evaluator'}: t {plan.tensor} p {plan.pipeline} d {plan.data} "
-              f"{plan.schedule} v {plan.virtual_stages}, recompute {json.loads(plan.to_json())['recompute']}")
+        plan = _planned(gpt3, tight, network, "48 GB")
         assert plan.fits and plan.schedule in ("1f1b", "interleaved-1f1b"), plan
         assert json.loads(plan.to_json())["recompute"] == "full"
         for zero_bubble in ("zb-h1", "zb-v"):

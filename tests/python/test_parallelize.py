@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import with_zero
+from conftest import TwoBranch, with_zero
 from shardwise.models import CausalLMWithLoss
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
@@ -55,23 +55,6 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))
-
-
-class TwoBranch(nn.Module):
-    """Two branches that meet again, and a skip connection around both."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(16, 32)
-        self.a = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
-        self.b = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
-        self.merge = nn.Linear(64, 32)
-        self.head = nn.Linear(32, 8)
-
-    def forward(self, x):
-        h = self.inp(x)
-        merged = self.merge(torch.cat([self.a(h), self.b(h)], dim=-1))
-        return self.head(F.layer_norm(merged + h, (32,)))
 
 
 class SmallCNN(nn.Module):

@@ -21,16 +21,13 @@ training equals one device too.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import shardwise
-from conftest import train_one_device
+from conftest import finish_rank, parameter_error, spawn_reports, train_one_device
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
 STEPS, ROWS, TOLERANCE = 3, 8, 1e-9
@@ -90,12 +87,8 @@ def _worker(rank: int, world: int, store: str, result: str, schedule: str, virtu
         ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.AdamW(reference.parameters(), lr=1e-2))
         report = {"rank": rank, "in_backward": in_backward, "scattered": scattered, "micro_batches": engine._m,
                   "buckets": len(engine._buckets) if engine._buckets is not None else 0, "losses": losses,
-                  "ref_losses": ref_losses,
-                  "error": max(((state[n] - p).abs().max() / p.abs().max().clamp_min(1e-6)).item()
-                               for n, p in reference.named_parameters())}
-        with open(f"{result}.{rank}", "w") as f:
-            json.dump(report, f)
-        dist.barrier()
+                  "ref_losses": ref_losses, "error": parameter_error(state, reference)}
+        finish_rank(result, rank, report)
     finally:
         dist.destroy_process_group()
 
@@ -103,14 +96,7 @@ def _worker(rank: int, world: int, store: str, result: str, schedule: str, virtu
 @pytest.mark.parametrize("schedule,virtual_stages", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
 def test_pipeline_buckets_are_issued_in_backward_and_train_as_one_device(schedule, virtual_stages):
     world = 4
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "result")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result, schedule, virtual_stages),
-                 nprocs=world, join=True)
-        reports = []
-        for rank in range(world):
-            with open(f"{result}.{rank}") as f:
-                reports.append(json.load(f))
+    reports = spawn_reports(_worker, world, schedule, virtual_stages)
     for r in reports:
         assert r["buckets"] > 0, r
         # Every bucket was issued by the hook of its last gradient, in backward, every step.
@@ -128,14 +114,7 @@ def test_pipeline_stages_reduce_scatter_their_sharded_weights_beside_backward_an
     # asynchronously, the micro-batches' gradients add up in the shards, and training equals
     # one device.
     world = 4
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "result")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result, schedule, 1, True), nprocs=world,
-                 join=True)
-        reports = []
-        for rank in range(world):
-            with open(f"{result}.{rank}") as f:
-                reports.append(json.load(f))
+    reports = spawn_reports(_worker, world, schedule, 1, True)
     for r in reports:
         for events in r["scattered"]:  # each step: every group issued, then landed, once per micro-batch
             issued = [g for kind, g in events if kind == "issue"]

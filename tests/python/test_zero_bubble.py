@@ -13,17 +13,15 @@ and W together count the fused backward's FLOPs (torch's FlopCounterMode), W abo
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
+from conftest import TwoBranch, finish_rank, parameter_error, spawn_reports
 from shardwise.models import CausalLMWithLoss
 from shardwise.runtime import pipeline_engine
 from torch.utils.flop_counter import FlopCounterMode
@@ -33,21 +31,15 @@ transformers = pytest.importorskip("transformers")
 STEPS, ROWS, MICRO, TOLERANCE = 3, 8, 2, 1e-9
 
 
-class TwoBranch(nn.Module):
-    """Two branches that meet again, and a skip connection around both."""
+class TwoBranchWithLoss(nn.Module):
+    """conftest's two-branch model and its loss in one module."""
 
     def __init__(self):
         super().__init__()
-        self.inp = nn.Linear(16, 32)
-        self.a = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
-        self.b = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
-        self.merge = nn.Linear(64, 32)
-        self.head = nn.Linear(32, 8)
+        self.model = TwoBranch()
 
     def forward(self, x, target):
-        h = self.inp(x)
-        merged = self.merge(torch.cat([self.a(h), self.b(h)], dim=-1))
-        return F.cross_entropy(self.head(F.layer_norm(merged + h, (32,))), target)
+        return F.cross_entropy(self.model(x), target)
 
 
 def _model(case: str) -> nn.Module:
@@ -56,7 +48,7 @@ def _model(case: str) -> nn.Module:
         return CausalLMWithLoss(transformers.GPT2LMHeadModel(transformers.GPT2Config(
             n_layer=8, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0, embd_pdrop=0,
             attn_pdrop=0))).double()
-    return TwoBranch().double()
+    return TwoBranchWithLoss().double()
 
 
 def _batch(case: str, step: int):
@@ -128,15 +120,11 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
             ref_eval = reference(*batch).item()
         state = engine.full_state_dict()
         kinds = [a[0] for a in engine._actions]
-        report = {"rank": rank, "eval": [eval_loss, ref_eval], "flops": flops, "ref_flops": ref_flops, "losses": losses, "ref_losses": ref_losses,
-                  "accumulated": accumulated,
+        report = {"rank": rank, "eval": [eval_loss, ref_eval], "flops": flops, "ref_flops": ref_flops,
+                  "losses": losses, "ref_losses": ref_losses, "accumulated": accumulated,
                   "W": kinds.count("W"), "B": kinds.count("B"), "stages": sorted(engine._stages),
-                  "micro_batches": engine._m, "code": engine.code,
-                  "error": max(((state[n] - p).abs().max() / p.abs().max().clamp_min(1e-6)).item()
-                               for n, p in reference.named_parameters())}
-        with open(f"{result}.{rank}", "w") as f:
-            json.dump(report, f)
-        dist.barrier()
+                  "micro_batches": engine._m, "code": engine.code, "error": parameter_error(state, reference)}
+        finish_rank(result, rank, report)
     finally:
         dist.destroy_process_group()
 
@@ -144,14 +132,7 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
 @pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
 @pytest.mark.parametrize("case,stages", [("gpt2", 2), ("gpt2", 4), ("two_branch", 2), ("two_branch", 4)])
 def test_zero_bubble_splits_backward_and_trains_as_one_device(case, stages, schedule):
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "result")
-        mp.spawn(_worker, args=(stages, os.path.join(tmp, "store"), result, case, schedule), nprocs=stages,
-                 join=True)
-        reports = []
-        for rank in range(stages):
-            with open(f"{result}.{rank}") as f:
-                reports.append(json.load(f))
+    reports = spawn_reports(_worker, stages, case, schedule)
     for r in reports:
         m = r["micro_batches"]
         assert m == ROWS // MICRO
