@@ -288,7 +288,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   for (int s = 0; s < p; ++s) {
     ModelStateBytes states = model_state_bytes(device_params[static_cast<std::size_t>(s)], d, plan.zero_stage, mem);
     // Stage s holds fewer micro-batches the later it is (1F1B: p - s); the first holds most.
-    // (ZB-H1 holds up to p on every rank: schedules.h.)
+    // (ZB-H1 and ZB-V hold up to p on every rank: schedules.h.)
     const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan.schedule == plan::Schedule::ZeroBubbleH1 ||
                             v_shape;
     double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));

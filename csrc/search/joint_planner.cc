@@ -152,8 +152,8 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
             for (int v : vs)
               if (p * v <= layers) schedules.emplace_back(plan::Schedule::Interleaved1F1B, v);
           }
-          // ZB-H1 without recomputation only: the runtime does not split a recomputed block's
-          // backward (plan.h), so where memory needs recomputation it is not a candidate.
+          // ZB-H1 and ZB-V without recomputation only: the runtime does not split a recomputed
+          // block's backward (plan.h), so where memory needs recomputation they are no candidates.
           if (p > 1) schedules.emplace_back(plan::Schedule::ZeroBubbleH1, 1);
           if (p > 1 && 2 * p <= layers) schedules.emplace_back(plan::Schedule::ZeroBubbleV, 2);
           for (const auto& [schedule, v] : schedules)
