@@ -215,7 +215,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   out.tensor_parallel = md * worst_tp;
   out.pipeline_p2p = md * p2p_mb;
   out.pipeline_bubble = (p - 1) / static_cast<double>(v) * t_mb;
-  if (plan.schedule == plan::Schedule::ZeroBubbleH1 || v_shape) {
+  if (plan::splits_backward(plan.schedule)) {
     // ZB-H1's bubble, (p - 1)(F + B - W) (Qi et al. 2024, and schedules.h): the weight
     // gradient W fills what 1F1B leaves idle. W is half the backward: a matmul's weight
     // product costs what its input product does, and the weights of norms and biases are a
@@ -289,8 +289,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     ModelStateBytes states = model_state_bytes(device_params[static_cast<std::size_t>(s)], d, plan.zero_stage, mem);
     // Stage s holds fewer micro-batches the later it is (1F1B: p - s); the first holds most.
     // (ZB-H1 and ZB-V hold up to p on every rank: schedules.h.)
-    const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan.schedule == plan::Schedule::ZeroBubbleH1 ||
-                            v_shape;
+    const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan::splits_backward(plan.schedule);
     double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));
     double acts = stage_activation_bytes(layer.activation_bytes, boundary_bytes,
                                          device_layers[static_cast<std::size_t>(s)], flight, recompute);

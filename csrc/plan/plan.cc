@@ -144,6 +144,10 @@ std::string_view schedule_name(Schedule schedule) {
   return "?";
 }
 
+bool splits_backward(Schedule schedule) {
+  return schedule == Schedule::ZeroBubbleH1 || schedule == Schedule::ZeroBubbleV;
+}
+
 Schedule schedule_from_name(std::string_view name) {
   if (name == "interleaved") return Schedule::Interleaved1F1B;
   for (const auto& [s, known] : kSchedules)
@@ -213,8 +217,7 @@ void validate(const Plan& plan, std::optional<int> world_size) {
   if (plan.kfkb_k > 1 && plan.schedule != Schedule::KFKB)
     throw ValidationError(
         fmt::format("plan.kfkb_k: {} needs schedule kfkb, not {}", plan.kfkb_k, schedule_name(plan.schedule)));
-  if ((plan.schedule == Schedule::ZeroBubbleH1 || plan.schedule == Schedule::ZeroBubbleV) &&
-      plan.recompute != Recompute::None)
+  if (splits_backward(plan.schedule) && plan.recompute != Recompute::None)
     throw ValidationError(std::string("plan.schedule: ") + std::string(schedule_name(plan.schedule)) +
                           " with recomputation; the runtime splits a stage's backward into B and "
                           "W only where no block is recomputed (use 1f1b or interleaved-1f1b with recompute)");

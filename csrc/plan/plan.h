@@ -71,6 +71,9 @@ enum class Recompute : std::uint8_t { None, Full };
 
 // "gpipe", "1f1b", "interleaved-1f1b", "kfkb", "zb-h1", "zb-v".
 std::string_view schedule_name(Schedule schedule);
+// Does the schedule split each backward into B and W (ZB-H1, ZB-V)? Such a plan takes no
+// recomputation, and is priced with W filling the bubble (cost/plan_cost.cc).
+bool splits_backward(Schedule schedule);
 // Also accepts "interleaved". Throws support::ValidationError listing the known names.
 Schedule schedule_from_name(std::string_view name);
 std::string_view recompute_name(Recompute recompute);  // "none", "full"

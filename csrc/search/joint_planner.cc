@@ -53,7 +53,7 @@ schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const Network
   schedule::SimulationCosts costs;
   costs.forward.assign(chunks, per_micro_batch / 3 / v);
   costs.backward.assign(chunks, 2 * per_micro_batch / 3 / v);
-  if (plan.schedule == plan::Schedule::ZeroBubbleH1 || plan.schedule == plan::Schedule::ZeroBubbleV) {
+  if (plan::splits_backward(plan.schedule)) {
     // Its W half the backward, as plan_cost.cc prices it.
     costs.backward.assign(chunks, per_micro_batch / 3 / v);
     costs.weight.assign(chunks, per_micro_batch / 3 / v);
@@ -159,9 +159,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
           for (const auto& [schedule, v] : schedules)
             for (plan::Recompute recompute : {plan::Recompute::None, plan::Recompute::Full})
               for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
-                if ((schedule == plan::Schedule::ZeroBubbleH1 || schedule == plan::Schedule::ZeroBubbleV) &&
-                    recompute != plan::Recompute::None)
-                  continue;
+                if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
                 plan::Plan candidate;
                 candidate.data = static_cast<int>(d);
                 candidate.tensor = static_cast<int>(t);

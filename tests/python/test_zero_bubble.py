@@ -42,8 +42,27 @@ class TwoBranchWithLoss(nn.Module):
         return F.cross_entropy(self.model(x), target)
 
 
+class WeightAcrossStages(nn.Module):
+    """A value made of weights only (the gain, doubled) before the first layer and read after
+    the last: the stage that makes it sends it on, a weight output whose gradient comes back
+    from the next stage and goes to the gain in W."""
+
+    def __init__(self):
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, 32))
+        self.inp = nn.Linear(16, 32)
+        self.mid = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh())
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x, target):
+        gain = self.gain * 2
+        return F.cross_entropy(self.head(self.mid(self.inp(x)) * gain), target)
+
+
 def _model(case: str) -> nn.Module:
     torch.manual_seed(0)
+    if case == "weight_across":
+        return WeightAcrossStages().double()
     if case == "gpt2":
         return CausalLMWithLoss(transformers.GPT2LMHeadModel(transformers.GPT2Config(
             n_layer=8, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0, embd_pdrop=0,
@@ -62,8 +81,8 @@ def _batch(case: str, step: int):
 def _plan(stages: int, schedule: str = "zb-h1") -> shardwise.Plan:
     return shardwise.Plan.from_json(json.dumps({
         "format": "shardwise.plan", "version": 1, "data": 1, "tensor": 1, "pipeline": stages, "global_batch": ROWS,
-        "micro_batch": MICRO, "schedule": schedule, "virtual_stages": 2 if schedule == "zb-v" else 1, "kfkb_k": 1, "recompute": "none",
-        "zero_stage": 0, "layers_per_stage": [], "precision": "f32"}))
+        "micro_batch": MICRO, "schedule": schedule, "virtual_stages": 2 if schedule == "zb-v" else 1, "kfkb_k": 1,
+        "recompute": "none", "zero_stage": 0, "layers_per_stage": [], "precision": "f32"}))
 
 
 def _worker(rank: int, world: int, store: str, result: str, case: str, schedule: str) -> None:
@@ -92,11 +111,12 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
         pipeline_engine.backward_weight = counted("W", real_weight)
         model = _model(case)
         engine = shardwise.parallelize(model, _batch(case, 0), plan=_plan(world, schedule))
+
+        def count(_parameter):
+            accumulated[phase["now"] if phase["now"] in accumulated else "other"] += 1
+
         for p in engine.parameters():
-            p.register_post_accumulate_grad_hook(
-                lambda _p: accumulated.__setitem__(phase["now"] if phase["now"] in accumulated else "other",
-                                                   accumulated[phase["now"] if phase["now"] in accumulated
-                                                               else "other"] + 1))
+            p.register_post_accumulate_grad_hook(count)
         optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
         reference = _model(case)
         ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
@@ -123,16 +143,20 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
         report = {"rank": rank, "eval": [eval_loss, ref_eval], "flops": flops, "ref_flops": ref_flops,
                   "losses": losses, "ref_losses": ref_losses, "accumulated": accumulated,
                   "W": kinds.count("W"), "B": kinds.count("B"), "stages": sorted(engine._stages),
-                  "micro_batches": engine._m, "code": engine.code, "error": parameter_error(state, reference)}
+                  "micro_batches": engine._m, "code": engine.code, "error": parameter_error(state, reference),
+                  "weight_outputs": sum(len(s["weight_outputs"]) for s in engine._stages.values())}
         finish_rank(result, rank, report)
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
-@pytest.mark.parametrize("case,stages", [("gpt2", 2), ("gpt2", 4), ("two_branch", 2), ("two_branch", 4)])
+@pytest.mark.parametrize("case,stages", [("gpt2", 2), ("gpt2", 4), ("two_branch", 2), ("two_branch", 4),
+                                         ("weight_across", 2)])
 def test_zero_bubble_splits_backward_and_trains_as_one_device(case, stages, schedule):
     reports = spawn_reports(_worker, stages, case, schedule)
+    if case == "weight_across":  # the gain's double is sent on: the weight-output path ran
+        assert sum(r["weight_outputs"] for r in reports) > 0, reports
     for r in reports:
         m = r["micro_batches"]
         assert m == ROWS // MICRO

@@ -82,18 +82,17 @@ class StageProgram:
 
 
 def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input_names: list[str], tensors: dict,
-                  trainable: set, parameters: dict, micro_batches: int, frozen: bool = False,
-                  compute_dtypes: dict | None = None, split_backward: bool = False,
-                  stage_ranks: list[int] | None = None) -> StageProgram:
+                  trainable: set, parameters: dict, micro_batches: int, *, stage_ranks: list[int],
+                  frozen: bool = False, compute_dtypes: dict | None = None,
+                  split_backward: bool = False) -> StageProgram:
     """`graph` (captured at one micro-batch) sharded by `sharded` on the stage sub-mesh (None:
     replicated), cut into the plan's pipeline x virtual stages, and this rank's stages lowered,
     sharing `parameters` (filled when empty; `frozen`: a later program, which must not hold a
     trainable parameter the first one did not). `split_backward`: the schedule runs each stage's
     backward as B and W (runtime/weight_split.py), where the core's cut says. `stage_ranks`:
-    the pipeline rank of each virtual stage, as the schedule places them (default round-robin,
-    g % p; ZB-V's V: csrc/schedule/action.h)."""
+    the pipeline rank of each virtual stage, as the schedule places them (round-robin, g % p;
+    ZB-V's V: csrc/schedule/action.h)."""
     p, v = plan.pipeline, plan.virtual_stages
-    stage_ranks = list(stage_ranks) if stage_ranks is not None else [g % p for g in range(p * v)]
     if sharded is not None:
         program, whole = _rank_program(graph, builder, sharded.to_json(), mesh.rank)
     else:
@@ -164,7 +163,7 @@ class PipelineEngine(EngineBase):
                  num_micro_batches: int, shapes: tuple, parameters: dict, tensors: dict, trainable: set,
                  shared: list[tuple], last_rank: int, mesh=None, stage_size: int = 1, sharding=None,
                  recapture: Recapture | None = None, kept=None, policy=None, compute_dtypes: dict | None = None,
-                 stage_ranks: list[int] | None = None):
+                 stage_ranks: list[int]):
         super().__init__(binding, policy)
         self._compute_dtypes = compute_dtypes or {}
         self.plan = plan
@@ -177,8 +176,7 @@ class PipelineEngine(EngineBase):
         self._first = first
         self._actions = actions        # (kind, micro-batch, virtual stage, peer rank)
         # The pipeline rank of each virtual stage (the schedule's placement: g % p, or ZB-V's V).
-        self._stage_ranks = list(stage_ranks) if stage_ranks is not None else \
-            [g % plan.pipeline for g in range(plan.pipeline * plan.virtual_stages)]
+        self._stage_ranks = list(stage_ranks)
         self._micro_batch = micro_batch  # rows per micro-batch (across the data axis)
         self._m = num_micro_batches
         self._shapes = shapes
