@@ -258,22 +258,21 @@ Plan stage_plan(const Plan& plan) {
 namespace {
 
 json sharding_to_json(const Sharding& sharding) {
-  return json{{"mesh", sharding.mesh},
-              {"axis_names", sharding.axis_names},
-              {"level", sharding.level},
-              {"placements", sharding.placements},
-              {"strategies", sharding.strategies},
-              {"zero", sharding.zero},
-              {"recompute", sharding.recompute},
-              {"leaves", sharding.leaves},
-              {"inputs", sharding.inputs},
-              {"graph", sharding.graph}};
+  json out{{"mesh", sharding.mesh},           {"axis_names", sharding.axis_names},
+           {"level", sharding.level},         {"placements", sharding.placements},
+           {"strategies", sharding.strategies}, {"zero", sharding.zero},
+           {"recompute", sharding.recompute}, {"leaves", sharding.leaves},
+           {"inputs", sharding.inputs},       {"graph", sharding.graph}};
+  // Written only when set: a plan without it reads, prints and hashes as before.
+  if (sharding.collective_matmul) out["collective_matmul"] = true;
+  return out;
 }
 
 Sharding sharding_from_json(const json& in, std::string_view where = "plan.sharding") {
   if (!in.is_object()) throw ParseError(fmt::format("{}: expected an object", where));
   static const std::set<std::string> known = {"mesh",       "axis_names", "level",    "placements",
-                                              "strategies", "zero",       "recompute",  "leaves", "inputs", "graph"};
+                                              "strategies", "zero",       "recompute",  "collective_matmul",
+                                              "leaves",     "inputs",     "graph"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("{}.{}: unknown key", where, key));
   Sharding out;
@@ -285,6 +284,7 @@ Sharding sharding_from_json(const json& in, std::string_view where = "plan.shard
     out.strategies = field<std::map<std::string, std::vector<std::string>>>(in, "strategies");
   if (in.contains("zero")) out.zero = field<std::map<std::string, std::vector<int>>>(in, "zero");
   if (in.contains("recompute")) out.recompute = field<bool>(in, "recompute");
+  if (in.contains("collective_matmul")) out.collective_matmul = field<bool>(in, "collective_matmul");
   if (in.contains("leaves")) out.leaves = field<std::vector<std::string>>(in, "leaves");
   if (in.contains("inputs")) out.inputs = field<std::vector<std::string>>(in, "inputs");
   if (in.contains("graph")) out.graph = field<std::string>(in, "graph");

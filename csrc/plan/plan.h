@@ -104,6 +104,9 @@ struct CollectiveRecord {
 //  - zero: per parameter name, the mesh axes over which its optimizer state and gradients
 //    are sharded while the weight stays replicated (ZeRO-2 on that axis); absent = none.
 //  - recompute: the repeated blocks are recomputed in backward.
+//  - collective_matmul: tensor-parallel gathers into a contraction, and a contraction's
+//    output reduce-scattered, run as collective matmuls (search/parameter_collectives.h,
+//    MatmulCollective): priced beside the products, rewritten and run so (absent: false).
 //  - leaves: the names of the graph's parameters, buffers and inputs (the values no node
 //    produces), in graph order: what a rank materialises or loads itself.
 //  - graph: the fingerprint of the graph it was searched on (ir/fingerprint.h: names, ops
@@ -121,6 +124,7 @@ struct Sharding {
   std::map<std::string, std::vector<std::string>> strategies;
   std::map<std::string, std::vector<int>> zero;
   bool recompute = false;
+  bool collective_matmul = false;
   std::vector<std::string> leaves;
   std::vector<std::string> inputs;
   std::string graph;  // ir::graph_fingerprint, "" when not known

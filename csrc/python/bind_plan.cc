@@ -95,8 +95,9 @@ void bind_plan(py::module_& m) {
       "search_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
          std::optional<std::vector<int>> mesh, double memory_fraction, const std::string& precision,
-         bool allow_recompute, bool allow_zero, std::optional<py::function> progress) {
+         bool allow_recompute, bool allow_zero, std::optional<py::function> progress, bool collective_matmul) {
         search::SpmdSearchOptions options;
+        options.collective_matmul = collective_matmul;
         options.global_batch = global_batch;
         options.level = search::search_level_from_name(level);
         options.mesh = std::move(mesh);
@@ -142,7 +143,7 @@ void bind_plan(py::module_& m) {
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
       py::arg("mesh") = py::none(), py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
       py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
-      "The SPMD sharding search (csrc/search/spmd_search.h).");
+      py::arg("collective_matmul") = false, "The SPMD sharding search (csrc/search/spmd_search.h).");
   m.def(
       "plan_joint",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,

@@ -65,6 +65,9 @@ py::dict operand(const transform::OperandRewrite& op) {
   d["prefetch"] = op.gather == search::ParameterOverlap::BesideForward;
   // The activation gradient's all-reduce beside the reader's weight gradient (runtime/async_gradients.py).
   d["async_gradient"] = op.gradient_overlap == search::ParameterOverlap::BesideBackward;
+  // Collective matmul (transform/collective_matmul.h): "gather", this operand's steps run
+  // inside the reader's contraction; "scatter", inside its producer's; "none".
+  d["matmul"] = std::string(search::matmul_collective_name(op.matmul));
   // A parameter gradient's reduce-scatter issued asynchronously, waited at the next
   // (runtime/parameter_gathers.py, DeferredScatters).
   d["scatter_in_backward"] = op.scatter == search::ParameterOverlap::BesideBackward;
@@ -276,6 +279,15 @@ void bind_transform(py::module_& m) {
           d["statistics_dim"] = n.statistics_dim;
           d["kernel"] = n.kernel;
           d["recompute_block"] = n.recompute_block;
+          // Collective matmul, Scatter: the steps the node's contraction runs on its output.
+          if (n.matmul_scatter_forward.empty()) {
+            d["matmul_scatter"] = py::none();
+          } else {
+            py::dict m;
+            m["forward"] = actions(n.matmul_scatter_forward);
+            m["backward"] = actions(n.matmul_scatter_backward);
+            d["matmul_scatter"] = m;
+          }
           if (n.counted) {
             py::dict c;
             c["shares"] = n.counted->shares;

@@ -115,4 +115,29 @@ ParameterOverlap activation_gradient_overlap(std::string_view op, std::size_t op
   return ParameterOverlap::Exposed;
 }
 
+std::string_view matmul_collective_name(MatmulCollective kind) {
+  switch (kind) {
+    case MatmulCollective::None: return "none";
+    case MatmulCollective::Gather: return "gather";
+    case MatmulCollective::Scatter: return "scatter";
+  }
+  return "none";
+}
+
+int collective_matmul_input(const ir::Graph& graph, const ir::Node& node) {
+  if (node.outputs.size() != 1) return -1;
+  if (node.op == "aten::linear" && !node.inputs.empty()) return 0;
+  if (node.op == "aten::mm" && node.inputs.size() == 2) return 0;
+  if (node.op == "aten::addmm" && node.inputs.size() == 3 && graph.value(node.inputs[0]).type.shape.size() == 1)
+    return 1;
+  return -1;
+}
+
+bool collective_matmul_rows(const ir::Graph& graph, const ir::Node& node, int dim) {
+  const int input = collective_matmul_input(graph, node);
+  if (input < 0 || dim < 0) return false;
+  const auto rank = static_cast<int>(graph.value(node.inputs[static_cast<std::size_t>(input)]).type.shape.size());
+  return node.op == "aten::linear" ? dim < rank - 1 : dim == 0;
+}
+
 }  // namespace shardwise::search

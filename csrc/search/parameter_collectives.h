@@ -27,8 +27,12 @@
 //    linear). The runtime splits that node's backward: the activation's gradient first, its
 //    all-reduce issued asynchronously, the weight's gradient computed while it runs
 //    (Megatron-LM's asynchronous tensor-parallel all-reduce; runtime/async_gradients.py):
-//    beside backward. Decomposing a forward collective into chunks beside its matmul is
-//    issue 21's; until the runtime does it, the search does not price it.
+//    beside backward.
+//  - Collective matmul (MatmulCollective, below), where the plan asks for it
+//    (plan::Sharding::collective_matmul): a tensor-parallel all-gather into a contraction,
+//    or a contraction's Partial output reduce-scattered, decomposed into the ring's blocks,
+//    each block's product computed while the next block travels (runtime/collective_matmul.py):
+//    beside the contraction's products, forward and backward.
 //  - Units (FSDP2's): the prefetched gathers of the parameters one unit reads (parameter_units:
 //    a transformer layer, or the run of nodes before, between or after the layers) on one
 //    axis and in one dtype are one flattened all-gather, issued where the unit before is
@@ -101,5 +105,33 @@ ParameterOverlap activation_collective_overlap();
 // parameter (its gradient is the product computed while the all-reduce runs); else Exposed.
 ParameterOverlap activation_gradient_overlap(std::string_view op, std::size_t operand, bool one_all_reduce,
                                              bool only_read, const std::vector<bool>& trainable_weight);
+
+// Tensor-parallel collective matmul (Wang et al., ASPLOS 2023; torchtitan's async TP): a
+// collective on one mesh axis fused with the contraction beside it, run as a ring over the
+// axis' ranks (runtime/collective_matmul.py) so that each block's product hides the next
+// block's transfer; (n-1)/n of the products cover the collective (the first block's product
+// runs before anything has arrived, or the last one after everything has left).
+//  - Gather: operand `operand` of the reader, all-gathered along a dim that indexes the
+//    contraction's rows (even, contiguous blocks), its gradient reduce-scattered back along
+//    it (or none). Forward: each block arrives and is multiplied while the next travels;
+//    backward: each block's input gradient is added into the ring's partial sums as they
+//    pass, its weight gradient computed beside them. Readers that share the gathered value
+//    (q, k and v of one norm) read the block the ring assembled: the first of them runs the
+//    ring.
+//  - Scatter: the contraction's Partial(sum) output reduce-scattered along a row dim, the
+//    value's only read: forward runs the ring of partial sums; backward gathers the
+//    output's gradient block by block, each block's products computed while the next travels.
+enum class MatmulCollective : std::uint8_t { None, Gather, Scatter };
+std::string_view matmul_collective_name(MatmulCollective kind);  // "none", "gather", "scatter"
+
+// The activation operand of a contraction the runtime runs as a collective matmul (linear:
+// 0, addmm: 1, mm: 0), or -1 for any other op, or an addmm whose bias is not a vector (its
+// rows would need cutting too).
+int collective_matmul_input(const ir::Graph& graph, const ir::Node& node);
+
+// Does dim `dim` of the node's activation operand (and so of its output: a contraction keeps
+// its rows) index the contraction's rows: any dim of linear's input but the last; dim 0 of
+// mm's and addmm's? The dim a collective matmul may cut.
+bool collective_matmul_rows(const ir::Graph& graph, const ir::Node& node, int dim);
 
 }  // namespace shardwise::search

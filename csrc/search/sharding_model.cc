@@ -550,6 +550,45 @@ ParameterOverlap ShardingModel::activation_gradient_at(int axis, ir::ValueId val
                                      reads_[static_cast<std::size_t>(value)] == 1, trainable);
 }
 
+MatmulCollective ShardingModel::matmul_collective_at(int axis, ir::ValueId value, int consumer, int operand,
+                                                     const Placement& produced, const Placement& wanted,
+                                                     const Placement& gradient) const {
+  if (!options_.collective_matmul) return MatmulCollective::None;
+  const ir::Value& v = graph_.value(value);
+  if (v.role == ir::ValueRole::Parameter) return MatmulCollective::None;
+  // Every other axis: no step forward, none backward.
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    if (b == axis || options_.mesh[static_cast<std::size_t>(b)] <= 1) continue;
+    const Placement held = value_placement(b, value);
+    const Strategy& reader = node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(consumer)];
+    if (!(held == reader.inputs[static_cast<std::size_t>(operand)])) return MatmulCollective::None;
+    if (requires_grad_[static_cast<std::size_t>(value)] &&
+        !(reader.input_grads[static_cast<std::size_t>(operand)] == gradient_placement(held)))
+      return MatmulCollective::None;
+  }
+  auto even = [](const Placement& p) { return p.is_shard() && p.groups == 1 && p.ratios.empty(); };
+  const bool grad = requires_grad_[static_cast<std::size_t>(value)];
+  const Placement canonical = gradient_placement(produced);
+  const ir::Node& reader = graph_.node(consumer);
+  // Gather into the reader: S(d) -> R on a row dim, the gradient Partial -> S(d) or none.
+  if (even(produced) && wanted.is_replicate() && search::collective_matmul_input(graph_, reader) == operand &&
+      search::collective_matmul_rows(graph_, reader, produced.dim) &&
+      (!grad || gradient == canonical ||
+       (gradient.is_partial() && gradient.reduction == ops::Reduction::Sum)))
+    return MatmulCollective::Gather;
+  // Scatter out of the producer: P(sum) -> S(d) on a row dim, the only read; the gradient
+  // S(d) -> R or none.
+  if (!v.producer || !produced.is_partial() || produced.reduction != ops::Reduction::Sum || !even(wanted))
+    return MatmulCollective::None;
+  const ir::Node& producer = graph_.node(*v.producer);
+  if (reads_[static_cast<std::size_t>(value)] != 1 ||
+      std::find(graph_.outputs().begin(), graph_.outputs().end(), value) != graph_.outputs().end() ||
+      search::collective_matmul_input(graph_, producer) < 0 || !search::collective_matmul_rows(graph_, producer, wanted.dim))
+    return MatmulCollective::None;
+  if (grad && !(gradient == canonical) && !(gradient == wanted)) return MatmulCollective::None;
+  return MatmulCollective::Scatter;
+}
+
 ParameterOverlap ShardingModel::parameter_gradient_at(int axis, ir::ValueId value, int consumer, int operand,
                                                       const Placement& produced, const Placement& gradient) const {
   const Placement canonical = gradient_placement(produced);
@@ -592,6 +631,15 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
   // says: in full where exposed, `hidden_weight` where it runs beside compute.
   auto weight = [&](ParameterOverlap overlap) { return overlap != ParameterOverlap::Exposed ? hidden_weight : 1.0; };
   double seconds = 0;
+  // A collective matmul's collectives, forward and backward: beside the contraction's
+  // products, at the interference price (evaluate() caps what they hide by the products).
+  if (!parameter && matmul_collective_at(axis, value, consumer, operand, produced, wanted, gradient) !=
+                        MatmulCollective::None) {
+    double fused = reshard_seconds(axis, value, produced, wanted, bytes, 1.0);
+    if (requires_grad_[static_cast<std::size_t>(value)])
+      fused += reshard_seconds(axis, value, gradient, gradient_placement(produced), bytes, 1.0);
+    return options_.overlap_interference * fused;
+  }
   const ParameterOverlap first = parameter ? gather_overlap(axis, value, consumer, operand, produced, wanted)
                                            : activation_collective_overlap();
   // A prefetched gather and its gather again for backward run in their unit's group.
@@ -984,6 +1032,33 @@ ShardingModel::Tally ShardingModel::tally() const {
                                    static_cast<double>(step->bytes), share * group.count, seconds});
       };
       const bool parameter = value.role == ir::ValueRole::Parameter;
+      // A collective matmul: each collective beside its contraction's products, (n-1)/n of
+      // them (parameter_collectives.h); what they cannot cover is exposed, what they cover
+      // costs the interference.
+      if (const MatmulCollective fused = parameter ? MatmulCollective::None
+                                                   : matmul_collective_at(axis, group.value, key.consumer, key.operand,
+                                                                          produced, reader.inputs[op],
+                                                                          reader.input_grads[op]);
+          fused != MatmulCollective::None) {
+        const ir::NodeId contraction =
+            fused == MatmulCollective::Gather ? key.consumer : *graph_.value(group.value).producer;
+        const auto r = static_cast<std::size_t>(rep_node_[static_cast<std::size_t>(contraction)]);
+        const double covered = static_cast<double>(options_.mesh[a] - 1) / options_.mesh[a] / instances_[r];
+        const double k = options_.overlap_interference;
+        auto hidden = [&](const Placement& from, const Placement& to, const char* phase, double products) {
+          double seconds = 0, unused = 0;
+          record(from, to, phase, seconds, unused, 1.0);  // the collective as recorded, in full
+          out.activation_matmul += seconds;
+          const double exposed = std::max(0.0, seconds - products) + k * std::min(seconds, products);
+          out.activations += exposed;
+          price.collectives += exposed;
+        };
+        hidden(produced, reader.inputs[op], "forward", covered * out.by_node[r].forward * group.count);
+        if (requires_grad_[static_cast<std::size_t>(group.value)])
+          hidden(reader.input_grads[op], gradient_placement(produced), "backward",
+                 covered * out.by_node[r].backward * group.count);
+        continue;
+      }
       // Where each parameter collective runs (search/parameter_collectives.h).
       auto beside = [&](ParameterOverlap overlap) -> double& {
         return overlap == ParameterOverlap::BesideForward    ? out.parameter_forward
@@ -1079,6 +1154,7 @@ ShardingEvaluation ShardingModel::evaluate() const {
   out.breakdown = {{"compute", compute},
                    {"activations", activations + activation_beside},
                    {"activations_beside_backward_total", tally.activation_backward},
+                   {"activations_beside_matmul_total", tally.activation_matmul},
                    {"gradient_sync", gradients},
                    {"gradient_sync_total", out.parameter_sync},
                    {"statistics", statistics},
@@ -1102,6 +1178,7 @@ plan::Sharding ShardingModel::sharding(std::string level) const {
   out.axis_names.resize(options_.mesh.size(), "axis");
   out.level = std::move(level);
   out.recompute = options_.recompute;
+  out.collective_matmul = options_.collective_matmul;
   out.graph = ir::graph_fingerprint(graph_);
   const auto axes = options_.mesh.size();
   for (const ir::Value& v : graph_.values()) {

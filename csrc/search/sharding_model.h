@@ -57,6 +57,11 @@ struct ShardingModelOptions {
   // flight). Memory only; times are the whole graph's.
   double parameter_memory_scale = 1;
   double activation_memory_scale = 1;
+  // Tensor-parallel collective matmuls (search/parameter_collectives.h, MatmulCollective;
+  // plan::Sharding::collective_matmul): an activation's one all-gather into a contraction's
+  // rows, or a contraction's Partial output's one reduce-scatter, hidden under (n-1)/n of
+  // the contraction's products at the interference price, forward and backward.
+  bool collective_matmul = false;
   // A graph captured at batch 1 searched at more rows throws (nothing could split its batch)
   // unless false: a stage layout prices its tensor axis, which need not split the batch.
   bool require_batch_index = true;
@@ -141,6 +146,9 @@ class ShardingModel {
 
   const std::vector<int>& mesh() const { return options_.mesh; }
   const ShardingModelOptions& options() const { return options_; }
+  // Prices collective matmuls or not from here on (the decisions stay): a plan solved without
+  // them is evaluated as the runtime would run it with them (spmd_search.cc).
+  void set_collective_matmul(bool on) { options_.collective_matmul = on; }
   std::vector<int> axis_ranks(int axis) const;
 
  private:
@@ -168,6 +176,9 @@ class ShardingModel {
     // Activation gradients' all-reduces beside their reader's weight gradient
     // (activation_gradient_overlap): hidden under the weight gradients' products.
     double activation_backward = 0;
+    // Collective matmuls' collectives (matmul_collective_at), forward and backward, in full:
+    // activations counts what of them the products leave exposed.
+    double activation_matmul = 0;
   };
   Tally tally() const;
 
@@ -222,6 +233,13 @@ class ShardingModel {
   // `produced` with the reader's `gradient` on `axis` and the other axes as decided: in the
   // buckets when it is replicated on `axis` (gradient_reduction_overlap), else
   // gradient_scatter_overlap over every axis (parameter_collectives.h).
+  // The collective matmul the runtime runs an edge's collectives in on `axis` (None: none,
+  // or the option is off): transform/collective_matmul.h's conditions on this axis, every
+  // other axis needing no step. Gather: the reader is the contraction; Scatter: the value's
+  // producer is.
+  MatmulCollective matmul_collective_at(int axis, ir::ValueId value, int consumer, int operand,
+                                        const Placement& produced, const Placement& wanted,
+                                        const Placement& gradient) const;
   ParameterOverlap parameter_gradient_at(int axis, ir::ValueId value, int consumer, int operand,
                                          const Placement& produced, const Placement& gradient) const;
   // Where the forward gather of parameter `value` into `consumer`'s `operand` runs, with

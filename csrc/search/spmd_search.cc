@@ -105,9 +105,21 @@ std::unique_ptr<ShardingModel> search_decisions(const ShardingModel& start, bool
   const std::vector<DescentSchedule> schedules =
       two_axes ? std::vector<DescentSchedule>{{false, false}, {true, false}, {true, true}}
                : std::vector<DescentSchedule>{{false, false}};
+  // With collective matmuls the solver prices them hidden under their products at the
+  // interference price, which evaluate() caps by those products: a layout it finds that way
+  // can evaluate worse than one found without them, so both descents run, and each result is
+  // evaluated as the runtime runs it (collective matmuls wherever the plan has them).
+  const bool fused = start.options().collective_matmul;
+  std::vector<ShardingModel> starts{start};
+  if (fused) {
+    starts.push_back(start);
+    starts.back().set_collective_matmul(false);
+  }
+  for (const ShardingModel& base : starts)
   for (const DescentSchedule& schedule : schedules) {
     for (double weight : {start.options().overlap_interference, 1.0}) {
-      auto sm = descend(start, thorough, schedule, weight);
+      auto sm = descend(base, thorough, schedule, weight);
+      sm->set_collective_matmul(fused);
       ShardingEvaluation evaluation = sm->evaluate();
       const bool hidden = evaluation.parameter_sync_hidden;
       if (!best_model || better_evaluation(evaluation, best_evaluation)) {
@@ -132,6 +144,7 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   mo.precision = options.precision;
   mo.memory_limit = memory_limit;
   mo.recompute = recompute;
+  mo.collective_matmul = options.collective_matmul;
   mo.allow_zero = options.allow_zero;
   mo.memory = options.memory;
   mo.beam_width = options.beam_width;

@@ -86,6 +86,10 @@ struct SpmdSearchOptions {
   std::optional<std::vector<int>> mesh;  // {data, tensor}; default: searched
   bool allow_recompute = true;
   bool allow_zero = true;
+  // Tensor-parallel collectives run as collective matmuls where they can
+  // (search/parameter_collectives.h, MatmulCollective): priced so, and the plan says so
+  // (plan::Sharding::collective_matmul) for the rewrite and the runtime.
+  bool collective_matmul = false;
   cost::MemoryConstants memory;
   int beam_width = kBeamWidth;  // search/spmd_problem.h
   // Seconds of step time one second of parameter collectives hidden under compute still

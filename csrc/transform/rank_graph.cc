@@ -26,6 +26,11 @@ using Shape = std::vector<std::int64_t>;
 constexpr std::string_view kWholeAttr = "shardwise.whole";
 constexpr std::string_view kRecomputeAttr = "shardwise.recompute";
 constexpr std::string_view kAsyncGradientAttr = "shardwise.async_gradient";
+// Collective matmul (transform/collective_matmul.h): the operand whose gather runs inside
+// the contraction, and a contraction whose output's reduce-scatter runs inside it.
+constexpr std::string_view kGatherMatmulAttr = "shardwise.gather_matmul";
+constexpr std::string_view kMatmulScatterAttr = "shardwise.matmul_scatter";
+constexpr std::string_view kMatmulOverlap = "matmul";
 
 std::vector<std::string> texts(const ShardingSpec& spec) {
   std::vector<std::string> out;
@@ -112,6 +117,10 @@ class GraphEmitter {
     for (std::size_t i = 0; i < rw.inputs.size(); ++i)
       if (rw.inputs[i].gradient_overlap == search::ParameterOverlap::BesideBackward)
         attrs[std::string(kAsyncGradientAttr)] = static_cast<std::int64_t>(i);
+    for (std::size_t i = 0; i < rw.inputs.size(); ++i)
+      if (rw.inputs[i].matmul == search::MatmulCollective::Gather)
+        attrs[std::string(kGatherMatmulAttr)] = static_cast<std::int64_t>(i);
+    if (!rw.matmul_scatter_forward.empty()) attrs[std::string(kMatmulScatterAttr)] = true;
     if (rw.mode == NodeMode::Whole) {
       attrs[std::string(kWholeAttr)] = true;
       whole.push_back(global_.value(node.outputs[0]).name);
@@ -232,8 +241,10 @@ class GraphEmitter {
       const bool local = step.kind == ReshardKind::Slice || step.kind == ReshardKind::ZeroOthers ||
                          step.kind == ReshardKind::Scale;
       if (!local)
-        attrs["overlap"] = std::string(search::parameter_overlap_name(
-            parameter ? op.gather : search::activation_collective_overlap()));
+        attrs["overlap"] = op.matmul != search::MatmulCollective::None
+                               ? std::string(kMatmulOverlap)
+                               : std::string(search::parameter_overlap_name(
+                                     parameter ? op.gather : search::activation_collective_overlap()));
       if (op.regather) attrs["regather"] = true;
       // One flattened collective with the other members of its unit group (parameter_collectives.h).
       if (!local && parameter && op.gather_group >= 0) attrs["unit_group"] = std::int64_t{op.gather_group};
@@ -249,8 +260,10 @@ class GraphEmitter {
       const bool local = it->kind == ReshardKind::Slice || it->kind == ReshardKind::ZeroOthers ||
                          it->kind == ReshardKind::Scale;
       if (!local)
-        attrs["overlap"] = std::string(
-            search::parameter_overlap_name(parameter ? op.scatter : op.gradient_overlap));
+        attrs["overlap"] = op.matmul != search::MatmulCollective::None
+                               ? std::string(kMatmulOverlap)
+                               : std::string(search::parameter_overlap_name(parameter ? op.scatter
+                                                                                      : op.gradient_overlap));
       if (!local && parameter && op.scatter_group >= 0) attrs["unit_group"] = std::int64_t{op.scatter_group};
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
                                      {{name(), graph_.value(value).type}}, std::move(attrs), module));
@@ -416,9 +429,9 @@ void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const pl
       // search priced it by; a collective without one was priced by no rule.
       auto mark = node.attrs.find("overlap");
       const auto* name = mark == node.attrs.end() ? nullptr : std::get_if<std::string>(&mark->second);
-      if (name == nullptr || (*name != "exposed" && *name != "forward" && *name != "backward"))
-        throw ValidationError(where(fmt::format("{}: a collective without its overlap mark (exposed, forward or "
-                                                "backward)", what)));
+      if (name == nullptr || (*name != "exposed" && *name != "forward" && *name != "backward" && *name != kMatmulOverlap))
+        throw ValidationError(where(fmt::format("{}: a collective without its overlap mark (exposed, forward, "
+                                                "backward or matmul)", what)));
     }
     const std::int64_t dim = int_attr(node.attrs, "dim", -1);
     const bool ratios = node.attrs.contains("ratios");

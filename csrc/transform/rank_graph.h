@@ -45,6 +45,11 @@
 //    With recomputation (the plan's sharding.recompute), each node of the k-th instance of
 //    the repeated blocks carries {shardwise.recompute=k}: the runtime runs each instance as
 //    one checkpointed region, its forward (collectives included) run again in backward.
+//    Collective matmul (a plan with collective_matmul; transform/collective_matmul.h): a
+//    contraction that runs its operand i's gather as a ring carries {shardwise.gather_matmul=i},
+//    one that runs its output's reduce-scatter so carries {shardwise.matmul_scatter=true}, and
+//    those collectives (forward and backward) carry {overlap="matmul"}: the runtime runs each
+//    inside its contraction (runtime/collective_matmul.py), not as a node of its own.
 //    A counted mean split over ranks (CountedRewrite) runs with {reduction=2} (sum) into
 //    `<out>.sum`, then `%out = shardwise::counted_mean(%out.sum, %out.count) {shares}`, where
 //    `%out.count: i64[]` is an input of the rank graph: the count of the targets in the whole

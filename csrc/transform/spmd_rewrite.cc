@@ -1,5 +1,7 @@
 #include "transform/spmd_rewrite.h"
 
+#include "transform/collective_matmul.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "ops/op_table.h"
 #include "search/parameter_collectives.h"
 #include "support/error.h"
+#include "transform/collective_matmul.h"
 #include "transform/local_shard.h"
 
 namespace shardwise::transform {
@@ -571,8 +574,9 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
                                                                   reads[static_cast<std::size_t>(v.id)] == 1, trainable);
       }
     }
-    builder.node(rw);
   }
+  if (sharding.collective_matmul) mark_collective_matmuls(graph, rewrites);
+  for (const NodeRewrite& rw : rewrites) builder.node(rw);
   for (ir::ValueId out : graph.outputs()) {
     const ir::Value& v = graph.value(out);
     const auto id = static_cast<std::size_t>(out);

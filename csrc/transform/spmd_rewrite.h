@@ -113,6 +113,13 @@ struct OperandRewrite {
   // (and its gather again for backward), `scatter_group` for a reduce-scatter beside backward.
   int gather_group = -1;
   int scatter_group = -1;
+  // Collective matmul (search/parameter_collectives.h, MatmulCollective; plans with
+  // collective_matmul): Gather, this operand's one all-gather (and its gradient's one
+  // reduce-scatter) runs inside the reader's contraction, as a ring (the first reader of
+  // the gathered value; the others read the value the ring assembled); Scatter, this
+  // operand's one reduce-scatter (and its gradient's one all-gather) runs inside its
+  // producer's contraction (NodeRewrite::matmul_scatter), which gives the scattered value.
+  search::MatmulCollective matmul = search::MatmulCollective::None;
 };
 
 struct OutputRewrite {
@@ -152,6 +159,10 @@ struct NodeRewrite {
   int recompute_block = -1;
   std::vector<OperandRewrite> inputs;
   std::vector<OutputRewrite> outputs;
+  // Collective matmul, Scatter: the node's output is reduce-scattered inside its contraction
+  // by these steps (its only reader's operand, marked Scatter: one reduce-scatter forward,
+  // one all-gather or none backward); empty otherwise.
+  std::vector<ReshardAction> matmul_scatter_forward, matmul_scatter_backward;
   // The node's attributes on this rank: a local node's shape arguments (size, sizes, shape: a
   // list equal to the whole output shape, -1 kept; split_size(s) along the split dim) become
   // its local output's; other attributes, and other modes' nodes, as captured.

@@ -87,13 +87,14 @@ class Plan:
     @classmethod
     def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
                memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool = True,
-               zero: bool = True, progress=None) -> "Plan":
+               zero: bool = True, progress=None, collective_matmul: bool = False) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
         cluster's cost model. See ``shardwise.plan``."""
         result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
                                 None if mesh is None else [int(x) for x in mesh], float(memory_fraction),
-                                _precision(graph, precision), bool(recompute), bool(zero), progress)
+                                _precision(graph, precision), bool(recompute), bool(zero), progress,
+                                bool(collective_matmul))
         return cls(json.loads(result["plan"]), result)
 
     @classmethod
@@ -330,7 +331,7 @@ class Plan:
 def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
          memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool = True,
          zero: bool = True, progress=None, pipeline: bool | None = None,
-         network: NetworkCondition | None = None) -> Plan:
+         network: NetworkCondition | None = None, collective_matmul: bool = False) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
 
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
@@ -347,6 +348,10 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ``precision``: "f32", "tf32", "bf16" or "f16"; None (default): the model's, as captured
     (a bf16 model, or one captured under a mixed-precision policy, trains in bf16; a float32
     or float64 model in f32).
+    ``collective_matmul``: the SPMD search prices, and the plan runs, a tensor-parallel
+    all-gather into a matmul (and a matmul's output reduce-scattered) as a ring whose blocks
+    travel while the blocks before them are multiplied (collective matmul / async tensor
+    parallelism, ``runtime/collective_matmul.py``); the plan's ``sharding.collective_matmul``.
     ``network``: a ``NetworkCondition`` for the links between pipeline stages; the joint
     planner then times its pipelined plans on it and may pick kFkB (implies the joint planner).
     ``progress(done, total)`` is called after each candidate. The graph must have been
@@ -371,7 +376,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
                           precision=precision, progress=progress, network=network)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
-                        progress=progress)
+                        progress=progress, collective_matmul=collective_matmul)
     if choose and mesh is None:
         joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
                                      memory_fraction=memory_fraction, precision=precision, progress=progress)

@@ -21,6 +21,7 @@ from .._fx_import import _schema_args, is_value_identity, op_name, op_overload
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .async_gradients import SPLIT_OPS, AsyncGradient
+from .collective_matmul import CollectiveMatmul
 from .kernels import StatisticsKernels, VocabLookup
 from .mesh import _Mesh
 from .parameter_gathers import DeferredScatters, PrefetchStart, PrefetchWait, Regather, _Prefetches, _released_after
@@ -239,6 +240,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         root.prefetch.start = PrefetchStart(prefetches)
         root.prefetch.wait = PrefetchWait(prefetches)
         root.async_gradient = AsyncGradient(mesh, root.reshard._steps)
+        root.collective_matmul = CollectiveMatmul(mesh, root.reshard._steps)
     env: dict[str, torch.fx.Node] = {}
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
     nodes = program["nodes"] if nodes is None else nodes
@@ -313,6 +315,11 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         write_backs = []  # (leaf name, the operand the call writes, its placement) to copy back
         regathers = []  # (gathered parameter, its shard, the forward steps): released after the call
         async_operand = None  # (operand, its gradient's all-reduce): the call's backward is split
+        gather_matmul = None  # (operand, its steps, its reshard key): the gather runs inside the call
+        matmul_scatter = node.get("matmul_scatter")  # the output's reduce-scatter runs inside the call
+        if (matmul_scatter or any(op.get("matmul") == "gather" for op in node["inputs"])) and weight_boundaries is not None:
+            raise ValidationError(f"parallelize: '{first}' runs a collective matmul inside a stage whose backward "
+                                  "is split (zero-bubble): the ring computes the weight gradient with the input's")
         for i, op in enumerate(node["inputs"]):
             captured = captured_operands[i] if i < len(captured_operands) else None
             value = env[op["value"]]
@@ -320,6 +327,15 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             bwd = _step_texts(root, op["backward"])
             if op.get("async_gradient"):  # the all-reduce runs in the call's own backward
                 async_operand = (i, bwd[0])
+                fwd = bwd = ()
+            if op.get("matmul") == "gather":  # runtime/collective_matmul.py: the ring gathers it
+                key = _reshard_key(op, fwd, bwd)
+                if key in reshards:
+                    raise ValidationError(f"parallelize: the core runs the gather of '{op['value']}' inside "
+                                          f"'{first}', but an earlier node read it gathered")
+                gather_matmul = (i, fwd, bwd, key)
+                fwd = bwd = ()
+            if op.get("matmul") == "scatter":  # its producer's call gave it scattered
                 fwd = bwd = ()
             # In a recomputed block a write into the model's state (batch norm's running
             # statistics, num_batches_tracked += 1) goes through a copy: the copy back is
@@ -393,6 +409,23 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             target = op_overload(node["op"])
             args, kwargs = _call_by_schema(target, src, operands, node["local_attrs"])
             call = graph.call_function(target, tuple(args), kwargs)
+        elif gather_matmul is not None or matmul_scatter:  # runtime/collective_matmul.py: linear, addmm, mm
+            if src.target not in SPLIT_OPS:
+                raise ValidationError(f"parallelize: the core runs a collective matmul in '{first}' ({src.target}), "
+                                      f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
+            args, kwargs = _call_parts(src, operands, node["local_attrs"])
+            if gather_matmul is not None:
+                i, fwd, bwd, key = gather_matmul
+                ring = graph.call_module("collective_matmul", ("gather", SPLIT_OPS[src.target], i, fwd[0],
+                                                               bwd[0] if bwd else None, tuple(args), kwargs))
+                call = graph.call_function(operator.getitem, (ring, 0))
+                reshards[key] = graph.call_function(operator.getitem, (ring, 1))  # its other readers'
+            else:
+                fwd = _step_texts(root, matmul_scatter["forward"])
+                bwd = _step_texts(root, matmul_scatter["backward"])
+                operand = 1 if src.target is torch.ops.aten.addmm.default else 0
+                call = graph.call_module("collective_matmul", ("scatter", SPLIT_OPS[src.target], operand, fwd[0],
+                                                               bwd[0] if bwd else None, tuple(args), kwargs))
         elif async_operand is not None:  # runtime/async_gradients.py: the core marks linear, addmm, mm
             if src.target not in SPLIT_OPS:
                 raise ValidationError(f"parallelize: the core split the backward of '{first}' ({src.target}), "

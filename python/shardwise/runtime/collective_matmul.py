@@ -1,0 +1,290 @@
+"""Tensor-parallel collectives run inside their matmuls, as rings (collective matmul: Wang et
+al., ASPLOS 2023; torchtitan's async tensor parallelism).
+
+The core marks them (csrc/transform/collective_matmul.h, where the plan's
+``sharding.collective_matmul`` asks): a contraction carries ``{shardwise.gather_matmul=i}``
+when its operand i arrives by one all-gather along a row dim, or
+``{shardwise.matmul_scatter=true}`` when its output leaves by one reduce-scatter along a row
+dim; those collectives carry ``{overlap="matmul"}``, and the search prices them hidden under
+(n-1)/n of the contraction's products (search/parameter_collectives.h, MatmulCollective).
+``self.collective_matmul(kind, op, operand, forward_step, backward_step, args, kwargs)`` in
+the printed rank program runs them:
+
+- **gather**: the operand's blocks pass around the axis' ring, rank k to k+1; each rank
+  multiplies the block in hand while the next one travels, and assembles the gathered
+  operand, which it returns beside the product (other readers of the gathered value read
+  it). Backward: each block's input gradient is added into the partial sums passing the
+  ring (a ring reduce-scatter), its weight gradient computed in the same step.
+- **scatter**: the product's blocks (rows) are computed one per ring step, each added to the
+  partial sum arriving from the previous rank and passed on, so rank k ends with the sum of
+  its block. Backward: the output gradient's blocks pass the ring (a ring all-gather), each
+  block's input and weight gradients computed while the next travels.
+
+The products are the ones autograd's formulas for the op compute, block by block; the sums
+are the same reductions in another order: the result equals the plain collective and the
+op to rounding. Bytes are counted as the collective each ring replaces (traffic.py), which
+moves the same bytes, so a plan's predicted traffic and the measured one stay comparable.
+The ops are ``aten.linear`` (x, weight, bias), ``aten.addmm`` (bias, x, weight) and
+``aten.mm`` (x, weight), as in async_gradients.py.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .._C import ValidationError
+from . import traffic, transport
+from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _rows
+from .mesh import _Mesh
+
+
+class _Ring:
+    """One mesh axis' group as a ring: this rank's index ``k`` of ``n``, sending to the next
+    and receiving from the previous."""
+
+    def __init__(self, group):
+        ranks = dist.get_process_group_ranks(group)
+        self.group, self.n, self.k = group, len(ranks), ranks.index(dist.get_rank())
+        self.next, self.prev = ranks[(self.k + 1) % self.n], ranks[(self.k - 1) % self.n]
+
+    def exchange(self, send: torch.Tensor, receive: torch.Tensor) -> list:
+        """Sends `send` to the next rank and receives the previous rank's into `receive`,
+        asynchronously (one batched pair: NCCL runs a ring's sends and receives together or
+        not at all); the work handles to wait for."""
+        if transport.on_host(send, self.group):  # Gloo with device tensors: through host copies
+            return [transport.isend(send, self.next, group=self.group),
+                    transport.irecv(receive, self.prev, group=self.group)]
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, self.next, self.group),
+                                       dist.P2POp(dist.irecv, receive, self.prev, self.group)])
+
+
+def _wait(works: list) -> None:
+    for work in works:
+        work.wait()
+
+
+def ring_gather(local: torch.Tensor, dim: int, ring: _Ring, each) -> list[torch.Tensor]:
+    """The all-gather of `local` along `dim` over `ring`, block by block: ``each(j, block)``
+    is called on every rank's block j (this rank's first) while the next block travels.
+    Returns the blocks in rank order."""
+    blocks: list[torch.Tensor | None] = [None] * ring.n
+    current = local.contiguous()
+    blocks[ring.k] = current
+    for step in range(ring.n):
+        j = (ring.k - step) % ring.n  # the block in hand
+        works = []
+        if step < ring.n - 1:
+            incoming = torch.empty_like(current)
+            works = ring.exchange(current, incoming)
+        each(j, current)
+        if works:
+            _wait(works)
+            current = incoming
+            blocks[(j - 1) % ring.n] = current
+    return blocks
+
+
+def ring_reduce_scatter(ring: _Ring, part) -> torch.Tensor:
+    """The sum over `ring`'s ranks of ``part(k)``, on rank k: ``part(j)`` (this rank's share
+    of block j) is computed while the partial sum of the block before travels, then added to
+    the partial sum that arrives and passed on; block k's ends here."""
+    received, works = None, []
+    for step in range(ring.n):
+        j = (ring.k - 1 - step) % ring.n
+        block = part(j)
+        if works:
+            _wait(works)
+            block = received + block
+        if step == ring.n - 1:
+            return block
+        block = block.contiguous()
+        received = torch.empty_like(block)
+        works = ring.exchange(block, received)
+    raise AssertionError("unreachable")
+
+
+class _Contraction:
+    """The op's products on one block of rows: forward, and the input's and weight's
+    gradients (autograd's formulas for linear, addmm, mm)."""
+
+    def __init__(self, op, beta, alpha, weight, bias):
+        self.op, self.beta, self.alpha, self.weight, self.bias = op, beta, alpha, weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.op is _LINEAR:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        if self.op is _ADDMM:
+            return torch.addmm(self.bias, x, self.weight, beta=self.beta, alpha=self.alpha)
+        return torch.mm(x, self.weight)
+
+    def input_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+        if self.op is _LINEAR:
+            return grad @ self.weight
+        out = grad @ self.weight.t()
+        return out * self.alpha if self.op is _ADDMM and self.alpha != 1 else out
+
+    def weight_gradient(self, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.op is _LINEAR:
+            return _rows(grad).t() @ _rows(x)
+        out = x.t() @ grad
+        return out * self.alpha if self.op is _ADDMM and self.alpha != 1 else out
+
+    def bias_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+        if self.op is _LINEAR:
+            return _rows(grad).sum(0)
+        out = grad.sum(0)
+        return out * self.beta if self.beta != 1 else out
+
+
+def _whole(block: torch.Tensor, dim: int, n: int) -> torch.Tensor:
+    """A tensor (on the meta device: no memory) of `n` such blocks along `dim`: what the
+    collective a ring replaces is counted by (traffic.py)."""
+    shape = list(block.shape)
+    shape[dim] *= n
+    return torch.empty(shape, dtype=block.dtype, device="meta")
+
+
+def _add(total, value):
+    return value if total is None else total + value
+
+
+class _GatherMatmul(torch.autograd.Function):
+    """forward(op, ring, dim, beta, alpha, x, weight, bias) -> (the product, the gathered x)."""
+
+    @staticmethod
+    def forward(ctx, op, ring, dim, beta, alpha, x, weight, bias):
+        product = _Contraction(op, beta, alpha, weight, bias)
+        outputs: list[torch.Tensor | None] = [None] * ring.n
+        blocks = ring_gather(x, dim, ring, lambda j, block: outputs.__setitem__(j, product.forward(block)))
+        gathered = torch.cat(blocks, dim)
+        traffic.count("all_gather", gathered)
+        ctx.op, ctx.ring, ctx.dim, ctx.beta, ctx.alpha = op, ring, dim, beta, alpha
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(gathered, weight)
+        return torch.cat(outputs, dim), gathered
+
+    @staticmethod
+    def backward(ctx, grad, grad_gathered):
+        gathered, weight = ctx.saved_tensors
+        product = _Contraction(ctx.op, ctx.beta, ctx.alpha, weight, None)
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[5:8]
+        dim, ring = ctx.dim, ctx.ring
+        size = gathered.shape[dim] // ring.n
+        grad_weight = grad_bias = grad_x = None
+
+        def block(t: torch.Tensor, j: int) -> torch.Tensor:
+            return t.narrow(dim, j * size, size)
+
+        def part(j: int) -> torch.Tensor:
+            # Block j's input gradient, sent on; its weight gradient beside it. The gathered
+            # value's own gradient (its other readers') joins the sum.
+            nonlocal grad_weight
+            out = None
+            if grad is not None:
+                g = block(grad, j)
+                if needs_weight:
+                    grad_weight = _add(grad_weight, product.weight_gradient(g, block(gathered, j)))
+                out = product.input_gradient(g)
+            return _add(out, block(grad_gathered, j)) if grad_gathered is not None else out
+
+        if needs_x:
+            grad_x = ring_reduce_scatter(ring, part)
+            traffic.count("reduce_scatter", gathered)
+        elif needs_weight and grad is not None:
+            for j in range(ring.n):
+                grad_weight = _add(grad_weight, product.weight_gradient(block(grad, j), block(gathered, j)))
+        if needs_bias and ctx.has_bias and grad is not None:
+            grad_bias = product.bias_gradient(grad)
+        return None, None, None, None, None, grad_x, grad_weight, grad_bias
+
+
+class _MatmulScatter(torch.autograd.Function):
+    """forward(op, ring, dim, beta, alpha, x, weight, bias) -> this rank's block (along dim)
+    of the product summed over the ring."""
+
+    @staticmethod
+    def forward(ctx, op, ring, dim, beta, alpha, x, weight, bias):
+        product = _Contraction(op, beta, alpha, weight, bias)
+        size = x.shape[dim] // ring.n
+        out = ring_reduce_scatter(ring, lambda j: product.forward(x.narrow(dim, j * size, size)))
+        traffic.count("reduce_scatter", _whole(out, dim, ring.n))
+        ctx.op, ctx.ring, ctx.dim, ctx.beta, ctx.alpha = op, ring, dim, beta, alpha
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        product = _Contraction(ctx.op, ctx.beta, ctx.alpha, weight, None)
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[5:8]
+        dim, ring = ctx.dim, ctx.ring
+        size = x.shape[dim] // ring.n
+        grads_x: list[torch.Tensor | None] = [None] * ring.n
+        grad_weight = grad_bias = None
+
+        def each(j: int, g: torch.Tensor) -> None:
+            # Block j of the output gradient: its products while the next block travels.
+            nonlocal grad_weight, grad_bias
+            if needs_x:
+                grads_x[j] = product.input_gradient(g)
+            if needs_weight:
+                grad_weight = _add(grad_weight, product.weight_gradient(g, x.narrow(dim, j * size, size)))
+            if needs_bias and ctx.has_bias:
+                grad_bias = _add(grad_bias, product.bias_gradient(g))
+
+        ring_gather(grad, dim, ring, each)
+        traffic.count("all_gather", _whole(grad, dim, ring.n))
+        grad_x = torch.cat(grads_x, dim) if needs_x else None
+        return None, None, None, None, None, grad_x, grad_weight, grad_bias
+
+
+class CollectiveMatmul(torch.nn.Module):
+    """``self.collective_matmul(kind, op, operand, forward_step, backward_step, args, kwargs)``
+    in the printed rank program: the call of `op` (aten::linear, addmm, mm) whose collective
+    on operand `operand` runs inside it as a ring. `kind` "gather": args hold the operand's
+    local block; returns (the product, the gathered operand). "scatter": returns this rank's
+    block of the reduce-scattered product. The steps are the rank IR's, by text (registered
+    with the Reshard module); `backward_step` None where the operand has no gradient."""
+
+    def __init__(self, mesh: _Mesh, steps: dict):
+        super().__init__()
+        self._mesh = mesh
+        self._steps = steps
+        self._rings: dict[int, _Ring] = {}
+
+    def _ring(self, axis: int) -> _Ring:
+        if axis not in self._rings:
+            self._rings[axis] = _Ring(self._mesh.groups[axis])
+        return self._rings[axis]
+
+    def forward(self, kind: str, op: str, operand: int, forward_step: str, backward_step: str | None,
+                args: tuple, kwargs: dict):
+        target = _BY_NAME.get(op)
+        forward = self._steps[forward_step]
+        expected = {"gather": ("all_gather", "reduce_scatter"), "scatter": ("reduce_scatter", "all_gather")}[kind]
+        backward = self._steps[backward_step] if backward_step is not None else None
+        if target is None or forward["kind"] != expected[0] or (
+                backward is not None and (backward["kind"], backward["axis"], backward["dim"]) !=
+                (expected[1], forward["axis"], forward["dim"])):
+            raise ValidationError(f"collective_matmul: {kind} of {op} by {forward_step!r} / {backward_step!r} is "
+                                  "not a ring the runtime runs")
+        if target is _LINEAR:
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            beta = alpha = 1
+        elif target is _ADDMM:
+            bias, x, weight = args[0], args[1], args[2]
+            beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
+            alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
+        else:
+            x, weight, bias, beta, alpha = args[0], args[1], None, 1, 1
+        if operand != (1 if target is _ADDMM else 0):
+            raise ValidationError(f"collective_matmul: {op}'s operand {operand} is not its input")
+        ring = self._ring(forward["axis"])
+        dim = forward["dim"]
+        if backward is None and x.requires_grad and kind == "gather":
+            raise ValidationError(f"collective_matmul: {op}'s input needs a gradient but its gather has no "
+                                  "backward step")
+        function = _GatherMatmul if kind == "gather" else _MatmulScatter
+        return function.apply(target, ring, dim, beta, alpha, x, weight, bias)
