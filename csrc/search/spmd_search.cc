@@ -115,18 +115,19 @@ std::unique_ptr<ShardingModel> search_decisions(const ShardingModel& start, bool
     starts.push_back(start);
     starts.back().set_collective_matmul(false);
   }
-  for (const ShardingModel& base : starts)
-  for (const DescentSchedule& schedule : schedules) {
-    for (double weight : {start.options().overlap_interference, 1.0}) {
-      auto sm = descend(base, thorough, schedule, weight);
-      sm->set_collective_matmul(fused);
-      ShardingEvaluation evaluation = sm->evaluate();
-      const bool hidden = evaluation.parameter_sync_hidden;
-      if (!best_model || better_evaluation(evaluation, best_evaluation)) {
-        best_model = std::move(sm);
-        best_evaluation = std::move(evaluation);
+  for (const ShardingModel& base : starts) {
+    for (const DescentSchedule& schedule : schedules) {
+      for (double weight : {start.options().overlap_interference, 1.0}) {
+        auto sm = descend(base, thorough, schedule, weight);
+        sm->set_collective_matmul(fused);
+        ShardingEvaluation evaluation = sm->evaluate();
+        const bool hidden = evaluation.parameter_sync_hidden;
+        if (!best_model || better_evaluation(evaluation, best_evaluation)) {
+          best_model = std::move(sm);
+          best_evaluation = std::move(evaluation);
+        }
+        if (hidden) break;  // the interference price was the right one
       }
-      if (hidden) break;  // the interference price was the right one
     }
   }
   if (evaluation != nullptr) *evaluation = std::move(best_evaluation);
@@ -154,6 +155,13 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   Outcome out;
   std::unique_ptr<ShardingModel> best_model = search_decisions(start, thorough, &out.evaluation);
   ShardingModel& sm = *best_model;
+  // The same placements with every collective run plainly: what the collective matmuls save,
+  // as the plan with sharding.collective_matmul off would be priced (benchmarks/collective_matmul.py).
+  if (options.collective_matmul) {
+    ShardingModel plain(sm);
+    plain.set_collective_matmul(false);
+    out.evaluation.breakdown["step_time_plain_collectives"] = plain.evaluate().step_time;
+  }
 
   // Heterogeneous ranks along the batch axis: shares from the balance LP.
   const int axis = sm.batch_axis();

@@ -58,6 +58,15 @@ def test_async_tp_split_and_fused_backward_compute_the_same_loss():
     assert difference < 1e-6, out  # the same products: float32 rounding at most
 
 
+def test_collective_matmul_runs_the_searched_rings_and_matches_the_plain_plan():
+    out = _run("collective_matmul.py", "--worlds", "2", "--batch", "4", "--steps", "2", "--warmup", "1", *TINY)
+    line = next(line for line in out.splitlines() if line.startswith("world 2:"))
+    gathers = int(line.split(" gathers and ")[0].rsplit(" ", 1)[1])
+    assert gathers > 0, out  # the search picked sequence parallelism with its gathers in rings
+    difference = float(line.rsplit("losses differ by ", 1)[1])
+    assert difference < 1e-4, out  # the same sums in another order: float32 rounding
+
+
 def test_pipeline_side_by_side_runs_torch_pipelining_and_matches_losses():
     # (4 layers: ZB-V cuts 2 x 2 stages at block boundaries)
     out = _run("pipeline.py", "--batch", "4", "--micro-batch", "1", "--steps", "1", "--warmup", "1", *TINY,
