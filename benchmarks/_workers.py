@@ -17,7 +17,7 @@ def pipeline_plan(global_batch: int, micro_batch: int, schedule: str, stages: in
 
     doc = {"format": "shardwise.plan", "version": 1, "data": 1, "tensor": 1, "pipeline": stages,
            "global_batch": global_batch, "micro_batch": micro_batch, "schedule": schedule,
-           "virtual_stages": 2 if schedule == "zb-v" else 1,
+           "virtual_stages": 2 if schedule in ("zb-v", "dualpipe-v") else 1,
            "kfkb_k": 1, "recompute": "none", "zero_stage": 0, "layers_per_stage": [], "precision": "f32"}
     return shardwise.Plan.from_json(json.dumps(doc))
 

@@ -8,12 +8,14 @@ The same TinyGPT, the same global batch, micro-batches and Gloo world of ``--sta
 (one per stage), the same AdamW; six trainings from the same weights, alternating step by step:
 
 - ours: ``shardwise.parallelize(model, batch, plan=...)`` with a pipeline plan (pipeline p,
-  micro_batch b, schedule "gpipe", "1f1b" or "zb-h1", data = tensor = 1): shardwise cuts the captured
-  graph into p FLOPs-balanced stages at block boundaries and runs its schedule's action list;
+  micro_batch b, schedule "gpipe", "1f1b", "zb-h1", "zb-v" or "dualpipe-v", data = tensor = 1):
+  shardwise cuts the captured graph into p FLOPs-balanced stages at block boundaries (2p for
+  the V-shaped zb-v and dualpipe-v) and runs its schedule's action list;
 - torch: ``torch.distributed.pipelining.PipelineStage`` over hand-split stage modules cut at
   the same block boundaries shardwise chose (read from its stage modules), driven by
   ``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleavedZeroBubble`` (one stage per
-  rank: its ZB1P is ZB-H1) with the same number of micro-batches.
+  rank: its ZB1P is ZB-H1) / ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV`` (two stages
+  per rank in a V) with the same number of micro-batches.
 
 Both zero-bubble sides split each backward into B and W: shardwise where the core cuts it
 (csrc/transform/weight_gradient_split.h, runtime/weight_split.py), torch by autograd-graph
@@ -49,7 +51,8 @@ import torch.nn.functional as F
 from _machine import cpu_model
 from _workers import pipeline_plan, profile_steps
 
-SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v")
+V_SHAPED = (("zb-v", "ScheduleZBVZeroBubble"), ("dualpipe-v", "ScheduleDualPipeV"))  # two stages per rank in a V
 
 
 class TorchStage(nn.Module):
@@ -140,11 +143,10 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     stages_of = {s: {g: blocks for rank_cuts in everyone for g, blocks in rank_cuts.get(s, {}).items()}
                  for s in SCHEDULES}
     report["cut"] = [everyone[r].get("1f1b", {}).get(r) for r in range(world)]
-    report["cut_v"] = [stages_of["zb-v"].get(g) for g in range(2 * world)]
+    report["cut_v"] = {s: [stages_of[s].get(g) for g in range(2 * world)] for s, _ in V_SHAPED}
     ranges = report["cut"]
     if not args.skip_torch and all(ranges):
-        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                  ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble
 
         def zero_bubble(stage, n_microbatches, loss_fn):  # torch's ZB1P, one stage per rank: ZB-H1
             return ScheduleInterleavedZeroBubble([stage], n_microbatches=n_microbatches, loss_fn=loss_fn)
@@ -178,40 +180,44 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
                 steps[name] = theirs
             except Exception as e:  # noqa: BLE001
                 report["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
-        # ZB-V: two stages per rank in a V (rank r holds stages r and 2p - 1 - r), cut where ours is.
-        name = "torch zb-v"
-        try:
-            if "zb-v" not in cuts or not all(report["cut_v"]):
-                raise RuntimeError("shardwise's zb-v cut is missing")
-            model = TinyGPT(cfg)
-            model.load_state_dict(reference.state_dict())
-            mine = [rank, 2 * world - 1 - rank]
-            modules = []
-            for g in mine:
-                blocks = report["cut_v"][g]
-                modules.append(TorchStage(model, blocks[0], blocks[-1] + 1, g == 0, g == 2 * world - 1).to(device))
-            stages = [PipelineStage(mod, g, 2 * world, device) for mod, g in zip(modules, mine)]
-            sched = ScheduleZBVZeroBubble(stages, n_microbatches=m, loss_fn=lm_loss)
-            params = [p for mod in modules for p in mod.parameters()]
-            opt = torch.optim.AdamW(params, lr=1e-3)
+        # ZB-V and DualPipeV: two stages per rank in a V (rank r holds stages r and 2p - 1 - r),
+        # cut where ours is.
+        import torch.distributed.pipelining as pipelining
 
-            def theirs_v(modules=modules, sched=sched, opt=opt):
-                opt.zero_grad()
-                losses = []
-                if rank == 0:  # the first and the last stage
-                    sched.step(batch[0], target=batch[1], losses=losses)
-                else:
-                    sched.step()
-                tied = [w for mod in modules for w in mod.tied()]  # both on rank 0: summed there
-                if len(tied) == 2:
-                    tied[0].grad.add_(tied[1].grad)
-                    tied[1].grad.copy_(tied[0].grad)
-                opt.step()
-                return torch.stack(losses).mean().item() if rank == 0 else None
+        for v_schedule, cls_name in V_SHAPED:
+            name = f"torch {v_schedule}"
+            try:
+                if v_schedule not in cuts or not all(report["cut_v"][v_schedule]):
+                    raise RuntimeError(f"shardwise's {v_schedule} cut is missing")
+                model = TinyGPT(cfg)
+                model.load_state_dict(reference.state_dict())
+                mine = [rank, 2 * world - 1 - rank]
+                modules = []
+                for g in mine:
+                    blocks = report["cut_v"][v_schedule][g]
+                    modules.append(TorchStage(model, blocks[0], blocks[-1] + 1, g == 0, g == 2 * world - 1).to(device))
+                stages = [PipelineStage(mod, g, 2 * world, device) for mod, g in zip(modules, mine)]
+                sched = getattr(pipelining, cls_name)(stages, n_microbatches=m, loss_fn=lm_loss)
+                params = [p for mod in modules for p in mod.parameters()]
+                opt = torch.optim.AdamW(params, lr=1e-3)
 
-            steps[name] = theirs_v
-        except Exception as e:  # noqa: BLE001
-            report["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+                def theirs_v(modules=modules, sched=sched, opt=opt):
+                    opt.zero_grad()
+                    losses = []
+                    if rank == 0:  # the first and the last stage
+                        sched.step(batch[0], target=batch[1], losses=losses)
+                    else:
+                        sched.step()
+                    tied = [w for mod in modules for w in mod.tied()]  # both on rank 0: summed there
+                    if len(tied) == 2:
+                        tied[0].grad.add_(tied[1].grad)
+                        tied[1].grad.copy_(tied[0].grad)
+                    opt.step()
+                    return torch.stack(losses).mean().item() if rank == 0 else None
+
+                steps[name] = theirs_v
+            except Exception as e:  # noqa: BLE001
+                report["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
 
     failed = set()
     for step in range(args.warmup + args.steps):
@@ -306,9 +312,11 @@ def main() -> None:
     if reports[0].get("cut"):
         print("stage blocks (shardwise's cut, used for both): "
               + ", ".join(f"rank {r}: {c[0]}-{c[-1]}" for r, c in enumerate(reports[0]["cut"]) if c))
-    if all(reports[0].get("cut_v") or [None]):
-        print("zb-v stage blocks: " + ", ".join(f"stage {g} (rank {min(g, 2 * world - 1 - g)}): {c[0]}-{c[-1]}"
-                                                for g, c in enumerate(reports[0]["cut_v"])))
+    for v_schedule, _ in V_SHAPED:
+        if all((reports[0].get("cut_v") or {}).get(v_schedule) or [None]):
+            print(f"{v_schedule} stage blocks: " + ", ".join(
+                f"stage {g} (rank {min(g, 2 * world - 1 - g)}): {c[0]}-{c[-1]}"
+                for g, c in enumerate(reports[0]["cut_v"][v_schedule])))
     times = {name: statistics.median(v) for name, v in reports[0]["times"].items()}
     cpu = {name: sum(statistics.median(r["cpu"][name]) for r in reports) for name in times
            if all(name in r.get("cpu", {}) for r in reports)}

@@ -22,7 +22,8 @@ Predictions: ``shardwise.simulate(schedule, stages=p, micro_batches=m).peak_in_f
 rank) and ``Plan.manual(...).predicted_memory()`` 's activations (the most loaded rank, from the
 cost model's activation bytes of the captured graph). Expected: the first stage holds m
 micro-batches under GPipe and p under 1F1B; under ZB-H1 every stage holds p (a micro-batch's
-saved tensors live from its F to its W, which the schedule postpones into the bubbles). Memory is deterministic, so oversubscribed cores
+saved tensors live from its F to its W, which the schedule postpones into the bubbles); under
+ZB-V every rank holds 2p chunks (half a stage each), under DualPipeV 2p + 1. Memory is deterministic, so oversubscribed cores
 (4 processes on 2) do not change these figures.
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ import torch.multiprocessing as mp
 from _machine import cpu_model
 from _workers import finish_worker, pipeline_plan
 
-SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v")
 
 
 class _MallInfo2(ctypes.Structure):

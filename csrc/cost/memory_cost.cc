@@ -32,6 +32,8 @@ double stage_micro_batches_in_flight(plan::Schedule schedule, int pipeline, int 
     case plan::Schedule::ZeroBubbleH1: return std::min(m, p);
     // ZB-V: 2p chunks of half a stage, from F to W, on every rank (schedules.h).
     case plan::Schedule::ZeroBubbleV: return std::min(m, p);
+    // DualPipeV: up to 2p + 1 chunks of half a stage on a rank (schedules_test.cc measures it).
+    case plan::Schedule::DualPipeV: return std::min(m, p + 0.5);
     case plan::Schedule::KFKB: return std::min(m, static_cast<double>(kfkb_k) * p);
     case plan::Schedule::Interleaved1F1B: {
       double v = virtual_stages;

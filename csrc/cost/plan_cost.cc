@@ -175,7 +175,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
                                       std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0), num_layers));
   }
   // ZB-V's chunks sit in a V: the last (the LM head's) on the first device, beside the first.
-  const bool v_shape = plan.schedule == plan::Schedule::ZeroBubbleV;
+  const bool v_shape = plan::v_shaped(plan.schedule);
   const int last_device = v_shape ? 0 : p - 1;
   const std::vector<int> device_layers = layers_per_device(chunk_layers, p, v_shape);
 

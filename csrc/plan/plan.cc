@@ -23,13 +23,14 @@ using nlohmann::json;
 using support::ParseError;
 using support::ValidationError;
 
-constexpr std::array<std::pair<Schedule, std::string_view>, 6> kSchedules = {{
+constexpr std::array<std::pair<Schedule, std::string_view>, 7> kSchedules = {{
     {Schedule::GPipe, "gpipe"},
     {Schedule::OneFOneB, "1f1b"},
     {Schedule::Interleaved1F1B, "interleaved-1f1b"},
     {Schedule::KFKB, "kfkb"},
     {Schedule::ZeroBubbleH1, "zb-h1"},
     {Schedule::ZeroBubbleV, "zb-v"},
+    {Schedule::DualPipeV, "dualpipe-v"},
 }};
 
 constexpr std::array<std::string_view, 4> kPrecisions = {"f32", "tf32", "bf16", "f16"};
@@ -145,15 +146,19 @@ std::string_view schedule_name(Schedule schedule) {
 }
 
 bool splits_backward(Schedule schedule) {
-  return schedule == Schedule::ZeroBubbleH1 || schedule == Schedule::ZeroBubbleV;
+  return schedule == Schedule::ZeroBubbleH1 || v_shaped(schedule);
 }
+
+bool v_shaped(Schedule schedule) { return schedule == Schedule::ZeroBubbleV || schedule == Schedule::DualPipeV; }
 
 Schedule schedule_from_name(std::string_view name) {
   if (name == "interleaved") return Schedule::Interleaved1F1B;
   for (const auto& [s, known] : kSchedules)
     if (known == name) return s;
   throw ValidationError(
-      fmt::format("plan.schedule: unknown schedule '{}' (known: gpipe, 1f1b, interleaved-1f1b, kfkb, zb-h1, zb-v)", name));
+      fmt::format("plan.schedule: unknown schedule '{}' (known: gpipe, 1f1b, interleaved-1f1b, kfkb, zb-h1, zb-v, "
+                  "dualpipe-v)",
+                  name));
 }
 
 std::string_view recompute_name(Recompute recompute) { return recompute == Recompute::Full ? "full" : "none"; }
@@ -207,12 +212,18 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     for (const auto& [key, text] : {std::pair{"plan", &plan.programs->plan}, std::pair{"hash", &plan.programs->hash}})
       if (!hex16(*text)) throw ValidationError(fmt::format("plan.programs.{}: '{}' is not 16 hex digits", key, *text));
   if (plan.virtual_stages < 1) throw ValidationError(fmt::format("plan.virtual_stages: {} < 1", plan.virtual_stages));
-  if (plan.schedule == Schedule::ZeroBubbleV && plan.virtual_stages != 2)
-    throw ValidationError(fmt::format("plan.virtual_stages: zb-v runs two chunks per rank (a V), not {}",
-                                      plan.virtual_stages));
-  if (plan.virtual_stages > 1 && plan.schedule != Schedule::Interleaved1F1B && plan.schedule != Schedule::ZeroBubbleV)
+  if (v_shaped(plan.schedule) && plan.virtual_stages != 2)
+    throw ValidationError(fmt::format("plan.virtual_stages: {} runs two chunks per rank (a V), not {}",
+                                      schedule_name(plan.schedule), plan.virtual_stages));
+  if (plan.virtual_stages > 1 && plan.schedule != Schedule::Interleaved1F1B && !v_shaped(plan.schedule))
     throw ValidationError(fmt::format("plan.virtual_stages: {} needs schedule interleaved-1f1b, not {}",
                                       plan.virtual_stages, schedule_name(plan.schedule)));
+  if (std::int64_t per_step = 0; plan.schedule == Schedule::DualPipeV &&
+                                 !__builtin_mul_overflow(plan.micro_batch, std::int64_t{plan.data}, &per_step) &&
+                                 per_step > 0 && plan.global_batch / per_step < 2LL * plan.pipeline)
+    throw ValidationError(fmt::format("plan.schedule: dualpipe-v needs at least one micro-batch per stage ({} "
+                                      "stages on {} ranks), not {}",
+                                      2 * plan.pipeline, plan.pipeline, plan.global_batch / per_step));
   if (plan.kfkb_k < 1) throw ValidationError(fmt::format("plan.kfkb_k: {} < 1", plan.kfkb_k));
   if (plan.kfkb_k > 1 && plan.schedule != Schedule::KFKB)
     throw ValidationError(

@@ -66,14 +66,18 @@ namespace shardwise::plan {
 // (transform/weight_gradient_split.h); a plan with recomputation cannot take it (the runtime does
 // not split a recomputed block's backward).
 // ZeroBubbleV: ZB-V, two chunks per rank in a V (virtual_stages 2), split as ZB-H1.
-enum class Schedule : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, KFKB, ZeroBubbleH1, ZeroBubbleV };
+// DualPipeV: DeepSeek's DualPipeV (schedule/schedules.h), ZB-V's placement and split.
+enum class Schedule : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, KFKB, ZeroBubbleH1, ZeroBubbleV, DualPipeV };
 enum class Recompute : std::uint8_t { None, Full };
 
-// "gpipe", "1f1b", "interleaved-1f1b", "kfkb", "zb-h1", "zb-v".
+// "gpipe", "1f1b", "interleaved-1f1b", "kfkb", "zb-h1", "zb-v", "dualpipe-v".
 std::string_view schedule_name(Schedule schedule);
-// Does the schedule split each backward into B and W (ZB-H1, ZB-V)? Such a plan takes no
-// recomputation, and is priced with W filling the bubble (cost/plan_cost.cc).
+// Does the schedule split each backward into B and W (ZB-H1, ZB-V, DualPipeV)? Such a plan
+// takes no recomputation, and is priced with W filling the bubble (cost/plan_cost.cc).
 bool splits_backward(Schedule schedule);
+// Does it place two chunks per rank in a V (ZB-V, DualPipeV: virtual_stages 2, stage g on
+// rank g on the way down and on rank 2p - 1 - g on the way back)?
+bool v_shaped(Schedule schedule);
 // Also accepts "interleaved". Throws support::ValidationError listing the known names.
 Schedule schedule_from_name(std::string_view name);
 std::string_view recompute_name(Recompute recompute);  // "none", "full"

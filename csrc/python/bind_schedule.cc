@@ -31,8 +31,9 @@ schedule::PipelineSchedule make_schedule(const std::string& name, int stages, in
   if (name == "kfkb") return schedule::kfkb(stages, micro_batches, k);
   if (name == "zb-h1") return schedule::zero_bubble_h1(stages, micro_batches);
   if (name == "zb-v") return schedule::zero_bubble_v(stages, micro_batches);
+  if (name == "dualpipe-v") return schedule::dual_pipe_v(stages, micro_batches);
   throw support::ValidationError("simulate: unknown schedule '" + name +
-                                 "' (expected 1f1b, gpipe, interleaved-1f1b, kfkb, zb-h1 or zb-v)");
+                                 "' (expected 1f1b, gpipe, interleaved-1f1b, kfkb, zb-h1, zb-v or dualpipe-v)");
 }
 
 // forward / backward are a whole pipeline stage's seconds; with v virtual stages each

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <tuple>
 
@@ -249,6 +250,58 @@ PipelineSchedule zero_bubble_v(int ranks, int micro_batches) {
       compute[static_cast<std::size_t>(r)].push_back(a);
       --left;
     }
+  }
+  return with_communication(ranks, micro_batches, 2, compute, true);
+}
+
+PipelineSchedule dual_pipe_v(int ranks, int micro_batches) {
+  check_shape("dual_pipe_v", ranks, micro_batches);
+  const int p = ranks, m = micro_batches, stages = 2 * p;
+  if (m < stages)
+    throw support::ValidationError(fmt::format(
+        "dual_pipe_v({}, {}): needs at least as many micro-batches as stages ({}): its steady phase pairs a "
+        "forward of one chunk with a backward of the other",
+        p, m, stages));
+  std::vector<std::vector<Action>> compute(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    std::vector<Action>& out = compute[static_cast<std::size_t>(r)];
+    const int first = r, second = stages - 1 - r;
+    // The next micro-batch of each kind per stage, and the B whose W is still to run.
+    std::vector<int> next_f(static_cast<std::size_t>(stages), 0), next_b = next_f;
+    std::deque<std::pair<int, int>> pending;  // (stage, micro-batch), oldest first
+    auto forward = [&](int g) { out.push_back(Action::forward(g, next_f[static_cast<std::size_t>(g)]++)); };
+    auto input_only = [&](int g) {  // B, its W left for later
+      const int i = next_b[static_cast<std::size_t>(g)]++;
+      out.push_back(Action::backward(g, i));
+      pending.emplace_back(g, i);
+    };
+    auto full = [&](int g) {  // B and W together
+      const int i = next_b[static_cast<std::size_t>(g)]++;
+      out.push_back(Action::backward(g, i));
+      out.push_back(Action::weight_gradient(g, i));
+    };
+    auto weight = [&] {
+      if (pending.empty()) return;
+      out.push_back(Action::weight_gradient(pending.front().first, pending.front().second));
+      pending.pop_front();
+    };
+    for (int k = 0; k < 2 * (p - 1 - r); ++k) forward(first);          // 1
+    for (int k = 0; k < r + 1; ++k) forward(first), forward(second);   // 2
+    for (int k = 0; k < p - 1 - r; ++k) input_only(second), weight(), forward(second);  // 3
+    for (int k = 0; k < m - stages + r + 1; ++k) {                      // 4
+      forward(first), full(second);
+      forward(second), full(first);
+    }
+    for (int k = 0; k < p - 1 - r; ++k) full(second), forward(second), full(first);  // 5
+    bool split = false;                                                 // 6
+    for (int k = 0; k < r + 1; ++k) {
+      if (k == (r + 1) / 2 && r % 2 == 1) split = true;
+      split ? input_only(second) : full(second);
+      if (k == (r + 1) / 2 && r % 2 == 0) split = true;
+      split ? input_only(first) : full(first);
+    }
+    for (int k = 0; k < p - 1 - r; ++k) weight(), split ? input_only(first) : full(first);  // 7
+    while (!pending.empty()) weight();                                  // 8
   }
   return with_communication(ranks, micro_batches, 2, compute, true);
 }

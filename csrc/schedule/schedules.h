@@ -69,6 +69,22 @@ PipelineSchedule zero_bubble_h1(int ranks, int micro_batches);
 // by the simulator (schedules_test.cc), not taken from the paper.
 PipelineSchedule zero_bubble_v(int ranks, int micro_batches);
 
+// DualPipeV (DeepSeek-V3's DualPipe, cut in half: github.com/deepseek-ai/DualPipe; torch's
+// ScheduleDualPipeV): ZB-V's placement (two chunks per rank in a V), its backward split into
+// B and W, in eight phases per rank r (p ranks, m micro-batches, m >= 2p):
+//   1. 2(p - 1 - r) forwards of the first chunk;  2. r + 1 pairs F(first) F(second);
+//   3. p - 1 - r of B(second), a pending W, F(second);
+//   4. m - 2p + r + 1 steady pairs: F(first) with a full backward (B and W) of the second,
+//      then F(second) with a full backward of the first (the pair DeepSeek overlaps with the
+//      other's communication; here they run one after the other). Rank p - 1's first pair
+//      runs F(first) then a full backward of the second, unpaired;
+//   5. p - 1 - r of a full backward of the second, then F(second) with a full backward of the first;
+//   6. r + 1 backwards of both chunks, the second half B only (their W postponed);
+//   7. p - 1 - r of a pending W, then a backward of the first chunk;  8. the pending W.
+// The same phases as torch's ScheduleDualPipeV, so the two run the same order. Its bubble
+// and memory are measured by the simulator (schedules_test.cc).
+PipelineSchedule dual_pipe_v(int ranks, int micro_batches);
+
 // Checks, by abstract execution of the per-rank lists (no timing):
 //   - every action names a stage of its own rank and in-range micro-batch / peer;
 //   - every (stage, micro-batch) has exactly one Forward and one Backward, and one

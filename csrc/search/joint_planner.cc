@@ -88,6 +88,7 @@ schedule::PipelineSchedule schedule_of(const plan::Plan& plan) {
     case plan::Schedule::KFKB: return schedule::kfkb(p, m, plan.kfkb_k);
     case plan::Schedule::ZeroBubbleH1: return schedule::zero_bubble_h1(p, m);
     case plan::Schedule::ZeroBubbleV: return schedule::zero_bubble_v(p, m);
+    case plan::Schedule::DualPipeV: return schedule::dual_pipe_v(p, m);
     case plan::Schedule::OneFOneB: break;
   }
   return schedule::one_f_one_b(p, m);
@@ -152,10 +153,13 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
             for (int v : vs)
               if (p * v <= layers) schedules.emplace_back(plan::Schedule::Interleaved1F1B, v);
           }
-          // ZB-H1 and ZB-V without recomputation only: the runtime does not split a recomputed
+          // ZB-H1, ZB-V and DualPipeV without recomputation only: the runtime does not split a recomputed
           // block's backward (plan.h), so where memory needs recomputation they are no candidates.
           if (p > 1) schedules.emplace_back(plan::Schedule::ZeroBubbleH1, 1);
           if (p > 1 && 2 * p <= layers) schedules.emplace_back(plan::Schedule::ZeroBubbleV, 2);
+          // DualPipeV: ZB-V's price (it reaches ZB-V's bound), one chunk more held; at least
+          // a micro-batch per stage.
+          if (p > 1 && 2 * p <= layers && m >= 2 * p) schedules.emplace_back(plan::Schedule::DualPipeV, 2);
           for (const auto& [schedule, v] : schedules)
             for (plan::Recompute recompute : {plan::Recompute::None, plan::Recompute::Full})
               for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
@@ -214,7 +218,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       // The same plan with its layers split by time rather than count (layer_balance.h):
       // the last stage's LM head or the first stage's embedding take a share of its layers.
       // (ZB-V's V puts the LM head beside the embedding, on the first device.)
-      const bool v_shape = space[i].schedule == plan::Schedule::ZeroBubbleV;
+      const bool v_shape = plan::v_shaped(space[i].schedule);
       std::vector<int> balanced = cost::balance_layers({.layers = static_cast<int>(layers),
                                                         .pipeline = space[i].pipeline,
                                                         .virtual_stages = space[i].virtual_stages,

@@ -27,7 +27,7 @@ MemoryShares first_stage_shares(const cost::LayerStructure& structure, const pla
   std::vector<int> chunk_layers = plan.layers_per_stage.empty() ? cost::even_layers(layers, chunks)
                                                                 : plan.layers_per_stage;
   const double share = layers > 0 ? cost::layers_per_device(chunk_layers, plan.pipeline,
-                                                                  plan.schedule == plan::Schedule::ZeroBubbleV)
+                                                                  plan::v_shaped(plan.schedule))
                                               .front() /
                                          static_cast<double>(layers)
                                    : 1.0;

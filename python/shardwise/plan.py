@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from . import _C
 
 _SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved-1f1b",
-              "interleaved-1f1b": "interleaved-1f1b", "kfkb": "kfkb", "zb-h1": "zb-h1", "zb-v": "zb-v"}
+              "interleaved-1f1b": "interleaved-1f1b", "kfkb": "kfkb", "zb-h1": "zb-h1", "zb-v": "zb-v",
+              "dualpipe-v": "dualpipe-v"}
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,8 @@ class Plan:
         name = _SCHEDULES.get(str(schedule).lower())
         if name is None:
             raise _C.ValidationError(f"Plan.manual: unknown schedule {schedule!r} (known: {sorted(_SCHEDULES)})")
-        if name == "zb-v" and virtual_stages == 1:
-            virtual_stages = 2  # ZB-V is two chunks per rank, in a V
+        if name in ("zb-v", "dualpipe-v") and virtual_stages == 1:
+            virtual_stages = 2  # ZB-V and DualPipeV are two chunks per rank, in a V
         doc = {"format": "shardwise.plan", "version": 1, "data": data, "tensor": tensor, "pipeline": pipeline,
                "global_batch": global_batch, "micro_batch": micro_batch, "schedule": name,
                "virtual_stages": virtual_stages, "kfkb_k": kfkb_k,

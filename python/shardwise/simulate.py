@@ -20,7 +20,7 @@ from typing import List, Union
 
 from . import _C
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "kfkb", "zb-h1", "zb-v")
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "kfkb", "zb-h1", "zb-v", "dualpipe-v")
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -83,9 +83,10 @@ class Simulation:
 def simulate(schedule: str = "1f1b", stages: int = 4, micro_batches: int = 8, virtual_stages: int = 1, k: int = 1,
              forward: float = 1.0, backward: float = 2.0, comm: float = 0.0,
              optimizer_step: float = 0.0, weight_fraction: float = 0.5) -> Simulation:
-    """Simulates one step of `schedule` ("1f1b", "gpipe", "interleaved-1f1b", "kfkb", "zb-h1"
-    or "zb-v"). "zb-h1" and "zb-v" (zero bubble, csrc/schedule/schedules.h; zb-v: two chunks
-    per rank in a V, whatever `virtual_stages` says) split each backward: its
+    """Simulates one step of `schedule` ("1f1b", "gpipe", "interleaved-1f1b", "kfkb", "zb-h1",
+    "zb-v" or "dualpipe-v"). "zb-h1", "zb-v" (zero bubble, csrc/schedule/schedules.h) and
+    "dualpipe-v" (DeepSeek's DualPipeV; zb-v and dualpipe-v: two chunks per rank in a V,
+    whatever `virtual_stages` says) split each backward: its
     `weight_fraction` computes the weights' gradients (W), run later to fill the bubbles, the
     rest the input's (B). Plans take it too (``Plan.manual(schedule="zb-h1")``, the joint
     planner's candidates without recomputation); the runtime splits each stage's backward where

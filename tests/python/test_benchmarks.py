@@ -72,19 +72,20 @@ def test_pipeline_side_by_side_runs_torch_pipelining_and_matches_losses():
     out = _run("pipeline.py", "--batch", "4", "--micro-batch", "1", "--steps", "1", "--warmup", "1", *TINY,
                "--layers", "4")
     assert "FAILED" not in out
-    assert {"gpipe", "1f1b", "zb-h1", "zb-v"} <= {line.split()[0] for line in out.splitlines() if line.split()}, out
+    assert {"gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v"} <= {line.split()[0] for line in out.splitlines()
+                                                                if line.split()}, out
     assert "largest difference between any two at any step: 0.00e+00" in out
 
 
 def test_pipeline_memory_matches_the_simulator():
     out = _run("pipeline_memory.py", "--worlds", "2", "--batch", "8", "--micro-batch", "1", *TINY, "--layers", "4")
     rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["2"]]
-    assert len(rows) == 8, out  # (gpipe, 1f1b, zb-h1, zb-v) x 2 ranks
+    assert len(rows) == 10, out  # (gpipe, 1f1b, zb-h1, zb-v, dualpipe-v) x 2 ranks
     for row in rows:
         in_flight, simulated = int(row[6]), int(row[8])
         assert in_flight == simulated, row
-    # ZB-V counts chunks (half a stage each): 2p on every rank
-    assert [int(r[6]) for r in rows] == [8, 8, 2, 1, 2, 2, 4, 4]
+    # ZB-V and DualPipeV count chunks (half a stage each): 2p on every rank, and 2p + 1
+    assert [int(r[6]) for r in rows] == [8, 8, 2, 1, 2, 2, 4, 4, 5, 5]
 
 
 def test_model_zoo_captures_and_plans_by_every_method(tmp_path):

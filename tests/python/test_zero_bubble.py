@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 transformers = pytest.importorskip("transformers")
 
 STEPS, ROWS, MICRO, TOLERANCE = 3, 8, 2, 1e-9
+V_SHAPED = ("zb-v", "dualpipe-v")  # two chunks per rank in a V
 
 
 class TwoBranchWithLoss(nn.Module):
@@ -78,10 +79,16 @@ def _batch(case: str, step: int):
     return torch.randn(ROWS, 16, generator=g, dtype=torch.float64), torch.randint(0, 8, (ROWS,), generator=g)
 
 
+def _micro(schedule: str) -> int:
+    """Rows per micro-batch: DualPipeV needs a micro-batch per stage at least (8 on 4 ranks)."""
+    return 1 if schedule == "dualpipe-v" else MICRO
+
+
 def _plan(stages: int, schedule: str = "zb-h1") -> shardwise.Plan:
     return shardwise.Plan.from_json(json.dumps({
         "format": "shardwise.plan", "version": 1, "data": 1, "tensor": 1, "pipeline": stages, "global_batch": ROWS,
-        "micro_batch": MICRO, "schedule": schedule, "virtual_stages": 2 if schedule == "zb-v" else 1, "kfkb_k": 1,
+        "micro_batch": _micro(schedule), "schedule": schedule, "virtual_stages": 2 if schedule in V_SHAPED else 1,
+        "kfkb_k": 1,
         "recompute": "none", "zero_stage": 0, "layers_per_stage": [], "precision": "f32"}))
 
 
@@ -150,7 +157,7 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-v", "dualpipe-v"])
 @pytest.mark.parametrize("case,stages", [("gpt2", 2), ("gpt2", 4), ("two_branch", 2), ("two_branch", 4),
                                          ("weight_across", 2)])
 def test_zero_bubble_splits_backward_and_trains_as_one_device(case, stages, schedule):
@@ -159,10 +166,10 @@ def test_zero_bubble_splits_backward_and_trains_as_one_device(case, stages, sche
         assert sum(r["weight_outputs"] for r in reports) > 0, reports
     for r in reports:
         m = r["micro_batches"]
-        assert m == ROWS // MICRO
+        assert m == ROWS // _micro(schedule)
         assert r["W"] == r["B"] == m * len(r["stages"]), r  # one W per (stage, micro-batch)
-        # ZB-V's V: rank r holds stages r and 2p - 1 - r (the last beside the first on rank 0).
-        assert r["stages"] == ([r["rank"], 2 * stages - 1 - r["rank"]] if schedule == "zb-v" else [r["rank"]]), r
+        # The V (ZB-V, DualPipeV): rank r holds stages r and 2p - 1 - r (the last beside the first on rank 0).
+        assert r["stages"] == ([r["rank"], 2 * stages - 1 - r["rank"]] if schedule in V_SHAPED else [r["rank"]]), r
         assert "weight_split.cut" in r["code"] and "weight_split.site" in r["code"], r["code"]
         # The split is real: every parameter gradient accumulates in W, none in B or elsewhere.
         assert r["accumulated"]["B"] == 0 and r["accumulated"]["other"] == 0, r["accumulated"]
@@ -186,3 +193,29 @@ def test_zero_bubble_refuses_a_plan_with_recomputation():
     doc["recompute"] = "full"
     with pytest.raises(shardwise.ValidationError, match="zb-h1 with recomputation"):
         shardwise.Plan.from_json(json.dumps(doc))
+
+
+def test_dualpipe_v_runs_torchs_order():
+    """Our DualPipeV (csrc/schedule/schedules.h) computes in the order torch's
+    ScheduleDualPipeV plans, on every rank: its F, its B (input gradient) and W, a full
+    backward as B then W, an overlapped pair as its forward then its full backward."""
+    from torch.distributed.pipelining import schedules as S
+
+    from shardwise import _C
+    from shardwise.runtime.pipeline_engine import parse_actions
+
+    def torch_order(p: int, m: int, rank: int) -> list:
+        schedule = S.ScheduleDualPipeV.__new__(S.ScheduleDualPipeV)  # the order alone: no stages, no group
+        schedule.pp_group_size, schedule._n_microbatches = p, m
+        kinds = {S.FORWARD: ("F",), S.BACKWARD_INPUT: ("B",), S.BACKWARD_WEIGHT: ("W",), S.FULL_BACKWARD: ("B", "W")}
+        out = []
+        for action in schedule._calculate_single_rank_operations(rank):
+            for a in action.sub_actions or (action,):
+                out += [(k, a.stage_index, a.microbatch_index) for k in kinds[a.computation_type]]
+        return out
+
+    for p, m in ((1, 2), (2, 4), (2, 7), (4, 8), (4, 11), (8, 16)):
+        schedule = _C.simulate_schedule("dualpipe-v", p, m)
+        for rank in range(p):
+            ours = [(k, g, i) for k, i, g, _ in parse_actions(schedule.actions(rank)) if k in ("F", "B", "W")]
+            assert ours == torch_order(p, m, rank), (p, m, rank)

@@ -329,6 +329,9 @@ class PipelineEngine(EngineBase):
             return self._forward_only(program, micro, counts)
         live: dict = {}          # (stage, mb) -> {"inputs": {name: tensor}, "outputs": [tensors]}
         pending: dict = {}       # (stage, mb, gradient) -> [(name, tensor, work)]
+        # The V's turn (stages p - 1 and p on one rank): the input gradients stage p's B left,
+        # kept past its W for stage p - 1's B when the schedule runs that W first (DualPipeV).
+        turned: dict = {}        # (stage, mb) -> {name: gradient}
         sends = []
         losses = []
         reduce = self._buckets is not None and self._syncing
@@ -380,17 +383,19 @@ class PipelineEngine(EngineBase):
                     names = [n for n in stage["sent"] if program.meta[n][1].is_floating_point]
                     pending[(g, mb, True)] = [self._irecv(program, name, mb, peer, True) for name in names]
                 elif kind == "B" and "sites" in live[(g, mb)]:
-                    self._backward_input(stage, live[(g, mb)], self._incoming(program, g, mb, pending, live))
+                    self._backward_input(stage, live[(g, mb)], self._incoming(program, g, mb, pending, live, turned))
                 elif kind == "W":
                     state = live.pop((g, mb))
                     backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
+                    if g - 1 in program.stages and (g - 1, mb) in live:  # the turn: g - 1's B still to read them
+                        turned[(g, mb)] = state["input_grads"]
                     del state  # the micro-batch's graph (kept for W) freed now, not at the next action
                 elif kind == "B":
                     state = live.pop((g, mb))
                     if stage["last"]:
                         torch.autograd.backward(state["outputs"][0] / self._m)
                     else:
-                        grads = self._incoming(program, g, mb, pending, live)
+                        grads = self._incoming(program, g, mb, pending, live, turned)
                         pairs = [(t, grads[n]) for n, t in zip(stage["sent"], state["outputs"])
                                  if n in grads and t.requires_grad]
                         if pairs:
@@ -431,11 +436,14 @@ class PipelineEngine(EngineBase):
         return {name: t.detach() for name, t in zip(before["sent"], live[(g - 1, mb)]["outputs"])
                 if name in program.stages[g]["received"]}
 
-    def _incoming(self, program: StageProgram, g: int, mb: int, pending: dict, live: dict) -> dict:
+    def _incoming(self, program: StageProgram, g: int, mb: int, pending: dict, live: dict, turned: dict) -> dict:
         """The gradients of stage g's outputs for micro-batch mb: received from the next stage's
-        rank, or, where the next stage is on this rank, the gradients its B left for its inputs."""
+        rank, or, where the next stage is on this rank, the gradients its B left for its inputs
+        (in `turned` once that stage's W has run)."""
         if (g, mb, True) in pending or g + 1 not in program.stages:
             return {name: t for name, t, _ in self._wait(pending.pop((g, mb, True), []))}
+        if (g + 1, mb) in turned:
+            return {n: gr for n, gr in turned.pop((g + 1, mb)).items() if gr is not None}
         state = live[(g + 1, mb)]
         if "sites" in state:  # a split backward: W still to run, the state stays
             grads = state["input_grads"]

@@ -97,7 +97,7 @@ class WeightSplit(torch.nn.Module):
 def check_splittable(module: torch.fx.GraphModule, stage: int) -> None:
     if getattr(module, "flat_code", None) is not None:
         raise ValidationError(f"pipeline: stage {stage} recomputes blocks in backward; a zero-bubble schedule "
-                              "(zb-h1, zb-v) splits a stage's backward only without recomputation: use 1f1b or "
+                              "(zb-h1, zb-v, dualpipe-v) splits a stage's backward only without recomputation: use 1f1b or "
                               "interleaved-1f1b, or a plan without recompute")
 
 

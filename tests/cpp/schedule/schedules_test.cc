@@ -1,5 +1,8 @@
 #include "schedule/schedules.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 
 #include "schedule/simulator.h"
@@ -169,6 +172,49 @@ TEST(ZeroBubbleH1, EveryBackwardHasItsWeightGradientAfterIt) {
 // and 4.5 against that 3.5 at p = 8, m = 16; always shorter than ZB-H1 (which it beats by
 // splitting each rank's share in two), with the same peak memory: 2p chunk activations held
 // from F to W on every rank, p whole-stage micro-batches, 1F1B's first rank's.
+TEST(DualPipeV, ReachesTheHalvedZeroBubbleBoundWithOneChunkMoreThanZeroBubbleV) {
+  // Chunks of half a stage: F = B = W = 0.5, a full backward (B then W) 1.
+  for (auto [p, m] : {std::pair{1, 2}, std::pair{2, 4}, std::pair{2, 7}, std::pair{4, 8}, std::pair{4, 16},
+                      std::pair{8, 16}, std::pair{8, 32}}) {
+    const PipelineSchedule d = dual_pipe_v(p, m);
+    ASSERT_NO_THROW(validate(d)) << p << " " << m;
+    ASSERT_TRUE(d.v_shape);
+    SimulationCosts c;
+    c.forward.assign(static_cast<std::size_t>(2 * p), 0.5);
+    c.backward = c.forward;
+    c.weight = c.forward;
+    const SimulationResult dv = simulate(d, c);
+    // The bubble it reaches: (p - 1)(F + B - W) / 2 in whole-stage units (ZB-V's bound,
+    // which ZB-V itself misses at p = 8, m = 16), below DualPipe's published
+    // (PP/2 - 1)(F&B + B - 3W) with PP = 2p chunks, F&B = F + B run one after the other
+    // (no communication here to overlap): (p - 1)(0.5 + 1 + 1 - 1.5) = p - 1.
+    const double ideal = 3.0 * m, bubble = (p - 1) * (1.0 + 1.0 - 1.0) / 2.0;
+    EXPECT_DOUBLE_EQ(dv.step_time, ideal + bubble) << p << " " << m;
+    EXPECT_LE(dv.step_time - ideal, (p - 1) * (0.5 + 1.0 + 1.0 - 3 * 0.5)) << p << " " << m;
+    if (p > 1) EXPECT_LE(dv.step_time, simulate(zero_bubble_v(p, m), c).step_time) << p << " " << m;
+    for (int r = 0; r < p; ++r) {
+      // DualPipe's activation memory, PP + 1 chunks (2p + 1: ZB-V's 2p and one more).
+      EXPECT_EQ(dv.peak_in_flight[static_cast<std::size_t>(r)], 2 * p + 1) << p << " " << r;
+      EXPECT_DOUBLE_EQ(dv.busy[static_cast<std::size_t>(r)], 3.0 * m) << r;
+    }
+  }
+  // Its phases (schedules.h), rank 0 of 2 ranks, 4 micro-batches: stages 0 (down) and 3 (back).
+  std::vector<std::string> compute;
+  const PipelineSchedule small = dual_pipe_v(2, 4);
+  for (const Action& a : small.per_rank[0])
+    if (a.is_compute()) compute.push_back(fmt::format("{}{}.{}", a.kind == ActionKind::Forward    ? "F"
+                                                                : a.kind == ActionKind::Backward ? "B"
+                                                                                                 : "W",
+                                                      a.stage, a.micro_batch));
+  EXPECT_EQ(fmt::format("{}", fmt::join(compute, " ")),
+            "F0.0 F0.1 F0.2 F3.0 B3.0 W3.0 F3.1 "              // 1: two F(first); 2: F F; 3: B W F
+            "F0.3 B3.1 W3.1 F3.2 B0.0 W0.0 "                  // 4: one steady pair each way
+            "B3.2 W3.2 F3.3 B0.1 W0.1 "                      // 5
+            "B3.3 W3.3 B0.2 "                                // 6: the second half's B alone
+            "W0.2 B0.3 W0.3");                               // 7, 8
+  EXPECT_THROW(dual_pipe_v(4, 7), support::ValidationError);  // fewer micro-batches than stages
+}
+
 TEST(ZeroBubbleV, TwoChunksPerRankInAVBeatZeroBubbleH1AtTheSameMemory) {
   for (auto [p, m] : {std::pair{2, 4}, std::pair{4, 4}, std::pair{4, 8}, std::pair{8, 8}, std::pair{8, 16}}) {
     const PipelineSchedule v = zero_bubble_v(p, m);
