@@ -146,6 +146,11 @@ def _train(rank: int, world: int, store: str, result: str, spec: dict) -> None:
         reference = copy.deepcopy(model)
         batch = _batch(device)
         plan = shardwise.Plan.from_json(spec["plan"]) if spec.get("plan") else None
+        if spec.get("collective_matmul"):  # the search's plan with its tensor-parallel collectives in rings
+            plan = shardwise.plan(shardwise.capture(model, batch), shardwise.Cluster.preset("cpu", world),
+                                  global_batch=batch[0].shape[0], mesh=tuple(spec["mesh"]), precision="f32",
+                                  collective_matmul=True)
+            spec = {k: v for k, v in spec.items() if k != "mesh"}
         policy = None
         if spec.get("bf16"):
             policy = torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16,
@@ -184,7 +189,9 @@ def _train(rank: int, world: int, store: str, result: str, spec: dict) -> None:
                            "ref_losses": ref_losses, "param_error": param_error,
                            "loss_error": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
                            "mesh": (engine.plan.sharding or {}).get("mesh"),
-                           "zero": (engine.plan.sharding or {}).get("zero"), "staged": spec.get("staged", 0)}, f)
+                           "zero": (engine.plan.sharding or {}).get("zero"), "staged": spec.get("staged", 0),
+                           "rings": engine.code.count("self.collective_matmul(") if hasattr(engine, "rank_ir") else 0},
+                          f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -213,11 +220,21 @@ def test_data_by_tensor_plan_in_float32_within_1e_5():
 
 
 @gpu
-@pytest.mark.parametrize("schedule,virtual_stages", [("1f1b", 1), ("interleaved-1f1b", 2)])
+@pytest.mark.parametrize("schedule,virtual_stages", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2),
+                                                     ("dualpipe-v", 2)])
 def test_pipeline_on_two_ranks_sharing_one_gpu_equals_one_device(schedule, virtual_stages):
     r = _spawn(_train, 2, {"dtype": "float64", "plan": _pipeline_plan(2, schedule, virtual_stages, 8)})
     _check(r, TOLERANCE[torch.float64])
     assert r["engine"] == "PipelineEngine", r
+
+
+@gpu
+def test_collective_matmul_on_four_ranks_sharing_one_gpu_equals_one_device():
+    # The rings' sends and receives of CUDA tensors over Gloo go through host copies
+    # (runtime/collective_matmul.py, _Ring.exchange).
+    r = _spawn(_train, 4, {"dtype": "float64", "mesh": [1, 4], "collective_matmul": True})
+    _check(r, TOLERANCE[torch.float64])
+    assert r["rings"] > 0, r
 
 
 @gpu
@@ -398,12 +415,16 @@ def test_this_rounds_runtime_on_two_ranks_sharing_one_gpu_equals_one_device(case
 # the staged path and must still equal one device. (The C++ ops' staging needs a CUDA tensor.)
 @pytest.mark.parametrize("spec", [
     {"plan": _pipeline_plan(2, "1f1b", 1, 8)},
+    {"plan": _pipeline_plan(2, "dualpipe-v", 2, 8)},
     {"mesh": [2, 1]},
-], ids=["pipeline-1f1b", "data-parallel-buckets"])
+    {"mesh": [1, 2], "collective_matmul": True},
+], ids=["pipeline-1f1b", "pipeline-dualpipe-v", "data-parallel-buckets", "collective-matmul-rings"])
 def test_host_staged_runtime_calls_equal_one_device_on_cpu(spec):
     r = _spawn(_train, 2, {"dtype": "float64", "device": "cpu", "host_staged": True, **spec})
     _check(r, TOLERANCE[torch.float64], device="cpu")
     assert r["staged"] > 0, r  # the calls did take the staged path
+    if spec.get("collective_matmul"):
+        assert r["rings"] > 0, r
 
 
 def test_host_staged_zero_broadcasts_equal_one_device_on_cpu():
