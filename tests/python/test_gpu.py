@@ -229,10 +229,11 @@ def test_pipeline_on_two_ranks_sharing_one_gpu_equals_one_device(schedule, virtu
 
 
 @gpu
-def test_collective_matmul_on_four_ranks_sharing_one_gpu_equals_one_device():
+def test_collective_matmul_on_two_ranks_sharing_one_gpu_equals_one_device():
     # The rings' sends and receives of CUDA tensors over Gloo go through host copies
-    # (runtime/collective_matmul.py, _Ring.exchange).
-    r = _spawn(_train, 4, {"dtype": "float64", "mesh": [1, 4], "collective_matmul": True})
+    # (runtime/collective_matmul.py, _Ring.exchange). (On 4 ranks the search keeps this
+    # TinyGPT's collectives plain: no ring to test.)
+    r = _spawn(_train, 2, {"dtype": "float64", "mesh": [1, 2], "collective_matmul": True})
     _check(r, TOLERANCE[torch.float64])
     assert r["rings"] > 0, r
 
