@@ -97,10 +97,11 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
     try:
         # Which part of backward is running when a parameter's gradient accumulates.
         phase = {"now": "forward"}
-        accumulated = {"B": 0, "W": 0, "other": 0}
+        accumulated = {"B": 0, "W": 0, "BW": 0, "other": 0}
         real_input, real_weight = pipeline_engine.backward_input, pipeline_engine.backward_weight
+        real_full = pipeline_engine.backward_full
 
-        flops = {"B": 0, "W": 0}
+        flops = {"B": 0, "W": 0, "BW": 0}
 
         def counted(name, fn):
             def run(*args, **kwargs):
@@ -116,6 +117,7 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
 
         pipeline_engine.backward_input = counted("B", real_input)
         pipeline_engine.backward_weight = counted("W", real_weight)
+        pipeline_engine.backward_full = counted("BW", real_full)  # a B whose W comes next: one traversal
         model = _model(case)
         engine = shardwise.parallelize(model, _batch(case, 0), plan=_plan(world, schedule))
 
@@ -171,15 +173,20 @@ def test_zero_bubble_splits_backward_and_trains_as_one_device(case, stages, sche
         # The V (ZB-V, DualPipeV): rank r holds stages r and 2p - 1 - r (the last beside the first on rank 0).
         assert r["stages"] == ([r["rank"], 2 * stages - 1 - r["rank"]] if schedule in V_SHAPED else [r["rank"]]), r
         assert "weight_split.cut" in r["code"] and "weight_split.site" in r["code"], r["code"]
-        # The split is real: every parameter gradient accumulates in W, none in B or elsewhere.
+        # The split is real: every parameter gradient accumulates in W (or in a B whose W comes
+        # next, run as one: BW), none in a split B or elsewhere.
         assert r["accumulated"]["B"] == 0 and r["accumulated"]["other"] == 0, r["accumulated"]
-        assert r["accumulated"]["W"] > 0, r["accumulated"]
-    # B and W together do the fused backward's products, none twice; W does the weight half.
-    b, w = sum(r["flops"]["B"] for r in reports), sum(r["flops"]["W"] for r in reports)
+        assert r["accumulated"]["W"] + r["accumulated"]["BW"] > 0, r["accumulated"]
+    # B, W and the fused BW together do the fused backward's products, none twice; W does the
+    # weight half of the split ones.
+    b, w, bw = (sum(r["flops"][k] for r in reports) for k in ("B", "W", "BW"))
     fused = reports[0]["ref_flops"]
-    print(f"{schedule} {case} on {stages} stages: backward FLOPs B {b:.3g} + W {w:.3g} = {(b + w) / fused:.4f} x fused")
-    assert abs(b + w - fused) <= 1e-6 * fused, (b, w, fused)
-    assert 0.3 * fused < w < 0.7 * fused, (b, w, fused)
+    print(f"{schedule} {case} on {stages} stages: backward FLOPs B {b:.3g} + W {w:.3g} + BW {bw:.3g} = "
+          f"{(b + w + bw) / fused:.4f} x fused")
+    assert abs(b + w + bw - fused) <= 1e-6 * fused, (b, w, bw, fused)
+    assert w > 0 and 0.3 * (fused - bw) < w < 0.7 * (fused - bw), (b, w, bw, fused)
+    if schedule == "dualpipe-v":  # its steady phase's full backwards
+        assert bw > 0, (b, w, bw)
     r = reports[0]
     errors = [abs(a - b) / abs(b) for a, b in zip(r["losses"], r["ref_losses"])]
     print(f"{schedule} {case} on {stages} stages: losses within {max(errors):.1e}, parameters {r['error']:.1e}")

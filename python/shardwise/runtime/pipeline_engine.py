@@ -43,7 +43,7 @@ from .grad_norm import plain
 from .lower import _build_module, _rank_program, _tensor_outputs, program_code
 from .reshard import gather_whole
 from .state import held_state
-from .weight_split import backward_input, backward_weight, check_splittable
+from .weight_split import backward_full, backward_input, backward_weight, check_splittable
 from . import transport
 
 log = get_logger("shardwise.engine")
@@ -156,6 +156,20 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
                         {x: gs for x, gs in here.items() if gs})
 
 
+def fused_backwards(actions: list) -> dict[int, int]:
+    """B action index -> W action index, for each B whose W is the next compute on its rank
+    (only sends and receives between): such a B and W run as one backward (weight_split.py,
+    backward_full), as a fused schedule's full backward does."""
+    out = {}
+    for i, (kind, mb, g, _) in enumerate(actions):
+        if kind != "B":
+            continue
+        j = next((j for j in range(i + 1, len(actions)) if actions[j][0] in ("F", "B", "W")), None)
+        if j is not None and actions[j][:3] == ("W", mb, g):
+            out[i] = j
+    return out
+
+
 class PipelineEngine(EngineBase):
     """This rank's stages of a pipeline plan; the same face as ``shardwise.Engine``."""
 
@@ -198,11 +212,13 @@ class PipelineEngine(EngineBase):
         # BesideBackward, priced in cost/plan_cost.cc as the window after the stage's last B).
         self._buckets = None
         self._final: dict[int, list] = {}
+        self._fused = fused_backwards(actions)
         if first.reduce:
             self._buckets = _GradientBuckets([(parameters[n], axes) for n, axes in first.reduce], mesh.groups,
                                              reduce_dtype=self._reduce_dtype(), armed_only=True)
-            # (a split backward's weight gradients come in its W)
-            last_b = {g: i for i, (kind, _, g, _) in enumerate(actions) if kind in ("B", "W")}
+            # (a split backward's weight gradients come in its W, or in its B where the W is fused)
+            accumulating = {w: b for b, w in self._fused.items()}
+            last_b = {g: accumulating.get(i, i) for i, (kind, _, g, _) in enumerate(actions) if kind in ("B", "W")}
             for name, _ in first.reduce:
                 stages = [g for g in first.reads.get(name, []) if g in last_b]
                 if stages:
@@ -383,10 +399,12 @@ class PipelineEngine(EngineBase):
                     names = [n for n in stage["sent"] if program.meta[n][1].is_floating_point]
                     pending[(g, mb, True)] = [self._irecv(program, name, mb, peer, True) for name in names]
                 elif kind == "B" and "sites" in live[(g, mb)]:
-                    self._backward_input(stage, live[(g, mb)], self._incoming(program, g, mb, pending, live, turned))
+                    incoming = self._incoming(program, g, mb, pending, live, turned)
+                    self._backward_input(stage, live[(g, mb)], incoming, fused=i in self._fused)
                 elif kind == "W":
                     state = live.pop((g, mb))
-                    backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
+                    if not state.get("fused"):  # (a fused one ran in its B)
+                        backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
                     if g - 1 in program.stages and (g - 1, mb) in live:  # the turn: g - 1's B still to read them
                         turned[(g, mb)] = state["input_grads"]
                     del state  # the micro-batch's graph (kept for W) freed now, not at the next action
@@ -451,10 +469,12 @@ class PipelineEngine(EngineBase):
             grads = {n: t.grad for n, t in live.pop((g + 1, mb))["inputs"].items()}
         return {n: gr for n, gr in grads.items() if gr is not None}
 
-    def _backward_input(self, stage: dict, state: dict, grads: dict) -> None:
+    def _backward_input(self, stage: dict, state: dict, grads: dict, fused: bool = False) -> None:
         """B of a split backward (runtime/weight_split.py): the received inputs' gradients
         (kept for SG) and each site's output gradients (kept for W), the weight values sent
-        kept with their gradients for W. `grads`: the gradients of the stage's outputs."""
+        kept with their gradients for W. `grads`: the gradients of the stage's outputs.
+        `fused`: the W comes next, so B and W run as one traversal (backward_full) and the W
+        action only releases the state."""
         if stage["last"]:
             roots, root_grads, weight_outputs = [state["outputs"][0] / self._m], [None], []
         else:
@@ -463,6 +483,12 @@ class PipelineEngine(EngineBase):
             root_grads = [gr for n, _, gr in pairs if n not in stage["weight_outputs"]]
             weight_outputs = [(t, gr) for n, t, gr in pairs if n in stage["weight_outputs"]]
         names = [n for n in stage["received"] if state["inputs"][n].requires_grad]
+        if fused:
+            input_grads = backward_full(roots, root_grads, [state["inputs"][n] for n in names], state["sites"],
+                                        weight_outputs)
+            state.update(input_grads=dict(zip(names, input_grads)), fused=True, outputs=None, sites=(),
+                         site_grads=None, weight_outputs=None)
+            return
         input_grads, site_grads = backward_input(roots, root_grads, [state["inputs"][n] for n in names],
                                                  state["sites"])
         state["input_grads"] = dict(zip(names, input_grads))

@@ -18,6 +18,12 @@ one node) and runs ``backward`` from each u with its v's gradient, into the para
 One site at a time: from one site's outputs a path runs back through its activation operand
 to the sites before it, and asking for their v's too would count their terms twice.
 
+A B whose W comes next on its rank (no other compute between: DualPipeV's full backwards,
+the last rank's of ZB-H1) runs as one: ``backward_full``, one ``autograd.grad`` from the outputs
+to the received inputs and every site's v (each v feeds one node, so asking for all of them in
+one traversal counts each term once), then ``backward`` from the u's: the fused backward's
+products, in one graph traversal instead of one per site.
+
 Refused: a stage with a recomputed block (its backward runs the forward again under
 autograd's saved-tensor hooks, once per graph task: W's calls would recompute it per site).
 """
@@ -139,3 +145,25 @@ def backward_weight(sites: list, site_grads: list, weight_outputs: list) -> None
             grads.append(g)
     if tensors:
         torch.autograd.backward(tensors, grads)
+
+
+def backward_full(roots: list, root_grads: list, inputs: list, sites: list, weight_outputs: list) -> list:
+    """B and W at once (the W right after its B): the gradients of `inputs`, and every site's
+    weight-side products backed into the parameters, from one traversal of the stage's graph."""
+    leaves = [v for _, cuts in sites for _, v in cuts]
+    tensors, grads = [], []
+    input_grads = [None] * len(inputs)
+    if roots and (inputs or leaves):
+        out = torch.autograd.grad(roots, inputs + leaves, root_grads, allow_unused=True)
+        input_grads = list(out[:len(inputs)])
+        for (u, _), dv in zip([pair for _, cuts in sites for pair in cuts], out[len(inputs):]):
+            if dv is not None:
+                tensors.append(u)
+                grads.append(dv)
+    for t, g in weight_outputs:
+        if g is not None and t.requires_grad:
+            tensors.append(t)
+            grads.append(g)
+    if tensors:
+        torch.autograd.backward(tensors, grads)
+    return input_grads
