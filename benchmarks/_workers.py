@@ -113,6 +113,19 @@ def eager_step(model, optimizer, batch: tuple, losses: list) -> None:
     losses.append(loss.detach())
 
 
+def training_steps(engines: dict, optimizers: dict, batch: tuple, losses: dict) -> dict[str, Callable]:
+    """Per engine name, one training step of it (zero_grad, train_step on `batch` with its loss
+    recorded in losses[name], the optimizer's step): what timed_rounds takes."""
+    def step(name):
+        def run():
+            optimizers[name].zero_grad()
+            losses[name].append(float(engines[name].train_step(*batch)))
+            optimizers[name].step()
+        return run
+
+    return {name: step(name) for name in engines}
+
+
 def timed_rounds(steps: dict[str, Callable], warmup: int, count: int) -> tuple[dict, dict]:
     """Each step once per round, in turn, between barriers (so every rank times the same
     step): `warmup` rounds, then `count` timed ones. Returns the wall seconds and this

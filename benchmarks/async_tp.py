@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from _machine import cpu_model
-from _workers import finish_worker, run_world, timed_rounds
+from _workers import finish_worker, run_world, timed_rounds, training_steps
 
 
 class Blocks(nn.Module):
@@ -103,15 +103,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     assert "self.async_gradient(" in engines["split"].code and "self.async_gradient(" not in engines["fused"].code
     optimizers = {k: e.optimizer(torch.optim.AdamW, lr=1e-3) for k, e in engines.items()}
     losses = {k: [] for k in engines}
-
-    def step(name):
-        def run():
-            optimizers[name].zero_grad()
-            losses[name].append(float(engines[name].train_step(*batch)))
-            optimizers[name].step()
-        return run
-
-    wall, _ = timed_rounds({k: step(k) for k in engines}, args.warmup, args.steps)
+    wall, _ = timed_rounds(training_steps(engines, optimizers, batch, losses), args.warmup, args.steps)
     if rank == 0:
         median = {k: statistics.median(v) for k, v in wall.items()}
         difference = max(abs(a - b) / abs(b) for a, b in zip(losses["split"], losses["fused"]))

@@ -24,7 +24,8 @@ import statistics
 import torch
 
 from _machine import cpu_model
-from _workers import add_size_arguments, finish_worker, run_world, size_line, timed_rounds, twin_tiny_gpts
+from _workers import (add_size_arguments, finish_worker, run_world, size_line, timed_rounds, training_steps,
+                      twin_tiny_gpts)
 
 
 def _plans(model, batch, world: int):
@@ -51,15 +52,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     assert "self.collective_matmul(" in engines["fused"].code and "self.collective_matmul(" not in engines["plain"].code
     optimizers = {k: torch.optim.AdamW(e.parameters(), lr=1e-3) for k, e in engines.items()}
     losses = {k: [] for k in engines}
-
-    def step(name):
-        def run():
-            optimizers[name].zero_grad()
-            losses[name].append(float(engines[name].train_step(*batch)))
-            optimizers[name].step()
-        return run
-
-    wall, _ = timed_rounds({k: step(k) for k in engines}, args.warmup, args.steps)
+    wall, _ = timed_rounds(training_steps(engines, optimizers, batch, losses), args.warmup, args.steps)
     if rank == 0:
         median = {k: statistics.median(v) for k, v in wall.items()}
         difference = max(abs(a - b) / abs(b) for a, b in zip(losses["fused"], losses["plain"]))

@@ -568,16 +568,14 @@ MatmulCollective ShardingModel::matmul_collective_at(int axis, ir::ValueId value
   }
   auto even = [](const Placement& p) { return p.is_shard() && p.groups == 1 && p.ratios.empty(); };
   const bool grad = requires_grad_[static_cast<std::size_t>(value)];
-  const Placement canonical = gradient_placement(produced);
   const ir::Node& reader = graph_.node(consumer);
   // Gather into the reader: S(d) -> R on a row dim, the gradient Partial -> S(d) or none.
   if (even(produced) && wanted.is_replicate() && search::collective_matmul_input(graph_, reader) == operand &&
       search::collective_matmul_rows(graph_, reader, produced.dim) &&
-      (!grad || gradient == canonical ||
-       (gradient.is_partial() && gradient.reduction == ops::Reduction::Sum)))
+      (!grad || (gradient.is_partial() && gradient.reduction == ops::Reduction::Sum)))
     return MatmulCollective::Gather;
   // Scatter out of the producer: P(sum) -> S(d) on a row dim, the only read; the gradient
-  // S(d) -> R or none.
+  // S(d) -> R (none without a gradient).
   if (!v.producer || !produced.is_partial() || produced.reduction != ops::Reduction::Sum || !even(wanted))
     return MatmulCollective::None;
   const ir::Node& producer = graph_.node(*v.producer);
@@ -585,7 +583,7 @@ MatmulCollective ShardingModel::matmul_collective_at(int axis, ir::ValueId value
       std::find(graph_.outputs().begin(), graph_.outputs().end(), value) != graph_.outputs().end() ||
       search::collective_matmul_input(graph_, producer) < 0 || !search::collective_matmul_rows(graph_, producer, wanted.dim))
     return MatmulCollective::None;
-  if (grad && !(gradient == canonical) && !(gradient == wanted)) return MatmulCollective::None;
+  if (grad && !(gradient == wanted)) return MatmulCollective::None;
   return MatmulCollective::Scatter;
 }
 

@@ -18,11 +18,18 @@ bool one_even(const std::vector<ReshardAction>& steps, ReshardKind kind) {
          steps[0].dim >= 0;
 }
 
-// The gradient's steps that mirror a forward step `forward` inside the ring: none, or one
-// `kind` on the same axis and dim.
-bool mirrored(const std::vector<ReshardAction>& backward, const ReshardAction& forward, ReshardKind kind) {
-  return backward.empty() ||
-         (one_even(backward, kind) && backward[0].axis == forward.axis && backward[0].dim == forward.dim);
+// One ring's steps on `op`, read by `node`: one even `forward` collective along a row dim of
+// the contraction, and its gradient's one `backward` collective on the same axis and dim
+// (none where the value carries no gradient). Not where its gradient's all-reduce is
+// already split beside the weight gradient (async_gradients).
+bool one_ring(const ir::Graph& graph, const ir::Node& node, const OperandRewrite& op, ReshardKind forward,
+              ReshardKind backward) {
+  if (op.gradient_overlap != search::ParameterOverlap::Exposed || !one_even(op.forward, forward) ||
+      !search::collective_matmul_rows(graph, node, op.forward[0].dim))
+    return false;
+  if (!op.gradient) return op.backward.empty();
+  return one_even(op.backward, backward) && op.backward[0].axis == op.forward[0].axis &&
+         op.backward[0].dim == op.forward[0].dim;
 }
 
 std::string region_key(const OperandRewrite& op) {
@@ -53,12 +60,8 @@ void mark_collective_matmuls(const ir::Graph& graph, std::vector<NodeRewrite>& r
       if (!regions.insert(region_key(op)).second) continue;
       if (rw.mode != NodeMode::Local || static_cast<int>(i) != input) continue;
       if (graph.value(node.inputs[i]).role == ir::ValueRole::Parameter) continue;
-      if (op.gradient_overlap != search::ParameterOverlap::Exposed) continue;
-      if (!one_even(op.forward, ReshardKind::AllGather) ||
-          !mirrored(op.backward, op.forward[0], ReshardKind::ReduceScatter) ||
-          !search::collective_matmul_rows(graph, node, op.forward[0].dim))
-        continue;
-      op.matmul = search::MatmulCollective::Gather;
+      if (one_ring(graph, node, op, ReshardKind::AllGather, ReshardKind::ReduceScatter))
+        op.matmul = search::MatmulCollective::Gather;
     }
   }
   for (const ir::Node& node : graph.nodes()) {
@@ -71,11 +74,7 @@ void mark_collective_matmuls(const ir::Graph& graph, std::vector<NodeRewrite>& r
     if (reads.size() != 1 || outputs.contains(out)) continue;
     NodeRewrite& reader = rewrites[reads[0].first];
     OperandRewrite& op = reader.inputs[reads[0].second];
-    if (op.gradient_overlap != search::ParameterOverlap::Exposed) continue;
-    if (!one_even(op.forward, ReshardKind::ReduceScatter) ||
-        !mirrored(op.backward, op.forward[0], ReshardKind::AllGather) ||
-        !search::collective_matmul_rows(graph, node, op.forward[0].dim))
-      continue;
+    if (!one_ring(graph, node, op, ReshardKind::ReduceScatter, ReshardKind::AllGather)) continue;
     op.matmul = search::MatmulCollective::Scatter;
     rw.matmul_scatter_forward = op.forward;
     rw.matmul_scatter_backward = op.backward;

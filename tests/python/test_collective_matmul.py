@@ -24,7 +24,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import shardwise
-from conftest import TIGHT_PRECISION, finish_rank, parameter_error, spawn_reports, tight_cluster
+from conftest import (TIGHT_PRECISION, finish_rank, parameter_error, spawn_reports, tight_cluster,
+                      train_one_device)
 
 transformers = pytest.importorskip("transformers")
 
@@ -127,14 +128,7 @@ def _worker(rank: int, world: int, store: str, result: str, plan_json: str) -> N
         fused = _train(fused_plan)
         restore()
         reference = _model()
-        optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-        ref_losses = []
-        for step in range(STEPS):
-            loss = reference(*_batch(step))
-            loss.backward()
-            ref_losses.append(loss.item())
-            optimizer.step()
-            optimizer.zero_grad()
+        ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.SGD(reference.parameters(), lr=0.1))
         with torch.no_grad():
             ref_eval = reference(*_batch(STEPS)).item()
         finish_rank(result, rank, {

@@ -44,6 +44,17 @@ def _sum_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return grad if grad.shape == shape else grad.sum_to_size(shape)
 
 
+def contraction_operands(target, args: tuple, kwargs: dict) -> tuple:
+    """(x, weight, bias, beta, alpha) of a call of `target` (one of SPLIT_OPS) from its
+    arguments as the rank program passes them (bias None for mm; beta and alpha 1 but for addmm)."""
+    if target is _LINEAR:
+        return args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"), 1, 1
+    if target is _ADDMM:
+        return (args[1], args[2], args[0], kwargs.get("beta", args[3] if len(args) > 3 else 1),
+                kwargs.get("alpha", args[4] if len(args) > 4 else 1))
+    return args[0], args[1], None, 1, 1
+
+
 class _SplitBackward(torch.autograd.Function):
     """forward(op, group, beta, alpha, x, weight, bias): the call (addmm's beta and alpha); backward: x's
     gradient, all-reduced over `group` asynchronously while the others are computed."""
@@ -102,16 +113,7 @@ class AsyncGradient(torch.nn.Module):
     def forward(self, op: str, operand: int, step: str, args: tuple, kwargs: dict) -> torch.Tensor:
         target = _BY_NAME[op]
         group = self._mesh.groups[self._steps[step]["axis"]]
-        if target is _LINEAR:
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            beta = alpha = 1
-        elif target is _ADDMM:
-            bias, x, weight = args[0], args[1], args[2]
-            beta, alpha = kwargs.get("beta", args[3] if len(args) > 3 else 1), kwargs.get(
-                "alpha", args[4] if len(args) > 4 else 1)
-        else:
-            x, weight, bias, beta, alpha = args[0], args[1], None, 1, 1
+        x, weight, bias, beta, alpha = contraction_operands(target, args, kwargs)
         expected = 0 if target is not _ADDMM else 1
         if operand != expected:
             raise ValueError(f"async_gradient: {op}'s operand {operand} is not its input ({expected})")

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from .._C import ValidationError
 from . import traffic, transport
-from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _rows
+from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _rows, contraction_operands
 from .mesh import _Mesh
 
 
@@ -269,16 +269,7 @@ class CollectiveMatmul(torch.nn.Module):
                 (expected[1], forward["axis"], forward["dim"])):
             raise ValidationError(f"collective_matmul: {kind} of {op} by {forward_step!r} / {backward_step!r} is "
                                   "not a ring the runtime runs")
-        if target is _LINEAR:
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            beta = alpha = 1
-        elif target is _ADDMM:
-            bias, x, weight = args[0], args[1], args[2]
-            beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
-            alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
-        else:
-            x, weight, bias, beta, alpha = args[0], args[1], None, 1, 1
+        x, weight, bias, beta, alpha = contraction_operands(target, args, kwargs)
         if operand != (1 if target is _ADDMM else 0):
             raise ValidationError(f"collective_matmul: {op}'s operand {operand} is not its input")
         ring = self._ring(forward["axis"])

@@ -135,16 +135,9 @@ def backward_weight(sites: list, site_grads: list, weight_outputs: list) -> None
             continue
         dvs = torch.autograd.grad([y for y, _ in pairs], [v for _, v in cuts], [dy for _, dy in pairs],
                                   allow_unused=True)
-        for (u, _), dv in zip(cuts, dvs):
-            if dv is not None:
-                tensors.append(u)
-                grads.append(dv)
-    for t, g in weight_outputs:
-        if g is not None and t.requires_grad:
-            tensors.append(t)
-            grads.append(g)
-    if tensors:
-        torch.autograd.backward(tensors, grads)
+        tensors += [u for (u, _), dv in zip(cuts, dvs) if dv is not None]
+        grads += [dv for dv in dvs if dv is not None]
+    _into_parameters(tensors, grads, weight_outputs)
 
 
 def backward_full(roots: list, root_grads: list, inputs: list, sites: list, weight_outputs: list) -> list:
@@ -156,14 +149,19 @@ def backward_full(roots: list, root_grads: list, inputs: list, sites: list, weig
     if roots and (inputs or leaves):
         out = torch.autograd.grad(roots, inputs + leaves, root_grads, allow_unused=True)
         input_grads = list(out[:len(inputs)])
-        for (u, _), dv in zip([pair for _, cuts in sites for pair in cuts], out[len(inputs):]):
-            if dv is not None:
-                tensors.append(u)
-                grads.append(dv)
+        pairs = [(u, dv) for (u, _), dv in zip([pair for _, cuts in sites for pair in cuts], out[len(inputs):])
+                 if dv is not None]
+        tensors, grads = [u for u, _ in pairs], [dv for _, dv in pairs]
+    _into_parameters(tensors, grads, weight_outputs)
+    return input_grads
+
+
+def _into_parameters(tensors: list, grads: list, weight_outputs: list) -> None:
+    """backward from the weight values (each u at its v's gradient, and the weight values the
+    stage sent at theirs) into the parameters' ``.grad``, through whatever made them."""
     for t, g in weight_outputs:
         if g is not None and t.requires_grad:
             tensors.append(t)
             grads.append(g)
     if tensors:
         torch.autograd.backward(tensors, grads)
-    return input_grads
