@@ -581,7 +581,8 @@ MatmulCollective ShardingModel::matmul_collective_at(int axis, ir::ValueId value
   const ir::Node& producer = graph_.node(*v.producer);
   if (reads_[static_cast<std::size_t>(value)] != 1 ||
       std::find(graph_.outputs().begin(), graph_.outputs().end(), value) != graph_.outputs().end() ||
-      search::collective_matmul_input(graph_, producer) < 0 || !search::collective_matmul_rows(graph_, producer, wanted.dim))
+      search::collective_matmul_input(graph_, producer) < 0 ||
+      !search::collective_matmul_rows(graph_, producer, wanted.dim))
     return MatmulCollective::None;
   if (grad && !(gradient == wanted)) return MatmulCollective::None;
   return MatmulCollective::Scatter;

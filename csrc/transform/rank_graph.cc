@@ -429,7 +429,8 @@ void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const pl
       // search priced it by; a collective without one was priced by no rule.
       auto mark = node.attrs.find("overlap");
       const auto* name = mark == node.attrs.end() ? nullptr : std::get_if<std::string>(&mark->second);
-      if (name == nullptr || (*name != "exposed" && *name != "forward" && *name != "backward" && *name != kMatmulOverlap))
+      if (name == nullptr ||
+          (*name != "exposed" && *name != "forward" && *name != "backward" && *name != kMatmulOverlap))
         throw ValidationError(where(fmt::format("{}: a collective without its overlap mark (exposed, forward, "
                                                 "backward or matmul)", what)));
     }

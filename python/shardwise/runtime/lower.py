@@ -317,7 +317,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         async_operand = None  # (operand, its gradient's all-reduce): the call's backward is split
         gather_matmul = None  # (operand, its steps, its reshard key): the gather runs inside the call
         matmul_scatter = node.get("matmul_scatter")  # the output's reduce-scatter runs inside the call
-        if (matmul_scatter or any(op.get("matmul") == "gather" for op in node["inputs"])) and weight_boundaries is not None:
+        rings = matmul_scatter or any(op.get("matmul") == "gather" for op in node["inputs"])
+        if rings and weight_boundaries is not None:
             raise ValidationError(f"parallelize: '{first}' runs a collective matmul inside a stage whose backward "
                                   "is split (zero-bubble): the ring computes the weight gradient with the input's")
         for i, op in enumerate(node["inputs"]):

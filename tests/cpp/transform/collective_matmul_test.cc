@@ -91,7 +91,9 @@ TEST(CollectiveMatmul, NoneWithoutThePlansOption) {
 
 TEST(CollectiveMatmul, AProductReadTwiceKeepsItsScatter) {
   // A second reader of down's output (its own reduce-scatter): the ring would serve one.
-  const ir::Graph g = gated_mlp("  %z: f32[b2,8,16] = aten::neg(%d) @mlp\n  %w: f32[b2,8,16] = aten::add.Tensor(%y, %z) {alpha=1} @mlp\n");
+  const ir::Graph g = gated_mlp(
+      "  %z: f32[b2,8,16] = aten::neg(%d) @mlp\n"
+      "  %w: f32[b2,8,16] = aten::add.Tensor(%y, %z) {alpha=1} @mlp\n");
   plan::Sharding s = sequence_parallel(true);
   s.placements["z"] = {"R", "S(1)"};
   s.placements["w"] = {"R", "S(1)"};
