@@ -148,9 +148,11 @@ void bind_plan(py::module_& m) {
       "plan_joint",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
          double memory_fraction, const std::string& precision, std::optional<py::function> progress,
-         std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts) {
+         std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts,
+         bool allow_zero) {
         search::JointPlanOptions options;
         options.stage_layouts = stage_layouts;
+        options.allow_zero = allow_zero;
         options.global_batch = global_batch;
         if (network) options.network = search::NetworkCondition{network->first, network->second};
         options.level = search::search_level_from_name(level);
@@ -179,7 +181,7 @@ void bind_plan(py::module_& m) {
       },
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
       py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16", py::arg("progress") = py::none(),
-      py::arg("network") = py::none(), py::arg("stage_layouts") = true,
+      py::arg("network") = py::none(), py::arg("stage_layouts") = true, py::arg("allow_zero") = true,
       "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h).");
   m.def(
       "plan_report",

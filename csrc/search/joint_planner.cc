@@ -241,7 +241,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   };
   add_all(false);
   evaluate_space();
-  if (thorough || fitting.empty()) {
+  if (options.allow_zero && (thorough || fitting.empty())) {
     space.clear();
     add_all(true);
     evaluate_space();

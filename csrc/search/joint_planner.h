@@ -87,6 +87,9 @@ struct JointPlanOptions {
   std::string precision = "bf16";
   double memory_fraction = cost::kMemoryFraction;  // of each device's memory the plan may use
   int max_micro_batch = 16;  // thorough's cap on b
+  // Candidates with ZeRO-1 (optimizer states sharded over the data axis); false: none
+  // (parallelize(zero=False), shardwise.plan(zero=False)).
+  bool allow_zero = true;
   // Price the best candidates with their stages' layout as the SPMD search finds it
   // (search/stage_layout.h) rather than Megatron's; false: Megatron's layout alone.
   bool stage_layouts = true;

@@ -251,7 +251,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
             plan = plan.complete(graph, cluster, level=level)
         if searched and mesh is None:  # nothing fits at once: maybe in micro-batches, as shardwise.plan does
             joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
-                                         memory_fraction=_MEMORY_FRACTION, precision=precision)
+                                         memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero)
             if joint is not None:
                 return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)

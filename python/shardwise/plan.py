@@ -101,17 +101,18 @@ class Plan:
     @classmethod
     def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast",
               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, progress=None,
-              network: NetworkCondition | None = None, stage_layouts: bool = True) -> "Plan":
+              network: NetworkCondition | None = None, stage_layouts: bool = True, zero: bool = True) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
         plans are priced again with the layout the SPMD search finds for their stages' tensor
         ranks (csrc/search/stage_layout.h), as ``parallelize`` runs them; False keeps
-        Megatron's layout, the one Plan.manual is priced with."""
+        Megatron's layout, the one Plan.manual is priced with. ``zero`` False: no candidate
+        shards the optimizer states (ZeRO-1)."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
-                               _precision(graph, precision), progress, links, bool(stage_layouts))
+                               _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero))
         return cls(json.loads(result["plan"]), result)
 
     def alternatives(self) -> list["Plan"]:
@@ -374,20 +375,21 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         if mesh is not None:
             raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
-                          precision=precision, progress=progress, network=network)
+                          precision=precision, progress=progress, network=network, zero=zero)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress, collective_matmul=collective_matmul)
     if choose and mesh is None:
         joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
-                                     memory_fraction=memory_fraction, precision=precision, progress=progress)
+                                     memory_fraction=memory_fraction, precision=precision, progress=progress,
+                                     zero=zero)
         if joint is not None:
             return joint
     return found
 
 
 def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, level: str, memory_fraction: float,
-                         precision: str | None = None, progress=None) -> Plan | None:
+                         precision: str | None = None, progress=None, zero: bool = True) -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
     stages), if that fits; else None. Only for homogeneous clusters and models with repeated
@@ -395,7 +397,7 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
     if found.fits is not False or cluster.heterogeneous or not graph.repeated_blocks():
         return None
     joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
-                       precision=precision, progress=progress)
+                       precision=precision, progress=progress, zero=zero)
     if not joint.fits:
         return None
     from ._logging import get_logger

@@ -172,3 +172,15 @@ def test_the_planner_takes_zero_bubble_where_the_simulator_says_it_wins_and_not_
             assert not _twin(gpt3, tight, plan, zero_bubble).fits
             with pytest.raises(shardwise.ValidationError, match=f"{zero_bubble} with recomputation"):
                 _twin(gpt3, tight, plan, zero_bubble, recompute=True)
+
+
+def test_zero_false_keeps_the_optimizer_states_whole(gpt3):
+    # 8 GB A100s: GPT-3 175B fits only with its optimizer states sharded over the data axis
+    # (ZeRO-1); asked for no ZeRO (parallelize(zero=False) passes it on), the planner offers
+    # none, and says nothing fits.
+    tiny = _gpt3_cluster(8)
+    sharded = shardwise.Plan.joint(gpt3, tiny, global_batch=1536)
+    assert sharded.fits and json.loads(sharded.to_json())["zero_stage"] == 1, sharded
+    whole = shardwise.Plan.joint(gpt3, tiny, global_batch=1536, zero=False)
+    assert json.loads(whole.to_json())["zero_stage"] == 0 and not whole.fits, whole
+    assert shardwise.plan(gpt3, tiny, global_batch=1536, zero=False).fits is False
