@@ -354,6 +354,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     all-gather into a matmul (and a matmul's output reduce-scattered) as a ring whose blocks
     travel while the blocks before them are multiplied (collective matmul / async tensor
     parallelism, ``runtime/collective_matmul.py``); the plan's ``sharding.collective_matmul``.
+    It is the SPMD search's: with it, ``pipeline=None`` means the SPMD search and
+    ``pipeline=True`` is refused (the joint planner's stages run plain collectives, and so
+    does the micro-batch fallback where nothing fits at once).
     ``network``: a ``NetworkCondition`` for the links between pipeline stages; the joint
     planner then times its pipelined plans on it and may pick kFkB (implies the joint planner).
     ``progress(done, total)`` is called after each candidate. The graph must have been
@@ -369,11 +372,14 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         pipeline = True
     choose = pipeline is None
     if choose:
-        pipeline = (mesh is None and cluster.num_nodes > 1 and not cluster.heterogeneous
+        pipeline = (mesh is None and cluster.num_nodes > 1 and not cluster.heterogeneous and not collective_matmul
                     and bool(graph.repeated_blocks()))
     if pipeline:
         if mesh is not None:
             raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
+        if collective_matmul:
+            raise _C.ValidationError("plan: collective_matmul= is the SPMD search's (pipeline=False, or mesh=); the "
+                                     "joint planner's stages run their collectives plainly")
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                           precision=precision, progress=progress, network=network, zero=zero)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,

@@ -179,3 +179,10 @@ def test_searched_sequence_parallel_bert_runs_its_collectives_inside_the_matmuls
             assert previous == "product", events
         depth += {"issue": 1, "wait": -1}.get(event, 0)
         assert depth in (0, 1), events
+
+
+def test_the_joint_planner_refuses_collective_matmul_rather_than_ignore_it():
+    graph = shardwise.capture(_model(), _batch(0))
+    with pytest.raises(shardwise.ValidationError, match="collective_matmul= is the SPMD search's"):
+        shardwise.plan(graph, shardwise.Cluster.preset("cpu", WORLD), global_batch=ROWS, pipeline=True,
+                       collective_matmul=True)
