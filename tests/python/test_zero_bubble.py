@@ -99,7 +99,7 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
         phase = {"now": "forward"}
         accumulated = {"B": 0, "W": 0, "BW": 0, "other": 0}
         real_input, real_weight = pipeline_engine.backward_input, pipeline_engine.backward_weight
-        real_full = pipeline_engine.backward_full
+        real_full = pipeline_engine.full_backward
 
         flops = {"B": 0, "W": 0, "BW": 0}
 
@@ -117,7 +117,7 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
 
         pipeline_engine.backward_input = counted("B", real_input)
         pipeline_engine.backward_weight = counted("W", real_weight)
-        pipeline_engine.backward_full = counted("BW", real_full)  # a B whose W comes next: one traversal
+        pipeline_engine.full_backward = counted("BW", real_full)  # a B whose W comes next: not split at all
         model = _model(case)
         engine = shardwise.parallelize(model, _batch(case, 0), plan=_plan(world, schedule))
 

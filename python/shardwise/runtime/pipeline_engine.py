@@ -43,7 +43,7 @@ from .grad_norm import plain
 from .lower import _build_module, _rank_program, _tensor_outputs, program_code
 from .reshard import gather_whole
 from .state import held_state
-from .weight_split import backward_full, backward_input, backward_weight, check_splittable
+from .weight_split import backward_input, backward_weight, check_splittable
 from . import transport
 
 log = get_logger("shardwise.engine")
@@ -156,10 +156,17 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
                         {x: gs for x, gs in here.items() if gs})
 
 
+def full_backward(tensors: list, grads: list) -> None:
+    """A stage's backward, B and W at once (``torch.autograd.backward``): a schedule that does not
+    split it, and a split schedule's B whose W comes next (fused_backwards)."""
+    torch.autograd.backward(tensors, grads)
+
+
 def fused_backwards(actions: list) -> dict[int, int]:
     """B action index -> W action index, for each B whose W is the next compute on its rank
-    (only sends and receives between): such a B and W run as one backward (weight_split.py,
-    backward_full), as a fused schedule's full backward does."""
+    (only sends and receives between): such a micro-batch's forward runs unsplit and its B is
+    the plain full backward (full_backward), its W nothing, as a fused schedule's full
+    backward is (DualPipeV's steady phase, torch's FULL_BACKWARD)."""
     out = {}
     for i, (kind, mb, g, _) in enumerate(actions):
         if kind != "B":
@@ -213,6 +220,7 @@ class PipelineEngine(EngineBase):
         self._buckets = None
         self._final: dict[int, list] = {}
         self._fused = fused_backwards(actions)
+        self._unsplit = {(actions[b][2], actions[b][1]) for b in self._fused}  # (stage, micro-batch)
         if first.reduce:
             self._buckets = _GradientBuckets([(parameters[n], axes) for n, axes in first.reduce], mesh.groups,
                                              reduce_dtype=self._reduce_dtype(), armed_only=True)
@@ -374,7 +382,7 @@ class PipelineEngine(EngineBase):
                             t.requires_grad_(True)
                     args = [micro[mb][name] if name in micro[mb] else received[name] for name in stage["inputs"]]
                     split = stage["module"].weight_split
-                    if split is not None:  # a split backward: the weights read through fresh leaves
+                    if split is not None and (g, mb) not in self._unsplit:  # weights read through fresh leaves
                         split.active = True
                         try:
                             outputs = self._call(stage, args, counts)
@@ -399,25 +407,25 @@ class PipelineEngine(EngineBase):
                     names = [n for n in stage["sent"] if program.meta[n][1].is_floating_point]
                     pending[(g, mb, True)] = [self._irecv(program, name, mb, peer, True) for name in names]
                 elif kind == "B" and "sites" in live[(g, mb)]:
-                    incoming = self._incoming(program, g, mb, pending, live, turned)
-                    self._backward_input(stage, live[(g, mb)], incoming, fused=i in self._fused)
+                    self._backward_input(stage, live[(g, mb)], self._incoming(program, g, mb, pending, live, turned))
+                elif kind == "W" and (g, mb) in self._unsplit:
+                    continue  # its B was the full backward
                 elif kind == "W":
                     state = live.pop((g, mb))
-                    if not state.get("fused"):  # (a fused one ran in its B)
-                        backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
+                    backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
                     if g - 1 in program.stages and (g - 1, mb) in live:  # the turn: g - 1's B still to read them
                         turned[(g, mb)] = state["input_grads"]
                     del state  # the micro-batch's graph (kept for W) freed now, not at the next action
                 elif kind == "B":
                     state = live.pop((g, mb))
                     if stage["last"]:
-                        torch.autograd.backward(state["outputs"][0] / self._m)
+                        full_backward([state["outputs"][0] / self._m], [None])
                     else:
                         grads = self._incoming(program, g, mb, pending, live, turned)
                         pairs = [(t, grads[n]) for n, t in zip(stage["sent"], state["outputs"])
                                  if n in grads and t.requires_grad]
                         if pairs:
-                            torch.autograd.backward([t for t, _ in pairs], [gr for _, gr in pairs])
+                            full_backward([t for t, _ in pairs], [gr for _, gr in pairs])
                     live[(g, mb)] = state  # keep the received inputs' gradients for SG
                 elif kind == "SG":
                     state = live[(g, mb)] if "sites" in live[(g, mb)] else live.pop((g, mb))  # (W still to run)
@@ -469,12 +477,10 @@ class PipelineEngine(EngineBase):
             grads = {n: t.grad for n, t in live.pop((g + 1, mb))["inputs"].items()}
         return {n: gr for n, gr in grads.items() if gr is not None}
 
-    def _backward_input(self, stage: dict, state: dict, grads: dict, fused: bool = False) -> None:
+    def _backward_input(self, stage: dict, state: dict, grads: dict) -> None:
         """B of a split backward (runtime/weight_split.py): the received inputs' gradients
         (kept for SG) and each site's output gradients (kept for W), the weight values sent
-        kept with their gradients for W. `grads`: the gradients of the stage's outputs.
-        `fused`: the W comes next, so B and W run as one traversal (backward_full) and the W
-        action only releases the state."""
+        kept with their gradients for W. `grads`: the gradients of the stage's outputs."""
         if stage["last"]:
             roots, root_grads, weight_outputs = [state["outputs"][0] / self._m], [None], []
         else:
@@ -483,12 +489,6 @@ class PipelineEngine(EngineBase):
             root_grads = [gr for n, _, gr in pairs if n not in stage["weight_outputs"]]
             weight_outputs = [(t, gr) for n, t, gr in pairs if n in stage["weight_outputs"]]
         names = [n for n in stage["received"] if state["inputs"][n].requires_grad]
-        if fused:
-            input_grads = backward_full(roots, root_grads, [state["inputs"][n] for n in names], state["sites"],
-                                        weight_outputs)
-            state.update(input_grads=dict(zip(names, input_grads)), fused=True, outputs=None, sites=(),
-                         site_grads=None, weight_outputs=None)
-            return
         input_grads, site_grads = backward_input(roots, root_grads, [state["inputs"][n] for n in names],
                                                  state["sites"])
         state["input_grads"] = dict(zip(names, input_grads))

@@ -18,11 +18,9 @@ one node) and runs ``backward`` from each u with its v's gradient, into the para
 One site at a time: from one site's outputs a path runs back through its activation operand
 to the sites before it, and asking for their v's too would count their terms twice.
 
-A B whose W comes next on its rank (no other compute between: DualPipeV's full backwards,
-the last rank's of ZB-H1) runs as one: ``backward_full``, one ``autograd.grad`` from the outputs
-to the received inputs and every site's v (each v feeds one node, so asking for all of them in
-one traversal counts each term once), then ``backward`` from the u's: the fused backward's
-products, in one graph traversal instead of one per site.
+A micro-batch whose W comes right after its B on its rank (DualPipeV's full backwards, some
+of ZB-H1's and ZB-V's) is not split at all: its forward reads the weights directly and its B
+is the plain full backward (runtime/pipeline_engine.py, fused_backwards).
 
 Refused: a stage with a recomputed block (its backward runs the forward again under
 autograd's saved-tensor hooks, once per graph task: W's calls would recompute it per site).
@@ -138,22 +136,6 @@ def backward_weight(sites: list, site_grads: list, weight_outputs: list) -> None
         tensors += [u for (u, _), dv in zip(cuts, dvs) if dv is not None]
         grads += [dv for dv in dvs if dv is not None]
     _into_parameters(tensors, grads, weight_outputs)
-
-
-def backward_full(roots: list, root_grads: list, inputs: list, sites: list, weight_outputs: list) -> list:
-    """B and W at once (the W right after its B): the gradients of `inputs`, and every site's
-    weight-side products backed into the parameters, from one traversal of the stage's graph."""
-    leaves = [v for _, cuts in sites for _, v in cuts]
-    tensors, grads = [], []
-    input_grads = [None] * len(inputs)
-    if roots and (inputs or leaves):
-        out = torch.autograd.grad(roots, inputs + leaves, root_grads, allow_unused=True)
-        input_grads = list(out[:len(inputs)])
-        pairs = [(u, dv) for (u, _), dv in zip([pair for _, cuts in sites for pair in cuts], out[len(inputs):])
-                 if dv is not None]
-        tensors, grads = [u for u, _ in pairs], [dv for _, dv in pairs]
-    _into_parameters(tensors, grads, weight_outputs)
-    return input_grads
 
 
 def _into_parameters(tensors: list, grads: list, weight_outputs: list) -> None:
