@@ -1,7 +1,5 @@
 #include "transform/spmd_rewrite.h"
 
-#include "transform/collective_matmul.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
