@@ -32,6 +32,13 @@ constexpr std::string_view kGatherMatmulAttr = "shardwise.gather_matmul";
 constexpr std::string_view kMatmulScatterAttr = "shardwise.matmul_scatter";
 constexpr std::string_view kMatmulOverlap = "matmul";
 
+// A collective's overlap mark: "matmul" where it runs inside a contraction (a collective
+// matmul's ring), else where `overlap` says it runs.
+std::string overlap_mark(const OperandRewrite& op, search::ParameterOverlap overlap) {
+  return op.matmul != search::MatmulCollective::None ? std::string(kMatmulOverlap)
+                                                     : std::string(search::parameter_overlap_name(overlap));
+}
+
 std::vector<std::string> texts(const ShardingSpec& spec) {
   std::vector<std::string> out;
   for (const auto& p : spec) out.push_back(p.str());
@@ -241,10 +248,7 @@ class GraphEmitter {
       const bool local = step.kind == ReshardKind::Slice || step.kind == ReshardKind::ZeroOthers ||
                          step.kind == ReshardKind::Scale;
       if (!local)
-        attrs["overlap"] = op.matmul != search::MatmulCollective::None
-                               ? std::string(kMatmulOverlap)
-                               : std::string(search::parameter_overlap_name(
-                                     parameter ? op.gather : search::activation_collective_overlap()));
+        attrs["overlap"] = overlap_mark(op, parameter ? op.gather : search::activation_collective_overlap());
       if (op.regather) attrs["regather"] = true;
       // One flattened collective with the other members of its unit group (parameter_collectives.h).
       if (!local && parameter && op.gather_group >= 0) attrs["unit_group"] = std::int64_t{op.gather_group};
@@ -260,10 +264,7 @@ class GraphEmitter {
       const bool local = it->kind == ReshardKind::Slice || it->kind == ReshardKind::ZeroOthers ||
                          it->kind == ReshardKind::Scale;
       if (!local)
-        attrs["overlap"] = op.matmul != search::MatmulCollective::None
-                               ? std::string(kMatmulOverlap)
-                               : std::string(search::parameter_overlap_name(parameter ? op.scatter
-                                                                                      : op.gradient_overlap));
+        attrs["overlap"] = overlap_mark(op, parameter ? op.scatter : op.gradient_overlap);
       if (!local && parameter && op.scatter_group >= 0) attrs["unit_group"] = std::int64_t{op.scatter_group};
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
                                      {{name(), graph_.value(value).type}}, std::move(attrs), module));

@@ -133,14 +133,10 @@ def backward_weight(sites: list, site_grads: list, weight_outputs: list) -> None
             continue
         dvs = torch.autograd.grad([y for y, _ in pairs], [v for _, v in cuts], [dy for _, dy in pairs],
                                   allow_unused=True)
-        tensors += [u for (u, _), dv in zip(cuts, dvs) if dv is not None]
-        grads += [dv for dv in dvs if dv is not None]
-    _into_parameters(tensors, grads, weight_outputs)
-
-
-def _into_parameters(tensors: list, grads: list, weight_outputs: list) -> None:
-    """backward from the weight values (each u at its v's gradient, and the weight values the
-    stage sent at theirs) into the parameters' ``.grad``, through whatever made them."""
+        for (u, _), dv in zip(cuts, dvs):
+            if dv is not None:
+                tensors.append(u)
+                grads.append(dv)
     for t, g in weight_outputs:
         if g is not None and t.requires_grad:
             tensors.append(t)
