@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -112,6 +113,24 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
         "does not matter otherwise: the search scales it to global_batch {})",
         options_.global_batch));
   batch_scale_ = b0 > 0 ? static_cast<double>(options_.global_batch) / static_cast<double>(b0) : 1.0;
+  batch_traced_ = b0 > 1;
+  // Peak rate at the plan's precision stands for a device's speed, as device_ does: every
+  // group along an axis is alike in a cluster description (a run of devices per node), so
+  // axis_ranks' first group stands for all.
+  for (int b = 0; b < axes; ++b) {
+    double slowest = std::numeric_limits<double>::infinity(), sum = 0;
+    const auto ranks = axis_ranks(b);
+    for (int r : ranks) {
+      const double speed = cluster_.device_of(r).peak_flops.at(options_.precision);
+      slowest = std::min(slowest, speed);
+      sum += speed;
+    }
+    axis_balance_.push_back(sum > 0 ? static_cast<double>(ranks.size()) * slowest / sum : 1.0);
+    std::vector<double> shares;
+    if (axis_balance_.back() < 1.0)
+      for (int r : ranks) shares.push_back(cluster_.device_of(r).peak_flops.at(options_.precision) / sum);
+    axis_speed_shares_.push_back(std::move(shares));
+  }
   float_bytes_ = options_.precision == cost::Precision::F32 || options_.precision == cost::Precision::TF32 ? 4 : 2;
 
   const auto num_nodes = graph_.nodes().size();
@@ -315,7 +334,11 @@ double ShardingModel::value_bytes(ir::ValueId value) const {
   const ir::Value& v = graph_.value(value);
   double element = ir::is_floating(v.type.dtype) ? float_bytes_ : ir::dtype_bytes(v.type.dtype);
   double bytes = static_cast<double>(v.type.numel()) * element;
-  return scales_with_batch(v) ? bytes * batch_scale_ : bytes;
+  // An activation without a batch dim (a position embedding's [1, s, h] rows, a causal mask,
+  // a rotary table) is the same size at every batch; where the capture's batch of 1 left the
+  // batch dims untraced (batch_dim.h ties no index to a unit dim), every activation scales.
+  if (!scales_with_batch(v) || (batch_traced_ && !v.type.batch_dim)) return bytes;
+  return bytes * batch_scale_;
 }
 
 ops::DimRule ShardingModel::rule_except(ir::NodeId node, int axis, bool outer_only) const {
@@ -402,6 +425,32 @@ cost::OpTime ShardingModel::base_time(ir::NodeId node, int axis, const Strategy&
     if (s.index >= 0) context.work_shards *= size;
   }
   return model_.node_time(graph_, n, device, options_.precision, context);
+}
+
+double ShardingModel::balanced_compute_factor(ir::NodeId node, int axis, const Strategy& choice) const {
+  const ir::Node& n = graph_.node(node);
+  double factor = 1;
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    if (axis_balance_[static_cast<std::size_t>(b)] >= 1.0) continue;
+    const Strategy& s = b == axis ? choice : node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(node)];
+    bool batch = false;
+    for (std::size_t o = 0; o < n.outputs.size() && !batch; ++o) {
+      const ir::TensorType& type = graph_.value(n.outputs[o]).type;
+      batch = type.batch_dim && s.outputs[o].is_shard() && s.outputs[o].dim == *type.batch_dim;
+    }
+    if (batch) factor *= axis_balance_[static_cast<std::size_t>(b)];
+  }
+  return factor;
+}
+
+Placement ShardingModel::as_run(int axis, ir::ValueId value, const Placement& p) const {
+  if (axis < 0 || !p.is_shard() || !p.ratios.empty() || p.groups > 1) return p;
+  const auto& shares = axis_speed_shares_[static_cast<std::size_t>(axis)];
+  const ir::TensorType& type = graph_.value(value).type;
+  if (shares.empty() || !type.batch_dim || p.dim != *type.batch_dim) return p;
+  Placement uneven = p;
+  uneven.ratios = shares;
+  return uneven;
 }
 
 double ShardingModel::node_memory(ir::NodeId node, int axis, const Strategy& choice) const {
@@ -493,10 +542,11 @@ double ShardingModel::zero_broadcast_seconds(ir::ValueId leaf, int axis, const L
 double ShardingModel::reshard_seconds(int axis, ir::ValueId value, const Placement& from, const Placement& to,
                                       double bytes, double latency_share) const {
   const auto ranks = axis_ranks(axis);
-  const double whole = reshard_time(model_, cluster_, ranks, from, to, static_cast<std::int64_t>(bytes));
+  const Placement source = as_run(axis, value, from), target = as_run(axis, value, to);
+  const double whole = reshard_time(model_, cluster_, ranks, source, target, static_cast<std::int64_t>(bytes));
   if (whole <= 0 || latency_share >= 1.0 || graph_.value(value).role != ir::ValueRole::Parameter) return whole;
   // The latency part: the same collective on one byte.
-  const double latency = reshard_time(model_, cluster_, ranks, from, to, 1);
+  const double latency = reshard_time(model_, cluster_, ranks, source, target, 1);
   return whole - latency * (1.0 - latency_share);
 }
 
@@ -758,7 +808,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     const double n = instances_[u];
     const double memory_count = options_.recompute && in_block_[u] ? 1.0 : n;
     for (const Strategy& s : strategies[u]) {
-      c.cost.push_back(n * (node_compute(node.id, axis, s, *device_) + statistics_seconds(axis, s)));
+      c.cost.push_back(n * (node_compute(node.id, axis, s, *device_) * balanced_compute_factor(node.id, axis, s) +
+                            statistics_seconds(axis, s)));
       c.memory.push_back(memory_count * node_memory(node.id, axis, s));
     }
     node_id[u] = static_cast<int>(problem.nodes.size());
@@ -1022,7 +1073,8 @@ ShardingModel::Tally ShardingModel::tally() const {
       NodePrice& price = out.by_node[static_cast<std::size_t>(key.consumer)];
       auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double& by_node,
                         double share, double node_weight = 1.0, double latency_share = 1.0) {
-        auto step = reshard_step(from, to, static_cast<std::int64_t>(bytes), options_.mesh[a]);
+        auto step = reshard_step(as_run(axis, group.value, from), as_run(axis, group.value, to),
+                                 static_cast<std::int64_t>(bytes), options_.mesh[a]);
         if (!step) return;
         double seconds = reshard_seconds(axis, group.value, from, to, bytes, latency_share);
         into += share * group.count * seconds;

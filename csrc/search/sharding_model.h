@@ -200,6 +200,21 @@ class ShardingModel {
   // The same without the recomputed forward.
   cost::OpTime base_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
   double node_memory(ir::NodeId node, int axis, const Strategy& choice) const;
+  // What the solver multiplies a node's compute by on a heterogeneous cluster: 1, but for
+  // each axis over devices of different speeds on which `choice` (other axes: as decided)
+  // splits the batch, n x slowest / sum of the axis' speeds. The batch then takes shares
+  // sized to each device (the balance LP, spmd_search.cc), so the node runs at the axis'
+  // summed speed; a split of anything else gives every device equal work, at the slowest's
+  // pace. Without it the solver, which prices every node on the slowest device with even
+  // shares, sees no reason to split the batch early (a replicated embedding split by hidden,
+  // then an all-to-all) and the shares then reach only the nodes after the all-to-all.
+  double balanced_compute_factor(ir::NodeId node, int axis, const Strategy& choice) const;
+  // `p` as the runtime holds it on `axis`: on an axis over devices of different speeds, a
+  // split of the value's batch dim takes uneven shares (the balance LP's, known only after
+  // the search; priced here at the devices' speed shares), and uneven blocks move by
+  // all-gather and cut, never all-to-all (resharding.h). Pricing them even would price an
+  // all-to-all the run never issues.
+  Placement as_run(int axis, ir::ValueId value, const Placement& p) const;
   // The fractions of a leaf this rank holds: of its values, and of its gradient and
   // optimizer state (ZeRO shards those further), with `choice` on `axis`.
   std::pair<double, double> leaf_held(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
@@ -275,7 +290,12 @@ class ShardingModel {
   const cost::CostModel& model_;
   ShardingModelOptions options_;
   const cost::DeviceType* device_ = nullptr;  // the slowest: sets the pace
+  // Per mesh axis: n x the slowest device's speed / the summed speed of the axis' group (1 on
+  // a homogeneous axis): balanced_compute_factor.
+  std::vector<double> axis_balance_;
+  std::vector<std::vector<double>> axis_speed_shares_;  // per axis: each rank's speed / the sum (empty: even)
   double batch_scale_ = 1;
+  bool batch_traced_ = false;  // the capture's batch > 1: activations carry their batch dims
   double float_bytes_ = 2;
   StrategyOptions strided_;
 

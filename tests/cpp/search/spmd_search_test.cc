@@ -309,6 +309,28 @@ TEST(SpmdSearch, HeterogeneousClusterSharesTheBatchBySpeed) {
   EXPECT_EQ(input.ratios.size(), 8u);
 }
 
+// GPT-2's shape captured at batch 2 on 4 A100s + 4 V100s: the batch takes uneven shares
+// from the input on. Priced with even blocks, the search used to keep input_ids whole, look
+// the tokens up with the table split by hidden, and split the batch after an all-to-all; with
+// uneven shares the run gathers the whole activation there instead (no all-to-all moves
+// uneven blocks) and every device looks up the whole batch at the slowest one's pace.
+TEST(SpmdSearch, HeterogeneousSharesStartAtTheInputs) {
+  const ir::Graph g = gpt(4, 1024, 16);
+  SpmdSearchOptions o;
+  o.global_batch = 64;
+  o.mesh = std::vector<int>{8, 1};
+  const SpmdSearchResult r = search_spmd(g, cost::preset("mixed-a100-v100", 1), cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(r.balance.has_value());
+  for (const char* input : {"input_ids", "labels"}) {
+    const Placement p = parse_placement(at(r.plan, input, 0));
+    EXPECT_TRUE(p.is_shard() && p.dim == 0) << input << " " << p.str();
+    EXPECT_EQ(p.ratios, r.balance->ratios) << input;
+  }
+  for (const plan::CollectiveRecord& c : r.plan.predicted->collectives)
+    EXPECT_NE(c.kind, "all_to_all") << c.value;
+  EXPECT_LT(r.balance->step_time * 1.3, r.balance->even_step_time);
+}
+
 TEST(SpmdSearch, ClearErrors) {
   cost::Cluster cluster = cost::preset("dgx-a100", 1);
   SpmdSearchOptions o;
