@@ -1,6 +1,7 @@
 #include "cost/cluster.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "cost/cluster_presets.h"
 #include "support/error.h"
 
 namespace shardwise::cost {
@@ -121,20 +123,48 @@ int get_int(const json& j, std::string_view path) {
   return static_cast<int>(v);
 }
 
-DeviceType read_device_type(const json& j, const std::string& path) {
+// A device type in full, or as another kind's profile: {"name", "like", "speed"} takes the
+// figures of `like` (a type listed before it, else the presets' catalogue) with its FLOP/s
+// and memory bandwidth times `speed` (a degraded or throttled device: 0.5 runs at half its
+// kind's pace); any figure also given overrides the profile's (memory_bytes: a device with
+// less usable memory).
+DeviceType read_device_type(const json& j, const std::string& path, const std::vector<DeviceType>& before) {
   require_object(j, path);
-  check_keys(j, path, {"name", "peak_flops", "memory_bytes", "memory_bandwidth"});
+  check_keys(j, path, {"name", "like", "speed", "peak_flops", "memory_bytes", "memory_bandwidth"});
   DeviceType t;
+  const bool profile = j.contains("like");
+  if (profile) {
+    const std::string like = get_string(j["like"], path + ".like");
+    std::vector<DeviceType> known = before;
+    for (DeviceType& type : known_device_types()) known.push_back(std::move(type));
+    auto found = std::find_if(known.begin(), known.end(), [&](const DeviceType& k) { return k.name == like; });
+    if (found == known.end()) {
+      std::vector<std::string> names;
+      for (const DeviceType& k : known) names.push_back(k.name);
+      fail(path + ".like", fmt::format("unknown device type '{}' (known: {})", like, fmt::join(names, ", ")));
+    }
+    t = *found;
+    const double speed = j.contains("speed") ? get_number(j["speed"], path + ".speed") : 1.0;
+    if (!(speed > 0)) fail(path + ".speed", fmt::format("speed must be > 0, got {}", speed));
+    for (double* flops : {&t.peak_flops.f32, &t.peak_flops.tf32, &t.peak_flops.bf16, &t.peak_flops.f16}) *flops *= speed;
+    t.memory_bandwidth *= speed;
+  } else if (j.contains("speed")) {
+    fail(path + ".speed", "speed scales the figures of the type named by \"like\"; give \"like\" too");
+  }
   t.name = get_string(require(j, "name", path), path + ".name");
   const std::string flops_path = path + ".peak_flops";
-  const json& flops = require_object(require(j, "peak_flops", path), flops_path);
-  check_keys(flops, flops_path, {"f32", "tf32", "bf16", "f16"});
-  t.peak_flops.f32 = get_number(require(flops, "f32", flops_path), flops_path + ".f32");
-  t.peak_flops.tf32 = get_number(require(flops, "tf32", flops_path), flops_path + ".tf32");
-  t.peak_flops.bf16 = get_number(require(flops, "bf16", flops_path), flops_path + ".bf16");
-  t.peak_flops.f16 = get_number(require(flops, "f16", flops_path), flops_path + ".f16");
-  t.memory_bytes = get_int64(require(j, "memory_bytes", path), path + ".memory_bytes");
-  t.memory_bandwidth = get_number(require(j, "memory_bandwidth", path), path + ".memory_bandwidth");
+  if (!profile || j.contains("peak_flops")) {
+    const json& flops = require_object(require(j, "peak_flops", path), flops_path);
+    check_keys(flops, flops_path, {"f32", "tf32", "bf16", "f16"});
+    t.peak_flops.f32 = get_number(require(flops, "f32", flops_path), flops_path + ".f32");
+    t.peak_flops.tf32 = get_number(require(flops, "tf32", flops_path), flops_path + ".tf32");
+    t.peak_flops.bf16 = get_number(require(flops, "bf16", flops_path), flops_path + ".bf16");
+    t.peak_flops.f16 = get_number(require(flops, "f16", flops_path), flops_path + ".f16");
+  }
+  if (!profile || j.contains("memory_bytes"))
+    t.memory_bytes = get_int64(require(j, "memory_bytes", path), path + ".memory_bytes");
+  if (!profile || j.contains("memory_bandwidth"))
+    t.memory_bandwidth = get_number(require(j, "memory_bandwidth", path), path + ".memory_bandwidth");
   return t;
 }
 
@@ -144,21 +174,31 @@ DeviceRun read_run(const json& j, const std::string& path, std::initializer_list
                    get_int(require(j, "count", path), path + ".count")};
 }
 
-Node read_node(const json& j, const std::string& path) {
+// One node, or `repeat` alike ({"repeat": 4, "device": ..., "count": 8}: a node kind and
+// how many of it the cluster has).
+std::vector<Node> read_nodes(const json& j, const std::string& path) {
   require_object(j, path);
-  if (!j.contains("devices")) return Node{{read_run(j, path, {"device", "count"})}};
-  if (j.contains("device") || j.contains("count")) {
-    fail(path, "give either \"device\" and \"count\" (one run) or \"devices\" (a list of runs), not both");
+  int repeat = 1;
+  if (auto it = j.find("repeat"); it != j.end()) {
+    repeat = get_int(*it, path + ".repeat");
+    if (repeat < 1) fail(path + ".repeat", fmt::format("a node kind repeats at least once, got {}", repeat));
   }
-  check_keys(j, path, {"devices"});
-  const std::string runs_path = path + ".devices";
-  const json& runs = require_array(j["devices"], runs_path);
   Node node;
-  for (std::size_t r = 0; r < runs.size(); ++r) {
-    const std::string p = fmt::format("{}[{}]", runs_path, r);
-    node.devices.push_back(read_run(require_object(runs[r], p), p, {"device", "count"}));
+  if (!j.contains("devices")) {
+    node = Node{{read_run(j, path, {"device", "count", "repeat"})}};
+  } else {
+    if (j.contains("device") || j.contains("count")) {
+      fail(path, "give either \"device\" and \"count\" (one run) or \"devices\" (a list of runs), not both");
+    }
+    check_keys(j, path, {"devices", "repeat"});
+    const std::string runs_path = path + ".devices";
+    const json& runs = require_array(j["devices"], runs_path);
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      const std::string p = fmt::format("{}[{}]", runs_path, r);
+      node.devices.push_back(read_run(require_object(runs[r], p), p, {"device", "count"}));
+    }
   }
-  return node;
+  return std::vector<Node>(static_cast<std::size_t>(repeat), node);
 }
 
 LinkSpeed read_speed(const json& j, const std::string& path) {
@@ -584,8 +624,13 @@ Cluster cluster_from_json(const json& j) {
     }
     std::string name;
     if (auto it = j.find("name"); it != j.end()) name = get_string(*it, "name");
-    auto types = read_list<DeviceType>(j, "device_types", read_device_type);
-    auto nodes = read_list<Node>(j, "nodes", read_node);
+    std::vector<DeviceType> types;  // read in order: a profile may be `like` a type listed before it
+    const json& type_list = require_array(require(j, "device_types", "cluster"), "device_types");
+    for (std::size_t i = 0; i < type_list.size(); ++i)
+      types.push_back(read_device_type(type_list[i], fmt::format("device_types[{}]", i), types));
+    std::vector<Node> nodes;
+    for (const std::vector<Node>& kind : read_list<std::vector<Node>>(j, "nodes", read_nodes))
+      nodes.insert(nodes.end(), kind.begin(), kind.end());
     auto links = read_list<LinkLevel>(j, "links", read_link);
     return Cluster(std::move(name), std::move(types), std::move(nodes), std::move(links));
   } catch (const json::exception& e) {

@@ -39,6 +39,14 @@
 //    "links": [{"name": "nvswitch", "bandwidth": 3.0e11, "latency": 3.0e-6},
 //              {"name": "infiniband", "bandwidth": 2.5e10, "latency": 7.0e-6,
 //               "per_device": {"v100-sxm2-32gb": {"bandwidth": 6.25e9, "latency": 7.0e-6}}}]}
+//  Mixed fleets, read but not written (cluster_to_json writes each node and each type in
+//  full): a node kind with how many of it ("repeat"), and a device type as another kind's
+//  profile ("like" a type listed before it or in the presets' catalogue, FLOP/s and memory
+//  bandwidth times "speed"; any figure given as well overrides): a degraded or throttled
+//  device, a partly failed node.
+//    "device_types": [{"name": "a100-half", "like": "a100-sxm4-80gb", "speed": 0.5}],
+//    "nodes": [{"repeat": 3, "device": "a100-sxm4-80gb", "count": 8},
+//              {"devices": [{"device": "a100-sxm4-80gb", "count": 7}, {"device": "a100-half", "count": 1}]}]
 //
 // Errors: malformed JSON text, a missing field, a wrong JSON type or an unknown key ->
 // support::ParseError; a value that cannot describe hardware (bandwidth <= 0, latency < 0,

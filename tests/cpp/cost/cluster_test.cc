@@ -316,6 +316,65 @@ TEST(ClusterJsonTest, ReadsAHandWrittenFile) {
   EXPECT_EQ(cluster_from_json(cluster_to_json(c)), c);
 }
 
+// A mixed fleet: three whole DGX A100 nodes and one with a throttled GPU, declared as the
+// A100's profile at 0.5 (the catalogue's type, not listed in the file) and a V100 at 0.8 of
+// the V100 declared before it.
+TEST(ClusterJsonTest, ReadsNodeKindsWithCountsAndDegradedDevices) {
+  const json j = json::parse(R"({
+    "device_types": [{"name": "a100-sxm4-80gb", "like": "a100-sxm4-80gb"},
+                     {"name": "a100-half", "like": "a100-sxm4-80gb", "speed": 0.5},
+                     {"name": "v100", "peak_flops": {"f32": 1.4e13, "tf32": 1.4e13, "bf16": 1.4e13, "f16": 1.12e14},
+                      "memory_bytes": 34359738368, "memory_bandwidth": 9e11},
+                     {"name": "v100-slow", "like": "v100", "speed": 0.8, "memory_bytes": 17179869184}],
+    "nodes": [{"repeat": 3, "device": "a100-sxm4-80gb", "count": 8},
+              {"devices": [{"device": "a100-sxm4-80gb", "count": 7}, {"device": "a100-half", "count": 1}]},
+              {"repeat": 2, "devices": [{"device": "v100", "count": 3}, {"device": "v100-slow", "count": 1}]}],
+    "links": [{"name": "node", "bandwidth": 3e11, "latency": 3e-6},
+              {"name": "net", "bandwidth": 2.5e10, "latency": 7e-6}]})");
+  const Cluster c = cluster_from_json(j);
+  EXPECT_EQ(c.num_nodes(), 6);
+  EXPECT_EQ(c.world_size(), 3 * 8 + 8 + 2 * 4);
+  EXPECT_TRUE(c.heterogeneous());
+  const DeviceType& a100 = c.device_of(0);
+  const DeviceType& half = c.device_of(31);
+  EXPECT_EQ(c.device_of(30).name, "a100-sxm4-80gb");
+  EXPECT_EQ(half.name, "a100-half");
+  EXPECT_DOUBLE_EQ(half.peak_flops.bf16, 0.5 * a100.peak_flops.bf16);
+  EXPECT_DOUBLE_EQ(half.peak_flops.f32, 0.5 * a100.peak_flops.f32);
+  EXPECT_DOUBLE_EQ(half.memory_bandwidth, 0.5 * a100.memory_bandwidth);
+  EXPECT_EQ(half.memory_bytes, a100.memory_bytes);
+  const DeviceType& slow = c.device_of(35);
+  EXPECT_EQ(slow.name, "v100-slow");
+  EXPECT_DOUBLE_EQ(slow.peak_flops.f16, 0.8 * 1.12e14);
+  EXPECT_EQ(slow.memory_bytes, 17179869184);
+  EXPECT_EQ(c.device_of(39).name, "v100-slow");
+  // Written in full, read back equal.
+  EXPECT_EQ(cluster_from_json(cluster_to_json(c)), c);
+}
+
+TEST(ClusterJsonTest, DegradedDevicesAndNodeKindsRefuseWhatCannotBe) {
+  const json good = json::parse(R"({
+    "device_types": [{"name": "slow", "like": "a100-sxm4-80gb", "speed": 0.5}],
+    "nodes": [{"repeat": 2, "device": "slow", "count": 2}],
+    "links": [{"name": "node", "bandwidth": 1e11, "latency": 1e-6}]})");
+  EXPECT_EQ(cluster_from_json(good).world_size(), 4);
+  json j = good;
+  j["device_types"][0]["like"] = "a200";
+  EXPECT_NE(error_of<support::ParseError>([&] { cluster_from_json(j); })
+                .find("device_types[0].like: unknown device type 'a200' (known: a100-sxm4-80gb"),
+            std::string::npos);
+  j = good;
+  j["device_types"][0]["speed"] = 0;
+  EXPECT_EQ(error_of<support::ParseError>([&] { cluster_from_json(j); }), "device_types[0].speed: speed must be > 0, got 0");
+  j = good;
+  j["device_types"][0].erase("like");
+  EXPECT_NE(error_of<support::ParseError>([&] { cluster_from_json(j); }).find("give \"like\" too"), std::string::npos);
+  j = good;
+  j["nodes"][0]["repeat"] = 0;
+  EXPECT_EQ(error_of<support::ParseError>([&] { cluster_from_json(j); }),
+            "nodes[0].repeat: a node kind repeats at least once, got 0");
+}
+
 void expect_parse_error(const json& j, const std::string& message) {
   EXPECT_EQ(error_of<support::ParseError>([&] { cluster_from_json(j); }), message);
 }
