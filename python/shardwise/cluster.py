@@ -65,7 +65,13 @@ class Cluster:
 
     @classmethod
     def detect(cls, *, measure_links: bool = False, measure_compute: bool | None = None) -> "Cluster":
-        """This machine (and, under torchrun, its peers, assumed alike).
+        """This machine and, under torchrun, its peers: every rank describes its own device,
+        and ranks that find different kinds (an A100 node and a V100 node, torch's device
+        names) make a mixed cluster, each node with its runs of kinds ("detected mixed 8 x
+        a100-sxm4-80gb + 8 x v100-sxm2-32gb"), a kind's link speeds under per_device where its
+        own description differs from rank 0's. Measured figures agree across the ranks of one
+        kind. A device slower than its kind (throttled, partly failed) is declared in a cluster
+        file instead: a device type ``{"name", "like", "speed"}`` (docs/cost-model.md).
 
         World size: ``torch.distributed`` when it is initialised, else 1 rank. Ranks per
         node: ``LOCAL_WORLD_SIZE`` (set by torchrun), else all of them on one node.
@@ -109,6 +115,8 @@ class Cluster:
             doc, sources = _detect_cuda(world, per_node, measure_compute is not False)
         else:
             doc, sources = _detect_cpu(world, per_node, bool(measure_compute))
+        if world > 1 and _distributed():
+            doc = _mixed_job(doc, world, per_node)
         if measure_links and world > 1:
             _measure_links(doc["links"], world, per_node, sources)
         doc["name"] += f" [{_describe_sources(sources)}]"
@@ -204,6 +212,52 @@ def _world_and_local_sizes() -> tuple[int, int]:
     if local < 1 or local > world or world % local != 0:
         local = world  # inconsistent environment: one node
     return world, local
+
+
+def _distributed() -> bool:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover
+        return False
+    return dist.is_available() and dist.is_initialized()
+
+
+def _mixed_job(doc: dict, world: int, per_node: int) -> dict:
+    """The cluster every rank describes, from each rank's own device: `doc` as it is when
+    every rank found the same kind of device, else a mixed cluster: each kind its device type
+    (its ranks' figures agreed, _measure_device), each node its ranks' runs of kinds, and the
+    links of rank 0's description, with a kind whose own description puts another speed on a
+    level recorded under that level's per_device. Collective over the default group."""
+    import torch.distributed as dist
+
+    every: list = [None] * world
+    dist.all_gather_object(every, (doc["device_types"][0], doc["links"]))
+    kinds: dict[str, dict] = {}
+    for device, _ in every:
+        known = kinds.setdefault(device["name"], dict(device))
+        known["memory_bytes"] = min(known["memory_bytes"], device["memory_bytes"])
+    if len(kinds) == 1:
+        return doc
+    nodes = []
+    for n in range(world // per_node):
+        runs: list[dict] = []
+        for device, _ in every[n * per_node:(n + 1) * per_node]:
+            if runs and runs[-1]["device"] == device["name"]:
+                runs[-1]["count"] += 1
+            else:
+                runs.append({"device": device["name"], "count": 1})
+        nodes.append({"devices": runs})
+    links = [dict(level) for level in every[0][1]]
+    for device, own in every:
+        for level, theirs in zip(links, own):
+            speed = {"bandwidth": theirs["bandwidth"], "latency": theirs["latency"]}
+            if device["name"] != every[0][0]["name"] and speed != {k: level[k] for k in speed}:
+                level.setdefault("per_device", {})[device["name"]] = speed
+    counts: dict[str, int] = {}
+    for device, _ in every:
+        counts[device["name"]] = counts.get(device["name"], 0) + 1
+    name = "detected mixed " + " + ".join(f"{c} x {k}" for k, c in counts.items())
+    return {**doc, "name": name, "device_types": list(kinds.values()), "nodes": nodes, "links": links}
 
 
 def _catalogue(name: str) -> dict:
@@ -309,15 +363,15 @@ def _detect_cuda(world: int, per_node: int, measure: bool = True) -> tuple[dict,
     device = _catalogue(match[0]) if match is not None else _estimate_from_properties(props)
     estimate_source = "catalogue" if match is not None else "estimated"
     sources = {"memory_bytes": "device", "memory_bandwidth": estimate_source}
+    # Name from torch and capacity as torch reports it: the GPU may be a variant of the
+    # catalogue entry (40GB A100) and usable memory is what the planner must fit in. The name
+    # is the kind measured figures agree over (_measure_device).
+    device["name"] = "-".join(props.name.lower().replace("nvidia", "").split()) or "cuda"
+    device["memory_bytes"] = int(props.total_memory)
     if measure:
         _measure_device(device, torch.device("cuda", index), world, sources, estimate_source)
     else:
         sources["peak_flops"] = estimate_source
-
-    # Name from torch and capacity as torch reports it: the GPU may be a variant of the
-    # catalogue entry (40GB A100) and usable memory is what the planner must fit in.
-    device["name"] = "-".join(props.name.lower().replace("nvidia", "").split()) or "cuda"
-    device["memory_bytes"] = int(props.total_memory)
     if match is not None and match[1] is not None:
         links = _preset_links(match[1])
         link_source = "preset"
@@ -341,14 +395,14 @@ def _measure_device(device: dict, where, world: int, sources: dict[str, str], es
     measured = _measure_peak_flops(where, device["peak_flops"])
     precisions = sorted(device["peak_flops"])
     agreed = _agree_across_ranks([measured.get(p, device["peak_flops"][p]) for p in precisions] +
-                                 [1.0 if p in measured else 0.0 for p in precisions], world, "min")
+                                 [1.0 if p in measured else 0.0 for p in precisions], world, "min", device["name"])
     flops, was_measured = agreed[:len(precisions)], agreed[len(precisions):]
     device["peak_flops"] = dict(zip(precisions, flops))
     for p, ok in zip(precisions, was_measured):
         sources[f"peak_flops.{p}"] = "measured" if ok else estimate_source
     bandwidth = _measure_memory_bandwidth(where)
     bandwidth, bandwidth_measured = _agree_across_ranks([bandwidth or device["memory_bandwidth"],
-                                                        1.0 if bandwidth else 0.0], world, "min")
+                                                        1.0 if bandwidth else 0.0], world, "min", device["name"])
     device["memory_bandwidth"] = bandwidth
     if bandwidth_measured:
         sources["memory_bandwidth"] = "measured"
@@ -510,14 +564,23 @@ def _measure_memory_bandwidth(device) -> float | None:
     return bandwidth
 
 
-def _agree_across_ranks(values: list[float], world: int, how: str) -> list[float]:
+def _agree_across_ranks(values: list[float], world: int, how: str, kind: str | None = None) -> list[float]:
     """``values`` reduced over the default process group (``how``: "min" or "max"), so that
     every rank ends with the same figures; as they are without a group of several ranks.
-    Collective: every rank must call it, with as many values."""
+    ``kind``: reduced over the ranks of the same kind only (a device type's name: an A100's
+    measured figures are not a V100's). Collective: every rank must call it, with as many
+    values."""
     if world < 2 or not values:
         return list(values)
     import torch
     import torch.distributed as dist
+
+    if kind is not None:
+        every: list = [None] * world
+        dist.all_gather_object(every, (kind, list(values)))
+        alike = [v for k, v in every if k == kind]
+        pick = min if how == "min" else max
+        return [float(pick(column)) for column in zip(*alike)]
 
     op = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[how]
     t = torch.tensor(values, dtype=torch.float64, device=_collective_device())

@@ -347,8 +347,12 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     pipeline_rank, local = rank // size, rank % size
     sharded, mesh = None, None
 
+    # Detected here, on every rank together (Cluster.detect is collective under a process
+    # group), not where a later step first needs it (the eval-mode layout's search).
+    detected = cluster or Cluster.detect()
+
     def job_cluster():
-        job = cluster or Cluster.detect()
+        job = detected
         if job.world_size not in (world, size):
             raise ValidationError(f"parallelize: the cluster has {job.world_size} devices, the job {world} ranks")
         return job

@@ -174,6 +174,8 @@ def test_detect_under_torchrun(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    # every rank finds the same device (test_detect_reports_a_mixed_job: not so)
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(slice(None), [obj] * len(out)))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     c = Cluster.detect()
     assert c.world_size == 4 and c.num_nodes == 2
@@ -390,3 +392,56 @@ def test_detect_cuda_measures_memory_bandwidth_with_a_device_copy(monkeypatch):
     assert h200["memory_bandwidth"] == pytest.approx(4.3e12)
     assert h200["memory_bytes"] == 150_000_000_000
     assert "measured: memory_bandwidth, peak_flops" in c.name and "preset: links.nvswitch" in c.name, c.name
+
+
+def _mixed_job(rank: int, world: int, tmp: str) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.is_available = lambda: False  # the CPU path here, even on a machine with a GPU
+    os.environ["LOCAL_WORLD_SIZE"] = "2"  # two nodes of two ranks
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), world), rank=rank,
+                            world_size=world)
+    try:
+        out = {"alike": cluster_module._agree_across_ranks([float(rank)], world, "min", "cpu"),
+               "by_kind": cluster_module._agree_across_ranks([float(rank)], world, "min", f"kind{rank % 2}")}
+        if rank == 3:  # the last rank finds a slower kind of device
+            plain = cluster_module._detect_cpu
+
+            def slower(world, per_node, measure=False):
+                doc, sources = plain(world, per_node, measure)
+                device = doc["device_types"][0]
+                device["name"] = "cpu-throttled"
+                device["peak_flops"] = {k: v / 2 for k, v in device["peak_flops"].items()}
+                device["memory_bytes"] //= 2
+                return doc, sources
+
+            cluster_module._detect_cpu = slower
+        out["cluster"] = Cluster.detect().to_json()
+        with open(os.path.join(tmp, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_detect_reports_a_mixed_job(tmp_path):
+    # Four ranks on two nodes, the last rank a slower kind: every rank describes the same
+    # mixed cluster, with each kind's own figures and its place on its node.
+    import torch.multiprocessing as mp
+
+    mp.spawn(_mixed_job, args=(4, str(tmp_path)), nprocs=4, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [r["alike"] for r in ranks] == [[0.0]] * 4
+    assert [r["by_kind"] for r in ranks] == [[0.0], [1.0], [0.0], [1.0]]  # agreed within a kind only
+    assert len({r["cluster"] for r in ranks}) == 1
+    cluster = Cluster.from_json(ranks[0]["cluster"])
+    assert cluster.heterogeneous and cluster.world_size == 4 and cluster.num_nodes == 2
+    assert cluster.devices == ["cpu", "cpu", "cpu", "cpu-throttled"]
+    cpu, throttled = cluster.device_of(0), cluster.device_of(3)
+    assert throttled["peak_flops"]["f32"] == pytest.approx(cpu["peak_flops"]["f32"] / 2)
+    assert cluster.name.startswith("detected mixed 3 x cpu + 1 x cpu-throttled"), cluster.name
+    doc = json.loads(ranks[0]["cluster"])
+    assert doc["nodes"] == [{"device": "cpu", "count": 2},
+                            {"devices": [{"device": "cpu", "count": 1}, {"device": "cpu-throttled", "count": 1}]}]
