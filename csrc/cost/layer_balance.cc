@@ -11,11 +11,14 @@ std::vector<int> balance_layers(const LayerBalanceProblem& problem) {
   std::vector<int> device(static_cast<std::size_t>(p), v);  // every chunk at least one layer
   const int last_device = problem.v_shape ? 0 : p - 1;
   auto extra = [&](int s) { return (s == 0 ? problem.first : 0.0) + (s == last_device ? problem.last : 0.0); };
+  auto scale = [&](int s) {
+    return problem.device_scale.empty() ? 1.0 : problem.device_scale.at(static_cast<std::size_t>(s));
+  };
   for (int left = problem.layers - p * v; left > 0; --left) {
     int best = 0;
     double best_time = 0;
     for (int s = 0; s < p; ++s) {
-      double time = (device[static_cast<std::size_t>(s)] + 1) * problem.layer + extra(s);
+      double time = scale(s) * ((device[static_cast<std::size_t>(s)] + 1) * problem.layer + extra(s));
       if (s == 0 || time < best_time) best = s, best_time = time;
     }
     ++device[static_cast<std::size_t>(best)];

@@ -13,6 +13,9 @@
 // problem; a device's layers are spread over its chunks, the earlier chunks taking the
 // remainder. Deterministic.
 //
+// On a heterogeneous cluster (device_scale) the same greedy sizes the stages to their
+// devices: 8 layers on a full-speed and a half-speed device: {6, 2}, by time, not count.
+//
 // This is how the joint planner prices uneven stages (plan.layers_per_stage): a model whose
 // LM head costs several layers (a 128k vocabulary on a 4k hidden) gets fewer layers on its
 // last stage. The evaluator checks each split's memory per stage, so a split that overfills
@@ -31,6 +34,10 @@ struct LayerBalanceProblem {
   double first = 0;  // device 0's time outside the layers
   double last = 0;   // the last chunk's device's time outside the layers (p - 1; 0 in a V)
   bool v_shape = false;  // ZB-V's placement (two chunks per device, layers_per_device below)
+  // Per device, what its time is multiplied by (a heterogeneous cluster: a stage on devices
+  // half as fast takes 2); empty: 1 everywhere. Device s's time is then
+  // scale_s x (its layers x layer + its extras), and the faster devices take more layers.
+  std::vector<double> device_scale;
 };
 
 // Layers per chunk (pipeline x virtual_stages entries, summing to layers); empty when

@@ -126,6 +126,32 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     post_cost.backward += pre_cost.backward;
     post_cost.matmul_flops += pre_cost.matmul_flops;
   }
+  // A heterogeneous cluster: each stage runs on its own ranks' slowest type, its compute
+  // scaled by that type's time for a layer against the pace-setting type's (the op cost
+  // model on both, so a memory-bound op scales with bandwidth, a matmul with FLOP/s).
+  std::vector<const DeviceType*> stage_device(static_cast<std::size_t>(p), device);
+  std::vector<double> stage_scale(static_cast<std::size_t>(p), 1.0);
+  if (cluster.device_types().size() > 1) {
+    const PartCost& reference = layers ? layer : post_cost;
+    const double reference_time = reference.forward + reference.backward;
+    for (int s = 0; s < p; ++s) {
+      const DeviceType* slowest = nullptr;
+      for (int r = s * t * d; r < (s + 1) * t * d; ++r) {
+        const DeviceType& type = cluster.device_of(r);
+        if (slowest == nullptr || type.peak_flops.at(*precision) < slowest->peak_flops.at(*precision)) slowest = &type;
+      }
+      stage_device[static_cast<std::size_t>(s)] = slowest;
+      if (slowest == device || reference_time <= 0) continue;
+      std::set<ir::ValueId> seen;
+      const PartCost here =
+          layers ? cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, model,
+                              *slowest, *precision, batch_scale, t, &seen)
+                 : cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, model,
+                              *slowest, *precision, batch_scale, t, &seen);
+      stage_scale[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
+    }
+  }
+
   // One rank's share of a layer's input (Megatron: scattered over the t ranks).
   const double boundary_bytes =
       layout != nullptr ? layout->boundary_bytes : structure.layer_input_bytes * batch_scale / t;
@@ -163,6 +189,9 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     post_tp = layout->post.collectives;
   }
   out.layer_time = layer_compute + layer_tp;
+  out.stage_scale = stage_scale;
+  if (cluster.device_types().size() > 1)
+    for (const DeviceType* type : stage_device) out.stage_devices.push_back(type->name);
   out.first_stage_extra = pre_cost.forward + pre_cost.backward + pre_tp;
   out.last_stage_extra = post_cost.forward + post_cost.backward + post_tp;
 
@@ -200,7 +229,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     if (s == 0) compute += pre_cost.forward + pre_cost.backward, backward += pre_cost.backward, params += pre_cost.parameters;
     if (s == last_device)
       compute += post_cost.forward + post_cost.backward, backward += post_cost.backward, params += post_cost.parameters;
+    compute *= stage_scale[static_cast<std::size_t>(s)];
+    backward *= stage_scale[static_cast<std::size_t>(s)];
     double tp = layers_here * layer_tp + (s == 0 ? pre_tp : 0.0) + (s == last_device ? post_tp : 0.0);
+    out.stage_times.push_back(compute + tp);
     if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp, worst_backward = backward;
     device_params[static_cast<std::size_t>(s)] = params;
     device_backward[static_cast<std::size_t>(s)] = backward;
@@ -274,7 +306,8 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     dp_exposed = std::max(dp_exposed, exposed);
     double held = params / (plan.zero_stage >= 1 ? d : 1);
     optimizer = std::max(optimizer, held * 2.0 * mem.bytes_per_parameter() /
-                                        (device->memory_bandwidth * constants.optimizer_memory_efficiency));
+                                        (stage_device[static_cast<std::size_t>(s)]->memory_bandwidth *
+                                         constants.optimizer_memory_efficiency));
   }
   out.data_parallel = dp_exposed;
   out.data_parallel_total = dp_total;
@@ -296,6 +329,8 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     if (s == 0) acts += pre_cost.activation_bytes;
     if (s == last_device) acts += post_cost.activation_bytes;
     double total = states.total() + acts;
+    out.memory_use = std::max(
+        out.memory_use, total / static_cast<double>(stage_device[static_cast<std::size_t>(s)]->memory_bytes));
     if (total > out.memory_per_rank) {
       out.memory_per_rank = total;
       out.memory_breakdown = {{"weights", states.weights},
@@ -329,6 +364,8 @@ plan::Plan with_prediction(plan::Plan plan, const PlanCost& cost) {
   predicted.breakdown = cost.breakdown();
   predicted.memory_breakdown = cost.memory_breakdown;
   predicted.ranks_per_node = cost.ranks_per_node;
+  predicted.stage_devices = cost.stage_devices;
+  if (!cost.stage_devices.empty()) predicted.stage_times = cost.stage_times;
   plan.predicted = std::move(predicted);
   return plan;
 }

@@ -26,6 +26,9 @@
 //  - Pipeline (degree p, v virtual stages): layers balanced over p x v chunks (or the
 //    plan's layers_per_stage), device s holding chunks s, s + p, ...; the bottleneck device
 //    sets the pace. Per micro-batch: T_mb = compute + tensor-parallel all-reduces + p2p.
+//    On a heterogeneous cluster device s is the stage on ranks [s t d, (s + 1) t d): its
+//    compute is priced on their slowest type (stage_scale), its memory against that type's
+//    capacity (memory_use), its optimizer step at that type's bandwidth.
 //      ideal   = m x T_mb
 //      bubble  = (p - 1) / v x T_mb    (GPipe, 1F1B, kFkB: v = 1): the (p-1)/(v m) fraction
 //      p2p     = 2 v sends (activation forward, gradient backward) per micro-batch of
@@ -95,7 +98,18 @@ struct PlanCost {
   double first_stage_extra = 0;
   double last_stage_extra = 0;
 
+  // Per pipeline stage: the device type it runs on (its ranks' slowest; heterogeneous clusters
+  // only, else empty) and what its compute is multiplied by against the pace-setting
+  // (slowest) type's (1 on a homogeneous cluster).
+  std::vector<std::string> stage_devices;
+  std::vector<double> stage_scale;
+  std::vector<double> stage_times;  // per device, per micro-batch: compute + tensor-parallel seconds
+
   double memory_per_rank = 0;  // bytes on the most loaded rank
+  // The largest fraction of its own device's memory a stage's rank needs (a heterogeneous
+  // cluster's stages hold different capacities): what a planner compares with its memory
+  // fraction.
+  double memory_use = 0;
   std::map<std::string, double> memory_breakdown;
 
   double model_flops = 0;     // per iteration: 3 x forward (see above)

@@ -367,6 +367,8 @@ json plan_to_json(const Plan& plan) {
     if (!p.ranks_per_node.empty()) out["predicted"]["ranks_per_node"] = p.ranks_per_node;
     if (p.megatron_tflops_per_device > 0)
       out["predicted"]["megatron_tflops_per_device"] = p.megatron_tflops_per_device;
+    if (!p.stage_devices.empty()) out["predicted"]["stage_devices"] = p.stage_devices;
+    if (!p.stage_times.empty()) out["predicted"]["stage_times"] = p.stage_times;
   }
   return out;
 }
@@ -414,6 +416,8 @@ Plan plan_from_json(const json& in) {
     predicted.tflops_per_device = field<double>(p, "tflops_per_device");
     if (p.contains("megatron_tflops_per_device"))
       predicted.megatron_tflops_per_device = field<double>(p, "megatron_tflops_per_device");
+    if (p.contains("stage_devices")) predicted.stage_devices = field<std::vector<std::string>>(p, "stage_devices");
+    if (p.contains("stage_times")) predicted.stage_times = field<std::vector<double>>(p, "stage_times");
     predicted.memory_per_rank = field<double>(p, "memory_per_rank");
     if (p.contains("breakdown")) predicted.breakdown = field<std::map<std::string, double>>(p, "breakdown");
     if (p.contains("memory_breakdown"))

@@ -156,6 +156,10 @@ struct Predicted {
   // Megatron-LM's accounting (cost/plan_cost.h), for comparison with its published figures;
   // 0 = not priced so (the SPMD search's plans), and then not written.
   double megatron_tflops_per_device = 0;
+  // A heterogeneous cluster's pipeline: the device type each stage runs on (cost/plan_cost.h);
+  // empty otherwise, and then not written.
+  std::vector<std::string> stage_devices;
+  std::vector<double> stage_times;  // with stage_devices: each stage's seconds per micro-batch
 
   friend bool operator==(const Predicted&, const Predicted&) = default;
 };

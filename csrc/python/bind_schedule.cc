@@ -21,6 +21,7 @@ namespace {
 struct Simulation {
   schedule::PipelineSchedule schedule;
   schedule::SimulationResult result;
+  std::vector<std::string> rank_labels;  // a heterogeneous pipeline's device type per rank
 };
 
 schedule::PipelineSchedule make_schedule(const std::string& name, int stages, int micro_batches, int virtual_stages,
@@ -41,7 +42,8 @@ schedule::PipelineSchedule make_schedule(const std::string& name, int stages, in
 // (zb-h1) runs `weight_fraction` of it as the weights' gradient (W), the rest as the input's (B).
 Simulation simulate_schedule(const std::string& name, int stages, int micro_batches, int virtual_stages, int k,
                              double forward, double backward, double comm, double optimizer_step,
-                             double weight_fraction) {
+                             double weight_fraction, const std::vector<double>& rank_scale,
+                             const std::vector<std::string>& rank_labels) {
   if (!(weight_fraction >= 0.0 && weight_fraction <= 1.0))
     throw support::ValidationError("simulate: weight_fraction must be in [0, 1], got " + std::to_string(weight_fraction));
   Simulation s;
@@ -55,6 +57,23 @@ Simulation simulate_schedule(const std::string& name, int stages, int micro_batc
   costs.forward.assign(n, forward / v);
   costs.backward.assign(n, (split ? backward * (1.0 - weight_fraction) : backward) / v);
   if (split) costs.weight.assign(n, backward * weight_fraction / v);
+  // A heterogeneous pipeline: each rank's stages take its own multiple of the times.
+  if (!rank_scale.empty()) {
+    if (static_cast<int>(rank_scale.size()) != s.schedule.ranks)
+      throw support::ValidationError("simulate: stage_scale has " + std::to_string(rank_scale.size()) +
+                                     " entries for " + std::to_string(s.schedule.ranks) + " ranks");
+    for (std::size_t g = 0; g < n; ++g) {
+      const double scale = rank_scale[static_cast<std::size_t>(s.schedule.rank_of_stage(static_cast<int>(g)))];
+      if (!(scale > 0)) throw support::ValidationError("simulate: stage_scale entries must be > 0");
+      costs.forward[g] *= scale;
+      costs.backward[g] *= scale;
+      if (split) costs.weight[g] *= scale;
+    }
+  }
+  if (!rank_labels.empty() && static_cast<int>(rank_labels.size()) != s.schedule.ranks)
+    throw support::ValidationError("simulate: devices has " + std::to_string(rank_labels.size()) + " entries for " +
+                                   std::to_string(s.schedule.ranks) + " ranks");
+  s.rank_labels = rank_labels;
   if (comm > 0.0) costs.transfer = schedule::constant_transfer(comm);
   costs.optimizer_step = optimizer_step;
   s.result = schedule::simulate(s.schedule, costs);
@@ -86,16 +105,19 @@ void bind_schedule(py::module_& m) {
             schedule::TimelineSvgOptions o;
             o.title = title;
             o.width = width;
+            o.rank_labels = s.rank_labels;
             return schedule::timeline_svg(s.result, s.schedule, o);
           },
           py::arg("title") = "", py::arg("width") = 1000.0)
-      .def("chrome_trace", [](const Simulation& s) { return schedule::chrome_trace(s.result, s.schedule); })
+      .def("chrome_trace",
+           [](const Simulation& s) { return schedule::chrome_trace(s.result, s.schedule, s.rank_labels); })
       .def("actions", [](const Simulation& s, int rank) {
         return schedule::to_string(s.schedule.per_rank.at(static_cast<std::size_t>(rank)));
       });
   m.def("simulate_schedule", &simulate_schedule, py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"),
         py::arg("virtual_stages") = 1, py::arg("k") = 1, py::arg("forward") = 1.0, py::arg("backward") = 2.0,
-        py::arg("comm") = 0.0, py::arg("optimizer_step") = 0.0, py::arg("weight_fraction") = 0.5);
+        py::arg("comm") = 0.0, py::arg("optimizer_step") = 0.0, py::arg("weight_fraction") = 0.5,
+        py::arg("rank_scale") = std::vector<double>{}, py::arg("rank_labels") = std::vector<std::string>{});
 }
 
 }  // namespace shardwise::python

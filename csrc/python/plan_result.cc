@@ -28,6 +28,8 @@ py::dict evaluate_plan_to_python(const ir::Graph& graph, const cost::Cluster& cl
   out["tensor_parallel_pairs_per_layer"] = c.tensor_parallel_pairs_per_layer;
   out["micro_batches"] = c.micro_batches;
   out["bubble_fraction"] = c.bubble_fraction;
+  out["memory_use"] = c.memory_use;
+  out["stage_scale"] = c.stage_scale;
   return out;
 }
 

@@ -33,14 +33,17 @@ std::size_t chrome_trace_event_count(const SimulationResult& result) {
   return n;
 }
 
-std::string chrome_trace(const SimulationResult& result, const PipelineSchedule& schedule) {
+std::string chrome_trace(const SimulationResult& result, const PipelineSchedule& schedule,
+                         const std::vector<std::string>& rank_labels) {
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", 0}, {"tid", 0},
                     {"args", {{"name", fmt::format("pipeline ({} ranks, {} micro-batches)", schedule.ranks,
                                                    schedule.micro_batches)}}}});
   for (std::size_t r = 0; r < result.timelines.size(); ++r) {
     events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", r},
-                      {"args", {{"name", fmt::format("rank {}", r)}}}});
+                      {"args", {{"name", r < rank_labels.size() && !rank_labels[r].empty()
+                                             ? fmt::format("rank {} ({})", r, rank_labels[r])
+                                             : fmt::format("rank {}", r)}}}});
     events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", r},
                       {"args", {{"sort_index", r}}}});
   }

@@ -14,13 +14,17 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "schedule/action.h"
 #include "schedule/simulator.h"
 
 namespace shardwise::schedule {
 
-std::string chrome_trace(const SimulationResult& result, const PipelineSchedule& schedule);
+// `rank_labels`: per rank, what its thread is named after "rank r" (a heterogeneous
+// pipeline's device type: "rank 1 (a100-half)"); empty: "rank r" alone.
+std::string chrome_trace(const SimulationResult& result, const PipelineSchedule& schedule,
+                         const std::vector<std::string>& rank_labels = {});
 
 // Number of "X" events chrome_trace() emits for `result` (non-Idle intervals).
 std::size_t chrome_trace_event_count(const SimulationResult& result);

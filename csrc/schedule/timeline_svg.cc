@@ -92,7 +92,9 @@ std::string xml_escape(const std::string& text) {
 
 std::string timeline_svg(const SimulationResult& result, const PipelineSchedule& schedule,
                          const TimelineSvgOptions& options) {
-  const double label_w = 70.0;
+  std::size_t longest = 0;
+  for (const std::string& label : options.rank_labels) longest = std::max(longest, label.size());
+  const double label_w = longest > 0 ? 70.0 + 6.5 * static_cast<double>(longest) : 70.0;
   const double margin = 10.0;
   const double title_h = options.title.empty() ? 0.0 : 24.0;
   const double row_h = options.row_height;
@@ -121,8 +123,12 @@ std::string timeline_svg(const SimulationResult& result, const PipelineSchedule&
   for (int r = 0; r < ranks; ++r) {
     const double y = rows_top + r * (row_h + gap);
     s += fmt::format("<g class=\"rank\" data-rank=\"{}\">\n", r);
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" dominant-baseline=\"middle\">rank {}</text>\n", margin,
-                     y + row_h / 2, r);
+    const auto u = static_cast<std::size_t>(r);
+    const std::string label = u < options.rank_labels.size() && !options.rank_labels[u].empty()
+                                  ? fmt::format("rank {} {}", r, options.rank_labels[u])
+                                  : fmt::format("rank {}", r);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" dominant-baseline=\"middle\">{}</text>\n", margin,
+                     y + row_h / 2, xml_escape(label));
     // Two passes: the tiling intervals first, then the Send strips on top of them.
     for (int pass = 0; pass < 2; ++pass) {
       for (const Interval& iv : result.timelines[static_cast<std::size_t>(r)]) {

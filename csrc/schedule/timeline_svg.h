@@ -18,6 +18,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "schedule/action.h"
 #include "schedule/simulator.h"
@@ -28,6 +29,8 @@ struct TimelineSvgOptions {
   double width = 1000.0;      // pixels of the time area (labels come on top)
   double row_height = 28.0;   // pixels per rank row
   std::string title;          // optional heading; XML-escaped
+  // Per rank, shown after "rank r" (a heterogeneous pipeline's device type); empty: none.
+  std::vector<std::string> rank_labels;
 };
 
 std::string timeline_svg(const SimulationResult& result, const PipelineSchedule& schedule,

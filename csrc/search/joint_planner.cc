@@ -116,8 +116,9 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   const auto start = std::chrono::steady_clock::now();
   if (options.global_batch < 1)
     throw ValidationError(fmt::format("joint planner: global batch {} < 1", options.global_batch));
-  if (cluster.device_types().size() != 1)
-    throw ValidationError("joint planner: a heterogeneous cluster; use the SPMD search (uneven batch shares)");
+  // A heterogeneous cluster: each stage priced on its own devices and against their memory
+  // (plan_cost.h), its layers sized to their speed (layer_balance.h's device_scale).
+  const bool mixed = cluster.device_types().size() > 1;
   if (options.network) check_network(*options.network);
   // The graph's layers and tensor-parallel groups, found once for every candidate.
   const cost::LayerStructure structure = cost::find_layer_structure(graph);
@@ -128,7 +129,11 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   int per_node = 0;
   for (const cost::Node& node : cluster.nodes()) per_node = std::max(per_node, node.device_count());
   JointPlanResult result;
-  result.memory_limit = static_cast<double>(cluster.device_types().front().memory_bytes) * options.memory_fraction;
+  // (mixed: the smallest device's, for what has no stage to hold it against: kFkB's groups)
+  double capacity = std::numeric_limits<double>::infinity();
+  for (const cost::DeviceType& type : cluster.device_types())
+    capacity = std::min(capacity, static_cast<double>(type.memory_bytes));
+  result.memory_limit = capacity * options.memory_fraction;
   const bool thorough = options.level == SearchLevel::Thorough;
 
   std::vector<plan::Plan> space;
@@ -190,6 +195,10 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   std::vector<JointCandidate> near_fitting;
   JointCandidate least_memory;
   least_memory.memory_per_rank = std::numeric_limits<double>::infinity();
+  // Homogeneous: the bytes against the one capacity; mixed: each stage against its own.
+  auto fits = [&](const cost::PlanCost& cost) {
+    return mixed ? cost.memory_use <= options.memory_fraction : cost.memory_per_rank <= result.memory_limit;
+  };
   auto evaluate_space = [&] {
     if (support::log_enabled(support::LogLevel::Info))
       support::log(support::LogLevel::Info, fmt::format("joint planner ({}): pricing {} combinations",
@@ -199,12 +208,14 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
         cost::PlanCost cost = cost::evaluate(structure, graph, cluster, candidate, model);
         ++result.evaluated;
         JointCandidate c{cost::with_prediction(candidate, cost), cost.step_time, cost.memory_per_rank,
-                         cost.memory_per_rank <= result.memory_limit};
+                         fits(cost)};
         if (c.fits) {
           fitting.push_back(std::move(c));
           return cost;
         }
-        if (options.stage_layouts && c.memory_per_rank <= 1.5 * result.memory_limit) near_fitting.push_back(c);
+        if (options.stage_layouts && (mixed ? cost.memory_use <= 1.5 * options.memory_fraction
+                                            : c.memory_per_rank <= 1.5 * result.memory_limit))
+          near_fitting.push_back(c);
         if (c.memory_per_rank < least_memory.memory_per_rank) least_memory = std::move(c);
         return cost;
       } catch (const ValidationError&) {
@@ -225,7 +236,8 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                                                         .layer = even->layer_time,
                                                         .first = even->first_stage_extra,
                                                         .last = even->last_stage_extra,
-                                                        .v_shape = v_shape});
+                                                        .v_shape = v_shape,
+                                                        .device_scale = even->stage_scale});
       const int p = space[i].pipeline;
       if (balanced.empty() || cost::layers_per_device(balanced, p, v_shape) ==
                                   cost::layers_per_device(cost::even_layers(static_cast<int>(layers),
@@ -290,7 +302,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
               cost::evaluate(structure, graph, cluster, plain, model, {}, &(*layout)->prices);
           ++result.evaluated;
           return JointCandidate{cost::with_prediction(std::move(plain), cost), cost.step_time, cost.memory_per_rank,
-                                cost.memory_per_rank <= result.memory_limit, true};
+                                fits(cost), true};
         } catch (const ValidationError&) {
           return std::nullopt;
         }
@@ -398,7 +410,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       try {
         const cost::PlanCost cost = cost::evaluate(structure, graph, cluster, grouped, model, {}, layout);
         ++result.evaluated;
-        if (cost.memory_per_rank > result.memory_limit) continue;
+        if (!fits(cost)) continue;
         plan::Plan priced = cost::with_prediction(grouped, cost);
         const double step = after_flush(priced, choice.step_time);
         priced = retimed(std::move(priced), step);

@@ -299,7 +299,8 @@ class Plan:
         """The plan's pipeline schedule run through the simulator (csrc/schedule/simulator.h)
         with the predicted per-micro-batch times of its bottleneck stage: forward and backward
         1 : 2 of the compute, the point-to-point time per send. A plan without pipeline
-        simulates one stage."""
+        simulates one stage. On a heterogeneous cluster each stage takes its own time (the
+        prediction's stage_times) and the rows are named by its device type."""
         from .simulate import simulate
 
         pred = self._predicted()["breakdown"]
@@ -308,10 +309,13 @@ class Plan:
         v = d.get("virtual_stages", 1)
         compute = (pred.get("compute", 0.0) + pred.get("tensor_parallel", 0.0)) / m
         sends = 2 * v * m
+        stage_times = self._predicted().get("stage_times") or []
+        scale = [t / max(stage_times) for t in stage_times] if stage_times and max(stage_times) > 0 else None
         return simulate(d["schedule"], stages=d["pipeline"], micro_batches=m, virtual_stages=v,
                         k=d.get("kfkb_k", 1), forward=compute / 3, backward=2 * compute / 3,
                         comm=pred.get("pipeline_p2p", 0.0) / sends if d["pipeline"] > 1 else 0.0,
-                        optimizer_step=pred.get("optimizer", 0.0))
+                        optimizer_step=pred.get("optimizer", 0.0), stage_scale=scale,
+                        devices=self._predicted().get("stage_devices"))
 
     def timeline_svg(self, path, title: str | None = None) -> str:
         """The plan's timeline as SVG (one row per pipeline rank): see ``simulation()``."""
@@ -371,6 +375,10 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     if network is not None and pipeline is None:
         pipeline = True
     choose = pipeline is None
+    # A mixed cluster of several nodes: uneven batch shares (the SPMD search) or stages sized
+    # to their devices (the joint planner), whichever is faster.
+    both = (choose and mesh is None and cluster.num_nodes > 1 and cluster.heterogeneous and not collective_matmul
+            and bool(graph.repeated_blocks()))
     if choose:
         pipeline = (mesh is None and cluster.num_nodes > 1 and not cluster.heterogeneous and not collective_matmul
                     and bool(graph.repeated_blocks()))
@@ -385,6 +393,12 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress, collective_matmul=collective_matmul)
+    if both:
+        joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
+                           precision=precision, progress=progress, zero=zero)
+        if joint.fits and (found.fits is False or joint.predicted_step_time() < found.predicted_step_time()):
+            return joint
+        return found
     if choose and mesh is None:
         joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
                                      memory_fraction=memory_fraction, precision=precision, progress=progress,
@@ -398,9 +412,9 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
                          precision: str | None = None, progress=None, zero: bool = True) -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
-    stages), if that fits; else None. Only for homogeneous clusters and models with repeated
-    layers (what the joint planner takes). shardwise.plan and parallelize both ask it."""
-    if found.fits is not False or cluster.heterogeneous or not graph.repeated_blocks():
+    stages), if that fits; else None. Only for models with repeated layers (what the joint
+    planner takes). shardwise.plan and parallelize both ask it."""
+    if found.fits is not False or not graph.repeated_blocks():
         return None
     joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                        precision=precision, progress=progress, zero=zero)

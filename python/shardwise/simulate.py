@@ -82,7 +82,8 @@ class Simulation:
 
 def simulate(schedule: str = "1f1b", stages: int = 4, micro_batches: int = 8, virtual_stages: int = 1, k: int = 1,
              forward: float = 1.0, backward: float = 2.0, comm: float = 0.0,
-             optimizer_step: float = 0.0, weight_fraction: float = 0.5) -> Simulation:
+             optimizer_step: float = 0.0, weight_fraction: float = 0.5,
+             stage_scale: List[float] | None = None, devices: List[str] | None = None) -> Simulation:
     """Simulates one step of `schedule` ("1f1b", "gpipe", "interleaved-1f1b", "kfkb", "zb-h1",
     "zb-v" or "dualpipe-v"). "zb-h1", "zb-v" (zero bubble, csrc/schedule/schedules.h) and
     "dualpipe-v" (DeepSeek's DualPipeV; zb-v and dualpipe-v: two chunks per rank in a V,
@@ -90,9 +91,13 @@ def simulate(schedule: str = "1f1b", stages: int = 4, micro_batches: int = 8, vi
     `weight_fraction` computes the weights' gradients (W), run later to fill the bubbles, the
     rest the input's (B). Plans take it too (``Plan.manual(schedule="zb-h1")``, the joint
     planner's candidates without recomputation); the runtime splits each stage's backward where
-    csrc/transform/weight_gradient_split.h says (runtime/weight_split.py)."""
+    csrc/transform/weight_gradient_split.h says (runtime/weight_split.py).
+    A heterogeneous pipeline: ``stage_scale`` (one per rank) multiplies that rank's times (a
+    stage on devices half as fast: 2), and ``devices`` (one per rank) names each row of the
+    timeline and each thread of the trace ("rank 1 a100-half")."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     sim = _C.simulate_schedule(schedule, stages, micro_batches, virtual_stages, k, forward, backward, comm,
-                               optimizer_step, weight_fraction)
+                               optimizer_step, weight_fraction, [float(x) for x in stage_scale or []],
+                               [str(x) for x in devices or []])
     return Simulation(sim, schedule)

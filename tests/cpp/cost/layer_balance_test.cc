@@ -49,5 +49,17 @@ TEST(LayerBalance, TheEvaluatorPricesTheBalancedSplitFaster) {
   EXPECT_LT(balanced.step_time, even.step_time);
 }
 
+// Stages sized to their devices: a half-speed device's layer takes twice the time, so it
+// gets fewer layers (layer_balance.h's example), and three speeds share 14 layers by speed.
+TEST(LayerBalance, HeterogeneousDevicesTakeLayersBySpeed) {
+  EXPECT_EQ(balance_layers({.layers = 8, .pipeline = 2, .virtual_stages = 1, .layer = 1, .device_scale = {1, 2}}),
+            (std::vector<int>{6, 2}));
+  EXPECT_EQ(balance_layers({.layers = 14, .pipeline = 3, .virtual_stages = 1, .layer = 1, .device_scale = {1, 2, 4}}),
+            (std::vector<int>{8, 4, 2}));
+  // Equal speeds: the split without device_scale.
+  EXPECT_EQ(balance_layers({.layers = 10, .pipeline = 4, .virtual_stages = 1, .layer = 1, .device_scale = {1, 1, 1, 1}}),
+            balance_layers({.layers = 10, .pipeline = 4, .virtual_stages = 1, .layer = 1}));
+}
+
 }  // namespace
 }  // namespace shardwise::cost

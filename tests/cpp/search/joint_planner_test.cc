@@ -8,7 +8,10 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "cost/cluster.h"
 #include "cost/cluster_presets.h"
+#include "cost/layer_balance.h"
+#include "cost/plan_cost.h"
 #include "search/plan_report.h"
 #include "support/error.h"
 #include "test_graphs.h"
@@ -235,9 +238,45 @@ TEST(JointPlanner, RejectsWhatItCannotPlan) {
   options.global_batch = 0;
   EXPECT_THROW(plan_joint(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, options),
                support::ValidationError);
-  options.global_batch = 8;
-  EXPECT_THROW(plan_joint(g, cost::preset("mixed-a100-v100", 1), cost::AnalyticCostModel{}, options),
-               support::ValidationError);
+}
+
+// 8 full-speed and 8 half-speed A100s (a node of each, the second declared as the first's
+// profile at 0.5): the stages are sized to their devices, the faster stages taking more
+// layers, and the plan beats the same plan with equal stages by the time the slow stage
+// loses.
+TEST(JointPlanner, SizesStagesToTheirDevices) {
+  const ir::Graph g = gpt(24, 2048, 16, 2048, 50304);
+  nlohmann::json doc = nlohmann::json::parse(cost::cluster_to_json_string(cost::preset("dgx-a100", 2)));
+  doc["device_types"].push_back({{"name", "a100-half"}, {"like", "a100-sxm4-80gb"}, {"speed", 0.5}});
+  doc["nodes"][1] = {{"device", "a100-half"}, {"count", 8}};
+  const cost::Cluster cluster = cost::cluster_from_json_string(doc.dump());
+  JointPlanOptions options;
+  options.global_batch = 64;
+  const JointPlanResult result = plan_joint(g, cluster, cost::AnalyticCostModel{}, options);
+  const plan::Plan& best = result.plan;
+  ASSERT_TRUE(best.predicted);
+  ASSERT_GT(best.pipeline, 1) << plan::plan_to_json_string(best);
+  ASSERT_EQ(best.layers_per_stage.size(), static_cast<std::size_t>(best.pipeline * best.virtual_stages));
+  const std::vector<int> device = cost::layers_per_device(best.layers_per_stage, best.pipeline,
+                                                          plan::v_shaped(best.schedule));
+  // Stages on the first node (full speed) hold more layers than those on the second.
+  const int half = best.pipeline / 2;
+  EXPECT_GT(device.front(), device.back()) << plan::plan_to_json_string(best);
+  EXPECT_GE(half, 1);
+  plan::Plan equal = best;
+  equal.layers_per_stage.clear();
+  equal.predicted.reset();
+  const cost::PlanCost even = cost::evaluate(g, cluster, equal, cost::AnalyticCostModel{});
+  EXPECT_GT(even.step_time, 1.3 * best.predicted->step_time) << even.step_time << " " << best.predicted->step_time;
+  const cost::PlanCost priced = cost::evaluate(g, cluster, best, cost::AnalyticCostModel{});
+  EXPECT_EQ(priced.stage_devices.front(), "a100-sxm4-80gb");
+  EXPECT_EQ(priced.stage_devices.back(), "a100-half");
+  // Priced against the pace-setting (slowest) type: the full-speed stage at about half its time.
+  EXPECT_NEAR(priced.stage_scale.front(), 0.5, 0.05);
+  EXPECT_EQ(priced.stage_scale.back(), 1.0);
+  std::printf("8 + 8 half-speed A100s: %s, layers per device %s, %.1f ms; equal stages %.1f ms\n",
+              plan::schedule_name(best.schedule).data(), fmt::format("{}", device).c_str(),
+              best.predicted->step_time * 1e3, even.step_time * 1e3);
 }
 
 }  // namespace
