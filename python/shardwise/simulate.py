@@ -45,6 +45,11 @@ class Simulation:
         return self._sim.bubble_overhead
 
     @property
+    def busy(self) -> List[float]:
+        """Seconds each rank computes (forward, backward, weight gradient) in the step."""
+        return list(self._sim.busy)
+
+    @property
     def peak_in_flight(self) -> List[int]:
         return list(self._sim.peak_in_flight)
 

@@ -68,3 +68,58 @@ def test_transformers_llama_takes_uneven_shares():
     _shares_start_at_the_inputs(doc, balance)
     # The integer split is within one sample of the balance LP's optimum.
     assert balance["step_time"] <= balance["lp_step_time"] * 1.1, balance
+
+
+def _fast_and_half(nodes_each: int = 1) -> shardwise.Cluster:
+    """DGX A100 nodes, the later half of them at half speed (a throttled fleet, declared as
+    the A100's profile at 0.5: Cluster JSON's "like" and "speed")."""
+    doc = json.loads(shardwise.Cluster.preset("dgx-a100", 2 * nodes_each).to_json())
+    doc["device_types"].append({"name": "a100-half", "like": "a100-sxm4-80gb", "speed": 0.5})
+    for n in range(nodes_each, 2 * nodes_each):
+        doc["nodes"][n] = {"device": "a100-half", "count": 8}
+    return shardwise.Cluster.from_json(json.dumps(doc))
+
+
+def test_pipeline_stages_are_sized_to_their_devices(tmp_path):
+    graph = shardwise.models.gpt(layers=24, hidden=2048, heads=16, seq=2048, vocab=50304, batch=2)
+    cluster = _fast_and_half()
+    plan = shardwise.plan(graph, cluster, global_batch=64, pipeline=True)
+    predicted = json.loads(plan.to_json())["predicted"]
+    devices, times = predicted["stage_devices"], predicted["stage_times"]
+    assert len(devices) == plan.pipeline > 1, predicted
+    assert devices[0] == "a100-sxm4-80gb" and devices[-1] == "a100-half", devices
+    per_device = [0] * plan.pipeline
+    for chunk, n in enumerate(plan.layers_per_stage):
+        per_device[chunk % plan.pipeline if plan.schedule not in ("zb-v", "dualpipe-v") else
+                   (chunk if chunk < plan.pipeline else 2 * plan.pipeline - 1 - chunk)] += n
+    fast = [n for n, d in zip(per_device, devices) if d == "a100-sxm4-80gb"]
+    slow = [n for n, d in zip(per_device, devices) if d == "a100-half"]
+    assert min(fast) > max(slow), (per_device, devices)
+    # Balanced by time: no stage more than 1.5x another (equal layers would be 2x).
+    assert max(times) < 1.5 * min(times), times
+    # The same degrees with equal stages, priced on the same cluster: slower by the slow half.
+    equal = shardwise.Plan.manual(graph, cluster, tensor=plan.tensor, pipeline=plan.pipeline, data=plan.data,
+                                  global_batch=64, micro_batch=plan.micro_batch, schedule=plan.schedule,
+                                  virtual_stages=plan.virtual_stages, recompute=plan.recompute != "none",
+                                  zero=plan.zero_stage)
+    print(f"8 + 8 half-speed A100s: {plan.schedule} p{plan.pipeline} d{plan.data} t{plan.tensor}, layers "
+          f"{per_device} on {devices}: {plan.predicted_step_time() * 1e3:.0f} ms; equal stages "
+          f"{equal.predicted_step_time() * 1e3:.0f} ms")
+    assert equal.predicted_step_time() > 1.3 * plan.predicted_step_time()
+    # The timeline names each stage's device, and its rows take their own times.
+    svg = plan.timeline_svg(tmp_path / "plan.svg")
+    assert "rank 0 a100-sxm4-80gb" in svg and f"rank {plan.pipeline - 1} a100-half" in svg
+    assert f"rank {plan.pipeline - 1} (a100-half)" in plan.chrome_trace(tmp_path / "plan.json")
+    busy = plan.simulation().busy  # seconds each rank computes: alike, as the stages are balanced
+    assert max(busy) < 1.5 * min(busy), busy
+
+
+def test_a_mixed_fleet_plans_with_what_is_faster():
+    # shardwise.plan's default on a mixed cluster of several nodes: the faster of uneven batch
+    # shares (the SPMD search) and stages sized to their devices (the joint planner).
+    graph = shardwise.models.gpt(layers=24, hidden=2048, heads=16, seq=2048, vocab=50304, batch=2)
+    cluster = _fast_and_half()
+    chosen = shardwise.plan(graph, cluster, global_batch=64)
+    shares = shardwise.plan(graph, cluster, global_batch=64, pipeline=False)
+    stages = shardwise.plan(graph, cluster, global_batch=64, pipeline=True)
+    assert chosen.predicted_step_time() == min(shares.predicted_step_time(), stages.predicted_step_time())
