@@ -188,8 +188,12 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
       out.balance = BatchBalance{axis, ranks, result.ratios(), result.step_time, result.even_step_time,
                                  result.lp_step_time};
       sm.set_input_ratios(axis, result.ratios());
-      out.evaluation.breakdown["compute"] += result.step_time - result.even_step_time;
-      out.evaluation.step_time += result.step_time - result.even_step_time;
+      // What the shares change: the even split's time as priced here, memory aside (even_step_time
+      // is infinite where the even split overflows a device: the difference must stay finite).
+      double even = 0;
+      for (const BalanceRank& b : balance) even = std::max(even, b.fixed_seconds + b.seconds_per_sample * per_rank_batch);
+      out.evaluation.breakdown["compute"] += result.step_time - even;
+      out.evaluation.step_time += result.step_time - even;
       double max_memory = 0;
       for (std::size_t i = 0; i < balance.size(); ++i)
         max_memory = std::max(max_memory, balance[i].fixed_memory +

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -329,6 +330,27 @@ TEST(SpmdSearch, HeterogeneousSharesStartAtTheInputs) {
   for (const plan::CollectiveRecord& c : r.plan.predicted->collectives)
     EXPECT_NE(c.kind, "all_to_all") << c.value;
   EXPECT_LT(r.balance->step_time * 1.3, r.balance->even_step_time);
+}
+
+// The even split overflows the V100s' 32 GB, the shares fit: the plan's step is the shares'
+// (it was inf - inf, NaN, written as null).
+TEST(SpmdSearch, SharesPriceAPlanWhoseEvenSplitDoesNotFit) {
+  models::GptConfig c;
+  c.layers = 24;
+  c.hidden = 2048;
+  c.heads = 16;
+  c.seq = 2048;
+  c.vocab = 50304;
+  c.batch = 2;
+  const ir::Graph g = models::build_gpt(c);
+  SpmdSearchOptions o;
+  o.global_batch = 32;
+  o.mesh = std::vector<int>{8, 1};
+  const SpmdSearchResult r = search_spmd(g, cost::preset("mixed-a100-v100", 1), cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(r.balance.has_value());
+  EXPECT_TRUE(std::isinf(r.balance->even_step_time));
+  ASSERT_TRUE(std::isfinite(r.plan.predicted->step_time)) << r.plan.predicted->step_time;
+  EXPECT_NEAR(r.plan.predicted->step_time, r.balance->step_time, 0.01 * r.balance->step_time);
 }
 
 TEST(SpmdSearch, ClearErrors) {
