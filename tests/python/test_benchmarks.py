@@ -141,3 +141,13 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     for kind, nbytes in data["predicted_traffic"].items():
         assert nbytes <= 0 or data["traffic"].get(kind, {}).get("bytes", 0) > 0, (kind, data)
     assert rows["gpt2 pipeline 2 x data 2, 1F1B"]["traffic"]["send"]["calls"] > 0
+
+
+def test_heterogeneous_plans_beat_equal_shares_and_match_the_exhaustive_split():
+    out = _run("heterogeneous.py", "--quick")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| a100+half") or
+            line.startswith("| mixed-a100-v100")]
+    speedups = [float(r[5]) for r in rows if len(r) == 6]
+    assert len(speedups) == 2 and min(speedups) >= 1.3, out  # ours against equal shares and stages
+    exhaustive = [float(r[6]) for r in rows if len(r) == 7]
+    assert exhaustive and max(exhaustive) <= 1.05, out  # the joint planner's split against every split
