@@ -136,7 +136,8 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     const double reference_time = reference.forward + reference.backward;
     for (int s = 0; s < p; ++s) {
       const DeviceType* slowest = nullptr;
-      for (int r = s * t * d; r < (s + 1) * t * d; ++r) {
+      const int g = plan.stage_group(s);
+      for (int r = g * t * d; r < (g + 1) * t * d; ++r) {
         const DeviceType& type = cluster.device_of(r);
         if (slowest == nullptr || type.peak_flops.at(*precision) < slowest->peak_flops.at(*precision)) slowest = &type;
       }
@@ -265,7 +266,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   for (int s = 0; s < p; ++s) {
     double params = device_params[static_cast<std::size_t>(s)];
     std::vector<int> dp_ranks;
-    for (int j = 0; j < d; ++j) dp_ranks.push_back(s * t * d + j * t);
+    for (int j = 0; j < d; ++j) dp_ranks.push_back(plan.stage_group(s) * t * d + j * t);
     double sync = 0, exposed = 0;
     if (d > 1 && plan.zero_stage < 3) {
       sync = model.collective_time(cluster, CollectiveKind::AllReduce, dp_ranks,

@@ -26,9 +26,10 @@
 //  - Pipeline (degree p, v virtual stages): layers balanced over p x v chunks (or the
 //    plan's layers_per_stage), device s holding chunks s, s + p, ...; the bottleneck device
 //    sets the pace. Per micro-batch: T_mb = compute + tensor-parallel all-reduces + p2p.
-//    On a heterogeneous cluster device s is the stage on ranks [s t d, (s + 1) t d): its
-//    compute is priced on their slowest type (stage_scale), its memory against that type's
-//    capacity (memory_use), its optimizer step at that type's bandwidth.
+//    Device s is the stage on ranks [g t d, (g + 1) t d), g its block (plan.stage_groups,
+//    else s). On a heterogeneous cluster its compute is priced on those ranks' slowest type
+//    (stage_scale), its memory against that type's capacity (memory_use), its optimizer step
+//    at that type's bandwidth.
 //      ideal   = m x T_mb
 //      bubble  = (p - 1) / v x T_mb    (GPipe, 1F1B, kFkB: v = 1): the (p-1)/(v m) fraction
 //      p2p     = 2 v sends (activation forward, gradient backward) per micro-batch of

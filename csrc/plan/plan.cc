@@ -243,6 +243,15 @@ void validate(const Plan& plan, std::optional<int> world_size) {
       if (plan.layers_per_stage[i] < 0)
         throw ValidationError(fmt::format("plan.layers_per_stage[{}]: {} < 0", i, plan.layers_per_stage[i]));
   }
+  if (!plan.stage_groups.empty()) {
+    std::vector<int> sorted = plan.stage_groups;
+    std::sort(sorted.begin(), sorted.end());
+    bool permutation = static_cast<int>(sorted.size()) == plan.pipeline;
+    for (int s = 0; permutation && s < plan.pipeline; ++s) permutation = sorted[static_cast<std::size_t>(s)] == s;
+    if (!permutation)
+      throw ValidationError(fmt::format("plan.stage_groups: [{}] is not an order of the {} stages' rank blocks 0..{}",
+                                        fmt::join(plan.stage_groups, ", "), plan.pipeline, plan.pipeline - 1));
+  }
   if (std::find(kPrecisions.begin(), kPrecisions.end(), plan.precision) == kPrecisions.end())
     throw ValidationError(fmt::format("plan.precision: unknown '{}' (known: f32, tf32, bf16, f16)", plan.precision));
 }
@@ -321,20 +330,22 @@ CollectiveRecord collective_from_json(const json& in) {
 }
 
 json plan_degrees(const Plan& plan) {
-  return json{{"format", "shardwise.plan"},
-              {"version", 1},
-              {"data", plan.data},
-              {"tensor", plan.tensor},
-              {"pipeline", plan.pipeline},
-              {"global_batch", plan.global_batch},
-              {"micro_batch", plan.micro_batch},
-              {"schedule", schedule_name(plan.schedule)},
-              {"virtual_stages", plan.virtual_stages},
-              {"kfkb_k", plan.kfkb_k},
-              {"recompute", recompute_name(plan.recompute)},
-              {"zero_stage", plan.zero_stage},
-              {"layers_per_stage", plan.layers_per_stage},
-              {"precision", plan.precision}};
+  json out{{"format", "shardwise.plan"},
+           {"version", 1},
+           {"data", plan.data},
+           {"tensor", plan.tensor},
+           {"pipeline", plan.pipeline},
+           {"global_batch", plan.global_batch},
+           {"micro_batch", plan.micro_batch},
+           {"schedule", schedule_name(plan.schedule)},
+           {"virtual_stages", plan.virtual_stages},
+           {"kfkb_k", plan.kfkb_k},
+           {"recompute", recompute_name(plan.recompute)},
+           {"zero_stage", plan.zero_stage},
+           {"layers_per_stage", plan.layers_per_stage},
+           {"precision", plan.precision}};
+  if (!plan.stage_groups.empty()) out["stage_groups"] = plan.stage_groups;
+  return out;
 }
 
 json plan_decisions(const Plan& plan) {
@@ -378,7 +389,7 @@ Plan plan_from_json(const json& in) {
   static const std::set<std::string> known = {"format",      "version",    "data",           "tensor",
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
-                                              "layers_per_stage", "precision", "sharding", "stage_sharding",
+                                              "layers_per_stage", "stage_groups", "precision", "sharding", "stage_sharding",
                                               "programs", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
@@ -398,6 +409,7 @@ Plan plan_from_json(const json& in) {
   if (in.contains("recompute")) plan.recompute = recompute_from_name(field<std::string>(in, "recompute"));
   if (in.contains("zero_stage")) plan.zero_stage = field<int>(in, "zero_stage");
   if (in.contains("layers_per_stage")) plan.layers_per_stage = field<std::vector<int>>(in, "layers_per_stage");
+  if (in.contains("stage_groups")) plan.stage_groups = field<std::vector<int>>(in, "stage_groups");
   if (in.contains("precision")) plan.precision = field<std::string>(in, "precision");
   if (in.contains("sharding")) plan.sharding = sharding_from_json(in.at("sharding"));
   if (in.contains("stage_sharding")) plan.stage_sharding = sharding_from_json(in.at("stage_sharding"), "plan.stage_sharding");

@@ -10,6 +10,11 @@
 //    batch that micro_batch x data does not divide, naming the numbers.
 //  - layers_per_stage: empty = balanced (the evaluator splits the repeated blocks evenly);
 //    else pipeline x virtual_stages entries (one per model chunk, in pipeline order).
+//  - stage_groups: empty = pipeline stage s on the s-th block of data x tensor ranks (the
+//    layout above); else a permutation: stage s on block stage_groups[s], ranks
+//    [g d t, (g + 1) d t) (a heterogeneous cluster's stages on the devices that suit them:
+//    the joint planner searches it). Written only when set (so a plan without it keeps its
+//    hash).
 //  - virtual_stages > 1 only with Schedule::Interleaved1F1B or ZeroBubbleV (which takes
 //    exactly 2); kfkb_k > 1 only with KFKB.
 //  - precision: "f32", "tf32", "bf16" or "f16" (cost::Precision names).
@@ -176,6 +181,7 @@ struct Plan {
   Recompute recompute = Recompute::None;
   int zero_stage = 0;  // 0-3
   std::vector<int> layers_per_stage;
+  std::vector<int> stage_groups;  // pipeline stage -> its block of d x t ranks; empty = in order
   std::string precision = "bf16";
   std::optional<Sharding> sharding;
   std::optional<Sharding> stage_sharding;
@@ -183,6 +189,10 @@ struct Plan {
   std::optional<Predicted> predicted;
 
   int world_size() const { return data * tensor * pipeline; }
+  // The block of data x tensor ranks pipeline stage `stage` runs on (stage_groups, else itself).
+  int stage_group(int stage) const {
+    return stage_groups.empty() ? stage : stage_groups.at(static_cast<std::size_t>(stage));
+  }
   // global_batch / (micro_batch x data); validate() first. Sharded plans: 1.
   std::int64_t num_micro_batches() const;
 

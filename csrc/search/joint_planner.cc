@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include "cost/layer_balance.h"
@@ -107,6 +108,56 @@ plan::Plan retimed(plan::Plan plan, double step_time) {
   predicted.megatron_tflops_per_device *= predicted.step_time / step_time;
   predicted.step_time = step_time;
   return plan;
+}
+
+// The orders of a plan's rank blocks other than the identity that put a different device
+// kind at some stage (plan.stage_groups), for a mixed cluster: every distinct sequence of the
+// blocks' kinds (a block's kind: its ranks' slowest type), a kind's blocks taken in rank
+// order. At most 120 sequences (p <= 5, or few kinds); beyond that the kinds fastest first
+// and slowest first.
+std::vector<std::vector<int>> stage_orders(const cost::Cluster& cluster, const plan::Plan& plan) {
+  const int p = plan.pipeline, block = plan.data * plan.tensor;
+  const auto precision = cost::parse_precision(plan.precision);
+  std::vector<std::pair<double, std::string>> kinds;  // per block: (speed, name)
+  for (int g = 0; g < p; ++g) {
+    const cost::DeviceType* slowest = nullptr;
+    for (int r = g * block; r < (g + 1) * block; ++r) {
+      const cost::DeviceType& type = cluster.device_of(r);
+      if (slowest == nullptr || type.peak_flops.at(*precision) < slowest->peak_flops.at(*precision)) slowest = &type;
+    }
+    kinds.emplace_back(slowest->peak_flops.at(*precision), slowest->name);
+  }
+  auto blocks_for = [&](const std::vector<std::pair<double, std::string>>& sequence) {
+    std::vector<int> order;
+    std::vector<bool> used(static_cast<std::size_t>(p), false);
+    for (const auto& kind : sequence)
+      for (int g = 0; g < p; ++g)
+        if (!used[static_cast<std::size_t>(g)] && kinds[static_cast<std::size_t>(g)] == kind) {
+          used[static_cast<std::size_t>(g)] = true;
+          order.push_back(g);
+          break;
+        }
+    return order;
+  };
+  std::vector<std::pair<double, std::string>> sequence = kinds;
+  std::sort(sequence.begin(), sequence.end());
+  std::vector<std::vector<int>> sequences;
+  int count = 0;
+  do {
+    if (++count > 120) break;
+    sequences.push_back(blocks_for(sequence));
+  } while (std::next_permutation(sequence.begin(), sequence.end()));
+  if (count > 120) {
+    sequences.clear();
+    std::sort(sequence.begin(), sequence.end());
+    sequences.push_back(blocks_for(sequence));
+    std::reverse(sequence.begin(), sequence.end());
+    sequences.push_back(blocks_for(sequence));
+  }
+  std::vector<int> identity(static_cast<std::size_t>(p));
+  std::iota(identity.begin(), identity.end(), 0);
+  std::erase_if(sequences, [&](const std::vector<int>& order) { return order == identity; });
+  return sequences;
 }
 
 }  // namespace
@@ -222,31 +273,44 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
         return std::nullopt;  // a combination the evaluator rejects (layers the stages cannot split)
       }
     };
-    for (std::size_t i = 0; i < space.size(); ++i) {
-      if (options.progress && i % 64 == 0) options.progress(static_cast<int>(i), static_cast<int>(space.size()));
-      std::optional<cost::PlanCost> even = price(space[i]);
-      if (!even || space[i].pipeline == 1) continue;
-      // The same plan with its layers split by time rather than count (layer_balance.h):
-      // the last stage's LM head or the first stage's embedding take a share of its layers.
-      // (ZB-V's V puts the LM head beside the embedding, on the first device.)
-      const bool v_shape = plan::v_shaped(space[i].schedule);
+    // The plan, and the same plan with its layers split by time rather than count
+    // (layer_balance.h): the last stage's LM head or the first stage's embedding take a share of
+    // its layers; on a mixed cluster the faster stages take more. (ZB-V's V puts the LM head
+    // beside the embedding, on the first device.)
+    auto price_balanced = [&](const plan::Plan& candidate) {
+      std::optional<cost::PlanCost> even = price(candidate);
+      if (!even || candidate.pipeline == 1) return;
+      const bool v_shape = plan::v_shaped(candidate.schedule);
       std::vector<int> balanced = cost::balance_layers({.layers = static_cast<int>(layers),
-                                                        .pipeline = space[i].pipeline,
-                                                        .virtual_stages = space[i].virtual_stages,
+                                                        .pipeline = candidate.pipeline,
+                                                        .virtual_stages = candidate.virtual_stages,
                                                         .layer = even->layer_time,
                                                         .first = even->first_stage_extra,
                                                         .last = even->last_stage_extra,
                                                         .v_shape = v_shape,
                                                         .device_scale = even->stage_scale});
-      const int p = space[i].pipeline;
+      const int p = candidate.pipeline;
       if (balanced.empty() || cost::layers_per_device(balanced, p, v_shape) ==
                                   cost::layers_per_device(cost::even_layers(static_cast<int>(layers),
-                                                                            p * space[i].virtual_stages),
+                                                                            p * candidate.virtual_stages),
                                                           p, v_shape))
-        continue;
-      plan::Plan uneven = space[i];
+        return;
+      plan::Plan uneven = candidate;
       uneven.layers_per_stage = std::move(balanced);
       price(uneven);
+    };
+    for (std::size_t i = 0; i < space.size(); ++i) {
+      if (options.progress && i % 64 == 0) options.progress(static_cast<int>(i), static_cast<int>(space.size()));
+      price_balanced(space[i]);
+      if (!mixed || space[i].pipeline == 1) continue;
+      // Which stage runs on which block of ranks (plan.stage_groups): every order of the
+      // blocks' device kinds (the first stage holds the most micro-batches, the last the LM
+      // head), each kind's blocks in rank order.
+      for (const std::vector<int>& order : stage_orders(cluster, space[i])) {
+        plan::Plan ordered = space[i];
+        ordered.stage_groups = order;
+        price_balanced(ordered);
+      }
     }
     // The pass is done: a progress bar ends full (a second, finer pass starts its own count).
     if (options.progress) options.progress(static_cast<int>(space.size()), static_cast<int>(space.size()));

@@ -344,7 +344,10 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
         verify_capture(wrapper, micro, graph, builder, tensors, trainable, binding.names,
                        dict(zip(binding.names, (x.narrow(0, 0, rows) for x in batch))), compute)
     size = d * t
-    pipeline_rank, local = rank // size, rank % size
+    # Pipeline rank -> its block of d x t ranks (plan.stage_groups: a heterogeneous cluster's
+    # stages on the devices that suit them; in order by default).
+    groups = json.loads(plan.to_json()).get("stage_groups") or list(range(p))
+    pipeline_rank, local = groups.index(rank // size), rank % size
     sharded, mesh = None, None
 
     # Detected here, on every rank together (Cluster.detect is collective under a process
@@ -378,7 +381,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     parameters: dict[str, torch.Tensor] = {}
     schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
     # The schedule's peers are pipeline ranks; this rank talks to the same sub-mesh coordinate.
-    actions = [(kind, i, g, peer * size + local if peer >= 0 else peer)
+    actions = [(kind, i, g, groups[peer] * size + local if peer >= 0 else peer)
                for kind, i, g, peer in parse_actions(schedule.actions(pipeline_rank))]
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
                           parameters, m, compute_dtypes=compute, split_backward=any(a[0] == "W" for a in actions),
@@ -387,7 +390,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     for x in sorted(first.owners):  # every rank creates every group, in the same order
         if len(first.owners[x]) > 1:
             for coordinate in range(size):
-                ranks = [o * size + coordinate for o in sorted(first.owners[x])]
+                ranks = [groups[o] * size + coordinate for o in sorted(first.owners[x])]
                 group = dist.new_group(ranks)
                 if rank in ranks:
                     shared.append((x, group))
@@ -396,7 +399,8 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     return PipelineEngine(model=model, wrapper=wrapper, binding=binding, plan=plan, first=first, actions=actions,
                           micro_batch=rows, num_micro_batches=m, shapes=tuple(tuple(x.shape) for x in batch),
                           parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
-                          last_rank=schedule.stage_ranks[-1] * size, mesh=mesh, stage_size=size, sharding=sharded,
+                          last_rank=groups[schedule.stage_ranks[-1]] * size, mesh=mesh, stage_size=size, sharding=sharded,
                           recapture=_recapture(wrapper, stage_cluster, level, plan.precision),
                           kept=keep_state(model, set(first.owners)),
-                          policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks)
+                          policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks,
+                          stage_groups=groups)

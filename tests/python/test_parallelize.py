@@ -418,6 +418,18 @@ def test_pipeline_follows_the_plans_layers_per_stage():
     assert r["blocks"] == [0, 1, 2]
 
 
+def test_pipeline_stages_run_on_the_rank_blocks_the_plan_orders():
+    # plan.stage_groups (a heterogeneous cluster's stages on the devices that suit them): the
+    # first stage (3 blocks) on ranks 2-3, the last (1 block and the LM head) on ranks 0-1,
+    # each a data-parallel pair; values cross between the same sub-mesh coordinates.
+    doc = json.loads(_pipeline_plan("tiny_gpt", 2, 2, "1f1b", data=2))
+    doc["layers_per_stage"] = [3, 1]
+    doc["stage_groups"] = [1, 0]
+    r = _spawn(4, "tiny_gpt", shardwise.Plan.from_json(json.dumps(doc)).to_json())
+    _check(r)
+    assert r["blocks"] == [3], r["blocks"]  # rank 0 runs the last stage
+
+
 def test_a_batch_that_fits_only_in_micro_batches_runs_with_gradient_accumulation():
     # Memory per rank below what any sharding of one step of the whole batch needs, but above
     # what the joint planner's micro-batches need: parallelize runs the latter, no plan given.

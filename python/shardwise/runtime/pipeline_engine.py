@@ -184,7 +184,7 @@ class PipelineEngine(EngineBase):
                  num_micro_batches: int, shapes: tuple, parameters: dict, tensors: dict, trainable: set,
                  shared: list[tuple], last_rank: int, mesh=None, stage_size: int = 1, sharding=None,
                  recapture: Recapture | None = None, kept=None, policy=None, compute_dtypes: dict | None = None,
-                 stage_ranks: list[int]):
+                 stage_ranks: list[int], stage_groups: list[int] | None = None):
         super().__init__(binding, policy)
         self._compute_dtypes = compute_dtypes or {}
         self.plan = plan
@@ -232,6 +232,10 @@ class PipelineEngine(EngineBase):
                 if stages:
                     self._final.setdefault(max(last_b[g] for g in stages), []).append(parameters[name])
         self._stage_size = stage_size
+        # The block of stage_size ranks each pipeline rank runs on (plan.stage_groups: a
+        # heterogeneous cluster's stages on the devices that suit them; in order by default).
+        self._groups = list(stage_groups) if stage_groups else list(range(len(set(stage_ranks)) or 1))
+        self._pipeline_rank = self._groups.index(dist.get_rank() // stage_size)
         self.whole_nodes = first.whole
         # Where this rank's tensors live (the model's device): receive buffers and the loss too.
         self._device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
@@ -306,7 +310,7 @@ class PipelineEngine(EngineBase):
                 _rank_program(graph, builder, sharded.to_json(), self._mesh.rank)
             except ValidationError:
                 sharded = self._recapture.search(graph, rows, tuple(self._mesh.sizes))
-        pipeline_rank = dist.get_rank() // self._stage_size
+        pipeline_rank = self._pipeline_rank
         program = stage_program(graph, builder, self.plan, sharded, self._mesh, pipeline_rank, self._binding.names,
                                 self._tensors, self._trainable, self._parameters, self._m, frozen=True,
                                 compute_dtypes=self._compute_dtypes,
@@ -537,7 +541,7 @@ class PipelineEngine(EngineBase):
                         continue
                     shape, dtype, index = program.meta[name]
                     received[name] = torch.empty(shape, dtype=dtype, device=self._device)
-                    transport.recv(received[name], src=self._stage_ranks[g - 1] * size + local,
+                    transport.recv(received[name], src=self._groups[self._stage_ranks[g - 1]] * size + local,
                                    tag=self._tag(index, mb, False))
                 outputs = self._call(stage, [micro[mb][n] if n in micro[mb] else received[n]
                                              for n in stage["inputs"]], counts)
@@ -549,7 +553,7 @@ class PipelineEngine(EngineBase):
                     continue
                 for name, t in zip(stage["sent"], outputs):
                     t = t.contiguous()
-                    sends.append((transport.isend(t, dst=self._stage_ranks[g + 1] * size + local,
+                    sends.append((transport.isend(t, dst=self._groups[self._stage_ranks[g + 1]] * size + local,
                                              tag=self._tag(self._index(program, name), mb, False)), t))
         for work, _ in sends:
             work.wait()
@@ -572,7 +576,7 @@ class PipelineEngine(EngineBase):
 
     def _gather(self, names: list[str], local_of) -> dict[str, torch.Tensor]:
         out = {}
-        pipeline_rank = dist.get_rank() // self._stage_size
+        pipeline_rank = self._pipeline_rank
         with torch.no_grad():
             for name in names:
                 shape, dtype, _ = self._first.meta[name]
@@ -583,6 +587,6 @@ class PipelineEngine(EngineBase):
                     t = t.clone()
                 else:
                     t = torch.empty(shape, dtype=dtype, device=self._device)
-                transport.broadcast(t, src=min(self._owners[name]) * self._stage_size)
+                transport.broadcast(t, src=self._groups[min(self._owners[name])] * self._stage_size)
                 out[name] = t
         return out

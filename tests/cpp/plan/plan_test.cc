@@ -52,6 +52,32 @@ TEST(Plan, JsonRoundTripAndHash) {
   EXPECT_NE(plan_hash(other), plan_hash(p));
 }
 
+// A heterogeneous pipeline's stages on the rank blocks that suit them: a permutation, in the
+// hash when set, not written when empty (so a plan without it keeps its hash); the devices
+// and times per stage round-trip with the prediction.
+TEST(Plan, StageGroupsAreAnOrderOfTheRankBlocks) {
+  Plan p = example();
+  EXPECT_EQ(plan_to_json(p).count("stage_groups"), 0u);
+  const std::uint64_t in_order = plan_hash(p);
+  p.stage_groups = {1, 0};
+  EXPECT_EQ(p.stage_group(0), 1);
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(p)), p);
+  EXPECT_NE(plan_hash(p), in_order);
+  p.predicted = Predicted{1.5, 140.0, 6e10, {{"compute", 1.0}}, {{"weights", 1e9}}};
+  p.predicted->stage_devices = {"a100-half", "a100-sxm4-80gb"};
+  p.predicted->stage_times = {0.094, 0.093};
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(p)), p);
+  for (const std::vector<int>& bad : {std::vector<int>{0, 0}, std::vector<int>{0}, std::vector<int>{1, 2}}) {
+    p.stage_groups = bad;
+    try {
+      validate(p);
+      FAIL() << "stage_groups accepted";
+    } catch (const support::ValidationError& e) {
+      EXPECT_NE(std::string(e.what()).find("plan.stage_groups"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Plan, RanksPerNodeMustSumToTheWorld) {
   Plan p = example();
   p.predicted = Predicted{1.5, 140.0, 6e10, {}, {}};
