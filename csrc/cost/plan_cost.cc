@@ -253,8 +253,9 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     // gradient W fills what 1F1B leaves idle. W is half the backward: a matmul's weight
     // product costs what its input product does, and the weights of norms and biases are a
     // rounding error beside them.
-    // ZB-V's chunks are half a stage each: (p - 1)(F + B - W) / 2 (the list schedule of
-    // schedules.h reaches it at p = 2, 4 and at p = 8, m = 8; 4.5 against 3.5 units at m = 16).
+    // ZB-V's chunks are half a stage each: (p - 1)(F + B - W) / 2 (schedules.h's ZB-V reaches
+    // it at p = 2, 4, 8 with m = p to 4p: its list schedule below 2p micro-batches, torch's
+    // order from there).
     const double weight = worst_backward / 2.0;
     out.pipeline_bubble = (p - 1) * std::max(0.0, t_mb - 2.0 * weight) / (v_shape ? 2.0 : 1.0);
   }

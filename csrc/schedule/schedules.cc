@@ -174,8 +174,11 @@ PipelineSchedule zero_bubble_h1(int ranks, int micro_batches) {
   return with_communication(ranks, micro_batches, 1, compute);
 }
 
-PipelineSchedule zero_bubble_v(int ranks, int micro_batches) {
-  check_shape("zero_bubble_v", ranks, micro_batches);
+namespace {
+
+// The unit-time list schedule (schedules.h): fewer micro-batches than 2p, where torch's order
+// pads to 2p - 1 and idles.
+PipelineSchedule zero_bubble_v_list(int ranks, int micro_batches) {
   const int p = ranks, m = micro_batches, stages = 2 * p;
   // Per stage: the tick each micro-batch's F and B finished (-1: not yet), and the next
   // micro-batch of each kind (micro-batch order within a stage and kind).
@@ -250,6 +253,44 @@ PipelineSchedule zero_bubble_v(int ranks, int micro_batches) {
       compute[static_cast<std::size_t>(r)].push_back(a);
       --left;
     }
+  }
+  return with_communication(ranks, micro_batches, 2, compute, true);
+}
+
+}  // namespace
+
+PipelineSchedule zero_bubble_v(int ranks, int micro_batches) {
+  check_shape("zero_bubble_v", ranks, micro_batches);
+  const int p = ranks, m = micro_batches, stages = 2 * p;
+  if (m < stages) return zero_bubble_v_list(ranks, micro_batches);
+  // torch's ScheduleZBVZeroBubble order, phase by phase (schedules.h). (torch runs
+  // max(2p - 1, m) micro-batches and leaves out those past m; here m >= 2p.)
+  const int n = m;
+  std::vector<std::vector<Action>> compute(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    std::vector<Action>& out = compute[static_cast<std::size_t>(r)];
+    const int first = r, second = stages - 1 - r;
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    auto push = [&](Action a) {
+      if (a.micro_batch < m) out.push_back(a);
+    };
+    for (int k = 0; k < 2 * (p - r) - 1; ++k) push(Action::forward(first, f0++));             // warm-up
+    for (int k = 0; k < r; ++k) push(Action::forward(second, f1++)), push(Action::forward(first, f0++));
+    for (int k = 0; k < p - r; ++k) {
+      push(Action::forward(second, f1++));
+      push(Action::backward(second, b1)), push(Action::weight_gradient(second, b1++));
+    }
+    while (f1 < f0 || f0 < n) {                                                              // steady
+      if (f0 < n) push(Action::forward(first, f0++));
+      push(Action::backward(first, b0)), push(Action::weight_gradient(first, b0++));
+      push(Action::forward(second, f1++));
+      push(Action::backward(second, b1)), push(Action::weight_gradient(second, b1++));
+    }
+    int w0 = b0, w1 = b1;                                                                    // cool-down
+    for (int k = 0; k < r; ++k) push(Action::backward(first, b0++)), push(Action::backward(second, b1++));
+    for (int k = 0; k < p - r; ++k) push(Action::backward(first, b0++)), push(Action::weight_gradient(first, w0++));
+    while (w1 < b1) push(Action::weight_gradient(second, w1++));
+    while (w0 < b0) push(Action::weight_gradient(first, w0++));
   }
   return with_communication(ranks, micro_batches, 2, compute, true);
 }

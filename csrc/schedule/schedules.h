@@ -61,12 +61,21 @@ PipelineSchedule zero_bubble_h1(int ranks, int micro_batches);
 // ZB-V (Qi et al. 2024, section 6): two chunks per rank placed in a V (stage g on rank g for
 // g < p, on rank 2p - 1 - g after: PipelineSchedule::v_shape), each backward split into B
 // and W as in ZB-H1. The first and last stage share rank 0, so the chain down and back up
-// turns around on rank p - 1 with no send. The same unit-time list schedule as ZB-H1, per
-// chunk: each rank runs, of what is ready, the oldest B (the later stage on a tie), else a
-// forward (the second chunk's first; a first-chunk forward only while a slot stays free for
-// a second-chunk one), else the oldest W, within 2p chunk activations held from F to W
-// (1F1B's first rank: p micro-batches of a whole stage). The bubble it reaches is measured
-// by the simulator (schedules_test.cc), not taken from the paper.
+// turns around on rank p - 1 with no send.
+// With m >= 2p micro-batches: torch's ScheduleZBVZeroBubble order, per rank r: 2(p - r) - 1
+// forwards of the first chunk; r pairs F(second) F(first); p - r of F(second) with a full
+// backward (B then W) of the second; the steady pairs, F(first) with a full backward of the
+// first, F(second) with a full backward of the second; r of B(first) B(second); p - r of
+// B(first) W(first); the pending W, the second chunk's first. A B with its W right after it
+// runs as one backward in the executor (runtime/pipeline_engine.py's fused backwards), as in
+// torch. It reaches the bound (p - 1)(F + B - W) / 2 at p = 2, 4, 8 with m = 2p, 4p (unit
+// times; 51.5 at p = 8, m = 16, DualPipeV's).
+// With fewer (torch pads to 2p - 1 and idles): a unit-time list schedule, per chunk: each
+// rank runs, of what is ready, the oldest B (the later stage on a tie), else a forward (the
+// second chunk's first; a first-chunk forward only while a slot stays free for a second-chunk
+// one), else the oldest W, within 2p chunk activations held from F to W (1F1B's first rank:
+// p micro-batches of a whole stage): 13.5 against torch's order's 15 at p = 4, m = 4.
+// The bubbles are measured by the simulator (schedules_test.cc), not taken from the paper.
 PipelineSchedule zero_bubble_v(int ranks, int micro_batches);
 
 // DualPipeV (DeepSeek-V3's DualPipe, cut in half: github.com/deepseek-ai/DualPipe; torch's

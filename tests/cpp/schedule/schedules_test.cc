@@ -216,7 +216,8 @@ TEST(DualPipeV, ReachesTheHalvedZeroBubbleBoundWithOneChunkMoreThanZeroBubbleV) 
 }
 
 TEST(ZeroBubbleV, TwoChunksPerRankInAVBeatZeroBubbleH1AtTheSameMemory) {
-  for (auto [p, m] : {std::pair{2, 4}, std::pair{4, 4}, std::pair{4, 8}, std::pair{8, 8}, std::pair{8, 16}}) {
+  for (auto [p, m] : {std::pair{2, 4}, std::pair{4, 4}, std::pair{4, 8}, std::pair{8, 8}, std::pair{8, 16},
+                      std::pair{2, 8}, std::pair{4, 16}, std::pair{8, 32}}) {
     const PipelineSchedule v = zero_bubble_v(p, m);
     ASSERT_NO_THROW(validate(v)) << p << " " << m;
     ASSERT_TRUE(v.v_shape);
@@ -232,8 +233,9 @@ TEST(ZeroBubbleV, TwoChunksPerRankInAVBeatZeroBubbleH1AtTheSameMemory) {
     const SimulationResult h1 = run_unit_costs(zero_bubble_h1(p, m), true);
     const double ideal = 3.0 * m, bound = (p - 1) * (1.0 + 1.0 - 1.0) / 2.0;
     EXPECT_GE(zv.step_time, ideal + bound) << p << " " << m;
-    if (!(p == 8 && m == 16)) EXPECT_DOUBLE_EQ(zv.step_time, ideal + bound) << p << " " << m;
-    else EXPECT_DOUBLE_EQ(zv.step_time, ideal + 4.5);
+    // The list schedule below 2p micro-batches, torch's order from there: both at the bound
+    // (the list schedule alone took 4.5 units over it at p = 8, m = 16).
+    EXPECT_DOUBLE_EQ(zv.step_time, ideal + bound) << p << " " << m;
     EXPECT_LT(zv.step_time, h1.step_time) << p << " " << m;
     for (int r = 0; r < p; ++r) {
       EXPECT_LE(zv.peak_in_flight[static_cast<std::size_t>(r)], 2 * p) << r;  // chunks: half a stage each
