@@ -134,7 +134,8 @@ def _row(name: str, cluster, graph, layers: int, global_batch: int, exhaustive: 
                                                  micro_batch=j["micro_batch"], schedule=j["schedule"],
                                                  virtual_stages=j["virtual_stages"], kfkb_k=j["kfkb_k"],
                                                  recompute=j["recompute"] != "none", zero=j["zero_stage"],
-                                                 precision="bf16", layers_per_stage=split)
+                                                 precision="bf16", layers_per_stage=split,
+                                                 stage_groups=j.get("stage_groups"))
                 except _C.ValidationError:
                     continue
                 if plan._result["memory_use"] <= FRACTION and (best_stages is None or
@@ -150,7 +151,8 @@ def _row(name: str, cluster, graph, layers: int, global_batch: int, exhaustive: 
         j = json.loads(joint.to_json())
         row["stages_ms"] = joint.predicted_step_time() * 1e3
         row["stages"] = (f"p{j['pipeline']} v{j['virtual_stages']} d{j['data']} t{j['tensor']} b{j['micro_batch']} "
-                         f"{j['schedule']} {j['layers_per_stage'] or 'even'}")
+                         f"{j['schedule']} {j['layers_per_stage'] or 'even'}"
+                         + (f" on blocks {j['stage_groups']}" if j.get("stage_groups") else ""))
         row["exhaustive_ms"] = best_stages[0] * 1e3
         row["exhaustive"] = str(best_stages[1])
         row["vs_exhaustive"] = row["stages_ms"] / row["exhaustive_ms"]

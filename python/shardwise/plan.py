@@ -56,14 +56,18 @@ class Plan:
     def manual(cls, graph, cluster, *, tensor: int = 1, pipeline: int = 1, data: int | None = None,
                global_batch: int, micro_batch: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
                kfkb_k: int = 1, recompute: bool = True, zero: int = 0, precision: str | None = None,
-               layers_per_stage: list[int] | None = None, profile=None, cost_model=None) -> "Plan":
+               layers_per_stage: list[int] | None = None, profile=None, cost_model=None,
+               stage_groups: list[int] | None = None) -> "Plan":
         """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p).
         Raises shardwise.ValidationError naming the numbers when the plan is inconsistent
         (t x p x d != world size, global batch not divisible by micro batch x data, ...).
         ``profile`` (or its alias ``cost_model``): a ``shardwise.Profile``; measured op and
         collective times replace the analytic ones where it has them (csrc/cost/profiled_cost.h)
-        and ``cost_coverage()`` says how many were measured. None: the analytic model."""
+        and ``cost_coverage()`` says how many were measured. None: the analytic model.
+        ``stage_groups``: pipeline stage s on block ``stage_groups[s]`` of
+        data x tensor ranks (a heterogeneous cluster's stages on the devices that suit them;
+        docs/plan-format.md)."""
         if data is None:
             data = max(1, cluster.world_size // (tensor * pipeline))
         name = _SCHEDULES.get(str(schedule).lower())
@@ -76,6 +80,8 @@ class Plan:
                "virtual_stages": virtual_stages, "kfkb_k": kfkb_k,
                "recompute": "full" if recompute else "none", "zero_stage": zero,
                "layers_per_stage": list(layers_per_stage or []), "precision": _precision(graph, precision)}
+        if stage_groups:
+            doc["stage_groups"] = [int(g) for g in stage_groups]
         if profile is not None and cost_model is not None and profile is not cost_model:
             raise _C.ValidationError("Plan.manual: give profile= or cost_model=, not both")
         profile = profile if profile is not None else cost_model

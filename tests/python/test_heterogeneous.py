@@ -87,7 +87,7 @@ def test_pipeline_stages_are_sized_to_their_devices(tmp_path):
     predicted = json.loads(plan.to_json())["predicted"]
     devices, times = predicted["stage_devices"], predicted["stage_times"]
     assert len(devices) == plan.pipeline > 1, predicted
-    assert devices[0] == "a100-sxm4-80gb" and devices[-1] == "a100-half", devices
+    assert set(devices) == {"a100-sxm4-80gb", "a100-half"}, devices  # in the order the planner chose
     per_device = [0] * plan.pipeline
     for chunk, n in enumerate(plan.layers_per_stage):
         per_device[chunk % plan.pipeline if plan.schedule not in ("zb-v", "dualpipe-v") else
@@ -101,15 +101,15 @@ def test_pipeline_stages_are_sized_to_their_devices(tmp_path):
     equal = shardwise.Plan.manual(graph, cluster, tensor=plan.tensor, pipeline=plan.pipeline, data=plan.data,
                                   global_batch=64, micro_batch=plan.micro_batch, schedule=plan.schedule,
                                   virtual_stages=plan.virtual_stages, recompute=plan.recompute != "none",
-                                  zero=plan.zero_stage)
+                                  zero=plan.zero_stage, stage_groups=json.loads(plan.to_json()).get("stage_groups"))
     print(f"8 + 8 half-speed A100s: {plan.schedule} p{plan.pipeline} d{plan.data} t{plan.tensor}, layers "
           f"{per_device} on {devices}: {plan.predicted_step_time() * 1e3:.0f} ms; equal stages "
           f"{equal.predicted_step_time() * 1e3:.0f} ms")
     assert equal.predicted_step_time() > 1.3 * plan.predicted_step_time()
     # The timeline names each stage's device, and its rows take their own times.
     svg = plan.timeline_svg(tmp_path / "plan.svg")
-    assert "rank 0 a100-sxm4-80gb" in svg and f"rank {plan.pipeline - 1} a100-half" in svg
-    assert f"rank {plan.pipeline - 1} (a100-half)" in plan.chrome_trace(tmp_path / "plan.json")
+    assert f"rank 0 {devices[0]}" in svg and f"rank {plan.pipeline - 1} {devices[-1]}" in svg
+    assert f"rank {plan.pipeline - 1} ({devices[-1]})" in plan.chrome_trace(tmp_path / "plan.json")
     busy = plan.simulation().busy  # seconds each rank computes: alike, as the stages are balanced
     assert max(busy) < 1.5 * min(busy), busy
 
@@ -123,3 +123,39 @@ def test_a_mixed_fleet_plans_with_what_is_faster():
     shares = shardwise.plan(graph, cluster, global_batch=64, pipeline=False)
     stages = shardwise.plan(graph, cluster, global_batch=64, pipeline=True)
     assert chosen.predicted_step_time() == min(shares.predicted_step_time(), stages.predicted_step_time())
+
+
+def test_bert_and_a_cnn_take_uneven_shares_from_their_inputs():
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    cluster = shardwise.Cluster.preset(MIXED)
+
+    def planned(graph, global_batch: int, inputs: tuple[str, ...]) -> dict:
+        plan = shardwise.plan(graph, cluster, global_batch=global_batch, mesh=(8, 1), precision="bf16")
+        balance = plan.balance()
+        placements = json.loads(plan.to_json())["sharding"]["placements"]
+        for name in inputs:
+            assert placements[name][0].startswith("S(0)["), (name, placements[name])
+        assert balance["step_time"] * 1.3 < balance["even_step_time"], balance
+        return balance
+
+    with torch.device("meta"):
+        bert = transformers.BertForMaskedLM(transformers.BertConfig(
+            num_hidden_layers=4, hidden_size=1024, num_attention_heads=16, intermediate_size=4096))
+    ids = torch.randint(0, 30522, (2, 512), device="meta")
+    planned(shardwise.capture(bert, {"input_ids": ids, "labels": ids}), 64, ("input_ids", "labels"))
+
+    class CNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64)
+            self.c2, self.b2 = nn.Conv2d(64, 128, 3, padding=1, stride=2), nn.BatchNorm2d(128)
+            self.fc = nn.Linear(128, 10)
+
+        def forward(self, x, y):
+            h = F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
+            return F.cross_entropy(self.fc(h.mean((2, 3))), y)
+
+    graph = shardwise.capture(CNN(), (torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))))
+    planned(graph, 256, ("x", "y"))

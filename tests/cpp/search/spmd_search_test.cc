@@ -24,12 +24,12 @@
 namespace shardwise::search {
 namespace {
 
-ir::Graph gpt(int layers, int hidden, int heads, int batch = 2, int vocab = 50304) {
+ir::Graph gpt(int layers, int hidden, int heads, int batch = 2, int vocab = 50304, int seq = 1024) {
   models::GptConfig c;
   c.layers = layers;
   c.hidden = hidden;
   c.heads = heads;
-  c.seq = 1024;
+  c.seq = seq;
   c.vocab = vocab;
   c.batch = batch;
   c.dropout = 0;
@@ -335,14 +335,7 @@ TEST(SpmdSearch, HeterogeneousSharesStartAtTheInputs) {
 // The even split overflows the V100s' 32 GB, the shares fit: the plan's step is the shares'
 // (it was inf - inf, NaN, written as null).
 TEST(SpmdSearch, SharesPriceAPlanWhoseEvenSplitDoesNotFit) {
-  models::GptConfig c;
-  c.layers = 24;
-  c.hidden = 2048;
-  c.heads = 16;
-  c.seq = 2048;
-  c.vocab = 50304;
-  c.batch = 2;
-  const ir::Graph g = models::build_gpt(c);
+  const ir::Graph g = gpt(24, 2048, 16, 2, 50304, 2048);
   SpmdSearchOptions o;
   o.global_batch = 32;
   o.mesh = std::vector<int>{8, 1};
