@@ -198,6 +198,11 @@ std::vector<Node> read_nodes(const json& j, const std::string& path) {
       node.devices.push_back(read_run(require_object(runs[r], p), p, {"device", "count"}));
     }
   }
+  // Before the nodes are made: a typo of a count must not allocate a billion of them.
+  std::int64_t devices = 0;
+  for (const DeviceRun& run : node.devices) devices += std::max(1, run.count);
+  if (static_cast<std::int64_t>(repeat) * std::max<std::int64_t>(devices, 1) > kMaxWorldSize)
+    fail(path + ".repeat", fmt::format("the cluster would exceed {} ranks", kMaxWorldSize));
   return std::vector<Node>(static_cast<std::size_t>(repeat), node);
 }
 

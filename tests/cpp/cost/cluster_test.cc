@@ -373,6 +373,9 @@ TEST(ClusterJsonTest, DegradedDevicesAndNodeKindsRefuseWhatCannotBe) {
   j["nodes"][0]["repeat"] = 0;
   EXPECT_EQ(error_of<support::ParseError>([&] { cluster_from_json(j); }),
             "nodes[0].repeat: a node kind repeats at least once, got 0");
+  j["nodes"][0]["repeat"] = 1000000000;  // refused before a billion nodes are made
+  EXPECT_NE(error_of<support::ParseError>([&] { cluster_from_json(j); }).find("nodes[0].repeat: the cluster would exceed"),
+            std::string::npos);
 }
 
 void expect_parse_error(const json& j, const std::string& message) {
