@@ -426,6 +426,16 @@ const DeviceType& Cluster::device_of(int rank) const {
   return device_types_[static_cast<std::size_t>(rank_device_[static_cast<std::size_t>(rank)])];
 }
 
+const DeviceType& Cluster::slowest_device(int first, int count, Precision precision) const {
+  if (count < 1) throw support::ValidationError(fmt::format("slowest_device: {} ranks", count));
+  const DeviceType* slowest = &device_of(first);
+  for (int r = first + 1; r < first + count; ++r) {
+    const DeviceType& type = device_of(r);
+    if (type.peak_flops.at(precision) < slowest->peak_flops.at(precision)) slowest = &type;
+  }
+  return *slowest;
+}
+
 std::vector<int> Cluster::ranks_per_node() const {
   std::vector<int> out;
   out.reserve(nodes_.size());

@@ -181,6 +181,9 @@ class Cluster {
 
   // Rank queries; a rank outside [0, world_size) is a ValidationError.
   const DeviceType& device_of(int rank) const;
+  // The slowest type (peak FLOP/s at `precision`) of ranks [first, first + count): what sets
+  // the pace of a pipeline stage's block of ranks; the first of equals.
+  const DeviceType& slowest_device(int first, int count, Precision precision) const;
   int node_of(int rank) const;
   int local_rank(int rank) const;  // index of the rank inside its node
   // First rank of a node (ranks of node n: first_rank(n) .. first_rank(n) + device_count - 1).

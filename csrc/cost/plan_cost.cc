@@ -135,12 +135,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     const PartCost& reference = layers ? layer : post_cost;
     const double reference_time = reference.forward + reference.backward;
     for (int s = 0; s < p; ++s) {
-      const DeviceType* slowest = nullptr;
-      const int g = plan.stage_group(s);
-      for (int r = g * t * d; r < (g + 1) * t * d; ++r) {
-        const DeviceType& type = cluster.device_of(r);
-        if (slowest == nullptr || type.peak_flops.at(*precision) < slowest->peak_flops.at(*precision)) slowest = &type;
-      }
+      const DeviceType* slowest = &cluster.slowest_device(plan.stage_group(s) * t * d, t * d, *precision);
       stage_device[static_cast<std::size_t>(s)] = slowest;
       if (slowest == device || reference_time <= 0) continue;
       std::set<ir::ValueId> seen;

@@ -120,12 +120,8 @@ std::vector<std::vector<int>> stage_orders(const cost::Cluster& cluster, const p
   const auto precision = cost::parse_precision(plan.precision);
   std::vector<std::pair<double, std::string>> kinds;  // per block: (speed, name)
   for (int g = 0; g < p; ++g) {
-    const cost::DeviceType* slowest = nullptr;
-    for (int r = g * block; r < (g + 1) * block; ++r) {
-      const cost::DeviceType& type = cluster.device_of(r);
-      if (slowest == nullptr || type.peak_flops.at(*precision) < slowest->peak_flops.at(*precision)) slowest = &type;
-    }
-    kinds.emplace_back(slowest->peak_flops.at(*precision), slowest->name);
+    const cost::DeviceType& slowest = cluster.slowest_device(g * block, block, *precision);
+    kinds.emplace_back(slowest.peak_flops.at(*precision), slowest.name);
   }
   auto blocks_for = [&](const std::vector<std::pair<double, std::string>>& sequence) {
     std::vector<int> order;

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
+#include <numeric>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -118,18 +118,16 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   // group along an axis is alike in a cluster description (a run of devices per node), so
   // axis_ranks' first group stands for all.
   for (int b = 0; b < axes; ++b) {
-    double slowest = std::numeric_limits<double>::infinity(), sum = 0;
-    const auto ranks = axis_ranks(b);
-    for (int r : ranks) {
-      const double speed = cluster_.device_of(r).peak_flops.at(options_.precision);
-      slowest = std::min(slowest, speed);
-      sum += speed;
-    }
-    axis_balance_.push_back(sum > 0 ? static_cast<double>(ranks.size()) * slowest / sum : 1.0);
-    std::vector<double> shares;
+    std::vector<double> speeds;
+    for (int r : axis_ranks(b)) speeds.push_back(cluster_.device_of(r).peak_flops.at(options_.precision));
+    const double sum = std::accumulate(speeds.begin(), speeds.end(), 0.0);
+    const double slowest = *std::min_element(speeds.begin(), speeds.end());
+    axis_balance_.push_back(sum > 0 ? static_cast<double>(speeds.size()) * slowest / sum : 1.0);
     if (axis_balance_.back() < 1.0)
-      for (int r : ranks) shares.push_back(cluster_.device_of(r).peak_flops.at(options_.precision) / sum);
-    axis_speed_shares_.push_back(std::move(shares));
+      for (double& speed : speeds) speed /= sum;  // each rank's share of the axis' speed
+    else
+      speeds.clear();  // even
+    axis_speed_shares_.push_back(std::move(speeds));
   }
   float_bytes_ = options_.precision == cost::Precision::F32 || options_.precision == cost::Precision::TF32 ? 4 : 2;
 

@@ -16,6 +16,7 @@ of a send/recv (see csrc/cost/collective_cost.h).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
@@ -253,9 +254,7 @@ def _mixed_job(doc: dict, world: int, per_node: int) -> dict:
             speed = {"bandwidth": theirs["bandwidth"], "latency": theirs["latency"]}
             if device["name"] != every[0][0]["name"] and speed != {k: level[k] for k in speed}:
                 level.setdefault("per_device", {})[device["name"]] = speed
-    counts: dict[str, int] = {}
-    for device, _ in every:
-        counts[device["name"]] = counts.get(device["name"], 0) + 1
+    counts = collections.Counter(device["name"] for device, _ in every)
     name = "detected mixed " + " + ".join(f"{c} x {k}" for k, c in counts.items())
     return {**doc, "name": name, "device_types": list(kinds.values()), "nodes": nodes, "links": links}
 

@@ -346,7 +346,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     size = d * t
     # Pipeline rank -> its block of d x t ranks (plan.stage_groups: a heterogeneous cluster's
     # stages on the devices that suit them; in order by default).
-    groups = json.loads(plan.to_json()).get("stage_groups") or list(range(p))
+    groups = getattr(plan, "stage_groups", None) or list(range(p))
     pipeline_rank, local = groups.index(rank // size), rank % size
     sharded, mesh = None, None
 

@@ -381,13 +381,14 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     if network is not None and pipeline is None:
         pipeline = True
     choose = pipeline is None
-    # A mixed cluster of several nodes: uneven batch shares (the SPMD search) or stages sized
-    # to their devices (the joint planner), whichever is faster.
-    both = (choose and mesh is None and cluster.num_nodes > 1 and cluster.heterogeneous and not collective_matmul
-            and bool(graph.repeated_blocks()))
+    # Where the joint planner may choose: several nodes, a model with repeated layers, no
+    # SPMD-only option. On a mixed cluster there it runs beside the SPMD search, and the
+    # faster of uneven batch shares and stages sized to their devices wins.
+    joint_may = (choose and mesh is None and cluster.num_nodes > 1 and not collective_matmul
+                 and bool(graph.repeated_blocks()))
+    both = joint_may and cluster.heterogeneous
     if choose:
-        pipeline = (mesh is None and cluster.num_nodes > 1 and not cluster.heterogeneous and not collective_matmul
-                    and bool(graph.repeated_blocks()))
+        pipeline = joint_may and not cluster.heterogeneous
     if pipeline:
         if mesh is not None:
             raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
