@@ -529,19 +529,28 @@ LinkSpeed Cluster::link_speed(int level, std::span<const int> ranks) const {
 Cluster first_ranks(const Cluster& cluster, int count) {
   if (count < 1 || count > cluster.world_size())
     throw support::ValidationError(fmt::format("first_ranks: {} ranks of a cluster of {}", count, cluster.world_size()));
-  if (count == cluster.world_size()) return cluster;
+  return rank_range(cluster, 0, count);
+}
+
+Cluster rank_range(const Cluster& cluster, int first, int count) {
+  if (first < 0 || count < 1 || count > cluster.world_size() - first)
+    throw support::ValidationError(fmt::format("rank_range: ranks [{}, {}) of a cluster of {}", first,
+                                               std::int64_t{first} + count, cluster.world_size()));
+  if (first == 0 && count == cluster.world_size()) return cluster;
   std::vector<Node> nodes;
-  int left = count;
+  int skip = first, left = count;
   for (const Node& node : cluster.nodes()) {
     if (left == 0) break;
     Node part;
     for (const DeviceRun& run : node.devices) {
       if (left == 0) break;
-      const int take = std::min(left, run.count);
-      part.devices.push_back({run.device, take});
+      const int skipped = std::min(skip, run.count);
+      skip -= skipped;
+      const int take = std::min(left, run.count - skipped);
+      if (take > 0) part.devices.push_back({run.device, take});
       left -= take;
     }
-    nodes.push_back(std::move(part));
+    if (!part.devices.empty()) nodes.push_back(std::move(part));
   }
   // Only the types its ranks use: a search paces itself by the slowest type it is given.
   std::vector<DeviceType> types;
@@ -557,8 +566,9 @@ Cluster first_ranks(const Cluster& cluster, int count) {
     std::erase_if(level.per_device, [&](const auto& entry) {
       return std::none_of(types.begin(), types.end(), [&](const DeviceType& t) { return t.name == entry.first; });
     });
-  return Cluster(fmt::format("{} (first {} ranks)", cluster.name(), count), std::move(types), std::move(nodes),
-                 std::move(links));
+  const std::string name = first == 0 ? fmt::format("{} (first {} ranks)", cluster.name(), count)
+                                      : fmt::format("{} (ranks {}-{})", cluster.name(), first, first + count - 1);
+  return Cluster(name, std::move(types), std::move(nodes), std::move(links));
 }
 
 std::string Cluster::summary() const {

@@ -226,6 +226,9 @@ class Cluster {
 // stage's sub-mesh (or, count = t, its tensor ranks). ValidationError unless 1 <= count <=
 // world size.
 Cluster first_ranks(const Cluster& cluster, int count);
+// The cluster of ranks [first, first + count), as first_ranks makes it (a pipeline stage's
+// sub-mesh of its own size: plan.h's stage_meshes). ValidationError outside the world.
+Cluster rank_range(const Cluster& cluster, int first, int count);
 
 // JSON (schema above). Only <nlohmann/json_fwd.hpp> is included here; a caller that
 // touches the nlohmann::json includes <nlohmann/json.hpp> itself.

@@ -135,9 +135,9 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     const PartCost& reference = layers ? layer : post_cost;
     const double reference_time = reference.forward + reference.backward;
     for (int s = 0; s < p; ++s) {
-      const DeviceType* slowest = &cluster.slowest_device(plan.stage_group(s) * t * d, t * d, *precision);
+      const DeviceType* slowest = &cluster.slowest_device(plan.stage_first_rank(s), plan.stage_size(s), *precision);
       stage_device[static_cast<std::size_t>(s)] = slowest;
-      if (slowest == device || reference_time <= 0) continue;
+      if (slowest == device || reference_time <= 0 || !plan.stage_meshes.empty()) continue;
       std::set<ir::ValueId> seen;
       const PartCost here =
           layers ? cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, model,
@@ -161,21 +161,28 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   out.all_reduces_per_layer_per_micro_batch = t > 1 ? out.tensor_parallel_pairs_per_layer * (recompute ? 3 : 2) : 0;
   out.micro_batches = m;
 
-  double layer_tp = 0, pre_tp = 0, post_tp = 0;  // tensor-parallel all-reduces per micro-batch
-  if (t > 1) {
-    std::vector<int> tp_ranks(static_cast<std::size_t>(t));
-    std::iota(tp_ranks.begin(), tp_ranks.end(), 0);
+  // Tensor-parallel all-reduces per micro-batch on `width` ranks from `first`, at `scale`.
+  struct TensorParallel {
+    double layer = 0, pre = 0, post = 0;
+  };
+  auto tensor_parallel = [&](int width, int first, double scale) {
+    TensorParallel tp;
+    if (width <= 1) return tp;
+    std::vector<int> tp_ranks(static_cast<std::size_t>(width));
+    std::iota(tp_ranks.begin(), tp_ranks.end(), first);
     auto all_reduce = [&](double bytes) {
       return model.collective_time(cluster, CollectiveKind::AllReduce, tp_ranks, static_cast<std::int64_t>(bytes),
                                    Algorithm::Auto);
     };
     for (ir::NodeId row : structure.row_ends)
-      layer_tp += all_reduce(static_cast<double>(graph.value(graph.node(row).outputs[0]).type.bytes()) * batch_scale) *
+      tp.layer += all_reduce(static_cast<double>(graph.value(graph.node(row).outputs[0]).type.bytes()) * scale) *
                   (recompute ? 3 : 2);
-    for (const auto& lookup : structure.pre_lookups) pre_tp += all_reduce(lookup.bytes * (lookup.batched ? batch_scale : 1));
-    for (const auto& lookup : structure.post_lookups)
-      post_tp += all_reduce(lookup.bytes * (lookup.batched ? batch_scale : 1));
-  }
+    for (const auto& lookup : structure.pre_lookups) tp.pre += all_reduce(lookup.bytes * (lookup.batched ? scale : 1));
+    for (const auto& lookup : structure.post_lookups) tp.post += all_reduce(lookup.bytes * (lookup.batched ? scale : 1));
+    return tp;
+  };
+  const TensorParallel plain_tp = tensor_parallel(t, 0, batch_scale);
+  double layer_tp = plain_tp.layer, pre_tp = plain_tp.pre, post_tp = plain_tp.post;
 
   if (layout != nullptr) {
     // Recomputation runs the forward's collectives again: about half of forward + backward's.
@@ -184,12 +191,65 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     pre_tp = layout->pre.collectives;
     post_tp = layout->post.collectives;
   }
+
+  // Each stage's prices: the plan's one sub-mesh for every stage, or (stage_meshes) each
+  // stage's own {d_s, t_s}: a rank runs micro_batch / d_s rows with its layers split t_s ways,
+  // on its ranks' slowest type (a searched layout is for one sub-mesh shape: not used then).
+  struct StagePrice {
+    PartCost layer, pre, post;
+    double layer_compute = 0;
+    TensorParallel tp;
+    int data = 1, tensor = 1, first = 0;
+  };
+  std::vector<StagePrice> price(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    StagePrice& here = price[static_cast<std::size_t>(s)];
+    const std::vector<int> mesh = plan.stage_mesh(s);
+    here.data = mesh[0], here.tensor = mesh[1], here.first = plan.stage_first_rank(s);
+    if (plan.stage_meshes.empty()) {
+      here.layer = layer, here.pre = pre_cost, here.post = post_cost, here.layer_compute = layer_compute;
+      here.tp = {layer_tp, pre_tp, post_tp};
+      continue;
+    }
+    const double scale = static_cast<double>(plan.micro_batch) / here.data / structure.graph_batch;
+    const DeviceType& on = *stage_device[static_cast<std::size_t>(s)];
+    std::set<ir::ValueId> seen_l, seen_a, seen_b;
+    if (layers)
+      here.layer = cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, model,
+                              on, *precision, scale, here.tensor, &seen_l);
+    here.pre = cost_nodes(graph, structure.pre, structure.outside_split, sharded_params, act_bytes, model, on,
+                          *precision, scale, here.tensor, &seen_a);
+    here.post = cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, model, on,
+                           *precision, scale, here.tensor, &seen_b);
+    if (!layers) {
+      here.post.forward += here.pre.forward;
+      here.post.backward += here.pre.backward;
+    }
+    here.layer_compute = here.layer.forward + here.layer.backward + (recompute ? here.layer.forward : 0.0);
+    here.tp = tensor_parallel(here.tensor, here.first, scale);
+  }
+
   out.layer_time = layer_compute + layer_tp;
   out.stage_scale = stage_scale;
   if (cluster.device_types().size() > 1)
     for (const DeviceType* type : stage_device) out.stage_devices.push_back(type->name);
   out.first_stage_extra = pre_cost.forward + pre_cost.backward + pre_tp;
   out.last_stage_extra = post_cost.forward + post_cost.backward + post_tp;
+  if (!plan.stage_meshes.empty()) {
+    // What balances stages of their own widths (layer_balance.h): stage s's layer against the
+    // first stage's, as a device scale; the extras at their own stage's width.
+    const StagePrice& first = price.front();
+    const StagePrice& last = price.back();
+    const double reference = first.layer_compute + first.tp.layer;
+    out.layer_time = reference;
+    for (int s = 0; s < p; ++s) {
+      const StagePrice& here = price[static_cast<std::size_t>(s)];
+      out.stage_scale[static_cast<std::size_t>(s)] = reference > 0 ? (here.layer_compute + here.tp.layer) / reference : 1.0;
+    }
+    out.first_stage_extra = first.pre.forward + first.pre.backward + first.tp.pre;
+    const double last_scale = out.stage_scale.back() > 0 ? out.stage_scale.back() : 1.0;
+    out.last_stage_extra = (last.post.forward + last.post.backward + last.tp.post) / last_scale;
+  }
 
   // Layers per device: chunks s, s + p, ... of the plan's split (or a balanced one).
   std::vector<int> chunk_layers = plan.layers_per_stage;
@@ -205,11 +265,42 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   const std::vector<int> device_layers = layers_per_device(chunk_layers, p, v_shape);
 
   double p2p_mb = 0;
-  if (p > 1) {
+  if (p > 1 && plan.stage_meshes.empty()) {
     std::vector<int> pair = {0, t * d};
     double bytes = boundary_bytes;
     p2p_mb = 2.0 * v * model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
                                                    Algorithm::Auto);
+  }
+  // Stages of their own meshes: between equal meshes a rank sends its shard to the same
+  // coordinate (one rank's share: whole / (d t)); between different ones the value is
+  // gathered whole on the sending sub-mesh (an all-gather of its shards) and sent whole to
+  // every receiving rank, the sending ranks taking them in turn (the busiest sends
+  // ceil(receivers / senders)); its gradient the same way back. The slowest boundary paces.
+  for (int s = 0; s + 1 < p && !plan.stage_meshes.empty(); ++s) {
+    const StagePrice& a = price[static_cast<std::size_t>(s)];
+    const StagePrice& b = price[static_cast<std::size_t>(s + 1)];
+    const double whole = structure.layer_input_bytes * static_cast<double>(plan.micro_batch) / structure.graph_batch;
+    auto send = [&](int from, int to, double bytes) {
+      const std::vector<int> pair = {from, to};
+      return model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
+                                   Algorithm::Auto);
+    };
+    auto gather = [&](const StagePrice& x) {
+      if (x.data * x.tensor == 1) return 0.0;
+      std::vector<int> ranks(static_cast<std::size_t>(x.data * x.tensor));
+      std::iota(ranks.begin(), ranks.end(), x.first);
+      return model.collective_time(cluster, CollectiveKind::AllGather, ranks, static_cast<std::int64_t>(whole),
+                                   Algorithm::Auto);
+    };
+    double boundary = 0;
+    if (a.data == b.data && a.tensor == b.tensor) {
+      boundary = 2.0 * send(a.first, b.first, whole / (a.data * a.tensor));
+    } else {
+      const int sa = a.data * a.tensor, sb = b.data * b.tensor;
+      boundary = gather(a) + (sb + sa - 1) / sa * send(a.first, b.first, whole) +  // forward
+                 gather(b) + (sa + sb - 1) / sb * send(b.first, a.first, whole);   // gradient
+    }
+    p2p_mb = std::max(p2p_mb, boundary);
   }
 
   // Bottleneck device and its parameters.
@@ -218,16 +309,17 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   std::vector<double> device_backward(static_cast<std::size_t>(p), 0);
   std::vector<double> device_tensor_sync(static_cast<std::size_t>(p), 0);  // searched layouts only
   for (int s = 0; s < p; ++s) {
+    const StagePrice& here = price[static_cast<std::size_t>(s)];
     double layers_here = device_layers[static_cast<std::size_t>(s)];
-    double compute = layers_here * layer_compute;
-    double backward = layers_here * layer.backward;
-    double params = layers_here * layer.parameters;
-    if (s == 0) compute += pre_cost.forward + pre_cost.backward, backward += pre_cost.backward, params += pre_cost.parameters;
+    double compute = layers_here * here.layer_compute;
+    double backward = layers_here * here.layer.backward;
+    double params = layers_here * here.layer.parameters;
+    if (s == 0) compute += here.pre.forward + here.pre.backward, backward += here.pre.backward, params += here.pre.parameters;
     if (s == last_device)
-      compute += post_cost.forward + post_cost.backward, backward += post_cost.backward, params += post_cost.parameters;
+      compute += here.post.forward + here.post.backward, backward += here.post.backward, params += here.post.parameters;
     compute *= stage_scale[static_cast<std::size_t>(s)];
     backward *= stage_scale[static_cast<std::size_t>(s)];
-    double tp = layers_here * layer_tp + (s == 0 ? pre_tp : 0.0) + (s == last_device ? post_tp : 0.0);
+    double tp = layers_here * here.tp.layer + (s == 0 ? here.tp.pre : 0.0) + (s == last_device ? here.tp.post : 0.0);
     out.stage_times.push_back(compute + tp);
     if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp, worst_backward = backward;
     device_params[static_cast<std::size_t>(s)] = params;
@@ -261,8 +353,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   double dp_exposed = 0, dp_total = 0, optimizer = 0;
   for (int s = 0; s < p; ++s) {
     double params = device_params[static_cast<std::size_t>(s)];
+    const StagePrice& here = price[static_cast<std::size_t>(s)];
+    const int d = here.data;  // this stage's data width (stage_meshes: its own)
     std::vector<int> dp_ranks;
-    for (int j = 0; j < d; ++j) dp_ranks.push_back(plan.stage_group(s) * t * d + j * t);
+    for (int j = 0; j < d; ++j) dp_ranks.push_back(here.first + j * here.tensor);
     double sync = 0, exposed = 0;
     if (d > 1 && plan.zero_stage < 3) {
       sync = model.collective_time(cluster, CollectiveKind::AllReduce, dp_ranks,
@@ -301,14 +395,15 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     exposed += device_tensor_sync[static_cast<std::size_t>(s)];
     dp_total = std::max(dp_total, sync);
     dp_exposed = std::max(dp_exposed, exposed);
-    double held = params / (plan.zero_stage >= 1 ? d : 1);
+    double held = params / (plan.zero_stage >= 1 ? d : 1);  // (this stage's d)
     optimizer = std::max(optimizer, held * 2.0 * mem.bytes_per_parameter() /
                                         (stage_device[static_cast<std::size_t>(s)]->memory_bandwidth *
                                          constants.optimizer_memory_efficiency));
   }
   out.data_parallel = dp_exposed;
   out.data_parallel_total = dp_total;
-  out.data_parallel_overlapped = d > 1;
+  out.data_parallel_overlapped =
+      std::any_of(price.begin(), price.end(), [](const StagePrice& here) { return here.data > 1; });
   out.optimizer = optimizer;
   out.step_time = out.compute + out.tensor_parallel + out.pipeline_p2p + out.pipeline_bubble + out.data_parallel +
                   out.optimizer;
@@ -316,15 +411,20 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   // ---- memory per rank (the most loaded pipeline stage) --------------------------------
   double in_flight = stage_micro_batches_in_flight(plan.schedule, p, v, plan.kfkb_k, m);
   for (int s = 0; s < p; ++s) {
-    ModelStateBytes states = model_state_bytes(device_params[static_cast<std::size_t>(s)], d, plan.zero_stage, mem);
+    const StagePrice& here = price[static_cast<std::size_t>(s)];
+    ModelStateBytes states = model_state_bytes(device_params[static_cast<std::size_t>(s)], here.data, plan.zero_stage, mem);
     // Stage s holds fewer micro-batches the later it is (1F1B: p - s); the first holds most.
     // (ZB-H1 and ZB-V hold up to p on every rank: schedules.h.)
     const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan::splits_backward(plan.schedule);
     double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));
-    double acts = stage_activation_bytes(layer.activation_bytes, boundary_bytes,
+    const double boundary_here =
+        plan.stage_meshes.empty()
+            ? boundary_bytes
+            : structure.layer_input_bytes * plan.micro_batch / here.data / structure.graph_batch / here.tensor;
+    double acts = stage_activation_bytes(here.layer.activation_bytes, boundary_here,
                                          device_layers[static_cast<std::size_t>(s)], flight, recompute);
-    if (s == 0) acts += pre_cost.activation_bytes;
-    if (s == last_device) acts += post_cost.activation_bytes;
+    if (s == 0) acts += here.pre.activation_bytes;
+    if (s == last_device) acts += here.post.activation_bytes;
     double total = states.total() + acts;
     out.memory_use = std::max(
         out.memory_use, total / static_cast<double>(stage_device[static_cast<std::size_t>(s)]->memory_bytes));

@@ -37,10 +37,10 @@ constexpr std::array<std::string_view, 4> kPrecisions = {"f32", "tf32", "bf16", 
 
 // A sharding section's invariants: its mesh is {data, tensor} and every entry has one
 // placement or strategy per axis. `where`: "plan.sharding" or "plan.stage_sharding".
-void validate_sharding_section(const Sharding& s, const Plan& plan, std::string_view where) {
-  if (s.mesh.size() != 2 || s.mesh[0] != plan.data || s.mesh[1] != plan.tensor)
+void validate_sharding_section(const Sharding& s, int data, int tensor, std::string_view where) {
+  if (s.mesh.size() != 2 || s.mesh[0] != data || s.mesh[1] != tensor)
     throw ValidationError(fmt::format("{}.mesh: [{}] must be [data {}, tensor {}]", where, fmt::join(s.mesh, ", "),
-                                      plan.data, plan.tensor));
+                                      data, tensor));
   if (s.axis_names.size() != s.mesh.size())
     throw ValidationError(
         fmt::format("{}.axis_names: {} names for {} axes", where, s.axis_names.size(), s.mesh.size()));
@@ -68,7 +68,54 @@ void validate_sharding(const Plan& plan) {
   if (plan.micro_batch != plan.global_batch)
     throw ValidationError(fmt::format("plan.sharding: micro_batch {} must equal global_batch {}", plan.micro_batch,
                                       plan.global_batch));
-  validate_sharding_section(*plan.sharding, plan, "plan.sharding");
+  validate_sharding_section(*plan.sharding, plan.data, plan.tensor, "plan.sharding");
+}
+
+// Stages on sub-meshes of their own (plan.h's stage_meshes) and their layouts.
+void validate_stage_meshes(const Plan& plan) {
+  if (plan.stage_meshes.empty()) {
+    if (!plan.stage_shardings.empty())
+      throw ValidationError("plan.stage_shardings: given without stage_meshes (a plan of one sub-mesh shape "
+                            "carries its layout as stage_sharding)");
+    return;
+  }
+  if (static_cast<int>(plan.stage_meshes.size()) != plan.pipeline)
+    throw ValidationError(fmt::format("plan.stage_meshes: {} meshes for pipeline {}", plan.stage_meshes.size(),
+                                      plan.pipeline));
+  if (plan.data != 1 || plan.tensor != 1)
+    throw ValidationError(fmt::format("plan.stage_meshes: data {} and tensor {} must be 1 (each stage's sub-mesh "
+                                      "gives its own)",
+                                      plan.data, plan.tensor));
+  if (!plan.stage_groups.empty())
+    throw ValidationError("plan.stage_meshes: with stage_groups (stages of their own sizes take the ranks in "
+                          "stage order)");
+  if (plan.virtual_stages != 1)
+    throw ValidationError(fmt::format("plan.stage_meshes: virtual_stages {} (one chunk per stage's sub-mesh)",
+                                      plan.virtual_stages));
+  if (plan.sharding.has_value() || plan.stage_sharding.has_value())
+    throw ValidationError("plan.stage_meshes: with a sharding or stage_sharding (each stage's layout is in "
+                          "stage_shardings)");
+  std::int64_t world = 0;
+  for (std::size_t s = 0; s < plan.stage_meshes.size(); ++s) {
+    const std::vector<int>& mesh = plan.stage_meshes[s];
+    if (mesh.size() != 2 || mesh[0] < 1 || mesh[1] < 1)
+      throw ValidationError(fmt::format("plan.stage_meshes[{}]: [{}] is not [data >= 1, tensor >= 1]", s,
+                                        fmt::join(mesh, ", ")));
+    if (plan.micro_batch % mesh[0] != 0)
+      throw ValidationError(fmt::format("plan.stage_meshes[{}]: data {} does not divide the micro-batch's {} rows", s,
+                                        mesh[0], plan.micro_batch));
+    world += std::int64_t{mesh[0]} * mesh[1];
+    if (world > std::numeric_limits<int>::max())
+      throw ValidationError(fmt::format("plan.stage_meshes: more than {} ranks", std::numeric_limits<int>::max()));
+  }
+  if (!plan.stage_shardings.empty()) {
+    if (plan.stage_shardings.size() != plan.stage_meshes.size())
+      throw ValidationError(fmt::format("plan.stage_shardings: {} layouts for {} stages", plan.stage_shardings.size(),
+                                        plan.stage_meshes.size()));
+    for (std::size_t s = 0; s < plan.stage_shardings.size(); ++s)
+      validate_sharding_section(plan.stage_shardings[s], plan.stage_meshes[s][0], plan.stage_meshes[s][1],
+                                fmt::format("plan.stage_shardings[{}]", s));
+  }
 }
 
 template <typename T>
@@ -169,6 +216,38 @@ Recompute recompute_from_name(std::string_view name) {
   throw ValidationError(fmt::format("plan.recompute: unknown value '{}' (known: none, full)", name));
 }
 
+int Plan::world_size() const {
+  if (stage_meshes.empty()) return data * tensor * pipeline;
+  int world = 0;
+  for (const std::vector<int>& mesh : stage_meshes) world += mesh.at(0) * mesh.at(1);
+  return world;
+}
+
+std::vector<int> Plan::stage_mesh(int stage) const {
+  if (stage_meshes.empty()) return {data, tensor};
+  return stage_meshes.at(static_cast<std::size_t>(stage));
+}
+
+int Plan::stage_size(int stage) const {
+  const std::vector<int> mesh = stage_mesh(stage);
+  return mesh.at(0) * mesh.at(1);
+}
+
+int Plan::stage_first_rank(int stage) const {
+  if (stage_meshes.empty()) return stage_group(stage) * data * tensor;
+  int first = 0;
+  for (int s = 0; s < stage; ++s) first += stage_size(s);
+  return first;
+}
+
+int Plan::stage_of_rank(int rank) const {
+  for (int s = 0; s < pipeline; ++s) {
+    const int first = stage_first_rank(s);
+    if (rank >= first && rank < first + stage_size(s)) return s;
+  }
+  throw ValidationError(fmt::format("plan: rank {} outside the plan's {} ranks", rank, world_size()));
+}
+
 std::int64_t Plan::num_micro_batches() const {
   if (sharding.has_value()) return micro_batch > 0 ? global_batch / micro_batch : 0;
   std::int64_t per_step = micro_batch * data;
@@ -185,9 +264,14 @@ void validate(const Plan& plan, std::optional<int> world_size) {
   if (world > std::numeric_limits<int>::max() / plan.pipeline)
     throw ValidationError(fmt::format("plan: world size t {} x p {} x d {} exceeds {}", plan.tensor, plan.pipeline,
                                       plan.data, std::numeric_limits<int>::max()));
-  if (world_size.has_value() && plan.world_size() != *world_size)
+  validate_stage_meshes(plan);
+  if (world_size.has_value() && plan.world_size() != *world_size) {
+    if (!plan.stage_meshes.empty())
+      throw ValidationError(fmt::format("plan: world size {} != the stage meshes' {} ranks", *world_size,
+                                        plan.world_size()));
     throw ValidationError(fmt::format("plan: world size {} != t {} x p {} x d {} = {}", *world_size, plan.tensor,
                                       plan.pipeline, plan.data, plan.world_size()));
+  }
   if (plan.micro_batch < 1 || plan.global_batch < 1)
     throw ValidationError(fmt::format("plan: global_batch ({}) and micro_batch ({}) must be >= 1",
                                       plan.global_batch, plan.micro_batch));
@@ -203,7 +287,7 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     if (plan.global_batch % per_step != 0)
       throw ValidationError(fmt::format("plan: global_batch {} is not divisible by micro_batch {} x data {} = {}",
                                         plan.global_batch, plan.micro_batch, plan.data, per_step));
-    if (plan.stage_sharding.has_value()) validate_sharding_section(*plan.stage_sharding, plan, "plan.stage_sharding");
+    if (plan.stage_sharding.has_value()) validate_sharding_section(*plan.stage_sharding, plan.data, plan.tensor, "plan.stage_sharding");
   }
   auto hex16 = [](const std::string& text) {
     return text.size() == 16 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
@@ -256,7 +340,28 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     throw ValidationError(fmt::format("plan.precision: unknown '{}' (known: f32, tf32, bf16, f16)", plan.precision));
 }
 
+Plan stage_plan(const Plan& plan, int stage) {
+  if (plan.stage_meshes.empty()) return stage_plan(plan);
+  if (plan.stage_shardings.empty())
+    throw ValidationError(fmt::format("plan: no stage_shardings for the stage meshes: a plan given by its meshes is "
+                                      "completed first (shardwise.Plan.complete)"));
+  Plan out;
+  const std::vector<int> mesh = plan.stage_mesh(stage);
+  out.data = mesh.at(0);
+  out.tensor = mesh.at(1);
+  out.global_batch = plan.micro_batch;
+  out.micro_batch = plan.micro_batch;
+  out.recompute = plan.recompute;
+  out.precision = plan.precision;
+  out.sharding = plan.stage_shardings.at(static_cast<std::size_t>(stage));
+  out.sharding->recompute = plan.recompute == Recompute::Full;
+  validate(out);
+  return out;
+}
+
 Plan stage_plan(const Plan& plan) {
+  if (!plan.stage_meshes.empty())
+    throw ValidationError("plan: stages on meshes of their own have one layout each (stage_plan(plan, stage))");
   if (!plan.stage_sharding.has_value())
     throw ValidationError(fmt::format("plan: no stage_sharding (pipeline {}, data {}, tensor {}): a plan given by its "
                                       "degrees is completed first (shardwise.Plan.complete)",
@@ -345,6 +450,7 @@ json plan_degrees(const Plan& plan) {
            {"layers_per_stage", plan.layers_per_stage},
            {"precision", plan.precision}};
   if (!plan.stage_groups.empty()) out["stage_groups"] = plan.stage_groups;
+  if (!plan.stage_meshes.empty()) out["stage_meshes"] = plan.stage_meshes;
   return out;
 }
 
@@ -352,6 +458,11 @@ json plan_decisions(const Plan& plan) {
   json out = plan_degrees(plan);
   if (plan.sharding.has_value()) out["sharding"] = sharding_to_json(*plan.sharding);
   if (plan.stage_sharding.has_value()) out["stage_sharding"] = sharding_to_json(*plan.stage_sharding);
+  if (!plan.stage_shardings.empty()) {
+    json list = json::array();
+    for (const Sharding& s : plan.stage_shardings) list.push_back(sharding_to_json(s));
+    out["stage_shardings"] = std::move(list);
+  }
   return out;
 }
 
@@ -389,7 +500,8 @@ Plan plan_from_json(const json& in) {
   static const std::set<std::string> known = {"format",      "version",    "data",           "tensor",
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
-                                              "layers_per_stage", "stage_groups", "precision", "sharding", "stage_sharding",
+                                              "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings",
+                                              "precision", "sharding", "stage_sharding",
                                               "programs", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
@@ -410,6 +522,13 @@ Plan plan_from_json(const json& in) {
   if (in.contains("zero_stage")) plan.zero_stage = field<int>(in, "zero_stage");
   if (in.contains("layers_per_stage")) plan.layers_per_stage = field<std::vector<int>>(in, "layers_per_stage");
   if (in.contains("stage_groups")) plan.stage_groups = field<std::vector<int>>(in, "stage_groups");
+  if (in.contains("stage_meshes")) plan.stage_meshes = field<std::vector<std::vector<int>>>(in, "stage_meshes");
+  if (in.contains("stage_shardings")) {
+    const json& list = in.at("stage_shardings");
+    if (!list.is_array()) throw ParseError("plan.stage_shardings: expected an array of shardings");
+    for (std::size_t s = 0; s < list.size(); ++s)
+      plan.stage_shardings.push_back(sharding_from_json(list[s], fmt::format("plan.stage_shardings[{}]", s)));
+  }
   if (in.contains("precision")) plan.precision = field<std::string>(in, "precision");
   if (in.contains("sharding")) plan.sharding = sharding_from_json(in.at("sharding"));
   if (in.contains("stage_sharding")) plan.stage_sharding = sharding_from_json(in.at("stage_sharding"), "plan.stage_sharding");

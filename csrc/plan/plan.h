@@ -15,6 +15,16 @@
 //    [g d t, (g + 1) d t) (a heterogeneous cluster's stages on the devices that suit them:
 //    the joint planner searches it). Written only when set (so a plan without it keeps its
 //    hash).
+//  - stage_meshes: empty = every stage on a {data, tensor} sub-mesh; else one [data, tensor]
+//    per pipeline stage (Alpa's inter-op stages: sub-meshes of different sizes). Then the
+//    plan's data and tensor are 1 and micro_batch is a whole micro-batch's rows, which stage
+//    s splits over its own data width (micro_batch divisible by it); stage s runs on the
+//    ranks after the stages before it (stage_groups must be empty), world size = the sum of
+//    the stages' d x t; virtual_stages 1. A value crossing a cut between stages of different
+//    layouts is gathered whole on the sender's sub-mesh, sent, and cut to the receiver's
+//    placement (its gradient back the same way). Written only when set.
+//  - stage_shardings: with stage_meshes, each stage's layout (as stage_sharding, on that
+//    stage's mesh); the plan is complete with them. Empty otherwise.
 //  - virtual_stages > 1 only with Schedule::Interleaved1F1B or ZeroBubbleV (which takes
 //    exactly 2); kfkb_k > 1 only with KFKB.
 //  - precision: "f32", "tf32", "bf16" or "f16" (cost::Precision names).
@@ -182,13 +192,23 @@ struct Plan {
   int zero_stage = 0;  // 0-3
   std::vector<int> layers_per_stage;
   std::vector<int> stage_groups;  // pipeline stage -> its block of d x t ranks; empty = in order
+  std::vector<std::vector<int>> stage_meshes;  // per pipeline stage [data, tensor]; empty = all {data, tensor}
   std::string precision = "bf16";
   std::optional<Sharding> sharding;
   std::optional<Sharding> stage_sharding;
+  std::vector<Sharding> stage_shardings;  // with stage_meshes: one per stage (complete plans)
   std::optional<ProgramsRecord> programs;
   std::optional<Predicted> predicted;
 
-  int world_size() const { return data * tensor * pipeline; }
+  int world_size() const;
+  // Stage `stage`'s sub-mesh {data, tensor} (stage_meshes, else the plan's), its number of
+  // ranks and its first rank (the stages' blocks in rank order: stage_groups, or stage_meshes'
+  // running sum).
+  std::vector<int> stage_mesh(int stage) const;
+  int stage_size(int stage) const;
+  int stage_first_rank(int stage) const;
+  // The pipeline stage rank `rank` runs (ValidationError outside the plan's world).
+  int stage_of_rank(int rank) const;
   // The block of data x tensor ranks pipeline stage `stage` runs on (stage_groups, else itself).
   int stage_group(int stage) const {
     return stage_groups.empty() ? stage : stage_groups.at(static_cast<std::size_t>(stage));
@@ -207,6 +227,9 @@ void validate(const Plan& plan, std::optional<int> world_size = std::nullopt);
 // its stage_sharding over one micro-batch of the data axis (global = micro batch = micro_batch
 // x data rows), pipeline 1. ValidationError when the plan has no stage_sharding.
 Plan stage_plan(const Plan& plan);
+// With stage_meshes: the SPMD plan stage `stage` runs on its own mesh (its stage_shardings
+// entry over the whole micro-batch). Without: stage_plan(plan).
+Plan stage_plan(const Plan& plan, int stage);
 
 nlohmann::json plan_to_json(const Plan& plan);
 // Throws support::ParseError (missing field, wrong type, unknown key: with its JSON path)

@@ -86,6 +86,8 @@ void bind_cost(py::module_& m) {
       .def("summary", &cost::Cluster::summary)
       .def("first_ranks", [](const cost::Cluster& c, int count) { return cost::first_ranks(c, count); },
            py::arg("count"))
+      .def("rank_range", [](const cost::Cluster& c, int first, int count) { return cost::rank_range(c, first, count); },
+           py::arg("first"), py::arg("count"))
       .def("__eq__", [](const cost::Cluster& a, const cost::Cluster& b) { return a == b; }, py::is_operator());
 
   // The cost model's constants the Python runtime reads (cost/constants.h: defined once there).

@@ -62,10 +62,13 @@ void bind_plan(py::module_& m) {
   }, "Parse, validate and re-write a plan's JSON (canonical form).");
   m.def("plan_hash", [](const std::string& text) { return plan::plan_hash_hex(plan::plan_from_json_string(text)); });
   m.def(
-      "stage_plan", [](const std::string& text) {
-        return plan::plan_to_json_string(plan::stage_plan(plan::plan_from_json_string(text)));
+      "stage_plan", [](const std::string& text, int stage) {
+        const plan::Plan p = plan::plan_from_json_string(text);
+        return plan::plan_to_json_string(stage < 0 ? plan::stage_plan(p) : plan::stage_plan(p, stage));
       },
-      py::arg("plan_json"), "The SPMD plan every stage of a complete pipelined plan runs (plan/plan.h).");
+      py::arg("plan_json"), py::arg("stage") = -1,
+      "The SPMD plan every stage of a complete pipelined plan runs, or stage `stage`'s where the stages have "
+      "meshes of their own (plan/plan.h).");
   m.def(
       "complete_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text, const std::string& level) {

@@ -1,6 +1,7 @@
 // Bindings of the rewrite passes (csrc/transform): the rank program as Python dicts.
 #include <pybind11/stl.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -136,13 +137,16 @@ std::uint64_t program_hash(const ir::Graph& graph, const plan::Plan& plan, int r
                                    std::to_string(plan.world_size()) + " ranks");
   if (plan.sharding) return support::fnv1a64(ir::print_graph(transform::rank_graph(graph, *plan.sharding, rank,
                                                                                    options).graph));
-  const int size = plan.data * plan.tensor;
+  const int stage = plan.stage_meshes.empty() ? 0 : plan.stage_of_rank(rank);
+  const int size = plan.stage_size(stage);
   std::string cut;
   for (int stage : search::assign_stages(graph, plan.pipeline * plan.virtual_stages, plan.layers_per_stage)
                        .stage_of_node)
     cut += std::to_string(stage) + ",";
-  const plan::Sharding sharding = size == 1 ? replicated(graph) : *plan::stage_plan(plan).sharding;
-  return support::fnv1a64(ir::print_graph(transform::rank_graph(graph, sharding, rank % size, options).graph),
+  const plan::Sharding sharding = size == 1 ? replicated(graph) : *plan::stage_plan(plan, stage).sharding;
+  // The rank within its stage's sub-mesh (every stage's is alike without stage_meshes).
+  const int local = plan.stage_meshes.empty() ? rank % size : rank - plan.stage_first_rank(stage);
+  return support::fnv1a64(ir::print_graph(transform::rank_graph(graph, sharding, local, options).graph),
                           support::fnv1a64(cut));
 }
 
@@ -174,11 +178,30 @@ void bind_transform(py::module_& m) {
       [](const ir::Graph& graph, const std::string& plan_json) {
         const plan::Plan p = plan::plan_from_json_string(plan_json);
         py::gil_scoped_release release;
-        // A pipelined plan's ranks run their sub-mesh rank's program: each is made once.
+        // A pipelined plan's ranks run their sub-mesh rank's program: each is made once (per
+        // stage layout, where stages have meshes of their own).
+        std::vector<std::string> per_rank;
+        if (!p.stage_meshes.empty()) {
+          std::map<std::pair<int, int>, std::string> made;  // (first stage of its layout, local rank)
+          for (int r = 0; r < p.world_size(); ++r) {
+            const int stage = p.stage_of_rank(r);
+            int alike = stage;
+            for (int s = 0; s < stage; ++s)
+              if (p.stage_meshes[static_cast<std::size_t>(s)] == p.stage_meshes[static_cast<std::size_t>(stage)] &&
+                  (p.stage_shardings.empty() || p.stage_shardings[static_cast<std::size_t>(s)] ==
+                                                    p.stage_shardings[static_cast<std::size_t>(stage)])) {
+                alike = s;
+                break;
+              }
+            const std::pair key{alike, r - p.stage_first_rank(stage)};
+            if (!made.contains(key)) made.emplace(key, hex(program_hash(graph, p, p.stage_first_rank(alike) + key.second)));
+            per_rank.push_back(made.at(key));
+          }
+          return programs_hash(per_rank);
+        }
         const int distinct = p.sharding ? p.world_size() : p.data * p.tensor;
         std::vector<std::string> made;
         for (int r = 0; r < distinct; ++r) made.push_back(hex(program_hash(graph, p, r)));
-        std::vector<std::string> per_rank;
         for (int r = 0; r < p.world_size(); ++r) per_rank.push_back(made[r % distinct]);
         return programs_hash(per_rank);
       },

@@ -232,6 +232,35 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
               }
         }
       }
+      // Two stages on sub-meshes of their own widths (plan.stage_meshes, Alpa's inter-op
+      // stages): a data widths a and n - a (n = world / t), a != n - a, each splitting a
+      // micro-batch of rows a multiple of both. Small jobs only (n <= 16): where a stage of
+      // one more or one fewer data rank is a real step, not noise.
+      const std::int64_t n = world / t;
+      if (with_zero || n < 3 || n > 16 || layers < 2) continue;
+      for (std::int64_t a = 1; a < n; ++a) {
+        if (2 * a == n) continue;  // the plain plan
+        const std::int64_t unit = std::lcm(a, n - a);
+        for (std::int64_t k : {1, 2, 4}) {
+          const std::int64_t rows = unit * k;
+          if (options.global_batch % rows != 0) continue;
+          if (rows / std::max(a, n - a) > (thorough ? options.max_micro_batch : 4)) continue;
+          for (plan::Schedule schedule : {plan::Schedule::OneFOneB, plan::Schedule::ZeroBubbleH1})
+            for (plan::Recompute recompute : {plan::Recompute::None, plan::Recompute::Full}) {
+              if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
+              plan::Plan candidate;
+              candidate.pipeline = 2;
+              candidate.global_batch = options.global_batch;
+              candidate.micro_batch = rows;
+              candidate.schedule = schedule;
+              candidate.recompute = recompute;
+              candidate.precision = options.precision;
+              candidate.stage_meshes = {{static_cast<int>(a), static_cast<int>(t)},
+                                        {static_cast<int>(n - a), static_cast<int>(t)}};
+              space.push_back(std::move(candidate));
+            }
+        }
+      }
     }
   };
 
@@ -298,7 +327,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     for (std::size_t i = 0; i < space.size(); ++i) {
       if (options.progress && i % 64 == 0) options.progress(static_cast<int>(i), static_cast<int>(space.size()));
       price_balanced(space[i]);
-      if (!mixed || space[i].pipeline == 1) continue;
+      if (!mixed || space[i].pipeline == 1 || !space[i].stage_meshes.empty()) continue;
       // Which stage runs on which block of ranks (plan.stage_groups): every order of the
       // blocks' device kinds (the first stage holds the most micro-batches, the last the LM
       // head), each kind's blocks in rank order.

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -118,11 +119,12 @@ namespace {
 // The SPMD search of `graph` at `rows` on the plan's {data, tensor} mesh of `cluster`, in the
 // plan's precision (validated with the plan): what completing a plan runs.
 SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
-                                  std::int64_t rows, SearchLevel level, double memory_fraction) {
+                                  std::int64_t rows, SearchLevel level, double memory_fraction,
+                                  std::vector<int> mesh = {}) {
   SpmdSearchOptions options;
   options.global_batch = rows;
   options.level = level;
-  options.mesh = std::vector<int>{plan.data, plan.tensor};
+  options.mesh = mesh.empty() ? std::vector<int>{plan.data, plan.tensor} : std::move(mesh);
   options.memory_fraction = memory_fraction;
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
   return search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);
@@ -133,7 +135,7 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
 std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
                                                       const plan::Plan& plan, SearchLevel level,
                                                       double memory_fraction) {
-  if (plan.sharding.has_value() || plan.data * plan.tensor == 1) return std::nullopt;
+  if (plan.sharding.has_value() || plan.data * plan.tensor == 1 || !plan.stage_meshes.empty()) return std::nullopt;
   if (plan.pipeline == 1 && plan.num_micro_batches() <= 1) return std::nullopt;
   // A graph captured at batch 1 (a cost model's graph) has no batch index to split: the
   // runtime captures at one micro-batch and completes the plan there (shardwise.Plan.complete).
@@ -147,9 +149,41 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
   return search_plan_mesh(graph, sub_mesh, plan, plan.micro_batch * plan.data, level, memory_fraction).plan.sharding;
 }
 
+std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, const cost::Cluster& cluster,
+                                                    const plan::Plan& plan, SearchLevel level,
+                                                    double memory_fraction) {
+  if (plan.stage_meshes.empty()) return {};
+  if (cluster.world_size() != plan.world_size())
+    throw support::ValidationError(fmt::format("stage shardings: the cluster has {} devices, the stage meshes {}",
+                                               cluster.world_size(), plan.world_size()));
+  // A graph captured at batch 1 has no batch index to split (as complete_stage_sharding).
+  if (analysis::input_batch(graph) == 1 && plan.micro_batch > 1) return {};
+  std::vector<plan::Sharding> out;
+  // (mesh, its ranks' device types): stages alike in both share one search.
+  std::map<std::pair<std::vector<int>, std::vector<std::string>>, plan::Sharding> searched;
+  for (int s = 0; s < plan.pipeline; ++s) {
+    const cost::Cluster block = cost::rank_range(cluster, plan.stage_first_rank(s), plan.stage_size(s));
+    std::vector<std::string> types;
+    for (int r = 0; r < block.world_size(); ++r) types.push_back(block.device_of(r).name);
+    auto key = std::pair{plan.stage_mesh(s), types};
+    if (!searched.contains(key))
+      searched.emplace(key, *search_plan_mesh(graph, block, plan, plan.micro_batch, level, memory_fraction,
+                                               plan.stage_mesh(s))
+                                 .plan.sharding);
+    out.push_back(searched.at(key));
+  }
+  return out;
+}
+
 CompletedPlan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
                             SearchLevel level, double memory_fraction) {
   if (plan.sharding.has_value()) return {plan, std::nullopt};
+  if (!plan.stage_meshes.empty()) {
+    plan::Plan out = plan;
+    if (out.stage_shardings.empty())
+      out.stage_shardings = complete_stage_shardings(graph, cluster, plan, level, memory_fraction);
+    return {out, std::nullopt};
+  }
   if (plan.pipeline > 1 || plan.num_micro_batches() > 1) {
     plan::Plan out = plan;
     if (!out.stage_sharding) out.stage_sharding = complete_stage_sharding(graph, cluster, plan, level, memory_fraction);

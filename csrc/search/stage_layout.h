@@ -70,6 +70,14 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
                                                       const plan::Plan& plan, SearchLevel level,
                                                       double memory_fraction = cost::kMemoryFraction);
 
+// A plan with stage_meshes: each stage's layout (plan.stage_shardings), the SPMD search on
+// the graph at one micro-batch (micro_batch rows) on that stage's mesh of its own ranks of the
+// cluster (plan.stage_first_rank), stages of one mesh on alike devices searched once. Empty
+// without stage_meshes, or when the graph was captured at batch 1.
+std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, const cost::Cluster& cluster,
+                                                    const plan::Plan& plan, SearchLevel level,
+                                                    double memory_fraction = cost::kMemoryFraction);
+
 // The plan with everything its run needs (plan.h), so the runtime searches nothing: a
 // pipelined plan (pipeline > 1, or micro-batches on one stage) with its stage_sharding, a
 // plan of pipeline 1 and one micro-batch replaced by the SPMD search's plan on its {data,

@@ -185,6 +185,11 @@ class Cluster:
         one pipeline stage's sub-mesh under Megatron's rank layout."""
         return Cluster(self._core.first_ranks(int(count)))
 
+    def rank_range(self, first: int, count: int) -> "Cluster":
+        """The cluster of ranks ``first`` .. ``first + count - 1``: a pipeline stage's sub-mesh of
+        its own size (``Plan.stage_meshes``)."""
+        return Cluster(self._core.rank_range(int(first), int(count)))
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Cluster) and self._core == other._core
 

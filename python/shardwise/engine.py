@@ -64,6 +64,7 @@ from .runtime.mesh import _Mesh
 from .runtime.pipeline_engine import PipelineEngine, parse_actions, stage_program
 from .runtime.precision import Policy, cast_input, cast_inputs, compute_copy, policy_of
 from .runtime.spmd_engine import Engine, _Program
+from .runtime.stage_links import StageLinks
 from .runtime.state import keep_state
 from .runtime.verify import should_verify, verify_capture
 
@@ -321,12 +322,17 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     plan's layers_per_stage, else balanced by forward FLOPs), this rank's stages lowered into
     GraphModules and driven by the schedule's action list (runtime/pipeline_engine.py).
     Ranks: Megatron's layout, the pipeline outermost; a value crossing a cut goes between the
-    ranks of the same sub-mesh coordinate, as the shard its producer leaves."""
+    ranks of the same sub-mesh coordinate, as the shard its producer leaves. A plan with
+    stage_meshes runs each stage on a sub-mesh of its own size, in stage order, with its own
+    layout (stage_shardings); a value crossing between stages of different layouts goes whole
+    and is cut to the receiver's placement (runtime/stage_links.py)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     cluster, level = options.cluster, options.level
     p, v, d, t = plan.pipeline, plan.virtual_stages, plan.data, plan.tensor
-    if p * d * t != world:
-        raise ValidationError(f"parallelize: the plan has pipeline {p} x data {d} x tensor {t} = {p * d * t} ranks, "
+    meshes = plan.stage_meshes or [[d, t]] * p
+    if sum(a * b for a, b in meshes) != world:
+        sizes = " + ".join(f"{a} x {b}" for a, b in meshes) if plan.stage_meshes else f"{p} x data {d} x tensor {t}"
+        raise ValidationError(f"parallelize: the plan has pipeline {sizes} = {sum(a * b for a, b in meshes)} ranks, "
                               f"the job {world}")
     global_batch, mb = int(batch[0].shape[0]), int(plan.micro_batch)
     rows = mb * d  # one micro-batch across the data axis
@@ -343,11 +349,13 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     if should_verify(model, options.verify):
         verify_capture(wrapper, micro, graph, builder, tensors, trainable, binding.names,
                        dict(zip(binding.names, (x.narrow(0, 0, rows) for x in batch))), compute)
+    # Pipeline rank -> its block of ranks (plan.stage_groups: a heterogeneous cluster's stages on
+    # the devices that suit them; plan.stage_meshes: blocks of their own sizes; in order by default).
+    blocks = [plan.stage_ranks(s) for s in range(p)]
+    pipeline_rank = next(s for s, block in enumerate(blocks) if rank in block)
+    local = blocks[pipeline_rank].index(rank)
+    d, t = meshes[pipeline_rank]
     size = d * t
-    # Pipeline rank -> its block of d x t ranks (plan.stage_groups: a heterogeneous cluster's
-    # stages on the devices that suit them; in order by default).
-    groups = getattr(plan, "stage_groups", None) or list(range(p))
-    pipeline_rank, local = groups.index(rank // size), rank % size
     sharded, mesh = None, None
 
     # Detected here, on every rank together (Cluster.detect is collective under a process
@@ -356,12 +364,14 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
 
     def job_cluster():
         job = detected
-        if job.world_size not in (world, size):
+        if job.world_size not in ((world, size) if not plan.stage_meshes else (world,)):
             raise ValidationError(f"parallelize: the cluster has {job.world_size} devices, the job {world} ranks")
         return job
 
     def stage_cluster():  # what the eval-mode program's layout is searched on, if it needs its own
         job = job_cluster()
+        if plan.stage_meshes:
+            return job.rank_range(blocks[pipeline_rank][0], size)
         return job if job.world_size == size else job.first_ranks(size)
 
     if not plan.is_complete():
@@ -369,38 +379,56 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
         # job's first d x t devices (every stage's sub-mesh is alike) as the joint planner
         # completes its plans (csrc/search/stage_layout.h). The engine's plan is the complete one.
         job = job_cluster()
-        log.info("parallelize: the plan gives no layout for its stages' %d x %d sub-mesh: searching it once "
-                 "(the engine's plan holds it: save that one to run it without a search)", d, t)
+        log.info("parallelize: the plan gives no layout for its stages' sub-meshes %s: searching it once "
+                 "(the engine's plan holds it: save that one to run it without a search)", meshes)
         plan = plan.complete(graph, job, level=level)
         check_same_plan(plan, rank)
-    if size > 1:
+    layouts = [(tuple(m), None) for m in meshes]
+    if plan.stage_meshes:
+        if any(a * b > 1 for a, b in meshes):  # every rank makes every stage's groups
+            mesh = _Mesh([d, t], local, blocks=[(block[0], m) for block, m in zip(blocks, meshes)])
+        layouts = [(tuple(m), json.dumps(s, sort_keys=True) if a * b > 1 else None)
+                   for m, s, (a, b) in zip(meshes, plan.stage_shardings or [None] * p, meshes)]
+        if size > 1:
+            sharded = plan.stage_plan(pipeline_rank)
+            _check_made_for(sharded.sharding, graph, binding.names)
+        else:
+            mesh = None
+    elif size > 1:
         sharded = plan.stage_plan()
         _check_made_for(sharded.sharding, graph, binding.names)
         mesh = _Mesh([d, t], local, pipeline=p)
+    links = StageLinks(blocks, layouts, pipeline_rank, local, mesh)
     plan = check_same_programs(plan, graph, rank)
     parameters: dict[str, torch.Tensor] = {}
     schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
-    # The schedule's peers are pipeline ranks; this rank talks to the same sub-mesh coordinate.
-    actions = [(kind, i, g, groups[peer] * size + local if peer >= 0 else peer)
-               for kind, i, g, peer in parse_actions(schedule.actions(pipeline_rank))]
+    # The schedule's peers are pipeline ranks (runtime/stage_links.py: which of their ranks).
+    actions = parse_actions(schedule.actions(pipeline_rank))
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
                           parameters, m, compute_dtypes=compute, split_backward=any(a[0] == "W" for a in actions),
                           stage_ranks=schedule.stage_ranks)
     shared = []
     for x in sorted(first.owners):  # every rank creates every group, in the same order
-        if len(first.owners[x]) > 1:
-            for coordinate in range(size):
-                ranks = [groups[o] * size + coordinate for o in sorted(first.owners[x])]
+        owners = sorted(first.owners[x])
+        if len(owners) < 2:
+            continue
+        if len({layouts[o] for o in owners}) == 1:  # one layout: the same coordinate's ranks
+            for coordinate in range(len(blocks[owners[0]])):
+                ranks = [blocks[o][coordinate] for o in owners]
                 group = dist.new_group(ranks)
                 if rank in ranks:
-                    shared.append((x, group))
+                    shared.append((x, group, False))
+        else:  # layouts that differ: the gradient summed whole over all their ranks
+            ranks = [r for o in owners for r in blocks[o]]
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                shared.append((x, group, True))
     log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank,
              sorted(first.stages), p * v, m, rows, plan.schedule, [d, t])
     return PipelineEngine(model=model, wrapper=wrapper, binding=binding, plan=plan, first=first, actions=actions,
                           micro_batch=rows, num_micro_batches=m, shapes=tuple(tuple(x.shape) for x in batch),
                           parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
-                          last_rank=groups[schedule.stage_ranks[-1]] * size, mesh=mesh, stage_size=size, sharding=sharded,
+                          links=links, mesh=mesh, sharding=sharded,
                           recapture=_recapture(wrapper, stage_cluster, level, plan.precision),
                           kept=keep_state(model, set(first.owners)),
-                          policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks,
-                          stage_groups=groups)
+                          policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks)

@@ -57,7 +57,8 @@ class Plan:
                global_batch: int, micro_batch: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
                kfkb_k: int = 1, recompute: bool = True, zero: int = 0, precision: str | None = None,
                layers_per_stage: list[int] | None = None, profile=None, cost_model=None,
-               stage_groups: list[int] | None = None) -> "Plan":
+               stage_groups: list[int] | None = None,
+               stage_meshes: list[list[int]] | None = None) -> "Plan":
         """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p).
         Raises shardwise.ValidationError naming the numbers when the plan is inconsistent
@@ -67,7 +68,18 @@ class Plan:
         and ``cost_coverage()`` says how many were measured. None: the analytic model.
         ``stage_groups``: pipeline stage s on block ``stage_groups[s]`` of
         data x tensor ranks (a heterogeneous cluster's stages on the devices that suit them;
-        docs/plan-format.md)."""
+        docs/plan-format.md). ``stage_meshes``: one ``[data, tensor]`` per stage, sub-meshes of
+        different sizes (then ``data`` and ``tensor`` are 1, ``pipeline`` defaults to their
+        number, and ``micro_batch`` is a whole micro-batch's rows, which each stage splits over
+        its own data width)."""
+        if stage_meshes:
+            stage_meshes = [[int(x) for x in mesh] for mesh in stage_meshes]
+            if pipeline == 1:
+                pipeline = len(stage_meshes)
+            if (data or 1) != 1 or tensor != 1:
+                raise _C.ValidationError(f"Plan.manual: stage_meshes {stage_meshes} with data {data} and tensor "
+                                         f"{tensor}: each stage's mesh gives its own (leave them 1)")
+            data = 1
         if data is None:
             data = max(1, cluster.world_size // (tensor * pipeline))
         name = _SCHEDULES.get(str(schedule).lower())
@@ -82,6 +94,8 @@ class Plan:
                "layers_per_stage": list(layers_per_stage or []), "precision": _precision(graph, precision)}
         if stage_groups:
             doc["stage_groups"] = [int(g) for g in stage_groups]
+        if stage_meshes:
+            doc["stage_meshes"] = stage_meshes
         if profile is not None and cost_model is not None and profile is not cost_model:
             raise _C.ValidationError("Plan.manual: give profile= or cost_model=, not both")
         profile = profile if profile is not None else cost_model
@@ -160,6 +174,28 @@ class Plan:
         return self._doc.get("stage_sharding")
 
     @property
+    def stage_meshes(self) -> list[list[int]] | None:
+        """Each pipeline stage's own ``[data, tensor]`` sub-mesh (stages of different sizes), else None."""
+        return self._doc.get("stage_meshes")
+
+    @property
+    def stage_shardings(self) -> list[dict] | None:
+        """With ``stage_meshes``: each stage's layout on its own mesh, once completed; else None."""
+        return self._doc.get("stage_shardings")
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        """The global ranks pipeline stage ``stage`` runs on (its block: stage_groups, or the
+        stage meshes' running sum)."""
+        d = self._doc
+        if d.get("stage_meshes"):
+            sizes = [a * b for a, b in d["stage_meshes"]]
+            first = sum(sizes[:stage])
+            return list(range(first, first + sizes[stage]))
+        size = d["data"] * d["tensor"]
+        block = (d.get("stage_groups") or list(range(d["pipeline"])))[stage]
+        return list(range(block * size, (block + 1) * size))
+
+    @property
     def programs(self) -> str | None:
         """The hash of the rank programs the plan makes (16 hex digits; csrc/plan/plan.h), once
         recorded by ``with_programs`` or by ``parallelize`` (the engine's plan); None when not
@@ -175,6 +211,8 @@ class Plan:
         if d.get("sharding"):
             return True
         pipelined = d["pipeline"] > 1 or self.num_micro_batches() > 1
+        if d.get("stage_meshes"):
+            return bool(d.get("stage_shardings")) or all(a * b == 1 for a, b in d["stage_meshes"])
         return pipelined and (d["data"] * d["tensor"] == 1 or bool(d.get("stage_sharding")))
 
 
@@ -191,9 +229,10 @@ class Plan:
         done = _C.complete_plan(graph._core, cluster._core, self.to_json(), level)
         return Plan(json.loads(done["plan"]), None if done["fits"] is None else {"fits": done["fits"]})
 
-    def stage_plan(self) -> "Plan":
-        """The SPMD plan every stage of a complete pipelined plan runs on its sub-mesh."""
-        return Plan(json.loads(_C.stage_plan(self.to_json())))
+    def stage_plan(self, stage: int | None = None) -> "Plan":
+        """The SPMD plan every stage of a complete pipelined plan runs on its sub-mesh (with
+        ``stage_meshes``: stage ``stage``'s, on its own mesh)."""
+        return Plan(json.loads(_C.stage_plan(self.to_json(), -1 if stage is None else int(stage))))
 
     def with_programs(self, graph) -> "Plan":
         """The plan with the hash of every rank's program recorded (``programs``): made by the

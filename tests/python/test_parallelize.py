@@ -196,6 +196,9 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
                        "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
                        "rank_ir": getattr(engine, "rank_ir", None),
                        "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
+                       "stage_meshes": engine.plan.stage_meshes,
+                       "stage_mesh": engine.sharding.sharding["mesh"] if getattr(engine, "sharding", None)
+                       else [1, 1],
                        "stage_placements": engine.sharding.placements() if getattr(engine, "sharding", None)
                        else None, "zero": (engine.plan.sharding or {}).get("zero"),
                        "state": optimizer.local_state_numel() if zero else None, "roundtrip": roundtrip,
@@ -428,6 +431,23 @@ def test_pipeline_stages_run_on_the_rank_blocks_the_plan_orders():
     r = _spawn(4, "tiny_gpt", shardwise.Plan.from_json(json.dumps(doc)).to_json())
     _check(r)
     assert r["blocks"] == [3], r["blocks"]  # rank 0 runs the last stage
+
+
+@pytest.mark.parametrize("meshes,layers", [([[1, 1], [2, 1]], [3, 1]), ([[1, 2], [1, 1]], [1, 3])])
+def test_pipeline_stages_on_sub_meshes_of_different_sizes_equal_one_device(meshes, layers):
+    # plan.stage_meshes (Alpa's inter-op stages): one stage on one rank, the other on two (a
+    # data pair, or a tensor pair), with different layer counts. What crosses the cut is
+    # gathered whole on the sending sub-mesh and cut to the receiver's layout; the tied
+    # embedding / LM head, on both stages, has its gradient summed whole over the three ranks.
+    doc = json.loads(_pipeline_plan("tiny_gpt", 2, 4, "1f1b"))
+    doc["layers_per_stage"] = layers
+    doc["stage_meshes"] = meshes
+    r = _spawn(3, "tiny_gpt", shardwise.Plan.from_json(json.dumps(doc)).to_json())
+    _check(r)
+    assert r["stage_meshes"] == meshes
+    assert r["stage_mesh"] == meshes[0]  # rank 0's stage runs its own layout, on its own mesh
+    # rank 0 runs stage 0: its blocks are the plan's first `layers[0]`
+    assert r["blocks"] == list(range(layers[0])), r["blocks"]
 
 
 def test_a_batch_that_fits_only_in_micro_batches_runs_with_gradient_accumulation():

@@ -577,9 +577,11 @@ def _random_on_shards(src: torch.fx.Node, node: dict) -> bool:
     return partial or sharded
 
 
-def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bool = False) -> tuple[dict, list[str]]:
+def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bool = False,
+                  group=None) -> tuple[dict, list[str]]:
     """The core's program for `rank` (of the plan's mesh), with the same nodes run whole on
-    every rank of the job.
+    every rank of the job (of `group`: a pipeline stage's sub-mesh where stages have layouts
+    of their own).
 
     Whether a node runs whole is decided per rank (its local call's shapes, a meta check on
     its block), and a node whole on one rank and split on another makes the two run
@@ -594,13 +596,13 @@ def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bo
         program, whole = _local_rank_program(graph, builder, plan_json, rank, adapt_to_shapes)
     except ValidationError as e:
         error = e
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1):
         if error is not None:
             raise error
         return program, whole
     for _ in range(8):  # until every rank runs the same nodes whole (each round adds to the union)
-        every: list = [None] * dist.get_world_size()
-        dist.all_gather_object(every, (str(error) if error is not None else None, sorted(whole)))
+        every: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(every, (str(error) if error is not None else None, sorted(whole)), group=group)
         if error is not None:
             raise error
         failed = [(r, message) for r, (message, _) in enumerate(every) if message is not None]

@@ -10,19 +10,30 @@ class _Mesh:
     """Axis sizes, this rank's coordinates and the torch.distributed group of each axis.
 
     With `pipeline` > 1 the job is pipeline x mesh (Megatron's layout: the pipeline outermost):
-    the mesh is the rank's pipeline stage's sub-mesh, `rank` the rank within it."""
+    the mesh is the rank's pipeline stage's sub-mesh, `rank` the rank within it.
 
-    def __init__(self, sizes: list[int], rank: int, pipeline: int = 1):
+    `blocks`: stages on sub-meshes of their own sizes (plan.stage_meshes): every stage's (first
+    global rank, [data, tensor]); this rank's mesh is the one whose block holds it. Every rank
+    makes every stage's groups, in stage order (making a group is collective)."""
+
+    def __init__(self, sizes: list[int], rank: int, pipeline: int = 1,
+                 blocks: list[tuple[int, list[int]]] | None = None):
         _teardown.hold(self)  # its groups are destroyed before the interpreter's finalization
         from torch.distributed.device_mesh import init_device_mesh
 
         self.sizes = list(sizes)
         self.rank = rank
+        # The ranks that must run one program's collectives alike (lower._rank_program): the
+        # job, or (blocks) this stage's sub-mesh alone.
+        self.stage_group = None
         self.coords = []
         stride = 1
         for size in reversed(self.sizes):
             self.coords.insert(0, (rank // stride) % size)
             stride *= size
+        if blocks is not None:
+            self._from_blocks(blocks)
+            return
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         names = tuple(f"axis{a}" for a in range(len(self.sizes)))
         if pipeline > 1:
@@ -40,6 +51,32 @@ class _Mesh:
         if len(self.sizes) > 1:
             every = tuple(range(len(self.sizes)))
             self._axes_groups[every] = self.device_mesh[tuple(names)]._flatten().get_group()
+
+    def _from_blocks(self, blocks: list[tuple[int, list[int]]]) -> None:
+        """The groups of this rank's block, every block's made on every rank (dist.new_group)."""
+        self.device_mesh = None
+        me = dist.get_rank()
+        self.stage_group = None
+        self.groups = [None] * len(self.sizes)
+        self._axes_groups = {}
+        for first, (data, tensor) in blocks:
+            if data * tensor == 1:
+                continue
+            ranks = [[first + j * tensor + c for c in range(tensor)] for j in range(data)]
+            axis_sets = [(0, [[ranks[j][c] for j in range(data)] for c in range(tensor)]),  # data axis
+                         (1, [ranks[j] for j in range(data)])]                              # tensor axis
+            for axis, sets in axis_sets:
+                for members in sets:
+                    group = dist.new_group(members)
+                    if me in members and first <= me < first + data * tensor:
+                        self.groups[axis] = group
+                        self._axes_groups[(axis,)] = group
+            every = dist.new_group([r for row in ranks for r in row])
+            if first <= me < first + data * tensor:
+                self._axes_groups[(0, 1)] = every
+                self.stage_group = every
+        # (a rank on a stage of one rank made the others' groups only: it has no mesh)
+        self.group_names = [g.group_name if g is not None else None for g in self.groups]
 
     def axes_group(self, axes: tuple[int, ...]) -> tuple:
         """(group, this rank's index in it, its size, the global ranks in it) of the ranks that

@@ -42,6 +42,7 @@ from .engine_base import EngineBase, Recapture, tied_names
 from .grad_norm import plain
 from .lower import _build_module, _rank_program, _tensor_outputs, program_code
 from .reshard import gather_whole
+from .stage_links import StageLinks
 from .state import held_state
 from .weight_split import backward_input, backward_weight, check_splittable
 from . import transport
@@ -79,6 +80,8 @@ class StageProgram:
     counted: list           # their names, in the counter's order
     loss_dtype: torch.dtype
     reads: dict             # leaf name -> the virtual stages of this rank that read it
+    produced: dict          # value -> its placement on the stage sub-mesh (what crosses a cut is held so)
+    shapes: dict            # value -> its whole shape
 
 
 def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input_names: list[str], tensors: dict,
@@ -94,7 +97,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     ZB-V's V: csrc/schedule/action.h)."""
     p, v = plan.pipeline, plan.virtual_stages
     if sharded is not None:
-        program, whole = _rank_program(graph, builder, sharded.to_json(), mesh.rank)
+        program, whole = _rank_program(graph, builder, sharded.to_json(), mesh.rank, group=mesh.stage_group)
     else:
         program, whole = _C.rank_program(graph._core, "", 0), []
     stages = p * v
@@ -104,8 +107,17 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     # The stages' nodes; what crosses each cut (forwarded on) and which leaves each stage reads
     # are the core's (transform/stage_split.h: recv / send at the boundaries).
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
-    index = {name: i for i, name in enumerate(leaves)}
+    # A value's tag index: the values crossing cuts first, in the cut's order (the same on
+    # every rank, whatever its stage's program holds), then the rest.
+    index: dict[str, int] = {}
+    for names in cut["sent"]:
+        for name in names:
+            index.setdefault(name, len(index))
+    for name in leaves:
+        index.setdefault(name, len(index))
     meta: dict[str, tuple] = {}
+    produced: dict[str, list] = {}
+    shapes: dict[str, list] = {}
     nodes_of = [[] for _ in range(stages)]
     for node in program["nodes"]:
         first = node["outputs"][0]["value"]
@@ -114,6 +126,8 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         for out, val in zip(node["outputs"], _tensor_outputs(src.meta["val"], indices)):
             index.setdefault(out["value"], len(index))
             meta[out["value"]] = (list(out["local_shape"]), val.dtype, index[out["value"]])
+            produced[out["value"]] = list(out.get("produced") or [])
+            shapes[out["value"]] = list(val.shape)
     received = cut["received"]
     reads: dict[str, set] = {}
     for g, names in enumerate(cut["leaves"]):
@@ -153,7 +167,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     here = {x: sorted(g for g in gs if stage_ranks[g] == pipeline_rank) for x, gs in reads.items()}
     return StageProgram(mine, meta, owners, leaves, reduce, whole,
                         {n: leaves[n]["placement"] for n in input_names if n in leaves}, counter, counted, loss_dtype,
-                        {x: gs for x, gs in here.items() if gs})
+                        {x: gs for x, gs in here.items() if gs}, produced, shapes)
 
 
 def full_backward(tensors: list, grads: list) -> None:
@@ -182,9 +196,9 @@ class PipelineEngine(EngineBase):
 
     def __init__(self, *, model, wrapper, binding, plan, first: StageProgram, actions: list[tuple], micro_batch: int,
                  num_micro_batches: int, shapes: tuple, parameters: dict, tensors: dict, trainable: set,
-                 shared: list[tuple], last_rank: int, mesh=None, stage_size: int = 1, sharding=None,
+                 shared: list[tuple], links: StageLinks, mesh=None, sharding=None,
                  recapture: Recapture | None = None, kept=None, policy=None, compute_dtypes: dict | None = None,
-                 stage_ranks: list[int], stage_groups: list[int] | None = None):
+                 stage_ranks: list[int]):
         super().__init__(binding, policy)
         self._compute_dtypes = compute_dtypes or {}
         self.plan = plan
@@ -195,7 +209,7 @@ class PipelineEngine(EngineBase):
         self.sharding = sharding       # the SPMD plan of each stage's sub-mesh (None: replicated)
         self._programs = {True: first}
         self._first = first
-        self._actions = actions        # (kind, micro-batch, virtual stage, peer rank)
+        self._actions = actions        # (kind, micro-batch, virtual stage, peer pipeline rank)
         # The pipeline rank of each virtual stage (the schedule's placement: g % p, or ZB-V's V).
         self._stage_ranks = list(stage_ranks)
         self._micro_batch = micro_batch  # rows per micro-batch (across the data axis)
@@ -204,9 +218,12 @@ class PipelineEngine(EngineBase):
         self._parameters = parameters  # name -> this rank's tensor (shared by its stages and programs)
         self._tensors = tensors
         self._trainable = trainable
-        self._shared = shared          # (name, group) for weights read on several pipeline ranks
+        # (name, group, whole) for weights read on several pipeline ranks: `whole` where their
+        # stages' layouts differ (the gradient summed whole over every rank of those stages)
+        self._shared = shared
         self._owners = first.owners    # name -> the pipeline ranks holding it
-        self._last_rank = last_rank
+        self._links = links            # every pipeline rank's block of ranks (runtime/stage_links.py)
+        self._last_rank = links.first_rank(stage_ranks[-1])
         self._mesh = mesh              # the stage's sub-mesh (runtime.mesh._Mesh), or None
         self._leaves = first.leaves
         self._recapture = recapture    # capture and the search, for the other mode's program
@@ -231,11 +248,7 @@ class PipelineEngine(EngineBase):
                 stages = [g for g in first.reads.get(name, []) if g in last_b]
                 if stages:
                     self._final.setdefault(max(last_b[g] for g in stages), []).append(parameters[name])
-        self._stage_size = stage_size
-        # The block of stage_size ranks each pipeline rank runs on (plan.stage_groups: a
-        # heterogeneous cluster's stages on the devices that suit them; in order by default).
-        self._groups = list(stage_groups) if stage_groups else list(range(len(set(stage_ranks)) or 1))
-        self._pipeline_rank = self._groups.index(dist.get_rank() // stage_size)
+        self._pipeline_rank = links.me
         self.whole_nodes = first.whole
         # Where this rank's tensors live (the model's device): receive buffers and the loss too.
         self._device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
@@ -280,7 +293,7 @@ class PipelineEngine(EngineBase):
         return out
 
     def _process_groups(self) -> list:
-        groups = [self._control, *(g for _, g in self._shared)]
+        groups = [self._control, *(g for _, g, _ in self._shared)]
         if self._mesh is not None:
             groups.extend(self._mesh.groups)
         return groups
@@ -307,7 +320,7 @@ class PipelineEngine(EngineBase):
         sharded = self.sharding
         if sharded is not None:
             try:
-                _rank_program(graph, builder, sharded.to_json(), self._mesh.rank)
+                _rank_program(graph, builder, sharded.to_json(), self._mesh.rank, group=self._mesh.stage_group)
             except ValidationError:
                 sharded = self._recapture.search(graph, rows, tuple(self._mesh.sizes))
         pipeline_rank = self._pipeline_rank
@@ -380,7 +393,7 @@ class PipelineEngine(EngineBase):
                     if (g, mb, False) not in pending and g - 1 in program.stages:
                         received = self._handed_on(program, g, mb, live)  # the stage before is on this rank
                     else:
-                        received = {name: t for name, t, work in self._wait(pending.pop((g, mb, False), []))}
+                        received = dict(self._wait(pending.pop((g, mb, False), [])))
                     for t in received.values():
                         if t.is_floating_point():
                             t.requires_grad_(True)
@@ -404,9 +417,7 @@ class PipelineEngine(EngineBase):
                     for name, t in zip(stage["sent"], live[(g, mb)]["outputs"]):
                         # The buffer sent is kept until the send completes, not the output: its
                         # graph (kept for W under a split backward) would live to the step's end.
-                        buffer = t.detach().contiguous()
-                        sends.append((transport.isend(buffer, dst=peer,
-                                                      tag=self._tag(self._index(program, name), mb, False)), buffer))
+                        sends.extend(self._isend(program, name, t.detach(), mb, peer, False))
                 elif kind == "RG":
                     names = [n for n in stage["sent"] if program.meta[n][1].is_floating_point]
                     pending[(g, mb, True)] = [self._irecv(program, name, mb, peer, True) for name in names]
@@ -439,8 +450,7 @@ class PipelineEngine(EngineBase):
                             continue
                         grad = state["input_grads"].get(name) if "sites" in state else t.grad
                         grad = grad if grad is not None else torch.zeros_like(t)
-                        sends.append((transport.isend(grad.contiguous(), dst=peer,
-                                                 tag=self._tag(self._index(program, name), mb, True)), grad))
+                        sends.extend(self._isend(program, name, grad, mb, peer, True))
             for work, _ in sends:
                 work.wait()
             for deferred in scatters:
@@ -453,10 +463,21 @@ class PipelineEngine(EngineBase):
             if reduce:
                 self._buckets.abandon()
             raise
-        for name, group in self._shared:
+        for name, group, whole in self._shared:
             p = self._parameters[name]
-            if isinstance(p, torch.nn.Parameter) and p.grad is not None:
-                transport.all_reduce(p.grad, group=group)
+            if not isinstance(p, torch.nn.Parameter):
+                continue
+            if not whole:
+                if p.grad is not None:
+                    transport.all_reduce(p.grad, group=group)
+                continue
+            # Stages of different layouts: each stage's gradient whole, summed over every
+            # rank of the stages holding the weight, each rank's copy counting 1 / its stage's size.
+            placement = self._leaves[name]["placement"]
+            grad = plain(p.grad) if p.grad is not None else torch.zeros_like(p)
+            total = self._links.whole(grad, placement, name) / len(self._links.blocks[self._pipeline_rank])
+            transport.all_reduce(total, group=group)
+            p.grad = self._links.cut(total, placement, name).to(p.dtype)
         return self._broadcast_loss(losses, program)
 
     def _handed_on(self, program: StageProgram, g: int, mb: int, live: dict) -> dict:
@@ -471,7 +492,7 @@ class PipelineEngine(EngineBase):
         rank, or, where the next stage is on this rank, the gradients its B left for its inputs
         (in `turned` once that stage's W has run)."""
         if (g, mb, True) in pending or g + 1 not in program.stages:
-            return {name: t for name, t, _ in self._wait(pending.pop((g, mb, True), []))}
+            return dict(self._wait(pending.pop((g, mb, True), [])))
         if (g + 1, mb) in turned:
             return {n: gr for n, gr in turned.pop((g + 1, mb)).items() if gr is not None}
         state = live[(g + 1, mb)]
@@ -512,23 +533,40 @@ class PipelineEngine(EngineBase):
         return program.meta[name][2]
 
     def _irecv(self, program: StageProgram, name: str, mb: int, peer: int, gradient: bool):
+        """Post the receive of `name` (or its gradient) for micro-batch mb from pipeline rank
+        `peer`: (name, buffer, work, placement to cut it to; None: the buffer is the shard)."""
         shape, dtype, index = program.meta[name]
-        buffer = torch.empty(shape, dtype=dtype, device=self._device)
-        return name, buffer, transport.irecv(buffer, src=peer, tag=self._tag(index, mb, gradient))
+        links, tag = self._links, self._tag(index, mb, gradient)
+        if links.by_coordinate(peer):
+            buffer = torch.empty(shape, dtype=dtype, device=self._device)
+            return name, buffer, transport.irecv(buffer, src=links.peer(peer), tag=tag), None
+        buffer = torch.empty(program.shapes[name], dtype=dtype, device=self._device)
+        return name, buffer, transport.irecv(buffer, src=links.source(peer), tag=tag), program.produced[name]
 
-    @staticmethod
-    def _wait(items):
-        for name, t, work in items:
+    def _isend(self, program: StageProgram, name: str, t: torch.Tensor, mb: int, peer: int,
+               gradient: bool) -> list[tuple]:
+        """Send this rank's `t` (the value `name`, or its gradient) to pipeline rank `peer`:
+        [(work, buffer kept until it completes)]."""
+        links, tag = self._links, self._tag(self._index(program, name), mb, gradient)
+        if links.by_coordinate(peer):
+            buffer = t.contiguous()
+            return [(transport.isend(buffer, dst=links.peer(peer), tag=tag), buffer)]
+        whole = links.whole(t, program.produced[name], name).contiguous()  # collective on the sub-mesh
+        return [(transport.isend(whole, dst=rank, tag=tag), whole) for rank in links.destinations(peer)]
+
+    def _wait(self, items) -> list[tuple]:
+        """[(name, this rank's tensor)] once every receive of `items` (from _irecv) completed."""
+        out = []
+        for name, t, work, placement in items:
             work.wait()
-        return items
+            out.append((name, t if placement is None else self._links.cut(t, placement, name)))
+        return out
 
     def _forward_only(self, program: StageProgram, micro: list[dict], counts: dict) -> torch.Tensor:
         """The loss of the global batch, forward only (no gradients, nothing kept): each
         micro-batch passes the stages in order, every rank taking (micro-batch, stage) pairs
         in the same order, receiving a stage's inputs just before running it and sending its
         outputs without waiting, so no rank waits on one that waits on it."""
-        size = self._stage_size
-        local = dist.get_rank() % size
         losses, sends = [], []
         for mb in range(self._m):
             handed: dict = {}  # a stage's outputs for the next stage on this rank (ZB-V's turn)
@@ -539,10 +577,7 @@ class PipelineEngine(EngineBase):
                     if name in handed:
                         received[name] = handed[name]
                         continue
-                    shape, dtype, index = program.meta[name]
-                    received[name] = torch.empty(shape, dtype=dtype, device=self._device)
-                    transport.recv(received[name], src=self._groups[self._stage_ranks[g - 1]] * size + local,
-                                   tag=self._tag(index, mb, False))
+                    received.update(self._wait([self._irecv(program, name, mb, self._stage_ranks[g - 1], False)]))
                 outputs = self._call(stage, [micro[mb][n] if n in micro[mb] else received[n]
                                              for n in stage["inputs"]], counts)
                 if stage["last"]:
@@ -552,9 +587,7 @@ class PipelineEngine(EngineBase):
                     handed = dict(zip(stage["sent"], outputs))
                     continue
                 for name, t in zip(stage["sent"], outputs):
-                    t = t.contiguous()
-                    sends.append((transport.isend(t, dst=self._groups[self._stage_ranks[g + 1]] * size + local,
-                                             tag=self._tag(self._index(program, name), mb, False)), t))
+                    sends.extend(self._isend(program, name, t, mb, self._stage_ranks[g + 1], False))
         for work, _ in sends:
             work.wait()
         return self._broadcast_loss(losses, program)
@@ -587,6 +620,6 @@ class PipelineEngine(EngineBase):
                     t = t.clone()
                 else:
                     t = torch.empty(shape, dtype=dtype, device=self._device)
-                transport.broadcast(t, src=self._groups[min(self._owners[name])] * self._stage_size)
+                transport.broadcast(t, src=self._links.first_rank(min(self._owners[name])))
                 out[name] = t
         return out

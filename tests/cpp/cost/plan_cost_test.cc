@@ -64,6 +64,49 @@ TEST(PlanCost, FindsMegatronPairsAndCountsAllReduces) {
   EXPECT_NEAR(cost.megatron_tflops_per_device, cost.megatron_flops / cost.step_time / 8 / 1e12, 1e-9);
 }
 
+TEST(PlanCost, StageMeshesPriceEachStageOnItsOwnWidth) {
+  ir::Graph g = tiny_gpt();
+  Cluster c = preset("dgx-a100", 1);
+  AnalyticCostModel model;
+  // The same layout written as stage meshes: two stages of {data 2, tensor 2}, a micro-batch
+  // of 2 rows (1 per data rank). Compute, tensor parallelism, data parallelism, memory: as
+  // the plain plan's. Only the boundary differs: equal meshes send by coordinate a rank's
+  // share of the whole (the plain plan's Megatron scatter prices whole / t).
+  plan::Plan plain = tiny_plan();
+  plain.recompute = plan::Recompute::None;
+  plan::Plan meshes = plain;
+  meshes.data = meshes.tensor = 1;
+  meshes.micro_batch = 2;
+  meshes.stage_meshes = {{2, 2}, {2, 2}};
+  const PlanCost a = evaluate(g, c, plain, model), b = evaluate(g, c, meshes, model);
+  EXPECT_NEAR(b.compute, a.compute, 1e-15);
+  EXPECT_NEAR(b.tensor_parallel, a.tensor_parallel, 1e-15);
+  EXPECT_NEAR(b.data_parallel_total, a.data_parallel_total, 1e-15);
+  EXPECT_NEAR(b.optimizer, a.optimizer, 1e-15);
+  EXPECT_NEAR(b.memory_per_rank, a.memory_per_rank, 1e-6);
+  EXPECT_LE(b.pipeline_p2p, a.pipeline_p2p);
+
+  // 8 GPUs as a narrow first stage and a wide second one: the wide stage's ranks each run a
+  // third of the rows, so with layers split 1 : 3 the two stages take about the same time.
+  plan::Plan uneven = meshes;
+  uneven.micro_batch = 6;
+  uneven.global_batch = 24;
+  uneven.stage_meshes = {{2, 1}, {6, 1}};
+  uneven.layers_per_stage = {1, 3};
+  const PlanCost u = evaluate(g, c, uneven, model);
+  ASSERT_EQ(u.stage_times.size(), 2u);
+  EXPECT_GT(u.stage_times[1], 0.0);
+  // stage 0: 1 layer + the embeddings at 3 rows; stage 1: 3 layers + the head at 1 row.
+  EXPECT_LT(std::abs(u.stage_times[0] / u.stage_times[1] - 1.0), 0.6) << u.stage_times[0] << " " << u.stage_times[1];
+  plan::Plan even = uneven;
+  even.layers_per_stage = {2, 2};
+  EXPECT_LT(u.step_time, evaluate(g, c, even, model).step_time);  // the narrow stage with half the layers is slower
+  // Between meshes of different shapes the boundary value goes whole (gathered on the
+  // sender's sub-mesh): priced, not free.
+  EXPECT_GT(u.pipeline_p2p, 0.0);
+  EXPECT_THROW(evaluate(g, preset("dgx-a100", 2), uneven, model), support::ValidationError);  // 16 ranks, plan has 8
+}
+
 TEST(PlanCost, RecomputationAndInterleaving) {
   ir::Graph g = tiny_gpt();
   Cluster c = preset("dgx-a100", 1);

@@ -78,6 +78,74 @@ TEST(Plan, StageGroupsAreAnOrderOfTheRankBlocks) {
   }
 }
 
+TEST(Plan, StageMeshesGiveEachStageASubMeshOfItsOwnSize) {
+  Plan p;
+  p.pipeline = 2;
+  p.global_batch = 16;
+  p.micro_batch = 4;  // a whole micro-batch's rows: 4 micro-batches
+  p.recompute = Recompute::None;
+  const std::uint64_t plain = plan_hash(p);
+  EXPECT_EQ(plan_to_json(p).count("stage_meshes"), 0u);
+  p.stage_meshes = {{1, 1}, {2, 1}};
+  validate(p, 3);
+  EXPECT_EQ(p.world_size(), 3);
+  EXPECT_EQ(p.num_micro_batches(), 4);
+  EXPECT_EQ(p.stage_first_rank(0), 0);
+  EXPECT_EQ(p.stage_first_rank(1), 1);
+  EXPECT_EQ(p.stage_size(1), 2);
+  EXPECT_EQ(p.stage_of_rank(2), 1);
+  EXPECT_EQ(p.stage_mesh(1), (std::vector<int>{2, 1}));
+  EXPECT_THROW(p.stage_of_rank(3), support::ValidationError);
+  EXPECT_NE(plan_hash(p), plain);
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(p)), p);
+
+  // Each stage's layout on its own mesh; stage_plan(plan, s) is that stage's SPMD plan.
+  Sharding one, two;
+  one.mesh = {1, 1};
+  two.mesh = {2, 1};
+  for (Sharding* s : {&one, &two}) s->axis_names = {"data", "tensor"}, s->level = "fast";
+  two.placements = {{"x", {"S(0)", "R"}}};
+  p.stage_shardings = {one, two};
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(p)), p);
+  const Plan second = stage_plan(p, 1);
+  EXPECT_EQ(second.data, 2);
+  EXPECT_EQ(second.global_batch, 4);
+  EXPECT_EQ(second.sharding->placements, two.placements);
+  EXPECT_THROW(stage_plan(p), support::ValidationError);  // one layout per stage, not one for all
+
+  auto refused = [](Plan bad, const std::string& says) {
+    try {
+      validate(bad);
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const support::ValidationError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  Plan bad = p;
+  bad.stage_shardings[1].mesh = {1, 2};
+  refused(bad, "plan.stage_shardings[1].mesh: [1, 2] must be [data 2, tensor 1]");
+  bad = p, bad.stage_meshes = {{1, 1}, {3, 1}};
+  bad.stage_shardings.clear();
+  refused(bad, "plan.stage_meshes[1]: data 3 does not divide the micro-batch's 4 rows");
+  bad = p, bad.data = 2;
+  refused(bad, "data 2 and tensor 1 must be 1");
+  bad = p, bad.stage_meshes = {{1, 1}};
+  refused(bad, "plan.stage_meshes: 1 meshes for pipeline 2");
+  bad = p, bad.stage_meshes = {{1, 1}, {0, 2}};
+  refused(bad, "plan.stage_meshes[1]: [0, 2] is not [data >= 1, tensor >= 1]");
+  bad = p, bad.stage_groups = {1, 0};
+  refused(bad, "with stage_groups");
+  Plan without = example();
+  without.stage_shardings = {one};
+  refused(without, "plan.stage_shardings: given without stage_meshes");
+  try {
+    validate(p, 4);
+    FAIL() << "3 ranks of stage meshes validated for a world of 4";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("world size 4 != the stage meshes' 3 ranks"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Plan, RanksPerNodeMustSumToTheWorld) {
   Plan p = example();
   p.predicted = Predicted{1.5, 140.0, 6e10, {}, {}};

@@ -1,0 +1,69 @@
+"""How a pipeline stage's ranks exchange the values that cross a cut with another stage's.
+
+Stages of one layout (the same sub-mesh shape and sharding: every stage of a plan without
+``stage_meshes``) exchange by coordinate: a rank sends its shard to the rank at its own
+coordinate of the other stage's block, which holds it in the same placement. Stages of
+different layouts (``stage_meshes``: sub-meshes of different sizes, Alpa's inter-op stages)
+exchange whole values: the sender's stage gathers the value whole on its sub-mesh, each of its
+ranks sends it to the receiving ranks it serves (receiver k is served by sender k mod the
+sender's size), and each receiver cuts its own shard for its own placement. The gradient goes
+back the same way. A value held Partial at such a cut is refused: its whole value is a sum the
+receiver would have to hold unsummed, which a cut of the whole cannot give.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._C import ValidationError
+from ..materialize import local_tensor
+from .reshard import gather_whole
+
+
+class StageLinks:
+    """Every pipeline rank's block of global ranks and layout, seen from this rank.
+
+    `blocks[q]`: the global ranks of pipeline rank q's sub-mesh, in sub-mesh order;
+    `layouts[q]`: what makes two stages exchange by coordinate when equal (sub-mesh sizes and
+    the sharding's JSON); `me`: this rank's pipeline rank; `mesh`: its sub-mesh (None: one rank)."""
+
+    def __init__(self, blocks: list[list[int]], layouts: list, me: int, local: int, mesh=None):
+        self.blocks, self.layouts, self.me, self.local, self.mesh = blocks, layouts, me, local, mesh
+
+    def first_rank(self, q: int) -> int:
+        return self.blocks[q][0]
+
+    def by_coordinate(self, q: int) -> bool:
+        return self.layouts[q] == self.layouts[self.me]
+
+    def peer(self, q: int) -> int:
+        """The rank of q's block at this rank's coordinate (stages of one layout)."""
+        return self.blocks[q][self.local]
+
+    def source(self, q: int) -> int:
+        """The rank of q's block that sends this rank a whole value."""
+        return self.blocks[q][self.local % len(self.blocks[q])]
+
+    def destinations(self, q: int) -> list[int]:
+        """The ranks of q's block this rank sends a whole value to."""
+        mine = len(self.blocks[self.me])
+        return [r for k, r in enumerate(self.blocks[q]) if k % mine == self.local]
+
+    def whole(self, local: torch.Tensor, placement: list[str] | None, name: str) -> torch.Tensor:
+        """The whole value from this rank's shard (collective on its sub-mesh)."""
+        if self.mesh is None:
+            return local
+        self._refuse_partial(placement, name)
+        return gather_whole(local, placement, self.mesh)
+
+    def cut(self, whole: torch.Tensor, placement: list[str] | None, name: str) -> torch.Tensor:
+        """This rank's shard of a whole value, for its placement."""
+        if self.mesh is None:
+            return whole
+        self._refuse_partial(placement, name)
+        return local_tensor(whole, placement, self.mesh.sizes, self.mesh.rank)
+
+    def _refuse_partial(self, placement: list[str] | None, name: str) -> None:
+        if placement is None or any(p.startswith("P") for p in placement):
+            raise ValidationError(f"pipeline: '{name}' crosses a cut between stages of different sub-meshes held "
+                                  f"{placement} on pipeline rank {self.me}; a Partial value cannot be sent whole and "
+                                  "cut (give the stages one mesh shape)")
