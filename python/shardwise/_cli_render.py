@@ -46,6 +46,8 @@ def plan_tables(plan, cluster) -> list[Table]:
     sharding = plan.sharding
     if sharding:
         summary.add_row("mesh", " x ".join(str(s) for s in sharding["mesh"]) + " (data x tensor)")
+    elif plan.stage_meshes:
+        summary.add_row("mesh", "stages on " + ", ".join(f"data {a} x tensor {b}" for a, b in plan.stage_meshes))
     else:
         summary.add_row("mesh", f"data {plan.data} x tensor {plan.tensor} x pipeline {plan.pipeline}")
     if plan.pipeline > 1:

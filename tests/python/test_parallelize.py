@@ -433,16 +433,21 @@ def test_pipeline_stages_run_on_the_rank_blocks_the_plan_orders():
     assert r["blocks"] == [3], r["blocks"]  # rank 0 runs the last stage
 
 
-@pytest.mark.parametrize("meshes,layers", [([[1, 1], [2, 1]], [3, 1]), ([[1, 2], [1, 1]], [1, 3])])
-def test_pipeline_stages_on_sub_meshes_of_different_sizes_equal_one_device(meshes, layers):
+@pytest.mark.parametrize("meshes,layers,schedule", [([[1, 1], [2, 1]], [3, 1], "1f1b"),
+                                                     ([[1, 2], [1, 1]], [1, 3], "1f1b"),
+                                                     ([[1, 1], [2, 1]], [1, 3], "zb-h1"),
+                                                     ([[2, 1], [1, 2]], [2, 2], "1f1b")])
+def test_pipeline_stages_on_sub_meshes_of_different_sizes_equal_one_device(meshes, layers, schedule):
     # plan.stage_meshes (Alpa's inter-op stages): one stage on one rank, the other on two (a
-    # data pair, or a tensor pair), with different layer counts. What crosses the cut is
-    # gathered whole on the sending sub-mesh and cut to the receiver's layout; the tied
-    # embedding / LM head, on both stages, has its gradient summed whole over the three ranks.
-    doc = json.loads(_pipeline_plan("tiny_gpt", 2, 4, "1f1b"))
+    # data pair, or a tensor pair), with different layer counts; or two stages of two ranks
+    # of different shapes. What crosses the cut is gathered whole on the sending sub-mesh and
+    # cut to the receiver's layout; the tied embedding / LM head, on both stages, has its
+    # gradient summed whole over their ranks. ZB-H1: the same with backward split in B and W.
+    doc = json.loads(_pipeline_plan("tiny_gpt", 2, 4, schedule))
     doc["layers_per_stage"] = layers
     doc["stage_meshes"] = meshes
-    r = _spawn(3, "tiny_gpt", shardwise.Plan.from_json(json.dumps(doc)).to_json())
+    world = sum(a * b for a, b in meshes)
+    r = _spawn(world, "tiny_gpt", shardwise.Plan.from_json(json.dumps(doc)).to_json())
     _check(r)
     assert r["stage_meshes"] == meshes
     assert r["stage_mesh"] == meshes[0]  # rank 0's stage runs its own layout, on its own mesh

@@ -122,3 +122,46 @@ def test_a_degrees_plan_completed_on_its_mesh_says_whether_it_fits():
     doc = json.loads(shardwise.Cluster.preset("cpu", 2).to_json())
     doc["device_types"][0]["memory_bytes"] = 1000
     assert degrees.complete(graph, shardwise.Cluster.from_json(json.dumps(doc))).fits is False
+
+
+def test_stage_meshes_give_each_stage_its_own_ranks_and_layout():
+    # plan.stage_meshes: a stage of one rank and a stage of a data pair, 3 ranks in all.
+    import torch
+    model = shardwise.models.TinyGPT(shardwise.models.TinyGPTConfig(layers=4)).double()
+    ids = torch.randint(0, 256, (8, 32), generator=torch.Generator().manual_seed(1))
+    graph = shardwise.capture(model, (ids, ids))
+    cluster = shardwise.Cluster.preset("cpu", 3)
+    plan = shardwise.Plan.manual(graph, cluster, stage_meshes=[[1, 1], [2, 1]], global_batch=8, micro_batch=4,
+                                 recompute=False)
+    assert plan.pipeline == 2 and plan.data == 1 and plan.num_micro_batches() == 2
+    assert [plan.stage_ranks(s) for s in range(2)] == [[0], [1, 2]]
+    assert "stage_meshes=[[1, 1], [2, 1]]" in repr(plan)
+    assert plan.predicted_step_time() > 0 and not plan.is_complete()
+    # Completed on a graph captured at one micro-batch: each stage's layout on its own mesh.
+    micro = shardwise.capture(model, (ids[:4], ids[:4]))
+    done = plan.complete(micro, cluster)
+    assert done.is_complete() and [s["mesh"] for s in done.stage_shardings] == [[1, 1], [2, 1]]
+    assert done.stage_plan(1).sharding["mesh"] == [2, 1]
+    assert shardwise.Plan.from_json(done.to_json()) == done
+    with pytest.raises(shardwise.ValidationError, match="data 3 does not divide the micro-batch's 4 rows"):
+        shardwise.Plan.manual(graph, shardwise.Cluster.preset("cpu", 4), stage_meshes=[[1, 1], [3, 1]],
+                              global_batch=8, micro_batch=4)
+    with pytest.raises(shardwise.ValidationError, match="world size 4 != the stage meshes' 3 ranks"):
+        shardwise.Plan.manual(graph, shardwise.Cluster.preset("cpu", 4), stage_meshes=[[1, 1], [2, 1]],
+                              global_batch=8, micro_batch=4)
+
+
+def test_stage_links_serve_every_receiving_rank_once():
+    # Between stages of different layouts each receiving rank gets the whole value from one
+    # sending rank, and each sending rank sends to exactly the receivers that name it.
+    from shardwise.runtime.stage_links import StageLinks
+    for blocks in ([[0], [1, 2]], [[0, 1], [2]], [[0, 1], [2, 3, 4]], [[0, 1, 2], [3, 4]], [[0, 1, 2, 3], [4, 5]]):
+        layouts = [(len(b),) for b in blocks]
+        for me, other in ((0, 1), (1, 0)):
+            sent = sorted(r for local in range(len(blocks[me]))
+                          for r in StageLinks(blocks, layouts, me, local).destinations(other))
+            assert sent == blocks[other], (blocks, me)
+            for local in range(len(blocks[other])):
+                source = StageLinks(blocks, layouts, other, local).source(me)
+                mine = blocks[me].index(source)
+                assert blocks[other][local] in StageLinks(blocks, layouts, me, mine).destinations(other)
