@@ -1,6 +1,6 @@
 """Checkpoints across plans (shardwise.save_checkpoint / load_checkpoint, written with DCP):
 one device -> weights sharded over a 2 x 2 mesh -> ZeRO on 2 x 2 -> a 2-stage pipeline on
-2 ranks -> one device gives
+2 ranks -> stages of 1 and 2 ranks (plan.stage_meshes) -> one device gives
 the same state dict, parameters and optimizer state, bit for bit; training resumed from a
 checkpoint gives the losses of the run that never stopped (bit for bit under the same plan);
 a checkpoint of another model, or a damaged one, is refused on every rank with nothing changed.
@@ -63,6 +63,12 @@ def _engine(layout: str, world: int):
         return engine, engine.optimizer(torch.optim.AdamW, lr=LR)
     if layout == "pipeline":
         engine = shardwise.parallelize(model, _batch(0), plan=shardwise.Plan.from_json(_pipeline_plan()))
+        return engine, torch.optim.AdamW(engine.parameters(), lr=LR)
+    if layout == "stage_meshes":  # stages of one rank and of a data pair (plan.stage_meshes)
+        doc = json.loads(_pipeline_plan())
+        doc["stage_meshes"] = [[1, 1], [2, 1]]
+        engine = shardwise.parallelize(model, _batch(0), plan=shardwise.Plan.from_json(json.dumps(doc)),
+                                       cluster=shardwise.Cluster.preset("cpu", world))
         return engine, torch.optim.AdamW(engine.parameters(), lr=LR)
     raise ValueError(layout)
 
@@ -145,10 +151,12 @@ def test_one_device_to_two_plans_and_back_is_bitwise_equal(tmp_path):
     b = _spawn(4, tmp, layout="zero", load=os.path.join(tmp, "sharded"), save=os.path.join(tmp, "zero"))
     assert b["zero"], "plan B shards optimizer state over the data axis (ZeRO)"
     _spawn(2, tmp, layout="pipeline", load=os.path.join(tmp, "zero"), save=os.path.join(tmp, "pipeline"))
+    # stages of their own sizes: the tied embedding held on one rank and on a data pair
+    _spawn(3, tmp, layout="stage_meshes", load=os.path.join(tmp, "pipeline"), save=os.path.join(tmp, "meshes"))
 
     back, back_optimizer = _single(0)
     back_optimizer = torch.optim.AdamW(back.parameters(), lr=0.5)  # hyperparameters come from the checkpoint
-    assert shardwise.load_checkpoint(os.path.join(tmp, "pipeline"), back, back_optimizer) == {"step": 2}
+    assert shardwise.load_checkpoint(os.path.join(tmp, "meshes"), back, back_optimizer) == {"step": 2}
     want, got = model.state_dict(), back.state_dict()
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want), [k for k in want if not torch.equal(want[k], got[k])]
