@@ -98,6 +98,14 @@ int main(int argc, char** argv) {
       .collectives = {{.kind = "all_reduce", .value = "fc.weight", .axis = 0, .phase = "step", .bytes = 256,
                        .count = 1, .seconds = 1e-5}}};
   write(out / "plan_json", "sharded.json", plan::plan_to_json_string(sharded));
+  plan::Plan meshes{.pipeline = 2, .global_batch = 8, .micro_batch = 4, .recompute = plan::Recompute::None,
+                    .layers_per_stage = {3, 1}, .stage_meshes = {{1, 1}, {2, 1}}, .precision = "f32"};
+  for (const std::vector<int>& mesh : meshes.stage_meshes)
+    meshes.stage_shardings.push_back(plan::Sharding{.mesh = mesh,
+                                                    .axis_names = {"data", "tensor"},
+                                                    .level = "fast",
+                                                    .placements = {{"x", {mesh[0] > 1 ? "S(0)" : "R", "R"}}}});
+  write(out / "plan_json", "stage_meshes.json", plan::plan_to_json_string(meshes));
   // A complete pipelined plan: its stages' layout, its programs' hash, both TFLOP/s figures.
   plan::Plan complete{.data = 2, .tensor = 1, .pipeline = 2, .global_batch = 8, .micro_batch = 2};
   complete.stage_sharding = plan::Sharding{.mesh = {2, 1},
