@@ -102,14 +102,31 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   const std::vector<std::int64_t>& act_bytes = structure.activation_bytes;
   const std::set<ir::ValueId>& sharded_params = structure.sharded_params;
 
-  std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
-  PartCost layer = layers ? cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes,
-                                       model, *device, *precision, batch_scale, t, &seen_layer)
-                          : PartCost{};
-  PartCost pre_cost = cost_nodes(graph, structure.pre, structure.outside_split, sharded_params, act_bytes, model,
-                                 *device, *precision, batch_scale, t, &seen_pre);
-  PartCost post_cost = cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, model,
-                                  *device, *precision, batch_scale, t, &seen_post);
+  // The three parts on one rank of `on` running `scale` of the graph's batch, split `width`
+  // ways. Without repeated structure the whole graph is one part on one stage (post).
+  struct Parts {
+    PartCost layer, pre, post;
+  };
+  auto price_parts = [&](const DeviceType& on, double scale, int width) {
+    Parts out;
+    std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
+    if (layers)
+      out.layer = cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, model,
+                             on, *precision, scale, width, &seen_layer);
+    out.pre = cost_nodes(graph, structure.pre, structure.outside_split, sharded_params, act_bytes, model, on,
+                         *precision, scale, width, &seen_pre);
+    out.post = cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, model, on,
+                          *precision, scale, width, &seen_post);
+    if (!layers) {
+      out.post.forward += out.pre.forward;
+      out.post.backward += out.pre.backward;
+      out.post.matmul_flops += out.pre.matmul_flops;
+    }
+    return out;
+  };
+  const Parts plain_parts = price_parts(*device, batch_scale, t);
+  PartCost layer = plain_parts.layer, pre_cost = plain_parts.pre, post_cost = plain_parts.post;
+  // (a searched layout comes with repeated layers only: the merge above never precedes it)
   if (layout != nullptr) {  // the searched layout's prices; the FLOP accounting stays the graph's
     auto take = [](PartCost& part, const PartPrice& price) {
       part.forward = price.forward;
@@ -120,11 +137,6 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     take(layer, layout->layer);
     take(pre_cost, layout->pre);
     take(post_cost, layout->post);
-  }
-  if (!layers) {  // no repeated structure: the whole graph is one part on one stage
-    post_cost.forward += pre_cost.forward;
-    post_cost.backward += pre_cost.backward;
-    post_cost.matmul_flops += pre_cost.matmul_flops;
   }
   // A heterogeneous cluster: each stage runs on its own ranks' slowest type, its compute
   // scaled by that type's time for a layer against the pace-setting type's (the op cost
@@ -200,6 +212,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     double layer_compute = 0;
     TensorParallel tp;
     int data = 1, tensor = 1, first = 0;
+    double boundary_bytes = 0;  // one rank's share of a layer's input (what its 1F1B keeps per micro-batch)
   };
   std::vector<StagePrice> price(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s) {
@@ -209,22 +222,13 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     if (plan.stage_meshes.empty()) {
       here.layer = layer, here.pre = pre_cost, here.post = post_cost, here.layer_compute = layer_compute;
       here.tp = {layer_tp, pre_tp, post_tp};
+      here.boundary_bytes = boundary_bytes;
       continue;
     }
     const double scale = static_cast<double>(plan.micro_batch) / here.data / structure.graph_batch;
-    const DeviceType& on = *stage_device[static_cast<std::size_t>(s)];
-    std::set<ir::ValueId> seen_l, seen_a, seen_b;
-    if (layers)
-      here.layer = cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, model,
-                              on, *precision, scale, here.tensor, &seen_l);
-    here.pre = cost_nodes(graph, structure.pre, structure.outside_split, sharded_params, act_bytes, model, on,
-                          *precision, scale, here.tensor, &seen_a);
-    here.post = cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, model, on,
-                           *precision, scale, here.tensor, &seen_b);
-    if (!layers) {
-      here.post.forward += here.pre.forward;
-      here.post.backward += here.pre.backward;
-    }
+    const Parts parts = price_parts(*stage_device[static_cast<std::size_t>(s)], scale, here.tensor);
+    here.layer = parts.layer, here.pre = parts.pre, here.post = parts.post;
+    here.boundary_bytes = structure.layer_input_bytes * scale / here.tensor;
     here.layer_compute = here.layer.forward + here.layer.backward + (recompute ? here.layer.forward : 0.0);
     here.tp = tensor_parallel(here.tensor, here.first, scale);
   }
@@ -417,11 +421,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     // (ZB-H1 and ZB-V hold up to p on every rank: schedules.h.)
     const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan::splits_backward(plan.schedule);
     double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));
-    const double boundary_here =
-        plan.stage_meshes.empty()
-            ? boundary_bytes
-            : structure.layer_input_bytes * plan.micro_batch / here.data / structure.graph_batch / here.tensor;
-    double acts = stage_activation_bytes(here.layer.activation_bytes, boundary_here,
+    double acts = stage_activation_bytes(here.layer.activation_bytes, here.boundary_bytes,
                                          device_layers[static_cast<std::size_t>(s)], flight, recompute);
     if (s == 0) acts += here.pre.activation_bytes;
     if (s == last_device) acts += here.post.activation_bytes;

@@ -70,6 +70,19 @@ void bind_plan(py::module_& m) {
       "The SPMD plan every stage of a complete pipelined plan runs, or stage `stage`'s where the stages have "
       "meshes of their own (plan/plan.h).");
   m.def(
+      "stage_ranks",
+      [](const std::string& text, int stage) {
+        const plan::Plan p = plan::plan_from_json_string(text);
+        if (stage < 0 || stage >= p.pipeline)
+          throw support::ValidationError("stage_ranks: stage " + std::to_string(stage) + " of a plan of " +
+                                         std::to_string(p.pipeline) + " stages");
+        std::vector<int> ranks(static_cast<std::size_t>(p.stage_size(stage)));
+        for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = p.stage_first_rank(stage) + static_cast<int>(i);
+        return ranks;
+      },
+      py::arg("plan_json"), py::arg("stage"),
+      "The global ranks pipeline stage `stage` runs on (plan/plan.h: stage_first_rank, stage_size).");
+  m.def(
       "complete_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text, const std::string& level) {
         const plan::Plan p = plan::plan_from_json_string(text);

@@ -186,14 +186,7 @@ class Plan:
     def stage_ranks(self, stage: int) -> list[int]:
         """The global ranks pipeline stage ``stage`` runs on (its block: stage_groups, or the
         stage meshes' running sum)."""
-        d = self._doc
-        if d.get("stage_meshes"):
-            sizes = [a * b for a, b in d["stage_meshes"]]
-            first = sum(sizes[:stage])
-            return list(range(first, first + sizes[stage]))
-        size = d["data"] * d["tensor"]
-        block = (d.get("stage_groups") or list(range(d["pipeline"])))[stage]
-        return list(range(block * size, (block + 1) * size))
+        return list(_C.stage_ranks(self.to_json(), int(stage)))
 
     @property
     def programs(self) -> str | None:

@@ -27,13 +27,15 @@ class StageLinks:
     the sharding's JSON); `me`: this rank's pipeline rank; `mesh`: its sub-mesh (None: one rank)."""
 
     def __init__(self, blocks: list[list[int]], layouts: list, me: int, local: int, mesh=None):
-        self.blocks, self.layouts, self.me, self.local, self.mesh = blocks, layouts, me, local, mesh
+        self.blocks, self.me, self.local, self.mesh = blocks, me, local, mesh
+        # Asked at every send and receive: compared once here (a layout holds a sharding's JSON).
+        self._alike = [layout == layouts[me] for layout in layouts]
 
     def first_rank(self, q: int) -> int:
         return self.blocks[q][0]
 
     def by_coordinate(self, q: int) -> bool:
-        return self.layouts[q] == self.layouts[self.me]
+        return self._alike[q]
 
     def peer(self, q: int) -> int:
         """The rank of q's block at this rank's coordinate (stages of one layout)."""
