@@ -12,6 +12,7 @@
 #include "analysis/unknown_ops.h"
 #include "ir/graph.h"
 #include "ops/op_table.h"
+#include "ops/random_draws.h"
 #include "python/bindings.h"
 #include "transform/dead_code.h"
 
@@ -40,6 +41,19 @@ void bind_analysis(py::module_& m) {
     d["buffer_bytes"] = stats.buffer_bytes;
     return d;
   });
+  m.def("op_table_names", [&table] {
+    std::vector<std::string> names;
+    for (const auto& spec : table.specs()) names.push_back(spec.name);
+    return names;
+  }, "Every op of the builtin op table (csrc/ops/op_table_builtin.cc), by its IR name.");
+  m.def("random_draw", [](const std::string& op) { return std::string(ops::random_draw_name(ops::random_draw(op))); },
+        "How the core treats the op's random draws on a block (csrc/ops/random_draws.h): "
+        "'none', 'mask', 'like' or 'other'.");
+  m.def("seeded_ops", [] {
+    std::vector<std::string> names;
+    for (const auto& [name, kind] : ops::seeded_ops()) names.emplace_back(name);
+    return names;
+  }, "The base names of the ops the core knows to draw random numbers (csrc/ops/random_draws.h).");
   m.def("activation_bytes", [](const ir::Graph& g) { return analysis::activation_bytes(g); });
   m.def("unknown_ops", [&table](const ir::Graph& g) {
     py::list out;

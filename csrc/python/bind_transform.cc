@@ -10,7 +10,6 @@
 #include "analysis/repeated_blocks.h"
 #include "ops/distributed_kernels.h"
 #include "ops/node_rule.h"
-#include "ops/op_table.h"
 #include "plan/plan.h"
 #include "search/stage_assignment.h"
 #include "python/bindings.h"
@@ -293,10 +292,7 @@ void bind_transform(py::module_& m) {
             if (it == captured.attrs.end() || !(it->second == value)) local_attrs[py::str(name)] = attr_to_python(value);
           }
           d["local_attrs"] = local_attrs;
-          // The core checked the local call's shapes against the op's shape rule; a node
-          // without a rule (an op the core does not know) is the runtime's to check.
-          d["shape_checked"] = n.mode != transform::NodeMode::Local ||
-                               ops::dim_rule_for(ops::OpTable::builtin(), graph, captured).has_value();
+          d["one_device_random"] = n.one_device_random;
           d["lookup_axes"] = n.lookup_axes;
           d["statistics_axis"] = n.statistics_axis;
           d["statistics_dim"] = n.statistics_dim;

@@ -30,6 +30,7 @@ constexpr std::string_view kAsyncGradientAttr = "shardwise.async_gradient";
 // the contraction, and a contraction whose output's reduce-scatter runs inside it.
 constexpr std::string_view kGatherMatmulAttr = "shardwise.gather_matmul";
 constexpr std::string_view kMatmulScatterAttr = "shardwise.matmul_scatter";
+constexpr std::string_view kOneDeviceRandomAttr = "shardwise.one_device_random";
 constexpr std::string_view kMatmulOverlap = "matmul";
 
 // A collective's overlap mark: "matmul" where it runs inside a contraction (a collective
@@ -128,6 +129,7 @@ class GraphEmitter {
       if (rw.inputs[i].matmul == search::MatmulCollective::Gather)
         attrs[std::string(kGatherMatmulAttr)] = static_cast<std::int64_t>(i);
     if (!rw.matmul_scatter_forward.empty()) attrs[std::string(kMatmulScatterAttr)] = true;
+    if (rw.one_device_random) attrs[std::string(kOneDeviceRandomAttr)] = true;
     if (rw.mode == NodeMode::Whole) {
       attrs[std::string(kWholeAttr)] = true;
       whole.push_back(global_.value(node.outputs[0]).name);

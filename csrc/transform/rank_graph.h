@@ -40,8 +40,9 @@
 //              stop) of it; the statistics are all-reduced over the axis, so no rank gathers
 //              the operand.
 //      whole   the op on whole (gathered) operands, outputs whole, marked {shardwise.whole=true}:
-//              the split the plan priced has no distributed kernel here, or the local call
-//              does not give the local shapes (the op's shape rule says so; see below).
+//              the split the plan priced has no distributed kernel here, the local call
+//              does not give the local shapes (the op's shape rule says so; see below), or
+//              a seeded random op's draws on a block could not be one device's.
 //    With recomputation (the plan's sharding.recompute), each node of the k-th instance of
 //    the repeated blocks carries {shardwise.recompute=k}: the runtime runs each instance as
 //    one checkpointed region, its forward (collectives included) run again in backward.
@@ -50,6 +51,9 @@
 //    one that runs its output's reduce-scatter so carries {shardwise.matmul_scatter=true}, and
 //    those collectives (forward and backward) carry {overlap="matmul"}: the runtime runs each
 //    inside its contraction (runtime/collective_matmul.py), not as a node of its own.
+//    A dropout or a *_like op on a block or a Partial operand (NodeRewrite::one_device_random,
+//    ops/random_draws.h) carries {shardwise.one_device_random=true}: the rank draws the whole
+//    operand's mask or values, as one device draws them, and keeps its block.
 //    A counted mean split over ranks (CountedRewrite) runs with {reduction=2} (sum) into
 //    `<out>.sum`, then `%out = shardwise::counted_mean(%out.sum, %out.count) {shares}`, where
 //    `%out.count: i64[]` is an input of the rank graph: the count of the targets in the whole

@@ -12,6 +12,7 @@
 #include "analysis/repeated_blocks.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
+#include "ops/random_draws.h"
 #include "search/parameter_collectives.h"
 #include "support/error.h"
 #include "transform/collective_matmul.h"
@@ -351,6 +352,24 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
         arange_run = runs[0][0];
       else
         whole = true;
+    }
+    // A seeded random op on a block draws as one device only as a dropout's mask or a *_like
+    // op's values, drawn whole and cut (ops/random_draws.h); any other runs whole.
+    if (!whole && ops::draws(node)) {
+      bool split = false, partial = false;
+      for (std::size_t a = 0; a < axes; ++a)
+        for (const Placement& p : strategies[n][a].inputs) {
+          split = split || (p.is_shard() && sharding.mesh[a] > 1);
+          partial = partial || p.is_partial();
+        }
+      switch (ops::random_draw(node.op)) {
+        case ops::RandomDraw::Mask: rw.one_device_random = split || partial; break;
+        case ops::RandomDraw::Like:
+          whole = partial;
+          rw.one_device_random = split && !partial;
+          break;
+        default: whole = split || partial; break;
+      }
     }
     rw.mode = whole                       ? NodeMode::Whole
               : rw.statistics_axis >= 0   ? NodeMode::Statistics

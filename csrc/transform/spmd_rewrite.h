@@ -28,8 +28,11 @@
 //    with statistics the runtime has no distributed kernel for (a weighted loss, a second
 //    statistics axis, a strided vocabulary), a lookup outside lookup_ops, an op with no tensor operand
 //    whose output is split (arange's values depend on the block), and the nodes named in
-//    RewriteOptions::whole_nodes (the runtime names those whose local call fails its shape
-//    check).
+//    RewriteOptions::whole_nodes (the ranks' union: a node another rank runs whole), and a
+//    seeded random op whose draws on a block cannot be one device's (ops/random_draws.h:
+//    any but a dropout's mask or a *_like op's values; a *_like op on a Partial operand).
+//    An op with no shape rule takes only the replicate strategy (strategy_from_text), so its
+//    operands and outputs are whole and its call needs no local check.
 //
 // Gradients: every value's local gradient is kept in one canonical placement: its forward
 // placement with Partial read as Replicate (search::gradient_placement; for Partial(mean), the
@@ -163,6 +166,9 @@ struct NodeRewrite {
   // by these steps (its only reader's operand, marked Scatter: one reduce-scatter forward,
   // one all-gather or none backward); empty otherwise.
   std::vector<ReshardAction> matmul_scatter_forward, matmul_scatter_backward;
+  // A seeded random op on a block or a Partial operand (ops/random_draws.h, Mask or Like):
+  // the rank draws the whole operand's values as one device draws them and keeps its block.
+  bool one_device_random = false;
   // The node's attributes on this rank: a local node's shape arguments (size, sizes, shape: a
   // list equal to the whole output shape, -1 kept; split_size(s) along the split dim) become
   // its local output's; other attributes, and other modes' nodes, as captured.

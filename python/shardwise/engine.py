@@ -270,7 +270,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     plan = check_same_programs(plan, graph, rank)
     mesh = _Mesh(sharding["mesh"], rank)  # from here on, the rank's view of the plan's mesh
 
-    program, whole = _rank_program(graph, builder, plan.to_json(), rank)
+    program, whole = _rank_program(graph, plan.to_json(), rank)
     parameters: dict[str, torch.Tensor] = {}
     module = _build_module(program, builder.sources, mesh, tensors, input_names, trainable, parameters=parameters,
                            compute_dtypes=compute)

@@ -1,7 +1,7 @@
 """Every rank runs the same nodes whole, or none goes on.
 
-Whether a node runs whole on gathered operands is decided per rank (its block's shapes, a
-meta check of its local call), and a node whole on one rank and split on another makes the
+Whether a node runs whole on gathered operands is decided per rank (the core checks its
+local call's shapes on the rank's block), and a node whole on one rank and split on another makes the
 two run different collectives: the job hangs at the first one. That happened: an arange
 split into blocks ran whole on the ranks past the first block alone (the rank graph called
 arange(end), whose shape rule ignores the block's start; tests/cpp: SpmdRewrite.
@@ -61,8 +61,8 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
         local = lower._local_rank_program
         forced = []
 
-        def one_rank_decides(graph, builder, plan_json, r, adapt_to_shapes):
-            program, whole = local(graph, builder, plan_json, r, adapt_to_shapes)
+        def one_rank_decides(graph, plan_json, r, adapt_to_shapes):
+            program, whole = local(graph, plan_json, r, adapt_to_shapes)
             if dist.get_rank() == 1:  # a split node only this rank runs whole
                 split = [n["outputs"][0]["value"] for n in program["nodes"]
                          if n["mode"] == "local" and any(p.startswith("S") for op in n["inputs"]

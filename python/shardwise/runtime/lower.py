@@ -33,23 +33,13 @@ log = get_logger("shardwise.engine")
 
 
 # ---- random ops: drawn as one device draws them ---------------------------------------------
-# A seeded random op on a shard would draw its own, smaller mask: not one device's. Every rank
-# instead draws the mask of the whole operand, from the generator state one device has at that
-# point (every rank runs the same seeded ops in the same order on the same global shapes), and
-# keeps its block. A dropout's mask is the op run on ones (its output is then the scaled mask,
-# the values one device multiplies by); a *_like op's values do not depend on its operand. Any
-# other seeded op on sharded operands runs whole (_rank_program).
+# The core decides which seeded ops draw on a block as one device does (csrc/ops/random_draws.h,
+# NodeRewrite::one_device_random) and runs any other on shards whole. Such a node's rank draws
+# the mask (a dropout: the op run on ones, its output the scaled mask) or the values (a *_like
+# op) of the whole operand, from the generator state one device has at that point (every rank
+# runs the same seeded ops in the same order on the same global shapes), and keeps its block.
 _MASKS = {torch.ops.aten.dropout.default, torch.ops.aten.feature_dropout.default}
 _LIKE = {torch.ops.aten.rand_like.default, torch.ops.aten.randn_like.default}
-
-
-def _draws(src: torch.fx.Node) -> bool:
-    """Does the node draw random numbers? (a dropout with p = 0 or in eval mode does not)"""
-    target = src.target
-    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded not in target.tags:
-        return False
-    args = dict(_schema_args(src))
-    return not (args.get("p") == 0 or args.get("dropout_p") == 0 or args.get("train") is False)
 
 
 class OneDeviceRandom(torch.nn.Module):
@@ -127,28 +117,6 @@ def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
         module.register_parameter(last, value)
     else:
         module.register_buffer(last, value)
-
-
-def _meta_check(src: torch.fx.Node, node: dict, indices) -> bool:
-    """Does the local call give the local output shapes? (run on meta tensors)"""
-    whole_operands = [arg.meta["val"] for arg in _operand_nodes(src)]
-    local_out = [o["local_shape"] for o in node["outputs"]]
-    global_out = [list(t.shape) for t in _tensor_outputs(src.meta["val"], indices)]
-    if all(op["local_shape"] == list(val.shape) for op, val in zip(node["inputs"], whole_operands)) \
-            and local_out == global_out:
-        return True  # nothing local about it
-    operands = [torch.empty(op["local_shape"], dtype=val.dtype, device="meta")
-                for op, val in zip(node["inputs"], whole_operands)]
-    args, kwargs = _call_parts(src, operands, node["local_attrs"])
-    meta = torch.device("meta")  # a device argument (to(device=cpu)) would leave the meta device
-    args = [meta if isinstance(a, torch.device) else a for a in args]
-    kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in kwargs.items()}
-    try:
-        result = src.target(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - any failure means: run it whole
-        return False
-    got = [list(t.shape) for t in _tensor_outputs(result, indices)]
-    return got == local_out
 
 
 def _operand_nodes(src: torch.fx.Node) -> list[torch.fx.Node]:
@@ -395,9 +363,10 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 args, kwargs = _with_argument(src, args, kwargs, "reduction", 2)
             call = graph.call_module("statistics", (node["kernel"], node["statistics_axis"], dim, shape[dim],
                                                     runs[0][0], runs[-1][1], tuple(args), kwargs))
-        elif src.target in _MASKS | _LIKE and _draws(src) and node["inputs"][0]["local_shape"] != list(
-                src.args[0].meta["val"].shape) or (src.target in _MASKS and _draws(src) and any(
-                    p.startswith("P") for p in node["inputs"][0]["required"])):
+        elif node["one_device_random"]:
+            if src.target not in _MASKS | _LIKE:
+                raise ValidationError(f"parallelize: the core draws '{first}' ({src.target}) whole and cuts it, "
+                                      f"which the runtime can do only for {', '.join(sorted(_BY_NAME))}")
             args, kwargs = _call_parts(src, operands, node["local_attrs"])
             index = local_index(tuple(src.args[0].meta["val"].shape), _whole_index(node["inputs"][0]["required"]),
                                 sizes, rank)
@@ -563,28 +532,14 @@ def _with_argument(src: torch.fx.Node, args: list, kwargs: dict, name: str, valu
     return args, kwargs
 
 
-def _random_on_shards(src: torch.fx.Node, node: dict) -> bool:
-    """A random op whose draws the lowering cannot make one device's on these operands (a
-    Partial operand of a *_like op, or any other seeded op on sharded operands): run it whole."""
-    if not _draws(src):
-        return False
-    partial = any(p.startswith("P") for op in node["inputs"] for p in op["required"])
-    sharded = any(op["local_shape"] != list(v.meta["val"].shape) for op, v in zip(node["inputs"], _operand_nodes(src)))
-    if src.target in _MASKS:
-        return False
-    if src.target in _LIKE:
-        return partial
-    return partial or sharded
-
-
-def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bool = False,
+def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = False,
                   group=None) -> tuple[dict, list[str]]:
     """The core's program for `rank` (of the plan's mesh), with the same nodes run whole on
     every rank of the job (of `group`: a pipeline stage's sub-mesh where stages have layouts
     of their own).
 
-    Whether a node runs whole is decided per rank (its local call's shapes, a meta check on
-    its block), and a node whole on one rank and split on another makes the two run
+    The core decides per rank whether a node runs whole (its local call's shapes under its
+    op's shape rule, on this rank's block), and a node whole on one rank and split on another makes the two run
     different collectives: the job hangs at the first one. So every rank's list is
     all-gathered and each rank's program made with their union; an error on any rank is
     raised on every rank (naming the rank), so that no rank goes on to a collective the
@@ -593,7 +548,7 @@ def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bo
 
     error, program, whole = None, None, []
     try:
-        program, whole = _local_rank_program(graph, builder, plan_json, rank, adapt_to_shapes)
+        program, whole = _local_rank_program(graph, plan_json, rank, adapt_to_shapes)
     except ValidationError as e:
         error = e
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1):
@@ -624,30 +579,14 @@ def _rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bo
                           f"(this rank: {', '.join(sorted(whole)[:8])}); a rewrite that depends on the rank")
 
 
-def _local_rank_program(graph, builder, plan_json: str, rank: int, adapt_to_shapes: bool) -> tuple[dict, list[str]]:
-    """The core's program for `rank` alone. The core runs whole the nodes the plan splits
-    where the runtime has no distributed kernel and those whose local call its ops' shape
-    rules refuse (rank_graph.h). Two cases are the runtime's, as only torch knows them: an
-    op the core has no shape rule for (``shape_checked`` false), whose local call is checked
-    here on meta tensors, and a seeded random op whose draws cannot be one device's on these
-    operands (_random_on_shards). Those are asked to run whole too. Returns the program and
-    the nodes run whole. `adapt_to_shapes`: the plan was made at other batch shapes
-    (spmd_rewrite.h)."""
+def _local_rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool) -> tuple[dict, list[str]]:
+    """The core's program for `rank` alone, and the nodes it runs whole (rank_graph.h: the
+    splits with no distributed kernel, the local calls its ops' shape rules refuse, and the
+    seeded random ops whose draws on a block could not be one device's). `adapt_to_shapes`:
+    the plan was made at other batch shapes (spmd_rewrite.h)."""
     program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes)
-    runtime_whole = []
-    for n in program["nodes"]:
-        src, indices = builder.sources[n["outputs"][0]["value"]]
-        if n["mode"] != "local":
-            continue
-        if (not n["shape_checked"] and not _meta_check(src, n, indices)) or _random_on_shards(src, n):
-            runtime_whole.append(n["outputs"][0]["value"])
-    if runtime_whole:
-        log.info("rank %d: the runtime runs %d more nodes whole (no shape rule in the core, or random draws on "
-                 "shards): %s", rank, len(runtime_whole), ", ".join(runtime_whole[:8]))
-        program = _C.rank_program(graph._core, plan_json, rank, runtime_whole, adapt_to_shapes=adapt_to_shapes)
     whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
     if whole:
         log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),
                  ", ".join(whole[:8]) + (" ..." if len(whole) > 8 else ""))
     return program, whole
-

@@ -97,7 +97,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     ZB-V's V: csrc/schedule/action.h)."""
     p, v = plan.pipeline, plan.virtual_stages
     if sharded is not None:
-        program, whole = _rank_program(graph, builder, sharded.to_json(), mesh.rank, group=mesh.stage_group)
+        program, whole = _rank_program(graph, sharded.to_json(), mesh.rank, group=mesh.stage_group)
     else:
         program, whole = _C.rank_program(graph._core, "", 0), []
     stages = p * v
@@ -320,7 +320,7 @@ class PipelineEngine(EngineBase):
         sharded = self.sharding
         if sharded is not None:
             try:
-                _rank_program(graph, builder, sharded.to_json(), self._mesh.rank, group=self._mesh.stage_group)
+                _rank_program(graph, sharded.to_json(), self._mesh.rank, group=self._mesh.stage_group)
             except ValidationError:
                 sharded = self._recapture.search(graph, rows, tuple(self._mesh.sizes))
         pipeline_rank = self._pipeline_rank

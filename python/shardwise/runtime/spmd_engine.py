@@ -198,19 +198,19 @@ class Engine(EngineBase):
         rank = self._mesh.rank
         shapes = [list(t.shape) for t in tensors.values()]
         try:
-            program, whole = _rank_program(graph, builder, plan.to_json(), rank)
+            program, whole = _rank_program(graph, plan.to_json(), rank)
         except ValidationError as e:
             # Nodes whose splits these sizes do not allow (3 rows on 2 data ranks) run replicated
             # on that axis; the parameters keep their placements.
             log.info("rank %d: the plan's sharding does not split the %s program at batch shapes %s (%s); the nodes "
                      "it cannot split run replicated", rank, "training" if training else "eval", shapes, e)
             try:
-                program, whole = _rank_program(graph, builder, plan.to_json(), rank, adapt_to_shapes=True)
+                program, whole = _rank_program(graph, plan.to_json(), rank, adapt_to_shapes=True)
             except ValidationError as again:  # not a shape matter (another graph): search the mesh again
                 log.info("rank %d: %s; searching the mesh again", rank, again)
                 plan = self._recapture.search(graph, batch, tuple(self._mesh.sizes))
                 check_same_plan(plan, dist.get_rank())
-                program, whole = _rank_program(graph, builder, plan.to_json(), rank)
+                program, whole = _rank_program(graph, plan.to_json(), rank)
         leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
         for name, leaf in leaves.items():
             if name in self._leaves and name in self._parameters and leaf["placement"] != self._leaves[name][

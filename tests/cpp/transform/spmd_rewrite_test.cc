@@ -302,6 +302,77 @@ TEST(SpmdRewrite, EveryRanksArangeBlockRunsLocallyInItsRankGraph) {
   }
 }
 
+// h = linear(x, w) [8, 32] -> r = op(h) on a tensor axis of 2: h split over its columns
+// (x replicated, w's rows split) or a Partial sum (x's and w's columns split).
+ir::Graph random_graph(const std::string& op, const ir::Attributes& attrs) {
+  ir::Graph g;
+  auto f32 = [](Shape shape) { return ir::TensorType{ir::DType::F32, std::move(shape), std::nullopt}; };
+  ir::ValueId x = g.add_value("x", f32({8, 16}), ir::ValueRole::Input);
+  ir::ValueId w = g.add_value("w", f32({32, 16}), ir::ValueRole::Parameter);
+  ir::NodeId a = g.add_node("aten::linear", {x, w}, {{"h", f32({8, 32})}}, {}, "fc");
+  ir::NodeId b = g.add_node(op, {g.node(a).outputs[0]}, {{"r", f32({8, 32})}}, attrs, "noise");
+  g.set_outputs({g.node(b).outputs[0]});
+  return g;
+}
+
+plan::Sharding random_plan(const ir::Graph& g, bool partial) {
+  plan::Sharding s;
+  s.mesh = {2};
+  s.axis_names = {"tensor"};
+  s.level = "manual";
+  if (partial) {
+    s.placements = {{"x", {"S(1)"}}, {"w", {"S(1)"}}, {"h", {"P(sum)"}}, {"r", {"P(sum)"}}};
+    s.strategies = {{"h", {"split k"}}, {"r", {"partial"}}};
+  } else {
+    const auto rule = ops::dim_rule_for(ops::OpTable::builtin(), g, g.node(1));
+    s.placements = {{"x", {"R"}}, {"w", {"S(0)"}}, {"h", {"S(1)"}}, {"r", {"S(1)"}}};
+    s.strategies = {{"h", {"split n"}}, {"r", {"split " + rule->indices[1].label}}};
+  }
+  s.leaves = {"x"};
+  return s;
+}
+
+TEST(SpmdRewrite, RandomOpsOnBlocksDrawAsOneDeviceOrRunWhole) {
+  struct Case {
+    std::string op;
+    ir::Attributes attrs;
+    bool partial;
+    NodeMode mode;
+    bool one_device;
+  };
+  const ir::Attributes dropout{{"p", 0.1}, {"train", true}};
+  const std::vector<Case> cases = {
+      // A dropout's mask drawn whole and cut, on a block or on a Partial sum (a linear op).
+      {"aten::dropout", dropout, false, NodeMode::Local, true},
+      {"aten::dropout", dropout, true, NodeMode::Local, true},
+      // No draws: the plain local call.
+      {"aten::dropout", {{"p", 0.0}, {"train", true}}, false, NodeMode::Local, false},
+      {"aten::dropout", {{"p", 0.1}, {"train", false}}, false, NodeMode::Local, false},
+      // rand_like's values drawn whole and cut; on a Partial operand its output would be a
+      // Partial sum of random values, so it runs whole.
+      {"aten::randn_like", {}, false, NodeMode::Local, true},
+      {"aten::randn_like", {}, true, NodeMode::Whole, false},
+      // Any other seeded op on a block would draw fewer values than one device: whole.
+      {"aten::bernoulli.p", {{"p", 0.5}}, false, NodeMode::Whole, false},
+  };
+  for (const Case& c : cases) {
+    ir::Graph g = random_graph(c.op, c.attrs);
+    const plan::Sharding plan = random_plan(g, c.partial);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string what = fmt::format("{} {} partial={} rank {}", c.op, ir::attr_str(c.attrs.empty()
+          ? ir::AttrValue{ir::NoneAttr{}} : c.attrs.begin()->second), c.partial, rank);
+      RankProgram p = rank_program(g, plan, rank);
+      ASSERT_EQ(p.nodes.size(), 2u) << what;
+      EXPECT_EQ(p.nodes[1].mode, c.mode) << what;
+      EXPECT_EQ(p.nodes[1].one_device_random, c.one_device) << what;
+      const RankGraph r = rank_graph(g, plan, rank);
+      const std::string text = ir::print_graph(r.graph);
+      EXPECT_EQ(text.find("shardwise.one_device_random=true") != std::string::npos, c.one_device) << what << text;
+      EXPECT_NO_THROW(verify_rank_graph(r.graph, g, plan, rank)) << what;
+    }
+  }
+}
+
 TEST(SpmdRewrite, BadPlansNameWhatIsWrong) {
   ir::Graph g = mlp();
   plan::Sharding s = megatron_mlp();
