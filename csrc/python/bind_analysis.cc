@@ -41,7 +41,7 @@ void bind_analysis(py::module_& m) {
     d["buffer_bytes"] = stats.buffer_bytes;
     return d;
   });
-  m.def("op_table_names", [&table] {
+  m.def("builtin_op_names", [&table] {
     std::vector<std::string> names;
     for (const auto& spec : table.specs()) names.push_back(spec.name);
     return names;

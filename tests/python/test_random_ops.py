@@ -43,7 +43,7 @@ def _overloads(name: str) -> list:
 
 def test_the_cores_seeded_ops_are_torchs():
     mismatched = []
-    for name in _C.op_table_names():
+    for name in _C.builtin_op_names():
         overloads = _overloads(name)
         if not overloads:
             continue
