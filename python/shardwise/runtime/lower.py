@@ -539,8 +539,8 @@ def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = Fals
     of their own).
 
     The core decides per rank whether a node runs whole (its local call's shapes under its
-    op's shape rule, on this rank's block), and a node whole on one rank and split on another makes the two run
-    different collectives: the job hangs at the first one. So every rank's list is
+    op's shape rule, on this rank's block), and a node whole on one rank and split on another
+    makes the two run different collectives: the job hangs at the first one. So every rank's list is
     all-gathered and each rank's program made with their union; an error on any rank is
     raised on every rank (naming the rank), so that no rank goes on to a collective the
     others never reach."""
