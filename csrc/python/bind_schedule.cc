@@ -113,7 +113,33 @@ void bind_schedule(py::module_& m) {
            [](const Simulation& s) { return schedule::chrome_trace(s.result, s.schedule, s.rank_labels); })
       .def("actions", [](const Simulation& s, int rank) {
         return schedule::to_string(s.schedule.per_rank.at(static_cast<std::size_t>(rank)));
-      });
+      })
+      .def(
+          "action_list",
+          [](const Simulation& s, int rank) {
+            // The executor's form: (kind, micro-batch, stage, peer) per compute, send and
+            // receive action ("F", "B", "W", "SA", "SG", "RA", "RG"); the rank-wide
+            // optimizer step and gradient sync are the engine's own, so they are left out.
+            py::list out;
+            for (const schedule::Action& a : s.schedule.per_rank.at(static_cast<std::size_t>(rank))) {
+              const char* kind = nullptr;
+              switch (a.kind) {
+                case schedule::ActionKind::Forward: kind = "F"; break;
+                case schedule::ActionKind::Backward: kind = "B"; break;
+                case schedule::ActionKind::WeightGradient: kind = "W"; break;
+                case schedule::ActionKind::SendActivation: kind = "SA"; break;
+                case schedule::ActionKind::SendGradient: kind = "SG"; break;
+                case schedule::ActionKind::RecvActivation: kind = "RA"; break;
+                case schedule::ActionKind::RecvGradient: kind = "RG"; break;
+                case schedule::ActionKind::OptimizerStep:
+                case schedule::ActionKind::GradSync: break;
+              }
+              if (kind != nullptr) out.append(py::make_tuple(kind, a.micro_batch, a.stage, a.peer));
+            }
+            return out;
+          },
+          "Rank `rank`'s actions as (kind, micro_batch, stage, peer) tuples, in order (peer -1 "
+          "for compute); the optimizer step and gradient sync left out.");
   m.def("simulate_schedule", &simulate_schedule, py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"),
         py::arg("virtual_stages") = 1, py::arg("k") = 1, py::arg("forward") = 1.0, py::arg("backward") = 2.0,
         py::arg("comm") = 0.0, py::arg("optimizer_step") = 0.0, py::arg("weight_fraction") = 0.5,

@@ -61,7 +61,7 @@ from .runtime.counted import Counter
 from .runtime.engine_base import CollectiveError, Recapture, check_same_plan, check_same_programs
 from .runtime.lower import _build_module, _rank_program
 from .runtime.mesh import _Mesh
-from .runtime.pipeline_engine import PipelineEngine, parse_actions, stage_program
+from .runtime.pipeline_engine import PipelineEngine, stage_program
 from .runtime.precision import Policy, cast_input, cast_inputs, compute_copy, policy_of
 from .runtime.spmd_engine import Engine, _Program
 from .runtime.stage_links import StageLinks
@@ -403,7 +403,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     parameters: dict[str, torch.Tensor] = {}
     schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
     # The schedule's peers are pipeline ranks (runtime/stage_links.py: which of their ranks).
-    actions = parse_actions(schedule.actions(pipeline_rank))
+    actions = schedule.action_list(pipeline_rank)  # (kind, micro-batch, stage, peer), typed
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
                           parameters, m, compute_dtypes=compute, split_backward=any(a[0] == "W" for a in actions),
                           stage_ranks=schedule.stage_ranks)

@@ -2,11 +2,12 @@
 
 Every module of the shardwise package is parsed (not imported) and every import of a shardwise
 module is collected, those inside functions included (a lazy import is still an edge: it only
-moves the circle to the first call). Two rules for python/shardwise/runtime:
+moves the circle to the first call). Three rules for python/shardwise/runtime:
 
 (a) no runtime module is on an import circle: no strongly connected component of the import
     graph with more than one module contains one;
-(b) a runtime module imports, outside runtime, only the lower-level modules of ALLOWED.
+(b) a runtime module imports, outside runtime, only the lower-level modules of ALLOWED;
+(c) no runtime module imports `re`: nothing the core decided crosses as text to be parsed.
 """
 from __future__ import annotations
 
@@ -192,3 +193,17 @@ def test_no_module_of_the_package_is_on_an_import_circle():
     graph = _graph()
     circles = [" -> ".join(_cycle(graph, c, c[0])) for c in _components(graph) if len(c) > 1]
     assert not circles, "import circles: " + "; ".join(circles)
+
+
+def test_the_runtime_parses_no_text():
+    """Issue 23, item 4: what the core decided reaches the runtime typed (resharding steps,
+    local shape arguments, schedule actions as tuples), so no runtime module imports `re`."""
+    readers = []
+    for name, path in _modules().items():
+        if not _in_runtime(name):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+            readers += [name for m in imported if m == "re" or (m or "").startswith("re.")]
+    assert not readers, f"runtime modules that import re: {sorted(set(readers))}"

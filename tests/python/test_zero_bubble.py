@@ -209,7 +209,6 @@ def test_dualpipe_v_runs_torchs_order():
     from torch.distributed.pipelining import schedules as S
 
     from shardwise import _C
-    from shardwise.runtime.pipeline_engine import parse_actions
 
     def torch_order(p: int, m: int, rank: int) -> list:
         schedule = S.ScheduleDualPipeV.__new__(S.ScheduleDualPipeV)  # the order alone: no stages, no group
@@ -224,7 +223,7 @@ def test_dualpipe_v_runs_torchs_order():
     for p, m in ((1, 2), (2, 4), (2, 7), (4, 8), (4, 11), (8, 16)):
         schedule = _C.simulate_schedule("dualpipe-v", p, m)
         for rank in range(p):
-            ours = [(k, g, i) for k, i, g, _ in parse_actions(schedule.actions(rank)) if k in ("F", "B", "W")]
+            ours = [(k, g, i) for k, i, g, _ in schedule.action_list(rank) if k in ("F", "B", "W")]
             assert ours == torch_order(p, m, rank), (p, m, rank)
 
 
@@ -235,7 +234,6 @@ def test_zb_v_runs_torchs_order_from_two_micro_batches_a_stage():
     from torch.distributed.pipelining import schedules as S
 
     from shardwise import _C
-    from shardwise.runtime.pipeline_engine import parse_actions
 
     def torch_order(p: int, m: int, rank: int) -> list:
         schedule = S.ScheduleZBVZeroBubble.__new__(S.ScheduleZBVZeroBubble)  # the order alone: no stages, no group
@@ -247,7 +245,7 @@ def test_zb_v_runs_torchs_order_from_two_micro_batches_a_stage():
     for p, m in ((1, 2), (2, 4), (2, 7), (4, 8), (4, 11), (8, 16)):
         schedule = _C.simulate_schedule("zb-v", p, m, virtual_stages=2)
         for rank in range(p):
-            ours = [(k, g, i) for k, i, g, _ in parse_actions(schedule.actions(rank)) if k in ("F", "B", "W")]
+            ours = [(k, g, i) for k, i, g, _ in schedule.action_list(rank) if k in ("F", "B", "W")]
             assert ours == torch_order(p, m, rank), (p, m, rank)
     # Fewer: the list schedule, at the bound 3m + (p - 1)(F + B - W) / 2 (unit chunk times),
     # where torch's padded order takes 15.

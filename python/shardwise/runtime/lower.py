@@ -9,7 +9,6 @@ whose mean the data counts (``counted``) run as a sum times shares / G, G an inp
 from __future__ import annotations
 
 import operator
-import re
 from typing import Any
 
 import torch
@@ -104,6 +103,11 @@ def _call_parts(src: torch.fx.Node, operands: list, local_attrs: dict):
 
 def _tensor_outputs(result: Any, indices: list[int] | None) -> list[torch.Tensor]:
     return [result] if indices is None else [result[i] for i in indices]
+
+
+def _identifier(name: str) -> str:
+    """A value's name as a Python identifier (a placeholder's): every other character as '_'."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
 
 def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
@@ -217,9 +221,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     attrs: dict[str, torch.fx.Node] = {}  # a leaf's get_attr (before a mixed-precision cast)
     sizes, rank = (mesh.sizes, mesh.rank) if mesh is not None else ([1] * len(program["mesh"]), 0)
     for name in input_names:
-        env[name] = graph.placeholder(re.sub(r"\W", "_", name))
+        env[name] = graph.placeholder(_identifier(name))
     counted = [n for n in nodes if n.get("counted") and n["counted"]["shares"] * micro_batches > 1]
-    counts = {n["outputs"][0]["value"]: graph.placeholder("count_" + re.sub(r"\W", "_", n["outputs"][0]["value"]))
+    counts = {n["outputs"][0]["value"]: graph.placeholder("count_" + _identifier(n["outputs"][0]["value"]))
               for n in counted}
     needed = [op["value"] for node in nodes for op in node["inputs"]] + [out["value"] for out in outputs]
     for name in dict.fromkeys(needed):

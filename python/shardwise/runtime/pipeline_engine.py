@@ -25,7 +25,6 @@ all-reduced among those ranks after the step, as Megatron-LM does for its embedd
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
@@ -48,22 +47,6 @@ from .weight_split import backward_input, backward_weight, check_splittable
 from . import transport
 
 log = get_logger("shardwise.engine")
-
-_ACTION = re.compile(r"^(F|B|W|SA|SG|RA|RG)(\d+)@s(\d+)(?:(?:->|<-)r(\d+))?$")
-
-
-def parse_actions(text: str) -> list[tuple]:
-    """'F0@s0 SA0@s0->r1 ... OPT' -> [("F", 0, 0, -1), ("SA", 0, 0, 1), ...] (kind, mb, stage, peer)."""
-    out = []
-    for word in text.split():
-        if word in ("OPT", "SYNC"):
-            continue  # the optimizer step is the user's; no data axis to synchronise here
-        m = _ACTION.match(word)
-        if not m:
-            raise ValidationError(f"pipeline: unreadable schedule action {word!r}")
-        out.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)) if m.group(4) else -1))
-    return out
-
 
 @dataclass
 class StageProgram:
