@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <deque>
 #include <map>
 #include <tuple>
@@ -22,27 +23,48 @@ void check_shape(const char* name, int ranks, int micro_batches) {
 // Turns per-rank compute orders into full action lists: a Recv right before each
 // compute whose input comes from another rank, a Send right after each compute whose
 // output goes to another rank, and an OptimizerStep at the end.
+// Each compute action with its receive before it and its send after it. `group` > 1 (kFkB):
+// the receives of a group (its k forwards, or its k backwards: micro-batches i with the same
+// i / k, consecutive in the list) are all posted before the group's first action, so that
+// transfers of the group's later micro-batches run beside its first computations. The
+// runtime posts a receive where its action stands and the transports start a transfer only
+// once it is posted (simulator.h), so this is where kFkB's grouping hides its sends.
 PipelineSchedule with_communication(int ranks, int micro_batches, int virtual_stages,
-                                    const std::vector<std::vector<Action>>& compute, bool v_shape = false) {
+                                    const std::vector<std::vector<Action>>& compute, bool v_shape = false,
+                                    int group = 1) {
   PipelineSchedule s{ranks, micro_batches, virtual_stages, {}, v_shape};
   const int last = s.total_stages() - 1;
   s.per_rank.resize(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
     auto& out = s.per_rank[static_cast<std::size_t>(r)];
-    for (const Action& a : compute[static_cast<std::size_t>(r)]) {
+    auto receive = [&](const Action& a) -> std::optional<Action> {
       const int g = a.stage;
-      const int i = a.micro_batch;
-      if (a.kind == ActionKind::WeightGradient) {  // nothing crosses ranks for it
+      if (a.kind == ActionKind::Forward && g > 0 && s.rank_of_stage(g - 1) != r)
+        return Action{ActionKind::RecvActivation, g, a.micro_batch, s.rank_of_stage(g - 1)};
+      if (a.kind == ActionKind::Backward && g < last && s.rank_of_stage(g + 1) != r)
+        return Action{ActionKind::RecvGradient, g, a.micro_batch, s.rank_of_stage(g + 1)};
+      return std::nullopt;
+    };
+    const auto& list = compute[static_cast<std::size_t>(r)];
+    for (std::size_t at = 0; at < list.size();) {
+      // The run of actions of one group: the same kind and stage, micro-batches i / group alike.
+      std::size_t end = at + 1;
+      while (group > 1 && end < list.size() && list[end].kind == list[at].kind && list[end].stage == list[at].stage &&
+             list[end].micro_batch / group == list[at].micro_batch / group)
+        ++end;
+      for (std::size_t j = at; j < end; ++j)
+        if (auto recv = receive(list[j])) out.push_back(*recv);
+      for (std::size_t j = at; j < end; ++j) {
+        const Action& a = list[j];
+        const int g = a.stage;
+        const int i = a.micro_batch;
         out.push_back(a);
-      } else if (a.kind == ActionKind::Forward) {
-        if (g > 0 && s.rank_of_stage(g - 1) != r) out.push_back({ActionKind::RecvActivation, g, i, s.rank_of_stage(g - 1)});
-        out.push_back(a);
-        if (g < last && s.rank_of_stage(g + 1) != r) out.push_back({ActionKind::SendActivation, g, i, s.rank_of_stage(g + 1)});
-      } else {
-        if (g < last && s.rank_of_stage(g + 1) != r) out.push_back({ActionKind::RecvGradient, g, i, s.rank_of_stage(g + 1)});
-        out.push_back(a);
-        if (g > 0 && s.rank_of_stage(g - 1) != r) out.push_back({ActionKind::SendGradient, g, i, s.rank_of_stage(g - 1)});
+        if (a.kind == ActionKind::Forward && g < last && s.rank_of_stage(g + 1) != r)
+          out.push_back({ActionKind::SendActivation, g, i, s.rank_of_stage(g + 1)});
+        if (a.kind == ActionKind::Backward && g > 0 && s.rank_of_stage(g - 1) != r)
+          out.push_back({ActionKind::SendGradient, g, i, s.rank_of_stage(g - 1)});
       }
+      at = end;
     }
     out.push_back(Action::optimizer_step());
   }
@@ -83,7 +105,7 @@ PipelineSchedule kfkb(int ranks, int micro_batches, int k) {
   if (k < 1) throw support::ValidationError(fmt::format("kfkb: k must be >= 1, got {}", k));
   std::vector<std::vector<Action>> compute;
   for (int r = 0; r < ranks; ++r) compute.push_back(grouped_1f1b_order(ranks, micro_batches, r, k));
-  return with_communication(ranks, micro_batches, 1, compute);
+  return with_communication(ranks, micro_batches, 1, compute, false, k);
 }
 
 PipelineSchedule one_f_one_b(int ranks, int micro_batches) {

@@ -26,8 +26,12 @@
 //                           may be smaller), 1F1B over groups: warm-up min(p-1-r, G)
 //                           groups of k forwards, steady state k forwards then k
 //                           backwards, cool-down. kfkb(p, m, 1) == one_f_one_b(p, m).
-//                           Larger k hides more communication (k transfers overlap k
-//                           computes) at the cost of k times the activation memory.
+//                           A group's receives are posted together before its first
+//                           compute, each waited for by the compute that reads it, so
+//                           the transfers of its later micro-batches overlap its first
+//                           computations (a transfer starts only once its receive is
+//                           posted: simulator.h). Larger k hides more communication at
+//                           the cost of k times the activation memory.
 //
 // Example: one_f_one_b(2, 3), rank 0:
 //   F0@s0 SA0@s0->r1 F1@s0 SA1@s0->r1 RG0@s0<-r1 B0@s0 F2@s0 SA2@s0->r1
@@ -102,7 +106,9 @@ PipelineSchedule dual_pipe_v(int ranks, int micro_batches);
 //     B(g+1, i) -- on the same rank earlier in its list, or via a matching Recv;
 //     a Send comes after the compute that produced its payload;
 //   - every Send has exactly one matching Recv and vice versa;
-//   - the lists cannot deadlock (blocking receives, asynchronous sends).
+//   - the lists cannot deadlock (receives taken as blocking where they stand, stricter
+//     than the runtime, which posts them there and waits at the reading compute;
+//     asynchronous sends).
 // Throws support::ValidationError naming the rank and the action at fault.
 void validate(const PipelineSchedule& schedule);
 

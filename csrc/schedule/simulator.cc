@@ -94,18 +94,22 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
     return costs.transfer ? costs.transfer(start, bytes_at(boundary)) : 0.0;
   };
 
-  // Arrival times keyed by the producing stage; negative = not sent yet.
-  std::vector<double> act_arrival(cells, -1.0), grad_arrival(cells, -1.0);
+  // When each Send was reached, keyed by the producing stage, and when each receive was
+  // posted, keyed by the receiving stage; negative = not yet. A transfer starts once both
+  // happened (simulator.h: rendezvous), and the compute that reads it waits for its arrival.
+  std::vector<double> act_sent(cells, -1.0), grad_sent(cells, -1.0);
+  std::vector<double> act_posted(cells, -1.0), grad_posted(cells, -1.0);
   const auto ranks = static_cast<std::size_t>(s.ranks);
   std::vector<double> clock(ranks, 0.0);
+  std::vector<double> sends_done(ranks, 0.0);  // when the rank's last transfer out arrives
   std::vector<std::size_t> pc(ranks, 0);
   SimulationResult out;
   out.timelines.resize(ranks);
   out.busy.assign(ranks, 0.0);
 
   // validate() proved the lists run to completion, so sweeping the ranks until none
-  // moves reaches the end; action times depend only on the rank's clock and arrivals,
-  // not on the sweep order.
+  // moves reaches the end; action times depend only on the rank's clock and the times its
+  // peers reached their sends, not on the sweep order.
   for (bool progress = true; progress;) {
     progress = false;
     for (std::size_t r = 0; r < ranks; ++r) {
@@ -116,23 +120,34 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
         const Action& a = list[pc[r]];
         const int g = a.stage;
         const int i = a.micro_batch;
-        if (a.is_recv()) {
-          const double arrival =
-              a.kind == ActionKind::RecvActivation ? act_arrival[cell(g - 1, i)] : grad_arrival[cell(g + 1, i)];
-          if (arrival < 0.0) break;  // not sent yet: come back on a later sweep
-          if (arrival > now) {
-            tl.push_back({IntervalKind::RecvWait, now, arrival, i, g});
-            now = arrival;
-          }
+        if (a.is_recv()) {  // posted: the wait is the reading compute's
+          (a.kind == ActionKind::RecvActivation ? act_posted : grad_posted)[cell(g, i)] = now;
         } else if (a.kind == ActionKind::SendActivation) {
-          const double d = transfer(now, g);
-          act_arrival[cell(g, i)] = now + d;
-          tl.push_back({IntervalKind::Send, now, now + d, i, g});
+          act_sent[cell(g, i)] = now;
         } else if (a.kind == ActionKind::SendGradient) {
-          const double d = transfer(now, g - 1);
-          grad_arrival[cell(g, i)] = now + d;
-          tl.push_back({IntervalKind::Send, now, now + d, i, g});
+          grad_sent[cell(g, i)] = now;
         } else if (a.is_compute()) {
+          // The value this compute reads from another rank (a forward's activation, a
+          // backward's gradient), if its receive was posted here.
+          const bool forward = a.kind == ActionKind::Forward;
+          double* posted = a.kind == ActionKind::WeightGradient ? nullptr
+                           : forward                            ? &act_posted[cell(g, i)]
+                                                                : &grad_posted[cell(g, i)];
+          if (posted != nullptr && *posted >= 0.0) {
+            const int from = forward ? g - 1 : g + 1;
+            const double sent = forward ? act_sent[cell(from, i)] : grad_sent[cell(from, i)];
+            if (sent < 0.0) break;  // not sent yet: come back on a later sweep
+            const double start = std::max(*posted, sent);
+            const double arrival = start + transfer(start, forward ? g - 1 : g);
+            const auto sender = static_cast<std::size_t>(s.rank_of_stage(from));
+            out.timelines[sender].push_back({IntervalKind::Send, start, arrival, i, from});
+            sends_done[sender] = std::max(sends_done[sender], arrival);
+            if (arrival > now) {
+              tl.push_back({IntervalKind::RecvWait, now, arrival, i, g});
+              now = arrival;
+            }
+            *posted = -2.0;  // received
+          }
           const auto u = static_cast<std::size_t>(g);
           const double d = a.kind == ActionKind::Forward    ? costs.forward[u]
                            : a.kind == ActionKind::Backward ? costs.backward[u]
@@ -153,6 +168,9 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
       }
     }
   }
+  // The step ends when every transfer a rank sent has completed (the runtime waits for its
+  // sends before the step returns).
+  for (std::size_t r = 0; r < ranks; ++r) clock[r] = std::max(clock[r], sends_done[r]);
 
   out.step_time = *std::max_element(clock.begin(), clock.end());
   for (std::size_t r = 0; r < ranks; ++r) {

@@ -11,7 +11,8 @@ Example::
 
 `forward` / `backward` are the seconds of one micro-batch through one pipeline stage;
 with `virtual_stages` v each of a rank's v chunks takes 1/v of them. `comm` is the
-seconds of every point-to-point transfer (0 = free network).
+seconds of every point-to-point transfer (0 = free network); a transfer starts once its
+receive is posted, as Gloo and NCCL start one (csrc/schedule/simulator.h).
 """
 from __future__ import annotations
 
