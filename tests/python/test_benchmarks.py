@@ -151,3 +151,9 @@ def test_heterogeneous_plans_beat_equal_shares_and_match_the_exhaustive_split():
     assert len(speedups) == 2 and min(speedups) >= 1.3, out  # ours against equal shares and stages
     exhaustive = [float(r[6]) for r in rows if len(r) == 7]
     assert exhaustive and max(exhaustive) <= 1.05, out  # the joint planner's split against every split
+
+
+def test_p2p_rendezvous_prints_the_waits_of_a_late_receive():
+    out = _run("p2p_rendezvous.py", "--mb", "1", "--delay", "0.05")
+    row = _row(out, "1.0")
+    assert len(row) == 5 and all(float(x) >= 0 for x in row[1:]), out
