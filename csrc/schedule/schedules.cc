@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <optional>
 #include <deque>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "support/error.h"
@@ -22,8 +22,7 @@ void check_shape(const char* name, int ranks, int micro_batches) {
 
 // Turns per-rank compute orders into full action lists: a Recv right before each
 // compute whose input comes from another rank, a Send right after each compute whose
-// output goes to another rank, and an OptimizerStep at the end.
-// Each compute action with its receive before it and its send after it. `group` > 1 (kFkB):
+// output goes to another rank, and an OptimizerStep at the end. `group` > 1 (kFkB):
 // the receives of a group (its k forwards, or its k backwards: micro-batches i with the same
 // i / k, consecutive in the list) are all posted before the group's first action, so that
 // transfers of the group's later micro-batches run beside its first computations. The
