@@ -121,21 +121,10 @@ void bind_schedule(py::module_& m) {
             // receive action ("F", "B", "W", "SA", "SG", "RA", "RG"); the rank-wide
             // optimizer step and gradient sync are the engine's own, so they are left out.
             py::list out;
-            for (const schedule::Action& a : s.schedule.per_rank.at(static_cast<std::size_t>(rank))) {
-              const char* kind = nullptr;
-              switch (a.kind) {
-                case schedule::ActionKind::Forward: kind = "F"; break;
-                case schedule::ActionKind::Backward: kind = "B"; break;
-                case schedule::ActionKind::WeightGradient: kind = "W"; break;
-                case schedule::ActionKind::SendActivation: kind = "SA"; break;
-                case schedule::ActionKind::SendGradient: kind = "SG"; break;
-                case schedule::ActionKind::RecvActivation: kind = "RA"; break;
-                case schedule::ActionKind::RecvGradient: kind = "RG"; break;
-                case schedule::ActionKind::OptimizerStep:
-                case schedule::ActionKind::GradSync: break;
-              }
-              if (kind != nullptr) out.append(py::make_tuple(kind, a.micro_batch, a.stage, a.peer));
-            }
+            for (const schedule::Action& a : s.schedule.per_rank.at(static_cast<std::size_t>(rank)))
+              if (a.is_compute() || a.is_send() || a.is_recv())
+                out.append(py::make_tuple(std::string(schedule::action_kind_code(a.kind)), a.micro_batch, a.stage,
+                                          a.peer));
             return out;
           },
           "Rank `rank`'s actions as (kind, micro_batch, stage, peer) tuples, in order (peer -1 "

@@ -4,19 +4,27 @@
 
 namespace shardwise::schedule {
 
-std::string to_string(const Action& a) {
-  switch (a.kind) {
-    case ActionKind::Forward: return fmt::format("F{}@s{}", a.micro_batch, a.stage);
-    case ActionKind::Backward: return fmt::format("B{}@s{}", a.micro_batch, a.stage);
-    case ActionKind::WeightGradient: return fmt::format("W{}@s{}", a.micro_batch, a.stage);
-    case ActionKind::SendActivation: return fmt::format("SA{}@s{}->r{}", a.micro_batch, a.stage, a.peer);
-    case ActionKind::SendGradient: return fmt::format("SG{}@s{}->r{}", a.micro_batch, a.stage, a.peer);
-    case ActionKind::RecvActivation: return fmt::format("RA{}@s{}<-r{}", a.micro_batch, a.stage, a.peer);
-    case ActionKind::RecvGradient: return fmt::format("RG{}@s{}<-r{}", a.micro_batch, a.stage, a.peer);
+std::string_view action_kind_code(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::Forward: return "F";
+    case ActionKind::Backward: return "B";
+    case ActionKind::WeightGradient: return "W";
+    case ActionKind::SendActivation: return "SA";
+    case ActionKind::SendGradient: return "SG";
+    case ActionKind::RecvActivation: return "RA";
+    case ActionKind::RecvGradient: return "RG";
     case ActionKind::OptimizerStep: return "OPT";
     case ActionKind::GradSync: return "SYNC";
   }
   return "?";
+}
+
+std::string to_string(const Action& a) {
+  const std::string_view code = action_kind_code(a.kind);
+  if (a.is_send()) return fmt::format("{}{}@s{}->r{}", code, a.micro_batch, a.stage, a.peer);
+  if (a.is_recv()) return fmt::format("{}{}@s{}<-r{}", code, a.micro_batch, a.stage, a.peer);
+  if (a.is_compute()) return fmt::format("{}{}@s{}", code, a.micro_batch, a.stage);
+  return std::string(code);
 }
 
 std::string to_string(const std::vector<Action>& actions) {

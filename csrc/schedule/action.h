@@ -25,6 +25,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace shardwise::schedule {
@@ -63,6 +64,9 @@ struct Action {
 
   friend bool operator==(const Action&, const Action&) = default;
 };
+
+// The kind's code in the text form: "F", "B", "W", "SA", "SG", "RA", "RG", "OPT", "SYNC".
+std::string_view action_kind_code(ActionKind kind);
 
 // Short text form: "F3@s1", "B0@s0", "W0@s0", "SA2@s1->r1", "SG2@s1->r0", "RA2@s2<-r1",
 // "RG2@s0<-r1", "OPT", "SYNC". Used in error messages and test failure output.
