@@ -283,15 +283,16 @@ void bind_transform(py::module_& m) {
           d["node"] = n.node;
           d["op"] = n.op;
           d["mode"] = std::string(transform::node_mode_name(n.mode));
-          // The attributes this rank's call takes that differ from the captured node's
-          // (local shape arguments), by schema argument name.
+          // The rank's call, whole: its attributes (the op's non-tensor arguments by schema
+          // name, local shape arguments at this rank's sizes) and its operands' global shapes.
+          // The lowering builds the call from these alone (python/shardwise/_aten_call.py).
           const ir::Node& captured = graph.node(n.node);
-          py::dict local_attrs;
-          for (const auto& [name, value] : n.attrs) {
-            auto it = captured.attrs.find(name);
-            if (it == captured.attrs.end() || !(it->second == value)) local_attrs[py::str(name)] = attr_to_python(value);
-          }
-          d["local_attrs"] = local_attrs;
+          py::dict attrs;
+          for (const auto& [name, value] : n.attrs) attrs[py::str(name)] = attr_to_python(value);
+          d["attrs"] = attrs;
+          py::list input_shapes;
+          for (ir::ValueId in : captured.inputs) input_shapes.append(graph.value(in).type.shape);
+          d["input_shapes"] = input_shapes;
           d["one_device_random"] = n.one_device_random;
           d["lookup_axes"] = n.lookup_axes;
           d["statistics_axis"] = n.statistics_axis;

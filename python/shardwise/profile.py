@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from . import _C
+from ._aten_call import _TORCH_DTYPES, CallRebuildError, call_arguments
 from ._fx_import import op_overload
 from ._logging import get_logger
 
@@ -55,11 +56,6 @@ __all__ = ["Profile", "profile", "measure_collectives", "DEFAULT_COLLECTIVE_SIZE
 DEFAULT_COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
-_TORCH_DTYPES = {
-    "f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
-    "bool": torch.bool,
-}
 
 # Integer operands with a known valid range: op -> (index of the integer operand among the
 # node's inputs, a function (input shapes) -> exclusive upper bound of the values).
@@ -89,9 +85,6 @@ _VALUE_SAFE_OPS = {
     "aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::logical_not", "aten::logical_and",
     "aten::tril", "aten::triu",
 }
-_MEMORY_FORMATS = {str(f): f for f in (torch.contiguous_format, torch.preserve_format, torch.channels_last,
-                                       torch.channels_last_3d)}
-_LAYOUTS = {str(torch.strided): torch.strided}
 
 
 class Profile:
@@ -201,42 +194,6 @@ def _resolve_op(name: str):
     return op
 
 
-def _is_tensor_type(t) -> bool:
-    return isinstance(t, torch.TensorType) or (isinstance(t, torch.OptionalType)
-                                                and isinstance(t.getElementType(), torch.TensorType))
-
-
-def _is_tensor_list_type(t) -> bool:
-    if not isinstance(t, torch.ListType):
-        return False
-    e = t.getElementType()
-    return _is_tensor_type(e)
-
-
-def _attr_to_torch(value: Any, arg) -> Any:
-    """An IR attribute back to the Python value the schema argument takes."""
-    if value is None:
-        return None
-    kind = str(arg.type)
-    if "ScalarType" in kind and isinstance(value, str):
-        if value not in _TORCH_DTYPES:
-            raise _Skip(f"argument '{arg.name}': unknown dtype {value!r}")
-        return _TORCH_DTYPES[value]
-    if "MemoryFormat" in kind and isinstance(value, str):
-        if value not in _MEMORY_FORMATS:
-            raise _Skip(f"argument '{arg.name}': unknown memory format {value!r}")
-        return _MEMORY_FORMATS[value]
-    if "Layout" in kind and isinstance(value, str):
-        if value not in _LAYOUTS:
-            raise _Skip(f"argument '{arg.name}': layout {value!r}")
-        return _LAYOUTS[value]
-    if "Device" in kind:
-        return None  # the profiling device is chosen below, not the capture's
-    if isinstance(value, str) and kind not in ("str", "Optional[str]"):
-        raise _Skip(f"argument '{arg.name}' ({kind}) was captured as text {value!r}")
-    return value
-
-
 def _make_tensor(v: dict, device: torch.device, op: str, position: int, shapes: list, requires_grad: bool):
     dtype = _TORCH_DTYPES.get(v["dtype"])
     if dtype is None:
@@ -270,54 +227,18 @@ def _build_call(node: dict, values: dict, device: torch.device):
         grad = v["role"] in ("parameter", "activation")
         tensors.append(_make_tensor(v, device, node["op"], i, shapes, grad))
 
-    schema_args = [a for a in op._schema.arguments if not a.kwarg_only] + \
-        [a for a in op._schema.arguments if a.kwarg_only]
-    # How many node inputs the tensor arguments after each position still need (for a
-    # Tensor[] argument, whose length the node does not record separately).
-    def single_tensor_slots(args) -> int:
-        return sum(1 for a in args if _is_tensor_type(a.type) and a.name not in attrs)
-
-    args, kwargs = [], {}
-    cursor = 0
-    for idx, a in enumerate(schema_args):
-        if a.is_out:
-            raise _Skip("an out= overload")
-        if _is_tensor_type(a.type):
-            if a.name in attrs:  # an optional tensor absent from the call
-                value = None
-            elif cursor < len(tensors):
-                value = tensors[cursor]
-                cursor += 1
-            elif a.has_default_value():
-                value = None
-            else:
-                raise _Skip(f"tensor argument '{a.name}' has no operand")
-        elif _is_tensor_list_type(a.type):
-            present = attrs.get(f"{a.name}_present")
-            if present is not None:
-                value = []
-                for p in present:
-                    value.append(tensors[cursor] if p else None)
-                    cursor += 1 if p else 0
-            else:
-                count = len(tensors) - cursor - single_tensor_slots(schema_args[idx + 1:])
-                value = tensors[cursor:cursor + count]
-                cursor += count
-        elif a.name in attrs:
-            value = _attr_to_torch(attrs[a.name], a)
-        elif a.has_default_value():
-            continue
-        else:
-            raise _Skip(f"argument '{a.name}' is neither an operand nor an attribute")
-        if a.kwarg_only:
-            kwargs[a.name] = value
-        else:
-            args.append(value)
-    if cursor != len(tensors):
-        raise _Skip(f"{len(tensors) - cursor} operand(s) left over after matching the schema")
+    try:
+        args, kwargs = call_arguments(op, attrs, tensors)
+    except CallRebuildError as e:
+        raise _Skip(str(e)) from None
     # Creation ops with a device argument: put the result on the profiling device.
-    if any(a.name == "device" for a in op._schema.arguments):
-        kwargs["device"] = device
+    names = [a.name for a in op._schema.arguments]
+    if "device" in names:
+        position = names.index("device")
+        if position < len(args):
+            args[position] = device
+        else:
+            kwargs["device"] = device
     grads_wrt = [t for t in tensors if isinstance(t, torch.Tensor) and t.requires_grad]
     return op, args, kwargs, grads_wrt
 

@@ -26,6 +26,7 @@ ALLOWED = {
     "shardwise._logging": "the package's loggers",
     "shardwise._teardown": "process-group teardown at exit",
     "shardwise._fx_import": "the IR builder's schema helpers and CaptureError, which lowering reads",
+    "shardwise._aten_call": "an IR node's ATen call bound from its attributes (lowering and profiling share it)",
     "shardwise._inputs": "binding a model's call by name (what the batch binding and capture share)",
     "shardwise.materialize": "a rank's local shard of a placed tensor",
 }

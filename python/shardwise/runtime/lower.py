@@ -1,6 +1,7 @@
 """Lowering a rank program (csrc/transform/spmd_rewrite.h) into a torch.fx.GraphModule.
 
-Each IR node becomes the ATen call it was captured from, on local shapes: its operands
+Each IR node becomes one call of its op, built from the node's attributes as the core made
+them local (_aten_call.py binds them to the op's schema): its operands
 resharded as the program says (``self.reshard(x, forward_steps, backward_steps)``), shape
 arguments made local, a vocabulary-parallel lookup as ``self.vocab_lookup``, a split the core
 gave a distributed kernel as ``self.statistics(kernel, ...)`` (runtime/kernels.py), and a loss
@@ -16,7 +17,8 @@ import torch.fx
 
 from .. import _C
 from .._C import ValidationError
-from .._fx_import import _schema_args, is_value_identity, op_name, op_overload
+from .._aten_call import CallRebuildError, call_arguments
+from .._fx_import import _schema_args, is_value_identity, op_overload
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .async_gradients import SPLIT_OPS, AsyncGradient
@@ -70,35 +72,40 @@ def _substitute(value: Any, operands) -> Any:
     return value
 
 
-def _call_parts(src: torch.fx.Node, operands: list, local_attrs: dict):
-    """(args, kwargs) of the source node's call with the operands substituted in schema
-    order (the IR's input order) and the arguments the core made local (the rank program's
-    `local_attrs`: shape arguments at the local output's sizes, spmd_rewrite.h) set by name:
-    a schema argument's name, or `arg<i>` / a keyword for a call without a schema (the names
-    the capture gave them, _fx_import)."""
-    it = iter(operands)
-    target = src.target
+def _target(node: dict, src: torch.fx.Node):
+    """The op a rank-IR node calls: its ATen overload by the IR's name (which may be another
+    overload than the captured one: an arange split into blocks runs arange.start_step), or
+    the captured callable for a call without a schema, which the IR cannot name."""
+    if not isinstance(src.target, torch._ops.OpOverload):
+        return src.target
+    target = op_overload(node["op"])
+    if target is None:
+        raise ValidationError(f"parallelize: '{node['outputs'][0]['value']}' calls {node['op']}, "
+                              "which this torch does not have")
+    return target
+
+
+def _node_call(node: dict, src: torch.fx.Node, operands: list) -> tuple[list, dict]:
+    """(args, kwargs) of the rank-IR node's call: its tensor operands (the lowered inputs, in
+    the IR's order) and its attributes as the core left them for this rank (shape arguments at
+    the local sizes, spmd_rewrite.h), built by the op's schema (_aten_call.py). A call the
+    capture kept without a schema (a Python callable, named `arg<i>` / by keyword in the IR) is
+    the captured call with the operands substituted: the core runs such an op only whole."""
+    target = _target(node, src)
     if isinstance(target, torch._ops.OpOverload):
-        schema = target._schema
-        args, kwargs = [], {}
-        names = {a.name: a for a in schema.arguments}
-        for name, value in _schema_args(src):
-            value = _substitute(value, it)
-            if names[name].kwarg_only:
-                kwargs[name] = value
-            else:
-                args.append(value)
-        for name, value in local_attrs.items():
-            args, kwargs = _with_argument(src, args, kwargs, name, value)
-        return args, kwargs
-    args = [_substitute(a, it) for a in src.args]
-    kwargs = {k: _substitute(v, it) for k, v in src.kwargs.items()}
-    for name, value in local_attrs.items():
-        if name.startswith("arg") and name[3:].isdigit() and int(name[3:]) < len(args):
-            args[int(name[3:])] = value
-        else:
-            kwargs[name] = value
-    return args, kwargs
+        return _schema_call(node, target, operands)
+    if node["mode"] != "whole" and any(p != "R" for op in node["inputs"] for p in op["required"]):
+        raise ValidationError(f"parallelize: '{node['outputs'][0]['value']}' ({node['op']}) has no schema "
+                              "and reads a block; the runtime can call it only on whole operands")
+    it = iter(operands)
+    return [_substitute(a, it) for a in src.args], {k: _substitute(v, it) for k, v in src.kwargs.items()}
+
+
+def _schema_call(node: dict, target: torch._ops.OpOverload, operands: list) -> tuple[list, dict]:
+    try:
+        return call_arguments(target, node["attrs"], operands)
+    except CallRebuildError as e:
+        raise ValidationError(f"parallelize: '{node['outputs'][0]['value']}' ({node['op']}): {e}") from None
 
 
 def _tensor_outputs(result: Any, indices: list[int] | None) -> list[torch.Tensor]:
@@ -147,24 +154,32 @@ _STATE_WRITES = {
 }
 
 
-def _written_operands(src: torch.fx.Node) -> set[int]:
-    """Positions (in _operand_nodes' order) of the tensor operands the call writes in place."""
-    target = src.target
+def _written_operands(node: dict, target, operands: int) -> set[int]:
+    """Positions (among the node's `operands`) of the tensor operands its call writes in place:
+    the schema's written arguments (Tensor(a!)), and _STATE_WRITES' when its flag is set."""
     if not isinstance(target, torch._ops.OpOverload):
         return set()
+    args, kwargs = _schema_call(node, target, [_Slot(i) for i in range(operands)])
     flag, names = _STATE_WRITES.get(target, (None, ()))
-    items = _schema_args(src)
-    writes_named = flag is not None and bool(dict(items).get(flag))
-    arguments = {a.name: a for a in target._schema.arguments}
-    out, position = set(), 0
-    for name, value in items:
-        count = 1 if isinstance(value, torch.fx.Node) else \
-            sum(isinstance(v, torch.fx.Node) for v in value) if isinstance(value, (list, tuple)) else 0
-        info = arguments[name].alias_info
-        if count and ((info is not None and info.is_write) or (writes_named and name in names)):
-            out.update(range(position, position + count))
-        position += count
+    writes_named = flag is not None and bool(node["attrs"].get(flag))
+    arguments = target._schema.arguments
+    bound = [(arguments[i], v) for i, v in enumerate(args)] + \
+        [(next(a for a in arguments if a.name == k), v) for k, v in kwargs.items()]
+    out = set()
+    for argument, value in bound:
+        held = [value] if isinstance(value, _Slot) else \
+            [v for v in value if isinstance(v, _Slot)] if isinstance(value, list) else []
+        info = argument.alias_info
+        if (info is not None and info.is_write) or (writes_named and argument.name in names):
+            out.update(slot.index for slot in held)
     return out
+
+
+class _Slot:
+    """An operand's place, standing in for the tensor when binding a call to its schema."""
+
+    def __init__(self, index: int):
+        self.index = index
 
 
 def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dict[str, torch.Tensor],
@@ -283,7 +298,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         last = next(iter(reversed(graph.nodes)), None)  # the program's last node before this one's
         operands = []
         captured_operands = _operand_nodes(src)
-        written = _written_operands(src)
+        target = _target(node, src)
+        written = _written_operands(node, target, len(node["inputs"]))
         write_backs = []  # (leaf name, the operand the call writes, its placement) to copy back
         regathers = []  # (gathered parameter, its shard, the forward steps): released after the call
         async_operand = None  # (operand, its gradient's all-reduce): the call's backward is split
@@ -354,64 +370,61 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             operands.append(value)
         if node["mode"] == "lookup":
             table = node["inputs"][0]
-            runs = _C.local_shard(list(src.args[0].meta["val"].shape), table["required"], sizes, rank)["dims"][0]
-            _, _, padding_idx, scale, sparse = [v for _, v in _schema_args(src)]
+            runs = _C.local_shard(node["input_shapes"][0], table["required"], sizes, rank)["dims"][0]
+            attrs_of = node["attrs"]
+            padding_idx, scale, sparse = (attrs_of.get("padding_idx", -1), attrs_of.get("scale_grad_by_freq", False),
+                                          attrs_of.get("sparse", False))
             call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
                                                       scale, sparse))
         elif node["mode"] == "statistics":  # the core's kernel for the split (csrc/ops/distributed_kernels.h)
-            shape = list(src.args[0].meta["val"].shape)
+            shape = list(node["input_shapes"][0])
             dim = node["statistics_dim"]
             runs = _C.local_shard(shape, node["inputs"][0]["required"], sizes, rank)["dims"][dim]
-            args, kwargs = _call_parts(src, operands, node["local_attrs"])
+            args, kwargs = _node_call(node, src, operands)
             if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
-                args, kwargs = _with_argument(src, args, kwargs, "reduction", 2)
+                args, kwargs = _with_argument(target, args, kwargs, "reduction", 2)
             call = graph.call_module("statistics", (node["kernel"], node["statistics_axis"], dim, shape[dim],
                                                     runs[0][0], runs[-1][1], tuple(args), kwargs))
         elif node["one_device_random"]:
-            if src.target not in _MASKS | _LIKE:
-                raise ValidationError(f"parallelize: the core draws '{first}' ({src.target}) whole and cuts it, "
+            if target not in _MASKS | _LIKE:
+                raise ValidationError(f"parallelize: the core draws '{first}' ({target}) whole and cuts it, "
                                       f"which the runtime can do only for {', '.join(sorted(_BY_NAME))}")
-            args, kwargs = _call_parts(src, operands, node["local_attrs"])
-            index = local_index(tuple(src.args[0].meta["val"].shape), _whole_index(node["inputs"][0]["required"]),
+            args, kwargs = _node_call(node, src, operands)
+            whole_shape = tuple(node["input_shapes"][0])
+            index = local_index(whole_shape, _whole_index(node["inputs"][0]["required"]),
                                 sizes, rank)
             index = tuple(tuple(i.tolist()) if isinstance(i, torch.Tensor) else i for i in index)
-            call = graph.call_module("one_device_random", (args[0], str(src.target), tuple(args[1:]), kwargs,
-                                                           tuple(src.args[0].meta["val"].shape), index))
-        elif isinstance(src.target, torch._ops.OpOverload) and node["op"] != op_name(src.target):
-            # The core runs the node as another overload of the op (an arange split into blocks:
-            # arange.start_step from the block's first value, csrc/transform/spmd_rewrite.cc).
-            target = op_overload(node["op"])
-            args, kwargs = _call_by_schema(target, src, operands, node["local_attrs"])
-            call = graph.call_function(target, tuple(args), kwargs)
+            call = graph.call_module("one_device_random", (args[0], str(target), tuple(args[1:]), kwargs,
+                                                           whole_shape, index))
         elif gather_matmul is not None or matmul_scatter:  # runtime/collective_matmul.py: linear, addmm, mm
-            if src.target not in SPLIT_OPS:
-                raise ValidationError(f"parallelize: the core runs a collective matmul in '{first}' ({src.target}), "
+            if target not in SPLIT_OPS:
+                raise ValidationError(f"parallelize: the core runs a collective matmul in '{first}' ({target}), "
                                       f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
-            args, kwargs = _call_parts(src, operands, node["local_attrs"])
+            args, kwargs = _node_call(node, src, operands)
             if gather_matmul is not None:
                 i, fwd, bwd, key = gather_matmul
-                ring = graph.call_module("collective_matmul", ("gather", SPLIT_OPS[src.target], i, fwd[0],
+                ring = graph.call_module("collective_matmul", ("gather", SPLIT_OPS[target], i, fwd[0],
                                                                bwd[0] if bwd else None, tuple(args), kwargs))
                 call = graph.call_function(operator.getitem, (ring, 0))
                 reshards[key] = graph.call_function(operator.getitem, (ring, 1))  # its other readers'
             else:
                 fwd = _step_texts(root, matmul_scatter["forward"])
                 bwd = _step_texts(root, matmul_scatter["backward"])
-                operand = 1 if src.target is torch.ops.aten.addmm.default else 0
-                call = graph.call_module("collective_matmul", ("scatter", SPLIT_OPS[src.target], operand, fwd[0],
+                operand = 1 if target is torch.ops.aten.addmm.default else 0
+                call = graph.call_module("collective_matmul", ("scatter", SPLIT_OPS[target], operand, fwd[0],
                                                                bwd[0] if bwd else None, tuple(args), kwargs))
         elif async_operand is not None:  # runtime/async_gradients.py: the core marks linear, addmm, mm
-            if src.target not in SPLIT_OPS:
-                raise ValidationError(f"parallelize: the core split the backward of '{first}' ({src.target}), "
+            if target not in SPLIT_OPS:
+                raise ValidationError(f"parallelize: the core split the backward of '{first}' ({target}), "
                                       f"which the runtime cannot split ({', '.join(SPLIT_OPS.values())})")
-            args, kwargs = _call_parts(src, operands, node["local_attrs"])
-            call = graph.call_module("async_gradient", (SPLIT_OPS[src.target], async_operand[0], async_operand[1],
+            args, kwargs = _node_call(node, src, operands)
+            call = graph.call_module("async_gradient", (SPLIT_OPS[target], async_operand[0], async_operand[1],
                                                         tuple(args), kwargs))
         else:
-            args, kwargs = _call_parts(src, operands, node["local_attrs"])
+            args, kwargs = _node_call(node, src, operands)
             if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
-                args, kwargs = _with_argument(src, args, kwargs, "reduction", 2)
-            call = graph.call_function(src.target, tuple(args), kwargs)
+                args, kwargs = _with_argument(target, args, kwargs, "reduction", 2)
+            call = graph.call_function(target, tuple(args), kwargs)
         if regathers and call.op in ("call_function", "call_module"):
             call = _released_after(graph, call, regathers)
         if weight_boundaries is not None and weight_boundaries.get(first):
@@ -500,33 +513,9 @@ def _write_state(leaf: torch.Tensor, value: torch.Tensor) -> None:
             leaf.copy_(value)
 
 
-def _call_by_schema(target: torch._ops.OpOverload, src: torch.fx.Node, operands: list,
-                    local_attrs: dict) -> tuple[list, dict]:
-    """(args, kwargs) of a call of `target`, another overload of the source node's op: the
-    tensor operands in order, each argument the core set (local_attrs) by its name, and the
-    source call's other arguments of the same name (dtype, device: keyword-only)."""
-    source = dict(_schema_args(src))
-    it = iter(operands)
-    args, kwargs = [], {}
-    for argument in target._schema.arguments:
-        if isinstance(argument.type, torch.TensorType):
-            value = next(it)
-        elif argument.name in local_attrs:
-            value = local_attrs[argument.name]
-        elif argument.name in source:
-            value = source[argument.name]
-        else:
-            continue  # its default
-        if argument.kwarg_only:
-            kwargs[argument.name] = value
-        else:
-            args.append(value)
-    return args, kwargs
-
-
-def _with_argument(src: torch.fx.Node, args: list, kwargs: dict, name: str, value: Any) -> tuple[list, dict]:
+def _with_argument(target, args: list, kwargs: dict, name: str, value: Any) -> tuple[list, dict]:
     """The call's (args, kwargs) with the schema argument `name` set to `value`."""
-    names = [a.name for a in src.target._schema.arguments]
+    names = [a.name for a in target._schema.arguments]
     position = names.index(name)
     if position < len(args):
         args = list(args)
