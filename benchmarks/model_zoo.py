@@ -579,6 +579,51 @@ COLUMNS["train eq"] = train_equivalence
 REPORTS["train eq"] = _print_train_details
 
 
+# ---- the "ir calls" column: every node's ATen call rebuilt from the IR alone ------------------
+def ir_calls(spec: ZooModel, graphs, plans) -> tuple[str, list[str]]:
+    """The rank programs' lowering calls each node's op with its IR attributes bound to the
+    op's schema (shardwise/_aten_call.py), never the captured call's arguments. Here: for the
+    model in eval mode and in training mode (float64), every node torch.export captured is
+    rebuilt from its op, attributes and operands and compared with the captured FX call,
+    argument by argument. The cell: "rebuilt/nodes"; the details list what differs."""
+    from shardwise._aten_call import CallRebuildError, bound_arguments, call_arguments
+    from shardwise._fx_import import _schema_args, op_overload
+    from shardwise._inputs import bind_inputs
+    from shardwise.capture import _capture_with_sources
+
+    rebuilt, nodes, differ = 0, 0, []
+    for training in (False, True):
+        model = spec.build_for_training() if training else spec.build()
+        batch = _train_batch(spec, 0) if training else spec.batch()
+        with _quiet():
+            graph, builder = _capture_with_sources(model, bind_inputs(model, (), batch), "export", None)
+        for node in graph.nodes():
+            nodes += 1
+            fx_node, _ = builder.sources[node["outputs"][0]]
+            op = op_overload(node["op"])
+            if op is not fx_node.target:
+                differ.append(f"{node['op']}: captured as {fx_node.target}")
+                continue
+            operands = []  # the captured call's tensor operands, in the IR's (schema) order
+            for _, value in _schema_args(fx_node):
+                values = value if isinstance(value, (list, tuple)) else [value]
+                operands.extend(v for v in values if isinstance(v, torch.fx.Node))
+            try:
+                args, kwargs = call_arguments(op, node["attrs"], operands)
+            except CallRebuildError as e:
+                differ.append(f"{node['op']}: {e}")
+                continue
+            if bound_arguments(op, args, kwargs, operand=id) != bound_arguments(op, fx_node.args, fx_node.kwargs,
+                                                                               operand=id):
+                differ.append(f"{node['op']} ({node['module']}): another call")
+                continue
+            rebuilt += 1
+    return f"{rebuilt}/{nodes}", differ
+
+
+COLUMNS["ir calls"] = ir_calls
+
+
 def select(names: list[str]) -> list[ZooModel]:
     if not names:
         return list(ZOO)

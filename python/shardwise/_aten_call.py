@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.fx
 
 from ._fx_import import _DTYPES
 
@@ -116,3 +117,18 @@ def call_arguments(op: torch._ops.OpOverload, attrs: dict, operands: list) -> tu
     if cursor != len(operands):
         raise CallRebuildError(f"{op}: {len(operands) - cursor} operand(s) left over after matching the schema")
     return args, kwargs
+
+
+def bound_arguments(op: torch._ops.OpOverload, args, kwargs, operand=lambda v: v) -> dict:
+    """A call of `op` as {schema argument: value}: defaults filled in, tuples as lists, each
+    tensor or FX node given as ``operand(it)``. Two calls bind alike when they pass the same
+    arguments, however they spelled them (positional or by name, defaults written or not)."""
+    def plain(v):
+        if isinstance(v, (torch.Tensor, torch.fx.Node)):
+            return operand(v)
+        return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+    arguments = op._schema.arguments
+    out = {a.name: plain(a.default_value) for a in arguments if a.has_default_value()}
+    out.update({arguments[i].name: plain(v) for i, v in enumerate(args)})
+    out.update({k: plain(v) for k, v in kwargs.items()})
+    return out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.fx
 import torch.nn as nn
 
 transformers = pytest.importorskip("transformers")
@@ -159,20 +158,6 @@ def parameter_error(full: dict, reference: nn.Module) -> float:
     parameter whose gradient is zero in theory holds only rounding noise)."""
     return max(((full[n] - p).abs().max() / p.abs().max().clamp_min(1e-6)).item()
                for n, p in reference.named_parameters())
-
-
-def bound_call(op, args, kwargs, operand=lambda v: v) -> dict:
-    """An ATen call as {schema argument: value}: defaults filled in, tuples as lists, each FX
-    node or tensor given as ``operand(it)`` (what two calls' comparison counts as the same)."""
-    def plain(v):
-        if isinstance(v, (torch.fx.Node, torch.Tensor)):
-            return operand(v)
-        return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
-    arguments = op._schema.arguments
-    out = {a.name: plain(a.default_value) for a in arguments if a.has_default_value()}
-    out.update({arguments[i].name: plain(v) for i, v in enumerate(args)})
-    out.update({k: plain(v) for k, v in kwargs.items()})
-    return out
 
 
 def finish_rank(path: str, rank: int, report: dict) -> None:

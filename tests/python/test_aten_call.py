@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import MODELS, bound_call
-from shardwise._aten_call import CallRebuildError, call_arguments
+from conftest import MODELS
+from shardwise._aten_call import CallRebuildError, bound_arguments, call_arguments
 from shardwise._fx_import import _schema_args, op_overload
 from shardwise._inputs import bind_inputs
 from shardwise.capture import _capture_with_sources
@@ -52,8 +52,8 @@ def test_every_node_of_a_real_model_rebuilds_its_captured_call(name, training):
         op = op_overload(node["op"])
         assert op is fx_node.target, node["op"]
         args, kwargs = call_arguments(op, node["attrs"], _operands(fx_node))
-        captured = bound_call(op, fx_node.args, fx_node.kwargs, operand=_Operand)
-        assert bound_call(op, args, kwargs) == captured, f"{node['op']} in '{node['module']}'"
+        captured = bound_arguments(op, fx_node.args, fx_node.kwargs, operand=_Operand)
+        assert bound_arguments(op, args, kwargs) == captured, f"{node['op']} in '{node['module']}'"
         checked += 1
         ops.add(node["op"])
     assert checked == len(graph.nodes()) and checked >= 10

@@ -91,13 +91,16 @@ def test_pipeline_memory_matches_the_simulator():
 def test_model_zoo_captures_and_plans_by_every_method(tmp_path):
     import json
 
-    out = _run("model_zoo.py", "falcon", "t5", "vit", "--json", str(tmp_path / "zoo.json"))
+    out = _run("model_zoo.py", "falcon", "t5", "vit", "--columns", "ir calls", "--json", str(tmp_path / "zoo.json"))
     assert "models; captured by export" in out
     results = {r["name"]: r for r in json.loads((tmp_path / "zoo.json").read_text())}
     assert set(results) == {"falcon", "falcon-gqa", "t5", "vit"}
     for name, r in results.items():
         assert r["captured"] == ["export", "fx", "torchscript"], (name, r["errors"])
         assert r["plans"] == [[1, 4], [2, 2]] and r["errors"] == {} and r["unknown_ops"] == [], name
+        # Every node's call, eval and training mode, rebuilt from the IR alone (what the lowering does).
+        rebuilt, nodes = map(int, r["columns"]["ir calls"].split("/"))
+        assert rebuilt == nodes > 100 and r["details"]["ir calls"] == [], (name, r["details"])
 
 
 def test_gpu_check_runs_its_cpu_parts(tmp_path):

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import TwoBranch, bound_call, with_zero
+from conftest import TwoBranch, with_zero
 from shardwise.models import CausalLMWithLoss
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
@@ -137,7 +137,7 @@ def _calls_against_rank_ir(module: torch.fx.GraphModule, rank_ir: str) -> tuple[
     same op with the same arguments (the IR's attributes bound to the op's schema). The IR's
     nodes the runtime runs as one of its own modules (marked shardwise.*) and the value
     identities the lowering calls again (contiguous) are left out. (checked, mismatches)."""
-    from shardwise._aten_call import call_arguments
+    from shardwise._aten_call import bound_arguments, call_arguments
     from shardwise._fx_import import VALUE_IDENTITIES, op_overload
 
     ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes()
@@ -151,8 +151,8 @@ def _calls_against_rank_ir(module: torch.fx.GraphModule, rank_ir: str) -> tuple[
         if op is not call.target:
             mismatches.append(f"{node['outputs'][0]}: {node['op']} in the IR, {call.target} in the program")
             continue
-        expected = bound_call(op, *call_arguments(op, node["attrs"], [TENSOR] * len(node["inputs"])))
-        program = bound_call(op, call.args, call.kwargs, operand=lambda _: TENSOR)
+        expected = bound_arguments(op, *call_arguments(op, node["attrs"], [TENSOR] * len(node["inputs"])))
+        program = bound_arguments(op, call.args, call.kwargs, operand=lambda _: TENSOR)
         if expected != program:
             mismatches.append(f"{node['outputs'][0]} ({node['op']}): {expected} in the IR, {program} in the program")
     return min(len(ir_nodes), len(calls)), mismatches
