@@ -17,7 +17,7 @@ import torch.fx
 
 from .. import _C
 from .._C import ValidationError
-from .._aten_call import CallRebuildError, call_arguments
+from .._aten_call import CallRebuildError, bound_arguments, call_arguments
 from .._fx_import import _schema_args, is_value_identity, op_overload
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
@@ -371,9 +371,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         if node["mode"] == "lookup":
             table = node["inputs"][0]
             runs = _C.local_shard(node["input_shapes"][0], table["required"], sizes, rank)["dims"][0]
-            attrs_of = node["attrs"]
-            padding_idx, scale, sparse = (attrs_of.get("padding_idx", -1), attrs_of.get("scale_grad_by_freq", False),
-                                          attrs_of.get("sparse", False))
+            bound = bound_arguments(target, *_schema_call(node, target, operands))  # embedding's, defaults filled
+            padding_idx, scale, sparse = bound["padding_idx"], bound["scale_grad_by_freq"], bound["sparse"]
             call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
                                                       scale, sparse))
         elif node["mode"] == "statistics":  # the core's kernel for the split (csrc/ops/distributed_kernels.h)
