@@ -587,7 +587,7 @@ def ir_calls(spec: ZooModel, graphs, plans) -> tuple[str, list[str]]:
     rebuilt from its op, attributes and operands and compared with the captured FX call,
     argument by argument. The cell: "rebuilt/nodes"; the details list what differs."""
     from shardwise._aten_call import CallRebuildError, bound_arguments, call_arguments
-    from shardwise._fx_import import _schema_args, op_overload
+    from shardwise._fx_import import op_overload, operand_nodes
     from shardwise._inputs import bind_inputs
     from shardwise.capture import _capture_with_sources
 
@@ -604,12 +604,8 @@ def ir_calls(spec: ZooModel, graphs, plans) -> tuple[str, list[str]]:
             if op is not fx_node.target:
                 differ.append(f"{node['op']}: captured as {fx_node.target}")
                 continue
-            operands = []  # the captured call's tensor operands, in the IR's (schema) order
-            for _, value in _schema_args(fx_node):
-                values = value if isinstance(value, (list, tuple)) else [value]
-                operands.extend(v for v in values if isinstance(v, torch.fx.Node))
             try:
-                args, kwargs = call_arguments(op, node["attrs"], operands)
+                args, kwargs = call_arguments(op, node["attrs"], operand_nodes(fx_node))
             except CallRebuildError as e:
                 differ.append(f"{node['op']}: {e}")
                 continue

@@ -119,6 +119,11 @@ def call_arguments(op: torch._ops.OpOverload, attrs: dict, operands: list) -> tu
     return args, kwargs
 
 
+def named_arguments(op: torch._ops.OpOverload, attrs: dict, operands: list) -> dict:
+    """The call `call_arguments` builds, as {schema argument: value} (bound_arguments)."""
+    return bound_arguments(op, *call_arguments(op, attrs, operands))
+
+
 def bound_arguments(op: torch._ops.OpOverload, args, kwargs, operand=lambda v: v) -> dict:
     """A call of `op` as {schema argument: value}: defaults filled in, tuples as lists, each
     tensor or FX node given as ``operand(it)``. Two calls bind alike when they pass the same

@@ -181,6 +181,18 @@ def _schema_args(node: torch.fx.Node) -> list[tuple[str, Any]]:
     return out
 
 
+def operand_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The FX nodes of a call's tensor operands, in the IR's input order (_split_operands'):
+    schema order, or `arg<i>` then keywords for a call without a schema."""
+    items = _schema_args(node) if isinstance(node.target, torch._ops.OpOverload) else \
+        [(f"arg{i}", a) for i, a in enumerate(node.args)] + list(node.kwargs.items())
+    out = []
+    for _, value in items:
+        values = value if isinstance(value, (list, tuple)) else [value]
+        out.extend(v for v in values if isinstance(v, torch.fx.Node))
+    return out
+
+
 def _split_operands(items: list[tuple[str, Any]], env: dict, where: str):
     """Tensor operands -> input names; the rest -> attributes."""
     inputs, attrs = [], {}

@@ -9,7 +9,7 @@ import torch
 
 from conftest import MODELS
 from shardwise._aten_call import CallRebuildError, bound_arguments, call_arguments
-from shardwise._fx_import import _schema_args, op_overload
+from shardwise._fx_import import op_overload, operand_nodes
 from shardwise._inputs import bind_inputs
 from shardwise.capture import _capture_with_sources
 
@@ -27,16 +27,6 @@ class _Operand:
         return f"<operand {self.fx_node.name}>"
 
 
-def _operands(fx_node) -> list:
-    out = []
-    for _, value in _schema_args(fx_node):
-        if isinstance(value, torch.fx.Node):
-            out.append(_Operand(value))
-        elif isinstance(value, (list, tuple)):
-            out.extend(_Operand(v) for v in value if isinstance(v, torch.fx.Node))
-    return out
-
-
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 def test_every_node_of_a_real_model_rebuilds_its_captured_call(name, training):
@@ -51,7 +41,7 @@ def test_every_node_of_a_real_model_rebuilds_its_captured_call(name, training):
             continue
         op = op_overload(node["op"])
         assert op is fx_node.target, node["op"]
-        args, kwargs = call_arguments(op, node["attrs"], _operands(fx_node))
+        args, kwargs = call_arguments(op, node["attrs"], [_Operand(n) for n in operand_nodes(fx_node)])
         captured = bound_arguments(op, fx_node.args, fx_node.kwargs, operand=_Operand)
         assert bound_arguments(op, args, kwargs) == captured, f"{node['op']} in '{node['module']}'"
         checked += 1

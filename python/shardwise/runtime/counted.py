@@ -23,7 +23,8 @@ import torch
 
 from .. import _C
 from .._C import ValidationError
-from .._fx_import import _schema_args
+from .._aten_call import named_arguments
+from .._fx_import import op_overload
 from .lower import _build_module
 
 
@@ -52,8 +53,9 @@ class Counter:
             info = node["counted"]
             target = node["inputs"][info["target"]]["value"]
             weight = node["inputs"][info["weight"]]["value"] if info["weight"] >= 0 else None
-            src, _ = builder.sources[name]
-            ignore_index = dict(_schema_args(src)).get("ignore_index", -100)
+            # the loss call's ignore_index (its schema default where the IR node leaves it out)
+            arguments = named_arguments(op_overload(node["op"]), node["attrs"], node["inputs"])
+            ignore_index = arguments.get("ignore_index", -100)
             positions = []
             for value in (target, weight):
                 if value is None:

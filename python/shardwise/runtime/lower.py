@@ -17,8 +17,8 @@ import torch.fx
 
 from .. import _C
 from .._C import ValidationError
-from .._aten_call import CallRebuildError, bound_arguments, call_arguments
-from .._fx_import import _schema_args, is_value_identity, op_overload
+from .._aten_call import CallRebuildError, call_arguments, named_arguments
+from .._fx_import import is_value_identity, op_overload, operand_nodes
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .async_gradients import SPLIT_OPS, AsyncGradient
@@ -85,13 +85,12 @@ def _target(node: dict, src: torch.fx.Node):
     return target
 
 
-def _node_call(node: dict, src: torch.fx.Node, operands: list) -> tuple[list, dict]:
+def _node_call(node: dict, target, src: torch.fx.Node, operands: list) -> tuple[list, dict]:
     """(args, kwargs) of the rank-IR node's call: its tensor operands (the lowered inputs, in
     the IR's order) and its attributes as the core left them for this rank (shape arguments at
     the local sizes, spmd_rewrite.h), built by the op's schema (_aten_call.py). A call the
     capture kept without a schema (a Python callable, named `arg<i>` / by keyword in the IR) is
     the captured call with the operands substituted: the core runs such an op only whole."""
-    target = _target(node, src)
     if isinstance(target, torch._ops.OpOverload):
         return _schema_call(node, target, operands)
     if node["mode"] != "whole" and any(p != "R" for op in node["inputs"] for p in op["required"]):
@@ -101,9 +100,10 @@ def _node_call(node: dict, src: torch.fx.Node, operands: list) -> tuple[list, di
     return [_substitute(a, it) for a in src.args], {k: _substitute(v, it) for k, v in src.kwargs.items()}
 
 
-def _schema_call(node: dict, target: torch._ops.OpOverload, operands: list) -> tuple[list, dict]:
+def _schema_call(node: dict, target: torch._ops.OpOverload, operands: list, named: bool = False):
+    """call_arguments (named: named_arguments) of the node, its failure named after the node."""
     try:
-        return call_arguments(target, node["attrs"], operands)
+        return (named_arguments if named else call_arguments)(target, node["attrs"], operands)
     except CallRebuildError as e:
         raise ValidationError(f"parallelize: '{node['outputs'][0]['value']}' ({node['op']}): {e}") from None
 
@@ -130,19 +130,6 @@ def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
         module.register_buffer(last, value)
 
 
-def _operand_nodes(src: torch.fx.Node) -> list[torch.fx.Node]:
-    """The FX nodes of the source call's tensor operands, in the IR's input order."""
-    out = []
-    items = _schema_args(src) if isinstance(src.target, torch._ops.OpOverload) else \
-        [(f"arg{i}", a) for i, a in enumerate(src.args)] + list(src.kwargs.items())
-    for _, value in items:
-        if isinstance(value, torch.fx.Node):
-            out.append(value)
-        elif isinstance(value, (list, tuple)):
-            out.extend(v for v in value if isinstance(v, torch.fx.Node))
-    return out
-
-
 # ---- writes into the model's state ------------------------------------------------------------
 # Ops that update a buffer operand in place while their schema says nothing of it: batch norm
 # in training writes its running statistics (the flag named here says when). Ops whose schema
@@ -159,14 +146,12 @@ def _written_operands(node: dict, target, operands: int) -> set[int]:
     the schema's written arguments (Tensor(a!)), and _STATE_WRITES' when its flag is set."""
     if not isinstance(target, torch._ops.OpOverload):
         return set()
-    args, kwargs = _schema_call(node, target, [_Slot(i) for i in range(operands)])
+    bound = _schema_call(node, target, [_Slot(i) for i in range(operands)], named=True)
     flag, names = _STATE_WRITES.get(target, (None, ()))
-    writes_named = flag is not None and bool(node["attrs"].get(flag))
-    arguments = target._schema.arguments
-    bound = [(arguments[i], v) for i, v in enumerate(args)] + \
-        [(next(a for a in arguments if a.name == k), v) for k, v in kwargs.items()]
+    writes_named = flag is not None and bool(bound.get(flag))
     out = set()
-    for argument, value in bound:
+    for argument in target._schema.arguments:
+        value = bound.get(argument.name)
         held = [value] if isinstance(value, _Slot) else \
             [v for v in value if isinstance(v, _Slot)] if isinstance(value, list) else []
         info = argument.alias_info
@@ -297,7 +282,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         block = node.get("recompute_block", -1)
         last = next(iter(reversed(graph.nodes)), None)  # the program's last node before this one's
         operands = []
-        captured_operands = _operand_nodes(src)
+        captured_operands = operand_nodes(src)
         target = _target(node, src)
         written = _written_operands(node, target, len(node["inputs"]))
         write_backs = []  # (leaf name, the operand the call writes, its placement) to copy back
@@ -371,7 +356,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         if node["mode"] == "lookup":
             table = node["inputs"][0]
             runs = _C.local_shard(node["input_shapes"][0], table["required"], sizes, rank)["dims"][0]
-            bound = bound_arguments(target, *_schema_call(node, target, operands))  # embedding's, defaults filled
+            bound = _schema_call(node, target, operands, named=True)  # embedding's, defaults filled
             padding_idx, scale, sparse = bound["padding_idx"], bound["scale_grad_by_freq"], bound["sparse"]
             call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
                                                       scale, sparse))
@@ -379,7 +364,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             shape = list(node["input_shapes"][0])
             dim = node["statistics_dim"]
             runs = _C.local_shard(shape, node["inputs"][0]["required"], sizes, rank)["dims"][dim]
-            args, kwargs = _node_call(node, src, operands)
+            args, kwargs = _node_call(node, target, src, operands)
             if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
                 args, kwargs = _with_argument(target, args, kwargs, "reduction", 2)
             call = graph.call_module("statistics", (node["kernel"], node["statistics_axis"], dim, shape[dim],
@@ -388,7 +373,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             if target not in _MASKS | _LIKE:
                 raise ValidationError(f"parallelize: the core draws '{first}' ({target}) whole and cuts it, "
                                       f"which the runtime can do only for {', '.join(sorted(_BY_NAME))}")
-            args, kwargs = _node_call(node, src, operands)
+            args, kwargs = _node_call(node, target, src, operands)
             whole_shape = tuple(node["input_shapes"][0])
             index = local_index(whole_shape, _whole_index(node["inputs"][0]["required"]),
                                 sizes, rank)
@@ -399,7 +384,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             if target not in SPLIT_OPS:
                 raise ValidationError(f"parallelize: the core runs a collective matmul in '{first}' ({target}), "
                                       f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
-            args, kwargs = _node_call(node, src, operands)
+            args, kwargs = _node_call(node, target, src, operands)
             if gather_matmul is not None:
                 i, fwd, bwd, key = gather_matmul
                 ring = graph.call_module("collective_matmul", ("gather", SPLIT_OPS[target], i, fwd[0],
@@ -416,11 +401,11 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             if target not in SPLIT_OPS:
                 raise ValidationError(f"parallelize: the core split the backward of '{first}' ({target}), "
                                       f"which the runtime cannot split ({', '.join(SPLIT_OPS.values())})")
-            args, kwargs = _node_call(node, src, operands)
+            args, kwargs = _node_call(node, target, src, operands)
             call = graph.call_module("async_gradient", (SPLIT_OPS[target], async_operand[0], async_operand[1],
                                                         tuple(args), kwargs))
         else:
-            args, kwargs = _node_call(node, src, operands)
+            args, kwargs = _node_call(node, target, src, operands)
             if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
                 args, kwargs = _with_argument(target, args, kwargs, "reduction", 2)
             call = graph.call_function(target, tuple(args), kwargs)
