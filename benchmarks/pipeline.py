@@ -154,6 +154,8 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         tied_group = dist.new_group(sorted({0, world - 1}))
         for schedule, cls in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B), ("zb-h1", zero_bubble)):
             name = f"torch {schedule}"
+            if schedule in args.skip_torch_schedules:
+                continue
             try:
                 model = TinyGPT(cfg)
                 model.load_state_dict(reference.state_dict())
@@ -186,6 +188,8 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
 
         for v_schedule, cls_name in V_SHAPED:
             name = f"torch {v_schedule}"
+            if v_schedule in args.skip_torch_schedules:
+                continue
             try:
                 if v_schedule not in cuts or not all(report["cut_v"][v_schedule]):
                     raise RuntimeError(f"shardwise's {v_schedule} cut is missing")
@@ -290,6 +294,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300, help="process group timeout, seconds")
     parser.add_argument("--deadline", type=float, default=1800, help="seconds before the workers are killed")
     parser.add_argument("--skip-torch", action="store_true", help="shardwise only")
+    parser.add_argument("--skip-torch-schedules", type=lambda text: set(filter(None, text.split(","))),
+                        default=set(), help="comma-separated schedules torch does not run (shardwise still does)")
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of each")
     parser.add_argument("--profile-rank", type=int, default=0, help="-1: every rank")
     args = parser.parse_args()
@@ -302,13 +308,25 @@ def main() -> None:
           f"steps after {args.warmup} of warm-up, {args.threads} thread(s) per process")
     reports = _spawn(world, args)
     errors = {name: text for r in reports for name, text in r["errors"].items()}
-    if any(name.startswith("torch") or name == "all" for name in errors) and not args.skip_torch:
-        for name, text in errors.items():
+    # A failed torch schedule stops every rank's loop (its collectives may be left half done), so
+    # the run is repeated without it; the other schedules keep their side-by-side comparison.
+    # A crashed rank ("all") leaves nothing to tell which one failed: then shardwise alone.
+    latest = dict(errors)
+    while not args.skip_torch:
+        failed = {name.split(" ", 1)[1] for name in latest if name.startswith("torch ")}
+        if not failed and "all" not in latest:
+            break
+        for name, text in latest.items():
             print(f"FAILED {name} (torch {torch.__version__}):\n{text}")
-        print("measuring shardwise alone")
-        args.skip_torch = True
+        if "all" in latest:
+            print("measuring shardwise alone")
+            args.skip_torch = True
+        else:
+            args.skip_torch_schedules |= failed
+            print(f"measuring again without torch's {', '.join(sorted(args.skip_torch_schedules))}")
         reports = _spawn(world, args)
-        errors.update({name: text for r in reports for name, text in r["errors"].items()})
+        latest = {name: text for r in reports for name, text in r["errors"].items()}
+        errors.update(latest)
     if reports[0].get("cut"):
         print("stage blocks (shardwise's cut, used for both): "
               + ", ".join(f"rank {r}: {c[0]}-{c[-1]}" for r, c in enumerate(reports[0]["cut"]) if c))
