@@ -28,8 +28,9 @@ same losses (the largest difference is printed). Printed: the median step time o
 throughput (samples / s) and the ratio ours / torch of throughputs (the issue's target: >= 1.0).
 
 Nothing hangs: the process group has a timeout (``--timeout``) and the parent kills its
-workers past ``--deadline``. If torch's pipelining fails, its error text is printed and the
-shardwise figures are measured alone. Timing never fails anything.
+workers past ``--deadline``. If one of torch's schedules fails, its error text is printed and
+the run is repeated without it (``--skip-torch-schedules``): shardwise's figure for that
+schedule stands alone, the others stay side by side. Timing never fails anything.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@
 # 4. Runs benchmarks/gpu.py (GPT-2 124M in bf16 on one GPU: step time against eager, MFU,
 #    peak memory against the plan's prediction).
 # 5. Writes REPORT_DIR/gpu_check.md (the card, the versions, the test summary and the
-#    figures), with the logs beside it. Exit status: non-zero when the build or a test failed.
+#    figures), with the logs beside it, and REPORT_DIR/env.sh: `source` it before running
+#    anything else against this build (the carried libraries' paths). Exit status: non-zero when the build or a test failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,6 +78,21 @@ if ((build)) && { ! have_build_deps || [[ ${SHARDWISE_CARRIED_DEPS:-0} == 1 ]]; 
       cmake ninja-build g++ pkg-config libfmt-dev nlohmann-json3-dev coinor-libcbc-dev >/dev/null
   fi
 fi
+# What a later command on this machine needs to import this build: the carried libraries'
+# paths (the extension's RUNPATH names torch's folder, not theirs). Without it, a benchmark
+# run after this script fails on `import shardwise` ("libCbcSolver.so.3: cannot open shared
+# object file", 2026-11-27 on an H200): `source REPORT_DIR/env.sh` first.
+{
+  echo "# source this before running anything against gpu_check's build (scripts/gpu_check.sh)"
+  if [[ -n ${SHARDWISE_DEPS_PREFIX:-} ]]; then
+    for var in SHARDWISE_DEPS_PREFIX PATH LD_LIBRARY_PATH LIBRARY_PATH; do
+      printf 'export %s=%q\n' "$var" "${!var:-}"
+    done
+  else
+    echo "# (the system's libraries: nothing to set)"
+  fi
+} >"$report/env.sh"
+
 for module in pytest transformers rich; do
   $PY -c "import $module" 2>/dev/null || $PY -m pip install -q "$module" || note "could not install $module"
 done

@@ -124,6 +124,8 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     reason, the benchmark prints every figure it can without CUDA, and the report is written."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("OUT", None)
+    # As if the build's libraries came from .deps/ (unpacked there): env.sh must hand them on.
+    env["SHARDWISE_DEPS_PREFIX"] = str(tmp_path / "deps")
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--no-build", "--smoke", str(tmp_path)],
                           capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -133,6 +135,12 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     assert "needs CUDA" in tests and " skipped" in tests and "failed" not in tests, tests
     import json
 
+    # env.sh: what a later command needs to import the build, the carried libraries' prefix
+    # and paths included, from a shell that has none of them.
+    bare = {k: v for k, v in env.items() if k not in ("SHARDWISE_DEPS_PREFIX", "LD_LIBRARY_PATH")}
+    sourced = subprocess.run(["bash", "-c", f"source {tmp_path / 'env.sh'} && echo $SHARDWISE_DEPS_PREFIX && "
+                              f"{sys.executable} -c 'import shardwise'"], capture_output=True, text=True, env=bare, cwd=ROOT)
+    assert sourced.returncode == 0 and sourced.stdout.strip() == str(tmp_path / "deps"), sourced.stdout + sourced.stderr
     figures = json.loads((tmp_path / "gpu.json").read_text())
     assert figures["device"] == "cpu" and figures["step ratio engine / eager"] > 0, figures
     losses = figures["first losses (engine, eager)"]
