@@ -99,11 +99,9 @@ def test_a_varying_network_between_stages_turns_the_plan_to_kfkb(tmp_path):
     # stage's compute. With the bandwidth halved every other 0.1 s, groups of k micro-batches
     # hide their sends (Ada-Grouper): a group's receives are posted together, so its later
     # transfers run beside its first forwards (a transfer starts once its receive is posted,
-    # as on Gloo and NCCL: schedule/simulator.h; every schedule posts its receives one compute
-    # ahead, kFkB a group's together). On this steady network kFkB k = 2 wins too (0.838 s;
-    # 1F1B did, 0.874 s, while 1F1B posted each receive right before its reader): t 8 p 2 sends
-    # 1 MB per micro-batch over 10 Gb/s beside 5 ms of compute. k = 1 on a free network:
-    # adaptive_kfkb_test.cc.
+    # as on Gloo and NCCL: schedule/simulator.h). On this steady network 1F1B wins (t 8 p 2
+    # sends 1 MB per micro-batch over 10 Gb/s beside 5 ms of compute). k = 1 on a free
+    # network: adaptive_kfkb_test.cc.)
     graph = shardwise.models.gpt(layers=8, hidden=2048, heads=16, seq=2048, vocab=51200)
     cluster = _slow_links_cluster()
     steady = shardwise.plan(graph, cluster, global_batch=256,
@@ -154,7 +152,7 @@ def test_the_planner_takes_zero_bubble_where_the_simulator_says_it_wins_and_not_
     # 64 GB A100s: GPT-3 175B fits without recomputation under the zero-bubble schedules (p
     # micro-batches held on every stage) but not interleaved (more in flight). The evaluator
     # and the simulator-timed planner both take one (the evaluator ZB-H1, 20.24 s; the
-    # simulator DualPipeV, 20.05 s, which reaches the halved bound ZB-V misses), and the
+    # simulator DualPipeV, 20.23 s, which reaches the halved bound ZB-V misses), and the
     # simulator runs it faster than its 1F1B twin (same degrees).
     roomy = _gpt3_cluster(64)
     for network in (None, steady):
