@@ -15,12 +15,8 @@
 // transports start a transfer only once its receive is posted, and the value is often sent
 // by then (the sender ran ahead while this rank ran a W, or the B before its next F): posted
 // a compute ahead, the transfer runs beside that compute rather than while the reader waits.
-// Simulated, p = 2, m = 8, F 1, B 2, transfers as long as a forward, before -> after:
-// GPipe 43 -> 29, 1F1B 36 -> 35, kFkB (k = 2) 32 -> 29, interleaved (v = 2) 50.5 -> 37,
-// ZB-H1 37 -> 33, ZB-V 42 -> 35.5, DualPipeV 42 -> 31.5. On 2 Gloo CPU ranks, where a
-// transfer is short next to a compute, no change of step time was resolved from the noise
-// (benchmarks/README.md, "Zero bubble").
-// Every rank ends with one OptimizerStep.
+// Measured on 2 Gloo ranks (benchmarks/README.md, "Zero bubble"): ZB-H1's step 1.6% shorter,
+// the others within noise. Every rank ends with one OptimizerStep.
 //
 // Compute orders (rank r, p ranks, m micro-batches):
 //   gpipe(p, m):            F0..F(m-1), then B0..B(m-1). Peak in-flight = m.
