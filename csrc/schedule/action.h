@@ -20,9 +20,8 @@
 //   - OptimizerStep / GradSync: rank-wide, `stage` == `micro_batch` == `peer` == -1.
 //
 // Example: with 2 ranks, rank 0 of GPipe(2, 1) is
-//   RG0@s0<-r1  F0@s0  SA0@s0->r1  B0@s0  OPT
-// (post the gradient's receive one compute ahead, forward, ship the activation, backward
-// once the gradient is in, update).
+//   F0@s0  SA0@s0->r1  RG0@s0<-r1  B0@s0  OPT
+// (forward, ship the activation, wait for the gradient, backward, update).
 #pragma once
 
 #include <string>

@@ -20,11 +20,11 @@ void check_shape(const char* name, int ranks, int micro_batches) {
   }
 }
 
-// Turns per-rank compute orders into full action lists: a Recv one compute ahead of each
-// compute whose input comes from another rank (schedules.h), a Send right after each
-// compute whose output goes to another rank, and an OptimizerStep at the end. `group` > 1 (kFkB):
+// Turns per-rank compute orders into full action lists: a Recv right before each
+// compute whose input comes from another rank, a Send right after each compute whose
+// output goes to another rank, and an OptimizerStep at the end. `group` > 1 (kFkB):
 // the receives of a group (its k forwards, or its k backwards: micro-batches i with the same
-// i / k, consecutive in the list) are all posted one compute ahead of the group, so that
+// i / k, consecutive in the list) are all posted before the group's first action, so that
 // transfers of the group's later micro-batches run beside its first computations. The
 // runtime posts a receive where its action stands and the transports start a transfer only
 // once it is posted (simulator.h), so this is where kFkB's grouping hides its sends.
@@ -51,19 +51,8 @@ PipelineSchedule with_communication(int ranks, int micro_batches, int virtual_st
       while (group > 1 && end < list.size() && list[end].kind == list[at].kind && list[end].stage == list[at].stage &&
              list[end].micro_batch / group == list[at].micro_batch / group)
         ++end;
-      // The group's receives go one compute ahead: before the compute the rank runs just
-      // before the group (none: where they stand). A transfer starts only once its receive is
-      // posted, and the value is often sent by then (the sender ran ahead while this rank ran a
-      // W, or the B before the F): posted a compute earlier, it moves beside that compute
-      // instead of while the reader waits.
-      std::size_t post = out.size();
-      for (std::size_t b = out.size(); b > 0; --b)
-        if (out[b - 1].is_compute()) {
-          post = b - 1;
-          break;
-        }
       for (std::size_t j = at; j < end; ++j)
-        if (auto recv = receive(list[j])) out.insert(out.begin() + static_cast<std::ptrdiff_t>(post++), *recv);
+        if (auto recv = receive(list[j])) out.push_back(*recv);
       for (std::size_t j = at; j < end; ++j) {
         const Action& a = list[j];
         const int g = a.stage;
@@ -477,10 +466,8 @@ void validate(const PipelineSchedule& s) {
     }
   }
 
-  // Pass 4: abstract execution, as the runtime runs a list: a receive is posted where it
-  // stands and never blocks; the compute that reads it blocks until its send is issued.
-  // Every other unmet dependency (a compute before its receive is posted, or before the
-  // compute on this rank it reads) is an ordering error within one rank's list.
+  // Pass 4: abstract execution. Only receives block; every other unmet dependency is
+  // an ordering error within one rank's list.
   std::vector<char> fwd_done(cells, 0), bwd_done(cells, 0), act_sent(cells, 0), grad_sent(cells, 0), act_in(cells, 0),
       grad_in(cells, 0), weight_done(cells, 0);
   std::vector<std::size_t> pc(static_cast<std::size_t>(s.ranks), 0);
@@ -499,16 +486,14 @@ void validate(const PipelineSchedule& s) {
             if (g > 0 && !(s.rank_of_stage(g - 1) == r ? fwd_done[cell(g - 1, i)] : act_in[cell(g, i)])) {
               fail(r, a, fmt::format("runs before its input (forward of stage {} or its receive) is available", g - 1));
             }
-            blocked = g > 0 && s.rank_of_stage(g - 1) != r && !act_sent[cell(g - 1, i)];
-            if (!blocked) fwd_done[cell(g, i)] = 1;
+            fwd_done[cell(g, i)] = 1;
             break;
           case ActionKind::Backward:
             if (!fwd_done[cell(g, i)]) fail(r, a, "runs before its forward");
             if (g + 1 < stages && !(s.rank_of_stage(g + 1) == r ? bwd_done[cell(g + 1, i)] : grad_in[cell(g, i)])) {
               fail(r, a, fmt::format("runs before its output gradient (backward of stage {} or its receive) is available", g + 1));
             }
-            blocked = g + 1 < stages && s.rank_of_stage(g + 1) != r && !grad_sent[cell(g + 1, i)];
-            if (!blocked) bwd_done[cell(g, i)] = 1;
+            bwd_done[cell(g, i)] = 1;
             break;
           case ActionKind::WeightGradient:
             if (!bwd_done[cell(g, i)]) fail(r, a, "runs before the backward of its input gradient");
@@ -522,11 +507,13 @@ void validate(const PipelineSchedule& s) {
             if (!bwd_done[cell(g, i)]) fail(r, a, "sends a gradient before its backward ran");
             grad_sent[cell(g, i)] = 1;
             break;
-          case ActionKind::RecvActivation:  // posted (act_in: the receive is posted)
-            act_in[cell(g, i)] = 1;
+          case ActionKind::RecvActivation:
+            blocked = !act_sent[cell(g - 1, i)];
+            if (!blocked) act_in[cell(g, i)] = 1;
             break;
           case ActionKind::RecvGradient:
-            grad_in[cell(g, i)] = 1;
+            blocked = !grad_sent[cell(g + 1, i)];
+            if (!blocked) grad_in[cell(g, i)] = 1;
             break;
           case ActionKind::OptimizerStep:
           case ActionKind::GradSync: break;

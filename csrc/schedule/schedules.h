@@ -7,16 +7,10 @@
 // this is the plain "stage s on rank s" layout; with v > 1 it is Megatron's round-robin
 // layout, so every hop g -> g+1 crosses ranks (when p > 1).
 //
-// Communication: the generators put a Send right after the compute that produced it, and a
-// Recv one compute ahead of the compute that consumes it (before the compute this rank runs
-// just before that one; at the list's start where there is none), whenever the neighbouring
-// stage lives on another rank. Sends and receives are posted where they stand and never
-// block; the compute that reads a received value waits for it (simulator.h). Both
-// transports start a transfer only once its receive is posted, and the value is often sent
-// by then (the sender ran ahead while this rank ran a W, or the B before its next F): posted
-// a compute ahead, the transfer runs beside that compute rather than while the reader waits.
-// Measured on 2 Gloo ranks (benchmarks/README.md, "Zero bubble"): ZB-H1's step 1.6% shorter,
-// the others within noise. Every rank ends with one OptimizerStep.
+// Communication: the generators put a Recv right before the compute that consumes it
+// and a Send right after the compute that produced it, whenever the neighbouring stage
+// lives on another rank. Sends are asynchronous (see simulator.h); receives block.
+// Every rank ends with one OptimizerStep.
 //
 // Compute orders (rank r, p ranks, m micro-batches):
 //   gpipe(p, m):            F0..F(m-1), then B0..B(m-1). Peak in-flight = m.
@@ -32,16 +26,16 @@
 //                           may be smaller), 1F1B over groups: warm-up min(p-1-r, G)
 //                           groups of k forwards, steady state k forwards then k
 //                           backwards, cool-down. kfkb(p, m, 1) == one_f_one_b(p, m).
-//                           A group's receives are posted together, one compute ahead
-//                           of its first, each waited for by the compute that reads it,
-//                           so the transfers of its later micro-batches overlap its first
+//                           A group's receives are posted together before its first
+//                           compute, each waited for by the compute that reads it, so
+//                           the transfers of its later micro-batches overlap its first
 //                           computations (a transfer starts only once its receive is
 //                           posted: simulator.h). Larger k hides more communication at
 //                           the cost of k times the activation memory.
 //
 // Example: one_f_one_b(2, 3), rank 0:
-//   F0@s0 SA0@s0->r1 RG0@s0<-r1 F1@s0 SA1@s0->r1 B0@s0 RG1@s0<-r1 F2@s0 SA2@s0->r1
-//   RG2@s0<-r1 B1@s0 B2@s0 OPT
+//   F0@s0 SA0@s0->r1 F1@s0 SA1@s0->r1 RG0@s0<-r1 B0@s0 F2@s0 SA2@s0->r1
+//   RG1@s0<-r1 B1@s0 RG2@s0<-r1 B2@s0 OPT
 #pragma once
 
 #include "schedule/action.h"
