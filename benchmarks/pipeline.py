@@ -300,6 +300,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of each")
     parser.add_argument("--profile-rank", type=int, default=0, help="-1: every rank")
     args = parser.parse_args()
+    if not args.skip_torch_schedules <= set(SCHEDULES):
+        parser.error(f"--skip-torch-schedules: unknown {sorted(args.skip_torch_schedules - set(SCHEDULES))} "
+                     f"(schedules: {', '.join(SCHEDULES)})")
     world = args.stages
     m = args.batch // args.micro_batch
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "

@@ -17,7 +17,8 @@
 #    peak memory against the plan's prediction).
 # 5. Writes REPORT_DIR/gpu_check.md (the card, the versions, the test summary and the
 #    figures), with the logs beside it, and REPORT_DIR/env.sh: `source` it before running
-#    anything else against this build (the carried libraries' paths). Exit status: non-zero when the build or a test failed.
+#    anything else against this build (the carried libraries' paths). Exit status: non-zero
+#    when the build or a test failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
