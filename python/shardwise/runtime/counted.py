@@ -23,9 +23,8 @@ import torch
 
 from .. import _C
 from .._C import ValidationError
-from .._aten_call import named_arguments
 from .._fx_import import op_overload
-from .lower import _build_module
+from .lower import _build_module, _schema_call
 
 
 class Counter:
@@ -54,7 +53,7 @@ class Counter:
             target = node["inputs"][info["target"]]["value"]
             weight = node["inputs"][info["weight"]]["value"] if info["weight"] >= 0 else None
             # the loss call's ignore_index (its schema default where the IR node leaves it out)
-            arguments = named_arguments(op_overload(node["op"]), node["attrs"], node["inputs"])
+            arguments = _schema_call(node, op_overload(node["op"]), node["inputs"], named=True)
             ignore_index = arguments.get("ignore_index", -100)
             positions = []
             for value in (target, weight):
