@@ -8,6 +8,7 @@
 
 #include "python/bindings.h"
 #include "schedule/chrome_trace.h"
+#include "schedule/p2p_channels.h"
 #include "schedule/schedules.h"
 #include "schedule/simulator.h"
 #include "schedule/timeline_svg.h"
@@ -128,7 +129,18 @@ void bind_schedule(py::module_& m) {
             return out;
           },
           "Rank `rank`'s actions as (kind, micro_batch, stage, peer) tuples, in order (peer -1 "
-          "for compute); the optimizer step and gradient sync left out.");
+          "for compute); the optimizer step and gradient sync left out.")
+      .def(
+          "p2p_channels",
+          [](const Simulation& s) {
+            py::list out;
+            for (const schedule::P2PChannel& c : schedule::p2p_channels(s.schedule))
+              out.append(py::make_tuple(c.sender, c.receiver, c.gradient));
+            return out;
+          },
+          "The channels the schedule's sends and receives travel on, (sender, receiver, gradient) "
+          "with pipeline ranks, sorted; raises ValidationError when its lists would receive out of "
+          "their senders' order or hang where receives meet sends by order (NCCL).");
   m.def("simulate_schedule", &simulate_schedule, py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"),
         py::arg("virtual_stages") = 1, py::arg("k") = 1, py::arg("forward") = 1.0, py::arg("backward") = 2.0,
         py::arg("comm") = 0.0, py::arg("optimizer_step") = 0.0, py::arg("weight_fraction") = 0.5,

@@ -402,6 +402,9 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     plan = check_same_programs(plan, graph, rank)
     parameters: dict[str, torch.Tensor] = {}
     schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
+    # Its channels, once the core proved its lists receive in their senders' order and cannot
+    # hang where receives meet sends by order (NCCL): every rank makes every channel's groups.
+    links.open_channels(schedule.p2p_channels())
     # The schedule's peers are pipeline ranks (runtime/stage_links.py: which of their ranks).
     actions = schedule.action_list(pipeline_rank)  # (kind, micro-batch, stage, peer), typed
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,

@@ -94,6 +94,7 @@ def _plan(stages: int, schedule: str = "zb-h1") -> shardwise.Plan:
 
 def _worker(rank: int, world: int, store: str, result: str, case: str, schedule: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    real_isend, real_irecv = pipeline_engine.transport.isend, pipeline_engine.transport.irecv
     try:
         # Which part of backward is running when a parameter's gradient accumulates.
         phase = {"now": "forward"}
@@ -118,6 +119,18 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
         pipeline_engine.backward_input = counted("B", real_input)
         pipeline_engine.backward_weight = counted("W", real_weight)
         pipeline_engine.full_backward = counted("BW", real_full)  # a B whose W comes next: not split at all
+        # Every send and receive between stages: its tag and its group's ranks (a channel of its own per
+        # way and kind, tag 0: receives meet sends by order, as on NCCL).
+        p2p = set()
+
+        def recorded(fn):
+            def call(tensor, *args, group=None, tag=0, **kwargs):
+                p2p.add((tag, group.group_name, tuple(dist.get_process_group_ranks(group))) if group is not None
+                        else (tag, "default", ()))
+                return fn(tensor, *args, group=group, tag=tag, **kwargs)
+            return call
+
+        pipeline_engine.transport.isend, pipeline_engine.transport.irecv = recorded(real_isend), recorded(real_irecv)
         model = _model(case)
         engine = shardwise.parallelize(model, _batch(case, 0), plan=_plan(world, schedule))
 
@@ -153,9 +166,11 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
                   "losses": losses, "ref_losses": ref_losses, "accumulated": accumulated,
                   "W": kinds.count("W"), "B": kinds.count("B"), "stages": sorted(engine._stages),
                   "micro_batches": engine._m, "code": engine.code, "error": parameter_error(state, reference),
-                  "weight_outputs": sum(len(s["weight_outputs"]) for s in engine._stages.values())}
+                  "weight_outputs": sum(len(s["weight_outputs"]) for s in engine._stages.values()),
+                  "p2p": sorted([tag, name, list(ranks)] for tag, name, ranks in p2p)}
         finish_rank(result, rank, report)
     finally:
+        pipeline_engine.transport.isend, pipeline_engine.transport.irecv = real_isend, real_irecv
         dist.destroy_process_group()
 
 
@@ -177,6 +192,12 @@ def test_zero_bubble_splits_backward_and_trains_as_one_device(case, stages, sche
         # next, run as one: BW), none in a split B or elsewhere.
         assert r["accumulated"]["B"] == 0 and r["accumulated"]["other"] == 0, r["accumulated"]
         assert r["accumulated"]["W"] + r["accumulated"]["BW"] > 0, r["accumulated"]
+        # Its sends and receives: tag 0 on two-rank groups, this rank's with each neighbour (ZB-V's and
+        # DualPipeV's V: both ways on each link, one group per way and kind).
+        neighbours = {n for n in (r["rank"] - 1, r["rank"] + 1) if 0 <= n < stages}
+        assert {tag for tag, _, _ in r["p2p"]} == {0}, r["p2p"]
+        assert {tuple(ranks) for _, _, ranks in r["p2p"]} == {tuple(sorted((r["rank"], n))) for n in neighbours}, r
+        assert len(r["p2p"]) == (4 if schedule in V_SHAPED else 2) * len(neighbours), r["p2p"]
     # B, W and the fused BW together do the fused backward's products, none twice; W does the
     # weight half of the split ones.
     b, w, bw = (sum(r["flops"][k] for r in reports) for k in ("B", "W", "BW"))

@@ -7,7 +7,10 @@ activations, "RA3@s2<-r1" receive them, "B3@s1" backward, "SG3@s1->r0" / "RG3@s0
 gradients. Receives are posted (``dist.irecv``) when the list reaches them and waited just
 before the forward or backward that needs them; sends are issued (``dist.isend``) and waited
 at the end of the step (both through runtime/transport.py: staged through host memory on
-Gloo with CUDA tensors). Gradients of every micro-batch accumulate in ``.grad``; the loss is
+Gloo with CUDA tensors). Each travels on its link's channel for its way and kind, with tag 0,
+so receives meet sends by their order, on Gloo as on NCCL, which ignores tags; the core checks
+that the lists' orders agree and cannot hang that way (csrc/schedule/p2p_channels.h,
+runtime/stage_links.py). Gradients of every micro-batch accumulate in ``.grad``; the loss is
 the mean of the micro-batch losses (each the mean over its rows: together the global mean; a
 loss whose mean the data counts takes each micro-batch's share of the global count, see
 runtime/counted.py), broadcast from the last stage to every rank in its own dtype.
@@ -53,7 +56,7 @@ class StageProgram:
     """One captured graph cut into this rank's stages (a mode's program)."""
 
     stages: dict            # virtual stage -> {"module", "inputs", "received", "sent", "last"}
-    meta: dict              # value -> (local shape, dtype, tag index)
+    meta: dict              # value -> (local shape, dtype)
     owners: dict            # parameter/buffer name -> the pipeline ranks reading it
     leaves: dict            # leaf name -> its placement on the stage sub-mesh
     reduce: list            # (parameter, axes) left Partial over the sub-mesh
@@ -90,14 +93,6 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     # The stages' nodes; what crosses each cut (forwarded on) and which leaves each stage reads
     # are the core's (transform/stage_split.h: recv / send at the boundaries).
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
-    # A value's tag index: the values crossing cuts first, in the cut's order (the same on
-    # every rank, whatever its stage's program holds), then the rest.
-    index: dict[str, int] = {}
-    for names in cut["sent"]:
-        for name in names:
-            index.setdefault(name, len(index))
-    for name in leaves:
-        index.setdefault(name, len(index))
     meta: dict[str, tuple] = {}
     produced: dict[str, list] = {}
     shapes: dict[str, list] = {}
@@ -107,8 +102,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         nodes_of[stage_of[first]].append(node)
         src, indices = builder.sources[first]
         for out, val in zip(node["outputs"], _tensor_outputs(src.meta["val"], indices)):
-            index.setdefault(out["value"], len(index))
-            meta[out["value"]] = (list(out["local_shape"]), val.dtype, index[out["value"]])
+            meta[out["value"]] = (list(out["local_shape"]), val.dtype)
             produced[out["value"]] = list(out.get("produced") or [])
             shapes[out["value"]] = list(val.shape)
     received = cut["received"]
@@ -118,7 +112,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
             reads.setdefault(name, set()).add(g)
     owners = {x: {stage_ranks[g] for g in gs} for x, gs in reads.items() if x in tensors}
     for x in owners:
-        meta[x] = (list(tensors[x].shape), tensors[x].dtype, index.get(x, -1))
+        meta[x] = (list(tensors[x].shape), tensors[x].dtype)
     if frozen:
         mine_now = {x for x, o in owners.items() if pipeline_rank in o and x in trainable}
         if not mine_now <= set(parameters):
@@ -337,9 +331,6 @@ class PipelineEngine(EngineBase):
             out.append(piece)
         return out, counts
 
-    def _tag(self, value_index: int, micro_batch: int, gradient: bool) -> int:
-        return (micro_batch * 4096 + value_index) * 2 + int(gradient)
-
     @staticmethod
     def _call(stage: dict, args: list, counts: dict):
         module = stage["module"]
@@ -370,7 +361,7 @@ class PipelineEngine(EngineBase):
                 if reduce and i in self._final:
                     self._buckets.arm(self._final[i])
                 if kind == "RA":
-                    pending[(g, mb, False)] = [self._irecv(program, name, mb, peer, False)
+                    pending[(g, mb, False)] = [self._irecv(program, name, peer, False)
                                                for name in stage["received"]]
                 elif kind == "F":
                     if (g, mb, False) not in pending and g - 1 in program.stages:
@@ -400,10 +391,10 @@ class PipelineEngine(EngineBase):
                     for name, t in zip(stage["sent"], live[(g, mb)]["outputs"]):
                         # The buffer sent is kept until the send completes, not the output: its
                         # graph (kept for W under a split backward) would live to the step's end.
-                        sends.extend(self._isend(program, name, t.detach(), mb, peer, False))
+                        sends.extend(self._isend(program, name, t.detach(), peer, False))
                 elif kind == "RG":
                     names = [n for n in stage["sent"] if program.meta[n][1].is_floating_point]
-                    pending[(g, mb, True)] = [self._irecv(program, name, mb, peer, True) for name in names]
+                    pending[(g, mb, True)] = [self._irecv(program, name, peer, True) for name in names]
                 elif kind == "B" and "sites" in live[(g, mb)]:
                     self._backward_input(stage, live[(g, mb)], self._incoming(program, g, mb, pending, live, turned))
                 elif kind == "W" and (g, mb) in self._unsplit:
@@ -433,7 +424,7 @@ class PipelineEngine(EngineBase):
                             continue
                         grad = state["input_grads"].get(name) if "sites" in state else t.grad
                         grad = grad if grad is not None else torch.zeros_like(t)
-                        sends.extend(self._isend(program, name, grad, mb, peer, True))
+                        sends.extend(self._isend(program, name, grad, peer, True))
             for work, _ in sends:
                 work.wait()
             for deferred in scatters:
@@ -512,30 +503,33 @@ class PipelineEngine(EngineBase):
         transport.broadcast(loss, src=self._last_rank)
         return loss.to(program.loss_dtype)
 
-    def _index(self, program: StageProgram, name: str) -> int:
-        return program.meta[name][2]
-
-    def _irecv(self, program: StageProgram, name: str, mb: int, peer: int, gradient: bool):
-        """Post the receive of `name` (or its gradient) for micro-batch mb from pipeline rank
-        `peer`: (name, buffer, work, placement to cut it to; None: the buffer is the shard)."""
-        shape, dtype, index = program.meta[name]
-        links, tag = self._links, self._tag(index, mb, gradient)
+    def _irecv(self, program: StageProgram, name: str, peer: int, gradient: bool):
+        """Post the receive of `name` (or its gradient) from pipeline rank `peer` (for the
+        micro-batch the list is at): (name, buffer, work, placement to cut it to; None: the buffer is the shard).
+        On the link's channel for that way and kind, tag 0: receives meet sends by order
+        (csrc/schedule/p2p_channels.h), on Gloo as on NCCL."""
+        shape, dtype = program.meta[name]
+        links = self._links
         if links.by_coordinate(peer):
             buffer = torch.empty(shape, dtype=dtype, device=self._device)
-            return name, buffer, transport.irecv(buffer, src=links.peer(peer), tag=tag), None
-        buffer = torch.empty(program.shapes[name], dtype=dtype, device=self._device)
-        return name, buffer, transport.irecv(buffer, src=links.source(peer), tag=tag), program.produced[name]
+            src, placement = links.peer(peer), None
+        else:
+            buffer = torch.empty(program.shapes[name], dtype=dtype, device=self._device)
+            src, placement = links.source(peer), program.produced[name]
+        return name, buffer, transport.irecv(buffer, src=src, group=links.channel(src, links.rank, gradient)), \
+            placement
 
-    def _isend(self, program: StageProgram, name: str, t: torch.Tensor, mb: int, peer: int,
-               gradient: bool) -> list[tuple]:
-        """Send this rank's `t` (the value `name`, or its gradient) to pipeline rank `peer`:
-        [(work, buffer kept until it completes)]."""
-        links, tag = self._links, self._tag(self._index(program, name), mb, gradient)
+    def _isend(self, program: StageProgram, name: str, t: torch.Tensor, peer: int, gradient: bool) -> list[tuple]:
+        """Send this rank's `t` (the value `name`, or its gradient) to pipeline rank `peer`, on
+        the link's channel for that way and kind: [(work, buffer kept until it completes)]."""
+        links = self._links
         if links.by_coordinate(peer):
-            buffer = t.contiguous()
-            return [(transport.isend(buffer, dst=links.peer(peer), tag=tag), buffer)]
-        whole = links.whole(t, program.produced[name], name).contiguous()  # collective on the sub-mesh
-        return [(transport.isend(whole, dst=rank, tag=tag), whole) for rank in links.destinations(peer)]
+            buffer, destinations = t.contiguous(), [links.peer(peer)]
+        else:
+            buffer = links.whole(t, program.produced[name], name).contiguous()  # collective on the sub-mesh
+            destinations = links.destinations(peer)
+        return [(transport.isend(buffer, dst=rank, group=links.channel(links.rank, rank, gradient)), buffer)
+                for rank in destinations]
 
     def _wait(self, items) -> list[tuple]:
         """[(name, this rank's tensor)] once every receive of `items` (from _irecv) completed."""
@@ -560,7 +554,7 @@ class PipelineEngine(EngineBase):
                     if name in handed:
                         received[name] = handed[name]
                         continue
-                    received.update(self._wait([self._irecv(program, name, mb, self._stage_ranks[g - 1], False)]))
+                    received.update(self._wait([self._irecv(program, name, self._stage_ranks[g - 1], False)]))
                 outputs = self._call(stage, [micro[mb][n] if n in micro[mb] else received[n]
                                              for n in stage["inputs"]], counts)
                 if stage["last"]:
@@ -570,7 +564,7 @@ class PipelineEngine(EngineBase):
                     handed = dict(zip(stage["sent"], outputs))
                     continue
                 for name, t in zip(stage["sent"], outputs):
-                    sends.extend(self._isend(program, name, t, mb, self._stage_ranks[g + 1], False))
+                    sends.extend(self._isend(program, name, t, self._stage_ranks[g + 1], False))
         for work, _ in sends:
             work.wait()
         return self._broadcast_loss(losses, program)
@@ -595,7 +589,7 @@ class PipelineEngine(EngineBase):
         pipeline_rank = self._pipeline_rank
         with torch.no_grad():
             for name in names:
-                shape, dtype, _ = self._first.meta[name]
+                shape, dtype = self._first.meta[name]
                 if pipeline_rank in self._owners[name]:
                     t = local_of(self._parameters[name])
                     if self._mesh is not None:

@@ -9,10 +9,15 @@ ranks sends it to the receiving ranks it serves (receiver k is served by sender 
 sender's size), and each receiver cuts its own shard for its own placement. The gradient goes
 back the same way. A value held Partial at such a cut is refused: its whole value is a sum the
 receiver would have to hold unsummed, which a cut of the whole cannot give.
+
+Every value and gradient crossing a cut travels on a channel: a two-rank process group of its
+own per way and kind (sender, receiver, activation or gradient; csrc/schedule/p2p_channels.h
+says why one per way and kind, and proves the schedules' lists run on them in order).
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from .._C import ValidationError
 from ..materialize import local_tensor
@@ -30,6 +35,31 @@ class StageLinks:
         self.blocks, self.me, self.local, self.mesh = blocks, me, local, mesh
         # Asked at every send and receive: compared once here (a layout holds a sharding's JSON).
         self._alike = [layout == layouts[me] for layout in layouts]
+        self.rank = blocks[me][local]  # this rank's global rank
+        self._channels: dict[tuple[int, int, bool], object] = {}
+
+    def open_channels(self, channels: list[tuple[int, int, bool]]) -> None:
+        """The process groups of the schedule's channels (sender and receiver pipeline ranks,
+        gradient or not; ``Simulation.p2p_channels``), one per pair of global ranks they link:
+        receiver k of the receiving block with the sender serving it (k mod the sender block's
+        size, by coordinate when the sizes agree). Collective: every rank makes every group, in
+        the channels' order."""
+        for sender, receiver, gradient in channels:
+            senders, receivers = self.blocks[sender], self.blocks[receiver]
+            for k, dst in enumerate(receivers):
+                src = senders[k % len(senders)]
+                group = dist.new_group([src, dst])
+                if self.rank in (src, dst):
+                    self._channels[(src, dst, bool(gradient))] = group
+
+    def channel(self, src: int, dst: int, gradient: bool):
+        """The process group that carries `src`'s values (or gradients) to `dst` (global ranks)."""
+        try:
+            return self._channels[(src, dst, gradient)]
+        except KeyError:
+            raise ValidationError(f"pipeline: rank {self.rank} has no channel from rank {src} to rank {dst} for "
+                                  f"{'gradients' if gradient else 'activations'}; the schedule's lists and the "
+                                  "stages' links disagree") from None
 
     def first_rank(self, q: int) -> int:
         return self.blocks[q][0]

@@ -12,19 +12,12 @@
 #include <string>
 
 #include "support/error.h"
+#include "validation_error.h"
 
 namespace shardwise::schedule {
 namespace {
 
-template <typename F>
-std::string validation_error_of(F&& f) {
-  try {
-    f();
-  } catch (const support::ValidationError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::validation_error_of;
 
 TEST(ActionTest, TextForm) {
   EXPECT_EQ(to_string(Action::forward(1, 3)), "F3@s1");
