@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
+#include <stdexcept>
 #include <utility>
 
+#include "schedule/p2p_channels.h"
 #include "schedule/schedules.h"
 #include "support/error.h"
 
@@ -99,6 +102,20 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
   // happened (simulator.h: rendezvous), and the compute that reads it waits for its arrival.
   std::vector<double> act_sent(cells, -1.0), grad_sent(cells, -1.0);
   std::vector<double> act_posted(cells, -1.0), grad_posted(cells, -1.0);
+  // A channel's transfers run one after another in its order (p2p_channels.h: one NCCL
+  // communicator, one Gloo connection): each starts once the one before it has arrived.
+  // Receives are read in the order they are posted, which is their channel's order
+  // (check_ordered_transport), so transfers are timed here in that order too.
+  std::vector<int> act_ordinal(cells, -1), grad_ordinal(cells, -1);  // position on its channel
+  std::map<P2PChannel, int> posted_on;
+  for (std::size_t r = 0; r < s.per_rank.size(); ++r) {
+    for (const Action& a : s.per_rank[r]) {
+      if (!a.is_recv()) continue;
+      (a.kind == ActionKind::RecvActivation ? act_ordinal : grad_ordinal)[cell(a.stage, a.micro_batch)] =
+          posted_on[p2p_channel(a, static_cast<int>(r))]++;
+    }
+  }
+  std::map<P2PChannel, std::pair<int, double>> channel_at;  // (transfers timed, when the last arrives)
   const auto ranks = static_cast<std::size_t>(s.ranks);
   std::vector<double> clock(ranks, 0.0);
   std::vector<double> sends_done(ranks, 0.0);  // when the rank's last transfer out arrives
@@ -137,8 +154,17 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
             const int from = forward ? g - 1 : g + 1;
             const double sent = forward ? act_sent[cell(from, i)] : grad_sent[cell(from, i)];
             if (sent < 0.0) break;  // not sent yet: come back on a later sweep
-            const double start = std::max(*posted, sent);
+            const Action receive{forward ? ActionKind::RecvActivation : ActionKind::RecvGradient, g, i,
+                                 s.rank_of_stage(from)};
+            auto& [timed, free_at] = channel_at[p2p_channel(receive, static_cast<int>(r))];
+            if ((forward ? act_ordinal : grad_ordinal)[cell(g, i)] != timed) {
+              throw std::logic_error(fmt::format("simulate: rank {}: {} read out of its channel's order", r,
+                                                 to_string(receive)));
+            }
+            const double start = std::max({*posted, sent, free_at});
             const double arrival = start + transfer(start, forward ? g - 1 : g);
+            ++timed;
+            free_at = arrival;
             const auto sender = static_cast<std::size_t>(s.rank_of_stage(from));
             out.timelines[sender].push_back({IntervalKind::Send, start, arrival, i, from});
             sends_done[sender] = std::max(sends_done[sender], arrival);

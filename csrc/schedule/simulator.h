@@ -16,8 +16,13 @@
 //     receive's notification, NCCL's send kernel for the receiving kernel; measured on
 //     Gloo, 134 MB sent 1 s before its receive was posted still took the whole 0.043 s
 //     after it). A rank's step ends once its own transfers out have arrived (the runtime
-//     waits for its sends). Transfers do not contend with one another (no link queue):
-//     bandwidth changes over time are modelled, sharing is not.
+//     waits for its sends).
+//   - A channel's transfers run one after another, in its order (p2p_channels.h: the runtime
+//     sends each way and kind of a link on a process group of its own, one NCCL communicator
+//     or one Gloo connection): a transfer starts no sooner than the one before it on its
+//     channel arrives. kFkB's group, whose receives are posted together, waits for that.
+//     Transfers on different channels do not contend (no link queue): bandwidth changes
+//     over time are modelled, sharing is not.
 //   - OptimizerStep / GradSync take optimizer_step / grad_sync seconds.
 //   - The bytes of both the activation going g -> g+1 and the gradient coming back
 //     g+1 -> g are boundary_bytes[g] (same tensor shape).

@@ -127,5 +127,27 @@ TEST(SimulatorTest, KfkbPostsAGroupsReceivesBeforeItsFirstComputeSoItsLaterTrans
   EXPECT_LT(simulate(kfkb(4, 16, 2), costs).step_time, simulate(one_f_one_b(4, 16), costs).step_time);
 }
 
+TEST(SimulatorTest, ATransferWaitsForTheOneBeforeItOnItsChannel) {
+  // kFkB on 2 ranks, k = 2: rank 1 posts RA0 and RA1 at 0; rank 0 sends micro-batch 0 at 1
+  // and micro-batch 1 at 2; transfers take 3. One channel carries both (rank 0 to rank 1,
+  // activations: one NCCL communicator, one Gloo connection), so the second runs 4 to 7,
+  // after the first (1 to 4), not 2 to 5: F1 on rank 1 starts at 7, not at 5.
+  auto costs = equal_stages(2, 1.0, 1.0);
+  costs.boundary_bytes.assign(1, 1.0);
+  costs.transfer = constant_transfer(3.0);
+  const auto r = simulate(kfkb(2, 2, 2), costs);
+  std::vector<double> forwards;
+  for (const Interval& iv : r.timelines[1])
+    if (iv.kind == IntervalKind::Forward) forwards.push_back(iv.start);
+  ASSERT_EQ(forwards.size(), 2u);
+  EXPECT_DOUBLE_EQ(forwards[0], 4.0);
+  EXPECT_DOUBLE_EQ(forwards[1], 7.0);
+  // The sender's row shows each transfer from its start: micro-batch 1's from 4 to 7.
+  bool found = false;
+  for (const Interval& iv : r.timelines[0])
+    found = found || (iv.kind == IntervalKind::Send && iv.micro_batch == 1 && iv.start == 4.0 && iv.end == 7.0);
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace shardwise::schedule
