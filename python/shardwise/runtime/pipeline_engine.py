@@ -504,10 +504,10 @@ class PipelineEngine(EngineBase):
         return loss.to(program.loss_dtype)
 
     def _irecv(self, program: StageProgram, name: str, peer: int, gradient: bool):
-        """Post the receive of `name` (or its gradient) from pipeline rank `peer` (for the
-        micro-batch the list is at): (name, buffer, work, placement to cut it to; None: the buffer is the shard).
-        On the link's channel for that way and kind, tag 0: receives meet sends by order
-        (csrc/schedule/p2p_channels.h), on Gloo as on NCCL."""
+        """Post the receive of `name` (or its gradient) from pipeline rank `peer`, for the
+        micro-batch the list is at: (name, buffer, work, placement to cut it to; None: the
+        buffer is the shard). On the link's channel for that way and kind, tag 0: receives
+        meet sends by order (csrc/schedule/p2p_channels.h), on Gloo as on NCCL."""
         shape, dtype = program.meta[name]
         links = self._links
         if links.by_coordinate(peer):
