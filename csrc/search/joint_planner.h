@@ -40,9 +40,10 @@
 // time: per micro-batch the bottleneck device's compute and tensor-parallel time (forward
 // 1 : backward 2), each send the evaluator's point-to-point seconds at full bandwidth, then
 // the exposed gradient synchronisation and the optimizer step. A transfer starts once both
-// its send and its receive are posted, and the compute that reads it waits for it, as at run
-// time (simulator.h): a send overlaps compute only where its receive was posted early
-// enough (kFkB posts a group's receives together). For each 1F1B plan the adaptive kFkB (schedule/adaptive_kfkb.h)
+// its send and its receive are posted and the transfer before it on its channel has arrived,
+// and the compute that reads it waits for it, as at run time (simulator.h): a send overlaps
+// compute only where its receive was posted early enough (kFkB posts a group's receives
+// together, whose transfers then run one after another). For each 1F1B plan the adaptive kFkB (schedule/adaptive_kfkb.h)
 // picks the group size k from that network within the memory left for activations; a k > 1
 // that beats 1F1B by more than 1% joins the candidates as a kFkB plan (its memory from the
 // evaluator). Plans whose compute, tensor-parallel, gradient and optimizer parts alone
@@ -50,7 +51,9 @@
 // Example (joint_planner_test.cc): GPT, 8 layers of 2048, on 4 DGX A100 nodes of 2 GiB
 // devices over 10 Gb/s: the evaluator alone picks t 8 p 2 ZB-H1 (0.978 s); a steady network
 // t 8 p 2 1F1B (0.874 s), and one whose bandwidth halves every other 0.1 s t 8 p 2 kFkB with
-// k = 2 (0.918 s, 0.925 of its 1F1B twin).
+// k = 2 (0.918 s, 0.925 of its 1F1B twin). At a fifth of the bandwidth (benchmarks/
+// joint_planner.py) no pipeline: t 8 p 1 d 4, 1.012 s (kFkB k = 2 at 0.976 s before a
+// channel's transfers ran in turn).
 //
 // The best plan that fits (memory per rank <= the smallest device's memory x
 // memory_fraction) has the lowest predicted step time; ties go to the earlier candidate in
