@@ -29,6 +29,19 @@ def test_interleaved_and_kfkb_run():
         shardwise.simulate("zigzag")
 
 
+def test_the_channels_a_schedules_sends_travel_on():
+    # (sender, receiver, gradient) in pipeline ranks: one per way and kind of a link, what the
+    # pipeline engine opens a process group for (runtime/stage_links.py).
+    from shardwise import _C
+    assert _C.simulate_schedule("1f1b", 3, 4).p2p_channels() == [
+        (0, 1, False), (1, 0, True), (1, 2, False), (2, 1, True)]
+    # ZB-V's V: stages 0 1 2 3 on ranks 0 1 1 0, both ways and both kinds on the one link.
+    assert _C.simulate_schedule("zb-v", 2, 4).p2p_channels() == [
+        (0, 1, False), (0, 1, True), (1, 0, False), (1, 0, True)]
+    # Interleaved 1F1B's wrap: stage 1 (rank 1) hands on to stage 2 (rank 0).
+    assert (1, 0, False) in _C.simulate_schedule("interleaved-1f1b", 2, 4, virtual_stages=2).p2p_channels()
+
+
 def test_pictures(tmp_path):
     sim = shardwise.simulate("1f1b", stages=4, micro_batches=8, comm=0.1, optimizer_step=0.5)
     svg_path = tmp_path / "t.svg"
