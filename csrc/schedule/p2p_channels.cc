@@ -2,13 +2,13 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <map>
 #include <set>
 #include <string>
 #include <utility>
 
+#include "schedule/schedules.h"
 #include "support/error.h"
 
 namespace shardwise::schedule {
@@ -48,6 +48,7 @@ struct RankState {
 }  // namespace
 
 void check_ordered_transport(const PipelineSchedule& s, const ChannelOf& channel_of) {
+  validate(s);  // every send has its receive and the lists are well-formed: the model relies on it
   const auto ranks = static_cast<std::size_t>(s.ranks);
   std::vector<RankState> state(ranks);
   auto key_of = [&](const Action& a, std::size_t r) { return channel_of(a, static_cast<int>(r)); };

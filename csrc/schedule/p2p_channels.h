@@ -60,7 +60,7 @@ P2PChannel p2p_channel(const Action& action, int rank);
 using ChannelOf = std::function<P2PChannel(const Action& action, int rank)>;
 
 // Throws support::ValidationError when `schedule` would receive out of its senders' order or
-// hang on a transport that matches by order (see above). `schedule` must pass validate().
+// hang on a transport that matches by order (see above), and validate()'s errors first.
 void check_ordered_transport(const PipelineSchedule& schedule, const ChannelOf& channel_of = p2p_channel);
 
 // Every channel `schedule`'s sends use, sorted, once check_ordered_transport passed.
