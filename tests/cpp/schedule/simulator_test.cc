@@ -149,5 +149,28 @@ TEST(SimulatorTest, ATransferWaitsForTheOneBeforeItOnItsChannel) {
   EXPECT_TRUE(found);
 }
 
+TEST(SimulatorTest, EveryGeneratedScheduleTimesEachChannelsTransfersInItsOrder) {
+  // The simulator times a transfer when its reader runs and checks that each channel's come in
+  // the channel's order (else std::logic_error): every generator, transfers as long as a forward.
+  for (int p : {1, 2, 3, 4, 8}) {
+    for (int m : {1, 2, 3, 8, 16}) {
+      std::vector<PipelineSchedule> all = {gpipe(p, m), one_f_one_b(p, m), kfkb(p, m, 2), kfkb(p, m, 3),
+                                           zero_bubble_h1(p, m), zero_bubble_v(p, m)};
+      if (m % p == 0) all.push_back(interleaved_1f1b(p, m, 2));
+      if (m >= 2 * p) all.push_back(dual_pipe_v(p, m));
+      for (const PipelineSchedule& s : all) {
+        auto costs = equal_stages(s.total_stages(), 1.0, 2.0);
+        bool split = false;
+        for (const auto& list : s.per_rank)
+          for (const Action& a : list) split = split || a.kind == ActionKind::WeightGradient;
+        if (split) costs.weight.assign(static_cast<std::size_t>(s.total_stages()), 1.0);
+        costs.boundary_bytes.assign(static_cast<std::size_t>(s.total_stages() - 1), 1.0);
+        costs.transfer = constant_transfer(1.0);
+        EXPECT_NO_THROW(simulate(s, costs)) << "p " << p << " m " << m << ": " << to_string(s.per_rank[0]);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardwise::schedule
