@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "schedule/schedules.h"
@@ -35,12 +36,17 @@ P2PChannel p2p_channel(const Action& action, int rank) {
 
 namespace {
 
+// One channel's calls on one rank, in issue order, complete up to `done`.
+struct Stream {
+  std::vector<int> calls;  // action indices
+  std::size_t done = 0;
+};
+
 // One rank's list as the model runs it: every send and receive one call on its stream.
 struct RankState {
   const std::vector<Action>* list = nullptr;
   std::vector<int> receive_read;         // action index -> the receive a compute reads, -1
-  std::map<P2PChannel, std::vector<int>> streams;  // the calls on each of its channels, in order
-  std::map<P2PChannel, std::size_t> stream_done;   // calls complete up to here
+  std::map<P2PChannel, Stream> streams;  // per channel
   std::size_t next_action = 0;           // compute done up to here (calls passed over)
   std::vector<char> started, met;        // per action
 };
@@ -52,6 +58,10 @@ void check_ordered_transport(const PipelineSchedule& s, const ChannelOf& channel
   const auto ranks = static_cast<std::size_t>(s.ranks);
   std::vector<RankState> state(ranks);
   auto key_of = [&](const Action& a, std::size_t r) { return channel_of(a, static_cast<int>(r)); };
+  // Each way's calls on each channel, (sender, receiver, channel) -> indices in list order: a
+  // coarse channel_of (tests) may put both ways on one channel, whose order holds per way.
+  using Way = std::tuple<std::size_t, std::size_t, P2PChannel>;
+  std::map<Way, std::vector<int>> sends, receives;
   for (std::size_t r = 0; r < ranks; ++r) {
     RankState& st = state[r];
     st.list = &s.per_rank[r];
@@ -63,8 +73,10 @@ void check_ordered_transport(const PipelineSchedule& s, const ChannelOf& channel
     for (std::size_t j = 0; j < n; ++j) {
       const Action& a = (*st.list)[j];
       if (a.is_send() || a.is_recv()) {
-        st.streams[key_of(a, r)].push_back(static_cast<int>(j));
-        st.stream_done[key_of(a, r)] = 0;
+        const P2PChannel channel = key_of(a, r);
+        st.streams[channel].calls.push_back(static_cast<int>(j));
+        const auto peer = static_cast<std::size_t>(a.peer);
+        (a.is_send() ? sends[{r, peer, channel}] : receives[{peer, r, channel}]).push_back(static_cast<int>(j));
       }
       const std::pair key{a.stage, a.micro_batch};
       if (a.kind == ActionKind::RecvActivation) activation_in[key] = static_cast<int>(j);
@@ -78,42 +90,28 @@ void check_ordered_transport(const PipelineSchedule& s, const ChannelOf& channel
 
   // Order: on each channel, the n-th send a -> b meets the n-th receive b posts from a.
   std::map<std::pair<std::size_t, int>, std::pair<std::size_t, int>> partner;
-  for (std::size_t a = 0; a < ranks; ++a) {
-    for (std::size_t b = 0; b < ranks; ++b) {
-      if (a == b) continue;
-      std::map<P2PChannel, std::vector<int>> sends, receives;  // by channel
-      for (std::size_t j = 0; j < s.per_rank[a].size(); ++j) {
-        const Action& x = s.per_rank[a][j];
-        if (x.is_send() && x.peer == static_cast<int>(b)) sends[key_of(x, a)].push_back(static_cast<int>(j));
+  for (const auto& [way, on_b] : receives) sends[way];  // a way with receives only
+  for (const auto& [way, on_a] : sends) {
+    const auto& [a, b, channel] = way;
+    const auto& on_b = receives[way];
+    for (std::size_t n = 0; n < on_a.size() || n < on_b.size(); ++n) {
+      if (n >= on_a.size() || n >= on_b.size()) {
+        const bool no_send = n >= on_a.size();
+        const std::size_t r = no_send ? b : a;
+        const Action& x = s.per_rank[r][static_cast<std::size_t>(no_send ? on_b[n] : on_a[n])];
+        throw support::ValidationError(fmt::format("rank {}: {}: nothing on rank {} meets it", r, to_string(x),
+                                                   no_send ? a : b));
       }
-      for (std::size_t j = 0; j < s.per_rank[b].size(); ++j) {
-        const Action& x = s.per_rank[b][j];
-        if (!x.is_recv() || x.peer != static_cast<int>(a)) continue;
-        receives[key_of(x, b)].push_back(static_cast<int>(j));
+      const Action& send = s.per_rank[a][static_cast<std::size_t>(on_a[n])];
+      const Action& receive = s.per_rank[b][static_cast<std::size_t>(on_b[n])];
+      if (!(receive == expected_receive(send, static_cast<int>(a)))) {
+        throw support::ValidationError(fmt::format(
+            "rank {}: {}: receive {} from rank {} meets that rank's send {}, {}, on a transport that matches "
+            "by order (NCCL): a receive out of its sender's order",
+            b, to_string(receive), n, a, n, to_string(send)));
       }
-      for (auto& [channel, on_b] : receives) sends[channel];  // a channel with receives only
-      for (const auto& [channel, on_a] : sends) {
-        const auto& on_b = receives[channel];
-        for (std::size_t n = 0; n < on_a.size() || n < on_b.size(); ++n) {
-          if (n >= on_a.size() || n >= on_b.size()) {
-            const bool no_send = n >= on_a.size();
-            const std::size_t r = no_send ? b : a;
-            const Action& x = s.per_rank[r][static_cast<std::size_t>(no_send ? on_b[n] : on_a[n])];
-            throw support::ValidationError(fmt::format("rank {}: {}: nothing on rank {} meets it", r, to_string(x),
-                                                       no_send ? a : b));
-          }
-          const Action& send = s.per_rank[a][static_cast<std::size_t>(on_a[n])];
-          const Action& receive = s.per_rank[b][static_cast<std::size_t>(on_b[n])];
-          if (!(receive == expected_receive(send, static_cast<int>(a)))) {
-            throw support::ValidationError(fmt::format(
-                "rank {}: {}: receive {} from rank {} meets that rank's send {}, {}, on a transport that matches "
-                "by order (NCCL): a receive out of its sender's order",
-                b, to_string(receive), n, a, n, to_string(send)));
-          }
-          partner[{a, on_a[n]}] = {b, on_b[n]};
-          partner[{b, on_b[n]}] = {a, on_a[n]};
-        }
-      }
+      partner[{a, on_a[n]}] = {b, on_b[n]};
+      partner[{b, on_b[n]}] = {a, on_a[n]};
     }
   }
 
@@ -129,8 +127,8 @@ void check_ordered_transport(const PipelineSchedule& s, const ChannelOf& channel
         if (!complete(r, st.receive_read[j])) break;
         progress = true;
       }
-      for (auto& [key, calls] : st.streams) {
-        auto& done = st.stream_done[key];
+      for (auto& [channel, stream] : st.streams) {
+        auto& [calls, done] = stream;
         while (done < calls.size()) {
           const auto j = static_cast<std::size_t>(calls[done]);
           if (j >= st.next_action) break;  // not issued yet
@@ -150,8 +148,8 @@ void check_ordered_transport(const PipelineSchedule& s, const ChannelOf& channel
 
   for (std::size_t r = 0; r < ranks; ++r) {
     const RankState& st = state[r];
-    for (const auto& [key, calls] : st.streams) {
-      const auto done = st.stream_done.at(key);
+    for (const auto& [channel, stream] : st.streams) {
+      const auto& [calls, done] = stream;
       if (done >= calls.size()) continue;
       const int j = calls[done];
       const auto [q, i] = partner.at({r, j});
