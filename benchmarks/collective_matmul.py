@@ -2,9 +2,12 @@
 run inside their matmuls as rings (runtime/collective_matmul.py), against the same plan,
 the same placements, with those collectives run plainly, side by side.
 
-    python benchmarks/collective_matmul.py          # spawns 4 Gloo processes on this machine
+    python benchmarks/collective_matmul.py                 # spawns 4 Gloo processes on this machine
+    python benchmarks/collective_matmul.py --model gpt2    # Hugging Face GPT-2 of the same sizes
 
-TinyGPT on a (1, world) mesh: ``Plan.search(..., mesh=(1, world), collective_matmul=True)``
+TinyGPT (nn.Linear: rings along the sequence dim of [b, s, h]) or Hugging Face GPT-2 (Conv1D:
+[b, s, h] viewed as [b * s, h] into addmm, so each ring's blocks are strided, one slice of
+every batch row) on a (1, world) mesh: ``Plan.search(..., mesh=(1, world), collective_matmul=True)``
 on the CPU preset picks sequence parallelism (the norms cut along the sequence, the
 column-parallel linears' inputs all-gathered into them, the row-parallel linears' outputs
 reduce-scattered out of them), and the rewrite fuses those gathers and scatters. The plain
@@ -42,10 +45,36 @@ def _plans(model, batch, world: int):
     return fused, shardwise.Plan.from_json(json.dumps(doc))
 
 
+def _twin_gpt2s(rank: int, world: int, store: str, args):
+    """twin_tiny_gpts' twins and batch, as Hugging Face GPT-2s of the same sizes (no dropout)
+    with their own loss."""
+    import transformers
+
+    _, _, batch = twin_tiny_gpts(rank, world, store, args)
+
+    class CausalLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            cfg = transformers.GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.heads,
+                                          n_positions=args.seq, vocab_size=int(batch[0].max()) + 1,
+                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                          eos_token_id=0)
+            self.lm = transformers.GPT2LMHeadModel(cfg)
+
+        def forward(self, input_ids, labels):
+            return self.lm(input_ids=input_ids, labels=labels).loss
+
+    torch.manual_seed(0)
+    model, twin = CausalLM(), CausalLM()
+    twin.load_state_dict(model.state_dict())
+    return model, twin, batch
+
+
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     import shardwise
 
-    model, twin, batch = twin_tiny_gpts(rank, world, store, args)
+    twins = _twin_gpt2s if args.model == "gpt2" else twin_tiny_gpts
+    model, twin, batch = twins(rank, world, store, args)
     fused_plan, plain_plan = _plans(model, batch, world)
     engines = {"fused": shardwise.parallelize(model, batch, plan=fused_plan),
                "plain": shardwise.parallelize(twin, batch, plan=plain_plan)}
@@ -71,8 +100,11 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_size_arguments(parser, worlds="4", layers=4, hidden=256, heads=4, seq=128, batch=8)
+    parser.add_argument("--model", choices=("tiny-gpt", "gpt2"), default="tiny-gpt")
     args = parser.parse_args()
-    print(f"{cpu_model()}; torch {torch.__version__}; {size_line(args)}")
+    line = size_line(args)
+    print(f"{cpu_model()}; torch {torch.__version__}; "
+          f"{line if args.model == 'tiny-gpt' else line.replace('TinyGPT', 'Hugging Face GPT-2 (Conv1D)')}")
     for world in (int(w) for w in args.worlds.split(",")):
         r = run_world(_worker, world, args)
         ms, predicted = r["median_ms"], r["predicted_ms"]

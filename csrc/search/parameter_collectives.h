@@ -112,8 +112,9 @@ ParameterOverlap activation_gradient_overlap(std::string_view op, std::size_t op
 // block's transfer; (n-1)/n of the products cover the collective (the first block's product
 // runs before anything has arrived, or the last one after everything has left).
 //  - Gather: operand `operand` of the reader, all-gathered along a dim that indexes the
-//    contraction's rows (even, contiguous blocks), its gradient reduce-scattered back along
-//    it (or none). Forward: each block arrives and is multiplied while the next travels;
+//    contraction's rows (even blocks: contiguous, or strided where a sequence cut was
+//    flattened with the batch, GPT-2's Conv1D view before its addmm), its gradient
+//    reduce-scattered back along it (or none). Forward: each block arrives and is multiplied while the next travels;
 //    backward: each block's input gradient is added into the ring's partial sums as they
 //    pass, its weight gradient computed beside them. Readers that share the gathered value
 //    (q, k and v of one norm) read the block the ring assembled: the first of them runs the

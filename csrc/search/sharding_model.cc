@@ -614,7 +614,9 @@ MatmulCollective ShardingModel::matmul_collective_at(int axis, ir::ValueId value
         !(reader.input_grads[static_cast<std::size_t>(operand)] == gradient_placement(held)))
       return MatmulCollective::None;
   }
-  auto even = [](const Placement& p) { return p.is_shard() && p.groups == 1 && p.ratios.empty(); };
+  // Even blocks, contiguous or strided (the ring takes a strided block as it takes a
+  // contiguous one: transform/collective_matmul.cc).
+  auto even = [](const Placement& p) { return p.is_shard() && p.ratios.empty(); };
   const bool grad = requires_grad_[static_cast<std::size_t>(value)];
   const ir::Node& reader = graph_.node(consumer);
   // Gather into the reader: S(d) -> R on a row dim, the gradient Partial -> S(d) or none.

@@ -12,9 +12,11 @@
 namespace shardwise::transform {
 namespace {
 
-// One collective of `kind` along an even, contiguous block of one dim.
+// One collective of `kind` along even blocks of one dim: contiguous, or strided (groups > 1:
+// a sequence cut flattened with the batch, GPT-2's Conv1D view before its addmm), whose
+// blocks the runtime's ring takes and joins alike (collective_matmul.py, _Blocks).
 bool one_even(const std::vector<ReshardAction>& steps, ReshardKind kind) {
-  return steps.size() == 1 && steps[0].kind == kind && steps[0].groups == 1 && steps[0].ratios.empty() &&
+  return steps.size() == 1 && steps[0].kind == kind && steps[0].groups >= 1 && steps[0].ratios.empty() &&
          steps[0].dim >= 0;
 }
 
@@ -29,7 +31,7 @@ bool one_ring(const ir::Graph& graph, const ir::Node& node, const OperandRewrite
     return false;
   if (!op.gradient) return op.backward.empty();
   return one_even(op.backward, backward) && op.backward[0].axis == op.forward[0].axis &&
-         op.backward[0].dim == op.forward[0].dim;
+         op.backward[0].dim == op.forward[0].dim && op.backward[0].groups == op.forward[0].groups;
 }
 
 std::string region_key(const OperandRewrite& op) {

@@ -58,6 +58,33 @@ class _Ring:
                                        dist.P2POp(dist.irecv, receive, self.prev, self.group)])
 
 
+class _Blocks:
+    """Where the ring's n blocks lie along `dim` of a whole tensor: contiguous (groups 1), or
+    strided (the dim viewed as [groups, n * size], block j the j-th slice of every group: a
+    sequence cut flattened with the batch, as GPT-2's Conv1D views [b, s, h] as [b * s, h]
+    before its addmm). A rank's local block is its slices of every group, in group order,
+    as the resharding steps hold it (reshard.py, _grouped)."""
+
+    def __init__(self, dim: int, groups: int, n: int):
+        self.dim, self.groups, self.n = dim, groups, n
+
+    def take(self, whole: torch.Tensor, j: int) -> torch.Tensor:
+        """Block j of `whole` (a copy where strided)."""
+        if self.groups == 1:
+            size = whole.shape[self.dim] // self.n
+            return whole.narrow(self.dim, j * size, size)
+        grouped = whole.unflatten(self.dim, (self.groups, -1))
+        size = grouped.shape[self.dim + 1] // self.n
+        return grouped.narrow(self.dim + 1, j * size, size).flatten(self.dim, self.dim + 1)
+
+    def join(self, blocks: list) -> torch.Tensor:
+        """The whole tensor of the n blocks in rank order."""
+        if self.groups == 1:
+            return torch.cat(blocks, self.dim)
+        grouped = [b.unflatten(self.dim, (self.groups, -1)) for b in blocks]
+        return torch.cat(grouped, self.dim + 1).flatten(self.dim, self.dim + 1)
+
+
 def _wait(works: list) -> None:
     for work in works:
         work.wait()
@@ -149,31 +176,28 @@ def _add(total, value):
 
 
 class _GatherMatmul(torch.autograd.Function):
-    """forward(op, ring, dim, beta, alpha, x, weight, bias) -> (the product, the gathered x)."""
+    """forward(op, ring, layout, beta, alpha, x, weight, bias) -> (the product, the gathered x);
+    `layout` (_Blocks) says where the blocks lie along the gathered dim."""
 
     @staticmethod
-    def forward(ctx, op, ring, dim, beta, alpha, x, weight, bias):
+    def forward(ctx, op, ring, layout, beta, alpha, x, weight, bias):
         product = _Contraction(op, beta, alpha, weight, bias)
         outputs: list[torch.Tensor | None] = [None] * ring.n
-        blocks = ring_gather(x, dim, ring, lambda j, block: outputs.__setitem__(j, product.forward(block)))
-        gathered = torch.cat(blocks, dim)
+        blocks = ring_gather(x, layout.dim, ring, lambda j, block: outputs.__setitem__(j, product.forward(block)))
+        gathered = layout.join(blocks)
         traffic.count("all_gather", gathered)
-        ctx.op, ctx.ring, ctx.dim, ctx.beta, ctx.alpha = op, ring, dim, beta, alpha
+        ctx.op, ctx.ring, ctx.layout, ctx.beta, ctx.alpha = op, ring, layout, beta, alpha
         ctx.has_bias = bias is not None
         ctx.save_for_backward(gathered, weight)
-        return torch.cat(outputs, dim), gathered
+        return layout.join(outputs), gathered
 
     @staticmethod
     def backward(ctx, grad, grad_gathered):
         gathered, weight = ctx.saved_tensors
         product = _Contraction(ctx.op, ctx.beta, ctx.alpha, weight, None)
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad[5:8]
-        dim, ring = ctx.dim, ctx.ring
-        size = gathered.shape[dim] // ring.n
+        ring, block = ctx.ring, ctx.layout.take
         grad_weight = grad_bias = grad_x = None
-
-        def block(t: torch.Tensor, j: int) -> torch.Tensor:
-            return t.narrow(dim, j * size, size)
 
         def part(j: int) -> torch.Tensor:
             # Block j's input gradient, sent on; its weight gradient beside it. The gathered
@@ -199,16 +223,15 @@ class _GatherMatmul(torch.autograd.Function):
 
 
 class _MatmulScatter(torch.autograd.Function):
-    """forward(op, ring, dim, beta, alpha, x, weight, bias) -> this rank's block (along dim)
-    of the product summed over the ring."""
+    """forward(op, ring, layout, beta, alpha, x, weight, bias) -> this rank's block (`layout`,
+    _Blocks) of the product summed over the ring."""
 
     @staticmethod
-    def forward(ctx, op, ring, dim, beta, alpha, x, weight, bias):
+    def forward(ctx, op, ring, layout, beta, alpha, x, weight, bias):
         product = _Contraction(op, beta, alpha, weight, bias)
-        size = x.shape[dim] // ring.n
-        out = ring_reduce_scatter(ring, lambda j: product.forward(x.narrow(dim, j * size, size)))
-        traffic.count("reduce_scatter", _whole(out, dim, ring.n))
-        ctx.op, ctx.ring, ctx.dim, ctx.beta, ctx.alpha = op, ring, dim, beta, alpha
+        out = ring_reduce_scatter(ring, lambda j: product.forward(layout.take(x, j)))
+        traffic.count("reduce_scatter", _whole(out, layout.dim, ring.n))
+        ctx.op, ctx.ring, ctx.layout, ctx.beta, ctx.alpha = op, ring, layout, beta, alpha
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight)
         return out
@@ -218,8 +241,7 @@ class _MatmulScatter(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         product = _Contraction(ctx.op, ctx.beta, ctx.alpha, weight, None)
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad[5:8]
-        dim, ring = ctx.dim, ctx.ring
-        size = x.shape[dim] // ring.n
+        ring, layout = ctx.ring, ctx.layout
         grads_x: list[torch.Tensor | None] = [None] * ring.n
         grad_weight = grad_bias = None
 
@@ -229,13 +251,13 @@ class _MatmulScatter(torch.autograd.Function):
             if needs_x:
                 grads_x[j] = product.input_gradient(g)
             if needs_weight:
-                grad_weight = _add(grad_weight, product.weight_gradient(g, x.narrow(dim, j * size, size)))
+                grad_weight = _add(grad_weight, product.weight_gradient(g, layout.take(x, j)))
             if needs_bias and ctx.has_bias:
                 grad_bias = _add(grad_bias, product.bias_gradient(g))
 
-        ring_gather(grad, dim, ring, each)
-        traffic.count("all_gather", _whole(grad, dim, ring.n))
-        grad_x = torch.cat(grads_x, dim) if needs_x else None
+        ring_gather(grad, layout.dim, ring, each)
+        traffic.count("all_gather", _whole(grad, layout.dim, ring.n))
+        grad_x = layout.join(grads_x) if needs_x else None
         return None, None, None, None, None, grad_x, grad_weight, grad_bias
 
 
@@ -264,18 +286,18 @@ class CollectiveMatmul(torch.nn.Module):
         forward = self._steps[forward_step]
         expected = {"gather": ("all_gather", "reduce_scatter"), "scatter": ("reduce_scatter", "all_gather")}[kind]
         backward = self._steps[backward_step] if backward_step is not None else None
-        if target is None or forward["kind"] != expected[0] or (
-                backward is not None and (backward["kind"], backward["axis"], backward["dim"]) !=
-                (expected[1], forward["axis"], forward["dim"])):
+        if target is None or forward["kind"] != expected[0] or forward["ratios"] or (
+                backward is not None and (backward["kind"], backward["axis"], backward["dim"], backward["groups"]) !=
+                (expected[1], forward["axis"], forward["dim"], forward["groups"])):
             raise ValidationError(f"collective_matmul: {kind} of {op} by {forward_step!r} / {backward_step!r} is "
                                   "not a ring the runtime runs")
         x, weight, bias, beta, alpha = contraction_operands(target, args, kwargs)
         if operand != (1 if target is _ADDMM else 0):
             raise ValidationError(f"collective_matmul: {op}'s operand {operand} is not its input")
         ring = self._ring(forward["axis"])
-        dim = forward["dim"]
+        layout = _Blocks(forward["dim"], forward["groups"], ring.n)
         if backward is None and x.requires_grad and kind == "gather":
             raise ValidationError(f"collective_matmul: {op}'s input needs a gradient but its gather has no "
                                   "backward step")
         function = _GatherMatmul if kind == "gather" else _MatmulScatter
-        return function.apply(target, ring, dim, beta, alpha, x, weight, bias)
+        return function.apply(target, ring, layout, beta, alpha, x, weight, bias)

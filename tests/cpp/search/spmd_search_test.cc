@@ -20,6 +20,7 @@
 #include "search/placement.h"
 #include "search/plan_report.h"
 #include "support/error.h"
+#include "transform/spmd_rewrite.h"
 
 namespace shardwise::search {
 namespace {
@@ -231,6 +232,39 @@ TEST(SpmdSearch, CollectiveMatmulsArePricedBesideTheirProducts) {
   EXPECT_LE(fused.plan.predicted->step_time, plain.plan.predicted->step_time);
   EXPECT_FALSE(plain.plan.predicted->breakdown.contains("step_time_plain_collectives"));
   EXPECT_EQ(plain.plan.predicted->breakdown.at("activations_beside_matmul_total"), 0);
+}
+
+TEST(SpmdSearch, GptConv1DsRunTheirSequenceCollectivesAsStridedRings) {
+  // GPT-2's Conv1D views [b, s, h] as [b * s, h] before its addmm, so a sequence cut is
+  // strided there (one block of every batch row per rank, S(0,g2) at batch 2). The rings take
+  // such blocks as they take contiguous ones (transform/collective_matmul.cc,
+  // runtime/collective_matmul.py): the search prices them beside the products and the rewrite
+  // marks the same addmms.
+  const ir::Graph g = gpt(2, 4096, 32);
+  SpmdSearchOptions o;
+  o.global_batch = 2;
+  o.mesh = std::vector<int>{1, 8};
+  o.allow_recompute = false;
+  o.collective_matmul = true;
+  const SpmdSearchResult r = search_spmd(g, a100_with_memory(16), cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(r.fits);
+  EXPECT_GT(r.plan.predicted->breakdown.at("activations_beside_matmul_total"), 0);
+  EXPECT_LT(r.plan.predicted->step_time, r.plan.predicted->breakdown.at("step_time_plain_collectives"));
+  const transform::RankProgram program = transform::rank_program(g, *r.plan.sharding, 0);
+  int strided_gathers = 0, strided_scatters = 0;
+  for (const transform::NodeRewrite& rw : program.nodes) {
+    const ir::Node& node = g.node(rw.node);
+    for (const transform::OperandRewrite& op : rw.inputs)
+      if (op.matmul == MatmulCollective::Gather && node.op == "aten::addmm" && op.forward[0].groups == 2) {
+        ++strided_gathers;
+        EXPECT_EQ(op.backward.at(0).groups, 2) << node.module_path;
+      }
+    if (node.op == "aten::addmm" && !rw.matmul_scatter_forward.empty() && rw.matmul_scatter_forward[0].groups == 2)
+      ++strided_scatters;
+  }
+  // Per layer: c_attn and c_fc gather in, c_proj (attention's and the MLP's) scatter out.
+  EXPECT_EQ(strided_gathers, 4);
+  EXPECT_EQ(strided_scatters, 4);
 }
 
 TEST(SpmdSearch, Gpt3BlockStructureOn1024A100sIsSearchedInSeconds) {
