@@ -42,7 +42,9 @@ PER_NODE = 8
 
 
 def describe(plan) -> str:
-    sched = plan.schedule if plan.schedule in ("1f1b", "zb-h1") else f"int v{plan.virtual_stages}"
+    # (ZB-V and DualPipeV were printed "int v2" before: every schedule but 1F1B and ZB-H1 was.)
+    sched = {"interleaved-1f1b": f"int v{plan.virtual_stages}", "dualpipe-v": "dpv",
+             "kfkb": f"kfkb{plan.kfkb_k}"}.get(plan.schedule, plan.schedule)
     return (f"({plan.tensor},{plan.pipeline},{plan.data}) b{plan.micro_batch} {sched:<6} "
             f"rc {plan.recompute:<4} z{plan.zero_stage}")
 
@@ -71,16 +73,18 @@ A100_BF16_PEAK = 312.0  # TFLOP/s: MFU = model FLOPs per second per GPU / this
 def overlap(plan) -> tuple[float, str]:
     """(the plan's model-FLOPs MFU with every overlap it relies on exposed instead, and what
     those overlaps are): the data-parallel reduction beside backward (the evaluator's
-    data_parallel_total less its exposed part), and ZB-H1's weight gradients filling 1F1B's
-    bubble ((p - 1) micro-batch times less ZB-H1's bubble, the evaluator's own formula)."""
+    data_parallel_total less its exposed part), and the weight gradients of ZB-H1, ZB-V and
+    DualPipeV filling the bubble of the same plan unsplit ((p - 1) / v micro-batch times, 1F1B's
+    or interleaving's, less the schedule's bubble: the evaluator's own formulas)."""
     br = plan.breakdown()
     hidden = {}
     dp = br.get("data_parallel_total", 0.0) - br.get("data_parallel", 0.0)
     if dp > 1e-9:
         hidden["dp beside bwd"] = dp
-    if plan.schedule == "zb-h1":
-        per_micro_batch = (br["compute"] + br["tensor_parallel"] + br["pipeline_p2p"]) / plan.num_micro_batches()
-        hidden["W in bubble"] = (plan.pipeline - 1) * per_micro_batch - br["pipeline_bubble"]
+    if plan.schedule in ("zb-h1", "zb-v", "dualpipe-v"):
+        per_micro_batch = (br["compute"] + br["tensor_parallel"]) / plan.num_micro_batches()
+        unsplit = (plan.pipeline - 1) / plan.virtual_stages * per_micro_batch
+        hidden["W in bubble"] = unsplit - br["pipeline_bubble"]
     step = plan.predicted_step_time()
     exposed = plan.predicted_tflops_per_device() * step / (step + sum(hidden.values())) / A100_BF16_PEAK
     return exposed, ", ".join(f"{k} {v:.2f} s" for k, v in hidden.items()) or "none"
