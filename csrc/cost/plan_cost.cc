@@ -10,6 +10,7 @@
 
 #include "analysis/flops.h"
 #include "cost/layer_balance.h"
+#include "cost/pipeline_transfers.h"
 #include "ops/op_table.h"
 #include "support/error.h"
 
@@ -65,6 +66,7 @@ std::map<std::string, double> PlanCost::breakdown() const {
   return {{"compute", compute},
           {"tensor_parallel", tensor_parallel},
           {"pipeline_p2p", pipeline_p2p},
+          {"pipeline_transfer", pipeline_transfer},
           {"pipeline_bubble", pipeline_bubble},
           {"data_parallel", data_parallel},
           {"data_parallel_total", data_parallel_total},
@@ -268,12 +270,14 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   const int last_device = v_shape ? 0 : p - 1;
   const std::vector<int> device_layers = layers_per_device(chunk_layers, p, v_shape);
 
-  double p2p_mb = 0;
+  // One transfer across a stage cut, each way (an activation forward, its gradient back): the
+  // slowest boundary's. The step waits for critical_transfers() of them (pipeline_transfers.h).
+  double transfer = 0;
   if (p > 1 && plan.stage_meshes.empty()) {
     std::vector<int> pair = {0, t * d};
     double bytes = boundary_bytes;
-    p2p_mb = 2.0 * v * model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
-                                                   Algorithm::Auto);
+    transfer = model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
+                                     Algorithm::Auto);
   }
   // Stages of their own meshes: between equal meshes a rank sends its shard to the same
   // coordinate (one rank's share: whole / (d t)); between different ones the value is
@@ -304,7 +308,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       boundary = gather(a) + (sb + sa - 1) / sa * send(a.first, b.first, whole) +  // forward
                  gather(b) + (sa + sb - 1) / sb * send(b.first, a.first, whole);   // gradient
     }
-    p2p_mb = std::max(p2p_mb, boundary);
+    transfer = std::max(transfer, boundary / 2.0);
   }
 
   // Bottleneck device and its parameters.
@@ -333,11 +337,13 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
                                                         (s == 0 ? layout->pre.gradient_sync : 0.0) +
                                                         (s == last_device ? layout->post.gradient_sync : 0.0);
   }
-  const double t_mb = worst_compute + worst_tp + p2p_mb;
+  const double t_mb = worst_compute + worst_tp;
   const double md = static_cast<double>(m);
   out.compute = md * worst_compute;
   out.tensor_parallel = md * worst_tp;
-  out.pipeline_p2p = md * p2p_mb;
+  out.pipeline_transfer = transfer;
+  out.pipeline_p2p =
+      p > 1 ? critical_transfers(plan.schedule, p, static_cast<int>(m), v, plan.kfkb_k) * transfer : 0.0;
   out.pipeline_bubble = (p - 1) / static_cast<double>(v) * t_mb;
   if (plan::splits_backward(plan.schedule)) {
     // ZB-H1's bubble, (p - 1)(F + B - W) (Qi et al. 2024, and schedules.h): the weight
@@ -375,7 +381,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       double window = device_backward[static_cast<std::size_t>(s)];
       if (p > 1) {
         window /= v;
-        for (int r = 0; r < s; ++r) window += device_backward[static_cast<std::size_t>(r)] / v + p2p_mb / (2.0 * v);
+        for (int r = 0; r < s; ++r) window += device_backward[static_cast<std::size_t>(r)] / v + transfer;
       }
       exposed = std::max(0.0, sync - window) + constants.overlap_interference * std::min(sync, window);
     } else if (d > 1) {
@@ -391,7 +397,8 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
                                              Algorithm::Ring);
       double per_mb = gather * (recompute ? 3 : 2) + scatter;
       sync = md * per_mb;
-      exposed = md * (std::max(0.0, per_mb - t_mb) + constants.overlap_interference * std::min(per_mb, t_mb));
+      const double paced = t_mb + out.pipeline_p2p / md;  // a micro-batch's share of the step
+      exposed = md * (std::max(0.0, per_mb - paced) + constants.overlap_interference * std::min(per_mb, paced));
     }
     // A searched layout that splits the batch over the t ranks reduces those gradients too,
     // once per step after the last micro-batch: exposed.

@@ -25,16 +25,20 @@
 //    output per micro-batch in forward (an untied input embedding).
 //  - Pipeline (degree p, v virtual stages): layers balanced over p x v chunks (or the
 //    plan's layers_per_stage), device s holding chunks s, s + p, ...; the bottleneck device
-//    sets the pace. Per micro-batch: T_mb = compute + tensor-parallel all-reduces + p2p.
+//    sets the pace. Per micro-batch: T_mb = compute + tensor-parallel all-reduces.
 //    Device s is the stage on ranks [g t d, (g + 1) t d), g its block (plan.stage_groups,
 //    else s). On a heterogeneous cluster its compute is priced on those ranks' slowest type
 //    (stage_scale), its memory against that type's capacity (memory_use), its optimizer step
 //    at that type's bandwidth.
 //      ideal   = m x T_mb
 //      bubble  = (p - 1) / v x T_mb    (GPipe, 1F1B, kFkB: v = 1): the (p-1)/(v m) fraction
-//      p2p     = 2 v sends (activation forward, gradient backward) per micro-batch of
-//                b x s x h / t bytes (Megatron's scatter/gather over the t ranks) between rank
-//                r and r + t d, on the link that pair crosses; not overlapped (conservative).
+//      p2p     = the sends the step waits for (pipeline_transfers.h: the critical path of the
+//                schedule's own action lists, simulated with unit costs; the runtime runs
+//                the others beside compute) x one send of b x s x h / t bytes (Megatron's
+//                scatter/gather over the t ranks) between rank r and r + t d, on the link
+//                that pair crosses. 1F1B waits for 2 per micro-batch from p = 3 (1 at p = 2),
+//                ZB-H1 for 3 from p = 4, kFkB (k = 2) for 1 / 2. It was 2 v per micro-batch,
+//                plus the bubble's, for every schedule.
 //  - Data parallelism (degree d): gradients of the device's parameters, at
 //    grad_reduce_bytes_per_param, all-reduced over the data group (ranks r, r + t, ...;
 //    ring or hierarchical, the faster, from collective_cost.h). With p = 1 the all-reduce
@@ -86,7 +90,8 @@ struct PlanCost {
   // Breakdown (seconds per iteration; they sum to step_time):
   double compute = 0;          // m x per-micro-batch compute on the bottleneck device
   double tensor_parallel = 0;  // m x its all-reduces
-  double pipeline_p2p = 0;     // m x its sends / receives
+  double pipeline_p2p = 0;     // the sends the step waits for x pipeline_transfer
+  double pipeline_transfer = 0;  // one send across a stage cut (the slowest boundary's), seconds
   double pipeline_bubble = 0;  // (p - 1) / v x T_mb
   double data_parallel = 0;    // exposed gradient synchronisation
   double optimizer = 0;

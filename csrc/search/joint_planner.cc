@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "cost/layer_balance.h"
+#include "cost/pipeline_transfers.h"
 #include "cost/layer_structure.h"
 #include "schedule/adaptive_kfkb.h"
 #include "schedule/schedules.h"
@@ -59,7 +60,7 @@ schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const Network
     costs.backward.assign(chunks, per_micro_batch / 3 / v);
     costs.weight.assign(chunks, per_micro_batch / 3 / v);
   }
-  costs.boundary_bytes.assign(chunks - 1, b.at("pipeline_p2p") / (2.0 * v * m));
+  costs.boundary_bytes.assign(chunks - 1, b.at("pipeline_transfer"));
   costs.transfer = schedule::periodic_bandwidth(network.durations, network.bandwidth_scale);
   // The gradient synchronisation and optimizer step follow the flush, as the evaluator has
   // them (added by after_flush), not overlapped with the last backwards as the simulator could.
@@ -78,21 +79,6 @@ double fixed_seconds(const plan::Plan& plan) {
 double after_flush(const plan::Plan& plan, double pipeline_seconds) {
   const auto& b = plan.predicted->breakdown;
   return pipeline_seconds + b.at("data_parallel") + b.at("optimizer");
-}
-
-schedule::PipelineSchedule schedule_of(const plan::Plan& plan) {
-  const int p = plan.pipeline;
-  const auto m = static_cast<int>(plan.num_micro_batches());
-  switch (plan.schedule) {
-    case plan::Schedule::GPipe: return schedule::gpipe(p, m);
-    case plan::Schedule::Interleaved1F1B: return schedule::interleaved_1f1b(p, m, plan.virtual_stages);
-    case plan::Schedule::KFKB: return schedule::kfkb(p, m, plan.kfkb_k);
-    case plan::Schedule::ZeroBubbleH1: return schedule::zero_bubble_h1(p, m);
-    case plan::Schedule::ZeroBubbleV: return schedule::zero_bubble_v(p, m);
-    case plan::Schedule::DualPipeV: return schedule::dual_pipe_v(p, m);
-    case plan::Schedule::OneFOneB: break;
-  }
-  return schedule::one_f_one_b(p, m);
 }
 
 // The plan with its predicted step time replaced by `step_time` (simulated): the compute,
@@ -452,7 +438,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       }
       const schedule::SimulationCosts costs = simulation_costs(c.plan, *options.network);
       if (c.plan.schedule != plan::Schedule::OneFOneB) {
-        const double step = after_flush(c.plan, schedule::simulate(schedule_of(c.plan), costs).step_time);
+        const double step = after_flush(c.plan, schedule::simulate(cost::pipeline_schedule(c.plan), costs).step_time);
         c.plan = retimed(std::move(c.plan), step);
         c.step_time = c.plan.predicted->step_time;
         record(c.step_time);
@@ -477,7 +463,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                                     [](const schedule::AdaptiveCandidate& k) { return k.k == 1; });
       const double one_f_one_b = after_flush(c.plan, one != choice.candidates.end() && one->fits
                                                          ? one->step_time
-                                                         : schedule::simulate(schedule_of(c.plan), costs).step_time);
+                                                         : schedule::simulate(cost::pipeline_schedule(c.plan), costs).step_time);
       c.plan = retimed(std::move(c.plan), one_f_one_b);
       c.step_time = c.plan.predicted->step_time;
       record(c.step_time);

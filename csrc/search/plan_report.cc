@@ -92,16 +92,22 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
     out += fmt::format("predicted step {}, {:.1f} TFLOP/s per device, memory {} per rank{}\n",
                        seconds_text(p.step_time), p.tflops_per_device, bytes_text(p.memory_per_rank),
                        memory_capacity > 0 ? fmt::format(" (of {})", bytes_text(memory_capacity)) : "");
-    // Two entries are not amounts: whether the data-parallel sync overlaps the backward (a
-    // flag among the seconds) and which pipeline stage is the most loaded (among the bytes).
+    // Three entries are not amounts: whether the data-parallel sync overlaps the backward (a
+    // flag among the seconds), one pipeline send's seconds (shown beside the sends waited
+    // for) and which pipeline stage is the most loaded (among the bytes).
     std::vector<std::string> parts;
     bool overlapped = false;
+    const auto transfer = p.breakdown.find("pipeline_transfer");
     for (const auto& [name, seconds] : p.breakdown) {
       if (name == "data_parallel_overlapped") {
         overlapped = seconds != 0;
         continue;
       }
-      parts.push_back(fmt::format("{} {}", name, seconds_text(seconds)));
+      if (name == "pipeline_transfer") continue;
+      std::string part = fmt::format("{} {}", name, seconds_text(seconds));
+      if (name == "pipeline_p2p" && transfer != p.breakdown.end() && transfer->second > 0)
+        part += fmt::format(" ({} a send)", seconds_text(transfer->second));
+      parts.push_back(part);
     }
     out += fmt::format("time     {}{}\n", fmt::join(parts, " | "),
                        overlapped ? " (data-parallel sync beside backward)" : "");

@@ -338,7 +338,7 @@ class Plan:
     def simulation(self):
         """The plan's pipeline schedule run through the simulator (csrc/schedule/simulator.h)
         with the predicted per-micro-batch times of its bottleneck stage: forward and backward
-        1 : 2 of the compute, the point-to-point time per send. A plan without pipeline
+        1 : 2 of the compute, the breakdown's pipeline_transfer per send. A plan without pipeline
         simulates one stage. On a heterogeneous cluster each stage takes its own time (the
         prediction's stage_times) and the rows are named by its device type."""
         from .simulate import simulate
@@ -348,12 +348,11 @@ class Plan:
         m = self.num_micro_batches()
         v = d.get("virtual_stages", 1)
         compute = (pred.get("compute", 0.0) + pred.get("tensor_parallel", 0.0)) / m
-        sends = 2 * v * m
         stage_times = self._predicted().get("stage_times") or []
         scale = [t / max(stage_times) for t in stage_times] if stage_times and max(stage_times) > 0 else None
         return simulate(d["schedule"], stages=d["pipeline"], micro_batches=m, virtual_stages=v,
                         k=d.get("kfkb_k", 1), forward=compute / 3, backward=2 * compute / 3,
-                        comm=pred.get("pipeline_p2p", 0.0) / sends if d["pipeline"] > 1 else 0.0,
+                        comm=pred.get("pipeline_transfer", 0.0) if d["pipeline"] > 1 else 0.0,
                         optimizer_step=pred.get("optimizer", 0.0), stage_scale=scale,
                         devices=self._predicted().get("stage_devices"))
 
@@ -369,8 +368,9 @@ class Plan:
         return self.simulation().chrome_trace(path)
 
     def breakdown(self) -> dict:
-        """Seconds per part of the step: compute, tensor_parallel, pipeline_p2p,
-        pipeline_bubble, data_parallel (exposed), data_parallel_total, optimizer."""
+        """Seconds per part of the step: compute, tensor_parallel, pipeline_p2p (the sends the
+        step waits for), pipeline_bubble, data_parallel (exposed), data_parallel_total,
+        optimizer; and pipeline_transfer, one send's seconds (not a part of the step)."""
         return dict(self._predicted()["breakdown"])
 
 

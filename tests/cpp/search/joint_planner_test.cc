@@ -183,17 +183,26 @@ TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulationAndTurnsToKfkb) {
     for (const JointCandidate& c : r->best) {
       double sum = 0;
       for (const auto& [part, seconds] : c.plan.predicted->breakdown)
-        if (part != "data_parallel_total" && part != "data_parallel_overlapped") sum += seconds;
+        if (part != "data_parallel_total" && part != "data_parallel_overlapped" && part != "pipeline_transfer")
+          sum += seconds;
       EXPECT_NEAR(sum, c.step_time, 1e-9 * c.step_time);
       EXPECT_LE(c.memory_per_rank, varying.memory_limit);
     }
     for (std::size_t i = 1; i < r->best.size(); ++i) EXPECT_LE(r->best[i - 1].step_time, r->best[i].step_time);
   }
   // The simulator times the sends as the runtime runs them (each starts once its receive is
-  // posted, the reading compute waits for it), where the evaluator charges each whole and
-  // into the bubble too: a steady network's best plan is faster than the evaluator's, and a
-  // varying one no faster than the steady one.
-  EXPECT_LT(steady.plan.predicted->step_time, steady_evaluator.plan.predicted->step_time);
+  // posted, the reading compute waits for it); the evaluator charges the ones on its lists'
+  // critical path (cost/pipeline_transfers.h), exact while sends are short beside compute.
+  // Here they agree on the plan and within 0.1% on its step (0.8738 s both; before that count
+  // the evaluator charged every send and took ZB-H1 at 0.978 s). A varying network is no
+  // faster than the steady one.
+  auto plan_line = [](const plan::Plan& p) {
+    const std::string report = plan_report(p);
+    return report.substr(0, report.find('\n'));
+  };
+  EXPECT_EQ(plan_line(steady.plan), plan_line(steady_evaluator.plan));
+  EXPECT_NEAR(steady.plan.predicted->step_time, steady_evaluator.plan.predicted->step_time,
+              1e-3 * steady_evaluator.plan.predicted->step_time);
   EXPECT_GE(varying.plan.predicted->step_time, steady.plan.predicted->step_time);
   // (Whether a steady network already favours kFkB depends on how long a send is next to a
   // micro-batch's compute: Ada-Grouper's gain. Here t 8 p 2 sends 1 MB per micro-batch over

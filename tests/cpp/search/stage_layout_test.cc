@@ -56,7 +56,8 @@ TEST(StageLayout, GptStagesAreLaidOutAsMegatronWithSequenceParallelism) {
   // Its parts add up as Megatron's do.
   double sum = 0;
   for (const auto& [part, seconds] : searched.breakdown())
-    if (part != "data_parallel_total" && part != "data_parallel_overlapped") sum += seconds;
+    if (part != "data_parallel_total" && part != "data_parallel_overlapped" && part != "pipeline_transfer")
+      sum += seconds;
   EXPECT_NEAR(sum, searched.step_time, 1e-12);
 }
 

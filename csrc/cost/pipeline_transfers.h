@@ -1,0 +1,40 @@
+// How many of a pipeline's sends a step waits for: the transfers on the critical path of the
+// schedule's action lists (schedule/schedules.h), as the simulator (schedule/simulator.h)
+// times the runtime's sends and receives: asynchronous beside compute, a transfer starting
+// once its receive is posted, one channel's transfers in order.
+//
+// The evaluator (plan_cost.h) prices a pipeline's communication as this count times one
+// send's seconds. It used to charge 2 v sends per micro-batch, exposed, and (p - 1) / v
+// micro-batches' more in the bubble, whatever the schedule: 1F1B at p = 2 waits for 9 at
+// m = 8 (not 18), kFkB with k = 2 at p = 4 for 13 at m = 16 (not 38), while ZB-H1 at p = 4
+// waits for 48 (not 38): its weight gradients fill the bubble the sends used to hide in.
+//
+// The count is the step's slope in the transfer time at zero (each path's length is its
+// compute plus its transfers times the transfer time: the slope is the most transfers on a
+// longest path), so it is a small-transfer figure, the regime of a plan whose sends are
+// short beside its compute. Where they are long (a slow or varying network) the joint
+// planner simulates the plan itself (search/joint_planner.h, NetworkCondition).
+//
+// Unit costs, as the evaluator prices a micro-batch: forward 1 / v per chunk, backward 2 / v
+// (schedules that split it: B 1 / v and W 1 / v, W half the backward). Exact for m up to
+// 16 p k micro-batches (k: kFkB's group, else 1); beyond, the steady state's slope over 4 p k
+// micro-batches of m's residue, extended: exact for GPipe, 1F1B, interleaved 1F1B, kFkB, ZB-V
+// and DualPipeV (their counts repeat every p k micro-batches there), within a few percent for
+// ZB-H1, whose count repeats over other periods (e.g. 24 micro-batches at p = 6). Counts are
+// cached per (schedule, p, v, k, m): a search asks for few.
+#pragma once
+
+#include "plan/plan.h"
+#include "schedule/action.h"
+
+namespace shardwise::cost {
+
+// The plan's pipeline schedule as per-rank action lists (p, its micro-batches, v, k).
+schedule::PipelineSchedule pipeline_schedule(plan::Schedule schedule, int ranks, int micro_batches,
+                                             int virtual_stages, int kfkb_k);
+schedule::PipelineSchedule pipeline_schedule(const plan::Plan& plan);
+
+// The transfers on the critical path of the schedule's step (above); 0 at p = 1.
+double critical_transfers(plan::Schedule schedule, int ranks, int micro_batches, int virtual_stages, int kfkb_k);
+
+}  // namespace shardwise::cost

@@ -1,0 +1,80 @@
+// The sends a pipeline's step waits for (cost/pipeline_transfers.h): the transfers on the
+// critical path of each schedule's own action lists, which the evaluator prices instead of 2 v
+// sends per micro-batch plus the bubble's (2 v m + 2 (p - 1) whatever the schedule).
+#include "cost/pipeline_transfers.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "schedule/simulator.h"
+
+namespace shardwise::cost {
+namespace {
+
+using plan::Schedule;
+
+// The simulated step's growth per second of transfer time at `transfer` seconds a send, on
+// the schedule's lists with the evaluator's unit costs (forward 1 / v per chunk, backward 2 / v,
+// or B and W 1 / v each).
+double simulated_slope(Schedule kind, int p, int m, int v, int k, double transfer) {
+  const schedule::PipelineSchedule lists = pipeline_schedule(kind, p, m, v, k);
+  const auto chunks = static_cast<std::size_t>(p * v);
+  schedule::SimulationCosts costs;
+  costs.forward.assign(chunks, 1.0 / v);
+  costs.backward.assign(chunks, (plan::splits_backward(kind) ? 1.0 : 2.0) / v);
+  if (plan::splits_backward(kind)) costs.weight.assign(chunks, 1.0 / v);
+  costs.boundary_bytes.assign(chunks - 1, 1.0);
+  const double free = schedule::simulate(lists, costs).step_time;
+  costs.transfer = schedule::constant_transfer(transfer);
+  return (schedule::simulate(lists, costs).step_time - free) / transfer;
+}
+
+TEST(PipelineTransfers, EachScheduleWaitsForTheSendsOnItsCriticalPath) {
+  // 2 v m + 2 (p - 1) is what the evaluator charged: 18 at p = 2, m = 8; 38 at p = 4, m = 16
+  // (70 with v = 2).
+  EXPECT_EQ(critical_transfers(Schedule::OneFOneB, 2, 8, 1, 1), 9);  // 1 a micro-batch at p = 2
+  EXPECT_EQ(critical_transfers(Schedule::OneFOneB, 4, 16, 1, 1), 35);  // 2 from p = 3
+  EXPECT_EQ(critical_transfers(Schedule::GPipe, 4, 16, 1, 1), 36);
+  EXPECT_EQ(critical_transfers(Schedule::KFKB, 4, 16, 1, 2), 13);  // a group's sends travel together
+  // ZB-H1 waits for more than 1F1B: its weight gradients fill the slack 1F1B's sends hid in.
+  EXPECT_EQ(critical_transfers(Schedule::ZeroBubbleH1, 4, 16, 1, 1), 48);
+  EXPECT_EQ(critical_transfers(Schedule::Interleaved1F1B, 4, 16, 2, 1), 53);
+  EXPECT_EQ(critical_transfers(Schedule::ZeroBubbleV, 4, 16, 2, 1), 64);
+  EXPECT_EQ(critical_transfers(Schedule::DualPipeV, 4, 16, 2, 1), 37);
+  EXPECT_EQ(critical_transfers(Schedule::OneFOneB, 1, 16, 1, 1), 0);  // no pipeline, no sends
+}
+
+TEST(PipelineTransfers, TheCountIsTheSimulatedStepsSlopeWhileSendsAreShort) {
+  // A transfer a thousandth of a forward (a thousand times the count's own probe): the step
+  // grows by the count per transfer second, on every schedule.
+  struct Case {
+    Schedule kind;
+    int v, k;
+  };
+  for (const Case c : {Case{Schedule::GPipe, 1, 1}, Case{Schedule::OneFOneB, 1, 1}, Case{Schedule::KFKB, 1, 2},
+                       Case{Schedule::Interleaved1F1B, 2, 1}, Case{Schedule::ZeroBubbleH1, 1, 1},
+                       Case{Schedule::ZeroBubbleV, 2, 1}, Case{Schedule::DualPipeV, 2, 1}})
+    for (int p : {2, 3, 4, 8})
+      for (int m : {2 * p, 4 * p}) {
+        const double count = critical_transfers(c.kind, p, m, c.v, c.k);
+        EXPECT_NEAR(simulated_slope(c.kind, p, m, c.v, c.k, 1e-3), count, 1e-6 * count)
+            << plan::schedule_name(c.kind) << " p " << p << " m " << m;
+      }
+}
+
+TEST(PipelineTransfers, BeyondSixteenPeriodsTheSteadySlopeIsExtended) {
+  // Counted from 4 periods of the same residue below 16 p k micro-batches: exact where the
+  // lists repeat every p k micro-batches, within 5% for ZB-H1.
+  EXPECT_DOUBLE_EQ(critical_transfers(Schedule::OneFOneB, 2, 45, 1, 1),
+                   std::round(simulated_slope(Schedule::OneFOneB, 2, 45, 1, 1, 1e-6)));
+  EXPECT_DOUBLE_EQ(critical_transfers(Schedule::KFKB, 3, 101, 1, 2),
+                   std::round(simulated_slope(Schedule::KFKB, 3, 101, 1, 2, 1e-6)));
+  EXPECT_DOUBLE_EQ(critical_transfers(Schedule::ZeroBubbleV, 4, 70, 2, 1),
+                   std::round(simulated_slope(Schedule::ZeroBubbleV, 4, 70, 2, 1, 1e-6)));
+  const double zb = std::round(simulated_slope(Schedule::ZeroBubbleH1, 5, 87, 1, 1, 1e-6));
+  EXPECT_NEAR(critical_transfers(Schedule::ZeroBubbleH1, 5, 87, 1, 1), zb, 0.05 * zb);
+}
+
+}  // namespace
+}  // namespace shardwise::cost
