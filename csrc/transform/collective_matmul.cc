@@ -16,8 +16,7 @@ namespace {
 // a sequence cut flattened with the batch, GPT-2's Conv1D view before its addmm), whose
 // blocks the runtime's ring takes and joins alike (collective_matmul.py, _Blocks).
 bool one_even(const std::vector<ReshardAction>& steps, ReshardKind kind) {
-  return steps.size() == 1 && steps[0].kind == kind && steps[0].groups >= 1 && steps[0].ratios.empty() &&
-         steps[0].dim >= 0;
+  return steps.size() == 1 && steps[0].kind == kind && steps[0].ratios.empty() && steps[0].dim >= 0;
 }
 
 // One ring's steps on `op`, read by `node`: one even `forward` collective along a row dim of

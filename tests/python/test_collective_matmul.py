@@ -200,6 +200,22 @@ def test_searched_sequence_parallel_runs_its_collectives_inside_the_matmuls(name
         assert depth in (0, 1), events
 
 
+def test_the_runtime_refuses_a_ring_it_cannot_run_exactly():
+    # Uneven blocks, or a gradient's steps strided otherwise than the gather's: refused by name
+    # before anything is sent (no process group here).
+    from shardwise.runtime.collective_matmul import CollectiveMatmul
+
+    gather = {"kind": "all_gather", "axis": 1, "dim": 0, "groups": 2, "ratios": [], "text": "gather"}
+    scatter = {"kind": "reduce_scatter", "axis": 1, "dim": 0, "groups": 2, "ratios": [], "text": "scatter"}
+    steps = {"gather": gather, "uneven": dict(gather, ratios=[0.75, 0.25]), "scatter": scatter,
+             "contiguous": dict(scatter, groups=1)}
+    ring = CollectiveMatmul(None, steps)
+    args = (torch.zeros(8), torch.zeros(4, 8, requires_grad=True), torch.zeros(8, 8))  # addmm(bias, x, weight)
+    for forward, backward in (("uneven", "scatter"), ("gather", "contiguous")):
+        with pytest.raises(shardwise.ValidationError, match="gather of aten::addmm .* is not a ring the runtime runs"):
+            ring("gather", "aten::addmm", 1, forward, backward, args, {})
+
+
 def test_the_joint_planner_refuses_collective_matmul_rather_than_ignore_it():
     graph = shardwise.capture(_model("bert"), _batch(0))
     with pytest.raises(shardwise.ValidationError, match="collective_matmul= is the SPMD search's"):
