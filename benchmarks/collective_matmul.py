@@ -50,13 +50,15 @@ def _twin_gpt2s(rank: int, world: int, store: str, args):
     with their own loss."""
     import transformers
 
+    from shardwise.models.tiny_gpt import TinyGPTConfig
+
     _, _, batch = twin_tiny_gpts(rank, world, store, args)
 
     class CausalLM(torch.nn.Module):
         def __init__(self):
             super().__init__()
             cfg = transformers.GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.heads,
-                                          n_positions=args.seq, vocab_size=int(batch[0].max()) + 1,
+                                          n_positions=args.seq, vocab_size=TinyGPTConfig().vocab,
                                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
                                           eos_token_id=0)
             self.lm = transformers.GPT2LMHeadModel(cfg)

@@ -11,10 +11,9 @@
 #include <optional>
 
 #include "cost/layer_balance.h"
-#include "cost/pipeline_transfers.h"
 #include "cost/layer_structure.h"
+#include "cost/pipeline_transfers.h"
 #include "schedule/adaptive_kfkb.h"
-#include "schedule/schedules.h"
 #include "schedule/simulator.h"
 #include "search/stage_layout.h"
 #include "support/error.h"
@@ -461,9 +460,10 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
       }
       const auto one = std::find_if(choice.candidates.begin(), choice.candidates.end(),
                                     [](const schedule::AdaptiveCandidate& k) { return k.k == 1; });
-      const double one_f_one_b = after_flush(c.plan, one != choice.candidates.end() && one->fits
-                                                         ? one->step_time
-                                                         : schedule::simulate(cost::pipeline_schedule(c.plan), costs).step_time);
+      const double one_f_one_b =
+          after_flush(c.plan, one != choice.candidates.end() && one->fits
+                                  ? one->step_time
+                                  : schedule::simulate(cost::pipeline_schedule(c.plan), costs).step_time);
       c.plan = retimed(std::move(c.plan), one_f_one_b);
       c.step_time = c.plan.predicted->step_time;
       record(c.step_time);
