@@ -58,8 +58,12 @@ def test_async_tp_split_and_fused_backward_compute_the_same_loss():
     assert difference < 1e-6, out  # the same products: float32 rounding at most
 
 
-def test_collective_matmul_runs_the_searched_rings_and_matches_the_plain_plan():
-    out = _run("collective_matmul.py", "--worlds", "2", "--batch", "4", "--steps", "2", "--warmup", "1", *TINY)
+# GPT-2's Conv1D rings run strided blocks; at TINY's hidden 64 and sequence 16 its search keeps the
+# plain layout, at 128 and 64 it takes sequence parallelism with its rings.
+@pytest.mark.parametrize("model, size", [("tiny-gpt", []), ("gpt2", ["--hidden", "128", "--seq", "64"])])
+def test_collective_matmul_runs_the_searched_rings_and_matches_the_plain_plan(model, size):
+    out = _run("collective_matmul.py", "--worlds", "2", "--batch", "4", "--steps", "2", "--warmup", "1", *TINY,
+               *size, "--model", model)
     line = next(line for line in out.splitlines() if line.startswith("world 2:"))
     gathers = int(line.split(" gathers and ")[0].rsplit(" ", 1)[1])
     assert gathers > 0, out  # the search picked sequence parallelism with its gathers in rings
