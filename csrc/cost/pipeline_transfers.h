@@ -18,10 +18,11 @@
 // Unit costs, as the evaluator prices a micro-batch: forward 1 / v per chunk, backward 2 / v
 // (schedules that split it: B 1 / v and W 1 / v, W half the backward). Exact for m up to
 // 16 p k micro-batches (k: kFkB's group, else 1); beyond, the steady state's slope over 4 p k
-// micro-batches of m's residue, extended: exact for GPipe, 1F1B, interleaved 1F1B, kFkB, ZB-V
-// and DualPipeV (their counts repeat every p k micro-batches there), within a few percent for
-// ZB-H1, whose count repeats over other periods (e.g. 24 micro-batches at p = 6). Counts are
-// cached per (schedule, p, v, k, m): a search asks for few.
+// micro-batches of m's residue, extended: exact for GPipe, 1F1B, interleaved 1F1B, kFkB (k 2),
+// ZB-V and DualPipeV (their counts repeat every p k micro-batches there), within 1.3% for
+// ZB-H1, whose count repeats over other periods (e.g. 24 micro-batches at p = 6): every p from
+// 2 to 8, m from 16 p k to 18 p k, checked against the simulation. Counts are cached per
+// (schedule, p, v, k, m): a search asks for few.
 #pragma once
 
 #include "plan/plan.h"

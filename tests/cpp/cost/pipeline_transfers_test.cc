@@ -65,7 +65,7 @@ TEST(PipelineTransfers, TheCountIsTheSimulatedStepsSlopeWhileSendsAreShort) {
 
 TEST(PipelineTransfers, BeyondSixteenPeriodsTheSteadySlopeIsExtended) {
   // Counted from 4 periods of the same residue below 16 p k micro-batches: exact where the
-  // lists repeat every p k micro-batches, within 5% for ZB-H1.
+  // lists repeat every p k micro-batches, within 2% for ZB-H1 (1.3% at worst over p 2 to 8).
   EXPECT_DOUBLE_EQ(critical_transfers(Schedule::OneFOneB, 2, 45, 1, 1),
                    std::round(simulated_slope(Schedule::OneFOneB, 2, 45, 1, 1, 1e-6)));
   EXPECT_DOUBLE_EQ(critical_transfers(Schedule::KFKB, 3, 101, 1, 2),
@@ -73,7 +73,7 @@ TEST(PipelineTransfers, BeyondSixteenPeriodsTheSteadySlopeIsExtended) {
   EXPECT_DOUBLE_EQ(critical_transfers(Schedule::ZeroBubbleV, 4, 70, 2, 1),
                    std::round(simulated_slope(Schedule::ZeroBubbleV, 4, 70, 2, 1, 1e-6)));
   const double zb = std::round(simulated_slope(Schedule::ZeroBubbleH1, 5, 87, 1, 1, 1e-6));
-  EXPECT_NEAR(critical_transfers(Schedule::ZeroBubbleH1, 5, 87, 1, 1), zb, 0.05 * zb);
+  EXPECT_NEAR(critical_transfers(Schedule::ZeroBubbleH1, 5, 87, 1, 1), zb, 0.02 * zb);
 }
 
 }  // namespace
