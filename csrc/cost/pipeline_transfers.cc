@@ -6,7 +6,6 @@
 #include <tuple>
 
 #include "schedule/schedules.h"
-#include "schedule/simulator.h"
 
 namespace shardwise::cost {
 namespace {
@@ -16,15 +15,8 @@ namespace {
 // rounded (a path's transfer count is a whole number).
 double exact_transfers(plan::Schedule kind, int p, int m, int v, int k) {
   const schedule::PipelineSchedule lists = pipeline_schedule(kind, p, m, v, k);
-  const auto chunks = static_cast<std::size_t>(p * v);
-  schedule::SimulationCosts costs;
-  costs.forward.assign(chunks, 1.0 / v);
-  costs.backward.assign(chunks, 2.0 / v);
-  if (plan::splits_backward(kind)) {
-    costs.backward.assign(chunks, 1.0 / v);
-    costs.weight.assign(chunks, 1.0 / v);
-  }
-  costs.boundary_bytes.assign(chunks - 1, 1.0);
+  schedule::SimulationCosts costs = micro_batch_costs(kind, p * v, v, 3.0);  // forward 1 / v a chunk
+  costs.boundary_bytes.assign(static_cast<std::size_t>(p * v - 1), 1.0);
   const double free = schedule::simulate(lists, costs).step_time;
   constexpr double kTransfer = 1e-6;
   costs.transfer = schedule::constant_transfer(kTransfer);
@@ -46,6 +38,20 @@ schedule::PipelineSchedule pipeline_schedule(plan::Schedule schedule, int ranks,
     case plan::Schedule::OneFOneB: break;
   }
   return schedule::one_f_one_b(ranks, micro_batches);
+}
+
+schedule::SimulationCosts micro_batch_costs(plan::Schedule schedule, int chunks, int virtual_stages,
+                                            double per_micro_batch) {
+  const auto n = static_cast<std::size_t>(chunks);
+  const double third = per_micro_batch / 3 / virtual_stages;
+  schedule::SimulationCosts costs;
+  costs.forward.assign(n, third);
+  costs.backward.assign(n, 2 * per_micro_batch / 3 / virtual_stages);
+  if (plan::splits_backward(schedule)) {
+    costs.backward.assign(n, third);
+    costs.weight.assign(n, third);
+  }
+  return costs;
 }
 
 schedule::PipelineSchedule pipeline_schedule(const plan::Plan& plan) {

@@ -27,6 +27,7 @@
 
 #include "plan/plan.h"
 #include "schedule/action.h"
+#include "schedule/simulator.h"
 
 namespace shardwise::cost {
 
@@ -34,6 +35,12 @@ namespace shardwise::cost {
 schedule::PipelineSchedule pipeline_schedule(plan::Schedule schedule, int ranks, int micro_batches,
                                              int virtual_stages, int kfkb_k);
 schedule::PipelineSchedule pipeline_schedule(const plan::Plan& plan);
+
+// The simulator's compute costs of one micro-batch of `per_micro_batch` seconds on each of
+// `chunks` chunks of v per rank, as the evaluator prices it: forward a third, backward two
+// thirds, or B and W a third each where the schedule splits the backward (W half of it).
+schedule::SimulationCosts micro_batch_costs(plan::Schedule schedule, int chunks, int virtual_stages,
+                                            double per_micro_batch);
 
 // The transfers on the critical path of the schedule's step (above); 0 at p = 1.
 double critical_transfers(plan::Schedule schedule, int ranks, int micro_batches, int virtual_stages, int kfkb_k);

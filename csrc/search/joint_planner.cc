@@ -47,19 +47,11 @@ void check_network(const NetworkCondition& network) {
 // "bytes" are its seconds at the cluster's bandwidth, so the network's scales are its rates.
 schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const NetworkCondition& network) {
   const auto& b = plan.predicted->breakdown;
-  const int p = plan.pipeline, v = plan.virtual_stages;
-  const auto chunks = static_cast<std::size_t>(p * v);
+  const int chunks = plan.pipeline * plan.virtual_stages;
   const double m = static_cast<double>(plan.num_micro_batches());
-  const double per_micro_batch = (b.at("compute") + b.at("tensor_parallel")) / m;
-  schedule::SimulationCosts costs;
-  costs.forward.assign(chunks, per_micro_batch / 3 / v);
-  costs.backward.assign(chunks, 2 * per_micro_batch / 3 / v);
-  if (plan::splits_backward(plan.schedule)) {
-    // Its W half the backward, as plan_cost.cc prices it.
-    costs.backward.assign(chunks, per_micro_batch / 3 / v);
-    costs.weight.assign(chunks, per_micro_batch / 3 / v);
-  }
-  costs.boundary_bytes.assign(chunks - 1, b.at("pipeline_transfer"));
+  schedule::SimulationCosts costs = cost::micro_batch_costs(plan.schedule, chunks, plan.virtual_stages,
+                                                            (b.at("compute") + b.at("tensor_parallel")) / m);
+  costs.boundary_bytes.assign(static_cast<std::size_t>(chunks - 1), b.at("pipeline_transfer"));
   costs.transfer = schedule::periodic_bandwidth(network.durations, network.bandwidth_scale);
   // The gradient synchronisation and optimizer step follow the flush, as the evaluator has
   // them (added by after_flush), not overlapped with the last backwards as the simulator could.
