@@ -66,23 +66,37 @@ def add_size_arguments(parser, *, worlds: str = "2,4", layers: int, hidden: int,
         parser.add_argument("--warmup", type=int, default=warmup)
 
 
+def join_gloo(rank: int, world: int, store: str) -> None:
+    """Joins the Gloo group over the file store, one torch thread per process."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+
+
+def token_batch(args, vocab: int):
+    """The global batch of `args` (ids, next ids), the same on every rank."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, vocab, (args.batch, args.seq), generator=g)
+    return idx, torch.roll(idx, -1, dims=1)
+
+
 def twin_tiny_gpts(rank: int, world: int, store: str, args):
     """Joins the Gloo group (one thread per process); two TinyGPTs of `args`' size with the
     same weights, and the global batch (ids, next ids)."""
     import torch
-    import torch.distributed as dist
 
     from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    join_gloo(rank, world, store)
     cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq)
     torch.manual_seed(0)
     model, twin = TinyGPT(cfg), TinyGPT(cfg)
     twin.load_state_dict(model.state_dict())
-    g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, cfg.vocab, (args.batch, cfg.seq), generator=g)
-    return model, twin, (idx, torch.roll(idx, -1, dims=1))
+    return model, twin, token_batch(args, cfg.vocab)
 
 
 def size_line(args) -> str:

@@ -27,8 +27,8 @@ import statistics
 import torch
 
 from _machine import cpu_model
-from _workers import (add_size_arguments, finish_worker, run_world, size_line, timed_rounds, training_steps,
-                      twin_tiny_gpts)
+from _workers import (add_size_arguments, finish_worker, join_gloo, run_world, size_line, timed_rounds, token_batch,
+                      training_steps, twin_tiny_gpts)
 
 
 def _plans(model, batch, world: int):
@@ -52,7 +52,8 @@ def _twin_gpt2s(rank: int, world: int, store: str, args):
 
     from shardwise.models.tiny_gpt import TinyGPTConfig
 
-    _, _, batch = twin_tiny_gpts(rank, world, store, args)
+    join_gloo(rank, world, store)
+    batch = token_batch(args, TinyGPTConfig().vocab)
 
     class CausalLM(torch.nn.Module):
         def __init__(self):
