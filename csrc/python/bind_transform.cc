@@ -21,6 +21,7 @@
 #include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
 #include "transform/stage_split.h"
+#include "transform/fused_weight_accumulation.h"
 #include "transform/weight_gradient_split.h"
 
 namespace py = pybind11;
@@ -221,13 +222,18 @@ void bind_transform(py::module_& m) {
         // sends (send), and the leaves it reads, by name in graph order.
         // And where each stage's backward splits into B and W (transform/weight_gradient_split.h):
         // per stage, {reading node: its weight input positions} and the weight values it sends.
-        py::list received, sent, leaves, boundaries, weight_outputs;
+        // And which contractions accumulate their weight gradient in place
+        // (transform/fused_weight_accumulation.h): per stage, {node: its weight input position}.
+        py::list received, sent, leaves, boundaries, weight_outputs, accumulations;
         for (const ir::Graph& stage : transform::split_stages(graph, assignment.stage_of_node, stages)) {
           const transform::WeightGradientSplit split = transform::weight_gradient_split(stage);
           py::dict reads;
           for (const auto& b : split.boundaries) reads[py::str(b.node)] = b.inputs;
           boundaries.append(reads);
           weight_outputs.append(split.weight_outputs);
+          py::dict fused;
+          for (const auto& f : transform::fused_weight_accumulations(stage)) fused[py::str(f.node)] = f.weight_input;
+          accumulations.append(fused);
           std::vector<std::string> in, outs, read;
           for (const ir::Node& node : stage.nodes()) {
             if (node.op == "shardwise::recv") in.push_back(stage.value(node.outputs[0]).name);
@@ -244,6 +250,7 @@ void bind_transform(py::module_& m) {
         out["leaves"] = leaves;
         out["weight_boundaries"] = boundaries;
         out["weight_outputs"] = weight_outputs;
+        out["fused_accumulations"] = accumulations;
         return out;
       },
       py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},

@@ -23,6 +23,7 @@ from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .async_gradients import SPLIT_OPS, AsyncGradient
 from .collective_matmul import CollectiveMatmul
+from .fused_accumulation import FusedAccumulation
 from .kernels import StatisticsKernels, VocabLookup
 from .mesh import _Mesh
 from .parameter_gathers import DeferredScatters, PrefetchStart, PrefetchWait, Regather, _Prefetches, _released_after
@@ -172,7 +173,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                   outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
                   class_name: str | None = None, micro_batches: int = 1,
                   compute_dtypes: dict[str, torch.dtype] | None = None,
-                  weight_boundaries: dict[str, list[int]] | None = None) -> torch.fx.GraphModule:
+                  weight_boundaries: dict[str, list[int]] | None = None,
+                  fused_accumulations: dict[str, int] | None = None) -> torch.fx.GraphModule:
     """The GraphModule of `program`'s nodes (or the subset `nodes`, a pipeline stage) taking
     `input_names` as arguments and returning `outputs` (default: the program's outputs, each
     {"value", "forward", "backward"}). Leaves the nodes read become the module's parameters
@@ -192,7 +194,12 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     transform/weight_gradient_split.h, {reading node: its weight input positions}): those
     operands are read through ``self.weight_split.cut`` and the node's outputs recorded by
     ``self.weight_split.site``, so that the engine runs the stage's backward as B and W
-    (runtime/weight_split.py)."""
+    (runtime/weight_split.py).
+
+    `fused_accumulations` (a pipeline stage: the core's transform/fused_weight_accumulation.h,
+    {contraction: its weight operand's position}): those calls run as
+    ``self.fused_accumulation``, their weight gradient added into the parameter's ``.grad`` by
+    the product (runtime/fused_accumulation.py)."""
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     if mesh is not None:
@@ -201,6 +208,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     if mesh is not None:
         root.statistics = StatisticsKernels(mesh)
     root.one_device_random = OneDeviceRandom()
+    if fused_accumulations:
+        root.fused_accumulation = FusedAccumulation()
     if weight_boundaries is not None:
         root.weight_split = WeightSplit()
     sites = 0
@@ -404,6 +413,14 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             args, kwargs = _node_call(node, target, src, operands)
             call = graph.call_module("async_gradient", (SPLIT_OPS[target], async_operand[0], async_operand[1],
                                                         tuple(args), kwargs))
+        elif fused_accumulations and first in fused_accumulations:  # runtime/fused_accumulation.py
+            if target not in SPLIT_OPS or fused_accumulations[first] != (2 if target is torch.ops.aten.addmm.default
+                                                                         else 1):
+                raise ValidationError(f"parallelize: the core accumulates the weight gradient of '{first}' ({target}) "
+                                      f"at its operand {fused_accumulations[first]} in place, which the runtime can do "
+                                      f"only for the weight of {', '.join(SPLIT_OPS.values())}")
+            args, kwargs = _node_call(node, target, src, operands)
+            call = graph.call_module("fused_accumulation", (SPLIT_OPS[target], tuple(args), kwargs))
         else:
             args, kwargs = _node_call(node, target, src, operands)
             if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)

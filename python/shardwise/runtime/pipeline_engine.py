@@ -47,7 +47,7 @@ from .reshard import gather_whole
 from .stage_links import StageLinks
 from .state import held_state
 from .weight_split import backward_input, backward_weight, check_splittable
-from . import transport
+from . import fused_accumulation, transport
 
 log = get_logger("shardwise.engine")
 
@@ -128,7 +128,8 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
                                nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
                                micro_batches=micro_batches, compute_dtypes=compute_dtypes,
-                               weight_boundaries=cut["weight_boundaries"][g] if split_backward else None)
+                               weight_boundaries=cut["weight_boundaries"][g] if split_backward else None,
+                               fused_accumulations=cut["fused_accumulations"][g] if FUSE_WEIGHT_ACCUMULATION else None)
         if split_backward:
             check_splittable(module, g)
         counted.extend(module.counted)
@@ -147,10 +148,17 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
                         {x: gs for x, gs in here.items() if gs}, produced, shapes)
 
 
+# Stages add each micro-batch's weight gradient into .grad inside its product where the core
+# marks it (runtime/fused_accumulation.py). False builds later stages without it: the control
+# arm of benchmarks/fused_accumulation.py.
+FUSE_WEIGHT_ACCUMULATION = True
+
+
 def full_backward(tensors: list, grads: list) -> None:
     """A stage's backward, B and W at once (``torch.autograd.backward``): a schedule that does not
     split it, and a split schedule's B whose W comes next (fused_backwards)."""
-    torch.autograd.backward(tensors, grads)
+    with fused_accumulation.phase("full"):
+        torch.autograd.backward(tensors, grads)
 
 
 def fused_backwards(actions: list) -> dict[int, int]:
@@ -401,7 +409,8 @@ class PipelineEngine(EngineBase):
                     continue  # its B was the full backward
                 elif kind == "W":
                     state = live.pop((g, mb))
-                    backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
+                    with fused_accumulation.phase("W"):
+                        backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
                     if g - 1 in program.stages and (g - 1, mb) in live:  # the turn: g - 1's B still to read them
                         turned[(g, mb)] = state["input_grads"]
                     del state  # the micro-batch's graph (kept for W) freed now, not at the next action
@@ -488,8 +497,9 @@ class PipelineEngine(EngineBase):
             root_grads = [gr for n, _, gr in pairs if n not in stage["weight_outputs"]]
             weight_outputs = [(t, gr) for n, t, gr in pairs if n in stage["weight_outputs"]]
         names = [n for n in stage["received"] if state["inputs"][n].requires_grad]
-        input_grads, site_grads = backward_input(roots, root_grads, [state["inputs"][n] for n in names],
-                                                 state["sites"])
+        with fused_accumulation.phase("B"):
+            input_grads, site_grads = backward_input(roots, root_grads, [state["inputs"][n] for n in names],
+                                                     state["sites"])
         state["input_grads"] = dict(zip(names, input_grads))
         state["site_grads"] = site_grads
         state["weight_outputs"] = weight_outputs

@@ -17,6 +17,9 @@ one node) and runs ``backward`` from each u with its v's gradient, into the para
 ``.grad`` through whatever made u (a transpose, a cast, a ZeRO-3 gather's reduce-scatter).
 One site at a time: from one site's outputs a path runs back through its activation operand
 to the sites before it, and asking for their v's too would count their terms twice.
+A contraction the core marks for fused accumulation (runtime/fused_accumulation.py) skips
+the same products by the engine's phase, and in W adds its weight term into the parameter's
+``.grad`` itself (its v then gets none).
 
 A micro-batch whose W comes right after its B on its rank (DualPipeV's full backwards, some
 of ZB-H1's and ZB-V's) is not split at all: its forward reads the weights directly and its B
@@ -58,6 +61,7 @@ class WeightCut(torch.nn.Module):
                 not torch.is_grad_enabled():
             return u
         v = u.detach().requires_grad_(True)
+        v._shardwise_cut_of = u  # what the leaf stands for (runtime/fused_accumulation.py)
         state.cuts.setdefault(site, []).append((u, v))
         return v
 

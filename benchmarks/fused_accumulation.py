@@ -1,0 +1,91 @@
+"""Weight gradients accumulated by their products, measured: pipeline stages whose linears add
+each micro-batch's weight gradient into ``.grad`` inside the ``addmm_`` that makes it
+(runtime/fused_accumulation.py), against the same plan built without it (autograd makes each
+micro-batch's weight gradient in a fresh tensor and AccumulateGrad adds it in), side by side.
+
+    python benchmarks/fused_accumulation.py                     # 2 Gloo processes, 5 schedules
+    python benchmarks/fused_accumulation.py --schedules 1f1b,zb-h1
+
+pipeline.py's TinyGPT (4 layers of 512, seq 128), global batch 16 in micro-batches of 2, a
+pipeline of ``--worlds`` stages, one engine of each kind per schedule with the same weights,
+AdamW, the two alternating step by step. Rank 0 prints, per schedule, the median step time
+of each, the paired ratio plain / fused (the median over rounds of the two steps' ratio: above
+1 the fused steps are faster), the contractions fused per step on rank 0 and the largest
+relative difference between their losses. Timing never fails anything.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from _machine import cpu_model
+from _workers import (add_size_arguments, finish_worker, pipeline_plan, run_world, size_line, timed_rounds,
+                      training_steps, twin_tiny_gpts)
+
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v")
+
+
+def _worker(rank: int, world: int, store: str, args, out: str) -> None:
+    import shardwise
+    from shardwise.runtime import pipeline_engine
+
+    results = {}
+    model, twin, batch = twin_tiny_gpts(rank, world, store, args)
+    for i, schedule in enumerate(args.schedules.split(",")):
+        if i:  # fresh twins of the same weights for each schedule
+            model, twin = _twins(args)
+        plan = pipeline_plan(args.batch, args.micro_batch, schedule, world)
+        engines = {"fused": shardwise.parallelize(model, batch, plan=plan)}
+        pipeline_engine.FUSE_WEIGHT_ACCUMULATION = False
+        try:
+            engines["plain"] = shardwise.parallelize(twin, batch, plan=plan)
+        finally:
+            pipeline_engine.FUSE_WEIGHT_ACCUMULATION = True
+        fused = sum(s["module"].code.count("self.fused_accumulation(") for s in engines["fused"]._stages.values())
+        assert fused > 0 and all("self.fused_accumulation(" not in s["module"].code
+                                 for s in engines["plain"]._stages.values())
+        optimizers = {k: torch.optim.AdamW(e.parameters(), lr=1e-3) for k, e in engines.items()}
+        losses = {k: [] for k in engines}
+        wall, _ = timed_rounds(training_steps(engines, optimizers, batch, losses), args.warmup, args.steps)
+        results[schedule] = {
+            "median_ms": {k: 1e3 * statistics.median(v) for k, v in wall.items()},
+            "paired": statistics.median(p / f for f, p in zip(wall["fused"], wall["plain"])),
+            "fused": fused * engines["fused"]._m,
+            "loss_difference": max(abs(a - b) / abs(b) for a, b in zip(losses["fused"], losses["plain"]))}
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    finish_worker()
+
+
+def _twins(args):
+    """Two more TinyGPTs of `args`' size with the same weights (the group is already joined)."""
+    from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
+
+    cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq)
+    torch.manual_seed(0)
+    model, twin = TinyGPT(cfg), TinyGPT(cfg)
+    twin.load_state_dict(model.state_dict())
+    return model, twin
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_size_arguments(parser, worlds="2", layers=4, hidden=512, heads=8, seq=128, batch=16, steps=12, warmup=2)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--schedules", default=",".join(SCHEDULES))
+    args = parser.parse_args()
+    print(f"{cpu_model()}; torch {torch.__version__}; {size_line(args)}; micro-batches of {args.micro_batch}")
+    for world in (int(w) for w in args.worlds.split(",")):
+        for schedule, r in run_world(_worker, world, args).items():
+            ms = r["median_ms"]
+            print(f"{world} stages, {schedule:>10}: fused {ms['fused']:.1f} ms, plain {ms['plain']:.1f} ms, paired "
+                  f"plain / fused {r['paired']:.3f}; {r['fused']} weight gradients accumulated in place per step "
+                  f"on rank 0; losses differ by {r['loss_difference']:.1e}")
+
+
+if __name__ == "__main__":
+    main()

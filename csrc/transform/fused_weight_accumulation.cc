@@ -1,0 +1,57 @@
+#include "transform/fused_weight_accumulation.h"
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <variant>
+
+namespace shardwise::transform {
+namespace {
+
+// The position of a contraction's weight operand (inputs in schema order), or none.
+std::optional<std::size_t> weight_position(std::string_view op) {
+  if (op == "aten::linear" || op == "aten::mm") return 1;
+  if (op == "aten::addmm") return 2;
+  return std::nullopt;
+}
+
+bool swaps_two_dims(const ir::Node& node) {
+  if (node.op == "aten::t") return true;
+  if (node.op != "aten::transpose.int") return false;
+  auto dim = [&](const char* name) -> std::optional<std::int64_t> {
+    auto it = node.attrs.find(name);
+    if (it == node.attrs.end() || !std::holds_alternative<std::int64_t>(it->second)) return std::nullopt;
+    const std::int64_t d = std::get<std::int64_t>(it->second);
+    return d < 0 ? d + 2 : d;  // of a 2-D operand
+  };
+  const auto a = dim("dim0"), b = dim("dim1");
+  return a && b && ((*a == 0 && *b == 1) || (*a == 1 && *b == 0));
+}
+
+}  // namespace
+
+std::vector<FusedWeightAccumulation> fused_weight_accumulations(const ir::Graph& stage) {
+  std::vector<FusedWeightAccumulation> out;
+  for (const ir::Node& node : stage.nodes()) {
+    const auto at = weight_position(node.op);
+    if (!at || *at >= node.inputs.size() || node.outputs.empty()) continue;
+    const ir::Value& weight = stage.value(node.inputs[*at]);
+    FusedWeightAccumulation mark{stage.value(node.outputs[0]).name, static_cast<int>(*at), {}, false};
+    if (weight.role == ir::ValueRole::Parameter) {
+      mark.parameter = weight.name;
+    } else if (weight.producer) {
+      const ir::Node& made = stage.node(*weight.producer);
+      if (!swaps_two_dims(made) || made.inputs.size() != 1) continue;
+      const ir::Value& source = stage.value(made.inputs[0]);
+      if (source.role != ir::ValueRole::Parameter || source.type.rank() != 2) continue;
+      mark.parameter = source.name;
+      mark.transposed = true;
+    } else {
+      continue;
+    }
+    out.push_back(std::move(mark));
+  }
+  return out;
+}
+
+}  // namespace shardwise::transform

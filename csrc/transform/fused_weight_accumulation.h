@@ -1,0 +1,38 @@
+// Which contractions of a pipeline stage can accumulate their weight gradient into the
+// parameter's gradient inside the product that makes it (Megatron-LM's
+// gradient_accumulation_fusion: a GEMM with beta = 1 into main_grad).
+//
+// A pipeline step runs m micro-batches' backwards into one gradient per parameter. Unfused,
+// each makes its weight gradient in a fresh tensor and then adds it in: m writes of the
+// whole weight, m reads back and m adds. Fused, the product adds into the gradient as it is
+// computed. The runtime (python/shardwise/runtime/fused_accumulation.py) runs each marked
+// node that way when, at backward, the operand is still the leaf (or its t()) and nothing
+// watches the gradient arrive (a data-parallel bucket's hook); otherwise as autograd would.
+//
+// Marked: aten::linear (weight at input 1), aten::addmm (input 2) and aten::mm (input 1)
+// whose weight operand is a parameter, or aten::t / aten::transpose.int of a 2-D parameter
+// (torch.export's linear is t + addmm). Not marked: a weight made otherwise (a cast, a
+// gathered shard: its own backward reaches the leaf), a product of two activations.
+//
+// Worked example: %wt = aten::t(%w); %y = aten::addmm(%b, %x, %wt) marks y {input 2,
+// parameter w, transposed}; %z = aten::mm(%x, %h) with %h an activation marks nothing.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace shardwise::transform {
+
+struct FusedWeightAccumulation {
+  std::string node;       // the contraction's first output
+  int weight_input = -1;  // the position of its weight operand
+  std::string parameter;  // the parameter whose gradient it accumulates into
+  bool transposed = false;  // the operand is the parameter's transpose
+};
+
+// In node order.
+std::vector<FusedWeightAccumulation> fused_weight_accumulations(const ir::Graph& stage);
+
+}  // namespace shardwise::transform

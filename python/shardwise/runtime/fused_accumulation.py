@@ -1,0 +1,133 @@
+"""A pipeline stage's weight gradient accumulated into the parameter's ``.grad`` by the product
+that makes it (Megatron-LM's ``gradient_accumulation_fusion``).
+
+A pipeline step runs m micro-batches' backwards into the same ``.grad``: autograd makes each
+micro-batch's weight gradient in a fresh tensor (an ``mm``) and AccumulateGrad adds it in
+(an ``add_`` over the whole weight). The core marks the contractions whose weight operand is
+a parameter or its transpose (csrc/transform/fused_weight_accumulation.h); the lowering runs
+each as ``self.fused_accumulation(op, args, kwargs)``, whose backward computes the same
+products with the weight's term written as ``param.grad.addmm_(...)`` (``beta = 1``): one
+pass over the weight gradient where there were three (write, read, add), and no temporary.
+
+The engine says which backward is running (``phase``):
+- ``"full"``: its own ``torch.autograd.backward`` of a stage (pipeline_engine.full_backward):
+  every gradient, the weight's accumulated in place;
+- ``"B"``: a split backward's input part (runtime/weight_split.py): only the operands the
+  split did not cut (the activation's), as autograd's own kernels skip what no input asks for;
+- ``"W"``: its weight part: only the cut operands', the weight's accumulated in place;
+- otherwise (a backward the engine does not run, e.g. a user's ``autograd.grad``): every
+  gradient returned to autograd, nothing written.
+
+Accumulated in place only where autograd would do just that: the weight operand is a leaf
+parameter or its ``t()`` (not a gathered shard or a cast: those reach the leaf through their
+own backward), the backward builds no graph (``create_graph``), the gradient has the
+parameter's dtype, and the parameter has no hook that watches its gradient arrive (a
+data-parallel bucket's post-accumulate hook, a user's ``register_hook``). Otherwise the
+weight's gradient goes back to autograd as before. The sum is the same one in another
+rounding (``beta = 1`` adds inside the product): float64 runs equal one device to 1e-12.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _rows, _sum_to, contraction_operands
+
+_PHASE = [None]
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """The engine's backward of kind `name` ("full", "B" or "W") runs inside."""
+    before = _PHASE[0]
+    _PHASE[0] = name
+    try:
+        yield
+    finally:
+        _PHASE[0] = before
+
+
+def _parameter_of(weight: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+    """(the leaf, transposed) where `weight` is a leaf or the ``t()`` of one; else None."""
+    if weight.is_leaf:
+        return weight, False
+    base = weight._base
+    if base is not None and base.is_leaf and base.dim() == 2 and weight.dim() == 2 and \
+            weight.shape == base.shape[::-1] and weight.stride() == base.stride()[::-1] and \
+            weight.storage_offset() == base.storage_offset():
+        return base, True
+    return None
+
+
+def _accumulates_in_place(param: torch.Tensor, grad: torch.Tensor) -> bool:
+    return (param.requires_grad and not torch.is_grad_enabled() and grad.dtype == param.dtype
+            and param._post_accumulate_grad_hooks is None and not param._backward_hooks
+            and (param.grad is None or (param.grad.layout == torch.strided and param.grad.dtype == param.dtype)))
+
+
+class _FusedAccumulation(torch.autograd.Function):
+    """forward(op, beta, alpha, x, weight, bias): the call; backward: its gradients, the
+    weight's accumulated into the parameter's .grad where the phase asks for it."""
+
+    @staticmethod
+    def forward(ctx, op, beta, alpha, x, weight, bias):
+        ctx.op, ctx.beta, ctx.alpha = op, beta, alpha
+        ctx.bias_shape = bias.shape if bias is not None else None
+        # A split forward reads the weight and bias through fresh leaves (weight_split.WeightCut).
+        source = getattr(weight, "_shardwise_cut_of", None)
+        ctx.cut = (source is not None, getattr(bias, "_shardwise_cut_of", None) is not None)
+        ctx.parameter = _parameter_of(source if source is not None else weight)
+        ctx.save_for_backward(x, weight)
+        if op is _LINEAR:
+            return torch.nn.functional.linear(x, weight, bias)
+        if op is _ADDMM:
+            return torch.addmm(bias, x, weight, beta=beta, alpha=alpha)
+        return torch.mm(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[3:6]
+        stage = _PHASE[0]
+        cut_weight, cut_bias = ctx.cut
+        # What this backward asks for: B the uncut operands, W the cut ones, any other all.
+        needs_x = needs_x and stage != "W"
+        needs_weight = needs_weight and not (stage == "B" and cut_weight) and not (stage == "W" and not cut_weight)
+        needs_bias = needs_bias and not (stage == "B" and cut_bias) and not (stage == "W" and not cut_bias)
+        grad_x = grad_weight = grad_bias = None
+        if needs_x:
+            grad_x = grad @ weight if ctx.op is _LINEAR else grad @ weight.t()
+            if ctx.alpha != 1:
+                grad_x = grad_x * ctx.alpha
+        if needs_weight:
+            # The weight operand's gradient is a @ b (linear: grad^T x; addmm, mm: x^T grad).
+            a, b = (_rows(grad).t(), _rows(x)) if ctx.op is _LINEAR else (x.t(), grad)
+            param = ctx.parameter
+            if stage in ("full", "W") and param is not None and _accumulates_in_place(param[0], grad):
+                leaf, transposed = param
+                lhs, rhs = (b.t(), a.t()) if transposed else (a, b)  # the leaf's own orientation
+                if leaf.grad is None:
+                    made = torch.mm(lhs, rhs)
+                    leaf.grad = made * ctx.alpha if ctx.alpha != 1 else made
+                else:
+                    leaf.grad.addmm_(lhs, rhs, alpha=ctx.alpha)
+            else:
+                grad_weight = a @ b
+                if ctx.alpha != 1:
+                    grad_weight = grad_weight * ctx.alpha
+        if needs_bias:
+            grad_bias = grad if ctx.op is _LINEAR else grad * ctx.beta if ctx.beta != 1 else grad
+            grad_bias = _sum_to(grad_bias, ctx.bias_shape)
+        return None, None, None, grad_x, grad_weight, grad_bias
+
+
+class FusedAccumulation(torch.nn.Module):
+    """``self.fused_accumulation(op, args, kwargs)`` in the printed stage program: the call of
+    `op` (aten::linear, aten::addmm or aten::mm, the core's mark) with its weight gradient
+    accumulated in place."""
+
+    def forward(self, op: str, args: tuple, kwargs: dict) -> torch.Tensor:
+        target = _BY_NAME[op]
+        x, weight, bias, beta, alpha = contraction_operands(target, args, kwargs)
+        return _FusedAccumulation.apply(target, beta, alpha, x, weight, bias)

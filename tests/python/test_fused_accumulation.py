@@ -1,0 +1,191 @@
+"""A pipeline stage's weight gradients accumulated into ``.grad`` by the products that make
+them (runtime/fused_accumulation.py; the core marks the contractions,
+csrc/transform/fused_weight_accumulation.h).
+
+In one process: the backward's gradients equal autograd's in every phase, the weight's
+written in place only in the engine's own backwards ("full", "W"), and left to autograd
+where a hook watches the parameter or a graph is built. On real Gloo processes, float64,
+against one device: Hugging Face GPT-2 (Conv1D: addmm of the weight itself; a tied LM head:
+linear of the embedding) and TinyGPT (nn.Linear: t + addmm) under 1F1B, ZB-H1 (full
+backwards, split B and W) and ZB-V (the V's turn), with every marked contraction of every
+micro-batch counted accumulating in place.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import shardwise
+from conftest import finish_rank, parameter_error, spawn_reports
+from shardwise.models import CausalLMWithLoss
+from shardwise.runtime import fused_accumulation
+from shardwise.runtime.fused_accumulation import FusedAccumulation
+
+transformers = pytest.importorskip("transformers")
+
+STEPS, ROWS, MICRO, TOLERANCE = 3, 8, 2, 1e-9
+
+
+def _linear_twice(weight, bias, op: str, transposed: bool, seed: int):
+    """Two micro-batches through one marked call; returns the inputs."""
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(5, weight.shape[1 if op == "aten::linear" or transposed else 0], generator=g,
+                      dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    outs = []
+    for x in xs:
+        w = weight.t() if transposed else weight
+        args = {"aten::linear": (x, w, bias), "aten::addmm": (bias, x, w), "aten::mm": (x, w)}[op]
+        outs.append(FusedAccumulation()(op, args, {}))
+    return xs, outs
+
+
+@pytest.mark.parametrize("op,transposed", [("aten::linear", False), ("aten::addmm", True), ("aten::addmm", False),
+                                           ("aten::mm", True)])
+def test_full_backward_accumulates_the_weight_in_place_and_equals_autograd(op, transposed):
+    torch.manual_seed(0)
+    shape = (3, 4) if op == "aten::linear" or transposed else (4, 3)
+    weight = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3, dtype=torch.float64, requires_grad=True) if op != "aten::mm" else None
+    ref_w = weight.detach().clone().requires_grad_(True)
+    ref_b = bias.detach().clone().requires_grad_(True) if bias is not None else None
+    xs, outs = _linear_twice(weight, bias, op, transposed, 1)
+    made = 0
+    real = fused_accumulation._accumulates_in_place
+
+    def counted(param, grad):
+        nonlocal made
+        ok = real(param, grad)
+        made += ok
+        return ok
+
+    fused_accumulation._accumulates_in_place = counted
+    try:
+        with fused_accumulation.phase("full"):
+            for y in outs:
+                torch.autograd.backward([y], [torch.ones_like(y)])
+    finally:
+        fused_accumulation._accumulates_in_place = real
+    assert made == 2  # both micro-batches' weight terms written by the product, in place
+    ref_xs = [x.detach().clone().requires_grad_(True) for x in xs]
+    for x in ref_xs:
+        w = ref_w.t() if transposed else ref_w
+        y = {"aten::linear": lambda: torch.nn.functional.linear(x, w, ref_b),
+             "aten::addmm": lambda: torch.addmm(ref_b, x, w), "aten::mm": lambda: x @ w}[op]()
+        y.backward(torch.ones_like(y))
+    torch.testing.assert_close(weight.grad, ref_w.grad, rtol=1e-12, atol=1e-12)
+    for x, ref in zip(xs, ref_xs):
+        torch.testing.assert_close(x.grad, ref.grad, rtol=1e-12, atol=1e-12)
+    if bias is not None:
+        torch.testing.assert_close(bias.grad, ref_b.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_a_backward_the_engine_does_not_run_leaves_the_weight_to_autograd():
+    """Outside the engine's phases (a user's autograd.grad), with a hook on the parameter, or
+    building a graph: the weight's gradient is returned, as autograd's own would be."""
+    torch.manual_seed(0)
+    weight = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    xs, ys = _linear_twice(weight, None, "aten::linear", False, 2)
+    x, y = xs[0], ys[0]
+    (gw,) = torch.autograd.grad(y.sum(), [weight], retain_graph=True)
+    torch.testing.assert_close(gw, torch.ones(5, 3, dtype=torch.float64).t() @ x.detach())
+    assert weight.grad is None  # nothing written outside the engine's backward
+    arrived = []
+    weight.register_post_accumulate_grad_hook(lambda p: arrived.append(p.grad.clone()))
+    with fused_accumulation.phase("full"):
+        y.sum().backward(retain_graph=True)
+    assert len(arrived) == 1  # autograd accumulated it: the hook saw it arrive
+    torch.testing.assert_close(arrived[0], gw)
+    weight2 = weight.detach().clone().requires_grad_(True)
+    y2 = _linear_twice(weight2, None, "aten::linear", False, 2)[1][0]
+    with fused_accumulation.phase("full"):
+        (g2,) = torch.autograd.grad(y2.sum(), [weight2], create_graph=True)
+    assert weight2.grad is None and g2.requires_grad  # a graph built: autograd's result, not .grad
+
+
+# ---- on Gloo processes ----------------------------------------------------------------------
+def _model(case: str):
+    torch.manual_seed(0)
+    if case == "gpt2":
+        return CausalLMWithLoss(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=4, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0, embd_pdrop=0,
+            attn_pdrop=0))).double()
+    from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
+    return TinyGPT(TinyGPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64)).double()
+
+
+def _batch(step: int):
+    g = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, 64, (ROWS, 16), generator=g)
+    return ids, torch.roll(ids, -1, dims=1)
+
+
+def _plan(stages: int, schedule: str) -> shardwise.Plan:
+    return shardwise.Plan.from_json(json.dumps({
+        "format": "shardwise.plan", "version": 1, "data": 1, "tensor": 1, "pipeline": stages, "global_batch": ROWS,
+        "micro_batch": MICRO, "schedule": schedule, "virtual_stages": 2 if schedule == "zb-v" else 1, "kfkb_k": 1,
+        "recompute": "none", "zero_stage": 0, "layers_per_stage": [], "precision": "f32"}))
+
+
+def _worker(rank: int, world: int, store: str, result: str, case: str, schedule: str) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    real = fused_accumulation._accumulates_in_place
+    try:
+        in_place = {"full": 0, "W": 0, "B": 0, None: 0}
+
+        def counted(param, grad):
+            ok = real(param, grad)
+            in_place[fused_accumulation._PHASE[0]] += ok
+            return ok
+
+        fused_accumulation._accumulates_in_place = counted
+        model = _model(case)
+        engine = shardwise.parallelize(model, _batch(0), plan=_plan(world, schedule))
+        optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
+        reference = _model(case)
+        ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+        losses, ref_losses = [], []
+        for step in range(STEPS):
+            batch = _batch(step)
+            losses.append(float(engine.train_step(*batch)))
+            optimizer.step()
+            optimizer.zero_grad()
+            loss = reference(*batch)
+            loss.backward()
+            ref_optimizer.step()
+            ref_optimizer.zero_grad()
+            ref_losses.append(loss.item())
+        marked = sum(stage["module"].code.count("fused_accumulation(") for stage in engine._stages.values())
+        report = {"rank": rank, "losses": losses, "ref_losses": ref_losses, "in_place": {str(k): v for k, v in
+                                                                                         in_place.items()},
+                  "marked": marked, "micro_batches": engine._m, "error": parameter_error(engine.full_state_dict(),
+                                                                                          reference)}
+        finish_rank(result, rank, report)
+    finally:
+        fused_accumulation._accumulates_in_place = real
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "zb-v"])
+@pytest.mark.parametrize("case", ["gpt2", "tiny_gpt"])
+def test_pipeline_stages_accumulate_weight_gradients_in_place_and_train_as_one_device(case, schedule):
+    reports = spawn_reports(_worker, 2, case, schedule)
+    for r in reports:
+        # Every marked contraction of every micro-batch wrote its weight's term in place, in
+        # the engine's full backwards or its W actions, never in a split B.
+        assert r["marked"] >= 8, r  # GPT-2: 4 Conv1Ds a block; TinyGPT: 4 linears a block (2 blocks a rank)
+        done = r["in_place"]
+        assert done["B"] == 0 and done["None"] == 0, done
+        assert done["full"] + done["W"] == r["marked"] * r["micro_batches"] * STEPS, (done, r["marked"])
+        if schedule == "1f1b":
+            assert done["W"] == 0, done  # no split: every one in a full backward
+    if schedule != "1f1b":
+        assert sum(r["in_place"]["W"] for r in reports) > 0, reports  # split micro-batches: W wrote them
+    r = reports[-1]
+    errors = [abs(a - b) / abs(b) for a, b in zip(r["losses"], r["ref_losses"])]
+    print(f"{case} {schedule}: {r['marked']} contractions fused on rank 1; losses within {max(errors):.1e}, "
+          f"parameters {r['error']:.1e}")
+    assert max(errors) <= TOLERANCE, (r["losses"], r["ref_losses"])
+    assert max(rep["error"] for rep in reports) < TOLERANCE, [rep["error"] for rep in reports]
