@@ -194,6 +194,11 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
             try:
                 if v_schedule not in cuts or not all(report["cut_v"][v_schedule]):
                     raise RuntimeError(f"shardwise's {v_schedule} cut is missing")
+                held = [b for blocks in report["cut_v"][v_schedule] for b in blocks]
+                if len(held) != len(set(held)):  # torch's stages hold whole blocks: one would run twice
+                    raise RuntimeError(f"shardwise cut a block across two of {v_schedule}'s {2 * world} stages "
+                                       f"(blocks per stage: {report['cut_v'][v_schedule]}); torch's stages hold whole "
+                                       f"blocks: give --layers at least {2 * world}")
                 model = TinyGPT(cfg)
                 model.load_state_dict(reference.state_dict())
                 mine = [rank, 2 * world - 1 - rank]
