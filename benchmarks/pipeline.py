@@ -21,6 +21,10 @@ Both zero-bubble sides split each backward into B and W: shardwise where the cor
 (csrc/transform/weight_gradient_split.h, runtime/weight_split.py), torch by autograd-graph
 surgery (torch/distributed/pipelining/_backward.py).
 
+Every shardwise stage adds each micro-batch's weight gradient of its linears into ``.grad``
+inside the product that makes it (runtime/fused_accumulation.py); torch's make it in a fresh
+tensor that AccumulateGrad adds in (benchmarks/fused_accumulation.py measures the difference).
+
 TinyGPT ties its LM head to its embedding: shardwise holds the weight on the first and the
 last stage and all-reduces its gradient between them; the torch side does the same by hand
 (an ``all_reduce`` of the two copies' gradients after ``schedule.step``). All six compute the
