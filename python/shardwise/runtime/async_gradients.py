@@ -55,6 +55,26 @@ def contraction_operands(target, args: tuple, kwargs: dict) -> tuple:
     return args[0], args[1], None, 1, 1
 
 
+def contraction(op, beta, alpha, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    """The call of `op` (one of SPLIT_OPS) on its operands (addmm's beta and alpha)."""
+    if op is _LINEAR:
+        return torch.nn.functional.linear(x, weight, bias)
+    if op is _ADDMM:
+        return torch.addmm(bias, x, weight, beta=beta, alpha=alpha)
+    return torch.mm(x, weight)
+
+
+def input_gradient(op, alpha, grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The contraction's gradient with respect to its input x."""
+    grad_x = grad @ weight if op is _LINEAR else grad @ weight.t()
+    return grad_x * alpha if alpha != 1 else grad_x
+
+
+def bias_gradient(op, beta, grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The contraction's gradient with respect to its bias (of `shape`)."""
+    return _sum_to(grad if op is _LINEAR or beta == 1 else grad * beta, shape)
+
+
 class _SplitBackward(torch.autograd.Function):
     """forward(op, group, beta, alpha, x, weight, bias): the call (addmm's beta and alpha); backward: x's
     gradient, all-reduced over `group` asynchronously while the others are computed."""
@@ -64,11 +84,7 @@ class _SplitBackward(torch.autograd.Function):
         ctx.op, ctx.group, ctx.beta, ctx.alpha = op, group, beta, alpha
         ctx.bias_shape = bias.shape if bias is not None else None
         ctx.save_for_backward(x, weight)
-        if op is _LINEAR:
-            return torch.nn.functional.linear(x, weight, bias)
-        if op is _ADDMM:
-            return torch.addmm(bias, x, weight, beta=beta, alpha=alpha)
-        return torch.mm(x, weight)
+        return contraction(op, beta, alpha, x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -78,10 +94,7 @@ class _SplitBackward(torch.autograd.Function):
         work = None
         if needs_x:
             # The input's gradient first, then its all-reduce, asynchronous.
-            grad_x = grad @ weight if ctx.op is _LINEAR else grad @ weight.t()
-            if ctx.op is _ADDMM and ctx.alpha != 1:
-                grad_x = grad_x * ctx.alpha
-            grad_x = grad_x.contiguous()
+            grad_x = input_gradient(ctx.op, ctx.alpha, grad, weight).contiguous()
             work = transport.all_reduce(grad_x, group=ctx.group, async_op=True)
         # The weight's and the bias' while it runs.
         if needs_weight:
@@ -92,8 +105,7 @@ class _SplitBackward(torch.autograd.Function):
                 if ctx.op is _ADDMM and ctx.alpha != 1:
                     grad_weight = grad_weight * ctx.alpha
         if needs_bias:
-            grad_bias = grad if ctx.op is _LINEAR else grad * ctx.beta if ctx.beta != 1 else grad
-            grad_bias = _sum_to(grad_bias, ctx.bias_shape)
+            grad_bias = bias_gradient(ctx.op, ctx.beta, grad, ctx.bias_shape)
         if work is not None:
             work.wait()
         return None, None, None, None, grad_x, grad_weight, grad_bias

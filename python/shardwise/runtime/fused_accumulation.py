@@ -34,7 +34,8 @@ import contextlib
 
 import torch
 
-from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _rows, _sum_to, contraction_operands
+from .async_gradients import (_BY_NAME, _LINEAR, _rows, bias_gradient, contraction, contraction_operands,
+                              input_gradient)
 
 _PHASE = [None]
 
@@ -81,11 +82,7 @@ class _FusedAccumulation(torch.autograd.Function):
         ctx.cut = (source is not None, getattr(bias, "_shardwise_cut_of", None) is not None)
         ctx.parameter = _parameter_of(source if source is not None else weight)
         ctx.save_for_backward(x, weight)
-        if op is _LINEAR:
-            return torch.nn.functional.linear(x, weight, bias)
-        if op is _ADDMM:
-            return torch.addmm(bias, x, weight, beta=beta, alpha=alpha)
-        return torch.mm(x, weight)
+        return contraction(op, beta, alpha, x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -99,9 +96,7 @@ class _FusedAccumulation(torch.autograd.Function):
         needs_bias = needs_bias and not (stage == "B" and cut_bias) and not (stage == "W" and not cut_bias)
         grad_x = grad_weight = grad_bias = None
         if needs_x:
-            grad_x = grad @ weight if ctx.op is _LINEAR else grad @ weight.t()
-            if ctx.alpha != 1:
-                grad_x = grad_x * ctx.alpha
+            grad_x = input_gradient(ctx.op, ctx.alpha, grad, weight)
         if needs_weight:
             # The weight operand's gradient is a @ b (linear: grad^T x; addmm, mm: x^T grad).
             a, b = (_rows(grad).t(), _rows(x)) if ctx.op is _LINEAR else (x.t(), grad)
@@ -119,8 +114,7 @@ class _FusedAccumulation(torch.autograd.Function):
                 if ctx.alpha != 1:
                     grad_weight = grad_weight * ctx.alpha
         if needs_bias:
-            grad_bias = grad if ctx.op is _LINEAR else grad * ctx.beta if ctx.beta != 1 else grad
-            grad_bias = _sum_to(grad_bias, ctx.bias_shape)
+            grad_bias = bias_gradient(ctx.op, ctx.beta, grad, ctx.bias_shape)
         return None, None, None, grad_x, grad_weight, grad_bias
 
 
