@@ -14,11 +14,14 @@ The engine says which backward is running (``phase``):
   every gradient, the weight's accumulated in place;
 - ``"B"``: a split backward's input part (runtime/weight_split.py): only the operands the
   split did not cut (the activation's), as autograd's own kernels skip what no input asks for;
-- ``"W"``: its weight part: only the cut operands', the weight's accumulated in place;
+- ``"W"``: its weight part, one site's ``autograd.grad`` at a time: only the cut operands',
+  the weight's accumulated in place (then the backward from the weight values a site read
+  to the parameters, a product of weights among them, runs as ``"full"``);
 - otherwise (a backward the engine does not run, e.g. a user's ``autograd.grad``): every
   gradient returned to autograd, nothing written.
 
-Accumulated in place only where autograd would do just that: the weight operand is a leaf
+Under autocast the call is the op itself, with autograd's backward. Accumulated in place
+only where autograd would do just that: the weight operand is a leaf
 parameter or its ``t()`` (not a gathered shard or a cast: those reach the leaf through their
 own backward), the backward builds no graph (``create_graph``), the gradient has the
 parameter's dtype, and the parameter has no hook that watches its gradient arrive (a
@@ -126,4 +129,6 @@ class FusedAccumulation(torch.nn.Module):
     def forward(self, op: str, args: tuple, kwargs: dict) -> torch.Tensor:
         target = _BY_NAME[op]
         x, weight, bias, beta, alpha = contraction_operands(target, args, kwargs)
+        if torch.is_autocast_enabled(x.device.type):  # the op's own autograd, as autocast casts it
+            return contraction(target, beta, alpha, x, weight, bias)
         return _FusedAccumulation.apply(target, beta, alpha, x, weight, bias)

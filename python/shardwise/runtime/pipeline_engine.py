@@ -409,8 +409,7 @@ class PipelineEngine(EngineBase):
                     continue  # its B was the full backward
                 elif kind == "W":
                     state = live.pop((g, mb))
-                    with fused_accumulation.phase("W"):
-                        backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
+                    backward_weight(state["sites"], state["site_grads"], state["weight_outputs"])
                     if g - 1 in program.stages and (g - 1, mb) in live:  # the turn: g - 1's B still to read them
                         turned[(g, mb)] = state["input_grads"]
                     del state  # the micro-batch's graph (kept for W) freed now, not at the next action

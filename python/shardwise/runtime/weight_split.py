@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from .._C import ValidationError
+from . import fused_accumulation
 
 
 class _SplitState:
@@ -135,8 +136,9 @@ def backward_weight(sites: list, site_grads: list, weight_outputs: list) -> None
         pairs = [(y, dy) for y, dy in zip(outputs, dys) if dy is not None]
         if not pairs:
             continue
-        dvs = torch.autograd.grad([y for y, _ in pairs], [v for _, v in cuts], [dy for _, dy in pairs],
-                                  allow_unused=True)
+        with fused_accumulation.phase("W"):  # this site's weight-side products alone
+            dvs = torch.autograd.grad([y for y, _ in pairs], [v for _, v in cuts], [dy for _, dy in pairs],
+                                      allow_unused=True)
         for (u, _), dv in zip(cuts, dvs):
             if dv is not None:
                 tensors.append(u)
@@ -146,4 +148,5 @@ def backward_weight(sites: list, site_grads: list, weight_outputs: list) -> None
             tensors.append(t)
             grads.append(g)
     if tensors:
-        torch.autograd.backward(tensors, grads)
+        with fused_accumulation.phase("full"):  # from the weight values to the parameters: every product
+            torch.autograd.backward(tensors, grads)
