@@ -30,7 +30,7 @@ STEPS, ROWS, MICRO, TOLERANCE = 3, 8, 2, 1e-9
 
 
 def _linear_twice(weight, bias, op: str, transposed: bool, seed: int):
-    """Two micro-batches through one marked call; returns the inputs."""
+    """Two micro-batches through one marked call: (their inputs, their outputs)."""
     g = torch.Generator().manual_seed(seed)
     xs = [torch.randn(5, weight.shape[1 if op == "aten::linear" or transposed else 0], generator=g,
                       dtype=torch.float64, requires_grad=True) for _ in range(2)]
