@@ -84,19 +84,26 @@ def token_batch(args, vocab: int):
     return idx, torch.roll(idx, -1, dims=1)
 
 
-def twin_tiny_gpts(rank: int, world: int, store: str, args):
-    """Joins the Gloo group (one thread per process); two TinyGPTs of `args`' size with the
-    same weights, and the global batch (ids, next ids)."""
+def tiny_gpt_twins(args):
+    """Two TinyGPTs of `args`' size with the same weights (seed 0)."""
     import torch
 
     from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
-    join_gloo(rank, world, store)
     cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq)
     torch.manual_seed(0)
     model, twin = TinyGPT(cfg), TinyGPT(cfg)
     twin.load_state_dict(model.state_dict())
-    return model, twin, token_batch(args, cfg.vocab)
+    return model, twin
+
+
+def twin_tiny_gpts(rank: int, world: int, store: str, args):
+    """Joins the Gloo group (one thread per process); two TinyGPTs of `args`' size with the
+    same weights, and the global batch (ids, next ids)."""
+    from shardwise.models.tiny_gpt import TinyGPTConfig
+
+    join_gloo(rank, world, store)
+    return (*tiny_gpt_twins(args), token_batch(args, TinyGPTConfig().vocab))
 
 
 def size_line(args) -> str:

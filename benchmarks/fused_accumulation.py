@@ -23,7 +23,7 @@ import torch
 
 from _machine import cpu_model
 from _workers import (add_size_arguments, finish_worker, pipeline_plan, run_world, size_line, timed_rounds,
-                      training_steps, twin_tiny_gpts)
+                      tiny_gpt_twins, training_steps, twin_tiny_gpts)
 
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v")
 
@@ -36,7 +36,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     model, twin, batch = twin_tiny_gpts(rank, world, store, args)
     for i, schedule in enumerate(args.schedules.split(",")):
         if i:  # fresh twins of the same weights for each schedule
-            model, twin = _twins(args)
+            model, twin = tiny_gpt_twins(args)
         plan = pipeline_plan(args.batch, args.micro_batch, schedule, world)
         engines = {"fused": shardwise.parallelize(model, batch, plan=plan)}
         pipeline_engine.FUSE_WEIGHT_ACCUMULATION = False
@@ -59,17 +59,6 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         with open(out, "w") as f:
             json.dump(results, f)
     finish_worker()
-
-
-def _twins(args):
-    """Two more TinyGPTs of `args`' size with the same weights (the group is already joined)."""
-    from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
-
-    cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq)
-    torch.manual_seed(0)
-    model, twin = TinyGPT(cfg), TinyGPT(cfg)
-    twin.load_state_dict(model.state_dict())
-    return model, twin
 
 
 def main() -> None:

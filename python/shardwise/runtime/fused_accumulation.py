@@ -80,23 +80,19 @@ class _FusedAccumulation(torch.autograd.Function):
     def forward(ctx, op, beta, alpha, x, weight, bias):
         ctx.op, ctx.beta, ctx.alpha = op, beta, alpha
         ctx.bias_shape = bias.shape if bias is not None else None
-        # A split forward reads the weight and bias through fresh leaves (weight_split.WeightCut).
-        source = getattr(weight, "_shardwise_cut_of", None)
-        ctx.cut = (source is not None, getattr(bias, "_shardwise_cut_of", None) is not None)
-        ctx.parameter = _parameter_of(source if source is not None else weight)
+        # A split forward reads weight values through fresh leaves (weight_split.WeightCut).
+        ctx.cut = tuple(getattr(t, "_shardwise_cut_of", None) is not None for t in (x, weight, bias))
+        ctx.parameter = _parameter_of(getattr(weight, "_shardwise_cut_of", weight))
         ctx.save_for_backward(x, weight)
         return contraction(op, beta, alpha, x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[3:6]
         stage = _PHASE[0]
-        cut_weight, cut_bias = ctx.cut
         # What this backward asks for: B the uncut operands, W the cut ones, any other all.
-        needs_x = needs_x and stage != "W"
-        needs_weight = needs_weight and not (stage == "B" and cut_weight) and not (stage == "W" and not cut_weight)
-        needs_bias = needs_bias and not (stage == "B" and cut_bias) and not (stage == "W" and not cut_bias)
+        needs_x, needs_weight, needs_bias = (needs and stage != ("B" if cut else "W")
+                                             for needs, cut in zip(ctx.needs_input_grad[3:6], ctx.cut))
         grad_x = grad_weight = grad_bias = None
         if needs_x:
             grad_x = input_gradient(ctx.op, ctx.alpha, grad, weight)

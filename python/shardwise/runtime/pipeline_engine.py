@@ -496,9 +496,8 @@ class PipelineEngine(EngineBase):
             root_grads = [gr for n, _, gr in pairs if n not in stage["weight_outputs"]]
             weight_outputs = [(t, gr) for n, t, gr in pairs if n in stage["weight_outputs"]]
         names = [n for n in stage["received"] if state["inputs"][n].requires_grad]
-        with fused_accumulation.phase("B"):
-            input_grads, site_grads = backward_input(roots, root_grads, [state["inputs"][n] for n in names],
-                                                     state["sites"])
+        input_grads, site_grads = backward_input(roots, root_grads, [state["inputs"][n] for n in names],
+                                                 state["sites"])
         state["input_grads"] = dict(zip(names, input_grads))
         state["site_grads"] = site_grads
         state["weight_outputs"] = weight_outputs

@@ -118,7 +118,8 @@ def backward_input(roots: list, root_grads: list, inputs: list, sites: list) -> 
     wanted = inputs + site_outputs
     if not roots or not wanted:
         return [None] * len(inputs), [[None] * len(outputs) for outputs, _ in sites]
-    grads = list(torch.autograd.grad(roots, wanted, root_grads, retain_graph=True, allow_unused=True))
+    with fused_accumulation.phase("B"):  # the activation gradients alone
+        grads = list(torch.autograd.grad(roots, wanted, root_grads, retain_graph=True, allow_unused=True))
     input_grads, rest = grads[:len(inputs)], grads[len(inputs):]
     per_site, k = [], 0
     for outputs, _ in sites:
