@@ -52,14 +52,17 @@ def profile_summary(prof) -> str:
 
 
 def add_size_arguments(parser, *, worlds: str = "2,4", layers: int, hidden: int, heads: int, seq: int,
-                       batch: int, steps: int | None = 10, warmup: int | None = 3) -> None:
-    """The TinyGPT size and run-length arguments (steps / warmup None: the benchmark has none)."""
+                       batch: int, steps: int | None = 10, warmup: int | None = 3, vocab: int | None = None) -> None:
+    """The TinyGPT size and run-length arguments (steps / warmup None: the benchmark has none;
+    vocab None: TinyGPT's own 256 rows, no argument)."""
     parser.add_argument("--worlds", default=worlds)
     parser.add_argument("--layers", type=int, default=layers)
     parser.add_argument("--hidden", type=int, default=hidden)
     parser.add_argument("--heads", type=int, default=heads)
     parser.add_argument("--seq", type=int, default=seq)
     parser.add_argument("--batch", type=int, default=batch)
+    if vocab is not None:
+        parser.add_argument("--vocab", type=int, default=vocab, help="token table rows (GPT-2: 50257)")
     if steps is not None:
         parser.add_argument("--steps", type=int, default=steps)
     if warmup is not None:
@@ -84,15 +87,29 @@ def token_batch(args, vocab: int):
     return idx, torch.roll(idx, -1, dims=1)
 
 
+def gpt2_token_table(model, vocab: int) -> None:
+    """At a vocabulary other than TinyGPT's 256 rows, its token table initialised as GPT-2's
+    (normal, std 0.02). TinyGPT's N(0, 1) default puts its tied head's logits tens apart; at
+    GPT-2's 50,257 rows the softmax then underflows into denormals, which made every matmul
+    reading its gradient 10-40x slower on this CPU (both sides alike: a benchmark of denormals)."""
+    import torch
+
+    if vocab != 256:
+        with torch.no_grad():
+            model.wte.weight.normal_(0.0, 0.02)
+
+
 def tiny_gpt_twins(args):
     """Two TinyGPTs of `args`' size with the same weights (seed 0)."""
     import torch
 
     from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
-    cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq)
+    cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
+                        vocab=getattr(args, "vocab", TinyGPTConfig.vocab))
     torch.manual_seed(0)
     model, twin = TinyGPT(cfg), TinyGPT(cfg)
+    gpt2_token_table(model, cfg.vocab)
     twin.load_state_dict(model.state_dict())
     return model, twin
 
@@ -103,13 +120,14 @@ def twin_tiny_gpts(rank: int, world: int, store: str, args):
     from shardwise.models.tiny_gpt import TinyGPTConfig
 
     join_gloo(rank, world, store)
-    return (*tiny_gpt_twins(args), token_batch(args, TinyGPTConfig().vocab))
+    return (*tiny_gpt_twins(args), token_batch(args, getattr(args, "vocab", TinyGPTConfig.vocab)))
 
 
 def size_line(args) -> str:
     """What a side-by-side TinyGPT benchmark ran: sizes, batch and steps."""
-    return (f"TinyGPT layers {args.layers}, hidden {args.hidden}, seq {args.seq}, global batch {args.batch}; median of "
-            f"{args.steps} steps after {args.warmup} of warm-up, one thread per process")
+    vocab = f", vocab {args.vocab}" if hasattr(args, "vocab") else ""
+    return (f"TinyGPT layers {args.layers}, hidden {args.hidden}, seq {args.seq}{vocab}, global batch {args.batch}; "
+            f"median of {args.steps} steps after {args.warmup} of warm-up, one thread per process")
 
 
 def run_world(worker: Callable, world: int, args) -> dict:

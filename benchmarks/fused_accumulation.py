@@ -63,7 +63,8 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_size_arguments(parser, worlds="2", layers=4, hidden=512, heads=8, seq=128, batch=16, steps=12, warmup=2)
+    add_size_arguments(parser, worlds="2", layers=4, hidden=512, heads=8, seq=128, batch=16, steps=12, warmup=2,
+                       vocab=256)
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
     args = parser.parse_args()

@@ -54,7 +54,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from _machine import cpu_model
-from _workers import pipeline_plan, profile_steps
+from _workers import gpt2_token_table, pipeline_plan, profile_steps
 
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v")
 V_SHAPED = (("zb-v", "ScheduleZBVZeroBubble"), ("dualpipe-v", "ScheduleDualPipeV"))  # two stages per rank in a V
@@ -87,6 +87,15 @@ class TorchStage(nn.Module):
         return ([self.wte.weight] if self.first else []) + ([self.lm_head.weight] if self.last else [])
 
 
+def _span(blocks: list[int]) -> tuple[int, int]:
+    """[lo, hi) of a stage's blocks; (0, 0) for a stage without any (a last one of norm and head)."""
+    return (blocks[0], blocks[-1] + 1) if blocks else (0, 0)
+
+
+def _shown(blocks: list[int]) -> str:
+    return f"{blocks[0]}-{blocks[-1]}" if blocks else "none"
+
+
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
@@ -111,9 +120,10 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.FileStore(store, world), rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
-    cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq)
+    cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
     torch.manual_seed(0)
     reference = TinyGPT(cfg)
+    gpt2_token_table(reference, cfg.vocab)
     g = torch.Generator().manual_seed(1)
     idx = torch.randint(0, cfg.vocab, (args.batch, cfg.seq), generator=g)
     batch = tuple(t.to(device) for t in (idx, torch.roll(idx, -1, dims=1)))
@@ -150,7 +160,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     report["cut"] = [everyone[r].get("1f1b", {}).get(r) for r in range(world)]
     report["cut_v"] = {s: [stages_of[s].get(g) for g in range(2 * world)] for s, _ in V_SHAPED}
     ranges = report["cut"]
-    if not args.skip_torch and all(ranges):
+    if not args.skip_torch and all(r is not None for r in ranges):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble
 
         def zero_bubble(stage, n_microbatches, loss_fn):  # torch's ZB1P, one stage per rank: ZB-H1
@@ -164,7 +174,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
             try:
                 model = TinyGPT(cfg)
                 model.load_state_dict(reference.state_dict())
-                lo, hi = ranges[rank][0], ranges[rank][-1] + 1
+                lo, hi = _span(ranges[rank])
                 module = TorchStage(model, lo, hi, rank == 0, last).to(device)
                 stage = PipelineStage(module, rank, world, device)
                 sched = cls(stage, n_microbatches=m, loss_fn=lm_loss)
@@ -196,7 +206,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
             if v_schedule in args.skip_torch_schedules:
                 continue
             try:
-                if v_schedule not in cuts or not all(report["cut_v"][v_schedule]):
+                if v_schedule not in cuts or any(c is None for c in report["cut_v"][v_schedule]):
                     raise RuntimeError(f"shardwise's {v_schedule} cut is missing")
                 held = [b for blocks in report["cut_v"][v_schedule] for b in blocks]
                 if len(held) != len(set(held)):  # torch's stages hold whole blocks: one would run twice
@@ -208,8 +218,8 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
                 mine = [rank, 2 * world - 1 - rank]
                 modules = []
                 for g in mine:
-                    blocks = report["cut_v"][v_schedule][g]
-                    modules.append(TorchStage(model, blocks[0], blocks[-1] + 1, g == 0, g == 2 * world - 1).to(device))
+                    lo, hi = _span(report["cut_v"][v_schedule][g])
+                    modules.append(TorchStage(model, lo, hi, g == 0, g == 2 * world - 1).to(device))
                 stages = [PipelineStage(mod, g, 2 * world, device) for mod, g in zip(modules, mine)]
                 sched = getattr(pipelining, cls_name)(stages, n_microbatches=m, loss_fn=lm_loss)
                 params = [p for mod in modules for p in mod.parameters()]
@@ -295,6 +305,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=256,
+                        help="token table rows (GPT-2's: 50257; other than 256, initialised as GPT-2's)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
@@ -316,9 +328,9 @@ def main() -> None:
     m = args.batch // args.micro_batch
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
           f"{torch.__version__}, {'NCCL' if args.device == 'cuda' else 'Gloo'}, world {world}")
-    print(f"TinyGPT layers {args.layers}, hidden {args.hidden}, heads {args.heads}, seq {args.seq}; global batch "
-          f"{args.batch} = {m} micro-batches of {args.micro_batch}, {world} stages, AdamW; median of {args.steps} "
-          f"steps after {args.warmup} of warm-up, {args.threads} thread(s) per process")
+    print(f"TinyGPT layers {args.layers}, hidden {args.hidden}, heads {args.heads}, seq {args.seq}, vocab "
+          f"{args.vocab}; global batch {args.batch} = {m} micro-batches of {args.micro_batch}, {world} stages, "
+          f"AdamW; median of {args.steps} steps after {args.warmup} of warm-up, {args.threads} thread(s) per process")
     reports = _spawn(world, args)
     errors = {name: text for r in reports for name, text in r["errors"].items()}
     # A failed torch schedule stops every rank's loop (its collectives may be left half done), so
@@ -342,11 +354,11 @@ def main() -> None:
         errors.update(latest)
     if reports[0].get("cut"):
         print("stage blocks (shardwise's cut, used for both): "
-              + ", ".join(f"rank {r}: {c[0]}-{c[-1]}" for r, c in enumerate(reports[0]["cut"]) if c))
+              + ", ".join(f"rank {r}: {_shown(c)}" for r, c in enumerate(reports[0]["cut"]) if c is not None))
     for v_schedule, _ in V_SHAPED:
-        if all((reports[0].get("cut_v") or {}).get(v_schedule) or [None]):
+        if all(c is not None for c in (reports[0].get("cut_v") or {}).get(v_schedule) or [None]):
             print(f"{v_schedule} stage blocks: " + ", ".join(
-                f"stage {g} (rank {min(g, 2 * world - 1 - g)}): {c[0]}-{c[-1]}"
+                f"stage {g} (rank {min(g, 2 * world - 1 - g)}): {_shown(c)}"
                 for g, c in enumerate(reports[0]["cut_v"][v_schedule])))
     times = {name: statistics.median(v) for name, v in reports[0]["times"].items()}
     cpu = {name: sum(statistics.median(r["cpu"][name]) for r in reports) for name in times

@@ -12,6 +12,7 @@ namespace {
 std::optional<std::size_t> weight_position(std::string_view op) {
   if (op == "aten::linear" || op == "aten::mm") return 1;
   if (op == "aten::addmm") return 2;
+  if (op == "aten::embedding") return 0;  // a lookup's table: its gradient is a scatter-add
   return std::nullopt;
 }
 
@@ -28,6 +29,16 @@ bool swaps_two_dims(const ir::Node& node) {
   return a && b && ((*a == 0 && *b == 1) || (*a == 1 && *b == 0));
 }
 
+// An embedding whose backward is not a plain scatter-add of the looked-up rows: scaled by
+// each row's frequency in the batch, or a sparse gradient.
+bool scatters_otherwise(const ir::Node& node) {
+  for (const char* name : {"scale_grad_by_freq", "sparse"}) {
+    auto it = node.attrs.find(name);
+    if (it != node.attrs.end() && std::holds_alternative<bool>(it->second) && std::get<bool>(it->second)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::vector<FusedWeightAccumulation> fused_weight_accumulations(const ir::Graph& stage) {
@@ -35,11 +46,12 @@ std::vector<FusedWeightAccumulation> fused_weight_accumulations(const ir::Graph&
   for (const ir::Node& node : stage.nodes()) {
     const auto at = weight_position(node.op);
     if (!at || *at >= node.inputs.size() || node.outputs.empty()) continue;
+    if (node.op == "aten::embedding" && scatters_otherwise(node)) continue;
     const ir::Value& weight = stage.value(node.inputs[*at]);
     FusedWeightAccumulation mark{stage.value(node.outputs[0]).name, static_cast<int>(*at), {}, false};
     if (weight.role == ir::ValueRole::Parameter) {
       mark.parameter = weight.name;
-    } else if (weight.producer) {
+    } else if (weight.producer && node.op != "aten::embedding") {  // a lookup of the table itself only
       const ir::Node& made = stage.node(*weight.producer);
       if (!swaps_two_dims(made) || made.inputs.size() != 1) continue;
       const ir::Value& source = stage.value(made.inputs[0]);

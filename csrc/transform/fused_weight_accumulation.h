@@ -11,11 +11,17 @@
 //
 // Marked: aten::linear (weight at input 1), aten::addmm (input 2) and aten::mm (input 1)
 // whose weight operand is a parameter, or aten::t / aten::transpose.int of a 2-D parameter
-// (torch.export's linear is t + addmm). Not marked: a weight made otherwise (a cast, a
-// gathered shard: its own backward reaches the leaf), a product of two activations.
+// (torch.export's linear is t + addmm); aten::embedding (the table at input 0) of a
+// parameter itself, neither scale_grad_by_freq nor sparse: its backward makes a whole-table
+// gradient per micro-batch (zeros, then the looked-up rows scattered in) that
+// AccumulateGrad adds in, where the fused one adds the rows into .grad (GPT-2's 50,257 x 768
+// table on one CPU core: 80 ms a micro-batch against 0.04). Not marked: a weight made
+// otherwise (a cast, a gathered shard: its own backward reaches the leaf), a product of two
+// activations.
 //
 // Worked example: %wt = aten::t(%w); %y = aten::addmm(%b, %x, %wt) marks y {input 2,
-// parameter w, transposed}; %z = aten::mm(%x, %h) with %h an activation marks nothing.
+// parameter w, transposed}; %z = aten::mm(%x, %h) with %h an activation marks nothing;
+// %e = aten::embedding(%wte, %ids) marks e {input 0, parameter wte}.
 #pragma once
 
 #include <string>
@@ -27,7 +33,7 @@ namespace shardwise::transform {
 
 struct FusedWeightAccumulation {
   std::string node;       // the contraction's first output
-  int weight_input = -1;  // the position of its weight operand
+  int weight_input = -1;  // the position of its weight operand (an embedding's table: 0)
   std::string parameter;  // the parameter whose gradient it accumulates into
   bool transposed = false;  // the operand is the parameter's transpose
 };

@@ -12,6 +12,7 @@ micro-batch counted accumulating in place.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -119,6 +120,78 @@ def test_under_autocast_the_call_is_the_op_itself():
     assert weight.grad.dtype == torch.float32 and weight.grad.shape == weight.shape
 
 
+def _lookups(table, ids_list, phase_name=None):
+    """Each ids tensor looked up through the fused call; their sums' backward in `phase_name`."""
+    outs = [FusedAccumulation()("aten::embedding", (table, ids, 1), {}) for ids in ids_list]
+    with fused_accumulation.phase(phase_name) if phase_name else contextlib.nullcontext():
+        for y, k in zip(outs, range(len(outs))):
+            torch.autograd.backward([y], [torch.full_like(y, k + 1.5)])
+
+
+def test_a_lookup_adds_its_rows_into_the_table_gradient_and_equals_autograd():
+    """Two micro-batches with repeated rows and the padding row (1): written in place in the
+    engine's backwards, the padding row untouched, equal to autograd's lookup; outside them,
+    under a hook, or scaled by frequency, autograd's own."""
+    g = torch.Generator().manual_seed(3)
+    ids_list = [torch.tensor([[0, 2, 2], [1, 4, 0]]), torch.tensor([[4, 4, 1], [3, 2, 2]])]
+    table = torch.randn(6, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    ref = table.detach().clone().requires_grad_(True)
+    made = 0
+    real = fused_accumulation._accumulates_in_place
+
+    def counted(param, grad):
+        nonlocal made
+        ok = real(param, grad)
+        made += ok
+        return ok
+
+    fused_accumulation._accumulates_in_place = counted
+    try:
+        _lookups(table, ids_list, "full")
+    finally:
+        fused_accumulation._accumulates_in_place = real
+    assert made == 2  # both micro-batches' rows added into .grad
+    for k, ids in enumerate(ids_list):
+        y = torch.nn.functional.embedding(ids, ref, padding_idx=1)
+        y.backward(torch.full_like(y, k + 1.5))
+    torch.testing.assert_close(table.grad, ref.grad, rtol=1e-12, atol=1e-12)
+    assert not table.grad[1].any() and table.grad[5].eq(0).all()  # the padding row and a row never read
+    # Outside the engine's phases: the gradient returned, nothing written.
+    other = table.detach().clone().requires_grad_(True)
+    y = FusedAccumulation()("aten::embedding", (other, ids_list[0], 1), {})
+    (gw,) = torch.autograd.grad(y.sum(), [other])
+    assert other.grad is None
+    torch.testing.assert_close(gw, torch.autograd.grad(torch.nn.functional.embedding(ids_list[0], ref, 1).sum(),
+                                                       [ref])[0])
+    # A hooked table: autograd accumulates it, and the hook sees each micro-batch arrive.
+    arrived = []
+    other.register_post_accumulate_grad_hook(lambda p: arrived.append(1))
+    _lookups(other, ids_list, "full")
+    assert len(arrived) == 2
+    torch.testing.assert_close(other.grad, ref.grad, rtol=1e-12, atol=1e-12)
+    # Scaled by frequency: not a scatter-add; the op itself.
+    y = FusedAccumulation()("aten::embedding", (table, ids_list[0], -1, True, False), {})
+    assert type(y.grad_fn).__name__ == "EmbeddingBackward0", y.grad_fn
+
+
+def test_a_cut_lookup_adds_its_rows_in_w_and_none_in_b():
+    """A split forward reads the table through a fresh leaf (weight_split.WeightCut): B leaves
+    the table alone; W adds the rows into the parameter's .grad."""
+    table = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([[0, 2, 2], [1, 4, 0]])
+    cut = table.detach().requires_grad_(True)
+    cut._shardwise_cut_of = table
+    y = FusedAccumulation()("aten::embedding", (cut, ids, -1), {})
+    with fused_accumulation.phase("B"):
+        torch.autograd.backward([y], [torch.ones_like(y)], inputs=[cut], retain_graph=True)
+    assert cut.grad is None and table.grad is None  # B: nothing of the table's
+    with fused_accumulation.phase("W"):
+        (dv,) = torch.autograd.grad([y], [cut], [torch.ones_like(y)], allow_unused=True)
+    assert dv is None  # written in place instead
+    expected = torch.zeros_like(table).index_add_(0, ids.reshape(-1), torch.ones(6, 5, dtype=torch.float64))
+    torch.testing.assert_close(table.grad, expected, rtol=0, atol=0)
+
+
 # ---- on Gloo processes ----------------------------------------------------------------------
 class FactorizedWeight(torch.nn.Module):
     """A weight made by a product of two parameters (u @ v, marked: v is a parameter) and read
@@ -195,10 +268,11 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
             ref_optimizer.zero_grad()
             ref_losses.append(loss.item())
         marked = sum(stage["module"].code.count("fused_accumulation(") for stage in engine._stages.values())
-        report = {"rank": rank, "losses": losses, "ref_losses": ref_losses, "in_place": {str(k): v for k, v in
-                                                                                         in_place.items()},
-                  "marked": marked, "micro_batches": engine._m, "error": parameter_error(engine.full_state_dict(),
-                                                                                          reference)}
+        lookups = sum(stage["module"].code.count("fused_accumulation('aten::embedding'")
+                      for stage in engine._stages.values())
+        report = {"rank": rank, "losses": losses, "ref_losses": ref_losses,
+                  "in_place": {str(k): v for k, v in in_place.items()}, "marked": marked, "lookups": lookups,
+                  "micro_batches": engine._m, "error": parameter_error(engine.full_state_dict(), reference)}
         finish_rank(result, rank, report)
     finally:
         fused_accumulation._accumulates_in_place = real
@@ -226,6 +300,8 @@ def test_pipeline_stages_accumulate_weight_gradients_in_place_and_train_as_one_d
         assert done["full"] + done["W"] == r["marked"] * r["micro_batches"] * STEPS, (done, r["marked"])
         if schedule == "1f1b":
             assert done["W"] == 0, done  # no split: every one in a full backward
+    # The first stage's lookups (the token and the position tables) are among them.
+    assert reports[0]["lookups"] == 2, reports[0]
     if schedule != "1f1b":
         assert sum(r["in_place"]["W"] for r in reports) > 0, reports  # split micro-batches: W wrote them
     r = reports[-1]

@@ -62,5 +62,25 @@ TEST(FusedWeightAccumulation, ATransposeOfOtherDimsIsNotTheParametersTranspose) 
   EXPECT_TRUE(marks.empty());
 }
 
+// A lookup of a parameter table is marked at its input 0; one scaled by frequency, a sparse
+// one, and one of a table made by a cast are not (their backward is not a scatter-add into
+// the leaf's .grad).
+TEST(FusedWeightAccumulation, MarksALookupOfAParameterTable) {
+  const std::vector<FusedWeightAccumulation> marks = fused_weight_accumulations(ir::parse_graph(R"(graph(%ids: i64[b2,8]) {
+  %wte: f32[64,16] parameter
+  %e: f32[b2,8,16] = aten::embedding(%wte, %ids) {padding_idx=-1, scale_grad_by_freq=false, sparse=false} @wte
+  %f: f32[b2,8,16] = aten::embedding(%wte, %ids) {padding_idx=-1, scale_grad_by_freq=true, sparse=false} @freq
+  %s: f32[b2,8,16] = aten::embedding(%wte, %ids) {padding_idx=-1, scale_grad_by_freq=false, sparse=true} @sparse
+  %half: f16[64,16] = aten::to.dtype(%wte) {dtype="torch.float16"} @cast
+  %c: f16[b2,8,16] = aten::embedding(%half, %ids) {padding_idx=-1, scale_grad_by_freq=false, sparse=false} @cast
+  return (%e, %f, %s, %c)
+})"));
+  ASSERT_EQ(marks.size(), 1u);
+  EXPECT_EQ(marks[0].node, "e");
+  EXPECT_EQ(marks[0].weight_input, 0);
+  EXPECT_EQ(marks[0].parameter, "wte");
+  EXPECT_FALSE(marks[0].transposed);
+}
+
 }  // namespace
 }  // namespace shardwise::transform
