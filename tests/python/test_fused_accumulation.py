@@ -120,18 +120,25 @@ def test_under_autocast_the_call_is_the_op_itself():
     assert weight.grad.dtype == torch.float32 and weight.grad.shape == weight.shape
 
 
+def _row_gradients(ids_list) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(4)
+    return [torch.randn(*ids.shape, 5, generator=g, dtype=torch.float64) for ids in ids_list]
+
+
 def _lookups(table, ids_list, phase_name=None):
-    """Each ids tensor looked up through the fused call; their sums' backward in `phase_name`."""
+    """Each ids tensor looked up through the fused call (padding row 1); their backwards, at
+    _row_gradients, in `phase_name`."""
     outs = [FusedAccumulation()("aten::embedding", (table, ids, 1), {}) for ids in ids_list]
     with fused_accumulation.phase(phase_name) if phase_name else contextlib.nullcontext():
-        for y, k in zip(outs, range(len(outs))):
-            torch.autograd.backward([y], [torch.full_like(y, k + 1.5)])
+        for y, dy in zip(outs, _row_gradients(ids_list)):
+            torch.autograd.backward([y], [dy])
 
 
 def test_a_lookup_adds_its_rows_into_the_table_gradient_and_equals_autograd():
     """Two micro-batches with repeated rows and the padding row (1): written in place in the
-    engine's backwards, the padding row untouched, equal to autograd's lookup; outside them,
-    under a hook, or scaled by frequency, autograd's own."""
+    engine's backwards, the padding row untouched, equal to autograd's lookup bit for bit (each
+    row's micro-batch sum, then one add); outside them, under a hook, or scaled by frequency,
+    autograd's own."""
     g = torch.Generator().manual_seed(3)
     ids_list = [torch.tensor([[0, 2, 2], [1, 4, 0]]), torch.tensor([[4, 4, 1], [3, 2, 2]])]
     table = torch.randn(6, 5, dtype=torch.float64, generator=g, requires_grad=True)
@@ -151,10 +158,9 @@ def test_a_lookup_adds_its_rows_into_the_table_gradient_and_equals_autograd():
     finally:
         fused_accumulation._accumulates_in_place = real
     assert made == 2  # both micro-batches' rows added into .grad
-    for k, ids in enumerate(ids_list):
-        y = torch.nn.functional.embedding(ids, ref, padding_idx=1)
-        y.backward(torch.full_like(y, k + 1.5))
-    torch.testing.assert_close(table.grad, ref.grad, rtol=1e-12, atol=1e-12)
+    for ids, dy in zip(ids_list, _row_gradients(ids_list)):
+        torch.nn.functional.embedding(ids, ref, padding_idx=1).backward(dy)
+    assert torch.equal(table.grad, ref.grad), (table.grad - ref.grad).abs().max()
     assert not table.grad[1].any() and table.grad[5].eq(0).all()  # the padding row and a row never read
     # Outside the engine's phases: the gradient returned, nothing written.
     other = table.detach().clone().requires_grad_(True)
