@@ -30,6 +30,24 @@ transformers = pytest.importorskip("transformers")
 STEPS, ROWS, MICRO, TOLERANCE = 3, 8, 2, 1e-9
 
 
+@contextlib.contextmanager
+def _in_place_counted():
+    """Inside: the weight terms written in place, counted by the phase that wrote them."""
+    counts = {"full": 0, "W": 0, "B": 0, None: 0}
+    real = fused_accumulation._accumulates_in_place
+
+    def counted(param, grad):
+        ok = real(param, grad)
+        counts[fused_accumulation._PHASE[0]] += ok
+        return ok
+
+    fused_accumulation._accumulates_in_place = counted
+    try:
+        yield counts
+    finally:
+        fused_accumulation._accumulates_in_place = real
+
+
 def _linear_twice(weight, bias, op: str, transposed: bool, seed: int):
     """Two micro-batches through one marked call: (their inputs, their outputs)."""
     g = torch.Generator().manual_seed(seed)
@@ -53,23 +71,10 @@ def test_full_backward_accumulates_the_weight_in_place_and_equals_autograd(op, t
     ref_w = weight.detach().clone().requires_grad_(True)
     ref_b = bias.detach().clone().requires_grad_(True) if bias is not None else None
     xs, outs = _linear_twice(weight, bias, op, transposed, 1)
-    made = 0
-    real = fused_accumulation._accumulates_in_place
-
-    def counted(param, grad):
-        nonlocal made
-        ok = real(param, grad)
-        made += ok
-        return ok
-
-    fused_accumulation._accumulates_in_place = counted
-    try:
-        with fused_accumulation.phase("full"):
-            for y in outs:
-                torch.autograd.backward([y], [torch.ones_like(y)])
-    finally:
-        fused_accumulation._accumulates_in_place = real
-    assert made == 2  # both micro-batches' weight terms written by the product, in place
+    with _in_place_counted() as made, fused_accumulation.phase("full"):
+        for y in outs:
+            torch.autograd.backward([y], [torch.ones_like(y)])
+    assert made["full"] == 2  # both micro-batches' weight terms written by the product, in place
     ref_xs = [x.detach().clone().requires_grad_(True) for x in xs]
     for x in ref_xs:
         w = ref_w.t() if transposed else ref_w
@@ -143,21 +148,9 @@ def test_a_lookup_adds_its_rows_into_the_table_gradient_and_equals_autograd():
     ids_list = [torch.tensor([[0, 2, 2], [1, 4, 0]]), torch.tensor([[4, 4, 1], [3, 2, 2]])]
     table = torch.randn(6, 5, dtype=torch.float64, generator=g, requires_grad=True)
     ref = table.detach().clone().requires_grad_(True)
-    made = 0
-    real = fused_accumulation._accumulates_in_place
-
-    def counted(param, grad):
-        nonlocal made
-        ok = real(param, grad)
-        made += ok
-        return ok
-
-    fused_accumulation._accumulates_in_place = counted
-    try:
+    with _in_place_counted() as made:
         _lookups(table, ids_list, "full")
-    finally:
-        fused_accumulation._accumulates_in_place = real
-    assert made == 2  # both micro-batches' rows added into .grad
+    assert made["full"] == 2  # both micro-batches' rows added into .grad
     for ids, dy in zip(ids_list, _row_gradients(ids_list)):
         torch.nn.functional.embedding(ids, ref, padding_idx=1).backward(dy)
     assert torch.equal(table.grad, ref.grad), (table.grad - ref.grad).abs().max()
@@ -247,42 +240,39 @@ def _plan(stages: int, schedule: str) -> shardwise.Plan:
 
 def _worker(rank: int, world: int, store: str, result: str, case: str, schedule: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
-    real = fused_accumulation._accumulates_in_place
     try:
-        in_place = {"full": 0, "W": 0, "B": 0, None: 0}
-
-        def counted(param, grad):
-            ok = real(param, grad)
-            in_place[fused_accumulation._PHASE[0]] += ok
-            return ok
-
-        fused_accumulation._accumulates_in_place = counted
-        model = _model(case)
-        engine = shardwise.parallelize(model, _batch(0, case), plan=_plan(world, schedule))
-        optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
-        reference = _model(case)
-        ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-        losses, ref_losses = [], []
-        for step in range(STEPS):
-            batch = _batch(step, case)
-            losses.append(float(engine.train_step(*batch)))
-            optimizer.step()
-            optimizer.zero_grad()
-            loss = reference(*batch)
-            loss.backward()
-            ref_optimizer.step()
-            ref_optimizer.zero_grad()
-            ref_losses.append(loss.item())
-        marked = sum(stage["module"].code.count("fused_accumulation(") for stage in engine._stages.values())
-        lookups = sum(stage["module"].code.count("fused_accumulation('aten::embedding'")
-                      for stage in engine._stages.values())
-        report = {"rank": rank, "losses": losses, "ref_losses": ref_losses,
-                  "in_place": {str(k): v for k, v in in_place.items()}, "marked": marked, "lookups": lookups,
-                  "micro_batches": engine._m, "error": parameter_error(engine.full_state_dict(), reference)}
-        finish_rank(result, rank, report)
+        with _in_place_counted() as in_place:
+            _train_and_report(rank, result, case, schedule, world, in_place)
     finally:
-        fused_accumulation._accumulates_in_place = real
         dist.destroy_process_group()
+
+
+def _train_and_report(rank: int, result: str, case: str, schedule: str, world: int, in_place: dict) -> None:
+    """STEPS steps of the pipeline plan beside one device; the rank's report (`in_place`: the
+    counts so far, by phase)."""
+    model = _model(case)
+    engine = shardwise.parallelize(model, _batch(0, case), plan=_plan(world, schedule))
+    optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
+    reference = _model(case)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    losses, ref_losses = [], []
+    for step in range(STEPS):
+        batch = _batch(step, case)
+        losses.append(float(engine.train_step(*batch)))
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = reference(*batch)
+        loss.backward()
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+        ref_losses.append(loss.item())
+    marked = sum(stage["module"].code.count("fused_accumulation(") for stage in engine._stages.values())
+    lookups = sum(stage["module"].code.count("fused_accumulation('aten::embedding'")
+                  for stage in engine._stages.values())
+    report = {"rank": rank, "losses": losses, "ref_losses": ref_losses,
+              "in_place": {str(k): v for k, v in in_place.items()}, "marked": marked, "lookups": lookups,
+              "micro_batches": engine._m, "error": parameter_error(engine.full_state_dict(), reference)}
+    finish_rank(result, rank, report)
 
 
 @pytest.mark.parametrize("case,schedule", [("gpt2", "1f1b"), ("gpt2", "zb-h1"), ("gpt2", "zb-v"),

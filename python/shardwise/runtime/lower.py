@@ -59,6 +59,10 @@ class OneDeviceRandom(torch.nn.Module):
 _BY_NAME = {str(op): op for op in _MASKS | _LIKE}
 
 
+# The calls whose weight gradient a pipeline stage accumulates in place (runtime/fused_accumulation.py).
+_FUSABLE = {**SPLIT_OPS, torch.ops.aten.embedding.default: "aten::embedding"}
+
+
 def _whole_index(placement: list[str]) -> list[str]:
     """A placement's Partial entries as Replicate: the block a rank holds of a Partial value is whole."""
     return ["R" if p.startswith("P") else p for p in placement]
@@ -414,14 +418,13 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             call = graph.call_module("async_gradient", (SPLIT_OPS[target], async_operand[0], async_operand[1],
                                                         tuple(args), kwargs))
         elif fused_accumulations and first in fused_accumulations:  # runtime/fused_accumulation.py
-            fusable = {**SPLIT_OPS, torch.ops.aten.embedding.default: "aten::embedding"}
             weight_at = {torch.ops.aten.addmm.default: 2, torch.ops.aten.embedding.default: 0}.get(target, 1)
-            if target not in fusable or fused_accumulations[first] != weight_at:
+            if target not in _FUSABLE or fused_accumulations[first] != weight_at:
                 raise ValidationError(f"parallelize: the core accumulates the weight gradient of '{first}' ({target}) "
                                       f"at its operand {fused_accumulations[first]} in place, which the runtime can do "
-                                      f"only for the weight of {', '.join(fusable.values())}")
+                                      f"only for the weight of {', '.join(_FUSABLE.values())}")
             args, kwargs = _node_call(node, target, src, operands)
-            call = graph.call_module("fused_accumulation", (fusable[target], tuple(args), kwargs))
+            call = graph.call_module("fused_accumulation", (_FUSABLE[target], tuple(args), kwargs))
         else:
             args, kwargs = _node_call(node, target, src, operands)
             if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
