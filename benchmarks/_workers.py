@@ -87,14 +87,16 @@ def token_batch(args, vocab: int):
     return idx, torch.roll(idx, -1, dims=1)
 
 
-def gpt2_token_table(model, vocab: int) -> None:
-    """At a vocabulary other than TinyGPT's 256 rows, its token table initialised as GPT-2's
+def gpt2_token_table(model) -> None:
+    """At a vocabulary other than TinyGPT's own (256 rows), its token table initialised as GPT-2's
     (normal, std 0.02). TinyGPT's N(0, 1) default puts its tied head's logits tens apart; at
     GPT-2's 50,257 rows the softmax then underflows into denormals, which made every matmul
     reading its gradient 10-40x slower on this CPU (both sides alike: a benchmark of denormals)."""
     import torch
 
-    if vocab != 256:
+    from shardwise.models.tiny_gpt import TinyGPTConfig
+
+    if model.cfg.vocab != TinyGPTConfig.vocab:
         with torch.no_grad():
             model.wte.weight.normal_(0.0, 0.02)
 
@@ -109,7 +111,7 @@ def tiny_gpt_twins(args):
                         vocab=getattr(args, "vocab", TinyGPTConfig.vocab))
     torch.manual_seed(0)
     model, twin = TinyGPT(cfg), TinyGPT(cfg)
-    gpt2_token_table(model, cfg.vocab)
+    gpt2_token_table(model)
     twin.load_state_dict(model.state_dict())
     return model, twin
 
@@ -117,10 +119,9 @@ def tiny_gpt_twins(args):
 def twin_tiny_gpts(rank: int, world: int, store: str, args):
     """Joins the Gloo group (one thread per process); two TinyGPTs of `args`' size with the
     same weights, and the global batch (ids, next ids)."""
-    from shardwise.models.tiny_gpt import TinyGPTConfig
-
     join_gloo(rank, world, store)
-    return (*tiny_gpt_twins(args), token_batch(args, getattr(args, "vocab", TinyGPTConfig.vocab)))
+    model, twin = tiny_gpt_twins(args)
+    return model, twin, token_batch(args, model.cfg.vocab)
 
 
 def size_line(args) -> str:

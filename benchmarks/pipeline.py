@@ -123,7 +123,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     cfg = TinyGPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
     torch.manual_seed(0)
     reference = TinyGPT(cfg)
-    gpt2_token_table(reference, cfg.vocab)
+    gpt2_token_table(reference)
     g = torch.Generator().manual_seed(1)
     idx = torch.randint(0, cfg.vocab, (args.batch, cfg.seq), generator=g)
     batch = tuple(t.to(device) for t in (idx, torch.roll(idx, -1, dims=1)))

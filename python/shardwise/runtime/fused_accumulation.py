@@ -76,6 +76,18 @@ def _accumulates_in_place(param: torch.Tensor, grad: torch.Tensor) -> bool:
             and (param.grad is None or (param.grad.layout == torch.strided and param.grad.dtype == param.dtype)))
 
 
+def _asked(needs: bool, cut: bool) -> bool:
+    """Whether the running backward asks for an operand's gradient: B the uncut operands', W
+    the cut ones' (weight_split.WeightCut), any other every one autograd needs."""
+    return needs and _PHASE[0] != ("B" if cut else "W")
+
+
+def _writes_in_place(leaf: torch.Tensor | None, grad: torch.Tensor) -> bool:
+    """Whether this backward adds the term into `leaf`'s .grad itself: the engine's own ("full",
+    "W"), where autograd would do just that (_accumulates_in_place)."""
+    return _PHASE[0] in ("full", "W") and leaf is not None and _accumulates_in_place(leaf, grad)
+
+
 class _FusedAccumulation(torch.autograd.Function):
     """forward(op, beta, alpha, x, weight, bias): the call; backward: its gradients, the
     weight's accumulated into the parameter's .grad where the phase asks for it."""
@@ -93,19 +105,16 @@ class _FusedAccumulation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        stage = _PHASE[0]
-        # What this backward asks for: B the uncut operands, W the cut ones, any other all.
-        needs_x, needs_weight, needs_bias = (needs and stage != ("B" if cut else "W")
-                                             for needs, cut in zip(ctx.needs_input_grad[3:6], ctx.cut))
+        needs_x, needs_weight, needs_bias = (_asked(needs, cut) for needs, cut in zip(ctx.needs_input_grad[3:6],
+                                                                                       ctx.cut))
         grad_x = grad_weight = grad_bias = None
         if needs_x:
             grad_x = input_gradient(ctx.op, ctx.alpha, grad, weight)
         if needs_weight:
             # The weight operand's gradient is a @ b (linear: grad^T x; addmm, mm: x^T grad).
             a, b = (_rows(grad).t(), _rows(x)) if ctx.op is _LINEAR else (x.t(), grad)
-            param = ctx.parameter
-            if stage in ("full", "W") and param is not None and _accumulates_in_place(param[0], grad):
-                leaf, transposed = param
+            leaf, transposed = ctx.parameter or (None, False)
+            if _writes_in_place(leaf, grad):
                 lhs, rhs = (b.t(), a.t()) if transposed else (a, b)  # the leaf's own orientation
                 if leaf.grad is None:
                     made = torch.mm(lhs, rhs)
@@ -150,11 +159,10 @@ class _FusedLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (indices,) = ctx.saved_tensors
-        stage = _PHASE[0]
-        if not ctx.needs_input_grad[0] or stage == ("B" if ctx.cut else "W"):  # the rule of _FusedAccumulation
+        if not _asked(ctx.needs_input_grad[0], ctx.cut):
             return None, None, None
         param = ctx.parameter
-        if stage in ("full", "W") and param is not None and _accumulates_in_place(param, grad):
+        if _writes_in_place(param, grad):
             rows, values = indices.reshape(-1), grad.reshape(-1, grad.shape[-1])
             if ctx.padding_idx >= 0:  # the padding row takes no gradient
                 keep = rows != ctx.padding_idx
