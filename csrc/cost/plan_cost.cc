@@ -96,6 +96,13 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
 
   // ---- structure (the graph's, the same for every plan) --------------------------------
   const int num_layers = structure.num_layers();
+  if (p * v > 1 && num_layers == 0)
+    throw ValidationError(fmt::format(
+        "evaluate: pipeline {} x virtual_stages {} cuts the model into {} chunks of its repeated layers, but the graph "
+        "has none (no sibling modules run the same ops, as transformer blocks do: analysis/repeated_blocks.h), so "
+        "there is no stage to price; a model without repeated layers trains with pipeline 1 (data and tensor "
+        "parallelism)",
+        p, v, p * v));
   if (p * v > std::max(num_layers, 1))
     throw ValidationError(fmt::format("evaluate: pipeline {} x virtual_stages {} = {} chunks but the graph has {} layers",
                                       p, v, p * v, num_layers));

@@ -24,7 +24,7 @@ std::string_view op_base_name(std::string_view op) {
   return dot == std::string_view::npos ? op : op.substr(0, dot);
 }
 
-void OpTable::add(std::string name, std::string_view rule_text, FlopsCost flops, bool linear) {
+void OpTable::add(std::string name, std::string_view rule_text, FlopsCost flops, OpTraits traits) {
   if (name.empty()) throw support::ValidationError("op table: an op needs a name");
   if (by_name_.count(name)) throw support::ValidationError(fmt::format("op table: {} is registered twice", name));
   RuleText rule;
@@ -42,7 +42,8 @@ void OpTable::add(std::string name, std::string_view rule_text, FlopsCost flops,
   by_base_.emplace(std::string(op_base_name(name)), at);  // keeps the first of a base
   const auto* call = std::get_if<TemplateCall>(&rule);
   const bool lookup = call != nullptr && template_has_lookup(call->name);
-  specs_.push_back(OpSpec{std::move(name), std::string(rule_text), std::move(rule), flops, linear, lookup});
+  specs_.push_back(OpSpec{std::move(name), std::string(rule_text), std::move(rule), flops, traits.linear, lookup,
+                          traits.linear || traits.additive, traits.linear_in, traits.zeros});
 }
 
 const OpSpec* OpTable::find(std::string_view op) const {

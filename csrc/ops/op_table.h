@@ -59,6 +59,25 @@ struct OpSpec {
   // The rule looks rows up by another operand's values (ops::Index::lookup; set from the
   // rule template): the backward writes a dense gradient the size of input 0.
   bool lookup = false;
+  // How the op treats operands that are sums of parts (a loss summed or averaged over the
+  // micro-batches of a batch: analysis/batch_coupling.h). `additive`: jointly linear in every
+  // tensor input, f(a + a', b + b') = f(a, b) + f(a', b') (the `linear` ops, add, sub).
+  // `linear_in`: bit k set when the op is linear in tensor input k while the others stay
+  // fixed (a product in either factor, a quotient in its numerator, a sum or a mean).
+  bool additive = false;
+  std::uint32_t linear_in = 0;
+  // The op's output is all zeros whatever its operands hold (zeros, zeros_like, new_zeros):
+  // adding it to a sum over the batch leaves a sum (transformers' routers count tokens per
+  // expert into a tensor of zeros).
+  bool zeros = false;
+};
+
+// OpTable::add's optional facts about an op beyond its rule and FLOPs.
+struct OpTraits {
+  bool linear = false;          // OpSpec::linear (implies additive)
+  bool additive = false;        // OpSpec::additive
+  std::uint32_t linear_in = 0;  // OpSpec::linear_in
+  bool zeros = false;           // OpSpec::zeros
 };
 
 class OpTable {
@@ -69,7 +88,7 @@ class OpTable {
 
   // Parses and checks `rule_text`. Throws support::ValidationError naming the op on a bad
   // rule, an unknown template, or a name already in the table.
-  void add(std::string name, std::string_view rule_text, FlopsCost flops = {}, bool linear = false);
+  void add(std::string name, std::string_view rule_text, FlopsCost flops = {}, OpTraits traits = {});
 
   // Full name, then base name (overload stripped), then any overload of the same base.
   // Null when none.

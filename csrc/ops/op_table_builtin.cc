@@ -351,6 +351,9 @@ const OpTable& OpTable::builtin() {
         {"aten::scatter.src", "scatter(dim)", Zero, 0},
         {"aten::scatter.value", "scatter(dim)", Zero, 0},
         {"aten::scatter_add", "scatter(dim)", PerInputElement, 0},
+        // A histogram of a 1-D tensor (transformers' routers count tokens per expert): the
+        // counts of a split input add up, so its values are reduced; the bins are new.
+        {"aten::histc", "n->B", PerInputElement, 1},
         // indices_present: where the index list held None (x[..., [-2], :]), so the rule
         // knows which dims the tensors index.
         {"aten::index.Tensor", "index(indices_present)", Zero, 0},
@@ -436,19 +439,49 @@ const OpTable& OpTable::builtin() {
         "aten::split.Tensor", "aten::split.sizes", "aten::split_with_sizes", "aten::unsafe_split.Tensor", "aten::chunk",
         "aten::unbind.int",
     };
-    auto linear = [](std::string_view name) {
-      for (std::string_view l : kLinear)
+    // Jointly linear beyond data movement (OpSpec::additive): a sum of two sums is a sum.
+    static constexpr std::string_view kAdditive[] = {"aten::add.Tensor", "aten::sub.Tensor", "aten::rsub.Tensor"};
+    // Linear in some inputs while the others stay fixed (OpSpec::linear_in, bit k = input k):
+    // a loss summed over a batch, scaled, divided by a count, summed or averaged again, is
+    // still a sum over the batch. Not here: ops with an additive operand (linear with a bias,
+    // addmm), whose constant term would be added once per part.
+    struct LinearIn {
+      std::string_view name;
+      std::uint32_t inputs;
+    };
+    static constexpr LinearIn kLinearIn[] = {
+        {"aten::mul.Tensor", 0b11}, {"aten::mul.Scalar", 0b1}, {"aten::div.Tensor", 0b1},
+        {"aten::div.Scalar", 0b1},  {"aten::neg", 0b1},        {"aten::sum", 0b1},
+        {"aten::sum.dim_IntList", 0b1}, {"aten::mean", 0b1},   {"aten::mean.dim", 0b1},
+        {"aten::mm", 0b11},         {"aten::bmm", 0b11},       {"aten::matmul", 0b11},
+        {"aten::mv", 0b11},         {"aten::dot", 0b11},
+    };
+    auto listed = [](const auto& names, std::string_view name) {
+      for (std::string_view l : names)
         if (l == name) return true;
       return false;
     };
+    // Outputs of zeros whatever the operands (OpSpec::zeros).
+    static constexpr std::string_view kZeros[] = {"aten::zeros", "aten::zeros_like", "aten::new_zeros", "aten::zero",
+                                                  "aten::zero_"};
+    auto traits_of = [&](std::string_view name) {
+      OpTraits traits{listed(kLinear, name), listed(kAdditive, name), 0, listed(kZeros, name)};
+      for (const auto& l : kLinearIn)
+        if (l.name == name) traits.linear_in = l.inputs;
+      return traits;
+    };
     OpTable out;
     for (const auto& row : kRows)
-      out.add(std::string(row.name), row.rule, FlopsCost{row.flops, row.per_element}, linear(row.name));
-    for (std::string_view l : kLinear) {
-      const OpSpec* spec = out.find(l);
-      if (spec == nullptr || spec->name != l)
-        throw support::ValidationError(fmt::format("op table: linear op {} has no row", l));
-    }
+      out.add(std::string(row.name), row.rule, FlopsCost{row.flops, row.per_element}, traits_of(row.name));
+    auto check_listed = [&](std::string_view name, std::string_view what) {
+      const OpSpec* spec = out.find(name);
+      if (spec == nullptr || spec->name != name)
+        throw support::ValidationError(fmt::format("op table: {} op {} has no row", what, name));
+    };
+    for (std::string_view l : kLinear) check_listed(l, "linear");
+    for (std::string_view l : kAdditive) check_listed(l, "additive");
+    for (const auto& l : kLinearIn) check_listed(l.name, "linear_in");
+    for (std::string_view l : kZeros) check_listed(l, "zeros");
     return out;
   }();
   return table;

@@ -216,6 +216,17 @@ Recompute recompute_from_name(std::string_view name) {
   throw ValidationError(fmt::format("plan.recompute: unknown value '{}' (known: none, full)", name));
 }
 
+std::string_view micro_batch_semantics_name(MicroBatchSemantics semantics) {
+  return semantics == MicroBatchSemantics::PerMicroBatch ? "per_micro_batch" : "exact";
+}
+
+MicroBatchSemantics micro_batch_semantics_from_name(std::string_view name) {
+  if (name == "exact") return MicroBatchSemantics::Exact;
+  if (name == "per_micro_batch") return MicroBatchSemantics::PerMicroBatch;
+  throw ValidationError(
+      fmt::format("plan.micro_batch_semantics: unknown value '{}' (known: exact, per_micro_batch)", name));
+}
+
 int Plan::world_size() const {
   if (stage_meshes.empty()) return data * tensor * pipeline;
   int world = 0;
@@ -451,6 +462,8 @@ json plan_degrees(const Plan& plan) {
            {"precision", plan.precision}};
   if (!plan.stage_groups.empty()) out["stage_groups"] = plan.stage_groups;
   if (!plan.stage_meshes.empty()) out["stage_meshes"] = plan.stage_meshes;
+  if (plan.micro_batch_semantics != MicroBatchSemantics::Exact)
+    out["micro_batch_semantics"] = micro_batch_semantics_name(plan.micro_batch_semantics);
   return out;
 }
 
@@ -501,7 +514,7 @@ Plan plan_from_json(const json& in) {
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
                                               "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings",
-                                              "precision", "sharding", "stage_sharding",
+                                              "precision", "micro_batch_semantics", "sharding", "stage_sharding",
                                               "programs", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
@@ -530,6 +543,8 @@ Plan plan_from_json(const json& in) {
       plan.stage_shardings.push_back(sharding_from_json(list[s], fmt::format("plan.stage_shardings[{}]", s)));
   }
   if (in.contains("precision")) plan.precision = field<std::string>(in, "precision");
+  if (in.contains("micro_batch_semantics"))
+    plan.micro_batch_semantics = micro_batch_semantics_from_name(field<std::string>(in, "micro_batch_semantics"));
   if (in.contains("sharding")) plan.sharding = sharding_from_json(in.at("sharding"));
   if (in.contains("stage_sharding")) plan.stage_sharding = sharding_from_json(in.at("stage_sharding"), "plan.stage_sharding");
   if (in.contains("programs")) {

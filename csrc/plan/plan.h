@@ -28,6 +28,8 @@
 //  - virtual_stages > 1 only with Schedule::Interleaved1F1B or ZeroBubbleV (which takes
 //    exactly 2); kfkb_k > 1 only with KFKB.
 //  - precision: "f32", "tf32", "bf16" or "f16" (cost::Precision names).
+//  - micro_batch_semantics: "exact" (default, not written) or "per_micro_batch" (written
+//    only when set, so plans without it keep their hash): see MicroBatchSemantics.
 //  - predicted: set by the evaluator (cost/plan_cost.h); not part of the hash, so costing a
 //    plan twice, or with another model, keeps its identity.
 //  - sharding: set by the SPMD search (search/spmd_search.h), see Sharding; part of the hash.
@@ -84,6 +86,13 @@ namespace shardwise::plan {
 // DualPipeV: DeepSeek's DualPipeV (schedule/schedules.h), ZB-V's placement and split.
 enum class Schedule : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, KFKB, ZeroBubbleH1, ZeroBubbleV, DualPipeV };
 enum class Recompute : std::uint8_t { None, Full };
+// What a plan that splits the batch into micro-batches computes (analysis/batch_coupling.h):
+// Exact, the step of the whole batch as one device computes it (a plan whose graph couples the
+// rows of a batch, batch norm in training or a router's load-balancing loss, is refused with
+// micro-batches); PerMicroBatch, the user's choice of gradient accumulation's usual meaning:
+// batch statistics over each micro-batch, and a loss that is not a sum over samples averaged
+// over the micro-batches.
+enum class MicroBatchSemantics : std::uint8_t { Exact, PerMicroBatch };
 
 // "gpipe", "1f1b", "interleaved-1f1b", "kfkb", "zb-h1", "zb-v", "dualpipe-v".
 std::string_view schedule_name(Schedule schedule);
@@ -97,6 +106,9 @@ bool v_shaped(Schedule schedule);
 Schedule schedule_from_name(std::string_view name);
 std::string_view recompute_name(Recompute recompute);  // "none", "full"
 Recompute recompute_from_name(std::string_view name);
+// "exact", "per_micro_batch"; the parser names both on anything else.
+std::string_view micro_batch_semantics_name(MicroBatchSemantics semantics);
+MicroBatchSemantics micro_batch_semantics_from_name(std::string_view name);
 
 // One collective of a searched plan's step, for reports (derived, so part of Predicted).
 struct CollectiveRecord {
@@ -194,6 +206,7 @@ struct Plan {
   std::vector<int> stage_groups;  // pipeline stage -> its block of d x t ranks; empty = in order
   std::vector<std::vector<int>> stage_meshes;  // per pipeline stage [data, tensor]; empty = all {data, tensor}
   std::string precision = "bf16";
+  MicroBatchSemantics micro_batch_semantics = MicroBatchSemantics::Exact;
   std::optional<Sharding> sharding;
   std::optional<Sharding> stage_sharding;
   std::vector<Sharding> stage_shardings;  // with stage_meshes: one per stage (complete plans)

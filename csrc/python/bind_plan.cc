@@ -20,6 +20,9 @@
 #include "python/plan_result.h"
 #include "support/error.h"
 #include "search/joint_planner.h"
+#include "search/micro_batch_check.h"
+#include "analysis/batch_coupling.h"
+#include "ops/op_table.h"
 #include "transform/local_shard.h"
 
 namespace py = pybind11;
@@ -104,9 +107,40 @@ void bind_plan(py::module_& m) {
       "evaluate_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text) {
         plan::Plan p = plan::plan_from_json_string(text);
+        search::check_micro_batches(ops::OpTable::builtin(), graph, p);
         return evaluate_plan_to_python(graph, cluster, p, cost::AnalyticCostModel{});
       },
       py::arg("graph"), py::arg("cluster"), py::arg("plan_json"));
+  m.def(
+      "batch_coupling",
+      [](const ir::Graph& graph) {
+        const analysis::BatchCoupling c = analysis::batch_coupling(ops::OpTable::builtin(), graph);
+        py::list sites;
+        for (const auto& s : c.sites) {
+          py::dict d;
+          d["op"] = s.op;
+          d["node"] = s.node;
+          d["module_path"] = s.module_path;
+          d["reason"] = s.reason;
+          sites.append(d);
+        }
+        py::dict out;
+        out["batch"] = c.batch;
+        out["loss"] = std::string(analysis::loss_combination_name(c.loss));
+        out["sites"] = sites;
+        out["describe"] = c.describe();
+        return out;
+      },
+      py::arg("graph"),
+      "Whether micro-batches change what the graph computes (csrc/analysis/batch_coupling.h): the rows "
+      "followed, how the loss combines ('sum' or 'mean') and where the rows meet.");
+  m.def(
+      "check_micro_batches",
+      [](const ir::Graph& graph, const std::string& text) {
+        search::check_micro_batches(ops::OpTable::builtin(), graph, plan::plan_from_json_string(text));
+      },
+      py::arg("graph"), py::arg("plan_json"),
+      "Refuses a plan with micro-batches for a graph they change (csrc/search/micro_batch_check.h).");
   m.def(
       "search_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
@@ -165,8 +199,9 @@ void bind_plan(py::module_& m) {
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
          double memory_fraction, const std::string& precision, std::optional<py::function> progress,
          std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts,
-         bool allow_zero) {
+         bool allow_zero, const std::string& micro_batch_semantics) {
         search::JointPlanOptions options;
+        options.micro_batch_semantics = plan::micro_batch_semantics_from_name(micro_batch_semantics);
         options.stage_layouts = stage_layouts;
         options.allow_zero = allow_zero;
         options.global_batch = global_batch;
@@ -198,7 +233,7 @@ void bind_plan(py::module_& m) {
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
       py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16", py::arg("progress") = py::none(),
       py::arg("network") = py::none(), py::arg("stage_layouts") = true, py::arg("allow_zero") = true,
-      "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h).");
+      py::arg("micro_batch_semantics") = "exact", "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h).");
   m.def(
       "plan_report",
       [](const std::string& text, double capacity) {

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <optional>
 
+#include "analysis/batch_coupling.h"
 #include "cost/layer_balance.h"
 #include "cost/layer_structure.h"
 #include "cost/pipeline_transfers.h"
@@ -149,6 +150,9 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
   if (!structure.layers)
     throw ValidationError("joint planner: the graph has no repeated layers to cut into pipeline stages");
   const auto layers = static_cast<std::int64_t>(structure.num_layers());
+  // A graph that couples its batch's rows keeps them in one micro-batch (micro_batch_check.h).
+  const bool one_micro_batch = options.micro_batch_semantics == plan::MicroBatchSemantics::Exact &&
+                               analysis::batch_coupling(ops::OpTable::builtin(), graph).coupled();
   const int world = cluster.world_size();
   int per_node = 0;
   for (const cost::Node& node : cluster.nodes()) per_node = std::max(per_node, node.device_count());
@@ -174,7 +178,9 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
         const std::int64_t d = world / (t * p);
         if (options.global_batch % d != 0) continue;
         for (std::int64_t b : divisors(options.global_batch / d)) {
-          if (thorough ? b > options.max_micro_batch : (b != 1 && b != 2 && b != 4)) continue;
+          if (one_micro_batch ? b * d != options.global_batch
+                              : (thorough ? b > options.max_micro_batch : (b != 1 && b != 2 && b != 4)))
+            continue;
           const std::int64_t m = options.global_batch / (d * b);
           std::vector<std::pair<plan::Schedule, int>> schedules = {{plan::Schedule::OneFOneB, 1}};
           if (p > 1 && m % p == 0) {
@@ -204,6 +210,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                 candidate.recompute = recompute;
                 candidate.zero_stage = d > 1 ? zero : 0;
                 candidate.precision = options.precision;
+                candidate.micro_batch_semantics = options.micro_batch_semantics;
                 if (zero == 1 && d == 1) continue;  // nothing to shard it over
                 space.push_back(std::move(candidate));
               }
@@ -221,7 +228,9 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
         for (std::int64_t k : {1, 2, 4}) {
           const std::int64_t rows = unit * k;
           if (options.global_batch % rows != 0) continue;
-          if (rows / std::max(a, n - a) > (thorough ? options.max_micro_batch : 4)) continue;
+          if (one_micro_batch ? rows != options.global_batch
+                              : rows / std::max(a, n - a) > (thorough ? options.max_micro_batch : 4))
+            continue;
           for (plan::Schedule schedule : {plan::Schedule::OneFOneB, plan::Schedule::ZeroBubbleH1})
             for (plan::Recompute recompute : {plan::Recompute::None, plan::Recompute::Full}) {
               if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
@@ -232,6 +241,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
               candidate.schedule = schedule;
               candidate.recompute = recompute;
               candidate.precision = options.precision;
+              candidate.micro_batch_semantics = options.micro_batch_semantics;
               candidate.stage_meshes = {{static_cast<int>(a), static_cast<int>(t)},
                                         {static_cast<int>(n - a), static_cast<int>(t)}};
               space.push_back(std::move(candidate));

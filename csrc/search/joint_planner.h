@@ -23,7 +23,9 @@
 //    by time when that differs (cost/layer_balance.h: the stages holding the embedding and
 //    the LM head get fewer layers), each priced with its own memory per stage.
 // `fast` tries b in {1, 2, 4}, v in {2, 4} and ZeRO 1 only when nothing fits without it;
-// `thorough` every b up to max_micro_batch, v in {2, 3, 4, 6, 8}, both ZeRO stages.
+// `thorough` every b up to max_micro_batch, v in {2, 3, 4, 6, 8}, both ZeRO stages. A graph
+// whose rows meet in batch statistics (JointPlanOptions::micro_batch_semantics) takes only
+// b = global batch / d, whatever the level: one micro-batch per step.
 //
 // Stage layouts (JointPlanOptions::stage_layouts, on by default): the evaluator's tensor
 // parallelism is Megatron's layout, found from the graph's dataflow; what parallelize() runs
@@ -102,6 +104,11 @@ struct JointPlanOptions {
   // Called every 64 candidates and at the end of each pass with (done, total); may throw to
   // stop the search.
   std::function<void(int, int)> progress;
+  // Exact: where the graph couples the rows of its batch (analysis/batch_coupling.h: batch
+  // norm in training, a router's load-balancing loss) only plans of one micro-batch are
+  // candidates (micro_batch x data = global batch), so the plan computes the batch's step;
+  // PerMicroBatch: every micro-batch size, and the plan carries the choice (plan/plan.h).
+  plan::MicroBatchSemantics micro_batch_semantics = plan::MicroBatchSemantics::Exact;
 };
 
 struct JointCandidate {

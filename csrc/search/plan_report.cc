@@ -86,6 +86,9 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
                        plan::recompute_name(plan.recompute), plan.zero_stage);
     if (!plan.layers_per_stage.empty())
       out += fmt::format("stages   layers per stage {}\n", fmt::join(plan.layers_per_stage, " / "));
+    if (plan.micro_batch_semantics == plan::MicroBatchSemantics::PerMicroBatch && plan.num_micro_batches() > 1)
+      out += "micro-batches per micro-batch: batch statistics are each micro-batch's and a loss that is not a sum "
+             "over samples is the mean of the micro-batches' (not one device's step)\n";
   }
   if (plan.predicted) {
     const plan::Predicted& p = *plan.predicted;

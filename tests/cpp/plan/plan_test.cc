@@ -52,6 +52,28 @@ TEST(Plan, JsonRoundTripAndHash) {
   EXPECT_NE(plan_hash(other), plan_hash(p));
 }
 
+// The micro-batch semantics: "exact" is the default and not written (a plan without it keeps
+// its hash); "per_micro_batch" round-trips, is part of the hash, and a misspelling names both.
+TEST(Plan, MicroBatchSemanticsIsWrittenOnlyWhenChosen) {
+  Plan p = example();
+  EXPECT_EQ(plan_to_json(p).count("micro_batch_semantics"), 0u);
+  Plan chosen = p;
+  chosen.micro_batch_semantics = MicroBatchSemantics::PerMicroBatch;
+  EXPECT_EQ(plan_to_json(chosen)["micro_batch_semantics"], "per_micro_batch");
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(chosen)), chosen);
+  EXPECT_NE(plan_hash(chosen), plan_hash(p));
+  nlohmann::json doc = plan_to_json(p);
+  doc["micro_batch_semantics"] = "exact";
+  EXPECT_EQ(plan_from_json(doc), p);
+  doc["micro_batch_semantics"] = "per-micro-batch";
+  try {
+    plan_from_json(doc);
+    FAIL() << "accepted 'per-micro-batch'";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("known: exact, per_micro_batch"), std::string::npos) << e.what();
+  }
+}
+
 // A heterogeneous pipeline's stages on the rank blocks that suit them: a permutation, in the
 // hash when set, not written when empty (so a plan without it keeps its hash); the devices
 // and times per stage round-trip with the prediction.
