@@ -167,6 +167,18 @@ T read(const json& j, const std::string& path) {
     for (const auto& [key, value] : j.items())
       out.emplace(key, read<typename T::mapped_type>(value, fmt::format("{}['{}']", path, key)));
     return out;
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (j.is_number()) return j.get<double>();
+    // JSON has no inf / nan: number() writes them as {"float": "inf"} (as ir/json.h does).
+    if (j.is_object() && j.size() == 1 && j.contains("float") && j.at("float").is_string()) {
+      const auto& text = j.at("float").get_ref<const std::string&>();
+      if (text == "inf") return std::numeric_limits<double>::infinity();
+      if (text == "-inf") return -std::numeric_limits<double>::infinity();
+      if (text == "nan") return std::numeric_limits<double>::quiet_NaN();
+      throw ParseError(fmt::format("plan.{}: unknown special float \"{}\" (expected \"inf\", \"-inf\" or \"nan\")",
+                                   path, text));
+    }
+    throw ParseError(fmt::format("plan.{}: wrong type (expected a number, got {})", path, j.type_name()));
   } else {
     try {
       return j.get<T>();
@@ -174,6 +186,26 @@ T read(const json& j, const std::string& path) {
       throw ParseError(fmt::format("plan.{}: wrong type ({})", path, e.what()));
     }
   }
+}
+
+// A double as JSON: a number, or {"float": "inf" | "-inf" | "nan"} (JSON has none, and
+// nlohmann would write null, which reads back as no number at all).
+json number(double d) {
+  if (std::isnan(d)) return json{{"float", "nan"}};
+  if (std::isinf(d)) return json{{"float", d > 0 ? "inf" : "-inf"}};
+  return d;
+}
+
+json numbers(const std::map<std::string, double>& values) {
+  json out = json::object();
+  for (const auto& [key, d] : values) out[key] = number(d);
+  return out;
+}
+
+json numbers(const std::vector<double>& values) {
+  json out = json::array();
+  for (double d : values) out.push_back(number(d));
+  return out;
 }
 
 // Reads a required field of the expected JSON type, naming its path on error.
@@ -428,8 +460,9 @@ Sharding sharding_from_json(const json& in, std::string_view where = "plan.shard
 }
 
 json collective_to_json(const CollectiveRecord& c) {
-  return json{{"kind", c.kind},   {"value", c.value}, {"axis", c.axis},      {"phase", c.phase},
-              {"bytes", c.bytes}, {"count", c.count}, {"seconds", c.seconds}};
+  return json{{"kind", c.kind},           {"value", c.value},         {"axis", c.axis},
+              {"phase", c.phase},         {"bytes", number(c.bytes)}, {"count", number(c.count)},
+              {"seconds", number(c.seconds)}};
 }
 
 CollectiveRecord collective_from_json(const json& in) {
@@ -489,11 +522,11 @@ json plan_to_json(const Plan& plan) {
   if (plan.programs.has_value()) out["programs"] = json{{"plan", plan.programs->plan}, {"hash", plan.programs->hash}};
   if (plan.predicted.has_value()) {
     const Predicted& p = *plan.predicted;
-    out["predicted"] = json{{"step_time", p.step_time},
-                            {"tflops_per_device", p.tflops_per_device},
-                            {"memory_per_rank", p.memory_per_rank},
-                            {"breakdown", p.breakdown},
-                            {"memory_breakdown", p.memory_breakdown}};
+    out["predicted"] = json{{"step_time", number(p.step_time)},
+                            {"tflops_per_device", number(p.tflops_per_device)},
+                            {"memory_per_rank", number(p.memory_per_rank)},
+                            {"breakdown", numbers(p.breakdown)},
+                            {"memory_breakdown", numbers(p.memory_breakdown)}};
     if (!p.collectives.empty()) {
       json list = json::array();
       for (const auto& c : p.collectives) list.push_back(collective_to_json(c));
@@ -501,9 +534,9 @@ json plan_to_json(const Plan& plan) {
     }
     if (!p.ranks_per_node.empty()) out["predicted"]["ranks_per_node"] = p.ranks_per_node;
     if (p.megatron_tflops_per_device > 0)
-      out["predicted"]["megatron_tflops_per_device"] = p.megatron_tflops_per_device;
+      out["predicted"]["megatron_tflops_per_device"] = number(p.megatron_tflops_per_device);
     if (!p.stage_devices.empty()) out["predicted"]["stage_devices"] = p.stage_devices;
-    if (!p.stage_times.empty()) out["predicted"]["stage_times"] = p.stage_times;
+    if (!p.stage_times.empty()) out["predicted"]["stage_times"] = numbers(p.stage_times);
   }
   return out;
 }

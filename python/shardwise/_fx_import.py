@@ -17,6 +17,8 @@ planner replicates it and `Graph.unknown_ops()` reports it. It never breaks capt
 """
 from __future__ import annotations
 
+import math
+
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,9 +106,22 @@ def op_overload(name: str) -> "torch._ops.OpOverload | None":
     return getattr(packet, overload or "default", None) if packet is not None else None
 
 
+def _json_float(value: float) -> Any:
+    """A float as the core's graph JSON holds it (csrc/ir/json.h): a number, or {"float":
+    "inf" | "-inf" | "nan"}, since JSON has no inf or nan (Python's json writes "-Infinity",
+    which no JSON reader takes: masked_fill(mask, float("-inf")) failed to cross)."""
+    if math.isnan(value):
+        return {"float": "nan"}
+    if math.isinf(value):
+        return {"float": "inf" if value > 0 else "-inf"}
+    return value
+
+
 def _attr_value(value: Any, where: str) -> Any:
     """A Python argument -> a JSON attribute value (int, float, str, bool, None, list)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, float):
+        return _json_float(value)
+    if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, torch.dtype):
         return dtype_name(value)
@@ -116,8 +131,8 @@ def _attr_value(value: Any, where: str) -> Any:
         items = [_attr_value(v, where) for v in value]
         if all(isinstance(v, (bool, int)) for v in items):
             return [int(v) for v in items]
-        if all(isinstance(v, (bool, int, float)) for v in items):
-            return [float(v) for v in items]
+        if all(isinstance(v, (bool, int, float, dict)) for v in items):
+            return [v if isinstance(v, dict) else float(v) for v in items]
         return str(list(value))  # e.g. a list holding None: kept readable, never fatal
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise CaptureError(f"{where}: symbolic value {value}; capture needs static shapes")

@@ -349,4 +349,6 @@ def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batc
                 f"could not capture {type(root).__name__} with fx{_describe(fx_error, root)}: "
                 f"{type(fx_error.error).__name__}: {_first_line(fx_error.error)}{_hint(fx_error.error)}\n"
                 f"in full: {fx_error.error}") from fx_error.error
-    return Graph._from_core(_C.Graph.from_json(json.dumps(doc)), batch_dim=batch_dim), builder
+    # allow_nan=False: a non-finite float that reached the document unconverted is a bug here,
+    # not a "-Infinity" for the core to choke on (_fx_import.py writes them as {"float": "inf"}).
+    return Graph._from_core(_C.Graph.from_json(json.dumps(doc, allow_nan=False)), batch_dim=batch_dim), builder

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -57,6 +58,16 @@ int main(int argc, char** argv) {
     write(out / "ir_text", stem + ".ir", text);
     write(out / "graph_json", stem + ".json", ir::graph_to_json_string(ir::parse_graph(text)));
   }
+  // A mask filled with -inf and a list with nan and inf in it (DeepSeek-V3's masked_fill).
+  write(out / "graph_json", "non_finite.json",
+        R"({"format": "shardwise.graph", "version": 1,
+ "values": [{"name": "scores", "dtype": "f32", "shape": [2, 4], "batch_dim": 0, "role": "input"},
+            {"name": "mask", "dtype": "bool", "shape": [2, 4], "batch_dim": 0, "role": "input"}],
+ "nodes": [{"op": "aten::masked_fill.Scalar", "inputs": ["scores", "mask"],
+            "outputs": [{"name": "masked", "dtype": "f32", "shape": [2, 4], "batch_dim": 0}],
+            "attrs": {"value": {"float": "-inf"}, "bounds": [{"float": "nan"}, 1.5, {"float": "inf"}]}}],
+ "outputs": ["masked"]}
+)");
   models::GptConfig gpt{.layers = 1, .hidden = 8, .heads = 2, .seq = 4, .vocab = 16, .with_loss = false};
   write(out / "ir_text", "gpt_1layer.ir", ir::print_graph(models::build_gpt(gpt)));
   // The importer's hand-written form: no "id", optional fields left out.
@@ -120,6 +131,15 @@ int main(int argc, char** argv) {
   complete.predicted = plan::Predicted{.step_time = 0.5, .tflops_per_device = 90.0, .memory_per_rank = 1e9,
                                        .megatron_tflops_per_device = 120.0};
   write(out / "plan_json", "complete.json", plan::plan_to_json_string(complete));
+  // Non-finite figures ({"float": "inf"}: JSON has none) and the micro-batch opt-in.
+  plan::Plan non_finite{.pipeline = 2, .global_batch = 8, .micro_batch = 2,
+                        .micro_batch_semantics = plan::MicroBatchSemantics::PerMicroBatch};
+  non_finite.predicted = plan::Predicted{.step_time = std::numeric_limits<double>::infinity(),
+                                         .tflops_per_device = 0.0,
+                                         .memory_per_rank = 1e9,
+                                         .breakdown = {{"compute", std::numeric_limits<double>::quiet_NaN()},
+                                                       {"bubble", -std::numeric_limits<double>::infinity()}}};
+  write(out / "plan_json", "non_finite.json", plan::plan_to_json_string(non_finite));
 
   // cluster_json: the presets (one node; two for the mixed one: two node kinds).
   for (const std::string& name : cost::preset_names()) {

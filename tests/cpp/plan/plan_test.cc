@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "support/error.h"
@@ -50,6 +53,28 @@ TEST(Plan, JsonRoundTripAndHash) {
   Plan other = p;
   other.micro_batch = 1;
   EXPECT_NE(plan_hash(other), plan_hash(p));
+}
+
+// JSON has no inf or nan: predicted figures that are not finite (a plan that fits nowhere
+// priced at an infinite step) are written as {"float": "inf"} and read back exactly; nlohmann
+// alone would write null, which no reader takes as a number.
+TEST(Plan, NonFiniteFiguresRoundTrip) {
+  Plan p = example();
+  p.predicted = Predicted{std::numeric_limits<double>::infinity(), 0.0, 1e9,
+                          {{"compute", -std::numeric_limits<double>::infinity()}, {"bubble", 1.0}}, {}};
+  p.predicted->stage_times = {1.0, std::numeric_limits<double>::infinity()};
+  p.predicted->collectives = {{"all_reduce", "w", 0, "step", std::numeric_limits<double>::infinity(), 1, 1e-3}};
+  const std::string text = plan_to_json_string(p);
+  EXPECT_NE(text.find(R"({"float":"inf"})"), std::string::npos) << text;
+  EXPECT_EQ(text.find("null"), std::string::npos) << text;
+  EXPECT_EQ(plan_from_json_string(text), p);
+  nlohmann::json doc = plan_to_json(p);
+  doc["predicted"]["step_time"] = {{"float", "nan"}};
+  EXPECT_TRUE(std::isnan(plan_from_json(doc).predicted->step_time));
+  doc["predicted"]["step_time"] = {{"float", "infinity"}};
+  EXPECT_THROW(plan_from_json(doc), support::ParseError);
+  doc["predicted"]["step_time"] = nullptr;
+  EXPECT_THROW(plan_from_json(doc), support::ParseError);
 }
 
 // The micro-batch semantics: "exact" is the default and not written (a plan without it keeps
