@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <optional>
+#include <set>
 
 #include "analysis/batch_dim.h"
 #include "ops/node_rule.h"
@@ -29,7 +31,14 @@ std::string BatchCoupling::describe(std::size_t at_most) const {
 namespace {
 
 // Zero: Independent and known to be all zeros (ops::OpSpec::zeros), the neutral term of a sum.
-enum class Kind : std::uint8_t { Independent, Zero, Rows, Sum, Mean, Coupled };
+// Positions: an arange as long as the batch (and views of it), perhaps row i's position,
+// tracked as Rows are through data movement. Reading the batch dim of Rows at those positions
+// reads each row itself (transformers' padding masks: mask[arange(b)[:, None, None, None], kv]),
+// which a micro-batch's own arange does for its rows. Used otherwise it is a plain constant:
+// torch.export keeps no record of where a length came from, and an arange as long as the
+// batch is as often a sequence's (T5's relative positions at a decoder length equal to the
+// batch), so it is taken for one, as the rewrite takes it.
+enum class Kind : std::uint8_t { Independent, Zero, Positions, Rows, Sum, Mean, Coupled };
 
 struct State {
   Kind kind = Kind::Independent;
@@ -101,18 +110,19 @@ class Follower {
              true);
       return;
     }
-    std::vector<std::size_t> rows, parts;
+    std::vector<std::size_t> rows, parts;  // rows: Rows and Positions operands
     for (std::size_t k = 0; k < node.inputs.size(); ++k) {
       const State& s = state(node.inputs[k]);
       if (s.kind == Kind::Coupled) {  // one origin is enough: the rest follows from it
         set_outputs(node, s);
         return;
       }
-      if (s.kind == Kind::Rows) rows.push_back(k);
+      if (s.kind == Kind::Rows || s.kind == Kind::Positions) rows.push_back(k);
       if (reduced(s.kind)) parts.push_back(k);
     }
-    if (rows.empty() && parts.empty()) {  // Independent, or zeros
+    if (rows.empty() && parts.empty()) {  // Independent, zeros, or the batch's positions
       if (spec != nullptr && spec->zeros) set_outputs(node, State{Kind::Zero});
+      if (spec != nullptr && counts_the_batch(node, *spec)) set_outputs(node, State{Kind::Positions, 0, 1});
       return;
     }
     if (!rows.empty() && !parts.empty()) {
@@ -139,7 +149,21 @@ class Follower {
       couple(node, "has no dimension rule for these shapes: how it reads the batch is unknown");
       return;
     }
-    follow_rows(node, *rule, rows);
+    follow_rows(node, *spec, *rule, rows);
+  }
+
+  // An arange from 0 over the batch, step 1 (its rule is the arange template: data, not a name).
+  bool counts_the_batch(const ir::Node& node, const ops::OpSpec& spec) const {
+    if (!node.inputs.empty() || node.outputs.size() != 1 || spec.rule_text.rfind("arange(", 0) != 0) return false;
+    const ir::TensorType& type = graph_.value(node.outputs.front()).type;
+    if (type.shape != std::vector<std::int64_t>{batch_} || ir::is_floating(type.dtype)) return false;
+    auto is = [&](const char* key, std::int64_t expected) {
+      const auto it = node.attrs.find(key);
+      if (it == node.attrs.end()) return true;  // the schema default: start 0, step 1
+      const auto* v = std::get_if<std::int64_t>(&it->second);
+      return v != nullptr && *v == expected;
+    };
+    return is("start", 0) && is("step", 1);
   }
 
   // An in-place op on a parameter or buffer (`num_batches_tracked += 1`, `buffer.copy_(...)`):
@@ -185,33 +209,64 @@ class Follower {
   }
 
   // Operands holding rows of the batch at the positions `rows`, the others Independent.
-  void follow_rows(const ir::Node& node, const ops::DimRule& rule, const std::vector<std::size_t>& rows) {
-    int index = -1;
+  // Operands holding rows of the batch (Rows) or the rows' positions (Positions) at `rows`,
+  // the others Independent.
+  void follow_rows(const ir::Node& node, const ops::OpSpec& spec, const ops::DimRule& rule,
+                   const std::vector<std::size_t>& rows) {
+    std::map<std::size_t, int> at;  // operand -> the rule index holding its batch
+    bool any_rows = false;
     for (std::size_t k : rows) {
       if (metadata_only(rule, k)) continue;
       const State& s = state(node.inputs[k]);
       const auto& dims = rule.inputs[k];
-      const int at = s.dim >= 0 && static_cast<std::size_t>(s.dim) < dims.size()
-                         ? batch_index(rule, dims[static_cast<std::size_t>(s.dim)], s.outer, batch_)
-                         : -1;
-      if (at < 0) {
+      const int index = s.dim >= 0 && static_cast<std::size_t>(s.dim) < dims.size()
+                            ? batch_index(rule, dims[static_cast<std::size_t>(s.dim)], s.outer, batch_)
+                            : -1;
+      if (index < 0) {
         couple(node, fmt::format("reshapes '{}' so that its batch dim is no longer one block: the micro-batch split "
                                  "cannot follow it",
                                  name(node.inputs[k])));
         return;
       }
-      if (index >= 0 && at != index) {
+      at[k] = index;
+      any_rows = any_rows || s.kind == Kind::Rows;
+    }
+    if (at.empty()) return;  // only metadata read from the batch (type_as's second operand): Independent
+    // A batch dim read at the rows' own positions is the rows themselves, at the positions'
+    // index; positions read for anything else are values a micro-batch restarts at 0.
+    std::set<std::size_t> addressing;
+    for (auto& [k, index] : at) {
+      if (state(node.inputs[k]).kind != Kind::Rows) continue;
+      for (const ops::Addressing& a : rule.addressed) {
+        const auto by = at.find(static_cast<std::size_t>(a.operand));
+        if (a.index == index && by != at.end() && state(node.inputs[by->first]).kind == Kind::Positions) {
+          index = by->second;
+          addressing.insert(by->first);
+        }
+      }
+    }
+    // Positions put to any other use are constants (see Kind): not followed through this node.
+    std::erase_if(at, [&](const auto& entry) {
+      return state(node.inputs[entry.first]).kind == Kind::Positions && !addressing.contains(entry.first) &&
+             (any_rows || !spec.linear);
+    });
+    if (at.empty()) return;  // Independent
+    int index = -1;
+    for (const auto& [k, at_k] : at) {
+      if (index >= 0 && at_k != index) {
         couple(node, "pairs rows of the batch with each other (its operands' batch dims meet different indices)");
         return;
       }
-      index = at;
+      index = at_k;
     }
-    if (index < 0) return;  // only metadata read from the batch (type_as's second operand): Independent
     const ops::Index& batch = rule.indices[static_cast<std::size_t>(index)];
     switch (batch.kind) {
       case ops::IndexKind::Spatial:
-        for (std::size_t o = 0; o < node.outputs.size(); ++o)
-          states_[static_cast<std::size_t>(node.outputs[o])] = rows_of(rule.outputs[o], index, rule);
+        for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+          State out = rows_of(rule.outputs[o], index, rule);
+          if (!any_rows && out.kind == Kind::Rows) out.kind = Kind::Positions;  // moved positions
+          states_[static_cast<std::size_t>(node.outputs[o])] = out;
+        }
         return;
       case ops::IndexKind::Reduced:
         if (batch.reduction == ops::Reduction::Sum || batch.reduction == ops::Reduction::Mean) {

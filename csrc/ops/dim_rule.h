@@ -88,11 +88,23 @@ struct CountedMean {
   friend bool operator==(const CountedMean&, const CountedMean&) = default;
 };
 
+// A Whole index of input 0 whose positions another input's values give: self[idx] reads
+// self's `index` at the positions input `operand` holds (aten::index.Tensor). The batch
+// analysis follows a batch dim read at the rows' own positions (an arange over the batch:
+// transformers' padding masks) as the rows themselves (analysis/batch_coupling.h).
+struct Addressing {
+  int operand = -1;
+  int index = -1;
+
+  friend bool operator==(const Addressing&, const Addressing&) = default;
+};
+
 struct DimRule {
   std::vector<Index> indices;
   std::vector<OperandDims> inputs;   // one per tensor input of the node, in node order
   std::vector<OperandDims> outputs;  // one per output of the node
   std::optional<CountedMean> counted_mean;  // see CountedMean; not part of str()
+  std::vector<Addressing> addressed;        // see Addressing; not part of str()
 
   // Id of the index with this label, or -1.
   int find(std::string_view label) const;

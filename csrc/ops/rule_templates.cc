@@ -907,6 +907,10 @@ std::optional<DimRule> index(const Args& args, const RuleOperands& ops) {
       out_dims.push_back(self_dims.back());
     }
   }
+  // Index operand j addresses self's dim dims[j] (a size-1 dim has no index to address).
+  for (std::size_t j = 0; j < dims->size(); ++j)
+    if (!self_dims[(*dims)[j]].empty())
+      b.rule.addressed.push_back({static_cast<int>(j + 1), self_dims[(*dims)[j]].front()});
   b.rule.inputs.push_back(std::move(self_dims));
   for (std::size_t i = 1; i < ops.inputs.size(); ++i)
     b.rule.inputs.push_back(b.align(index_dims, ops.input_shape(i), true));

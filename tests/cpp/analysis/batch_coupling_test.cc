@@ -200,6 +200,36 @@ TEST(BatchCouplingTest, AnOperandReadForItsDtypeAloneIsNotCoupling) {
   EXPECT_EQ(c.loss, LossCombination::Mean);
 }
 
+TEST(BatchCouplingTest, APaddingMaskReadAtTheRowsOwnPositionsIsTheRows) {
+  // transformers' masks: padding_mask[arange(b)[:, None, None, None], kv_positions].
+  const auto c = coupling(R"(
+  %rows: i64[4] = aten::arange() {end=4}
+  %r1: i64[4,1] = aten::unsqueeze(%rows) {dim=1}
+  %r2: i64[4,1,1] = aten::unsqueeze(%r1) {dim=2}
+  %kv: i64[6] = aten::arange() {end=6}
+  %k1: i64[1,1,6] = aten::view(%kv) {size=[1,1,6]}
+  %picked: bool[4,1,6] = aten::index.Tensor(%mask, %r2, %k1) {indices_present=[1,1]}
+  %f: f32[4,1,6] = aten::_to_copy(%picked) {dtype=6}
+  %loss: f32[] = aten::mean(%f)
+  return (%loss))",
+                          "%mask: bool[b4,6]");
+  EXPECT_FALSE(c.coupled()) << c.describe();
+  // An arange as long as the batch used as values is a constant (a sequence's positions, as
+  // T5's relative position buckets at a decoder length equal to the batch): it stays so.
+  const auto values = coupling(R"(
+  %pos: i64[4] = aten::arange() {end=4}
+  %q: i64[4,1] = aten::unsqueeze(%pos) {dim=1}
+  %k: i64[1,4] = aten::unsqueeze(%pos) {dim=0}
+  %relative: i64[4,4] = aten::sub.Tensor(%k, %q)
+  %bias: f32[4,4] = aten::_to_copy(%relative) {dtype=6}
+  %h: f32[b4,4,4] = aten::add.Tensor(%x, %bias)
+  %loss: f32[] = aten::sum(%h)
+  return (%loss))",
+                          "%x: f32[b4,4,4]");
+  EXPECT_FALSE(values.coupled()) << values.describe();
+  EXPECT_EQ(values.loss, LossCombination::Sum);
+}
+
 TEST(BatchCouplingTest, ABatchOfOneRowIsNotFollowed) {
   const auto c = coupling(R"(
   %top: f32[8] = aten::amax(%x) {dim=[0]}
