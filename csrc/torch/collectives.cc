@@ -30,6 +30,8 @@
 // send / recv), and the forms it has copy through host memory themselves; one host path
 // for every op keeps them alike (`on_host`).
 //
+// A complex tensor crosses as its real view (as_real, below), on every backend.
+//
 // Every op waits for its Work and returns a new tensor. Bad arguments raise ValueError
 // naming the op, the group, this rank and the problem (an unknown group, a dim out of
 // range, a size that does not split over the group, an unknown reduce_op).
@@ -148,11 +150,24 @@ void reset_traffic() {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
+// A complex tensor travels as its real view (a trailing dim of 2: real, imaginary), as
+// torch.distributed's own collectives send it: Gloo has no complex type ("Invalid scalar
+// type"), and a sum or a concatenation of complex numbers is that of their parts. Dims are
+// normalised against the complex tensor first, so the extra dim is never the one cut.
+Tensor as_real(const Tensor& x) { return at::view_as_real(x.resolve_conj()); }
+Tensor as_complex(const Tensor& real) { return at::view_as_complex(real.contiguous()); }
+
 Tensor all_reduce_kernel(const Tensor& x, const std::string& op_name, const std::string& group) {
   const Group g = resolve("all_reduce", group);
   if (on_host(g, x)) return all_reduce_kernel(x.cpu(), op_name, group).to(x.device());
   c10d::AllreduceOptions options;
   options.reduceOp = reduce_op("all_reduce", g, op_name);
+  if (x.is_complex()) {
+    TORCH_CHECK_VALUE(options.reduceOp == c10d::ReduceOp::SUM || options.reduceOp == c10d::ReduceOp::AVG,
+                      "shardwise.all_reduce on group '", g.name, "' (rank ", g.rank, "): reduce_op '", op_name,
+                      "' of a complex tensor (complex numbers have no order: sum or avg only)");
+    return as_complex(all_reduce_kernel(as_real(x), op_name, group));
+  }
   // Gloo has no AVG: sum, then divide (NCCL has both; one path for all backends).
   const bool average = options.reduceOp == c10d::ReduceOp::AVG;
   if (average) options.reduceOp = c10d::ReduceOp::SUM;
@@ -166,6 +181,7 @@ Tensor all_gather_kernel(const Tensor& x, int64_t dim, const std::string& group)
   const Group g = resolve("all_gather", group);
   if (on_host(g, x)) return all_gather_kernel(x.cpu(), dim, group).to(x.device());
   dim = check_dim("all_gather", g, x, dim);
+  if (x.is_complex()) return as_complex(all_gather_kernel(as_real(x), dim, group));
   // Gathering along dim 0 of x with dim moved first is concatenation along dim.
   Tensor input = x.movedim(dim, 0).contiguous();
   std::vector<int64_t> shape = input.sizes().vec();
@@ -181,6 +197,7 @@ Tensor reduce_scatter_kernel(const Tensor& x, int64_t dim, const std::string& gr
   if (on_host(g, x)) return reduce_scatter_kernel(x.cpu(), dim, group).to(x.device());
   dim = check_dim("reduce_scatter", g, x, dim);
   check_splits("reduce_scatter", g, x, dim);
+  if (x.is_complex()) return as_complex(reduce_scatter_kernel(as_real(x), dim, group));
   Tensor input = x.movedim(dim, 0).contiguous();
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] /= g.world;
@@ -198,6 +215,7 @@ Tensor all_to_all_kernel(const Tensor& x, int64_t split_dim, int64_t concat_dim,
   split_dim = check_dim("all_to_all", g, x, split_dim);
   concat_dim = check_dim("all_to_all", g, x, concat_dim);
   check_splits("all_to_all", g, x, split_dim);
+  if (x.is_complex()) return as_complex(all_to_all_kernel(as_real(x), split_dim, concat_dim, group));
   // [world, chunk...]: row j goes to rank j; row j of the output came from rank j.
   Tensor input = at::stack(x.chunk(g.world, split_dim), 0).contiguous();
   Tensor output = at::empty_like(input);
