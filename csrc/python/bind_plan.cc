@@ -145,8 +145,10 @@ void bind_plan(py::module_& m) {
       "search_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
          std::optional<std::vector<int>> mesh, double memory_fraction, const std::string& precision,
-         bool allow_recompute, bool allow_zero, std::optional<py::function> progress, bool collective_matmul) {
+         bool allow_recompute, bool allow_zero, std::optional<py::function> progress, bool collective_matmul,
+         bool batch_on_tensor_axis) {
         search::SpmdSearchOptions options;
+        options.batch_on_tensor_axis = batch_on_tensor_axis;
         options.collective_matmul = collective_matmul;
         options.global_batch = global_batch;
         options.level = search::search_level_from_name(level);
@@ -193,7 +195,8 @@ void bind_plan(py::module_& m) {
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
       py::arg("mesh") = py::none(), py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
       py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
-      py::arg("collective_matmul") = false, "The SPMD sharding search (csrc/search/spmd_search.h).");
+      py::arg("collective_matmul") = false, py::arg("batch_on_tensor_axis") = true,
+      "The SPMD sharding search (csrc/search/spmd_search.h).");
   m.def(
       "plan_joint",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,

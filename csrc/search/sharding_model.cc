@@ -372,6 +372,17 @@ std::vector<Strategy> ShardingModel::node_strategies(ir::NodeId node, int axis) 
   std::erase_if(strategies, [&](const Strategy& s) {
     return uneven_batch(s.inputs, n.inputs) || uneven_batch(s.outputs, n.outputs);
   });
+  // An axis that may not split the batch (ShardingModelOptions::batch_axes).
+  if (!options_.batch_axes.empty() && !options_.batch_axes.at(static_cast<std::size_t>(axis))) {
+    auto on_batch = [&](const std::vector<Placement>& placements, const std::vector<ir::ValueId>& values) {
+      for (std::size_t i = 0; i < placements.size(); ++i) {
+        const auto& batch_dim = graph_.value(values[i]).type.batch_dim;
+        if (placements[i].is_shard() && batch_dim && placements[i].dim == *batch_dim) return true;
+      }
+      return false;
+    };
+    std::erase_if(strategies, [&](const Strategy& s) { return on_batch(s.inputs, n.inputs) || on_batch(s.outputs, n.outputs); });
+  }
   // A split the runtime has no distributed kernel for would run whole on gathered operands,
   // not as priced (compute / n and the statistics' all-reduce): not offered
   // (ops/distributed_kernels.h).

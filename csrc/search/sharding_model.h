@@ -56,6 +56,10 @@ struct ShardingModelOptions {
   // graph at one micro-batch (1F1B's first stage: 1/p of the layers, ~p micro-batches in
   // flight). Memory only; times are the whole graph's.
   double parameter_memory_scale = 1;
+  // Mesh axes on which the batch may be split (empty: every axis). A mesh the user gives as
+  // {data, tensor} keeps the batch off its tensor axis: no strategy there shards a value
+  // along its batch dim (tensor parallelism splits weights, heads and sequences, not rows).
+  std::vector<bool> batch_axes;
   double activation_memory_scale = 1;
   // Tensor-parallel collective matmuls (search/parameter_collectives.h, MatmulCollective;
   // plan::Sharding::collective_matmul): an activation's one all-gather into a contraction's

@@ -151,6 +151,7 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   mo.beam_width = options.beam_width;
   mo.overlap_interference = options.overlap_interference;
   mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
+  if (options.mesh && !options.batch_on_tensor_axis && mesh.size() == 2) mo.batch_axes = {true, false};
   const ShardingModel start(graph, cluster, model, mo);
   Outcome out;
   std::unique_ptr<ShardingModel> best_model = search_decisions(start, thorough, &out.evaluation);

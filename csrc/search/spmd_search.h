@@ -84,6 +84,11 @@ struct SpmdSearchOptions {
   cost::Precision precision = cost::Precision::BF16;
   double memory_fraction = cost::kMemoryFraction;  // of each device's memory the plan may use
   std::optional<std::vector<int>> mesh;  // {data, tensor}; default: searched
+  // With a given mesh: whether its tensor axis may split the batch too. False (a mesh the user
+  // names as data x tensor: parallelize(mesh=), Plan.manual's degrees) keeps the batch on the
+  // data axis and leaves the tensor axis to weights, heads and sequences
+  // (ShardingModelOptions::batch_axes); a searched mesh's axes split whatever prices best.
+  bool batch_on_tensor_axis = true;
   bool allow_recompute = true;
   bool allow_zero = true;
   // Tensor-parallel collectives run as collective matmuls where they can

@@ -125,6 +125,7 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   options.global_batch = rows;
   options.level = level;
   options.mesh = mesh.empty() ? std::vector<int>{plan.data, plan.tensor} : std::move(mesh);
+  options.batch_on_tensor_axis = false;  // the plan's degrees say which axis is the data's
   options.memory_fraction = memory_fraction;
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
   return search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);

@@ -147,6 +147,21 @@ def test_llama_at_a_large_batch_is_pure_data_parallel(llama_graph):
     assert plan.breakdown()["gradient_sync"] <= plan.breakdown()["gradient_sync_total"]
 
 
+def test_a_given_meshs_tensor_axis_splits_weights_not_the_batch(llama_graph):
+    # Issue 45: mesh=(1, 8) split the batch over its "tensor" axis (data parallelism under
+    # the name tensor) wherever that priced best. A mesh the user gives keeps the batch on
+    # its data axis; a searched mesh still splits whatever prices best.
+    given = shardwise.plan(llama_graph, shardwise.Cluster.preset("dgx-a100"), global_batch=512, mesh=(1, 8),
+                           precision=A100_PRECISION)
+    inputs = given.sharding["inputs"]
+    # (an input may be split along its sequence on the tensor axis: sequence parallelism)
+    assert inputs and all(given.placements()[n][1] != "S(0)" for n in inputs), {n: given.placements()[n] for n in inputs}
+    assert any(p[1].startswith("S") for n, p in given.placements().items() if n.endswith("_proj.weight"))
+    free = shardwise.Plan.search(llama_graph, shardwise.Cluster.preset("dgx-a100"), global_batch=512, mesh=(1, 8),
+                                 precision=A100_PRECISION, batch_on_tensor_axis=True)
+    assert any(free.placements()[n][1] == "S(0)" for n in inputs), {n: free.placements()[n] for n in inputs}
+
+
 def test_gpt2_at_a_large_batch_runs_its_blocks_data_parallel(gpt2_graph):
     # The blocks' matrices whole for their products (held whole, or sharded over the data axes
     # and gathered: ZeRO-3, as cheap as data parallelism at this batch; the addmm strategies

@@ -86,6 +86,28 @@ TEST(SpmdSearch, MlpAtLargeBatchIsPureDataParallel) {
     EXPECT_TRUE(c.value == "fc1.weight" || c.value == "fc2.weight" || c.value == "loss") << c.kind << " of " << c.value;
 }
 
+TEST(SpmdSearch, AGivenMeshsTensorAxisLeavesTheBatchToTheDataAxis) {
+  // The MLP at a large batch is pure data parallelism wherever the batch may go; on a mesh the
+  // user names data 1 x tensor 8, the tensor axis keeps off the batch: no value is split
+  // along its batch dim there, and the weights carry the axis (tensor parallelism).
+  ir::Graph g = mlp();
+  SpmdSearchOptions o;
+  o.global_batch = 65536;
+  o.mesh = std::vector<int>{1, 8};
+  const SpmdSearchResult free = search_spmd(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, o);
+  EXPECT_EQ(at(free.plan, "x", 1), "S(0)");
+  o.batch_on_tensor_axis = false;
+  const SpmdSearchResult tensor = search_spmd(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, o);
+  for (const auto& [name, per_axis] : tensor.plan.sharding->placements) {
+    const auto id = g.find_value(name);
+    ASSERT_TRUE(id.has_value()) << name;
+    const auto& batch_dim = g.value(*id).type.batch_dim;
+    if (batch_dim) EXPECT_NE(per_axis[1], fmt::format("S({})", *batch_dim)) << name;
+  }
+  EXPECT_TRUE(at(tensor.plan, "fc1.weight", 1).starts_with("S") || at(tensor.plan, "fc2.weight", 1).starts_with("S"))
+      << at(tensor.plan, "fc1.weight", 1) << " " << at(tensor.plan, "fc2.weight", 1);
+}
+
 TEST(SpmdSearch, ASharedWeightReducesItsGradientOnce) {
   // w read by two products (a tied weight): data parallel, its two partial gradients are
   // summed locally and all-reduced once per step, not once per reader.
