@@ -22,7 +22,8 @@ The batch: ``train_step`` takes the whole global batch on every rank, as the sin
 loop would, bound as ``model(*args, **kwargs)`` binds it (runtime/batch.py); each rank keeps
 its share. With ``loss_fn``, the target is the last positional element (or ``target=``):
 ``loss = loss_fn(model(*args), target)``; without, the model returns the loss (a tensor, or an
-output with ``.loss``, as a transformers model given ``labels=``).
+output with ``.loss``, as a transformers model given ``labels=``, or a tuple, list or dict whose
+one 0-dim tensor is the loss, as nanoGPT's ``(logits, loss)``: ``_loss_of``).
 
 A program is captured per (mode, batch shapes): ``engine.eval()`` runs the model as
 ``model.eval()`` does (a capture in eval mode: dropout off, batch norm on running statistics),
@@ -87,16 +88,51 @@ class _Trainable(torch.nn.Module):
         out = self.model(*args, **kwargs)
         if self._loss_fn is not None:
             return self._loss_fn(out, target)
-        if isinstance(out, torch.Tensor):
+        return _loss_of(type(self.model).__name__, out)
+
+
+def _loss_of(model_name: str, out: Any) -> torch.Tensor:
+    """The loss in what a model returned without a loss_fn: the output itself (a floating
+    tensor of one element); else, in a tuple, list, dict or transformers ModelOutput, the entry
+    named ``loss`` (a key or attribute, not None); else, in a container that declares no
+    ``loss`` field, its one 0-dim floating tensor (nanoGPT's ``(logits, loss)``). A ModelOutput
+    whose loss is None (no labels given) has none: another scalar in it (a router's aux_loss)
+    is never the loss to train. Anything else is refused here, at capture, naming what came
+    back: a guess (the first entry, say: nanoGPT's logits) fails later in backward, with
+    torch's "grad can be implicitly created only for scalar outputs" on every rank."""
+    if isinstance(out, torch.Tensor):
+        if out.numel() == 1 and out.is_floating_point():
             return out
-        loss = getattr(out, "loss", None)
-        if loss is None and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-            loss = out[0]
-        if loss is None:
-            raise ValidationError(f"parallelize: {type(self.model).__name__} returned {type(out).__name__} with no "
-                                  "loss; give it its labels by keyword (labels=...), or pass loss_fn=(output, "
-                                  "target) -> loss")
-        return loss
+        why = "not a floating scalar"
+    else:
+        named = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+        if isinstance(named, torch.Tensor):
+            return named
+        if "loss" in getattr(out, "__dataclass_fields__", ()):
+            why = "its loss is None"
+        else:
+            entries = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+            scalars = [e for e in entries if isinstance(e, torch.Tensor) and e.dim() == 0 and e.is_floating_point()]
+            if len(scalars) == 1:
+                return scalars[0]
+            why = ("several 0-dim floating tensors, none named loss" if scalars
+                   else "no 0-dim floating tensor among its entries")
+    raise ValidationError(f"parallelize: {model_name} returned {_described(out)}: no loss to train ({why}); give the "
+                          "model its labels (labels=..., or the targets argument it takes) so that it returns its loss "
+                          "alone or named 'loss', or pass loss_fn=(output, target) -> loss")
+
+
+def _described(out: Any) -> str:
+    """What a model returned, for an error: each entry's type and a tensor's shape and dtype."""
+    def one(x):
+        if isinstance(x, torch.Tensor):
+            return f"Tensor{list(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+        return type(x).__name__ if x is not None else "None"
+    if isinstance(out, dict):
+        return f"{type(out).__name__} {{{', '.join(f'{k!r}: {one(v)}' for k, v in out.items())}}}"
+    if isinstance(out, (tuple, list)):
+        return f"{type(out).__name__} ({', '.join(one(x) for x in out)})"
+    return f"a {one(out)}" if out is not None else "None"
 
 
 @dataclass
@@ -108,6 +144,7 @@ class _Options:
     verify: bool | str = "auto"
     policy: Policy | None = None
     static: bool = False
+    micro_batch_semantics: str | None = None  # None: the plan's (a searched plan: "exact")
 
 
 def _compute_dtypes(wrapper: "_Trainable", builder, tensors: dict[str, torch.Tensor]) -> dict[str, torch.dtype]:
@@ -168,7 +205,7 @@ def _plan_at_batch(plan: Plan, rows: int) -> Plan:
 
 
 def _recapture(wrapper: _Trainable, cluster, level: str, precision: str, memory_fraction: float | None = None,
-               zero: bool = True) -> Recapture:
+               zero: bool = True, batch_on_tensor_axis: bool = True) -> Recapture:
     """How an engine captures `wrapper` again and searches its mesh again (runtime/engine_base.py),
     in the precision of the plan it runs (and with ZeRO allowed or not, as parallelize was)."""
     options = {"precision": precision, "zero": zero}
@@ -176,15 +213,18 @@ def _recapture(wrapper: _Trainable, cluster, level: str, precision: str, memory_
         options["memory_fraction"] = memory_fraction
     return Recapture(
         capture=lambda arguments: _capture_with_sources(wrapper, arguments, "export", 0, prefix="model.model."),
+        # (the mesh of the engine's plan, searched again as freely as its first search)
         search=lambda graph, rows, mesh: Plan.search(graph, cluster() if callable(cluster) else cluster,
-                                                     global_batch=rows, level=level, mesh=mesh, **options),
+                                                     global_batch=rows, level=level, mesh=mesh,
+                                                     batch_on_tensor_axis=batch_on_tensor_axis, **options),
         at_batch=_plan_at_batch)
 
 
 def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Callable | None = None,
                 plan: Plan | None = None, cluster=None, *, level: str = "fast", mesh: tuple[int, int] | None = None,
                 example_kwargs: dict | None = None, static: bool = False, verify: bool | str = "auto",
-                mixed_precision=None, precision: str | None = None, zero: bool = True):
+                mixed_precision=None, precision: str | None = None, zero: bool = True,
+                micro_batch_semantics: str | None = None):
     """Rewrites `model` (with its loss) for this rank of the running torch.distributed job.
 
     ``example_inputs``: the global batch as the model takes it: a tensor, a tuple of positional
@@ -203,6 +243,14 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     ``precision``: what the search prices the plan in ("f32", "tf32", "bf16", "f16"); None:
     the model's as captured (``param_dtype`` under a policy). A given plan keeps its own.
     ``zero``: whether the search may shard the optimizer's states (``shardwise.plan``'s).
+    ``micro_batch_semantics``: a plan that splits the batch into micro-batches (a pipeline, or
+    the gradient accumulation the search falls back to when memory is short) computes the
+    whole batch's step: a loss summed over the rows is summed over the micro-batches, a mean
+    averaged, and a graph whose rows meet in batch statistics (batch norm in training mode, a
+    router's load-balancing loss) is not split ("exact", the default: the search keeps it in
+    one micro-batch, a given plan is refused naming the op and module). "per_micro_batch"
+    accepts statistics over each micro-batch (the plan records it, its report says so).
+    None: the plan's own setting.
     Every rank must call this with the same arguments;
     the plan's hash is checked across ranks before the first collective.
     """
@@ -221,10 +269,16 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     named = map_tensors(named, lambda t: cast_input(t, policy))
     batch = list(cast_inputs(dict(zip(binding.names, batch)), policy).values())
     wrapper = _Trainable(compute_copy(model, policy), loss_fn)  # the model as the program computes it
-    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static)
+    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static,
+                       micro_batch_semantics=micro_batch_semantics)
 
     if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
         plan = _plan_file(os.environ["SHARDWISE_PLAN"])
+    # A search of our own on a mesh we choose splits the batch on any axis; a mesh or a plan
+    # the user gives names its axes data x tensor, and the tensor axis keeps off the batch.
+    free_batch = mesh is None and plan is None
+    if plan is not None and micro_batch_semantics is not None and plan.micro_batch_semantics != micro_batch_semantics:
+        plan = plan.with_micro_batch_semantics(micro_batch_semantics)
     # A pipeline plan, or one that accumulates gradients over micro-batches (the joint
     # planner's pipeline 1 with m > 1): captured there, at one micro-batch, run by the schedule.
     if plan is not None and not plan.sharding and (plan.pipeline > 1 or plan.num_micro_batches() > 1):
@@ -252,7 +306,8 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
             plan = plan.complete(graph, cluster, level=level)
         if searched and mesh is None:  # nothing fits at once: maybe in micro-batches, as shardwise.plan does
             joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
-                                         memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero)
+                                         memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
+                                         micro_batch_semantics=micro_batch_semantics or "exact")
             if joint is not None:
                 return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)
@@ -281,7 +336,8 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     return Engine(model=model, wrapper=wrapper, binding=binding, plan=plan, mesh=mesh, first=first,
                   parameters=parameters, tensors=tensors, trainable=trainable,
                   kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}),
-                  recapture=_recapture(wrapper, cluster, level, plan.precision, _MEMORY_FRACTION, zero),
+                  recapture=_recapture(wrapper, cluster, level, plan.precision, _MEMORY_FRACTION, zero,
+                                       batch_on_tensor_axis=free_batch),
                   policy=policy, static=static, compute_dtypes=compute, shapes=shapes)
 
 
@@ -309,6 +365,24 @@ def _model_tensors(model: torch.nn.Module, builder) -> tuple[dict[str, torch.Ten
     tensors.update({k: t for k, t in builder.constants.items() if t is not None})
     return tensors, {name for name, p in model.named_parameters() if p.requires_grad}
 
+
+
+def _loss_combination(wrapper: _Trainable, named: dict, graph, plan: Plan, m: int, global_batch: int) -> str:
+    """How the plan's m micro-batch losses make the step's ("sum" or "mean"), read by the core
+    off the graph captured with its loss (csrc/analysis/batch_coupling.h); a plan with
+    micro-batches whose graph couples the batch's rows is refused unless it says
+    micro_batch_semantics "per_micro_batch" (csrc/search/micro_batch_check.h). The analysis
+    follows the batch through the ops' rules, which a batch of one row does not show: then it
+    reads a capture of two rows."""
+    if m <= 1:
+        return "mean"  # one micro-batch: the loss is the step's as it is
+    from .capture import _capture_with_sources as capture
+
+    if _C.batch_coupling(graph._core)["batch"] < 2 and global_batch >= 2:
+        graph, _ = capture(wrapper, map_tensors(named, lambda x: x.narrow(0, 0, 2)), "export", 0,
+                           prefix="model.model.")
+    _C.check_micro_batches(graph._core, plan.to_json())
+    return _C.batch_coupling(graph._core)["loss"]
 
 
 def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBinding, plan: Plan, batch: list,
@@ -344,6 +418,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     micro = map_tensors(named, lambda x: x.narrow(0, 0, rows))
     graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")
     _warn_unknown_ops(graph)
+    combination = _loss_combination(wrapper, named, graph, plan, m, global_batch)
     tensors, trainable = _model_tensors(model, builder)
     compute = _compute_dtypes(wrapper, builder, tensors)
     if should_verify(model, options.verify):
@@ -434,4 +509,5 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                           links=links, mesh=mesh, sharding=sharded,
                           recapture=_recapture(wrapper, stage_cluster, level, plan.precision),
                           kept=keep_state(model, set(first.owners)),
-                          policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks)
+                          policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks,
+                          loss_combination=combination)

@@ -35,6 +35,28 @@ class NetworkCondition:
     bandwidth: tuple[float, ...]
 
 
+_SEMANTICS = ("exact", "per_micro_batch")
+
+
+def _semantics(value: str, where: str) -> str:
+    """A micro_batch_semantics argument, checked (plan/plan.h: MicroBatchSemantics)."""
+    if value not in _SEMANTICS:
+        raise _C.ValidationError(f"{where}: micro_batch_semantics {value!r} (known: {', '.join(_SEMANTICS)})")
+    return value
+
+
+def _floats(doc):
+    """`doc` with the plan JSON's non-finite numbers ({"float": "inf" | "-inf" | "nan"}: JSON has
+    none, csrc/plan/plan.h) as Python floats."""
+    if isinstance(doc, dict):
+        if len(doc) == 1 and isinstance(doc.get("float"), str):
+            return float(doc["float"])
+        return {k: _floats(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_floats(v) for v in doc]
+    return doc
+
+
 def _precision(graph, precision: str | None) -> str:
     """The precision a plan is priced in: the one given, else the model's as captured (the
     dtype most of its parameters have: a model cast to bf16, or captured under a mixed-
@@ -58,7 +80,7 @@ class Plan:
                kfkb_k: int = 1, recompute: bool = True, zero: int = 0, precision: str | None = None,
                layers_per_stage: list[int] | None = None, profile=None, cost_model=None,
                stage_groups: list[int] | None = None,
-               stage_meshes: list[list[int]] | None = None) -> "Plan":
+               stage_meshes: list[list[int]] | None = None, micro_batch_semantics: str = "exact") -> "Plan":
         """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p).
         Raises shardwise.ValidationError naming the numbers when the plan is inconsistent
@@ -71,7 +93,11 @@ class Plan:
         docs/plan-format.md). ``stage_meshes``: one ``[data, tensor]`` per stage, sub-meshes of
         different sizes (then ``data`` and ``tensor`` are 1, ``pipeline`` defaults to their
         number, and ``micro_batch`` is a whole micro-batch's rows, which each stage splits over
-        its own data width)."""
+        its own data width). ``micro_batch_semantics``: "exact" (default) refuses a plan with
+        micro-batches for a graph whose rows meet in batch statistics (batch norm in training, a
+        router's load-balancing loss: csrc/analysis/batch_coupling.h), naming the op and module;
+        "per_micro_batch" accepts it, each micro-batch's statistics its own and such a loss the
+        mean of the micro-batches' (gradient accumulation's usual meaning; the report says so)."""
         if stage_meshes:
             stage_meshes = [[int(x) for x in mesh] for mesh in stage_meshes]
             if pipeline == 1:
@@ -96,6 +122,7 @@ class Plan:
             doc["stage_groups"] = [int(g) for g in stage_groups]
         if stage_meshes:
             doc["stage_meshes"] = stage_meshes
+        doc["micro_batch_semantics"] = _semantics(micro_batch_semantics, "Plan.manual")
         if profile is not None and cost_model is not None and profile is not cost_model:
             raise _C.ValidationError("Plan.manual: give profile= or cost_model=, not both")
         profile = profile if profile is not None else cost_model
@@ -108,31 +135,40 @@ class Plan:
     @classmethod
     def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
                memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool = True,
-               zero: bool = True, progress=None, collective_matmul: bool = False) -> "Plan":
+               zero: bool = True, progress=None, collective_matmul: bool = False,
+               batch_on_tensor_axis: bool | None = None) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
-        cluster's cost model. See ``shardwise.plan``."""
+        cluster's cost model. See ``shardwise.plan``. ``batch_on_tensor_axis``: whether the
+        mesh's tensor axis may split the batch too; None: not on a ``mesh`` given (its tensor
+        axis splits weights, heads and sequences, as the name says), freely on a searched one."""
+        if batch_on_tensor_axis is None:
+            batch_on_tensor_axis = mesh is None
         result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
                                 None if mesh is None else [int(x) for x in mesh], float(memory_fraction),
                                 _precision(graph, precision), bool(recompute), bool(zero), progress,
-                                bool(collective_matmul))
+                                bool(collective_matmul), bool(batch_on_tensor_axis))
         return cls(json.loads(result["plan"]), result)
 
     @classmethod
     def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast",
               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, progress=None,
-              network: NetworkCondition | None = None, stage_layouts: bool = True, zero: bool = True) -> "Plan":
+              network: NetworkCondition | None = None, stage_layouts: bool = True, zero: bool = True,
+              micro_batch_semantics: str = "exact") -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
         plans are priced again with the layout the SPMD search finds for their stages' tensor
         ranks (csrc/search/stage_layout.h), as ``parallelize`` runs them; False keeps
         Megatron's layout, the one Plan.manual is priced with. ``zero`` False: no candidate
-        shards the optimizer states (ZeRO-1)."""
+        shards the optimizer states (ZeRO-1). ``micro_batch_semantics``: "exact" (default) keeps a
+        graph whose rows meet in batch statistics in one micro-batch per step (see
+        ``Plan.manual``); "per_micro_batch" lets it take any."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
-                               _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero))
+                               _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero),
+                               _semantics(micro_batch_semantics, "Plan.joint"))
         return cls(json.loads(result["plan"]), result)
 
     def alternatives(self) -> list["Plan"]:
@@ -161,6 +197,17 @@ class Plan:
         """m: global batch / (micro-batch x data) micro-batches per step on each data rank."""
         d = self._doc
         return max(1, d["global_batch"] // (d["micro_batch"] * d["data"]))
+
+    @property
+    def micro_batch_semantics(self) -> str:
+        """"exact" or "per_micro_batch" (see ``Plan.manual``)."""
+        return self._doc.get("micro_batch_semantics", "exact")
+
+    def with_micro_batch_semantics(self, value: str) -> "Plan":
+        """The plan with ``micro_batch_semantics`` set (its hash changes with it)."""
+        doc = dict(self._doc)
+        doc["micro_batch_semantics"] = _semantics(value, "Plan.with_micro_batch_semantics")
+        return Plan(json.loads(_C.plan_normalise(json.dumps(doc))), self._result)
 
     @property
     def sharding(self) -> dict | None:
@@ -257,7 +304,7 @@ class Plan:
         pred = self._doc.get("predicted")
         if pred is None:
             raise _C.ValidationError("Plan: not costed (make it with Plan.manual, or load one with predictions)")
-        return pred
+        return _floats(pred)
 
     def predicted_step_time(self) -> float:
         """Seconds per iteration of the global batch."""
@@ -327,7 +374,7 @@ class Plan:
 
     def collectives(self) -> list[dict]:
         """Every collective of a step: kind, value, axis, phase, bytes, count, seconds."""
-        return [dict(c) for c in (self._doc.get("predicted") or {}).get("collectives", [])]
+        return [dict(c) for c in _floats(self._doc.get("predicted") or {}).get("collectives", [])]
 
     def report(self) -> str:
         """The plan as text: mesh, predictions, parameter placements, collectives per step."""
@@ -377,7 +424,8 @@ class Plan:
 def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
          memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool = True,
          zero: bool = True, progress=None, pipeline: bool | None = None,
-         network: NetworkCondition | None = None, collective_matmul: bool = False) -> Plan:
+         network: NetworkCondition | None = None, collective_matmul: bool = False,
+         micro_batch_semantics: str = "exact") -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
 
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
@@ -389,7 +437,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
 
     ``level="fast"``: a beam dynamic programme per mesh axis; ``"thorough"``: an integer
     programme (COIN-OR CBC) started from the fast answer, never worse under the cost model.
-    ``mesh``: fix the {data, tensor} mesh instead of searching every factorisation.
+    ``mesh``: fix the {data, tensor} mesh instead of searching every factorisation; its data
+    axis splits the batch and its tensor axis does not (weights, heads, sequences: ``mesh=(1,
+    4)`` is 4-way tensor parallelism), where a searched mesh's axes split whatever prices best.
     ``recompute`` / ``zero``: allow activation recomputation / sharded optimizer state.
     ``precision``: "f32", "tf32", "bf16" or "f16"; None (default): the model's, as captured
     (a bf16 model, or one captured under a mixed-precision policy, trains in bf16; a float32
@@ -403,6 +453,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     does the micro-batch fallback where nothing fits at once).
     ``network``: a ``NetworkCondition`` for the links between pipeline stages; the joint
     planner then times its pipelined plans on it and may pick kFkB (implies the joint planner).
+    ``micro_batch_semantics``: "exact" (default): a plan in micro-batches only for a graph whose
+    rows meet in linear reductions alone (no batch norm in training, no router load-balancing
+    loss: csrc/analysis/batch_coupling.h); "per_micro_batch": any (see ``Plan.manual``).
     ``progress(done, total)`` is called after each candidate. The graph must have been
     captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
 
@@ -430,36 +483,55 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
             raise _C.ValidationError("plan: collective_matmul= is the SPMD search's (pipeline=False, or mesh=); the "
                                      "joint planner's stages run their collectives plainly")
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
-                          precision=precision, progress=progress, network=network, zero=zero)
+                          precision=precision, progress=progress, network=network, zero=zero,
+                          micro_batch_semantics=micro_batch_semantics)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress, collective_matmul=collective_matmul)
     if both:
         joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
-                           precision=precision, progress=progress, zero=zero)
+                           precision=precision, progress=progress, zero=zero,
+                           micro_batch_semantics=micro_batch_semantics)
         if joint.fits and (found.fits is False or joint.predicted_step_time() < found.predicted_step_time()):
             return joint
         return found
     if choose and mesh is None:
         joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
                                      memory_fraction=memory_fraction, precision=precision, progress=progress,
-                                     zero=zero)
+                                     zero=zero, micro_batch_semantics=micro_batch_semantics)
         if joint is not None:
             return joint
     return found
 
 
 def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, level: str, memory_fraction: float,
-                         precision: str | None = None, progress=None, zero: bool = True) -> Plan | None:
+                         precision: str | None = None, progress=None, zero: bool = True,
+                         micro_batch_semantics: str = "exact") -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
     stages), if that fits; else None. Only for models with repeated layers (what the joint
-    planner takes). shardwise.plan and parallelize both ask it."""
+    planner takes). shardwise.plan and parallelize both ask it.
+
+    A graph whose rows meet in batch statistics (csrc/analysis/batch_coupling.h) is not split
+    into micro-batches under "exact" semantics: when only such a plan would fit, the error says
+    which op couples the batch and how to accept it (``micro_batch_semantics``)."""
     if found.fits is not False or not graph.repeated_blocks():
         return None
     joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
-                       precision=precision, progress=progress, zero=zero)
+                       precision=precision, progress=progress, zero=zero, micro_batch_semantics=micro_batch_semantics)
     if not joint.fits:
+        coupling = _C.batch_coupling(graph._core)
+        if micro_batch_semantics == "exact" and coupling["sites"]:
+            loose = Plan.joint(graph, cluster, global_batch=global_batch, level=level,
+                               memory_fraction=memory_fraction, precision=precision, zero=zero,
+                               micro_batch_semantics="per_micro_batch")
+            if loose.fits:
+                raise _C.ValidationError(
+                    f"plan: no plan of the whole batch {global_batch} fits in memory, and a plan in micro-batches "
+                    f"({loose.num_micro_batches()} of {loose.micro_batch} rows) would change what the model "
+                    f"computes: {coupling['describe']}. Pass micro_batch_semantics='per_micro_batch' to accept "
+                    "statistics over each micro-batch and a loss averaged over them, or use more devices or a "
+                    "smaller batch")
         return None
     from ._logging import get_logger
 

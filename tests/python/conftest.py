@@ -111,6 +111,37 @@ def tight_plan(graph, world: int, rows: int, mesh: tuple[int, int]):
                           precision=TIGHT_PRECISION, zero=False)
 
 
+def accumulation_cluster(graph, world: int, rows: int):
+    """A CPU cluster on which no plan of the whole batch `rows` in one micro-batch fits in
+    memory but a plan in micro-batches does (the gradient accumulation or pipeline the search
+    falls back to when memory is short, as on a real cluster): halfway between the least the
+    joint planner's plans need, micro-batches allowed, and the least the SPMD search's need
+    (for a graph with batch statistics, also the joint planner's plans of one micro-batch). Priced in
+    TIGHT_PRECISION without ZeRO, as ``tight_cluster``: parallelize on it with the same
+    precision and zero=False."""
+    import json
+
+    import shardwise
+
+    def with_memory(cluster, memory: float):
+        doc = json.loads(cluster.to_json())
+        doc["device_types"][0]["memory_bytes"] = int(memory)
+        return shardwise.Cluster.from_json(json.dumps(doc))
+
+    tiny = with_memory(shardwise.Cluster.preset("cpu", world), 1)
+    whole = shardwise.Plan.search(graph, tiny, global_batch=rows, precision=TIGHT_PRECISION,
+                                  zero=False).predicted_memory()[0]
+    if shardwise._C.batch_coupling(graph._core)["sites"]:
+        # (and the least of the joint planner's plans of one micro-batch, pipeline stages of the
+        # whole batch: all a graph with batch statistics may take)
+        whole = min(whole, shardwise.Plan.joint(graph, tiny, global_batch=rows, precision=TIGHT_PRECISION,
+                                                zero=False).predicted_memory()[0])
+    split = shardwise.Plan.joint(graph, tiny, global_batch=rows, precision=TIGHT_PRECISION, zero=False,
+                                 micro_batch_semantics="per_micro_batch").predicted_memory()[0]
+    assert split < whole, f"micro-batches save no memory on this graph ({split} >= {whole} bytes)"
+    return with_memory(tiny, (split + whole) / 2 / shardwise._C.MEMORY_FRACTION)
+
+
 def train_one_device(model, batch_of, steps: int, optimizer) -> list[float]:
     """The reference: `model` trained `steps` steps on one device, batch k = batch_of(k), with
     `optimizer` (over its parameters); returns each step's loss."""

@@ -136,9 +136,11 @@ def _calls_against_rank_ir(module: torch.fx.GraphModule, rank_ir: str) -> tuple[
     """Each ATen node of the printed rank IR against the program's ATen calls, in order: the
     same op with the same arguments (the IR's attributes bound to the op's schema). The IR's
     nodes the runtime runs as one of its own modules (marked shardwise.*) and the value
-    identities the lowering calls again (contiguous) are left out. (checked, mismatches)."""
+    identities the lowering calls again (contiguous) are left out; a view runs as reshape on
+    the view's arguments (runtime/lower.py: _LAYOUT_FREE). (checked, mismatches)."""
     from shardwise._aten_call import bound_arguments, call_arguments
     from shardwise._fx_import import VALUE_IDENTITIES, op_overload
+    from shardwise.runtime.lower import _LAYOUT_FREE
 
     ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes()
                 if n["op"].startswith("aten::") and not any(k.startswith("shardwise.") for k in n["attrs"])]
@@ -148,11 +150,11 @@ def _calls_against_rank_ir(module: torch.fx.GraphModule, rank_ir: str) -> tuple[
         if len(ir_nodes) != len(calls) else []
     for node, call in zip(ir_nodes, calls):
         op = op_overload(node["op"])
-        if op is not call.target:
+        if _LAYOUT_FREE.get(op, op) is not call.target:
             mismatches.append(f"{node['outputs'][0]}: {node['op']} in the IR, {call.target} in the program")
             continue
         expected = bound_arguments(op, *call_arguments(op, node["attrs"], [TENSOR] * len(node["inputs"])))
-        program = bound_arguments(op, call.args, call.kwargs, operand=lambda _: TENSOR)
+        program = bound_arguments(op, call.args, call.kwargs, operand=lambda _: TENSOR)  # by the IR op's schema
         if expected != program:
             mismatches.append(f"{node['outputs'][0]} ({node['op']}): {expected} in the IR, {program} in the program")
     return min(len(ir_nodes), len(calls)), mismatches

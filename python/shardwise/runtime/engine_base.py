@@ -23,15 +23,17 @@ are kept aside and reduced with the next synchronised step's (DDP's ``no_sync``:
 for several steps); ``.grad`` holds only reduced gradients.
 
 Subclasses (the SPMD and pipeline engines) provide:
-    _run(tensors, backward, carry) -> loss   forward (and backward) of a bound batch in
-                                      self.training's mode; the reduction of gradients left
+    _run(tensors, backward, carry) -> loss   forward (and backward) of a bound batch in the
+                                      held module's mode (_mode_key); the reduction of gradients left
                                       Partial included unless self._syncing is False
     _wrapper                          the module capture traces (its .model: the user's model,
                                       or a mixed-precision policy's copy of it)
+    _model                            the user's model: its train / eval flags are the engine's
     _held() -> [(name, parameter, copies, differs)]   the rank's trainable tensors: how many
                                       ranks hold the same copy, whether other ranks hold others
     _zero_groups() -> {name: (group, index, size, ranks)}   ZeRO parameters' groups
     _model_names: {id(model parameter): name}           the user's model's tensors by name
+    _trained_names() -> set[str] | None               what all ranks train, where a rank holds a part
     _checkpoint_state() -> (names, held, params)       what a checkpoint writes (runtime/state.py)
 
 An engine needs a program it does not hold yet (eval mode, another batch shape) from the layers
@@ -76,11 +78,20 @@ def is_collective_failure(error: BaseException) -> bool:
                                                  any(m in str(error) for m in _TRANSPORT_FAILURES))))
 
 
+# What a transport says when the peer itself is gone or late (not when it refuses the tensor:
+# Gloo's "Invalid scalar type" comes from the same files as its broken connections).
+_PEER_FAILURES = ("Connection closed", "Connection reset", "Connection refused", "Broken pipe", "timed out",
+                  "Timed out", "aborted", "Aborted")
+
+
 def collective_error(error: BaseException, rank: int, step: int, collective: str = "") -> CollectiveError:
-    return CollectiveError(f"rank {rank}, train_step {step}: a collective failed{collective}: {error}\n"
-                           "A peer rank probably died or stalled; every rank fails the same way within the "
-                           "timeout given to torch.distributed.init_process_group (its default: 30 minutes for "
-                           "Gloo, 10 for NCCL).")
+    if isinstance(error, getattr(dist, "DistNetworkError", ())) or any(m in str(error) for m in _PEER_FAILURES):
+        hint = ("A peer rank probably died or stalled; every rank fails the same way within the timeout given to "
+                "torch.distributed.init_process_group (its default: 30 minutes for Gloo, 10 for NCCL).")
+    else:
+        hint = ("The backend refused the collective on this rank (its tensor's type, size or device), not a peer; "
+                "the other ranks fail at the same collective.")
+    return CollectiveError(f"rank {rank}, train_step {step}: a collective failed{collective}: {error}\n{hint}")
 
 
 def tied_names(model: torch.nn.Module) -> dict[str, str]:
@@ -149,7 +160,6 @@ class EngineBase:
         _teardown.hold(self)
         self._binding = binding
         self._policy = policy  # mixed precision (runtime/precision.py)
-        self.training = True
         self._syncing = True
         self._carry: dict[torch.Tensor, torch.Tensor] = {}  # unreduced gradients of no_sync steps
         self._steps = 0          # steps run (train and eval), for error messages
@@ -157,14 +167,28 @@ class EngineBase:
         self._control = _control_group()
 
     # ---- loop controls ---------------------------------------------------------------------
+    @property
+    def training(self) -> bool:
+        """The mode steps run the model in: the flag of the module the user holds, read at every
+        step, as DDP and FSDP2 read it (``model.eval()`` on it switches the engine too)."""
+        return self._model.training
+
     def train(self, mode: bool = True) -> "EngineBase":
-        """Training mode (dropout on, batch norm on batch statistics), as ``nn.Module.train``."""
-        self.training = bool(mode)
+        """Training mode (dropout on, batch norm on batch statistics): ``model.train(mode)`` on
+        the held module, as ``nn.Module.train`` of a DDP or FSDP2 wrapper does."""
+        self._model.train(bool(mode))
         return self
 
     def eval(self) -> "EngineBase":
         """Evaluation mode: ``eval_step`` and ``train_step`` run the model as ``model.eval()`` does."""
         return self.train(False)
+
+    def _mode_key(self):
+        """The held module's modes as a program key: True or False when every submodule agrees,
+        else every submodule's flag in ``modules()`` order (a model whose dropout alone was put in
+        eval mode is captured so, not as all-train or all-eval)."""
+        flags = tuple(m.training for m in self._model.modules())
+        return flags[0] if all(f == flags[0] for f in flags) else flags
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -188,8 +212,13 @@ class EngineBase:
         parameters, in the groups `params` gives (None: one group; names or tensors, the engine's
         or the model's; or group dicts of them with their own options), applying the plan's ZeRO."""
         named = {n: p for n, p in self.named_parameters()}
-        groups = param_groups(params, named, self._model_names)
+        groups = param_groups(params, named, self._model_names, self._trained_names())
         return ShardedOptimizer(groups, optimizer_class, defaults, self._zero_groups())
+
+    def _trained_names(self) -> set[str] | None:
+        """The names of the parameters every rank together trains (None: this rank holds a block
+        of each); a pipeline's ranks hold their stages' only."""
+        return None
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
                         foreach=None) -> torch.Tensor:
@@ -254,15 +283,20 @@ class EngineBase:
         return map_tensors(self._binding.last, lambda t: cast_input(t, self._policy))
 
     @contextlib.contextmanager
-    def _mode(self, training: bool):
-        """The captured module in `training` mode for a new capture, as it was after."""
-        model = self._wrapper.model
-        was = model.training
-        model.train(training)
+    def _mode(self, key):
+        """The captured module in the modes of `key` (``_mode_key``) for a new capture, as it
+        was after (the captured module is the user's or, under a policy, its copy: the same
+        modules in the same order)."""
+        modules = list(self._wrapper.model.modules())
+        was = [m.training for m in modules]
+        flags = [key] * len(modules) if isinstance(key, bool) else list(key)
         try:
+            for m, flag in zip(modules, flags):
+                m.training = flag
             yield
         finally:
-            model.train(was)
+            for m, flag in zip(modules, was):
+                m.training = flag
 
     def _as_state_dict(self, gathered: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The whole tensors by the model's state_dict names (torch's and FSDP's full state dict:
@@ -297,7 +331,8 @@ class EngineBase:
         except ValidationError as e:
             error = e
         shapes = zlib.crc32(repr([list(t.shape) for t in tensors.values()]).encode()) if error is None else 0
-        mode = int(self.training)
+        key = self._mode_key()
+        mode = int(key) if isinstance(key, bool) else 2 + zlib.crc32(repr(key).encode())
         flags = torch.tensor([int(error is not None), self._steps, -self._steps, shapes, -shapes, mode, -mode],
                              dtype=torch.int64, device="cpu")  # the control group is Gloo on the CPU
         try:
@@ -324,8 +359,8 @@ class EngineBase:
                                   f"{rank}: {[list(t.shape) for t in tensors.values()]}); every rank takes the same "
                                   "global batch")
         if hi_mode != -lo_mode:
-            raise ValidationError(f"{where} {self._steps}: some ranks are in train() mode, others in eval(); every "
-                                  "rank must switch together")
+            raise ValidationError(f"{where} {self._steps}: the ranks' models are in different train() / eval() "
+                                  "modes; every rank must switch together")
         return tensors
 
     def _check_shapes(self, tensors: dict[str, torch.Tensor], where: str) -> None:
@@ -348,6 +383,11 @@ class EngineBase:
 
     def _process_groups(self) -> list:
         return [self._control]
+
+
+def mode_name(key) -> str:
+    """'training', 'eval' or 'mixed-mode' for a program key's mode (EngineBase._mode_key)."""
+    return "training" if key is True else "eval" if key is False else "mixed-mode"
 
 
 def _control_group():

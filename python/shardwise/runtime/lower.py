@@ -63,6 +63,22 @@ _BY_NAME = {str(op): op for op in _MASKS | _LIKE}
 _FUSABLE = {**SPLIT_OPS, torch.ops.aten.embedding.default: "aten::embedding"}
 
 
+# ---- views that must not depend on the traced layout --------------------------------------
+# A captured view reads its operand through the strides the single-device trace happened to
+# give it, and the IR keeps no strides. torch.export even drops a `.contiguous()` that was a
+# no-op there (nanoGPT's `y.transpose(1, 2).contiguous().view(B, T, C)`: CPU attention lays
+# its output out so that the transpose is contiguous already), so nothing in the program
+# records that the view needs that layout. On a rank the operand may arrive otherwise laid
+# out (a reshard gathered the heads into a fresh contiguous tensor, which the transpose then
+# leaves strided) and aten::view fails ("view size is not compatible with input tensor's size
+# and stride"). Such a view runs as aten::reshape: the same values and shape, a view of the
+# operand whenever view would have succeeded (so any aliasing the trace relied on holds), a
+# copy only where view would have raised; its backward is view's (a reshape of the gradient).
+# (view's and _unsafe_view's operands are (self, size), reshape's (self, shape): positional.)
+_LAYOUT_FREE = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
+                torch.ops.aten._unsafe_view.default: torch.ops.aten.reshape.default}
+
+
 def _whole_index(placement: list[str]) -> list[str]:
     """A placement's Partial entries as Replicate: the block a rank holds of a Partial value is whole."""
     return ["R" if p.startswith("P") else p for p in placement]
@@ -429,7 +445,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             args, kwargs = _node_call(node, target, src, operands)
             if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
                 args, kwargs = _with_argument(target, args, kwargs, "reduction", 2)
-            call = graph.call_function(target, tuple(args), kwargs)
+            call = graph.call_function(_LAYOUT_FREE.get(target, target), tuple(args), kwargs)
         if regathers and call.op in ("call_function", "call_module"):
             call = _released_after(graph, call, regathers)
         if weight_boundaries is not None and weight_boundaries.get(first):

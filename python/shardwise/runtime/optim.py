@@ -11,7 +11,9 @@ The result is a ``torch.optim.Optimizer``: LR schedulers, ``param_groups``, ``st
 has it; ``shardwise.save_checkpoint`` writes the whole one) and ``zero_grad`` behave as torch's.
 Parameter groups name parameters as the model does (a tied weight by its first name), by name
 or by the model's own tensors (``model.named_parameters()``, as a Hugging Face Trainer builds
-its no-decay groups), or by the engine's.
+its no-decay groups), or by the engine's. Every rank is given the same groups, of the whole
+model: on a pipeline each keeps the parameters its stages hold (a group may be empty there),
+and a name the model does not have is refused.
 
 ZeRO (the plan's ``zero``: a parameter replicated over some mesh axes whose optimizer state is
 sharded over them): each such parameter is stepped by one rank of its axes' group (its owner,
@@ -34,28 +36,47 @@ from .._C import ValidationError
 from . import transport
 
 
-def param_groups(spec: Any, named: dict[str, torch.Tensor], model_names: dict[int, str]) -> list[dict]:
+def param_groups(spec: Any, named: dict[str, torch.Tensor], model_names: dict[int, str],
+                 trained: set[str] | None = None) -> list[dict]:
     """The optimizer's groups, each {"params": [engine parameters], ...options}, from `spec`:
     None (every parameter), names, tensors (the engine's or the model's), or group dicts of them.
-    Every parameter the engine trains must be in exactly one group."""
+    `named`: the parameters this rank trains; `trained`: the names every rank together trains
+    (None: `named`'s, as where every rank holds a block of every parameter).
+
+    Every rank is given the same groups, built from the whole model (nanoGPT's decay / no-decay
+    groups from ``model.named_parameters()``), and keeps the part it holds: a parameter of the
+    model that this rank does not train (a pipeline's other stages', a frozen or unused one,
+    which torch's optimizer would never step either) is left out of its groups, and a group
+    with nothing left stays, empty (torch.optim steps, schedules and saves an empty group), so
+    that group i is the same group on every rank: an LR scheduler's lambdas, ``param_groups[i]``
+    and the checkpoint's hyperparameters line up. A name or tensor the model does not have is
+    refused, as are a parameter in two groups and a trained one in none: any rank's, checked
+    alike on every rank, for groups of the whole model; this rank's, for groups each rank
+    builds from its own ``engine.named_parameters()`` (which differ by rank on a pipeline)."""
+    trained = set(named) if trained is None else set(trained) | set(named)
     by_id = {id(p): n for n, p in named.items()}
+    model = set(model_names.values())
 
     def name_of(item) -> str:
         if isinstance(item, str):
-            if item not in named:
-                raise ValidationError(f"engine.optimizer: no trainable parameter named '{item}' (the engine's are "
-                                      f"named as the model names them, e.g. {next(iter(named), '?')!r})")
+            if item not in trained and item not in model:
+                example = next(iter(sorted(trained)), "?")
+                raise ValidationError(f"engine.optimizer: the model has no parameter named '{item}' (the engine "
+                                      f"names parameters as model.named_parameters() does, a tied weight by its "
+                                      f"first name, e.g. {example!r})")
             return item
         if isinstance(item, torch.Tensor):
             name = by_id.get(id(item)) or model_names.get(id(item))
-            if name is None or name not in named:
+            if name is None:
                 raise ValidationError(f"engine.optimizer: a tensor of shape {list(item.shape)} is neither one of the "
-                                      "engine's parameters nor a trainable parameter of the model")
+                                      "engine's parameters nor a parameter of the model")
             return name
         raise ValidationError(f"engine.optimizer: a parameter is given as {type(item).__name__}; use its name or "
                               "the tensor")
 
-    items = list(named) if spec is None else [spec] if isinstance(spec, (str, torch.Tensor, dict)) else list(spec)
+    if spec is None:  # every parameter: this rank's, then (left out below) the other ranks'
+        spec = [*named, *sorted(trained - set(named))]
+    items = [spec] if isinstance(spec, (str, torch.Tensor, dict)) else list(spec)
     if items and all(isinstance(g, dict) for g in items):
         groups = [dict(g) for g in items]
     else:
@@ -73,9 +94,14 @@ def param_groups(spec: Any, named: dict[str, torch.Tensor], model_names: dict[in
             if name in seen:
                 raise ValidationError(f"engine.optimizer: '{name}' is in parameter groups {seen[name]} and {i}")
             seen[name] = i
-            names.append(name)
+            if name in named:  # else another rank's (or trained by none): not this rank's to step
+                names.append(name)
         out.append({**group, "params": [named[n] for n in names], "param_names": names})
-    missing = [n for n in named if n not in seen]
+    # Groups of the whole model (they name another rank's parameters) must hold every parameter
+    # any rank trains, checked alike on every rank; groups of this rank's own parameters (from
+    # engine.named_parameters(), which differ by rank under a pipeline) hold this rank's.
+    whole_model = any(n not in named for n in seen)
+    missing = sorted(n for n in (trained if whole_model else named) if n not in seen)  # sorted: one message
     if missing:
         raise ValidationError(f"engine.optimizer: {len(missing)} trainable parameters are in no group "
                               f"({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}); a rank would "

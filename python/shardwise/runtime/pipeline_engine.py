@@ -10,10 +10,15 @@ at the end of the step (both through runtime/transport.py: staged through host m
 Gloo with CUDA tensors). Each travels on its link's channel for its way and kind, with tag 0,
 so receives meet sends by their order, on Gloo as on NCCL, which ignores tags; the core checks
 that the lists' orders agree and cannot hang that way (csrc/schedule/p2p_channels.h,
-runtime/stage_links.py). Gradients of every micro-batch accumulate in ``.grad``; the loss is
-the mean of the micro-batch losses (each the mean over its rows: together the global mean; a
-loss whose mean the data counts takes each micro-batch's share of the global count, see
-runtime/counted.py), broadcast from the last stage to every rank in its own dtype.
+runtime/stage_links.py). Gradients of every micro-batch accumulate in ``.grad``; the loss
+combines the micro-batch losses as the loss's reduction over the batch requires, which the core
+reads off the graph (csrc/analysis/batch_coupling.h, ``loss_combination``): a sum over the rows
+(torchtitan's cross entropy, ``reduction="sum"``) is the sum of the micro-batch sums, each
+backward seeded with 1; a mean over the rows is their mean, each seeded with 1 / m (a loss whose
+mean the data counts takes each micro-batch's share of the global count, see
+runtime/counted.py); broadcast from the last stage to every rank in its own dtype. A graph whose
+rows meet in batch statistics is not run in micro-batches unless the plan says
+micro_batch_semantics "per_micro_batch" (shardwise.parallelize checks it).
 
 ``engine.eval()`` captures the model again in eval mode (through the ``Recapture``
 shardwise.parallelize gave it: capture is above the runtime) and cuts it as the training graph
@@ -40,7 +45,7 @@ from ..materialize import local_tensor
 from .batch import map_tensors
 from .buckets import _GradientBuckets
 from .counted import Counter
-from .engine_base import EngineBase, Recapture, tied_names
+from .engine_base import EngineBase, Recapture, mode_name, tied_names
 from .grad_norm import plain
 from .lower import _build_module, _rank_program, _tensor_outputs, program_code
 from .reshard import gather_whole
@@ -183,8 +188,12 @@ class PipelineEngine(EngineBase):
                  num_micro_batches: int, shapes: tuple, parameters: dict, tensors: dict, trainable: set,
                  shared: list[tuple], links: StageLinks, mesh=None, sharding=None,
                  recapture: Recapture | None = None, kept=None, policy=None, compute_dtypes: dict | None = None,
-                 stage_ranks: list[int]):
+                 stage_ranks: list[int], loss_combination: str = "mean"):
         super().__init__(binding, policy)
+        # How the micro-batch losses make the step's: "sum" or "mean" (the module docstring).
+        if loss_combination not in ("sum", "mean"):
+            raise ValidationError(f"pipeline: loss_combination {loss_combination!r} (known: sum, mean)")
+        self._loss_sum = loss_combination == "sum"
         self._compute_dtypes = compute_dtypes or {}
         self.plan = plan
         self._model = model
@@ -192,7 +201,7 @@ class PipelineEngine(EngineBase):
         self._tied = tied_names(model)
         self._kept = kept              # runtime.state.KeptState: the model's names, shapes, what no rank holds
         self.sharding = sharding       # the SPMD plan of each stage's sub-mesh (None: replicated)
-        self._programs = {True: first}
+        self._programs = {self._mode_key(): first}  # captured in the model's mode at the time
         self._first = first
         self._actions = actions        # (kind, micro-batch, virtual stage, peer pipeline rank)
         # The pipeline rank of each virtual stage (the schedule's placement: g % p, or ZB-V's V).
@@ -263,6 +272,9 @@ class PipelineEngine(EngineBase):
     def _world(self) -> int:
         return dist.get_world_size()
 
+    def _trained_names(self) -> set[str]:
+        return {n for n in self._owners if n in self._trainable}  # every stage's, not only this rank's
+
     def _zero_groups(self) -> dict[str, tuple]:
         if self._mesh is None or self.sharding is None:
             return {}
@@ -291,12 +303,12 @@ class PipelineEngine(EngineBase):
                                   f"({self._m} micro-batches of {self._micro_batch} rows); a pipeline takes batches "
                                   "of that shape only")
 
-    def _program(self, training: bool) -> StageProgram:
+    def _program(self, training) -> StageProgram:
         if training not in self._programs:
             self._programs[training] = self._build_program(training)
         return self._programs[training]
 
-    def _build_program(self, training: bool) -> StageProgram:
+    def _build_program(self, training) -> StageProgram:
         """The model captured in the other mode, cut as the plan says, sharing the parameters."""
         rows = self._micro_batch
         with self._mode(training):
@@ -317,9 +329,9 @@ class PipelineEngine(EngineBase):
         for name, leaf in program.leaves.items():
             if name in self._leaves and leaf["placement"] != self._leaves[name]["placement"] and \
                     name in self._parameters:
-                raise ValidationError(f"pipeline: the {'training' if training else 'eval'} program places '{name}' "
+                raise ValidationError(f"pipeline: the {mode_name(training)} program places '{name}' "
                                       f"{leaf['placement']}, the engine holds it {self._leaves[name]['placement']}")
-        log.info("rank %d: a %s pipeline program (stages %s)", dist.get_rank(), "training" if training else "eval",
+        log.info("rank %d: a %s pipeline program (stages %s)", dist.get_rank(), mode_name(training),
                  sorted(program.stages))
         return program
 
@@ -345,7 +357,7 @@ class PipelineEngine(EngineBase):
         return module(*args, *[counts[n] for n in module.counted])
 
     def _run(self, tensors: dict, backward: bool, carry: dict) -> torch.Tensor:
-        program = self._program(self.training)
+        program = self._program(self._mode_key())
         micro, count_list = self._micro_batches(tensors, program)
         counts = dict(zip(program.counted, count_list))
         if not backward:
@@ -416,7 +428,7 @@ class PipelineEngine(EngineBase):
                 elif kind == "B":
                     state = live.pop((g, mb))
                     if stage["last"]:
-                        full_backward([state["outputs"][0] / self._m], [None])
+                        full_backward([self._seeded(state["outputs"][0])], [None])
                     else:
                         grads = self._incoming(program, g, mb, pending, live, turned)
                         pairs = [(t, grads[n]) for n, t in zip(stage["sent"], state["outputs"])
@@ -489,7 +501,7 @@ class PipelineEngine(EngineBase):
         (kept for SG) and each site's output gradients (kept for W), the weight values sent
         kept with their gradients for W. `grads`: the gradients of the stage's outputs."""
         if stage["last"]:
-            roots, root_grads, weight_outputs = [state["outputs"][0] / self._m], [None], []
+            roots, root_grads, weight_outputs = [self._seeded(state["outputs"][0])], [None], []
         else:
             pairs = [(n, t, grads[n]) for n, t in zip(stage["sent"], state["outputs"]) if n in grads and t.requires_grad]
             roots = [t for n, t, _ in pairs if n not in stage["weight_outputs"]]
@@ -503,11 +515,20 @@ class PipelineEngine(EngineBase):
         state["weight_outputs"] = weight_outputs
         state["outputs"] = None  # B's roots: W starts from the sites
 
+    def _seeded(self, loss: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's loss as its share of the step's: itself for a sum over the rows, / m
+        for a mean (the module docstring)."""
+        return loss if self._loss_sum else loss / self._m
+
     def _broadcast_loss(self, losses: list, program: StageProgram) -> torch.Tensor:
-        """The mean of the micro-batch losses, from the last stage to every rank, in the loss'
-        dtype (sent as float64: exact for every floating dtype, and Gloo-safe for half ones)."""
-        loss = torch.stack(losses).mean().double() if losses else torch.zeros((), dtype=torch.float64,
-                                                                                device=self._device)
+        """The step's loss from the micro-batch losses (their sum, or their mean), from the last
+        stage to every rank, in the loss' dtype (sent as float64: exact for every floating
+        dtype, and Gloo-safe for half ones)."""
+        if losses:
+            stacked = torch.stack(losses)
+            loss = (stacked.sum() if self._loss_sum else stacked.mean()).double()
+        else:
+            loss = torch.zeros((), dtype=torch.float64, device=self._device)
         transport.broadcast(loss, src=self._last_rank)
         return loss.to(program.loss_dtype)
 

@@ -22,7 +22,7 @@ from ..materialize import local_tensor
 from .batch import BatchBinding, call_arguments
 from .buckets import _GradientBuckets
 from .counted import Counter
-from .engine_base import EngineBase, Recapture, check_same_plan, tied_names
+from .engine_base import EngineBase, Recapture, check_same_plan, mode_name, tied_names
 from .grad_norm import plain
 from .lower import _build_module, _rank_program, program_code
 from .mesh import _Mesh
@@ -67,7 +67,7 @@ class Engine(EngineBase):
         self._kept = kept              # runtime.state.KeptState: the model's names, shapes, what no rank holds
         self._recapture = recapture    # capture and the search, for programs built later
         self._static = static
-        self._programs = {(True, shapes): first}
+        self._programs = {(self._mode_key(), shapes): first}  # captured in the model's mode at the time
         self._first = first
         self._carry_buckets = None  # the buckets of the program that made the no_sync gradients
         self._leaves = {leaf["value"]: leaf for leaf in first.program["leaves"]}
@@ -135,21 +135,21 @@ class Engine(EngineBase):
     def _local_batch(self, batch: tuple) -> list[torch.Tensor]:
         """This rank's share of a positional batch (tests and benchmarks)."""
         tensors = self._binding.bind(*call_arguments(batch, {}))
-        program = self._programs[(True, tuple(tuple(t.shape) for t in tensors.values()))]
+        program = self._program_for(self._mode_key(), tensors)
         return [local_tensor(t, p, self._mesh.sizes, self._mesh.rank) for t, p in zip(tensors.values(),
                                                                                       program.placements)]
 
     # ---- steps -------------------------------------------------------------------------------------
     def _check_shapes(self, tensors: dict[str, torch.Tensor], where: str) -> None:
         shapes = tuple(tuple(t.shape) for t in tensors.values())
-        if self._static and (True, shapes) not in self._programs:
+        if self._static and not any(key[1] == shapes for key in self._programs):
             first = next(iter(self._programs))[1]
             raise ValidationError(f"{where}: the batch has shapes {dict(zip(tensors, map(list, shapes)))}, the "
                                   f"program was captured at {dict(zip(tensors, map(list, first)))} (static=True "
                                   f"refuses other shapes; rank {self._mesh.rank})")
 
     def _run(self, tensors: dict[str, torch.Tensor], backward: bool, carry: dict) -> torch.Tensor:
-        program = self._program_for(self.training, tensors)
+        program = self._program_for(self._mode_key(), tensors)
         local = [local_tensor(t, p, self._mesh.sizes, self._mesh.rank)
                  for t, p in zip(tensors.values(), program.placements)]
         counts = program.counter(tensors)
@@ -181,14 +181,14 @@ class Engine(EngineBase):
         self._carry_buckets = None if self._syncing else program.buckets
         return loss.detach()
 
-    def _program_for(self, training: bool, tensors: dict[str, torch.Tensor]) -> _Program:
+    def _program_for(self, mode, tensors: dict[str, torch.Tensor]) -> _Program:
         shapes = tuple(tuple(t.shape) for t in tensors.values())
-        key = (training, shapes)
+        key = (mode, shapes)
         if key not in self._programs:
-            self._programs[key] = self._build_program(training, tensors)
+            self._programs[key] = self._build_program(mode, tensors)
         return self._programs[key]
 
-    def _build_program(self, training: bool, tensors: dict[str, torch.Tensor]) -> _Program:
+    def _build_program(self, training, tensors: dict[str, torch.Tensor]) -> _Program:
         """A program for another mode or batch shape: captured again, run under the engine's
         sharding (searched again on its mesh when that does not fit), sharing the parameters."""
         with self._mode(training):
@@ -203,7 +203,7 @@ class Engine(EngineBase):
             # Nodes whose splits these sizes do not allow (3 rows on 2 data ranks) run replicated
             # on that axis; the parameters keep their placements.
             log.info("rank %d: the plan's sharding does not split the %s program at batch shapes %s (%s); the nodes "
-                     "it cannot split run replicated", rank, "training" if training else "eval", shapes, e)
+                     "it cannot split run replicated", rank, mode_name(training), shapes, e)
             try:
                 program, whole = _rank_program(graph, plan.to_json(), rank, adapt_to_shapes=True)
             except ValidationError as again:  # not a shape matter (another graph): search the mesh again
@@ -215,7 +215,7 @@ class Engine(EngineBase):
         for name, leaf in leaves.items():
             if name in self._leaves and name in self._parameters and leaf["placement"] != self._leaves[name][
                     "placement"]:
-                raise ValidationError(f"train_step: the {'training' if training else 'eval'} program at batch shapes "
+                raise ValidationError(f"train_step: the {mode_name(training)} program at batch shapes "
                                       f"{[list(t.shape) for t in tensors.values()]} places '{name}' "
                                       f"{leaf['placement']}, the engine holds it {self._leaves[name]['placement']}; "
                                       "parallelize with static=True and a batch of this shape, or pad the batch")
@@ -224,7 +224,7 @@ class Engine(EngineBase):
                                parameters=self._parameters, compute_dtypes=self._compute_dtypes)
         counter = Counter.build(graph, builder, self._tensors, self._trainable, module.counted, names)
         log.info("rank %d: a %s program for batch shapes %s (%d nodes, %d whole)", rank,
-                 "training" if training else "eval", [list(t.shape) for t in tensors.values()],
+                 mode_name(training), [list(t.shape) for t in tensors.values()],
                  len(program["nodes"]), len(whole))
         return _Program(module, program, plan, whole, [leaves[n]["placement"] for n in names], counter,
                         self._buckets_of(program))
