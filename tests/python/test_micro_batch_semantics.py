@@ -288,6 +288,17 @@ def test_batch_statistics_refuse_micro_batches_naming_the_op_unless_chosen():
     assert one["loss_error"] < EXACT and one["param_error"] < EXACT, one
 
 
+def test_a_pipeline_of_a_model_without_repeated_layers_says_why_it_cannot_be_priced():
+    # Before: "evaluate: pipeline 2 x virtual_stages 1 = 2 chunks but the graph has 0 layers".
+    torch.manual_seed(0)
+    cfg = transformers.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=4)
+    model = transformers.ResNetForImageClassification(cfg).eval()
+    graph = shardwise.capture(model, {"pixel_values": torch.randn(4, 3, 16, 16), "labels": torch.randint(0, 4, (4,))})
+    assert not graph.repeated_blocks()
+    with pytest.raises(shardwise.ValidationError, match="has none .*repeated.* pipeline 1"):
+        shardwise.Plan.manual(graph, shardwise.Cluster.preset("cpu", 2), pipeline=2, global_batch=4, micro_batch=4)
+
+
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_the_engine_follows_the_held_modules_train_and_eval_mode(pipeline):
     # Before: model.eval() on the module the user holds was ignored (dropout stayed on).
