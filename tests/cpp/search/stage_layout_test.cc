@@ -125,6 +125,7 @@ TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
   SpmdSearchOptions options;
   options.global_batch = 4;
   options.mesh = std::vector<int>{2, 2};
+  options.batch_on_tensor_axis = false;  // the plan's degrees name the axes data x tensor
   const SpmdSearchResult direct = search_spmd(batch4, cost::first_ranks(cluster, 4), cost::AnalyticCostModel{},
                                               options);
   EXPECT_EQ(*s, *direct.plan.sharding);
