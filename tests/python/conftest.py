@@ -220,3 +220,40 @@ def spawn_reports(worker, world: int, *args) -> list[dict]:
             with open(f"{result}.{rank}") as f:
                 reports.append(json.load(f))
     return reports
+
+
+# ---- scenarios on real Gloo ranks ----------------------------------------------------------------
+def _scenario_rank(rank: int, world: int, store: str, module: str, name: str, args: tuple, result: str) -> None:
+    import importlib
+    import json
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # one thread a rank: the ranks share this machine's cores
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    try:
+        out = getattr(importlib.import_module(module), f"_scenario_{name}")(rank, world, *args)
+        if rank == 0:
+            with open(result, "w") as f:
+                json.dump(out, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_scenario(module: str, world: int, name: str, *args):
+    """`world` Gloo processes (a FileStore in a temporary directory) each running
+    ``module._scenario_<name>(rank, world, *args)``; returns rank 0's result (JSON). A test file
+    passes its ``__name__``: the spawned ranks import it as pytest did."""
+    import json
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        mp.spawn(_scenario_rank, args=(world, os.path.join(tmp, "store"), module, name, args, result), nprocs=world,
+                 join=True)
+        with open(result) as f:
+            return json.load(f)

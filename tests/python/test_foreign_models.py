@@ -13,21 +13,17 @@ error asserted by its message. Each failed before its fix (the test says how):
 Scenarios run in spawned ranks (`_scenario_*`); each returns a dict from rank 0."""
 from __future__ import annotations
 
-import json
-import os
 import pathlib
 import sys
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import TIGHT_PRECISION, parameter_error, tight_cluster
+from conftest import TIGHT_PRECISION, parameter_error, spawn_scenario, tight_cluster
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))  # spawned ranks inherit it
 from foreign.nanogpt import GPT, GPTConfig  # noqa: E402
@@ -180,25 +176,8 @@ def _scenario_pipeline_groups(rank, world, by_name):
 
 
 # ---- spawning ----------------------------------------------------------------------------------
-def _worker(rank, world, store, name, args, result):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
-    try:
-        out = globals()[f"_scenario_{name}"](rank, world, *args)
-        if rank == 0:
-            with open(result, "w") as f:
-                json.dump(out, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def _spawn(world, name, *args):
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), name, args, result), nprocs=world, join=True)
-        with open(result) as f:
-            return json.load(f)
+    return spawn_scenario(__name__, world, name, *args)
 
 
 def _assert_equal_training(r):

@@ -10,19 +10,14 @@ mode at every step. Every test here failed on the main branch before the fix."""
 from __future__ import annotations
 
 import copy
-import json
-import os
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import TIGHT_PRECISION, accumulation_cluster
+from conftest import TIGHT_PRECISION, accumulation_cluster, spawn_scenario
 
 transformers = pytest.importorskip("transformers")
 
@@ -235,25 +230,8 @@ def _scenario_modes(rank, world, pipeline):
 
 
 # ---- spawning ------------------------------------------------------------------------------------------
-def _worker(rank, world, store, name, args, result):
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    try:
-        out = globals()[f"_scenario_{name}"](rank, world, *args)
-        if rank == 0:
-            with open(result, "w") as f:
-                json.dump(out, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def _spawn(world, name, *args):
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), name, args, result), nprocs=world, join=True)
-        with open(result) as f:
-            return json.load(f)
+    return spawn_scenario(__name__, world, name, *args)
 
 
 # ---- tests ------------------------------------------------------------------------------------------------

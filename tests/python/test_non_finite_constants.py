@@ -11,17 +11,14 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
+from conftest import spawn_scenario
 
 transformers = pytest.importorskip("transformers")
 
@@ -116,25 +113,8 @@ def _scenario_deepseek(rank, world, mesh):
     return out
 
 
-def _worker(rank, world, store, name, args, result):
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    try:
-        out = globals()[f"_scenario_{name}"](rank, world, *args)
-        if rank == 0:
-            with open(result, "w") as f:
-                json.dump(out, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def _spawn(world, name, *args):
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), name, args, result), nprocs=world, join=True)
-        with open(result) as f:
-            return json.load(f)
+    return spawn_scenario(__name__, world, name, *args)
 
 
 @pytest.mark.parametrize("mesh", [(2, 1), (1, 2)])
