@@ -169,13 +169,16 @@ T read(const json& j, const std::string& path) {
     return out;
   } else if constexpr (std::is_same_v<T, double>) {
     if (j.is_number()) return j.get<double>();
-    // JSON has no inf / nan: number() writes them as {"float": "inf"} (as ir/json.h does).
+    // JSON has no inf: number() writes it as {"float": "inf"} (as ir/json.h does). A nan
+    // is refused: no price is nan, and a plan holding one would not equal itself.
     if (j.is_object() && j.size() == 1 && j.contains("float") && j.at("float").is_string()) {
       const auto& text = j.at("float").get_ref<const std::string&>();
       if (text == "inf") return std::numeric_limits<double>::infinity();
       if (text == "-inf") return -std::numeric_limits<double>::infinity();
-      if (text == "nan") return std::numeric_limits<double>::quiet_NaN();
-      throw ParseError(fmt::format("plan.{}: unknown special float \"{}\" (expected \"inf\", \"-inf\" or \"nan\")",
+      if (text == "nan")
+        throw ParseError(fmt::format("plan.{}: nan is not a figure a plan holds (a price that is nan is a "
+                                     "defect of whatever wrote it)", path));
+      throw ParseError(fmt::format("plan.{}: unknown special float \"{}\" (expected \"inf\" or \"-inf\")",
                                    path, text));
     }
     throw ParseError(fmt::format("plan.{}: wrong type (expected a number, got {})", path, j.type_name()));
@@ -188,8 +191,9 @@ T read(const json& j, const std::string& path) {
   }
 }
 
-// A double as JSON: a number, or {"float": "inf" | "-inf" | "nan"} (JSON has none, and
-// nlohmann would write null, which reads back as no number at all).
+// A double as JSON: a number, or {"float": "inf" | "-inf"} (JSON has none, and nlohmann
+// would write null, which reads back as no number at all). A nan is written as
+// {"float": "nan"} so that the defect shows in the text; the reader refuses it.
 json number(double d) {
   if (std::isnan(d)) return json{{"float", "nan"}};
   if (std::isinf(d)) return json{{"float", d > 0 ? "inf" : "-inf"}};

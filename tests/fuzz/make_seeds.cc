@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   non_finite.predicted = plan::Predicted{.step_time = std::numeric_limits<double>::infinity(),
                                          .tflops_per_device = 0.0,
                                          .memory_per_rank = 1e9,
-                                         .breakdown = {{"compute", std::numeric_limits<double>::quiet_NaN()},
+                                         .breakdown = {{"compute", 1.5},
                                                        {"bubble", -std::numeric_limits<double>::infinity()}}};
   write(out / "plan_json", "non_finite.json", plan::plan_to_json_string(non_finite));
 
