@@ -178,6 +178,8 @@ void bind_plan(py::module_& m) {
         out["fits"] = r.fits;
         out["candidates"] = candidates;
         out["search_seconds"] = r.search_seconds;
+        out["axis_problems_solved"] = r.axis_problems_solved;
+        out["axis_problems_reused"] = r.axis_problems_reused;
         out["memory_capacity"] = r.memory_limit;
         out["report"] = search::plan_report(r.plan, r.memory_limit);
         if (r.balance) {

@@ -372,16 +372,23 @@ std::vector<Strategy> ShardingModel::node_strategies(ir::NodeId node, int axis) 
   std::erase_if(strategies, [&](const Strategy& s) {
     return uneven_batch(s.inputs, n.inputs) || uneven_batch(s.outputs, n.outputs);
   });
-  // An axis that may not split the batch (ShardingModelOptions::batch_axes).
+  // An axis that may not split the batch (ShardingModelOptions::batch_axes): no strategy splits
+  // the rule's batch index, the major factor of an operand's batch dim. (A split inside each
+  // row of a [b * s] dim, strided over the rows, splits the sequence: it stays.)
   if (!options_.batch_axes.empty() && !options_.batch_axes.at(static_cast<std::size_t>(axis))) {
-    auto on_batch = [&](const std::vector<Placement>& placements, const std::vector<ir::ValueId>& values) {
-      for (std::size_t i = 0; i < placements.size(); ++i) {
+    const ops::DimRule& full = *rules_[static_cast<std::size_t>(node)];
+    std::set<int> batch_indices;
+    auto collect = [&](const std::vector<ops::OperandDims>& operands, const std::vector<ir::ValueId>& values) {
+      for (std::size_t i = 0; i < operands.size() && i < values.size(); ++i) {
         const auto& batch_dim = graph_.value(values[i]).type.batch_dim;
-        if (placements[i].is_shard() && batch_dim && placements[i].dim == *batch_dim) return true;
+        if (batch_dim && static_cast<std::size_t>(*batch_dim) < operands[i].size() &&
+            !operands[i][static_cast<std::size_t>(*batch_dim)].empty())
+          batch_indices.insert(operands[i][static_cast<std::size_t>(*batch_dim)].front());
       }
-      return false;
     };
-    std::erase_if(strategies, [&](const Strategy& s) { return on_batch(s.inputs, n.inputs) || on_batch(s.outputs, n.outputs); });
+    collect(full.inputs, n.inputs);
+    collect(full.outputs, n.outputs);
+    std::erase_if(strategies, [&](const Strategy& s) { return !s.partial && batch_indices.contains(s.index); });
   }
   // A split the runtime has no distributed kernel for would run whole on gathered operands,
   // not as priced (compute / n and the statistics' all-reduce): not offered
@@ -782,7 +789,123 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     choices.push_back({Placement::replicate(), true});
   }
 
-  // Problem nodes, in sweep order: each node's unseen leaves, then the node.
+  // Readers of one value that want it the same way share one resharding (tally(), as the
+  // runtime runs it: q, k and v read one gathered norm output). A pair cost cannot see that:
+  // priced per reader edge, Megatron's column-parallel k and v would each pay the gather q
+  // pays already. So the readers of a value (not a parameter, whose collectives are its
+  // own) that are two or more edges of the same count meet at a choice node of their own, a
+  // hub: its choice is the produced placement and the one resharding the readers share (or
+  // none); the producer -> hub edge holds the two placements equal and prices the shared
+  // resharding once; a reader that wants the shared placement pays nothing more, any other
+  // its own resharding from the produced placement (what the runtime runs). Never below
+  // tally()'s price; equal unless two readers share a resharding other than the hub's.
+  struct Hub {
+    ir::ValueId value = -1;
+    double count = 0;
+    std::vector<EdgeKey> readers;  // in edges_ order
+    std::vector<Placement> produced;                             // per hub choice
+    std::vector<std::optional<std::pair<Placement, Placement>>> shared;  // per hub choice: (wanted, gradient)
+    std::vector<int> first_reader;  // per hub choice: the reader edge whose consumer prices the shared resharding
+    std::vector<double> seconds;    // per hub choice: the shared resharding's (count x edge_seconds)
+    int id = -1;                    // problem node
+  };
+  std::vector<Hub> hubs;
+  std::set<EdgeKey> via_hub;
+  if (options_.shared_reshardings) {
+    std::map<std::pair<ir::ValueId, double>, std::vector<EdgeKey>> readers_of;
+    for (const auto& [key, group] : edges_) {
+      if (graph_.value(group.value).role == ir::ValueRole::Parameter) continue;
+      if (!key.producer_is_leaf && key.producer == key.consumer) continue;  // a self-pair: the node's own cost
+      if (key.producer_is_leaf ? leaf_choices[static_cast<std::size_t>(key.producer)].empty()
+                               : strategies[static_cast<std::size_t>(key.producer)].empty())
+        continue;
+      if (strategies[static_cast<std::size_t>(key.consumer)].empty()) continue;
+      readers_of[{group.value, group.count}].push_back(key);
+    }
+    for (auto& [value_count, keys] : readers_of) {
+      if (keys.size() < 2) continue;
+      Hub hub;
+      hub.value = value_count.first;
+      hub.count = value_count.second;
+      hub.readers = keys;
+      const ir::Value& value = graph_.value(hub.value);
+      const EdgeKey& first = keys.front();
+      std::vector<Placement> produced;
+      if (first.producer_is_leaf) {
+        for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(first.producer)])
+          if (std::find(produced.begin(), produced.end(), c.placement) == produced.end())
+            produced.push_back(c.placement);
+      } else {
+        for (const Strategy& st : strategies[static_cast<std::size_t>(first.producer)]) {
+          const Placement& p = st.outputs[static_cast<std::size_t>(value.output_index)];
+          if (std::find(produced.begin(), produced.end(), p) == produced.end()) produced.push_back(p);
+        }
+      }
+      // The placements two or more of the readers may want (only those can be shared).
+      std::vector<std::pair<Placement, Placement>> targets;
+      std::vector<int> target_reader, target_readers;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        std::vector<std::pair<Placement, Placement>> mine;
+        for (const Strategy& st : strategies[static_cast<std::size_t>(keys[i].consumer)]) {
+          std::pair<Placement, Placement> t{st.inputs[static_cast<std::size_t>(keys[i].operand)],
+                                            st.input_grads[static_cast<std::size_t>(keys[i].operand)]};
+          if (std::find(mine.begin(), mine.end(), t) != mine.end()) continue;
+          mine.push_back(t);
+          const auto at = std::find(targets.begin(), targets.end(), t);
+          if (at == targets.end()) {
+            targets.push_back(std::move(t));
+            target_reader.push_back(static_cast<int>(i));
+            target_readers.push_back(1);
+          } else {
+            ++target_readers[static_cast<std::size_t>(at - targets.begin())];
+          }
+        }
+      }
+      // A choice per produced placement: nothing shared, or one of those placements whose
+      // resharding costs something (a free one is as good as none).
+      bool shares = false;
+      for (const Placement& p : produced) {
+        hub.produced.push_back(p);
+        hub.shared.emplace_back(std::nullopt);
+        hub.first_reader.push_back(-1);
+        hub.seconds.push_back(0);
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+          if (target_readers[t] < 2) continue;
+          const EdgeKey& by = keys[static_cast<std::size_t>(target_reader[t])];
+          const double seconds = hub.count * edge_seconds(axis, hub.value, by.consumer, by.operand, p, targets[t].first,
+                                                          targets[t].second, parameter_weight);
+          if (!(seconds > 0) || !std::isfinite(seconds)) continue;
+          hub.produced.push_back(p);
+          hub.shared.emplace_back(targets[t]);
+          hub.first_reader.push_back(target_reader[t]);
+          hub.seconds.push_back(seconds);
+          shares = true;
+        }
+      }
+      if (!shares) continue;  // nothing the readers could share: their own edges
+      for (const EdgeKey& k : keys) via_hub.insert(k);
+      hubs.push_back(std::move(hub));
+    }
+  }
+  // Hubs by producer, to place each right after it in the sweep order.
+  std::map<std::pair<int, bool>, std::vector<std::size_t>> hubs_after;
+  for (std::size_t h = 0; h < hubs.size(); ++h)
+    hubs_after[{hubs[h].readers.front().producer, hubs[h].readers.front().producer_is_leaf}].push_back(h);
+  auto push_hubs = [&](int producer, bool is_leaf, SpmdProblem& problem) {
+    const auto it = hubs_after.find({producer, is_leaf});
+    if (it == hubs_after.end()) return;
+    for (std::size_t h : it->second) {
+      ChoiceNode c;
+      c.name = "shared " + graph_.value(hubs[h].value).name;
+      c.cost.assign(hubs[h].produced.size(), 0.0);
+      c.memory.assign(hubs[h].produced.size(), 0.0);
+      hubs[h].id = static_cast<int>(problem.nodes.size());
+      problem.nodes.push_back(std::move(c));
+    }
+  };
+
+  // Problem nodes, in sweep order: each node's unseen leaves, then the node (each followed
+  // by its values' hubs).
   SpmdProblem problem;
   std::vector<int> node_id(num_nodes, -1), leaf_id(num_values, -1);
   for (const ir::Node& node : graph_.nodes()) {
@@ -811,6 +934,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
       }
       leaf_id[static_cast<std::size_t>(leaf)] = static_cast<int>(problem.nodes.size());
       problem.nodes.push_back(std::move(c));
+      push_hubs(static_cast<int>(leaf), true, problem);
     }
     const auto u = static_cast<std::size_t>(node.id);
     if (rep_node_[u] != node.id) continue;
@@ -825,6 +949,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     }
     node_id[u] = static_cast<int>(problem.nodes.size());
     problem.nodes.push_back(std::move(c));
+    push_hubs(static_cast<int>(u), false, problem);
   }
 
   // Edges, merged per pair of problem nodes; a self-pair (a block's output read by the next
@@ -834,7 +959,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     const int pa = key.producer_is_leaf ? leaf_id[static_cast<std::size_t>(key.producer)]
                                         : node_id[static_cast<std::size_t>(key.producer)];
     const int pb = node_id[static_cast<std::size_t>(key.consumer)];
-    if (pa < 0 || pb < 0) continue;
+    if (pa < 0 || pb < 0 || via_hub.contains(key)) continue;
     const ir::Value& value = graph_.value(group.value);
     // Parameter traffic beside compute costs parameter_weight (see the header); edge_seconds
     // weighs each of its collectives by where the runtime runs it.
@@ -876,6 +1001,64 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
         e.cost[flip ? r * nb + p : p * nb + r] += seconds;
       }
   }
+  // The hubs' edges: producer -> hub (the placements equal, the shared resharding once) and
+  // hub -> each reader (nothing where it wants the shared placement, else its own resharding).
+  constexpr double kForbidden = std::numeric_limits<double>::infinity();
+  auto edge_between = [&](int a, int b) -> std::pair<ChoiceEdge*, bool> {
+    const bool flip = a > b;
+    const std::pair<int, int> pair = flip ? std::make_pair(b, a) : std::make_pair(a, b);
+    auto [it, added] = edge_at.emplace(pair, problem.edges.size());
+    if (added) {
+      ChoiceEdge e;
+      e.a = pair.first;
+      e.b = pair.second;
+      e.cost.assign(problem.nodes[static_cast<std::size_t>(e.a)].cost.size() *
+                        problem.nodes[static_cast<std::size_t>(e.b)].cost.size(),
+                    0.0);
+      problem.edges.push_back(std::move(e));
+    }
+    return {&problem.edges[it->second], flip};
+  };
+  for (const Hub& hub : hubs) {
+    const EdgeKey& first = hub.readers.front();
+    const int pa = first.producer_is_leaf ? leaf_id[static_cast<std::size_t>(first.producer)]
+                                          : node_id[static_cast<std::size_t>(first.producer)];
+    const ir::Value& value = graph_.value(hub.value);
+    std::vector<Placement> produced;
+    if (first.producer_is_leaf) {
+      for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(first.producer)])
+        produced.push_back(c.placement);
+    } else {
+      for (const Strategy& st : strategies[static_cast<std::size_t>(first.producer)])
+        produced.push_back(st.outputs[static_cast<std::size_t>(value.output_index)]);
+    }
+    const std::size_t choices = hub.produced.size();
+    {
+      auto [e, flip] = edge_between(pa, hub.id);
+      const std::size_t nb = problem.nodes[static_cast<std::size_t>(e->b)].cost.size();
+      for (std::size_t p = 0; p < produced.size(); ++p)
+        for (std::size_t h = 0; h < choices; ++h) {
+          e->cost[flip ? h * nb + p : p * nb + h] += produced[p] == hub.produced[h] ? hub.seconds[h] : kForbidden;
+        }
+    }
+    for (const EdgeKey& key : hub.readers) {
+      const int pb = node_id[static_cast<std::size_t>(key.consumer)];
+      const auto& readers = strategies[static_cast<std::size_t>(key.consumer)];
+      const auto op = static_cast<std::size_t>(key.operand);
+      auto [e, flip] = edge_between(hub.id, pb);
+      const std::size_t nb = problem.nodes[static_cast<std::size_t>(e->b)].cost.size();
+      for (std::size_t h = 0; h < choices; ++h)
+        for (std::size_t r = 0; r < readers.size(); ++r) {
+          const bool shares = hub.shared[h] && hub.shared[h]->first == readers[r].inputs[op] &&
+                              hub.shared[h]->second == readers[r].input_grads[op];
+          const double seconds =
+              shares ? 0.0
+                     : hub.count * edge_seconds(axis, hub.value, key.consumer, key.operand, hub.produced[h],
+                                                readers[r].inputs[op], readers[r].input_grads[op], parameter_weight);
+          e->cost[flip ? r * nb + h : h * nb + r] += seconds;
+        }
+    }
+  }
   // The gathered-weight peak is a max, not a sum over choices: the problem cannot price it,
   // so it keeps room for the peak the current decisions have (the descent's later passes see
   // the gathers its earlier ones chose).
@@ -886,6 +1069,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
   // worse), and pure data parallelism (every node splits the index its batch dim carries,
   // parameters whole, inputs split on their batch dim).
   FastOptions fast{options_.beam_width, {}};
+  fast.memo = options_.solve_memo;
   std::vector<int> current(problem.nodes.size(), 0), data_parallel(problem.nodes.size(), 0);
   auto shards_batch = [&](ir::ValueId id, const Placement& p) {
     const ir::TensorType& type = graph_.value(id).type;
@@ -919,6 +1103,44 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
       if (role == ir::ValueRole::Parameter && options[c].zero && options[c].placement.is_replicate())
         dp = static_cast<int>(c);
     }
+  }
+  // A hub's seed: the producer's placement in the seed, and the resharding most of the
+  // seed's readers that need one want (none when none does).
+  auto hub_seed = [&](const Hub& hub, const std::vector<int>& seed) {
+    const EdgeKey& first = hub.readers.front();
+    const auto chosen = [&](int problem_node) {
+      return static_cast<std::size_t>(seed[static_cast<std::size_t>(problem_node)]);
+    };
+    const auto producer = static_cast<std::size_t>(first.producer);
+    const auto output = static_cast<std::size_t>(graph_.value(hub.value).output_index);
+    const Placement p = first.producer_is_leaf ? leaf_choices[producer][chosen(leaf_id[producer])].placement
+                                               : strategies[producer][chosen(node_id[producer])].outputs[output];
+    std::vector<std::pair<std::pair<Placement, Placement>, int>> wanted;
+    for (const EdgeKey& key : hub.readers) {
+      const auto consumer = static_cast<std::size_t>(key.consumer);
+      const Strategy& r = strategies[consumer][chosen(node_id[consumer])];
+      const auto op = static_cast<std::size_t>(key.operand);
+      if (edge_seconds(axis, hub.value, key.consumer, key.operand, p, r.inputs[op], r.input_grads[op],
+                       parameter_weight) <= 0)
+        continue;
+      std::pair<Placement, Placement> t{r.inputs[op], r.input_grads[op]};
+      auto it = std::find_if(wanted.begin(), wanted.end(), [&](const auto& w) { return w.first == t; });
+      if (it == wanted.end()) wanted.emplace_back(std::move(t), 1);
+      else ++it->second;
+    }
+    const auto most = std::max_element(wanted.begin(), wanted.end(),
+                                       [](const auto& x, const auto& y) { return x.second < y.second; });
+    int none = 0;
+    for (std::size_t h = 0; h < hub.produced.size(); ++h) {
+      if (hub.produced[h] != p) continue;
+      if (!hub.shared[h]) none = static_cast<int>(h);
+      if (most != wanted.end() && hub.shared[h] && *hub.shared[h] == most->first) return static_cast<int>(h);
+    }
+    return none;
+  };
+  for (const Hub& hub : hubs) {
+    current[static_cast<std::size_t>(hub.id)] = hub_seed(hub, current);
+    data_parallel[static_cast<std::size_t>(hub.id)] = hub_seed(hub, data_parallel);
   }
   fast.seeds_only = seeds_only;
   if (seeds_only)
@@ -1067,8 +1289,8 @@ ShardingModel::Tally ShardingModel::tally() const {
     };
     // Readers of one activation that want it the same way share one resharding, as the
     // runtime runs it (runtime/lower.py reuses the reshard, its backward sees the summed gradient):
-    // q, k and v read one gathered norm output. The per-axis problems still price each
-    // reader's edge (a pair cost cannot see the others), so they lean against such splits.
+    // q, k and v read one gathered norm output. The per-axis problems price it so through
+    // their hubs (solve_axis, ShardingModelOptions::shared_reshardings), else per reader edge.
     std::set<std::string> shared;
     for (const auto& [key, group] : edges_) {
       const ir::Value& value = graph_.value(group.value);

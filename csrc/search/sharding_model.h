@@ -69,6 +69,14 @@ struct ShardingModelOptions {
   // A graph captured at batch 1 searched at more rows throws (nothing could split its batch)
   // unless false: a stage layout prices its tensor axis, which need not split the batch.
   bool require_batch_index = true;
+  // The per-axis problems price a resharding that readers of one value share once (solve_axis'
+  // hubs), as evaluate() and the runtime do; false: once per reader edge (coarser, and a
+  // smaller problem for the fast solver's beam). search_decisions descends without them and
+  // polishes with them (spmd_search.cc says why).
+  bool shared_reshardings = true;
+  // Where solve_axis' fast solver looks its answers up and keeps them (search/spmd_problem.h,
+  // FastSolveMemo; one search shares one across its candidates); none: every problem solved.
+  FastSolveMemo* solve_memo = nullptr;
 };
 
 // One node's share of the current decisions' costs, per instance (a folded node of a
@@ -153,6 +161,7 @@ class ShardingModel {
   // Prices collective matmuls or not from here on (the decisions stay): a plan solved without
   // them is evaluated as the runtime would run it with them (spmd_search.cc).
   void set_collective_matmul(bool on) { options_.collective_matmul = on; }
+  void set_shared_reshardings(bool on) { options_.shared_reshardings = on; }
   std::vector<int> axis_ranks(int axis) const;
 
  private:

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <utility>
@@ -38,16 +39,31 @@ struct IncomingEdge {
   int stride = 0;           // choices(b)
 };
 
+// The frontier after a node: the frontier before it with the entries whose last edge ends
+// at this node dropped (the rest keep their order, in runs), then the node itself when it
+// has an edge to a later node.
 struct NodePlan {
   std::vector<IncomingEdge> incoming;
-  // The frontier after this node, each entry read from the frontier before it (its position)
-  // or -1 for this node itself.
-  std::vector<int> next_source;
+  struct Run {
+    int from = 0;    // position in the frontier before this node
+    int length = 0;  // entries kept from there, in order
+  };
+  std::vector<Run> kept;
+  std::vector<int> dropped_position;  // entries of the frontier before this node it drops
+  std::vector<int> dropped_node;      // and their node ids
+  bool stays = false;                 // this node joins the frontier (last)
+  std::size_t next_width = 0;         // frontier size after this node
 };
 
-std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
-  return h * 0xBF58476D1CE4E5B9ULL;
+// One frontier entry's share of a state's hash: a state's hash is the sum of its entries'
+// (node, choice) terms, so dropping an entry or adding one updates it in O(1).
+std::uint64_t entry_hash(int node, int choice) {
+  std::uint64_t z = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(node)) << 32) ^
+                    static_cast<std::uint32_t>(choice);
+  z += 0x9E3779B97F4A7C15ULL;  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
 }
 
 class BeamSweep {
@@ -75,16 +91,24 @@ class BeamSweep {
                          static_cast<int>(problem.nodes[static_cast<std::size_t>(e->b)].cost.size())});
       }
       std::vector<int> next;
-      for (int u : frontier) {
+      for (std::size_t k = 0; k < frontier.size(); ++k) {
+        const int u = frontier[k];
         if (last[static_cast<std::size_t>(u)] > i) {
+          if (!plan.kept.empty() && plan.kept.back().from + plan.kept.back().length == static_cast<int>(k))
+            ++plan.kept.back().length;
+          else
+            plan.kept.push_back({static_cast<int>(k), 1});
           next.push_back(u);
-          plan.next_source.push_back(position[static_cast<std::size_t>(u)]);
+        } else {
+          plan.dropped_position.push_back(static_cast<int>(k));
+          plan.dropped_node.push_back(u);
         }
       }
       if (last[static_cast<std::size_t>(i)] > i) {
         next.push_back(i);
-        plan.next_source.push_back(-1);
+        plan.stays = true;
       }
+      plan.next_width = next.size();
       for (int u : frontier) position[static_cast<std::size_t>(u)] = -1;
       frontier = std::move(next);
       for (std::size_t k = 0; k < frontier.size(); ++k)
@@ -95,46 +119,106 @@ class BeamSweep {
   // The best assignment the beam finds under `weights`. States are kept in lexicographic
   // order of their choices so far (a state's rank is its index), so a candidate's order is
   // (parent, choice): ties in the score then go to the lexicographically first assignment.
+  //
+  // A candidate (state, choice) is identified by the frontier it leaves: the entries its
+  // state keeps (plan.kept, the same for every choice) and, when this node stays in the
+  // frontier, the choice. So the states are first grouped by the entries they keep, and a
+  // candidate is then looked up by (group, choice). A state's hash is a sum over its
+  // entries, updated for the entries dropped and added, and its frontier is copied in runs,
+  // so a node costs O(states x (dropped entries + kept runs) + states x choices x incoming
+  // edges) beside the comparisons of states that fall together. Keying every candidate by
+  // its whole frontier instead costs O(states x choices x frontier) hashing and copying,
+  // which dominates where the frontier is wide (a leaf read at every step of an unrolled
+  // loop keeps each of its readers in the reverse sweep's frontier until the leaf: RWKV's
+  // per-timestep recurrence, a hundred entries). Same candidates in the same order as that
+  // keying, so the same answer.
   std::vector<int> run(const Weights& weights) const {
     const std::size_t n = problem_.nodes.size();
     std::vector<std::vector<int>> parent_of(n);
     std::vector<std::vector<int>> choice_of(n);
 
-    std::size_t width = 0;  // frontier size of the current states
-    std::vector<int> keys;  // current states' frontier assignments, `width` each
+    std::size_t width = 0;                 // frontier size of the current states
+    std::vector<int> keys;                 // current states' frontier assignments, `width` each
+    std::vector<std::uint64_t> hashes{0};  // current states' hashes (sums of entry_hash)
     std::vector<double> p{0.0};
     std::vector<double> q{0.0};
 
-    std::vector<int> cand_keys;
     std::vector<double> cand_p;
     std::vector<double> cand_q;
     std::vector<int> cand_parent;
     std::vector<int> cand_choice;
-    std::vector<std::uint64_t> cand_hash;
+    std::vector<int> group_of;     // per state: its group (states keeping equal entries)
+    std::vector<int> group_first;  // per group: its first state
+    std::vector<std::uint64_t> group_hash;
     std::vector<int> table;
-    std::vector<int> scratch;
+    std::vector<int> candidate_at;  // per (group, choice), or per group: its candidate, or -1
+    std::vector<int> by_lex;        // per (parent, choice): its candidate when in the beam, or -1
+    std::vector<double> threshold;
+    std::vector<int> tied;
 
     for (std::size_t i = 0; i < n; ++i) {
       const NodePlan& plan = plans_[i];
-      const std::size_t next_width = plan.next_source.size();
+      const std::size_t next_width = plan.next_width;
       const auto k = static_cast<int>(problem_.nodes[i].cost.size());
       const std::size_t states = p.size();
-      std::size_t capacity = 1;
-      while (capacity < 2 * states * static_cast<std::size_t>(k)) capacity <<= 1;
-      scratch.resize(next_width);
+      auto key_of = [&](std::size_t s) { return keys.data() + s * width; };
+
+      // Group the states by the entries they keep.
+      group_of.assign(states, 0);
+      group_first.clear();
+      group_hash.clear();
+      if (plan.dropped_position.empty() || states == 1) {
+        // Distinct states keep distinct frontiers: each is its own group.
+        for (std::size_t s = 0; s < states; ++s) {
+          group_of[s] = static_cast<int>(s);
+          group_first.push_back(static_cast<int>(s));
+          group_hash.push_back(hashes[s]);
+        }
+      } else {
+        std::size_t capacity = 1;
+        while (capacity < 2 * states) capacity <<= 1;
+        table.assign(capacity, -1);
+        for (std::size_t s = 0; s < states; ++s) {
+          const int* key = key_of(s);
+          std::uint64_t h = hashes[s];
+          for (std::size_t d = 0; d < plan.dropped_position.size(); ++d)
+            h -= entry_hash(plan.dropped_node[d], key[plan.dropped_position[d]]);
+          std::size_t slot = (h ^ (h >> 29)) & (capacity - 1);
+          int found = -1;
+          while (table[slot] >= 0) {
+            const auto g = static_cast<std::size_t>(table[slot]);
+            if (group_hash[g] == h) {
+              const int* other = key_of(static_cast<std::size_t>(group_first[g]));
+              if (std::all_of(plan.kept.begin(), plan.kept.end(), [&](const NodePlan::Run& r) {
+                    return std::equal(key + r.from, key + r.from + r.length, other + r.from);
+                  })) {
+                found = table[slot];
+                break;
+              }
+            }
+            slot = (slot + 1) & (capacity - 1);
+          }
+          if (found < 0) {
+            found = static_cast<int>(group_first.size());
+            table[slot] = found;
+            group_first.push_back(static_cast<int>(s));
+            group_hash.push_back(h);
+          }
+          group_of[s] = found;
+        }
+      }
+      const std::size_t per_group = plan.stays ? static_cast<std::size_t>(k) : 1;
 
       // Forbidden (+inf) candidates are dropped unless nothing else is left, so that
       // a problem with no finite assignment still yields one.
       for (bool finite_only : {true, false}) {
-        cand_keys.clear();
         cand_p.clear();
         cand_q.clear();
         cand_parent.clear();
         cand_choice.clear();
-        cand_hash.clear();
-        table.assign(capacity, -1);
+        candidate_at.assign(group_first.size() * per_group, -1);
         for (std::size_t s = 0; s < states; ++s) {
-          const int* key = keys.data() + s * width;
+          const int* key = key_of(s);
           for (int c = 0; c < k; ++c) {
             double dp = weights.primary[i][static_cast<std::size_t>(c)];
             double dq = weights.secondary[i][static_cast<std::size_t>(c)];
@@ -152,26 +236,11 @@ class BeamSweep {
             const double np = p[s] + dp;
             const double nq = q[s] + dq;
             if (finite_only && std::isinf(np)) continue;
-            std::uint64_t h = 0x243F6A8885A308D3ULL;
-            for (std::size_t j = 0; j < next_width; ++j) {
-              const int src = plan.next_source[j];
-              scratch[j] = src < 0 ? c : key[src];
-              h = mix(h, static_cast<std::uint64_t>(scratch[j]));
-            }
-            std::size_t slot = h & (capacity - 1);
-            int found = -1;
-            while (table[slot] >= 0) {
-              const auto m = static_cast<std::size_t>(table[slot]);
-              if (cand_hash[m] == h && std::equal(scratch.begin(), scratch.end(),
-                                                  cand_keys.begin() + static_cast<std::ptrdiff_t>(m * next_width))) {
-                found = table[slot];
-                break;
-              }
-              slot = (slot + 1) & (capacity - 1);
-            }
-            if (found >= 0) {
+            int& at = candidate_at[static_cast<std::size_t>(group_of[s]) * per_group +
+                                   (plan.stays ? static_cast<std::size_t>(c) : 0)];
+            if (at >= 0) {
               // Same frontier: the futures are the same, keep the better (earlier on ties).
-              const auto m = static_cast<std::size_t>(found);
+              const auto m = static_cast<std::size_t>(at);
               if (np < cand_p[m] || (np == cand_p[m] && nq < cand_q[m])) {
                 cand_p[m] = np;
                 cand_q[m] = nq;
@@ -180,54 +249,86 @@ class BeamSweep {
               }
               continue;
             }
-            table[slot] = static_cast<int>(cand_p.size());
-            cand_keys.insert(cand_keys.end(), scratch.begin(), scratch.end());
+            at = static_cast<int>(cand_p.size());
             cand_p.push_back(np);
             cand_q.push_back(nq);
             cand_parent.push_back(static_cast<int>(s));
             cand_choice.push_back(c);
-            cand_hash.push_back(h);
           }
         }
         if (!cand_p.empty()) break;
       }
 
-      std::vector<int> order(cand_p.size());
-      for (std::size_t m = 0; m < order.size(); ++m) order[m] = static_cast<int>(m);
-      auto lex = [&](int x, int y) {
-        const auto sx = static_cast<std::size_t>(x);
-        const auto sy = static_cast<std::size_t>(y);
-        if (cand_parent[sx] != cand_parent[sy]) return cand_parent[sx] < cand_parent[sy];
-        return cand_choice[sx] < cand_choice[sy];
+      // The beam: the best beam_width candidates by (p, q), ties to the lexicographically first
+      // (parent, choice), in that lexicographic order. Selected by the beam_width-th smallest
+      // p: every candidate below it is in, and those equal to it compete on (q, order). The
+      // same set as ranking every candidate on (p, q, order), without moving records around.
+      const auto lex_of = [&](std::size_t m) {
+        return static_cast<std::size_t>(cand_parent[m]) * static_cast<std::size_t>(k) +
+               static_cast<std::size_t>(cand_choice[m]);
       };
-      if (order.size() > static_cast<std::size_t>(beam_width_)) {
-        auto better = [&](int x, int y) {
-          const auto sx = static_cast<std::size_t>(x);
-          const auto sy = static_cast<std::size_t>(y);
-          if (cand_p[sx] != cand_p[sy]) return cand_p[sx] < cand_p[sy];
-          if (cand_q[sx] != cand_q[sy]) return cand_q[sx] < cand_q[sy];
-          return lex(x, y);
-        };
-        std::nth_element(order.begin(), order.begin() + beam_width_, order.end(), better);
-        order.resize(static_cast<std::size_t>(beam_width_));
+      const auto beam = static_cast<std::size_t>(beam_width_);
+      by_lex.assign(states * static_cast<std::size_t>(k), -1);
+      if (cand_p.size() <= beam) {
+        for (std::size_t m = 0; m < cand_p.size(); ++m) by_lex[lex_of(m)] = static_cast<int>(m);
+      } else {
+        threshold.assign(cand_p.begin(), cand_p.end());
+        std::nth_element(threshold.begin(), threshold.begin() + static_cast<std::ptrdiff_t>(beam - 1),
+                         threshold.end());
+        const double edge = threshold[beam - 1];
+        std::size_t taken = 0;
+        tied.clear();
+        for (std::size_t m = 0; m < cand_p.size(); ++m) {
+          if (cand_p[m] < edge) {
+            by_lex[lex_of(m)] = static_cast<int>(m);
+            ++taken;
+          } else if (cand_p[m] == edge) {
+            tied.push_back(static_cast<int>(m));
+          }
+        }
+        const std::size_t room = beam - taken;  // >= 1, <= tied.size()
+        if (tied.size() > room) {
+          std::nth_element(tied.begin(), tied.begin() + static_cast<std::ptrdiff_t>(room - 1), tied.end(),
+                           [&](int x, int y) {
+                             const auto sx = static_cast<std::size_t>(x);
+                             const auto sy = static_cast<std::size_t>(y);
+                             if (cand_q[sx] != cand_q[sy]) return cand_q[sx] < cand_q[sy];
+                             return lex_of(sx) < lex_of(sy);
+                           });
+          tied.resize(room);
+        }
+        for (int m : tied) by_lex[lex_of(static_cast<std::size_t>(m))] = m;
       }
-      std::sort(order.begin(), order.end(), lex);
+      std::vector<int> order;
+      order.reserve(std::min(beam, cand_p.size()));
+      for (int m : by_lex)
+        if (m >= 0) order.push_back(m);
 
       std::vector<int> next_keys(order.size() * next_width);
+      std::vector<std::uint64_t> next_hashes(order.size());
       std::vector<double> next_p(order.size());
       std::vector<double> next_q(order.size());
       parent_of[i].resize(order.size());
       choice_of[i].resize(order.size());
       for (std::size_t r = 0; r < order.size(); ++r) {
         const auto m = static_cast<std::size_t>(order[r]);
-        std::copy_n(cand_keys.begin() + static_cast<std::ptrdiff_t>(m * next_width), next_width,
-                    next_keys.begin() + static_cast<std::ptrdiff_t>(r * next_width));
+        const auto parent = static_cast<std::size_t>(cand_parent[m]);
+        const int* key = key_of(parent);
+        int* next_key = next_keys.data() + r * next_width;
+        for (const NodePlan::Run& run : plan.kept) next_key = std::copy_n(key + run.from, run.length, next_key);
+        std::uint64_t h = group_hash[static_cast<std::size_t>(group_of[parent])];
+        if (plan.stays) {
+          *next_key = cand_choice[m];
+          h += entry_hash(static_cast<int>(i), cand_choice[m]);
+        }
+        next_hashes[r] = h;
         next_p[r] = cand_p[m];
         next_q[r] = cand_q[m];
         parent_of[i][r] = cand_parent[m];
         choice_of[i][r] = cand_choice[m];
       }
       keys = std::move(next_keys);
+      hashes = std::move(next_hashes);
       p = std::move(next_p);
       q = std::move(next_q);
       width = next_width;
@@ -284,43 +385,84 @@ Weights least_memory(const SpmdProblem& problem) {
 // (all switch at the same lambda, leaving memory unused or overshooting the limit).
 class LocalSearch {
  public:
-  explicit LocalSearch(const SpmdProblem& problem) : problem_(problem), incident_(problem.nodes.size()) {
+  explicit LocalSearch(const SpmdProblem& problem)
+      : problem_(problem), incident_(problem.nodes.size()), neighbours_(problem.nodes.size()) {
     for (std::size_t e = 0; e < problem.edges.size(); ++e) {
-      incident_[static_cast<std::size_t>(problem.edges[e].a)].push_back(static_cast<int>(e));
-      incident_[static_cast<std::size_t>(problem.edges[e].b)].push_back(static_cast<int>(e));
+      const auto a = static_cast<std::size_t>(problem.edges[e].a);
+      const auto b = static_cast<std::size_t>(problem.edges[e].b);
+      incident_[a].push_back(static_cast<int>(e));
+      incident_[b].push_back(static_cast<int>(e));
+      neighbours_[a].push_back(static_cast<int>(b));
+      neighbours_[b].push_back(static_cast<int>(a));
+    }
+    for (std::vector<int>& around : neighbours_) {
+      std::sort(around.begin(), around.end());
+      around.erase(std::unique(around.begin(), around.end()), around.end());
     }
   }
 
   // Brings `choice` within the memory limit: each step takes the move with the least cost
-  // added per byte saved (the first such move on ties). Returns false when no move saves
-  // memory at a finite cost before the assignment fits.
+  // added per byte saved (the first such move on ties: the lowest node, then the lowest
+  // choice). Returns false when no move saves memory at a finite cost before the assignment
+  // fits. A node's best move depends only on its own choice and its neighbours', so after a
+  // move only the moved node and its neighbours are priced again, and a tournament tree over
+  // the nodes' best moves finds the step's: O(log n + neighbours) a step, where pricing
+  // every node's moves at every step made a repair O(steps x n) (hundreds of steps on a
+  // thousand-node problem that cannot fit, each sweep's answer repaired in vain).
   bool repair(std::vector<int>& choice) const {
     double memory = total(choice);
-    while (memory > problem_.memory_limit) {
-      int best_v = -1;
-      int best_c = 0;
-      double best_rate = kInf;
-      double best_saved = 0;
-      for (std::size_t v = 0; v < choice.size(); ++v) {
-        const ChoiceNode& node = problem_.nodes[v];
-        const double here = local_cost(choice, v, choice[v]);
-        for (std::size_t c = 0; c < node.cost.size(); ++c) {
-          const double saved = node.memory[static_cast<std::size_t>(choice[v])] - node.memory[c];
-          if (!(saved > 0)) continue;
-          const double there = local_cost(choice, v, static_cast<int>(c));
-          if (std::isinf(there)) continue;
-          const double rate = std::isinf(here) ? -kInf : (there - here) / saved;
-          if (rate < best_rate) {
-            best_rate = rate;
-            best_v = static_cast<int>(v);
-            best_c = static_cast<int>(c);
-            best_saved = saved;
-          }
-        }
+    if (!(memory > problem_.memory_limit)) return true;
+    const std::size_t n = choice.size();
+    struct Move {
+      double rate = kInf;  // +inf: none
+      int choice = 0;
+      double saved = 0;
+    };
+    std::vector<Move> best(n);
+    auto price = [&](std::size_t v) {
+      Move move;
+      const ChoiceNode& node = problem_.nodes[v];
+      const double here = local_cost(choice, v, choice[v]);
+      for (std::size_t c = 0; c < node.cost.size(); ++c) {
+        const double saved = node.memory[static_cast<std::size_t>(choice[v])] - node.memory[c];
+        if (!(saved > 0)) continue;
+        const double there = local_cost(choice, v, static_cast<int>(c));
+        if (std::isinf(there)) continue;
+        const double rate = std::isinf(here) ? -kInf : (there - here) / saved;
+        if (rate < move.rate) move = {rate, static_cast<int>(c), saved};
       }
-      if (best_v < 0) return false;
-      choice[static_cast<std::size_t>(best_v)] = best_c;
-      memory -= best_saved;
+      best[v] = move;
+    };
+    // Leaves at [size, size + n); each inner slot holds the better node of its two children
+    // (the lower rate, the lower node on ties); -1 for no node.
+    std::size_t size = 1;
+    while (size < n) size <<= 1;
+    std::vector<int> tree(2 * size, -1);
+    auto better = [&](int x, int y) {
+      if (x < 0) return y;
+      if (y < 0) return x;
+      const double rx = best[static_cast<std::size_t>(x)].rate;
+      const double ry = best[static_cast<std::size_t>(y)].rate;
+      return ry < rx ? y : x;  // x < y in the tree's order: x wins ties
+    };
+    for (std::size_t v = 0; v < n; ++v) {
+      price(v);
+      tree[size + v] = static_cast<int>(v);
+    }
+    for (std::size_t t = size; t-- > 1;) tree[t] = better(tree[2 * t], tree[2 * t + 1]);
+    auto update = [&](std::size_t v) {
+      price(v);
+      for (std::size_t t = (size + v) / 2; t >= 1; t /= 2) tree[t] = better(tree[2 * t], tree[2 * t + 1]);
+    };
+    while (memory > problem_.memory_limit) {
+      const int top = tree[1];
+      if (top < 0 || !(best[static_cast<std::size_t>(top)].rate < kInf)) return false;
+      const auto v = static_cast<std::size_t>(top);
+      const Move move = best[v];
+      choice[v] = move.choice;
+      memory -= move.saved;
+      update(v);
+      for (int u : neighbours_[v]) update(static_cast<std::size_t>(u));
     }
     return true;
   }
@@ -384,11 +526,98 @@ class LocalSearch {
 
   const SpmdProblem& problem_;
   std::vector<std::vector<int>> incident_;
+  std::vector<std::vector<int>> neighbours_;  // the nodes sharing an edge with each node, once
 };
+
+// The memo's view of a problem and its options: everything solve_fast reads but the names.
+std::uint64_t bits(double value) {
+  std::uint64_t b = 0;
+  std::memcpy(&b, &value, sizeof b);
+  return b;
+}
+
+std::uint64_t memo_hash(const SpmdProblem& problem, const FastOptions& options) {
+  std::uint64_t h = entry_hash(static_cast<int>(problem.nodes.size()), static_cast<int>(problem.edges.size()));
+  auto add = [&](std::uint64_t v) { h = (h ^ v) * 0x100000001B3ULL + (h >> 29); };
+  for (const ChoiceNode& node : problem.nodes) {
+    add(node.cost.size());
+    for (double c : node.cost) add(bits(c));
+    for (double m : node.memory) add(bits(m));
+  }
+  for (const ChoiceEdge& e : problem.edges) {
+    add(static_cast<std::uint64_t>(e.a) << 32 | static_cast<std::uint32_t>(e.b));
+    for (double c : e.cost) add(bits(c));
+  }
+  add(bits(problem.memory_limit));
+  add(static_cast<std::uint64_t>(options.beam_width) << 2 | (options.both_directions ? 2U : 0U) |
+      (options.seeds_only ? 1U : 0U));
+  for (const std::vector<int>& seed : options.seeds) {
+    add(seed.size());
+    for (int c : seed) add(static_cast<std::uint64_t>(c));
+  }
+  return h;
+}
+
+bool same_bits(const std::vector<double>& x, const std::vector<double>& y) {
+  return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0);
+}
+
+bool same_problem(const SpmdProblem& x, const SpmdProblem& y) {
+  if (x.nodes.size() != y.nodes.size() || x.edges.size() != y.edges.size() ||
+      bits(x.memory_limit) != bits(y.memory_limit))
+    return false;
+  for (std::size_t v = 0; v < x.nodes.size(); ++v)
+    if (!same_bits(x.nodes[v].cost, y.nodes[v].cost) || !same_bits(x.nodes[v].memory, y.nodes[v].memory)) return false;
+  for (std::size_t e = 0; e < x.edges.size(); ++e)
+    if (x.edges[e].a != y.edges[e].a || x.edges[e].b != y.edges[e].b || !same_bits(x.edges[e].cost, y.edges[e].cost))
+      return false;
+  return true;
+}
+
+bool same_options(const FastOptions& x, const FastOptions& y) {
+  return x.beam_width == y.beam_width && x.seeds == y.seeds && x.both_directions == y.both_directions &&
+         x.seeds_only == y.seeds_only;
+}
+
+SpmdSolution solve_fast_unmemoised(const SpmdProblem& problem, const FastOptions& options);
 
 }  // namespace
 
+const SpmdSolution* FastSolveMemo::find(const SpmdProblem& problem, const FastOptions& options) {
+  const std::uint64_t h = memo_hash(problem, options);
+  for (const Entry& entry : entries_) {
+    if (entry.hash == h && same_options(entry.options, options) && same_problem(entry.problem, problem)) {
+      ++reused_;
+      return &entry.solution;
+    }
+  }
+  return nullptr;
+}
+
+void FastSolveMemo::keep(const SpmdProblem& problem, const FastOptions& options, const SpmdSolution& solution) {
+  Entry entry;
+  entry.hash = memo_hash(problem, options);
+  entry.problem.memory_limit = problem.memory_limit;
+  entry.problem.edges = problem.edges;
+  entry.problem.nodes.reserve(problem.nodes.size());
+  for (const ChoiceNode& node : problem.nodes) entry.problem.nodes.push_back({{}, node.cost, node.memory});
+  entry.options = options;
+  entry.options.memo = nullptr;
+  entry.solution = solution;
+  entries_.push_back(std::move(entry));
+}
+
 SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) {
+  if (options.memo == nullptr) return solve_fast_unmemoised(problem, options);
+  if (const SpmdSolution* kept = options.memo->find(problem, options)) return *kept;
+  SpmdSolution solution = solve_fast_unmemoised(problem, options);
+  options.memo->keep(problem, options, solution);
+  return solution;
+}
+
+namespace {
+
+SpmdSolution solve_fast_unmemoised(const SpmdProblem& problem, const FastOptions& options) {
   validate(problem);
   if (options.beam_width < 1) {
     throw support::ValidationError(
@@ -435,7 +664,19 @@ SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) 
   };
 
   // The beam under the Lagrangian on memory, polished.
+  // No assignment fits when the least memory of every node, summed as evaluate() sums an
+  // assignment's (in node order: rounding is monotone, so no assignment's sum comes in under
+  // it), is over the limit. Then the answer is the least-memory sweep's, as beam_solution()
+  // below would return after its unconstrained sweep, and no seed or reverse sweep can beat
+  // it (only a feasible start may): one sweep instead of four or more, and no repairs that
+  // cannot succeed (the SPMD search on a cluster too small for the model, a refusal).
+  const bool nothing_fits = [&] {
+    double least = 0;
+    for (const ChoiceNode& node : problem.nodes) least += *std::min_element(node.memory.begin(), node.memory.end());
+    return least > problem.memory_limit;
+  }();
   auto beam_solution = [&]() -> SpmdSolution {
+    if (nothing_fits) return evaluate(sweep.run(least_memory(reduced))).solution;
     Candidate unconstrained = evaluate(sweep.run(lagrangian(reduced, 0.0)));
     if (fits(unconstrained))
       return unconstrained.solution.feasible ? polish(std::move(unconstrained), nullptr)
@@ -494,6 +735,7 @@ SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) 
   }
   SpmdSolution beam;
   if (!options.seeds_only) beam = beam_solution();
+  if (nothing_fits && !options.seeds_only) return beam;
   if (options.both_directions && !options.seeds_only && reduced.nodes.size() > 1) {
     // The reduced problem with its nodes in reverse order (already presolved).
     const std::size_t n = reduced.nodes.size();
@@ -519,5 +761,7 @@ SpmdSolution solve_fast(const SpmdProblem& problem, const FastOptions& options) 
   }
   return beam;
 }
+
+}  // namespace
 
 }  // namespace shardwise::search

@@ -37,6 +37,7 @@
 //   solve_ilp(p).choice == {1, 1}
 #pragma once
 
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <string>
@@ -83,6 +84,8 @@ double total_memory(const SpmdProblem& problem, std::span<const int> choice);
 // and the SPMD search's (they pass theirs on to it).
 inline constexpr int kBeamWidth = 256;
 
+class FastSolveMemo;
+
 struct FastOptions {
   int beam_width = kBeamWidth;
   // Whole assignments (one choice per node) the solver also starts from: each is brought
@@ -98,6 +101,36 @@ struct FastOptions {
   // returned as it is (feasible false) when it does not: a start for a caller that will
   // make room elsewhere (the SPMD search's data-parallel start).
   bool seeds_only = false;
+  // Where solve_fast looks its answer up first and keeps it after (none: always solves).
+  FastSolveMemo* memo = nullptr;
+};
+
+// solve_fast's answers, kept for the problems a caller meets again. The SPMD search builds
+// the same axis problem more than once: under a mesh searched with and without
+// recomputation where recomputing changes nothing on that axis, and in descents whose
+// passes meet the other axis' decisions as an earlier descent left them (GPT-2, Llama and
+// RWKV: a third to a half of a search's problems). Exact: an answer is given again only for
+// a problem equal bit for bit in every node's costs and memory, every edge and the memory
+// limit, under the same beam width, seeds and options (the names aside, which only errors
+// show), so it is the answer solve_fast would compute again. Holds a copy of each problem it
+// keeps, for as long as it lives (one search); not thread-safe.
+class FastSolveMemo {
+ public:
+  // The kept answer to `problem` under `options`, or null; counts a reuse when found.
+  const SpmdSolution* find(const SpmdProblem& problem, const FastOptions& options);
+  void keep(const SpmdProblem& problem, const FastOptions& options, const SpmdSolution& solution);
+  int solved() const { return static_cast<int>(entries_.size()); }  // problems solved and kept
+  int reused() const { return reused_; }                            // answers given again
+
+ private:
+  struct Entry {
+    std::uint64_t hash = 0;
+    SpmdProblem problem;  // names cleared
+    FastOptions options;  // memo cleared
+    SpmdSolution solution;
+  };
+  std::vector<Entry> entries_;
+  int reused_ = 0;
 };
 
 struct IlpOptions {

@@ -129,6 +129,10 @@ struct SpmdSearchResult {
   std::vector<SpmdCandidate> candidates;  // every candidate tried, in order
   double memory_limit = 0;  // bytes per rank the plan may use (smallest device x memory_fraction)
   double search_seconds = 0;
+  // The per-axis problems the fast solver solved, and those met again whose answers it gave
+  // again (search/spmd_problem.h, FastSolveMemo: one for the whole search).
+  int axis_problems_solved = 0;
+  int axis_problems_reused = 0;
 };
 
 SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -283,6 +285,123 @@ TEST(SpmdFastTest, ChainIsExactAndMatchesBruteForce) {
     EXPECT_NEAR(ilp.cost, best.cost, 1e-9) << "trial " << trial;
     EXPECT_TRUE(ilp.optimal);
   }
+}
+
+// Nodes read by a hub: `readers` nodes of 2 choices in a chain, each also joined to the
+// hub, which sits last (first == false) or first (first == true) in the sweep order; every
+// third reader also reads a node 2 or 3 back. With the hub last, every reader stays in the
+// forward sweep's frontier until the hub (the reverse sweep's shape for a leaf read at every
+// step of an unrolled loop), while the skip edges end along the way (entries dropped, states
+// falling together).
+SpmdProblem hub_problem(int readers, bool first, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  SpmdProblem p;
+  const int hub = first ? 0 : readers;
+  const int offset = first ? 1 : 0;
+  for (int v = 0; v <= readers; ++v) {
+    const int k = v == hub ? 3 : 2;
+    ChoiceNode node{"h" + std::to_string(v), {}, std::vector<double>(static_cast<std::size_t>(k), 1.0)};
+    for (int c = 0; c < k; ++c) node.cost.push_back(std::round(unit(rng) * 100) / 10);
+    p.nodes.push_back(std::move(node));
+  }
+  auto add = [&](int a, int b) {
+    ChoiceEdge edge{a, b, {}};
+    const std::size_t size =
+        p.nodes[static_cast<std::size_t>(a)].cost.size() * p.nodes[static_cast<std::size_t>(b)].cost.size();
+    for (std::size_t c = 0; c < size; ++c) edge.cost.push_back(std::round(unit(rng) * 60) / 10);
+    p.edges.push_back(std::move(edge));
+  };
+  for (int r = 0; r < readers; ++r) {
+    const int v = r + offset;
+    if (r % 2 == 0) add(v, hub); else add(hub, v);
+    if (r + 1 < readers) add(v, v + 1);
+    if (r % 3 == 2) add(v - 2 - (r % 2), v);
+  }
+  return p;
+}
+
+TEST(SpmdFastTest, WideFrontiersAreExactAndMatchBruteForce) {
+  // Readers of one hub, the hub last or first: the sweeps' frontier holds up to 11 nodes of
+  // 2 choices (2048 assignments; a beam of 4096 keeps them all, so each sweep is exact) and
+  // entries leave it along the way; the beam's answer is the optimum either way.
+  for (bool first : {false, true}) {
+    for (unsigned seed = 1; seed <= 4; ++seed) {
+      const SpmdProblem p = hub_problem(11, first, seed);
+      const BruteForce best = brute_force(p);
+      SCOPED_TRACE(fmt::format("hub {}, seed {}", first ? "first" : "last", seed));
+      for (bool both : {false, true}) {
+        const SpmdSolution fast = solve_fast(p, {.beam_width = 4096, .both_directions = both});
+        expect_consistent(p, fast);
+        EXPECT_TRUE(fast.feasible);
+        EXPECT_EQ(fast.cost, total_cost(p, fast.choice));
+        EXPECT_NEAR(fast.cost, best.cost, 1e-9);
+      }
+      // A narrow beam is not exact, but stays a consistent, deterministic answer.
+      const SpmdSolution narrow = solve_fast(p, {.beam_width = 5});
+      expect_consistent(p, narrow);
+      EXPECT_GE(narrow.cost, best.cost - 1e-9);
+      EXPECT_EQ(solve_fast(p, {.beam_width = 5}).choice, narrow.choice);
+    }
+  }
+}
+
+TEST(SpmdFastTest, AMemoGivesAnAnswerAgainOnlyForTheSameProblem) {
+  const SpmdProblem p = large_problem(60, 9, 0.6);
+  const SpmdSolution plain = solve_fast(p);
+  FastSolveMemo memo;
+  FastOptions options;
+  options.memo = &memo;
+  const SpmdSolution first = solve_fast(p, options);
+  EXPECT_EQ(memo.solved(), 1);
+  EXPECT_EQ(memo.reused(), 0);
+  const SpmdSolution again = solve_fast(p, options);
+  EXPECT_EQ(memo.solved(), 1);
+  EXPECT_EQ(memo.reused(), 1);
+  for (const SpmdSolution* s : {&first, &again}) {
+    EXPECT_EQ(s->choice, plain.choice);
+    EXPECT_EQ(s->cost, plain.cost);
+    EXPECT_EQ(s->memory, plain.memory);
+    EXPECT_EQ(s->feasible, plain.feasible);
+    EXPECT_EQ(s->solver, plain.solver);
+  }
+  // Names are not part of the problem the solver sees.
+  SpmdProblem renamed = p;
+  for (ChoiceNode& node : renamed.nodes) node.name += "'";
+  solve_fast(renamed, options);
+  EXPECT_EQ(memo.reused(), 2);
+  // Anything the answer depends on makes another problem: a cost, a memory size, the limit,
+  // an edge's cost or endpoints, the beam, the seeds, the directions.
+  SpmdProblem cost = p;
+  cost.nodes[17].cost[2] = std::nextafter(cost.nodes[17].cost[2], kInf);
+  SpmdProblem memory = p;
+  memory.nodes[3].memory[0] += 1;
+  SpmdProblem limit = p;
+  limit.memory_limit = std::nextafter(limit.memory_limit, 0.0);
+  SpmdProblem edge = p;
+  edge.edges[40].cost[6] += 0.5;
+  for (const SpmdProblem* other : {&cost, &memory, &limit, &edge}) {
+    const int solved = memo.solved();
+    const SpmdSolution s = solve_fast(*other, options);
+    EXPECT_EQ(memo.solved(), solved + 1);
+    const SpmdSolution unmemoised = solve_fast(*other);
+    EXPECT_EQ(s.choice, unmemoised.choice);
+    EXPECT_EQ(s.cost, unmemoised.cost);
+  }
+  FastOptions narrow = options;
+  narrow.beam_width = 8;
+  FastOptions seeded = options;
+  seeded.seeds = {std::vector<int>(p.nodes.size(), 0)};
+  FastOptions forward = options;
+  forward.both_directions = false;
+  for (const FastOptions* other : {&narrow, &seeded, &forward}) {
+    const int solved = memo.solved();
+    solve_fast(p, *other);
+    EXPECT_EQ(memo.solved(), solved + 1);
+    solve_fast(p, *other);
+    EXPECT_EQ(memo.solved(), solved + 1);
+  }
+  EXPECT_EQ(memo.reused(), 5);
 }
 
 TEST(SpmdSolversTest, RandomSmallProblemsMatchBruteForce) {
