@@ -955,6 +955,23 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
   // Edges, merged per pair of problem nodes; a self-pair (a block's output read by the next
   // instance at a position folded into the same node) is a cost on that node's diagonal.
   std::map<std::pair<int, int>, std::size_t> edge_at;
+  // The edge between problem nodes a and b (made, zero, on first use), and whether its
+  // cost matrix is indexed [b][a] (a > b) rather than [a][b].
+  auto edge_between = [&](int a, int b) -> std::pair<ChoiceEdge*, bool> {
+    const bool flip = a > b;
+    const std::pair<int, int> pair = flip ? std::make_pair(b, a) : std::make_pair(a, b);
+    auto [it, added] = edge_at.emplace(pair, problem.edges.size());
+    if (added) {
+      ChoiceEdge e;
+      e.a = pair.first;
+      e.b = pair.second;
+      e.cost.assign(problem.nodes[static_cast<std::size_t>(e.a)].cost.size() *
+                        problem.nodes[static_cast<std::size_t>(e.b)].cost.size(),
+                    0.0);
+      problem.edges.push_back(std::move(e));
+    }
+    return {&problem.edges[it->second], flip};
+  };
   for (const auto& [key, group] : edges_) {
     const int pa = key.producer_is_leaf ? leaf_id[static_cast<std::size_t>(key.producer)]
                                         : node_id[static_cast<std::size_t>(key.producer)];
@@ -979,19 +996,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
                                        readers[s].input_grads[op], parameter_weight);
       continue;
     }
-    const bool flip = pa > pb;
-    const std::pair<int, int> pair = flip ? std::make_pair(pb, pa) : std::make_pair(pa, pb);
-    auto [it, added] = edge_at.emplace(pair, problem.edges.size());
-    if (added) {
-      ChoiceEdge e;
-      e.a = pair.first;
-      e.b = pair.second;
-      e.cost.assign(problem.nodes[static_cast<std::size_t>(e.a)].cost.size() *
-                        problem.nodes[static_cast<std::size_t>(e.b)].cost.size(),
-                    0.0);
-      problem.edges.push_back(std::move(e));
-    }
-    ChoiceEdge& e = problem.edges[it->second];
+    const auto [edge, flip] = edge_between(pa, pb);
+    ChoiceEdge& e = *edge;
     const std::size_t nb = problem.nodes[static_cast<std::size_t>(e.b)].cost.size();
     for (std::size_t p = 0; p < produced.size(); ++p)
       for (std::size_t r = 0; r < readers.size(); ++r) {
@@ -1004,21 +1010,6 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
   // The hubs' edges: producer -> hub (the placements equal, the shared resharding once) and
   // hub -> each reader (nothing where it wants the shared placement, else its own resharding).
   constexpr double kForbidden = std::numeric_limits<double>::infinity();
-  auto edge_between = [&](int a, int b) -> std::pair<ChoiceEdge*, bool> {
-    const bool flip = a > b;
-    const std::pair<int, int> pair = flip ? std::make_pair(b, a) : std::make_pair(a, b);
-    auto [it, added] = edge_at.emplace(pair, problem.edges.size());
-    if (added) {
-      ChoiceEdge e;
-      e.a = pair.first;
-      e.b = pair.second;
-      e.cost.assign(problem.nodes[static_cast<std::size_t>(e.a)].cost.size() *
-                        problem.nodes[static_cast<std::size_t>(e.b)].cost.size(),
-                    0.0);
-      problem.edges.push_back(std::move(e));
-    }
-    return {&problem.edges[it->second], flip};
-  };
   for (const Hub& hub : hubs) {
     const EdgeKey& first = hub.readers.front();
     const int pa = first.producer_is_leaf ? leaf_id[static_cast<std::size_t>(first.producer)]

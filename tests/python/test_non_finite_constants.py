@@ -54,11 +54,16 @@ def test_a_plan_with_non_finite_figures_round_trips():
     doc = json.loads(shardwise.Plan.manual(shardwise.capture(Masked(), (torch.randn(2, 4, 8),)),
                                            shardwise.Cluster.preset("cpu", 2), global_batch=2).to_json())
     doc["predicted"]["step_time"] = {"float": "inf"}
-    doc["predicted"]["breakdown"]["compute"] = {"float": "nan"}
+    doc["predicted"]["breakdown"]["compute"] = {"float": "-inf"}
     plan = shardwise.Plan.from_json(json.dumps(doc))
     assert plan.predicted_step_time() == float("inf")
-    assert math.isnan(plan.breakdown()["compute"])
+    assert plan.breakdown()["compute"] == float("-inf")
     assert shardwise.Plan.from_json(plan.to_json()) == plan
+    # A nan is refused, naming where: no price is nan, and a plan holding one is not equal to
+    # itself after a round trip.
+    doc["predicted"]["breakdown"]["compute"] = {"float": "nan"}
+    with pytest.raises(shardwise.ParseError, match=r"breakdown\['compute'\]: nan"):
+        shardwise.Plan.from_json(json.dumps(doc))
 
 
 # ---- DeepSeek-V3 on two Gloo ranks ----------------------------------------------------------

@@ -6,18 +6,15 @@ what must hold on every rank inside the ranks, where it can)."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import TIGHT_PRECISION, tight_cluster
+from conftest import TIGHT_PRECISION, spawn_scenario, tight_cluster
 from shardwise.models import CausalLMWithLoss
 
 transformers = pytest.importorskip("transformers")
@@ -360,24 +357,8 @@ def _scenario_tied_state(rank, world, kind):
 
 
 # ---- spawning ----------------------------------------------------------------------------------------
-def _worker(rank, world, store, name, args, result):
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
-    try:
-        out = globals()[f"_scenario_{name}"](rank, world, *args)
-        if rank == 0:
-            with open(result, "w") as f:
-                json.dump(out, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def _spawn(world, name, *args):
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), name, args, result), nprocs=world, join=True)
-        with open(result) as f:
-            return json.load(f)
+    return spawn_scenario(__name__, world, name, *args)
 
 
 # ---- tests ------------------------------------------------------------------------------------------

@@ -64,6 +64,22 @@ const std::string& at(const plan::Plan& p, const std::string& value, int axis) {
   return p.sharding->placements.at(value).at(static_cast<std::size_t>(axis));
 }
 
+
+// The graph `text` (parameters and body, "graph @g(...) {" opened) ending in the mean of
+// value `last` as its loss.
+ir::Graph with_mean_loss(const std::string& text, const std::string& last) {
+  return ir::parse_graph(text +
+                         fmt::format("  %loss: f32[] = aten::mean(%{}) {{dtype=none}}\n  return (%loss)\n}}", last));
+}
+
+// Batch 2 on a mesh of one data rank and 8 tensor ranks.
+SpmdSearchOptions tensor_axis_of_8() {
+  SpmdSearchOptions o;
+  o.global_batch = 2;
+  o.mesh = std::vector<int>{1, 8};
+  return o;
+}
+
 TEST(SpmdSearch, MlpAtLargeBatchIsPureDataParallel) {
   ir::Graph g = mlp();
   SpmdSearchOptions o;
@@ -234,11 +250,8 @@ TEST(SpmdSearch, CollectiveMatmulsArePricedBesideTheirProducts) {
         l, last);
     last = fmt::format("y{}", l);
   }
-  text += body + fmt::format("  %loss: f32[] = aten::mean(%{}) {{dtype=none}}\n  return (%loss)\n}}", last);
-  const ir::Graph g = ir::parse_graph(text);
-  SpmdSearchOptions o;
-  o.global_batch = 2;
-  o.mesh = std::vector<int>{1, 8};
+  const ir::Graph g = with_mean_loss(text + body, last);
+  SpmdSearchOptions o = tensor_axis_of_8();
   o.allow_recompute = false;
   SpmdSearchResult plain = search_spmd(g, a100_with_memory(16), cost::AnalyticCostModel{}, o);
   o.collective_matmul = true;
@@ -304,11 +317,8 @@ TEST(SpmdSearch, GqaKeysAndValuesShareTheQueriesGather) {
         l, last);
     last = fmt::format("y{}", l);
   }
-  text += body + fmt::format("  %loss: f32[] = aten::mean(%{}) {{dtype=none}}\n  return (%loss)\n}}", last);
-  const ir::Graph g = ir::parse_graph(text);
-  SpmdSearchOptions o;
-  o.global_batch = 2;
-  o.mesh = std::vector<int>{1, 8};
+  const ir::Graph g = with_mean_loss(text + body, last);
+  SpmdSearchOptions o = tensor_axis_of_8();
   const SpmdSearchResult r = search_spmd(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, o);
   ASSERT_TRUE(r.fits);
   const plan::Plan& p = r.plan;
