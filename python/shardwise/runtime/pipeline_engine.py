@@ -124,6 +124,15 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
             extra = sorted(mine_now - set(parameters))
             raise ValidationError(f"pipeline: the eval program's stages on pipeline rank {pipeline_rank} read "
                                   f"{extra}, which its training stages do not hold; the cut differs between modes")
+    # The values whose gradient goes back across a cut: those the core's program differentiates
+    # (floating values a trainable parameter reaches: its readers' operands say so, in any
+    # stage, for a value passed on through one), and the program's outputs. A mask or a
+    # position table computed from integers crosses as floating but carries none, and its
+    # reshardings have no backward steps: a gradient required of it reaches them, and their
+    # backward hands autograd the reader's shape, not the value's (Llama's causal mask under a
+    # sequence-parallel stage).
+    differentiable = {op["value"] for node in program["nodes"] for op in node["inputs"] if op["gradient"]}
+    differentiable |= {out["value"] for out in program["outputs"]}
     mine = {}
     counted: list[str] = []
     for g in (g for g in range(stages) if stage_ranks[g] == pipeline_rank):
@@ -139,6 +148,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
             check_splittable(module, g)
         counted.extend(module.counted)
         mine[g] = {"module": module, "inputs": batch_inputs + received[g], "received": received[g],
+                   "differentiable": [x for x in received[g] if x in differentiable],  # (their gradients go back)
                    "sent": cut["sent"][g], "last": last, "weight_outputs": set(cut["weight_outputs"][g])}
     reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters
               if name in leaves and leaves[name]["reduce_axes"] and isinstance(parameters[name], torch.nn.Parameter)]
@@ -388,9 +398,9 @@ class PipelineEngine(EngineBase):
                         received = self._handed_on(program, g, mb, live)  # the stage before is on this rank
                     else:
                         received = dict(self._wait(pending.pop((g, mb, False), [])))
-                    for t in received.values():
-                        if t.is_floating_point():
-                            t.requires_grad_(True)
+                    for name in stage["differentiable"]:
+                        if received[name].is_floating_point():
+                            received[name].requires_grad_(True)
                     args = [micro[mb][name] if name in micro[mb] else received[name] for name in stage["inputs"]]
                     split = stage["module"].weight_split
                     if split is not None and (g, mb) not in self._unsplit:  # weights read through fresh leaves
