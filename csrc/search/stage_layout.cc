@@ -131,6 +131,19 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   return search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);
 }
 
+// Whether a layout searched on `graph` holds for the runtime's capture at `rows` (one
+// micro-batch): only when `graph` was captured at those rows. At another batch the capture may
+// be another graph: export specializes a size of 1 (a micro-batch of one row), and a value
+// sized by the batch without being indexed by it (a padding mask's arange over the rows) keeps
+// the captured size, which a layout may split where one micro-batch has 1 (a tiny Llama with
+// an attention_mask, 1 row per micro-batch). Nor has a graph captured at batch 1 (a cost
+// model's) any batch index to split. The runtime captures at one micro-batch and completes the
+// plan there (shardwise.Plan.complete). A graph without a batch dim has nothing to differ.
+bool captured_at(const ir::Graph& graph, std::int64_t rows) {
+  const std::int64_t batch = analysis::input_batch(graph);
+  return batch == 0 || batch == rows;
+}
+
 }  // namespace
 
 std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
@@ -138,9 +151,7 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
                                                       double memory_fraction) {
   if (plan.sharding.has_value() || plan.data * plan.tensor == 1 || !plan.stage_meshes.empty()) return std::nullopt;
   if (plan.pipeline == 1 && plan.num_micro_batches() <= 1) return std::nullopt;
-  // A graph captured at batch 1 (a cost model's graph) has no batch index to split: the
-  // runtime captures at one micro-batch and completes the plan there (shardwise.Plan.complete).
-  if (analysis::input_batch(graph) == 1 && plan.micro_batch * plan.data > 1) return std::nullopt;
+  if (!captured_at(graph, plan.micro_batch * plan.data)) return std::nullopt;
   const int size = plan.data * plan.tensor;
   if (cluster.world_size() < size)
     throw support::ValidationError(
@@ -157,8 +168,7 @@ std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, con
   if (cluster.world_size() != plan.world_size())
     throw support::ValidationError(fmt::format("stage shardings: the cluster has {} devices, the stage meshes {}",
                                                cluster.world_size(), plan.world_size()));
-  // A graph captured at batch 1 has no batch index to split (as complete_stage_sharding).
-  if (analysis::input_batch(graph) == 1 && plan.micro_batch > 1) return {};
+  if (!captured_at(graph, plan.micro_batch)) return {};
   std::vector<plan::Sharding> out;
   // (mesh, its ranks' device types): stages alike in both share one search.
   std::map<std::pair<std::vector<int>, std::vector<std::string>>, plan::Sharding> searched;

@@ -65,7 +65,8 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
 // plan's precision. What completes a plan, so that the runtime searches nothing; the same
 // search parallelize ran for a plan without one. Empty when data x tensor is 1 (every stage
 // holds its part of the graph whole), the plan is sharded (pipeline 1, one micro-batch), or
-// the graph was captured at batch 1 (no batch index to split; the runtime's capture completes it).
+// the graph was captured at another batch than those rows (it may not be the graph the runtime
+// captures at one micro-batch: the runtime completes the plan on its capture).
 std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
                                                       const plan::Plan& plan, SearchLevel level,
                                                       double memory_fraction = cost::kMemoryFraction);
@@ -73,7 +74,7 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
 // A plan with stage_meshes: each stage's layout (plan.stage_shardings), the SPMD search on
 // the graph at one micro-batch (micro_batch rows) on that stage's mesh of its own ranks of the
 // cluster (plan.stage_first_rank), stages of one mesh on alike devices searched once. Empty
-// without stage_meshes, or when the graph was captured at batch 1.
+// without stage_meshes, or when the graph was captured at another batch than micro_batch rows.
 std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, const cost::Cluster& cluster,
                                                     const plan::Plan& plan, SearchLevel level,
                                                     double memory_fraction = cost::kMemoryFraction);
@@ -82,7 +83,8 @@ std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, con
 // pipelined plan (pipeline > 1, or micro-batches on one stage) with its stage_sharding, a
 // plan of pipeline 1 and one micro-batch replaced by the SPMD search's plan on its {data,
 // tensor} mesh at its global batch (priced as that layout: the plan the runtime runs), in
-// its precision. Unchanged when it has a sharding, or when the graph was captured at batch 1.
+// its precision. Unchanged when it has a sharding, or when the graph was captured at batch 1
+// (pipelined: at another batch than one micro-batch's rows; complete_stage_sharding).
 // `fits`: the SPMD search's verdict when it ran (whether its plan fits in memory), else empty.
 struct CompletedPlan {
   plan::Plan plan;

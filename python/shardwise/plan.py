@@ -263,7 +263,9 @@ class Plan:
         pipelined plan gains its stages' layout (the SPMD search on the first data x tensor
         devices); a plan of pipeline 1 and one micro-batch becomes the SPMD search's plan on its
         {data, tensor} mesh. Unchanged when complete. Plans given by degrees alone
-        (``Plan.manual``, a hand-written file) are completed so; the planners' come complete."""
+        (``Plan.manual``, a hand-written file) are completed so; the planners' come complete,
+        but for a pipelined plan planned on a graph captured at other rows than one micro-batch
+        of its data axis (docs/plan-format.md: which graph its stages' layout is searched on)."""
         if self.is_complete():
             return self
         done = _C.complete_plan(graph._core, cluster._core, self.to_json(), level)

@@ -168,13 +168,27 @@ def test_the_joint_planner_returns_complete_plans():
     # the chosen {data, tensor} mesh (the layout the runtime runs, priced as such).
     from shardwise.models.gpt import gpt
 
+    # (The graph captured at one micro-batch of the data axis, 4 x 8 rows, as parallelize
+    # captures a pipelined plan's.)
     cluster = shardwise.Cluster.preset("dgx-a100", 2)
-    big = shardwise.Plan.joint(gpt(layers=16, hidden=4096, heads=32, seq=2048, vocab=51200, batch=2), cluster,
+    big = shardwise.Plan.joint(gpt(layers=16, hidden=4096, heads=32, seq=2048, vocab=51200, batch=32), cluster,
                                global_batch=64)
     assert big.num_micro_batches() > 1 and big.data * big.tensor > 1, big
+    assert big.micro_batch * big.data == 32, big
     assert big.is_complete() and big.stage_sharding["mesh"] == [big.data, big.tensor]
     assert big.stage_plan().sharding == big.stage_sharding
     assert big.stage_plan().global_batch == big.micro_batch * big.data
+
+    # Captured at another batch: the same degrees, and the layout left to the runtime's capture
+    # at one micro-batch (export's capture at other rows may be another graph: a size of 1
+    # specialized, a value sized by the batch but not indexed by it), completed there.
+    other = shardwise.Plan.joint(gpt(layers=16, hidden=4096, heads=32, seq=2048, vocab=51200, batch=2), cluster,
+                                 global_batch=64)
+    degrees = ("pipeline", "data", "tensor", "micro_batch", "schedule")
+    assert [getattr(other, k) for k in degrees] == [getattr(big, k) for k in degrees], (other, big)
+    assert other.stage_sharding is None and not other.is_complete(), other
+    completed = other.complete(gpt(layers=16, hidden=4096, heads=32, seq=2048, vocab=51200, batch=32), cluster)
+    assert completed.is_complete() and completed.stage_sharding == big.stage_sharding
 
     # (At global batch 64 the fast candidates, micro-batches of 1, 2 or 4, reach a single
     # micro-batch only at data 16; the planner prefers 2 micro-batches of 4 on data 8 x

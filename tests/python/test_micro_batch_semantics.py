@@ -230,13 +230,13 @@ def _scenario_modes(rank, world, pipeline):
     return out
 
 
-def _scenario_mask_across_a_cut(rank, world):
+def _scenario_mask_across_a_cut(rank, world, padded=False):
     """Llama's automatic plan on a cluster where only micro-batches fit (the joint planner's
     least memory halfway to the SPMD search's): 2 stages, each a searched layout on 2 tensor
     ranks. Its causal mask, floating but computed from integers, crosses the cut and is
-    resharded in the second stage."""
-    def llama():  # the zoo's configuration (with use_cache=False or an attention mask the capture
-        # at one micro-batch differs; see issue 45's note)
+    resharded in the second stage. `padded`: with an attention_mask (a padded row, its labels
+    -100), from which transformers builds the mask over an arange of the batch's rows."""
+    def llama():  # the zoo's configuration
         torch.manual_seed(0)
         cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                        num_key_value_heads=2, intermediate_size=128, vocab_size=128,
@@ -250,6 +250,10 @@ def _scenario_mask_across_a_cut(rank, world):
 
     ids = _tokens(4, seq=16, vocab=128, seed=3)
     batch = {"input_ids": ids, "labels": ids}  # the model's own loss (float32 logits: 1e-7 off)
+    if padded:
+        mask = torch.ones_like(ids)
+        mask[1, 11:] = 0
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
     graph = shardwise.capture(llama(), batch)
     tiny = with_memory(shardwise.Cluster.preset("cpu", world), 1)
     whole = shardwise.Plan.search(graph, tiny, global_batch=4).predicted_memory()[0]
@@ -333,4 +337,16 @@ def test_a_floating_mask_crossing_a_cut_into_a_tensor_parallel_stage_carries_no_
     assert r["pipeline"] == 2 and r["stage_mesh"] == [1, 2], r  # the case named: stages on 2 tensor ranks
     assert r["micro_batches"] > 1, r
     # transformers' causal-LM loss rounds the float64 logits to float32, here and on one device.
+    assert r["loss_error"] < 1e-6 and r["param_error"] < EXACT, r
+
+
+def test_a_padded_batch_whose_micro_batch_is_one_row_gets_its_stage_layout_searched_on_that_capture():
+    # Before: the joint planner searched the stages' layout on the capture of the whole batch
+    # (4 rows) at one micro-batch's rows (1). transformers builds the padding mask over an
+    # arange of the batch's rows, not indexed by the batch: 4 long in that capture, 1 in the
+    # engine's. The layout split it over the 2 tensor ranks, and parallelize refused the plan
+    # its own search had made ("node 'arange_1' ... strategy 'split d0' is not legal ...
+    # [d0=1] on 2 ranks"). The layout is now searched on the capture that runs.
+    r = _spawn(4, "mask_across_a_cut", True)
+    assert r["pipeline"] == 2 and r["stage_mesh"] == [1, 2] and r["micro_batches"] == 4, r
     assert r["loss_error"] < 1e-6 and r["param_error"] < EXACT, r

@@ -112,7 +112,8 @@ TEST(StageLayout, ABatchOneGraphIsLaidOutAtMoreRows) {
 // A pipelined plan completed with its stages' layout: the SPMD search of one micro-batch of
 // the data axis on the {data, tensor} sub-mesh of the cluster's first ranks. Nothing for a
 // plan whose stages hold their graph whole (data x tensor 1), nor for a graph captured at
-// batch 1 (no batch index; the runtime completes it at its own capture).
+// another batch than one micro-batch of the data axis (at batch 1: no batch index; at other
+// rows: maybe not the graph the runtime captures; the runtime completes it at its own capture).
 TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
   const ir::Graph g = gpt(4, 256, 4, 128, 1000);  // captured at batch 1
   const ir::Graph batch4 = testing::gpt_at_batch(4, 256, 4, 128, 1000, 4);
@@ -134,6 +135,12 @@ TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
 
   plan::Plan whole{.data = 1, .tensor = 1, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
   EXPECT_FALSE(complete_stage_sharding(batch4, cluster, whole, SearchLevel::Fast));
+
+  // One micro-batch of the data axis is 2 rows, the graph was captured at 4.
+  plan::Plan other_rows{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 1};
+  EXPECT_FALSE(complete_stage_sharding(batch4, cluster, other_rows, SearchLevel::Fast));
+  EXPECT_TRUE(complete_stage_sharding(testing::gpt_at_batch(4, 256, 4, 128, 1000, 2), cluster, other_rows,
+                                      SearchLevel::Fast));
 }
 
 }  // namespace
