@@ -542,6 +542,14 @@ def _engine_for(spec: ZooModel, kind: str, mesh, batch: dict, world: int):
     return engine, fraction
 
 
+def _weight_placements(plan) -> dict[str, list[str]]:
+    """Value -> placement per axis of the layout the ranks run: a sharded plan's, or a pipelined
+    plan's stages' (the {data, tensor} sub-mesh of every stage: its tensor axis second too)."""
+    if plan.sharding or not getattr(plan, "stage_sharding", None):
+        return plan.placements()
+    return plan.stage_plan().placements()
+
+
 def _train_worker(rank: int, world: int, store: str, name: str, mesh, kinds: tuple[str, ...], out: str) -> None:
     """One rank: for each plan kind, parallelize a fresh float64 model, then TRAIN_STEPS AdamW
     steps; rank 0 writes the losses and the whole parameters (each rank writes its errors:
@@ -572,7 +580,7 @@ def _train_worker(rank: int, world: int, store: str, name: str, mesh, kinds: tup
                     losses.append(float(engine.train_step(**batch)))
                     optimizer.step()
                     optimizer.zero_grad()
-                placements = engine.plan.placements()
+                placements = _weight_placements(engine.plan)
                 names = [n for n, _ in engine.named_parameters()]
                 sharded = [n for n in names if len(placements.get(n, ())) > 1 and placements[n][1].startswith("S")]
                 state = engine.full_state_dict()  # a collective: every rank gathers
