@@ -78,6 +78,17 @@ MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "cnn": cnn}
 TIGHT_PRECISION = "bf16"
 
 
+def with_memory(cluster, memory: float):
+    """`cluster` with `memory` bytes on each device of its first device type."""
+    import json
+
+    import shardwise
+
+    doc = json.loads(cluster.to_json())
+    doc["device_types"][0]["memory_bytes"] = int(memory)
+    return shardwise.Cluster.from_json(json.dumps(doc))
+
+
 def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
     """A CPU cluster whose memory holds `graph` on `mesh` only with weights sharded on the
     mesh's tensor axis: halfway between the least any plan needs and what the replicated
@@ -86,14 +97,7 @@ def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
     layout is worth its collectives) and without ZeRO's sharded optimizer states (which save
     a tiny model's memory without sharding any weight): searches on it must state the same
     precision and zero=False (``tight_plan``; ``parallelize(..., zero=False)``)."""
-    import json
-
     import shardwise
-
-    def with_memory(cluster, memory: float):
-        doc = json.loads(cluster.to_json())
-        doc["device_types"][0]["memory_bytes"] = int(memory)
-        return shardwise.Cluster.from_json(json.dumps(doc))
 
     cluster = shardwise.Cluster.preset("cpu", world)
     replicated = shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh, precision=TIGHT_PRECISION,
@@ -111,32 +115,25 @@ def tight_plan(graph, world: int, rows: int, mesh: tuple[int, int]):
                           precision=TIGHT_PRECISION, zero=False)
 
 
-def accumulation_cluster(graph, world: int, rows: int):
+def accumulation_cluster(graph, world: int, rows: int, precision: str | None = TIGHT_PRECISION, zero: bool = False):
     """A CPU cluster on which no plan of the whole batch `rows` in one micro-batch fits in
     memory but a plan in micro-batches does (the gradient accumulation or pipeline the search
     falls back to when memory is short, as on a real cluster): halfway between the least the
     joint planner's plans need, micro-batches allowed, and the least the SPMD search's need
     (for a graph with batch statistics, also the joint planner's plans of one micro-batch). Priced in
-    TIGHT_PRECISION without ZeRO, as ``tight_cluster``: parallelize on it with the same
-    precision and zero=False."""
-    import json
-
+    TIGHT_PRECISION without ZeRO by default, as ``tight_cluster``: parallelize on it with the same
+    `precision` and `zero` (None and True: parallelize's defaults)."""
     import shardwise
 
-    def with_memory(cluster, memory: float):
-        doc = json.loads(cluster.to_json())
-        doc["device_types"][0]["memory_bytes"] = int(memory)
-        return shardwise.Cluster.from_json(json.dumps(doc))
-
     tiny = with_memory(shardwise.Cluster.preset("cpu", world), 1)
-    whole = shardwise.Plan.search(graph, tiny, global_batch=rows, precision=TIGHT_PRECISION,
-                                  zero=False).predicted_memory()[0]
+    whole = shardwise.Plan.search(graph, tiny, global_batch=rows, precision=precision,
+                                  zero=zero).predicted_memory()[0]
     if shardwise._C.batch_coupling(graph._core)["sites"]:
         # (and the least of the joint planner's plans of one micro-batch, pipeline stages of the
         # whole batch: all a graph with batch statistics may take)
-        whole = min(whole, shardwise.Plan.joint(graph, tiny, global_batch=rows, precision=TIGHT_PRECISION,
-                                                zero=False).predicted_memory()[0])
-    split = shardwise.Plan.joint(graph, tiny, global_batch=rows, precision=TIGHT_PRECISION, zero=False,
+        whole = min(whole, shardwise.Plan.joint(graph, tiny, global_batch=rows, precision=precision,
+                                                zero=zero).predicted_memory()[0])
+    split = shardwise.Plan.joint(graph, tiny, global_batch=rows, precision=precision, zero=zero,
                                  micro_batch_semantics="per_micro_batch").predicted_memory()[0]
     assert split < whole, f"micro-batches save no memory on this graph ({split} >= {whole} bytes)"
     return with_memory(tiny, (split + whole) / 2 / shardwise._C.MEMORY_FRACTION)

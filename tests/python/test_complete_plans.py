@@ -170,9 +170,11 @@ def test_the_joint_planner_returns_complete_plans():
 
     # (The graph captured at one micro-batch of the data axis, 4 x 8 rows, as parallelize
     # captures a pipelined plan's.)
+    def gpt_16(batch):
+        return gpt(layers=16, hidden=4096, heads=32, seq=2048, vocab=51200, batch=batch)
+
     cluster = shardwise.Cluster.preset("dgx-a100", 2)
-    big = shardwise.Plan.joint(gpt(layers=16, hidden=4096, heads=32, seq=2048, vocab=51200, batch=32), cluster,
-                               global_batch=64)
+    big = shardwise.Plan.joint(gpt_16(32), cluster, global_batch=64)
     assert big.num_micro_batches() > 1 and big.data * big.tensor > 1, big
     assert big.micro_batch * big.data == 32, big
     assert big.is_complete() and big.stage_sharding["mesh"] == [big.data, big.tensor]
@@ -182,12 +184,11 @@ def test_the_joint_planner_returns_complete_plans():
     # Captured at another batch: the same degrees, and the layout left to the runtime's capture
     # at one micro-batch (export's capture at other rows may be another graph: a size of 1
     # specialized, a value sized by the batch but not indexed by it), completed there.
-    other = shardwise.Plan.joint(gpt(layers=16, hidden=4096, heads=32, seq=2048, vocab=51200, batch=2), cluster,
-                                 global_batch=64)
+    other = shardwise.Plan.joint(gpt_16(2), cluster, global_batch=64)
     degrees = ("pipeline", "data", "tensor", "micro_batch", "schedule")
     assert [getattr(other, k) for k in degrees] == [getattr(big, k) for k in degrees], (other, big)
     assert other.stage_sharding is None and not other.is_complete(), other
-    completed = other.complete(gpt(layers=16, hidden=4096, heads=32, seq=2048, vocab=51200, batch=32), cluster)
+    completed = other.complete(gpt_16(32), cluster)
     assert completed.is_complete() and completed.stage_sharding == big.stage_sharding
 
     # (At global batch 64 the fast candidates, micro-batches of 1, 2 or 4, reach a single
@@ -201,6 +202,5 @@ def test_the_joint_planner_returns_complete_plans():
     assert small.is_complete() and small.sharding["mesh"] == [small.data, small.tensor]
 
     # Batch 1 (the cost model's graphs): no batch index to split, so the runtime completes it.
-    at_one = shardwise.Plan.joint(gpt(layers=16, hidden=4096, heads=32, seq=2048, vocab=51200, batch=1), cluster,
-                                  global_batch=64)
+    at_one = shardwise.Plan.joint(gpt_16(1), cluster, global_batch=64)
     assert at_one.stage_sharding is None and not at_one.is_complete(), at_one

@@ -243,23 +243,15 @@ def _scenario_mask_across_a_cut(rank, world, padded=False):
                                        max_position_embeddings=64, bos_token_id=0, eos_token_id=0)
         return transformers.LlamaForCausalLM(cfg).double().train()
 
-    def with_memory(cluster, memory):
-        doc = json.loads(cluster.to_json())
-        doc["device_types"][0]["memory_bytes"] = int(memory)
-        return shardwise.Cluster.from_json(json.dumps(doc))
-
     ids = _tokens(4, seq=16, vocab=128, seed=3)
     batch = {"input_ids": ids, "labels": ids}  # the model's own loss (float32 logits: 1e-7 off)
     if padded:
         mask = torch.ones_like(ids)
         mask[1, 11:] = 0
         batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
-    graph = shardwise.capture(llama(), batch)
-    tiny = with_memory(shardwise.Cluster.preset("cpu", world), 1)
-    whole = shardwise.Plan.search(graph, tiny, global_batch=4).predicted_memory()[0]
-    split = shardwise.Plan.joint(graph, tiny, global_batch=4,
-                                 micro_batch_semantics="per_micro_batch").predicted_memory()[0]
-    small = with_memory(tiny, (split + whole) / 2 / shardwise._C.MEMORY_FRACTION)
+    # (parallelize's own precision and ZeRO: in TIGHT_PRECISION without ZeRO micro-batches
+    # save this Llama no memory)
+    small = accumulation_cluster(shardwise.capture(llama(), batch), world, 4, precision=None, zero=True)
     model = llama()
     reference = copy.deepcopy(model)
     engine = shardwise.parallelize(model, batch, cluster=small)
