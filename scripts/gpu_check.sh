@@ -6,9 +6,8 @@
 #   scripts/gpu_check.sh --smoke [DIR]         the benchmark at its smoke size (any device)
 #
 # 1. Installs what is missing against the torch already there (torch itself is never
-#    installed or replaced): the C++ build's libraries from apt, or, on a machine without a
-#    network, from the Debian packages in .deps/ (unpacked into a private prefix; see
-#    docs/build.md for how to fill .deps/).
+#    installed or replaced): cmake and ninja from PyPI; on a machine without a network,
+#    HiGHS's source from .deps/ (see docs/build.md).
 # 2. Builds the C++ core and the extension with every core (pip install --no-build-isolation -e .).
 # 3. Runs the GPU tests (pytest -m gpu: NCCL collectives, ranks sharing one GPU over Gloo,
 #    pipelines, ZeRO, the bf16 policy, Cluster.detect on CUDA); skipped with the reason
@@ -39,59 +38,23 @@ status=0
 note() { echo "[gpu_check] $*"; }
 
 # ---- 1. what the build needs -------------------------------------------------------------
-have_build_deps() {
-  command -v pkg-config >/dev/null && pkg-config --exists cbc 2>/dev/null &&
-    [[ -f /usr/include/nlohmann/json.hpp || -n ${SHARDWISE_DEPS_PREFIX:-} ]] &&
-    { [[ -d /usr/include/fmt ]] || [[ -n ${SHARDWISE_DEPS_PREFIX:-} ]]; }
-}
-# SHARDWISE_CARRIED_DEPS=1 takes .deps/ even where the system has the libraries (to try it).
-if ((build)) && { ! have_build_deps || [[ ${SHARDWISE_CARRIED_DEPS:-0} == 1 ]]; }; then
-  if ls .deps/*.deb >/dev/null 2>&1; then
-    # No network: unpack the carried packages into a prefix of our own (never into /).
-    prefix=/tmp/shardwise-deps
-    note "unpacking $(ls .deps/*.deb | wc -l) packages from .deps/ into $prefix"
-    mkdir -p "$prefix"
-    for deb in .deps/*.deb; do dpkg-deb -x "$deb" "$prefix"; done
-    lib=$prefix/usr/lib/x86_64-linux-gnu
-    # The .pc files name /usr (prefix=, libdir=); point them at the private prefix.
-    sed -i "s|=/usr|=$prefix/usr|g" "$lib"/pkgconfig/*.pc
-    # cbc.pc links -llapack -lblas -lbz2 -lz: the unversioned names come with -dev packages
-    # a bare machine may lack; name the runtime libraries (carried, or the system's) instead.
-    for name in lapack/liblapack.so.3 blas/libblas.so.3 libbz2.so.1.0 libz.so.1; do
-      base=$(basename "$name"); dev=${base%%.so*}.so
-      found=$(ls "$lib/$name" "$prefix/lib/x86_64-linux-gnu/$name" 2>/dev/null | head -1)
-      [[ -n $found ]] || found=$(ldconfig -p | awk -v b="$base" '$1 == b {print $NF; exit}')
-      [[ -n $found && ! -e $lib/$dev ]] && ln -s "$found" "$lib/$dev"
-    done
-    export SHARDWISE_DEPS_PREFIX=$prefix
-    export PATH=$prefix/usr/bin:$PATH
-    export PKG_CONFIG=$prefix/usr/bin/pkgconf
-    export PKG_CONFIG_PATH=$lib/pkgconfig:$prefix/usr/share/pkgconfig
-    export CMAKE_PREFIX_PATH=$prefix/usr
-    export CPATH=$prefix/usr/include${CPATH:+:$CPATH}
-    # BLAS / LAPACK live in Debian's alternatives folders (no symlinks without dpkg -i).
-    export LD_LIBRARY_PATH=$lib:$lib/blas:$lib/lapack:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export LIBRARY_PATH=$lib${LIBRARY_PATH:+:$LIBRARY_PATH}
-  elif command -v apt-get >/dev/null; then
-    note "apt-get install the build's libraries"
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-      cmake ninja-build g++ pkg-config libfmt-dev nlohmann-json3-dev coinor-libcbc-dev >/dev/null
+# No system library: fmt and nlohmann-json are vendored, HiGHS is built from highspy's source
+# release (cmake/HiGHS.cmake). A machine without a network takes that tarball from .deps/
+# (ignored by git; copy it from build/_deps/ of a machine that configured once) instead of
+# downloading it.
+if ((build)); then
+  carried=$(ls .deps/highspy-*.tar.gz 2>/dev/null | head -1)
+  if [[ -n $carried && -z ${SHARDWISE_HIGHS_SOURCE:-} ]]; then
+    export SHARDWISE_HIGHS_SOURCE=$PWD/$carried
+    note "HiGHS from the carried $carried"
   fi
+  for tool in cmake ninja; do
+    command -v $tool >/dev/null || $PY -m pip install -q $tool || note "could not install $tool"
+  done
 fi
-# What a later command on this machine needs to import this build: the carried libraries'
-# paths (the extension's RUNPATH names torch's folder, not theirs). Without it, a benchmark
-# run after this script fails on `import shardwise` ("libCbcSolver.so.3: cannot open shared
-# object file", 2026-11-27 on an H200): `source REPORT_DIR/env.sh` first.
 {
   echo "# source this before running anything against gpu_check's build (scripts/gpu_check.sh)"
-  if [[ -n ${SHARDWISE_DEPS_PREFIX:-} ]]; then
-    for var in SHARDWISE_DEPS_PREFIX PATH LD_LIBRARY_PATH LIBRARY_PATH; do
-      printf 'export %s=%q\n' "$var" "${!var:-}"
-    done
-  else
-    echo "# (the system's libraries: nothing to set)"
-  fi
+  echo "# (no carried libraries since the build needs none: nothing to set)"
 } >"$report/env.sh"
 
 for module in pytest transformers rich; do

@@ -1,7 +1,8 @@
 #include "search/hetero_balance.h"
 
-#include <coin/Cbc_C_Interface.h>
 #include <fmt/format.h>
+
+#include <Highs.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,8 +19,6 @@ namespace {
 using support::ValidationError;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// What COIN-OR means by an absent bound (its COIN_DBL_MAX, which the C header does not export).
-constexpr double kNoBound = std::numeric_limits<double>::max();
 
 // Relative slack on memory checks: capacities are often computed as fixed + per-sample x n, and that
 // sum should fit exactly rather than miss by a rounding error.
@@ -93,30 +92,33 @@ struct LpSolution {
   double step_time = 0;
 };
 
-struct ModelDeleter {
-  void operator()(Cbc_Model* model) const { Cbc_deleteModel(model); }
-};
-
-// Solves the balance LP with Clp (through CBC: no integer columns, so CBC stops at the LP).
+// Solves the balance LP with HiGHS's simplex.
 LpSolution solve_lp(std::span<const BalanceRank> ranks, std::int64_t global_batch) {
   const int n = static_cast<int>(ranks.size());
   const int t_col = n;
-  std::unique_ptr<Cbc_Model, ModelDeleter> model(Cbc_newModel());
-  // Both knobs are needed: "log" quietens CBC, the log level the Clp it hands a pure LP to.
-  Cbc_setParameter(model.get(), "log", "0");
-  Cbc_setLogLevel(model.get(), 0);
-
-  for (int r = 0; r < n; ++r) {
-    Cbc_addCol(model.get(), fmt::format("x{}", r).c_str(), 0.0, kNoBound, 0.0, 0, 0, nullptr, nullptr);
-  }
-  Cbc_addCol(model.get(), "T", 0.0, kNoBound, 1.0, 0, 0, nullptr, nullptr);
+  HighsLp lp;
+  lp.num_col_ = n + 1;
+  lp.col_cost_.assign(static_cast<std::size_t>(n + 1), 0.0);
+  lp.col_cost_[static_cast<std::size_t>(t_col)] = 1.0;
+  lp.col_lower_.assign(static_cast<std::size_t>(n + 1), 0.0);
+  lp.col_upper_.assign(static_cast<std::size_t>(n + 1), kHighsInf);
+  // Rows, written row-wise: the matrix is small and this is how the model reads.
+  lp.a_matrix_.format_ = MatrixFormat::kRowwise;
+  lp.a_matrix_.start_ = {0};
+  auto add_row = [&](std::initializer_list<std::pair<int, double>> entries, double lower, double upper) {
+    for (const auto& [col, value] : entries) {
+      lp.a_matrix_.index_.push_back(col);
+      lp.a_matrix_.value_.push_back(value);
+    }
+    lp.a_matrix_.start_.push_back(static_cast<HighsInt>(lp.a_matrix_.index_.size()));
+    lp.row_lower_.push_back(lower);
+    lp.row_upper_.push_back(upper);
+  };
 
   for (int r = 0; r < n; ++r) {
     const BalanceRank& rank = ranks[static_cast<std::size_t>(r)];
     // fixed + s x_r <= T  as  s x_r - T <= -fixed.
-    const int cols[2] = {r, t_col};
-    const double coefs[2] = {rank.seconds_per_sample, -1.0};
-    Cbc_addRow(model.get(), fmt::format("time{}", r).c_str(), 2, cols, coefs, 'L', -rank.fixed_seconds);
+    add_row({{r, rank.seconds_per_sample}, {t_col, -1.0}}, -kHighsInf, -rank.fixed_seconds);
   }
   for (int r = 0; r < n; ++r) {
     const BalanceRank& rank = ranks[static_cast<std::size_t>(r)];
@@ -127,33 +129,44 @@ LpSolution solve_lp(std::span<const BalanceRank> ranks, std::int64_t global_batc
       if (room < 0) return {};
       continue;
     }
-    // Divided through by memory_per_sample so byte-sized coefficients do not strain Clp's tolerances.
-    const int cols[1] = {r};
-    const double coefs[1] = {1.0};
-    Cbc_addRow(model.get(), fmt::format("mem{}", r).c_str(), 1, cols, coefs, 'L', room / rank.memory_per_sample);
+    // Divided through by memory_per_sample so byte-sized coefficients do not strain the tolerances.
+    add_row({{r, 1.0}}, -kHighsInf, room / rank.memory_per_sample);
   }
-  std::vector<int> all_cols(static_cast<std::size_t>(n));
-  std::iota(all_cols.begin(), all_cols.end(), 0);
-  const std::vector<double> ones(static_cast<std::size_t>(n), 1.0);
-  Cbc_addRow(model.get(), "batch", n, all_cols.data(), ones.data(), 'E', static_cast<double>(global_batch));
+  for (int r = 0; r < n; ++r) {
+    lp.a_matrix_.index_.push_back(r);
+    lp.a_matrix_.value_.push_back(1.0);
+  }
+  lp.a_matrix_.start_.push_back(static_cast<HighsInt>(lp.a_matrix_.index_.size()));
+  lp.row_lower_.push_back(static_cast<double>(global_batch));
+  lp.row_upper_.push_back(static_cast<double>(global_batch));
+  lp.num_row_ = static_cast<HighsInt>(lp.row_lower_.size());
 
-  Cbc_solve(model.get());
-  if (Cbc_isProvenInfeasible(model.get())) return {};
-  if (!Cbc_isProvenOptimal(model.get())) {
-    throw support::Error(fmt::format("balance_shares: the LP solver stopped without an optimum (status {}, {})",
-                                     Cbc_status(model.get()), Cbc_secondaryStatus(model.get())));
+  Highs highs;
+  highs.setOptionValue("output_flag", false);
+  highs.setOptionValue("threads", 1);
+  if (highs.passModel(std::move(lp)) == HighsStatus::kError) {
+    throw support::Error("balance_shares: HiGHS refused the balance LP (a malformed model)");
   }
-  const double* x = Cbc_getColSolution(model.get());
-  LpSolution lp;
-  lp.feasible = true;
-  lp.shares.resize(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) lp.shares[static_cast<std::size_t>(r)] = std::max(0.0, x[r]);  // drop -1e-12 noise
-  lp.step_time = x[t_col];
-  return lp;
+  highs.run();
+  const HighsModelStatus status = highs.getModelStatus();
+  if (status == HighsModelStatus::kInfeasible) return {};
+  if (status != HighsModelStatus::kOptimal) {
+    throw support::Error(fmt::format("balance_shares: the LP solver stopped without an optimum ({})",
+                                     highs.modelStatusToString(status)));
+  }
+  const std::vector<double>& x = highs.getSolution().col_value;
+  LpSolution answer;
+  answer.feasible = true;
+  answer.shares.resize(static_cast<std::size_t>(n));
+  for (std::size_t r = 0; r < answer.shares.size(); ++r) answer.shares[r] = std::max(0.0, x[r]);  // drop -1e-12 noise
+  answer.step_time = x[static_cast<std::size_t>(t_col)];
+  return answer;
 }
 
 // Largest remainders first: floors of the LP shares, then one more sample to each rank in order of
 // its fractional part (ties to the lower rank) until the batch is met, never past a rank's cap.
+// Fractional parts are compared in billionths of a sample: equal ranks' shares can differ in their
+// last bits as the LP solver left them, and that noise must not decide a tie.
 std::vector<std::int64_t> round_shares(std::span<const BalanceRank> ranks, const std::vector<double>& shares,
                                        const std::vector<std::int64_t>& caps, std::int64_t global_batch) {
   const std::size_t n = ranks.size();
@@ -163,7 +176,7 @@ std::vector<std::int64_t> round_shares(std::span<const BalanceRank> ranks, const
   for (std::size_t r = 0; r < n; ++r) {
     const double floor_share = std::floor(shares[r]);
     samples[r] = std::clamp(static_cast<std::int64_t>(floor_share), std::int64_t{0}, caps[r]);
-    remainder[r] = shares[r] - floor_share;
+    remainder[r] = std::round((shares[r] - floor_share) * 1e9);
     assigned += samples[r];
   }
   std::vector<std::size_t> order(n);

@@ -2,8 +2,7 @@
 // each rank of a data-parallel group takes per sample and how much memory a sample costs
 // it, split a global batch so every rank finishes together within its memory.
 //
-// Linear programme over the shares x_r (samples, continuous), solved by COIN-OR's Clp
-// through the CBC C interface:
+// Linear programme over the shares x_r (samples, continuous), solved by HiGHS's simplex:
 //   minimise   T
 //   subject to fixed_seconds_r + seconds_per_sample_r x_r <= T        every rank
 //              fixed_memory_r + memory_per_sample_r x_r <= memory_capacity_r

@@ -1,13 +1,13 @@
-// solve_ilp: the SPMD problem as a 0-1 integer programme, solved by COIN-OR CBC.
-#include <coin/Cbc_C_Interface.h>
+// solve_ilp: the SPMD problem as a 0-1 integer programme, solved by HiGHS.
 #include <fmt/format.h>
+
+#include <Highs.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <map>
-#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -20,11 +20,6 @@
 namespace shardwise::search {
 
 namespace {
-
-struct CbcDeleter {
-  void operator()(Cbc_Model* model) const { Cbc_deleteModel(model); }
-};
-using CbcModelPtr = std::unique_ptr<Cbc_Model, CbcDeleter>;
 
 // The edges of the reduced problem merged per node pair (parallel edges add up), oriented
 // lower id first, so the programme has one set of pair variables per pair.
@@ -140,8 +135,8 @@ class IlpModel {
     }
 
     if (limited) {
-      // Scaled by the largest coefficient: byte counts are large, and CBC's tolerances are
-      // absolute. The answer's fit is checked again, unscaled, on the original problem.
+      // Scaled by the largest coefficient: byte counts are large, and the solver's tolerances
+      // are absolute. The answer's fit is checked again, unscaled, on the original problem.
       double scale = 0;
       for (std::size_t v = 0; v < n; ++v) {
         for (std::size_t c = 0; c < x_[v].size(); ++c) {
@@ -156,7 +151,7 @@ class IlpModel {
             if (x_[v][c] >= 0 && m > 0) row.emplace_back(x_[v][c], m / scale);
           }
         }
-        add_row(row, -std::numeric_limits<double>::max(), problem.memory_limit / scale);
+        add_row(row, -kHighsInf, problem.memory_limit / scale);
       } else if (problem.memory_limit < 0) {
         empty_node_ = true;  // nothing takes memory, yet the limit is below zero
       }
@@ -168,32 +163,38 @@ class IlpModel {
 
   int x(int node, int choice) const { return x_[static_cast<std::size_t>(node)][static_cast<std::size_t>(choice)]; }
 
-  // Loads the programme into a new CBC model.
-  CbcModelPtr load() const {
-    std::vector<int> start(objective_.size() + 1, 0);
+  // The programme as HiGHS's model (column-wise, every column in [0, 1]).
+  HighsLp model() const {
+    HighsLp lp;
+    lp.num_col_ = static_cast<HighsInt>(objective_.size());
+    lp.num_row_ = static_cast<HighsInt>(row_lower_.size());
+    lp.sense_ = ObjSense::kMinimize;
+    lp.col_cost_ = objective_;
+    lp.col_lower_.assign(objective_.size(), 0.0);
+    lp.col_upper_.assign(objective_.size(), 1.0);
+    lp.row_lower_ = row_lower_;
+    lp.row_upper_ = row_upper_;
+    std::vector<HighsInt>& start = lp.a_matrix_.start_;
+    start.assign(objective_.size() + 1, 0);
     for (const auto& [row, col, value] : entries_) ++start[static_cast<std::size_t>(col) + 1];
     for (std::size_t c = 0; c < objective_.size(); ++c) start[c + 1] += start[c];
-    std::vector<int> index(entries_.size());
-    std::vector<double> value(entries_.size());
-    std::vector<int> fill(start.begin(), start.end() - 1);
+    lp.a_matrix_.format_ = MatrixFormat::kColwise;
+    lp.a_matrix_.index_.resize(entries_.size());
+    lp.a_matrix_.value_.resize(entries_.size());
+    std::vector<HighsInt> fill(start.begin(), start.end() - 1);
     for (const auto& [row, col, v] : entries_) {
       const auto at = static_cast<std::size_t>(fill[static_cast<std::size_t>(col)]++);
-      index[at] = row;
-      value[at] = v;
+      lp.a_matrix_.index_[at] = row;
+      lp.a_matrix_.value_[at] = v;
     }
-    const std::vector<double> col_lower(objective_.size(), 0.0);
-    const std::vector<double> col_upper(objective_.size(), 1.0);
-    CbcModelPtr model(Cbc_newModel());
-    Cbc_loadProblem(model.get(), static_cast<int>(objective_.size()), static_cast<int>(row_lower_.size()), start.data(),
-                    index.data(), value.data(), col_lower.data(), col_upper.data(), objective_.data(),
-                    row_lower_.data(), row_upper_.data());
-    for (std::size_t c = 0; c < integer_.size(); ++c) {
-      if (integer_[c]) Cbc_setInteger(model.get(), static_cast<int>(c));
+    lp.integrality_.resize(objective_.size());
+    for (std::size_t c = 0; c < objective_.size(); ++c) {
+      lp.integrality_[c] = integer_[c] ? HighsVarType::kInteger : HighsVarType::kContinuous;
     }
-    return model;
+    return lp;
   }
 
-  // The choice per node of a CBC solution vector: the x closest to 1 (the lower choice on ties).
+  // The choice per node of a solution vector: the x closest to 1 (the lower choice on ties).
   std::vector<int> read_choice(const double* solution) const {
     std::vector<int> choice(x_.size(), 0);
     for (std::size_t v = 0; v < x_.size(); ++v) {
@@ -272,25 +273,23 @@ SpmdSolution solve_ilp(const SpmdProblem& problem, const IlpOptions& options, co
   const IlpModel ilp(reduced);
   if (ilp.trivially_infeasible()) return fallback();
 
-  CbcModelPtr model = ilp.load();
-  // CbcMain1 otherwise prints its banner and progress to stdout. "threads 0" is CBC's serial
-  // search (1 would add one worker thread beside the waiting main one): one thread keeps the
-  // search, and so the answer, deterministic. The gaps are zero so "optimal" means optimal.
-  Cbc_setLogLevel(model.get(), 0);
-  Cbc_setParameter(model.get(), "log", "0");
-  Cbc_setParameter(model.get(), "slog", "0");
-  Cbc_setParameter(model.get(), "threads", "0");
-  Cbc_setParameter(model.get(), "ratioGap", "0");
-  Cbc_setParameter(model.get(), "allowableGap", "1e-10");
-  if (options.max_seconds > 0) {
-    Cbc_setParameter(model.get(), "sec", fmt::format("{}", options.max_seconds).c_str());
+  // One thread: HiGHS's MIP search, and so the answer, is then deterministic. The gaps are
+  // zero so "optimal" means optimal.
+  Highs highs;
+  highs.setOptionValue("output_flag", false);
+  highs.setOptionValue("threads", 1);
+  highs.setOptionValue("mip_rel_gap", 0.0);
+  highs.setOptionValue("mip_abs_gap", 1e-10);
+  if (options.max_seconds > 0) highs.setOptionValue("time_limit", options.max_seconds);
+  if (highs.passModel(ilp.model()) == HighsStatus::kError) {
+    throw support::Error("spmd problem: HiGHS refused the integer programme (a malformed model)");
   }
 
-  // CBC checks a MIP start and drops it if it breaks a row, so only a start that fits is
-  // offered, and only one whose folded nodes agree with the presolve (otherwise its cost is
-  // infinite anyway).
+  // A MIP start: the start's x columns only, which HiGHS completes (the pair columns follow
+  // from them). Only a start that fits is offered, and only one whose folded nodes agree
+  // with the presolve (otherwise its cost is infinite anyway).
   if (start != nullptr && start_solution.feasible) {
-    std::vector<int> columns;
+    std::vector<HighsInt> columns;
     bool usable = true;
     for (std::size_t v = 0; v < fixed.size() && usable; ++v) {
       if (fixed[v] >= 0 && start->choice[v] != fixed[v]) usable = false;
@@ -302,21 +301,22 @@ SpmdSolution solve_ilp(const SpmdProblem& problem, const IlpOptions& options, co
     }
     if (usable) {
       const std::vector<double> ones(columns.size(), 1.0);
-      Cbc_setMIPStartI(model.get(), static_cast<int>(columns.size()), columns.data(), ones.data());
+      highs.setSolution(static_cast<HighsInt>(columns.size()), columns.data(), ones.data());
     }
   }
 
-  Cbc_solve(model.get());
-  const double* solution = Cbc_bestSolution(model.get());
-  if (solution == nullptr) return fallback();
-  const bool proven_optimal = Cbc_isProvenOptimal(model.get()) != 0;
-  SpmdSolution answer = evaluate(problem, detail::expand_choice(fixed, kept, ilp.read_choice(solution)));
-  model.reset();
+  highs.run();
+  const HighsModelStatus status = highs.getModelStatus();
+  const HighsSolution& solution = highs.getSolution();
+  const bool has_solution = highs.getInfo().primal_solution_status == kSolutionStatusFeasible && solution.value_valid;
+  if (!has_solution) return fallback();
+  const bool proven_optimal = status == HighsModelStatus::kOptimal;
+  SpmdSolution answer = evaluate(problem, detail::expand_choice(fixed, kept, ilp.read_choice(solution.col_value.data())));
 
   answer.optimal = proven_optimal && answer.feasible;
   if (start != nullptr && strictly_better(start_solution, answer)) {
-    // Only rounding (or a time limit) can put CBC behind its own start; the start is then
-    // at least as good as CBC's proven optimum.
+    // Only rounding (or a time limit) can put the solver behind its own start; the start is
+    // then at least as good as its proven optimum.
     const bool optimal = answer.optimal;
     answer = start_solution;
     answer.optimal = optimal;

@@ -23,9 +23,9 @@
 //    index, lexicographically from the first node.
 //  - solve_ilp: the integer programme above with the standard linearisation of the edge
 //    products (x binary per node choice, y >= 0 per edge pair, sum_b y_ab = x_a,
-//    sum_a y_ab = x_b), solved by COIN-OR CBC (one thread, so deterministic), started from
+//    sum_a y_ab = x_b), solved by HiGHS (one thread, so deterministic), started from
 //    `start` when given (normally solve_fast's answer), so it is never worse than that start.
-//    Returns the proven optimum unless options.max_seconds stops CBC first (then the best
+//    Returns the proven optimum unless options.max_seconds stops HiGHS first (then the best
 //    found, `optimal` false).
 //  Both first fold away nodes with a single allowed choice (their edges become node costs).
 //

@@ -451,7 +451,7 @@ TEST(SpmdIlpTest, NeverWorseThanStart) {
       EXPECT_LE(ilp.cost, fast.cost);
     }
   }
-  // A start CBC cannot use (a folded node disagrees with the presolve) is still honoured.
+  // A start the solver cannot use (a folded node disagrees with the presolve) is still honoured.
   SpmdProblem p = worked_example();
   SpmdSolution start;
   start.choice = {1, 1};
@@ -514,7 +514,7 @@ TEST(SpmdSolversTest, SingleChoicePresolve) {
     EXPECT_EQ(s.cost, best.cost);
     EXPECT_EQ(s.cost, 3 + 2 + 3 + 4);
   }
-  // Everything folded: nothing is left for CBC.
+  // Everything folded: nothing is left for the solver.
   p.nodes[0] = {"free", {1}, {1}};
   p.edges[1].cost = {5, 0};
   p.edges[2].cost = {0, 1, 0};
@@ -644,7 +644,7 @@ TEST(SpmdIlpTest, Silent) {
 TEST(SpmdSolversTest, LargeProblem) {
   // 300 nodes, 5 choices, ~500 edges, a memory limit that binds. Nodes of different sizes
   // trade cost for memory at different rates; when every node has the same rate (random
-  // costs on one memory ladder) the programme is a hard multiple-choice knapsack and CBC
+  // costs on one memory ladder) the programme is a hard multiple-choice knapsack and the solver
   // needs minutes to prove its optimum (pass IlpOptions::max_seconds there).
   const SpmdProblem p = large_problem(300, 42, 0.7);
   ASSERT_GE(p.edges.size(), 490u);
