@@ -520,15 +520,21 @@ bool ShardingModel::leaf_placement_fits(ir::ValueId leaf, int axis, const Placem
 }
 
 double ShardingModel::leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
+  return leaf_memory_by_kind(leaf, axis, choice).total();
+}
+
+cost::ModelStateBytes ShardingModel::leaf_memory_by_kind(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
   const ir::Value& v = graph_.value(leaf);
-  if (v.role == ir::ValueRole::Input) return 0;
+  if (v.role == ir::ValueRole::Input) return {};
   const auto [held, state_held] = leaf_held(leaf, axis, choice);
   const double numel = static_cast<double>(v.type.numel());
   const double scale = options_.parameter_memory_scale;
   if (v.role != ir::ValueRole::Parameter || !requires_grad_[static_cast<std::size_t>(leaf)])
-    return value_bytes(leaf) * held * scale;
+    return {.weights = value_bytes(leaf) * held * scale};
   const auto& m = options_.memory;
-  return numel * (m.weight_bytes * held + (m.gradient_bytes + m.optimizer_bytes) * state_held) * scale;
+  return {.weights = numel * m.weight_bytes * held * scale,
+          .gradients = numel * m.gradient_bytes * state_held * scale,
+          .optimizer = numel * m.optimizer_bytes * state_held * scale};
 }
 
 double ShardingModel::optimizer_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
@@ -1171,10 +1177,17 @@ double ShardingModel::compute_seconds(const cost::DeviceType& device) const {
   return seconds;
 }
 
-double ShardingModel::parameter_bytes() const {
-  double bytes = 0;
-  for (const ir::Value& v : graph_.values())
-    if (is_leaf(v)) bytes += leaf_memory(v.id, -1, {});
+double ShardingModel::parameter_bytes() const { return parameter_bytes_by_kind().total(); }
+
+cost::ModelStateBytes ShardingModel::parameter_bytes_by_kind() const {
+  cost::ModelStateBytes bytes;
+  for (const ir::Value& v : graph_.values()) {
+    if (!is_leaf(v)) continue;
+    const cost::ModelStateBytes leaf = leaf_memory_by_kind(v.id, -1, {});
+    bytes.weights += leaf.weights;
+    bytes.gradients += leaf.gradients;
+    bytes.optimizer += leaf.optimizer;
+  }
   return bytes;
 }
 
@@ -1435,9 +1448,15 @@ ShardingEvaluation ShardingModel::evaluate() const {
                    {"statistics", statistics},
                    {"optimizer", optimizer},
                    {"zero_broadcast", broadcasts}};
-  const double params = parameter_bytes(), acts = activation_bytes(), gathered = gathered_parameter_bytes();
-  out.memory_per_rank = params + acts + gathered;
-  out.memory_breakdown = {{"parameters", params}, {"activations", acts}, {"gathered_parameters", gathered}};
+  // The keys of a manual plan's breakdown (cost/plan_cost.cc), so one report reads both.
+  const cost::ModelStateBytes states = parameter_bytes_by_kind();
+  const double acts = activation_bytes(), gathered = gathered_parameter_bytes();
+  out.memory_per_rank = states.total() + acts + gathered;
+  out.memory_breakdown = {{"weights", states.weights},
+                          {"gradients", states.gradients},
+                          {"optimizer", states.optimizer},
+                          {"activations", acts},
+                          {"gathered_parameters", gathered}};
   out.fits = out.memory_per_rank <= options_.memory_limit;
   double flops = 0;
   for (const ir::Node& node : graph_.nodes())

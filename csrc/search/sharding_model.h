@@ -152,6 +152,8 @@ class ShardingModel {
   // Parameter-state and activation bytes of the most loaded rank, split for balance.
   double activation_bytes() const;
   double parameter_bytes() const;
+  // parameter_bytes() by kind: weights (and non-trainable leaves), gradients, optimizer state.
+  cost::ModelStateBytes parameter_bytes_by_kind() const;
   // The largest weight one reader gathers beyond the rank's stored share (FSDP-style: held
   // only while its reader runs, one at a time): part of the peak, not of the sum.
   double gathered_parameter_bytes() const;
@@ -232,6 +234,7 @@ class ShardingModel {
   // optimizer state (ZeRO shards those further), with `choice` on `axis`.
   std::pair<double, double> leaf_held(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
   double leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
+  cost::ModelStateBytes leaf_memory_by_kind(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
   // Can the leaf be held as `want` on `axis` with its other axes' current placements? A
   // reader asks for its own split on one axis only; the leaf's own dim may already be cut by
   // another axis into blocks `want` does not divide (a [2, h] table S(0) on both axes of a

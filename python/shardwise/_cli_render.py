@@ -1,9 +1,9 @@
 """The CLI's terminal side: a plan as rich tables, a search's progress bar, files written whole.
 
 ``plan.report()`` stays the plain-text form (logs, tests, files); these tables show the same
-figures on a terminal: the mesh and stages, the predicted step time and its parts, TFLOP/s
-per device, memory per rank against the device's capacity, placements per parameter group
-and the collectives of one step.
+figures on a terminal (named by ``_report``): the devices and what each mesh axis carries, the
+predicted step time and its parts, MFU beside the devices' peak, memory per device by kind
+against the device's capacity, placements per parameter group and the collectives of one step.
 """
 from __future__ import annotations
 
@@ -18,18 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import _C
-
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
-
-
-def _bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
+from ._report import (bytes_text, devices_text, hardware_of, memory_parts, mesh_text, mfu, percent_text,
+                      seconds_text, time_parts, world_size)
 
 
 def _group(name: str) -> str:
@@ -38,37 +28,35 @@ def _group(name: str) -> str:
 
 
 def plan_tables(plan, cluster) -> list[Table]:
-    """The plan as tables: summary, time, placements per group (SPMD plans), collectives."""
+    """The plan as tables: summary, time, memory, placements per group (SPMD plans), collectives."""
+    hardware = hardware_of(cluster) if cluster is not None else plan._context()["hardware"]
+    values = plan._report_values()
     out = []
     summary = Table(title="plan", show_header=False, title_justify="left")
     summary.add_column(style="bold")
     summary.add_column()
-    sharding = plan.sharding
-    if sharding:
-        summary.add_row("mesh", " x ".join(str(s) for s in sharding["mesh"]) + " (data x tensor)")
-    elif plan.stage_meshes:
-        summary.add_row("mesh", "stages on " + ", ".join(f"data {a} x tensor {b}" for a, b in plan.stage_meshes))
-    else:
-        summary.add_row("mesh", f"data {plan.data} x tensor {plan.tensor} x pipeline {plan.pipeline}")
+    summary.add_row("devices", f"{devices_text(hardware, world_size(plan))}: {mesh_text(plan, values)}")
     if plan.pipeline > 1:
         stages = plan.layers_per_stage
         summary.add_row("stages", f"{plan.pipeline} x {plan.virtual_stages} virtual"
                         + (f", layers {list(stages)}" if stages else ", layers balanced by FLOPs"))
         schedule = plan.schedule + (f" (k={plan.kfkb_k})" if plan.schedule == "kfkb" else "")
         summary.add_row("schedule", schedule)
-        summary.add_row("batch", f"global {plan.global_batch}, micro-batch {plan.micro_batch}, "
-                        f"{plan.global_batch // max(1, plan.micro_batch * plan.data)} micro-batches")
+    if not plan.sharding:
+        m = plan.num_micro_batches()
+        summary.add_row("batch", f"global {plan.global_batch}, {m} micro-batch{'es' if m != 1 else ''} of "
+                        f"{plan.micro_batch}" + (f" on each of {plan.data} batch ranks" if plan.data > 1 else ""))
     else:
         summary.add_row("batch", f"global {plan.global_batch}")
-    summary.add_row("step", _seconds(plan.predicted_step_time()))
-    summary.add_row("TFLOP/s per device", f"{plan.predicted_tflops_per_device():.1f}")
-    memory, parts = plan.predicted_memory()
-    capacity = cluster.device_of(0)["memory_bytes"] if cluster is not None else None
-    used = f"{_bytes(memory)} per rank" + (f" of {_bytes(capacity)} ({100 * memory / capacity:.0f}%)"
-                                           if capacity else "")
+    step = plan.predicted_step_time()
+    summary.add_row("predicted step", seconds_text(step))
+    _, utilisation = mfu(plan, hardware)
+    summary.add_row("MFU", utilisation.removeprefix("MFU "))
+    memory, _ = plan.predicted_memory()
+    capacity = hardware["memory_bytes"] if hardware else None
+    used = f"{bytes_text(memory)} per device" + (f" of {bytes_text(capacity)} ({percent_text(memory / capacity)})"
+                                                 if capacity else "")
     summary.add_row("memory", used + ("" if plan.fits is not False else "  [red]fits under no plan[/red]"))
-    summary.add_row("memory parts", ", ".join(f"{k} {_bytes(v)}" for k, v in sorted(parts.items())
-                                              if v and k != "stage"))  # stage: the most loaded one, a number
     if plan.search_seconds() is not None:
         summary.add_row("search", f"{plan.search_seconds():.2f} s")
     out.append(summary)
@@ -77,13 +65,30 @@ def plan_tables(plan, cluster) -> list[Table]:
     time.add_column("part")
     time.add_column("time", justify="right")
     time.add_column("share", justify="right")
-    step = plan.predicted_step_time()
-    for part, seconds in sorted(plan.breakdown().items(), key=lambda kv: -kv[1]):
-        # *_total: the time before overlap, not on the step; *_overlapped: a flag, not seconds
-        if seconds > 0 and not part.endswith(("_total", "_overlapped")):
-            time.add_row(part, _seconds(seconds), f"{100 * seconds / step:.1f}%" if step else "")
+    time.add_column("")
+    parts, bubble = time_parts(plan, values)
+    for part in parts:
+        time.add_row(part.label, seconds_text(part.seconds), f"{100 * part.seconds / step:.1f}%" if step else "",
+                     part.note)
+        for inner in part.parts:
+            time.add_row("  " + inner.label, seconds_text(inner.seconds),
+                         f"{100 * inner.seconds / step:.1f}%" if step else "", inner.note)
+    if bubble is None:
+        time.add_row("pipeline bubble", "none", "", "one pipeline stage")
     out.append(time)
 
+    kinds, note = memory_parts(plan, values)
+    table = Table(title="memory per device" + (f" ({note})" if note else ""), title_justify="left")
+    table.add_column("kind")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    for kind, value in kinds:
+        table.add_row(kind, bytes_text(value), f"{100 * value / memory:.1f}%" if memory else "")
+    if capacity:
+        table.add_row("[dim]device capacity[/dim]", bytes_text(capacity), "")
+    out.append(table)
+
+    sharding = plan.sharding
     if sharding:
         groups: dict[tuple, list] = {}
         zero = sharding.get("zero", {})
@@ -106,14 +111,15 @@ def plan_tables(plan, cluster) -> list[Table]:
             total = collectives.setdefault((c["kind"], c["axis"], c["phase"]), [0.0, 0.0, 0.0])
             total[0] += c["count"]
             total[1] += c["bytes"] * c["count"]
-            total[2] += c["seconds"]
+            total[2] += c["seconds"] * c["count"]
         table = Table(title="collectives per step", title_justify="left")
         for column in ("kind", "mesh axis", "phase"):
             table.add_column(column)
         for column in ("calls", "bytes", "time"):
             table.add_column(column, justify="right")
         for (kind, axis, phase), (count, size, seconds) in sorted(collectives.items(), key=lambda kv: -kv[1][2]):
-            table.add_row(kind, str(axis), phase, f"{count:g}", _bytes(size), _seconds(seconds))
+            table.add_row(kind.replace("_", "-"), str(axis), phase, f"{count:g}", bytes_text(size),
+                          seconds_text(seconds))
         out.append(table)
     return out
 

@@ -69,9 +69,33 @@ class Plan:
     """Data / tensor / pipeline degrees, batches, schedule, recomputation, ZeRO stage and,
     once costed, the predicted step time, TFLOP/s per device and memory per rank."""
 
-    def __init__(self, doc: dict, result: dict | None = None):
+    def __init__(self, doc: dict, result: dict | None = None, *, hardware: dict | None = None,
+                 values: dict | None = None, graph=None):
         self._doc = doc
         self._result = result
+        # For report() alone (not part of the plan, its JSON or its hash): the devices it was
+        # priced on (_report.hardware_of) and the graph it was made for, whose values' shapes
+        # (_report.values_of) are read when a report asks for them.
+        self._hardware = hardware
+        self._values = values
+        self._graph = graph
+
+    def _context(self) -> dict:
+        """What report() knows besides the plan, for the plans made from this one."""
+        return {"hardware": self.__dict__.get("_hardware"), "values": self.__dict__.get("_values"),
+                "graph": self.__dict__.get("_graph")}
+
+    def _report_values(self) -> dict | None:
+        if self.__dict__.get("_values") is None and self.__dict__.get("_graph") is not None:
+            from ._report import values_of
+
+            self._values = values_of(self._graph)
+        return self.__dict__.get("_values")
+
+    def __getstate__(self) -> dict:
+        """Pickled and deep-copied without the graph (its values' shapes read first)."""
+        self._report_values()
+        return {k: v for k, v in self.__dict__.items() if k != "_graph"}
 
     # ---- construction -------------------------------------------------------
     @classmethod
@@ -130,7 +154,7 @@ class Plan:
             result = _C.evaluate_plan(graph._core, cluster._core, json.dumps(doc))
         else:
             result = _C.evaluate_plan_profiled(graph._core, cluster._core, json.dumps(doc), profile.to_json())
-        return cls(json.loads(result["plan"]), result)
+        return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     @classmethod
     def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
@@ -148,7 +172,7 @@ class Plan:
                                 None if mesh is None else [int(x) for x in mesh], float(memory_fraction),
                                 _precision(graph, precision), bool(recompute), bool(zero), progress,
                                 bool(collective_matmul), bool(batch_on_tensor_axis))
-        return cls(json.loads(result["plan"]), result)
+        return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     @classmethod
     def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast",
@@ -169,11 +193,12 @@ class Plan:
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
                                _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero),
                                _semantics(micro_batch_semantics, "Plan.joint"))
-        return cls(json.loads(result["plan"]), result)
+        return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     def alternatives(self) -> list["Plan"]:
         """The joint planner's 10 best plans that fit, best first (empty for other plans)."""
-        return [] if self._result is None else [Plan(json.loads(t)) for t in self._result.get("best", [])]
+        return [] if self._result is None else [Plan(json.loads(t), **self._context())
+                                                for t in self._result.get("best", [])]
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
@@ -207,7 +232,7 @@ class Plan:
         """The plan with ``micro_batch_semantics`` set (its hash changes with it)."""
         doc = dict(self._doc)
         doc["micro_batch_semantics"] = _semantics(value, "Plan.with_micro_batch_semantics")
-        return Plan(json.loads(_C.plan_normalise(json.dumps(doc))), self._result)
+        return Plan(json.loads(_C.plan_normalise(json.dumps(doc))), self._result, **self._context())
 
     @property
     def sharding(self) -> dict | None:
@@ -269,12 +294,14 @@ class Plan:
         if self.is_complete():
             return self
         done = _C.complete_plan(graph._core, cluster._core, self.to_json(), level)
-        return Plan(json.loads(done["plan"]), None if done["fits"] is None else {"fits": done["fits"]})
+        return Plan(json.loads(done["plan"]), None if done["fits"] is None else {"fits": done["fits"]},
+                    **_context_of(graph, cluster))
 
     def stage_plan(self, stage: int | None = None) -> "Plan":
         """The SPMD plan every stage of a complete pipelined plan runs on its sub-mesh (with
         ``stage_meshes``: stage ``stage``'s, on its own mesh)."""
-        return Plan(json.loads(_C.stage_plan(self.to_json(), -1 if stage is None else int(stage))))
+        return Plan(json.loads(_C.stage_plan(self.to_json(), -1 if stage is None else int(stage))),
+                    **self._context())
 
     def with_programs(self, graph) -> "Plan":
         """The plan with the hash of every rank's program recorded (``programs``): made by the
@@ -285,7 +312,7 @@ class Plan:
     def with_programs_hash(self, programs: str) -> "Plan":
         doc = dict(self._doc)
         doc["programs"] = {"plan": self.hash(), "hash": programs}
-        return Plan(json.loads(_C.plan_normalise(json.dumps(doc))), self._result)
+        return Plan(json.loads(_C.plan_normalise(json.dumps(doc))), self._result, **self._context())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Plan) and self._doc == other._doc
@@ -378,11 +405,21 @@ class Plan:
         """Every collective of a step: kind, value, axis, phase, bytes, count, seconds."""
         return [dict(c) for c in _floats(self._doc.get("predicted") or {}).get("collectives", [])]
 
-    def report(self) -> str:
-        """The plan as text: mesh, predictions, parameter placements, collectives per step."""
-        if self._result is not None and "report" in self._result:
-            return self._result["report"]
-        return _C.plan_report(json.dumps(self._doc))
+    def report(self, cluster=None, graph=None) -> str:
+        """The plan as text for people: its devices named by what each mesh axis carries (the
+        batch, weights, layers in stages), the predicted step time by part (compute, the
+        communication it waits for by kind, the pipeline bubble, the optimizer step), MFU
+        beside the devices' peak FLOP/s, memory per device by kind beside its capacity, then
+        (searched plans) the placements of the parameters and inputs and the collectives of a
+        step. ``cluster``: the devices, for MFU and capacity; ``graph``: the model's, for the
+        sizes behind memory by kind and the axes' contents (defaults: those the plan was made
+        with; a plan read from JSON has neither). The figures, by the core's keys:
+        ``breakdown()``, ``predicted_memory()``, ``predicted_tflops_per_device()``."""
+        from ._report import hardware_of, render, values_of
+
+        hardware = hardware_of(cluster) if cluster is not None else self.__dict__.get("_hardware")
+        values = values_of(graph) if graph is not None else self._report_values()
+        return render(self, hardware, values)
 
     def simulation(self):
         """The plan's pipeline schedule run through the simulator (csrc/schedule/simulator.h)
@@ -423,6 +460,13 @@ class Plan:
         return dict(self._predicted()["breakdown"])
 
 
+def _context_of(graph, cluster) -> dict:
+    """What report() knows of a plan made here: the cluster's devices and the graph."""
+    from ._report import hardware_of
+
+    return {"hardware": hardware_of(cluster), "graph": graph}
+
+
 def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
          memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool = True,
          zero: bool = True, progress=None, pipeline: bool | None = None,
@@ -438,7 +482,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     (in micro-batches) does.
 
     ``level="fast"``: a beam dynamic programme per mesh axis; ``"thorough"``: an integer
-    programme (COIN-OR CBC) started from the fast answer, never worse under the cost model.
+    programme (HiGHS) started from the fast answer, never worse under the cost model.
     ``mesh``: fix the {data, tensor} mesh instead of searching every factorisation; its data
     axis splits the batch and its tensor axis does not (weights, heads, sequences: ``mesh=(1,
     4)`` is 4-way tensor parallelism), where a searched mesh's axes split whatever prices best.

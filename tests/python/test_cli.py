@@ -1,4 +1,5 @@
 """The README's main job and the CLI, run as a user runs them."""
+import re
 import subprocess
 import sys
 
@@ -36,7 +37,7 @@ def test_plan_on_a_varying_network_between_stages(tmp_path):
             "256", "--format", "text", "--network"]
     proc = subprocess.run(args + ["0.1:1,0.1:0.5"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "schedule kfkb (k=2)" in proc.stdout, proc.stdout
+    assert "schedule  kFkB (k=2)" in proc.stdout, proc.stdout
     proc = subprocess.run(args + ["0.1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "--network '0.1': expected SECONDS:BANDWIDTH_SCALE" in proc.stderr
 
@@ -47,7 +48,12 @@ def test_plan_gpt3_on_a_thousand_gpus_then_simulate_and_show_the_torchrun_line(t
                            "--nodes", "128", "--global-batch", "1536", "--out", str(plan_file)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "1024 devices" in proc.stdout and "predicted step" in proc.stdout and "TFLOP/s" in proc.stdout
+    assert "1024 devices" in proc.stdout and "predicted step" in proc.stdout
+    # MFU beside the A100's bf16 peak; the mesh by what it carries: layers in stages, the batch, the weights
+    assert re.search(r"^predicted step [\d.]+ m?s, MFU [\d.]+% of 312 TFLOP/s bf16 peak per device$", proc.stdout,
+                     re.M), proc.stdout
+    assert re.search(r"^plan +1024 x a100-sxm4-80gb: layers in \d+ stages x batch over \d+ x weights over \d+$",
+                     proc.stdout, re.M), proc.stdout
     assert "layout the SPMD search finds for their 8 tensor ranks" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "shardwise", "simulate", str(plan_file), "--svg", str(svg),
                            "--trace", str(trace)], capture_output=True, text=True, timeout=300)
@@ -74,7 +80,9 @@ def test_plan_a_captured_model_on_one_node():
     proc = subprocess.run([sys.executable, "-m", "shardwise", "plan", "tiny-gpt", "--cluster", "dgx-a100",
                            "--global-batch", "64"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "mesh" in proc.stdout  # one node: the SPMD search's report
+    # One node: the SPMD search's report, its axes named by what the placements split over them.
+    assert re.search(r"^plan +8 x a100-sxm4-80gb: .*batch.* over ", proc.stdout, re.M), proc.stdout
+    assert "data x tensor" not in proc.stdout and "placement per mesh axis" in proc.stdout
 
 
 def test_plan_as_rich_tables_names_the_figures_and_writes_the_file_whole(tmp_path):
@@ -83,9 +91,12 @@ def test_plan_as_rich_tables_names_the_figures_and_writes_the_file_whole(tmp_pat
                            "dgx-a100", "--global-batch", "16", "--format", "table", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    for heading in ("predicted time per step", "parameters and inputs: placement per mesh axis",
-                    "collectives per step", "TFLOP/s per device"):
+    for heading in ("predicted time per step", "memory per device", "parameters and inputs: placement per mesh axis",
+                    "collectives per step", "MFU", "exposed communication", "optimizer state", "device capacity"):
         assert heading in proc.stdout, proc.stdout
+    assert re.search(r"MFU +│ [\d.]+% of 312 TFLOP/s bf16 peak per device", proc.stdout), proc.stdout
+    assert "TFLOP/s per device" not in proc.stdout and "_total" not in proc.stdout
+    assert "(data x tensor)" not in proc.stdout
     assert "transformer.h.*.mlp.c_fc.weight" in proc.stdout  # a parameter group: 4 blocks in one row
     assert out.read_text().startswith("{")
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]

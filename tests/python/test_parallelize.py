@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 
 import pytest
@@ -541,6 +542,13 @@ def test_readme_training_job_runs_under_torchrun():
                          timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "loss (one device)" in out.stdout and "predicted step" in out.stdout
+    # The report names what a user recognises: MFU beside the CPU's peak (no "0.0 TFLOP/s"),
+    # the mesh by what it carries, memory by kind beside the device's capacity.
+    assert re.search(r"^predicted step [\d.]+ m?s, MFU [\d.]+% of [\d.]+ [GT]FLOP/s f32 peak per device$", out.stdout,
+                     re.M), out.stdout
+    assert re.search(r"^plan +2 x cpu: batch.* over ", out.stdout, re.M), out.stdout
+    assert re.search(r"^memory per device [\d.]+ [kM]?B of [\d.]+ GB", out.stdout, re.M), out.stdout
+    assert "TFLOP/s per device" not in out.stdout and "_total" not in out.stdout
     last = [line for line in out.stdout.splitlines() if line.startswith("largest relative difference")][-1]
     losses = float(last.split("losses ")[1].split(",")[0])
     assert losses < 1e-12, last
