@@ -1,27 +1,45 @@
-"""The runtime: what a rank runs. Modules import downward only (no cycles):
+"""The runtime: what a rank runs. Modules import downward only (no cycles); each line names a
+module of this folder, what it does, and (in parentheses) the modules of this folder it imports:
 
-    mesh      the mesh as one rank sees it (groups per axis)
-    reshard   resharding steps with their autograd          (mesh)
-    traffic   bytes per collective kind, counted by the calls  ()
-    transport the runtime's own torch.distributed calls       (traffic)
-    kernels   distributed kernels: split lookups, statistics  (mesh)
-    parameter_gathers  sharded weights prefetched, released, gathered again  (reshard, traffic, transport)
-    recompute checkpointed segments of recomputed blocks      ()
-    lower     rank program -> torch.fx.GraphModule            (mesh, reshard, kernels, parameter_gathers, recompute)
-    buckets   gradient reduction in buckets                   (transport)
-    batch     binding a step's arguments by name              ()
-    counted   the counts of losses whose mean the data counts (lower)
-    optim     torch.optim optimizers over an engine's shards  (mesh)
-    grad_norm global gradient norms and clipping              ()
-    precision mixed-precision policies                        ()
-    verify    the capture against the eager model             (lower, counted)
-    state     what a rank holds of the model's state (boxes)  ()
-    engine_base  the training loop's controls                 (batch, optim, precision, grad_norm)
-    spmd_engine      the SPMD engine (shardwise.Engine)        (engine_base, lower, buckets, state, ...)
-    pipeline_engine  the pipeline engine, stage cut, actions   (engine_base, lower, buckets, state, ...)
+    mesh               the mesh as one rank sees it (groups per axis)  ()
+    traffic            bytes per collective kind, counted by the calls  ()
+    transport          the runtime's own torch.distributed calls  (traffic)
+    reshard            resharding steps with their autograd  (mesh)
+    kernels            distributed kernels: split lookups, statistics  (mesh)
+    parameter_gathers  sharded weights prefetched, released, gathered again  (reshard,
+                       transport)
+    recompute          checkpointed segments of recomputed blocks  ()
+    async_gradients    an activation's gradient all-reduced beside its reader's weight gradient
+                       (Megatron's asynchronous tensor-parallel all-reduce)  (mesh, transport)
+    collective_matmul  all-gathers and reduce-scatters run inside their matmuls, as rings
+                       (collective matmul, async TP)  (async_gradients, mesh, traffic,
+                       transport)
+    fused_accumulation a stage's weight gradients added into .grad by the products and lookups
+                       that make them (addmm_, index_add_)  (async_gradients)
+    weight_split       a stage's backward as B and W (zero-bubble schedules)
+                       (fused_accumulation)
+    lower              rank program -> torch.fx.GraphModule  (async_gradients,
+                       collective_matmul, fused_accumulation, kernels, mesh, parameter_gathers,
+                       recompute, reshard, weight_split)
+    buckets            gradient reduction in buckets  (transport)
+    batch              binding a step's arguments by name  ()
+    counted            the counts of losses whose mean the data counts  (lower)
+    optim              torch.optim optimizers over an engine's shards  (transport)
+    grad_norm          global gradient norms and clipping  ()
+    precision          mixed-precision policies  ()
+    verify             the capture against the eager model  (counted, lower)
+    state              what a rank holds of the model's state (boxes)  ()
+    stage_links        which ranks of two pipeline stages exchange a value crossing their cut,
+                       and on which channel  (reshard)
+    engine_base        the training loop's controls  (batch, grad_norm, optim, precision)
+    spmd_engine        the SPMD engine (shardwise.Engine)  (engine_base, lower, buckets, state,
+                       ...)
+    pipeline_engine    the pipeline engine, stage cut, actions  (engine_base, lower, buckets,
+                       stage_links, state, weight_split, ...)
 
 Outside the package it imports only lower-level modules (_C, _logging, _teardown, _fx_import,
-_inputs, materialize); capture and plan reach the engines as a ``Recapture`` parallelize fills
-in. shardwise.parallelize (shardwise/engine.py), capture, plan, checkpoint and the CLI sit
-above; tests/python/test_runtime_imports.py keeps it so.
+_aten_call, _inputs, materialize); capture and plan reach the engines as a ``Recapture`` parallelize
+fills in. shardwise.parallelize (shardwise/engine.py), capture, plan, checkpoint and the CLI sit
+above; tests/python/test_runtime_imports.py keeps it so, and tests/python/test_docs.py checks this
+map against the folder. Why it is built this way: docs/design/training-loop.md.
 """
