@@ -4,6 +4,7 @@ gradient: runtime/async_gradients.py) and not split (the all-reduce after the fu
 backward), side by side.
 
     python benchmarks/async_tp.py            # spawns 2 and 4 Gloo processes on this machine
+    python benchmarks/async_tp.py --record   # + the table into results/async_tp.json and the README
 
 A stack of pre-norm MLP blocks (x + fc2(gelu(fc1(layer_norm(x))))), fc1 column-parallel and
 fc2 row-parallel on a (1, world) mesh, the norm's output replicated: each fc1's input gradient
@@ -123,7 +124,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
+    rows = []
     print(f"{cpu_model()}; torch {torch.__version__}; {args.layers} pre-norm MLP blocks, hidden {args.hidden}, "
           f"ffn {args.ffn}, {args.rows} rows; median of {args.steps} steps after {args.warmup} of warm-up, "
           "one thread per process")
@@ -132,6 +137,16 @@ def main() -> None:
         ms = r["median_ms"]
         print(f"world {world}: split {ms['split']:.1f} ms, fused {ms['fused']:.1f} ms, ratio split / fused "
               f"{r['ratio']:.3f}; {r['marked']} linears split; losses differ by {r['loss_difference']:.1e}")
+        rows.append([world, ms["split"], ms["fused"], r["ratio"], r["marked"], r["loss_difference"]])
+    if args.record:
+        import os
+
+        record("async_tp", rows, {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
+            "columns": ["world", "split ms", "fused ms", "split / fused", "linears split", "losses differ by"],
+            "formats": {"split ms": ".1f", "fused ms": ".1f", "split / fused": ".3f", "losses differ by": ".1e"},
+            "notes": f"{args.layers} pre-norm MLP blocks, hidden {args.hidden}, ffn {args.ffn}, {args.rows} rows, "
+                     f"float32; median of {args.steps} steps after {args.warmup}, one thread per process."})
 
 
 if __name__ == "__main__":

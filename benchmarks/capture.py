@@ -3,7 +3,7 @@
 weights) except where TorchScript needs real tensors. Prints each time and the ratio
 export / torchscript. Timing never fails anything: this is a measurement.
 
-    python benchmarks/capture.py [--layers 12 24 48]
+    python benchmarks/capture.py [--layers 12 24 48] [--record]
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import warnings
 import torch
 
 import shardwise
+from _results import add_record_argument, record
 
 
 def gpt2(layers: int, hidden: int, heads: int, device: str):
@@ -37,7 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, nargs="+", default=[12, 24, 48])
     parser.add_argument("--hidden", type=int, default=768)
+    add_record_argument(parser)
     args = parser.parse_args()
+    rows = []
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}")
     print(f"{'model':<26}{'nodes':>7}{'export s':>10}{'torchscript s':>15}{'export/ts':>11}{'meta export s':>15}")
     for layers in args.layers:
@@ -51,10 +54,18 @@ def main() -> None:
         _, t_meta = timed(lambda: shardwise.capture(meta_model, meta_inputs, method="export"))
         name = f"GPT-2 l={layers} h={args.hidden}"
         print(f"{name:<26}{g_export.num_nodes():>7}{t_export:>10.2f}{t_ts:>15.2f}{t_export / t_ts:>11.2f}{t_meta:>15.2f}")
+        rows.append([name, g_export.num_nodes(), t_export, t_ts, t_export / t_ts, t_meta])
     model, inputs = gpt2(48, 1600, 25, "meta")
     g, t = timed(lambda: shardwise.capture(model, inputs))
     print(f"GPT-2 XL shape (48 x 1600) on meta: {t:.2f} s, {g.num_nodes()} nodes, "
           f"{g.num_parameters() / 1e9:.2f}B parameters, repeated {max(len(b) for b in g.repeated_blocks())} blocks")
+    if args.record:
+        rows.append(["GPT-2 XL shape (48 x 1600), meta", g.num_nodes(), None, None, None, t])
+        record("capture", rows, {
+            "columns": ["model", "nodes", "export s", "torchscript s", "export/ts", "meta export s"],
+            "formats": {"export s": ".2f", "torchscript s": ".2f", "export/ts": ".2f", "meta export s": ".2f"},
+            "notes": f"GPT-2 XL shape: {g.num_parameters() / 1e9:.2f}B parameters, "
+                     f"{max(len(b) for b in g.repeated_blocks())} repeated blocks, captured on meta only."})
 
 
 if __name__ == "__main__":

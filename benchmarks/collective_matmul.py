@@ -4,6 +4,7 @@ the same placements, with those collectives run plainly, side by side.
 
     python benchmarks/collective_matmul.py                 # spawns 4 Gloo processes on this machine
     python benchmarks/collective_matmul.py --model gpt2    # Hugging Face GPT-2 of the same sizes
+    python benchmarks/collective_matmul.py --record        # + its rows into results/ and the README
 
 TinyGPT (nn.Linear: rings along the sequence dim of [b, s, h]) or Hugging Face GPT-2 (Conv1D:
 [b, s, h] viewed as [b * s, h] into addmm, so each ring's blocks are strided, one slice of
@@ -104,7 +105,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_size_arguments(parser, worlds="4", layers=4, hidden=256, heads=4, seq=128, batch=8)
     parser.add_argument("--model", choices=("tiny-gpt", "gpt2"), default="tiny-gpt")
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
+    rows = []
     line = size_line(args)
     print(f"{cpu_model()}; torch {torch.__version__}; "
           f"{line if args.model == 'tiny-gpt' else line.replace('TinyGPT', 'Hugging Face GPT-2 (Conv1D)')}")
@@ -115,6 +120,21 @@ def main() -> None:
               f"{r['ratio']:.3f} (predicted {predicted['fused']:.1f} / {predicted['plain']:.1f} ms = "
               f"{predicted['fused'] / predicted['plain']:.3f}); {r['gathers']} gathers and {r['scatters']} "
               f"scatters in rings; losses differ by {r['loss_difference']:.1e}")
+        rows.append({"model": args.model, "size": f"hidden {args.hidden}, seq {args.seq}, batch {args.batch}",
+                     "world": world, "fused ms": ms["fused"], "plain ms": ms["plain"], "fused / plain": r["ratio"],
+                     "predicted": predicted["fused"] / predicted["plain"],
+                     "rings": f"{r['gathers']} gathers, {r['scatters']} scatters",
+                     "losses differ by": r["loss_difference"]})
+    if args.record:
+        import os
+
+        # A run of one model and size replaces only its rows: the table keeps both models' latest.
+        record("collective_matmul", rows, {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
+            "formats": {"fused ms": ".1f", "plain ms": ".1f", "fused / plain": ".3f", "predicted": ".3f",
+                        "losses differ by": ".1e"},
+            "notes": "predicted: the cost model's fused / plain for the same placements."},
+            key=("model", "size", "world"))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmarks/ddp.py            # spawns 2 and 4 Gloo processes on this machine
     python benchmarks/ddp.py --profile  # + where one step of rank 0 goes, for each
+    python benchmarks/ddp.py --record   # + the table into results/ddp.json and the README
 
 The same model (TinyGPT), the same global batch, the same Gloo world: each rank trains with
 ``shardwise.parallelize(..., mesh=(world, 1))`` (a pure data-parallel plan) and with
@@ -74,7 +75,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_size_arguments(parser, layers=2, hidden=256, heads=4, seq=64, batch=16)
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of rank 0")
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    rows = []
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
           f"{torch.__version__}, Gloo; {size_line(args)}")
     print("ms: median step time (rank 0); paired: median over steps of our step time / DDP's in the same round; "
@@ -87,9 +93,20 @@ def main() -> None:
         print(f"{world:>5}  {r['ours'] * 1e3:>12.1f}  {r['ddp'] * 1e3:>8.1f}  {r['ours'] / r['ddp']:>10.2f}  "
               f"{r['paired']:>6.2f}  {r['ours_cpu'] * 1e3:>11.1f}  {r['ddp_cpu'] * 1e3:>10.1f}  "
               f"{r['ours_cpu'] / r['ddp_cpu']:>9.2f}  {r['loss_diff']:>9.1e}")
+        rows.append([world, r["ours"] * 1e3, r["ddp"] * 1e3, r["ours"] / r["ddp"], r["paired"], r["ours_cpu"] * 1e3,
+                     r["ddp_cpu"] * 1e3, r["ours_cpu"] / r["ddp_cpu"], r["loss_diff"]])
         for name, table in r["profiles"].items():
             print(f"--- profile of rank 0, one step, {name}, world {world} ---\n{table}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if args.record:
+        record("ddp", rows, {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
+            "columns": ["world", "shardwise ms", "DDP ms", "ours / DDP", "paired", "CPU ours ms", "CPU DDP ms",
+                        "CPU ratio", "loss diff"],
+            "formats": {"shardwise ms": ".1f", "DDP ms": ".1f", "ours / DDP": ".2f", "paired": ".2f",
+                        "CPU ours ms": ".1f", "CPU DDP ms": ".1f", "CPU ratio": ".2f", "loss diff": ".1e"},
+            "notes": f"{size_line(args)}; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after."})
+
 
 if __name__ == "__main__":
     main()

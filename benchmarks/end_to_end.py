@@ -1,7 +1,7 @@
 """End to end: capture + plan + rewrite time for `transformers` GPT-2 and LLaMA models of
 growing size, each phase timed on its own.
 
-    PYTHONPATH=python python benchmarks/end_to_end.py
+    PYTHONPATH=python python benchmarks/end_to_end.py [--record]
 
 Models, built on the meta device (no weights allocated): GPT-2 124M, 355M, 774M and 1.5B
 (GPT2LMHeadModel, seq 1024), and LLaMA-2 shapes (LlamaForCausalLM, seq 2048, vocab 32000):
@@ -68,6 +68,14 @@ def models():
 
 
 def main() -> None:
+    import argparse
+
+    from _results import add_record_argument, record
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_record_argument(parser)
+    args = parser.parse_args()
+    recorded = []
     warnings.filterwarnings("ignore")
     print(machine_line())
     cluster = shardwise.Cluster.preset("dgx-a100")
@@ -110,12 +118,25 @@ def main() -> None:
                   f"{'yes' if plan.fits else 'NO':>4} {rw.wall:>7.3f} ({rw.cpu:>5.3f}) "
                   f"{statistics.median(again):>11.3f} {modes.count('local'):>5}/{modes.count('whole'):<5} "
                   f"{total:>8.2f} {thorough.wall:>7.2f} ({thorough.cpu:>5.2f})", flush=True)
+            recorded.append([name, graph.num_parameters() / 1e9, graph.num_nodes(), cap.wall, fast.wall, mesh,
+                             bool(plan.fits), rw.wall, statistics.median(again),
+                             f"{modes.count('local')}/{modes.count('whole')}", total, thorough.wall,
+                             100 * cap.wall / total])
             del model, graph
     print()
     for name, cap, fast, rw, total in rows:
         print(f"{name:<16} capture {100 * cap.wall / total:4.1f}%  plan {100 * fast.wall / total:4.1f}%  "
               f"rewrite {100 * rw.wall / total:4.1f}% of {total:.2f} s")
     print(f"whole run: {whole.wall:.0f} s wall, {whole.cpu:.0f} s CPU; {machine_line()}")
+    if args.record:
+        record("end_to_end", recorded, {
+            "columns": ["model", "params B", "nodes", "capture s", "plan fast s", "mesh", "fits", "rewrite s",
+                        "rewrite median s", "local/whole", "total s", "plan thorough s", "capture %"],
+            "formats": {"params B": ".2f", "capture s": ".2f", "plan fast s": ".2f", "rewrite s": ".3f",
+                        "rewrite median s": ".3f", "total s": ".2f", "plan thorough s": ".2f", "capture %": ".1f"},
+            "notes": f"Wall seconds; one DGX-A100 node (8 GPUs), global batch {BATCH}, meta-device models. total = "
+                     f"capture + plan fast + rewrite. One-time start-up (a 1-layer GPT-2 captured first): "
+                     f"{warm.wall:.2f} s. Whole run {whole.wall:.0f} s."})
 
 
 if __name__ == "__main__":

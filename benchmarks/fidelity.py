@@ -23,7 +23,10 @@ prices it): a data-parallel plan given too little memory to keep every layer's a
 and a 4-stage pipeline with recomputation.
 
     python benchmarks/fidelity.py [--steps 5] [--svg benchmarks/images/fidelity.svg] [--json out.json]
-                                  [--only "gpt2 data 4" ...]
+                                  [--only "gpt2 data 4" ...] [--record]
+
+``--record`` writes the table to benchmarks/results/fidelity.json and the README, and redraws
+the README's picture, benchmarks/images/fidelity.svg (unless ``--svg`` names another file).
 
 Timing never fails anything; ``--smoke`` runs two plans with one step (tests).
 """
@@ -246,7 +249,12 @@ def main() -> None:
     parser.add_argument("--svg", default=None, help="write the predicted-vs-measured scatter here")
     parser.add_argument("--json", default=None)
     parser.add_argument("--only", nargs="*", default=None, help="run these plans (names as listed)")
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
+    if args.record and not args.svg:
+        args.svg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "images", "fidelity.svg")
     import shardwise
 
     torch.set_num_threads(1)
@@ -283,6 +291,7 @@ def main() -> None:
     print("| plan | layout | step measured (s) | predicted (s) | predicted / measured | peak memory measured (MB) | "
           "predicted (MB) | bytes per step measured, rank 0 (MB by kind) | predicted (MB by kind) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    recorded = []
     for r in rows:
         kinds = sorted(set(r["traffic"] or {}) | set(r["predicted_traffic"]))
         got = ", ".join(f"{k} {_mb((r['traffic'] or {}).get(k, {}).get('bytes', 0))}" for k in kinds
@@ -291,6 +300,8 @@ def main() -> None:
         print(f"| {r['plan']} | {r['layout']} | {r['step']:.3f} | {r['predicted_step']:.3f} | "
               f"{r['predicted_step'] / r['step']:.2f} | {_mb(r['memory'])} | {_mb(r['predicted_memory'])} | "
               f"{got or '-'} | {want} |")
+        recorded.append([r["plan"], r["layout"], r["step"], r["predicted_step"], r["predicted_step"] / r["step"],
+                         r["memory"] / 1e6, r["predicted_memory"] / 1e6, got or None, want])
     ratios = [r["predicted_step"] / r["step"] for r in rows]
     print(f"\nstep time predicted / measured: median {statistics.median(ratios):.2f}, "
           f"range {min(ratios):.2f} .. {max(ratios):.2f}")
@@ -303,6 +314,25 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cluster": json.loads(cluster.to_json()), "rows": rows}, f, indent=1)
+    if args.record:
+        from _machine import cpu_model
+
+        link = json.loads(cluster.to_json())["links"]
+        record("fidelity", recorded, {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
+            "columns": ["plan", "layout", "step measured (s)", "predicted (s)", "predicted / measured",
+                        "peak memory measured (MB)", "predicted (MB)", "bytes per step measured, rank 0 (MB by kind)",
+                        "predicted (MB by kind)"],
+            "formats": {"step measured (s)": ".3f", "predicted (s)": ".3f", "predicted / measured": ".2f",
+                        "peak memory measured (MB)": ".2f", "predicted (MB)": ".2f"},
+            "notes": f"{WORLD} Gloo processes, batch {BATCH} x seq {SEQ}, float32, median of {steps} steps. Profiled: "
+                     f"peak f32 {device['peak_flops']['f32'] / 1e9:.1f} GFLOP/s per rank, bf16 "
+                     f"{device['peak_flops']['bf16'] / 1e9:.1f}, memory bandwidth "
+                     f"{device['memory_bandwidth'] / 1e9:.2f} GB/s; links "
+                     + ", ".join(f"{x['name']} {x['bandwidth'] / 1e9:.2f} GB/s, {x['latency'] * 1e6:.0f} us"
+                                 for x in link)
+                     + f". Step time predicted / measured: median {statistics.median(ratios):.2f}, range "
+                     f"{min(ratios):.2f} to {max(ratios):.2f}."})
 
 
 def write_scatter(path: str, rows: list[dict], cluster_name: str) -> None:

@@ -2,6 +2,7 @@
 (``fully_shard``), side by side.
 
     python benchmarks/fsdp.py            # spawns 2 and 4 Gloo processes on this machine
+    python benchmarks/fsdp.py --record   # + the table into results/fsdp.json and the README
 
 The same model (TinyGPT), the same global batch, the same Gloo world. Ours: the searched
 data-parallel plan with every parameter's placement edited to a shard over the data axis
@@ -100,7 +101,11 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_size_arguments(parser, layers=2, hidden=256, heads=4, seq=64, batch=16)
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
+    rows = []
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
           f"{torch.__version__}, Gloo; {size_line(args)}")
     print("ms: median step time (rank 0); paired: median over steps of our step time / FSDP2's in the same round; "
@@ -117,7 +122,17 @@ def main() -> None:
         print(f"{world:>5}  {r['ours'] * 1e3:>12.1f}  {r['fsdp2'] * 1e3:>8.1f}  {r['ours'] / r['fsdp2']:>12.2f}  "
               f"{r['paired']:>6.2f}  {r['sharded']:>7}  {r['prefetched']:>10}  {r['units']:>5}  {calls:>11}  "
               f"{megabytes:>8.2f}  {r['loss_diff']:>9.1e}")
+        rows.append([world, r["ours"] * 1e3, r["fsdp2"] * 1e3, r["ours"] / r["fsdp2"], r["paired"], r["sharded"],
+                     r["prefetched"], r["units"], calls, megabytes, r["loss_diff"]])
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if args.record:
+        record("fsdp", rows, {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
+            "columns": ["world", "shardwise ms", "FSDP2 ms", "ours / FSDP2", "paired", "sharded", "prefetched",
+                        "units", "collectives", "MB moved", "loss diff"],
+            "formats": {"shardwise ms": ".1f", "FSDP2 ms": ".1f", "ours / FSDP2": ".2f", "paired": ".2f",
+                        "MB moved": ".2f", "loss diff": ".1e"},
+            "notes": f"{size_line(args)}."})
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ micro-batch's weight gradient in a fresh tensor and AccumulateGrad adds it in), 
 
     python benchmarks/fused_accumulation.py                     # 2 Gloo processes, 5 schedules
     python benchmarks/fused_accumulation.py --schedules 1f1b,zb-h1
+    python benchmarks/fused_accumulation.py --record            # + its rows into results/ and the README
 
 pipeline.py's TinyGPT (4 layers of 512, seq 128), global batch 16 in micro-batches of 2, a
 pipeline of ``--worlds`` stages, one engine of each kind per schedule with the same weights,
@@ -67,7 +68,11 @@ def main() -> None:
                        vocab=256)
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
+    rows = []
     print(f"{cpu_model()}; torch {torch.__version__}; {size_line(args)}; micro-batches of {args.micro_batch}")
     for world in (int(w) for w in args.worlds.split(",")):
         for schedule, r in run_world(_worker, world, args).items():
@@ -75,6 +80,19 @@ def main() -> None:
             print(f"{world} stages, {schedule:>10}: fused {ms['fused']:.1f} ms, plain {ms['plain']:.1f} ms, paired "
                   f"plain / fused {r['paired']:.3f}; {r['fused']} weight gradients accumulated in place per step "
                   f"on rank 0; losses differ by {r['loss_difference']:.1e}")
+            rows.append({"stages": world, "schedule": schedule, "fused ms": ms["fused"], "plain ms": ms["plain"],
+                         "paired plain / fused": r["paired"], "accumulated in place": r["fused"],
+                         "losses differ by": r["loss_difference"]})
+    if args.record:
+        import os
+
+        record("fused_accumulation", rows, {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
+            "formats": {"fused ms": ".1f", "plain ms": ".1f", "paired plain / fused": ".3f",
+                        "losses differ by": ".1e"},
+            "notes": f"{size_line(args)}; micro-batches of {args.micro_batch}. accumulated in place: weight "
+                     "gradients added into .grad by their products per step on rank 0."},
+            key=("stages", "schedule"))
 
 
 if __name__ == "__main__":

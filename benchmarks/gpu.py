@@ -3,6 +3,7 @@
     python benchmarks/gpu.py                      # CUDA: GPT-2 124M, batch 8 x 1024, bf16
     python benchmarks/gpu.py --smoke              # anywhere: a 2-layer GPT-2, batch 2 x 64 (CI's CPU run)
     python benchmarks/gpu.py --json report.json   # the figures as JSON too
+    python benchmarks/gpu.py --record             # + the table into results/gpu.json and the README
 
 One process, world size 1 (NCCL on CUDA, Gloo on the CPU): the engine runs the plan the
 search makes for this device (Cluster.detect()), which is the whole model on one rank, so
@@ -81,6 +82,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--profile", default=None,
                         help="also write the top kernels of 3 engine and 3 eager steps (torch.profiler) to this file")
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args(argv)
 
     import transformers
@@ -111,7 +115,54 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
+    if args.record:
+        record("gpu", _recorded(figures), {
+            "machine": f"{figures['device']}, torch {figures['torch']}"
+                       + (_cuda_versions() if device.type == "cuda" else ""),
+            "notes": f"{figures['model']}, {figures['dtype']}, batch {figures['batch x seq']}, AdamW, one process; "
+                     f"median of {steps} steps after {args.warmup}, engine and eager timed alternately."})
     return 0
+
+
+def _cuda_versions() -> str:
+    try:
+        nccl = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:  # noqa: BLE001 - a label, never a failure
+        nccl = "?"
+    return f", CUDA {torch.version.cuda}, NCCL {nccl}"
+
+
+# (figure, key in the figures, target): the table results/gpu.json holds.
+RECORDED = [
+    ("step, engine (ms)", "engine step ms (median)", ""),
+    ("step, eager (ms)", "eager step ms (median)", ""),
+    ("ratio engine / eager", "step ratio engine / eager", "<= 1.02"),
+    ("model TFLOP/s, engine", "model TFLOP/s engine", ""),
+    ("model TFLOP/s, eager", "model TFLOP/s eager", ""),
+    ("MFU engine vs the datasheet's bf16 peak", "MFU engine (vs datasheet)", "report"),
+    ("MFU engine vs a timed 8192^3 bf16 matmul", "MFU engine (vs timed matmul)", "report"),
+    ("timed 8192^3 bf16 matmul (TFLOP/s)", "bf16 matmul 8192^3 TFLOP/s", ""),
+    ("predicted step (ms)", "predicted step ms", "report"),
+    ("measured / predicted step", None, ""),
+    ("peak memory, engine (MiB)", "engine peak memory MiB", ""),
+    ("peak memory, eager (MiB)", "eager peak memory MiB", ""),
+    ("predicted memory per rank (MiB)", "predicted memory MiB", ""),
+    ("measured / predicted memory", "measured / predicted memory", "within 10%"),
+    ("capture + plan + rewrite (s)", "capture + plan + rewrite s", ""),
+]
+
+
+def _recorded(figures: dict) -> list[list]:
+    rows = []
+    for label, key, target in RECORDED:
+        if key is None:  # measured / predicted step
+            value = (round(figures["engine step ms (median)"] / figures["predicted step ms"], 3)
+                     if figures.get("predicted step ms") else None)
+        else:
+            value = figures.get(key)
+        rows.append({"figure": label, "value": value, "target": target or None})
+    return rows
 
 
 def _measure(args, shardwise, transformers, config, device, dtype, batch, seq, steps) -> dict:

@@ -4,6 +4,7 @@ of the layers, and against an exhaustive search where the cases are small enough
 
     python benchmarks/heterogeneous.py              # a table; planner only, seconds
     python benchmarks/heterogeneous.py --quick      # two clusters, the test's size
+    python benchmarks/heterogeneous.py --record     # + the table into results/heterogeneous.json and the README
 
 Clusters (every figure from the presets' catalogue; the slow half of the third declared as
 the A100's profile at half speed, Cluster JSON's "like" / "speed"):
@@ -163,6 +164,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two clusters, a small model")
     parser.add_argument("--json", help="also write the rows here")
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
     names = ["a100+half", "mixed-a100-v100"] if args.quick else list(CLUSTERS)
     big = shardwise.models.gpt(layers=24, hidden=2048, heads=16, seq=2048, vocab=50304, batch=2)
@@ -189,6 +193,17 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if args.record:
+        record("heterogeneous", [
+            [r["cluster"], r["model"], r["ours_ms"], r["how"], r["equal_ms"], r["speedup"], r.get("stages"),
+             r.get("stages_ms"), r.get("exhaustive"), r.get("exhaustive_ms"), r.get("vs_exhaustive")] for r in rows], {
+            "columns": ["cluster", "model", "ours ms", "how", "equal shares + stages ms", "equal / ours",
+                        "joint planner's stages", "stages ms", "best split (exhaustive)", "exhaustive ms",
+                        "joint / exhaustive"],
+            "formats": {"ours ms": ".1f", "equal shares + stages ms": ".1f", "equal / ours": ".2f",
+                        "stages ms": ".2f", "exhaustive ms": ".2f", "joint / exhaustive": ".3f"},
+            "notes": "Predicted steps (planner only), bf16; global batch 64 (1.3B) and 32 (8 x 1024)."},
+            key=("cluster", "model"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The joint planner (pipeline x data x tensor) on GPT-3 175B and 1,024 A100s, next to the
 Megatron-LM configuration for that size, priced by the same cost model.
 
-    python benchmarks/joint_planner.py
+    python benchmarks/joint_planner.py [--record]
 
 Prints the planning time at both levels (targets: fast < 5 s, thorough < 60 s), the chosen
 (t, p, d), micro-batch b and micro-batches m per step, schedule, virtual stages,
@@ -33,6 +33,14 @@ def describe(plan) -> str:
 
 
 def main() -> None:
+    import argparse
+
+    from _results import add_record_argument, record
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_record_argument(parser)
+    args = parser.parse_args()
+    rows = []
     graph = shardwise.models.gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)
     cluster = shardwise.Cluster.preset("dgx-a100", nodes=128)
     print(f"machine: {os.uname().machine}, {os.cpu_count()} cores; GPT-3 175B (96 x 12288, seq 2048), "
@@ -43,6 +51,8 @@ def main() -> None:
     base = megatron.predicted_step_time()
     print(f"{'Megatron (Table 1)':<30}{describe(megatron):<86}{base:>8.2f}  "
           f"{megatron.predicted_megatron_tflops_per_device():>8.1f}  {1.0:>15.3f}")
+    rows.append(["GPT-3 175B: Megatron (Table 1)", None, " ".join(describe(megatron).split()), round(base, 2),
+                 megatron.predicted_megatron_tflops_per_device(), 1.0, None, None])
     for level in ("fast", "thorough"):
         for layouts in (True, False):
             t0 = time.perf_counter()
@@ -52,6 +62,9 @@ def main() -> None:
             label = f"{level} ({seconds:.1f} s)" if layouts else f"{level}, Megatron's layout"
             print(f"{label:<30}{describe(plan):<86}{step:>8.2f}  {plan.predicted_megatron_tflops_per_device():>8.1f}  "
                   f"{step / base:>15.3f}")
+            rows.append([f"GPT-3 175B: {level}" + ("" if layouts else ", Megatron's layout"), None,
+                         " ".join(describe(plan).split()), round(step, 2),
+                         plan.predicted_megatron_tflops_per_device(), step / base, seconds if layouts else None, None])
     print("(the first of each level prices its best plans with the layout the SPMD search finds for their "
           "stages' tensor ranks, sequence parallelism included; the second, like Megatron's row, with Megatron's "
           "layout)")
@@ -68,6 +81,7 @@ def main() -> None:
               shardwise.models.gpt(layers=8, hidden=2048, heads=16, seq=2048, vocab=51200),
               shardwise.Cluster.from_json(json.dumps(doc)), 256),
              ("GPT-3 175B on 128 DGX A100 nodes, batch 1536", graph, cluster, 1536)]
+    short = {cases[0][0]: "GPT 8 x 2048, 4 nodes, 10 Gb/s", cases[1][0]: "GPT-3 175B"}
     for title, g, c, batch in cases:
         print(f"\n{title}, level fast")
         print(f"{'network':<26}{'plan':<86}{'step s':>8}  {'plan s':>6}  kfkb / its 1f1b")
@@ -86,6 +100,17 @@ def main() -> None:
             else:
                 label = describe(plan)
             print(f"{name:<26}{label:<86}{plan.predicted_step_time():>8.3f}  {seconds:>6.2f}  {twin}")
+            rows.append([f"{short[title]}, fast", name, " ".join(label.split()), round(plan.predicted_step_time(), 3),
+                         None, None, seconds, twin or None])
+    if args.record:
+        record("joint_planner", rows, {
+            "columns": ["case", "network between stages", "plan", "step s", "TFLOP/s", "step / Megatron", "plan s",
+                        "kfkb / its 1f1b"],
+            "formats": {"TFLOP/s": ".1f", "step / Megatron": ".3f", "plan s": ".2f"},
+            "notes": "GPT-3 175B (96 x 12288, seq 2048) on 1,024 A100s (128 DGX nodes), global batch 1536, bf16; "
+                     "TFLOP/s in Megatron-LM's accounting. \"Megatron's layout\": the best plans priced with "
+                     "Megatron's layout alone (the model Megatron's row is priced with); the others with the SPMD "
+                     "search's stage layouts. The small GPT: 2 GiB devices, batch 256."})
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ predicted memory per rank fits in 80 GB and whose micro-batch count m is a multi
 
 Table 2 (175B and 530B: PTD-P vs ZeRO-3) is printed as a ranking check. Never fails.
 
-    python benchmarks/megatron.py
+    python benchmarks/megatron.py [--record]
 """
 from __future__ import annotations
 
@@ -116,6 +116,14 @@ def table2_pairs(preds: dict):
 
 
 def main() -> None:
+    import argparse
+
+    from _results import add_record_argument, record
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_record_argument(parser)
+    args = parser.parse_args()
+    rows = []
     print("Megatron-LM (Narayanan et al. 2021) Table 1 vs shardwise's analytic model, DGX-A100 preset")
     print(f"{'params':>8} {'h':>6} {'L':>4} {'t':>2} {'p':>3} {'d':>4} {'GPUs':>5} {'B':>5} {'b':>2} {'v':>2}"
           f" {'pub':>5} {'pred':>6} {'err%':>6} {'mem GB':>7} {'bubble%':>7} {'cost ms':>7}")
@@ -136,6 +144,8 @@ def main() -> None:
         print(f"{params:>8} {hidden:>6} {layers:>4} {t:>2} {p:>3} {d:>4} {gpus:>5} {batch:>5} {b:>2} {v:>2}"
               f" {published:>5} {pred:>6.1f} {err:>+6.1f} {plan.predicted_memory()[0] / 1e9:>7.1f}"
               f" {bubble:>7.1f} {elapsed:>7.0f}")
+        rows.append([params, hidden, layers, t, p, d, gpus, batch, b, v, published, pred, err,
+                     plan.predicted_memory()[0] / 1e9, bubble, elapsed])
     if errors:
         worst = max(errors, key=abs)
         within = sum(abs(e) <= 10 for e in errors)
@@ -163,6 +173,16 @@ def main() -> None:
         print(f"{name} at {gpus} GPUs: PTD-P {'>' if q > z else '<='} ZeRO-3 ({q:.0f} vs {z:.0f})"
               f" {'ok' if q > z else 'WRONG ORDER'}")
     print(f"{right}/{len(pairs)} pairs ranked as published")
+    if args.record:
+        summary = (f"{sum(abs(e) <= 10 for e in errors)}/{len(errors)} rows within ±10%; worst error "
+                   f"{max(errors, key=abs):+.1f}%; mean |error| {sum(abs(e) for e in errors) / len(errors):.1f}%. "
+                   if errors else "")
+        record("megatron", rows, {
+            "columns": ["params B", "hidden", "layers", "t", "p", "d", "GPUs", "B", "b", "v", "published TFLOP/s",
+                        "predicted", "error %", "memory GB", "bubble %", "plan ms"],
+            "formats": {"params B": ".1f", "predicted": ".1f", "error %": "+.1f", "memory GB": ".1f",
+                        "bubble %": ".1f", "plan ms": ".0f"},
+            "notes": summary + f"Table 2 (PTD-P against ZeRO-3): {right}/{len(pairs)} pairs ranked as published."})
 
 
 if __name__ == "__main__":

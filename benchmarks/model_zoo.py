@@ -15,6 +15,7 @@ labels (causal LM, masked LM, seq2seq LM, image classification), and for each:
     python benchmarks/model_zoo.py                   # every model
     python benchmarks/model_zoo.py llama t5 falcon   # some (names as printed, or a prefix)
     python benchmarks/model_zoo.py --json zoo.json   # also write the results
+    python benchmarks/model_zoo.py --record          # + the table's rows into results/model_zoo.json and the README
 
 Nothing here times anything; a failure is a row of the table, never an exception.
 
@@ -797,6 +798,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--columns", nargs="*", default=[], help=f"extra columns: {sorted(COLUMNS) or 'none yet'}")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each failure's traceback")
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args(argv)
     unknown = [c for c in args.columns if c not in COLUMNS]
     if unknown:
@@ -816,7 +820,64 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([r.to_json() for r in results], f, indent=1)
+    if args.record:
+        import os
+
+        import transformers
+        from _machine import cpu_model
+
+        # One row per model, merged: a run of some models, or with some columns, updates those cells only.
+        record("model_zoo", _recorded(results, args.columns, tuple(args.methods)), {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, transformers "
+                       f"{transformers.__version__}",
+            "notes": "Split: the nodes a plan on Cluster.preset(\"cpu\", 4) splits on some mesh axis, of all nodes. "
+                     "ir calls: nodes whose call the lowering rebuilt from the IR alone (eval and training mode). "
+                     "Train eq (5 AdamW steps, float64, 4 Gloo processes, within 1e-6 of one process): the mesh "
+                     "cells give the weights sharded on the tensor axis (memory fraction in parentheses where not "
+                     "0.5), the pipeline and tight cells the plan that ran."},
+            key=("model",))
     return 0
+
+
+def _shape(text: str) -> str:
+    """`p2 d2 t1, 2 micro-batches` as `p2 d2 t1 m2` (a mesh stays `mesh 4x1`)."""
+    import re
+
+    return re.sub(r", (\d+) micro-batches?$", r" m\1", text)
+
+
+def _recorded(results: list[Result], columns: list[str], methods: tuple[str, ...]) -> list[dict]:
+    """The rows results/model_zoo.json holds: the table above, a train eq run's plans per model."""
+    heads = {spec.name: spec.head for spec in ZOO}
+    rows = []
+    for r in results:
+        row = {"model": r.name, "class": f"`{heads[r.name]}`" if r.family != "foreign" else heads[r.name]}
+        row.update({m: "ok" if m in r.captured else "**fails**" for m in methods})
+        for mesh in MESHES:
+            cell = (_plan_cell(r.plans[mesh]).removeprefix("ok ") if mesh in r.plans
+                    else "-" if not r.captured else "**fails**")
+            row[f"plan ({mesh[0]}, {mesh[1]}) split"] = cell
+        row["unknown ops"] = ", ".join(r.unknown) or None
+        if "ir calls" in columns:
+            row["ir calls"] = r.cells.get("ir calls")
+        if "train eq" in columns:
+            errors = {"loss": [], "param": []}
+            for run in r.details.get("train eq", []):
+                label = f"{run['mesh']} {run['plan']}" if run["mesh"] in ("1x4", "2x2") else \
+                    "tight (automatic plan)" if run["plan"] == "tight" else run["plan"]
+                if "error" in run:
+                    row[label] = "refused" if run.get("refused") else "**fail**"
+                    continue
+                row[label] = (_shape(run.get("shape", "")) if run["plan"] in ("pipeline", "tight") else
+                              f"{run['sharded']}/{run['parameters']}"
+                              + ("" if run.get("memory") in (None, TRAIN_MEMORY_STEPS[0]) else f" ({run['memory']:g})"))
+                errors["loss"].append(run["loss"])
+                errors["param"].append(max(run["param"], run["buffer"]))
+            row["worst loss error"] = f"{max(errors['loss']):.1e}" if errors["loss"] else None
+            row["worst parameter error"] = f"{max(errors['param']):.1e}" if errors["param"] else None
+            row["train eq"] = r.cells.get("train eq")
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

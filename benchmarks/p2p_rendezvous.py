@@ -10,7 +10,7 @@ the backend given (Gloo by default; `--backend nccl` on a machine with 2 GPUs):
   about 0 if the bytes had already arrived. The send's wait() after the delay says the same.
 - `together`: a blocking send and receive posted at once: the transfer time itself.
 
-    python benchmarks/p2p_rendezvous.py [--mb 1 16 134] [--delay 1.0]
+    python benchmarks/p2p_rendezvous.py [--mb 1 16 134] [--delay 1.0] [--record]
 """
 from __future__ import annotations
 
@@ -74,6 +74,9 @@ def main() -> None:
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--mb", type=float, nargs="+", default=[1.0, 16.0, 134.0])
     parser.add_argument("--delay", type=float, default=1.0)
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result")
@@ -85,6 +88,16 @@ def main() -> None:
     for mb, send_wait, recv_wait, together in rows:
         print(f"{mb:>8.1f} {send_wait:>12.4f} {recv_wait:>12.4f} {together:>11.4f} {recv_wait / together:>16.2f}")
     print("(recv / together near 1: the transfer started when the receive was posted; near 0: at the send)")
+    if args.record:
+        from _machine import cpu_model
+
+        record("p2p_rendezvous", [[mb, s, r, t, r / t] for mb, s, r, t in rows], {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.backend}",
+            "columns": ["MB", "send wait s", "recv wait s", "together s", "recv / together"],
+            "formats": {"MB": ".1f", "send wait s": ".4f", "recv wait s": ".4f", "together s": ".4f",
+                        "recv / together": ".2f"},
+            "notes": f"Receive posted {args.delay} s after the send. recv / together near 1: the transfer started "
+                     "when the receive was posted (rendezvous); near 0: at the send."})
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ size make ~100-150; issue 45) against GPT-2 and Llama, on 4 Gloo ranks of this m
 
     python benchmarks/parallelize_time.py                # rwkv gpt2 llama
     python benchmarks/parallelize_time.py rwkv gpt2      # some (model_zoo.py's names)
+    python benchmarks/parallelize_time.py --record       # + its rows into results/ and the README
 
 Each model is model_zoo.py's tiny configuration in float64 training mode, dropout off
 (`ZooModel.build_for_training`), at its batch of 4 sequences of 16 with labels. Per model:
@@ -95,7 +96,11 @@ def _parallelize(name: str, tiny: bool) -> tuple[float, float, str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", default=list(MODELS))
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    rows = []
 
     import shardwise
 
@@ -119,6 +124,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:8s} {graph.num_nodes():6d} {capture.cpu:10.2f} {search.cpu:9.2f} {counts:>14s} "
               f"{wall:11.1f} / {cpu:5.1f}{'' if outcome == 'plan' else ' ' + outcome:>5s} "
               f"{tiny_wall:13.1f} / {tiny_cpu:5.1f} {tiny_outcome}", flush=True)
+        rows.append([name, graph.num_nodes(), capture.cpu, search.cpu, counts, wall, cpu,
+                     outcome, tiny_wall, tiny_cpu, tiny_outcome])
+    if args.record:
+        # A run of some models replaces only their rows.
+        record("parallelize_time", rows, {
+            "columns": ["model", "nodes", "capture s", "search s", "solved/reused", "parallelize wall s",
+                        "parallelize cpu s", "outcome", "refusal (1 B) wall s", "refusal cpu s", "refusal outcome"],
+            "formats": {"capture s": ".2f", "search s": ".2f", "parallelize wall s": ".1f",
+                        "parallelize cpu s": ".1f", "refusal (1 B) wall s": ".1f", "refusal cpu s": ".1f"},
+            "notes": f"model_zoo.py's tiny configurations in float64, {WORLD} Gloo ranks; capture and search CPU "
+                     "seconds on this process; parallelize: the slowest rank; refusal: the same with 1 byte of "
+                     "device memory (nothing fits)."},
+            key=("model",))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python benchmarks/pipeline.py                       # 2 Gloo processes on this machine
     python benchmarks/pipeline.py --profile             # + torch.profiler of one step of rank 0
     torchrun-free on GPUs: python benchmarks/pipeline.py --device cuda   # NCCL, one GPU per stage
+    python benchmarks/pipeline.py --record              # + its row into results/pipeline.json and the README
 
 The same TinyGPT, the same global batch, micro-batches and Gloo world of ``--stages`` processes
 (one per stage), the same AdamW; six trainings from the same weights, alternating step by step:
@@ -320,6 +321,9 @@ def main() -> None:
                         default=set(), help="comma-separated schedules torch does not run (shardwise still does)")
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of each")
     parser.add_argument("--profile-rank", type=int, default=0, help="-1: every rank")
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
     if not args.skip_torch_schedules <= set(SCHEDULES):
         parser.error(f"--skip-torch-schedules: unknown {sorted(args.skip_torch_schedules - set(SCHEDULES))} "
@@ -380,6 +384,7 @@ def main() -> None:
     def cell(x, width, fmt):
         return f"{x:>{width}{fmt}}" if x else f"{'-':>{width}}"
 
+    recorded = {"stages": world, "model": f"{args.layers} x {args.hidden}, vocab {args.vocab}"}
     for schedule in SCHEDULES:
         ours, theirs = times.get(f"shardwise {schedule}"), times.get(f"torch {schedule}")
         ours_cpu, theirs_cpu = cpu.get(f"shardwise {schedule}"), cpu.get(f"torch {schedule}")
@@ -390,6 +395,12 @@ def main() -> None:
                  cell(theirs_cpu and theirs_cpu * 1e3, 12, ".1f"),
                  cell(ours_cpu and theirs_cpu and theirs_cpu / ours_cpu, 9, ".2f")]
         print(f"{schedule:>8}  " + "  ".join(cells))
+        # One cell per schedule: ours / torch by throughput (paired, CPU), or our step alone.
+        recorded[schedule] = (
+            f"{theirs / ours:.2f} ({paired[schedule]:.2f}, "
+            f"{theirs_cpu / ours_cpu:.2f})" if ours and theirs and ours_cpu and theirs_cpu and schedule in paired
+            else f"{theirs / ours:.2f}" if ours and theirs
+            else f"ours {ours * 1e3:.1f} ms, torch -" if ours else None)
     if len(losses) > 1:
         names = sorted(losses)
         n = min(len(v) for v in losses.values())
@@ -402,6 +413,17 @@ def main() -> None:
         for name, table in r["profiles"].items():
             print(f"--- profile of rank {r['rank']}, one step, {name} ---\n{table}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if args.record:
+        # One row per (stages, model): a run at 4 stages or another size replaces only its own row.
+        recorded["date"] = time.strftime("%Y-%m-%d")
+        record("pipeline", [recorded], {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+                       f"{'NCCL' if args.device == 'cuda' else 'Gloo'}",
+            "notes": "Each cell: ours / torch by throughput (torch's step time / ours; above 1 ours is faster), "
+                     "then in parentheses the paired ratio (median over rounds) and the CPU ratio; target >= 1.0. "
+                     f"Global batch {args.batch} in micro-batches of {args.micro_batch}, median of {args.steps} "
+                     f"steps after {args.warmup}."},
+            key=("stages", "model"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Peak activation memory of shardwise's GPipe, 1F1B and ZB-H1, measured, next to the predictions.
 
     python benchmarks/pipeline_memory.py                 # 2 and 4 Gloo processes (stages)
+    python benchmarks/pipeline_memory.py --record        # + its rows into results/ and the README
 
 For each world size p and schedule, a TinyGPT trains under a shardwise pipeline plan (p
 stages, m micro-batches) and every rank's stage modules are instrumented from outside,
@@ -223,8 +224,12 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--micro-batch", type=int, default=2)
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
     m = args.batch // args.micro_batch
+    rows = []
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo")
     print(f"TinyGPT layers {args.layers}, hidden {args.hidden}, heads {args.heads}, seq {args.seq}, f32; global batch "
           f"{args.batch} = m {m} micro-batches of {args.micro_batch}; second training step measured")
@@ -247,6 +252,24 @@ def main() -> None:
                       f"{r['per_mb'] / mb:>8.2f}  {r['in_flight']:>9} {r['saved_peak'] / r['per_mb']:>9.2f} "
                       f"{predicted[schedule]['in_flight'][rank]:>9}  {r['outputs_peak'] / mb:>11.2f}  "
                       f"{r['allocator'] / mb:>13.2f}  {act}")
+            saved = max(report[schedule]["saved_peak"] for report in reports) / mb
+            rows.append({"p": world, "schedule": schedule,
+                         "in flight, measured (per rank)": ", ".join(str(r[schedule]["in_flight"]) for r in reports),
+                         "simulated": ", ".join(str(x) for x in predicted[schedule]["in_flight"]),
+                         "saved peak MiB (most loaded rank)": saved,
+                         "predicted act. MiB": predicted[schedule]["activations"] / mb,
+                         "predicted / measured": predicted[schedule]["activations"] / mb / saved})
+    if args.record:
+        # A run of some stage counts replaces only their rows.
+        record("pipeline_memory", rows, {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
+            "formats": {"saved peak MiB (most loaded rank)": ".2f", "predicted act. MiB": ".2f",
+                        "predicted / measured": ".3f"},
+            "notes": f"TinyGPT layers {args.layers}, hidden {args.hidden}, seq {args.seq}, f32; global batch "
+                     f"{args.batch} = {m} micro-batches of {args.micro_batch}; the second training step measured. "
+                     "In flight: micro-batches with saved tensors alive (chunks, half a stage, under ZB-V and "
+                     "DualPipeV)."},
+            key=("p", "schedule"))
 
 
 if __name__ == "__main__":

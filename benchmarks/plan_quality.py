@@ -2,7 +2,7 @@
 every row of Narayanan et al. 2021 (arXiv 2104.04473) Table 1, both priced by the same cost
 model (`cost/plan_cost.h`).
 
-    PYTHONPATH=python python benchmarks/plan_quality.py [--levels fast,thorough]
+    PYTHONPATH=python python benchmarks/plan_quality.py [--levels fast,thorough] [--record]
 
 Megatron: the row's t, p, d (GPUs / (t p)) and global batch, interleaved 1F1B, full
 recomputation, with the micro-batch and virtual stages Table 1 leaves out chosen as in
@@ -109,6 +109,9 @@ def breakdown_line(label: str, plan) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--levels", default="fast,thorough", help="comma-separated: fast, thorough")
+    from _results import add_record_argument, record
+
+    add_record_argument(ap)
     args = ap.parse_args()
     levels = [x for x in args.levels.split(",") if x]
     print(machine_line())
@@ -161,8 +164,11 @@ def main() -> None:
     print(f"\nGPT-3 175B, 1024 GPUs, batch 1536: Megatron (8,16,8) b1 int v2 rc full "
           f"{meg.predicted_megatron_tflops_per_device():.1f} TFLOP/s (Megatron's accounting)")
     print(overlap_line("Megatron", meg))
+    headline = {}
     for level in levels:
         ours = shardwise.plan(gpt3, cluster, global_batch=1536, level=level, pipeline=True)
+        headline[level] = (" ".join(describe(ours).split()), ours.predicted_megatron_tflops_per_device(),
+                           ours.predicted_megatron_tflops_per_device() / meg.predicted_megatron_tflops_per_device())
         print(f"  {level:<8} ours {describe(ours)} {ours.predicted_megatron_tflops_per_device():.1f} TFLOP/s "
               f"({ours.predicted_megatron_tflops_per_device() / meg.predicted_megatron_tflops_per_device():.3f} x)")
         print(overlap_line("ours", ours))
@@ -185,6 +191,21 @@ def main() -> None:
                   f"{_gmean([v[0] for v in valid]):.3f} as found, {_gmean([v[1] for v in valid]):.3f} with the best "
                   f"valid one, min {min(v[1] for v in valid):.3f}")
     print(f"whole run: {whole.wall:.0f} s wall, {whole.cpu:.0f} s CPU; {machine_line()}")
+    if args.record:
+        record("plan_quality", [{
+            "level": level, "ours / Megatron, min": min(r[1] for r in summary[level]),
+            "geometric mean": _gmean([r[1] for r in summary[level]]), "max": max(r[1] for r in summary[level]),
+            "rows below 1": f"{sum(r[1] < 1 for r in summary[level])} of {len(summary[level])}",
+            "planning s (all rows, wall)": sum(r[2] for r in summary[level]),
+            "GPT-3 175B on 1,024 GPUs: ours": headline[level][0], "TFLOP/s": headline[level][1],
+            "x Megatron": headline[level][2]} for level in levels if summary[level]], {
+            "formats": {"ours / Megatron, min": ".3f", "geometric mean": ".3f", "max": ".3f",
+                        "planning s (all rows, wall)": ".0f", "TFLOP/s": ".1f", "x Megatron": ".3f"},
+            "notes": "Ours / Megatron: predicted TFLOP/s per GPU (Megatron-LM's accounting) of shardwise.plan("
+                     "pipeline=True) over Megatron's published configuration, both priced by cost/plan_cost.h, on "
+                     f"the {len(TABLE1)} rows of Narayanan et al. 2021 Table 1; the per-row table is the script's "
+                     "output."},
+            key=("level",))
 
 
 def _gmean(xs: list[float]) -> float:

@@ -2,7 +2,7 @@
 1,024 A100s, planning time against depth, and Llama-3-8B (captured from `transformers` on
 the meta device) over 64 A100s.
 
-    PYTHONPATH=python python benchmarks/planner_scaling.py [--svg benchmarks/images/planner_scaling.svg]
+    PYTHONPATH=python python benchmarks/planner_scaling.py [--svg benchmarks/images/planner_scaling.svg] [--record]
 
 Models: the GPT-3 paper's sizes (Brown et al. 2020, Table 2.1), sequence 2048, vocabulary
 51200, built in the IR without torch (`shardwise.models.gpt`), each at the paper's batch
@@ -96,6 +96,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--svg", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "images",
                                                   "planner_scaling.svg"))
+    from _results import add_record_argument, record
+
+    add_record_argument(ap)
     args = ap.parse_args()
     print(machine_line())
     print("GPT-3 family (seq 2048, vocab 51200, bf16) on DGX-A100 nodes; joint planner (pipeline=True)")
@@ -115,10 +118,12 @@ def main() -> None:
         print("One node (8 GPUs), shardwise.plan's default there: the SPMD sharding search (pipeline=False)")
         print(HEADER)
         one_node = shardwise.Cluster.preset("dgx-a100", nodes=1)
+        spmd: dict[tuple[str, str], dict] = {}
         for name, layers, hidden, heads, batch in GPT3:
             graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200, batch=2)
             for level in LEVELS:
                 r = timed_plan(graph, one_node, batch, level, pipeline=False)
+                spmd[(name, level)] = r
                 print(row(f"GPT-3 {name}", 8, level, r), flush=True)
 
         print()
@@ -136,6 +141,7 @@ def main() -> None:
 
         print()
         print("Llama-3-8B (transformers LlamaForCausalLM on the meta device, seq 8192, global batch 512), 64 GPUs")
+        llama: dict[str, dict] = {}
         try:
             graph, cap = llama3_8b_graph()
         except ImportError as e:
@@ -146,6 +152,7 @@ def main() -> None:
             print(HEADER)
             for level in LEVELS:
                 r = timed_plan(graph, cluster, 512, level, pipeline=None)  # default: joint on 8 nodes
+                llama[level] = r
                 print(row("Llama-3-8B", 64, level, r), flush=True)
 
     print()
@@ -181,6 +188,37 @@ def main() -> None:
                       "solid: fast, dashed: thorough; log axes")
     ET.fromstring(svg)  # raises if the SVG is not well-formed XML
     print(f"wrote {args.svg} ({len(svg)} bytes, well-formed XML)")
+    if args.record:
+        record("planner_scaling", _recorded(grid, spmd, depth, llama, devices), {
+            "formats": {"TFLOP/s": ".1f"},
+            "notes": "Each cell: planning CPU seconds at fast / thorough (the planner is single-threaded; wall "
+                     "within a few percent). \"8, SPMD\": one node, shardwise.plan's default there (the SPMD "
+                     "search); the other columns: the joint planner. The plan and its predicted model TFLOP/s per "
+                     "GPU at fast on the most GPUs of the row; \"NO\": it does not fit. Budget for GPT-3 175B on "
+                     f"1,024 GPUs: fast < 5 s, thorough < 60 s. Whole run {whole.wall:.0f} s."})
+
+
+def _recorded(grid: dict, spmd: dict, depth: dict, llama: dict, devices: list[int]) -> list[dict]:
+    """The table results/planner_scaling.json holds: a row per model, a column per device count."""
+    def cell(fast, thorough):
+        return f"{fast['cpu']:.2f} / {thorough['cpu']:.2f}" if fast and thorough else None
+
+    def last(r):
+        return {"plan (fast, most GPUs)": describe(r["plan"]) + ("" if r["fits"] else " (NO: does not fit)"),
+                "TFLOP/s": round(r["tflops"], 1)}
+
+    rows = []
+    for name, *_rest in GPT3:
+        row = {"model": f"GPT-3 {name}", "8, SPMD": cell(spmd.get((name, "fast")), spmd.get((name, "thorough")))}
+        row.update({f"{n:,}": cell(grid[(name, n, "fast")], grid[(name, n, "thorough")]) for n in devices})
+        rows.append(row | last(grid[(name, devices[-1], "fast")]))
+    for layers in DEPTHS:
+        rows.append({"model": f"{layers} layers x 4096",
+                     "64": cell(depth[(layers, "fast")], depth[(layers, "thorough")])} | last(depth[(layers, "fast")]))
+    if llama:
+        rows.append({"model": "Llama-3-8B", "64": cell(llama["fast"], llama["thorough"])} | last(llama["fast"]))
+    columns = ["model", "8, SPMD", *(f"{n:,}" for n in devices), "plan (fast, most GPUs)", "TFLOP/s"]
+    return [{c: r.get(c) for c in columns} for r in rows]
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmarks/repeat.py                 # 50 runs of each job
     python benchmarks/repeat.py --runs 5 --jobs readme
+    python benchmarks/repeat.py --record        # + the table into results/repeat.json and the README
 
 Each run is a fresh `torchrun --standalone` (a free port) of one job:
 
@@ -84,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=50, help="runs of each job")
     parser.add_argument("--jobs", nargs="+", default=["readme", "train_gpt2", "user_groups"])
     parser.add_argument("--timeout", type=float, default=300, help="seconds before a run counts as hung")
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args(argv)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "python"),
                                                                       os.environ.get("PYTHONPATH")]))}
@@ -112,6 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"in all: {sum(r[1] for r in rows)} runs, {total['abort']} aborts, {total['hang']} hangs")
     for name, i, outcome, out in failures:
         print(f"\n--- {name} run {i}: {outcome}; the end of its output ---\n{out}")
+    if args.record:
+        record("repeat", [[name, runs, counts["clean"], counts["abort"], counts["hang"], median]
+                          for name, runs, counts, median in rows], {
+            "columns": ["job", "runs", "clean", "aborts", "hangs", "median s"],
+            "formats": {"median s": ".1f"},
+            "notes": f"{sum(r[1] for r in rows)} runs, {total['abort']} aborts, {total['hang']} hangs; each a fresh "
+                     f"torchrun --standalone; a hang: past {args.timeout:g} s."})
     return 0
 
 

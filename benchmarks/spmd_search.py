@@ -1,6 +1,6 @@
 """The SPMD search's two levels side by side: search time and predicted step time.
 
-    python benchmarks/spmd_search.py
+    python benchmarks/spmd_search.py [--record]
 
 GPT-3 175B's block structure (96 layers, hidden 12288, 96 heads, sequence 2048, global
 batch 1536) on 128 DGX A100 nodes with an 8-way tensor axis inside each node, then a
@@ -27,13 +27,24 @@ def _small_memory_a100(gib: float) -> shardwise.Cluster:
     return shardwise.Cluster.from_json(json.dumps(doc))
 
 
-def _row(name: str, fast, thorough) -> None:
+def _row(name: str, fast, thorough, rows: list) -> None:
+    rows.append([name, fast.search_seconds(), thorough.search_seconds(), fast.predicted_step_time() * 1e3,
+                 thorough.predicted_step_time() * 1e3, fast.predicted_step_time() / thorough.predicted_step_time(),
+                 str(fast.sharding["mesh"])])
     print(f"{name:34s} {fast.search_seconds():8.2f} {thorough.search_seconds():10.2f} "
           f"{fast.predicted_step_time() * 1e3:12.2f} {thorough.predicted_step_time() * 1e3:12.2f} "
           f"{fast.predicted_step_time() / thorough.predicted_step_time():10.4f}  {fast.sharding['mesh']}")
 
 
 def main() -> None:
+    import argparse
+
+    from _results import add_record_argument, record
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_record_argument(parser)
+    args = parser.parse_args()
+    rows: list = []
     print(f"machine: {platform.machine()}, torch {torch.__version__}")
     print(f"{'model':34s} {'fast s':>8s} {'thorough s':>10s} {'fast ms':>12s} {'thorough ms':>12s} "
           f"{'fast/thor':>10s}  mesh")
@@ -42,14 +53,15 @@ def main() -> None:
     cluster = shardwise.Cluster.preset("dgx-a100", nodes=128)
     fast = shardwise.plan(gpt3, cluster, global_batch=1536, mesh=(128, 8))
     thorough = shardwise.plan(gpt3, cluster, global_batch=1536, mesh=(128, 8), level="thorough")
-    _row("GPT-3 175B, 128 x 8 A100", fast, thorough)
+    _row("GPT-3 175B, 128 x 8 A100", fast, thorough, rows)
     megatron = shardwise.Plan.manual(gpt3, cluster, tensor=8, pipeline=16, data=8, global_batch=1536,
                                      micro_batch=1)
     # Same op and collective costs, two evaluators (Plan.manual's cost/plan_cost.h, the
     # search's own); their TFLOP/s count different FLOPs, so only step times are shown.
-    print(f"  Megatron t=8 p=16 d=8, 1F1B, micro-batch 1: {megatron.predicted_step_time():.2f} s/step; "
-          f"search, no pipeline: {thorough.predicted_step_time():.2f} s/step "
-          f"(ratio {thorough.predicted_step_time() / megatron.predicted_step_time():.3f})")
+    megatron_line = (f"Megatron t=8 p=16 d=8, 1F1B, micro-batch 1: {megatron.predicted_step_time():.2f} s/step; "
+                     f"search, no pipeline: {thorough.predicted_step_time():.2f} s/step "
+                     f"(ratio {thorough.predicted_step_time() / megatron.predicted_step_time():.3f})")
+    print(f"  {megatron_line}")
 
     import transformers
 
@@ -65,7 +77,13 @@ def main() -> None:
         graph = shardwise.capture(model, {"input_ids": ids, "labels": ids})
         fast = shardwise.plan(graph, small, global_batch=2, mesh=(1, 8))
         thorough = shardwise.plan(graph, small, global_batch=2, mesh=(1, 8), level="thorough")
-        _row(name, fast, thorough)
+        _row(name, fast, thorough, rows)
+    if args.record:
+        record("spmd_search", rows, {
+            "columns": ["model", "fast s", "thorough s", "fast ms", "thorough ms", "fast/thor", "mesh"],
+            "formats": {"fast s": ".2f", "thorough s": ".2f", "fast ms": ".2f", "thorough ms": ".2f",
+                        "fast/thor": ".4f"},
+            "notes": f"GPT-3 175B: {megatron_line}."})
 
 
 if __name__ == "__main__":

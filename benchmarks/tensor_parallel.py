@@ -2,6 +2,7 @@
 
     python benchmarks/tensor_parallel.py                 # spawns 2 and 4 Gloo processes
     python benchmarks/tensor_parallel.py --worlds 2 --profile   # + where one rank's step goes
+    python benchmarks/tensor_parallel.py --record        # + the table into results/ and the README
 
 The same TinyGPT blocks, the same global batch on every rank, the same Gloo world, the same
 optimizer (AdamW over each side's local parameters), alternating step by step:
@@ -129,7 +130,12 @@ def main() -> None:
     add_size_arguments(parser, layers=4, hidden=512, heads=8, seq=128, batch=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of rank 0")
+    from _results import add_record_argument, record
+
+    add_record_argument(parser)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    placements = {}
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
           f"{torch.__version__}, Gloo")
     print(f"TinyGPT layers {args.layers}, hidden {args.hidden}, heads {args.heads}, seq {args.seq}, batch "
@@ -143,6 +149,7 @@ def main() -> None:
             first, shown, *rest = open(out).read().split("\n", 2)
             ours, theirs, first_diff, max_diff, ours_cpu, theirs_cpu, paired = (float(x) for x in first.split())
         print(f"world {world}: shardwise's placements (tensor axis) of blocks.0: {shown}")
+        placements[world] = shown
         rows.append((world, ours, theirs, paired, first_diff, max_diff, ours_cpu, theirs_cpu))
         if rest and rest[0].strip():
             print(rest[0])
@@ -157,6 +164,24 @@ def main() -> None:
               f"{ours_cpu * 1e3:>11.1f}  {theirs_cpu * 1e3:>14.1f}  {ours_cpu / theirs_cpu:>9.2f}  {first_diff:>13.1e}  "
               f"{max_diff:>13.1e}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if args.record:
+        shown = "; ".join(f"world {w}: {p}" for w, p in placements.items())
+        if len(set(placements.values())) == 1:
+            shown = f"world {', '.join(map(str, placements))}: {next(iter(placements.values()))}"
+        record("tensor_parallel", [
+            [world, ours * 1e3, theirs * 1e3, ours / theirs, paired, ours_cpu * 1e3, theirs_cpu * 1e3,
+             ours_cpu / theirs_cpu, first_diff, max_diff]
+            for world, ours, theirs, paired, first_diff, max_diff, ours_cpu, theirs_cpu in rows], {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
+            "columns": ["world", "shardwise ms", "DTensor ms", "ours / DTensor", "paired", "CPU ours ms",
+                        "CPU DTensor ms", "CPU ratio", "loss diff 1st", "loss diff max"],
+            "formats": {"shardwise ms": ".1f", "DTensor ms": ".1f", "ours / DTensor": ".2f", "paired": ".2f",
+                        "CPU ours ms": ".1f", "CPU DTensor ms": ".1f", "CPU ratio": ".2f", "loss diff 1st": ".1e",
+                        "loss diff max": ".1e"},
+            "notes": f"TinyGPT layers {args.layers}, hidden {args.hidden}, heads {args.heads}, seq {args.seq}, batch "
+                     f"{args.batch} (whole on every rank); median of {args.steps} steps after {args.warmup}; "
+                     f"shardwise's placements of blocks.0 ({shown}); load average {load_before:.2f} before, "
+                     f"{os.getloadavg()[0]:.2f} after."})
 
 
 if __name__ == "__main__":

@@ -154,8 +154,6 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     reason, the benchmark prints every figure it can without CUDA, and the report is written."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("OUT", None)
-    # As if the build's libraries came from .deps/ (unpacked there): env.sh must hand them on.
-    env["SHARDWISE_DEPS_PREFIX"] = str(tmp_path / "deps")
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--no-build", "--smoke", str(tmp_path)],
                           capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -165,12 +163,12 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     assert "needs CUDA" in tests and " skipped" in tests and "failed" not in tests, tests
     import json
 
-    # env.sh: what a later command needs to import the build, the carried libraries' prefix
-    # and paths included, from a shell that has none of them.
-    bare = {k: v for k, v in env.items() if k not in ("SHARDWISE_DEPS_PREFIX", "LD_LIBRARY_PATH")}
-    sourced = subprocess.run(["bash", "-c", f"source {tmp_path / 'env.sh'} && echo $SHARDWISE_DEPS_PREFIX && "
-                              f"{sys.executable} -c 'import shardwise'"], capture_output=True, text=True, env=bare, cwd=ROOT)
-    assert sourced.returncode == 0 and sourced.stdout.strip() == str(tmp_path / "deps"), sourced.stdout + sourced.stderr
+    # A later command imports the build from a shell without library paths: the extension needs
+    # no library beyond torch's (no env.sh to source any more).
+    bare = {k: v for k, v in env.items() if k != "LD_LIBRARY_PATH"}
+    later = subprocess.run([sys.executable, "-c", "import shardwise"], capture_output=True, text=True, env=bare, cwd=ROOT)
+    assert later.returncode == 0, later.stdout + later.stderr
+    assert not (tmp_path / "env.sh").exists()
     figures = json.loads((tmp_path / "gpu.json").read_text())
     assert figures["device"] == "cpu" and figures["step ratio engine / eager"] > 0, figures
     losses = figures["first losses (engine, eager)"]
@@ -213,3 +211,72 @@ def test_p2p_rendezvous_prints_the_waits_of_a_late_receive():
     out = _run("p2p_rendezvous.py", "--mb", "1", "--delay", "0.05")
     row = _row(out, "1.0")
     assert len(row) == 5 and all(float(x) >= 0 for x in row[1:]), out
+
+
+# ---- benchmarks/README.md's tables: generated from benchmarks/results/*.json (benchmarks/_results.py) ----
+
+def _results():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _results
+
+    return _results
+
+
+def test_readme_tables_are_the_rendered_results():
+    results = _results()
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    # Rendering the committed results reproduces the README exactly: every table is the
+    # benchmark's own record, none edited by hand.
+    assert results.render(readme) == readme, "run python benchmarks/_results.py --render"
+    blocks = results.names_in(readme)
+    files = sorted(p.stem for p in (ROOT / "benchmarks" / "results").glob("*.json"))
+    assert len(blocks) == len(set(blocks)), blocks
+    assert sorted(blocks) == files  # a block for every results file and a results file for every block
+    assert results.check() == []
+
+
+def test_record_then_render_puts_the_new_row_into_a_readme_copy(tmp_path):
+    import json
+    import shutil
+
+    results = _results()
+    readme, store = tmp_path / "README.md", tmp_path / "results"
+    shutil.copy(ROOT / "benchmarks" / "README.md", readme)
+    shutil.copytree(ROOT / "benchmarks" / "results", store)
+    before = readme.read_text()
+    old = json.loads((store / "ddp.json").read_text())
+    meta = {"machine": "test box", "date": "2000-01-01", "command": "python benchmarks/ddp.py --worlds 8"}
+    results.record("ddp", [{"world": 8, "shardwise ms": 12.34, "DDP ms": 12.0, "ours / DDP": 12.34 / 12.0}], meta,
+                   key=("world",), results_dir=store, readme=readme)
+    after = readme.read_text()
+    assert "| 8 | 12.3 | 12.0 | 1.03 | - |" in after  # the columns' formats, "-" where the run gave none
+    assert "*2000-01-01, test box: `python benchmarks/ddp.py --worlds 8`.*" in after
+    assert f"`{old['command']}`" in after.split("<!-- results:ddp -->")[1]  # the earlier run's rows still named
+    doc = json.loads((store / "ddp.json").read_text())
+    assert len(doc["rows"]) == len(old["rows"]) + 1 and doc["rows"][:-1] == old["rows"]
+    # Only the ddp block moved, and rendering again changes nothing.
+    head, tail = ([part.split(marker)[i] for part in (before, after)]
+                  for marker, i in (("<!-- results:ddp -->", 0), ("<!-- /results:ddp -->", -1)))
+    assert head[0] == head[1] and tail[0] == tail[1]
+    assert results.render(after, store) == after and results.check(readme, store) == []
+    # Without a key the run replaces the table.
+    results.record("ddp", [[2, 1.0]], {**meta, "columns": ["world", "shardwise ms"]}, results_dir=store, readme=readme)
+    block = readme.read_text().split("<!-- results:ddp -->")[1].split("<!-- /results:ddp -->")[0]
+    assert block.splitlines()[1:4] == ["| world | shardwise ms |", "| --- | --- |", "| 2 | 1.0 |"], block
+    assert (ROOT / "benchmarks" / "README.md").read_text() == before  # the real one untouched
+
+
+def test_a_benchmark_records_its_table_with_record(tmp_path):
+    import shutil
+
+    readme = tmp_path / "README.md"
+    shutil.copy(ROOT / "benchmarks" / "README.md", readme)
+    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "results")
+    env = {**os.environ, "SHARDWISE_RESULTS_DIR": str(tmp_path / "results"), "SHARDWISE_RESULTS_README": str(readme)}
+    env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "p2p_rendezvous.py"), "--mb", "0.5", "--delay",
+                           "0.01", "--record"], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    block = readme.read_text().split("<!-- results:p2p_rendezvous -->")[1].split("<!-- /results:p2p_rendezvous -->")[0]
+    assert block.splitlines()[2] == "| --- | --- | --- | --- | --- |" and block.splitlines()[3].startswith("| 0.5 |")
+    assert "`python benchmarks/p2p_rendezvous.py --mb 0.5 --delay 0.01`" in block, block
