@@ -15,9 +15,8 @@
 # 4. Runs benchmarks/gpu.py (GPT-2 124M in bf16 on one GPU: step time against eager, MFU,
 #    peak memory against the plan's prediction).
 # 5. Writes REPORT_DIR/gpu_check.md (the card, the versions, the test summary and the
-#    figures), with the logs beside it, and REPORT_DIR/env.sh: `source` it before running
-#    anything else against this build (the carried libraries' paths). Exit status: non-zero
-#    when the build or a test failed.
+#    figures), with the logs beside it. Exit status: non-zero when the build or a test failed.
+#    (The extension needs no library beyond torch's: nothing to source before a later command.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,10 +51,6 @@ if ((build)); then
     command -v $tool >/dev/null || $PY -m pip install -q $tool || note "could not install $tool"
   done
 fi
-{
-  echo "# source this before running anything against gpu_check's build (scripts/gpu_check.sh)"
-  echo "# (no carried libraries since the build needs none: nothing to set)"
-} >"$report/env.sh"
 
 for module in pytest transformers rich; do
   $PY -c "import $module" 2>/dev/null || $PY -m pip install -q "$module" || note "could not install $module"
