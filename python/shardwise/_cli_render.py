@@ -18,8 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import _C
-from ._report import (bytes_text, devices_text, hardware_of, memory_parts, mesh_text, mfu, percent_text,
-                      seconds_text, time_parts, world_size)
+from ._report import (bytes_text, collective_totals, devices_text, hardware_of, memory_parts, mesh_text, mfu,
+                      percent_text, seconds_text, time_parts, world_size)
 
 
 def _group(name: str) -> str:
@@ -106,12 +106,7 @@ def plan_tables(plan, cluster) -> list[Table]:
             table.add_row(group, str(len(names)), "[" + ", ".join(map(_C.readable_placement, placement)) + "]",
                           f"sharded on axis {','.join(map(str, axes))}" if axes else "")
         out.append(table)
-        collectives: dict[tuple, list[float]] = {}
-        for c in plan.collectives():
-            total = collectives.setdefault((c["kind"], c["axis"], c["phase"]), [0.0, 0.0, 0.0])
-            total[0] += c["count"]
-            total[1] += c["bytes"] * c["count"]
-            total[2] += c["seconds"] * c["count"]
+        collectives = collective_totals(plan)
         table = Table(title="collectives per step", title_justify="left")
         for column in ("kind", "mesh axis", "phase"):
             table.add_column(column)

@@ -485,13 +485,19 @@ def _placement_lines(sharding: dict) -> list[str]:
     return lines
 
 
-def _collective_lines(plan) -> list[str]:
+def collective_totals(plan) -> dict[tuple, list[float]]:
+    """(kind, mesh axis, phase) -> [calls, bytes in all, seconds in all] of the plan's collectives."""
     groups: dict[tuple, list[float]] = {}
     for c in plan.collectives():
         total = groups.setdefault((c["kind"], c["axis"], c["phase"]), [0.0, 0.0, 0.0])
         total[0] += c["count"]
         total[1] += c["count"] * c["bytes"]
         total[2] += c["count"] * c["seconds"]
+    return groups
+
+
+def _collective_lines(plan) -> list[str]:
+    groups = collective_totals(plan)
     if not groups:
         return []
     lines = ["collectives per step (kind, mesh axis, phase: calls, bytes in all, time in all)"]
