@@ -12,10 +12,12 @@
 #   scripts/check_pip_install.sh --wheel   also: `pip wheel`, `auditwheel repair`, the repaired
 #      wheel installed into a second fresh venv (torch only), and step 4 again from there.
 #
-# Without the apt packages: where it may (root, and `unshare -m` works, as on CI), the script
-# runs itself in a mount namespace of its own in which every file of the Debian packages the
-# build once took (fmt, nlohmann-json, COIN-OR CBC and what CBC pulls in) reads as empty: a
-# build that still included or linked one would fail. SHARDWISE_NO_MASK=1 skips that.
+# Without the apt packages and without root's rights: where it may (root, and `unshare -m`
+# works, as on CI), the script runs itself in a mount namespace of its own in which /usr, /etc,
+# /opt, /var and /root are read-only (an install that wrote outside its venv would fail, as a
+# user's would) and every file of the Debian packages the build once took (fmt,
+# nlohmann-json, COIN-OR CBC and what CBC pulls in) reads as empty (a build that still
+# included or linked one would fail). SHARDWISE_NO_MASK=1 skips that.
 #
 # HiGHS: the copy builds it from the same pinned PyPI source as any build, into the shared
 # SHARDWISE_DEPS_DIR (default: this checkout's build/_deps), so a run after the core build
@@ -32,6 +34,14 @@ if [[ ${SHARDWISE_NO_MASK:-0} != 1 && -z ${SHARDWISE_MASKED:-} && $(id -u) == 0 
   exec env SHARDWISE_MASKED=1 unshare -m bash "$0" "$@"
 fi
 if [[ -n ${SHARDWISE_MASKED:-} ]]; then
+  # Root may write nowhere a user could not: the system's folders are read-only here (the venv,
+  # the work folder and the shared HiGHS build live in /tmp and the checkout).
+  readonly=()
+  for d in /usr /etc /opt /var /root; do
+    [[ -d $d ]] || continue
+    if mount --bind "$d" "$d" 2>/dev/null && mount -o remount,bind,ro "$d" 2>/dev/null; then readonly+=("$d"); fi
+  done
+  echo "[check_pip_install] read-only here: ${readonly[*]:-nothing (the remount was refused)}"
   masked=0
   for pkg in "${masked_packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || continue
@@ -45,6 +55,8 @@ if [[ -n ${SHARDWISE_MASKED:-} ]]; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+export HOME=$work/home XDG_CACHE_HOME=$work/home/.cache  # pip's and ccache's caches: the user's own
+mkdir -p "$HOME"
 export SHARDWISE_DEPS_DIR=${SHARDWISE_DEPS_DIR:-$root/build/_deps}
 note() { echo "[check_pip_install] $*"; }
 
