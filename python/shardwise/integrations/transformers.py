@@ -241,8 +241,8 @@ class ShardwiseTrainer(Trainer):
                 crc = zlib.crc32(data.view(torch.uint8).numpy().tobytes(), crc)
             else:
                 crc = zlib.crc32(repr(value).encode(), crc)
-        flags = torch.tensor([crc, -crc], dtype=torch.int64)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=getattr(self._engine, "_control", None))
+        flags = torch.tensor([crc, -crc], dtype=torch.int64, device="cpu")  # the engine's control group is Gloo
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._engine._control)
         if flags[0].item() != -flags[1].item():
             raise ValidationError(
                 f"ShardwiseTrainer.{where} (batch {self._batch_checks}, global step {self.state.global_step}): the "
