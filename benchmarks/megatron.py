@@ -3,7 +3,8 @@
 For each published row (GPT, seq 2048, vocab 51200, DGX A100 nodes, interleaved 1F1B,
 full recomputation, data degree = GPUs / (t p)), build the graph with the torch-free
 builder, cost the published configuration with shardwise's analytic model (one set of
-constants, no per-row factor) and print published vs predicted TFLOP/s per GPU, both in
+constants, no per-row factor; attention as Megatron-LM 2021 ran it, unfused: the builder's
+attention="math", whose 9 bytes per score were fitted on this table, docs/cost-model.md) and print published vs predicted TFLOP/s per GPU, both in
 Megatron-LM's accounting (eq. 3: the recomputed forward counted; Plan.predicted_megatron_tflops_per_device).
 
 Micro-batch size and virtual stages are not in Table 1. Rule: the best predicted among
@@ -86,7 +87,8 @@ def predict_table1_row(row):
     """(plan, micro_batch, virtual_stages, planning ms) for one Table 1 row, or None."""
     params, heads, hidden, layers, t, p, gpus, batch, published = row
     d = gpus // (t * p)
-    graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200)
+    graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200,
+                                 attention="math")
     cluster = shardwise.Cluster.preset("dgx-a100", nodes=gpus // 8)
     start = time.perf_counter()
     found = best_plan(graph, cluster, t, p, d, batch, layers)
@@ -98,7 +100,8 @@ def predict_table2_row(row) -> float:
     """Predicted TFLOP/s per GPU of one Table 2 row."""
     name, heads, hidden, layers, system, t, p, gpus, batch, b, published = row
     d = gpus // (t * p)
-    graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200)
+    graph = shardwise.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200,
+                                 attention="math")
     cluster = shardwise.Cluster.preset("dgx-a100", nodes=gpus // 8)
     if system == "ZeRO-3":
         plan = shardwise.Plan.manual(graph, cluster, tensor=1, pipeline=1, data=d, global_batch=batch,

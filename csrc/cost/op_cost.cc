@@ -7,12 +7,20 @@
 //  - half_efficiency_dim 96: a GEMM whose intensity is ~100 multiply-adds per element (a
 //    64/128-wide attention head, a 1/8 slice of a small layer) runs at about half that.
 //  - memory_efficiency 0.75: streaming kernels reach ~75% of HBM bandwidth.
-//  - attention_score_bytes 9: what the unfused attention of Megatron-LM 2021 moves per
-//    score beyond its two GEMMs: the fused scale-mask-softmax reads the bf16 scores and
-//    writes the probabilities (2 + 2), dropout reads them and writes the dropped ones and
-//    a 1-byte mask (2 + 2 + 1). The QK^T GEMM's write of the scores and the PV GEMM's
-//    read of them are not counted here: the GEMMs' own time already prices them through
-//    their low arithmetic intensity (the s x s operand is in it).
+//  - attention_backward_factor 2.5: FlashAttention-2's backward recomputes the scores and
+//    computes dV, dP, dQ and dK, five products of the forward's size against its two
+//    (Dao 2023, section 3.2); not fitted.
+//  - attention_block 128: the key/query tile of FlashAttention-2 and of torch's memory-
+//    efficient kernel on sm80/sm90 at head dim <= 128; a causal kernel skips whole tiles.
+//    Not fitted either: at s = 2048 it prices 53% of the scores, at 8192 51%.
+//  - unfused_attention_score_bytes 9, fitted on Megatron-LM 2021's Table 1 (Narayanan et al.,
+//    benchmarks/megatron.py, the only rows it was fitted on): what the unfused attention of
+//    Megatron-LM 2021 moves per score beyond its two GEMMs, priced on the one node that
+//    stands for that kernel, aten::_scaled_dot_product_attention_math: the fused
+//    scale-mask-softmax reads the bf16 scores and writes the probabilities (2 + 2), dropout
+//    reads them and writes the dropped ones and a 1-byte mask (2 + 2 + 1). The QK^T GEMM's
+//    write of the scores and the PV GEMM's read of them are in the fit, not counted apart.
+//    Until 2026-11 every attention node was priced so, flash kernels included.
 #include "cost/op_cost.h"
 
 #include <algorithm>
@@ -87,6 +95,41 @@ double work_scale(const ir::Graph& graph, const ir::Node& node, const NodeContex
 
 }  // namespace
 
+double attention_causal_fraction(std::int64_t queries, std::int64_t keys, bool causal, std::int64_t block) {
+  if (!causal || queries <= 0 || keys <= 0) return 1.0;
+  block = std::max<std::int64_t>(block, 1);
+  double computed = 0;
+  for (std::int64_t row = 0; row < queries; row += block) {
+    const std::int64_t rows = std::min(block, queries - row);
+    // The tile's last query sees keys 0 .. row + rows - 1; the kernel computes every key
+    // tile up to the one holding that key.
+    const std::int64_t seen = std::min(row + rows, keys);
+    const std::int64_t key_tiles = (seen + block - 1) / block;
+    computed += static_cast<double>(rows) * static_cast<double>(std::min(key_tiles * block, keys));
+  }
+  return computed / (static_cast<double>(queries) * static_cast<double>(keys));
+}
+
+namespace {
+
+bool attribute_true(const ir::Node& node, std::string_view name) {
+  auto found = node.attrs.find(name);
+  if (found == node.attrs.end()) return false;
+  const bool* value = std::get_if<bool>(&found->second);
+  return value != nullptr && *value;
+}
+
+// attention_causal_fraction of a fused attention node: q [..., s, d], k [..., t, d].
+double causal_fraction(const ir::Graph& graph, const ir::Node& node, std::int64_t block) {
+  if (node.inputs.size() < 2) return 1.0;
+  const auto& q = graph.value(node.inputs[0]).type.shape;
+  const auto& k = graph.value(node.inputs[1]).type.shape;
+  if (q.size() < 2 || k.size() < 2) return 1.0;
+  return attention_causal_fraction(q[q.size() - 2], k[k.size() - 2], attribute_true(node, "is_causal"), block);
+}
+
+}  // namespace
+
 double matmul_efficiency(const AnalyticConstants& constants, double intensity) {
   if (intensity <= 0) return constants.max_efficiency;  // no elements: degenerate, never slower than max
   return constants.max_efficiency * intensity / (intensity + constants.half_efficiency_dim);
@@ -120,22 +163,32 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
     analysis::NodeFlops flops = analysis::node_flops(ops::OpTable::builtin(), graph, node);
     double scale = work_scale(graph, node, context);
     double matmul = static_cast<double>(flops.matmul) * scale;
+    const bool attention = kind == ops::FlopsKind::Attention;
+    const bool unfused = attention && ops::op_base_name(node.op) == "aten::_scaled_dot_product_attention_math";
+    if (attention && !unfused) matmul *= causal_fraction(graph, node, constants_.attention_block);
     double elements = 0;
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       elements += local_elements(graph.value(node.inputs[i]), context, false, i);
     }
-    for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+    // An attention kernel's products stream Q, K, V and write the output: its further
+    // outputs (the log-sum-exp, the math kernel's probabilities) are not GEMM operands.
+    const std::size_t gemm_outputs = attention ? std::min<std::size_t>(node.outputs.size(), 1) : node.outputs.size();
+    for (std::size_t o = 0; o < gemm_outputs; ++o) {
       elements += local_elements(graph.value(node.outputs[o]), context, true, node.inputs.size() + o);
     }
     double intensity = elements > 0 ? matmul / (2.0 * elements) : 0.0;
     double efficiency = matmul_efficiency(constants_, intensity);
     time.forward = matmul / (device.peak_flops.at(precision) * efficiency);
-    time.backward = constants_.contraction_backward_factor * time.forward;
+    const bool flash = attention && !unfused;
+    time.backward = (flash ? constants_.attention_backward_factor : constants_.contraction_backward_factor) *
+                    time.forward;
     time.contraction = true;
-    if (kind == ops::FlopsKind::Attention && spec->flops.per_element > 0) {
-      // The rest of an attention node's FLOPs is its softmax: per_element per score.
+    // A fused attention's softmax (exp, max, sum per score) runs between its products on
+    // the tiles in registers: no bytes cross memory, and its FLOPs are not priced apart.
+    // The math kernel computes every score and moves unfused_attention_score_bytes each.
+    if (unfused && spec->flops.per_element > 0) {
       double scores = static_cast<double>(flops.total - flops.matmul) * scale / spec->flops.per_element;
-      double softmax = scores * constants_.attention_score_bytes / bandwidth;
+      double softmax = scores * constants_.unfused_attention_score_bytes / bandwidth;
       time.forward += softmax;
       time.backward += constants_.memory_backward_factor * softmax;
     }

@@ -16,9 +16,25 @@
 //                  a saturating curve: small GEMMs (a 64-wide head, a t-way sliced weight)
 //                  are latency- and bandwidth-bound, large ones approach max_efficiency.
 //       backward = contraction_backward_factor (2) x forward: dX and dW are one product each.
-//       Attention's softmax is memory-bound over the scores: scores x attention_score_bytes
-//       (the unfused kernels of Megatron-LM 2021 write the scores, the probabilities and the
-//       dropout mask; 0 would model a flash kernel that never materialises them).
+//   fused attention (FlopsKind Attention: aten::scaled_dot_product_attention and the flash /
+//       memory-efficient kernels it dispatches to) as a flash kernel runs it: the two products
+//       over the score blocks it computes, never the S x S scores in memory:
+//       forward  = computed matmul FLOPs / (peak(precision) x matmul_efficiency(d)), d from the
+//                  elements of Q, K, V, the output and a mask when one is passed
+//       computed = the matmul FLOPs x causal_block_fraction (attention_causal_fraction): with
+//                  is_causal the kernel skips every attention_block x attention_block tile
+//                  above the diagonal (top-left aligned, as torch's is_causal), computing the
+//                  diagonal tiles whole; without it, every tile
+//       backward = attention_backward_factor (2.5) x forward: flash's backward recomputes
+//                  Q K^T and forms dV, dP, dQ, dK: five products where the forward has two.
+//   the math kernel (aten::_scaled_dot_product_attention_math: what SDPA runs where no fused
+//       kernel applies, and the one node that stands for Megatron-LM 2021's unfused attention)
+//       computes every score: the two products as a contraction (intensity of Q, K, V and
+//       the output), backward 2 x, plus unfused_attention_score_bytes per score moved,
+//       forward, and memory_backward_factor x that backward. Its probabilities are an output.
+//       An unfused attention (the model's own matmul, scale, mask, softmax, dropout, matmul:
+//       transformers' eager attention, Megatron-LM 2021) is its nodes, each priced by its kind
+//       below; its S x S scores cross memory there and are saved as activations.
 //   memory-bound (pointwise, normalisations, reductions, losses, copies)
 //       forward  = bytes moved / (memory bandwidth x memory_efficiency); bytes moved =
 //                  inputs + outputs for pointwise and reductions; 2 x outputs for copies and
@@ -95,13 +111,22 @@ struct AnalyticConstants {
   double memory_efficiency = 0.75;     // achieved / peak memory bandwidth of memory-bound kernels
   double contraction_backward_factor = 2.0;
   double memory_backward_factor = 2.0;
-  double attention_score_bytes = 9.0;   // bytes moved per attention score, forward (0 = flash)
+  double attention_backward_factor = 2.5;  // fused attention: backward / forward (5 products / 2)
+  std::int64_t attention_block = 128;      // the tile a fused kernel skips above a causal diagonal
+  double unfused_attention_score_bytes = 9.0;  // the math kernel: bytes per score, forward
 
   friend bool operator==(const AnalyticConstants&, const AnalyticConstants&) = default;
 };
 
 // matmul_efficiency(d) of the header comment.
 double matmul_efficiency(const AnalyticConstants& constants, double intensity);
+
+// The fraction of the s x t scores a fused kernel computes: 1 without is_causal; with it, the
+// tiles of `block` x `block` that hold at least one unmasked score (query i sees keys j <= i),
+// weighted by their rows and columns inside the matrix.
+// Worked example: s = t = 2048, block 128: 16 row tiles, row tile i computes i + 1 key tiles,
+// (1 + ... + 16) / 256 = 136 / 256 = 0.531; s = t = 8192: 2080 / 4096 = 0.508.
+double attention_causal_fraction(std::int64_t queries, std::int64_t keys, bool causal, std::int64_t block);
 
 class AnalyticCostModel final : public CostModel {
  public:

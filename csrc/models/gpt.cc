@@ -104,6 +104,9 @@ class GptBuilder {
 
   ir::Graph build() && {
     declare_parameters();
+    if (c_.attention == GptAttention::Eager) {
+      causal_mask_ = g_.add_value("causal_mask", typed(DType::Bool, {1, 1, s_, s_}), ir::ValueRole::Buffer);
+    }
     const ValueId input_ids = g_.add_value("input_ids", batched(DType::I64, {b_, s_}), ir::ValueRole::Input);
     const ValueId labels =
         c_.with_loss ? g_.add_value("labels", batched(DType::I64, {b_, s_}), ir::ValueRole::Input) : ValueId{-1};
@@ -270,23 +273,53 @@ class GptBuilder {
     const ValueId key = heads(qkv_parts[1]);
     const ValueId value = heads(qkv_parts[2]);
     const ValueId query = heads(qkv_parts[0]);
+    if (c_.attention == GptAttention::Eager) return eager_attention(query, key, value, m);
     // scaling = head_dim ** -0.5, computed as Python does so the attribute prints identically.
     const double scale = std::pow(static_cast<double>(hd_), -0.5);
     // Causal attention as transformers calls it eagerly (no mask, is_causal): a capture folds
     // the mask export builds from shapes back into is_causal (python/shardwise/_causal_masks.py).
-    ValueId x = op("aten::scaled_dot_product_attention", "scaled_dot_product_attention", {query, key, value},
-                   act({b_, nh_, s_, hd_}),
-                   {{"attn_mask", ir::NoneAttr{}},
-                    {"dropout_p", 0.0},
-                    {"enable_gqa", false},
-                    {"is_causal", true},
-                    {"scale", scale}},
-                   m);
+    const Attributes attrs{{"attn_mask", ir::NoneAttr{}},
+                           {"dropout_p", 0.0},
+                           {"enable_gqa", false},
+                           {"is_causal", true},
+                           {"scale", scale}};
+    ValueId x;
+    if (c_.attention == GptAttention::Math) {
+      Attributes math = attrs;
+      math.emplace("dropout_mask", ir::NoneAttr{});
+      const auto n = g_.add_node("aten::_scaled_dot_product_attention_math", {query, key, value},
+                                 {{names_("_scaled_dot_product_attention_math"), act({b_, nh_, s_, hd_})},
+                                  {names_("getitem"), act({b_, nh_, s_, s_})}},
+                                 std::move(math), m);
+      x = g_.node(n).outputs.front();
+    } else {
+      x = op("aten::scaled_dot_product_attention", "scaled_dot_product_attention", {query, key, value},
+             act({b_, nh_, s_, hd_}), attrs, m);
+    }
     x = op("aten::reshape", "reshape", {x}, act({b_, nh_, s_, hd_}), {{"shape", Shape{b_, -1, s_, hd_}}}, m);
     x = op("aten::transpose.int", "transpose", {x}, act({b_, s_, nh_, hd_}),
            {{"dim0", std::int64_t{1}}, {"dim1", std::int64_t{2}}}, m);
     // .contiguous() here is a node or none depending on the capture device's SDPA kernel;
     // capture leaves it out (python/shardwise/_fx_import.py: VALUE_IDENTITIES), so does this.
+    return op("aten::reshape", "reshape", {x}, act({b_, s_, h_}), {{"shape", Shape{b_, s_, -1}}}, m);
+  }
+
+  // GptAttention::Eager (gpt.h): the scores are values of the graph.
+  ValueId eager_attention(ValueId query, ValueId key, ValueId value, const std::string& m) {
+    const ValueId key_t = op("aten::transpose.int", "transpose", {key}, act({b_, nh_, hd_, s_}),
+                             {{"dim0", std::int64_t{-1}}, {"dim1", std::int64_t{-2}}}, m);
+    const TensorType scores_type = act({b_, nh_, s_, s_});
+    ValueId scores = op("aten::matmul", "matmul", {query, key_t}, scores_type, {}, m);
+    scores = op("aten::div.Tensor", "div", {scores}, scores_type,
+                {{"other", std::sqrt(static_cast<double>(hd_))}}, m);
+    scores = op("aten::where.ScalarOther", "where", {causal_mask_, scores}, scores_type,
+                {{"other", static_cast<double>(std::numeric_limits<float>::lowest())}}, m);
+    ValueId probs = op("aten::softmax.int", "softmax", {scores}, scores_type,
+                       {{"dim", std::int64_t{-1}}, {"dtype", ir::NoneAttr{}}}, m);
+    probs = dropout(probs, m + ".attn_dropout");
+    ValueId x = op("aten::matmul", "matmul", {probs, value}, act({b_, nh_, s_, hd_}), {}, m);
+    x = op("aten::transpose.int", "transpose", {x}, act({b_, s_, nh_, hd_}),
+           {{"dim0", std::int64_t{1}}, {"dim1", std::int64_t{2}}}, m);
     return op("aten::reshape", "reshape", {x}, act({b_, s_, h_}), {{"shape", Shape{b_, s_, -1}}}, m);
   }
 
@@ -342,6 +375,7 @@ class GptBuilder {
   ir::Graph g_;
   Namer names_;
   ValueId wte_ = -1, wpe_ = -1, ln_f_weight_ = -1, ln_f_bias_ = -1, lm_head_weight_ = -1;
+  ValueId causal_mask_ = -1;  // GptAttention::Eager only
   std::vector<LayerParams> layers_;
 };
 

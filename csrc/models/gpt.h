@@ -63,6 +63,20 @@
 
 namespace shardwise::models {
 
+// How attention runs, as transformers' attn_implementation names it.
+//  Sdpa   one aten::scaled_dot_product_attention node (is_causal): a fused kernel (flash or
+//         memory-efficient) that never materialises the S x S scores.
+//  Eager  the model's own ops: matmul(q, k^T), div by sqrt(head dim), where(causal mask,
+//         scores, finfo.min), softmax, dropout (attn_dropout), matmul(probs, v), then heads
+//         back in. The scores cross memory and are saved, as Megatron-LM 2021 and GPT-2's
+//         eager attention ran. The causal mask is one bool buffer "causal_mask" [1,1,s,s]
+//         read by every layer. Not checked against a capture node for node (transformers'
+//         eager path builds an additive mask); its ops, shapes and costs are the same kind.
+//  Math   one aten::_scaled_dot_product_attention_math node (is_causal), the unfused kernel
+//         SDPA falls back to, returning the output and the [b,heads,s,s] probabilities: the
+//         node that stands for Megatron-LM 2021's fused-softmax attention (cost/op_cost.h).
+enum class GptAttention { Sdpa, Eager, Math };
+
 struct GptConfig {
   int layers = 0;  // n_layer
   int hidden = 0;  // n_embd
@@ -77,6 +91,7 @@ struct GptConfig {
   int positions = 0;                  // n_positions (rows of wpe); 0 -> seq
   double dropout = 0.1;               // embd_pdrop = resid_pdrop (eval mode: train=false)
   double layer_norm_eps = 1e-5;       // layer_norm_epsilon
+  GptAttention attention = GptAttention::Sdpa;
 };
 
 ir::Graph build_gpt(const GptConfig& config);

@@ -57,6 +57,7 @@ const OpTable& OpTable::builtin() {
         {"aten::scaled_dot_product_attention", "attention(enable_gqa=false, is_causal=false)", Attention, 5},
         {"aten::_scaled_dot_product_flash_attention_for_cpu", "attention(is_causal=false)", Attention, 5},
         {"aten::_scaled_dot_product_efficient_attention", "attention(is_causal=false)", Attention, 5},
+        {"aten::_scaled_dot_product_attention_math", "attention(enable_gqa=false, is_causal=false)", Attention, 5},
 
         // ---- pointwise ---------------------------------------------------------
         {"aten::add.Tensor", "elementwise()", PerOutputElement, 1},

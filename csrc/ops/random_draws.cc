@@ -11,7 +11,7 @@ namespace {
 
 // Base names (aten::<name>) whose overloads carry torch's nondeterministic_seeded tag, the
 // composite dropouts (dropout_, feature_dropout, whose tag torch sets too) among them.
-constexpr std::array<std::pair<std::string_view, RandomDraw>, 40> kSeeded = {{
+constexpr std::array<std::pair<std::string_view, RandomDraw>, 41> kSeeded = {{
     {"aten::dropout", RandomDraw::Mask},
     {"aten::feature_dropout", RandomDraw::Mask},
     {"aten::rand_like", RandomDraw::Like},
@@ -49,6 +49,7 @@ constexpr std::array<std::pair<std::string_view, RandomDraw>, 40> kSeeded = {{
     {"aten::_scaled_dot_product_flash_attention", RandomDraw::Other},
     {"aten::_scaled_dot_product_flash_attention_for_cpu", RandomDraw::Other},
     {"aten::_scaled_dot_product_efficient_attention", RandomDraw::Other},
+    {"aten::_scaled_dot_product_attention_math", RandomDraw::Other},
     {"aten::_scaled_dot_product_cudnn_attention", RandomDraw::Other},
     {"aten::_efficient_attention_forward", RandomDraw::Other},
     {"aten::_flash_attention_forward", RandomDraw::Other},

@@ -1157,6 +1157,8 @@ std::optional<DimRule> attention(const Args& args, const RuleOperands& ops) {
       return std::nullopt;
     } else if (b.rule.shape_of(stats) == *shape) {
       b.rule.outputs.push_back(stats);
+    } else if (b.rule.shape_of(scores) == *shape) {
+      b.rule.outputs.push_back(scores);  // the math kernel's probabilities: [..., s, t]
     } else {
       OperandDims dims;
       for (auto size : *shape) dims.push_back(b.whole_or_unit(size));

@@ -18,10 +18,15 @@ void bind_models(py::module_& m) {
   m.def(
       "build_gpt",
       [](int layers, int hidden, int heads, int seq, int vocab, int batch, const std::string& dtype, int ffn_hidden,
-         bool tie_embeddings, bool with_loss, int positions, double dropout, double layer_norm_eps) {
+         bool tie_embeddings, bool with_loss, int positions, double dropout, double layer_norm_eps,
+         const std::string& attention) {
         const auto parsed = ir::parse_dtype(dtype);
         if (!parsed) {
           throw support::ValidationError("build_gpt: unknown dtype '" + dtype + "' (expected bf16, f16, f32 or f64)");
+        }
+        if (attention != "sdpa" && attention != "eager" && attention != "math") {
+          throw support::ValidationError("build_gpt: unknown attention '" + attention +
+                                         "' (expected sdpa, eager or math)");
         }
         models::GptConfig config{.layers = layers,
                                  .hidden = hidden,
@@ -35,7 +40,10 @@ void bind_models(py::module_& m) {
                                  .with_loss = with_loss,
                                  .positions = positions,
                                  .dropout = dropout,
-                                 .layer_norm_eps = layer_norm_eps};
+                                 .layer_norm_eps = layer_norm_eps,
+                                 .attention = attention == "eager"  ? models::GptAttention::Eager
+                                              : attention == "math" ? models::GptAttention::Math
+                                                                    : models::GptAttention::Sdpa};
         return models::build_gpt(config);
       },
       // The defaults are GptConfig's own (models/gpt.h), read from there.
@@ -44,6 +52,7 @@ void bind_models(py::module_& m) {
       py::arg("ffn_hidden") = kGptDefaults.ffn_hidden, py::arg("tie_embeddings") = kGptDefaults.tie_embeddings,
       py::arg("with_loss") = kGptDefaults.with_loss, py::arg("positions") = kGptDefaults.positions,
       py::arg("dropout") = kGptDefaults.dropout, py::arg("layer_norm_eps") = kGptDefaults.layer_norm_eps,
+      py::arg("attention") = std::string("sdpa"),  // GptConfig's default, GptAttention::Sdpa
       "The graph a capture of transformers' GPT2LMHeadModel gives, built from its configuration (models/gpt.h).");
 }
 

@@ -31,7 +31,7 @@ _DTYPES = {
 def gpt(*, layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int = 1,
         dtype: str = "bf16", ffn_hidden: int | None = None, tie_embeddings: bool = True,
         with_loss: bool = True, positions: int | None = None, dropout: float = 0.1,
-        layer_norm_eps: float = 1e-5) -> Graph:
+        layer_norm_eps: float = 1e-5, attention: str = "sdpa") -> Graph:
     """The graph of a GPT-2-layout language model with a causal-LM loss.
 
     layers, hidden, heads, vocab: GPT2Config's n_layer, n_embd, n_head, vocab_size.
@@ -42,9 +42,14 @@ def gpt(*, layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: in
     tie_embeddings: lm_head reads transformer.wte.weight (one parameter).
     with_loss: add the labels input and the shifted cross-entropy loss.
     dropout: embd_pdrop = resid_pdrop (eval mode: the dropouts are identities with train=False).
+    attention: "sdpa" (transformers' default: one fused-attention node, priced as a flash
+        kernel runs it), "eager" (transformers' eager attention: matmul, scale, causal mask,
+        softmax, dropout, matmul; the S x S scores are values, priced and saved as such) or
+        "math" (one aten::_scaled_dot_product_attention_math node, the unfused kernel SDPA
+        falls back to; it stands for Megatron-LM 2021's attention, docs/cost-model.md).
 
     Raises shardwise.ValidationError naming the field for a bad configuration (sizes not
-    positive, hidden not a multiple of heads, positions < seq, an unknown dtype).
+    positive, hidden not a multiple of heads, positions < seq, an unknown dtype or attention).
     """
     spelled = _DTYPES.get(str(dtype).lower()) if isinstance(dtype, str) else None
     if spelled is None:
@@ -54,5 +59,5 @@ def gpt(*, layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: in
         layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, batch=batch, dtype=spelled,
         ffn_hidden=0 if ffn_hidden is None else ffn_hidden, tie_embeddings=tie_embeddings,
         with_loss=with_loss, positions=0 if positions is None else positions, dropout=dropout,
-        layer_norm_eps=layer_norm_eps)
+        layer_norm_eps=layer_norm_eps, attention=attention)
     return Graph._from_core(core)

@@ -66,6 +66,93 @@ TEST(OpCost, EmbeddingBackwardWritesTheWholeTableGradient) {
   EXPECT_NEAR(t.backward, 2 * out / bandwidth + 2.0 * 50304 * 1024 * 2 / bandwidth, 1e-12);
 }
 
+TEST(OpCost, CausalFractionCountsTheTilesAFusedKernelComputes) {
+  EXPECT_DOUBLE_EQ(attention_causal_fraction(2048, 2048, false, 128), 1.0);
+  EXPECT_DOUBLE_EQ(attention_causal_fraction(2048, 2048, true, 128), 136.0 / 256.0);
+  EXPECT_DOUBLE_EQ(attention_causal_fraction(8192, 8192, true, 128), 2080.0 / 4096.0);
+  // One tile holds the whole matrix: every score computed.
+  EXPECT_DOUBLE_EQ(attention_causal_fraction(100, 100, true, 128), 1.0);
+  // 200 queries, 200 keys, tiles of 128: the first row tile computes 128 keys, the second
+  // (72 rows) all 200. (128 * 128 + 72 * 200) / 200^2.
+  EXPECT_DOUBLE_EQ(attention_causal_fraction(200, 200, true, 128), (128.0 * 128 + 72.0 * 200) / 40000.0);
+}
+
+ir::Graph attention_graph(bool causal, std::int64_t s) {
+  ir::Graph g;
+  auto q = g.add_value("q", bf16({4, 32, s, 128}, 0), ir::ValueRole::Input);
+  auto k = g.add_value("k", bf16({4, 32, s, 128}, 0), ir::ValueRole::Input);
+  auto v = g.add_value("v", bf16({4, 32, s, 128}, 0), ir::ValueRole::Input);
+  g.add_node("aten::scaled_dot_product_attention", {q, k, v}, {{"o", bf16({4, 32, s, 128}, 0)}},
+             {{"attn_mask", ir::NoneAttr{}}, {"dropout_p", 0.0}, {"enable_gqa", false}, {"is_causal", causal},
+              {"scale", ir::NoneAttr{}}});
+  return g;
+}
+
+TEST(OpCost, FusedAttentionIsItsComputedProductsWithoutScoreBytes) {
+  AnalyticCostModel model;
+  const std::int64_t s = 8192;
+  // Intensity from Q, K, V and O only: 4 s^2 d per head over 2 x 4 s d elements = s / 2.
+  const double heads = 4 * 32, d = 128, products = 4.0 * heads * s * s * d;
+  const double intensity = products / (2.0 * 4 * heads * s * d);
+  const double efficiency = 0.75 * intensity / (intensity + 96);
+  const ir::Graph full = attention_graph(false, s);
+  OpTime t = model.node_time(full, full.node(0), a100(), Precision::BF16, {});
+  EXPECT_NEAR(t.forward, products / (3.12e14 * efficiency), 1e-12);
+  EXPECT_NEAR(t.backward, 2.5 * t.forward, 1e-12);
+  EXPECT_TRUE(t.contraction);
+  // Causal: 2080 of 4096 tiles computed over the same Q, K, V and O: fewer products per
+  // element moved, so the intensity falls with them.
+  const ir::Graph causal = attention_graph(true, s);
+  OpTime c = model.node_time(causal, causal.node(0), a100(), Precision::BF16, {});
+  const double fraction = 2080.0 / 4096.0;
+  const double causal_efficiency = 0.75 * intensity * fraction / (intensity * fraction + 96);
+  EXPECT_NEAR(c.forward, products * fraction / (3.12e14 * causal_efficiency), 1e-12);
+  EXPECT_LT(c.forward, 0.52 * t.forward);
+  // Split by heads 4 ways (TensorSplit::All): a quarter of the work, the same intensity.
+  OpTime split = model.node_time(causal, causal.node(0), a100(), Precision::BF16, {1.0, 4, TensorSplit::All});
+  EXPECT_NEAR(split.forward, c.forward / 4, 1e-12);
+}
+
+TEST(OpCost, TheMathKernelComputesEveryScoreAndMovesNineBytesEach) {
+  // The same causal attention as the math kernel: every score, Q K V O intensity, 9 bytes a
+  // score (Megatron-LM 2021's kernel, fitted on its Table 1), backward 2 x.
+  const std::int64_t s = 2048;
+  ir::Graph g;
+  auto q = g.add_value("q", bf16({4, 32, s, 128}, 0), ir::ValueRole::Input);
+  auto k = g.add_value("k", bf16({4, 32, s, 128}, 0), ir::ValueRole::Input);
+  auto v = g.add_value("v", bf16({4, 32, s, 128}, 0), ir::ValueRole::Input);
+  g.add_node("aten::_scaled_dot_product_attention_math", {q, k, v},
+             {{"o", bf16({4, 32, s, 128}, 0)}, {"p", bf16({4, 32, s, s}, 0)}},
+             {{"attn_mask", ir::NoneAttr{}}, {"dropout_p", 0.0}, {"enable_gqa", false}, {"is_causal", true},
+              {"dropout_mask", ir::NoneAttr{}}, {"scale", ir::NoneAttr{}}});
+  AnalyticCostModel model;
+  OpTime t = model.node_time(g, g.node(0), a100(), Precision::BF16, {});
+  const double heads = 4 * 32, d = 128, products = 4.0 * heads * s * s * d;
+  const double intensity = products / (2.0 * 4 * heads * s * d);
+  const double gemm = products / (3.12e14 * 0.75 * intensity / (intensity + 96));
+  const double softmax = heads * s * s * 9.0 / (2.039e12 * 0.75);
+  EXPECT_NEAR(t.forward, gemm + softmax, 1e-12);
+  EXPECT_NEAR(t.backward, 2 * gemm + 2 * softmax, 1e-12);
+  // The flash kernel on the same shapes: about half the products, no score bytes.
+  const ir::Graph flash = attention_graph(true, s);
+  EXPECT_LT(model.node_time(flash, flash.node(0), a100(), Precision::BF16, {}).forward, 0.5 * t.forward);
+}
+
+TEST(OpCost, UnfusedAttentionPaysForItsScoresInMemory) {
+  // matmul -> softmax -> matmul over [1, 16, 2048, 2048] scores: the softmax reads and writes
+  // them (2 x 2 bytes each in bf16).
+  ir::Graph g;
+  const std::int64_t s = 2048;
+  auto q = g.add_value("q", bf16({1, 16, s, 128}, 0), ir::ValueRole::Input);
+  auto kt = g.add_value("kt", bf16({1, 16, 128, s}, 0), ir::ValueRole::Input);
+  auto scores = g.node(g.add_node("aten::matmul", {q, kt}, {{"scores", bf16({1, 16, s, s}, 0)}})).outputs[0];
+  g.add_node("aten::softmax.int", {scores}, {{"probs", bf16({1, 16, s, s}, 0)}},
+             {{"dim", std::int64_t{-1}}, {"dtype", ir::NoneAttr{}}});
+  AnalyticCostModel model;
+  OpTime softmax = model.node_time(g, g.node(1), a100(), Precision::BF16, {});
+  EXPECT_NEAR(softmax.forward, 2.0 * 16 * s * s * 2 / (2.039e12 * 0.75), 1e-12);
+}
+
 TEST(OpCost, EfficiencyCurveSaturates) {
   AnalyticConstants c;
   EXPECT_NEAR(matmul_efficiency(c, 96), 0.375, 1e-12);

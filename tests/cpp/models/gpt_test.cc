@@ -185,6 +185,55 @@ TEST(GptTest, ShapesCheckAndEveryOpHasARule) {
   }
 }
 
+TEST(GptTest, EagerAttentionMaterialisesTheScoresWithTheSameMatmulFlops) {
+  const auto& table = ops::OpTable::builtin();
+  auto c = small();
+  c.batch = 2;
+  c.seq = 8;  // scores [2, 4, 8, 8], unlike q, k and v [2, 4, 8, 16]
+  const auto sdpa = build_gpt(c);
+  c.attention = GptAttention::Eager;
+  const auto eager = build_gpt(c);
+  EXPECT_NO_THROW(ir::verify_graph(eager));
+  EXPECT_NO_THROW(analysis::check_shapes(table, eager));
+  EXPECT_TRUE(analysis::unknown_ops(table, eager).empty());
+  // The same two products per layer, as matmuls of the scores instead of one fused node.
+  EXPECT_EQ(analysis::forward_flops(table, eager).matmul_total, analysis::forward_flops(table, sdpa).matmul_total);
+  int sdpa_nodes = 0, softmaxes = 0, score_values = 0;
+  for (const auto& n : eager.nodes()) {
+    sdpa_nodes += n.op == "aten::scaled_dot_product_attention";
+    softmaxes += n.op == "aten::softmax.int";
+    for (auto out : n.outputs) {
+      const auto& shape = eager.value(out).type.shape;
+      score_values += shape == std::vector<std::int64_t>{2, 4, 8, 8};
+    }
+  }
+  EXPECT_EQ(sdpa_nodes, 0);
+  EXPECT_EQ(softmaxes, c.layers);
+  // Per layer: matmul, div, where, softmax, dropout: five [b, heads, s, s] values.
+  EXPECT_EQ(score_values, 5 * c.layers);
+  // The mask is one buffer, not a parameter: the parameter count does not change.
+  EXPECT_EQ(analysis::parameter_stats(eager).parameters, analysis::parameter_stats(sdpa).parameters);
+}
+
+TEST(GptTest, MathAttentionIsOneNodeReturningTheProbabilities) {
+  const auto& table = ops::OpTable::builtin();
+  auto c = small();
+  c.seq = 8;
+  c.attention = GptAttention::Math;
+  const auto g = build_gpt(c);
+  EXPECT_NO_THROW(ir::verify_graph(g));
+  EXPECT_NO_THROW(analysis::check_shapes(table, g));
+  EXPECT_TRUE(analysis::unknown_ops(table, g).empty());
+  int math = 0;
+  for (const auto& n : g.nodes()) {
+    if (n.op != "aten::_scaled_dot_product_attention_math") continue;
+    ++math;
+    ASSERT_EQ(n.outputs.size(), 2u);
+    EXPECT_EQ(g.value(n.outputs[1]).type.shape, (std::vector<std::int64_t>{1, 4, 8, 8}));
+  }
+  EXPECT_EQ(math, c.layers);
+}
+
 TEST(GptTest, HeavyOpsOfALayerInCaptureOrder) {
   auto c = small();
   c.batch = 2;

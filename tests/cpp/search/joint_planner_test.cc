@@ -193,20 +193,19 @@ TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulationAndTurnsToKfkb) {
   // The simulator times the sends as the runtime runs them (each starts once its receive is
   // posted, the reading compute waits for it); the evaluator charges the ones on its lists'
   // critical path (cost/pipeline_transfers.h), exact while sends are short beside compute.
-  // Here they agree on the plan and within 0.1% on its step (0.8738 s both; before that count
-  // the evaluator charged every send and took ZB-H1 at 0.978 s). A varying network is no
-  // faster than the steady one.
-  auto plan_line = [](const plan::Plan& p) {
-    const std::string report = plan_report(p);
-    return report.substr(0, report.find('\n'));
-  };
-  EXPECT_EQ(plan_line(steady.plan), plan_line(steady_evaluator.plan));
+  // Since fused attention is priced as a flash kernel runs it, a micro-batch's compute is
+  // shorter beside its 1 MB sends and the two part: the simulation picks kFkB k = 2 at d4 t4
+  // (0.772 s), the evaluator 1F1B at d2 t8 (0.787 s). Held here: the simulation never prices
+  // the steady network slower than the evaluator's best, and within 3% of it (issue 46: one
+  // evaluator). Before, they agreed on the plan within 0.1% (0.8738 s both).
+  EXPECT_LE(steady.plan.predicted->step_time, steady_evaluator.plan.predicted->step_time * (1 + 1e-9));
   EXPECT_NEAR(steady.plan.predicted->step_time, steady_evaluator.plan.predicted->step_time,
-              1e-3 * steady_evaluator.plan.predicted->step_time);
+              0.03 * steady_evaluator.plan.predicted->step_time);
   EXPECT_GE(varying.plan.predicted->step_time, steady.plan.predicted->step_time);
   // (Whether a steady network already favours kFkB depends on how long a send is next to a
   // micro-batch's compute: Ada-Grouper's gain. Here t 8 p 2 sends 1 MB per micro-batch over
-  // 10 Gb/s beside 5 ms of compute and 1F1B wins on the steady network, 0.874 s. Before the
+  // 10 Gb/s beside about 4 ms of compute: on the steady network the simulation's kFkB and the
+  // evaluator's 1F1B are within 2% (above). Before the
   // simulator modelled the receive that starts a transfer, kFkB k = 2 won there at 0.838 s,
   // on overlap the runtime does not have. k = 1 on a free network: adaptive_kfkb_test.cc.)
   // On the varying network groups of k micro-batches hide their sends: kFkB wins, and beats
