@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <array>
 #include <string_view>
+#include <variant>
 
 #include "analysis/flops.h"
 #include "ops/op_table.h"
