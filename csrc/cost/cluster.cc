@@ -185,18 +185,21 @@ std::vector<Node> read_nodes(const json& j, const std::string& path) {
   }
   Node node;
   if (!j.contains("devices")) {
-    node = Node{{read_run(j, path, {"device", "count", "repeat"})}};
+    node = Node{{read_run(j, path, {"device", "count", "repeat", "compute_alone"})}};
   } else {
     if (j.contains("device") || j.contains("count")) {
       fail(path, "give either \"device\" and \"count\" (one run) or \"devices\" (a list of runs), not both");
     }
-    check_keys(j, path, {"devices", "repeat"});
+    check_keys(j, path, {"devices", "repeat", "compute_alone"});
     const std::string runs_path = path + ".devices";
     const json& runs = require_array(j["devices"], runs_path);
     for (std::size_t r = 0; r < runs.size(); ++r) {
       const std::string p = fmt::format("{}[{}]", runs_path, r);
       node.devices.push_back(read_run(require_object(runs[r], p), p, {"device", "count"}));
     }
+  }
+  if (auto it = j.find("compute_alone"); it != j.end()) {
+    node.compute_alone = get_number(*it, path + ".compute_alone");
   }
   // Before the nodes are made: a typo of a count must not allocate a billion of them.
   std::int64_t devices = 0;
@@ -342,6 +345,10 @@ Cluster::Cluster(std::string name, std::vector<DeviceType> device_types, std::ve
   for (std::size_t n = 0; n < nodes_.size(); ++n) {
     const Node& node = nodes_[n];
     if (node.devices.empty()) invalid(fmt::format("nodes[{}].devices", n), "a node needs at least one device");
+    if (!(node.compute_alone >= 1.0) || !std::isfinite(node.compute_alone)) {
+      invalid(fmt::format("nodes[{}].compute_alone", n),
+              fmt::format("a rank alone computes at least at its shared rate (>= 1), got {}", node.compute_alone));
+    }
     node_first_rank_.push_back(static_cast<int>(world));
     int local = 0;
     for (std::size_t r = 0; r < node.devices.size(); ++r) {
@@ -542,6 +549,7 @@ Cluster rank_range(const Cluster& cluster, int first, int count) {
   for (const Node& node : cluster.nodes()) {
     if (left == 0) break;
     Node part;
+    part.compute_alone = node.compute_alone;  // the part's ranks still share the node's cores
     for (const DeviceRun& run : node.devices) {
       if (left == 0) break;
       const int skipped = std::min(skip, run.count);
@@ -608,13 +616,16 @@ json cluster_to_json(const Cluster& cluster) {
   }
   json nodes = json::array();
   for (const auto& node : cluster.nodes()) {
+    json written;
     if (node.devices.size() == 1) {
-      nodes.push_back(json{{"device", node.devices.front().device}, {"count", node.devices.front().count}});
-      continue;
+      written = json{{"device", node.devices.front().device}, {"count", node.devices.front().count}};
+    } else {
+      json runs = json::array();
+      for (const auto& run : node.devices) runs.push_back(json{{"device", run.device}, {"count", run.count}});
+      written = json{{"devices", std::move(runs)}};
     }
-    json runs = json::array();
-    for (const auto& run : node.devices) runs.push_back(json{{"device", run.device}, {"count", run.count}});
-    nodes.push_back(json{{"devices", std::move(runs)}});
+    if (node.compute_alone != 1.0) written["compute_alone"] = node.compute_alone;
+    nodes.push_back(std::move(written));
   }
   json links = json::array();
   for (const auto& level : cluster.links()) {

@@ -34,6 +34,7 @@
 //                      "peak_flops": {"f32": 1.95e13, "tf32": 1.56e14, "bf16": 3.12e14, "f16": 3.12e14},
 //                      "memory_bytes": 85899345920, "memory_bandwidth": 2.039e12}],
 //    "nodes": [{"device": "a100-sxm4-80gb", "count": 8},                   one run
+//              {"device": "cpu", "count": 4, "compute_alone": 2.0},          ranks sharing cores
 //              {"devices": [{"device": "a100-pcie-80gb", "count": 4},      several runs
 //                           {"device": "v100-pcie-32gb", "count": 4}]}],
 //    "links": [{"name": "nvswitch", "bandwidth": 3.0e11, "latency": 3.0e-6},
@@ -122,6 +123,13 @@ struct DeviceRun {
 
 struct Node {
   std::vector<DeviceRun> devices;  // local ranks run by run, in this order
+  // How many times faster one of the node's ranks computes while the node's other ranks
+  // idle than at its device's peak_flops, which is its rate while every rank computes.
+  // 1 (the default) for devices of their own (GPUs). Ranks that share one machine's cores
+  // (CPU processes, Cluster.detect on CPU) run faster while a pipeline's other stages wait:
+  // with c cores, r ranks and t threads each, min(t, c) / (c / r). The node's ranks
+  // together never compute more than r ranks at peak_flops (cost/plan_cost.h).
+  double compute_alone = 1.0;
 
   // The usual node: `count` devices of one type.
   static Node uniform(std::string device, int count);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -58,6 +59,31 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     }
   }
   return out;
+}
+
+
+// Node::compute_alone: the factor on a pipeline's compute and bubble (`path`, priced at the
+// shared rate) that makes them the larger of the same path at the alone rate (the smallest
+// over the nodes) and the busiest node's pool (its ranks' compute over the step, over its
+// ranks). 1 when a node's ranks have devices of their own; never above 1.
+// Worked example: 4 ranks on one node, compute_alone 2, 4 stages of 1 rank, 8 micro-batches
+// of 10 ms each on every stage, path = (8 + 3) x 10 ms = 110 ms: alone 55 ms, pool
+// 4 x 80 ms / 4 = 80 ms, factor 80 / 110.
+double shared_compute_factor(const Cluster& cluster, const std::vector<std::pair<int, int>>& stage_ranks,
+                             const std::vector<double>& stage_compute, double micro_batches, double path) {
+  double alone = std::numeric_limits<double>::infinity();
+  for (const Node& node : cluster.nodes()) alone = std::min(alone, node.compute_alone);
+  if (!(alone > 1.0) || !(path > 0)) return 1.0;
+  std::vector<double> busy(static_cast<std::size_t>(cluster.num_nodes()), 0.0);
+  for (std::size_t s = 0; s < stage_ranks.size(); ++s) {
+    const auto [first, count] = stage_ranks[s];
+    for (int r = first; r < first + count; ++r)
+      busy[static_cast<std::size_t>(cluster.node_of(r))] += micro_batches * stage_compute[s];
+  }
+  double pool = 0;
+  for (int n = 0; n < cluster.num_nodes(); ++n)
+    pool = std::max(pool, busy[static_cast<std::size_t>(n)] / cluster.nodes()[static_cast<std::size_t>(n)].device_count());
+  return std::min(1.0, std::max(path / alone, pool) / path);
 }
 
 }  // namespace
@@ -323,6 +349,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   std::vector<double> device_params(static_cast<std::size_t>(p), 0);
   std::vector<double> device_backward(static_cast<std::size_t>(p), 0);
   std::vector<double> device_tensor_sync(static_cast<std::size_t>(p), 0);  // searched layouts only
+  std::vector<double> device_compute(static_cast<std::size_t>(p), 0);      // per micro-batch
   for (int s = 0; s < p; ++s) {
     const StagePrice& here = price[static_cast<std::size_t>(s)];
     double layers_here = device_layers[static_cast<std::size_t>(s)];
@@ -336,6 +363,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     backward *= stage_scale[static_cast<std::size_t>(s)];
     double tp = layers_here * here.tp.layer + (s == 0 ? here.tp.pre : 0.0) + (s == last_device ? here.tp.post : 0.0);
     out.stage_times.push_back(compute + tp);
+    device_compute[static_cast<std::size_t>(s)] = compute;
     if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp, worst_backward = backward;
     device_params[static_cast<std::size_t>(s)] = params;
     device_backward[static_cast<std::size_t>(s)] = backward;
@@ -364,6 +392,19 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     out.pipeline_bubble = (p - 1) * std::max(0.0, t_mb - 2.0 * weight) / (v_shape ? 2.0 : 1.0);
   }
   out.bubble_fraction = out.pipeline_bubble / (md * t_mb);
+  {
+    // Ranks that share a node's cores (Node::compute_alone > 1): while a pipeline's other
+    // stages wait, a busy stage runs faster, but the node's ranks together never exceed their
+    // shared rate. The compute and the bubble, priced at the shared rate, become the larger
+    // of the same path at the alone rate and the node's busiest pool: its ranks' compute over
+    // the step divided by how many ranks it holds.
+    std::vector<std::pair<int, int>> stage_ranks;
+    for (const StagePrice& here : price) stage_ranks.emplace_back(here.first, here.data * here.tensor);
+    const double factor =
+        shared_compute_factor(cluster, stage_ranks, device_compute, md, out.compute + out.pipeline_bubble);
+    out.compute *= factor;
+    out.pipeline_bubble *= factor;
+  }
 
   // ---- data parallelism and optimizer --------------------------------------------------
   const MemoryConstants& mem = constants.memory;

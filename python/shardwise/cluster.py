@@ -90,6 +90,11 @@ class Cluster:
         ``measure_compute``, measured as on CUDA: a timed square GEMM per precision (n = 1024;
         tf32 is f32 on a CPU) and a timed copy, on every rank at once, so that ranks sharing
         cores measure their share (about a second).
+        When the processes share fewer cores than their threads, a process computing alone
+        (a pipeline stage while the others wait) runs faster than its share: the node's
+        ``compute_alone`` is min(threads, cores) / (cores / processes), and the evaluator
+        prices a pipeline's compute as the larger of its path at that rate and the node's
+        cores kept busy (docs/cost-model.md).
         ``measure_compute``: None (default) measures on CUDA only; False never measures.
 
         Links: with ``measure_links`` (and an initialised process group of several ranks), an
@@ -297,6 +302,17 @@ def _machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _compute_alone(per_node: int) -> float:
+    """How many times faster one of a node's processes computes while the others idle than
+    its share of the cores (the node's "compute_alone", csrc/cost/cluster.h): a process
+    uses at most its threads' worth of cores; its share is cores / processes."""
+    import torch
+
+    cores = _machine_cores()
+    share = cores / max(1, per_node)
+    return max(1.0, min(torch.get_num_threads(), cores) / share)
+
+
 def _detect_cpu(world: int, per_node: int, measure: bool = False) -> tuple[dict, dict[str, str]]:
     """One CPU process per rank. The catalogue's "cpu" type is about one core; each of
     the node's processes gets cores / processes of it in FLOP/s (fractions when the
@@ -315,6 +331,10 @@ def _detect_cpu(world: int, per_node: int, measure: bool = False) -> tuple[dict,
     network = {"name": "ethernet", "bandwidth": 1.25e9 / per_node, "latency": 5e-5}
     doc = _uniform(f"detected cpu ({world} process{'es' if world != 1 else ''})", device, world, per_node,
                    _preset_links("cpu") + [network])
+    alone = _compute_alone(per_node)
+    if alone > 1.0:
+        for node in doc["nodes"]:
+            node["compute_alone"] = alone
     sources = {"peak_flops": "estimated", "memory_bytes": "machine", "memory_bandwidth": "catalogue",
                "links.loopback": "preset"}
     if len(doc["links"]) > 1:

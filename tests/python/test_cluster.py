@@ -167,6 +167,21 @@ def test_detect_measures_a_cpu_when_asked(monkeypatch):
     assert Cluster.from_json(c.to_json()) == c
 
 
+@pytest.mark.parametrize("cores, processes, threads, alone", [
+    (2, 4, 1, 2.0),    # the fidelity benchmark here: half a core each, one whole core alone
+    (2, 4, 2, 4.0),    # torch's default threads: both cores alone
+    (64, 8, 8, 1.0),   # eight cores each: nothing to gain alone
+    (2, 1, 2, 1.0),    # one process has the machine
+])
+def test_detect_says_how_much_faster_a_cpu_rank_computes_alone(monkeypatch, cores, processes, threads, alone):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr(cluster_module, "_machine_cores", lambda: cores)
+    monkeypatch.setattr(cluster_module, "_world_and_local_sizes", lambda: (processes, processes))
+    monkeypatch.setattr("torch.get_num_threads", lambda: threads)
+    doc = json.loads(Cluster.detect().to_json())
+    assert doc["nodes"][0].get("compute_alone", 1.0) == alone, doc["nodes"]
+
+
 def test_detect_under_torchrun(monkeypatch):
     # What torchrun sets up for 2 machines x 2 processes, without starting any.
     import torch.distributed as dist

@@ -277,6 +277,29 @@ TEST(ClusterJsonTest, RoundTripIsExact) {
   EXPECT_EQ(cluster_from_json_string(cluster_to_json_string(odd)), odd);
 }
 
+TEST(ClusterJsonTest, ComputeAloneRoundTripsAndIsAtLeastOne) {
+  const json shared = json::parse(R"({"device_types": [{"name": "cpu", "peak_flops": {"f32": 1e10, "tf32": 1e10,
+      "bf16": 4e10, "f16": 4e10}, "memory_bytes": 1e9, "memory_bandwidth": 1e10}],
+      "nodes": [{"device": "cpu", "count": 4, "compute_alone": 2}, {"devices": [{"device": "cpu", "count": 2}]}],
+      "links": [{"name": "loopback", "bandwidth": 1e9, "latency": 1e-4}]})");
+  const Cluster c = cluster_from_json(shared);
+  EXPECT_EQ(c.nodes()[0].compute_alone, 2.0);
+  EXPECT_EQ(c.nodes()[1].compute_alone, 1.0);  // the default
+  EXPECT_EQ(cluster_from_json(cluster_to_json(c)), c);
+  EXPECT_EQ(cluster_to_json(c)["nodes"][0]["compute_alone"], 2.0);
+  EXPECT_FALSE(cluster_to_json(c)["nodes"][1].contains("compute_alone"));  // 1 is not written
+  // A stage's sub-mesh keeps its ranks' sharing.
+  EXPECT_EQ(rank_range(c, 1, 2).nodes()[0].compute_alone, 2.0);
+  json slower = shared;
+  slower["nodes"][0]["compute_alone"] = 0.5;
+  try {
+    cluster_from_json(slower);
+    FAIL() << "compute_alone 0.5 accepted";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("nodes[0].compute_alone"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ClusterJsonTest, WritesTheSchema) {
   LinkLevel net{"net", 0, 1e10, 1e-5, {{"b", LinkSpeed{5e9, 2e-5}}}};
   const Cluster c("small", {test_device("a"), test_device("b")}, {Node::uniform("a", 2), Node{{{"a", 1}, {"b", 1}}}},

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "cost/cluster_presets.h"
 #include "cost/collective_cost.h"
@@ -168,6 +169,43 @@ TEST(PlanCost, ZeroBubbleH1FillsTheBubbleWithWeightGradientsAtOneFOneBsMemory) {
   EXPECT_GT(zv.pipeline_bubble, (stages - 1) * t_v / 6);
   p.recompute = plan::Recompute::Full;  // the runtime cannot split a recomputed block's backward
   EXPECT_THROW(plan::validate(p), support::ValidationError);
+}
+
+// Four CPU processes sharing a machine's cores: a pipeline's busy stage runs faster while the
+// others wait, but the node's ranks never compute more than four ranks at the shared rate.
+Cluster shared_cores(double alone) {
+  nlohmann::json j = cluster_to_json(preset("dgx-a100", 1));
+  j["nodes"][0]["count"] = 4;
+  if (alone != 1.0) j["nodes"][0]["compute_alone"] = alone;
+  return cluster_from_json(j);
+}
+
+TEST(PlanCost, RanksSharingCoresPriceAPipelineByTheBusierOfItsPathAndTheirPool) {
+  ir::Graph g = tiny_gpt();
+  AnalyticCostModel model;
+  plan::Plan p;
+  p.pipeline = 4;
+  p.global_batch = 8;
+  p.micro_batch = 1;  // m = 8
+  const PlanCost own = evaluate(g, shared_cores(1.0), p, model);
+  const PlanCost shared = evaluate(g, shared_cores(2.0), p, model);
+  ASSERT_EQ(own.stage_times.size(), 4u);
+  double busy = 0;  // every rank's compute over the step: 8 micro-batches of each stage
+  for (double t : own.stage_times) busy += 8 * t;
+  const double path = own.compute + own.pipeline_bubble;
+  const double expected = std::max(path / 2.0, busy / 4.0);
+  ASSERT_LT(expected, path);  // the case this test is about
+  EXPECT_NEAR(shared.compute + shared.pipeline_bubble, expected, 1e-12 * path);
+  EXPECT_NEAR(shared.step_time, own.step_time - (path - expected), 1e-12 * own.step_time);
+  EXPECT_DOUBLE_EQ(shared.bubble_fraction, own.bubble_fraction);
+
+  // No pipeline: every rank busy all step, nothing changes.
+  plan::Plan data;
+  data.data = 4;
+  data.global_batch = 8;
+  data.micro_batch = 2;
+  EXPECT_DOUBLE_EQ(evaluate(g, shared_cores(2.0), data, model).step_time,
+                   evaluate(g, shared_cores(1.0), data, model).step_time);
 }
 
 TEST(PlanCost, DataParallelOnlyOverlapsAndMismatchesAreErrors) {
