@@ -308,6 +308,8 @@ def main() -> None:
     order = sorted(rows, key=lambda r: r["step"])
     predicted_order = sorted(rows, key=lambda r: r["predicted_step"])
     print(f"fastest measured: {order[0]['plan']}; fastest predicted: {predicted_order[0]['plan']}")
+    bar = against_the_bar(rows)
+    print(bar)
     if args.svg:
         write_scatter(args.svg, rows, cluster.name)
         print(f"scatter: {args.svg}")
@@ -332,7 +334,39 @@ def main() -> None:
                      + ", ".join(f"{x['name']} {x['bandwidth'] / 1e9:.2f} GB/s, {x['latency'] * 1e6:.0f} us"
                                  for x in link)
                      + f". Step time predicted / measured: median {statistics.median(ratios):.2f}, range "
-                     f"{min(ratios):.2f} to {max(ratios):.2f}."})
+                     f"{min(ratios):.2f} to {max(ratios):.2f}. {bar}"})
+
+
+def kendall_tau(pairs: list[tuple[float, float]]) -> float:
+    """Kendall's tau-a over (measured, predicted) pairs: concordant minus discordant pairs over
+    all pairs (ties count as neither)."""
+    concordant = discordant = 0
+    for i, (a1, b1) in enumerate(pairs):
+        for a2, b2 in pairs[i + 1:]:
+            sign = (a1 - a2) * (b1 - b2)
+            concordant += sign > 0
+            discordant += sign < 0
+    total = len(pairs) * (len(pairs) - 1) // 2
+    return (concordant - discordant) / total if total else 0.0
+
+
+def against_the_bar(rows: list[dict]) -> str:
+    """Issue 46's bar, measured: plans within +-25% in step time and +-15% in peak memory,
+    Kendall's tau of the step times, and per model the measured step of the plan predicted
+    fastest over the fastest measured (the plan the planner would pick, within 10%)."""
+    steps = [r["predicted_step"] / r["step"] for r in rows]
+    memory = [r["predicted_memory"] / r["memory"] for r in rows if r["memory"]]
+    picked = []
+    for model in sorted({r["plan"].split()[0] for r in rows}):
+        mine = [r for r in rows if r["plan"].split()[0] == model]
+        chosen = min(mine, key=lambda r: r["predicted_step"])
+        best = min(mine, key=lambda r: r["step"])
+        picked.append(f"{model} {chosen['step'] / best['step']:.2f}")
+    return (f"Within 25% in step time: {sum(0.75 <= x <= 1.25 for x in steps)} of {len(steps)}; within 15% in "
+            f"memory: {sum(0.85 <= x <= 1.15 for x in memory)} of {len(memory)}. Kendall tau, step time: "
+            f"{kendall_tau([(r['step'], r['predicted_step']) for r in rows]):.2f}; peak memory: "
+            f"{kendall_tau([(r['memory'], r['predicted_memory']) for r in rows]):.2f}. The plan predicted "
+            f"fastest, measured against the fastest measured: {', '.join(picked)}.")
 
 
 def write_scatter(path: str, rows: list[dict], cluster_name: str) -> None:

@@ -131,6 +131,14 @@ double causal_fraction(const ir::Graph& graph, const ir::Node& node, std::int64_
 
 }  // namespace
 
+double peak_for_measured_gemm(const AnalyticConstants& constants, double measured_flops, std::int64_t n) {
+  return measured_flops / matmul_efficiency(constants, static_cast<double>(n) / 3.0);
+}
+
+double bandwidth_for_measured_copy(const AnalyticConstants& constants, double measured_bytes_per_second) {
+  return measured_bytes_per_second / constants.memory_efficiency;
+}
+
 double matmul_efficiency(const AnalyticConstants& constants, double intensity) {
   if (intensity <= 0) return constants.max_efficiency;  // no elements: degenerate, never slower than max
   return constants.max_efficiency * intensity / (intensity + constants.half_efficiency_dim);

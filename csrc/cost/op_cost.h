@@ -121,6 +121,16 @@ struct AnalyticConstants {
 // matmul_efficiency(d) of the header comment.
 double matmul_efficiency(const AnalyticConstants& constants, double intensity);
 
+// What a measured device is in this model's terms. Cluster.detect times a square GEMM of n and
+// a copy; the figures it writes into a DeviceType are the peak FLOP/s and bandwidth under which
+// this model prices that very GEMM (aten::mm [n,n] x [n,n]: intensity n / 3) and that copy
+// (2 x its bytes at memory_efficiency) at their measured times. Writing the achieved rates
+// themselves would apply the model's efficiencies twice.
+// Worked example (default constants): n = 1024, 45 GFLOP/s measured -> intensity 341.3,
+// efficiency 0.75 x 341.3 / 437.3 = 0.585, peak 76.9 GFLOP/s; 15 GB/s copied -> 20 GB/s.
+double peak_for_measured_gemm(const AnalyticConstants& constants, double measured_flops, std::int64_t n);
+double bandwidth_for_measured_copy(const AnalyticConstants& constants, double measured_bytes_per_second);
+
 // The fraction of the s x t scores a fused kernel computes: 1 without is_causal; with it, the
 // tiles of `block` x `block` that hold at least one unmasked score (query i sees keys j <= i),
 // weighted by their rows and columns inside the matrix.

@@ -10,6 +10,7 @@
 #include "cost/cluster_presets.h"
 #include "cost/collective_cost.h"
 #include "cost/constants.h"
+#include "cost/op_cost.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -94,6 +95,19 @@ void bind_cost(py::module_& m) {
   m.attr("GRADIENT_BUCKET_BYTES") = cost::kGradientBucketBytes;
   m.attr("MEMORY_FRACTION") = cost::kMemoryFraction;
 
+  // What Cluster.detect writes for what it measured (cost/op_cost.h): the model's terms.
+  m.def(
+      "peak_for_measured_gemm",
+      [](double measured_flops, std::int64_t n) {
+        return cost::peak_for_measured_gemm(cost::AnalyticConstants{}, measured_flops, n);
+      },
+      py::arg("measured_flops"), py::arg("n"),
+      "The peak FLOP/s under which the analytic model prices an n x n x n GEMM at the measured rate.");
+  m.def(
+      "bandwidth_for_measured_copy",
+      [](double measured) { return cost::bandwidth_for_measured_copy(cost::AnalyticConstants{}, measured); },
+      py::arg("measured_bytes_per_second"),
+      "The memory bandwidth under which the analytic model prices a copy at the measured rate.");
   m.def("cluster_preset_names", &cost::preset_names);
   m.def("known_device_types", [] {
     py::list out;

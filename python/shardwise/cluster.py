@@ -80,7 +80,11 @@ class Cluster:
         CUDA (the current device, when CUDA is available):
           - peak_flops: measured, per precision (f32 with TF32 off, tf32, bf16, f16), from a
             timed square GEMM (n = 4096, less when free memory is short; the median of a few
-            runs after warm-ups; well under a second on an H100). A precision whose timing
+            runs after warm-ups; well under a second on an H100), written in the cost model's
+            terms: the peak under which it prices that GEMM at the measured time
+            (``_C.peak_for_measured_gemm``; a measured memory bandwidth likewise,
+            ``_C.bandwidth_for_measured_copy``), not the achieved rate, to which the model
+            would apply its efficiencies a second time. A precision whose timing
             fails keeps the catalogue's figure (A100, H100, V100) or, for an unknown GPU, a
             rough estimate from the device's properties.
           - memory_bytes: the device's total memory, as torch reports it.
@@ -545,7 +549,10 @@ def _measure_peak_flops(device, precisions: Iterable[str]) -> dict[str, float]:
             log.warning("detect: a %dx%d %s GEMM on %s timed %r s; using the estimate", n, n, precision, device,
                         seconds)
             continue
-        measured[precision] = flops
+        # In the model's terms: the peak under which it prices this GEMM at this rate
+        # (csrc/cost/op_cost.h, peak_for_measured_gemm); the achieved rate itself would have
+        # the model's GEMM efficiency applied a second time.
+        measured[precision] = _C.peak_for_measured_gemm(flops, n)
     return measured
 
 
@@ -585,7 +592,7 @@ def _measure_memory_bandwidth(device) -> float | None:
     if not math.isfinite(bandwidth) or bandwidth <= 0:
         log.warning("detect: a %d-byte copy on %s timed %r s; using the estimate", nbytes, device, seconds)
         return None
-    return bandwidth
+    return _C.bandwidth_for_measured_copy(bandwidth)  # in the model's terms, as the GEMM's peak
 
 
 def _agree_across_ranks(values: list[float], world: int, how: str, kind: str | None = None) -> list[float]:

@@ -179,7 +179,7 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     import json
 
     out = _run("fidelity.py", "--smoke", "--json", str(tmp_path / "fidelity.json"))
-    assert "step time predicted / measured" in out
+    assert "step time predicted / measured" in out and "Kendall tau, step time: " in out
     result = json.loads((tmp_path / "fidelity.json").read_text())
     # The cluster the plans are priced on was measured here, not taken from the catalogue.
     assert "measured: " in result["cluster"]["name"] and "peak_flops" in result["cluster"]["name"].split(";")[0]
@@ -195,6 +195,26 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     for kind, nbytes in data["predicted_traffic"].items():
         assert nbytes <= 0 or data["traffic"].get(kind, {}).get("bytes", 0) > 0, (kind, data)
     assert rows["gpt2 pipeline 2 x data 2, 1F1B"]["traffic"]["send"]["calls"] > 0
+
+
+def test_fidelity_states_issue_46s_bar_from_its_rows():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fidelity_benchmark", ROOT / "benchmarks" / "fidelity.py")
+    fidelity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fidelity)
+    assert fidelity.kendall_tau([(1, 10), (2, 20), (3, 30)]) == 1.0
+    assert fidelity.kendall_tau([(1, 30), (2, 20), (3, 10)]) == -1.0
+    assert fidelity.kendall_tau([(1, 10), (2, 30), (3, 20)]) == 1 / 3
+    rows = [  # gpt2: the plan predicted fastest ("b") measures 1.5 x the fastest ("a")
+        {"plan": "gpt2 a", "step": 1.0, "predicted_step": 2.0, "memory": 100.0, "predicted_memory": 90.0},
+        {"plan": "gpt2 b", "step": 1.5, "predicted_step": 1.6, "memory": 100.0, "predicted_memory": 50.0},
+        {"plan": "llama a", "step": 2.0, "predicted_step": 2.2, "memory": 200.0, "predicted_memory": 210.0},
+    ]
+    bar = fidelity.against_the_bar(rows)
+    assert "Within 25% in step time: 2 of 3; within 15% in memory: 2 of 3." in bar, bar
+    assert "Kendall tau, step time: 0.33; peak memory: 0.67." in bar, bar
+    assert "measured against the fastest measured: gpt2 1.50, llama 1.00." in bar, bar
 
 
 def test_heterogeneous_plans_beat_equal_shares_and_match_the_exhaustive_split():

@@ -153,6 +153,28 @@ TEST(OpCost, UnfusedAttentionPaysForItsScoresInMemory) {
   EXPECT_NEAR(softmax.forward, 2.0 * 16 * s * s * 2 / (2.039e12 * 0.75), 1e-12);
 }
 
+TEST(OpCost, AMeasuredDeviceIsPricedAtItsMeasuredTimes) {
+  // A 1024 GEMM measured at 45 GFLOP/s and a 64 MiB copy at 15 GB/s: the device written from
+  // them prices the same GEMM and the same copy at exactly the measured seconds.
+  AnalyticConstants constants;
+  const std::int64_t n = 1024, bytes = 64 << 20;
+  const double gemm_seconds = 2.0 * n * n * n / 45e9, copy_seconds = 2.0 * bytes / 15e9;
+  DeviceType cpu{"cpu", {}, 1LL << 30, bandwidth_for_measured_copy(constants, 15e9)};
+  cpu.peak_flops = {peak_for_measured_gemm(constants, 45e9, n), 1, 1, 1};
+  EXPECT_NEAR(cpu.peak_flops.at(Precision::F32), 45e9 / (0.75 * (1024.0 / 3) / (1024.0 / 3 + 96)), 1e-3);
+  ir::Graph g;
+  ir::TensorType f32{ir::DType::F32, {n, n}, std::nullopt};
+  ir::ValueId a = g.add_value("a", f32, ir::ValueRole::Input);
+  ir::ValueId b = g.add_value("b", f32, ir::ValueRole::Input);
+  g.add_node("aten::mm", {a, b}, {{"c", f32}});
+  ir::TensorType u8{ir::DType::U8, {bytes}, std::nullopt};
+  ir::ValueId src = g.add_value("src", u8, ir::ValueRole::Input);
+  g.add_node("aten::clone", {src}, {{"dst", u8}});
+  AnalyticCostModel model(constants);
+  EXPECT_NEAR(model.node_time(g, g.node(0), cpu, Precision::F32, {}).forward, gemm_seconds, 1e-12);
+  EXPECT_NEAR(model.node_time(g, g.node(1), cpu, Precision::F32, {}).forward, copy_seconds, 1e-12);
+}
+
 TEST(OpCost, EfficiencyCurveSaturates) {
   AnalyticConstants c;
   EXPECT_NEAR(matmul_efficiency(c, 96), 0.375, 1e-12);
