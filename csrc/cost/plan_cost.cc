@@ -61,7 +61,6 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
   return out;
 }
 
-
 // Node::compute_alone: the factor on a pipeline's compute and bubble (`path`, priced at the
 // shared rate) that makes them the larger of the same path at the alone rate (the smallest
 // over the nodes) and the busiest node's pool (its ranks' compute over the step, over its
