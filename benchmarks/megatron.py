@@ -4,8 +4,9 @@ For each published row (GPT, seq 2048, vocab 51200, DGX A100 nodes, interleaved 
 full recomputation, data degree = GPUs / (t p)), build the graph with the torch-free
 builder, cost the published configuration with shardwise's analytic model (one set of
 constants, no per-row factor; attention as Megatron-LM 2021 ran it, unfused: the builder's
-attention="math", whose 9 bytes per score were fitted on this table, docs/cost-model.md) and print published vs predicted TFLOP/s per GPU, both in
-Megatron-LM's accounting (eq. 3: the recomputed forward counted; Plan.predicted_megatron_tflops_per_device).
+attention="math", whose 9 bytes per score were fitted on this table, docs/cost-model.md)
+and print published vs predicted TFLOP/s per GPU, both in Megatron-LM's accounting (eq. 3:
+the recomputed forward counted; Plan.predicted_megatron_tflops_per_device).
 
 Micro-batch size and virtual stages are not in Table 1. Rule: the best predicted among
 micro-batch in {1, 2, 4, 8} and v dividing layers / p (v = 1 when p = 1), among those whose

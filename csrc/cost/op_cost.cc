@@ -174,7 +174,8 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
     double matmul = static_cast<double>(flops.matmul) * scale;
     const bool attention = kind == ops::FlopsKind::Attention;
     const bool unfused = attention && ops::op_base_name(node.op) == "aten::_scaled_dot_product_attention_math";
-    if (attention && !unfused) matmul *= causal_fraction(graph, node, constants_.attention_block);
+    const bool flash = attention && !unfused;
+    if (flash) matmul *= causal_fraction(graph, node, constants_.attention_block);
     double elements = 0;
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       elements += local_elements(graph.value(node.inputs[i]), context, false, i);
@@ -188,7 +189,6 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
     double intensity = elements > 0 ? matmul / (2.0 * elements) : 0.0;
     double efficiency = matmul_efficiency(constants_, intensity);
     time.forward = matmul / (device.peak_flops.at(precision) * efficiency);
-    const bool flash = attention && !unfused;
     time.backward = (flash ? constants_.attention_backward_factor : constants_.contraction_backward_factor) *
                     time.forward;
     time.contraction = true;
