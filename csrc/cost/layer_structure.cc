@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "analysis/activation_bytes.h"
+#include "analysis/saved_for_backward.h"
 #include "analysis/batch_dim.h"
 #include "ops/op_table.h"
 
@@ -169,7 +169,7 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
       }
     }
 
-  out.activation_bytes = analysis::activation_bytes(graph);
+  out.activation_bytes = analysis::saved_bytes_by_node(graph);
   out.graph_batch = static_cast<int>(std::max<std::int64_t>(1, analysis::input_batch(graph)));
 
   // The layer's input (the residual stream): the batched activation its first node reads

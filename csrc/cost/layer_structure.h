@@ -55,7 +55,7 @@ struct LayerStructure {
   std::vector<LookupOutput> pre_lookups, post_lookups;
   std::set<ir::ValueId> sharded_params;           // parameters a column or row split shards
 
-  std::vector<std::int64_t> activation_bytes;  // analysis::activation_bytes, by node
+  std::vector<std::int64_t> activation_bytes;  // analysis::saved_bytes_by_node: what autograd keeps, by node
   // The greatest common divisor of the head counts of the first layer's attention inputs
   // (q, k, v of rank 4 or more: [..., heads, seq, head_dim]; grouped-query attention's k and v have fewer);
   // 0 when the layers have no attention. A tensor degree must divide it.

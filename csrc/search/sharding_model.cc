@@ -12,6 +12,7 @@
 #include "analysis/batch_dim.h"
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
+#include "analysis/saved_for_backward.h"
 #include "cost/collective_cost.h"
 #include "ir/fingerprint.h"
 #include "ops/distributed_kernels.h"
@@ -137,15 +138,19 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
 
   // Rules at the global batch; a node whose rule cannot be built runs replicated.
   rules_.resize(num_nodes);
-  saved_.assign(num_nodes, false);
+  saved_.assign(num_values, 0.0);
+  const std::vector<std::int64_t> saved_bytes = analysis::saved_for_backward(graph_);
+  for (const ir::Value& value : graph_.values()) {
+    const std::int64_t bytes = value.type.bytes();
+    const auto v = static_cast<std::size_t>(value.id);
+    if (bytes > 0) saved_[v] = static_cast<double>(saved_bytes[v]) / static_cast<double>(bytes);
+  }
   for (const ir::Node& node : graph_.nodes()) {
     try {
       rules_[static_cast<std::size_t>(node.id)] = rule_at_batch(table, graph_, node, batch_scale_);
     } catch (const support::ValidationError&) {
       rules_[static_cast<std::size_t>(node.id)] = std::nullopt;
     }
-    saved_[static_cast<std::size_t>(node.id)] =
-        model_.node_time(graph_, node, *device_, options_.precision, cost::NodeContext{}).forward > 0;
   }
 
   // Reads per value: a leaf read n times sums n partial gradients before one reduction.
@@ -470,12 +475,13 @@ Placement ShardingModel::as_run(int axis, ir::ValueId value, const Placement& p)
 }
 
 double ShardingModel::node_memory(ir::NodeId node, int axis, const Strategy& choice) const {
-  if (!saved_[static_cast<std::size_t>(node)]) return 0;
   const ir::Node& n = graph_.node(node);
   double bytes = 0;
   for (std::size_t o = 0; o < n.outputs.size(); ++o) {
+    const double saved = saved_[static_cast<std::size_t>(n.outputs[o])];
+    if (saved <= 0) continue;
     double held = held_fraction(choice.outputs[o], options_.mesh[static_cast<std::size_t>(axis)]);
-    bytes += value_bytes(n.outputs[o]) * held_except(n.outputs[o], axis) * held;
+    bytes += saved * value_bytes(n.outputs[o]) * held_except(n.outputs[o], axis) * held;
   }
   return bytes * options_.activation_memory_scale;
 }

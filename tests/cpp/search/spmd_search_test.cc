@@ -469,7 +469,7 @@ TEST(SpmdSearch, HeterogeneousSharesStartAtTheInputs) {
 TEST(SpmdSearch, SharesPriceAPlanWhoseEvenSplitDoesNotFit) {
   const ir::Graph g = gpt(24, 2048, 16, 2, 50304, 2048);
   SpmdSearchOptions o;
-  o.global_batch = 32;
+  o.global_batch = 48;
   o.mesh = std::vector<int>{8, 1};
   o.allow_recompute = false;
   const SpmdSearchResult r = search_spmd(g, cost::preset("mixed-a100-v100", 1), cost::AnalyticCostModel{}, o);
