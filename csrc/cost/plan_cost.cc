@@ -44,13 +44,10 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     out.forward += time.forward;
     out.backward += time.backward;
     out.matmul_flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).matmul);
-    // Saved activations: outputs of nodes that move data (views share their input's memory).
-    if (time.forward > 0) {
-      double bytes = static_cast<double>(act_bytes[static_cast<std::size_t>(id)]);
-      bytes *= batch_scale;  // every saved output is an activation
-      if (context.split == TensorSplit::Column || context.split == TensorSplit::All) bytes /= t;
-      out.activation_bytes += bytes;
-    }
+    // Saved activations: what autograd keeps of the node's outputs (analysis/saved_for_backward.h).
+    double bytes = static_cast<double>(act_bytes[static_cast<std::size_t>(id)]) * batch_scale;
+    if (context.split == TensorSplit::Column || context.split == TensorSplit::All) bytes /= t;
+    out.activation_bytes += bytes;
     for (ir::ValueId in : node.inputs) {
       const ir::Value& value = graph.value(in);
       if (value.role != ir::ValueRole::Parameter || !seen_params->insert(in).second) continue;
@@ -477,8 +474,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));
     double acts = stage_activation_bytes(here.layer.activation_bytes, here.boundary_bytes,
                                          device_layers[static_cast<std::size_t>(s)], flight, recompute);
-    if (s == 0) acts += here.pre.activation_bytes;
-    if (s == last_device) acts += here.post.activation_bytes;
+    // The layers before the first block and after the last (embedding, head and loss) keep
+    // theirs for every micro-batch their stage holds, as the blocks do (not recomputed).
+    if (s == 0) acts += flight * here.pre.activation_bytes;
+    if (s == last_device) acts += flight * here.post.activation_bytes;
     double total = states.total() + acts;
     out.memory_use = std::max(
         out.memory_use, total / static_cast<double>(stage_device[static_cast<std::size_t>(s)]->memory_bytes));
