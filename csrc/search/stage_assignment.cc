@@ -4,6 +4,7 @@
 
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
+#include "cost/layer_balance.h"
 #include "ops/op_table.h"
 #include "search/stage_partition.h"
 #include "support/error.h"
@@ -17,6 +18,14 @@ StageAssignment assign_stages(const ir::Graph& graph, int stages, const std::vec
     cost.push_back(static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).total) + 1.0);
   StageAssignment out;
   if (layers_per_stage.empty()) {
+    // The plan format's "balanced": the repeated blocks split evenly, as the evaluator prices
+    // and the stage layout search lays out (cost::even_layers). Balancing by FLOPs here put
+    // a transformer's first 3 of 4 layers on stage 0 of 2 while every price assumed 2 and 2.
+    std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
+    const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
+    const int total = layers != nullptr ? static_cast<int>(layers->nodes.size()) : 0;
+    if (stages > 1 && total >= stages) return assign_stages(graph, stages, cost::even_layers(total, stages));
+
     StagePartitionProblem problem = problem_from_graph(graph, cost, memory);
     problem.stages = stages;
     std::vector<int> cuts = block_boundary_cuts(graph);

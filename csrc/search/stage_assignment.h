@@ -3,9 +3,12 @@
 // cut positions priced by the graph's FLOPs; transform/stage_split.h then rewrites the graph
 // into the stages' programs.
 //
-//  - layers_per_stage empty: balanced by forward FLOPs (stage_partition.h), cut at repeated-
-//    block boundaries when the graph has at least stages - 1 of them (a transformer is cut
-//    between its layers), else anywhere.
+//  - layers_per_stage empty, and at least one layer per stage: the layers split evenly
+//    (cost::even_layers, the first layers % stages stages one more), as below; the evaluator
+//    prices that split and the stage layout search lays it out (plan.h: "balanced").
+//  - layers_per_stage empty, fewer layers than stages: balanced by forward FLOPs
+//    (stage_partition.h), cut at repeated-block boundaries when the graph has at least
+//    stages - 1 of them, else anywhere.
 //  - layers_per_stage given (a plan's split): stage k starts at the first node of its first
 //    layer (the largest group of repeated blocks, analysis/repeated_blocks.h); nodes before
 //    the layers go with the first stage, nodes after them with the last.
