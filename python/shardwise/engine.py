@@ -393,7 +393,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     plan's stage_sharding says (one sharding for every stage; a plan given by its degrees is
     completed with one first: Plan.complete), its rank programs checked against the plan's
     recorded hash (Plan.programs), cut into pipeline x virtual_stages stages (the
-    plan's layers_per_stage, else balanced by forward FLOPs), this rank's stages lowered into
+    plan's layers_per_stage, else the layers split evenly), this rank's stages lowered into
     GraphModules and driven by the schedule's action list (runtime/pipeline_engine.py).
     Ranks: Megatron's layout, the pipeline outermost; a value crossing a cut goes between the
     ranks of the same sub-mesh coordinate, as the shard its producer leaves. A plan with
