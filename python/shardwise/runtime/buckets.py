@@ -118,5 +118,8 @@ class _GradientBuckets:
                 flat = flat.to(grads[0].dtype)
             for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
                 g.copy_(reduced)
+        # Drop the flat buffers and this step's gradient references: kept, they held a copy of
+        # every gradient between steps, and the gradients themselves past zero_grad().
+        self._issued = {}
         self._active = False
 
