@@ -96,10 +96,11 @@ plan::Sharding replicated(const ir::Graph& graph) {
 std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Graph& graph, const std::string& plan_json,
                                                                   const std::vector<std::string>& whole_nodes,
                                                                   const std::vector<std::string>& lookup_ops,
-                                                                  bool adapt_to_shapes) {
+                                                                  bool adapt_to_shapes, bool recompute = false) {
   plan::Plan p;
   if (plan_json.empty()) {
     p.sharding = replicated(graph);
+    p.sharding->recompute = recompute;  // a pipeline stage on one rank recomputes as its plan says
   } else {
     p = plan::plan_from_json_string(plan_json);
     // The plan's strategies name sizes at its global batch; a graph captured at another
@@ -143,7 +144,8 @@ std::uint64_t program_hash(const ir::Graph& graph, const plan::Plan& plan, int r
   for (int stage : search::assign_stages(graph, plan.pipeline * plan.virtual_stages, plan.layers_per_stage)
                        .stage_of_node)
     cut += std::to_string(stage) + ",";
-  const plan::Sharding sharding = size == 1 ? replicated(graph) : *plan::stage_plan(plan, stage).sharding;
+  plan::Sharding sharding = size == 1 ? replicated(graph) : *plan::stage_plan(plan, stage).sharding;
+  if (size == 1) sharding.recompute = plan.recompute == plan::Recompute::Full;  // as the stage runs it
   // The rank within its stage's sub-mesh (every stage's is alike without stage_meshes).
   const int local = plan.stage_meshes.empty() ? rank % size : rank - plan.stage_first_rank(stage);
   return support::fnv1a64(ir::print_graph(transform::rank_graph(graph, sharding, local, options).graph),
@@ -269,8 +271,11 @@ void bind_transform(py::module_& m) {
   m.def(
       "rank_program",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
-         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes) {
-        auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes);
+         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes, bool recompute) {
+        if (recompute && !plan_json.empty())
+          throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
+                                         "a plan's sharding says its own");
+        auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute);
         // The rank graph's program: nodes whose local call the ops' shape rules refuse run
         // whole there (rank_graph.h).
         const transform::RankGraph rank_ir = transform::rank_graph(graph, sharding, rank, options);
@@ -349,8 +354,9 @@ void bind_transform(py::module_& m) {
         return out;
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
-      py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false,
-      "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated.");
+      py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = false,
+      "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated, "
+      "each repeated block recomputed when recompute=True.");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
