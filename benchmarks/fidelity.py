@@ -8,10 +8,13 @@ description. Then, for a GPT-2-like and a LLaMA-like model (transformers, float3
 a step takes tenths of a second), each plan runs in 4 fresh Gloo processes:
 
 - step time: the median of the timed steps (wall clock, between barriers, rank 0);
-- peak memory per rank: the growth of the process's peak resident set (VmHWM, reset
-  through /proc/self/clear_refs) from before the engine is built to after the last step,
-  the largest over the ranks. It includes the allocator's and autograd's overheads, which
-  the model does not price;
+- peak memory per rank: the bytes of tensors alive at once in one more step, the analogue of
+  torch.cuda.max_memory_allocated (benchmarks/_tensor_memory.py: the tensors the engine and
+  optimizer hold between steps, without the user's module, plus the CPU allocator's peak over
+  the step), the largest over the ranks. Beside it, the growth of the process's peak
+  resident set (VmHWM, reset through /proc/self/clear_refs) from before the engine is built
+  to after the last step: that includes the interpreter's heap, the captured graphs and
+  what malloc keeps, which no plan decides and a GPU would not hold;
 - bytes per collective kind per step, counted by the collective ops themselves
   (shardwise.runtime.traffic), rank 0's, beside the plan's own list of collectives
   (SPMD plans; the evaluator that prices pipelines lists none).
@@ -47,6 +50,7 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine_line  # noqa: E402
+from _tensor_memory import PeakTensorBytes, live_storages  # noqa: E402
 
 WORLD = 4
 THREADS = max(1, (os.cpu_count() or 1) // WORLD)  # the processes share the cores: no oversubscription
@@ -158,6 +162,7 @@ def _run(rank: int, store: str, plan_json: str, model_name: str, steps: int, out
     try:
         model = build(model_name)
         ids, y = batch()
+        before = live_storages()  # the user's module: not the plan's
         _peak_rss_reset()
         base = _rss_kib("VmRSS")
         engine = shardwise.parallelize(model, (ids, y), plan=shardwise.Plan.from_json(plan_json), verify=False)
@@ -174,11 +179,17 @@ def _run(rank: int, store: str, plan_json: str, model_name: str, steps: int, out
             if step:
                 times.append(time.perf_counter() - start)
                 moved = moved or traffic.snapshot()
-        peak = torch.tensor([float(_rss_kib("VmHWM") - base) * 1024])
+        resident = float(_rss_kib("VmHWM") - base) * 1024
+        optimizer.zero_grad()
+        with PeakTensorBytes(exclude=before) as tensors:  # one more step, untimed
+            engine.train_step(ids, y)
+            optimizer.step()
+        peak = torch.tensor([float(tensors.peak), resident, float(tensors.live)])
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         if rank == 0:
             with open(out, "w") as f:
-                json.dump({"step": statistics.median(times), "steps": times, "memory": float(peak),
+                json.dump({"step": statistics.median(times), "steps": times, "memory": float(peak[0]),
+                           "resident": float(peak[1]), "held": float(peak[2]),
                            "traffic": moved, "loss": float(loss)}, f)
         dist.barrier()
     finally:
@@ -281,16 +292,18 @@ def main() -> None:
         measured = json.loads(_spawn(_run, plan.to_json(), PLANS[name][0], steps))
         rows.append({"plan": name, "layout": layout(plan), "predicted_step": plan.predicted_step_time(),
                      "predicted_memory": plan.predicted_memory()[0], "predicted_traffic": predicted_traffic(plan),
-                     **{k: measured[k] for k in ("step", "steps", "memory", "traffic", "loss")}})
+                     **{k: measured[k] for k in ("step", "steps", "memory", "resident", "held", "traffic", "loss")}})
         r = rows[-1]
         print(f"  {name}: step {r['step']:.3f} s measured, {r['predicted_step']:.3f} s predicted; "
-              f"memory {_mb(r['memory'])} MB measured, {_mb(r['predicted_memory'])} MB predicted", flush=True)
+              f"memory {_mb(r['memory'])} MB measured ({_mb(r['held'])} held between steps, resident growth "
+              f"{_mb(r['resident'])}), {_mb(r['predicted_memory'])} MB predicted", flush=True)
 
     print(f"\n{len(rows)} plans, {WORLD} Gloo processes, batch {BATCH} x seq {SEQ}, float32, "
           f"median of {steps} steps")
     print("| plan | layout | step measured (s) | predicted (s) | predicted / measured | peak memory measured (MB) | "
-          "predicted (MB) | bytes per step measured, rank 0 (MB by kind) | predicted (MB by kind) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "predicted (MB) | predicted / measured | resident growth (MB) | bytes per step measured, rank 0 (MB by kind) "
+          "| predicted (MB by kind) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     recorded = []
     for r in rows:
         kinds = sorted(set(r["traffic"] or {}) | set(r["predicted_traffic"]))
@@ -299,12 +312,15 @@ def main() -> None:
         want = ", ".join(f"{k} {_mb(v)}" for k, v in sorted(r["predicted_traffic"].items())) or "- (not listed)"
         print(f"| {r['plan']} | {r['layout']} | {r['step']:.3f} | {r['predicted_step']:.3f} | "
               f"{r['predicted_step'] / r['step']:.2f} | {_mb(r['memory'])} | {_mb(r['predicted_memory'])} | "
-              f"{got or '-'} | {want} |")
+              f"{r['predicted_memory'] / r['memory']:.2f} | {_mb(r['resident'])} | {got or '-'} | {want} |")
         recorded.append([r["plan"], r["layout"], r["step"], r["predicted_step"], r["predicted_step"] / r["step"],
-                         r["memory"] / 1e6, r["predicted_memory"] / 1e6, got or None, want])
+                         r["memory"] / 1e6, r["predicted_memory"] / 1e6, r["predicted_memory"] / r["memory"],
+                         r["resident"] / 1e6, got or None, want])
     ratios = [r["predicted_step"] / r["step"] for r in rows]
+    memory_ratios = [r["predicted_memory"] / r["memory"] for r in rows]
     print(f"\nstep time predicted / measured: median {statistics.median(ratios):.2f}, "
-          f"range {min(ratios):.2f} .. {max(ratios):.2f}")
+          f"range {min(ratios):.2f} .. {max(ratios):.2f}; peak memory: median {statistics.median(memory_ratios):.2f}, "
+          f"range {min(memory_ratios):.2f} .. {max(memory_ratios):.2f}")
     order = sorted(rows, key=lambda r: r["step"])
     predicted_order = sorted(rows, key=lambda r: r["predicted_step"])
     print(f"fastest measured: {order[0]['plan']}; fastest predicted: {predicted_order[0]['plan']}")
@@ -323,10 +339,12 @@ def main() -> None:
         record("fidelity", recorded, {
             "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
             "columns": ["plan", "layout", "step measured (s)", "predicted (s)", "predicted / measured",
-                        "peak memory measured (MB)", "predicted (MB)", "bytes per step measured, rank 0 (MB by kind)",
+                        "peak memory measured (MB)", "predicted (MB)", "memory predicted / measured",
+                        "resident growth (MB)", "bytes per step measured, rank 0 (MB by kind)",
                         "predicted (MB by kind)"],
             "formats": {"step measured (s)": ".3f", "predicted (s)": ".3f", "predicted / measured": ".2f",
-                        "peak memory measured (MB)": ".2f", "predicted (MB)": ".2f"},
+                        "peak memory measured (MB)": ".2f", "predicted (MB)": ".2f",
+                        "memory predicted / measured": ".2f", "resident growth (MB)": ".2f"},
             "notes": f"{WORLD} Gloo processes, batch {BATCH} x seq {SEQ}, float32, median of {steps} steps. Profiled: "
                      f"peak f32 {device['peak_flops']['f32'] / 1e9:.1f} GFLOP/s per rank, bf16 "
                      f"{device['peak_flops']['bf16'] / 1e9:.1f}, memory bandwidth "
@@ -334,7 +352,9 @@ def main() -> None:
                      + ", ".join(f"{x['name']} {x['bandwidth'] / 1e9:.2f} GB/s, {x['latency'] * 1e6:.0f} us"
                                  for x in link)
                      + f". Step time predicted / measured: median {statistics.median(ratios):.2f}, range "
-                     f"{min(ratios):.2f} to {max(ratios):.2f}. {bar}"})
+                     f"{min(ratios):.2f} to {max(ratios):.2f}; peak memory (tensors): median "
+                     f"{statistics.median(memory_ratios):.2f}, range {min(memory_ratios):.2f} to "
+                     f"{max(memory_ratios):.2f}. {bar}"})
 
 
 def kendall_tau(pairs: list[tuple[float, float]]) -> float:

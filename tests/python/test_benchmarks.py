@@ -187,6 +187,7 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     assert set(rows) == {"gpt2 data 4", "gpt2 pipeline 2 x data 2, 1F1B"}
     for r in rows.values():
         assert r["step"] > 0 and r["predicted_step"] > 0 and r["memory"] > 0 and r["predicted_memory"] > 0, r
+        assert r["memory"] > r["held"] > 0 and r["resident"] > 0, r  # a step allocates beyond what is held
     # Counted by the collective calls: every kind of collective the data-parallel plan lists
     # (which ones depends on the layout searched on the measured cluster) moved bytes, and the
     # pipeline sends between its stages.
@@ -195,6 +196,29 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     for kind, nbytes in data["predicted_traffic"].items():
         assert nbytes <= 0 or data["traffic"].get(kind, {}).get("bytes", 0) > 0, (kind, data)
     assert rows["gpt2 pipeline 2 x data 2, 1F1B"]["traffic"]["send"]["calls"] > 0
+
+
+def test_peak_tensor_bytes_counts_what_is_held_and_the_largest_step_allocation_without_excluded_tensors():
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("tensor_memory", ROOT / "benchmarks" / "_tensor_memory.py")
+    tensor_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tensor_memory)
+    users = torch.ones(1_000_000)  # before the snapshot: the user's, not counted
+    before = tensor_memory.live_storages()
+    assert before[users.untyped_storage().data_ptr()] == 4_000_000
+    held = torch.ones(250_000)  # 1 MB held when the window opens
+    with tensor_memory.PeakTensorBytes(exclude=before) as m:
+        a = torch.empty(500_000)  # 2 MB, freed
+        del a
+        b = torch.empty(750_000)  # 3 MB ...
+        c = torch.empty(250_000)  # ... + 1 MB alive together: the peak
+        del b, c
+        del held  # allocated before the window: its free is not seen, and changes nothing
+    assert (m.live, m.grown, m.peak) == (1_000_000, 4_000_000, 5_000_000)
+    assert users.sum() == 1_000_000
 
 
 def test_fidelity_states_issue_46s_bar_from_its_rows():
