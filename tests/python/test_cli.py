@@ -22,14 +22,15 @@ def test_inspect_reports_a_bad_model_spec_as_an_error():
 
 
 def test_plan_on_a_varying_network_between_stages(tmp_path):
-    # 4 DGX A100 nodes of 2 GiB devices over 10 Gb/s, bandwidth halved every other 0.1 s: kFkB.
+    # 4 DGX A100 nodes of 1.25 GiB devices over 10 Gb/s, bandwidth halved every other 0.1 s:
+    # kFkB (tests/cpp/search/joint_planner_test.cc's cluster).
     import json
 
     import shardwise
 
     doc = json.loads(shardwise.Cluster.preset("dgx-a100", nodes=4).to_json())
     for device in doc["device_types"]:
-        device["memory_bytes"] = 2 * 2**30
+        device["memory_bytes"] = 5 * 2**28
     doc["links"][1]["bandwidth"] = 1.25e9
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps(doc))
