@@ -89,6 +89,24 @@ def _saved_bytes(engine, batch) -> tuple[float, int]:
     return float(loss), saved[0]
 
 
+def _train(engine, optimizer, batch_of) -> tuple[list[float], list[int]]:
+    """STEPS steps: each one's loss and the bytes it saved for backward outside checkpoints."""
+    losses, saved = [], []
+    for step in range(STEPS):
+        loss, nbytes = _saved_bytes(engine, batch_of(step))
+        losses.append(loss)
+        saved.append(nbytes)
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses, saved
+
+
+def _relative_error(state: dict, reference: dict) -> float:
+    """The largest difference from the reference's state, relative to each tensor's largest value."""
+    return max(((state[n].double() - t.double()).abs().max() / t.double().abs().max().clamp_min(1e-6)).item()
+               for n, t in reference.items())
+
+
 def _worker(rank: int, world: int, store: str, result: str, name: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     model_of, batch_of = (_model, _batch) if name == "gpt2" else (_bn_model, _bn_batch)
@@ -112,13 +130,7 @@ def _run(rank, world, result, _model, _batch):
             engine = shardwise.parallelize(_model(), _batch(0), plan=shardwise.Plan.from_json(json.dumps(doc)))
             optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
             torch.manual_seed(5)  # the dropout masks' generator state, the same for every run
-            losses, saved = [], []
-            for step in range(STEPS):
-                loss, nbytes = _saved_bytes(engine, _batch(step))
-                losses.append(loss)
-                saved.append(nbytes)
-                optimizer.step()
-                optimizer.zero_grad()
+            losses, saved = _train(engine, optimizer, _batch)
             out[str(recompute)] = {"losses": losses, "saved": saved, "state": engine.full_state_dict(),
                                    "rank_ir": engine.rank_ir, "code": engine.code}
         reference = _model()
@@ -130,8 +142,7 @@ def _run(rank, world, result, _model, _batch):
             report = {"ref_losses": ref_losses}
             for key, run in out.items():
                 report[key] = {"losses": run["losses"], "saved": run["saved"],
-                               "error": max(((run["state"][n].double() - t.double()).abs().max()
-                                             / t.double().abs().max().clamp_min(1e-6)).item() for n, t in ref.items()),
+                               "error": _relative_error(run["state"], ref),
                                "blocks": sorted({line.split("shardwise.recompute=")[1].split(",")[0].split("}")[0]
                                                  for line in run["rank_ir"].splitlines()
                                                  if "shardwise.recompute=" in line}),
@@ -193,22 +204,14 @@ def _pipeline_worker(rank: int, world: int, store: str, result: str) -> None:
                                          recompute=recompute)
             engine = shardwise.parallelize(model(), _batch(0), plan=plan)
             optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
-            losses, saved = [], []
-            for step in range(STEPS):
-                loss, nbytes = _saved_bytes(engine, _batch(step))
-                losses.append(loss)
-                saved.append(nbytes)
-                optimizer.step()
-                optimizer.zero_grad()
+            losses, saved = _train(engine, optimizer, _batch)
             out[str(recompute)] = {"losses": losses, "saved": saved, "state": engine.full_state_dict()}
         reference = model()
         ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.AdamW(reference.parameters(), lr=1e-2))
         ref = reference.state_dict()
         report = {"ref_losses": ref_losses}
         for key, run in out.items():
-            report[key] = {"losses": run["losses"], "saved": run["saved"],
-                           "error": max(((run["state"][n].double() - t.double()).abs().max()
-                                         / t.double().abs().max().clamp_min(1e-6)).item() for n, t in ref.items())}
+            report[key] = {"losses": run["losses"], "saved": run["saved"], "error": _relative_error(run["state"], ref)}
         with open(f"{result}.{rank}", "w") as f:
             json.dump(report, f)
         dist.barrier()
