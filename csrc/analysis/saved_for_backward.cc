@@ -12,27 +12,28 @@ namespace {
 
 // Ops whose output 0.. is a view of input 0 (a cast to the same dtype returns its input).
 constexpr std::string_view kViews[] = {
-    "aten::alias",      "aten::detach",     "aten::view",        "aten::_unsafe_view", "aten::_reshape_alias",
-    "aten::reshape",    "aten::flatten",    "aten::unflatten",   "aten::unsqueeze",    "aten::squeeze",
-    "aten::transpose",  "aten::swapaxes",   "aten::swapdims",    "aten::t",            "aten::permute",
-    "aten::numpy_T",    "aten::mT",         "aten::expand",      "aten::broadcast_to", "aten::slice",
-    "aten::narrow",     "aten::select",     "aten::split",       "aten::chunk",        "aten::unbind",
-    "aten::split_with_sizes", "aten::unsafe_split"};
+    "aten::alias",           "aten::detach",          "aten::view",            "aten::_unsafe_view",
+    "aten::_reshape_alias",  "aten::reshape",         "aten::flatten",         "aten::unflatten",
+    "aten::unsqueeze",       "aten::squeeze",         "aten::transpose",       "aten::swapaxes",
+    "aten::swapdims",        "aten::t",               "aten::permute",         "aten::numpy_T",
+    "aten::mT",              "aten::expand",          "aten::broadcast_to",    "aten::slice",
+    "aten::narrow",          "aten::select",          "aten::split",           "aten::split_with_sizes",
+    "aten::unsafe_split",    "aten::chunk",           "aten::unbind"};
 
 // Products: input k saved when another input requires a gradient.
-constexpr std::string_view kProducts[] = {"aten::mul",    "aten::div",  "aten::mm",   "aten::bmm",
-                                                        "aten::matmul", "aten::linear", "aten::addmm", "aten::baddbmm",
-                                                        "aten::mv",     "aten::dot"};
+constexpr std::string_view kProducts[] = {"aten::mul",    "aten::div",    "aten::mm",    "aten::bmm",
+                                          "aten::matmul", "aten::linear", "aten::addmm", "aten::baddbmm",
+                                          "aten::mv",     "aten::dot"};
 
 // Ops whose backward reads their output only.
-constexpr std::string_view kSaveOutput[] = {"aten::tanh", "aten::sigmoid", "aten::exp",
-                                                         "aten::rsqrt", "aten::sqrt", "aten::relu",
-                                                         "aten::softmax", "aten::_softmax", "aten::log_softmax"};
+constexpr std::string_view kSaveOutput[] = {"aten::tanh",    "aten::sigmoid",  "aten::exp",
+                                            "aten::rsqrt",   "aten::sqrt",     "aten::relu",
+                                            "aten::softmax", "aten::_softmax", "aten::log_softmax"};
 
 // Ops that save nothing beyond what kViews and the table's linear / additive ops cover:
 // reductions whose backward broadcasts the gradient back, creation ops.
-constexpr std::string_view kSaveNothing[] = {"aten::sum", "aten::mean", "aten::neg",
-                                                          "aten::arange", "aten::zeros", "aten::ones"};
+constexpr std::string_view kSaveNothing[] = {"aten::sum",    "aten::mean",  "aten::neg",
+                                             "aten::arange", "aten::zeros", "aten::ones"};
 
 template <std::size_t N>
 bool listed(const std::string_view (&names)[N], std::string_view base) {
@@ -75,8 +76,10 @@ std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph) {
     for (ir::ValueId in : node.inputs) grad = grad || requires_grad[static_cast<std::size_t>(in)];
     for (ir::ValueId out : node.outputs)
       requires_grad[static_cast<std::size_t>(out)] = grad && ir::is_floating(graph.value(out).type.dtype);
-    if (is_view(graph, node))
-      for (ir::ValueId out : node.outputs) root[static_cast<std::size_t>(out)] = root[static_cast<std::size_t>(node.inputs[0])];
+    if (is_view(graph, node)) {
+      const ir::ValueId base = root[static_cast<std::size_t>(node.inputs[0])];
+      for (ir::ValueId out : node.outputs) root[static_cast<std::size_t>(out)] = base;
+    }
     if (!grad) continue;  // no autograd node: nothing kept
 
     const std::string_view base = ops::op_base_name(node.op);

@@ -16,7 +16,7 @@
 // A saved view keeps its base alive: the bytes are charged to the value at the root of the
 // view chain (a transpose of a split of a projection keeps the whole projection), once.
 //
-// Worked example (x f32[8,64] requires grad, W a parameter f32[64,64]):
+// Worked example (x an input f32[8,64], W a parameter f32[64,64]):
 //   y = linear(x, W)   saves x (for dW) and W (a parameter: not an activation)
 //   t = tanh(y)        saves t
 //   z = add(t, x)      saves nothing

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <numeric>
 
-#include "analysis/saved_for_backward.h"
 #include "analysis/batch_dim.h"
+#include "analysis/saved_for_backward.h"
 #include "ops/op_table.h"
 
 namespace shardwise::cost {

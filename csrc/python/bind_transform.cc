@@ -275,7 +275,8 @@ void bind_transform(py::module_& m) {
         if (recompute && !plan_json.empty())
           throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
                                          "a plan's sharding says its own");
-        auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute);
+        auto [sharding, options] =
+            rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute);
         // The rank graph's program: nodes whose local call the ops' shape rules refuse run
         // whole there (rank_graph.h).
         const transform::RankGraph rank_ir = transform::rank_graph(graph, sharding, rank, options);

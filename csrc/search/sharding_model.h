@@ -318,7 +318,7 @@ class ShardingModel {
   std::vector<std::optional<ops::DimRule>> rules_;  // per node, batch index scaled
   std::vector<bool> requires_grad_;                 // per value
   std::vector<double> reads_;                       // per value: (node, input) reads
-  std::vector<double> saved_;                       // per value: the share of it autograd keeps (analysis/saved_for_backward.h)
+  std::vector<double> saved_;                       // per value: the share autograd keeps (saved_for_backward.h)
   std::vector<ir::NodeId> rep_node_;                // per node
   std::vector<ir::ValueId> rep_leaf_;               // per value (leaves), else -1
   std::vector<double> instances_;                   // per node: instances folded into it (reps)

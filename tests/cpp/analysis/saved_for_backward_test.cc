@@ -38,7 +38,8 @@ TEST(SavedForBackwardTest, ValuesNoGradientReachesKeepNothingAndTheirProductsKee
   ir::Graph g;
   const auto w = g.add_value("w", f32({16}), ir::ValueRole::Parameter);
   const auto h = g.add_value("h", f32({4, 32, 16}), ir::ValueRole::Input);
-  const auto pos = g.node(g.add_node("aten::arange", {}, {{"pos", f32({32, 16})}}, {{"end", std::int64_t{32}}})).outputs[0];
+  const auto pos =
+      g.node(g.add_node("aten::arange", {}, {{"pos", f32({32, 16})}}, {{"end", std::int64_t{32}}})).outputs[0];
   const auto cos = g.node(g.add_node("aten::cos", {pos}, {{"cos", f32({32, 16})}})).outputs[0];
   const auto q = g.node(g.add_node("aten::mul.Tensor", {h, w}, {{"q", f32({4, 32, 16})}})).outputs[0];
   g.add_node("aten::mul.Tensor", {q, cos}, {{"r", f32({4, 32, 16})}});
@@ -67,8 +68,9 @@ TEST(SavedForBackwardTest, ViewsChargeTheirBaseOnceDropoutKeepsAByteMaskTheLossI
                      .outputs[0];
   const auto d = g.node(g.add_node("aten::dropout", {o}, {{"d", f32({2, 8, 12})}}, {{"p", 0.1}, {"train", true}}))
                      .outputs[0];
-  const auto flat = g.node(g.add_node("aten::view", {d}, {{"flat", f32({16, 12})}}, {{"size", std::vector<std::int64_t>{16, 12}}}))
-                        .outputs[0];
+  const auto flat =
+      g.node(g.add_node("aten::view", {d}, {{"flat", f32({16, 12})}}, {{"size", std::vector<std::int64_t>{16, 12}}}))
+          .outputs[0];
   g.add_node("aten::cross_entropy_loss", {flat, target}, {{"loss", f32({})}});
   const auto saved = saved_for_backward(g);
   EXPECT_EQ(at(saved, qkv), 2 * 8 * 36 * 4);  // split's views kept by attention: their base
