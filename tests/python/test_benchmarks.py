@@ -86,13 +86,14 @@ def test_pipeline_side_by_side_runs_torch_pipelining_and_matches_losses():
         float(rows[schedule][2])  # torch's step time: every schedule ran side by side
 
 
-def test_pipeline_cuts_torch_as_ours_where_a_stage_holds_no_block():
-    # At 4,096 token rows the tied head outweighs the 4 blocks: shardwise's FLOPs-balanced cut
-    # leaves the last stage (and the V's) the final norm and head alone. Torch's stages are cut
-    # the same way, and every schedule runs side by side with the same losses.
+def test_pipeline_cuts_torch_as_ours_with_the_layers_split_evenly_as_priced():
+    # At 4,096 token rows the tied head outweighs the 4 blocks: the FLOPs-balanced cut left the
+    # last stage (and the V's) the final norm and head alone, while every price assumed the
+    # layers split evenly; the cut is the even one now (2 and 2, one a stage in the V). Torch's
+    # stages are cut the same way, and every schedule runs side by side with the same losses.
     out = _run("pipeline.py", "--batch", "4", "--micro-batch", "1", "--steps", "1", "--warmup", "1", "--hidden", "32",
                "--heads", "2", "--seq", "16", "--layers", "4", "--vocab", "4096")
-    assert "rank 1: none" in out and "stage 3 (rank 0): none" in out, out
+    assert "rank 0: 0-1, rank 1: 2-3" in out and "stage 3 (rank 0): 3-3" in out, out
     assert "FAILED" not in out, out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
     for schedule in ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v"):

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import TIGHT_PRECISION, accumulation_cluster, spawn_scenario
+from conftest import accumulation_cluster, spawn_scenario
 
 transformers = pytest.importorskip("transformers")
 
@@ -137,9 +137,11 @@ def _scenario_sum_losses(rank, world):
     ids = _tokens(8, seq=16, seed=2)  # long enough that micro-batches save memory
     t5_batch = {"input_ids": ids, "decoder_input_ids": ids[:, :8], "target": ids[:, 1:9]}
     wrapped = shardwise.engine._Trainable(_t5(), sum_loss)
-    small = accumulation_cluster(shardwise.capture(wrapped, {k: v for k, v in t5_batch.items()}), world, 8)
-    engine = shardwise.parallelize(model, t5_batch, loss_fn=sum_loss, cluster=small, precision=TIGHT_PRECISION,
-                                   zero=False)
+    # Priced in the model's precision (f32 for float64): in TIGHT_PRECISION, with activations
+    # counted as autograd keeps them, micro-batches save this T5 no memory.
+    small = accumulation_cluster(shardwise.capture(wrapped, {k: v for k, v in t5_batch.items()}), world, 8,
+                                 precision=None)
+    engine = shardwise.parallelize(model, t5_batch, loss_fn=sum_loss, cluster=small, zero=False)
     out["t5_automatic"] = _train(engine, reference, t5_batch, _with_loss(sum_loss, ["input_ids", "decoder_input_ids"]))
     return out
 
@@ -173,9 +175,10 @@ def _scenario_batch_statistics(rank, world):
     engine = shardwise.parallelize(_resnet(), images, plan=chosen)
     engine.train_step(**images)
     out["resnet_chosen_report"] = engine.plan.report()
-    small = accumulation_cluster(shardwise.capture(shardwise.engine._Trainable(_resnet(), None), images), world, 8)
-    out["resnet_automatic"] = _refusal(lambda: shardwise.parallelize(_resnet(), images, cluster=small,
-                                                                     precision=TIGHT_PRECISION, zero=False))
+    # (in the model's precision, as the T5 above)
+    small = accumulation_cluster(shardwise.capture(shardwise.engine._Trainable(_resnet(), None), images), world, 8,
+                                 precision=None)
+    out["resnet_automatic"] = _refusal(lambda: shardwise.parallelize(_resnet(), images, cluster=small, zero=False))
 
     ids = _tokens(4, seed=3)
     tokens = {"input_ids": ids, "labels": ids}
