@@ -21,9 +21,10 @@ a step takes tenths of a second), each plan runs in 4 fresh Gloo processes:
 
 Predictions: the SPMD search on the plan's {data, tensor} mesh (``shardwise.plan(...,
 mesh=)``), or the evaluator for pipelines (``Plan.manual``), both in f32 (the models' dtype).
-Two plans recompute (each transformer layer one checkpointed region, as the cost model
-prices it): a data-parallel plan given too little memory to keep every layer's activations,
-and a 4-stage pipeline with recomputation.
+Five plans recompute (each transformer layer one checkpointed region, as the cost model
+prices it): data-parallel plans searched with full recomputation, or with selective (the
+products' and attention's outputs kept, the rest run again: ``shardwise.plan(...,
+recompute="selective")``), and 4-stage pipelines with full and with selective recomputation.
 
     python benchmarks/fidelity.py [--steps 5] [--svg benchmarks/images/fidelity.svg] [--json out.json]
                                   [--only "gpt2 data 4" ...] [--record]
@@ -81,9 +82,9 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 # name -> (model, kind, degrees). kind: "spmd" (the search on the {data, tensor} mesh, without
 # ZeRO), "zero" (the same with too little memory for a replicated optimizer state), "tight"
 # (too little memory for replicated weights: they are sharded on the tensor axis),
-# "recompute" (too little memory to keep every layer's activations), or a pipeline schedule
-# (the evaluator's plan; each stage's layout searched on its sub-mesh; "recompute": True in
-# the degrees recomputes).
+# "recompute" / "selective" (the search with full / selective recomputation only), or a pipeline schedule
+# (the evaluator's plan; each stage's layout searched on its sub-mesh; "recompute" in the
+# degrees recomputes so).
 PLANS = {
     "gpt2 data 4": ("gpt2", "spmd", {"data": 4, "tensor": 1}),
     "gpt2 data 4, ZeRO": ("gpt2", "zero", {"data": 4, "tensor": 1}),
@@ -97,12 +98,16 @@ PLANS = {
     "gpt2 pipeline 4, 1F1B": ("gpt2", "1f1b", {"pipeline": 4, "data": 1, "micro_batch": 2}),
     "gpt2 pipeline 4, GPipe": ("gpt2", "gpipe", {"pipeline": 4, "data": 1, "micro_batch": 2}),
     "gpt2 data 4, recomputed": ("gpt2", "recompute", {"data": 4, "tensor": 1}),
+    "gpt2 data 4, selective": ("gpt2", "selective", {"data": 4, "tensor": 1}),
     "gpt2 pipeline 4, 1F1B, recomputed": ("gpt2", "1f1b", {"pipeline": 4, "data": 1, "micro_batch": 2,
-                                                           "recompute": True}),
+                                                           "recompute": "full"}),
+    "gpt2 pipeline 4, 1F1B, selective": ("gpt2", "1f1b", {"pipeline": 4, "data": 1, "micro_batch": 2,
+                                                          "recompute": "selective"}),
     "llama data 4": ("llama", "spmd", {"data": 4, "tensor": 1}),
     "llama tensor 4, weights sharded": ("llama", "tight", {"data": 1, "tensor": 4}),
     "llama 2 x 2, searched": ("llama", "spmd", {"data": 2, "tensor": 2}),
     "llama pipeline 4, 1F1B": ("llama", "1f1b", {"pipeline": 4, "data": 1, "micro_batch": 2}),
+    "llama data 4, selective": ("llama", "selective", {"data": 4, "tensor": 1}),
 }
 SMOKE = ["gpt2 data 4", "gpt2 pipeline 2 x data 2, 1F1B"]
 
@@ -115,10 +120,17 @@ def layout(plan) -> str:
         counts = [sum(placed[n][a] != "R" for n in weights) for a in range(2)]
         zero = sum(1 for n in weights if n in plan.sharding.get("zero", {}))
         return (f"{counts[0]}/{counts[1]} of {len(weights)} weights sharded on data/tensor"
-                + (f", ZeRO on {zero}" if zero else "") + (", recomputed" if plan.sharding.get("recompute") else ""))
+                + (f", ZeRO on {zero}" if zero else "") + _recomputed(plan.sharding.get("recompute")))
     return (f"{plan.pipeline * plan.virtual_stages} stages, {plan.num_micro_batches()} micro-batches"
             + (", stage layout searched" if plan.stage_sharding else "")
-            + (", recomputed" if json.loads(plan.to_json()).get("recompute") == "full" else ""))
+            + _recomputed(json.loads(plan.to_json()).get("recompute")))
+
+
+def _recomputed(recompute) -> str:
+    """A plan's recompute (the sharding's True / False / "selective", the plan's names)."""
+    if recompute == "selective":
+        return ", selective recomputation"
+    return ", recomputed" if recompute in (True, "full") else ""
 
 
 # ---- the ranks ---------------------------------------------------------------------------------
@@ -209,7 +221,7 @@ def make_plan(shardwise, name: str, cluster, graphs: dict):
     model_name, kind, d = PLANS[name]
     graph = graphs[model_name]
     mesh = (d.get("data", 1), d.get("tensor", 1))
-    if kind in ("spmd", "zero", "tight", "recompute"):
+    if kind in ("spmd", "zero", "tight", "recompute", "selective"):
         def with_memory(memory: float):
             doc = json.loads(cluster.to_json())
             doc["device_types"][0]["memory_bytes"] = int(memory / shardwise._C.MEMORY_FRACTION)
@@ -218,10 +230,9 @@ def make_plan(shardwise, name: str, cluster, graphs: dict):
         replicated = shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh, zero=False, recompute=False)
         if kind == "spmd":
             return replicated
-        if kind == "recompute":  # between what recomputing and keeping every activation need
-            recomputing = shardwise.plan(graph, with_memory(1), global_batch=BATCH, mesh=mesh, zero=False)
-            memory = (recomputing.predicted_memory()[0] + replicated.predicted_memory()[0]) / 2
-            return shardwise.plan(graph, with_memory(memory), global_batch=BATCH, mesh=mesh, zero=False)
+        if kind in ("recompute", "selective"):  # the search's layout with that recomputation
+            return shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh, zero=False,
+                                  recompute="full" if kind == "recompute" else "selective")
         if kind == "zero":  # the optimizer state must shard over the data axis
             return shardwise.plan(graph, with_memory(0.75 * replicated.predicted_memory()[0]), global_batch=BATCH,
                                   mesh=mesh)

@@ -134,7 +134,7 @@ def _row(name: str, cluster, graph, layers: int, global_batch: int, exhaustive: 
                                                  data=j["data"], global_batch=global_batch,
                                                  micro_batch=j["micro_batch"], schedule=j["schedule"],
                                                  virtual_stages=j["virtual_stages"], kfkb_k=j["kfkb_k"],
-                                                 recompute=j["recompute"] != "none", zero=j["zero_stage"],
+                                                 recompute=j["recompute"], zero=j["zero_stage"],
                                                  precision="bf16", layers_per_stage=split,
                                                  stage_groups=j.get("stage_groups"))
                 except _C.ValidationError:

@@ -6,6 +6,7 @@
 
 #include "analysis/batch_dim.h"
 #include "analysis/saved_for_backward.h"
+#include "analysis/selective_recompute.h"
 #include "ops/op_table.h"
 
 namespace shardwise::cost {
@@ -170,6 +171,7 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
     }
 
   out.activation_bytes = analysis::saved_bytes_by_node(graph);
+  out.selective_kept = analysis::kept_by_selective_recompute(graph);
   out.graph_batch = static_cast<int>(std::max<std::int64_t>(1, analysis::input_batch(graph)));
 
   // The layer's input (the residual stream): the batched activation its first node reads

@@ -56,6 +56,7 @@ struct LayerStructure {
   std::set<ir::ValueId> sharded_params;           // parameters a column or row split shards
 
   std::vector<std::int64_t> activation_bytes;  // analysis::saved_bytes_by_node: what autograd keeps, by node
+  std::vector<bool> selective_kept;  // analysis::kept_by_selective_recompute, by node
   // The greatest common divisor of the head counts of the first layer's attention inputs
   // (q, k, v of rank 4 or more: [..., heads, seq, head_dim]; grouped-query attention's k and v have fewer);
   // 0 when the layers have no attention. A tensor degree must divide it.

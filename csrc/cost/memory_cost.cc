@@ -45,10 +45,10 @@ double stage_micro_batches_in_flight(plan::Schedule schedule, int pipeline, int 
   return m;
 }
 
-double stage_activation_bytes(double layer_full_bytes, double layer_input_bytes, double layers_on_stage,
+double stage_activation_bytes(double layer_full_bytes, double layer_kept_bytes, double layers_on_stage,
                               double micro_batches_in_flight, bool recompute) {
   if (!recompute) return micro_batches_in_flight * layers_on_stage * layer_full_bytes;
-  return micro_batches_in_flight * layers_on_stage * layer_input_bytes + (layers_on_stage > 0 ? layer_full_bytes : 0);
+  return micro_batches_in_flight * layers_on_stage * layer_kept_bytes + (layers_on_stage > 0 ? layer_full_bytes : 0);
 }
 
 }  // namespace shardwise::cost

@@ -56,8 +56,10 @@ double stage_micro_batches_in_flight(plan::Schedule schedule, int pipeline, int 
                                      std::int64_t micro_batches);
 
 // Activation bytes of one stage: in_flight x layers x (per-layer bytes kept), plus one
-// layer's full set when recomputing (the layer being rebuilt for its backward).
-double stage_activation_bytes(double layer_full_bytes, double layer_input_bytes, double layers_on_stage,
+// layer's full set when recomputing (the layer being rebuilt for its backward). What a
+// recomputed layer keeps: its input (full recomputation), and the outputs of its products and
+// fused attention besides (selective).
+double stage_activation_bytes(double layer_full_bytes, double layer_kept_bytes, double layers_on_stage,
                               double micro_batches_in_flight, bool recompute);
 
 }  // namespace shardwise::cost

@@ -26,12 +26,25 @@ struct PartCost {
   double matmul_flops = 0;  // forward, at the graph's batch, whole (unsharded)
   double activation_bytes = 0;  // saved outputs on one rank, at the micro-batch
   double parameters = 0;        // held by one rank
+  double selective_forward = 0;     // forward seconds of the ops selective recomputation runs again
+  double selective_kept_bytes = 0;  // outputs it keeps instead, one rank, at the micro-batch
 };
+
+// The forward seconds a recomputed layer runs again in its backward.
+double recomputed_forward(const PartCost& layer, plan::Recompute recompute) {
+  switch (recompute) {
+    case plan::Recompute::Full: return layer.forward;
+    case plan::Recompute::Selective: return layer.selective_forward;
+    case plan::Recompute::None: break;
+  }
+  return 0.0;
+}
 
 PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
                     const std::map<ir::NodeId, TensorSplit>& split, const std::set<ir::ValueId>& sharded_params,
-                    const std::vector<std::int64_t>& act_bytes, const CostModel& model, const DeviceType& device,
-                    Precision precision, double batch_scale, int t, std::set<ir::ValueId>* seen_params) {
+                    const std::vector<std::int64_t>& act_bytes, const std::vector<bool>& kept, const CostModel& model,
+                    const DeviceType& device, Precision precision, double batch_scale, int t,
+                    std::set<ir::ValueId>* seen_params) {
   PartCost out;
   for (ir::NodeId id : nodes) {
     const ir::Node& node = graph.node(id);
@@ -45,9 +58,14 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     out.backward += time.backward;
     out.matmul_flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).matmul);
     // Saved activations: what autograd keeps of the node's outputs (analysis/saved_for_backward.h).
-    double bytes = static_cast<double>(act_bytes[static_cast<std::size_t>(id)]) * batch_scale;
-    if (context.split == TensorSplit::Column || context.split == TensorSplit::All) bytes /= t;
-    out.activation_bytes += bytes;
+    const double split_share = context.split == TensorSplit::Column || context.split == TensorSplit::All ? 1.0 / t : 1.0;
+    out.activation_bytes += static_cast<double>(act_bytes[static_cast<std::size_t>(id)]) * batch_scale * split_share;
+    if (kept[static_cast<std::size_t>(id)]) {
+      for (ir::ValueId v : node.outputs)
+        out.selective_kept_bytes += static_cast<double>(graph.value(v).type.bytes()) * batch_scale * split_share;
+    } else {
+      out.selective_forward += time.forward;
+    }
     for (ir::ValueId in : node.inputs) {
       const ir::Value& value = graph.value(in);
       if (value.role != ir::ValueRole::Parameter || !seen_params->insert(in).second) continue;
@@ -131,6 +149,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   const auto& layers = structure.layers;
   const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
   const std::vector<std::int64_t>& act_bytes = structure.activation_bytes;
+  const std::vector<bool>& kept = structure.selective_kept;
   const std::set<ir::ValueId>& sharded_params = structure.sharded_params;
 
   // The three parts on one rank of `on` running `scale` of the graph's batch, split `width`
@@ -142,11 +161,11 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     Parts out;
     std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
     if (layers)
-      out.layer = cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, model,
+      out.layer = cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, kept, model,
                              on, *precision, scale, width, &seen_layer);
-    out.pre = cost_nodes(graph, structure.pre, structure.outside_split, sharded_params, act_bytes, model, on,
+    out.pre = cost_nodes(graph, structure.pre, structure.outside_split, sharded_params, act_bytes, kept, model, on,
                          *precision, scale, width, &seen_pre);
-    out.post = cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, model, on,
+    out.post = cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, kept, model, on,
                           *precision, scale, width, &seen_post);
     if (!layers) {
       out.post.forward += out.pre.forward;
@@ -164,6 +183,8 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       part.backward = price.backward;
       part.activation_bytes = price.activation_bytes;
       part.parameters = price.parameters;
+      part.selective_forward = price.selective_forward;
+      part.selective_kept_bytes = price.selective_kept_bytes;
     };
     take(layer, layout->layer);
     take(pre_cost, layout->pre);
@@ -183,9 +204,9 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       if (slowest == device || reference_time <= 0 || !plan.stage_meshes.empty()) continue;
       std::set<ir::ValueId> seen;
       const PartCost here =
-          layers ? cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, model,
+          layers ? cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, kept, model,
                               *slowest, *precision, batch_scale, t, &seen)
-                 : cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, model,
+                 : cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, kept, model,
                               *slowest, *precision, batch_scale, t, &seen);
       stage_scale[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
     }
@@ -196,8 +217,8 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       layout != nullptr ? layout->boundary_bytes : structure.layer_input_bytes * batch_scale / t;
 
   // ---- per micro-batch, per device -----------------------------------------------------
-  const bool recompute = plan.recompute == plan::Recompute::Full;
-  const double layer_compute = layer.forward + layer.backward + (recompute ? layer.forward : 0.0);
+  const bool recompute = plan.recompute != plan::Recompute::None;  // (either way the forward's collectives run again)
+  const double layer_compute = layer.forward + layer.backward + recomputed_forward(layer, plan.recompute);
   PlanCost out;
   out.layers = num_layers;
   out.tensor_parallel_pairs_per_layer = static_cast<int>(structure.row_ends.size());
@@ -260,7 +281,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     const Parts parts = price_parts(*stage_device[static_cast<std::size_t>(s)], scale, here.tensor);
     here.layer = parts.layer, here.pre = parts.pre, here.post = parts.post;
     here.boundary_bytes = structure.layer_input_bytes * scale / here.tensor;
-    here.layer_compute = here.layer.forward + here.layer.backward + (recompute ? here.layer.forward : 0.0);
+    here.layer_compute = here.layer.forward + here.layer.backward + recomputed_forward(here.layer, plan.recompute);
     here.tp = tensor_parallel(here.tensor, here.first, scale);
   }
 
@@ -472,7 +493,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     // (ZB-H1 and ZB-V hold up to p on every rank: schedules.h.)
     const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan::splits_backward(plan.schedule);
     double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));
-    double acts = stage_activation_bytes(here.layer.activation_bytes, here.boundary_bytes,
+    const double kept_bytes = here.boundary_bytes + (plan.recompute == plan::Recompute::Selective
+                                                         ? here.layer.selective_kept_bytes
+                                                         : 0.0);
+    double acts = stage_activation_bytes(here.layer.activation_bytes, kept_bytes,
                                          device_layers[static_cast<std::size_t>(s)], flight, recompute);
     // The layers before the first block and after the last (embedding, head and loss) keep
     // theirs for every micro-batch their stage holds, as the blocks do (not recomputed).

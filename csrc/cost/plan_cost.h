@@ -145,6 +145,10 @@ struct PartPrice {
   double gradient_sync = 0;  // per step: gradients reduced over the t ranks (a batch split over them)
   double parameters = 0;     // elements held by one rank
   double activation_bytes = 0;  // saved outputs, one rank
+  // Selective recomputation (analysis/selective_recompute.h): the forward seconds of the ops it
+  // runs again, and the bytes of the outputs it keeps, one rank.
+  double selective_forward = 0;
+  double selective_kept_bytes = 0;
 };
 
 struct StageLayoutPrices {

@@ -244,12 +244,20 @@ Schedule schedule_from_name(std::string_view name) {
                   name));
 }
 
-std::string_view recompute_name(Recompute recompute) { return recompute == Recompute::Full ? "full" : "none"; }
+std::string_view recompute_name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::Full: return "full";
+    case Recompute::Selective: return "selective";
+    case Recompute::None: break;
+  }
+  return "none";
+}
 
 Recompute recompute_from_name(std::string_view name) {
   if (name == "full") return Recompute::Full;
+  if (name == "selective") return Recompute::Selective;
   if (name == "none") return Recompute::None;
-  throw ValidationError(fmt::format("plan.recompute: unknown value '{}' (known: none, full)", name));
+  throw ValidationError(fmt::format("plan.recompute: unknown value '{}' (known: none, full, selective)", name));
 }
 
 std::string_view micro_batch_semantics_name(MicroBatchSemantics semantics) {
@@ -401,7 +409,7 @@ Plan stage_plan(const Plan& plan, int stage) {
   out.recompute = plan.recompute;
   out.precision = plan.precision;
   out.sharding = plan.stage_shardings.at(static_cast<std::size_t>(stage));
-  out.sharding->recompute = plan.recompute == Recompute::Full;
+  out.sharding->recompute = plan.recompute;
   validate(out);
   return out;
 }
@@ -422,7 +430,7 @@ Plan stage_plan(const Plan& plan) {
   stage.precision = plan.precision;
   stage.sharding = plan.stage_sharding;
   // The plan's own recompute decides the stages' (an edit of it reaches the run).
-  stage.sharding->recompute = plan.recompute == Recompute::Full;
+  stage.sharding->recompute = plan.recompute;
   validate(stage);
   return stage;
 }
@@ -433,8 +441,13 @@ json sharding_to_json(const Sharding& sharding) {
   json out{{"mesh", sharding.mesh},           {"axis_names", sharding.axis_names},
            {"level", sharding.level},         {"placements", sharding.placements},
            {"strategies", sharding.strategies}, {"zero", sharding.zero},
-           {"recompute", sharding.recompute}, {"leaves", sharding.leaves},
+           {"leaves", sharding.leaves},
            {"inputs", sharding.inputs},       {"graph", sharding.graph}};
+  // none / full as the booleans they always were (plans and their hashes read as before).
+  if (sharding.recompute == Recompute::Selective)
+    out["recompute"] = recompute_name(sharding.recompute);
+  else
+    out["recompute"] = sharding.recompute == Recompute::Full;
   // Written only when set: a plan without it reads, prints and hashes as before.
   if (sharding.collective_matmul) out["collective_matmul"] = true;
   return out;
@@ -455,7 +468,15 @@ Sharding sharding_from_json(const json& in, std::string_view where = "plan.shard
   if (in.contains("strategies"))
     out.strategies = field<std::map<std::string, std::vector<std::string>>>(in, "strategies");
   if (in.contains("zero")) out.zero = field<std::map<std::string, std::vector<int>>>(in, "zero");
-  if (in.contains("recompute")) out.recompute = field<bool>(in, "recompute");
+  if (in.contains("recompute")) {
+    const json& recompute = in.at("recompute");
+    if (recompute.is_boolean())
+      out.recompute = recompute.get<bool>() ? Recompute::Full : Recompute::None;
+    else if (recompute.is_string())
+      out.recompute = recompute_from_name(recompute.get<std::string>());
+    else
+      throw ParseError(fmt::format("{}.recompute: expected true, false or \"selective\"", where));
+  }
   if (in.contains("collective_matmul")) out.collective_matmul = field<bool>(in, "collective_matmul");
   if (in.contains("leaves")) out.leaves = field<std::vector<std::string>>(in, "leaves");
   if (in.contains("inputs")) out.inputs = field<std::vector<std::string>>(in, "inputs");

@@ -85,7 +85,11 @@ namespace shardwise::plan {
 // ZeroBubbleV: ZB-V, two chunks per rank in a V (virtual_stages 2), split as ZB-H1.
 // DualPipeV: DeepSeek's DualPipeV (schedule/schedules.h), ZB-V's placement and split.
 enum class Schedule : std::uint8_t { GPipe, OneFOneB, Interleaved1F1B, KFKB, ZeroBubbleH1, ZeroBubbleV, DualPipeV };
-enum class Recompute : std::uint8_t { None, Full };
+// Recomputation of the repeated blocks in backward: None keeps what autograd saves; Full
+// keeps each block's inputs and runs its forward again; Selective runs it again too, but keeps
+// the outputs of its products and fused attention (analysis/selective_recompute.h), so only the
+// cheap ops (norms, activations, dropout, an unfused attention core) run twice.
+enum class Recompute : std::uint8_t { None, Full, Selective };
 // What a plan that splits the batch into micro-batches computes (analysis/batch_coupling.h):
 // Exact, the step of the whole batch as one device computes it (a plan whose graph couples the
 // rows of a batch, batch norm in training or a router's load-balancing loss, is refused with
@@ -104,7 +108,7 @@ bool splits_backward(Schedule schedule);
 bool v_shaped(Schedule schedule);
 // Also accepts "interleaved". Throws support::ValidationError listing the known names.
 Schedule schedule_from_name(std::string_view name);
-std::string_view recompute_name(Recompute recompute);  // "none", "full"
+std::string_view recompute_name(Recompute recompute);  // "none", "full", "selective"
 Recompute recompute_from_name(std::string_view name);
 // "exact", "per_micro_batch"; the parser names both on anything else.
 std::string_view micro_batch_semantics_name(MicroBatchSemantics semantics);
@@ -134,7 +138,8 @@ struct CollectiveRecord {
 //    ("replicate", "split k", "split n g3").
 //  - zero: per parameter name, the mesh axes over which its optimizer state and gradients
 //    are sharded while the weight stays replicated (ZeRO-2 on that axis); absent = none.
-//  - recompute: the repeated blocks are recomputed in backward.
+//  - recompute: how the repeated blocks are recomputed in backward (JSON: false, true = full,
+//    or "selective").
 //  - collective_matmul: tensor-parallel gathers into a contraction, and a contraction's
 //    output reduce-scattered, run as collective matmuls (search/parameter_collectives.h,
 //    MatmulCollective): priced beside the products, rewritten and run so (absent: false).
@@ -154,7 +159,7 @@ struct Sharding {
   std::map<std::string, std::vector<std::string>> placements;
   std::map<std::string, std::vector<std::string>> strategies;
   std::map<std::string, std::vector<int>> zero;
-  bool recompute = false;
+  Recompute recompute = Recompute::None;
   bool collective_matmul = false;
   std::vector<std::string> leaves;
   std::vector<std::string> inputs;

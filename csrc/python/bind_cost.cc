@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/selective_recompute.h"
 #include "cost/cluster.h"
 #include "cost/cluster_presets.h"
 #include "cost/collective_cost.h"
@@ -94,6 +95,13 @@ void bind_cost(py::module_& m) {
   // The cost model's constants the Python runtime reads (cost/constants.h: defined once there).
   m.attr("GRADIENT_BUCKET_BYTES") = cost::kGradientBucketBytes;
   m.attr("MEMORY_FRACTION") = cost::kMemoryFraction;
+  // The dispatcher ops whose outputs selective recomputation keeps (analysis/selective_recompute.h):
+  // runtime/recompute.py's policy, the planner's price.
+  {
+    py::tuple ops(analysis::selective_recompute_saved_ops().size());
+    for (std::size_t i = 0; i < ops.size(); ++i) ops[i] = std::string(analysis::selective_recompute_saved_ops()[i]);
+    m.attr("SELECTIVE_RECOMPUTE_SAVED_OPS") = ops;
+  }
 
   // What Cluster.detect writes for what it measured (cost/op_cost.h): the model's terms.
   m.def(

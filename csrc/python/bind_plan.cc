@@ -146,8 +146,9 @@ void bind_plan(py::module_& m) {
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
          std::optional<std::vector<int>> mesh, double memory_fraction, const std::string& precision,
          bool allow_recompute, bool allow_zero, std::optional<py::function> progress, bool collective_matmul,
-         bool batch_on_tensor_axis) {
+         bool batch_on_tensor_axis, const std::string& recompute) {
         search::SpmdSearchOptions options;
+        if (!recompute.empty()) options.recompute = plan::recompute_from_name(recompute);
         options.batch_on_tensor_axis = batch_on_tensor_axis;
         options.collective_matmul = collective_matmul;
         options.global_batch = global_batch;
@@ -167,7 +168,7 @@ void bind_plan(py::module_& m) {
         for (const auto& c : r.candidates) {
           py::dict d;
           d["mesh"] = c.mesh;
-          d["recompute"] = c.recompute;
+          d["recompute"] = std::string(plan::recompute_name(c.recompute));
           d["fits"] = c.fits;
           d["step_time"] = c.step_time;
           d["memory_per_rank"] = c.memory_per_rank;
@@ -197,8 +198,9 @@ void bind_plan(py::module_& m) {
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
       py::arg("mesh") = py::none(), py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
       py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
-      py::arg("collective_matmul") = false, py::arg("batch_on_tensor_axis") = true,
-      "The SPMD sharding search (csrc/search/spmd_search.h).");
+      py::arg("collective_matmul") = false, py::arg("batch_on_tensor_axis") = true, py::arg("recompute") = "",
+      "The SPMD sharding search (csrc/search/spmd_search.h); recompute= \"none\", \"full\" or \"selective\": only "
+      "that recomputation (\"\": none, and selective and full where allow_recompute).");
   m.def(
       "plan_joint",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,

@@ -96,7 +96,8 @@ plan::Sharding replicated(const ir::Graph& graph) {
 std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Graph& graph, const std::string& plan_json,
                                                                   const std::vector<std::string>& whole_nodes,
                                                                   const std::vector<std::string>& lookup_ops,
-                                                                  bool adapt_to_shapes, bool recompute = false) {
+                                                                  bool adapt_to_shapes,
+                                                                  plan::Recompute recompute = plan::Recompute::None) {
   plan::Plan p;
   if (plan_json.empty()) {
     p.sharding = replicated(graph);
@@ -145,7 +146,7 @@ std::uint64_t program_hash(const ir::Graph& graph, const plan::Plan& plan, int r
                        .stage_of_node)
     cut += std::to_string(stage) + ",";
   plan::Sharding sharding = size == 1 ? replicated(graph) : *plan::stage_plan(plan, stage).sharding;
-  if (size == 1) sharding.recompute = plan.recompute == plan::Recompute::Full;  // as the stage runs it
+  if (size == 1) sharding.recompute = plan.recompute;  // as the stage runs it
   // The rank within its stage's sub-mesh (every stage's is alike without stage_meshes).
   const int local = plan.stage_meshes.empty() ? rank % size : rank - plan.stage_first_rank(stage);
   return support::fnv1a64(ir::print_graph(transform::rank_graph(graph, sharding, local, options).graph),
@@ -271,8 +272,9 @@ void bind_transform(py::module_& m) {
   m.def(
       "rank_program",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
-         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes, bool recompute) {
-        if (recompute && !plan_json.empty())
+         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes, const std::string& recompute_name) {
+        const plan::Recompute recompute = plan::recompute_from_name(recompute_name);
+        if (recompute != plan::Recompute::None && !plan_json.empty())
           throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
                                          "a plan's sharding says its own");
         auto [sharding, options] =
@@ -312,6 +314,7 @@ void bind_transform(py::module_& m) {
           d["statistics_dim"] = n.statistics_dim;
           d["kernel"] = n.kernel;
           d["recompute_block"] = n.recompute_block;
+          d["recompute_keeps"] = n.recompute_keeps;
           // Collective matmul, Scatter: the steps the node's contraction runs on its output.
           if (n.matmul_scatter_forward.empty()) {
             d["matmul_scatter"] = py::none();
@@ -355,9 +358,9 @@ void bind_transform(py::module_& m) {
         return out;
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
-      py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = false,
+      py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
       "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated, "
-      "each repeated block recomputed when recompute=True.");
+      "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\").");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,

@@ -23,6 +23,10 @@
 namespace shardwise::search {
 namespace {
 
+// Recomputation choices, in the order a tie keeps: none, then the one that runs less again.
+constexpr plan::Recompute kRecomputeChoices[] = {plan::Recompute::None, plan::Recompute::Selective,
+                                                 plan::Recompute::Full};
+
 using support::ValidationError;
 
 std::vector<std::int64_t> divisors(std::int64_t n) {
@@ -196,7 +200,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
           // a micro-batch per stage.
           if (p > 1 && 2 * p <= layers && m >= 2 * p) schedules.emplace_back(plan::Schedule::DualPipeV, 2);
           for (const auto& [schedule, v] : schedules)
-            for (plan::Recompute recompute : {plan::Recompute::None, plan::Recompute::Full})
+            for (plan::Recompute recompute : kRecomputeChoices)
               for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
                 if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
                 plan::Plan candidate;
@@ -232,7 +236,7 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
                               : rows / std::max(a, n - a) > (thorough ? options.max_micro_batch : 4))
             continue;
           for (plan::Schedule schedule : {plan::Schedule::OneFOneB, plan::Schedule::ZeroBubbleH1})
-            for (plan::Recompute recompute : {plan::Recompute::None, plan::Recompute::Full}) {
+            for (plan::Recompute recompute : kRecomputeChoices) {
               if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
               plan::Plan candidate;
               candidate.pipeline = 2;
@@ -335,12 +339,16 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     evaluate_space();
   }
   std::map<StageLayoutKey, std::optional<StageLayout>> layouts;
-  // A layout found for one plan serves every plan with its (t, micro-batch, recomputation):
-  // the memory shares only matter where memory binds, so a plan that does not fit under
-  // another plan's layout gets a search of its own. Keyed by that family (shares -1).
+  // A layout found for one plan serves every plan with its (t, micro-batch, recomputation or
+  // none): the memory shares and the kind of recomputation only matter where memory binds (a
+  // layout's prices are the same under both: cost::PartPrice), so a plan that does not fit
+  // under another plan's layout gets a search of its own. Keyed by that family (shares -1).
   std::map<StageLayoutKey, const std::optional<StageLayout>*> shared;
   auto family_of = [](const StageLayoutKey& key) {
-    return StageLayoutKey{std::get<0>(key), std::get<1>(key), std::get<2>(key), -1, -1};
+    const int recomputed = std::get<2>(key) == static_cast<int>(plan::Recompute::None)
+                               ? static_cast<int>(plan::Recompute::None)
+                               : static_cast<int>(plan::Recompute::Full);
+    return StageLayoutKey{std::get<0>(key), std::get<1>(key), recomputed, -1, -1};
   };
   if (options.stage_layouts) {
     // The candidates priced again with the layout the SPMD search finds for their stages' t

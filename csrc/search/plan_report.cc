@@ -74,7 +74,7 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
     const plan::Sharding& s = *plan.sharding;
     out += fmt::format("plan     mesh [{}] ({}), level {}, global batch {}, recompute {}\n", fmt::join(s.mesh, ", "),
                        fmt::join(s.axis_names, " x "), s.level.empty() ? "manual" : s.level, plan.global_batch,
-                       s.recompute ? "yes" : "no");
+                       plan::recompute_name(s.recompute));
   } else {
     out += fmt::format("plan     data {} x tensor {} x pipeline {}, global batch {}, micro-batch {}, schedule {}{}, "
                        "recompute {}, ZeRO {}\n",

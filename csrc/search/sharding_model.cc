@@ -13,6 +13,7 @@
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
 #include "analysis/saved_for_backward.h"
+#include "analysis/selective_recompute.h"
 #include "cost/collective_cost.h"
 #include "ir/fingerprint.h"
 #include "ops/distributed_kernels.h"
@@ -175,6 +176,7 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   for (std::size_t i = 0; i < num_nodes; ++i) rep_node_[i] = static_cast<ir::NodeId>(i);
   instances_.assign(num_nodes, 1.0);
   in_block_.assign(num_nodes, false);
+  selective_kept_ = analysis::kept_by_selective_recompute(graph_);
   rep_leaf_.assign(num_values, -1);
   for (const ir::Value& value : graph_.values())
     if (is_leaf(value)) rep_leaf_[static_cast<std::size_t>(value.id)] = value.id;
@@ -427,7 +429,7 @@ double ShardingModel::node_compute(ir::NodeId node, int axis, const Strategy& ch
 cost::OpTime ShardingModel::node_time(ir::NodeId node, int axis, const Strategy& choice,
                                       const cost::DeviceType& device) const {
   cost::OpTime time = base_time(node, axis, choice, device);
-  if (options_.recompute && in_block_[static_cast<std::size_t>(node)]) time.backward += time.forward;
+  if (recomputed(static_cast<std::size_t>(node))) time.backward += time.forward;
   return time;
 }
 
@@ -475,10 +477,14 @@ Placement ShardingModel::as_run(int axis, ir::ValueId value, const Placement& p)
 }
 
 double ShardingModel::node_memory(ir::NodeId node, int axis, const Strategy& choice) const {
+  return output_memory(node, axis, choice, kept_whole(static_cast<std::size_t>(node)));
+}
+
+double ShardingModel::output_memory(ir::NodeId node, int axis, const Strategy& choice, bool whole) const {
   const ir::Node& n = graph_.node(node);
   double bytes = 0;
   for (std::size_t o = 0; o < n.outputs.size(); ++o) {
-    const double saved = saved_[static_cast<std::size_t>(n.outputs[o])];
+    const double saved = whole ? 1.0 : saved_[static_cast<std::size_t>(n.outputs[o])];
     if (saved <= 0) continue;
     double held = held_fraction(choice.outputs[o], options_.mesh[static_cast<std::size_t>(axis)]);
     bytes += saved * value_bytes(n.outputs[o]) * held_except(n.outputs[o], axis) * held;
@@ -595,7 +601,7 @@ int ShardingModel::forward_passes(ir::ValueId value, int consumer, int operand) 
   // (search/parameter_collectives.h).
   if (graph_.value(value).role != ir::ValueRole::Parameter) return 1;
   const auto c = static_cast<std::size_t>(consumer);
-  if (options_.recompute && in_block_[c]) return 2;
+  if (checkpointed(c)) return 2;
   return rules_[c] && !backward_reads(*rules_[c], static_cast<std::size_t>(operand)) ? 1 : 2;
 }
 
@@ -699,7 +705,7 @@ ParameterOverlap ShardingModel::gather_overlap(int axis, ir::ValueId value, int 
     read.push_back(node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(consumer)]
                        .inputs[static_cast<std::size_t>(operand)]);
   }
-  return forward_gather_overlap(held, read, options_.recompute && in_block_[static_cast<std::size_t>(consumer)]);
+  return forward_gather_overlap(held, read, checkpointed(static_cast<std::size_t>(consumer)));
 }
 
 double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, int operand, const Placement& produced,
@@ -759,8 +765,18 @@ double ShardingModel::statistics_seconds(int axis, const Strategy& choice) const
                                     cost::Algorithm::Auto);
 }
 
+bool ShardingModel::checkpointed(std::size_t node) const {
+  return options_.recompute != plan::Recompute::None && in_block_[node];
+}
+
+bool ShardingModel::kept_whole(std::size_t node) const {
+  return options_.recompute == plan::Recompute::Selective && in_block_[node] && selective_kept_[node];
+}
+
+bool ShardingModel::recomputed(std::size_t node) const { return checkpointed(node) && !kept_whole(node); }
+
 double ShardingModel::recompute_checkpoint_bytes() const {
-  if (!options_.recompute) return 0;
+  if (options_.recompute == plan::Recompute::None) return 0;
   double bytes = 0;
   for (ir::ValueId v : block_inputs_) bytes += value_bytes(v) * held_all(v);
   return bytes * options_.activation_memory_scale;
@@ -953,7 +969,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     ChoiceNode c;
     c.name = node.outputs.empty() ? node.op : graph_.value(node.outputs[0]).name;
     const double n = instances_[u];
-    const double memory_count = options_.recompute && in_block_[u] ? 1.0 : n;
+    const double memory_count = recomputed(u) ? 1.0 : n;
     for (const Strategy& s : strategies[u]) {
       c.cost.push_back(n * (node_compute(node.id, axis, s, *device_) * balanced_compute_factor(node.id, axis, s) +
                             statistics_seconds(axis, s)));
@@ -1230,7 +1246,7 @@ double ShardingModel::activation_bytes() const {
   for (const ir::Node& node : graph_.nodes()) {
     const auto u = static_cast<std::size_t>(node.id);
     if (rep_node_[u] != node.id) continue;
-    const double count = options_.recompute && in_block_[u] ? 1.0 : instances_[u];
+    const double count = recomputed(u) ? 1.0 : instances_[u];
     bytes += count * node_memory(node.id, 0, node_choice_[0][u]);
   }
   return bytes + recompute_checkpoint_bytes();
@@ -1243,7 +1259,7 @@ ShardingModel::Tally ShardingModel::tally() const {
     const auto u = static_cast<std::size_t>(node.id);
     if (rep_node_[u] != node.id) continue;
     const cost::OpTime time = base_time(node.id, -1, node_choice_[0][u], *device_);
-    const double recomputed = options_.recompute && in_block_[u] ? time.forward : 0.0;
+    const double recomputed = this->recomputed(u) ? time.forward : 0.0;
     out.by_node[u].forward = instances_[u] * time.forward;
     out.by_node[u].backward = instances_[u] * time.backward;
     out.forward += instances_[u] * time.forward;
@@ -1406,8 +1422,14 @@ std::vector<NodePrice> ShardingModel::node_prices() const {
     const auto r = static_cast<std::size_t>(rep_node_[u]);
     const NodePrice& total = tally.by_node[r];
     const double n = instances_[r];
-    out[u] = {total.forward / n, total.backward / n, total.collectives / n, total.gradient_sync / n,
-              node_memory(rep_node_[u], 0, node_choice_[0][r]) * unscale};
+    const bool kept = in_block_[r] && selective_kept_[r];
+    out[u] = {total.forward / n,
+              total.backward / n,
+              total.collectives / n,
+              total.gradient_sync / n,
+              output_memory(rep_node_[u], 0, node_choice_[0][r], false) * unscale,
+              kept ? 0.0 : total.forward / n,
+              kept ? output_memory(rep_node_[u], 0, node_choice_[0][r], true) * unscale : 0.0};
   }
   return out;
 }

@@ -35,7 +35,7 @@ struct ShardingModelOptions {
   std::int64_t global_batch = 1;
   cost::Precision precision = cost::Precision::BF16;
   double memory_limit = 0;  // bytes per rank
-  bool recompute = false;
+  plan::Recompute recompute = plan::Recompute::None;
   bool allow_zero = true;
   cost::MemoryConstants memory;
   int beam_width = kBeamWidth;  // search/spmd_problem.h
@@ -89,7 +89,11 @@ struct NodePrice {
   // reads (each forward pass).
   double collectives = 0;
   double gradient_sync = 0;      // reductions of the gradients of the weights it reads (once per step)
-  double activation_bytes = 0;   // saved outputs, per rank
+  double activation_bytes = 0;   // saved outputs, per rank, as autograd saves them (no recomputation)
+  // As the evaluator prices selective recomputation (cost::PartPrice), whatever the model's
+  // own: the forward seconds it runs again (0 for a node it keeps), the output bytes it keeps.
+  double selective_forward = 0;
+  double selective_kept_bytes = 0;
 };
 
 // A leaf's decision on one axis.
@@ -300,6 +304,14 @@ class ShardingModel {
   double gradient_share(ir::ValueId value, const Placement& gradient) const;
   double statistics_seconds(int axis, const Strategy& choice) const;
   double recompute_checkpoint_bytes() const;
+  // Is the node in a block run as a checkpointed region (any recomputation)? Does its forward
+  // run again in backward (full: every such node; selective: not the ones it keeps)?
+  bool checkpointed(std::size_t node) const;
+  bool recomputed(std::size_t node) const;
+  // Selective recomputation keeps the node's outputs whole from the forward.
+  bool kept_whole(std::size_t node) const;
+  // The output bytes node_memory counts, with each output's kept share given.
+  double output_memory(ir::NodeId node, int axis, const Strategy& choice, bool whole) const;
 
   const ir::Graph& graph_;
   const cost::Cluster& cluster_;
@@ -323,6 +335,7 @@ class ShardingModel {
   std::vector<ir::ValueId> rep_leaf_;               // per value (leaves), else -1
   std::vector<double> instances_;                   // per node: instances folded into it (reps)
   std::vector<bool> in_block_;                      // per node
+  std::vector<bool> selective_kept_;                // per node: analysis::kept_by_selective_recompute
   std::vector<int> units_;                          // per node: parameter_units
   // Per (unit, matrix): the elements of the parameters of that rank class the unit reads
   // (parameter_latency_share's peers).

@@ -163,7 +163,8 @@ std::unique_ptr<ShardingModel> search_decisions(const ShardingModel& start, bool
 namespace {
 
 Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
-                      const SpmdSearchOptions& options, const std::vector<int>& mesh, bool recompute, bool thorough,
+                      const SpmdSearchOptions& options, const std::vector<int>& mesh, plan::Recompute recompute,
+                      bool thorough,
                       double memory_limit, FastSolveMemo& memo) {
   ShardingModelOptions mo;
   mo.mesh = mesh;
@@ -268,10 +269,15 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
     memory_limit = std::min(memory_limit, static_cast<double>(cluster.device_of(r).memory_bytes));
   memory_limit *= options.memory_fraction;
 
-  std::vector<std::pair<std::vector<int>, bool>> runs;
-  for (const auto& mesh : meshes) runs.emplace_back(mesh, false);
-  if (options.allow_recompute)
-    for (const auto& mesh : meshes) runs.emplace_back(mesh, true);
+  // Selective before full: on a tie the search keeps the one that runs less again.
+  std::vector<plan::Recompute> recomputations = {plan::Recompute::None};
+  if (options.recompute)
+    recomputations = {*options.recompute};
+  else if (options.allow_recompute)
+    recomputations = {plan::Recompute::None, plan::Recompute::Selective, plan::Recompute::Full};
+  std::vector<std::pair<std::vector<int>, plan::Recompute>> runs;
+  for (plan::Recompute recompute : recomputations)
+    for (const auto& mesh : meshes) runs.emplace_back(mesh, recompute);
   const std::vector<bool> levels =
       options.level == SearchLevel::Thorough ? std::vector<bool>{false, true} : std::vector<bool>{false};
 
@@ -299,7 +305,7 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
   plan.pipeline = 1;
   plan.global_batch = options.global_batch;
   plan.micro_batch = options.global_batch;
-  plan.recompute = sharding.recompute ? plan::Recompute::Full : plan::Recompute::None;
+  plan.recompute = sharding.recompute;
   plan.zero_stage = sharding.zero.empty() ? 0 : 2;
   plan.precision = std::string(cost::precision_name(options.precision));
   plan.sharding = sharding;
@@ -327,7 +333,10 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
                  fmt::format("spmd search ({}): {} candidates in {:.2f} s; chose mesh {} (data x tensor){}, "
                              "step {:.4g} s, {:.3g} GB per rank of {:.3g} GB{}",
                              options.level == SearchLevel::Thorough ? "thorough" : "fast", result.candidates.size(),
-                             result.search_seconds, sharding.mesh, sharding.recompute ? ", recompute" : "",
+                             result.search_seconds, sharding.mesh,
+                             sharding.recompute == plan::Recompute::None
+                                 ? std::string()
+                                 : fmt::format(", {} recompute", plan::recompute_name(sharding.recompute)),
                              e.step_time, e.memory_per_rank / 1e9, memory_limit / 1e9,
                              e.fits ? "" : " (fits under no candidate: the one needing the least memory)"));
   }

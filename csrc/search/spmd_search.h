@@ -34,7 +34,8 @@
 //    The descent runs inner axis first, outer axis first, and outer axis first from pure
 //    data parallelism with ZeRO-2, and keeps the best (spmd_search.cc says why).
 //  - The mesh and recomputation choice with the lowest predicted step time that fits in
-//    memory wins; ties go to the earlier candidate (smaller tensor degree, no recompute).
+//    memory wins; ties go to the earlier candidate (smaller tensor degree; no recompute, then
+//    selective, then full).
 //  - Heterogeneous clusters: where the batch is sharded along an axis whose ranks differ,
 //    the shares come from search/hetero_balance.h and are recorded as uneven placements of
 //    the graph's inputs ("S(0)[0.31,0.31,...]").
@@ -90,6 +91,8 @@ struct SpmdSearchOptions {
   // (ShardingModelOptions::batch_axes); a searched mesh's axes split whatever prices best.
   bool batch_on_tensor_axis = true;
   bool allow_recompute = true;
+  // Only this recomputation (every mesh searched with it alone; allow_recompute ignored).
+  std::optional<plan::Recompute> recompute;
   bool allow_zero = true;
   // Tensor-parallel collectives run as collective matmuls where they can
   // (search/parameter_collectives.h, MatmulCollective): priced so, and the plan says so
@@ -106,7 +109,7 @@ struct SpmdSearchOptions {
 
 struct SpmdCandidate {
   std::vector<int> mesh;
-  bool recompute = false;
+  plan::Recompute recompute = plan::Recompute::None;
   bool fits = false;
   double step_time = 0;
   double memory_per_rank = 0;

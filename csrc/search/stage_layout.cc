@@ -43,7 +43,7 @@ MemoryShares first_stage_shares(const cost::LayerStructure& structure, const pla
 
 StageLayoutKey stage_layout_key(const cost::LayerStructure& structure, const plan::Plan& plan) {
   const MemoryShares shares = first_stage_shares(structure, plan);
-  return {plan.tensor, plan.micro_batch, plan.recompute == plan::Recompute::Full,
+  return {plan.tensor, plan.micro_batch, static_cast<int>(plan.recompute),
           std::llround(shares.parameters * 1000), std::llround(shares.activations * 1000)};
 }
 
@@ -64,7 +64,7 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
   mo.global_batch = plan.micro_batch;
   mo.precision = *precision;
   mo.memory_limit = static_cast<double>(device.memory_bytes) * options.memory_fraction;
-  mo.recompute = plan.recompute == plan::Recompute::Full;
+  mo.recompute = plan.recompute;
   mo.allow_zero = false;
   mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
   mo.parameter_memory_scale = shares.parameters;
@@ -91,6 +91,8 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
       out.collectives += price.collectives;
       out.gradient_sync += price.gradient_sync;
       out.activation_bytes += price.activation_bytes;
+      out.selective_forward += price.selective_forward;
+      out.selective_kept_bytes += price.selective_kept_bytes;
       for (ir::ValueId in : graph.node(id).inputs) {
         const ir::Value& value = graph.value(in);
         if (value.role != ir::ValueRole::Parameter || !seen.insert(in).second) continue;

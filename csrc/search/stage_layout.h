@@ -52,7 +52,7 @@ struct StageLayout {
 
 // Plans with one key share one layout: tensor degree, micro-batch, recomputation, and the
 // memory shares (rounded to 1e-3) that set the search's memory.
-using StageLayoutKey = std::tuple<int, std::int64_t, bool, long long, long long>;
+using StageLayoutKey = std::tuple<int, std::int64_t, int, long long, long long>;  // (.., plan::Recompute, ..)
 StageLayoutKey stage_layout_key(const cost::LayerStructure& structure, const plan::Plan& plan);
 
 std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cost::LayerStructure& structure,

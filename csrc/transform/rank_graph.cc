@@ -25,6 +25,7 @@ using Shape = std::vector<std::int64_t>;
 
 constexpr std::string_view kWholeAttr = "shardwise.whole";
 constexpr std::string_view kRecomputeAttr = "shardwise.recompute";
+constexpr std::string_view kRecomputeKeepsAttr = "shardwise.recompute_keeps";
 constexpr std::string_view kAsyncGradientAttr = "shardwise.async_gradient";
 // Collective matmul (transform/collective_matmul.h): the operand whose gather runs inside
 // the contraction, and a contraction whose output's reduce-scatter runs inside it.
@@ -120,6 +121,7 @@ class GraphEmitter {
     std::string op = rw.op.empty() ? node.op : rw.op;
     ir::Attributes attrs = rw.attrs;
     if (rw.recompute_block >= 0) attrs[std::string(kRecomputeAttr)] = std::int64_t{rw.recompute_block};
+    if (rw.recompute_keeps) attrs[std::string(kRecomputeKeepsAttr)] = true;
     // The operand whose gradient's all-reduce runs beside this node's weight gradient: the
     // runtime splits the node's backward there.
     for (std::size_t i = 0; i < rw.inputs.size(); ++i)

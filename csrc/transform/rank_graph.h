@@ -46,6 +46,8 @@
 //    With recomputation (the plan's sharding.recompute), each node of the k-th instance of
 //    the repeated blocks carries {shardwise.recompute=k}: the runtime runs each instance as
 //    one checkpointed region, its forward (collectives included) run again in backward.
+//    Selective recomputation also marks the nodes whose outputs are kept, not made again
+//    ({shardwise.recompute_keeps=true}: analysis/selective_recompute.h).
 //    Collective matmul (a plan with collective_matmul; transform/collective_matmul.h): a
 //    contraction that runs its operand i's gather as a ring carries {shardwise.gather_matmul=i},
 //    one that runs its output's reduce-scatter so carries {shardwise.matmul_scatter=true}, and

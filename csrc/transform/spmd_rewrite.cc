@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "analysis/repeated_blocks.h"
+#include "analysis/selective_recompute.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "ops/random_draws.h"
@@ -513,11 +514,17 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
   // Recomputation: every instance of the largest group of repeated blocks (a transformer's
   // layers) is one checkpointed region, as the search prices it (search/sharding_model.cc:
   // in-block nodes recompute their forward in backward and keep one instance's activations).
-  if (sharding.recompute) {
+  if (sharding.recompute != plan::Recompute::None) {
     const auto groups = analysis::find_repeated_blocks(graph);
+    const std::vector<bool> kept = analysis::kept_by_selective_recompute(graph);
+    const bool selective = sharding.recompute == plan::Recompute::Selective;
     if (const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups))
       for (std::size_t k = 0; k < layers->nodes.size(); ++k)
-        for (ir::NodeId id : layers->nodes[k]) rewrites[static_cast<std::size_t>(id)].recompute_block = static_cast<int>(k);
+        for (ir::NodeId id : layers->nodes[k]) {
+          NodeRewrite& rw = rewrites[static_cast<std::size_t>(id)];
+          rw.recompute_block = static_cast<int>(k);
+          rw.recompute_keeps = selective && kept[static_cast<std::size_t>(id)];
+        }
   }
   // Grouped parameter collectives: one group per (unit, kind, axis, dtype), in node order.
   const std::vector<int> units = search::parameter_units(graph);

@@ -160,6 +160,9 @@ struct NodeRewrite {
   // belongs to, run as one checkpointed region (its forward recomputed in backward, its
   // collectives with it); -1 outside them or without recomputation.
   int recompute_block = -1;
+  // Selective recomputation: the node's outputs are kept from the forward, not made again
+  // (analysis/selective_recompute.h); the runtime's policy keeps its op's outputs.
+  bool recompute_keeps = false;
   std::vector<OperandRewrite> inputs;
   std::vector<OutputRewrite> outputs;
   // Collective matmul, Scatter: the node's output is reduce-scattered inside its contraction

@@ -390,8 +390,9 @@ def _plan_lines(plan, values: dict | None, hardware: dict | None) -> list[str]:
         level = sharding.get("level") or "manual"
         how = "placements given by hand" if level == "manual" else f"placements searched ({level})"
         lines.append(f"batch     global {d['global_batch']} in one step; {how}; "
-                     + ("recomputing the repeated blocks in backward" if sharding.get("recompute")
-                        else "no recomputation"))
+                     + {"selective": "recomputing the repeated blocks in backward, their products' outputs "
+                                     "kept (selective)", True: "recomputing the repeated blocks in backward"}
+                     .get(sharding.get("recompute"), "no recomputation"))
         zero = sharding.get("zero") or {}
         if zero:
             axes = sorted({a for v in zero.values() for a in v})

@@ -45,6 +45,18 @@ def _semantics(value: str, where: str) -> str:
     return value
 
 
+_RECOMPUTE = ("none", "full", "selective")
+
+
+def _recompute(value, where: str) -> str:
+    """A recompute argument: True / False (full / none) or one of plan/plan.h's names."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    if value not in _RECOMPUTE:
+        raise _C.ValidationError(f"{where}: recompute {value!r} (known: True, False, {', '.join(map(repr, _RECOMPUTE))})")
+    return value
+
+
 def _floats(doc):
     """`doc` with the plan JSON's non-finite numbers ({"float": "inf" | "-inf" | "nan"}: JSON has
     none, csrc/plan/plan.h) as Python floats."""
@@ -101,7 +113,7 @@ class Plan:
     @classmethod
     def manual(cls, graph, cluster, *, tensor: int = 1, pipeline: int = 1, data: int | None = None,
                global_batch: int, micro_batch: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
-               kfkb_k: int = 1, recompute: bool = True, zero: int = 0, precision: str | None = None,
+               kfkb_k: int = 1, recompute: bool | str = True, zero: int = 0, precision: str | None = None,
                layers_per_stage: list[int] | None = None, profile=None, cost_model=None,
                stage_groups: list[int] | None = None,
                stage_meshes: list[list[int]] | None = None, micro_batch_semantics: str = "exact") -> "Plan":
@@ -109,6 +121,9 @@ class Plan:
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p).
         Raises shardwise.ValidationError naming the numbers when the plan is inconsistent
         (t x p x d != world size, global batch not divisible by micro batch x data, ...).
+        ``recompute``: True or "full" (each repeated block's forward run again in backward),
+        "selective" (run again, but the outputs of its products and fused attention kept:
+        csrc/analysis/selective_recompute.h), False or "none".
         ``profile`` (or its alias ``cost_model``): a ``shardwise.Profile``; measured op and
         collective times replace the analytic ones where it has them (csrc/cost/profiled_cost.h)
         and ``cost_coverage()`` says how many were measured. None: the analytic model.
@@ -140,7 +155,7 @@ class Plan:
         doc = {"format": "shardwise.plan", "version": 1, "data": data, "tensor": tensor, "pipeline": pipeline,
                "global_batch": global_batch, "micro_batch": micro_batch, "schedule": name,
                "virtual_stages": virtual_stages, "kfkb_k": kfkb_k,
-               "recompute": "full" if recompute else "none", "zero_stage": zero,
+               "recompute": _recompute(recompute, "Plan.manual"), "zero_stage": zero,
                "layers_per_stage": list(layers_per_stage or []), "precision": _precision(graph, precision)}
         if stage_groups:
             doc["stage_groups"] = [int(g) for g in stage_groups]
@@ -158,8 +173,8 @@ class Plan:
 
     @classmethod
     def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
-               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool = True,
-               zero: bool = True, progress=None, collective_matmul: bool = False,
+               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None,
+               recompute: bool | str = True, zero: bool = True, progress=None, collective_matmul: bool = False,
                batch_on_tensor_axis: bool | None = None) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
@@ -170,8 +185,9 @@ class Plan:
             batch_on_tensor_axis = mesh is None
         result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
                                 None if mesh is None else [int(x) for x in mesh], float(memory_fraction),
-                                _precision(graph, precision), bool(recompute), bool(zero), progress,
-                                bool(collective_matmul), bool(batch_on_tensor_axis))
+                                _precision(graph, precision), recompute is not False, bool(zero), progress,
+                                bool(collective_matmul), bool(batch_on_tensor_axis),
+                                "" if isinstance(recompute, bool) else _recompute(recompute, "plan"))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     @classmethod
@@ -468,7 +484,7 @@ def _context_of(graph, cluster) -> dict:
 
 
 def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
-         memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool = True,
+         memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool | str = True,
          zero: bool = True, progress=None, pipeline: bool | None = None,
          network: NetworkCondition | None = None, collective_matmul: bool = False,
          micro_batch_semantics: str = "exact") -> Plan:
@@ -486,7 +502,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ``mesh``: fix the {data, tensor} mesh instead of searching every factorisation; its data
     axis splits the batch and its tensor axis does not (weights, heads, sequences: ``mesh=(1,
     4)`` is 4-way tensor parallelism), where a searched mesh's axes split whatever prices best.
-    ``recompute`` / ``zero``: allow activation recomputation / sharded optimizer state.
+    ``recompute`` / ``zero``: allow activation recomputation / sharded optimizer state. The
+    search tries no recomputation, selective and full (True), none (False), or only the one
+    named ("none", "selective", "full": csrc/analysis/selective_recompute.h).
     ``precision``: "f32", "tf32", "bf16" or "f16"; None (default): the model's, as captured
     (a bf16 model, or one captured under a mixed-precision policy, trains in bf16; a float32
     or float64 model in f32).

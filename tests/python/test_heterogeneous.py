@@ -100,7 +100,7 @@ def test_pipeline_stages_are_sized_to_their_devices(tmp_path):
     # The same degrees with equal stages, priced on the same cluster: slower by the slow half.
     equal = shardwise.Plan.manual(graph, cluster, tensor=plan.tensor, pipeline=plan.pipeline, data=plan.data,
                                   global_batch=64, micro_batch=plan.micro_batch, schedule=plan.schedule,
-                                  virtual_stages=plan.virtual_stages, recompute=plan.recompute != "none",
+                                  virtual_stages=plan.virtual_stages, recompute=plan.recompute,
                                   zero=plan.zero_stage, stage_groups=getattr(plan, "stage_groups", None))
     print(f"8 + 8 half-speed A100s: {plan.schedule} p{plan.pipeline} d{plan.data} t{plan.tensor}, layers "
           f"{per_device} on {devices}: {plan.predicted_step_time() * 1e3:.0f} ms; equal stages "

@@ -305,6 +305,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         start_prefetch(0)
     first_waits: set[int] = set()
     block_of: dict[torch.fx.Node, int] = {}  # recomputation: the FX nodes of each checkpointed block
+    selective: set[int] = set()  # the blocks with nodes whose outputs are kept (selective recomputation)
     for node in nodes:
         first = node["outputs"][0]["value"]
         src, indices = sources[first]
@@ -466,6 +467,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             if out.get("scale", 1.0) != 1.0:  # a mean over this rank's uneven share of the batch
                 env[out["value"]] = graph.call_function(operator.mul, (env[out["value"]], out["scale"]))
         if block >= 0:
+            if node.get("recompute_keeps"):
+                selective.add(block)
             for fx_node in reversed(graph.nodes):  # the nodes made for this one, newest first
                 if fx_node is last:
                     break
@@ -479,7 +482,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     graph.output(tuple(results))
     module = torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{rank}Program")
     if block_of:
-        module = checkpoint_blocks(module, block_of)
+        module = checkpoint_blocks(module, block_of, frozenset(selective))
     module.counted = [n["outputs"][0]["value"] for n in counted]
     module.weight_split = root.weight_split if weight_boundaries is not None else None
     # The gradient reduce-scatters this program issues in backward: the engine starts them

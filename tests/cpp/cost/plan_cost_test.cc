@@ -127,6 +127,44 @@ TEST(PlanCost, RecomputationAndInterleaving) {
   EXPECT_NEAR(inter.bubble_fraction, 1.0 / (2 * 4), 1e-12);  // (p - 1) / (v m)
 }
 
+// Selective recomputation sits between none and full in both prices: it runs again only the
+// forward of the ops it does not keep, and keeps, beside each layer's input, the outputs of
+// its products and fused attention. Its collectives run again, as under full recomputation.
+TEST(PlanCost, SelectiveRecomputationRunsTheCheapOpsAgainAndKeepsTheProducts) {
+  ir::Graph g = tiny_gpt();
+  Cluster c = preset("dgx-a100", 1);
+  AnalyticCostModel model;
+  plan::Plan p = tiny_plan();
+  const PlanCost none = evaluate(g, c, p, model);
+  p.recompute = plan::Recompute::Full;
+  const PlanCost full = evaluate(g, c, p, model);
+  p.recompute = plan::Recompute::Selective;
+  const PlanCost selective = evaluate(g, c, p, model);
+  EXPECT_EQ(selective.all_reduces_per_layer_per_micro_batch, 6);
+  EXPECT_GT(selective.compute, none.compute);
+  EXPECT_LT(selective.compute, full.compute);
+  const auto acts = [](const PlanCost& cost) { return cost.memory_breakdown.at("activations"); };
+  EXPECT_GT(acts(selective), acts(full));
+  EXPECT_LT(acts(selective), acts(none));
+  EXPECT_DOUBLE_EQ(selective.model_flops, none.model_flops);
+
+  // Exactly: the first stage holds min(m, p) = 2 micro-batches of its 2 layers; selective
+  // keeps per layer, beyond full's input, the bytes of the outputs of the layer's kept nodes.
+  const LayerStructure structure = find_layer_structure(g);
+  double kept = 0;
+  for (ir::NodeId id : structure.layers->nodes.front()) {
+    if (!structure.selective_kept[static_cast<std::size_t>(id)]) continue;
+    const auto split = structure.layer_split.find(id);
+    const bool column = split != structure.layer_split.end() &&
+                        (split->second == TensorSplit::Column || split->second == TensorSplit::All);
+    for (ir::ValueId out : g.node(id).outputs)
+      kept += static_cast<double>(g.value(out).type.bytes()) / (column ? p.tensor : 1);
+  }
+  EXPECT_GT(kept, 0);
+  const double batch_scale = static_cast<double>(p.micro_batch) / structure.graph_batch;
+  EXPECT_NEAR(acts(selective) - acts(full), 2 * 2 * kept * batch_scale, 1e-6 * acts(selective));
+}
+
 TEST(PlanCost, ZeroBubbleH1FillsTheBubbleWithWeightGradientsAtOneFOneBsMemory) {
   ir::Graph g = tiny_gpt();
   Cluster c = preset("dgx-a100", 1);

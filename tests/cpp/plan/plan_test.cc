@@ -322,6 +322,41 @@ TEST(Plan, HugeDegreesAreValidationErrorsNotOverflow) {
 
 // A complete pipelined plan carries its stages' layout (part of the hash) and may record its
 // rank programs' hash (derived: not part of it); stage_plan is what every stage runs.
+// Selective recomputation reads and writes as "selective" in both places; the sharding's none
+// and full stay the booleans they were, so earlier plans read, and hash, as before.
+TEST(Plan, SelectiveRecomputationRoundTripsAndOlderShardingsReadAsBefore) {
+  Plan p = example();
+  p.recompute = Recompute::Selective;
+  Sharding s;
+  s.mesh = {p.data, p.tensor};
+  s.axis_names = {"data", "tensor"};
+  s.placements = {{"x", {"R", "R"}}};
+  s.recompute = Recompute::Selective;
+  p.stage_sharding = s;
+  const std::string text = plan_to_json_string(p);
+  EXPECT_NE(text.find(R"("recompute":"selective")"), std::string::npos) << text;
+  EXPECT_EQ(plan_from_json_string(text), p);
+
+  for (const auto& [written, read] : {std::pair{std::string("true"), Recompute::Full},
+                                      std::pair{std::string("false"), Recompute::None},
+                                      std::pair{std::string(R"("full")"), Recompute::Full}}) {
+    nlohmann::json doc = nlohmann::json::parse(text);
+    doc["stage_sharding"]["recompute"] = nlohmann::json::parse(written);
+    EXPECT_EQ(plan_from_json_string(doc.dump()).stage_sharding->recompute, read) << written;
+  }
+  Plan full = p;
+  full.stage_sharding->recompute = Recompute::Full;
+  EXPECT_NE(plan_to_json_string(full).find(R"("recompute":true)"), std::string::npos);
+
+  nlohmann::json bad = nlohmann::json::parse(text);
+  bad["stage_sharding"]["recompute"] = 2;
+  EXPECT_THROW(plan_from_json_string(bad.dump()), support::ParseError);
+  bad["stage_sharding"]["recompute"] = "some";
+  EXPECT_THROW(plan_from_json_string(bad.dump()), support::ValidationError);
+  EXPECT_EQ(recompute_from_name("selective"), Recompute::Selective);
+  EXPECT_EQ(recompute_name(Recompute::Selective), "selective");
+}
+
 TEST(Plan, StageShardingAndProgramsRoundTrip) {
   Plan p = example();
   p.virtual_stages = 1;
@@ -348,10 +383,12 @@ TEST(Plan, StageShardingAndProgramsRoundTrip) {
   EXPECT_EQ(stage.micro_batch, stage.global_batch);
   // The plan's own recompute decides its stages' (an edit of it reaches the run).
   Sharding recomputed = s;
-  recomputed.recompute = complete.recompute == Recompute::Full;
+  recomputed.recompute = complete.recompute;
   EXPECT_EQ(stage.sharding, recomputed);
   complete.recompute = complete.recompute == Recompute::Full ? Recompute::None : Recompute::Full;
-  EXPECT_EQ(stage_plan(complete).sharding->recompute, complete.recompute == Recompute::Full);
+  EXPECT_EQ(stage_plan(complete).sharding->recompute, complete.recompute);
+  complete.recompute = Recompute::Selective;
+  EXPECT_EQ(stage_plan(complete).sharding->recompute, Recompute::Selective);
   EXPECT_THROW(stage_plan(p), support::ValidationError);
 
   Plan wrong_mesh = complete;

@@ -507,6 +507,46 @@ TEST(SpmdSearch, ReportFoldsRepeatedBlocks) {
   EXPECT_NE(text.find("collectives per step"), std::string::npos) << text;
 }
 
+// On one mesh, selective recomputation's candidate lies between none and full in time and in
+// memory; with the memory between selective's and none's, the search picks selective, and
+// its sharding says so (what the rewrite and the runtime read). Asked for one, it tries that.
+TEST(SpmdSearch, SelectiveRecomputationIsACandidateBetweenNoneAndFull) {
+  ir::Graph g = gpt(8, 512, 8, 2, 1024);
+  SpmdSearchOptions o;
+  o.global_batch = 64;
+  o.mesh = std::vector<int>{8, 1};
+  const SpmdSearchResult all = search_spmd(g, a100_with_memory(80), cost::AnalyticCostModel{}, o);
+  ASSERT_EQ(all.candidates.size(), 3u);
+  const SpmdCandidate& none = all.candidates[0];
+  const SpmdCandidate& selective = all.candidates[1];
+  const SpmdCandidate& full = all.candidates[2];
+  EXPECT_EQ(none.recompute, plan::Recompute::None);
+  EXPECT_EQ(selective.recompute, plan::Recompute::Selective);
+  EXPECT_EQ(full.recompute, plan::Recompute::Full);
+  EXPECT_LT(none.step_time, selective.step_time);
+  EXPECT_LT(selective.step_time, full.step_time);
+  EXPECT_GT(none.memory_per_rank, selective.memory_per_rank);
+  EXPECT_GT(selective.memory_per_rank, full.memory_per_rank);
+  EXPECT_EQ(all.plan.recompute, plan::Recompute::None);  // everything fits: the fastest
+
+  // Asked for one recomputation, the search tries that one alone.
+  SpmdSearchOptions only = o;
+  only.recompute = plan::Recompute::Selective;
+  const SpmdSearchResult chosen = search_spmd(g, a100_with_memory(80), cost::AnalyticCostModel{}, only);
+  ASSERT_EQ(chosen.candidates.size(), 1u);
+  EXPECT_EQ(chosen.plan.recompute, plan::Recompute::Selective);
+  EXPECT_EQ(chosen.candidates[0].step_time, selective.step_time);
+
+  const double between = (none.memory_per_rank + selective.memory_per_rank) / 2;
+  o.memory_fraction = 1.0;
+  const SpmdSearchResult tight =
+      search_spmd(g, a100_with_memory(between / (1LL << 30)), cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(tight.fits);
+  EXPECT_EQ(tight.plan.recompute, plan::Recompute::Selective);
+  EXPECT_EQ(tight.plan.sharding->recompute, plan::Recompute::Selective);
+  EXPECT_NEAR(tight.plan.predicted->step_time, selective.step_time, 1e-9 * selective.step_time);
+}
+
 TEST(SpmdSearch, AxisProblemsMetAgainAreSolvedOnce) {
   // The MLP has no repeated block: recomputation changes nothing it prices, so the candidates
   // with recomputation build exactly the axis problems of those without, and the search's
@@ -521,15 +561,18 @@ TEST(SpmdSearch, AxisProblemsMetAgainAreSolvedOnce) {
     const SpmdSearchResult off = search_spmd(g, a100_with_memory(gib), cost::AnalyticCostModel{}, o);
     o.allow_recompute = true;
     const SpmdSearchResult on = search_spmd(g, a100_with_memory(gib), cost::AnalyticCostModel{}, o);
-    ASSERT_EQ(on.candidates.size(), 2 * off.candidates.size());
+    // Each mesh again with selective, then with full recomputation.
+    ASSERT_EQ(on.candidates.size(), 3 * off.candidates.size());
     EXPECT_GT(off.axis_problems_solved, 0);
     EXPECT_EQ(on.axis_problems_solved, off.axis_problems_solved);
-    EXPECT_EQ(on.axis_problems_reused, 2 * off.axis_problems_reused + off.axis_problems_solved);
+    EXPECT_EQ(on.axis_problems_reused, 3 * off.axis_problems_reused + 2 * off.axis_problems_solved);
     for (std::size_t c = 0; c < off.candidates.size(); ++c) {
-      const SpmdCandidate& again = on.candidates[off.candidates.size() + c];
-      EXPECT_TRUE(again.recompute);
-      EXPECT_EQ(again.step_time, off.candidates[c].step_time);
-      EXPECT_EQ(again.memory_per_rank, off.candidates[c].memory_per_rank);
+      for (std::size_t k : {1, 2}) {
+        const SpmdCandidate& again = on.candidates[k * off.candidates.size() + c];
+        EXPECT_EQ(again.recompute, k == 1 ? plan::Recompute::Selective : plan::Recompute::Full);
+        EXPECT_EQ(again.step_time, off.candidates[c].step_time);
+        EXPECT_EQ(again.memory_per_rank, off.candidates[c].memory_per_rank);
+      }
     }
     EXPECT_EQ(plan::plan_to_json_string(on.plan), plan::plan_to_json_string(off.plan));
   }
