@@ -5,7 +5,8 @@ backward (csrc/analysis/selective_recompute.h, runtime/recompute.py). Training e
 device in float64.
 
 transformers GPT-2 (dropout on where the plan is data parallel) and LLaMA (grouped-query
-attention), on Gloo ranks: data 2, tensor 2, pipeline 2 (1F1B) and data 2 x tensor 2, each
+attention), on Gloo ranks: data 2, tensor 2, pipeline 2 (1F1B) and data 2 x tensor 2 (the
+tensor plans searched with too little memory for whole weights: split on the tensor axis), each
 with and without selective recomputation, against one device over 2 AdamW steps (losses and
 parameters within 1e-9). Counting the ops each step runs shows what was run again: the
 products as often as without recomputation, the elementwise multiplies more often.
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import shardwise
-from conftest import parameter_error, spawn_scenario, train_one_device
+from conftest import parameter_error, spawn_scenario, tight_plan, train_one_device
 from shardwise.models import CausalLMWithLoss
 
 transformers = pytest.importorskip("transformers")
@@ -70,8 +71,10 @@ def _engine(model_of, layout: str, world: int, recompute: str):
         plan = shardwise.Plan.manual(graph, cluster, pipeline=world, data=1, tensor=1, global_batch=ROWS,
                                      micro_batch=ROWS // 2, schedule="1f1b", recompute=recompute)
         return shardwise.parallelize(model_of(), _batch(0), plan=plan)
-    mesh = {"data": (world, 1), "tensor": (1, world), "2x2": (2, 2)}[layout]
-    searched = shardwise.parallelize(model_of(), _batch(0), mesh=mesh, cluster=cluster, verify=False).plan
+    if layout == "data":
+        searched = shardwise.parallelize(model_of(), _batch(0), mesh=(world, 1), cluster=cluster, verify=False).plan
+    else:  # memory that holds the model only with its weights split on the tensor axis
+        searched = tight_plan(shardwise.capture(model_of(), _batch(0)), world, ROWS, (1, 2) if world == 2 else (2, 2))
     doc = json.loads(searched.to_json())
     for key in ("predicted", "programs"):
         doc.pop(key, None)
@@ -94,6 +97,9 @@ def _scenario_selective(rank: int, world: int, model_name: str, layout: str) -> 
             optimizer.step()
             optimizer.zero_grad()
         rank_ir = engine.rank_ir if hasattr(engine, "rank_ir") else ""
+        plan = json.loads(engine.plan.to_json())
+        placements = (plan.get("sharding") or {}).get("placements", {})
+        split_on_tensor = sum(1 for name, p in placements.items() if name.endswith("weight") and p[-1] != "R")
         out[recompute] = {"losses": losses, "state": engine.full_state_dict(),
                           "counts": dict(counting.counts), "keeps": rank_ir.count("shardwise.recompute_keeps=true")}
     reference = model_of()
@@ -101,7 +107,7 @@ def _scenario_selective(rank: int, world: int, model_name: str, layout: str) -> 
     ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.AdamW(reference.parameters(), lr=1e-2))
     every = [None] * world
     dist.all_gather_object(every, {k: v["counts"] for k, v in out.items()})
-    return {"ref_losses": ref_losses, "counts": every,
+    return {"ref_losses": ref_losses, "counts": every, "split_on_tensor": split_on_tensor,
             **{k: {"losses": v["losses"], "keeps": v["keeps"],
                    "error": parameter_error({n: t.double() for n, t in v["state"].items()}, reference)}
                for k, v in out.items()}}
@@ -119,6 +125,7 @@ def test_selective_recomputation_keeps_the_products_runs_the_rest_again_and_equa
         assert run["error"] < EXACT, (recompute, run["error"])
     if layout != "pipeline":  # the SPMD rank IR marks the kept nodes
         assert r["selective"]["keeps"] > 0 and r["none"]["keeps"] == 0, (r["selective"]["keeps"], r["none"]["keeps"])
+        assert layout == "data" or r["split_on_tensor"] > 0  # tensor parallelism, not only the batch
     for rank, counts in enumerate(r["counts"]):
         none, selective = collections.Counter(counts["none"]), collections.Counter(counts["selective"])
         products = sum(none[op] for op in PRODUCTS)
