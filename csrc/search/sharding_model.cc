@@ -732,6 +732,8 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
                                         parameter ? parameter_latency_share(value, consumer, first, false, bytes) : 1.0);
   if (gather > 0)
     seconds = (weight(first) + (forward_passes(value, consumer, operand) - 1) * weight(regather_overlap())) * gather;
+  // A recomputed reader reshards an activation again when backward runs its forward: exposed.
+  if (!parameter && checkpointed(static_cast<std::size_t>(consumer))) seconds += gather;
   if (requires_grad_[static_cast<std::size_t>(value)]) {
     const Placement canonical = gradient_placement(produced);
     const ParameterOverlap reduction =
@@ -1383,6 +1385,9 @@ ShardingModel::Tally ShardingModel::tally() const {
           parameter && first == ParameterOverlap::BesideForward ? grouped_share(key.consumer, group.value, 0) : 1.0;
       record(produced, reader.inputs[op], "forward", parameter ? beside(first) : out.activations, price.collectives,
              1.0, 1.0, gather_latency);
+      // A recomputed reader's forward, run again in backward, reshards an activation again.
+      if (!parameter && checkpointed(static_cast<std::size_t>(key.consumer)))
+        record(produced, reader.inputs[op], "backward", out.activations, price.collectives, 1.0);
       // A gathered weight is released after its read and gathered again for the backward (and
       // for the recomputed forward): ZeRO-3 / FSDP's traffic, as the runtime runs it.
       if (parameter)
