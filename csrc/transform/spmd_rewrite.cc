@@ -516,14 +516,16 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
   // in-block nodes recompute their forward in backward and keep one instance's activations).
   if (sharding.recompute != plan::Recompute::None) {
     const auto groups = analysis::find_repeated_blocks(graph);
-    const std::vector<bool> kept = analysis::kept_by_selective_recompute(graph);
-    const bool selective = sharding.recompute == plan::Recompute::Selective;
+    // Selective: the nodes whose outputs are kept (none under full recomputation).
+    const std::vector<bool> kept = sharding.recompute == plan::Recompute::Selective
+                                       ? analysis::kept_by_selective_recompute(graph)
+                                       : std::vector<bool>(graph.nodes().size(), false);
     if (const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups))
       for (std::size_t k = 0; k < layers->nodes.size(); ++k)
         for (ir::NodeId id : layers->nodes[k]) {
           NodeRewrite& rw = rewrites[static_cast<std::size_t>(id)];
           rw.recompute_block = static_cast<int>(k);
-          rw.recompute_keeps = selective && kept[static_cast<std::size_t>(id)];
+          rw.recompute_keeps = kept[static_cast<std::size_t>(id)];
         }
   }
   // Grouped parameter collectives: one group per (unit, kind, axis, dtype), in node order.

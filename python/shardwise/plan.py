@@ -45,16 +45,12 @@ def _semantics(value: str, where: str) -> str:
     return value
 
 
-_RECOMPUTE = ("none", "full", "selective")
-
-
-def _recompute(value, where: str) -> str:
-    """A recompute argument: True / False (full / none) or one of plan/plan.h's names."""
+def _recompute(value) -> str:
+    """A recompute argument as plan/plan.h names it: True / False are "full" / "none"; a name
+    is passed on, and the core refuses one it does not know (listing those it does)."""
     if isinstance(value, bool):
         return "full" if value else "none"
-    if value not in _RECOMPUTE:
-        raise _C.ValidationError(f"{where}: recompute {value!r} (known: True, False, {', '.join(map(repr, _RECOMPUTE))})")
-    return value
+    return str(value)
 
 
 def _floats(doc):
@@ -155,7 +151,7 @@ class Plan:
         doc = {"format": "shardwise.plan", "version": 1, "data": data, "tensor": tensor, "pipeline": pipeline,
                "global_batch": global_batch, "micro_batch": micro_batch, "schedule": name,
                "virtual_stages": virtual_stages, "kfkb_k": kfkb_k,
-               "recompute": _recompute(recompute, "Plan.manual"), "zero_stage": zero,
+               "recompute": _recompute(recompute), "zero_stage": zero,
                "layers_per_stage": list(layers_per_stage or []), "precision": _precision(graph, precision)}
         if stage_groups:
             doc["stage_groups"] = [int(g) for g in stage_groups]
@@ -187,7 +183,7 @@ class Plan:
                                 None if mesh is None else [int(x) for x in mesh], float(memory_fraction),
                                 _precision(graph, precision), recompute is not False, bool(zero), progress,
                                 bool(collective_matmul), bool(batch_on_tensor_axis),
-                                "" if isinstance(recompute, bool) else _recompute(recompute, "plan"))
+                                "" if isinstance(recompute, bool) else _recompute(recompute))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     @classmethod

@@ -155,9 +155,11 @@ def test_plans_name_selective_recomputation_and_refuse_an_unknown_one():
     assert json.loads(manual["selective"].to_json())["recompute"] == "selective"
     assert manual["none"].predicted_memory()[0] > manual["selective"].predicted_memory()[0] > \
         manual["full"].predicted_memory()[0]
-    with pytest.raises(shardwise.ValidationError, match="recompute 'some'"):
+    with pytest.raises(shardwise.ValidationError, match="plan.recompute: unknown value 'some'"):
         shardwise.Plan.manual(graph, cluster, pipeline=2, data=1, global_batch=ROWS, micro_batch=ROWS // 2,
                               recompute="some")
+    with pytest.raises(shardwise.ValidationError, match="plan.recompute: unknown value 'some'"):
+        shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(2, 1), recompute="some")
     with pytest.raises(shardwise.ValidationError, match="zb-h1 with recomputation"):
         shardwise.Plan.manual(graph, cluster, pipeline=2, data=1, global_batch=ROWS, micro_batch=ROWS // 2,
                               schedule="zb-h1", recompute="selective")
