@@ -13,6 +13,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
+# torch first: transformers and accelerate below require torch, and pip would take for them the
+# newest it may (on a fresh machine a CUDA build of several GB, which the build then rejects:
+# "Caffe2 uses CUDA but I cannot find the CUDA libraries").
+if ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith(('2.11', '2.12', '2.13', '2.14', '2.15')) else 1)" 2>/dev/null; then
+  echo "[install] torch==2.13.0"
+  $PY -m pip install -q torch==2.13.0
+fi
+TORCH_PIN="torch==$($PY -c 'import torch; print(torch.__version__)')"
+
 if [[ ${1:-} == --test ]]; then
   apt_packages=(cmake ninja-build g++ libgtest-dev ccache clang-19 libclang-rt-19-dev)
   missing=()
@@ -25,13 +34,9 @@ if [[ ${1:-} == --test ]]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
-  $PY -m pip install -q "transformers>=4.45" "accelerate>=1.1" pytest
+  $PY -m pip install -q "transformers>=4.45" "accelerate>=1.1" pytest "$TORCH_PIN"
 fi
 
-if ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith(('2.11', '2.12', '2.13', '2.14', '2.15')) else 1)" 2>/dev/null; then
-  echo "[install] torch==2.13.0"
-  $PY -m pip install -q torch==2.13.0
-fi
 tools=(rich setuptools wheel)
 command -v cmake >/dev/null || tools+=(cmake)
 command -v ninja >/dev/null || tools+=(ninja)
