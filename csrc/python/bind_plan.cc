@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "cost/constants.h"
 #include "cost/op_cost.h"
 #include "cost/plan_cost.h"
+#include "cost/profiled_cost.h"
 #include "ir/graph.h"
 #include "plan/plan.h"
 #include "search/plan_report.h"
@@ -43,6 +45,13 @@ std::function<void(int, int)> python_progress(const std::optional<py::function>&
     py::gil_scoped_acquire gil;
     fn(done, total);
   };
+}
+
+// The cost model a planner prices with: a profile's measurements where it has them
+// (cost/profiled_cost.h), or the analytic model ("").
+std::unique_ptr<cost::CostModel> cost_model_of(const std::string& profile_json) {
+  if (profile_json.empty()) return std::make_unique<cost::AnalyticCostModel>();
+  return std::make_unique<cost::ProfiledCostModel>(cost::profile_from_json_string(profile_json));
 }
 
 }  // namespace
@@ -87,12 +96,15 @@ void bind_plan(py::module_& m) {
       "The global ranks pipeline stage `stage` runs on (plan/plan.h: stage_first_rank, stage_size).");
   m.def(
       "complete_plan",
-      [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text, const std::string& level) {
+      [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text, const std::string& level,
+         const std::string& profile) {
         const plan::Plan p = plan::plan_from_json_string(text);
+        const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
         search::CompletedPlan out;
         {
           py::gil_scoped_release release;
-          out = search::complete_plan(graph, cluster, p, search::search_level_from_name(level));
+          out = search::complete_plan(graph, cluster, p, search::search_level_from_name(level), cost::kMemoryFraction,
+                                      model.get());
         }
         plan::validate(out.plan);
         py::dict d;
@@ -101,8 +113,10 @@ void bind_plan(py::module_& m) {
         return d;
       },
       py::arg("graph"), py::arg("cluster"), py::arg("plan_json"), py::arg("level") = "fast",
+      py::arg("profile_json") = "",
       "The plan with everything its run needs (csrc/search/stage_layout.h: complete_plan), and whether it fits "
-      "(None when no search said).");
+      "(None when no search said); a pipelined plan priced again with its stages' layout (with profile_json's "
+      "measurements where given).");
   m.def(
       "evaluate_plan",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text) {
@@ -146,7 +160,8 @@ void bind_plan(py::module_& m) {
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
          std::optional<std::vector<int>> mesh, double memory_fraction, const std::string& precision,
          bool allow_recompute, bool allow_zero, std::optional<py::function> progress, bool collective_matmul,
-         bool batch_on_tensor_axis, const std::string& recompute) {
+         bool batch_on_tensor_axis, const std::string& recompute, const std::string& profile) {
+        const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
         search::SpmdSearchOptions options;
         if (!recompute.empty()) options.recompute = plan::recompute_from_name(recompute);
         options.batch_on_tensor_axis = batch_on_tensor_axis;
@@ -162,7 +177,7 @@ void bind_plan(py::module_& m) {
         search::SpmdSearchResult r;
         {
           py::gil_scoped_release release;
-          r = search::search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);
+          r = search::search_spmd(graph, cluster, *model, options);
         }
         py::list candidates;
         for (const auto& c : r.candidates) {
@@ -199,14 +214,17 @@ void bind_plan(py::module_& m) {
       py::arg("mesh") = py::none(), py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
       py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
       py::arg("collective_matmul") = false, py::arg("batch_on_tensor_axis") = true, py::arg("recompute") = "",
+      py::arg("profile_json") = "",
       "The SPMD sharding search (csrc/search/spmd_search.h); recompute= \"none\", \"full\" or \"selective\": only "
-      "that recomputation (\"\": none, and selective and full where allow_recompute).");
+      "that recomputation (\"\": none, and selective and full where allow_recompute); profile_json: a "
+      "shardwise.Profile's JSON, priced with it (cost/profiled_cost.h), \"\": the analytic model.");
   m.def(
       "plan_joint",
       [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
          double memory_fraction, const std::string& precision, std::optional<py::function> progress,
          std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts,
-         bool allow_zero, const std::string& micro_batch_semantics) {
+         bool allow_zero, const std::string& micro_batch_semantics, const std::string& profile) {
+        const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
         search::JointPlanOptions options;
         options.micro_batch_semantics = plan::micro_batch_semantics_from_name(micro_batch_semantics);
         options.stage_layouts = stage_layouts;
@@ -221,7 +239,7 @@ void bind_plan(py::module_& m) {
         search::JointPlanResult r;
         {
           py::gil_scoped_release release;
-          r = search::plan_joint(graph, cluster, cost::AnalyticCostModel{}, options);
+          r = search::plan_joint(graph, cluster, *model, options);
         }
         py::list best;
         for (const auto& b : r.best) best.append(plan::plan_to_json_string(b.plan));
@@ -240,7 +258,8 @@ void bind_plan(py::module_& m) {
       py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
       py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16", py::arg("progress") = py::none(),
       py::arg("network") = py::none(), py::arg("stage_layouts") = true, py::arg("allow_zero") = true,
-      py::arg("micro_batch_semantics") = "exact", "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h).");
+      py::arg("micro_batch_semantics") = "exact", py::arg("profile_json") = "",
+      "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h); profile_json as search_plan's.");
   m.def(
       "plan_report",
       [](const std::string& text, double capacity) {

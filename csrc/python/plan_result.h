@@ -11,9 +11,11 @@
 
 namespace shardwise::python {
 
-// Runs cost::evaluate without the GIL and returns {plan (JSON with the prediction),
-// step_time, tflops_per_device, memory_per_rank, memory_breakdown, breakdown,
-// model_flops, layers, tensor_parallel_pairs_per_layer, micro_batches, bubble_fraction}.
+// Prices the plan with the one evaluator (search/plan_price.h) without the GIL and returns
+// {plan (JSON with the prediction), step_time, tflops_per_device, memory_per_rank,
+// memory_breakdown, breakdown}, and: for a plan priced by its degrees model_flops, layers,
+// tensor_parallel_pairs_per_layer, micro_batches, bubble_fraction, ...; for a sharded plan
+// fits (whether it fits in cost::kMemoryFraction of the smallest device).
 pybind11::dict evaluate_plan_to_python(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
                                        const cost::CostModel& model);
 

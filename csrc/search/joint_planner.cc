@@ -523,7 +523,9 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     throw ValidationError("joint planner: no combination of degrees could be evaluated for this graph and cluster");
   }
   // The chosen plan complete, so the runtime searches nothing (stage_layout.h).
-  result.plan = complete_plan(graph, cluster, result.plan, options.level, options.memory_fraction).plan;
+  // A pipelined plan whose stages' layout it writes is priced again with that layout
+  // (search/plan_price.h): the figure recorded is the one the plan gets read back.
+  result.plan = complete_plan(graph, cluster, result.plan, options.level, options.memory_fraction, &model).plan;
   result.search_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (support::log_enabled(support::LogLevel::Info)) {

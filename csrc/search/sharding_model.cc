@@ -1,6 +1,7 @@
 #include "search/sharding_model.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -1483,19 +1484,99 @@ ShardingEvaluation ShardingModel::evaluate() const {
                    {"zero_broadcast", broadcasts}};
   // The keys of a manual plan's breakdown (cost/plan_cost.cc), so one report reads both.
   const cost::ModelStateBytes states = parameter_bytes_by_kind();
-  const double acts = activation_bytes(), gathered = gathered_parameter_bytes();
+  double acts = activation_bytes();
+  const double gathered = gathered_parameter_bytes();
   out.memory_per_rank = states.total() + acts + gathered;
+  out.fits = out.memory_per_rank <= options_.memory_limit;
+  if (const std::optional<UnevenShares> shares = uneven_shares()) {
+    // The batch's uneven shares (set_input_ratios: the balance LP's, hetero_balance.h), priced
+    // as the LP prices them: rank i of the axis' group computes its share, ratio x n of the
+    // even one, at its own device's speed, and the slowest of them sets the step; its saved
+    // activations scale with its share, against its own device's memory.
+    const double n = static_cast<double>(shares->ranks.size());
+    const double fraction = options_.memory_limit / static_cast<double>(device_->memory_bytes);
+    double paced = 0, most = 0;
+    out.fits = true;
+    for (std::size_t i = 0; i < shares->ranks.size(); ++i) {
+      const cost::DeviceType& device = cluster_.device_of(shares->ranks[i]);
+      const double scale = shares->ratios[i] * n;
+      paced = std::max(paced, compute_seconds(device) * scale);
+      most = std::max(most, scale);
+      out.fits = out.fits && states.total() + acts * scale + gathered <=
+                                 static_cast<double>(device.memory_bytes) * fraction;
+    }
+    out.step_time += paced - compute;
+    out.breakdown["compute"] = paced;
+    acts *= most;
+    out.memory_per_rank = states.total() + acts + gathered;
+  }
   out.memory_breakdown = {{"weights", states.weights},
                           {"gradients", states.gradients},
                           {"optimizer", states.optimizer},
                           {"activations", acts},
                           {"gathered_parameters", gathered}};
-  out.fits = out.memory_per_rank <= options_.memory_limit;
   double flops = 0;
   for (const ir::Node& node : graph_.nodes())
     flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph_, node).matmul);
   out.model_flops = 3 * flops * batch_scale_;
   return out;
+}
+
+void ShardingModel::adopt(const plan::Sharding& sharding) {
+  const std::size_t axes = options_.mesh.size();
+  if (sharding.mesh != options_.mesh)
+    throw ValidationError(fmt::format("plan: sharding mesh [{}] priced on a model of mesh [{}]",
+                                      fmt::join(sharding.mesh, ", "), fmt::join(options_.mesh, ", ")));
+  auto entry = [&](const std::map<std::string, std::vector<std::string>>& map, const std::string& name,
+                   const char* what) -> const std::vector<std::string>& {
+    auto it = map.find(name);
+    if (it == map.end())
+      throw ValidationError(fmt::format("plan: no {} for '{}' (a plan made for another graph?)", what, name));
+    if (it->second.size() != axes)
+      throw ValidationError(fmt::format("plan: the {} of '{}' has {} entries for a mesh of {} axes", what, name,
+                                        it->second.size(), axes));
+    return it->second;
+  };
+  for (const ir::Value& v : graph_.values()) {
+    if (!is_leaf(v)) continue;
+    const auto& texts = entry(sharding.placements, v.name, "placement");
+    auto zero = sharding.zero.find(v.name);
+    for (std::size_t a = 0; a < axes; ++a) {
+      LeafChoice& choice = leaf_choice_[a][static_cast<std::size_t>(v.id)];
+      choice.placement = parse_placement(texts[a]);
+      choice.zero = zero != sharding.zero.end() &&
+                    std::ranges::find(zero->second, static_cast<int>(a)) != zero->second.end();
+    }
+  }
+  auto read_axis = [&](std::size_t a) {
+    for (const ir::Node& node : graph_.nodes()) {
+      if (node.outputs.empty()) continue;
+      const std::string& name = graph_.value(node.outputs[0]).name;
+      const std::string& text = entry(sharding.strategies, name, "strategy")[a];
+      const auto& rule = rules_[static_cast<std::size_t>(node.id)];
+      Strategy& slot = node_choice_[a][static_cast<std::size_t>(node.id)];
+      if (text == "replicate" || !rule) {
+        if (text != "replicate")
+          throw ValidationError(fmt::format("plan: node '{}' ({}, module '{}') has strategy '{}' on mesh axis {} "
+                                            "but no sharding rule", name, node.op, node.module_path, text, a));
+        slot = replicate_strategy(node.id);
+        continue;
+      }
+      bool found = false;
+      for (Strategy& s : node_strategies(node.id, static_cast<int>(a))) {
+        if (s.str(*rule) != text) continue;
+        slot = std::move(s);
+        found = true;
+        break;
+      }
+      if (!found)
+        throw ValidationError(fmt::format("plan: node '{}' ({}, module '{}'): strategy '{}' is not one its rule {} "
+                                          "takes on mesh axis {} of {} ranks", name, node.op, node.module_path, text,
+                                          rule->str(), a, options_.mesh[a]));
+    }
+  };
+  for (std::size_t a = 0; a < axes; ++a) read_axis(a);
+  if (axes > 1) read_axis(0);
 }
 
 plan::Sharding ShardingModel::sharding(std::string level) const {
@@ -1531,6 +1612,23 @@ plan::Sharding ShardingModel::sharding(std::string level) const {
     out.strategies[graph_.value(node.outputs[0]).name] = std::move(per_axis);
   }
   return out;
+}
+
+std::optional<ShardingModel::UnevenShares> ShardingModel::uneven_shares() const {
+  const int axis = batch_axis();
+  if (axis < 0) return std::nullopt;
+  for (ir::ValueId in : graph_.inputs()) {
+    const Placement& p = leaf_choice_[static_cast<std::size_t>(axis)][static_cast<std::size_t>(in)].placement;
+    const ir::TensorType& type = graph_.value(in).type;
+    if (type.batch_dim && p.is_shard() && p.dim == *type.batch_dim && !p.ratios.empty()) {
+      if (p.ratios.size() != static_cast<std::size_t>(options_.mesh[static_cast<std::size_t>(axis)]))
+        throw ValidationError(fmt::format("plan: input '{}' has {} batch shares on a mesh axis of {} ranks",
+                                          graph_.value(in).name, p.ratios.size(),
+                                          options_.mesh[static_cast<std::size_t>(axis)]));
+      return UnevenShares{axis, axis_ranks(axis), p.ratios};
+    }
+  }
+  return std::nullopt;
 }
 
 int ShardingModel::batch_axis() const {

@@ -137,6 +137,15 @@ class ShardingModel {
 
   ShardingEvaluation evaluate() const;
 
+  // Takes a plan's decisions as they are (plan::Sharding: every leaf's placement and ZeRO
+  // axes, every node's strategy by its text), so that evaluate() prices the plan as written:
+  // the one evaluator of a sharded plan (search/plan_price.h). The mesh must be this model's.
+  // Each axis is read with the outer axes' splits in place (a strategy's blocks lie within
+  // them), the outermost axis read again once the inner ones are: every strategy then stands
+  // in the others' final splits, as the search leaves them. Throws ValidationError naming the
+  // value, node, op and module on a name the graph lacks or a strategy its rule cannot take.
+  void adopt(const plan::Sharding& sharding);
+
   // The current decisions' costs by node (indexed by NodeId): what a pipeline planner sums
   // over a stage's nodes. The evaluate() sums, without its overlap of parameter
   // collectives, which the planner's own model decides.
@@ -151,6 +160,14 @@ class ShardingModel {
   void set_input_ratios(int axis, const std::vector<double>& ratios);
   // The axis along which the graph's inputs are sharded on their batch dim, or -1.
   int batch_axis() const;
+  // The uneven shares of the batch along that axis (set_input_ratios, or a plan's adopted
+  // placements): the ranks of the axis' first group and their ratios; none when even.
+  struct UnevenShares {
+    int axis = -1;
+    std::vector<int> ranks;
+    std::vector<double> ratios;
+  };
+  std::optional<UnevenShares> uneven_shares() const;
   // Compute seconds of the whole step on one device type, with the current decisions.
   double compute_seconds(const cost::DeviceType& device) const;
   // Parameter-state and activation bytes of the most loaded rank, split for balance.

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "search/hetero_balance.h"
+#include "search/plan_price.h"
 #include "search/sharding_model.h"
 #include "support/error.h"
 #include "support/log.h"
@@ -184,21 +185,14 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   Outcome out;
   std::unique_ptr<ShardingModel> best_model = search_decisions(start, thorough, &out.evaluation);
   ShardingModel& sm = *best_model;
-  // The same placements with every collective run plainly: what the collective matmuls save,
-  // as the plan with sharding.collective_matmul off would be priced (benchmarks/collective_matmul.py).
-  if (options.collective_matmul) {
-    ShardingModel plain(sm);
-    plain.set_collective_matmul(false);
-    out.evaluation.breakdown["step_time_plain_collectives"] = plain.evaluate().step_time;
-  }
-
   // Heterogeneous ranks along the batch axis: shares from the balance LP.
   const int axis = sm.batch_axis();
   if (cluster.heterogeneous() && axis >= 0) {
     // Every group along the axis is alike in the presets (a run of devices per node); the
     // first one stands for all.
     std::vector<int> ranks = sm.axis_ranks(axis);
-    const double activations = sm.activation_bytes(), parameters = sm.parameter_bytes();
+    const double activations = sm.activation_bytes();
+    const double parameters = sm.parameter_bytes() + sm.gathered_parameter_bytes();
     const double per_rank_batch = static_cast<double>(options.global_batch) / static_cast<double>(ranks.size());
     const double comm = out.evaluation.step_time - out.evaluation.breakdown.at("compute");
     std::vector<BalanceRank> balance;
@@ -217,20 +211,12 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
       out.balance = BatchBalance{axis, ranks, result.ratios(), result.step_time, result.even_step_time,
                                  result.lp_step_time};
       sm.set_input_ratios(axis, result.ratios());
-      // What the shares change: the even split's time as priced here, memory aside (even_step_time
-      // is infinite where the even split overflows a device: the difference must stay finite).
-      double even = 0;
-      for (const BalanceRank& b : balance) even = std::max(even, b.fixed_seconds + b.seconds_per_sample * per_rank_batch);
-      out.evaluation.breakdown["compute"] += result.step_time - even;
-      out.evaluation.step_time += result.step_time - even;
-      double max_memory = 0;
-      for (std::size_t i = 0; i < balance.size(); ++i)
-        max_memory = std::max(max_memory, balance[i].fixed_memory +
-                                              balance[i].memory_per_sample * static_cast<double>(result.samples[i]));
-      out.evaluation.memory_per_rank = max_memory;
-      out.evaluation.fits = result.feasible;
+      // Priced as the plan is (ShardingModel::evaluate prices uneven shares as the LP does):
+      // one evaluator for the search's figure and the plan's (search/plan_price.h).
+      out.evaluation = sm.evaluate();
     }
   }
+  add_plain_collectives(sm, out.evaluation);
   out.sharding = sm.sharding(thorough ? "thorough" : "fast");
   return out;
 }
@@ -311,16 +297,7 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
   plan.sharding = sharding;
   plan.sharding->level = std::string(search_level_name(options.level));
   const ShardingEvaluation& e = best->evaluation;
-  plan::Predicted predicted;
-  predicted.step_time = e.step_time;
-  predicted.memory_per_rank = e.memory_per_rank;
-  predicted.tflops_per_device =
-      e.step_time > 0 ? e.model_flops / e.step_time / cluster.world_size() / 1e12 : 0.0;
-  predicted.breakdown = e.breakdown;
-  predicted.memory_breakdown = e.memory_breakdown;
-  predicted.collectives = e.collectives;
-  predicted.ranks_per_node = cluster.ranks_per_node();
-  plan.predicted = std::move(predicted);
+  plan.predicted = sharding_prediction(e, cluster);
   plan::validate(plan, cluster.world_size());
   result.fits = e.fits;
   result.memory_limit = memory_limit;

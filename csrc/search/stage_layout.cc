@@ -2,7 +2,9 @@
 #include "search/stage_layout.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -11,6 +13,7 @@
 #include "analysis/batch_dim.h"
 #include "cost/layer_balance.h"
 #include "cost/memory_cost.h"
+#include "search/plan_price.h"
 #include "search/sharding_model.h"
 #include "support/error.h"
 
@@ -39,48 +42,9 @@ MemoryShares first_stage_shares(const cost::LayerStructure& structure, const pla
   return {share * zero, share * in_flight};
 }
 
-}  // namespace
-
-StageLayoutKey stage_layout_key(const cost::LayerStructure& structure, const plan::Plan& plan) {
-  const MemoryShares shares = first_stage_shares(structure, plan);
-  return {plan.tensor, plan.micro_batch, static_cast<int>(plan.recompute),
-          std::llround(shares.parameters * 1000), std::llround(shares.activations * 1000)};
-}
-
-std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cost::LayerStructure& structure,
-                                               const cost::Cluster& cluster, const cost::CostModel& model,
-                                               const plan::Plan& plan, const StageLayoutOptions& options) {
-  const int t = plan.tensor;
-  if (t <= 1 || !structure.layers) return std::nullopt;
-  const std::optional<cost::Precision> precision = cost::parse_precision(plan.precision);
-  if (!precision) throw support::ValidationError(fmt::format("stage layout: unknown precision '{}'", plan.precision));
-  // The t ranks of one stage sit on one node (the joint planner's t divides a node).
-  const cost::Cluster ranks = cost::first_ranks(cluster, t);
-  const cost::DeviceType& device = ranks.device_of(0);
-
-  const MemoryShares shares = first_stage_shares(structure, plan);
-  ShardingModelOptions mo;
-  mo.mesh = {1, t};
-  mo.global_batch = plan.micro_batch;
-  mo.precision = *precision;
-  mo.memory_limit = static_cast<double>(device.memory_bytes) * options.memory_fraction;
-  mo.recompute = plan.recompute;
-  mo.allow_zero = false;
-  mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
-  mo.parameter_memory_scale = shares.parameters;
-  mo.activation_memory_scale = shares.activations;
-  mo.require_batch_index = false;
-  std::optional<ShardingModel> start;
-  try {
-    start.emplace(graph, ranks, model, mo);
-  } catch (const support::ValidationError&) {
-    return std::nullopt;  // a graph the search cannot take (say why: the caller keeps Megatron's layout)
-  }
-  ShardingEvaluation evaluation;
-  const bool thorough = options.level == SearchLevel::Thorough;
-  std::unique_ptr<ShardingModel> found = search_decisions(*start, thorough, &evaluation);
-  const std::vector<NodePrice> prices = found->node_prices();
-
+cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Graph& graph,
+                                      const cost::LayerStructure& structure, const plan::Plan& plan) {
+  const std::vector<NodePrice> prices = found.node_prices();
   auto part = [&](const std::vector<ir::NodeId>& nodes) {
     cost::PartPrice out;
     std::set<ir::ValueId> seen;
@@ -96,24 +60,99 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
       for (ir::ValueId in : graph.node(id).inputs) {
         const ir::Value& value = graph.value(in);
         if (value.role != ir::ValueRole::Parameter || !seen.insert(in).second) continue;
-        out.parameters += static_cast<double>(value.type.numel()) * found->held_fraction_of(in);
+        out.parameters += static_cast<double>(value.type.numel()) * found.held_fraction_of(in);
       }
     }
     return out;
   };
-  StageLayout out;
-  const std::vector<ir::NodeId>& first = structure.layers->nodes.front();
-  out.prices.layer = part(first);
-  out.prices.pre = part(structure.pre);
-  out.prices.post = part(structure.post);
+  cost::StageLayoutPrices out;
+  out.layer = part(structure.layers->nodes.front());
+  out.pre = part(structure.pre);
+  out.post = part(structure.post);
   const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
-  out.prices.boundary_bytes =
-      structure.layer_input_bytes * batch_scale *
-      (structure.layer_input >= 0 ? found->held_fraction_of(structure.layer_input) : 1.0);
+  out.boundary_bytes = structure.layer_input_bytes * batch_scale *
+                       (structure.layer_input >= 0 ? found.held_fraction_of(structure.layer_input) : 1.0);
+  return out;
+}
+
+// The options of the model a stage's {1, t} layout is searched and priced on.
+ShardingModelOptions stage_model_options(const cost::LayerStructure& structure,
+                                                        const cost::Cluster& ranks, const plan::Plan& plan,
+                                                        double memory_fraction) {
+  const std::optional<cost::Precision> precision = cost::parse_precision(plan.precision);
+  if (!precision) throw support::ValidationError(fmt::format("stage layout: unknown precision '{}'", plan.precision));
+  const MemoryShares shares = first_stage_shares(structure, plan);
+  ShardingModelOptions mo;
+  mo.mesh = {1, plan.tensor};
+  mo.global_batch = plan.micro_batch;
+  mo.precision = *precision;
+  mo.memory_limit = static_cast<double>(ranks.device_of(0).memory_bytes) * memory_fraction;
+  mo.recompute = plan.recompute;
+  mo.allow_zero = false;
+  mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
+  mo.parameter_memory_scale = shares.parameters;
+  mo.activation_memory_scale = shares.activations;
+  mo.require_batch_index = false;
+  return mo;
+}
+
+}  // namespace
+
+StageLayoutKey stage_layout_key(const cost::LayerStructure& structure, const plan::Plan& plan) {
+  const MemoryShares shares = first_stage_shares(structure, plan);
+  return {plan.tensor, plan.micro_batch, static_cast<int>(plan.recompute),
+          std::llround(shares.parameters * 1000), std::llround(shares.activations * 1000)};
+}
+
+std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cost::LayerStructure& structure,
+                                               const cost::Cluster& cluster, const cost::CostModel& model,
+                                               const plan::Plan& plan, const StageLayoutOptions& options) {
+  const int t = plan.tensor;
+  if (t <= 1 || !structure.layers) return std::nullopt;
+  // The t ranks of one stage sit on one node (the joint planner's t divides a node).
+  const cost::Cluster ranks = cost::first_ranks(cluster, t);
+  const ShardingModelOptions mo = stage_model_options(structure, ranks, plan, options.memory_fraction);
+  std::optional<ShardingModel> start;
+  try {
+    start.emplace(graph, ranks, model, mo);
+  } catch (const support::ValidationError&) {
+    return std::nullopt;  // a graph the search cannot take (say why: the caller keeps Megatron's layout)
+  }
+  ShardingEvaluation evaluation;
+  const bool thorough = options.level == SearchLevel::Thorough;
+  std::unique_ptr<ShardingModel> found = search_decisions(*start, thorough, &evaluation);
+  StageLayout out;
+  out.prices = layout_prices(*found, graph, structure, plan);
   out.sharding = found->sharding(std::string(search_level_name(options.level)));
   out.memory_per_rank = evaluation.memory_per_rank;
   out.fits = evaluation.fits;
   return out;
+}
+
+std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& graph,
+                                                             const cost::LayerStructure& structure,
+                                                             const cost::Cluster& cluster, const cost::CostModel& model,
+                                                             const plan::Plan& plan) {
+  if (!plan.stage_sharding || plan.tensor <= 1 || !structure.layers || !plan.stage_meshes.empty()) return std::nullopt;
+  const plan::Sharding& running = *plan.stage_sharding;
+  if (running.mesh.size() != 2 || running.mesh[1] != plan.tensor)
+    throw support::ValidationError(fmt::format("plan: stage_sharding mesh [{}] for tensor degree {}",
+                                               fmt::join(running.mesh, ", "), plan.tensor));
+  // Its tensor axis on a mesh {1, t}: the data axis is the evaluator's (data parallelism,
+  // ZeRO, the optimizer over d ranks), as for a searched layout.
+  plan::Sharding tensor_axis = running;
+  tensor_axis.mesh = {1, plan.tensor};
+  for (auto& [name, per_axis] : tensor_axis.placements) per_axis = {"R", per_axis.at(1)};
+  for (auto& [name, per_axis] : tensor_axis.strategies) per_axis = {"replicate", per_axis.at(1)};
+  tensor_axis.zero.clear();
+  for (const auto& [name, axes] : running.zero)
+    if (std::ranges::find(axes, 1) != axes.end()) tensor_axis.zero[name] = {1};
+  const cost::Cluster ranks = cost::first_ranks(cluster, plan.tensor);
+  ShardingModelOptions mo = stage_model_options(structure, ranks, plan, cost::kMemoryFraction);
+  mo.collective_matmul = running.collective_matmul;
+  ShardingModel priced(graph, ranks, model, mo);
+  priced.adopt(tensor_axis);
+  return layout_prices(priced, graph, structure, plan);
 }
 
 namespace {
@@ -122,7 +161,7 @@ namespace {
 // plan's precision (validated with the plan): what completing a plan runs.
 SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
                                   std::int64_t rows, SearchLevel level, double memory_fraction,
-                                  std::vector<int> mesh = {}) {
+                                  const cost::CostModel* model, std::vector<int> mesh = {}) {
   SpmdSearchOptions options;
   options.global_batch = rows;
   options.level = level;
@@ -130,7 +169,9 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   options.batch_on_tensor_axis = false;  // the plan's degrees say which axis is the data's
   options.memory_fraction = memory_fraction;
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
-  return search_spmd(graph, cluster, cost::AnalyticCostModel{}, options);
+  const cost::AnalyticCostModel analytic;
+  return search_spmd(graph, cluster, model != nullptr ? *model : static_cast<const cost::CostModel&>(analytic),
+                     options);
 }
 
 // Whether a layout searched on `graph` holds for the runtime's capture at `rows` (one
@@ -150,7 +191,7 @@ bool captured_at(const ir::Graph& graph, std::int64_t rows) {
 
 std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
                                                       const plan::Plan& plan, SearchLevel level,
-                                                      double memory_fraction) {
+                                                      double memory_fraction, const cost::CostModel* model) {
   if (plan.sharding.has_value() || plan.data * plan.tensor == 1 || !plan.stage_meshes.empty()) return std::nullopt;
   if (plan.pipeline == 1 && plan.num_micro_batches() <= 1) return std::nullopt;
   if (!captured_at(graph, plan.micro_batch * plan.data)) return std::nullopt;
@@ -160,12 +201,13 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
         fmt::format("stage sharding: the cluster has {} devices, a stage's sub-mesh data {} x tensor {} = {}",
                     cluster.world_size(), plan.data, plan.tensor, size));
   const cost::Cluster sub_mesh = cluster.world_size() == size ? cluster : cost::first_ranks(cluster, size);
-  return search_plan_mesh(graph, sub_mesh, plan, plan.micro_batch * plan.data, level, memory_fraction).plan.sharding;
+  return search_plan_mesh(graph, sub_mesh, plan, plan.micro_batch * plan.data, level, memory_fraction, model)
+      .plan.sharding;
 }
 
 std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, const cost::Cluster& cluster,
                                                     const plan::Plan& plan, SearchLevel level,
-                                                    double memory_fraction) {
+                                                    double memory_fraction, const cost::CostModel* model) {
   if (plan.stage_meshes.empty()) return {};
   if (cluster.world_size() != plan.world_size())
     throw support::ValidationError(fmt::format("stage shardings: the cluster has {} devices, the stage meshes {}",
@@ -180,7 +222,7 @@ std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, con
     for (int r = 0; r < block.world_size(); ++r) types.push_back(block.device_of(r).name);
     auto key = std::pair{plan.stage_mesh(s), types};
     if (!searched.contains(key))
-      searched.emplace(key, *search_plan_mesh(graph, block, plan, plan.micro_batch, level, memory_fraction,
+      searched.emplace(key, *search_plan_mesh(graph, block, plan, plan.micro_batch, level, memory_fraction, model,
                                                plan.stage_mesh(s))
                                  .plan.sharding);
     out.push_back(searched.at(key));
@@ -189,24 +231,32 @@ std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, con
 }
 
 CompletedPlan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
-                            SearchLevel level, double memory_fraction) {
+                            SearchLevel level, double memory_fraction, const cost::CostModel* model) {
   if (plan.sharding.has_value()) return {plan, std::nullopt};
   if (!plan.stage_meshes.empty()) {
     plan::Plan out = plan;
     if (out.stage_shardings.empty())
-      out.stage_shardings = complete_stage_shardings(graph, cluster, plan, level, memory_fraction);
+      out.stage_shardings = complete_stage_shardings(graph, cluster, plan, level, memory_fraction, model);
     return {out, std::nullopt};
   }
   if (plan.pipeline > 1 || plan.num_micro_batches() > 1) {
     plan::Plan out = plan;
-    if (!out.stage_sharding) out.stage_sharding = complete_stage_sharding(graph, cluster, plan, level, memory_fraction);
+    if (!out.stage_sharding) {
+      out.stage_sharding = complete_stage_sharding(graph, cluster, plan, level, memory_fraction, model);
+      // Priced again with the layout it now runs (search/plan_price.h), as any plan read back is.
+      if (out.stage_sharding && out.predicted) {
+        const cost::AnalyticCostModel analytic;
+        const cost::CostModel& pricing = model != nullptr ? *model : static_cast<const cost::CostModel&>(analytic);
+        out.predicted = price_plan(graph, cluster, pricing, out).plan.predicted;
+      }
+    }
     return {out, std::nullopt};
   }
   if (analysis::input_batch(graph) == 1 && plan.global_batch > 1) return {plan, std::nullopt};
   if (cluster.world_size() != plan.world_size())
     throw support::ValidationError(fmt::format("complete plan: the cluster has {} devices, the plan data {} x tensor {}",
                                                cluster.world_size(), plan.data, plan.tensor));
-  SpmdSearchResult found = search_plan_mesh(graph, cluster, plan, plan.global_batch, level, memory_fraction);
+  SpmdSearchResult found = search_plan_mesh(graph, cluster, plan, plan.global_batch, level, memory_fraction, model);
   return {std::move(found.plan), found.fits};
 }
 

@@ -59,6 +59,19 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
                                                const cost::Cluster& cluster, const cost::CostModel& model,
                                                const plan::Plan& plan, const StageLayoutOptions& options);
 
+// The prices of the layout a pipelined plan's stages run (its stage_sharding) as the
+// evaluator takes them (cost::StageLayoutPrices): the sharding's tensor axis adopted on the
+// {1, t} model search_stage_layout searches on (ShardingModel::adopt; its data axis is the
+// evaluator's: data parallelism, ZeRO and the optimizer over d ranks), priced by part. What
+// search/plan_price.h prices such a plan with. Empty without a stage_sharding, at tensor 1,
+// with stage_meshes, or for a graph without layers. Assumes the sharding's data axis splits
+// the batch and nothing else (what complete_stage_sharding's search leaves it: the batch stays
+// off the tensor axis); a weight it splits is priced whole.
+std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& graph,
+                                                             const cost::LayerStructure& structure,
+                                                             const cost::Cluster& cluster, const cost::CostModel& model,
+                                                             const plan::Plan& plan);
+
 // The layout a pipelined plan's stages run (plan.h's stage_sharding): the SPMD search on the
 // graph at one micro-batch of the data axis (micro_batch x data rows), on the {data, tensor}
 // mesh of the cluster's first data x tensor ranks (every stage's sub-mesh is alike), in the
@@ -69,7 +82,8 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
 // captures at one micro-batch: the runtime completes the plan on its capture).
 std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
                                                       const plan::Plan& plan, SearchLevel level,
-                                                      double memory_fraction = cost::kMemoryFraction);
+                                                      double memory_fraction = cost::kMemoryFraction,
+                                                      const cost::CostModel* model = nullptr);
 
 // A plan with stage_meshes: each stage's layout (plan.stage_shardings), the SPMD search on
 // the graph at one micro-batch (micro_batch rows) on that stage's mesh of its own ranks of the
@@ -77,10 +91,12 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
 // without stage_meshes, or when the graph was captured at another batch than micro_batch rows.
 std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, const cost::Cluster& cluster,
                                                     const plan::Plan& plan, SearchLevel level,
-                                                    double memory_fraction = cost::kMemoryFraction);
+                                                    double memory_fraction = cost::kMemoryFraction,
+                                                    const cost::CostModel* model = nullptr);
 
 // The plan with everything its run needs (plan.h), so the runtime searches nothing: a
-// pipelined plan (pipeline > 1, or micro-batches on one stage) with its stage_sharding, a
+// pipelined plan (pipeline > 1, or micro-batches on one stage) with its stage_sharding (and,
+// when it had predictions, priced again with that layout: search/plan_price.h), a
 // plan of pipeline 1 and one micro-batch replaced by the SPMD search's plan on its {data,
 // tensor} mesh at its global batch (priced as that layout: the plan the runtime runs), in
 // its precision. Unchanged when it has a sharding, or when the graph was captured at batch 1
@@ -90,7 +106,10 @@ struct CompletedPlan {
   plan::Plan plan;
   std::optional<bool> fits;
 };
+// `model`: what the searches price with, and a pipelined plan is priced again with (nullptr
+// for each of these: the analytic model).
 CompletedPlan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
-                            SearchLevel level, double memory_fraction = cost::kMemoryFraction);
+                            SearchLevel level, double memory_fraction = cost::kMemoryFraction,
+                            const cost::CostModel* model = nullptr);
 
 }  // namespace shardwise::search

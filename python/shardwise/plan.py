@@ -45,6 +45,11 @@ def _semantics(value: str, where: str) -> str:
     return value
 
 
+def _profile_json(profile) -> str:
+    """A planner's cost model: a ``shardwise.Profile``'s JSON, or "" for the analytic model."""
+    return "" if profile is None else profile.to_json()
+
+
 def _recompute(value) -> str:
     """A recompute argument as plan/plan.h names it: True / False are "full" / "none"; a name
     is passed on, and the core refuses one it does not know (listing those it does)."""
@@ -171,26 +176,28 @@ class Plan:
     def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
                memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None,
                recompute: bool | str = True, zero: bool = True, progress=None, collective_matmul: bool = False,
-               batch_on_tensor_axis: bool | None = None) -> "Plan":
+               batch_on_tensor_axis: bool | None = None, profile=None) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
         cluster's cost model. See ``shardwise.plan``. ``batch_on_tensor_axis``: whether the
         mesh's tensor axis may split the batch too; None: not on a ``mesh`` given (its tensor
-        axis splits weights, heads and sequences, as the name says), freely on a searched one."""
+        axis splits weights, heads and sequences, as the name says), freely on a searched one.
+        ``profile``: a ``shardwise.Profile`` whose measured op and collective times the search
+        prices with where it has them (see ``Plan.manual``); None: the analytic model."""
         if batch_on_tensor_axis is None:
             batch_on_tensor_axis = mesh is None
         result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
                                 None if mesh is None else [int(x) for x in mesh], float(memory_fraction),
                                 _precision(graph, precision), recompute is not False, bool(zero), progress,
                                 bool(collective_matmul), bool(batch_on_tensor_axis),
-                                "" if isinstance(recompute, bool) else _recompute(recompute))
+                                "" if isinstance(recompute, bool) else _recompute(recompute), _profile_json(profile))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     @classmethod
     def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast",
               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, progress=None,
               network: NetworkCondition | None = None, stage_layouts: bool = True, zero: bool = True,
-              micro_batch_semantics: str = "exact") -> "Plan":
+              micro_batch_semantics: str = "exact", profile=None) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
@@ -199,12 +206,12 @@ class Plan:
         Megatron's layout, the one Plan.manual is priced with. ``zero`` False: no candidate
         shards the optimizer states (ZeRO-1). ``micro_batch_semantics``: "exact" (default) keeps a
         graph whose rows meet in batch statistics in one micro-batch per step (see
-        ``Plan.manual``); "per_micro_batch" lets it take any."""
+        ``Plan.manual``); "per_micro_batch" lets it take any. ``profile``: as ``Plan.search``'s."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
                                _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero),
-                               _semantics(micro_batch_semantics, "Plan.joint"))
+                               _semantics(micro_batch_semantics, "Plan.joint"), _profile_json(profile))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     def alternatives(self) -> list["Plan"]:
@@ -293,7 +300,7 @@ class Plan:
         return pipelined and (d["data"] * d["tensor"] == 1 or bool(d.get("stage_sharding")))
 
 
-    def complete(self, graph, cluster, *, level: str = "fast") -> "Plan":
+    def complete(self, graph, cluster, *, level: str = "fast", profile=None) -> "Plan":
         """The plan with everything its run needs (csrc/search/stage_layout.h: complete_plan),
         searched once on ``graph`` (captured as ``parallelize`` captures the model: with its
         loss, at one micro-batch of the data axis for a pipelined plan) and ``cluster``: a
@@ -302,12 +309,26 @@ class Plan:
         {data, tensor} mesh. Unchanged when complete. Plans given by degrees alone
         (``Plan.manual``, a hand-written file) are completed so; the planners' come complete,
         but for a pipelined plan planned on a graph captured at other rows than one micro-batch
-        of its data axis (docs/plan-format.md: which graph its stages' layout is searched on)."""
+        of its data axis (docs/plan-format.md: which graph its stages' layout is searched on).
+        A pipelined plan that gains its stages' layout is priced again with it (``Plan.price``;
+        with ``profile``'s measurements where given, else the analytic model)."""
         if self.is_complete():
             return self
-        done = _C.complete_plan(graph._core, cluster._core, self.to_json(), level)
+        done = _C.complete_plan(graph._core, cluster._core, self.to_json(), level, _profile_json(profile))
         return Plan(json.loads(done["plan"]), None if done["fits"] is None else {"fits": done["fits"]},
                     **_context_of(graph, cluster))
+
+    def price(self, graph, cluster, *, profile=None) -> "Plan":
+        """The plan priced again on ``graph`` and ``cluster`` by the one evaluator
+        (csrc/search/plan_price.h), the figures every planner records: a plan with a sharding
+        as that sharding runs (the SPMD search's model, its decisions as written), any other by
+        its degrees (as ``Plan.manual``). ``profile``: a ``shardwise.Profile`` (see
+        ``Plan.manual``). A plan loaded from a file gets its predictions so."""
+        if profile is None:
+            result = _C.evaluate_plan(graph._core, cluster._core, self.to_json())
+        else:
+            result = _C.evaluate_plan_profiled(graph._core, cluster._core, self.to_json(), profile.to_json())
+        return Plan(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     def stage_plan(self, stage: int | None = None) -> "Plan":
         """The SPMD plan every stage of a complete pipelined plan runs on its sub-mesh (with
@@ -483,7 +504,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
          memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool | str = True,
          zero: bool = True, progress=None, pipeline: bool | None = None,
          network: NetworkCondition | None = None, collective_matmul: bool = False,
-         micro_batch_semantics: str = "exact") -> Plan:
+         micro_batch_semantics: str = "exact", profile=None) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
 
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
@@ -516,6 +537,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ``micro_batch_semantics``: "exact" (default): a plan in micro-batches only for a graph whose
     rows meet in linear reductions alone (no batch norm in training, no router load-balancing
     loss: csrc/analysis/batch_coupling.h); "per_micro_batch": any (see ``Plan.manual``).
+    ``profile``: a ``shardwise.Profile`` (``shardwise.profile(model, inputs)``): every planner
+    prices with its measured op and collective times where it has them, the analytic model
+    elsewhere; ``Plan.price(graph, cluster, profile=)`` prices the plan again so.
     ``progress(done, total)`` is called after each candidate. The graph must have been
     captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
 
@@ -544,21 +568,21 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
                                      "joint planner's stages run their collectives plainly")
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                           precision=precision, progress=progress, network=network, zero=zero,
-                          micro_batch_semantics=micro_batch_semantics)
+                          micro_batch_semantics=micro_batch_semantics, profile=profile)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
-                        progress=progress, collective_matmul=collective_matmul)
+                        progress=progress, collective_matmul=collective_matmul, profile=profile)
     if both:
         joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                            precision=precision, progress=progress, zero=zero,
-                           micro_batch_semantics=micro_batch_semantics)
+                           micro_batch_semantics=micro_batch_semantics, profile=profile)
         if joint.fits and (found.fits is False or joint.predicted_step_time() < found.predicted_step_time()):
             return joint
         return found
     if choose and mesh is None:
         joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
                                      memory_fraction=memory_fraction, precision=precision, progress=progress,
-                                     zero=zero, micro_batch_semantics=micro_batch_semantics)
+                                     zero=zero, micro_batch_semantics=micro_batch_semantics, profile=profile)
         if joint is not None:
             return joint
     return found
@@ -566,7 +590,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
 
 def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, level: str, memory_fraction: float,
                          precision: str | None = None, progress=None, zero: bool = True,
-                         micro_batch_semantics: str = "exact") -> Plan | None:
+                         micro_batch_semantics: str = "exact", profile=None) -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
     stages), if that fits; else None. Only for models with repeated layers (what the joint
@@ -578,13 +602,14 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
     if found.fits is not False or not graph.repeated_blocks():
         return None
     joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
-                       precision=precision, progress=progress, zero=zero, micro_batch_semantics=micro_batch_semantics)
+                       precision=precision, progress=progress, zero=zero, micro_batch_semantics=micro_batch_semantics,
+                       profile=profile)
     if not joint.fits:
         coupling = _C.batch_coupling(graph._core)
         if micro_batch_semantics == "exact" and coupling["sites"]:
             loose = Plan.joint(graph, cluster, global_batch=global_batch, level=level,
                                memory_fraction=memory_fraction, precision=precision, zero=zero,
-                               micro_batch_semantics="per_micro_batch")
+                               micro_batch_semantics="per_micro_batch", profile=profile)
             if loose.fits:
                 raise _C.ValidationError(
                     f"plan: no plan of the whole batch {global_batch} fits in memory, and a plan in micro-batches "

@@ -165,3 +165,53 @@ def test_stage_links_serve_every_receiving_rank_once():
                 source = StageLinks(blocks, layouts, other, local).source(me)
                 mine = blocks[me].index(source)
                 assert blocks[other][local] in StageLinks(blocks, layouts, me, mine).destinations(other)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_every_planner_records_the_price_the_one_evaluator_gives_its_plan(family):
+    """Issue 46, item 5: Plan.manual, Plan.complete (sharded, and pipelined with the layout its
+    stages run), the SPMD search (any mesh and recomputation) and the joint planner (stages
+    priced by their degrees) record for a plan the figures Plan.price gives it again from its
+    JSON (csrc/search/plan_price.h)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=256, n_head=8, vocab_size=512, n_positions=64,
+                                      use_cache=False)
+        model_class = transformers.GPT2LMHeadModel
+    else:
+        cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=8,
+                                       num_key_value_heads=4, intermediate_size=768, vocab_size=512,
+                                       max_position_embeddings=64, use_cache=False)
+        model_class = transformers.LlamaForCausalLM
+    with torch.device("meta"):
+        model = model_class(cfg).eval()
+    ids = torch.zeros(8, 32, dtype=torch.long, device="meta")
+    g = shardwise.capture(model, {"input_ids": ids, "labels": ids})
+    c = shardwise.Cluster.preset("dgx-a100", nodes=1)
+    plans = {
+        "manual 2x2x2": shardwise.Plan.manual(g, c, tensor=2, pipeline=2, data=2, global_batch=8,
+                                              recompute="selective"),
+        "completed 2x4": shardwise.Plan.manual(g, c, tensor=4, data=2, global_batch=8, micro_batch=4,
+                                               recompute=False).complete(g, c),
+        "completed pipeline 2x2x2": shardwise.Plan.manual(g, c, tensor=2, pipeline=2, data=2, global_batch=16,
+                                                          micro_batch=4, recompute="selective").complete(g, c),
+        "search 2x4 selective": shardwise.Plan.search(g, c, global_batch=8, mesh=(2, 4), recompute="selective"),
+        "search 1x8 full": shardwise.Plan.search(g, c, global_batch=8, mesh=(1, 8), recompute="full"),
+        "search 4x2 collective matmul": shardwise.Plan.search(g, c, global_batch=8, mesh=(4, 2),
+                                                              collective_matmul=True),
+        "search": shardwise.Plan.search(g, c, global_batch=8),
+        "joint": shardwise.Plan.joint(g, c, global_batch=8, stage_layouts=False),
+    }
+    assert plans["completed 2x4"].sharding is not None
+    assert plans["completed pipeline 2x2x2"].stage_sharding is not None
+    tensor_split = sum(s[1] != "replicate" for p in plans.values() if p.sharding for s in p.strategies().values())
+    assert tensor_split > 0
+    for name, plan in plans.items():
+        again = shardwise.Plan.from_json(plan.to_json()).price(g, c)
+        assert again.predicted_step_time() == pytest.approx(plan.predicted_step_time(), rel=1e-12), name
+        assert again.predicted_memory()[0] == pytest.approx(plan.predicted_memory()[0], rel=1e-12), name
+        assert again.breakdown() == pytest.approx(plan.breakdown(), rel=1e-12), name
+        if plan.sharding is not None:
+            assert again.fits is not None

@@ -168,3 +168,32 @@ def test_gloo_collectives_fit_alpha_beta(tmp_path):
     assert seconds == pytest.approx(fit["alpha"] + fit["beta"] * (1 << 20))
     _, provenance = prof.collective_time(cluster, "all_to_all", [0, 1], 1 << 20)
     assert provenance == "analytic"
+
+
+def test_the_planners_price_with_a_profile_and_price_their_plans_again_so(tiny):
+    """Issue 46, item 7 (in part): shardwise.plan / Plan.search / Plan.joint take profile=, and
+    the plan's figures are what Plan.price gives it again with the same profile (one
+    evaluator: csrc/search/plan_price.h)."""
+    graph, prof = tiny
+    cluster = shardwise.Cluster.preset("cpu", nodes=4)
+    world = cluster.world_size
+    assert world == 4
+    # Each data rank at the captured rows (2): the shapes the profile measured.
+    kw = dict(global_batch=2 * world, mesh=(world, 1), recompute=False, zero=False, precision="f32")
+    analytic = shardwise.plan(graph, cluster, **kw)
+    profiled = shardwise.plan(graph, cluster, profile=prof, **kw)
+    assert profiled.predicted_step_time() != pytest.approx(analytic.predicted_step_time(), rel=1e-6)
+    again = shardwise.Plan.from_json(profiled.to_json()).price(graph, cluster, profile=prof)
+    assert again.predicted_step_time() == pytest.approx(profiled.predicted_step_time(), rel=1e-12)
+    assert again.predicted_memory()[0] == pytest.approx(profiled.predicted_memory()[0], rel=1e-12)
+    assert again.cost_coverage()["node_calls_measured"] > 0
+    plain = shardwise.Plan.from_json(profiled.to_json()).price(graph, cluster)
+    assert plain.predicted_step_time() == pytest.approx(analytic.predicted_step_time(), rel=1e-12)
+
+    joint = shardwise.Plan.joint(graph, cluster, global_batch=4 * world, precision="f32", profile=prof,
+                                 stage_layouts=False)
+    joint_analytic = shardwise.Plan.joint(graph, cluster, global_batch=4 * world, precision="f32",
+                                          stage_layouts=False)
+    assert joint.predicted_step_time() != pytest.approx(joint_analytic.predicted_step_time(), rel=1e-6)
+    assert joint.price(graph, cluster, profile=prof).predicted_step_time() == pytest.approx(
+        joint.predicted_step_time(), rel=1e-12)

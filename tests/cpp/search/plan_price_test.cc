@@ -1,0 +1,187 @@
+// The one evaluator (search/plan_price.h): a plan priced again, from its JSON, gets the figures
+// the planner that made it recorded.
+#include "search/plan_price.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cost/cluster_presets.h"
+#include "cost/layer_structure.h"
+#include "models/gpt.h"
+#include "plan/plan.h"
+#include "search/spmd_search.h"
+#include "search/stage_layout.h"
+#include "support/error.h"
+
+namespace shardwise::search {
+namespace {
+
+ir::Graph gpt(int batch) {
+  models::GptConfig c;
+  c.layers = 4;
+  c.hidden = 1024;
+  c.heads = 16;
+  c.seq = 1024;
+  c.vocab = 50304;
+  c.batch = batch;
+  c.dropout = 0;
+  return models::build_gpt(c);
+}
+
+void expect_same_prediction(const plan::Predicted& recorded, const plan::Predicted& priced, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_DOUBLE_EQ(priced.step_time, recorded.step_time);
+  EXPECT_DOUBLE_EQ(priced.memory_per_rank, recorded.memory_per_rank);
+  EXPECT_DOUBLE_EQ(priced.tflops_per_device, recorded.tflops_per_device);
+  ASSERT_EQ(priced.breakdown.size(), recorded.breakdown.size());
+  for (const auto& [key, seconds] : recorded.breakdown) EXPECT_DOUBLE_EQ(priced.breakdown.at(key), seconds) << key;
+  for (const auto& [key, bytes] : recorded.memory_breakdown)
+    EXPECT_DOUBLE_EQ(priced.memory_breakdown.at(key), bytes) << key;
+  EXPECT_EQ(priced.collectives.size(), recorded.collectives.size());
+}
+
+struct SearchedCase {
+  std::vector<int> mesh;
+  plan::Recompute recompute;
+  bool collective_matmul;
+  bool batch_on_tensor_axis;
+};
+
+TEST(PlanPrice, ASearchedShardingPricedFromItsJsonAsTheSearchPricedIt) {
+  const ir::Graph g = gpt(8);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  const std::vector<SearchedCase> cases = {
+      {{8, 1}, plan::Recompute::None, false, true},      {{2, 4}, plan::Recompute::None, false, false},
+      {{4, 2}, plan::Recompute::Selective, false, false}, {{1, 8}, plan::Recompute::Full, false, false},
+      {{2, 4}, plan::Recompute::None, true, false},      {{2, 4}, plan::Recompute::Selective, false, true},
+  };
+  int tensor_split = 0;
+  for (const SearchedCase& c : cases) {
+    SpmdSearchOptions o;
+    o.global_batch = 8;
+    o.mesh = c.mesh;
+    o.recompute = c.recompute;
+    o.collective_matmul = c.collective_matmul;
+    o.batch_on_tensor_axis = c.batch_on_tensor_axis;
+    const SpmdSearchResult r = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+    for (const auto& [node, per_axis] : r.plan.sharding->strategies) tensor_split += per_axis[1] != "replicate";
+    const plan::Plan read = plan::plan_from_json_string(plan::plan_to_json_string(r.plan));
+    const PricedPlan priced = price_plan(g, cluster, cost::AnalyticCostModel{}, read);
+    EXPECT_TRUE(priced.sharded);
+    EXPECT_EQ(priced.fits, r.fits);
+    expect_same_prediction(*r.plan.predicted, *priced.plan.predicted,
+                           fmt::format("mesh {}x{} recompute {} collective matmul {}", c.mesh[0], c.mesh[1],
+                                       plan::recompute_name(c.recompute), c.collective_matmul));
+  }
+  EXPECT_GT(tensor_split, 0);  // the cases read strategies other than replicate on the tensor axis
+}
+
+TEST(PlanPrice, ACompletedPlanIsPricedAsItsSharding) {
+  const ir::Graph g = gpt(8);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  plan::Plan p;
+  p.data = 2;
+  p.tensor = 4;
+  p.global_batch = 8;
+  p.micro_batch = 4;
+  const PricedPlan by_degrees = price_plan(g, cluster, cost::AnalyticCostModel{}, p);
+  EXPECT_FALSE(by_degrees.sharded);
+  EXPECT_DOUBLE_EQ(by_degrees.plan.predicted->step_time,
+                   cost::evaluate(g, cluster, p, cost::AnalyticCostModel{}).step_time);
+  const CompletedPlan done = complete_plan(g, cluster, p, SearchLevel::Fast);
+  ASSERT_TRUE(done.plan.sharding.has_value());
+  const PricedPlan again = price_plan(g, cluster, cost::AnalyticCostModel{}, done.plan);
+  expect_same_prediction(*done.plan.predicted, *again.plan.predicted, "completed 2 x 4");
+}
+
+// A pipelined plan completed with the layout its stages run (stage_sharding, the SPMD search
+// of the {data, tensor} sub-mesh) is priced with that layout's tensor axis, again from its
+// JSON; where the joint planner's own {1, t} search finds the same tensor-axis decisions,
+// the two price the stages alike.
+TEST(PlanPrice, APipelinedPlanIsPricedWithTheStageLayoutItRuns) {
+  const ir::Graph g = gpt(4);  // one micro-batch of the data axis: 2 rows x 2 ranks
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  plan::Plan p;
+  p.data = 2;
+  p.tensor = 2;
+  p.pipeline = 2;
+  p.global_batch = 8;
+  p.micro_batch = 2;
+  p.recompute = plan::Recompute::Selective;
+  p = price_plan(g, cluster, cost::AnalyticCostModel{}, p).plan;
+  const CompletedPlan done = complete_plan(g, cluster, p, SearchLevel::Fast);
+  ASSERT_TRUE(done.plan.stage_sharding.has_value());
+  const PricedPlan again =
+      price_plan(g, cluster, cost::AnalyticCostModel{}, plan::plan_from_json_string(plan::plan_to_json_string(done.plan)));
+  EXPECT_TRUE(again.stage_layout);
+  expect_same_prediction(*done.plan.predicted, *again.plan.predicted, "completed pipeline");
+
+  const cost::LayerStructure structure = cost::find_layer_structure(g);
+  const auto running = stage_sharding_prices(g, structure, cluster, cost::AnalyticCostModel{}, done.plan);
+  ASSERT_TRUE(running.has_value());
+  EXPECT_GT(running->layer.forward, 0);
+  const auto searched = search_stage_layout(g, structure, cluster, cost::AnalyticCostModel{}, done.plan, {});
+  ASSERT_TRUE(searched.has_value());
+  bool same = true;
+  for (const auto& [name, per_axis] : searched->sharding.strategies)
+    same = same && done.plan.stage_sharding->strategies.at(name)[1] == per_axis[1];
+  if (same) {
+    EXPECT_DOUBLE_EQ(running->layer.forward, searched->prices.layer.forward);
+    EXPECT_DOUBLE_EQ(running->layer.collectives, searched->prices.layer.collectives);
+    EXPECT_DOUBLE_EQ(running->layer.selective_kept_bytes, searched->prices.layer.selective_kept_bytes);
+    EXPECT_DOUBLE_EQ(running->boundary_bytes, searched->prices.boundary_bytes);
+  }
+  std::printf("stage layouts agree on the tensor axis: %s\n", same ? "yes" : "no");
+}
+
+// 4 A100 + 4 V100: the batch shared unevenly by the balance LP. The search records the step
+// its plan's evaluation prices with those shares (it used to record the LP's step patched onto
+// the even evaluation, and memory without the gathered weights), and the plan read back prices
+// the same.
+TEST(PlanPrice, UnevenBatchSharesArePricedAsTheBalanceLpPricesThem) {
+  const ir::Graph g = gpt(64);
+  const cost::Cluster cluster = cost::preset("mixed-a100-v100", 1);
+  SpmdSearchOptions o;
+  o.global_batch = 64;
+  o.mesh = std::vector<int>{8, 1};
+  const SpmdSearchResult r = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(r.balance.has_value());
+  // The LP holds the collectives at the even split's; the plan's evaluation prices them with
+  // the shares too (uneven blocks, the largest share): 0.14% here.
+  EXPECT_NEAR(r.plan.predicted->step_time, r.balance->step_time, 0.01 * r.balance->step_time);
+  EXPECT_LT(r.plan.predicted->step_time, r.balance->even_step_time);
+  const PricedPlan priced =
+      price_plan(g, cluster, cost::AnalyticCostModel{}, plan::plan_from_json_string(plan::plan_to_json_string(r.plan)));
+  EXPECT_EQ(priced.fits, r.fits);
+  expect_same_prediction(*r.plan.predicted, *priced.plan.predicted, "uneven shares");
+}
+
+TEST(PlanPrice, AShardingTheGraphCannotTakeIsRefusedByName) {
+  const ir::Graph g = gpt(8);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = std::vector<int>{2, 4};
+  plan::Plan p = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  const std::string victim = p.sharding->strategies.begin()->first;
+  p.sharding->strategies.begin()->second[1] = "split zz";
+  try {
+    price_plan(g, cluster, cost::AnalyticCostModel{}, p);
+    FAIL() << "an unknown strategy was priced";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find(victim), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("split zz"), std::string::npos) << e.what();
+  }
+  p.sharding->strategies.erase(victim);
+  EXPECT_THROW(price_plan(g, cluster, cost::AnalyticCostModel{}, p), support::ValidationError);
+}
+
+}  // namespace
+}  // namespace shardwise::search
