@@ -11,10 +11,10 @@
 // (cost/plan_cost.h), its stages' tensor ranks with the layout of its stage_sharding where it
 // has one and t > 1 (search/stage_layout.h: stage_sharding_prices), else Megatron's.
 //
-// What is not yet one: the joint planner records, for a plan it priced with a searched
-// layout, the price of the {1, t} layout its own search found, not of the stage_sharding
-// Plan.complete writes (a search of the {data, tensor} sub-mesh): Plan.complete prices the
-// plan again. docs/cost-model.md, "One evaluator".
+// What is not yet one: a joint plan priced with a searched layout that the planner could not
+// complete (its graph captured at other rows than one micro-batch of the data axis) records
+// the price of the {1, t} layout its own search found, which this does not give.
+// docs/cost-model.md, "One evaluator".
 #pragma once
 
 #include "cost/cluster.h"
