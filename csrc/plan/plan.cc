@@ -309,6 +309,17 @@ std::int64_t Plan::num_micro_batches() const {
   return per_step > 0 ? global_batch / per_step : 0;
 }
 
+const std::vector<std::string>& sharding_entry(const std::map<std::string, std::vector<std::string>>& map,
+                                               const std::string& name, const char* what, std::size_t axes) {
+  auto it = map.find(name);
+  if (it == map.end())
+    throw support::ValidationError(fmt::format("plan: no {} for '{}' (a plan made for another model?)", what, name));
+  if (it->second.size() != axes)
+    throw support::ValidationError(fmt::format("plan: the {} of '{}' has {} entries for a mesh of {} axes", what, name,
+                                               it->second.size(), axes));
+  return it->second;
+}
+
 void validate(const Plan& plan, std::optional<int> world_size) {
   if (plan.data < 1 || plan.tensor < 1 || plan.pipeline < 1)
     throw ValidationError(fmt::format("plan: degrees must be >= 1 (data {}, tensor {}, pipeline {})", plan.data,

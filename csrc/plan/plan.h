@@ -241,6 +241,13 @@ struct Plan {
 // invariant of the contract; with a world size, also checks t x p x d against it.
 void validate(const Plan& plan, std::optional<int> world_size = std::nullopt);
 
+// A sharding's entry for a value (`what`: "placement", "strategy") of `map` (placements or
+// strategies), one text per mesh axis: ValidationError when the name is missing (a plan made
+// for another graph) or it has another number of axes. What every reader of a sharding's
+// per-value texts looks them up with (the rewrite, the evaluator's adopt).
+const std::vector<std::string>& sharding_entry(const std::map<std::string, std::vector<std::string>>& map,
+                                               const std::string& name, const char* what, std::size_t axes);
+
 // The SPMD plan each stage of a complete pipelined plan runs on its {data, tensor} sub-mesh:
 // its stage_sharding over one micro-batch of the data axis (global = micro batch = micro_batch
 // x data rows), pipeline 1. ValidationError when the plan has no stage_sharding.

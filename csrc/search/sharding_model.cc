@@ -1527,19 +1527,9 @@ void ShardingModel::adopt(const plan::Sharding& sharding) {
   if (sharding.mesh != options_.mesh)
     throw ValidationError(fmt::format("plan: sharding mesh [{}] priced on a model of mesh [{}]",
                                       fmt::join(sharding.mesh, ", "), fmt::join(options_.mesh, ", ")));
-  auto entry = [&](const std::map<std::string, std::vector<std::string>>& map, const std::string& name,
-                   const char* what) -> const std::vector<std::string>& {
-    auto it = map.find(name);
-    if (it == map.end())
-      throw ValidationError(fmt::format("plan: no {} for '{}' (a plan made for another graph?)", what, name));
-    if (it->second.size() != axes)
-      throw ValidationError(fmt::format("plan: the {} of '{}' has {} entries for a mesh of {} axes", what, name,
-                                        it->second.size(), axes));
-    return it->second;
-  };
   for (const ir::Value& v : graph_.values()) {
     if (!is_leaf(v)) continue;
-    const auto& texts = entry(sharding.placements, v.name, "placement");
+    const auto& texts = plan::sharding_entry(sharding.placements, v.name, "placement", axes);
     auto zero = sharding.zero.find(v.name);
     for (std::size_t a = 0; a < axes; ++a) {
       LeafChoice& choice = leaf_choice_[a][static_cast<std::size_t>(v.id)];
@@ -1552,7 +1542,7 @@ void ShardingModel::adopt(const plan::Sharding& sharding) {
     for (const ir::Node& node : graph_.nodes()) {
       if (node.outputs.empty()) continue;
       const std::string& name = graph_.value(node.outputs[0]).name;
-      const std::string& text = entry(sharding.strategies, name, "strategy")[a];
+      const std::string& text = plan::sharding_entry(sharding.strategies, name, "strategy", axes)[a];
       const auto& rule = rules_[static_cast<std::size_t>(node.id)];
       Strategy& slot = node_choice_[a][static_cast<std::size_t>(node.id)];
       if (text == "replicate" || !rule) {

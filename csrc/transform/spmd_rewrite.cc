@@ -90,17 +90,6 @@ Strategy strategy_from_text(const ir::Graph& graph, const ir::Node& node, const 
   return s;
 }
 
-const std::vector<std::string>& plan_entry(const std::map<std::string, std::vector<std::string>>& map,
-                                           const std::string& name, const char* what, std::size_t axes) {
-  auto it = map.find(name);
-  if (it == map.end())
-    throw ValidationError(fmt::format("plan: no {} for '{}' (a plan made for another model?)", what, name));
-  if (it->second.size() != axes)
-    throw ValidationError(fmt::format("plan: the {} of '{}' has {} entries for a mesh of {} axes", what, name,
-                                      it->second.size(), axes));
-  return it->second;
-}
-
 class Recorder : public RewriteBuilder {
  public:
   explicit Recorder(RankProgram& program) : program_(program) {}
@@ -208,7 +197,7 @@ std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, co
       out.emplace_back(axes, replicate_of(node));
       continue;
     }
-    const auto& text = plan_entry(sharding.strategies, graph.value(node.outputs[0]).name, "strategy", axes);
+    const auto& text = plan::sharding_entry(sharding.strategies, graph.value(node.outputs[0]).name, "strategy", axes);
     const std::optional<ops::DimRule> rule = ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
     // Pass 1 on the whole rule (a split legal on local sizes is legal on whole ones); pass 2
     // on the rule as the other axes' splits leave it, as the search enumerated it, with the
@@ -273,7 +262,7 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
   for (const ir::Value& v : values)
     if (!v.producer) {
       std::vector<Placement> spec;
-      for (const auto& text : plan_entry(sharding.placements, v.name, "placement", axes))
+      for (const auto& text : plan::sharding_entry(sharding.placements, v.name, "placement", axes))
         spec.push_back(search::parse_placement(text));
       // Adapting to other shapes: an input whose placement does not divide its shape is
       // replicated on the axes that fail, outermost first.
