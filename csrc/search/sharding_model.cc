@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <tuple>
@@ -1494,7 +1495,11 @@ ShardingEvaluation ShardingModel::evaluate() const {
     // even one, at its own device's speed, and the slowest of them sets the step; its saved
     // activations scale with its share, against its own device's memory.
     const double n = static_cast<double>(shares->ranks.size());
-    const double fraction = options_.memory_limit / static_cast<double>(device_->memory_bytes);
+    // memory_limit is the smallest device's memory x the plan's fraction of it.
+    double smallest = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < cluster_.world_size(); ++r)
+      smallest = std::min(smallest, static_cast<double>(cluster_.device_of(r).memory_bytes));
+    const double fraction = options_.memory_limit / smallest;
     double paced = 0, most = 0;
     out.fits = true;
     for (std::size_t i = 0; i < shares->ranks.size(); ++i) {
@@ -1523,6 +1528,19 @@ ShardingEvaluation ShardingModel::evaluate() const {
 }
 
 void ShardingModel::adopt(const plan::Sharding& sharding) {
+  // A sharding this graph cannot take changes nothing: the decisions as they were come back.
+  auto nodes = node_choice_;
+  auto leaves = leaf_choice_;
+  try {
+    adopt_decisions(sharding);
+  } catch (...) {
+    node_choice_ = std::move(nodes);
+    leaf_choice_ = std::move(leaves);
+    throw;
+  }
+}
+
+void ShardingModel::adopt_decisions(const plan::Sharding& sharding) {
   const std::size_t axes = options_.mesh.size();
   if (sharding.mesh != options_.mesh)
     throw ValidationError(fmt::format("plan: sharding mesh [{}] priced on a model of mesh [{}]",

@@ -143,7 +143,8 @@ class ShardingModel {
   // Each axis is read with the outer axes' splits in place (a strategy's blocks lie within
   // them), the outermost axis read again once the inner ones are: every strategy then stands
   // in the others' final splits, as the search leaves them. Throws ValidationError naming the
-  // value, node, op and module on a name the graph lacks or a strategy its rule cannot take.
+  // value, node, op and module on a name the graph lacks or a strategy its rule cannot take,
+  // the decisions then as they were.
   void adopt(const plan::Sharding& sharding);
 
   // The current decisions' costs by node (indexed by NodeId): what a pipeline planner sums
@@ -218,6 +219,7 @@ class ShardingModel {
   };
   Tally tally() const;
 
+  void adopt_decisions(const plan::Sharding& sharding);  // adopt's work, without its undo
   Placement value_placement(int axis, ir::ValueId value) const;
   double held_except(ir::ValueId value, int axis) const;  // product of held fractions, axis excluded
   double held_all(ir::ValueId value) const;

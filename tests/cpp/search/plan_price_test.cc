@@ -179,6 +179,16 @@ TEST(PlanPrice, AShardingTheGraphCannotTakeIsRefusedByName) {
     EXPECT_NE(std::string(e.what()).find(victim), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("split zz"), std::string::npos) << e.what();
   }
+  // The model that refused it keeps its decisions: it prices as before.
+  const plan::Plan good = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  const cost::AnalyticCostModel analytic;  // the model keeps a reference to it
+  ShardingModel model(g, cluster, analytic, sharding_model_options(good, *good.sharding, cluster, cost::kMemoryFraction));
+  model.adopt(*good.sharding);
+  const double before = model.evaluate().step_time;
+  EXPECT_DOUBLE_EQ(before, good.predicted->step_time);
+  EXPECT_THROW(model.adopt(*p.sharding), support::ValidationError);
+  EXPECT_DOUBLE_EQ(model.evaluate().step_time, before);
+  EXPECT_EQ(model.sharding("fast").strategies, good.sharding->strategies);
   p.sharding->strategies.erase(victim);
   EXPECT_THROW(price_plan(g, cluster, cost::AnalyticCostModel{}, p), support::ValidationError);
 }
