@@ -16,6 +16,7 @@
 #include "search/plan_price.h"
 #include "search/sharding_model.h"
 #include "support/error.h"
+#include "support/log.h"
 
 namespace shardwise::search {
 namespace {
@@ -150,9 +151,19 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
   const cost::Cluster ranks = cost::first_ranks(cluster, plan.tensor);
   ShardingModelOptions mo = stage_model_options(structure, ranks, plan, cost::kMemoryFraction);
   mo.collective_matmul = running.collective_matmul;
-  ShardingModel priced(graph, ranks, model, mo);
-  priced.adopt(tensor_axis);
-  return layout_prices(priced, graph, structure, plan);
+  try {
+    ShardingModel priced(graph, ranks, model, mo);
+    priced.adopt(tensor_axis);
+    return layout_prices(priced, graph, structure, plan);
+  } catch (const support::ValidationError& e) {
+    // A graph the {1, t} model cannot take (search_stage_layout then keeps Megatron's layout
+    // too), or a tensor-axis strategy it does not offer without the data axis' split: the
+    // plan is priced with Megatron's layout, and the log says why.
+    support::log(support::LogLevel::Info,
+                 fmt::format("plan price: the stage_sharding's tensor axis not priced ({}); Megatron's layout priced",
+                             e.what()));
+    return std::nullopt;
+  }
 }
 
 namespace {

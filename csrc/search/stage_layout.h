@@ -64,7 +64,8 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
 // {1, t} model search_stage_layout searches on (ShardingModel::adopt; its data axis is the
 // evaluator's: data parallelism, ZeRO and the optimizer over d ranks), priced by part. What
 // search/plan_price.h prices such a plan with. Empty without a stage_sharding, at tensor 1,
-// with stage_meshes, or for a graph without layers. Assumes the sharding's data axis splits
+// with stage_meshes, for a graph without layers, or when the {1, t} model cannot take the
+// graph or one of the tensor axis' strategies (logged at info; Megatron's layout is priced). Assumes the sharding's data axis splits
 // the batch and nothing else (what complete_stage_sharding's search leaves it: the batch stays
 // off the tensor axis); a weight it splits is priced whole.
 std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& graph,
