@@ -141,6 +141,27 @@ TEST(PlanPrice, APipelinedPlanIsPricedWithTheStageLayoutItRuns) {
   std::printf("stage layouts agree on the tensor axis: %s\n", same ? "yes" : "no");
 }
 
+// One row per micro-batch: the {1, t} model sees no batch index, so the stage_sharding's
+// tensor-axis texts (indices named with the data axis' batch) are not its own. The plan is
+// priced with Megatron's layout then (logged), never refused: completing it must not fail.
+TEST(PlanPrice, AStageLayoutTheTensorModelCannotReadIsPricedByDegrees) {
+  const ir::Graph g = gpt(2);  // one micro-batch of the data axis: 1 row x 2 ranks
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  plan::Plan p;
+  p.data = 2;
+  p.tensor = 2;
+  p.pipeline = 2;
+  p.global_batch = 8;
+  p.micro_batch = 1;
+  p = price_plan(g, cluster, cost::AnalyticCostModel{}, p).plan;
+  const CompletedPlan done = complete_plan(g, cluster, p, SearchLevel::Fast);
+  ASSERT_TRUE(done.plan.stage_sharding.has_value());
+  const PricedPlan again = price_plan(g, cluster, cost::AnalyticCostModel{}, done.plan);
+  expect_same_prediction(*done.plan.predicted, *again.plan.predicted, "one row per micro-batch");
+  if (!again.stage_layout) EXPECT_DOUBLE_EQ(again.plan.predicted->step_time, p.predicted->step_time);
+  std::printf("one row per micro-batch priced with the stage layout: %s\n", again.stage_layout ? "yes" : "no");
+}
+
 // 4 A100 + 4 V100: the batch shared unevenly by the balance LP. The search records the step
 // its plan's evaluation prices with those shares (it used to record the LP's step patched onto
 // the even evaluation, and memory without the gathered weights), and the plan read back prices
