@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -101,6 +102,19 @@ TEST(PlanPrice, ACompletedPlanIsPricedAsItsSharding) {
   expect_same_prediction(*done.plan.predicted, *again.plan.predicted, "completed 2 x 4");
 }
 
+// A 2 x 2 x 2 plan of 8 rows a step, priced by its degrees.
+plan::Plan pipeline_2x2x2(const ir::Graph& g, const cost::Cluster& cluster, std::int64_t micro_batch,
+                          plan::Recompute recompute) {
+  plan::Plan p;
+  p.data = 2;
+  p.tensor = 2;
+  p.pipeline = 2;
+  p.global_batch = 8;
+  p.micro_batch = micro_batch;
+  p.recompute = recompute;
+  return price_plan(g, cluster, cost::AnalyticCostModel{}, p).plan;
+}
+
 // A pipelined plan completed with the layout its stages run (stage_sharding, the SPMD search
 // of the {data, tensor} sub-mesh) is priced with that layout's tensor axis, again from its
 // JSON; where the joint planner's own {1, t} search finds the same tensor-axis decisions,
@@ -108,14 +122,7 @@ TEST(PlanPrice, ACompletedPlanIsPricedAsItsSharding) {
 TEST(PlanPrice, APipelinedPlanIsPricedWithTheStageLayoutItRuns) {
   const ir::Graph g = gpt(4);  // one micro-batch of the data axis: 2 rows x 2 ranks
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
-  plan::Plan p;
-  p.data = 2;
-  p.tensor = 2;
-  p.pipeline = 2;
-  p.global_batch = 8;
-  p.micro_batch = 2;
-  p.recompute = plan::Recompute::Selective;
-  p = price_plan(g, cluster, cost::AnalyticCostModel{}, p).plan;
+  const plan::Plan p = pipeline_2x2x2(g, cluster, 2, plan::Recompute::Selective);
   const CompletedPlan done = complete_plan(g, cluster, p, SearchLevel::Fast);
   ASSERT_TRUE(done.plan.stage_sharding.has_value());
   const PricedPlan again =
@@ -147,13 +154,7 @@ TEST(PlanPrice, APipelinedPlanIsPricedWithTheStageLayoutItRuns) {
 TEST(PlanPrice, AStageLayoutTheTensorModelCannotReadIsPricedByDegrees) {
   const ir::Graph g = gpt(2);  // one micro-batch of the data axis: 1 row x 2 ranks
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
-  plan::Plan p;
-  p.data = 2;
-  p.tensor = 2;
-  p.pipeline = 2;
-  p.global_batch = 8;
-  p.micro_batch = 1;
-  p = price_plan(g, cluster, cost::AnalyticCostModel{}, p).plan;
+  const plan::Plan p = pipeline_2x2x2(g, cluster, 1, plan::Recompute::None);
   const CompletedPlan done = complete_plan(g, cluster, p, SearchLevel::Fast);
   ASSERT_TRUE(done.plan.stage_sharding.has_value());
   const PricedPlan again = price_plan(g, cluster, cost::AnalyticCostModel{}, done.plan);
