@@ -9,6 +9,12 @@
 
 namespace shardwise::cost {
 
+MemoryConstants memory_constants(Precision precision) {
+  if (precision == Precision::F32 || precision == Precision::TF32)
+    return {.weight_bytes = 4, .gradient_bytes = 4, .optimizer_bytes = 8};
+  return {};
+}
+
 ModelStateBytes model_state_bytes(double parameters, int data, int zero_stage, const MemoryConstants& constants) {
   if (data < 1) throw support::ValidationError(fmt::format("model_state_bytes: data degree {} < 1", data));
   if (zero_stage < 0 || zero_stage > 3)

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "cost/cluster.h"
 #include "plan/plan.h"
 
 namespace shardwise::cost {
@@ -38,6 +39,12 @@ struct MemoryConstants {
   double bytes_per_parameter() const { return weight_bytes + gradient_bytes + optimizer_bytes; }
   friend bool operator==(const MemoryConstants&, const MemoryConstants&) = default;
 };
+
+// The model states a plan in `precision` holds per parameter with Adam: bf16 / f16 as mixed
+// precision runs (the defaults above: Megatron-LM's and the published runs'); f32 / tf32 as
+// torch trains a float32 model, weights 4, gradients 4 and Adam's two moments 8, no master
+// copy. The total is 16 either way; what differs is what ZeRO divides (the optimizer's 8 or 12).
+MemoryConstants memory_constants(Precision precision);
 
 struct ModelStateBytes {
   double weights = 0;

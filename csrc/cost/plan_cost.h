@@ -63,6 +63,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "cost/cluster.h"
@@ -82,7 +83,7 @@ struct PlanCostConstants {
   double optimizer_memory_efficiency = kOptimizerMemoryEfficiency;
   // What a second of communication overlapped with compute still costs (cost/constants.h).
   double overlap_interference = kOverlapInterference;
-  MemoryConstants memory;
+  std::optional<MemoryConstants> memory;  // model states per parameter; none: the plan precision's
 };
 
 struct PlanCost {

@@ -136,8 +136,8 @@ struct CollectiveRecord {
 //    "P(sum)"); an activation's is its producer's output placement.
 //  - strategies: every node by its first output's name, one strategy text per axis
 //    ("replicate", "split k", "split n g3").
-//  - zero: per parameter name, the mesh axes over which its optimizer state and gradients
-//    are sharded while the weight stays replicated (ZeRO-2 on that axis); absent = none.
+//  - zero: per parameter name, the mesh axes over which its optimizer state is sharded while
+//    the weight and its gradient stay replicated (ZeRO-1 on that axis); absent = none.
 //  - recompute: how the repeated blocks are recomputed in backward (JSON: false, true = full,
 //    or "selective").
 //  - collective_matmul: tensor-parallel gathers into a contraction, and a contraction's

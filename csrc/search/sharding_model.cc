@@ -133,6 +133,7 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
       speeds.clear();  // even
     axis_speed_shares_.push_back(std::move(speeds));
   }
+  memory_ = options_.memory.value_or(cost::memory_constants(options_.precision));
   float_bytes_ = options_.precision == cost::Precision::F32 || options_.precision == cost::Precision::TF32 ? 4 : 2;
 
   const auto num_nodes = graph_.nodes().size();
@@ -545,9 +546,12 @@ cost::ModelStateBytes ShardingModel::leaf_memory_by_kind(ir::ValueId leaf, int a
   const double scale = options_.parameter_memory_scale;
   if (v.role != ir::ValueRole::Parameter || !requires_grad_[static_cast<std::size_t>(leaf)])
     return {.weights = value_bytes(leaf) * held * scale};
-  const auto& m = options_.memory;
+  const cost::MemoryConstants& m = memory_;
+  // ZeRO shards the optimizer state only: the runtime all-reduces a ZeRO parameter's gradient
+  // whole to every rank, and its owner steps it (runtime/optim.py: ZeRO-1). A gradient is as
+  // sharded as its weight.
   return {.weights = numel * m.weight_bytes * held * scale,
-          .gradients = numel * m.gradient_bytes * state_held * scale,
+          .gradients = numel * m.gradient_bytes * held * scale,
           .optimizer = numel * m.optimizer_bytes * state_held * scale};
 }
 
@@ -556,7 +560,7 @@ double ShardingModel::optimizer_seconds(ir::ValueId leaf, int axis, const LeafCh
   if (v.role != ir::ValueRole::Parameter || !requires_grad_[static_cast<std::size_t>(leaf)]) return 0;
   const double state_held = leaf_held(leaf, axis, choice).second;
   // Read and write every byte of the rank's share of the states (cost/plan_cost.h's rule).
-  return static_cast<double>(v.type.numel()) * state_held * 2.0 * options_.memory.bytes_per_parameter() /
+  return static_cast<double>(v.type.numel()) * state_held * 2.0 * memory_.bytes_per_parameter() /
          (device_->memory_bandwidth * options_.optimizer_memory_efficiency);
 }
 
@@ -1121,8 +1125,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
       if (role == ir::ValueRole::Input && dp == 0 && !options[c].zero &&
           shards_batch(static_cast<ir::ValueId>(v), options[c].placement))
         dp = static_cast<int>(c);
-      // Data parallelism as practised: whole weights, their gradient and optimizer state
-      // sharded (ZeRO-2), when the parameter may be.
+      // Data parallelism as practised: whole weights, their optimizer state sharded (ZeRO-1),
+      // when the parameter may be.
       if (role == ir::ValueRole::Parameter && options[c].zero && options[c].placement.is_replicate())
         dp = static_cast<int>(c);
     }

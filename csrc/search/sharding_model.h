@@ -37,7 +37,7 @@ struct ShardingModelOptions {
   double memory_limit = 0;  // bytes per rank
   plan::Recompute recompute = plan::Recompute::None;
   bool allow_zero = true;
-  cost::MemoryConstants memory;
+  std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
   int beam_width = kBeamWidth;  // search/spmd_problem.h
   // Parameter collectives (gradient reduction, ZeRO/FSDP weight gathers) run beside compute:
   // the gathers beside the forward, the gradient reductions beside the backward. One
@@ -99,7 +99,7 @@ struct NodePrice {
 // A leaf's decision on one axis.
 struct LeafChoice {
   Placement placement;
-  bool zero = false;  // parameters only: gradient and optimizer state sharded over the axis
+  bool zero = false;  // parameters only: optimizer state sharded over the axis (ZeRO-1)
 
   friend bool operator==(const LeafChoice&, const LeafChoice&) = default;
 };
@@ -129,7 +129,7 @@ class ShardingModel {
   // `parameter_weight`: what the solver charges for one second of parameter collectives:
   // the overlap interference while they hide under compute, 1 when they do not
   // (search_spmd tries both; evaluate() always prices them exactly). `seeds_only`: no
-  // beam: the axis takes pure data parallelism (ZeRO-2), improved by local moves when it
+  // beam: the axis takes pure data parallelism (ZeRO-1), improved by local moves when it
   // fits and as it is when it does not (a start for the coordinate descent: the other axis
   // then has to save the memory, the way Megatron's tensor axis does under ZeRO).
   void solve_axis(int axis, bool thorough, double memory_scale = 1.0, double parameter_weight = 1.0,
@@ -344,6 +344,7 @@ class ShardingModel {
   double batch_scale_ = 1;
   bool batch_traced_ = false;  // the capture's batch > 1: activations carry their batch dims
   double float_bytes_ = 2;
+  cost::MemoryConstants memory_;  // options_.memory, or the precision's (cost/memory_cost.h)
   StrategyOptions strided_;
 
   std::vector<std::optional<ops::DimRule>> rules_;  // per node, batch index scaled

@@ -52,7 +52,7 @@ struct Outcome {
 //    parallelism across nodes) before the inner axis can take it. Inner first only, a
 //    tensor axis that splits the batch leaves a data axis of 128 nodes a batch of
 //    1536 / 8 = 192 it cannot split (GPT-3 175B: 220 s a step);
-//  - outer first from pure data parallelism with ZeRO-2, kept even when it does not fit:
+//  - outer first from pure data parallelism with ZeRO-1, kept even when it does not fit:
 //    the tensor axis then has to save the memory, which is how Megatron's layout comes
 //    about. Solved freely, the outer axis' first pass fits by sharding the weights
 //    FSDP-style across nodes, and the descent never leaves that: GPT-3 175B 59 s a step
@@ -292,7 +292,7 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
   plan.global_batch = options.global_batch;
   plan.micro_batch = options.global_batch;
   plan.recompute = sharding.recompute;
-  plan.zero_stage = sharding.zero.empty() ? 0 : 2;
+  plan.zero_stage = sharding.zero.empty() ? 0 : 1;  // the optimizer state's sharding: ZeRO-1
   plan.precision = std::string(cost::precision_name(options.precision));
   plan.sharding = sharding;
   plan.sharding->level = std::string(search_level_name(options.level));

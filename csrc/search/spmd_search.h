@@ -10,8 +10,8 @@
 //    is searched with and without recomputation of the repeated blocks.
 //  - Per mesh axis, every node picks a Strategy (search/strategy.h) from its dimension rule
 //    and every leaf (parameter, input, buffer, constant) a placement: Replicate, a Shard one
-//    of its readers wants, or, for a parameter, Replicate with its gradient and optimizer
-//    state sharded over the axis (ZeRO-2). The cost of a choice: the node's forward and
+//    of its readers wants, or, for a parameter, Replicate with its optimizer state sharded
+//    over the axis (ZeRO-1, as the runtime runs it: the gradient stays whole). The cost of a choice: the node's forward and
 //    backward time at its local shapes (cost model, all axes' shards applied), the all-
 //    reduces of its statistics, and, on every producer -> reader edge, the resharding of
 //    the value forward and of its gradient backward (search/resharding.h) on the links the
@@ -32,7 +32,7 @@
 //    solve_ilp started from
 //    solve_fast and also runs the fast search, returning the better: never worse than fast.
 //    The descent runs inner axis first, outer axis first, and outer axis first from pure
-//    data parallelism with ZeRO-2, and keeps the best (spmd_search.cc says why).
+//    data parallelism with ZeRO-1, and keeps the best (spmd_search.cc says why).
 //  - The mesh and recomputation choice with the lowest predicted step time that fits in
 //    memory wins; ties go to the earlier candidate (smaller tensor degree; no recompute, then
 //    selective, then full).
@@ -98,7 +98,7 @@ struct SpmdSearchOptions {
   // (search/parameter_collectives.h, MatmulCollective): priced so, and the plan says so
   // (plan::Sharding::collective_matmul) for the rewrite and the runtime.
   bool collective_matmul = false;
-  cost::MemoryConstants memory;
+  std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
   int beam_width = kBeamWidth;  // search/spmd_problem.h
   // Seconds of step time one second of parameter collectives hidden under compute still
   // costs (cost/constants.h).

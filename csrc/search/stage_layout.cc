@@ -36,8 +36,10 @@ MemoryShares first_stage_shares(const cost::LayerStructure& structure, const pla
                                               .front() /
                                          static_cast<double>(layers)
                                    : 1.0;
-  const double zero = cost::model_state_bytes(1, plan.data, plan.zero_stage).total() /
-                      cost::model_state_bytes(1, 1, 0).total();
+  const cost::MemoryConstants states =
+      cost::memory_constants(cost::parse_precision(plan.precision).value_or(cost::Precision::BF16));
+  const double zero = cost::model_state_bytes(1, plan.data, plan.zero_stage, states).total() /
+                      cost::model_state_bytes(1, 1, 0, states).total();
   const double in_flight = cost::stage_micro_batches_in_flight(plan.schedule, plan.pipeline, plan.virtual_stages,
                                                                plan.kfkb_k, plan.num_micro_batches());
   return {share * zero, share * in_flight};

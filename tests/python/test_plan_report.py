@@ -5,6 +5,7 @@ the plan's placements split over them; no internal key of the breakdown in the t
 machine-readable figures (breakdown(), predicted_memory()) keep the core's keys."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -126,7 +127,9 @@ def test_searched_tiny_gpt_report(tiny_gpt):
     total, memory = plan.predicted_memory()
     assert set(memory) == {"weights", "gradients", "optimizer", "activations", "gathered_parameters"}
     assert sum(memory.values()) == pytest.approx(total, rel=1e-12)
-    assert memory["optimizer"] == pytest.approx(6 * memory["gradients"], rel=1e-9)  # Adam: 12 bytes to 2
+    # A float32 plan: Adam's two moments, 8 bytes a parameter, to its gradient's 4 (no master copy).
+    assert json.loads(plan.to_json())["precision"] == "f32"
+    assert memory["optimizer"] == pytest.approx(2 * memory["gradients"], rel=1e-9)
 
 
 def test_mesh_axes_are_named_by_their_placements(tiny_gpt):

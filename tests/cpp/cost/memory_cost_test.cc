@@ -24,6 +24,18 @@ TEST(MemoryCost, GPT3ModelStatesSpreadOverTensorAndPipelineRanks) {
   EXPECT_THROW(model_state_bytes(params, 1, 4), support::ValidationError);
 }
 
+TEST(MemoryCost, AFloat32PlanHoldsNoMasterCopySoZeroDividesEightBytes) {
+  EXPECT_EQ(memory_constants(Precision::BF16), MemoryConstants{});
+  EXPECT_EQ(memory_constants(Precision::F16), MemoryConstants{});
+  const MemoryConstants f32 = memory_constants(Precision::F32);
+  EXPECT_EQ(f32, (MemoryConstants{4, 4, 8}));
+  EXPECT_EQ(memory_constants(Precision::TF32), f32);
+  EXPECT_EQ(f32.bytes_per_parameter(), MemoryConstants{}.bytes_per_parameter());
+  // ZeRO-1 over 4 ranks: 4 + 4 + 8 / 4 in float32, 2 + 2 + 12 / 4 in bf16.
+  EXPECT_DOUBLE_EQ(model_state_bytes(1e6, 4, 1, f32).total(), 1e6 * 10);
+  EXPECT_DOUBLE_EQ(model_state_bytes(1e6, 4, 1).total(), 1e6 * 7);
+}
+
 TEST(MemoryCost, MicroBatchesInFlight) {
   EXPECT_EQ(stage_micro_batches_in_flight(plan::Schedule::GPipe, 4, 1, 1, 16), 16);
   EXPECT_EQ(stage_micro_batches_in_flight(plan::Schedule::OneFOneB, 4, 1, 1, 16), 4);

@@ -185,6 +185,38 @@ TEST(PlanPrice, UnevenBatchSharesArePricedAsTheBalanceLpPricesThem) {
   expect_same_prediction(*r.plan.predicted, *priced.plan.predicted, "uneven shares");
 }
 
+// ZeRO as the runtime runs it (runtime/optim.py: ZeRO-1): every rank holds the weight and its
+// all-reduced gradient whole; only the optimizer state is divided over the data axis.
+TEST(PlanPrice, ZeroDividesTheOptimizerStateAndLeavesTheGradientsWhole) {
+  const ir::Graph g = gpt(8);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = std::vector<int>{8, 1};
+  plan::Plan plain = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  plain.sharding->zero.clear();
+  plan::Plan zero = plain;
+  double replicated = 0, sharded = 0;  // parameter elements whose weight is whole / split over the 8
+  for (const ir::Value& v : g.values()) {
+    if (v.role != ir::ValueRole::Parameter) continue;
+    if (plain.sharding->placements.at(v.name).at(0) == "R") {
+      zero.sharding->zero[v.name] = {0};
+      replicated += static_cast<double>(v.type.numel());
+    } else {
+      sharded += static_cast<double>(v.type.numel());
+    }
+  }
+  ASSERT_GT(replicated, 0);
+  const auto without = price_plan(g, cluster, cost::AnalyticCostModel{}, plain).plan.predicted->memory_breakdown;
+  const auto with = price_plan(g, cluster, cost::AnalyticCostModel{}, zero).plan.predicted->memory_breakdown;
+  EXPECT_GT(without.at("optimizer"), 0);
+  EXPECT_DOUBLE_EQ(with.at("gradients"), without.at("gradients"));
+  EXPECT_DOUBLE_EQ(with.at("weights"), without.at("weights"));
+  // Every element's state on 1/8 of the ranks, where without ZeRO the whole weights' is on all.
+  const double expected = (replicated / 8 + sharded / 8) / (replicated + sharded / 8);
+  EXPECT_NEAR(with.at("optimizer") / without.at("optimizer"), expected, 1e-12);
+}
+
 TEST(PlanPrice, AShardingTheGraphCannotTakeIsRefusedByName) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);

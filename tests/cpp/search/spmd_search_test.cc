@@ -394,7 +394,7 @@ TEST(SpmdSearch, Gpt3BlockStructureOn1024A100sIsSearchedInSeconds) {
   // The search times are printed above, not bounded here (benchmarks/planner_scaling.py).
   // Communication mostly hidden: the step within 1.5x of its compute (24.9 s of 22.1 s when
   // written; Megatron-LM's own 175B run at 140 TFLOP/s per GPU is about 23 s). The data
-  // axis splits the batch and shards the states (ZeRO-2); the tensor axis splits the MLP's
+  // axis splits the batch and shards the optimizer states (ZeRO-1, labelled so); the tensor axis splits the MLP's
   // up projection column-parallel (the down projection's split varies with the costs).
   for (const auto& r : {&fast, &thorough}) {
     const auto& predicted = *r->plan.predicted;
@@ -403,6 +403,7 @@ TEST(SpmdSearch, Gpt3BlockStructureOn1024A100sIsSearchedInSeconds) {
     EXPECT_EQ(at(r->plan, "transformer.h.0.mlp.c_fc.weight", 1), "S(1)");
     EXPECT_EQ(at(r->plan, "transformer.h.0.mlp.c_fc.weight", 0), "R");
     EXPECT_EQ(r->plan.sharding->zero.at("transformer.h.0.mlp.c_fc.weight"), std::vector<int>{0});
+    EXPECT_EQ(r->plan.zero_stage, 1);
   }
 }
 
