@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 #include <string_view>
+#include <utility>
 
 #include "ops/op_table.h"
 #include "ops/random_draws.h"
@@ -48,9 +49,12 @@ bool is_view(const ir::Graph& graph, const ir::Node& node) {
   return listed(kViews, base) && !node.inputs.empty();
 }
 
-}  // namespace
+struct Saved {
+  std::vector<std::int64_t> bytes;  // per value (saved_for_backward)
+  std::vector<bool> by_node;        // per node (saves_anything_by_node)
+};
 
-std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph) {
+Saved walk_saved(const ir::Graph& graph) {
   const std::size_t num_values = graph.values().size();
   std::vector<bool> requires_grad(num_values, false);
   std::vector<ir::ValueId> root(num_values);
@@ -61,8 +65,11 @@ std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph) {
   }
   std::vector<std::int64_t> saved(num_values, 0);
   std::vector<std::int64_t> masks(num_values, 0);  // dropout's, beside whatever else keeps the output
+  std::vector<bool> saves(graph.nodes().size(), false);
+  ir::NodeId current = 0;
   // A kept value keeps its whole base (a view of a slice still holds the storage).
   auto keep = [&](ir::ValueId id) {
+    saves[static_cast<std::size_t>(current)] = true;  // a weight too: autograd saves it
     const ir::ValueId base = root[static_cast<std::size_t>(id)];
     const ir::Value& value = graph.value(base);
     if (value.role == ir::ValueRole::Parameter || value.role == ir::ValueRole::Buffer ||
@@ -81,6 +88,7 @@ std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph) {
       for (ir::ValueId out : node.outputs) root[static_cast<std::size_t>(out)] = base;
     }
     if (!grad) continue;  // no autograd node: nothing kept
+    current = node.id;
 
     const std::string_view base = ops::op_base_name(node.op);
     const ops::OpSpec* spec = table.find(node.op);
@@ -99,6 +107,7 @@ std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph) {
       keep(node.inputs[0]);  // its log_softmax, input-sized
     } else if (base == "aten::dropout" || base == "aten::feature_dropout" || base == "aten::native_dropout") {
       if (ops::draws(node)) {
+        saves[static_cast<std::size_t>(node.id)] = true;
         const ir::ValueId out = node.outputs[0];
         masks[static_cast<std::size_t>(out)] = graph.value(out).type.numel();  // a bool mask
       }
@@ -116,8 +125,14 @@ std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph) {
     }
   }
   for (std::size_t v = 0; v < num_values; ++v) saved[v] += masks[v];
-  return saved;
+  return {std::move(saved), std::move(saves)};
 }
+
+}  // namespace
+
+std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph) { return walk_saved(graph).bytes; }
+
+std::vector<bool> saves_anything_by_node(const ir::Graph& graph) { return walk_saved(graph).by_node; }
 
 std::vector<std::int64_t> saved_bytes_by_node(const ir::Graph& graph) {
   const std::vector<std::int64_t> saved = saved_for_backward(graph);

@@ -179,6 +179,7 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   for (std::size_t i = 0; i < num_nodes; ++i) rep_node_[i] = static_cast<ir::NodeId>(i);
   instances_.assign(num_nodes, 1.0);
   in_block_.assign(num_nodes, false);
+  runs_again_.assign(num_nodes, false);
   selective_kept_ = analysis::kept_by_selective_recompute(graph_);
   rep_leaf_.assign(num_values, -1);
   for (const ir::Value& value : graph_.values())
@@ -201,8 +202,18 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
   if (layers != nullptr) {
     const auto& first = layers->nodes.front();
+    const std::vector<bool> saves = analysis::saves_anything_by_node(graph_);
     for (const auto& block : layers->nodes) {
       for (ir::NodeId id : block) in_block_[static_cast<std::size_t>(id)] = true;
+      // A block's recomputed forward ends at its last node that saves for backward
+      // (torch.utils.checkpoint's early stop): program order is node order.
+      std::vector<ir::NodeId> order(block.begin(), block.end());
+      std::ranges::sort(order);
+      bool later = false;
+      for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        later = later || saves[static_cast<std::size_t>(*it)];
+        runs_again_[static_cast<std::size_t>(*it)] = later;
+      }
     }
     for (std::size_t k = 1; k < layers->nodes.size(); ++k) {
       const auto& block = layers->nodes[k];
@@ -432,7 +443,8 @@ double ShardingModel::node_compute(ir::NodeId node, int axis, const Strategy& ch
 cost::OpTime ShardingModel::node_time(ir::NodeId node, int axis, const Strategy& choice,
                                       const cost::DeviceType& device) const {
   cost::OpTime time = base_time(node, axis, choice, device);
-  if (recomputed(static_cast<std::size_t>(node))) time.backward += time.forward;
+  if (recomputed(static_cast<std::size_t>(node)) && runs_again(static_cast<std::size_t>(node)))
+    time.backward += time.forward;
   return time;
 }
 
@@ -607,7 +619,7 @@ int ShardingModel::forward_passes(ir::ValueId value, int consumer, int operand) 
   // (search/parameter_collectives.h).
   if (graph_.value(value).role != ir::ValueRole::Parameter) return 1;
   const auto c = static_cast<std::size_t>(consumer);
-  if (checkpointed(c)) return 2;
+  if (runs_again(c)) return 2;
   return rules_[c] && !backward_reads(*rules_[c], static_cast<std::size_t>(operand)) ? 1 : 2;
 }
 
@@ -739,7 +751,7 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
   if (gather > 0)
     seconds = (weight(first) + (forward_passes(value, consumer, operand) - 1) * weight(regather_overlap())) * gather;
   // A recomputed reader reshards an activation again when backward runs its forward: exposed.
-  if (!parameter && checkpointed(static_cast<std::size_t>(consumer))) seconds += gather;
+  if (!parameter && runs_again(static_cast<std::size_t>(consumer))) seconds += gather;
   if (requires_grad_[static_cast<std::size_t>(value)]) {
     const Placement canonical = gradient_placement(produced);
     const ParameterOverlap reduction =
@@ -782,6 +794,8 @@ bool ShardingModel::kept_whole(std::size_t node) const {
 }
 
 bool ShardingModel::recomputed(std::size_t node) const { return checkpointed(node) && !kept_whole(node); }
+
+bool ShardingModel::runs_again(std::size_t node) const { return checkpointed(node) && runs_again_[node]; }
 
 double ShardingModel::recompute_checkpoint_bytes() const {
   if (options_.recompute == plan::Recompute::None) return 0;
@@ -1267,7 +1281,7 @@ ShardingModel::Tally ShardingModel::tally() const {
     const auto u = static_cast<std::size_t>(node.id);
     if (rep_node_[u] != node.id) continue;
     const cost::OpTime time = base_time(node.id, -1, node_choice_[0][u], *device_);
-    const double recomputed = this->recomputed(u) ? time.forward : 0.0;
+    const double recomputed = this->recomputed(u) && runs_again(u) ? time.forward : 0.0;
     out.by_node[u].forward = instances_[u] * time.forward;
     out.by_node[u].backward = instances_[u] * time.backward;
     out.forward += instances_[u] * time.forward;
@@ -1392,7 +1406,7 @@ ShardingModel::Tally ShardingModel::tally() const {
       record(produced, reader.inputs[op], "forward", parameter ? beside(first) : out.activations, price.collectives,
              1.0, 1.0, gather_latency);
       // A recomputed reader's forward, run again in backward, reshards an activation again.
-      if (!parameter && checkpointed(static_cast<std::size_t>(key.consumer)))
+      if (!parameter && runs_again(static_cast<std::size_t>(key.consumer)))
         record(produced, reader.inputs[op], "backward", out.activations, price.collectives, 1.0);
       // A gathered weight is released after its read and gathered again for the backward (and
       // for the recomputed forward): ZeRO-3 / FSDP's traffic, as the runtime runs it.

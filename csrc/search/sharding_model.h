@@ -327,6 +327,12 @@ class ShardingModel {
   // run again in backward (full: every such node; selective: not the ones it keeps)?
   bool checkpointed(std::size_t node) const;
   bool recomputed(std::size_t node) const;
+  // Does the checkpointed node run again when backward recomputes its block: at or before the
+  // block's last node that saves for backward (torch.utils.checkpoint stops there,
+  // analysis::saves_anything_by_node)? Then the reshards into it run again too, and its
+  // forward where recomputed. The block's save-free tail (the last projection's reshard, the
+  // residual add) runs once.
+  bool runs_again(std::size_t node) const;
   // Selective recomputation keeps the node's outputs whole from the forward.
   bool kept_whole(std::size_t node) const;
   // The output bytes node_memory counts, with each output's kept share given.
@@ -355,6 +361,7 @@ class ShardingModel {
   std::vector<ir::ValueId> rep_leaf_;               // per value (leaves), else -1
   std::vector<double> instances_;                   // per node: instances folded into it (reps)
   std::vector<bool> in_block_;                      // per node
+  std::vector<bool> runs_again_;  // per node of a block: at or before the block's last node that saves
   std::vector<bool> selective_kept_;                // per node: analysis::kept_by_selective_recompute
   std::vector<int> units_;                          // per node: parameter_units
   // Per (unit, matrix): the elements of the parameters of that rank class the unit reads
