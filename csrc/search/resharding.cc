@@ -48,16 +48,25 @@ std::optional<ReshardStep> reshard_step(const Placement& from, const Placement& 
         return ReshardStep{CollectiveKind::AllGather, b};
       }
       if (to.dim == from.dim && to.groups == from.groups && same_shares(from, to, axis_size)) return std::nullopt;
-      // Uneven blocks take no all-to-all (transform/reshard_actions.h): gathered, then cut.
-      if (!from.ratios.empty() || !to.ratios.empty()) return ReshardStep{CollectiveKind::AllGather, b};
+      // Uneven or strided (grouped) blocks, and a change of grouping on one dim, take no
+      // all-to-all (transform/reshard_actions.h): gathered, then cut, as the runtime runs them.
+      if (!from.ratios.empty() || !to.ratios.empty() || from.groups != 1 || to.groups != 1 || to.dim == from.dim)
+        return ReshardStep{CollectiveKind::AllGather, b};
       // AllToAll's bytes are each rank's buffer: its 1/n of the tensor (collective_cost.h).
       return ReshardStep{CollectiveKind::AllToAll, b / axis_size};
     case PlacementKind::Partial:
       if (to.is_replicate()) return ReshardStep{CollectiveKind::AllReduce, b};
-      // ... and no reduce-scatter: all-reduced, then cut.
+      // ... and no reduce-scatter for uneven blocks or a mean (Gloo has no average: the
+      // rewrite all-reduces it whole and divides): all-reduced, then cut.
       if (to.is_shard())
-        return ReshardStep{to.ratios.empty() ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce, b};
+        return ReshardStep{to.ratios.empty() && from.reduction != ops::Reduction::Mean ? CollectiveKind::ReduceScatter
+                                                                                      : CollectiveKind::AllReduce,
+                           b};
       if (to.reduction == from.reduction) return std::nullopt;
+      // A sum and a mean differ by the factor n: each rank rescales its own.
+      if ((from.reduction == ops::Reduction::Sum || from.reduction == ops::Reduction::Mean) &&
+          (to.reduction == ops::Reduction::Sum || to.reduction == ops::Reduction::Mean))
+        return std::nullopt;
       // Another reduction needs the true value first; every rank then holds it, which is a
       // valid partial of any reduction once the others are neutralised locally.
       return ReshardStep{CollectiveKind::AllReduce, b};

@@ -10,13 +10,15 @@
 //                                                                     the others zero it)
 //   S(d,g)         AllGather(B)           - if equal, else            AllGather(B)
 //                                         AllToAll(B / n)             (then local)
-//   P(red)         AllReduce(B)           ReduceScatter(B)            - if the same reduction,
-//                                                                     else AllReduce(B)
+//   P(red)         AllReduce(B)           ReduceScatter(B)            - if the same reduction
+//                                                                     or sum <-> mean (a local
+//                                                                     rescale), else AllReduce(B)
 //
-// Uneven shards (ratios) are priced as the rewrite runs them (transform/reshard_actions.h):
-// never a direct all-to-all or reduce-scatter, so S -> S' (another dim, or other ratios)
-// with either side uneven is AllGather(B) and a local cut, and P -> uneven S is
-// AllReduce(B) and a cut. Gathers of uneven blocks are priced as even ones of the same
+// Priced as the rewrite runs them (transform/reshard_actions.h, asserted in
+// tests/cpp/search/resharding_test.cc): the all-to-all is for contiguous even shards of two
+// dims only, so S -> S' with either side uneven (ratios) or strided (g > 1), or on the same
+// dim, is AllGather(B) and a local cut; the reduce-scatter is for a sum into an even shard,
+// so P(mean) -> S and P -> uneven S are AllReduce(B) and a cut. Gathers of uneven blocks are priced as even ones of the same
 // bytes (a ring moves the largest share; the difference is second order). A Shard whose
 // ratios agree with the other's within 1e-9 is the same data: nothing to do.
 //

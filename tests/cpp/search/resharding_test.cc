@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "cost/cluster_presets.h"
 #include "support/error.h"
+#include "transform/reshard_actions.h"
 
 namespace shardwise::search {
 namespace {
@@ -46,12 +49,14 @@ TEST(ReshardStepTest, FromShard) {
   // S -> R: gather the whole tensor.
   EXPECT_EQ(reshard_step(S(0), R(), kB, 8), step(CollectiveKind::AllGather, kB));
   EXPECT_EQ(reshard_step(S(2, 3), R(), kB, 8), step(CollectiveKind::AllGather, kB));
-  // S -> S: equal is local, anything else an all-to-all of each rank's 1/n.
+  // S -> S: equal is local; contiguous shards of two dims an all-to-all of each rank's 1/n;
+  // a strided one, or another grouping of the same dim, gathered whole, then cut (as run).
   EXPECT_EQ(reshard_step(S(1), S(1), kB, 8), std::nullopt);
   EXPECT_EQ(reshard_step(S(2, 3), S(2, 3), kB, 8), std::nullopt);
   EXPECT_EQ(reshard_step(S(0), S(1), kB, 8), step(CollectiveKind::AllToAll, kB / 8));
-  EXPECT_EQ(reshard_step(S(2), S(2, 3), kB, 8), step(CollectiveKind::AllToAll, kB / 8));
-  EXPECT_EQ(reshard_step(S(2, 3), S(2, 6), kB, 4), step(CollectiveKind::AllToAll, kB / 4));
+  EXPECT_EQ(reshard_step(S(2), S(2, 3), kB, 8), step(CollectiveKind::AllGather, kB));
+  EXPECT_EQ(reshard_step(S(2, 3), S(2, 6), kB, 4), step(CollectiveKind::AllGather, kB));
+  EXPECT_EQ(reshard_step(S(0), S(1, 3), kB, 8), step(CollectiveKind::AllGather, kB));
   // S -> P: gather, then every rank but one zeroes its copy.
   EXPECT_EQ(reshard_step(S(0), P(), kB, 8), step(CollectiveKind::AllGather, kB));
   EXPECT_EQ(reshard_step(S(1, 3), P(ops::Reduction::Mean), kB, 8), step(CollectiveKind::AllGather, kB));
@@ -76,6 +81,39 @@ TEST(ReshardStepTest, UnevenShardsArePricedAsTheRewriteRunsThem) {
   EXPECT_EQ(reshard_step(S(0), a, kB, 2), step(CollectiveKind::AllGather, kB));
 }
 
+// The search prices the collective the rewrite runs (transform/reshard_actions.h), on one axis:
+// for every pair of these placements, the priced kind is the one collective among the steps
+// (a gather, then a local cut, where no direct all-to-all or reduce-scatter runs), or none.
+TEST(ReshardStepTest, PricesTheCollectiveTheRewriteRuns) {
+  const std::vector<std::string> texts = {"R",       "S(0)",          "S(1)",    "S(1,g3)", "S(0,g2)",
+                                          "S(0)[0.25,0.75]", "P(sum)", "P(mean)"};
+  int checked = 0;
+  for (const std::string& a : texts)
+    for (const std::string& b : texts) {
+      SCOPED_TRACE(a + " -> " + b);
+      const Placement from = parse_placement(a), to = parse_placement(b);
+      std::optional<CollectiveKind> run;
+      for (const transform::ReshardAction& action : transform::reshard_actions({from}, {to})) {
+        std::optional<CollectiveKind> kind;
+        switch (action.kind) {
+          case transform::ReshardKind::AllGather: kind = CollectiveKind::AllGather; break;
+          case transform::ReshardKind::ReduceScatter: kind = CollectiveKind::ReduceScatter; break;
+          case transform::ReshardKind::AllReduce: kind = CollectiveKind::AllReduce; break;
+          case transform::ReshardKind::AllToAll: kind = CollectiveKind::AllToAll; break;
+          default: break;  // local
+        }
+        if (!kind) continue;
+        EXPECT_FALSE(run.has_value()) << "two collectives";
+        run = kind;
+      }
+      const std::optional<ReshardStep> priced = reshard_step(from, to, kB, 2);
+      EXPECT_EQ(priced.has_value(), run.has_value());
+      if (priced && run) EXPECT_EQ(priced->kind, *run);
+      ++checked;
+    }
+  EXPECT_EQ(checked, 64);
+}
+
 TEST(ReshardStepTest, FromPartial) {
   EXPECT_EQ(reshard_step(P(), R(), kB, 8), step(CollectiveKind::AllReduce, kB));
   EXPECT_EQ(reshard_step(P(ops::Reduction::Mean), R(), kB, 8), step(CollectiveKind::AllReduce, kB));
@@ -83,7 +121,8 @@ TEST(ReshardStepTest, FromPartial) {
   EXPECT_EQ(reshard_step(P(ops::Reduction::Max), S(2, 3), kB, 8), step(CollectiveKind::ReduceScatter, kB));
   EXPECT_EQ(reshard_step(P(), P(), kB, 8), std::nullopt);
   EXPECT_EQ(reshard_step(P(ops::Reduction::Mean), P(ops::Reduction::Mean), kB, 8), std::nullopt);
-  EXPECT_EQ(reshard_step(P(), P(ops::Reduction::Mean), kB, 8), step(CollectiveKind::AllReduce, kB));
+  EXPECT_EQ(reshard_step(P(), P(ops::Reduction::Mean), kB, 8), std::nullopt);  // rescaled by each rank
+  EXPECT_EQ(reshard_step(P(ops::Reduction::Mean), S(1), kB, 8), step(CollectiveKind::AllReduce, kB));
   EXPECT_EQ(reshard_step(P(ops::Reduction::Max), P(ops::Reduction::Min), kB, 8), step(CollectiveKind::AllReduce, kB));
 }
 

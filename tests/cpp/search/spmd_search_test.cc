@@ -394,16 +394,20 @@ TEST(SpmdSearch, Gpt3BlockStructureOn1024A100sIsSearchedInSeconds) {
   // The search times are printed above, not bounded here (benchmarks/planner_scaling.py).
   // Communication mostly hidden: the step within 1.5x of its compute (24.9 s of 22.1 s when
   // written; Megatron-LM's own 175B run at 140 TFLOP/s per GPU is about 23 s). The data
-  // axis splits the batch and shards the optimizer states (ZeRO-1, labelled so); the tensor axis splits the MLP's
-  // up projection column-parallel (the down projection's split varies with the costs).
+  // axis splits the batch and divides the MLP's up projection's optimizer state (ZeRO-1, or
+  // the weight itself FSDP-style: the two price within 0.1% here, and which wins moved with
+  // the reshard prices); the tensor axis splits that projection column-parallel (the down
+  // projection's split varies with the costs).
   for (const auto& r : {&fast, &thorough}) {
     const auto& predicted = *r->plan.predicted;
     EXPECT_LT(predicted.step_time, 1.5 * predicted.breakdown.at("compute")) << predicted.step_time;
     EXPECT_EQ(r->plan.sharding->strategies.at("scaled_dot_product_attention").at(0), "split b");
     EXPECT_EQ(at(r->plan, "transformer.h.0.mlp.c_fc.weight", 1), "S(1)");
-    EXPECT_EQ(at(r->plan, "transformer.h.0.mlp.c_fc.weight", 0), "R");
-    EXPECT_EQ(r->plan.sharding->zero.at("transformer.h.0.mlp.c_fc.weight"), std::vector<int>{0});
-    EXPECT_EQ(r->plan.zero_stage, 1);
+    const auto zero = r->plan.sharding->zero.find("transformer.h.0.mlp.c_fc.weight");
+    const bool zero_on_data = zero != r->plan.sharding->zero.end() && zero->second == std::vector<int>{0};
+    EXPECT_TRUE(zero_on_data || at(r->plan, "transformer.h.0.mlp.c_fc.weight", 0) == "S(0)");
+    ASSERT_FALSE(r->plan.sharding->zero.empty());
+    EXPECT_EQ(r->plan.zero_stage, 1);  // the ZeRO the runtime runs
   }
 }
 
