@@ -762,7 +762,7 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
     // gradient's product, as long as the input gradient's, covers it; evaluate() caps it).
     const double reduction_weight =
         !parameter && reduction != ParameterOverlap::Exposed ? options_.overlap_interference : weight(reduction);
-    seconds += reduction_weight * gradient_share(value, gradient) *
+    seconds += reduction_weight * gradient_share(value, produced, gradient) *
                reshard_seconds(axis, value, gradient, canonical, bytes,
                                parameter ? parameter_latency_share(value, consumer, reduction, canonical.is_replicate(),
                                                                    bytes)
@@ -771,9 +771,15 @@ double ShardingModel::edge_seconds(int axis, ir::ValueId value, int consumer, in
   return seconds;
 }
 
-double ShardingModel::gradient_share(ir::ValueId value, const Placement& gradient) const {
+double ShardingModel::gradient_share(ir::ValueId value, const Placement& produced, const Placement& gradient) const {
   const auto v = static_cast<std::size_t>(value);
-  if (!gradient.is_partial() || !is_leaf(graph_.value(value)) || reads_[v] <= 1) return 1.0;
+  // A replicated leaf's partial sums add up over its reads and are reduced once, in the
+  // engine's buckets (transform/spmd_rewrite.cc: the canonical gradient kept Partial); a
+  // sharded leaf's gradient is reduce-scattered at each read (a tied embedding held
+  // vocabulary-parallel: once for the lookup, once for the head).
+  if (!gradient.is_partial() || gradient.reduction != ops::Reduction::Sum || !produced.is_replicate() ||
+      !is_leaf(graph_.value(value)) || reads_[v] <= 1)
+    return 1.0;
   return 1.0 / reads_[v];
 }
 
@@ -1424,7 +1430,7 @@ ShardingModel::Tally ShardingModel::tally() const {
                parameter                                        ? beside(reduction)
                : reduction == ParameterOverlap::BesideBackward ? out.activation_backward
                                                                : out.activations,
-               parameter ? price.gradient_sync : price.collectives, gradient_share(group.value, reader.input_grads[op]),
+               parameter ? price.gradient_sync : price.collectives, gradient_share(group.value, produced, reader.input_grads[op]),
                // a stage's price (node_prices) counts an activation's hidden all-reduce at
                // the interference, as the solver does (edge_seconds)
                !parameter && reduction == ParameterOverlap::BesideBackward ? options_.overlap_interference : 1.0,

@@ -316,11 +316,12 @@ class ShardingModel {
   // (tensor parallelism) may still gather the vectors (sequence-parallel norms) alone.
   double parameter_latency_share(ir::ValueId value, int consumer, ParameterOverlap overlap, bool replicated_gradient,
                                  double bytes) const;
-  // The share of a reader's gradient reduction that reader pays: a leaf read by n nodes
-  // (a tied embedding, a shared weight) adds its n Partial gradients locally and reduces
-  // them once, so each Partial reader pays 1/n (exact when every reader's gradient is
-  // Partial, the common case; an approximation of a hyper-edge otherwise).
-  double gradient_share(ir::ValueId value, const Placement& gradient) const;
+  // The share of a reader's gradient reduction that reader pays: a leaf replicated on the
+  // axis and read by n nodes (a tied embedding, a shared weight) adds its n Partial(sum)
+  // gradients locally and reduces them once, so each such reader pays 1/n (exact when every
+  // reader's gradient is Partial, the common case; an approximation of a hyper-edge
+  // otherwise). A leaf sharded on the axis is reduce-scattered at each read: 1 each.
+  double gradient_share(ir::ValueId value, const Placement& produced, const Placement& gradient) const;
   double statistics_seconds(int axis, const Strategy& choice) const;
   double recompute_checkpoint_bytes() const;
   // Is the node in a block run as a checkpointed region (any recomputation)? Does its forward

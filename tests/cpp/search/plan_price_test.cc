@@ -259,6 +259,29 @@ TEST(PlanPrice, RecomputationReshardsAgainUpToTheBlocksLastSave) {
   EXPECT_EQ(again.size(), 3u);
 }
 
+// A tied embedding (one value, read by the lookup and by the head) held sharded: each read that
+// gathers it reduce-scatters its gradient there, whole (the rewrite's backward step at the read);
+// only a replicated leaf's partial sums add up first and are reduced once, in the buckets.
+TEST(PlanPrice, ASharedLeafHeldShardedReducesItsGradientAtEachRead) {
+  const ir::Graph g = gpt(8);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = std::vector<int>{2, 4};
+  o.batch_on_tensor_axis = false;
+  const plan::Plan p = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  const std::string wte = "transformer.wte.weight";
+  ASSERT_TRUE(p.sharding->placements.at(wte).at(0).starts_with("S("));  // FSDP-style on the data axis
+  double gathers = 0, scatters = 0;
+  for (const auto& c : p.predicted->collectives) {
+    if (c.value != wte || c.axis != 0) continue;
+    if (c.phase == "forward" && c.kind == "all_gather") gathers += c.count;
+    if (c.phase == "step" && c.kind == "reduce_scatter") scatters += c.count;
+  }
+  EXPECT_GE(gathers, 1);
+  EXPECT_DOUBLE_EQ(scatters, gathers);  // not 1/2 each: the value has two reads
+}
+
 TEST(PlanPrice, AShardingTheGraphCannotTakeIsRefusedByName) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
