@@ -37,6 +37,17 @@ ir::Graph gpt(int batch) {
   return models::build_gpt(c);
 }
 
+// The SPMD search's plan for `g` on `mesh` of one DGX A100 node, 8 rows a step.
+plan::Plan searched(const ir::Graph& g, const cost::Cluster& cluster, std::vector<int> mesh,
+                    std::optional<plan::Recompute> recompute = std::nullopt, bool batch_on_tensor_axis = true) {
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = std::move(mesh);
+  o.recompute = recompute;
+  o.batch_on_tensor_axis = batch_on_tensor_axis;
+  return search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+}
+
 void expect_same_prediction(const plan::Predicted& recorded, const plan::Predicted& priced, const std::string& what) {
   SCOPED_TRACE(what);
   EXPECT_DOUBLE_EQ(priced.step_time, recorded.step_time);
@@ -191,10 +202,7 @@ TEST(PlanPrice, UnevenBatchSharesArePricedAsTheBalanceLpPricesThem) {
 TEST(PlanPrice, ZeroDividesTheOptimizerStateAndLeavesTheGradientsWhole) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
-  SpmdSearchOptions o;
-  o.global_batch = 8;
-  o.mesh = std::vector<int>{8, 1};
-  plan::Plan plain = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  plan::Plan plain = searched(g, cluster, {8, 1});
   plain.sharding->zero.clear();
   plan::Plan zero = plain;
   double replicated = 0, sharded = 0;  // parameter elements whose weight is whole / split over the 8
@@ -225,12 +233,7 @@ TEST(PlanPrice, ZeroDividesTheOptimizerStateAndLeavesTheGradientsWhole) {
 TEST(PlanPrice, RecomputationReshardsAgainUpToTheBlocksLastSave) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
-  SpmdSearchOptions o;
-  o.global_batch = 8;
-  o.mesh = std::vector<int>{2, 4};
-  o.recompute = plan::Recompute::None;
-  o.batch_on_tensor_axis = false;
-  const plan::Plan none = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  const plan::Plan none = searched(g, cluster, {2, 4}, plan::Recompute::None, false);
   plan::Plan full = none;
   full.sharding->recompute = plan::Recompute::Full;
   using Calls = std::map<std::pair<std::string, std::string>, double>;  // (kind, value) -> calls a step
@@ -265,11 +268,7 @@ TEST(PlanPrice, RecomputationReshardsAgainUpToTheBlocksLastSave) {
 TEST(PlanPrice, ASharedLeafHeldShardedReducesItsGradientAtEachRead) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
-  SpmdSearchOptions o;
-  o.global_batch = 8;
-  o.mesh = std::vector<int>{2, 4};
-  o.batch_on_tensor_axis = false;
-  const plan::Plan p = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  const plan::Plan p = searched(g, cluster, {2, 4}, std::nullopt, false);
   const std::string wte = "transformer.wte.weight";
   ASSERT_TRUE(p.sharding->placements.at(wte).at(0).starts_with("S("));  // FSDP-style on the data axis
   double gathers = 0, scatters = 0;
@@ -285,10 +284,7 @@ TEST(PlanPrice, ASharedLeafHeldShardedReducesItsGradientAtEachRead) {
 TEST(PlanPrice, AShardingTheGraphCannotTakeIsRefusedByName) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
-  SpmdSearchOptions o;
-  o.global_batch = 8;
-  o.mesh = std::vector<int>{2, 4};
-  plan::Plan p = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  plan::Plan p = searched(g, cluster, {2, 4});
   const std::string victim = p.sharding->strategies.begin()->first;
   p.sharding->strategies.begin()->second[1] = "split zz";
   try {
@@ -299,7 +295,7 @@ TEST(PlanPrice, AShardingTheGraphCannotTakeIsRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("split zz"), std::string::npos) << e.what();
   }
   // The model that refused it keeps its decisions: it prices as before.
-  const plan::Plan good = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  const plan::Plan good = searched(g, cluster, {2, 4});
   const cost::AnalyticCostModel analytic;  // the model keeps a reference to it
   ShardingModel model(g, cluster, analytic, sharding_model_options(good, *good.sharding, cluster, cost::kMemoryFraction));
   model.adopt(*good.sharding);
