@@ -8,8 +8,10 @@
 //   from \ to      R                      S(d,g)                      P
 //   R              -                      local slice                 local (rank 0 keeps it,
 //                                                                     the others zero it)
-//   S(d,g)         AllGather(B)           - if equal, else            AllGather(B)
-//                                         AllToAll(B / n)             (then local)
+//   S(d,g)         AllGather(B)           - if equal, else AllToAll   AllGather(B)
+//                                         (B / n) between contiguous  (then local)
+//                                         even shards of two dims,
+//                                         else AllGather(B) and a cut
 //   P(red)         AllReduce(B)           ReduceScatter(B)            - if the same reduction
 //                                                                     or sum <-> mean (a local
 //                                                                     rescale), else AllReduce(B)
@@ -18,9 +20,10 @@
 // tests/cpp/search/resharding_test.cc): the all-to-all is for contiguous even shards of two
 // dims only, so S -> S' with either side uneven (ratios) or strided (g > 1), or on the same
 // dim, is AllGather(B) and a local cut; the reduce-scatter is for a sum into an even shard,
-// so P(mean) -> S and P -> uneven S are AllReduce(B) and a cut. Gathers of uneven blocks are priced as even ones of the same
-// bytes (a ring moves the largest share; the difference is second order). A Shard whose
-// ratios agree with the other's within 1e-9 is the same data: nothing to do.
+// so P(mean) -> S and P -> uneven S are AllReduce(B) and a cut. Gathers of uneven blocks are
+// priced as even ones of the same bytes (a ring moves the largest share; the difference is
+// second order). A Shard whose ratios agree with the other's within 1e-9 is the same data:
+// nothing to do.
 //
 // Worked example (8 ranks on one DGX A100 node, a bf16 [2048, 4096] tensor, B = 16 MiB):
 //   reshard_step(P(sum), S(0), B, 8)  -> {ReduceScatter, 16 MiB}
