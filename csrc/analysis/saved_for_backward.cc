@@ -49,12 +49,9 @@ bool is_view(const ir::Graph& graph, const ir::Node& node) {
   return listed(kViews, base) && !node.inputs.empty();
 }
 
-struct Saved {
-  std::vector<std::int64_t> bytes;  // per value (saved_for_backward)
-  std::vector<bool> by_node;        // per node (saves_anything_by_node)
-};
+}  // namespace
 
-Saved walk_saved(const ir::Graph& graph) {
+SavedTensors saved_tensors(const ir::Graph& graph) {
   const std::size_t num_values = graph.values().size();
   std::vector<bool> requires_grad(num_values, false);
   std::vector<ir::ValueId> root(num_values);
@@ -128,11 +125,7 @@ Saved walk_saved(const ir::Graph& graph) {
   return {std::move(saved), std::move(saves)};
 }
 
-}  // namespace
-
-std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph) { return walk_saved(graph).bytes; }
-
-std::vector<bool> saves_anything_by_node(const ir::Graph& graph) { return walk_saved(graph).by_node; }
+std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph) { return saved_tensors(graph).bytes; }
 
 std::vector<std::int64_t> saved_bytes_by_node(const ir::Graph& graph) {
   const std::vector<std::int64_t> saved = saved_for_backward(graph);

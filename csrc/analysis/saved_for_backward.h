@@ -39,10 +39,17 @@ std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph);
 // Indexed by NodeId: the saved bytes of the node's outputs (the activations it holds).
 std::vector<std::int64_t> saved_bytes_by_node(const ir::Graph& graph);
 
-// Indexed by NodeId: whether the node's autograd node saves any tensor for the backward (a
-// weight too, or a dropout's mask). torch.utils.checkpoint stops a recomputed forward at the
-// last node of the segment that does (its early stop: every saved tensor is then rebuilt), so
-// the nodes after it, and the collectives before them, do not run again in backward.
-std::vector<bool> saves_anything_by_node(const ir::Graph& graph);
+// Both, from one walk of the graph:
+//  - bytes: saved_for_backward's;
+//  - saves_by_node: indexed by NodeId, whether the node's autograd node saves any tensor for
+//    the backward (a weight too, or a dropout's mask). torch.utils.checkpoint stops a
+//    recomputed forward at the last node of the segment that does (its early stop: every
+//    saved tensor is then rebuilt), so the nodes after it, and the collectives before them,
+//    do not run again in backward.
+struct SavedTensors {
+  std::vector<std::int64_t> bytes;
+  std::vector<bool> saves_by_node;
+};
+SavedTensors saved_tensors(const ir::Graph& graph);
 
 }  // namespace shardwise::analysis

@@ -143,11 +143,11 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   // Rules at the global batch; a node whose rule cannot be built runs replicated.
   rules_.resize(num_nodes);
   saved_.assign(num_values, 0.0);
-  const std::vector<std::int64_t> saved_bytes = analysis::saved_for_backward(graph_);
+  const analysis::SavedTensors saved = analysis::saved_tensors(graph_);
   for (const ir::Value& value : graph_.values()) {
     const std::int64_t bytes = value.type.bytes();
     const auto v = static_cast<std::size_t>(value.id);
-    if (bytes > 0) saved_[v] = static_cast<double>(saved_bytes[v]) / static_cast<double>(bytes);
+    if (bytes > 0) saved_[v] = static_cast<double>(saved.bytes[v]) / static_cast<double>(bytes);
   }
   for (const ir::Node& node : graph_.nodes()) {
     try {
@@ -202,7 +202,6 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
   if (layers != nullptr) {
     const auto& first = layers->nodes.front();
-    const std::vector<bool> saves = analysis::saves_anything_by_node(graph_);
     for (const auto& block : layers->nodes) {
       for (ir::NodeId id : block) in_block_[static_cast<std::size_t>(id)] = true;
       // A block's recomputed forward ends at its last node that saves for backward
@@ -211,7 +210,7 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
       std::ranges::sort(order);
       bool later = false;
       for (auto it = order.rbegin(); it != order.rend(); ++it) {
-        later = later || saves[static_cast<std::size_t>(*it)];
+        later = later || saved.saves_by_node[static_cast<std::size_t>(*it)];
         runs_again_[static_cast<std::size_t>(*it)] = later;
       }
     }
@@ -443,8 +442,7 @@ double ShardingModel::node_compute(ir::NodeId node, int axis, const Strategy& ch
 cost::OpTime ShardingModel::node_time(ir::NodeId node, int axis, const Strategy& choice,
                                       const cost::DeviceType& device) const {
   cost::OpTime time = base_time(node, axis, choice, device);
-  if (recomputed(static_cast<std::size_t>(node)) && runs_again(static_cast<std::size_t>(node)))
-    time.backward += time.forward;
+  if (reruns_forward(static_cast<std::size_t>(node))) time.backward += time.forward;
   return time;
 }
 
@@ -802,6 +800,8 @@ bool ShardingModel::kept_whole(std::size_t node) const {
 bool ShardingModel::recomputed(std::size_t node) const { return checkpointed(node) && !kept_whole(node); }
 
 bool ShardingModel::runs_again(std::size_t node) const { return checkpointed(node) && runs_again_[node]; }
+
+bool ShardingModel::reruns_forward(std::size_t node) const { return recomputed(node) && runs_again_[node]; }
 
 double ShardingModel::recompute_checkpoint_bytes() const {
   if (options_.recompute == plan::Recompute::None) return 0;
@@ -1287,7 +1287,7 @@ ShardingModel::Tally ShardingModel::tally() const {
     const auto u = static_cast<std::size_t>(node.id);
     if (rep_node_[u] != node.id) continue;
     const cost::OpTime time = base_time(node.id, -1, node_choice_[0][u], *device_);
-    const double recomputed = this->recomputed(u) && runs_again(u) ? time.forward : 0.0;
+    const double recomputed = reruns_forward(u) ? time.forward : 0.0;
     out.by_node[u].forward = instances_[u] * time.forward;
     out.by_node[u].backward = instances_[u] * time.backward;
     out.forward += instances_[u] * time.forward;

@@ -330,10 +330,12 @@ class ShardingModel {
   bool recomputed(std::size_t node) const;
   // Does the checkpointed node run again when backward recomputes its block: at or before the
   // block's last node that saves for backward (torch.utils.checkpoint stops there,
-  // analysis::saves_anything_by_node)? Then the reshards into it run again too, and its
+  // analysis::saved_tensors)? Then the reshards into it run again too, and its
   // forward where recomputed. The block's save-free tail (the last projection's reshard, the
   // residual add) runs once.
   bool runs_again(std::size_t node) const;
+  // Is its forward computed again in backward: recomputed (not kept) and run again.
+  bool reruns_forward(std::size_t node) const;
   // Selective recomputation keeps the node's outputs whole from the forward.
   bool kept_whole(std::size_t node) const;
   // The output bytes node_memory counts, with each output's kept share given.

@@ -32,7 +32,9 @@ TEST(SavedForBackwardTest, ProductsKeepTheirPartnersOperandTanhItsOutputAddNothi
   EXPECT_EQ(by_node, (std::vector<std::int64_t>{8 * 64 * 4, 0, 8 * 64 * 4, 0}));
   // Which nodes save anything: the linear saves x (charged to mul's output, not its own) and
   // the weight; the add saves nothing, so a checkpoint's recomputation stops at tanh.
-  EXPECT_EQ(saves_anything_by_node(g), (std::vector<bool>{true, true, true, false}));
+  const SavedTensors both = saved_tensors(g);
+  EXPECT_EQ(both.saves_by_node, (std::vector<bool>{true, true, true, false}));
+  EXPECT_EQ(both.bytes, saved);
 }
 
 // Nothing needs a gradient upstream of the parameters: position tables keep nothing, and a

@@ -94,14 +94,8 @@ TEST(ReshardStepTest, PricesTheCollectiveTheRewriteRuns) {
       const Placement from = parse_placement(a), to = parse_placement(b);
       std::optional<CollectiveKind> run;
       for (const transform::ReshardAction& action : transform::reshard_actions({from}, {to})) {
-        std::optional<CollectiveKind> kind;
-        switch (action.kind) {
-          case transform::ReshardKind::AllGather: kind = CollectiveKind::AllGather; break;
-          case transform::ReshardKind::ReduceScatter: kind = CollectiveKind::ReduceScatter; break;
-          case transform::ReshardKind::AllReduce: kind = CollectiveKind::AllReduce; break;
-          case transform::ReshardKind::AllToAll: kind = CollectiveKind::AllToAll; break;
-          default: break;  // local
-        }
+        // A step's name is its collective's ("slice", "zero_others", "scale": local, none).
+        const std::optional<CollectiveKind> kind = cost::parse_collective_kind(transform::reshard_kind_name(action.kind));
         if (!kind) continue;
         EXPECT_FALSE(run.has_value()) << "two collectives";
         run = kind;
