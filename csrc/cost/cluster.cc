@@ -146,7 +146,9 @@ DeviceType read_device_type(const json& j, const std::string& path, const std::v
     t = *found;
     const double speed = j.contains("speed") ? get_number(j["speed"], path + ".speed") : 1.0;
     if (!(speed > 0)) fail(path + ".speed", fmt::format("speed must be > 0, got {}", speed));
-    for (double* flops : {&t.peak_flops.f32, &t.peak_flops.tf32, &t.peak_flops.bf16, &t.peak_flops.f16}) *flops *= speed;
+    for (double* flops : {&t.peak_flops.f32, &t.peak_flops.tf32, &t.peak_flops.bf16, &t.peak_flops.f16,
+                          &t.peak_flops.fp8})
+      *flops *= speed;
     t.memory_bandwidth *= speed;
   } else if (j.contains("speed")) {
     fail(path + ".speed", "speed scales the figures of the type named by \"like\"; give \"like\" too");
@@ -155,11 +157,13 @@ DeviceType read_device_type(const json& j, const std::string& path, const std::v
   const std::string flops_path = path + ".peak_flops";
   if (!profile || j.contains("peak_flops")) {
     const json& flops = require_object(require(j, "peak_flops", path), flops_path);
-    check_keys(flops, flops_path, {"f32", "tf32", "bf16", "f16"});
+    check_keys(flops, flops_path, {"f32", "tf32", "bf16", "f16", "fp8"});
     t.peak_flops.f32 = get_number(require(flops, "f32", flops_path), flops_path + ".f32");
     t.peak_flops.tf32 = get_number(require(flops, "tf32", flops_path), flops_path + ".tf32");
     t.peak_flops.bf16 = get_number(require(flops, "bf16", flops_path), flops_path + ".bf16");
     t.peak_flops.f16 = get_number(require(flops, "f16", flops_path), flops_path + ".f16");
+    // Optional: a device without FP8 matrix units leaves it out (0).
+    t.peak_flops.fp8 = flops.contains("fp8") ? get_number(flops["fp8"], flops_path + ".fp8") : 0.0;
   }
   if (!profile || j.contains("memory_bytes"))
     t.memory_bytes = get_int64(require(j, "memory_bytes", path), path + ".memory_bytes");
@@ -268,12 +272,17 @@ std::string_view precision_name(Precision precision) {
       return "bf16";
     case Precision::F16:
       return "f16";
+    case Precision::FP8:
+      return "fp8";
   }
   return "?";
 }
 
 std::optional<Precision> parse_precision(std::string_view name) {
   for (Precision p : kAllPrecisions) {
+    if (precision_name(p) == name) return p;
+  }
+  for (Precision p : kOptionalPrecisions) {
     if (precision_name(p) == name) return p;
   }
   return std::nullopt;
@@ -289,6 +298,8 @@ double PeakFlops::at(Precision precision) const {
       return bf16;
     case Precision::F16:
       return f16;
+    case Precision::FP8:
+      return fp8;
   }
   return 0;
 }
@@ -329,6 +340,13 @@ Cluster::Cluster(std::string name, std::vector<DeviceType> device_types, std::ve
       if (!positive_finite(v)) {
         invalid(fmt::format("{}.peak_flops.{}", path, precision_name(p)),
                 fmt::format("peak FLOP/s must be positive and finite, got {}", v));
+      }
+    }
+    for (Precision p : kOptionalPrecisions) {
+      const double v = t.peak_flops.at(p);
+      if (!(v == 0 || positive_finite(v))) {
+        invalid(fmt::format("{}.peak_flops.{}", path, precision_name(p)),
+                fmt::format("peak FLOP/s must be positive and finite (or absent: no such units), got {}", v));
       }
     }
     if (t.memory_bytes <= 0) {
@@ -441,6 +459,21 @@ const DeviceType& Cluster::slowest_device(int first, int count, Precision precis
     if (type.peak_flops.at(precision) < slowest->peak_flops.at(precision)) slowest = &type;
   }
   return *slowest;
+}
+
+void Cluster::require_precision(Precision precision, std::string_view who) const {
+  for (const Node& node : nodes_) {
+    for (const DeviceRun& run : node.devices) {
+      const DeviceType& type = *find_device_type(run.device);  // the constructor checked every run
+      if (type.peak_flops.at(precision) > 0) continue;
+      throw support::ValidationError(fmt::format(
+          "{}: precision '{}' needs {} matrix units, and device type '{}' has none (its peak_flops lists no '{}'; "
+          "H100, H200 and Ada GPUs have them, A100 and V100 do not); choose bf16 there, or give the device's '{}' "
+          "peak if it has them",
+          who, precision_name(precision), precision == Precision::FP8 ? "FP8" : precision_name(precision), type.name,
+          precision_name(precision), precision_name(precision)));
+    }
+  }
 }
 
 std::vector<int> Cluster::ranks_per_node() const {
@@ -609,6 +642,8 @@ json cluster_to_json(const Cluster& cluster) {
   for (const auto& t : cluster.device_types()) {
     json flops = json::object();
     for (Precision p : kAllPrecisions) flops[std::string(precision_name(p))] = t.peak_flops.at(p);
+    for (Precision p : kOptionalPrecisions)
+      if (t.peak_flops.at(p) > 0) flops[std::string(precision_name(p))] = t.peak_flops.at(p);
     types.push_back(json{{"name", t.name},
                          {"peak_flops", std::move(flops)},
                          {"memory_bytes", t.memory_bytes},

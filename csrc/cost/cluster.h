@@ -82,13 +82,18 @@
 namespace shardwise::cost {
 
 // The arithmetic a device runs matrix products in. TF32 is f32 storage computed on tensor
-// cores at reduced precision: a mode, not a storage dtype, hence not an ir::DType.
-enum class Precision : std::uint8_t { F32, TF32, BF16, F16 };
+// cores at reduced precision: a mode, not a storage dtype, hence not an ir::DType. FP8 is a
+// plan's "linears in float8, the rest in bf16" (analysis/fp8_linears.h): its linears' two
+// products run at the fp8 peak, everything else at the bf16 one.
+enum class Precision : std::uint8_t { F32, TF32, BF16, F16, FP8 };
 
+// The precisions every device lists a peak for (older devices run them at some rate).
 inline constexpr std::array<Precision, 4> kAllPrecisions = {Precision::F32, Precision::TF32, Precision::BF16,
                                                             Precision::F16};
+// The ones a device may lack: FP8 needs its own matrix units (H100 / H200 / Ada; not A100 or V100).
+inline constexpr std::array<Precision, 1> kOptionalPrecisions = {Precision::FP8};
 
-// "f32", "tf32", "bf16", "f16" (the JSON keys of peak_flops).
+// "f32", "tf32", "bf16", "f16", "fp8" (the JSON keys of peak_flops).
 std::string_view precision_name(Precision precision);
 std::optional<Precision> parse_precision(std::string_view name);
 
@@ -99,6 +104,7 @@ struct PeakFlops {
   double tf32 = 0;
   double bf16 = 0;
   double f16 = 0;
+  double fp8 = 0;  // 0: no FP8 matrix units (the JSON key is then absent)
 
   double at(Precision precision) const;
   friend bool operator==(const PeakFlops&, const PeakFlops&) = default;
@@ -192,6 +198,9 @@ class Cluster {
   // The slowest type (peak FLOP/s at `precision`) of ranks [first, first + count): what sets
   // the pace of a pipeline stage's block of ranks; the first of equals.
   const DeviceType& slowest_device(int first, int count, Precision precision) const;
+  // Throws ValidationError naming `who` and the first device type with no peak at `precision`
+  // (FP8 on an A100): a plan in that precision cannot run there, and is not priced as if it could.
+  void require_precision(Precision precision, std::string_view who) const;
   int node_of(int rank) const;
   int local_rank(int rank) const;  // index of the rank inside its node
   // First rank of a node (ranks of node n: first_rank(n) .. first_rank(n) + device_count - 1).

@@ -32,9 +32,10 @@ DeviceType a100_pcie_80gb() {
 }
 
 // NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): FP32 67 TFLOPS, TF32 989*,
-// BF16 1,979*, FP16 1,979* (* with sparsity: dense is half); 80GB HBM3, 3.35 TB/s.
+// BF16 1,979*, FP16 1,979*, FP8 3,958* (* with sparsity: dense is half); 80GB HBM3, 3.35 TB/s.
 DeviceType h100_sxm5_80gb() {
-  return {"h100-sxm5-80gb", {67 * kTera, 494.5 * kTera, 989.5 * kTera, 989.5 * kTera}, 80 * kGiB, 3350 * kGiga};
+  return {"h100-sxm5-80gb", {67 * kTera, 494.5 * kTera, 989.5 * kTera, 989.5 * kTera, 1979 * kTera}, 80 * kGiB,
+          3350 * kGiga};
 }
 
 // NVIDIA Tesla V100 datasheet (V100 SXM2 column): FP32 15.7 TFLOPS, Tensor (FP16 with
@@ -54,9 +55,13 @@ DeviceType v100_pcie_32gb() {
 // 2-core Xeon @ 2.5 GHz VM with torch 2.13 and one thread per process (1024^3 matmul):
 // f32 62 GFLOP/s, bf16 17 GFLOP/s, f16 0.35 GFLOP/s (no AVX512-FP16: torch's CPU f16
 // matmul is not vectorised there), streaming add 12.9 GB/s. Rounded down; no TF32 on a
-// CPU, so tf32 = f32. 4 GiB of memory per process is a floor, not a measurement:
-// shardwise.Cluster.detect() describes the real machine.
-DeviceType cpu_process() { return {"cpu", {50 * kGiga, 50 * kGiga, 15 * kGiga, 0.3 * kGiga}, 4 * kGiB, 10 * kGiga}; }
+// CPU, so tf32 = f32. FP8: torch._scaled_mm with rowwise scales (the form fp8 plans run,
+// analysis/fp8_linears.h) ran at 0.6x the f32 matmul there (57 against 94 GFLOP/s, 1024^3;
+// per-tensor scales took 0.04 GFLOP/s), hence 30. 4 GiB of memory per process is a floor,
+// not a measurement: shardwise.Cluster.detect() describes the real machine.
+DeviceType cpu_process() {
+  return {"cpu", {50 * kGiga, 50 * kGiga, 15 * kGiga, 0.3 * kGiga, 30 * kGiga}, 4 * kGiB, 10 * kGiga};
+}
 
 // ---- links -----------------------------------------------------------------------
 // Bandwidth per GPU and per direction; latency is one ring step. NCCL's own tuning model

@@ -131,6 +131,10 @@ double causal_fraction(const ir::Graph& graph, const ir::Node& node, std::int64_
 
 }  // namespace
 
+Precision high_precision(Precision precision) {
+  return precision == Precision::FP8 ? Precision::BF16 : precision;
+}
+
 double peak_for_measured_gemm(const AnalyticConstants& constants, double measured_flops, std::int64_t n) {
   return measured_flops / matmul_efficiency(constants, static_cast<double>(n) / 3.0);
 }
@@ -188,10 +192,14 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
     }
     double intensity = elements > 0 ? matmul / (2.0 * elements) : 0.0;
     double efficiency = matmul_efficiency(constants_, intensity);
-    time.forward = matmul / (device.peak_flops.at(precision) * efficiency);
+    time.contraction = true;
+    if (precision == Precision::FP8) {
+      if (auto linear = analysis::fp8_linear(graph, node)) return fp8_linear_time(graph, node, *linear, device,
+                                                                                  context, matmul / efficiency);
+    }
+    time.forward = matmul / (device.peak_flops.at(high_precision(precision)) * efficiency);
     time.backward = (flash ? constants_.attention_backward_factor : constants_.contraction_backward_factor) *
                     time.forward;
-    time.contraction = true;
     // A fused attention's softmax (exp, max, sum per score) runs between its products on
     // the tiles in registers: no bytes cross memory, and its FLOPs are not priced apart.
     // The math kernel computes every score and moves unfused_attention_score_bytes each.
@@ -222,6 +230,31 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   }
   time.forward = bytes / bandwidth;
   time.backward = constants_.memory_backward_factor * time.forward;
+  return time;
+}
+
+// An FP8 linear (analysis/fp8_linears.h): forward, x W^T at the fp8 peak after the casts of x
+// and W; backward, dx = dy W at the fp8 peak after the casts of dy and W (column scales) and
+// dW = dy^T x at the bf16 peak. A cast reads its operand twice (the amax, then the scaled
+// copy) and writes one byte per element. `peak_work` is the product's FLOPs over its efficiency.
+OpTime AnalyticCostModel::fp8_linear_time(const ir::Graph& graph, const ir::Node& node,
+                                          const analysis::Fp8Linear& linear, const DeviceType& device,
+                                          const NodeContext& context, double peak_work) const {
+  const double bandwidth = device.memory_bandwidth * constants_.memory_efficiency;
+  auto cast_seconds = [&](const ir::Value& value, bool output, std::size_t index) {
+    return (2.0 * local_bytes(value, context, output, index) + local_elements(value, context, output, index)) /
+           bandwidth;
+  };
+  const ir::Value& x = graph.value(node.inputs[linear.input]);
+  const ir::Value& w = graph.value(node.inputs[linear.weight]);
+  const ir::Value& y = graph.value(node.outputs[0]);
+  const double weight_cast = cast_seconds(w, false, linear.weight);
+  const double fp8_product = peak_work / device.peak_flops.at(Precision::FP8);
+  OpTime time;
+  time.contraction = true;
+  time.forward = fp8_product + cast_seconds(x, false, linear.input) + weight_cast;
+  time.backward = fp8_product + peak_work / device.peak_flops.at(Precision::BF16) +
+                  cast_seconds(y, true, node.inputs.size()) + weight_cast;
   return time;
 }
 

@@ -16,6 +16,11 @@
 //                  a saturating curve: small GEMMs (a 64-wide head, a t-way sliced weight)
 //                  are latency- and bandwidth-bound, large ones approach max_efficiency.
 //       backward = contraction_backward_factor (2) x forward: dX and dW are one product each.
+//   FP8 linears (a plan in "fp8": analysis/fp8_linears.h): the forward product and dX at
+//       peak(fp8), dW at peak(bf16), each at the same matmul_efficiency(d); plus the casts,
+//       memory-bound: x and W in forward, dY and W in backward, each read twice (its amax,
+//       then the scaled copy) and written as one byte per element. Every other node of an
+//       fp8 plan is priced in bf16.
 //   fused attention (FlopsKind Attention: aten::scaled_dot_product_attention and the flash /
 //       memory-efficient kernels it dispatches to) as a flash kernel runs it: the two products
 //       over the score blocks it computes, never the S x S scores in memory:
@@ -64,6 +69,7 @@
 #include <span>
 #include <vector>
 
+#include "analysis/fp8_linears.h"
 #include "cost/cluster.h"
 #include "cost/collective_cost.h"
 #include "ir/graph.h"
@@ -118,6 +124,9 @@ struct AnalyticConstants {
   friend bool operator==(const AnalyticConstants&, const AnalyticConstants&) = default;
 };
 
+// The precision a plan's ops other than its FP8 linears compute in: bf16 for "fp8", else itself.
+Precision high_precision(Precision precision);
+
 // matmul_efficiency(d) of the header comment.
 double matmul_efficiency(const AnalyticConstants& constants, double intensity);
 
@@ -151,6 +160,9 @@ class AnalyticCostModel final : public CostModel {
                          std::int64_t bytes, Algorithm algorithm) const override;
 
  private:
+  OpTime fp8_linear_time(const ir::Graph& graph, const ir::Node& node, const analysis::Fp8Linear& linear,
+                         const DeviceType& device, const NodeContext& context, double peak_work) const;
+
   AnalyticConstants constants_;
 };
 

@@ -128,6 +128,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   const std::int64_t m = plan.num_micro_batches();
   std::optional<Precision> precision = parse_precision(plan.precision);
   if (!precision) throw ValidationError(fmt::format("evaluate: unknown precision '{}'", plan.precision));
+  cluster.require_precision(*precision, "evaluate");
 
   // The slowest device type sets the pace (a homogeneous cluster has one).
   const DeviceType* device = &cluster.device_of(0);

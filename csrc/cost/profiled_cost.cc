@@ -223,7 +223,9 @@ OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node
                                     Precision precision, const NodeContext& context) const {
   auto it = profile_.ops.find(node_signature(graph, node));
   OpTime analytic = fallback_.node_time(graph, node, device, precision, context);
-  if (it == profile_.ops.end()) {
+  // The profile timed the node in the model's dtype; an FP8 linear runs other kernels.
+  const bool fp8 = precision == Precision::FP8 && analysis::fp8_linear(graph, node).has_value();
+  if (it == profile_.ops.end() || fp8) {
     node_analytic_.fetch_add(1, std::memory_order_relaxed);
     return analytic;
   }

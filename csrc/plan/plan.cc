@@ -33,7 +33,8 @@ constexpr std::array<std::pair<Schedule, std::string_view>, 7> kSchedules = {{
     {Schedule::DualPipeV, "dualpipe-v"},
 }};
 
-constexpr std::array<std::string_view, 4> kPrecisions = {"f32", "tf32", "bf16", "f16"};
+// cost::Precision's names; "fp8" runs the linears in float8 and the rest in bf16 (analysis/fp8_linears.h).
+constexpr std::array<std::string_view, 5> kPrecisions = {"f32", "tf32", "bf16", "f16", "fp8"};
 
 // A sharding section's invariants: its mesh is {data, tensor} and every entry has one
 // placement or strategy per axis. `where`: "plan.sharding" or "plan.stage_sharding".
@@ -403,7 +404,7 @@ void validate(const Plan& plan, std::optional<int> world_size) {
                                         fmt::join(plan.stage_groups, ", "), plan.pipeline, plan.pipeline - 1));
   }
   if (std::find(kPrecisions.begin(), kPrecisions.end(), plan.precision) == kPrecisions.end())
-    throw ValidationError(fmt::format("plan.precision: unknown '{}' (known: f32, tf32, bf16, f16)", plan.precision));
+    throw ValidationError(fmt::format("plan.precision: unknown '{}' (known: f32, tf32, bf16, f16, fp8)", plan.precision));
 }
 
 Plan stage_plan(const Plan& plan, int stage) {

@@ -27,7 +27,8 @@
 //    stage's mesh); the plan is complete with them. Empty otherwise.
 //  - virtual_stages > 1 only with Schedule::Interleaved1F1B or ZeroBubbleV (which takes
 //    exactly 2); kfkb_k > 1 only with KFKB.
-//  - precision: "f32", "tf32", "bf16" or "f16" (cost::Precision names).
+//  - precision: "f32", "tf32", "bf16", "f16" or "fp8" (cost::Precision names; fp8: linears in
+//    float8, the rest in bf16, analysis/fp8_linears.h).
 //  - micro_batch_semantics: "exact" (default, not written) or "per_micro_batch" (written
 //    only when set, so plans without it keep their hash): see MicroBatchSemantics.
 //  - predicted: set by the evaluator (cost/plan_cost.h); not part of the hash, so costing a

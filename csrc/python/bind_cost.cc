@@ -23,6 +23,8 @@ py::dict device_type_to_python(const cost::DeviceType& t) {
   py::dict flops;
   for (cost::Precision p : cost::kAllPrecisions)
     flops[py::str(std::string(cost::precision_name(p)))] = t.peak_flops.at(p);
+  for (cost::Precision p : cost::kOptionalPrecisions)  // listed only where the device has the units
+    if (t.peak_flops.at(p) > 0) flops[py::str(std::string(cost::precision_name(p)))] = t.peak_flops.at(p);
   py::dict d;
   d["name"] = t.name;
   d["peak_flops"] = flops;

@@ -105,6 +105,7 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   if (world != cluster_.world_size())
     throw ValidationError(fmt::format("spmd search: mesh of {} ranks on a cluster of {}", world, cluster_.world_size()));
 
+  cluster_.require_precision(options_.precision, "spmd search");
   device_ = &cluster_.device_of(0);
   for (const cost::DeviceType& type : cluster_.device_types())
     if (type.peak_flops.at(options_.precision) < device_->peak_flops.at(options_.precision)) device_ = &type;

@@ -78,7 +78,8 @@ class Cluster:
         node: ``LOCAL_WORLD_SIZE`` (set by torchrun), else all of them on one node.
 
         CUDA (the current device, when CUDA is available):
-          - peak_flops: measured, per precision (f32 with TF32 off, tf32, bf16, f16), from a
+          - peak_flops: measured, per precision (f32 with TF32 off, tf32, bf16, f16, and fp8 where
+            the device has FP8 units: torch._scaled_mm with rowwise scales), from a
             timed square GEMM (n = 4096, less when free memory is short; the median of a few
             runs after warm-ups; well under a second on an H100), written in the cost model's
             terms: the peak under which it prices that GEMM at the measured time
@@ -521,6 +522,8 @@ def _time_square_gemm(n: int, precision: str, device) -> float:
     """Seconds of one n x n by n x n matmul at ``precision`` on ``device`` (_median_seconds)."""
     import torch
 
+    if precision == "fp8":
+        return _time_fp8_gemm(n, device)
     dtype = _gemm_dtype(precision)
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
@@ -529,6 +532,20 @@ def _time_square_gemm(n: int, precision: str, device) -> float:
         return _median_seconds(lambda: torch.mm(a, b, out=out), device)
     with _tf32_matmul(precision == "tf32"):
         return _median_seconds(lambda: torch.mm(a, b, out=out), device)
+
+
+def _time_fp8_gemm(n: int, device) -> float:
+    """Seconds of the product an fp8 plan's linears run (runtime/fp8.py): torch._scaled_mm of
+    two n x n float8_e4m3fn matrices with rowwise scales, the second column-major, into bf16."""
+    import torch
+
+    fp8 = torch.float8_e4m3fn
+    a = torch.randn(n, n, device=device).to(fp8)
+    b = torch.randn(n, n, device=device).to(fp8).t()
+    scale_a = torch.ones(n, 1, device=device)
+    scale_b = torch.ones(1, n, device=device)
+    return _median_seconds(lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b,
+                                                    out_dtype=torch.bfloat16), device)
 
 
 def _measure_peak_flops(device, precisions: Iterable[str]) -> dict[str, float]:

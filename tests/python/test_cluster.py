@@ -159,7 +159,8 @@ def test_detect_measures_a_cpu_when_asked(monkeypatch):
     monkeypatch.setattr(cluster_module, "_time_square_gemm", time_square_gemm)
     c = Cluster.detect(measure_compute=True)
     n = cluster_module.CPU_GEMM_SIZE
-    assert sorted(timed) == sorted((n, p, "cpu") for p in ("f32", "tf32", "bf16", "f16"))
+    # fp8: torch._scaled_mm with rowwise scales, the product an fp8 plan's linears run
+    assert sorted(timed) == sorted((n, p, "cpu") for p in ("f32", "tf32", "bf16", "f16", "fp8"))
     cpu = c.device_of(0)
     assert all(v > 0 for v in cpu["peak_flops"].values()) and cpu["memory_bandwidth"] > 0
     assert cpu["peak_flops"] != Cluster.detect().device_of(0)["peak_flops"]  # not the estimates
@@ -247,7 +248,7 @@ def _copy_fails(nbytes, device):
 
 
 def test_detect_cuda_takes_peak_flops_from_a_timed_gemm(monkeypatch):
-    seconds = {"f32": 2e-2, "tf32": 4e-3, "bf16": 2e-3, "f16": 1.5e-3}
+    seconds = {"f32": 2e-2, "tf32": 4e-3, "bf16": 2e-3, "f16": 1.5e-3, "fp8": 1e-3}  # an H100 has FP8 units
     props = _FakeDeviceProperties("NVIDIA H100 80GB HBM3", total_memory=81_000_000_000)
     timed = _fake_cuda(monkeypatch, props, lambda n, precision: seconds[precision])
     c = Cluster.detect()

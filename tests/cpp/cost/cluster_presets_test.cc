@@ -52,7 +52,7 @@ TEST(ClusterPresetsTest, DgxH100) {
   EXPECT_EQ(c.world_size(), 8);
   const DeviceType& h100 = c.device_of(7);
   EXPECT_EQ(h100.name, "h100-sxm5-80gb");
-  EXPECT_EQ(h100.peak_flops, (PeakFlops{67e12, 494.5e12, 989.5e12, 989.5e12}));
+  EXPECT_EQ(h100.peak_flops, (PeakFlops{67e12, 494.5e12, 989.5e12, 989.5e12, 1979e12}));
   EXPECT_EQ(h100.memory_bandwidth, 3350e9);
   EXPECT_EQ(c.links()[0].bandwidth, 450e9);  // 900 GB/s bidirectional
   EXPECT_EQ(c.links()[1].bandwidth, 50e9);   // one NDR 400 Gb/s NIC per GPU

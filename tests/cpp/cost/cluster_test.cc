@@ -42,6 +42,37 @@ TEST(ClusterTest, PrecisionNamesRoundTrip) {
   EXPECT_EQ(f.at(Precision::F16), 4);
 }
 
+// FP8 is optional: a device without FP8 units lists no "fp8" peak (read as 0, not written),
+// and a plan in fp8 on it is refused naming the device, never priced at another rate.
+TEST(ClusterTest, Fp8IsAnOptionalPeakThatAPlanInFp8Requires) {
+  EXPECT_EQ(parse_precision("fp8"), Precision::FP8);
+  EXPECT_EQ(precision_name(Precision::FP8), "fp8");
+  const PeakFlops f{1, 2, 3, 4, 5};
+  EXPECT_EQ(f.at(Precision::FP8), 5);
+  const json without = json::parse(R"({"device_types": [{"name": "a100", "peak_flops": {"f32": 1e10, "tf32": 1e10,
+      "bf16": 4e10, "f16": 4e10}, "memory_bytes": 1e9, "memory_bandwidth": 1e10},
+      {"name": "h100", "peak_flops": {"f32": 1e10, "tf32": 1e10, "bf16": 4e10, "f16": 4e10, "fp8": 8e10},
+       "memory_bytes": 1e9, "memory_bandwidth": 1e10}],
+      "nodes": [{"device": "h100", "count": 2}, {"device": "a100", "count": 2}],
+      "links": [{"name": "net", "bandwidth": 1e9, "latency": 1e-4}]})");
+  const Cluster mixed = cluster_from_json(without);
+  EXPECT_EQ(mixed.device_of(0).peak_flops.fp8, 8e10);
+  EXPECT_EQ(mixed.device_of(2).peak_flops.fp8, 0.0);
+  const json written = cluster_to_json(mixed);
+  EXPECT_FALSE(written["device_types"][0]["peak_flops"].contains("fp8"));
+  EXPECT_EQ(written["device_types"][1]["peak_flops"]["fp8"], 8e10);
+  EXPECT_EQ(cluster_from_json(written), mixed);
+  mixed.require_precision(Precision::BF16, "test");  // every device has bf16
+  const std::string refused = error_of<support::ValidationError>([&] { mixed.require_precision(Precision::FP8, "spmd search"); });
+  EXPECT_NE(refused.find("spmd search: precision 'fp8' needs FP8 matrix units"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("'a100'"), std::string::npos) << refused;
+  EXPECT_NO_THROW(rank_range(mixed, 0, 2).require_precision(Precision::FP8, "test"));  // the H100s alone
+  json negative = without;
+  negative["device_types"][1]["peak_flops"]["fp8"] = -1;
+  const std::string bad = error_of<support::ValidationError>([&] { cluster_from_json(negative); });
+  EXPECT_NE(bad.find("device_types[1].peak_flops.fp8"), std::string::npos) << bad;
+}
+
 TEST(ClusterTest, LinkSpeedForADeviceUsesItsOverride) {
   const LinkLevel net{"net", 0, 1e10, 1e-5, {{"b", LinkSpeed{5e9, 2e-5}}}};
   EXPECT_EQ(net.speed_for("a"), (LinkSpeed{1e10, 1e-5}));

@@ -38,6 +38,34 @@ TEST(OpCost, MatmulFollowsTheEfficiencyCurve) {
   EXPECT_NEAR(s.forward, 2 * m * k * n / (3.12e14 * 0.75 * d / (d + 96)), 1e-9);
 }
 
+// precision "fp8": a linear's forward product and dX at the fp8 peak, dW at bf16, plus the
+// casts (each operand read twice, written as one byte per element); other nodes as bf16.
+TEST(OpCost, AnFp8LinearRunsItsProductsAtTheFp8PeakAndPaysItsCasts) {
+  ir::Graph g;
+  ir::ValueId x = g.add_value("x", bf16({2048, 4096}, 0), ir::ValueRole::Input);
+  ir::ValueId w = g.add_value("w", bf16({4096, 4096}), ir::ValueRole::Parameter);
+  g.add_node("aten::mm", {x, w}, {{"y", bf16({2048, 4096}, 0)}});
+  const ir::ValueId a = g.add_value("a", bf16({4096, 4096}), ir::ValueRole::Input);
+  g.add_node("aten::mm", {g.node(0).outputs[0], a}, {{"z", bf16({2048, 4096}, 0)}});  // no weight: bf16
+  DeviceType h100{"h100", {6.7e13, 4.945e14, 9.895e14, 9.895e14, 1.979e15}, 80LL << 30, 3.35e12};
+  AnalyticCostModel model;
+  const OpTime t = model.node_time(g, g.node(0), h100, Precision::FP8, {});
+  const double flops = 2.0 * 2048 * 4096 * 4096, eff = 0.75 * 1024 / (1024 + 96), bandwidth = 3.35e12 * 0.75;
+  const double x_elems = 2048.0 * 4096, w_elems = 4096.0 * 4096;
+  const double cast_x = x_elems * (2 * 2 + 1) / bandwidth, cast_w = w_elems * (2 * 2 + 1) / bandwidth;
+  EXPECT_NEAR(t.forward, flops / (1.979e15 * eff) + cast_x + cast_w, 1e-12);
+  EXPECT_NEAR(t.backward, flops / (1.979e15 * eff) + flops / (9.895e14 * eff) + cast_x + cast_w, 1e-12);
+  EXPECT_TRUE(t.contraction);
+  // The product of two activations computes in bf16, as in a bf16 plan.
+  EXPECT_EQ(model.node_time(g, g.node(1), h100, Precision::FP8, {}),
+            model.node_time(g, g.node(1), h100, Precision::BF16, {}));
+  // A column split by 4 divides the product, W and the output gradient, not x.
+  const OpTime s = model.node_time(g, g.node(0), h100, Precision::FP8, {1.0, 4, TensorSplit::Column});
+  const double d = (2048.0 * 4096 * 1024) / (2048.0 * 4096 + 4096.0 * 1024 + 2048.0 * 1024);
+  const double e = 0.75 * d / (d + 96);
+  EXPECT_NEAR(s.forward, flops / 4 / (1.979e15 * e) + cast_x + cast_w / 4, 1e-12);
+}
+
 TEST(OpCost, PointwiseIsMemoryBoundAndViewsAreFree) {
   ir::Graph g;
   ir::ValueId x = g.add_value("x", bf16({2048, 4096}, 0), ir::ValueRole::Input);
