@@ -82,7 +82,8 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 # name -> (model, kind, degrees). kind: "spmd" (the search on the {data, tensor} mesh, without
 # ZeRO), "zero" (the same with too little memory for a replicated optimizer state), "tight"
 # (too little memory for replicated weights: they are sharded on the tensor axis),
-# "recompute" / "selective" (the search with full / selective recomputation only), or a pipeline schedule
+# "recompute" / "selective" (the search with full / selective recomputation only), "fp8" (the
+# search with the linears in float8: precision "fp8", runtime/fp8.py), or a pipeline schedule
 # (the evaluator's plan; each stage's layout searched on its sub-mesh; "recompute" in the
 # degrees recomputes so).
 PLANS = {
@@ -108,6 +109,9 @@ PLANS = {
     "llama 2 x 2, searched": ("llama", "spmd", {"data": 2, "tensor": 2}),
     "llama pipeline 4, 1F1B": ("llama", "1f1b", {"pipeline": 4, "data": 1, "micro_batch": 2}),
     "llama data 4, selective": ("llama", "selective", {"data": 4, "tensor": 1}),
+    "gpt2 data 4, FP8": ("gpt2", "fp8", {"data": 4, "tensor": 1}),
+    "gpt2 tensor 4, FP8": ("gpt2", "fp8", {"data": 1, "tensor": 4}),
+    "llama data 4, FP8": ("llama", "fp8", {"data": 4, "tensor": 1}),
 }
 SMOKE = ["gpt2 data 4", "gpt2 pipeline 2 x data 2, 1F1B"]
 
@@ -120,7 +124,8 @@ def layout(plan) -> str:
         counts = [sum(placed[n][a] != "R" for n in weights) for a in range(2)]
         zero = sum(1 for n in weights if n in plan.sharding.get("zero", {}))
         return (f"{counts[0]}/{counts[1]} of {len(weights)} weights sharded on data/tensor"
-                + (f", ZeRO on {zero}" if zero else "") + _recomputed(plan.sharding.get("recompute")))
+                + (f", ZeRO on {zero}" if zero else "") + _recomputed(plan.sharding.get("recompute"))
+                + (", linears in fp8" if plan.precision == "fp8" else ""))
     return (f"{plan.pipeline * plan.virtual_stages} stages, {plan.num_micro_batches()} micro-batches"
             + (", stage layout searched" if plan.stage_sharding else "")
             + _recomputed(json.loads(plan.to_json()).get("recompute")))
@@ -221,6 +226,9 @@ def make_plan(shardwise, name: str, cluster, graphs: dict):
     model_name, kind, d = PLANS[name]
     graph = graphs[model_name]
     mesh = (d.get("data", 1), d.get("tensor", 1))
+    if kind == "fp8":
+        return shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh, zero=False, recompute=False,
+                              precision="fp8")
     if kind in ("spmd", "zero", "tight", "recompute", "selective"):
         def with_memory(memory: float):
             doc = json.loads(cluster.to_json())

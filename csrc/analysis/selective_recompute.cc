@@ -33,6 +33,7 @@ const std::vector<std::string_view>& selective_recompute_saved_ops() {
   static const std::vector<std::string_view> ops = {
       "aten::mm",
       "aten::addmm",
+      "aten::_scaled_mm",  // an FP8 linear's product (analysis/fp8_linears.h)
       "aten::_scaled_dot_product_flash_attention",
       "aten::_scaled_dot_product_flash_attention_for_cpu",
       "aten::_scaled_dot_product_efficient_attention",

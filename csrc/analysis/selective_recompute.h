@@ -7,7 +7,8 @@
 //
 // The runtime's policy (runtime/recompute.py) saves the dispatcher ops of
 // selective_recompute_saved_ops(); the planner prices the graph's nodes that run as them:
-//   aten::linear, aten::mm, aten::addmm          (a linear; addmm / mm at the dispatcher)
+//   aten::linear, aten::mm, aten::addmm          (a linear; addmm / mm at the dispatcher, or
+//                                                _scaled_mm in an fp8 plan: analysis/fp8_linears.h)
 //   aten::matmul of x [..., k] by a matrix [k, n]  (folded into one mm at the dispatcher)
 //   the fused attention kernels (flash, memory-efficient, cuDNN, and scaled_dot_product_attention,
 //   which dispatches to one of them); not the math kernel, whose bmm and softmax run twice.

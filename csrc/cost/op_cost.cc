@@ -131,8 +131,15 @@ double causal_fraction(const ir::Graph& graph, const ir::Node& node, std::int64_
 
 }  // namespace
 
-Precision high_precision(Precision precision) {
-  return precision == Precision::FP8 ? Precision::BF16 : precision;
+Precision high_precision(const ir::Graph& graph, const ir::Node& node, Precision precision) {
+  if (precision != Precision::FP8) return precision;
+  // The node's own floating dtype: a bf16 model (Float8 training's) computes in bf16.
+  auto floating = [&](ir::ValueId id) { return ir::is_floating(graph.value(id).type.dtype); };
+  ir::DType dtype = ir::DType::BF16;
+  for (ir::ValueId id : node.outputs)
+    if (floating(id)) { dtype = graph.value(id).type.dtype; break; }
+  if (dtype == ir::DType::F32 || dtype == ir::DType::F64) return Precision::F32;
+  return dtype == ir::DType::F16 ? Precision::F16 : Precision::BF16;
 }
 
 double peak_for_measured_gemm(const AnalyticConstants& constants, double measured_flops, std::int64_t n) {
@@ -197,7 +204,7 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
       if (auto linear = analysis::fp8_linear(graph, node)) return fp8_linear_time(graph, node, *linear, device,
                                                                                   context, matmul / efficiency);
     }
-    time.forward = matmul / (device.peak_flops.at(high_precision(precision)) * efficiency);
+    time.forward = matmul / (device.peak_flops.at(high_precision(graph, node, precision)) * efficiency);
     time.backward = (flash ? constants_.attention_backward_factor : constants_.contraction_backward_factor) *
                     time.forward;
     // A fused attention's softmax (exp, max, sum per score) runs between its products on
@@ -253,7 +260,7 @@ OpTime AnalyticCostModel::fp8_linear_time(const ir::Graph& graph, const ir::Node
   OpTime time;
   time.contraction = true;
   time.forward = fp8_product + cast_seconds(x, false, linear.input) + weight_cast;
-  time.backward = fp8_product + peak_work / device.peak_flops.at(Precision::BF16) +
+  time.backward = fp8_product + peak_work / device.peak_flops.at(high_precision(graph, node, Precision::FP8)) +
                   cast_seconds(y, true, node.inputs.size()) + weight_cast;
   return time;
 }

@@ -17,10 +17,10 @@
 //                  are latency- and bandwidth-bound, large ones approach max_efficiency.
 //       backward = contraction_backward_factor (2) x forward: dX and dW are one product each.
 //   FP8 linears (a plan in "fp8": analysis/fp8_linears.h): the forward product and dX at
-//       peak(fp8), dW at peak(bf16), each at the same matmul_efficiency(d); plus the casts,
-//       memory-bound: x and W in forward, dY and W in backward, each read twice (its amax,
-//       then the scaled copy) and written as one byte per element. Every other node of an
-//       fp8 plan is priced in bf16.
+//       peak(fp8), dW at the peak of the node's dtype (bf16 in a bf16 model), each at the same
+//       matmul_efficiency(d); plus the casts, memory-bound: x and W in forward, dY and W in
+//       backward, each read twice (its amax, then the scaled copy) and written as one byte per
+//       element. Every other node of an fp8 plan is priced at its dtype's peak (high_precision).
 //   fused attention (FlopsKind Attention: aten::scaled_dot_product_attention and the flash /
 //       memory-efficient kernels it dispatches to) as a flash kernel runs it: the two products
 //       over the score blocks it computes, never the S x S scores in memory:
@@ -124,8 +124,10 @@ struct AnalyticConstants {
   friend bool operator==(const AnalyticConstants&, const AnalyticConstants&) = default;
 };
 
-// The precision a plan's ops other than its FP8 linears compute in: bf16 for "fp8", else itself.
-Precision high_precision(Precision precision);
+// The precision `node` computes in under a plan in `precision`: the plan's, but for "fp8" the
+// node's own floating dtype's (bf16 in a bf16 model, as Float8 training runs; f32 in a float32
+// one): an FP8 linear's dW and every other node.
+Precision high_precision(const ir::Graph& graph, const ir::Node& node, Precision precision);
 
 // matmul_efficiency(d) of the header comment.
 double matmul_efficiency(const AnalyticConstants& constants, double intensity);

@@ -9,6 +9,7 @@
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
 #include "ops/distributed_kernels.h"
+#include "transform/fp8_axes.h"
 #include "ops/node_rule.h"
 #include "plan/plan.h"
 #include "search/stage_assignment.h"
@@ -272,18 +273,23 @@ void bind_transform(py::module_& m) {
   m.def(
       "rank_program",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
-         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes, const std::string& recompute_name) {
+         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes, const std::string& recompute_name,
+         bool fp8) {
         const plan::Recompute recompute = plan::recompute_from_name(recompute_name);
         if (recompute != plan::Recompute::None && !plan_json.empty())
           throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
                                          "a plan's sharding says its own");
         auto [sharding, options] =
             rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute);
+        // A plan in fp8 runs its linears in float8; a replicated program (a pipeline stage on
+        // one rank) is told by fp8=.
+        if (!plan_json.empty()) fp8 = fp8 || plan::plan_from_json_string(plan_json).precision == "fp8";
         // The rank graph's program: nodes whose local call the ops' shape rules refuse run
         // whole there (rank_graph.h).
         const transform::RankGraph rank_ir = transform::rank_graph(graph, sharding, rank, options);
         const transform::RankProgram& program = rank_ir.program;
         py::list leaves, nodes, outputs;
+        std::size_t fp8_linears = 0;
         for (const auto& l : program.leaves) {
           py::dict d;
           d["value"] = l.value;
@@ -313,6 +319,17 @@ void bind_transform(py::module_& m) {
           d["statistics_axis"] = n.statistics_axis;
           d["statistics_dim"] = n.statistics_dim;
           d["kernel"] = n.kernel;
+          // An FP8 linear (analysis/fp8_linears.h) when the plan runs in fp8: the mesh axes its
+          // amaxes are a max over (transform/fp8_axes.h); None otherwise.
+          if (const auto axes = fp8 ? transform::fp8_axes(graph, n) : std::nullopt) {
+            ++fp8_linears;
+            py::dict f;
+            f["k_axes"] = axes->k_axes;
+            f["n_axes"] = axes->n_axes;
+            d["fp8"] = f;
+          } else {
+            d["fp8"] = py::none();
+          }
           d["recompute_block"] = n.recompute_block;
           d["recompute_keeps"] = n.recompute_keeps;
           // Collective matmul, Scatter: the steps the node's contraction runs on its output.
@@ -348,6 +365,12 @@ void bind_transform(py::module_& m) {
           nodes.append(d);
         }
         for (const auto& o : program.outputs) outputs.append(operand(o));
+        // Never a silent run in the model's dtype under a plan that says fp8.
+        if (fp8 && fp8_linears == 0)
+          throw support::ValidationError(
+              "fp8: the plan's precision is fp8 but no node of the model runs in float8 (an FP8 linear is a linear, "
+              "addmm or mm of a float32 or bfloat16 input by a weight parameter whose dims are multiples of 16: "
+              "csrc/analysis/fp8_linears.h); plan it in the model's precision");
         py::dict out;
         out["mesh"] = program.mesh;
         out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
@@ -359,8 +382,11 @@ void bind_transform(py::module_& m) {
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
       py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
+      py::arg("fp8") = false,
       "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated, "
-      "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\").");
+      "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\"); its FP8 linears "
+      "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
+      "for a replicated program.");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,

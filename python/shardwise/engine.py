@@ -240,8 +240,10 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     256 MiB of parameters, not on the meta device). ``mixed_precision``: FSDP2's
     ``MixedPrecisionPolicy`` (or a dict of its fields): compute in ``param_dtype`` on master
     weights of the model's dtype, reduce gradients in ``reduce_dtype`` (runtime/precision.py).
-    ``precision``: what the search prices the plan in ("f32", "tf32", "bf16", "f16"); None:
-    the model's as captured (``param_dtype`` under a policy). A given plan keeps its own.
+    ``precision``: what the search prices the plan in ("f32", "tf32", "bf16", "f16"), or "fp8",
+    which also runs: the linear layers' products in float8 (runtime/fp8.py), refused on devices
+    without FP8 units; None: the model's as captured (``param_dtype`` under a policy). A given
+    plan keeps its own.
     ``zero``: whether the search may shard the optimizer's states (``shardwise.plan``'s).
     ``micro_batch_semantics``: a plan that splits the batch into micro-batches (a pipeline, or
     the gradient accumulation the search falls back to when memory is short) computes the

@@ -522,9 +522,10 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ``recompute`` / ``zero``: allow activation recomputation / sharded optimizer state. The
     search tries no recomputation, selective and full (True), none (False), or only the one
     named ("none", "selective", "full": csrc/analysis/selective_recompute.h).
-    ``precision``: "f32", "tf32", "bf16" or "f16"; None (default): the model's, as captured
-    (a bf16 model, or one captured under a mixed-precision policy, trains in bf16; a float32
-    or float64 model in f32).
+    ``precision``: "f32", "tf32", "bf16", "f16" or "fp8" (the linear layers in float8, the rest
+    in the model's dtype: csrc/analysis/fp8_linears.h; refused on a cluster with a device
+    without FP8 units); None (default): the model's, as captured (a bf16 model, or one
+    captured under a mixed-precision policy, trains in bf16; a float32 or float64 model in f32).
     ``collective_matmul``: the SPMD search prices, and the plan runs, a tensor-parallel
     all-gather into a matmul (and a matmul's output reduce-scattered) as a ring whose blocks
     travel while the blocks before them are multiplied (collective matmul / async tensor

@@ -14,13 +14,16 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
     collective_matmul  all-gathers and reduce-scatters run inside their matmuls, as rings
                        (collective matmul, async TP)  (async_gradients, mesh, traffic,
                        transport)
+    fp8                linear layers' products in float8 (torch._scaled_mm, rowwise scales),
+                       and the same arithmetic on one device  (async_gradients, mesh,
+                       transport)
     fused_accumulation a stage's weight gradients added into .grad by the products and lookups
                        that make them (addmm_, index_add_)  (async_gradients)
     weight_split       a stage's backward as B and W (zero-bubble schedules)
                        (fused_accumulation)
     lower              rank program -> torch.fx.GraphModule  (async_gradients,
-                       collective_matmul, fused_accumulation, kernels, mesh, parameter_gathers,
-                       recompute, reshard, weight_split)
+                       collective_matmul, fp8, fused_accumulation, kernels, mesh,
+                       parameter_gathers, recompute, reshard, weight_split)
     buckets            gradient reduction in buckets  (transport)
     batch              binding a step's arguments by name  ()
     counted            the counts of losses whose mean the data counts  (lower)

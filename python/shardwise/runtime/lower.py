@@ -23,6 +23,7 @@ from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .async_gradients import SPLIT_OPS, AsyncGradient
 from .collective_matmul import CollectiveMatmul
+from .fp8 import Fp8Linears
 from .fused_accumulation import FusedAccumulation
 from .kernels import StatisticsKernels, VocabLookup
 from .mesh import _Mesh
@@ -242,6 +243,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         root.prefetch.wait = PrefetchWait(prefetches)
         root.async_gradient = AsyncGradient(mesh, root.reshard._steps)
         root.collective_matmul = CollectiveMatmul(mesh, root.reshard._steps)
+    if any(node.get("fp8") is not None for node in (program["nodes"] if nodes is None else nodes)):
+        root.fp8_linear = Fp8Linears(mesh, root.reshard._steps if mesh is not None else {})
     env: dict[str, torch.fx.Node] = {}
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
     nodes = program["nodes"] if nodes is None else nodes
@@ -410,6 +413,18 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             index = tuple(tuple(i.tolist()) if isinstance(i, torch.Tensor) else i for i in index)
             call = graph.call_module("one_device_random", (args[0], str(target), tuple(args[1:]), kwargs,
                                                            whole_shape, index))
+        elif node.get("fp8") is not None:  # runtime/fp8.py: a linear's product in float8, as the plan's precision says
+            if rings:
+                raise ValidationError(f"parallelize: '{first}' ({target}) would run a collective matmul in float8, "
+                                      "which the runtime cannot: plan it without collective_matmul")
+            if target not in SPLIT_OPS:
+                raise ValidationError(f"parallelize: the core marks '{first}' ({target}) as an FP8 linear, which "
+                                      f"the runtime runs only for {', '.join(SPLIT_OPS.values())}")
+            args, kwargs = _node_call(node, target, src, operands)
+            fp8 = node["fp8"]
+            call = graph.call_module("fp8_linear", (SPLIT_OPS[target], tuple(fp8["k_axes"]), tuple(fp8["n_axes"]),
+                                                    async_operand[1] if async_operand is not None else None,
+                                                    tuple(args), kwargs))
         elif gather_matmul is not None or matmul_scatter:  # runtime/collective_matmul.py: linear, addmm, mm
             if target not in SPLIT_OPS:
                 raise ValidationError(f"parallelize: the core runs a collective matmul in '{first}' ({target}), "

@@ -92,7 +92,8 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     else:
         # One rank a stage: the replicated program, its blocks recomputed as the plan says (they
         # were not: a pure pipeline's recompute=True ran, and held, every activation).
-        program, whole = _C.rank_program(graph._core, "", 0, recompute=plan.recompute), []
+        program, whole = _C.rank_program(graph._core, "", 0, recompute=plan.recompute,
+                                         fp8=plan.precision == "fp8"), []
     stages = p * v
     cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
     stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))

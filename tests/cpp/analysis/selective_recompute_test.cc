@@ -50,6 +50,7 @@ TEST(SelectiveRecompute, KeepsProductsWithAWeightAndFusedAttentionNotTheUnfusedC
   auto listed = [&](std::string_view op) { return std::find(saved.begin(), saved.end(), op) != saved.end(); };
   EXPECT_TRUE(listed("aten::mm"));
   EXPECT_TRUE(listed("aten::addmm"));
+  EXPECT_TRUE(listed("aten::_scaled_mm"));  // an FP8 plan's linears
   EXPECT_TRUE(listed("aten::_scaled_dot_product_flash_attention_for_cpu"));
   EXPECT_FALSE(listed("aten::bmm"));
   EXPECT_FALSE(listed("aten::_scaled_dot_product_attention_math"));

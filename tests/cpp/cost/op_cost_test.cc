@@ -59,6 +59,19 @@ TEST(OpCost, AnFp8LinearRunsItsProductsAtTheFp8PeakAndPaysItsCasts) {
   // The product of two activations computes in bf16, as in a bf16 plan.
   EXPECT_EQ(model.node_time(g, g.node(1), h100, Precision::FP8, {}),
             model.node_time(g, g.node(1), h100, Precision::BF16, {}));
+  // In a float32 model the rest computes in float32 (the model's dtype), as does dW.
+  ir::Graph f;
+  auto f32 = [](std::vector<std::int64_t> shape) { return ir::TensorType{ir::DType::F32, std::move(shape), {}}; };
+  const ir::ValueId fx = f.add_value("x", f32({2048, 4096}), ir::ValueRole::Input);
+  const ir::ValueId fa = f.add_value("a", f32({4096, 4096}), ir::ValueRole::Input);
+  const ir::ValueId fw = f.add_value("w", f32({4096, 4096}), ir::ValueRole::Parameter);
+  f.add_node("aten::mm", {fx, fa}, {{"z", f32({2048, 4096})}});
+  f.add_node("aten::mm", {fx, fw}, {{"y", f32({2048, 4096})}});
+  EXPECT_EQ(model.node_time(f, f.node(0), h100, Precision::FP8, {}),
+            model.node_time(f, f.node(0), h100, Precision::F32, {}));
+  const double cast4 = (x_elems + w_elems) * (2 * 4 + 1) / bandwidth;
+  EXPECT_NEAR(model.node_time(f, f.node(1), h100, Precision::FP8, {}).backward,
+              flops / (1.979e15 * eff) + flops / (6.7e13 * eff) + cast4, 1e-12);
   // A column split by 4 divides the product, W and the output gradient, not x.
   const OpTime s = model.node_time(g, g.node(0), h100, Precision::FP8, {1.0, 4, TensorSplit::Column});
   const double d = (2048.0 * 4096 * 1024) / (2048.0 * 4096 + 4096.0 * 1024 + 2048.0 * 1024);

@@ -1,0 +1,46 @@
+#include "transform/fp8_axes.h"
+
+#include <fmt/format.h>
+
+#include "analysis/fp8_linears.h"
+#include "support/error.h"
+
+namespace shardwise::transform {
+
+namespace {
+
+void refuse_partial(const ir::Graph& graph, const NodeRewrite& node, const OperandRewrite& operand) {
+  for (std::size_t a = 0; a < operand.required.size(); ++a) {
+    if (operand.required[a].kind != search::PlacementKind::Partial) continue;
+    const ir::Node& captured = graph.node(node.node);
+    throw support::ValidationError(fmt::format(
+        "fp8: {} '{}' (module '{}') reads '{}' as a partial sum over mesh axis {}; an FP8 linear scales whole values "
+        "(each rank's part would round apart), so this plan cannot run in fp8: reduce the operand first, or plan "
+        "in bf16",
+        node.op, graph.value(captured.outputs[0]).name, captured.module_path, operand.value, a));
+  }
+}
+
+}  // namespace
+
+std::optional<Fp8Axes> fp8_axes(const ir::Graph& graph, const NodeRewrite& node) {
+  const auto linear = analysis::fp8_linear(graph, graph.node(node.node));
+  if (!linear) return std::nullopt;
+  Fp8Axes axes;
+  if (node.mode == NodeMode::Whole) return axes;  // whole operands on every rank
+  if (linear->weight >= node.inputs.size() || linear->input >= node.inputs.size())
+    throw support::ValidationError(fmt::format("fp8: {} '{}' has {} operands in the rank program", node.op,
+                                               node.node, node.inputs.size()));
+  const OperandRewrite& x = node.inputs[linear->input];
+  const OperandRewrite& w = node.inputs[linear->weight];
+  refuse_partial(graph, node, x);
+  refuse_partial(graph, node, w);
+  for (std::size_t a = 0; a < w.required.size(); ++a) {
+    const search::Placement& p = w.required[a];
+    if (p.kind != search::PlacementKind::Shard) continue;
+    (p.dim == linear->weight_k_dim ? axes.k_axes : axes.n_axes).push_back(static_cast<int>(a));
+  }
+  return axes;
+}
+
+}  // namespace shardwise::transform

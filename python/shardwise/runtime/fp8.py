@@ -1,0 +1,193 @@
+"""FP8 linear layers: a plan whose precision is "fp8" runs each linear layer's products with its
+weight in float8 (csrc/analysis/fp8_linears.h says which nodes: a linear, addmm or mm whose
+weight is a parameter, K and N multiples of 16, float32 or bfloat16 operands), the rest of the
+program in the model's dtype. The recipe is torchao's Float8 training with rowwise scales and
+the weight gradient in high precision ("rowwise_with_gw_hp"):
+
+- forward  y  = x W^T: x scaled per row over K, W per output row over K, both cast to
+  float8_e4m3fn, multiplied by ``torch._scaled_mm`` into the input's dtype;
+- backward dx = dy W: dy scaled per row over N, W per column over N, the same way;
+           dW = dy^T x in the input's dtype (no float8), db = the sum of dy.
+
+Each scale is a power of two (2^floor(log2(448 / amax)), amax floored at 1e-12), so scaling
+is exact and only the cast to float8 rounds, and the dequantizing inverse is exact too. A
+scale depends only on its own row or column: nothing depends on how the rows (the batch, the
+sequence, micro-batches) are split, so data, sequence and pipeline parallelism compute what
+one device computes. A contraction dim split over ranks (a row-parallel weight splits K, and
+in backward a column-parallel one splits N) needs the whole row's amax: the core names those
+mesh axes (``k_axes``, ``n_axes``) and the amaxes are all-reduced with MAX over them first.
+
+``one_device()`` runs the same arithmetic on one device: a TorchFunctionMode that routes a
+model's own linear / addmm / mm calls on a weight parameter, under the same rule, through the
+same function. It is the reference FP8 plans are checked against (tests/python/test_fp8.py).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .._C import ValidationError
+from . import transport
+from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _MM, bias_gradient, contraction_operands
+from .mesh import _Mesh
+
+FP8 = torch.float8_e4m3fn
+_FP8_MAX = torch.finfo(FP8).max  # 448
+_AMAX_FLOOR = 1e-12
+_MULTIPLE = 16  # K and N (analysis/fp8_linears.h)
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _max_over(amax: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor:
+    for group in groups:
+        amax = torch.ops.shardwise.all_reduce(amax.contiguous(), "max", group)
+    return amax
+
+
+def quantize(t: torch.Tensor, dim: int, groups: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """`t` (2-D) in float8_e4m3fn, scaled per slice along `dim` (its amax over that dim, a max
+    over `groups` too), and the inverse scales (float32, keepdim) that dequantize it."""
+    amax = _max_over(t.detach().abs().amax(dim=dim, keepdim=True).float(), groups)
+    scale = torch.exp2(torch.floor(torch.log2(_FP8_MAX / amax.clamp_min(_AMAX_FLOOR))))
+    q = (t.detach().float() * scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8).contiguous()  # row-major, as _scaled_mm
+    return q, scale.reciprocal()
+
+
+def _scaled_product(a: torch.Tensor, a_scale: torch.Tensor, b_t: torch.Tensor, b_scale: torch.Tensor,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """a [M, K] (float8, row scales [M, 1]) times b_t^T, b_t [N, K] (float8, row scales [N, 1]):
+    ``torch._scaled_mm`` with its second operand column-major, as CUDA needs it."""
+    out = torch.bfloat16 if a.is_cuda else dtype  # CUDA's rowwise scaling writes bf16
+    return torch._scaled_mm(a, b_t.t(), scale_a=a_scale, scale_b=b_scale.t(), out_dtype=out).to(dtype)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def _weight_nk(op, weight: torch.Tensor) -> torch.Tensor:
+    """The weight as [N, K]: linear's as it is, addmm's and mm's [K, N] transposed."""
+    return weight if op is _LINEAR else weight.t()
+
+
+class _Fp8Linear(torch.autograd.Function):
+    """forward(op, k_groups, n_groups, grad_group, beta, alpha, x, weight, bias): the call of
+    `op` with its product in float8 (the module docstring); `grad_group`: x's gradient
+    all-reduced there asynchronously while dW is computed (runtime/async_gradients.py)."""
+
+    @staticmethod
+    def forward(ctx, op, k_groups, n_groups, grad_group, beta, alpha, x, weight, bias):
+        ctx.op, ctx.n_groups, ctx.grad_group, ctx.beta, ctx.alpha = op, n_groups, grad_group, beta, alpha
+        ctx.bias_shape = bias.shape if bias is not None else None
+        ctx.save_for_backward(x, weight)
+        x_q, x_scale = quantize(_rows(x), 1, k_groups)
+        w_q, w_scale = quantize(_weight_nk(op, weight), 1, k_groups)
+        y = _scaled_product(x_q, x_scale, w_q, w_scale, x.dtype).reshape(*x.shape[:-1], w_q.shape[0])
+        if alpha != 1:
+            y = y * alpha
+        if bias is not None:
+            y = y + (bias * beta if beta != 1 else bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[6:9]
+        op, alpha = ctx.op, ctx.alpha
+        grad_rows = _rows(grad)
+        grad_x = grad_weight = grad_bias = None
+        work = None
+        if needs_x:
+            g_q, g_scale = quantize(grad_rows, 1, ctx.n_groups)
+            w_kn = _weight_nk(op, weight).t()  # [K, N]: W's columns over N as rows
+            w_q, w_scale = quantize(w_kn, 1, ctx.n_groups)
+            grad_x = _scaled_product(g_q, g_scale, w_q, w_scale, grad.dtype).reshape(x.shape)
+            if alpha != 1:
+                grad_x = grad_x * alpha
+            if ctx.grad_group is not None:
+                grad_x = grad_x.contiguous()
+                work = transport.all_reduce(grad_x, group=ctx.grad_group, async_op=True)
+        if needs_weight:  # in the input's precision
+            grad_weight = grad_rows.t() @ _rows(x) if op is _LINEAR else _rows(x).t() @ grad_rows
+            if alpha != 1:
+                grad_weight = grad_weight * alpha
+        if needs_bias:
+            grad_bias = bias_gradient(op, ctx.beta, grad, ctx.bias_shape)
+        if work is not None:
+            work.wait()
+        return None, None, None, None, None, None, grad_x, grad_weight, grad_bias
+
+
+def fp8_call(op, args: tuple, kwargs: dict, k_groups: tuple[str, ...] = (), n_groups: tuple[str, ...] = (),
+             grad_group=None) -> torch.Tensor:
+    """The call of `op` (aten linear, addmm or mm) on its arguments as the program passes them,
+    its product in float8."""
+    x, weight, bias, beta, alpha = contraction_operands(op, args, kwargs)
+    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        raise ValidationError(f"fp8: {op} computes in float8 from float32 or bfloat16 operands, got {x.dtype} and "
+                              f"{weight.dtype}; a float64 model has no FP8 plan (train it in float32 or bf16)")
+    return _Fp8Linear.apply(op, tuple(k_groups), tuple(n_groups), grad_group, beta, alpha, x, weight, bias)
+
+
+class Fp8Linears(torch.nn.Module):
+    """``self.fp8_linear(op, k_axes, n_axes, async_step, args, kwargs)`` in a printed rank
+    program: the call with its product in float8, its amaxes taken over the mesh axes that
+    split K (forward) and N (backward), and where `async_step` is given (the rank IR's backward
+    all_reduce of x's gradient, runtime/async_gradients.py) that all-reduce run beside dW."""
+
+    def __init__(self, mesh: _Mesh | None, steps: dict):
+        super().__init__()
+        self._mesh = mesh
+        self._steps = steps
+
+    def _groups(self, axes) -> tuple[str, ...]:
+        return tuple(self._mesh.group_names[a] for a in axes) if axes else ()
+
+    def forward(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict) -> torch.Tensor:
+        grad_group = None
+        if async_step is not None:
+            grad_group = self._mesh.groups[self._steps[async_step]["axis"]]
+        return fp8_call(_BY_NAME[op], args, kwargs, self._groups(k_axes), self._groups(n_axes), grad_group)
+
+
+# ---- one device: the same arithmetic on a model's own calls --------------------------------------
+_LINEAR_FUNCS = {torch.nn.functional.linear, torch._C._nn.linear}
+_ADDMM_FUNCS = {torch.addmm, torch.Tensor.addmm}
+_MM_FUNCS = {torch.mm, torch.Tensor.mm}
+
+
+def _is_fp8_linear(x, weight, k_dim: int) -> bool:
+    """analysis/fp8_linears.h's rule on a call's operands."""
+    if not isinstance(weight, torch.nn.Parameter) or not isinstance(x, torch.Tensor) or weight.dim() != 2:
+        return False
+    if x.dtype not in _DTYPES or weight.dtype not in _DTYPES or x.dim() == 0:
+        return False
+    k, n = weight.shape[k_dim], weight.shape[1 - k_dim]
+    return x.shape[-1] == k and k % _MULTIPLE == 0 and n % _MULTIPLE == 0
+
+
+class _OneDevice(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _LINEAR_FUNCS and len(args) >= 2 and _is_fp8_linear(args[0], args[1], 1):
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            with torch._C.DisableTorchFunction():
+                return fp8_call(_LINEAR, (args[0], args[1], bias), {})
+        if func in _ADDMM_FUNCS and len(args) >= 3 and _is_fp8_linear(args[1], args[2], 0) \
+                and kwargs.get("beta", 1) == 1 and kwargs.get("alpha", 1) == 1 and len(args) == 3:
+            with torch._C.DisableTorchFunction():
+                return fp8_call(_ADDMM, tuple(args), {})
+        if func in _MM_FUNCS and len(args) == 2 and not kwargs and _is_fp8_linear(args[0], args[1], 0):
+            with torch._C.DisableTorchFunction():
+                return fp8_call(_MM, tuple(args), {})
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def one_device():
+    """Within it, a model's linear layers compute as an "fp8" plan's do (the module docstring):
+    the single-device reference of an FP8 plan."""
+    with _OneDevice():
+        yield

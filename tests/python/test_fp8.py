@@ -1,0 +1,199 @@
+"""FP8 linear layers (a plan's precision "fp8"): each linear layer's products with its weight
+run in float8 through torch._scaled_mm with rowwise power-of-two scales, the weight gradient
+and everything else in the model's dtype (csrc/analysis/fp8_linears.h, runtime/fp8.py).
+
+transformers GPT-2 (Conv1D: addmm, and the tied head: linear) and LLaMA (grouped-query
+attention), float32, on Gloo ranks: data 2, tensor 2, pipeline 2 (1F1B recomputed, and ZB-H1's
+split backward) and data 2 x tensor 2
+(the tensor plans searched with too little memory for whole weights: split on the tensor axis),
+against the same FP8 arithmetic on one device (``runtime.fp8.one_device``) over 3 AdamW steps.
+A scale depends only on its own row's (or column's) amax, taken over every rank that holds a
+part of that row, so the float8 operands are the ones one device makes, and what differs is
+the order float32 sums run in (a row-parallel product summed over ranks, gradients reduced
+over the batch): losses and parameters within FP8_TOLERANCE. The plain float32 run differs
+from the FP8 one by far more than that, so an FP8 plan that ran in float32 fails.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import re
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import shardwise
+from conftest import parameter_error, spawn_scenario, tight_plan, train_one_device
+from shardwise.models import CausalLMWithLoss
+from shardwise.runtime import fp8
+
+transformers = pytest.importorskip("transformers")
+
+STEPS, ROWS, SEQ, VOCAB = 3, 4, 16, 96
+FP8_TOLERANCE = 1e-4  # relative, losses: float32 sums in another order (the docstring)
+# Parameters after 3 AdamW steps, relative to each tensor's largest magnitude: Adam divides by
+# the root of the squared gradient, so an element whose gradient is near zero moves by up to lr
+# whatever its size, and float32 rounding there shows at 1e-4 (the float32 run against float32
+# on one device does the same). The float32 run's parameters differ from the FP8 reference's by
+# at least FLOAT32_GAP x this.
+PARAMETER_TOLERANCE = 1e-3
+FLOAT32_GAP = 5.0  # losses: the float32 run's differ from the FP8 one's by 5x FP8_TOLERANCE or more
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return CausalLMWithLoss(transformers.GPT2LMHeadModel(cfg)).train()
+
+
+def _llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=32, use_cache=False)
+    return CausalLMWithLoss(transformers.LlamaForCausalLM(cfg)).train()
+
+
+_MODELS = {"gpt2": _gpt2, "llama": _llama}
+# 1F1B with its blocks recomputed (the product in float8 runs again in backward), and ZB-H1
+# (the backward split into B and W: the weight gradient later, runtime/weight_split.py).
+_SCHEDULES = {"pipeline": "1f1b", "zero-bubble": "zb-h1"}
+
+
+def _batch(step: int):
+    g = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, VOCAB, (ROWS, SEQ), generator=g)
+    return ids, ids.clone()
+
+
+class _OpCounts(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _fp8_engine(model_of, layout: str, world: int):
+    cluster = shardwise.Cluster.preset("cpu", world)
+    if layout in _SCHEDULES:
+        graph = shardwise.capture(model_of(), tuple(t[:ROWS // 2] for t in _batch(0)))  # one micro-batch
+        plan = shardwise.Plan.manual(graph, cluster, pipeline=world, data=1, tensor=1, global_batch=ROWS,
+                                     micro_batch=ROWS // 2, schedule=_SCHEDULES[layout], precision="fp8",
+                                     recompute=layout == "pipeline")
+        return shardwise.parallelize(model_of(), _batch(0), plan=plan)
+    if layout == "data":
+        searched = shardwise.parallelize(model_of(), _batch(0), mesh=(world, 1), cluster=cluster, verify=False,
+                                         precision="fp8").plan
+    else:  # memory that holds the model only with its weights split on the tensor axis
+        searched = tight_plan(shardwise.capture(model_of(), _batch(0)), world, ROWS, (1, 2) if world == 2 else (2, 2))
+    doc = json.loads(searched.to_json())
+    for key in ("predicted", "programs"):
+        doc.pop(key, None)
+    doc["precision"] = "fp8"
+    return shardwise.parallelize(model_of(), _batch(0), plan=shardwise.Plan.from_json(json.dumps(doc)))
+
+
+def _scenario_fp8(rank: int, world: int, model_name: str, layout: str) -> dict:
+    model_of = _MODELS[model_name]
+    engine = _fp8_engine(model_of, layout, world)
+    optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
+    losses, counting = [], _OpCounts()
+    for step in range(STEPS):
+        with counting:
+            losses.append(float(engine.train_step(*_batch(step))))
+        optimizer.step()
+        optimizer.zero_grad()
+    state = engine.full_state_dict()
+    code = engine.code
+    calls = re.findall(r"fp8_linear\('aten::\w+', (\([^)]*\)), (\([^)]*\))", code)
+    plan = json.loads(engine.plan.to_json())
+    placements = (plan.get("sharding") or {}).get("placements", {})
+    split_on_tensor = sum(1 for name, p in placements.items() if name.endswith("weight") and p[-1] != "R")
+
+    reference = model_of()
+    with fp8.one_device():
+        ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.AdamW(reference.parameters(), lr=1e-2))
+    plain = model_of()
+    f32_losses = train_one_device(plain, _batch, STEPS, torch.optim.AdamW(plain.parameters(), lr=1e-2))
+    return {"losses": losses, "ref_losses": ref_losses, "f32_losses": f32_losses,
+            "error": parameter_error(state, reference),
+            "f32_error": parameter_error(dict(plain.named_parameters()), reference), "scaled_mm": counting.counts["aten._scaled_mm"],
+            "mm": counting.counts["aten.mm"] + counting.counts["aten.addmm"],
+            "fp8_calls": len(calls), "amax_axes": sum(1 for k, n in calls if k != "()" or n != "()"),
+            "split_on_tensor": split_on_tensor}
+
+
+@pytest.mark.parametrize("model_name", ["gpt2", "llama"])
+@pytest.mark.parametrize("layout,world", [("data", 2), ("tensor", 2), ("pipeline", 2), ("zero-bubble", 2),
+                                          ("2x2", 4)])
+def test_fp8_plans_run_their_linears_in_float8_and_equal_the_same_arithmetic_on_one_device(model_name, layout,
+                                                                                          world):
+    r = spawn_scenario(__name__, world, "fp8", model_name, layout)
+    print(f"{model_name} {layout}: losses {r['losses']} one device {r['ref_losses']} float32 {r['f32_losses']}; "
+          f"parameters {r['error']:.2e} (float32's {r['f32_error']:.2e}); _scaled_mm {r['scaled_mm']}, mm/addmm {r['mm']}; "
+          f"fp8 calls {r['fp8_calls']}, with amax axes {r['amax_axes']}")
+    for a, b in zip(r["losses"], r["ref_losses"]):
+        assert abs(a - b) <= FP8_TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+    assert r["error"] < PARAMETER_TOLERANCE, r["error"]
+    # FP8 ran: the products went through _scaled_mm, and float32 would have given other losses.
+    assert r["scaled_mm"] > 0 and r["fp8_calls"] > 0, r
+    gap = max(abs(a - b) / abs(b) for a, b in zip(r["f32_losses"][1:], r["ref_losses"][1:]))
+    assert gap > FLOAT32_GAP * FP8_TOLERANCE, (gap, r)
+    assert r["f32_error"] > FLOAT32_GAP * PARAMETER_TOLERANCE, r["f32_error"]
+    if layout in ("tensor", "2x2"):  # weights split on the tensor axis: amaxes taken over it
+        assert r["split_on_tensor"] > 0 and r["amax_axes"] > 0, r
+
+
+def test_an_fp8_plan_is_priced_at_the_fp8_peak_and_refused_where_the_devices_have_none():
+    graph = shardwise.capture(_llama(), _batch(0))
+    h100 = shardwise.Cluster.preset("dgx-h100", 1)
+    bf16 = shardwise.Plan.manual(graph, h100, data=8, tensor=1, global_batch=ROWS * 8, precision="bf16")
+    in_fp8 = shardwise.Plan.manual(graph, h100, data=8, tensor=1, global_batch=ROWS * 8, precision="fp8")
+    assert json.loads(in_fp8.to_json())["precision"] == "fp8"
+    assert in_fp8.predicted_step_time() != bf16.predicted_step_time()
+    a100 = shardwise.Cluster.preset("dgx-a100", 1)
+    with pytest.raises(shardwise.ValidationError, match=r"precision 'fp8' needs FP8 matrix units, and device "
+                                                        r"type 'a100-sxm4-80gb' has none"):
+        shardwise.Plan.manual(graph, a100, data=8, tensor=1, global_batch=ROWS * 8, precision="fp8")
+    with pytest.raises(shardwise.ValidationError, match="needs FP8 matrix units"):
+        shardwise.plan(graph, a100, global_batch=ROWS * 8, precision="fp8")
+
+
+def _scenario_float64(rank: int, world: int) -> dict:
+    model = _gpt2().double()
+    graph = shardwise.capture(model, _batch(0))
+    plan = shardwise.Plan.manual(graph, shardwise.Cluster.preset("cpu", world), data=world, tensor=1,
+                                 global_batch=ROWS, precision="fp8")
+    try:
+        shardwise.parallelize(model, _batch(0), plan=plan)
+    except shardwise.ValidationError as e:
+        return {"refused": str(e)}
+    return {"refused": None}
+
+
+def test_a_float64_model_has_no_fp8_plan_rather_than_a_silent_float64_run():
+    r = spawn_scenario(__name__, 1, "float64")
+    assert r["refused"] is not None and "no node of the model runs in float8" in r["refused"], r
+
+
+def test_one_device_routes_only_the_linears_the_core_runs_in_fp8():
+    """The reference's rule is the core's: a weight parameter with K and N multiples of 16."""
+    torch.manual_seed(0)
+    fits, odd = torch.nn.Linear(32, 48), torch.nn.Linear(32, 40)
+    x = torch.randn(4, 32)
+    counting = _OpCounts()
+    with counting, fp8.one_device():
+        y = fits(x)
+        odd(x)
+        x @ x.t()  # no weight
+    assert counting.counts["aten._scaled_mm"] == 1, counting.counts
+    # The same quantized operands, dequantized and multiplied in float64: equal to float32 rounding.
+    x_q, x_s = fp8.quantize(x, 1)
+    w_q, w_s = fp8.quantize(fits.weight, 1)
+    expected = (x_q.double() * x_s.double()) @ (w_q.double() * w_s.double()).t() + fits.bias.double()
+    assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(y, fits(x), rtol=1e-4, atol=1e-5)  # float8 rounded the operands
