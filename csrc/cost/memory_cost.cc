@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "analysis/parameter_stats.h"
 #include "support/error.h"
 
 namespace shardwise::cost {
@@ -13,6 +14,11 @@ MemoryConstants memory_constants(Precision precision) {
   if (precision == Precision::F32 || precision == Precision::TF32)
     return {.weight_bytes = 4, .gradient_bytes = 4, .optimizer_bytes = 8};
   return {};
+}
+
+Precision model_state_precision(Precision precision, const ir::Graph& graph) {
+  if (precision != Precision::FP8) return precision;
+  return parse_precision(analysis::training_precision(graph)).value_or(Precision::BF16);
 }
 
 ModelStateBytes model_state_bytes(double parameters, int data, int zero_stage, const MemoryConstants& constants) {

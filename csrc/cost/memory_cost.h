@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "cost/cluster.h"
+#include "ir/graph.h"
 #include "plan/plan.h"
 
 namespace shardwise::cost {
@@ -45,6 +46,11 @@ struct MemoryConstants {
 // torch trains a float32 model, weights 4, gradients 4 and Adam's two moments 8, no master
 // copy. The total is 16 either way; what differs is what ZeRO divides (the optimizer's 8 or 12).
 MemoryConstants memory_constants(Precision precision);
+
+// The precision a plan's model states are held in: the plan's, but for "fp8" (float8 is only the
+// linears' operands, cast at each use) the graph's own (analysis::training_precision: a bf16
+// model's states as bf16 mixed precision, a float32 model's as float32).
+Precision model_state_precision(Precision precision, const ir::Graph& graph);
 
 struct ModelStateBytes {
   double weights = 0;

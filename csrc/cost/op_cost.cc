@@ -242,26 +242,29 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
 
 // An FP8 linear (analysis/fp8_linears.h): forward, x W^T at the fp8 peak after the casts of x
 // and W; backward, dx = dy W at the fp8 peak after the casts of dy and W (column scales) and
-// dW = dy^T x at the bf16 peak. A cast reads its operand twice (the amax, then the scaled
-// copy) and writes one byte per element. `peak_work` is the product's FLOPs over its efficiency.
+// dW = dy^T x at the peak of the node's dtype. A cast runs as runtime/fp8.py's quantize does:
+// the amax (reads b bytes an element), the scaled copy in float32 (reads b, writes 4), its
+// cast to float8 (reads 4, writes 1): 2b + 9 bytes an element. One of W's two casts reads W
+// through a transpose and is copied once more into the layout _scaled_mm takes (1 + 1 bytes).
+// `peak_work` is the product's FLOPs over its efficiency.
 OpTime AnalyticCostModel::fp8_linear_time(const ir::Graph& graph, const ir::Node& node,
                                           const analysis::Fp8Linear& linear, const DeviceType& device,
                                           const NodeContext& context, double peak_work) const {
   const double bandwidth = device.memory_bandwidth * constants_.memory_efficiency;
-  auto cast_seconds = [&](const ir::Value& value, bool output, std::size_t index) {
-    return (2.0 * local_bytes(value, context, output, index) + local_elements(value, context, output, index)) /
+  auto cast_seconds = [&](const ir::Value& value, bool output, std::size_t index, double extra_per_element) {
+    return (2.0 * local_bytes(value, context, output, index) +
+            (9.0 + extra_per_element) * local_elements(value, context, output, index)) /
            bandwidth;
   };
   const ir::Value& x = graph.value(node.inputs[linear.input]);
   const ir::Value& w = graph.value(node.inputs[linear.weight]);
   const ir::Value& y = graph.value(node.outputs[0]);
-  const double weight_cast = cast_seconds(w, false, linear.weight);
   const double fp8_product = peak_work / device.peak_flops.at(Precision::FP8);
   OpTime time;
   time.contraction = true;
-  time.forward = fp8_product + cast_seconds(x, false, linear.input) + weight_cast;
+  time.forward = fp8_product + cast_seconds(x, false, linear.input, 0) + cast_seconds(w, false, linear.weight, 0);
   time.backward = fp8_product + peak_work / device.peak_flops.at(high_precision(graph, node, Precision::FP8)) +
-                  cast_seconds(y, true, node.inputs.size()) + weight_cast;
+                  cast_seconds(y, true, node.inputs.size(), 0) + cast_seconds(w, false, linear.weight, 2);
   return time;
 }
 

@@ -425,7 +425,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   }
 
   // ---- data parallelism and optimizer --------------------------------------------------
-  const MemoryConstants mem = constants.memory.value_or(memory_constants(*precision));
+  const MemoryConstants mem = constants.memory.value_or(memory_constants(model_state_precision(*precision, graph)));
   double dp_exposed = 0, dp_total = 0, optimizer = 0;
   for (int s = 0; s < p; ++s) {
     double params = device_params[static_cast<std::size_t>(s)];

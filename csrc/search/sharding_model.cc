@@ -134,8 +134,9 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
       speeds.clear();  // even
     axis_speed_shares_.push_back(std::move(speeds));
   }
-  memory_ = options_.memory.value_or(cost::memory_constants(options_.precision));
-  float_bytes_ = options_.precision == cost::Precision::F32 || options_.precision == cost::Precision::TF32 ? 4 : 2;
+  const cost::Precision states = cost::model_state_precision(options_.precision, graph_);
+  memory_ = options_.memory.value_or(cost::memory_constants(states));
+  float_bytes_ = states == cost::Precision::F32 || states == cost::Precision::TF32 ? 4 : 2;
 
   const auto num_nodes = graph_.nodes().size();
   const auto num_values = graph_.values().size();

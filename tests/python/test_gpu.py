@@ -432,3 +432,27 @@ def test_host_staged_zero_broadcasts_equal_one_device_on_cpu():
     r = _spawn(_train, 4, {"dtype": "float64", "device": "cpu", "host_staged": True, "mesh": [2, 2], "zero": True})
     _check(r, TOLERANCE[torch.float64], device="cpu")
     assert r["zero"] and r["staged"] > 0, r
+
+
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="FP8 matrix units need compute capability 8.9 or later (Ada, Hopper)")
+def test_an_fp8_linear_on_cuda_equals_its_dequantized_operands_product():
+    """runtime/fp8.py's product on CUDA (rowwise scales, bf16 output, the bias added after):
+    equal to the float8 operands dequantized and multiplied in float64, within bf16 rounding;
+    its backward runs and dW is the unquantized product."""
+    from shardwise.runtime import fp8
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with fp8.one_device():
+        y = layer(x)
+    x_q, x_s = fp8.quantize(x, 1)
+    w_q, w_s = fp8.quantize(layer.weight, 1)
+    expected = (x_q.double() * x_s.double()) @ (w_q.double() * w_s.double()).t() + layer.bias.double()
+    assert torch.allclose(y.double(), expected, rtol=1e-2, atol=1e-2)
+    y.sum().backward()
+    grad = torch.ones(64, 512, device="cuda", dtype=torch.bfloat16)
+    assert torch.allclose(layer.weight.grad.float(), (grad.t().float() @ x.detach().float()), rtol=1e-2, atol=1e-1)
+    assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -49,18 +49,26 @@ def _max_over(amax: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor:
 def quantize(t: torch.Tensor, dim: int, groups: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """`t` (2-D) in float8_e4m3fn, scaled per slice along `dim` (its amax over that dim, a max
     over `groups` too), and the inverse scales (float32, keepdim) that dequantize it."""
-    amax = _max_over(t.detach().abs().amax(dim=dim, keepdim=True).float(), groups)
+    t = t.detach()
+    # Three passes over t, as the cost model prices them (csrc/cost/op_cost.h, FP8 linears):
+    # the amax (one read, no |t| copy), the scaled copy in float32, its cast to float8. No
+    # clamp: |t| x scale <= 448 exactly (a power of two times values <= amax).
+    amax = torch.linalg.vector_norm(t, ord=float("inf"), dim=dim, keepdim=True, dtype=torch.float32)
+    amax = _max_over(amax, groups)
     scale = torch.exp2(torch.floor(torch.log2(_FP8_MAX / amax.clamp_min(_AMAX_FLOOR))))
-    q = (t.detach().float() * scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8).contiguous()  # row-major, as _scaled_mm
+    q = (t * scale).to(FP8)
+    if not q.is_contiguous():  # row-major, as _scaled_mm reads it (a transposed W's columns)
+        q = q.contiguous()
     return q, scale.reciprocal()
 
 
 def _scaled_product(a: torch.Tensor, a_scale: torch.Tensor, b_t: torch.Tensor, b_scale: torch.Tensor,
-                    dtype: torch.dtype) -> torch.Tensor:
-    """a [M, K] (float8, row scales [M, 1]) times b_t^T, b_t [N, K] (float8, row scales [N, 1]):
-    ``torch._scaled_mm`` with its second operand column-major, as CUDA needs it."""
+                    dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a [M, K] (float8, row scales [M, 1]) times b_t^T, b_t [N, K] (float8, row scales [N, 1]),
+    plus `bias` [N] (in `dtype`) in the same kernel: ``torch._scaled_mm`` with its second
+    operand column-major, as CUDA needs it."""
     out = torch.bfloat16 if a.is_cuda else dtype  # CUDA's rowwise scaling writes bf16
-    return torch._scaled_mm(a, b_t.t(), scale_a=a_scale, scale_b=b_scale.t(), out_dtype=out).to(dtype)
+    return torch._scaled_mm(a, b_t.t(), scale_a=a_scale, scale_b=b_scale.t(), bias=bias, out_dtype=out).to(dtype)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -84,10 +92,15 @@ class _Fp8Linear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         x_q, x_scale = quantize(_rows(x), 1, k_groups)
         w_q, w_scale = quantize(_weight_nk(op, weight), 1, k_groups)
-        y = _scaled_product(x_q, x_scale, w_q, w_scale, x.dtype).reshape(*x.shape[:-1], w_q.shape[0])
+        # A linear layer's bias is added by the product (as addmm adds it); the CPU kernel adds
+        # it in the output's dtype, CUDA's writes bf16 first, so there it is added after.
+        fused = bias is not None and bias.dim() == 1 and beta == 1 and alpha == 1 and bias.dtype == x.dtype \
+            and not x.is_cuda
+        y = _scaled_product(x_q, x_scale, w_q, w_scale, x.dtype, bias if fused else None)
+        y = y.reshape(*x.shape[:-1], w_q.shape[0])
         if alpha != 1:
             y = y * alpha
-        if bias is not None:
+        if bias is not None and not fused:
             y = y + (bias * beta if beta != 1 else bias)
         return y
 
