@@ -243,8 +243,8 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
 // An FP8 linear (analysis/fp8_linears.h): forward, x W^T at the fp8 peak after the casts of x
 // and W; backward, dx = dy W at the fp8 peak after the casts of dy and W (column scales) and
 // dW = dy^T x at the peak of the node's dtype. A cast runs as runtime/fp8.py's quantize does:
-// the amax (reads b bytes an element), the scaled copy in float32 (reads b, writes 4), its
-// cast to float8 (reads 4, writes 1): 2b + 9 bytes an element. One of W's two casts reads W
+// |t| (reads b bytes an element, writes b) and its amax (reads b), the scaled copy in float32
+// (reads b, writes 4), its cast to float8 (reads 4, writes 1): 4b + 9 bytes an element. One of W's two casts reads W
 // through a transpose and is copied once more into the layout _scaled_mm takes (1 + 1 bytes).
 // `peak_work` is the product's FLOPs over its efficiency.
 OpTime AnalyticCostModel::fp8_linear_time(const ir::Graph& graph, const ir::Node& node,
@@ -252,7 +252,7 @@ OpTime AnalyticCostModel::fp8_linear_time(const ir::Graph& graph, const ir::Node
                                           const NodeContext& context, double peak_work) const {
   const double bandwidth = device.memory_bandwidth * constants_.memory_efficiency;
   auto cast_seconds = [&](const ir::Value& value, bool output, std::size_t index, double extra_per_element) {
-    return (2.0 * local_bytes(value, context, output, index) +
+    return (4.0 * local_bytes(value, context, output, index) +
             (9.0 + extra_per_element) * local_elements(value, context, output, index)) /
            bandwidth;
   };

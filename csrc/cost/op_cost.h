@@ -19,8 +19,8 @@
 //   FP8 linears (a plan in "fp8": analysis/fp8_linears.h): the forward product and dX at
 //       peak(fp8), dW at the peak of the node's dtype (bf16 in a bf16 model), each at the same
 //       matmul_efficiency(d); plus the casts, memory-bound: x and W in forward, dY and W in
-//       backward, each as runtime/fp8.py runs it (its amax, a scaled float32 copy, the cast to
-//       float8: 2b + 9 bytes an element of b bytes; W once more through a transpose, 2). Every
+//       backward, each as runtime/fp8.py runs it (|t| and its amax, a scaled float32 copy, the
+//       cast to float8: 4b + 9 bytes an element of b bytes; W once more through a transpose, 2). Every
 //       other node of an fp8 plan is priced at its dtype's peak (high_precision).
 //   fused attention (FlopsKind Attention: aten::scaled_dot_product_attention and the flash /
 //       memory-efficient kernels it dispatches to) as a flash kernel runs it: the two products

@@ -52,9 +52,10 @@ TEST(OpCost, AnFp8LinearRunsItsProductsAtTheFp8PeakAndPaysItsCasts) {
   const OpTime t = model.node_time(g, g.node(0), h100, Precision::FP8, {});
   const double flops = 2.0 * 2048 * 4096 * 4096, eff = 0.75 * 1024 / (1024 + 96), bandwidth = 3.35e12 * 0.75;
   const double x_elems = 2048.0 * 4096, w_elems = 4096.0 * 4096;
-  // amax (2), scaled float32 copy (2 + 4), float8 cast (4 + 1): 13 bytes an element of bf16;
+  // |x| (2 + 2) and its amax (2), scaled float32 copy (2 + 4), float8 cast (4 + 1): 17 bytes an
+  // element of bf16;
   // W once more into _scaled_mm's layout in backward (1 + 1).
-  const double cast_x = x_elems * (2 * 2 + 9) / bandwidth, cast_w = w_elems * (2 * 2 + 9) / bandwidth;
+  const double cast_x = x_elems * (4 * 2 + 9) / bandwidth, cast_w = w_elems * (4 * 2 + 9) / bandwidth;
   const double relayout_w = w_elems * 2 / bandwidth;
   EXPECT_NEAR(t.forward, flops / (1.979e15 * eff) + cast_x + cast_w, 1e-12);
   EXPECT_NEAR(t.backward, flops / (1.979e15 * eff) + flops / (9.895e14 * eff) + cast_x + cast_w + relayout_w, 1e-12);
@@ -72,7 +73,7 @@ TEST(OpCost, AnFp8LinearRunsItsProductsAtTheFp8PeakAndPaysItsCasts) {
   f.add_node("aten::mm", {fx, fw}, {{"y", f32({2048, 4096})}});
   EXPECT_EQ(model.node_time(f, f.node(0), h100, Precision::FP8, {}),
             model.node_time(f, f.node(0), h100, Precision::F32, {}));
-  const double cast4 = (x_elems + w_elems) * (2 * 4 + 9) / bandwidth + relayout_w;
+  const double cast4 = (x_elems + w_elems) * (4 * 4 + 9) / bandwidth + relayout_w;
   EXPECT_NEAR(model.node_time(f, f.node(1), h100, Precision::FP8, {}).backward,
               flops / (1.979e15 * eff) + flops / (6.7e13 * eff) + cast4, 1e-12);
   // A column split by 4 divides the product, W and the output gradient, not x.
