@@ -13,6 +13,7 @@
 
 #include "analysis/batch_dim.h"
 #include "analysis/flops.h"
+#include "analysis/fp8_linears.h"
 #include "analysis/repeated_blocks.h"
 #include "analysis/saved_for_backward.h"
 #include "analysis/selective_recompute.h"
@@ -1111,8 +1112,8 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
   // The gathered-weight peak is a max, not a sum over choices: the problem cannot price it,
   // so it keeps room for the peak the current decisions have (the descent's later passes see
   // the gathers its earlier ones chose).
-  problem.memory_limit =
-      options_.memory_limit * memory_scale - recompute_checkpoint_bytes() - gathered_parameter_bytes();
+  problem.memory_limit = options_.memory_limit * memory_scale - recompute_checkpoint_bytes() -
+                         gathered_parameter_bytes() - fp8_cast_bytes();
 
   // Seeds for the fast solver: this axis' current decisions (a pass never makes the axis
   // worse), and pure data parallelism (every node splits the index its batch dim carries,
@@ -1269,6 +1270,27 @@ double ShardingModel::gathered_parameter_bytes() const {
     }
   }
   return peak + second;
+}
+
+double ShardingModel::fp8_cast_bytes() const {
+  if (options_.precision != cost::Precision::FP8) return 0;
+  double peak = 0;
+  for (const ir::Node& node : graph_.nodes()) {
+    const auto linear = analysis::fp8_linear(graph_, node);
+    if (!linear) continue;
+    const auto u = static_cast<std::size_t>(node.id);
+    auto as_read = [&](ir::ValueId value, auto placement_of) {
+      double held = 1;
+      for (std::size_t a = 0; a < options_.mesh.size(); ++a)
+        held *= held_fraction(placement_of(node_choice_[a][u]), options_.mesh[a]);
+      return value_bytes(value) * held;
+    };
+    const double x = as_read(node.inputs[linear->input], [&](const Strategy& s) { return s.inputs[linear->input]; });
+    const double w = as_read(node.inputs[linear->weight], [&](const Strategy& s) { return s.inputs[linear->weight]; });
+    const double dy = as_read(node.outputs[0], [](const Strategy& s) { return s.outputs[0]; });
+    peak = std::max(peak, std::max({x, w, dy}) * (float_bytes_ + 5.0) / float_bytes_);
+  }
+  return peak;
 }
 
 double ShardingModel::activation_bytes() const {
@@ -1513,7 +1535,8 @@ ShardingEvaluation ShardingModel::evaluate() const {
   const cost::ModelStateBytes states = parameter_bytes_by_kind();
   double acts = activation_bytes();
   const double gathered = gathered_parameter_bytes();
-  out.memory_per_rank = states.total() + acts + gathered;
+  const double casts = fp8_cast_bytes();
+  out.memory_per_rank = states.total() + acts + gathered + casts;
   out.fits = out.memory_per_rank <= options_.memory_limit;
   if (const std::optional<UnevenShares> shares = uneven_shares()) {
     // The batch's uneven shares (set_input_ratios: the balance LP's, hetero_balance.h), priced
@@ -1533,19 +1556,20 @@ ShardingEvaluation ShardingModel::evaluate() const {
       const double scale = shares->ratios[i] * n;
       paced = std::max(paced, compute_seconds(device) * scale);
       most = std::max(most, scale);
-      out.fits = out.fits && states.total() + acts * scale + gathered <=
+      out.fits = out.fits && states.total() + acts * scale + gathered + casts <=
                                  static_cast<double>(device.memory_bytes) * fraction;
     }
     out.step_time += paced - compute;
     out.breakdown["compute"] = paced;
     acts *= most;
-    out.memory_per_rank = states.total() + acts + gathered;
+    out.memory_per_rank = states.total() + acts + gathered + casts;
   }
   out.memory_breakdown = {{"weights", states.weights},
                           {"gradients", states.gradients},
                           {"optimizer", states.optimizer},
                           {"activations", acts},
                           {"gathered_parameters", gathered}};
+  if (casts > 0) out.memory_breakdown["fp8_casts"] = casts;
   double flops = 0;
   for (const ir::Node& node : graph_.nodes())
     flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph_, node).matmul);

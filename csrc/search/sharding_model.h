@@ -179,6 +179,10 @@ class ShardingModel {
   // The largest weight one reader gathers beyond the rank's stored share (FSDP-style: held
   // only while its reader runs, one at a time): part of the peak, not of the sum.
   double gathered_parameter_bytes() const;
+  // An fp8 plan's transient cast copies (runtime/fp8.py's quantize): the largest operand an FP8
+  // linear casts, as the rank reads it, held three times over at once (|t| in its dtype, the
+  // scaled float32 copy, the float8 one); 0 for other precisions.
+  double fp8_cast_bytes() const;
 
   const std::vector<int>& mesh() const { return options_.mesh; }
   const ShardingModelOptions& options() const { return options_; }

@@ -139,6 +139,26 @@ def accumulation_cluster(graph, world: int, rows: int, precision: str | None = T
     return with_memory(tiny, (split + whole) / 2 / shardwise._C.MEMORY_FRACTION)
 
 
+def op_counts():
+    """A TorchDispatchMode counting how often each op runs, forward and backward, by its
+    packet's name (``counts["aten.mm"]``); what a checkpoint's cache answers for is not run,
+    and not counted."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.counts[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    return OpCounts()
+
+
 def train_one_device(model, batch_of, steps: int, optimizer) -> list[float]:
     """The reference: `model` trained `steps` steps on one device, batch k = batch_of(k), with
     `optimizer` (over its parameters); returns each step's loss."""

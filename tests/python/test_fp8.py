@@ -15,16 +15,14 @@ from the FP8 one by far more than that, so an FP8 plan that ran in float32 fails
 """
 from __future__ import annotations
 
-import collections
 import json
 import re
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import shardwise
-from conftest import parameter_error, spawn_scenario, tight_plan, train_one_device
+from conftest import op_counts, parameter_error, spawn_scenario, tight_plan, train_one_device
 from shardwise.models import CausalLMWithLoss
 from shardwise.runtime import fp8
 
@@ -67,16 +65,6 @@ def _batch(step: int):
     return ids, ids.clone()
 
 
-class _OpCounts(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _fp8_engine(model_of, layout: str, world: int):
     cluster = shardwise.Cluster.preset("cpu", world)
     if layout in _SCHEDULES:
@@ -101,7 +89,7 @@ def _scenario_fp8(rank: int, world: int, model_name: str, layout: str) -> dict:
     model_of = _MODELS[model_name]
     engine = _fp8_engine(model_of, layout, world)
     optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
-    losses, counting = [], _OpCounts()
+    losses, counting = [], op_counts()
     for step in range(STEPS):
         with counting:
             losses.append(float(engine.train_step(*_batch(step))))
@@ -185,7 +173,7 @@ def test_one_device_routes_only_the_linears_the_core_runs_in_fp8():
     torch.manual_seed(0)
     fits, odd = torch.nn.Linear(32, 48), torch.nn.Linear(32, 40)
     x = torch.randn(4, 32)
-    counting = _OpCounts()
+    counting = op_counts()
     with counting, fp8.one_device():
         y = fits(x)
         odd(x)

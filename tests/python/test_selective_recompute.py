@@ -19,10 +19,9 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import shardwise
-from conftest import parameter_error, spawn_scenario, tight_plan, train_one_device
+from conftest import op_counts, parameter_error, spawn_scenario, tight_plan, train_one_device
 from shardwise.models import CausalLMWithLoss
 
 transformers = pytest.importorskip("transformers")
@@ -51,19 +50,6 @@ def _batch(step: int):
     return ids, ids.clone()
 
 
-class _OpCounts(TorchDispatchMode):
-    """How often each op runs, forward and backward (what a checkpoint's cache answers for
-    is not run, and not counted)."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _engine(model_of, layout: str, world: int, recompute: str):
     cluster = shardwise.Cluster.preset("cpu", world)
     if layout == "pipeline":
@@ -90,7 +76,7 @@ def _scenario_selective(rank: int, world: int, model_name: str, layout: str) -> 
         engine = _engine(model_of, layout, world, recompute)
         optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
         torch.manual_seed(5)  # the dropout masks' generator state, the same for every run
-        losses, counting = [], _OpCounts()
+        losses, counting = [], op_counts()
         for step in range(STEPS):
             with counting:
                 losses.append(float(engine.train_step(*_batch(step))))

@@ -96,6 +96,26 @@ TEST(PlanPrice, ASearchedShardingPricedFromItsJsonAsTheSearchPricedIt) {
   EXPECT_GT(tensor_split, 0);  // the cases read strategies other than replicate on the tensor axis
 }
 
+// An fp8 plan holds its largest cast three times over at once (|t| in bf16, the scaled float32
+// copy, the float8 one: 7 bytes an element): on one H100 at 8 rows the lm head's output
+// gradient, 8 x 1024 x 50304 elements. Everything else is priced as the bf16 plan.
+TEST(PlanPrice, AnFp8PlanHoldsItsLargestCastThreeTimesOver) {
+  const ir::Graph g = gpt(8);
+  const cost::Cluster one = cost::rank_range(cost::preset("dgx-h100", 1), 0, 1);
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = {1, 1};
+  const plan::Plan bf16 = search_spmd(g, one, cost::AnalyticCostModel{}, o).plan;
+  plan::Plan fp8 = bf16;
+  fp8.precision = "fp8";
+  const plan::Predicted as_bf16 = *price_plan(g, one, cost::AnalyticCostModel{}, bf16).plan.predicted;
+  const plan::Predicted as_fp8 = *price_plan(g, one, cost::AnalyticCostModel{}, fp8).plan.predicted;
+  const double casts = 8.0 * 1024 * 50304 * (2 + 4 + 1);
+  EXPECT_DOUBLE_EQ(as_fp8.memory_breakdown.at("fp8_casts"), casts);
+  EXPECT_FALSE(as_bf16.memory_breakdown.contains("fp8_casts"));
+  EXPECT_DOUBLE_EQ(as_fp8.memory_per_rank, as_bf16.memory_per_rank + casts);
+}
+
 TEST(PlanPrice, ACompletedPlanIsPricedAsItsSharding) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
