@@ -26,6 +26,7 @@ that every figure is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -80,6 +81,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--precision", default=None, choices=["fp8"],
+                        help="fp8: the plan's linears in float8 (runtime/fp8.py), the eager model's under "
+                             "shardwise.runtime.fp8.one_device(); needs FP8 units (compute capability 8.9+) on CUDA")
     parser.add_argument("--profile", default=None,
                         help="also write the top kernels of 3 engine and 3 eager steps (torch.profiler) to this file")
     from _results import add_record_argument, record
@@ -177,7 +181,7 @@ def _measure(args, shardwise, transformers, config, device, dtype, batch, seq, s
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     t0 = time.perf_counter()
-    engine = shardwise.parallelize(model, data, cluster=shardwise.Cluster.detect())
+    engine = shardwise.parallelize(model, data, cluster=shardwise.Cluster.detect(), precision=args.precision)
     setup_s = time.perf_counter() - t0
     optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)
     eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=1e-4)
@@ -188,9 +192,12 @@ def _measure(args, shardwise, transformers, config, device, dtype, batch, seq, s
         optimizer.step()
         return loss
 
+    from shardwise.runtime import fp8
+
     def eager_step():
         eager_optimizer.zero_grad(set_to_none=True)
-        loss = eager(*data)
+        with fp8.one_device() if args.precision == "fp8" else contextlib.nullcontext():
+            loss = eager(*data)
         loss.backward()
         eager_optimizer.step()
         return loss
@@ -231,7 +238,7 @@ def _measure(args, shardwise, transformers, config, device, dtype, batch, seq, s
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "model": f"GPT-2 ({params / 1e6:.1f}M parameters, {config.n_layer} layers, hidden {config.n_embd})",
-        "dtype": str(dtype).replace("torch.", ""),
+        "dtype": str(dtype).replace("torch.", "") + (", linears in fp8" if args.precision == "fp8" else ""),
         "batch x seq": f"{batch} x {seq}",
         "capture + plan + rewrite s": round(setup_s, 2),
         "plan": engine.plan.report().splitlines()[0] if engine.plan.report() else "",

@@ -13,7 +13,8 @@
 #    pipelines, ZeRO, the bf16 policy, Cluster.detect on CUDA); skipped with the reason
 #    where there is no CUDA.
 # 4. Runs benchmarks/gpu.py (GPT-2 124M in bf16 on one GPU: step time against eager, MFU,
-#    peak memory against the plan's prediction).
+#    peak memory against the plan's prediction), and again with --precision fp8 (the linears
+#    in float8, the eager model under runtime.fp8.one_device()) where the GPU has FP8 units.
 # 5. Writes REPORT_DIR/gpu_check.md (the card, the versions, the test summary and the
 #    figures), with the logs beside it. Exit status: non-zero when the build or a test failed.
 #    (The extension needs no library beyond torch's: nothing to source before a later command.)
@@ -99,6 +100,15 @@ if ((built == 0)); then
   timeout "${GPU_CHECK_BENCH_TIMEOUT:-900}" $PY -u benchmarks/gpu.py "${bench_args[@]}" >"$report/benchmark.log" 2>&1 ||
     { status=1; note "benchmark failed"; tail -30 "$report/benchmark.log"; }
   grep -v "^\[transformers\]\|Warning\|warn" "$report/benchmark.log" | tail -30
+  # FP8 (runtime/fp8.py) where the GPU has FP8 units (compute capability 8.9+: Ada, Hopper).
+  if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9) else 1)"; then
+    note "benchmarks/gpu.py --precision fp8"
+    fp8_args=("${bench_args[@]}")
+    fp8_args[1]="$report/gpu_fp8.json"
+    timeout "${GPU_CHECK_BENCH_TIMEOUT:-900}" $PY -u benchmarks/gpu.py "${fp8_args[@]}" --precision fp8 \
+      >"$report/benchmark_fp8.log" 2>&1 || { status=1; note "fp8 benchmark failed"; tail -30 "$report/benchmark_fp8.log"; }
+    grep -v "^\[transformers\]\|Warning\|warn" "$report/benchmark_fp8.log" | tail -30
+  fi
 fi
 
 # ---- 5. the report ---------------------------------------------------------------------------------
@@ -118,6 +128,13 @@ fi
   echo '```'
   cat "$report/gpu.json" 2>/dev/null || echo "no figures (see benchmark.log)"
   echo '```'
+  if [[ -f "$report/gpu_fp8.json" ]]; then
+    echo
+    echo "## benchmarks/gpu.py --precision fp8"
+    echo '```'
+    cat "$report/gpu_fp8.json"
+    echo '```'
+  fi
   echo
   echo "status: $([[ $status == 0 ]] && echo ok || echo FAILED)"
 } >"$report/gpu_check.md"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "analysis/flops.h"
+#include "analysis/fp8_linears.h"
 #include "cost/layer_balance.h"
 #include "cost/pipeline_transfers.h"
 #include "ops/op_table.h"
@@ -28,7 +29,28 @@ struct PartCost {
   double parameters = 0;        // held by one rank
   double selective_forward = 0;     // forward seconds of the ops selective recomputation runs again
   double selective_kept_bytes = 0;  // outputs it keeps instead, one rank, at the micro-batch
+  // An fp8 plan: the largest operand one of its FP8 linears casts, one rank, at the micro-batch,
+  // three times over (|t|, the scaled float32 copy, the float8 one: search::ShardingModel's
+  // fp8_cast_bytes): transient, so the most of any node, not a sum.
+  double fp8_cast_bytes = 0;
 };
+
+// A node's cast transient in an fp8 plan (PartCost::fp8_cast_bytes), 0 if it is no FP8 linear.
+double fp8_cast_bytes(const ir::Graph& graph, const ir::Node& node, double batch_scale, TensorSplit split, int t) {
+  const auto linear = analysis::fp8_linear(graph, node);
+  if (!linear) return 0;
+  const ir::Value& x = graph.value(node.inputs[linear->input]);
+  const ir::Value& w = graph.value(node.inputs[linear->weight]);
+  const ir::Value& y = graph.value(node.outputs[0]);
+  const double shards = static_cast<double>(t);
+  const bool all = split == TensorSplit::All;
+  const double x_bytes = static_cast<double>(x.type.bytes()) * batch_scale / (split == TensorSplit::Row || all ? shards : 1);
+  const double y_bytes =
+      static_cast<double>(y.type.bytes()) * batch_scale / (split == TensorSplit::Column || all ? shards : 1);
+  const double w_bytes = static_cast<double>(w.type.bytes()) / (split != TensorSplit::None ? shards : 1);
+  const double b = static_cast<double>(ir::dtype_bytes(x.type.dtype));
+  return std::max({x_bytes, y_bytes, w_bytes}) * (b + 5.0) / b;
+}
 
 // The forward seconds a recomputed layer runs again in its backward.
 double recomputed_forward(const PartCost& layer, plan::Recompute recompute) {
@@ -54,6 +76,8 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     context.shards = t;
     context.split = it == split.end() || t == 1 ? TensorSplit::None : it->second;
     OpTime time = model.node_time(graph, node, device, precision, context);
+    if (precision == Precision::FP8)
+      out.fp8_cast_bytes = std::max(out.fp8_cast_bytes, fp8_cast_bytes(graph, node, batch_scale, context.split, t));
     out.forward += time.forward;
     out.backward += time.backward;
     out.matmul_flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).matmul);
@@ -503,7 +527,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     // theirs for every micro-batch their stage holds, as the blocks do (not recomputed).
     if (s == 0) acts += flight * here.pre.activation_bytes;
     if (s == last_device) acts += flight * here.post.activation_bytes;
-    double total = states.total() + acts;
+    double casts = device_layers[static_cast<std::size_t>(s)] > 0 ? here.layer.fp8_cast_bytes : 0.0;
+    if (s == 0) casts = std::max(casts, here.pre.fp8_cast_bytes);
+    if (s == last_device) casts = std::max(casts, here.post.fp8_cast_bytes);
+    double total = states.total() + acts + casts;
     out.memory_use = std::max(
         out.memory_use, total / static_cast<double>(stage_device[static_cast<std::size_t>(s)]->memory_bytes));
     if (total > out.memory_per_rank) {
@@ -513,6 +540,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
                               {"optimizer", states.optimizer},
                               {"activations", acts},
                               {"stage", static_cast<double>(s)}};
+      if (casts > 0) out.memory_breakdown["fp8_casts"] = casts;
     }
   }
 

@@ -28,9 +28,12 @@ std::optional<Fp8Axes> fp8_axes(const ir::Graph& graph, const NodeRewrite& node)
   if (!linear) return std::nullopt;
   Fp8Axes axes;
   if (node.mode == NodeMode::Whole) return axes;  // whole operands on every rank
-  if (linear->weight >= node.inputs.size() || linear->input >= node.inputs.size())
-    throw support::ValidationError(fmt::format("fp8: {} '{}' has {} operands in the rank program", node.op,
-                                               node.node, node.inputs.size()));
+  if (linear->weight >= node.inputs.size() || linear->input >= node.inputs.size()) {
+    const ir::Node& captured = graph.node(node.node);
+    throw support::ValidationError(fmt::format("fp8: {} '{}' (module '{}') has {} operands in the rank program",
+                                               node.op, graph.value(captured.outputs[0]).name,
+                                               captured.module_path, node.inputs.size()));
+  }
   const OperandRewrite& x = node.inputs[linear->input];
   const OperandRewrite& w = node.inputs[linear->weight];
   refuse_partial(graph, node, x);

@@ -26,6 +26,23 @@ plan::Plan tiny_plan() {
   return p;
 }
 
+// An fp8 plan's stage holds its largest cast three times over at once (|t| in bf16, the scaled
+// float32 copy, the float8 one: 7 bytes an element), as the SPMD search prices it: here the
+// MLP's weights split over t = 2, 64 x 256 / 2 elements.
+TEST(PlanCost, AnFp8PlanHoldsItsLargestCastThreeTimesOver) {
+  const ir::Graph g = tiny_gpt();
+  const Cluster c = preset("dgx-h100", 1);
+  AnalyticCostModel model;
+  plan::Plan fp8 = tiny_plan();
+  fp8.precision = "fp8";
+  const PlanCost as_bf16 = evaluate(g, c, tiny_plan(), model), as_fp8 = evaluate(g, c, fp8, model);
+  const double casts = 64.0 * 256 / 2 * (2 + 4 + 1);
+  EXPECT_DOUBLE_EQ(as_fp8.memory_breakdown.at("fp8_casts"), casts);
+  EXPECT_FALSE(as_bf16.memory_breakdown.contains("fp8_casts"));
+  EXPECT_DOUBLE_EQ(as_fp8.memory_per_rank, as_bf16.memory_per_rank + casts);
+  EXPECT_THROW(evaluate(g, preset("dgx-a100", 1), fp8, model), support::ValidationError);  // no FP8 units
+}
+
 TEST(PlanCost, FindsMegatronPairsAndCountsAllReduces) {
   ir::Graph g = tiny_gpt();
   Cluster c = preset("dgx-a100", 1);
