@@ -44,7 +44,8 @@ double fp8_cast_bytes(const ir::Graph& graph, const ir::Node& node, double batch
   const ir::Value& y = graph.value(node.outputs[0]);
   const double shards = static_cast<double>(t);
   const bool all = split == TensorSplit::All;
-  const double x_bytes = static_cast<double>(x.type.bytes()) * batch_scale / (split == TensorSplit::Row || all ? shards : 1);
+  const double x_bytes =
+      static_cast<double>(x.type.bytes()) * batch_scale / (split == TensorSplit::Row || all ? shards : 1);
   const double y_bytes =
       static_cast<double>(y.type.bytes()) * batch_scale / (split == TensorSplit::Column || all ? shards : 1);
   const double w_bytes = static_cast<double>(w.type.bytes()) / (split != TensorSplit::None ? shards : 1);

@@ -404,7 +404,8 @@ void validate(const Plan& plan, std::optional<int> world_size) {
                                         fmt::join(plan.stage_groups, ", "), plan.pipeline, plan.pipeline - 1));
   }
   if (std::find(kPrecisions.begin(), kPrecisions.end(), plan.precision) == kPrecisions.end())
-    throw ValidationError(fmt::format("plan.precision: unknown '{}' (known: f32, tf32, bf16, f16, fp8)", plan.precision));
+    throw ValidationError(
+        fmt::format("plan.precision: unknown '{}' (known: f32, tf32, bf16, f16, fp8)", plan.precision));
 }
 
 Plan stage_plan(const Plan& plan, int stage) {

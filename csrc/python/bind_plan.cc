@@ -34,7 +34,8 @@ namespace {
 
 cost::Precision precision_named(const std::string& precision) {
   auto parsed = cost::parse_precision(precision);
-  if (!parsed) throw support::ValidationError("plan: unknown precision '" + precision + "' (known: f32, tf32, bf16, f16, fp8)");
+  if (!parsed)
+    throw support::ValidationError("plan: unknown precision '" + precision + "' (known: f32, tf32, bf16, f16, fp8)");
   return *parsed;
 }
 

@@ -792,6 +792,30 @@ double ShardingModel::statistics_seconds(int axis, const Strategy& choice) const
                                     cost::Algorithm::Auto);
 }
 
+std::pair<double, bool> ShardingModel::fp8_amax_elements(ir::NodeId node, int axis, const Strategy& choice) const {
+  if (options_.precision != cost::Precision::FP8) return {0, true};
+  const ir::Node& n = graph_.node(node);
+  const auto linear = analysis::fp8_linear(graph_, n);
+  if (!linear || linear->weight >= choice.inputs.size()) return {0, true};
+  const Placement& w = choice.inputs[linear->weight];
+  if (!w.is_shard()) return {0, true};
+  const bool k_split = w.dim == linear->weight_k_dim;
+  // x's rows on this rank: its elements over K, split as the other axes read it.
+  double rows = value_bytes(n.inputs[linear->input]) / float_bytes_ / static_cast<double>(linear->k);
+  for (std::size_t b = 0; b < options_.mesh.size(); ++b)
+    if (static_cast<int>(b) != axis)
+      rows *= held_fraction(node_choice_[b][static_cast<std::size_t>(node)].inputs[linear->input], options_.mesh[b]);
+  // W's rows (N of them, whole where K is split) in forward, its columns (K, whole where N is) in backward.
+  return {rows + static_cast<double>(k_split ? linear->n : linear->k), k_split};
+}
+
+double ShardingModel::fp8_amax_seconds(ir::NodeId node, int axis, const Strategy& choice) const {
+  const auto [elements, forward] = fp8_amax_elements(node, axis, choice);
+  if (elements <= 0) return 0;
+  return model_.collective_time(cluster_, cost::CollectiveKind::AllReduce, axis_ranks(axis),
+                                static_cast<std::int64_t>(std::llround(elements * 4)), cost::Algorithm::Auto);
+}
+
 bool ShardingModel::checkpointed(std::size_t node) const {
   return options_.recompute != plan::Recompute::None && in_block_[node];
 }
@@ -1003,7 +1027,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     const double memory_count = recomputed(u) ? 1.0 : n;
     for (const Strategy& s : strategies[u]) {
       c.cost.push_back(n * (node_compute(node.id, axis, s, *device_) * balanced_compute_factor(node.id, axis, s) +
-                            statistics_seconds(axis, s)));
+                            statistics_seconds(axis, s) + fp8_amax_seconds(node.id, axis, s)));
       c.memory.push_back(memory_count * node_memory(node.id, axis, s));
     }
     node_id[u] = static_cast<int>(problem.nodes.size());
@@ -1324,6 +1348,13 @@ ShardingModel::Tally ShardingModel::tally() const {
       const auto u = static_cast<std::size_t>(node.id);
       if (rep_node_[u] != node.id) continue;
       const Strategy& s = node_choice_[a][u];
+      if (const auto [elements, forward] = fp8_amax_elements(node.id, axis, s); elements > 0) {
+        const double amax = fp8_amax_seconds(node.id, axis, s);
+        out.statistics += instances_[u] * amax;
+        out.by_node[u].collectives += instances_[u] * amax;
+        out.collectives.push_back({"all_reduce", graph_.value(node.outputs[0]).name, axis,
+                                   forward ? "forward" : "backward", elements * 4, instances_[u], amax});
+      }
       const double seconds = statistics_seconds(axis, s);
       if (seconds <= 0) continue;
       out.statistics += instances_[u] * seconds;

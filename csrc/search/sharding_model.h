@@ -327,6 +327,12 @@ class ShardingModel {
   // otherwise). A leaf sharded on the axis is reduce-scattered at each read: 1 each.
   double gradient_share(ir::ValueId value, const Placement& produced, const Placement& gradient) const;
   double statistics_seconds(int axis, const Strategy& choice) const;
+  // An FP8 linear whose contraction dim `choice` splits on `axis` (runtime/fp8.py): the amaxes
+  // of x's rows and W's rows (K split, forward) or of dy's rows and W's columns (N split,
+  // backward), one float each, in one all-reduce(MAX) over the axis. {elements, forward?};
+  // {0, _} where there is none.
+  std::pair<double, bool> fp8_amax_elements(ir::NodeId node, int axis, const Strategy& choice) const;
+  double fp8_amax_seconds(ir::NodeId node, int axis, const Strategy& choice) const;
   double recompute_checkpoint_bytes() const;
   // Is the node in a block run as a checkpointed region (any recomputation)? Does its forward
   // run again in backward (full: every such node; selective: not the ones it keeps)?

@@ -172,6 +172,21 @@ def train_one_device(model, batch_of, steps: int, optimizer) -> list[float]:
     return losses
 
 
+def train_engine_counting_ops(engine, batch_of, steps: int, lr: float = 1e-2) -> tuple[list[float], dict]:
+    """`engine` trained `steps` steps with AdamW (over its shards) at `lr`, batch k = batch_of(k),
+    its ops counted (``op_counts``); returns each step's loss and the counts."""
+    import torch
+
+    optimizer = engine.optimizer(torch.optim.AdamW, lr=lr)
+    losses, counting = [], op_counts()
+    for step in range(steps):
+        with counting:
+            losses.append(float(engine.train_step(*batch_of(step))))
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses, counting.counts
+
+
 def regression_batch(step: int, rows: int, features: int = 16):
     """Batch `step` of a float64 regression: inputs and targets, [rows, features] each."""
     g = torch.Generator().manual_seed(step)

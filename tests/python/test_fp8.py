@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import shardwise
-from conftest import op_counts, parameter_error, spawn_scenario, tight_plan, train_one_device
+from conftest import (op_counts, parameter_error, spawn_scenario, tight_plan, train_engine_counting_ops,
+                      train_one_device)
 from shardwise.models import CausalLMWithLoss
 from shardwise.runtime import fp8
 
@@ -88,13 +89,7 @@ def _fp8_engine(model_of, layout: str, world: int):
 def _scenario_fp8(rank: int, world: int, model_name: str, layout: str) -> dict:
     model_of = _MODELS[model_name]
     engine = _fp8_engine(model_of, layout, world)
-    optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
-    losses, counting = [], op_counts()
-    for step in range(STEPS):
-        with counting:
-            losses.append(float(engine.train_step(*_batch(step))))
-        optimizer.step()
-        optimizer.zero_grad()
+    losses, counts = train_engine_counting_ops(engine, _batch, STEPS)
     state = engine.full_state_dict()
     code = engine.code
     calls = re.findall(r"fp8_linear\('aten::\w+', (\([^)]*\)), (\([^)]*\))", code)
@@ -109,8 +104,8 @@ def _scenario_fp8(rank: int, world: int, model_name: str, layout: str) -> dict:
     f32_losses = train_one_device(plain, _batch, STEPS, torch.optim.AdamW(plain.parameters(), lr=1e-2))
     return {"losses": losses, "ref_losses": ref_losses, "f32_losses": f32_losses,
             "error": parameter_error(state, reference),
-            "f32_error": parameter_error(dict(plain.named_parameters()), reference), "scaled_mm": counting.counts["aten._scaled_mm"],
-            "mm": counting.counts["aten.mm"] + counting.counts["aten.addmm"],
+            "f32_error": parameter_error(dict(plain.named_parameters()), reference),
+            "scaled_mm": counts["aten._scaled_mm"], "mm": counts["aten.mm"] + counts["aten.addmm"],
             "fp8_calls": len(calls), "amax_axes": sum(1 for k, n in calls if k != "()" or n != "()"),
             "split_on_tensor": split_on_tensor}
 
@@ -122,8 +117,8 @@ def test_fp8_plans_run_their_linears_in_float8_and_equal_the_same_arithmetic_on_
                                                                                           world):
     r = spawn_scenario(__name__, world, "fp8", model_name, layout)
     print(f"{model_name} {layout}: losses {r['losses']} one device {r['ref_losses']} float32 {r['f32_losses']}; "
-          f"parameters {r['error']:.2e} (float32's {r['f32_error']:.2e}); _scaled_mm {r['scaled_mm']}, mm/addmm {r['mm']}; "
-          f"fp8 calls {r['fp8_calls']}, with amax axes {r['amax_axes']}")
+          f"parameters {r['error']:.2e} (float32's {r['f32_error']:.2e}); _scaled_mm {r['scaled_mm']}, "
+          f"mm/addmm {r['mm']}; fp8 calls {r['fp8_calls']}, with amax axes {r['amax_axes']}")
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= FP8_TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
     assert r["error"] < PARAMETER_TOLERANCE, r["error"]

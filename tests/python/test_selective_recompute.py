@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import shardwise
-from conftest import op_counts, parameter_error, spawn_scenario, tight_plan, train_one_device
+from conftest import parameter_error, spawn_scenario, tight_plan, train_engine_counting_ops, train_one_device
 from shardwise.models import CausalLMWithLoss
 
 transformers = pytest.importorskip("transformers")
@@ -74,20 +74,14 @@ def _scenario_selective(rank: int, world: int, model_name: str, layout: str) -> 
     out = {}
     for recompute in ("none", "selective"):
         engine = _engine(model_of, layout, world, recompute)
-        optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
         torch.manual_seed(5)  # the dropout masks' generator state, the same for every run
-        losses, counting = [], op_counts()
-        for step in range(STEPS):
-            with counting:
-                losses.append(float(engine.train_step(*_batch(step))))
-            optimizer.step()
-            optimizer.zero_grad()
+        losses, counts = train_engine_counting_ops(engine, _batch, STEPS)
         rank_ir = engine.rank_ir if hasattr(engine, "rank_ir") else ""
         plan = json.loads(engine.plan.to_json())
         placements = (plan.get("sharding") or {}).get("placements", {})
         split_on_tensor = sum(1 for name, p in placements.items() if name.endswith("weight") and p[-1] != "R")
         out[recompute] = {"losses": losses, "state": engine.full_state_dict(),
-                          "counts": dict(counting.counts), "keeps": rank_ir.count("shardwise.recompute_keeps=true")}
+                          "counts": dict(counts), "keeps": rank_ir.count("shardwise.recompute_keeps=true")}
     reference = model_of()
     torch.manual_seed(5)
     ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.AdamW(reference.parameters(), lr=1e-2))

@@ -15,7 +15,8 @@ scale depends only on its own row or column: nothing depends on how the rows (th
 sequence, micro-batches) are split, so data, sequence and pipeline parallelism compute what
 one device computes. A contraction dim split over ranks (a row-parallel weight splits K, and
 in backward a column-parallel one splits N) needs the whole row's amax: the core names those
-mesh axes (``k_axes``, ``n_axes``) and the amaxes are all-reduced with MAX over them first.
+mesh axes (``k_axes``, ``n_axes``) and the amaxes are all-reduced with MAX over them first
+(x's and W's in one call).
 
 ``one_device()`` runs the same arithmetic on one device: a TorchFunctionMode that routes a
 model's own linear / addmm / mm calls on a weight parameter, under the same rule, through the
@@ -40,26 +41,38 @@ _MULTIPLE = 16  # K and N (analysis/fp8_linears.h)
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _max_over(amax: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor:
+def _amaxes(parts: list[tuple[torch.Tensor, int]], groups: tuple[str, ...]) -> list[torch.Tensor]:
+    """The amax of each 2-D tensor over its dim (keepdim, float32); where `groups` split that
+    dim, the max over them, every part in one all-reduce (priced so: search::ShardingModel's
+    fp8_amax_elements)."""
+    amaxes = [t.detach().abs().amax(dim=dim, keepdim=True).float() for t, dim in parts]
+    if not groups:
+        return amaxes
+    flat = torch.cat([a.reshape(-1) for a in amaxes])
     for group in groups:
-        amax = torch.ops.shardwise.all_reduce(amax.contiguous(), "max", group)
-    return amax
+        flat = torch.ops.shardwise.all_reduce(flat, "max", group)
+    return [chunk.reshape(a.shape) for chunk, a in zip(flat.split([a.numel() for a in amaxes]), amaxes)]
+
+
+def _cast(t: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`t` scaled by the power of two that takes `amax` to at most 448, in float8_e4m3fn, and
+    the inverse scales. No clamp: |t| x scale <= 448 exactly (a power of two times values <=
+    amax)."""
+    scale = torch.exp2(torch.floor(torch.log2(_FP8_MAX / amax.clamp_min(_AMAX_FLOOR))))
+    q = (t.detach() * scale).to(FP8)
+    if not q.is_contiguous():  # row-major, as _scaled_mm reads it (a transposed W's columns)
+        q = q.contiguous()
+    return q, scale.reciprocal()
 
 
 def quantize(t: torch.Tensor, dim: int, groups: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """`t` (2-D) in float8_e4m3fn, scaled per slice along `dim` (its amax over that dim, a max
-    over `groups` too), and the inverse scales (float32, keepdim) that dequantize it."""
-    t = t.detach()
-    # The passes the cost model prices (csrc/cost/op_cost.h, FP8 linears): |t| and its amax,
-    # the scaled copy in float32, its cast to float8. (linalg.vector_norm(inf) reads t once but
-    # ran 5x slower than abs + amax on the CPU.) No clamp: |t| x scale <= 448 exactly (a power
-    # of two times values <= amax).
-    amax = _max_over(t.abs().amax(dim=dim, keepdim=True).float(), groups)
-    scale = torch.exp2(torch.floor(torch.log2(_FP8_MAX / amax.clamp_min(_AMAX_FLOOR))))
-    q = (t * scale).to(FP8)
-    if not q.is_contiguous():  # row-major, as _scaled_mm reads it (a transposed W's columns)
-        q = q.contiguous()
-    return q, scale.reciprocal()
+    over `groups` too), and the inverse scales (float32, keepdim) that dequantize it. The
+    passes the cost model prices (csrc/cost/op_cost.h, FP8 linears): |t| and its amax, the
+    scaled copy in float32, its cast to float8 (linalg.vector_norm(inf) reads t once but ran
+    5x slower than abs + amax on the CPU)."""
+    (amax,) = _amaxes([(t, dim)], groups)
+    return _cast(t, amax)
 
 
 def _scaled_product(a: torch.Tensor, a_scale: torch.Tensor, b_t: torch.Tensor, b_scale: torch.Tensor,
@@ -90,8 +103,9 @@ class _Fp8Linear(torch.autograd.Function):
         ctx.op, ctx.n_groups, ctx.grad_group, ctx.beta, ctx.alpha = op, n_groups, grad_group, beta, alpha
         ctx.bias_shape = bias.shape if bias is not None else None
         ctx.save_for_backward(x, weight)
-        x_q, x_scale = quantize(_rows(x), 1, k_groups)
-        w_q, w_scale = quantize(_weight_nk(op, weight), 1, k_groups)
+        x_rows, w_nk = _rows(x), _weight_nk(op, weight)
+        x_amax, w_amax = _amaxes([(x_rows, 1), (w_nk, 1)], k_groups)
+        (x_q, x_scale), (w_q, w_scale) = _cast(x_rows, x_amax), _cast(w_nk, w_amax)
         # A linear layer's bias is added by the product (as addmm adds it); the CPU kernel adds
         # it in the output's dtype, CUDA's writes bf16 first, so there it is added after.
         fused = bias is not None and bias.dim() == 1 and beta == 1 and alpha == 1 and bias.dtype == x.dtype \
@@ -113,9 +127,9 @@ class _Fp8Linear(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         work = None
         if needs_x:
-            g_q, g_scale = quantize(grad_rows, 1, ctx.n_groups)
             w_kn = _weight_nk(op, weight).t()  # [K, N]: W's columns over N as rows
-            w_q, w_scale = quantize(w_kn, 1, ctx.n_groups)
+            g_amax, w_amax = _amaxes([(grad_rows, 1), (w_kn, 1)], ctx.n_groups)
+            (g_q, g_scale), (w_q, w_scale) = _cast(grad_rows, g_amax), _cast(w_kn, w_amax)
             grad_x = _scaled_product(g_q, g_scale, w_q, w_scale, grad.dtype).reshape(x.shape)
             if alpha != 1:
                 grad_x = grad_x * alpha

@@ -5,7 +5,9 @@
 namespace shardwise::analysis {
 namespace {
 
-ir::TensorType typed(ir::DType dtype, std::vector<std::int64_t> shape) { return ir::TensorType{dtype, std::move(shape), {}}; }
+ir::TensorType typed(ir::DType dtype, std::vector<std::int64_t> shape) {
+  return ir::TensorType{dtype, std::move(shape), {}};
+}
 ir::TensorType f32(std::vector<std::int64_t> shape) { return typed(ir::DType::F32, std::move(shape)); }
 
 // A linear layer's product with its weight parameter runs in FP8: linear's [N, K] weight,

@@ -63,7 +63,8 @@ TEST(ClusterTest, Fp8IsAnOptionalPeakThatAPlanInFp8Requires) {
   EXPECT_EQ(written["device_types"][1]["peak_flops"]["fp8"], 8e10);
   EXPECT_EQ(cluster_from_json(written), mixed);
   mixed.require_precision(Precision::BF16, "test");  // every device has bf16
-  const std::string refused = error_of<support::ValidationError>([&] { mixed.require_precision(Precision::FP8, "spmd search"); });
+  const std::string refused =
+      error_of<support::ValidationError>([&] { mixed.require_precision(Precision::FP8, "spmd search"); });
   EXPECT_NE(refused.find("spmd search: precision 'fp8' needs FP8 matrix units"), std::string::npos) << refused;
   EXPECT_NE(refused.find("'a100'"), std::string::npos) << refused;
   EXPECT_NO_THROW(rank_range(mixed, 0, 2).require_precision(Precision::FP8, "test"));  // the H100s alone

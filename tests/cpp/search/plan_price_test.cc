@@ -116,6 +116,35 @@ TEST(PlanPrice, AnFp8PlanHoldsItsLargestCastThreeTimesOver) {
   EXPECT_DOUBLE_EQ(as_fp8.memory_per_rank, as_bf16.memory_per_rank + casts);
 }
 
+// An fp8 plan's linears whose contraction dim the tensor axis splits take their amaxes' max
+// over it: one all-reduce of a float per row of x (8 x 1024 rows) and per row (K split,
+// forward: row-parallel) or column (N split, backward: column-parallel) of W (1024), priced
+// and listed; the bf16 plan has none.
+TEST(PlanPrice, AnFp8PlanAllReducesTheAmaxesOfASplitContraction) {
+  const ir::Graph g = gpt(8);
+  const cost::Cluster cluster = cost::preset("dgx-h100", 1);
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = {1, 8};
+  o.batch_on_tensor_axis = false;
+  const plan::Plan bf16 = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  plan::Plan fp8 = bf16;
+  fp8.precision = "fp8";
+  const double amax_bytes = (8.0 * 1024 + 1024) * 4;
+  auto amax_records = [&](const plan::Plan& plan, const char* phase) {
+    const PricedPlan priced = price_plan(g, cluster, cost::AnalyticCostModel{}, plan);
+    int n = 0;
+    for (const auto& c : priced.plan.predicted->collectives)
+      n += c.kind == "all_reduce" && c.phase == phase && c.bytes == amax_bytes ? static_cast<int>(c.count) : 0;
+    return n;
+  };
+  // Row-parallel (K split, forward): attention's and the MLP's output projections, 4 layers.
+  EXPECT_EQ(amax_records(fp8, "forward"), 8);
+  // Column-parallel (N split, backward): the QKV and MLP input projections, and the vocabulary-split head.
+  EXPECT_EQ(amax_records(fp8, "backward"), 9);
+  EXPECT_EQ(amax_records(bf16, "forward") + amax_records(bf16, "backward"), 0);
+}
+
 TEST(PlanPrice, ACompletedPlanIsPricedAsItsSharding) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
