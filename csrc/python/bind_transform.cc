@@ -9,7 +9,6 @@
 #include "analysis/flops.h"
 #include "analysis/repeated_blocks.h"
 #include "ops/distributed_kernels.h"
-#include "transform/fp8_axes.h"
 #include "ops/node_rule.h"
 #include "plan/plan.h"
 #include "search/stage_assignment.h"
@@ -19,6 +18,7 @@
 #include "support/fnv1a.h"
 #include <fmt/format.h>
 #include "ir/printer.h"
+#include "transform/fp8_axes.h"
 #include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
 #include "transform/stage_split.h"
