@@ -83,8 +83,9 @@ namespace shardwise::cost {
 
 // The arithmetic a device runs matrix products in. TF32 is f32 storage computed on tensor
 // cores at reduced precision: a mode, not a storage dtype, hence not an ir::DType. FP8 is a
-// plan's "linears in float8, the rest in bf16" (analysis/fp8_linears.h): its linears' two
-// products run at the fp8 peak, everything else at the bf16 one.
+// plan's "linears in float8, the rest in the model's dtype" (analysis/fp8_linears.h): its
+// linears' two float8 products run at the fp8 peak, everything else at its dtype's
+// (cost::high_precision).
 enum class Precision : std::uint8_t { F32, TF32, BF16, F16, FP8 };
 
 // The precisions every device lists a peak for (older devices run them at some rate).

@@ -125,6 +125,13 @@ struct AnalyticConstants {
   friend bool operator==(const AnalyticConstants&, const AnalyticConstants&) = default;
 };
 
+// The bytes an FP8 cast holds at once of an operand of `bytes` (`element_bytes` an element):
+// |t| in its dtype, the scaled float32 copy and the float8 one (runtime/fp8.py's quantize).
+// The memory models add the largest such transient of a plan (plan_cost, ShardingModel).
+inline double fp8_cast_copies_bytes(double bytes, double element_bytes) {
+  return bytes * (element_bytes + 4.0 + 1.0) / element_bytes;
+}
+
 // The precision `node` computes in under a plan in `precision`: the plan's, but for "fp8" the
 // node's own floating dtype's (bf16 in a bf16 model, as Float8 training runs; f32 in a float32
 // one): an FP8 linear's dW and every other node.

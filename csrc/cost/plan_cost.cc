@@ -49,8 +49,7 @@ double fp8_cast_bytes(const ir::Graph& graph, const ir::Node& node, double batch
   const double y_bytes =
       static_cast<double>(y.type.bytes()) * batch_scale / (split == TensorSplit::Column || all ? shards : 1);
   const double w_bytes = static_cast<double>(w.type.bytes()) / (split != TensorSplit::None ? shards : 1);
-  const double b = static_cast<double>(ir::dtype_bytes(x.type.dtype));
-  return std::max({x_bytes, y_bytes, w_bytes}) * (b + 5.0) / b;
+  return fp8_cast_copies_bytes(std::max({x_bytes, y_bytes, w_bytes}), ir::dtype_bytes(x.type.dtype));
 }
 
 // The forward seconds a recomputed layer runs again in its backward.

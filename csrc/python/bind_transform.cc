@@ -98,13 +98,15 @@ std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Gr
                                                                   const std::vector<std::string>& whole_nodes,
                                                                   const std::vector<std::string>& lookup_ops,
                                                                   bool adapt_to_shapes,
-                                                                  plan::Recompute recompute = plan::Recompute::None) {
+                                                                  plan::Recompute recompute = plan::Recompute::None,
+                                                                  bool* fp8 = nullptr) {
   plan::Plan p;
   if (plan_json.empty()) {
     p.sharding = replicated(graph);
     p.sharding->recompute = recompute;  // a pipeline stage on one rank recomputes as its plan says
   } else {
     p = plan::plan_from_json_string(plan_json);
+    if (fp8 != nullptr) *fp8 = p.precision == "fp8";  // its linears run in float8 (analysis/fp8_linears.h)
     // The plan's strategies name sizes at its global batch; a graph captured at another
     // batch would fail later on some node with a message about that node's sizes.
     const std::int64_t captured = analysis::input_batch(graph);
@@ -279,11 +281,12 @@ void bind_transform(py::module_& m) {
         if (recompute != plan::Recompute::None && !plan_json.empty())
           throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
                                          "a plan's sharding says its own");
-        auto [sharding, options] =
-            rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute);
         // A plan in fp8 runs its linears in float8; a replicated program (a pipeline stage on
         // one rank) is told by fp8=.
-        if (!plan_json.empty()) fp8 = fp8 || plan::plan_from_json_string(plan_json).precision == "fp8";
+        bool fp8_plan = false;
+        auto [sharding, options] =
+            rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute, &fp8_plan);
+        fp8 = fp8 || fp8_plan;
         // The rank graph's program: nodes whose local call the ops' shape rules refuse run
         // whole there (rank_graph.h).
         const transform::RankGraph rank_ir = transform::rank_graph(graph, sharding, rank, options);

@@ -138,6 +138,8 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   const cost::Precision states = cost::model_state_precision(options_.precision, graph_);
   memory_ = options_.memory.value_or(cost::memory_constants(states));
   float_bytes_ = states == cost::Precision::F32 || states == cost::Precision::TF32 ? 4 : 2;
+  if (options_.precision == cost::Precision::FP8)
+    for (const ir::Node& node : graph_.nodes()) fp8_linears_.push_back(analysis::fp8_linear(graph_, node));
 
   const auto num_nodes = graph_.nodes().size();
   const auto num_values = graph_.values().size();
@@ -793,9 +795,9 @@ double ShardingModel::statistics_seconds(int axis, const Strategy& choice) const
 }
 
 std::pair<double, bool> ShardingModel::fp8_amax_elements(ir::NodeId node, int axis, const Strategy& choice) const {
-  if (options_.precision != cost::Precision::FP8) return {0, true};
+  if (fp8_linears_.empty()) return {0, true};
   const ir::Node& n = graph_.node(node);
-  const auto linear = analysis::fp8_linear(graph_, n);
+  const auto& linear = fp8_linears_[static_cast<std::size_t>(node)];
   if (!linear || linear->weight >= choice.inputs.size()) return {0, true};
   const Placement& w = choice.inputs[linear->weight];
   if (!w.is_shard()) return {0, true};
@@ -809,8 +811,7 @@ std::pair<double, bool> ShardingModel::fp8_amax_elements(ir::NodeId node, int ax
   return {rows + static_cast<double>(k_split ? linear->n : linear->k), k_split};
 }
 
-double ShardingModel::fp8_amax_seconds(ir::NodeId node, int axis, const Strategy& choice) const {
-  const auto [elements, forward] = fp8_amax_elements(node, axis, choice);
+double ShardingModel::fp8_amax_seconds(int axis, double elements) const {
   if (elements <= 0) return 0;
   return model_.collective_time(cluster_, cost::CollectiveKind::AllReduce, axis_ranks(axis),
                                 static_cast<std::int64_t>(std::llround(elements * 4)), cost::Algorithm::Auto);
@@ -1026,8 +1027,9 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
     const double n = instances_[u];
     const double memory_count = recomputed(u) ? 1.0 : n;
     for (const Strategy& s : strategies[u]) {
+      const double amax = fp8_amax_seconds(axis, fp8_amax_elements(node.id, axis, s).first);
       c.cost.push_back(n * (node_compute(node.id, axis, s, *device_) * balanced_compute_factor(node.id, axis, s) +
-                            statistics_seconds(axis, s) + fp8_amax_seconds(node.id, axis, s)));
+                            statistics_seconds(axis, s) + amax));
       c.memory.push_back(memory_count * node_memory(node.id, axis, s));
     }
     node_id[u] = static_cast<int>(problem.nodes.size());
@@ -1297,10 +1299,10 @@ double ShardingModel::gathered_parameter_bytes() const {
 }
 
 double ShardingModel::fp8_cast_bytes() const {
-  if (options_.precision != cost::Precision::FP8) return 0;
+  if (fp8_linears_.empty()) return 0;
   double peak = 0;
   for (const ir::Node& node : graph_.nodes()) {
-    const auto linear = analysis::fp8_linear(graph_, node);
+    const auto& linear = fp8_linears_[static_cast<std::size_t>(node.id)];
     if (!linear) continue;
     const auto u = static_cast<std::size_t>(node.id);
     auto as_read = [&](ir::ValueId value, auto placement_of) {
@@ -1312,7 +1314,7 @@ double ShardingModel::fp8_cast_bytes() const {
     const double x = as_read(node.inputs[linear->input], [&](const Strategy& s) { return s.inputs[linear->input]; });
     const double w = as_read(node.inputs[linear->weight], [&](const Strategy& s) { return s.inputs[linear->weight]; });
     const double dy = as_read(node.outputs[0], [](const Strategy& s) { return s.outputs[0]; });
-    peak = std::max(peak, std::max({x, w, dy}) * (float_bytes_ + 5.0) / float_bytes_);
+    peak = std::max(peak, cost::fp8_cast_copies_bytes(std::max({x, w, dy}), float_bytes_));
   }
   return peak;
 }
@@ -1349,7 +1351,7 @@ ShardingModel::Tally ShardingModel::tally() const {
       if (rep_node_[u] != node.id) continue;
       const Strategy& s = node_choice_[a][u];
       if (const auto [elements, forward] = fp8_amax_elements(node.id, axis, s); elements > 0) {
-        const double amax = fp8_amax_seconds(node.id, axis, s);
+        const double amax = fp8_amax_seconds(axis, elements);
         out.statistics += instances_[u] * amax;
         out.by_node[u].collectives += instances_[u] * amax;
         out.collectives.push_back({"all_reduce", graph_.value(node.outputs[0]).name, axis,

@@ -332,7 +332,7 @@ class ShardingModel {
   // backward), one float each, in one all-reduce(MAX) over the axis. {elements, forward?};
   // {0, _} where there is none.
   std::pair<double, bool> fp8_amax_elements(ir::NodeId node, int axis, const Strategy& choice) const;
-  double fp8_amax_seconds(ir::NodeId node, int axis, const Strategy& choice) const;
+  double fp8_amax_seconds(int axis, double elements) const;
   double recompute_checkpoint_bytes() const;
   // Is the node in a block run as a checkpointed region (any recomputation)? Does its forward
   // run again in backward (full: every such node; selective: not the ones it keeps)?
@@ -363,6 +363,9 @@ class ShardingModel {
   double batch_scale_ = 1;
   bool batch_traced_ = false;  // the capture's batch > 1: activations carry their batch dims
   double float_bytes_ = 2;
+  // Indexed by NodeId: the node as an FP8 linear where the plan's precision is fp8 (analysis/
+  // fp8_linears.h), found once; empty for other precisions.
+  std::vector<std::optional<analysis::Fp8Linear>> fp8_linears_;
   cost::MemoryConstants memory_;  // options_.memory, or the precision's (cost/memory_cost.h)
   StrategyOptions strided_;
 
