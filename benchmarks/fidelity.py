@@ -19,15 +19,21 @@ a step takes tenths of a second), each plan runs in 4 fresh Gloo processes:
   (shardwise.runtime.traffic), rank 0's, beside the plan's own list of collectives
   (SPMD plans; the evaluator that prices pipelines lists none).
 
-Predictions: the SPMD search on the plan's {data, tensor} mesh (``shardwise.plan(...,
-mesh=)``), or the evaluator for pipelines (``Plan.manual``), both in f32 (the models' dtype).
+Plans: the SPMD search on the plan's {data, tensor} mesh (``shardwise.plan(..., mesh=)``),
+or the evaluator for pipelines (``Plan.manual``), both in f32 (the models' dtype), on the
+detected cluster. Predictions: each plan priced again (``Plan.price(..., profile=)``) with its
+own ops timed at the shapes each rank runs them (``shardwise.profile.plan_specs``: the calls
+the evaluator prices, recorded; issue 46, item 7), measured in the plan's processes, every
+rank at once before its run (ranks that share cores are timed sharing them); collectives
+and the ops that cannot be rebuilt at a rank's shapes (views whose sizes are the whole
+graph's) stay analytic. The analytic model's prediction on the detected cluster is beside it.
 Five plans recompute (each transformer layer one checkpointed region, as the cost model
 prices it): data-parallel plans searched with full recomputation, or with selective (the
 products' and attention's outputs kept, the rest run again: ``shardwise.plan(...,
 recompute="selective")``), and 4-stage pipelines with full and with selective recomputation.
 
-    python benchmarks/fidelity.py [--steps 5] [--svg benchmarks/images/fidelity.svg] [--json out.json]
-                                  [--only "gpt2 data 4" ...] [--record]
+    python benchmarks/fidelity.py [--world 4|2] [--steps 5] [--svg benchmarks/images/fidelity.svg]
+                                  [--json out.json] [--only "gpt2 data 4" ...] [--record]
 
 ``--record`` writes the table to benchmarks/results/fidelity.json and the README, and redraws
 the README's picture, benchmarks/images/fidelity.svg (unless ``--svg`` names another file).
@@ -53,8 +59,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine_line  # noqa: E402
 from _tensor_memory import PeakTensorBytes, live_storages  # noqa: E402
 
-WORLD = 4
-THREADS = max(1, (os.cpu_count() or 1) // WORLD)  # the processes share the cores: no oversubscription
+WORLD = 4  # the processes of a run (--world 2 runs PLANS_2)
+
+
+def threads(world: int) -> int:
+    return max(1, (os.cpu_count() or 1) // world)  # the processes share the cores: no oversubscription
+
 SEQ, BATCH, VOCAB = 128, 16, 4096
 
 
@@ -112,7 +122,33 @@ PLANS = {
     "gpt2 data 4, FP8": ("gpt2", "fp8", {"data": 4, "tensor": 1}),
     "gpt2 tensor 4, FP8": ("gpt2", "fp8", {"data": 1, "tensor": 4}),
     "llama data 4, FP8": ("llama", "fp8", {"data": 4, "tensor": 1}),
+    "gpt2 pipeline 4, ZB-H1": ("gpt2", "zb-h1", {"pipeline": 4, "data": 1, "micro_batch": 2}),
+    "gpt2 pipeline 2 x data 2, ZB-V": ("gpt2", "zb-v", {"pipeline": 2, "data": 2, "micro_batch": 2,
+                                                        "virtual_stages": 2}),
 }
+# The same kinds of plan on 2 processes (--world 2).
+PLANS_2 = {
+    "gpt2 data 2": ("gpt2", "spmd", {"data": 2, "tensor": 1}),
+    "gpt2 data 2, ZeRO": ("gpt2", "zero", {"data": 2, "tensor": 1}),
+    "gpt2 tensor 2, searched": ("gpt2", "spmd", {"data": 1, "tensor": 2}),
+    "gpt2 tensor 2, weights sharded": ("gpt2", "tight", {"data": 1, "tensor": 2}),
+    "gpt2 pipeline 2, 1F1B": ("gpt2", "1f1b", {"pipeline": 2, "data": 1, "micro_batch": 2}),
+    "gpt2 pipeline 2, GPipe": ("gpt2", "gpipe", {"pipeline": 2, "data": 1, "micro_batch": 2}),
+    "gpt2 pipeline 2, interleaved": ("gpt2", "interleaved-1f1b", {"pipeline": 2, "data": 1, "micro_batch": 2,
+                                                                  "virtual_stages": 2}),
+    "gpt2 pipeline 2, ZB-H1": ("gpt2", "zb-h1", {"pipeline": 2, "data": 1, "micro_batch": 2}),
+    "gpt2 pipeline 2, ZB-V": ("gpt2", "zb-v", {"pipeline": 2, "data": 1, "micro_batch": 2, "virtual_stages": 2}),
+    "gpt2 data 2, recomputed": ("gpt2", "recompute", {"data": 2, "tensor": 1}),
+    "gpt2 data 2, selective": ("gpt2", "selective", {"data": 2, "tensor": 1}),
+    "gpt2 pipeline 2, 1F1B, recomputed": ("gpt2", "1f1b", {"pipeline": 2, "data": 1, "micro_batch": 2,
+                                                           "recompute": "full"}),
+    "gpt2 data 2, FP8": ("gpt2", "fp8", {"data": 2, "tensor": 1}),
+    "llama data 2": ("llama", "spmd", {"data": 2, "tensor": 1}),
+    "llama tensor 2, searched": ("llama", "spmd", {"data": 1, "tensor": 2}),
+    "llama pipeline 2, 1F1B": ("llama", "1f1b", {"pipeline": 2, "data": 1, "micro_batch": 2}),
+    "llama data 2, selective": ("llama", "selective", {"data": 2, "tensor": 1}),
+}
+TABLES = {4: PLANS, 2: PLANS_2}
 SMOKE = ["gpt2 data 4", "gpt2 pipeline 2 x data 2, 1F1B"]
 
 
@@ -155,11 +191,11 @@ def _rss_kib(field: str) -> int:
     return 0
 
 
-def _detect(rank: int, store: str, out: str) -> None:
+def _detect(rank: int, store: str, world: int, out: str) -> None:
     import shardwise
 
-    torch.set_num_threads(THREADS)
-    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
+    torch.set_num_threads(threads(world))
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
         cluster = shardwise.Cluster.detect(measure_links=True, measure_compute=True)
         if rank == 0:
@@ -170,13 +206,18 @@ def _detect(rank: int, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _run(rank: int, store: str, plan_json: str, model_name: str, steps: int, out: str) -> None:
+def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, specs: list,
+         out: str) -> None:
     import shardwise
+    from shardwise.profile import measure_specs
     from shardwise.runtime import traffic
 
-    torch.set_num_threads(THREADS)
-    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
+    torch.set_num_threads(threads(world))
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
+        # The plan's ops at the shapes each rank runs, timed by every rank at once (issue 46,
+        # item 7): what Plan.price(profile=) prices the plan with.
+        ops = measure_specs(specs, progress=False, budget_s=120, group=dist.group.WORLD)
         model = build(model_name)
         ids, y = batch()
         before = live_storages()  # the user's module: not the plan's
@@ -207,28 +248,29 @@ def _run(rank: int, store: str, plan_json: str, model_name: str, steps: int, out
             with open(out, "w") as f:
                 json.dump({"step": statistics.median(times), "steps": times, "memory": float(peak[0]),
                            "resident": float(peak[1]), "held": float(peak[2]),
-                           "traffic": moved, "loss": float(loss)}, f)
+                           "traffic": moved, "loss": float(loss), "ops": ops}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _spawn(fn, *args) -> dict | str:
+def _spawn(fn, world: int, *args) -> dict | str:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        mp.spawn(fn, args=(os.path.join(tmp, "store"), *args, out), nprocs=WORLD, join=True)
+        mp.spawn(fn, args=(os.path.join(tmp, "store"), world, *args, out), nprocs=world, join=True)
         with open(out) as f:
             return f.read()
 
 
 # ---- plans and predictions ---------------------------------------------------------------------
-def make_plan(shardwise, name: str, cluster, graphs: dict):
-    model_name, kind, d = PLANS[name]
+def make_plan(shardwise, row: tuple, cluster, graphs: dict):
+    """(the plan, the graph it is priced on) for one row of PLANS / PLANS_2."""
+    model_name, kind, d = row
     graph = graphs[model_name]
     mesh = (d.get("data", 1), d.get("tensor", 1))
     if kind == "fp8":
         return shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh, zero=False, recompute=False,
-                              precision="fp8")
+                              precision="fp8"), graph
     if kind in ("spmd", "zero", "tight", "recompute", "selective"):
         def with_memory(memory: float):
             doc = json.loads(cluster.to_json())
@@ -237,18 +279,18 @@ def make_plan(shardwise, name: str, cluster, graphs: dict):
 
         replicated = shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh, zero=False, recompute=False)
         if kind == "spmd":
-            return replicated
+            return replicated, graph
         if kind in ("recompute", "selective"):  # the search's layout with that recomputation
             return shardwise.plan(graph, cluster, global_batch=BATCH, mesh=mesh, zero=False,
-                                  recompute="full" if kind == "recompute" else "selective")
+                                  recompute="full" if kind == "recompute" else "selective"), graph
         if kind == "zero":  # the optimizer state must shard over the data axis (ZeRO-1 saves at most
             # 3/4 of Adam's 8 of 16 bytes a float32 parameter: at 0.75 the search shards weights instead)
             return shardwise.plan(graph, with_memory(0.85 * replicated.predicted_memory()[0]), global_batch=BATCH,
-                                  mesh=mesh)
+                                  mesh=mesh), graph
         # halfway between the least any plan needs and the replicated one (tests/python/conftest.py)
         least = shardwise.plan(graph, with_memory(1), global_batch=BATCH, mesh=mesh, zero=False)
         memory = (least.predicted_memory()[0] + replicated.predicted_memory()[0]) / 2
-        return shardwise.plan(graph, with_memory(memory), global_batch=BATCH, mesh=mesh, zero=False)
+        return shardwise.plan(graph, with_memory(memory), global_batch=BATCH, mesh=mesh, zero=False), graph
     # Captured as parallelize captures a pipelined plan's model: at one micro-batch of the data
     # axis; completed here with its stages' layout on the profiled cluster (what the run uses).
     rows = d["micro_batch"] * d["data"]
@@ -259,7 +301,7 @@ def make_plan(shardwise, name: str, cluster, graphs: dict):
     plan = shardwise.Plan.manual(graphs[key], cluster, pipeline=d["pipeline"], data=d["data"], tensor=1,
                                  global_batch=BATCH, micro_batch=d["micro_batch"], schedule=kind,
                                  virtual_stages=d.get("virtual_stages", 1), recompute=d.get("recompute", False))
-    return plan.complete(graphs[key], cluster)
+    return plan.complete(graphs[key], cluster), graphs[key]
 
 
 def predicted_traffic(plan) -> dict:
@@ -280,6 +322,8 @@ def main() -> None:
     parser.add_argument("--svg", default=None, help="write the predicted-vs-measured scatter here")
     parser.add_argument("--json", default=None)
     parser.add_argument("--only", nargs="*", default=None, help="run these plans (names as listed)")
+    parser.add_argument("--world", type=int, choices=sorted(TABLES), default=WORLD,
+                        help="processes: 4 runs PLANS, 2 runs PLANS_2")
     from _results import add_record_argument, record
 
     add_record_argument(parser)
@@ -287,15 +331,18 @@ def main() -> None:
     if args.record and not args.svg:
         args.svg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "images", "fidelity.svg")
     import shardwise
+    from shardwise.profile import plan_specs
 
     torch.set_num_threads(1)
-    names = SMOKE if args.smoke else args.only or list(PLANS)
-    unknown = [n for n in names if n not in PLANS]
+    world = 4 if args.smoke else args.world
+    table = TABLES[world]
+    names = SMOKE if args.smoke else args.only or list(table)
+    unknown = [n for n in names if n not in table]
     if unknown:
-        parser.error(f"unknown plans {unknown}; known: {list(PLANS)}")
+        parser.error(f"unknown plans {unknown}; known at --world {world}: {list(table)}")
     steps = 1 if args.smoke else args.steps
     print(machine_line())
-    cluster = shardwise.Cluster.from_json(_spawn(_detect))
+    cluster = shardwise.Cluster.from_json(_spawn(_detect, world))
     device = cluster.device_of(0)
     print(f"profiled: {cluster.name}\n  peak f32 {device['peak_flops']['f32'] / 1e9:.1f} GFLOP/s per rank, "
           f"bf16 {device['peak_flops']['bf16'] / 1e9:.1f}, memory bandwidth {device['memory_bandwidth'] / 1e9:.2f} "
@@ -303,27 +350,34 @@ def main() -> None:
                                       f"{link['latency'] * 1e6:.0f} us"
                                       for link in json.loads(cluster.to_json())["links"]))
     graphs = {}
-    for model_name in sorted({PLANS[n][0] for n in names}):
+    for model_name in sorted({table[n][0] for n in names}):
         ids, y = batch()
         graphs[model_name] = shardwise.capture(build(model_name), (ids, y))
     rows = []
     for name in names:
-        plan = make_plan(shardwise, name, cluster, graphs)
-        measured = json.loads(_spawn(_run, plan.to_json(), PLANS[name][0], steps))
-        rows.append({"plan": name, "layout": layout(plan), "predicted_step": plan.predicted_step_time(),
+        plan, graph = make_plan(shardwise, table[name], cluster, graphs)
+        specs = plan_specs(graph, cluster, [plan])
+        measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, specs))
+        ops = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1,
+                                                      **measured["ops"], "collectives": {}}))
+        profiled = plan.price(graph, cluster, profile=ops)
+        rows.append({"plan": name, "layout": layout(plan), "predicted_step": profiled.predicted_step_time(),
+                     "analytic_step": plan.predicted_step_time(), "ops_measured": len(ops.ops),
+                     "ops_asked": len(specs),
                      "predicted_memory": plan.predicted_memory()[0], "predicted_traffic": predicted_traffic(plan),
                      **{k: measured[k] for k in ("step", "steps", "memory", "resident", "held", "traffic", "loss")}})
         r = rows[-1]
-        print(f"  {name}: step {r['step']:.3f} s measured, {r['predicted_step']:.3f} s predicted; "
+        print(f"  {name}: step {r['step']:.3f} s measured, {r['predicted_step']:.3f} s predicted ({len(ops.ops)} of "
+              f"{len(specs)} ops measured at the rank's shapes; {r['analytic_step']:.3f} s by the analytic model); "
               f"memory {_mb(r['memory'])} MB measured ({_mb(r['held'])} held between steps, resident growth "
               f"{_mb(r['resident'])}), {_mb(r['predicted_memory'])} MB predicted", flush=True)
 
-    print(f"\n{len(rows)} plans, {WORLD} Gloo processes, batch {BATCH} x seq {SEQ}, float32, "
+    print(f"\n{len(rows)} plans, {world} Gloo processes, batch {BATCH} x seq {SEQ}, float32, "
           f"median of {steps} steps")
-    print("| plan | layout | step measured (s) | predicted (s) | predicted / measured | peak memory measured (MB) | "
-          "predicted (MB) | predicted / measured | resident growth (MB) | bytes per step measured, rank 0 (MB by kind) "
-          "| predicted (MB by kind) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| plan | layout | step measured (s) | predicted (s) | predicted / measured | analytic (s) | "
+          "peak memory measured (MB) | predicted (MB) | predicted / measured | resident growth (MB) | "
+          "bytes per step measured, rank 0 (MB by kind) | predicted (MB by kind) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     recorded = []
     for r in rows:
         kinds = sorted(set(r["traffic"] or {}) | set(r["predicted_traffic"]))
@@ -331,11 +385,12 @@ def main() -> None:
                         if k in (r["traffic"] or {}))
         want = ", ".join(f"{k} {_mb(v)}" for k, v in sorted(r["predicted_traffic"].items())) or "- (not listed)"
         print(f"| {r['plan']} | {r['layout']} | {r['step']:.3f} | {r['predicted_step']:.3f} | "
-              f"{r['predicted_step'] / r['step']:.2f} | {_mb(r['memory'])} | {_mb(r['predicted_memory'])} | "
-              f"{r['predicted_memory'] / r['memory']:.2f} | {_mb(r['resident'])} | {got or '-'} | {want} |")
+              f"{r['predicted_step'] / r['step']:.2f} | {r['analytic_step']:.3f} | {_mb(r['memory'])} | "
+              f"{_mb(r['predicted_memory'])} | {r['predicted_memory'] / r['memory']:.2f} | {_mb(r['resident'])} | "
+              f"{got or '-'} | {want} |")
         recorded.append([r["plan"], r["layout"], r["step"], r["predicted_step"], r["predicted_step"] / r["step"],
-                         r["memory"] / 1e6, r["predicted_memory"] / 1e6, r["predicted_memory"] / r["memory"],
-                         r["resident"] / 1e6, got or None, want])
+                         r["analytic_step"], r["memory"] / 1e6, r["predicted_memory"] / 1e6,
+                         r["predicted_memory"] / r["memory"], r["resident"] / 1e6, got or None, want])
     ratios = [r["predicted_step"] / r["step"] for r in rows]
     memory_ratios = [r["predicted_memory"] / r["memory"] for r in rows]
     print(f"\nstep time predicted / measured: median {statistics.median(ratios):.2f}, "
@@ -356,16 +411,17 @@ def main() -> None:
         from _machine import cpu_model
 
         link = json.loads(cluster.to_json())["links"]
-        record("fidelity", recorded, {
+        record("fidelity" if world == 4 else f"fidelity-{world}", recorded, {
             "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, Gloo",
             "columns": ["plan", "layout", "step measured (s)", "predicted (s)", "predicted / measured",
-                        "peak memory measured (MB)", "predicted (MB)", "memory predicted / measured",
+                        "analytic (s)", "peak memory measured (MB)", "predicted (MB)", "memory predicted / measured",
                         "resident growth (MB)", "bytes per step measured, rank 0 (MB by kind)",
                         "predicted (MB by kind)"],
             "formats": {"step measured (s)": ".3f", "predicted (s)": ".3f", "predicted / measured": ".2f",
+                        "analytic (s)": ".3f",
                         "peak memory measured (MB)": ".2f", "predicted (MB)": ".2f",
                         "memory predicted / measured": ".2f", "resident growth (MB)": ".2f"},
-            "notes": f"{WORLD} Gloo processes, batch {BATCH} x seq {SEQ}, float32, median of {steps} steps. Profiled: "
+            "notes": f"{world} Gloo processes, batch {BATCH} x seq {SEQ}, float32, median of {steps} steps. Profiled: "
                      f"peak f32 {device['peak_flops']['f32'] / 1e9:.1f} GFLOP/s per rank, bf16 "
                      f"{device['peak_flops']['bf16'] / 1e9:.1f}, memory bandwidth "
                      f"{device['memory_bandwidth'] / 1e9:.2f} GB/s; links "

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <string_view>
 #include <variant>
 
@@ -148,6 +149,23 @@ double peak_for_measured_gemm(const AnalyticConstants& constants, double measure
 
 double bandwidth_for_measured_copy(const AnalyticConstants& constants, double measured_bytes_per_second) {
   return measured_bytes_per_second / constants.memory_efficiency;
+}
+
+std::vector<std::vector<std::int64_t>> batch_scaled_shapes(const ir::Graph& graph, const ir::Node& node,
+                                                           double batch_scale) {
+  std::vector<std::vector<std::int64_t>> out;
+  out.reserve(node.inputs.size() + node.outputs.size());
+  auto add = [&](ir::ValueId v) {
+    const ir::TensorType& type = graph.value(v).type;
+    out.push_back(type.shape);
+    if (type.batch_dim && batch_scale != 1.0) {
+      std::int64_t& rows = out.back()[static_cast<std::size_t>(*type.batch_dim)];
+      rows = std::max<std::int64_t>(1, std::llround(static_cast<double>(rows) * batch_scale));
+    }
+  };
+  for (ir::ValueId v : node.inputs) add(v);
+  for (ir::ValueId v : node.outputs) add(v);
+  return out;
 }
 
 double matmul_efficiency(const AnalyticConstants& constants, double intensity) {

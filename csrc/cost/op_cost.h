@@ -89,6 +89,11 @@ struct NodeContext {
   // every rank), and the node's FLOPs divide by work_shards.
   std::vector<double> operand_shards;
   double work_shards = 1;
+  // The operands' shapes on one rank under this context (inputs then outputs; rank 0's,
+  // the largest block of an uneven split), filled by a planner only for a model that asks
+  // (CostModel::wants_local_shapes): a profile measured at the shapes each rank runs
+  // (profiled_cost.h) answers by them. Empty: the planner did not say.
+  std::vector<std::vector<std::int64_t>> local_shapes;
 };
 
 struct OpTime {
@@ -110,7 +115,15 @@ class CostModel {
   // flat per-bucket gathers) ask for that algorithm rather than the best one.
   virtual double collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
                                  std::int64_t bytes, Algorithm algorithm) const = 0;
+  // Whether node_time reads NodeContext::local_shapes: planners compute them only then
+  // (the search prices millions of contexts; most models never look at shapes).
+  virtual bool wants_local_shapes() const { return false; }
 };
+
+// Each operand's shape (inputs then outputs) with its batch dim scaled by `batch_scale`
+// (rounded, at least 1): the shapes of a context that only scales the batch.
+std::vector<std::vector<std::int64_t>> batch_scaled_shapes(const ir::Graph& graph, const ir::Node& node,
+                                                           double batch_scale);
 
 struct AnalyticConstants {
   double max_efficiency = 0.75;        // matmul efficiency of a very large GEMM (fraction of peak)

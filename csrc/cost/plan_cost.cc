@@ -75,6 +75,10 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     context.batch_scale = batch_scale;
     context.shards = t;
     context.split = it == split.end() || t == 1 ? TensorSplit::None : it->second;
+    // A node the split leaves whole runs at its batch-scaled shapes; a split node's
+    // per-rank shapes are the SPMD search's to say (the stage layout), not this sketch's.
+    if (model.wants_local_shapes() && context.split == TensorSplit::None)
+      context.local_shapes = batch_scaled_shapes(graph, node, batch_scale);
     OpTime time = model.node_time(graph, node, device, precision, context);
     if (precision == Precision::FP8)
       out.fp8_cast_bytes = std::max(out.fp8_cast_bytes, fp8_cast_bytes(graph, node, batch_scale, context.split, t));

@@ -31,13 +31,30 @@ void append_type(std::string& out, const ir::TensorType& type) {
   out += ']';
 }
 
-void append_types(std::string& out, const ir::Graph& graph, const std::vector<ir::ValueId>& ids) {
+// `shapes` (when non-null) replaces each value's shape, entry by entry.
+void append_types(std::string& out, const ir::Graph& graph, const std::vector<ir::ValueId>& ids,
+                  const std::vector<std::int64_t>* const* shapes = nullptr) {
   out += '(';
   for (std::size_t i = 0; i < ids.size(); ++i) {
     if (i != 0) out += ',';
-    append_type(out, graph.value(ids[i]).type);
+    ir::TensorType type = graph.value(ids[i]).type;
+    if (shapes != nullptr) type.shape = *shapes[i];
+    append_type(out, type);
   }
   out += ')';
+}
+
+void append_attrs(std::string& out, const ir::Node& node) {
+  out += '{';
+  bool first = true;
+  for (const auto& [key, value] : node.attrs) {  // an ordered map: deterministic text
+    if (!first) out += ',';
+    first = false;
+    out += key;
+    out += '=';
+    out += ir::attr_str(value);
+  }
+  out += '}';
 }
 
 // ---- validation ------------------------------------------------------------------
@@ -110,16 +127,23 @@ std::string node_signature(const ir::Graph& graph, const ir::Node& node) {
   append_types(out, graph, node.inputs);
   out += "->";
   append_types(out, graph, node.outputs);
-  out += '{';
-  bool first = true;
-  for (const auto& [key, value] : node.attrs) {  // an ordered map: deterministic text
-    if (!first) out += ',';
-    first = false;
-    out += key;
-    out += '=';
-    out += ir::attr_str(value);
-  }
-  out += '}';
+  append_attrs(out, node);
+  return out;
+}
+
+std::string local_signature(const ir::Graph& graph, const ir::Node& node,
+                            std::span<const std::vector<std::int64_t>> shapes) {
+  if (shapes.size() != node.inputs.size() + node.outputs.size())
+    throw support::ValidationError(fmt::format("local_signature: {} has {} operands, {} shapes given", node.op,
+                                               node.inputs.size() + node.outputs.size(), shapes.size()));
+  std::vector<const std::vector<std::int64_t>*> pointers;
+  pointers.reserve(shapes.size());
+  for (const auto& shape : shapes) pointers.push_back(&shape);
+  std::string out = node.op;
+  append_types(out, graph, node.inputs, pointers.data());
+  out += "->";
+  append_types(out, graph, node.outputs, pointers.data() + node.inputs.size());
+  append_attrs(out, node);
   return out;
 }
 
@@ -221,10 +245,20 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, AnalyticCostModel fallback
 
 OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device,
                                     Precision precision, const NodeContext& context) const {
-  auto it = profile_.ops.find(node_signature(graph, node));
   OpTime analytic = fallback_.node_time(graph, node, device, precision, context);
   // The profile timed the node in the model's dtype; an FP8 linear runs other kernels.
   const bool fp8 = precision == Precision::FP8 && analysis::fp8_linear(graph, node).has_value();
+  if (!fp8 && !context.local_shapes.empty()) {  // measured at the shapes this rank runs: as is
+    auto local = profile_.ops.find(local_signature(graph, node, context.local_shapes));
+    if (local != profile_.ops.end()) {
+      node_measured_.fetch_add(1, std::memory_order_relaxed);
+      OpTime out = analytic;
+      out.forward = local->second.forward;
+      out.backward = local->second.backward;
+      return out;
+    }
+  }
+  auto it = profile_.ops.find(node_signature(graph, node));
   if (it == profile_.ops.end() || fp8) {
     node_analytic_.fetch_add(1, std::memory_order_relaxed);
     return analytic;

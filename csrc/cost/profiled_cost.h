@@ -16,7 +16,14 @@
 //    output, the reduce-scatter input, ...), so fitted and analytic numbers are comparable.
 //
 // ProfiledCostModel:
-//  - node_time: for a node whose signature is in the profile, the measured time, scaled to
+//  - node_time, per-rank shapes first: when the planner gives the context's local shapes
+//    (NodeContext::local_shapes; it does, since this model wants_local_shapes) and the
+//    profile holds the node measured at exactly those shapes (local_signature), that
+//    measurement, unscaled: what one rank runs, timed as it runs (issue 46, item 7; a GEMM's
+//    rate on a CPU or GPU moves with its shape far more than the analytic curve says).
+//    shardwise.profile(graph, plans=...) measures the shapes a plan asks for
+//    (RecordingCostModel, recording_cost.h, says which).
+//  - node_time otherwise: for a node whose signature is in the profile, the measured time, scaled to
 //    the plan's NodeContext by the analytic model's own ratio:
 //        measured x analytic(context) / analytic(no context)
 //    (a graph measured at batch 2 costed at micro-batch 8 on 4 tensor-parallel shards scales
@@ -61,6 +68,7 @@
 #include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <span>
+#include <vector>
 #include <string>
 #include <string_view>
 
@@ -79,6 +87,11 @@ std::string_view provenance_name(Provenance provenance);  // "measured", "analyt
 //   aten::linear(f32[2,32,64],f32[192,64],f32[192])->(f32[2,32,192]){}
 // Value names and module paths are left out on purpose (repeated blocks share one key).
 std::string node_signature(const ir::Graph& graph, const ir::Node& node);
+// The same key with each operand's shape replaced by `shapes` (inputs then outputs, as
+// NodeContext::local_shapes): the node as one rank runs it. Throws ValidationError when
+// `shapes` does not have one entry per operand.
+std::string local_signature(const ir::Graph& graph, const ir::Node& node,
+                            std::span<const std::vector<std::int64_t>> shapes);
 
 struct MeasuredOp {
   double forward = 0;   // seconds, one call
@@ -146,6 +159,9 @@ class ProfiledCostModel final : public CostModel {
                    const NodeContext& context) const override;
   double collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks,
                          std::int64_t bytes, Algorithm algorithm) const override;
+
+  // True when the profile holds any op: the planner then says the shapes each rank runs.
+  bool wants_local_shapes() const override { return !profile_.ops.empty(); }
 
   Provenance provenance(const ir::Graph& graph, const ir::Node& node) const;
   Provenance collective_provenance(CollectiveKind kind, int group_size) const;

@@ -9,6 +9,8 @@
 
 #include "cost/plan_cost.h"
 #include "cost/profiled_cost.h"
+#include "cost/recording_cost.h"
+#include "search/plan_price.h"
 #include "ir/graph.h"
 #include "plan/plan.h"
 #include "python/bindings.h"
@@ -76,6 +78,29 @@ void bind_profile(py::module_& m) {
         return out;
       },
       py::arg("cluster"), py::arg("kind"), py::arg("ranks"), py::arg("bytes"), py::arg("profile_json"));
+  m.def(
+      "plan_local_ops",
+      [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text) {
+        const plan::Plan p = plan::plan_from_json_string(text);
+        const cost::AnalyticCostModel analytic;
+        const cost::RecordingCostModel recorder(analytic);
+        {
+          py::gil_scoped_release release;
+          (void)search::price_plan(graph, cluster, recorder, p);
+        }
+        py::list out;
+        for (const auto& [signature, op] : recorder.records()) {
+          py::dict d;
+          d["signature"] = signature;
+          d["node"] = static_cast<int>(op.node);
+          d["shapes"] = op.shapes;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("graph"), py::arg("cluster"), py::arg("plan_json"),
+      "Every node the evaluator prices for the plan, at the shapes one rank runs it (cost/recording_cost.h): "
+      "[{signature, node (index), shapes (inputs then outputs)}], one per distinct signature.");
   m.def(
       "evaluate_plan_profiled",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text,

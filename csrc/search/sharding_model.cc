@@ -465,7 +465,29 @@ cost::OpTime ShardingModel::base_time(ir::NodeId node, int axis, const Strategy&
       context.operand_shards[n.inputs.size() + o] *= divisor(s.outputs[o], size);
     if (s.index >= 0) context.work_shards *= size;
   }
+  if (model_.wants_local_shapes()) context.local_shapes = local_shapes(node, axis, choice);
   return model_.node_time(graph_, n, device, options_.precision, context);
+}
+
+std::vector<std::vector<std::int64_t>> ShardingModel::local_shapes(ir::NodeId node, int axis,
+                                                                   const Strategy& choice) const {
+  const ir::Node& n = graph_.node(node);
+  std::vector<std::vector<std::int64_t>> shapes = cost::batch_scaled_shapes(graph_, n, batch_scale_);
+  // Each axis' shard of a dim: rank 0's block (ceil; of an uneven split its share, rounded
+  // up), as transform/local_shard.h gives it.
+  auto shard = [](std::vector<std::int64_t>& shape, const Placement& p, int size) {
+    if (!p.is_shard() || p.dim < 0 || p.dim >= static_cast<int>(shape.size())) return;
+    std::int64_t& length = shape[static_cast<std::size_t>(p.dim)];
+    const double share = held_fraction(p, size) * static_cast<double>(length);
+    length = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(share - 1e-9)));
+  };
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    const Strategy& s = b == axis ? choice : node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(node)];
+    const int size = options_.mesh[static_cast<std::size_t>(b)];
+    for (std::size_t i = 0; i < n.inputs.size(); ++i) shard(shapes[i], s.inputs[i], size);
+    for (std::size_t o = 0; o < n.outputs.size(); ++o) shard(shapes[n.inputs.size() + o], s.outputs[o], size);
+  }
+  return shapes;
 }
 
 double ShardingModel::balanced_compute_factor(ir::NodeId node, int axis, const Strategy& choice) const {

@@ -51,7 +51,8 @@ from ._logging import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["Profile", "profile", "measure_collectives", "DEFAULT_COLLECTIVE_SIZES"]
+__all__ = ["Profile", "profile", "measure_collectives", "measure_specs", "plan_specs", "graph_specs",
+           "DEFAULT_COLLECTIVE_SIZES"]
 
 DEFAULT_COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -216,16 +217,15 @@ def _make_tensor(v: dict, device: torch.device, op: str, position: int, shapes: 
     raise _Skip(f"integer operand {position} ({v['dtype']}) of an op with no known valid range")
 
 
-def _build_call(node: dict, values: dict, device: torch.device):
-    """(op, args, kwargs, differentiable inputs) rebuilding the node's ATen call."""
-    op = _resolve_op(node["op"])
-    attrs = node["attrs"]
-    in_values = [values[name] for name in node["inputs"]]
-    shapes = [list(v["shape"]) for v in in_values]
+def _build_call(spec: dict, device: torch.device):
+    """(op, args, kwargs, differentiable inputs) rebuilding a spec's ATen call (_spec)."""
+    op = _resolve_op(spec["op"])
+    attrs = spec["attrs"]
+    shapes = [list(v["shape"]) for v in spec["inputs"]]
     tensors = []
-    for i, v in enumerate(in_values):
+    for i, v in enumerate(spec["inputs"]):
         grad = v["role"] in ("parameter", "activation")
-        tensors.append(_make_tensor(v, device, node["op"], i, shapes, grad))
+        tensors.append(_make_tensor(v, device, spec["op"], i, shapes, grad))
 
     try:
         args, kwargs = call_arguments(op, attrs, tensors)
@@ -241,6 +241,48 @@ def _build_call(node: dict, values: dict, device: torch.device):
             kwargs["device"] = device
     grads_wrt = [t for t in tensors if isinstance(t, torch.Tensor) and t.requires_grad]
     return op, args, kwargs, grads_wrt
+
+
+def _spec(node: dict, values: dict, signature: str, shapes: "list[list[int]] | None" = None) -> dict:
+    """A self-contained, picklable description of one call to measure: the node's op and
+    attributes, its operands' dtypes and roles, and their shapes (the graph's, or ``shapes``:
+    inputs then outputs, as one rank runs the node). ``check_outputs`` when the shapes are a
+    rank's: a call whose attributes still say the whole graph's sizes (a view, an expand)
+    does not produce them and is skipped rather than timed at the wrong size."""
+    ins = [values[name] for name in node["inputs"]]
+    outs = [values[name] for name in node["outputs"]]
+    rank_shapes = shapes is not None
+    if not rank_shapes:
+        shapes = [v["shape"] for v in ins + outs]
+    return {"signature": signature, "op": node["op"], "attrs": node["attrs"],
+            "inputs": [{"dtype": v["dtype"], "role": v["role"], "shape": list(s)} for v, s in zip(ins, shapes)],
+            "outputs": [{"dtype": v["dtype"], "shape": list(s)} for v, s in zip(outs, shapes[len(ins):])],
+            "check_outputs": rank_shapes}
+
+
+def graph_specs(graph) -> list[dict]:
+    """One spec per distinct node signature of ``graph``, at the graph's shapes."""
+    values = {v["name"]: v for v in graph.values()}
+    first: dict[str, dict] = {}
+    for sig, node in zip(_C.node_signatures(graph._core), graph.nodes()):
+        first.setdefault(sig, node)
+    return [_spec(node, values, sig) for sig, node in first.items()]
+
+
+def plan_specs(graph, cluster, plans: Iterable) -> list[dict]:
+    """One spec per distinct call the evaluator prices for ``plans`` (``shardwise.Plan``s of
+    ``graph``), each at the shapes one rank runs it (csrc/cost/recording_cost.h): what a
+    profile must hold for ``Plan.price(..., profile=)`` to price the plans at their per-rank
+    shapes (issue 46, item 7). Plain data: measure them in the processes that will run the
+    plans (``measure_specs(..., group=)``), so ranks that share cores are timed sharing them."""
+    values = {v["name"]: v for v in graph.values()}
+    nodes = graph.nodes()
+    out: dict[str, dict] = {}
+    for plan in plans:
+        for op in _C.plan_local_ops(graph._core, cluster._core, plan.to_json()):
+            if op["signature"] not in out:
+                out[op["signature"]] = _spec(nodes[op["node"]], values, op["signature"], op["shapes"])
+    return list(out.values())
 
 
 def _floating_outputs(out) -> list[torch.Tensor]:
@@ -288,15 +330,21 @@ def _autograd_overhead(device: torch.device, repeats: int) -> float:
     return statistics.median(one() for _ in range(max(3, repeats)))
 
 
-def _measure_node(node, values, device, warmup, repeats, min_sample_s) -> tuple[float, float]:
-    op, args, kwargs, wrt = _build_call(node, values, device)
+def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, float]:
+    op, args, kwargs, wrt = _build_call(spec, device)
     try:
         for _ in range(warmup):
-            op(*args, **kwargs)
+            out = op(*args, **kwargs)
     except _Skip:
         raise
     except Exception as e:  # noqa: BLE001 - any failure of the rebuilt call leaves the op analytic
         raise _Skip(f"the rebuilt call failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if spec.get("check_outputs") and warmup:
+        got = [list(t.shape) for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
+        want = [list(o["shape"]) for o in spec["outputs"]]
+        if got != want:
+            raise _Skip(f"the rebuilt call gives shapes {got}, the rank runs {want} (an attribute holds the "
+                        "whole graph's sizes)")
     forward = _median_time(lambda: op(*args, **kwargs), device, repeats, min_sample_s)
 
     backward = 0.0
@@ -345,27 +393,43 @@ def _device_name(device: torch.device) -> str:
 def measure_ops(graph, *, device: "str | torch.device | None" = None, budget_s: float = 30.0, warmup: int = 1,
                 repeats: int = 5, min_sample_s: float = 2e-4, progress: bool = True) -> dict:
     """The op part of a profile document: {"device", "ops", "skipped"}."""
+    return measure_specs(graph_specs(graph), device=device, budget_s=budget_s, warmup=warmup, repeats=repeats,
+                         min_sample_s=min_sample_s, progress=progress)
+
+
+def measure_specs(specs: list[dict], *, device: "str | torch.device | None" = None, budget_s: float = 30.0,
+                  warmup: int = 1, repeats: int = 5, min_sample_s: float = 2e-4, progress: bool = True,
+                  group=None) -> dict:
+    """Times each spec (graph_specs, plan_specs) once: {"device", "ops", "skipped"}.
+
+    ``group``: a process group whose every rank calls this with the same specs. The ranks
+    then time each call together (one small all-reduce before each: also where they agree
+    that the budget is spent, by the slowest rank's clock), so ranks that share cores or a
+    memory bus are timed sharing them, as they run a step."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    values = {v["name"]: v for v in graph.values()}
-    nodes = graph.nodes()
-    signatures = _C.node_signatures(graph._core)
-    first: dict[str, dict] = {}
-    for sig, node in zip(signatures, nodes):
-        first.setdefault(sig, node)
+    distributed = group is not None
+    if distributed:
+        import torch.distributed as dist
 
     ops, skipped = {}, {}
     start = time.perf_counter()
     overhead = _autograd_overhead(device, repeats)
-    bar = _progress(len(first), progress)
+    bar = _progress(len(specs), progress)
     try:
-        for sig, node in first.items():
-            if time.perf_counter() - start > budget_s:
+        for spec in specs:
+            sig = spec["signature"]
+            over = time.perf_counter() - start > budget_s
+            if distributed:
+                flag = torch.tensor([1.0 if over else 0.0])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+                over = bool(flag.item())
+            if over:
                 skipped[sig] = f"time budget of {budget_s:g} s exhausted"
                 bar.update()
                 continue
-            bar.set_postfix_str(node["op"])
+            bar.set_postfix_str(spec["op"])
             try:
-                fwd, bwd = _measure_node(node, values, device, warmup, repeats, min_sample_s)
+                fwd, bwd = _measure_node(spec, device, warmup, repeats, min_sample_s)
             except _Skip as why:
                 skipped[sig] = str(why)
             except (RuntimeError, ValueError, TypeError, IndexError) as e:  # rebuilding itself failed
@@ -485,7 +549,8 @@ def measure_collectives(*, sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES, kind
 def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
             device: "str | torch.device | None" = None, warmup: int = 1, repeats: int = 5,
             collectives: bool | None = None, collective_sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES,
-            group=None, progress: bool = True, **capture_kwargs) -> Profile:
+            group=None, progress: bool = True, plans: Iterable | None = None, cluster=None,
+            **capture_kwargs) -> Profile:
     """Measures a graph's ops on this device (and, when torch.distributed is initialised,
     the process group's collectives) into a ``shardwise.Profile``.
 
@@ -493,6 +558,11 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
     ``shardwise.capture(model, example_inputs, **capture_kwargs)``. budget_s bounds the op
     measurement (what is left stays analytic). collectives: None measures them when a process
     group is initialised; every rank must then call profile() (the collectives are collective).
+
+    plans (with ``cluster``): ``shardwise.Plan``s of the graph; their ops are measured first
+    at the shapes one rank of each runs them (``plan_specs``), so ``Plan.price(...,
+    profile=)`` prices what each rank runs rather than scaling the whole graph's times (issue
+    46, item 7). With a process group, every rank measures them together (``measure_specs``).
     """
     from .graph import Graph
 
@@ -505,13 +575,22 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
     else:
         raise TypeError(f"profile expects a shardwise.Graph or a torch.nn.Module, got {type(model_or_graph).__name__}")
 
-    doc = {"format": "shardwise.profile", "version": 1}
-    doc.update(measure_ops(graph, device=device, budget_s=budget_s, warmup=warmup, repeats=repeats,
-                           progress=progress))
-    if collectives is None:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        collectives = dist.is_available() and dist.is_initialized()
+    live = dist.is_available() and dist.is_initialized()
+    specs = []
+    if plans is not None:
+        if cluster is None:
+            raise TypeError("profile(plans=...) needs cluster= (the plans' per-rank shapes are priced on it)")
+        specs = plan_specs(graph, cluster, plans)
+    seen = {s["signature"] for s in specs}
+    specs += [s for s in graph_specs(graph) if s["signature"] not in seen]
+    doc = {"format": "shardwise.profile", "version": 1}
+    doc.update(measure_specs(specs, device=device, budget_s=budget_s, warmup=warmup, repeats=repeats,
+                             progress=progress, group=(group or dist.group.WORLD) if live and plans is not None
+                             else None))
+    if collectives is None:
+        collectives = live
     if collectives:
         measured = measure_collectives(sizes=collective_sizes, repeats=repeats, group=group)
         doc["collectives"] = measured["collectives"]

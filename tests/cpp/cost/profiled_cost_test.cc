@@ -98,6 +98,41 @@ TEST(ProfiledCost, ContextScalesTheMeasurementByTheAnalyticRatio) {
   EXPECT_NEAR(t.forward, 2.0e-5 * 2.0, 1e-12);  // gelu is memory-bound: x4 batch / 2 shards
 }
 
+TEST(ProfiledCost, LocalSignatureIsTheSignatureAtOneRanksShapes) {
+  ir::Graph g = two_layer_graph();
+  const std::vector<std::vector<std::int64_t>> whole = {{4, 64}, {64, 64}, {4, 64}};
+  EXPECT_EQ(local_signature(g, g.node(1), whole), node_signature(g, g.node(1)));
+  EXPECT_EQ(local_signature(g, g.node(1), {{{2, 64}, {64, 32}, {2, 32}}}),
+            "aten::mm(f32[2,64],f32[64,32])->(f32[2,32]){}");
+  EXPECT_NE(error_of<support::ValidationError>([&] { (void)local_signature(g, g.node(1), {{{2, 64}}}); }).find("aten::mm has 3 operands, 1 shapes"),
+            std::string::npos);
+}
+
+// Measured at the shapes the context gives one rank: taken as is, not scaled by the analytic
+// curve; a context at other shapes still scales the whole graph's measurement.
+TEST(ProfiledCost, AMeasurementAtTheRanksShapesIsTakenAsMeasured) {
+  ir::Graph g = two_layer_graph();
+  Profile p = hand_profile(g);
+  p.ops[local_signature(g, g.node(1), {{{2, 64}, {64, 64}, {2, 64}}})] = {7.0e-6, 9.0e-6};
+  ProfiledCostModel model(p);
+  EXPECT_TRUE(model.wants_local_shapes());
+  AnalyticCostModel analytic;
+  EXPECT_FALSE(analytic.wants_local_shapes());
+  DeviceType dev = test_device("dev");
+  NodeContext half{.batch_scale = 0.5};
+  half.local_shapes = batch_scaled_shapes(g, g.node(1), 0.5);
+  ASSERT_EQ(half.local_shapes[0], (std::vector<std::int64_t>{2, 64}));
+  OpTime t = model.node_time(g, g.node(3), dev, Precision::F32, half);  // the repeated layer's mm
+  EXPECT_DOUBLE_EQ(t.forward, 7.0e-6);
+  EXPECT_DOUBLE_EQ(t.backward, 9.0e-6);
+  NodeContext quarter{.batch_scale = 0.25};
+  quarter.local_shapes = batch_scaled_shapes(g, g.node(1), 0.25);
+  OpTime base = analytic.node_time(g, g.node(1), dev, Precision::F32, {});
+  OpTime scaled = analytic.node_time(g, g.node(1), dev, Precision::F32, quarter);
+  EXPECT_NEAR(model.node_time(g, g.node(1), dev, Precision::F32, quarter).forward,
+              1.0e-4 * scaled.forward / base.forward, 1e-15);
+}
+
 TEST(ProfiledCost, CollectivesUseTheFitWhenKindAndGroupSizeWereMeasured) {
   ir::Graph g = two_layer_graph();
   ProfiledCostModel model(hand_profile(g));

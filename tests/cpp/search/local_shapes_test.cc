@@ -1,0 +1,118 @@
+// Per-rank shapes (issue 46, item 7): a plan priced with a RecordingCostModel names every
+// node at the shapes one rank runs it, and a profile holding exactly those measurements
+// prices the same plan from them alone (cost/recording_cost.h, cost/profiled_cost.h).
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cost/cluster_presets.h"
+#include "cost/profiled_cost.h"
+#include "cost/recording_cost.h"
+#include "models/gpt.h"
+#include "plan/plan.h"
+#include "search/plan_price.h"
+#include "search/spmd_search.h"
+
+namespace shardwise::search {
+namespace {
+
+ir::Graph gpt8() {
+  models::GptConfig c;
+  c.layers = 2;
+  c.hidden = 256;
+  c.heads = 8;
+  c.seq = 128;
+  c.vocab = 4096;
+  c.batch = 8;
+  c.dropout = 0;
+  return models::build_gpt(c);
+}
+
+plan::Plan searched(const ir::Graph& g, const cost::Cluster& cluster, std::vector<int> mesh,
+                    plan::Recompute recompute = plan::Recompute::None) {
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = std::move(mesh);
+  o.recompute = recompute;
+  o.batch_on_tensor_axis = false;  // the tensor axis splits weights
+  return search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+}
+
+std::map<std::string, cost::LocalOp> recorded(const ir::Graph& g, const cost::Cluster& cluster, const plan::Plan& p) {
+  const cost::AnalyticCostModel analytic;
+  const cost::RecordingCostModel recorder(analytic);
+  (void)price_plan(g, cluster, recorder, p);
+  return recorder.records();
+}
+
+TEST(LocalShapes, ADataSplitPlanIsRecordedAtEachRanksRowsAndWholeWeights) {
+  const ir::Graph g = gpt8();
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  const auto records = recorded(g, cluster, searched(g, cluster, {8, 1}));
+  ASSERT_FALSE(records.empty());
+  int one_row = 0;
+  for (const auto& [signature, op] : records) {
+    const ir::Node& node = g.node(op.node);
+    ASSERT_EQ(op.shapes.size(), node.inputs.size() + node.outputs.size()) << signature;
+    EXPECT_EQ(signature, cost::local_signature(g, node, op.shapes));
+    for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+      const ir::Value& v = g.value(node.inputs[i]);
+      if (v.role == ir::ValueRole::Parameter) EXPECT_EQ(op.shapes[i], v.type.shape) << signature;
+    }
+    for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+      const ir::TensorType& type = g.value(node.outputs[o]).type;
+      if (type.batch_dim) one_row += op.shapes[node.inputs.size() + o][static_cast<std::size_t>(*type.batch_dim)] == 1;
+    }
+  }
+  EXPECT_GT(one_row, 0);  // 8 rows over 8 ranks: one row each
+}
+
+TEST(LocalShapes, ATensorSplitPlanIsRecordedWithItsWeightsShards) {
+  const ir::Graph g = gpt8();
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  const plan::Plan p = searched(g, cluster, {1, 8});
+  int split_weights = 0;
+  for (const auto& [signature, op] : recorded(g, cluster, p)) {
+    const ir::Node& node = g.node(op.node);
+    for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+      const ir::Value& v = g.value(node.inputs[i]);
+      if (v.role != ir::ValueRole::Parameter || op.shapes[i] == v.type.shape) continue;
+      std::int64_t whole = 1, local = 1;
+      for (std::size_t d = 0; d < v.type.shape.size(); ++d) {
+        whole *= v.type.shape[d];
+        local *= op.shapes[i][d];
+      }
+      EXPECT_EQ(local * 8, whole) << signature;  // one eighth of the weight, split along one dim
+      ++split_weights;
+    }
+  }
+  EXPECT_GT(split_weights, 0);
+}
+
+// A profile holding the recorded signatures only prices every node of the plan from its
+// measurements: the recorder and the model agree on the keys (a key the model made otherwise
+// would find nothing and fall back to the analytic model).
+TEST(LocalShapes, AProfileOfTheRecordedShapesPricesEveryNodeMeasured) {
+  const ir::Graph g = gpt8();
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  for (const auto& [mesh, recompute] : std::vector<std::pair<std::vector<int>, plan::Recompute>>{
+           {{8, 1}, plan::Recompute::None}, {{2, 4}, plan::Recompute::None}, {{4, 2}, plan::Recompute::Selective}}) {
+    SCOPED_TRACE(fmt::format("mesh {}x{}", mesh[0], mesh[1]));
+    const plan::Plan p = searched(g, cluster, mesh, recompute);
+    cost::Profile profile;
+    profile.device = "test";
+    for (const auto& [signature, op] : recorded(g, cluster, p)) profile.ops[signature] = {1e-3, 2e-3};
+    const cost::ProfiledCostModel model(profile);
+    const PricedPlan priced = price_plan(g, cluster, model, p);
+    EXPECT_GT(model.calls().node_calls_measured, 0);
+    EXPECT_EQ(model.calls().node_calls_analytic, 0);
+    EXPECT_GT(priced.plan.predicted->step_time, 0);
+  }
+}
+
+}  // namespace
+}  // namespace shardwise::search
