@@ -348,7 +348,9 @@ def main() -> None:
           f"bf16 {device['peak_flops']['bf16'] / 1e9:.1f}, memory bandwidth {device['memory_bandwidth'] / 1e9:.2f} "
           f"GB/s; links " + ", ".join(f"{link['name']} {link['bandwidth'] / 1e9:.2f} GB/s, "
                                       f"{link['latency'] * 1e6:.0f} us"
-                                      for link in json.loads(cluster.to_json())["links"]))
+                                      for link in json.loads(cluster.to_json())["links"])
+          + f"; a collective beside compute adds {shardwise._C.cluster_overlap_interference(cluster._core):.2f} of "
+          "its time (overlap_interference)")
     graphs = {}
     for model_name in sorted({table[n][0] for n in names}):
         ids, y = batch()
@@ -427,6 +429,9 @@ def main() -> None:
                      f"{device['memory_bandwidth'] / 1e9:.2f} GB/s; links "
                      + ", ".join(f"{x['name']} {x['bandwidth'] / 1e9:.2f} GB/s, {x['latency'] * 1e6:.0f} us"
                                  for x in link)
+                     + f"; overlap_interference {shardwise._C.cluster_overlap_interference(cluster._core):.2f}"
+                     + ". Predicted: each plan priced with its ops timed at its ranks' shapes in its own processes "
+                     "before its run (the analytic model's figure beside it)"
                      + f". Step time predicted / measured: median {statistics.median(ratios):.2f}, range "
                      f"{min(ratios):.2f} to {max(ratios):.2f}; peak memory (tensors): median "
                      f"{statistics.median(memory_ratios):.2f}, range {min(memory_ratios):.2f} to "

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "cost/cluster_presets.h"
+#include "cost/constants.h"
 #include "support/error.h"
 
 namespace shardwise::cost {
@@ -189,12 +190,12 @@ std::vector<Node> read_nodes(const json& j, const std::string& path) {
   }
   Node node;
   if (!j.contains("devices")) {
-    node = Node{{read_run(j, path, {"device", "count", "repeat", "compute_alone"})}};
+    node = Node{{read_run(j, path, {"device", "count", "repeat", "compute_alone", "overlap_interference"})}};
   } else {
     if (j.contains("device") || j.contains("count")) {
       fail(path, "give either \"device\" and \"count\" (one run) or \"devices\" (a list of runs), not both");
     }
-    check_keys(j, path, {"devices", "repeat", "compute_alone"});
+    check_keys(j, path, {"devices", "repeat", "compute_alone", "overlap_interference"});
     const std::string runs_path = path + ".devices";
     const json& runs = require_array(j["devices"], runs_path);
     for (std::size_t r = 0; r < runs.size(); ++r) {
@@ -204,6 +205,9 @@ std::vector<Node> read_nodes(const json& j, const std::string& path) {
   }
   if (auto it = j.find("compute_alone"); it != j.end()) {
     node.compute_alone = get_number(*it, path + ".compute_alone");
+  }
+  if (auto it = j.find("overlap_interference"); it != j.end()) {
+    node.overlap_interference = get_number(*it, path + ".overlap_interference");
   }
   // Before the nodes are made: a typo of a count must not allocate a billion of them.
   std::int64_t devices = 0;
@@ -366,6 +370,11 @@ Cluster::Cluster(std::string name, std::vector<DeviceType> device_types, std::ve
     if (!(node.compute_alone >= 1.0) || !std::isfinite(node.compute_alone)) {
       invalid(fmt::format("nodes[{}].compute_alone", n),
               fmt::format("a rank alone computes at least at its shared rate (>= 1), got {}", node.compute_alone));
+    }
+    if (node.overlap_interference && !(*node.overlap_interference >= 0 && std::isfinite(*node.overlap_interference))) {
+      invalid(fmt::format("nodes[{}].overlap_interference", n),
+              fmt::format("a collective beside compute adds a finite share of its time >= 0, got {}",
+                          *node.overlap_interference));
     }
     node_first_rank_.push_back(static_cast<int>(world));
     int local = 0;
@@ -572,6 +581,12 @@ Cluster first_ranks(const Cluster& cluster, int count) {
   return rank_range(cluster, 0, count);
 }
 
+double overlap_interference(const Cluster& cluster) {
+  double out = 0;
+  for (const Node& node : cluster.nodes()) out = std::max(out, node.overlap_interference.value_or(kOverlapInterference));
+  return out;
+}
+
 Cluster rank_range(const Cluster& cluster, int first, int count) {
   if (first < 0 || count < 1 || count > cluster.world_size() - first)
     throw support::ValidationError(fmt::format("rank_range: ranks [{}, {}) of a cluster of {}", first,
@@ -583,6 +598,7 @@ Cluster rank_range(const Cluster& cluster, int first, int count) {
     if (left == 0) break;
     Node part;
     part.compute_alone = node.compute_alone;  // the part's ranks still share the node's cores
+    part.overlap_interference = node.overlap_interference;
     for (const DeviceRun& run : node.devices) {
       if (left == 0) break;
       const int skipped = std::min(skip, run.count);
@@ -660,6 +676,7 @@ json cluster_to_json(const Cluster& cluster) {
       written = json{{"devices", std::move(runs)}};
     }
     if (node.compute_alone != 1.0) written["compute_alone"] = node.compute_alone;
+    if (node.overlap_interference) written["overlap_interference"] = *node.overlap_interference;
     nodes.push_back(std::move(written));
   }
   json links = json::array();

@@ -34,7 +34,8 @@
 //                      "peak_flops": {"f32": 1.95e13, "tf32": 1.56e14, "bf16": 3.12e14, "f16": 3.12e14},
 //                      "memory_bytes": 85899345920, "memory_bandwidth": 2.039e12}],
 //    "nodes": [{"device": "a100-sxm4-80gb", "count": 8},                   one run
-//              {"device": "cpu", "count": 4, "compute_alone": 2.0},          ranks sharing cores
+//              {"device": "cpu", "count": 4, "compute_alone": 2.0,           ranks sharing cores
+//               "overlap_interference": 6.0},
 //              {"devices": [{"device": "a100-pcie-80gb", "count": 4},      several runs
 //                           {"device": "v100-pcie-32gb", "count": 4}]}],
 //    "links": [{"name": "nvswitch", "bandwidth": 3.0e11, "latency": 3.0e-6},
@@ -137,6 +138,13 @@ struct Node {
   // with c cores, r ranks and t threads each, min(t, c) / (c / r). The node's ranks
   // together never compute more than r ranks at peak_flops (cost/plan_cost.h).
   double compute_alone = 1.0;
+  // What each second of a collective run beside compute on the node's ranks adds to the
+  // step (>= 0; 0: hidden for free, 1: as if run alone after the compute). Unset: the
+  // constant kOverlapInterference (cost/constants.h: NCCL's kernels beside GEMMs). Measured
+  // by Cluster.detect(measure_links=True) for CPU processes, whose collectives' threads take
+  // the cores the compute needs (4 Gloo processes on 2 cores measured about 6: a gradient
+  // all-reduce beside the backward cost 6 times its own time).
+  std::optional<double> overlap_interference = std::nullopt;
 
   // The usual node: `count` devices of one type.
   static Node uniform(std::string device, int count);
@@ -174,6 +182,11 @@ struct GroupSpan {
 
   friend bool operator==(const GroupSpan&, const GroupSpan&) = default;
 };
+
+class Cluster;
+// The overlap interference a step on `cluster` pays (Node::overlap_interference): the largest
+// of its nodes', each unset one counting as kOverlapInterference.
+double overlap_interference(const Cluster& cluster);
 
 class Cluster {
  public:

@@ -455,6 +455,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
   // ---- data parallelism and optimizer --------------------------------------------------
   const MemoryConstants mem = constants.memory.value_or(memory_constants(model_state_precision(*precision, graph)));
   double dp_exposed = 0, dp_total = 0, optimizer = 0;
+  const double interference = constants.overlap_interference.value_or(overlap_interference(cluster));
   for (int s = 0; s < p; ++s) {
     double params = device_params[static_cast<std::size_t>(s)];
     const StagePrice& here = price[static_cast<std::size_t>(s)];
@@ -477,7 +478,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
         window /= v;
         for (int r = 0; r < s; ++r) window += device_backward[static_cast<std::size_t>(r)] / v + transfer;
       }
-      exposed = std::max(0.0, sync - window) + constants.overlap_interference * std::min(sync, window);
+      exposed = std::max(0.0, sync - window) + interference * std::min(sync, window);
     } else if (d > 1) {
       // ZeRO-3 gathers each parameter bucket and reduce-scatters its gradient as flat
       // collectives over the whole data group, once per micro-batch, so they run at the
@@ -492,7 +493,7 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       double per_mb = gather * (recompute ? 3 : 2) + scatter;
       sync = md * per_mb;
       const double paced = t_mb + out.pipeline_p2p / md;  // a micro-batch's share of the step
-      exposed = md * (std::max(0.0, per_mb - paced) + constants.overlap_interference * std::min(per_mb, paced));
+      exposed = md * (std::max(0.0, per_mb - paced) + interference * std::min(per_mb, paced));
     }
     // A searched layout that splits the batch over the t ranks reduces those gradients too,
     // once per step after the last micro-batch: exposed.

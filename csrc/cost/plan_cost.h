@@ -81,8 +81,9 @@ struct PlanCostConstants {
   double grad_reduce_bytes_per_param = 4;
   // Fraction of HBM bandwidth the optimizer step reaches (cost/constants.h).
   double optimizer_memory_efficiency = kOptimizerMemoryEfficiency;
-  // What a second of communication overlapped with compute still costs (cost/constants.h).
-  double overlap_interference = kOverlapInterference;
+  // What a second of communication overlapped with compute still costs; unset: the
+  // cluster's (cost::overlap_interference: measured, or kOverlapInterference).
+  std::optional<double> overlap_interference = std::nullopt;
   std::optional<MemoryConstants> memory;  // model states per parameter; none: the plan precision's
 };
 

@@ -147,6 +147,11 @@ std::string local_signature(const ir::Graph& graph, const ir::Node& node,
   return out;
 }
 
+std::string fp8_signature(const ir::Graph& graph, const ir::Node& node,
+                          std::span<const std::vector<std::int64_t>> shapes) {
+  return std::string(kFp8SignaturePrefix) + local_signature(graph, node, shapes);
+}
+
 void validate_profile(const Profile& profile) {
   for (const auto& [signature, op] : profile.ops) {
     check_seconds(fmt::format("ops[\"{}\"].forward", signature), op.forward);
@@ -248,8 +253,9 @@ OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   OpTime analytic = fallback_.node_time(graph, node, device, precision, context);
   // The profile timed the node in the model's dtype; an FP8 linear runs other kernels.
   const bool fp8 = precision == Precision::FP8 && analysis::fp8_linear(graph, node).has_value();
-  if (!fp8 && !context.local_shapes.empty()) {  // measured at the shapes this rank runs: as is
-    auto local = profile_.ops.find(local_signature(graph, node, context.local_shapes));
+  if (!context.local_shapes.empty()) {  // measured at the shapes this rank runs: as is
+    auto local = profile_.ops.find(fp8 ? fp8_signature(graph, node, context.local_shapes)
+                                       : local_signature(graph, node, context.local_shapes));
     if (local != profile_.ops.end()) {
       node_measured_.fetch_add(1, std::memory_order_relaxed);
       OpTime out = analytic;

@@ -22,7 +22,9 @@
 //    measurement, unscaled: what one rank runs, timed as it runs (issue 46, item 7; a GEMM's
 //    rate on a CPU or GPU moves with its shape far more than the analytic curve says).
 //    shardwise.profile(graph, plans=...) measures the shapes a plan asks for
-//    (RecordingCostModel, recording_cost.h, says which).
+//    (RecordingCostModel, recording_cost.h, says which). An FP8 linear of an fp8 plan is
+//    found only under fp8_signature (measured through runtime/fp8.py), never under its
+//    model-dtype keys.
 //  - node_time otherwise: for a node whose signature is in the profile, the measured time, scaled to
 //    the plan's NodeContext by the analytic model's own ratio:
 //        measured x analytic(context) / analytic(no context)
@@ -92,6 +94,12 @@ std::string node_signature(const ir::Graph& graph, const ir::Node& node);
 // `shapes` does not have one entry per operand.
 std::string local_signature(const ir::Graph& graph, const ir::Node& node,
                             std::span<const std::vector<std::int64_t>> shapes);
+// The key of an FP8 linear (analysis::fp8_linear) of an fp8 plan measured as it runs there
+// (runtime/fp8.py: casts, torch._scaled_mm, dW in high precision): "fp8:" + local_signature.
+// A measurement of the node in the model's dtype never prices its FP8 run.
+inline constexpr std::string_view kFp8SignaturePrefix = "fp8:";
+std::string fp8_signature(const ir::Graph& graph, const ir::Node& node,
+                          std::span<const std::vector<std::int64_t>> shapes);
 
 struct MeasuredOp {
   double forward = 0;   // seconds, one call

@@ -1,5 +1,6 @@
 #include "cost/recording_cost.h"
 
+#include "analysis/fp8_linears.h"
 #include "cost/profiled_cost.h"
 
 namespace shardwise::cost {
@@ -12,7 +13,8 @@ OpTime RecordingCostModel::node_time(const ir::Graph& graph, const ir::Node& nod
       : splits                      ? std::vector<std::vector<std::int64_t>>{}
                                     : batch_scaled_shapes(graph, node, context.batch_scale);
   if (!shapes.empty()) {
-    std::string key = local_signature(graph, node, shapes);
+    const bool fp8 = precision == Precision::FP8 && analysis::fp8_linear(graph, node).has_value();
+    std::string key = fp8 ? fp8_signature(graph, node, shapes) : local_signature(graph, node, shapes);
     std::lock_guard lock(mutex_);
     records_.try_emplace(std::move(key), LocalOp{node.id, std::move(shapes)});
   }

@@ -10,6 +10,9 @@
 // tensor-parallel node) records the node at its batch-scaled shapes only when it splits
 // nothing, and otherwise not at all (the profile then scales the whole-graph measurement).
 //
+// An FP8 linear of an fp8 plan is recorded under fp8_signature ("fp8:..."): it is measured
+// as runtime/fp8.py runs it.
+//
 // Thread-safe: planners price from several threads; records are kept in a mutex-guarded map
 // keyed by local_signature, first context wins (equal signatures are equal calls).
 //

@@ -118,6 +118,11 @@ void bind_cost(py::module_& m) {
       [](double measured) { return cost::bandwidth_for_measured_copy(cost::AnalyticConstants{}, measured); },
       py::arg("measured_bytes_per_second"),
       "The memory bandwidth under which the analytic model prices a copy at the measured rate.");
+  m.def(
+      "cluster_overlap_interference", [](const cost::Cluster& cluster) { return cost::overlap_interference(cluster); },
+      py::arg("cluster"),
+      "What a second of a collective beside compute adds to a step on the cluster (cost/cluster.h: the largest "
+      "node's Node::overlap_interference, kOverlapInterference where unset).");
   m.def("cluster_preset_names", &cost::preset_names);
   m.def("known_device_types", [] {
     py::list out;

@@ -24,6 +24,7 @@ ShardingModelOptions sharding_model_options(const plan::Plan& plan, const plan::
   mo.recompute = sharding.recompute;
   mo.collective_matmul = sharding.collective_matmul;
   mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
+  mo.overlap_interference = cost::overlap_interference(cluster);
   return mo;
 }
 

@@ -177,7 +177,7 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   mo.allow_zero = options.allow_zero;
   mo.memory = options.memory;
   mo.beam_width = options.beam_width;
-  mo.overlap_interference = options.overlap_interference;
+  mo.overlap_interference = options.overlap_interference.value_or(cost::overlap_interference(cluster));
   mo.solve_memo = &memo;
   mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
   if (options.mesh && !options.batch_on_tensor_axis && mesh.size() == 2) mo.batch_axes = {true, false};

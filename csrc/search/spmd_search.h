@@ -102,7 +102,8 @@ struct SpmdSearchOptions {
   int beam_width = kBeamWidth;  // search/spmd_problem.h
   // Seconds of step time one second of parameter collectives hidden under compute still
   // costs (cost/constants.h).
-  double overlap_interference = cost::kOverlapInterference;
+  // Unset: the cluster's (cost::overlap_interference: measured, or kOverlapInterference).
+  std::optional<double> overlap_interference = std::nullopt;
   // Called after each candidate with (done, total); may throw to stop the search.
   std::function<void(int, int)> progress;
 };

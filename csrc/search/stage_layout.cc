@@ -93,6 +93,7 @@ ShardingModelOptions stage_model_options(const cost::LayerStructure& structure,
   mo.recompute = plan.recompute;
   mo.allow_zero = false;
   mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
+  mo.overlap_interference = cost::overlap_interference(ranks);
   mo.parameter_memory_scale = shares.parameters;
   mo.activation_memory_scale = shares.activations;
   mo.require_batch_index = false;

@@ -107,7 +107,13 @@ class Cluster:
         node, and between nodes: one rank per node), and the link's bandwidth and latency are
         fitted so that the cost model's ring all-reduce reproduces the measured times. Levels
         not measured (or whose fit fails) keep the matching preset's figures, or conservative
-        PCIe / network ones.
+        PCIe / network ones. On CPU processes it also measures what a collective run beside
+        compute costs (the nodes' ``overlap_interference``): a GEMM loop and an all-reduce of
+        about the same length, timed alone and together on every rank at once; each second
+        of all-reduce beside the loop adds (together - the longer alone) / the shorter alone
+        to the step (Gloo's threads take the cores the compute needs; on 2 cores, 2
+        processes measured about 1, 4 processes about 6). On CUDA it keeps the constant
+        (cost/constants.h: kOverlapInterference).
 
         Collective: under an initialised process group of several ranks every rank must call
         ``detect`` together, with the same ``measure_links``: measured figures are agreed
@@ -130,6 +136,8 @@ class Cluster:
             doc = _mixed_job(doc, world, per_node)
         if measure_links and world > 1:
             _measure_links(doc["links"], world, per_node, sources)
+            if not cuda:
+                _measure_overlap(doc, world, sources)
         doc["name"] += f" [{_describe_sources(sources)}]"
         return cls(_C.Cluster.from_json(json.dumps(doc)))
 
@@ -723,6 +731,71 @@ def _measure_links(links: list[dict], world: int, per_node: int, sources: dict[s
     finally:
         for group in created:
             dist.destroy_process_group(group)
+
+
+# The overlap measurement's all-reduce: long enough to stand above Gloo's latency and
+# noise (milliseconds to tens of milliseconds on busy CPU cores).
+_OVERLAP_BYTES = 8 << 20
+
+
+def _measure_overlap(doc: dict, world: int, sources: dict[str, str], repeats: int = 3) -> None:
+    """Sets every node's ``overlap_interference`` (csrc/cost/cluster.h) from a GEMM loop and
+    an all-reduce over the default group timed alone and together, on every rank at once
+    (the slowest rank's times): (together - max(alone)) / min(alone), clamped to [0, 20]. A
+    failure leaves the constant and logs why. Collective: every rank must call it."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or world < 2:
+        return
+    try:
+        buffer = torch.ones(_OVERLAP_BYTES // 4)
+        a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+        def timed(run) -> float:
+            samples = []
+            for _ in range(repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                run()
+                samples.append(time.perf_counter() - start)
+            return statistics.median(samples)
+
+        reduce_alone = timed(lambda: dist.all_reduce(buffer))
+        one = timed(lambda: torch.mm(a, b))
+        # Every rank runs the same number of GEMMs (the slowest rank's count).
+        count = int(_agree_across_ranks([max(1.0, reduce_alone / max(one, 1e-9))], world, "max")[0])
+
+        def compute() -> None:
+            for _ in range(count):
+                torch.mm(a, b)
+
+        def both() -> None:
+            work = dist.all_reduce(buffer, async_op=True)
+            compute()
+            work.wait()
+
+        compute_alone = timed(compute)
+        together = timed(both)
+        compute_alone, reduce_alone, together = _agree_across_ranks([compute_alone, reduce_alone, together],
+                                                                    world, "max")
+        shorter, longer = sorted((compute_alone, reduce_alone))
+        interference = min(20.0, max(0.0, (together - longer) / shorter)) if shorter > 0 else None
+    except Exception as e:  # noqa: BLE001 - a failed measurement keeps the constant, never breaks detect()
+        log.warning("detect: measuring a collective beside compute failed (%s: %s); keeping the constant",
+                    type(e).__name__, e)
+        return
+    if interference is None or not math.isfinite(interference):
+        return
+    log.info("detect: a %d-byte all-reduce beside %d GEMMs: %.1f ms alone, compute %.1f ms alone, %.1f ms together: "
+             "overlap_interference %.2f", _OVERLAP_BYTES, count, reduce_alone * 1e3, compute_alone * 1e3,
+             together * 1e3, interference)
+    for node in doc["nodes"]:
+        node["overlap_interference"] = interference
+    sources["overlap_interference"] = "measured"
 
 
 def _describe_sources(sources: dict[str, str]) -> str:

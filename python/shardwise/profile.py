@@ -281,7 +281,10 @@ def plan_specs(graph, cluster, plans: Iterable) -> list[dict]:
     for plan in plans:
         for op in _C.plan_local_ops(graph._core, cluster._core, plan.to_json()):
             if op["signature"] not in out:
-                out[op["signature"]] = _spec(nodes[op["node"]], values, op["signature"], op["shapes"])
+                spec = _spec(nodes[op["node"]], values, op["signature"], op["shapes"])
+                # An FP8 linear of an fp8 plan: timed as runtime/fp8.py runs it.
+                spec["fp8"] = op["signature"].startswith(_FP8_PREFIX)
+                out[op["signature"]] = spec
     return list(out.values())
 
 
@@ -330,8 +333,16 @@ def _autograd_overhead(device: torch.device, repeats: int) -> float:
     return statistics.median(one() for _ in range(max(3, repeats)))
 
 
+_FP8_PREFIX = "fp8:"  # csrc/cost/profiled_cost.h: kFp8SignaturePrefix
+
+
 def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, float]:
     op, args, kwargs, wrt = _build_call(spec, device)
+    if spec.get("fp8"):
+        from .runtime.fp8 import fp8_call
+
+        aten = op
+        op = lambda *a, **k: fp8_call(aten, a, k)  # noqa: E731 - the rank program's call
     try:
         for _ in range(warmup):
             out = op(*args, **kwargs)

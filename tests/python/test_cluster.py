@@ -372,12 +372,21 @@ def test_detect_measures_links_with_an_all_reduce(tmp_path):
     [loopback] = one_node["links"]
     assert loopback["name"] == "loopback" and loopback["bandwidth"] > 0 and loopback["latency"] >= 0
     assert loopback["bandwidth"] != preset["links"][0]["bandwidth"]
-    assert "measured: links.loopback;" in one_node["name"]
+    assert "measured: links.loopback, overlap_interference;" in one_node["name"]
+    # What a collective beside compute costs, measured on these processes (Gloo's threads
+    # share the cores with the GEMMs): every node gets the figure, the planner prices with it.
+    assert all("overlap_interference" not in node for node in preset["nodes"])
+    measured = {node["overlap_interference"] for node in one_node["nodes"]}
+    assert len(measured) == 1 and 0.0 <= measured.pop() <= 20.0
+    core = Cluster.from_json(ranks[0]["one_node"])._core
+    assert _C.cluster_overlap_interference(core) == one_node["nodes"][0]["overlap_interference"]
+    assert _C.cluster_overlap_interference(Cluster.from_json(ranks[0]["preset"])._core) == pytest.approx(0.18)
 
     inner, ethernet = two_nodes["links"]
     assert inner == preset["links"][0]  # one rank a node: nothing crosses the inner level
     assert ethernet["name"] == "ethernet" and ethernet["bandwidth"] > 0 and ethernet["bandwidth"] != 1.25e9
-    assert "measured: links.ethernet;" in two_nodes["name"] and "preset: links.loopback" in two_nodes["name"]
+    assert "measured: links.ethernet, overlap_interference;" in two_nodes["name"]
+    assert "preset: links.loopback" in two_nodes["name"]
     assert Cluster.from_json(ranks[0]["two_nodes"]).num_nodes == 2
 
 

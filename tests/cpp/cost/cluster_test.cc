@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cost/constants.h"
 #include "support/error.h"
 #include "test_clusters.h"
 
@@ -329,6 +330,32 @@ TEST(ClusterJsonTest, ComputeAloneRoundTripsAndIsAtLeastOne) {
     FAIL() << "compute_alone 0.5 accepted";
   } catch (const support::ValidationError& e) {
     EXPECT_NE(std::string(e.what()).find("nodes[0].compute_alone"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ClusterJsonTest, OverlapInterferenceRoundTripsIsAtLeastZeroAndTheLargestNodesCounts) {
+  const json shared = json::parse(R"({"device_types": [{"name": "cpu", "peak_flops": {"f32": 1e10, "tf32": 1e10,
+      "bf16": 4e10, "f16": 4e10}, "memory_bytes": 1e9, "memory_bandwidth": 1e10}],
+      "nodes": [{"device": "cpu", "count": 2, "overlap_interference": 1.5}, {"devices": [{"device": "cpu", "count": 2}]}],
+      "links": [{"name": "loopback", "bandwidth": 1e9, "latency": 1e-4}]})");
+  const Cluster c = cluster_from_json(shared);
+  EXPECT_EQ(c.nodes()[0].overlap_interference, 1.5);
+  EXPECT_FALSE(c.nodes()[1].overlap_interference.has_value());
+  EXPECT_EQ(cluster_from_json(cluster_to_json(c)), c);
+  EXPECT_FALSE(cluster_to_json(c)["nodes"][1].contains("overlap_interference"));  // unset is not written
+  EXPECT_EQ(overlap_interference(c), 1.5);
+  EXPECT_EQ(overlap_interference(rank_range(c, 2, 2)), kOverlapInterference);  // the second node alone: the constant
+  EXPECT_EQ(overlap_interference(rank_range(c, 0, 1)), 1.5);
+  json hidden = shared;
+  hidden["nodes"][0]["overlap_interference"] = 0.0;  // hidden for free is a valid measurement
+  EXPECT_EQ(overlap_interference(cluster_from_json(hidden)), kOverlapInterference);
+  json negative = shared;
+  negative["nodes"][0]["overlap_interference"] = -0.5;
+  try {
+    cluster_from_json(negative);
+    FAIL() << "overlap_interference -0.5 accepted";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("nodes[0].overlap_interference"), std::string::npos) << e.what();
   }
 }
 

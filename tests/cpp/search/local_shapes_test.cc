@@ -114,5 +114,35 @@ TEST(LocalShapes, AProfileOfTheRecordedShapesPricesEveryNodeMeasured) {
   }
 }
 
+// An fp8 plan's FP8 linears are recorded and found under "fp8:" keys only: a measurement of
+// the linear in the model's dtype, at the same shapes, does not price its float8 run.
+TEST(LocalShapes, AnFp8PlansLinearsAreMeasuredAsTheyRunInFloat8) {
+  const ir::Graph g = gpt8();  // float32: its FP8 plan's other nodes run in float32
+  const cost::Cluster cluster = cost::preset("dgx-h100", 1);
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = {8, 1};
+  o.precision = cost::Precision::FP8;
+  const plan::Plan p = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
+  const auto records = recorded(g, cluster, p);
+  cost::Profile fp8, plain;
+  fp8.device = plain.device = "test";
+  int fp8_keys = 0;
+  for (const auto& [signature, op] : records) {
+    fp8.ops[signature] = {1e-3, 2e-3};
+    const bool is_fp8 = signature.starts_with(cost::kFp8SignaturePrefix);
+    fp8_keys += is_fp8;
+    if (is_fp8) EXPECT_EQ(signature, cost::fp8_signature(g, g.node(op.node), op.shapes));
+    plain.ops[is_fp8 ? signature.substr(cost::kFp8SignaturePrefix.size()) : signature] = {1e-3, 2e-3};
+  }
+  EXPECT_GT(fp8_keys, 0);
+  const cost::ProfiledCostModel measured(fp8);
+  (void)price_plan(g, cluster, measured, p);
+  EXPECT_EQ(measured.calls().node_calls_analytic, 0);
+  const cost::ProfiledCostModel in_f32(plain);
+  (void)price_plan(g, cluster, in_f32, p);
+  EXPECT_GE(in_f32.calls().node_calls_analytic, fp8_keys);
+}
+
 }  // namespace
 }  // namespace shardwise::search

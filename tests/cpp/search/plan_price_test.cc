@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "cost/cluster.h"
 #include "cost/cluster_presets.h"
 #include "cost/layer_structure.h"
 #include "models/gpt.h"
@@ -248,6 +251,34 @@ TEST(PlanPrice, UnevenBatchSharesArePricedAsTheBalanceLpPricesThem) {
 
 // ZeRO as the runtime runs it (runtime/optim.py: ZeRO-1): every rank holds the weight and its
 // all-reduced gradient whole; only the optimizer state is divided over the data axis.
+// A cluster whose collectives slow the compute beside them (Node::overlap_interference,
+// measured by Cluster.detect on CPU processes) prices the hidden gradient sync of a data-
+// parallel plan so, in the search's model and in the degrees evaluator alike.
+TEST(PlanPrice, TheClustersOverlapInterferencePricesTheHiddenGradientSync) {
+  const ir::Graph g = gpt(8);
+  cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  auto with_interference = [&](double k) {
+    nlohmann::json doc = cost::cluster_to_json(cluster);
+    for (auto& node : doc["nodes"]) node["overlap_interference"] = k;
+    return cost::cluster_from_json(doc);
+  };
+  const plan::Plan data = searched(g, cluster, {8, 1});
+  const cost::Cluster calm = with_interference(0.0), busy = with_interference(1.0);
+  const PricedPlan a = price_plan(g, calm, cost::AnalyticCostModel{}, data);
+  const PricedPlan b = price_plan(g, busy, cost::AnalyticCostModel{}, data);
+  const double sync = a.plan.predicted->breakdown.at("gradient_sync_total");
+  ASSERT_GT(sync, 0);
+  EXPECT_GT(b.plan.predicted->step_time, a.plan.predicted->step_time);
+  EXPECT_LE(b.plan.predicted->step_time - a.plan.predicted->step_time, sync * (1 + 1e-9));
+  plan::Plan manual;
+  manual.data = 8;
+  manual.global_batch = 8;
+  manual.micro_batch = 1;
+  const PricedPlan c = price_plan(g, calm, cost::AnalyticCostModel{}, manual);
+  const PricedPlan d = price_plan(g, busy, cost::AnalyticCostModel{}, manual);
+  EXPECT_GT(d.degrees.step_time, c.degrees.step_time);
+}
+
 TEST(PlanPrice, ZeroDividesTheOptimizerStateAndLeavesTheGradientsWhole) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
