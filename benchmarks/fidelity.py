@@ -329,7 +329,8 @@ def main() -> None:
     add_record_argument(parser)
     args = parser.parse_args()
     if args.record and not args.svg:
-        args.svg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "images", "fidelity.svg")
+        args.svg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "images",
+                                "fidelity.svg" if args.world == WORLD else f"fidelity-{args.world}.svg")
     import shardwise
     from shardwise.profile import plan_specs
 
@@ -404,7 +405,7 @@ def main() -> None:
     bar = against_the_bar(rows)
     print(bar)
     if args.svg:
-        write_scatter(args.svg, rows, cluster.name)
+        write_scatter(args.svg, rows, cluster.name, world)
         print(f"scatter: {args.svg}")
     if args.json:
         with open(args.json, "w") as f:
@@ -470,7 +471,7 @@ def against_the_bar(rows: list[dict]) -> str:
             f"fastest, measured against the fastest measured: {', '.join(picked)}.")
 
 
-def write_scatter(path: str, rows: list[dict], cluster_name: str) -> None:
+def write_scatter(path: str, rows: list[dict], cluster_name: str, world: int = WORLD) -> None:
     from _svg import PALETTE, Panel, write_chart
 
     step = Panel("Step time", "measured (s)", "predicted (s)")
@@ -485,7 +486,7 @@ def write_scatter(path: str, rows: list[dict], cluster_name: str) -> None:
             panel.add(model, points, PALETTE[i], line=False)
     legend = [("predicted = measured", "#999999", True, "circle")] + \
              [(m, PALETTE[i], False, "circle") for i, m in enumerate(models)]
-    write_chart(path, [step, memory], legend, f"{len(rows)} plans on 4 Gloo processes; {cluster_name[:80]}")
+    write_chart(path, [step, memory], legend, f"{len(rows)} plans on {world} Gloo processes; {cluster_name[:80]}")
 
 
 if __name__ == "__main__":
