@@ -23,10 +23,10 @@ Plans: the SPMD search on the plan's {data, tensor} mesh (``shardwise.plan(..., 
 or the evaluator for pipelines (``Plan.manual``), both in f32 (the models' dtype), on the
 detected cluster. Predictions: each plan priced again (``Plan.price(..., profile=)``) with its
 own ops timed at the shapes each rank runs them (``shardwise.profile.plan_specs``: the calls
-the evaluator prices, recorded; issue 46, item 7), measured in the plan's processes, every
-rank at once before its run (ranks that share cores are timed sharing them); collectives
-and the ops that cannot be rebuilt at a rank's shapes (views whose sizes are the whole
-graph's) stay analytic. The analytic model's prediction on the detected cluster is beside it.
+the evaluator prices, recorded; issue 46, item 7), measured in the plan's processes by rank 0
+while the others wait, right before its run, times the node's compute_alone (the ranks
+share the cores: 2 for 4 processes on 2); collectives and the ops that cannot be rebuilt at
+a rank's shapes (views whose sizes are the whole graph's) stay analytic. The analytic model's prediction on the detected cluster is beside it.
 Five plans recompute (each transformer layer one checkpointed region, as the cost model
 prices it): data-parallel plans searched with full recomputation, or with selective (the
 products' and attention's outputs kept, the rest run again: ``shardwise.plan(...,
@@ -207,7 +207,7 @@ def _detect(rank: int, store: str, world: int, out: str) -> None:
 
 
 def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, specs: list,
-         out: str) -> None:
+         shared_by: float, out: str) -> None:
     import shardwise
     from shardwise.profile import measure_specs
     from shardwise.runtime import traffic
@@ -215,9 +215,10 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
     torch.set_num_threads(threads(world))
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
-        # The plan's ops at the shapes each rank runs, timed by every rank at once (issue 46,
-        # item 7): what Plan.price(profile=) prices the plan with.
-        ops = measure_specs(specs, progress=False, budget_s=120, group=dist.group.WORLD)
+        # The plan's ops at the shapes each rank runs (issue 46, item 7), timed by rank 0 while
+        # the others wait, at the rate the ranks share (x compute_alone): what Plan.price(profile=)
+        # prices the plan with.
+        ops = measure_specs(specs, progress=False, budget_s=120, group=dist.group.WORLD, shared_by=shared_by)
         model = build(model_name)
         ids, y = batch()
         before = live_storages()  # the user's module: not the plan's
@@ -352,6 +353,7 @@ def main() -> None:
                                       for link in json.loads(cluster.to_json())["links"])
           + f"; a collective beside compute adds {shardwise._C.cluster_overlap_interference(cluster._core):.2f} of "
           "its time (overlap_interference)")
+    shared_by = json.loads(cluster.to_json())["nodes"][0].get("compute_alone", 1.0)
     graphs = {}
     for model_name in sorted({table[n][0] for n in names}):
         ids, y = batch()
@@ -360,7 +362,7 @@ def main() -> None:
     for name in names:
         plan, graph = make_plan(shardwise, table[name], cluster, graphs)
         specs = plan_specs(graph, cluster, [plan])
-        measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, specs))
+        measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, specs, shared_by))
         ops = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1,
                                                       **measured["ops"], "collectives": {}}))
         profiled = plan.price(graph, cluster, profile=ops)

@@ -361,11 +361,13 @@ def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, f
     backward = 0.0
     outs = _floating_outputs(op(*args, **kwargs)) if wrt else []
     if outs:
+        grads = [torch.ones_like(x) for x in outs]
+
         def run_backward():
             o = _floating_outputs(op(*args, **kwargs))
             _sync(device)
             t0 = time.perf_counter()
-            torch.autograd.grad(o, wrt, grad_outputs=[torch.ones_like(x) for x in o], allow_unused=True)
+            torch.autograd.grad(o, wrt, grad_outputs=grads, allow_unused=True)
             _sync(device)
             return time.perf_counter() - t0
 
@@ -410,17 +412,27 @@ def measure_ops(graph, *, device: "str | torch.device | None" = None, budget_s: 
 
 def measure_specs(specs: list[dict], *, device: "str | torch.device | None" = None, budget_s: float = 30.0,
                   warmup: int = 1, repeats: int = 5, min_sample_s: float = 2e-4, progress: bool = True,
-                  group=None) -> dict:
+                  group=None, shared_by: float = 1.0) -> dict:
     """Times each spec (graph_specs, plan_specs) once: {"device", "ops", "skipped"}.
 
-    ``group``: a process group whose every rank calls this with the same specs. The ranks
-    then time each call together (one small all-reduce before each: also where they agree
-    that the budget is spent, by the slowest rank's clock), so ranks that share cores or a
-    memory bus are timed sharing them, as they run a step."""
+    ``group``: a process group whose every rank calls this with the same specs (collective).
+    Its first rank times them while the others wait, and every rank gets its figures: ranks
+    that share a machine's cores would otherwise time each other's time slices (a short
+    sample can run within one slice, alone on a core; a long one catches the others' at
+    random), and on GPUs every rank's device is alike. ``shared_by``: what the times are
+    multiplied by: how many times slower a rank computes while every rank of its node does
+    than alone (the node's compute_alone, cost/cluster.h: 2 for 4 single-threaded processes
+    on 2 cores), so the figures are the shared rate, as Cluster.detect's peak FLOP/s are."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    distributed = group is not None
-    if distributed:
+    if group is not None:
         import torch.distributed as dist
+
+        doc = [None]
+        if dist.get_rank(group) == 0:
+            doc[0] = measure_specs(specs, device=device, budget_s=budget_s, warmup=warmup, repeats=repeats,
+                                   min_sample_s=min_sample_s, progress=progress, shared_by=shared_by)
+        dist.broadcast_object_list(doc, src=dist.get_global_rank(group, 0), group=group)
+        return doc[0]
 
     ops, skipped = {}, {}
     start = time.perf_counter()
@@ -429,12 +441,7 @@ def measure_specs(specs: list[dict], *, device: "str | torch.device | None" = No
     try:
         for spec in specs:
             sig = spec["signature"]
-            over = time.perf_counter() - start > budget_s
-            if distributed:
-                flag = torch.tensor([1.0 if over else 0.0])
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-                over = bool(flag.item())
-            if over:
+            if time.perf_counter() - start > budget_s:
                 skipped[sig] = f"time budget of {budget_s:g} s exhausted"
                 bar.update()
                 continue
@@ -447,7 +454,8 @@ def measure_specs(specs: list[dict], *, device: "str | torch.device | None" = No
                 skipped[sig] = f"could not rebuild: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             else:
                 # An op with a backward keeps a floor of 1 ns: measured, not "free".
-                ops[sig] = {"forward": max(fwd, 1e-9), "backward": max(bwd - overhead, 1e-9) if bwd > 0 else 0.0}
+                ops[sig] = {"forward": max(fwd, 1e-9) * shared_by,
+                            "backward": max(bwd - overhead, 1e-9) * shared_by if bwd > 0 else 0.0}
             bar.update()
     finally:
         bar.close()
@@ -557,6 +565,12 @@ def measure_collectives(*, sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES, kind
 # ---- the entry point ---------------------------------------------------------------------
 
 
+def _shared_by(cluster, rank: int) -> float:
+    """The compute_alone of ``rank``'s node in ``cluster`` (1 where it has none)."""
+    doc = json.loads(cluster.to_json())
+    return float(doc["nodes"][cluster.node_of(rank)].get("compute_alone", 1.0))
+
+
 def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
             device: "str | torch.device | None" = None, warmup: int = 1, repeats: int = 5,
             collectives: bool | None = None, collective_sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES,
@@ -573,7 +587,8 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
     plans (with ``cluster``): ``shardwise.Plan``s of the graph; their ops are measured first
     at the shapes one rank of each runs them (``plan_specs``), so ``Plan.price(...,
     profile=)`` prices what each rank runs rather than scaling the whole graph's times (issue
-    46, item 7). With a process group, every rank measures them together (``measure_specs``).
+    46, item 7). With a process group, its first rank measures them for all, at the rate its
+    node's ranks share (``measure_specs``: ``shared_by`` is the cluster's compute_alone).
     """
     from .graph import Graph
 
@@ -597,9 +612,10 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
     seen = {s["signature"] for s in specs}
     specs += [s for s in graph_specs(graph) if s["signature"] not in seen]
     doc = {"format": "shardwise.profile", "version": 1}
+    shared = plans is not None and live
     doc.update(measure_specs(specs, device=device, budget_s=budget_s, warmup=warmup, repeats=repeats,
-                             progress=progress, group=(group or dist.group.WORLD) if live and plans is not None
-                             else None))
+                             progress=progress, group=(group or dist.group.WORLD) if shared else None,
+                             shared_by=_shared_by(cluster, dist.get_rank()) if shared else 1.0))
     if collectives is None:
         collectives = live
     if collectives:
