@@ -23,9 +23,9 @@ Plans: the SPMD search on the plan's {data, tensor} mesh (``shardwise.plan(..., 
 or the evaluator for pipelines (``Plan.manual``), both in f32 (the models' dtype), on the
 detected cluster. Predictions: each plan priced again (``Plan.price(..., profile=)``) with its
 own ops timed at the shapes each rank runs them (``shardwise.profile.plan_specs``: the calls
-the evaluator prices, recorded; issue 46, item 7), measured in the plan's processes by rank 0
-while the others wait, right before its run, times the node's compute_alone (the ranks
-share the cores: 2 for 4 processes on 2); collectives and the ops that cannot be rebuilt at
+the evaluator prices, recorded; issue 46, item 7), measured in the plan's processes right
+before its run by as many ranks at once as there are cores (the others waiting), times the
+node's compute_alone (2 for 4 processes on 2 cores); collectives and the ops that cannot be rebuilt at
 a rank's shapes (views whose sizes are the whole graph's) stay analytic. The analytic model's prediction on the detected cluster is beside it.
 Five plans recompute (each transformer layer one checkpointed region, as the cost model
 prices it): data-parallel plans searched with full recomputation, or with selective (the
@@ -215,10 +215,11 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
     torch.set_num_threads(threads(world))
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
-        # The plan's ops at the shapes each rank runs (issue 46, item 7), timed by rank 0 while
-        # the others wait, at the rate the ranks share (x compute_alone): what Plan.price(profile=)
-        # prices the plan with.
-        ops = measure_specs(specs, progress=False, budget_s=120, group=dist.group.WORLD, shared_by=shared_by)
+        # The plan's ops at the shapes each rank runs (issue 46, item 7), timed by as many ranks
+        # at once as there are cores, the others waiting, at the rate the ranks share (x
+        # compute_alone): what Plan.price(profile=) prices the plan with.
+        ops = measure_specs(specs, progress=False, budget_s=120, group=dist.group.WORLD, shared_by=shared_by,
+                            concurrent=max(1, round(world / shared_by)))
         model = build(model_name)
         ids, y = batch()
         before = live_storages()  # the user's module: not the plan's

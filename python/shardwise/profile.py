@@ -412,38 +412,53 @@ def measure_ops(graph, *, device: "str | torch.device | None" = None, budget_s: 
 
 def measure_specs(specs: list[dict], *, device: "str | torch.device | None" = None, budget_s: float = 30.0,
                   warmup: int = 1, repeats: int = 5, min_sample_s: float = 2e-4, progress: bool = True,
-                  group=None, shared_by: float = 1.0) -> dict:
+                  group=None, shared_by: float = 1.0, concurrent: int = 1) -> dict:
     """Times each spec (graph_specs, plan_specs) once: {"device", "ops", "skipped"}.
 
-    ``group``: a process group whose every rank calls this with the same specs (collective).
-    Its first rank times them while the others wait, and every rank gets its figures: ranks
-    that share a machine's cores would otherwise time each other's time slices (a short
-    sample can run within one slice, alone on a core; a long one catches the others' at
-    random), and on GPUs every rank's device is alike. ``shared_by``: what the times are
-    multiplied by: how many times slower a rank computes while every rank of its node does
-    than alone (the node's compute_alone, cost/cluster.h: 2 for 4 single-threaded processes
-    on 2 cores), so the figures are the shared rate, as Cluster.detect's peak FLOP/s are."""
+    ``group``: a process group whose every rank calls this with the same specs (collective);
+    every rank gets the first rank's figures. Its first ``concurrent`` ranks time the specs
+    together, call by call (an all-reduce over the group before each, which is also where
+    the ranks agree that the budget is spent), the others wait: as many ranks as the node has
+    cores for, so that they share its memory bandwidth and caches as a step's ranks do, but
+    never more, or they would time each other's scheduler slices (a short sample runs within
+    one, alone on a core). ``shared_by``: what the times are multiplied by, how many times
+    slower a rank computes when its node runs all its ranks than when it runs ``concurrent``
+    of them: the node's compute_alone (cost/cluster.h: 2 for 4 single-threaded processes on 2
+    cores), so the figures are the rate every rank shares, as Cluster.detect's peak FLOP/s."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if group is not None:
         import torch.distributed as dist
 
-        doc = [None]
-        if dist.get_rank(group) == 0:
-            doc[0] = measure_specs(specs, device=device, budget_s=budget_s, warmup=warmup, repeats=repeats,
-                                   min_sample_s=min_sample_s, progress=progress, shared_by=shared_by)
+        doc = [_measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progress, shared_by,
+                              group, dist.get_rank(group) < max(1, concurrent))]
         dist.broadcast_object_list(doc, src=dist.get_global_rank(group, 0), group=group)
         return doc[0]
+    return _measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progress, shared_by, None, True)
 
+
+def _measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progress, shared_by, group,
+                   timing: bool) -> dict:
+    """measure_specs's loop; with a group every rank runs it, those not ``timing`` only agreeing
+    on the budget with the rest, call by call."""
+    if group is not None:
+        import torch.distributed as dist
     ops, skipped = {}, {}
     start = time.perf_counter()
-    overhead = _autograd_overhead(device, repeats)
-    bar = _progress(len(specs), progress)
+    overhead = _autograd_overhead(device, repeats) if timing else 0.0
+    bar = _progress(len(specs), progress and timing)
     try:
         for spec in specs:
             sig = spec["signature"]
-            if time.perf_counter() - start > budget_s:
+            over = time.perf_counter() - start > budget_s
+            if group is not None:
+                flag = torch.tensor([1.0 if over and timing else 0.0])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+                over = bool(flag.item())
+            if over:
                 skipped[sig] = f"time budget of {budget_s:g} s exhausted"
                 bar.update()
+                continue
+            if not timing:
                 continue
             bar.set_postfix_str(spec["op"])
             try:
@@ -565,10 +580,15 @@ def measure_collectives(*, sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES, kind
 # ---- the entry point ---------------------------------------------------------------------
 
 
-def _shared_by(cluster, rank: int) -> float:
-    """The compute_alone of ``rank``'s node in ``cluster`` (1 where it has none)."""
+def _sharing(cluster, rank: int) -> tuple[float, int]:
+    """(shared_by, concurrent) of measure_specs for ``rank``'s node of ``cluster``: its
+    compute_alone (1 where it has none), and how many of its ranks run at once without
+    sharing a core (its ranks / compute_alone)."""
     doc = json.loads(cluster.to_json())
-    return float(doc["nodes"][cluster.node_of(rank)].get("compute_alone", 1.0))
+    node = doc["nodes"][cluster.node_of(rank)]
+    alone = float(node.get("compute_alone", 1.0))
+    ranks = sum(run["count"] for run in node["devices"]) if "devices" in node else node["count"]
+    return alone, max(1, round(ranks / alone))
 
 
 def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
@@ -587,8 +607,9 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
     plans (with ``cluster``): ``shardwise.Plan``s of the graph; their ops are measured first
     at the shapes one rank of each runs them (``plan_specs``), so ``Plan.price(...,
     profile=)`` prices what each rank runs rather than scaling the whole graph's times (issue
-    46, item 7). With a process group, its first rank measures them for all, at the rate its
-    node's ranks share (``measure_specs``: ``shared_by`` is the cluster's compute_alone).
+    46, item 7). With a process group, its first ranks (as many as the node has cores for)
+    measure them together for all, at the rate its node's ranks share (``measure_specs``:
+    ``shared_by`` is the cluster's compute_alone).
     """
     from .graph import Graph
 
@@ -613,9 +634,10 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
     specs += [s for s in graph_specs(graph) if s["signature"] not in seen]
     doc = {"format": "shardwise.profile", "version": 1}
     shared = plans is not None and live
+    shared_by, concurrent = _sharing(cluster, dist.get_rank()) if shared else (1.0, 1)
     doc.update(measure_specs(specs, device=device, budget_s=budget_s, warmup=warmup, repeats=repeats,
                              progress=progress, group=(group or dist.group.WORLD) if shared else None,
-                             shared_by=_shared_by(cluster, dist.get_rank()) if shared else 1.0))
+                             shared_by=shared_by, concurrent=concurrent))
     if collectives is None:
         collectives = live
     if collectives:
