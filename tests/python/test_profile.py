@@ -118,6 +118,19 @@ def test_alpha_beta_fit_is_constrained():
 # ---- collectives of a live 2-process Gloo group -------------------------------------------
 
 
+def _join_or_fail(ctx) -> None:
+    """Waits up to 10 minutes for spawned workers; kills them and fails the test if they hang."""
+    try:
+        for _ in range(600):
+            if ctx.join(timeout=1):  # True once every worker has exited
+                return
+        pytest.fail("the workers hung")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+
+
 def _gloo_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     import torch.distributed as dist
 
@@ -138,16 +151,7 @@ def test_gloo_collectives_fit_alpha_beta(tmp_path):
 
     store, out = str(tmp_path / "store"), str(tmp_path / "out.json")
     ctx = mp.spawn(_gloo_worker, args=(2, store, out), nprocs=2, join=False)
-    try:  # a hang guard, not a timing claim: the workers' own collective timeout is 20 s
-        for _ in range(600):
-            if ctx.join(timeout=1):  # True once every worker has exited
-                break
-        else:
-            pytest.fail("the Gloo workers hung")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    _join_or_fail(ctx)  # a hang guard, not a timing claim: the workers' own collective timeout is 20 s
     with open(out) as f:
         measured = json.load(f)
     # Every kind asked for is measured or skipped with its reason (unsupported by Gloo), and
@@ -285,16 +289,7 @@ def test_a_groups_first_rank_times_a_plans_specs_for_every_rank(data_plan, tmp_p
     specs = plan_specs(graph, cluster, [plan])[:12]
     store, out = str(tmp_path / "store"), str(tmp_path / "out")
     ctx = mp.spawn(_specs_worker, args=(2, store, specs, budget, out), nprocs=2, join=False)
-    try:  # a hang guard, not a timing claim
-        for _ in range(600):
-            if ctx.join(timeout=1):
-                break
-        else:
-            pytest.fail("the workers hung")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    _join_or_fail(ctx)  # a hang guard, not a timing claim
     docs = [json.load(open(f"{out}.{r}")) for r in range(2)]
     assert docs[0] == docs[1]
     if budget == 0:
