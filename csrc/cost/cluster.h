@@ -35,7 +35,7 @@
 //                      "memory_bytes": 85899345920, "memory_bandwidth": 2.039e12}],
 //    "nodes": [{"device": "a100-sxm4-80gb", "count": 8},                   one run
 //              {"device": "cpu", "count": 4, "compute_alone": 2.0,           ranks sharing cores
-//               "overlap_interference": 6.0},
+//               "overlap_interference": 1.1},
 //              {"devices": [{"device": "a100-pcie-80gb", "count": 4},      several runs
 //                           {"device": "v100-pcie-32gb", "count": 4}]}],
 //    "links": [{"name": "nvswitch", "bandwidth": 3.0e11, "latency": 3.0e-6},
@@ -142,8 +142,8 @@ struct Node {
   // step (>= 0; 0: hidden for free, 1: as if run alone after the compute). Unset: the
   // constant kOverlapInterference (cost/constants.h: NCCL's kernels beside GEMMs). Measured
   // by Cluster.detect(measure_links=True) for CPU processes, whose collectives' threads take
-  // the cores the compute needs (4 Gloo processes on 2 cores measured about 6: a gradient
-  // all-reduce beside the backward cost 6 times its own time).
+  // the cores the compute needs (Gloo on 2 cores measured 0.8 to 1.4 with 2 and 4
+  // processes: an all-reduce beside GEMMs hides nothing of itself).
   std::optional<double> overlap_interference = std::nullopt;
 
   // The usual node: `count` devices of one type.
