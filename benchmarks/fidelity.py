@@ -209,7 +209,7 @@ def _detect(rank: int, store: str, world: int, out: str) -> None:
 def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, specs: list,
          shared_by: float, out: str) -> None:
     import shardwise
-    from shardwise.profile import measure_specs
+    from shardwise.profile import measure_collectives, measure_specs
     from shardwise.runtime import traffic
 
     torch.set_num_threads(threads(world))
@@ -220,6 +220,12 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
         # compute_alone): what Plan.price(profile=) prices the plan with.
         ops = measure_specs(specs, progress=False, budget_s=120, group=dist.group.WORLD, shared_by=shared_by,
                             concurrent=max(1, round(world / shared_by)))
+        # And every collective kind over all the ranks, fitted to alpha + beta x bytes: the
+        # plan's groups of that size are priced by the fit of their kind (Gloo's all_gather,
+        # reduce_scatter and all_to_all are not all-reduces); smaller groups stay analytic.
+        fits = measure_collectives(repeats=3)
+        ops["collectives"] = fits["collectives"]
+        ops["skipped"].update(fits["skipped"])
         model = build(model_name)
         ids, y = batch()
         before = live_storages()  # the user's module: not the plan's
@@ -365,7 +371,7 @@ def main() -> None:
         specs = plan_specs(graph, cluster, [plan])
         measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, specs, shared_by))
         ops = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1,
-                                                      **measured["ops"], "collectives": {}}))
+                                                      **measured["ops"]}))
         profiled = plan.price(graph, cluster, profile=ops)
         rows.append({"plan": name, "layout": layout(plan), "predicted_step": profiled.predicted_step_time(),
                      "analytic_step": plan.predicted_step_time(), "ops_measured": len(ops.ops),
