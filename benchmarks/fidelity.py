@@ -25,8 +25,10 @@ detected cluster. Predictions: each plan priced again (``Plan.price(..., profile
 own ops timed at the shapes each rank runs them (``shardwise.profile.plan_specs``: the calls
 the evaluator prices, recorded; issue 46, item 7), measured in the plan's processes right
 before its run by as many ranks at once as there are cores (the others waiting), times the
-node's compute_alone (2 for 4 processes on 2 cores); collectives and the ops that cannot be rebuilt at
-a rank's shapes (views whose sizes are the whole graph's) stay analytic. The analytic model's prediction on the detected cluster is beside it.
+node's compute_alone (2 for 4 processes on 2 cores); every collective kind is timed over all
+the ranks too and fitted (``measure_collectives``), pricing the plan's groups of that size;
+smaller groups and the ops that cannot be rebuilt at a rank's shapes (views whose sizes are
+the whole graph's) stay analytic. The analytic model's prediction on the detected cluster is beside it.
 Five plans recompute (each transformer layer one checkpointed region, as the cost model
 prices it): data-parallel plans searched with full recomputation, or with selective (the
 products' and attention's outputs kept, the rest run again: ``shardwise.plan(...,
