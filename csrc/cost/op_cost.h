@@ -89,8 +89,9 @@ struct NodeContext {
   // every rank), and the node's FLOPs divide by work_shards.
   std::vector<double> operand_shards;
   double work_shards = 1;
-  // The operands' shapes on one rank under this context (inputs then outputs; rank 0's,
-  // the largest block of an uneven split), filled by a planner only for a model that asks
+  // The operands' shapes on one rank under this context (inputs then outputs; the largest
+  // block: rank 0's of an even split, the most loaded rank's of an uneven one, as time is
+  // priced), filled by a planner only for a model that asks
   // (CostModel::wants_local_shapes): a profile measured at the shapes each rank runs
   // (profiled_cost.h) answers by them. Empty: the planner did not say.
   std::vector<std::vector<std::int64_t>> local_shapes;

@@ -21,25 +21,24 @@ constexpr int kVersion = 1;
 
 // ---- signature -------------------------------------------------------------------
 
-void append_type(std::string& out, const ir::TensorType& type) {
-  out += ir::dtype_name(type.dtype);
+void append_type(std::string& out, ir::DType dtype, std::span<const std::int64_t> shape) {
+  out += ir::dtype_name(dtype);
   out += '[';
-  for (std::size_t i = 0; i < type.shape.size(); ++i) {
+  for (std::size_t i = 0; i < shape.size(); ++i) {
     if (i != 0) out += ',';
-    out += std::to_string(type.shape[i]);
+    out += std::to_string(shape[i]);
   }
   out += ']';
 }
 
-// `shapes` (when non-null) replaces each value's shape, entry by entry.
+// `shapes` (when not empty: one per value) replaces each value's shape.
 void append_types(std::string& out, const ir::Graph& graph, const std::vector<ir::ValueId>& ids,
-                  const std::vector<std::int64_t>* const* shapes = nullptr) {
+                  std::span<const std::vector<std::int64_t>> shapes = {}) {
   out += '(';
   for (std::size_t i = 0; i < ids.size(); ++i) {
     if (i != 0) out += ',';
-    ir::TensorType type = graph.value(ids[i]).type;
-    if (shapes != nullptr) type.shape = *shapes[i];
-    append_type(out, type);
+    const ir::TensorType& type = graph.value(ids[i]).type;
+    append_type(out, type.dtype, shapes.empty() ? type.shape : shapes[i]);
   }
   out += ')';
 }
@@ -136,13 +135,10 @@ std::string local_signature(const ir::Graph& graph, const ir::Node& node,
   if (shapes.size() != node.inputs.size() + node.outputs.size())
     throw support::ValidationError(fmt::format("local_signature: {} has {} operands, {} shapes given", node.op,
                                                node.inputs.size() + node.outputs.size(), shapes.size()));
-  std::vector<const std::vector<std::int64_t>*> pointers;
-  pointers.reserve(shapes.size());
-  for (const auto& shape : shapes) pointers.push_back(&shape);
   std::string out = node.op;
-  append_types(out, graph, node.inputs, pointers.data());
+  append_types(out, graph, node.inputs, shapes.first(node.inputs.size()));
   out += "->";
-  append_types(out, graph, node.outputs, pointers.data() + node.inputs.size());
+  append_types(out, graph, node.outputs, shapes.subspan(node.inputs.size()));
   append_attrs(out, node);
   return out;
 }

@@ -7,16 +7,12 @@ namespace shardwise::cost {
 
 OpTime RecordingCostModel::node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device,
                                      Precision precision, const NodeContext& context) const {
-  const bool splits = !context.operand_shards.empty() || (context.shards > 1 && context.split != TensorSplit::None);
-  std::vector<std::vector<std::int64_t>> shapes =
-      !context.local_shapes.empty() ? context.local_shapes
-      : splits                      ? std::vector<std::vector<std::int64_t>>{}
-                                    : batch_scaled_shapes(graph, node, context.batch_scale);
-  if (!shapes.empty()) {
+  if (!context.local_shapes.empty()) {  // what ProfiledCostModel looks up; other contexts it scales
     const bool fp8 = precision == Precision::FP8 && analysis::fp8_linear(graph, node).has_value();
-    std::string key = fp8 ? fp8_signature(graph, node, shapes) : local_signature(graph, node, shapes);
+    std::string key = fp8 ? fp8_signature(graph, node, context.local_shapes)
+                          : local_signature(graph, node, context.local_shapes);
     std::lock_guard lock(mutex_);
-    records_.try_emplace(std::move(key), LocalOp{node.id, std::move(shapes)});
+    records_.try_emplace(std::move(key), LocalOp{node.id, context.local_shapes});
   }
   return inner_.node_time(graph, node, device, precision, context);
 }

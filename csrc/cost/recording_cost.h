@@ -5,10 +5,10 @@
 // recorded signature once, and price again with a ProfiledCostModel (profiled_cost.h), which
 // then finds every one of them.
 //
-// It wants_local_shapes, so planners fill NodeContext::local_shapes; a context without
-// them (a planner path that cannot say, e.g. the degrees evaluator's Megatron split of a
-// tensor-parallel node) records the node at its batch-scaled shapes only when it splits
-// nothing, and otherwise not at all (the profile then scales the whole-graph measurement).
+// It wants_local_shapes, so planners fill NodeContext::local_shapes, and it records exactly
+// the contexts that have them: those ProfiledCostModel looks up. A context without them (the
+// degrees evaluator's Megatron split of a tensor-parallel node, whose shapes it cannot say)
+// is not recorded; the profile then scales the whole graph's measurement there.
 //
 // An FP8 linear of an fp8 plan is recorded under fp8_signature ("fp8:..."): it is measured
 // as runtime/fp8.py runs it.

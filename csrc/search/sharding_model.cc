@@ -473,8 +473,8 @@ std::vector<std::vector<std::int64_t>> ShardingModel::local_shapes(ir::NodeId no
                                                                    const Strategy& choice) const {
   const ir::Node& n = graph_.node(node);
   std::vector<std::vector<std::int64_t>> shapes = cost::batch_scaled_shapes(graph_, n, batch_scale_);
-  // Each axis' shard of a dim: rank 0's block (ceil; of an uneven split its share, rounded
-  // up), as transform/local_shard.h gives it.
+  // Each axis' shard of a dim: the largest block (held_fraction, rounded up: rank 0's of
+  // an even split, as transform/local_shard.h gives it; the most loaded rank's of an uneven one).
   auto shard = [](std::vector<std::int64_t>& shape, const Placement& p, int size) {
     if (!p.is_shard() || p.dim < 0 || p.dim >= static_cast<int>(shape.size())) return;
     std::int64_t& length = shape[static_cast<std::size_t>(p.dim)];

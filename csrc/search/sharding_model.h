@@ -241,7 +241,7 @@ class ShardingModel {
   cost::OpTime node_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
   // The same without the recomputed forward.
   cost::OpTime base_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
-  // The node's operand shapes on one rank (rank 0's) under `choice` on `axis` and the other
+  // The node's operand shapes on one rank (the largest block) under `choice` on `axis` and the other
   // axes' decisions: NodeContext::local_shapes, for a model that wants them.
   std::vector<std::vector<std::int64_t>> local_shapes(ir::NodeId node, int axis, const Strategy& choice) const;
   double node_memory(ir::NodeId node, int axis, const Strategy& choice) const;
