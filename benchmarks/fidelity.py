@@ -209,7 +209,7 @@ def _detect(rank: int, store: str, world: int, out: str) -> None:
 
 
 def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, specs: list,
-         shared_by: float, out: str) -> None:
+         shared_by: float, concurrent: int, out: str) -> None:
     import shardwise
     from shardwise.profile import measure_collectives, measure_specs
     from shardwise.runtime import traffic
@@ -221,7 +221,7 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
         # at once as there are cores, the others waiting, at the rate the ranks share (x
         # compute_alone): what Plan.price(profile=) prices the plan with.
         ops = measure_specs(specs, progress=False, budget_s=120, group=dist.group.WORLD, shared_by=shared_by,
-                            concurrent=max(1, round(world / shared_by)))
+                            concurrent=concurrent)
         # And every collective kind over all the ranks, fitted to alpha + beta x bytes: the
         # plan's groups of that size are priced by the fit of their kind (Gloo's all_gather,
         # reduce_scatter and all_to_all are not all-reduces); smaller groups stay analytic.
@@ -342,7 +342,7 @@ def main() -> None:
         args.svg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "images",
                                 "fidelity.svg" if args.world == WORLD else f"fidelity-{args.world}.svg")
     import shardwise
-    from shardwise.profile import plan_specs
+    from shardwise.profile import plan_specs, sharing
 
     torch.set_num_threads(1)
     world = 4 if args.smoke else args.world
@@ -362,7 +362,7 @@ def main() -> None:
                                       for link in json.loads(cluster.to_json())["links"])
           + f"; a collective beside compute adds {shardwise._C.cluster_overlap_interference(cluster._core):.2f} of "
           "its time (overlap_interference)")
-    shared_by = json.loads(cluster.to_json())["nodes"][0].get("compute_alone", 1.0)
+    shared_by, concurrent = sharing(cluster, 0)  # one node: every rank's
     graphs = {}
     for model_name in sorted({table[n][0] for n in names}):
         ids, y = batch()
@@ -371,7 +371,8 @@ def main() -> None:
     for name in names:
         plan, graph = make_plan(shardwise, table[name], cluster, graphs)
         specs = plan_specs(graph, cluster, [plan])
-        measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, specs, shared_by))
+        measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, specs, shared_by,
+                                     concurrent))
         ops = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1,
                                                       **measured["ops"]}))
         profiled = plan.price(graph, cluster, profile=ops)

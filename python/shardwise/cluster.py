@@ -112,7 +112,7 @@ class Cluster:
         about the same length, timed alone and together on every rank at once; each second
         of all-reduce beside the loop adds (together - the longer alone) / the shorter alone
         to the step (Gloo's threads take the cores the compute needs; on 2 cores, 2
-        processes measured about 1, 4 processes about 6). On CUDA it keeps the constant
+        processes measured 0.8 to 1.0, 4 processes 0.8 to 1.4). On CUDA it keeps the constant
         (cost/constants.h: kOverlapInterference).
 
         Collective: under an initialised process group of several ranks every rank must call

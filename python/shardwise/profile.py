@@ -51,7 +51,7 @@ from ._logging import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["Profile", "profile", "measure_collectives", "measure_specs", "plan_specs", "graph_specs",
+__all__ = ["Profile", "profile", "measure_collectives", "measure_specs", "plan_specs", "graph_specs", "sharing",
            "DEFAULT_COLLECTIVE_SIZES"]
 
 DEFAULT_COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
@@ -580,7 +580,7 @@ def measure_collectives(*, sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES, kind
 # ---- the entry point ---------------------------------------------------------------------
 
 
-def _sharing(cluster, rank: int) -> tuple[float, int]:
+def sharing(cluster, rank: int) -> tuple[float, int]:
     """(shared_by, concurrent) of measure_specs for ``rank``'s node of ``cluster``: its
     compute_alone (1 where it has none), and how many of its ranks run at once without
     sharing a core (its ranks / compute_alone)."""
@@ -634,7 +634,7 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
     specs += [s for s in graph_specs(graph) if s["signature"] not in seen]
     doc = {"format": "shardwise.profile", "version": 1}
     shared = plans is not None and live
-    shared_by, concurrent = _sharing(cluster, dist.get_rank()) if shared else (1.0, 1)
+    shared_by, concurrent = sharing(cluster, dist.get_rank()) if shared else (1.0, 1)
     doc.update(measure_specs(specs, device=device, budget_s=budget_s, warmup=warmup, repeats=repeats,
                              progress=progress, group=(group or dist.group.WORLD) if shared else None,
                              shared_by=shared_by, concurrent=concurrent))
