@@ -752,8 +752,9 @@ def _measure_overlap(doc: dict, world: int, sources: dict[str, str], repeats: in
     if not (dist.is_available() and dist.is_initialized()) or world < 2:
         return
     try:
-        buffer = torch.ones(_OVERLAP_BYTES // 4)
-        a, b = torch.randn(256, 256), torch.randn(256, 256)
+        cpu = torch.device("cpu")  # measured on CPU processes only (detect skips CUDA)
+        buffer = torch.ones(_OVERLAP_BYTES // 4, device=cpu)
+        a, b = torch.randn(256, 256, device=cpu), torch.randn(256, 256, device=cpu)
 
         def timed(run) -> float:
             samples = []

@@ -451,7 +451,7 @@ def _measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progr
             sig = spec["signature"]
             over = time.perf_counter() - start > budget_s
             if group is not None:
-                flag = torch.tensor([1.0 if over and timing else 0.0])
+                flag = torch.tensor([1.0 if over and timing else 0.0], device=device)
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
                 over = bool(flag.item())
             if over:
