@@ -151,9 +151,9 @@ def cluster_for(row: Row):
 
 def price(graph, cluster, row: Row) -> dict:
     """The published configuration priced: step, tokens/s/GPU, memory per GPU. A Megatron
-    recompute_num_layers of k of L layers is priced as none + k/L of (full - none) in time,
-    and the larger of the two memories scaled the same way (the runtime recomputes whole
-    repeated blocks or none)."""
+    recompute_num_layers of k of L layers is priced as none + k/L of (full - none), in time
+    and in memory alike (the runtime recomputes every repeated block or none, so the plan
+    itself cannot say k of L)."""
     common = dict(tensor=row.tensor, pipeline=row.pipeline, data=row.data, global_batch=row.global_batch,
                   micro_batch=row.micro_batch, zero=row.zero, precision=row.precision,
                   schedule="interleaved-1f1b" if row.virtual_stages > 1 else "1f1b",
