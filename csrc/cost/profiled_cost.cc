@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "analysis/fp8_linears.h"
 #include "ir/attribute.h"
 #include "ir/dtype.h"
 #include "support/error.h"
@@ -148,6 +149,15 @@ std::string fp8_signature(const ir::Graph& graph, const ir::Node& node,
   return std::string(kFp8SignaturePrefix) + local_signature(graph, node, shapes);
 }
 
+bool runs_fp8(const ir::Graph& graph, const ir::Node& node, Precision precision) {
+  return precision == Precision::FP8 && analysis::fp8_linear(graph, node).has_value();
+}
+
+std::string rank_signature(const ir::Graph& graph, const ir::Node& node, Precision precision,
+                           std::span<const std::vector<std::int64_t>> shapes) {
+  return runs_fp8(graph, node, precision) ? fp8_signature(graph, node, shapes) : local_signature(graph, node, shapes);
+}
+
 void validate_profile(const Profile& profile) {
   for (const auto& [signature, op] : profile.ops) {
     check_seconds(fmt::format("ops[\"{}\"].forward", signature), op.forward);
@@ -248,10 +258,9 @@ OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node
                                     Precision precision, const NodeContext& context) const {
   OpTime analytic = fallback_.node_time(graph, node, device, precision, context);
   // The profile timed the node in the model's dtype; an FP8 linear runs other kernels.
-  const bool fp8 = precision == Precision::FP8 && analysis::fp8_linear(graph, node).has_value();
+  const bool fp8 = runs_fp8(graph, node, precision);
   if (!context.local_shapes.empty()) {  // measured at the shapes this rank runs: as is
-    auto local = profile_.ops.find(fp8 ? fp8_signature(graph, node, context.local_shapes)
-                                       : local_signature(graph, node, context.local_shapes));
+    auto local = profile_.ops.find(rank_signature(graph, node, precision, context.local_shapes));
     if (local != profile_.ops.end()) {
       node_measured_.fetch_add(1, std::memory_order_relaxed);
       OpTime out = analytic;

@@ -100,6 +100,13 @@ std::string local_signature(const ir::Graph& graph, const ir::Node& node,
 inline constexpr std::string_view kFp8SignaturePrefix = "fp8:";
 std::string fp8_signature(const ir::Graph& graph, const ir::Node& node,
                           std::span<const std::vector<std::int64_t>> shapes);
+// Whether `node` runs as an FP8 linear in a plan of `precision` (analysis::fp8_linear, fp8 plans).
+bool runs_fp8(const ir::Graph& graph, const ir::Node& node, Precision precision);
+// The key `node` at one rank's `shapes` is measured under and looked up by, in a plan of
+// `precision`: fp8_signature where it runs_fp8, local_signature otherwise. The recorder
+// (recording_cost.h) and ProfiledCostModel both key by it, so what one records the other finds.
+std::string rank_signature(const ir::Graph& graph, const ir::Node& node, Precision precision,
+                           std::span<const std::vector<std::int64_t>> shapes);
 
 struct MeasuredOp {
   double forward = 0;   // seconds, one call

@@ -1,6 +1,5 @@
 #include "cost/recording_cost.h"
 
-#include "analysis/fp8_linears.h"
 #include "cost/profiled_cost.h"
 
 namespace shardwise::cost {
@@ -8,11 +7,9 @@ namespace shardwise::cost {
 OpTime RecordingCostModel::node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device,
                                      Precision precision, const NodeContext& context) const {
   if (!context.local_shapes.empty()) {  // what ProfiledCostModel looks up; other contexts it scales
-    const bool fp8 = precision == Precision::FP8 && analysis::fp8_linear(graph, node).has_value();
-    std::string key = fp8 ? fp8_signature(graph, node, context.local_shapes)
-                          : local_signature(graph, node, context.local_shapes);
+    std::string key = rank_signature(graph, node, precision, context.local_shapes);
     std::lock_guard lock(mutex_);
-    records_.try_emplace(std::move(key), LocalOp{node.id, context.local_shapes});
+    records_.try_emplace(std::move(key), LocalOp{node.id, context.local_shapes, runs_fp8(graph, node, precision)});
   }
   return inner_.node_time(graph, node, device, precision, context);
 }

@@ -10,8 +10,8 @@
 // degrees evaluator's Megatron split of a tensor-parallel node, whose shapes it cannot say)
 // is not recorded; the profile then scales the whole graph's measurement there.
 //
-// An FP8 linear of an fp8 plan is recorded under fp8_signature ("fp8:..."): it is measured
-// as runtime/fp8.py runs it.
+// Keys are rank_signature's (profiled_cost.h): an FP8 linear of an fp8 plan is recorded under
+// fp8_signature ("fp8:...") and marked `fp8`, to be measured as runtime/fp8.py runs it.
 //
 // Thread-safe: planners price from several threads; records are kept in a mutex-guarded map
 // keyed by local_signature, first context wins (equal signatures are equal calls).
@@ -37,6 +37,7 @@ namespace shardwise::cost {
 struct LocalOp {
   ir::NodeId node = 0;                            // the first node asked at these shapes
   std::vector<std::vector<std::int64_t>> shapes;  // inputs then outputs, one rank's
+  bool fp8 = false;                               // an FP8 linear of an fp8 plan (runs_fp8)
 };
 
 class RecordingCostModel final : public CostModel {

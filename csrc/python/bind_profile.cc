@@ -94,13 +94,15 @@ void bind_profile(py::module_& m) {
           d["signature"] = signature;
           d["node"] = static_cast<int>(op.node);
           d["shapes"] = op.shapes;
+          d["fp8"] = op.fp8;
           out.append(d);
         }
         return out;
       },
       py::arg("graph"), py::arg("cluster"), py::arg("plan_json"),
       "Every node the evaluator prices for the plan, at the shapes one rank runs it (cost/recording_cost.h): "
-      "[{signature, node (index), shapes (inputs then outputs)}], one per distinct signature.");
+      "[{signature, node (index), shapes (inputs then outputs), fp8 (an FP8 linear of an fp8 plan: measure it as "
+      "runtime/fp8.py runs it)}], one per distinct signature.");
   m.def(
       "evaluate_plan_profiled",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text,

@@ -282,8 +282,7 @@ def plan_specs(graph, cluster, plans: Iterable) -> list[dict]:
         for op in _C.plan_local_ops(graph._core, cluster._core, plan.to_json()):
             if op["signature"] not in out:
                 spec = _spec(nodes[op["node"]], values, op["signature"], op["shapes"])
-                # An FP8 linear of an fp8 plan: timed as runtime/fp8.py runs it.
-                spec["fp8"] = op["signature"].startswith(_FP8_PREFIX)
+                spec["fp8"] = op["fp8"]  # an FP8 linear of an fp8 plan: timed as runtime/fp8.py runs it
                 out[op["signature"]] = spec
     return list(out.values())
 
@@ -331,9 +330,6 @@ def _autograd_overhead(device: torch.device, repeats: int) -> float:
 
     one()
     return statistics.median(one() for _ in range(max(3, repeats)))
-
-
-_FP8_PREFIX = "fp8:"  # csrc/cost/profiled_cost.h: kFp8SignaturePrefix
 
 
 def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, float]:

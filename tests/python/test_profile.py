@@ -237,6 +237,21 @@ def test_a_plans_specs_are_its_ops_at_the_shapes_one_rank_runs(data_plan):
     assert len({s["signature"] for s in specs}) == len(specs)  # one per distinct call
 
 
+def test_an_fp8_plans_linears_are_marked_to_be_timed_as_fp8_runs_them(data_plan):
+    """The core says which calls are FP8 linears (plan_local_ops' "fp8", keyed "fp8:..."):
+    those are timed through runtime/fp8.py, the rest as the model's dtype runs them."""
+    from shardwise.profile import plan_specs
+
+    graph, cluster, _ = data_plan
+    plan = shardwise.plan(graph, cluster, global_batch=2, mesh=(2, 1), zero=False, recompute=False, precision="fp8")
+    specs = plan_specs(graph, cluster, [plan])
+    assert any(s["fp8"] for s in specs) and not all(s["fp8"] for s in specs)
+    for spec in specs:
+        assert spec["fp8"] == spec["signature"].startswith("fp8:"), spec["signature"]
+        assert not spec["fp8"] or spec["op"] == "aten::linear", spec["op"]
+    assert not any(s["fp8"] for s in plan_specs(graph, cluster, [data_plan[2]]))  # the float32 plan
+
+
 def test_a_profile_at_the_ranks_shapes_prices_the_plan_from_its_measurements(data_plan):
     from shardwise.profile import measure_specs, plan_specs
 

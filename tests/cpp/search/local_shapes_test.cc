@@ -132,6 +132,7 @@ TEST(LocalShapes, AnFp8PlansLinearsAreMeasuredAsTheyRunInFloat8) {
     fp8.ops[signature] = {1e-3, 2e-3};
     const bool is_fp8 = signature.starts_with(cost::kFp8SignaturePrefix);
     fp8_keys += is_fp8;
+    EXPECT_EQ(op.fp8, is_fp8) << signature;  // the mark Python measures by says the same as the key
     if (is_fp8) EXPECT_EQ(signature, cost::fp8_signature(g, g.node(op.node), op.shapes));
     plain.ops[is_fp8 ? signature.substr(cost::kFp8SignaturePrefix.size()) : signature] = {1e-3, 2e-3};
   }
