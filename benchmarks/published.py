@@ -149,6 +149,13 @@ def cluster_for(row: Row):
     return shardwise.Cluster.from_json(json.dumps(doc))
 
 
+def memory_of(cluster) -> float:
+    """Bytes of memory per GPU of the row's cluster (one device type: cluster_for's)."""
+    import json
+
+    return float(json.loads(cluster.to_json())["device_types"][0]["memory_bytes"])
+
+
 def price(graph, cluster, row: Row) -> dict:
     """The published configuration priced: step, tokens/s/GPU, memory per GPU. A Megatron
     recompute_num_layers of k of L layers is priced as none + k/L of (full - none), in time
@@ -236,7 +243,7 @@ def run_rows(rows: list[Row], kind: str, with_search: bool, cache: dict) -> list
             continue
         graph = llama_graph(row.model, row.seq, cache)
         cluster = cluster_for(row)
-        capacity = 96 * GIB if row.device != "h100-sxm5-80gb" else 80 * GB
+        capacity = memory_of(cluster)
         priced = price_unpublished(graph, cluster, row, capacity) if row.choose else price(graph, cluster, row)
         if priced.get("chosen"):
             base["config"] += f" (chosen: {priced['chosen']})"
