@@ -564,3 +564,83 @@ def test_only_a_mask_equal_to_the_causal_one_is_folded(band):
     (node,) = _attention_nodes(graph)
     assert node["attrs"]["is_causal"] is (not band), node
     assert len(node["inputs"]) == (4 if band else 3), node
+
+
+
+class _ShapeMask(nn.Module):
+    """Attention whose mask is built from shapes alone, as transformers builds one under
+    tracing: broadcast comparisons of a query row's positions against a key column's."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.proj = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.proj(x).unsqueeze(1).chunk(3, dim=-1)
+        i = torch.arange(x.shape[1], device=x.device)
+        rows = i[:, None].expand(x.shape[0], 1, -1, 1)  # [batch, 1, seq, 1]
+        cols = i[None, :].expand(x.shape[0], 1, 1, -1)  # [batch, 1, 1, seq]
+        mask = {"causal": cols <= rows, "reversed": rows >= cols, "strict": cols < rows,
+                "shifted": cols <= rows + 1, "same-document": (cols <= rows) & (cols * 0 == rows * 0),
+                "band": (cols <= rows) & (rows - cols < 2)}[self.kind]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum()
+
+
+@pytest.mark.parametrize("kind,causal", [("causal", True), ("reversed", True), ("same-document", True),
+                                         ("strict", False), ("shifted", False), ("band", False)])
+def test_a_large_mask_is_judged_without_building_it(kind, causal, monkeypatch):
+    # Above _WHOLE_LIMIT elements the mask is never built whole (at 131,072 tokens it would be
+    # 17 GB): a causal one is proved so in linear time, any other is compared in blocks of rows
+    # or left a mask, and only the causal one is folded.
+    from shardwise import _causal_masks
+
+    monkeypatch.setattr(_causal_masks, "_WHOLE_LIMIT", 16)  # every [2, 1, 6, 6] mask is "large"
+    graph = shardwise.capture(_ShapeMask(kind), (torch.randn(2, 6, 8),))
+    (node,) = _attention_nodes(graph)
+    assert node["attrs"]["is_causal"] is causal, node
+    assert len(node["inputs"]) == (3 if causal else 4), node
+    # Nor compared in blocks when too large to compare: a mask it cannot prove stays a mask.
+    monkeypatch.setattr(_causal_masks, "_COMPARED_LIMIT", 16)
+    graph = shardwise.capture(_ShapeMask(kind), (torch.randn(2, 6, 8),))
+    (node,) = _attention_nodes(graph)
+    proved = kind in ("causal", "reversed", "same-document")
+    assert node["attrs"]["is_causal"] is proved, node
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_the_mask_fold_holds_memory_linear_in_the_sequence(model, monkeypatch):
+    # transformers' masks at two lengths on the meta device: folded at both, and no value the
+    # fold builds on the host has more elements than a few per token or the whole limit
+    # (issue 48: capture of a 131,072-token Llama built [seq, seq] masks and did not finish in
+    # 24 GiB).
+    from shardwise import _causal_masks
+
+    largest = []
+    built = _causal_masks._constant
+
+    def measured(node, values):
+        out = built(node, values)
+        largest.append(max((v.numel() for v in values.values() if isinstance(v, torch.Tensor)), default=0))
+        return out
+
+    monkeypatch.setattr(_causal_masks, "_constant", measured)
+    for seq in (2048, 8192):  # [2, 1, seq, seq] masks of 8.4M and 134M elements: above _WHOLE_LIMIT
+        largest.clear()
+        if model == "gpt2":
+            cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=seq)
+            make = transformers.GPT2LMHeadModel
+        else:
+            cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                           num_attention_heads=2, num_key_value_heads=1, vocab_size=VOCAB,
+                                           max_position_embeddings=seq)
+            make = transformers.LlamaForCausalLM
+        with torch.device("meta"):
+            module = make(cfg)
+        ids = torch.zeros(2, seq, dtype=torch.long, device="meta")
+        graph = shardwise.capture(module, {"input_ids": ids, "labels": ids})
+        nodes = _attention_nodes(graph)
+        assert nodes and all(n["attrs"]["is_causal"] is True for n in nodes), (seq, nodes[:1])
+        # (values up to _WHOLE_LIMIT elements are built whole: 2048 x 2048 is that limit)
+        bound = max(_causal_masks._WHOLE_LIMIT, 4 * seq)
+        assert largest and max(largest) <= bound < seq * seq * 2, (seq, max(largest))
