@@ -242,6 +242,15 @@ def test_fidelity_states_issue_46s_bar_from_its_rows():
     assert "measured against the fastest measured: gpt2 1.50, llama 1.00." in bar, bar
 
 
+def test_long_context_captures_and_plans_each_length_in_its_own_process():
+    out = _run("long_context.py", "--layers", "2", "--lengths", "2048", "8192", "--no-batch16")
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 2048 |") or line.startswith("| 8192 |")]
+    assert len(rows) == 2, out
+    for row in rows:
+        assert row[6] == "2", out  # both layers' attention given back is_causal at both lengths
+        assert float(row[5]) > 0 and float(row[2]) > 0, out  # each process's own peak resident set and CPU time
+
+
 def test_heterogeneous_plans_beat_equal_shares_and_match_the_exhaustive_split():
     out = _run("heterogeneous.py", "--quick")
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| a100+half") or
