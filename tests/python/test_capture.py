@@ -539,52 +539,35 @@ def test_a_padding_mask_stays_a_mask():
     assert nodes and all(n["attrs"]["is_causal"] is False and len(n["inputs"]) == 4 for n in nodes), nodes[:1]
 
 
-class _ConstantMaskAttention(nn.Module):
-    """Attention with a mask made from shapes alone: causal, or a band that is not causal."""
+class _ShapeMask(nn.Module):
+    """Attention whose mask is built from shapes alone, as transformers builds one under
+    tracing: broadcast comparisons of a query row's positions against a key column's."""
 
-    def __init__(self, band: bool):
+    def __init__(self, kind: str, batched: bool = True):
         super().__init__()
-        self.band = band
+        self.kind, self.batched = kind, batched
         self.proj = nn.Linear(8, 24)
 
     def forward(self, x):
         q, k, v = self.proj(x).unsqueeze(1).chunk(3, dim=-1)
         i = torch.arange(x.shape[1], device=x.device)
-        mask = i[None, :] <= i[:, None]
-        if self.band:
-            mask = mask & (i[:, None] - i[None, :] < 2)
+        rows, cols = i[:, None], i[None, :]  # [seq, 1] and [1, seq]
+        if self.batched:  # [batch, 1, seq, 1] and [batch, 1, 1, seq]
+            rows, cols = rows.expand(x.shape[0], 1, -1, 1), cols.expand(x.shape[0], 1, 1, -1)
+        mask = {"causal": cols <= rows, "reversed": rows >= cols, "strict": cols < rows,
+                "shifted": cols <= rows + 1, "same-document": (cols <= rows) & (cols * 0 == rows * 0),
+                "band": (cols <= rows) & (rows - cols < 2)}[self.kind]
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum()
 
 
 @pytest.mark.parametrize("band", [False, True])
 def test_only_a_mask_equal_to_the_causal_one_is_folded(band):
     x = torch.randn(2, 6, 8)
-    model = _ConstantMaskAttention(band)
+    model = _ShapeMask("band" if band else "causal", batched=False)
     graph = shardwise.capture(model, (x,))
     (node,) = _attention_nodes(graph)
     assert node["attrs"]["is_causal"] is (not band), node
     assert len(node["inputs"]) == (4 if band else 3), node
-
-
-
-class _ShapeMask(nn.Module):
-    """Attention whose mask is built from shapes alone, as transformers builds one under
-    tracing: broadcast comparisons of a query row's positions against a key column's."""
-
-    def __init__(self, kind: str):
-        super().__init__()
-        self.kind = kind
-        self.proj = nn.Linear(8, 24)
-
-    def forward(self, x):
-        q, k, v = self.proj(x).unsqueeze(1).chunk(3, dim=-1)
-        i = torch.arange(x.shape[1], device=x.device)
-        rows = i[:, None].expand(x.shape[0], 1, -1, 1)  # [batch, 1, seq, 1]
-        cols = i[None, :].expand(x.shape[0], 1, 1, -1)  # [batch, 1, 1, seq]
-        mask = {"causal": cols <= rows, "reversed": rows >= cols, "strict": cols < rows,
-                "shifted": cols <= rows + 1, "same-document": (cols <= rows) & (cols * 0 == rows * 0),
-                "band": (cols <= rows) & (rows - cols < 2)}[self.kind]
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum()
 
 
 @pytest.mark.parametrize("kind,causal", [("causal", True), ("reversed", True), ("same-document", True),
