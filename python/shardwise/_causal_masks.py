@@ -18,11 +18,13 @@ shape is captured again), so the folded mask is the mask of every batch this gra
 
 The mask is never built whole: at 131,072 tokens a boolean [1, 1, seq, seq] is 17 GB, and
 its int64 operands 8 times that. A value of the mask's ancestry larger than
-``_WHOLE_LIMIT`` elements (by its traced shape) is built a block of query rows (its
-dimension -2) at a time, which is exact for the ops that can make one: pointwise ops,
-casts and ``expand``, whose block of rows reads only the same rows of their operands (or
-an operand's single broadcast row). Any other op that large leaves the mask unfolded.
-Memory is then linear in the sequence, and the work quadratic but in blocks.
+``_WHOLE_LIMIT`` elements (by its traced shape) is kept as its recipe, which only ops that
+can make a block of query rows (dimension -2) from the same rows of their operands may be:
+pointwise ops, casts and ``expand`` (any other op that large leaves the mask unfolded).
+Such a mask is proved causal in linear time where it is an AND of comparisons of key
+positions against query positions, as transformers builds it (``_causal_terms``); else it
+is compared a block of rows at a time up to ``_COMPARED_LIMIT`` elements, and beyond that
+left a mask. Memory is linear in the sequence (docs/design/capture.md).
 """
 from __future__ import annotations
 
