@@ -41,16 +41,16 @@ _SIGNATURE = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 # Values of a mask's ancestry with more elements than this are built in blocks of rows.
 _WHOLE_LIMIT = 1 << 22
 _ATEN = torch.ops.aten
-# Ops besides the pointwise-tagged ones whose block of rows reads only its operands' same
-# rows: casts, copies and the bitwise operators' dunder overloads; and expand (by its sizes).
-_ROW_WISE = {_ATEN.to.dtype, _ATEN.to.dtype_layout, _ATEN._to_copy.default, _ATEN.clone.default,
-             _ATEN.alias.default, _ATEN.__and__.Tensor, _ATEN.__or__.Tensor, _ATEN.__xor__.Tensor}
 _EXPAND = _ATEN.expand.default
+# Casts and copies: a boolean value unchanged by them, but for its dtype's spelling.
+_CASTS = {_ATEN.to.dtype, _ATEN.to.dtype_layout, _ATEN._to_copy.default, _ATEN.clone.default, _ATEN.alias.default}
+# Ops besides the pointwise-tagged ones whose block of rows reads only its operands' same
+# rows: casts, the bitwise operators' dunder overloads; and expand (by its sizes).
+_ROW_WISE = _CASTS | {_ATEN.__and__.Tensor, _ATEN.__or__.Tensor, _ATEN.__xor__.Tensor}
 # Beyond this many elements a mask that _causal_terms cannot prove causal is not compared.
 _COMPARED_LIMIT = 1 << 28
 _AND = {_ATEN.__and__.Tensor, _ATEN.bitwise_and.Tensor, _ATEN.logical_and.default}
-_SAME = {_ATEN.to.dtype, _ATEN.to.dtype_layout, _ATEN._to_copy.default, _ATEN.clone.default,
-         _ATEN.alias.default, _EXPAND}  # a boolean value unchanged, but for its shape
+_SAME = _CASTS | {_EXPAND}  # a boolean value unchanged, but for its shape
 # Comparisons `x op y`, as (col op' row) of a key column's value against a query row's:
 # _COMPARE[op] when x is the column, _SWAPPED[op] when x is the row.
 _COMPARE = {_ATEN.le.Tensor: "le", _ATEN.lt.Tensor: "lt", _ATEN.ge.Tensor: "ge", _ATEN.gt.Tensor: "gt",
