@@ -30,15 +30,11 @@ def _one(layers: int, seq: int, batch: int, nodes: int, global_batch: int) -> di
     import time
 
     import torch
-    import transformers
 
     import shardwise
+    from published import llama_module
 
-    cfg = transformers.LlamaConfig(hidden_size=4096, num_hidden_layers=layers, num_attention_heads=32,
-                                   num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
-                                   max_position_embeddings=seq, rope_theta=500000.0, use_cache=False)
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = llama_module("8B", seq, layers)
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     start = time.process_time()
     graph = shardwise.capture(model, {"input_ids": ids, "labels": ids})

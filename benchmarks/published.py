@@ -114,20 +114,27 @@ CHECK = [
 ]
 
 
+def llama_module(model: str, seq: int, layers: int | None = None):
+    """transformers' LlamaForCausalLM at the published size (or with `layers` of its layers),
+    bf16, on the meta device, for sequences of `seq` tokens."""
+    import torch
+    import transformers
+
+    depth, hidden, heads, kv, ffn = LLAMA3[model]
+    cfg = transformers.LlamaConfig(hidden_size=hidden, num_hidden_layers=layers or depth, num_attention_heads=heads,
+                                   num_key_value_heads=kv, intermediate_size=ffn, vocab_size=VOCAB,
+                                   max_position_embeddings=seq, rope_theta=500000.0, use_cache=False)
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+
+
 def llama_graph(model: str, seq: int, cache: dict):
-    """transformers' LlamaForCausalLM at the published size on the meta device, captured at
-    two sequences of `seq` tokens (every planner scales the batch)."""
+    """llama_module captured at two sequences of `seq` tokens (every planner scales the batch)."""
     key = (model, seq)
     if key not in cache:
         import torch
-        import transformers
 
-        layers, hidden, heads, kv, ffn = LLAMA3[model]
-        cfg = transformers.LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                       num_key_value_heads=kv, intermediate_size=ffn, vocab_size=VOCAB,
-                                       max_position_embeddings=seq, rope_theta=500000.0, use_cache=False)
-        with torch.device("meta"):
-            module = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+        module = llama_module(model, seq)
         ids = torch.zeros(2, seq, dtype=torch.long, device="meta")  # the SPMD search needs a batch >= 2
         cache[key] = shardwise.capture(module, {"input_ids": ids, "labels": ids})
     return cache[key]
