@@ -70,6 +70,9 @@ void bind_plan(py::module_& m) {
         return out;
       },
       py::arg("shape"), py::arg("placements"), py::arg("mesh"), py::arg("rank"));
+  m.def("block_bounds", &transform::block_bounds, py::arg("length"), py::arg("n"), py::arg("k"),
+        py::arg("ratios") = std::vector<double>{},
+        "[begin, end) of block k of n over `length` elements, even or at the ratios (transform/local_shard.h).");
   m.def("plan_normalise", [](const std::string& text) {
     return plan::plan_to_json_string(plan::plan_from_json_string(text));
   }, "Parse, validate and re-write a plan's JSON (canonical form).");

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "search/placement.h"
@@ -30,6 +31,28 @@ std::vector<std::int64_t> block(const std::vector<std::int64_t>& held, std::int6
 }
 
 }  // namespace
+
+std::pair<std::int64_t, std::int64_t> block_bounds(std::int64_t length, int n, int k,
+                                                   const std::vector<double>& ratios) {
+  if (n < 1 || k < 0 || k >= n || length < 0)
+    throw ValidationError(fmt::format("block bounds: block {} of {} over {} elements", k, n, length));
+  if (ratios.empty()) {
+    if (length % n != 0)
+      throw ValidationError(fmt::format("block bounds: {} elements do not split into {} equal blocks", length, n));
+    return {k * (length / n), (k + 1) * (length / n)};
+  }
+  if (ratios.size() != static_cast<std::size_t>(n))
+    throw ValidationError(fmt::format("block bounds: {} ratios for {} blocks", ratios.size(), n));
+  double before = 0;
+  for (int r = 0; r < k; ++r) before += ratios[static_cast<std::size_t>(r)];
+  const double through = before + ratios[static_cast<std::size_t>(k)];
+  const auto at = [length](double share) {
+    return std::clamp<std::int64_t>(std::llround(share * static_cast<double>(length)), 0, length);
+  };
+  const std::int64_t begin = at(before);
+  const std::int64_t end = k == n - 1 ? length : at(through);
+  return {begin, std::max(begin, end)};
+}
 
 LocalShard local_shard(const std::vector<std::int64_t>& shape, const std::vector<std::string>& placements,
                        const std::vector<int>& mesh, int rank) {
@@ -68,13 +91,8 @@ LocalShard local_shard(const std::vector<std::int64_t>& shape, const std::vector
       if (p.ratios.size() != static_cast<std::size_t>(n))
         throw ValidationError(fmt::format("local shard: {} on axis {} of {} ranks: one ratio per rank", placements[a],
                                           a, n));
-      double before = 0;
-      for (int r = 0; r < k; ++r) before += p.ratios[static_cast<std::size_t>(r)];
-      const double through = before + p.ratios[static_cast<std::size_t>(k)];
-      const auto begin = static_cast<std::int64_t>(std::llround(before * static_cast<double>(length)));
-      const auto end =
-          k == n - 1 ? length : static_cast<std::int64_t>(std::llround(through * static_cast<double>(length)));
-      indices = block(indices, begin, std::max(begin, end));
+      const auto [begin, end] = block_bounds(length, n, k, p.ratios);
+      indices = block(indices, begin, end);
       continue;
     }
     const std::int64_t groups = p.groups;
@@ -82,11 +100,12 @@ LocalShard local_shard(const std::vector<std::int64_t>& shape, const std::vector
       throw ValidationError(fmt::format("local shard: {} on axis {}: dim {} holds {} elements here, not a multiple of "
                                         "{} groups x {} ranks",
                                         placements[a], a, p.dim, length, groups, n));
-    const std::int64_t group_length = length / groups, chunk = group_length / n;
+    const std::int64_t group_length = length / groups;
+    const auto [begin, end] = block_bounds(group_length, n, k, {});
     std::vector<std::int64_t> kept;
     for (std::int64_t g = 0; g < groups; ++g) {
-      const std::int64_t begin = g * group_length + k * chunk;
-      kept.insert(kept.end(), indices.begin() + begin, indices.begin() + begin + chunk);
+      const auto first = indices.begin() + g * group_length;
+      kept.insert(kept.end(), first + begin, first + end);
     }
     indices = std::move(kept);
   }

@@ -45,4 +45,13 @@ struct LocalShard {
 LocalShard local_shard(const std::vector<std::int64_t>& shape, const std::vector<std::string>& placements,
                        const std::vector<int>& mesh, int rank);
 
+// Block k of n of a dim of `length` elements, as [begin, end): with no ratios, n equal
+// consecutive blocks (an error when n does not divide the length); with one ratio per rank,
+// the boundaries llround(cumulative ratio x length) (halves away from zero), the last block
+// ending at the length. The one rule for block bounds: local_shard uses it, and so does the
+// runtime's slice step (python/shardwise/runtime/reshard.py, through _C.block_bounds), so the
+// shard a rank is given and the one it slices out are the same rows.
+std::pair<std::int64_t, std::int64_t> block_bounds(std::int64_t length, int n, int k,
+                                                   const std::vector<double>& ratios);
+
 }  // namespace shardwise::transform

@@ -48,16 +48,11 @@ def _apply_step(x: torch.Tensor, step: dict, mesh: _Mesh) -> torch.Tensor:
         return ops.all_to_all(x.contiguous(), a["dim"], a["concat_dim"], group)
     if kind == "slice":
         y, d = _grouped(x, a["dim"], a["groups"])
-        length = y.shape[d]
-        if a["ratios"]:
-            cumulative = [0.0]
-            for r in a["ratios"]:
-                cumulative.append(cumulative[-1] + r)
-            begin = round(cumulative[k] * length)
-            end = length if k == n - 1 else round(cumulative[k + 1] * length)
-        else:
-            begin, end = k * (length // n), (k + 1) * (length // n)
-        return _ungrouped(y.narrow(d, begin, max(0, end - begin)), a["dim"], a["groups"]).contiguous()
+        try:  # the bounds local_shard gave this rank's shard
+            begin, end = _C.block_bounds(y.shape[d], n, k, list(a["ratios"]))
+        except ValidationError as e:
+            raise ValidationError(f"resharding step {step['text']!r} on a tensor of shape {tuple(x.shape)}: {e}") from e
+        return _ungrouped(y.narrow(d, begin, end - begin), a["dim"], a["groups"]).contiguous()
     if kind == "zero_others":
         return x if k == 0 else torch.zeros_like(x)
     if kind == "scale":

@@ -70,6 +70,20 @@ TEST(LocalShard, UnevenRatios) {
   EXPECT_EQ(local_shard({10}, {"S(0)[0.6,0.4]"}, {2}, 1).dims[0], (Runs{{6, 10}}));
 }
 
+TEST(BlockBounds, HalfWayTiesGoAwayFromZero) {
+  // 0.3 x 15 = 4.5: rank 0 takes five rows (the runtime's slice reads this rule too).
+  EXPECT_EQ(block_bounds(15, 2, 0, {0.3, 0.7}), (std::pair<std::int64_t, std::int64_t>{0, 5}));
+  EXPECT_EQ(block_bounds(15, 2, 1, {0.3, 0.7}), (std::pair<std::int64_t, std::int64_t>{5, 15}));
+  EXPECT_EQ(local_shard({15}, {"S(0)[0.3,0.7]"}, {2}, 0).dims[0], (Runs{{0, 5}}));
+}
+
+TEST(BlockBounds, EvenBlocksAndTheirErrors) {
+  EXPECT_EQ(block_bounds(12, 4, 3, {}), (std::pair<std::int64_t, std::int64_t>{9, 12}));
+  EXPECT_THROW(block_bounds(7, 2, 0, {}), support::ValidationError);
+  EXPECT_THROW(block_bounds(8, 2, 2, {}), support::ValidationError);
+  EXPECT_THROW(block_bounds(8, 2, 0, {1.0}), support::ValidationError);
+}
+
 TEST(LocalShard, ErrorsNameThePlacement) {
   EXPECT_THROW(local_shard({4}, {"S(0)"}, {2, 2}, 0), support::ValidationError);
   EXPECT_THROW(local_shard({4}, {"S(1)"}, {2}, 0), support::ValidationError);
