@@ -240,9 +240,13 @@ Schedule schedule_from_name(std::string_view name) {
   for (const auto& [s, known] : kSchedules)
     if (known == name) return s;
   throw ValidationError(
-      fmt::format("plan.schedule: unknown schedule '{}' (known: gpipe, 1f1b, interleaved-1f1b, kfkb, zb-h1, zb-v, "
-                  "dualpipe-v)",
-                  name));
+      fmt::format("plan.schedule: unknown schedule '{}' (known: {})", name, fmt::join(schedule_names(), ", ")));
+}
+
+std::vector<std::string_view> schedule_names() {
+  std::vector<std::string_view> names;
+  for (const auto& [s, name] : kSchedules) names.push_back(name);
+  return names;
 }
 
 std::string_view recompute_name(Recompute recompute) {

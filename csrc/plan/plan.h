@@ -109,6 +109,8 @@ bool splits_backward(Schedule schedule);
 bool v_shaped(Schedule schedule);
 // Also accepts "interleaved". Throws support::ValidationError listing the known names.
 Schedule schedule_from_name(std::string_view name);
+// Every schedule's name, in the order of the enum: the one list Python reads (_C.schedule_names).
+std::vector<std::string_view> schedule_names();
 std::string_view recompute_name(Recompute recompute);  // "none", "full", "selective"
 Recompute recompute_from_name(std::string_view name);
 // "exact", "per_micro_batch"; the parser names both on anything else.

@@ -76,6 +76,16 @@ void bind_plan(py::module_& m) {
   m.def("plan_normalise", [](const std::string& text) {
     return plan::plan_to_json_string(plan::plan_from_json_string(text));
   }, "Parse, validate and re-write a plan's JSON (canonical form).");
+  m.def("schedule_names", [] {
+    std::vector<std::string> names;
+    for (std::string_view n : plan::schedule_names()) names.emplace_back(n);
+    return names;
+  }, "Every pipeline schedule's plan name (plan/plan.h).");
+  m.def("canonical_schedule", [](const std::string& name) {
+    return std::string(plan::schedule_name(plan::schedule_from_name(name)));
+  }, "A schedule's plan name from any name a plan accepts (\"interleaved\" too); ValidationError if none.");
+  m.def("schedule_v_shaped", [](const std::string& name) { return plan::v_shaped(plan::schedule_from_name(name)); },
+        "Two chunks per rank in a V (zb-v, dualpipe-v).");
   m.def("plan_hash", [](const std::string& text) { return plan::plan_hash_hex(plan::plan_from_json_string(text)); });
   m.def(
       "stage_plan", [](const std::string& text, int stage) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "cost/pipeline_transfers.h"
+#include "plan/plan.h"
 #include "python/bindings.h"
 #include "schedule/chrome_trace.h"
 #include "schedule/p2p_channels.h"
@@ -25,17 +27,10 @@ struct Simulation {
   std::vector<std::string> rank_labels;  // a heterogeneous pipeline's device type per rank
 };
 
+// The schedule the planner prices (cost::pipeline_schedule), by its plan name: one dispatch.
 schedule::PipelineSchedule make_schedule(const std::string& name, int stages, int micro_batches, int virtual_stages,
                                          int k) {
-  if (name == "1f1b") return schedule::one_f_one_b(stages, micro_batches);
-  if (name == "gpipe") return schedule::gpipe(stages, micro_batches);
-  if (name == "interleaved-1f1b") return schedule::interleaved_1f1b(stages, micro_batches, virtual_stages);
-  if (name == "kfkb") return schedule::kfkb(stages, micro_batches, k);
-  if (name == "zb-h1") return schedule::zero_bubble_h1(stages, micro_batches);
-  if (name == "zb-v") return schedule::zero_bubble_v(stages, micro_batches);
-  if (name == "dualpipe-v") return schedule::dual_pipe_v(stages, micro_batches);
-  throw support::ValidationError("simulate: unknown schedule '" + name +
-                                 "' (expected 1f1b, gpipe, interleaved-1f1b, kfkb, zb-h1, zb-v or dualpipe-v)");
+  return cost::pipeline_schedule(plan::schedule_from_name(name), stages, micro_batches, virtual_stages, k);
 }
 
 // forward / backward are a whole pipeline stage's seconds; with v virtual stages each

@@ -16,11 +16,6 @@ from dataclasses import dataclass
 
 from . import _C
 
-_SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved-1f1b",
-              "interleaved-1f1b": "interleaved-1f1b", "kfkb": "kfkb", "zb-h1": "zb-h1", "zb-v": "zb-v",
-              "dualpipe-v": "dualpipe-v"}
-
-
 @dataclass(frozen=True)
 class NetworkCondition:
     """The links between pipeline stages over time (Ada-Grouper's preempted network): the
@@ -148,10 +143,11 @@ class Plan:
             data = 1
         if data is None:
             data = max(1, cluster.world_size // (tensor * pipeline))
-        name = _SCHEDULES.get(str(schedule).lower())
-        if name is None:
-            raise _C.ValidationError(f"Plan.manual: unknown schedule {schedule!r} (known: {sorted(_SCHEDULES)})")
-        if name in ("zb-v", "dualpipe-v") and virtual_stages == 1:
+        try:
+            name = _C.canonical_schedule(str(schedule).lower())
+        except _C.ValidationError as e:
+            raise _C.ValidationError(f"Plan.manual: {e}") from None
+        if _C.schedule_v_shaped(name) and virtual_stages == 1:
             virtual_stages = 2  # ZB-V and DualPipeV are two chunks per rank, in a V
         doc = {"format": "shardwise.plan", "version": 1, "data": data, "tensor": tensor, "pipeline": pipeline,
                "global_batch": global_batch, "micro_batch": micro_batch, "schedule": name,

@@ -21,7 +21,7 @@ from typing import List, Union
 
 from . import _C
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "kfkb", "zb-h1", "zb-v", "dualpipe-v")
+SCHEDULES = tuple(_C.schedule_names())  # the plan's names (csrc/plan/plan.h), "interleaved" accepted too
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -101,8 +101,10 @@ def simulate(schedule: str = "1f1b", stages: int = 4, micro_batches: int = 8, vi
     A heterogeneous pipeline: ``stage_scale`` (one per rank) multiplies that rank's times (a
     stage on devices half as fast: 2), and ``devices`` (one per rank) names each row of the
     timeline and each thread of the trace ("rank 1 a100-half")."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    try:
+        schedule = _C.canonical_schedule(schedule)
+    except _C.ValidationError:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}") from None
     sim = _C.simulate_schedule(schedule, stages, micro_batches, virtual_stages, k, forward, backward, comm,
                                optimizer_step, weight_fraction, [float(x) for x in stage_scale or []],
                                [str(x) for x in devices or []])

@@ -3,8 +3,10 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 
 import shardwise
+from shardwise import _C
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -27,6 +29,21 @@ def test_interleaved_and_kfkb_run():
     assert k2.peak_in_flight[0] == 8
     with pytest.raises(ValueError):
         shardwise.simulate("zigzag")
+
+
+def test_a_plan_and_the_simulator_take_the_same_schedule_names():
+    # One list (csrc/plan/plan.h): "interleaved" once planned but did not simulate.
+    graph = shardwise.capture(shardwise.models.TinyGPT(), torch.zeros(2, 8, dtype=torch.long))
+    cluster = shardwise.Cluster.preset("cpu", 4)
+    for name in [*_C.schedule_names(), "interleaved", "Interleaved-1F1B"]:
+        v = 2 if "interleaved" in name.lower() else 1
+        plan = shardwise.Plan.manual(graph, cluster, pipeline=2, data=2, global_batch=8, micro_batch=1,
+                                     schedule=name, virtual_stages=v, recompute="none")
+        sim = shardwise.simulate(name.lower(), stages=2, micro_batches=4, virtual_stages=v)
+        assert sim.schedule == plan.schedule, name
+    assert shardwise.simulate("interleaved", 4, 8, 2).step_time == shardwise.simulate("interleaved-1f1b", 4, 8, 2).step_time
+    with pytest.raises(shardwise.ValidationError, match=r"unknown schedule 'zigzag' \(known: gpipe, 1f1b, "):
+        shardwise.Plan.manual(graph, cluster, pipeline=2, global_batch=8, micro_batch=1, schedule="zigzag")
 
 
 def test_the_channels_a_schedules_sends_travel_on():
