@@ -86,6 +86,9 @@ void bind_plan(py::module_& m) {
   }, "A schedule's plan name from any name a plan accepts (\"interleaved\" too); ValidationError if none.");
   m.def("schedule_v_shaped", [](const std::string& name) { return plan::v_shaped(plan::schedule_from_name(name)); },
         "Two chunks per rank in a V (zb-v, dualpipe-v).");
+  m.def("plan_num_micro_batches",
+        [](const std::string& text) { return plan::plan_from_json_string(text).num_micro_batches(); },
+        "Micro-batches per step on each data rank (plan::Plan::num_micro_batches).");
   m.def("plan_hash", [](const std::string& text) { return plan::plan_hash_hex(plan::plan_from_json_string(text)); });
   m.def(
       "stage_plan", [](const std::string& text, int stage) {

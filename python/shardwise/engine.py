@@ -415,7 +415,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     if plan.global_batch != global_batch or global_batch % rows:
         raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch} in micro-batches of "
                               f"{mb} x data {d}; the example batch has {global_batch}")
-    m = global_batch // rows
+    m = plan.num_micro_batches()
     check_same_plan(plan, rank)
     micro = map_tensors(named, lambda x: x.narrow(0, 0, rows))
     graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")

@@ -234,9 +234,9 @@ class Plan:
         raise AttributeError(name)
 
     def num_micro_batches(self) -> int:
-        """m: global batch / (micro-batch x data) micro-batches per step on each data rank."""
-        d = self._doc
-        return max(1, d["global_batch"] // (d["micro_batch"] * d["data"]))
+        """m: global batch / (micro-batch x data) micro-batches per step on each data rank (a
+        sharded plan: global batch / micro-batch); the core's count (plan::Plan)."""
+        return _C.plan_num_micro_batches(self.to_json())
 
     @property
     def micro_batch_semantics(self) -> str:
