@@ -23,7 +23,6 @@ to ``<path>`` at the end, so a crash mid-save leaves the previous checkpoint as 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import warnings
@@ -31,13 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, TensorProperties,
-                                                   TensorStorageMetadata)
-from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
-from torch.distributed.checkpoint.planner_helpers import _create_read_item_for_byteio, create_read_items_for_chunk_list
 
 from . import _C
 from ._C import ValidationError
@@ -58,13 +50,6 @@ _HYPER = "optim/hyperparameters"
 
 class CheckpointError(_C.ShardwiseError):
     """A checkpoint could not be written or read (storage, or a rank failed); nothing changed."""
-
-
-def _view(tensor: torch.Tensor, box: _Box) -> torch.Tensor:
-    out = tensor
-    for dim, (at, size) in enumerate(zip(box.local, box.sizes)):
-        out = out.narrow(dim, at, size)
-    return out
 
 
 # ---- what a target holds ---------------------------------------------------------------------
@@ -151,73 +136,6 @@ def _same(a: dict, b: dict) -> bool:
     return True
 
 
-# ---- DCP planners over boxes -----------------------------------------------------------------
-class _BoxSavePlanner(DefaultSavePlanner):
-    def __init__(self, tensors: dict[str, _Held], objects: dict[str, Any]):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self._tensors = tensors
-        self._objects = objects
-        self._views: dict[tuple, torch.Tensor] = {}
-
-    def create_local_plan(self) -> SavePlan:
-        items = []
-        for key, held in self._tensors.items():
-            properties = TensorProperties.create_from_tensor(held.tensor)
-            for box in held.boxes:
-                index = MetadataIndex(key, torch.Size(box.offsets))
-                self._views[(key, box.offsets)] = _view(held.tensor, box)
-                items.append(WriteItem(index=index, type=WriteItemType.SHARD, tensor_data=TensorWriteData(
-                    chunk=ChunkStorageMetadata(offsets=torch.Size(box.offsets), sizes=torch.Size(box.sizes)),
-                    properties=properties, size=torch.Size(held.shape))))
-        for key in self._objects:
-            items.append(WriteItem(index=MetadataIndex(key), type=WriteItemType.BYTE_IO))
-        self.plan = SavePlan(items)
-        return self.plan
-
-    def resolve_data(self, write_item: WriteItem):
-        key = write_item.index.fqn
-        if write_item.type == WriteItemType.BYTE_IO:
-            buffer = io.BytesIO()
-            torch.save(self._objects[key], buffer)
-            return buffer
-        return self._views[(key, tuple(write_item.index.offset))].detach().contiguous()
-
-
-class _BoxLoadPlanner(DefaultLoadPlanner):
-    def __init__(self, tensors: dict[str, _Held], objects: list[str]):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self._tensors = tensors
-        self._object_keys = objects
-        self.objects: dict[str, Any] = {}
-        self._views: dict[tuple, torch.Tensor] = {}
-
-    def create_local_plan(self) -> LoadPlan:
-        requests = []
-        for key, held in self._tensors.items():
-            chunks = []
-            for box in held.boxes:
-                self._views[(key, box.offsets)] = _view(held.tensor, box)
-                chunks.append(ChunkStorageMetadata(offsets=torch.Size(box.offsets), sizes=torch.Size(box.sizes)))
-            requests += create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key], chunks)
-        for key in self._object_keys:
-            index = MetadataIndex(key)
-            requests.append(_create_read_item_for_byteio(index, 0, index, 0, 0))
-        return LoadPlan(requests)
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        self.objects[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
-
-    def resolve_tensor(self, read_item):
-        index = read_item.dest_index
-        view = self._views[(index.fqn, tuple(index.offset))]
-        for dim, (at, size) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
-            view = view.narrow(dim, at, size)
-        return view
-
-    def commit_tensor(self, read_item, tensor: torch.Tensor) -> None:
-        pass  # resolve_tensor's view is written in place
-
-
 # ---- save / load ------------------------------------------------------------------------------
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -229,6 +147,8 @@ def _rank() -> int:
 
 def _failures(error: BaseException) -> str:
     """One line per failed rank (DCP's own message carries each rank's traceback)."""
+    from ._checkpoint_dcp import CheckpointException
+
     if isinstance(error, CheckpointException):
         return "; ".join(f"rank {r}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                          for r, (exc, _) in sorted(error.failures.items()))
@@ -287,9 +207,11 @@ def save_checkpoint(path: str | os.PathLike, target, optimizer=None, extra: dict
         shutil.rmtree(partial)
     if _distributed():
         dist.barrier()
+    from ._checkpoint_dcp import BoxSavePlanner, CheckpointException, dcp
+
     try:
         with _quiet():
-            dcp.save({}, storage_writer=dcp.FileSystemWriter(partial), planner=_BoxSavePlanner(tensors, objects),
+            dcp.save({}, storage_writer=dcp.FileSystemWriter(partial), planner=BoxSavePlanner(tensors, objects),
                      no_dist=not _distributed())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's is a BaseException: every rank's failure
         raise CheckpointError(f"save_checkpoint: writing {path} failed: {_failures(e)}") from e
@@ -318,6 +240,8 @@ def load_checkpoint(path: str | os.PathLike, target, optimizer=None) -> dict:
         log.warning("load_checkpoint: %s is missing; loading %s.old, the checkpoint before an interrupted save",
                     path, path)
         path = path + ".old"
+    from ._checkpoint_dcp import BoxLoadPlanner, CheckpointException, TensorStorageMetadata, dcp
+
     errors: list[str] = []
     metadata = None
     try:
@@ -378,7 +302,7 @@ def load_checkpoint(path: str | os.PathLike, target, optimizer=None) -> dict:
                         else:
                             objects.append(key)
     _agree(errors)
-    planner = _BoxLoadPlanner(staged, objects)
+    planner = BoxLoadPlanner(staged, objects)
     try:
         with _quiet():
             dcp.load({}, storage_reader=dcp.FileSystemReader(path), planner=planner, no_dist=not _distributed())
