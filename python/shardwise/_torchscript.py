@@ -24,6 +24,7 @@ import torch
 
 from . import _C
 from ._inputs import forward_signature, split_call, tensor_leaves
+from ._tensor_names import module_tensor_table
 
 __all__ = ["import_torchscript", "import_torchscript_debug", "import_graph_debug", "trace", "module_tensor_table"]
 
@@ -88,25 +89,6 @@ def trace(model: torch.nn.Module, example_inputs: tuple | Mapping) -> torch.jit.
     if isinstance(example_inputs, Mapping):
         return torch.jit.trace(model, example_kwarg_inputs=dict(example_inputs), strict=False, check_trace=False)
     return torch.jit.trace(model, tuple(example_inputs), strict=False, check_trace=False)
-
-
-def module_tensor_table(model: torch.nn.Module) -> list[tuple[str, str, str, torch.Tensor]]:
-    """(name, canonical name, role, tensor) for every alias of every parameter and buffer.
-
-    The canonical name of a tensor is its first name in ``named_parameters()`` (then
-    ``named_buffers()``) order, so a tied weight (GPT-2's ``lm_head.weight`` is
-    ``transformer.wte.weight``) is one IR value, named as ``named_parameters()`` names it.
-    """
-    first: dict[int, str] = {}
-    rows = []
-    for role, items in (("parameter", model.named_parameters(remove_duplicate=False)),
-                        ("buffer", model.named_buffers(remove_duplicate=False))):
-        for name, t in items:
-            if t is None:
-                continue
-            canonical = first.setdefault(id(t), name)
-            rows.append((name, canonical, role, t))
-    return rows
 
 
 def _module_constants(model: torch.nn.Module) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from ._causal_masks import fold_causal_masks
 from ._functionalize import functionalize
 from ._fx_import import CaptureError, _Builder, document, flatten_names, op_name, walk_graph
 from ._inputs import bind_inputs, forward_signature, input_names, split_call, tensor_leaves
+from ._tensor_names import canonical_names
 from .graph import Graph
 
 log = get_logger("shardwise.capture")
@@ -67,21 +68,11 @@ def _strip(name: str, prefix: str = "model.") -> str:
     return name[len(prefix):] if name.startswith(prefix) else name
 
 
-def _canonical_names(model: torch.nn.Module) -> dict[str, str]:
-    """Every parameter/buffer name -> the first name of the same tensor, so a tied
-    weight (GPT-2's lm_head.weight is transformer.wte.weight) is one IR value."""
-    first: dict[int, str] = {}
-    canonical = {}
-    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
-        canonical[name] = first.setdefault(id(t), name)
-    return canonical
-
-
 def _capture_export(model: torch.nn.Module, named: dict, batch_dim: int | None, prefix: str = "model.") -> dict:
     """`prefix`: the path, inside the export wrapper, of the module whose names the IR uses
     (stripped from parameter names and module paths)."""
     wrapper = _TensorOutputs(model)
-    canonical = _canonical_names(wrapper)
+    canonical = canonical_names(wrapper)  # a tied weight is one IR value
     tracking = _ModuleTracker(_named_root(model, prefix))
     with tracking:
         try:
