@@ -1,7 +1,9 @@
 // Bindings of the rewrite passes (csrc/transform): the rank program as Python dicts.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -76,6 +78,8 @@ py::dict operand(const transform::OperandRewrite& op) {
   // Their unit groups: one flattened collective per group (parameter_collectives.h), -1 alone.
   d["gather_group"] = op.gather_group;
   d["scatter_group"] = op.scatter_group;
+  // The resharding region (transform/rank_graph.h): readers with one region share one reshard.
+  d["region"] = transform::resharding_region_key(op);
   return d;
 }
 
@@ -99,7 +103,8 @@ std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Gr
                                                                   const std::vector<std::string>& lookup_ops,
                                                                   bool adapt_to_shapes,
                                                                   plan::Recompute recompute = plan::Recompute::None,
-                                                                  bool* fp8 = nullptr) {
+                                                                  bool* fp8 = nullptr,
+                                                                  std::int64_t micro_batches = 1) {
   plan::Plan p;
   if (plan_json.empty()) {
     p.sharding = replicated(graph);
@@ -121,6 +126,9 @@ std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Gr
   options.whole_nodes = {whole_nodes.begin(), whole_nodes.end()};
   options.lookup_ops = {lookup_ops.begin(), lookup_ops.end()};
   options.adapt_to_shapes = adapt_to_shapes;
+  if (micro_batches < 1)
+    throw support::ValidationError("rank_program: micro_batches " + std::to_string(micro_batches) + " (at least 1)");
+  options.micro_batches = micro_batches;
   return {*p.sharding, options};
 }
 
@@ -137,6 +145,7 @@ std::uint64_t program_hash(const ir::Graph& graph, const plan::Plan& plan, int r
   transform::RewriteOptions options;
   const std::vector<std::string> lookup = lookup_kernel_ops();
   options.lookup_ops = {lookup.begin(), lookup.end()};
+  options.micro_batches = std::max<std::int64_t>(1, plan.num_micro_batches());  // as the runtime's programs count
   if (rank < 0 || rank >= plan.world_size())
     throw support::ValidationError("program_hash: rank " + std::to_string(rank) + " of a plan of " +
                                    std::to_string(plan.world_size()) + " ranks");
@@ -263,6 +272,28 @@ void bind_transform(py::module_& m) {
       "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h: balanced by forward FLOPs, or the "
       "given layers per stage) and their boundaries (csrc/transform/stage_split.h).");
   m.def(
+      "axis_groups",
+      [](const std::vector<int>& mesh) {
+        int world = 1;
+        for (int size : mesh) {
+          if (size < 1) throw support::ValidationError(fmt::format("axis_groups: a mesh axis of size {}", size));
+          world *= size;
+        }
+        // Per axis, every group of ranks that differ only in their coordinate on it, each in
+        // coordinate order, the groups in order of their first rank: the groups the rank IR's
+        // group= attributes name (transform::axis_group), made in this order on every rank.
+        std::vector<std::vector<std::vector<std::int64_t>>> out(mesh.size());
+        for (std::size_t a = 0; a < mesh.size(); ++a) {
+          std::set<std::vector<std::int64_t>> seen;
+          for (int r = 0; r < world; ++r) {
+            auto group = transform::axis_group(mesh, static_cast<int>(a), r);
+            if (seen.insert(group).second) out[a].push_back(std::move(group));
+          }
+        }
+        return out;
+      },
+      py::arg("mesh"), "Every axis' groups of mesh ranks (transform/rank_graph.h: axis_group), in creation order.");
+  m.def(
       "reshard_actions",
       [](const std::vector<std::string>& from, const std::vector<std::string>& to) {
         search::ShardingSpec a, b;
@@ -276,7 +307,7 @@ void bind_transform(py::module_& m) {
       "rank_program",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
          const std::vector<std::string>& lookup_ops, bool adapt_to_shapes, const std::string& recompute_name,
-         bool fp8) {
+         bool fp8, std::int64_t micro_batches) {
         const plan::Recompute recompute = plan::recompute_from_name(recompute_name);
         if (recompute != plan::Recompute::None && !plan_json.empty())
           throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
@@ -285,7 +316,8 @@ void bind_transform(py::module_& m) {
         // one rank) is told by fp8=.
         bool fp8_plan = false;
         auto [sharding, options] =
-            rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute, &fp8_plan);
+            rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute, &fp8_plan,
+                           micro_batches);
         fp8 = fp8 || fp8_plan;
         // The rank graph's program: nodes whose local call the ops' shape rules refuse run
         // whole there (rank_graph.h).
@@ -300,6 +332,11 @@ void bind_transform(py::module_& m) {
           d["local_shape"] = l.local_shape;
           d["gradient"] = spec_texts(l.gradient);
           d["reduce_axes"] = l.reduce_axes;
+          // The axes the leaf is whole on (Replicate): its copies, and the axes ZeRO may shard it over.
+          std::vector<int> replicated;
+          for (std::size_t a = 0; a < l.placement.size(); ++a)
+            if (l.placement[a].is_replicate()) replicated.push_back(static_cast<int>(a));
+          d["replicated_axes"] = replicated;
           leaves.append(d);
         }
         for (const auto& n : program.nodes) {
@@ -322,6 +359,8 @@ void bind_transform(py::module_& m) {
           d["statistics_axis"] = n.statistics_axis;
           d["statistics_dim"] = n.statistics_dim;
           d["kernel"] = n.kernel;
+          d["kernel_start"] = n.kernel_start;  // Lookup / Statistics: this rank's block of the split dim
+          d["kernel_stop"] = n.kernel_stop;
           // An FP8 linear (analysis/fp8_linears.h) when the plan runs in fp8: the mesh axes its
           // amaxes are a max over (transform/fp8_axes.h); None otherwise.
           if (const auto axes = fp8 ? transform::fp8_axes(graph, n) : std::nullopt) {
@@ -342,6 +381,7 @@ void bind_transform(py::module_& m) {
             py::dict m;
             m["forward"] = actions(n.matmul_scatter_forward);
             m["backward"] = actions(n.matmul_scatter_backward);
+            m["operand"] = search::collective_matmul_input(graph, captured);  // the contraction's input
             d["matmul_scatter"] = m;
           }
           if (n.counted) {
@@ -385,11 +425,11 @@ void bind_transform(py::module_& m) {
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
       py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
-      py::arg("fp8") = false,
+      py::arg("fp8") = false, py::arg("micro_batches") = 1,
       "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated, "
       "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\"); its FP8 linears "
       "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
-      "for a replicated program.");
+      "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count).");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,

@@ -139,29 +139,23 @@ class GraphEmitter {
     if (rw.mode == NodeMode::Lookup) {
       // The table's rows this rank holds: its block of dim 0 (one run: the vocabulary is cut
       // in consecutive blocks).
-      const OperandRewrite& table = rw.inputs[0];
-      const LocalShard shard =
-          local_shard(global_.value(node.inputs[0]).type.shape, texts(table.required), sharding_.mesh, rank_);
       op = "shardwise::embedding_lookup";
-      attrs["start"] = shard.dims[0].front().first;
-      attrs["stop"] = shard.dims[0].back().second;
+      attrs["start"] = rw.kernel_start;
+      attrs["stop"] = rw.kernel_stop;
     }
     if (rw.mode == NodeMode::Statistics) {
       // The kernel over input 0's dim split on statistics_axis: this rank's block [start,
       // stop) of it (a vocabulary kernel's classes), and the dim's whole size (the count a
       // norm's mean divides by).
       const std::vector<std::int64_t>& shape = global_.value(node.inputs[0]).type.shape;
-      const LocalShard shard = local_shard(shape, texts(rw.inputs[0].required), sharding_.mesh, rank_);
-      const auto dim = static_cast<std::size_t>(rw.statistics_dim);
       op = rw.kernel;
       attrs["axis"] = std::int64_t{rw.statistics_axis};
       attrs["dim"] = std::int64_t{rw.statistics_dim};
-      attrs["size"] = shape.at(dim);
-      attrs["start"] = shard.dims.at(dim).front().first;
-      attrs["stop"] = shard.dims.at(dim).back().second;
+      attrs["size"] = shape.at(static_cast<std::size_t>(rw.statistics_dim));
+      attrs["start"] = rw.kernel_start;
+      attrs["stop"] = rw.kernel_stop;
     }
-    const bool counted = rw.counted && rw.counted->shares > 1;
-    if (counted) attrs["reduction"] = std::int64_t{2};
+    const bool counted = rw.counted && rw.counted->shares > 1;  // its reduction is sum (spmd_rewrite.h)
     std::vector<ir::OutputSpec> outputs;
     for (std::size_t o = 0; o < node.outputs.size(); ++o) {
       const ir::Value& v = global_.value(node.outputs[o]);
@@ -224,14 +218,7 @@ class GraphEmitter {
   ir::ValueId resharded(const OperandRewrite& op, const std::string& module) {
     const ir::ValueId source = *graph_.find_value(op.value);
     if (op.forward.empty() && op.backward.empty()) return source;
-    std::string key = op.value;
-    for (const ReshardAction& step : op.forward) key += "|" + step.str();
-    if (op.regather) key += "|regather";
-    key += fmt::format("|{}|{}|{}|{}|{}", search::parameter_overlap_name(op.gather),
-                       search::parameter_overlap_name(op.gradient_overlap), search::parameter_overlap_name(op.scatter),
-                       op.gather_group, op.scatter_group);
-    key += "|backward";
-    for (const ReshardAction& step : op.backward) key += "|" + step.str();
+    const std::string key = resharding_region_key(op);
     if (auto it = regions_.find(key); it != regions_.end()) return it->second;
     const int k = ++reshardings_[op.value];
     const std::string base = fresh(fmt::format("{}.r{}", op.value, k));
@@ -471,6 +458,18 @@ void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const pl
       throw ValidationError(where(fmt::format("{}: gives [{}] from [{}] but {} ranks make [{}]", what,
                                               fmt::join(out, ","), fmt::join(in, ","), *n, fmt::join(expected, ","))));
   }
+}
+
+std::string resharding_region_key(const OperandRewrite& op) {
+  std::string key = op.value;
+  for (const ReshardAction& step : op.forward) key += "|" + step.str();
+  if (op.regather) key += "|regather";
+  key += fmt::format("|{}|{}|{}|{}|{}", search::parameter_overlap_name(op.gather),
+                     search::parameter_overlap_name(op.gradient_overlap), search::parameter_overlap_name(op.scatter),
+                     op.gather_group, op.scatter_group);
+  key += "|backward";
+  for (const ReshardAction& step : op.backward) key += "|" + step.str();
+  return key;
 }
 
 }  // namespace shardwise::transform

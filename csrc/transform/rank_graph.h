@@ -97,6 +97,13 @@ RankGraph rank_graph(const ir::Graph& global, const plan::Sharding& sharding, in
 // The ranks of `rank`'s group on mesh axis `axis`, in coordinate order.
 std::vector<std::int64_t> axis_group(const std::vector<int>& mesh, int axis, int rank);
 
+// The resharding region an operand's steps belong to: readers whose operands have one key
+// share one resharding (its nodes emitted once, by the first); the value, its forward and
+// backward steps and how they run (regather, overlaps, unit groups), so two units reading
+// one weight gather it each. The runtime's lowering keys its reshards by the same string
+// (the operand's "region"), never by a key of its own.
+std::string resharding_region_key(const OperandRewrite& op);
+
 // Checks a rank graph against the global graph and the plan (ValidationError naming the rank,
 // value and sizes at the first disagreement):
 //  - every leaf of the global graph is there, with its role, dtype and the local shape of

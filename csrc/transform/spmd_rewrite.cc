@@ -385,10 +385,20 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
       rw.inputs.push_back(std::move(op));
       grads[n].push_back(std::move(grad));
     }
+    if (rw.mode == NodeMode::Lookup || rw.mode == NodeMode::Statistics) {
+      const auto dim = static_cast<std::size_t>(rw.mode == NodeMode::Lookup ? 0 : rw.statistics_dim);
+      const auto runs = local_shard(graph.value(node.inputs[0]).type.shape, texts(rw.inputs[0].required),
+                                    sharding.mesh, rank)
+                            .dims.at(dim);
+      if (!runs.empty()) {
+        rw.kernel_start = runs.front().first;
+        rw.kernel_stop = runs.back().second;
+      }
+    }
     // A counted mean (ops::CountedMean): the shares of its rows; the runtime divides by the
     // count of the whole batch.
     if (rule && rule->counted_mean) {
-      CountedRewrite counted{1, rule->counted_mean->target, rule->counted_mean->weight};
+      CountedRewrite counted{options.micro_batches, rule->counted_mean->target, rule->counted_mean->weight};
       for (std::size_t a = 0; a < axes && !whole; ++a) {
         const Strategy& s = strategies[n][a];
         if (s.partial || s.index < 0) continue;
@@ -435,6 +445,7 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
         rw.attrs = arange_block(node.attrs, arange_run->first, arange_run->second);
       }
     }
+    if (rw.counted && rw.counted->shares > 1) rw.attrs["reduction"] = std::int64_t{2};  // the sum over its rows
   }
 
   // Which values carry gradients: floating parameters and what floating values they reach.

@@ -84,6 +84,9 @@ struct RewriteOptions {
   // and an input whose placement does not divide its shape is replicated there. Parameters
   // keep their placements, so the engine's shards serve this program too.
   bool adapt_to_shapes = false;
+  // Micro-batches per step (a pipelined plan's, plan::Plan::num_micro_batches): a counted
+  // mean's rows are a share of the step's count, as they are of the mesh's (CountedRewrite).
+  std::int64_t micro_batches = 1;
 };
 
 // One operand of a node (or a graph output): where its value arrives from and what it needs.
@@ -139,10 +142,12 @@ struct OutputRewrite {
 // of the whole batch (every rank holds the global batch, so every rank computes G alone, with
 // no collective): the outputs' Partial(mean) over `shares` ranks then averages to the one-device
 // mean, whatever each rank counts. `shares` is the product of the sizes of the mesh axes that
-// split the loss' rows (1: none; the runtime multiplies in its micro-batches too). The output's
-// uneven-share scale stays 1: G already weighs each rank's rows.
+// split the loss' rows, times the step's micro-batches (RewriteOptions::micro_batches: G is the
+// whole step's count); 1: neither. With shares > 1 the node's reduction attribute is sum (2),
+// which the runtime's call reads like any attribute. The output's uneven-share scale stays 1: G
+// already weighs each rank's rows.
 struct CountedRewrite {
-  int shares = 1;
+  std::int64_t shares = 1;
   int target = -1;  // input positions, as in ops::CountedMean
   int weight = -1;
 };
@@ -155,6 +160,11 @@ struct NodeRewrite {
   int statistics_axis = -1;      // Statistics: the axis whose split the kernel combines,
   int statistics_dim = -1;       // the dim of input 0 it splits,
   std::string kernel;            // and the kernel (ops/distributed_kernels.h: shardwise::...)
+  // Lookup and Statistics: this rank's block [kernel_start, kernel_stop) of the split dim
+  // (the table's rows; input 0's statistics_dim), from local_shard of input 0's required
+  // placement. The one derivation: the rank graph's start / stop attributes and the runtime's
+  // kernel call both read it.
+  std::int64_t kernel_start = 0, kernel_stop = 0;
   std::optional<CountedRewrite> counted;
   // Recomputation (plan::Sharding::recompute): the instance of the repeated blocks this node
   // belongs to, run as one checkpointed region (its forward recomputed in backward, its

@@ -345,3 +345,30 @@ def test_a_padded_batch_whose_micro_batch_is_one_row_gets_its_stage_layout_searc
     r = _spawn(4, "mask_across_a_cut", True)
     assert r["pipeline"] == 2 and r["stage_mesh"] == [1, 2] and r["micro_batches"] == 4, r
     assert r["loss_error"] < 1e-6 and r["param_error"] < EXACT, r
+
+
+# ---- the counted mean in the rank IR -------------------------------------------------------------
+class _Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x, labels):
+        return F.cross_entropy(self.head(x), labels)  # ignore_index -100: a mean over the rows counted
+
+
+def test_the_rank_ir_counts_a_pipelines_micro_batches_as_its_runtime_does():
+    """A stage on one rank with 4 micro-batches runs cross entropy as its sum times 4 / G (G the
+    step's count of targets): the core's program says so (shares 4, reduction sum, a counted-mean
+    node in the rank IR), not the runtime alone; with one micro-batch it is the plain mean."""
+    graph = shardwise.capture(_Classifier(), (torch.randn(4, 8), torch.tensor([1, -100, 3, 0])))
+    accumulated = shardwise._C.rank_program(graph._core, "", 0, micro_batches=4)
+    (loss,) = [n for n in accumulated["nodes"] if n["counted"] is not None]
+    assert loss["counted"]["shares"] == 4 and loss["attrs"]["reduction"] == 2
+    assert "shardwise::counted_mean" in accumulated["rank_ir"] and "shares=4" in accumulated["rank_ir"]
+    single = shardwise._C.rank_program(graph._core, "", 0)
+    (loss,) = [n for n in single["nodes"] if n["counted"] is not None]
+    assert loss["counted"]["shares"] == 1 and loss["attrs"].get("reduction", 1) == 1
+    assert "counted_mean" not in single["rank_ir"]
+    with pytest.raises(shardwise.ValidationError, match="micro_batches 0"):
+        shardwise._C.rank_program(graph._core, "", 0, micro_batches=0)

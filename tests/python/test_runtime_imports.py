@@ -29,6 +29,7 @@ ALLOWED = {
     "shardwise._aten_call": "an IR node's ATen call bound from its attributes (lowering and profiling share it)",
     "shardwise._inputs": "binding a model's call by name (what the batch binding and capture share)",
     "shardwise.materialize": "a rank's local shard of a placed tensor",
+    "shardwise._tensor_names": "which names of a module's tensors are one (tied weights; capture reads it too)",
 }
 
 

@@ -41,8 +41,9 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
                        stage_links, state, weight_split, ...)
 
 Outside the package it imports only lower-level modules (_C, _logging, _teardown, _fx_import,
-_aten_call, _inputs, materialize); capture and plan reach the engines as a ``Recapture`` parallelize
+_aten_call, _inputs, _tensor_names, materialize); capture and plan reach the engines as a ``Recapture`` parallelize
 fills in. shardwise.parallelize (shardwise/engine.py), capture, plan, checkpoint and the CLI sit
 above; tests/python/test_runtime_imports.py keeps it so, and tests/python/test_docs.py checks this
-map against the folder. Why it is built this way: docs/design/training-loop.md.
+map against the folder. Why it is built this way: docs/design/training-loop.md. Which facts it
+reads from the core and which it still decides itself: README.md here.
 """

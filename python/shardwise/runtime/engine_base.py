@@ -94,21 +94,19 @@ def collective_error(error: BaseException, rank: int, step: int, collective: str
     return CollectiveError(f"rank {rank}, train_step {step}: a collective failed{collective}: {error}\n{hint}")
 
 
-def tied_names(model: torch.nn.Module) -> dict[str, str]:
-    """Every other name of a tensor the model holds under several (a tied LM head: lm_head.weight
-    -> the embedding's name, the first one, under which the engine keeps it). state_dict names
-    each; so does the engine's full_state_dict, so that load_state_dict(strict=True) takes it."""
-    first: dict[int, str] = {}
-    out: dict[str, str] = {}
-    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
-        if t is None:
-            continue
-        if id(t) in first:
-            if name != first[id(t)]:
-                out[name] = first[id(t)]
-        else:
-            first[id(t)] = name
-    return out
+def replicated_copies(leaf: dict, sizes: list[int]) -> int:
+    """How many ranks of the mesh hold the same copy of a leaf: the product of the sizes of the
+    axes it is replicated on (the core's leaf["replicated_axes"])."""
+    copies = 1
+    for axis in leaf["replicated_axes"]:
+        copies *= sizes[axis]
+    return copies
+
+
+def zero_axes(zero: dict, name: str, leaf: dict, sizes: list[int]) -> tuple[int, ...]:
+    """The axes of more than one rank a ZeRO plan shards parameter `name`'s optimizer state
+    over (plan.sharding.zero), among those the leaf is replicated on."""
+    return tuple(a for a in zero.get(name, ()) if a in leaf["replicated_axes"] and sizes[a] > 1)
 
 
 @dataclass

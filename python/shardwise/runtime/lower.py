@@ -192,7 +192,7 @@ class _Slot:
 def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dict[str, torch.Tensor],
                   input_names: list[str], trainable: set[str], *, nodes: list[dict] | None = None,
                   outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
-                  class_name: str | None = None, micro_batches: int = 1,
+                  class_name: str | None = None,
                   compute_dtypes: dict[str, torch.dtype] | None = None,
                   weight_boundaries: dict[str, list[int]] | None = None,
                   fused_accumulations: dict[str, int] | None = None) -> torch.fx.GraphModule:
@@ -203,10 +203,10 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     recorded there when missing: stages on one rank share a tied weight).
 
     A counted loss (the node's "counted": a mean over the targets the data counts) whose rows
-    are split, over mesh axes or into `micro_batches`, runs as its sum times shares x
-    micro_batches / G: the module takes one more argument per such node, after the inputs, G
-    the count of its targets over the whole global batch (runtime/counted.py computes it), and
-    lists those nodes in ``module.counted`` in that order.
+    are split, over mesh axes or into the step's micro-batches, runs as its sum (the core set
+    its reduction) times the core's shares / G: the module takes one more argument per such
+    node, after the inputs, G the count of its targets over the whole global batch
+    (runtime/counted.py computes it), and lists those nodes in ``module.counted`` in that order.
 
     `compute_dtypes`: a leaf the program computes in another dtype than the tensor held (the
     master weights of a mixed-precision policy, runtime/precision.py) is cast at its use.
@@ -254,7 +254,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     sizes, rank = (mesh.sizes, mesh.rank) if mesh is not None else ([1] * len(program["mesh"]), 0)
     for name in input_names:
         env[name] = graph.placeholder(_identifier(name))
-    counted = [n for n in nodes if n.get("counted") and n["counted"]["shares"] * micro_batches > 1]
+    counted = [n for n in nodes if n.get("counted") and n["counted"]["shares"] > 1]
     counts = {n["outputs"][0]["value"]: graph.placeholder("count_" + _identifier(n["outputs"][0]["value"]))
               for n in counted}
     needed = [op["value"] for node in nodes for op in node["inputs"]] + [out["value"] for out in outputs]
@@ -274,7 +274,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     # Readers that want a value the same way share one reshard (q, k and v read one gathered
     # norm output): its backward then runs once, on the sum of their gradients (every step is
     # linear). The search's evaluation counts it once too (sharding_model.cc).
-    reshards: dict[tuple, torch.fx.Node] = {}
+    reshards: dict[str, torch.fx.Node] = {}
     # The prefetched gathers by unit group (the core's gather_group: one flattened all-gather
     # each), the groups in order of first read, each group's members (reshard key, leaf,
     # forward step text) in order of first read; and the reads whose gradients each unit
@@ -285,11 +285,11 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         for op in node["inputs"]:
             if mesh is None:
                 continue
-            key = _reshard_key(op, _step_texts(root, op["forward"]), _step_texts(root, op["backward"]))
+            key = op["region"]
             if op.get("prefetch"):
                 members = prefetched.setdefault(op["gather_group"], [])
                 if key not in [m[0] for m in members]:
-                    members.append((key, op["value"], key[1][0]))
+                    members.append((key, op["value"], _step_texts(root, op["forward"])[0]))
             if op.get("scatter_in_backward"):
                 scattered.setdefault(op["scatter_group"], set()).add(key)
     prefetch_groups = list(prefetched.values())
@@ -336,7 +336,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 async_operand = (i, bwd[0])
                 fwd = bwd = ()
             if op.get("matmul") == "gather":  # runtime/collective_matmul.py: the ring gathers it
-                key = _reshard_key(op, fwd, bwd)
+                key = op["region"]
                 if key in reshards:
                     raise ValidationError(f"parallelize: the core runs the gather of '{op['value']}' inside "
                                           f"'{first}', but an earlier node read it gathered")
@@ -356,7 +356,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 value = graph.call_method("clone", (value,))
                 write_backs.append((op["value"], value, op["required"]))
             elif fwd or bwd:
-                key = _reshard_key(op, fwd, bwd)
+                key = op["region"]  # the core's resharding region (transform/rank_graph.h)
                 # A parameter's gradient reduce-scattered beside backward (DeferredScatters):
                 # delivered into the leaf's gradient, not through the cast before the gather.
                 scatter = {}
@@ -387,21 +387,16 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                 value = graph.call_module("weight_split.cut", (value, sites))
             operands.append(value)
         if node["mode"] == "lookup":
-            table = node["inputs"][0]
-            runs = _C.local_shard(node["input_shapes"][0], table["required"], sizes, rank)["dims"][0]
             bound = _schema_call(node, target, operands, named=True)  # embedding's, defaults filled
             padding_idx, scale, sparse = bound["padding_idx"], bound["scale_grad_by_freq"], bound["sparse"]
-            call = graph.call_module("vocab_lookup", (operands[0], operands[1], runs[0][0], runs[-1][1], padding_idx,
-                                                      scale, sparse))
+            call = graph.call_module("vocab_lookup", (operands[0], operands[1], node["kernel_start"],
+                                                      node["kernel_stop"], padding_idx, scale, sparse))
         elif node["mode"] == "statistics":  # the core's kernel for the split (csrc/ops/distributed_kernels.h)
             shape = list(node["input_shapes"][0])
             dim = node["statistics_dim"]
-            runs = _C.local_shard(shape, node["inputs"][0]["required"], sizes, rank)["dims"][dim]
             args, kwargs = _node_call(node, target, src, operands)
-            if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
-                args, kwargs = _with_argument(target, args, kwargs, "reduction", 2)
             call = graph.call_module("statistics", (node["kernel"], node["statistics_axis"], dim, shape[dim],
-                                                    runs[0][0], runs[-1][1], tuple(args), kwargs))
+                                                    node["kernel_start"], node["kernel_stop"], tuple(args), kwargs))
         elif node["one_device_random"]:
             if target not in _MASKS | _LIKE:
                 raise ValidationError(f"parallelize: the core draws '{first}' ({target}) whole and cuts it, "
@@ -439,7 +434,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             else:
                 fwd = _step_texts(root, matmul_scatter["forward"])
                 bwd = _step_texts(root, matmul_scatter["backward"])
-                operand = 1 if target is torch.ops.aten.addmm.default else 0
+                operand = matmul_scatter["operand"]  # the contraction's input (search/parameter_collectives.h)
                 call = graph.call_module("collective_matmul", ("scatter", SPLIT_OPS[target], operand, fwd[0],
                                                                bwd[0] if bwd else None, tuple(args), kwargs))
         elif async_operand is not None:  # runtime/async_gradients.py: the core marks linear, addmm, mm
@@ -450,8 +445,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             call = graph.call_module("async_gradient", (SPLIT_OPS[target], async_operand[0], async_operand[1],
                                                         tuple(args), kwargs))
         elif fused_accumulations and first in fused_accumulations:  # runtime/fused_accumulation.py
-            weight_at = {torch.ops.aten.addmm.default: 2, torch.ops.aten.embedding.default: 0}.get(target, 1)
-            if target not in _FUSABLE or fused_accumulations[first] != weight_at:
+            if target not in _FUSABLE:  # which operand is the weight: the core's (weight_gradient_split.h)
                 raise ValidationError(f"parallelize: the core accumulates the weight gradient of '{first}' ({target}) "
                                       f"at its operand {fused_accumulations[first]} in place, which the runtime can do "
                                       f"only for the weight of {', '.join(_FUSABLE.values())}")
@@ -459,16 +453,14 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             call = graph.call_module("fused_accumulation", (_FUSABLE[target], tuple(args), kwargs))
         else:
             args, kwargs = _node_call(node, target, src, operands)
-            if first in counts:  # the sum over this rank's rows (times its share of the whole count, below)
-                args, kwargs = _with_argument(target, args, kwargs, "reduction", 2)
             call = graph.call_function(_LAYOUT_FREE.get(target, target), tuple(args), kwargs)
         if regathers and call.op in ("call_function", "call_module"):
             call = _released_after(graph, call, regathers)
         if weight_boundaries is not None and weight_boundaries.get(first):
             call = graph.call_module("weight_split.site", (call, sites))
             sites += 1
-        if first in counts:
-            shares = node["counted"]["shares"] * micro_batches
+        if first in counts:  # the call summed this rank's rows (the core's reduction): times its share of G
+            shares = node["counted"]["shares"]
             call = graph.call_function(operator.truediv, (graph.call_function(operator.mul, (call, float(shares))),
                                                           counts[first]))
         for name, value, required in write_backs:
@@ -516,14 +508,6 @@ def program_code(module: torch.fx.GraphModule) -> str:
 
 
 
-def _reshard_key(op: dict, forward: tuple, backward: tuple) -> tuple:
-    """Readers whose operands share this key share one reshard: the value, its steps, and how
-    the core runs them (csrc/transform/rank_graph.cc keys its resharding regions alike: two
-    units reading one weight gather it each)."""
-    return (op["value"], forward, backward, op.get("regather", False), op.get("gather_group", -1),
-            op.get("scatter_group", -1))
-
-
 def _step_texts(root: torch.nn.Module, steps) -> tuple[str, ...]:
     """The texts the program names `steps` by, each registered with root.reshard."""
     return tuple(root.reshard.step(s) for s in steps)
@@ -552,20 +536,8 @@ def _write_state(leaf: torch.Tensor, value: torch.Tensor) -> None:
             leaf.copy_(value)
 
 
-def _with_argument(target, args: list, kwargs: dict, name: str, value: Any) -> tuple[list, dict]:
-    """The call's (args, kwargs) with the schema argument `name` set to `value`."""
-    names = [a.name for a in target._schema.arguments]
-    position = names.index(name)
-    if position < len(args):
-        args = list(args)
-        args[position] = value
-    else:
-        kwargs = {**kwargs, name: value}
-    return args, kwargs
-
-
 def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = False,
-                  group=None) -> tuple[dict, list[str]]:
+                  group=None, micro_batches: int = 1) -> tuple[dict, list[str]]:
     """The core's program for `rank` (of the plan's mesh), with the same nodes run whole on
     every rank of the job (of `group`: a pipeline stage's sub-mesh where stages have layouts
     of their own).
@@ -575,12 +547,12 @@ def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = Fals
     makes the two run different collectives: the job hangs at the first one. So every rank's list is
     all-gathered and each rank's program made with their union; an error on any rank is
     raised on every rank (naming the rank), so that no rank goes on to a collective the
-    others never reach."""
+    others never reach. `micro_batches`: the step's (a pipelined plan's; spmd_rewrite.h)."""
     import torch.distributed as dist
 
     error, program, whole = None, None, []
     try:
-        program, whole = _local_rank_program(graph, plan_json, rank, adapt_to_shapes)
+        program, whole = _local_rank_program(graph, plan_json, rank, adapt_to_shapes, micro_batches)
     except ValidationError as e:
         error = e
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1):
@@ -603,7 +575,8 @@ def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = Fals
             log.info("rank %d: runs whole what other ranks run whole: %s", rank,
                      ", ".join(sorted(set(union) - set(whole))[:8]))
             try:
-                program = _C.rank_program(graph._core, plan_json, rank, union, adapt_to_shapes=adapt_to_shapes)
+                program = _C.rank_program(graph._core, plan_json, rank, union, adapt_to_shapes=adapt_to_shapes,
+                                          micro_batches=micro_batches)
                 whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
             except ValidationError as e:
                 error = e
@@ -611,12 +584,14 @@ def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = Fals
                           f"(this rank: {', '.join(sorted(whole)[:8])}); a rewrite that depends on the rank")
 
 
-def _local_rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool) -> tuple[dict, list[str]]:
+def _local_rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool,
+                        micro_batches: int = 1) -> tuple[dict, list[str]]:
     """The core's program for `rank` alone, and the nodes it runs whole (rank_graph.h: the
     splits with no distributed kernel, the local calls its ops' shape rules refuse, and the
     seeded random ops whose draws on a block could not be one device's). `adapt_to_shapes`:
     the plan was made at other batch shapes (spmd_rewrite.h)."""
-    program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes)
+    program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes,
+                              micro_batches=micro_batches)
     whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
     if whole:
         log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .. import _teardown
+from .. import _C, _teardown
+from .._C import ValidationError
 
 
 class _Mesh:
@@ -26,11 +27,11 @@ class _Mesh:
         # The ranks that must run one program's collectives alike (lower._rank_program): the
         # job, or (blocks) this stage's sub-mesh alone.
         self.stage_group = None
-        self.coords = []
-        stride = 1
-        for size in reversed(self.sizes):
-            self.coords.insert(0, (rank // stride) % size)
-            stride *= size
+        # The core's groups (transform/rank_graph.h, the rank IR's group=): per axis, the mesh
+        # ranks that differ only there; this rank's coordinate is its place in its group.
+        self.axis_groups = _C.axis_groups(self.sizes)
+        mine = [next(g for g in groups if rank in g) for groups in self.axis_groups]
+        self.coords = [g.index(rank) for g in mine]
         if blocks is not None:
             self._from_blocks(blocks)
             return
@@ -43,6 +44,12 @@ class _Mesh:
             self.device_mesh = init_device_mesh(device, tuple(self.sizes), mesh_dim_names=names)
             self.groups = [self.device_mesh.get_group(a) for a in range(len(self.sizes))]
         self.group_names = [g.group_name for g in self.groups]
+        offset = dist.get_rank() - rank  # the first global rank of this rank's stage
+        for axis, (group, members) in enumerate(zip(self.groups, mine)):
+            made = dist.get_process_group_ranks(group)
+            if made != [offset + r for r in members]:
+                raise ValidationError(f"mesh: axis {axis}'s group holds ranks {made}; the rank program's group= "
+                                      f"is {[offset + r for r in members]} (rank {dist.get_rank()})")
 
         # Every set of two or more axes as one group too (a ZeRO parameter's optimizer state may
         # be sharded over several axes), made here because making a group is collective: every
@@ -62,16 +69,14 @@ class _Mesh:
         for first, (data, tensor) in blocks:
             if data * tensor == 1:
                 continue
-            ranks = [[first + j * tensor + c for c in range(tensor)] for j in range(data)]
-            axis_sets = [(0, [[ranks[j][c] for j in range(data)] for c in range(tensor)]),  # data axis
-                         (1, [ranks[j] for j in range(data)])]                              # tensor axis
-            for axis, sets in axis_sets:
-                for members in sets:
+            for axis, sets in enumerate(_C.axis_groups([data, tensor])):  # the data axis', then the tensor axis'
+                for local in sets:
+                    members = [first + r for r in local]
                     group = dist.new_group(members)
-                    if me in members and first <= me < first + data * tensor:
+                    if me in members:
                         self.groups[axis] = group
                         self._axes_groups[(axis,)] = group
-            every = dist.new_group([r for row in ranks for r in row])
+            every = dist.new_group(list(range(first, first + data * tensor)))
             if first <= me < first + data * tensor:
                 self._axes_groups[(0, 1)] = every
                 self.stage_group = every

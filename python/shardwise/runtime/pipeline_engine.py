@@ -41,11 +41,12 @@ import torch.distributed as dist
 from .. import _C
 from .._C import ValidationError
 from .._logging import get_logger
+from .._tensor_names import tied_names
 from ..materialize import local_tensor
 from .batch import map_tensors
 from .buckets import _GradientBuckets
 from .counted import Counter
-from .engine_base import EngineBase, Recapture, mode_name, tied_names
+from .engine_base import EngineBase, Recapture, mode_name, replicated_copies, zero_axes
 from .grad_norm import plain
 from .lower import _build_module, _rank_program, _tensor_outputs, program_code
 from .reshard import gather_whole
@@ -88,12 +89,13 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     ZB-V's V: csrc/schedule/action.h)."""
     p, v = plan.pipeline, plan.virtual_stages
     if sharded is not None:
-        program, whole = _rank_program(graph, sharded.to_json(), mesh.rank, group=mesh.stage_group)
+        program, whole = _rank_program(graph, sharded.to_json(), mesh.rank, group=mesh.stage_group,
+                                       micro_batches=micro_batches)
     else:
         # One rank a stage: the replicated program, its blocks recomputed as the plan says (they
         # were not: a pure pipeline's recompute=True ran, and held, every activation).
         program, whole = _C.rank_program(graph._core, "", 0, recompute=plan.recompute,
-                                         fp8=plan.precision == "fp8"), []
+                                         fp8=plan.precision == "fp8", micro_batches=micro_batches), []
     stages = p * v
     cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
     stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
@@ -144,7 +146,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         outputs = program["outputs"] if last else [{"value": x} for x in cut["sent"][g]]
         module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
                                nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
-                               micro_batches=micro_batches, compute_dtypes=compute_dtypes,
+                               compute_dtypes=compute_dtypes,
                                weight_boundaries=cut["weight_boundaries"][g] if split_backward else None,
                                fused_accumulations=cut["fused_accumulations"][g] if FUSE_WEIGHT_ACCUMULATION else None)
         if split_backward:
@@ -276,9 +278,7 @@ class PipelineEngine(EngineBase):
                 continue
             copies = len(self._owners.get(name, {0}))
             if self._mesh is not None:
-                for axis, placement in enumerate(self._leaves[name]["placement"]):
-                    if placement == "R":
-                        copies *= self._mesh.sizes[axis]
+                copies *= replicated_copies(self._leaves[name], self._mesh.sizes)
             out.append((name, p, copies, pipeline > 1 or copies < self._world()))
         return out
 
@@ -296,8 +296,7 @@ class PipelineEngine(EngineBase):
         for name, p in self._parameters.items():
             if not isinstance(p, torch.nn.Parameter):
                 continue
-            axes = tuple(a for a in zero.get(name, ()) if self._leaves[name]["placement"][a] == "R"
-                         and self._mesh.sizes[a] > 1)
+            axes = zero_axes(zero, name, self._leaves[name], self._mesh.sizes)
             if axes:
                 out[name] = self._mesh.axes_group(axes)
         return out

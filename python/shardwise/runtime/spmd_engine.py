@@ -18,11 +18,12 @@ import torch.fx
 
 from .._C import ValidationError
 from .._logging import get_logger
+from .._tensor_names import tied_names
 from ..materialize import local_tensor
 from .batch import BatchBinding, call_arguments
 from .buckets import _GradientBuckets
 from .counted import Counter
-from .engine_base import EngineBase, Recapture, check_same_plan, mode_name, tied_names
+from .engine_base import EngineBase, Recapture, check_same_plan, mode_name, replicated_copies, zero_axes
 from .grad_norm import plain
 from .lower import _build_module, _rank_program, program_code
 from .mesh import _Mesh
@@ -104,10 +105,7 @@ class Engine(EngineBase):
     def _held(self):
         out = []
         for name, p in self._params.items():
-            copies = 1
-            for axis, placement in enumerate(self._leaves[name]["placement"]):
-                if placement == "R":
-                    copies *= self._mesh.sizes[axis]
+            copies = replicated_copies(self._leaves[name], self._mesh.sizes)
             out.append((name, p, copies, copies < self._world))
         return out
 
@@ -115,8 +113,7 @@ class Engine(EngineBase):
         zero = (self.plan.sharding or {}).get("zero", {})
         out = {}
         for name in self._params:
-            axes = tuple(a for a in zero.get(name, ()) if self._leaves[name]["placement"][a] == "R"
-                         and self._mesh.sizes[a] > 1)
+            axes = zero_axes(zero, name, self._leaves[name], self._mesh.sizes)
             if axes:
                 out[name] = self._mesh.axes_group(axes)
         return out
