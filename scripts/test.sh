@@ -6,24 +6,40 @@
 # (scripts/check_pip_install.sh), then runs the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's wall seconds, printed when it ends and again at the close (issue 47: where the
+# suite's time goes, in CI's output). pytest prints its slowest tests (--durations).
+started=$SECONDS
+phase_name="install"
+phase_start=$SECONDS
+times=""
+phase() {
+  local took=$((SECONDS - phase_start))
+  echo "[test] ${phase_name}: ${took} s"
+  times="${times}  ${phase_name}: ${took} s"$'\n'
+  phase_name="$1"
+  phase_start=$SECONDS
+  echo "[test] $1"
+}
 bash scripts/install.sh --test
 
-echo "[test] core (no torch): configure, build, ctest"
+phase "core (no torch): configure, build, ctest"
 cmake -S . -B build/core -G Ninja -DSHARDWISE_BUILD_PYTHON=OFF -DSHARDWISE_WERROR=ON >/dev/null
 cmake --build build/core -j 2
 ctest --test-dir build/core --output-on-failure -j 2
 
-echo "[test] core hardening: ASan + UBSan ctest, bounded libFuzzer runs (scripts/harden.sh)"
+phase "core hardening: ASan + UBSan ctest, bounded libFuzzer runs (scripts/harden.sh)"
 bash scripts/harden.sh
 
-echo "[test] pip install without root: a fresh venv, the package, the main job (scripts/check_pip_install.sh)"
+phase "pip install without root: a fresh venv, the package, the main job (scripts/check_pip_install.sh)"
 bash scripts/check_pip_install.sh
 
-echo "[test] python (pytest)"
+phase "python (pytest)"
 set +e
-${PYTHON:-python3} -m pytest tests/python -q -p no:cacheprovider "$@"
+${PYTHON:-python3} -m pytest tests/python -q -p no:cacheprovider --durations=25 "$@"
 rc=$?
 set -e
+phase "done"
+printf "[test] phases (wall seconds, %d in all):\n%s" $((SECONDS - started)) "$times"
 if [ "$rc" -eq 5 ]; then
   echo "[test] FAILED: pytest collected no tests (exit code 5)" >&2
   exit 1
