@@ -13,6 +13,7 @@
 #include "analysis/batch_dim.h"
 #include "cost/layer_balance.h"
 #include "cost/memory_cost.h"
+#include "search/placement.h"
 #include "search/plan_price.h"
 #include "search/sharding_model.h"
 #include "support/error.h"
@@ -175,8 +176,9 @@ namespace {
 // plan's precision (validated with the plan): what completing a plan runs.
 SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
                                   std::int64_t rows, SearchLevel level, double memory_fraction,
-                                  const cost::CostModel* model, std::vector<int> mesh = {}) {
+                                  const cost::CostModel* model, std::vector<int> mesh = {}, bool allow_zero = true) {
   SpmdSearchOptions options;
+  options.allow_zero = allow_zero;
   options.global_batch = rows;
   options.level = level;
   options.mesh = mesh.empty() ? std::vector<int>{plan.data, plan.tensor} : std::move(mesh);
@@ -186,6 +188,31 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   const cost::AnalyticCostModel analytic;
   return search_spmd(graph, cluster, model != nullptr ? *model : static_cast<const cost::CostModel&>(analytic),
                      options);
+}
+
+// A pipelined plan's stage layout with the plan's own ZeRO stage, as the evaluator prices it
+// (model_state_bytes over the data axis): zero_stage 1 shards the optimizer state of every
+// floating parameter the layout holds whole on the data axis (axis 0) over it, zero_stage 0
+// none. The layout is searched without ZeRO choices of its own, which the degrees would not
+// price. The runtime shards a stage's optimizer state and nothing more: zero_stage 2 or 3
+// (gradients, weights) is refused rather than priced as something that does not run.
+plan::Sharding with_plan_zero(plan::Sharding sharding, const ir::Graph& graph, const plan::Plan& plan) {
+  if (plan.zero_stage > 1)
+    throw support::ValidationError(fmt::format(
+        "plan.zero_stage: {} with pipeline {} and {} micro-batches: a pipelined plan's stages shard the optimizer "
+        "state over the data axis (zero_stage 1) and nothing more; use zero_stage 1, or pipeline 1 with one "
+        "micro-batch (the SPMD search shards gradients and weights where they pay)",
+        plan.zero_stage, plan.pipeline, plan.num_micro_batches()));
+  sharding.zero.clear();
+  if (plan.zero_stage == 0 || sharding.mesh.empty() || sharding.mesh[0] <= 1) return sharding;
+  for (const ir::Value& v : graph.values()) {
+    if (v.role != ir::ValueRole::Parameter || !ir::is_floating(v.type.dtype)) continue;
+    const auto it = sharding.placements.find(v.name);
+    if (it == sharding.placements.end() || it->second.empty() || !parse_placement(it->second[0]).is_replicate())
+      continue;
+    sharding.zero[v.name] = {0};
+  }
+  return sharding;
 }
 
 // Whether a layout searched on `graph` holds for the runtime's capture at `rows` (one
@@ -215,8 +242,10 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
         fmt::format("stage sharding: the cluster has {} devices, a stage's sub-mesh data {} x tensor {} = {}",
                     cluster.world_size(), plan.data, plan.tensor, size));
   const cost::Cluster sub_mesh = cluster.world_size() == size ? cluster : cost::first_ranks(cluster, size);
-  return search_plan_mesh(graph, sub_mesh, plan, plan.micro_batch * plan.data, level, memory_fraction, model)
-      .plan.sharding;
+  const SpmdSearchResult found = search_plan_mesh(graph, sub_mesh, plan, plan.micro_batch * plan.data, level,
+                                                 memory_fraction, model, {}, /*allow_zero=*/false);
+  if (!found.plan.sharding) return std::nullopt;
+  return with_plan_zero(*found.plan.sharding, graph, plan);
 }
 
 std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, const cost::Cluster& cluster,
@@ -236,9 +265,11 @@ std::vector<plan::Sharding> complete_stage_shardings(const ir::Graph& graph, con
     for (int r = 0; r < block.world_size(); ++r) types.push_back(block.device_of(r).name);
     auto key = std::pair{plan.stage_mesh(s), types};
     if (!searched.contains(key))
-      searched.emplace(key, *search_plan_mesh(graph, block, plan, plan.micro_batch, level, memory_fraction, model,
-                                               plan.stage_mesh(s))
-                                 .plan.sharding);
+      searched.emplace(key, with_plan_zero(*search_plan_mesh(graph, block, plan, plan.micro_batch, level,
+                                                              memory_fraction, model, plan.stage_mesh(s),
+                                                              /*allow_zero=*/false)
+                                                 .plan.sharding,
+                                             graph, plan));
     out.push_back(searched.at(key));
   }
   return out;

@@ -80,7 +80,11 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
 // search parallelize ran for a plan without one. Empty when data x tensor is 1 (every stage
 // holds its part of the graph whole), the plan is sharded (pipeline 1, one micro-batch), or
 // the graph was captured at another batch than those rows (it may not be the graph the runtime
-// captures at one micro-batch: the runtime completes the plan on its capture).
+// captures at one micro-batch: the runtime completes the plan on its capture). Its ZeRO is
+// the plan's zero_stage, as the evaluator prices it, not the search's own choice: zero_stage 1
+// shards the optimizer state of every floating parameter held whole on the data axis over it;
+// zero_stage 2 or 3 is refused (support::ValidationError naming plan.zero_stage): a stage
+// shards nothing more at run time. complete_stage_shardings does the same per stage mesh.
 std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
                                                       const plan::Plan& plan, SearchLevel level,
                                                       double memory_fraction = cost::kMemoryFraction,

@@ -206,3 +206,35 @@ def test_the_joint_planner_returns_complete_plans():
     # Batch 1 (the cost model's graphs): no batch index to split, so the runtime completes it.
     at_one = shardwise.Plan.joint(gpt_16(1), cluster, global_batch=64)
     assert at_one.stage_sharding is None and not at_one.is_complete(), at_one
+
+
+def _zero_degrees(zero: int) -> shardwise.Plan:
+    """Pipeline 2 x data 2, micro-batches of 2 rows (2 per step), ZeRO as given."""
+    doc = json.loads(_degrees().to_json())
+    doc.update({"data": 2, "tensor": 1, "zero_stage": zero})
+    return shardwise.Plan.from_json(json.dumps(doc))
+
+
+def test_a_pipelined_plan_runs_the_zero_stage_it_is_priced_with():
+    """The evaluator prices a pipelined plan's optimizer state over the data axis by its
+    zero_stage; the stage layout once took the SPMD search's own ZeRO choices instead (any
+    parameters, or none), so a plan priced with ZeRO-1 could run without it. Now the layout's
+    zero entries are the plan's: every parameter held whole on the data axis at zero_stage 1,
+    none at 0, and 2 or 3 (which a stage does not run) is refused. On a cluster with room, so
+    the layout keeps the weights whole."""
+    ids, targets = _batch()
+    graph = shardwise.capture(_model(), (ids[:4], targets[:4]))  # one micro-batch of the data axis
+    roomy = shardwise.Cluster.preset("cpu", 4)
+    parameters = {name for name, _ in _model().named_parameters()}
+    plain = _zero_degrees(0).complete(graph, roomy)
+    assert not plain.stage_sharding.get("zero")
+    zero1 = _zero_degrees(1).complete(graph, roomy)
+    placements = zero1.stage_sharding["placements"]
+    whole = {name for name in parameters if placements[name][0] == "R"}
+    assert whole and zero1.stage_sharding["zero"] == {name: [0] for name in whole}
+    with pytest.raises(shardwise.ValidationError, match=r"plan.zero_stage: 3 with pipeline 2 and 2 micro-batches"):
+        _zero_degrees(3).complete(graph, roomy)
+
+    r = _run(zero1)  # complete: the workers run its layout, ZeRO entries included
+    assert r["loss_error"] < 1e-9 and r["param_error"] < 1e-9, r
+    assert shardwise.Plan.from_json(r["plan"]).stage_sharding["zero"] == zero1.stage_sharding["zero"]

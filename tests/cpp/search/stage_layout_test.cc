@@ -7,6 +7,7 @@
 
 #include "cost/cluster_presets.h"
 #include "cost/layer_structure.h"
+#include "support/error.h"
 #include "test_graphs.h"
 
 namespace shardwise::search {
@@ -127,11 +128,40 @@ TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
   options.global_batch = 4;
   options.mesh = std::vector<int>{2, 2};
   options.batch_on_tensor_axis = false;  // the plan's degrees name the axes data x tensor
+  options.allow_zero = false;             // the plan's zero_stage says ZeRO, not the search
   const SpmdSearchResult direct = search_spmd(batch4, cost::first_ranks(cluster, 4), cost::AnalyticCostModel{},
                                               options);
   EXPECT_EQ(*s, *direct.plan.sharding);
+  EXPECT_TRUE(s->zero.empty());  // zero_stage 0: no optimizer state sharded, as the evaluator prices it
   plan.stage_sharding = s;
   EXPECT_NO_THROW(plan::validate(plan, 8));
+
+  // zero_stage 1: every floating parameter the layout holds whole on the data axis has its
+  // optimizer state sharded over it (what the evaluator prices); the layout is the same.
+  plan::Plan zero1{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 2, .zero_stage = 1};
+  const std::optional<plan::Sharding> z = complete_stage_sharding(batch4, cluster, zero1, SearchLevel::Fast);
+  ASSERT_TRUE(z);
+  EXPECT_EQ(z->placements, s->placements);
+  std::size_t sharded = 0;
+  for (const ir::Value& v : batch4.values()) {
+    if (v.role != ir::ValueRole::Parameter) continue;
+    const bool whole_on_data = z->placements.at(v.name)[0] == "R";
+    EXPECT_EQ(z->zero.contains(v.name), whole_on_data) << v.name;
+    if (whole_on_data) {
+      EXPECT_EQ(z->zero.at(v.name), (std::vector<int>{0})) << v.name;
+      ++sharded;
+    }
+  }
+  EXPECT_GT(sharded, 0U);
+  // The stages run nothing beyond ZeRO-1: zero_stage 3 is refused, naming the field.
+  plan::Plan zero3 = zero1;
+  zero3.zero_stage = 3;
+  try {
+    complete_stage_sharding(batch4, cluster, zero3, SearchLevel::Fast);
+    FAIL() << "zero_stage 3 with a pipeline";
+  } catch (const shardwise::support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.zero_stage: 3 with pipeline 2"), std::string::npos) << e.what();
+  }
 
   plan::Plan whole{.data = 1, .tensor = 1, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
   EXPECT_FALSE(complete_stage_sharding(batch4, cluster, whole, SearchLevel::Fast));
