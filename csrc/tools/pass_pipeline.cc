@@ -90,8 +90,9 @@ std::vector<PassEntry> make_registry() {
   // rank-graph last: its output is another program (one rank's), and the passes above are
   // for the captured one. It verifies its result against the global graph and the plan.
   passes.push_back({{"rank-graph", "rewrite into one rank's program under a plan (needs --plan, --rank)"}, rank_graph_pass});
-  // split-stages cuts the captured graph (the pipeline's stages are cut before each stage's
-  // sub-mesh rewrite, as the runtime does).
+  // split-stages cuts the captured graph and keeps one stage. The runtime cuts in the other
+  // order: it rewrites the whole graph for the stage's sub-mesh, then cuts that rank program by
+  // the same stage assignment (python/shardwise/runtime/README.md says why; issue 47).
   passes.push_back({{"split-stages", "cut into pipeline stages balanced by FLOPs and keep one (needs --stage=K/N)"},
                     split_stages_pass});
   return passes;
