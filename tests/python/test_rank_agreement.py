@@ -61,15 +61,15 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
         local = lower._local_rank_program
         forced = []
 
-        def one_rank_decides(graph, plan_json, r, adapt_to_shapes):
-            program, whole = local(graph, plan_json, r, adapt_to_shapes)
+        def one_rank_decides(graph, plan_json, r, adapt_to_shapes, micro_batches=1):
+            program, whole = local(graph, plan_json, r, adapt_to_shapes, micro_batches)
             if dist.get_rank() == 1:  # a split node only this rank runs whole
                 split = [n["outputs"][0]["value"] for n in program["nodes"]
                          if n["mode"] == "local" and any(p.startswith("S") for op in n["inputs"]
                                                          for p in op["required"])]
                 forced.append(split[0])
                 program = _C.rank_program(graph._core, plan_json, r, whole + split[:1],
-                                          adapt_to_shapes=adapt_to_shapes)
+                                          adapt_to_shapes=adapt_to_shapes, micro_batches=micro_batches)
                 whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
             return program, whole
 
