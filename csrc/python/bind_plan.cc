@@ -86,9 +86,16 @@ void bind_plan(py::module_& m) {
   }, "A schedule's plan name from any name a plan accepts (\"interleaved\" too); ValidationError if none.");
   m.def("schedule_v_shaped", [](const std::string& name) { return plan::v_shaped(plan::schedule_from_name(name)); },
         "Two chunks per rank in a V (zb-v, dualpipe-v).");
-  m.def("plan_num_micro_batches",
-        [](const std::string& text) { return plan::plan_from_json_string(text).num_micro_batches(); },
-        "Micro-batches per step on each data rank (plan::Plan::num_micro_batches).");
+  m.def(
+      "plan_num_micro_batches",
+      [](std::int64_t global_batch, std::int64_t micro_batch, int data, bool sharded) {
+        // The count reads four fields: a plan of them alone, not the document parsed again.
+        plan::Plan p{.data = data, .global_batch = global_batch, .micro_batch = micro_batch};
+        if (sharded) p.sharding = plan::Sharding{};
+        return p.num_micro_batches();
+      },
+      py::arg("global_batch"), py::arg("micro_batch"), py::arg("data"), py::arg("sharded"),
+      "Micro-batches per step on each data rank (plan::Plan::num_micro_batches).");
   m.def("plan_hash", [](const std::string& text) { return plan::plan_hash_hex(plan::plan_from_json_string(text)); });
   m.def(
       "stage_plan", [](const std::string& text, int stage) {

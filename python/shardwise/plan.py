@@ -236,7 +236,8 @@ class Plan:
     def num_micro_batches(self) -> int:
         """m: global batch / (micro-batch x data) micro-batches per step on each data rank (a
         sharded plan: global batch / micro-batch); the core's count (plan::Plan)."""
-        return _C.plan_num_micro_batches(self.to_json())
+        d = self._doc
+        return _C.plan_num_micro_batches(d["global_batch"], d["micro_batch"], d["data"], bool(d.get("sharding")))
 
     @property
     def micro_batch_semantics(self) -> str:
