@@ -223,6 +223,39 @@ def parameter_error(full: dict, reference: nn.Module) -> float:
                for n, p in reference.named_parameters())
 
 
+# ---- starting ranks ---------------------------------------------------------------------------------
+# What every rank imports before it runs a line of its test: a spawned interpreter paid for these
+# again in each rank (about 6 s of CPU for torch, shardwise and transformers' GPT-2 and LLaMA, so
+# 24 s for a 4-rank job on 2 cores). A forkserver imports them once a session, and each rank
+# is a fork of it.
+RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "shardwise", "transformers",
+                "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama"]
+
+
+def _rank_in_parents_environment(rank: int, environment: dict, fn, *args) -> None:
+    # A forked rank inherits the forkserver's environment, taken when it started; a spawned one
+    # had the test's at the time of the call (a test may set a variable for its ranks).
+    import os
+
+    os.environ.clear()
+    os.environ.update(environment)
+    fn(rank, *args)
+
+
+def run_ranks(fn, args: tuple = (), nprocs: int = 1) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs, join=True)``, its ranks forked from a
+    forkserver that has imported RANK_PRELOAD, in the test's environment of the moment. As with
+    spawn, `fn` and `args` travel pickled and a rank's failure raises here, naming the rank."""
+    import multiprocessing
+    import os
+
+    import torch.multiprocessing as mp
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
+    mp.start_processes(_rank_in_parents_environment, args=(dict(os.environ), fn, *args), nprocs=nprocs,
+                       join=True, start_method="forkserver")
+
+
 def finish_rank(path: str, rank: int, report: dict) -> None:
     """Writes this rank's report where the test reads it (``{path}.{rank}``) and waits for
     every rank, so no process group is torn down under a rank still using it."""
@@ -242,11 +275,9 @@ def spawn_reports(worker, world: int, *args) -> list[dict]:
     import os
     import tempfile
 
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result")
-        mp.spawn(worker, args=(world, os.path.join(tmp, "store"), result, *args), nprocs=world, join=True)
+        run_ranks(worker, args=(world, os.path.join(tmp, "store"), result, *args), nprocs=world)
         reports = []
         for rank in range(world):
             with open(f"{result}.{rank}") as f:
@@ -281,11 +312,8 @@ def spawn_scenario(module: str, world: int, name: str, *args):
     import os
     import tempfile
 
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_scenario_rank, args=(world, os.path.join(tmp, "store"), module, name, args, result), nprocs=world,
-                 join=True)
+        run_ranks(_scenario_rank, args=(world, os.path.join(tmp, "store"), module, name, args, result), nprocs=world)
         with open(result) as f:
             return json.load(f)

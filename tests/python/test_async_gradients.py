@@ -19,12 +19,11 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import regression_batch, train_one_device
+from conftest import regression_batch, run_ranks, train_one_device
 
 ROWS, STEPS, TOLERANCE = 8, 3, 1e-9
 
@@ -120,7 +119,7 @@ def test_column_parallel_input_gradient_is_all_reduced_beside_the_weight_gradien
     world = 2
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result), nprocs=world, join=True)
+        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), result), nprocs=world)
         with open(result) as f:
             r = json.load(f)
     for a, b in zip(r["losses"], r["ref_losses"]):

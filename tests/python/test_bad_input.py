@@ -14,12 +14,13 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
 from shardwise import Cluster
+
+from conftest import run_ranks
 
 
 @torch.library.custom_op("shardwise_test_bad_input::mystery", mutates_args=())
@@ -149,7 +150,7 @@ def _run(rank: int, world: int, tmp: str) -> None:
 @pytest.fixture(scope="module")
 def results():
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_run, args=(2, tmp), nprocs=2, join=True)
+        run_ranks(_run, args=(2, tmp), nprocs=2)
         out = []
         for rank in range(2):
             with open(os.path.join(tmp, f"result-{rank}.json")) as f:

@@ -22,6 +22,8 @@ import torch.multiprocessing as mp
 import shardwise
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
+from conftest import run_ranks
+
 CFG = dict(layers=4)
 BATCH, SEQ, VOCAB = 8, 32, 256
 LR = 1e-2
@@ -118,7 +120,7 @@ def _job(rank: int, world: int, store_path: str, spec: dict) -> None:
 def _spawn(world: int, tmp: str, **spec) -> dict:
     spec["result"] = os.path.join(tmp, f"result-{spec['layout']}.json")
     store = tempfile.mktemp(dir=tmp)
-    mp.spawn(_job, args=(world, store, spec), nprocs=world, join=True)
+    run_ranks(_job, args=(world, store, spec), nprocs=world)
     with open(spec["result"]) as f:
         return json.load(f)
 

@@ -10,6 +10,8 @@ import shardwise
 from shardwise import Cluster, _C
 from shardwise import cluster as cluster_module
 
+from conftest import run_ranks
+
 # One node of 4 devices on a 1 GB/s, 1 us bus: the 1-level cluster of the C++ tests
 # (tests/cpp/cost/test_clusters.h, flat_cluster(4)).
 FLAT = {
@@ -359,9 +361,7 @@ def _measure_links_job(rank: int, world: int, tmp: str) -> None:
 
 
 def test_detect_measures_links_with_an_all_reduce(tmp_path):
-    import torch.multiprocessing as mp
-
-    mp.spawn(_measure_links_job, args=(2, str(tmp_path)), nprocs=2, join=True)
+    run_ranks(_measure_links_job, args=(2, str(tmp_path)), nprocs=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["agreed"] == ranks[1]["agreed"] == [0.0, 0.0]
     for key in ("preset", "one_node", "two_nodes"):  # every rank describes the same cluster
@@ -458,9 +458,7 @@ def _mixed_job(rank: int, world: int, tmp: str) -> None:
 def test_detect_reports_a_mixed_job(tmp_path):
     # Four ranks on two nodes, the last rank a slower kind: every rank describes the same
     # mixed cluster, with each kind's own figures and its place on its node.
-    import torch.multiprocessing as mp
-
-    mp.spawn(_mixed_job, args=(4, str(tmp_path)), nprocs=4, join=True)
+    run_ranks(_mixed_job, args=(4, str(tmp_path)), nprocs=4)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     assert [r["alike"] for r in ranks] == [[0.0]] * 4
     assert [r["by_kind"] for r in ranks] == [[0.0], [1.0], [0.0], [1.0]]  # agreed within a kind only

@@ -9,9 +9,10 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardwise import collectives as C
+
+from conftest import run_ranks
 
 
 def _run(rank: int, world: int, store_path: str, check: str) -> None:
@@ -27,7 +28,7 @@ def _run(rank: int, world: int, store_path: str, check: str) -> None:
 
 def _spawn(check: str, world: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_run, args=(world, os.path.join(tmp, "store"), check), nprocs=world, join=True)
+        run_ranks(_run, args=(world, os.path.join(tmp, "store"), check), nprocs=world)
 
 
 def _input(rank: int, shape) -> torch.Tensor:

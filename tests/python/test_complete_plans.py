@@ -13,11 +13,12 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import shardwise
 from shardwise import _C
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
+
+from conftest import run_ranks
 
 STEPS = 2
 
@@ -103,8 +104,7 @@ def _worker(rank: int, world: int, store: str, plan_json: str, result: str, coun
 def _run(plan: shardwise.Plan, count_searches: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(4, os.path.join(tmp, "store"), plan.to_json(), result, count_searches), nprocs=4,
-                 join=True)
+        run_ranks(_worker, args=(4, os.path.join(tmp, "store"), plan.to_json(), result, count_searches), nprocs=4)
         with open(result) as f:
             return json.load(f)
 

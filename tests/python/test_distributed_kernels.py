@@ -18,12 +18,11 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import train_one_device
+from conftest import run_ranks, train_one_device
 
 STEPS, ROWS, TOLERANCE = 3, 8, 1e-9
 
@@ -127,7 +126,7 @@ def _spawn(name: str, mesh: tuple[int, int]) -> dict:
     world = mesh[0] * mesh[1]
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), name, mesh, result), nprocs=world, join=True)
+        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), name, mesh, result), nprocs=world)
         with open(result) as f:
             return json.load(f)
 

@@ -23,10 +23,9 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import shardwise
-from conftest import with_zero
+from conftest import run_ranks, with_zero
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
 
@@ -45,7 +44,7 @@ STEPS = 4
 def _spawn(fn, world: int, *args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(fn, args=(world, os.path.join(tmp, "store"), result, *args), nprocs=world, join=True)
+        run_ranks(fn, args=(world, os.path.join(tmp, "store"), result, *args), nprocs=world)
         with open(result) as f:
             return json.load(f)
 

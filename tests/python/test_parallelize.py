@@ -17,12 +17,11 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import TwoBranch, with_zero
+from conftest import TwoBranch, run_ranks, with_zero
 from shardwise.models import CausalLMWithLoss
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
@@ -258,9 +257,9 @@ def _spawn(world: int, case: str, plan_json: str | None = None, mesh=None, stage
            zero: bool = False, hetero: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_run, args=(world, os.path.join(tmp, "store"),
+        run_ranks(_run, args=(world, os.path.join(tmp, "store"),
                              (case, plan_json, mesh, result, stage_memory, zero, hetero)),
-                 nprocs=world, join=True)
+                 nprocs=world)
         with open(result) as f:
             return json.load(f)
 
@@ -625,7 +624,7 @@ def test_bad_input_gets_clear_errors():
         shardwise.parallelize(MLP(), (torch.randn(8, 16), torch.randint(0, 4, (8,))), F.cross_entropy)
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_run_errors, args=(2, os.path.join(tmp, "store"), result), nprocs=2, join=True)
+        run_ranks(_run_errors, args=(2, os.path.join(tmp, "store"), result), nprocs=2)
         with open(result) as f:
             messages = json.load(f)
     assert "'x': [4, 16]" in messages["shape"] and "'x': [8, 16]" in messages["shape"], messages["shape"]

@@ -19,12 +19,11 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import TIGHT_PRECISION, tight_cluster, train_one_device
+from conftest import TIGHT_PRECISION, run_ranks, tight_cluster, train_one_device
 
 ROWS, STEPS, TOLERANCE = 8, 3, 1e-9
 PRECISION_BYTES = 2  # TIGHT_PRECISION (bf16): the plan counts bytes at its precision; the run is float64
@@ -114,7 +113,7 @@ def _worker(rank: int, world: int, store: str, result: str, name: str) -> None:
 def _run(name: str, world: int = 2) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result, name), nprocs=world, join=True)
+        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), result, name), nprocs=world)
         with open(result) as f:
             return json.load(f)
 

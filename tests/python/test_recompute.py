@@ -16,10 +16,9 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import shardwise
-from conftest import train_one_device
+from conftest import run_ranks, train_one_device
 from shardwise.models import CausalLMWithLoss
 
 transformers = pytest.importorskip("transformers")
@@ -155,7 +154,7 @@ def _spawn(name: str) -> dict:
     world = 2
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), result, name), nprocs=world, join=True)
+        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), result, name), nprocs=world)
         with open(result) as f:
             return json.load(f)
 
@@ -226,7 +225,7 @@ def test_a_pipeline_with_a_stage_per_rank_recomputes_when_its_plan_says_so_and_e
     world = 2
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_pipeline_worker, args=(world, os.path.join(tmp, "store"), result), nprocs=world, join=True)
+        run_ranks(_pipeline_worker, args=(world, os.path.join(tmp, "store"), result), nprocs=world)
         reports = []
         for rank in range(world):
             with open(f"{result}.{rank}") as f:

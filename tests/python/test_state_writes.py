@@ -19,12 +19,11 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import tight_plan
+from conftest import run_ranks, tight_plan
 
 STEPS, ROWS, TOLERANCE = 3, 4, 1e-9
 
@@ -98,7 +97,7 @@ def test_batch_norm_split_over_channels_updates_the_whole_running_statistics(mes
     world = mesh[0] * mesh[1]
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), mesh, result), nprocs=world, join=True)
+        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), mesh, result), nprocs=world)
         with open(result) as f:
             r = json.load(f)
     assert any(s != "replicate" for s in r["strategy"]), r  # the plan splits batch norm's channels

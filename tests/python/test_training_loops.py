@@ -27,10 +27,9 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import shardwise
-from conftest import TIGHT_PRECISION, tight_cluster
+from conftest import TIGHT_PRECISION, run_ranks, tight_cluster
 
 transformers = pytest.importorskip("transformers")
 
@@ -238,7 +237,7 @@ def _spawn(layout: str) -> dict:
     world = LAYOUTS[layout]["world"]
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), layout, result), nprocs=world, join=True)
+        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), layout, result), nprocs=world)
         with open(result) as f:
             return json.load(f)
 
