@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include "ir/printer.h"
 #include "transform/fp8_axes.h"
+#include "transform/job_rank_graph.h"
 #include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
 #include "transform/stage_split.h"
@@ -137,8 +138,8 @@ std::vector<std::string> lookup_kernel_ops() {
 }
 
 // The hash of `rank`'s program under a complete plan (plan.h's `programs`): FNV-1a 64 of its
-// rank graph as printed (rank_graph.h, the core's program before the runtime asks for more
-// nodes whole); a pipelined plan's is its stage sub-mesh rank's, continued from the stage of
+// rank graph as printed, the one the job runs (job_rank_graph.h: the nodes any rank runs whole
+// run whole on every rank); a pipelined plan's is its stage sub-mesh rank's, continued from the stage of
 // every node (search/stage_assignment.h). `graph`: captured at the plan's global batch (a
 // sharded plan) or at one micro-batch of the data axis (a pipelined one).
 std::uint64_t program_hash(const ir::Graph& graph, const plan::Plan& plan, int rank) {
@@ -149,8 +150,8 @@ std::uint64_t program_hash(const ir::Graph& graph, const plan::Plan& plan, int r
   if (rank < 0 || rank >= plan.world_size())
     throw support::ValidationError("program_hash: rank " + std::to_string(rank) + " of a plan of " +
                                    std::to_string(plan.world_size()) + " ranks");
-  if (plan.sharding) return support::fnv1a64(ir::print_graph(transform::rank_graph(graph, *plan.sharding, rank,
-                                                                                   options).graph));
+  if (plan.sharding)
+    return support::fnv1a64(ir::print_graph(transform::job_rank_graph(graph, *plan.sharding, rank, options).graph));
   const int stage = plan.stage_meshes.empty() ? 0 : plan.stage_of_rank(rank);
   const int size = plan.stage_size(stage);
   std::string cut;
@@ -161,7 +162,7 @@ std::uint64_t program_hash(const ir::Graph& graph, const plan::Plan& plan, int r
   if (size == 1) sharding.recompute = plan.recompute;  // as the stage runs it
   // The rank within its stage's sub-mesh (every stage's is alike without stage_meshes).
   const int local = plan.stage_meshes.empty() ? rank % size : rank - plan.stage_first_rank(stage);
-  return support::fnv1a64(ir::print_graph(transform::rank_graph(graph, sharding, local, options).graph),
+  return support::fnv1a64(ir::print_graph(transform::job_rank_graph(graph, sharding, local, options).graph),
                           support::fnv1a64(cut));
 }
 
@@ -319,9 +320,9 @@ void bind_transform(py::module_& m) {
             rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute, &fp8_plan,
                            micro_batches);
         fp8 = fp8 || fp8_plan;
-        // The rank graph's program: nodes whose local call the ops' shape rules refuse run
-        // whole there (rank_graph.h).
-        const transform::RankGraph rank_ir = transform::rank_graph(graph, sharding, rank, options);
+        // The rank graph's program as the job runs it: nodes whose local call the ops' shape
+        // rules refuse on any rank's block run whole on every rank (job_rank_graph.h).
+        const transform::RankGraph rank_ir = transform::job_rank_graph(graph, sharding, rank, options);
         const transform::RankProgram& program = rank_ir.program;
         py::list leaves, nodes, outputs;
         std::size_t fp8_linears = 0;
@@ -426,7 +427,8 @@ void bind_transform(py::module_& m) {
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
       py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
       py::arg("fp8") = false, py::arg("micro_batches") = 1,
-      "One rank's program of a searched plan (csrc/transform/spmd_rewrite.h); plan_json \"\": replicated, "
+      "One rank's program of a searched plan as the job runs it (csrc/transform/spmd_rewrite.h; "
+      "job_rank_graph.h: a node any rank runs whole runs whole on every rank); plan_json \"\": replicated, "
       "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\"); its FP8 linears "
       "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
       "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count).");
@@ -435,7 +437,7 @@ void bind_transform(py::module_& m) {
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
          const std::vector<std::string>& lookup_ops, bool adapt_to_shapes) {
         auto [sharding, options] = rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes);
-        transform::RankGraph out = transform::rank_graph(graph, sharding, rank, options);
+        transform::RankGraph out = transform::job_rank_graph(graph, sharding, rank, options);
         if (!adapt_to_shapes) transform::verify_rank_graph(out.graph, graph, sharding, rank);
         py::dict d;
         d["text"] = ir::print_graph(out.graph);
@@ -444,7 +446,8 @@ void bind_transform(py::module_& m) {
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
       py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false,
-      "One rank's program as a graph of the IR, collectives as nodes (csrc/transform/rank_graph.h), "
+      "One rank's program as a graph of the IR, collectives as nodes (csrc/transform/rank_graph.h), as the job "
+      "runs it (job_rank_graph.h), "
       "verified against the plan: {text, whole}.");
 }
 

@@ -15,6 +15,7 @@
 #include "search/stage_assignment.h"
 #include "support/error.h"
 #include "transform/dead_code.h"
+#include "transform/job_rank_graph.h"
 #include "transform/rank_graph.h"
 #include "transform/stage_split.h"
 
@@ -47,7 +48,7 @@ void rank_graph_pass(ir::Graph& graph, const PipelineOptions& options) {
   if (!options.sharding)
     throw support::Error("rank-graph needs a plan's sharding (shardwise-opt --plan FILE, or `// PLAN:` lines in a "
                          "golden file)");
-  transform::RankGraph rank = transform::rank_graph(graph, *options.sharding, options.rank);
+  transform::RankGraph rank = transform::job_rank_graph(graph, *options.sharding, options.rank);
   transform::verify_rank_graph(rank.graph, graph, *options.sharding, options.rank);
   graph = std::move(rank.graph);
 }

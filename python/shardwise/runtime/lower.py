@@ -538,16 +538,15 @@ def _write_state(leaf: torch.Tensor, value: torch.Tensor) -> None:
 
 def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = False,
                   group=None, micro_batches: int = 1) -> tuple[dict, list[str]]:
-    """The core's program for `rank` (of the plan's mesh), with the same nodes run whole on
-    every rank of the job (of `group`: a pipeline stage's sub-mesh where stages have layouts
-    of their own).
+    """The core's program for `rank` (of the plan's mesh) as the job runs it: a node that any
+    rank runs whole runs whole on every rank (csrc/transform/job_rank_graph.h decides it, for
+    the whole mesh, on every rank alike).
 
-    The core decides per rank whether a node runs whole (its local call's shapes under its
-    op's shape rule, on this rank's block), and a node whole on one rank and split on another
-    makes the two run different collectives: the job hangs at the first one. So every rank's list is
-    all-gathered and each rank's program made with their union; an error on any rank is
-    raised on every rank (naming the rank), so that no rank goes on to a collective the
-    others never reach. `micro_batches`: the step's (a pipelined plan's; spmd_rewrite.h)."""
+    A node whole on one rank and split on another would make the two run different
+    collectives, and a rank whose core raised would leave the others waiting at the first one:
+    so the ranks (of `group`: a pipeline stage's sub-mesh where stages have layouts of their
+    own) compare their lists once, and an error on any rank is raised on every rank, naming
+    it. `micro_batches`: the step's (a pipelined plan's; spmd_rewrite.h)."""
     import torch.distributed as dist
 
     error, program, whole = None, None, []
@@ -559,37 +558,31 @@ def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = Fals
         if error is not None:
             raise error
         return program, whole
-    for _ in range(8):  # until every rank runs the same nodes whole (each round adds to the union)
-        every: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(every, (str(error) if error is not None else None, sorted(whole)), group=group)
-        if error is not None:
-            raise error
-        failed = [(r, message) for r, (message, _) in enumerate(every) if message is not None]
-        if failed:
-            r, message = failed[0]
-            raise ValidationError(f"rank {r}: {message}")
-        union = sorted(set().union(*(set(names) for _, names in every)))
-        if all(names == union for _, names in every):
-            return program, whole
-        if union != sorted(whole):
-            log.info("rank %d: runs whole what other ranks run whole: %s", rank,
-                     ", ".join(sorted(set(union) - set(whole))[:8]))
-            try:
-                program = _C.rank_program(graph._core, plan_json, rank, union, adapt_to_shapes=adapt_to_shapes,
-                                          micro_batches=micro_batches)
-                whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
-            except ValidationError as e:
-                error = e
-    raise ValidationError(f"parallelize: rank {rank}: the ranks do not agree on the nodes run whole after 8 rounds "
-                          f"(this rank: {', '.join(sorted(whole)[:8])}); a rewrite that depends on the rank")
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, (str(error) if error is not None else None, sorted(whole)), group=group)
+    if error is not None:
+        raise error
+    failed = [(r, message) for r, (message, _) in enumerate(every) if message is not None]
+    if failed:
+        r, message = failed[0]
+        raise ValidationError(f"rank {r}: {message}")
+    differ = [r for r, (_, names) in enumerate(every) if names != sorted(whole)]
+    if differ:
+        r = differ[0]
+        raise ValidationError(
+            f"parallelize: rank {rank} runs whole {', '.join(sorted(whole)[:8]) or 'no node'}, rank {r} of its group "
+            f"{', '.join(every[r][1][:8]) or 'no node'}: the core's rewrite decided by rank where "
+            "transform::job_rank_graph expects it not to (csrc/transform/job_rank_graph.h); the job stops "
+            "before its first collective")
+    return program, whole
 
 
 def _local_rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool,
                         micro_batches: int = 1) -> tuple[dict, list[str]]:
-    """The core's program for `rank` alone, and the nodes it runs whole (rank_graph.h: the
-    splits with no distributed kernel, the local calls its ops' shape rules refuse, and the
-    seeded random ops whose draws on a block could not be one device's). `adapt_to_shapes`:
-    the plan was made at other batch shapes (spmd_rewrite.h)."""
+    """The core's program for `rank`, and the nodes it runs whole (rank_graph.h: the splits
+    with no distributed kernel, the local calls its ops' shape rules refuse on any rank's
+    block, and the seeded random ops whose draws on a block could not be one device's).
+    `adapt_to_shapes`: the plan was made at other batch shapes (spmd_rewrite.h)."""
     program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes,
                               micro_batches=micro_batches)
     whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
