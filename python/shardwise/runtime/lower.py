@@ -10,6 +10,7 @@ whose mean the data counts (``counted``) run as a sum times shares / G, G an inp
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -221,283 +222,392 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     {contraction: its weight operand's position}): those calls run as
     ``self.fused_accumulation``, their weight gradient added into the parameter's ``.grad`` by
     the product (runtime/fused_accumulation.py)."""
-    graph = torch.fx.Graph()
-    root = torch.nn.Module()
-    if mesh is not None:
-        root.reshard = Reshard(mesh)
-    root.vocab_lookup = VocabLookup()
-    if mesh is not None:
-        root.statistics = StatisticsKernels(mesh)
-    root.one_device_random = OneDeviceRandom()
-    if fused_accumulations:
-        root.fused_accumulation = FusedAccumulation()
-    if weight_boundaries is not None:
-        root.weight_split = WeightSplit()
-    sites = 0
-    if mesh is not None:
-        root.reshard.scatters = DeferredScatters(root.reshard)
-        root.regather = Regather(root.reshard)
-        prefetches = _Prefetches(root.reshard)
-        root.prefetch = torch.nn.Module()
-        root.prefetch.start = PrefetchStart(prefetches)
-        root.prefetch.wait = PrefetchWait(prefetches)
-        root.async_gradient = AsyncGradient(mesh, root.reshard._steps)
-        root.collective_matmul = CollectiveMatmul(mesh, root.reshard._steps)
-    if any(node.get("fp8") is not None for node in (program["nodes"] if nodes is None else nodes)):
-        root.fp8_linear = Fp8Linears(mesh, root.reshard._steps if mesh is not None else {})
-    env: dict[str, torch.fx.Node] = {}
-    leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
     nodes = program["nodes"] if nodes is None else nodes
-    outputs = program["outputs"] if outputs is None else outputs
-    parameters = {} if parameters is None else parameters
-    attrs: dict[str, torch.fx.Node] = {}  # a leaf's get_attr (before a mixed-precision cast)
-    sizes, rank = (mesh.sizes, mesh.rank) if mesh is not None else ([1] * len(program["mesh"]), 0)
-    for name in input_names:
-        env[name] = graph.placeholder(_identifier(name))
-    counted = [n for n in nodes if n.get("counted") and n["counted"]["shares"] > 1]
-    counts = {n["outputs"][0]["value"]: graph.placeholder("count_" + _identifier(n["outputs"][0]["value"]))
-              for n in counted}
-    needed = [op["value"] for node in nodes for op in node["inputs"]] + [out["value"] for out in outputs]
-    for name in dict.fromkeys(needed):
-        if name in env or name not in leaves:
-            continue
-        if name not in parameters:
-            if name not in tensors:
-                raise ValidationError(f"parallelize: the program needs '{name}', which the model does not have")
-            shard = local_tensor(tensors[name].detach(), leaves[name]["placement"], sizes, rank)
-            parameters[name] = torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard
-        _set_attr(root, name, parameters[name])
-        env[name] = attrs[name] = graph.get_attr(name)
-        dtype = (compute_dtypes or {}).get(name)
-        if dtype is not None and dtype != parameters[name].dtype:
-            env[name] = graph.call_method("to", (env[name], dtype))
-    # Readers that want a value the same way share one reshard (q, k and v read one gathered
-    # norm output): its backward then runs once, on the sum of their gradients (every step is
-    # linear). The search's evaluation counts it once too (sharding_model.cc).
-    reshards: dict[str, torch.fx.Node] = {}
-    # The prefetched gathers by unit group (the core's gather_group: one flattened all-gather
-    # each), the groups in order of first read, each group's members (reshard key, leaf,
-    # forward step text) in order of first read; and the reads whose gradients each unit
-    # group's flattened reduce-scatter waits for (parameter_gathers.DeferredScatters).
-    prefetched: dict[int, list[tuple]] = {}
-    scattered: dict[int, set] = {}
+    lowering = _Lowering(program, sources, mesh, nodes, compute_dtypes or {}, weight_boundaries,
+                         fused_accumulations or {})
+    lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters,
+                    program["outputs"] if outputs is None else outputs)
     for node in nodes:
-        for op in node["inputs"]:
-            if mesh is None:
+        lowering.node(node)
+    return lowering.module(program["outputs"] if outputs is None else outputs, class_name)
+
+
+@dataclass
+class _Read:
+    """What lowering one node learns from its operands, for the emitter of its call."""
+
+    first: str  # the node's first output (its name)
+    target: Any  # the op it calls
+    src: torch.fx.Node  # the captured node
+    operands: list = field(default_factory=list)
+    write_backs: list = field(default_factory=list)  # (leaf, the operand the call writes, its placement)
+    regathers: list = field(default_factory=list)  # (gathered parameter, its shard, steps, unit group)
+    async_operand: tuple | None = None  # (operand, its gradient's all-reduce): the call's backward is split
+    gather_matmul: tuple | None = None  # (operand, steps, backward steps, region): a ring gathers it
+    matmul_scatter: dict | None = None  # the output's reduce-scatter runs inside the call
+    rings: bool = False  # a collective matmul, either way
+
+
+class _Lowering:
+    """One rank program lowered into a GraphModule, node by node: each node's operands read as
+    the core resharded them (``_read``), then its call made by the first emitter of
+    ``_EMITTERS`` that takes it, then what follows the call (``node``)."""
+
+    def __init__(self, program: dict, sources: dict, mesh: _Mesh | None, nodes: list[dict],
+                 compute_dtypes: dict, weight_boundaries: dict | None, fused_accumulations: dict):
+        self.program, self.sources, self.mesh, self.nodes = program, sources, mesh, nodes
+        self.compute_dtypes, self.weight_boundaries = compute_dtypes, weight_boundaries
+        self.fused_accumulations = fused_accumulations
+        self.graph = torch.fx.Graph()
+        self.root = self._root()
+        self.env: dict[str, torch.fx.Node] = {}
+        self.leaf_docs = {leaf["value"]: leaf for leaf in program["leaves"]}
+        self.attrs: dict[str, torch.fx.Node] = {}  # a leaf's get_attr (before a mixed-precision cast)
+        self.sizes, self.rank = (mesh.sizes, mesh.rank) if mesh is not None else ([1] * len(program["mesh"]), 0)
+        # Readers that want a value the same way share one reshard (q, k and v read one
+        # gathered norm output): its backward then runs once, on the sum of their gradients
+        # (every step is linear). The search's evaluation counts it once too (sharding_model.cc).
+        self.reshards: dict[str, torch.fx.Node] = {}
+        self.sites = 0  # weight_split sites so far
+        self.block_of: dict[torch.fx.Node, int] = {}  # recomputation: the FX nodes of each checkpointed block
+        self.selective: set[int] = set()  # the blocks with nodes whose outputs are kept (selective recomputation)
+        self.first_waits: set[int] = set()
+        self.counted = [n for n in nodes if n.get("counted") and n["counted"]["shares"] > 1]
+        self.counts: dict[str, torch.fx.Node] = {}
+        self._prefetch_plan()
+
+    def _root(self) -> torch.nn.Module:
+        """The module the calls run through: the runtime's kernels this program needs."""
+        root, mesh = torch.nn.Module(), self.mesh
+        if mesh is not None:
+            root.reshard = Reshard(mesh)
+        root.vocab_lookup = VocabLookup()
+        if mesh is not None:
+            root.statistics = StatisticsKernels(mesh)
+        root.one_device_random = OneDeviceRandom()
+        if self.fused_accumulations:
+            root.fused_accumulation = FusedAccumulation()
+        if self.weight_boundaries is not None:
+            root.weight_split = WeightSplit()
+        if mesh is not None:
+            root.reshard.scatters = DeferredScatters(root.reshard)
+            root.regather = Regather(root.reshard)
+            prefetches = _Prefetches(root.reshard)
+            root.prefetch = torch.nn.Module()
+            root.prefetch.start = PrefetchStart(prefetches)
+            root.prefetch.wait = PrefetchWait(prefetches)
+            root.async_gradient = AsyncGradient(mesh, root.reshard._steps)
+            root.collective_matmul = CollectiveMatmul(mesh, root.reshard._steps)
+        if any(node.get("fp8") is not None for node in self.nodes):
+            root.fp8_linear = Fp8Linears(mesh, root.reshard._steps if mesh is not None else {})
+        return root
+
+    def leaves(self, tensors: dict, input_names: list[str], trainable: set[str], parameters: dict,
+               outputs: list[dict]) -> None:
+        """The module's arguments (the inputs, then one count per counted loss) and the leaves
+        the nodes read: this rank's shards of `tensors`, or the objects in `parameters`."""
+        graph, env = self.graph, self.env
+        for name in input_names:
+            env[name] = graph.placeholder(_identifier(name))
+        self.counts = {n["outputs"][0]["value"]: graph.placeholder("count_" + _identifier(n["outputs"][0]["value"]))
+                       for n in self.counted}
+        needed = [op["value"] for node in self.nodes for op in node["inputs"]] + [out["value"] for out in outputs]
+        for name in dict.fromkeys(needed):
+            if name in env or name not in self.leaf_docs:
                 continue
-            key = op["region"]
-            if op.get("prefetch"):
-                members = prefetched.setdefault(op["gather_group"], [])
-                if key not in [m[0] for m in members]:
-                    members.append((key, op["value"], _step_texts(root, op["forward"])[0]))
-            if op.get("scatter_in_backward"):
-                scattered.setdefault(op["scatter_group"], set()).add(key)
-    prefetch_groups = list(prefetched.values())
-    prefetch_index = {member[0]: (k, j) for k, members in enumerate(prefetch_groups)
-                      for j, member in enumerate(members)}
-    unit_group = {member[0]: g for g, members in prefetched.items() for member in members}
-    if mesh is not None:
-        root.reshard.scatters.members = {g: len(keys) for g, keys in scattered.items()}
+            if name not in parameters:
+                if name not in tensors:
+                    raise ValidationError(f"parallelize: the program needs '{name}', which the model does not have")
+                shard = local_tensor(tensors[name].detach(), self.leaf_docs[name]["placement"], self.sizes, self.rank)
+                parameters[name] = torch.nn.Parameter(shard, requires_grad=True) if name in trainable else shard
+            _set_attr(self.root, name, parameters[name])
+            env[name] = self.attrs[name] = graph.get_attr(name)
+            dtype = self.compute_dtypes.get(name)
+            if dtype is not None and dtype != parameters[name].dtype:
+                env[name] = graph.call_method("to", (env[name], dtype))
+        if self.prefetch_groups:
+            self._start_prefetch(0)
 
-    def start_prefetch(k: int) -> None:
-        members = prefetch_groups[k]
-        graph.call_module("prefetch.start", (k, tuple(env[leaf] for _, leaf, _ in members),
-                                             tuple(text for _, _, text in members)))
+    def _prefetch_plan(self) -> None:
+        """The prefetched gathers by unit group (the core's gather_group: one flattened
+        all-gather each), the groups in order of first read, each group's members (region,
+        leaf, forward step text) in order of first read; and the reads whose gradients each
+        unit group's flattened reduce-scatter waits for (parameter_gathers.DeferredScatters)."""
+        prefetched: dict[int, list[tuple]] = {}
+        scattered: dict[int, set] = {}
+        for node in self.nodes:
+            for op in node["inputs"]:
+                if self.mesh is None:
+                    continue
+                key = op["region"]
+                if op.get("prefetch"):
+                    members = prefetched.setdefault(op["gather_group"], [])
+                    if key not in [m[0] for m in members]:
+                        members.append((key, op["value"], _step_texts(self.root, op["forward"])[0]))
+                if op.get("scatter_in_backward"):
+                    scattered.setdefault(op["scatter_group"], set()).add(key)
+        self.prefetch_groups = list(prefetched.values())
+        self.prefetch_index = {member[0]: (k, j) for k, members in enumerate(self.prefetch_groups)
+                               for j, member in enumerate(members)}
+        self.unit_group = {member[0]: g for g, members in prefetched.items() for member in members}
+        if self.mesh is not None:
+            self.root.reshard.scatters.members = {g: len(keys) for g, keys in scattered.items()}
 
-    if prefetch_groups:
-        start_prefetch(0)
-    first_waits: set[int] = set()
-    block_of: dict[torch.fx.Node, int] = {}  # recomputation: the FX nodes of each checkpointed block
-    selective: set[int] = set()  # the blocks with nodes whose outputs are kept (selective recomputation)
-    for node in nodes:
+    def _start_prefetch(self, k: int) -> None:
+        members = self.prefetch_groups[k]
+        self.graph.call_module("prefetch.start", (k, tuple(self.env[leaf] for _, leaf, _ in members),
+                                                  tuple(text for _, _, text in members)))
+
+    def node(self, node: dict) -> None:
+        """`node`'s call, and what follows it: state written back, a B/W site, a counted
+        loss' share of its count, its outputs bound, a recomputed block's nodes marked."""
+        graph = self.graph
         first = node["outputs"][0]["value"]
-        src, indices = sources[first]
+        src, indices = self.sources[first]
         block = node.get("recompute_block", -1)
         last = next(iter(reversed(graph.nodes)), None)  # the program's last node before this one's
-        operands = []
-        captured_operands = operand_nodes(src)
+        read = self._read(node, first, src, block)
+        call = next(emit for takes, emit in _EMITTERS if takes(self, node, read))(self, node, read)
+        if read.regathers and call.op in ("call_function", "call_module"):
+            call = _released_after(graph, call, read.regathers)
+        if self.weight_boundaries is not None and self.weight_boundaries.get(first):
+            call = graph.call_module("weight_split.site", (call, self.sites))
+            self.sites += 1
+        if first in self.counts:  # the call summed this rank's rows (the core's reduction): times its share of G
+            shares = node["counted"]["shares"]
+            call = graph.call_function(operator.truediv, (graph.call_function(operator.mul, (call, float(shares))),
+                                                          self.counts[first]))
+        for name, value, required in read.write_backs:
+            _write_back(graph, self.root, name, value, required, self.leaf_docs[name]["placement"])
+        if indices is None:
+            self.env[first] = call
+        else:
+            for out, i in zip(node["outputs"], indices):
+                self.env[out["value"]] = graph.call_function(operator.getitem, (call, i))
+        for out in node["outputs"]:
+            if out.get("scale", 1.0) != 1.0:  # a mean over this rank's uneven share of the batch
+                self.env[out["value"]] = graph.call_function(operator.mul, (self.env[out["value"]], out["scale"]))
+        if block >= 0:
+            if node.get("recompute_keeps"):
+                self.selective.add(block)
+            for fx_node in reversed(graph.nodes):  # the nodes made for this one, newest first
+                if fx_node is last:
+                    break
+                self.block_of[fx_node] = block
+
+    def _read(self, node: dict, first: str, src: torch.fx.Node, block: int) -> _Read:
+        """Each operand of `node` as its call takes it (resharded, written through a copy, cut
+        for B/W), and what the operands ask of the call."""
         target = _target(node, src)
-        written = _written_operands(node, target, len(node["inputs"]))
-        write_backs = []  # (leaf name, the operand the call writes, its placement) to copy back
-        regathers = []  # (gathered parameter, its shard, the forward steps): released after the call
-        async_operand = None  # (operand, its gradient's all-reduce): the call's backward is split
-        gather_matmul = None  # (operand, its steps, its reshard key): the gather runs inside the call
-        matmul_scatter = node.get("matmul_scatter")  # the output's reduce-scatter runs inside the call
-        rings = matmul_scatter or any(op.get("matmul") == "gather" for op in node["inputs"])
-        if rings and weight_boundaries is not None:
+        read = _Read(first, target, src, matmul_scatter=node.get("matmul_scatter"))
+        read.rings = bool(read.matmul_scatter) or any(op.get("matmul") == "gather" for op in node["inputs"])
+        if read.rings and self.weight_boundaries is not None:
             raise ValidationError(f"parallelize: '{first}' runs a collective matmul inside a stage whose backward "
                                   "is split (zero-bubble): the ring computes the weight gradient with the input's")
+        captured_operands = operand_nodes(src)
+        written = _written_operands(node, target, len(node["inputs"]))
         for i, op in enumerate(node["inputs"]):
             captured = captured_operands[i] if i < len(captured_operands) else None
-            value = env[op["value"]]
-            fwd = _step_texts(root, op["forward"])
-            bwd = _step_texts(root, op["backward"])
+            value = self.env[op["value"]]
+            fwd = _step_texts(self.root, op["forward"])
+            bwd = _step_texts(self.root, op["backward"])
             if op.get("async_gradient"):  # the all-reduce runs in the call's own backward
-                async_operand = (i, bwd[0])
+                read.async_operand = (i, bwd[0])
                 fwd = bwd = ()
             if op.get("matmul") == "gather":  # runtime/collective_matmul.py: the ring gathers it
                 key = op["region"]
-                if key in reshards:
+                if key in self.reshards:
                     raise ValidationError(f"parallelize: the core runs the gather of '{op['value']}' inside "
                                           f"'{first}', but an earlier node read it gathered")
-                gather_matmul = (i, fwd, bwd, key)
+                read.gather_matmul = (i, fwd, bwd, key)
                 fwd = bwd = ()
             if op.get("matmul") == "scatter":  # its producer's call gave it scattered
                 fwd = bwd = ()
             # In a recomputed block a write into the model's state (batch norm's running
             # statistics, num_batches_tracked += 1) goes through a copy: the copy back is
             # skipped when backward runs the block again, or the state would update twice.
-            if i in written and op["value"] in leaves and (fwd or value.op != "get_attr" or block >= 0):
+            if i in written and op["value"] in self.leaf_docs and (fwd or value.op != "get_attr" or block >= 0):
                 # The call writes a copy of the rank's buffer (its block for a split node, or a
-                # cast): the write is copied back into the buffer after it (below). A copy of
+                # cast): the write is copied back into the buffer after it (node). A copy of
                 # its own, as a slice may be a view of the buffer that the copy back would
                 # change under the call's saved operands.
-                value = graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value
-                value = graph.call_method("clone", (value,))
-                write_backs.append((op["value"], value, op["required"]))
+                value = self.graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value
+                value = self.graph.call_method("clone", (value,))
+                read.write_backs.append((op["value"], value, op["required"]))
             elif fwd or bwd:
-                key = op["region"]  # the core's resharding region (transform/rank_graph.h)
-                # A parameter's gradient reduce-scattered beside backward (DeferredScatters):
-                # delivered into the leaf's gradient, not through the cast before the gather.
-                scatter = {}
-                if op.get("scatter_in_backward") and mesh is not None:
-                    scatter = {"scatter": (op["value"], attrs[op["value"]], op["scatter_group"])}
-                if key not in reshards and key in prefetch_index:
-                    k, j = prefetch_index[key]
-                    reshards[key] = graph.call_module("prefetch.wait", (k, j, value, fwd, bwd), scatter)
-                    if k not in first_waits:  # the group's first read: the next group issued
-                        first_waits.add(k)
-                        if k + 1 < len(prefetch_groups):
-                            start_prefetch(k + 1)
-                elif key not in reshards:
-                    reshards[key] = graph.call_module("reshard", (value, fwd, bwd), scatter)
-                if op.get("regather"):  # gathered again with its unit group where it was prefetched
-                    regathers.append((reshards[key], value, fwd, unit_group.get(key, -1)))
-                value = reshards[key]
-            # An operand the capture read through a value identity the IR leaves out
-            # (_fx_import.VALUE_IDENTITIES: contiguous(), a constant's fresh copy): called again
-            # on the local operand, so a view after contiguous() still finds its layout.
-            identities = []
-            while is_value_identity(captured):
-                identities.append(captured)
-                captured = captured.args[0]
-            for identity in reversed(identities):
-                value = graph.call_function(identity.target, (value,), dict(identity.kwargs))
-            if weight_boundaries is not None and i in weight_boundaries.get(first, ()):
-                value = graph.call_module("weight_split.cut", (value, sites))
-            operands.append(value)
-        if node["mode"] == "lookup":
-            bound = _schema_call(node, target, operands, named=True)  # embedding's, defaults filled
-            padding_idx, scale, sparse = bound["padding_idx"], bound["scale_grad_by_freq"], bound["sparse"]
-            call = graph.call_module("vocab_lookup", (operands[0], operands[1], node["kernel_start"],
-                                                      node["kernel_stop"], padding_idx, scale, sparse))
-        elif node["mode"] == "statistics":  # the core's kernel for the split (csrc/ops/distributed_kernels.h)
-            shape = list(node["input_shapes"][0])
-            dim = node["statistics_dim"]
-            args, kwargs = _node_call(node, target, src, operands)
-            call = graph.call_module("statistics", (node["kernel"], node["statistics_axis"], dim, shape[dim],
-                                                    node["kernel_start"], node["kernel_stop"], tuple(args), kwargs))
-        elif node["one_device_random"]:
-            if target not in _MASKS | _LIKE:
-                raise ValidationError(f"parallelize: the core draws '{first}' ({target}) whole and cuts it, "
-                                      f"which the runtime can do only for {', '.join(sorted(_BY_NAME))}")
-            args, kwargs = _node_call(node, target, src, operands)
-            whole_shape = tuple(node["input_shapes"][0])
-            index = local_index(whole_shape, _whole_index(node["inputs"][0]["required"]),
-                                sizes, rank)
-            index = tuple(tuple(i.tolist()) if isinstance(i, torch.Tensor) else i for i in index)
-            call = graph.call_module("one_device_random", (args[0], str(target), tuple(args[1:]), kwargs,
-                                                           whole_shape, index))
-        elif node.get("fp8") is not None:  # runtime/fp8.py: a linear's product in float8, as the plan's precision says
-            if rings:
-                raise ValidationError(f"parallelize: '{first}' ({target}) would run a collective matmul in float8, "
-                                      "which the runtime cannot: plan it without collective_matmul")
-            if target not in SPLIT_OPS:
-                raise ValidationError(f"parallelize: the core marks '{first}' ({target}) as an FP8 linear, which "
-                                      f"the runtime runs only for {', '.join(SPLIT_OPS.values())}")
-            args, kwargs = _node_call(node, target, src, operands)
-            fp8 = node["fp8"]
-            call = graph.call_module("fp8_linear", (SPLIT_OPS[target], tuple(fp8["k_axes"]), tuple(fp8["n_axes"]),
-                                                    async_operand[1] if async_operand is not None else None,
-                                                    tuple(args), kwargs))
-        elif gather_matmul is not None or matmul_scatter:  # runtime/collective_matmul.py: linear, addmm, mm
-            if target not in SPLIT_OPS:
-                raise ValidationError(f"parallelize: the core runs a collective matmul in '{first}' ({target}), "
-                                      f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
-            args, kwargs = _node_call(node, target, src, operands)
-            if gather_matmul is not None:
-                i, fwd, bwd, key = gather_matmul
-                ring = graph.call_module("collective_matmul", ("gather", SPLIT_OPS[target], i, fwd[0],
-                                                               bwd[0] if bwd else None, tuple(args), kwargs))
-                call = graph.call_function(operator.getitem, (ring, 0))
-                reshards[key] = graph.call_function(operator.getitem, (ring, 1))  # its other readers'
-            else:
-                fwd = _step_texts(root, matmul_scatter["forward"])
-                bwd = _step_texts(root, matmul_scatter["backward"])
-                operand = matmul_scatter["operand"]  # the contraction's input (search/parameter_collectives.h)
-                call = graph.call_module("collective_matmul", ("scatter", SPLIT_OPS[target], operand, fwd[0],
-                                                               bwd[0] if bwd else None, tuple(args), kwargs))
-        elif async_operand is not None:  # runtime/async_gradients.py: the core marks linear, addmm, mm
-            if target not in SPLIT_OPS:
-                raise ValidationError(f"parallelize: the core split the backward of '{first}' ({target}), "
-                                      f"which the runtime cannot split ({', '.join(SPLIT_OPS.values())})")
-            args, kwargs = _node_call(node, target, src, operands)
-            call = graph.call_module("async_gradient", (SPLIT_OPS[target], async_operand[0], async_operand[1],
-                                                        tuple(args), kwargs))
-        elif fused_accumulations and first in fused_accumulations:  # runtime/fused_accumulation.py
-            if target not in _FUSABLE:  # which operand is the weight: the core's (weight_gradient_split.h)
-                raise ValidationError(f"parallelize: the core accumulates the weight gradient of '{first}' ({target}) "
-                                      f"at its operand {fused_accumulations[first]} in place, which the runtime can do "
-                                      f"only for the weight of {', '.join(_FUSABLE.values())}")
-            args, kwargs = _node_call(node, target, src, operands)
-            call = graph.call_module("fused_accumulation", (_FUSABLE[target], tuple(args), kwargs))
-        else:
-            args, kwargs = _node_call(node, target, src, operands)
-            call = graph.call_function(_LAYOUT_FREE.get(target, target), tuple(args), kwargs)
-        if regathers and call.op in ("call_function", "call_module"):
-            call = _released_after(graph, call, regathers)
-        if weight_boundaries is not None and weight_boundaries.get(first):
-            call = graph.call_module("weight_split.site", (call, sites))
-            sites += 1
-        if first in counts:  # the call summed this rank's rows (the core's reduction): times its share of G
-            shares = node["counted"]["shares"]
-            call = graph.call_function(operator.truediv, (graph.call_function(operator.mul, (call, float(shares))),
-                                                          counts[first]))
-        for name, value, required in write_backs:
-            _write_back(graph, root, name, value, required, leaves[name]["placement"])
-        if indices is None:
-            env[first] = call
-        else:
-            for out, i in zip(node["outputs"], indices):
-                env[out["value"]] = graph.call_function(operator.getitem, (call, i))
-        for out in node["outputs"]:
-            if out.get("scale", 1.0) != 1.0:  # a mean over this rank's uneven share of the batch
-                env[out["value"]] = graph.call_function(operator.mul, (env[out["value"]], out["scale"]))
-        if block >= 0:
-            if node.get("recompute_keeps"):
-                selective.add(block)
-            for fx_node in reversed(graph.nodes):  # the nodes made for this one, newest first
-                if fx_node is last:
-                    break
-                block_of[fx_node] = block
-    results = []
-    for out in outputs:
-        value = env[out["value"]]
-        fwd = _step_texts(root, out.get("forward", ()))
-        bwd = _step_texts(root, out.get("backward", ()))
-        results.append(graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value)
-    graph.output(tuple(results))
-    module = torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{rank}Program")
-    if block_of:
-        module = checkpoint_blocks(module, block_of, frozenset(selective))
-    module.counted = [n["outputs"][0]["value"] for n in counted]
-    module.weight_split = root.weight_split if weight_boundaries is not None else None
-    # The gradient reduce-scatters this program issues in backward: the engine starts them
-    # with the step and finishes them after its backward (parameter_gathers.DeferredScatters).
-    module.scatters = root.reshard.scatters if mesh is not None else None
-    if mesh is not None:  # each forward pass saves its own unit groups to gather again
-        module.register_forward_pre_hook(lambda _module, _args: root.regather.new_pass())
-    return module
+                value = self._resharded(op, value, fwd, bwd, read)
+            value = _identities_again(self.graph, captured, value)
+            if self.weight_boundaries is not None and i in self.weight_boundaries.get(first, ()):
+                value = self.graph.call_module("weight_split.cut", (value, self.sites))
+            read.operands.append(value)
+        return read
+
+    def _resharded(self, op: dict, value: torch.fx.Node, fwd: tuple, bwd: tuple, read: _Read) -> torch.fx.Node:
+        """`value` resharded for `op`: once per resharding region (the core's, rank_graph.h),
+        through the unit group's prefetch where the core prefetches it."""
+        key = op["region"]
+        # A parameter's gradient reduce-scattered beside backward (DeferredScatters):
+        # delivered into the leaf's gradient, not through the cast before the gather.
+        scatter = {}
+        if op.get("scatter_in_backward") and self.mesh is not None:
+            scatter = {"scatter": (op["value"], self.attrs[op["value"]], op["scatter_group"])}
+        if key not in self.reshards and key in self.prefetch_index:
+            k, j = self.prefetch_index[key]
+            self.reshards[key] = self.graph.call_module("prefetch.wait", (k, j, value, fwd, bwd), scatter)
+            if k not in self.first_waits:  # the group's first read: the next group issued
+                self.first_waits.add(k)
+                if k + 1 < len(self.prefetch_groups):
+                    self._start_prefetch(k + 1)
+        elif key not in self.reshards:
+            self.reshards[key] = self.graph.call_module("reshard", (value, fwd, bwd), scatter)
+        if op.get("regather"):  # gathered again with its unit group where it was prefetched
+            read.regathers.append((self.reshards[key], value, fwd, self.unit_group.get(key, -1)))
+        return self.reshards[key]
+
+    def module(self, outputs: list[dict], class_name: str | None) -> torch.fx.GraphModule:
+        """The finished module: its outputs resharded as the program says, its recomputed
+        blocks checkpointed, and what the engines read of it."""
+        graph, root, mesh = self.graph, self.root, self.mesh
+        results = []
+        for out in outputs:
+            value = self.env[out["value"]]
+            fwd = _step_texts(root, out.get("forward", ()))
+            bwd = _step_texts(root, out.get("backward", ()))
+            results.append(graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value)
+        graph.output(tuple(results))
+        module = torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{self.rank}Program")
+        if self.block_of:
+            module = checkpoint_blocks(module, self.block_of, frozenset(self.selective))
+        module.counted = [n["outputs"][0]["value"] for n in self.counted]
+        module.weight_split = root.weight_split if self.weight_boundaries is not None else None
+        # The gradient reduce-scatters this program issues in backward: the engine starts them
+        # with the step and finishes them after its backward (parameter_gathers.DeferredScatters).
+        module.scatters = root.reshard.scatters if mesh is not None else None
+        if mesh is not None:  # each forward pass saves its own unit groups to gather again
+            module.register_forward_pre_hook(lambda _module, _args: root.regather.new_pass())
+        return module
+
+
+def _identities_again(graph: torch.fx.Graph, captured, value: torch.fx.Node) -> torch.fx.Node:
+    """An operand the capture read through a value identity the IR leaves out
+    (_fx_import.VALUE_IDENTITIES: contiguous(), a constant's fresh copy), called again on the
+    local operand, so a view after contiguous() still finds its layout."""
+    identities = []
+    while is_value_identity(captured):
+        identities.append(captured)
+        captured = captured.args[0]
+    for identity in reversed(identities):
+        value = graph.call_function(identity.target, (value,), dict(identity.kwargs))
+    return value
+
+
+# ---- emitters: how each kind of node's call is made -----------------------------------------------
+def _emit_lookup(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
+    """A vocabulary-parallel lookup over the core's block of the table (kernels.VocabLookup)."""
+    bound = _schema_call(node, read.target, read.operands, named=True)  # embedding's, defaults filled
+    padding_idx, scale, sparse = bound["padding_idx"], bound["scale_grad_by_freq"], bound["sparse"]
+    return lowering.graph.call_module("vocab_lookup", (read.operands[0], read.operands[1], node["kernel_start"],
+                                                       node["kernel_stop"], padding_idx, scale, sparse))
+
+
+def _emit_statistics(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
+    """The core's kernel for a split of statistics (csrc/ops/distributed_kernels.h)."""
+    shape = list(node["input_shapes"][0])
+    dim = node["statistics_dim"]
+    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    return lowering.graph.call_module("statistics", (node["kernel"], node["statistics_axis"], dim, shape[dim],
+                                                     node["kernel_start"], node["kernel_stop"], tuple(args), kwargs))
+
+
+def _emit_one_device_random(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
+    """A seeded op drawn whole, as one device draws it, and cut to this rank's block."""
+    if read.target not in _MASKS | _LIKE:
+        raise ValidationError(f"parallelize: the core draws '{read.first}' ({read.target}) whole and cuts it, "
+                              f"which the runtime can do only for {', '.join(sorted(_BY_NAME))}")
+    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    whole_shape = tuple(node["input_shapes"][0])
+    index = local_index(whole_shape, _whole_index(node["inputs"][0]["required"]), lowering.sizes, lowering.rank)
+    index = tuple(tuple(i.tolist()) if isinstance(i, torch.Tensor) else i for i in index)
+    return lowering.graph.call_module("one_device_random", (args[0], str(read.target), tuple(args[1:]), kwargs,
+                                                            whole_shape, index))
+
+
+def _emit_fp8(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
+    """runtime/fp8.py: a linear's product in float8, as the plan's precision says."""
+    if read.rings:
+        raise ValidationError(f"parallelize: '{read.first}' ({read.target}) would run a collective matmul in "
+                              "float8, which the runtime cannot: plan it without collective_matmul")
+    if read.target not in SPLIT_OPS:
+        raise ValidationError(f"parallelize: the core marks '{read.first}' ({read.target}) as an FP8 linear, which "
+                              f"the runtime runs only for {', '.join(SPLIT_OPS.values())}")
+    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    fp8 = node["fp8"]
+    return lowering.graph.call_module("fp8_linear", (
+        SPLIT_OPS[read.target], tuple(fp8["k_axes"]), tuple(fp8["n_axes"]),
+        read.async_operand[1] if read.async_operand is not None else None, tuple(args), kwargs))
+
+
+def _emit_collective_matmul(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
+    """runtime/collective_matmul.py: linear, addmm, mm with its operand's gather, or its
+    output's reduce-scatter, run as a ring inside the call."""
+    if read.target not in SPLIT_OPS:
+        raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}), "
+                              f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
+    graph, root = lowering.graph, lowering.root
+    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    if read.gather_matmul is not None:
+        i, fwd, bwd, key = read.gather_matmul
+        ring = graph.call_module("collective_matmul", ("gather", SPLIT_OPS[read.target], i, fwd[0],
+                                                       bwd[0] if bwd else None, tuple(args), kwargs))
+        call = graph.call_function(operator.getitem, (ring, 0))
+        lowering.reshards[key] = graph.call_function(operator.getitem, (ring, 1))  # its other readers'
+        return call
+    fwd = _step_texts(root, read.matmul_scatter["forward"])
+    bwd = _step_texts(root, read.matmul_scatter["backward"])
+    operand = read.matmul_scatter["operand"]  # the contraction's input (search/parameter_collectives.h)
+    return graph.call_module("collective_matmul", ("scatter", SPLIT_OPS[read.target], operand, fwd[0],
+                                                   bwd[0] if bwd else None, tuple(args), kwargs))
+
+
+def _emit_async_gradient(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
+    """runtime/async_gradients.py: the core marks linear, addmm, mm whose operand's gradient
+    all-reduce runs inside the call's own backward."""
+    if read.target not in SPLIT_OPS:
+        raise ValidationError(f"parallelize: the core split the backward of '{read.first}' ({read.target}), "
+                              f"which the runtime cannot split ({', '.join(SPLIT_OPS.values())})")
+    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    return lowering.graph.call_module("async_gradient", (SPLIT_OPS[read.target], read.async_operand[0],
+                                                         read.async_operand[1], tuple(args), kwargs))
+
+
+def _emit_fused_accumulation(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
+    """runtime/fused_accumulation.py: the weight gradient added into the parameter's .grad."""
+    if read.target not in _FUSABLE:  # which operand is the weight: the core's (weight_gradient_split.h)
+        raise ValidationError(f"parallelize: the core accumulates the weight gradient of '{read.first}' "
+                              f"({read.target}) at its operand {lowering.fused_accumulations[read.first]} in place, "
+                              f"which the runtime can do only for the weight of {', '.join(_FUSABLE.values())}")
+    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    return lowering.graph.call_module("fused_accumulation", (_FUSABLE[read.target], tuple(args), kwargs))
+
+
+def _emit_call(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
+    """The op itself, on its local operands."""
+    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    return lowering.graph.call_function(_LAYOUT_FREE.get(read.target, read.target), tuple(args), kwargs)
+
+
+# Which emitter makes a node's call: the first whose test takes it, in this order.
+_EMITTERS = (
+    (lambda lowering, node, read: node["mode"] == "lookup", _emit_lookup),
+    (lambda lowering, node, read: node["mode"] == "statistics", _emit_statistics),
+    (lambda lowering, node, read: node["one_device_random"], _emit_one_device_random),
+    (lambda lowering, node, read: node.get("fp8") is not None, _emit_fp8),
+    (lambda lowering, node, read: read.gather_matmul is not None or bool(read.matmul_scatter),
+     _emit_collective_matmul),
+    (lambda lowering, node, read: read.async_operand is not None, _emit_async_gradient),
+    (lambda lowering, node, read: read.first in lowering.fused_accumulations, _emit_fused_accumulation),
+    (lambda lowering, node, read: True, _emit_call),
+)
 
 
 def program_code(module: torch.fx.GraphModule) -> str:
