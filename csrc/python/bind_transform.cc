@@ -175,6 +175,237 @@ std::string programs_hash(const std::vector<std::string>& per_rank) {
   return hex(h);
 }
 
+// The hash of every rank's program under a complete plan (plan.h: programs).
+std::string plan_programs(const ir::Graph& graph, const std::string& plan_json) {
+  const plan::Plan p = plan::plan_from_json_string(plan_json);
+  py::gil_scoped_release release;
+  // A pipelined plan's ranks run their sub-mesh rank's program: each is made once (per
+  // stage layout, where stages have meshes of their own).
+  std::vector<std::string> per_rank;
+  if (!p.stage_meshes.empty()) {
+    std::map<std::pair<int, int>, std::string> made;  // (first stage of its layout, local rank)
+    for (int r = 0; r < p.world_size(); ++r) {
+      const int stage = p.stage_of_rank(r);
+      int alike = stage;
+      for (int s = 0; s < stage; ++s)
+        if (p.stage_meshes[static_cast<std::size_t>(s)] == p.stage_meshes[static_cast<std::size_t>(stage)] &&
+            (p.stage_shardings.empty() || p.stage_shardings[static_cast<std::size_t>(s)] ==
+                                              p.stage_shardings[static_cast<std::size_t>(stage)])) {
+          alike = s;
+          break;
+        }
+      const std::pair key{alike, r - p.stage_first_rank(stage)};
+      if (!made.contains(key)) made.emplace(key, hex(program_hash(graph, p, p.stage_first_rank(alike) + key.second)));
+      per_rank.push_back(made.at(key));
+    }
+    return programs_hash(per_rank);
+  }
+  const int distinct = p.sharding ? p.world_size() : p.data * p.tensor;
+  std::vector<std::string> made;
+  for (int r = 0; r < distinct; ++r) made.push_back(hex(program_hash(graph, p, r)));
+  for (int r = 0; r < p.world_size(); ++r) per_rank.push_back(made[r % distinct]);
+  return programs_hash(per_rank);
+}
+
+// Contiguous pipeline stages of a graph and each stage's boundary, B/W cut sites and fused
+// accumulations (the binding's docstring).
+py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<int>& layers_per_stage) {
+  search::StageAssignment assignment = search::assign_stages(graph, stages, layers_per_stage);
+  py::dict out;
+  py::list names;
+  for (const ir::Node& node : graph.nodes())
+    names.append(node.outputs.empty() ? std::string() : graph.value(node.outputs[0]).name);
+  out["nodes"] = names;
+  out["stage_of_node"] = assignment.stage_of_node;
+  out["stage_cost"] = assignment.stage_cost;
+  // Each stage's boundary (transform/stage_split.h): the values it receives (recv) and
+  // sends (send), and the leaves it reads, by name in graph order.
+  // And where each stage's backward splits into B and W (transform/weight_gradient_split.h):
+  // per stage, {reading node: its weight input positions} and the weight values it sends.
+  // And which contractions accumulate their weight gradient in place
+  // (transform/fused_weight_accumulation.h): per stage, {node: its weight input position}.
+  py::list received, sent, leaves, boundaries, weight_outputs, accumulations;
+  for (const ir::Graph& stage : transform::split_stages(graph, assignment.stage_of_node, stages)) {
+    const transform::WeightGradientSplit split = transform::weight_gradient_split(stage);
+    py::dict reads;
+    for (const auto& b : split.boundaries) reads[py::str(b.node)] = b.inputs;
+    boundaries.append(reads);
+    weight_outputs.append(split.weight_outputs);
+    py::dict fused;
+    for (const auto& f : transform::fused_weight_accumulations(stage)) fused[py::str(f.node)] = f.weight_input;
+    accumulations.append(fused);
+    std::vector<std::string> in, outs, read;
+    for (const ir::Node& node : stage.nodes()) {
+      if (node.op == "shardwise::recv") in.push_back(stage.value(node.outputs[0]).name);
+      if (node.op == "shardwise::send") outs.push_back(stage.value(node.inputs[0]).name);
+    }
+    for (const ir::Value& v : stage.values())
+      if (!v.producer) read.push_back(v.name);
+    received.append(in);
+    sent.append(outs);
+    leaves.append(read);
+  }
+  out["received"] = received;
+  out["sent"] = sent;
+  out["leaves"] = leaves;
+  out["weight_boundaries"] = boundaries;
+  out["weight_outputs"] = weight_outputs;
+  out["fused_accumulations"] = accumulations;
+  return out;
+}
+
+// Every axis' groups of mesh ranks (transform::axis_group), in creation order.
+std::vector<std::vector<std::vector<std::int64_t>>> axis_groups(const std::vector<int>& mesh) {
+  int world = 1;
+  for (int size : mesh) {
+    if (size < 1) throw support::ValidationError(fmt::format("axis_groups: a mesh axis of size {}", size));
+    world *= size;
+  }
+  // Per axis, every group of ranks that differ only in their coordinate on it, each in
+  // coordinate order, the groups in order of their first rank: the groups the rank IR's
+  // group= attributes name (transform::axis_group), made in this order on every rank.
+  std::vector<std::vector<std::vector<std::int64_t>>> out(mesh.size());
+  for (std::size_t a = 0; a < mesh.size(); ++a) {
+    std::set<std::vector<std::int64_t>> seen;
+    for (int r = 0; r < world; ++r) {
+      auto group = transform::axis_group(mesh, static_cast<int>(a), r);
+      if (seen.insert(group).second) out[a].push_back(std::move(group));
+    }
+  }
+  return out;
+}
+
+// A leaf of the program: its placement, local shape, gradient and the axes it is copied on.
+py::dict leaf_dict(const transform::LeafRewrite& l) {
+  py::dict d;
+  d["value"] = l.value;
+  d["placement"] = spec_texts(l.placement);
+  d["local_shape"] = l.local_shape;
+  d["gradient"] = spec_texts(l.gradient);
+  d["reduce_axes"] = l.reduce_axes;
+  // The axes the leaf is whole on (Replicate): its copies, and the axes ZeRO may shard it over.
+  std::vector<int> replicated;
+  for (std::size_t a = 0; a < l.placement.size(); ++a)
+    if (l.placement[a].is_replicate()) replicated.push_back(static_cast<int>(a));
+  d["replicated_axes"] = replicated;
+  return d;
+}
+
+// A node of the program as the lowering reads it: its call, how it runs and its operands.
+py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool fp8) {
+  py::dict d;
+  d["node"] = n.node;
+  d["op"] = n.op;
+  d["mode"] = std::string(transform::node_mode_name(n.mode));
+  // The rank's call, whole: its attributes (the op's non-tensor arguments by schema
+  // name, local shape arguments at this rank's sizes) and its operands' global shapes.
+  // The lowering builds the call from these alone (python/shardwise/_aten_call.py).
+  const ir::Node& captured = graph.node(n.node);
+  py::dict attrs;
+  for (const auto& [name, value] : n.attrs) attrs[py::str(name)] = attr_to_python(value);
+  d["attrs"] = attrs;
+  py::list input_shapes;
+  for (ir::ValueId in : captured.inputs) input_shapes.append(graph.value(in).type.shape);
+  d["input_shapes"] = input_shapes;
+  d["one_device_random"] = n.one_device_random;
+  d["lookup_axes"] = n.lookup_axes;
+  d["statistics_axis"] = n.statistics_axis;
+  d["statistics_dim"] = n.statistics_dim;
+  d["kernel"] = n.kernel;
+  d["kernel_start"] = n.kernel_start;  // Lookup / Statistics: this rank's block of the split dim
+  d["kernel_stop"] = n.kernel_stop;
+  // An FP8 linear (analysis/fp8_linears.h) when the plan runs in fp8: the mesh axes its
+  // amaxes are a max over (transform/fp8_axes.h); None otherwise.
+  if (const auto axes = fp8 ? transform::fp8_axes(graph, n) : std::nullopt) {
+    py::dict f;
+    f["k_axes"] = axes->k_axes;
+    f["n_axes"] = axes->n_axes;
+    d["fp8"] = f;
+  } else {
+    d["fp8"] = py::none();
+  }
+  d["recompute_block"] = n.recompute_block;
+  d["recompute_keeps"] = n.recompute_keeps;
+  // Collective matmul, Scatter: the steps the node's contraction runs on its output.
+  if (n.matmul_scatter_forward.empty()) {
+    d["matmul_scatter"] = py::none();
+  } else {
+    py::dict m;
+    m["forward"] = actions(n.matmul_scatter_forward);
+    m["backward"] = actions(n.matmul_scatter_backward);
+    m["operand"] = search::collective_matmul_input(graph, captured);  // the contraction's input
+    d["matmul_scatter"] = m;
+  }
+  if (n.counted) {
+    py::dict c;
+    c["shares"] = n.counted->shares;
+    c["target"] = n.counted->target;
+    c["weight"] = n.counted->weight;
+    d["counted"] = c;
+  } else {
+    d["counted"] = py::none();
+  }
+  py::list ins, outs;
+  for (const auto& op : n.inputs) ins.append(operand(op));
+  for (const auto& o : n.outputs) {
+    py::dict od;
+    od["value"] = o.value;
+    od["produced"] = spec_texts(o.produced);
+    od["local_shape"] = o.local_shape;
+    od["scale"] = o.scale;
+    outs.append(od);
+  }
+  d["inputs"] = ins;
+  d["outputs"] = outs;
+  return d;
+}
+
+// One rank's program as the job runs it, as the runtime's lowering reads it (the binding's
+// docstring).
+py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json, int rank,
+                           const std::vector<std::string>& whole_nodes, const std::vector<std::string>& lookup_ops,
+                           bool adapt_to_shapes, const std::string& recompute_name, bool fp8,
+                           std::int64_t micro_batches) {
+  const plan::Recompute recompute = plan::recompute_from_name(recompute_name);
+  if (recompute != plan::Recompute::None && !plan_json.empty())
+    throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
+                                   "a plan's sharding says its own");
+  // A plan in fp8 runs its linears in float8; a replicated program (a pipeline stage on
+  // one rank) is told by fp8=.
+  bool fp8_plan = false;
+  auto [sharding, options] =
+      rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute, &fp8_plan,
+                     micro_batches);
+  fp8 = fp8 || fp8_plan;
+  // The rank graph's program as the job runs it: nodes whose local call the ops' shape
+  // rules refuse on any rank's block run whole on every rank (job_rank_graph.h).
+  const transform::RankGraph rank_ir = transform::job_rank_graph(graph, sharding, rank, options);
+  const transform::RankProgram& program = rank_ir.program;
+  py::list leaves, nodes, outputs;
+  std::size_t fp8_linears = 0;
+  for (const auto& l : program.leaves) leaves.append(leaf_dict(l));
+  for (const auto& n : program.nodes) {
+    py::dict d = node_dict(graph, n, fp8);
+    if (!d["fp8"].is_none()) ++fp8_linears;
+    nodes.append(d);
+  }
+  for (const auto& o : program.outputs) outputs.append(operand(o));
+  // Never a silent run in the model's dtype under a plan that says fp8.
+  if (fp8 && fp8_linears == 0)
+    throw support::ValidationError(
+        "fp8: the plan's precision is fp8 but no node of the model runs in float8 (an FP8 linear is a linear, "
+        "addmm or mm of a float32 or bfloat16 input by a weight parameter whose dims are multiples of 16: "
+        "csrc/analysis/fp8_linears.h); plan it in the model's precision");
+  py::dict out;
+  out["mesh"] = program.mesh;
+  out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
+  out["rank"] = program.rank;
+  out["leaves"] = leaves;
+  out["nodes"] = nodes;
+  out["outputs"] = outputs;
+  return out;
+}
+
 }  // namespace
 
 void bind_transform(py::module_& m) {
@@ -189,111 +420,15 @@ void bind_transform(py::module_& m) {
       "The hash of one rank's program under a complete plan (plan.h: programs).");
   m.def("programs_hash", &programs_hash, py::arg("per_rank"),
         "Every rank's program hash, in rank order, as the plan's `programs`.");
-  m.def(
-      "plan_programs",
-      [](const ir::Graph& graph, const std::string& plan_json) {
-        const plan::Plan p = plan::plan_from_json_string(plan_json);
-        py::gil_scoped_release release;
-        // A pipelined plan's ranks run their sub-mesh rank's program: each is made once (per
-        // stage layout, where stages have meshes of their own).
-        std::vector<std::string> per_rank;
-        if (!p.stage_meshes.empty()) {
-          std::map<std::pair<int, int>, std::string> made;  // (first stage of its layout, local rank)
-          for (int r = 0; r < p.world_size(); ++r) {
-            const int stage = p.stage_of_rank(r);
-            int alike = stage;
-            for (int s = 0; s < stage; ++s)
-              if (p.stage_meshes[static_cast<std::size_t>(s)] == p.stage_meshes[static_cast<std::size_t>(stage)] &&
-                  (p.stage_shardings.empty() || p.stage_shardings[static_cast<std::size_t>(s)] ==
-                                                    p.stage_shardings[static_cast<std::size_t>(stage)])) {
-                alike = s;
-                break;
-              }
-            const std::pair key{alike, r - p.stage_first_rank(stage)};
-            if (!made.contains(key)) made.emplace(key, hex(program_hash(graph, p, p.stage_first_rank(alike) + key.second)));
-            per_rank.push_back(made.at(key));
-          }
-          return programs_hash(per_rank);
-        }
-        const int distinct = p.sharding ? p.world_size() : p.data * p.tensor;
-        std::vector<std::string> made;
-        for (int r = 0; r < distinct; ++r) made.push_back(hex(program_hash(graph, p, r)));
-        for (int r = 0; r < p.world_size(); ++r) per_rank.push_back(made[r % distinct]);
-        return programs_hash(per_rank);
-      },
-      py::arg("graph"), py::arg("plan_json"),
-      "The hash of every rank's program under a complete plan (plan.h: programs).");
-  m.def(
-      "pipeline_stages",
-      [](const ir::Graph& graph, int stages, const std::vector<int>& layers_per_stage) {
-        search::StageAssignment assignment = search::assign_stages(graph, stages, layers_per_stage);
-        py::dict out;
-        py::list names;
-        for (const ir::Node& node : graph.nodes())
-          names.append(node.outputs.empty() ? std::string() : graph.value(node.outputs[0]).name);
-        out["nodes"] = names;
-        out["stage_of_node"] = assignment.stage_of_node;
-        out["stage_cost"] = assignment.stage_cost;
-        // Each stage's boundary (transform/stage_split.h): the values it receives (recv) and
-        // sends (send), and the leaves it reads, by name in graph order.
-        // And where each stage's backward splits into B and W (transform/weight_gradient_split.h):
-        // per stage, {reading node: its weight input positions} and the weight values it sends.
-        // And which contractions accumulate their weight gradient in place
-        // (transform/fused_weight_accumulation.h): per stage, {node: its weight input position}.
-        py::list received, sent, leaves, boundaries, weight_outputs, accumulations;
-        for (const ir::Graph& stage : transform::split_stages(graph, assignment.stage_of_node, stages)) {
-          const transform::WeightGradientSplit split = transform::weight_gradient_split(stage);
-          py::dict reads;
-          for (const auto& b : split.boundaries) reads[py::str(b.node)] = b.inputs;
-          boundaries.append(reads);
-          weight_outputs.append(split.weight_outputs);
-          py::dict fused;
-          for (const auto& f : transform::fused_weight_accumulations(stage)) fused[py::str(f.node)] = f.weight_input;
-          accumulations.append(fused);
-          std::vector<std::string> in, outs, read;
-          for (const ir::Node& node : stage.nodes()) {
-            if (node.op == "shardwise::recv") in.push_back(stage.value(node.outputs[0]).name);
-            if (node.op == "shardwise::send") outs.push_back(stage.value(node.inputs[0]).name);
-          }
-          for (const ir::Value& v : stage.values())
-            if (!v.producer) read.push_back(v.name);
-          received.append(in);
-          sent.append(outs);
-          leaves.append(read);
-        }
-        out["received"] = received;
-        out["sent"] = sent;
-        out["leaves"] = leaves;
-        out["weight_boundaries"] = boundaries;
-        out["weight_outputs"] = weight_outputs;
-        out["fused_accumulations"] = accumulations;
-        return out;
-      },
-      py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},
-      "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h: balanced by forward FLOPs, or the "
-      "given layers per stage) and their boundaries (csrc/transform/stage_split.h).");
-  m.def(
-      "axis_groups",
-      [](const std::vector<int>& mesh) {
-        int world = 1;
-        for (int size : mesh) {
-          if (size < 1) throw support::ValidationError(fmt::format("axis_groups: a mesh axis of size {}", size));
-          world *= size;
-        }
-        // Per axis, every group of ranks that differ only in their coordinate on it, each in
-        // coordinate order, the groups in order of their first rank: the groups the rank IR's
-        // group= attributes name (transform::axis_group), made in this order on every rank.
-        std::vector<std::vector<std::vector<std::int64_t>>> out(mesh.size());
-        for (std::size_t a = 0; a < mesh.size(); ++a) {
-          std::set<std::vector<std::int64_t>> seen;
-          for (int r = 0; r < world; ++r) {
-            auto group = transform::axis_group(mesh, static_cast<int>(a), r);
-            if (seen.insert(group).second) out[a].push_back(std::move(group));
-          }
-        }
-        return out;
-      },
-      py::arg("mesh"), "Every axis' groups of mesh ranks (transform/rank_graph.h: axis_group), in creation order.");
+  m.def("plan_programs", &plan_programs,
+        py::arg("graph"), py::arg("plan_json"),
+        "The hash of every rank's program under a complete plan (plan.h: programs).");
+  m.def("pipeline_stages", &pipeline_stages,
+        py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},
+        "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h: balanced by forward FLOPs, or the "
+        "given layers per stage) and their boundaries (csrc/transform/stage_split.h).");
+  m.def("axis_groups", &axis_groups,
+        py::arg("mesh"), "Every axis' groups of mesh ranks (transform/rank_graph.h: axis_group), in creation order.");
   m.def(
       "reshard_actions",
       [](const std::vector<std::string>& from, const std::vector<std::string>& to) {
@@ -304,134 +439,15 @@ void bind_transform(py::module_& m) {
       },
       py::arg("from_placements"), py::arg("to_placements"),
       "The steps turning one placement into another (csrc/transform/reshard_actions.h).");
-  m.def(
-      "rank_program",
-      [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
-         const std::vector<std::string>& lookup_ops, bool adapt_to_shapes, const std::string& recompute_name,
-         bool fp8, std::int64_t micro_batches) {
-        const plan::Recompute recompute = plan::recompute_from_name(recompute_name);
-        if (recompute != plan::Recompute::None && !plan_json.empty())
-          throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
-                                         "a plan's sharding says its own");
-        // A plan in fp8 runs its linears in float8; a replicated program (a pipeline stage on
-        // one rank) is told by fp8=.
-        bool fp8_plan = false;
-        auto [sharding, options] =
-            rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute, &fp8_plan,
-                           micro_batches);
-        fp8 = fp8 || fp8_plan;
-        // The rank graph's program as the job runs it: nodes whose local call the ops' shape
-        // rules refuse on any rank's block run whole on every rank (job_rank_graph.h).
-        const transform::RankGraph rank_ir = transform::job_rank_graph(graph, sharding, rank, options);
-        const transform::RankProgram& program = rank_ir.program;
-        py::list leaves, nodes, outputs;
-        std::size_t fp8_linears = 0;
-        for (const auto& l : program.leaves) {
-          py::dict d;
-          d["value"] = l.value;
-          d["placement"] = spec_texts(l.placement);
-          d["local_shape"] = l.local_shape;
-          d["gradient"] = spec_texts(l.gradient);
-          d["reduce_axes"] = l.reduce_axes;
-          // The axes the leaf is whole on (Replicate): its copies, and the axes ZeRO may shard it over.
-          std::vector<int> replicated;
-          for (std::size_t a = 0; a < l.placement.size(); ++a)
-            if (l.placement[a].is_replicate()) replicated.push_back(static_cast<int>(a));
-          d["replicated_axes"] = replicated;
-          leaves.append(d);
-        }
-        for (const auto& n : program.nodes) {
-          py::dict d;
-          d["node"] = n.node;
-          d["op"] = n.op;
-          d["mode"] = std::string(transform::node_mode_name(n.mode));
-          // The rank's call, whole: its attributes (the op's non-tensor arguments by schema
-          // name, local shape arguments at this rank's sizes) and its operands' global shapes.
-          // The lowering builds the call from these alone (python/shardwise/_aten_call.py).
-          const ir::Node& captured = graph.node(n.node);
-          py::dict attrs;
-          for (const auto& [name, value] : n.attrs) attrs[py::str(name)] = attr_to_python(value);
-          d["attrs"] = attrs;
-          py::list input_shapes;
-          for (ir::ValueId in : captured.inputs) input_shapes.append(graph.value(in).type.shape);
-          d["input_shapes"] = input_shapes;
-          d["one_device_random"] = n.one_device_random;
-          d["lookup_axes"] = n.lookup_axes;
-          d["statistics_axis"] = n.statistics_axis;
-          d["statistics_dim"] = n.statistics_dim;
-          d["kernel"] = n.kernel;
-          d["kernel_start"] = n.kernel_start;  // Lookup / Statistics: this rank's block of the split dim
-          d["kernel_stop"] = n.kernel_stop;
-          // An FP8 linear (analysis/fp8_linears.h) when the plan runs in fp8: the mesh axes its
-          // amaxes are a max over (transform/fp8_axes.h); None otherwise.
-          if (const auto axes = fp8 ? transform::fp8_axes(graph, n) : std::nullopt) {
-            ++fp8_linears;
-            py::dict f;
-            f["k_axes"] = axes->k_axes;
-            f["n_axes"] = axes->n_axes;
-            d["fp8"] = f;
-          } else {
-            d["fp8"] = py::none();
-          }
-          d["recompute_block"] = n.recompute_block;
-          d["recompute_keeps"] = n.recompute_keeps;
-          // Collective matmul, Scatter: the steps the node's contraction runs on its output.
-          if (n.matmul_scatter_forward.empty()) {
-            d["matmul_scatter"] = py::none();
-          } else {
-            py::dict m;
-            m["forward"] = actions(n.matmul_scatter_forward);
-            m["backward"] = actions(n.matmul_scatter_backward);
-            m["operand"] = search::collective_matmul_input(graph, captured);  // the contraction's input
-            d["matmul_scatter"] = m;
-          }
-          if (n.counted) {
-            py::dict c;
-            c["shares"] = n.counted->shares;
-            c["target"] = n.counted->target;
-            c["weight"] = n.counted->weight;
-            d["counted"] = c;
-          } else {
-            d["counted"] = py::none();
-          }
-          py::list ins, outs;
-          for (const auto& op : n.inputs) ins.append(operand(op));
-          for (const auto& o : n.outputs) {
-            py::dict od;
-            od["value"] = o.value;
-            od["produced"] = spec_texts(o.produced);
-            od["local_shape"] = o.local_shape;
-            od["scale"] = o.scale;
-            outs.append(od);
-          }
-          d["inputs"] = ins;
-          d["outputs"] = outs;
-          nodes.append(d);
-        }
-        for (const auto& o : program.outputs) outputs.append(operand(o));
-        // Never a silent run in the model's dtype under a plan that says fp8.
-        if (fp8 && fp8_linears == 0)
-          throw support::ValidationError(
-              "fp8: the plan's precision is fp8 but no node of the model runs in float8 (an FP8 linear is a linear, "
-              "addmm or mm of a float32 or bfloat16 input by a weight parameter whose dims are multiples of 16: "
-              "csrc/analysis/fp8_linears.h); plan it in the model's precision");
-        py::dict out;
-        out["mesh"] = program.mesh;
-        out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
-        out["rank"] = program.rank;
-        out["leaves"] = leaves;
-        out["nodes"] = nodes;
-        out["outputs"] = outputs;
-        return out;
-      },
-      py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
-      py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
-      py::arg("fp8") = false, py::arg("micro_batches") = 1,
-      "One rank's program of a searched plan as the job runs it (csrc/transform/spmd_rewrite.h; "
-      "job_rank_graph.h: a node any rank runs whole runs whole on every rank); plan_json \"\": replicated, "
-      "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\"); its FP8 linears "
-      "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
-      "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count).");
+  m.def("rank_program", &rank_program_dict,
+        py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
+        py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
+        py::arg("fp8") = false, py::arg("micro_batches") = 1,
+        "One rank's program of a searched plan as the job runs it (csrc/transform/spmd_rewrite.h; "
+        "job_rank_graph.h: a node any rank runs whole runs whole on every rank); plan_json \"\": replicated, "
+        "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\"); its FP8 linears "
+        "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
+        "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count).");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,
