@@ -55,6 +55,100 @@ std::unique_ptr<cost::CostModel> cost_model_of(const std::string& profile_json) 
   return std::make_unique<cost::ProfiledCostModel>(cost::profile_from_json_string(profile_json));
 }
 
+// The SPMD search's result as Python reads it (the binding's docstring).
+py::dict search_plan_dict(const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch,
+                          const std::string& level, std::optional<std::vector<int>> mesh, double memory_fraction,
+                          const std::string& precision, bool allow_recompute, bool allow_zero,
+                          std::optional<py::function> progress, bool collective_matmul, bool batch_on_tensor_axis,
+                          const std::string& recompute, const std::string& profile) {
+  const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
+  search::SpmdSearchOptions options;
+  if (!recompute.empty()) options.recompute = plan::recompute_from_name(recompute);
+  options.batch_on_tensor_axis = batch_on_tensor_axis;
+  options.collective_matmul = collective_matmul;
+  options.global_batch = global_batch;
+  options.level = search::search_level_from_name(level);
+  options.mesh = std::move(mesh);
+  options.memory_fraction = memory_fraction;
+  options.precision = precision_named(precision);
+  options.allow_recompute = allow_recompute;
+  options.allow_zero = allow_zero;
+  options.progress = python_progress(progress);
+  search::SpmdSearchResult r;
+  {
+    py::gil_scoped_release release;
+    r = search::search_spmd(graph, cluster, *model, options);
+  }
+  py::list candidates;
+  for (const auto& c : r.candidates) {
+    py::dict d;
+    d["mesh"] = c.mesh;
+    d["recompute"] = std::string(plan::recompute_name(c.recompute));
+    d["fits"] = c.fits;
+    d["step_time"] = c.step_time;
+    d["memory_per_rank"] = c.memory_per_rank;
+    candidates.append(d);
+  }
+  py::dict out;
+  out["plan"] = plan::plan_to_json_string(r.plan);
+  out["fits"] = r.fits;
+  out["candidates"] = candidates;
+  out["search_seconds"] = r.search_seconds;
+  out["axis_problems_solved"] = r.axis_problems_solved;
+  out["axis_problems_reused"] = r.axis_problems_reused;
+  out["memory_capacity"] = r.memory_limit;
+  out["report"] = search::plan_report(r.plan, r.memory_limit);
+  if (r.balance) {
+    py::dict b;
+    b["axis"] = r.balance->axis;
+    b["ranks"] = r.balance->ranks;
+    b["ratios"] = r.balance->ratios;
+    b["step_time"] = r.balance->step_time;
+    b["even_step_time"] = r.balance->even_step_time;
+    b["lp_step_time"] = r.balance->lp_step_time;
+    out["balance"] = b;
+  }
+  return out;
+}
+
+// The joint planner's result as Python reads it (the binding's docstring).
+py::dict plan_joint_dict(const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch,
+                         const std::string& level, double memory_fraction, const std::string& precision,
+                         std::optional<py::function> progress,
+                         std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts,
+                         bool allow_zero, const std::string& micro_batch_semantics, const std::string& profile) {
+  const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
+  search::JointPlanOptions options;
+  options.micro_batch_semantics = plan::micro_batch_semantics_from_name(micro_batch_semantics);
+  options.stage_layouts = stage_layouts;
+  options.allow_zero = allow_zero;
+  options.global_batch = global_batch;
+  if (network) options.network = search::NetworkCondition{network->first, network->second};
+  options.level = search::search_level_from_name(level);
+  options.memory_fraction = memory_fraction;
+  precision_named(precision);  // checked here, named in the plan
+  options.precision = precision;
+  options.progress = python_progress(progress);
+  search::JointPlanResult r;
+  {
+    py::gil_scoped_release release;
+    r = search::plan_joint(graph, cluster, *model, options);
+  }
+  py::list best;
+  for (const auto& b : r.best) best.append(plan::plan_to_json_string(b.plan));
+  py::dict out;
+  out["plan"] = plan::plan_to_json_string(r.plan);
+  out["fits"] = r.fits;
+  out["evaluated"] = r.evaluated;
+  out["stage_layout_searches"] = r.stage_layout_searches;
+  out["searched_layout"] = r.searched_layout;
+  out["best"] = best;
+  out["search_seconds"] = r.search_seconds;
+  out["memory_capacity"] = r.memory_limit;
+  out["report"] = search::plan_report(r.plan, r.memory_limit);
+  return out;
+}
+
 }  // namespace
 
 void bind_plan(py::module_& m) {
@@ -179,111 +273,21 @@ void bind_plan(py::module_& m) {
       },
       py::arg("graph"), py::arg("plan_json"),
       "Refuses a plan with micro-batches for a graph they change (csrc/search/micro_batch_check.h).");
-  m.def(
-      "search_plan",
-      [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
-         std::optional<std::vector<int>> mesh, double memory_fraction, const std::string& precision,
-         bool allow_recompute, bool allow_zero, std::optional<py::function> progress, bool collective_matmul,
-         bool batch_on_tensor_axis, const std::string& recompute, const std::string& profile) {
-        const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
-        search::SpmdSearchOptions options;
-        if (!recompute.empty()) options.recompute = plan::recompute_from_name(recompute);
-        options.batch_on_tensor_axis = batch_on_tensor_axis;
-        options.collective_matmul = collective_matmul;
-        options.global_batch = global_batch;
-        options.level = search::search_level_from_name(level);
-        options.mesh = std::move(mesh);
-        options.memory_fraction = memory_fraction;
-        options.precision = precision_named(precision);
-        options.allow_recompute = allow_recompute;
-        options.allow_zero = allow_zero;
-        options.progress = python_progress(progress);
-        search::SpmdSearchResult r;
-        {
-          py::gil_scoped_release release;
-          r = search::search_spmd(graph, cluster, *model, options);
-        }
-        py::list candidates;
-        for (const auto& c : r.candidates) {
-          py::dict d;
-          d["mesh"] = c.mesh;
-          d["recompute"] = std::string(plan::recompute_name(c.recompute));
-          d["fits"] = c.fits;
-          d["step_time"] = c.step_time;
-          d["memory_per_rank"] = c.memory_per_rank;
-          candidates.append(d);
-        }
-        py::dict out;
-        out["plan"] = plan::plan_to_json_string(r.plan);
-        out["fits"] = r.fits;
-        out["candidates"] = candidates;
-        out["search_seconds"] = r.search_seconds;
-        out["axis_problems_solved"] = r.axis_problems_solved;
-        out["axis_problems_reused"] = r.axis_problems_reused;
-        out["memory_capacity"] = r.memory_limit;
-        out["report"] = search::plan_report(r.plan, r.memory_limit);
-        if (r.balance) {
-          py::dict b;
-          b["axis"] = r.balance->axis;
-          b["ranks"] = r.balance->ranks;
-          b["ratios"] = r.balance->ratios;
-          b["step_time"] = r.balance->step_time;
-          b["even_step_time"] = r.balance->even_step_time;
-          b["lp_step_time"] = r.balance->lp_step_time;
-          out["balance"] = b;
-        }
-        return out;
-      },
-      py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
-      py::arg("mesh") = py::none(), py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
-      py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
-      py::arg("collective_matmul") = false, py::arg("batch_on_tensor_axis") = true, py::arg("recompute") = "",
-      py::arg("profile_json") = "",
-      "The SPMD sharding search (csrc/search/spmd_search.h); recompute= \"none\", \"full\" or \"selective\": only "
-      "that recomputation (\"\": none, and selective and full where allow_recompute); profile_json: a "
-      "shardwise.Profile's JSON, priced with it (cost/profiled_cost.h), \"\": the analytic model.");
-  m.def(
-      "plan_joint",
-      [](const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch, const std::string& level,
-         double memory_fraction, const std::string& precision, std::optional<py::function> progress,
-         std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts,
-         bool allow_zero, const std::string& micro_batch_semantics, const std::string& profile) {
-        const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
-        search::JointPlanOptions options;
-        options.micro_batch_semantics = plan::micro_batch_semantics_from_name(micro_batch_semantics);
-        options.stage_layouts = stage_layouts;
-        options.allow_zero = allow_zero;
-        options.global_batch = global_batch;
-        if (network) options.network = search::NetworkCondition{network->first, network->second};
-        options.level = search::search_level_from_name(level);
-        options.memory_fraction = memory_fraction;
-        precision_named(precision);  // checked here, named in the plan
-        options.precision = precision;
-        options.progress = python_progress(progress);
-        search::JointPlanResult r;
-        {
-          py::gil_scoped_release release;
-          r = search::plan_joint(graph, cluster, *model, options);
-        }
-        py::list best;
-        for (const auto& b : r.best) best.append(plan::plan_to_json_string(b.plan));
-        py::dict out;
-        out["plan"] = plan::plan_to_json_string(r.plan);
-        out["fits"] = r.fits;
-        out["evaluated"] = r.evaluated;
-        out["stage_layout_searches"] = r.stage_layout_searches;
-        out["searched_layout"] = r.searched_layout;
-        out["best"] = best;
-        out["search_seconds"] = r.search_seconds;
-        out["memory_capacity"] = r.memory_limit;
-        out["report"] = search::plan_report(r.plan, r.memory_limit);
-        return out;
-      },
-      py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
-      py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16", py::arg("progress") = py::none(),
-      py::arg("network") = py::none(), py::arg("stage_layouts") = true, py::arg("allow_zero") = true,
-      py::arg("micro_batch_semantics") = "exact", py::arg("profile_json") = "",
-      "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h); profile_json as search_plan's.");
+  m.def("search_plan", &search_plan_dict,
+        py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
+        py::arg("mesh") = py::none(), py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
+        py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
+        py::arg("collective_matmul") = false, py::arg("batch_on_tensor_axis") = true, py::arg("recompute") = "",
+        py::arg("profile_json") = "",
+        "The SPMD sharding search (csrc/search/spmd_search.h); recompute= \"none\", \"full\" or \"selective\": only "
+        "that recomputation (\"\": none, and selective and full where allow_recompute); profile_json: a "
+        "shardwise.Profile's JSON, priced with it (cost/profiled_cost.h), \"\": the analytic model.");
+  m.def("plan_joint", &plan_joint_dict,
+        py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
+        py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
+        py::arg("progress") = py::none(), py::arg("network") = py::none(), py::arg("stage_layouts") = true,
+        py::arg("allow_zero") = true, py::arg("micro_batch_semantics") = "exact", py::arg("profile_json") = "",
+        "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h); profile_json as search_plan's.");
   m.def(
       "plan_report",
       [](const std::string& text, double capacity) {
