@@ -235,40 +235,100 @@ std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, co
   return out;
 }
 
-void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int rank, const RewriteOptions& options,
-                  RewriteBuilder& builder) {
-  const std::size_t axes = sharding.mesh.size();
-  if (axes == 0) throw ValidationError("plan: the sharding has an empty mesh");
-  int world = 1;
-  for (int size : sharding.mesh) world *= size;
-  if (rank < 0 || rank >= world)
-    throw ValidationError(fmt::format("rewrite: rank {} outside the plan's mesh of {} ranks", rank, world));
-  const auto strategies = resolve_strategies(graph, sharding, options.adapt_to_shapes);
-  const auto& nodes = graph.nodes();
-  const auto& values = graph.values();
+namespace {
 
-  auto local_shape = [&](const ir::Value& v, const ShardingSpec& spec) {
-    return local_shard(v.type.shape, texts(spec), sharding.mesh, rank).shape;
-  };
+using Shape = std::vector<std::int64_t>;
 
-  // How each node runs, what it needs of its operands and what it leaves.
-  std::vector<NodeRewrite> rewrites(nodes.size());
-  std::vector<std::optional<ops::DimRule>> rules(nodes.size());  // by node, made once for both passes below
-  for (const ir::Node& node : nodes)
-    if (!node.outputs.empty())
-      rules[static_cast<std::size_t>(node.id)] = ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
-  std::vector<std::vector<ShardingSpec>> grads(nodes.size());  // per operand: the reader's gradient
-  std::vector<ShardingSpec> produced(values.size());
-  for (const ir::Value& v : values)
+// One rank's rewrite of a graph under a plan's sharding: the state rewrite_spmd's phases
+// share, each phase a method, run in the order rewrite_spmd states.
+class SpmdRewriter {
+ public:
+  SpmdRewriter(const ir::Graph& graph, const plan::Sharding& sharding, int rank, const RewriteOptions& options)
+      : graph_(graph),
+        sharding_(sharding),
+        rank_(rank),
+        options_(options),
+        axes_(sharding.mesh.size()),
+        nodes_(graph.nodes()),
+        values_(graph.values()),
+        rewrites_(nodes_.size()),
+        rules_(nodes_.size()),
+        grads_(nodes_.size()),
+        produced_(values_.size()),
+        batch_ratios_(axes_),
+        gradient_(values_.size(), false),
+        canonical_(values_.size()),
+        reduce_axes_(values_.size()) {
+    if (axes_ == 0) throw ValidationError("plan: the sharding has an empty mesh");
+    int world = 1;
+    for (int size : sharding.mesh) world *= size;
+    if (rank < 0 || rank >= world)
+      throw ValidationError(fmt::format("rewrite: rank {} outside the plan's mesh of {} ranks", rank, world));
+    strategies_ = resolve_strategies(graph, sharding, options.adapt_to_shapes);
+    for (const ir::Node& node : nodes_)  // made once for both passes over the nodes
+      if (!node.outputs.empty())
+        rules_[static_cast<std::size_t>(node.id)] = ops::dim_rule_for(ops::OpTable::builtin(), graph, node);
+  }
+
+  void place_leaves();
+  void rewrite_node(const ir::Node& node);
+  void mark_gradients();
+  void emit_leaves(RewriteBuilder& builder) const;
+  void mark_recompute();
+  void plan_operand_steps();
+  void emit(RewriteBuilder& builder);
+
+ private:
+  Shape local_shape(const ir::Value& v, const ShardingSpec& spec) const {
+    return local_shard(v.type.shape, texts(spec), sharding_.mesh, rank_).shape;
+  }
+  void spread_ratios(ShardingSpec& spec, const ir::Value& v) const;
+  bool decide_kernels(const ir::Node& node, NodeRewrite& rw) const;
+  bool decide_random(const ir::Node& node, NodeRewrite& rw) const;
+  void read_operands(const ir::Node& node, NodeRewrite& rw, bool whole);
+  void count_mean(const ir::Node& node, NodeRewrite& rw, bool whole) const;
+  double uneven_mean_scale(const ir::Node& node, const NodeRewrite& rw, bool whole) const;
+  std::vector<ReshardAction> backward_steps(const ShardingSpec& from, std::size_t value) const;
+  void operand_steps(const ir::Node& node, std::size_t i, int unit);
+  void activation_overlaps(const ir::Node& node, const std::vector<int>& reads);
+  int group_of(int unit, int kind, int axis, ir::DType dtype) {
+    auto [it, fresh] = groups_.emplace(std::tuple{unit, kind, axis, static_cast<int>(dtype)},
+                                       static_cast<int>(groups_.size()));
+    return it->second;
+  }
+
+  const ir::Graph& graph_;
+  const plan::Sharding& sharding_;
+  const int rank_;
+  const RewriteOptions& options_;
+  const std::size_t axes_;
+  const std::vector<ir::Node>& nodes_;
+  const std::vector<ir::Value>& values_;
+  std::vector<std::vector<Strategy>> strategies_;
+  std::vector<NodeRewrite> rewrites_;
+  std::vector<std::optional<ops::DimRule>> rules_;
+  std::vector<std::vector<ShardingSpec>> grads_;  // per node, per operand: the reader's gradient
+  std::vector<ShardingSpec> produced_;            // per value: the placement it is made in
+  std::vector<std::vector<double>> batch_ratios_;  // per axis: the inputs' uneven batch shares
+  std::vector<bool> gradient_;                    // per value: it carries a gradient
+  std::vector<ShardingSpec> canonical_;           // per value: its gradient's placement
+  std::vector<std::vector<int>> reduce_axes_;     // per leaf: the axes its gradient is reduced over after backward
+  std::map<std::tuple<int, int, int, int>, int> groups_;  // grouped parameter collectives
+};
+
+// The leaves' placements; adapting to other shapes, an input whose placement does not divide
+// its shape is replicated on the axes that fail, outermost first. Heterogeneous plans: the
+// inputs' uneven batch shares, per axis, given to every Shard of a value's batch dim on that
+// axis (the search records them on the inputs only).
+void SpmdRewriter::place_leaves() {
+  for (const ir::Value& v : values_)
     if (!v.producer) {
       std::vector<Placement> spec;
-      for (const auto& text : plan::sharding_entry(sharding.placements, v.name, "placement", axes))
+      for (const auto& text : plan::sharding_entry(sharding_.placements, v.name, "placement", axes_))
         spec.push_back(search::parse_placement(text));
-      // Adapting to other shapes: an input whose placement does not divide its shape is
-      // replicated on the axes that fail, outermost first.
-      while (options.adapt_to_shapes && v.role == ir::ValueRole::Input) {
+      while (options_.adapt_to_shapes && v.role == ir::ValueRole::Input) {
         try {
-          local_shard(v.type.shape, texts(spec), sharding.mesh, rank);
+          local_shard(v.type.shape, texts(spec), sharding_.mesh, rank_);
           break;
         } catch (const ValidationError&) {
           auto shard = std::find_if(spec.begin(), spec.end(), [](const Placement& p) { return p.is_shard(); });
@@ -276,346 +336,402 @@ void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int ra
           *shard = Placement::replicate();
         }
       }
-      produced[static_cast<std::size_t>(v.id)] = spec;
+      produced_[static_cast<std::size_t>(v.id)] = spec;
     }
-  // Heterogeneous plans: the inputs' uneven batch shares, per axis, given to every Shard of
-  // a value's batch dim on that axis (the search records them on the inputs only).
-  std::vector<std::vector<double>> batch_ratios(axes);
-  for (ir::ValueId in : graph.inputs()) {
-    const ir::Value& v = graph.value(in);
-    for (std::size_t a = 0; a < axes; ++a) {
-      const Placement& p = produced[static_cast<std::size_t>(in)][a];
+  for (ir::ValueId in : graph_.inputs()) {
+    const ir::Value& v = graph_.value(in);
+    for (std::size_t a = 0; a < axes_; ++a) {
+      const Placement& p = produced_[static_cast<std::size_t>(in)][a];
       if (p.is_shard() && !p.ratios.empty() && v.type.batch_dim && p.dim == *v.type.batch_dim)
-        batch_ratios[a] = p.ratios;
+        batch_ratios_[a] = p.ratios;
     }
   }
-  auto uneven = [&](ShardingSpec& spec, const ir::Value& v) {
-    for (std::size_t a = 0; a < axes; ++a) {
-      Placement& p = spec[a];
-      if (!batch_ratios[a].empty() && p.is_shard() && p.ratios.empty() && p.groups == 1 && v.type.batch_dim &&
-          p.dim == *v.type.batch_dim)
-        p.ratios = batch_ratios[a];
-    }
-  };
-  for (const ir::Value& v : values)
-    if (!v.producer) uneven(produced[static_cast<std::size_t>(v.id)], v);
+  for (const ir::Value& v : values_)
+    if (!v.producer) spread_ratios(produced_[static_cast<std::size_t>(v.id)], v);
+}
 
-  for (const ir::Node& node : nodes) {
-    const auto n = static_cast<std::size_t>(node.id);
-    NodeRewrite& rw = rewrites[n];
-    rw.node = node.id;
-    rw.op = node.op;
-    const std::optional<ops::DimRule>& rule = rules[n];
-    bool whole = !node.outputs.empty() && options.whole_nodes.contains(graph.value(node.outputs[0]).name);
-    for (std::size_t a = 0; a < axes && !whole; ++a) {
-      const Strategy& s = strategies[n][a];
-      if (s.partial || s.index < 0 || !rule) continue;
-      // A creation op's values depend on its block: arange's local form starts at the block
-      // (below), any other runs whole.
-      if (node.inputs.empty() && !is_arange(node.op)) whole = true;
-      const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
-      if (index.kind != ops::IndexKind::Whole) continue;
-      if (index.lookup && options.lookup_ops.contains(node.op)) {
-        rw.lookup_axes.push_back(static_cast<int>(a));
-      } else if (const auto kernel = ops::statistics_kernel(node, options.statistics_ops);
-                 index.statistics > 0 && rw.statistics_axis < 0 && kernel && !s.inputs.empty() &&
-                 s.inputs[0].is_shard() && (s.groups == 1 || !kernel->starts_with("shardwise::vocab_"))) {
-        // The vocabulary kernels address this rank's classes as one block [start, stop); the
-        // others only sum over what the rank holds, in any layout.
-        rw.statistics_axis = static_cast<int>(a);
-        rw.statistics_dim = s.inputs[0].dim;
-        rw.kernel = std::string(*kernel);
-      } else {
-        whole = true;  // statistics on a second axis or with no kernel, or a lookup with none
-      }
+void SpmdRewriter::spread_ratios(ShardingSpec& spec, const ir::Value& v) const {
+  for (std::size_t a = 0; a < axes_; ++a) {
+    Placement& p = spec[a];
+    if (!batch_ratios_[a].empty() && p.is_shard() && p.ratios.empty() && p.groups == 1 && v.type.batch_dim &&
+        p.dim == *v.type.batch_dim)
+      p.ratios = batch_ratios_[a];
+  }
+}
+
+// Whether `node` runs whole for want of a kernel, and otherwise which distributed kernel its
+// split takes (a lookup's axes, a statistics kernel's axis, dim and name, set on `rw`).
+bool SpmdRewriter::decide_kernels(const ir::Node& node, NodeRewrite& rw) const {
+  const auto n = static_cast<std::size_t>(node.id);
+  const std::optional<ops::DimRule>& rule = rules_[n];
+  bool whole = !node.outputs.empty() && options_.whole_nodes.contains(graph_.value(node.outputs[0]).name);
+  for (std::size_t a = 0; a < axes_ && !whole; ++a) {
+    const Strategy& s = strategies_[n][a];
+    if (s.partial || s.index < 0 || !rule) continue;
+    // A creation op's values depend on its block: arange's local form starts at the block
+    // (rewrite_node), any other runs whole.
+    if (node.inputs.empty() && !is_arange(node.op)) whole = true;
+    const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
+    if (index.kind != ops::IndexKind::Whole) continue;
+    if (index.lookup && options_.lookup_ops.contains(node.op)) {
+      rw.lookup_axes.push_back(static_cast<int>(a));
+    } else if (const auto kernel = ops::statistics_kernel(node, options_.statistics_ops);
+               index.statistics > 0 && rw.statistics_axis < 0 && kernel && !s.inputs.empty() &&
+               s.inputs[0].is_shard() && (s.groups == 1 || !kernel->starts_with("shardwise::vocab_"))) {
+      // The vocabulary kernels address this rank's classes as one block [start, stop); the
+      // others only sum over what the rank holds, in any layout.
+      rw.statistics_axis = static_cast<int>(a);
+      rw.statistics_dim = s.inputs[0].dim;
+      rw.kernel = std::string(*kernel);
+    } else {
+      whole = true;  // statistics on a second axis or with no kernel, or a lookup with none
     }
-    if (rw.statistics_axis >= 0 && !rw.lookup_axes.empty()) whole = true;
-    // arange split into one block [lo, hi) per rank; a strided split (several runs) has no
-    // single arange and runs whole.
-    std::optional<IndexRun> arange_run;
-    if (!whole && is_arange(node.op) && node.inputs.empty() && node.outputs.size() == 1 && rule) {
-      ShardingSpec spec;
-      for (std::size_t a = 0; a < axes; ++a) spec.push_back(strategies[n][a].outputs[0]);
-      const ir::Value& out = graph.value(node.outputs[0]);
-      const auto runs = local_shard(out.type.shape, texts(spec), sharding.mesh, rank).dims;
-      if (runs.size() == 1 && runs[0].size() == 1)
-        arange_run = runs[0][0];
-      else
-        whole = true;
+  }
+  return whole || (rw.statistics_axis >= 0 && !rw.lookup_axes.empty());
+}
+
+// A seeded random op on a block draws as one device only as a dropout's mask or a *_like
+// op's values, drawn whole and cut (ops/random_draws.h); any other runs whole. Whether it
+// runs whole; `rw.one_device_random` where it is drawn whole and cut.
+bool SpmdRewriter::decide_random(const ir::Node& node, NodeRewrite& rw) const {
+  bool split = false, partial = false;
+  for (std::size_t a = 0; a < axes_; ++a)
+    for (const Placement& p : strategies_[static_cast<std::size_t>(node.id)][a].inputs) {
+      split = split || (p.is_shard() && sharding_.mesh[a] > 1);
+      partial = partial || p.is_partial();
     }
-    // A seeded random op on a block draws as one device only as a dropout's mask or a *_like
-    // op's values, drawn whole and cut (ops/random_draws.h); any other runs whole.
-    if (!whole && ops::draws(node)) {
-      bool split = false, partial = false;
-      for (std::size_t a = 0; a < axes; ++a)
-        for (const Placement& p : strategies[n][a].inputs) {
-          split = split || (p.is_shard() && sharding.mesh[a] > 1);
-          partial = partial || p.is_partial();
-        }
-      switch (ops::random_draw(node.op)) {
-        case ops::RandomDraw::Mask: rw.one_device_random = split || partial; break;
-        case ops::RandomDraw::Like:
-          whole = partial;
-          rw.one_device_random = split && !partial;
-          break;
-        default: whole = split || partial; break;
-      }
+  switch (ops::random_draw(node.op)) {
+    case ops::RandomDraw::Mask: rw.one_device_random = split || partial; return false;
+    case ops::RandomDraw::Like: rw.one_device_random = split && !partial; return partial;
+    default: return split || partial;
+  }
+}
+
+void SpmdRewriter::read_operands(const ir::Node& node, NodeRewrite& rw, bool whole) {
+  const auto n = static_cast<std::size_t>(node.id);
+  for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+    OperandRewrite op;
+    op.value = graph_.value(node.inputs[i]).name;
+    ShardingSpec need, grad;
+    for (std::size_t a = 0; a < axes_; ++a) {
+      need.push_back(whole ? Placement::replicate() : strategies_[n][a].inputs[i]);
+      grad.push_back(whole ? Placement::replicate() : strategies_[n][a].input_grads[i]);
     }
-    rw.mode = whole                       ? NodeMode::Whole
-              : rw.statistics_axis >= 0   ? NodeMode::Statistics
-              : rw.lookup_axes.empty()    ? NodeMode::Local
-                                          : NodeMode::Lookup;
-    if (whole) {
-      rw.lookup_axes.clear();
-      rw.statistics_axis = -1;
-      rw.statistics_dim = -1;
-      rw.kernel.clear();
+    spread_ratios(need, graph_.value(node.inputs[i]));
+    spread_ratios(grad, graph_.value(node.inputs[i]));
+    op.required = std::move(need);
+    rw.inputs.push_back(std::move(op));
+    grads_[n].push_back(std::move(grad));
+  }
+  if (rw.mode == NodeMode::Lookup || rw.mode == NodeMode::Statistics) {  // the kernel's block of the split dim
+    const auto dim = static_cast<std::size_t>(rw.mode == NodeMode::Lookup ? 0 : rw.statistics_dim);
+    const auto runs = local_shard(graph_.value(node.inputs[0]).type.shape, texts(rw.inputs[0].required),
+                                  sharding_.mesh, rank_)
+                          .dims.at(dim);
+    if (!runs.empty()) {
+      rw.kernel_start = runs.front().first;
+      rw.kernel_stop = runs.back().second;
     }
-    for (std::size_t i = 0; i < node.inputs.size(); ++i) {
-      OperandRewrite op;
-      op.value = graph.value(node.inputs[i]).name;
-      ShardingSpec need, grad;
-      for (std::size_t a = 0; a < axes; ++a) {
-        need.push_back(whole ? Placement::replicate() : strategies[n][a].inputs[i]);
-        grad.push_back(whole ? Placement::replicate() : strategies[n][a].input_grads[i]);
-      }
-      uneven(need, graph.value(node.inputs[i]));
-      uneven(grad, graph.value(node.inputs[i]));
-      op.required = std::move(need);
-      rw.inputs.push_back(std::move(op));
-      grads[n].push_back(std::move(grad));
+  }
+}
+
+// A counted mean (ops::CountedMean): the shares of its rows, the step's micro-batches and the
+// mesh axes that split them; the runtime divides by the count of the whole batch.
+void SpmdRewriter::count_mean(const ir::Node& node, NodeRewrite& rw, bool whole) const {
+  const auto n = static_cast<std::size_t>(node.id);
+  const std::optional<ops::DimRule>& rule = rules_[n];
+  if (!rule || !rule->counted_mean) return;
+  CountedRewrite counted{options_.micro_batches, rule->counted_mean->target, rule->counted_mean->weight};
+  for (std::size_t a = 0; a < axes_ && !whole; ++a) {
+    const Strategy& s = strategies_[n][a];
+    if (s.partial || s.index < 0) continue;
+    const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
+    if (index.kind == ops::IndexKind::Reduced && index.reduction == ops::Reduction::Mean)
+      counted.shares *= sharding_.mesh[a];
+  }
+  rw.counted = counted;
+}
+
+// A mean over a batch split into uneven shares: each rank's mean counts its share.
+double SpmdRewriter::uneven_mean_scale(const ir::Node& node, const NodeRewrite& rw, bool whole) const {
+  const auto n = static_cast<std::size_t>(node.id);
+  const std::optional<ops::DimRule>& rule = rules_[n];
+  double scale = 1.0;
+  for (std::size_t a = 0; a < axes_ && !whole && !rw.counted; ++a) {
+    const Strategy& s = strategies_[n][a];
+    if (batch_ratios_[a].empty() || s.partial || s.index < 0 || !rule) continue;
+    const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
+    bool uneven_input = false;
+    for (const OperandRewrite& op : rw.inputs) uneven_input = uneven_input || !op.required[a].ratios.empty();
+    if (index.kind == ops::IndexKind::Reduced && index.reduction == ops::Reduction::Mean && uneven_input) {
+      int stride = 1;
+      for (std::size_t b = a + 1; b < axes_; ++b) stride *= sharding_.mesh[b];
+      const int k = (rank_ / stride) % sharding_.mesh[a];
+      scale *= batch_ratios_[a][static_cast<std::size_t>(k)] * sharding_.mesh[a];
     }
-    if (rw.mode == NodeMode::Lookup || rw.mode == NodeMode::Statistics) {
-      const auto dim = static_cast<std::size_t>(rw.mode == NodeMode::Lookup ? 0 : rw.statistics_dim);
-      const auto runs = local_shard(graph.value(node.inputs[0]).type.shape, texts(rw.inputs[0].required),
-                                    sharding.mesh, rank)
-                            .dims.at(dim);
-      if (!runs.empty()) {
-        rw.kernel_start = runs.front().first;
-        rw.kernel_stop = runs.back().second;
-      }
-    }
-    // A counted mean (ops::CountedMean): the shares of its rows; the runtime divides by the
-    // count of the whole batch.
-    if (rule && rule->counted_mean) {
-      CountedRewrite counted{options.micro_batches, rule->counted_mean->target, rule->counted_mean->weight};
-      for (std::size_t a = 0; a < axes && !whole; ++a) {
-        const Strategy& s = strategies[n][a];
-        if (s.partial || s.index < 0) continue;
-        const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
-        if (index.kind == ops::IndexKind::Reduced && index.reduction == ops::Reduction::Mean)
-          counted.shares *= sharding.mesh[a];
-      }
-      rw.counted = counted;
-    }
-    // A mean over a batch split into uneven shares: each rank's mean counts its share.
-    double scale = 1.0;
-    for (std::size_t a = 0; a < axes && !whole && !rw.counted; ++a) {
-      const Strategy& s = strategies[n][a];
-      if (batch_ratios[a].empty() || s.partial || s.index < 0 || !rule) continue;
-      const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
-      bool uneven_input = false;
-      for (const OperandRewrite& op : rw.inputs) uneven_input = uneven_input || !op.required[a].ratios.empty();
-      if (index.kind == ops::IndexKind::Reduced && index.reduction == ops::Reduction::Mean && uneven_input) {
-        int stride = 1;
-        for (std::size_t b = a + 1; b < axes; ++b) stride *= sharding.mesh[b];
-        const int k = (rank / stride) % sharding.mesh[a];
-        scale *= batch_ratios[a][static_cast<std::size_t>(k)] * sharding.mesh[a];
-      }
-    }
+  }
+  return scale;
+}
+
+// How `node` runs (whole, on a kernel, or local), what it needs of its operands, the local
+// call's attributes, and what it leaves.
+void SpmdRewriter::rewrite_node(const ir::Node& node) {
+  const auto n = static_cast<std::size_t>(node.id);
+  NodeRewrite& rw = rewrites_[n];
+  rw.node = node.id;
+  rw.op = node.op;
+  const std::optional<ops::DimRule>& rule = rules_[n];
+  bool whole = decide_kernels(node, rw);
+  // arange split into one block [lo, hi) per rank; a strided split (several runs) has no
+  // single arange and runs whole.
+  std::optional<IndexRun> arange_run;
+  if (!whole && is_arange(node.op) && node.inputs.empty() && node.outputs.size() == 1 && rule) {
+    ShardingSpec spec;
+    for (std::size_t a = 0; a < axes_; ++a) spec.push_back(strategies_[n][a].outputs[0]);
+    const ir::Value& out = graph_.value(node.outputs[0]);
+    const auto runs = local_shard(out.type.shape, texts(spec), sharding_.mesh, rank_).dims;
+    if (runs.size() == 1 && runs[0].size() == 1)
+      arange_run = runs[0][0];
+    else
+      whole = true;
+  }
+  if (!whole && ops::draws(node)) whole = decide_random(node, rw);
+  rw.mode = whole                       ? NodeMode::Whole
+            : rw.statistics_axis >= 0   ? NodeMode::Statistics
+            : rw.lookup_axes.empty()    ? NodeMode::Local
+                                        : NodeMode::Lookup;
+  if (whole) {
+    rw.lookup_axes.clear();
+    rw.statistics_axis = -1;
+    rw.statistics_dim = -1;
+    rw.kernel.clear();
+  }
+  read_operands(node, rw, whole);
+  count_mean(node, rw, whole);
+  const double scale = uneven_mean_scale(node, rw, whole);
+  for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+    ShardingSpec spec;
+    for (std::size_t a = 0; a < axes_; ++a)
+      spec.push_back(whole ? Placement::replicate() : strategies_[n][a].outputs[o]);
+    const ir::Value& out = graph_.value(node.outputs[o]);
+    spread_ratios(spec, out);
+    produced_[static_cast<std::size_t>(out.id)] = spec;
+    rw.outputs.push_back({out.name, spec, local_shape(out, spec), scale});
+  }
+  rw.attrs = node.attrs;
+  if (rw.mode == NodeMode::Local) {
+    std::vector<std::vector<std::int64_t>> global_out, local_out;
     for (std::size_t o = 0; o < node.outputs.size(); ++o) {
-      ShardingSpec spec;
-      for (std::size_t a = 0; a < axes; ++a)
-        spec.push_back(whole ? Placement::replicate() : strategies[n][a].outputs[o]);
-      const ir::Value& out = graph.value(node.outputs[o]);
-      uneven(spec, out);
-      produced[static_cast<std::size_t>(out.id)] = spec;
-      rw.outputs.push_back({out.name, spec, local_shape(out, spec), scale});
+      global_out.push_back(graph_.value(node.outputs[o]).type.shape);
+      local_out.push_back(rw.outputs[o].local_shape);
     }
-    rw.attrs = node.attrs;
-    if (rw.mode == NodeMode::Local) {
-      std::vector<std::vector<std::int64_t>> global_out, local_out;
-      for (std::size_t o = 0; o < node.outputs.size(); ++o) {
-        global_out.push_back(graph.value(node.outputs[o]).type.shape);
-        local_out.push_back(rw.outputs[o].local_shape);
-      }
-      rw.attrs = local_attrs(node.attrs, global_out, local_out);
-      if (arange_run && global_out != local_out) {
-        rw.op = "aten::arange.start_step";
-        rw.attrs = arange_block(node.attrs, arange_run->first, arange_run->second);
-      }
+    rw.attrs = local_attrs(node.attrs, global_out, local_out);
+    if (arange_run && global_out != local_out) {
+      rw.op = "aten::arange.start_step";
+      rw.attrs = arange_block(node.attrs, arange_run->first, arange_run->second);
     }
-    if (rw.counted && rw.counted->shares > 1) rw.attrs["reduction"] = std::int64_t{2};  // the sum over its rows
   }
+  if (rw.counted && rw.counted->shares > 1) rw.attrs["reduction"] = std::int64_t{2};  // the sum over its rows
+}
 
-  // Which values carry gradients: floating parameters and what floating values they reach.
-  std::vector<bool> gradient(values.size(), false);
-  for (const ir::Value& v : values)
-    gradient[static_cast<std::size_t>(v.id)] = !v.producer && v.role == ir::ValueRole::Parameter && ir::is_floating(v.type.dtype);
-  for (const ir::Node& node : nodes) {
+// Which values carry gradients (floating parameters and what floating values they reach),
+// and their canonical gradient placements: a parameter whose readers all give Partial(sum)
+// on an axis where it is replicated keeps it Partial there for the engine's bucketed reduction.
+void SpmdRewriter::mark_gradients() {
+  for (const ir::Value& v : values_)
+    gradient_[static_cast<std::size_t>(v.id)] =
+        !v.producer && v.role == ir::ValueRole::Parameter && ir::is_floating(v.type.dtype);
+  for (const ir::Node& node : nodes_) {
     bool any = false;
-    for (ir::ValueId in : node.inputs) any = any || gradient[static_cast<std::size_t>(in)];
+    for (ir::ValueId in : node.inputs) any = any || gradient_[static_cast<std::size_t>(in)];
     for (ir::ValueId out : node.outputs)
-      gradient[static_cast<std::size_t>(out)] = any && ir::is_floating(graph.value(out).type.dtype);
+      gradient_[static_cast<std::size_t>(out)] = any && ir::is_floating(graph_.value(out).type.dtype);
   }
-
-  // Canonical gradient placements; a parameter whose readers all give Partial(sum) on an
-  // axis where it is replicated keeps it Partial there for the engine's bucketed reduction.
-  std::vector<ShardingSpec> canonical(values.size());
-  std::vector<std::vector<int>> reduce_axes(values.size());
-  for (const ir::Value& v : values) {
+  for (const ir::Value& v : values_) {
     const auto id = static_cast<std::size_t>(v.id);
-    for (const Placement& p : produced[id]) canonical[id].push_back(search::gradient_placement(p));
+    for (const Placement& p : produced_[id]) canonical_[id].push_back(search::gradient_placement(p));
   }
-  for (const ir::Value& v : values) {
+  for (const ir::Value& v : values_) {
     const auto id = static_cast<std::size_t>(v.id);
-    if (v.producer || !gradient[id]) continue;
-    for (std::size_t a = 0; a < axes; ++a) {
-      if (!produced[id][a].is_replicate()) continue;
+    if (v.producer || !gradient_[id]) continue;
+    for (std::size_t a = 0; a < axes_; ++a) {
+      if (!produced_[id][a].is_replicate()) continue;
       bool all_partial = true, any = false;
-      for (const ir::Node& node : nodes)
+      for (const ir::Node& node : nodes_)
         for (std::size_t i = 0; i < node.inputs.size(); ++i)
           if (node.inputs[i] == v.id) {
             any = true;
-            const Placement& g = grads[static_cast<std::size_t>(node.id)][i][a];
+            const Placement& g = grads_[static_cast<std::size_t>(node.id)][i][a];
             all_partial = all_partial && g.is_partial() && g.reduction == ops::Reduction::Sum;
           }
       if (any && all_partial) {
-        canonical[id][a] = Placement::partial();
-        reduce_axes[id].push_back(static_cast<int>(a));
+        canonical_[id][a] = Placement::partial();
+        reduce_axes_[id].push_back(static_cast<int>(a));
       }
     }
   }
+}
 
-  // The backward steps of an edge: the reader's gradient to the value's canonical one. A
-  // value that is Partial(mean) on an axis is the mean of the ranks' values, so each rank's
-  // share of its gradient is the whole gradient over n: a Scale after the steps.
-  auto backward_steps = [&](const ShardingSpec& from, std::size_t value) {
-    std::vector<ReshardAction> steps = reshard_actions(from, canonical[value]);
-    for (std::size_t a = 0; a < axes; ++a) {
-      const Placement& p = produced[value][a];
-      if (p.is_partial() && p.reduction == ops::Reduction::Mean) {
-        ReshardAction scale;
-        scale.kind = ReshardKind::Scale;
-        scale.axis = static_cast<int>(a);
-        scale.scale_power = -1;
-        steps.push_back(scale);
-      }
+// The backward steps of an edge: the reader's gradient to the value's canonical one. A value
+// that is Partial(mean) on an axis is the mean of the ranks' values, so each rank's share of
+// its gradient is the whole gradient over n: a Scale after the steps.
+std::vector<ReshardAction> SpmdRewriter::backward_steps(const ShardingSpec& from, std::size_t value) const {
+  std::vector<ReshardAction> steps = reshard_actions(from, canonical_[value]);
+  for (std::size_t a = 0; a < axes_; ++a) {
+    const Placement& p = produced_[value][a];
+    if (p.is_partial() && p.reduction == ops::Reduction::Mean) {
+      ReshardAction scale;
+      scale.kind = ReshardKind::Scale;
+      scale.axis = static_cast<int>(a);
+      scale.scale_power = -1;
+      steps.push_back(scale);
     }
-    return steps;
-  };
+  }
+  return steps;
+}
 
-  for (const ir::Value& v : values) {
+void SpmdRewriter::emit_leaves(RewriteBuilder& builder) const {
+  for (const ir::Value& v : values_) {
     if (v.producer) continue;
     const auto id = static_cast<std::size_t>(v.id);
-    builder.leaf({v.name, produced[id], local_shape(v, produced[id]), gradient[id] ? canonical[id] : ShardingSpec{},
-                  reduce_axes[id]});
+    builder.leaf({v.name, produced_[id], local_shape(v, produced_[id]),
+                  gradient_[id] ? canonical_[id] : ShardingSpec{}, reduce_axes_[id]});
   }
-  // Recomputation: every instance of the largest group of repeated blocks (a transformer's
-  // layers) is one checkpointed region, as the search prices it (search/sharding_model.cc:
-  // in-block nodes recompute their forward in backward and keep one instance's activations).
-  if (sharding.recompute != plan::Recompute::None) {
-    const auto groups = analysis::find_repeated_blocks(graph);
-    // Selective: the nodes whose outputs are kept (none under full recomputation).
-    const std::vector<bool> kept = sharding.recompute == plan::Recompute::Selective
-                                       ? analysis::kept_by_selective_recompute(graph)
-                                       : std::vector<bool>(graph.nodes().size(), false);
-    if (const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups))
-      for (std::size_t k = 0; k < layers->nodes.size(); ++k)
-        for (ir::NodeId id : layers->nodes[k]) {
-          NodeRewrite& rw = rewrites[static_cast<std::size_t>(id)];
-          rw.recompute_block = static_cast<int>(k);
-          rw.recompute_keeps = kept[static_cast<std::size_t>(id)];
-        }
+}
+
+// Recomputation: every instance of the largest group of repeated blocks (a transformer's
+// layers) is one checkpointed region, as the search prices it (search/sharding_model.cc:
+// in-block nodes recompute their forward in backward and keep one instance's activations).
+void SpmdRewriter::mark_recompute() {
+  if (sharding_.recompute == plan::Recompute::None) return;
+  const auto groups = analysis::find_repeated_blocks(graph_);
+  // Selective: the nodes whose outputs are kept (none under full recomputation).
+  const std::vector<bool> kept = sharding_.recompute == plan::Recompute::Selective
+                                     ? analysis::kept_by_selective_recompute(graph_)
+                                     : std::vector<bool>(nodes_.size(), false);
+  if (const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups))
+    for (std::size_t k = 0; k < layers->nodes.size(); ++k)
+      for (ir::NodeId id : layers->nodes[k]) {
+        NodeRewrite& rw = rewrites_[static_cast<std::size_t>(id)];
+        rw.recompute_block = static_cast<int>(k);
+        rw.recompute_keeps = kept[static_cast<std::size_t>(id)];
+      }
+}
+
+// Operand i of `node`: its forward and backward steps, whether it is gathered again for
+// backward, and how its parameter collectives overlap (grouped per unit, kind, axis, dtype,
+// in node order).
+void SpmdRewriter::operand_steps(const ir::Node& node, std::size_t i, int unit) {
+  const auto n = static_cast<std::size_t>(node.id);
+  NodeRewrite& rw = rewrites_[n];
+  const std::optional<ops::DimRule>& rule = rules_[n];
+  OperandRewrite& op = rw.inputs[i];
+  const ir::Value& v = graph_.value(node.inputs[i]);
+  const auto id = static_cast<std::size_t>(v.id);
+  op.produced = produced_[id];
+  op.local_shape = local_shape(v, op.required);
+  op.forward = reshard_actions(op.produced, op.required);
+  op.regather = v.role == ir::ValueRole::Parameter && rw.recompute_block < 0 &&
+                (!rule || search::backward_reads(*rule, i)) &&
+                std::any_of(op.forward.begin(), op.forward.end(), [](const ReshardAction& step) {
+                  return step.kind == ReshardKind::AllGather || step.kind == ReshardKind::AllToAll ||
+                         step.kind == ReshardKind::AllReduce;
+                });
+  if (v.role == ir::ValueRole::Parameter) {
+    op.gather = search::forward_gather_overlap(op.produced, op.required, rw.recompute_block >= 0);
+    if (op.gather == search::ParameterOverlap::BesideForward &&
+        (op.forward.size() != 1 || op.forward[0].kind != ReshardKind::AllGather))
+      throw ValidationError(fmt::format("internal: a prefetched gather of '{}' is not one all-gather ({} steps)",
+                                        v.name, op.forward.size()));
   }
-  // Grouped parameter collectives: one group per (unit, kind, axis, dtype), in node order.
-  const std::vector<int> units = search::parameter_units(graph);
-  std::map<std::tuple<int, int, int, int>, int> groups;
-  auto group_of = [&](int unit, int kind, int axis, ir::DType dtype) {
-    auto [it, fresh] = groups.emplace(std::tuple{unit, kind, axis, static_cast<int>(dtype)},
-                                      static_cast<int>(groups.size()));
-    return it->second;
-  };
-  std::vector<int> reads(values.size(), 0);  // (node, operand) reads of each value
-  for (const ir::Node& node : nodes)
+  op.gradient = gradient_[id];
+  if (op.gradient) op.backward = backward_steps(grads_[n][i], id);
+  if (op.gradient && v.role == ir::ValueRole::Parameter) {
+    op.scatter = search::gradient_scatter_overlap(grads_[n][i], canonical_[id]);
+    if (op.scatter == search::ParameterOverlap::BesideBackward &&
+        (op.backward.size() != 1 || op.backward[0].kind != ReshardKind::ReduceScatter))
+      throw ValidationError(fmt::format("internal: an overlapped gradient step of '{}' is not one reduce-scatter "
+                                        "({} steps)", v.name, op.backward.size()));
+  }
+  if (op.gather == search::ParameterOverlap::BesideForward)
+    op.gather_group = group_of(unit, 0, op.forward[0].axis, v.type.dtype);
+  if (op.scatter == search::ParameterOverlap::BesideBackward)
+    op.scatter_group = group_of(unit, 1, op.backward[0].axis, v.type.dtype);
+}
+
+// An activation's gradient all-reduced beside the weight gradient's product (the rule the
+// search prices it by, search/parameter_collectives.h): a local node only.
+void SpmdRewriter::activation_overlaps(const ir::Node& node, const std::vector<int>& reads) {
+  NodeRewrite& rw = rewrites_[static_cast<std::size_t>(node.id)];
+  if (!rules_[static_cast<std::size_t>(node.id)] || rw.mode != NodeMode::Local) return;
+  std::vector<bool> trainable;
+  for (std::size_t i = 0; i < node.inputs.size(); ++i)
+    trainable.push_back(graph_.value(node.inputs[i]).role == ir::ValueRole::Parameter && rw.inputs[i].gradient);
+  for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+    OperandRewrite& op = rw.inputs[i];
+    const ir::Value& v = graph_.value(node.inputs[i]);
+    if (v.role == ir::ValueRole::Parameter || !op.gradient) continue;
+    const bool one_all_reduce = op.forward.empty() && op.backward.size() == 1 &&
+                                op.backward[0].kind == ReshardKind::AllReduce && op.backward[0].reduce == "sum";
+    op.gradient_overlap = search::activation_gradient_overlap(node.op, i, one_all_reduce,
+                                                              reads[static_cast<std::size_t>(v.id)] == 1, trainable);
+  }
+}
+
+void SpmdRewriter::plan_operand_steps() {
+  const std::vector<int> units = search::parameter_units(graph_);
+  std::vector<int> reads(values_.size(), 0);  // (node, operand) reads of each value
+  for (const ir::Node& node : nodes_)
     for (ir::ValueId in : node.inputs) ++reads[static_cast<std::size_t>(in)];
-  for (const ir::Node& node : nodes) {
-    const auto n = static_cast<std::size_t>(node.id);
-    NodeRewrite& rw = rewrites[n];
-    const std::optional<ops::DimRule>& rule = rules[n];
+  for (const ir::Node& node : nodes_) {
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
-      OperandRewrite& op = rw.inputs[i];
-      const ir::Value& v = graph.value(node.inputs[i]);
-      const auto id = static_cast<std::size_t>(v.id);
-      op.produced = produced[id];
-      op.local_shape = local_shape(v, op.required);
       try {
-        op.forward = reshard_actions(op.produced, op.required);
-        op.regather = v.role == ir::ValueRole::Parameter && rw.recompute_block < 0 &&
-                      (!rule || search::backward_reads(*rule, i)) &&
-                      std::any_of(op.forward.begin(), op.forward.end(), [](const ReshardAction& step) {
-                        return step.kind == ReshardKind::AllGather || step.kind == ReshardKind::AllToAll ||
-                               step.kind == ReshardKind::AllReduce;
-                      });
-        if (v.role == ir::ValueRole::Parameter) {
-          op.gather = search::forward_gather_overlap(op.produced, op.required, rw.recompute_block >= 0);
-          if (op.gather == search::ParameterOverlap::BesideForward &&
-              (op.forward.size() != 1 || op.forward[0].kind != ReshardKind::AllGather))
-            throw ValidationError(fmt::format("internal: a prefetched gather of '{}' is not one all-gather ({} steps)",
-                                              v.name, op.forward.size()));
-        }
-        op.gradient = gradient[id];
-        if (op.gradient) op.backward = backward_steps(grads[n][i], id);
-        if (op.gradient && v.role == ir::ValueRole::Parameter) {
-          op.scatter = search::gradient_scatter_overlap(grads[n][i], canonical[id]);
-          if (op.scatter == search::ParameterOverlap::BesideBackward &&
-              (op.backward.size() != 1 || op.backward[0].kind != ReshardKind::ReduceScatter))
-            throw ValidationError(fmt::format("internal: an overlapped gradient step of '{}' is not one reduce-scatter "
-                                              "({} steps)", v.name, op.backward.size()));
-        }
-        const int unit = units[n];
-        if (op.gather == search::ParameterOverlap::BesideForward)
-          op.gather_group = group_of(unit, 0, op.forward[0].axis, v.type.dtype);
-        if (op.scatter == search::ParameterOverlap::BesideBackward)
-          op.scatter_group = group_of(unit, 1, op.backward[0].axis, v.type.dtype);
+        operand_steps(node, i, units[static_cast<std::size_t>(node.id)]);
       } catch (const ValidationError& e) {
-        throw ValidationError(fmt::format("rewrite: operand {} ('{}') of node '{}' ({}, module '{}'): {}", i, v.name,
-                                          graph.value(node.outputs.empty() ? node.inputs[0] : node.outputs[0]).name,
+        throw ValidationError(fmt::format("rewrite: operand {} ('{}') of node '{}' ({}, module '{}'): {}", i,
+                                          graph_.value(node.inputs[i]).name,
+                                          graph_.value(node.outputs.empty() ? node.inputs[0] : node.outputs[0]).name,
                                           node.op, node.module_path, e.what()));
       }
     }
-    // An activation's gradient all-reduced beside the weight gradient's product (the rule the
-    // search prices it by, search/parameter_collectives.h): a local node only.
-    if (rule && rw.mode == NodeMode::Local) {
-      std::vector<bool> trainable;
-      for (std::size_t i = 0; i < node.inputs.size(); ++i)
-        trainable.push_back(graph.value(node.inputs[i]).role == ir::ValueRole::Parameter && rw.inputs[i].gradient);
-      for (std::size_t i = 0; i < node.inputs.size(); ++i) {
-        OperandRewrite& op = rw.inputs[i];
-        const ir::Value& v = graph.value(node.inputs[i]);
-        if (v.role == ir::ValueRole::Parameter || !op.gradient) continue;
-        const bool one_all_reduce = op.forward.empty() && op.backward.size() == 1 &&
-                                    op.backward[0].kind == ReshardKind::AllReduce && op.backward[0].reduce == "sum";
-        op.gradient_overlap = search::activation_gradient_overlap(node.op, i, one_all_reduce,
-                                                                  reads[static_cast<std::size_t>(v.id)] == 1, trainable);
-      }
-    }
+    activation_overlaps(node, reads);
   }
-  if (sharding.collective_matmul) mark_collective_matmuls(graph, rewrites);
-  for (const NodeRewrite& rw : rewrites) builder.node(rw);
-  for (ir::ValueId out : graph.outputs()) {
-    const ir::Value& v = graph.value(out);
+}
+
+// The nodes, collective matmuls marked where the plan asks, then the graph's outputs made whole.
+void SpmdRewriter::emit(RewriteBuilder& builder) {
+  if (sharding_.collective_matmul) mark_collective_matmuls(graph_, rewrites_);
+  for (const NodeRewrite& rw : rewrites_) builder.node(rw);
+  for (ir::ValueId out : graph_.outputs()) {
+    const ir::Value& v = graph_.value(out);
     const auto id = static_cast<std::size_t>(out);
     OperandRewrite op;
     op.value = v.name;
-    op.produced = produced[id];
-    op.required = replicated(axes);
+    op.produced = produced_[id];
+    op.required = replicated(axes_);
     op.local_shape = v.type.shape;
     op.forward = reshard_actions(op.produced, op.required);
-    op.gradient = gradient[id];
-    if (op.gradient) op.backward = backward_steps(replicated(axes), id);
+    op.gradient = gradient_[id];
+    if (op.gradient) op.backward = backward_steps(replicated(axes_), id);
     builder.output(op);
   }
+}
+
+}  // namespace
+
+// The phases in order: the leaves' placements; each node's mode, operands and outputs (in
+// node order: a node's operands are placed by then); gradients; the leaves; recomputation
+// blocks (before the steps, which read them); each operand's steps; the nodes and outputs.
+void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int rank, const RewriteOptions& options,
+                  RewriteBuilder& builder) {
+  SpmdRewriter rewriter(graph, sharding, rank, options);
+  rewriter.place_leaves();
+  for (const ir::Node& node : graph.nodes()) rewriter.rewrite_node(node);
+  rewriter.mark_gradients();
+  rewriter.emit_leaves(builder);
+  rewriter.mark_recompute();
+  rewriter.plan_operand_steps();
+  rewriter.emit(builder);
 }
 
 RankProgram rank_program(const ir::Graph& graph, const plan::Sharding& sharding, int rank,
