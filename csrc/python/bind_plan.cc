@@ -55,6 +55,14 @@ std::unique_ptr<cost::CostModel> cost_model_of(const std::string& profile_json) 
   return std::make_unique<cost::ProfiledCostModel>(cost::profile_from_json_string(profile_json));
 }
 
+// `run()` without the GIL: a planner is pure C++ and may run threads; its progress callback
+// takes the GIL back (python_progress).
+template <typename Run>
+auto without_gil(Run&& run) {
+  py::gil_scoped_release release;
+  return run();
+}
+
 // The SPMD search's result as Python reads it (the binding's docstring).
 py::dict search_plan_dict(const ir::Graph& graph, const cost::Cluster& cluster, std::int64_t global_batch,
                           const std::string& level, std::optional<std::vector<int>> mesh, double memory_fraction,
@@ -74,11 +82,7 @@ py::dict search_plan_dict(const ir::Graph& graph, const cost::Cluster& cluster, 
   options.allow_recompute = allow_recompute;
   options.allow_zero = allow_zero;
   options.progress = python_progress(progress);
-  search::SpmdSearchResult r;
-  {
-    py::gil_scoped_release release;
-    r = search::search_spmd(graph, cluster, *model, options);
-  }
+  const search::SpmdSearchResult r = without_gil([&] { return search::search_spmd(graph, cluster, *model, options); });
   py::list candidates;
   for (const auto& c : r.candidates) {
     py::dict d;
@@ -129,11 +133,7 @@ py::dict plan_joint_dict(const ir::Graph& graph, const cost::Cluster& cluster, s
   precision_named(precision);  // checked here, named in the plan
   options.precision = precision;
   options.progress = python_progress(progress);
-  search::JointPlanResult r;
-  {
-    py::gil_scoped_release release;
-    r = search::plan_joint(graph, cluster, *model, options);
-  }
+  const search::JointPlanResult r = without_gil([&] { return search::plan_joint(graph, cluster, *model, options); });
   py::list best;
   for (const auto& b : r.best) best.append(plan::plan_to_json_string(b.plan));
   py::dict out;

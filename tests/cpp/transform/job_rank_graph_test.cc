@@ -37,18 +37,9 @@ plan::Sharding uneven_view_plan() {
   return s;
 }
 
-constexpr const char* kMlp = R"(graph(%x: f32[b8,16]) {
-  %fc1.weight: f32[32,16] parameter
-  %fc2.weight: f32[16,32] parameter
-  %h: f32[b8,32] = aten::linear(%x, %fc1.weight) @fc1
-  %act: f32[b8,32] = aten::gelu(%h) {approximate="none"} @act
-  %y: f32[b8,16] = aten::linear(%act, %fc2.weight) @fc2
-  %loss: f32[] = aten::mean(%y) {dtype=none}
-  return (%loss)
-})";
 
 TEST(WholeNodeRanks, AnEvenPlanIsDecidedByTheRankAlone) {
-  const ir::Graph g = ir::parse_graph(kMlp);
+  const ir::Graph g = testing_plans::megatron_mlp_graph();
   const plan::Sharding s = testing_plans::megatron_mlp();  // mesh {2, 2}, no ratios
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(whole_node_ranks(g, s, rank), std::vector<int>{rank});
 }
@@ -65,7 +56,7 @@ TEST(WholeNodeRanks, OneRankForEachSetOfBlockSizesAlongAnUnevenAxis) {
 }
 
 TEST(WholeNodeRanks, EveryCombinationOfSeveralUnevenAxes) {
-  const ir::Graph g = ir::parse_graph(kMlp);
+  const ir::Graph g = testing_plans::megatron_mlp_graph();
   plan::Sharding s = testing_plans::megatron_mlp();
   s.placements["x"] = {"S(0)[0.25,0.75]", "R"};
   s.placements["fc1.weight"] = {"R", "S(0)[0.75,0.25]"};
@@ -87,7 +78,7 @@ TEST(JobRankGraph, ANodeOneRankRunsWholeRunsWholeOnEveryRank) {
 }
 
 TEST(JobRankGraph, WhatEveryRankDecidesAloneIsTheJobsGraph) {
-  const ir::Graph g = ir::parse_graph(kMlp);
+  const ir::Graph g = testing_plans::megatron_mlp_graph();
   const plan::Sharding s = testing_plans::megatron_mlp();
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_EQ(ir::print_graph(job_rank_graph(g, s, rank).graph), ir::print_graph(rank_graph(g, s, rank).graph)) << rank;
