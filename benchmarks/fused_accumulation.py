@@ -31,7 +31,6 @@ SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v")
 
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:
     import shardwise
-    from shardwise.runtime import pipeline_engine
 
     results = {}
     model, twin, batch = twin_tiny_gpts(rank, world, store, args)
@@ -39,12 +38,8 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
         if i:  # fresh twins of the same weights for each schedule
             model, twin = tiny_gpt_twins(args)
         plan = pipeline_plan(args.batch, args.micro_batch, schedule, world)
-        engines = {"fused": shardwise.parallelize(model, batch, plan=plan)}
-        pipeline_engine.FUSE_WEIGHT_ACCUMULATION = False
-        try:
-            engines["plain"] = shardwise.parallelize(twin, batch, plan=plan)
-        finally:
-            pipeline_engine.FUSE_WEIGHT_ACCUMULATION = True
+        engines = {"fused": shardwise.parallelize(model, batch, plan=plan),
+                   "plain": shardwise.parallelize(twin, batch, plan=plan.with_fused_accumulation(False))}
         fused = sum(s["module"].code.count("self.fused_accumulation(") for s in engines["fused"]._stages.values())
         assert fused > 0 and all("self.fused_accumulation(" not in s["module"].code
                                  for s in engines["plain"]._stages.values())

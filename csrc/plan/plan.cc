@@ -539,6 +539,7 @@ json plan_degrees(const Plan& plan) {
   if (!plan.stage_meshes.empty()) out["stage_meshes"] = plan.stage_meshes;
   if (plan.micro_batch_semantics != MicroBatchSemantics::Exact)
     out["micro_batch_semantics"] = micro_batch_semantics_name(plan.micro_batch_semantics);
+  if (!plan.fused_accumulation) out["fused_accumulation"] = false;
   return out;
 }
 
@@ -589,8 +590,8 @@ Plan plan_from_json(const json& in) {
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
                                               "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings",
-                                              "precision", "micro_batch_semantics", "sharding", "stage_sharding",
-                                              "programs", "predicted"};
+                                              "precision", "micro_batch_semantics", "fused_accumulation", "sharding",
+                                              "stage_sharding", "programs", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
   if (in.contains("format") && field<std::string>(in, "format") != "shardwise.plan")
@@ -620,6 +621,7 @@ Plan plan_from_json(const json& in) {
   if (in.contains("precision")) plan.precision = field<std::string>(in, "precision");
   if (in.contains("micro_batch_semantics"))
     plan.micro_batch_semantics = micro_batch_semantics_from_name(field<std::string>(in, "micro_batch_semantics"));
+  if (in.contains("fused_accumulation")) plan.fused_accumulation = field<bool>(in, "fused_accumulation");
   if (in.contains("sharding")) plan.sharding = sharding_from_json(in.at("sharding"));
   if (in.contains("stage_sharding")) plan.stage_sharding = sharding_from_json(in.at("stage_sharding"), "plan.stage_sharding");
   if (in.contains("programs")) {

@@ -31,6 +31,11 @@
 //    float8, the rest in bf16, analysis/fp8_linears.h).
 //  - micro_batch_semantics: "exact" (default, not written) or "per_micro_batch" (written
 //    only when set, so plans without it keep their hash): see MicroBatchSemantics.
+//  - fused_accumulation: a pipelined plan's stages add each micro-batch's weight gradient into
+//    the parameter's .grad inside its product, where transform/fused_weight_accumulation.h
+//    marks a contraction (python/shardwise/runtime/fused_accumulation.py). true (default, not
+//    written, so plans without it keep their hash) or false: the stages leave it to autograd
+//    (the control arm of benchmarks/fused_accumulation.py).
 //  - predicted: set by the evaluator (cost/plan_cost.h); not part of the hash, so costing a
 //    plan twice, or with another model, keeps its identity.
 //  - sharding: set by the SPMD search (search/spmd_search.h), see Sharding; part of the hash.
@@ -215,6 +220,7 @@ struct Plan {
   std::vector<std::vector<int>> stage_meshes;  // per pipeline stage [data, tensor]; empty = all {data, tensor}
   std::string precision = "bf16";
   MicroBatchSemantics micro_batch_semantics = MicroBatchSemantics::Exact;
+  bool fused_accumulation = true;
   std::optional<Sharding> sharding;
   std::optional<Sharding> stage_sharding;
   std::vector<Sharding> stage_shardings;  // with stage_meshes: one per stage (complete plans)

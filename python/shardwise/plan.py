@@ -251,6 +251,22 @@ class Plan:
         return Plan(json.loads(_C.plan_normalise(json.dumps(doc))), self._result, **self._context())
 
     @property
+    def fused_accumulation(self) -> bool:
+        """Whether a pipelined plan's stages add each micro-batch's weight gradient into the
+        parameter's ``.grad`` inside its product, where the core marks it
+        (runtime/fused_accumulation.py). True unless the plan says otherwise."""
+        return self._doc.get("fused_accumulation", True)
+
+    def with_fused_accumulation(self, value: bool) -> "Plan":
+        """The plan with ``fused_accumulation`` set (off, its hash changes: the stages run other
+        programs)."""
+        if not isinstance(value, bool):
+            raise _C.ValidationError(f"Plan.with_fused_accumulation: expected True or False, got {value!r}")
+        doc = dict(self._doc)
+        doc["fused_accumulation"] = value
+        return Plan(json.loads(_C.plan_normalise(json.dumps(doc))), self._result, **self._context())
+
+    @property
     def sharding(self) -> dict | None:
         """The SPMD section of a searched plan (mesh, placements, strategies), else None."""
         return self._doc.get("sharding")

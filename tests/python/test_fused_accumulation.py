@@ -231,27 +231,29 @@ def _batch(step: int, case: str = "gpt2"):
     return ids, torch.roll(ids, -1, dims=1)
 
 
-def _plan(stages: int, schedule: str) -> shardwise.Plan:
-    return shardwise.Plan.from_json(json.dumps({
+def _plan(stages: int, schedule: str, fused: bool = True) -> shardwise.Plan:
+    plan = shardwise.Plan.from_json(json.dumps({
         "format": "shardwise.plan", "version": 1, "data": 1, "tensor": 1, "pipeline": stages, "global_batch": ROWS,
         "micro_batch": MICRO, "schedule": schedule, "virtual_stages": 2 if schedule == "zb-v" else 1, "kfkb_k": 1,
         "recompute": "none", "zero_stage": 0, "layers_per_stage": [], "precision": "f32"}))
+    return plan if fused else plan.with_fused_accumulation(False)
 
 
-def _worker(rank: int, world: int, store: str, result: str, case: str, schedule: str) -> None:
+def _worker(rank: int, world: int, store: str, result: str, case: str, schedule: str, fused: bool = True) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
         with _in_place_counted() as in_place:
-            _train_and_report(rank, result, case, schedule, world, in_place)
+            _train_and_report(rank, result, case, schedule, world, in_place, fused)
     finally:
         dist.destroy_process_group()
 
 
-def _train_and_report(rank: int, result: str, case: str, schedule: str, world: int, in_place: dict) -> None:
+def _train_and_report(rank: int, result: str, case: str, schedule: str, world: int, in_place: dict,
+                      fused: bool = True) -> None:
     """STEPS steps of the pipeline plan beside one device; the rank's report (`in_place`: the
     counts so far, by phase)."""
     model = _model(case)
-    engine = shardwise.parallelize(model, _batch(0, case), plan=_plan(world, schedule))
+    engine = shardwise.parallelize(model, _batch(0, case), plan=_plan(world, schedule, fused))
     optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
     reference = _model(case)
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
@@ -306,3 +308,15 @@ def test_pipeline_stages_accumulate_weight_gradients_in_place_and_train_as_one_d
           f"parameters {r['error']:.1e}")
     assert max(errors) <= TOLERANCE, (r["losses"], r["ref_losses"])
     assert max(rep["error"] for rep in reports) < TOLERANCE, [rep["error"] for rep in reports]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_a_plan_with_fused_accumulation_off_leaves_the_weight_gradients_to_autograd(schedule):
+    # The plan's switch (plan.fused_accumulation; no module global): no stage marks a
+    # contraction, no term is written in place, and the run still equals one device.
+    reports = spawn_reports(_worker, 2, "tiny_gpt", schedule, False)
+    for r in reports:
+        assert r["marked"] == 0 and r["lookups"] == 0, r
+        assert sum(r["in_place"].values()) == 0, r["in_place"]
+        assert max(abs(a - b) / abs(b) for a, b in zip(r["losses"], r["ref_losses"])) <= TOLERANCE, r
+        assert r["error"] < TOLERANCE, r["error"]

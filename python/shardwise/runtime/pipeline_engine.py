@@ -148,7 +148,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
                                nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
                                compute_dtypes=compute_dtypes,
                                weight_boundaries=cut["weight_boundaries"][g] if split_backward else None,
-                               fused_accumulations=cut["fused_accumulations"][g] if FUSE_WEIGHT_ACCUMULATION else None)
+                               fused_accumulations=cut["fused_accumulations"][g] if plan.fused_accumulation else None)
         if split_backward:
             check_splittable(module, g)
         counted.extend(module.counted)
@@ -166,12 +166,6 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     return StageProgram(mine, meta, owners, leaves, reduce, whole,
                         {n: leaves[n]["placement"] for n in input_names if n in leaves}, counter, counted, loss_dtype,
                         {x: gs for x, gs in here.items() if gs}, produced, shapes)
-
-
-# Stages add each micro-batch's weight gradient into .grad inside its product where the core
-# marks it (runtime/fused_accumulation.py). False builds later stages without it: the control
-# arm of benchmarks/fused_accumulation.py.
-FUSE_WEIGHT_ACCUMULATION = True
 
 
 def full_backward(tensors: list, grads: list) -> None:

@@ -78,6 +78,24 @@ TEST(Plan, NonFiniteFiguresRoundTrip) {
   EXPECT_THROW(plan_from_json(doc), support::ParseError);
 }
 
+// Fused accumulation: on by default and not written (a plan without it keeps its hash); off
+// round-trips, is part of the hash (the stages run other programs), and must be a boolean.
+TEST(Plan, FusedAccumulationIsWrittenOnlyWhenOff) {
+  Plan p = example();
+  EXPECT_TRUE(p.fused_accumulation);
+  EXPECT_EQ(plan_to_json(p).count("fused_accumulation"), 0u);
+  Plan off = p;
+  off.fused_accumulation = false;
+  EXPECT_EQ(plan_to_json(off)["fused_accumulation"], false);
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(off)), off);
+  EXPECT_NE(plan_hash(off), plan_hash(p));
+  nlohmann::json doc = plan_to_json(p);
+  doc["fused_accumulation"] = true;
+  EXPECT_EQ(plan_from_json(doc), p);
+  doc["fused_accumulation"] = "no";
+  EXPECT_THROW(plan_from_json(doc), support::ParseError);
+}
+
 // The micro-batch semantics: "exact" is the default and not written (a plan without it keeps
 // its hash); "per_micro_batch" round-trips, is part of the hash, and a misspelling names both.
 TEST(Plan, MicroBatchSemanticsIsWrittenOnlyWhenChosen) {
