@@ -148,65 +148,195 @@ PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Pl
   return evaluate(find_layer_structure(graph), graph, cluster, plan, model, constants);
 }
 
-PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
-                  const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants,
-                  const StageLayoutPrices* layout) {
-  plan::validate(plan, cluster.world_size());
-  const int t = plan.tensor, p = plan.pipeline, d = plan.data, v = plan.virtual_stages;
-  const std::int64_t m = plan.num_micro_batches();
+namespace {
+
+// The three parts of the graph on one rank: a repeated layer, what comes before the first
+// (embedding) and after the last (head and loss).
+struct Parts {
+  PartCost layer, pre, post;
+};
+
+// Tensor-parallel all-reduces per micro-batch of a layer and of the two outer parts.
+struct TensorParallel {
+  double layer = 0, pre = 0, post = 0;
+};
+
+// Each stage's prices: the plan's one sub-mesh for every stage, or (stage_meshes) each
+// stage's own {d_s, t_s}: a rank runs micro_batch / d_s rows with its layers split t_s ways,
+// on its ranks' slowest type (a searched layout is for one sub-mesh shape: not used then).
+struct StagePrice {
+  PartCost layer, pre, post;
+  double layer_compute = 0;
+  TensorParallel tp;
+  int data = 1, tensor = 1, first = 0;
+  double boundary_bytes = 0;  // one rank's share of a layer's input (what its 1F1B keeps per micro-batch)
+};
+
+// One evaluation of a plan: its phases (the graph's parts priced, the stages balanced, the
+// step timed, data parallelism and the optimizer, memory, FLOPs) as methods over the state
+// they share, run in that order by evaluate().
+class PlanEvaluator {
+ public:
+  PlanEvaluator(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
+                const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants,
+                const StageLayoutPrices* layout);
+  void price_parts_and_stages();
+  void balance_stages();
+  void time_step();
+  void data_parallel_and_optimizer();
+  void memory();
+  PlanCost flops();
+
+ private:
+  Parts price_parts(const DeviceType& on, double scale, int width) const;
+  TensorParallel tensor_parallel(int width, int first, double scale) const;
+  void scale_stage_devices();
+  double boundary_transfer() const;
+  void bottleneck();
+
+  const LayerStructure& structure_;
+  const ir::Graph& graph_;
+  const Cluster& cluster_;
+  const plan::Plan& plan_;
+  const CostModel& model_;
+  const PlanCostConstants& constants_;
+  const StageLayoutPrices* layout_;
+  const int t_, p_, v_;
+  const std::int64_t m_;
+  Precision precision_ = Precision::BF16;
+  const DeviceType* device_ = nullptr;  // the slowest type: it sets the pace
+  int num_layers_ = 0;
+  double batch_scale_ = 0;
+  bool recompute_ = false;  // (either way the forward's collectives run again)
+  PartCost layer_, pre_cost_, post_cost_;
+  double layer_compute_ = 0, layer_tp_ = 0, pre_tp_ = 0, post_tp_ = 0, boundary_bytes_ = 0;
+  std::vector<const DeviceType*> stage_device_;
+  std::vector<double> stage_scale_;
+  std::vector<StagePrice> price_;
+  bool v_shape_ = false;
+  int last_device_ = 0;
+  std::vector<int> device_layers_;
+  double transfer_ = 0;
+  double worst_compute_ = 0, worst_tp_ = 0, worst_backward_ = 0, t_mb_ = 0;
+  std::vector<double> device_params_, device_backward_, device_tensor_sync_, device_compute_;
+  MemoryConstants mem_;
+  PlanCost out_;
+};
+
+PlanEvaluator::PlanEvaluator(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
+                             const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants,
+                             const StageLayoutPrices* layout)
+    : structure_(structure),
+      graph_(graph),
+      cluster_(cluster),
+      plan_(plan),
+      model_(model),
+      constants_(constants),
+      layout_(layout),
+      t_(plan.tensor),
+      p_(plan.pipeline),
+      v_(plan.virtual_stages),
+      m_(plan.num_micro_batches()) {
   std::optional<Precision> precision = parse_precision(plan.precision);
   if (!precision) throw ValidationError(fmt::format("evaluate: unknown precision '{}'", plan.precision));
-  cluster.require_precision(*precision, "evaluate");
-
-  // The slowest device type sets the pace (a homogeneous cluster has one).
-  const DeviceType* device = &cluster.device_of(0);
+  precision_ = *precision;
+  cluster.require_precision(precision_, "evaluate");
+  device_ = &cluster.device_of(0);
   for (const DeviceType& type : cluster.device_types())
-    if (type.peak_flops.at(*precision) < device->peak_flops.at(*precision)) device = &type;
-
-  // ---- structure (the graph's, the same for every plan) --------------------------------
-  const int num_layers = structure.num_layers();
-  if (p * v > 1 && num_layers == 0)
+    if (type.peak_flops.at(precision_) < device_->peak_flops.at(precision_)) device_ = &type;
+  num_layers_ = structure.num_layers();
+  const int p = p_, v = v_;
+  if (p * v > 1 && num_layers_ == 0)
     throw ValidationError(fmt::format(
         "evaluate: pipeline {} x virtual_stages {} cuts the model into {} chunks of its repeated layers, but the graph "
         "has none (no sibling modules run the same ops, as transformer blocks do: analysis/repeated_blocks.h), so "
         "there is no stage to price; a model without repeated layers trains with pipeline 1 (data and tensor "
         "parallelism)",
         p, v, p * v));
-  if (p * v > std::max(num_layers, 1))
-    throw ValidationError(fmt::format("evaluate: pipeline {} x virtual_stages {} = {} chunks but the graph has {} layers",
-                                      p, v, p * v, num_layers));
-  const auto& layers = structure.layers;
-  const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
-  const std::vector<std::int64_t>& act_bytes = structure.activation_bytes;
-  const std::vector<bool>& kept = structure.selective_kept;
-  const std::set<ir::ValueId>& sharded_params = structure.sharded_params;
+  if (p * v > std::max(num_layers_, 1))
+    throw ValidationError(fmt::format(
+        "evaluate: pipeline {} x virtual_stages {} = {} chunks but the graph has {} layers", p, v, p * v, num_layers_));
+  batch_scale_ = static_cast<double>(plan.micro_batch) / structure.graph_batch;
+  recompute_ = plan.recompute != plan::Recompute::None;
+  mem_ = constants.memory.value_or(memory_constants(model_state_precision(precision_, graph)));
+}
 
-  // The three parts on one rank of `on` running `scale` of the graph's batch, split `width`
-  // ways. Without repeated structure the whole graph is one part on one stage (post).
-  struct Parts {
-    PartCost layer, pre, post;
+// The three parts on one rank of `on` running `scale` of the graph's batch, split `width`
+// ways. Without repeated structure the whole graph is one part on one stage (post).
+Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) const {
+  const auto& layers = structure_.layers;
+  Parts out;
+  std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
+  if (layers)
+    out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_.sharded_params,
+                           structure_.activation_bytes, structure_.selective_kept, model_, on, precision_, scale, width,
+                           &seen_layer);
+  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_.sharded_params,
+                       structure_.activation_bytes, structure_.selective_kept, model_, on, precision_, scale, width,
+                       &seen_pre);
+  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_.sharded_params,
+                        structure_.activation_bytes, structure_.selective_kept, model_, on, precision_, scale, width,
+                        &seen_post);
+  if (!layers) {
+    out.post.forward += out.pre.forward;
+    out.post.backward += out.pre.backward;
+    out.post.matmul_flops += out.pre.matmul_flops;
+  }
+  return out;
+}
+
+// Tensor-parallel all-reduces per micro-batch on `width` ranks from `first`, at `scale`.
+TensorParallel PlanEvaluator::tensor_parallel(int width, int first, double scale) const {
+  TensorParallel tp;
+  if (width <= 1) return tp;
+  std::vector<int> tp_ranks(static_cast<std::size_t>(width));
+  std::iota(tp_ranks.begin(), tp_ranks.end(), first);
+  auto all_reduce = [&](double bytes) {
+    return model_.collective_time(cluster_, CollectiveKind::AllReduce, tp_ranks, static_cast<std::int64_t>(bytes),
+                                  Algorithm::Auto);
   };
-  auto price_parts = [&](const DeviceType& on, double scale, int width) {
-    Parts out;
-    std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
-    if (layers)
-      out.layer = cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, kept, model,
-                             on, *precision, scale, width, &seen_layer);
-    out.pre = cost_nodes(graph, structure.pre, structure.outside_split, sharded_params, act_bytes, kept, model, on,
-                         *precision, scale, width, &seen_pre);
-    out.post = cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, kept, model, on,
-                          *precision, scale, width, &seen_post);
-    if (!layers) {
-      out.post.forward += out.pre.forward;
-      out.post.backward += out.pre.backward;
-      out.post.matmul_flops += out.pre.matmul_flops;
-    }
-    return out;
-  };
-  const Parts plain_parts = price_parts(*device, batch_scale, t);
-  PartCost layer = plain_parts.layer, pre_cost = plain_parts.pre, post_cost = plain_parts.post;
-  // (a searched layout comes with repeated layers only: the merge above never precedes it)
-  if (layout != nullptr) {  // the searched layout's prices; the FLOP accounting stays the graph's
+  for (ir::NodeId row : structure_.row_ends)
+    tp.layer += all_reduce(static_cast<double>(graph_.value(graph_.node(row).outputs[0]).type.bytes()) * scale) *
+                (recompute_ ? 3 : 2);
+  for (const auto& lookup : structure_.pre_lookups) tp.pre += all_reduce(lookup.bytes * (lookup.batched ? scale : 1));
+  for (const auto& lookup : structure_.post_lookups)
+    tp.post += all_reduce(lookup.bytes * (lookup.batched ? scale : 1));
+  return tp;
+}
+
+// A heterogeneous cluster: each stage runs on its own ranks' slowest type, its compute scaled
+// by that type's time for a layer against the pace-setting type's (the op cost model on both,
+// so a memory-bound op scales with bandwidth, a matmul with FLOP/s).
+void PlanEvaluator::scale_stage_devices() {
+  const auto& layers = structure_.layers;
+  stage_device_.assign(static_cast<std::size_t>(p_), device_);
+  stage_scale_.assign(static_cast<std::size_t>(p_), 1.0);
+  if (cluster_.device_types().size() <= 1) return;
+  const PartCost& reference = layers ? layer_ : post_cost_;
+  const double reference_time = reference.forward + reference.backward;
+  for (int s = 0; s < p_; ++s) {
+    const DeviceType* slowest = &cluster_.slowest_device(plan_.stage_first_rank(s), plan_.stage_size(s), precision_);
+    stage_device_[static_cast<std::size_t>(s)] = slowest;
+    if (slowest == device_ || reference_time <= 0 || !plan_.stage_meshes.empty()) continue;
+    std::set<ir::ValueId> seen;
+    const PartCost here =
+        layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_.sharded_params,
+                            structure_.activation_bytes, structure_.selective_kept, model_, *slowest, precision_,
+                            batch_scale_, t_, &seen)
+               : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_.sharded_params,
+                            structure_.activation_bytes, structure_.selective_kept, model_, *slowest, precision_,
+                            batch_scale_, t_, &seen);
+    stage_scale_[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
+  }
+}
+
+// The graph's parts priced (by the graph, or the searched layout's prices; the FLOP
+// accounting stays the graph's), the stages' devices, and each stage's prices.
+void PlanEvaluator::price_parts_and_stages() {
+  const Parts plain_parts = price_parts(*device_, batch_scale_, t_);
+  layer_ = plain_parts.layer, pre_cost_ = plain_parts.pre, post_cost_ = plain_parts.post;
+  // (a searched layout comes with repeated layers only: the merge in price_parts never precedes it)
+  if (layout_ != nullptr) {
     auto take = [](PartCost& part, const PartPrice& price) {
       part.forward = price.forward;
       part.backward = price.backward;
@@ -215,169 +345,115 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       part.selective_forward = price.selective_forward;
       part.selective_kept_bytes = price.selective_kept_bytes;
     };
-    take(layer, layout->layer);
-    take(pre_cost, layout->pre);
-    take(post_cost, layout->post);
+    take(layer_, layout_->layer);
+    take(pre_cost_, layout_->pre);
+    take(post_cost_, layout_->post);
   }
-  // A heterogeneous cluster: each stage runs on its own ranks' slowest type, its compute
-  // scaled by that type's time for a layer against the pace-setting type's (the op cost
-  // model on both, so a memory-bound op scales with bandwidth, a matmul with FLOP/s).
-  std::vector<const DeviceType*> stage_device(static_cast<std::size_t>(p), device);
-  std::vector<double> stage_scale(static_cast<std::size_t>(p), 1.0);
-  if (cluster.device_types().size() > 1) {
-    const PartCost& reference = layers ? layer : post_cost;
-    const double reference_time = reference.forward + reference.backward;
-    for (int s = 0; s < p; ++s) {
-      const DeviceType* slowest = &cluster.slowest_device(plan.stage_first_rank(s), plan.stage_size(s), *precision);
-      stage_device[static_cast<std::size_t>(s)] = slowest;
-      if (slowest == device || reference_time <= 0 || !plan.stage_meshes.empty()) continue;
-      std::set<ir::ValueId> seen;
-      const PartCost here =
-          layers ? cost_nodes(graph, layers->nodes.front(), structure.layer_split, sharded_params, act_bytes, kept, model,
-                              *slowest, *precision, batch_scale, t, &seen)
-                 : cost_nodes(graph, structure.post, structure.outside_split, sharded_params, act_bytes, kept, model,
-                              *slowest, *precision, batch_scale, t, &seen);
-      stage_scale[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
-    }
-  }
-
+  scale_stage_devices();
   // One rank's share of a layer's input (Megatron: scattered over the t ranks).
-  const double boundary_bytes =
-      layout != nullptr ? layout->boundary_bytes : structure.layer_input_bytes * batch_scale / t;
-
-  // ---- per micro-batch, per device -----------------------------------------------------
-  const bool recompute = plan.recompute != plan::Recompute::None;  // (either way the forward's collectives run again)
-  const double layer_compute = layer.forward + layer.backward + recomputed_forward(layer, plan.recompute);
-  PlanCost out;
-  out.layers = num_layers;
-  out.tensor_parallel_pairs_per_layer = static_cast<int>(structure.row_ends.size());
-  out.all_reduces_per_layer_per_micro_batch = t > 1 ? out.tensor_parallel_pairs_per_layer * (recompute ? 3 : 2) : 0;
-  out.micro_batches = m;
-
-  // Tensor-parallel all-reduces per micro-batch on `width` ranks from `first`, at `scale`.
-  struct TensorParallel {
-    double layer = 0, pre = 0, post = 0;
-  };
-  auto tensor_parallel = [&](int width, int first, double scale) {
-    TensorParallel tp;
-    if (width <= 1) return tp;
-    std::vector<int> tp_ranks(static_cast<std::size_t>(width));
-    std::iota(tp_ranks.begin(), tp_ranks.end(), first);
-    auto all_reduce = [&](double bytes) {
-      return model.collective_time(cluster, CollectiveKind::AllReduce, tp_ranks, static_cast<std::int64_t>(bytes),
-                                   Algorithm::Auto);
-    };
-    for (ir::NodeId row : structure.row_ends)
-      tp.layer += all_reduce(static_cast<double>(graph.value(graph.node(row).outputs[0]).type.bytes()) * scale) *
-                  (recompute ? 3 : 2);
-    for (const auto& lookup : structure.pre_lookups) tp.pre += all_reduce(lookup.bytes * (lookup.batched ? scale : 1));
-    for (const auto& lookup : structure.post_lookups) tp.post += all_reduce(lookup.bytes * (lookup.batched ? scale : 1));
-    return tp;
-  };
-  const TensorParallel plain_tp = tensor_parallel(t, 0, batch_scale);
-  double layer_tp = plain_tp.layer, pre_tp = plain_tp.pre, post_tp = plain_tp.post;
-
-  if (layout != nullptr) {
+  boundary_bytes_ = layout_ != nullptr ? layout_->boundary_bytes : structure_.layer_input_bytes * batch_scale_ / t_;
+  layer_compute_ = layer_.forward + layer_.backward + recomputed_forward(layer_, plan_.recompute);
+  out_.layers = num_layers_;
+  out_.tensor_parallel_pairs_per_layer = static_cast<int>(structure_.row_ends.size());
+  out_.all_reduces_per_layer_per_micro_batch = t_ > 1 ? out_.tensor_parallel_pairs_per_layer * (recompute_ ? 3 : 2) : 0;
+  out_.micro_batches = m_;
+  const TensorParallel plain_tp = tensor_parallel(t_, 0, batch_scale_);
+  layer_tp_ = plain_tp.layer, pre_tp_ = plain_tp.pre, post_tp_ = plain_tp.post;
+  if (layout_ != nullptr) {
     // Recomputation runs the forward's collectives again: about half of forward + backward's.
-    const double again = recompute ? 1.5 : 1.0;
-    layer_tp = layout->layer.collectives * again;
-    pre_tp = layout->pre.collectives;
-    post_tp = layout->post.collectives;
+    const double again = recompute_ ? 1.5 : 1.0;
+    layer_tp_ = layout_->layer.collectives * again;
+    pre_tp_ = layout_->pre.collectives;
+    post_tp_ = layout_->post.collectives;
   }
-
-  // Each stage's prices: the plan's one sub-mesh for every stage, or (stage_meshes) each
-  // stage's own {d_s, t_s}: a rank runs micro_batch / d_s rows with its layers split t_s ways,
-  // on its ranks' slowest type (a searched layout is for one sub-mesh shape: not used then).
-  struct StagePrice {
-    PartCost layer, pre, post;
-    double layer_compute = 0;
-    TensorParallel tp;
-    int data = 1, tensor = 1, first = 0;
-    double boundary_bytes = 0;  // one rank's share of a layer's input (what its 1F1B keeps per micro-batch)
-  };
-  std::vector<StagePrice> price(static_cast<std::size_t>(p));
-  for (int s = 0; s < p; ++s) {
-    StagePrice& here = price[static_cast<std::size_t>(s)];
-    const std::vector<int> mesh = plan.stage_mesh(s);
-    here.data = mesh[0], here.tensor = mesh[1], here.first = plan.stage_first_rank(s);
-    if (plan.stage_meshes.empty()) {
-      here.layer = layer, here.pre = pre_cost, here.post = post_cost, here.layer_compute = layer_compute;
-      here.tp = {layer_tp, pre_tp, post_tp};
-      here.boundary_bytes = boundary_bytes;
+  price_.assign(static_cast<std::size_t>(p_), StagePrice{});
+  for (int s = 0; s < p_; ++s) {
+    StagePrice& here = price_[static_cast<std::size_t>(s)];
+    const std::vector<int> mesh = plan_.stage_mesh(s);
+    here.data = mesh[0], here.tensor = mesh[1], here.first = plan_.stage_first_rank(s);
+    if (plan_.stage_meshes.empty()) {
+      here.layer = layer_, here.pre = pre_cost_, here.post = post_cost_, here.layer_compute = layer_compute_;
+      here.tp = {layer_tp_, pre_tp_, post_tp_};
+      here.boundary_bytes = boundary_bytes_;
       continue;
     }
-    const double scale = static_cast<double>(plan.micro_batch) / here.data / structure.graph_batch;
-    const Parts parts = price_parts(*stage_device[static_cast<std::size_t>(s)], scale, here.tensor);
+    const double scale = static_cast<double>(plan_.micro_batch) / here.data / structure_.graph_batch;
+    const Parts parts = price_parts(*stage_device_[static_cast<std::size_t>(s)], scale, here.tensor);
     here.layer = parts.layer, here.pre = parts.pre, here.post = parts.post;
-    here.boundary_bytes = structure.layer_input_bytes * scale / here.tensor;
-    here.layer_compute = here.layer.forward + here.layer.backward + recomputed_forward(here.layer, plan.recompute);
+    here.boundary_bytes = structure_.layer_input_bytes * scale / here.tensor;
+    here.layer_compute = here.layer.forward + here.layer.backward + recomputed_forward(here.layer, plan_.recompute);
     here.tp = tensor_parallel(here.tensor, here.first, scale);
   }
+}
 
-  out.layer_time = layer_compute + layer_tp;
-  out.stage_scale = stage_scale;
-  if (cluster.device_types().size() > 1)
-    for (const DeviceType* type : stage_device) out.stage_devices.push_back(type->name);
-  out.first_stage_extra = pre_cost.forward + pre_cost.backward + pre_tp;
-  out.last_stage_extra = post_cost.forward + post_cost.backward + post_tp;
-  if (!plan.stage_meshes.empty()) {
-    // What balances stages of their own widths (layer_balance.h): stage s's layer against the
-    // first stage's, as a device scale; the extras at their own stage's width.
-    const StagePrice& first = price.front();
-    const StagePrice& last = price.back();
+// What balances the stages' layers (layer_balance.h): a layer's time, each stage's device
+// scale and the first and last stages' extras; then the layers each device holds.
+void PlanEvaluator::balance_stages() {
+  out_.layer_time = layer_compute_ + layer_tp_;
+  out_.stage_scale = stage_scale_;
+  if (cluster_.device_types().size() > 1)
+    for (const DeviceType* type : stage_device_) out_.stage_devices.push_back(type->name);
+  out_.first_stage_extra = pre_cost_.forward + pre_cost_.backward + pre_tp_;
+  out_.last_stage_extra = post_cost_.forward + post_cost_.backward + post_tp_;
+  if (!plan_.stage_meshes.empty()) {
+    // Stages of their own widths: stage s's layer against the first stage's, as a device
+    // scale; the extras at their own stage's width.
+    const StagePrice& first = price_.front();
+    const StagePrice& last = price_.back();
     const double reference = first.layer_compute + first.tp.layer;
-    out.layer_time = reference;
-    for (int s = 0; s < p; ++s) {
-      const StagePrice& here = price[static_cast<std::size_t>(s)];
-      out.stage_scale[static_cast<std::size_t>(s)] = reference > 0 ? (here.layer_compute + here.tp.layer) / reference : 1.0;
+    out_.layer_time = reference;
+    for (int s = 0; s < p_; ++s) {
+      const StagePrice& here = price_[static_cast<std::size_t>(s)];
+      out_.stage_scale[static_cast<std::size_t>(s)] =
+          reference > 0 ? (here.layer_compute + here.tp.layer) / reference : 1.0;
     }
-    out.first_stage_extra = first.pre.forward + first.pre.backward + first.tp.pre;
-    const double last_scale = out.stage_scale.back() > 0 ? out.stage_scale.back() : 1.0;
-    out.last_stage_extra = (last.post.forward + last.post.backward + last.tp.post) / last_scale;
+    out_.first_stage_extra = first.pre.forward + first.pre.backward + first.tp.pre;
+    const double last_scale = out_.stage_scale.back() > 0 ? out_.stage_scale.back() : 1.0;
+    out_.last_stage_extra = (last.post.forward + last.post.backward + last.tp.post) / last_scale;
   }
-
   // Layers per device: chunks s, s + p, ... of the plan's split (or a balanced one).
-  std::vector<int> chunk_layers = plan.layers_per_stage;
+  std::vector<int> chunk_layers = plan_.layers_per_stage;
   if (chunk_layers.empty()) {
-    chunk_layers = even_layers(num_layers, p * v);
-  } else if (std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0) != num_layers) {
+    chunk_layers = even_layers(num_layers_, p_ * v_);
+  } else if (std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0) != num_layers_) {
     throw ValidationError(fmt::format("evaluate: layers_per_stage sums to {} but the graph has {} layers",
-                                      std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0), num_layers));
+                                      std::accumulate(chunk_layers.begin(), chunk_layers.end(), 0), num_layers_));
   }
   // ZB-V's chunks sit in a V: the last (the LM head's) on the first device, beside the first.
-  const bool v_shape = plan::v_shaped(plan.schedule);
-  const int last_device = v_shape ? 0 : p - 1;
-  const std::vector<int> device_layers = layers_per_device(chunk_layers, p, v_shape);
+  v_shape_ = plan::v_shaped(plan_.schedule);
+  last_device_ = v_shape_ ? 0 : p_ - 1;
+  device_layers_ = layers_per_device(chunk_layers, p_, v_shape_);
+}
 
-  // One transfer across a stage cut, each way (an activation forward, its gradient back): the
-  // slowest boundary's. The step waits for critical_transfers() of them (pipeline_transfers.h).
+// One transfer across a stage cut, each way (an activation forward, its gradient back): the
+// slowest boundary's. The step waits for critical_transfers() of them (pipeline_transfers.h).
+// Stages of their own meshes: between equal meshes a rank sends its shard to the same
+// coordinate (one rank's share: whole / (d t)); between different ones the value is gathered
+// whole on the sending sub-mesh (an all-gather of its shards) and sent whole to every
+// receiving rank, the sending ranks taking them in turn (the busiest sends
+// ceil(receivers / senders)); its gradient the same way back. The slowest boundary paces.
+double PlanEvaluator::boundary_transfer() const {
   double transfer = 0;
-  if (p > 1 && plan.stage_meshes.empty()) {
-    std::vector<int> pair = {0, t * d};
-    double bytes = boundary_bytes;
-    transfer = model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
-                                     Algorithm::Auto);
+  if (p_ > 1 && plan_.stage_meshes.empty()) {
+    std::vector<int> pair = {0, t_ * plan_.data};
+    transfer = model_.collective_time(cluster_, CollectiveKind::SendRecv, pair,
+                                      static_cast<std::int64_t>(boundary_bytes_), Algorithm::Auto);
   }
-  // Stages of their own meshes: between equal meshes a rank sends its shard to the same
-  // coordinate (one rank's share: whole / (d t)); between different ones the value is
-  // gathered whole on the sending sub-mesh (an all-gather of its shards) and sent whole to
-  // every receiving rank, the sending ranks taking them in turn (the busiest sends
-  // ceil(receivers / senders)); its gradient the same way back. The slowest boundary paces.
-  for (int s = 0; s + 1 < p && !plan.stage_meshes.empty(); ++s) {
-    const StagePrice& a = price[static_cast<std::size_t>(s)];
-    const StagePrice& b = price[static_cast<std::size_t>(s + 1)];
-    const double whole = structure.layer_input_bytes * static_cast<double>(plan.micro_batch) / structure.graph_batch;
+  for (int s = 0; s + 1 < p_ && !plan_.stage_meshes.empty(); ++s) {
+    const StagePrice& a = price_[static_cast<std::size_t>(s)];
+    const StagePrice& b = price_[static_cast<std::size_t>(s + 1)];
+    const double whole = structure_.layer_input_bytes * static_cast<double>(plan_.micro_batch) / structure_.graph_batch;
     auto send = [&](int from, int to, double bytes) {
       const std::vector<int> pair = {from, to};
-      return model.collective_time(cluster, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
-                                   Algorithm::Auto);
+      return model_.collective_time(cluster_, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
+                                    Algorithm::Auto);
     };
     auto gather = [&](const StagePrice& x) {
       if (x.data * x.tensor == 1) return 0.0;
       std::vector<int> ranks(static_cast<std::size_t>(x.data * x.tensor));
       std::iota(ranks.begin(), ranks.end(), x.first);
-      return model.collective_time(cluster, CollectiveKind::AllGather, ranks, static_cast<std::int64_t>(whole),
-                                   Algorithm::Auto);
+      return model_.collective_time(cluster_, CollectiveKind::AllGather, ranks, static_cast<std::int64_t>(whole),
+                                    Algorithm::Auto);
     };
     double boundary = 0;
     if (a.data == b.data && a.tensor == b.tensor) {
@@ -389,44 +465,54 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     }
     transfer = std::max(transfer, boundary / 2.0);
   }
+  return transfer;
+}
 
-  // Bottleneck device and its parameters.
-  double worst_compute = 0, worst_tp = 0, worst_backward = 0;
-  std::vector<double> device_params(static_cast<std::size_t>(p), 0);
-  std::vector<double> device_backward(static_cast<std::size_t>(p), 0);
-  std::vector<double> device_tensor_sync(static_cast<std::size_t>(p), 0);  // searched layouts only
-  std::vector<double> device_compute(static_cast<std::size_t>(p), 0);      // per micro-batch
-  for (int s = 0; s < p; ++s) {
-    const StagePrice& here = price[static_cast<std::size_t>(s)];
-    double layers_here = device_layers[static_cast<std::size_t>(s)];
+// The bottleneck device: each device's compute, backward and parameters per micro-batch.
+void PlanEvaluator::bottleneck() {
+  const std::size_t p = static_cast<std::size_t>(p_);
+  device_params_.assign(p, 0), device_backward_.assign(p, 0);
+  device_tensor_sync_.assign(p, 0);  // searched layouts only
+  device_compute_.assign(p, 0);      // per micro-batch
+  for (int s = 0; s < p_; ++s) {
+    const StagePrice& here = price_[static_cast<std::size_t>(s)];
+    double layers_here = device_layers_[static_cast<std::size_t>(s)];
     double compute = layers_here * here.layer_compute;
     double backward = layers_here * here.layer.backward;
     double params = layers_here * here.layer.parameters;
-    if (s == 0) compute += here.pre.forward + here.pre.backward, backward += here.pre.backward, params += here.pre.parameters;
-    if (s == last_device)
+    if (s == 0)
+      compute += here.pre.forward + here.pre.backward, backward += here.pre.backward, params += here.pre.parameters;
+    if (s == last_device_)
       compute += here.post.forward + here.post.backward, backward += here.post.backward, params += here.post.parameters;
-    compute *= stage_scale[static_cast<std::size_t>(s)];
-    backward *= stage_scale[static_cast<std::size_t>(s)];
-    double tp = layers_here * here.tp.layer + (s == 0 ? here.tp.pre : 0.0) + (s == last_device ? here.tp.post : 0.0);
-    out.stage_times.push_back(compute + tp);
-    device_compute[static_cast<std::size_t>(s)] = compute;
-    if (compute + tp > worst_compute + worst_tp) worst_compute = compute, worst_tp = tp, worst_backward = backward;
-    device_params[static_cast<std::size_t>(s)] = params;
-    device_backward[static_cast<std::size_t>(s)] = backward;
-    if (layout != nullptr)
-      device_tensor_sync[static_cast<std::size_t>(s)] = layers_here * layout->layer.gradient_sync +
-                                                        (s == 0 ? layout->pre.gradient_sync : 0.0) +
-                                                        (s == last_device ? layout->post.gradient_sync : 0.0);
+    compute *= stage_scale_[static_cast<std::size_t>(s)];
+    backward *= stage_scale_[static_cast<std::size_t>(s)];
+    double tp = layers_here * here.tp.layer + (s == 0 ? here.tp.pre : 0.0) + (s == last_device_ ? here.tp.post : 0.0);
+    out_.stage_times.push_back(compute + tp);
+    device_compute_[static_cast<std::size_t>(s)] = compute;
+    if (compute + tp > worst_compute_ + worst_tp_) worst_compute_ = compute, worst_tp_ = tp, worst_backward_ = backward;
+    device_params_[static_cast<std::size_t>(s)] = params;
+    device_backward_[static_cast<std::size_t>(s)] = backward;
+    if (layout_ != nullptr)
+      device_tensor_sync_[static_cast<std::size_t>(s)] = layers_here * layout_->layer.gradient_sync +
+                                                          (s == 0 ? layout_->pre.gradient_sync : 0.0) +
+                                                          (s == last_device_ ? layout_->post.gradient_sync : 0.0);
   }
-  const double t_mb = worst_compute + worst_tp;
-  const double md = static_cast<double>(m);
-  out.compute = md * worst_compute;
-  out.tensor_parallel = md * worst_tp;
-  out.pipeline_transfer = transfer;
-  out.pipeline_p2p =
-      p > 1 ? critical_transfers(plan.schedule, p, static_cast<int>(m), v, plan.kfkb_k) * transfer : 0.0;
-  out.pipeline_bubble = (p - 1) / static_cast<double>(v) * t_mb;
-  if (plan::splits_backward(plan.schedule)) {
+}
+
+// The step's compute, tensor-parallel time, pipeline transfers and bubble.
+void PlanEvaluator::time_step() {
+  transfer_ = boundary_transfer();
+  bottleneck();
+  const int p = p_, v = v_;
+  t_mb_ = worst_compute_ + worst_tp_;
+  const double md = static_cast<double>(m_);
+  out_.compute = md * worst_compute_;
+  out_.tensor_parallel = md * worst_tp_;
+  out_.pipeline_transfer = transfer_;
+  out_.pipeline_p2p =
+      p > 1 ? critical_transfers(plan_.schedule, p, static_cast<int>(m_), v, plan_.kfkb_k) * transfer_ : 0.0;
+  out_.pipeline_bubble = (p - 1) / static_cast<double>(v) * t_mb_;
+  if (plan::splits_backward(plan_.schedule)) {
     // ZB-H1's bubble, (p - 1)(F + B - W) (Qi et al. 2024, and schedules.h): the weight
     // gradient W fills what 1F1B leaves idle. W is half the backward: a matmul's weight
     // product costs what its input product does, and the weights of norms and biases are a
@@ -434,49 +520,51 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
     // ZB-V's chunks are half a stage each: (p - 1)(F + B - W) / 2 (schedules.h's ZB-V reaches
     // it at p = 2, 4, 8 with m = p to 4p: its list schedule below 2p micro-batches, torch's
     // order from there).
-    const double weight = worst_backward / 2.0;
-    out.pipeline_bubble = (p - 1) * std::max(0.0, t_mb - 2.0 * weight) / (v_shape ? 2.0 : 1.0);
+    const double weight = worst_backward_ / 2.0;
+    out_.pipeline_bubble = (p - 1) * std::max(0.0, t_mb_ - 2.0 * weight) / (v_shape_ ? 2.0 : 1.0);
   }
-  out.bubble_fraction = out.pipeline_bubble / (md * t_mb);
-  {
-    // Ranks that share a node's cores (Node::compute_alone > 1): while a pipeline's other
-    // stages wait, a busy stage runs faster, but the node's ranks together never exceed their
-    // shared rate. The compute and the bubble, priced at the shared rate, become the larger
-    // of the same path at the alone rate and the node's busiest pool: its ranks' compute over
-    // the step divided by how many ranks it holds.
-    std::vector<std::pair<int, int>> stage_ranks;
-    for (const StagePrice& here : price) stage_ranks.emplace_back(here.first, here.data * here.tensor);
-    const double factor =
-        shared_compute_factor(cluster, stage_ranks, device_compute, md, out.compute + out.pipeline_bubble);
-    out.compute *= factor;
-    out.pipeline_bubble *= factor;
-  }
+  out_.bubble_fraction = out_.pipeline_bubble / (md * t_mb_);
+  // Ranks that share a node's cores (Node::compute_alone > 1): while a pipeline's other stages
+  // wait, a busy stage runs faster, but the node's ranks together never exceed their shared
+  // rate. The compute and the bubble, priced at the shared rate, become the larger of the
+  // same path at the alone rate and the node's busiest pool: its ranks' compute over the step
+  // divided by how many ranks it holds.
+  std::vector<std::pair<int, int>> stage_ranks;
+  for (const StagePrice& here : price_) stage_ranks.emplace_back(here.first, here.data * here.tensor);
+  const double factor =
+      shared_compute_factor(cluster_, stage_ranks, device_compute_, md, out_.compute + out_.pipeline_bubble);
+  out_.compute *= factor;
+  out_.pipeline_bubble *= factor;
+}
 
-  // ---- data parallelism and optimizer --------------------------------------------------
-  const MemoryConstants mem = constants.memory.value_or(memory_constants(model_state_precision(*precision, graph)));
+// Data parallelism's gradient synchronisation (exposed and total) and the optimizer step,
+// each the slowest stage's.
+void PlanEvaluator::data_parallel_and_optimizer() {
+  const int p = p_, v = v_;
+  const double md = static_cast<double>(m_);
   double dp_exposed = 0, dp_total = 0, optimizer = 0;
-  const double interference = constants.overlap_interference.value_or(overlap_interference(cluster));
+  const double interference = constants_.overlap_interference.value_or(overlap_interference(cluster_));
   for (int s = 0; s < p; ++s) {
-    double params = device_params[static_cast<std::size_t>(s)];
-    const StagePrice& here = price[static_cast<std::size_t>(s)];
+    double params = device_params_[static_cast<std::size_t>(s)];
+    const StagePrice& here = price_[static_cast<std::size_t>(s)];
     const int d = here.data;  // this stage's data width (stage_meshes: its own)
     std::vector<int> dp_ranks;
     for (int j = 0; j < d; ++j) dp_ranks.push_back(here.first + j * here.tensor);
     double sync = 0, exposed = 0;
-    if (d > 1 && plan.zero_stage < 3) {
-      sync = model.collective_time(cluster, CollectiveKind::AllReduce, dp_ranks,
-                                   static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param),
-                                   Algorithm::Auto);
+    if (d > 1 && plan_.zero_stage < 3) {
+      sync = model_.collective_time(cluster_, CollectiveKind::AllReduce, dp_ranks,
+                                    static_cast<std::int64_t>(params * constants_.grad_reduce_bytes_per_param),
+                                    Algorithm::Auto);
       // The runtime issues each gradient bucket from the hook of its last gradient
       // (runtime/buckets.py): beside the step's backward without a pipeline; in a pipeline,
       // beside the last backward of the rank's last virtual stage reading it, and the cooldown
       // after it: pipeline rank s's last chunk ends while ranks s-1 .. 0 still run theirs
       // (and pass the gradient down), so its window is its own last chunk's backward plus
       // theirs. Rank 0, which runs the step's last backward, has its last chunk alone.
-      double window = device_backward[static_cast<std::size_t>(s)];
+      double window = device_backward_[static_cast<std::size_t>(s)];
       if (p > 1) {
         window /= v;
-        for (int r = 0; r < s; ++r) window += device_backward[static_cast<std::size_t>(r)] / v + transfer;
+        for (int r = 0; r < s; ++r) window += device_backward_[static_cast<std::size_t>(r)] / v + transfer_;
       }
       exposed = std::max(0.0, sync - window) + interference * std::min(sync, window);
     } else if (d > 1) {
@@ -485,82 +573,106 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
       // ring's bottleneck link (one NIC per GPU), not the hierarchical all-NIC rate.
       // Narayanan et al. 2021 Table 2 shows exactly that: ZeRO-3's 175B throughput falls
       // from 144 to 44 TFLOP/s as the per-GPU batch shrinks while this traffic stays.
-      double gather = model.collective_time(cluster, CollectiveKind::AllGather, dp_ranks,
-                                            static_cast<std::int64_t>(params * mem.weight_bytes), Algorithm::Ring);
-      double scatter = model.collective_time(cluster, CollectiveKind::ReduceScatter, dp_ranks,
-                                             static_cast<std::int64_t>(params * constants.grad_reduce_bytes_per_param),
-                                             Algorithm::Ring);
-      double per_mb = gather * (recompute ? 3 : 2) + scatter;
+      double gather = model_.collective_time(cluster_, CollectiveKind::AllGather, dp_ranks,
+                                             static_cast<std::int64_t>(params * mem_.weight_bytes), Algorithm::Ring);
+      const auto reduced = static_cast<std::int64_t>(params * constants_.grad_reduce_bytes_per_param);
+      double scatter =
+          model_.collective_time(cluster_, CollectiveKind::ReduceScatter, dp_ranks, reduced, Algorithm::Ring);
+      double per_mb = gather * (recompute_ ? 3 : 2) + scatter;
       sync = md * per_mb;
-      const double paced = t_mb + out.pipeline_p2p / md;  // a micro-batch's share of the step
+      const double paced = t_mb_ + out_.pipeline_p2p / md;  // a micro-batch's share of the step
       exposed = md * (std::max(0.0, per_mb - paced) + interference * std::min(per_mb, paced));
     }
     // A searched layout that splits the batch over the t ranks reduces those gradients too,
     // once per step after the last micro-batch: exposed.
-    sync += device_tensor_sync[static_cast<std::size_t>(s)];
-    exposed += device_tensor_sync[static_cast<std::size_t>(s)];
+    sync += device_tensor_sync_[static_cast<std::size_t>(s)];
+    exposed += device_tensor_sync_[static_cast<std::size_t>(s)];
     dp_total = std::max(dp_total, sync);
     dp_exposed = std::max(dp_exposed, exposed);
-    double held = params / (plan.zero_stage >= 1 ? d : 1);  // (this stage's d)
-    optimizer = std::max(optimizer, held * 2.0 * mem.bytes_per_parameter() /
-                                        (stage_device[static_cast<std::size_t>(s)]->memory_bandwidth *
-                                         constants.optimizer_memory_efficiency));
+    double held = params / (plan_.zero_stage >= 1 ? d : 1);  // (this stage's d)
+    optimizer = std::max(optimizer, held * 2.0 * mem_.bytes_per_parameter() /
+                                        (stage_device_[static_cast<std::size_t>(s)]->memory_bandwidth *
+                                         constants_.optimizer_memory_efficiency));
   }
-  out.data_parallel = dp_exposed;
-  out.data_parallel_total = dp_total;
-  out.data_parallel_overlapped =
-      std::any_of(price.begin(), price.end(), [](const StagePrice& here) { return here.data > 1; });
-  out.optimizer = optimizer;
-  out.step_time = out.compute + out.tensor_parallel + out.pipeline_p2p + out.pipeline_bubble + out.data_parallel +
-                  out.optimizer;
+  out_.data_parallel = dp_exposed;
+  out_.data_parallel_total = dp_total;
+  out_.data_parallel_overlapped =
+      std::any_of(price_.begin(), price_.end(), [](const StagePrice& here) { return here.data > 1; });
+  out_.optimizer = optimizer;
+  out_.step_time = out_.compute + out_.tensor_parallel + out_.pipeline_p2p + out_.pipeline_bubble +
+                   out_.data_parallel + out_.optimizer;
+}
 
-  // ---- memory per rank (the most loaded pipeline stage) --------------------------------
-  double in_flight = stage_micro_batches_in_flight(plan.schedule, p, v, plan.kfkb_k, m);
+// Memory per rank: the most loaded pipeline stage's.
+void PlanEvaluator::memory() {
+  const int p = p_;
+  double in_flight = stage_micro_batches_in_flight(plan_.schedule, p, v_, plan_.kfkb_k, m_);
   for (int s = 0; s < p; ++s) {
-    const StagePrice& here = price[static_cast<std::size_t>(s)];
-    ModelStateBytes states = model_state_bytes(device_params[static_cast<std::size_t>(s)], here.data, plan.zero_stage, mem);
+    const StagePrice& here = price_[static_cast<std::size_t>(s)];
+    ModelStateBytes states =
+        model_state_bytes(device_params_[static_cast<std::size_t>(s)], here.data, plan_.zero_stage, mem_);
     // Stage s holds fewer micro-batches the later it is (1F1B: p - s); the first holds most.
     // (ZB-H1 and ZB-V hold up to p on every rank: schedules.h.)
-    const bool every_rank = plan.schedule == plan::Schedule::GPipe || plan::splits_backward(plan.schedule);
+    const bool every_rank = plan_.schedule == plan::Schedule::GPipe || plan::splits_backward(plan_.schedule);
     double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));
-    const double kept_bytes = here.boundary_bytes + (plan.recompute == plan::Recompute::Selective
+    const double kept_bytes = here.boundary_bytes + (plan_.recompute == plan::Recompute::Selective
                                                          ? here.layer.selective_kept_bytes
                                                          : 0.0);
     double acts = stage_activation_bytes(here.layer.activation_bytes, kept_bytes,
-                                         device_layers[static_cast<std::size_t>(s)], flight, recompute);
+                                         device_layers_[static_cast<std::size_t>(s)], flight, recompute_);
     // The layers before the first block and after the last (embedding, head and loss) keep
     // theirs for every micro-batch their stage holds, as the blocks do (not recomputed).
     if (s == 0) acts += flight * here.pre.activation_bytes;
-    if (s == last_device) acts += flight * here.post.activation_bytes;
-    double casts = device_layers[static_cast<std::size_t>(s)] > 0 ? here.layer.fp8_cast_bytes : 0.0;
+    if (s == last_device_) acts += flight * here.post.activation_bytes;
+    double casts = device_layers_[static_cast<std::size_t>(s)] > 0 ? here.layer.fp8_cast_bytes : 0.0;
     if (s == 0) casts = std::max(casts, here.pre.fp8_cast_bytes);
-    if (s == last_device) casts = std::max(casts, here.post.fp8_cast_bytes);
+    if (s == last_device_) casts = std::max(casts, here.post.fp8_cast_bytes);
     double total = states.total() + acts + casts;
-    out.memory_use = std::max(
-        out.memory_use, total / static_cast<double>(stage_device[static_cast<std::size_t>(s)]->memory_bytes));
-    if (total > out.memory_per_rank) {
-      out.memory_per_rank = total;
-      out.memory_breakdown = {{"weights", states.weights},
-                              {"gradients", states.gradients},
-                              {"optimizer", states.optimizer},
-                              {"activations", acts},
-                              {"stage", static_cast<double>(s)}};
-      if (casts > 0) out.memory_breakdown["fp8_casts"] = casts;
+    out_.memory_use = std::max(
+        out_.memory_use, total / static_cast<double>(stage_device_[static_cast<std::size_t>(s)]->memory_bytes));
+    if (total > out_.memory_per_rank) {
+      out_.memory_per_rank = total;
+      out_.memory_breakdown = {{"weights", states.weights},
+                               {"gradients", states.gradients},
+                               {"optimizer", states.optimizer},
+                               {"activations", acts},
+                               {"stage", static_cast<double>(s)}};
+      if (casts > 0) out_.memory_breakdown["fp8_casts"] = casts;
     }
   }
+}
 
-  // ---- FLOP accounting: model FLOPs, and Megatron-LM's (plan_cost.h) ------------------------
-  const double rest = pre_cost.matmul_flops + post_cost.matmul_flops;
-  const double forward = layers ? num_layers * layer.matmul_flops + rest : post_cost.matmul_flops;
-  const double megatron = layers ? 4.0 * num_layers * layer.matmul_flops + 3.0 * rest : 3.0 * post_cost.matmul_flops;
-  const double samples = static_cast<double>(plan.global_batch) / structure.graph_batch;
-  out.model_flops = 3.0 * forward * samples;
-  out.megatron_flops = megatron * samples;
-  const double per_device_second = out.step_time > 0 ? 1.0 / out.step_time / cluster.world_size() / 1e12 : 0;
-  out.tflops_per_device = out.model_flops * per_device_second;
-  out.megatron_tflops_per_device = out.megatron_flops * per_device_second;
-  out.ranks_per_node = cluster.ranks_per_node();
-  return out;
+// FLOP accounting: model FLOPs, and Megatron-LM's (plan_cost.h); the cost is complete.
+PlanCost PlanEvaluator::flops() {
+  const auto& layers = structure_.layers;
+  const int num_layers = num_layers_;
+  const double rest = pre_cost_.matmul_flops + post_cost_.matmul_flops;
+  const double forward = layers ? num_layers * layer_.matmul_flops + rest : post_cost_.matmul_flops;
+  const double megatron =
+      layers ? 4.0 * num_layers * layer_.matmul_flops + 3.0 * rest : 3.0 * post_cost_.matmul_flops;
+  const double samples = static_cast<double>(plan_.global_batch) / structure_.graph_batch;
+  out_.model_flops = 3.0 * forward * samples;
+  out_.megatron_flops = megatron * samples;
+  const double per_device_second = out_.step_time > 0 ? 1.0 / out_.step_time / cluster_.world_size() / 1e12 : 0;
+  out_.tflops_per_device = out_.model_flops * per_device_second;
+  out_.megatron_tflops_per_device = out_.megatron_flops * per_device_second;
+  out_.ranks_per_node = cluster_.ranks_per_node();
+  return std::move(out_);
+}
+
+}  // namespace
+
+PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
+                  const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants,
+                  const StageLayoutPrices* layout) {
+  plan::validate(plan, cluster.world_size());
+  PlanEvaluator evaluation(structure, graph, cluster, plan, model, constants, layout);
+  evaluation.price_parts_and_stages();
+  evaluation.balance_stages();
+  evaluation.time_step();
+  evaluation.data_parallel_and_optimizer();
+  evaluation.memory();
+  return evaluation.flops();
 }
 
 plan::Plan with_prediction(plan::Plan plan, const PlanCost& cost) {
