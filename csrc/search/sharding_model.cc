@@ -860,211 +860,57 @@ double ShardingModel::recompute_checkpoint_bytes() const {
   return bytes * options_.activation_memory_scale;
 }
 
-void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, double parameter_weight, bool seeds_only) {
-  const auto a = static_cast<std::size_t>(axis);
-  const int size = options_.mesh[a];
-  if (size <= 1) return;
-  const auto num_nodes = graph_.nodes().size();
-  const auto num_values = graph_.values().size();
+// Readers of one value that want it the same way share one resharding (tally(), as the
+// runtime runs it: q, k and v read one gathered norm output). A pair cost cannot see that:
+// priced per reader edge, Megatron's column-parallel k and v would each pay the gather q
+// pays already. So the readers of a value (not a parameter, whose collectives are its
+// own) that are two or more edges of the same count meet at a choice node of their own, a
+// hub: its choice is the produced placement and the one resharding the readers share (or
+// none); the producer -> hub edge holds the two placements equal and prices the shared
+// resharding once; a reader that wants the shared placement pays nothing more, any other
+// its own resharding from the produced placement (what the runtime runs). Never below
+// tally()'s price; equal unless two readers share a resharding other than the hub's.
+struct ShardingModel::Hub {
+  ir::ValueId value = -1;
+  double count = 0;
+  std::vector<EdgeKey> readers;  // in edges_ order
+  std::vector<Placement> produced;                             // per hub choice
+  std::vector<std::optional<std::pair<Placement, Placement>>> shared;  // per hub choice: (wanted, gradient)
+  std::vector<int> first_reader;  // per hub choice: the reader edge whose consumer prices the shared resharding
+  std::vector<double> seconds;    // per hub choice: the shared resharding's (count x edge_seconds)
+  int id = -1;                    // problem node
+};
 
-  // Choices of representative nodes and leaves.
-  std::vector<std::vector<Strategy>> strategies(num_nodes);
-  for (std::size_t u = 0; u < num_nodes; ++u)
-    if (rep_node_[u] == static_cast<ir::NodeId>(u)) strategies[u] = node_strategies(static_cast<ir::NodeId>(u), axis);
+// solve_axis' state for one axis: the choices of every representative node and leaf, the
+// hubs where readers share a resharding, and the problem made of them.
+struct ShardingModel::AxisProblem {
+  AxisProblem(int axis, double parameter_weight, std::size_t nodes, std::size_t values)
+      : axis(axis),
+        parameter_weight(parameter_weight),
+        strategies(nodes),
+        leaf_choices(values),
+        leaf_instances(values, 0),
+        node_id(nodes, -1),
+        leaf_id(values, -1) {}
 
-  std::vector<std::vector<LeafChoice>> leaf_choices(num_values);
-  std::vector<double> leaf_instances(num_values, 0);
-  for (std::size_t v = 0; v < num_values; ++v)
-    if (rep_leaf_[v] >= 0) leaf_instances[static_cast<std::size_t>(rep_leaf_[v])] += 1;
-  for (const auto& [key, group] : edges_) {
-    if (!key.producer_is_leaf) continue;
-    auto& choices = leaf_choices[static_cast<std::size_t>(key.producer)];
-    if (choices.empty()) choices.push_back({Placement::replicate(), false});
-    for (const Strategy& s : strategies[static_cast<std::size_t>(key.consumer)]) {
-      const Placement& want = s.inputs[static_cast<std::size_t>(key.operand)];
-      if (!want.is_shard() || !leaf_placement_fits(key.producer, axis, want)) continue;
-      LeafChoice c{want, false};
-      if (std::find(choices.begin(), choices.end(), c) == choices.end()) choices.push_back(c);
+  // The placements the producer of `key` may give `value`, one per producer choice.
+  std::vector<Placement> produced_by(const EdgeKey& key, const ir::Value& value) const {
+    std::vector<Placement> produced;
+    if (key.producer_is_leaf) {
+      for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(key.producer)]) produced.push_back(c.placement);
+    } else {
+      for (const Strategy& s : strategies[static_cast<std::size_t>(key.producer)])
+        produced.push_back(s.outputs[static_cast<std::size_t>(value.output_index)]);
     }
+    return produced;
   }
-  for (std::size_t v = 0; v < num_values; ++v) {
-    auto& choices = leaf_choices[v];
-    const ir::Value& value = graph_.value(static_cast<ir::ValueId>(v));
-    if (choices.empty() || !options_.allow_zero || value.role != ir::ValueRole::Parameter || !requires_grad_[v])
-      continue;
-    choices.push_back({Placement::replicate(), true});
+  int producer_id(const EdgeKey& key) const {
+    return key.producer_is_leaf ? leaf_id[static_cast<std::size_t>(key.producer)]
+                                : node_id[static_cast<std::size_t>(key.producer)];
   }
-
-  // Readers of one value that want it the same way share one resharding (tally(), as the
-  // runtime runs it: q, k and v read one gathered norm output). A pair cost cannot see that:
-  // priced per reader edge, Megatron's column-parallel k and v would each pay the gather q
-  // pays already. So the readers of a value (not a parameter, whose collectives are its
-  // own) that are two or more edges of the same count meet at a choice node of their own, a
-  // hub: its choice is the produced placement and the one resharding the readers share (or
-  // none); the producer -> hub edge holds the two placements equal and prices the shared
-  // resharding once; a reader that wants the shared placement pays nothing more, any other
-  // its own resharding from the produced placement (what the runtime runs). Never below
-  // tally()'s price; equal unless two readers share a resharding other than the hub's.
-  struct Hub {
-    ir::ValueId value = -1;
-    double count = 0;
-    std::vector<EdgeKey> readers;  // in edges_ order
-    std::vector<Placement> produced;                             // per hub choice
-    std::vector<std::optional<std::pair<Placement, Placement>>> shared;  // per hub choice: (wanted, gradient)
-    std::vector<int> first_reader;  // per hub choice: the reader edge whose consumer prices the shared resharding
-    std::vector<double> seconds;    // per hub choice: the shared resharding's (count x edge_seconds)
-    int id = -1;                    // problem node
-  };
-  std::vector<Hub> hubs;
-  std::set<EdgeKey> via_hub;
-  if (options_.shared_reshardings) {
-    std::map<std::pair<ir::ValueId, double>, std::vector<EdgeKey>> readers_of;
-    for (const auto& [key, group] : edges_) {
-      if (graph_.value(group.value).role == ir::ValueRole::Parameter) continue;
-      if (!key.producer_is_leaf && key.producer == key.consumer) continue;  // a self-pair: the node's own cost
-      if (key.producer_is_leaf ? leaf_choices[static_cast<std::size_t>(key.producer)].empty()
-                               : strategies[static_cast<std::size_t>(key.producer)].empty())
-        continue;
-      if (strategies[static_cast<std::size_t>(key.consumer)].empty()) continue;
-      readers_of[{group.value, group.count}].push_back(key);
-    }
-    for (auto& [value_count, keys] : readers_of) {
-      if (keys.size() < 2) continue;
-      Hub hub;
-      hub.value = value_count.first;
-      hub.count = value_count.second;
-      hub.readers = keys;
-      const ir::Value& value = graph_.value(hub.value);
-      const EdgeKey& first = keys.front();
-      std::vector<Placement> produced;
-      if (first.producer_is_leaf) {
-        for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(first.producer)])
-          if (std::find(produced.begin(), produced.end(), c.placement) == produced.end())
-            produced.push_back(c.placement);
-      } else {
-        for (const Strategy& st : strategies[static_cast<std::size_t>(first.producer)]) {
-          const Placement& p = st.outputs[static_cast<std::size_t>(value.output_index)];
-          if (std::find(produced.begin(), produced.end(), p) == produced.end()) produced.push_back(p);
-        }
-      }
-      // The placements two or more of the readers may want (only those can be shared).
-      std::vector<std::pair<Placement, Placement>> targets;
-      std::vector<int> target_reader, target_readers;
-      for (std::size_t i = 0; i < keys.size(); ++i) {
-        std::vector<std::pair<Placement, Placement>> mine;
-        for (const Strategy& st : strategies[static_cast<std::size_t>(keys[i].consumer)]) {
-          std::pair<Placement, Placement> t{st.inputs[static_cast<std::size_t>(keys[i].operand)],
-                                            st.input_grads[static_cast<std::size_t>(keys[i].operand)]};
-          if (std::find(mine.begin(), mine.end(), t) != mine.end()) continue;
-          mine.push_back(t);
-          const auto at = std::find(targets.begin(), targets.end(), t);
-          if (at == targets.end()) {
-            targets.push_back(std::move(t));
-            target_reader.push_back(static_cast<int>(i));
-            target_readers.push_back(1);
-          } else {
-            ++target_readers[static_cast<std::size_t>(at - targets.begin())];
-          }
-        }
-      }
-      // A choice per produced placement: nothing shared, or one of those placements whose
-      // resharding costs something (a free one is as good as none).
-      bool shares = false;
-      for (const Placement& p : produced) {
-        hub.produced.push_back(p);
-        hub.shared.emplace_back(std::nullopt);
-        hub.first_reader.push_back(-1);
-        hub.seconds.push_back(0);
-        for (std::size_t t = 0; t < targets.size(); ++t) {
-          if (target_readers[t] < 2) continue;
-          const EdgeKey& by = keys[static_cast<std::size_t>(target_reader[t])];
-          const double seconds = hub.count * edge_seconds(axis, hub.value, by.consumer, by.operand, p, targets[t].first,
-                                                          targets[t].second, parameter_weight);
-          if (!(seconds > 0) || !std::isfinite(seconds)) continue;
-          hub.produced.push_back(p);
-          hub.shared.emplace_back(targets[t]);
-          hub.first_reader.push_back(target_reader[t]);
-          hub.seconds.push_back(seconds);
-          shares = true;
-        }
-      }
-      if (!shares) continue;  // nothing the readers could share: their own edges
-      for (const EdgeKey& k : keys) via_hub.insert(k);
-      hubs.push_back(std::move(hub));
-    }
-  }
-  // Hubs by producer, to place each right after it in the sweep order.
-  std::map<std::pair<int, bool>, std::vector<std::size_t>> hubs_after;
-  for (std::size_t h = 0; h < hubs.size(); ++h)
-    hubs_after[{hubs[h].readers.front().producer, hubs[h].readers.front().producer_is_leaf}].push_back(h);
-  auto push_hubs = [&](int producer, bool is_leaf, SpmdProblem& problem) {
-    const auto it = hubs_after.find({producer, is_leaf});
-    if (it == hubs_after.end()) return;
-    for (std::size_t h : it->second) {
-      ChoiceNode c;
-      c.name = "shared " + graph_.value(hubs[h].value).name;
-      c.cost.assign(hubs[h].produced.size(), 0.0);
-      c.memory.assign(hubs[h].produced.size(), 0.0);
-      hubs[h].id = static_cast<int>(problem.nodes.size());
-      problem.nodes.push_back(std::move(c));
-    }
-  };
-
-  // Problem nodes, in sweep order: each node's unseen leaves, then the node (each followed
-  // by its values' hubs).
-  SpmdProblem problem;
-  std::vector<int> node_id(num_nodes, -1), leaf_id(num_values, -1);
-  for (const ir::Node& node : graph_.nodes()) {
-    for (ir::ValueId in : node.inputs) {
-      ir::ValueId leaf = rep_leaf_[static_cast<std::size_t>(in)];
-      if (leaf < 0 || leaf_id[static_cast<std::size_t>(leaf)] >= 0) continue;
-      const auto& choices = leaf_choices[static_cast<std::size_t>(leaf)];
-      ChoiceNode c;
-      c.name = graph_.value(leaf).name;
-      for (const LeafChoice& choice : choices) {
-        // A tie-break, not a cost: with equal traffic (an all-reduce is a reduce-scatter and an
-        // all-gather), keep the weight and its optimizer state whole.
-        // A graph input is the other way round: each rank loads only its share of the batch,
-        // so its placement follows what its readers split (R -> S is local, a tie otherwise).
-        const ir::Value& value = graph_.value(leaf);
-        const bool whole = !choice.zero && choice.placement.is_replicate();
-        if (value.role == ir::ValueRole::Input) {
-          c.cost.push_back(1e-15 * value_bytes(leaf) *
-                           held_fraction(choice.placement, options_.mesh[static_cast<std::size_t>(axis)]));
-        } else {
-          c.cost.push_back((whole ? 0.0 : 1e-12 * static_cast<double>(value.type.numel())) +
-                           leaf_instances[static_cast<std::size_t>(leaf)] *
-                               (optimizer_seconds(leaf, axis, choice) + zero_broadcast_seconds(leaf, axis, choice)));
-        }
-        c.memory.push_back(leaf_memory(leaf, axis, choice) * leaf_instances[static_cast<std::size_t>(leaf)]);
-      }
-      leaf_id[static_cast<std::size_t>(leaf)] = static_cast<int>(problem.nodes.size());
-      problem.nodes.push_back(std::move(c));
-      push_hubs(static_cast<int>(leaf), true, problem);
-    }
-    const auto u = static_cast<std::size_t>(node.id);
-    if (rep_node_[u] != node.id) continue;
-    ChoiceNode c;
-    c.name = node.outputs.empty() ? node.op : graph_.value(node.outputs[0]).name;
-    const double n = instances_[u];
-    const double memory_count = recomputed(u) ? 1.0 : n;
-    for (const Strategy& s : strategies[u]) {
-      const double amax = fp8_amax_seconds(axis, fp8_amax_elements(node.id, axis, s).first);
-      c.cost.push_back(n * (node_compute(node.id, axis, s, *device_) * balanced_compute_factor(node.id, axis, s) +
-                            statistics_seconds(axis, s) + amax));
-      c.memory.push_back(memory_count * node_memory(node.id, axis, s));
-    }
-    node_id[u] = static_cast<int>(problem.nodes.size());
-    problem.nodes.push_back(std::move(c));
-    push_hubs(static_cast<int>(u), false, problem);
-  }
-
-  // Edges, merged per pair of problem nodes; a self-pair (a block's output read by the next
-  // instance at a position folded into the same node) is a cost on that node's diagonal.
-  std::map<std::pair<int, int>, std::size_t> edge_at;
-  // The edge between problem nodes a and b (made, zero, on first use), and whether its
-  // cost matrix is indexed [b][a] (a > b) rather than [a][b].
-  auto edge_between = [&](int a, int b) -> std::pair<ChoiceEdge*, bool> {
+  // The edge between problem nodes a and b (made, zero, on first use), and whether its cost
+  // matrix is indexed [b][a] (a > b) rather than [a][b].
+  std::pair<ChoiceEdge*, bool> edge_between(int a, int b) {
     const bool flip = a > b;
     const std::pair<int, int> pair = flip ? std::make_pair(b, a) : std::make_pair(a, b);
     auto [it, added] = edge_at.emplace(pair, problem.edges.size());
@@ -1078,23 +924,225 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
       problem.edges.push_back(std::move(e));
     }
     return {&problem.edges[it->second], flip};
-  };
+  }
+  // The hubs of `producer`'s values, as problem nodes right after it in the sweep order.
+  void push_hubs(int producer, bool is_leaf, const ir::Graph& graph) {
+    const auto it = hubs_after.find({producer, is_leaf});
+    if (it == hubs_after.end()) return;
+    for (std::size_t h : it->second) {
+      ChoiceNode c;
+      c.name = "shared " + graph.value(hubs[h].value).name;
+      c.cost.assign(hubs[h].produced.size(), 0.0);
+      c.memory.assign(hubs[h].produced.size(), 0.0);
+      hubs[h].id = static_cast<int>(problem.nodes.size());
+      problem.nodes.push_back(std::move(c));
+    }
+  }
+
+  const int axis;
+  const double parameter_weight;
+  std::vector<std::vector<Strategy>> strategies;    // per representative node
+  std::vector<std::vector<LeafChoice>> leaf_choices;  // per representative leaf
+  std::vector<double> leaf_instances;
+  std::vector<Hub> hubs;
+  std::set<EdgeKey> via_hub;  // reader edges priced through a hub
+  std::map<std::pair<int, bool>, std::vector<std::size_t>> hubs_after;  // by producer
+  SpmdProblem problem;
+  std::vector<int> node_id, leaf_id;  // problem node of each representative node and leaf
+  std::map<std::pair<int, int>, std::size_t> edge_at;
+};
+
+void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, double parameter_weight, bool seeds_only) {
+  if (options_.mesh[static_cast<std::size_t>(axis)] <= 1) return;
+  AxisProblem ap(axis, parameter_weight, graph_.nodes().size(), graph_.values().size());
+  axis_choices(ap);
+  if (options_.shared_reshardings) share_reshardings(ap);
+  problem_nodes(ap);
+  problem_edges(ap);
+  // The gathered-weight peak is a max, not a sum over choices: the problem cannot price it,
+  // so it keeps room for the peak the current decisions have (the descent's later passes see
+  // the gathers its earlier ones chose).
+  ap.problem.memory_limit = options_.memory_limit * memory_scale - recompute_checkpoint_bytes() -
+                            gathered_parameter_bytes() - fp8_cast_bytes();
+  SpmdSolution solution = solve_fast(ap.problem, solver_seeds(ap, seeds_only));
+  if (thorough && !seeds_only) {
+    SpmdSolution exact = solve_ilp(ap.problem, IlpOptions{}, &solution);
+    if ((exact.feasible && (!solution.feasible || exact.cost <= solution.cost)) ||
+        (!exact.feasible && !solution.feasible && exact.memory < solution.memory))
+      solution = std::move(exact);
+  }
+  adopt_solution(ap, solution);
+}
+
+// Choices of representative nodes and leaves: a node's strategies; a leaf whole, split as a
+// reader wants it (where its other axes' blocks allow), or (ZeRO) whole with its optimizer
+// state sharded.
+void ShardingModel::axis_choices(AxisProblem& ap) const {
+  const auto num_nodes = graph_.nodes().size();
+  const auto num_values = graph_.values().size();
+  for (std::size_t u = 0; u < num_nodes; ++u)
+    if (rep_node_[u] == static_cast<ir::NodeId>(u))
+      ap.strategies[u] = node_strategies(static_cast<ir::NodeId>(u), ap.axis);
+  for (std::size_t v = 0; v < num_values; ++v)
+    if (rep_leaf_[v] >= 0) ap.leaf_instances[static_cast<std::size_t>(rep_leaf_[v])] += 1;
   for (const auto& [key, group] : edges_) {
-    const int pa = key.producer_is_leaf ? leaf_id[static_cast<std::size_t>(key.producer)]
-                                        : node_id[static_cast<std::size_t>(key.producer)];
-    const int pb = node_id[static_cast<std::size_t>(key.consumer)];
-    if (pa < 0 || pb < 0 || via_hub.contains(key)) continue;
-    const ir::Value& value = graph_.value(group.value);
+    if (!key.producer_is_leaf) continue;
+    auto& choices = ap.leaf_choices[static_cast<std::size_t>(key.producer)];
+    if (choices.empty()) choices.push_back({Placement::replicate(), false});
+    for (const Strategy& s : ap.strategies[static_cast<std::size_t>(key.consumer)]) {
+      const Placement& want = s.inputs[static_cast<std::size_t>(key.operand)];
+      if (!want.is_shard() || !leaf_placement_fits(key.producer, ap.axis, want)) continue;
+      LeafChoice c{want, false};
+      if (std::find(choices.begin(), choices.end(), c) == choices.end()) choices.push_back(c);
+    }
+  }
+  for (std::size_t v = 0; v < num_values; ++v) {
+    auto& choices = ap.leaf_choices[v];
+    const ir::Value& value = graph_.value(static_cast<ir::ValueId>(v));
+    if (choices.empty() || !options_.allow_zero || value.role != ir::ValueRole::Parameter || !requires_grad_[v])
+      continue;
+    choices.push_back({Placement::replicate(), true});
+  }
+}
+
+// The hubs (Hub): the readers of a value, two or more edges of the same count,
+// that could share a resharding that costs something.
+void ShardingModel::share_reshardings(AxisProblem& ap) const {
+  std::map<std::pair<ir::ValueId, double>, std::vector<EdgeKey>> readers_of;
+  for (const auto& [key, group] : edges_) {
+    if (graph_.value(group.value).role == ir::ValueRole::Parameter) continue;
+    if (!key.producer_is_leaf && key.producer == key.consumer) continue;  // a self-pair: the node's own cost
+    if (key.producer_is_leaf ? ap.leaf_choices[static_cast<std::size_t>(key.producer)].empty()
+                             : ap.strategies[static_cast<std::size_t>(key.producer)].empty())
+      continue;
+    if (ap.strategies[static_cast<std::size_t>(key.consumer)].empty()) continue;
+    readers_of[{group.value, group.count}].push_back(key);
+  }
+  for (auto& [value_count, keys] : readers_of) {
+    if (keys.size() < 2) continue;
+    Hub hub;
+    hub.value = value_count.first;
+    hub.count = value_count.second;
+    hub.readers = keys;
+    std::vector<Placement> produced;
+    for (const Placement& p : ap.produced_by(keys.front(), graph_.value(hub.value)))
+      if (std::find(produced.begin(), produced.end(), p) == produced.end()) produced.push_back(p);
+    // The placements two or more of the readers may want (only those can be shared).
+    std::vector<std::pair<Placement, Placement>> targets;
+    std::vector<int> target_reader, target_readers;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      std::vector<std::pair<Placement, Placement>> mine;
+      for (const Strategy& st : ap.strategies[static_cast<std::size_t>(keys[i].consumer)]) {
+        std::pair<Placement, Placement> t{st.inputs[static_cast<std::size_t>(keys[i].operand)],
+                                          st.input_grads[static_cast<std::size_t>(keys[i].operand)]};
+        if (std::find(mine.begin(), mine.end(), t) != mine.end()) continue;
+        mine.push_back(t);
+        const auto at = std::find(targets.begin(), targets.end(), t);
+        if (at == targets.end()) {
+          targets.push_back(std::move(t));
+          target_reader.push_back(static_cast<int>(i));
+          target_readers.push_back(1);
+        } else {
+          ++target_readers[static_cast<std::size_t>(at - targets.begin())];
+        }
+      }
+    }
+    // A choice per produced placement: nothing shared, or one of those placements whose
+    // resharding costs something (a free one is as good as none).
+    bool shares = false;
+    for (const Placement& p : produced) {
+      hub.produced.push_back(p);
+      hub.shared.emplace_back(std::nullopt);
+      hub.first_reader.push_back(-1);
+      hub.seconds.push_back(0);
+      for (std::size_t t = 0; t < targets.size(); ++t) {
+        if (target_readers[t] < 2) continue;
+        const EdgeKey& by = keys[static_cast<std::size_t>(target_reader[t])];
+        const double seconds = hub.count * edge_seconds(ap.axis, hub.value, by.consumer, by.operand, p,
+                                                        targets[t].first, targets[t].second, ap.parameter_weight);
+        if (!(seconds > 0) || !std::isfinite(seconds)) continue;
+        hub.produced.push_back(p);
+        hub.shared.emplace_back(targets[t]);
+        hub.first_reader.push_back(target_reader[t]);
+        hub.seconds.push_back(seconds);
+        shares = true;
+      }
+    }
+    if (!shares) continue;  // nothing the readers could share: their own edges
+    for (const EdgeKey& k : keys) ap.via_hub.insert(k);
+    ap.hubs.push_back(std::move(hub));
+  }
+  for (std::size_t h = 0; h < ap.hubs.size(); ++h)
+    ap.hubs_after[{ap.hubs[h].readers.front().producer, ap.hubs[h].readers.front().producer_is_leaf}].push_back(h);
+}
+
+// Problem nodes, in sweep order: each node's unseen leaves, then the node (each followed by
+// its values' hubs); their costs and memory per choice.
+void ShardingModel::problem_nodes(AxisProblem& ap) const {
+  const int axis = ap.axis;
+  for (const ir::Node& node : graph_.nodes()) {
+    for (ir::ValueId in : node.inputs) {
+      ir::ValueId leaf = rep_leaf_[static_cast<std::size_t>(in)];
+      if (leaf < 0 || ap.leaf_id[static_cast<std::size_t>(leaf)] >= 0) continue;
+      const auto& choices = ap.leaf_choices[static_cast<std::size_t>(leaf)];
+      ChoiceNode c;
+      c.name = graph_.value(leaf).name;
+      for (const LeafChoice& choice : choices) {
+        // A tie-break, not a cost: with equal traffic (an all-reduce is a reduce-scatter and an
+        // all-gather), keep the weight and its optimizer state whole.
+        // A graph input is the other way round: each rank loads only its share of the batch,
+        // so its placement follows what its readers split (R -> S is local, a tie otherwise).
+        const ir::Value& value = graph_.value(leaf);
+        const bool whole = !choice.zero && choice.placement.is_replicate();
+        const double instances = ap.leaf_instances[static_cast<std::size_t>(leaf)];
+        if (value.role == ir::ValueRole::Input) {
+          c.cost.push_back(1e-15 * value_bytes(leaf) *
+                           held_fraction(choice.placement, options_.mesh[static_cast<std::size_t>(axis)]));
+        } else {
+          c.cost.push_back((whole ? 0.0 : 1e-12 * static_cast<double>(value.type.numel())) +
+                           instances *
+                               (optimizer_seconds(leaf, axis, choice) + zero_broadcast_seconds(leaf, axis, choice)));
+        }
+        c.memory.push_back(leaf_memory(leaf, axis, choice) * instances);
+      }
+      ap.leaf_id[static_cast<std::size_t>(leaf)] = static_cast<int>(ap.problem.nodes.size());
+      ap.problem.nodes.push_back(std::move(c));
+      ap.push_hubs(static_cast<int>(leaf), true, graph_);
+    }
+    const auto u = static_cast<std::size_t>(node.id);
+    if (rep_node_[u] != node.id) continue;
+    ChoiceNode c;
+    c.name = node.outputs.empty() ? node.op : graph_.value(node.outputs[0]).name;
+    const double n = instances_[u];
+    const double memory_count = recomputed(u) ? 1.0 : n;
+    for (const Strategy& s : ap.strategies[u]) {
+      const double amax = fp8_amax_seconds(axis, fp8_amax_elements(node.id, axis, s).first);
+      c.cost.push_back(n * (node_compute(node.id, axis, s, *device_) * balanced_compute_factor(node.id, axis, s) +
+                            statistics_seconds(axis, s) + amax));
+      c.memory.push_back(memory_count * node_memory(node.id, axis, s));
+    }
+    ap.node_id[u] = static_cast<int>(ap.problem.nodes.size());
+    ap.problem.nodes.push_back(std::move(c));
+    ap.push_hubs(static_cast<int>(u), false, graph_);
+  }
+}
+
+// Edges, merged per pair of problem nodes; a self-pair (a block's output read by the next
+// instance at a position folded into the same node) is a cost on that node's diagonal. Then
+// the hubs' edges: producer -> hub (the placements equal, the shared resharding once) and hub
+// -> each reader (nothing where it wants the shared placement, else its own resharding).
+void ShardingModel::problem_edges(AxisProblem& ap) const {
+  const int axis = ap.axis;
+  const double parameter_weight = ap.parameter_weight;
+  SpmdProblem& problem = ap.problem;
+  for (const auto& [key, group] : edges_) {
+    const int pa = ap.producer_id(key);
+    const int pb = ap.node_id[static_cast<std::size_t>(key.consumer)];
+    if (pa < 0 || pb < 0 || ap.via_hub.contains(key)) continue;
     // Parameter traffic beside compute costs parameter_weight (see the header); edge_seconds
     // weighs each of its collectives by where the runtime runs it.
-    std::vector<Placement> produced;
-    if (key.producer_is_leaf) {
-      for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(key.producer)]) produced.push_back(c.placement);
-    } else {
-      for (const Strategy& s : strategies[static_cast<std::size_t>(key.producer)])
-        produced.push_back(s.outputs[static_cast<std::size_t>(value.output_index)]);
-    }
-    const auto& readers = strategies[static_cast<std::size_t>(key.consumer)];
+    const std::vector<Placement> produced = ap.produced_by(key, graph_.value(group.value));
+    const auto& readers = ap.strategies[static_cast<std::size_t>(key.consumer)];
     const auto op = static_cast<std::size_t>(key.operand);
     if (pa == pb) {
       for (std::size_t s = 0; s < readers.size(); ++s)
@@ -1103,7 +1151,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
                                        readers[s].input_grads[op], parameter_weight);
       continue;
     }
-    const auto [edge, flip] = edge_between(pa, pb);
+    const auto [edge, flip] = ap.edge_between(pa, pb);
     ChoiceEdge& e = *edge;
     const std::size_t nb = problem.nodes[static_cast<std::size_t>(e.b)].cost.size();
     for (std::size_t p = 0; p < produced.size(); ++p)
@@ -1114,25 +1162,14 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
         e.cost[flip ? r * nb + p : p * nb + r] += seconds;
       }
   }
-  // The hubs' edges: producer -> hub (the placements equal, the shared resharding once) and
-  // hub -> each reader (nothing where it wants the shared placement, else its own resharding).
   constexpr double kForbidden = std::numeric_limits<double>::infinity();
-  for (const Hub& hub : hubs) {
+  for (const Hub& hub : ap.hubs) {
     const EdgeKey& first = hub.readers.front();
-    const int pa = first.producer_is_leaf ? leaf_id[static_cast<std::size_t>(first.producer)]
-                                          : node_id[static_cast<std::size_t>(first.producer)];
-    const ir::Value& value = graph_.value(hub.value);
-    std::vector<Placement> produced;
-    if (first.producer_is_leaf) {
-      for (const LeafChoice& c : leaf_choices[static_cast<std::size_t>(first.producer)])
-        produced.push_back(c.placement);
-    } else {
-      for (const Strategy& st : strategies[static_cast<std::size_t>(first.producer)])
-        produced.push_back(st.outputs[static_cast<std::size_t>(value.output_index)]);
-    }
+    const int pa = ap.producer_id(first);
+    const std::vector<Placement> produced = ap.produced_by(first, graph_.value(hub.value));
     const std::size_t choices = hub.produced.size();
     {
-      auto [e, flip] = edge_between(pa, hub.id);
+      auto [e, flip] = ap.edge_between(pa, hub.id);
       const std::size_t nb = problem.nodes[static_cast<std::size_t>(e->b)].cost.size();
       for (std::size_t p = 0; p < produced.size(); ++p)
         for (std::size_t h = 0; h < choices; ++h) {
@@ -1140,10 +1177,10 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
         }
     }
     for (const EdgeKey& key : hub.readers) {
-      const int pb = node_id[static_cast<std::size_t>(key.consumer)];
-      const auto& readers = strategies[static_cast<std::size_t>(key.consumer)];
+      const int pb = ap.node_id[static_cast<std::size_t>(key.consumer)];
+      const auto& readers = ap.strategies[static_cast<std::size_t>(key.consumer)];
       const auto op = static_cast<std::size_t>(key.operand);
-      auto [e, flip] = edge_between(hub.id, pb);
+      auto [e, flip] = ap.edge_between(hub.id, pb);
       const std::size_t nb = problem.nodes[static_cast<std::size_t>(e->b)].cost.size();
       for (std::size_t h = 0; h < choices; ++h)
         for (std::size_t r = 0; r < readers.size(); ++r) {
@@ -1157,41 +1194,76 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
         }
     }
   }
-  // The gathered-weight peak is a max, not a sum over choices: the problem cannot price it,
-  // so it keeps room for the peak the current decisions have (the descent's later passes see
-  // the gathers its earlier ones chose).
-  problem.memory_limit = options_.memory_limit * memory_scale - recompute_checkpoint_bytes() -
-                         gathered_parameter_bytes() - fp8_cast_bytes();
+}
 
-  // Seeds for the fast solver: this axis' current decisions (a pass never makes the axis
-  // worse), and pure data parallelism (every node splits the index its batch dim carries,
-  // parameters whole, inputs split on their batch dim).
+// A hub's seed: the producer's placement in the seed, and the resharding most of the seed's
+// readers that need one want (none when none does).
+int ShardingModel::hub_seed(const AxisProblem& ap, const Hub& hub, const std::vector<int>& seed) const {
+  const EdgeKey& first = hub.readers.front();
+  const auto chosen = [&](int problem_node) {
+    return static_cast<std::size_t>(seed[static_cast<std::size_t>(problem_node)]);
+  };
+  const auto producer = static_cast<std::size_t>(first.producer);
+  const auto output = static_cast<std::size_t>(graph_.value(hub.value).output_index);
+  const Placement p = first.producer_is_leaf ? ap.leaf_choices[producer][chosen(ap.leaf_id[producer])].placement
+                                             : ap.strategies[producer][chosen(ap.node_id[producer])].outputs[output];
+  std::vector<std::pair<std::pair<Placement, Placement>, int>> wanted;
+  for (const EdgeKey& key : hub.readers) {
+    const auto consumer = static_cast<std::size_t>(key.consumer);
+    const Strategy& r = ap.strategies[consumer][chosen(ap.node_id[consumer])];
+    const auto op = static_cast<std::size_t>(key.operand);
+    if (edge_seconds(ap.axis, hub.value, key.consumer, key.operand, p, r.inputs[op], r.input_grads[op],
+                     ap.parameter_weight) <= 0)
+      continue;
+    std::pair<Placement, Placement> t{r.inputs[op], r.input_grads[op]};
+    auto it = std::find_if(wanted.begin(), wanted.end(), [&](const auto& w) { return w.first == t; });
+    if (it == wanted.end()) wanted.emplace_back(std::move(t), 1);
+    else ++it->second;
+  }
+  const auto most = std::max_element(wanted.begin(), wanted.end(),
+                                     [](const auto& x, const auto& y) { return x.second < y.second; });
+  int none = 0;
+  for (std::size_t h = 0; h < hub.produced.size(); ++h) {
+    if (hub.produced[h] != p) continue;
+    if (!hub.shared[h]) none = static_cast<int>(h);
+    if (most != wanted.end() && hub.shared[h] && *hub.shared[h] == most->first) return static_cast<int>(h);
+  }
+  return none;
+}
+
+// Seeds for the fast solver: this axis' current decisions (a pass never makes the axis
+// worse), and pure data parallelism (every node splits the index its batch dim carries,
+// parameters whole, inputs split on their batch dim).
+FastOptions ShardingModel::solver_seeds(AxisProblem& ap, bool seeds_only) const {
+  const auto a = static_cast<std::size_t>(ap.axis);
   FastOptions fast{options_.beam_width, {}};
   fast.memo = options_.solve_memo;
-  std::vector<int> current(problem.nodes.size(), 0), data_parallel(problem.nodes.size(), 0);
+  std::vector<int> current(ap.problem.nodes.size(), 0), data_parallel(ap.problem.nodes.size(), 0);
   auto shards_batch = [&](ir::ValueId id, const Placement& p) {
     const ir::TensorType& type = graph_.value(id).type;
     return type.batch_dim && p.is_shard() && p.dim == *type.batch_dim && p.groups == 1 && p.ratios.empty();
   };
-  for (std::size_t u = 0; u < num_nodes; ++u) {
-    if (node_id[u] < 0) continue;
-    const auto& options = strategies[u];
+  for (std::size_t u = 0; u < graph_.nodes().size(); ++u) {
+    if (ap.node_id[u] < 0) continue;
+    const auto& options = ap.strategies[u];
     const ir::Node& node = graph_.node(static_cast<ir::NodeId>(u));
     for (std::size_t c = 0; c < options.size(); ++c) {
-      if (options[c] == node_choice_[a][u]) current[static_cast<std::size_t>(node_id[u])] = static_cast<int>(c);
+      if (options[c] == node_choice_[a][u]) current[static_cast<std::size_t>(ap.node_id[u])] = static_cast<int>(c);
       bool batch = false;
-      for (std::size_t o = 0; o < node.outputs.size(); ++o) batch = batch || shards_batch(node.outputs[o], options[c].outputs[o]);
-      for (std::size_t i = 0; i < node.inputs.size(); ++i) batch = batch || shards_batch(node.inputs[i], options[c].inputs[i]);
-      int& dp = data_parallel[static_cast<std::size_t>(node_id[u])];
+      for (std::size_t o = 0; o < node.outputs.size(); ++o)
+        batch = batch || shards_batch(node.outputs[o], options[c].outputs[o]);
+      for (std::size_t i = 0; i < node.inputs.size(); ++i)
+        batch = batch || shards_batch(node.inputs[i], options[c].inputs[i]);
+      int& dp = data_parallel[static_cast<std::size_t>(ap.node_id[u])];
       if (batch && dp == 0) dp = static_cast<int>(c);
     }
   }
-  for (std::size_t v = 0; v < num_values; ++v) {
-    if (leaf_id[v] < 0) continue;
-    const auto& options = leaf_choices[v];
+  for (std::size_t v = 0; v < graph_.values().size(); ++v) {
+    if (ap.leaf_id[v] < 0) continue;
+    const auto& options = ap.leaf_choices[v];
     for (std::size_t c = 0; c < options.size(); ++c) {
-      if (options[c] == leaf_choice_[a][v]) current[static_cast<std::size_t>(leaf_id[v])] = static_cast<int>(c);
-      int& dp = data_parallel[static_cast<std::size_t>(leaf_id[v])];
+      if (options[c] == leaf_choice_[a][v]) current[static_cast<std::size_t>(ap.leaf_id[v])] = static_cast<int>(c);
+      int& dp = data_parallel[static_cast<std::size_t>(ap.leaf_id[v])];
       const ir::ValueRole role = graph_.value(static_cast<ir::ValueId>(v)).role;
       if (role == ir::ValueRole::Input && dp == 0 && !options[c].zero &&
           shards_batch(static_cast<ir::ValueId>(v), options[c].placement))
@@ -1202,67 +1274,33 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
         dp = static_cast<int>(c);
     }
   }
-  // A hub's seed: the producer's placement in the seed, and the resharding most of the
-  // seed's readers that need one want (none when none does).
-  auto hub_seed = [&](const Hub& hub, const std::vector<int>& seed) {
-    const EdgeKey& first = hub.readers.front();
-    const auto chosen = [&](int problem_node) {
-      return static_cast<std::size_t>(seed[static_cast<std::size_t>(problem_node)]);
-    };
-    const auto producer = static_cast<std::size_t>(first.producer);
-    const auto output = static_cast<std::size_t>(graph_.value(hub.value).output_index);
-    const Placement p = first.producer_is_leaf ? leaf_choices[producer][chosen(leaf_id[producer])].placement
-                                               : strategies[producer][chosen(node_id[producer])].outputs[output];
-    std::vector<std::pair<std::pair<Placement, Placement>, int>> wanted;
-    for (const EdgeKey& key : hub.readers) {
-      const auto consumer = static_cast<std::size_t>(key.consumer);
-      const Strategy& r = strategies[consumer][chosen(node_id[consumer])];
-      const auto op = static_cast<std::size_t>(key.operand);
-      if (edge_seconds(axis, hub.value, key.consumer, key.operand, p, r.inputs[op], r.input_grads[op],
-                       parameter_weight) <= 0)
-        continue;
-      std::pair<Placement, Placement> t{r.inputs[op], r.input_grads[op]};
-      auto it = std::find_if(wanted.begin(), wanted.end(), [&](const auto& w) { return w.first == t; });
-      if (it == wanted.end()) wanted.emplace_back(std::move(t), 1);
-      else ++it->second;
-    }
-    const auto most = std::max_element(wanted.begin(), wanted.end(),
-                                       [](const auto& x, const auto& y) { return x.second < y.second; });
-    int none = 0;
-    for (std::size_t h = 0; h < hub.produced.size(); ++h) {
-      if (hub.produced[h] != p) continue;
-      if (!hub.shared[h]) none = static_cast<int>(h);
-      if (most != wanted.end() && hub.shared[h] && *hub.shared[h] == most->first) return static_cast<int>(h);
-    }
-    return none;
-  };
-  for (const Hub& hub : hubs) {
-    current[static_cast<std::size_t>(hub.id)] = hub_seed(hub, current);
-    data_parallel[static_cast<std::size_t>(hub.id)] = hub_seed(hub, data_parallel);
+  for (const Hub& hub : ap.hubs) {
+    current[static_cast<std::size_t>(hub.id)] = hub_seed(ap, hub, current);
+    data_parallel[static_cast<std::size_t>(hub.id)] = hub_seed(ap, hub, data_parallel);
   }
   fast.seeds_only = seeds_only;
   if (seeds_only)
     fast.seeds = {std::move(data_parallel)};
   else
     fast.seeds = {std::move(current), std::move(data_parallel)};
+  return fast;
+}
 
-  SpmdSolution solution = solve_fast(problem, fast);
-  if (thorough && !seeds_only) {
-    SpmdSolution exact = solve_ilp(problem, IlpOptions{}, &solution);
-    if ((exact.feasible && (!solution.feasible || exact.cost <= solution.cost)) ||
-        (!exact.feasible && !solution.feasible && exact.memory < solution.memory))
-      solution = std::move(exact);
-  }
-
+// The solution's choices become the axis' decisions, for every instance of a representative.
+void ShardingModel::adopt_solution(const AxisProblem& ap, const SpmdSolution& solution) {
+  const auto a = static_cast<std::size_t>(ap.axis);
+  const auto num_nodes = graph_.nodes().size();
+  const auto num_values = graph_.values().size();
   for (std::size_t u = 0; u < num_nodes; ++u) {
-    if (node_id[u] < 0) continue;
-    node_choice_[a][u] = strategies[u][static_cast<std::size_t>(solution.choice[static_cast<std::size_t>(node_id[u])])];
+    if (ap.node_id[u] < 0) continue;
+    node_choice_[a][u] =
+        ap.strategies[u][static_cast<std::size_t>(solution.choice[static_cast<std::size_t>(ap.node_id[u])])];
   }
-  for (std::size_t u = 0; u < num_nodes; ++u)
-    node_choice_[a][u] = node_choice_[a][static_cast<std::size_t>(rep_node_[u])];
+  for (std::size_t u = 0; u < num_nodes; ++u) node_choice_[a][u] = node_choice_[a][static_cast<std::size_t>(rep_node_[u])];
   for (std::size_t v = 0; v < num_values; ++v) {
-    if (leaf_id[v] < 0) continue;
-    leaf_choice_[a][v] = leaf_choices[v][static_cast<std::size_t>(solution.choice[static_cast<std::size_t>(leaf_id[v])])];
+    if (ap.leaf_id[v] < 0) continue;
+    leaf_choice_[a][v] =
+        ap.leaf_choices[v][static_cast<std::size_t>(solution.choice[static_cast<std::size_t>(ap.leaf_id[v])])];
   }
   for (std::size_t v = 0; v < num_values; ++v)
     if (rep_leaf_[v] >= 0) leaf_choice_[a][v] = leaf_choice_[a][static_cast<std::size_t>(rep_leaf_[v])];

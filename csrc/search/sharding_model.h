@@ -223,6 +223,17 @@ class ShardingModel {
   };
   Tally tally() const;
 
+  // solve_axis' phases over one axis' problem (sharding_model.cc: AxisProblem).
+  struct Hub;
+  struct AxisProblem;
+  void axis_choices(AxisProblem& ap) const;
+  void share_reshardings(AxisProblem& ap) const;
+  void problem_nodes(AxisProblem& ap) const;
+  void problem_edges(AxisProblem& ap) const;
+  FastOptions solver_seeds(AxisProblem& ap, bool seeds_only) const;
+  int hub_seed(const AxisProblem& ap, const Hub& hub, const std::vector<int>& seed) const;
+  void adopt_solution(const AxisProblem& ap, const SpmdSolution& solution);
+
   void adopt_decisions(const plan::Sharding& sharding);  // adopt's work, without its undo
   Placement value_placement(int axis, ir::ValueId value) const;
   double held_except(ir::ValueId value, int axis) const;  // product of held fractions, axis excluded
