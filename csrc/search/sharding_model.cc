@@ -1404,161 +1404,181 @@ ShardingModel::Tally ShardingModel::tally() const {
     out.backward += instances_[u] * (time.backward + recomputed);
   }
   for (int axis = 0; axis < static_cast<int>(options_.mesh.size()); ++axis) {
-    const auto a = static_cast<std::size_t>(axis);
-    if (options_.mesh[a] <= 1) continue;
-    for (const ir::Node& node : graph_.nodes()) {
-      const auto u = static_cast<std::size_t>(node.id);
-      if (rep_node_[u] != node.id) continue;
-      const Strategy& s = node_choice_[a][u];
-      if (const auto [elements, forward] = fp8_amax_elements(node.id, axis, s); elements > 0) {
-        const double amax = fp8_amax_seconds(axis, elements);
-        out.statistics += instances_[u] * amax;
-        out.by_node[u].collectives += instances_[u] * amax;
-        out.collectives.push_back({"all_reduce", graph_.value(node.outputs[0]).name, axis,
-                                   forward ? "forward" : "backward", elements * 4, instances_[u], amax});
-      }
-      const double seconds = statistics_seconds(axis, s);
-      if (seconds <= 0) continue;
-      out.statistics += instances_[u] * seconds;
-      out.by_node[u].collectives += instances_[u] * seconds;
-      for (const char* phase : {"forward", "backward"}) {
-        out.collectives.push_back({"all_reduce", graph_.value(node.outputs[0]).name, axis, phase,
-                                   static_cast<double>(s.statistics_elements * 4), instances_[u], seconds / 2});
-      }
-    }
-    // The unit groups the decisions make on this axis (parameter_collectives.h): one flattened
-    // collective per (unit, kind, dtype), whose latency its members share by elements.
-    std::map<std::tuple<int, int, int>, double> group_elements;
-    std::set<std::tuple<int, int, ir::ValueId>> members;
-    auto group_of = [&](int consumer, ir::ValueId value, int kind) {
-      return std::tuple{units_[static_cast<std::size_t>(consumer)], kind,
-                        static_cast<int>(graph_.value(value).type.dtype)};
-    };
-    auto scattered = [&](const EdgeKey& key, ir::ValueId value, const Placement& produced, const Strategy& reader) {
-      return requires_grad_[static_cast<std::size_t>(value)] && !gradient_placement(produced).is_replicate() &&
-             parameter_gradient_at(axis, value, key.consumer, key.operand, produced,
-                                   reader.input_grads[static_cast<std::size_t>(key.operand)]) ==
-                 ParameterOverlap::BesideBackward;
-    };
-    for (const auto& [key, group] : edges_) {
-      const ir::Value& value = graph_.value(group.value);
-      if (value.role != ir::ValueRole::Parameter) continue;
-      const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
-      const Placement produced = value_placement(axis, group.value);
-      const auto numel = static_cast<double>(value.type.numel());
-      if (gather_overlap(axis, group.value, key.consumer, key.operand, produced,
-                         reader.inputs[static_cast<std::size_t>(key.operand)]) == ParameterOverlap::BesideForward &&
-          members.emplace(units_[static_cast<std::size_t>(key.consumer)], 0, group.value).second)
-        group_elements[group_of(key.consumer, group.value, 0)] += numel;
-      if (scattered(key, group.value, produced, reader) &&
-          members.emplace(units_[static_cast<std::size_t>(key.consumer)], 1, group.value).second)
-        group_elements[group_of(key.consumer, group.value, 1)] += numel;
-    }
-    auto grouped_share = [&](int consumer, ir::ValueId value, int kind) {
-      const double total = group_elements[group_of(consumer, value, kind)];
-      return total > 0 ? std::min(1.0, static_cast<double>(graph_.value(value).type.numel()) / total) : 1.0;
-    };
-    // Readers of one activation that want it the same way share one resharding, as the
-    // runtime runs it (runtime/lower.py reuses the reshard, its backward sees the summed gradient):
-    // q, k and v read one gathered norm output. The per-axis problems price it so through
-    // their hubs (solve_axis, ShardingModelOptions::shared_reshardings), else per reader edge.
-    std::set<std::string> shared;
-    for (const auto& [key, group] : edges_) {
-      const ir::Value& value = graph_.value(group.value);
-      const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
-      const auto op = static_cast<std::size_t>(key.operand);
-      const Placement produced = value_placement(axis, group.value);
-      if (value.role != ir::ValueRole::Parameter &&
-          !shared.insert(fmt::format("{} {} {} {}", group.value, reader.inputs[op].str(), reader.input_grads[op].str(),
-                                     group.count))
-               .second)
-        continue;
-      const double bytes = value_bytes(group.value) * held_except(group.value, axis);
-      NodePrice& price = out.by_node[static_cast<std::size_t>(key.consumer)];
-      auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double& by_node,
-                        double share, double node_weight = 1.0, double latency_share = 1.0) {
-        auto step = reshard_step(as_run(axis, group.value, from), as_run(axis, group.value, to),
-                                 static_cast<std::int64_t>(bytes), options_.mesh[a]);
-        if (!step) return;
-        double seconds = reshard_seconds(axis, group.value, from, to, bytes, latency_share);
-        into += share * group.count * seconds;
-        by_node += node_weight * share * group.count * seconds;
-        out.collectives.push_back({std::string(cost::collective_kind_name(step->kind)), value.name, axis, phase,
-                                   static_cast<double>(step->bytes), share * group.count, seconds});
-      };
-      const bool parameter = value.role == ir::ValueRole::Parameter;
-      // A collective matmul: each collective beside its contraction's products, (n-1)/n of
-      // them (parameter_collectives.h); what they cannot cover is exposed, what they cover
-      // costs the interference.
-      if (const MatmulCollective fused = parameter ? MatmulCollective::None
-                                                   : matmul_collective_at(axis, group.value, key.consumer, key.operand,
-                                                                          produced, reader.inputs[op],
-                                                                          reader.input_grads[op]);
-          fused != MatmulCollective::None) {
-        const ir::NodeId contraction =
-            fused == MatmulCollective::Gather ? key.consumer : *graph_.value(group.value).producer;
-        const auto r = static_cast<std::size_t>(rep_node_[static_cast<std::size_t>(contraction)]);
-        const double covered = static_cast<double>(options_.mesh[a] - 1) / options_.mesh[a] / instances_[r];
-        const double k = options_.overlap_interference;
-        auto hidden = [&](const Placement& from, const Placement& to, const char* phase, double products) {
-          double seconds = 0, unused = 0;
-          record(from, to, phase, seconds, unused, 1.0);  // the collective as recorded, in full
-          out.activation_matmul += seconds;
-          const double exposed = std::max(0.0, seconds - products) + k * std::min(seconds, products);
-          out.activations += exposed;
-          price.collectives += exposed;
-        };
-        hidden(produced, reader.inputs[op], "forward", covered * out.by_node[r].forward * group.count);
-        if (requires_grad_[static_cast<std::size_t>(group.value)])
-          hidden(reader.input_grads[op], gradient_placement(produced), "backward",
-                 covered * out.by_node[r].backward * group.count);
-        continue;
-      }
-      // Where each parameter collective runs (search/parameter_collectives.h).
-      auto beside = [&](ParameterOverlap overlap) -> double& {
-        return overlap == ParameterOverlap::BesideForward    ? out.parameter_forward
-               : overlap == ParameterOverlap::BesideBackward ? out.parameter_step
-                                                             : out.parameter_exposed;
-      };
-      const ParameterOverlap first =
-          parameter ? gather_overlap(axis, group.value, key.consumer, key.operand, produced, reader.inputs[op])
-                    : activation_collective_overlap();
-      // A prefetched gather and its gather again for backward run in their unit's group.
-      const double gather_latency =
-          parameter && first == ParameterOverlap::BesideForward ? grouped_share(key.consumer, group.value, 0) : 1.0;
-      record(produced, reader.inputs[op], "forward", parameter ? beside(first) : out.activations, price.collectives,
-             1.0, 1.0, gather_latency);
-      // A recomputed reader's forward, run again in backward, reshards an activation again.
-      if (!parameter && runs_again(static_cast<std::size_t>(key.consumer)))
-        record(produced, reader.inputs[op], "backward", out.activations, price.collectives, 1.0);
-      // A gathered weight is released after its read and gathered again for the backward (and
-      // for the recomputed forward): ZeRO-3 / FSDP's traffic, as the runtime runs it.
-      if (parameter)
-        record(produced, reader.inputs[op], "backward", beside(regather_overlap()), price.collectives,
-               forward_passes(group.value, key.consumer, key.operand) - 1, 1.0, gather_latency);
-      if (requires_grad_[static_cast<std::size_t>(group.value)]) {
-        const Placement canonical = gradient_placement(produced);
-        const ParameterOverlap reduction =
-            parameter ? parameter_gradient_at(axis, group.value, key.consumer, key.operand, produced,
-                                              reader.input_grads[op])
-                      : activation_gradient_at(axis, group.value, key.consumer, key.operand, produced,
-                                               reader.inputs[op], reader.input_grads[op]);
-        record(reader.input_grads[op], canonical, parameter ? "step" : "backward",
-               parameter                                        ? beside(reduction)
-               : reduction == ParameterOverlap::BesideBackward ? out.activation_backward
-                                                               : out.activations,
-               parameter ? price.gradient_sync : price.collectives, gradient_share(group.value, produced, reader.input_grads[op]),
-               // a stage's price (node_prices) counts an activation's hidden all-reduce at
-               // the interference, as the solver does (edge_seconds)
-               !parameter && reduction == ParameterOverlap::BesideBackward ? options_.overlap_interference : 1.0,
-               !parameter                     ? 1.0
-               : canonical.is_replicate()      ? std::min(1.0, bytes / options_.bucket_bytes)
-               : reduction == ParameterOverlap::BesideBackward ? grouped_share(key.consumer, group.value, 1)
-                                                               : 1.0);
-      }
-    }
+    if (options_.mesh[static_cast<std::size_t>(axis)] <= 1) continue;
+    tally_statistics(axis, out);
+    tally_reshardings(axis, out);
   }
   return out;
+}
+
+// The FP8 amax all-reduces and the statistics kernels' all-reduces on `axis`.
+void ShardingModel::tally_statistics(int axis, Tally& out) const {
+  const auto a = static_cast<std::size_t>(axis);
+  for (const ir::Node& node : graph_.nodes()) {
+    const auto u = static_cast<std::size_t>(node.id);
+    if (rep_node_[u] != node.id) continue;
+    const Strategy& s = node_choice_[a][u];
+    if (const auto [elements, forward] = fp8_amax_elements(node.id, axis, s); elements > 0) {
+      const double amax = fp8_amax_seconds(axis, elements);
+      out.statistics += instances_[u] * amax;
+      out.by_node[u].collectives += instances_[u] * amax;
+      out.collectives.push_back({"all_reduce", graph_.value(node.outputs[0]).name, axis,
+                                 forward ? "forward" : "backward", elements * 4, instances_[u], amax});
+    }
+    const double seconds = statistics_seconds(axis, s);
+    if (seconds <= 0) continue;
+    out.statistics += instances_[u] * seconds;
+    out.by_node[u].collectives += instances_[u] * seconds;
+    for (const char* phase : {"forward", "backward"}) {
+      out.collectives.push_back({"all_reduce", graph_.value(node.outputs[0]).name, axis, phase,
+                                 static_cast<double>(s.statistics_elements * 4), instances_[u], seconds / 2});
+    }
+  }
+}
+
+std::tuple<int, int, int> ShardingModel::unit_group_key(int consumer, ir::ValueId value, int kind) const {
+  return std::tuple{units_[static_cast<std::size_t>(consumer)], kind, static_cast<int>(graph_.value(value).type.dtype)};
+}
+
+// The unit groups the decisions make on `axis` (parameter_collectives.h): one flattened
+// collective per (unit, kind, dtype), whose latency its members share by elements; the
+// elements of each, kind 0 a prefetched gather, 1 a reduce-scatter beside backward.
+std::map<std::tuple<int, int, int>, double> ShardingModel::unit_group_elements(int axis) const {
+  const auto a = static_cast<std::size_t>(axis);
+  std::map<std::tuple<int, int, int>, double> group_elements;
+  std::set<std::tuple<int, int, ir::ValueId>> members;
+  auto scattered = [&](const EdgeKey& key, ir::ValueId value, const Placement& produced, const Strategy& reader) {
+    return requires_grad_[static_cast<std::size_t>(value)] && !gradient_placement(produced).is_replicate() &&
+           parameter_gradient_at(axis, value, key.consumer, key.operand, produced,
+                                 reader.input_grads[static_cast<std::size_t>(key.operand)]) ==
+               ParameterOverlap::BesideBackward;
+  };
+  for (const auto& [key, group] : edges_) {
+    const ir::Value& value = graph_.value(group.value);
+    if (value.role != ir::ValueRole::Parameter) continue;
+    const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
+    const Placement produced = value_placement(axis, group.value);
+    const auto numel = static_cast<double>(value.type.numel());
+    if (gather_overlap(axis, group.value, key.consumer, key.operand, produced,
+                       reader.inputs[static_cast<std::size_t>(key.operand)]) == ParameterOverlap::BesideForward &&
+        members.emplace(units_[static_cast<std::size_t>(key.consumer)], 0, group.value).second)
+      group_elements[unit_group_key(key.consumer, group.value, 0)] += numel;
+    if (scattered(key, group.value, produced, reader) &&
+        members.emplace(units_[static_cast<std::size_t>(key.consumer)], 1, group.value).second)
+      group_elements[unit_group_key(key.consumer, group.value, 1)] += numel;
+  }
+  return group_elements;
+}
+
+// Every resharding the decisions make on `axis`, each where it runs: activations' (a
+// resharding its readers share counted once), parameters' gathers (prefetched, gathered
+// again) and gradient reductions, collective matmuls' beside their products.
+void ShardingModel::tally_reshardings(int axis, Tally& out) const {
+  const auto a = static_cast<std::size_t>(axis);
+  std::map<std::tuple<int, int, int>, double> group_elements = unit_group_elements(axis);
+  auto grouped_share = [&](int consumer, ir::ValueId value, int kind) {
+    const double total = group_elements[unit_group_key(consumer, value, kind)];
+    return total > 0 ? std::min(1.0, static_cast<double>(graph_.value(value).type.numel()) / total) : 1.0;
+  };
+  // Readers of one activation that want it the same way share one resharding, as the
+  // runtime runs it (runtime/lower.py reuses the reshard, its backward sees the summed gradient):
+  // q, k and v read one gathered norm output. The per-axis problems price it so through
+  // their hubs (solve_axis, ShardingModelOptions::shared_reshardings), else per reader edge.
+  std::set<std::string> shared;
+  for (const auto& [key, group] : edges_) {
+    const ir::Value& value = graph_.value(group.value);
+    const Strategy& reader = node_choice_[a][static_cast<std::size_t>(key.consumer)];
+    const auto op = static_cast<std::size_t>(key.operand);
+    const Placement produced = value_placement(axis, group.value);
+    if (value.role != ir::ValueRole::Parameter &&
+        !shared.insert(fmt::format("{} {} {} {}", group.value, reader.inputs[op].str(), reader.input_grads[op].str(),
+                                   group.count))
+             .second)
+      continue;
+    const double bytes = value_bytes(group.value) * held_except(group.value, axis);
+    NodePrice& price = out.by_node[static_cast<std::size_t>(key.consumer)];
+    auto record = [&](const Placement& from, const Placement& to, const char* phase, double& into, double& by_node,
+                      double share, double node_weight = 1.0, double latency_share = 1.0) {
+      auto step = reshard_step(as_run(axis, group.value, from), as_run(axis, group.value, to),
+                               static_cast<std::int64_t>(bytes), options_.mesh[a]);
+      if (!step) return;
+      double seconds = reshard_seconds(axis, group.value, from, to, bytes, latency_share);
+      into += share * group.count * seconds;
+      by_node += node_weight * share * group.count * seconds;
+      out.collectives.push_back({std::string(cost::collective_kind_name(step->kind)), value.name, axis, phase,
+                                 static_cast<double>(step->bytes), share * group.count, seconds});
+    };
+    const bool parameter = value.role == ir::ValueRole::Parameter;
+    // A collective matmul: each collective beside its contraction's products, (n-1)/n of
+    // them (parameter_collectives.h); what they cannot cover is exposed, what they cover
+    // costs the interference.
+    if (const MatmulCollective fused = parameter ? MatmulCollective::None
+                                                 : matmul_collective_at(axis, group.value, key.consumer, key.operand,
+                                                                        produced, reader.inputs[op],
+                                                                        reader.input_grads[op]);
+        fused != MatmulCollective::None) {
+      const ir::NodeId contraction =
+          fused == MatmulCollective::Gather ? key.consumer : *graph_.value(group.value).producer;
+      const auto r = static_cast<std::size_t>(rep_node_[static_cast<std::size_t>(contraction)]);
+      const double covered = static_cast<double>(options_.mesh[a] - 1) / options_.mesh[a] / instances_[r];
+      const double k = options_.overlap_interference;
+      auto hidden = [&](const Placement& from, const Placement& to, const char* phase, double products) {
+        double seconds = 0, unused = 0;
+        record(from, to, phase, seconds, unused, 1.0);  // the collective as recorded, in full
+        out.activation_matmul += seconds;
+        const double exposed = std::max(0.0, seconds - products) + k * std::min(seconds, products);
+        out.activations += exposed;
+        price.collectives += exposed;
+      };
+      hidden(produced, reader.inputs[op], "forward", covered * out.by_node[r].forward * group.count);
+      if (requires_grad_[static_cast<std::size_t>(group.value)])
+        hidden(reader.input_grads[op], gradient_placement(produced), "backward",
+               covered * out.by_node[r].backward * group.count);
+      continue;
+    }
+    // Where each parameter collective runs (search/parameter_collectives.h).
+    auto beside = [&](ParameterOverlap overlap) -> double& {
+      return overlap == ParameterOverlap::BesideForward    ? out.parameter_forward
+             : overlap == ParameterOverlap::BesideBackward ? out.parameter_step
+                                                           : out.parameter_exposed;
+    };
+    const ParameterOverlap first =
+        parameter ? gather_overlap(axis, group.value, key.consumer, key.operand, produced, reader.inputs[op])
+                  : activation_collective_overlap();
+    // A prefetched gather and its gather again for backward run in their unit's group.
+    const double gather_latency =
+        parameter && first == ParameterOverlap::BesideForward ? grouped_share(key.consumer, group.value, 0) : 1.0;
+    record(produced, reader.inputs[op], "forward", parameter ? beside(first) : out.activations, price.collectives,
+           1.0, 1.0, gather_latency);
+    // A recomputed reader's forward, run again in backward, reshards an activation again.
+    if (!parameter && runs_again(static_cast<std::size_t>(key.consumer)))
+      record(produced, reader.inputs[op], "backward", out.activations, price.collectives, 1.0);
+    // A gathered weight is released after its read and gathered again for the backward (and
+    // for the recomputed forward): ZeRO-3 / FSDP's traffic, as the runtime runs it.
+    if (parameter)
+      record(produced, reader.inputs[op], "backward", beside(regather_overlap()), price.collectives,
+             forward_passes(group.value, key.consumer, key.operand) - 1, 1.0, gather_latency);
+    if (requires_grad_[static_cast<std::size_t>(group.value)]) {
+      const Placement canonical = gradient_placement(produced);
+      const ParameterOverlap reduction =
+          parameter ? parameter_gradient_at(axis, group.value, key.consumer, key.operand, produced,
+                                            reader.input_grads[op])
+                    : activation_gradient_at(axis, group.value, key.consumer, key.operand, produced,
+                                             reader.inputs[op], reader.input_grads[op]);
+      record(reader.input_grads[op], canonical, parameter ? "step" : "backward",
+             parameter                                        ? beside(reduction)
+             : reduction == ParameterOverlap::BesideBackward ? out.activation_backward
+                                                             : out.activations,
+             parameter ? price.gradient_sync : price.collectives, gradient_share(group.value, produced, reader.input_grads[op]),
+             // a stage's price (node_prices) counts an activation's hidden all-reduce at
+             // the interference, as the solver does (edge_seconds)
+             !parameter && reduction == ParameterOverlap::BesideBackward ? options_.overlap_interference : 1.0,
+             !parameter                     ? 1.0
+             : canonical.is_replicate()      ? std::min(1.0, bytes / options_.bucket_bytes)
+             : reduction == ParameterOverlap::BesideBackward ? grouped_share(key.consumer, group.value, 1)
+                                                             : 1.0);
+    }
+  }
 }
 
 std::vector<NodePrice> ShardingModel::node_prices() const {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -222,6 +223,11 @@ class ShardingModel {
     double activation_matmul = 0;
   };
   Tally tally() const;
+  void tally_statistics(int axis, Tally& out) const;
+  // A parameter collective's unit group on an axis: (unit of `consumer`, kind, dtype).
+  std::tuple<int, int, int> unit_group_key(int consumer, ir::ValueId value, int kind) const;
+  std::map<std::tuple<int, int, int>, double> unit_group_elements(int axis) const;
+  void tally_reshardings(int axis, Tally& out) const;
 
   // solve_axis' phases over one axis' problem (sharding_model.cc: AxisProblem).
   struct Hub;
