@@ -45,9 +45,8 @@ int ellipsis_length(const PatternOperand& pattern, int rank, std::string_view si
   return -1;
 }
 
-}  // namespace
-
-std::optional<DimRule> instantiate_pattern(const EinsumPattern& pattern, const RuleOperands& operands) {
+// The operand counts the pattern takes against the node's.
+void check_arity(const EinsumPattern& pattern, const RuleOperands& operands) {
   std::size_t required = 0;
   for (const auto& in : pattern.inputs) required += in.optional ? 0 : 1;
   const std::size_t n_inputs = operands.inputs.size();
@@ -62,10 +61,13 @@ std::optional<DimRule> instantiate_pattern(const EinsumPattern& pattern, const R
     throw support::ValidationError(
         fmt::format("the rule gives {} output(s), the node has {}", pattern.outputs.size(), operands.output_count));
   }
+}
 
-  // Ellipsis length: the longest over inputs (numpy broadcasting), which outputs must match.
+// Ellipsis length: the longest over inputs (numpy broadcasting), which outputs must match;
+// -1 when no operand has one.
+int broadcast_ellipsis(const EinsumPattern& pattern, const RuleOperands& operands) {
   int ellipsis = -1;
-  for (std::size_t i = 0; i < n_inputs; ++i) {
+  for (std::size_t i = 0; i < operands.inputs.size(); ++i) {
     if (pattern.inputs[i].metadata) continue;
     ellipsis = std::max(ellipsis, ellipsis_length(pattern.inputs[i], operands.input_rank(i), "input", i));
   }
@@ -81,45 +83,28 @@ std::optional<DimRule> instantiate_pattern(const EinsumPattern& pattern, const R
       }
     }
   }
-  bool output_has_ellipsis = false;
-  std::set<char> output_letters;
-  for (const auto& out : pattern.outputs) {
-    output_has_ellipsis |= out.has_ellipsis();
-    for (const auto& dim : out.dims) output_letters.insert(dim.letters.begin(), dim.letters.end());
-  }
-  if (output_has_ellipsis && ellipsis < 0) return std::nullopt;  // infer mode, nothing sizes '...'
+  return ellipsis;
+}
 
-  // Indices in order of first appearance, sizes unknown (-1) for now.
-  DimRule rule;
-  int letter_ids[128];
-  std::fill(std::begin(letter_ids), std::end(letter_ids), -1);
-  std::vector<int> ellipsis_ids;
-  auto id_of = [&](char c) {
-    auto& id = letter_ids[static_cast<unsigned char>(c)];
-    if (id < 0) {
-      id = static_cast<int>(rule.indices.size());
-      IndexKind kind = IndexKind::Whole;
-      if (std::islower(static_cast<unsigned char>(c))) {
-        kind = output_letters.count(c) ? IndexKind::Spatial : IndexKind::Reduced;
-      }
-      rule.indices.push_back(Index{std::string(1, c), -1, kind, Reduction::Sum});
-    }
-    return id;
-  };
-  auto ensure_ellipsis = [&] {
-    if (!ellipsis_ids.empty() || ellipsis <= 0) return;
-    for (int k = 0; k < ellipsis; ++k) {
-      ellipsis_ids.push_back(static_cast<int>(rule.indices.size()));
-      rule.indices.push_back(Index{fmt::format("_{}", k), -1,
-                                   output_has_ellipsis ? IndexKind::Spatial : IndexKind::Reduced, Reduction::Sum});
-    }
-  };
-  auto bind = [&](const PatternOperand& pat, const Shape* shape, int rank, bool is_input, std::size_t position) {
+// The rule's indices as the pattern's letters meet the operands: each letter an index in
+// order of first appearance (sizes unknown, -1, for now), the ellipsis' dims indices of their
+// own, each operand's dims bound to them.
+class PatternBinder {
+ public:
+  PatternBinder(DimRule& rule, std::set<char> output_letters, bool output_has_ellipsis, int ellipsis)
+      : rule_(rule),
+        output_letters_(std::move(output_letters)),
+        output_has_ellipsis_(output_has_ellipsis),
+        ellipsis_(ellipsis) {
+    std::fill(std::begin(letter_ids_), std::end(letter_ids_), -1);
+  }
+
+  BoundOperand bind(const PatternOperand& pat, const Shape* shape, int rank, bool is_input, std::size_t position) {
     BoundOperand bound{&pat, shape, {}};
     if (pat.metadata) {
       for (int d = 0; d < rank; ++d) {
-        const int id = static_cast<int>(rule.indices.size());
-        rule.indices.push_back(
+        const int id = static_cast<int>(rule_.indices.size());
+        rule_.indices.push_back(
             Index{fmt::format("m{}.{}", position, d), shape->at(static_cast<std::size_t>(d)), IndexKind::Spatial});
         bound.slots.push_back(Slot{{id}, false});
       }
@@ -133,7 +118,7 @@ std::optional<DimRule> instantiate_pattern(const EinsumPattern& pattern, const R
         ensure_ellipsis();
         const int len = rank - named_dims(pat);
         for (int k = 0; k < len; ++k) {
-          bound.slots.push_back(Slot{{ellipsis_ids[static_cast<std::size_t>(ellipsis - len + k)]}, is_input});
+          bound.slots.push_back(Slot{{ellipsis_ids_[static_cast<std::size_t>(ellipsis_ - len + k)]}, is_input});
         }
         continue;
       }
@@ -142,24 +127,44 @@ std::optional<DimRule> instantiate_pattern(const EinsumPattern& pattern, const R
       bound.slots.push_back(std::move(slot));
     }
     return bound;
-  };
-
-  std::vector<BoundOperand> inputs, outputs;
-  for (std::size_t i = 0; i < n_inputs; ++i) {
-    inputs.push_back(bind(pattern.inputs[i], &operands.input_shape(i), operands.input_rank(i), true, i));
-  }
-  for (std::size_t o = 0; o < pattern.outputs.size(); ++o) {
-    const Shape* shape = operands.output_shape(o);
-    const int rank = shape ? static_cast<int>(shape->size())
-                           : named_dims(pattern.outputs[o]) + (pattern.outputs[o].has_ellipsis() ? ellipsis : 0);
-    outputs.push_back(bind(pattern.outputs[o], shape, rank, false, o));
   }
 
-  // Sizes: a dim that cannot broadcast (or is not 1) decides its index first; a size-1
-  // broadcasting dim only when nothing else does; then group factors; then outputs.
+ private:
+  int id_of(char c) {
+    auto& id = letter_ids_[static_cast<unsigned char>(c)];
+    if (id < 0) {
+      id = static_cast<int>(rule_.indices.size());
+      IndexKind kind = IndexKind::Whole;
+      if (std::islower(static_cast<unsigned char>(c))) {
+        kind = output_letters_.count(c) ? IndexKind::Spatial : IndexKind::Reduced;
+      }
+      rule_.indices.push_back(Index{std::string(1, c), -1, kind, Reduction::Sum});
+    }
+    return id;
+  }
+  void ensure_ellipsis() {
+    if (!ellipsis_ids_.empty() || ellipsis_ <= 0) return;
+    for (int k = 0; k < ellipsis_; ++k) {
+      ellipsis_ids_.push_back(static_cast<int>(rule_.indices.size()));
+      rule_.indices.push_back(Index{fmt::format("_{}", k), -1,
+                                    output_has_ellipsis_ ? IndexKind::Spatial : IndexKind::Reduced, Reduction::Sum});
+    }
+  }
+
+  DimRule& rule_;
+  const std::set<char> output_letters_;
+  const bool output_has_ellipsis_;
+  const int ellipsis_;
+  int letter_ids_[128];
+  std::vector<int> ellipsis_ids_;
+};
+
+// The indices' sizes: a dim that cannot broadcast (or is not 1) decides its index first; a
+// size-1 broadcasting dim only when nothing else does; then group factors; then outputs.
+void size_indices(DimRule& rule, const std::vector<BoundOperand>& inputs, const std::vector<BoundOperand>& outputs) {
   auto size_of = [&](int id) -> std::int64_t& { return rule.indices[static_cast<std::size_t>(id)].size; };
-  auto visit_single = [&](std::vector<BoundOperand>& side, bool weak) {
-    for (auto& bound : side) {
+  auto visit_single = [&](const std::vector<BoundOperand>& side, bool weak) {
+    for (const auto& bound : side) {
       if (!bound.shape) continue;
       for (std::size_t d = 0; d < bound.slots.size(); ++d) {
         const auto& slot = bound.slots[d];
@@ -170,9 +175,9 @@ std::optional<DimRule> instantiate_pattern(const EinsumPattern& pattern, const R
       }
     }
   };
-  auto visit_groups = [&](std::vector<BoundOperand>& side) {
+  auto visit_groups = [&](const std::vector<BoundOperand>& side) {
     bool progress = false;
-    for (auto& bound : side) {
+    for (const auto& bound : side) {
       if (!bound.shape) continue;
       for (std::size_t d = 0; d < bound.slots.size(); ++d) {
         const auto& ids = bound.slots[d].ids;
@@ -206,6 +211,34 @@ std::optional<DimRule> instantiate_pattern(const EinsumPattern& pattern, const R
   visit_single(outputs, false);
   while (visit_groups(inputs) || visit_groups(outputs)) {
   }
+}
+
+}  // namespace
+
+std::optional<DimRule> instantiate_pattern(const EinsumPattern& pattern, const RuleOperands& operands) {
+  check_arity(pattern, operands);
+  const int ellipsis = broadcast_ellipsis(pattern, operands);
+  bool output_has_ellipsis = false;
+  std::set<char> output_letters;
+  for (const auto& out : pattern.outputs) {
+    output_has_ellipsis |= out.has_ellipsis();
+    for (const auto& dim : out.dims) output_letters.insert(dim.letters.begin(), dim.letters.end());
+  }
+  if (output_has_ellipsis && ellipsis < 0) return std::nullopt;  // infer mode, nothing sizes '...'
+
+  DimRule rule;
+  PatternBinder binder(rule, std::move(output_letters), output_has_ellipsis, ellipsis);
+  std::vector<BoundOperand> inputs, outputs;
+  for (std::size_t i = 0; i < operands.inputs.size(); ++i) {
+    inputs.push_back(binder.bind(pattern.inputs[i], &operands.input_shape(i), operands.input_rank(i), true, i));
+  }
+  for (std::size_t o = 0; o < pattern.outputs.size(); ++o) {
+    const Shape* shape = operands.output_shape(o);
+    const int rank = shape ? static_cast<int>(shape->size())
+                           : named_dims(pattern.outputs[o]) + (pattern.outputs[o].has_ellipsis() ? ellipsis : 0);
+    outputs.push_back(binder.bind(pattern.outputs[o], shape, rank, false, o));
+  }
+  size_indices(rule, inputs, outputs);
   for (const auto& index : rule.indices) {
     if (index.size < 0) {
       if (!operands.outputs_known) return std::nullopt;
