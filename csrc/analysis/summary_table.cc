@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 
 #include "analysis/activation_bytes.h"
@@ -28,29 +30,37 @@ std::string top_level(std::string_view path) {
 
 }  // namespace
 
-std::string human_count(std::int64_t n) {
+namespace {
+
+// A unit a count is shown in from `from` up: the count over `per`, `decimals` places.
+struct Unit {
+  double from, per;
+  std::string_view suffix;
+  int decimals = 2;
+};
+
+// `n` in the first of `units` (largest first) it reaches, else whole with `plain` after it.
+std::string in_units(std::int64_t n, std::initializer_list<Unit> units, std::string_view plain) {
   const double v = static_cast<double>(n);
-  if (n >= 1'000'000'000) return fmt::format("{:.2f}B", v / 1e9);
-  if (n >= 1'000'000) return fmt::format("{:.2f}M", v / 1e6);
-  if (n >= 10'000) return fmt::format("{:.1f}K", v / 1e3);
-  return fmt::format("{}", n);
+  for (const Unit& unit : units)
+    if (v >= unit.from) return fmt::format("{:.{}f}{}", v / unit.per, unit.decimals, unit.suffix);
+  return fmt::format("{}{}", n, plain);
+}
+
+}  // namespace
+
+std::string human_count(std::int64_t n) {
+  return in_units(n, {{1e9, 1e9, "B"}, {1e6, 1e6, "M"}, {1e4, 1e3, "K", 1}}, "");
 }
 
 std::string human_flops(std::int64_t flops) {
-  const double v = static_cast<double>(flops);
-  if (flops >= 1'000'000'000'000) return fmt::format("{:.2f} TFLOPs", v / 1e12);
-  if (flops >= 1'000'000'000) return fmt::format("{:.2f} GFLOPs", v / 1e9);
-  if (flops >= 1'000'000) return fmt::format("{:.2f} MFLOPs", v / 1e6);
-  if (flops >= 1'000) return fmt::format("{:.2f} KFLOPs", v / 1e3);
-  return fmt::format("{} FLOPs", flops);
+  return in_units(flops, {{1e12, 1e12, " TFLOPs"}, {1e9, 1e9, " GFLOPs"}, {1e6, 1e6, " MFLOPs"}, {1e3, 1e3, " KFLOPs"}},
+                  " FLOPs");
 }
 
 std::string human_bytes(std::int64_t bytes) {
-  const double v = static_cast<double>(bytes);
-  if (bytes >= (std::int64_t{1} << 30)) return fmt::format("{:.2f} GiB", v / static_cast<double>(1 << 30));
-  if (bytes >= (std::int64_t{1} << 20)) return fmt::format("{:.2f} MiB", v / static_cast<double>(1 << 20));
-  if (bytes >= (std::int64_t{1} << 10)) return fmt::format("{:.2f} KiB", v / 1024.0);
-  return fmt::format("{} B", bytes);
+  constexpr double kKiB = 1024.0, kMiB = kKiB * 1024, kGiB = kMiB * 1024;
+  return in_units(bytes, {{kGiB, kGiB, " GiB"}, {kMiB, kMiB, " MiB"}, {kKiB, kKiB, " KiB"}}, " B");
 }
 
 std::string summary_table(const ops::OpTable& table, const ir::Graph& graph) {

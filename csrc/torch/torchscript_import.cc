@@ -58,48 +58,18 @@ struct Item {
   std::vector<Item> items;  // List / Tuple elements, Dict values
   std::vector<Item> keys;   // Dict keys
 
-  static Item none() { return Item{Kind::None}; }
-  static Item boolean(bool v) {
-    Item it{Kind::Bool};
-    it.b = v;
-    return it;
-  }
-  static Item integer(std::int64_t v) {
-    Item it{Kind::Int};
-    it.i = v;
-    return it;
-  }
-  static Item real(double v) {
-    Item it{Kind::Double};
-    it.d = v;
-    return it;
-  }
-  static Item string(std::string v) {
-    Item it{Kind::String};
-    it.s = std::move(v);
-    return it;
-  }
+  // Each kind's item, its one field set (designated initializers, in declaration order).
+  static Item none() { return Item{.kind = Kind::None}; }
+  static Item boolean(bool v) { return Item{.kind = Kind::Bool, .b = v}; }
+  static Item integer(std::int64_t v) { return Item{.kind = Kind::Int, .i = v}; }
+  static Item real(double v) { return Item{.kind = Kind::Double, .d = v}; }
+  static Item string(std::string v) { return Item{.kind = Kind::String, .s = std::move(v)}; }
   static Item opaque(std::string why, bool missing_shape = false) {
-    Item it{Kind::Opaque};
-    it.s = std::move(why);
-    it.missing_shape = missing_shape;
-    return it;
+    return Item{.kind = Kind::Opaque, .missing_shape = missing_shape, .s = std::move(why)};
   }
-  static Item module(std::string path) {
-    Item it{Kind::Module};
-    it.s = std::move(path);
-    return it;
-  }
-  static Item value(ir::ValueId id) {
-    Item it{Kind::Tensor};
-    it.tensor = id;
-    return it;
-  }
-  static Item sequence(Kind kind, std::vector<Item> items) {
-    Item it{kind};
-    it.items = std::move(items);
-    return it;
-  }
+  static Item module(std::string path) { return Item{.kind = Kind::Module, .s = std::move(path)}; }
+  static Item value(ir::ValueId id) { return Item{.kind = Kind::Tensor, .tensor = id}; }
+  static Item sequence(Kind kind, std::vector<Item> items) { return Item{.kind = kind, .items = std::move(items)}; }
 
   bool is_number() const { return kind == Kind::Bool || kind == Kind::Int || kind == Kind::Double; }
   double as_double() const { return kind == Kind::Double ? d : kind == Kind::Int ? static_cast<double>(i) : (b ? 1.0 : 0.0); }
