@@ -9,7 +9,9 @@
 #include <set>
 #include <string>
 
+#include "search/placement.h"
 #include "support/error.h"
+#include "transform/spmd_rewrite.h"
 #include "transform/local_shard.h"
 
 namespace shardwise::transform {
@@ -19,27 +21,28 @@ namespace {
 using Texts = std::vector<std::string>;
 using Shape = std::vector<std::int64_t>;
 
-// Each value's shape and the texts its blocks follow: its placement, where a Shard of its
-// batch dim has no ratios of its own on an axis where the inputs' batch has some, with those
-// (spmd_rewrite.cc spreads them so). Values alike in both appear once.
+// Each value's shape and the texts its blocks follow: its placement, the inputs' uneven batch
+// shares spread as the rewrite spreads them (spmd_rewrite.h: spread_batch_ratios). Values
+// alike in both appear once.
 std::set<std::pair<Shape, Texts>> blocked_values(const ir::Graph& global, const plan::Sharding& sharding) {
   const std::size_t axes = sharding.mesh.size();
-  std::vector<std::string> batch_ratios(axes);  // the "[...]" of the inputs' batch Shard, per axis
-  for (ir::ValueId in : global.inputs()) {
-    const ir::Value& v = global.value(in);
-    auto it = sharding.placements.find(v.name);
-    if (it == sharding.placements.end() || !v.type.batch_dim) continue;
-    const std::string shard = fmt::format("S({})[", *v.type.batch_dim);
-    for (std::size_t a = 0; a < axes && a < it->second.size(); ++a)
-      if (it->second[a].starts_with(shard)) batch_ratios[a] = it->second[a].substr(shard.size() - 1);
-  }
-  std::set<std::pair<Shape, Texts>> out;
+  std::map<ir::ValueId, search::ShardingSpec> specs;
   for (const ir::Value& v : global.values()) {
     auto it = sharding.placements.find(v.name);
     if (it == sharding.placements.end() || it->second.size() != axes) continue;
-    Texts texts = it->second;
-    for (std::size_t a = 0; a < axes && v.type.batch_dim; ++a)
-      if (!batch_ratios[a].empty() && texts[a] == fmt::format("S({})", *v.type.batch_dim)) texts[a] += batch_ratios[a];
+    search::ShardingSpec& spec = specs[v.id];
+    for (const std::string& text : it->second) spec.push_back(search::parse_placement(text));
+  }
+  const auto batch_ratios = input_batch_ratios(global, axes, [&](const ir::Value& v) -> const search::ShardingSpec* {
+    auto it = specs.find(v.id);
+    return it == specs.end() ? nullptr : &it->second;
+  });
+  std::set<std::pair<Shape, Texts>> out;
+  for (auto& [id, spec] : specs) {
+    const ir::Value& v = global.value(id);
+    spread_batch_ratios(spec, v, batch_ratios);
+    Texts texts;
+    for (const search::Placement& p : spec) texts.push_back(p.str());
     out.emplace(v.type.shape, std::move(texts));
   }
   return out;
@@ -72,26 +75,21 @@ std::vector<int> whole_node_ranks(const ir::Graph& global, const plan::Sharding&
         uneven.push_back(a);
         break;
       }
-  std::vector<int> stride(mesh.size(), 1), coordinate(mesh.size(), 0);
-  for (std::size_t a = mesh.size(); a-- > 0;) {
-    if (a + 1 < mesh.size()) stride[a] = stride[a + 1] * mesh[a + 1];
-    coordinate[a] = (rank / stride[a]) % mesh[a];
-  }
-  const auto at = [&](int r, std::size_t a, int k) { return r + (k - coordinate[a]) * stride[a]; };
+  // Rank r's peers along axis a, in coordinate order (rank_graph.h: axis_group).
+  const auto along = [&](int r, std::size_t a) { return axis_group(mesh, static_cast<int>(a), r); };
   std::vector<int> ranks{rank};
   if (uneven.size() == 1) {  // one rank per distinct set of block sizes along the axis
     const std::size_t a = uneven.front();
     const auto values = blocked_values(global, sharding);
     std::map<std::vector<Shape>, int> classes{{block_sizes(values, mesh, rank), rank}};
-    for (int k = 0; k < mesh[a]; ++k) {
-      const int r = at(rank, a, k);
-      if (classes.emplace(block_sizes(values, mesh, r), r).second) ranks.push_back(r);
-    }
+    for (std::int64_t r : along(rank, a))
+      if (classes.emplace(block_sizes(values, mesh, static_cast<int>(r)), static_cast<int>(r)).second)
+        ranks.push_back(static_cast<int>(r));
   } else {
     for (std::size_t a : uneven) {  // every combination: the axes' blocks may depend on each other
       std::vector<int> more;
       for (int r : ranks)
-        for (int k = 0; k < mesh[a]; ++k) more.push_back(at(r, a, k));
+        for (std::int64_t peer : along(r, a)) more.push_back(static_cast<int>(peer));
       ranks = std::move(more);
     }
   }

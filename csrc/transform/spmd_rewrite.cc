@@ -338,25 +338,15 @@ void SpmdRewriter::place_leaves() {
       }
       produced_[static_cast<std::size_t>(v.id)] = spec;
     }
-  for (ir::ValueId in : graph_.inputs()) {
-    const ir::Value& v = graph_.value(in);
-    for (std::size_t a = 0; a < axes_; ++a) {
-      const Placement& p = produced_[static_cast<std::size_t>(in)][a];
-      if (p.is_shard() && !p.ratios.empty() && v.type.batch_dim && p.dim == *v.type.batch_dim)
-        batch_ratios_[a] = p.ratios;
-    }
-  }
+  batch_ratios_ = input_batch_ratios(graph_, axes_, [&](const ir::Value& v) {
+    return &produced_[static_cast<std::size_t>(v.id)];
+  });
   for (const ir::Value& v : values_)
     if (!v.producer) spread_ratios(produced_[static_cast<std::size_t>(v.id)], v);
 }
 
 void SpmdRewriter::spread_ratios(ShardingSpec& spec, const ir::Value& v) const {
-  for (std::size_t a = 0; a < axes_; ++a) {
-    Placement& p = spec[a];
-    if (!batch_ratios_[a].empty() && p.is_shard() && p.ratios.empty() && p.groups == 1 && v.type.batch_dim &&
-        p.dim == *v.type.batch_dim)
-      p.ratios = batch_ratios_[a];
-  }
+  spread_batch_ratios(spec, v, batch_ratios_);
 }
 
 // Whether `node` runs whole for want of a kernel, and otherwise which distributed kernel its
@@ -718,6 +708,30 @@ void SpmdRewriter::emit(RewriteBuilder& builder) {
 }
 
 }  // namespace
+
+std::vector<std::vector<double>> input_batch_ratios(
+    const ir::Graph& graph, std::size_t axes,
+    const std::function<const ShardingSpec*(const ir::Value&)>& placement_of) {
+  std::vector<std::vector<double>> ratios(axes);
+  for (ir::ValueId in : graph.inputs()) {
+    const ir::Value& v = graph.value(in);
+    const ShardingSpec* spec = placement_of(v);
+    for (std::size_t a = 0; spec != nullptr && a < axes && a < spec->size(); ++a) {
+      const Placement& p = (*spec)[a];
+      if (p.is_shard() && !p.ratios.empty() && v.type.batch_dim && p.dim == *v.type.batch_dim) ratios[a] = p.ratios;
+    }
+  }
+  return ratios;
+}
+
+void spread_batch_ratios(ShardingSpec& spec, const ir::Value& v, const std::vector<std::vector<double>>& batch_ratios) {
+  for (std::size_t a = 0; a < spec.size() && a < batch_ratios.size(); ++a) {
+    Placement& p = spec[a];
+    if (!batch_ratios[a].empty() && p.is_shard() && p.ratios.empty() && p.groups == 1 && v.type.batch_dim &&
+        p.dim == *v.type.batch_dim)
+      p.ratios = batch_ratios[a];
+  }
+}
 
 // The phases in order: the leaves' placements; each node's mode, operands and outputs (in
 // node order: a node's operands are placed by then); gradients; the leaves; recomputation

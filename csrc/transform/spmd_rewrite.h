@@ -55,6 +55,7 @@
 // strategy text that is not legal for the node's rule, a rank outside the mesh.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -209,6 +210,17 @@ class RewriteBuilder {
 // The strategies of a sharding, [node][axis] (nodes without outputs: replicated).
 std::vector<std::vector<search::Strategy>> resolve_strategies(const ir::Graph& graph, const plan::Sharding& sharding,
                                                               bool adapt_to_shapes = false);
+
+// Heterogeneous plans: the search records uneven batch shares on the graph's inputs only.
+// input_batch_ratios: per mesh axis, the ratios of an input's Shard of its batch dim
+// (`placement_of` gives an input's placement, or null); spread_batch_ratios: `spec` (of `v`)
+// with them given to a Shard of its batch dim that has none of its own. The one rule the
+// rewrite and job_rank_graph.h apply.
+std::vector<std::vector<double>> input_batch_ratios(
+    const ir::Graph& graph, std::size_t axes,
+    const std::function<const search::ShardingSpec*(const ir::Value&)>& placement_of);
+void spread_batch_ratios(search::ShardingSpec& spec, const ir::Value& v,
+                         const std::vector<std::vector<double>>& batch_ratios);
 
 void rewrite_spmd(const ir::Graph& graph, const plan::Sharding& sharding, int rank, const RewriteOptions& options,
                   RewriteBuilder& builder);

@@ -223,13 +223,13 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     ``self.fused_accumulation``, their weight gradient added into the parameter's ``.grad`` by
     the product (runtime/fused_accumulation.py)."""
     nodes = program["nodes"] if nodes is None else nodes
+    outputs = program["outputs"] if outputs is None else outputs
     lowering = _Lowering(program, sources, mesh, nodes, compute_dtypes or {}, weight_boundaries,
                          fused_accumulations or {})
-    lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters,
-                    program["outputs"] if outputs is None else outputs)
+    lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters, outputs)
     for node in nodes:
         lowering.node(node)
-    return lowering.module(program["outputs"] if outputs is None else outputs, class_name)
+    return lowering.module(outputs, class_name)
 
 
 @dataclass
