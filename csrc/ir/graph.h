@@ -85,6 +85,8 @@ class Graph {
   // Mutable access for passes that annotate (e.g. batch-dimension propagation).
   // Changing a name through it is not allowed (names are indexed).
   TensorType& mutable_type(ValueId id) { return values_.at(static_cast<std::size_t>(id)).type; }
+  // For passes that mark nodes (e.g. transform/collective_matmul.h): a node's attributes.
+  Attributes& mutable_attrs(NodeId id) { return nodes_.at(static_cast<std::size_t>(id)).attrs; }
 
   const std::vector<Value>& values() const { return values_; }
   const std::vector<Node>& nodes() const { return nodes_; }

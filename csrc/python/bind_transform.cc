@@ -20,6 +20,7 @@
 #include "support/fnv1a.h"
 #include <fmt/format.h>
 #include "ir/printer.h"
+#include "transform/collective_matmul.h"
 #include "transform/fp8_axes.h"
 #include "transform/job_rank_graph.h"
 #include "transform/rank_graph.h"
@@ -57,7 +58,9 @@ py::list actions(const std::vector<transform::ReshardAction>& steps) {
   return out;
 }
 
-py::dict operand(const transform::OperandRewrite& op) {
+// `ring`: how a marked rank graph runs the operand (transform/collective_matmul.h).
+py::dict operand(const transform::OperandRewrite& op,
+                 search::MatmulCollective ring = search::MatmulCollective::None) {
   py::dict d;
   d["value"] = op.value;
   d["produced"] = spec_texts(op.produced);
@@ -70,9 +73,10 @@ py::dict operand(const transform::OperandRewrite& op) {
   d["prefetch"] = op.gather == search::ParameterOverlap::BesideForward;
   // The activation gradient's all-reduce beside the reader's weight gradient (runtime/async_gradients.py).
   d["async_gradient"] = op.gradient_overlap == search::ParameterOverlap::BesideBackward;
-  // Collective matmul (transform/collective_matmul.h): "gather", this operand's steps run
-  // inside the reader's contraction; "scatter", inside its producer's; "none".
-  d["matmul"] = std::string(search::matmul_collective_name(op.matmul));
+  // Collective matmul (transform/collective_matmul.h, a pass over the rank graph; read back
+  // from its marks): "gather", this operand's steps run inside the reader's contraction;
+  // "scatter", inside its producer's; "none".
+  d["matmul"] = std::string(search::matmul_collective_name(ring));
   // A parameter gradient's reduce-scatter issued asynchronously, waited at the next
   // (runtime/parameter_gathers.py, DeferredScatters).
   d["scatter_in_backward"] = op.scatter == search::ParameterOverlap::BesideBackward;
@@ -292,7 +296,10 @@ py::dict leaf_dict(const transform::LeafRewrite& l) {
 }
 
 // A node of the program as the lowering reads it: its call, how it runs and its operands.
-py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool fp8) {
+// `rank_ir`, `call`: the rank graph and the node's call in it, whose marks the feature passes
+// set (transform/rank_passes.h).
+py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool fp8, const ir::Graph& rank_ir,
+                   const ir::Node& call) {
   py::dict d;
   d["node"] = n.node;
   d["op"] = n.op;
@@ -327,14 +334,14 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool
   d["recompute_block"] = n.recompute_block;
   d["recompute_keeps"] = n.recompute_keeps;
   // Collective matmul, Scatter: the steps the node's contraction runs on its output.
-  if (n.matmul_scatter_forward.empty()) {
-    d["matmul_scatter"] = py::none();
-  } else {
+  if (const auto ring = transform::scatter_ring(rank_ir, call)) {
     py::dict m;
-    m["forward"] = actions(n.matmul_scatter_forward);
-    m["backward"] = actions(n.matmul_scatter_backward);
+    m["forward"] = actions(ring->forward);
+    m["backward"] = actions(ring->backward);
     m["operand"] = search::collective_matmul_input(graph, captured);  // the contraction's input
     d["matmul_scatter"] = m;
+  } else {
+    d["matmul_scatter"] = py::none();
   }
   if (n.counted) {
     py::dict c;
@@ -346,7 +353,7 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool
     d["counted"] = py::none();
   }
   py::list ins, outs;
-  for (const auto& op : n.inputs) ins.append(operand(op));
+  for (std::size_t i = 0; i < n.inputs.size(); ++i) ins.append(operand(n.inputs[i], transform::operand_ring(rank_ir, call, i)));
   for (const auto& o : n.outputs) {
     py::dict od;
     od["value"] = o.value;
@@ -384,8 +391,8 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   py::list leaves, nodes, outputs;
   std::size_t fp8_linears = 0;
   for (const auto& l : program.leaves) leaves.append(leaf_dict(l));
-  for (const auto& n : program.nodes) {
-    py::dict d = node_dict(graph, n, fp8);
+  for (std::size_t i = 0; i < program.nodes.size(); ++i) {
+    py::dict d = node_dict(graph, program.nodes[i], fp8, rank_ir.graph, rank_ir.graph.node(rank_ir.nodes.at(i)));
     if (!d["fp8"].is_none()) ++fp8_linears;
     nodes.append(d);
   }

@@ -17,6 +17,7 @@
 #include "transform/dead_code.h"
 #include "transform/job_rank_graph.h"
 #include "transform/rank_graph.h"
+#include "transform/rank_passes.h"
 #include "transform/stage_split.h"
 
 namespace shardwise::tools {
@@ -91,6 +92,12 @@ std::vector<PassEntry> make_registry() {
   // rank-graph last: its output is another program (one rank's), and the passes above are
   // for the captured one. It verifies its result against the global graph and the plan.
   passes.push_back({{"rank-graph", "rewrite into one rank's program under a plan (needs --plan, --rank)"}, rank_graph_pass});
+  // The feature passes over a rank graph, in their order (transform/rank_passes.h says why).
+  // rank-graph already runs those its plan switches on, as the job does; each runs alone on a
+  // rank graph under its own name.
+  for (const transform::RankPass& pass : transform::rank_passes())
+    passes.push_back({{std::string(pass.name), std::string(pass.summary)},
+                      [run = pass.run](ir::Graph& g, const PipelineOptions&) { run(g); }});
   // split-stages cuts the captured graph and keeps one stage. The runtime cuts in the other
   // order: it rewrites the whole graph for the stage's sub-mesh, then cuts that rank program by
   // the same stage assignment (python/shardwise/runtime/README.md says why; issue 47).

@@ -1,85 +1,163 @@
 #include "transform/collective_matmul.h"
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
-#include <map>
-#include <set>
+#include <algorithm>
 #include <string>
+#include <string_view>
+#include <variant>
 
-#include "search/parameter_collectives.h"
+#include "transform/rank_graph.h"
 
 namespace shardwise::transform {
 namespace {
 
-// One collective of `kind` along even blocks of one dim: contiguous, or strided (groups > 1:
-// a sequence cut flattened with the batch, GPT-2's Conv1D view before its addmm), whose
-// blocks the runtime's ring takes and joins alike (collective_matmul.py, _Blocks).
-bool one_even(const std::vector<ReshardAction>& steps, ReshardKind kind) {
-  return steps.size() == 1 && steps[0].kind == kind && steps[0].ratios.empty() && steps[0].dim >= 0;
+constexpr std::string_view kGatherAttr = "shardwise.gather_matmul";
+constexpr std::string_view kScatterAttr = "shardwise.matmul_scatter";
+constexpr std::string_view kWholeAttr = "shardwise.whole";
+constexpr std::string_view kMatmulOverlap = "matmul";
+
+const std::string* string_attr(const ir::Node& node, std::string_view key) {
+  auto it = node.attrs.find(std::string(key));
+  return it == node.attrs.end() ? nullptr : std::get_if<std::string>(&it->second);
 }
 
-// One ring's steps on `op`, read by `node`: one even `forward` collective along a row dim of
-// the contraction, and its gradient's one `backward` collective on the same axis and dim
-// (none where the value carries no gradient). Not where its gradient's all-reduce is
-// already split beside the weight gradient (async_gradients).
-bool one_ring(const ir::Graph& graph, const ir::Node& node, const OperandRewrite& op, ReshardKind forward,
-              ReshardKind backward) {
-  if (op.gradient_overlap != search::ParameterOverlap::Exposed || !one_even(op.forward, forward) ||
-      !search::collective_matmul_rows(graph, node, op.forward[0].dim))
-    return false;
-  if (!op.gradient) return op.backward.empty();
-  return one_even(op.backward, backward) && op.backward[0].axis == op.forward[0].axis &&
-         op.backward[0].dim == op.forward[0].dim && op.backward[0].groups == op.forward[0].groups;
+bool backward_step(const ir::Node& step) { return step.attrs.contains("pass"); }
+
+// The step nodes a value is read through, from the value they start at: its region
+// (rank_graph.h), forward steps then backward ones, each reading the one before.
+struct Region {
+  ir::ValueId source = -1;
+  std::vector<ir::NodeId> forward, backward;
+};
+
+Region region_ending_at(const ir::Graph& graph, ir::ValueId value) {
+  std::vector<ir::NodeId> chain;
+  ir::ValueId v = value;
+  while (const auto producer = graph.value(v).producer) {
+    const ir::Node& node = graph.node(*producer);
+    if (!is_step_node(node)) break;
+    chain.insert(chain.begin(), *producer);
+    v = node.inputs[0];
+  }
+  Region region{v, {}, {}};
+  for (ir::NodeId id : chain) (backward_step(graph.node(id)) ? region.backward : region.forward).push_back(id);
+  return region;
 }
 
-std::string region_key(const OperandRewrite& op) {
-  std::vector<std::string> forward, backward;
-  for (const ReshardAction& step : op.forward) forward.push_back(step.str());
-  for (const ReshardAction& step : op.backward) backward.push_back(step.str());
-  return fmt::format("{}|{}|backward|{}", op.value, fmt::join(forward, "|"), fmt::join(backward, "|"));
+// One even, exposed collective of `op` along a dim (its blocks the runtime's ring takes and
+// joins: runtime/collective_matmul.py, _Blocks).
+bool one_even(const ir::Graph& graph, const std::vector<ir::NodeId>& steps, std::string_view op) {
+  if (steps.size() != 1) return false;
+  const ir::Node& step = graph.node(steps[0]);
+  const std::string* overlap = string_attr(step, "overlap");
+  return step.op == op && !step.attrs.contains("ratios") && step_action(step).dim >= 0 && overlap != nullptr &&
+         *overlap == search::parameter_overlap_name(search::ParameterOverlap::Exposed);
+}
+
+// The region's steps are one ring on `node`'s contraction: one even `forward` collective along
+// a row dim, and none or one even `backward` one on the same axis, dim and groups.
+bool one_ring(const ir::Graph& graph, const ir::Node& node, const Region& region, std::string_view forward,
+              std::string_view backward) {
+  if (!one_even(graph, region.forward, forward)) return false;
+  const ReshardAction f = step_action(graph.node(region.forward[0]));
+  if (!search::collective_matmul_rows(graph, node, f.dim)) return false;
+  if (region.backward.empty()) return true;
+  if (!one_even(graph, region.backward, backward)) return false;
+  const ReshardAction b = step_action(graph.node(region.backward[0]));
+  return b.axis == f.axis && b.dim == f.dim && b.groups == f.groups;
+}
+
+// A contraction the runtime calls on local operands.
+int local_contraction_input(const ir::Graph& graph, const ir::Node& node) {
+  if (node.attrs.contains(std::string(kWholeAttr))) return -1;
+  return search::collective_matmul_input(graph, node);
+}
+
+void mark(ir::Graph& graph, const Region& region) {
+  for (const auto* steps : {&region.forward, &region.backward})
+    for (ir::NodeId id : *steps) graph.mutable_attrs(id)["overlap"] = std::string(kMatmulOverlap);
+}
+
+// The gather rings: a contraction, first to read its operand's region.
+void fuse_gathers(ir::Graph& graph) {
+  for (const ir::Node& node : graph.nodes()) {
+    const int input = local_contraction_input(graph, node);
+    if (input < 0 || node.attrs.contains(std::string(kGatherAttr))) continue;
+    const ir::ValueId value = node.inputs[static_cast<std::size_t>(input)];
+    const Region region = region_ending_at(graph, value);
+    if (region.forward.empty() || graph.value(region.source).role == ir::ValueRole::Parameter) continue;
+    // The first operand in node order that reads the region's value.
+    const std::vector<ir::NodeId> readers = graph.users(value);
+    std::size_t first = 0;
+    while (graph.node(readers[0]).inputs[first] != value) ++first;
+    if (readers[0] != node.id || first != static_cast<std::size_t>(input)) continue;
+    if (!one_ring(graph, node, region, "shardwise::all_gather", "shardwise::reduce_scatter")) continue;
+    graph.mutable_attrs(node.id)[std::string(kGatherAttr)] = static_cast<std::int64_t>(input);
+    mark(graph, region);
+  }
+}
+
+// The scatter rings: a contraction whose output one operand reads through one region.
+void fuse_scatters(ir::Graph& graph) {
+  const std::vector<ir::ValueId>& outputs = graph.outputs();
+  auto output = [&](ir::ValueId v) { return std::find(outputs.begin(), outputs.end(), v) != outputs.end(); };
+  for (const ir::Node& node : graph.nodes()) {
+    if (local_contraction_input(graph, node) < 0 || node.attrs.contains(std::string(kGatherAttr))) continue;
+    // Down the chain of step nodes that alone read the output.
+    ir::ValueId v = node.outputs[0];
+    bool leaves = output(v);
+    for (std::vector<ir::NodeId> users = graph.users(v); users.size() == 1 && is_step_node(graph.node(users[0]));
+         users = graph.users(v)) {
+      v = graph.node(users[0]).outputs[0];
+      leaves = leaves || output(v);
+    }
+    const Region region = region_ending_at(graph, v);
+    if (leaves || region.source != node.outputs[0] || region.forward.empty()) continue;
+    const std::vector<ir::NodeId> readers = graph.users(v);
+    if (readers.size() != 1 || std::count(graph.node(readers[0]).inputs.begin(), graph.node(readers[0]).inputs.end(),
+                                          v) != 1)
+      continue;
+    if (!one_ring(graph, node, region, "shardwise::reduce_scatter", "shardwise::all_gather")) continue;
+    graph.mutable_attrs(node.id)[std::string(kScatterAttr)] = true;
+    mark(graph, region);
+  }
+}
+
+bool ring_marked(const ir::Graph& graph, const Region& region) {
+  if (region.forward.empty()) return false;
+  const std::string* overlap = string_attr(graph.node(region.forward[0]), "overlap");
+  return overlap != nullptr && *overlap == kMatmulOverlap;
 }
 
 }  // namespace
 
-void mark_collective_matmuls(const ir::Graph& graph, std::vector<NodeRewrite>& rewrites) {
-  // Each value's readers, (node, operand), in node order.
-  std::map<ir::ValueId, std::vector<std::pair<std::size_t, std::size_t>>> readers;
-  for (const ir::Node& node : graph.nodes())
-    for (std::size_t i = 0; i < node.inputs.size(); ++i)
-      readers[node.inputs[i]].emplace_back(static_cast<std::size_t>(node.id), i);
-  std::set<ir::ValueId> outputs(graph.outputs().begin(), graph.outputs().end());
+void fuse_collective_matmuls(ir::Graph& rank_graph) {
+  fuse_gathers(rank_graph);
+  fuse_scatters(rank_graph);
+}
 
-  std::set<std::string> regions;  // gathered values seen, by value and steps
-  for (const ir::Node& node : graph.nodes()) {
-    NodeRewrite& rw = rewrites[static_cast<std::size_t>(node.id)];
-    const int input = search::collective_matmul_input(graph, node);
-    for (std::size_t i = 0; i < rw.inputs.size(); ++i) {
-      OperandRewrite& op = rw.inputs[i];
-      if (op.forward.empty() && op.backward.empty()) continue;
-      // Only the region's first reader may run the ring.
-      if (!regions.insert(region_key(op)).second) continue;
-      if (rw.mode != NodeMode::Local || static_cast<int>(i) != input) continue;
-      if (graph.value(node.inputs[i]).role == ir::ValueRole::Parameter) continue;
-      if (one_ring(graph, node, op, ReshardKind::AllGather, ReshardKind::ReduceScatter))
-        op.matmul = search::MatmulCollective::Gather;
-    }
-  }
-  for (const ir::Node& node : graph.nodes()) {
-    NodeRewrite& rw = rewrites[static_cast<std::size_t>(node.id)];
-    const int input = search::collective_matmul_input(graph, node);
-    if (input < 0 || rw.mode != NodeMode::Local) continue;
-    if (rw.inputs[static_cast<std::size_t>(input)].matmul != search::MatmulCollective::None) continue;
-    const ir::ValueId out = node.outputs[0];
-    const auto& reads = readers[out];
-    if (reads.size() != 1 || outputs.contains(out)) continue;
-    NodeRewrite& reader = rewrites[reads[0].first];
-    OperandRewrite& op = reader.inputs[reads[0].second];
-    if (!one_ring(graph, node, op, ReshardKind::ReduceScatter, ReshardKind::AllGather)) continue;
-    op.matmul = search::MatmulCollective::Scatter;
-    rw.matmul_scatter_forward = op.forward;
-    rw.matmul_scatter_backward = op.backward;
-  }
+search::MatmulCollective operand_ring(const ir::Graph& rank_graph, const ir::Node& reader, std::size_t operand) {
+  if (auto it = reader.attrs.find(std::string(kGatherAttr));
+      it != reader.attrs.end() && std::get<std::int64_t>(it->second) == static_cast<std::int64_t>(operand))
+    return search::MatmulCollective::Gather;
+  const Region region = region_ending_at(rank_graph, reader.inputs.at(operand));
+  const auto producer = rank_graph.value(region.source).producer;
+  if (producer && ring_marked(rank_graph, region) && rank_graph.node(*producer).attrs.contains(std::string(kScatterAttr)))
+    return search::MatmulCollective::Scatter;
+  return search::MatmulCollective::None;
+}
+
+std::optional<RingSteps> scatter_ring(const ir::Graph& rank_graph, const ir::Node& node) {
+  if (!node.attrs.contains(std::string(kScatterAttr))) return std::nullopt;
+  ir::ValueId v = node.outputs[0];
+  for (std::vector<ir::NodeId> users = rank_graph.users(v);
+       users.size() == 1 && is_step_node(rank_graph.node(users[0])); users = rank_graph.users(v))
+    v = rank_graph.node(users[0]).outputs[0];
+  const Region region = region_ending_at(rank_graph, v);
+  RingSteps ring;
+  for (ir::NodeId id : region.forward) ring.forward.push_back(step_action(rank_graph.node(id)));
+  for (auto it = region.backward.rbegin(); it != region.backward.rend(); ++it)
+    ring.backward.push_back(step_action(rank_graph.node(*it)));
+  return ring;
 }
 
 }  // namespace shardwise::transform

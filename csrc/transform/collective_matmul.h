@@ -1,28 +1,55 @@
-// Which tensor-parallel collectives of a rank program run as collective matmuls
-// (search/parameter_collectives.h, MatmulCollective; plans with collective_matmul): the
-// rewrite's marks, which the rank graph prints (rank_graph.h: overlap="matmul" on the
-// collective, shardwise.gather_matmul / shardwise.matmul_scatter on the contraction) and the
-// runtime runs (python/shardwise/runtime/collective_matmul.py).
+// Collective matmul as a pass over a rank graph (rank_graph.h): the tensor-parallel
+// collectives that run inside their contractions, as rings (Wang et al., ASPLOS 2023;
+// torchtitan's async tensor parallelism). The pass reads only the rank graph: the resharding
+// step nodes the rewrite emitted and the contractions that read or give their values. It is
+// switched on by the plan's sharding.collective_matmul (rank_passes.h), which the search
+// priced the same collectives by (search/parameter_collectives.h, MatmulCollective).
 //
-//  - Gather: the first reader (in node order) of an activation whose operand's steps are one
-//    even, contiguous all-gather along a row dim of its contraction forward, and one
-//    reduce-scatter along the same dim or none backward. Later readers of the same gathered
-//    value (the same steps) read the value the ring assembled.
-//  - Scatter: a contraction whose output's only reader's operand steps are one even,
-//    contiguous reduce-scatter along a row dim forward, and one all-gather along it or none
-//    backward. Not a node whose input is already a Gather (one ring per contraction).
-// Only local nodes (NodeMode::Local): a statistics or whole node runs another call.
+// What it marks, each collective's ring beside (n-1)/n of its contraction's products:
+//  - Gather: a local contraction (linear, mm, addmm; search::collective_matmul_input) whose
+//    activation operand is read through one region (rank_graph.h) of one even all-gather
+//    along a row dim of the contraction (search::collective_matmul_rows), and one
+//    reduce-scatter along the same axis and dim in backward or none (a value without a
+//    gradient), each an exposed collective; the operand of no parameter; the contraction the
+//    region's first reader (in node order: later readers read the value the ring assembled).
+//    The contraction gets {shardwise.gather_matmul=i}, the region's collectives
+//    {overlap="matmul"}.
+//  - Scatter: a local contraction, not already a Gather, whose output is read by one region
+//    of one even reduce-scatter along a row dim forward and one all-gather along it (or none)
+//    backward, read by one operand of one node and not a graph output. The contraction gets
+//    {shardwise.matmul_scatter=true}, the region's collectives {overlap="matmul"}.
+// Local: a node with shardwise.whole, or a kernel of the core's (shardwise::*), runs another
+// call. The pass only sets attributes: node and value ids are kept. Run again, it changes
+// nothing (a collective already marked is not exposed).
+//
+// The runtime runs the marks (python/shardwise/runtime/collective_matmul.py), as the binding
+// reads them back with operand_ring and scatter_ring (csrc/python/bind_transform.cc).
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <vector>
 
 #include "ir/graph.h"
-#include "transform/spmd_rewrite.h"
+#include "search/parameter_collectives.h"
+#include "transform/reshard_actions.h"
 
 namespace shardwise::transform {
 
-// Marks `rewrites` (by node id, as rewrite_spmd makes them) in place: OperandRewrite::matmul
-// and NodeRewrite::matmul_scatter_forward / _backward.
-void mark_collective_matmuls(const ir::Graph& graph, std::vector<NodeRewrite>& rewrites);
+// The pass: marks the rings of `rank_graph` in place.
+void fuse_collective_matmuls(ir::Graph& rank_graph);
+
+// How a marked rank graph runs `reader`'s operand: Gather, the reader's own ring gathers it;
+// Scatter, the ring of the contraction that produced it scattered it; None, as its step nodes
+// say (or no steps).
+search::MatmulCollective operand_ring(const ir::Graph& rank_graph, const ir::Node& reader, std::size_t operand);
+
+// A contraction marked {shardwise.matmul_scatter=true}: the steps its ring runs on its output,
+// forward and backward (in the order their gradient runs them: rank_graph.h's emission order
+// reversed). std::nullopt for a node without the mark.
+struct RingSteps {
+  std::vector<ReshardAction> forward, backward;
+};
+std::optional<RingSteps> scatter_ring(const ir::Graph& rank_graph, const ir::Node& node);
 
 }  // namespace shardwise::transform

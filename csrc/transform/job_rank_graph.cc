@@ -13,6 +13,7 @@
 #include "support/error.h"
 #include "transform/spmd_rewrite.h"
 #include "transform/local_shard.h"
+#include "transform/rank_passes.h"
 
 namespace shardwise::transform {
 
@@ -116,7 +117,10 @@ RankGraph job_rank_graph(const ir::Graph& global, const plan::Sharding& sharding
       seen.insert(whole.begin(), whole.end());
       if (r == rank) own = std::move(graph);
     }
-    if (alike) return std::move(*own);
+    if (alike) {
+      run_rank_passes(own->graph, sharding);  // the features the plan switches on (rank_passes.h)
+      return std::move(*own);
+    }
     if (round > global.nodes().size())
       throw support::ValidationError(
           fmt::format("rewrite: rank {}: the ranks {} still run different nodes whole after {} rounds", rank,

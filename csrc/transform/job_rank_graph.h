@@ -41,6 +41,8 @@ namespace shardwise::transform {
 // combination is kept. `rank` stands for its class. Sorted.
 std::vector<int> whole_node_ranks(const ir::Graph& global, const plan::Sharding& sharding, int rank);
 
+// The rank graph `rank` runs: the union of the nodes run whole taken to its fixed point, then
+// the feature passes the plan switches on (rank_passes.h).
 RankGraph job_rank_graph(const ir::Graph& global, const plan::Sharding& sharding, int rank,
                          const RewriteOptions& options = {});
 

@@ -27,19 +27,12 @@ constexpr std::string_view kWholeAttr = "shardwise.whole";
 constexpr std::string_view kRecomputeAttr = "shardwise.recompute";
 constexpr std::string_view kRecomputeKeepsAttr = "shardwise.recompute_keeps";
 constexpr std::string_view kAsyncGradientAttr = "shardwise.async_gradient";
-// Collective matmul (transform/collective_matmul.h): the operand whose gather runs inside
-// the contraction, and a contraction whose output's reduce-scatter runs inside it.
-constexpr std::string_view kGatherMatmulAttr = "shardwise.gather_matmul";
-constexpr std::string_view kMatmulScatterAttr = "shardwise.matmul_scatter";
 constexpr std::string_view kOneDeviceRandomAttr = "shardwise.one_device_random";
+// A collective run inside a contraction, as a ring (transform/collective_matmul.h marks it).
 constexpr std::string_view kMatmulOverlap = "matmul";
 
-// A collective's overlap mark: "matmul" where it runs inside a contraction (a collective
-// matmul's ring), else where `overlap` says it runs.
-std::string overlap_mark(const OperandRewrite& op, search::ParameterOverlap overlap) {
-  return op.matmul != search::MatmulCollective::None ? std::string(kMatmulOverlap)
-                                                     : std::string(search::parameter_overlap_name(overlap));
-}
+// A collective's overlap mark: where `overlap` says it runs.
+std::string overlap_mark(search::ParameterOverlap overlap) { return std::string(search::parameter_overlap_name(overlap)); }
 
 std::vector<std::string> texts(const ShardingSpec& spec) {
   std::vector<std::string> out;
@@ -107,6 +100,8 @@ class GraphEmitter {
     if (!leaf.reduce_axes.empty()) reductions_.push_back(leaf);
   }
 
+  std::vector<ir::NodeId> nodes;  // each rewritten node's node (its call) in the graph
+
   void node(const NodeRewrite& rw) {
     const ir::Node& node = global_.node(rw.node);
     std::vector<ir::ValueId> inputs;
@@ -127,10 +122,6 @@ class GraphEmitter {
     for (std::size_t i = 0; i < rw.inputs.size(); ++i)
       if (rw.inputs[i].gradient_overlap == search::ParameterOverlap::BesideBackward)
         attrs[std::string(kAsyncGradientAttr)] = static_cast<std::int64_t>(i);
-    for (std::size_t i = 0; i < rw.inputs.size(); ++i)
-      if (rw.inputs[i].matmul == search::MatmulCollective::Gather)
-        attrs[std::string(kGatherMatmulAttr)] = static_cast<std::int64_t>(i);
-    if (!rw.matmul_scatter_forward.empty()) attrs[std::string(kMatmulScatterAttr)] = true;
     if (rw.one_device_random) attrs[std::string(kOneDeviceRandomAttr)] = true;
     if (rw.mode == NodeMode::Whole) {
       attrs[std::string(kWholeAttr)] = true;
@@ -167,6 +158,7 @@ class GraphEmitter {
       outputs.push_back({name, type});
     }
     const ir::NodeId id = graph_.add_node(op, inputs, outputs, attrs, node.module_path);
+    nodes.push_back(id);
     for (std::size_t o = 0; o < node.outputs.size(); ++o) {
       const ir::Value& v = global_.value(node.outputs[o]);
       ir::ValueId out = graph_.node(id).outputs[o];
@@ -239,7 +231,7 @@ class GraphEmitter {
       const bool local = step.kind == ReshardKind::Slice || step.kind == ReshardKind::ZeroOthers ||
                          step.kind == ReshardKind::Scale;
       if (!local)
-        attrs["overlap"] = overlap_mark(op, parameter ? op.gather : search::activation_collective_overlap());
+        attrs["overlap"] = overlap_mark(parameter ? op.gather : search::activation_collective_overlap());
       if (op.regather) attrs["regather"] = true;
       // One flattened collective with the other members of its unit group (parameter_collectives.h).
       if (!local && parameter && op.gather_group >= 0) attrs["unit_group"] = std::int64_t{op.gather_group};
@@ -255,7 +247,7 @@ class GraphEmitter {
       const bool local = it->kind == ReshardKind::Slice || it->kind == ReshardKind::ZeroOthers ||
                          it->kind == ReshardKind::Scale;
       if (!local)
-        attrs["overlap"] = overlap_mark(op, parameter ? op.scatter : op.gradient_overlap);
+        attrs["overlap"] = overlap_mark(parameter ? op.scatter : op.gradient_overlap);
       if (!local && parameter && op.scatter_group >= 0) attrs["unit_group"] = std::int64_t{op.scatter_group};
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
                                      {{name(), graph_.value(value).type}}, std::move(attrs), module));
@@ -332,7 +324,8 @@ RankGraph rank_graph(const ir::Graph& global, const plan::Sharding& sharding, in
     for (const NodeRewrite& node : program.nodes) emitter.node(node);
     for (const OperandRewrite& output : program.outputs) emitter.output(output);
     emitter.finish();
-    RankGraph out{emitter.take(), sharding.mesh, rank, std::move(emitter.whole), std::move(program)};
+    RankGraph out{emitter.take(), sharding.mesh, rank, std::move(emitter.whole), std::move(program),
+                  std::move(emitter.nodes)};
     const std::vector<std::string> failing = failing_local_calls(out.graph);
     if (failing.empty()) return out;
     if (round > global.nodes().size())
@@ -458,6 +451,35 @@ void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const pl
       throw ValidationError(where(fmt::format("{}: gives [{}] from [{}] but {} ranks make [{}]", what,
                                               fmt::join(out, ","), fmt::join(in, ","), *n, fmt::join(expected, ","))));
   }
+}
+
+bool is_step_node(const ir::Node& node) {
+  return node.op.starts_with("shardwise::") && node.inputs.size() == 1 && node.outputs.size() == 1 &&
+         node.attrs.contains("axis") && node.attrs.contains("group");
+}
+
+ReshardAction step_action(const ir::Node& step) {
+  static const std::map<std::string, ReshardKind, std::less<>> kinds = {
+      {"shardwise::all_gather", ReshardKind::AllGather},   {"shardwise::reduce_scatter", ReshardKind::ReduceScatter},
+      {"shardwise::all_reduce", ReshardKind::AllReduce},   {"shardwise::all_to_all", ReshardKind::AllToAll},
+      {"shardwise::slice", ReshardKind::Slice},            {"shardwise::zero_others", ReshardKind::ZeroOthers},
+      {"shardwise::scale", ReshardKind::Scale}};
+  auto kind = kinds.find(step.op);
+  if (kind == kinds.end() || !is_step_node(step))
+    throw ValidationError(fmt::format("{} is not a resharding step (rank_graph.h)", step.op));
+  ReshardAction a;
+  a.kind = kind->second;
+  a.axis = static_cast<int>(int_attr(step.attrs, "axis", 0));
+  a.dim = static_cast<int>(int_attr(step.attrs, "dim", -1));
+  a.groups = int_attr(step.attrs, "groups", 1);
+  a.concat_dim = static_cast<int>(int_attr(step.attrs, "concat_dim", -1));
+  a.scale_power = static_cast<int>(int_attr(step.attrs, "power", 0));
+  if (auto it = step.attrs.find("reduce"); it != step.attrs.end()) a.reduce = std::get<std::string>(it->second);
+  if (auto it = step.attrs.find("ratios"); it != step.attrs.end()) {
+    if (const auto* shares = std::get_if<std::vector<double>>(&it->second)) a.ratios = *shares;
+    if (const auto* whole = std::get_if<std::vector<std::int64_t>>(&it->second)) a.ratios.assign(whole->begin(), whole->end());
+  }
+  return a;
 }
 
 std::string resharding_region_key(const OperandRewrite& op) {

@@ -48,11 +48,10 @@
 //    one checkpointed region, its forward (collectives included) run again in backward.
 //    Selective recomputation also marks the nodes whose outputs are kept, not made again
 //    ({shardwise.recompute_keeps=true}: analysis/selective_recompute.h).
-//    Collective matmul (a plan with collective_matmul; transform/collective_matmul.h): a
-//    contraction that runs its operand i's gather as a ring carries {shardwise.gather_matmul=i},
-//    one that runs its output's reduce-scatter so carries {shardwise.matmul_scatter=true}, and
-//    those collectives (forward and backward) carry {overlap="matmul"}: the runtime runs each
-//    inside its contraction (runtime/collective_matmul.py), not as a node of its own.
+//    Feature passes rewrite this graph after it is made (rank_passes.h): collective matmul
+//    (transform/collective_matmul.h) marks a contraction that runs its operand i's gather as
+//    a ring {shardwise.gather_matmul=i}, one that runs its output's reduce-scatter so
+//    {shardwise.matmul_scatter=true}, and those collectives {overlap="matmul"}.
 //    A dropout or a *_like op on a block or a Partial operand (NodeRewrite::one_device_random,
 //    ops/random_draws.h) carries {shardwise.one_device_random=true}: the rank draws the whole
 //    operand's mask or values, as one device draws them, and keeps its block.
@@ -89,6 +88,7 @@ struct RankGraph {
   int rank = 0;
   std::vector<std::string> whole;  // nodes (by first output) run whole on gathered operands
   RankProgram program;             // the same program as data (spmd_rewrite.h), as the graph was made from it
+  std::vector<ir::NodeId> nodes;   // program.nodes[i]'s call in graph (passes keep node ids)
 };
 
 RankGraph rank_graph(const ir::Graph& global, const plan::Sharding& sharding, int rank,
@@ -103,6 +103,11 @@ std::vector<std::int64_t> axis_group(const std::vector<int>& mesh, int axis, int
 // one weight gather it each. The runtime's lowering keys its reshards by the same string
 // (the operand's "region"), never by a key of its own.
 std::string resharding_region_key(const OperandRewrite& op);
+
+// A resharding step node of a rank graph (shardwise::<kind> of one operand, with axis= and
+// group=), and the step it runs, read back from its attributes (the inverse of the emission).
+bool is_step_node(const ir::Node& node);
+ReshardAction step_action(const ir::Node& step);
 
 // Checks a rank graph against the global graph and the plan (ValidationError naming the rank,
 // value and sizes at the first disagreement):

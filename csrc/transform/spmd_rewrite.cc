@@ -16,7 +16,6 @@
 #include "ops/random_draws.h"
 #include "search/parameter_collectives.h"
 #include "support/error.h"
-#include "transform/collective_matmul.h"
 #include "transform/local_shard.h"
 
 namespace shardwise::transform {
@@ -688,9 +687,9 @@ void SpmdRewriter::plan_operand_steps() {
   }
 }
 
-// The nodes, collective matmuls marked where the plan asks, then the graph's outputs made whole.
+// The nodes, then the graph's outputs made whole. (Collective matmuls are a pass over the rank
+// graph: transform/collective_matmul.h.)
 void SpmdRewriter::emit(RewriteBuilder& builder) {
-  if (sharding_.collective_matmul) mark_collective_matmuls(graph_, rewrites_);
   for (const NodeRewrite& rw : rewrites_) builder.node(rw);
   for (ir::ValueId out : graph_.outputs()) {
     const ir::Value& v = graph_.value(out);

@@ -120,13 +120,6 @@ struct OperandRewrite {
   // (and its gather again for backward), `scatter_group` for a reduce-scatter beside backward.
   int gather_group = -1;
   int scatter_group = -1;
-  // Collective matmul (search/parameter_collectives.h, MatmulCollective; plans with
-  // collective_matmul): Gather, this operand's one all-gather (and its gradient's one
-  // reduce-scatter) runs inside the reader's contraction, as a ring (the first reader of
-  // the gathered value; the others read the value the ring assembled); Scatter, this
-  // operand's one reduce-scatter (and its gradient's one all-gather) runs inside its
-  // producer's contraction (NodeRewrite::matmul_scatter), which gives the scattered value.
-  search::MatmulCollective matmul = search::MatmulCollective::None;
 };
 
 struct OutputRewrite {
@@ -176,10 +169,6 @@ struct NodeRewrite {
   bool recompute_keeps = false;
   std::vector<OperandRewrite> inputs;
   std::vector<OutputRewrite> outputs;
-  // Collective matmul, Scatter: the node's output is reduce-scattered inside its contraction
-  // by these steps (its only reader's operand, marked Scatter: one reduce-scatter forward,
-  // one all-gather or none backward); empty otherwise.
-  std::vector<ReshardAction> matmul_scatter_forward, matmul_scatter_backward;
   // A seeded random op on a block or a Partial operand (ops/random_draws.h, Mask or Like):
   // the rank draws the whole operand's values as one device draws them and keeps its block.
   bool one_device_random = false;

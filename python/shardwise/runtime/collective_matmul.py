@@ -1,8 +1,8 @@
 """Tensor-parallel collectives run inside their matmuls, as rings (collective matmul: Wang et
 al., ASPLOS 2023; torchtitan's async tensor parallelism).
 
-The core marks them (csrc/transform/collective_matmul.h, where the plan's
-``sharding.collective_matmul`` asks): a contraction carries ``{shardwise.gather_matmul=i}``
+The core's collective-matmul pass marks them on the rank graph (csrc/transform/collective_matmul.h,
+where the plan's ``sharding.collective_matmul`` switches it on: transform/rank_passes.h): a contraction carries ``{shardwise.gather_matmul=i}``
 when its operand i arrives by one all-gather along a row dim, or
 ``{shardwise.matmul_scatter=true}`` when its output leaves by one reduce-scatter along a row
 dim; those collectives carry ``{overlap="matmul"}``, and the search prices them hidden under

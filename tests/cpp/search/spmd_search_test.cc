@@ -20,6 +20,9 @@
 #include "search/placement.h"
 #include "search/plan_report.h"
 #include "support/error.h"
+#include "transform/collective_matmul.h"
+#include "transform/job_rank_graph.h"
+#include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
 
 namespace shardwise::search {
@@ -347,16 +350,19 @@ TEST(SpmdSearch, GptConv1DsRunTheirSequenceCollectivesAsStridedRings) {
   ASSERT_TRUE(r.fits);
   EXPECT_GT(r.plan.predicted->breakdown.at("activations_beside_matmul_total"), 0);
   EXPECT_LT(r.plan.predicted->step_time, r.plan.predicted->breakdown.at("step_time_plain_collectives"));
-  const transform::RankProgram program = transform::rank_program(g, *r.plan.sharding, 0);
+  const transform::RankGraph rank = transform::job_rank_graph(g, *r.plan.sharding, 0);
   int strided_gathers = 0, strided_scatters = 0;
-  for (const transform::NodeRewrite& rw : program.nodes) {
-    const ir::Node& node = g.node(rw.node);
-    for (const transform::OperandRewrite& op : rw.inputs)
-      if (op.matmul == MatmulCollective::Gather && node.op == "aten::addmm" && op.forward[0].groups == 2) {
+  for (const ir::Node& node : rank.graph.nodes()) {
+    if (node.op != "aten::addmm") continue;
+    if (transform::operand_ring(rank.graph, node, 1) == MatmulCollective::Gather) {
+      const ir::Node& backward = rank.graph.node(*rank.graph.value(node.inputs[1]).producer);
+      const ir::Node& forward = rank.graph.node(*rank.graph.value(backward.inputs[0]).producer);
+      if (transform::step_action(forward).groups == 2) {
         ++strided_gathers;
-        EXPECT_EQ(op.backward.at(0).groups, 2) << node.module_path;
+        EXPECT_EQ(transform::step_action(backward).groups, 2) << node.module_path;
       }
-    if (node.op == "aten::addmm" && !rw.matmul_scatter_forward.empty() && rw.matmul_scatter_forward[0].groups == 2)
+    }
+    if (const auto ring = transform::scatter_ring(rank.graph, node); ring && ring->forward.at(0).groups == 2)
       ++strided_scatters;
   }
   // Per layer: c_attn and c_fc gather in, c_proj (attention's and the MLP's) scatter out.

@@ -1,7 +1,9 @@
-// Which tensor-parallel collectives the rewrite runs as collective matmuls
-// (transform/collective_matmul.h), and the rule it shares with the search
+// Collective matmul as a pass over the rank graph (transform/collective_matmul.h): which
+// tensor-parallel collectives it runs as rings, read back as the binding reads them
+// (operand_ring, scatter_ring), and the rule it shares with the search
 // (search/parameter_collectives.h: collective_matmul_input, collective_matmul_rows). The
-// printed program of the same case is tests/golden/sharded_collective_matmul.ir.
+// printed program of the same case is tests/golden/sharded_collective_matmul.ir; the pass
+// alone on a rank graph, tests/golden/collective_matmul_pass.ir.
 #include "transform/collective_matmul.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +11,11 @@
 #include <string>
 
 #include "ir/parser.h"
+#include "ir/printer.h"
 #include "search/parameter_collectives.h"
+#include "transform/job_rank_graph.h"
+#include "transform/rank_graph.h"
+#include "transform/rank_passes.h"
 #include "transform/spmd_rewrite.h"
 
 namespace shardwise::transform {
@@ -56,42 +62,67 @@ plan::Sharding sequence_parallel(bool collective_matmul) {
   return s;
 }
 
-const NodeRewrite& node_of(const ir::Graph& g, const RankProgram& p, const std::string& output) {
-  for (const NodeRewrite& rw : p.nodes)
-    if (g.value(g.node(rw.node).outputs[0]).name == output) return rw;
-  throw std::runtime_error("no node " + output);
+const ir::Node& call(const ir::Graph& g, const std::string& output) {
+  return g.node(*g.value(*g.find_value(output)).producer);
+}
+
+std::string overlap(const ir::Graph& g, const std::string& value) {
+  return std::get<std::string>(call(g, value).attrs.at("overlap"));
 }
 
 TEST(CollectiveMatmul, TheFirstReaderRunsTheGatherAndTheRowParallelProductTheScatter) {
-  const ir::Graph g = gated_mlp();
-  const RankProgram p = rank_program(g, sequence_parallel(true), 1);
+  const ir::Graph g = job_rank_graph(gated_mlp(), sequence_parallel(true), 1).graph;
   // up reads the gathered norm output first: its ring; gate reads what the ring assembled.
-  EXPECT_EQ(node_of(g, p, "u").inputs[0].matmul, MatmulCollective::Gather);
-  EXPECT_EQ(node_of(g, p, "g").inputs[0].matmul, MatmulCollective::None);
-  EXPECT_EQ(node_of(g, p, "g").inputs[0].forward, node_of(g, p, "u").inputs[0].forward);
+  EXPECT_EQ(std::get<std::int64_t>(call(g, "u").attrs.at("shardwise.gather_matmul")), 0);
+  EXPECT_EQ(operand_ring(g, call(g, "u"), 0), MatmulCollective::Gather);
+  EXPECT_EQ(operand_ring(g, call(g, "g"), 0), MatmulCollective::None);
+  EXPECT_EQ(call(g, "g").inputs[0], call(g, "u").inputs[0]);
+  EXPECT_EQ(overlap(g, "n.r1.s1"), "matmul");
+  EXPECT_EQ(overlap(g, "n.r1"), "matmul");
   // down's Partial output, reduce-scattered for the add: down runs that ring.
-  const NodeRewrite& down = node_of(g, p, "d");
-  ASSERT_EQ(down.matmul_scatter_forward.size(), 1u);
-  EXPECT_EQ(down.matmul_scatter_forward[0].str(), "reduce_scatter(axis 1, dim 1)");
-  ASSERT_EQ(down.matmul_scatter_backward.size(), 1u);
-  EXPECT_EQ(down.matmul_scatter_backward[0].str(), "all_gather(axis 1, dim 1)");
-  EXPECT_EQ(node_of(g, p, "y").inputs[1].matmul, MatmulCollective::Scatter);
+  const auto ring = scatter_ring(g, call(g, "d"));
+  ASSERT_TRUE(ring.has_value());
+  ASSERT_EQ(ring->forward.size(), 1u);
+  EXPECT_EQ(ring->forward[0].str(), "reduce_scatter(axis 1, dim 1)");
+  ASSERT_EQ(ring->backward.size(), 1u);
+  EXPECT_EQ(ring->backward[0].str(), "all_gather(axis 1, dim 1)");
+  EXPECT_EQ(operand_ring(g, call(g, "y"), 1), MatmulCollective::Scatter);
+  EXPECT_EQ(operand_ring(g, call(g, "y"), 0), MatmulCollective::None);
+  EXPECT_FALSE(scatter_ring(g, call(g, "u")).has_value());
   // The loss' all-reduce has no contraction beside it.
-  EXPECT_EQ(p.outputs[0].matmul, MatmulCollective::None);
+  EXPECT_EQ(overlap(g, "loss.r1"), "exposed");
 }
 
 TEST(CollectiveMatmul, NoneWithoutThePlansOption) {
-  const ir::Graph g = gated_mlp();
-  const RankProgram p = rank_program(g, sequence_parallel(false), 1);
-  for (const NodeRewrite& rw : p.nodes) {
-    EXPECT_TRUE(rw.matmul_scatter_forward.empty());
-    for (const OperandRewrite& op : rw.inputs) EXPECT_EQ(op.matmul, MatmulCollective::None) << op.value;
+  const ir::Graph g = job_rank_graph(gated_mlp(), sequence_parallel(false), 1).graph;
+  for (const ir::Node& node : g.nodes()) {
+    EXPECT_FALSE(node.attrs.contains("shardwise.gather_matmul"));
+    EXPECT_FALSE(node.attrs.contains("shardwise.matmul_scatter"));
+    if (auto it = node.attrs.find("overlap"); it != node.attrs.end())
+      EXPECT_NE(std::get<std::string>(it->second), "matmul");
+    for (std::size_t i = 0; i < node.inputs.size(); ++i) EXPECT_EQ(operand_ring(g, node, i), MatmulCollective::None);
   }
+}
+
+TEST(CollectiveMatmul, ThePassOnTheRewritesGraphIsWhatTheJobRuns) {
+  // The rewrite emits no ring: the pass alone, on the graph of a plan without the option,
+  // gives the job's graph of the plan with it, and a second run changes nothing.
+  ir::Graph plain = job_rank_graph(gated_mlp(), sequence_parallel(false), 1).graph;
+  const std::string job = ir::print_graph(job_rank_graph(gated_mlp(), sequence_parallel(true), 1).graph);
+  EXPECT_NE(ir::print_graph(plain), job);
+  fuse_collective_matmuls(plain);
+  EXPECT_EQ(ir::print_graph(plain), job);
+  fuse_collective_matmuls(plain);
+  EXPECT_EQ(ir::print_graph(plain), job);
+  ASSERT_EQ(rank_passes().size(), 1u);
+  EXPECT_EQ(rank_passes()[0].name, "collective-matmul");
+  EXPECT_TRUE(rank_passes()[0].enabled(sequence_parallel(true)));
+  EXPECT_FALSE(rank_passes()[0].enabled(sequence_parallel(false)));
 }
 
 TEST(CollectiveMatmul, AProductReadTwiceKeepsItsScatter) {
   // A second reader of down's output (its own reduce-scatter): the ring would serve one.
-  const ir::Graph g = gated_mlp(
+  const ir::Graph global = gated_mlp(
       "  %z: f32[b2,8,16] = aten::neg(%d) @mlp\n"
       "  %w: f32[b2,8,16] = aten::add.Tensor(%y, %z) {alpha=1} @mlp\n");
   plan::Sharding s = sequence_parallel(true);
@@ -99,10 +130,47 @@ TEST(CollectiveMatmul, AProductReadTwiceKeepsItsScatter) {
   s.placements["w"] = {"R", "S(1)"};
   s.strategies["z"] = {"replicate", "split d1"};
   s.strategies["w"] = {"replicate", "split d1"};
-  const RankProgram p = rank_program(g, s, 1);
-  EXPECT_TRUE(node_of(g, p, "d").matmul_scatter_forward.empty());
-  EXPECT_EQ(node_of(g, p, "y").inputs[1].matmul, MatmulCollective::None);
-  EXPECT_EQ(node_of(g, p, "u").inputs[0].matmul, MatmulCollective::Gather);  // the gather still rings
+  const ir::Graph g = job_rank_graph(global, s, 1).graph;
+  EXPECT_FALSE(call(g, "d").attrs.contains("shardwise.matmul_scatter"));
+  EXPECT_EQ(operand_ring(g, call(g, "y"), 1), MatmulCollective::None);
+  EXPECT_EQ(operand_ring(g, call(g, "u"), 0), MatmulCollective::Gather);  // the gather still rings
+}
+
+TEST(CollectiveMatmul, OnlyOneEvenExposedCollectiveAlongARowRings) {
+  // Hand-written rank graphs of a tensor axis of 2: each gather but the first is refused.
+  const ir::Graph before = ir::parse_graph(R"(graph(%x: f32[4,16], %y: f32[4,16], %z: f32[4,16]) {
+  %w: f32[8,16] parameter
+  %v: f32[16,8] parameter
+  %a: f32[4,16] = aten::tanh(%x)
+  %a.r1.s1: f32[8,16] = shardwise::all_gather(%a) {axis=0, dim=0, group=[0,1], overlap="exposed"}
+  %a.r1: f32[8,16] = shardwise::reduce_scatter(%a.r1.s1) {axis=0, dim=0, group=[0,1], overlap="exposed", pass="backward"}
+  %ok: f32[8,8] = aten::linear(%a.r1, %w) {bias=none}
+  %b: f32[4,16] = aten::tanh(%y)
+  %b.r1.s1: f32[8,16] = shardwise::all_gather(%b) {axis=0, dim=0, group=[0,1], overlap="exposed", ratios=[0.25,0.75]}
+  %b.r1: f32[8,16] = shardwise::reduce_scatter(%b.r1.s1) {axis=0, dim=0, group=[0,1], overlap="exposed", pass="backward"}
+  %uneven: f32[8,8] = aten::linear(%b.r1, %w) {bias=none}
+  %c: f32[4,16] = aten::tanh(%z)
+  %c.r1.s1: f32[4,32] = shardwise::all_gather(%c) {axis=0, dim=1, group=[0,1], overlap="exposed"}
+  %c.r1: f32[4,32] = shardwise::reduce_scatter(%c.r1.s1) {axis=0, dim=1, group=[0,1], overlap="exposed", pass="backward"}
+  %contracted: f32[4,8] = aten::mm(%c.r1, %v)
+  %d: f32[4,16] = aten::neg(%x)
+  %d.r1.s1: f32[8,16] = shardwise::all_gather(%d) {axis=0, dim=0, group=[0,1], overlap="exposed"}
+  %d.r1: f32[8,16] = shardwise::all_reduce(%d.r1.s1) {axis=0, group=[0,1], overlap="backward", pass="backward", reduce="sum"}
+  %async: f32[8,8] = aten::linear(%d.r1, %w) {bias=none}
+  %e: f32[4,16] = aten::sin(%x)
+  %e.r1: f32[8,16] = shardwise::all_gather(%e) {axis=0, dim=0, group=[0,1], overlap="exposed"}
+  %whole: f32[8,8] = aten::linear(%e.r1, %w) {bias=none, shardwise.whole=true}
+  return (%ok, %uneven, %contracted, %async, %whole)
+})");
+  ir::Graph g = before;
+  fuse_collective_matmuls(g);
+  EXPECT_EQ(operand_ring(g, call(g, "ok"), 0), MatmulCollective::Gather);
+  EXPECT_EQ(overlap(g, "a.r1.s1"), "matmul");
+  for (const char* refused : {"uneven", "contracted", "async", "whole"}) {
+    EXPECT_EQ(operand_ring(g, call(g, refused), 0), MatmulCollective::None) << refused;
+    EXPECT_EQ(call(g, refused).attrs, call(before, refused).attrs) << refused;
+  }
+  for (const char* step : {"b.r1.s1", "c.r1.s1", "d.r1.s1", "e.r1"}) EXPECT_EQ(overlap(g, step), "exposed") << step;
 }
 
 TEST(CollectiveMatmulRows, OnlyTheContractionsRowsMayBeCut) {

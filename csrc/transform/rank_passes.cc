@@ -1,0 +1,21 @@
+#include "transform/rank_passes.h"
+
+#include "transform/collective_matmul.h"
+
+namespace shardwise::transform {
+
+const std::vector<RankPass>& rank_passes() {
+  static const std::vector<RankPass> passes = {
+      {"collective-matmul",
+       "run tensor-parallel all-gathers into and reduce-scatters out of contractions as rings (a rank graph)",
+       [](const plan::Sharding& s) { return s.collective_matmul; }, fuse_collective_matmuls},
+  };
+  return passes;
+}
+
+void run_rank_passes(ir::Graph& rank_graph, const plan::Sharding& sharding) {
+  for (const RankPass& pass : rank_passes())
+    if (pass.enabled(sharding)) pass.run(rank_graph);
+}
+
+}  // namespace shardwise::transform

@@ -1,0 +1,37 @@
+// The feature passes over a rank graph (rank_graph.h), in the order they run. A rank graph
+// as the job runs it (job_rank_graph.h) is the rewrite, then the whole-node union, then each
+// pass here that its plan switches on; shardwise-opt registers each under its name after
+// rank-graph (tools/pass_pipeline.cc), so a golden may run one alone on a rank graph.
+//
+// A feature pass reads and writes only the rank graph (no plan, no rewrite data), marks what
+// the runtime runs differently as attributes or named ops, keeps node and value ids (the
+// binding maps the rewrite's nodes to the graph's by id: RankGraph::nodes), and runs again
+// without change. Adding one: its x.h + x.cc, a C++ test and a golden, a row below, and the
+// runtime's emitter for its marks (python/shardwise/runtime/lower.py, _EMITTERS).
+//
+// The order, and why:
+//   1. collective-matmul (transform/collective_matmul.h; sharding.collective_matmul): first,
+//      since it reads the collectives as the rewrite emitted them (exposed).
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+#include "plan/plan.h"
+
+namespace shardwise::transform {
+
+struct RankPass {
+  std::string_view name;     // as shardwise-opt names it
+  std::string_view summary;  // one line, for --help
+  bool (*enabled)(const plan::Sharding&);
+  void (*run)(ir::Graph&);
+};
+
+const std::vector<RankPass>& rank_passes();
+
+// Runs the passes the plan's sharding switches on, in order, on `rank_graph`.
+void run_rank_passes(ir::Graph& rank_graph, const plan::Sharding& sharding);
+
+}  // namespace shardwise::transform
