@@ -19,6 +19,7 @@
 #include "support/error.h"
 #include "support/fnv1a.h"
 #include <fmt/format.h>
+#include "ir/parser.h"
 #include "ir/printer.h"
 #include "transform/collective_matmul.h"
 #include "transform/fp8_axes.h"
@@ -413,9 +414,38 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   return out;
 }
 
+// The resharding regions of a printed rank graph (rank_graph.h: step_regions), as the
+// runtime's lowering names their steps: {value, forward, backward (in the order their
+// gradient runs them), reader (the first output of the region's first reader, "" for a
+// graph output)}.
+py::list rank_ir_regions(const std::string& text) {
+  const ir::Graph graph = ir::parse_graph(text);
+  py::list out;
+  for (const transform::StepRegion& region : transform::step_regions(graph)) {
+    py::dict d;
+    d["value"] = graph.value(region.source).name;
+    std::vector<std::string> forward, backward;
+    for (ir::NodeId id : region.forward) forward.push_back(transform::step_action(graph.node(id)).str());
+    for (auto it = region.backward.rbegin(); it != region.backward.rend(); ++it)
+      backward.push_back(transform::step_action(graph.node(*it)).str());
+    d["forward"] = forward;
+    d["backward"] = backward;
+    const ir::NodeId last = region.backward.empty() ? region.forward.back() : region.backward.back();
+    const std::vector<ir::NodeId> readers = graph.users(graph.node(last).outputs[0]);
+    d["reader"] = readers.empty() || graph.node(readers[0]).outputs.empty()
+                      ? std::string()
+                      : graph.value(graph.node(readers[0]).outputs[0]).name;
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_transform(py::module_& m) {
+  m.def("rank_ir_regions", &rank_ir_regions, py::arg("text"),
+        "The resharding regions of a printed rank graph (csrc/transform/rank_graph.h: step_regions), each "
+        "{value, forward, backward, reader}, its steps named as the lowering names them.");
   m.def(
       "program_hash",
       [](const ir::Graph& graph, const std::string& plan_json, int rank) {

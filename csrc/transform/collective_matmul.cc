@@ -20,29 +20,6 @@ const std::string* string_attr(const ir::Node& node, std::string_view key) {
   return it == node.attrs.end() ? nullptr : std::get_if<std::string>(&it->second);
 }
 
-bool backward_step(const ir::Node& step) { return step.attrs.contains("pass"); }
-
-// The step nodes a value is read through, from the value they start at: its region
-// (rank_graph.h), forward steps then backward ones, each reading the one before.
-struct Region {
-  ir::ValueId source = -1;
-  std::vector<ir::NodeId> forward, backward;
-};
-
-Region region_ending_at(const ir::Graph& graph, ir::ValueId value) {
-  std::vector<ir::NodeId> chain;
-  ir::ValueId v = value;
-  while (const auto producer = graph.value(v).producer) {
-    const ir::Node& node = graph.node(*producer);
-    if (!is_step_node(node)) break;
-    chain.insert(chain.begin(), *producer);
-    v = node.inputs[0];
-  }
-  Region region{v, {}, {}};
-  for (ir::NodeId id : chain) (backward_step(graph.node(id)) ? region.backward : region.forward).push_back(id);
-  return region;
-}
-
 // One even, exposed collective of `op` along a dim (its blocks the runtime's ring takes and
 // joins: runtime/collective_matmul.py, _Blocks).
 bool one_even(const ir::Graph& graph, const std::vector<ir::NodeId>& steps, std::string_view op) {
@@ -55,7 +32,7 @@ bool one_even(const ir::Graph& graph, const std::vector<ir::NodeId>& steps, std:
 
 // The region's steps are one ring on `node`'s contraction: one even `forward` collective along
 // a row dim, and none or one even `backward` one on the same axis, dim and groups.
-bool one_ring(const ir::Graph& graph, const ir::Node& node, const Region& region, std::string_view forward,
+bool one_ring(const ir::Graph& graph, const ir::Node& node, const StepRegion& region, std::string_view forward,
               std::string_view backward) {
   if (!one_even(graph, region.forward, forward)) return false;
   const ReshardAction f = step_action(graph.node(region.forward[0]));
@@ -72,7 +49,7 @@ int local_contraction_input(const ir::Graph& graph, const ir::Node& node) {
   return search::collective_matmul_input(graph, node);
 }
 
-void mark(ir::Graph& graph, const Region& region) {
+void mark(ir::Graph& graph, const StepRegion& region) {
   for (const auto* steps : {&region.forward, &region.backward})
     for (ir::NodeId id : *steps) graph.mutable_attrs(id)["overlap"] = std::string(kMatmulOverlap);
 }
@@ -83,7 +60,7 @@ void fuse_gathers(ir::Graph& graph) {
     const int input = local_contraction_input(graph, node);
     if (input < 0 || node.attrs.contains(std::string(kGatherAttr))) continue;
     const ir::ValueId value = node.inputs[static_cast<std::size_t>(input)];
-    const Region region = region_ending_at(graph, value);
+    const StepRegion region = region_ending_at(graph, value);
     if (region.forward.empty() || graph.value(region.source).role == ir::ValueRole::Parameter) continue;
     // The first operand in node order that reads the region's value.
     const std::vector<ir::NodeId> readers = graph.users(value);
@@ -110,7 +87,7 @@ void fuse_scatters(ir::Graph& graph) {
       v = graph.node(users[0]).outputs[0];
       leaves = leaves || output(v);
     }
-    const Region region = region_ending_at(graph, v);
+    const StepRegion region = region_ending_at(graph, v);
     if (leaves || region.source != node.outputs[0] || region.forward.empty()) continue;
     const std::vector<ir::NodeId> readers = graph.users(v);
     if (readers.size() != 1 || std::count(graph.node(readers[0]).inputs.begin(), graph.node(readers[0]).inputs.end(),
@@ -122,7 +99,7 @@ void fuse_scatters(ir::Graph& graph) {
   }
 }
 
-bool ring_marked(const ir::Graph& graph, const Region& region) {
+bool ring_marked(const ir::Graph& graph, const StepRegion& region) {
   if (region.forward.empty()) return false;
   const std::string* overlap = string_attr(graph.node(region.forward[0]), "overlap");
   return overlap != nullptr && *overlap == kMatmulOverlap;
@@ -139,7 +116,7 @@ search::MatmulCollective operand_ring(const ir::Graph& rank_graph, const ir::Nod
   if (auto it = reader.attrs.find(std::string(kGatherAttr));
       it != reader.attrs.end() && std::get<std::int64_t>(it->second) == static_cast<std::int64_t>(operand))
     return search::MatmulCollective::Gather;
-  const Region region = region_ending_at(rank_graph, reader.inputs.at(operand));
+  const StepRegion region = region_ending_at(rank_graph, reader.inputs.at(operand));
   const auto producer = rank_graph.value(region.source).producer;
   if (producer && ring_marked(rank_graph, region) && rank_graph.node(*producer).attrs.contains(std::string(kScatterAttr)))
     return search::MatmulCollective::Scatter;
@@ -152,7 +129,7 @@ std::optional<RingSteps> scatter_ring(const ir::Graph& rank_graph, const ir::Nod
   for (std::vector<ir::NodeId> users = rank_graph.users(v);
        users.size() == 1 && is_step_node(rank_graph.node(users[0])); users = rank_graph.users(v))
     v = rank_graph.node(users[0]).outputs[0];
-  const Region region = region_ending_at(rank_graph, v);
+  const StepRegion region = region_ending_at(rank_graph, v);
   RingSteps ring;
   for (ir::NodeId id : region.forward) ring.forward.push_back(step_action(rank_graph.node(id)));
   for (auto it = region.backward.rbegin(); it != region.backward.rend(); ++it)

@@ -482,6 +482,33 @@ ReshardAction step_action(const ir::Node& step) {
   return a;
 }
 
+StepRegion region_ending_at(const ir::Graph& rank_graph, ir::ValueId value) {
+  std::vector<ir::NodeId> chain;
+  ir::ValueId v = value;
+  while (const auto producer = rank_graph.value(v).producer) {
+    const ir::Node& node = rank_graph.node(*producer);
+    if (!is_step_node(node)) break;
+    chain.insert(chain.begin(), *producer);
+    v = node.inputs[0];
+  }
+  StepRegion region{v, {}, {}};
+  for (ir::NodeId id : chain)
+    (rank_graph.node(id).attrs.contains("pass") ? region.backward : region.forward).push_back(id);
+  return region;
+}
+
+std::vector<StepRegion> step_regions(const ir::Graph& rank_graph) {
+  std::vector<StepRegion> out;
+  for (const ir::Node& node : rank_graph.nodes()) {
+    if (!is_step_node(node)) continue;
+    // The region's last step: no step reads its value.
+    bool last = true;
+    for (ir::NodeId user : rank_graph.users(node.outputs[0])) last = last && !is_step_node(rank_graph.node(user));
+    if (last) out.push_back(region_ending_at(rank_graph, node.outputs[0]));
+  }
+  return out;
+}
+
 std::string resharding_region_key(const OperandRewrite& op) {
   std::string key = op.value;
   for (const ReshardAction& step : op.forward) key += "|" + step.str();

@@ -109,6 +109,18 @@ std::string resharding_region_key(const OperandRewrite& op);
 bool is_step_node(const ir::Node& node);
 ReshardAction step_action(const ir::Node& step);
 
+// A resharding region of a rank graph: the chain of step nodes, each reading the one before,
+// from the value it starts at; its forward steps, then its backward ones in emission order
+// (the reverse of OperandRewrite::backward's).
+struct StepRegion {
+  ir::ValueId source = -1;
+  std::vector<ir::NodeId> forward, backward;
+};
+// The region whose last step gives `value` (no steps where its producer is not a step node).
+StepRegion region_ending_at(const ir::Graph& rank_graph, ir::ValueId value);
+// Every region of a rank graph, in the order of their last steps.
+std::vector<StepRegion> step_regions(const ir::Graph& rank_graph);
+
 // Checks a rank graph against the global graph and the plan (ValidationError naming the rank,
 // value and sizes at the first disagreement):
 //  - every leaf of the global graph is there, with its role, dtype and the local shape of

@@ -29,6 +29,7 @@ import torch.nn as nn
 import shardwise
 from conftest import (TIGHT_PRECISION, finish_rank, parameter_error, spawn_reports, tight_cluster,
                       train_one_device)
+from rank_ir_check import lowered_against_rank_ir
 
 transformers = pytest.importorskip("transformers")
 
@@ -98,7 +99,8 @@ def _train(name: str, plan: shardwise.Plan) -> dict:
         optimizer.step()
         optimizer.zero_grad()
     return {"losses": losses, "eval": engine.eval_step(*_batch(STEPS)).item(), "state": engine.full_state_dict(),
-            "traffic": moved, "rank_ir": engine.rank_ir, "code": engine.code}
+            "traffic": moved, "rank_ir": engine.rank_ir, "code": engine.code,
+            "lowered": lowered_against_rank_ir(engine.module, engine.rank_ir)}
 
 
 def _worker(rank: int, world: int, store: str, result: str, name: str, plan_json: str) -> None:
@@ -152,7 +154,8 @@ def _worker(rank: int, world: int, store: str, result: str, name: str, plan_json
             "plain_vs_fused": max(((fused["state"][k] - v).abs().max() / v.abs().max().clamp_min(1e-6)).item()
                                   for k, v in plain["state"].items()),
             "traffic": fused["traffic"], "plain_traffic": plain["traffic"], "events": events,
-            "rank_ir": fused["rank_ir"], "code": fused["code"], "plain_code": plain["code"]})
+            "rank_ir": fused["rank_ir"], "code": fused["code"], "plain_code": plain["code"],
+            "lowered": fused["lowered"], "plain_lowered": plain["lowered"]})
     finally:
         restore()
         dist.destroy_process_group()
@@ -189,6 +192,10 @@ def test_searched_sequence_parallel_runs_its_collectives_inside_the_matmuls(name
     if name == "gpt2":  # Conv1D's rows are [b * s]: the rings' blocks are strided, one per batch row
         assert any(f"groups={ROWS}," in line for line in marked), marked
     assert "collective_matmul" not in r["plain_code"], r["plain_code"]
+    # The program that ran is its rank IR, node for node: each ring is the marked region's one
+    # step each way (rank_ir_check.py), with the rings and without them.
+    for lowered in (r["lowered"], r["plain_lowered"]):
+        assert lowered["collectives"] > 4 and lowered["mismatches"] == [], lowered
     # Every transfer of every ring is issued before a product and waited for after it.
     events = r["events"]
     assert events.count("issue") == events.count("wait") > 0, events

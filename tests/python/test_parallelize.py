@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import shardwise
 from conftest import TwoBranch, run_ranks, with_zero
+from rank_ir_check import lowered_against_rank_ir
 from shardwise.models import CausalLMWithLoss
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
@@ -128,38 +129,6 @@ def _cases() -> dict:
     }
 
 
-# ---- the program against the rank IR -------------------------------------------------------------
-TENSOR = "<tensor>"  # every tensor operand, when two calls' other arguments are compared
-
-
-def _calls_against_rank_ir(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[str]]:
-    """Each ATen node of the printed rank IR against the program's ATen calls, in order: the
-    same op with the same arguments (the IR's attributes bound to the op's schema). The IR's
-    nodes the runtime runs as one of its own modules (marked shardwise.*) and the value
-    identities the lowering calls again (contiguous) are left out; a view runs as reshape on
-    the view's arguments (runtime/lower.py: _LAYOUT_FREE). (checked, mismatches)."""
-    from shardwise._aten_call import bound_arguments, call_arguments
-    from shardwise._fx_import import VALUE_IDENTITIES, op_overload
-    from shardwise.runtime.lower import _LAYOUT_FREE
-
-    ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes()
-                if n["op"].startswith("aten::") and not any(k.startswith("shardwise.") for k in n["attrs"])]
-    calls = [n for n in module.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-             and n.target not in VALUE_IDENTITIES]
-    mismatches = [f"{len(ir_nodes)} ATen nodes in the rank IR, {len(calls)} ATen calls in the program"] \
-        if len(ir_nodes) != len(calls) else []
-    for node, call in zip(ir_nodes, calls):
-        op = op_overload(node["op"])
-        if _LAYOUT_FREE.get(op, op) is not call.target:
-            mismatches.append(f"{node['outputs'][0]}: {node['op']} in the IR, {call.target} in the program")
-            continue
-        expected = bound_arguments(op, *call_arguments(op, node["attrs"], [TENSOR] * len(node["inputs"])))
-        program = bound_arguments(op, call.args, call.kwargs, operand=lambda _: TENSOR)  # by the IR op's schema
-        if expected != program:
-            mismatches.append(f"{node['outputs'][0]} ({node['op']}): {expected} in the IR, {program} in the program")
-    return min(len(ir_nodes), len(calls)), mismatches
-
-
 # ---- the ranks ---------------------------------------------------------------------------------
 def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, mesh, result_path: str,
                        stage_memory: float | None = None, zero: bool = False, hetero: bool = False) -> None:
@@ -227,7 +196,9 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
                        "param_error": param_error, "losses": losses,
                        "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
                        "rank_ir": getattr(engine, "rank_ir", None),
-                       "ir_calls": _calls_against_rank_ir(engine.module, engine.rank_ir) if case == "gpt2" else None,
+                       # Every SPMD program against its rank IR, collectives included (rank_ir_check.py).
+                       "lowered": lowered_against_rank_ir(engine.module, engine.rank_ir)
+                       if getattr(engine, "rank_ir", None) is not None else None,
                        "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
                        "stage_meshes": engine.plan.stage_meshes,
                        "stage_mesh": engine.sharding.sharding["mesh"] if getattr(engine, "sharding", None)
@@ -284,6 +255,9 @@ def _check(result: dict) -> None:
     assert result["loss_error"] < TOLERANCE, result
     assert result["eval_error"] < TOLERANCE, result
     assert result["param_error"] < TOLERANCE, result
+    lowered = result.get("lowered")
+    if lowered is not None:  # the program that ran is its rank IR, node for node
+        assert lowered["mismatches"] == [], lowered["mismatches"][:5]
 
 
 # ---- the cases -----------------------------------------------------------------------------------
@@ -330,9 +304,9 @@ def test_megatron_gpt2_with_sequence_parallelism_equals_one_device():
     steps = "\n".join(line for line in code.splitlines() if "self.prefetch.start(" not in line)
     for kind in ("all_gather", "reduce_scatter", "all_reduce", "slice"):
         assert ir.count(f"shardwise::{kind}(") == steps.count(f"'{kind}(axis"), kind
-    # Every ATen call of the program is the rank IR's node: its op and its attributes.
-    checked, mismatches = r["ir_calls"]
-    assert checked > 50 and mismatches == [], mismatches[:5]
+    # Every ATen call and every collective of the program is the rank IR's node (rank_ir_check.py).
+    lowered = r["lowered"]
+    assert lowered["calls"] > 50 and lowered["collectives"] > 10 and lowered["mismatches"] == [], lowered
 
 
 def test_gpt2_uneven_vocabulary_parallel_embedding_and_head_equal_one_device():

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ir/parser.h"
@@ -49,6 +51,35 @@ TEST(RankGraph, EveryRankHoldsItsShardsAndTheCollectivesAreNodes) {
                          "shardwise::all_reduce [" + std::to_string(tensor) + "," + std::to_string(tensor + 2) + "]",
                          "shardwise::scale [" + std::to_string(tensor) + "," + std::to_string(tensor + 2) + "]"}));
   }
+}
+
+TEST(RankGraph, ItsRegionsReadBackAsTheRewritesSteps) {
+  // step_regions and step_action give back, region by region, the steps of the operands the
+  // graph was emitted from (one region per resharding_region_key, in emission order).
+  const ir::Graph g = ir::parse_graph(kMlp);
+  for (int rank = 0; rank < 4; ++rank) {
+    const RankGraph r = rank_graph(g, megatron(), rank);
+    std::vector<std::tuple<std::string, std::vector<ReshardAction>, std::vector<ReshardAction>>> expected, read;
+    std::set<std::string> seen;
+    auto add = [&](const OperandRewrite& op) {
+      if ((op.forward.empty() && op.backward.empty()) || !seen.insert(resharding_region_key(op)).second) return;
+      expected.emplace_back(op.value, op.forward, op.backward);
+    };
+    for (const NodeRewrite& node : r.program.nodes)
+      for (const OperandRewrite& op : node.inputs) add(op);
+    for (const OperandRewrite& op : r.program.outputs) add(op);
+    for (const StepRegion& region : step_regions(r.graph)) {
+      std::vector<ReshardAction> forward, backward;
+      for (ir::NodeId id : region.forward) forward.push_back(step_action(r.graph.node(id)));
+      for (auto it = region.backward.rbegin(); it != region.backward.rend(); ++it)
+        backward.push_back(step_action(r.graph.node(*it)));
+      read.emplace_back(r.graph.value(region.source).name, forward, backward);
+    }
+    ASSERT_FALSE(expected.empty());
+    EXPECT_EQ(read, expected) << rank;
+  }
+  // Not a step: a node without a mesh axis and group.
+  EXPECT_THROW(step_action(ir::parse_graph(kMlp).node(0)), support::ValidationError);
 }
 
 TEST(RankGraph, TheTextParsesBackToTheSameGraph) {

@@ -1,0 +1,135 @@
+"""The program that runs against the rank IR it was lowered from, node for node (issue 47:
+``engine.code`` corresponds to ``engine.rank_ir``), for tests that train a plan on real ranks.
+
+Two sequences are compared, each in program order:
+
+- **calls**: each ATen node of the rank IR against the program's ATen calls: the same op with
+  the same arguments (the IR's attributes bound to the op's schema). The IR's nodes the runtime
+  runs as one of its own modules (RUNTIME_MODULE_MARKS) and the value identities the lowering
+  calls again (contiguous) are left out; a view runs as reshape on the view's arguments
+  (runtime/lower.py: _LAYOUT_FREE).
+- **collectives**: as multisets, each resharding region of the rank IR (its chain of ``shardwise::<step>``
+  nodes, forward and backward: csrc/transform/rank_graph.h, ``_C.rank_ir_regions``) against the
+  program's calls that run one: ``reshard`` and ``prefetch.wait`` (the region's steps),
+  ``collective_matmul`` (a ring's one step each way), ``async_gradient`` and an FP8 linear's
+  split backward (the gradient's all-reduce). A state write-back's reshard (a buffer updated in
+  place by a split node) has no node in the IR and is left out.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+import shardwise
+from shardwise import _C
+
+# The marks of ATen nodes the runtime runs as one of its own modules (rank_graph.h), whose
+# region steps the collectives' comparison checks; a node run whole, or in a recomputed block,
+# is a plain call.
+RUNTIME_MODULE_MARKS = {"shardwise.one_device_random", "shardwise.async_gradient", "shardwise.gather_matmul",
+                        "shardwise.matmul_scatter"}
+TENSOR = "<tensor>"  # every tensor operand, when two calls' other arguments are compared
+
+
+def flat_nodes(module: torch.fx.GraphModule):
+    """The program's nodes in order, recomputed blocks (runtime/recompute.py) opened."""
+    for node in module.graph.nodes:
+        if node.op == "call_module" and node.target.startswith("submod_"):
+            block = module.get_submodule(node.target)
+            yield from flat_nodes(getattr(block, "block", block))
+        else:
+            yield node
+
+
+def _call(node: torch.fx.Node) -> tuple | None:
+    """(kind, target, args, kwargs) of a node that calls an op or one of the runtime's modules:
+    directly, or through ``regather`` (runtime/parameter_gathers.py: the call whose sharded
+    weight is gathered again in backward, wrapped)."""
+    if node.op == "call_module" and node.target == "regather":
+        fn, args, kwargs = node.args[0], node.args[1], node.args[2]
+        if isinstance(fn, torch.fx.Node) and fn.op == "get_attr":
+            return "call_module", fn.target, args, kwargs
+        return "call_function", fn, args, kwargs
+    if node.op in ("call_function", "call_module"):
+        return node.op, node.target, node.args, node.kwargs
+    return None
+
+
+def _aten_call(node: torch.fx.Node) -> tuple | None:
+    call = _call(node)
+    if call is None or call[0] != "call_function" or not isinstance(call[1], torch._ops.OpOverload):
+        return None
+    return call[1:]
+
+
+def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[str]]:
+    from shardwise._aten_call import bound_arguments, call_arguments
+    from shardwise._fx_import import VALUE_IDENTITIES, op_overload
+    from shardwise.runtime.lower import _LAYOUT_FREE
+
+    ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes()
+                if n["op"].startswith("aten::") and not RUNTIME_MODULE_MARKS.intersection(n["attrs"])]
+    calls = [call for call in map(_aten_call, flat_nodes(module))
+             if call is not None and call[0] not in VALUE_IDENTITIES]
+    mismatches = []
+    if len(ir_nodes) != len(calls):
+        ir_ops = Counter(_LAYOUT_FREE.get(op_overload(n["op"]), op_overload(n["op"])) for n in ir_nodes)
+        program_ops = Counter(target for target, _, _ in calls)
+        mismatches.append(f"{len(ir_nodes)} ATen nodes in the rank IR, {len(calls)} ATen calls in the program; "
+                          f"the IR's alone: {dict(ir_ops - program_ops)}, the program's alone: "
+                          f"{dict(program_ops - ir_ops)}")
+    for node, (target, args, kwargs) in zip(ir_nodes, calls):
+        op = op_overload(node["op"])
+        if _LAYOUT_FREE.get(op, op) is not target:
+            mismatches.append(f"{node['outputs'][0]}: {node['op']} in the IR, {target} in the program")
+            continue
+        expected = bound_arguments(op, *call_arguments(op, node["attrs"], [TENSOR] * len(node["inputs"])))
+        program = bound_arguments(op, args, kwargs, operand=lambda _: TENSOR)  # by the IR op's schema
+        if expected != program:
+            mismatches.append(f"{node['outputs'][0]} ({node['op']}): {expected} in the IR, {program} in the program")
+    return min(len(ir_nodes), len(calls)), mismatches
+
+
+def program_regions(module: torch.fx.GraphModule) -> list[tuple[tuple, tuple]]:
+    """The (forward steps, backward steps) of each call of the program that runs a region."""
+    from shardwise.runtime.lower import _write_state
+
+    out = []
+    for node in flat_nodes(module):
+        call = _call(node)
+        if call is None or call[0] != "call_module":
+            continue
+        target, args = call[1], call[2]
+        if target == "reshard":
+            if not any(user.op == "call_function" and user.target is _write_state for user in node.users):
+                out.append((tuple(args[1]), tuple(args[2])))
+        elif target == "prefetch.wait":
+            out.append((tuple(args[3]), tuple(args[4])))
+        elif target == "collective_matmul":
+            out.append(((args[3],), (args[4],) if args[4] is not None else ()))
+        elif target == "async_gradient":
+            out.append(((), (args[2],)))
+        elif target == "fp8_linear" and args[3] is not None:
+            out.append(((), (args[3],)))
+    return out
+
+
+def _collectives(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[str]]:
+    """As multisets: a call that runs a region inside it (a ring, an asynchronous gradient) is
+    made after its operands' reshards, where the IR has its operands' regions in operand order."""
+    regions = _C.rank_ir_regions(rank_ir)
+    ir = Counter((tuple(r["forward"]), tuple(r["backward"])) for r in regions)
+    program = Counter(program_regions(module))
+    where = {(tuple(r["forward"]), tuple(r["backward"])): f"'{r['value']}' read by '{r['reader']}'" for r in regions}
+    mismatches = [f"{where[key]}: {key[0]} / {key[1]}, {n} more in the IR than in the program"
+                  for key, n in (ir - program).items()]
+    mismatches += [f"{key[0]} / {key[1]}: {n} more in the program than in the IR" for key, n in (program - ir).items()]
+    return sum(ir.values()), mismatches
+
+
+def lowered_against_rank_ir(module: torch.fx.GraphModule, rank_ir: str) -> dict:
+    """{calls, collectives: how many were compared; mismatches: each difference, in words}."""
+    calls, call_mismatches = _aten_calls(module, rank_ir)
+    regions, region_mismatches = _collectives(module, rank_ir)
+    return {"calls": calls, "collectives": regions, "mismatches": call_mismatches + region_mismatches}
