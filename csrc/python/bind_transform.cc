@@ -26,6 +26,7 @@
 #include "transform/job_rank_graph.h"
 #include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
+#include "transform/stage_rank_graph.h"
 #include "transform/stage_split.h"
 #include "transform/fused_weight_accumulation.h"
 #include "transform/weight_gradient_split.h"
@@ -373,7 +374,7 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool
 py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json, int rank,
                            const std::vector<std::string>& whole_nodes, const std::vector<std::string>& lookup_ops,
                            bool adapt_to_shapes, const std::string& recompute_name, bool fp8,
-                           std::int64_t micro_batches) {
+                           std::int64_t micro_batches, const std::vector<int>& stage_of_node, int stages) {
   const plan::Recompute recompute = plan::recompute_from_name(recompute_name);
   if (recompute != plan::Recompute::None && !plan_json.empty())
     throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
@@ -407,6 +408,12 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   py::dict out;
   out["mesh"] = program.mesh;
   out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
+  // A pipelined program: each stage's part of it (transform/stage_rank_graph.h).
+  py::list stage_irs;
+  if (stages > 0)
+    for (const ir::Graph& stage : transform::cut_rank_graph(rank_ir, graph, stage_of_node, stages))
+      stage_irs.append(ir::print_graph(stage));
+  out["stage_rank_irs"] = stage_irs;
   out["rank"] = program.rank;
   out["leaves"] = leaves;
   out["nodes"] = nodes;
@@ -479,12 +486,15 @@ void bind_transform(py::module_& m) {
   m.def("rank_program", &rank_program_dict,
         py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
         py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
-        py::arg("fp8") = false, py::arg("micro_batches") = 1,
+        py::arg("fp8") = false, py::arg("micro_batches") = 1, py::arg("stage_of_node") = std::vector<int>{},
+        py::arg("stages") = 0,
         "One rank's program of a searched plan as the job runs it (csrc/transform/spmd_rewrite.h; "
         "job_rank_graph.h: a node any rank runs whole runs whole on every rank); plan_json \"\": replicated, "
         "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\"); its FP8 linears "
         "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
-        "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count).");
+        "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count); "
+        "stages > 0: also the program cut into that many pipeline stages by stage_of_node (one per captured node: "
+        "transform/stage_rank_graph.h), printed, as stage_rank_irs.");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,

@@ -18,6 +18,7 @@
 #include "transform/job_rank_graph.h"
 #include "transform/rank_graph.h"
 #include "transform/rank_passes.h"
+#include "transform/stage_rank_graph.h"
 #include "transform/stage_split.h"
 
 namespace shardwise::tools {
@@ -45,19 +46,30 @@ void json_roundtrip(ir::Graph& graph) {
   graph = std::move(back);
 }
 
+void check_stage(const PipelineOptions& options, std::string_view pass) {
+  if (options.stage < 0 || options.stage >= options.stages)
+    throw support::ValidationError(
+        fmt::format("{}: stage {} of {} (give --stage=K/N with 0 <= K < N)", pass, options.stage, options.stages));
+}
+
 void rank_graph_pass(ir::Graph& graph, const PipelineOptions& options) {
   if (!options.sharding)
     throw support::Error("rank-graph needs a plan's sharding (shardwise-opt --plan FILE, or `// PLAN:` lines in a "
                          "golden file)");
   transform::RankGraph rank = transform::job_rank_graph(graph, *options.sharding, options.rank);
   transform::verify_rank_graph(rank.graph, graph, *options.sharding, options.rank);
+  if (options.stages > 1) {  // a pipeline stage's part, cut as the runtime cuts (stage_rank_graph.h)
+    check_stage(options, "rank-graph");
+    const search::StageAssignment cut = search::assign_stages(graph, options.stages);
+    graph = std::move(transform::cut_rank_graph(rank, graph, cut.stage_of_node,
+                                                options.stages)[static_cast<std::size_t>(options.stage)]);
+    return;
+  }
   graph = std::move(rank.graph);
 }
 
 void split_stages_pass(ir::Graph& graph, const PipelineOptions& options) {
-  if (options.stage < 0 || options.stage >= options.stages)
-    throw support::ValidationError(
-        fmt::format("split-stages: stage {} of {} (give --stage=K/N with 0 <= K < N)", options.stage, options.stages));
+  check_stage(options, "split-stages");
   const search::StageAssignment cut = search::assign_stages(graph, options.stages);
   graph = std::move(transform::split_stages(graph, cut.stage_of_node, options.stages)[static_cast<std::size_t>(options.stage)]);
 }
@@ -91,7 +103,10 @@ std::vector<PassEntry> make_registry() {
   // ---- rewrites under a plan ----
   // rank-graph last: its output is another program (one rank's), and the passes above are
   // for the captured one. It verifies its result against the global graph and the plan.
-  passes.push_back({{"rank-graph", "rewrite into one rank's program under a plan (needs --plan, --rank)"}, rank_graph_pass});
+  // With --stage=K/N it keeps stage K of the rank program cut into N, as a pipelined job runs it.
+  passes.push_back({{"rank-graph", "rewrite into one rank's program under a plan (needs --plan, --rank; with "
+                                   "--stage=K/N, stage K of it cut into N)"},
+                    rank_graph_pass});
   // The feature passes over a rank graph, in their order (transform/rank_passes.h says why).
   // rank-graph already runs those its plan switches on, as the job does; each runs alone on a
   // rank graph under its own name.

@@ -46,7 +46,7 @@ struct PipelineOptions {
   std::optional<plan::Sharding> sharding;
   int rank = 0;
   // What split-stages cuts: `stages` stages, keeping stage `stage` (a golden file's
-  // `// STAGE: 1 of 3`; shardwise-opt --stage=1/3).
+  // `// STAGE: 1 of 3`; shardwise-opt --stage=1/3); rank-graph cuts its rank program so.
   int stages = 1;
   int stage = 0;
 };

@@ -44,16 +44,23 @@ def flat_nodes(module: torch.fx.GraphModule):
 
 def _call(node: torch.fx.Node) -> tuple | None:
     """(kind, target, args, kwargs) of a node that calls an op or one of the runtime's modules:
-    directly, or through ``regather`` (runtime/parameter_gathers.py: the call whose sharded
-    weight is gathered again in backward, wrapped)."""
-    if node.op == "call_module" and node.target == "regather":
-        fn, args, kwargs = node.args[0], node.args[1], node.args[2]
+    directly, through ``regather`` (runtime/parameter_gathers.py: the call whose sharded weight
+    is gathered again in backward, wrapped), or through ``fused_accumulation`` (a pipeline
+    stage's contraction whose weight gradient is added into .grad in place), either way."""
+    if node.op not in ("call_function", "call_module"):
+        return None
+    kind, target, args, kwargs = node.op, node.target, node.args, node.kwargs
+    if kind == "call_module" and target == "regather":
+        fn, args, kwargs = args[0], args[1], args[2]
         if isinstance(fn, torch.fx.Node) and fn.op == "get_attr":
-            return "call_module", fn.target, args, kwargs
-        return "call_function", fn, args, kwargs
-    if node.op in ("call_function", "call_module"):
-        return node.op, node.target, node.args, node.kwargs
-    return None
+            target = fn.target
+        else:
+            kind, target = "call_function", fn
+    if kind == "call_module" and target == "fused_accumulation":
+        from shardwise._fx_import import op_overload
+
+        kind, target, args, kwargs = "call_function", op_overload(args[0]), args[1], args[2]
+    return kind, target, args, kwargs
 
 
 def _aten_call(node: torch.fx.Node) -> tuple | None:
@@ -133,3 +140,22 @@ def lowered_against_rank_ir(module: torch.fx.GraphModule, rank_ir: str) -> dict:
     calls, call_mismatches = _aten_calls(module, rank_ir)
     regions, region_mismatches = _collectives(module, rank_ir)
     return {"calls": calls, "collectives": regions, "mismatches": call_mismatches + region_mismatches}
+
+
+def engine_against_rank_ir(engine) -> dict | None:
+    """lowered_against_rank_ir for every program of this rank: the SPMD program, or each
+    pipeline stage's (against the core's cut of the rank program: ``engine.stage_rank_irs``);
+    the mismatches of a stage named by it. None for an engine with neither."""
+    if hasattr(engine, "stage_rank_irs"):
+        programs = {f"stage {g}": (engine._stages[g]["module"], ir) for g, ir in engine.stage_rank_irs.items()}
+    elif getattr(engine, "rank_ir", None) is not None:
+        programs = {"": (engine.module, engine.rank_ir)}
+    else:
+        return None
+    out = {"calls": 0, "collectives": 0, "mismatches": [], "programs": len(programs)}
+    for name, (module, ir) in programs.items():
+        one = lowered_against_rank_ir(module, ir)
+        out["calls"] += one["calls"]
+        out["collectives"] += one["collectives"]
+        out["mismatches"] += [f"{name}: {m}" if name else m for m in one["mismatches"]]
+    return out

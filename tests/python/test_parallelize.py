@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import shardwise
 from conftest import TwoBranch, run_ranks, with_zero
-from rank_ir_check import lowered_against_rank_ir
+from rank_ir_check import engine_against_rank_ir
 from shardwise.models import CausalLMWithLoss
 from shardwise.models.tiny_gpt import TinyGPT, TinyGPTConfig
 
@@ -196,9 +196,9 @@ def _train_and_compare(rank: int, world: int, case: str, plan_json: str | None, 
                        "param_error": param_error, "losses": losses,
                        "ref_losses": ref_losses, "code": engine.code, "whole": engine.whole_nodes,
                        "rank_ir": getattr(engine, "rank_ir", None),
-                       # Every SPMD program against its rank IR, collectives included (rank_ir_check.py).
-                       "lowered": lowered_against_rank_ir(engine.module, engine.rank_ir)
-                       if getattr(engine, "rank_ir", None) is not None else None,
+                       # Every program (SPMD, or each pipeline stage's) against its rank IR,
+                       # collectives included (rank_ir_check.py).
+                       "lowered": engine_against_rank_ir(engine),
                        "mesh": (engine.plan.sharding or {}).get("mesh"), "placements": engine.plan.placements(),
                        "stage_meshes": engine.plan.stage_meshes,
                        "stage_mesh": engine.sharding.sharding["mesh"] if getattr(engine, "sharding", None)
@@ -255,9 +255,12 @@ def _check(result: dict) -> None:
     assert result["loss_error"] < TOLERANCE, result
     assert result["eval_error"] < TOLERANCE, result
     assert result["param_error"] < TOLERANCE, result
-    lowered = result.get("lowered")
-    if lowered is not None:  # the program that ran is its rank IR, node for node
-        assert lowered["mismatches"] == [], lowered["mismatches"][:5]
+    # The programs that ran (the SPMD one, or each pipeline stage's) are their rank IR, node for
+    # node, collectives included.
+    lowered = result["lowered"]
+    print(f"against the rank IR: {lowered['programs']} programs, {lowered['calls']} ATen calls, "
+          f"{lowered['collectives']} resharding regions")
+    assert lowered["programs"] >= 1 and lowered["calls"] > 0 and lowered["mismatches"] == [], lowered["mismatches"][:5]
 
 
 # ---- the cases -----------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 import shardwise
 from conftest import TIGHT_PRECISION, run_ranks, tight_cluster
-from rank_ir_check import lowered_against_rank_ir
+from rank_ir_check import engine_against_rank_ir
 
 transformers = pytest.importorskip("transformers")
 
@@ -220,9 +220,9 @@ def _worker(rank: int, world: int, store: str, layout: str, result: str) -> None
                            (engine.sharding.placements() if getattr(engine, "sharding", None) else {}),
                            "grad_names": sorted(ours["grads"]), "ref_grad_names": sorted(ref_grads),
                            "bf16": bf16,
-                           # An SPMD program against its rank IR, collectives included (rank_ir_check.py).
-                           "lowered": lowered_against_rank_ir(engine.module, engine.rank_ir)
-                           if getattr(engine, "rank_ir", None) is not None else None}, f)
+                           # Each program (SPMD, or each pipeline stage's) against its rank IR,
+                           # collectives included (rank_ir_check.py).
+                           "lowered": engine_against_rank_ir(engine)}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -252,8 +252,8 @@ def test_a_users_hugging_face_loop_equals_one_device(layout):
     print(f"training loop {layout} ({r['engine']}): " + ", ".join(f"{k} {v:.1e}" for k, v in r["errors"].items())
           + f"; bf16 policy: losses {r['bf16']['losses']:.1e}, parameters {r['bf16']['params']:.1e}")
     assert r["grad_names"] == r["ref_grad_names"], r
-    if r["engine"] == "SpmdEngine":  # the program that ran is its rank IR, node for node
-        assert r["lowered"]["calls"] > 20 and r["lowered"]["mismatches"] == [], r["lowered"]
+    # The programs that ran are their rank IR, node for node (an SPMD program, or each stage's).
+    assert r["lowered"]["calls"] > 20 and r["lowered"]["mismatches"] == [], r["lowered"]
     for kind, error in r["errors"].items():
         assert error < TOLERANCE, (kind, error, r)
     # The loop did what it says: the norm was clipped (above 0.5), the scheduler warmed up,

@@ -88,17 +88,20 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     the pipeline rank of each virtual stage, as the schedule places them (round-robin, g % p;
     ZB-V's V: csrc/schedule/action.h)."""
     p, v = plan.pipeline, plan.virtual_stages
+    stages = p * v
+    cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
+    stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
+    # The core cuts the rank program too: each stage's rank IR (transform/stage_rank_graph.h).
+    by_stage = (cut["stage_of_node"], stages)
     if sharded is not None:
         program, whole = _rank_program(graph, sharded.to_json(), mesh.rank, group=mesh.stage_group,
-                                       micro_batches=micro_batches)
+                                       micro_batches=micro_batches, stages=by_stage)
     else:
         # One rank a stage: the replicated program, its blocks recomputed as the plan says (they
         # were not: a pure pipeline's recompute=True ran, and held, every activation).
         program, whole = _C.rank_program(graph._core, "", 0, recompute=plan.recompute,
-                                         fp8=plan.precision == "fp8", micro_batches=micro_batches), []
-    stages = p * v
-    cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
-    stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
+                                         fp8=plan.precision == "fp8", micro_batches=micro_batches,
+                                         stage_of_node=by_stage[0], stages=stages), []
 
     # The stages' nodes; what crosses each cut (forwarded on) and which leaves each stage reads
     # are the core's (transform/stage_split.h: recv / send at the boundaries).
@@ -152,7 +155,8 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         if split_backward:
             check_splittable(module, g)
         counted.extend(module.counted)
-        mine[g] = {"module": module, "inputs": batch_inputs + received[g], "received": received[g],
+        mine[g] = {"module": module, "rank_ir": program["stage_rank_irs"][g],
+                   "inputs": batch_inputs + received[g], "received": received[g],
                    "differentiable": [x for x in received[g] if x in differentiable],  # (their gradients go back)
                    "sent": cut["sent"][g], "last": last, "weight_outputs": set(cut["weight_outputs"][g])}
     reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters
@@ -263,6 +267,18 @@ class PipelineEngine(EngineBase):
     @property
     def code(self) -> str:
         return "\n".join(f"# virtual stage {g}\n{program_code(s['module'])}" for g, s in sorted(self._stages.items()))
+
+    @property
+    def stage_rank_irs(self) -> dict[int, str]:
+        """Each of this rank's stages' programs in shardwise's IR (docs/rank-ir.md): the rank
+        program cut by the core (csrc/transform/stage_rank_graph.h), what each stage's ``code``
+        runs, before lowering; by virtual stage."""
+        return {g: s["rank_ir"] for g, s in sorted(self._stages.items())}
+
+    @property
+    def rank_ir(self) -> str:
+        """This rank's stages' rank IR, one after another (as ``code`` prints their programs)."""
+        return "\n".join(f"// virtual stage {g}\n{ir}" for g, ir in self.stage_rank_irs.items())
 
     def _held(self):
         out = []

@@ -1,0 +1,133 @@
+#include "transform/stage_rank_graph.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "support/error.h"
+
+namespace shardwise::transform {
+namespace {
+
+using support::ValidationError;
+using Stages = std::set<int>;
+
+// The stages each node of the rank graph runs on (the header's rules).
+std::vector<Stages> node_stages(const RankGraph& rank, const std::vector<int>& stage_of_node, int stages) {
+  const ir::Graph& graph = rank.graph;
+  std::vector<Stages> of(graph.nodes().size());
+  for (std::size_t i = 0; i < rank.nodes.size(); ++i)
+    of[static_cast<std::size_t>(rank.nodes[i])] = {stage_of_node[static_cast<std::size_t>(rank.program.nodes[i].node)]};
+  // Nodes the rewrite adds after a call (counted means, scales): where their operands are made.
+  for (const ir::Node& node : graph.nodes()) {
+    Stages& here = of[static_cast<std::size_t>(node.id)];
+    if (!here.empty() || is_step_node(node) || node.outputs.empty()) continue;
+    int latest = -1;
+    for (ir::ValueId in : node.inputs)
+      if (const auto producer = graph.value(in).producer; producer && !of[static_cast<std::size_t>(*producer)].empty())
+        latest = std::max(latest, *of[static_cast<std::size_t>(*producer)].rbegin());
+    if (latest >= 0) here = {latest};
+  }
+  // A region: every stage its readers run on (the last, for a graph output).
+  const std::vector<ir::ValueId>& outputs = graph.outputs();
+  for (const StepRegion& region : step_regions(graph)) {
+    const ir::ValueId end = graph.node(region.backward.empty() ? region.forward.back() : region.backward.back()).outputs[0];
+    Stages readers;
+    for (ir::NodeId user : graph.users(end)) readers.insert(of[static_cast<std::size_t>(user)].begin(),
+                                                            of[static_cast<std::size_t>(user)].end());
+    if (std::find(outputs.begin(), outputs.end(), end) != outputs.end()) readers.insert(stages - 1);
+    for (const auto* steps : {&region.forward, &region.backward})
+      for (ir::NodeId id : *steps) of[static_cast<std::size_t>(id)] = readers;
+  }
+  // A gradient reduction: every stage that reads its parameter.
+  for (const ir::Node& node : graph.nodes()) {
+    if (!node.outputs.empty() || node.inputs.empty()) continue;
+    Stages& here = of[static_cast<std::size_t>(node.id)];
+    for (ir::NodeId user : graph.users(node.inputs[0]))
+      if (user != node.id) here.insert(of[static_cast<std::size_t>(user)].begin(), of[static_cast<std::size_t>(user)].end());
+  }
+  for (const ir::Node& node : graph.nodes())
+    if (of[static_cast<std::size_t>(node.id)].empty() && !node.outputs.empty())
+      throw ValidationError(fmt::format("cut_rank_graph: {} node '{}' of rank {} has no stage (none of the "
+                                        "header's rules places it)",
+                                        node.op, graph.value(node.outputs[0]).name, rank.rank));
+  return of;
+}
+
+void check_stages(const ir::Graph& global, const std::vector<int>& stage_of_node, int stages) {
+  if (stage_of_node.size() != global.nodes().size())
+    throw ValidationError(fmt::format("cut_rank_graph: {} stage entries for {} nodes", stage_of_node.size(),
+                                      global.nodes().size()));
+  for (std::size_t n = 0; n < stage_of_node.size(); ++n)
+    if (stage_of_node[n] < 0 || stage_of_node[n] >= stages)
+      throw ValidationError(fmt::format("cut_rank_graph: node {} ({}) in stage {} of {}", n, global.nodes()[n].op,
+                                        stage_of_node[n], stages));
+}
+
+}  // namespace
+
+std::vector<ir::Graph> cut_rank_graph(const RankGraph& rank, const ir::Graph& global,
+                                      const std::vector<int>& stage_of_node, int stages) {
+  check_stages(global, stage_of_node, stages);
+  const ir::Graph& graph = rank.graph;
+  const std::vector<Stages> of = node_stages(rank, stage_of_node, stages);
+  // Per value: the stage that makes it (a node on one stage) and the last stage that reads it.
+  const std::size_t count = graph.values().size();
+  std::vector<int> made(count, -1), last_read(count, -1);
+  std::vector<Stages> read(count);
+  for (const ir::Node& node : graph.nodes()) {
+    const Stages& here = of[static_cast<std::size_t>(node.id)];
+    for (ir::ValueId in : node.inputs) read[static_cast<std::size_t>(in)].insert(here.begin(), here.end());
+    if (here.size() == 1 && !is_step_node(node))
+      for (ir::ValueId out : node.outputs) made[static_cast<std::size_t>(out)] = *here.begin();
+  }
+  for (ir::ValueId out : graph.outputs()) read[static_cast<std::size_t>(out)].insert(stages - 1);
+  for (std::size_t v = 0; v < count; ++v) last_read[v] = read[v].empty() ? -1 : *read[v].rbegin();
+  auto received_at = [&](int g) {
+    std::vector<ir::ValueId> values;
+    for (const ir::Value& v : graph.values()) {
+      const auto id = static_cast<std::size_t>(v.id);
+      if (made[id] >= 0 && made[id] < g && last_read[id] >= g) values.push_back(v.id);
+    }
+    return values;
+  };
+
+  std::vector<ir::Graph> out(static_cast<std::size_t>(stages));
+  for (int g = 0; g < stages; ++g) {
+    ir::Graph& stage = out[static_cast<std::size_t>(g)];
+    std::vector<ir::ValueId> local(count, -1);
+    for (const ir::Value& v : graph.values())
+      if (!v.producer && read[static_cast<std::size_t>(v.id)].contains(g))
+        local[static_cast<std::size_t>(v.id)] = stage.add_value(v.name, v.type, v.role);
+    for (ir::ValueId id : received_at(g)) {
+      const ir::Value& v = graph.value(id);
+      const ir::NodeId recv = stage.add_node("shardwise::recv", {}, {{v.name, v.type}},
+                                             {{"from", std::int64_t{g - 1}}, {"stage", std::int64_t{g}}},
+                                             graph.node(*v.producer).module_path);
+      local[static_cast<std::size_t>(id)] = stage.node(recv).outputs[0];
+    }
+    for (const ir::Node& node : graph.nodes()) {
+      if (!of[static_cast<std::size_t>(node.id)].contains(g)) continue;
+      std::vector<ir::ValueId> inputs;
+      for (ir::ValueId in : node.inputs) inputs.push_back(local[static_cast<std::size_t>(in)]);
+      std::vector<ir::OutputSpec> outputs;
+      for (ir::ValueId o : node.outputs) outputs.push_back({graph.value(o).name, graph.value(o).type});
+      const ir::NodeId id = stage.add_node(node.op, inputs, outputs, node.attrs, node.module_path);
+      for (std::size_t o = 0; o < node.outputs.size(); ++o)
+        local[static_cast<std::size_t>(node.outputs[o])] = stage.node(id).outputs[o];
+    }
+    if (g + 1 < stages) {
+      for (ir::ValueId id : received_at(g + 1))
+        stage.add_node("shardwise::send", {local[static_cast<std::size_t>(id)]}, {},
+                       {{"to", std::int64_t{g + 1}}, {"stage", std::int64_t{g}}}, "");
+    } else {
+      std::vector<ir::ValueId> results;
+      for (ir::ValueId o : graph.outputs()) results.push_back(local[static_cast<std::size_t>(o)]);
+      stage.set_outputs(results);
+    }
+  }
+  return out;
+}
+
+}  // namespace shardwise::transform
