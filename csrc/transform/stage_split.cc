@@ -3,46 +3,32 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 
 #include "support/error.h"
 
 namespace shardwise::transform {
 
-std::vector<ir::Graph> split_stages(const ir::Graph& graph, const std::vector<int>& stage_of_node, int stages) {
-  using support::ValidationError;
+std::vector<ir::Graph> split_stages_of(const ir::Graph& graph, const std::vector<std::set<int>>& stages_of_node,
+                                       int stages) {
   const auto& nodes = graph.nodes();
-  if (stage_of_node.size() != nodes.size())
-    throw ValidationError(fmt::format("split_stages: {} stage entries for {} nodes", stage_of_node.size(), nodes.size()));
-  for (std::size_t n = 0; n < nodes.size(); ++n) {
-    const int s = stage_of_node[n];
-    if (s < 0 || s >= stages)
-      throw ValidationError(fmt::format("split_stages: node {} ({}) in stage {} of {}", n, nodes[n].op, s, stages));
-    if (n > 0 && s < stage_of_node[n - 1])
-      throw ValidationError(fmt::format("split_stages: node {} ({}) in stage {} after a node in stage {}: stages "
-                                        "must follow the node order",
-                                        n, nodes[n].op, s, stage_of_node[n - 1]));
-  }
-  // Per value: the stage that makes it (activations) and the last stage that reads it.
+  // Per value: the stage that makes it (a node on one stage) and the stages that read it.
   const std::size_t count = graph.values().size();
   std::vector<int> made(count, -1), last_read(count, -1);
-  std::vector<std::vector<bool>> read(static_cast<std::size_t>(stages), std::vector<bool>(count, false));
+  std::vector<std::set<int>> read(count);
   for (const ir::Node& node : nodes) {
-    const int s = stage_of_node[static_cast<std::size_t>(node.id)];
-    for (ir::ValueId in : node.inputs) {
-      read[static_cast<std::size_t>(s)][static_cast<std::size_t>(in)] = true;
-      last_read[static_cast<std::size_t>(in)] = std::max(last_read[static_cast<std::size_t>(in)], s);
-    }
-    for (ir::ValueId out : node.outputs) made[static_cast<std::size_t>(out)] = s;
+    const std::set<int>& here = stages_of_node[static_cast<std::size_t>(node.id)];
+    for (ir::ValueId in : node.inputs) read[static_cast<std::size_t>(in)].insert(here.begin(), here.end());
+    if (here.size() == 1)
+      for (ir::ValueId out : node.outputs) made[static_cast<std::size_t>(out)] = *here.begin();
   }
-  for (ir::ValueId out : graph.outputs()) {
-    read[static_cast<std::size_t>(stages - 1)][static_cast<std::size_t>(out)] = true;
-    last_read[static_cast<std::size_t>(out)] = stages - 1;
-  }
+  for (ir::ValueId out : graph.outputs()) read[static_cast<std::size_t>(out)].insert(stages - 1);
+  for (std::size_t v = 0; v < count; ++v) last_read[v] = read[v].empty() ? -1 : *read[v].rbegin();
   auto received_at = [&](int g) {
     std::vector<ir::ValueId> values;
     for (const ir::Value& v : graph.values()) {
       const auto id = static_cast<std::size_t>(v.id);
-      if (v.producer && made[id] < g && last_read[id] >= g) values.push_back(v.id);
+      if (v.producer && made[id] >= 0 && made[id] < g && last_read[id] >= g) values.push_back(v.id);
     }
     return values;
   };
@@ -50,10 +36,9 @@ std::vector<ir::Graph> split_stages(const ir::Graph& graph, const std::vector<in
   std::vector<ir::Graph> out(static_cast<std::size_t>(stages));
   for (int g = 0; g < stages; ++g) {
     ir::Graph& stage = out[static_cast<std::size_t>(g)];
-    const auto& reads = read[static_cast<std::size_t>(g)];
     std::vector<ir::ValueId> local(count, -1);
     for (const ir::Value& v : graph.values())
-      if (!v.producer && reads[static_cast<std::size_t>(v.id)])
+      if (!v.producer && read[static_cast<std::size_t>(v.id)].contains(g))
         local[static_cast<std::size_t>(v.id)] = stage.add_value(v.name, v.type, v.role);
     for (ir::ValueId id : received_at(g)) {
       const ir::Value& v = graph.value(id);
@@ -63,7 +48,7 @@ std::vector<ir::Graph> split_stages(const ir::Graph& graph, const std::vector<in
       local[static_cast<std::size_t>(id)] = stage.node(recv).outputs[0];
     }
     for (const ir::Node& node : nodes) {
-      if (stage_of_node[static_cast<std::size_t>(node.id)] != g) continue;
+      if (!stages_of_node[static_cast<std::size_t>(node.id)].contains(g)) continue;
       std::vector<ir::ValueId> inputs;
       for (ir::ValueId in : node.inputs) inputs.push_back(local[static_cast<std::size_t>(in)]);
       std::vector<ir::OutputSpec> outputs;
@@ -83,6 +68,25 @@ std::vector<ir::Graph> split_stages(const ir::Graph& graph, const std::vector<in
     }
   }
   return out;
+}
+
+std::vector<ir::Graph> split_stages(const ir::Graph& graph, const std::vector<int>& stage_of_node, int stages) {
+  using support::ValidationError;
+  const auto& nodes = graph.nodes();
+  if (stage_of_node.size() != nodes.size())
+    throw ValidationError(fmt::format("split_stages: {} stage entries for {} nodes", stage_of_node.size(), nodes.size()));
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    const int s = stage_of_node[n];
+    if (s < 0 || s >= stages)
+      throw ValidationError(fmt::format("split_stages: node {} ({}) in stage {} of {}", n, nodes[n].op, s, stages));
+    if (n > 0 && s < stage_of_node[n - 1])
+      throw ValidationError(fmt::format("split_stages: node {} ({}) in stage {} after a node in stage {}: stages "
+                                        "must follow the node order",
+                                        n, nodes[n].op, s, stage_of_node[n - 1]));
+  }
+  std::vector<std::set<int>> of;
+  for (int stage : stage_of_node) of.push_back({stage});
+  return split_stages_of(graph, of, stages);
 }
 
 }  // namespace shardwise::transform

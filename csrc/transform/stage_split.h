@@ -23,6 +23,7 @@
 // nodes, a stage out of [0, stages), or stages that decrease along the node order.
 #pragma once
 
+#include <set>
 #include <vector>
 
 #include "ir/graph.h"
@@ -30,5 +31,11 @@
 namespace shardwise::transform {
 
 std::vector<ir::Graph> split_stages(const ir::Graph& graph, const std::vector<int>& stage_of_node, int stages);
+
+// The same cut where a node may run on several stages (stage_rank_graph.h: a resharding
+// region read on two stages), each of which copies it; a value made by such a node is never
+// received (every stage that reads it makes its own). No check of the stages' order.
+std::vector<ir::Graph> split_stages_of(const ir::Graph& graph, const std::vector<std::set<int>>& stages_of_node,
+                                       int stages);
 
 }  // namespace shardwise::transform
