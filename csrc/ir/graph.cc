@@ -87,6 +87,16 @@ std::optional<ValueId> Graph::find_value(std::string_view name) const {
   return it->second;
 }
 
+std::vector<std::vector<NodeId>> Graph::users_by_value() const {
+  std::vector<std::vector<NodeId>> out(values_.size());
+  for (const auto& node : nodes_)
+    for (auto in : node.inputs) {
+      auto& users = out[static_cast<std::size_t>(in)];
+      if (users.empty() || users.back() != node.id) users.push_back(node.id);  // a node reading it twice: once
+    }
+  return out;
+}
+
 std::vector<NodeId> Graph::users(ValueId id) const {
   std::vector<NodeId> out;
   for (const auto& node : nodes_) {

@@ -96,6 +96,8 @@ class Graph {
   std::optional<ValueId> find_value(std::string_view name) const;
   // Nodes that read `id`, in node order (computed on demand: O(nodes)).
   std::vector<NodeId> users(ValueId id) const;
+  // Every value's users (users(id) for each id, indexed by value), in O(nodes + edges).
+  std::vector<std::vector<NodeId>> users_by_value() const;
 
   friend bool operator==(const Graph& a, const Graph& b);
 

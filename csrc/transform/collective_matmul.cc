@@ -56,6 +56,7 @@ void mark(ir::Graph& graph, const StepRegion& region) {
 
 // The gather rings: a contraction, first to read its operand's region.
 void fuse_gathers(ir::Graph& graph) {
+  const std::vector<std::vector<ir::NodeId>> users = graph.users_by_value();
   for (const ir::Node& node : graph.nodes()) {
     const int input = local_contraction_input(graph, node);
     if (input < 0 || node.attrs.contains(std::string(kGatherAttr))) continue;
@@ -63,7 +64,7 @@ void fuse_gathers(ir::Graph& graph) {
     const StepRegion region = region_ending_at(graph, value);
     if (region.forward.empty() || graph.value(region.source).role == ir::ValueRole::Parameter) continue;
     // The first operand in node order that reads the region's value.
-    const std::vector<ir::NodeId> readers = graph.users(value);
+    const std::vector<ir::NodeId>& readers = users[static_cast<std::size_t>(value)];
     std::size_t first = 0;
     while (graph.node(readers[0]).inputs[first] != value) ++first;
     if (readers[0] != node.id || first != static_cast<std::size_t>(input)) continue;
@@ -75,6 +76,7 @@ void fuse_gathers(ir::Graph& graph) {
 
 // The scatter rings: a contraction whose output one operand reads through one region.
 void fuse_scatters(ir::Graph& graph) {
+  const std::vector<std::vector<ir::NodeId>> users = graph.users_by_value();
   const std::vector<ir::ValueId>& outputs = graph.outputs();
   auto output = [&](ir::ValueId v) { return std::find(outputs.begin(), outputs.end(), v) != outputs.end(); };
   for (const ir::Node& node : graph.nodes()) {
@@ -82,14 +84,14 @@ void fuse_scatters(ir::Graph& graph) {
     // Down the chain of step nodes that alone read the output.
     ir::ValueId v = node.outputs[0];
     bool leaves = output(v);
-    for (std::vector<ir::NodeId> users = graph.users(v); users.size() == 1 && is_step_node(graph.node(users[0]));
-         users = graph.users(v)) {
-      v = graph.node(users[0]).outputs[0];
+    for (const auto* next = &users[static_cast<std::size_t>(v)];
+         next->size() == 1 && is_step_node(graph.node(next->front())); next = &users[static_cast<std::size_t>(v)]) {
+      v = graph.node(next->front()).outputs[0];
       leaves = leaves || output(v);
     }
     const StepRegion region = region_ending_at(graph, v);
     if (leaves || region.source != node.outputs[0] || region.forward.empty()) continue;
-    const std::vector<ir::NodeId> readers = graph.users(v);
+    const std::vector<ir::NodeId>& readers = users[static_cast<std::size_t>(v)];
     if (readers.size() != 1 || std::count(graph.node(readers[0]).inputs.begin(), graph.node(readers[0]).inputs.end(),
                                           v) != 1)
       continue;

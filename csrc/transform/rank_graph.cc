@@ -498,14 +498,14 @@ StepRegion region_ending_at(const ir::Graph& rank_graph, ir::ValueId value) {
 }
 
 std::vector<StepRegion> step_regions(const ir::Graph& rank_graph) {
+  // The region's last step: no step reads its value.
+  std::vector<bool> continued(rank_graph.values().size(), false);
+  for (const ir::Node& node : rank_graph.nodes())
+    if (is_step_node(node)) continued[static_cast<std::size_t>(node.inputs[0])] = true;
   std::vector<StepRegion> out;
-  for (const ir::Node& node : rank_graph.nodes()) {
-    if (!is_step_node(node)) continue;
-    // The region's last step: no step reads its value.
-    bool last = true;
-    for (ir::NodeId user : rank_graph.users(node.outputs[0])) last = last && !is_step_node(rank_graph.node(user));
-    if (last) out.push_back(region_ending_at(rank_graph, node.outputs[0]));
-  }
+  for (const ir::Node& node : rank_graph.nodes())
+    if (is_step_node(node) && !continued[static_cast<std::size_t>(node.outputs[0])])
+      out.push_back(region_ending_at(rank_graph, node.outputs[0]));
   return out;
 }
 

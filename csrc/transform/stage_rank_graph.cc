@@ -31,11 +31,12 @@ std::vector<Stages> node_stages(const RankGraph& rank, const std::vector<int>& s
     if (latest >= 0) here = {latest};
   }
   // A region: every stage its readers run on (the last, for a graph output).
+  const std::vector<std::vector<ir::NodeId>> users = graph.users_by_value();
   const std::vector<ir::ValueId>& outputs = graph.outputs();
   for (const StepRegion& region : step_regions(graph)) {
     const ir::ValueId end = graph.node(region.backward.empty() ? region.forward.back() : region.backward.back()).outputs[0];
     Stages readers;
-    for (ir::NodeId user : graph.users(end)) readers.insert(of[static_cast<std::size_t>(user)].begin(),
+    for (ir::NodeId user : users[static_cast<std::size_t>(end)]) readers.insert(of[static_cast<std::size_t>(user)].begin(),
                                                             of[static_cast<std::size_t>(user)].end());
     if (std::find(outputs.begin(), outputs.end(), end) != outputs.end()) readers.insert(stages - 1);
     for (const auto* steps : {&region.forward, &region.backward})
@@ -45,7 +46,7 @@ std::vector<Stages> node_stages(const RankGraph& rank, const std::vector<int>& s
   for (const ir::Node& node : graph.nodes()) {
     if (!node.outputs.empty() || node.inputs.empty()) continue;
     Stages& here = of[static_cast<std::size_t>(node.id)];
-    for (ir::NodeId user : graph.users(node.inputs[0]))
+    for (ir::NodeId user : users[static_cast<std::size_t>(node.inputs[0])])
       if (user != node.id) here.insert(of[static_cast<std::size_t>(user)].begin(), of[static_cast<std::size_t>(user)].end());
   }
   for (const ir::Node& node : graph.nodes())
