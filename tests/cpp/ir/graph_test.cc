@@ -20,6 +20,18 @@ TEST(GraphTest, BuildsLinearAndFindsUsers) {
   EXPECT_EQ(*g.find_value("fc.weight"), w);
 }
 
+TEST(GraphTest, UsersByValueIsUsersOfEveryValue) {
+  Graph g;
+  auto x = g.add_value("x", TensorType{DType::F32, {4}, {}}, ValueRole::Input);
+  auto a = g.node(g.add_node("aten::mul.Tensor", {x, x}, {{"a", TensorType{DType::F32, {4}, {}}}})).outputs[0];
+  auto b = g.node(g.add_node("aten::neg", {x}, {{"b", TensorType{DType::F32, {4}, {}}}})).outputs[0];
+  g.add_node("aten::add.Tensor", {a, b}, {{"c", TensorType{DType::F32, {4}, {}}}});
+  const auto users = g.users_by_value();
+  ASSERT_EQ(users.size(), g.values().size());
+  for (const Value& v : g.values()) EXPECT_EQ(users[static_cast<std::size_t>(v.id)], g.users(v.id)) << v.name;
+  EXPECT_EQ(users[static_cast<std::size_t>(x)], (std::vector<NodeId>{0, 1}));  // mul reads x twice: once
+}
+
 TEST(GraphTest, RejectsDuplicateNamesAndBadIds) {
   Graph g;
   g.add_value("x", TensorType{}, ValueRole::Input);
