@@ -437,8 +437,7 @@ py::list rank_ir_regions(const std::string& text) {
       backward.push_back(transform::step_action(graph.node(*it)).str());
     d["forward"] = forward;
     d["backward"] = backward;
-    const ir::NodeId last = region.backward.empty() ? region.forward.back() : region.backward.back();
-    const std::vector<ir::NodeId> readers = graph.users(graph.node(last).outputs[0]);
+    const std::vector<ir::NodeId> readers = graph.users(transform::region_end(graph, region));
     d["reader"] = readers.empty() || graph.node(readers[0]).outputs.empty()
                       ? std::string()
                       : graph.value(graph.node(readers[0]).outputs[0]).name;

@@ -74,6 +74,16 @@ void fuse_gathers(ir::Graph& graph) {
   }
 }
 
+// The region of the step nodes that alone read `value`, one after another (none: no steps).
+StepRegion sole_region_from(const ir::Graph& graph, const std::vector<std::vector<ir::NodeId>>& users,
+                            ir::ValueId value) {
+  ir::ValueId v = value;
+  for (const auto* next = &users[static_cast<std::size_t>(v)];
+       next->size() == 1 && is_step_node(graph.node(next->front())); next = &users[static_cast<std::size_t>(v)])
+    v = graph.node(next->front()).outputs[0];
+  return region_ending_at(graph, v);
+}
+
 // The scatter rings: a contraction whose output one operand reads through one region.
 void fuse_scatters(ir::Graph& graph) {
   const std::vector<std::vector<ir::NodeId>> users = graph.users_by_value();
@@ -81,16 +91,14 @@ void fuse_scatters(ir::Graph& graph) {
   auto output = [&](ir::ValueId v) { return std::find(outputs.begin(), outputs.end(), v) != outputs.end(); };
   for (const ir::Node& node : graph.nodes()) {
     if (local_contraction_input(graph, node) < 0 || node.attrs.contains(std::string(kGatherAttr))) continue;
-    // Down the chain of step nodes that alone read the output.
-    ir::ValueId v = node.outputs[0];
-    bool leaves = output(v);
-    for (const auto* next = &users[static_cast<std::size_t>(v)];
-         next->size() == 1 && is_step_node(graph.node(next->front())); next = &users[static_cast<std::size_t>(v)]) {
-      v = graph.node(next->front()).outputs[0];
-      leaves = leaves || output(v);
-    }
-    const StepRegion region = region_ending_at(graph, v);
-    if (leaves || region.source != node.outputs[0] || region.forward.empty()) continue;
+    const StepRegion region = sole_region_from(graph, users, node.outputs[0]);
+    if (region.source != node.outputs[0] || region.forward.empty() || output(region.source)) continue;
+    // No value of the chain leaves the graph.
+    bool leaves = false;
+    for (const auto* steps : {&region.forward, &region.backward})
+      for (ir::NodeId id : *steps) leaves = leaves || output(graph.node(id).outputs[0]);
+    if (leaves) continue;
+    const ir::ValueId v = region_end(graph, region);
     const std::vector<ir::NodeId>& readers = users[static_cast<std::size_t>(v)];
     if (readers.size() != 1 || std::count(graph.node(readers[0]).inputs.begin(), graph.node(readers[0]).inputs.end(),
                                           v) != 1)
@@ -127,11 +135,7 @@ search::MatmulCollective operand_ring(const ir::Graph& rank_graph, const ir::Nod
 
 std::optional<RingSteps> scatter_ring(const ir::Graph& rank_graph, const ir::Node& node) {
   if (!node.attrs.contains(std::string(kScatterAttr))) return std::nullopt;
-  ir::ValueId v = node.outputs[0];
-  for (std::vector<ir::NodeId> users = rank_graph.users(v);
-       users.size() == 1 && is_step_node(rank_graph.node(users[0])); users = rank_graph.users(v))
-    v = rank_graph.node(users[0]).outputs[0];
-  const StepRegion region = region_ending_at(rank_graph, v);
+  const StepRegion region = sole_region_from(rank_graph, rank_graph.users_by_value(), node.outputs[0]);
   RingSteps ring;
   for (ir::NodeId id : region.forward) ring.forward.push_back(step_action(rank_graph.node(id)));
   for (auto it = region.backward.rbegin(); it != region.backward.rend(); ++it)

@@ -497,6 +497,10 @@ StepRegion region_ending_at(const ir::Graph& rank_graph, ir::ValueId value) {
   return region;
 }
 
+ir::ValueId region_end(const ir::Graph& rank_graph, const StepRegion& region) {
+  return rank_graph.node(region.backward.empty() ? region.forward.back() : region.backward.back()).outputs[0];
+}
+
 std::vector<StepRegion> step_regions(const ir::Graph& rank_graph) {
   // The region's last step: no step reads its value.
   std::vector<bool> continued(rank_graph.values().size(), false);

@@ -118,6 +118,8 @@ struct StepRegion {
 };
 // The region whose last step gives `value` (no steps where its producer is not a step node).
 StepRegion region_ending_at(const ir::Graph& rank_graph, ir::ValueId value);
+// The value a region's last step gives (what its readers read).
+ir::ValueId region_end(const ir::Graph& rank_graph, const StepRegion& region);
 // Every region of a rank graph, in the order of their last steps.
 std::vector<StepRegion> step_regions(const ir::Graph& rank_graph);
 

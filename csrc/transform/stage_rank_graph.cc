@@ -34,7 +34,7 @@ std::vector<Stages> node_stages(const RankGraph& rank, const std::vector<int>& s
   const std::vector<std::vector<ir::NodeId>> users = graph.users_by_value();
   const std::vector<ir::ValueId>& outputs = graph.outputs();
   for (const StepRegion& region : step_regions(graph)) {
-    const ir::ValueId end = graph.node(region.backward.empty() ? region.forward.back() : region.backward.back()).outputs[0];
+    const ir::ValueId end = region_end(graph, region);
     Stages readers;
     for (ir::NodeId user : users[static_cast<std::size_t>(end)]) readers.insert(of[static_cast<std::size_t>(user)].begin(),
                                                             of[static_cast<std::size_t>(user)].end());
