@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "transform/async_gradients.h"
 #include "transform/collective_matmul.h"
 #include "transform/fp8_axes.h"
 #include "transform/job_rank_graph.h"
@@ -60,9 +61,11 @@ py::list actions(const std::vector<transform::ReshardAction>& steps) {
   return out;
 }
 
-// `ring`: how a marked rank graph runs the operand (transform/collective_matmul.h).
+// `ring`: how a marked rank graph runs the operand (transform/collective_matmul.h);
+// `async_gradient`: its gradient's all-reduce runs beside the reader's weight gradient
+// (transform/async_gradients.h).
 py::dict operand(const transform::OperandRewrite& op,
-                 search::MatmulCollective ring = search::MatmulCollective::None) {
+                 search::MatmulCollective ring = search::MatmulCollective::None, bool async_gradient = false) {
   py::dict d;
   d["value"] = op.value;
   d["produced"] = spec_texts(op.produced);
@@ -73,8 +76,9 @@ py::dict operand(const transform::OperandRewrite& op,
   d["gradient"] = op.gradient;
   d["regather"] = op.regather;
   d["prefetch"] = op.gather == search::ParameterOverlap::BesideForward;
-  // The activation gradient's all-reduce beside the reader's weight gradient (runtime/async_gradients.py).
-  d["async_gradient"] = op.gradient_overlap == search::ParameterOverlap::BesideBackward;
+  // The activation gradient's all-reduce beside the reader's weight gradient (runtime/async_gradients.py;
+  // the async-gradient pass's mark, read back from the rank graph).
+  d["async_gradient"] = async_gradient;
   // Collective matmul (transform/collective_matmul.h, a pass over the rank graph; read back
   // from its marks): "gather", this operand's steps run inside the reader's contraction;
   // "scatter", inside its producer's; "none".
@@ -355,7 +359,9 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool
     d["counted"] = py::none();
   }
   py::list ins, outs;
-  for (std::size_t i = 0; i < n.inputs.size(); ++i) ins.append(operand(n.inputs[i], transform::operand_ring(rank_ir, call, i)));
+  for (std::size_t i = 0; i < n.inputs.size(); ++i)
+    ins.append(operand(n.inputs[i], transform::operand_ring(rank_ir, call, i),
+                       transform::async_gradient_operand(call) == static_cast<std::int64_t>(i)));
   for (const auto& o : n.outputs) {
     py::dict od;
     od["value"] = o.value;

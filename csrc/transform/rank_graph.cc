@@ -26,7 +26,6 @@ using Shape = std::vector<std::int64_t>;
 constexpr std::string_view kWholeAttr = "shardwise.whole";
 constexpr std::string_view kRecomputeAttr = "shardwise.recompute";
 constexpr std::string_view kRecomputeKeepsAttr = "shardwise.recompute_keeps";
-constexpr std::string_view kAsyncGradientAttr = "shardwise.async_gradient";
 constexpr std::string_view kOneDeviceRandomAttr = "shardwise.one_device_random";
 // A collective run inside a contraction, as a ring (transform/collective_matmul.h marks it).
 constexpr std::string_view kMatmulOverlap = "matmul";
@@ -117,11 +116,6 @@ class GraphEmitter {
     ir::Attributes attrs = rw.attrs;
     if (rw.recompute_block >= 0) attrs[std::string(kRecomputeAttr)] = std::int64_t{rw.recompute_block};
     if (rw.recompute_keeps) attrs[std::string(kRecomputeKeepsAttr)] = true;
-    // The operand whose gradient's all-reduce runs beside this node's weight gradient: the
-    // runtime splits the node's backward there.
-    for (std::size_t i = 0; i < rw.inputs.size(); ++i)
-      if (rw.inputs[i].gradient_overlap == search::ParameterOverlap::BesideBackward)
-        attrs[std::string(kAsyncGradientAttr)] = static_cast<std::int64_t>(i);
     if (rw.one_device_random) attrs[std::string(kOneDeviceRandomAttr)] = true;
     if (rw.mode == NodeMode::Whole) {
       attrs[std::string(kWholeAttr)] = true;
@@ -243,11 +237,12 @@ class GraphEmitter {
       // A parameter gradient's step at its read runs there, in backward (a reduce-scatter to
       // the shard, issued asynchronously where op.scatter says so); a gradient left Partial is
       // reduced in buckets (reduce_gradient, below). An activation's gradient step runs in its
-      // producer's backward, blocking but where op.gradient_overlap says otherwise.
+      // producer's backward, blocking (the async-gradient pass marks those it runs beside a
+      // weight gradient: transform/async_gradients.h).
       const bool local = it->kind == ReshardKind::Slice || it->kind == ReshardKind::ZeroOthers ||
                          it->kind == ReshardKind::Scale;
       if (!local)
-        attrs["overlap"] = overlap_mark(parameter ? op.scatter : op.gradient_overlap);
+        attrs["overlap"] = overlap_mark(parameter ? op.scatter : search::activation_collective_overlap());
       if (!local && parameter && op.scatter_group >= 0) attrs["unit_group"] = std::int64_t{op.scatter_group};
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
                                      {{name(), graph_.value(value).type}}, std::move(attrs), module));
@@ -517,9 +512,8 @@ std::string resharding_region_key(const OperandRewrite& op) {
   std::string key = op.value;
   for (const ReshardAction& step : op.forward) key += "|" + step.str();
   if (op.regather) key += "|regather";
-  key += fmt::format("|{}|{}|{}|{}|{}", search::parameter_overlap_name(op.gather),
-                     search::parameter_overlap_name(op.gradient_overlap), search::parameter_overlap_name(op.scatter),
-                     op.gather_group, op.scatter_group);
+  key += fmt::format("|{}|{}|{}|{}", search::parameter_overlap_name(op.gather),
+                     search::parameter_overlap_name(op.scatter), op.gather_group, op.scatter_group);
   key += "|backward";
   for (const ReshardAction& step : op.backward) key += "|" + step.str();
   return key;

@@ -10,8 +10,11 @@
 // runtime's emitter for its marks (python/shardwise/runtime/lower.py, _EMITTERS).
 //
 // The order, and why:
-//   1. collective-matmul (transform/collective_matmul.h; sharding.collective_matmul): first,
-//      since it reads the collectives as the rewrite emitted them (exposed).
+//   1. async-gradient (transform/async_gradients.h; always on): an activation gradient's
+//      all-reduce under its reader's weight gradient. It reads the collectives as the rewrite
+//      emitted them (exposed); a region it takes is not collective-matmul's (an all-reduce).
+//   2. collective-matmul (transform/collective_matmul.h; sharding.collective_matmul): the
+//      exposed all-gathers and reduce-scatters beside contractions, as rings.
 #pragma once
 
 #include <string_view>

@@ -289,7 +289,6 @@ class SpmdRewriter {
   double uneven_mean_scale(const ir::Node& node, const NodeRewrite& rw, bool whole) const;
   std::vector<ReshardAction> backward_steps(const ShardingSpec& from, std::size_t value) const;
   void operand_steps(const ir::Node& node, std::size_t i, int unit);
-  void activation_overlaps(const ir::Node& node, const std::vector<int>& reads);
   int group_of(int unit, int kind, int axis, ir::DType dtype) {
     auto [it, fresh] = groups_.emplace(std::tuple{unit, kind, axis, static_cast<int>(dtype)},
                                        static_cast<int>(groups_.size()));
@@ -648,30 +647,8 @@ void SpmdRewriter::operand_steps(const ir::Node& node, std::size_t i, int unit) 
     op.scatter_group = group_of(unit, 1, op.backward[0].axis, v.type.dtype);
 }
 
-// An activation's gradient all-reduced beside the weight gradient's product (the rule the
-// search prices it by, search/parameter_collectives.h): a local node only.
-void SpmdRewriter::activation_overlaps(const ir::Node& node, const std::vector<int>& reads) {
-  NodeRewrite& rw = rewrites_[static_cast<std::size_t>(node.id)];
-  if (!rules_[static_cast<std::size_t>(node.id)] || rw.mode != NodeMode::Local) return;
-  std::vector<bool> trainable;
-  for (std::size_t i = 0; i < node.inputs.size(); ++i)
-    trainable.push_back(graph_.value(node.inputs[i]).role == ir::ValueRole::Parameter && rw.inputs[i].gradient);
-  for (std::size_t i = 0; i < node.inputs.size(); ++i) {
-    OperandRewrite& op = rw.inputs[i];
-    const ir::Value& v = graph_.value(node.inputs[i]);
-    if (v.role == ir::ValueRole::Parameter || !op.gradient) continue;
-    const bool one_all_reduce = op.forward.empty() && op.backward.size() == 1 &&
-                                op.backward[0].kind == ReshardKind::AllReduce && op.backward[0].reduce == "sum";
-    op.gradient_overlap = search::activation_gradient_overlap(node.op, i, one_all_reduce,
-                                                              reads[static_cast<std::size_t>(v.id)] == 1, trainable);
-  }
-}
-
 void SpmdRewriter::plan_operand_steps() {
   const std::vector<int> units = search::parameter_units(graph_);
-  std::vector<int> reads(values_.size(), 0);  // (node, operand) reads of each value
-  for (const ir::Node& node : nodes_)
-    for (ir::ValueId in : node.inputs) ++reads[static_cast<std::size_t>(in)];
   for (const ir::Node& node : nodes_) {
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       try {
@@ -683,12 +660,11 @@ void SpmdRewriter::plan_operand_steps() {
                                           node.op, node.module_path, e.what()));
       }
     }
-    activation_overlaps(node, reads);
   }
 }
 
-// The nodes, then the graph's outputs made whole. (Collective matmuls are a pass over the rank
-// graph: transform/collective_matmul.h.)
+// The nodes, then the graph's outputs made whole. (Asynchronous gradients and collective
+// matmuls are passes over the rank graph: transform/async_gradients.h, collective_matmul.h.)
 void SpmdRewriter::emit(RewriteBuilder& builder) {
   for (const NodeRewrite& rw : rewrites_) builder.node(rw);
   for (ir::ValueId out : graph_.outputs()) {

@@ -106,10 +106,6 @@ struct OperandRewrite {
   // Where a parameter's forward gather runs (search/parameter_collectives.h): BesideForward
   // when the runtime prefetches it (its forward steps are then one all-gather), else Exposed.
   search::ParameterOverlap gather = search::ParameterOverlap::Exposed;
-  // Where an activation's backward steps run (search/parameter_collectives.h,
-  // activation_gradient_overlap): BesideBackward when the reader's backward is split, its
-  // gradient's one all-reduce issued asynchronously beside the weight gradient's product.
-  search::ParameterOverlap gradient_overlap = search::ParameterOverlap::Exposed;
   // Where a parameter's gradient step at this read runs (search/parameter_collectives.h,
   // gradient_scatter_overlap): BesideBackward when it is one reduce-scatter the runtime
   // issues asynchronously and waits for at the next one, else Exposed.

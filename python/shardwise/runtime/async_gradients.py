@@ -1,8 +1,9 @@
 """An activation's gradient all-reduced beside its reader's weight gradient: Megatron-LM's
 asynchronous tensor-parallel all-reduce.
 
-The core marks the reader ``{shardwise.async_gradient=i}`` and the all-reduce of operand i's
-gradient ``{overlap="backward"}`` (search/parameter_collectives.h,
+The core's async-gradient pass over the rank graph (csrc/transform/async_gradients.h) marks
+the reader ``{shardwise.async_gradient=i}`` and the all-reduce of operand i's gradient
+``{overlap="backward"}`` by the search's rule (search/parameter_collectives.h,
 activation_gradient_overlap: a column-parallel linear's input, read by nothing else, with
 nothing to do in forward), and the search prices that all-reduce as hidden under the weight
 gradient's product. ``self.async_gradient(op, operand, step, args, kwargs)`` runs the call
