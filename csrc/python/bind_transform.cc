@@ -25,6 +25,7 @@
 #include "transform/collective_matmul.h"
 #include "transform/fp8_axes.h"
 #include "transform/job_rank_graph.h"
+#include "transform/rank_passes.h"
 #include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
 #include "transform/stage_rank_graph.h"
@@ -217,8 +218,8 @@ std::string plan_programs(const ir::Graph& graph, const std::string& plan_json) 
   return programs_hash(per_rank);
 }
 
-// Contiguous pipeline stages of a graph and each stage's boundary, B/W cut sites and fused
-// accumulations (the binding's docstring).
+// Contiguous pipeline stages of a graph and each stage's boundary and B/W cut sites (the
+// binding's docstring).
 py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<int>& layers_per_stage) {
   search::StageAssignment assignment = search::assign_stages(graph, stages, layers_per_stage);
   py::dict out;
@@ -232,18 +233,13 @@ py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<i
   // sends (send), and the leaves it reads, by name in graph order.
   // And where each stage's backward splits into B and W (transform/weight_gradient_split.h):
   // per stage, {reading node: its weight input positions} and the weight values it sends.
-  // And which contractions accumulate their weight gradient in place
-  // (transform/fused_weight_accumulation.h): per stage, {node: its weight input position}.
-  py::list received, sent, leaves, boundaries, weight_outputs, accumulations;
+  py::list received, sent, leaves, boundaries, weight_outputs;
   for (const ir::Graph& stage : transform::split_stages(graph, assignment.stage_of_node, stages)) {
     const transform::WeightGradientSplit split = transform::weight_gradient_split(stage);
     py::dict reads;
     for (const auto& b : split.boundaries) reads[py::str(b.node)] = b.inputs;
     boundaries.append(reads);
     weight_outputs.append(split.weight_outputs);
-    py::dict fused;
-    for (const auto& f : transform::fused_weight_accumulations(stage)) fused[py::str(f.node)] = f.weight_input;
-    accumulations.append(fused);
     std::vector<std::string> in, outs, read;
     for (const ir::Node& node : stage.nodes()) {
       if (node.op == "shardwise::recv") in.push_back(stage.value(node.outputs[0]).name);
@@ -260,7 +256,6 @@ py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<i
   out["leaves"] = leaves;
   out["weight_boundaries"] = boundaries;
   out["weight_outputs"] = weight_outputs;
-  out["fused_accumulations"] = accumulations;
   return out;
 }
 
@@ -380,7 +375,8 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool
 py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json, int rank,
                            const std::vector<std::string>& whole_nodes, const std::vector<std::string>& lookup_ops,
                            bool adapt_to_shapes, const std::string& recompute_name, bool fp8,
-                           std::int64_t micro_batches, const std::vector<int>& stage_of_node, int stages) {
+                           std::int64_t micro_batches, const std::vector<int>& stage_of_node, int stages,
+                           bool fused_accumulation) {
   const plan::Recompute recompute = plan::recompute_from_name(recompute_name);
   if (recompute != plan::Recompute::None && !plan_json.empty())
     throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
@@ -414,12 +410,22 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   py::dict out;
   out["mesh"] = program.mesh;
   out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
-  // A pipelined program: each stage's part of it (transform/stage_rank_graph.h).
-  py::list stage_irs;
+  // A pipelined program: each stage's part of it (transform/stage_rank_graph.h), after the
+  // stage passes (rank_passes.h), and the contractions each stage's marks accumulate in place,
+  // {node: its weight operand} (transform/fused_weight_accumulation.h).
+  py::list stage_irs, accumulations;
   if (stages > 0)
-    for (const ir::Graph& stage : transform::cut_rank_graph(rank_ir, graph, stage_of_node, stages))
+    for (ir::Graph& stage : transform::cut_rank_graph(rank_ir, graph, stage_of_node, stages)) {
+      transform::run_stage_passes(stage, {.fused_accumulation = fused_accumulation});
       stage_irs.append(ir::print_graph(stage));
+      py::dict fused;
+      for (const ir::Node& node : stage.nodes())
+        if (const std::int64_t at = transform::fused_accumulation_operand(node); at >= 0)
+          fused[py::str(stage.value(node.outputs[0]).name)] = at;
+      accumulations.append(fused);
+    }
   out["stage_rank_irs"] = stage_irs;
+  out["fused_accumulations"] = accumulations;
   out["rank"] = program.rank;
   out["leaves"] = leaves;
   out["nodes"] = nodes;
@@ -492,14 +498,16 @@ void bind_transform(py::module_& m) {
         py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
         py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
         py::arg("fp8") = false, py::arg("micro_batches") = 1, py::arg("stage_of_node") = std::vector<int>{},
-        py::arg("stages") = 0,
+        py::arg("stages") = 0, py::arg("fused_accumulation") = false,
         "One rank's program of a searched plan as the job runs it (csrc/transform/spmd_rewrite.h; "
         "job_rank_graph.h: a node any rank runs whole runs whole on every rank); plan_json \"\": replicated, "
         "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\"); its FP8 linears "
         "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
         "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count); "
         "stages > 0: also the program cut into that many pipeline stages by stage_of_node (one per captured node: "
-        "transform/stage_rank_graph.h), printed, as stage_rank_irs.");
+        "transform/stage_rank_graph.h), printed, as stage_rank_irs, after the stage passes (fused_accumulation: "
+        "the plan's; transform/rank_passes.h), and each stage's fused accumulations {node: weight operand} as "
+        "fused_accumulations.");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,

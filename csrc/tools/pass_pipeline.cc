@@ -63,6 +63,7 @@ void rank_graph_pass(ir::Graph& graph, const PipelineOptions& options) {
     const search::StageAssignment cut = search::assign_stages(graph, options.stages);
     graph = std::move(transform::cut_rank_graph(rank, graph, cut.stage_of_node,
                                                 options.stages)[static_cast<std::size_t>(options.stage)]);
+    transform::run_stage_passes(graph, {});  // as a pipelined job with the plan's defaults
     return;
   }
   graph = std::move(rank.graph);
@@ -111,6 +112,10 @@ std::vector<PassEntry> make_registry() {
   // rank-graph already runs those its plan switches on, as the job does; each runs alone on a
   // rank graph under its own name.
   for (const transform::RankPass& pass : transform::rank_passes())
+    passes.push_back({{std::string(pass.name), std::string(pass.summary)},
+                      [run = pass.run](ir::Graph& g, const PipelineOptions&) { run(g); }});
+  // Then those over a pipeline stage's rank graph (rank-graph --stage=K/N runs them too).
+  for (const transform::StagePass& pass : transform::stage_passes())
     passes.push_back({{std::string(pass.name), std::string(pass.summary)},
                       [run = pass.run](ir::Graph& g, const PipelineOptions&) { run(g); }});
   // split-stages cuts the captured graph and keeps one stage. The runtime cuts in the other

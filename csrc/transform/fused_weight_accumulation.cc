@@ -1,12 +1,18 @@
 #include "transform/fused_weight_accumulation.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string_view>
 #include <variant>
 
 namespace shardwise::transform {
 namespace {
+
+constexpr std::string_view kFusedAccumulationAttr = "shardwise.fused_accumulation";
+constexpr std::string_view kOwnBackward[] = {"shardwise.async_gradient", "shardwise.gather_matmul",
+                                             "shardwise.matmul_scatter"};
 
 // The position of a contraction's weight operand (inputs in schema order), or none.
 std::optional<std::size_t> weight_position(std::string_view op) {
@@ -64,6 +70,24 @@ std::vector<FusedWeightAccumulation> fused_weight_accumulations(const ir::Graph&
     out.push_back(std::move(mark));
   }
   return out;
+}
+
+void mark_fused_accumulations(ir::Graph& stage_rank_graph) {
+  for (const FusedWeightAccumulation& mark : fused_weight_accumulations(stage_rank_graph)) {
+    const ir::NodeId node = *stage_rank_graph.value(*stage_rank_graph.find_value(mark.node)).producer;
+    // A contraction an earlier pass split otherwise runs its own backward: its input gradient's
+    // all-reduce beside the weight's (async_gradients.h), or a ring (collective_matmul.h).
+    const ir::Attributes& attrs = stage_rank_graph.node(node).attrs;
+    if (std::any_of(std::begin(kOwnBackward), std::end(kOwnBackward),
+                    [&](std::string_view key) { return attrs.contains(std::string(key)); }))
+      continue;
+    stage_rank_graph.mutable_attrs(node)[std::string(kFusedAccumulationAttr)] = std::int64_t{mark.weight_input};
+  }
+}
+
+std::int64_t fused_accumulation_operand(const ir::Node& node) {
+  auto it = node.attrs.find(std::string(kFusedAccumulationAttr));
+  return it == node.attrs.end() ? -1 : std::get<std::int64_t>(it->second);
 }
 
 }  // namespace shardwise::transform

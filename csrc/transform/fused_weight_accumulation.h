@@ -22,8 +22,17 @@
 // Worked example: %wt = aten::t(%w); %y = aten::addmm(%b, %x, %wt) marks y {input 2,
 // parameter w, transposed}; %z = aten::mm(%x, %h) with %h an activation marks nothing;
 // %e = aten::embedding(%wte, %ids) marks e {input 0, parameter wte}.
+//
+// As a pass (mark_fused_accumulations, "fused-accumulation"): run on each pipeline stage's
+// rank graph (stage_rank_graph.h) when the plan's fused_accumulation is on (the default; a
+// pipelined job only), it marks those nodes {shardwise.fused_accumulation=i}, i the weight
+// operand, which the runtime's lowering reads. On a rank graph the weight operand is what the
+// rank reads: a parameter's shard (its leaf), or a value a resharding step or a stage boundary
+// gives (a ZeRO gather, a recv), which is not marked, so the runtime never meets a marked call
+// whose weight it cannot reach (tests/golden/fused_accumulation_pass.ir).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -40,5 +49,12 @@ struct FusedWeightAccumulation {
 
 // In node order.
 std::vector<FusedWeightAccumulation> fused_weight_accumulations(const ir::Graph& stage);
+
+// The pass: marks `stage_rank_graph`'s fused accumulations in place (node and value ids kept;
+// a second run changes nothing).
+void mark_fused_accumulations(ir::Graph& stage_rank_graph);
+
+// The weight operand a marked node accumulates into its parameter's .grad, or -1.
+std::int64_t fused_accumulation_operand(const ir::Node& node);
 
 }  // namespace shardwise::transform

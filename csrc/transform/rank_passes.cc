@@ -2,6 +2,7 @@
 
 #include "transform/async_gradients.h"
 #include "transform/collective_matmul.h"
+#include "transform/fused_weight_accumulation.h"
 
 namespace shardwise::transform {
 
@@ -20,6 +21,21 @@ const std::vector<RankPass>& rank_passes() {
 void run_rank_passes(ir::Graph& rank_graph, const plan::Sharding& sharding) {
   for (const RankPass& pass : rank_passes())
     if (pass.enabled(sharding)) pass.run(rank_graph);
+}
+
+const std::vector<StagePass>& stage_passes() {
+  static const std::vector<StagePass> passes = {
+      {"fused-accumulation",
+       "accumulate a contraction's or lookup's weight gradient into the parameter's .grad inside the product "
+       "(a pipeline stage's rank graph)",
+       [](const StagePassOptions& o) { return o.fused_accumulation; }, mark_fused_accumulations},
+  };
+  return passes;
+}
+
+void run_stage_passes(ir::Graph& stage_rank_graph, const StagePassOptions& options) {
+  for (const StagePass& pass : stage_passes())
+    if (pass.enabled(options)) pass.run(stage_rank_graph);
 }
 
 }  // namespace shardwise::transform

@@ -37,4 +37,24 @@ const std::vector<RankPass>& rank_passes();
 // Runs the passes the plan's sharding switches on, in order, on `rank_graph`.
 void run_rank_passes(ir::Graph& rank_graph, const plan::Sharding& sharding);
 
+// The feature passes over each pipeline stage's rank graph, after the cut
+// (stage_rank_graph.h: a stage reads a weight another stage made through a recv, which only
+// the stage's graph shows), in order; what a pipelined job switches on:
+//   1. fused-accumulation (transform/fused_weight_accumulation.h; the plan's
+//      fused_accumulation, on by default).
+struct StagePassOptions {
+  bool fused_accumulation = true;
+};
+struct StagePass {
+  std::string_view name;
+  std::string_view summary;
+  bool (*enabled)(const StagePassOptions&);
+  void (*run)(ir::Graph&);
+};
+
+const std::vector<StagePass>& stage_passes();
+
+// Runs the stage passes `options` switch on, in order, on `stage_rank_graph`.
+void run_stage_passes(ir::Graph& stage_rank_graph, const StagePassOptions& options);
+
 }  // namespace shardwise::transform

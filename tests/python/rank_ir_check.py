@@ -4,7 +4,9 @@
 Two sequences are compared, each in program order:
 
 - **calls**: each ATen node of the rank IR against the program's ATen calls: the same op with
-  the same arguments (the IR's attributes bound to the op's schema). The IR's nodes the runtime
+  the same arguments (the IR's attributes bound to the op's schema), and made through
+  ``fused_accumulation`` exactly where the IR marks it ``shardwise.fused_accumulation`` (a
+  pipeline stage's weight gradient added into .grad in place). The IR's nodes the runtime
   runs as one of its own modules (RUNTIME_MODULE_MARKS) and the value identities the lowering
   calls again (contiguous) are left out; a view runs as reshape on the view's arguments
   (runtime/lower.py: _LAYOUT_FREE).
@@ -30,6 +32,7 @@ from shardwise import _C
 RUNTIME_MODULE_MARKS = {"shardwise.one_device_random", "shardwise.async_gradient", "shardwise.gather_matmul",
                         "shardwise.matmul_scatter"}
 TENSOR = "<tensor>"  # every tensor operand, when two calls' other arguments are compared
+FUSED_ACCUMULATION = "shardwise.fused_accumulation"  # transform/fused_weight_accumulation.h
 
 
 def flat_nodes(module: torch.fx.GraphModule):
@@ -77,8 +80,9 @@ def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[s
 
     ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes()
                 if n["op"].startswith("aten::") and not RUNTIME_MODULE_MARKS.intersection(n["attrs"])]
-    calls = [call for call in map(_aten_call, flat_nodes(module))
-             if call is not None and call[0] not in VALUE_IDENTITIES]
+    made = [(node, _aten_call(node)) for node in flat_nodes(module)]
+    made = [(node, call) for node, call in made if call is not None and call[0] not in VALUE_IDENTITIES]
+    calls = [call for _, call in made]
     mismatches = []
     if len(ir_nodes) != len(calls):
         ir_ops = Counter(_LAYOUT_FREE.get(op_overload(n["op"]), op_overload(n["op"])) for n in ir_nodes)
@@ -86,7 +90,11 @@ def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[s
         mismatches.append(f"{len(ir_nodes)} ATen nodes in the rank IR, {len(calls)} ATen calls in the program; "
                           f"the IR's alone: {dict(ir_ops - program_ops)}, the program's alone: "
                           f"{dict(program_ops - ir_ops)}")
-    for node, (target, args, kwargs) in zip(ir_nodes, calls):
+    for node, (made_by, (target, args, kwargs)) in zip(ir_nodes, made):
+        fused = made_by.op == "call_module" and made_by.target == "fused_accumulation"
+        if fused != (FUSED_ACCUMULATION in node["attrs"]):
+            mismatches.append(f"{node['outputs'][0]} ({node['op']}): fused accumulation "
+                              f"{'un' if fused else ''}marked in the IR, {'' if fused else 'not '}run so")
         op = op_overload(node["op"])
         if _LAYOUT_FREE.get(op, op) is not target:
             mismatches.append(f"{node['outputs'][0]}: {node['op']} in the IR, {target} in the program")

@@ -59,7 +59,7 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
         local = lower._local_rank_program
         forced = []
 
-        def one_rank_decides(graph, plan_json, r, adapt_to_shapes, micro_batches=1, stages=((), 0)):
+        def one_rank_decides(graph, plan_json, r, adapt_to_shapes, micro_batches=1, stages=lower.StageCut()):
             program, whole = local(graph, plan_json, r, adapt_to_shapes, micro_batches, stages)
             if dist.get_rank() == 1:  # a split node only this rank runs whole
                 split = [n["outputs"][0]["value"] for n in program["nodes"]

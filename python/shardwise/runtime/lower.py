@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -646,8 +646,18 @@ def _write_state(leaf: torch.Tensor, value: torch.Tensor) -> None:
             leaf.copy_(value)
 
 
+class StageCut(NamedTuple):
+    """How a pipelined job cuts its rank program (transform/stage_rank_graph.h): the stage of
+    each captured node, how many stages, and whether the stage passes fuse weight-gradient
+    accumulation (the plan's fused_accumulation; transform/rank_passes.h)."""
+
+    stage_of_node: tuple = ()
+    count: int = 0
+    fused_accumulation: bool = False
+
+
 def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = False,
-                  group=None, micro_batches: int = 1, stages: tuple = ((), 0)) -> tuple[dict, list[str]]:
+                  group=None, micro_batches: int = 1, stages: StageCut = StageCut()) -> tuple[dict, list[str]]:
     """The core's program for `rank` (of the plan's mesh) as the job runs it: a node that any
     rank runs whole runs whole on every rank (csrc/transform/job_rank_graph.h decides it, for
     the whole mesh, on every rank alike).
@@ -656,8 +666,8 @@ def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = Fals
     collectives, and a rank whose core raised would leave the others waiting at the first one:
     so the ranks (of `group`: a pipeline stage's sub-mesh where stages have layouts of their
     own) compare their lists once, and an error on any rank is raised on every rank, naming
-    it. `micro_batches`: the step's (a pipelined plan's; spmd_rewrite.h). `stages`: (the stage of
-    each captured node, how many): the program's stage graphs too (transform/stage_rank_graph.h)."""
+    it. `micro_batches`: the step's (a pipelined plan's; spmd_rewrite.h). `stages`: the program's
+    stage graphs too, cut as it says."""
     import torch.distributed as dist
 
     error, program, whole = None, None, []
@@ -689,13 +699,14 @@ def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = Fals
 
 
 def _local_rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool,
-                        micro_batches: int = 1, stages: tuple = ((), 0)) -> tuple[dict, list[str]]:
+                        micro_batches: int = 1, stages: StageCut = StageCut()) -> tuple[dict, list[str]]:
     """The core's program for `rank`, and the nodes it runs whole (rank_graph.h: the splits
     with no distributed kernel, the local calls its ops' shape rules refuse on any rank's
     block, and the seeded random ops whose draws on a block could not be one device's).
     `adapt_to_shapes`: the plan was made at other batch shapes (spmd_rewrite.h)."""
     program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes,
-                              micro_batches=micro_batches, stage_of_node=list(stages[0]), stages=stages[1])
+                              micro_batches=micro_batches, stage_of_node=list(stages.stage_of_node),
+                              stages=stages.count, fused_accumulation=stages.fused_accumulation)
     whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
     if whole:
         log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),

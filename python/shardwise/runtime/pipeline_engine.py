@@ -48,7 +48,7 @@ from .buckets import _GradientBuckets
 from .counted import Counter
 from .engine_base import EngineBase, Recapture, mode_name, replicated_copies, zero_axes
 from .grad_norm import plain
-from .lower import _build_module, _rank_program, _tensor_outputs, program_code
+from .lower import StageCut, _build_module, _rank_program, _tensor_outputs, program_code
 from .reshard import gather_whole
 from .stage_links import StageLinks
 from .state import held_state
@@ -92,7 +92,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
     stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
     # The core cuts the rank program too: each stage's rank IR (transform/stage_rank_graph.h).
-    by_stage = (cut["stage_of_node"], stages)
+    by_stage = StageCut(tuple(cut["stage_of_node"]), stages, plan.fused_accumulation)
     if sharded is not None:
         program, whole = _rank_program(graph, sharded.to_json(), mesh.rank, group=mesh.stage_group,
                                        micro_batches=micro_batches, stages=by_stage)
@@ -101,7 +101,8 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         # were not: a pure pipeline's recompute=True ran, and held, every activation).
         program, whole = _C.rank_program(graph._core, "", 0, recompute=plan.recompute,
                                          fp8=plan.precision == "fp8", micro_batches=micro_batches,
-                                         stage_of_node=by_stage[0], stages=stages), []
+                                         stage_of_node=list(by_stage.stage_of_node), stages=stages,
+                                         fused_accumulation=by_stage.fused_accumulation), []
 
     # The stages' nodes; what crosses each cut (forwarded on) and which leaves each stage reads
     # are the core's (transform/stage_split.h: recv / send at the boundaries).
@@ -151,7 +152,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
                                nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
                                compute_dtypes=compute_dtypes,
                                weight_boundaries=cut["weight_boundaries"][g] if split_backward else None,
-                               fused_accumulations=cut["fused_accumulations"][g] if plan.fused_accumulation else None)
+                               fused_accumulations=program["fused_accumulations"][g])
         if split_backward:
             check_splittable(module, g)
         counted.extend(module.counted)

@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "ir/parser.h"
+#include "ir/printer.h"
+#include "transform/rank_passes.h"
 
 namespace shardwise::transform {
 namespace {
@@ -80,6 +83,50 @@ TEST(FusedWeightAccumulation, MarksALookupOfAParameterTable) {
   EXPECT_EQ(marks[0].weight_input, 0);
   EXPECT_EQ(marks[0].parameter, "wte");
   EXPECT_FALSE(marks[0].transposed);
+}
+
+// The pass on a stage's rank graph: the weight operand the rank reads decides. A shard held
+// as the parameter is marked; the same product reading it through a gather (ZeRO), from a recv,
+// or with its backward split for an asynchronous gradient is not.
+constexpr const char* kStageRankGraph = R"(graph(%x: f32[8,16]) {
+  %w: f32[16,16] parameter
+  %v: f32[8,16] parameter
+  %u: f32[16,16] parameter
+  %r: f32[16,16] = shardwise::recv() {from=0, stage=1} @fc3
+  %a: f32[8,16] = aten::mm(%x, %w) @fc1
+  %v.r1: f32[16,16] = shardwise::all_gather(%v) {axis=0, dim=0, group=[0,1], overlap="exposed"} @fc2
+  %b: f32[8,16] = aten::mm(%a, %v.r1) @fc2
+  %c: f32[8,16] = aten::mm(%b, %r) @fc3
+  %c.r1: f32[8,16] = shardwise::all_reduce(%c) {axis=0, group=[0,1], overlap="backward", pass="backward", reduce="sum"} @fc4
+  %d: f32[8,16] = aten::mm(%c.r1, %u) {shardwise.async_gradient=0} @fc4
+  return (%d)
+})";
+
+const ir::Node& producer(const ir::Graph& g, const std::string& value) {
+  return g.node(*g.value(*g.find_value(value)).producer);
+}
+
+TEST(FusedAccumulationPass, MarksOnlyAWeightTheRankHoldsAsTheParameter) {
+  ir::Graph g = ir::parse_graph(kStageRankGraph);
+  mark_fused_accumulations(g);
+  EXPECT_EQ(fused_accumulation_operand(producer(g, "a")), 1);
+  EXPECT_EQ(fused_accumulation_operand(producer(g, "b")), -1);  // gathered
+  EXPECT_EQ(fused_accumulation_operand(producer(g, "c")), -1);  // received
+  EXPECT_EQ(fused_accumulation_operand(producer(g, "d")), -1);  // its own split backward
+  const std::string once = ir::print_graph(g);
+  mark_fused_accumulations(g);
+  EXPECT_EQ(ir::print_graph(g), once);
+}
+
+TEST(FusedAccumulationPass, IsTheStagePassThePlansOptionSwitches) {
+  ASSERT_EQ(stage_passes().size(), 1u);
+  EXPECT_EQ(stage_passes()[0].name, "fused-accumulation");
+  ir::Graph off = ir::parse_graph(kStageRankGraph);
+  run_stage_passes(off, {.fused_accumulation = false});
+  EXPECT_EQ(ir::print_graph(off), ir::print_graph(ir::parse_graph(kStageRankGraph)));
+  ir::Graph on = ir::parse_graph(kStageRankGraph);
+  run_stage_passes(on, {});
+  EXPECT_EQ(fused_accumulation_operand(producer(on, "a")), 1);
 }
 
 }  // namespace
