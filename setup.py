@@ -42,6 +42,11 @@ class CMakeBuild(build_ext):
             "-DSHARDWISE_BUILD_TESTS=OFF",
             f"-DSHARDWISE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         ]
+        # scripts/test.sh sets it: the core's files then compile with the flags of its own core
+        # build (build/core, -Werror), so that build and the fresh venv's reuse these objects
+        # from the compiler cache instead of compiling the core again.
+        if os.environ.get("SHARDWISE_WERROR") == "1":
+            args.append("-DSHARDWISE_WERROR=ON")
         subprocess.run(args, check=True)
         jobs = os.environ.get("SHARDWISE_JOBS", "2")
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C", "-j", jobs], check=True)

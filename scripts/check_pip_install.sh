@@ -55,7 +55,15 @@ if [[ -n ${SHARDWISE_MASKED:-} ]]; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export HOME=$work/home XDG_CACHE_HOME=$work/home/.cache  # pip's and ccache's caches: the user's own
+# ccache: the caller's cache, read-only (the core's files the checkout's builds compiled with
+# the same flags are answered from it; scripts/test.sh makes them the same). Safe for step 3:
+# ccache's direct mode hashes again every header a cached object read, so a build that would
+# read a masked system header misses, compiles and fails. Without ccache nothing changes.
+if command -v ccache >/dev/null && [[ -z ${CCACHE_DIR:-} ]]; then
+  CCACHE_DIR=$(ccache --get-config cache_dir 2>/dev/null || true)
+  [[ -n $CCACHE_DIR ]] && export CCACHE_DIR CCACHE_READONLY=1 CCACHE_TEMPDIR=$work/ccache-tmp
+fi
+export HOME=$work/home XDG_CACHE_HOME=$work/home/.cache  # pip's cache: the user's own
 mkdir -p "$HOME"
 export SHARDWISE_DEPS_DIR=${SHARDWISE_DEPS_DIR:-$root/build/_deps}
 note() { echo "[check_pip_install] $*"; }
@@ -94,7 +102,8 @@ fresh_venv "$work/venv" cmake ninja setuptools wheel
 mkdir -p "$work/src"
 git -C "$root" ls-files -co --exclude-standard -z | (cd "$root" && tar --null -T - -cf -) | tar -C "$work/src" -xf -
 note "pip install --no-build-isolation . (PATH: the venv first)"
-(cd "$work/src" && PATH=$work/venv/bin:$PATH quiet "$work/venv/bin/python" -m pip install -q --no-build-isolation .)
+(cd "$work/src" && PATH=$work/venv/bin:$PATH CCACHE_BASEDIR=$work/src \
+   quiet "$work/venv/bin/python" -m pip install -q --no-build-isolation .)
 
 system_headers=$(cmake --build "$work/src/build/python" -- -t deps 2>/dev/null |
   grep -E "^\s+/usr(/local)?/include/(fmt|nlohmann|coin)" | sort -u || true)

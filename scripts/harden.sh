@@ -2,14 +2,15 @@
 # Hardening checks of the C++ core (issue 7), run by scripts/test.sh after the core ctest:
 #   1. build/asan: the core and its GoogleTest suite built with Clang, AddressSanitizer and
 #      UndefinedBehaviorSanitizer (UBSan fatal: -fno-sanitize-recover), then ctest there;
-#   2. build/fuzz: the libFuzzer targets of tests/fuzz (plan, cluster, profile and graph
-#      JSON readers, the IR text parser), each run for SHARDWISE_FUZZ_SECONDS (default 30)
-#      over a scratch copy of its seed corpus tests/fuzz/corpus/<target> (the checked-in
-#      corpus is never grown).
+#   2. the libFuzzer targets of tests/fuzz (plan, cluster, profile and graph JSON readers, the
+#      IR text parser), built in the same tree (the core compiled once, with libFuzzer's
+#      coverage instrumentation as well: SHARDWISE_FUZZ), each run for SHARDWISE_FUZZ_SECONDS
+#      (default 30) over a scratch copy of its seed corpus tests/fuzz/corpus/<target> (the
+#      checked-in corpus is never grown); their runs and findings go to build/fuzz.
 # Exits non-zero on any failing test or fuzz finding (crash, sanitizer report, uncaught
 # exception, broken round trip, timeout > 10 s per input, memory > 2 GB). A finding's input
 # is kept as build/fuzz/findings/<target>/crash-* (or timeout-*, oom-*, leak-*); replay it
-# with: build/fuzz/fuzz_<target> build/fuzz/findings/<target>/crash-...
+# with: build/asan/fuzz_<target> build/fuzz/findings/<target>/crash-...
 #
 # Environment: CLANG (default clang++-19), SHARDWISE_FUZZ_SECONDS (per target),
 # SHARDWISE_JOBS (build and ctest jobs, default 2), SHARDWISE_HARDEN_SKIP_ASAN=1 or
@@ -35,22 +36,25 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:detect_stack_use_after_return
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 start=$SECONDS
+# One tree: the core compiled once with ASan, UBSan and libFuzzer's coverage instrumentation,
+# for the tests and the fuzz targets alike.
+echo "[harden] core, tests and fuzz targets with ASan + UBSan ($CLANG): configure, build"
+t0=$SECONDS
+cmake -S . -B build/asan "${common[@]}" -DSHARDWISE_SANITIZE=ON -DSHARDWISE_FUZZ=ON >/dev/null
 if [ "${SHARDWISE_HARDEN_SKIP_ASAN:-0}" != 1 ]; then
-  echo "[harden] core + tests with ASan + UBSan ($CLANG): configure, build, ctest"
-  t0=$SECONDS
-  cmake -S . -B build/asan "${common[@]}" -DSHARDWISE_SANITIZE=ON >/dev/null
   cmake --build build/asan -j "$JOBS"
+else
+  cmake --build build/asan -j "$JOBS" --target "${TARGETS[@]/#/fuzz_}"
+fi
+echo "[harden] build $((SECONDS - t0)) s"
+
+if [ "${SHARDWISE_HARDEN_SKIP_ASAN:-0}" != 1 ]; then
   t1=$SECONDS
   ctest --test-dir build/asan --output-on-failure -j "$JOBS"
-  echo "[harden] asan: build $((t1 - t0)) s, ctest $((SECONDS - t1)) s"
+  echo "[harden] asan ctest $((SECONDS - t1)) s"
 fi
 
 if [ "${SHARDWISE_HARDEN_SKIP_FUZZ:-0}" != 1 ]; then
-  echo "[harden] fuzz targets ($CLANG, libFuzzer + ASan + UBSan): configure, build"
-  t0=$SECONDS
-  cmake -S . -B build/fuzz "${common[@]}" -DSHARDWISE_FUZZ=ON -DSHARDWISE_BUILD_TESTS=OFF >/dev/null
-  cmake --build build/fuzz -j "$JOBS" --target "${TARGETS[@]/#/fuzz_}"
-  echo "[harden] fuzz: build $((SECONDS - t0)) s"
 
   # One libFuzzer process per target, SHARDWISE_JOBS targets at a time (each gets the
   # full time; two at once on two cores halve the wall time of this step).
@@ -58,7 +62,7 @@ if [ "${SHARDWISE_HARDEN_SKIP_FUZZ:-0}" != 1 ]; then
     local t=$1 work=build/fuzz/run/$1 findings=build/fuzz/findings/$1 rc=0
     rm -rf "$work" "$findings" && mkdir -p "$work" "$findings"
     cp tests/fuzz/corpus/"$t"/* "$work"/
-    build/fuzz/fuzz_"$t" "$work" -dict=tests/fuzz/"$t".dict -max_total_time="$FUZZ_SECONDS" \
+    build/asan/fuzz_"$t" "$work" -dict=tests/fuzz/"$t".dict -max_total_time="$FUZZ_SECONDS" \
       -timeout=10 -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 \
       -artifact_prefix="$findings"/ >build/fuzz/run/"$t".log 2>&1 || rc=$?
     echo "$rc" >build/fuzz/run/"$t".rc

@@ -6,7 +6,7 @@
 #   C++:     nothing from the system but a C++20 compiler: fmt and nlohmann-json are vendored
 #            (third_party/), HiGHS is built from highspy's source release on PyPI (cmake/HiGHS.cmake)
 #
-#   scripts/install.sh --test   also what the test suite needs (scripts/test.sh): pytest,
+#   scripts/install.sh --test   also what the test suite needs (scripts/test.sh): pytest and pytest-xdist,
 #            transformers and accelerate (PyPI; the Trainer needs accelerate); GoogleTest, ccache and clang-19 with its sanitizer and
 #            libFuzzer runtime (apt, for the C++ tests and scripts/harden.sh; sudo when not root)
 set -euo pipefail
@@ -34,7 +34,7 @@ if [[ ${1:-} == --test ]]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
-  $PY -m pip install -q "transformers>=4.45" "accelerate>=1.1" pytest "$TORCH_PIN"
+  $PY -m pip install -q "transformers>=4.45" "accelerate>=1.1" pytest pytest-xdist "$TORCH_PIN"
 fi
 
 tools=(rich setuptools wheel)

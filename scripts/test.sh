@@ -20,6 +20,10 @@ phase() {
   phase_start=$SECONDS
   echo "[test] $1"
 }
+# One compile of the core's files for the three g++ builds (the extension's here, build/core's,
+# the fresh venv's in check_pip_install.sh): the same flags (-Werror in each) and paths taken
+# relative to the checkout, so ccache answers the later two (docs/build.md, "Where the time goes").
+export SHARDWISE_WERROR=1 CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 bash scripts/install.sh --test
 
 phase "core (no torch): configure, build, ctest"
@@ -34,8 +38,15 @@ phase "pip install without root: a fresh venv, the package, the main job (script
 bash scripts/check_pip_install.sh
 
 phase "python (pytest)"
+# Two test files at a time (pytest-xdist, SHARDWISE_JOBS workers; a file's tests stay on one
+# worker, so its module fixtures are made once): most of a test is one process capturing,
+# planning and lowering, which leaves the second core idle.
+workers=()
+if ${PYTHON:-python3} -c "import xdist" 2>/dev/null; then
+  workers=(-n "${SHARDWISE_JOBS:-2}" --dist loadfile)
+fi
 set +e
-${PYTHON:-python3} -m pytest tests/python -q -p no:cacheprovider --durations=25 "$@"
+${PYTHON:-python3} -m pytest tests/python -q -p no:cacheprovider --durations=25 "${workers[@]}" "$@"
 rc=$?
 set -e
 phase "done"
