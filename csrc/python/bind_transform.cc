@@ -218,8 +218,7 @@ std::string plan_programs(const ir::Graph& graph, const std::string& plan_json) 
   return programs_hash(per_rank);
 }
 
-// Contiguous pipeline stages of a graph and each stage's boundary and B/W cut sites (the
-// binding's docstring).
+// Contiguous pipeline stages of a graph and each stage's boundary (the binding's docstring).
 py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<int>& layers_per_stage) {
   search::StageAssignment assignment = search::assign_stages(graph, stages, layers_per_stage);
   py::dict out;
@@ -230,16 +229,11 @@ py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<i
   out["stage_of_node"] = assignment.stage_of_node;
   out["stage_cost"] = assignment.stage_cost;
   // Each stage's boundary (transform/stage_split.h): the values it receives (recv) and
-  // sends (send), and the leaves it reads, by name in graph order.
-  // And where each stage's backward splits into B and W (transform/weight_gradient_split.h):
-  // per stage, {reading node: its weight input positions} and the weight values it sends.
-  py::list received, sent, leaves, boundaries, weight_outputs;
+  // sends (send), and the leaves it reads, by name in graph order. (Where a stage's backward
+  // splits into B and W, and which calls accumulate in place, are marks of its rank graph:
+  // rank_program's stage passes.)
+  py::list received, sent, leaves;
   for (const ir::Graph& stage : transform::split_stages(graph, assignment.stage_of_node, stages)) {
-    const transform::WeightGradientSplit split = transform::weight_gradient_split(stage);
-    py::dict reads;
-    for (const auto& b : split.boundaries) reads[py::str(b.node)] = b.inputs;
-    boundaries.append(reads);
-    weight_outputs.append(split.weight_outputs);
     std::vector<std::string> in, outs, read;
     for (const ir::Node& node : stage.nodes()) {
       if (node.op == "shardwise::recv") in.push_back(stage.value(node.outputs[0]).name);
@@ -254,8 +248,6 @@ py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<i
   out["received"] = received;
   out["sent"] = sent;
   out["leaves"] = leaves;
-  out["weight_boundaries"] = boundaries;
-  out["weight_outputs"] = weight_outputs;
   return out;
 }
 
@@ -370,13 +362,55 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool
   return d;
 }
 
+// A pipelined program: each stage's part of it (transform/stage_rank_graph.h) after the stage
+// passes (rank_passes.h), printed; and their marks by the program's node names (a call's
+// output in the rank graph may be another: a counted loss' <loss>.sum): where each stage's
+// backward splits into B and W, {node: its weight operands}, and the weight values it sends
+// (transform/weight_gradient_split.h), and the calls that accumulate their weight gradient in
+// place, {node: its weight operand} (transform/fused_weight_accumulation.h).
+void add_stages(py::dict& out, const transform::RankGraph& rank_ir, const ir::Graph& graph,
+                const std::vector<int>& stage_of_node, int stages, const transform::StagePassOptions& options) {
+  std::map<std::string, std::string> program_name;  // a call's first output -> its node's
+  for (std::size_t i = 0; i < rank_ir.program.nodes.size(); ++i) {
+    const ir::Node& call = rank_ir.graph.node(rank_ir.nodes.at(i));
+    if (!call.outputs.empty() && !rank_ir.program.nodes[i].outputs.empty())
+      program_name[rank_ir.graph.value(call.outputs[0]).name] = rank_ir.program.nodes[i].outputs[0].value;
+  }
+  auto name_of = [&](const ir::Graph& stage, const ir::Node& node) {
+    const std::string& name = stage.value(node.outputs[0]).name;
+    auto it = program_name.find(name);
+    if (it == program_name.end())
+      throw support::ValidationError("rank_program: stage pass marked '" + name + "', no node of the program");
+    return py::str(it->second);
+  };
+  py::list stage_irs, boundaries, weight_outputs, accumulations;
+  for (ir::Graph& stage : transform::cut_rank_graph(rank_ir, graph, stage_of_node, stages)) {
+    transform::run_stage_passes(stage, options);
+    stage_irs.append(ir::print_graph(stage));
+    py::dict cuts, fused;
+    for (const ir::Node& node : stage.nodes()) {
+      if (const std::vector<std::int64_t> at = transform::weight_cut_operands(node); !at.empty())
+        cuts[name_of(stage, node)] = at;
+      if (const std::int64_t at = transform::fused_accumulation_operand(node); at >= 0) fused[name_of(stage, node)] = at;
+    }
+    boundaries.append(cuts);
+    weight_outputs.append(options.split_backward ? transform::weight_gradient_split(stage).weight_outputs
+                                                 : std::vector<std::string>{});
+    accumulations.append(fused);
+  }
+  out["stage_rank_irs"] = stage_irs;
+  out["weight_boundaries"] = boundaries;
+  out["weight_outputs"] = weight_outputs;
+  out["fused_accumulations"] = accumulations;
+}
+
 // One rank's program as the job runs it, as the runtime's lowering reads it (the binding's
 // docstring).
 py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json, int rank,
                            const std::vector<std::string>& whole_nodes, const std::vector<std::string>& lookup_ops,
                            bool adapt_to_shapes, const std::string& recompute_name, bool fp8,
                            std::int64_t micro_batches, const std::vector<int>& stage_of_node, int stages,
-                           bool fused_accumulation) {
+                           bool fused_accumulation, bool split_backward) {
   const plan::Recompute recompute = plan::recompute_from_name(recompute_name);
   if (recompute != plan::Recompute::None && !plan_json.empty())
     throw support::ValidationError("rank_program: recompute= is for the replicated program (plan_json \"\"); "
@@ -410,22 +444,9 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   py::dict out;
   out["mesh"] = program.mesh;
   out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
-  // A pipelined program: each stage's part of it (transform/stage_rank_graph.h), after the
-  // stage passes (rank_passes.h), and the contractions each stage's marks accumulate in place,
-  // {node: its weight operand} (transform/fused_weight_accumulation.h).
-  py::list stage_irs, accumulations;
-  if (stages > 0)
-    for (ir::Graph& stage : transform::cut_rank_graph(rank_ir, graph, stage_of_node, stages)) {
-      transform::run_stage_passes(stage, {.fused_accumulation = fused_accumulation});
-      stage_irs.append(ir::print_graph(stage));
-      py::dict fused;
-      for (const ir::Node& node : stage.nodes())
-        if (const std::int64_t at = transform::fused_accumulation_operand(node); at >= 0)
-          fused[py::str(stage.value(node.outputs[0]).name)] = at;
-      accumulations.append(fused);
-    }
-  out["stage_rank_irs"] = stage_irs;
-  out["fused_accumulations"] = accumulations;
+  for (const char* key : {"stage_rank_irs", "weight_boundaries", "weight_outputs", "fused_accumulations"})
+    out[key] = py::list();
+  if (stages > 0) add_stages(out, rank_ir, graph, stage_of_node, stages, {split_backward, fused_accumulation});
   out["rank"] = program.rank;
   out["leaves"] = leaves;
   out["nodes"] = nodes;
@@ -498,16 +519,17 @@ void bind_transform(py::module_& m) {
         py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
         py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
         py::arg("fp8") = false, py::arg("micro_batches") = 1, py::arg("stage_of_node") = std::vector<int>{},
-        py::arg("stages") = 0, py::arg("fused_accumulation") = false,
+        py::arg("stages") = 0, py::arg("fused_accumulation") = false, py::arg("split_backward") = false,
         "One rank's program of a searched plan as the job runs it (csrc/transform/spmd_rewrite.h; "
         "job_rank_graph.h: a node any rank runs whole runs whole on every rank); plan_json \"\": replicated, "
         "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\"); its FP8 linears "
         "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
         "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count); "
         "stages > 0: also the program cut into that many pipeline stages by stage_of_node (one per captured node: "
-        "transform/stage_rank_graph.h), printed, as stage_rank_irs, after the stage passes (fused_accumulation: "
-        "the plan's; transform/rank_passes.h), and each stage's fused accumulations {node: weight operand} as "
-        "fused_accumulations.");
+        "transform/stage_rank_graph.h), printed, as stage_rank_irs, after the stage passes (transform/rank_passes.h: "
+        "split_backward, a schedule's B/W split; fused_accumulation, the plan's), and each stage's marks: "
+        "weight_boundaries {node: weight operands} and weight_outputs (sent weight values), fused_accumulations "
+        "{node: weight operand}.");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,

@@ -3,6 +3,7 @@
 #include "transform/async_gradients.h"
 #include "transform/collective_matmul.h"
 #include "transform/fused_weight_accumulation.h"
+#include "transform/weight_gradient_split.h"
 
 namespace shardwise::transform {
 
@@ -25,6 +26,10 @@ void run_rank_passes(ir::Graph& rank_graph, const plan::Sharding& sharding) {
 
 const std::vector<StagePass>& stage_passes() {
   static const std::vector<StagePass> passes = {
+      {"weight-gradient-split",
+       "cut a stage's backward into its input (B) and weight (W) gradients at each weight read (a pipeline "
+       "stage's rank graph)",
+       [](const StagePassOptions& o) { return o.split_backward; }, mark_weight_cuts},
       {"fused-accumulation",
        "accumulate a contraction's or lookup's weight gradient into the parameter's .grad inside the product "
        "(a pipeline stage's rank graph)",

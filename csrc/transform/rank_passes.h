@@ -40,9 +40,14 @@ void run_rank_passes(ir::Graph& rank_graph, const plan::Sharding& sharding);
 // The feature passes over each pipeline stage's rank graph, after the cut
 // (stage_rank_graph.h: a stage reads a weight another stage made through a recv, which only
 // the stage's graph shows), in order; what a pipelined job switches on:
-//   1. fused-accumulation (transform/fused_weight_accumulation.h; the plan's
+//   1. weight-gradient-split (transform/weight_gradient_split.h; a schedule that splits
+//      backward into B and W: the zero-bubble ones);
+//   2. fused-accumulation (transform/fused_weight_accumulation.h; the plan's
 //      fused_accumulation, on by default).
+// The two marks are independent (a marked contraction serves B and W alike:
+// runtime/fused_accumulation.py); the order only fixes the printed program.
 struct StagePassOptions {
+  bool split_backward = false;
   bool fused_accumulation = true;
 };
 struct StagePass {

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
+#include <variant>
 
 namespace shardwise::transform {
 namespace {
+
+constexpr std::string_view kWeightCutAttr = "shardwise.weight_cut";
 
 enum class GradientClass : std::uint8_t { Constant, Weight, Activation };
 
@@ -42,6 +46,20 @@ WeightGradientSplit weight_gradient_split(const ir::Graph& stage) {
   for (ir::ValueId o : stage.outputs())
     if (of(o) == GradientClass::Weight) out.weight_outputs.push_back(stage.value(o).name);
   return out;
+}
+
+void mark_weight_cuts(ir::Graph& stage_rank_graph) {
+  for (const WeightBoundary& boundary : weight_gradient_split(stage_rank_graph).boundaries) {
+    const ir::NodeId node = *stage_rank_graph.value(*stage_rank_graph.find_value(boundary.node)).producer;
+    stage_rank_graph.mutable_attrs(node)[std::string(kWeightCutAttr)] =
+        std::vector<std::int64_t>(boundary.inputs.begin(), boundary.inputs.end());
+  }
+}
+
+std::vector<std::int64_t> weight_cut_operands(const ir::Node& node) {
+  auto it = node.attrs.find(std::string(kWeightCutAttr));
+  if (it == node.attrs.end()) return {};
+  return std::get<std::vector<std::int64_t>>(it->second);
 }
 
 }  // namespace shardwise::transform

@@ -21,8 +21,16 @@
 //
 // Worked example: %t = aten::t(%w); %y = aten::mm(%x, %t); %z = aten::add.Tensor(%y, %b):
 // boundaries mm input 1 (%t) and add input 1 (%b); %t is a weight value read by nothing else.
+//
+// As a pass (mark_weight_cuts, "weight-gradient-split"): run on each pipeline stage's rank
+// graph (stage_rank_graph.h) when the job's schedule splits backward (a zero-bubble schedule),
+// it marks each boundary node {shardwise.weight_cut=[i, ...]}, which the runtime's lowering
+// reads (python/shardwise/runtime/weight_split.py). On a rank graph a gathered or zeroed
+// parameter (a resharding step of a weight) is a weight value too, so the cut falls at the
+// reader's operand, where the lowering reads it resharded (tests/golden/weight_cut_pass.ir).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -41,5 +49,12 @@ struct WeightGradientSplit {
 };
 
 WeightGradientSplit weight_gradient_split(const ir::Graph& stage);
+
+// The pass: marks `stage_rank_graph`'s boundaries in place (ids kept; a second run changes
+// nothing).
+void mark_weight_cuts(ir::Graph& stage_rank_graph);
+
+// A marked node's weight operands (its boundary's inputs); empty for a node without the mark.
+std::vector<std::int64_t> weight_cut_operands(const ir::Node& node);
 
 }  // namespace shardwise::transform

@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
       .placements = {{"x", {"S(0)[0.6,0.4]", "R"}}, {"fc.weight", {"R", "S(1,g3)"}}, {"linear", {"S(0)", "P(sum)"}}},
       .strategies = {{"linear", {"replicate", "split n g3"}}},
       .zero = {{"fc.weight", {0}}},
-      .recompute = true,
+      .recompute = plan::Recompute::Full,
       .leaves = {"x", "fc.weight"}};
   sharded.predicted = plan::Predicted{
       .step_time = 0.5,

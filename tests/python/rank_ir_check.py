@@ -4,9 +4,11 @@
 Two sequences are compared, each in program order:
 
 - **calls**: each ATen node of the rank IR against the program's ATen calls: the same op with
-  the same arguments (the IR's attributes bound to the op's schema), and made through
+  the same arguments (the IR's attributes bound to the op's schema), made through
   ``fused_accumulation`` exactly where the IR marks it ``shardwise.fused_accumulation`` (a
-  pipeline stage's weight gradient added into .grad in place). The IR's nodes the runtime
+  pipeline stage's weight gradient added into .grad in place), and reading as many operands
+  through ``weight_split.cut`` as the IR's ``shardwise.weight_cut`` lists (a zero-bubble
+  stage's B/W split). The IR's nodes the runtime
   runs as one of its own modules (RUNTIME_MODULE_MARKS) and the value identities the lowering
   calls again (contiguous) are left out; a view runs as reshape on the view's arguments
   (runtime/lower.py: _LAYOUT_FREE).
@@ -33,6 +35,15 @@ RUNTIME_MODULE_MARKS = {"shardwise.one_device_random", "shardwise.async_gradient
                         "shardwise.matmul_scatter"}
 TENSOR = "<tensor>"  # every tensor operand, when two calls' other arguments are compared
 FUSED_ACCUMULATION = "shardwise.fused_accumulation"  # transform/fused_weight_accumulation.h
+WEIGHT_CUT = "shardwise.weight_cut"  # transform/weight_gradient_split.h
+
+
+def _cut_operands(node: torch.fx.Node) -> int:
+    """How many of a call's operands it reads through ``weight_split.cut``."""
+    cuts = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: cuts.append(
+        a.op == "call_module" and a.target == "weight_split.cut"))
+    return sum(cuts)
 
 
 def flat_nodes(module: torch.fx.GraphModule):
@@ -95,6 +106,9 @@ def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[s
         if fused != (FUSED_ACCUMULATION in node["attrs"]):
             mismatches.append(f"{node['outputs'][0]} ({node['op']}): fused accumulation "
                               f"{'un' if fused else ''}marked in the IR, {'' if fused else 'not '}run so")
+        if _cut_operands(made_by) != len(node["attrs"].get(WEIGHT_CUT, ())):
+            mismatches.append(f"{node['outputs'][0]} ({node['op']}): {node['attrs'].get(WEIGHT_CUT, [])} cut for B/W "
+                              f"in the IR, {_cut_operands(made_by)} operands cut in the program")
         op = op_overload(node["op"])
         if _LAYOUT_FREE.get(op, op) is not target:
             mismatches.append(f"{node['outputs'][0]}: {node['op']} in the IR, {target} in the program")

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import shardwise
 from conftest import TwoBranch, finish_rank, parameter_error, spawn_reports
+from rank_ir_check import engine_against_rank_ir
 from shardwise.models import CausalLMWithLoss
 from shardwise.runtime import pipeline_engine
 from torch.utils.flop_counter import FlopCounterMode
@@ -167,6 +168,9 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
                   "W": kinds.count("W"), "B": kinds.count("B"), "stages": sorted(engine._stages),
                   "micro_batches": engine._m, "code": engine.code, "error": parameter_error(state, reference),
                   "weight_outputs": sum(len(s["weight_outputs"]) for s in engine._stages.values()),
+                  # Each stage's program against its rank IR: its B/W cuts and fused
+                  # accumulations where the stage passes marked them (rank_ir_check.py).
+                  "lowered": engine_against_rank_ir(engine), "stage_irs": list(engine.stage_rank_irs.values()),
                   "p2p": sorted([tag, name, list(ranks)] for tag, name, ranks in p2p)}
         finish_rank(result, rank, report)
     finally:
@@ -188,6 +192,8 @@ def test_zero_bubble_splits_backward_and_trains_as_one_device(case, stages, sche
         # The V (ZB-V, DualPipeV): rank r holds stages r and 2p - 1 - r (the last beside the first on rank 0).
         assert r["stages"] == ([r["rank"], 2 * stages - 1 - r["rank"]] if schedule in V_SHAPED else [r["rank"]]), r
         assert "weight_split.cut" in r["code"] and "weight_split.site" in r["code"], r["code"]
+        assert r["lowered"]["calls"] > 0 and not r["lowered"]["mismatches"], r["lowered"]
+        assert "shardwise.weight_cut" in "".join(r["stage_irs"]), r["stage_irs"]
         # The split is real: every parameter gradient accumulates in W (or in a B whose W comes
         # next, run as one: BW), none in a split B or elsewhere.
         assert r["accumulated"]["B"] == 0 and r["accumulated"]["other"] == 0, r["accumulated"]

@@ -475,6 +475,12 @@ class _Lowering:
             bwd = _step_texts(root, out.get("backward", ()))
             results.append(graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value)
         graph.output(tuple(results))
+        if self.weight_boundaries:  # never a weight gradient neither B nor W computes
+            lowered = {node["outputs"][0]["value"] for node in self.nodes}
+            missing = sorted(set(self.weight_boundaries) - lowered)
+            if missing:
+                raise ValidationError(f"parallelize: the core cuts the weight gradient of {', '.join(missing[:4])} "
+                                      "for a split backward, which this stage's program does not run")
         module = torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{self.rank}Program")
         if self.block_of:
             module = checkpoint_blocks(module, self.block_of, frozenset(self.selective))
@@ -648,12 +654,14 @@ def _write_state(leaf: torch.Tensor, value: torch.Tensor) -> None:
 
 class StageCut(NamedTuple):
     """How a pipelined job cuts its rank program (transform/stage_rank_graph.h): the stage of
-    each captured node, how many stages, and whether the stage passes fuse weight-gradient
-    accumulation (the plan's fused_accumulation; transform/rank_passes.h)."""
+    each captured node, how many stages, and which stage passes run (transform/rank_passes.h):
+    fused weight-gradient accumulation (the plan's fused_accumulation) and the B/W split of
+    backward (a zero-bubble schedule's)."""
 
     stage_of_node: tuple = ()
     count: int = 0
     fused_accumulation: bool = False
+    split_backward: bool = False
 
 
 def _rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool = False,
@@ -706,7 +714,8 @@ def _local_rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool,
     `adapt_to_shapes`: the plan was made at other batch shapes (spmd_rewrite.h)."""
     program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes,
                               micro_batches=micro_batches, stage_of_node=list(stages.stage_of_node),
-                              stages=stages.count, fused_accumulation=stages.fused_accumulation)
+                              stages=stages.count, fused_accumulation=stages.fused_accumulation,
+                              split_backward=stages.split_backward)
     whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
     if whole:
         log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),

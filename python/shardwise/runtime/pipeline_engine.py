@@ -92,7 +92,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
     stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
     # The core cuts the rank program too: each stage's rank IR (transform/stage_rank_graph.h).
-    by_stage = StageCut(tuple(cut["stage_of_node"]), stages, plan.fused_accumulation)
+    by_stage = StageCut(tuple(cut["stage_of_node"]), stages, plan.fused_accumulation, split_backward)
     if sharded is not None:
         program, whole = _rank_program(graph, sharded.to_json(), mesh.rank, group=mesh.stage_group,
                                        micro_batches=micro_batches, stages=by_stage)
@@ -102,7 +102,8 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         program, whole = _C.rank_program(graph._core, "", 0, recompute=plan.recompute,
                                          fp8=plan.precision == "fp8", micro_batches=micro_batches,
                                          stage_of_node=list(by_stage.stage_of_node), stages=stages,
-                                         fused_accumulation=by_stage.fused_accumulation), []
+                                         fused_accumulation=by_stage.fused_accumulation,
+                                         split_backward=split_backward), []
 
     # The stages' nodes; what crosses each cut (forwarded on) and which leaves each stage reads
     # are the core's (transform/stage_split.h: recv / send at the boundaries).
@@ -151,7 +152,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
                                nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
                                compute_dtypes=compute_dtypes,
-                               weight_boundaries=cut["weight_boundaries"][g] if split_backward else None,
+                               weight_boundaries=program["weight_boundaries"][g] if split_backward else None,
                                fused_accumulations=program["fused_accumulations"][g])
         if split_backward:
             check_splittable(module, g)
@@ -159,7 +160,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         mine[g] = {"module": module, "rank_ir": program["stage_rank_irs"][g],
                    "inputs": batch_inputs + received[g], "received": received[g],
                    "differentiable": [x for x in received[g] if x in differentiable],  # (their gradients go back)
-                   "sent": cut["sent"][g], "last": last, "weight_outputs": set(cut["weight_outputs"][g])}
+                   "sent": cut["sent"][g], "last": last, "weight_outputs": set(program["weight_outputs"][g])}
     reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters
               if name in leaves and leaves[name]["reduce_axes"] and isinstance(parameters[name], torch.nn.Parameter)]
     loss_value = program["outputs"][0]["value"]

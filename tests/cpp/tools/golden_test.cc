@@ -173,7 +173,8 @@ TEST(PassPipelineTest, ListsThePasses) {
     EXPECT_FALSE(p.help.empty()) << p.name;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"verify", "dce", "check-shapes", "propagate-batch-dim", "json-roundtrip",
-                                             "rank-graph", "async-gradient", "collective-matmul", "fused-accumulation",
+                                             "rank-graph", "async-gradient", "collective-matmul", "weight-gradient-split",
+                                             "fused-accumulation",
                                              "split-stages"}));
 }
 
@@ -185,7 +186,8 @@ TEST(PassPipelineTest, UnknownPassListsKnownOnes) {
   } catch (const support::Error& e) {
     EXPECT_STREQ(e.what(),
                  "unknown pass 'cse' (known passes: verify, dce, check-shapes, propagate-batch-dim, json-roundtrip, "
-                 "rank-graph, async-gradient, collective-matmul, fused-accumulation, split-stages)");
+                 "rank-graph, async-gradient, collective-matmul, weight-gradient-split, fused-accumulation, "
+                 "split-stages)");
   }
   // Names are checked before any pass runs: dce must not have run.
   EXPECT_THROW(run_passes(g, {"dce", "nope"}), support::Error);

@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "ir/parser.h"
+#include "ir/printer.h"
+#include "transform/rank_passes.h"
 #include "transform/stage_split.h"
 
 namespace shardwise::transform {
@@ -62,6 +65,41 @@ TEST(WeightGradientSplit, AReceivedValueIsAnActivationAndASentWeightValueAWeight
   // Both operands are received: activations on this stage, their gradients B's to send back.
   EXPECT_TRUE(second.boundaries.empty());
   EXPECT_TRUE(second.weight_outputs.empty());
+}
+
+// The pass marks what the analysis finds, on the node by the boundary's inputs; a second run
+// changes nothing; and it runs as a stage pass only where the schedule splits backward.
+TEST(WeightCutPass, MarksEachBoundaryNodeWithItsWeightOperands) {
+  ir::Graph g = ir::parse_graph(kEmbedThenLinear);
+  const WeightGradientSplit split = weight_gradient_split(g);
+  mark_weight_cuts(g);
+  std::size_t marked = 0;
+  for (const ir::Node& node : g.nodes()) {
+    const std::vector<std::int64_t> cut = weight_cut_operands(node);
+    if (cut.empty()) continue;
+    const std::string& name = g.value(node.outputs[0]).name;
+    ASSERT_LT(marked, split.boundaries.size());
+    EXPECT_EQ(name, split.boundaries[marked].node);
+    EXPECT_EQ(cut, std::vector<std::int64_t>(split.boundaries[marked].inputs.begin(),
+                                             split.boundaries[marked].inputs.end()));
+    ++marked;
+  }
+  EXPECT_EQ(marked, split.boundaries.size());
+  const std::string once = ir::print_graph(g);
+  mark_weight_cuts(g);
+  EXPECT_EQ(ir::print_graph(g), once);
+}
+
+TEST(WeightCutPass, RunsAsAStagePassOnlyUnderASplitBackward) {
+  ASSERT_EQ(stage_passes().size(), 2u);
+  EXPECT_EQ(stage_passes()[0].name, "weight-gradient-split");
+  ir::Graph plain = ir::parse_graph(kEmbedThenLinear);
+  run_stage_passes(plain, {.split_backward = false, .fused_accumulation = false});
+  EXPECT_EQ(ir::print_graph(plain), ir::print_graph(ir::parse_graph(kEmbedThenLinear)));
+  ir::Graph split = ir::parse_graph(kEmbedThenLinear);
+  run_stage_passes(split, {.split_backward = true, .fused_accumulation = false});
+  EXPECT_EQ(weight_cut_operands(split.node(*split.value(*split.find_value("tok")).producer)),
+            (std::vector<std::int64_t>{0}));
 }
 
 }  // namespace
