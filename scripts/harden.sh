@@ -57,7 +57,6 @@ if [ "${SHARDWISE_HARDEN_SKIP_ASAN:-0}" != 1 ]; then
 fi
 
 if [ "${SHARDWISE_HARDEN_SKIP_FUZZ:-0}" != 1 ]; then
-
   # One libFuzzer process per target, SHARDWISE_JOBS targets at a time (each gets the
   # full time; two at once on two cores halve the wall time of this step).
   fuzz_one() {

@@ -26,8 +26,7 @@ bool trainable_parameter(const ir::Graph& graph, ir::ValueId value) {
 bool one_exposed_all_reduce(const ir::Graph& graph, const StepRegion& region) {
   if (!region.forward.empty() || region.backward.size() != 1) return false;
   const ir::Node& step = graph.node(region.backward[0]);
-  auto overlap = step.attrs.find("overlap");
-  const auto* mark = overlap == step.attrs.end() ? nullptr : std::get_if<std::string>(&overlap->second);
+  const std::string* mark = step_overlap(step);
   const ReshardAction action = step_action(step);
   return action.kind == ReshardKind::AllReduce && action.reduce == "sum" && mark != nullptr &&
          *mark == search::parameter_overlap_name(search::ParameterOverlap::Exposed);
@@ -50,13 +49,14 @@ void overlap_activation_gradients(ir::Graph& rank_graph) {
   for (const ir::Node& node : rank_graph.nodes()) {
     if (node.outputs.empty() || node.op.starts_with("shardwise::") || node.attrs.contains(std::string(kWholeAttr)))
       continue;
-    std::vector<bool> trainable;
-    for (ir::ValueId in : node.inputs) trainable.push_back(trainable_parameter(rank_graph, in));
+    std::vector<bool> trainable;  // of every operand, made at the node's first candidate
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       const StepRegion region = region_ending_at(rank_graph, node.inputs[i]);
       if (rank_graph.value(region.source).role == ir::ValueRole::Parameter ||
           !one_exposed_all_reduce(rank_graph, region))
         continue;
+      if (trainable.empty())
+        for (ir::ValueId in : node.inputs) trainable.push_back(trainable_parameter(rank_graph, in));
       // The search's rule (parameter_collectives.h), so the price and the program agree.
       if (search::activation_gradient_overlap(node.op, i, true, only_read(rank_graph, users, node, region),
                                               trainable) != search::ParameterOverlap::BesideBackward)

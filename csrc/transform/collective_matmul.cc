@@ -15,17 +15,12 @@ constexpr std::string_view kScatterAttr = "shardwise.matmul_scatter";
 constexpr std::string_view kWholeAttr = "shardwise.whole";
 constexpr std::string_view kMatmulOverlap = "matmul";
 
-const std::string* string_attr(const ir::Node& node, std::string_view key) {
-  auto it = node.attrs.find(std::string(key));
-  return it == node.attrs.end() ? nullptr : std::get_if<std::string>(&it->second);
-}
-
 // One even, exposed collective of `op` along a dim (its blocks the runtime's ring takes and
 // joins: runtime/collective_matmul.py, _Blocks).
 bool one_even(const ir::Graph& graph, const std::vector<ir::NodeId>& steps, std::string_view op) {
   if (steps.size() != 1) return false;
   const ir::Node& step = graph.node(steps[0]);
-  const std::string* overlap = string_attr(step, "overlap");
+  const std::string* overlap = step_overlap(step);
   return step.op == op && !step.attrs.contains("ratios") && step_action(step).dim >= 0 && overlap != nullptr &&
          *overlap == search::parameter_overlap_name(search::ParameterOverlap::Exposed);
 }
@@ -111,7 +106,7 @@ void fuse_scatters(ir::Graph& graph) {
 
 bool ring_marked(const ir::Graph& graph, const StepRegion& region) {
   if (region.forward.empty()) return false;
-  const std::string* overlap = string_attr(graph.node(region.forward[0]), "overlap");
+  const std::string* overlap = step_overlap(graph.node(region.forward[0]));
   return overlap != nullptr && *overlap == kMatmulOverlap;
 }
 

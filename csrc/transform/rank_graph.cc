@@ -407,8 +407,7 @@ void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const pl
     if (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_reduce" || kind == "all_to_all") {
       // Each collective says where it runs (search/parameter_collectives.h), the mark the
       // search priced it by; a collective without one was priced by no rule.
-      auto mark = node.attrs.find("overlap");
-      const auto* name = mark == node.attrs.end() ? nullptr : std::get_if<std::string>(&mark->second);
+      const std::string* name = step_overlap(node);
       if (name == nullptr ||
           (*name != "exposed" && *name != "forward" && *name != "backward" && *name != kMatmulOverlap))
         throw ValidationError(where(fmt::format("{}: a collective without its overlap mark (exposed, forward, "
@@ -490,6 +489,11 @@ StepRegion region_ending_at(const ir::Graph& rank_graph, ir::ValueId value) {
   for (ir::NodeId id : chain)
     (rank_graph.node(id).attrs.contains("pass") ? region.backward : region.forward).push_back(id);
   return region;
+}
+
+const std::string* step_overlap(const ir::Node& step) {
+  auto it = step.attrs.find("overlap");
+  return it == step.attrs.end() ? nullptr : std::get_if<std::string>(&it->second);
 }
 
 ir::ValueId region_end(const ir::Graph& rank_graph, const StepRegion& region) {

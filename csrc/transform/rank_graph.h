@@ -108,6 +108,9 @@ std::string resharding_region_key(const OperandRewrite& op);
 // group=), and the step it runs, read back from its attributes (the inverse of the emission).
 bool is_step_node(const ir::Node& node);
 ReshardAction step_action(const ir::Node& step);
+// Where a collective step node runs, its overlap= mark ("exposed", "forward", "backward",
+// "matmul": search/parameter_collectives.h); nullptr for a node without one.
+const std::string* step_overlap(const ir::Node& step);
 
 // A resharding region of a rank graph: the chain of step nodes, each reading the one before,
 // from the value it starts at; its forward steps, then its backward ones in emission order
