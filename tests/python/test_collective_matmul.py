@@ -207,6 +207,39 @@ def test_searched_sequence_parallel_runs_its_collectives_inside_the_matmuls(name
         assert depth in (0, 1), events
 
 
+def _mesh_worker(rank: int, world: int, store: str, result: str, name: str, plan_json: str) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    try:
+        fused = _train(name, shardwise.Plan.from_json(plan_json))
+        reference = _model(name)
+        ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.SGD(reference.parameters(), lr=0.1))
+        finish_rank(result, rank, {"losses": fused["losses"], "ref_losses": ref_losses,
+                                   "error": parameter_error(fused["state"], reference),
+                                   "rank_ir": fused["rank_ir"], "code": fused["code"], "lowered": fused["lowered"]})
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_ring_reading_a_weight_gathered_again_in_backward_trains_as_one_device():
+    # On a 2 x 2 mesh the search also shards GPT-2's weights over the data axis, gathered
+    # again in backward (regather): a column-parallel addmm then reads such a weight while its
+    # ring gathers the activation. The regather wraps the ring's call, not the getitem of its
+    # product (which no Python can call: the program did not compile).
+    graph = shardwise.capture(_model("gpt2"), _batch(0))
+    plan = shardwise.Plan.search(graph, tight_cluster(graph, WORLD, ROWS, (2, 2)), global_batch=ROWS, mesh=(2, 2),
+                                 precision=TIGHT_PRECISION, zero=False, collective_matmul=True)
+    reports = spawn_reports(_mesh_worker, WORLD, "gpt2", plan.to_json())
+    for r in reports:
+        for a, b in zip(r["losses"], r["ref_losses"]):
+            assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+        assert r["error"] < TOLERANCE, r["error"]
+        assert r["lowered"]["mismatches"] == [], r["lowered"]
+    code = reports[0]["code"]
+    rings_regathered = [line for line in code.splitlines()
+                        if "= self.regather(collective_matmul" in line and "('gather', 'aten::addmm'," in line]
+    assert rings_regathered, code
+
+
 def test_the_runtime_refuses_a_ring_it_cannot_run_exactly():
     # Uneven blocks, or a gradient's steps strided otherwise than the gather's: refused by name
     # before anything is sent (no process group here).

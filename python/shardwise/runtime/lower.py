@@ -368,8 +368,11 @@ class _Lowering:
         last = next(iter(reversed(graph.nodes)), None)  # the program's last node before this one's
         read = self._read(node, first, src, block)
         call = next(emit for takes, emit in _EMITTERS if takes(self, node, read))(self, node, read)
-        if read.regathers and call.op in ("call_function", "call_module"):
-            call = _released_after(graph, call, read.regathers)
+        if read.regathers:  # around the call that runs the op: a ring, not the getitem of its product
+            runs = call.args[0] if call.op == "call_function" and call.target is operator.getitem else call
+            if runs.op in ("call_function", "call_module"):
+                wrapped = _released_after(graph, runs, read.regathers)
+                call = wrapped if runs is call else call
         if self.weight_boundaries is not None and self.weight_boundaries.get(first):
             call = graph.call_module("weight_split.site", (call, self.sites))
             self.sites += 1
