@@ -62,36 +62,68 @@ py::list actions(const std::vector<transform::ReshardAction>& steps) {
   return out;
 }
 
-// `ring`: how a marked rank graph runs the operand (transform/collective_matmul.h);
-// `async_gradient`: its gradient's all-reduce runs beside the reader's weight gradient
-// (transform/async_gradients.h).
-py::dict operand(const transform::OperandRewrite& op,
-                 search::MatmulCollective ring = search::MatmulCollective::None, bool async_gradient = false) {
+std::int64_t step_unit_group(const ir::Node& step) {
+  auto it = step.attrs.find("unit_group");
+  const auto* group = it == step.attrs.end() ? nullptr : std::get_if<std::int64_t>(&it->second);
+  return group != nullptr ? *group : -1;
+}
+
+// An operand as the lowering reads it: the value `op` names (its placements, local shape and
+// whether its gradient flows: the rewrite's), and how the rank graph reads it at `read`, the
+// value `reader`'s input `i` is. Its resharding region is the chain of step nodes that ends
+// at `read` (rank_graph.h: region_ending_at), whose end value is the region's id (readers of
+// one region share one reshard); its steps as the runtime runs them (forward in order,
+// backward in the order the gradient runs them); and the marks on them: a parameter's gather
+// run beside forward (prefetched) or gathered again in backward with its unit group, its
+// gradient's reduce-scatter issued beside backward with its unit group
+// (search/parameter_collectives.h), a ring in a contraction (collective_matmul.h:
+// operand_ring), an all-reduce beside a weight gradient (async_gradients.h). `reader` null:
+// a graph output.
+py::dict operand(const transform::OperandRewrite& op, const ir::Graph& rank_graph, ir::ValueId read,
+                 const ir::Node* reader = nullptr, std::size_t i = 0) {
+  const transform::StepRegion region = transform::region_ending_at(rank_graph, read);
+  if (rank_graph.value(region.source).name != op.value)
+    throw support::ValidationError(fmt::format("rank_program: the rank graph reads '{}' where the program reads '{}'",
+                                               rank_graph.value(region.source).name, op.value));
+  const bool parameter = rank_graph.value(region.source).role == ir::ValueRole::Parameter;
+  auto marked = [](const ir::Node& step, search::ParameterOverlap overlap) {
+    const std::string* mark = transform::step_overlap(step);
+    return mark != nullptr && *mark == search::parameter_overlap_name(overlap);
+  };
+  std::vector<transform::ReshardAction> forward, backward;
+  bool regather = false, prefetch = false, scatter = false;
+  std::int64_t gather_group = -1, scatter_group = -1;
+  for (ir::NodeId id : region.forward) {
+    const ir::Node& step = rank_graph.node(id);
+    forward.push_back(transform::step_action(step));
+    regather = regather || step.attrs.contains("regather");
+    prefetch = prefetch || (parameter && marked(step, search::ParameterOverlap::BesideForward));
+    gather_group = std::max(gather_group, step_unit_group(step));
+  }
+  for (auto it = region.backward.rbegin(); it != region.backward.rend(); ++it) {
+    const ir::Node& step = rank_graph.node(*it);
+    backward.push_back(transform::step_action(step));
+    scatter = scatter || (parameter && marked(step, search::ParameterOverlap::BesideBackward));
+    scatter_group = std::max(scatter_group, step_unit_group(step));
+  }
   py::dict d;
   d["value"] = op.value;
   d["produced"] = spec_texts(op.produced);
   d["required"] = spec_texts(op.required);
   d["local_shape"] = op.local_shape;
-  d["forward"] = actions(op.forward);
-  d["backward"] = actions(op.backward);
   d["gradient"] = op.gradient;
-  d["regather"] = op.regather;
-  d["prefetch"] = op.gather == search::ParameterOverlap::BesideForward;
-  // The activation gradient's all-reduce beside the reader's weight gradient (runtime/async_gradients.py;
-  // the async-gradient pass's mark, read back from the rank graph).
-  d["async_gradient"] = async_gradient;
-  // Collective matmul (transform/collective_matmul.h, a pass over the rank graph; read back
-  // from its marks): "gather", this operand's steps run inside the reader's contraction;
-  // "scatter", inside its producer's; "none".
-  d["matmul"] = std::string(search::matmul_collective_name(ring));
-  // A parameter gradient's reduce-scatter issued asynchronously, waited at the next
-  // (runtime/parameter_gathers.py, DeferredScatters).
-  d["scatter_in_backward"] = op.scatter == search::ParameterOverlap::BesideBackward;
-  // Their unit groups: one flattened collective per group (parameter_collectives.h), -1 alone.
-  d["gather_group"] = op.gather_group;
-  d["scatter_group"] = op.scatter_group;
-  // The resharding region (transform/rank_graph.h): readers with one region share one reshard.
-  d["region"] = transform::resharding_region_key(op);
+  d["region"] = rank_graph.value(read).name;
+  d["forward"] = actions(forward);
+  d["backward"] = actions(backward);
+  d["regather"] = regather;
+  d["prefetch"] = prefetch;
+  d["gather_group"] = gather_group;
+  d["scatter_in_backward"] = scatter;
+  d["scatter_group"] = scatter_group;
+  // "gather": the steps run inside the reader's contraction; "scatter": inside its producer's.
+  d["matmul"] = std::string(search::matmul_collective_name(
+      reader != nullptr ? transform::operand_ring(rank_graph, *reader, i) : search::MatmulCollective::None));
+  d["async_gradient"] = reader != nullptr && transform::async_gradient_operand(*reader) == static_cast<std::int64_t>(i);
   return d;
 }
 
@@ -346,9 +378,10 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool
     d["counted"] = py::none();
   }
   py::list ins, outs;
-  for (std::size_t i = 0; i < n.inputs.size(); ++i)
-    ins.append(operand(n.inputs[i], transform::operand_ring(rank_ir, call, i),
-                       transform::async_gradient_operand(call) == static_cast<std::int64_t>(i)));
+  if (call.inputs.size() != n.inputs.size())
+    throw support::ValidationError(fmt::format("rank_program: '{}' reads {} operands in the rank graph, {} in the program",
+                                               n.op, call.inputs.size(), n.inputs.size()));
+  for (std::size_t i = 0; i < n.inputs.size(); ++i) ins.append(operand(n.inputs[i], rank_ir, call.inputs[i], &call, i));
   for (const auto& o : n.outputs) {
     py::dict od;
     od["value"] = o.value;
@@ -434,7 +467,10 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
     if (!d["fp8"].is_none()) ++fp8_linears;
     nodes.append(d);
   }
-  for (const auto& o : program.outputs) outputs.append(operand(o));
+  const std::vector<ir::ValueId>& returned = rank_ir.graph.outputs();
+  if (returned.size() != program.outputs.size())
+    throw support::ValidationError("rank_program: the rank graph returns another number of values than the program");
+  for (std::size_t k = 0; k < returned.size(); ++k) outputs.append(operand(program.outputs[k], rank_ir.graph, returned[k]));
   // Never a silent run in the model's dtype under a plan that says fp8.
   if (fp8 && fp8_linears == 0)
     throw support::ValidationError(
