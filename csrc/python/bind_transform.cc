@@ -323,7 +323,7 @@ py::dict leaf_dict(const transform::LeafRewrite& l) {
 // A node of the program as the lowering reads it: its call, how it runs and its operands.
 // `rank_ir`, `call`: the rank graph and the node's call in it, whose marks the feature passes
 // set (transform/rank_passes.h).
-py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool fp8, const ir::Graph& rank_ir,
+py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, const ir::Graph& rank_ir,
                    const ir::Node& call) {
   py::dict d;
   d["node"] = n.node;
@@ -347,8 +347,8 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, bool
   d["kernel_start"] = n.kernel_start;  // Lookup / Statistics: this rank's block of the split dim
   d["kernel_stop"] = n.kernel_stop;
   // An FP8 linear (analysis/fp8_linears.h) when the plan runs in fp8: the mesh axes its
-  // amaxes are a max over (transform/fp8_axes.h); None otherwise.
-  if (const auto axes = fp8 ? transform::fp8_axes(graph, n) : std::nullopt) {
+  // amaxes are a max over, as the rank graph marks its call (transform/fp8_axes.h); None otherwise.
+  if (const auto axes = transform::marked_fp8_axes(call)) {
     py::dict f;
     f["k_axes"] = axes->k_axes;
     f["n_axes"] = axes->n_axes;
@@ -454,7 +454,7 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   auto [sharding, options] =
       rewrite_inputs(graph, plan_json, whole_nodes, lookup_ops, adapt_to_shapes, recompute, &fp8_plan,
                      micro_batches);
-  fp8 = fp8 || fp8_plan;
+  options.fp8 = fp8 || fp8_plan;  // the rank graph marks the FP8 linears (rank_graph.h)
   // The rank graph's program as the job runs it: nodes whose local call the ops' shape
   // rules refuse on any rank's block run whole on every rank (job_rank_graph.h).
   const transform::RankGraph rank_ir = transform::job_rank_graph(graph, sharding, rank, options);
@@ -463,7 +463,7 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   std::size_t fp8_linears = 0;
   for (const auto& l : program.leaves) leaves.append(leaf_dict(l));
   for (std::size_t i = 0; i < program.nodes.size(); ++i) {
-    py::dict d = node_dict(graph, program.nodes[i], fp8, rank_ir.graph, rank_ir.graph.node(rank_ir.nodes.at(i)));
+    py::dict d = node_dict(graph, program.nodes[i], rank_ir.graph, rank_ir.graph.node(rank_ir.nodes.at(i)));
     if (!d["fp8"].is_none()) ++fp8_linears;
     nodes.append(d);
   }
@@ -472,7 +472,7 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
     throw support::ValidationError("rank_program: the rank graph returns another number of values than the program");
   for (std::size_t k = 0; k < returned.size(); ++k) outputs.append(operand(program.outputs[k], rank_ir.graph, returned[k]));
   // Never a silent run in the model's dtype under a plan that says fp8.
-  if (fp8 && fp8_linears == 0)
+  if (options.fp8 && fp8_linears == 0)
     throw support::ValidationError(
         "fp8: the plan's precision is fp8 but no node of the model runs in float8 (an FP8 linear is a linear, "
         "addmm or mm of a float32 or bfloat16 input by a weight parameter whose dims are multiples of 16: "

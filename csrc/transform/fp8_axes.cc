@@ -46,4 +46,18 @@ std::optional<Fp8Axes> fp8_axes(const ir::Graph& graph, const NodeRewrite& node)
   return axes;
 }
 
+std::optional<Fp8Axes> marked_fp8_axes(const ir::Node& call) {
+  auto axes_of = [&](std::string_view key) -> const std::vector<std::int64_t>* {
+    auto it = call.attrs.find(key);
+    return it == call.attrs.end() ? nullptr : std::get_if<std::vector<std::int64_t>>(&it->second);
+  };
+  const auto* k = axes_of(kFp8KAxesAttr);
+  const auto* n = axes_of(kFp8NAxesAttr);
+  if (k == nullptr && n == nullptr) return std::nullopt;
+  if (k == nullptr || n == nullptr)
+    throw support::ValidationError(fmt::format("fp8: a {} call carries one of {} and {} without the other", call.op,
+                                               kFp8KAxesAttr, kFp8NAxesAttr));
+  return Fp8Axes{{k->begin(), k->end()}, {n->begin(), n->end()}};
+}
+
 }  // namespace shardwise::transform

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "ir/graph.h"
@@ -26,5 +27,13 @@ struct Fp8Axes {
 // The node's FP8 axes on this rank's program, or nullopt where the node is no FP8 linear.
 // Throws ValidationError for a Partial operand (above).
 std::optional<Fp8Axes> fp8_axes(const ir::Graph& graph, const NodeRewrite& node);
+
+// The rank graph's marks of an FP8 linear (rank_graph.h, where RewriteOptions::fp8 is set):
+// its call carries both, the axes above.
+inline constexpr std::string_view kFp8KAxesAttr = "shardwise.fp8_k_axes";
+inline constexpr std::string_view kFp8NAxesAttr = "shardwise.fp8_n_axes";
+
+// The axes a rank graph's call is marked with, or nullopt where it is not marked.
+std::optional<Fp8Axes> marked_fp8_axes(const ir::Node& call);
 
 }  // namespace shardwise::transform

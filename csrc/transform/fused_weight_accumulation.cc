@@ -7,12 +7,14 @@
 #include <string_view>
 #include <variant>
 
+#include "transform/fp8_axes.h"
+
 namespace shardwise::transform {
 namespace {
 
 constexpr std::string_view kFusedAccumulationAttr = "shardwise.fused_accumulation";
 constexpr std::string_view kOwnBackward[] = {"shardwise.async_gradient", "shardwise.gather_matmul",
-                                             "shardwise.matmul_scatter"};
+                                             "shardwise.matmul_scatter", kFp8KAxesAttr};
 
 // The position of a contraction's weight operand (inputs in schema order), or none.
 std::optional<std::size_t> weight_position(std::string_view op) {
@@ -76,7 +78,8 @@ void mark_fused_accumulations(ir::Graph& stage_rank_graph) {
   for (const FusedWeightAccumulation& mark : fused_weight_accumulations(stage_rank_graph)) {
     const ir::NodeId node = *stage_rank_graph.value(*stage_rank_graph.find_value(mark.node)).producer;
     // A contraction an earlier pass split otherwise runs its own backward: its input gradient's
-    // all-reduce beside the weight's (async_gradients.h), or a ring (collective_matmul.h).
+    // all-reduce beside the weight's (async_gradients.h), a ring (collective_matmul.h), or an FP8
+    // linear's products (rank_graph.h: the fp8 marks; runtime/fp8.py).
     const ir::Attributes& attrs = stage_rank_graph.node(node).attrs;
     if (std::any_of(std::begin(kOwnBackward), std::end(kOwnBackward),
                     [&](std::string_view key) { return attrs.contains(std::string(key)); }))

@@ -29,7 +29,9 @@
 // operand, which the runtime's lowering reads. On a rank graph the weight operand is what the
 // rank reads: a parameter's shard (its leaf), or a value a resharding step or a stage boundary
 // gives (a ZeRO gather, a recv), which is not marked, so the runtime never meets a marked call
-// whose weight it cannot reach (tests/golden/fused_accumulation_pass.ir).
+// whose weight it cannot reach (tests/golden/fused_accumulation_pass.ir). Nor a call an earlier
+// pass or the rank graph gave a backward of its own (an asynchronous gradient, a ring, an FP8
+// linear).
 #pragma once
 
 #include <cstdint>

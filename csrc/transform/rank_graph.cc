@@ -13,6 +13,7 @@
 #include "search/parameter_collectives.h"
 #include "search/placement.h"
 #include "support/error.h"
+#include "transform/fp8_axes.h"
 #include "transform/local_shard.h"
 
 namespace shardwise::transform {
@@ -85,8 +86,8 @@ ir::Attributes step_attrs(const ReshardAction& step, const std::vector<int>& mes
 // Emits a rank program (leaves, then nodes, then outputs) into an ir::Graph.
 class GraphEmitter {
  public:
-  GraphEmitter(const ir::Graph& global, const plan::Sharding& sharding, int rank)
-      : global_(global), sharding_(sharding), rank_(rank) {}
+  GraphEmitter(const ir::Graph& global, const plan::Sharding& sharding, int rank, bool fp8)
+      : global_(global), sharding_(sharding), rank_(rank), fp8_(fp8) {}
 
   ir::Graph take() { return std::move(graph_); }
   std::vector<std::string> whole;
@@ -117,6 +118,10 @@ class GraphEmitter {
     if (rw.recompute_block >= 0) attrs[std::string(kRecomputeAttr)] = std::int64_t{rw.recompute_block};
     if (rw.recompute_keeps) attrs[std::string(kRecomputeKeepsAttr)] = true;
     if (rw.one_device_random) attrs[std::string(kOneDeviceRandomAttr)] = true;
+    if (const auto axes = fp8_ ? fp8_axes(global_, rw) : std::nullopt) {
+      attrs[std::string(kFp8KAxesAttr)] = std::vector<std::int64_t>(axes->k_axes.begin(), axes->k_axes.end());
+      attrs[std::string(kFp8NAxesAttr)] = std::vector<std::int64_t>(axes->n_axes.begin(), axes->n_axes.end());
+    }
     if (rw.mode == NodeMode::Whole) {
       attrs[std::string(kWholeAttr)] = true;
       whole.push_back(global_.value(node.outputs[0]).name);
@@ -254,6 +259,7 @@ class GraphEmitter {
   const ir::Graph& global_;
   const plan::Sharding& sharding_;
   int rank_;
+  bool fp8_;
   ir::Graph graph_;
   std::vector<ir::ValueId> outputs_;
   std::vector<LeafRewrite> reductions_;
@@ -314,7 +320,7 @@ RankGraph rank_graph(const ir::Graph& global, const plan::Sharding& sharding, in
   // changes only what its readers receive (Replicate, cut by a slice), so this ends.
   for (std::size_t round = 0;; ++round) {
     RankProgram program = rank_program(global, sharding, rank, opts);
-    GraphEmitter emitter(global, sharding, rank);
+    GraphEmitter emitter(global, sharding, rank, opts.fp8);
     for (const LeafRewrite& leaf : program.leaves) emitter.leaf(leaf);
     for (const NodeRewrite& node : program.nodes) emitter.node(node);
     for (const OperandRewrite& output : program.outputs) emitter.output(output);

@@ -55,6 +55,9 @@
 //    A dropout or a *_like op on a block or a Partial operand (NodeRewrite::one_device_random,
 //    ops/random_draws.h) carries {shardwise.one_device_random=true}: the rank draws the whole
 //    operand's mask or values, as one device draws them, and keeps its block.
+//    Where the plan runs in fp8 (RewriteOptions::fp8), each FP8 linear (analysis/fp8_linears.h)
+//    carries {shardwise.fp8_k_axes=[..], shardwise.fp8_n_axes=[..]}: the mesh axes its
+//    forward's and its input gradient's amaxes are a max over (transform/fp8_axes.h).
 //    A counted mean split over ranks (CountedRewrite) runs with {reduction=2} (sum) into
 //    `<out>.sum`, then `%out = shardwise::counted_mean(%out.sum, %out.count) {shares}`, where
 //    `%out.count: i64[]` is an input of the rank graph: the count of the targets in the whole

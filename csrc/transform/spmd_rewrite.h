@@ -88,6 +88,9 @@ struct RewriteOptions {
   // Micro-batches per step (a pipelined plan's, plan::Plan::num_micro_batches): a counted
   // mean's rows are a share of the step's count, as they are of the mesh's (CountedRewrite).
   std::int64_t micro_batches = 1;
+  // The plan runs its FP8 linears (analysis/fp8_linears.h) in float8: the rank graph marks each
+  // with the mesh axes its amaxes are a max over (rank_graph.h; transform/fp8_axes.h).
+  bool fp8 = false;
 };
 
 // One operand of a node (or a graph output): where its value arrives from and what it needs.

@@ -6,7 +6,9 @@ Two sequences are compared, each in program order:
 - **calls**: each ATen node of the rank IR against the program's ATen calls: the same op with
   the same arguments (the IR's attributes bound to the op's schema), made through
   ``fused_accumulation`` exactly where the IR marks it ``shardwise.fused_accumulation`` (a
-  pipeline stage's weight gradient added into .grad in place), and reading as many operands
+  pipeline stage's weight gradient added into .grad in place), through ``fp8_linear`` with the
+  IR's axes exactly where it marks an FP8 linear (``shardwise.fp8_k_axes`` and
+  ``shardwise.fp8_n_axes``), and reading as many operands
   through ``weight_split.cut`` as the IR's ``shardwise.weight_cut`` lists (a zero-bubble
   stage's B/W split). The IR's nodes the runtime
   runs as one of its own modules (RUNTIME_MODULE_MARKS) and the value identities the lowering
@@ -36,13 +38,21 @@ RUNTIME_MODULE_MARKS = {"shardwise.one_device_random", "shardwise.async_gradient
 TENSOR = "<tensor>"  # every tensor operand, when two calls' other arguments are compared
 FUSED_ACCUMULATION = "shardwise.fused_accumulation"  # transform/fused_weight_accumulation.h
 WEIGHT_CUT = "shardwise.weight_cut"  # transform/weight_gradient_split.h
+FP8_K_AXES, FP8_N_AXES = "shardwise.fp8_k_axes", "shardwise.fp8_n_axes"  # rank_graph.h: an FP8 linear
+
+
+def _module(node: torch.fx.Node) -> str | None:
+    """The runtime module a node calls, by its name in the root program (``weight_split_cut``
+    for ``weight_split.cut``: a recomputed block, runtime/recompute.py, calls the root's modules
+    by their paths with '_' for '.'); None for a node that calls no module."""
+    return node.target.replace(".", "_") if node.op == "call_module" else None
 
 
 def _cut_operands(node: torch.fx.Node) -> int:
     """How many of a call's operands it reads through ``weight_split.cut``."""
     cuts = []
     torch.fx.node.map_arg((node.args, node.kwargs), lambda a: cuts.append(
-        a.op == "call_module" and a.target == "weight_split.cut"))
+        _module(a) == "weight_split_cut"))
     return sum(cuts)
 
 
@@ -60,21 +70,44 @@ def _call(node: torch.fx.Node) -> tuple | None:
     """(kind, target, args, kwargs) of a node that calls an op or one of the runtime's modules:
     directly, through ``regather`` (runtime/parameter_gathers.py: the call whose sharded weight
     is gathered again in backward, wrapped), or through ``fused_accumulation`` (a pipeline
-    stage's contraction whose weight gradient is added into .grad in place), either way."""
+    stage's contraction whose weight gradient is added into .grad in place) or ``fp8_linear``
+    (its products in float8), either way."""
     if node.op not in ("call_function", "call_module"):
         return None
-    kind, target, args, kwargs = node.op, node.target, node.args, node.kwargs
-    if kind == "call_module" and target == "regather":
+    kind, target, args, kwargs = node.op, _module(node) or node.target, node.args, node.kwargs
+    if _module(node) == "regather":
         fn, args, kwargs = args[0], args[1], args[2]
         if isinstance(fn, torch.fx.Node) and fn.op == "get_attr":
-            target = fn.target
+            target = fn.target.replace(".", "_")
         else:
             kind, target = "call_function", fn
     if kind == "call_module" and target == "fused_accumulation":
         from shardwise._fx_import import op_overload
 
         kind, target, args, kwargs = "call_function", op_overload(args[0]), args[1], args[2]
+    if kind == "call_module" and target == "fp8_linear":  # (op, k axes, n axes, gradient step, args, kwargs)
+        from shardwise._fx_import import op_overload
+
+        kind, target, args, kwargs = "call_function", op_overload(args[0]), args[4], args[5]
     return kind, target, args, kwargs
+
+
+def _fp8_args(node: torch.fx.Node) -> tuple | None:
+    """The arguments of a call made through ``fp8_linear`` (op, k axes, n axes, the input
+    gradient's all-reduce step or None, args, kwargs), directly or through ``regather``; else None."""
+    if _module(node) == "regather":
+        fn = node.args[0]
+        if isinstance(fn, torch.fx.Node) and fn.op == "get_attr" and fn.target.replace(".", "_") == "fp8_linear":
+            return node.args[1]
+    if _module(node) == "fp8_linear":
+        return node.args
+    return None
+
+
+def _fp8_axes(node: torch.fx.Node) -> tuple | None:
+    """(k axes, n axes) of a call made through ``fp8_linear``, else None."""
+    args = _fp8_args(node)
+    return None if args is None else (tuple(args[1]), tuple(args[2]))
 
 
 def _aten_call(node: torch.fx.Node) -> tuple | None:
@@ -89,8 +122,10 @@ def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[s
     from shardwise._fx_import import VALUE_IDENTITIES, op_overload
     from shardwise.runtime.lower import _LAYOUT_FREE
 
-    ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes()
-                if n["op"].startswith("aten::") and not RUNTIME_MODULE_MARKS.intersection(n["attrs"])]
+    # An FP8 linear runs as fp8_linear, its input gradient's all-reduce (an asynchronous
+    # gradient) inside it (runtime/lower.py: the FP8 emitter comes first).
+    ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes() if n["op"].startswith("aten::") and (
+        FP8_K_AXES in n["attrs"] or not RUNTIME_MODULE_MARKS.intersection(n["attrs"]))]
     made = [(node, _aten_call(node)) for node in flat_nodes(module)]
     made = [(node, call) for node, call in made if call is not None and call[0] not in VALUE_IDENTITIES]
     calls = [call for _, call in made]
@@ -102,10 +137,15 @@ def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[s
                           f"the IR's alone: {dict(ir_ops - program_ops)}, the program's alone: "
                           f"{dict(program_ops - ir_ops)}")
     for node, (made_by, (target, args, kwargs)) in zip(ir_nodes, made):
-        fused = made_by.op == "call_module" and made_by.target == "fused_accumulation"
+        fused = _module(made_by) == "fused_accumulation"
         if fused != (FUSED_ACCUMULATION in node["attrs"]):
             mismatches.append(f"{node['outputs'][0]} ({node['op']}): fused accumulation "
                               f"{'un' if fused else ''}marked in the IR, {'' if fused else 'not '}run so")
+        marked = (tuple(node["attrs"][FP8_K_AXES]), tuple(node["attrs"][FP8_N_AXES])) \
+            if FP8_K_AXES in node["attrs"] else None
+        if _fp8_axes(made_by) != marked:
+            mismatches.append(f"{node['outputs'][0]} ({node['op']}): FP8 axes {marked} in the IR, "
+                              f"{_fp8_axes(made_by)} in the program")
         if _cut_operands(made_by) != len(node["attrs"].get(WEIGHT_CUT, ())):
             mismatches.append(f"{node['outputs'][0]} ({node['op']}): {node['attrs'].get(WEIGHT_CUT, [])} cut for B/W "
                               f"in the IR, {_cut_operands(made_by)} operands cut in the program")
@@ -126,6 +166,11 @@ def program_regions(module: torch.fx.GraphModule) -> list[tuple[tuple, tuple]]:
 
     out = []
     for node in flat_nodes(module):
+        fp8 = _fp8_args(node)
+        if fp8 is not None:
+            if fp8[3] is not None:
+                out.append(((), (fp8[3],)))
+            continue
         call = _call(node)
         if call is None or call[0] != "call_module":
             continue
@@ -133,14 +178,12 @@ def program_regions(module: torch.fx.GraphModule) -> list[tuple[tuple, tuple]]:
         if target == "reshard":
             if not any(user.op == "call_function" and user.target is _write_state for user in node.users):
                 out.append((tuple(args[1]), tuple(args[2])))
-        elif target == "prefetch.wait":
+        elif target == "prefetch_wait":
             out.append((tuple(args[3]), tuple(args[4])))
         elif target == "collective_matmul":
             out.append(((args[3],), (args[4],) if args[4] is not None else ()))
         elif target == "async_gradient":
             out.append(((), (args[2],)))
-        elif target == "fp8_linear" and args[3] is not None:
-            out.append(((), (args[3],)))
     return out
 
 

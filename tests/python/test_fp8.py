@@ -24,6 +24,7 @@ import torch
 import shardwise
 from conftest import (op_counts, parameter_error, spawn_scenario, tight_plan, train_engine_counting_ops,
                       train_one_device)
+from rank_ir_check import engine_against_rank_ir
 from shardwise.models import CausalLMWithLoss
 from shardwise.runtime import fp8
 
@@ -92,7 +93,9 @@ def _scenario_fp8(rank: int, world: int, model_name: str, layout: str) -> dict:
     losses, counts = train_engine_counting_ops(engine, _batch, STEPS)
     state = engine.full_state_dict()
     code = engine.code
-    calls = re.findall(r"fp8_linear\('aten::\w+', (\([^)]*\)), (\([^)]*\))", code)
+    # self.fp8_linear('aten::linear', k_axes, n_axes, ...), or through self.regather(fp8_linear_<i>, (...)
+    # where its weight is gathered again in backward.
+    calls = re.findall(r"fp8_linear(?:\(|_\d+, \()'aten::\w+', (\([^)]*\)), (\([^)]*\))", code)
     plan = json.loads(engine.plan.to_json())
     placements = (plan.get("sharding") or {}).get("placements", {})
     split_on_tensor = sum(1 for name, p in placements.items() if name.endswith("weight") and p[-1] != "R")
@@ -102,7 +105,11 @@ def _scenario_fp8(rank: int, world: int, model_name: str, layout: str) -> dict:
         ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.AdamW(reference.parameters(), lr=1e-2))
     plain = model_of()
     f32_losses = train_one_device(plain, _batch, STEPS, torch.optim.AdamW(plain.parameters(), lr=1e-2))
+    irs = list(engine.stage_rank_irs.values()) if hasattr(engine, "stage_rank_irs") else [engine.rank_ir]
     return {"losses": losses, "ref_losses": ref_losses, "f32_losses": f32_losses,
+            # The program that ran is its rank IR, node for node: an FP8 call exactly where
+            # the IR marks an FP8 linear, with the marked axes (rank_ir_check.py).
+            "lowered": engine_against_rank_ir(engine), "fp8_marks": sum(ir.count("shardwise.fp8_k_axes=") for ir in irs),
             "error": parameter_error(state, reference),
             "f32_error": parameter_error(dict(plain.named_parameters()), reference),
             "scaled_mm": counts["aten._scaled_mm"], "mm": counts["aten.mm"] + counts["aten.addmm"],
@@ -124,6 +131,7 @@ def test_fp8_plans_run_their_linears_in_float8_and_equal_the_same_arithmetic_on_
     assert r["error"] < PARAMETER_TOLERANCE, r["error"]
     # FP8 ran: the products went through _scaled_mm, and float32 would have given other losses.
     assert r["scaled_mm"] > 0 and r["fp8_calls"] > 0, r
+    assert r["fp8_marks"] == r["fp8_calls"] and r["lowered"]["mismatches"] == [], r["lowered"]
     gap = max(abs(a - b) / abs(b) for a, b in zip(r["f32_losses"][1:], r["ref_losses"][1:]))
     assert gap > FLOAT32_GAP * FP8_TOLERANCE, (gap, r)
     assert r["f32_error"] > FLOAT32_GAP * PARAMETER_TOLERANCE, r["f32_error"]

@@ -8,6 +8,8 @@
 
 #include "megatron_mlp_plan.h"
 #include "support/error.h"
+#include "transform/fused_weight_accumulation.h"
+#include "transform/rank_graph.h"
 
 namespace shardwise::transform {
 namespace {
@@ -52,6 +54,41 @@ TEST(Fp8Axes, APartialOperandIsRefusedNamingTheNode) {
     EXPECT_NE(what.find("'y' (module 'fc2') reads 'act' as a partial sum over mesh axis 1"), std::string::npos)
         << what;
   }
+}
+
+const ir::Node& call_named(const ir::Graph& g, const std::string& output) {
+  return g.node(*g.value(*g.find_value(output)).producer);
+}
+
+// The rank graph carries the decision: where the plan runs in fp8 each FP8 linear's call is
+// marked with the axes above, read back by marked_fp8_axes; nothing is marked otherwise, and
+// a marked call does not also accumulate its weight gradient in place (its products are
+// runtime/fp8.py's).
+TEST(Fp8Axes, TheRankGraphMarksEachFp8LinearWithItsAxes) {
+  const ir::Graph g = mlp();
+  RewriteOptions options;
+  EXPECT_FALSE(marked_fp8_axes(call_named(rank_graph(g, testing_plans::megatron_mlp(), 3, options).graph, "h")));
+  options.fp8 = true;
+  ir::Graph marked = rank_graph(g, testing_plans::megatron_mlp(), 3, options).graph;
+  const auto fc1 = marked_fp8_axes(call_named(marked, "h"));
+  ASSERT_TRUE(fc1.has_value());
+  EXPECT_TRUE(fc1->k_axes.empty());
+  EXPECT_EQ(fc1->n_axes, (std::vector<int>{1}));
+  const auto fc2 = marked_fp8_axes(call_named(marked, "y"));
+  ASSERT_TRUE(fc2.has_value());
+  EXPECT_EQ(fc2->k_axes, (std::vector<int>{1}));
+  EXPECT_FALSE(marked_fp8_axes(call_named(marked, "act")).has_value());
+  mark_fused_accumulations(marked);
+  EXPECT_EQ(fused_accumulation_operand(call_named(marked, "h")), -1);
+  EXPECT_EQ(fused_accumulation_operand(call_named(marked, "y")), -1);
+}
+
+// One of the two marks alone is a broken graph: refused, naming both.
+TEST(Fp8Axes, OneMarkWithoutTheOtherIsRefused) {
+  ir::Graph g = mlp();
+  const ir::NodeId h = *g.value(*g.find_value("h")).producer;
+  g.mutable_attrs(h)[std::string(kFp8KAxesAttr)] = std::vector<std::int64_t>{};
+  EXPECT_THROW(marked_fp8_axes(g.node(h)), support::ValidationError);
 }
 
 }  // namespace
