@@ -327,6 +327,9 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, cons
                    const ir::Node& call) {
   py::dict d;
   d["node"] = n.node;
+  // The call's first output in the rank graph (the node's own name, or `<out>.sum` / `<out>.share`
+  // where the rank graph follows the call with a counted mean or an uneven share's scale).
+  d["call"] = rank_ir.value(call.outputs.at(0)).name;
   d["op"] = n.op;
   d["mode"] = std::string(transform::node_mode_name(n.mode));
   // The rank's call, whole: its attributes (the op's non-tensor arguments by schema
@@ -518,6 +521,10 @@ py::list rank_ir_regions(const std::string& text) {
 }  // namespace
 
 void bind_transform(py::module_& m) {
+  m.def(
+      "step_ops",
+      &transform::step_ops,
+      "The ops of a rank graph's resharding step nodes (csrc/transform/rank_graph.h: step_action).");
   m.def("rank_ir_regions", &rank_ir_regions, py::arg("text"),
         "The resharding regions of a printed rank graph (csrc/transform/rank_graph.h: step_regions), each "
         "{value, forward, backward, reader}, its steps named as the lowering names them.");

@@ -458,12 +458,28 @@ bool is_step_node(const ir::Node& node) {
          node.attrs.contains("axis") && node.attrs.contains("group");
 }
 
-ReshardAction step_action(const ir::Node& step) {
+namespace {
+
+// A step node's op -> its kind (the GraphEmitter names them "shardwise::<reshard_kind_name>").
+const std::map<std::string, ReshardKind, std::less<>>& step_kinds() {
   static const std::map<std::string, ReshardKind, std::less<>> kinds = {
       {"shardwise::all_gather", ReshardKind::AllGather},   {"shardwise::reduce_scatter", ReshardKind::ReduceScatter},
       {"shardwise::all_reduce", ReshardKind::AllReduce},   {"shardwise::all_to_all", ReshardKind::AllToAll},
       {"shardwise::slice", ReshardKind::Slice},            {"shardwise::zero_others", ReshardKind::ZeroOthers},
       {"shardwise::scale", ReshardKind::Scale}};
+  return kinds;
+}
+
+}  // namespace
+
+std::vector<std::string> step_ops() {
+  std::vector<std::string> out;
+  for (const auto& [op, kind] : step_kinds()) out.push_back(op);
+  return out;
+}
+
+ReshardAction step_action(const ir::Node& step) {
+  const auto& kinds = step_kinds();
   auto kind = kinds.find(step.op);
   if (kind == kinds.end() || !is_step_node(step))
     throw ValidationError(fmt::format("{} is not a resharding step (rank_graph.h)", step.op));

@@ -103,14 +103,16 @@ std::vector<std::int64_t> axis_group(const std::vector<int>& mesh, int axis, int
 // The resharding region an operand's steps belong to: readers whose operands have one key
 // share one resharding (its nodes emitted once, by the first); the value, its forward and
 // backward steps and how they run (regather, overlaps, unit groups), so two units reading
-// one weight gather it each. The runtime's lowering keys its reshards by the same string
-// (the operand's "region"), never by a key of its own.
+// one weight gather it each. The runtime's lowering reads the regions off the graph this
+// makes (region_ending_at: readers of one region read the value its last step gives).
 std::string resharding_region_key(const OperandRewrite& op);
 
 // A resharding step node of a rank graph (shardwise::<kind> of one operand, with axis= and
 // group=), and the step it runs, read back from its attributes (the inverse of the emission).
 bool is_step_node(const ir::Node& node);
 ReshardAction step_action(const ir::Node& step);
+// The ops step nodes call ("shardwise::all_gather", ...), sorted.
+std::vector<std::string> step_ops();
 // Where a collective step node runs, its overlap= mark ("exposed", "forward", "backward",
 // "matmul": search/parameter_collectives.h); nullptr for a node without one.
 const std::string* step_overlap(const ir::Node& step);

@@ -1,11 +1,13 @@
-"""Lowering a rank program (csrc/transform/spmd_rewrite.h) into a torch.fx.GraphModule.
+"""Lowering a rank program's rank IR (csrc/transform/rank_graph.h) into a torch.fx.GraphModule.
 
-Each IR node becomes one call of its op, built from the node's attributes as the core made
-them local (_aten_call.py binds them to the op's schema): its operands
-resharded as the program says (``self.reshard(x, forward_steps, backward_steps)``), shape
-arguments made local, a vocabulary-parallel lookup as ``self.vocab_lookup``, a split the core
-gave a distributed kernel as ``self.statistics(kernel, ...)`` (runtime/kernels.py), and a loss
-whose mean the data counts (``counted``) run as a sum times shares / G, G an input of the module.
+The lowering walks the rank IR node by node. Each call of a program node becomes one call of
+its op, built from the node's attributes as the core made them local (_aten_call.py binds
+them to the op's schema): its operands resharded as the IR's step nodes say, once per region
+(``self.reshard(x, forward_steps, backward_steps)``), shape arguments made local, a
+vocabulary-parallel lookup as ``self.vocab_lookup``, a split the core gave a distributed
+kernel as ``self.statistics(kernel, ...)`` (runtime/kernels.py). A node the rank graph adds
+has an emitter of its own: a loss whose mean the data counts (``shardwise::counted_mean``)
+runs as a sum times shares / G, G an input of the module.
 """
 from __future__ import annotations
 
@@ -196,18 +198,24 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                   class_name: str | None = None,
                   compute_dtypes: dict[str, torch.dtype] | None = None,
                   weight_boundaries: dict[str, list[int]] | None = None,
-                  fused_accumulations: dict[str, int] | None = None) -> torch.fx.GraphModule:
-    """The GraphModule of `program`'s nodes (or the subset `nodes`, a pipeline stage) taking
-    `input_names` as arguments and returning `outputs` (default: the program's outputs, each
-    {"value", "forward", "backward"}). Leaves the nodes read become the module's parameters
+                  fused_accumulations: dict[str, int] | None = None,
+                  rank_ir: str | None = None) -> torch.fx.GraphModule:
+    """The GraphModule of the rank IR `rank_ir` (default: the program's, ``program["rank_ir"]``;
+    a pipeline stage's: the core's cut of it), walked node by node (``_Lowering.ir_node``): each
+    call of a program node made from the node's facts in `program`, each node the rank graph
+    adds by its emitter; `nodes`: only those of the program's nodes (what the counts of a
+    counted loss need, runtime/counted.py). The module takes `input_names` as arguments and
+    returns `outputs` (default: the program's outputs, each {"value", "forward", "backward"}).
+    Leaves the nodes read become the module's parameters
     and buffers: this rank's shards of `tensors`, or the objects in `parameters` (created and
     recorded there when missing: stages on one rank share a tied weight).
 
-    A counted loss (the node's "counted": a mean over the targets the data counts) whose rows
-    are split, over mesh axes or into the step's micro-batches, runs as its sum (the core set
-    its reduction) times the core's shares / G: the module takes one more argument per such
-    node, after the inputs, G the count of its targets over the whole global batch
-    (runtime/counted.py computes it), and lists those nodes in ``module.counted`` in that order.
+    A counted loss (a mean over the targets the data counts) whose rows are split, over mesh
+    axes or into the step's micro-batches, runs as its sum (the core set its reduction) and
+    the rank IR's ``shardwise::counted_mean(sum, count) {shares}``, sum x shares / G: the module
+    takes one more argument per such node, after the inputs, G (the IR's `<loss>.count`) the
+    count of its targets over the whole global batch (runtime/counted.py computes it), and
+    lists those nodes in ``module.counted`` in that order.
 
     `compute_dtypes`: a leaf the program computes in another dtype than the tensor held (the
     master weights of a mixed-precision policy, runtime/precision.py) is cast at its use.
@@ -222,13 +230,23 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     {contraction: its weight operand's position}): those calls run as
     ``self.fused_accumulation``, their weight gradient added into the parameter's ``.grad`` by
     the product (runtime/fused_accumulation.py)."""
-    nodes = program["nodes"] if nodes is None else nodes
+    ir_nodes = _C.Graph.from_text(program["rank_ir"] if rank_ir is None else rank_ir).nodes()
+    calls = {node["call"]: node for node in program["nodes"]}  # a program node by its call's name in the IR
+    subset = None if nodes is None else {id(node) for node in nodes}
+    walked = []
+    for ir_node in ir_nodes:
+        # (a stage's recv of a value gives it the name of the call that made it on its stage)
+        made_here = ir_node["outputs"] and ir_node["op"] not in _NOT_CALLED
+        node = calls.get(ir_node["outputs"][0]) if made_here else None
+        if subset is None or (node is not None and id(node) in subset):
+            walked.append((ir_node, node))
     outputs = program["outputs"] if outputs is None else outputs
-    lowering = _Lowering(program, sources, mesh, nodes, compute_dtypes or {}, weight_boundaries,
-                         fused_accumulations or {})
-    lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters, outputs)
-    for node in nodes:
-        lowering.node(node)
+    lowering = _Lowering(program, sources, mesh, [node for _, node in walked if node is not None],
+                         compute_dtypes or {}, weight_boundaries, fused_accumulations or {})
+    counted = [(calls[n["inputs"][0]], n["inputs"][1]) for n, _ in walked if n["op"] == _COUNTED_MEAN]
+    lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters, outputs, counted)
+    for ir_node, node in walked:
+        lowering.ir_node(ir_node, node, partial=subset is not None)
     return lowering.module(outputs, class_name)
 
 
@@ -272,8 +290,8 @@ class _Lowering:
         self.block_of: dict[torch.fx.Node, int] = {}  # recomputation: the FX nodes of each checkpointed block
         self.selective: set[int] = set()  # the blocks with nodes whose outputs are kept (selective recomputation)
         self.first_waits: set[int] = set()
-        self.counted = [n for n in nodes if n.get("counted") and n["counted"]["shares"] > 1]
-        self.counts: dict[str, torch.fx.Node] = {}
+        self.counted: list[dict] = []  # the program nodes a counted_mean of the IR reads, in order
+        self.block_of_value: dict[str, int] = {}  # a call's outputs (IR names) -> its recomputed block
         self._prefetch_plan()
 
     def _root(self) -> torch.nn.Module:
@@ -303,14 +321,16 @@ class _Lowering:
         return root
 
     def leaves(self, tensors: dict, input_names: list[str], trainable: set[str], parameters: dict,
-               outputs: list[dict]) -> None:
-        """The module's arguments (the inputs, then one count per counted loss) and the leaves
-        the nodes read: this rank's shards of `tensors`, or the objects in `parameters`."""
+               outputs: list[dict], counted: list[tuple[dict, str]]) -> None:
+        """The module's arguments (the inputs, then the count of each counted loss: `counted`,
+        its program node and the IR's name of its count) and the leaves the nodes read: this
+        rank's shards of `tensors`, or the objects in `parameters`."""
         graph, env = self.graph, self.env
         for name in input_names:
             env[name] = graph.placeholder(_identifier(name))
-        self.counts = {n["outputs"][0]["value"]: graph.placeholder("count_" + _identifier(n["outputs"][0]["value"]))
-                       for n in self.counted}
+        for node, count in counted:
+            env[count] = graph.placeholder("count_" + _identifier(node["outputs"][0]["value"]))
+            self.counted.append(node)
         needed = [op["value"] for node in self.nodes for op in node["inputs"]] + [out["value"] for out in outputs]
         for name in dict.fromkeys(needed):
             if name in env or name not in self.leaf_docs:
@@ -358,9 +378,38 @@ class _Lowering:
         self.graph.call_module("prefetch.start", (k, tuple(self.env[leaf] for _, leaf, _ in members),
                                                   tuple(text for _, _, text in members)))
 
-    def node(self, node: dict) -> None:
-        """`node`'s call, and what follows it: state written back, a B/W site, a counted
-        loss' share of its count, its outputs bound, a recomputed block's nodes marked."""
+    def ir_node(self, ir_node: dict, node: dict | None, partial: bool = False) -> None:
+        """One node of the rank IR: the call of the program's `node`, or the emitter of a node
+        the rank graph adds (_IR_EMITTERS); a resharding step (run at its reader: ``_read``), a
+        stage's recv and send (the stage module's inputs and outputs) and a gradient reduction
+        (the engine's, after backward) make no call. `partial`: a subset of the program."""
+        op, outputs = ir_node["op"], ir_node["outputs"]
+        if node is not None:
+            self.node(node, outputs)
+        elif op in _STEP_OPS or op in _NOT_CALLED:
+            if op == "shardwise::recv" and outputs[0] not in self.env:
+                raise ValidationError(f"parallelize: the stage receives '{outputs[0]}', which its module does not take")
+        elif op in _IR_EMITTERS or op.startswith("aten::"):
+            last = next(iter(reversed(self.graph.nodes)), None)
+            self.env[outputs[0]] = _IR_EMITTERS.get(op, _emit_ir_call)(self, ir_node)
+            # A node the rank graph adds after a recomputed call runs in the call's block.
+            self._in_block(self.block_of_value.get(ir_node["inputs"][0], -1) if ir_node["inputs"] else -1, last)
+        else:
+            raise ValidationError(f"parallelize: the rank IR's {op} node '{outputs[0] if outputs else ''}' has no "
+                                  "emitter in the runtime (runtime/lower.py)")
+
+    def _in_block(self, block: int, last) -> None:
+        """The FX nodes made after `last` belong to recomputed block `block` (none: -1)."""
+        if block < 0:
+            return
+        for fx_node in reversed(self.graph.nodes):  # the nodes made since `last`, newest first
+            if fx_node is last:
+                break
+            self.block_of[fx_node] = block
+
+    def node(self, node: dict, names: list[str]) -> None:
+        """`node`'s call, and what follows it: state written back, a B/W site, its outputs
+        bound by their `names` in the rank IR, a recomputed block's nodes marked."""
         graph = self.graph
         first = node["outputs"][0]["value"]
         src, indices = self.sources[first]
@@ -376,27 +425,17 @@ class _Lowering:
         if self.weight_boundaries is not None and self.weight_boundaries.get(first):
             call = graph.call_module("weight_split.site", (call, self.sites))
             self.sites += 1
-        if first in self.counts:  # the call summed this rank's rows (the core's reduction): times its share of G
-            shares = node["counted"]["shares"]
-            call = graph.call_function(operator.truediv, (graph.call_function(operator.mul, (call, float(shares))),
-                                                          self.counts[first]))
         for name, value, required in read.write_backs:
             _write_back(graph, self.root, name, value, required, self.leaf_docs[name]["placement"])
         if indices is None:
-            self.env[first] = call
+            self.env[names[0]] = call
         else:
-            for out, i in zip(node["outputs"], indices):
-                self.env[out["value"]] = graph.call_function(operator.getitem, (call, i))
-        for out in node["outputs"]:
-            if out.get("scale", 1.0) != 1.0:  # a mean over this rank's uneven share of the batch
-                self.env[out["value"]] = graph.call_function(operator.mul, (self.env[out["value"]], out["scale"]))
-        if block >= 0:
-            if node.get("recompute_keeps"):
-                self.selective.add(block)
-            for fx_node in reversed(graph.nodes):  # the nodes made for this one, newest first
-                if fx_node is last:
-                    break
-                self.block_of[fx_node] = block
+            for name, i in zip(names, indices):
+                self.env[name] = graph.call_function(operator.getitem, (call, i))
+        self.block_of_value.update((name, block) for name in names)
+        if block >= 0 and node.get("recompute_keeps"):
+            self.selective.add(block)
+        self._in_block(block, last)
 
     def _read(self, node: dict, first: str, src: torch.fx.Node, block: int) -> _Read:
         """Each operand of `node` as its call takes it (resharded, written through a copy, cut
@@ -617,6 +656,40 @@ _EMITTERS = (
     (lambda lowering, node, read: read.first in lowering.fused_accumulations, _emit_fused_accumulation),
     (lambda lowering, node, read: True, _emit_call),
 )
+
+
+# ---- emitters of the nodes the rank graph adds (no program node of their own) ----------------
+_COUNTED_MEAN = "shardwise::counted_mean"
+# A resharding step runs at its reader (the region of the reader's operand, _Lowering._read).
+_STEP_OPS = frozenset(_C.step_ops())
+# A stage's recv and send are its module's inputs and outputs; a gradient reduction is the
+# engine's, after backward (runtime/buckets.py).
+_NOT_CALLED = frozenset({"shardwise::recv", "shardwise::send", "shardwise::reduce_gradient"})
+
+
+def _emit_counted_mean(lowering: _Lowering, ir_node: dict) -> torch.fx.Node:
+    """``%out = shardwise::counted_mean(%out.sum, %out.count) {shares}`` (rank_graph.h): the
+    sum of this rank's rows (the call's reduction is sum) times its shares of G, over G."""
+    total, count = (lowering.env[v] for v in ir_node["inputs"])
+    graph = lowering.graph
+    return graph.call_function(operator.truediv, (
+        graph.call_function(operator.mul, (total, float(ir_node["attrs"]["shares"]))), count))
+
+
+def _emit_ir_call(lowering: _Lowering, ir_node: dict) -> torch.fx.Node:
+    """An ATen node the rank graph adds (an uneven batch share's mean scaled: aten::mul.Scalar
+    into `<out>` from `<out>.share`): its op on its operands, its attributes bound to the op's
+    schema."""
+    target = op_overload(ir_node["op"])
+    operands = [lowering.env[v] for v in ir_node["inputs"]]
+    try:
+        args, kwargs = call_arguments(target, ir_node["attrs"], operands)
+    except (CallRebuildError, TypeError) as e:
+        raise ValidationError(f"parallelize: the rank IR's '{ir_node['outputs'][0]}' ({ir_node['op']}): {e}") from None
+    return lowering.graph.call_function(target, tuple(args), kwargs)
+
+
+_IR_EMITTERS = {_COUNTED_MEAN: _emit_counted_mean}
 
 
 def program_code(module: torch.fx.GraphModule) -> str:

@@ -90,7 +90,6 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     p, v = plan.pipeline, plan.virtual_stages
     stages = p * v
     cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
-    stage_of = dict(zip(cut["nodes"], cut["stage_of_node"]))
     # The core cuts the rank program too: each stage's rank IR (transform/stage_rank_graph.h).
     by_stage = StageCut(tuple(cut["stage_of_node"]), stages, plan.fused_accumulation, split_backward)
     if sharded is not None:
@@ -111,10 +110,8 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     meta: dict[str, tuple] = {}
     produced: dict[str, list] = {}
     shapes: dict[str, list] = {}
-    nodes_of = [[] for _ in range(stages)]
     for node in program["nodes"]:
         first = node["outputs"][0]["value"]
-        nodes_of[stage_of[first]].append(node)
         src, indices = builder.sources[first]
         for out, val in zip(node["outputs"], _tensor_outputs(src.meta["val"], indices)):
             meta[out["value"]] = (list(out["local_shape"]), val.dtype)
@@ -150,7 +147,8 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         last = g == stages - 1
         outputs = program["outputs"] if last else [{"value": x} for x in cut["sent"][g]]
         module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
-                               nodes=nodes_of[g], outputs=outputs, parameters=parameters, class_name=f"Stage{g}",
+                               rank_ir=program["stage_rank_irs"][g], outputs=outputs, parameters=parameters,
+                               class_name=f"Stage{g}",
                                compute_dtypes=compute_dtypes,
                                weight_boundaries=program["weight_boundaries"][g] if split_backward else None,
                                fused_accumulations=program["fused_accumulations"][g])
