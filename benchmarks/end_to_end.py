@@ -109,14 +109,14 @@ def main() -> None:
                 again.append(t.wall)
             with Timer() as thorough:
                 shardwise.plan(graph, cluster, global_batch=BATCH, level="thorough")
-            modes = [n["mode"] for n in program["nodes"]]
+            whole = len(program["whole"])  # the nodes run whole; the rest run on their blocks
             total = cap.wall + fast.wall + rw.wall
             rows.append((name, cap, fast, rw, total))
             mesh = "x".join(str(x) for x in plan.sharding["mesh"])
             print(f"{name:<16} {graph.num_parameters() / 1e9:>6.2f}B {graph.num_nodes():>6} "
                   f"{cap.wall:>7.2f} ({cap.cpu:>5.2f}) {fast.wall:>7.2f} ({fast.cpu:>5.2f}) {mesh:>7} "
                   f"{'yes' if plan.fits else 'NO':>4} {rw.wall:>7.3f} ({rw.cpu:>5.3f}) "
-                  f"{statistics.median(again):>11.3f} {modes.count('local'):>5}/{modes.count('whole'):<5} "
+                  f"{statistics.median(again):>11.3f} {len(program['nodes']) - whole:>5}/{whole:<5} "
                   f"{total:>8.2f} {thorough.wall:>7.2f} ({thorough.cpu:>5.2f})", flush=True)
             recorded.append([name, graph.num_parameters() / 1e9, graph.num_nodes(), cap.wall, fast.wall, mesh,
                              bool(plan.fits), rw.wall, statistics.median(again),

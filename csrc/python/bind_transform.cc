@@ -68,7 +68,7 @@ std::int64_t step_unit_group(const ir::Node& step) {
   return group != nullptr ? *group : -1;
 }
 
-// An operand as the lowering reads it: the value `op` names (its placements, local shape and
+// An operand as the lowering reads it: the value `op` names (its placements and
 // whether its gradient flows: the rewrite's), and how the rank graph reads it at `read`, the
 // value `reader`'s input `i` is. Its resharding region is the chain of step nodes that ends
 // at `read` (rank_graph.h: region_ending_at), whose end value is the region's id (readers of
@@ -110,7 +110,6 @@ py::dict operand(const transform::OperandRewrite& op, const ir::Graph& rank_grap
   d["value"] = op.value;
   d["produced"] = spec_texts(op.produced);
   d["required"] = spec_texts(op.required);
-  d["local_shape"] = op.local_shape;
   d["gradient"] = op.gradient;
   d["region"] = rank_graph.value(read).name;
   d["forward"] = actions(forward);
@@ -304,12 +303,11 @@ std::vector<std::vector<std::vector<std::int64_t>>> axis_groups(const std::vecto
   return out;
 }
 
-// A leaf of the program: its placement, local shape, gradient and the axes it is copied on.
+// A leaf of the program: its placement, gradient and the axes it is copied on.
 py::dict leaf_dict(const transform::LeafRewrite& l) {
   py::dict d;
   d["value"] = l.value;
   d["placement"] = spec_texts(l.placement);
-  d["local_shape"] = l.local_shape;
   d["gradient"] = spec_texts(l.gradient);
   d["reduce_axes"] = l.reduce_axes;
   // The axes the leaf is whole on (Replicate): its copies, and the axes ZeRO may shard it over.
@@ -331,10 +329,11 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, cons
   // where the rank graph follows the call with a counted mean or an uneven share's scale).
   d["call"] = rank_ir.value(call.outputs.at(0)).name;
   d["op"] = n.op;
-  d["mode"] = std::string(transform::node_mode_name(n.mode));
   // The rank's call, whole: its attributes (the op's non-tensor arguments by schema
   // name, local shape arguments at this rank's sizes) and its operands' global shapes.
-  // The lowering builds the call from these alone (python/shardwise/_aten_call.py).
+  // The lowering builds the call from these alone (python/shardwise/_aten_call.py). How it runs
+  // (whole, a kernel and its block, recomputed, drawn as one device, in FP8) the lowering reads
+  // off the call in the rank IR (rank_graph.h's marks).
   const ir::Node& captured = graph.node(n.node);
   py::dict attrs;
   for (const auto& [name, value] : n.attrs) attrs[py::str(name)] = attr_to_python(value);
@@ -342,25 +341,6 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, cons
   py::list input_shapes;
   for (ir::ValueId in : captured.inputs) input_shapes.append(graph.value(in).type.shape);
   d["input_shapes"] = input_shapes;
-  d["one_device_random"] = n.one_device_random;
-  d["lookup_axes"] = n.lookup_axes;
-  d["statistics_axis"] = n.statistics_axis;
-  d["statistics_dim"] = n.statistics_dim;
-  d["kernel"] = n.kernel;
-  d["kernel_start"] = n.kernel_start;  // Lookup / Statistics: this rank's block of the split dim
-  d["kernel_stop"] = n.kernel_stop;
-  // An FP8 linear (analysis/fp8_linears.h) when the plan runs in fp8: the mesh axes its
-  // amaxes are a max over, as the rank graph marks its call (transform/fp8_axes.h); None otherwise.
-  if (const auto axes = transform::marked_fp8_axes(call)) {
-    py::dict f;
-    f["k_axes"] = axes->k_axes;
-    f["n_axes"] = axes->n_axes;
-    d["fp8"] = f;
-  } else {
-    d["fp8"] = py::none();
-  }
-  d["recompute_block"] = n.recompute_block;
-  d["recompute_keeps"] = n.recompute_keeps;
   // Collective matmul, Scatter: the steps the node's contraction runs on its output.
   if (const auto ring = transform::scatter_ring(rank_ir, call)) {
     py::dict m;
@@ -390,7 +370,6 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, cons
     od["value"] = o.value;
     od["produced"] = spec_texts(o.produced);
     od["local_shape"] = o.local_shape;
-    od["scale"] = o.scale;
     outs.append(od);
   }
   d["inputs"] = ins;
@@ -466,9 +445,9 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   std::size_t fp8_linears = 0;
   for (const auto& l : program.leaves) leaves.append(leaf_dict(l));
   for (std::size_t i = 0; i < program.nodes.size(); ++i) {
-    py::dict d = node_dict(graph, program.nodes[i], rank_ir.graph, rank_ir.graph.node(rank_ir.nodes.at(i)));
-    if (!d["fp8"].is_none()) ++fp8_linears;
-    nodes.append(d);
+    const ir::Node& call = rank_ir.graph.node(rank_ir.nodes.at(i));
+    if (transform::marked_fp8_axes(call)) ++fp8_linears;
+    nodes.append(node_dict(graph, program.nodes[i], rank_ir.graph, call));
   }
   const std::vector<ir::ValueId>& returned = rank_ir.graph.outputs();
   if (returned.size() != program.outputs.size())
@@ -487,6 +466,7 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
     out[key] = py::list();
   if (stages > 0) add_stages(out, rank_ir, graph, stage_of_node, stages, {split_backward, fused_accumulation});
   out["rank"] = program.rank;
+  out["whole"] = rank_ir.whole;  // the nodes run whole (their calls marked shardwise.whole)
   out["leaves"] = leaves;
   out["nodes"] = nodes;
   out["outputs"] = outputs;

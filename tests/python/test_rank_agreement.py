@@ -63,12 +63,12 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
             program, whole = local(graph, plan_json, r, adapt_to_shapes, micro_batches, stages)
             if dist.get_rank() == 1:  # a split node only this rank runs whole
                 split = [n["outputs"][0]["value"] for n in program["nodes"]
-                         if n["mode"] == "local" and any(p.startswith("S") for op in n["inputs"]
-                                                         for p in op["required"])]
+                         if n["outputs"][0]["value"] not in program["whole"]
+                         and any(p.startswith("S") for op in n["inputs"] for p in op["required"])]
                 forced.append(split[0])
                 program = _C.rank_program(graph._core, plan_json, r, whole + split[:1],
                                           adapt_to_shapes=adapt_to_shapes, micro_batches=micro_batches)
-                whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
+                whole = program["whole"]
             return program, whole
 
         lower._local_rank_program = one_rank_decides

@@ -63,6 +63,13 @@ class OneDeviceRandom(torch.nn.Module):
 _BY_NAME = {str(op): op for op in _MASKS | _LIKE}
 
 
+# The marks and kernels of a call in the rank IR (csrc/transform/rank_graph.h) the lowering reads.
+WHOLE = "shardwise.whole"  # run on whole (gathered) operands
+RECOMPUTE, RECOMPUTE_KEEPS = "shardwise.recompute", "shardwise.recompute_keeps"  # its recomputed block
+ONE_DEVICE_RANDOM = "shardwise.one_device_random"  # drawn whole, as one device draws it, and cut
+FP8_K_AXES, FP8_N_AXES = "shardwise.fp8_k_axes", "shardwise.fp8_n_axes"  # an FP8 linear's amax axes
+LOOKUP = "shardwise::embedding_lookup"  # a vocabulary-parallel lookup: its block [start, stop) of the table
+
 # The calls whose weight gradient a pipeline stage accumulates in place (runtime/fused_accumulation.py).
 _FUSABLE = {**SPLIT_OPS, torch.ops.aten.embedding.default: "aten::embedding"}
 
@@ -110,15 +117,16 @@ def _target(node: dict, src: torch.fx.Node):
     return target
 
 
-def _node_call(node: dict, target, src: torch.fx.Node, operands: list) -> tuple[list, dict]:
+def _node_call(node: dict, read: "_Read") -> tuple[list, dict]:
     """(args, kwargs) of the rank-IR node's call: its tensor operands (the lowered inputs, in
     the IR's order) and its attributes as the core left them for this rank (shape arguments at
     the local sizes, spmd_rewrite.h), built by the op's schema (_aten_call.py). A call the
     capture kept without a schema (a Python callable, named `arg<i>` / by keyword in the IR) is
     the captured call with the operands substituted: the core runs such an op only whole."""
+    target, src, operands = read.target, read.src, read.operands
     if isinstance(target, torch._ops.OpOverload):
         return _schema_call(node, target, operands)
-    if node["mode"] != "whole" and any(p != "R" for op in node["inputs"] for p in op["required"]):
+    if WHOLE not in read.marks and any(p != "R" for op in node["inputs"] for p in op["required"]):
         raise ValidationError(f"parallelize: '{node['outputs'][0]['value']}' ({node['op']}) has no schema "
                               "and reads a block; the runtime can call it only on whole operands")
     it = iter(operands)
@@ -242,7 +250,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
             walked.append((ir_node, node))
     outputs = program["outputs"] if outputs is None else outputs
     lowering = _Lowering(program, sources, mesh, [node for _, node in walked if node is not None],
-                         compute_dtypes or {}, weight_boundaries, fused_accumulations or {})
+                         compute_dtypes or {}, weight_boundaries, fused_accumulations or {},
+                         any(FP8_K_AXES in n["attrs"] for n, _ in walked))
     counted = [(calls[n["inputs"][0]], n["inputs"][1]) for n, _ in walked if n["op"] == _COUNTED_MEAN]
     lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters, outputs, counted)
     for ir_node, node in walked:
@@ -257,6 +266,8 @@ class _Read:
     first: str  # the node's first output (its name)
     target: Any  # the op it calls
     src: torch.fx.Node  # the captured node
+    kernel: str  # the op its call in the rank IR names (a distributed kernel's, or the ATen op's)
+    marks: dict  # that call's attributes: the core's marks on it (shardwise.*), a kernel's bounds
     operands: list = field(default_factory=list)
     write_backs: list = field(default_factory=list)  # (leaf, the operand the call writes, its placement)
     regathers: list = field(default_factory=list)  # (gathered parameter, its shard, steps, unit group)
@@ -272,8 +283,8 @@ class _Lowering:
     ``_EMITTERS`` that takes it, then what follows the call (``node``)."""
 
     def __init__(self, program: dict, sources: dict, mesh: _Mesh | None, nodes: list[dict],
-                 compute_dtypes: dict, weight_boundaries: dict | None, fused_accumulations: dict):
-        self.program, self.sources, self.mesh, self.nodes = program, sources, mesh, nodes
+                 compute_dtypes: dict, weight_boundaries: dict | None, fused_accumulations: dict, fp8: bool):
+        self.program, self.sources, self.mesh, self.nodes, self.fp8 = program, sources, mesh, nodes, fp8
         self.compute_dtypes, self.weight_boundaries = compute_dtypes, weight_boundaries
         self.fused_accumulations = fused_accumulations
         self.graph = torch.fx.Graph()
@@ -316,7 +327,7 @@ class _Lowering:
             root.prefetch.wait = PrefetchWait(prefetches)
             root.async_gradient = AsyncGradient(mesh, root.reshard._steps)
             root.collective_matmul = CollectiveMatmul(mesh, root.reshard._steps)
-        if any(node.get("fp8") is not None for node in self.nodes):
+        if self.fp8:
             root.fp8_linear = Fp8Linears(mesh, root.reshard._steps if mesh is not None else {})
         return root
 
@@ -385,7 +396,7 @@ class _Lowering:
         (the engine's, after backward) make no call. `partial`: a subset of the program."""
         op, outputs = ir_node["op"], ir_node["outputs"]
         if node is not None:
-            self.node(node, outputs)
+            self.node(node, ir_node)
         elif op in _STEP_OPS or op in _NOT_CALLED:
             if op == "shardwise::recv" and outputs[0] not in self.env:
                 raise ValidationError(f"parallelize: the stage receives '{outputs[0]}', which its module does not take")
@@ -407,15 +418,17 @@ class _Lowering:
                 break
             self.block_of[fx_node] = block
 
-    def node(self, node: dict, names: list[str]) -> None:
-        """`node`'s call, and what follows it: state written back, a B/W site, its outputs
-        bound by their `names` in the rank IR, a recomputed block's nodes marked."""
+    def node(self, node: dict, call: dict) -> None:
+        """`node`'s call (`call`, the rank IR's node), and what follows it: state written back,
+        a B/W site, its outputs bound by their names in the rank IR, a recomputed block's nodes
+        marked."""
         graph = self.graph
         first = node["outputs"][0]["value"]
         src, indices = self.sources[first]
-        block = node.get("recompute_block", -1)
+        names, marks = call["outputs"], call["attrs"]
+        block = marks.get(RECOMPUTE, -1)
         last = next(iter(reversed(graph.nodes)), None)  # the program's last node before this one's
-        read = self._read(node, first, src, block)
+        read = self._read(node, first, src, block, call)
         call = next(emit for takes, emit in _EMITTERS if takes(self, node, read))(self, node, read)
         if read.regathers:  # around the call that runs the op: a ring, not the getitem of its product
             runs = call.args[0] if call.op == "call_function" and call.target is operator.getitem else call
@@ -433,15 +446,15 @@ class _Lowering:
             for name, i in zip(names, indices):
                 self.env[name] = graph.call_function(operator.getitem, (call, i))
         self.block_of_value.update((name, block) for name in names)
-        if block >= 0 and node.get("recompute_keeps"):
+        if block >= 0 and marks.get(RECOMPUTE_KEEPS):
             self.selective.add(block)
         self._in_block(block, last)
 
-    def _read(self, node: dict, first: str, src: torch.fx.Node, block: int) -> _Read:
+    def _read(self, node: dict, first: str, src: torch.fx.Node, block: int, call: dict) -> _Read:
         """Each operand of `node` as its call takes it (resharded, written through a copy, cut
         for B/W), and what the operands ask of the call."""
         target = _target(node, src)
-        read = _Read(first, target, src, matmul_scatter=node.get("matmul_scatter"))
+        read = _Read(first, target, src, call["op"], call["attrs"], matmul_scatter=node.get("matmul_scatter"))
         read.rings = bool(read.matmul_scatter) or any(op.get("matmul") == "gather" for op in node["inputs"])
         if read.rings and self.weight_boundaries is not None:
             raise ValidationError(f"parallelize: '{first}' runs a collective matmul inside a stage whose backward "
@@ -554,17 +567,17 @@ def _emit_lookup(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
     """A vocabulary-parallel lookup over the core's block of the table (kernels.VocabLookup)."""
     bound = _schema_call(node, read.target, read.operands, named=True)  # embedding's, defaults filled
     padding_idx, scale, sparse = bound["padding_idx"], bound["scale_grad_by_freq"], bound["sparse"]
-    return lowering.graph.call_module("vocab_lookup", (read.operands[0], read.operands[1], node["kernel_start"],
-                                                       node["kernel_stop"], padding_idx, scale, sparse))
+    return lowering.graph.call_module("vocab_lookup", (read.operands[0], read.operands[1], read.marks["start"],
+                                                       read.marks["stop"], padding_idx, scale, sparse))
 
 
 def _emit_statistics(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
-    """The core's kernel for a split of statistics (csrc/ops/distributed_kernels.h)."""
-    shape = list(node["input_shapes"][0])
-    dim = node["statistics_dim"]
-    args, kwargs = _node_call(node, read.target, read.src, read.operands)
-    return lowering.graph.call_module("statistics", (node["kernel"], node["statistics_axis"], dim, shape[dim],
-                                                     node["kernel_start"], node["kernel_stop"], tuple(args), kwargs))
+    """The core's kernel for a split of statistics (csrc/ops/distributed_kernels.h): the IR's
+    call names it, the mesh axis, the dim, its whole size and this rank's block [start, stop)."""
+    marks = read.marks
+    args, kwargs = _node_call(node, read)
+    return lowering.graph.call_module("statistics", (read.kernel, marks["axis"], marks["dim"], marks["size"],
+                                                     marks["start"], marks["stop"], tuple(args), kwargs))
 
 
 def _emit_one_device_random(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
@@ -572,7 +585,7 @@ def _emit_one_device_random(lowering: _Lowering, node: dict, read: _Read) -> tor
     if read.target not in _MASKS | _LIKE:
         raise ValidationError(f"parallelize: the core draws '{read.first}' ({read.target}) whole and cuts it, "
                               f"which the runtime can do only for {', '.join(sorted(_BY_NAME))}")
-    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    args, kwargs = _node_call(node, read)
     whole_shape = tuple(node["input_shapes"][0])
     index = local_index(whole_shape, _whole_index(node["inputs"][0]["required"]), lowering.sizes, lowering.rank)
     index = tuple(tuple(i.tolist()) if isinstance(i, torch.Tensor) else i for i in index)
@@ -588,10 +601,9 @@ def _emit_fp8(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
     if read.target not in SPLIT_OPS:
         raise ValidationError(f"parallelize: the core marks '{read.first}' ({read.target}) as an FP8 linear, which "
                               f"the runtime runs only for {', '.join(SPLIT_OPS.values())}")
-    args, kwargs = _node_call(node, read.target, read.src, read.operands)
-    fp8 = node["fp8"]
+    args, kwargs = _node_call(node, read)
     return lowering.graph.call_module("fp8_linear", (
-        SPLIT_OPS[read.target], tuple(fp8["k_axes"]), tuple(fp8["n_axes"]),
+        SPLIT_OPS[read.target], tuple(read.marks[FP8_K_AXES]), tuple(read.marks[FP8_N_AXES]),
         read.async_operand[1] if read.async_operand is not None else None, tuple(args), kwargs))
 
 
@@ -602,7 +614,7 @@ def _emit_collective_matmul(lowering: _Lowering, node: dict, read: _Read) -> tor
         raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}), "
                               f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
     graph, root = lowering.graph, lowering.root
-    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    args, kwargs = _node_call(node, read)
     if read.gather_matmul is not None:
         i, fwd, bwd, key = read.gather_matmul
         ring = graph.call_module("collective_matmul", ("gather", SPLIT_OPS[read.target], i, fwd[0],
@@ -623,7 +635,7 @@ def _emit_async_gradient(lowering: _Lowering, node: dict, read: _Read) -> torch.
     if read.target not in SPLIT_OPS:
         raise ValidationError(f"parallelize: the core split the backward of '{read.first}' ({read.target}), "
                               f"which the runtime cannot split ({', '.join(SPLIT_OPS.values())})")
-    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    args, kwargs = _node_call(node, read)
     return lowering.graph.call_module("async_gradient", (SPLIT_OPS[read.target], read.async_operand[0],
                                                          read.async_operand[1], tuple(args), kwargs))
 
@@ -634,22 +646,22 @@ def _emit_fused_accumulation(lowering: _Lowering, node: dict, read: _Read) -> to
         raise ValidationError(f"parallelize: the core accumulates the weight gradient of '{read.first}' "
                               f"({read.target}) at its operand {lowering.fused_accumulations[read.first]} in place, "
                               f"which the runtime can do only for the weight of {', '.join(_FUSABLE.values())}")
-    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    args, kwargs = _node_call(node, read)
     return lowering.graph.call_module("fused_accumulation", (_FUSABLE[read.target], tuple(args), kwargs))
 
 
 def _emit_call(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
     """The op itself, on its local operands."""
-    args, kwargs = _node_call(node, read.target, read.src, read.operands)
+    args, kwargs = _node_call(node, read)
     return lowering.graph.call_function(_LAYOUT_FREE.get(read.target, read.target), tuple(args), kwargs)
 
 
 # Which emitter makes a node's call: the first whose test takes it, in this order.
 _EMITTERS = (
-    (lambda lowering, node, read: node["mode"] == "lookup", _emit_lookup),
-    (lambda lowering, node, read: node["mode"] == "statistics", _emit_statistics),
-    (lambda lowering, node, read: node["one_device_random"], _emit_one_device_random),
-    (lambda lowering, node, read: node.get("fp8") is not None, _emit_fp8),
+    (lambda lowering, node, read: read.kernel == LOOKUP, _emit_lookup),
+    (lambda lowering, node, read: read.kernel.startswith("shardwise::"), _emit_statistics),  # a kernel of its own
+    (lambda lowering, node, read: read.marks.get(ONE_DEVICE_RANDOM, False), _emit_one_device_random),
+    (lambda lowering, node, read: FP8_K_AXES in read.marks, _emit_fp8),
     (lambda lowering, node, read: read.gather_matmul is not None or bool(read.matmul_scatter),
      _emit_collective_matmul),
     (lambda lowering, node, read: read.async_operand is not None, _emit_async_gradient),
@@ -792,7 +804,7 @@ def _local_rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool,
                               micro_batches=micro_batches, stage_of_node=list(stages.stage_of_node),
                               stages=stages.count, fused_accumulation=stages.fused_accumulation,
                               split_backward=stages.split_backward)
-    whole = [n["outputs"][0]["value"] for n in program["nodes"] if n["mode"] == "whole"]
+    whole = program["whole"]
     if whole:
         log.info("rank %d: %d nodes run whole on gathered operands (no local form): %s", rank, len(whole),
                  ", ".join(whole[:8]) + (" ..." if len(whole) > 8 else ""))

@@ -1,6 +1,6 @@
 """Recomputation as the plan prices it: each instance of the repeated blocks (the core's
-``recompute_block``) runs as one checkpointed segment of the rank program. Under selective
-recomputation (nodes marked ``recompute_keeps``) the segment keeps the outputs of the ops the
+``shardwise.recompute`` mark) runs as one checkpointed segment of the rank program. Under selective
+recomputation (calls marked ``shardwise.recompute_keeps``) the segment keeps the outputs of the ops the
 core names (``_C.SELECTIVE_RECOMPUTE_SAVED_OPS``: a linear's mm / addmm, fused attention) and
 runs the rest again: torch.utils.checkpoint's selective policy."""
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Checkpointed(torch.nn.Module):
 def checkpoint_blocks(module: torch.fx.GraphModule, block_of: dict, selective: frozenset = frozenset()
                       ) -> torch.fx.GraphModule:
     """`module` split into consecutive segments, each recomputed block (the core's
-    ``recompute_block``) one segment run through Checkpointed; the blocks in ``selective``
+    ``shardwise.recompute`` mark) one segment run through Checkpointed; the blocks in ``selective``
     recompute selectively. The flat program stays readable as ``module.flat_code``."""
     from torch.fx.passes.split_module import split_module
 
