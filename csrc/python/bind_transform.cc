@@ -68,23 +68,30 @@ std::int64_t step_unit_group(const ir::Node& step) {
   return group != nullptr ? *group : -1;
 }
 
-// An operand as the lowering reads it: the value `op` names (its placements and
-// whether its gradient flows: the rewrite's), and how the rank graph reads it at `read`, the
-// value `reader`'s input `i` is. Its resharding region is the chain of step nodes that ends
-// at `read` (rank_graph.h: region_ending_at), whose end value is the region's id (readers of
-// one region share one reshard); its steps as the runtime runs them (forward in order,
-// backward in the order the gradient runs them); and the marks on them: a parameter's gather
-// run beside forward (prefetched) or gathered again in backward with its unit group, its
-// gradient's reduce-scatter issued beside backward with its unit group
+// An operand as the rewrite gives it: the value it names, its placements as produced and as
+// the reader needs it, and whether its gradient flows. How the rank graph runs it (its
+// region) the lowering reads off the graph it lowers (rank_ir_operands).
+py::dict operand(const transform::OperandRewrite& op) {
+  py::dict d;
+  d["value"] = op.value;
+  d["produced"] = spec_texts(op.produced);
+  d["required"] = spec_texts(op.required);
+  d["gradient"] = op.gradient;
+  return d;
+}
+
+// How a rank graph reads `read`, the value `reader`'s input `i` is (`reader` null: a graph
+// output). Its resharding region is the chain of step nodes that ends at `read`
+// (rank_graph.h: region_ending_at), whose end value is the region's id (readers of one region
+// share one reshard), from the value it starts at; its steps as the runtime runs them
+// (forward in order, backward in the order the gradient runs them); and the marks on them: a
+// parameter's gather run beside forward (prefetched) or gathered again in backward with its
+// unit group, its gradient's reduce-scatter issued beside backward with its unit group
 // (search/parameter_collectives.h), a ring in a contraction (collective_matmul.h:
-// operand_ring), an all-reduce beside a weight gradient (async_gradients.h). `reader` null:
-// a graph output.
-py::dict operand(const transform::OperandRewrite& op, const ir::Graph& rank_graph, ir::ValueId read,
-                 const ir::Node* reader = nullptr, std::size_t i = 0) {
+// operand_ring), an all-reduce beside a weight gradient (async_gradients.h).
+py::dict region_operand(const ir::Graph& rank_graph, ir::ValueId read, const ir::Node* reader = nullptr,
+                        std::size_t i = 0) {
   const transform::StepRegion region = transform::region_ending_at(rank_graph, read);
-  if (rank_graph.value(region.source).name != op.value)
-    throw support::ValidationError(fmt::format("rank_program: the rank graph reads '{}' where the program reads '{}'",
-                                               rank_graph.value(region.source).name, op.value));
   const bool parameter = rank_graph.value(region.source).role == ir::ValueRole::Parameter;
   auto marked = [](const ir::Node& step, search::ParameterOverlap overlap) {
     const std::string* mark = transform::step_overlap(step);
@@ -107,10 +114,7 @@ py::dict operand(const transform::OperandRewrite& op, const ir::Graph& rank_grap
     scatter_group = std::max(scatter_group, step_unit_group(step));
   }
   py::dict d;
-  d["value"] = op.value;
-  d["produced"] = spec_texts(op.produced);
-  d["required"] = spec_texts(op.required);
-  d["gradient"] = op.gradient;
+  d["value"] = rank_graph.value(region.source).name;
   d["region"] = rank_graph.value(read).name;
   d["forward"] = actions(forward);
   d["backward"] = actions(backward);
@@ -123,6 +127,26 @@ py::dict operand(const transform::OperandRewrite& op, const ir::Graph& rank_grap
   d["matmul"] = std::string(search::matmul_collective_name(
       reader != nullptr ? transform::operand_ring(rank_graph, *reader, i) : search::MatmulCollective::None));
   d["async_gradient"] = reader != nullptr && transform::async_gradient_operand(*reader) == static_cast<std::int64_t>(i);
+  return d;
+}
+
+// The operands of each node of a rank graph that is no resharding step, by the node's first
+// output, and of its outputs, as region_operand reads them: what the lowering runs between
+// the calls of the graph it lowers (a rank program's, or a pipeline stage's).
+py::dict rank_ir_operands(const ir::Graph& rank_graph) {
+  py::dict calls;
+  for (const ir::Node& node : rank_graph.nodes()) {
+    if (node.outputs.empty() || transform::is_step_node(node)) continue;
+    py::list inputs;
+    for (std::size_t i = 0; i < node.inputs.size(); ++i)
+      inputs.append(region_operand(rank_graph, node.inputs[i], &node, i));
+    calls[py::str(rank_graph.value(node.outputs[0]).name)] = inputs;
+  }
+  py::list outputs;
+  for (ir::ValueId out : rank_graph.outputs()) outputs.append(region_operand(rank_graph, out));
+  py::dict d;
+  d["calls"] = calls;
+  d["outputs"] = outputs;
   return d;
 }
 
@@ -364,7 +388,7 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, cons
   if (call.inputs.size() != n.inputs.size())
     throw support::ValidationError(fmt::format("rank_program: '{}' reads {} operands in the rank graph, {} in the program",
                                                n.op, call.inputs.size(), n.inputs.size()));
-  for (std::size_t i = 0; i < n.inputs.size(); ++i) ins.append(operand(n.inputs[i], rank_ir, call.inputs[i], &call, i));
+  for (const auto& op : n.inputs) ins.append(operand(op));
   for (const auto& o : n.outputs) {
     py::dict od;
     od["value"] = o.value;
@@ -449,10 +473,7 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
     if (transform::marked_fp8_axes(call)) ++fp8_linears;
     nodes.append(node_dict(graph, program.nodes[i], rank_ir.graph, call));
   }
-  const std::vector<ir::ValueId>& returned = rank_ir.graph.outputs();
-  if (returned.size() != program.outputs.size())
-    throw support::ValidationError("rank_program: the rank graph returns another number of values than the program");
-  for (std::size_t k = 0; k < returned.size(); ++k) outputs.append(operand(program.outputs[k], rank_ir.graph, returned[k]));
+  for (const auto& o : program.outputs) outputs.append(operand(o));
   // Never a silent run in the model's dtype under a plan that says fp8.
   if (options.fp8 && fp8_linears == 0)
     throw support::ValidationError(
@@ -505,6 +526,12 @@ void bind_transform(py::module_& m) {
       "step_ops",
       &transform::step_ops,
       "The ops of a rank graph's resharding step nodes (csrc/transform/rank_graph.h: step_action).");
+  m.def("rank_ir_operands", &rank_ir_operands, py::arg("graph"),
+        "How a rank graph (_C.Graph of a rank IR: a program's or a pipeline stage's) runs the operands of each "
+        "node that is no resharding step, by its first output, and its outputs: {calls: {name: [operand]}, "
+        "outputs: [operand]}, each operand {value (the region's source), region (its id: the value its last step "
+        "gives), forward, backward (typed steps), regather, prefetch, gather_group, scatter_in_backward, "
+        "scatter_group, matmul ('gather', 'scatter', 'none'), async_gradient}.");
   m.def("rank_ir_regions", &rank_ir_regions, py::arg("text"),
         "The resharding regions of a printed rank graph (csrc/transform/rank_graph.h: step_regions), each "
         "{value, forward, backward, reader}, its steps named as the lowering names them.");

@@ -238,7 +238,9 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     {contraction: its weight operand's position}): those calls run as
     ``self.fused_accumulation``, their weight gradient added into the parameter's ``.grad`` by
     the product (runtime/fused_accumulation.py)."""
-    ir_nodes = _C.Graph.from_text(program["rank_ir"] if rank_ir is None else rank_ir).nodes()
+    ir_graph = _C.Graph.from_text(program["rank_ir"] if rank_ir is None else rank_ir)
+    ir_nodes = ir_graph.nodes()
+    operands = _C.rank_ir_operands(ir_graph)  # how the IR runs each call's operands: their regions
     calls = {node["call"]: node for node in program["nodes"]}  # a program node by its call's name in the IR
     subset = None if nodes is None else {id(node) for node in nodes}
     walked = []
@@ -247,8 +249,16 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         made_here = ir_node["outputs"] and ir_node["op"] not in _NOT_CALLED
         node = calls.get(ir_node["outputs"][0]) if made_here else None
         if subset is None or (node is not None and id(node) in subset):
+            if node is not None:
+                node = {**node, "inputs": _with_regions(node["inputs"], operands["calls"][ir_node["outputs"][0]],
+                                                        ir_node["outputs"][0])}
             walked.append((ir_node, node))
-    outputs = program["outputs"] if outputs is None else outputs
+    own = outputs is None
+    outputs = program["outputs"] if own else outputs
+    # The IR's outputs made whole by their regions; values it does not return (what a stage
+    # sends, the targets a count reads: runtime/counted.py) are taken as they are made.
+    if own or [out["value"] for out in outputs] == [region["value"] for region in operands["outputs"]]:
+        outputs = _with_regions(outputs, operands["outputs"], "the program's outputs")
     lowering = _Lowering(program, sources, mesh, [node for _, node in walked if node is not None],
                          compute_dtypes or {}, weight_boundaries, fused_accumulations or {},
                          any(FP8_K_AXES in n["attrs"] for n, _ in walked))
@@ -257,6 +267,15 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     for ir_node, node in walked:
         lowering.ir_node(ir_node, node, partial=subset is not None)
     return lowering.module(outputs, class_name)
+
+
+def _with_regions(operands: list[dict], regions: list[dict], reader: str) -> list[dict]:
+    """The program's operands of `reader` (their values and placements) with how the rank IR
+    runs each (``_C.rank_ir_operands``: its resharding region, by id, with its steps and marks)."""
+    if len(operands) != len(regions) or any(op["value"] != r["value"] for op, r in zip(operands, regions)):
+        raise ValidationError(f"parallelize: the rank IR's '{reader}' reads {[r['value'] for r in regions]}, the "
+                              f"program's {[op['value'] for op in operands]}")
+    return [{**op, **region} for op, region in zip(operands, regions)]
 
 
 @dataclass
