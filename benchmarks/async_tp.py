@@ -67,26 +67,27 @@ def megatron_plan(model, batch, world: int):
 
 
 def _engine(plan, model, batch, split: bool):
-    """An engine of `plan`; split=False: every operand's async_gradient flag cleared, so the
-    all-reduce runs in the operand's reshard after the fused backward."""
+    """An engine of `plan`; split=False: the lowering reads every operand of the rank IR with
+    its async_gradient flag cleared (_C.rank_ir_operands), so the all-reduce runs in the
+    operand's reshard after the fused backward."""
     import shardwise
     from shardwise import _C
 
-    rank_program = _C.rank_program
+    rank_ir_operands = _C.rank_ir_operands
 
-    def fused(*a, **k):
-        program = rank_program(*a, **k)
-        for node in program["nodes"]:
-            for op in node["inputs"]:
+    def fused(graph):
+        operands = rank_ir_operands(graph)
+        for inputs in operands["calls"].values():
+            for op in inputs:
                 op["async_gradient"] = False
-        return program
+        return operands
 
     if not split:
-        _C.rank_program = fused
+        _C.rank_ir_operands = fused
     try:
         return shardwise.parallelize(model, batch, plan=plan)
     finally:
-        _C.rank_program = rank_program
+        _C.rank_ir_operands = rank_ir_operands
 
 
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:

@@ -265,7 +265,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     counted = [(calls[n["inputs"][0]], n["inputs"][1]) for n, _ in walked if n["op"] == _COUNTED_MEAN]
     lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters, outputs, counted)
     for ir_node, node in walked:
-        lowering.ir_node(ir_node, node, partial=subset is not None)
+        lowering.ir_node(ir_node, node)
     return lowering.module(outputs, class_name)
 
 
@@ -408,11 +408,11 @@ class _Lowering:
         self.graph.call_module("prefetch.start", (k, tuple(self.env[leaf] for _, leaf, _ in members),
                                                   tuple(text for _, _, text in members)))
 
-    def ir_node(self, ir_node: dict, node: dict | None, partial: bool = False) -> None:
+    def ir_node(self, ir_node: dict, node: dict | None) -> None:
         """One node of the rank IR: the call of the program's `node`, or the emitter of a node
         the rank graph adds (_IR_EMITTERS); a resharding step (run at its reader: ``_read``), a
         stage's recv and send (the stage module's inputs and outputs) and a gradient reduction
-        (the engine's, after backward) make no call. `partial`: a subset of the program."""
+        (the engine's, after backward) make no call."""
         op, outputs = ir_node["op"], ir_node["outputs"]
         if node is not None:
             self.node(node, ir_node)
@@ -437,17 +437,17 @@ class _Lowering:
                 break
             self.block_of[fx_node] = block
 
-    def node(self, node: dict, call: dict) -> None:
-        """`node`'s call (`call`, the rank IR's node), and what follows it: state written back,
+    def node(self, node: dict, ir_call: dict) -> None:
+        """`node`'s call (`ir_call`, the rank IR's node), and what follows it: state written back,
         a B/W site, its outputs bound by their names in the rank IR, a recomputed block's nodes
         marked."""
         graph = self.graph
         first = node["outputs"][0]["value"]
         src, indices = self.sources[first]
-        names, marks = call["outputs"], call["attrs"]
+        names, marks = ir_call["outputs"], ir_call["attrs"]
         block = marks.get(RECOMPUTE, -1)
         last = next(iter(reversed(graph.nodes)), None)  # the program's last node before this one's
-        read = self._read(node, first, src, block, call)
+        read = self._read(node, first, src, block, ir_call)
         call = next(emit for takes, emit in _EMITTERS if takes(self, node, read))(self, node, read)
         if read.regathers:  # around the call that runs the op: a ring, not the getitem of its product
             runs = call.args[0] if call.op == "call_function" and call.target is operator.getitem else call
@@ -469,11 +469,11 @@ class _Lowering:
             self.selective.add(block)
         self._in_block(block, last)
 
-    def _read(self, node: dict, first: str, src: torch.fx.Node, block: int, call: dict) -> _Read:
+    def _read(self, node: dict, first: str, src: torch.fx.Node, block: int, ir_call: dict) -> _Read:
         """Each operand of `node` as its call takes it (resharded, written through a copy, cut
         for B/W), and what the operands ask of the call."""
         target = _target(node, src)
-        read = _Read(first, target, src, call["op"], call["attrs"], matmul_scatter=node.get("matmul_scatter"))
+        read = _Read(first, target, src, ir_call["op"], ir_call["attrs"], matmul_scatter=node.get("matmul_scatter"))
         read.rings = bool(read.matmul_scatter) or any(op.get("matmul") == "gather" for op in node["inputs"])
         if read.rings and self.weight_boundaries is not None:
             raise ValidationError(f"parallelize: '{first}' runs a collective matmul inside a stage whose backward "
