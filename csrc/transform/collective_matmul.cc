@@ -5,6 +5,7 @@
 #include <string_view>
 #include <variant>
 
+#include "transform/async_gradients.h"
 #include "transform/rank_graph.h"
 
 namespace shardwise::transform {
@@ -38,9 +39,11 @@ bool one_ring(const ir::Graph& graph, const ir::Node& node, const StepRegion& re
   return b.axis == f.axis && b.dim == f.dim && b.groups == f.groups;
 }
 
-// A contraction the runtime calls on local operands.
+// A contraction the runtime calls on local operands, with no other collective inside it: a
+// call whose operand's gradient all-reduce runs in its backward (async-gradient, the pass
+// before) is one module of the runtime's, which a ring cannot also be.
 int local_contraction_input(const ir::Graph& graph, const ir::Node& node) {
-  if (node.attrs.contains(std::string(kWholeAttr))) return -1;
+  if (node.attrs.contains(std::string(kWholeAttr)) || async_gradient_operand(node) >= 0) return -1;
   return search::collective_matmul_input(graph, node);
 }
 

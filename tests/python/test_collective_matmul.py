@@ -20,6 +20,7 @@ it.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -37,12 +38,17 @@ WORLD, ROWS, SEQ, VOCAB, STEPS, TOLERANCE = 4, 2, 16, 128, 3, 1e-9
 
 
 class LanguageModel(nn.Module):
-    """A Hugging Face LM with its own loss (labels: the ids): BERT's masked LM or GPT-2's
-    causal LM."""
+    """A Hugging Face LM with its own loss (labels: the ids): BERT's masked LM, or GPT-2's or
+    GPT-NeoX's causal LM."""
 
     def __init__(self, name: str):
         super().__init__()
-        if name == "bert":
+        if name == "gpt-neox":
+            cfg = transformers.GPTNeoXConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                             intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64,
+                                             hidden_dropout=0.0, attention_dropout=0.0)
+            self.lm = transformers.GPTNeoXForCausalLM(cfg)
+        elif name == "bert":
             cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                           intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64,
                                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -238,6 +244,30 @@ def test_a_ring_reading_a_weight_gathered_again_in_backward_trains_as_one_device
     rings_regathered = [line for line in code.splitlines()
                         if "= self.regather(collective_matmul" in line and "('gather', 'aten::addmm'," in line]
     assert rings_regathered, code
+
+
+def test_a_product_whose_input_gradient_is_reduced_beside_its_weights_keeps_that_all_reduce():
+    # GPT-NeoX on 2 x 2 under ZeRO and selective recomputation: the attention's output
+    # projection all-reduces its input's gradient on the data axis in its own backward
+    # (async-gradient) and reduce-scatters its output on the tensor axis. The collective-matmul
+    # pass made that scatter a ring too, and the runtime, running the call as the ring, dropped
+    # the all-reduce (test_lowered_programs.py found the region missing). Now the product keeps
+    # its all-reduce and its exposed reduce-scatter, and trains as one device.
+    graph = shardwise.capture(_model("gpt-neox"), _batch(0))
+    plan = shardwise.Plan.search(graph, tight_cluster(graph, WORLD, ROWS, (2, 2)), global_batch=ROWS, mesh=(2, 2),
+                                 zero=True, recompute="selective", collective_matmul=True)
+    reports = spawn_reports(_mesh_worker, WORLD, "gpt-neox", plan.to_json())
+    for r in reports:
+        for a, b in zip(r["losses"], r["ref_losses"]):
+            assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+        assert r["error"] < TOLERANCE, r["error"]
+        assert r["lowered"]["mismatches"] == [], r["lowered"]
+    ir = reports[0]["rank_ir"]
+    marked = [re.match(r"\s*%(\S+):", line).group(1) for line in ir.splitlines() if "shardwise.async_gradient=" in line]
+    scattered = [v for v in marked if re.search(rf"shardwise::reduce_scatter\(%{re.escape(v)}\)", ir)]
+    assert scattered, ir  # the case: an asynchronous gradient's product whose output reduce-scatters
+    assert "shardwise.matmul_scatter=true" in ir and "shardwise.gather_matmul=" in ir, ir  # rings elsewhere
+    assert not [line for line in ir.splitlines() if "async_gradient=" in line and "matmul_scatter" in line], ir
 
 
 def test_the_runtime_refuses_a_ring_it_cannot_run_exactly():

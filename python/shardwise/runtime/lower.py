@@ -632,6 +632,10 @@ def _emit_collective_matmul(lowering: _Lowering, node: dict, read: _Read) -> tor
     if read.target not in SPLIT_OPS:
         raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}), "
                               f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
+    if read.async_operand is not None:  # one module of the runtime's or the other, never both
+        raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}) "
+                              "and its operand's gradient all-reduce beside its weight gradient; the ring would "
+                              "drop the all-reduce (transform/collective_matmul.h leaves such a call alone)")
     graph, root = lowering.graph, lowering.root
     args, kwargs = _node_call(node, read)
     if read.gather_matmul is not None:

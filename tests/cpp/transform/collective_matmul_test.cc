@@ -175,6 +175,37 @@ TEST(CollectiveMatmul, OnlyOneEvenExposedCollectiveAlongARowRings) {
   for (const char* step : {"b.r1.s1", "c.r1.s1", "d.r1.s1", "e.r1"}) EXPECT_EQ(overlap(g, step), "exposed") << step;
 }
 
+TEST(CollectiveMatmul, AProductWhoseInputGradientIsReducedBesideItsWeightsHasNoRing) {
+  // GPT-NeoX's attention output under ZeRO and selective recomputation on 2 x 2 (found by
+  // test_lowered_programs.py): the product's input gradient all-reduces on the data axis in
+  // its backward (async-gradient's mark) and its output reduce-scatters on the tensor axis.
+  // The runtime runs a marked call as one module of its own, so a ring there dropped the
+  // all-reduce: the product keeps its exposed reduce-scatter.
+  const ir::Graph before = ir::parse_graph(R"(graph(%x: f32[8,16]) {
+  %w: f32[16,16] parameter
+  %v: f32[16,16] parameter
+  %a: f32[8,16] = aten::tanh(%x)
+  %a.r1: f32[8,16] = shardwise::all_reduce(%a) {axis=0, group=[0,2], overlap="backward", pass="backward", reduce="sum"}
+  %async: f32[8,16] = aten::linear(%a.r1, %w) {bias=none, shardwise.async_gradient=0}
+  %async.r1: f32[4,16] = shardwise::reduce_scatter(%async) {axis=1, dim=0, group=[0,1], overlap="exposed"}
+  %async.r1.b: f32[4,16] = shardwise::all_gather(%async.r1) {axis=1, dim=0, group=[0,1], overlap="exposed", pass="backward"}
+  %y: f32[4,16] = aten::neg(%async.r1.b)
+  %plain: f32[8,16] = aten::linear(%x, %v) {bias=none}
+  %plain.r1: f32[4,16] = shardwise::reduce_scatter(%plain) {axis=1, dim=0, group=[0,1], overlap="exposed"}
+  %plain.r1.b: f32[4,16] = shardwise::all_gather(%plain.r1) {axis=1, dim=0, group=[0,1], overlap="exposed", pass="backward"}
+  %z: f32[4,16] = aten::neg(%plain.r1.b)
+  return (%y, %z)
+})");
+  ir::Graph g = before;
+  fuse_collective_matmuls(g);
+  EXPECT_EQ(call(g, "async").attrs, call(before, "async").attrs);
+  EXPECT_FALSE(scatter_ring(g, call(g, "async")).has_value());
+  EXPECT_EQ(overlap(g, "async.r1"), "exposed");
+  // The same product without the mark rings (the case above is refused for the mark alone).
+  EXPECT_TRUE(call(g, "plain").attrs.contains("shardwise.matmul_scatter"));
+  EXPECT_EQ(overlap(g, "plain.r1"), "matmul");
+}
+
 TEST(CollectiveMatmulRows, OnlyTheContractionsRowsMayBeCut) {
   const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[4,8,16], %a: f32[8,16]) {
   %w: f32[32,16] parameter
