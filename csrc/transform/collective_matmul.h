@@ -19,7 +19,8 @@
 //    backward, read by one operand of one node and not a graph output. The contraction gets
 //    {shardwise.matmul_scatter=true}, the region's collectives {overlap="matmul"}.
 // Local: a node with shardwise.whole, or a kernel of the core's (shardwise::*), runs another
-// call. The pass only sets attributes: node and value ids are kept. Run again, it changes
+// call; so does a contraction async_gradients.h marked (its operand's gradient all-reduced in
+// its own backward), which keeps its collectives. The pass only sets attributes: node and value ids are kept. Run again, it changes
 // nothing (a collective already marked is not exposed).
 //
 // The runtime runs the marks (python/shardwise/runtime/collective_matmul.py), as the binding

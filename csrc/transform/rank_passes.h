@@ -14,7 +14,9 @@
 //      all-reduce under its reader's weight gradient. It reads the collectives as the rewrite
 //      emitted them (exposed); a region it takes is not collective-matmul's (an all-reduce).
 //   2. collective-matmul (transform/collective_matmul.h; sharding.collective_matmul): the
-//      exposed all-gathers and reduce-scatters beside contractions, as rings.
+//      exposed all-gathers and reduce-scatters beside contractions, as rings; a contraction
+//      async-gradient marked keeps its collectives (the runtime runs a call as one module or
+//      the other: a ring there dropped the all-reduce).
 #pragma once
 
 #include <string_view>
