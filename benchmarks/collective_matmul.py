@@ -97,7 +97,7 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
                        "predicted_ms": {"fused": 1e3 * predicted,
                                         "plain": 1e3 * fused_plan.breakdown()["step_time_plain_collectives"]},
                        "gathers": ir.count("shardwise.gather_matmul"),
-                       "scatters": ir.count("shardwise.matmul_scatter=true")}, f)
+                       "scatters": ir.count("shardwise.matmul_scatter=")}, f)
     finish_worker()
 
 

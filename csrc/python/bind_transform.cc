@@ -22,7 +22,6 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "transform/async_gradients.h"
-#include "transform/collective_matmul.h"
 #include "transform/fp8_axes.h"
 #include "transform/job_rank_graph.h"
 #include "transform/rank_passes.h"
@@ -87,8 +86,18 @@ py::dict operand(const transform::OperandRewrite& op) {
 // (forward in order, backward in the order the gradient runs them); and the marks on them: a
 // parameter's gather run beside forward (prefetched) or gathered again in backward with its
 // unit group, its gradient's reduce-scatter issued beside backward with its unit group
-// (search/parameter_collectives.h), a ring in a contraction (collective_matmul.h:
-// operand_ring), an all-reduce beside a weight gradient (async_gradients.h).
+// (search/parameter_collectives.h), an all-reduce beside a weight gradient (async_gradients.h);
+// and how its steps overlap (their `overlap` mark: "matmul", a ring inside a contraction, which
+// the runtime's emitter of that feature reads with the call's marks: collective_matmul.h).
+// The overlap mark of a region's steps (rank_graph.h: "exposed", "forward", "backward",
+// "matmul"): its first forward step's, else its first backward step's; "" without steps.
+std::string region_overlap(const ir::Graph& rank_graph, const transform::StepRegion& region) {
+  const std::vector<ir::NodeId>& steps = region.forward.empty() ? region.backward : region.forward;
+  if (steps.empty()) return "";
+  const std::string* mark = transform::step_overlap(rank_graph.node(steps.front()));
+  return mark != nullptr ? *mark : "";
+}
+
 py::dict region_operand(const ir::Graph& rank_graph, ir::ValueId read, const ir::Node* reader = nullptr,
                         std::size_t i = 0) {
   const transform::StepRegion region = transform::region_ending_at(rank_graph, read);
@@ -123,9 +132,7 @@ py::dict region_operand(const ir::Graph& rank_graph, ir::ValueId read, const ir:
   d["gather_group"] = gather_group;
   d["scatter_in_backward"] = scatter;
   d["scatter_group"] = scatter_group;
-  // "gather": the steps run inside the reader's contraction; "scatter": inside its producer's.
-  d["matmul"] = std::string(search::matmul_collective_name(
-      reader != nullptr ? transform::operand_ring(rank_graph, *reader, i) : search::MatmulCollective::None));
+  d["overlap"] = region_overlap(rank_graph, region);
   d["async_gradient"] = reader != nullptr && transform::async_gradient_operand(*reader) == static_cast<std::int64_t>(i);
   return d;
 }
@@ -365,17 +372,7 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, cons
   py::list input_shapes;
   for (ir::ValueId in : captured.inputs) input_shapes.append(graph.value(in).type.shape);
   d["input_shapes"] = input_shapes;
-  // Collective matmul, Scatter: the steps the node's contraction runs on its output.
-  if (const auto ring = transform::scatter_ring(rank_ir, call)) {
-    py::dict m;
-    m["forward"] = actions(ring->forward);
-    m["backward"] = actions(ring->backward);
-    m["operand"] = search::collective_matmul_input(graph, captured);  // the contraction's input
-    d["matmul_scatter"] = m;
-  } else {
-    d["matmul_scatter"] = py::none();
-  }
-  if (n.counted) {
+    if (n.counted) {
     py::dict c;
     c["shares"] = n.counted->shares;
     c["target"] = n.counted->target;

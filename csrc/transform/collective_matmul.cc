@@ -88,7 +88,8 @@ void fuse_scatters(ir::Graph& graph) {
   const std::vector<ir::ValueId>& outputs = graph.outputs();
   auto output = [&](ir::ValueId v) { return std::find(outputs.begin(), outputs.end(), v) != outputs.end(); };
   for (const ir::Node& node : graph.nodes()) {
-    if (local_contraction_input(graph, node) < 0 || node.attrs.contains(std::string(kGatherAttr))) continue;
+    const int input = local_contraction_input(graph, node);
+    if (input < 0 || node.attrs.contains(std::string(kGatherAttr))) continue;
     const StepRegion region = sole_region_from(graph, users, node.outputs[0]);
     if (region.source != node.outputs[0] || region.forward.empty() || output(region.source)) continue;
     // No value of the chain leaves the graph.
@@ -102,7 +103,7 @@ void fuse_scatters(ir::Graph& graph) {
                                           v) != 1)
       continue;
     if (!one_ring(graph, node, region, "shardwise::reduce_scatter", "shardwise::all_gather")) continue;
-    graph.mutable_attrs(node.id)[std::string(kScatterAttr)] = true;
+    graph.mutable_attrs(node.id)[std::string(kScatterAttr)] = static_cast<std::int64_t>(input);
     mark(graph, region);
   }
 }

@@ -17,14 +17,17 @@
 //  - Scatter: a local contraction, not already a Gather, whose output is read by one region
 //    of one even reduce-scatter along a row dim forward and one all-gather along it (or none)
 //    backward, read by one operand of one node and not a graph output. The contraction gets
-//    {shardwise.matmul_scatter=true}, the region's collectives {overlap="matmul"}.
+//    {shardwise.matmul_scatter=i} (i: its activation operand, whose rows the ring cuts), the
+//    region's collectives {overlap="matmul"}.
 // Local: a node with shardwise.whole, or a kernel of the core's (shardwise::*), runs another
 // call; so does a contraction async_gradients.h marked (its operand's gradient all-reduced in
 // its own backward), which keeps its collectives. The pass only sets attributes: node and value ids are kept. Run again, it changes
 // nothing (a collective already marked is not exposed).
 //
-// The runtime runs the marks (python/shardwise/runtime/collective_matmul.py), as the binding
-// reads them back with operand_ring and scatter_ring (csrc/python/bind_transform.cc).
+// The runtime's emitter (python/shardwise/runtime/collective_matmul.py, RingEmitter) reads
+// the marks off the rank IR it lowers: the call's two attributes, and the steps' overlap of
+// each operand's region (the binding's rank_ir_operands, which knows no feature).
+// operand_ring and scatter_ring read them back here (the tests').
 #pragma once
 
 #include <cstddef>
@@ -45,7 +48,7 @@ void fuse_collective_matmuls(ir::Graph& rank_graph);
 // say (or no steps).
 search::MatmulCollective operand_ring(const ir::Graph& rank_graph, const ir::Node& reader, std::size_t operand);
 
-// A contraction marked {shardwise.matmul_scatter=true}: the steps its ring runs on its output,
+// A contraction marked {shardwise.matmul_scatter=i}: the steps its ring runs on its output,
 // forward and backward (in the order their gradient runs them: rank_graph.h's emission order
 // reversed). std::nullopt for a node without the mark.
 struct RingSteps {

@@ -51,7 +51,7 @@
 //    Feature passes rewrite this graph after it is made (rank_passes.h): collective matmul
 //    (transform/collective_matmul.h) marks a contraction that runs its operand i's gather as
 //    a ring {shardwise.gather_matmul=i}, one that runs its output's reduce-scatter so
-//    {shardwise.matmul_scatter=true}, and those collectives {overlap="matmul"}.
+//    {shardwise.matmul_scatter=i}, and those collectives {overlap="matmul"}.
 //    A dropout or a *_like op on a block or a Partial operand (NodeRewrite::one_device_random,
 //    ops/random_draws.h) carries {shardwise.one_device_random=true}: the rank draws the whole
 //    operand's mask or values, as one device draws them, and keeps its block.

@@ -4,11 +4,14 @@ al., ASPLOS 2023; torchtitan's async tensor parallelism).
 The core's collective-matmul pass marks them on the rank graph (csrc/transform/collective_matmul.h,
 where the plan's ``sharding.collective_matmul`` switches it on: transform/rank_passes.h): a contraction carries ``{shardwise.gather_matmul=i}``
 when its operand i arrives by one all-gather along a row dim, or
-``{shardwise.matmul_scatter=true}`` when its output leaves by one reduce-scatter along a row
-dim; those collectives carry ``{overlap="matmul"}``, and the search prices them hidden under
-(n-1)/n of the contraction's products (search/parameter_collectives.h, MatmulCollective).
+``{shardwise.matmul_scatter=i}`` (i: its input) when its output leaves by one reduce-scatter
+along a row dim; those collectives carry ``{overlap="matmul"}``, and the search prices them
+hidden under (n-1)/n of the contraction's products (search/parameter_collectives.h,
+MatmulCollective). ``RingEmitter`` is the pass's emitter (one pass, one emitter:
+transform/rank_passes.h): the lowering (runtime/lower.py) hands it each operand and call,
+and it reads those marks off the rank IR being lowered. The emitted call,
 ``self.collective_matmul(kind, op, operand, forward_step, backward_step, args, kwargs)`` in
-the printed rank program runs them:
+the printed rank program, runs them:
 
 - **gather**: the operand's blocks pass around the axis' ring, rank k to k+1; each rank
   multiplies the block in hand while the next one travels, and assembles the gathered
@@ -29,12 +32,14 @@ The ops are ``aten.linear`` (x, weight, bias), ``aten.addmm`` (bias, x, weight) 
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.distributed as dist
 
 from .._C import ValidationError
 from . import traffic, transport
-from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _rows, contraction_operands
+from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, SPLIT_OPS, _rows, contraction_operands
 from .mesh import _Mesh
 
 
@@ -301,3 +306,68 @@ class CollectiveMatmul(torch.nn.Module):
                                   "backward step")
         function = _GatherMatmul if kind == "gather" else _MatmulScatter
         return function.apply(target, ring, layout, beta, alpha, x, weight, bias)
+
+
+GATHER_MARK, SCATTER_MARK = "shardwise.gather_matmul", "shardwise.matmul_scatter"  # transform/collective_matmul.h
+RING_OVERLAP = "matmul"  # the overlap mark of a ring's steps
+
+
+class RingEmitter:
+    """The collective-matmul pass's emitter, one of runtime/lower.py's feature emitters (its
+    ``FEATURES``): the lowering asks it of each operand it reads (``operand``: does this
+    feature run the operand's region inside a call?) and of each call (``takes``), and lets it
+    make the calls it takes (``emit``). Everything it knows it reads off the rank IR: the
+    call's marks (``read.marks``) and each operand's region (its steps and their ``overlap``),
+    as ``_C.rank_ir_operands`` gives them."""
+
+    name = "collective_matmul"  # the lowering's module: root.collective_matmul
+
+    def module(self, mesh: _Mesh, steps: dict) -> torch.nn.Module:
+        return CollectiveMatmul(mesh, steps)
+
+    def operand(self, lowering, read, i: int, op: dict) -> bool:
+        """True where the operand's region runs inside a call: this call's ring gathers it
+        (recorded in ``read.taken``), or its producer's ring gave it scattered (read as it is)."""
+        if read.marks.get(GATHER_MARK) == i:
+            key = op["region"]
+            if key in lowering.reshards:
+                raise ValidationError(f"parallelize: the core runs the gather of '{op['value']}' inside "
+                                      f"'{read.first}', but an earlier node read it gathered")
+            read.taken[self.name] = (i, lowering.step_texts(op["forward"]), lowering.step_texts(op["backward"]), key)
+            return True
+        forward = op["forward"]
+        return op.get("overlap") == RING_OVERLAP and bool(forward) and forward[0]["kind"] == "reduce_scatter"
+
+    def takes(self, lowering, read) -> bool:
+        return self.name in read.taken or SCATTER_MARK in read.marks
+
+    def emit(self, lowering, read, args: tuple, kwargs: dict) -> torch.fx.Node:
+        """linear, addmm, mm with its operand's gather, or its output's reduce-scatter, run as a
+        ring inside the call (the gather also gives the gathered operand to its other readers)."""
+        op = SPLIT_OPS.get(read.target)
+        if op is None:
+            raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}), "
+                                  f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
+        if lowering.weight_boundaries is not None:
+            raise ValidationError(f"parallelize: '{read.first}' runs a collective matmul inside a stage whose "
+                                  "backward is split (zero-bubble): the ring computes the weight gradient with the "
+                                  "input's")
+        if read.async_operand is not None:  # one module of the runtime's or the other, never both
+            raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}) "
+                                  "and its operand's gradient all-reduce beside its weight gradient; the ring would "
+                                  "drop the all-reduce (transform/collective_matmul.h leaves such a call alone)")
+        graph = lowering.graph
+        if self.name in read.taken:
+            i, forward, backward, key = read.taken[self.name]
+            ring = graph.call_module(self.name, ("gather", op, i, forward[0], backward[0] if backward else None,
+                                                 tuple(args), kwargs))
+            product = graph.call_function(operator.getitem, (ring, 0))
+            lowering.reshards[key] = graph.call_function(operator.getitem, (ring, 1))  # its other readers'
+            return product
+        region = lowering.region_read_from(read.first, RING_OVERLAP)
+        forward, backward = lowering.step_texts(region["forward"]), lowering.step_texts(region["backward"])
+        return graph.call_module(self.name, ("scatter", op, read.marks[SCATTER_MARK], forward[0],
+                                             backward[0] if backward else None, tuple(args), kwargs))
+
+
+RING_EMITTER = RingEmitter()

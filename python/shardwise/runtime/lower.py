@@ -25,7 +25,7 @@ from .._fx_import import is_value_identity, op_overload, operand_nodes
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .async_gradients import SPLIT_OPS, AsyncGradient
-from .collective_matmul import CollectiveMatmul
+from .collective_matmul import RING_EMITTER
 from .fp8 import Fp8Linears
 from .fused_accumulation import FusedAccumulation
 from .kernels import StatisticsKernels, VocabLookup
@@ -62,6 +62,15 @@ class OneDeviceRandom(torch.nn.Module):
 
 _BY_NAME = {str(op): op for op in _MASKS | _LIKE}
 
+
+# The feature passes' emitters (csrc/transform/rank_passes.h: one pass, one emitter), in the
+# order they are asked. Each has a name (the module its calls run through: root.<name>),
+# module(mesh, steps) (that module), operand(lowering, read, i, op) (True: it runs operand i's
+# region inside a call, so _read leaves the value as it is), takes(lowering, read) (it makes
+# this call) and emit(lowering, read, args, kwargs) (the call). It reads the rank IR only:
+# the call's marks (read.marks) and its operands' regions (_C.rank_ir_operands), and it uses
+# the lowering's graph, reshards, step_texts and region_read_from.
+FEATURES = (RING_EMITTER,)  # collective matmul (transform/collective_matmul.h)
 
 # The marks and kernels of a call in the rank IR (csrc/transform/rank_graph.h) the lowering reads.
 WHOLE = "shardwise.whole"  # run on whole (gathered) operands
@@ -291,9 +300,8 @@ class _Read:
     write_backs: list = field(default_factory=list)  # (leaf, the operand the call writes, its placement)
     regathers: list = field(default_factory=list)  # (gathered parameter, its shard, steps, unit group)
     async_operand: tuple | None = None  # (operand, its gradient's all-reduce): the call's backward is split
-    gather_matmul: tuple | None = None  # (operand, steps, backward steps, region): a ring gathers it
-    matmul_scatter: dict | None = None  # the output's reduce-scatter runs inside the call
-    rings: bool = False  # a collective matmul, either way
+    taken: dict = field(default_factory=dict)  # a feature emitter's name -> what it took of the operands
+    inside: bool = False  # a feature emitter runs an operand's region inside a call
 
 
 class _Lowering:
@@ -345,7 +353,8 @@ class _Lowering:
             root.prefetch.start = PrefetchStart(prefetches)
             root.prefetch.wait = PrefetchWait(prefetches)
             root.async_gradient = AsyncGradient(mesh, root.reshard._steps)
-            root.collective_matmul = CollectiveMatmul(mesh, root.reshard._steps)
+            for feature in FEATURES:
+                setattr(root, feature.name, feature.module(mesh, root.reshard._steps))
         if self.fp8:
             root.fp8_linear = Fp8Linears(mesh, root.reshard._steps if mesh is not None else {})
         return root
@@ -402,6 +411,22 @@ class _Lowering:
         self.unit_group = {member[0]: g for g, members in prefetched.items() for member in members}
         if self.mesh is not None:
             self.root.reshard.scatters.members = {g: len(keys) for g, keys in scattered.items()}
+
+    def step_texts(self, steps: list[dict]) -> tuple[str, ...]:
+        """The texts the program names resharding `steps` by (registered with root.reshard)."""
+        return _step_texts(self.root, steps)
+
+    def region_read_from(self, value: str, overlap: str) -> dict:
+        """The one region of the IR being lowered that starts at `value` with steps marked
+        `overlap` (a feature's: runtime/collective_matmul.py's scatter ring), as its reader's
+        operand reads it."""
+        found = [op for node in self.nodes for op in node["inputs"]
+                 if op["value"] == value and op.get("overlap") == overlap]
+        regions = {op["region"] for op in found}
+        if len(regions) != 1:
+            raise ValidationError(f"parallelize: '{value}' is read through {len(regions)} regions marked "
+                                  f"overlap={overlap!r} in this program; its call runs one")
+        return found[0]
 
     def _start_prefetch(self, k: int) -> None:
         members = self.prefetch_groups[k]
@@ -473,11 +498,7 @@ class _Lowering:
         """Each operand of `node` as its call takes it (resharded, written through a copy, cut
         for B/W), and what the operands ask of the call."""
         target = _target(node, src)
-        read = _Read(first, target, src, ir_call["op"], ir_call["attrs"], matmul_scatter=node.get("matmul_scatter"))
-        read.rings = bool(read.matmul_scatter) or any(op.get("matmul") == "gather" for op in node["inputs"])
-        if read.rings and self.weight_boundaries is not None:
-            raise ValidationError(f"parallelize: '{first}' runs a collective matmul inside a stage whose backward "
-                                  "is split (zero-bubble): the ring computes the weight gradient with the input's")
+        read = _Read(first, target, src, ir_call["op"], ir_call["attrs"])
         captured_operands = operand_nodes(src)
         written = _written_operands(node, target, len(node["inputs"]))
         for i, op in enumerate(node["inputs"]):
@@ -488,14 +509,8 @@ class _Lowering:
             if op.get("async_gradient"):  # the all-reduce runs in the call's own backward
                 read.async_operand = (i, bwd[0])
                 fwd = bwd = ()
-            if op.get("matmul") == "gather":  # runtime/collective_matmul.py: the ring gathers it
-                key = op["region"]
-                if key in self.reshards:
-                    raise ValidationError(f"parallelize: the core runs the gather of '{op['value']}' inside "
-                                          f"'{first}', but an earlier node read it gathered")
-                read.gather_matmul = (i, fwd, bwd, key)
-                fwd = bwd = ()
-            if op.get("matmul") == "scatter":  # its producer's call gave it scattered
+            if self.mesh is not None and any(feature.operand(self, read, i, op) for feature in FEATURES):
+                read.inside = True  # the region runs inside a call: this one's, or the value's producer's
                 fwd = bwd = ()
             # In a recomputed block a write into the model's state (batch norm's running
             # statistics, num_batches_tracked += 1) goes through a copy: the copy back is
@@ -614,9 +629,10 @@ def _emit_one_device_random(lowering: _Lowering, node: dict, read: _Read) -> tor
 
 def _emit_fp8(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
     """runtime/fp8.py: a linear's product in float8, as the plan's precision says."""
-    if read.rings:
-        raise ValidationError(f"parallelize: '{read.first}' ({read.target}) would run a collective matmul in "
-                              "float8, which the runtime cannot: plan it without collective_matmul")
+    ringed = [f.name for f in FEATURES if lowering.mesh is not None and f.takes(lowering, read)]
+    if ringed:
+        raise ValidationError(f"parallelize: '{read.first}' ({read.target}) would run {ringed[0]} in float8, which "
+                              f"the runtime cannot: plan it without {ringed[0]}")
     if read.target not in SPLIT_OPS:
         raise ValidationError(f"parallelize: the core marks '{read.first}' ({read.target}) as an FP8 linear, which "
                               f"the runtime runs only for {', '.join(SPLIT_OPS.values())}")
@@ -624,32 +640,6 @@ def _emit_fp8(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
     return lowering.graph.call_module("fp8_linear", (
         SPLIT_OPS[read.target], tuple(read.marks[FP8_K_AXES]), tuple(read.marks[FP8_N_AXES]),
         read.async_operand[1] if read.async_operand is not None else None, tuple(args), kwargs))
-
-
-def _emit_collective_matmul(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
-    """runtime/collective_matmul.py: linear, addmm, mm with its operand's gather, or its
-    output's reduce-scatter, run as a ring inside the call."""
-    if read.target not in SPLIT_OPS:
-        raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}), "
-                              f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
-    if read.async_operand is not None:  # one module of the runtime's or the other, never both
-        raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}) "
-                              "and its operand's gradient all-reduce beside its weight gradient; the ring would "
-                              "drop the all-reduce (transform/collective_matmul.h leaves such a call alone)")
-    graph, root = lowering.graph, lowering.root
-    args, kwargs = _node_call(node, read)
-    if read.gather_matmul is not None:
-        i, fwd, bwd, key = read.gather_matmul
-        ring = graph.call_module("collective_matmul", ("gather", SPLIT_OPS[read.target], i, fwd[0],
-                                                       bwd[0] if bwd else None, tuple(args), kwargs))
-        call = graph.call_function(operator.getitem, (ring, 0))
-        lowering.reshards[key] = graph.call_function(operator.getitem, (ring, 1))  # its other readers'
-        return call
-    fwd = _step_texts(root, read.matmul_scatter["forward"])
-    bwd = _step_texts(root, read.matmul_scatter["backward"])
-    operand = read.matmul_scatter["operand"]  # the contraction's input (search/parameter_collectives.h)
-    return graph.call_module("collective_matmul", ("scatter", SPLIT_OPS[read.target], operand, fwd[0],
-                                                   bwd[0] if bwd else None, tuple(args), kwargs))
 
 
 def _emit_async_gradient(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
@@ -685,8 +675,9 @@ _EMITTERS = (
     (lambda lowering, node, read: read.kernel.startswith("shardwise::"), _emit_statistics),  # a kernel of its own
     (lambda lowering, node, read: read.marks.get(ONE_DEVICE_RANDOM, False), _emit_one_device_random),
     (lambda lowering, node, read: FP8_K_AXES in read.marks, _emit_fp8),
-    (lambda lowering, node, read: read.gather_matmul is not None or bool(read.matmul_scatter),
-     _emit_collective_matmul),
+    *((lambda lowering, node, read, feature=feature: lowering.mesh is not None and feature.takes(lowering, read),
+       lambda lowering, node, read, feature=feature: feature.emit(lowering, read, *_node_call(node, read)))
+      for feature in FEATURES),
     (lambda lowering, node, read: read.async_operand is not None, _emit_async_gradient),
     (lambda lowering, node, read: read.first in lowering.fused_accumulations, _emit_fused_accumulation),
     (lambda lowering, node, read: True, _emit_call),
