@@ -29,8 +29,6 @@
 #include "transform/spmd_rewrite.h"
 #include "transform/stage_rank_graph.h"
 #include "transform/stage_split.h"
-#include "transform/fused_weight_accumulation.h"
-#include "transform/weight_gradient_split.h"
 
 namespace py = pybind11;
 
@@ -399,45 +397,18 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, cons
 }
 
 // A pipelined program: each stage's part of it (transform/stage_rank_graph.h) after the stage
-// passes (rank_passes.h), printed; and their marks by the program's node names (a call's
-// output in the rank graph may be another: a counted loss' <loss>.sum): where each stage's
-// backward splits into B and W, {node: its weight operands}, and the weight values it sends
-// (transform/weight_gradient_split.h), and the calls that accumulate their weight gradient in
-// place, {node: its weight operand} (transform/fused_weight_accumulation.h).
+// passes (rank_passes.h), printed. The passes' marks are on its nodes (where backward splits
+// into B and W, and the weight values sent: transform/weight_gradient_split.h; the calls that
+// accumulate their weight gradient in place: transform/fused_weight_accumulation.h), which the
+// lowering reads as it walks each stage's IR.
 void add_stages(py::dict& out, const transform::RankGraph& rank_ir, const ir::Graph& graph,
                 const std::vector<int>& stage_of_node, int stages, const transform::StagePassOptions& options) {
-  std::map<std::string, std::string> program_name;  // a call's first output -> its node's
-  for (std::size_t i = 0; i < rank_ir.program.nodes.size(); ++i) {
-    const ir::Node& call = rank_ir.graph.node(rank_ir.nodes.at(i));
-    if (!call.outputs.empty() && !rank_ir.program.nodes[i].outputs.empty())
-      program_name[rank_ir.graph.value(call.outputs[0]).name] = rank_ir.program.nodes[i].outputs[0].value;
-  }
-  auto name_of = [&](const ir::Graph& stage, const ir::Node& node) {
-    const std::string& name = stage.value(node.outputs[0]).name;
-    auto it = program_name.find(name);
-    if (it == program_name.end())
-      throw support::ValidationError("rank_program: stage pass marked '" + name + "', no node of the program");
-    return py::str(it->second);
-  };
-  py::list stage_irs, boundaries, weight_outputs, accumulations;
+  py::list stage_irs;
   for (ir::Graph& stage : transform::cut_rank_graph(rank_ir, graph, stage_of_node, stages)) {
     transform::run_stage_passes(stage, options);
     stage_irs.append(ir::print_graph(stage));
-    py::dict cuts, fused;
-    for (const ir::Node& node : stage.nodes()) {
-      if (const std::vector<std::int64_t> at = transform::weight_cut_operands(node); !at.empty())
-        cuts[name_of(stage, node)] = at;
-      if (const std::int64_t at = transform::fused_accumulation_operand(node); at >= 0) fused[name_of(stage, node)] = at;
-    }
-    boundaries.append(cuts);
-    weight_outputs.append(options.split_backward ? transform::weight_gradient_split(stage).weight_outputs
-                                                 : std::vector<std::string>{});
-    accumulations.append(fused);
   }
   out["stage_rank_irs"] = stage_irs;
-  out["weight_boundaries"] = boundaries;
-  out["weight_outputs"] = weight_outputs;
-  out["fused_accumulations"] = accumulations;
 }
 
 // One rank's program as the job runs it, as the runtime's lowering reads it (the binding's
@@ -480,8 +451,7 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   py::dict out;
   out["mesh"] = program.mesh;
   out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
-  for (const char* key : {"stage_rank_irs", "weight_boundaries", "weight_outputs", "fused_accumulations"})
-    out[key] = py::list();
+  out["stage_rank_irs"] = py::list();
   if (stages > 0) add_stages(out, rank_ir, graph, stage_of_node, stages, {split_backward, fused_accumulation});
   out["rank"] = program.rank;
   out["whole"] = rank_ir.whole;  // the nodes run whole (their calls marked shardwise.whole)
@@ -574,9 +544,7 @@ void bind_transform(py::module_& m) {
         "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count); "
         "stages > 0: also the program cut into that many pipeline stages by stage_of_node (one per captured node: "
         "transform/stage_rank_graph.h), printed, as stage_rank_irs, after the stage passes (transform/rank_passes.h: "
-        "split_backward, a schedule's B/W split; fused_accumulation, the plan's), and each stage's marks: "
-        "weight_boundaries {node: weight operands} and weight_outputs (sent weight values), fused_accumulations "
-        "{node: weight operand}.");
+        "split_backward, a schedule's B/W split; fused_accumulation, the plan's), their marks on its nodes.");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,

@@ -81,8 +81,7 @@ def _compared(checked: list, where: str, module, rank_ir: str) -> None:
     checked.append({"where": where, **result})
 
 
-def _spmd_programs(spec, checked: list) -> None:
-    c = Captured(spec)
+def _spmd_programs(c: Captured, checked: list) -> None:
     for mesh, options in SPMD_PLANS:
         plan = shardwise.Plan.search(c.graph, tight_cluster(c.graph, WORLD, zoo.BATCH, mesh), global_batch=zoo.BATCH,
                                      mesh=mesh, **options)
@@ -93,8 +92,7 @@ def _spmd_programs(spec, checked: list) -> None:
             _compared(checked, f"mesh {mesh} rank {rank}", module, program["rank_ir"])
 
 
-def _pipeline_programs(spec, options: dict, checked: list) -> None:
-    whole = Captured(spec)
+def _pipeline_programs(spec, whole: Captured, micro: dict, options: dict, checked: list) -> None:
     cluster = shardwise.Cluster.preset("cpu", WORLD)
     coupled = bool(_C.batch_coupling(whole.graph._core)["sites"])
     data = options["data"]
@@ -106,7 +104,8 @@ def _pipeline_programs(spec, options: dict, checked: list) -> None:
         return
     plan = shardwise.Plan.manual(whole.graph, cluster, pipeline=2, global_batch=zoo.BATCH, micro_batch=micro_batch,
                                  **options)
-    c = Captured(spec, rows=micro_batch * data)
+    rows = micro_batch * data
+    c = micro[rows] = micro.get(rows) or Captured(spec, rows=rows)  # (each capture once a model)
     if not plan.is_complete():
         plan = plan.complete(c.graph, cluster)
     size = plan.data * plan.tensor
@@ -137,9 +136,10 @@ def _quiet():
 def test_every_rank_program_lowers_to_its_rank_ir_node_for_node(name):
     spec = next(s for s in zoo.ZOO if s.name == name)
     checked: list[dict] = []
-    _spmd_programs(spec, checked)
+    whole, micro = Captured(spec), {}
+    _spmd_programs(whole, checked)
     for options in PIPELINE_PLANS:
-        _pipeline_programs(spec, options, checked)
+        _pipeline_programs(spec, whole, micro, options, checked)
     mismatches = [f"{c['where']}: {m}" for c in checked for m in c["mismatches"]]
     assert not mismatches, "\n".join(mismatches[:20])
     assert len(checked) >= 2 * WORLD  # every SPMD rank at least (and each pipeline rank's stage)

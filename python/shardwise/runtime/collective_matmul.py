@@ -348,7 +348,7 @@ class RingEmitter:
         if op is None:
             raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}), "
                                   f"which the runtime cannot ({', '.join(SPLIT_OPS.values())})")
-        if lowering.weight_boundaries is not None:
+        if lowering.split_backward:
             raise ValidationError(f"parallelize: '{read.first}' runs a collective matmul inside a stage whose "
                                   "backward is split (zero-bubble): the ring computes the weight gradient with the "
                                   "input's")

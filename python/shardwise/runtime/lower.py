@@ -78,6 +78,10 @@ RECOMPUTE, RECOMPUTE_KEEPS = "shardwise.recompute", "shardwise.recompute_keeps" 
 ONE_DEVICE_RANDOM = "shardwise.one_device_random"  # drawn whole, as one device draws it, and cut
 FP8_K_AXES, FP8_N_AXES = "shardwise.fp8_k_axes", "shardwise.fp8_n_axes"  # an FP8 linear's amax axes
 LOOKUP = "shardwise::embedding_lookup"  # a vocabulary-parallel lookup: its block [start, stop) of the table
+# The stage passes' marks (transform/rank_passes.h, stage_passes).
+WEIGHT_CUT = "shardwise.weight_cut"  # operands B/W cuts (weight_gradient_split.h)
+WEIGHT_OUTPUT = "shardwise.weight_output"  # a send of a weight value: its gradient is W's
+FUSED_ACCUMULATION = "shardwise.fused_accumulation"  # its weight gradient into .grad (fused_weight_accumulation.h)
 
 # The calls whose weight gradient a pipeline stage accumulates in place (runtime/fused_accumulation.py).
 _FUSABLE = {**SPLIT_OPS, torch.ops.aten.embedding.default: "aten::embedding"}
@@ -214,8 +218,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
                   outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
                   class_name: str | None = None,
                   compute_dtypes: dict[str, torch.dtype] | None = None,
-                  weight_boundaries: dict[str, list[int]] | None = None,
-                  fused_accumulations: dict[str, int] | None = None,
+                  split_backward: bool = False,
                   rank_ir: str | None = None) -> torch.fx.GraphModule:
     """The GraphModule of the rank IR `rank_ir` (default: the program's, ``program["rank_ir"]``;
     a pipeline stage's: the core's cut of it), walked node by node (``_Lowering.ir_node``): each
@@ -237,15 +240,16 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     `compute_dtypes`: a leaf the program computes in another dtype than the tensor held (the
     master weights of a mixed-precision policy, runtime/precision.py) is cast at its use.
 
-    `weight_boundaries` (a pipeline stage under a zero-bubble schedule: the core's
-    transform/weight_gradient_split.h, {reading node: its weight input positions}): those
-    operands are read through ``self.weight_split.cut`` and the node's outputs recorded by
-    ``self.weight_split.site``, so that the engine runs the stage's backward as B and W
-    (runtime/weight_split.py).
+    `split_backward` (a pipeline stage under a zero-bubble schedule): the operands the core's
+    weight-gradient-split pass marks (transform/weight_gradient_split.h: a call's
+    ``{shardwise.weight_cut=[i, ...]}``) are read through ``self.weight_split.cut`` and the
+    call's outputs recorded by ``self.weight_split.site``, so that the engine runs the stage's
+    backward as B and W (runtime/weight_split.py); the values its sends marked
+    ``{shardwise.weight_output=true}`` are listed in ``module.weight_outputs``.
 
-    `fused_accumulations` (a pipeline stage: the core's transform/fused_weight_accumulation.h,
-    {contraction: its weight operand's position}): those calls run as
-    ``self.fused_accumulation``, their weight gradient added into the parameter's ``.grad`` by
+    A call the fused-accumulation pass marks (transform/fused_weight_accumulation.h:
+    ``{shardwise.fused_accumulation=i}``, i its weight operand) runs as
+    ``self.fused_accumulation``, its weight gradient added into the parameter's ``.grad`` by
     the product (runtime/fused_accumulation.py)."""
     ir_graph = _C.Graph.from_text(program["rank_ir"] if rank_ir is None else rank_ir)
     ir_nodes = ir_graph.nodes()
@@ -269,7 +273,8 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     if own or [out["value"] for out in outputs] == [region["value"] for region in operands["outputs"]]:
         outputs = _with_regions(outputs, operands["outputs"], "the program's outputs")
     lowering = _Lowering(program, sources, mesh, [node for _, node in walked if node is not None],
-                         compute_dtypes or {}, weight_boundaries, fused_accumulations or {},
+                         compute_dtypes or {}, split_backward,
+                         any(FUSED_ACCUMULATION in n["attrs"] for n, _ in walked),
                          any(FP8_K_AXES in n["attrs"] for n, _ in walked))
     counted = [(calls[n["inputs"][0]], n["inputs"][1]) for n, _ in walked if n["op"] == _COUNTED_MEAN]
     lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters, outputs, counted)
@@ -310,10 +315,10 @@ class _Lowering:
     ``_EMITTERS`` that takes it, then what follows the call (``node``)."""
 
     def __init__(self, program: dict, sources: dict, mesh: _Mesh | None, nodes: list[dict],
-                 compute_dtypes: dict, weight_boundaries: dict | None, fused_accumulations: dict, fp8: bool):
+                 compute_dtypes: dict, split_backward: bool, fused: bool, fp8: bool):
         self.program, self.sources, self.mesh, self.nodes, self.fp8 = program, sources, mesh, nodes, fp8
-        self.compute_dtypes, self.weight_boundaries = compute_dtypes, weight_boundaries
-        self.fused_accumulations = fused_accumulations
+        self.compute_dtypes, self.split_backward, self.fused = compute_dtypes, split_backward, fused
+        self.weight_outputs: list[str] = []  # the values a stage sends whose gradient is W's
         self.graph = torch.fx.Graph()
         self.root = self._root()
         self.env: dict[str, torch.fx.Node] = {}
@@ -341,9 +346,9 @@ class _Lowering:
         if mesh is not None:
             root.statistics = StatisticsKernels(mesh)
         root.one_device_random = OneDeviceRandom()
-        if self.fused_accumulations:
+        if self.fused:
             root.fused_accumulation = FusedAccumulation()
-        if self.weight_boundaries is not None:
+        if self.split_backward:
             root.weight_split = WeightSplit()
         if mesh is not None:
             root.reshard.scatters = DeferredScatters(root.reshard)
@@ -444,6 +449,12 @@ class _Lowering:
         elif op in _STEP_OPS or op in _NOT_CALLED:
             if op == "shardwise::recv" and outputs[0] not in self.env:
                 raise ValidationError(f"parallelize: the stage receives '{outputs[0]}', which its module does not take")
+            if op == "shardwise::send" and ir_node["attrs"].get(WEIGHT_OUTPUT):
+                self.weight_outputs.append(ir_node["inputs"][0])
+        elif {WEIGHT_CUT, FUSED_ACCUMULATION} & set(ir_node["attrs"]):  # never a gradient B, W or .grad misses
+            raise ValidationError(f"parallelize: the core marks the rank IR's {op} node '{outputs[0]}' "
+                                  f"{sorted({WEIGHT_CUT, FUSED_ACCUMULATION} & set(ir_node['attrs']))}, a call "
+                                  "the program does not make")
         elif op in _IR_EMITTERS or op.startswith("aten::"):
             last = next(iter(reversed(self.graph.nodes)), None)
             self.env[outputs[0]] = _IR_EMITTERS.get(op, _emit_ir_call)(self, ir_node)
@@ -479,7 +490,7 @@ class _Lowering:
             if runs.op in ("call_function", "call_module"):
                 wrapped = _released_after(graph, runs, read.regathers)
                 call = wrapped if runs is call else call
-        if self.weight_boundaries is not None and self.weight_boundaries.get(first):
+        if self.split_backward and marks.get(WEIGHT_CUT):
             call = graph.call_module("weight_split.site", (call, self.sites))
             self.sites += 1
         for name, value, required in read.write_backs:
@@ -526,7 +537,7 @@ class _Lowering:
             elif fwd or bwd:
                 value = self._resharded(op, value, fwd, bwd, read)
             value = _identities_again(self.graph, captured, value)
-            if self.weight_boundaries is not None and i in self.weight_boundaries.get(first, ()):
+            if self.split_backward and i in read.marks.get(WEIGHT_CUT, ()):
                 value = self.graph.call_module("weight_split.cut", (value, self.sites))
             read.operands.append(value)
         return read
@@ -564,17 +575,12 @@ class _Lowering:
             bwd = _step_texts(root, out.get("backward", ()))
             results.append(graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value)
         graph.output(tuple(results))
-        if self.weight_boundaries:  # never a weight gradient neither B nor W computes
-            lowered = {node["outputs"][0]["value"] for node in self.nodes}
-            missing = sorted(set(self.weight_boundaries) - lowered)
-            if missing:
-                raise ValidationError(f"parallelize: the core cuts the weight gradient of {', '.join(missing[:4])} "
-                                      "for a split backward, which this stage's program does not run")
         module = torch.fx.GraphModule(root, graph, class_name=class_name or f"Rank{self.rank}Program")
         if self.block_of:
             module = checkpoint_blocks(module, self.block_of, frozenset(self.selective))
         module.counted = [n["outputs"][0]["value"] for n in self.counted]
-        module.weight_split = root.weight_split if self.weight_boundaries is not None else None
+        module.weight_split = root.weight_split if self.split_backward else None
+        module.weight_outputs = list(self.weight_outputs)
         # The gradient reduce-scatters this program issues in backward: the engine starts them
         # with the step and finishes them after its backward (parameter_gathers.DeferredScatters).
         module.scatters = root.reshard.scatters if mesh is not None else None
@@ -657,7 +663,7 @@ def _emit_fused_accumulation(lowering: _Lowering, node: dict, read: _Read) -> to
     """runtime/fused_accumulation.py: the weight gradient added into the parameter's .grad."""
     if read.target not in _FUSABLE:  # which operand is the weight: the core's (weight_gradient_split.h)
         raise ValidationError(f"parallelize: the core accumulates the weight gradient of '{read.first}' "
-                              f"({read.target}) at its operand {lowering.fused_accumulations[read.first]} in place, "
+                              f"({read.target}) at its operand {read.marks[FUSED_ACCUMULATION]} in place, "
                               f"which the runtime can do only for the weight of {', '.join(_FUSABLE.values())}")
     args, kwargs = _node_call(node, read)
     return lowering.graph.call_module("fused_accumulation", (_FUSABLE[read.target], tuple(args), kwargs))
@@ -679,7 +685,7 @@ _EMITTERS = (
        lambda lowering, node, read, feature=feature: feature.emit(lowering, read, *_node_call(node, read)))
       for feature in FEATURES),
     (lambda lowering, node, read: read.async_operand is not None, _emit_async_gradient),
-    (lambda lowering, node, read: read.first in lowering.fused_accumulations, _emit_fused_accumulation),
+    (lambda lowering, node, read: FUSED_ACCUMULATION in read.marks, _emit_fused_accumulation),
     (lambda lowering, node, read: True, _emit_call),
 )
 

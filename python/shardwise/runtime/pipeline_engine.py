@@ -150,15 +150,14 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
                                rank_ir=program["stage_rank_irs"][g], outputs=outputs, parameters=parameters,
                                class_name=f"Stage{g}",
                                compute_dtypes=compute_dtypes,
-                               weight_boundaries=program["weight_boundaries"][g] if split_backward else None,
-                               fused_accumulations=program["fused_accumulations"][g])
+                               split_backward=split_backward)
         if split_backward:
             check_splittable(module, g)
         counted.extend(module.counted)
         mine[g] = {"module": module, "rank_ir": program["stage_rank_irs"][g],
                    "inputs": batch_inputs + received[g], "received": received[g],
                    "differentiable": [x for x in received[g] if x in differentiable],  # (their gradients go back)
-                   "sent": cut["sent"][g], "last": last, "weight_outputs": set(program["weight_outputs"][g])}
+                   "sent": cut["sent"][g], "last": last, "weight_outputs": set(module.weight_outputs)}
     reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters
               if name in leaves and leaves[name]["reduce_axes"] and isinstance(parameters[name], torch.nn.Parameter)]
     loss_value = program["outputs"][0]["value"]

@@ -90,6 +90,29 @@ TEST(WeightCutPass, MarksEachBoundaryNodeWithItsWeightOperands) {
   EXPECT_EQ(ir::print_graph(g), once);
 }
 
+TEST(WeightCutPass, MarksTheSendOfAWeightOutput) {
+  // The stage above that sends the transposed weight: its send is marked, the activation's
+  // is not (stage 1 receives both; its gradient of wt goes to the weight in W).
+  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b2,8]) {
+  %w: f32[8,8] parameter
+  %wt: f32[8,8] = aten::t(%w) @fc
+  %a: f32[b2,8] = aten::relu(%x) @act
+  %y: f32[b2,8] = aten::mm(%a, %wt) @head
+  return (%y)
+})");
+  ir::Graph first = split_stages(g, {0, 0, 1}, 2)[0];
+  mark_weight_cuts(first);
+  std::vector<std::string> marked, unmarked;
+  for (const ir::Node& node : first.nodes())
+    if (node.op == "shardwise::send")
+      (sends_weight_output(node) ? marked : unmarked).push_back(first.value(node.inputs[0]).name);
+  EXPECT_EQ(marked, (std::vector<std::string>{"wt"}));
+  EXPECT_EQ(unmarked, (std::vector<std::string>{"a"}));
+  const std::string once = ir::print_graph(first);
+  mark_weight_cuts(first);
+  EXPECT_EQ(ir::print_graph(first), once);
+}
+
 TEST(WeightCutPass, RunsAsAStagePassOnlyUnderASplitBackward) {
   ASSERT_EQ(stage_passes().size(), 2u);
   EXPECT_EQ(stage_passes()[0].name, "weight-gradient-split");
