@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Hardening checks of the C++ core (issue 7), run by scripts/test.sh after the core ctest:
+# Hardening checks of the C++ core (issue 7), run by scripts/test.sh (its one run of the core's
+# GoogleTest suite):
 #   1. build/asan: the core and its GoogleTest suite built with Clang, AddressSanitizer and
-#      UndefinedBehaviorSanitizer (UBSan fatal: -fno-sanitize-recover), then ctest there;
+#      UndefinedBehaviorSanitizer (UBSan fatal: -fno-sanitize-recover), then ctest there (no
+#      -Werror here: libstdc++ 12's stable_sort calls get_temporary_buffer, which Clang reports
+#      deprecated in C++20; the extension's g++ build compiles every core file with -Werror);
 #   2. the libFuzzer targets of tests/fuzz (plan, cluster, profile and graph JSON readers, the
 #      IR text parser), built in the same tree (the core compiled once, with libFuzzer's
 #      coverage instrumentation as well: SHARDWISE_FUZZ), each run for SHARDWISE_FUZZ_SECONDS

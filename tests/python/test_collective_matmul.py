@@ -226,6 +226,18 @@ def _mesh_worker(rank: int, world: int, store: str, result: str, name: str, plan
         dist.destroy_process_group()
 
 
+def _trained_on_the_mesh(name: str, plan: shardwise.Plan) -> list[dict]:
+    """Each rank's report of `plan` trained on 4 ranks, asserted equal to one device (losses,
+    parameters) and its program to its rank IR node for node."""
+    reports = spawn_reports(_mesh_worker, WORLD, name, plan.to_json())
+    for r in reports:
+        for a, b in zip(r["losses"], r["ref_losses"]):
+            assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+        assert r["error"] < TOLERANCE, r["error"]
+        assert r["lowered"]["mismatches"] == [], r["lowered"]
+    return reports
+
+
 def test_a_ring_reading_a_weight_gathered_again_in_backward_trains_as_one_device():
     # On a 2 x 2 mesh the search also shards GPT-2's weights over the data axis, gathered
     # again in backward (regather): a column-parallel addmm then reads such a weight while its
@@ -234,12 +246,7 @@ def test_a_ring_reading_a_weight_gathered_again_in_backward_trains_as_one_device
     graph = shardwise.capture(_model("gpt2"), _batch(0))
     plan = shardwise.Plan.search(graph, tight_cluster(graph, WORLD, ROWS, (2, 2)), global_batch=ROWS, mesh=(2, 2),
                                  precision=TIGHT_PRECISION, zero=False, collective_matmul=True)
-    reports = spawn_reports(_mesh_worker, WORLD, "gpt2", plan.to_json())
-    for r in reports:
-        for a, b in zip(r["losses"], r["ref_losses"]):
-            assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
-        assert r["error"] < TOLERANCE, r["error"]
-        assert r["lowered"]["mismatches"] == [], r["lowered"]
+    reports = _trained_on_the_mesh("gpt2", plan)
     code = reports[0]["code"]
     rings_regathered = [line for line in code.splitlines()
                         if "= self.regather(collective_matmul" in line and "('gather', 'aten::addmm'," in line]
@@ -256,12 +263,7 @@ def test_a_product_whose_input_gradient_is_reduced_beside_its_weights_keeps_that
     graph = shardwise.capture(_model("gpt-neox"), _batch(0))
     plan = shardwise.Plan.search(graph, tight_cluster(graph, WORLD, ROWS, (2, 2)), global_batch=ROWS, mesh=(2, 2),
                                  zero=True, recompute="selective", collective_matmul=True)
-    reports = spawn_reports(_mesh_worker, WORLD, "gpt-neox", plan.to_json())
-    for r in reports:
-        for a, b in zip(r["losses"], r["ref_losses"]):
-            assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
-        assert r["error"] < TOLERANCE, r["error"]
-        assert r["lowered"]["mismatches"] == [], r["lowered"]
+    reports = _trained_on_the_mesh("gpt-neox", plan)
     ir = reports[0]["rank_ir"]
     marked = [re.match(r"\s*%(\S+):", line).group(1) for line in ir.splitlines() if "shardwise.async_gradient=" in line]
     scattered = [v for v in marked if re.search(rf"shardwise::reduce_scatter\(%{re.escape(v)}\)", ir)]

@@ -48,15 +48,17 @@ TEST(WeightGradientSplit, BoundariesAreTheWeightReadsOfActivationNodes) {
   EXPECT_TRUE(split.weight_outputs.empty());  // a buffer is no weight: mul(%z, %scale) has none
 }
 
-TEST(WeightGradientSplit, AReceivedValueIsAnActivationAndASentWeightValueAWeightOutput) {
-  // Stage 0 sends the transposed weight to stage 1 (a tied head reading it there).
-  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b2,8]) {
+// Cut after relu, stage 0 sends the transposed weight to stage 1 (a tied head reading it there).
+constexpr const char* kSentTransposedWeight = R"(graph(%x: f32[b2,8]) {
   %w: f32[8,8] parameter
   %wt: f32[8,8] = aten::t(%w) @fc
   %a: f32[b2,8] = aten::relu(%x) @act
   %y: f32[b2,8] = aten::mm(%a, %wt) @head
   return (%y)
-})");
+})";
+
+TEST(WeightGradientSplit, AReceivedValueIsAnActivationAndASentWeightValueAWeightOutput) {
+  const ir::Graph g = ir::parse_graph(kSentTransposedWeight);
   const std::vector<ir::Graph> stages = split_stages(g, {0, 0, 1}, 2);
   const WeightGradientSplit first = weight_gradient_split(stages[0]);
   EXPECT_TRUE(first.boundaries.empty());
@@ -91,15 +93,9 @@ TEST(WeightCutPass, MarksEachBoundaryNodeWithItsWeightOperands) {
 }
 
 TEST(WeightCutPass, MarksTheSendOfAWeightOutput) {
-  // The stage above that sends the transposed weight: its send is marked, the activation's
-  // is not (stage 1 receives both; its gradient of wt goes to the weight in W).
-  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b2,8]) {
-  %w: f32[8,8] parameter
-  %wt: f32[8,8] = aten::t(%w) @fc
-  %a: f32[b2,8] = aten::relu(%x) @act
-  %y: f32[b2,8] = aten::mm(%a, %wt) @head
-  return (%y)
-})");
+  // Stage 0 of kSentTransposedWeight: the send of wt is marked, the activation's is not
+  // (stage 1 receives both; its gradient of wt goes to the weight in W).
+  const ir::Graph g = ir::parse_graph(kSentTransposedWeight);
   ir::Graph first = split_stages(g, {0, 0, 1}, 2)[0];
   mark_weight_cuts(first);
   std::vector<std::string> marked, unmarked;
