@@ -306,7 +306,6 @@ class _Read:
     regathers: list = field(default_factory=list)  # (gathered parameter, its shard, steps, unit group)
     async_operand: tuple | None = None  # (operand, its gradient's all-reduce): the call's backward is split
     taken: dict = field(default_factory=dict)  # a feature emitter's name -> what it took of the operands
-    inside: bool = False  # a feature emitter runs an operand's region inside a call
 
 
 class _Lowering:
@@ -521,8 +520,7 @@ class _Lowering:
                 read.async_operand = (i, bwd[0])
                 fwd = bwd = ()
             if self.mesh is not None and any(feature.operand(self, read, i, op) for feature in FEATURES):
-                read.inside = True  # the region runs inside a call: this one's, or the value's producer's
-                fwd = bwd = ()
+                fwd = bwd = ()  # the region runs inside a call: this one's, or the value's producer's
             # In a recomputed block a write into the model's state (batch norm's running
             # statistics, num_batches_tracked += 1) goes through a copy: the copy back is
             # skipped when backward runs the block again, or the state would update twice.
