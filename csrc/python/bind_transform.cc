@@ -77,6 +77,15 @@ py::dict operand(const transform::OperandRewrite& op) {
   return d;
 }
 
+// The overlap mark of a region's steps (rank_graph.h: "exposed", "forward", "backward",
+// "matmul"): its first forward step's, else its first backward step's; "" without steps.
+std::string region_overlap(const ir::Graph& rank_graph, const transform::StepRegion& region) {
+  const std::vector<ir::NodeId>& steps = region.forward.empty() ? region.backward : region.forward;
+  if (steps.empty()) return "";
+  const std::string* mark = transform::step_overlap(rank_graph.node(steps.front()));
+  return mark != nullptr ? *mark : "";
+}
+
 // How a rank graph reads `read`, the value `reader`'s input `i` is (`reader` null: a graph
 // output). Its resharding region is the chain of step nodes that ends at `read`
 // (rank_graph.h: region_ending_at), whose end value is the region's id (readers of one region
@@ -87,15 +96,6 @@ py::dict operand(const transform::OperandRewrite& op) {
 // (search/parameter_collectives.h), an all-reduce beside a weight gradient (async_gradients.h);
 // and how its steps overlap (their `overlap` mark: "matmul", a ring inside a contraction, which
 // the runtime's emitter of that feature reads with the call's marks: collective_matmul.h).
-// The overlap mark of a region's steps (rank_graph.h: "exposed", "forward", "backward",
-// "matmul"): its first forward step's, else its first backward step's; "" without steps.
-std::string region_overlap(const ir::Graph& rank_graph, const transform::StepRegion& region) {
-  const std::vector<ir::NodeId>& steps = region.forward.empty() ? region.backward : region.forward;
-  if (steps.empty()) return "";
-  const std::string* mark = transform::step_overlap(rank_graph.node(steps.front()));
-  return mark != nullptr ? *mark : "";
-}
-
 py::dict region_operand(const ir::Graph& rank_graph, ir::ValueId read, const ir::Node* reader = nullptr,
                         std::size_t i = 0) {
   const transform::StepRegion region = transform::region_ending_at(rank_graph, read);
@@ -370,7 +370,7 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, cons
   py::list input_shapes;
   for (ir::ValueId in : captured.inputs) input_shapes.append(graph.value(in).type.shape);
   d["input_shapes"] = input_shapes;
-    if (n.counted) {
+  if (n.counted) {
     py::dict c;
     c["shares"] = n.counted->shares;
     c["target"] = n.counted->target;

@@ -21,8 +21,9 @@
 //    region's collectives {overlap="matmul"}.
 // Local: a node with shardwise.whole, or a kernel of the core's (shardwise::*), runs another
 // call; so does a contraction async_gradients.h marked (its operand's gradient all-reduced in
-// its own backward), which keeps its collectives. The pass only sets attributes: node and value ids are kept. Run again, it changes
-// nothing (a collective already marked is not exposed).
+// its own backward), which keeps its collectives. The pass only sets attributes: node and
+// value ids are kept. Run again, it changes nothing (a collective already marked is not
+// exposed).
 //
 // The runtime's emitter (python/shardwise/runtime/collective_matmul.py, RingEmitter) reads
 // the marks off the rank IR it lowers: the call's two attributes, and the steps' overlap of

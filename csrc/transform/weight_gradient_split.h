@@ -27,9 +27,10 @@
 // it marks each boundary node {shardwise.weight_cut=[i, ...]} and each send of a weight output
 // {shardwise.weight_output=true}, which the runtime's lowering reads off the stage's IR
 // (python/shardwise/runtime/weight_split.py; the module's weight_outputs). A weight value the
-// stage returns is the last stage's, whose backward starts at the loss: it takes no mark. On a rank graph a gathered or zeroed
-// parameter (a resharding step of a weight) is a weight value too, so the cut falls at the
-// reader's operand, where the lowering reads it resharded (tests/golden/weight_cut_pass.ir).
+// stage returns is the last stage's, whose backward starts at the loss: it takes no mark. On
+// a rank graph a gathered or zeroed parameter (a resharding step of a weight) is a weight
+// value too, so the cut falls at the reader's operand, where the lowering reads it resharded
+// (tests/golden/weight_cut_pass.ir).
 #pragma once
 
 #include <cstdint>
