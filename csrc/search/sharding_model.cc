@@ -106,6 +106,26 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   if (world != cluster_.world_size())
     throw ValidationError(fmt::format("spmd search: mesh of {} ranks on a cluster of {}", world, cluster_.world_size()));
 
+  price_devices_and_batch();
+  const analysis::SavedTensors saved = analysis::saved_tensors(graph_);
+  derive_rules_and_gradient_flow(saved);
+  fold_repeated_blocks(saved);
+  collect_strided_sizes();
+  group_edges();
+
+  const auto num_values = graph_.values().size();
+  node_choice_.assign(static_cast<std::size_t>(axes), {});
+  leaf_choice_.assign(static_cast<std::size_t>(axes), std::vector<LeafChoice>(num_values));
+  for (int a = 0; a < axes; ++a) {
+    auto& choices = node_choice_[static_cast<std::size_t>(a)];
+    for (const ir::Node& node : graph_.nodes()) choices.push_back(replicate_strategy(node.id));
+  }
+}
+
+// The pace and the scale: the slowest device, the batch the capture traced against the plan's,
+// each axis' balance of speeds, the memory constants and the FP8 linears of the precision.
+void ShardingModel::price_devices_and_batch() {
+  const int axes = static_cast<int>(options_.mesh.size());
   cluster_.require_precision(options_.precision, "spmd search");
   device_ = &cluster_.device_of(0);
   for (const cost::DeviceType& type : cluster_.device_types())
@@ -140,7 +160,11 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   float_bytes_ = states == cost::Precision::F32 || states == cost::Precision::TF32 ? 4 : 2;
   if (options_.precision == cost::Precision::FP8)
     for (const ir::Node& node : graph_.nodes()) fp8_linears_.push_back(analysis::fp8_linear(graph_, node));
+}
 
+// Per node its rule at the global batch; per value what autograd saves of it, how often it is
+// read and whether a gradient flows into it.
+void ShardingModel::derive_rules_and_gradient_flow(const analysis::SavedTensors& saved) {
   const auto num_nodes = graph_.nodes().size();
   const auto num_values = graph_.values().size();
   const ops::OpTable& table = ops::OpTable::builtin();
@@ -148,7 +172,6 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
   // Rules at the global batch; a node whose rule cannot be built runs replicated.
   rules_.resize(num_nodes);
   saved_.assign(num_values, 0.0);
-  const analysis::SavedTensors saved = analysis::saved_tensors(graph_);
   for (const ir::Value& value : graph_.values()) {
     const std::int64_t bytes = value.type.bytes();
     const auto v = static_cast<std::size_t>(value.id);
@@ -178,6 +201,13 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
     for (ir::ValueId out : node.outputs)
       requires_grad_[static_cast<std::size_t>(out)] = any && ir::is_floating(graph_.value(out).type.dtype);
   }
+}
+
+// The repeated blocks: which node of instance 0 stands for each node of the others, which
+// nodes a recomputed block runs again, the parameter units and the checkpointed inputs.
+void ShardingModel::fold_repeated_blocks(const analysis::SavedTensors& saved) {
+  const auto num_nodes = graph_.nodes().size();
+  const auto num_values = graph_.values().size();
 
   // Repeated blocks: the largest group; instance k's j-th node folds into instance 0's.
   rep_node_.resize(num_nodes);
@@ -272,7 +302,9 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
       if (largest >= 0) block_inputs_.push_back(largest);
     }
   }
+}
 
+void ShardingModel::collect_strided_sizes() {
   // Strided variants: a tensor of size P x c that an equal P-way split or concatenation
   // (a Whole major factor) cuts apart.
   std::set<std::pair<std::int64_t, std::int64_t>> strided;
@@ -290,7 +322,9 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
     for (const auto& operand : rule->outputs) visit(operand);
   }
   strided_.strided.assign(strided.begin(), strided.end());
+}
 
+void ShardingModel::group_edges() {
   // Producer -> reader edges, grouped by their representatives.
   for (const ir::Node& node : graph_.nodes()) {
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
@@ -309,13 +343,6 @@ ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluste
       if (group.value < 0) group.value = value.id;
       group.count += 1;
     }
-  }
-
-  node_choice_.assign(static_cast<std::size_t>(axes), {});
-  leaf_choice_.assign(static_cast<std::size_t>(axes), std::vector<LeafChoice>(num_values));
-  for (int a = 0; a < axes; ++a) {
-    auto& choices = node_choice_[static_cast<std::size_t>(a)];
-    for (const ir::Node& node : graph_.nodes()) choices.push_back(replicate_strategy(node.id));
   }
 }
 

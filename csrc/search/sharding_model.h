@@ -29,6 +29,10 @@
 #include "search/spmd_problem.h"
 #include "search/strategy.h"
 
+namespace shardwise::analysis {
+struct SavedTensors;
+}  // namespace shardwise::analysis
+
 namespace shardwise::search {
 
 struct ShardingModelOptions {
@@ -194,6 +198,12 @@ class ShardingModel {
   std::vector<int> axis_ranks(int axis) const;
 
  private:
+  // The constructor's steps, in its order (each reads what the ones before it set).
+  void price_devices_and_batch();
+  void derive_rules_and_gradient_flow(const analysis::SavedTensors& saved);
+  void fold_repeated_blocks(const analysis::SavedTensors& saved);
+  void collect_strided_sizes();
+  void group_edges();
   struct EdgeKey {
     int producer;  // problem-level identity: representative node (or leaf value) producing it
     bool producer_is_leaf;

@@ -136,13 +136,42 @@ class BeamSweep {
     const std::size_t n = problem_.nodes.size();
     std::vector<std::vector<int>> parent_of(n);
     std::vector<std::vector<int>> choice_of(n);
+    States states;
+    Scratch scratch;
+    for (std::size_t i = 0; i < n; ++i) {
+      const NodePlan& plan = plans_[i];
+      const auto k = static_cast<int>(problem_.nodes[i].cost.size());
+      group_states(plan, states, scratch);
+      collect_candidates(i, k, plan, states, weights, scratch);
+      const std::vector<int> order = select_beam(states.p.size(), k, scratch);
+      advance(i, plan, order, states, scratch, parent_of[i], choice_of[i]);
+    }
 
-    std::size_t width = 0;                 // frontier size of the current states
-    std::vector<int> keys;                 // current states' frontier assignments, `width` each
-    std::vector<std::uint64_t> hashes{0};  // current states' hashes (sums of entry_hash)
+    std::vector<int> choice(n);
+    if (n == 0) return choice;
+    std::size_t best = 0;
+    for (std::size_t s = 1; s < states.p.size(); ++s) {
+      if (states.p[s] < states.p[best] || (states.p[s] == states.p[best] && states.q[s] < states.q[best])) best = s;
+    }
+    for (std::size_t i = n; i-- > 0;) {
+      choice[i] = choice_of[i][best];
+      best = static_cast<std::size_t>(parent_of[i][best]);
+    }
+    return choice;
+  }
+
+ private:
+  // The beam after a node, in lexicographic order of the choices so far.
+  struct States {
+    std::size_t width = 0;                 // frontier size
+    std::vector<int> keys;                 // each state's frontier assignment, `width` each
+    std::vector<std::uint64_t> hashes{0};  // each state's hash (a sum of entry_hash)
     std::vector<double> p{0.0};
     std::vector<double> q{0.0};
-
+    const int* key_of(std::size_t s) const { return keys.data() + s * width; }
+  };
+  // One node's work, kept between nodes so that its vectors are allocated once.
+  struct Scratch {
     std::vector<double> cand_p;
     std::vector<double> cand_q;
     std::vector<int> cand_parent;
@@ -155,199 +184,195 @@ class BeamSweep {
     std::vector<int> by_lex;        // per (parent, choice): its candidate when in the beam, or -1
     std::vector<double> threshold;
     std::vector<int> tied;
+  };
 
-    for (std::size_t i = 0; i < n; ++i) {
-      const NodePlan& plan = plans_[i];
-      const std::size_t next_width = plan.next_width;
-      const auto k = static_cast<int>(problem_.nodes[i].cost.size());
-      const std::size_t states = p.size();
-      auto key_of = [&](std::size_t s) { return keys.data() + s * width; };
-
-      // Group the states by the entries they keep.
-      group_of.assign(states, 0);
-      group_first.clear();
-      group_hash.clear();
-      if (plan.dropped_position.empty() || states == 1) {
-        // Distinct states keep distinct frontiers: each is its own group.
-        for (std::size_t s = 0; s < states; ++s) {
-          group_of[s] = static_cast<int>(s);
-          group_first.push_back(static_cast<int>(s));
-          group_hash.push_back(hashes[s]);
-        }
-      } else {
-        std::size_t capacity = 1;
-        while (capacity < 2 * states) capacity <<= 1;
-        table.assign(capacity, -1);
-        for (std::size_t s = 0; s < states; ++s) {
-          const int* key = key_of(s);
-          std::uint64_t h = hashes[s];
-          for (std::size_t d = 0; d < plan.dropped_position.size(); ++d)
-            h -= entry_hash(plan.dropped_node[d], key[plan.dropped_position[d]]);
-          std::size_t slot = (h ^ (h >> 29)) & (capacity - 1);
-          int found = -1;
-          while (table[slot] >= 0) {
-            const auto g = static_cast<std::size_t>(table[slot]);
-            if (group_hash[g] == h) {
-              const int* other = key_of(static_cast<std::size_t>(group_first[g]));
-              if (std::all_of(plan.kept.begin(), plan.kept.end(), [&](const NodePlan::Run& r) {
-                    return std::equal(key + r.from, key + r.from + r.length, other + r.from);
-                  })) {
-                found = table[slot];
-                break;
-              }
-            }
-            slot = (slot + 1) & (capacity - 1);
-          }
-          if (found < 0) {
-            found = static_cast<int>(group_first.size());
-            table[slot] = found;
-            group_first.push_back(static_cast<int>(s));
-            group_hash.push_back(h);
-          }
-          group_of[s] = found;
-        }
+  // Groups the states by the entries they keep past `plan`'s node.
+  static void group_states(const NodePlan& plan, const States& states, Scratch& x) {
+    const std::size_t count = states.p.size();
+    x.group_of.assign(count, 0);
+    x.group_first.clear();
+    x.group_hash.clear();
+    if (plan.dropped_position.empty() || count == 1) {
+      // Distinct states keep distinct frontiers: each is its own group.
+      for (std::size_t s = 0; s < count; ++s) {
+        x.group_of[s] = static_cast<int>(s);
+        x.group_first.push_back(static_cast<int>(s));
+        x.group_hash.push_back(states.hashes[s]);
       }
-      const std::size_t per_group = plan.stays ? static_cast<std::size_t>(k) : 1;
-
-      // Forbidden (+inf) candidates are dropped unless nothing else is left, so that
-      // a problem with no finite assignment still yields one.
-      for (bool finite_only : {true, false}) {
-        cand_p.clear();
-        cand_q.clear();
-        cand_parent.clear();
-        cand_choice.clear();
-        candidate_at.assign(group_first.size() * per_group, -1);
-        for (std::size_t s = 0; s < states; ++s) {
-          const int* key = key_of(s);
-          for (int c = 0; c < k; ++c) {
-            double dp = weights.primary[i][static_cast<std::size_t>(c)];
-            double dq = weights.secondary[i][static_cast<std::size_t>(c)];
-            for (const IncomingEdge& in : plan.incoming) {
-              const int other = key[in.frontier_pos];
-              const double e =
-                  (*in.cost)[static_cast<std::size_t>(in.later_is_a ? c * in.stride + other : other * in.stride + c)];
-              if (weights.edge_cost_primary) {
-                dp += e;
-              } else {
-                if (std::isinf(e)) dp = kInf;
-                dq += e;
-              }
-            }
-            const double np = p[s] + dp;
-            const double nq = q[s] + dq;
-            if (finite_only && std::isinf(np)) continue;
-            int& at = candidate_at[static_cast<std::size_t>(group_of[s]) * per_group +
-                                   (plan.stays ? static_cast<std::size_t>(c) : 0)];
-            if (at >= 0) {
-              // Same frontier: the futures are the same, keep the better (earlier on ties).
-              const auto m = static_cast<std::size_t>(at);
-              if (np < cand_p[m] || (np == cand_p[m] && nq < cand_q[m])) {
-                cand_p[m] = np;
-                cand_q[m] = nq;
-                cand_parent[m] = static_cast<int>(s);
-                cand_choice[m] = c;
-              }
-              continue;
-            }
-            at = static_cast<int>(cand_p.size());
-            cand_p.push_back(np);
-            cand_q.push_back(nq);
-            cand_parent.push_back(static_cast<int>(s));
-            cand_choice.push_back(c);
-          }
-        }
-        if (!cand_p.empty()) break;
-      }
-
-      // The beam: the best beam_width candidates by (p, q), ties to the lexicographically first
-      // (parent, choice), in that lexicographic order. Selected by the beam_width-th smallest
-      // p: every candidate below it is in, and those equal to it compete on (q, order). The
-      // same set as ranking every candidate on (p, q, order), without moving records around.
-      const auto lex_of = [&](std::size_t m) {
-        return static_cast<std::size_t>(cand_parent[m]) * static_cast<std::size_t>(k) +
-               static_cast<std::size_t>(cand_choice[m]);
-      };
-      const auto beam = static_cast<std::size_t>(beam_width_);
-      by_lex.assign(states * static_cast<std::size_t>(k), -1);
-      if (cand_p.size() <= beam) {
-        for (std::size_t m = 0; m < cand_p.size(); ++m) by_lex[lex_of(m)] = static_cast<int>(m);
-      } else {
-        threshold.assign(cand_p.begin(), cand_p.end());
-        std::nth_element(threshold.begin(), threshold.begin() + static_cast<std::ptrdiff_t>(beam - 1),
-                         threshold.end());
-        const double edge = threshold[beam - 1];
-        std::size_t taken = 0;
-        tied.clear();
-        for (std::size_t m = 0; m < cand_p.size(); ++m) {
-          if (cand_p[m] < edge) {
-            by_lex[lex_of(m)] = static_cast<int>(m);
-            ++taken;
-          } else if (cand_p[m] == edge) {
-            tied.push_back(static_cast<int>(m));
-          }
-        }
-        const std::size_t room = beam - taken;  // >= 1, <= tied.size()
-        if (tied.size() > room) {
-          std::nth_element(tied.begin(), tied.begin() + static_cast<std::ptrdiff_t>(room - 1), tied.end(),
-                           [&](int x, int y) {
-                             const auto sx = static_cast<std::size_t>(x);
-                             const auto sy = static_cast<std::size_t>(y);
-                             if (cand_q[sx] != cand_q[sy]) return cand_q[sx] < cand_q[sy];
-                             return lex_of(sx) < lex_of(sy);
-                           });
-          tied.resize(room);
-        }
-        for (int m : tied) by_lex[lex_of(static_cast<std::size_t>(m))] = m;
-      }
-      std::vector<int> order;
-      order.reserve(std::min(beam, cand_p.size()));
-      for (int m : by_lex)
-        if (m >= 0) order.push_back(m);
-
-      std::vector<int> next_keys(order.size() * next_width);
-      std::vector<std::uint64_t> next_hashes(order.size());
-      std::vector<double> next_p(order.size());
-      std::vector<double> next_q(order.size());
-      parent_of[i].resize(order.size());
-      choice_of[i].resize(order.size());
-      for (std::size_t r = 0; r < order.size(); ++r) {
-        const auto m = static_cast<std::size_t>(order[r]);
-        const auto parent = static_cast<std::size_t>(cand_parent[m]);
-        const int* key = key_of(parent);
-        int* next_key = next_keys.data() + r * next_width;
-        for (const NodePlan::Run& run : plan.kept) next_key = std::copy_n(key + run.from, run.length, next_key);
-        std::uint64_t h = group_hash[static_cast<std::size_t>(group_of[parent])];
-        if (plan.stays) {
-          *next_key = cand_choice[m];
-          h += entry_hash(static_cast<int>(i), cand_choice[m]);
-        }
-        next_hashes[r] = h;
-        next_p[r] = cand_p[m];
-        next_q[r] = cand_q[m];
-        parent_of[i][r] = cand_parent[m];
-        choice_of[i][r] = cand_choice[m];
-      }
-      keys = std::move(next_keys);
-      hashes = std::move(next_hashes);
-      p = std::move(next_p);
-      q = std::move(next_q);
-      width = next_width;
+      return;
     }
-
-    std::vector<int> choice(n);
-    if (n == 0) return choice;
-    std::size_t best = 0;
-    for (std::size_t s = 1; s < p.size(); ++s) {
-      if (p[s] < p[best] || (p[s] == p[best] && q[s] < q[best])) best = s;
+    std::size_t capacity = 1;
+    while (capacity < 2 * count) capacity <<= 1;
+    x.table.assign(capacity, -1);
+    for (std::size_t s = 0; s < count; ++s) {
+      const int* key = states.key_of(s);
+      std::uint64_t h = states.hashes[s];
+      for (std::size_t d = 0; d < plan.dropped_position.size(); ++d)
+        h -= entry_hash(plan.dropped_node[d], key[plan.dropped_position[d]]);
+      std::size_t slot = (h ^ (h >> 29)) & (capacity - 1);
+      int found = -1;
+      while (x.table[slot] >= 0) {
+        const auto g = static_cast<std::size_t>(x.table[slot]);
+        if (x.group_hash[g] == h) {
+          const int* other = states.key_of(static_cast<std::size_t>(x.group_first[g]));
+          if (std::all_of(plan.kept.begin(), plan.kept.end(), [&](const NodePlan::Run& r) {
+                return std::equal(key + r.from, key + r.from + r.length, other + r.from);
+              })) {
+            found = x.table[slot];
+            break;
+          }
+        }
+        slot = (slot + 1) & (capacity - 1);
+      }
+      if (found < 0) {
+        found = static_cast<int>(x.group_first.size());
+        x.table[slot] = found;
+        x.group_first.push_back(static_cast<int>(s));
+        x.group_hash.push_back(h);
+      }
+      x.group_of[s] = found;
     }
-    for (std::size_t i = n; i-- > 0;) {
-      choice[i] = choice_of[i][best];
-      best = static_cast<std::size_t>(parent_of[i][best]);
-    }
-    return choice;
   }
 
- private:
+  // Every (state, choice) of node i priced, one candidate per frontier it leaves (the better
+  // of those leaving the same one, the earlier on ties). Forbidden (+inf) candidates are
+  // dropped unless nothing else is left, so that a problem with no finite assignment still
+  // yields one.
+  static void collect_candidates(std::size_t i, int k, const NodePlan& plan, const States& states,
+                                 const Weights& weights, Scratch& x) {
+    const std::size_t per_group = plan.stays ? static_cast<std::size_t>(k) : 1;
+    for (bool finite_only : {true, false}) {
+      x.cand_p.clear();
+      x.cand_q.clear();
+      x.cand_parent.clear();
+      x.cand_choice.clear();
+      x.candidate_at.assign(x.group_first.size() * per_group, -1);
+      for (std::size_t s = 0; s < states.p.size(); ++s) {
+        const int* key = states.key_of(s);
+        for (int c = 0; c < k; ++c) {
+          double dp = weights.primary[i][static_cast<std::size_t>(c)];
+          double dq = weights.secondary[i][static_cast<std::size_t>(c)];
+          for (const IncomingEdge& in : plan.incoming) {
+            const int other = key[in.frontier_pos];
+            const double e =
+                (*in.cost)[static_cast<std::size_t>(in.later_is_a ? c * in.stride + other : other * in.stride + c)];
+            if (weights.edge_cost_primary) {
+              dp += e;
+            } else {
+              if (std::isinf(e)) dp = kInf;
+              dq += e;
+            }
+          }
+          const double np = states.p[s] + dp;
+          const double nq = states.q[s] + dq;
+          if (finite_only && std::isinf(np)) continue;
+          int& at = x.candidate_at[static_cast<std::size_t>(x.group_of[s]) * per_group +
+                                   (plan.stays ? static_cast<std::size_t>(c) : 0)];
+          if (at >= 0) {
+            // Same frontier: the futures are the same, keep the better (earlier on ties).
+            const auto m = static_cast<std::size_t>(at);
+            if (np < x.cand_p[m] || (np == x.cand_p[m] && nq < x.cand_q[m])) {
+              x.cand_p[m] = np;
+              x.cand_q[m] = nq;
+              x.cand_parent[m] = static_cast<int>(s);
+              x.cand_choice[m] = c;
+            }
+            continue;
+          }
+          at = static_cast<int>(x.cand_p.size());
+          x.cand_p.push_back(np);
+          x.cand_q.push_back(nq);
+          x.cand_parent.push_back(static_cast<int>(s));
+          x.cand_choice.push_back(c);
+        }
+      }
+      if (!x.cand_p.empty()) break;
+    }
+  }
+
+  // The beam: the best beam_width candidates by (p, q), ties to the lexicographically first
+  // (parent, choice), in that lexicographic order. Selected by the beam_width-th smallest
+  // p: every candidate below it is in, and those equal to it compete on (q, order). The
+  // same set as ranking every candidate on (p, q, order), without moving records around.
+  std::vector<int> select_beam(std::size_t states, int k, Scratch& x) const {
+    const auto lex_of = [&](std::size_t m) {
+      return static_cast<std::size_t>(x.cand_parent[m]) * static_cast<std::size_t>(k) +
+             static_cast<std::size_t>(x.cand_choice[m]);
+    };
+    const auto beam = static_cast<std::size_t>(beam_width_);
+    x.by_lex.assign(states * static_cast<std::size_t>(k), -1);
+    if (x.cand_p.size() <= beam) {
+      for (std::size_t m = 0; m < x.cand_p.size(); ++m) x.by_lex[lex_of(m)] = static_cast<int>(m);
+    } else {
+      x.threshold.assign(x.cand_p.begin(), x.cand_p.end());
+      std::nth_element(x.threshold.begin(), x.threshold.begin() + static_cast<std::ptrdiff_t>(beam - 1),
+                       x.threshold.end());
+      const double edge = x.threshold[beam - 1];
+      std::size_t taken = 0;
+      x.tied.clear();
+      for (std::size_t m = 0; m < x.cand_p.size(); ++m) {
+        if (x.cand_p[m] < edge) {
+          x.by_lex[lex_of(m)] = static_cast<int>(m);
+          ++taken;
+        } else if (x.cand_p[m] == edge) {
+          x.tied.push_back(static_cast<int>(m));
+        }
+      }
+      const std::size_t room = beam - taken;  // >= 1, <= tied.size()
+      if (x.tied.size() > room) {
+        std::nth_element(x.tied.begin(), x.tied.begin() + static_cast<std::ptrdiff_t>(room - 1), x.tied.end(),
+                         [&](int a, int b) {
+                           const auto sa = static_cast<std::size_t>(a);
+                           const auto sb = static_cast<std::size_t>(b);
+                           if (x.cand_q[sa] != x.cand_q[sb]) return x.cand_q[sa] < x.cand_q[sb];
+                           return lex_of(sa) < lex_of(sb);
+                         });
+        x.tied.resize(room);
+      }
+      for (int m : x.tied) x.by_lex[lex_of(static_cast<std::size_t>(m))] = m;
+    }
+    std::vector<int> order;
+    order.reserve(std::min(beam, x.cand_p.size()));
+    for (int m : x.by_lex)
+      if (m >= 0) order.push_back(m);
+    return order;
+  }
+
+  // The states after node i: the beam's candidates in `order`, their frontiers copied in runs
+  // and their hashes updated; each one's parent and choice recorded for the walk back.
+  static void advance(std::size_t i, const NodePlan& plan, const std::vector<int>& order, States& states,
+                      const Scratch& x, std::vector<int>& parent_of, std::vector<int>& choice_of) {
+    const std::size_t next_width = plan.next_width;
+    std::vector<int> next_keys(order.size() * next_width);
+    std::vector<std::uint64_t> next_hashes(order.size());
+    std::vector<double> next_p(order.size());
+    std::vector<double> next_q(order.size());
+    parent_of.resize(order.size());
+    choice_of.resize(order.size());
+    for (std::size_t r = 0; r < order.size(); ++r) {
+      const auto m = static_cast<std::size_t>(order[r]);
+      const auto parent = static_cast<std::size_t>(x.cand_parent[m]);
+      const int* key = states.key_of(parent);
+      int* next_key = next_keys.data() + r * next_width;
+      for (const NodePlan::Run& run : plan.kept) next_key = std::copy_n(key + run.from, run.length, next_key);
+      std::uint64_t h = x.group_hash[static_cast<std::size_t>(x.group_of[parent])];
+      if (plan.stays) {
+        *next_key = x.cand_choice[m];
+        h += entry_hash(static_cast<int>(i), x.cand_choice[m]);
+      }
+      next_hashes[r] = h;
+      next_p[r] = x.cand_p[m];
+      next_q[r] = x.cand_q[m];
+      parent_of[r] = x.cand_parent[m];
+      choice_of[r] = x.cand_choice[m];
+    }
+    states.keys = std::move(next_keys);
+    states.hashes = std::move(next_hashes);
+    states.p = std::move(next_p);
+    states.q = std::move(next_q);
+    states.width = next_width;
+  }
+
   const SpmdProblem& problem_;
   int beam_width_;
   std::vector<NodePlan> plans_;
