@@ -67,27 +67,16 @@ def megatron_plan(model, batch, world: int):
 
 
 def _engine(plan, model, batch, split: bool):
-    """An engine of `plan`; split=False: the lowering reads every operand of the rank IR with
-    its async_gradient flag cleared (_C.rank_ir_operands), so the all-reduce runs in the
-    operand's reshard after the fused backward."""
+    """An engine of `plan`; split=False: the plan's ``sharding.async_gradients`` off, so the
+    core's async-gradient pass does not run and the all-reduce runs in the operand's reshard
+    after the fused backward."""
     import shardwise
-    from shardwise import _C
-
-    rank_ir_operands = _C.rank_ir_operands
-
-    def fused(graph):
-        operands = rank_ir_operands(graph)
-        for inputs in operands["calls"].values():
-            for op in inputs:
-                op["async_gradient"] = False
-        return operands
 
     if not split:
-        _C.rank_ir_operands = fused
-    try:
-        return shardwise.parallelize(model, batch, plan=plan)
-    finally:
-        _C.rank_ir_operands = rank_ir_operands
+        doc = json.loads(plan.to_json())
+        doc["sharding"]["async_gradients"] = False
+        plan = shardwise.Plan.from_json(json.dumps(doc))
+    return shardwise.parallelize(model, batch, plan=plan)
 
 
 def _worker(rank: int, world: int, store: str, args, out: str) -> None:

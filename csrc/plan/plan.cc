@@ -467,6 +467,7 @@ json sharding_to_json(const Sharding& sharding) {
     out["recompute"] = sharding.recompute == Recompute::Full;
   // Written only when set: a plan without it reads, prints and hashes as before.
   if (sharding.collective_matmul) out["collective_matmul"] = true;
+  if (!sharding.async_gradients) out["async_gradients"] = false;
   return out;
 }
 
@@ -474,7 +475,7 @@ Sharding sharding_from_json(const json& in, std::string_view where = "plan.shard
   if (!in.is_object()) throw ParseError(fmt::format("{}: expected an object", where));
   static const std::set<std::string> known = {"mesh",       "axis_names", "level",    "placements",
                                               "strategies", "zero",       "recompute",  "collective_matmul",
-                                              "leaves",     "inputs",     "graph"};
+                                              "async_gradients", "leaves", "inputs", "graph"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("{}.{}: unknown key", where, key));
   Sharding out;
@@ -495,6 +496,7 @@ Sharding sharding_from_json(const json& in, std::string_view where = "plan.shard
       throw ParseError(fmt::format("{}.recompute: expected true, false or \"selective\"", where));
   }
   if (in.contains("collective_matmul")) out.collective_matmul = field<bool>(in, "collective_matmul");
+  if (in.contains("async_gradients")) out.async_gradients = field<bool>(in, "async_gradients");
   if (in.contains("leaves")) out.leaves = field<std::vector<std::string>>(in, "leaves");
   if (in.contains("inputs")) out.inputs = field<std::vector<std::string>>(in, "inputs");
   if (in.contains("graph")) out.graph = field<std::string>(in, "graph");

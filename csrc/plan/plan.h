@@ -151,6 +151,10 @@ struct CollectiveRecord {
 //  - collective_matmul: tensor-parallel gathers into a contraction, and a contraction's
 //    output reduce-scattered, run as collective matmuls (search/parameter_collectives.h,
 //    MatmulCollective): priced beside the products, rewritten and run so (absent: false).
+//  - async_gradients: a column-parallel contraction's input-gradient all-reduce runs inside its
+//    own backward, beside its weight gradient (transform/async_gradients.h; priced so:
+//    search/parameter_collectives.h, activation_gradient_overlap); false: after it, exposed
+//    (absent: true).
 //  - leaves: the names of the graph's parameters, buffers and inputs (the values no node
 //    produces), in graph order: what a rank materialises or loads itself.
 //  - graph: the fingerprint of the graph it was searched on (ir/fingerprint.h: names, ops
@@ -169,6 +173,7 @@ struct Sharding {
   std::map<std::string, std::vector<int>> zero;
   Recompute recompute = Recompute::None;
   bool collective_matmul = false;
+  bool async_gradients = true;
   std::vector<std::string> leaves;
   std::vector<std::string> inputs;
   std::string graph;  // ir::graph_fingerprint, "" when not known

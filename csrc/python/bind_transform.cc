@@ -21,7 +21,6 @@
 #include <fmt/format.h>
 #include "ir/parser.h"
 #include "ir/printer.h"
-#include "transform/async_gradients.h"
 #include "transform/fp8_axes.h"
 #include "transform/job_rank_graph.h"
 #include "transform/rank_passes.h"
@@ -93,11 +92,11 @@ std::string region_overlap(const ir::Graph& rank_graph, const transform::StepReg
 // (forward in order, backward in the order the gradient runs them); and the marks on them: a
 // parameter's gather run beside forward (prefetched) or gathered again in backward with its
 // unit group, its gradient's reduce-scatter issued beside backward with its unit group
-// (search/parameter_collectives.h), an all-reduce beside a weight gradient (async_gradients.h);
-// and how its steps overlap (their `overlap` mark: "matmul", a ring inside a contraction, which
-// the runtime's emitter of that feature reads with the call's marks: collective_matmul.h).
-py::dict region_operand(const ir::Graph& rank_graph, ir::ValueId read, const ir::Node* reader = nullptr,
-                        std::size_t i = 0) {
+// (search/parameter_collectives.h); and how its steps overlap (their `overlap` mark: "matmul",
+// a ring inside a contraction, which the runtime's emitter of that feature reads with the
+// call's marks: collective_matmul.h). An all-reduce beside a weight gradient is the reader's
+// mark (async_gradients.h), which the runtime's emitter reads off the call.
+py::dict region_operand(const ir::Graph& rank_graph, ir::ValueId read) {
   const transform::StepRegion region = transform::region_ending_at(rank_graph, read);
   const bool parameter = rank_graph.value(region.source).role == ir::ValueRole::Parameter;
   auto marked = [](const ir::Node& step, search::ParameterOverlap overlap) {
@@ -131,7 +130,6 @@ py::dict region_operand(const ir::Graph& rank_graph, ir::ValueId read, const ir:
   d["scatter_in_backward"] = scatter;
   d["scatter_group"] = scatter_group;
   d["overlap"] = region_overlap(rank_graph, region);
-  d["async_gradient"] = reader != nullptr && transform::async_gradient_operand(*reader) == static_cast<std::int64_t>(i);
   return d;
 }
 
@@ -143,8 +141,7 @@ py::dict rank_ir_operands(const ir::Graph& rank_graph) {
   for (const ir::Node& node : rank_graph.nodes()) {
     if (node.outputs.empty() || transform::is_step_node(node)) continue;
     py::list inputs;
-    for (std::size_t i = 0; i < node.inputs.size(); ++i)
-      inputs.append(region_operand(rank_graph, node.inputs[i], &node, i));
+    for (ir::ValueId in : node.inputs) inputs.append(region_operand(rank_graph, in));
     calls[py::str(rank_graph.value(node.outputs[0]).name)] = inputs;
   }
   py::list outputs;
@@ -498,7 +495,7 @@ void bind_transform(py::module_& m) {
         "node that is no resharding step, by its first output, and its outputs: {calls: {name: [operand]}, "
         "outputs: [operand]}, each operand {value (the region's source), region (its id: the value its last step "
         "gives), forward, backward (typed steps), regather, prefetch, gather_group, scatter_in_backward, "
-        "scatter_group, matmul ('gather', 'scatter', 'none'), async_gradient}.");
+        "scatter_group, overlap (the steps' overlap mark)}.");
   m.def("rank_ir_regions", &rank_ir_regions, py::arg("text"),
         "The resharding regions of a printed rank graph (csrc/transform/rank_graph.h: step_regions), each "
         "{value, forward, backward, reader}, its steps named as the lowering names them.");

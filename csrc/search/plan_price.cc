@@ -23,6 +23,7 @@ ShardingModelOptions sharding_model_options(const plan::Plan& plan, const plan::
   mo.memory_limit = memory_limit * memory_fraction;
   mo.recompute = sharding.recompute;
   mo.collective_matmul = sharding.collective_matmul;
+  mo.async_gradients = sharding.async_gradients;
   mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;
   mo.overlap_interference = cost::overlap_interference(cluster);
   return mo;

@@ -679,7 +679,8 @@ ParameterOverlap ShardingModel::activation_gradient_at(int axis, ir::ValueId val
                                                        const Placement& produced, const Placement& wanted,
                                                        const Placement& gradient) const {
   const auto c = static_cast<std::size_t>(consumer);
-  if (!rules_[c] || !requires_grad_[static_cast<std::size_t>(value)]) return activation_collective_overlap();
+  if (!options_.async_gradients || !rules_[c] || !requires_grad_[static_cast<std::size_t>(value)])
+    return activation_collective_overlap();
   // One all-reduce in all: no forward step on any axis, and one axis whose gradient goes
   // Partial -> Replicate while every other axis' gradient needs no step.
   int reductions = 0;
@@ -1785,6 +1786,7 @@ plan::Sharding ShardingModel::sharding(std::string level) const {
   out.level = std::move(level);
   out.recompute = options_.recompute;
   out.collective_matmul = options_.collective_matmul;
+  out.async_gradients = options_.async_gradients;
   out.graph = ir::graph_fingerprint(graph_);
   const auto axes = options_.mesh.size();
   for (const ir::Value& v : graph_.values()) {

@@ -71,6 +71,9 @@ struct ShardingModelOptions {
   // rows, or a contraction's Partial output's one reduce-scatter, hidden under (n-1)/n of
   // the contraction's products at the interference price, forward and backward.
   bool collective_matmul = false;
+  // Activation-gradient all-reduces beside their reader's weight gradient
+  // (plan::Sharding::async_gradients, transform/async_gradients.h); false: exposed.
+  bool async_gradients = true;
   // A graph captured at batch 1 searched at more rows throws (nothing could split its batch)
   // unless false: a stage layout prices its tensor axis, which need not split the batch.
   bool require_batch_index = true;

@@ -155,6 +155,7 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
   const cost::Cluster ranks = cost::first_ranks(cluster, plan.tensor);
   ShardingModelOptions mo = stage_model_options(structure, ranks, plan, cost::kMemoryFraction);
   mo.collective_matmul = running.collective_matmul;
+  mo.async_gradients = running.async_gradients;
   try {
     ShardingModel priced(graph, ranks, model, mo);
     priced.adopt(tensor_axis);

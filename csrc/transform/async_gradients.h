@@ -19,8 +19,8 @@
 //
 // The runtime runs the mark (python/shardwise/runtime/async_gradients.py): the contraction's
 // backward split, its input gradient's all-reduce started before the weight gradient's product
-// and waited after it. The binding reads the mark back with async_gradient_operand
-// (csrc/python/bind_transform.cc).
+// and waited after it; its emitter (AsyncGradientEmitter there) reads the mark off the call.
+// The collective-matmul pass reads it with async_gradient_operand.
 #pragma once
 
 #include <cstdint>

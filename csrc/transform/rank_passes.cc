@@ -11,7 +11,7 @@ const std::vector<RankPass>& rank_passes() {
   static const std::vector<RankPass> passes = {
       {"async-gradient",
        "run a column-parallel contraction's input-gradient all-reduce beside its weight gradient (a rank graph)",
-       [](const plan::Sharding&) { return true; }, overlap_activation_gradients},
+       [](const plan::Sharding& s) { return s.async_gradients; }, overlap_activation_gradients},
       {"collective-matmul",
        "run tensor-parallel all-gathers into and reduce-scatters out of contractions as rings (a rank graph)",
        [](const plan::Sharding& s) { return s.collective_matmul; }, fuse_collective_matmuls},

@@ -7,10 +7,11 @@
 // the runtime runs differently as attributes or named ops, keeps node and value ids (the
 // binding maps the rewrite's nodes to the graph's by id: RankGraph::nodes), and runs again
 // without change. Adding one: its x.h + x.cc, a C++ test and a golden, a row below, and the
-// runtime's emitter for its marks (python/shardwise/runtime/lower.py, _EMITTERS).
+// runtime's emitter for its marks (one of python/shardwise/runtime/lower.py's FEATURES).
 //
 // The order, and why:
-//   1. async-gradient (transform/async_gradients.h; always on): an activation gradient's
+//   1. async-gradient (transform/async_gradients.h; sharding.async_gradients, on by
+//      default): an activation gradient's
 //      all-reduce under its reader's weight gradient. It reads the collectives as the rewrite
 //      emitted them (exposed); a region it takes is not collective-matmul's (an all-reduce).
 //   2. collective-matmul (transform/collective_matmul.h; sharding.collective_matmul): the

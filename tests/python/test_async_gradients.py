@@ -48,9 +48,10 @@ def _batch(step: int):
     return regression_batch(step, ROWS)
 
 
-def _megatron_plan(world: int) -> shardwise.Plan:
+def _megatron_plan(world: int, async_gradients: bool = True) -> shardwise.Plan:
     """The searched plan (everything replicated at this size) with fc1 column-parallel and fc2
-    row-parallel on the tensor axis (the weights stay replicated: each rank slices its block)."""
+    row-parallel on the tensor axis (the weights stay replicated: each rank slices its block);
+    `async_gradients`: its sharding's switch of the async-gradient pass."""
     graph = shardwise.capture(_model(), _batch(0))
     plan = shardwise.Plan.search(graph, shardwise.Cluster.preset("cpu", world), mesh=(1, world), global_batch=ROWS,
                                  precision="f32")
@@ -59,10 +60,12 @@ def _megatron_plan(world: int) -> shardwise.Plan:
     doc.pop("programs", None)
     doc["sharding"]["strategies"].update({"linear_1": ["replicate", "split n"], "gelu": ["replicate", "split d1"],
                                           "linear_2": ["replicate", "split k"]})
+    if not async_gradients:
+        doc["sharding"]["async_gradients"] = False
     return shardwise.Plan.from_json(json.dumps(doc))
 
 
-def _worker(rank: int, world: int, store: str, result: str) -> None:
+def _worker(rank: int, world: int, store: str, result: str, overlapped: bool) -> None:
     from shardwise.runtime import async_gradients, transport
 
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
@@ -93,7 +96,7 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
 
         async_gradients.transport.all_reduce = recorded_all_reduce
         async_gradients._weight_gradient = recorded_weight_gradient
-        engine = shardwise.parallelize(_model(), _batch(0), plan=_megatron_plan(world))
+        engine = shardwise.parallelize(_model(), _batch(0), plan=_megatron_plan(world, overlapped))
         optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
         losses = []
         for step in range(STEPS):
@@ -115,13 +118,21 @@ def _worker(rank: int, world: int, store: str, result: str) -> None:
         dist.destroy_process_group()
 
 
-def test_column_parallel_input_gradient_is_all_reduced_beside_the_weight_gradient():
+def _trained(async_gradients: bool) -> dict:
     world = 2
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), result), nprocs=world)
+        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), result, async_gradients), nprocs=world)
         with open(result) as f:
             r = json.load(f)
+    for a, b in zip(r["losses"], r["ref_losses"]):
+        assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+    assert r["error"] < TOLERANCE, r["error"]
+    return r
+
+
+def test_column_parallel_input_gradient_is_all_reduced_beside_the_weight_gradient():
+    r = _trained(async_gradients=True)
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
     assert r["error"] < TOLERANCE, r["error"]
@@ -132,3 +143,17 @@ def test_column_parallel_input_gradient_is_all_reduced_beside_the_weight_gradien
     assert "self.async_gradient('aten::linear', 0," in r["code"], r["code"]
     # One split backward per step: the all-reduce issued, the weight gradient computed, the wait.
     assert r["events"] == ["issue", "weight", "wait"] * STEPS, r["events"]
+
+
+def test_a_plan_with_async_gradients_off_all_reduces_after_the_backward_and_trains_as_one_device():
+    # The plan's sharding.async_gradients off: the core's pass does not run (no mark, the
+    # all-reduce exposed), the call is the op itself and its input gradient's all-reduce runs
+    # in the operand's reshard after autograd's backward of it, blocking.
+    r = _trained(async_gradients=False)
+    ir = r["rank_ir"]
+    assert "shardwise.async_gradient" not in ir, ir
+    reduced = [line for line in ir.splitlines() if "shardwise::all_reduce" in line and 'pass="backward"' in line]
+    assert reduced and all('overlap="exposed"' in line for line in reduced), reduced
+    assert "self.async_gradient(" not in r["code"], r["code"]
+    assert r["events"] == [], r["events"]  # nothing issued asynchronously, no split weight gradient
+

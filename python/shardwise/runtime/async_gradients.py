@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from .._C import ValidationError
 from . import transport
 from .mesh import _Mesh
 
@@ -131,3 +132,43 @@ class AsyncGradient(torch.nn.Module):
         if operand != expected:
             raise ValueError(f"async_gradient: {op}'s operand {operand} is not its input ({expected})")
         return _SplitBackward.apply(target, group, beta, alpha, x, weight, bias)
+
+
+ASYNC_GRADIENT_MARK = "shardwise.async_gradient"  # {shardwise.async_gradient=i} (transform/async_gradients.h)
+
+
+class AsyncGradientEmitter:
+    """The async-gradient pass's emitter, one of runtime/lower.py's ``FEATURES`` (its interface
+    is described there): the operand the call's mark names has its region's all-reduce run in
+    the call's own backward (``read.taken["async_gradient"]``: the operand and that step), so the
+    lowering reads it as it is; the call runs through ``self.async_gradient``."""
+
+    name = "async_gradient"  # the lowering's module: root.async_gradient
+
+    def module(self, lowering) -> torch.nn.Module:
+        return AsyncGradient(lowering.mesh, lowering.root.reshard._steps)
+
+    def operand(self, lowering, read, i: int, op: dict) -> bool:
+        if read.marks.get(ASYNC_GRADIENT_MARK) != i or lowering.mesh is None:
+            return False
+        backward = lowering.step_texts(op["backward"])
+        if len(backward) != 1:
+            raise ValidationError(f"parallelize: the core runs the gradient of '{op['value']}' beside the weight "
+                                  f"gradient of '{read.first}' in {len(backward)} steps; the runtime runs one "
+                                  "all-reduce there")
+        read.taken[self.name] = (i, backward[0])
+        return True
+
+    def takes(self, lowering, read) -> bool:
+        return self.name in read.taken
+
+    def emit(self, lowering, read, args: tuple, kwargs: dict):
+        """linear, addmm, mm with its backward split around the operand's all-reduce."""
+        if read.target not in SPLIT_OPS:
+            raise ValidationError(f"parallelize: the core split the backward of '{read.first}' ({read.target}), "
+                                  f"which the runtime cannot split ({', '.join(SPLIT_OPS.values())})")
+        operand, step = read.taken[self.name]
+        return lowering.graph.call_module(self.name, (SPLIT_OPS[read.target], operand, step, tuple(args), kwargs))
+
+
+ASYNC_GRADIENT_EMITTER = AsyncGradientEmitter()

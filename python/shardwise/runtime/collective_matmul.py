@@ -322,12 +322,14 @@ class RingEmitter:
 
     name = "collective_matmul"  # the lowering's module: root.collective_matmul
 
-    def module(self, mesh: _Mesh, steps: dict) -> torch.nn.Module:
-        return CollectiveMatmul(mesh, steps)
+    def module(self, lowering) -> torch.nn.Module:
+        return CollectiveMatmul(lowering.mesh, lowering.root.reshard._steps)
 
     def operand(self, lowering, read, i: int, op: dict) -> bool:
         """True where the operand's region runs inside a call: this call's ring gathers it
         (recorded in ``read.taken``), or its producer's ring gave it scattered (read as it is)."""
+        if lowering.mesh is None:
+            return False
         if read.marks.get(GATHER_MARK) == i:
             key = op["region"]
             if key in lowering.reshards:
@@ -339,7 +341,7 @@ class RingEmitter:
         return op.get("overlap") == RING_OVERLAP and bool(forward) and forward[0]["kind"] == "reduce_scatter"
 
     def takes(self, lowering, read) -> bool:
-        return self.name in read.taken or SCATTER_MARK in read.marks
+        return lowering.mesh is not None and (self.name in read.taken or SCATTER_MARK in read.marks)
 
     def emit(self, lowering, read, args: tuple, kwargs: dict) -> torch.fx.Node:
         """linear, addmm, mm with its operand's gather, or its output's reduce-scatter, run as a
@@ -352,7 +354,7 @@ class RingEmitter:
             raise ValidationError(f"parallelize: '{read.first}' runs a collective matmul inside a stage whose "
                                   "backward is split (zero-bubble): the ring computes the weight gradient with the "
                                   "input's")
-        if read.async_operand is not None:  # one module of the runtime's or the other, never both
+        if "shardwise.async_gradient" in read.marks:  # one module of the runtime's or the other, never both
             raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}) "
                                   "and its operand's gradient all-reduce beside its weight gradient; the ring would "
                                   "drop the all-reduce (transform/collective_matmul.h leaves such a call alone)")

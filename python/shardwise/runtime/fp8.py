@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from .._C import ValidationError
 from . import transport
-from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _MM, bias_gradient, contraction_operands
+from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _MM, SPLIT_OPS, bias_gradient, contraction_operands
 from .mesh import _Mesh
 
 FP8 = torch.float8_e4m3fn
@@ -177,6 +177,46 @@ class Fp8Linears(torch.nn.Module):
         if async_step is not None:
             grad_group = self._mesh.groups[self._steps[async_step]["axis"]]
         return fp8_call(_BY_NAME[op], args, kwargs, self._groups(k_axes), self._groups(n_axes), grad_group)
+
+
+FP8_K_AXES, FP8_N_AXES = "shardwise.fp8_k_axes", "shardwise.fp8_n_axes"  # an FP8 linear's amax axes (rank_graph.h)
+# The collective-matmul pass's marks (transform/collective_matmul.h): a ring, which FP8 cannot run.
+_RING_MARKS = ("shardwise.gather_matmul", "shardwise.matmul_scatter")
+
+
+class Fp8Emitter:
+    """The emitter of the rank graph's FP8 linears (``{shardwise.fp8_k_axes=[..],
+    shardwise.fp8_n_axes=[..]}``, where the plan runs in fp8), one of runtime/lower.py's
+    ``FEATURES``, asked before the others: the call runs through ``self.fp8_linear``, which runs
+    the async-gradient emitter's all-reduce itself (``read.taken["async_gradient"]``); a ring
+    it refuses."""
+
+    name = "fp8_linear"  # the lowering's module: root.fp8_linear
+
+    def module(self, lowering) -> torch.nn.Module:
+        return Fp8Linears(lowering.mesh, lowering.root.reshard._steps if lowering.mesh is not None else {})
+
+    def operand(self, lowering, read, i: int, op: dict) -> bool:
+        return False
+
+    def takes(self, lowering, read) -> bool:
+        return FP8_K_AXES in read.marks
+
+    def emit(self, lowering, read, args: tuple, kwargs: dict):
+        ring = next((mark for mark in _RING_MARKS if mark in read.marks), None)
+        if ring is not None:
+            raise ValidationError(f"parallelize: '{read.first}' ({read.target}) would run collective_matmul in "
+                                  f"float8 ({ring}), which the runtime cannot: plan it without collective_matmul")
+        if read.target not in SPLIT_OPS:
+            raise ValidationError(f"parallelize: the core marks '{read.first}' ({read.target}) as an FP8 linear, "
+                                  f"which the runtime runs only for {', '.join(SPLIT_OPS.values())}")
+        taken = read.taken.get("async_gradient")
+        return lowering.graph.call_module(self.name, (
+            SPLIT_OPS[read.target], tuple(read.marks[FP8_K_AXES]), tuple(read.marks[FP8_N_AXES]),
+            taken[1] if taken is not None else None, tuple(args), kwargs))
+
+
+FP8_EMITTER = Fp8Emitter()
 
 
 # ---- one device: the same arithmetic on a model's own calls --------------------------------------

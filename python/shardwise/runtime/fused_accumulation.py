@@ -41,7 +41,8 @@ import contextlib
 
 import torch
 
-from .async_gradients import (_BY_NAME, _LINEAR, _rows, bias_gradient, contraction, contraction_operands,
+from .._C import ValidationError
+from .async_gradients import (SPLIT_OPS, _BY_NAME, _LINEAR, _rows, bias_gradient, contraction, contraction_operands,
                               input_gradient)
 
 _PHASE = [None]
@@ -195,3 +196,34 @@ class FusedAccumulation(torch.nn.Module):
         if torch.is_autocast_enabled(x.device.type):  # the op's own autograd, as autocast casts it
             return contraction(target, beta, alpha, x, weight, bias)
         return _FusedAccumulation.apply(target, beta, alpha, x, weight, bias)
+
+
+FUSED_ACCUMULATION_MARK = "shardwise.fused_accumulation"  # {..=i}, i the weight operand (fused_weight_accumulation.h)
+# The ops whose weight gradient this module accumulates in place, by the op the program calls.
+FUSABLE = {**SPLIT_OPS, _EMBEDDING: "aten::embedding"}
+
+
+class FusedAccumulationEmitter:
+    """The fused-accumulation pass's emitter, one of runtime/lower.py's ``FEATURES``: a call the
+    stage IR marks runs through ``self.fused_accumulation``."""
+
+    name = "fused_accumulation"  # the lowering's module: root.fused_accumulation
+
+    def module(self, lowering) -> torch.nn.Module:
+        return FusedAccumulation()
+
+    def operand(self, lowering, read, i: int, op: dict) -> bool:
+        return False
+
+    def takes(self, lowering, read) -> bool:
+        return FUSED_ACCUMULATION_MARK in read.marks
+
+    def emit(self, lowering, read, args: tuple, kwargs: dict):
+        if read.target not in FUSABLE:  # which operand is the weight: the core's (weight_gradient_split.h)
+            raise ValidationError(f"parallelize: the core accumulates the weight gradient of '{read.first}' "
+                                  f"({read.target}) at its operand {read.marks[FUSED_ACCUMULATION_MARK]} in place, "
+                                  f"which the runtime can do only for the weight of {', '.join(FUSABLE.values())}")
+        return lowering.graph.call_module(self.name, (FUSABLE[read.target], tuple(args), kwargs))
+
+
+FUSED_ACCUMULATION_EMITTER = FusedAccumulationEmitter()

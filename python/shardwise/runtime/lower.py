@@ -24,10 +24,10 @@ from .._aten_call import CallRebuildError, call_arguments, named_arguments
 from .._fx_import import is_value_identity, op_overload, operand_nodes
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
-from .async_gradients import SPLIT_OPS, AsyncGradient
+from .async_gradients import ASYNC_GRADIENT_EMITTER
 from .collective_matmul import RING_EMITTER
-from .fp8 import Fp8Linears
-from .fused_accumulation import FusedAccumulation
+from .fp8 import FP8_EMITTER
+from .fused_accumulation import FUSED_ACCUMULATION_EMITTER, FUSED_ACCUMULATION_MARK
 from .kernels import StatisticsKernels, VocabLookup
 from .mesh import _Mesh
 from .parameter_gathers import DeferredScatters, PrefetchStart, PrefetchWait, Regather, _Prefetches, _released_after
@@ -64,27 +64,30 @@ _BY_NAME = {str(op): op for op in _MASKS | _LIKE}
 
 
 # The feature passes' emitters (csrc/transform/rank_passes.h: one pass, one emitter), in the
-# order they are asked. Each has a name (the module its calls run through: root.<name>),
-# module(mesh, steps) (that module), operand(lowering, read, i, op) (True: it runs operand i's
-# region inside a call, so _read leaves the value as it is), takes(lowering, read) (it makes
-# this call) and emit(lowering, read, args, kwargs) (the call). It reads the rank IR only:
-# the call's marks (read.marks) and its operands' regions (_C.rank_ir_operands), and it uses
-# the lowering's graph, reshards, step_texts and region_read_from.
-FEATURES = (RING_EMITTER,)  # collective matmul (transform/collective_matmul.h)
+# order they are asked. Each has a name (the module its calls run through: root.<name>, made
+# by the lowering the first time the feature takes a call), module(lowering) (that module),
+# operand(lowering, read, i, op) (True: it runs operand i's region inside a call, so _read
+# leaves the value as it is; what it took goes into read.taken[name]), takes(lowering, read)
+# (it makes this call) and emit(lowering, read, args, kwargs) (the call). It reads the rank IR
+# only: the call's marks (read.marks) and its operands' regions (_C.rank_ir_operands), and it
+# uses the lowering's mesh, graph, root, reshards, step_texts and region_read_from.
+# The order, and why: FP8 first (it runs an asynchronous all-reduce itself and refuses a ring);
+# the ring before the asynchronous all-reduce (the core never marks both; the ring refuses
+# it); fused accumulation last (a stage's call that runs one of the others keeps autograd's
+# accumulation: speed, not numbers).
+FEATURES = (FP8_EMITTER,  # an FP8 linear (runtime/fp8.py; the rank graph's marks where the plan runs in fp8)
+            RING_EMITTER,  # collective matmul (transform/collective_matmul.h)
+            ASYNC_GRADIENT_EMITTER,  # an all-reduce beside a weight gradient (transform/async_gradients.h)
+            FUSED_ACCUMULATION_EMITTER)  # a stage's weight gradient into .grad (fused_weight_accumulation.h)
 
 # The marks and kernels of a call in the rank IR (csrc/transform/rank_graph.h) the lowering reads.
 WHOLE = "shardwise.whole"  # run on whole (gathered) operands
 RECOMPUTE, RECOMPUTE_KEEPS = "shardwise.recompute", "shardwise.recompute_keeps"  # its recomputed block
 ONE_DEVICE_RANDOM = "shardwise.one_device_random"  # drawn whole, as one device draws it, and cut
-FP8_K_AXES, FP8_N_AXES = "shardwise.fp8_k_axes", "shardwise.fp8_n_axes"  # an FP8 linear's amax axes
 LOOKUP = "shardwise::embedding_lookup"  # a vocabulary-parallel lookup: its block [start, stop) of the table
 # The stage passes' marks (transform/rank_passes.h, stage_passes).
 WEIGHT_CUT = "shardwise.weight_cut"  # operands B/W cuts (weight_gradient_split.h)
 WEIGHT_OUTPUT = "shardwise.weight_output"  # a send of a weight value: its gradient is W's
-FUSED_ACCUMULATION = "shardwise.fused_accumulation"  # its weight gradient into .grad (fused_weight_accumulation.h)
-
-# The calls whose weight gradient a pipeline stage accumulates in place (runtime/fused_accumulation.py).
-_FUSABLE = {**SPLIT_OPS, torch.ops.aten.embedding.default: "aten::embedding"}
 
 
 # ---- views that must not depend on the traced layout --------------------------------------
@@ -273,9 +276,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     if own or [out["value"] for out in outputs] == [region["value"] for region in operands["outputs"]]:
         outputs = _with_regions(outputs, operands["outputs"], "the program's outputs")
     lowering = _Lowering(program, sources, mesh, [node for _, node in walked if node is not None],
-                         compute_dtypes or {}, split_backward,
-                         any(FUSED_ACCUMULATION in n["attrs"] for n, _ in walked),
-                         any(FP8_K_AXES in n["attrs"] for n, _ in walked))
+                         compute_dtypes or {}, split_backward)
     counted = [(calls[n["inputs"][0]], n["inputs"][1]) for n, _ in walked if n["op"] == _COUNTED_MEAN]
     lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters, outputs, counted)
     for ir_node, node in walked:
@@ -304,7 +305,6 @@ class _Read:
     operands: list = field(default_factory=list)
     write_backs: list = field(default_factory=list)  # (leaf, the operand the call writes, its placement)
     regathers: list = field(default_factory=list)  # (gathered parameter, its shard, steps, unit group)
-    async_operand: tuple | None = None  # (operand, its gradient's all-reduce): the call's backward is split
     taken: dict = field(default_factory=dict)  # a feature emitter's name -> what it took of the operands
 
 
@@ -314,9 +314,9 @@ class _Lowering:
     ``_EMITTERS`` that takes it, then what follows the call (``node``)."""
 
     def __init__(self, program: dict, sources: dict, mesh: _Mesh | None, nodes: list[dict],
-                 compute_dtypes: dict, split_backward: bool, fused: bool, fp8: bool):
-        self.program, self.sources, self.mesh, self.nodes, self.fp8 = program, sources, mesh, nodes, fp8
-        self.compute_dtypes, self.split_backward, self.fused = compute_dtypes, split_backward, fused
+                 compute_dtypes: dict, split_backward: bool):
+        self.program, self.sources, self.mesh, self.nodes = program, sources, mesh, nodes
+        self.compute_dtypes, self.split_backward = compute_dtypes, split_backward
         self.weight_outputs: list[str] = []  # the values a stage sends whose gradient is W's
         self.graph = torch.fx.Graph()
         self.root = self._root()
@@ -345,8 +345,6 @@ class _Lowering:
         if mesh is not None:
             root.statistics = StatisticsKernels(mesh)
         root.one_device_random = OneDeviceRandom()
-        if self.fused:
-            root.fused_accumulation = FusedAccumulation()
         if self.split_backward:
             root.weight_split = WeightSplit()
         if mesh is not None:
@@ -356,12 +354,13 @@ class _Lowering:
             root.prefetch = torch.nn.Module()
             root.prefetch.start = PrefetchStart(prefetches)
             root.prefetch.wait = PrefetchWait(prefetches)
-            root.async_gradient = AsyncGradient(mesh, root.reshard._steps)
-            for feature in FEATURES:
-                setattr(root, feature.name, feature.module(mesh, root.reshard._steps))
-        if self.fp8:
-            root.fp8_linear = Fp8Linears(mesh, root.reshard._steps if mesh is not None else {})
         return root
+
+    def feature_call(self, feature, read: "_Read", args: list, kwargs: dict) -> torch.fx.Node:
+        """The call `feature` (one of FEATURES) makes of `read`, its module made on first use."""
+        if feature.name not in self.root._modules:
+            setattr(self.root, feature.name, feature.module(self))
+        return feature.emit(self, read, args, kwargs)
 
     def leaves(self, tensors: dict, input_names: list[str], trainable: set[str], parameters: dict,
                outputs: list[dict], counted: list[tuple[dict, str]]) -> None:
@@ -450,9 +449,9 @@ class _Lowering:
                 raise ValidationError(f"parallelize: the stage receives '{outputs[0]}', which its module does not take")
             if op == "shardwise::send" and ir_node["attrs"].get(WEIGHT_OUTPUT):
                 self.weight_outputs.append(ir_node["inputs"][0])
-        elif {WEIGHT_CUT, FUSED_ACCUMULATION} & set(ir_node["attrs"]):  # never a gradient B, W or .grad misses
+        elif {WEIGHT_CUT, FUSED_ACCUMULATION_MARK} & set(ir_node["attrs"]):  # never a gradient B, W or .grad misses
             raise ValidationError(f"parallelize: the core marks the rank IR's {op} node '{outputs[0]}' "
-                                  f"{sorted({WEIGHT_CUT, FUSED_ACCUMULATION} & set(ir_node['attrs']))}, a call "
+                                  f"{sorted({WEIGHT_CUT, FUSED_ACCUMULATION_MARK} & set(ir_node['attrs']))}, a call "
                                   "the program does not make")
         elif op in _IR_EMITTERS or op.startswith("aten::"):
             last = next(iter(reversed(self.graph.nodes)), None)
@@ -516,10 +515,7 @@ class _Lowering:
             value = self.env[op["value"]]
             fwd = _step_texts(self.root, op["forward"])
             bwd = _step_texts(self.root, op["backward"])
-            if op.get("async_gradient"):  # the all-reduce runs in the call's own backward
-                read.async_operand = (i, bwd[0])
-                fwd = bwd = ()
-            if self.mesh is not None and any(feature.operand(self, read, i, op) for feature in FEATURES):
+            if any(feature.operand(self, read, i, op) for feature in FEATURES):
                 fwd = bwd = ()  # the region runs inside a call: this one's, or the value's producer's
             # In a recomputed block a write into the model's state (batch norm's running
             # statistics, num_batches_tracked += 1) goes through a copy: the copy back is
@@ -631,42 +627,6 @@ def _emit_one_device_random(lowering: _Lowering, node: dict, read: _Read) -> tor
                                                             whole_shape, index))
 
 
-def _emit_fp8(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
-    """runtime/fp8.py: a linear's product in float8, as the plan's precision says."""
-    ringed = [f.name for f in FEATURES if lowering.mesh is not None and f.takes(lowering, read)]
-    if ringed:
-        raise ValidationError(f"parallelize: '{read.first}' ({read.target}) would run {ringed[0]} in float8, which "
-                              f"the runtime cannot: plan it without {ringed[0]}")
-    if read.target not in SPLIT_OPS:
-        raise ValidationError(f"parallelize: the core marks '{read.first}' ({read.target}) as an FP8 linear, which "
-                              f"the runtime runs only for {', '.join(SPLIT_OPS.values())}")
-    args, kwargs = _node_call(node, read)
-    return lowering.graph.call_module("fp8_linear", (
-        SPLIT_OPS[read.target], tuple(read.marks[FP8_K_AXES]), tuple(read.marks[FP8_N_AXES]),
-        read.async_operand[1] if read.async_operand is not None else None, tuple(args), kwargs))
-
-
-def _emit_async_gradient(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
-    """runtime/async_gradients.py: the core marks linear, addmm, mm whose operand's gradient
-    all-reduce runs inside the call's own backward."""
-    if read.target not in SPLIT_OPS:
-        raise ValidationError(f"parallelize: the core split the backward of '{read.first}' ({read.target}), "
-                              f"which the runtime cannot split ({', '.join(SPLIT_OPS.values())})")
-    args, kwargs = _node_call(node, read)
-    return lowering.graph.call_module("async_gradient", (SPLIT_OPS[read.target], read.async_operand[0],
-                                                         read.async_operand[1], tuple(args), kwargs))
-
-
-def _emit_fused_accumulation(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
-    """runtime/fused_accumulation.py: the weight gradient added into the parameter's .grad."""
-    if read.target not in _FUSABLE:  # which operand is the weight: the core's (weight_gradient_split.h)
-        raise ValidationError(f"parallelize: the core accumulates the weight gradient of '{read.first}' "
-                              f"({read.target}) at its operand {read.marks[FUSED_ACCUMULATION]} in place, "
-                              f"which the runtime can do only for the weight of {', '.join(_FUSABLE.values())}")
-    args, kwargs = _node_call(node, read)
-    return lowering.graph.call_module("fused_accumulation", (_FUSABLE[read.target], tuple(args), kwargs))
-
-
 def _emit_call(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
     """The op itself, on its local operands."""
     args, kwargs = _node_call(node, read)
@@ -678,12 +638,9 @@ _EMITTERS = (
     (lambda lowering, node, read: read.kernel == LOOKUP, _emit_lookup),
     (lambda lowering, node, read: read.kernel.startswith("shardwise::"), _emit_statistics),  # a kernel of its own
     (lambda lowering, node, read: read.marks.get(ONE_DEVICE_RANDOM, False), _emit_one_device_random),
-    (lambda lowering, node, read: FP8_K_AXES in read.marks, _emit_fp8),
-    *((lambda lowering, node, read, feature=feature: lowering.mesh is not None and feature.takes(lowering, read),
-       lambda lowering, node, read, feature=feature: feature.emit(lowering, read, *_node_call(node, read)))
+    *((lambda lowering, node, read, feature=feature: feature.takes(lowering, read),
+       lambda lowering, node, read, feature=feature: lowering.feature_call(feature, read, *_node_call(node, read)))
       for feature in FEATURES),
-    (lambda lowering, node, read: read.async_operand is not None, _emit_async_gradient),
-    (lambda lowering, node, read: FUSED_ACCUMULATION in read.marks, _emit_fused_accumulation),
     (lambda lowering, node, read: True, _emit_call),
 )
 

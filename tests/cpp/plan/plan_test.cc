@@ -96,6 +96,29 @@ TEST(Plan, FusedAccumulationIsWrittenOnlyWhenOff) {
   EXPECT_THROW(plan_from_json(doc), support::ParseError);
 }
 
+// A sharding's async_gradients (the async-gradient pass, on by default) is written only when
+// off, so a sharding without it keeps its text and hash.
+TEST(Plan, AsyncGradientsAreWrittenOnlyWhenOff) {
+  Plan p = example();
+  Sharding s;
+  s.mesh = {p.data, p.tensor};
+  s.axis_names = {"data", "tensor"};
+  s.placements = {{"x", {"R", "R"}}};
+  p.stage_sharding = s;
+  EXPECT_TRUE(p.stage_sharding->async_gradients);
+  const std::string on = plan_to_json_string(p);
+  EXPECT_EQ(on.find("async_gradients"), std::string::npos) << on;
+  Plan off = p;
+  off.stage_sharding->async_gradients = false;
+  const std::string text = plan_to_json_string(off);
+  EXPECT_NE(text.find(R"("async_gradients":false)"), std::string::npos) << text;
+  EXPECT_EQ(plan_from_json_string(text), off);
+  EXPECT_NE(plan_hash(off), plan_hash(p));
+  nlohmann::json doc = nlohmann::json::parse(text);
+  doc["stage_sharding"]["async_gradients"] = "no";
+  EXPECT_THROW(plan_from_json_string(doc.dump()), support::ParseError);
+}
+
 // The micro-batch semantics: "exact" is the default and not written (a plan without it keeps
 // its hash); "per_micro_batch" round-trips, is part of the hash, and a misspelling names both.
 TEST(Plan, MicroBatchSemanticsIsWrittenOnlyWhenChosen) {

@@ -99,6 +99,29 @@ TEST(PlanPrice, ASearchedShardingPricedFromItsJsonAsTheSearchPricedIt) {
   EXPECT_GT(tensor_split, 0);  // the cases read strategies other than replicate on the tensor axis
 }
 
+// A sharding with async_gradients off runs its activation-gradient all-reduces after the
+// reader's backward (the pass is off): priced exposed, none beside a weight gradient.
+TEST(PlanPrice, AShardingWithAsyncGradientsOffPricesThoseAllReducesExposed) {
+  const ir::Graph g = gpt(8);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = {1, 8};
+  const SpmdSearchResult r = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  EXPECT_TRUE(r.plan.sharding->async_gradients);
+  plan::Plan off = plan::plan_from_json_string(plan::plan_to_json_string(r.plan));
+  off.sharding->async_gradients = false;
+  const PricedPlan on_priced = price_plan(g, cluster, cost::AnalyticCostModel{}, r.plan);
+  const PricedPlan off_priced = price_plan(g, cluster, cost::AnalyticCostModel{}, off);
+  const auto& on = on_priced.plan.predicted->breakdown;
+  const auto& exposed = off_priced.plan.predicted->breakdown;
+  ASSERT_GT(on.at("activations_beside_backward_total"), 0.0);  // the case is present
+  EXPECT_EQ(exposed.at("activations_beside_backward_total"), 0.0);
+  EXPECT_GT(exposed.at("activations"), on.at("activations"));
+  EXPECT_GT(off_priced.plan.predicted->step_time, on_priced.plan.predicted->step_time);
+  EXPECT_FALSE(plan::plan_from_json_string(plan::plan_to_json_string(off_priced.plan)).sharding->async_gradients);
+}
+
 // An fp8 plan holds its largest cast three times over at once (|t| in bf16, the scaled float32
 // copy, the float8 one: 7 bytes an element): on one H100 at 8 rows the lm head's output
 // gradient, 8 x 1024 x 50304 elements. Everything else is priced as the bf16 plan.

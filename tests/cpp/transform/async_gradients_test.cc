@@ -15,6 +15,7 @@
 #include "ir/printer.h"
 #include "transform/job_rank_graph.h"
 #include "transform/rank_graph.h"
+#include "transform/rank_passes.h"
 
 namespace shardwise::transform {
 namespace {
@@ -69,6 +70,16 @@ TEST(AsyncGradients, AColumnParallelInputsAllReduceRunsBesideItsWeightGradient) 
   // fc2 reads act as it is (no steps); the loss' all-reduce has no contraction beside it.
   EXPECT_EQ(async_gradient_operand(call(g, "y")), -1);
   EXPECT_EQ(overlap(g, "loss.r1"), "exposed");
+}
+
+TEST(AsyncGradients, APlanWithAsyncGradientsOffRunsNoPass) {
+  plan::Sharding s = megatron();
+  s.async_gradients = false;
+  const ir::Graph g = job_rank_graph(mlp(), s, 1).graph;
+  EXPECT_EQ(async_gradient_operand(call(g, "h")), -1);
+  EXPECT_EQ(overlap(g, "t.r1"), "exposed");  // the all-reduce after fc1's backward, as rewritten
+  EXPECT_FALSE(rank_passes()[0].enabled(s));
+  EXPECT_TRUE(rank_passes()[0].enabled(megatron()));
 }
 
 TEST(AsyncGradients, ThePassMarksTheRewritesGraphAndASecondRunChangesNothing) {
