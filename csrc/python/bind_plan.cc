@@ -15,6 +15,7 @@
 #include "cost/profiled_cost.h"
 #include "ir/graph.h"
 #include "plan/plan.h"
+#include "search/placement.h"
 #include "search/plan_report.h"
 #include "search/spmd_search.h"
 #include "search/stage_layout.h"
@@ -167,6 +168,16 @@ void bind_plan(py::module_& m) {
   m.def("block_bounds", &transform::block_bounds, py::arg("length"), py::arg("n"), py::arg("k"),
         py::arg("ratios") = std::vector<double>{},
         "[begin, end) of block k of n over `length` elements, even or at the ratios (transform/local_shard.h).");
+  m.def(
+      "partial_axes",
+      [](const std::vector<std::string>& placement) {
+        std::vector<int> axes;
+        for (std::size_t a = 0; a < placement.size(); ++a)
+          if (search::parse_placement(placement[a]).is_partial()) axes.push_back(static_cast<int>(a));
+        return axes;
+      },
+      py::arg("placement"),
+      "The mesh axes on which a placement (one text per axis, docs/plan-format.md) is Partial (search/placement.h).");
   m.def("plan_normalise", [](const std::string& text) {
     return plan::plan_to_json_string(plan::plan_from_json_string(text));
   }, "Parse, validate and re-write a plan's JSON (canonical form).");

@@ -54,3 +54,15 @@ def test_an_even_slice_of_rows_it_cannot_split_is_refused_naming_the_step():
     (step,) = _C.reshard_actions(["R"], ["S(0)"])
     with pytest.raises(ValidationError, match=r"slice\(axis 0, dim 0\).*\(7, 3\).*7 elements do not split into 2"):
         _apply_step(torch.zeros(7, 3), step, _one_axis_mesh(2, 1))
+
+
+def test_the_partial_axes_of_a_placement_are_the_cores_reading_of_its_text():
+    # The runtime asks the core (search/placement.h) where a placement is Partial, rather than
+    # reading the text itself (issue 47: lower.py's write-back and whole-block index,
+    # stage_links.py's cut between sub-meshes).
+    assert _C.partial_axes(["R", "P(sum)"]) == [1]
+    assert _C.partial_axes(["P(mean)", "S(0)[0.3,0.7]"]) == [0]
+    assert _C.partial_axes(["S(1)", "R", "P(max)"]) == [2]
+    assert _C.partial_axes(["S(1,g3)", "R"]) == []
+    with pytest.raises(_C.ParseError, match="cannot parse placement 'Q'"):
+        _C.partial_axes(["Q"])

@@ -108,7 +108,8 @@ _LAYOUT_FREE = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
 
 def _whole_index(placement: list[str]) -> list[str]:
     """A placement's Partial entries as Replicate: the block a rank holds of a Partial value is whole."""
-    return ["R" if p.startswith("P") else p for p in placement]
+    partial = _C.partial_axes(placement)
+    return ["R" if a in partial else p for a, p in enumerate(placement)]
 
 
 # ---- lowering one IR node back to its ATen call --------------------------------------------
@@ -698,7 +699,7 @@ def _write_back(graph: torch.fx.Graph, root: torch.nn.Module, name: str, value: 
     `required` (the block of batch norm's running statistics a channel-split node updates),
     the leaf (held in `placement`) becomes the written value: resharded back (the blocks
     all-gathered) and copied in. A Partial copy has no state to write back: refused."""
-    if any(p.startswith("P") for p in required):
+    if _C.partial_axes(required):
         raise ValidationError(f"parallelize: the program writes '{name}' in place as a partial sum ({required}); "
                               "a buffer's update must be read whole or as a block")
     steps = _step_texts(root, _C.reshard_actions(list(required), list(placement)))

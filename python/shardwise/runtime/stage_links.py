@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .. import _C
 from .._C import ValidationError
 from ..materialize import local_tensor
 from .reshard import gather_whole
@@ -95,7 +96,7 @@ class StageLinks:
         return local_tensor(whole, placement, self.mesh.sizes, self.mesh.rank)
 
     def _refuse_partial(self, placement: list[str] | None, name: str) -> None:
-        if placement is None or any(p.startswith("P") for p in placement):
+        if placement is None or _C.partial_axes(placement):
             raise ValidationError(f"pipeline: '{name}' crosses a cut between stages of different sub-meshes held "
                                   f"{placement} on pipeline rank {self.me}; a Partial value cannot be sent whole and "
                                   "cut (give the stages one mesh shape)")
