@@ -172,6 +172,21 @@ def train_one_device(model, batch_of, steps: int, optimizer) -> list[float]:
     return losses
 
 
+def train_beside_one_device(engine, reference, batch_of, steps: int, lr: float = 1e-2) -> tuple[list, list]:
+    """`engine` and `reference` (the same model on one device) each trained `steps` AdamW steps
+    at `lr` on batch k = batch_of(k), step by step; returns (the engine's losses, the reference's)."""
+    optimizer = torch.optim.AdamW(engine.parameters(), lr=lr)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=lr)
+    losses, ref_losses = [], []
+    for step in range(steps):
+        batch = batch_of(step)
+        losses.append(float(engine.train_step(*batch)))
+        optimizer.step()
+        optimizer.zero_grad()
+        ref_losses.extend(train_one_device(reference, lambda _: batch, 1, ref_optimizer))
+    return losses, ref_losses
+
+
 def train_engine_counting_ops(engine, batch_of, steps: int, lr: float = 1e-2) -> tuple[list[float], dict]:
     """`engine` trained `steps` steps with AdamW (over its shards) at `lr`, batch k = batch_of(k),
     its ops counted (``op_counts``); returns each step's loss and the counts."""

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import shardwise
-from conftest import finish_rank, parameter_error, spawn_reports
+from conftest import finish_rank, parameter_error, spawn_reports, train_beside_one_device
 from shardwise.models import CausalLMWithLoss
 from shardwise.runtime import fused_accumulation
 from shardwise.runtime.fused_accumulation import FusedAccumulation
@@ -254,20 +254,8 @@ def _train_and_report(rank: int, result: str, case: str, schedule: str, world: i
     counts so far, by phase)."""
     model = _model(case)
     engine = shardwise.parallelize(model, _batch(0, case), plan=_plan(world, schedule, fused))
-    optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
     reference = _model(case)
-    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    losses, ref_losses = [], []
-    for step in range(STEPS):
-        batch = _batch(step, case)
-        losses.append(float(engine.train_step(*batch)))
-        optimizer.step()
-        optimizer.zero_grad()
-        loss = reference(*batch)
-        loss.backward()
-        ref_optimizer.step()
-        ref_optimizer.zero_grad()
-        ref_losses.append(loss.item())
+    losses, ref_losses = train_beside_one_device(engine, reference, lambda step: _batch(step, case), STEPS)
     marked = sum(stage["module"].code.count("fused_accumulation(") for stage in engine._stages.values())
     lookups = sum(stage["module"].code.count("fused_accumulation('aten::embedding'")
                   for stage in engine._stages.values())

@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import finish_rank, parameter_error, spawn_reports
+from conftest import finish_rank, parameter_error, spawn_reports, train_beside_one_device
 from rank_ir_check import engine_against_rank_ir
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden"
@@ -152,20 +152,8 @@ def _worker(rank: int, world: int, store: str, result: str, case: str) -> None:
     try:
         torch.set_num_threads(1)
         engine = shardwise.parallelize(_model(), _batch(0), plan=_plan(case))
-        optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-2)
         reference = _model()
-        ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-        losses, ref_losses = [], []
-        for step in range(STEPS):
-            batch = _batch(step)
-            losses.append(float(engine.train_step(*batch)))
-            optimizer.step()
-            optimizer.zero_grad()
-            loss = reference(*batch)
-            loss.backward()
-            ref_optimizer.step()
-            ref_optimizer.zero_grad()
-            ref_losses.append(loss.item())
+        losses, ref_losses = train_beside_one_device(engine, reference, _batch, STEPS)
         irs = engine.stage_rank_irs if hasattr(engine, "stage_rank_irs") else {0: engine.rank_ir}
         finish_rank(result, rank, {"losses": losses, "ref_losses": ref_losses, "irs": {str(g): ir for g, ir in irs.items()},
                                    "error": parameter_error(engine.full_state_dict(), reference),

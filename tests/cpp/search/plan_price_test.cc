@@ -99,15 +99,20 @@ TEST(PlanPrice, ASearchedShardingPricedFromItsJsonAsTheSearchPricedIt) {
   EXPECT_GT(tensor_split, 0);  // the cases read strategies other than replicate on the tensor axis
 }
 
+// gpt(8)'s 8 rows searched on a tensor axis of 8.
+SpmdSearchOptions tensor_axis_of_8() {
+  SpmdSearchOptions o;
+  o.global_batch = 8;
+  o.mesh = {1, 8};
+  return o;
+}
+
 // A sharding with async_gradients off runs its activation-gradient all-reduces after the
 // reader's backward (the pass is off): priced exposed, none beside a weight gradient.
 TEST(PlanPrice, AShardingWithAsyncGradientsOffPricesThoseAllReducesExposed) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
-  SpmdSearchOptions o;
-  o.global_batch = 8;
-  o.mesh = {1, 8};
-  const SpmdSearchResult r = search_spmd(g, cluster, cost::AnalyticCostModel{}, o);
+  const SpmdSearchResult r = search_spmd(g, cluster, cost::AnalyticCostModel{}, tensor_axis_of_8());
   EXPECT_TRUE(r.plan.sharding->async_gradients);
   plan::Plan off = plan::plan_from_json_string(plan::plan_to_json_string(r.plan));
   off.sharding->async_gradients = false;
@@ -149,9 +154,7 @@ TEST(PlanPrice, AnFp8PlanHoldsItsLargestCastThreeTimesOver) {
 TEST(PlanPrice, AnFp8PlanAllReducesTheAmaxesOfASplitContraction) {
   const ir::Graph g = gpt(8);
   const cost::Cluster cluster = cost::preset("dgx-h100", 1);
-  SpmdSearchOptions o;
-  o.global_batch = 8;
-  o.mesh = {1, 8};
+  SpmdSearchOptions o = tensor_axis_of_8();
   o.batch_on_tensor_axis = false;
   const plan::Plan bf16 = search_spmd(g, cluster, cost::AnalyticCostModel{}, o).plan;
   plan::Plan fp8 = bf16;
