@@ -215,3 +215,17 @@ def test_a_golden_rank_program_is_the_program_a_job_lowers_and_runs(case):
              "tensor_pipeline_stage": ("shardwise::recv", "shardwise::all_reduce", "shardwise.fused_accumulation="),
              "zero_bubble_stage": ("shardwise.weight_cut=", "shardwise.fused_accumulation=")}[case]
     assert all(mark in ran for mark in marks), (marks, ran)
+
+
+def test_a_stage_takes_and_hands_on_what_its_rank_ir_says():
+    # pipeline_engine.stage_io reads the stage's I/O off its rank IR (the core's cut): here the
+    # zero-bubble golden's stage 1, which receives the first block's output and sends nothing.
+    from shardwise.runtime.pipeline_engine import stage_io
+
+    ir = _read_golden(GOLDEN / "run_zero_bubble_stage.ir")["expect"]
+    io = stage_io(ir, ["x", "y"])
+    assert io["inputs"] == ["y"] and io["received"] == ["add"] and io["sent"] == []
+    assert io["leaves"] == [f"blocks.1.{m}.{p}" for m in ("up", "down") for p in ("weight", "bias")]
+    # The tensor-parallel stage reads the same through its sub-mesh's shards and collectives.
+    tp = stage_io(_read_golden(GOLDEN / "run_tensor_pipeline_stage.ir")["expect"], ["x", "y"])
+    assert (tp["inputs"], tp["received"], tp["sent"], tp["leaves"]) == (["y"], ["add"], [], io["leaves"])

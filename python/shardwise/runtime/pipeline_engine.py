@@ -76,6 +76,22 @@ class StageProgram:
     shapes: dict            # value -> its whole shape
 
 
+def stage_io(rank_ir: str, input_names: list[str]) -> dict:
+    """What a pipeline stage's rank IR (transform/stage_rank_graph.h) takes and hands on: the
+    batch inputs it reads (its graph inputs among `input_names`, in their order; a counted
+    loss's count is an input of its own), the values it receives (its recv nodes) and sends (its
+    send nodes' operands), each in the IR's order, the order their transfers are posted in,
+    and the leaves it reads (the values no node makes that are no input)."""
+    ir = _C.Graph.from_text(rank_ir)
+    nodes = ir.nodes()
+    taken = set(ir.input_names())
+    made = {out for node in nodes for out in node["outputs"]}
+    return {"inputs": [x for x in input_names if x in taken],
+            "received": [node["outputs"][0] for node in nodes if node["op"] == "shardwise::recv"],
+            "sent": [node["inputs"][0] for node in nodes if node["op"] == "shardwise::send"],
+            "leaves": [v["name"] for v in ir.values() if v["name"] not in made and v["name"] not in taken]}
+
+
 def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input_names: list[str], tensors: dict,
                   trainable: set, parameters: dict, micro_batches: int, *, stage_ranks: list[int],
                   frozen: bool = False, compute_dtypes: dict | None = None,
@@ -117,10 +133,12 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
             meta[out["value"]] = (list(out["local_shape"]), val.dtype)
             produced[out["value"]] = list(out.get("produced") or [])
             shapes[out["value"]] = list(val.shape)
-    received = cut["received"]
+    # What each stage reads, receives and sends: its rank IR's (the core's cut).
+    io = [stage_io(ir, input_names) for ir in program["stage_rank_irs"]]
+    received = [stage["received"] for stage in io]
     reads: dict[str, set] = {}
-    for g, names in enumerate(cut["leaves"]):
-        for name in names:
+    for g, stage in enumerate(io):
+        for name in stage["inputs"] + stage["leaves"]:
             reads.setdefault(name, set()).add(g)
     owners = {x: {stage_ranks[g] for g in gs} for x, gs in reads.items() if x in tensors}
     for x in owners:
@@ -145,7 +163,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     for g in (g for g in range(stages) if stage_ranks[g] == pipeline_rank):
         batch_inputs = [x for x in input_names if g in reads.get(x, set())]
         last = g == stages - 1
-        outputs = program["outputs"] if last else [{"value": x} for x in cut["sent"][g]]
+        outputs = program["outputs"] if last else [{"value": x} for x in io[g]["sent"]]
         module = _build_module(program, builder.sources, mesh, tensors, batch_inputs + received[g], trainable,
                                rank_ir=program["stage_rank_irs"][g], outputs=outputs, parameters=parameters,
                                class_name=f"Stage{g}",
@@ -157,7 +175,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         mine[g] = {"module": module, "rank_ir": program["stage_rank_irs"][g],
                    "inputs": batch_inputs + received[g], "received": received[g],
                    "differentiable": [x for x in received[g] if x in differentiable],  # (their gradients go back)
-                   "sent": cut["sent"][g], "last": last, "weight_outputs": set(module.weight_outputs)}
+                   "sent": io[g]["sent"], "last": last, "weight_outputs": set(module.weight_outputs)}
     reduce = [(name, tuple(leaves[name]["reduce_axes"])) for name in parameters
               if name in leaves and leaves[name]["reduce_axes"] and isinstance(parameters[name], torch.nn.Parameter)]
     loss_value = program["outputs"][0]["value"]
