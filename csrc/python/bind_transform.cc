@@ -27,7 +27,6 @@
 #include "transform/rank_graph.h"
 #include "transform/spmd_rewrite.h"
 #include "transform/stage_rank_graph.h"
-#include "transform/stage_split.h"
 
 namespace py = pybind11;
 
@@ -275,7 +274,7 @@ std::string plan_programs(const ir::Graph& graph, const std::string& plan_json) 
   return programs_hash(per_rank);
 }
 
-// Contiguous pipeline stages of a graph and each stage's boundary (the binding's docstring).
+// Contiguous pipeline stages of a graph (the binding's docstring).
 py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<int>& layers_per_stage) {
   search::StageAssignment assignment = search::assign_stages(graph, stages, layers_per_stage);
   py::dict out;
@@ -285,26 +284,8 @@ py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<i
   out["nodes"] = names;
   out["stage_of_node"] = assignment.stage_of_node;
   out["stage_cost"] = assignment.stage_cost;
-  // Each stage's boundary (transform/stage_split.h): the values it receives (recv) and
-  // sends (send), and the leaves it reads, by name in graph order. (Where a stage's backward
-  // splits into B and W, and which calls accumulate in place, are marks of its rank graph:
-  // rank_program's stage passes.)
-  py::list received, sent, leaves;
-  for (const ir::Graph& stage : transform::split_stages(graph, assignment.stage_of_node, stages)) {
-    std::vector<std::string> in, outs, read;
-    for (const ir::Node& node : stage.nodes()) {
-      if (node.op == "shardwise::recv") in.push_back(stage.value(node.outputs[0]).name);
-      if (node.op == "shardwise::send") outs.push_back(stage.value(node.inputs[0]).name);
-    }
-    for (const ir::Value& v : stage.values())
-      if (!v.producer) read.push_back(v.name);
-    received.append(in);
-    sent.append(outs);
-    leaves.append(read);
-  }
-  out["received"] = received;
-  out["sent"] = sent;
-  out["leaves"] = leaves;
+  // What each stage takes and hands on is its rank IR's (rank_program's stage_rank_irs:
+  // the rank program cut by this assignment, transform/stage_rank_graph.h).
   return out;
 }
 
@@ -516,7 +497,7 @@ void bind_transform(py::module_& m) {
   m.def("pipeline_stages", &pipeline_stages,
         py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},
         "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h: balanced by forward FLOPs, or the "
-        "given layers per stage) and their boundaries (csrc/transform/stage_split.h).");
+        "given layers per stage): {nodes, stage_of_node, stage_cost}. rank_program cuts by stage_of_node.");
   m.def("axis_groups", &axis_groups,
         py::arg("mesh"), "Every axis' groups of mesh ranks (transform/rank_graph.h: axis_group), in creation order.");
   m.def(
