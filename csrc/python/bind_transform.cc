@@ -84,8 +84,7 @@ std::string region_overlap(const ir::Graph& rank_graph, const transform::StepReg
   return mark != nullptr ? *mark : "";
 }
 
-// How a rank graph reads `read`, the value `reader`'s input `i` is (`reader` null: a graph
-// output). Its resharding region is the chain of step nodes that ends at `read`
+// How a rank graph reads `read` (a call's operand, or a graph output). Its resharding region is the chain of step nodes that ends at `read`
 // (rank_graph.h: region_ending_at), whose end value is the region's id (readers of one region
 // share one reshard), from the value it starts at; its steps as the runtime runs them
 // (forward in order, backward in the order the gradient runs them); and the marks on them: a

@@ -155,7 +155,8 @@ def _worker(rank: int, world: int, store: str, result: str, case: str) -> None:
         reference = _model()
         losses, ref_losses = train_beside_one_device(engine, reference, _batch, STEPS)
         irs = engine.stage_rank_irs if hasattr(engine, "stage_rank_irs") else {0: engine.rank_ir}
-        finish_rank(result, rank, {"losses": losses, "ref_losses": ref_losses, "irs": {str(g): ir for g, ir in irs.items()},
+        finish_rank(result, rank, {"losses": losses, "ref_losses": ref_losses,
+                                   "irs": {str(g): ir for g, ir in irs.items()},
                                    "error": parameter_error(engine.full_state_dict(), reference),
                                    "lowered": engine_against_rank_ir(engine)})
     finally:
@@ -196,13 +197,13 @@ def test_a_golden_rank_program_is_the_program_a_job_lowers_and_runs(case):
     reports = spawn_reports(_worker, spec.world, case)
     ran = reports[spec.rank]["irs"][str(stage)]
     path = GOLDEN / f"run_{case}.ir"
+    sharding = _golden_plan(case, plan, graph)
     if UPDATE:
-        _write_golden(path, spec, local, (stage, plan.pipeline) if pipelined else None, _golden_plan(case, plan, graph),
-                      str(graph), ran)
+        _write_golden(path, spec, local, (stage, plan.pipeline) if pipelined else None, sharding, str(graph), ran)
     golden = _read_golden(path)
     assert golden["run"] == spec.passes
     assert golden["graph"] == str(graph), "the golden's input is not the model's capture"
-    assert golden["plan"] == json.loads(json.dumps(_golden_plan(case, plan, graph))), "the golden's PLAN is not the job's"
+    assert golden["plan"] == json.loads(json.dumps(sharding)), "the golden's PLAN is not the job's"
     assert (golden["rank"], golden["stage"]) == (local, stage if pipelined else None)
     assert golden["expect"] == ran, "the golden's expected program is not the rank IR the job ran"
     for r, report in enumerate(reports):

@@ -15,8 +15,8 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
                        (collective matmul, async TP)  (async_gradients, mesh, traffic,
                        transport)
     fp8                linear layers' products in float8 (torch._scaled_mm, rowwise scales),
-                       and the same arithmetic on one device  (async_gradients, mesh,
-                       transport)
+                       and the same arithmetic on one device  (async_gradients,
+                       collective_matmul, mesh, transport)
     fused_accumulation a stage's weight gradients added into .grad by the products and lookups
                        that make them (addmm_, index_add_)  (async_gradients)
     weight_split       a stage's backward as B and W (zero-bubble schedules)

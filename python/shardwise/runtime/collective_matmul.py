@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from .._C import ValidationError
 from . import traffic, transport
-from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, SPLIT_OPS, _rows, contraction_operands
+from .async_gradients import ASYNC_GRADIENT_MARK, _ADDMM, _BY_NAME, _LINEAR, SPLIT_OPS, _rows, contraction_operands
 from .mesh import _Mesh
 
 
@@ -354,7 +354,7 @@ class RingEmitter:
             raise ValidationError(f"parallelize: '{read.first}' runs a collective matmul inside a stage whose "
                                   "backward is split (zero-bubble): the ring computes the weight gradient with the "
                                   "input's")
-        if "shardwise.async_gradient" in read.marks:  # one module of the runtime's or the other, never both
+        if ASYNC_GRADIENT_MARK in read.marks:  # one module of the runtime's or the other, never both
             raise ValidationError(f"parallelize: the core runs a collective matmul in '{read.first}' ({read.target}) "
                                   "and its operand's gradient all-reduce beside its weight gradient; the ring would "
                                   "drop the all-reduce (transform/collective_matmul.h leaves such a call alone)")

@@ -31,7 +31,9 @@ from torch.overrides import TorchFunctionMode
 
 from .._C import ValidationError
 from . import transport
-from .async_gradients import _ADDMM, _BY_NAME, _LINEAR, _MM, SPLIT_OPS, bias_gradient, contraction_operands
+from .async_gradients import (ASYNC_GRADIENT_EMITTER, _ADDMM, _BY_NAME, _LINEAR, _MM, SPLIT_OPS, bias_gradient,
+                              contraction_operands)
+from .collective_matmul import GATHER_MARK, SCATTER_MARK
 from .mesh import _Mesh
 
 FP8 = torch.float8_e4m3fn
@@ -180,8 +182,6 @@ class Fp8Linears(torch.nn.Module):
 
 
 FP8_K_AXES, FP8_N_AXES = "shardwise.fp8_k_axes", "shardwise.fp8_n_axes"  # an FP8 linear's amax axes (rank_graph.h)
-# The collective-matmul pass's marks (transform/collective_matmul.h): a ring, which FP8 cannot run.
-_RING_MARKS = ("shardwise.gather_matmul", "shardwise.matmul_scatter")
 
 
 class Fp8Emitter:
@@ -203,14 +203,14 @@ class Fp8Emitter:
         return FP8_K_AXES in read.marks
 
     def emit(self, lowering, read, args: tuple, kwargs: dict):
-        ring = next((mark for mark in _RING_MARKS if mark in read.marks), None)
+        ring = next((mark for mark in (GATHER_MARK, SCATTER_MARK) if mark in read.marks), None)  # a ring: refused
         if ring is not None:
             raise ValidationError(f"parallelize: '{read.first}' ({read.target}) would run collective_matmul in "
                                   f"float8 ({ring}), which the runtime cannot: plan it without collective_matmul")
         if read.target not in SPLIT_OPS:
             raise ValidationError(f"parallelize: the core marks '{read.first}' ({read.target}) as an FP8 linear, "
                                   f"which the runtime runs only for {', '.join(SPLIT_OPS.values())}")
-        taken = read.taken.get("async_gradient")
+        taken = read.taken.get(ASYNC_GRADIENT_EMITTER.name)
         return lowering.graph.call_module(self.name, (
             SPLIT_OPS[read.target], tuple(read.marks[FP8_K_AXES]), tuple(read.marks[FP8_N_AXES]),
             taken[1] if taken is not None else None, tuple(args), kwargs))
