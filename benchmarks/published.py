@@ -163,6 +163,18 @@ def memory_of(cluster) -> float:
     return float(json.loads(cluster.to_json())["device_types"][0]["memory_bytes"])
 
 
+def as_run(graph, cluster, plan):
+    """A pipelined tensor-parallel plan priced with the layout its stages run: ``Plan.complete``
+    (what ``parallelize`` does with it first) searches the stages' {data, tensor} layout under
+    the first stage's memory and prices the plan with it, sequence parallelism included, where
+    ``Plan.manual`` prices Megatron's layout without it. It applies where the graph was
+    captured at one micro-batch of the data axis (the 70B rows: 1 x 2 rows); elsewhere the
+    plan is as ``Plan.manual`` priced it."""
+    if plan.pipeline > 1 and plan.tensor > 1:
+        return plan.complete(graph, cluster)
+    return plan
+
+
 def price(graph, cluster, row: Row) -> dict:
     """The published configuration priced: step, tokens/s/GPU, memory per GPU. A Megatron
     recompute_num_layers of k of L layers is priced as none + k/L of (full - none), in time
@@ -173,12 +185,12 @@ def price(graph, cluster, row: Row) -> dict:
                   schedule="interleaved-1f1b" if row.virtual_stages > 1 else "1f1b",
                   virtual_stages=row.virtual_stages)
     if row.recompute_layers is None:
-        plan = shardwise.Plan.manual(graph, cluster, recompute=row.recompute, **common)
+        plan = as_run(graph, cluster, shardwise.Plan.manual(graph, cluster, recompute=row.recompute, **common))
         step, memory = plan.predicted_step_time(), plan.predicted_memory()[0]
     else:
         layers = LLAMA3[row.model][0]
-        kept = shardwise.Plan.manual(graph, cluster, recompute="none", **common)
-        full = shardwise.Plan.manual(graph, cluster, recompute="full", **common)
+        kept = as_run(graph, cluster, shardwise.Plan.manual(graph, cluster, recompute="none", **common))
+        full = as_run(graph, cluster, shardwise.Plan.manual(graph, cluster, recompute="full", **common))
         share = row.recompute_layers / layers
         step = kept.predicted_step_time() + share * (full.predicted_step_time() - kept.predicted_step_time())
         memory = kept.predicted_memory()[0] - share * (kept.predicted_memory()[0] - full.predicted_memory()[0])

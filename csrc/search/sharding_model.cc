@@ -380,6 +380,13 @@ double ShardingModel::held_except(ir::ValueId value, int axis) const {
 
 double ShardingModel::held_all(ir::ValueId value) const { return held_except(value, -1); }
 
+double ShardingModel::held_fraction_of(ir::ValueId value, int first_axis) const {
+  double held = 1;
+  for (int b = std::max(0, first_axis); b < static_cast<int>(options_.mesh.size()); ++b)
+    held *= held_fraction(value_placement(b, value), options_.mesh[static_cast<std::size_t>(b)]);
+  return held;
+}
+
 double ShardingModel::value_bytes(ir::ValueId value) const {
   const ir::Value& v = graph_.value(value);
   double element = ir::is_floating(v.type.dtype) ? float_bytes_ : ir::dtype_bytes(v.type.dtype);
@@ -1418,7 +1425,7 @@ double ShardingModel::activation_bytes() const {
   return bytes + recompute_checkpoint_bytes();
 }
 
-ShardingModel::Tally ShardingModel::tally() const {
+ShardingModel::Tally ShardingModel::tally(int first_axis) const {
   Tally out;
   out.by_node.assign(graph_.nodes().size(), {});
   for (const ir::Node& node : graph_.nodes()) {
@@ -1431,7 +1438,7 @@ ShardingModel::Tally ShardingModel::tally() const {
     out.forward += instances_[u] * time.forward;
     out.backward += instances_[u] * (time.backward + recomputed);
   }
-  for (int axis = 0; axis < static_cast<int>(options_.mesh.size()); ++axis) {
+  for (int axis = first_axis; axis < static_cast<int>(options_.mesh.size()); ++axis) {
     if (options_.mesh[static_cast<std::size_t>(axis)] <= 1) continue;
     tally_statistics(axis, out);
     tally_reshardings(axis, out);
@@ -1609,8 +1616,8 @@ void ShardingModel::tally_reshardings(int axis, Tally& out) const {
   }
 }
 
-std::vector<NodePrice> ShardingModel::node_prices() const {
-  const Tally tally = this->tally();
+std::vector<NodePrice> ShardingModel::node_prices(int first_axis) const {
+  const Tally tally = this->tally(first_axis);
   std::vector<NodePrice> out(graph_.nodes().size());
   const double unscale = options_.activation_memory_scale > 0 ? 1.0 / options_.activation_memory_scale : 1.0;
   for (const ir::Node& node : graph_.nodes()) {

@@ -157,10 +157,12 @@ class ShardingModel {
 
   // The current decisions' costs by node (indexed by NodeId): what a pipeline planner sums
   // over a stage's nodes. The evaluate() sums, without its overlap of parameter
-  // collectives, which the planner's own model decides.
-  std::vector<NodePrice> node_prices() const;
-  // The fraction of a value each rank holds over all mesh axes (1 = whole).
-  double held_fraction_of(ir::ValueId value) const { return held_all(value); }
+  // collectives, which the planner's own model decides. `first_axis`: only the collectives
+  // of the axes from it on (a stage's tensor axis, its data axis priced by the evaluator);
+  // compute and saved bytes are a rank's on the whole mesh whatever it is.
+  std::vector<NodePrice> node_prices(int first_axis = 0) const;
+  // The fraction of a value each rank holds over the mesh axes from `first_axis` on (1 = whole).
+  double held_fraction_of(ir::ValueId value, int first_axis = 0) const;
 
   // The plan's sharding section for the current decisions.
   plan::Sharding sharding(std::string level) const;
@@ -235,7 +237,7 @@ class ShardingModel {
     // activations counts what of them the products leave exposed.
     double activation_matmul = 0;
   };
-  Tally tally() const;
+  Tally tally(int first_axis = 0) const;  // the collectives of the axes from first_axis on
   void tally_statistics(int axis, Tally& out) const;
   // A parameter collective's unit group on an axis: (unit of `consumer`, kind, dtype).
   std::tuple<int, int, int> unit_group_key(int consumer, ir::ValueId value, int kind) const;

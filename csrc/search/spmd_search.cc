@@ -176,6 +176,8 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   mo.collective_matmul = options.collective_matmul;
   mo.allow_zero = options.allow_zero;
   mo.memory = options.memory;
+  mo.parameter_memory_scale = options.parameter_memory_scale;
+  mo.activation_memory_scale = options.activation_memory_scale;
   mo.beam_width = options.beam_width;
   mo.overlap_interference = options.overlap_interference.value_or(cost::overlap_interference(cluster));
   mo.solve_memo = &memo;

@@ -99,6 +99,11 @@ struct SpmdSearchOptions {
   // (plan::Sharding::collective_matmul) for the rewrite and the runtime.
   bool collective_matmul = false;
   std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
+  // The graph standing for a pipeline stage's share of it (ShardingModelOptions'): the
+  // fractions of its parameter states and of one micro-batch's saved activations the stage's
+  // ranks hold, so that its layout is chosen under the memory the stage has (stage_layout.h).
+  double parameter_memory_scale = 1;
+  double activation_memory_scale = 1;
   int beam_width = kBeamWidth;  // search/spmd_problem.h
   // Seconds of step time one second of parameter collectives hidden under compute still
   // costs (cost/constants.h).

@@ -46,9 +46,13 @@ MemoryShares first_stage_shares(const cost::LayerStructure& structure, const pla
   return {share * zero, share * in_flight};
 }
 
+// The prices of `found`'s decisions by part, on a {1, t} or {d, t} model: a rank's compute
+// and saved bytes (one micro-batch's rows each), the tensor axis' collectives and splits
+// (axis 1; the data axis is the evaluator's: data parallelism, ZeRO, the optimizer).
 cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Graph& graph,
                                       const cost::LayerStructure& structure, const plan::Plan& plan) {
-  const std::vector<NodePrice> prices = found.node_prices();
+  constexpr int kTensorAxis = 1;
+  const std::vector<NodePrice> prices = found.node_prices(kTensorAxis);
   auto part = [&](const std::vector<ir::NodeId>& nodes) {
     cost::PartPrice out;
     std::set<ir::ValueId> seen;
@@ -64,7 +68,7 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
       for (ir::ValueId in : graph.node(id).inputs) {
         const ir::Value& value = graph.value(in);
         if (value.role != ir::ValueRole::Parameter || !seen.insert(in).second) continue;
-        out.parameters += static_cast<double>(value.type.numel()) * found.held_fraction_of(in);
+        out.parameters += static_cast<double>(value.type.numel()) * found.held_fraction_of(in, kTensorAxis);
       }
     }
     return out;
@@ -75,7 +79,7 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
   out.post = part(structure.post);
   const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
   out.boundary_bytes = structure.layer_input_bytes * batch_scale *
-                       (structure.layer_input >= 0 ? found.held_fraction_of(structure.layer_input) : 1.0);
+                       (structure.layer_input >= 0 ? found.held_fraction_of(structure.layer_input, kTensorAxis) : 1.0);
   return out;
 }
 
@@ -143,26 +147,32 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
   if (running.mesh.size() != 2 || running.mesh[1] != plan.tensor)
     throw support::ValidationError(fmt::format("plan: stage_sharding mesh [{}] for tensor degree {}",
                                                fmt::join(running.mesh, ", "), plan.tensor));
-  // Its tensor axis on a mesh {1, t}: the data axis is the evaluator's (data parallelism,
-  // ZeRO, the optimizer over d ranks), as for a searched layout.
-  plan::Sharding tensor_axis = running;
-  tensor_axis.mesh = {1, plan.tensor};
-  for (auto& [name, per_axis] : tensor_axis.placements) per_axis = {"R", per_axis.at(1)};
-  for (auto& [name, per_axis] : tensor_axis.strategies) per_axis = {"replicate", per_axis.at(1)};
-  tensor_axis.zero.clear();
+  if (running.mesh[0] != plan.data)
+    throw support::ValidationError(fmt::format("plan: stage_sharding mesh [{}] for data degree {}",
+                                               fmt::join(running.mesh, ", "), plan.data));
+  // Adopted as it runs: on the {d, t} sub-mesh at one micro-batch of the data axis (the rows
+  // it was searched at, so every strategy reads its rule at the batch it was written for: at
+  // one row a flattening view's batch dim is a unit dim and its indices shift), each rank's
+  // compute one micro-batch's. What is priced of it is the tensor axis (layout_prices); the
+  // data axis' ZeRO is the evaluator's (zero_stage), so only the tensor axis' stays.
+  plan::Sharding adopted = running;
+  adopted.zero.clear();
   for (const auto& [name, axes] : running.zero)
-    if (std::ranges::find(axes, 1) != axes.end()) tensor_axis.zero[name] = {1};
-  const cost::Cluster ranks = cost::first_ranks(cluster, plan.tensor);
+    if (std::ranges::find(axes, 1) != axes.end()) adopted.zero[name] = {1};
+  const cost::Cluster ranks = cost::first_ranks(cluster, plan.data * plan.tensor);
   ShardingModelOptions mo = stage_model_options(structure, ranks, plan, cost::kMemoryFraction);
+  mo.mesh = {plan.data, plan.tensor};
+  mo.global_batch = plan.micro_batch * plan.data;
+  mo.batch_axes = {true, false};
   mo.collective_matmul = running.collective_matmul;
   mo.async_gradients = running.async_gradients;
   try {
     ShardingModel priced(graph, ranks, model, mo);
-    priced.adopt(tensor_axis);
+    priced.adopt(adopted);
     return layout_prices(priced, graph, structure, plan);
   } catch (const support::ValidationError& e) {
-    // A graph the {1, t} model cannot take (search_stage_layout then keeps Megatron's layout
-    // too), or a tensor-axis strategy it does not offer without the data axis' split: the
+    // A graph the model cannot take (search_stage_layout then keeps Megatron's layout too),
+    // or a sharding searched on another capture than this graph (a plan read back): the
     // plan is priced with Megatron's layout, and the log says why.
     support::log(support::LogLevel::Info,
                  fmt::format("plan price: the stage_sharding's tensor axis not priced ({}); Megatron's layout priced",
@@ -174,12 +184,18 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
 namespace {
 
 // The SPMD search of `graph` at `rows` on the plan's {data, tensor} mesh of `cluster`, in the
-// plan's precision (validated with the plan): what completing a plan runs.
+// plan's precision (validated with the plan) and with its recomputation (the one its stages
+// run: plan::stage_plan): what completing a plan runs. `shares`: a pipeline stage's part of
+// the graph's memory, under which its layout is chosen.
 SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& cluster, const plan::Plan& plan,
                                   std::int64_t rows, SearchLevel level, double memory_fraction,
-                                  const cost::CostModel* model, std::vector<int> mesh = {}, bool allow_zero = true) {
+                                  const cost::CostModel* model, std::vector<int> mesh = {}, bool allow_zero = true,
+                                  MemoryShares shares = {}) {
   SpmdSearchOptions options;
   options.allow_zero = allow_zero;
+  options.recompute = plan.recompute;
+  options.parameter_memory_scale = shares.parameters;
+  options.activation_memory_scale = shares.activations;
   options.global_batch = rows;
   options.level = level;
   options.mesh = mesh.empty() ? std::vector<int>{plan.data, plan.tensor} : std::move(mesh);
@@ -243,8 +259,10 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
         fmt::format("stage sharding: the cluster has {} devices, a stage's sub-mesh data {} x tensor {} = {}",
                     cluster.world_size(), plan.data, plan.tensor, size));
   const cost::Cluster sub_mesh = cluster.world_size() == size ? cluster : cost::first_ranks(cluster, size);
+  // Under the first stage's memory, the most any stage holds (as search_stage_layout).
+  const MemoryShares shares = first_stage_shares(cost::find_layer_structure(graph), plan);
   const SpmdSearchResult found = search_plan_mesh(graph, sub_mesh, plan, plan.micro_batch * plan.data, level,
-                                                 memory_fraction, model, {}, /*allow_zero=*/false);
+                                                 memory_fraction, model, {}, /*allow_zero=*/false, shares);
   if (!found.plan.sharding) return std::nullopt;
   return with_plan_zero(*found.plan.sharding, graph, plan);
 }

@@ -60,14 +60,17 @@ std::optional<StageLayout> search_stage_layout(const ir::Graph& graph, const cos
                                                const plan::Plan& plan, const StageLayoutOptions& options);
 
 // The prices of the layout a pipelined plan's stages run (its stage_sharding) as the
-// evaluator takes them (cost::StageLayoutPrices): the sharding's tensor axis adopted on the
-// {1, t} model search_stage_layout searches on (ShardingModel::adopt; its data axis is the
-// evaluator's: data parallelism, ZeRO and the optimizer over d ranks), priced by part. What
+// evaluator takes them (cost::StageLayoutPrices): the sharding adopted as it runs, on the {d,
+// t} sub-mesh at one micro-batch of the data axis (micro_batch x data rows, the rows it was
+// searched at: ShardingModel::adopt), and its tensor axis priced by part (a rank's compute and
+// saved bytes at its micro-batch, the tensor axis' collectives and splits; the data axis is
+// the evaluator's: data parallelism, ZeRO and the optimizer over d ranks). What
 // search/plan_price.h prices such a plan with. Empty without a stage_sharding, at tensor 1,
-// with stage_meshes, for a graph without layers, or when the {1, t} model cannot take the
-// graph or one of the tensor axis' strategies (logged at info; Megatron's layout is priced). Assumes the sharding's data axis splits
-// the batch and nothing else (what complete_stage_sharding's search leaves it: the batch stays
-// off the tensor axis); a weight it splits is priced whole.
+// with stage_meshes, for a graph without layers, or when the model cannot take the graph or
+// adopt the sharding (a sharding searched on another capture; logged at info: Megatron's
+// layout is priced). Assumes the sharding's data axis splits the batch and nothing else (what
+// complete_stage_sharding's search leaves it: the batch stays off the tensor axis); a weight
+// it splits is priced whole.
 std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& graph,
                                                              const cost::LayerStructure& structure,
                                                              const cost::Cluster& cluster, const cost::CostModel& model,
@@ -76,7 +79,9 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
 // The layout a pipelined plan's stages run (plan.h's stage_sharding): the SPMD search on the
 // graph at one micro-batch of the data axis (micro_batch x data rows), on the {data, tensor}
 // mesh of the cluster's first data x tensor ranks (every stage's sub-mesh is alike), in the
-// plan's precision. What completes a plan, so that the runtime searches nothing; the same
+// plan's precision and with its recomputation (what the stages run), under the memory of the
+// plan's first stage (its share of the parameter states and of the activations in flight, as
+// search_stage_layout: not the whole graph's on d x t devices). What completes a plan, so that the runtime searches nothing; the same
 // search parallelize ran for a plan without one. Empty when data x tensor is 1 (every stage
 // holds its part of the graph whole), the plan is sharded (pipeline 1, one micro-batch), or
 // the graph was captured at another batch than those rows (it may not be the graph the runtime

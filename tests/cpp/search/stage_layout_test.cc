@@ -129,9 +129,22 @@ TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
   options.mesh = std::vector<int>{2, 2};
   options.batch_on_tensor_axis = false;  // the plan's degrees name the axes data x tensor
   options.allow_zero = false;             // the plan's zero_stage says ZeRO, not the search
+  options.recompute = plan.recompute;     // what the stages run (plan::stage_plan)
+  // The first stage's memory: 2 of the 4 layers' parameter states, and 1F1B's p = 2
+  // micro-batches in flight of those layers' activations (2 x 2 / 4 of one micro-batch's).
+  options.parameter_memory_scale = 0.5;
+  options.activation_memory_scale = 1.0;
   const SpmdSearchResult direct = search_spmd(batch4, cost::first_ranks(cluster, 4), cost::AnalyticCostModel{},
                                               options);
   EXPECT_EQ(*s, *direct.plan.sharding);
+  // The layout is searched with the plan's recomputation, not one of the search's choosing.
+  for (plan::Recompute recompute : {plan::Recompute::Selective, plan::Recompute::Full}) {
+    plan::Plan recomputed = plan;
+    recomputed.recompute = recompute;
+    const std::optional<plan::Sharding> r = complete_stage_sharding(batch4, cluster, recomputed, SearchLevel::Fast);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->recompute, recompute);
+  }
   EXPECT_TRUE(s->zero.empty());  // zero_stage 0: no optimizer state sharded, as the evaluator prices it
   plan.stage_sharding = s;
   EXPECT_NO_THROW(plan::validate(plan, 8));
@@ -171,6 +184,38 @@ TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
   EXPECT_FALSE(complete_stage_sharding(batch4, cluster, other_rows, SearchLevel::Fast));
   EXPECT_TRUE(complete_stage_sharding(testing::gpt_at_batch(4, 256, 4, 128, 1000, 2), cluster, other_rows,
                                       SearchLevel::Fast));
+}
+
+// The stages' layout is chosen under the memory a stage has (its share of the parameter
+// states and of the activations in flight), not the whole graph's on d x t devices: where the
+// two searches part, as memory tightens, the completed layout is the stage's.
+TEST(StageLayout, TheStagesLayoutIsChosenUnderTheFirstStagesMemory) {
+  const ir::Graph batch4 = testing::gpt_at_batch(4, 256, 4, 128, 1000, 4);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  const plan::Plan plan{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
+  auto search = [&](double fraction, double parameters, double activations) {
+    SpmdSearchOptions options;
+    options.global_batch = 4;
+    options.mesh = std::vector<int>{2, 2};
+    options.batch_on_tensor_axis = false;
+    options.allow_zero = false;
+    options.recompute = plan.recompute;
+    options.memory_fraction = fraction;
+    options.parameter_memory_scale = parameters;  // 2 of 4 layers' states (no ZeRO)
+    options.activation_memory_scale = activations;  // 1F1B: p = 2 micro-batches of 2 of 4 layers
+    return *search_spmd(batch4, cost::first_ranks(cluster, 4), cost::AnalyticCostModel{}, options).plan.sharding;
+  };
+  int parted = 0;
+  for (double fraction : {1e-3, 5e-4, 4e-4, 3e-4, 2e-4}) {
+    const plan::Sharding stage = search(fraction, 0.5, 1.0);
+    if (stage == search(fraction, 1.0, 1.0)) continue;
+    ++parted;
+    const std::optional<plan::Sharding> completed =
+        complete_stage_sharding(batch4, cluster, plan, SearchLevel::Fast, fraction);
+    ASSERT_TRUE(completed);
+    EXPECT_EQ(*completed, stage) << "memory fraction " << fraction;
+  }
+  EXPECT_GT(parted, 0) << "no memory at which the whole graph's layout and a stage's differ: pick tighter ones";
 }
 
 }  // namespace
