@@ -26,6 +26,7 @@ import time
 from typing import Iterable
 
 from . import _C
+from ._core_property import core_property
 from ._logging import get_logger
 
 log = get_logger(__name__)
@@ -151,21 +152,10 @@ class Cluster:
             f.write("\n")
 
     # ---- queries ------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self._core.name
-
-    @property
-    def world_size(self) -> int:
-        return self._core.world_size
-
-    @property
-    def num_nodes(self) -> int:
-        return self._core.num_nodes
-
-    @property
-    def heterogeneous(self) -> bool:
-        return self._core.heterogeneous
+    name = core_property("name", "The cluster's name (a preset's, or what Cluster.detect measured).")
+    world_size = core_property("world_size", "Devices in all (ranks).")
+    num_nodes = core_property("num_nodes")
+    heterogeneous = core_property("heterogeneous", "Whether its ranks have more than one device type.")
 
     @property
     def devices(self) -> list[str]:

@@ -20,10 +20,17 @@ import os
 from typing import List, Union
 
 from . import _C
+from ._core_property import core_property
 
 SCHEDULES = tuple(_C.schedule_names())  # the plan's names (csrc/plan/plan.h), "interleaved" accepted too
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _written(path: PathLike, text: str) -> str:
+    with open(os.fspath(path), "w", encoding="utf-8") as f:
+        f.write(text)
+    return text
 
 
 class Simulation:
@@ -33,35 +40,17 @@ class Simulation:
         self._sim = sim
         self.schedule = schedule
 
-    @property
-    def step_time(self) -> float:
-        return self._sim.step_time
-
-    @property
-    def bubble_fraction(self) -> float:
-        return self._sim.bubble_fraction
-
-    @property
-    def bubble_overhead(self) -> float:
-        return self._sim.bubble_overhead
-
-    @property
-    def busy(self) -> List[float]:
-        """Seconds each rank computes (forward, backward, weight gradient) in the step."""
-        return list(self._sim.busy)
-
-    @property
-    def peak_in_flight(self) -> List[int]:
-        return list(self._sim.peak_in_flight)
-
-    @property
-    def ranks(self) -> int:
-        return self._sim.ranks
-
-    @property
-    def trace_event_count(self) -> int:
-        """Number of "X" events :meth:`chrome_trace` writes (every non-idle interval)."""
-        return self._sim.trace_event_count
+    step_time = core_property("step_time", "Seconds of the simulated step.", holder="_sim")
+    bubble_fraction = core_property("bubble_fraction", holder="_sim")
+    bubble_overhead = core_property("bubble_overhead", holder="_sim")
+    busy = core_property("busy", "Seconds each rank computes (forward, backward, weight gradient) in the step.",
+                         holder="_sim", convert=list)
+    peak_in_flight = core_property("peak_in_flight", "Micro-batches each rank holds at most at once.",
+                                   holder="_sim", convert=list)
+    ranks = core_property("ranks", holder="_sim")
+    trace_event_count = core_property(
+        "trace_event_count", 'Number of "X" events :meth:`chrome_trace` writes (every non-idle interval).',
+        holder="_sim")
 
     def actions(self, rank: int) -> str:
         """The rank's action list as text, e.g. ``"F0@s0 SA0@s0->r1 ..."``."""
@@ -69,17 +58,11 @@ class Simulation:
 
     def timeline_svg(self, path: PathLike, title: str = "", width: float = 1000.0) -> str:
         """Writes the timeline as SVG to `path`; returns the SVG text."""
-        text = self._sim.timeline_svg(title, width)
-        with open(os.fspath(path), "w", encoding="utf-8") as f:
-            f.write(text)
-        return text
+        return _written(path, self._sim.timeline_svg(title, width))
 
     def chrome_trace(self, path: PathLike) -> str:
         """Writes the timeline as Chrome trace JSON to `path`; returns the JSON text."""
-        text = self._sim.chrome_trace()
-        with open(os.fspath(path), "w", encoding="utf-8") as f:
-            f.write(text)
-        return text
+        return _written(path, self._sim.chrome_trace())
 
     def __repr__(self) -> str:
         return (f"Simulation({self.schedule!r}, ranks={self.ranks}, step_time={self.step_time:.4g}, "

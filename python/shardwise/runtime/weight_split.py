@@ -49,12 +49,16 @@ class _SplitState:
         return sites
 
 
-class WeightCut(torch.nn.Module):
-    """``self.weight_split.cut(u, site)``: `u` itself, or in a split forward a fresh leaf of it."""
+class _SplitStateModule(torch.nn.Module):
+    """A module of the lowered program that reads and writes the split's shared state."""
 
     def __init__(self, state: _SplitState):
         super().__init__()
         self._state = state
+
+
+class WeightCut(_SplitStateModule):
+    """``self.weight_split.cut(u, site)``: `u` itself, or in a split forward a fresh leaf of it."""
 
     def forward(self, u, site: int):
         state = self._state
@@ -67,12 +71,8 @@ class WeightCut(torch.nn.Module):
         return v
 
 
-class WeightSite(torch.nn.Module):
+class WeightSite(_SplitStateModule):
     """``self.weight_split.site(y, site)``: records the reading node's outputs (y: a tensor or a tuple)."""
-
-    def __init__(self, state: _SplitState):
-        super().__init__()
-        self._state = state
 
     def forward(self, y, site: int):
         state = self._state
