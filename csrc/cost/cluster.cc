@@ -12,7 +12,9 @@
 
 #include "cost/cluster_presets.h"
 #include "cost/constants.h"
+#include "support/enum_names.h"
 #include "support/error.h"
+#include "support/json_text.h"
 
 namespace shardwise::cost {
 namespace {
@@ -24,6 +26,15 @@ constexpr int kVersion = 1;
 // Rank tables are vectors of the world size: a typo such as "count": 1000000000 should be
 // an error, not an allocation of gigabytes. 2^24 ranks is far beyond any real cluster.
 constexpr std::int64_t kMaxWorldSize = std::int64_t{1} << 24;
+
+// Every precision, kAllPrecisions' and kOptionalPrecisions'.
+constexpr auto kPrecisionNames = support::enum_names<Precision>({
+    {Precision::F32, "f32"},
+    {Precision::TF32, "tf32"},
+    {Precision::BF16, "bf16"},
+    {Precision::F16, "f16"},
+    {Precision::FP8, "fp8"},
+});
 
 // ---- validation ------------------------------------------------------------------
 
@@ -266,31 +277,9 @@ std::string describe_speed(double bandwidth, double latency) {
 
 // ---- small value types ---------------------------------------------------------------
 
-std::string_view precision_name(Precision precision) {
-  switch (precision) {
-    case Precision::F32:
-      return "f32";
-    case Precision::TF32:
-      return "tf32";
-    case Precision::BF16:
-      return "bf16";
-    case Precision::F16:
-      return "f16";
-    case Precision::FP8:
-      return "fp8";
-  }
-  return "?";
-}
+std::string_view precision_name(Precision precision) { return kPrecisionNames.name(precision); }
 
-std::optional<Precision> parse_precision(std::string_view name) {
-  for (Precision p : kAllPrecisions) {
-    if (precision_name(p) == name) return p;
-  }
-  for (Precision p : kOptionalPrecisions) {
-    if (precision_name(p) == name) return p;
-  }
-  return std::nullopt;
-}
+std::optional<Precision> parse_precision(std::string_view name) { return kPrecisionNames.parse(name); }
 
 double PeakFlops::at(Precision precision) const {
   switch (precision) {
@@ -698,7 +687,7 @@ json cluster_to_json(const Cluster& cluster) {
 }
 
 Cluster cluster_from_json(const json& j) {
-  try {
+  return support::with_json_parse_errors("cluster JSON", [&] {
     require_object(j, "cluster");
     check_keys(j, "cluster", {"format", "version", "name", "device_types", "nodes", "links"});
     if (auto it = j.find("format"); it != j.end()) {
@@ -721,28 +710,15 @@ Cluster cluster_from_json(const json& j) {
       nodes.insert(nodes.end(), kind.begin(), kind.end());
     auto links = read_list<LinkLevel>(j, "links", read_link);
     return Cluster(std::move(name), std::move(types), std::move(nodes), std::move(links));
-  } catch (const json::exception& e) {
-    // The reader checks types before it reads; this is a safety net.
-    throw support::ParseError(fmt::format("cluster JSON: {}", e.what()));
-  }
+  });
 }
 
 std::string cluster_to_json_string(const Cluster& cluster, int indent) {
-  try {
-    return cluster_to_json(cluster).dump(indent);
-  } catch (const json::exception& e) {
-    throw support::Error(fmt::format("cannot write the cluster as JSON: {}", e.what()));
-  }
+  return support::dump_json(cluster_to_json(cluster), indent, "cluster");
 }
 
 Cluster cluster_from_json_string(std::string_view text) {
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    throw support::ParseError(fmt::format("invalid cluster JSON: {}", e.what()));
-  }
-  return cluster_from_json(j);
+  return cluster_from_json(support::parse_json(text, "invalid cluster JSON"));
 }
 
 }  // namespace shardwise::cost

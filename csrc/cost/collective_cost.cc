@@ -3,18 +3,27 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <vector>
 
+#include "support/enum_names.h"
 #include "support/error.h"
 
 namespace shardwise::cost {
 namespace {
 
-constexpr std::array<CollectiveKind, 6> kAllKinds = {CollectiveKind::AllReduce,     CollectiveKind::AllGather,
-                                                     CollectiveKind::ReduceScatter, CollectiveKind::AllToAll,
-                                                     CollectiveKind::Broadcast,     CollectiveKind::SendRecv};
-constexpr std::array<Algorithm, 3> kAllAlgorithms = {Algorithm::Auto, Algorithm::Ring, Algorithm::Hierarchical};
+constexpr auto kKindNames = support::enum_names<CollectiveKind>({
+    {CollectiveKind::AllReduce, "all_reduce"},
+    {CollectiveKind::AllGather, "all_gather"},
+    {CollectiveKind::ReduceScatter, "reduce_scatter"},
+    {CollectiveKind::AllToAll, "all_to_all"},
+    {CollectiveKind::Broadcast, "broadcast"},
+    {CollectiveKind::SendRecv, "send_recv"},
+});
+constexpr auto kAlgorithmNames = support::enum_names<Algorithm>({
+    {Algorithm::Auto, "auto"},
+    {Algorithm::Ring, "ring"},
+    {Algorithm::Hierarchical, "hierarchical"},
+});
 
 // One flat ring (or pairwise exchange) of n ranks over a link of speed s.
 double ring_time(CollectiveKind kind, int n, double bytes, LinkSpeed s) {
@@ -91,69 +100,25 @@ std::optional<double> hierarchical_time(const Cluster& cluster, CollectiveKind k
   }
 }
 
-template <typename Enum, std::size_t N>
-std::string known_names(const std::array<Enum, N>& all, std::string_view (*name)(Enum)) {
-  std::string out;
-  for (Enum e : all) out += fmt::format("{}{}", out.empty() ? "" : ", ", name(e));
-  return out;
-}
-
 }  // namespace
 
-std::string_view collective_kind_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::AllReduce:
-      return "all_reduce";
-    case CollectiveKind::AllGather:
-      return "all_gather";
-    case CollectiveKind::ReduceScatter:
-      return "reduce_scatter";
-    case CollectiveKind::AllToAll:
-      return "all_to_all";
-    case CollectiveKind::Broadcast:
-      return "broadcast";
-    case CollectiveKind::SendRecv:
-      return "send_recv";
-  }
-  return "?";
-}
+std::string_view collective_kind_name(CollectiveKind kind) { return kKindNames.name(kind); }
 
-std::optional<CollectiveKind> parse_collective_kind(std::string_view name) {
-  for (CollectiveKind k : kAllKinds) {
-    if (collective_kind_name(k) == name) return k;
-  }
-  return std::nullopt;
-}
+std::optional<CollectiveKind> parse_collective_kind(std::string_view name) { return kKindNames.parse(name); }
 
 CollectiveKind collective_kind_from_name(std::string_view name) {
   if (auto k = parse_collective_kind(name)) return *k;
-  throw support::ValidationError(
-      fmt::format("unknown collective '{}' (known: {})", name, known_names(kAllKinds, collective_kind_name)));
+  throw support::ValidationError(fmt::format("unknown collective '{}' (known: {})", name, kKindNames.known()));
 }
 
-std::string_view algorithm_name(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::Auto:
-      return "auto";
-    case Algorithm::Ring:
-      return "ring";
-    case Algorithm::Hierarchical:
-      return "hierarchical";
-  }
-  return "?";
-}
+std::string_view algorithm_name(Algorithm algorithm) { return kAlgorithmNames.name(algorithm); }
 
-std::optional<Algorithm> parse_algorithm(std::string_view name) {
-  for (Algorithm a : kAllAlgorithms) {
-    if (algorithm_name(a) == name) return a;
-  }
-  return std::nullopt;
-}
+std::optional<Algorithm> parse_algorithm(std::string_view name) { return kAlgorithmNames.parse(name); }
 
 Algorithm algorithm_from_name(std::string_view name) {
   if (auto a = parse_algorithm(name)) return *a;
   throw support::ValidationError(
-      fmt::format("unknown collective algorithm '{}' (known: {})", name, known_names(kAllAlgorithms, algorithm_name)));
+      fmt::format("unknown collective algorithm '{}' (known: {})", name, kAlgorithmNames.known()));
 }
 
 CollectiveEstimate AlphaBetaCollectiveCost::do_estimate(CollectiveKind kind, std::span<const int> ranks,

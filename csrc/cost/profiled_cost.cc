@@ -11,6 +11,7 @@
 #include "ir/attribute.h"
 #include "ir/dtype.h"
 #include "support/error.h"
+#include "support/json_text.h"
 
 namespace shardwise::cost {
 namespace {
@@ -236,15 +237,7 @@ Profile profile_from_json(const json& j) {
 std::string profile_to_json_string(const Profile& profile, int indent) { return profile_to_json(profile).dump(indent); }
 
 Profile profile_from_json_string(std::string_view text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    // Not only parse_error: a number too large for a double ("1e400") is an
-    // out_of_range (406), which escaped as a nlohmann exception (found by fuzzing).
-    throw support::ParseError(fmt::format("profile: malformed JSON: {}", e.what()));
-  }
-  return profile_from_json(j);
+  return profile_from_json(support::parse_json(text, "profile: malformed JSON"));
 }
 
 // ---- the model ---------------------------------------------------------------------

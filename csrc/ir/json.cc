@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/error.h"
+#include "support/json_text.h"
 
 namespace shardwise::ir {
 namespace {
@@ -345,30 +346,15 @@ json graph_to_json(const Graph& graph) {
 }
 
 Graph graph_from_json(const json& j) {
-  try {
-    return GraphReader(j).read();
-  } catch (const json::exception& e) {
-    // The reader checks types before it reads; this is a safety net.
-    throw support::ParseError(fmt::format("graph JSON: {}", e.what()));
-  }
+  return support::with_json_parse_errors("graph JSON", [&] { return GraphReader(j).read(); });
 }
 
 std::string graph_to_json_string(const Graph& graph, int indent) {
-  try {
-    return graph_to_json(graph).dump(indent);
-  } catch (const json::exception& e) {
-    throw support::Error(fmt::format("cannot write the graph as JSON: {}", e.what()));
-  }
+  return support::dump_json(graph_to_json(graph), indent, "graph");
 }
 
 Graph graph_from_json_string(std::string_view text) {
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    throw support::ParseError(fmt::format("invalid JSON: {}", e.what()));
-  }
-  return graph_from_json(j);
+  return graph_from_json(support::parse_json(text, "invalid JSON"));
 }
 
 }  // namespace shardwise::ir

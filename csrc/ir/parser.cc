@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -109,12 +110,7 @@ class TextParser {
     const Loc start = loc_;
     if (take_while(is_alnum) != "graph") fail(start, "expected 'graph' at the start of the text");
     expect('(', "after 'graph'");
-    if (!try_consume(')')) {
-      do {
-        ast.header.push_back(parse_decl());
-      } while (try_consume(','));
-      expect(')', "to close the graph inputs");
-    }
+    parse_items(')', "to close the graph inputs", [&] { ast.header.push_back(parse_decl()); });
     expect('{', "to open the graph body");
     parse_body(ast);
     expect('}', "to close the graph body");
@@ -174,11 +170,33 @@ class TextParser {
     advance();
   }
 
+  // A comma-separated list whose opening bracket has just been read, up to `close`: a
+  // `close` right away is an empty list; a missing one is an "expected" error ending in `context`.
+  template <typename ReadItem>
+  void parse_items(char close, std::string_view context, ReadItem read_item) {
+    if (try_consume(close)) return;
+    do {
+      read_item();
+    } while (try_consume(','));
+    expect(close, context);
+  }
+
   template <typename Pred>
   std::string_view take_while(Pred pred) {
     const std::size_t start = pos_;
     while (!at_end() && pred(text_[pos_])) advance();
     return text_.substr(start, pos_ - start);
+  }
+
+  // After whitespace, the word of `pred`'s characters and where it starts; no such word is
+  // an error "expected <what>, found ...".
+  template <typename Pred>
+  std::pair<Loc, std::string_view> expect_word(Pred pred, std::string_view what) {
+    skip_space();
+    const Loc loc = loc_;
+    const std::string_view word = take_while(pred);
+    if (word.empty()) fail(loc, fmt::format("expected {}, found {}", what, describe_here()));
+    return {loc, word};
   }
 
   // A JSON-style string; the cursor is on the opening quote.
@@ -204,36 +222,35 @@ class TextParser {
       if (at_end()) fail(start, "unterminated string");
       const char e = text_[pos_];
       advance();
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          std::uint32_t cp = parse_hex4(escape);
-          if (cp >= 0xDC00 && cp <= 0xDFFF) fail(escape, "unpaired low surrogate in \\u escape");
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (!(next_is('\\') && pos_ + 1 < text_.size() && text_[pos_ + 1] == 'u')) {
-              fail(escape, "unpaired high surrogate in \\u escape");
-            }
-            advance();
-            advance();
-            const std::uint32_t low = parse_hex4(escape);
-            if (low < 0xDC00 || low > 0xDFFF) fail(escape, "unpaired high surrogate in \\u escape");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default:
-          fail(escape, fmt::format("unknown escape sequence '\\{}'",
-                                   (e >= 0x20 && e < 0x7f) ? std::string(1, e) : std::string("?")));
+      if (e == 'u') {
+        append_utf8(out, parse_u_escape(escape));
+      } else if (e == '/') {
+        out += '/';  // JSON's escaped solidus; quote_string never writes it
+      } else if (const std::optional<char> c = unescaped_char(e)) {
+        out += *c;
+      } else {
+        fail(escape, fmt::format("unknown escape sequence '\\{}'",
+                                 (e >= 0x20 && e < 0x7f) ? std::string(1, e) : std::string("?")));
       }
     }
+  }
+
+  // The code point of a `\uXXXX` escape whose `u` has just been read, joining a surrogate
+  // pair written as two escapes.
+  std::uint32_t parse_u_escape(Loc escape) {
+    std::uint32_t cp = parse_hex4(escape);
+    if (cp >= 0xDC00 && cp <= 0xDFFF) fail(escape, "unpaired low surrogate in \\u escape");
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+      if (!(next_is('\\') && pos_ + 1 < text_.size() && text_[pos_ + 1] == 'u')) {
+        fail(escape, "unpaired high surrogate in \\u escape");
+      }
+      advance();
+      advance();
+      const std::uint32_t low = parse_hex4(escape);
+      if (low < 0xDC00 || low > 0xDFFF) fail(escape, "unpaired high surrogate in \\u escape");
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+    }
+    return cp;
   }
 
   std::uint32_t parse_hex4(Loc escape) {
@@ -270,10 +287,7 @@ class TextParser {
   }
 
   TensorType parse_type() {
-    skip_space();
-    const Loc loc = loc_;
-    const std::string_view word = take_while(is_alnum);
-    if (word.empty()) fail(loc, fmt::format("expected a tensor type (like f32[2,8]), found {}", describe_here()));
+    const auto [loc, word] = expect_word(is_alnum, "a tensor type (like f32[2,8])");
     TensorType type;
     if (auto dtype = parse_dtype(word)) {
       type.dtype = *dtype;
@@ -308,10 +322,7 @@ class TextParser {
   }
 
   Number parse_number() {
-    skip_space();
-    const Loc loc = loc_;
-    const std::string_view token = take_while(is_number_char);
-    if (token.empty()) fail(loc, fmt::format("expected a number, found {}", describe_here()));
+    const auto [loc, token] = expect_word(is_number_char, "a number");
     Number n;
     if (token == "inf" || token == "-inf" || token == "nan") {
       n.is_double = true;
@@ -347,12 +358,7 @@ class TextParser {
     if (c == '[') {
       advance();
       std::vector<Number> items;
-      if (!try_consume(']')) {
-        do {
-          items.push_back(parse_number());
-        } while (try_consume(','));
-        expect(']', "to close the list");
-      }
+      parse_items(']', "to close the list", [&] { items.push_back(parse_number()); });
       bool any_double = false;
       for (const auto& n : items) any_double = any_double || n.is_double;
       if (!any_double) {
@@ -421,12 +427,7 @@ class TextParser {
   // Operands, attributes and module path of a node whose op has just been read.
   void parse_node_rest(Statement& s) {
     expect('(', fmt::format("after op '{}'", s.op));
-    if (!try_consume(')')) {
-      do {
-        s.inputs.push_back(parse_ref());
-      } while (try_consume(','));
-      expect(')', "to close the operand list");
-    }
+    parse_items(')', "to close the operand list", [&] { s.inputs.push_back(parse_ref()); });
     if (try_consume('{')) s.attrs = parse_attrs();
     if (try_consume('@')) {
       const Loc loc = loc_;
@@ -456,12 +457,7 @@ class TextParser {
           s.op = std::string(take_while(is_op_name_char));
           if (s.op == "return") {
             expect('(', "after 'return'");
-            if (!try_consume(')')) {
-              do {
-                ast.outputs.push_back(parse_ref());
-              } while (try_consume(','));
-              expect(')', "to close the return list");
-            }
+            parse_items(')', "to close the return list", [&] { ast.outputs.push_back(parse_ref()); });
             return;
           }
         }

@@ -3,9 +3,22 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <utility>
 
 namespace shardwise::ir {
 namespace {
+
+// Each character quote_string escapes as a backslash and a letter, with that letter.
+constexpr std::array<std::pair<char, char>, 7> kEscapes = {{
+    {'"', '"'},
+    {'\\', '\\'},
+    {'\n', 'n'},
+    {'\t', 't'},
+    {'\r', 'r'},
+    {'\b', 'b'},
+    {'\f', 'f'},
+}};
 
 bool is_alnum(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
@@ -38,26 +51,31 @@ bool is_value_name_char(char c) { return is_alnum(c) || c == '_' || c == '.' || 
 bool is_op_name_char(char c) { return is_alnum(c) || c == '_' || c == ':' || c == '.'; }
 bool is_module_path_char(char c) { return is_alnum(c) || c == '_' || c == '.'; }
 
+std::optional<char> escape_letter(char c) {
+  for (const auto& [plain, letter] : kEscapes)
+    if (plain == c) return letter;
+  return std::nullopt;
+}
+
+std::optional<char> unescaped_char(char letter) {
+  for (const auto& [plain, escaped] : kEscapes)
+    if (escaped == letter) return plain;
+  return std::nullopt;
+}
+
 std::string quote_string(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {
     const auto u = static_cast<unsigned char>(c);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        // Other control characters are escaped so a printed line never breaks or
-        // hides a byte; bytes >= 0x80 (UTF-8) pass through.
-        if (u < 0x20 || u == 0x7f) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(u));
-        } else {
-          out += c;
-        }
+    if (const std::optional<char> letter = escape_letter(c)) {
+      out += '\\';
+      out += *letter;
+    } else if (u < 0x20 || u == 0x7f) {
+      // Other control characters are escaped so a printed line never breaks or
+      // hides a byte; bytes >= 0x80 (UTF-8) pass through.
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(u));
+    } else {
+      out += c;
     }
   }
   return out + "\"";

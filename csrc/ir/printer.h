@@ -30,6 +30,7 @@
 //   }
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -50,6 +51,12 @@ std::string value_ref(std::string_view name);
 
 // JSON-style double-quoted string; escapes '"', '\\' and every control character.
 std::string quote_string(std::string_view text);
+
+// The two-character escapes quote_string writes and the parser reads back: escape_letter('\n')
+// is 'n' and unescaped_char('n') is '\n'; nullopt for a character without one (quote_string
+// writes other control characters as \uXXXX).
+std::optional<char> escape_letter(char c);
+std::optional<char> unescaped_char(char letter);
 
 // The character classes of bare words in the text form (shared with the parser).
 bool is_value_name_char(char c);   // [A-Za-z0-9_.-]

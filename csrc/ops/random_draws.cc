@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "ops/op_table.h"
+#include "support/enum_names.h"
 
 namespace shardwise::ops {
 namespace {
@@ -56,6 +57,13 @@ constexpr std::array<std::pair<std::string_view, RandomDraw>, 41> kSeeded = {{
     {"aten::_scaled_dot_product_fused_attention_overrideable", RandomDraw::Other},
 }};
 
+constexpr auto kDrawNames = support::enum_names<RandomDraw>({
+    {RandomDraw::None, "none"},
+    {RandomDraw::Mask, "mask"},
+    {RandomDraw::Like, "like"},
+    {RandomDraw::Other, "other"},
+});
+
 RandomDraw find(std::string_view name) {
   for (const auto& [op, kind] : kSeeded)
     if (op == name) return kind;
@@ -73,15 +81,7 @@ bool zero(const ir::Attributes& attrs, std::string_view key) {
 
 }  // namespace
 
-std::string_view random_draw_name(RandomDraw kind) {
-  switch (kind) {
-    case RandomDraw::None: return "none";
-    case RandomDraw::Mask: return "mask";
-    case RandomDraw::Like: return "like";
-    case RandomDraw::Other: return "other";
-  }
-  return "none";
-}
+std::string_view random_draw_name(RandomDraw kind) { return kDrawNames.name(kind, "none"); }
 
 RandomDraw random_draw(std::string_view op) {
   const RandomDraw full = find(op);

@@ -528,20 +528,32 @@ std::optional<DimRule> pad(const Args& args, const RuleOperands& ops) {
   return resized_dims(ops, *out_shape(ops, 0, computed));
 }
 
+// The dims of a tensor of `shape` with dim `d` Whole (`all`), and its other dims alone
+// (`others`): what it shares with a tensor that lacks `d`, as select's output.
+struct OneDimWhole {
+  OperandDims all;
+  OperandDims others;
+};
+
+OneDimWhole one_dim_whole(Builder& b, const Shape& shape, int d) {
+  OneDimWhole out;
+  for (int k = 0; k < static_cast<int>(shape.size()); ++k) {
+    const auto size = shape[static_cast<std::size_t>(k)];
+    if (k == d) {
+      out.all.push_back(b.whole_or_unit(size));
+    } else {
+      out.all.push_back({b.fresh('d', size)});
+      out.others.push_back(out.all.back());
+    }
+  }
+  return out;
+}
+
 std::optional<DimRule> select(const Args& args, const RuleOperands& ops) {
   const Shape& in = ops.input_shape(0);
   const int d = normalise_dim(args.integer(0), static_cast<int>(in.size()));
   Builder b;
-  OperandDims in_dims, out_dims;
-  for (int k = 0; k < static_cast<int>(in.size()); ++k) {
-    const auto size = in[static_cast<std::size_t>(k)];
-    if (k == d) {
-      in_dims.push_back(b.whole_or_unit(size));
-    } else {
-      in_dims.push_back({b.fresh('d', size)});
-      out_dims.push_back(in_dims.back());
-    }
-  }
+  auto [in_dims, out_dims] = one_dim_whole(b, in, d);
   b.rule.inputs.push_back(std::move(in_dims));
   b.rule.outputs.push_back(std::move(out_dims));
   return std::move(b.rule);
@@ -557,16 +569,7 @@ std::optional<DimRule> select_scatter(const Args& args, const RuleOperands& ops)
     fail(fmt::format("select_scatter of {} along dim {} takes a source of {} dims", shape_str(self), d,
                      self.size() - 1));
   Builder b;
-  OperandDims self_dims, src_dims;
-  for (int k = 0; k < static_cast<int>(self.size()); ++k) {
-    const auto size = self[static_cast<std::size_t>(k)];
-    if (k == d) {
-      self_dims.push_back(b.whole_or_unit(size));
-    } else {
-      self_dims.push_back({b.fresh('d', size)});
-      src_dims.push_back(self_dims.back());
-    }
-  }
+  auto [self_dims, src_dims] = one_dim_whole(b, self, d);
   b.rule.inputs.push_back(self_dims);
   b.rule.inputs.push_back(std::move(src_dims));
   b.rule.outputs.push_back(std::move(self_dims));

@@ -13,8 +13,10 @@
 #include <type_traits>
 #include <utility>
 
+#include "support/enum_names.h"
 #include "support/error.h"
 #include "support/fnv1a.h"
+#include "support/json_text.h"
 
 namespace shardwise::plan {
 namespace {
@@ -23,7 +25,7 @@ using nlohmann::json;
 using support::ParseError;
 using support::ValidationError;
 
-constexpr std::array<std::pair<Schedule, std::string_view>, 7> kSchedules = {{
+constexpr auto kSchedules = support::enum_names<Schedule>({
     {Schedule::GPipe, "gpipe"},
     {Schedule::OneFOneB, "1f1b"},
     {Schedule::Interleaved1F1B, "interleaved-1f1b"},
@@ -31,7 +33,7 @@ constexpr std::array<std::pair<Schedule, std::string_view>, 7> kSchedules = {{
     {Schedule::ZeroBubbleH1, "zb-h1"},
     {Schedule::ZeroBubbleV, "zb-v"},
     {Schedule::DualPipeV, "dualpipe-v"},
-}};
+});
 
 // cost::Precision's names; "fp8" runs the linears in float8 and the rest in bf16 (analysis/fp8_linears.h).
 constexpr std::array<std::string_view, 5> kPrecisions = {"f32", "tf32", "bf16", "f16", "fp8"};
@@ -223,11 +225,7 @@ T field(const json& object, const char* key) {
 
 }  // namespace
 
-std::string_view schedule_name(Schedule schedule) {
-  for (const auto& [s, name] : kSchedules)
-    if (s == schedule) return name;
-  return "?";
-}
+std::string_view schedule_name(Schedule schedule) { return kSchedules.name(schedule); }
 
 bool splits_backward(Schedule schedule) {
   return schedule == Schedule::ZeroBubbleH1 || v_shaped(schedule);
@@ -237,15 +235,14 @@ bool v_shaped(Schedule schedule) { return schedule == Schedule::ZeroBubbleV || s
 
 Schedule schedule_from_name(std::string_view name) {
   if (name == "interleaved") return Schedule::Interleaved1F1B;
-  for (const auto& [s, known] : kSchedules)
-    if (known == name) return s;
+  if (auto s = kSchedules.parse(name)) return *s;
   throw ValidationError(
-      fmt::format("plan.schedule: unknown schedule '{}' (known: {})", name, fmt::join(schedule_names(), ", ")));
+      fmt::format("plan.schedule: unknown schedule '{}' (known: {})", name, kSchedules.known()));
 }
 
 std::vector<std::string_view> schedule_names() {
   std::vector<std::string_view> names;
-  for (const auto& [s, name] : kSchedules) names.push_back(name);
+  for (const auto& entry : kSchedules.entries()) names.push_back(entry.name);
   return names;
 }
 
@@ -672,15 +669,7 @@ Plan plan_from_json(const json& in) {
 std::string plan_to_json_string(const Plan& plan, int indent) { return plan_to_json(plan).dump(indent); }
 
 Plan plan_from_json_string(std::string_view text) {
-  json parsed;
-  try {
-    parsed = json::parse(text);
-  } catch (const json::exception& e) {
-    // Not only parse_error: a number too large for a double ("1e400") is an
-    // out_of_range (406), which escaped as a nlohmann exception (found by fuzzing).
-    throw ParseError(fmt::format("plan: malformed JSON: {}", e.what()));
-  }
-  return plan_from_json(parsed);
+  return plan_from_json(support::parse_json(text, "plan: malformed JSON"));
 }
 
 std::uint64_t plan_hash(const Plan& plan) {

@@ -8,48 +8,34 @@
 #include <string>
 #include <vector>
 
+#include "support/enum_names.h"
+
 namespace shardwise::schedule {
 namespace {
 
-const char* fill_of(IntervalKind kind) {
-  switch (kind) {
-    case IntervalKind::Forward:
-      return "#4c8bf5";
-    case IntervalKind::Backward:
-      return "#34a853";
-    case IntervalKind::WeightGradient:
-      return "#a8dab5";
-    case IntervalKind::Send:
-      return "#f29900";
-    case IntervalKind::RecvWait:
-      return "#ea4335";
-    case IntervalKind::Update:
-      return "#9334e6";
-    case IntervalKind::Idle:
-      return "#eeeeee";
-  }
-  return "#000000";
-}
+constexpr auto kFills = support::enum_names<IntervalKind>({
+    {IntervalKind::Forward, "#4c8bf5"},
+    {IntervalKind::Backward, "#34a853"},
+    {IntervalKind::WeightGradient, "#a8dab5"},
+    {IntervalKind::Send, "#f29900"},
+    {IntervalKind::RecvWait, "#ea4335"},
+    {IntervalKind::Update, "#9334e6"},
+    {IntervalKind::Idle, "#eeeeee"},
+});
 
-const char* legend_label(IntervalKind kind) {
-  switch (kind) {
-    case IntervalKind::Forward:
-      return "forward";
-    case IntervalKind::Backward:
-      return "backward";
-    case IntervalKind::WeightGradient:
-      return "weight gradient";
-    case IntervalKind::Send:
-      return "send (async)";
-    case IntervalKind::RecvWait:
-      return "recv wait";
-    case IntervalKind::Update:
-      return "update";
-    case IntervalKind::Idle:
-      return "idle";
-  }
-  return "";
-}
+constexpr auto kLegendLabels = support::enum_names<IntervalKind>({
+    {IntervalKind::Forward, "forward"},
+    {IntervalKind::Backward, "backward"},
+    {IntervalKind::WeightGradient, "weight gradient"},
+    {IntervalKind::Send, "send (async)"},
+    {IntervalKind::RecvWait, "recv wait"},
+    {IntervalKind::Update, "update"},
+    {IntervalKind::Idle, "idle"},
+});
+
+std::string_view fill_of(IntervalKind kind) { return kFills.name(kind, "#000000"); }
+
+std::string legend_label(IntervalKind kind) { return std::string(kLegendLabels.name(kind, "")); }
 
 // A "nice" tick step (1, 2, 5 x 10^n) giving about `target` ticks over `span`.
 double tick_step(double span, int target) {

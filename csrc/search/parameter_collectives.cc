@@ -3,17 +3,26 @@
 #include <map>
 
 #include "analysis/repeated_blocks.h"
+#include "support/enum_names.h"
 
 namespace shardwise::search {
 
-std::string_view parameter_overlap_name(ParameterOverlap overlap) {
-  switch (overlap) {
-    case ParameterOverlap::Exposed: return "exposed";
-    case ParameterOverlap::BesideForward: return "forward";
-    case ParameterOverlap::BesideBackward: return "backward";
-  }
-  return "exposed";
-}
+namespace {
+
+constexpr auto kOverlapNames = support::enum_names<ParameterOverlap>({
+    {ParameterOverlap::Exposed, "exposed"},
+    {ParameterOverlap::BesideForward, "forward"},
+    {ParameterOverlap::BesideBackward, "backward"},
+});
+constexpr auto kMatmulCollectiveNames = support::enum_names<MatmulCollective>({
+    {MatmulCollective::None, "none"},
+    {MatmulCollective::Gather, "gather"},
+    {MatmulCollective::Scatter, "scatter"},
+});
+
+}  // namespace
+
+std::string_view parameter_overlap_name(ParameterOverlap overlap) { return kOverlapNames.name(overlap, "exposed"); }
 
 ParameterOverlap forward_gather_overlap(const ShardingSpec& held, const ShardingSpec& wanted, bool recomputed) {
   if (recomputed || held.size() != wanted.size()) return ParameterOverlap::Exposed;
@@ -115,14 +124,7 @@ ParameterOverlap activation_gradient_overlap(std::string_view op, std::size_t op
   return ParameterOverlap::Exposed;
 }
 
-std::string_view matmul_collective_name(MatmulCollective kind) {
-  switch (kind) {
-    case MatmulCollective::None: return "none";
-    case MatmulCollective::Gather: return "gather";
-    case MatmulCollective::Scatter: return "scatter";
-  }
-  return "none";
-}
+std::string_view matmul_collective_name(MatmulCollective kind) { return kMatmulCollectiveNames.name(kind, "none"); }
 
 int collective_matmul_input(const ir::Graph& graph, const ir::Node& node) {
   if (node.outputs.size() != 1) return -1;

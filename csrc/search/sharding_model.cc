@@ -95,6 +95,15 @@ std::optional<ops::DimRule> rule_at_batch(const ops::OpTable& table, const ir::G
 
 double divisor(const Placement& placement, int axis_size) { return 1.0 / held_fraction(placement, axis_size); }
 
+// A spec over `axes` mesh axes with `at_axis` on `axis` and `other(b)` on every other axis b:
+// one axis's candidate beside what the other axes have chosen.
+template <typename Other>
+ShardingSpec one_axis_varied(std::size_t axes, int axis, const Placement& at_axis, Other other) {
+  ShardingSpec spec;
+  for (int b = 0; b < static_cast<int>(axes); ++b) spec.push_back(b == axis ? at_axis : other(b));
+  return spec;
+}
+
 }  // namespace
 
 ShardingModel::ShardingModel(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
@@ -756,33 +765,24 @@ ParameterOverlap ShardingModel::parameter_gradient_at(int axis, ir::ValueId valu
                                                       const Placement& produced, const Placement& gradient) const {
   const Placement canonical = gradient_placement(produced);
   if (canonical.is_replicate()) return gradient_reduction_overlap(canonical);
-  ShardingSpec grads, canonicals;
-  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
-    if (b == axis) {
-      grads.push_back(gradient);
-      canonicals.push_back(canonical);
-      continue;
-    }
-    grads.push_back(node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(consumer)]
-                        .input_grads[static_cast<std::size_t>(operand)]);
-    canonicals.push_back(gradient_placement(value_placement(b, value)));
-  }
+  const std::size_t axes = options_.mesh.size();
+  const ShardingSpec grads = one_axis_varied(axes, axis, gradient, [&](int b) {
+    return node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(consumer)]
+        .input_grads[static_cast<std::size_t>(operand)];
+  });
+  const ShardingSpec canonicals = one_axis_varied(
+      axes, axis, canonical, [&](int b) { return gradient_placement(value_placement(b, value)); });
   return gradient_scatter_overlap(grads, canonicals);
 }
 
 ParameterOverlap ShardingModel::gather_overlap(int axis, ir::ValueId value, int consumer, int operand,
                                                const Placement& produced, const Placement& wanted) const {
-  ShardingSpec held, read;
-  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
-    if (b == axis) {
-      held.push_back(produced);
-      read.push_back(wanted);
-      continue;
-    }
-    held.push_back(value_placement(b, value));
-    read.push_back(node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(consumer)]
-                       .inputs[static_cast<std::size_t>(operand)]);
-  }
+  const std::size_t axes = options_.mesh.size();
+  const ShardingSpec held = one_axis_varied(axes, axis, produced, [&](int b) { return value_placement(b, value); });
+  const ShardingSpec read = one_axis_varied(axes, axis, wanted, [&](int b) {
+    return node_choice_[static_cast<std::size_t>(b)][static_cast<std::size_t>(consumer)]
+        .inputs[static_cast<std::size_t>(operand)];
+  });
   return forward_gather_overlap(held, read, checkpointed(static_cast<std::size_t>(consumer)));
 }
 

@@ -329,33 +329,28 @@ class CopyToGroupFn : public torch::autograd::Function<CopyToGroupFn> {
   }
 };
 
-class AllGatherFn : public torch::autograd::Function<AllGatherFn> {
+using DimCollective = Tensor (*)(const Tensor&, int64_t, const std::string&);
+
+// A collective along one dim whose gradient is another along the same dim and group:
+// all_gather's is reduce_scatter, and reduce_scatter's all_gather. `Self` is the concrete
+// class, so each autograd node keeps its own name.
+template <typename Self, DimCollective Forward, DimCollective Backward>
+class DimCollectiveFn : public torch::autograd::Function<Self> {
  public:
   static Tensor forward(AutogradContext* ctx, const Tensor& x, int64_t dim, const std::string& group) {
     at::AutoDispatchBelowADInplaceOrView guard;
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["group"] = group;
-    return call_all_gather(x, dim, group);
+    return Forward(x, dim, group);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    return {call_reduce_scatter(grads[0], ctx->saved_data["dim"].toInt(), ctx->saved_data["group"].toStringRef()),
-            Tensor(), Tensor()};
+    return {Backward(grads[0], ctx->saved_data["dim"].toInt(), ctx->saved_data["group"].toStringRef()), Tensor(),
+            Tensor()};
   }
 };
 
-class ReduceScatterFn : public torch::autograd::Function<ReduceScatterFn> {
- public:
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, int64_t dim, const std::string& group) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["group"] = group;
-    return call_reduce_scatter(x, dim, group);
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    return {call_all_gather(grads[0], ctx->saved_data["dim"].toInt(), ctx->saved_data["group"].toStringRef()),
-            Tensor(), Tensor()};
-  }
-};
+class AllGatherFn : public DimCollectiveFn<AllGatherFn, call_all_gather, call_reduce_scatter> {};
+class ReduceScatterFn : public DimCollectiveFn<ReduceScatterFn, call_reduce_scatter, call_all_gather> {};
 
 class AllToAllFn : public torch::autograd::Function<AllToAllFn> {
  public:

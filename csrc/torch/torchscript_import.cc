@@ -28,6 +28,8 @@
 #include <utility>
 #include <vector>
 
+#include "support/enum_names.h"
+
 namespace shardwise::torchbridge {
 namespace {
 
@@ -105,29 +107,33 @@ struct LazyConstant {
 // ---- dtypes and enums ------------------------------------------------------------
 
 // Spelled as the export importer spells them (str() of the Python object).
-std::string layout_name(std::int64_t v) {
-  switch (static_cast<c10::Layout>(v)) {
-    case c10::Layout::Strided: return "torch.strided";
-    case c10::Layout::Sparse: return "torch.sparse_coo";
-    case c10::Layout::SparseCsr: return "torch.sparse_csr";
-    case c10::Layout::SparseCsc: return "torch.sparse_csc";
-    case c10::Layout::SparseBsr: return "torch.sparse_bsr";
-    case c10::Layout::SparseBsc: return "torch.sparse_bsc";
-    case c10::Layout::Mkldnn: return "torch._mkldnn";
-    case c10::Layout::Jagged: return "torch.jagged";
-    default: return cat("layout(", v, ")");
-  }
+constexpr auto kLayouts = support::enum_names<c10::Layout>({
+    {c10::Layout::Strided, "torch.strided"},
+    {c10::Layout::Sparse, "torch.sparse_coo"},
+    {c10::Layout::SparseCsr, "torch.sparse_csr"},
+    {c10::Layout::SparseCsc, "torch.sparse_csc"},
+    {c10::Layout::SparseBsr, "torch.sparse_bsr"},
+    {c10::Layout::SparseBsc, "torch.sparse_bsc"},
+    {c10::Layout::Mkldnn, "torch._mkldnn"},
+    {c10::Layout::Jagged, "torch.jagged"},
+});
+constexpr auto kMemoryFormats = support::enum_names<c10::MemoryFormat>({
+    {c10::MemoryFormat::Contiguous, "torch.contiguous_format"},
+    {c10::MemoryFormat::Preserve, "torch.preserve_format"},
+    {c10::MemoryFormat::ChannelsLast, "torch.channels_last"},
+    {c10::MemoryFormat::ChannelsLast3d, "torch.channels_last_3d"},
+});
+
+// The name of `v`, a value of a torch enum held as an int, or "<kind>(v)" for one the table lacks.
+template <typename E, std::size_t N>
+std::string torch_enum_name(const support::EnumNames<E, N>& names, std::int64_t v, const char* kind) {
+  const std::optional<std::string_view> name = names.find(static_cast<E>(v));
+  return name ? std::string(*name) : cat(kind, "(", v, ")");
 }
 
-std::string memory_format_name(std::int64_t v) {
-  switch (static_cast<c10::MemoryFormat>(v)) {
-    case c10::MemoryFormat::Contiguous: return "torch.contiguous_format";
-    case c10::MemoryFormat::Preserve: return "torch.preserve_format";
-    case c10::MemoryFormat::ChannelsLast: return "torch.channels_last";
-    case c10::MemoryFormat::ChannelsLast3d: return "torch.channels_last_3d";
-    default: return cat("memory_format(", v, ")");
-  }
-}
+std::string layout_name(std::int64_t v) { return torch_enum_name(kLayouts, v, "layout"); }
+
+std::string memory_format_name(std::int64_t v) { return torch_enum_name(kMemoryFormats, v, "memory_format"); }
 
 bool is_integral(ir::DType t) {
   switch (t) {

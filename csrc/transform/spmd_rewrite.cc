@@ -15,6 +15,7 @@
 #include "ops/op_table.h"
 #include "ops/random_draws.h"
 #include "search/parameter_collectives.h"
+#include "support/enum_names.h"
 #include "support/error.h"
 #include "transform/local_shard.h"
 
@@ -25,6 +26,13 @@ using search::Placement;
 using search::ShardingSpec;
 using search::Strategy;
 using support::ValidationError;
+
+constexpr auto kNodeModeNames = support::enum_names<NodeMode>({
+    {NodeMode::Local, "local"},
+    {NodeMode::Lookup, "lookup"},
+    {NodeMode::Whole, "whole"},
+    {NodeMode::Statistics, "statistics"},
+});
 
 ShardingSpec replicated(std::size_t axes) { return ShardingSpec(axes, Placement::replicate()); }
 
@@ -177,15 +185,7 @@ ir::Attributes arange_block(const ir::Attributes& attrs, std::int64_t lo, std::i
 
 }  // namespace
 
-std::string_view node_mode_name(NodeMode mode) {
-  switch (mode) {
-    case NodeMode::Local: return "local";
-    case NodeMode::Lookup: return "lookup";
-    case NodeMode::Whole: return "whole";
-    case NodeMode::Statistics: return "statistics";
-  }
-  return "?";
-}
+std::string_view node_mode_name(NodeMode mode) { return kNodeModeNames.name(mode); }
 
 std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, const plan::Sharding& sharding,
                                                       bool adapt_to_shapes) {

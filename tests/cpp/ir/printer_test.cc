@@ -156,5 +156,16 @@ TEST(PrinterTest, ValueRefAndQuoteString) {
   EXPECT_EQ(quote_string("caf\xc3\xa9"), "\"caf\xc3\xa9\"");  // UTF-8 passes through
 }
 
+// The printer's and the parser's escapes come from one table: each letter maps back.
+TEST(PrinterTest, EscapeLettersMapBackToTheirCharacters) {
+  for (int i = 0; i < 128; ++i) {
+    const auto c = static_cast<char>(i);
+    if (const std::optional<char> letter = escape_letter(c)) EXPECT_EQ(unescaped_char(*letter), c);
+  }
+  EXPECT_EQ(escape_letter('\n'), 'n');
+  EXPECT_EQ(escape_letter('a'), std::nullopt);
+  EXPECT_EQ(unescaped_char('u'), std::nullopt);  // \uXXXX is read apart
+}
+
 }  // namespace
 }  // namespace shardwise::ir
