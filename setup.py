@@ -22,6 +22,20 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+def _cmake() -> str:
+    """The CMake of this Python's ``cmake`` package (PyPI) where it has one, else the one on
+    PATH. scripts/install.sh installs that package, and scripts/check_pip_install.sh the same
+    version into its fresh venv, so both builds write their compile commands with one CMake:
+    CMake versions order the flags differently (-std=c++20 before or after the target's
+    options), and ccache, which hashes the command line, then reused nothing between them."""
+    try:
+        import cmake
+    except ImportError:
+        return "cmake"
+    binary = Path(cmake.CMAKE_BIN_DIR) / "cmake"
+    return str(binary) if binary.exists() else "cmake"
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         import torch  # the build compiles against the installed torch (no build isolation)
@@ -33,8 +47,9 @@ class CMakeBuild(build_ext):
         lib_dir = build_dir / "lib"
         build_dir.mkdir(parents=True, exist_ok=True)
         cfg = os.environ.get("SHARDWISE_BUILD_TYPE", "Release")
+        cmake = _cmake()
         args = [
-            "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+            cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
             f"-DCMAKE_BUILD_TYPE={cfg}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={lib_dir}",
             f"-DPython3_EXECUTABLE={sys.executable}",
@@ -49,7 +64,7 @@ class CMakeBuild(build_ext):
             args.append("-DSHARDWISE_WERROR=ON")
         subprocess.run(args, check=True)
         jobs = os.environ.get("SHARDWISE_JOBS", "2")
-        subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C", "-j", jobs], check=True)
+        subprocess.run([cmake, "--build", str(build_dir), "--target", "_C", "-j", jobs], check=True)
         built = lib_dir / target.name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, target)

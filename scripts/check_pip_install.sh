@@ -97,8 +97,12 @@ PYEOF
 }
 
 start=$SECONDS
-note "fresh venv: torch==2.13.0, cmake, ninja, setuptools, wheel"
-fresh_venv "$work/venv" cmake ninja setuptools wheel
+# The CMake the extension's build used (install.sh: PyPI's), so that ccache answers this build
+# from its objects (setup.py, _cmake: versions order the flags differently); any CMake when
+# that Python has none.
+cmake_pin=$($PY -c "import cmake; print('cmake==' + cmake.__version__)" 2>/dev/null || echo cmake)
+note "fresh venv: torch==2.13.0, $cmake_pin, ninja, setuptools, wheel"
+fresh_venv "$work/venv" "$cmake_pin" ninja setuptools wheel
 mkdir -p "$work/src"
 git -C "$root" ls-files -co --exclude-standard -z | (cd "$root" && tar --null -T - -cf -) | tar -C "$work/src" -xf -
 note "pip install --no-build-isolation . (PATH: the venv first)"

@@ -2,7 +2,7 @@
 # Installs shardwise, without root: Python packages from PyPI, then the build
 # (pip install --no-build-isolation -e .). Safe to run again (each step is skipped when done).
 #   python:  torch==2.13.0 (the CPU wheel; pinned so pip never pulls a CUDA build), rich,
-#            cmake and ninja when they are not on PATH
+#            cmake (always: setup.py builds with it; see below), ninja when not on PATH
 #   C++:     nothing from the system but a C++20 compiler: fmt and nlohmann-json are vendored
 #            (third_party/), HiGHS is built from highspy's source release on PyPI (cmake/HiGHS.cmake)
 #
@@ -37,8 +37,10 @@ if [[ ${1:-} == --test ]]; then
   $PY -m pip install -q "transformers>=4.45" "accelerate>=1.1" pytest pytest-xdist "$TORCH_PIN"
 fi
 
-tools=(rich setuptools wheel)
-command -v cmake >/dev/null || tools+=(cmake)
+# CMake from PyPI even where the system has one: setup.py builds with it, and
+# check_pip_install.sh's fresh venv with the same version (one flag order, so ccache serves
+# the venv's build from this one's objects: setup.py, _cmake).
+tools=(rich setuptools wheel cmake)
 command -v ninja >/dev/null || tools+=(ninja)
 $PY -m pip install -q "${tools[@]}"
 echo "[install] building shardwise (C++ core + extension)"
