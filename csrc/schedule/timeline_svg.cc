@@ -6,36 +6,38 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
-
-#include "support/enum_names.h"
 
 namespace shardwise::schedule {
 namespace {
 
-constexpr auto kFills = support::enum_names<IntervalKind>({
-    {IntervalKind::Forward, "#4c8bf5"},
-    {IntervalKind::Backward, "#34a853"},
-    {IntervalKind::WeightGradient, "#a8dab5"},
-    {IntervalKind::Send, "#f29900"},
-    {IntervalKind::RecvWait, "#ea4335"},
-    {IntervalKind::Update, "#9334e6"},
-    {IntervalKind::Idle, "#eeeeee"},
-});
+// How each kind of interval is drawn: its fill and its legend's label, one row a kind.
+struct IntervalStyle {
+  IntervalKind kind;
+  std::string_view fill;
+  std::string_view label;
+};
+constexpr IntervalStyle kStyles[] = {
+    {IntervalKind::Forward, "#4c8bf5", "forward"},
+    {IntervalKind::Backward, "#34a853", "backward"},
+    {IntervalKind::WeightGradient, "#a8dab5", "weight gradient"},
+    {IntervalKind::Send, "#f29900", "send (async)"},
+    {IntervalKind::RecvWait, "#ea4335", "recv wait"},
+    {IntervalKind::Update, "#9334e6", "update"},
+    {IntervalKind::Idle, "#eeeeee", "idle"},
+};
+constexpr IntervalStyle kUnknownStyle{IntervalKind::Idle, "#000000", ""};
 
-constexpr auto kLegendLabels = support::enum_names<IntervalKind>({
-    {IntervalKind::Forward, "forward"},
-    {IntervalKind::Backward, "backward"},
-    {IntervalKind::WeightGradient, "weight gradient"},
-    {IntervalKind::Send, "send (async)"},
-    {IntervalKind::RecvWait, "recv wait"},
-    {IntervalKind::Update, "update"},
-    {IntervalKind::Idle, "idle"},
-});
+const IntervalStyle& style_of(IntervalKind kind) {
+  for (const IntervalStyle& style : kStyles)
+    if (style.kind == kind) return style;
+  return kUnknownStyle;
+}
 
-std::string_view fill_of(IntervalKind kind) { return kFills.name(kind, "#000000"); }
+std::string_view fill_of(IntervalKind kind) { return style_of(kind).fill; }
 
-std::string legend_label(IntervalKind kind) { return std::string(kLegendLabels.name(kind, "")); }
+std::string legend_label(IntervalKind kind) { return std::string(style_of(kind).label); }
 
 // A "nice" tick step (1, 2, 5 x 10^n) giving about `target` ticks over `span`.
 double tick_step(double span, int target) {
