@@ -259,8 +259,11 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
         fmt::format("stage sharding: the cluster has {} devices, a stage's sub-mesh data {} x tensor {} = {}",
                     cluster.world_size(), plan.data, plan.tensor, size));
   const cost::Cluster sub_mesh = cluster.world_size() == size ? cluster : cost::first_ranks(cluster, size);
-  // Under the first stage's memory, the most any stage holds (as search_stage_layout).
-  const MemoryShares shares = first_stage_shares(cost::find_layer_structure(graph), plan);
+  // Under the first stage's memory, the most any stage holds (as search_stage_layout). A graph
+  // without repeated layers has no share to take (its stages are cut by cost): the whole
+  // graph at one micro-batch, as before.
+  const cost::LayerStructure structure = cost::find_layer_structure(graph);
+  const MemoryShares shares = structure.layers ? first_stage_shares(structure, plan) : MemoryShares{};
   const SpmdSearchResult found = search_plan_mesh(graph, sub_mesh, plan, plan.micro_batch * plan.data, level,
                                                  memory_fraction, model, {}, /*allow_zero=*/false, shares);
   if (!found.plan.sharding) return std::nullopt;
