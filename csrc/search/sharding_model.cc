@@ -380,9 +380,9 @@ Placement ShardingModel::value_placement(int axis, ir::ValueId value) const {
   return node_choice_[a][static_cast<std::size_t>(*v.producer)].outputs[static_cast<std::size_t>(v.output_index)];
 }
 
-double ShardingModel::held_except(ir::ValueId value, int axis) const {
+double ShardingModel::held_except(ir::ValueId value, int axis, int first_axis) const {
   double held = 1;
-  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b)
+  for (int b = std::max(0, first_axis); b < static_cast<int>(options_.mesh.size()); ++b)
     if (b != axis) held *= held_fraction(value_placement(b, value), options_.mesh[static_cast<std::size_t>(b)]);
   return held;
 }
@@ -390,10 +390,7 @@ double ShardingModel::held_except(ir::ValueId value, int axis) const {
 double ShardingModel::held_all(ir::ValueId value) const { return held_except(value, -1); }
 
 double ShardingModel::held_fraction_of(ir::ValueId value, int first_axis) const {
-  double held = 1;
-  for (int b = std::max(0, first_axis); b < static_cast<int>(options_.mesh.size()); ++b)
-    held *= held_fraction(value_placement(b, value), options_.mesh[static_cast<std::size_t>(b)]);
-  return held;
+  return held_except(value, -1, first_axis);
 }
 
 double ShardingModel::value_bytes(ir::ValueId value) const {

@@ -257,7 +257,8 @@ class ShardingModel {
 
   void adopt_decisions(const plan::Sharding& sharding);  // adopt's work, without its undo
   Placement value_placement(int axis, ir::ValueId value) const;
-  double held_except(ir::ValueId value, int axis) const;  // product of held fractions, axis excluded
+  // Product of held fractions over the axes from first_axis on, `axis` excluded (-1: none).
+  double held_except(ir::ValueId value, int axis, int first_axis = 0) const;
   double held_all(ir::ValueId value) const;
   double value_bytes(ir::ValueId value) const;  // whole tensor, at the global batch and precision
   // The node's rule as the other axes' current splits leave it: every other axis
