@@ -135,8 +135,11 @@ py::dict region_operand(const ir::Graph& rank_graph, ir::ValueId read) {
 // output, and of its outputs, as region_operand reads them: what the lowering runs between
 // the calls of the graph it lowers (a rank program's, or a pipeline stage's).
 py::dict rank_ir_operands(const ir::Graph& rank_graph) {
-  py::dict calls;
+  py::dict calls, writes;
   for (const ir::Node& node : rank_graph.nodes()) {
+    // A state write-back (rank_graph.h): how it reads the value it writes, by that value's name.
+    if (node.op == "shardwise::write_state" && node.inputs.size() == 2)
+      writes[py::str(rank_graph.value(node.inputs[1]).name)] = region_operand(rank_graph, node.inputs[1]);
     if (node.outputs.empty() || transform::is_step_node(node)) continue;
     py::list inputs;
     for (ir::ValueId in : node.inputs) inputs.append(region_operand(rank_graph, in));
@@ -146,6 +149,7 @@ py::dict rank_ir_operands(const ir::Graph& rank_graph) {
   for (ir::ValueId out : rank_graph.outputs()) outputs.append(region_operand(rank_graph, out));
   py::dict d;
   d["calls"] = calls;
+  d["writes"] = writes;
   d["outputs"] = outputs;
   return d;
 }
@@ -473,7 +477,7 @@ void bind_transform(py::module_& m) {
   m.def("rank_ir_operands", &rank_ir_operands, py::arg("graph"),
         "How a rank graph (_C.Graph of a rank IR: a program's or a pipeline stage's) runs the operands of each "
         "node that is no resharding step, by its first output, and its outputs: {calls: {name: [operand]}, "
-        "outputs: [operand]}, each operand {value (the region's source), region (its id: the value its last step "
+        "writes: {value: operand} (each state write-back's value, by its name), outputs: [operand]}, each operand {value (the region's source), region (its id: the value its last step "
         "gives), forward, backward (typed steps), regather, prefetch, gather_group, scatter_in_backward, "
         "scatter_group, overlap (the steps' overlap mark)}.");
   m.def("rank_ir_regions", &rank_ir_regions, py::arg("text"),

@@ -28,6 +28,13 @@ constexpr std::string_view kWholeAttr = "shardwise.whole";
 constexpr std::string_view kRecomputeAttr = "shardwise.recompute";
 constexpr std::string_view kRecomputeKeepsAttr = "shardwise.recompute_keeps";
 constexpr std::string_view kOneDeviceRandomAttr = "shardwise.one_device_random";
+// The capture's mark on a call that writes operands in place (batch norm's running
+// statistics): {shardwise.writes=[i, ...]}, their positions among its operands.
+constexpr std::string_view kWritesAttr = "shardwise.writes";
+constexpr std::string_view kWriteStateOp = "shardwise::write_state";
+// The steps of a state write-back carry {write_back=true}: a region of their own, which the
+// region of the call's read (the value they start at) does not continue into.
+constexpr std::string_view kWriteBackAttr = "write_back";
 // A collective run inside a contraction, as a ring (transform/collective_matmul.h marks it).
 constexpr std::string_view kMatmulOverlap = "matmul";
 
@@ -97,6 +104,7 @@ class GraphEmitter {
     ir::TensorType type = v.type;
     type.shape = leaf.local_shape;
     graph_.add_value(v.name, type, v.role);
+    leaf_placements_.emplace(leaf.value, leaf.placement);
     if (!leaf.reduce_axes.empty()) reductions_.push_back(leaf);
   }
 
@@ -175,6 +183,7 @@ class GraphEmitter {
                                      {{"other", rw.outputs[o].scale}}, node.module_path));
       (void)out;
     }
+    write_back_state(node, rw, inputs, attrs);
   }
 
   void output(const OperandRewrite& out) { outputs_.push_back(resharded(out, "")); }
@@ -191,6 +200,57 @@ class GraphEmitter {
 
  private:
   ir::ValueId single(ir::NodeId id) const { return graph_.node(id).outputs[0]; }
+
+  // A call that writes a leaf operand in place (the capture's {shardwise.writes}: batch norm's
+  // running statistics) writes the copy it read, `read[i]`; the leaf becomes that copy: the
+  // steps from the placement the call read it in back to the leaf's (a channel block
+  // all-gathered), marked {write_back=true}, then shardwise::write_state(%leaf, %written),
+  // in the call's recomputed block (the runtime writes once, not again in backward). A
+  // Partial read has no state to write back: refused. Where the call read the leaf itself,
+  // write_state(%leaf, %leaf): the write is already in place.
+  void write_back_state(const ir::Node& node, const NodeRewrite& rw, const std::vector<ir::ValueId>& read,
+                        const ir::Attributes& call_attrs) {
+    auto marked = node.attrs.find(std::string(kWritesAttr));
+    if (marked == node.attrs.end()) return;
+    const auto* positions = std::get_if<std::vector<std::int64_t>>(&marked->second);
+    if (positions == nullptr) return;  // [] parses as no list
+    for (std::int64_t i : *positions) {
+      if (i < 0 || static_cast<std::size_t>(i) >= rw.inputs.size())
+        throw ValidationError(fmt::format("rewrite: rank {}: {} node '{}' writes operand {} of {}", rank_, node.op,
+                                          global_.value(node.outputs.at(0)).name, i, rw.inputs.size()));
+      const OperandRewrite& op = rw.inputs[static_cast<std::size_t>(i)];
+      auto leaf = leaf_placements_.find(op.value);
+      if (leaf == leaf_placements_.end()) continue;  // an activation's write: a new value in the IR
+      for (const Placement& p : op.required)
+        if (p.is_partial())
+          throw ValidationError(fmt::format("rewrite: rank {}: {} node '{}' writes '{}' in place as a partial sum "
+                                            "([{}]); a buffer's update must be read whole or as a block",
+                                            rank_, node.op, global_.value(node.outputs.at(0)).name, op.value,
+                                            fmt::join(texts(op.required), ", ")));
+      ShardingSpec spec = op.required;
+      ir::ValueId value = read[static_cast<std::size_t>(i)];
+      const Shape& whole_shape = global_value(op.value).type.shape;
+      int k = 0;
+      for (const ReshardAction& step : reshard_actions(op.required, leaf->second)) {
+        apply_step(spec, step);
+        ir::TensorType type = graph_.value(value).type;
+        type.shape = local_shard(whole_shape, texts(spec), sharding_.mesh, rank_).shape;
+        ir::Attributes attrs = step_attrs(step, sharding_.mesh, rank_, false);
+        if (step.kind == ReshardKind::AllGather || step.kind == ReshardKind::AllReduce ||
+            step.kind == ReshardKind::ReduceScatter || step.kind == ReshardKind::AllToAll)
+          attrs["overlap"] = overlap_mark(search::ParameterOverlap::Exposed);
+        attrs[std::string(kWriteBackAttr)] = true;
+        value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(step.kind)), {value},
+                                       {{fresh(fmt::format("{}.w{}", op.value, ++k)), type}}, std::move(attrs),
+                                       node.module_path));
+      }
+      ir::Attributes attrs;
+      if (auto block = call_attrs.find(std::string(kRecomputeAttr)); block != call_attrs.end())
+        attrs.insert(*block);
+      graph_.add_node(std::string(kWriteStateOp), {*graph_.find_value(op.value), value}, {}, std::move(attrs),
+                      node.module_path);
+    }
+  }
 
   // `name`, or `name_1`, `name_2`, ... when the rank graph or the model already has a value
   // of that name (the rank graph adds names of its own: `.r1`, `.sum`, `.count`).
@@ -263,6 +323,7 @@ class GraphEmitter {
   ir::Graph graph_;
   std::vector<ir::ValueId> outputs_;
   std::vector<LeafRewrite> reductions_;
+  std::map<std::string, ShardingSpec> leaf_placements_;
   std::map<std::string, int> reshardings_;
   std::map<std::string, ir::ValueId> regions_;  // by value and step texts
 };
@@ -376,7 +437,7 @@ void verify_rank_graph(const ir::Graph& local, const ir::Graph& global, const pl
                                  : fmt::format("{} node '{}'", node.op, local.value(node.outputs[0]).name);
     static const std::set<std::string, std::less<>> kernels = {
         "shardwise::embedding_lookup", "shardwise::counted_mean", "shardwise::reduce_gradient",
-        "shardwise::recv", "shardwise::send"};
+        "shardwise::recv", "shardwise::send", std::string(kWriteStateOp)};
     if (!node.op.starts_with("shardwise::") || kernels.contains(node.op) || ops::is_statistics_kernel(node.op)) {
       if (node.op.starts_with("shardwise::")) continue;
       try {
@@ -498,12 +559,18 @@ ReshardAction step_action(const ir::Node& step) {
   return a;
 }
 
+bool is_write_back_step(const ir::Node& node) {
+  return is_step_node(node) && node.attrs.contains(std::string(kWriteBackAttr));
+}
+
 StepRegion region_ending_at(const ir::Graph& rank_graph, ir::ValueId value) {
   std::vector<ir::NodeId> chain;
   ir::ValueId v = value;
+  std::optional<bool> write_back;  // the region's kind: a state write-back's, or a read's
   while (const auto producer = rank_graph.value(v).producer) {
     const ir::Node& node = rank_graph.node(*producer);
-    if (!is_step_node(node)) break;
+    if (!is_step_node(node) || write_back.value_or(is_write_back_step(node)) != is_write_back_step(node)) break;
+    write_back = is_write_back_step(node);
     chain.insert(chain.begin(), *producer);
     v = node.inputs[0];
   }
@@ -525,8 +592,12 @@ ir::ValueId region_end(const ir::Graph& rank_graph, const StepRegion& region) {
 std::vector<StepRegion> step_regions(const ir::Graph& rank_graph) {
   // The region's last step: no step reads its value.
   std::vector<bool> continued(rank_graph.values().size(), false);
-  for (const ir::Node& node : rank_graph.nodes())
-    if (is_step_node(node)) continued[static_cast<std::size_t>(node.inputs[0])] = true;
+  for (const ir::Node& node : rank_graph.nodes()) {
+    if (!is_step_node(node)) continue;
+    const auto producer = rank_graph.value(node.inputs[0]).producer;
+    if (producer && is_write_back_step(rank_graph.node(*producer)) == is_write_back_step(node))
+      continued[static_cast<std::size_t>(node.inputs[0])] = true;
+  }
   std::vector<StepRegion> out;
   for (const ir::Node& node : rank_graph.nodes())
     if (is_step_node(node) && !continued[static_cast<std::size_t>(node.outputs[0])])

@@ -63,6 +63,14 @@
 //    `%out.count: i64[]` is an input of the rank graph: the count of the targets in the whole
 //    global batch, which the engine counts before the step. A mean over an uneven batch
 //    share is followed by aten::mul.Scalar {other=scale}, the op's output named `<out>.share`.
+//  - State written in place: a call the capture marks {shardwise.writes=[i, ...]} (batch norm
+//    in training writes its running statistics) writes the copy of each leaf operand it read.
+//    After it, that copy goes back into the leaf: the steps from the placement the call read
+//    to the leaf's (a channel block all-gathered), marked {write_back=true} (their own region:
+//    the read's region does not continue into them), then
+//    `shardwise::write_state(%leaf, %written)`, no outputs, in the call's recomputed block
+//    ({shardwise.recompute=k}: written once, not again when backward runs the block). A
+//    call that read the leaf itself has write_state(%leaf, %leaf). A Partial read is refused.
 //  - Outputs: every graph output made whole (Replicate) through the same step nodes.
 //  - Gradient reductions: a parameter whose gradient stays Partial(sum) on a mesh axis
 //    (spmd_rewrite.h: reduce_axes) ends the graph with `shardwise::reduce_gradient(%p)
@@ -113,6 +121,8 @@ bool is_step_node(const ir::Node& node);
 ReshardAction step_action(const ir::Node& step);
 // The ops step nodes call ("shardwise::all_gather", ...), sorted.
 std::vector<std::string> step_ops();
+// A step of a state write-back (the steps before a shardwise::write_state: {write_back=true}).
+bool is_write_back_step(const ir::Node& node);
 // Where a collective step node runs, its overlap= mark ("exposed", "forward", "backward",
 // "matmul": search/parameter_collectives.h); nullptr for a node without one.
 const std::string* step_overlap(const ir::Node& step);

@@ -30,8 +30,18 @@ std::vector<Stages> node_stages(const RankGraph& rank, const std::vector<int>& s
         latest = std::max(latest, *of[static_cast<std::size_t>(*producer)].rbegin());
     if (latest >= 0) here = {latest};
   }
-  // A region: every stage its readers run on (the last, for a graph output).
   const std::vector<std::vector<ir::NodeId>> users = graph.users_by_value();
+  // A state write-back: the stages of the calls that read the value it writes back (the
+  // call that wrote it), before the regions take their readers' stages.
+  for (const ir::Node& node : graph.nodes()) {
+    if (node.op != "shardwise::write_state" || node.inputs.size() != 2) continue;
+    const ir::ValueId written = region_ending_at(graph, node.inputs[1]).source;
+    for (ir::NodeId user : users[static_cast<std::size_t>(written)])
+      if (!is_step_node(graph.node(user)))
+        of[static_cast<std::size_t>(node.id)].insert(of[static_cast<std::size_t>(user)].begin(),
+                                                    of[static_cast<std::size_t>(user)].end());
+  }
+  // A region: every stage its readers run on (the last, for a graph output).
   const std::vector<ir::ValueId>& outputs = graph.outputs();
   for (const StepRegion& region : step_regions(graph)) {
     const ir::ValueId end = region_end(graph, region);
@@ -44,7 +54,7 @@ std::vector<Stages> node_stages(const RankGraph& rank, const std::vector<int>& s
   }
   // A gradient reduction: every stage that reads its parameter.
   for (const ir::Node& node : graph.nodes()) {
-    if (!node.outputs.empty() || node.inputs.empty()) continue;
+    if (!node.outputs.empty() || node.inputs.empty() || node.op == "shardwise::write_state") continue;
     Stages& here = of[static_cast<std::size_t>(node.id)];
     for (ir::NodeId user : users[static_cast<std::size_t>(node.inputs[0])])
       if (user != node.id) here.insert(of[static_cast<std::size_t>(user)].begin(), of[static_cast<std::size_t>(user)].end());

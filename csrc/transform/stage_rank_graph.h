@@ -13,6 +13,8 @@
 //    runs its own backward (the gradients the two readers leave are summed at the value, in
 //    the stage that made it);
 //  - a gradient reduction (shardwise::reduce_gradient): every stage that reads the parameter;
+//  - a state write-back (shardwise::write_state, rank_graph.h): the stages of the call that
+//    wrote the value (its steps, a region, follow it);
 //  - the graph's outputs, and the regions that make them whole: the last stage.
 // Stage g's graph holds, as split_stages': the leaves its nodes read, `shardwise::recv` for
 // each value made on an earlier stage and read on g or later (forwarded), its nodes in the

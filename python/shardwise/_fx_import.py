@@ -209,9 +209,11 @@ def operand_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 
 def _split_operands(items: list[tuple[str, Any]], env: dict, where: str):
-    """Tensor operands -> input names; the rest -> attributes."""
-    inputs, attrs = [], {}
+    """Tensor operands -> input names; the rest -> attributes; and each argument's positions
+    among the inputs."""
+    inputs, attrs, positions = [], {}, {}
     for name, value in items:
+        start = len(inputs)
         if isinstance(value, torch.fx.Node):
             if value not in env:
                 raise CaptureError(f"{where}: operand '{value.name}' is not a tensor the IR knows")
@@ -232,7 +234,36 @@ def _split_operands(items: list[tuple[str, Any]], env: dict, where: str):
                 attrs[f"{name}_present"] = present
         else:
             attrs[name] = _attr_value(value, f"{where}, argument '{name}'")
-    return inputs, attrs
+        positions[name] = list(range(start, len(inputs)))
+    return inputs, attrs, positions
+
+
+# ---- writes into the model's state ------------------------------------------------------------
+# Ops that update a buffer operand in place while their schema says nothing of it: batch norm
+# in training writes its running statistics (the flag named here says when). Ops whose schema
+# marks an argument written (Tensor(a!): _native_batch_norm_legit) are found from it.
+_STATE_WRITES = {
+    torch.ops.aten.batch_norm.default: ("training", ("running_mean", "running_var")),
+    torch.ops.aten.native_batch_norm.default: ("training", ("running_mean", "running_var")),
+    torch.ops.aten.instance_norm.default: ("use_input_stats", ("running_mean", "running_var")),
+}
+# The IR's mark of the operands a call writes in place, by their positions among its inputs:
+# the rank graph writes a leaf's back after the call (csrc/transform/rank_graph.h).
+WRITES = "shardwise.writes"
+
+
+def _written_positions(target: torch._ops.OpOverload, items: list[tuple[str, Any]],
+                       positions: dict[str, list[int]]) -> list[int]:
+    """The positions among a call's inputs of the operands it writes in place: its schema's
+    written arguments (Tensor(a!)), and _STATE_WRITES' when the flag is set."""
+    flag, names = _STATE_WRITES.get(target, (None, ()))
+    writes_named = flag is not None and bool(dict(items).get(flag))
+    out = []
+    for argument in target._schema.arguments:
+        info = argument.alias_info
+        if (info is not None and info.is_write) or (writes_named and argument.name in names):
+            out.extend(positions.get(argument.name, ()))
+    return sorted(out)
 
 
 def _output_tensors(val: Any) -> list[torch.Tensor | None] | None:
@@ -314,10 +345,14 @@ def _add_op_node(node: torch.fx.Node, builder: _Builder, env: dict, where: str) 
     if isinstance(node.target, torch._ops.OpOverload):
         if len(node.target._schema.returns) == 0:
             return  # e.g. _assert_tensor_metadata: a check with no result, nothing to shard
-        inputs, attrs = _split_operands(_schema_args(node), env, where)
+        items = _schema_args(node)
+        inputs, attrs, positions = _split_operands(items, env, where)
+        written = _written_positions(node.target, items, positions)
+        if written:
+            attrs[WRITES] = written
     else:
         items = [(f"arg{i}", a) for i, a in enumerate(node.args)] + list(node.kwargs.items())
-        inputs, attrs = _split_operands(items, env, where)
+        inputs, attrs, _ = _split_operands(items, env, where)
     multi = _output_tensors(val)
     if multi is None:
         if not isinstance(val, torch.Tensor):

@@ -18,8 +18,8 @@ Two sequences are compared, each in program order:
   nodes, forward and backward: csrc/transform/rank_graph.h, ``_C.rank_ir_regions``) against the
   program's calls that run one: ``reshard`` and ``prefetch.wait`` (the region's steps),
   ``collective_matmul`` (a ring's one step each way), ``async_gradient`` and an FP8 linear's
-  split backward (the gradient's all-reduce). A state write-back's reshard (a buffer updated in
-  place by a split node) has no node in the IR and is left out.
+  split backward (the gradient's all-reduce), and a state write-back's steps (a buffer updated
+  in place by a split node: the IR's ``{write_back=true}`` region before its write_state).
 """
 from __future__ import annotations
 
@@ -162,8 +162,6 @@ def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[s
 
 def program_regions(module: torch.fx.GraphModule) -> list[tuple[tuple, tuple]]:
     """The (forward steps, backward steps) of each call of the program that runs a region."""
-    from shardwise.runtime.lower import _write_state
-
     out = []
     for node in flat_nodes(module):
         fp8 = _fp8_args(node)
@@ -176,8 +174,7 @@ def program_regions(module: torch.fx.GraphModule) -> list[tuple[tuple, tuple]]:
             continue
         target, args = call[1], call[2]
         if target == "reshard":
-            if not any(user.op == "call_function" and user.target is _write_state for user in node.users):
-                out.append((tuple(args[1]), tuple(args[2])))
+            out.append((tuple(args[1]), tuple(args[2])))
         elif target == "prefetch_wait":
             out.append((tuple(args[3]), tuple(args[4])))
         elif target == "collective_matmul":

@@ -5,7 +5,7 @@ Batch norm in training updates `running_mean` and `running_var` in place, throug
 its schema does not mark written (aten::batch_norm). A plan that splits the op over channels
 (a sharded plan: its weight and bias S(0) on the tensor axis, the buffers replicated) hands
 the op its block of the buffers; the block the op updates must reach the buffer on every rank
-(runtime/lower.py: the write is all-gathered back), or the running statistics of every
+(the rank IR's write-back: the block all-gathered, then written: csrc/transform/rank_graph.h), or the running statistics of every
 channel block stay at their initial values: a silent wrong model in eval mode, with training
 losses and parameters unchanged. Found by benchmarks/model_zoo.py's training column (ResNet
 on a 2 x 2 mesh).
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import shardwise
 from conftest import run_ranks, tight_plan
+from rank_ir_check import engine_against_rank_ir
 
 STEPS, ROWS, TOLERANCE = 3, 4, 1e-9
 
@@ -63,6 +64,11 @@ def _worker(rank: int, world: int, store: str, mesh: tuple[int, int], result: st
             doc.pop(key, None)
         doc["sharding"]["strategies"]["batch_norm"] = ["replicate" if size == 1 else "split d0" for size in mesh]
         engine = shardwise.parallelize(_model(), _batch(0), plan=shardwise.Plan.from_json(json.dumps(doc)))
+        # The write-back is the rank IR's (rank_graph.h: write_back steps, then write_state), and
+        # the program runs it node for node, its all-gathers among the regions compared.
+        lowered = engine_against_rank_ir(engine)
+        ir = engine.rank_ir
+        write_backs = [line for line in ir.splitlines() if "write_back=true" in line]
         optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
         for step in range(STEPS):
             engine.train_step(*_batch(step))
@@ -86,7 +92,8 @@ def _worker(rank: int, world: int, store: str, mesh: tuple[int, int], result: st
         if rank == 0:
             with open(result, "w") as f:
                 json.dump({"errors": errors, "eval": abs(eval_loss - ref_eval) / abs(ref_eval),
-                           "strategy": engine.plan.strategies()["batch_norm"]}, f)
+                           "strategy": engine.plan.strategies()["batch_norm"], "lowered": lowered,
+                           "write_backs": write_backs, "write_states": ir.count("shardwise::write_state(")}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -104,3 +111,9 @@ def test_batch_norm_split_over_channels_updates_the_whole_running_statistics(mes
     for name, error in r["errors"].items():  # running_mean, running_var, num_batches_tracked too
         assert error < TOLERANCE, (name, r)
     assert r["eval"] < TOLERANCE, r  # eval mode reads the running statistics
+    # In the IR: running_mean and running_var, each block all-gathered back and written;
+    # num_batches_tracked (add_ on the whole buffer) written where it is.
+    assert r["write_states"] == 3, r
+    assert len(r["write_backs"]) == 2 and all("all_gather" in line for line in r["write_backs"]), r
+    assert r["lowered"]["mismatches"] == [], r["lowered"]
+    assert r["lowered"]["collectives"] >= 2, r["lowered"]

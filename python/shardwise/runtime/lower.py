@@ -21,7 +21,7 @@ import torch.fx
 from .. import _C
 from .._C import ValidationError
 from .._aten_call import CallRebuildError, call_arguments, named_arguments
-from .._fx_import import is_value_identity, op_overload, operand_nodes
+from .._fx_import import WRITES, is_value_identity, op_overload, operand_nodes
 from .._logging import get_logger
 from ..materialize import local_index, local_tensor, take
 from .async_gradients import ASYNC_GRADIENT_EMITTER
@@ -180,43 +180,6 @@ def _set_attr(root: torch.nn.Module, qualified: str, value) -> None:
         module.register_buffer(last, value)
 
 
-# ---- writes into the model's state ------------------------------------------------------------
-# Ops that update a buffer operand in place while their schema says nothing of it: batch norm
-# in training writes its running statistics (the flag named here says when). Ops whose schema
-# marks an argument written (Tensor(a!): add_, _native_batch_norm_legit) are found from it.
-_STATE_WRITES = {
-    torch.ops.aten.batch_norm.default: ("training", ("running_mean", "running_var")),
-    torch.ops.aten.native_batch_norm.default: ("training", ("running_mean", "running_var")),
-    torch.ops.aten.instance_norm.default: ("use_input_stats", ("running_mean", "running_var")),
-}
-
-
-def _written_operands(node: dict, target, operands: int) -> set[int]:
-    """Positions (among the node's `operands`) of the tensor operands its call writes in place:
-    the schema's written arguments (Tensor(a!)), and _STATE_WRITES' when its flag is set."""
-    if not isinstance(target, torch._ops.OpOverload):
-        return set()
-    bound = _schema_call(node, target, [_Slot(i) for i in range(operands)], named=True)
-    flag, names = _STATE_WRITES.get(target, (None, ()))
-    writes_named = flag is not None and bool(bound.get(flag))
-    out = set()
-    for argument in target._schema.arguments:
-        value = bound.get(argument.name)
-        held = [value] if isinstance(value, _Slot) else \
-            [v for v in value if isinstance(v, _Slot)] if isinstance(value, list) else []
-        info = argument.alias_info
-        if (info is not None and info.is_write) or (writes_named and argument.name in names):
-            out.update(slot.index for slot in held)
-    return out
-
-
-class _Slot:
-    """An operand's place, standing in for the tensor when binding a call to its schema."""
-
-    def __init__(self, index: int):
-        self.index = index
-
-
 def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dict[str, torch.Tensor],
                   input_names: list[str], trainable: set[str], *, nodes: list[dict] | None = None,
                   outputs: list[dict] | None = None, parameters: dict[str, torch.Tensor] | None = None,
@@ -278,6 +241,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
         outputs = _with_regions(outputs, operands["outputs"], "the program's outputs")
     lowering = _Lowering(program, sources, mesh, [node for _, node in walked if node is not None],
                          compute_dtypes or {}, split_backward)
+    lowering.write_regions = operands["writes"]
     counted = [(calls[n["inputs"][0]], n["inputs"][1]) for n, _ in walked if n["op"] == _COUNTED_MEAN]
     lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters, outputs, counted)
     for ir_node, node in walked:
@@ -304,7 +268,6 @@ class _Read:
     kernel: str  # the op its call in the rank IR names (a distributed kernel's, or the ATen op's)
     marks: dict  # that call's attributes: the core's marks on it (shardwise.*), a kernel's bounds
     operands: list = field(default_factory=list)
-    write_backs: list = field(default_factory=list)  # (leaf, the operand the call writes, its placement)
     regathers: list = field(default_factory=list)  # (gathered parameter, its shard, steps, unit group)
     taken: dict = field(default_factory=dict)  # a feature emitter's name -> what it took of the operands
 
@@ -335,6 +298,10 @@ class _Lowering:
         self.first_waits: set[int] = set()
         self.counted: list[dict] = []  # the program nodes a counted_mean of the IR reads, in order
         self.block_of_value: dict[str, int] = {}  # a call's outputs (IR names) -> its recomputed block
+        # The copies of leaves that calls write in place (the IR's shardwise.writes), by the
+        # value the call reads in the IR (its region's id), for the write_state that follows.
+        self.written: dict[str, torch.fx.Node] = {}
+        self.write_regions: dict = {}  # write_state's value -> its region (_C.rank_ir_operands' "writes")
         self._prefetch_plan()
 
     def _root(self) -> torch.nn.Module:
@@ -445,6 +412,10 @@ class _Lowering:
         op, outputs = ir_node["op"], ir_node["outputs"]
         if node is not None:
             self.node(node, ir_node)
+        elif op == _WRITE_STATE:
+            last = next(iter(reversed(self.graph.nodes)), None)
+            _emit_write_state(self, ir_node)
+            self._in_block(ir_node["attrs"].get(RECOMPUTE, -1), last)  # the writing call's block
         elif op in _STEP_OPS or op in _NOT_CALLED:
             if op == "shardwise::recv" and outputs[0] not in self.env:
                 raise ValidationError(f"parallelize: the stage receives '{outputs[0]}', which its module does not take")
@@ -492,8 +463,6 @@ class _Lowering:
         if self.split_backward and marks.get(WEIGHT_CUT):
             call = graph.call_module("weight_split.site", (call, self.sites))
             self.sites += 1
-        for name, value, required in read.write_backs:
-            _write_back(graph, self.root, name, value, required, self.leaf_docs[name]["placement"])
         if indices is None:
             self.env[names[0]] = call
         else:
@@ -510,7 +479,7 @@ class _Lowering:
         target = _target(node, src)
         read = _Read(first, target, src, ir_call["op"], ir_call["attrs"])
         captured_operands = operand_nodes(src)
-        written = _written_operands(node, target, len(node["inputs"]))
+        written = set(read.marks.get(WRITES, ()))  # the capture's mark: operands it writes in place
         for i, op in enumerate(node["inputs"]):
             captured = captured_operands[i] if i < len(captured_operands) else None
             value = self.env[op["value"]]
@@ -523,12 +492,11 @@ class _Lowering:
             # skipped when backward runs the block again, or the state would update twice.
             if i in written and op["value"] in self.leaf_docs and (fwd or value.op != "get_attr" or block >= 0):
                 # The call writes a copy of the rank's buffer (its block for a split node, or a
-                # cast): the write is copied back into the buffer after it (node). A copy of
-                # its own, as a slice may be a view of the buffer that the copy back would
-                # change under the call's saved operands.
+                # cast), which the IR's write_state after it writes back (_emit_write_state).
+                # A copy of its own, as a slice may be a view of the buffer that the copy back
+                # would change under the call's saved operands.
                 value = self.graph.call_module("reshard", (value, fwd, bwd)) if fwd or bwd else value
-                value = self.graph.call_method("clone", (value,))
-                read.write_backs.append((op["value"], value, op["required"]))
+                value = self.written[op["region"]] = self.graph.call_method("clone", (value,))
             elif fwd or bwd:
                 value = self._resharded(op, value, fwd, bwd, read)
             value = _identities_again(self.graph, captured, value)
@@ -678,6 +646,27 @@ def _emit_ir_call(lowering: _Lowering, ir_node: dict) -> torch.fx.Node:
 
 
 _IR_EMITTERS = {_COUNTED_MEAN: _emit_counted_mean}
+_WRITE_STATE = "shardwise::write_state"
+
+
+def _emit_write_state(lowering: _Lowering, ir_node: dict) -> None:
+    """``shardwise::write_state(%leaf, %written)`` (rank_graph.h): the copy of the leaf the
+    call before it wrote, through the IR's write-back steps (a block all-gathered), copied into
+    the leaf. Nothing where the call wrote the leaf itself (it read the leaf, uncast, outside a
+    recomputed block: no copy was made)."""
+    leaf, written = ir_node["inputs"]
+    region = lowering.write_regions[written]
+    value = lowering.written.get(region["value"])
+    steps = lowering.step_texts(region["forward"])
+    if value is None:
+        if steps:
+            raise ValidationError(f"parallelize: the rank IR writes '{leaf}' back from '{region['value']}', "
+                                  "which no call before it wrote")
+        return
+    graph = lowering.graph
+    if steps:
+        value = graph.call_module("reshard", (value, steps, ()))
+    graph.call_function(_write_state, (graph.get_attr(leaf), value))
 
 
 def program_code(module: torch.fx.GraphModule) -> str:
@@ -691,21 +680,6 @@ def program_code(module: torch.fx.GraphModule) -> str:
 def _step_texts(root: torch.nn.Module, steps) -> tuple[str, ...]:
     """The texts the program names `steps` by, each registered with root.reshard."""
     return tuple(root.reshard.step(s) for s in steps)
-
-
-def _write_back(graph: torch.fx.Graph, root: torch.nn.Module, name: str, value: torch.fx.Node, required: list[str],
-                placement: list[str]) -> None:
-    """After a call that wrote `value`, the rank's copy of leaf `name` read in placement
-    `required` (the block of batch norm's running statistics a channel-split node updates),
-    the leaf (held in `placement`) becomes the written value: resharded back (the blocks
-    all-gathered) and copied in. A Partial copy has no state to write back: refused."""
-    if _C.partial_axes(required):
-        raise ValidationError(f"parallelize: the program writes '{name}' in place as a partial sum ({required}); "
-                              "a buffer's update must be read whole or as a block")
-    steps = _step_texts(root, _C.reshard_actions(list(required), list(placement)))
-    if steps:
-        value = graph.call_module("reshard", (value, steps, ()))
-    graph.call_function(_write_state, (graph.get_attr(name), value))
 
 
 def _write_state(leaf: torch.Tensor, value: torch.Tensor) -> None:

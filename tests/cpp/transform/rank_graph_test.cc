@@ -201,5 +201,101 @@ TEST(RankGraph, AnOpWhoseLocalCallDoesNotFitRunsWhole) {
   EXPECT_NO_THROW(verify_rank_graph(r.graph, g, s, 1));
 }
 
+// Batch norm in training, its running statistics written in place (the capture's mark), on a
+// tensor axis of 2 that splits its channels (`stats` the placement it reads them in).
+constexpr const char* kBatchNorm = R"(graph(%x: f32[b8,4,3,3]) {
+  %bn.weight: f32[4] parameter
+  %bn.bias: f32[4] parameter
+  %bn.running_mean: f32[4] buffer
+  %bn.running_var: f32[4] buffer
+  %y: f32[b8,4,3,3] = aten::batch_norm(%x, %bn.weight, %bn.bias, %bn.running_mean, %bn.running_var) {cudnn_enabled=false, eps=1e-05, momentum=0.1, shardwise.writes=[3,4], training=true} @bn
+  %loss: f32[] = aten::mean(%y) {dtype=none}
+  return (%loss)
+})";
+
+plan::Sharding channels_split(const std::string& stats, const std::string& strategy) {
+  plan::Sharding s;
+  s.mesh = {2};
+  s.axis_names = {"tensor"};
+  s.placements = {{"x", {"R"}},  {"bn.weight", {"S(0)"}}, {"bn.bias", {"S(0)"}}, {"bn.running_mean", {stats}},
+                  {"bn.running_var", {stats}}, {"y", {"S(1)"}}, {"loss", {"P(mean)"}}};
+  s.strategies = {{"y", {strategy}}, {"loss", {"split r1"}}};
+  return s;
+}
+
+TEST(RankGraph, AStateTheCallWritesOnABlockIsGatheredBackIntoTheBuffer) {
+  const ir::Graph g = ir::parse_graph(kBatchNorm);
+  const plan::Sharding s = channels_split("R", "split d0");
+  const RankGraph r = rank_graph(g, s, 1);
+  const ir::Graph& l = r.graph;
+  std::vector<const ir::Node*> writes;
+  for (const ir::Node& node : l.nodes())
+    if (node.op == "shardwise::write_state") writes.push_back(&node);
+  ASSERT_EQ(writes.size(), 2u) << ir::print_graph(l);
+  const ir::Node& mean = *writes[0];
+  EXPECT_EQ(l.value(mean.inputs[0]).name, "bn.running_mean");
+  // What it writes back: the block the call read, all-gathered to the buffer's whole [4].
+  const StepRegion back = region_ending_at(l, mean.inputs[1]);
+  EXPECT_EQ(l.value(back.source).name, "bn.running_mean.r1");
+  ASSERT_EQ(back.forward.size(), 1u);
+  EXPECT_TRUE(back.backward.empty());
+  EXPECT_EQ(step_action(l.node(back.forward[0])).str(), "all_gather(axis 0, dim 0)") << ir::print_graph(l);
+  EXPECT_TRUE(is_write_back_step(l.node(back.forward[0])));
+  EXPECT_EQ(l.value(mean.inputs[1]).type.shape, (Shape{4}));
+  // Its own region: the read's (the slice) is not continued into it, and both are listed.
+  const StepRegion read = region_ending_at(l, back.source);
+  EXPECT_EQ(l.value(read.source).name, "bn.running_mean");
+  EXPECT_EQ(read.forward.size(), 1u);
+  EXPECT_FALSE(is_write_back_step(l.node(read.forward[0])));
+  int write_back_regions = 0, read_regions = 0;
+  for (const StepRegion& region : step_regions(l))
+    (is_write_back_step(l.node(region.forward.at(0))) ? write_back_regions : read_regions) += 1;
+  EXPECT_EQ(write_back_regions, 2);
+  EXPECT_EQ(read_regions, 4);  // x, the two statistics, the loss
+  EXPECT_NO_THROW(verify_rank_graph(l, g, s, 1));
+  EXPECT_EQ(ir::parse_graph(ir::print_graph(l)), l);
+}
+
+TEST(RankGraph, AStateTheCallReadsWholeIsWrittenInPlace) {
+  // Batch norm replicated: it reads the buffers themselves, and writes them there.
+  const ir::Graph g = ir::parse_graph(kBatchNorm);
+  plan::Sharding s = channels_split("R", "replicate");
+  s.placements["bn.weight"] = s.placements["bn.bias"] = s.placements["y"] = {"R"};
+  s.placements["loss"] = {"R"};
+  s.strategies = {{"y", {"replicate"}}, {"loss", {"replicate"}}};
+  const RankGraph r = rank_graph(g, s, 0);
+  int writes = 0;
+  for (const ir::Node& node : r.graph.nodes()) {
+    if (node.op != "shardwise::write_state") continue;
+    ++writes;
+    EXPECT_EQ(node.inputs[0], node.inputs[1]) << ir::print_graph(r.graph);
+  }
+  EXPECT_EQ(writes, 2);
+}
+
+TEST(RankGraph, AStateWrittenAsAPartialSumIsRefused) {
+  // An addmm split over its contracted index reads its additive operand as a partial sum
+  // (strategy.h: Reduced): were that operand a buffer the call writes, no rank's copy would
+  // be the state.
+  const ir::Graph g = ir::parse_graph(R"(graph(%a: f32[b8,6]) {
+  %w: f32[6,4] parameter
+  %acc: f32[4] buffer
+  %y: f32[b8,4] = aten::addmm(%acc, %a, %w) {alpha=1, beta=1, shardwise.writes=[0]} @fc
+  %loss: f32[] = aten::sum(%y) {dtype=none}
+  return (%loss)
+})");
+  plan::Sharding s;
+  s.mesh = {2};
+  s.axis_names = {"tensor"};
+  s.placements = {{"a", {"S(1)"}}, {"w", {"S(0)"}}, {"acc", {"R"}}, {"y", {"P(sum)"}}, {"loss", {"P(sum)"}}};
+  s.strategies = {{"y", {"split k"}}, {"loss", {"replicate"}}};
+  try {
+    const RankGraph r = rank_graph(g, s, 0);
+    FAIL() << "a write of a Partial buffer was emitted:\n" << ir::print_graph(r.graph);
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("writes 'acc' in place as a partial sum"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace shardwise::transform
