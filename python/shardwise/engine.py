@@ -58,6 +58,7 @@ from .capture import _capture_with_sources
 from .cluster import Cluster
 from .plan import Plan, micro_batch_fallback
 from .runtime.batch import TARGET, BatchBinding, call_arguments, map_tensors
+from .runtime.compiled import compile_options
 from .runtime.counted import Counter
 from .runtime.engine_base import CollectiveError, Recapture, check_same_plan, check_same_programs
 from .runtime.lower import _build_module, _rank_program
@@ -224,7 +225,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                 plan: Plan | None = None, cluster=None, *, level: str = "fast", mesh: tuple[int, int] | None = None,
                 example_kwargs: dict | None = None, static: bool = False, verify: bool | str = "auto",
                 mixed_precision=None, precision: str | None = None, zero: bool = True,
-                micro_batch_semantics: str | None = None):
+                micro_batch_semantics: str | None = None, compile: bool | str | dict = False):
     """Rewrites `model` (with its loss) for this rank of the running torch.distributed job.
 
     ``example_inputs``: the global batch as the model takes it: a tensor, a tuple of positional
@@ -253,9 +254,14 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     one micro-batch, a given plan is refused naming the op and module). "per_micro_batch"
     accepts statistics over each micro-batch (the plan records it, its report says so).
     None: the plan's own setting.
+    ``compile``: run each rank program through ``torch.compile`` (runtime/compiled.py): True
+    (inductor, its defaults), one of its modes ("max-autotune", ...), or a dict of its keyword
+    arguments; what dynamo cannot trace runs eagerly between compiled pieces. SPMD plans only,
+    so far: a pipelined plan (or one in micro-batches) with ``compile`` is refused.
     Every rank must call this with the same arguments;
     the plan's hash is checked across ranks before the first collective.
     """
+    compiled = compile_options(compile)  # refused before any work
     if not dist.is_initialized():
         raise ValidationError("parallelize: call torch.distributed.init_process_group() first (torchrun sets "
                               "the environment for it)")
@@ -284,6 +290,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     # A pipeline plan, or one that accumulates gradients over micro-batches (the joint
     # planner's pipeline 1 with m > 1): captured there, at one micro-batch, run by the schedule.
     if plan is not None and not plan.sharding and (plan.pipeline > 1 or plan.num_micro_batches() > 1):
+        _refuse_compiled_pipeline(compiled, plan)
         return _parallelize_pipeline(wrapper, named, binding, plan, batch, model, options)
     graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
     _warn_unknown_ops(graph)
@@ -311,6 +318,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                                          memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
                                          micro_batch_semantics=micro_batch_semantics or "exact")
             if joint is not None:
+                _refuse_compiled_pipeline(compiled, joint)
                 return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)
     sharding = plan.sharding
@@ -340,7 +348,18 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                   kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}),
                   recapture=_recapture(wrapper, cluster, level, plan.precision, _MEMORY_FRACTION, zero,
                                        batch_on_tensor_axis=free_batch),
-                  policy=policy, static=static, compute_dtypes=compute, shapes=shapes)
+                  policy=policy, static=static, compute_dtypes=compute, shapes=shapes, compile_options=compiled)
+
+
+def _refuse_compiled_pipeline(compiled: dict | None, plan: Plan) -> None:
+    """Pipeline stages are not compiled yet (their forward, input-gradient and weight-gradient
+    programs: issue 49): a plan that runs them with ``compile`` is refused, never run eagerly
+    in silence."""
+    if compiled is not None:
+        raise ValidationError(f"parallelize: compile= runs SPMD plans only so far; this plan runs pipeline stages "
+                              f"(pipeline {plan.pipeline}, {plan.num_micro_batches()} micro-batches a step), whose "
+                              "programs are not compiled yet: run it with compile=False, or a plan without "
+                              "micro-batches")
 
 
 def _check_made_for(sharding: dict, graph, input_names: list[str]) -> None:

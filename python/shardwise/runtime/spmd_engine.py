@@ -11,6 +11,7 @@ on the same mesh when the sharding does not fit it (the parameters' placements m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,7 @@ from .._tensor_names import tied_names
 from ..materialize import local_tensor
 from .batch import BatchBinding, call_arguments
 from .buckets import _GradientBuckets
+from .compiled import runner
 from .counted import Counter
 from .engine_base import EngineBase, Recapture, check_same_plan, mode_name, replicated_copies, zero_axes
 from .grad_norm import plain
@@ -47,6 +49,7 @@ class _Program:
     placements: list  # per input, in the binding's order
     counter: Counter
     buckets: _GradientBuckets | None = None  # the reduction of gradients it leaves Partial
+    run: Any = None  # what runs it: `module`, or its compiled form (runtime/compiled.py)
 
 
 class Engine(EngineBase):
@@ -54,8 +57,10 @@ class Engine(EngineBase):
 
     def __init__(self, *, model: torch.nn.Module, wrapper: torch.nn.Module, binding: BatchBinding, plan,
                  mesh: _Mesh, first: _Program, parameters: dict, tensors: dict, trainable: set[str], kept,
-                 recapture: Recapture, policy: Policy | None, static: bool, compute_dtypes: dict, shapes: tuple):
+                 recapture: Recapture, policy: Policy | None, static: bool, compute_dtypes: dict, shapes: tuple,
+                 compile_options: dict | None = None):
         super().__init__(binding, policy)
+        self._compile_options = compile_options  # torch.compile's arguments; None: eager
         self._compute_dtypes = compute_dtypes
         self._model = model
         self._wrapper = wrapper
@@ -75,6 +80,8 @@ class Engine(EngineBase):
         self._model_names = {id(p): n for n, p in model.named_parameters()}
         self._params = {n: p for n, p in parameters.items() if isinstance(p, torch.nn.Parameter)}
         first.buckets = self._buckets_of(first.program)
+        first.run = runner(first.module, compile_options, f"rank {mesh.rank}: the {mode_name(self._mode_key())} "
+                                                          f"program at batch shapes {[list(s) for s in shapes]}")
         world = 1
         for size in mesh.sizes:
             world *= size
@@ -151,7 +158,7 @@ class Engine(EngineBase):
                  for t, p in zip(tensors.values(), program.placements)]
         counts = program.counter(tensors)
         if not backward:
-            return program.module(*local, *counts)[0]
+            return program.run(*local, *counts)[0]
         buckets = program.buckets if self._syncing else None
         if carry and buckets is not self._carry_buckets and self._carry_buckets is not None:
             raise ValidationError("train_step: gradients held back under no_sync() were made by a program that "
@@ -163,7 +170,7 @@ class Engine(EngineBase):
         if scatters is not None:
             scatters.start()
         try:
-            loss = program.module(*local, *counts)[0]
+            loss = program.run(*local, *counts)[0]
             loss.backward()
             if scatters is not None:
                 scatters.finish()
@@ -223,8 +230,9 @@ class Engine(EngineBase):
         log.info("rank %d: a %s program for batch shapes %s (%d nodes, %d whole)", rank,
                  mode_name(training), [list(t.shape) for t in tensors.values()],
                  len(program["nodes"]), len(whole))
+        where = f"rank {rank}: the {mode_name(training)} program at batch shapes {shapes}"
         return _Program(module, program, plan, whole, [leaves[n]["placement"] for n in names], counter,
-                        self._buckets_of(program))
+                        self._buckets_of(program), runner(module, self._compile_options, where))
 
     # ---- state ------------------------------------------------------------------------------------
     def _checkpoint_state(self):

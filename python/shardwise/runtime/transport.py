@@ -19,6 +19,11 @@ import torch.distributed as dist
 
 from . import traffic
 
+# A collective called from a compiled rank program (runtime/compiled.py) runs eagerly, as one
+# piece between the compiled ones: dynamo cannot trace an asynchronous collective or its Work,
+# and tracing the traffic counters would guard on their values (a recompilation every step).
+_eager = torch.compiler.disable
+
 # torch 2.13 renames all_gather_into_tensor and reduce_scatter_tensor (deprecated there); 2.11
 # has only the old names.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -68,6 +73,7 @@ def _collective(call, tensor: torch.Tensor, group, async_op: bool, **kwargs):
     return None
 
 
+@_eager
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
     traffic.count("all_reduce", tensor)
     return _collective(dist.all_reduce, tensor, group, async_op, op=op)
@@ -86,12 +92,14 @@ def _out_of_place(call, output: torch.Tensor, input: torch.Tensor, group, async_
     return None
 
 
+@_eager
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
     """Every rank's `input`, rank r's at block r of `output` (dim 0; ``dist.all_gather_single``)."""
     traffic.count("all_gather", output)
     return _out_of_place(_ALL_GATHER, output, input, group, async_op)
 
 
+@_eager
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
     """The sum over the group's ranks of `input` (dim 0: one block per rank), rank r's block
     into `output` (``dist.reduce_scatter_single``)."""
@@ -99,11 +107,13 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, async_
     return _out_of_place(_REDUCE_SCATTER, output, input, group, async_op)
 
 
+@_eager
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False):
     traffic.count("broadcast", tensor)
     return _collective(dist.broadcast, tensor, group, async_op, src=src)
 
 
+@_eager
 def isend(tensor: torch.Tensor, dst: int, group=None, tag: int = 0):
     traffic.count("send", tensor)
     if not on_host(tensor, group):
@@ -112,6 +122,7 @@ def isend(tensor: torch.Tensor, dst: int, group=None, tag: int = 0):
     return _Staged(dist.isend(host, dst=dst, group=group, tag=tag), host, None)
 
 
+@_eager
 def irecv(tensor: torch.Tensor, src: int, group=None, tag: int = 0):
     if not on_host(tensor, group):
         return dist.irecv(tensor, src=src, group=group, tag=tag)
@@ -119,5 +130,6 @@ def irecv(tensor: torch.Tensor, src: int, group=None, tag: int = 0):
     return _Staged(dist.irecv(host, src=src, group=group, tag=tag), host, tensor)
 
 
+@_eager
 def recv(tensor: torch.Tensor, src: int, group=None, tag: int = 0) -> None:
     irecv(tensor, src, group=group, tag=tag).wait()

@@ -1,0 +1,84 @@
+"""Rank programs run through ``torch.compile`` (``parallelize(..., compile=...)``, issue 49).
+
+A rank program is a ``torch.fx.GraphModule``: what ``torch.compile`` takes. The engine keeps
+the lowered module (its ``code``, its marks, what the node-for-node check reads) and calls
+the compiled one, made once per program (a mode and batch shapes) and compiled on its first
+call, forward and backward (AOTAutograd). What dynamo cannot trace runs eagerly between
+compiled pieces (a graph break): the asynchronous gathers and reduce-scatters of ZeRO
+prefetching (``async_op=True``, ``Work.wait``) and a recomputed block's writes, so far; the
+breaks are counted and logged with the compile time of each program.
+
+``compile``: False (eager), True (inductor, torch.compile's defaults), one of torch.compile's
+modes ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), or a dict
+of torch.compile's keyword arguments (backend, mode, options, dynamic, fullgraph).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from .._C import ValidationError
+from .._logging import get_logger
+
+log = get_logger("shardwise.engine")
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+KEYWORDS = ("backend", "mode", "options", "dynamic", "fullgraph")
+
+
+def compile_options(value: Any) -> dict | None:
+    """torch.compile's keyword arguments for parallelize's ``compile``; None: eager. Anything
+    else is refused, naming the value, before the job does any work."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if isinstance(value, str):
+        if value not in MODES:
+            raise ValidationError(f"parallelize: compile={value!r} is not one of torch.compile's modes "
+                                  f"({', '.join(MODES)}); True compiles with its defaults")
+        return {"mode": value}
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(KEYWORDS))
+        if unknown:
+            raise ValidationError(f"parallelize: compile= has {unknown}, which torch.compile does not take here "
+                                  f"(it takes {', '.join(KEYWORDS)})")
+        if value.get("mode") is not None and value["mode"] not in MODES:
+            raise ValidationError(f"parallelize: compile's mode {value['mode']!r} is not one of {', '.join(MODES)}")
+        return dict(value)
+    raise ValidationError(f"parallelize: compile={value!r}: give True, a torch.compile mode or a dict of its "
+                          "keyword arguments")
+
+
+class CompiledProgram:
+    """A rank program's module under torch.compile, compiled on its first call (logged: the
+    seconds it took, the graph breaks dynamo made). Calls after the first run the compiled
+    code; dynamo recompiles by itself should a guard fail (counted in torch's own log)."""
+
+    def __init__(self, module: torch.fx.GraphModule, options: dict, name: str):
+        self.module = module
+        self.name = name
+        self.compile_seconds: float | None = None
+        self.graph_breaks: int | None = None
+        self._compiled = torch.compile(module, **options)
+
+    def __call__(self, *args):
+        if self.compile_seconds is not None:
+            return self._compiled(*args)
+        from torch._dynamo.utils import counters
+
+        breaks = sum(counters["graph_break"].values())
+        start = time.perf_counter()
+        out = self._compiled(*args)
+        self.compile_seconds = time.perf_counter() - start
+        self.graph_breaks = sum(counters["graph_break"].values()) - breaks
+        log.info("%s: compiled in %.1f s (forward; backward compiles on its first run), %d graph breaks",
+                 self.name, self.compile_seconds, self.graph_breaks)
+        return out
+
+
+def runner(module: torch.fx.GraphModule, options: dict | None, name: str) -> Callable:
+    """What the engine calls to run `module`: the module itself, or its compiled form."""
+    return module if options is None else CompiledProgram(module, options, name)
