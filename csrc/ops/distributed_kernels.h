@@ -17,7 +17,7 @@
 //                                        (SyncBatchNorm); the running statistics from them
 //    Losses without class weights only (a weighted mean's denominator is not a row statistic).
 // The search offers and prices a statistics or lookup split only where this table has a
-// kernel (search/sharding_model.cc), and the rewrite emits the kernel the table names
+// kernel (search/sharding_strategies.cc), and the rewrite emits the kernel the table names
 // (transform/spmd_rewrite.h, transform/rank_graph.h): the plan is what runs.
 #pragma once
 

@@ -1,6 +1,6 @@
 // How the runtime runs a parameter's collectives, and so how the search prices them: one
 // rule, read by the rewrite (which marks each collective of the rank program with it,
-// transform/rank_graph.h) and by the sharding model (search/sharding_model.cc), so the plan
+// transform/rank_graph.h) and by the sharding model (search/sharding_edges.cc), so the plan
 // and the run cannot disagree about what hides beside compute.
 //
 //  - A parameter held sharded and read whole (ZeRO-3 / FSDP) is gathered for its read in
@@ -39,7 +39,7 @@
 //    waited for; their gathers again for backward, one flattened all-gather at the unit's
 //    first unpack; their gradients' reduce-scatters beside backward, one flattened
 //    reduce-scatter once the unit's last gradient is made. A unit's collective pays one
-//    latency: each member its share, by elements (ShardingModel::parameter_latency_share).
+//    latency: each member its share, by elements (EdgePricer::parameter_latency_share).
 //    A collective issued alone pays all of it.
 // Beside-compute seconds cost the overlap interference (cost/constants.h) up to the compute
 // they hide under; exposed seconds cost in full.

@@ -15,6 +15,7 @@
 #include "ops/op_table.h"
 #include "ops/random_draws.h"
 #include "search/parameter_collectives.h"
+#include "search/sharding_strategies.h"
 #include "support/enum_names.h"
 #include "support/error.h"
 #include "transform/local_shard.h"
@@ -42,14 +43,6 @@ std::vector<std::string> texts(const ShardingSpec& spec) {
   return out;
 }
 
-Strategy replicate_of(const ir::Node& node) {
-  Strategy s;
-  s.inputs.assign(node.inputs.size(), Placement::replicate());
-  s.input_grads.assign(node.inputs.size(), Placement::replicate());
-  s.outputs.assign(node.outputs.size(), Placement::replicate());
-  return s;
-}
-
 // The strategy a plan names by `text` ("replicate", "partial", "split n", "split n g3") for
 // `node` with `rule` (already local to the other axes' splits) on an axis of n ranks.
 Strategy strategy_from_text(const ir::Graph& graph, const ir::Node& node, const std::optional<ops::DimRule>& rule,
@@ -58,7 +51,7 @@ Strategy strategy_from_text(const ir::Graph& graph, const ir::Node& node, const 
     return fmt::format("node '{}' ({}, module '{}') on mesh axis {}", graph.value(node.outputs[0]).name, node.op,
                        node.module_path, axis);
   };
-  if (text == "replicate") return replicate_of(node);
+  if (text == "replicate") return search::replicate_strategy(node);
   if (!rule) throw ValidationError(fmt::format("plan: {} has strategy '{}' but no sharding rule", where(), text));
   Strategy s;
   if (text == "partial") {
@@ -193,7 +186,7 @@ std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, co
   std::vector<std::vector<Strategy>> out;
   for (const ir::Node& node : graph.nodes()) {
     if (node.outputs.empty()) {
-      out.emplace_back(axes, replicate_of(node));
+      out.emplace_back(axes, search::replicate_strategy(node));
       continue;
     }
     const auto& text = plan::sharding_entry(sharding.strategies, graph.value(node.outputs[0]).name, "strategy", axes);
@@ -209,7 +202,7 @@ std::vector<std::vector<Strategy>> resolve_strategies(const ir::Graph& graph, co
         return strategy_from_text(graph, node, r, text[a], static_cast<int>(a), sharding.mesh[a], layout);
       } catch (const ValidationError&) {
         if (!adapt_to_shapes) throw;
-        return replicate_of(node);
+        return search::replicate_strategy(node);
       }
     };
     std::vector<Strategy> first;
@@ -588,7 +581,7 @@ void SpmdRewriter::emit_leaves(RewriteBuilder& builder) const {
 }
 
 // Recomputation: every instance of the largest group of repeated blocks (a transformer's
-// layers) is one checkpointed region, as the search prices it (search/sharding_model.cc:
+// layers) is one checkpointed region, as the search prices it (search/block_folding.h:
 // in-block nodes recompute their forward in backward and keep one instance's activations).
 void SpmdRewriter::mark_recompute() {
   if (sharding_.recompute == plan::Recompute::None) return;

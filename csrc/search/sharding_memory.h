@@ -1,0 +1,70 @@
+// The bytes one rank of an SPMD search candidate holds: its share of every parameter's
+// weights, gradients and optimizer state, of the activations autograd saves, of the
+// checkpoints a recomputation keeps, and the transients (weights gathered for a read, fp8
+// cast copies). Per choice, a candidate of one axis beside the other axes' decisions (what
+// ShardingModel::solve_axis' problem charges each choice), and summed over the decisions
+// (what ShardingModel::evaluate reports).
+//
+// A rank holds a value's share over every axis: the product of each axis' held fraction
+// (placement.h, held_fraction; the largest block where uneven). ZeRO (LeafChoice::zero)
+// divides a parameter's optimizer state further by its axis' size; its weights and gradient
+// stay as sharded as its placement. Saved activations count what autograd keeps of each
+// output (analysis/saved_for_backward.h), a folded node once per instance (once in all where
+// its block is recomputed), the outputs selective recomputation keeps whole.
+#pragma once
+
+#include "cost/memory_cost.h"
+#include "ir/graph.h"
+#include "search/sharding_decisions.h"
+#include "search/strategy.h"
+
+namespace shardwise::search {
+
+struct ShardingFacts;
+struct ShardingModelOptions;
+
+// The fractions of a leaf a rank holds: of its values, and of its gradient and optimizer
+// state (ZeRO shards the state further).
+struct LeafShares {
+  double held = 1;
+  double state_held = 1;
+};
+
+class ShardingMemory {
+ public:
+  ShardingMemory(const ShardingFacts& facts, const ShardingDecisions& decisions, const ShardingModelOptions& options)
+      : facts_(facts), decisions_(decisions), options_(options) {}
+
+  // Per choice: `choice` on `axis` (-1: none replaced), the other axes as decided.
+  // The node's saved outputs, each output's kept share as the recomputation leaves it.
+  double node_memory(ir::NodeId node, int axis, const Strategy& choice) const;
+  // The same, with each output's kept share given: whole (selective recomputation keeps it),
+  // or what autograd saves of it.
+  double output_memory(ir::NodeId node, int axis, const Strategy& choice, bool whole) const;
+  LeafShares leaf_held(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
+  double leaf_memory(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
+  cost::ModelStateBytes leaf_memory_by_kind(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
+
+  // Over the decisions. Parameter states by kind: weights (and non-trainable leaves),
+  // gradients, optimizer state.
+  cost::ModelStateBytes parameter_bytes_by_kind() const;
+  // The checkpoints a recomputation keeps (block_folding.h), 0 without one.
+  double recompute_checkpoint_bytes() const;
+  // Saved activations and the checkpoints.
+  double activation_bytes() const;
+  // The weights readers gather beyond the rank's stored share (FSDP-style: held only while
+  // their unit runs): the two largest units' (one gathered, the next prefetched), part of the
+  // peak, not of the sum.
+  double gathered_parameter_bytes() const;
+  // An fp8 plan's transient cast copies (runtime/fp8.py's quantize): the largest operand an FP8
+  // linear casts, as the rank reads it, held three times over at once (|t| in its dtype, the
+  // scaled float32 copy, the float8 one); 0 for other precisions.
+  double fp8_cast_bytes() const;
+
+ private:
+  const ShardingFacts& facts_;
+  const ShardingDecisions& decisions_;
+  const ShardingModelOptions& options_;
+};
+
+}  // namespace shardwise::search

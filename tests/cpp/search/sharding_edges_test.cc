@@ -1,0 +1,147 @@
+// What an edge's reshardings cost on one mesh axis (search/sharding_edges.h), worked out by
+// hand on a link of 1e9 bytes/s and 10 us a hop: a ring over n ranks of B bytes takes
+// (n-1)/n x B / 1e9 + (n-1) x 1e-5 s, an all-reduce twice that (cost/collective_cost.h).
+// The graph: x [b8, 32] -> linear by fc.weight [64, 32] -> y [b8, 64] -> tanh -> add a
+// buffer, float32, searched at 16 rows: x is 16 x 32 x 4 = 2,048 bytes, y 16 x 64 x 4 =
+// 4,096, fc.weight 64 x 32 x 4 = 8,192.
+#include "search/sharding_edges.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "sharding_parts.h"
+
+namespace shardwise::search {
+namespace {
+
+using namespace testing;  // NOLINT: the parts' graphs, clusters and placements
+
+class ShardingEdgesTest : public ShardingParts {};
+
+// Within a billionth of the hand-computed figure.
+void expect_seconds(double actual, double expected) { EXPECT_NEAR(actual, expected, 1e-9 * expected); }
+
+TEST_F(ShardingEdgesTest, EveryReadIsGroupedByItsRepresentatives) {
+  const ir::Graph layers = two_layers();
+  const Candidate& c = candidate(layers, four, f32_options({4}, 8));
+  const int linear = c.producer("h0"), tanh = c.producer("a0");
+  // Layer 1 folds into layer 0 (block_folding.h): its weight read and its h1 -> tanh read
+  // join layer 0's; its read of a0 is an edge of its own (tanh -> linear); x is read once.
+  const std::map<EdgeKey, double> expected = {
+      {{static_cast<int>(c.value("x")), true, linear, 0}, 1},
+      {{static_cast<int>(c.value("layers.0.fc.weight")), true, linear, 1}, 2},
+      {{linear, false, tanh, 0}, 2},
+      {{tanh, false, linear, 0}, 1},
+  };
+  std::map<EdgeKey, double> counts;
+  for (const auto& [key, group] : c.facts.edges) counts[key] = group.count;
+  EXPECT_EQ(counts, expected);
+  EXPECT_EQ(c.facts.edges.at({linear, false, tanh, 0}).value, c.value("h0"));
+}
+
+TEST_F(ShardingEdgesTest, AnActivationGatheredForItsReaderPaysOneAllGather) {
+  const Candidate& c = candidate(f32_options({4}, 16));
+  // y split by out features (S(1)), read whole by tanh, its gradient whole (the canonical
+  // S(1) is a local cut of it): all-gather of 4,096 bytes = 0.75 x 4,096e-9 + 3e-5.
+  expect_seconds(c.edges().edge_seconds(0, c.value("y"), c.producer("t"), 0, S(1), R(), R()), 3.3072e-5);
+  // Held as read: nothing.
+  EXPECT_EQ(c.edges().edge_seconds(0, c.value("y"), c.producer("t"), 0, S(1), S(1), S(1)), 0.0);
+}
+
+TEST_F(ShardingEdgesTest, AReplicatedWeightPaysItsBucketsShareOfTheGradientsAllReduce) {
+  ShardingModelOptions o = f32_options({4}, 16);
+  o.bucket_bytes = 16384;  // fc.weight's 8,192 bytes fill half a bucket
+  const Candidate& c = candidate(o);
+  // The rows split reads fc.weight whole and gives its gradient as a partial sum: all-reduce
+  // of 8,192 bytes = 2 x (0.75 x 8,192e-9 + 3e-5) = 7.2288e-5, less half the latency of the
+  // same all-reduce on one byte (2 x (0.75e-9 + 3e-5) = 6.00015e-5): 4.228725e-5.
+  const ir::ValueId w = c.value("fc.weight");
+  const int linear = c.producer("y");
+  expect_seconds(c.edges().edge_seconds(0, w, linear, 1, R(), R(), P()), 4.228725e-5);
+  // It runs beside the backward: at the weight the solver gives such a second.
+  EXPECT_EQ(c.edges().parameter_gradient_at(0, w, linear, 1, R(), P()), ParameterOverlap::BesideBackward);
+  expect_seconds(c.edges().edge_seconds(0, w, linear, 1, R(), R(), P(), 0.5), 2.1143625e-5);
+}
+
+TEST_F(ShardingEdgesTest, AShardedWeightIsGatheredTwiceAndItsGradientReduceScattered) {
+  const Candidate& c = candidate(f32_options({4}, 16));
+  const ir::ValueId w = c.value("fc.weight");
+  const int linear = c.producer("y");
+  // Held S(0), read whole: gathered beside the forward, gathered again for the backward
+  // (exposed: linear's backward reads the weight), the gradient reduce-scattered beside the
+  // backward. Each is a ring over 8,192 bytes = 0.75 x 8,192e-9 + 3e-5 = 3.6144e-5, its whole
+  // latency paid (fc.weight is all its unit's matrices).
+  EXPECT_EQ(c.edges().forward_passes(w, linear, 1), 2);
+  EXPECT_EQ(c.edges().forward_passes(c.value("x"), linear, 0), 1);
+  EXPECT_EQ(c.edges().gather_overlap(0, w, linear, 1, S(0), R()), ParameterOverlap::BesideForward);
+  EXPECT_EQ(c.edges().parameter_gradient_at(0, w, linear, 1, S(0), P()), ParameterOverlap::BesideBackward);
+  // Beside-compute seconds at 1: 3 x 3.6144e-5; at 0.25: (0.25 + 1 + 0.25) x 3.6144e-5.
+  expect_seconds(c.edges().edge_seconds(0, w, linear, 1, S(0), R(), P()), 1.08432e-4);
+  expect_seconds(c.edges().edge_seconds(0, w, linear, 1, S(0), R(), P(), 0.25), 5.4216e-5);
+}
+
+TEST_F(ShardingEdgesTest, ATiedWeightsReadersShareOneReduction) {
+  const ir::Graph shared = tied();
+  const Candidate& c = candidate(shared, four, f32_options({4}, 16));
+  const ir::ValueId w = c.value("w");
+  // Read twice, held whole: its two partial gradients are added locally and reduced once,
+  // half by each reader; held sharded, each read's gradient is reduce-scattered on its own.
+  EXPECT_DOUBLE_EQ(c.edges().gradient_share(w, R(), P()), 0.5);
+  EXPECT_DOUBLE_EQ(c.edges().gradient_share(w, S(0), P()), 1.0);
+  EXPECT_DOUBLE_EQ(c.edges().gradient_share(w, R(), R()), 1.0);
+}
+
+TEST_F(ShardingEdgesTest, CollectiveMatmulsPayTheInterferenceOnTheirCollectives) {
+  ShardingModelOptions o = f32_options({4}, 16);
+  o.collective_matmul = true;
+  o.overlap_interference = 0.5;
+  const Candidate& c = candidate(o);
+  // y, the contraction's partial sum, reduce-scattered by rows into tanh (its only reader),
+  // its gradient gathered back: two rings over 4,096 bytes, 2 x 3.3072e-5, at 0.5.
+  const ir::ValueId y = c.value("y");
+  EXPECT_EQ(c.edges().matmul_collective_at(0, y, c.producer("t"), 0, P(), S(0), S(0)), MatmulCollective::Scatter);
+  expect_seconds(c.edges().edge_seconds(0, y, c.producer("t"), 0, P(), S(0), S(0)), 3.3072e-5);
+  // x gathered by rows into the linear: one ring over 2,048 bytes = 0.75 x 2,048e-9 + 3e-5,
+  // at 0.5 (x has no gradient).
+  const ir::ValueId x = c.value("x");
+  EXPECT_EQ(c.edges().matmul_collective_at(0, x, c.producer("y"), 0, S(0), R(), P()), MatmulCollective::Gather);
+  expect_seconds(c.edges().edge_seconds(0, x, c.producer("y"), 0, S(0), R(), P()), 1.5768e-5);
+}
+
+TEST_F(ShardingEdgesTest, UnevenBatchSharesAreGatheredAndCutNotExchanged) {
+  const cost::Cluster mixed = one_link(2, /*slow_second=*/true);  // speeds 3:1
+  const cost::Cluster even = one_link(2);
+  const Candidate& uneven = candidate(graph, mixed, f32_options({2}, 16));
+  const Candidate& same = candidate(graph, even, f32_options({2}, 16));
+  const ir::ValueId x = uneven.value("x");
+  // On the mixed pair the rows go 3/4 and 1/4 (the speeds' shares); other dims stay even.
+  Placement shares = S(0);
+  shares.ratios = {0.75, 0.25};
+  EXPECT_EQ(uneven.edges().as_run(0, x, S(0)), shares);
+  EXPECT_EQ(uneven.edges().as_run(0, x, S(1)), S(1));
+  EXPECT_EQ(same.edges().as_run(0, x, S(0)), S(0));
+  // Rows to features: uneven blocks are all-gathered (0.5 x 2,048e-9 + 1e-5 = 1.1024e-5);
+  // even ones exchanged all-to-all, each rank's half (0.5 x 1,024e-9 + 1e-5 = 1.0512e-5).
+  expect_seconds(uneven.edges().edge_seconds(0, x, uneven.producer("y"), 0, S(0), S(1), S(1)), 1.1024e-5);
+  expect_seconds(same.edges().edge_seconds(0, x, same.producer("y"), 0, S(0), S(1), S(1)), 1.0512e-5);
+}
+
+TEST_F(ShardingEdgesTest, AUnitGroupsEachParametersGatherAndScatterOnce) {
+  Candidate& c = candidate(f32_options({4}, 16));
+  const ir::ValueId w = c.value("fc.weight");
+  const int linear = c.producer("y");
+  // fc.weight held S(0), the linear splitting rows (reads it whole, its gradient partial): one
+  // prefetched gather and one reduce-scatter beside the backward, of its 64 x 32 = 2,048
+  // elements each, in the graph's one unit.
+  c.decisions.leaves[0][static_cast<std::size_t>(w)].placement = S(0);
+  c.decisions.nodes[0][static_cast<std::size_t>(linear)] = c.producing("y", 0, S(0));
+  const std::map<UnitGroupKey, double> expected = {{c.edges().unit_group_key(linear, w, 0), 2048},
+                                                   {c.edges().unit_group_key(linear, w, 1), 2048}};
+  EXPECT_EQ(c.edges().unit_group_elements(0), expected);
+  EXPECT_EQ(std::get<0>(c.edges().unit_group_key(linear, w, 1)), 0);
+}
+
+}  // namespace
+}  // namespace shardwise::search

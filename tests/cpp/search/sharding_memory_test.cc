@@ -1,0 +1,116 @@
+// The bytes a rank holds (search/sharding_memory.h), worked out by hand. Model states in
+// float32: 4 bytes of weight, 4 of gradient and 8 of Adam's moments per parameter. The graph:
+// x [b8, 32] -> linear by fc.weight [64, 32] (2,048 elements) -> y [b8, 64] -> tanh -> t ->
+// add the buffer shift [64] -> z, searched at 16 rows: y and t are 16 x 64 x 4 = 4,096 bytes.
+#include "search/sharding_memory.h"
+
+#include <gtest/gtest.h>
+
+#include "sharding_parts.h"
+
+namespace shardwise::search {
+namespace {
+
+using namespace testing;  // NOLINT: the parts' graphs, clusters and placements
+
+class ShardingMemoryTest : public ShardingParts {};
+
+void expect_states(const cost::ModelStateBytes& bytes, double weights, double gradients, double optimizer) {
+  EXPECT_DOUBLE_EQ(bytes.weights, weights);
+  EXPECT_DOUBLE_EQ(bytes.gradients, gradients);
+  EXPECT_DOUBLE_EQ(bytes.optimizer, optimizer);
+}
+
+TEST_F(ShardingMemoryTest, AWeightsStatesAsItIsHeldOnFourRanks) {
+  const Candidate& c = candidate(f32_options({4}, 16));
+  const ShardingMemory memory = c.memory();
+  const ir::ValueId w = c.value("fc.weight");
+  // Whole: 2,048 x 4, 2,048 x 4, 2,048 x 8.
+  expect_states(memory.leaf_memory_by_kind(w, 0, {R(), false}), 8192, 8192, 16384);
+  // Split over 4: a quarter of each (2,048 bytes of weight per rank).
+  expect_states(memory.leaf_memory_by_kind(w, 0, {S(0), false}), 2048, 2048, 4096);
+  // ZeRO: whole weight and gradient, a quarter of the optimizer state.
+  expect_states(memory.leaf_memory_by_kind(w, 0, {R(), true}), 8192, 8192, 4096);
+  EXPECT_DOUBLE_EQ(memory.leaf_memory(w, 0, {R(), true}), 20480);
+  // The buffer: 64 x 4 bytes of weight, no gradient or state; the input: nothing.
+  expect_states(memory.leaf_memory_by_kind(c.value("shift"), 0, {R(), false}), 256, 0, 0);
+  expect_states(memory.leaf_memory_by_kind(c.value("x"), 0, {S(0), false}), 0, 0, 0);
+}
+
+TEST_F(ShardingMemoryTest, AStagesShareScalesItsStates) {
+  ShardingModelOptions o = f32_options({4}, 16);
+  o.parameter_memory_scale = 0.5;
+  const Candidate& c = candidate(o);
+  expect_states(c.memory().leaf_memory_by_kind(c.value("fc.weight"), 0, {S(0), false}), 1024, 1024, 2048);
+}
+
+TEST_F(ShardingMemoryTest, ZeroOnOneAxisDividesTheStateTheOtherAxisSplit) {
+  Candidate& c = candidate(f32_options({2, 2}, 16));
+  const ir::ValueId w = c.value("fc.weight");
+  c.decisions.leaves[0][static_cast<std::size_t>(w)].placement = S(0);
+  // S(0) on axis 0 holds half; ZeRO on axis 1 halves the state again: a quarter.
+  const LeafShares shares = c.memory().leaf_held(w, 1, {R(), true});
+  EXPECT_DOUBLE_EQ(shares.held, 0.5);
+  EXPECT_DOUBLE_EQ(shares.state_held, 0.25);
+  expect_states(c.memory().leaf_memory_by_kind(w, 1, {R(), true}), 4096, 4096, 4096);
+  // Split on both axes: a quarter of everything.
+  expect_states(c.memory().leaf_memory_by_kind(w, 1, {S(0), false}), 2048, 2048, 4096);
+}
+
+TEST_F(ShardingMemoryTest, SavedOutputsAsAutogradKeepsThem) {
+  ShardingModelOptions o = f32_options({4}, 16);
+  const Candidate& c = candidate(o);
+  const ShardingMemory memory = c.memory();
+  const ir::NodeId linear = c.producer("y"), tanh = c.producer("t");
+  const Strategy rows = c.producing("t", 0, S(0));
+  // tanh keeps its output: 4,096 bytes whole, 1,024 split by rows over 4.
+  EXPECT_DOUBLE_EQ(memory.node_memory(tanh, 0, c.producing("t", 0, R())), 4096);
+  EXPECT_DOUBLE_EQ(memory.node_memory(tanh, 0, rows), 1024);
+  // Nothing keeps y (the linear saves its input), unless it is kept whole.
+  EXPECT_DOUBLE_EQ(memory.node_memory(linear, 0, c.producing("y", 0, R())), 0);
+  EXPECT_DOUBLE_EQ(memory.output_memory(linear, 0, c.producing("y", 0, R()), /*whole=*/true), 4096);
+  // Summed over the decisions: everything replicated, tanh's 4,096; tanh split by rows, 1,024.
+  EXPECT_DOUBLE_EQ(memory.activation_bytes(), 4096);
+  Candidate& split = candidate(o);
+  split.decisions.nodes[0][static_cast<std::size_t>(tanh)] = rows;
+  EXPECT_DOUBLE_EQ(split.memory().activation_bytes(), 1024);
+  // A stage's share of the activations scales them.
+  o.activation_memory_scale = 2;
+  EXPECT_DOUBLE_EQ(candidate(o).memory().node_memory(tanh, 0, rows), 2048);
+}
+
+TEST_F(ShardingMemoryTest, TheDecisionsStatesAndTheWeightsTheyGather) {
+  Candidate& c = candidate(f32_options({4}, 16));
+  // Everything whole: fc.weight's 8,192 / 8,192 / 16,384 and shift's 256 bytes of weight.
+  expect_states(c.memory().parameter_bytes_by_kind(), 8448, 8192, 16384);
+  EXPECT_DOUBLE_EQ(c.memory().gathered_parameter_bytes(), 0);
+  // fc.weight held S(0) but read whole by the rows split: stored 2,048, gathered 8,192 - 2,048.
+  const ir::ValueId w = c.value("fc.weight");
+  c.decisions.leaves[0][static_cast<std::size_t>(w)].placement = S(0);
+  c.decisions.nodes[0][static_cast<std::size_t>(c.producer("y"))] = c.producing("y", 0, S(0));
+  expect_states(c.memory().parameter_bytes_by_kind(), 2048 + 256, 2048, 4096);
+  EXPECT_DOUBLE_EQ(c.memory().gathered_parameter_bytes(), 6144);
+  // Read as held by the out-features split: nothing gathered.
+  c.decisions.nodes[0][static_cast<std::size_t>(c.producer("y"))] = c.producing("y", 0, S(1));
+  EXPECT_DOUBLE_EQ(c.memory().gathered_parameter_bytes(), 0);
+  EXPECT_DOUBLE_EQ(c.memory().fp8_cast_bytes(), 0);  // float32, not fp8
+}
+
+TEST_F(ShardingMemoryTest, FullRecomputationKeepsOneLayerAndTheCheckpoints) {
+  const ir::Graph layers = two_layers();
+  // Two layers of linear -> tanh on [8, 64] float32 (2,048 bytes each activation): each
+  // tanh keeps its output.
+  const Candidate& plain = candidate(layers, four, f32_options({4}, 8));
+  EXPECT_DOUBLE_EQ(plain.memory().recompute_checkpoint_bytes(), 0);
+  EXPECT_DOUBLE_EQ(plain.memory().activation_bytes(), 2 * 2048);
+  // Recomputed: one layer's tanh output at a time, plus the checkpoint of the activation
+  // layer 1 reads (a0; layer 0 reads the input x, which is no checkpoint).
+  ShardingModelOptions o = f32_options({4}, 8);
+  o.recompute = plan::Recompute::Full;
+  const Candidate& full = candidate(layers, four, o);
+  EXPECT_DOUBLE_EQ(full.memory().recompute_checkpoint_bytes(), 2048);
+  EXPECT_DOUBLE_EQ(full.memory().activation_bytes(), 2048 + 2048);
+}
+
+}  // namespace
+}  // namespace shardwise::search

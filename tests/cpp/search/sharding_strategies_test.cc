@@ -1,0 +1,118 @@
+// Which strategies a node and which choices a leaf may take on one mesh axis
+// (search/sharding_strategies.h), on x [b8, 32] -> linear by fc.weight [64, 32] -> tanh -> add
+// a buffer, captured at 8 rows and searched at 16.
+#include "search/sharding_strategies.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "sharding_parts.h"
+
+namespace shardwise::search {
+namespace {
+
+using namespace testing;  // NOLINT: the parts' graphs, clusters and placements
+
+class ShardingStrategiesTest : public ShardingParts {};
+
+// The size of the rule index that dim `dim` of input `operand` carries (its major factor).
+std::int64_t index_size(const ops::DimRule& rule, std::size_t operand, std::size_t dim) {
+  return rule.indices[static_cast<std::size_t>(rule.inputs[operand][dim].front())].size;
+}
+
+bool offers(const std::vector<Strategy>& strategies, const std::vector<Placement>& inputs,
+            const std::vector<Placement>& input_grads, const std::vector<Placement>& outputs) {
+  for (const Strategy& s : strategies)
+    if (s.inputs == inputs && s.input_grads == input_grads && s.outputs == outputs) return true;
+  return false;
+}
+
+TEST_F(ShardingStrategiesTest, RulesAtTheGlobalBatchScaleTheBatchIndex) {
+  const Candidate& c = candidate(f32_options({4}, 16));
+  const ops::DimRule& linear = *c.facts.rules[static_cast<std::size_t>(c.producer("y"))];
+  // Captured at 8 rows, searched at 16: the rows index is 8 x 16 / 8 = 16; fc.weight's out
+  // features (64) and in features (32) stay.
+  EXPECT_EQ(index_size(linear, 0, 0), 16);
+  EXPECT_EQ(index_size(linear, 1, 0), 64);
+  EXPECT_EQ(index_size(linear, 1, 1), 32);
+  EXPECT_DOUBLE_EQ(c.facts.batch_scale, 2.0);
+}
+
+TEST_F(ShardingStrategiesTest, ALinearOnFourRanksSplitsItsRowsItsOutFeaturesOrItsContraction) {
+  const Candidate& c = candidate(f32_options({4}, 16));
+  const std::vector<Strategy> strategies = c.strategies().node_strategies(c.producer("y"), 0);
+  // linear(x [16, 32], W [64, 32]) -> y [16, 64]: whole; rows split (W's gradient a partial
+  // sum); out features split (x's gradient a partial sum); in features split (y a partial sum).
+  // 4 divides 16, 64 and 32: no uneven split; no strided sizes in this graph.
+  ASSERT_EQ(strategies.size(), 4u);
+  EXPECT_TRUE(offers(strategies, {R(), R()}, {R(), R()}, {R()}));
+  EXPECT_TRUE(offers(strategies, {S(0), R()}, {S(0), P()}, {S(0)}));
+  EXPECT_TRUE(offers(strategies, {R(), S(0)}, {P(), S(0)}, {S(1)}));
+  EXPECT_TRUE(offers(strategies, {S(1), S(1)}, {S(1), S(1)}, {P()}));
+  // tanh is not linear: no partial passthrough; whole, rows or features.
+  EXPECT_EQ(c.strategies().node_strategies(c.producer("t"), 0).size(), 3u);
+}
+
+TEST_F(ShardingStrategiesTest, AnAxisThatMayNotCarryTheBatchOffersNoRowSplit) {
+  ShardingModelOptions o = f32_options({4}, 16);
+  o.batch_axes = {false};
+  const Candidate& c = candidate(o);
+  const std::vector<Strategy> strategies = c.strategies().node_strategies(c.producer("y"), 0);
+  ASSERT_EQ(strategies.size(), 3u);
+  EXPECT_FALSE(offers(strategies, {S(0), R()}, {S(0), P()}, {S(0)}));
+  EXPECT_TRUE(offers(strategies, {R(), S(0)}, {P(), S(0)}, {S(1)}));
+}
+
+TEST_F(ShardingStrategiesTest, AnotherAxisSplitLeavesTheRuleItsShare) {
+  Candidate& c = candidate(f32_options({2, 2}, 16));
+  const ir::NodeId linear = c.producer("y");
+  // Both axes split the 64 out features.
+  c.decisions.nodes[0][static_cast<std::size_t>(linear)] = c.producing("y", 0, S(1));
+  c.decisions.nodes[1][static_cast<std::size_t>(linear)] = c.producing("y", 1, S(1));
+  // Axis 1 sees axis 0's half, 32, whether it asks for every other axis or the outer ones.
+  EXPECT_EQ(index_size(c.strategies().rule_except(linear, 1), 1, 0), 32);
+  EXPECT_EQ(index_size(c.strategies().rule_except(linear, 1, /*outer_only=*/true), 1, 0), 32);
+  // Axis 0 sees axis 1's half among the other axes (32), and nothing outer to it (64).
+  EXPECT_EQ(index_size(c.strategies().rule_except(linear, 0), 1, 0), 32);
+  EXPECT_EQ(index_size(c.strategies().rule_except(linear, 0, /*outer_only=*/true), 1, 0), 64);
+}
+
+TEST_F(ShardingStrategiesTest, ALeafTakesTheSplitsItsReadersWant) {
+  const Candidate& c = candidate(f32_options({4}, 16));
+  const AxisChoices choices = c.strategies().axis_choices(0);
+  auto leaf = [&](const char* name) { return choices.leaf_choices[static_cast<std::size_t>(c.value(name))]; };
+  // fc.weight: whole; then as its readers' strategies read it, in their order (by rule index:
+  // rows, in features, out features): S(1) for the contraction split, S(0) for the
+  // out-features split; last, whole with its optimizer state sharded (ZeRO).
+  EXPECT_EQ(leaf("fc.weight"), (std::vector<LeafChoice>{{R(), false}, {S(1), false}, {S(0), false}, {R(), true}}));
+  // x: whole, rows (the row split), in features (the contraction split); an input has no
+  // optimizer state.
+  EXPECT_EQ(leaf("x"), (std::vector<LeafChoice>{{R(), false}, {S(0), false}, {S(1), false}}));
+  // shift, added along the 64 features: whole or split with them; a buffer has no gradient.
+  EXPECT_EQ(leaf("shift"), (std::vector<LeafChoice>{{R(), false}, {S(0), false}}));
+  EXPECT_TRUE(leaf("y").empty());
+  EXPECT_DOUBLE_EQ(choices.leaf_instances[static_cast<std::size_t>(c.value("fc.weight"))], 1.0);
+  EXPECT_EQ(choices.strategies[static_cast<std::size_t>(c.producer("y"))].size(), 4u);
+
+  ShardingModelOptions no_zero = f32_options({4}, 16);
+  no_zero.allow_zero = false;
+  const AxisChoices without = candidate(no_zero).strategies().axis_choices(0);
+  EXPECT_EQ(without.leaf_choices[static_cast<std::size_t>(c.value("fc.weight"))].size(), 3u);
+}
+
+TEST_F(ShardingStrategiesTest, ALeafDimAnotherAxisCutsMustDivideAgain) {
+  // Searched at 2 rows: axis 0 cuts x's 2 rows into 1 each, which axis 1 cannot cut in 2.
+  Candidate& c = candidate(f32_options({2, 2}, 2));
+  const ir::ValueId x = c.value("x");
+  c.decisions.leaves[0][static_cast<std::size_t>(x)].placement = S(0);
+  EXPECT_FALSE(c.strategies().leaf_placement_fits(x, 1, S(0)));
+  EXPECT_TRUE(c.strategies().leaf_placement_fits(x, 1, S(1)));  // 32 features / 2
+  EXPECT_TRUE(c.strategies().leaf_placement_fits(x, 0, S(0)));  // axis 0 itself: 2 rows / 2
+  // fc.weight's 64 rows: 2 groups x 2 ranks divide them; 3 groups do not.
+  EXPECT_TRUE(c.strategies().leaf_placement_fits(c.value("fc.weight"), 0, S(0, 2)));
+  EXPECT_FALSE(c.strategies().leaf_placement_fits(c.value("fc.weight"), 0, S(0, 3)));
+}
+
+}  // namespace
+}  // namespace shardwise::search
