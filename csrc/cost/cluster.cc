@@ -27,12 +27,9 @@ constexpr int kVersion = 1;
 // an error, not an allocation of gigabytes. 2^24 ranks is far beyond any real cluster.
 constexpr std::int64_t kMaxWorldSize = std::int64_t{1} << 24;
 
-// Every precision, kAllPrecisions' and kOptionalPrecisions'.
+// Every precision: kAllPrecisions' (first line) and kOptionalPrecisions'.
 constexpr auto kPrecisionNames = support::enum_names<Precision>({
-    {Precision::F32, "f32"},
-    {Precision::TF32, "tf32"},
-    {Precision::BF16, "bf16"},
-    {Precision::F16, "f16"},
+    {Precision::F32, "f32"}, {Precision::TF32, "tf32"}, {Precision::BF16, "bf16"}, {Precision::F16, "f16"},
     {Precision::FP8, "fp8"},
 });
 

@@ -12,18 +12,12 @@ namespace shardwise::cost {
 namespace {
 
 constexpr auto kKindNames = support::enum_names<CollectiveKind>({
-    {CollectiveKind::AllReduce, "all_reduce"},
-    {CollectiveKind::AllGather, "all_gather"},
-    {CollectiveKind::ReduceScatter, "reduce_scatter"},
-    {CollectiveKind::AllToAll, "all_to_all"},
-    {CollectiveKind::Broadcast, "broadcast"},
-    {CollectiveKind::SendRecv, "send_recv"},
+    {CollectiveKind::AllReduce, "all_reduce"}, {CollectiveKind::AllGather, "all_gather"},
+    {CollectiveKind::ReduceScatter, "reduce_scatter"}, {CollectiveKind::AllToAll, "all_to_all"},
+    {CollectiveKind::Broadcast, "broadcast"}, {CollectiveKind::SendRecv, "send_recv"},
 });
-constexpr auto kAlgorithmNames = support::enum_names<Algorithm>({
-    {Algorithm::Auto, "auto"},
-    {Algorithm::Ring, "ring"},
-    {Algorithm::Hierarchical, "hierarchical"},
-});
+constexpr auto kAlgorithmNames = support::enum_names<Algorithm>(
+    {{Algorithm::Auto, "auto"}, {Algorithm::Ring, "ring"}, {Algorithm::Hierarchical, "hierarchical"}});
 
 // One flat ring (or pairwise exchange) of n ranks over a link of speed s.
 double ring_time(CollectiveKind kind, int n, double bytes, LinkSpeed s) {

@@ -27,9 +27,9 @@
 namespace shardwise::cost {
 
 struct LayerBalanceProblem {
-  int layers = 0;
-  int pipeline = 1;
-  int virtual_stages = 1;
+  int layers = 0;          // the repeated layers to place
+  int pipeline = 1;        // p: devices, one pipeline stage each
+  int virtual_stages = 1;  // v: chunks per device (interleaved 1F1B; 2 in a V)
   double layer = 0;  // one layer's time per micro-batch
   double first = 0;  // device 0's time outside the layers
   double last = 0;   // the last chunk's device's time outside the layers (p - 1; 0 in a V)

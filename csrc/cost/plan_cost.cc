@@ -21,14 +21,10 @@ namespace {
 
 using support::ValidationError;
 
-struct PartCost {
-  double forward = 0;
-  double backward = 0;
+// A part priced from the graph: its load (which a searched layout's replaces), and what stays
+// the graph's under any layout: the FLOP accounting and an fp8 plan's cast transient.
+struct PartCost : PartLoad {
   double matmul_flops = 0;  // forward, at the graph's batch, whole (unsharded)
-  double activation_bytes = 0;  // saved outputs on one rank, at the micro-batch
-  double parameters = 0;        // held by one rank
-  double selective_forward = 0;     // forward seconds of the ops selective recomputation runs again
-  double selective_kept_bytes = 0;  // outputs it keeps instead, one rank, at the micro-batch
   // An fp8 plan: the largest operand one of its FP8 linears casts, one rank, at the micro-batch,
   // three times over (|t|, the scaled float32 copy, the float8 one: search::ShardingModel's
   // fp8_cast_bytes): transient, so the most of any node, not a sum.
@@ -337,17 +333,9 @@ void PlanEvaluator::price_parts_and_stages() {
   layer_ = plain_parts.layer, pre_cost_ = plain_parts.pre, post_cost_ = plain_parts.post;
   // (a searched layout comes with repeated layers only: the merge in price_parts never precedes it)
   if (layout_ != nullptr) {
-    auto take = [](PartCost& part, const PartPrice& price) {
-      part.forward = price.forward;
-      part.backward = price.backward;
-      part.activation_bytes = price.activation_bytes;
-      part.parameters = price.parameters;
-      part.selective_forward = price.selective_forward;
-      part.selective_kept_bytes = price.selective_kept_bytes;
-    };
-    take(layer_, layout_->layer);
-    take(pre_cost_, layout_->pre);
-    take(post_cost_, layout_->post);
+    static_cast<PartLoad&>(layer_) = layout_->layer;
+    static_cast<PartLoad&>(pre_cost_) = layout_->pre;
+    static_cast<PartLoad&>(post_cost_) = layout_->post;
   }
   scale_stage_devices();
   // One rank's share of a layer's input (Megatron: scattered over the t ranks).

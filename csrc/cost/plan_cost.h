@@ -136,21 +136,28 @@ struct PlanCost {
   std::map<std::string, double> breakdown() const;
 };
 
-// A searched layout of a stage's tensor-parallel ranks (search/stage_layout.h finds it with
-// the SPMD search), priced by part per micro-batch on one rank. It replaces the Megatron-style
-// figures above for one layer, the nodes before the layers and those after them; the pipeline,
-// data parallelism, ZeRO, the optimizer and the activations in flight are priced as above.
-struct PartPrice {
-  double forward = 0;        // compute seconds
-  double backward = 0;       // compute seconds, without a recomputed forward
-  double collectives = 0;    // per micro-batch, on the critical path (where the all-reduces were)
-  double gradient_sync = 0;  // per step: gradients reduced over the t ranks (a batch split over them)
-  double parameters = 0;     // elements held by one rank
-  double activation_bytes = 0;  // saved outputs, one rank
+// What one rank computes and holds of a part of the graph (a layer, the nodes before the
+// layers, those after them) per micro-batch, whether the evaluator prices the part from the
+// graph (Megatron-style) or takes it from a searched layout (PartPrice): one struct, so the
+// layout's figures replace the graph's by assignment.
+struct PartLoad {
+  double forward = 0;           // compute seconds
+  double backward = 0;          // compute seconds, without a recomputed forward
+  double parameters = 0;        // elements held by one rank
+  double activation_bytes = 0;  // saved outputs, one rank, at the micro-batch
   // Selective recomputation (analysis/selective_recompute.h): the forward seconds of the ops it
   // runs again, and the bytes of the outputs it keeps, one rank.
   double selective_forward = 0;
   double selective_kept_bytes = 0;
+};
+
+// A searched layout of a stage's tensor-parallel ranks (search/stage_layout.h finds it with
+// the SPMD search), priced by part per micro-batch on one rank. It replaces the Megatron-style
+// figures above for one layer, the nodes before the layers and those after them; the pipeline,
+// data parallelism, ZeRO, the optimizer and the activations in flight are priced as above.
+struct PartPrice : PartLoad {
+  double collectives = 0;    // per micro-batch, on the critical path (where the all-reduces were)
+  double gradient_sync = 0;  // per step: gradients reduced over the t ranks (a batch split over them)
 };
 
 struct StageLayoutPrices {

@@ -26,13 +26,9 @@ using support::ParseError;
 using support::ValidationError;
 
 constexpr auto kSchedules = support::enum_names<Schedule>({
-    {Schedule::GPipe, "gpipe"},
-    {Schedule::OneFOneB, "1f1b"},
-    {Schedule::Interleaved1F1B, "interleaved-1f1b"},
-    {Schedule::KFKB, "kfkb"},
-    {Schedule::ZeroBubbleH1, "zb-h1"},
-    {Schedule::ZeroBubbleV, "zb-v"},
-    {Schedule::DualPipeV, "dualpipe-v"},
+    {Schedule::GPipe, "gpipe"}, {Schedule::OneFOneB, "1f1b"}, {Schedule::Interleaved1F1B, "interleaved-1f1b"},
+    {Schedule::KFKB, "kfkb"}, {Schedule::ZeroBubbleH1, "zb-h1"},
+    {Schedule::ZeroBubbleV, "zb-v"}, {Schedule::DualPipeV, "dualpipe-v"},
 });
 
 // cost::Precision's names; "fp8" runs the linears in float8 and the rest in bf16 (analysis/fp8_linears.h).

@@ -150,9 +150,8 @@ py::dict plan_joint_dict(const ir::Graph& graph, const cost::Cluster& cluster, s
   return out;
 }
 
-}  // namespace
-
-void bind_plan(py::module_& m) {
+// Where a placement puts a tensor's elements on a rank, and how people read it.
+void bind_placements(py::module_& m) {
   m.def(
       "local_shard",
       [](const std::vector<std::int64_t>& shape, const std::vector<std::string>& placements,
@@ -178,6 +177,12 @@ void bind_plan(py::module_& m) {
       },
       py::arg("placement"),
       "The mesh axes on which a placement (one text per axis, docs/plan-format.md) is Partial (search/placement.h).");
+  m.def("readable_placement", &search::readable_placement, py::arg("placement"),
+        "A placement's text for people (csrc/search/plan_report.h).");
+}
+
+// A plan document: its canonical form, hash, schedules, micro-batches and stages, and its report.
+void bind_plan_document(py::module_& m) {
   m.def("plan_normalise", [](const std::string& text) {
     return plan::plan_to_json_string(plan::plan_from_json_string(text));
   }, "Parse, validate and re-write a plan's JSON (canonical form).");
@@ -224,36 +229,15 @@ void bind_plan(py::module_& m) {
       py::arg("plan_json"), py::arg("stage"),
       "The global ranks pipeline stage `stage` runs on (plan/plan.h: stage_first_rank, stage_size).");
   m.def(
-      "complete_plan",
-      [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text, const std::string& level,
-         const std::string& profile) {
-        const plan::Plan p = plan::plan_from_json_string(text);
-        const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
-        search::CompletedPlan out;
-        {
-          py::gil_scoped_release release;
-          out = search::complete_plan(graph, cluster, p, search::search_level_from_name(level), cost::kMemoryFraction,
-                                      model.get());
-        }
-        plan::validate(out.plan);
-        py::dict d;
-        d["plan"] = plan::plan_to_json_string(out.plan);
-        d["fits"] = out.fits ? py::cast(*out.fits) : py::none();
-        return d;
+      "plan_report",
+      [](const std::string& text, double capacity) {
+        return search::plan_report(plan::plan_from_json_string(text), capacity);
       },
-      py::arg("graph"), py::arg("cluster"), py::arg("plan_json"), py::arg("level") = "fast",
-      py::arg("profile_json") = "",
-      "The plan with everything its run needs (csrc/search/stage_layout.h: complete_plan), and whether it fits "
-      "(None when no search said); a pipelined plan priced again with its stages' layout (with profile_json's "
-      "measurements where given).");
-  m.def(
-      "evaluate_plan",
-      [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text) {
-        plan::Plan p = plan::plan_from_json_string(text);
-        search::check_micro_batches(ops::OpTable::builtin(), graph, p);
-        return evaluate_plan_to_python(graph, cluster, p, cost::AnalyticCostModel{});
-      },
-      py::arg("graph"), py::arg("cluster"), py::arg("plan_json"));
+      py::arg("plan_json"), py::arg("memory_capacity") = 0.0);
+}
+
+// Whether micro-batches change what a graph computes, and the refusal of a plan they would change.
+void bind_micro_batch_checks(py::module_& m) {
   m.def(
       "batch_coupling",
       [](const ir::Graph& graph) {
@@ -284,6 +268,41 @@ void bind_plan(py::module_& m) {
       },
       py::arg("graph"), py::arg("plan_json"),
       "Refuses a plan with micro-batches for a graph they change (csrc/search/micro_batch_check.h).");
+}
+
+// The planners and the evaluator: a plan completed, priced, or searched for.
+void bind_planners(py::module_& m) {
+  m.def(
+      "complete_plan",
+      [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text, const std::string& level,
+         const std::string& profile) {
+        const plan::Plan p = plan::plan_from_json_string(text);
+        const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
+        search::CompletedPlan out;
+        {
+          py::gil_scoped_release release;
+          out = search::complete_plan(graph, cluster, p, search::search_level_from_name(level), cost::kMemoryFraction,
+                                      model.get());
+        }
+        plan::validate(out.plan);
+        py::dict d;
+        d["plan"] = plan::plan_to_json_string(out.plan);
+        d["fits"] = out.fits ? py::cast(*out.fits) : py::none();
+        return d;
+      },
+      py::arg("graph"), py::arg("cluster"), py::arg("plan_json"), py::arg("level") = "fast",
+      py::arg("profile_json") = "",
+      "The plan with everything its run needs (csrc/search/stage_layout.h: complete_plan), and whether it fits "
+      "(None when no search said); a pipelined plan priced again with its stages' layout (with profile_json's "
+      "measurements where given).");
+  m.def(
+      "evaluate_plan",
+      [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text) {
+        plan::Plan p = plan::plan_from_json_string(text);
+        search::check_micro_batches(ops::OpTable::builtin(), graph, p);
+        return evaluate_plan_to_python(graph, cluster, p, cost::AnalyticCostModel{});
+      },
+      py::arg("graph"), py::arg("cluster"), py::arg("plan_json"));
   m.def("search_plan", &search_plan_dict,
         py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
         py::arg("mesh") = py::none(), py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
@@ -299,14 +318,15 @@ void bind_plan(py::module_& m) {
         py::arg("progress") = py::none(), py::arg("network") = py::none(), py::arg("stage_layouts") = true,
         py::arg("allow_zero") = true, py::arg("micro_batch_semantics") = "exact", py::arg("profile_json") = "",
         "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h); profile_json as search_plan's.");
-  m.def(
-      "plan_report",
-      [](const std::string& text, double capacity) {
-        return search::plan_report(plan::plan_from_json_string(text), capacity);
-      },
-      py::arg("plan_json"), py::arg("memory_capacity") = 0.0);
-  m.def("readable_placement", &search::readable_placement, py::arg("placement"),
-        "A placement's text for people (csrc/search/plan_report.h).");
+}
+
+}  // namespace
+
+void bind_plan(py::module_& m) {
+  bind_placements(m);
+  bind_plan_document(m);
+  bind_micro_batch_checks(m);
+  bind_planners(m);
 }
 
 }  // namespace shardwise::python

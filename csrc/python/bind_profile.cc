@@ -21,15 +21,13 @@ namespace py = pybind11;
 namespace shardwise::python {
 namespace {
 
+using py::literals::operator""_a;
+
 py::dict coverage_to_python(const cost::ProfileCoverage& c) {
-  py::dict d;
-  d["nodes_measured"] = c.nodes_measured;
-  d["nodes_analytic"] = c.nodes_analytic;
-  d["node_calls_measured"] = c.node_calls_measured;
-  d["node_calls_analytic"] = c.node_calls_analytic;
-  d["collective_calls_measured"] = c.collective_calls_measured;
-  d["collective_calls_analytic"] = c.collective_calls_analytic;
-  return d;
+  return py::dict("nodes_measured"_a = c.nodes_measured, "nodes_analytic"_a = c.nodes_analytic,
+                  "node_calls_measured"_a = c.node_calls_measured, "node_calls_analytic"_a = c.node_calls_analytic,
+                  "collective_calls_measured"_a = c.collective_calls_measured,
+                  "collective_calls_analytic"_a = c.collective_calls_analytic);
 }
 
 }  // namespace

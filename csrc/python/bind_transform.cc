@@ -33,6 +33,8 @@ namespace py = pybind11;
 namespace shardwise::python {
 namespace {
 
+using py::literals::operator""_a;
+
 py::list spec_texts(const search::ShardingSpec& spec) {
   py::list out;
   for (const auto& p : spec) out.append(p.str());
@@ -42,17 +44,9 @@ py::list spec_texts(const search::ShardingSpec& spec) {
 py::list actions(const std::vector<transform::ReshardAction>& steps) {
   py::list out;
   for (const auto& a : steps) {
-    py::dict d;
-    d["kind"] = std::string(transform::reshard_kind_name(a.kind));
-    d["axis"] = a.axis;
-    d["dim"] = a.dim;
-    d["groups"] = a.groups;
-    d["concat_dim"] = a.concat_dim;
-    d["reduce"] = a.reduce;
-    d["scale_power"] = a.scale_power;
-    d["ratios"] = a.ratios;
-    d["text"] = a.str();
-    out.append(d);
+    out.append(py::dict("kind"_a = std::string(transform::reshard_kind_name(a.kind)), "axis"_a = a.axis,
+                        "dim"_a = a.dim, "groups"_a = a.groups, "concat_dim"_a = a.concat_dim, "reduce"_a = a.reduce,
+                        "scale_power"_a = a.scale_power, "ratios"_a = a.ratios, "text"_a = a.str()));
   }
   return out;
 }
@@ -67,12 +61,8 @@ std::int64_t step_unit_group(const ir::Node& step) {
 // the reader needs it, and whether its gradient flows. How the rank graph runs it (its
 // region) the lowering reads off the graph it lowers (rank_ir_operands).
 py::dict operand(const transform::OperandRewrite& op) {
-  py::dict d;
-  d["value"] = op.value;
-  d["produced"] = spec_texts(op.produced);
-  d["required"] = spec_texts(op.required);
-  d["gradient"] = op.gradient;
-  return d;
+  return py::dict("value"_a = op.value, "produced"_a = spec_texts(op.produced),
+                  "required"_a = spec_texts(op.required), "gradient"_a = op.gradient);
 }
 
 // The overlap mark of a region's steps (rank_graph.h: "exposed", "forward", "backward",

@@ -481,6 +481,11 @@ void validate(const PipelineSchedule& s) {
         const int g = a.stage;
         const int i = a.micro_batch;
         bool blocked = false;
+        // An action that needs `needed` done in its own cell (else the ordering error `why`), and marks `done` there.
+        auto after = [&](const std::vector<char>& needed, const std::string& why, std::vector<char>& done) {
+          if (!needed[cell(g, i)]) fail(r, a, why);
+          done[cell(g, i)] = 1;
+        };
         switch (a.kind) {
           case ActionKind::Forward:
             if (g > 0 && !(s.rank_of_stage(g - 1) == r ? fwd_done[cell(g - 1, i)] : act_in[cell(g, i)])) {
@@ -496,16 +501,13 @@ void validate(const PipelineSchedule& s) {
             bwd_done[cell(g, i)] = 1;
             break;
           case ActionKind::WeightGradient:
-            if (!bwd_done[cell(g, i)]) fail(r, a, "runs before the backward of its input gradient");
-            weight_done[cell(g, i)] = 1;
+            after(bwd_done, "runs before the backward of its input gradient", weight_done);
             break;
           case ActionKind::SendActivation:
-            if (!fwd_done[cell(g, i)]) fail(r, a, "sends an activation before its forward ran");
-            act_sent[cell(g, i)] = 1;
+            after(fwd_done, "sends an activation before its forward ran", act_sent);
             break;
           case ActionKind::SendGradient:
-            if (!bwd_done[cell(g, i)]) fail(r, a, "sends a gradient before its backward ran");
-            grad_sent[cell(g, i)] = 1;
+            after(bwd_done, "sends a gradient before its backward ran", grad_sent);
             break;
           case ActionKind::RecvActivation:
             blocked = !act_sent[cell(g - 1, i)];

@@ -11,14 +11,10 @@ namespace {
 
 constexpr auto kOverlapNames = support::enum_names<ParameterOverlap>({
     {ParameterOverlap::Exposed, "exposed"},
-    {ParameterOverlap::BesideForward, "forward"},
-    {ParameterOverlap::BesideBackward, "backward"},
+    {ParameterOverlap::BesideForward, "forward"}, {ParameterOverlap::BesideBackward, "backward"},
 });
-constexpr auto kMatmulCollectiveNames = support::enum_names<MatmulCollective>({
-    {MatmulCollective::None, "none"},
-    {MatmulCollective::Gather, "gather"},
-    {MatmulCollective::Scatter, "scatter"},
-});
+constexpr auto kMatmulCollectiveNames = support::enum_names<MatmulCollective>(
+    {{MatmulCollective::None, "none"}, {MatmulCollective::Gather, "gather"}, {MatmulCollective::Scatter, "scatter"}});
 
 }  // namespace
 

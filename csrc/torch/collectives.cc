@@ -383,6 +383,24 @@ Tensor all_to_all_autograd(const Tensor& x, int64_t split_dim, int64_t concat_di
   return AllToAllFn::apply(x, split_dim, concat_dim, group);
 }
 
+// One dispatch key's implementations of the ops TORCH_LIBRARY declares, registered by
+// impl_collectives under their names: every key implements all five.
+struct CollectiveKernels {
+  Tensor (*all_reduce)(const Tensor&, const std::string&, const std::string&);
+  Tensor (*copy_to_group)(const Tensor&, const std::string&);
+  DimCollective all_gather;
+  DimCollective reduce_scatter;
+  Tensor (*all_to_all)(const Tensor&, int64_t, int64_t, const std::string&);
+};
+
+void impl_collectives(torch::Library& m, const CollectiveKernels& k) {
+  m.impl("all_reduce", k.all_reduce);
+  m.impl("copy_to_group", k.copy_to_group);
+  m.impl("all_gather", k.all_gather);
+  m.impl("reduce_scatter", k.reduce_scatter);
+  m.impl("all_to_all", k.all_to_all);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(shardwise, m) {
@@ -398,27 +416,22 @@ TORCH_LIBRARY(shardwise, m) {
 
 // CPU and CUDA tensors alike: the group's backend does the work.
 TORCH_LIBRARY_IMPL(shardwise, CompositeExplicitAutograd, m) {
-  m.impl("all_reduce", all_reduce_kernel);
-  m.impl("copy_to_group", copy_to_group_kernel);
-  m.impl("all_gather", all_gather_kernel);
-  m.impl("reduce_scatter", reduce_scatter_kernel);
-  m.impl("all_to_all", all_to_all_kernel);
+  impl_collectives(m, {.all_reduce = all_reduce_kernel, .copy_to_group = copy_to_group_kernel,
+                       .all_gather = all_gather_kernel, .reduce_scatter = reduce_scatter_kernel,
+                       .all_to_all = all_to_all_kernel});
 }
 
 TORCH_LIBRARY_IMPL(shardwise, Meta, m) {
-  m.impl("all_reduce", all_reduce_meta);
-  m.impl("copy_to_group", [](const Tensor& x, const std::string&) { return at::empty_like(x); });
-  m.impl("all_gather", all_gather_meta);
-  m.impl("reduce_scatter", reduce_scatter_meta);
-  m.impl("all_to_all", all_to_all_meta);
+  impl_collectives(m, {.all_reduce = all_reduce_meta,
+                       .copy_to_group = [](const Tensor& x, const std::string&) { return at::empty_like(x); },
+                       .all_gather = all_gather_meta, .reduce_scatter = reduce_scatter_meta,
+                       .all_to_all = all_to_all_meta});
 }
 
 TORCH_LIBRARY_IMPL(shardwise, Autograd, m) {
-  m.impl("all_reduce", all_reduce_autograd);
-  m.impl("copy_to_group", copy_to_group_autograd);
-  m.impl("all_gather", all_gather_autograd);
-  m.impl("reduce_scatter", reduce_scatter_autograd);
-  m.impl("all_to_all", all_to_all_autograd);
+  impl_collectives(m, {.all_reduce = all_reduce_autograd, .copy_to_group = copy_to_group_autograd,
+                       .all_gather = all_gather_autograd, .reduce_scatter = reduce_scatter_autograd,
+                       .all_to_all = all_to_all_autograd});
 }
 
 }  // namespace shardwise::torchbridge

@@ -29,10 +29,8 @@ using search::Strategy;
 using support::ValidationError;
 
 constexpr auto kNodeModeNames = support::enum_names<NodeMode>({
-    {NodeMode::Local, "local"},
-    {NodeMode::Lookup, "lookup"},
-    {NodeMode::Whole, "whole"},
-    {NodeMode::Statistics, "statistics"},
+    {NodeMode::Local, "local"}, {NodeMode::Lookup, "lookup"},
+    {NodeMode::Whole, "whole"}, {NodeMode::Statistics, "statistics"},
 });
 
 ShardingSpec replicated(std::size_t axes) { return ShardingSpec(axes, Placement::replicate()); }
