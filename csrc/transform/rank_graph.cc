@@ -213,7 +213,10 @@ class GraphEmitter {
     auto marked = node.attrs.find(std::string(kWritesAttr));
     if (marked == node.attrs.end()) return;
     const auto* positions = std::get_if<std::vector<std::int64_t>>(&marked->second);
-    if (positions == nullptr) return;  // [] parses as no list
+    if (positions == nullptr)  // a write the rank graph cannot place is refused, never dropped
+      throw ValidationError(fmt::format("rewrite: {} node '{}': {}={} is not a list of operand positions", node.op,
+                                        global_.value(node.outputs.at(0)).name, kWritesAttr,
+                                        ir::attr_str(marked->second)));
     for (std::int64_t i : *positions) {
       if (i < 0 || static_cast<std::size_t>(i) >= rw.inputs.size())
         throw ValidationError(fmt::format("rewrite: rank {}: {} node '{}' writes operand {} of {}", rank_, node.op,

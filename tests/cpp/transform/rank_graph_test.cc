@@ -273,6 +273,19 @@ TEST(RankGraph, AStateTheCallReadsWholeIsWrittenInPlace) {
   EXPECT_EQ(writes, 2);
 }
 
+TEST(RankGraph, AWritesMarkThatNamesNoOperandsIsRefused) {
+  // The rank graph cannot place a write it cannot read: refused, never dropped.
+  std::string text = kBatchNorm;
+  const std::string mark = "shardwise.writes=[3,4]";
+  for (const std::string& bad : {std::string("shardwise.writes=\"running\""), std::string("shardwise.writes=[7]")}) {
+    std::string changed = text;
+    changed.replace(changed.find(mark), mark.size(), bad);
+    EXPECT_THROW((void)rank_graph(ir::parse_graph(changed), channels_split("R", "split d0"), 1),
+                 support::ValidationError)
+        << bad;
+  }
+}
+
 TEST(RankGraph, AStateWrittenAsAPartialSumIsRefused) {
   // An addmm split over its contracted index reads its additive operand as a partial sum
   // (strategy.h: Reduced): were that operand a buffer the call writes, no rank's copy would
