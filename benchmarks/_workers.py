@@ -69,6 +69,21 @@ def add_size_arguments(parser, *, worlds: str = "2,4", layers: int, hidden: int,
         parser.add_argument("--warmup", type=int, default=warmup)
 
 
+def tiny_gpt_arguments(description: str, extra=None):
+    """The parsed arguments of a side-by-side TinyGPT benchmark at the DDP / FSDP2 size (2
+    layers, hidden 256, seq 64, global batch 16), with --record; `extra(parser)` adds its own."""
+    import argparse
+
+    from _results import add_record_argument
+
+    parser = argparse.ArgumentParser(description=description)
+    add_size_arguments(parser, layers=2, hidden=256, heads=4, seq=64, batch=16)
+    if extra is not None:
+        extra(parser)
+    add_record_argument(parser)
+    return parser.parse_args()
+
+
 def join_gloo(rank: int, world: int, store: str) -> None:
     """Joins the Gloo group over the file store, one torch thread per process."""
     import torch

@@ -16,7 +16,6 @@ Timing never fails anything.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from _machine import cpu_model
-from _workers import add_size_arguments, eager_step, finish_worker, run_world, size_line, timed_rounds, tiny_gpt_twins
-from _workers import join_gloo, token_batch
+from _workers import (eager_step, finish_worker, join_gloo, run_world, size_line, timed_rounds, tiny_gpt_arguments,
+                      tiny_gpt_twins, token_batch)
 
 SIDES = ("ours eager", "ours compiled", "DDP eager", "DDP compiled")
 
@@ -83,12 +82,9 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_size_arguments(parser, layers=2, hidden=256, heads=4, seq=64, batch=16)
-    from _results import add_record_argument, record
+    from _results import record
 
-    add_record_argument(parser)
-    args = parser.parse_args()
+    args = tiny_gpt_arguments(__doc__.splitlines()[0])
     load_before = os.getloadavg()[0]
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {load_before:.2f}, torch "
           f"{torch.__version__}, Gloo; {size_line(args)}")

@@ -18,7 +18,6 @@ anything.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from _machine import cpu_model
-from _workers import add_size_arguments, eager_step, finish_worker, run_world, size_line, timed_rounds, twin_tiny_gpts
+from _workers import (eager_step, finish_worker, run_world, size_line, timed_rounds, tiny_gpt_arguments,
+                      twin_tiny_gpts)
 
 
 def zero3_plan(plan, parameters: dict[str, torch.Tensor], world: int):
@@ -99,12 +99,9 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_size_arguments(parser, layers=2, hidden=256, heads=4, seq=64, batch=16)
-    from _results import add_record_argument, record
+    from _results import record
 
-    add_record_argument(parser)
-    args = parser.parse_args()
+    args = tiny_gpt_arguments(__doc__.splitlines()[0])
     rows = []
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, torch "
           f"{torch.__version__}, Gloo; {size_line(args)}")

@@ -230,6 +230,17 @@ def with_zero(plan):
     return shardwise.Plan.from_json(json.dumps(doc))
 
 
+def refusal(fn) -> str | None:
+    """What shardwise refuses `fn()` with (the ValidationError's text), or None when it runs."""
+    import shardwise
+
+    try:
+        fn()
+    except shardwise.ValidationError as e:
+        return str(e)
+    return None
+
+
 def parameter_error(full: dict, reference: nn.Module) -> float:
     """The largest error of a trained engine's whole parameters (``full_state_dict()``) against
     the one-device model's, relative to each tensor's largest magnitude (floored at 1e-6: a

@@ -10,6 +10,7 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "support/error.h"
+#include "batch_norm_plan.h"
 #include "megatron_mlp_plan.h"
 
 namespace shardwise::transform {
@@ -201,31 +202,13 @@ TEST(RankGraph, AnOpWhoseLocalCallDoesNotFitRunsWhole) {
   EXPECT_NO_THROW(verify_rank_graph(r.graph, g, s, 1));
 }
 
-// Batch norm in training, its running statistics written in place (the capture's mark), on a
-// tensor axis of 2 that splits its channels (`stats` the placement it reads them in).
-constexpr const char* kBatchNorm = R"(graph(%x: f32[b8,4,3,3]) {
-  %bn.weight: f32[4] parameter
-  %bn.bias: f32[4] parameter
-  %bn.running_mean: f32[4] buffer
-  %bn.running_var: f32[4] buffer
-  %y: f32[b8,4,3,3] = aten::batch_norm(%x, %bn.weight, %bn.bias, %bn.running_mean, %bn.running_var) {cudnn_enabled=false, eps=1e-05, momentum=0.1, shardwise.writes=[3,4], training=true} @bn
-  %loss: f32[] = aten::mean(%y) {dtype=none}
-  return (%loss)
-})";
-
-plan::Sharding channels_split(const std::string& stats, const std::string& strategy) {
-  plan::Sharding s;
-  s.mesh = {2};
-  s.axis_names = {"tensor"};
-  s.placements = {{"x", {"R"}},  {"bn.weight", {"S(0)"}}, {"bn.bias", {"S(0)"}}, {"bn.running_mean", {stats}},
-                  {"bn.running_var", {stats}}, {"y", {"S(1)"}}, {"loss", {"P(mean)"}}};
-  s.strategies = {{"y", {strategy}}, {"loss", {"split r1"}}};
-  return s;
-}
+using testing_plans::batch_norm_channels_split;
+using testing_plans::batch_norm_graph;
+using testing_plans::kBatchNorm;
 
 TEST(RankGraph, AStateTheCallWritesOnABlockIsGatheredBackIntoTheBuffer) {
-  const ir::Graph g = ir::parse_graph(kBatchNorm);
-  const plan::Sharding s = channels_split("R", "split d0");
+  const ir::Graph g = batch_norm_graph();
+  const plan::Sharding s = batch_norm_channels_split("R", "split d0");
   const RankGraph r = rank_graph(g, s, 1);
   const ir::Graph& l = r.graph;
   std::vector<const ir::Node*> writes;
@@ -258,8 +241,8 @@ TEST(RankGraph, AStateTheCallWritesOnABlockIsGatheredBackIntoTheBuffer) {
 
 TEST(RankGraph, AStateTheCallReadsWholeIsWrittenInPlace) {
   // Batch norm replicated: it reads the buffers themselves, and writes them there.
-  const ir::Graph g = ir::parse_graph(kBatchNorm);
-  plan::Sharding s = channels_split("R", "replicate");
+  const ir::Graph g = batch_norm_graph();
+  plan::Sharding s = batch_norm_channels_split("R", "replicate");
   s.placements["bn.weight"] = s.placements["bn.bias"] = s.placements["y"] = {"R"};
   s.placements["loss"] = {"R"};
   s.strategies = {{"y", {"replicate"}}, {"loss", {"replicate"}}};
@@ -280,7 +263,7 @@ TEST(RankGraph, AWritesMarkThatNamesNoOperandsIsRefused) {
   for (const std::string& bad : {std::string("shardwise.writes=\"running\""), std::string("shardwise.writes=[7]")}) {
     std::string changed = text;
     changed.replace(changed.find(mark), mark.size(), bad);
-    EXPECT_THROW((void)rank_graph(ir::parse_graph(changed), channels_split("R", "split d0"), 1),
+    EXPECT_THROW((void)rank_graph(ir::parse_graph(changed), batch_norm_channels_split("R", "split d0"), 1),
                  support::ValidationError)
         << bad;
   }

@@ -11,6 +11,7 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "support/error.h"
+#include "batch_norm_plan.h"
 
 namespace shardwise::transform {
 namespace {
@@ -93,21 +94,8 @@ TEST(CutRankGraph, AStateWriteBackRunsOnTheStageOfTheCallThatWroteIt) {
   // Batch norm on stage 0 (its channels split on a 2-rank axis, its running statistics
   // written in place: rank_graph.h), the loss on stage 1: the write-backs (the blocks
   // gathered, then written into the buffer) are stage 0's, none is stage 1's.
-  const ir::Graph global = ir::parse_graph(R"(graph(%x: f32[b8,4,3,3]) {
-  %bn.weight: f32[4] parameter
-  %bn.bias: f32[4] parameter
-  %bn.running_mean: f32[4] buffer
-  %bn.running_var: f32[4] buffer
-  %y: f32[b8,4,3,3] = aten::batch_norm(%x, %bn.weight, %bn.bias, %bn.running_mean, %bn.running_var) {cudnn_enabled=false, eps=1e-05, momentum=0.1, shardwise.writes=[3,4], training=true} @bn
-  %loss: f32[] = aten::mean(%y) {dtype=none}
-  return (%loss)
-})");
-  plan::Sharding s;
-  s.mesh = {2};
-  s.axis_names = {"tensor"};
-  s.placements = {{"x", {"R"}},  {"bn.weight", {"S(0)"}}, {"bn.bias", {"S(0)"}}, {"bn.running_mean", {"R"}},
-                  {"bn.running_var", {"R"}}, {"y", {"S(1)"}}, {"loss", {"P(mean)"}}};
-  s.strategies = {{"y", {"split d0"}}, {"loss", {"split r1"}}};
+  const ir::Graph global = testing_plans::batch_norm_graph();
+  const plan::Sharding s = testing_plans::batch_norm_channels_split();
   const std::vector<ir::Graph> stages = cut_rank_graph(rank_graph(global, s, 0), global, {0, 1}, 2);
   ASSERT_EQ(stages.size(), 2u);
   const std::vector<std::string> first = ops(stages[0]);
