@@ -42,18 +42,34 @@ def _train(engine) -> list[float]:
     return losses
 
 
-def _scenario_compiled(rank: int, world: int, compile_option) -> dict:
+def _plan(world: int, recompute: bool | str):
+    """The search's plan on a tensor axis of `world` (the program's collectives: the reshards
+    between its ops), its repeated blocks recomputed in backward where `recompute` says."""
+    import json
+
     import shardwise
 
-    mesh = (1, world)  # the tensor axis: the program's collectives are the reshards between its ops
+    searched = shardwise.parallelize(_model(), _batch(0), mesh=(1, world), verify=False).plan
+    doc = json.loads(searched.to_json())
+    for key in ("predicted", "programs"):
+        doc.pop(key, None)
+    doc["sharding"]["recompute"] = recompute
+    return shardwise.Plan.from_json(json.dumps(doc))
+
+
+def _scenario_compiled(rank: int, world: int, compile_option, recompute: bool | str) -> dict:
+    import shardwise
+
+    plan = _plan(world, recompute)
     out = {}
     for key, option in (("eager", False), ("compiled", compile_option)):
-        engine = shardwise.parallelize(_model(), _batch(0), mesh=mesh, compile=option)
+        engine = shardwise.parallelize(_model(), _batch(0), plan=plan, compile=option)
         out[key] = {"losses": _train(engine), "state": engine.full_state_dict()}
         if key == "compiled":
             run = engine._first.run
             out["compiled_once"] = run.compile_seconds is not None and run.module is engine.module
             out["code"] = "reshard" in engine.code or "all_reduce" in engine.code
+            out["marks"] = ["shardwise.recompute=" in engine.rank_ir, "shardwise.recompute_keeps" in engine.rank_ir]
     reference = _model()
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     ref_losses = []
@@ -66,14 +82,18 @@ def _scenario_compiled(rank: int, world: int, compile_option) -> dict:
     return {"ref_losses": ref_losses,
             **{key: {"losses": run["losses"], "error": parameter_error(run["state"], reference)}
                for key, run in out.items() if key in ("eager", "compiled")},
-            "compiled_once": out["compiled_once"], "code": out["code"]}
+            "compiled_once": out["compiled_once"], "code": out["code"], "marks": out["marks"]}
 
 
-@pytest.mark.parametrize("option, tolerance", [({"backend": "aot_eager"}, 1e-10), (True, 1e-6)],
-                         ids=["aot_eager", "inductor"])
-def test_a_compiled_tensor_parallel_program_trains_as_one_device(option, tolerance):
-    r = spawn_scenario(__name__, 2, "compiled", option)
+@pytest.mark.parametrize("option, tolerance, recompute", [({"backend": "aot_eager"}, 1e-10, False),
+                                                           ({"backend": "aot_eager"}, 1e-10, True),
+                                                           ({"backend": "aot_eager"}, 1e-10, "selective"),
+                                                           (True, 1e-6, False)],
+                         ids=["aot_eager", "aot_eager-recomputed", "aot_eager-selective", "inductor"])
+def test_a_compiled_tensor_parallel_program_trains_as_one_device(option, tolerance, recompute):
+    r = spawn_scenario(__name__, 2, "compiled", option, recompute)
     assert r["compiled_once"] and r["code"], r
+    assert r["marks"] == [bool(recompute), recompute == "selective"], r  # the plan runs its recomputation
     for key, bound in (("eager", 1e-10), ("compiled", tolerance)):
         for a, b in zip(r[key]["losses"], r["ref_losses"]):
             assert abs(a - b) <= bound * abs(b), (key, r[key]["losses"], r["ref_losses"])

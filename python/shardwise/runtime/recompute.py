@@ -9,7 +9,7 @@ import functools
 
 import torch
 import torch.fx
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts, noop_context_fn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .. import _C
 
@@ -46,13 +46,14 @@ class Checkpointed(torch.nn.Module):
         super().__init__()
         self.block = block
         self.selective = selective
-        self._contexts = _selective_contexts if selective else noop_context_fn
 
     def forward(self, *args):
         if not torch.is_grad_enabled():
             return self.block(*args)
+        if not self.selective:  # no context_fn: dynamo traces checkpoint only with a function it can see
+            return torch.utils.checkpoint.checkpoint(self.block, *args, use_reentrant=False, preserve_rng_state=True)
         return torch.utils.checkpoint.checkpoint(self.block, *args, use_reentrant=False, preserve_rng_state=True,
-                                                 context_fn=self._contexts)
+                                                 context_fn=_selective_contexts)
 
 
 def checkpoint_blocks(module: torch.fx.GraphModule, block_of: dict, selective: frozenset = frozenset()
