@@ -127,3 +127,37 @@ def test_a_pipelined_plan_with_compile_is_refused_not_run_eagerly():
     r = spawn_scenario(__name__, 2, "pipeline")
     assert r["error"] is not None and "compile= runs SPMD plans only" in r["error"], r
     assert "pipeline 2" in r["error"], r
+
+
+def _scenario_other_programs(rank: int, world: int) -> dict:
+    """Train, evaluate (the eval program), a shorter last batch (captured again) and train on:
+    each new program compiled on its first call, eager's losses."""
+    import shardwise
+
+    losses = {}
+    for key, option in (("eager", False), ("compiled", {"backend": "aot_eager"})):
+        engine = shardwise.parallelize(_model(), _batch(0), mesh=(1, world), compile=option)
+        optimizer = engine.optimizer(torch.optim.SGD, lr=0.1)
+        out = [float(engine.train_step(**_batch(0)))]
+        optimizer.step()
+        optimizer.zero_grad()
+        engine.eval()
+        out.append(float(engine.eval_step(**_batch(1))))
+        engine.train()
+        out.append(float(engine.train_step(**{k: v[:2] for k, v in _batch(2).items()})))
+        optimizer.step()
+        optimizer.zero_grad()
+        out.append(float(engine.train_step(**_batch(3))))
+        losses[key] = out
+        if key == "compiled":
+            runs = [program.run for program in engine._programs.values()]
+            losses["programs"] = len(runs)
+            losses["all_compiled"] = all(run.compile_seconds is not None for run in runs)
+    return losses
+
+
+def test_the_eval_program_and_another_batch_shape_are_compiled_too():
+    r = spawn_scenario(__name__, 2, "other_programs")
+    assert r["programs"] == 3 and r["all_compiled"], r  # training, eval, the shorter batch's training
+    for a, b in zip(r["compiled"], r["eager"]):
+        assert abs(a - b) <= 1e-12 * abs(b), r
