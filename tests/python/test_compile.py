@@ -161,3 +161,14 @@ def test_the_eval_program_and_another_batch_shape_are_compiled_too():
     assert r["programs"] == 3 and r["all_compiled"], r  # training, eval, the shorter batch's training
     for a, b in zip(r["compiled"], r["eager"]):
         assert abs(a - b) <= 1e-12 * abs(b), r
+
+
+def test_importing_shardwise_does_not_import_dynamo():
+    """Compilation's pieces are made when a program is first compiled: torch._dynamo costs most
+    of a second to import, which every rank of every job would pay."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, shardwise, shardwise.runtime.spmd_engine; "
+                          "print('torch._dynamo' in sys.modules)"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -35,7 +35,7 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
     stage_links        which ranks of two pipeline stages exchange a value crossing their cut,
                        and on which channel  (reshard)
     engine_base        the training loop's controls  (batch, grad_norm, optim, precision)
-    compiled           rank programs run through torch.compile  ()
+    compiled           rank programs run through torch.compile  (transport)
     spmd_engine        the SPMD engine (shardwise.Engine)  (engine_base, lower, buckets, state,
                        ...)
     pipeline_engine    the pipeline engine, stage cut, actions  (engine_base, lower, buckets,

@@ -21,6 +21,7 @@ import torch
 
 from .._C import ValidationError
 from .._logging import get_logger
+from . import transport
 
 log = get_logger("shardwise.engine")
 
@@ -62,6 +63,7 @@ class CompiledProgram:
         self.name = name
         self.compile_seconds: float | None = None
         self.graph_breaks: int | None = None
+        transport.run_eagerly_under_compile()
         self._compiled = torch.compile(module, **options)
 
     def __call__(self, *args):
