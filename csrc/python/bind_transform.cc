@@ -467,8 +467,8 @@ void bind_transform(py::module_& m) {
   m.def("rank_ir_operands", &rank_ir_operands, py::arg("graph"),
         "How a rank graph (_C.Graph of a rank IR: a program's or a pipeline stage's) runs the operands of each "
         "node that is no resharding step, by its first output, and its outputs: {calls: {name: [operand]}, "
-        "writes: {value: operand} (each state write-back's value, by its name), outputs: [operand]}, each operand {value (the region's source), region (its id: the value its last step "
-        "gives), forward, backward (typed steps), regather, prefetch, gather_group, scatter_in_backward, "
+        "writes: {value: operand} (each state write-back's value, by its name), outputs: [operand]}, each "
+        "operand {value (the region's source), region (its id: the value its last step gives), forward, backward (typed steps), regather, prefetch, gather_group, scatter_in_backward, "
         "scatter_group, overlap (the steps' overlap mark)}.");
   m.def("rank_ir_regions", &rank_ir_regions, py::arg("text"),
         "The resharding regions of a printed rank graph (csrc/transform/rank_graph.h: step_regions), each "

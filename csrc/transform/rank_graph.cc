@@ -66,6 +66,11 @@ void apply_step(ShardingSpec& spec, const ReshardAction& step) {
   }
 }
 
+// A step that moves no data between ranks (a slice, zeroing others, a scale): no overlap mark.
+bool is_local(const ReshardAction& step) {
+  return step.kind == ReshardKind::Slice || step.kind == ReshardKind::ZeroOthers || step.kind == ReshardKind::Scale;
+}
+
 ir::Attributes step_attrs(const ReshardAction& step, const std::vector<int>& mesh, int rank, bool backward) {
   ir::Attributes a;
   a["axis"] = std::int64_t{step.axis};
@@ -201,6 +206,17 @@ class GraphEmitter {
  private:
   ir::ValueId single(ir::NodeId id) const { return graph_.node(id).outputs[0]; }
 
+  // The node of forward step `step` on `value` (held in `spec`, which becomes the step's
+  // result), named `name`, its output at the local shape of `whole`'s new placement.
+  ir::ValueId add_forward_step(ir::ValueId value, ShardingSpec& spec, const Shape& whole, const ReshardAction& step,
+                               ir::Attributes attrs, std::string name, const std::string& module) {
+    apply_step(spec, step);
+    ir::TensorType type = graph_.value(value).type;
+    type.shape = local_shard(whole, texts(spec), sharding_.mesh, rank_).shape;
+    return single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(step.kind)), {value},
+                                  {{std::move(name), type}}, std::move(attrs), module));
+  }
+
   // A call that writes a leaf operand in place (the capture's {shardwise.writes}: batch norm's
   // running statistics) writes the copy it read, `read[i]`; the leaf becomes that copy: the
   // steps from the placement the call read it in back to the leaf's (a channel block
@@ -232,20 +248,13 @@ class GraphEmitter {
                                             fmt::join(texts(op.required), ", ")));
       ShardingSpec spec = op.required;
       ir::ValueId value = read[static_cast<std::size_t>(i)];
-      const Shape& whole_shape = global_value(op.value).type.shape;
       int k = 0;
       for (const ReshardAction& step : reshard_actions(op.required, leaf->second)) {
-        apply_step(spec, step);
-        ir::TensorType type = graph_.value(value).type;
-        type.shape = local_shard(whole_shape, texts(spec), sharding_.mesh, rank_).shape;
         ir::Attributes attrs = step_attrs(step, sharding_.mesh, rank_, false);
-        if (step.kind == ReshardKind::AllGather || step.kind == ReshardKind::AllReduce ||
-            step.kind == ReshardKind::ReduceScatter || step.kind == ReshardKind::AllToAll)
-          attrs["overlap"] = overlap_mark(search::ParameterOverlap::Exposed);
+        if (!is_local(step)) attrs["overlap"] = overlap_mark(search::ParameterOverlap::Exposed);
         attrs[std::string(kWriteBackAttr)] = true;
-        value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(step.kind)), {value},
-                                       {{fresh(fmt::format("{}.w{}", op.value, ++k)), type}}, std::move(attrs),
-                                       node.module_path));
+        value = add_forward_step(value, spec, global_value(op.value).type.shape, step, std::move(attrs),
+                                 fresh(fmt::format("{}.w{}", op.value, ++k)), node.module_path);
       }
       ir::Attributes attrs;
       if (auto block = call_attrs.find(std::string(kRecomputeAttr)); block != call_attrs.end())
@@ -286,19 +295,13 @@ class GraphEmitter {
     // prices (search/parameter_collectives.h).
     const bool parameter = global.role == ir::ValueRole::Parameter;
     for (const ReshardAction& step : op.forward) {
-      apply_step(spec, step);
-      ir::TensorType type = graph_.value(value).type;
-      type.shape = local_shard(global.type.shape, texts(spec), sharding_.mesh, rank_).shape;
       ir::Attributes attrs = step_attrs(step, sharding_.mesh, rank_, false);
-      const bool local = step.kind == ReshardKind::Slice || step.kind == ReshardKind::ZeroOthers ||
-                         step.kind == ReshardKind::Scale;
-      if (!local)
+      if (!is_local(step))
         attrs["overlap"] = overlap_mark(parameter ? op.gather : search::activation_collective_overlap());
       if (op.regather) attrs["regather"] = true;
       // One flattened collective with the other members of its unit group (parameter_collectives.h).
-      if (!local && parameter && op.gather_group >= 0) attrs["unit_group"] = std::int64_t{op.gather_group};
-      value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(step.kind)), {value},
-                                     {{name(), type}}, std::move(attrs), module));
+      if (!is_local(step) && parameter && op.gather_group >= 0) attrs["unit_group"] = std::int64_t{op.gather_group};
+      value = add_forward_step(value, spec, global.type.shape, step, std::move(attrs), name(), module);
     }
     for (auto it = op.backward.rbegin(); it != op.backward.rend(); ++it) {
       ir::Attributes attrs = step_attrs(*it, sharding_.mesh, rank_, true);
@@ -307,11 +310,9 @@ class GraphEmitter {
       // reduced in buckets (reduce_gradient, below). An activation's gradient step runs in its
       // producer's backward, blocking (the async-gradient pass marks those it runs beside a
       // weight gradient: transform/async_gradients.h).
-      const bool local = it->kind == ReshardKind::Slice || it->kind == ReshardKind::ZeroOthers ||
-                         it->kind == ReshardKind::Scale;
-      if (!local)
+      if (!is_local(*it))
         attrs["overlap"] = overlap_mark(parameter ? op.scatter : search::activation_collective_overlap());
-      if (!local && parameter && op.scatter_group >= 0) attrs["unit_group"] = std::int64_t{op.scatter_group};
+      if (!is_local(*it) && parameter && op.scatter_group >= 0) attrs["unit_group"] = std::int64_t{op.scatter_group};
       value = single(graph_.add_node(fmt::format("shardwise::{}", reshard_kind_name(it->kind)), {value},
                                      {{name(), graph_.value(value).type}}, std::move(attrs), module));
     }
@@ -566,14 +567,24 @@ bool is_write_back_step(const ir::Node& node) {
   return is_step_node(node) && node.attrs.contains(std::string(kWriteBackAttr));
 }
 
+namespace {
+
+// Whether step `next`, reading what `previous` gives, is in its region: both steps, of one
+// kind (a read's, or a state write-back's, which starts at the value its call read).
+bool continues_region(const ir::Node& previous, const ir::Node& next) {
+  return is_step_node(previous) && is_step_node(next) && is_write_back_step(previous) == is_write_back_step(next);
+}
+
+}  // namespace
+
 StepRegion region_ending_at(const ir::Graph& rank_graph, ir::ValueId value) {
   std::vector<ir::NodeId> chain;
   ir::ValueId v = value;
-  std::optional<bool> write_back;  // the region's kind: a state write-back's, or a read's
+  const ir::Node* next = nullptr;  // the step after `node` in the region, once there is one
   while (const auto producer = rank_graph.value(v).producer) {
     const ir::Node& node = rank_graph.node(*producer);
-    if (!is_step_node(node) || write_back.value_or(is_write_back_step(node)) != is_write_back_step(node)) break;
-    write_back = is_write_back_step(node);
+    if (!is_step_node(node) || (next != nullptr && !continues_region(node, *next))) break;
+    next = &node;
     chain.insert(chain.begin(), *producer);
     v = node.inputs[0];
   }
@@ -596,9 +607,8 @@ std::vector<StepRegion> step_regions(const ir::Graph& rank_graph) {
   // The region's last step: no step reads its value.
   std::vector<bool> continued(rank_graph.values().size(), false);
   for (const ir::Node& node : rank_graph.nodes()) {
-    if (!is_step_node(node)) continue;
-    const auto producer = rank_graph.value(node.inputs[0]).producer;
-    if (producer && is_write_back_step(rank_graph.node(*producer)) == is_write_back_step(node))
+    const auto producer = is_step_node(node) ? rank_graph.value(node.inputs[0]).producer : std::nullopt;
+    if (producer && continues_region(rank_graph.node(*producer), node))
       continued[static_cast<std::size_t>(node.inputs[0])] = true;
   }
   std::vector<StepRegion> out;

@@ -4,9 +4,10 @@ A rank program is a ``torch.fx.GraphModule``: what ``torch.compile`` takes. The 
 the lowered module (its ``code``, its marks, what the node-for-node check reads) and calls
 the compiled one, made once per program (a mode and batch shapes) and compiled on its first
 call, forward and backward (AOTAutograd). What dynamo cannot trace runs eagerly between
-compiled pieces (a graph break): the asynchronous gathers and reduce-scatters of ZeRO
-prefetching (``async_op=True``, ``Work.wait``) and a recomputed block's writes, so far; the
-breaks are counted and logged with the compile time of each program.
+compiled pieces (a graph break): the runtime's own collectives (transport.py: asynchronous
+gathers and reduce-scatters, ``Work.wait``), the core's slice bounds (``_C.block_bounds``),
+and the runtime's bookkeeping inside a recomputed block, so far; the breaks are counted and
+logged with the compile time of each program.
 
 ``compile``: False (eager), True (inductor, torch.compile's defaults), one of torch.compile's
 modes ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), or a dict

@@ -240,8 +240,7 @@ def _build_module(program: dict, sources: dict, mesh: _Mesh | None, tensors: dic
     if own or [out["value"] for out in outputs] == [region["value"] for region in operands["outputs"]]:
         outputs = _with_regions(outputs, operands["outputs"], "the program's outputs")
     lowering = _Lowering(program, sources, mesh, [node for _, node in walked if node is not None],
-                         compute_dtypes or {}, split_backward)
-    lowering.write_regions = operands["writes"]
+                         compute_dtypes or {}, split_backward, operands["writes"])
     counted = [(calls[n["inputs"][0]], n["inputs"][1]) for n, _ in walked if n["op"] == _COUNTED_MEAN]
     lowering.leaves(tensors, input_names, trainable, {} if parameters is None else parameters, outputs, counted)
     for ir_node, node in walked:
@@ -278,7 +277,7 @@ class _Lowering:
     ``_EMITTERS`` that takes it, then what follows the call (``node``)."""
 
     def __init__(self, program: dict, sources: dict, mesh: _Mesh | None, nodes: list[dict],
-                 compute_dtypes: dict, split_backward: bool):
+                 compute_dtypes: dict, split_backward: bool, write_regions: dict):
         self.program, self.sources, self.mesh, self.nodes = program, sources, mesh, nodes
         self.compute_dtypes, self.split_backward = compute_dtypes, split_backward
         self.weight_outputs: list[str] = []  # the values a stage sends whose gradient is W's
@@ -301,7 +300,7 @@ class _Lowering:
         # The copies of leaves that calls write in place (the IR's shardwise.writes), by the
         # value the call reads in the IR (its region's id), for the write_state that follows.
         self.written: dict[str, torch.fx.Node] = {}
-        self.write_regions: dict = {}  # write_state's value -> its region (_C.rank_ir_operands' "writes")
+        self.write_regions = write_regions  # write_state's value -> its region (_C.rank_ir_operands' "writes")
         self._prefetch_plan()
 
     def _root(self) -> torch.nn.Module:
