@@ -146,6 +146,7 @@ class _Options:
     policy: Policy | None = None
     static: bool = False
     micro_batch_semantics: str | None = None  # None: the plan's (a searched plan: "exact")
+    compile_options: dict | None = None  # torch.compile's arguments (runtime/compiled.py); None: eager
 
 
 def _compute_dtypes(wrapper: "_Trainable", builder, tensors: dict[str, torch.Tensor]) -> dict[str, torch.dtype]:
@@ -256,8 +257,9 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     None: the plan's own setting.
     ``compile``: run each rank program through ``torch.compile`` (runtime/compiled.py): True
     (inductor, its defaults), one of its modes ("max-autotune", ...), or a dict of its keyword
-    arguments; what dynamo cannot trace runs eagerly between compiled pieces. SPMD plans only,
-    so far: a pipelined plan (or one in micro-batches) with ``compile`` is refused.
+    arguments; what dynamo cannot trace runs eagerly between compiled pieces. SPMD rank programs
+    and each pipeline stage's program (forward, and its backward through AOTAutograd); a
+    schedule that splits a stage's backward into B and W (zero bubble) is refused with it.
     Every rank must call this with the same arguments;
     the plan's hash is checked across ranks before the first collective.
     """
@@ -278,7 +280,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     batch = list(cast_inputs(dict(zip(binding.names, batch)), policy).values())
     wrapper = _Trainable(compute_copy(model, policy), loss_fn)  # the model as the program computes it
     options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static,
-                       micro_batch_semantics=micro_batch_semantics)
+                       micro_batch_semantics=micro_batch_semantics, compile_options=compiled)
 
     if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
         plan = _plan_file(os.environ["SHARDWISE_PLAN"])
@@ -290,7 +292,6 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     # A pipeline plan, or one that accumulates gradients over micro-batches (the joint
     # planner's pipeline 1 with m > 1): captured there, at one micro-batch, run by the schedule.
     if plan is not None and not plan.sharding and (plan.pipeline > 1 or plan.num_micro_batches() > 1):
-        _refuse_compiled_pipeline(compiled, plan)
         return _parallelize_pipeline(wrapper, named, binding, plan, batch, model, options)
     graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
     _warn_unknown_ops(graph)
@@ -318,7 +319,6 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                                          memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
                                          micro_batch_semantics=micro_batch_semantics or "exact")
             if joint is not None:
-                _refuse_compiled_pipeline(compiled, joint)
                 return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)
     sharding = plan.sharding
@@ -351,15 +351,18 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                   policy=policy, static=static, compute_dtypes=compute, shapes=shapes, compile_options=compiled)
 
 
-def _refuse_compiled_pipeline(compiled: dict | None, plan: Plan) -> None:
-    """Pipeline stages are not compiled yet (their forward, input-gradient and weight-gradient
-    programs: issue 49): a plan that runs them with ``compile`` is refused, never run eagerly
-    in silence."""
-    if compiled is not None:
-        raise ValidationError(f"parallelize: compile= runs SPMD plans only so far; this plan runs pipeline stages "
-                              f"(pipeline {plan.pipeline}, {plan.num_micro_batches()} micro-batches a step), whose "
-                              "programs are not compiled yet: run it with compile=False, or a plan without "
-                              "micro-batches")
+def _refuse_compiled_split_backward(compiled: dict | None, plan: Plan, schedule) -> None:
+    """A schedule that splits a stage's backward into B and W (zero bubble: runtime/weight_split.py)
+    reads its weights through fresh leaves and asks autograd for one site's gradients at a time;
+    a compiled stage's backward is one AOTAutograd function, which would compute W's products
+    in B as well. Refused with ``compile``, never run eagerly in silence (issue 49)."""
+    if compiled is None:
+        return
+    if any(action[0] == "W" for r in range(plan.pipeline) for action in schedule.action_list(r)):
+        raise ValidationError(f"parallelize: compile= does not run the B/W split of zero-bubble schedules yet: "
+                              f"{plan.schedule} splits each stage's backward into its input and weight "
+                              "gradients; run it with compile=False, or a schedule that does not split "
+                              "(1f1b, gpipe, interleaved-1f1b)")
 
 
 def _check_made_for(sharding: dict, graph, input_names: list[str]) -> None:
@@ -435,6 +438,8 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
         raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch} in micro-batches of "
                               f"{mb} x data {d}; the example batch has {global_batch}")
     m = plan.num_micro_batches()
+    schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
+    _refuse_compiled_split_backward(options.compile_options, plan, schedule)  # before any work
     check_same_plan(plan, rank)
     micro = map_tensors(named, lambda x: x.narrow(0, 0, rows))
     graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")
@@ -497,8 +502,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     links = StageLinks(blocks, layouts, pipeline_rank, local, mesh)
     plan = check_same_programs(plan, graph, rank)
     parameters: dict[str, torch.Tensor] = {}
-    schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
-    # Its channels, once the core proved its lists receive in their senders' order and cannot
+    # The schedule's channels, once the core proved its lists receive in their senders' order and cannot
     # hang where receives meet sends by order (NCCL): every rank makes every channel's groups.
     links.open_channels(schedule.p2p_channels())
     # The schedule's peers are pipeline ranks (runtime/stage_links.py: which of their ranks).
@@ -531,4 +535,4 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                           recapture=_recapture(wrapper, stage_cluster, level, plan.precision),
                           kept=keep_state(model, set(first.owners)),
                           policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks,
-                          loss_combination=combination)
+                          loss_combination=combination, compile_options=options.compile_options)

@@ -127,7 +127,15 @@ def _bf16_policy_loop(build) -> dict:
             "dtype": str(next(iter(full.values())).dtype), "precision": engine.plan.precision}
 
 
-def _worker(rank: int, world: int, store: str, layout: str, result: str) -> None:
+def compiled_programs(engine) -> list[bool]:
+    """Whether each program the engine made (SPMD, or each pipeline stage's) ran compiled."""
+    programs = engine._programs.values()
+    runs = [stage["run"] for p in programs for stage in p.stages.values()] if hasattr(engine, "_stages") else \
+        [p.run for p in programs]
+    return [getattr(run, "compile_seconds", None) is not None for run in runs]
+
+
+def _worker(rank: int, world: int, store: str, layout: str, result: str, compiled: bool = False) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
         pipelined = "pipeline" in LAYOUTS[layout]
@@ -144,6 +152,8 @@ def _worker(rank: int, world: int, store: str, layout: str, result: str) -> None
             elif LAYOUTS[layout].get("sharded"):  # (the optimizer's states kept whole: tight_cluster)
                 cluster = tight_cluster(shardwise.capture(qwen2(), example), world, ROWS, mesh)
                 options.update(precision=TIGHT_PRECISION, zero=False)
+            if compiled:  # AOTAutograd's graphs, run by the ATen ops they traced: one device's numbers
+                options.update(compile={"backend": "aot_eager"})
             return shardwise.parallelize(model, example, plan=plan, mesh=mesh, cluster=cluster, **options)
 
         # Dropout: on in training (two seeds, two losses; one seed twice, one loss) and off in
@@ -222,7 +232,8 @@ def _worker(rank: int, world: int, store: str, layout: str, result: str) -> None
                            "bf16": bf16,
                            # Each program (SPMD, or each pipeline stage's) against its rank IR,
                            # collectives included (rank_ir_check.py).
-                           "lowered": engine_against_rank_ir(engine)}, f)
+                           "lowered": engine_against_rank_ir(engine),
+                           "compiled": compiled_programs(engine)}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -237,18 +248,23 @@ LAYOUTS = {
 }
 
 
-def _spawn(layout: str) -> dict:
+def _spawn(layout: str, compiled: bool) -> dict:
     world = LAYOUTS[layout]["world"]
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), layout, result), nprocs=world)
+        run_ranks(_worker, args=(world, os.path.join(tmp, "store"), layout, result, compiled), nprocs=world)
         with open(result) as f:
             return json.load(f)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_users_hugging_face_loop_equals_one_device(layout):
-    r = _spawn(layout)
+    check_loop(layout, _spawn(layout, compiled=False))
+
+
+def check_loop(layout: str, r: dict) -> None:
+    """The loop's result on `layout` (_spawn's) against one device's (test_training_loops_compiled.py
+    holds a compiled engine to the same)."""
     print(f"training loop {layout} ({r['engine']}): " + ", ".join(f"{k} {v:.1e}" for k, v in r["errors"].items())
           + f"; bf16 policy: losses {r['bf16']['losses']:.1e}, parameters {r['bf16']['params']:.1e}")
     assert r["grad_names"] == r["ref_grad_names"], r

@@ -2,12 +2,17 @@
 
 A rank program is a ``torch.fx.GraphModule``: what ``torch.compile`` takes. The engine keeps
 the lowered module (its ``code``, its marks, what the node-for-node check reads) and calls
-the compiled one, made once per program (a mode and batch shapes) and compiled on its first
-call, forward and backward (AOTAutograd). What dynamo cannot trace runs eagerly between
-compiled pieces (a graph break): the runtime's own collectives (transport.py: asynchronous
-gathers and reduce-scatters, ``Work.wait``), the core's slice bounds (``_C.block_bounds``),
-and the runtime's bookkeeping inside a recomputed block, so far; the breaks are counted and
-logged with the compile time of each program.
+the compiled one, made once per program (an SPMD program, or a pipeline stage's, per mode and
+batch shapes) and compiled on its first call, forward and backward (AOTAutograd). What dynamo
+cannot trace runs eagerly between compiled pieces (a graph break): the runtime's own
+collectives (transport.py: asynchronous gathers and reduce-scatters, ``Work.wait``), the core's
+slice bounds (``_C.block_bounds``), the runtime's bookkeeping inside a recomputed block, and a
+stage's fused weight-gradient accumulation (fused_accumulation.py), so far; the breaks are
+counted and logged with the compile time of each program. A counted loss' count, a float
+that changes from step to step, goes in as a 0-dim tensor (dynamo takes a float for a
+constant and would recompile the program at the second step's count; neither
+``torch.compiler.config.dynamic_sources`` nor ``unbacked_sources`` marks a float). The
+zero-bubble B/W split is refused with compile (engine.py).
 
 ``compile``: False (eager), True (inductor, torch.compile's defaults), one of torch.compile's
 modes ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), or a dict
@@ -22,7 +27,7 @@ import torch
 
 from .._C import ValidationError
 from .._logging import get_logger
-from . import transport
+from . import fused_accumulation, transport
 
 log = get_logger("shardwise.engine")
 
@@ -65,9 +70,14 @@ class CompiledProgram:
         self.compile_seconds: float | None = None
         self.graph_breaks: int | None = None
         transport.run_eagerly_under_compile()
+        fused_accumulation.run_eagerly_under_compile()
         self._compiled = torch.compile(module, **options)
 
     def __call__(self, *args):
+        # A counted loss' count (a float: runtime/counted.py) as a 0-dim tensor, which dynamo
+        # takes as an input; a float is a constant it would recompile the program for at the
+        # next step's count (lower.divide_by_count divides by either alike).
+        args = tuple(torch.tensor(a, dtype=torch.float64) if isinstance(a, float) else a for a in args)
         if self.compile_seconds is not None:
             return self._compiled(*args)
         from torch._dynamo.utils import counters

@@ -627,8 +627,24 @@ def _emit_counted_mean(lowering: _Lowering, ir_node: dict) -> torch.fx.Node:
     sum of this rank's rows (the call's reduction is sum) times its shares of G, over G."""
     total, count = (lowering.env[v] for v in ir_node["inputs"])
     graph = lowering.graph
-    return graph.call_function(operator.truediv, (
+    return graph.call_function(divide_by_count, (
         graph.call_function(operator.mul, (total, float(ir_node["attrs"]["shares"]))), count))
+
+
+# What ATen computes a reduced-precision tensor's arithmetic with a Python scalar in.
+_OPMATH = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
+
+
+def divide_by_count(total: torch.Tensor, count: "float | torch.Tensor") -> torch.Tensor:
+    """`total` / G, G the count of a counted loss (runtime/counted.py): a float eagerly, a 0-dim
+    float64 tensor in a compiled program (runtime/compiled.py: a float argument is a constant
+    dynamo specialises on and recompiles at the next step's count). The tensor divides as
+    the float does: both cast to the op's compute dtype (float32 for bf16 / f16, else the
+    total's), the quotient rounded to the total's dtype."""
+    if not isinstance(count, torch.Tensor):
+        return total / count
+    compute = _OPMATH.get(total.dtype, total.dtype)
+    return (total.to(compute) / count.to(compute)).to(total.dtype)
 
 
 def _emit_ir_call(lowering: _Lowering, ir_node: dict) -> torch.fx.Node:

@@ -45,6 +45,7 @@ from .._tensor_names import tied_names
 from ..materialize import local_tensor
 from .batch import map_tensors
 from .buckets import _GradientBuckets
+from .compiled import runner
 from .counted import Counter
 from .engine_base import EngineBase, Recapture, mode_name, replicated_copies, zero_axes
 from .grad_norm import plain
@@ -218,8 +219,9 @@ class PipelineEngine(EngineBase):
                  num_micro_batches: int, shapes: tuple, parameters: dict, tensors: dict, trainable: set,
                  shared: list[tuple], links: StageLinks, mesh=None, sharding=None,
                  recapture: Recapture | None = None, kept=None, policy=None, compute_dtypes: dict | None = None,
-                 stage_ranks: list[int], loss_combination: str = "mean"):
+                 stage_ranks: list[int], loss_combination: str = "mean", compile_options: dict | None = None):
         super().__init__(binding, policy)
+        self._compile_options = compile_options  # torch.compile's arguments; None: eager
         # How the micro-batch losses make the step's: "sum" or "mean" (the module docstring).
         if loss_combination not in ("sum", "mean"):
             raise ValidationError(f"pipeline: loss_combination {loss_combination!r} (known: sum, mean)")
@@ -231,7 +233,8 @@ class PipelineEngine(EngineBase):
         self._tied = tied_names(model)
         self._kept = kept              # runtime.state.KeptState: the model's names, shapes, what no rank holds
         self.sharding = sharding       # the SPMD plan of each stage's sub-mesh (None: replicated)
-        self._programs = {self._mode_key(): first}  # captured in the model's mode at the time
+        # captured in the model's mode at the time
+        self._programs = {self._mode_key(): self._with_runners(first, self._mode_key())}
         self._first = first
         self._actions = actions        # (kind, micro-batch, virtual stage, peer pipeline rank)
         # The pipeline rank of each virtual stage (the schedule's placement: g % p, or ZB-V's V).
@@ -276,6 +279,15 @@ class PipelineEngine(EngineBase):
         self.whole_nodes = first.whole
         # Where this rank's tensors live (the model's device): receive buffers and the loss too.
         self._device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
+
+    def _with_runners(self, program: StageProgram, training) -> StageProgram:
+        """`program` with what runs each of its stages: the stage's module, or its compiled form
+        (runtime/compiled.py: forward, and its backward through AOTAutograd, compiled on the
+        first call)."""
+        for g, stage in program.stages.items():
+            where = f"rank {dist.get_rank()}: the {mode_name(training)} program's virtual stage {g}"
+            stage["run"] = runner(stage["module"], self._compile_options, where)
+        return program
 
     @property
     def _stages(self) -> dict:
@@ -372,7 +384,7 @@ class PipelineEngine(EngineBase):
                                       f"{leaf['placement']}, the engine holds it {self._leaves[name]['placement']}")
         log.info("rank %d: a %s pipeline program (stages %s)", dist.get_rank(), mode_name(training),
                  sorted(program.stages))
-        return program
+        return self._with_runners(program, training)
 
     def _micro_batches(self, tensors: dict, program: StageProgram) -> tuple[list[dict], list[float]]:
         """This rank's share of each micro-batch, and the counts of the global batch."""
@@ -392,8 +404,7 @@ class PipelineEngine(EngineBase):
 
     @staticmethod
     def _call(stage: dict, args: list, counts: dict):
-        module = stage["module"]
-        return module(*args, *[counts[n] for n in module.counted])
+        return stage["run"](*args, *[counts[n] for n in stage["module"].counted])
 
     def _run(self, tensors: dict, backward: bool, carry: dict) -> torch.Tensor:
         program = self._program(self._mode_key())
