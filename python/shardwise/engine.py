@@ -440,6 +440,14 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     m = plan.num_micro_batches()
     schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
     _refuse_compiled_split_backward(options.compile_options, plan, schedule)  # before any work
+    if options.compile_options is not None and plan.fused_accumulation:
+        # A compiled stage accumulates its weight gradients through AOTAutograd's backward: the
+        # fused accumulation's in-place backward (runtime/fused_accumulation.py) would run
+        # eagerly between compiled pieces, a graph break at every linear (a compiled 1F1B stage
+        # 1.1-1.3x slower with it: benchmarks/README.md, compile.py).
+        plan = plan.with_fused_accumulation(False)
+        log.info("parallelize: compile= runs the stages without fused weight-gradient accumulation (the compiled "
+                 "backward accumulates them)")
     check_same_plan(plan, rank)
     micro = map_tensors(named, lambda x: x.narrow(0, 0, rows))
     graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")

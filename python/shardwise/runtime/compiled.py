@@ -6,9 +6,10 @@ the compiled one, made once per program (an SPMD program, or a pipeline stage's,
 batch shapes) and compiled on its first call, forward and backward (AOTAutograd). What dynamo
 cannot trace runs eagerly between compiled pieces (a graph break): the runtime's own
 collectives (transport.py: asynchronous gathers and reduce-scatters, ``Work.wait``), the core's
-slice bounds (``_C.block_bounds``), the runtime's bookkeeping inside a recomputed block, and a
-stage's fused weight-gradient accumulation (fused_accumulation.py), so far; the breaks are
-counted and logged with the compile time of each program. A counted loss' count, a float
+slice bounds (``_C.block_bounds``) and the runtime's bookkeeping inside a recomputed block, so
+far; the breaks are counted and logged with the compile time of each program. A compiled
+pipeline runs without fused weight-gradient accumulation (engine.py turns it off: its in-place
+backward would run eagerly between compiled pieces, a break at every linear). A counted loss' count, a float
 that changes from step to step, goes in as a 0-dim tensor (dynamo takes a float for a
 constant and would recompile the program at the second step's count; neither
 ``torch.compiler.config.dynamic_sources`` nor ``unbacked_sources`` marks a float). The
@@ -27,7 +28,7 @@ import torch
 
 from .._C import ValidationError
 from .._logging import get_logger
-from . import fused_accumulation, transport
+from . import transport
 
 log = get_logger("shardwise.engine")
 
@@ -70,7 +71,6 @@ class CompiledProgram:
         self.compile_seconds: float | None = None
         self.graph_breaks: int | None = None
         transport.run_eagerly_under_compile()
-        fused_accumulation.run_eagerly_under_compile()
         self._compiled = torch.compile(module, **options)
 
     def __call__(self, *args):

@@ -198,16 +198,6 @@ class FusedAccumulation(torch.nn.Module):
         return _FusedAccumulation.apply(target, beta, alpha, x, weight, bias)
 
 
-def run_eagerly_under_compile() -> None:
-    """A compiled stage (runtime/compiled.py) calls ``FusedAccumulation`` eagerly, between its
-    compiled pieces: its backward reads the engine's phase and writes ``.grad`` in place, which
-    a traced backward would fix at the phase it was traced in. Done once, when the first
-    program is compiled (torch.compiler.disable imports dynamo)."""
-    if not getattr(FusedAccumulation.forward, "_shardwise_eager", False):
-        FusedAccumulation.forward = torch.compiler.disable(FusedAccumulation.forward)
-        FusedAccumulation.forward._shardwise_eager = True
-
-
 FUSED_ACCUMULATION_MARK = "shardwise.fused_accumulation"  # {..=i}, i the weight operand (fused_weight_accumulation.h)
 # The ops whose weight gradient this module accumulates in place, by the op the program calls.
 FUSABLE = {**SPLIT_OPS, _EMBEDDING: "aten::embedding"}
