@@ -42,6 +42,19 @@ def _train(engine) -> list[float]:
     return losses
 
 
+def _reference_losses(layers: int) -> tuple[list[float], torch.nn.Module]:
+    reference = _model(layers)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    losses = []
+    for step in range(STEPS):
+        loss = reference(**_batch(step)).loss
+        loss.backward()
+        losses.append(float(loss))
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses, reference
+
+
 def _plan(world: int, recompute: bool | str):
     """The search's plan on a tensor axis of `world` (the program's collectives: the reshards
     between its ops), its repeated blocks recomputed in backward where `recompute` says."""
@@ -70,15 +83,7 @@ def _scenario_compiled(rank: int, world: int, compile_option, recompute: bool | 
             out["compiled_once"] = run.compile_seconds is not None and run.module is engine.module
             out["code"] = "reshard" in engine.code or "all_reduce" in engine.code
             out["marks"] = ["shardwise.recompute=" in engine.rank_ir, "shardwise.recompute_keeps" in engine.rank_ir]
-    reference = _model()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    ref_losses = []
-    for step in range(STEPS):
-        loss = reference(**_batch(step)).loss
-        loss.backward()
-        ref_losses.append(float(loss))
-        optimizer.step()
-        optimizer.zero_grad()
+    ref_losses, reference = _reference_losses(2)
     return {"ref_losses": ref_losses,
             **{key: {"losses": run["losses"], "error": parameter_error(run["state"], reference)}
                for key, run in out.items() if key in ("eager", "compiled")},
@@ -130,19 +135,6 @@ def test_compile_options_are_checked_before_any_work():
                        ({"mode": "turbo"}, "'turbo'"), (3, "give True")):
         with pytest.raises(ValidationError, match=words.replace("[", r"\[").replace("]", r"\]")):
             compile_options(bad)
-
-
-def _reference_losses(layers: int) -> tuple[list[float], torch.nn.Module]:
-    reference = _model(layers)
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    losses = []
-    for step in range(STEPS):
-        loss = reference(**_batch(step)).loss
-        loss.backward()
-        losses.append(float(loss))
-        optimizer.step()
-        optimizer.zero_grad()
-    return losses, reference
 
 
 def _pipeline_plan(world: int, schedule: str, virtual: int, data: int = 1, **options):

@@ -9,9 +9,9 @@ collectives (transport.py: asynchronous gathers and reduce-scatters, ``Work.wait
 slice bounds (``_C.block_bounds``) and the runtime's bookkeeping inside a recomputed block, so
 far; the breaks are counted and logged with the compile time of each program. A compiled
 pipeline runs without fused weight-gradient accumulation (engine.py turns it off: its in-place
-backward would run eagerly between compiled pieces, a break at every linear). A counted loss' count, a float
-that changes from step to step, goes in as a 0-dim tensor (dynamo takes a float for a
-constant and would recompile the program at the second step's count; neither
+backward would run eagerly between compiled pieces, a break at every linear). A counted loss'
+count, a float that changes from step to step, goes in as a 0-dim tensor (dynamo takes a float
+for a constant and would recompile the program at the second step's count; neither
 ``torch.compiler.config.dynamic_sources`` nor ``unbacked_sources`` marks a float). The
 zero-bubble B/W split is refused with compile (engine.py).
 
