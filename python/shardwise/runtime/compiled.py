@@ -7,7 +7,9 @@ batch shapes) and compiled on its first call, forward and backward (AOTAutograd)
 cannot trace runs eagerly between compiled pieces (a graph break): the runtime's own
 collectives (transport.py: asynchronous gathers and reduce-scatters, ``Work.wait``), the core's
 slice bounds (``_C.block_bounds``) and the runtime's bookkeeping inside a recomputed block, so
-far; the breaks are counted and logged with the compile time of each program. A compiled
+far, and the runtime's modules that keep state between calls (ZeRO's prefetched gathers and
+regathers, asynchronous gradients, collective matmul's rings, FP8's scales: _stateful_modules);
+the breaks are counted and logged with the compile time of each program. A compiled
 pipeline runs without fused weight-gradient accumulation (engine.py turns it off: its in-place
 backward would run eagerly between compiled pieces, a break at every linear). A counted loss'
 count, a float that changes from step to step, goes in as a 0-dim tensor (dynamo takes a float
@@ -71,13 +73,16 @@ class CompiledProgram:
         self.compile_seconds: float | None = None
         self.graph_breaks: int | None = None
         transport.run_eagerly_under_compile()
+        _run_stateful_modules_eagerly()
         self._compiled = torch.compile(module, **options)
 
     def __call__(self, *args):
         # A counted loss' count (a float: runtime/counted.py) as a 0-dim tensor, which dynamo
         # takes as an input; a float is a constant it would recompile the program for at the
-        # next step's count (lower.divide_by_count divides by either alike).
-        args = tuple(torch.tensor(a, dtype=torch.float64) if isinstance(a, float) else a for a in args)
+        # next step's count (lower.divide_by_count divides by either alike). On the CPU
+        # whatever the program's device: a 0-dim CPU tensor is a scalar to a CUDA kernel.
+        args = tuple(torch.tensor(a, dtype=torch.float64, device="cpu") if isinstance(a, float) else a
+                     for a in args)
         if self.compile_seconds is not None:
             return self._compiled(*args)
         from torch._dynamo.utils import counters
@@ -90,6 +95,31 @@ class CompiledProgram:
         log.info("%s: compiled in %.1f s (forward; backward compiles on its first run), %d graph breaks",
                  self.name, self.compile_seconds, self.graph_breaks)
         return out
+
+
+def _stateful_modules() -> list[type]:
+    """The runtime's modules that keep Python state between calls or across forward and
+    backward: the prefetched gathers in flight and the regathered units (parameter_gathers.py),
+    the asynchronous all-reduces beside weight gradients (async_gradients.py), the rings of a
+    collective matmul (collective_matmul.py) and FP8's scales and amax all-reduces (fp8.py).
+    Traced, dynamo guards on that state and recompiles as it changes; past its recompile limit
+    it ran part of a step traced and part not, and a 2 x 2 training loop's loss came out 1e-3
+    off one device's (ZeRO's prefetch). They run eagerly between compiled pieces."""
+    from .async_gradients import AsyncGradient
+    from .collective_matmul import CollectiveMatmul
+    from .fp8 import Fp8Linears
+    from .parameter_gathers import PrefetchStart, PrefetchWait, Regather
+
+    return [PrefetchStart, PrefetchWait, Regather, AsyncGradient, CollectiveMatmul, Fp8Linears]
+
+
+def _run_stateful_modules_eagerly() -> None:
+    """Each of _stateful_modules()'s forward torch.compiler.disable'd, once (when the first
+    program is compiled: disable imports dynamo)."""
+    for cls in _stateful_modules():
+        if not getattr(cls.forward, "_shardwise_eager", False):
+            cls.forward = torch.compiler.disable(cls.forward)
+            cls.forward._shardwise_eager = True
 
 
 def runner(module: torch.fx.GraphModule, options: dict | None, name: str) -> Callable:

@@ -262,6 +262,20 @@ class EngineBase:
         grad_norm.mark_local([p for _, p, _, differs in self._held() if differs])
         return loss
 
+    def compile_report(self) -> list[dict]:
+        """Each program the engine runs compiled (``parallelize(..., compile=...)``; an SPMD
+        program, or a pipeline stage's, per mode and batch shapes): its name, the seconds its
+        first call took (the compile; None before that call) and dynamo's graph breaks in it.
+        Empty for an eager engine."""
+        from .compiled import CompiledProgram
+
+        return [{"program": run.name, "compile_seconds": run.compile_seconds, "graph_breaks": run.graph_breaks}
+                for run in self._runs() if isinstance(run, CompiledProgram)]
+
+    def _runs(self) -> list:
+        """What runs each program the engine has made (its module, or its compiled form)."""
+        raise NotImplementedError
+
     def eval_step(self, *args, **kwargs) -> torch.Tensor:
         """The loss of the global batch, forward only, in the engine's mode (``eval()`` first for
         what ``model.eval()`` computes); no gradient is kept."""

@@ -289,6 +289,9 @@ class PipelineEngine(EngineBase):
             stage["run"] = runner(stage["module"], self._compile_options, where)
         return program
 
+    def _runs(self) -> list:
+        return [stage["run"] for program in self._programs.values() for stage in program.stages.values()]
+
     @property
     def _stages(self) -> dict:
         return self._first.stages

@@ -185,6 +185,9 @@ class Engine(EngineBase):
         self._carry_buckets = None if self._syncing else program.buckets
         return loss.detach()
 
+    def _runs(self) -> list:
+        return [program.run for program in self._programs.values()]
+
     def _program_for(self, mode, tensors: dict[str, torch.Tensor]) -> _Program:
         shapes = tuple(tuple(t.shape) for t in tensors.values())
         key = (mode, shapes)
