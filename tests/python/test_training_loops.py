@@ -132,6 +132,15 @@ def compiled_programs(engine) -> list[bool]:
     return [entry["compile_seconds"] is not None for entry in engine.compile_report()]
 
 
+def compiled_graphs() -> int:
+    """The graphs dynamo has compiled in this process (0 where it was never imported)."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    return sys.modules["torch._dynamo"].utils.counters["stats"]["unique_graphs"]
+
+
 def _worker(rank: int, world: int, store: str, layout: str, result: str, compiled: bool = False) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
@@ -200,9 +209,13 @@ def _worker(rank: int, world: int, store: str, layout: str, result: str, compile
 
         theirs = run_loop(ref_step, ref_eval, lambda m: torch.nn.utils.clip_grad_norm_(reference.parameters(), m),
                           ref_opt, ref_sched, reference.train, reference.eval)
-        # The gradients of the last step (zeroed after it): one more step's, on both sides.
+        # The gradients of the last step (zeroed after it): one more step's, on both sides. A
+        # compiled engine compiles nothing for it (every program it runs was compiled in the
+        # loop, and a new count, or state the runtime keeps, is no reason to compile again).
+        graphs = compiled_graphs()
         torch.manual_seed(7)
         engine.train_step(**collate(9, 0))
+        recompiled = compiled_graphs() - graphs
         ours["grads"] = {k: v for k, v in engine._full_grads().items()}
         torch.manual_seed(7)
         reference(**collate(9, 0)).loss.backward()
@@ -234,7 +247,7 @@ def _worker(rank: int, world: int, store: str, layout: str, result: str, compile
                            # Each program (SPMD, or each pipeline stage's) against its rank IR,
                            # collectives included (rank_ir_check.py).
                            "lowered": engine_against_rank_ir(engine),
-                           "compiled": compiled_programs(engine)}, f)
+                           "compiled": compiled_programs(engine), "recompiled": recompiled}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 def test_a_users_hugging_face_loop_compiled_equals_one_device(layout):
     r = _spawn(layout, compiled=True)
     assert len(r["compiled"]) >= 2 and all(r["compiled"]), r["compiled"]  # training's and eval's, at least
+    assert r["recompiled"] == 0, r["recompiled"]  # a step after the loop's compiles nothing
     # Dropout's own check runs where the loop trains without it (a pipeline's); elsewhere the
     # loop trained with dropout on, equal to one device's masks.
     assert (r["dropout"] is None) == ("pipeline" not in layout), r["dropout"]
