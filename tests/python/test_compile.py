@@ -142,9 +142,8 @@ def _pipeline_plan(world: int, schedule: str, virtual: int, data: int = 1, **opt
 
     graph = shardwise.capture(_model(2 * virtual), {k: v[:data] for k, v in _batch(0).items()})
     return shardwise.Plan.manual(graph, shardwise.Cluster.preset("cpu", world), pipeline=world // data, data=data,
-                                 tensor=1,
-                                 global_batch=ROWS, micro_batch=1, schedule=schedule, virtual_stages=virtual,
-                                 **options)
+                                 tensor=1, global_batch=ROWS, micro_batch=1, schedule=schedule,
+                                 virtual_stages=virtual, **options)
 
 
 def _scenario_pipeline(rank: int, world: int, schedule: str, virtual: int, data: int, fused: bool,

@@ -72,8 +72,7 @@ class CompiledProgram:
         self.name = name
         self.compile_seconds: float | None = None
         self.graph_breaks: int | None = None
-        transport.run_eagerly_under_compile()
-        _run_stateful_modules_eagerly()
+        _run_eagerly_under_compile()
         self._compiled = torch.compile(module, **options)
 
     def __call__(self, *args):
@@ -113,13 +112,17 @@ def _stateful_modules() -> list[type]:
     return [PrefetchStart, PrefetchWait, Regather, AsyncGradient, CollectiveMatmul, Fp8Linears]
 
 
-def _run_stateful_modules_eagerly() -> None:
-    """Each of _stateful_modules()'s forward torch.compiler.disable'd, once (when the first
-    program is compiled: disable imports dynamo)."""
-    for cls in _stateful_modules():
-        if not getattr(cls.forward, "_shardwise_eager", False):
-            cls.forward = torch.compiler.disable(cls.forward)
-            cls.forward._shardwise_eager = True
+def _run_eagerly_under_compile() -> None:
+    """The transport's collectives (transport.EAGER) and each of _stateful_modules()'s forward
+    replaced by their torch.compiler.disable'd forms, once (when the first program is compiled:
+    disable imports dynamo)."""
+    owned = [(transport, name) for name in transport.EAGER] + [(cls, "forward") for cls in _stateful_modules()]
+    for owner, name in owned:
+        fn = getattr(owner, name)
+        if not getattr(fn, "_shardwise_eager", False):
+            fn = torch.compiler.disable(fn)
+            fn._shardwise_eager = True
+            setattr(owner, name, fn)
 
 
 def runner(module: torch.fx.GraphModule, options: dict | None, name: str) -> Callable:

@@ -22,24 +22,16 @@ from . import traffic
 # The collectives a compiled rank program (runtime/compiled.py) must run eagerly, each as one
 # piece between the compiled ones: dynamo cannot trace an asynchronous collective or its Work,
 # and tracing the traffic counters would guard on their values (a recompilation every step).
-_EAGER: list[str] = []
+# compiled.py replaces each by its torch.compiler.disable'd form when the first program is
+# compiled (every caller reads them off the module: ``transport.all_gather(...)``), not at
+# import: disable imports torch._dynamo, which would add most of a second to every
+# ``import shardwise``.
+EAGER: list[str] = []
 
 
 def _eager(fn):
-    _EAGER.append(fn.__name__)
+    EAGER.append(fn.__name__)
     return fn
-
-
-def run_eagerly_under_compile() -> None:
-    """Replaces this module's collectives by their torch.compiler.disable'd forms (once; every
-    caller reads them off the module: ``transport.all_gather(...)``). Done when the first
-    program is compiled, not at import: disable imports torch._dynamo, which would add most of
-    a second to every ``import shardwise``."""
-    module = globals()
-    for name in _EAGER:
-        if not getattr(module[name], "_shardwise_eager", False):
-            module[name] = torch.compiler.disable(module[name])
-            module[name]._shardwise_eager = True
 
 # torch 2.13 renames all_gather_into_tensor and reduce_scatter_tensor (deprecated there); 2.11
 # has only the old names.
