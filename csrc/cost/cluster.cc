@@ -234,12 +234,13 @@ LinkSpeed read_speed(const json& j, const std::string& path) {
 
 LinkLevel read_link(const json& j, const std::string& path) {
   require_object(j, path);
-  check_keys(j, path, {"name", "span", "bandwidth", "latency", "per_device"});
+  check_keys(j, path, {"name", "span", "bandwidth", "latency", "per_device", "call_overhead"});
   LinkLevel level;
   level.name = get_string(require(j, "name", path), path + ".name");
   if (auto it = j.find("span"); it != j.end()) level.span = get_int(*it, path + ".span");
   level.bandwidth = get_number(require(j, "bandwidth", path), path + ".bandwidth");
   level.latency = get_number(require(j, "latency", path), path + ".latency");
+  if (auto it = j.find("call_overhead"); it != j.end()) level.call_overhead = get_number(*it, path + ".call_overhead");
   if (auto it = j.find("per_device"); it != j.end()) {
     const std::string per_path = path + ".per_device";
     for (const auto& [device, speed] : require_object(*it, per_path).items()) {
@@ -393,6 +394,10 @@ Cluster::Cluster(std::string name, std::vector<DeviceType> device_types, std::ve
     const std::string path = fmt::format("links[{}]", i);
     if (level.name.empty()) invalid(path + ".name", "a link level needs a name");
     check_speed(path, level.bandwidth, level.latency);
+    if (!std::isfinite(level.call_overhead) || level.call_overhead < 0) {
+      invalid(path + ".call_overhead",
+              fmt::format("call_overhead must be finite seconds >= 0, got {}", level.call_overhead));
+    }
     for (const auto& [device, speed] : level.per_device) {
       const std::string p = fmt::format("{}.per_device.{}", path, device);
       if (find_device_type(device) == nullptr) {
@@ -629,6 +634,7 @@ std::string Cluster::summary() const {
     links += fmt::format("{}{}", i == 0 ? "" : " < ", l.name);
     if (l.span > 0) links += fmt::format(" (groups of {})", l.span);
     links += fmt::format(" {}", describe_speed(l.bandwidth, l.latency));
+    if (l.call_overhead > 0) links += fmt::format(" + {:g} us per call", l.call_overhead * 1e6);
     for (const auto& [device, s] : l.per_device) {
       links += fmt::format(" ({}: {})", device, describe_speed(s.bandwidth, s.latency));
     }
@@ -669,6 +675,7 @@ json cluster_to_json(const Cluster& cluster) {
   for (const auto& level : cluster.links()) {
     json l{{"name", level.name}, {"bandwidth", level.bandwidth}, {"latency", level.latency}};
     if (level.span != 0) l["span"] = level.span;
+    if (level.call_overhead != 0) l["call_overhead"] = level.call_overhead;
     if (!level.per_device.empty()) {
       json per = json::object();
       for (const auto& [device, s] : level.per_device) {

@@ -22,12 +22,18 @@
 //        that level while its peers do the same (e.g. its share of the node's NICs);
 //        latency is the time of one step (one hop of a ring). per_device overrides both for
 //        a device type: a V100 node's NVLink is slower than an A100 node's.
+//      * call_overhead (optional, 0 by default) is what one collective call costs whatever
+//        its ranks and bytes: the library's launch and its hand-off between threads and
+//        ranks. It is what makes two collectives dearer than one of the same ring steps
+//        and bytes (an all-gather plus a reduce-scatter against an all-reduce). Gloo over
+//        loopback pays about 0.2 ms per call here (the "cpu" preset); the GPU presets leave
+//        it 0 (their per-step latency was set on all-reduce timings that include it).
 //  - The level a set of ranks spans is the innermost level one of whose groups holds them
 //    all: the link their traffic must cross. A collective over them is bounded by that
 //    level's slowest member (smallest bandwidth, largest latency): LinkSpeed of the group.
 //
 // JSON (version 1; cluster_to_json writes exactly this, cluster_from_json reads it back to
-// an equal Cluster; "format", "version", "name", "span" and "per_device" are optional,
+// an equal Cluster; "format", "version", "name", "span", "per_device" and "call_overhead" are optional,
 // unknown keys are an error so a misspelt field in a hand-written file is caught):
 //   {"format": "shardwise.cluster", "version": 1, "name": "dgx-a100 x2",
 //    "device_types": [{"name": "a100-sxm4-80gb",
@@ -166,6 +172,7 @@ struct LinkLevel {
   double bandwidth = 0;
   double latency = 0;
   std::map<std::string, LinkSpeed, std::less<>> per_device;  // device type name -> its own speed
+  double call_overhead = 0;  // s per collective call, whatever its ranks and bytes
 
   // This level's speed for one device type: its per_device entry, else the default.
   LinkSpeed speed_for(std::string_view device) const;

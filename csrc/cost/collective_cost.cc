@@ -131,12 +131,15 @@ CollectiveEstimate estimate_collective(const Cluster& cluster, CollectiveKind ki
   if (ranks.size() == 1 || bytes == 0) return {0.0, Algorithm::Ring};
 
   const auto b = static_cast<double>(bytes);
+  // One call, whichever algorithm runs it: the outermost level's overhead, once.
+  const double call = cluster.links()[static_cast<std::size_t>(span.level)].call_overhead;
   const double ring = ring_time(kind, static_cast<int>(ranks.size()), b, cluster.link_speed(span.level, ranks));
-  if (algorithm == Algorithm::Ring) return {ring, Algorithm::Ring};
+  if (algorithm == Algorithm::Ring) return {call + ring, Algorithm::Ring};
   const std::optional<double> hierarchical = hierarchical_time(cluster, kind, ranks, span, b);
-  if (!hierarchical) return {ring, Algorithm::Ring};
-  if (algorithm == Algorithm::Hierarchical || *hierarchical < ring) return {*hierarchical, Algorithm::Hierarchical};
-  return {ring, Algorithm::Ring};
+  if (!hierarchical) return {call + ring, Algorithm::Ring};
+  if (algorithm == Algorithm::Hierarchical || *hierarchical < ring)
+    return {call + *hierarchical, Algorithm::Hierarchical};
+  return {call + ring, Algorithm::Ring};
 }
 
 double collective_time(const Cluster& cluster, CollectiveKind kind, std::span<const int> ranks, std::int64_t bytes,

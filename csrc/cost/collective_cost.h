@@ -30,6 +30,8 @@
 //                 ranks; concurrent rings cost the slowest of them.
 //                 AllToAll and SendRecv have no hierarchical form.
 //   Auto          the faster of the two (Ring on a tie or where Hierarchical does not apply).
+// Each call adds the outermost level's call_overhead once (cost/cluster.h; 0 on the GPU
+// presets), whatever the algorithm: two collectives cost two of it, one all-reduce one.
 // An explicit Hierarchical that does not apply falls back to Ring; the estimate says which
 // algorithm it priced. A group of one rank, or zero bytes, costs 0 (NCCL returns at once).
 //

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cost/cluster_presets.h"
 #include "cost/constants.h"
 #include "support/error.h"
 #include "test_clusters.h"
@@ -310,6 +311,31 @@ TEST(ClusterJsonTest, RoundTripIsExact) {
   EXPECT_EQ(cluster_from_json_string(cluster_to_json_string(odd)), odd);
 }
 
+TEST(ClusterJsonTest, CallOverheadRoundTripsAndIsAtLeastZero) {
+  const json doc = json::parse(R"({"device_types": [{"name": "cpu", "peak_flops": {"f32": 1e10, "tf32": 1e10,
+      "bf16": 4e10, "f16": 4e10}, "memory_bytes": 1e9, "memory_bandwidth": 1e10}],
+      "nodes": [{"device": "cpu", "count": 4}],
+      "links": [{"name": "loopback", "bandwidth": 1e9, "latency": 1e-4, "call_overhead": 2e-4}]})");
+  const Cluster c = cluster_from_json(doc);
+  EXPECT_EQ(c.links()[0].call_overhead, 2e-4);
+  EXPECT_EQ(cluster_from_json(cluster_to_json(c)), c);
+  EXPECT_NE(c.summary().find("+ 200 us per call"), std::string::npos) << c.summary();
+  json none = doc;
+  none["links"][0].erase("call_overhead");
+  EXPECT_EQ(cluster_from_json(none).links()[0].call_overhead, 0.0);           // the default
+  EXPECT_FALSE(cluster_to_json(cluster_from_json(none))["links"][0].contains("call_overhead"));  // 0 is not written
+  EXPECT_EQ(cost::preset("cpu", 2).links()[0].call_overhead, 2e-4);
+  EXPECT_EQ(cost::preset("dgx-h100", 1).links()[0].call_overhead, 0.0);
+  json negative = doc;
+  negative["links"][0]["call_overhead"] = -1e-6;
+  try {
+    cluster_from_json(negative);
+    FAIL() << "call_overhead -1e-6 accepted";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("links[0].call_overhead"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ClusterJsonTest, ComputeAloneRoundTripsAndIsAtLeastOne) {
   const json shared = json::parse(R"({"device_types": [{"name": "cpu", "peak_flops": {"f32": 1e10, "tf32": 1e10,
       "bf16": 4e10, "f16": 4e10}, "memory_bytes": 1e9, "memory_bandwidth": 1e10}],
@@ -476,7 +502,7 @@ TEST(ClusterJsonTest, StructuralErrorsNameThePath) {
   j["links"][1]["latancy"] = 1;
   expect_parse_error(j,
                      "links[1]: unknown key \"latancy\" (expected \"name\", \"span\", \"bandwidth\", \"latency\", "
-                     "\"per_device\")");
+                     "\"per_device\", \"call_overhead\")");
   j = good;
   j["device_types"][0]["peak_flops"].erase("tf32");
   expect_parse_error(j, "device_types[0].peak_flops: missing \"tf32\"");

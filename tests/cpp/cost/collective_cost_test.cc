@@ -63,6 +63,40 @@ TEST(CollectiveCostTest, OneLevelRing) {
   expect_seconds(collective_time(c, CollectiveKind::AllReduce, pair, kGB), 1.000002);
 }
 
+// A call's overhead is paid once per collective, so two collectives of the same ring steps
+// and bytes cost more than one: an all-gather plus a reduce-scatter against an all-reduce.
+TEST(CollectiveCostTest, CallOverheadOncePerCall) {
+  LinkLevel bus{"bus", 0, 1e9, 1e-6, {}, 5e-4};
+  const Cluster c("flat", {testing::test_device("dev")}, {Node::uniform("dev", 4)}, {bus});
+  const auto all = iota(4);
+  expect_seconds(collective_time(c, CollectiveKind::AllReduce, all, kGB), 1.500006 + 5e-4);
+  expect_seconds(collective_time(c, CollectiveKind::AllGather, all, kGB), 0.750003 + 5e-4);
+  const std::vector<int> pair = {0, 3};
+  expect_seconds(collective_time(c, CollectiveKind::SendRecv, pair, kGB), 1.000001 + 5e-4);
+  const double split = collective_time(c, CollectiveKind::AllGather, all, 65536) +
+                       collective_time(c, CollectiveKind::ReduceScatter, all, 65536);
+  EXPECT_NEAR(split - collective_time(c, CollectiveKind::AllReduce, all, 65536), 5e-4, 1e-12);
+  // Nothing to do is still free.
+  EXPECT_EQ(collective_time(c, CollectiveKind::AllReduce, all, 0), 0.0);
+  const std::vector<int> one = {2};
+  EXPECT_EQ(collective_time(c, CollectiveKind::AllReduce, one, kGB), 0.0);
+}
+
+// Across nodes, whichever algorithm runs it, one call pays the outermost level's overhead once.
+TEST(CollectiveCostTest, CallOverheadOnceForAHierarchicalCall) {
+  Cluster two = preset("dgx-a100", 2);
+  std::vector<LinkLevel> links = two.links();
+  links.back().call_overhead = 1e-3;
+  const Cluster slow(two.name(), two.device_types(), two.nodes(), links);
+  const auto all = iota(16);
+  for (Algorithm a : {Algorithm::Ring, Algorithm::Hierarchical}) {
+    const CollectiveEstimate before = estimate_collective(two, CollectiveKind::AllReduce, all, kGB, a);
+    const CollectiveEstimate after = estimate_collective(slow, CollectiveKind::AllReduce, all, kGB, a);
+    EXPECT_EQ(after.algorithm, before.algorithm);
+    expect_seconds(after.seconds, before.seconds + 1e-3);
+  }
+}
+
 TEST(CollectiveCostTest, OneNodeHasNoHierarchicalForm) {
   const Cluster c = testing::flat_cluster(4);
   const auto all = iota(4);
