@@ -5,6 +5,7 @@
 #include <string_view>
 #include <utility>
 
+#include "analysis/gradient_flow.h"
 #include "ops/op_table.h"
 #include "ops/random_draws.h"
 
@@ -53,13 +54,9 @@ bool is_view(const ir::Graph& graph, const ir::Node& node) {
 
 SavedTensors saved_tensors(const ir::Graph& graph) {
   const std::size_t num_values = graph.values().size();
-  std::vector<bool> requires_grad(num_values, false);
+  const std::vector<bool> requires_grad = gradient_flow(graph);
   std::vector<ir::ValueId> root(num_values);
-  for (const ir::Value& value : graph.values()) {
-    root[static_cast<std::size_t>(value.id)] = value.id;
-    requires_grad[static_cast<std::size_t>(value.id)] =
-        value.role == ir::ValueRole::Parameter && ir::is_floating(value.type.dtype);
-  }
+  for (const ir::Value& value : graph.values()) root[static_cast<std::size_t>(value.id)] = value.id;
   std::vector<std::int64_t> saved(num_values, 0);
   std::vector<std::int64_t> masks(num_values, 0);  // dropout's, beside whatever else keeps the output
   std::vector<bool> saves(graph.nodes().size(), false);
@@ -78,8 +75,6 @@ SavedTensors saved_tensors(const ir::Graph& graph) {
   for (const ir::Node& node : graph.nodes()) {
     bool grad = false;
     for (ir::ValueId in : node.inputs) grad = grad || requires_grad[static_cast<std::size_t>(in)];
-    for (ir::ValueId out : node.outputs)
-      requires_grad[static_cast<std::size_t>(out)] = grad && ir::is_floating(graph.value(out).type.dtype);
     if (is_view(graph, node)) {
       const ir::ValueId base = root[static_cast<std::size_t>(node.inputs[0])];
       for (ir::ValueId out : node.outputs) root[static_cast<std::size_t>(out)] = base;
@@ -91,12 +86,9 @@ SavedTensors saved_tensors(const ir::Graph& graph) {
     const ops::OpSpec* spec = table.find(node.op);
     if (listed(kProducts, base)) {
       for (std::size_t k = 0; k < node.inputs.size(); ++k) {
-        bool partner = false;
-        for (std::size_t j = 0; j < node.inputs.size(); ++j)
-          partner = partner || (j != k && requires_grad[static_cast<std::size_t>(node.inputs[j])]);
         // addmm / baddbmm's first operand is added, not multiplied: never saved.
         const bool added = (base == "aten::addmm" || base == "aten::baddbmm") && k == 0;
-        if (partner && !added) keep(node.inputs[k]);
+        if (partner_needs_gradient(node, k, requires_grad) && !added) keep(node.inputs[k]);
       }
     } else if (listed(kSaveOutput, base)) {
       for (ir::ValueId out : node.outputs) keep(out);

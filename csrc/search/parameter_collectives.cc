@@ -1,6 +1,7 @@
 #include "search/parameter_collectives.h"
 
 #include <map>
+#include <optional>
 
 #include "analysis/repeated_blocks.h"
 #include "support/enum_names.h"
@@ -39,17 +40,36 @@ ParameterOverlap forward_gather_overlap(const ShardingSpec& held, const Sharding
 
 ParameterOverlap regather_overlap() { return ParameterOverlap::Exposed; }
 
-bool backward_reads(const ops::DimRule& rule, std::size_t operand) {
-  if (operand >= rule.inputs.size()) return true;
-  bool contraction = false, reduced = false;
-  for (const ops::Index& index : rule.indices) contraction = contraction || index.kind == ops::IndexKind::Reduced;
+namespace {
+
+// Does operand `operand` of `rule` carry a reduced index (a contraction's factor, not a bias)?
+// nullopt: it carries a lookup's index (a table, which backward does not read).
+std::optional<bool> carries_reduced(const ops::DimRule& rule, std::size_t operand) {
+  bool reduced = false;
   for (const auto& dim : rule.inputs[operand])
     for (int i : dim) {
       const ops::Index& index = rule.indices.at(static_cast<std::size_t>(i));
-      if (index.lookup) return false;
+      if (index.lookup) return std::nullopt;
       reduced = reduced || index.kind == ops::IndexKind::Reduced;
     }
-  return !contraction || reduced;
+  return reduced;
+}
+
+}  // namespace
+
+bool backward_reads(const ops::DimRule& rule, std::size_t operand, const std::vector<bool>& needs_gradient) {
+  if (operand >= rule.inputs.size()) return true;
+  bool contraction = false;
+  for (const ops::Index& index : rule.indices) contraction = contraction || index.kind == ops::IndexKind::Reduced;
+  const std::optional<bool> reduced = carries_reduced(rule, operand);
+  if (!reduced) return false;
+  if (!contraction) return true;
+  if (!*reduced) return false;
+  // A contraction reads a factor only to make another factor's gradient.
+  for (std::size_t j = 0; j < rule.inputs.size(); ++j)
+    if (j != operand && (j >= needs_gradient.size() || needs_gradient[j]) && carries_reduced(rule, j).value_or(false))
+      return true;
+  return false;
 }
 
 ParameterOverlap gradient_reduction_overlap(const Placement& canonical) {

@@ -5,7 +5,10 @@
 //
 //  - A parameter held sharded and read whole (ZeRO-3 / FSDP) is gathered for its read in
 //    forward: prefetched a unit ahead (below), beside the forward, where forward_gather_overlap
-//    says so, else blocking at the read: exposed. After the read the gathered weight is
+//    says so, else blocking at the read: exposed. The first unit that reads a parameter is
+//    gathered at the program's start and read at once: its gathers are priced exposed
+//    (EdgePricer::gather_overlap; outside the repeated blocks, whose reader stands for every
+//    layer), though the runtime issues them as prefetches. After the read the gathered weight is
 //    released (not kept for backward) and gathered again, blocking, when backward reads it
 //    (backward_reads): exposed. In a recomputed block the recomputed forward gathers it again instead, and
 //    backward uses that copy (python/shardwise/runtime/lower.py, Regather).
@@ -72,9 +75,11 @@ ParameterOverlap regather_overlap();
 
 // Does backward read operand `operand` of a node with `rule` (is it saved for the gradient
 // formulas)? Not an additive operand of a contraction (a bias: its gradient is a sum of the
-// output's), nor a lookup's table (embedding's backward reads the ids). A gathered parameter
-// backward does not read is not gathered again for it.
-bool backward_reads(const ops::DimRule& rule, std::size_t operand);
+// output's), nor a lookup's table (embedding's backward reads the ids), nor a contraction's
+// factor whose fellow factors need no gradient (`needs_gradient`: per operand of the node,
+// analysis/gradient_flow.h; the first linear of a model, whose input is data, reads only that
+// input in backward). A gathered parameter backward does not read is not gathered again for it.
+bool backward_reads(const ops::DimRule& rule, std::size_t operand, const std::vector<bool>& needs_gradient);
 
 // The reduction of a parameter's gradient to `canonical`, its gradient placement.
 ParameterOverlap gradient_reduction_overlap(const Placement& canonical);

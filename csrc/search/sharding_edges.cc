@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <set>
 
+#include "analysis/gradient_flow.h"
 #include "search/resharding.h"
 #include "search/sharding_facts.h"
 #include "search/sharding_options.h"
@@ -56,7 +57,9 @@ ParameterUnits count_parameter_units(const ir::Graph& graph) {
     for (ir::ValueId in : node.inputs) {
       const int unit = out.of_node[static_cast<std::size_t>(node.id)];
       const ir::Value& v = graph.value(in);
-      if (v.role != ir::ValueRole::Parameter || !counted.emplace(unit, in).second) continue;
+      if (v.role != ir::ValueRole::Parameter) continue;
+      if (out.first_reading < 0) out.first_reading = unit;  // units are numbered in node order
+      if (!counted.emplace(unit, in).second) continue;
       out.elements[{unit, v.type.shape.size() >= 2}] += static_cast<double>(v.type.numel());
     }
   return out;
@@ -115,7 +118,12 @@ int EdgePricer::forward_passes(ir::ValueId value, int consumer, int operand) con
   if (facts_.graph.value(value).role != ir::ValueRole::Parameter) return 1;
   const auto c = static_cast<std::size_t>(consumer);
   if (facts_.folding.runs_again(c)) return 2;
-  return facts_.rules[c] && !backward_reads(*facts_.rules[c], static_cast<std::size_t>(operand)) ? 1 : 2;
+  const auto o = static_cast<std::size_t>(operand);
+  return facts_.rules[c] && !backward_reads(*facts_.rules[c], o,
+                                            analysis::operand_gradients(facts_.graph.node(consumer),
+                                                                        facts_.requires_grad))
+             ? 1
+             : 2;
 }
 
 ParameterOverlap EdgePricer::activation_gradient_at(int axis, ir::ValueId value, int consumer, int operand,
@@ -211,6 +219,14 @@ ParameterOverlap EdgePricer::gather_overlap(int axis, ir::ValueId value, int con
     return decisions_.nodes[static_cast<std::size_t>(b)][static_cast<std::size_t>(consumer)]
         .inputs[static_cast<std::size_t>(operand)];
   });
+  // The runtime issues the first group's gather at the program's start (runtime/
+  // parameter_gathers.py): nothing of the forward runs before its reads, so it is exposed.
+  // Not for a repeated block's reader: it stands for every layer's read, all but the first
+  // of them beside the layer before (a model that starts with a block: block 0's gather is
+  // priced hidden).
+  const auto c = static_cast<std::size_t>(consumer);
+  if (!facts_.folding.in_block[c] && facts_.units.of_node[c] == facts_.units.first_reading)
+    return ParameterOverlap::Exposed;
   return forward_gather_overlap(held, read, facts_.folding.checkpointed(static_cast<std::size_t>(consumer)));
 }
 

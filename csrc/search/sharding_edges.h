@@ -46,6 +46,9 @@ struct ParameterUnits {
   // Per (unit, matrix): the elements of the parameters of that rank class the unit reads
   // (EdgePricer::parameter_latency_share's peers).
   std::map<std::pair<int, bool>, double> elements;
+  // The first unit that reads a parameter: its gather is issued at the program's start and
+  // waited for at once, with no earlier forward compute to run beside (-1: none reads one).
+  int first_reading = -1;
 };
 ParameterUnits count_parameter_units(const ir::Graph& graph);
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "analysis/batch_dim.h"
+#include "analysis/gradient_flow.h"
 #include "analysis/saved_for_backward.h"
 #include "search/sharding_options.h"
 #include "search/sharding_strategies.h"
@@ -81,16 +82,7 @@ void trace_gradient_flow(const analysis::SavedTensors& saved, ShardingFacts& fac
   for (const ir::Node& node : graph.nodes())
     for (ir::ValueId in : node.inputs) facts.reads[static_cast<std::size_t>(in)] += 1;
   // Gradients flow into floating parameters and everything computed from them.
-  facts.requires_grad.assign(num_values, false);
-  for (const ir::Value& value : graph.values())
-    if (value.role == ir::ValueRole::Parameter && ir::is_floating(value.type.dtype))
-      facts.requires_grad[static_cast<std::size_t>(value.id)] = true;
-  for (const ir::Node& node : graph.nodes()) {
-    bool any = false;
-    for (ir::ValueId in : node.inputs) any = any || facts.requires_grad[static_cast<std::size_t>(in)];
-    for (ir::ValueId out : node.outputs)
-      facts.requires_grad[static_cast<std::size_t>(out)] = any && ir::is_floating(graph.value(out).type.dtype);
-  }
+  facts.requires_grad = analysis::gradient_flow(graph);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <variant>
 
+#include "analysis/gradient_flow.h"
 #include "analysis/repeated_blocks.h"
 #include "analysis/selective_recompute.h"
 #include "ops/node_rule.h"
@@ -517,15 +518,7 @@ void SpmdRewriter::rewrite_node(const ir::Node& node) {
 // and their canonical gradient placements: a parameter whose readers all give Partial(sum)
 // on an axis where it is replicated keeps it Partial there for the engine's bucketed reduction.
 void SpmdRewriter::mark_gradients() {
-  for (const ir::Value& v : values_)
-    gradient_[static_cast<std::size_t>(v.id)] =
-        !v.producer && v.role == ir::ValueRole::Parameter && ir::is_floating(v.type.dtype);
-  for (const ir::Node& node : nodes_) {
-    bool any = false;
-    for (ir::ValueId in : node.inputs) any = any || gradient_[static_cast<std::size_t>(in)];
-    for (ir::ValueId out : node.outputs)
-      gradient_[static_cast<std::size_t>(out)] = any && ir::is_floating(graph_.value(out).type.dtype);
-  }
+  gradient_ = analysis::gradient_flow(graph_);
   for (const ir::Value& v : values_) {
     const auto id = static_cast<std::size_t>(v.id);
     for (const Placement& p : produced_[id]) canonical_[id].push_back(search::gradient_placement(p));
@@ -611,7 +604,7 @@ void SpmdRewriter::operand_steps(const ir::Node& node, std::size_t i, int unit) 
   op.local_shape = local_shape(v, op.required);
   op.forward = reshard_actions(op.produced, op.required);
   op.regather = v.role == ir::ValueRole::Parameter && rw.recompute_block < 0 &&
-                (!rule || search::backward_reads(*rule, i)) &&
+                (!rule || search::backward_reads(*rule, i, analysis::operand_gradients(node, gradient_))) &&
                 std::any_of(op.forward.begin(), op.forward.end(), [](const ReshardAction& step) {
                   return step.kind == ReshardKind::AllGather || step.kind == ReshardKind::AllToAll ||
                          step.kind == ReshardKind::AllReduce;

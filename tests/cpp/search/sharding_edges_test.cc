@@ -65,21 +65,39 @@ TEST_F(ShardingEdgesTest, AReplicatedWeightPaysItsBucketsShareOfTheGradientsAllR
   expect_seconds(c.edges().edge_seconds(0, w, linear, 1, R(), R(), P(), 0.5), 2.1143625e-5);
 }
 
-TEST_F(ShardingEdgesTest, AShardedWeightIsGatheredTwiceAndItsGradientReduceScattered) {
+TEST_F(ShardingEdgesTest, AShardedWeightIsGatheredAndItsGradientReduceScattered) {
   const Candidate& c = candidate(f32_options({4}, 16));
   const ir::ValueId w = c.value("fc.weight");
   const int linear = c.producer("y");
-  // Held S(0), read whole: gathered beside the forward, gathered again for the backward
-  // (exposed: linear's backward reads the weight), the gradient reduce-scattered beside the
-  // backward. Each is a ring over 8,192 bytes = 0.75 x 8,192e-9 + 3e-5 = 3.6144e-5, its whole
-  // latency paid (fc.weight is all its unit's matrices).
-  EXPECT_EQ(c.edges().forward_passes(w, linear, 1), 2);
+  // Held S(0), read whole: gathered for the forward (exposed: the graph's one unit is the
+  // first, gathered at the program's start with nothing before its read), not again for the
+  // backward (its partner x is data: the linear's backward makes no input gradient, so it
+  // reads only x), the gradient reduce-scattered beside the backward. Each is a ring over
+  // 8,192 bytes = 0.75 x 8,192e-9 + 3e-5 = 3.6144e-5, its whole latency paid (fc.weight is
+  // all its unit's matrices).
+  EXPECT_EQ(c.edges().forward_passes(w, linear, 1), 1);
   EXPECT_EQ(c.edges().forward_passes(c.value("x"), linear, 0), 1);
-  EXPECT_EQ(c.edges().gather_overlap(0, w, linear, 1, S(0), R()), ParameterOverlap::BesideForward);
+  EXPECT_EQ(c.edges().gather_overlap(0, w, linear, 1, S(0), R()), ParameterOverlap::Exposed);
   EXPECT_EQ(c.edges().parameter_gradient_at(0, w, linear, 1, S(0), P()), ParameterOverlap::BesideBackward);
-  // Beside-compute seconds at 1: 3 x 3.6144e-5; at 0.25: (0.25 + 1 + 0.25) x 3.6144e-5.
-  expect_seconds(c.edges().edge_seconds(0, w, linear, 1, S(0), R(), P()), 1.08432e-4);
-  expect_seconds(c.edges().edge_seconds(0, w, linear, 1, S(0), R(), P(), 0.25), 5.4216e-5);
+  // Beside-compute seconds at 1: 2 x 3.6144e-5; at 0.25: (1 + 0.25) x 3.6144e-5.
+  expect_seconds(c.edges().edge_seconds(0, w, linear, 1, S(0), R(), P()), 7.2288e-5);
+  expect_seconds(c.edges().edge_seconds(0, w, linear, 1, S(0), R(), P(), 0.25), 4.518e-5);
+}
+
+TEST_F(ShardingEdgesTest, OnlyTheFirstUnitsGatherHasNothingToHideBehind) {
+  const ir::Graph stem = stem_two_layers();
+  const Candidate& c = candidate(stem, four, f32_options({4}, 16));
+  // The stem's weight, read before the blocks: gathered at the program's start, exposed. A
+  // layer's weight: prefetched beside the layer before (the stem's compute for layer 0).
+  EXPECT_EQ(c.edges().gather_overlap(0, c.value("stem.weight"), c.producer("s"), 1, S(0), R()),
+            ParameterOverlap::Exposed);
+  EXPECT_EQ(c.edges().gather_overlap(0, c.value("layers.0.fc.weight"), c.producer("h0"), 1, S(0), R()),
+            ParameterOverlap::BesideForward);
+  EXPECT_EQ(c.facts.units.first_reading, c.facts.units.of_node[static_cast<std::size_t>(c.producer("s"))]);
+  // Backward reads a layer's weight (for its input's gradient) and gathers it again; not the
+  // stem's, whose input is data.
+  EXPECT_EQ(c.edges().forward_passes(c.value("layers.0.fc.weight"), c.producer("h0"), 1), 2);
+  EXPECT_EQ(c.edges().forward_passes(c.value("stem.weight"), c.producer("s"), 1), 1);
 }
 
 TEST_F(ShardingEdgesTest, ATiedWeightsReadersShareOneReduction) {
@@ -133,12 +151,11 @@ TEST_F(ShardingEdgesTest, AUnitGroupsEachParametersGatherAndScatterOnce) {
   const ir::ValueId w = c.value("fc.weight");
   const int linear = c.producer("y");
   // fc.weight held S(0), the linear splitting rows (reads it whole, its gradient partial): one
-  // prefetched gather and one reduce-scatter beside the backward, of its 64 x 32 = 2,048
-  // elements each, in the graph's one unit.
+  // reduce-scatter beside the backward, of its 64 x 32 = 2,048 elements, in the graph's one
+  // unit. Its gather is no prefetched group's: the first unit's is exposed.
   c.decisions.leaves[0][static_cast<std::size_t>(w)].placement = S(0);
   c.decisions.nodes[0][static_cast<std::size_t>(linear)] = c.producing("y", 0, S(0));
-  const std::map<UnitGroupKey, double> expected = {{c.edges().unit_group_key(linear, w, 0), 2048},
-                                                   {c.edges().unit_group_key(linear, w, 1), 2048}};
+  const std::map<UnitGroupKey, double> expected = {{c.edges().unit_group_key(linear, w, 1), 2048}};
   EXPECT_EQ(c.edges().unit_group_elements(0), expected);
   EXPECT_EQ(std::get<0>(c.edges().unit_group_key(linear, w, 1)), 0);
 }

@@ -52,6 +52,21 @@ inline ir::Graph two_layers() {
 })");
 }
 
+// two_layers behind a stem: a weight read before the repeated blocks (an embedding's place).
+inline ir::Graph stem_two_layers() {
+  return ir::parse_graph(R"(graph(%x: f32[b8,64]) {
+  %stem.weight: f32[64,64] parameter
+  %layers.0.fc.weight: f32[64,64] parameter
+  %layers.1.fc.weight: f32[64,64] parameter
+  %s: f32[b8,64] = aten::linear(%x, %stem.weight) @stem
+  %h0: f32[b8,64] = aten::linear(%s, %layers.0.fc.weight) @layers.0.fc
+  %a0: f32[b8,64] = aten::tanh(%h0) @layers.0
+  %h1: f32[b8,64] = aten::linear(%a0, %layers.1.fc.weight) @layers.1.fc
+  %a1: f32[b8,64] = aten::tanh(%h1) @layers.1
+  return (%a1)
+})");
+}
+
 // One weight read by two linears (a tied weight).
 inline ir::Graph tied() {
   return ir::parse_graph(R"(graph(%x: f32[b8,32]) {
