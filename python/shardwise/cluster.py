@@ -104,9 +104,10 @@ class Cluster:
         ``measure_compute``: None (default) measures on CUDA only; False never measures.
 
         Links: with ``measure_links`` (and an initialised process group of several ranks), an
-        all-reduce is timed at a few sizes on each link level the job's ranks use (inside a
-        node, and between nodes: one rank per node), and the link's bandwidth and latency are
-        fitted so that the cost model's ring all-reduce reproduces the measured times. Levels
+        all-reduce and an all-gather are timed at a few sizes on each link level the job's ranks
+        use (inside a node, and between nodes: one rank per node), and the link's bandwidth,
+        latency and call overhead (what every collective pays once) are fitted so that the cost
+        model's ring all-reduce and all-gather reproduce the measured times. Levels
         not measured (or whose fit fails) keep the matching preset's figures, or conservative
         PCIe / network ones. On CPU processes it also measures what a collective run beside
         compute costs (the nodes' ``overlap_interference``): a GEMM loop and an all-reduce of
@@ -330,10 +331,13 @@ def _detect_cpu(world: int, per_node: int, measure: bool = False) -> tuple[dict,
         "memory_bytes": max(1, _machine_memory() // per_node),
         "memory_bandwidth": base["memory_bandwidth"] * min(share, 1.0),
     }
-    # Between machines: 10 GbE, a conservative guess for CPU clusters.
-    network = {"name": "ethernet", "bandwidth": 1.25e9 / per_node, "latency": 5e-5}
+    # Between machines: 10 GbE, a conservative guess for CPU clusters; Gloo's own cost per call
+    # as on loopback (the preset's, measured: cost/cluster_presets.cc).
+    loopback = _preset_links("cpu")
+    network = {"name": "ethernet", "bandwidth": 1.25e9 / per_node, "latency": 5e-5,
+               "call_overhead": loopback[0].get("call_overhead", 0.0)}
     doc = _uniform(f"detected cpu ({world} process{'es' if world != 1 else ''})", device, world, per_node,
-                   _preset_links("cpu") + [network])
+                   loopback + [network])
     alone = _compute_alone(per_node)
     if alone > 1.0:
         for node in doc["nodes"]:
@@ -669,8 +673,11 @@ def _ring_all_reduce_terms(ranks: int) -> tuple[float, float]:
 
 
 def _measure_links(links: list[dict], world: int, per_node: int, sources: dict[str, str]) -> None:
-    """Replaces the bandwidth and latency of the link levels the job's ranks use with measured
-    ones (in ``links``, in place), and records it in ``sources``. Inside a node: an all-reduce
+    """Replaces the bandwidth, latency and call overhead of the link levels the job's ranks use
+    with measured ones (in ``links``, in place), and records it in ``sources``: an all-reduce
+    and an all-gather fitted to alpha + beta x bytes, the call overhead what both pay once (2 x
+    the gather's alpha - the all-reduce's, at least 0), the rest of the all-reduce's alpha its
+    ring steps' latency. Inside a node: an all-reduce
     over each node's ranks; between nodes: over the ranks of one local index, one per node. All
     groups run at once, as a job's traffic does (a node's ranks share its NIC: the figure is
     per device, as the presets' are). Every rank takes the slowest group's fit, so all agree.
@@ -701,21 +708,28 @@ def _measure_links(links: list[dict], world: int, per_node: int, sources: dict[s
         levels.append((len(links) - 1, groups[rank % per_node], nodes))
     try:
         for level, group, ranks in levels:
-            result = measure_collectives(sizes=sizes, kinds=("all_reduce",), group=group, device=device)
+            result = measure_collectives(sizes=sizes, kinds=("all_reduce", "all_gather"), group=group,
+                                         device=device)
             fit = result["collectives"].get("all_reduce", {}).get(str(ranks))
+            gather = result["collectives"].get("all_gather", {}).get(str(ranks))
             failed = fit is None
             if failed:
                 log.warning("detect: measuring link %r failed (%s); keeping its %s figures", links[level]["name"],
                             result["skipped"].get("collective:all_reduce", "no fit"),
                             sources.get(f"links.{links[level]['name']}", "preset"))
-            alpha, beta, any_failed = _agree_across_ranks(
-                [0.0, 0.0, 1.0] if failed else [fit["alpha"], fit["beta"], 0.0], world, "max")
+            alpha, beta, gather_alpha, any_failed = _agree_across_ranks(
+                [0.0, 0.0, 0.0, 1.0] if failed else
+                [fit["alpha"], fit["beta"], gather["alpha"] if gather else -1.0, 0.0], world, "max")
             if any_failed or not (beta > 0 and math.isfinite(beta)):
                 continue  # a flat or failed fit says nothing about bandwidth: keep the figures
             per_byte, per_latency = _ring_all_reduce_terms(ranks)
             link = links[level]
             link["bandwidth"] = per_byte / beta
-            link["latency"] = alpha / per_latency
+            # A call's own overhead: an all-reduce is call + 2(n-1) steps, an all-gather call +
+            # (n-1) steps (cost/collective_cost.h), so call = 2 x gather's - all-reduce's alpha.
+            call = max(0.0, 2 * gather_alpha - alpha) if gather_alpha >= 0 else 0.0
+            link["call_overhead"] = call
+            link["latency"] = (alpha - call) / per_latency
             link.pop("per_device", None)  # a measured figure holds for every device of this job
             sources[f"links.{link['name']}"] = "measured"
     finally:

@@ -371,6 +371,9 @@ def test_detect_measures_links_with_an_all_reduce(tmp_path):
     assert preset["links"] == cluster_module._preset_links("cpu")
     [loopback] = one_node["links"]
     assert loopback["name"] == "loopback" and loopback["bandwidth"] > 0 and loopback["latency"] >= 0
+    # A call's overhead fitted beside the latency (an all-gather's alpha against an all-reduce's):
+    # Gloo pays one per call here; 0 is written as absent.
+    assert loopback.get("call_overhead", 0.0) >= 0.0 and preset["links"][0]["call_overhead"] == 2e-4
     assert loopback["bandwidth"] != preset["links"][0]["bandwidth"]
     assert "measured: links.loopback, overlap_interference;" in one_node["name"]
     # What a collective beside compute costs, measured on these processes (Gloo's threads
