@@ -89,6 +89,22 @@ def with_memory(cluster, memory: float):
     return shardwise.Cluster.from_json(json.dumps(doc))
 
 
+def without_call_overhead(cluster):
+    """`cluster` with no per-call overhead on its links: a collective costs its ring steps and
+    bytes alone, as on the GPU presets' links. Gloo's own cost per call (the cpu preset's 200 us,
+    cost/cluster_presets.cc) makes a tiny model's search keep whole what the tests of the
+    tensor axis' runtime need split (sequence parallelism's gathers and scatters, the products
+    themselves): those tests plan on this."""
+    import json
+
+    import shardwise
+
+    doc = json.loads(cluster.to_json())
+    for link in doc["links"]:
+        link.pop("call_overhead", None)
+    return shardwise.Cluster.from_json(json.dumps(doc))
+
+
 def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
     """A CPU cluster whose memory holds `graph` on `mesh` only with weights sharded on the
     mesh's tensor axis: halfway between the least any plan needs and what the replicated
@@ -96,10 +112,11 @@ def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
     the batch, on both axes. Priced in TIGHT_PRECISION (bf16, CPU's slow rate, where such a
     layout is worth its collectives) and without ZeRO's sharded optimizer states (which save
     a tiny model's memory without sharding any weight): searches on it must state the same
-    precision and zero=False (``tight_plan``; ``parallelize(..., zero=False)``)."""
+    precision and zero=False (``tight_plan``; ``parallelize(..., zero=False)``). Its links have
+    no per-call overhead (``without_call_overhead``)."""
     import shardwise
 
-    cluster = shardwise.Cluster.preset("cpu", world)
+    cluster = without_call_overhead(shardwise.Cluster.preset("cpu", world))
     replicated = shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh, precision=TIGHT_PRECISION,
                                 zero=False).predicted_memory()[0]
     least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=rows, mesh=mesh, precision=TIGHT_PRECISION,
