@@ -39,32 +39,31 @@ inline ir::Graph mlp() {
 })");
 }
 
-// Two repeated layers (linear then tanh) on x [b8, 64]: layers.1 folds into layers.0.
-inline ir::Graph two_layers() {
-  return ir::parse_graph(R"(graph(%x: f32[b8,64]) {
-  %layers.0.fc.weight: f32[64,64] parameter
-  %layers.1.fc.weight: f32[64,64] parameter
-  %h0: f32[b8,64] = aten::linear(%x, %layers.0.fc.weight) @layers.0.fc
-  %a0: f32[b8,64] = aten::tanh(%h0) @layers.0
-  %h1: f32[b8,64] = aten::linear(%a0, %layers.1.fc.weight) @layers.1.fc
-  %a1: f32[b8,64] = aten::tanh(%h1) @layers.1
-  return (%a1)
-})");
+// The two repeated layers of two_layers and stem_two_layers (linear then tanh), the first
+// reading %`input`, and the graph's return.
+inline std::string two_layer_nodes(const std::string& input) {
+  return "  %layers.0.fc.weight: f32[64,64] parameter\n"
+         "  %layers.1.fc.weight: f32[64,64] parameter\n"
+         "  %h0: f32[b8,64] = aten::linear(%" +
+         input +
+         ", %layers.0.fc.weight) @layers.0.fc\n"
+         "  %a0: f32[b8,64] = aten::tanh(%h0) @layers.0\n"
+         "  %h1: f32[b8,64] = aten::linear(%a0, %layers.1.fc.weight) @layers.1.fc\n"
+         "  %a1: f32[b8,64] = aten::tanh(%h1) @layers.1\n"
+         "  return (%a1)\n"
+         "}";
 }
+
+// Two repeated layers (linear then tanh) on x [b8, 64]: layers.1 folds into layers.0.
+inline ir::Graph two_layers() { return ir::parse_graph("graph(%x: f32[b8,64]) {\n" + two_layer_nodes("x")); }
 
 // two_layers behind a stem: a weight read before the repeated blocks (an embedding's place).
 inline ir::Graph stem_two_layers() {
-  return ir::parse_graph(R"(graph(%x: f32[b8,64]) {
-  %stem.weight: f32[64,64] parameter
-  %layers.0.fc.weight: f32[64,64] parameter
-  %layers.1.fc.weight: f32[64,64] parameter
-  %s: f32[b8,64] = aten::linear(%x, %stem.weight) @stem
-  %h0: f32[b8,64] = aten::linear(%s, %layers.0.fc.weight) @layers.0.fc
-  %a0: f32[b8,64] = aten::tanh(%h0) @layers.0
-  %h1: f32[b8,64] = aten::linear(%a0, %layers.1.fc.weight) @layers.1.fc
-  %a1: f32[b8,64] = aten::tanh(%h1) @layers.1
-  return (%a1)
-})");
+  return ir::parse_graph(
+      "graph(%x: f32[b8,64]) {\n"
+      "  %stem.weight: f32[64,64] parameter\n"
+      "  %s: f32[b8,64] = aten::linear(%x, %stem.weight) @stem\n" +
+      two_layer_nodes("s"));
 }
 
 // One weight read by two linears (a tied weight).
