@@ -672,6 +672,19 @@ def _ring_all_reduce_terms(ranks: int) -> tuple[float, float]:
     return per_byte, per_latency
 
 
+def _split_alpha(alpha: float, gather_alpha: float, per_latency: float) -> tuple[float, float]:
+    """(call overhead, per-step latency) from the fitted intercepts of an all-reduce and an
+    all-gather (a negative ``gather_alpha``: none measured). An all-reduce is call + 2(n-1)
+    steps, an all-gather call + (n-1) steps (cost/collective_cost.h), so call = 2 x the
+    gather's alpha - the all-reduce's. Both intercepts carry the timing's noise (on busy
+    cores a gather's can exceed the all-reduce's, or an intercept fall below 0): the call is
+    held within [0, the all-reduce's alpha] and the latency at >= 0, so that the noise moves
+    a figure but never makes a cluster the model refuses."""
+    alpha = max(0.0, alpha)
+    call = min(alpha, max(0.0, 2 * gather_alpha - alpha)) if gather_alpha >= 0 else 0.0
+    return call, (alpha - call) / per_latency
+
+
 def _measure_links(links: list[dict], world: int, per_node: int, sources: dict[str, str]) -> None:
     """Replaces the bandwidth, latency and call overhead of the link levels the job's ranks use
     with measured ones (in ``links``, in place), and records it in ``sources``: an all-reduce
@@ -725,11 +738,7 @@ def _measure_links(links: list[dict], world: int, per_node: int, sources: dict[s
             per_byte, per_latency = _ring_all_reduce_terms(ranks)
             link = links[level]
             link["bandwidth"] = per_byte / beta
-            # A call's own overhead: an all-reduce is call + 2(n-1) steps, an all-gather call +
-            # (n-1) steps (cost/collective_cost.h), so call = 2 x gather's - all-reduce's alpha.
-            call = max(0.0, 2 * gather_alpha - alpha) if gather_alpha >= 0 else 0.0
-            link["call_overhead"] = call
-            link["latency"] = (alpha - call) / per_latency
+            link["call_overhead"], link["latency"] = _split_alpha(alpha, gather_alpha, per_latency)
             link.pop("per_device", None)  # a measured figure holds for every device of this job
             sources[f"links.{link['name']}"] = "measured"
     finally:

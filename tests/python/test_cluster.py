@@ -338,6 +338,18 @@ def test_time_square_gemm_is_the_median_of_cuda_event_timings(monkeypatch):
         cluster_module._time_square_gemm(64, "f8", torch.device("meta"))
 
 
+def test_link_fit_splits_alpha_into_call_and_latency_within_bounds():
+    # Gloo on 2 processes: all-reduce 0.37 ms, all-gather 0.30 ms -> call 0.23 ms, 2 steps of 0.07.
+    call, latency = cluster_module._split_alpha(0.37e-3, 0.30e-3, 2.0)
+    assert call == pytest.approx(0.23e-3) and latency == pytest.approx(0.07e-3)
+    assert cluster_module._split_alpha(0.37e-3, -1.0, 2.0) == (0.0, pytest.approx(0.185e-3))  # no gather
+    # Noise seen in CI on busy cores: a gather's intercept above the all-reduce's gave a negative
+    # latency that Cluster.from_json refused. The call is held to the all-reduce's alpha.
+    assert cluster_module._split_alpha(1.0e-3, 2.3e-3, 2.0) == (pytest.approx(1.0e-3), 0.0)
+    assert cluster_module._split_alpha(-0.2e-3, 0.1e-3, 2.0) == (0.0, 0.0)  # an intercept below 0
+    assert cluster_module._split_alpha(0.4e-3, 0.1e-3, 2.0) == (0.0, pytest.approx(0.2e-3))
+
+
 def _measure_links_job(rank: int, world: int, tmp: str) -> None:
     import os
 
