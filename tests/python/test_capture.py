@@ -627,3 +627,38 @@ def test_the_mask_fold_holds_memory_linear_in_the_sequence(model, monkeypatch):
         # (values up to _WHOLE_LIMIT elements are built whole: 2048 x 2048 is that limit)
         bound = max(_causal_masks._WHOLE_LIMIT, 4 * seq)
         assert largest and max(largest) <= bound < seq * seq * 2, (seq, max(largest))
+
+class _WritesThroughATranspose(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.linear(x) * 2
+        y.transpose(0, 1).add_(1)  # no functional form for a write through a transpose
+        return y.sum()
+
+
+def test_export_traces_without_stack_traces_and_errors_still_name_the_line(monkeypatch):
+    # Extracting a Python stack trace per ATen node was a sixth of capturing a 32-layer Llama at
+    # 16 x 8,192 (issue 48): export runs without them, and with lazy GraphModules (their code
+    # generated when first run, not after every export pass). A capture error, traced again with
+    # stack traces, still names the model's source line.
+    import torch.fx._lazy_graph_module as lazy
+    import torch.fx.config as fx_config
+
+    export, seen = torch.export.export, []
+
+    def recording(*args, **kwargs):
+        seen.append(fx_config.do_not_emit_stack_traces)
+        assert lazy._use_lazy_graph_module_flag is seen[-1]
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", recording)
+    shardwise.capture(nn.Linear(4, 4), (torch.randn(2, 4),))
+    assert seen == [True] and fx_config.do_not_emit_stack_traces is False
+    seen.clear()
+    with pytest.raises(shardwise.CaptureError, match=r"no functional form .*test_capture\.py\", line \d+, in forward"):
+        shardwise.capture(_WritesThroughATranspose(), (torch.randn(4, 4),))
+    assert seen == [True, False] and fx_config.do_not_emit_stack_traces is False
+    assert lazy._use_lazy_graph_module_flag is False
