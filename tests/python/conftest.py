@@ -114,14 +114,20 @@ def tight_cluster(graph, world: int, rows: int, mesh: tuple[int, int]):
     a tiny model's memory without sharding any weight): searches on it must state the same
     precision and zero=False (``tight_plan``; ``parallelize(..., zero=False)``). Its links have
     no per-call overhead (``without_call_overhead``)."""
+    return memory_between(graph, world, 0.5, global_batch=rows, mesh=mesh, precision=TIGHT_PRECISION, zero=False)
+
+
+def memory_between(graph, world: int, fraction: float, **search):
+    """A CPU cluster of `world` ranks without per-call overhead whose memory for plans is
+    `fraction` of the way from the least a plan of `search`'s options (shardwise.plan's keywords)
+    needs to what the replicated one needs, as the cost model predicts them."""
     import shardwise
 
     cluster = without_call_overhead(shardwise.Cluster.preset("cpu", world))
-    replicated = shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh, precision=TIGHT_PRECISION,
-                                zero=False).predicted_memory()[0]
-    least = shardwise.plan(graph, with_memory(cluster, 1), global_batch=rows, mesh=mesh, precision=TIGHT_PRECISION,
-                           zero=False).predicted_memory()[0]
-    return with_memory(cluster, (least + replicated) / 2 / shardwise._C.MEMORY_FRACTION)  # what plans may use
+    replicated = shardwise.plan(graph, cluster, **search).predicted_memory()[0]
+    least = shardwise.plan(graph, with_memory(cluster, 1), **search).predicted_memory()[0]
+    usable = least * (1 - fraction) + replicated * fraction  # 0.5: exactly (least + replicated) / 2
+    return with_memory(cluster, usable / shardwise._C.MEMORY_FRACTION)  # what plans may use
 
 
 def tight_plan(graph, world: int, rows: int, mesh: tuple[int, int]):

@@ -628,6 +628,7 @@ def test_the_mask_fold_holds_memory_linear_in_the_sequence(model, monkeypatch):
         bound = max(_causal_masks._WHOLE_LIMIT, 4 * seq)
         assert largest and max(largest) <= bound < seq * seq * 2, (seq, max(largest))
 
+
 class _WritesThroughATranspose(nn.Module):
     def __init__(self):
         super().__init__()

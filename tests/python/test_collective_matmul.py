@@ -28,8 +28,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import shardwise
-from conftest import (TIGHT_PRECISION, finish_rank, parameter_error, spawn_reports, tight_cluster, train_one_device,
-                      with_memory, without_call_overhead)
+from conftest import (TIGHT_PRECISION, finish_rank, memory_between, parameter_error, spawn_reports, tight_cluster,
+                      train_one_device)
 from rank_ir_check import lowered_against_rank_ir
 
 transformers = pytest.importorskip("transformers")
@@ -254,15 +254,6 @@ def test_a_ring_reading_a_weight_gathered_again_in_backward_trains_as_one_device
     assert rings_regathered, code
 
 
-def _memory_between(graph, fraction: float, **search) -> shardwise.Cluster:
-    """A CPU cluster without per-call overhead whose memory is `fraction` of the way from the
-    least a plan of `search`'s options needs to what the replicated one needs (as predicted)."""
-    cluster = without_call_overhead(shardwise.Cluster.preset("cpu", WORLD))
-    replicated = shardwise.plan(graph, cluster, **search).predicted_memory()[0]
-    least = shardwise.plan(graph, with_memory(cluster, 1), **search).predicted_memory()[0]
-    return with_memory(cluster, (least + fraction * (replicated - least)) / shardwise._C.MEMORY_FRACTION)
-
-
 def test_a_product_whose_input_gradient_is_reduced_beside_its_weights_keeps_that_all_reduce():
     # GPT-NeoX on 2 x 2 under selective recomputation: the attention's output projection
     # all-reduces its input's gradient on the data axis in its own backward (async-gradient)
@@ -274,7 +265,7 @@ def test_a_product_whose_input_gradient_is_reduced_beside_its_weights_keeps_that
     # do, on 2026-12-01's prices; the assertions below say when that no longer holds).
     graph = shardwise.capture(_model("gpt-neox"), _batch(0))
     search = dict(global_batch=ROWS, mesh=(2, 2), zero=False, recompute="selective")
-    plan = shardwise.Plan.search(graph, _memory_between(graph, 0.2, **search), collective_matmul=True, **search)
+    plan = shardwise.Plan.search(graph, memory_between(graph, WORLD, 0.2, **search), collective_matmul=True, **search)
     reports = _trained_on_the_mesh("gpt-neox", plan, loss_tolerance=2e-7)
     ir = reports[0]["rank_ir"]
     marked = [re.match(r"\s*%(\S+):", line).group(1) for line in ir.splitlines() if "shardwise.async_gradient=" in line]
