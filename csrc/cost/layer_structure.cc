@@ -7,6 +7,7 @@
 #include "analysis/batch_dim.h"
 #include "analysis/saved_for_backward.h"
 #include "analysis/selective_recompute.h"
+#include "analysis/weight_gradient_split.h"
 #include "ops/op_table.h"
 
 namespace shardwise::cost {
@@ -170,8 +171,18 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
       }
     }
 
+  {
+    std::set<ir::ValueId> before;
+    for (ir::NodeId id : out.pre)
+      for (ir::ValueId in : graph.node(id).inputs)
+        if (graph.value(in).role == ir::ValueRole::Parameter) before.insert(in);
+    for (ir::NodeId id : out.post)
+      for (ir::ValueId in : graph.node(id).inputs)
+        if (before.contains(in)) out.pre_and_post_params.insert(in);
+  }
   out.activation_bytes = analysis::saved_bytes_by_node(graph);
   out.selective_kept = analysis::kept_by_selective_recompute(graph);
+  out.weight_gradient_held = analysis::weight_gradient_held_bytes(graph);
   out.graph_batch = static_cast<int>(std::max<std::int64_t>(1, analysis::input_batch(graph)));
 
   // The layer's input (the residual stream): the batched activation its first node reads

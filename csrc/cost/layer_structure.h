@@ -54,9 +54,16 @@ struct LayerStructure {
   };
   std::vector<LookupOutput> pre_lookups, post_lookups;
   std::set<ir::ValueId> sharded_params;           // parameters a column or row split shards
+  // Parameters read both before the layers and after them: a tied embedding (GPT-2's wte, the
+  // LM head's weight). One tensor where the first and the last stage share a rank (one stage,
+  // or ZB-V's V), so the evaluator counts it once there.
+  std::set<ir::ValueId> pre_and_post_params;
 
   std::vector<std::int64_t> activation_bytes;  // analysis::saved_bytes_by_node: what autograd keeps, by node
   std::vector<bool> selective_kept;  // analysis::kept_by_selective_recompute, by node
+  // analysis::weight_gradient_held_bytes, by node: what a split backward (ZB-H1, ZB-V,
+  // DualPipeV) holds from a micro-batch's B to its W
+  std::vector<std::int64_t> weight_gradient_held;
   // The greatest common divisor of the head counts of the first layer's attention inputs
   // (q, k, v of rank 4 or more: [..., heads, seq, head_dim]; grouped-query attention's k and v have fewer);
   // 0 when the layers have no attention. A tensor degree must divide it.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 
@@ -84,6 +85,21 @@ double critical_transfers(plan::Schedule schedule, int ranks, int micro_batches,
   const std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, count);
   return count;
+}
+
+std::shared_ptr<const schedule::PipelineSchedule> cached_pipeline_schedule(const plan::Plan& plan) {
+  const int m = static_cast<int>(plan.num_micro_batches());
+  const auto key = std::make_tuple(plan.schedule, plan.pipeline, m, plan.virtual_stages, plan.kfkb_k);
+  static std::mutex mutex;
+  static std::map<std::tuple<plan::Schedule, int, int, int, int>, std::shared_ptr<const schedule::PipelineSchedule>>
+      cache;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  auto lists = std::make_shared<const schedule::PipelineSchedule>(pipeline_schedule(plan));
+  const std::lock_guard<std::mutex> lock(mutex);
+  return cache.emplace(key, std::move(lists)).first->second;
 }
 
 }  // namespace shardwise::cost

@@ -25,6 +25,8 @@
 // (schedule, p, v, k, m): a search asks for few.
 #pragma once
 
+#include <memory>
+
 #include "plan/plan.h"
 #include "schedule/action.h"
 #include "schedule/simulator.h"
@@ -35,6 +37,9 @@ namespace shardwise::cost {
 schedule::PipelineSchedule pipeline_schedule(plan::Schedule schedule, int ranks, int micro_batches,
                                              int virtual_stages, int kfkb_k);
 schedule::PipelineSchedule pipeline_schedule(const plan::Plan& plan);
+// The same lists, made once per (schedule, p, m, v, k) and shared: what the evaluator's
+// liveness over a split backward's lists reads (plan_cost.cc), plan after plan of a search.
+std::shared_ptr<const schedule::PipelineSchedule> cached_pipeline_schedule(const plan::Plan& plan);
 
 // The simulator's compute costs of one micro-batch of `per_micro_batch` seconds on each of
 // `chunks` chunks of v per rank, as the evaluator prices it: forward a third, backward two

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "analysis/fp8_linears.h"
 #include "cost/layer_balance.h"
 #include "cost/pipeline_transfers.h"
+#include "schedule/schedules.h"
 #include "ops/op_table.h"
 #include "support/error.h"
 
@@ -59,8 +61,7 @@ double recomputed_forward(const PartCost& layer, plan::Recompute recompute) {
 }
 
 PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
-                    const std::map<ir::NodeId, TensorSplit>& split, const std::set<ir::ValueId>& sharded_params,
-                    const std::vector<std::int64_t>& act_bytes, const std::vector<bool>& kept, const CostModel& model,
+                    const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure, const CostModel& model,
                     const DeviceType& device, Precision precision, double batch_scale, int t,
                     std::set<ir::ValueId>* seen_params) {
   PartCost out;
@@ -83,8 +84,10 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     out.matmul_flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).matmul);
     // Saved activations: what autograd keeps of the node's outputs (analysis/saved_for_backward.h).
     const double split_share = context.split == TensorSplit::Column || context.split == TensorSplit::All ? 1.0 / t : 1.0;
-    out.activation_bytes += static_cast<double>(act_bytes[static_cast<std::size_t>(id)]) * batch_scale * split_share;
-    if (kept[static_cast<std::size_t>(id)]) {
+    const auto at = static_cast<std::size_t>(id);
+    out.activation_bytes += static_cast<double>(structure.activation_bytes[at]) * batch_scale * split_share;
+    out.weight_gradient_bytes += static_cast<double>(structure.weight_gradient_held[at]) * batch_scale * split_share;
+    if (structure.selective_kept[at]) {
       for (ir::ValueId v : node.outputs)
         out.selective_kept_bytes += static_cast<double>(graph.value(v).type.bytes()) * batch_scale * split_share;
     } else {
@@ -94,7 +97,7 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
       const ir::Value& value = graph.value(in);
       if (value.role != ir::ValueRole::Parameter || !seen_params->insert(in).second) continue;
       double n = static_cast<double>(value.type.numel());
-      out.parameters += sharded_params.contains(in) ? n / t : n;
+      out.parameters += structure.sharded_params.contains(in) ? n / t : n;
     }
   }
   return out;
@@ -182,6 +185,8 @@ class PlanEvaluator {
   void data_parallel_and_optimizer();
   void memory();
   PlanCost flops();
+  double split_backward_bytes(const schedule::PipelineSchedule& lists, int s) const;
+  double shared_pre_post_parameters(int tensor) const;
 
  private:
   Parts price_parts(const DeviceType& on, double scale, int width) const;
@@ -212,6 +217,7 @@ class PlanEvaluator {
   bool v_shape_ = false;
   int last_device_ = 0;
   std::vector<int> device_layers_;
+  std::vector<int> chunk_layers_;  // by virtual stage (chunk)
   double transfer_ = 0;
   double worst_compute_ = 0, worst_tp_ = 0, worst_backward_ = 0, t_mb_ = 0;
   std::vector<double> device_params_, device_backward_, device_tensor_sync_, device_compute_;
@@ -264,14 +270,11 @@ Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) 
   Parts out;
   std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
   if (layers)
-    out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_.sharded_params,
-                           structure_.activation_bytes, structure_.selective_kept, model_, on, precision_, scale, width,
+    out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, on, precision_, scale, width,
                            &seen_layer);
-  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_.sharded_params,
-                       structure_.activation_bytes, structure_.selective_kept, model_, on, precision_, scale, width,
+  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_, scale, width,
                        &seen_pre);
-  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_.sharded_params,
-                        structure_.activation_bytes, structure_.selective_kept, model_, on, precision_, scale, width,
+  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_, scale, width,
                         &seen_post);
   if (!layers) {
     out.post.forward += out.pre.forward;
@@ -316,11 +319,9 @@ void PlanEvaluator::scale_stage_devices() {
     if (slowest == device_ || reference_time <= 0 || !plan_.stage_meshes.empty()) continue;
     std::set<ir::ValueId> seen;
     const PartCost here =
-        layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_.sharded_params,
-                            structure_.activation_bytes, structure_.selective_kept, model_, *slowest, precision_,
+        layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, *slowest, precision_,
                             batch_scale_, t_, &seen)
-               : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_.sharded_params,
-                            structure_.activation_bytes, structure_.selective_kept, model_, *slowest, precision_,
+               : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, *slowest, precision_,
                             batch_scale_, t_, &seen);
     stage_scale_[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
   }
@@ -411,6 +412,7 @@ void PlanEvaluator::balance_stages() {
   v_shape_ = plan::v_shaped(plan_.schedule);
   last_device_ = v_shape_ ? 0 : p_ - 1;
   device_layers_ = layers_per_device(chunk_layers, p_, v_shape_);
+  chunk_layers_ = std::move(chunk_layers);
 }
 
 // One transfer across a stage cut, each way (an activation forward, its gradient back): the
@@ -456,6 +458,17 @@ double PlanEvaluator::boundary_transfer() const {
   return transfer;
 }
 
+// Elements of the parameters the nodes before the layers and after them both read (a tied
+// embedding), on one rank of `tensor`: held once where one rank runs both.
+double PlanEvaluator::shared_pre_post_parameters(int tensor) const {
+  double out = 0;
+  for (ir::ValueId id : structure_.pre_and_post_params) {
+    const double n = static_cast<double>(graph_.value(id).type.numel());
+    out += structure_.sharded_params.contains(id) ? n / tensor : n;
+  }
+  return out;
+}
+
 // The bottleneck device: each device's compute, backward and parameters per micro-batch.
 void PlanEvaluator::bottleneck() {
   const std::size_t p = static_cast<std::size_t>(p_);
@@ -472,6 +485,7 @@ void PlanEvaluator::bottleneck() {
       compute += here.pre.forward + here.pre.backward, backward += here.pre.backward, params += here.pre.parameters;
     if (s == last_device_)
       compute += here.post.forward + here.post.backward, backward += here.post.backward, params += here.post.parameters;
+    if (s == 0 && s == last_device_) params -= shared_pre_post_parameters(here.tensor);
     compute *= stage_scale_[static_cast<std::size_t>(s)];
     backward *= stage_scale_[static_cast<std::size_t>(s)];
     double tp = layers_here * here.tp.layer + (s == 0 ? here.tp.pre : 0.0) + (s == last_device_ ? here.tp.post : 0.0);
@@ -591,10 +605,31 @@ void PlanEvaluator::data_parallel_and_optimizer() {
                    out_.data_parallel + out_.optimizer;
 }
 
+// Rank s's saved tensors and held gradients at their peak under a split backward: each
+// chunk g it runs keeps its layers' (and the embedding's, the head's) saved bytes from F to W
+// and their weight-reading outputs' gradients from B to W.
+double PlanEvaluator::split_backward_bytes(const schedule::PipelineSchedule& lists, int s) const {
+  const StagePrice& here = price_[static_cast<std::size_t>(s)];
+  const int chunks = p_ * v_;
+  std::vector<double> saved(static_cast<std::size_t>(chunks), 0.0), held(static_cast<std::size_t>(chunks), 0.0);
+  for (int g = 0; g < chunks; ++g) {
+    const double layers = chunk_layers_[static_cast<std::size_t>(g)];
+    auto& kept = saved[static_cast<std::size_t>(g)];
+    auto& gradients = held[static_cast<std::size_t>(g)];
+    kept = layers * here.layer.activation_bytes;
+    gradients = layers * here.layer.weight_gradient_bytes;
+    if (g == 0) kept += here.pre.activation_bytes, gradients += here.pre.weight_gradient_bytes;
+    if (g == chunks - 1) kept += here.post.activation_bytes, gradients += here.post.weight_gradient_bytes;
+  }
+  return schedule::peak_bytes_held(lists.per_rank[static_cast<std::size_t>(s)], saved, held);
+}
+
 // Memory per rank: the most loaded pipeline stage's.
 void PlanEvaluator::memory() {
   const int p = p_;
   double in_flight = stage_micro_batches_in_flight(plan_.schedule, p, v_, plan_.kfkb_k, m_);
+  std::shared_ptr<const schedule::PipelineSchedule> split;
+  if (plan::splits_backward(plan_.schedule) && p > 1) split = cached_pipeline_schedule(plan_);
   for (int s = 0; s < p; ++s) {
     const StagePrice& here = price_[static_cast<std::size_t>(s)];
     ModelStateBytes states =
@@ -612,6 +647,9 @@ void PlanEvaluator::memory() {
     // theirs for every micro-batch their stage holds, as the blocks do (not recomputed).
     if (s == 0) acts += flight * here.pre.activation_bytes;
     if (s == last_device_) acts += flight * here.post.activation_bytes;
+    // A split backward holds its saved tensors to W and, between B and W, the gradients B
+    // left: priced by liveness over the rank's own list (schedule::peak_bytes_held).
+    if (split != nullptr && !recompute_) acts = split_backward_bytes(*split, s);
     double casts = device_layers_[static_cast<std::size_t>(s)] > 0 ? here.layer.fp8_cast_bytes : 0.0;
     if (s == 0) casts = std::max(casts, here.pre.fp8_cast_bytes);
     if (s == last_device_) casts = std::max(casts, here.post.fp8_cast_bytes);

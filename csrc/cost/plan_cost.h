@@ -149,6 +149,9 @@ struct PartLoad {
   // runs again, and the bytes of the outputs it keeps, one rank.
   double selective_forward = 0;
   double selective_kept_bytes = 0;
+  // A split backward (a zero-bubble schedule): the gradients its B leaves at the weight-reading
+  // nodes' outputs for its W (analysis/weight_gradient_split.h), one rank, at the micro-batch.
+  double weight_gradient_bytes = 0;
 };
 
 // A searched layout of a stage's tensor-parallel ranks (search/stage_layout.h finds it with

@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "support/error.h"
@@ -379,6 +380,42 @@ int peak_in_flight(const std::vector<Action>& rank_actions) {
   for (const Action& a : rank_actions) {
     if (a.kind == ActionKind::Forward) peak = std::max(peak, ++now);
     if (a.kind == release) --now;
+  }
+  return peak;
+}
+
+double peak_bytes_held(const std::vector<Action>& rank_actions, const std::vector<double>& saved,
+                       const std::vector<double>& held) {
+  auto at = [](const std::vector<double>& bytes, int stage) {
+    return stage >= 0 && static_cast<std::size_t>(stage) < bytes.size() ? bytes[static_cast<std::size_t>(stage)] : 0.0;
+  };
+  const bool split = std::any_of(rank_actions.begin(), rank_actions.end(),
+                                 [](const Action& a) { return a.kind == ActionKind::WeightGradient; });
+  // A B whose W is the next compute: one full backward (no held gradients; frees at once).
+  std::vector<bool> fused(rank_actions.size(), false);
+  for (std::size_t i = 0; split && i < rank_actions.size(); ++i) {
+    if (rank_actions[i].kind != ActionKind::Backward) continue;
+    auto next = std::find_if(rank_actions.begin() + static_cast<std::ptrdiff_t>(i) + 1, rank_actions.end(),
+                             [](const Action& a) { return a.is_compute(); });
+    fused[i] = next != rank_actions.end() && next->kind == ActionKind::WeightGradient &&
+               next->stage == rank_actions[i].stage && next->micro_batch == rank_actions[i].micro_batch;
+  }
+  std::set<std::pair<int, int>> apart;  // (stage, micro-batch) past a split B, before its W
+  double now = 0, peak = 0;
+  for (std::size_t i = 0; i < rank_actions.size(); ++i) {
+    const Action& a = rank_actions[i];
+    const std::pair<int, int> key{a.stage, a.micro_batch};
+    if (a.kind == ActionKind::Forward) {
+      now += at(saved, a.stage);
+    } else if (a.kind == ActionKind::Backward && (!split || fused[i])) {
+      now -= at(saved, a.stage);
+    } else if (a.kind == ActionKind::Backward) {
+      now += at(held, a.stage);
+      apart.insert(key);
+    } else if (a.kind == ActionKind::WeightGradient && apart.erase(key) > 0) {
+      now -= at(saved, a.stage) + at(held, a.stage);
+    }
+    peak = std::max(peak, now);
   }
   return peak;
 }

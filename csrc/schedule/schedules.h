@@ -118,4 +118,15 @@ void validate(const PipelineSchedule& schedule);
 // With v = 1 that is the number of micro-batches in flight.
 int peak_in_flight(const std::vector<Action>& rank_actions);
 
+// The most bytes the rank holds at once over its list, by liveness: each (stage g,
+// micro-batch) keeps saved[g] from its forward to the end of its backward, and, where the
+// list splits that backward and its W is not the next compute after its B (the executor runs
+// such a pair as one full backward: runtime/pipeline_engine.py's fused_backwards), held[g]
+// more from its B to its W: the gradients B leaves at the weight-reading nodes' outputs
+// (analysis/weight_gradient_split.h). held may be empty (none).
+// Example: ZB-H1 at p = 4, m = 8, rank 3 (the last stage) runs F0 B0 F1 B1 F2 B2 F3 B3 W0 ...:
+// with saved 1 and held 0.5 a micro-batch, 4 + 4 x 0.5 = 6 (schedules_test.cc: every rank).
+double peak_bytes_held(const std::vector<Action>& rank_actions, const std::vector<double>& saved,
+                       const std::vector<double>& held);
+
 }  // namespace shardwise::schedule

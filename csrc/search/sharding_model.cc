@@ -783,13 +783,15 @@ std::vector<NodePrice> ShardingModel::node_prices(int first_axis) const {
     const NodePrice& total = tally.by_node[r];
     const double n = folding.instances[r];
     const bool kept = folding.in_block[r] && folding.selective_kept[r];
+    const double outputs = memory.output_memory(folding.rep_node[u], 0, decisions_.nodes[0][r], true) * unscale;
     out[u] = {total.forward / n,
               total.backward / n,
               total.collectives / n,
               total.gradient_sync / n,
               memory.output_memory(folding.rep_node[u], 0, decisions_.nodes[0][r], false) * unscale,
               kept ? 0.0 : total.forward / n,
-              kept ? memory.output_memory(folding.rep_node[u], 0, decisions_.nodes[0][r], true) * unscale : 0.0};
+              kept ? outputs : 0.0,
+              outputs};
   }
   return out;
 }

@@ -56,6 +56,7 @@ struct NodePrice {
   // own: the forward seconds it runs again (0 for a node it keeps), the output bytes it keeps.
   double selective_forward = 0;
   double selective_kept_bytes = 0;
+  double output_bytes = 0;  // all its outputs, per rank, under its decision (what a kept node keeps)
 };
 
 struct ShardingEvaluation {

@@ -53,6 +53,14 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
                                       const cost::LayerStructure& structure, const plan::Plan& plan) {
   constexpr int kTensorAxis = 1;
   const std::vector<NodePrice> prices = found.node_prices(kTensorAxis);
+  // Of a node's outputs, the share whose gradients a split backward holds (the graph's figure).
+  auto held_share = [&](ir::NodeId id) {
+    const std::int64_t held = structure.weight_gradient_held[static_cast<std::size_t>(id)];
+    if (held == 0) return 0.0;
+    std::int64_t whole = 0;
+    for (ir::ValueId o : graph.node(id).outputs) whole += graph.value(o).type.bytes();
+    return whole > 0 ? static_cast<double>(held) / static_cast<double>(whole) : 0.0;
+  };
   auto part = [&](const std::vector<ir::NodeId>& nodes) {
     cost::PartPrice out;
     std::set<ir::ValueId> seen;
@@ -65,6 +73,7 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
       out.activation_bytes += price.activation_bytes;
       out.selective_forward += price.selective_forward;
       out.selective_kept_bytes += price.selective_kept_bytes;
+      out.weight_gradient_bytes += price.output_bytes * held_share(id);
       for (ir::ValueId in : graph.node(id).inputs) {
         const ir::Value& value = graph.value(in);
         if (value.role != ir::ValueRole::Parameter || !seen.insert(in).second) continue;

@@ -8,7 +8,10 @@
 
 #include "cost/cluster_presets.h"
 #include "cost/collective_cost.h"
+#include "cost/layer_structure.h"
+#include "cost/pipeline_transfers.h"
 #include "models/gpt.h"
+#include "schedule/schedules.h"
 #include "support/error.h"
 
 namespace shardwise::cost {
@@ -226,6 +229,65 @@ TEST(PlanCost, ZeroBubbleH1FillsTheBubbleWithWeightGradientsAtOneFOneBsMemory) {
   EXPECT_GT(zv.pipeline_bubble, (stages - 1) * t_v / 6);
   p.recompute = plan::Recompute::Full;  // the runtime cannot split a recomputed block's backward
   EXPECT_THROW(plan::validate(p), support::ValidationError);
+}
+
+// A split backward (ZB-H1, ZB-V) holds, besides its saved tensors from F to W, the gradients
+// its B leaves at the weight-reading nodes' outputs until W (runtime/weight_split.py): the
+// evaluator prices each rank by liveness over its own list (schedule::peak_bytes_held), with
+// each chunk's layers and the embedding's and the head's bytes where they run.
+TEST(PlanCost, ASplitBackwardHoldsItsWeightReadersGradientsFromBToW) {
+  const ir::Graph g = models::build_gpt({.layers = 4, .hidden = 64, .heads = 4, .seq = 16, .vocab = 128});
+  const LayerStructure st = find_layer_structure(g);
+  auto sum = [](const std::vector<ir::NodeId>& nodes, const std::vector<std::int64_t>& by_node) {
+    double out = 0;
+    for (ir::NodeId id : nodes) out += static_cast<double>(by_node[static_cast<std::size_t>(id)]);
+    return out;
+  };
+  const auto& layer = st.layers->nodes.front();
+  // A block holds gradients at its weight-reading nodes' outputs (layer norms, products):
+  // fewer bytes than it saves, but not few.
+  const double held = sum(layer, st.weight_gradient_held), saved = sum(layer, st.activation_bytes);
+  EXPECT_GT(held, 0.2 * saved);
+  EXPECT_LT(held, saved);
+  const Cluster c = preset("dgx-a100", 1);
+  AnalyticCostModel model;
+  plan::Plan p;
+  p.pipeline = 2, p.data = 4, p.tensor = 1, p.global_batch = 16, p.micro_batch = 1;  // m = 4
+  p.recompute = plan::Recompute::None;
+  p.schedule = plan::Schedule::ZeroBubbleH1;
+  const PlanCost zb = evaluate(g, c, p, model);
+  const double scale = 1.0 / st.graph_batch;
+  // The last stage (2 layers, the head and the loss), the most loaded: chunk 1 of the list.
+  const std::vector<double> kept = {0, (2 * saved + sum(st.post, st.activation_bytes)) * scale};
+  const std::vector<double> left = {0, (2 * held + sum(st.post, st.weight_gradient_held)) * scale};
+  const double expected = schedule::peak_bytes_held(pipeline_schedule(p).per_rank[1], kept, left);
+  EXPECT_DOUBLE_EQ(zb.memory_breakdown.at("stage"), 1.0);
+  EXPECT_NEAR(zb.memory_breakdown.at("activations"), expected, 1e-9 * expected);
+  // More than its p micro-batches of saved tensors alone (what it was priced at before).
+  EXPECT_GT(expected, 2 * kept[1] * (1 + 1e-9));
+}
+
+// A tied embedding (the LM head reads wte) is one tensor on a rank that runs both the
+// embedding and the head: one stage, or ZB-V's first device.
+TEST(PlanCost, ATiedEmbeddingIsHeldOnceWhereTheFirstAndLastStageShareARank) {
+  const ir::Graph tied = tiny_gpt();
+  double parameters = 0;
+  for (const ir::Value& v : tied.values())
+    if (v.role == ir::ValueRole::Parameter) parameters += static_cast<double>(v.type.numel());
+  const double h = 64, layer = 12 * h * h + 13 * h;
+  ASSERT_DOUBLE_EQ(parameters, 4 * layer + (128 + 16) * h + 2 * h);  // models/gpt.h, tied
+  const Cluster c = preset("dgx-a100", 1);
+  AnalyticCostModel model;
+  plan::Plan one;
+  one.data = 8, one.global_batch = 8, one.micro_batch = 1;
+  const MemoryConstants bf16 = memory_constants(Precision::BF16);
+  EXPECT_DOUBLE_EQ(evaluate(tied, c, one, model).memory_breakdown.at("weights"), parameters * bf16.weight_bytes);
+  plan::Plan v = one;
+  v.pipeline = 2, v.data = 4, v.virtual_stages = 2, v.schedule = plan::Schedule::ZeroBubbleV;
+  v.recompute = plan::Recompute::None;
+  const PlanCost zv = evaluate(tied, c, v, model);
+  ASSERT_DOUBLE_EQ(zv.memory_breakdown.at("stage"), 0.0);
+  EXPECT_DOUBLE_EQ(zv.memory_breakdown.at("weights"), (parameters - 2 * layer) * bf16.weight_bytes);
 }
 
 // Four CPU processes sharing a machine's cores: a pipeline's busy stage runs faster while the

@@ -252,5 +252,35 @@ TEST(ZeroBubbleV, TwoChunksPerRankInAVBeatZeroBubbleH1AtTheSameMemory) {
   EXPECT_EQ(sends, (8 - 2) * 8);  // 2p - 1 hops less the turn
 }
 
+// Liveness with held gradients (peak_bytes_held): without them it is peak_in_flight's count,
+// and a fused schedule holds none. ZB-H1 at p = 4, m = 8 (compute order, F/B/W then micro-batch):
+//   rank 0  F0 F1 F2 F3 B0 W0 B1 F4 B2 W1 ...   B0 W0 fused: 3 + 1 held, F4, B2: 4 + 2 held
+//   rank 1  F0 F1 F2 F3 B0 W0 B1 W1 B2 F4 B3 W2 ...   two fused: 4 at most, or 3 + 2 held
+//   rank 2  F0 F1 F2 B0 F3 B1 W0 ...   4 + 2 held
+//   rank 3  F0 B0 F1 B1 F2 B2 F3 B3 W0 ...   4 + 4 held
+// benchmarks/pipeline_memory.py measured those counts on TinyGPT (2026-12-02): saved tensors
+// and held gradients at once 43.61, 35.07, 43.09 and 58.37 MiB, which are 4 x 8.03 + 2 x 5.75,
+// 3 x 8.02 + 2 x 5.5, 4 x 8.02 + 2 x 5.5 and 4 x 8.59 + 4 x 6.0.
+TEST(Schedules, PeakBytesHeldCountsGradientsFromBToWOnlyWhereTheyRunApart) {
+  const int p = 4, m = 8;
+  const std::vector<double> one(static_cast<std::size_t>(2 * p), 1.0), half(static_cast<std::size_t>(2 * p), 0.5);
+  for (const PipelineSchedule& s : {gpipe(p, m), one_f_one_b(p, m), zero_bubble_h1(p, m), zero_bubble_v(p, m),
+                                    dual_pipe_v(p, m), interleaved_1f1b(p, m, 2)})
+    for (const auto& actions : s.per_rank) {
+      EXPECT_DOUBLE_EQ(peak_bytes_held(actions, one, {}), peak_in_flight(actions));
+      if (std::none_of(actions.begin(), actions.end(),
+                       [](const Action& a) { return a.kind == ActionKind::WeightGradient; }))
+        EXPECT_DOUBLE_EQ(peak_bytes_held(actions, one, half), peak_in_flight(actions));
+    }
+  const PipelineSchedule zb = zero_bubble_h1(p, m);
+  const std::vector<double> expected = {4 + 2 * 0.5, 4, 4 + 2 * 0.5, 4 + 4 * 0.5};
+  for (int r = 0; r < p; ++r)
+    EXPECT_DOUBLE_EQ(peak_bytes_held(zb.per_rank[static_cast<std::size_t>(r)], one, half),
+                     expected[static_cast<std::size_t>(r)])
+        << r;
+  // Rank 1 with held gradients as large as the saved tensors: 3 + 2 x 1 beats 4.
+  EXPECT_DOUBLE_EQ(peak_bytes_held(zb.per_rank[1], one, one), 5);
+}
+
 }  // namespace
 }  // namespace shardwise::schedule

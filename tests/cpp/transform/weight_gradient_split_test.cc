@@ -12,6 +12,8 @@
 #include "transform/stage_split.h"
 
 namespace shardwise::transform {
+using analysis::weight_gradient_split;
+using analysis::WeightGradientSplit;
 namespace {
 
 // A linear layer as torch.export decomposes it (t + addmm), a weight-only positional
@@ -90,6 +92,41 @@ TEST(WeightCutPass, MarksEachBoundaryNodeWithItsWeightOperands) {
   const std::string once = ir::print_graph(g);
   mark_weight_cuts(g);
   EXPECT_EQ(ir::print_graph(g), once);
+}
+
+// What a split backward holds from B to W (analysis::weight_gradient_held_bytes): the gradients
+// at the boundaries' outputs, one tensor where an add passes its gradient on unchanged.
+TEST(WeightGradientSplit, HeldBytesCountAGradientTheAddPassesOnOnce) {
+  const ir::Graph g = ir::parse_graph(kEmbedThenLinear);
+  const std::vector<std::int64_t> held = analysis::weight_gradient_held_bytes(g);
+  auto of = [&](const char* name) { return held[static_cast<std::size_t>(*g.value(*g.find_value(name)).producer)]; };
+  EXPECT_EQ(of("tok"), 256);  // f32[2,4,8]
+  EXPECT_EQ(of("h"), 0);      // tok + pe: tok's gradient, passed on
+  EXPECT_EQ(of("y"), 256);
+  EXPECT_EQ(of("z"), 0);      // y + b: y's
+  EXPECT_EQ(of("wt"), 0);     // a weight value: W's, not held
+  EXPECT_EQ(of("s"), 0);      // reads a buffer: no boundary
+  std::int64_t total = 0;
+  for (std::int64_t b : held) total += b;
+  EXPECT_EQ(total, 512);
+}
+
+TEST(WeightGradientSplit, AnAddWhoseOperandHasASecondReaderHoldsItsOwnGradient) {
+  // y is read by the add and by the tanh: y's gradient is the sum of both, a new tensor.
+  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b2,8]) {
+  %w: f32[8,8] parameter
+  %b: f32[8] parameter
+  %y: f32[b2,8] = aten::mm(%x, %w) @fc
+  %z: f32[b2,8] = aten::add.Tensor(%y, %b) {alpha=1} @fc
+  %u: f32[b2,8] = aten::tanh(%y) @act
+  %s: f32[b2,8] = aten::mul.Tensor(%z, %u) @out
+  return (%s)
+})");
+  const std::vector<std::int64_t> held = analysis::weight_gradient_held_bytes(g);
+  auto of = [&](const char* name) { return held[static_cast<std::size_t>(*g.value(*g.find_value(name)).producer)]; };
+  EXPECT_EQ(of("y"), 64);
+  EXPECT_EQ(of("z"), 64);
+  EXPECT_EQ(of("u"), 0);
 }
 
 TEST(WeightCutPass, MarksTheSendOfAWeightOutput) {
