@@ -402,7 +402,9 @@ class Plan:
         return value
 
     def predicted_memory(self) -> tuple[float, dict]:
-        """(bytes on the most loaded rank, {weights, gradients, optimizer, activations, stage})."""
+        """(bytes on the most loaded rank, {weights, gradients, optimizer, activations, ...}):
+        the parts docs/plan-format.md lists (stage, gathered_parameters, fp8_casts, loss_working
+        where they apply)."""
         pred = self._predicted()
         return pred["memory_per_rank"], dict(pred["memory_breakdown"])
 

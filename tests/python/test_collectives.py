@@ -209,7 +209,20 @@ def _vocabulary_parallel_cross_entropy(rank: int, world: int) -> None:
             (got_grad,) = torch.autograd.grad(got.sum(), mine)
             torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
             torch.testing.assert_close(got_grad, want_grad[:, start:stop], rtol=0, atol=1e-12)
+    # What the loss keeps for its backward: one tensor of the rank's logits' size (the shifted
+    # exponentials), as aten's cross_entropy keeps its log-softmax and the cost model prices it
+    # (analysis/saved_for_backward.h). Picking the target logit with gather kept a second one.
     logits, target = cases[0]
+    mine = logits[:, start:stop].clone().requires_grad_()
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        kernel("shardwise::vocab_cross_entropy", mine, target, None, 1, -100, 0.0)
+    assert sorted(n for n in saved.values() if n >= mine.numel()) == [mine.numel()], saved
     got = kernel("shardwise::vocab_cross_entropy", logits[:, start:stop].to(torch.bfloat16), target)
     assert got.dtype == torch.bfloat16
     want = F.cross_entropy(logits.to(torch.bfloat16).float(), target)

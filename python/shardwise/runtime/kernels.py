@@ -39,7 +39,9 @@ def _sum_over(x: torch.Tensor, group: str) -> torch.Tensor:
 
 
 def _max_over(x: torch.Tensor, group: str) -> torch.Tensor:
-    """The row max over the group, as a constant (a shift that cancels in softmax)."""
+    """The row max over the group, as a constant (a shift that cancels in softmax). Callers
+    take the local max of a detached tensor: amax under autograd records a node that keeps its
+    whole input."""
     return torch.ops.shardwise.all_reduce(x.detach().contiguous(), "max", group)
 
 
@@ -96,7 +98,7 @@ def _softmax(split: _Split, x, dim: int, dtype_or_half=None, *, log: bool = Fals
     else:
         out_dtype = torch.float32 if dtype_or_half and x.dtype in _HALF else x.dtype
     rows = x.to(_compute_dtype(x.dtype))
-    shifted = rows - _max_over(rows.amax(dim, keepdim=True), split.group)
+    shifted = rows - _max_over(rows.detach().amax(dim, keepdim=True), split.group)
     total = _sum_over(shifted.exp().sum(dim, keepdim=True), split.group)
     out = shifted - total.log() if log else shifted.exp() / total
     return out.to(out_dtype)
@@ -177,6 +179,15 @@ def _class_rows(split: _Split, logits, target):
     return rows, labels, inside, local
 
 
+def _pick(rows, local):
+    """rows[..., local]: each row's value at its class index. By advanced indexing, whose
+    backward keeps the indices and the shape only: gather's keeps its whole input (here a
+    logits-sized tensor per micro-batch, alive until backward), which the cost model's
+    saved-tensor rule for a loss does not count."""
+    flat = rows.reshape(-1, rows.shape[-1])
+    return flat[torch.arange(flat.shape[0], device=flat.device), local.reshape(-1)].reshape(local.shape)
+
+
 def _reduce_loss(loss, labels, logits, reduction: int, ignore_index: int):
     valid = (labels != ignore_index).to(loss.dtype)
     loss = loss * valid
@@ -199,15 +210,17 @@ def _cross_entropy(split: _Split, logits, target, weight=None, reduction: int = 
         raise NotImplementedError("vocab_cross_entropy has no class weights (the rewrite runs such a loss whole)")
     ops = torch.ops.shardwise
     rows, labels, inside, local = _class_rows(split, logits, target)
-    shifted = rows - _max_over(rows.amax(dim=-1), split.group).unsqueeze(-1)
+    shifted = rows - _max_over(rows.detach().amax(dim=-1), split.group).unsqueeze(-1)
     sum_exp = ops.all_reduce(shifted.exp().sum(dim=-1).contiguous(), "sum", split.group)
-    picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * inside.to(shifted.dtype)
+    picked = _pick(shifted, local) * inside.to(shifted.dtype)
     target_logit = ops.all_reduce(picked.contiguous(), "sum", split.group)
+    if label_smoothing:
+        mean_logit = ops.all_reduce(shifted.sum(dim=-1).contiguous(), "sum", split.group) / split.size
+    del rows, shifted  # logits-sized: not kept to the forward's end (autograd holds the exponentials)
     # -log p_t = log sum exp - x_t; with smoothing e, (1 - e) of that plus e times the mean
     # over the classes of -log p_c = log sum exp - mean_c x_c (all on the shifted logits).
     loss = torch.log(sum_exp) - target_logit
     if label_smoothing:
-        mean_logit = ops.all_reduce(shifted.sum(dim=-1).contiguous(), "sum", split.group) / split.size
         loss = (1 - label_smoothing) * loss + label_smoothing * (torch.log(sum_exp) - mean_logit)
     return _reduce_loss(loss, labels, logits, reduction, ignore_index)
 
@@ -217,7 +230,7 @@ def _nll_loss(split: _Split, log_probs, target, weight=None, reduction: int = 1,
     if weight is not None:
         raise NotImplementedError("vocab_nll_loss has no class weights (the rewrite runs such a loss whole)")
     rows, labels, inside, local = _class_rows(split, log_probs, target)
-    picked = rows.gather(-1, local.unsqueeze(-1)).squeeze(-1) * inside.to(rows.dtype)
+    picked = _pick(rows, local) * inside.to(rows.dtype)
     loss = -torch.ops.shardwise.all_reduce(picked.contiguous(), "sum", split.group)
     return _reduce_loss(loss, labels, log_probs, reduction, ignore_index)
 
