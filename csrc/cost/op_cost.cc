@@ -291,6 +291,4 @@ double AnalyticCostModel::collective_time(const Cluster& cluster, CollectiveKind
   return cost::collective_time(cluster, kind, ranks, bytes, algorithm);
 }
 
-bool is_logits_loss(const ir::Node& node) { return ops::op_base_name(node.op) == "aten::cross_entropy_loss"; }
-
 }  // namespace shardwise::cost

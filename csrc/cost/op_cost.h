@@ -146,21 +146,6 @@ inline double fp8_cast_copies_bytes(double bytes, double element_bytes) {
   return bytes * (element_bytes + 4.0 + 1.0) / element_bytes;
 }
 
-// A loss over logits (aten::cross_entropy_loss): what it holds at the forward's end beside
-// everything saved (analysis/saved_for_backward.h charges its log-softmax to the logits): the
-// logits themselves, which nothing keeps but which are alive until the loss is computed, and,
-// where the classes are split over ranks (runtime/kernels.py's vocabulary-parallel loss), the
-// shifted copy it makes of them besides. `logits_bytes` is one rank's share. The memory models
-// add the larger of this and the FP8 casts' transient (they are not alive at once).
-// Measured (benchmarks/fidelity.py's GPT-2 on 2 ranks, 2026-12-02, torch.profiler's memory
-// events): the tensors alive at the end of forward 33.57 MB above those at backward's start
-// with the classes split over the 2 ranks (16.78 MB shards), 16.77 MB with the loss whole on
-// 8 rows a rank (16.78 MB of logits).
-bool is_logits_loss(const ir::Node& node);
-inline double loss_working_bytes(double logits_bytes, bool classes_split) {
-  return logits_bytes * (classes_split ? 2.0 : 1.0);
-}
-
 // The precision `node` computes in under a plan in `precision`: the plan's, but for "fp8" the
 // node's own floating dtype's (bf16 in a bf16 model, as Float8 training runs; f32 in a float32
 // one): an FP8 linear's dW and every other node.

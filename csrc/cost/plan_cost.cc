@@ -31,8 +31,6 @@ struct PartCost : PartLoad {
   // three times over (|t|, the scaled float32 copy, the float8 one: search::ShardingModel's
   // fp8_cast_bytes): transient, so the most of any node, not a sum.
   double fp8_cast_bytes = 0;
-  // A loss over logits: what it holds at the forward's end (op_cost.h, loss_working_bytes).
-  double loss_working_bytes = 0;
 };
 
 // A node's cast transient in an fp8 plan (PartCost::fp8_cast_bytes), 0 if it is no FP8 linear.
@@ -81,12 +79,6 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     OpTime time = model.node_time(graph, node, device, precision, context);
     if (precision == Precision::FP8)
       out.fp8_cast_bytes = std::max(out.fp8_cast_bytes, fp8_cast_bytes(graph, node, batch_scale, context.split, t));
-    if (is_logits_loss(node) && !node.inputs.empty()) {
-      const bool split_classes = t > 1 && (context.split == TensorSplit::All || context.split == TensorSplit::Column);
-      const double logits = static_cast<double>(graph.value(node.inputs[0]).type.bytes()) * batch_scale;
-      out.loss_working_bytes =
-          std::max(out.loss_working_bytes, loss_working_bytes(split_classes ? logits / t : logits, split_classes));
-    }
     out.forward += time.forward;
     out.backward += time.backward;
     out.matmul_flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).matmul);
@@ -661,9 +653,7 @@ void PlanEvaluator::memory() {
     double casts = device_layers_[static_cast<std::size_t>(s)] > 0 ? here.layer.fp8_cast_bytes : 0.0;
     if (s == 0) casts = std::max(casts, here.pre.fp8_cast_bytes);
     if (s == last_device_) casts = std::max(casts, here.post.fp8_cast_bytes);
-    // The loss's working set at the forward's end and the casts' are not alive at once.
-    const double loss = s == last_device_ ? here.post.loss_working_bytes : 0.0;
-    double total = states.total() + acts + std::max(casts, loss);
+    double total = states.total() + acts + casts;
     out_.memory_use = std::max(
         out_.memory_use, total / static_cast<double>(stage_device_[static_cast<std::size_t>(s)]->memory_bytes));
     if (total > out_.memory_per_rank) {
@@ -674,7 +664,6 @@ void PlanEvaluator::memory() {
                                {"activations", acts},
                                {"stage", static_cast<double>(s)}};
       if (casts > 0) out_.memory_breakdown["fp8_casts"] = casts;
-      if (loss > casts) out_.memory_breakdown["loss_working"] = loss - casts;  // beyond the casts'
     }
   }
 }

@@ -143,21 +143,5 @@ double ShardingMemory::fp8_cast_bytes() const {
   return peak;
 }
 
-double ShardingMemory::loss_working_bytes() const {
-  double peak = 0;
-  for (const ir::Node& node : facts_.graph.nodes()) {
-    if (!cost::is_logits_loss(node) || node.inputs.empty()) continue;
-    const auto u = static_cast<std::size_t>(node.id);
-    double held = 1;
-    bool split_classes = false;
-    for (std::size_t a = 0; a < options_.mesh.size(); ++a) {
-      const Strategy& s = decisions_.nodes[a][u];
-      held *= held_fraction(s.inputs[0], options_.mesh[a]);
-      split_classes = split_classes || (s.statistics_elements > 0 && options_.mesh[a] > 1);
-    }
-    peak = std::max(peak, cost::loss_working_bytes(facts_.value_bytes(node.inputs[0]) * held, split_classes));
-  }
-  return peak;
-}
 
 }  // namespace shardwise::search

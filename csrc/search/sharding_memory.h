@@ -13,8 +13,6 @@
 // its block is recomputed), the outputs selective recomputation keeps whole.
 #pragma once
 
-#include <algorithm>
-
 #include "cost/memory_cost.h"
 #include "ir/graph.h"
 #include "search/sharding_decisions.h"
@@ -62,13 +60,6 @@ class ShardingMemory {
   // linear casts, as the rank reads it, held three times over at once (|t| in its dtype, the
   // scaled float32 copy, the float8 one); 0 for other precisions.
   double fp8_cast_bytes() const;
-  // A loss over logits' working set at the forward's end (cost::loss_working_bytes): the
-  // logits as the loss reads them on a rank, twice where an axis splits their classes (the
-  // vocabulary-parallel kernel's shifted copy). The largest of the graph's losses.
-  double loss_working_bytes() const;
-  // What the peak adds beside the saved activations and the gathered weights: the larger of
-  // the FP8 casts' transient and the loss's working set (they are not alive at once).
-  double transient_bytes() const { return std::max(fp8_cast_bytes(), loss_working_bytes()); }
 
  private:
   const ShardingFacts& facts_;

@@ -54,7 +54,6 @@ cost::ModelStateBytes ShardingModel::parameter_bytes_by_kind() const { return me
 double ShardingModel::gathered_parameter_bytes() const { return memory().gathered_parameter_bytes(); }
 
 double ShardingModel::fp8_cast_bytes() const { return memory().fp8_cast_bytes(); }
-double ShardingModel::transient_bytes() const { return memory().transient_bytes(); }
 
 double ShardingModel::node_compute(ir::NodeId node, int axis, const Strategy& choice,
                                    const cost::DeviceType& device) const {
@@ -278,7 +277,7 @@ void ShardingModel::solve_axis(int axis, bool thorough, double memory_scale, dou
   // the gathers its earlier ones chose).
   const ShardingMemory memory = this->memory();
   ap.problem.memory_limit = options_.memory_limit * memory_scale - memory.recompute_checkpoint_bytes() -
-                            memory.gathered_parameter_bytes() - memory.transient_bytes();
+                            memory.gathered_parameter_bytes() - memory.fp8_cast_bytes();
   SpmdSolution solution = solve_fast(ap.problem, solver_seeds(ap, seeds_only));
   if (thorough && !seeds_only) {
     SpmdSolution exact = solve_ilp(ap.problem, IlpOptions{}, &solution);
@@ -844,8 +843,7 @@ ShardingEvaluation ShardingModel::evaluate() const {
   double acts = activation_bytes();
   const double gathered = gathered_parameter_bytes();
   const double casts = fp8_cast_bytes();
-  const double transient = transient_bytes();  // the casts', or the loss's working set
-  out.memory_per_rank = states.total() + acts + gathered + transient;
+  out.memory_per_rank = states.total() + acts + gathered + casts;
   out.fits = out.memory_per_rank <= options_.memory_limit;
   if (const std::optional<UnevenShares> shares = uneven_shares()) {
     // The batch's uneven shares (set_input_ratios: the balance LP's, hetero_balance.h), priced
@@ -865,13 +863,13 @@ ShardingEvaluation ShardingModel::evaluate() const {
       const double scale = shares->ratios[i] * n;
       paced = std::max(paced, compute_seconds(device) * scale);
       most = std::max(most, scale);
-      out.fits = out.fits && states.total() + acts * scale + gathered + transient <=
+      out.fits = out.fits && states.total() + acts * scale + gathered + casts <=
                                  static_cast<double>(device.memory_bytes) * fraction;
     }
     out.step_time += paced - compute;
     out.breakdown["compute"] = paced;
     acts *= most;
-    out.memory_per_rank = states.total() + acts + gathered + transient;
+    out.memory_per_rank = states.total() + acts + gathered + casts;
   }
   out.memory_breakdown = {{"weights", states.weights},
                           {"gradients", states.gradients},
@@ -879,7 +877,6 @@ ShardingEvaluation ShardingModel::evaluate() const {
                           {"activations", acts},
                           {"gathered_parameters", gathered}};
   if (casts > 0) out.memory_breakdown["fp8_casts"] = casts;
-  if (transient > casts) out.memory_breakdown["loss_working"] = transient - casts;  // beyond the casts'
   double flops = 0;
   for (const ir::Node& node : graph_.nodes())
     flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph_, node).matmul);

@@ -137,7 +137,6 @@ class ShardingModel {
   double gathered_parameter_bytes() const;
   // An fp8 plan's transient cast copies (ShardingMemory); 0 for other precisions.
   double fp8_cast_bytes() const;
-  double transient_bytes() const;  // ShardingMemory::transient_bytes
 
   const std::vector<int>& mesh() const { return options_.mesh; }
   const ShardingModelOptions& options() const { return options_; }

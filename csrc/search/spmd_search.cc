@@ -194,7 +194,7 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
     // first one stands for all.
     std::vector<int> ranks = sm.axis_ranks(axis);
     const double activations = sm.activation_bytes();
-    const double parameters = sm.parameter_bytes() + sm.gathered_parameter_bytes() + sm.transient_bytes();
+    const double parameters = sm.parameter_bytes() + sm.gathered_parameter_bytes() + sm.fp8_cast_bytes();
     const double per_rank_batch = static_cast<double>(options.global_batch) / static_cast<double>(ranks.size());
     const double comm = out.evaluation.step_time - out.evaluation.breakdown.at("compute");
     std::vector<BalanceRank> balance;

@@ -402,9 +402,7 @@ class Plan:
         return value
 
     def predicted_memory(self) -> tuple[float, dict]:
-        """(bytes on the most loaded rank, {weights, gradients, optimizer, activations, ...}):
-        the parts docs/plan-format.md lists (stage, gathered_parameters, fp8_casts, loss_working
-        where they apply)."""
+        """(bytes on the most loaded rank, {weights, gradients, optimizer, activations, stage})."""
         pred = self._predicted()
         return pred["memory_per_rank"], dict(pred["memory_breakdown"])
 

@@ -119,15 +119,14 @@ def test_searched_tiny_gpt_report(tiny_gpt):
     parts, bubble = time_parts(plan, plan._report_values())
     assert bubble is None and sum(p.seconds for p in parts) == pytest.approx(step, rel=1e-9)
     # Memory by kind: the search's parameter states split into weights, gradients, optimizer state.
-    _memory(plan, cluster, report, ["weights", "gradients", "optimizer state", "activations",
-                                   "loss logits (at the forward's end)"])
+    _memory(plan, cluster, report, ["weights", "gradients", "optimizer state", "activations"])
     _no_internal_keys(plan, report)
     assert "all-reduce" in report  # the collectives table, by the names NCCL's users know
     # The machine-readable figures keep the core's keys.
     assert {"gradient_sync", "gradient_sync_total", "activations_beside_backward_total"} <= set(b)
     # The core splits the model states by kind, with a manual plan's keys; the parts add up.
     total, memory = plan.predicted_memory()
-    assert set(memory) == {"weights", "gradients", "optimizer", "activations", "gathered_parameters", "loss_working"}
+    assert set(memory) == {"weights", "gradients", "optimizer", "activations", "gathered_parameters"}
     assert sum(memory.values()) == pytest.approx(total, rel=1e-12)
     # A float32 plan: Adam's two moments, 8 bytes a parameter, to its gradient's 4 (no master copy).
     assert json.loads(plan.to_json())["precision"] == "f32"
@@ -175,8 +174,7 @@ def test_pipelined_manual_plan_report(pipelined):
     assert "parameter gathers" not in report  # ZeRO-1 gathers no parameters
     parts, bubble = time_parts(plan)
     assert bubble is not None and sum(p.seconds for p in parts) == pytest.approx(step, rel=1e-9)
-    _memory(plan, cluster, report, ["weights", "gradients", "optimizer state", "activations",
-                                   "loss logits (at the forward's end)"])
+    _memory(plan, cluster, report, ["weights", "gradients", "optimizer state", "activations"])
     stage = int(plan.predicted_memory()[1]["stage"])
     _line(report, rf"^memory per device .*, pipeline stage {stage}, the most loaded$")
     _no_internal_keys(plan, report)
@@ -203,7 +201,7 @@ def test_a_plan_read_back_says_why_it_has_no_mfu_until_told_its_devices(pipeline
     report = back.report()
     _line(report, r"^predicted step [\d.]+ ms, MFU not available: the plan does not say which devices it runs on "
                   rf"\({re.escape(flops_text(plan.predicted_tflops_per_device() * 1e12))} of model FLOPs per device")
-    _line(report, r"^memory per device [\d.]+ [MG]B \(device capacity unknown")
+    _line(report, r"^memory per device [\d.]+ MB \(device capacity unknown")
     assert "0.0 TFLOP/s" not in report
     assert back.report(cluster) == plan.report()
 
