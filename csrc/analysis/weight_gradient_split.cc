@@ -57,20 +57,21 @@ std::vector<std::int64_t> weight_gradient_held_bytes(const ir::Graph& graph) {
   for (const WeightBoundary& b : split.boundaries) {
     const ir::NodeId id = *graph.value(*graph.find_value(b.node)).producer;
     const ir::Node& node = graph.node(id);
-    if (node.op == "aten::add.Tensor" && node.inputs.size() >= 2) {
+    if (node.op == "aten::add.Tensor" && node.inputs.size() >= 2 && b.inputs.size() == 1) {
       // The operand that is not the weight value: its gradient is the add's output's.
       const ir::ValueId operand = node.inputs[b.inputs.front() == 0 ? 1 : 0];
       const ir::Value& a = graph.value(operand);
-      const bool passed_on = b.inputs.size() == 1 && a.producer && boundary_node[static_cast<std::size_t>(*a.producer)] &&
-                             a.type.shape == graph.value(node.outputs[0]).type.shape &&
-                             users[static_cast<std::size_t>(operand)].size() == 1 &&
-                             !is_output[static_cast<std::size_t>(operand)];
+      const auto k = static_cast<std::size_t>(operand);
+      const bool passed_on = a.producer && boundary_node[static_cast<std::size_t>(*a.producer)] &&
+                             a.type.shape == graph.value(node.outputs[0]).type.shape && users[k].size() == 1 &&
+                             !is_output[k];
       if (passed_on) continue;
     }
     for (ir::ValueId o : node.outputs) {
       const ir::Value& v = graph.value(o);
       const auto k = static_cast<std::size_t>(o);
-      if (ir::is_floating(v.type.dtype) && (!users[k].empty() || is_output[k])) out[static_cast<std::size_t>(id)] += v.type.bytes();
+      const bool read = !users[k].empty() || is_output[k];
+      if (ir::is_floating(v.type.dtype) && read) out[static_cast<std::size_t>(id)] += v.type.bytes();
     }
   }
   return out;

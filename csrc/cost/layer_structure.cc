@@ -113,6 +113,19 @@ void outside_splits(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
   }
 }
 
+// Parameters that nodes of `first` and nodes of `second` both read (a tied embedding).
+std::set<ir::ValueId> parameters_read_by_both(const ir::Graph& graph, const std::vector<ir::NodeId>& first,
+                                              const std::vector<ir::NodeId>& second) {
+  std::set<ir::ValueId> read, both;
+  for (ir::NodeId id : first)
+    for (ir::ValueId in : graph.node(id).inputs)
+      if (graph.value(in).role == ir::ValueRole::Parameter) read.insert(in);
+  for (ir::NodeId id : second)
+    for (ir::ValueId in : graph.node(id).inputs)
+      if (read.contains(in)) both.insert(in);
+  return both;
+}
+
 // Parameters a column/row split shards (weights; a row-parallel bias stays whole).
 void note_params(const ir::Graph& graph, const std::map<ir::NodeId, TensorSplit>& split,
                  std::set<ir::ValueId>& sharded) {
@@ -171,15 +184,7 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
       }
     }
 
-  {
-    std::set<ir::ValueId> before;
-    for (ir::NodeId id : out.pre)
-      for (ir::ValueId in : graph.node(id).inputs)
-        if (graph.value(in).role == ir::ValueRole::Parameter) before.insert(in);
-    for (ir::NodeId id : out.post)
-      for (ir::ValueId in : graph.node(id).inputs)
-        if (before.contains(in)) out.pre_and_post_params.insert(in);
-  }
+  out.pre_and_post_params = parameters_read_by_both(graph, out.pre, out.post);
   out.activation_bytes = analysis::saved_bytes_by_node(graph);
   out.selective_kept = analysis::kept_by_selective_recompute(graph);
   out.weight_gradient_held = analysis::weight_gradient_held_bytes(graph);

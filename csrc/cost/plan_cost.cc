@@ -14,8 +14,8 @@
 #include "analysis/fp8_linears.h"
 #include "cost/layer_balance.h"
 #include "cost/pipeline_transfers.h"
-#include "schedule/schedules.h"
 #include "ops/op_table.h"
+#include "schedule/schedules.h"
 #include "support/error.h"
 
 namespace shardwise::cost {
@@ -61,7 +61,8 @@ double recomputed_forward(const PartCost& layer, plan::Recompute recompute) {
 }
 
 PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
-                    const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure, const CostModel& model,
+                    const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure,
+                    const CostModel& model,
                     const DeviceType& device, Precision precision, double batch_scale, int t,
                     std::set<ir::ValueId>* seen_params) {
   PartCost out;
@@ -270,12 +271,12 @@ Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) 
   Parts out;
   std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
   if (layers)
-    out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, on, precision_, scale, width,
-                           &seen_layer);
-  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_, scale, width,
-                       &seen_pre);
-  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_, scale, width,
-                        &seen_post);
+    out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, on, precision_,
+                           scale, width, &seen_layer);
+  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_, scale,
+                       width, &seen_pre);
+  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_, scale,
+                        width, &seen_post);
   if (!layers) {
     out.post.forward += out.pre.forward;
     out.post.backward += out.pre.backward;
@@ -319,10 +320,10 @@ void PlanEvaluator::scale_stage_devices() {
     if (slowest == device_ || reference_time <= 0 || !plan_.stage_meshes.empty()) continue;
     std::set<ir::ValueId> seen;
     const PartCost here =
-        layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, *slowest, precision_,
-                            batch_scale_, t_, &seen)
-               : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, *slowest, precision_,
-                            batch_scale_, t_, &seen);
+        layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, *slowest,
+                            precision_, batch_scale_, t_, &seen)
+               : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, *slowest,
+                            precision_, batch_scale_, t_, &seen);
     stage_scale_[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
   }
 }
