@@ -51,11 +51,15 @@ std::vector<std::int64_t> weight_gradient_held_bytes(const ir::Graph& graph) {
   const auto users = graph.users_by_value();
   std::vector<bool> is_output(graph.values().size(), false);
   for (ir::ValueId o : graph.outputs()) is_output[static_cast<std::size_t>(o)] = true;
+  std::vector<ir::NodeId> nodes;  // each boundary's node, in split.boundaries' order
   std::vector<bool> boundary_node(graph.nodes().size(), false);
-  for (const WeightBoundary& b : split.boundaries)
-    boundary_node[static_cast<std::size_t>(*graph.value(*graph.find_value(b.node)).producer)] = true;
   for (const WeightBoundary& b : split.boundaries) {
-    const ir::NodeId id = *graph.value(*graph.find_value(b.node)).producer;
+    nodes.push_back(*graph.value(*graph.find_value(b.node)).producer);
+    boundary_node[static_cast<std::size_t>(nodes.back())] = true;
+  }
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const WeightBoundary& b = split.boundaries[i];
+    const ir::NodeId id = nodes[i];
     const ir::Node& node = graph.node(id);
     if (node.op == "aten::add.Tensor" && node.inputs.size() >= 2 && b.inputs.size() == 1) {
       // The operand that is not the weight value: its gradient is the add's output's.

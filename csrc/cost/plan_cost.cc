@@ -187,6 +187,7 @@ class PlanEvaluator {
   void memory();
   PlanCost flops();
   double split_backward_bytes(const schedule::PipelineSchedule& lists, int s) const;
+  double in_flight_bytes(int s, double in_flight) const;
   double shared_pre_post_parameters(int tensor) const;
 
  private:
@@ -625,6 +626,22 @@ double PlanEvaluator::split_backward_bytes(const schedule::PipelineSchedule& lis
   return schedule::peak_bytes_held(lists.per_rank[static_cast<std::size_t>(s)], saved, held);
 }
 
+// Rank s's saved activations when its backward runs whole: `in_flight` micro-batches on the
+// first stage, fewer the later it is (1F1B: p - s), as many on every stage under GPipe.
+double PlanEvaluator::in_flight_bytes(int s, double in_flight) const {
+  const StagePrice& here = price_[static_cast<std::size_t>(s)];
+  const double flight = std::max(1.0, in_flight - (plan_.schedule == plan::Schedule::GPipe ? 0.0 : s));
+  const double kept_bytes =
+      here.boundary_bytes + (plan_.recompute == plan::Recompute::Selective ? here.layer.selective_kept_bytes : 0.0);
+  double acts = stage_activation_bytes(here.layer.activation_bytes, kept_bytes,
+                                       device_layers_[static_cast<std::size_t>(s)], flight, recompute_);
+  // The layers before the first block and after the last (embedding, head and loss) keep
+  // theirs for every micro-batch their stage holds, as the blocks do (not recomputed).
+  if (s == 0) acts += flight * here.pre.activation_bytes;
+  if (s == last_device_) acts += flight * here.post.activation_bytes;
+  return acts;
+}
+
 // Memory per rank: the most loaded pipeline stage's.
 void PlanEvaluator::memory() {
   const int p = p_;
@@ -635,22 +652,9 @@ void PlanEvaluator::memory() {
     const StagePrice& here = price_[static_cast<std::size_t>(s)];
     ModelStateBytes states =
         model_state_bytes(device_params_[static_cast<std::size_t>(s)], here.data, plan_.zero_stage, mem_);
-    // Stage s holds fewer micro-batches the later it is (1F1B: p - s); the first holds most.
-    // (ZB-H1 and ZB-V hold up to p on every rank: schedules.h.)
-    const bool every_rank = plan_.schedule == plan::Schedule::GPipe || plan::splits_backward(plan_.schedule);
-    double flight = std::max(1.0, in_flight - (every_rank ? 0.0 : s));
-    const double kept_bytes = here.boundary_bytes + (plan_.recompute == plan::Recompute::Selective
-                                                         ? here.layer.selective_kept_bytes
-                                                         : 0.0);
-    double acts = stage_activation_bytes(here.layer.activation_bytes, kept_bytes,
-                                         device_layers_[static_cast<std::size_t>(s)], flight, recompute_);
-    // The layers before the first block and after the last (embedding, head and loss) keep
-    // theirs for every micro-batch their stage holds, as the blocks do (not recomputed).
-    if (s == 0) acts += flight * here.pre.activation_bytes;
-    if (s == last_device_) acts += flight * here.post.activation_bytes;
     // A split backward holds its saved tensors to W and, between B and W, the gradients B
-    // left: priced by liveness over the rank's own list (schedule::peak_bytes_held).
-    if (split != nullptr && !recompute_) acts = split_backward_bytes(*split, s);
+    // left: priced by liveness over the rank's own list (it takes no recomputation: plan.h).
+    const double acts = split != nullptr ? split_backward_bytes(*split, s) : in_flight_bytes(s, in_flight);
     double casts = device_layers_[static_cast<std::size_t>(s)] > 0 ? here.layer.fp8_cast_bytes : 0.0;
     if (s == 0) casts = std::max(casts, here.pre.fp8_cast_bytes);
     if (s == last_device_) casts = std::max(casts, here.post.fp8_cast_bytes);
