@@ -36,6 +36,7 @@ recompute="selective")``), and 4-stage pipelines with full and with selective re
 
     python benchmarks/fidelity.py [--world 4|2] [--steps 5] [--svg benchmarks/images/fidelity.svg]
                                   [--json out.json] [--only "gpt2 data 4" ...] [--record]
+                                  [--from-json out.json]  (report a saved run again)
 
 ``--record`` writes the table to benchmarks/results/fidelity.json and the README, and redraws
 the README's picture, benchmarks/images/fidelity.svg (unless ``--svg`` names another file).
@@ -334,7 +335,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="run these plans (names as listed)")
     parser.add_argument("--world", type=int, choices=sorted(TABLES), default=WORLD,
                         help="processes: 4 runs PLANS, 2 runs PLANS_2")
-    from _results import add_record_argument, record
+    parser.add_argument("--from-json", default=None,
+                        help="report (and --record) a run saved with --json instead of running one")
+    from _results import add_record_argument
 
     add_record_argument(parser)
     args = parser.parse_args()
@@ -353,6 +356,12 @@ def main() -> None:
         parser.error(f"unknown plans {unknown}; known at --world {world}: {list(table)}")
     steps = 1 if args.smoke else args.steps
     print(machine_line())
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        cluster = shardwise.Cluster.from_json(json.dumps(saved["cluster"]))
+        report(args, saved["rows"], cluster, world, len(saved["rows"][0]["steps"]))
+        return
     cluster = shardwise.Cluster.from_json(_spawn(_detect, world))
     device = cluster.device_of(0)
     print(f"profiled: {cluster.name}\n  peak f32 {device['peak_flops']['f32'] / 1e9:.1f} GFLOP/s per rank, "
@@ -386,7 +395,14 @@ def main() -> None:
               f"{len(specs)} ops measured at the rank's shapes; {r['analytic_step']:.3f} s by the analytic model); "
               f"memory {_mb(r['memory'])} MB measured ({_mb(r['held'])} held between steps, resident growth "
               f"{_mb(r['resident'])}), {_mb(r['predicted_memory'])} MB predicted", flush=True)
+    report(args, rows, cluster, world, steps)
 
+
+def report(args, rows: list[dict], cluster, world: int, steps: int) -> None:
+    """The table, the figures against the bar, and (--svg, --json, --record) their files."""
+    import shardwise
+
+    device = cluster.device_of(0)
     print(f"\n{len(rows)} plans, {world} Gloo processes, batch {BATCH} x seq {SEQ}, float32, "
           f"median of {steps} steps")
     print("| plan | layout | step measured (s) | predicted (s) | predicted / measured | analytic (s) | "
@@ -424,6 +440,7 @@ def main() -> None:
             json.dump({"cluster": json.loads(cluster.to_json()), "rows": rows}, f, indent=1)
     if args.record:
         from _machine import cpu_model
+        from _results import record
 
         link = json.loads(cluster.to_json())["links"]
         record("fidelity" if world == 4 else f"fidelity-{world}", recorded, {

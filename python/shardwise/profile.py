@@ -218,7 +218,8 @@ def _make_tensor(v: dict, device: torch.device, op: str, position: int, shapes: 
 
 
 def _build_call(spec: dict, device: torch.device):
-    """(op, args, kwargs, differentiable inputs) rebuilding a spec's ATen call (_spec)."""
+    """(op, args, kwargs, differentiable inputs, activations) rebuilding a spec's ATen call
+    (_spec); activations: the inputs an earlier op of the step produced (not parameters)."""
     op = _resolve_op(spec["op"])
     attrs = spec["attrs"]
     shapes = [list(v["shape"]) for v in spec["inputs"]]
@@ -240,7 +241,8 @@ def _build_call(spec: dict, device: torch.device):
         else:
             kwargs["device"] = device
     grads_wrt = [t for t in tensors if isinstance(t, torch.Tensor) and t.requires_grad]
-    return op, args, kwargs, grads_wrt
+    activations = [t for t, v in zip(tensors, spec["inputs"]) if isinstance(t, torch.Tensor) and v["role"] == "activation"]
+    return op, args, kwargs, grads_wrt, activations
 
 
 def _spec(node: dict, values: dict, signature: str, shapes: "list[list[int]] | None" = None) -> dict:
@@ -292,9 +294,39 @@ def _floating_outputs(out) -> list[torch.Tensor]:
     return [t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
 
 
-def _median_time(fn: Callable[[], Any], device: torch.device, repeats: int, min_sample_s: float) -> float:
-    """Median seconds of one call; calls are batched so a sample lasts >= min_sample_s
-    (a microsecond op is otherwise lost in the clock's and Python's noise)."""
+# Bytes written between samples so that an op's inputs are not still in the caches from its
+# last call: in a step, the ops between two uses of a tensor have evicted it. Then the inputs
+# an earlier op produced (activations; in backward the output gradients) are read once, as
+# their producer just wrote them: what fits in the caches is hot, as in the step, the rest is
+# not, and parameters stay cold. On this CPU (2 MiB of L2 a core) a float32 mul of 4 MiB
+# operands ran 0.48 ms timed hot, 1.18 ms after a 64 MiB write, and 0.85 ms on average in a
+# GPT-2 step's own profile; timed hot, that step's elementwise ops were priced at about half of
+# what they took (GPT-2 data 2: 0.72x to 0.84x of the measured step in three runs), and flushed
+# without the read, a pipeline's micro-batch-sized ops at 1.13x to 1.52x. A GPU's L2 (50 MiB
+# on an H100) is flushed the same way (Triton's do_bench writes 256 MiB).
+_FLUSH_BYTES = {"cpu": 64 << 20, "cuda": 256 << 20}
+_flush_buffers: dict[str, torch.Tensor] = {}
+
+
+def _flush_caches(device: torch.device, produced: "list[torch.Tensor]" = ()) -> None:
+    """Evicts the caches, then reads ``produced`` (the tensors the op's producers just wrote)."""
+    key = str(device)
+    buf = _flush_buffers.get(key)
+    if buf is None:
+        buf = _flush_buffers[key] = torch.empty(_FLUSH_BYTES.get(device.type, 64 << 20) // 4, device=device)
+    buf.fill_(1.0)
+    with torch.no_grad():
+        for t in produced:
+            if t.numel():
+                t.sum()
+    _sync(device)
+
+
+def _median_time(fn: Callable[[], Any], device: torch.device, repeats: int, min_sample_s: float,
+                 produced: "list[torch.Tensor]" = ()) -> float:
+    """Median seconds of one call, each sample started as a step would (_flush_caches); calls
+    are batched so a sample lasts >= min_sample_s (a microsecond op is otherwise lost in the
+    clock's and Python's noise)."""
     _sync(device)
     t0 = time.perf_counter()
     fn()
@@ -303,7 +335,7 @@ def _median_time(fn: Callable[[], Any], device: torch.device, repeats: int, min_
     inner = max(1, min(100, int(min_sample_s / one)))
     samples = []
     for _ in range(repeats):
-        _sync(device)
+        _flush_caches(device, produced)
         t0 = time.perf_counter()
         for _ in range(inner):
             fn()
@@ -313,16 +345,16 @@ def _median_time(fn: Callable[[], Any], device: torch.device, repeats: int, min_
 
 
 def _autograd_overhead(device: torch.device, repeats: int) -> float:
-    """Seconds of one torch.autograd.grad call on a one-element graph: the engine's fixed
-    start-up cost. A standalone backward pays it once per op; a model's backward pays it once
-    per step, so it is subtracted from every op's measured backward (on this CPU it is
+    """Seconds of one torch.autograd.grad call on a one-element graph after _flush_caches: the
+    engine's fixed start-up cost. A standalone backward pays it once per op; a model's backward
+    pays it once per step, so it is subtracted from every op's measured backward (on this CPU it is
     ~100 us, more than the whole backward of a small elementwise op)."""
     x = torch.ones(1, device=device, requires_grad=True)
     g = torch.ones(1, device=device)
 
     def one() -> float:
         y = x.view(1)
-        _sync(device)
+        _flush_caches(device)  # as every op's backward is timed: the engine's start-up, cold
         t0 = time.perf_counter()
         torch.autograd.grad([y], [x], grad_outputs=[g])
         _sync(device)
@@ -333,7 +365,7 @@ def _autograd_overhead(device: torch.device, repeats: int) -> float:
 
 
 def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, float]:
-    op, args, kwargs, wrt = _build_call(spec, device)
+    op, args, kwargs, wrt, activations = _build_call(spec, device)
     if spec.get("fp8"):
         from .runtime.fp8 import fp8_call
 
@@ -352,7 +384,7 @@ def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, f
         if got != want:
             raise _Skip(f"the rebuilt call gives shapes {got}, the rank runs {want} (an attribute holds the "
                         "whole graph's sizes)")
-    forward = _median_time(lambda: op(*args, **kwargs), device, repeats, min_sample_s)
+    forward = _median_time(lambda: op(*args, **kwargs), device, repeats, min_sample_s, activations)
 
     backward = 0.0
     outs = _floating_outputs(op(*args, **kwargs)) if wrt else []
@@ -361,7 +393,7 @@ def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, f
 
         def run_backward():
             o = _floating_outputs(op(*args, **kwargs))
-            _sync(device)
+            _flush_caches(device, grads)  # a step's backward runs long after its forward
             t0 = time.perf_counter()
             torch.autograd.grad(o, wrt, grad_outputs=grads, allow_unused=True)
             _sync(device)
@@ -435,41 +467,60 @@ def measure_specs(specs: list[dict], *, device: "str | torch.device | None" = No
 def _measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progress, shared_by, group,
                    timing: bool) -> dict:
     """measure_specs's loop; with a group every rank runs it, those not ``timing`` only agreeing
-    on the budget with the rest, call by call."""
+    on the budget with the rest, call by call.
+
+    The ``repeats`` samples of an op are taken in as many passes over the whole list, one
+    each, and their median kept: a machine that runs slower for a few seconds (a shared host
+    does; on this 2-core VM the same plan's profile moved by 30% from one run to the next
+    when each op's samples were taken back to back) then slows one sample of every op, not
+    every sample of a few."""
     if group is not None:
         import torch.distributed as dist
-    ops, skipped = {}, {}
+    samples: dict[str, list[tuple[float, float]]] = {}
+    skipped: dict[str, str] = {}
+    overheads = []
     start = time.perf_counter()
-    overhead = _autograd_overhead(device, repeats) if timing else 0.0
-    bar = _progress(len(specs), progress and timing)
+    passes = max(1, repeats)
+    bar = _progress(len(specs) * passes, progress and timing)
     try:
-        for spec in specs:
-            sig = spec["signature"]
-            over = time.perf_counter() - start > budget_s
-            if group is not None:
-                flag = torch.tensor([1.0 if over and timing else 0.0], device=device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-                over = bool(flag.item())
-            if over:
-                skipped[sig] = f"time budget of {budget_s:g} s exhausted"
+        for _ in range(passes):
+            if timing:
+                overheads.append(_autograd_overhead(device, 1))
+            for spec in specs:
+                sig = spec["signature"]
+                over = time.perf_counter() - start > budget_s
+                if group is not None:
+                    flag = torch.tensor([1.0 if over and timing else 0.0], device=device)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+                    over = bool(flag.item())
+                if over and sig not in samples and sig not in skipped:
+                    skipped[sig] = f"time budget of {budget_s:g} s exhausted"
+                if over or not timing or sig in skipped:
+                    bar.update()
+                    continue
+                bar.set_postfix_str(spec["op"])
+                try:
+                    sample = _measure_node(spec, device, warmup, 1, min_sample_s)
+                except _Skip as why:
+                    skipped[sig] = str(why)
+                except (RuntimeError, ValueError, TypeError, IndexError) as e:  # rebuilding itself failed
+                    skipped[sig] = (f"could not rebuild: {type(e).__name__}: "
+                                    f"{str(e).splitlines()[0] if str(e) else ''}")
+                else:
+                    samples.setdefault(sig, []).append(sample)
                 bar.update()
-                continue
-            if not timing:
-                continue
-            bar.set_postfix_str(spec["op"])
-            try:
-                fwd, bwd = _measure_node(spec, device, warmup, repeats, min_sample_s)
-            except _Skip as why:
-                skipped[sig] = str(why)
-            except (RuntimeError, ValueError, TypeError, IndexError) as e:  # rebuilding itself failed
-                skipped[sig] = f"could not rebuild: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            else:
-                # An op with a backward keeps a floor of 1 ns: measured, not "free".
-                ops[sig] = {"forward": max(fwd, 1e-9) * shared_by,
-                            "backward": max(bwd - overhead, 1e-9) * shared_by if bwd > 0 else 0.0}
-            bar.update()
     finally:
         bar.close()
+    overhead = statistics.median(overheads) if overheads else 0.0
+    ops = {}
+    for sig, taken in samples.items():
+        if sig in skipped:  # a later pass failed where an earlier did not
+            continue
+        fwd = statistics.median(f for f, _ in taken)
+        bwd = statistics.median(b for _, b in taken)
+        # An op with a backward keeps a floor of 1 ns: measured, not "free".
+        ops[sig] = {"forward": max(fwd, 1e-9) * shared_by,
+                    "backward": max(bwd - overhead, 1e-9) * shared_by if bwd > 0 else 0.0}
     log.info("shardwise.profile: %d signatures measured, %d skipped in %.1f s (autograd overhead %.1f us "
              "subtracted from each backward)", len(ops), len(skipped), time.perf_counter() - start, overhead * 1e6)
     return {"device": _device_name(device), "ops": ops, "skipped": skipped}

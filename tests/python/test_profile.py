@@ -329,3 +329,55 @@ def test_shared_by_states_the_times_at_the_rate_ranks_sharing_cores_compute(data
     for s in specs:
         assert alone["ops"][s["signature"]] == {"forward": 1e-3, "backward": 2e-3}
         assert shared["ops"][s["signature"]] == {"forward": 2e-3, "backward": 4e-3}
+
+
+def test_an_ops_samples_are_taken_one_per_pass_and_their_median_kept(data_plan, monkeypatch):
+    # A machine that runs slow for a while must slow one sample of every op, not every sample
+    # of a few: the list is walked `repeats` times, one sample of each op per pass.
+    import sys
+
+    from shardwise.profile import measure_specs, plan_specs
+
+    profile_module = sys.modules["shardwise.profile"]
+    graph, cluster, plan = data_plan
+    specs = plan_specs(graph, cluster, [plan])[:3]
+    calls = []
+
+    def one_sample(spec, device, warmup, repeats, min_sample_s):
+        assert repeats == 1
+        calls.append(spec["signature"])
+        slow = 10.0 if len(calls) <= len(specs) else 1.0  # the whole first pass ran slow
+        return 1e-3 * slow, 3e-3 * slow
+
+    monkeypatch.setattr(profile_module, "_measure_node", one_sample)
+    monkeypatch.setattr(profile_module, "_autograd_overhead", lambda *a: 1e-3)
+    doc = measure_specs(specs, progress=False, repeats=3)
+    order = [s["signature"] for s in specs]
+    assert calls == order * 3
+    for s in order:
+        assert doc["ops"][s] == pytest.approx({"forward": 1e-3, "backward": 2e-3})
+
+
+def test_an_op_is_timed_after_the_caches_are_flushed_and_its_produced_inputs_read(monkeypatch):
+    # In a step, the ops between two uses of a tensor evict it; an activation was just written
+    # by its producer. Every sample starts so: the flush, then a read of the activations (in
+    # backward, of the output gradients), never of the parameters.
+    import sys
+
+    profile_module = sys.modules["shardwise.profile"]
+    seen = []
+    real = profile_module._flush_caches
+
+    def flush(device, produced=()):
+        seen.append([tuple(t.shape) for t in produced])
+        real(device, produced)
+
+    monkeypatch.setattr(profile_module, "_flush_caches", flush)
+    spec = {"op": "aten::mm", "attrs": {}, "signature": "mm",
+            "inputs": [{"shape": [8, 4], "dtype": "f32", "role": "activation"},
+                       {"shape": [4, 6], "dtype": "f32", "role": "parameter"}],
+            "outputs": [{"shape": [8, 6], "dtype": "f32"}]}
+    fwd, bwd = profile_module._measure_node(spec, torch.device("cpu"), 1, 3, 0.0)
+    assert fwd > 0 and bwd > 0
+    assert seen[:3] == [[(8, 4)]] * 3  # forward: the activation only
+    assert seen[3:] == [[(8, 6)]] * 4  # backward (a warm-up and 3 samples): the output gradient
