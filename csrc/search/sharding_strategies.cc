@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <set>
 #include <utility>
-#include <vector>
 
 #include "ops/distributed_kernels.h"
 #include "ops/node_rule.h"
@@ -132,35 +131,6 @@ void drop_kernelless_splits(std::vector<Strategy>& strategies, const ops::DimRul
   });
 }
 
-// Which distributed kernel a strategy's split asks for (drop_kernelless_splits kept only
-// those the table has).
-enum class KernelSplit { None, Lookup, Statistics };
-
-KernelSplit kernel_split(const Strategy& s, const ops::DimRule& rule) {
-  if (s.partial || s.index < 0) return KernelSplit::None;
-  const ops::Index& index = rule.indices.at(static_cast<std::size_t>(s.index));
-  if (index.kind != ops::IndexKind::Whole) return KernelSplit::None;
-  if (index.lookup) return KernelSplit::Lookup;
-  return index.statistics > 0 ? KernelSplit::Statistics : KernelSplit::None;
-}
-
-// The rewrite runs a node on one statistics kernel over one axis: a statistics split on a
-// second axis, or beside a lookup split on another, makes it run whole on gathered operands
-// (transform/spmd_rewrite.cc, decide_kernels), not as priced (a vocabulary-split loss over both
-// axes of a 2 x 2 mesh gathered its 16 MiB of logits to every rank: 0.46x of its measured peak,
-// 2026-12-02). So where another axis already takes a kernel, this one offers none that would
-// make it so.
-void drop_second_kernel_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule,
-                               const std::vector<KernelSplit>& others) {
-  const bool statistics = std::ranges::count(others, KernelSplit::Statistics) > 0;
-  const bool lookup = std::ranges::count(others, KernelSplit::Lookup) > 0;
-  if (!statistics && !lookup) return;
-  std::erase_if(strategies, [&](const Strategy& s) {
-    const KernelSplit k = kernel_split(s, rule);
-    return k == KernelSplit::Statistics || (k == KernelSplit::Lookup && statistics);
-  });
-}
-
 }  // namespace
 
 std::vector<std::optional<ops::DimRule>> rules_at_batch(const ir::Graph& graph, double batch_scale) {
@@ -231,10 +201,6 @@ std::vector<Strategy> StrategyEnumerator::node_strategies(ir::NodeId node, int a
   if (!options_.batch_axes.empty() && !options_.batch_axes.at(static_cast<std::size_t>(axis)))
     drop_batch_splits(strategies, facts_.graph, *rule, n);
   drop_kernelless_splits(strategies, *rule, n);
-  std::vector<KernelSplit> others;
-  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b)
-    if (b != axis) others.push_back(kernel_split(decisions_.nodes[static_cast<std::size_t>(b)][static_cast<std::size_t>(node)], *rule));
-  drop_second_kernel_splits(strategies, *rule, others);
   if (passes_partial_sums(facts_.graph, n)) strategies.push_back(partial_strategy(*rule));
   return strategies;
 }

@@ -6,9 +6,7 @@
 // batch, as the other axes' splits leave it, less those the runtime would not run as priced:
 // an uneven split of the batch (only the balance LP sets uneven shares), a split of the batch
 // on an axis that may not carry it (ShardingModelOptions::batch_axes), a split of a Whole
-// index the runtime has no distributed kernel for, a statistics split where another axis
-// already splits the node for a kernel (the rewrite runs one statistics kernel on one axis, and
-// none beside a lookup: a second would run the node whole); plus partial passthrough for a linear op on
+// index the runtime has no distributed kernel for; plus partial passthrough for a linear op on
 // floating values. A leaf is whole, split as one of its readers wants it (where the blocks its
 // other axes cut allow), or, a trainable parameter, whole with its optimizer state sharded
 // (ZeRO-1).

@@ -114,34 +114,5 @@ TEST_F(ShardingStrategiesTest, ALeafDimAnotherAxisCutsMustDivideAgain) {
   EXPECT_FALSE(c.strategies().leaf_placement_fits(c.value("fc.weight"), 0, S(0, 3)));
 }
 
-
-// A softmax over classes split on one axis runs on the statistics kernel of that axis; the
-// rewrite has no kernel over two axes and would run it whole on gathered logits, so once one
-// axis takes the split the other no longer offers it (it still offers the rows).
-TEST_F(ShardingStrategiesTest, AStatisticsSplitOnOneAxisIsNotOfferedOnASecond) {
-  const ir::Graph softmax = ir::parse_graph(R"(graph(%x: f32[b8,64]) {
-  %p: f32[b8,64] = aten::softmax.int(%x) {dim=1, dtype=none} @head
-  return (%p)
-})");
-  Candidate& c = candidate(softmax, four, f32_options({2, 2}, 8));
-  const ir::NodeId node = c.producer("p");
-  auto splits_classes = [&](int axis) {
-    for (const Strategy& s : c.strategies().node_strategies(node, axis))
-      if (s.outputs[0] == S(1)) return true;
-    return false;
-  };
-  auto splits_rows = [&](int axis) {
-    for (const Strategy& s : c.strategies().node_strategies(node, axis))
-      if (s.outputs[0] == S(0)) return true;
-    return false;
-  };
-  ASSERT_TRUE(splits_classes(0));
-  ASSERT_TRUE(splits_classes(1));
-  c.decisions.nodes[0][static_cast<std::size_t>(node)] = c.producing("p", 0, S(1));
-  EXPECT_FALSE(splits_classes(1));
-  EXPECT_TRUE(splits_rows(1));
-  EXPECT_TRUE(splits_classes(0));  // the axis that holds it may keep it
-}
-
 }  // namespace
 }  // namespace shardwise::search
