@@ -241,7 +241,8 @@ def _build_call(spec: dict, device: torch.device):
         else:
             kwargs["device"] = device
     grads_wrt = [t for t in tensors if isinstance(t, torch.Tensor) and t.requires_grad]
-    activations = [t for t, v in zip(tensors, spec["inputs"]) if isinstance(t, torch.Tensor) and v["role"] == "activation"]
+    activations = [t for t, v in zip(tensors, spec["inputs"])
+                   if isinstance(t, torch.Tensor) and v["role"] == "activation"]
     return op, args, kwargs, grads_wrt, activations
 
 
