@@ -360,6 +360,12 @@ def main() -> None:
         with open(args.from_json) as f:
             saved = json.load(f)
         cluster = shardwise.Cluster.from_json(json.dumps(saved["cluster"]))
+        # A run of the other world reported (and --record'ed) as this one's would replace the
+        # wrong table: the saved cluster's ranks and plans must be this world's.
+        foreign = [r["plan"] for r in saved["rows"] if r["plan"] not in table]
+        if len(cluster.devices) != world or foreign:
+            parser.error(f"{args.from_json} holds a run on {len(cluster.devices)} ranks (plans not of --world "
+                         f"{world}: {foreign}); pass the --world it ran at")
         report(args, saved["rows"], cluster, world, len(saved["rows"][0]["steps"]))
         return
     cluster = shardwise.Cluster.from_json(_spawn(_detect, world))
