@@ -47,12 +47,16 @@ MemoryShares first_stage_shares(const cost::LayerStructure& structure, const pla
 }
 
 // The prices of `found`'s decisions by part, on a {1, t} or {d, t} model: a rank's compute
-// and saved bytes (one micro-batch's rows each), the tensor axis' collectives and splits
-// (axis 1; the data axis is the evaluator's: data parallelism, ZeRO, the optimizer).
+// and saved bytes (one micro-batch's rows each), the collectives of both axes and the splits
+// of both (a layout searched on {d, t} may split more than the batch on the data axis: a
+// vocabulary, an MLP's hidden width, whose activations the runtime then gathers and
+// scatters over the data axis every micro-batch); the gradient reductions of the tensor axis
+// only (axis 1; the data axis' are the evaluator's: data parallelism, ZeRO, the optimizer).
 cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Graph& graph,
                                       const cost::LayerStructure& structure, const plan::Plan& plan) {
   constexpr int kTensorAxis = 1;
   const std::vector<NodePrice> prices = found.node_prices(kTensorAxis);
+  const std::vector<NodePrice> both_axes = found.node_prices(0);
   // Of a node's outputs, the share whose gradients a split backward holds (the graph's figure).
   auto held_share = [&](ir::NodeId id) {
     const std::int64_t held = structure.weight_gradient_held[static_cast<std::size_t>(id)];
@@ -68,7 +72,7 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
       const NodePrice& price = prices[static_cast<std::size_t>(id)];
       out.forward += price.forward;
       out.backward += price.backward;
-      out.collectives += price.collectives;
+      out.collectives += both_axes[static_cast<std::size_t>(id)].collectives;
       out.gradient_sync += price.gradient_sync;
       out.activation_bytes += price.activation_bytes;
       out.selective_forward += price.selective_forward;
@@ -77,7 +81,7 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
       for (ir::ValueId in : graph.node(id).inputs) {
         const ir::Value& value = graph.value(in);
         if (value.role != ir::ValueRole::Parameter || !seen.insert(in).second) continue;
-        out.parameters += static_cast<double>(value.type.numel()) * found.held_fraction_of(in, kTensorAxis);
+        out.parameters += static_cast<double>(value.type.numel()) * found.held_fraction_of(in, 0);
       }
     }
     return out;
@@ -151,7 +155,8 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
                                                              const cost::LayerStructure& structure,
                                                              const cost::Cluster& cluster, const cost::CostModel& model,
                                                              const plan::Plan& plan) {
-  if (!plan.stage_sharding || plan.tensor <= 1 || !structure.layers || !plan.stage_meshes.empty()) return std::nullopt;
+  if (!plan.stage_sharding || plan.data * plan.tensor <= 1 || !structure.layers || !plan.stage_meshes.empty())
+    return std::nullopt;
   const plan::Sharding& running = *plan.stage_sharding;
   if (running.mesh.size() != 2 || running.mesh[1] != plan.tensor)
     throw support::ValidationError(fmt::format("plan: stage_sharding mesh [{}] for tensor degree {}",
@@ -162,8 +167,9 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
   // Adopted as it runs: on the {d, t} sub-mesh at one micro-batch of the data axis (the rows
   // it was searched at, so every strategy reads its rule at the batch it was written for: at
   // one row a flattening view's batch dim is a unit dim and its indices shift), each rank's
-  // compute one micro-batch's. What is priced of it is the tensor axis (layout_prices); the
-  // data axis' ZeRO is the evaluator's (zero_stage), so only the tensor axis' stays.
+  // compute one micro-batch's. What is priced of it is its compute, both axes' collectives
+  // and the tensor axis' gradient reductions (layout_prices); the data axis' ZeRO is the
+  // evaluator's (zero_stage), so only the tensor axis' stays.
   plan::Sharding adopted = running;
   adopted.zero.clear();
   for (const auto& [name, axes] : running.zero)

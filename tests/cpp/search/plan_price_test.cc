@@ -259,6 +259,53 @@ TEST(PlanPrice, AStageLayoutSearchedAtOneRowPerMicroBatchIsPricedAsItRuns) {
   EXPECT_NE(again.plan.predicted->step_time, p.predicted->step_time);  // not Megatron's layout's price
 }
 
+// A stage layout may split more than the batch on its data axis (the SPMD search of a {d, 1}
+// sub-mesh may split an MLP's width there, gathering and scattering its activations every
+// micro-batch): those collectives are priced as the runtime runs them. The same layout on the
+// data axis of {2, 1} (2 micro-batch rows a rank, 4 rows a micro-batch) and on the tensor axis
+// of {1, 2} (4 rows a micro-batch) moves the same bytes: the same collectives a micro-batch.
+// (A layout on {d, 1} was priced as plain data parallelism: no collectives at all.)
+TEST(PlanPrice, AStageLayoutSplittingMoreThanTheBatchOnTheDataAxisPricesItsCollectives) {
+  const ir::Graph g = gpt(4);
+  const cost::Cluster cluster = cost::first_ranks(cost::preset("dgx-a100", 1), 4);
+  plan::Plan tensor;
+  tensor.data = 1;
+  tensor.tensor = 2;
+  tensor.pipeline = 2;
+  tensor.global_batch = 8;
+  tensor.micro_batch = 4;
+  const CompletedPlan done = complete_plan(g, cluster, price_plan(g, cluster, cost::AnalyticCostModel{}, tensor).plan,
+                                           SearchLevel::Fast);
+  ASSERT_TRUE(done.plan.stage_sharding.has_value());
+  const cost::LayerStructure structure = cost::find_layer_structure(g);
+  const auto on_tensor = stage_sharding_prices(g, structure, cluster, cost::AnalyticCostModel{}, done.plan);
+  ASSERT_TRUE(on_tensor.has_value());
+  ASSERT_GT(on_tensor->layer.collectives, 0);
+
+  // The same layout with its axes swapped, on a plan of data 2 at 2 rows a rank.
+  plan::Sharding swapped = *done.plan.stage_sharding;
+  auto swap = [](std::map<std::string, std::vector<std::string>>& per_value) {
+    for (auto& [name, axes] : per_value) std::swap(axes[0], axes[1]);
+  };
+  swap(swapped.placements);
+  swap(swapped.strategies);
+  std::swap(swapped.mesh[0], swapped.mesh[1]);
+  ASSERT_TRUE(swapped.zero.empty());
+  plan::Plan data = done.plan;
+  data.data = 2;
+  data.tensor = 1;
+  data.micro_batch = 2;
+  data.stage_sharding = swapped;
+  const auto on_data = stage_sharding_prices(g, structure, cluster, cost::AnalyticCostModel{}, data);
+  ASSERT_TRUE(on_data.has_value());
+  EXPECT_DOUBLE_EQ(on_data->layer.collectives, on_tensor->layer.collectives);
+  EXPECT_DOUBLE_EQ(on_data->layer.forward, on_tensor->layer.forward);
+  EXPECT_DOUBLE_EQ(on_data->layer.parameters, on_tensor->layer.parameters);
+  const PricedPlan priced = price_plan(g, cluster, cost::AnalyticCostModel{}, data);
+  EXPECT_TRUE(priced.stage_layout);
+  EXPECT_GT(priced.plan.predicted->breakdown.at("tensor_parallel"), 0);
+}
+
 // 4 A100 + 4 V100: the batch shared unevenly by the balance LP. The search records the step
 // its plan's evaluation prices with those shares (it used to record the LP's step patched onto
 // the even evaluation, and memory without the gathered weights), and the plan read back prices
