@@ -26,9 +26,10 @@ own ops timed at the shapes each rank runs them (``shardwise.profile.plan_specs`
 the evaluator prices, recorded; issue 46, item 7), measured in the plan's processes right
 before its run by as many ranks at once as there are cores (the others waiting), times the
 node's compute_alone (2 for 4 processes on 2 cores); every collective kind is timed over all
-the ranks too and fitted (``measure_collectives``), pricing the plan's groups of that size;
-smaller groups and the ops that cannot be rebuilt at a rank's shapes (views whose sizes are
-the whole graph's) stay analytic. The analytic model's prediction on the detected cluster is beside it.
+the ranks too and fitted (``measure_collectives``), and over every smaller group size that
+divides them (pairs on 4 ranks: both pairs at once, as a mesh axis runs them), pricing the
+plan's groups of each size; the ops that cannot be rebuilt at a rank's shapes (views whose
+sizes are the whole graph's) stay analytic. The analytic model's prediction on the detected cluster is beside it.
 Five plans recompute (each transformer layer one checkpointed region, as the cost model
 prices it): data-parallel plans searched with full recomputation, or with selective (the
 products' and attention's outputs kept, the rest run again: ``shardwise.plan(...,
@@ -226,7 +227,7 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
         # And every collective kind over all the ranks, fitted to alpha + beta x bytes: the
         # plan's groups of that size are priced by the fit of their kind (Gloo's all_gather,
         # reduce_scatter and all_to_all are not all-reduces); smaller groups stay analytic.
-        fits = measure_collectives(repeats=3)
+        fits = measure_collectives(repeats=3, subgroups=True)
         ops["collectives"] = fits["collectives"]
         ops["skipped"].update(fits["skipped"])
         model = build(model_name)
@@ -315,6 +316,38 @@ def make_plan(shardwise, row: tuple, cluster, graphs: dict):
     return plan.complete(graphs[key], cluster), graphs[key]
 
 
+def reprice(shardwise, rows: list[dict], cluster, table: dict) -> None:
+    """Each saved row priced again, in place, from its saved plan and op times (--reprice): what a
+    change to the cost model does to the same measurements, without running the plans again."""
+    graphs = {}
+    for model_name in sorted({table[r["plan"]][0] for r in rows}):
+        ids, y = batch()
+        graphs[model_name] = shardwise.capture(build(model_name), (ids, y))
+    for r in rows:
+        if "plan_json" not in r:
+            raise SystemExit(f"{r['plan']}: the saved run has no plan and op times (saved before --reprice)")
+        plan = shardwise.Plan.from_json(r["plan_json"])
+        model_name, kind, d = table[r["plan"]]
+        graph = graphs[model_name]
+        if kind not in ("spmd", "zero", "tight", "recompute", "selective", "fp8"):  # pipelines: as make_plan
+            rows_per = d["micro_batch"] * d["data"]
+            key = f"{model_name}@{rows_per}"
+            if key not in graphs:
+                ids, y = batch()
+                graphs[key] = shardwise.capture(build(model_name), (ids[:rows_per], y[:rows_per]))
+            graph = graphs[key]
+        ops = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1, **r["profile"]}))
+        before = r["predicted_step"]
+        profiled = plan.price(graph, cluster, profile=ops)
+        analytic = plan.price(graph, cluster)
+        r["predicted_step"] = profiled.predicted_step_time()
+        r["analytic_step"] = analytic.predicted_step_time()
+        r["predicted_memory"] = analytic.predicted_memory()[0]
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(profiled.breakdown().items()) if v)
+        print(f"  {r['plan']}: predicted {before:.3f} s -> {r['predicted_step']:.3f} s "
+              f"(measured {r['step']:.3f} s; {parts})")
+
+
 def predicted_traffic(plan) -> dict:
     out: dict[str, float] = {}
     for c in plan.collectives():
@@ -337,6 +370,9 @@ def main() -> None:
                         help="processes: 4 runs PLANS, 2 runs PLANS_2")
     parser.add_argument("--from-json", default=None,
                         help="report (and --record) a run saved with --json instead of running one")
+    parser.add_argument("--reprice", action="store_true",
+                        help="with --from-json: price the saved plans again with the saved op times and this "
+                             "build's cost model (the measurements stay as they were)")
     from _results import add_record_argument
 
     add_record_argument(parser)
@@ -366,6 +402,8 @@ def main() -> None:
         if len(cluster.devices) != world or foreign:
             parser.error(f"{args.from_json} holds a run on {len(cluster.devices)} ranks (plans not of --world "
                          f"{world}: {foreign}); pass the --world it ran at")
+        if args.reprice:
+            reprice(shardwise, saved["rows"], cluster, table)
         report(args, saved["rows"], cluster, world, len(saved["rows"][0]["steps"]))
         return
     cluster = shardwise.Cluster.from_json(_spawn(_detect, world))
@@ -392,6 +430,7 @@ def main() -> None:
                                                       **measured["ops"]}))
         profiled = plan.price(graph, cluster, profile=ops)
         rows.append({"plan": name, "layout": layout(plan), "predicted_step": profiled.predicted_step_time(),
+                     "plan_json": plan.to_json(), "profile": measured["ops"],
                      "analytic_step": plan.predicted_step_time(), "ops_measured": len(ops.ops),
                      "ops_asked": len(specs),
                      "predicted_memory": plan.predicted_memory()[0], "predicted_traffic": predicted_traffic(plan),

@@ -572,10 +572,16 @@ def _collective_call(kind: str, nbytes: int, world: int, device: torch.device, g
 
 
 def measure_collectives(*, sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES, kinds: Iterable[str] = _COLLECTIVES,
-                        repeats: int = 5, group=None, device: "str | torch.device | None" = None) -> dict:
+                        repeats: int = 5, group=None, device: "str | torch.device | None" = None,
+                        subgroups: bool = False) -> dict:
     """The collective part of a profile document: {"collectives", "skipped"}; every rank of
     the group must call it (it is collective). Empty when torch.distributed is not initialised
-    or the group has one rank."""
+    or the group has one rank. Each kind is fitted per group size (the cost model prices a
+    plan's group by the fit of its size). ``subgroups``: also every smaller size that divides
+    the group, as a plan's mesh axes run them: the group cut into consecutive blocks of that
+    size, every block measuring at once (on shared cores, four ranks in two pairs do not move
+    bytes as one pair alone does). Needs ``group`` to be the default group (new groups are
+    made from global ranks)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -587,42 +593,64 @@ def measure_collectives(*, sizes: Iterable[int] = DEFAULT_COLLECTIVE_SIZES, kind
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
             else torch.device("cpu")
     device = torch.device(device)
+    if subgroups and group not in (None, dist.group.WORLD):
+        raise ValueError("measure_collectives: subgroups=True measures blocks of the default group; pass group=None")
+    # (size, this rank's group of that size); every rank makes every group, in one order.
+    groups = [(world, group)]
+    if subgroups:
+        rank = dist.get_rank()
+        for size in range(2, world):
+            if world % size:
+                continue
+            blocks = [dist.new_group(list(range(first, first + size))) for first in range(0, world, size)]
+            groups.append((size, blocks[rank // size]))
     fits, skipped = {}, {}
     for kind in kinds:
-        xs, ts = [], []
-        try:
-            for size in sizes:
-                raw, nbytes = _collective_call(kind, int(size), world, device, group)
-
-                def call(raw=raw):
-                    # torch >= 2.13 deprecates the *_tensor names; they still run the same
-                    # collective, and the replacements do not exist in older releases.
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", FutureWarning)
-                        raw()
-
-                call()  # warm-up (and the first connection)
-                samples = []
-                for _ in range(repeats):
-                    dist.barrier(group=group)
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    call()
-                    _sync(device)
-                    samples.append(time.perf_counter() - t0)
-                # The slowest rank's median: a collective ends when its last member does, and
-                # every rank then fits the same line.
-                t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-                xs.append(nbytes)
-                ts.append(float(t.item()))
-        except (RuntimeError, NotImplementedError, ValueError) as e:
-            # Every rank fails the same way on an unsupported collective (same backend).
-            skipped[f"collective:{kind}"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            continue
-        alpha, beta = _fit_alpha_beta(xs, ts)
-        fits[kind] = {str(world): {"alpha": alpha, "beta": beta}}
+        for size, mine in groups:
+            try:
+                alpha, beta = _fit_kind(kind, sizes, size, mine, group, device, repeats)
+            except (RuntimeError, NotImplementedError, ValueError) as e:
+                # Every rank fails the same way on an unsupported collective (same backend).
+                skipped[f"collective:{kind}"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                fits.pop(kind, None)
+                break
+            fits.setdefault(kind, {})[str(size)] = {"alpha": alpha, "beta": beta}
     return {"collectives": fits, "skipped": skipped}
+
+
+def _fit_kind(kind: str, sizes: Iterable[int], size: int, mine, everyone, device: torch.device,
+              repeats: int) -> tuple[float, float]:
+    """alpha + beta x bytes of ``kind`` on ``mine`` (a group of ``size`` ranks), every group of
+    ``everyone`` running its own at once, each sample started together."""
+    import torch.distributed as dist
+
+    xs, ts = [], []
+    for nbytes in sizes:
+        raw, moved = _collective_call(kind, int(nbytes), size, device, mine)
+
+        def call(raw=raw):
+            # torch >= 2.13 deprecates the *_tensor names; they still run the same
+            # collective, and the replacements do not exist in older releases.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                raw()
+
+        call()  # warm-up (and the first connection)
+        samples = []
+        for _ in range(repeats):
+            dist.barrier(group=everyone)
+            _sync(device)
+            t0 = time.perf_counter()
+            call()
+            _sync(device)
+            samples.append(time.perf_counter() - t0)
+        # The slowest rank's median: a collective ends when its last member does, and every
+        # rank then fits the same line.
+        t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=everyone)
+        xs.append(moved)
+        ts.append(float(t.item()))
+    return _fit_alpha_beta(xs, ts)
 
 
 # ---- the entry point ---------------------------------------------------------------------

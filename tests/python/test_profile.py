@@ -131,14 +131,16 @@ def _join_or_fail(ctx) -> None:
                 p.kill()
 
 
-def _gloo_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
+def _gloo_worker(rank: int, world: int, store_path: str, out_path: str, subgroups: bool = False) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=20))
     try:
-        measured = measure_collectives(sizes=(4 << 10, 64 << 10, 1 << 20), repeats=3,
-                                       kinds=("all_reduce", "all_gather", "broadcast", "reduce_scatter"))
+        kinds = ("all_reduce", "all_gather") if subgroups else ("all_reduce", "all_gather", "broadcast",
+                                                                "reduce_scatter")
+        measured = measure_collectives(sizes=(4 << 10, 64 << 10, 1 << 20), repeats=3, kinds=kinds,
+                                       subgroups=subgroups)
         if rank == 0:
             with open(out_path, "w") as f:
                 json.dump(measured, f)
@@ -172,6 +174,32 @@ def test_gloo_collectives_fit_alpha_beta(tmp_path):
     assert seconds == pytest.approx(fit["alpha"] + fit["beta"] * (1 << 20))
     _, provenance = prof.collective_time(cluster, "all_to_all", [0, 1], 1 << 20)
     assert provenance == "analytic"
+
+
+def test_gloo_collectives_fit_every_group_size_a_mesh_axis_runs(tmp_path):
+    """subgroups=True: on 4 ranks, each kind fitted on the 4 and on two pairs at once; a plan's
+    2-rank group (a mesh axis of a 2 x 2 plan) is then priced by the pairs' fit, not the
+    analytic link model."""
+    import torch.multiprocessing as mp
+
+    store, out = str(tmp_path / "store"), str(tmp_path / "out.json")
+    ctx = mp.spawn(_gloo_worker, args=(4, store, out, True), nprocs=4, join=False)
+    _join_or_fail(ctx)
+    with open(out) as f:
+        measured = json.load(f)
+    assert not measured["skipped"], measured
+    for kind in ("all_reduce", "all_gather"):
+        assert set(measured["collectives"][kind]) == {"2", "4"}, measured
+    doc = {"device": "cpu", "ops": {}, "collectives": measured["collectives"], "skipped": {}}
+    prof = shardwise.Profile.from_json(json.dumps(doc))
+    cluster = shardwise.Cluster.preset("cpu", nodes=4)
+    fit = measured["collectives"]["all_gather"]["2"]
+    seconds, provenance = prof.collective_time(cluster, "all_gather", [2, 3], 1 << 20)
+    assert provenance == "measured"
+    assert seconds == pytest.approx(fit["alpha"] + fit["beta"] * (1 << 20))
+    _, provenance = prof.collective_time(cluster, "all_gather", [0, 1, 2], 1 << 20)
+    assert provenance == "analytic"  # no fit of 3 ranks: 3 does not divide 4
+
 
 
 def test_the_planners_price_with_a_profile_and_price_their_plans_again_so(tiny):
