@@ -213,7 +213,7 @@ def _detect(rank: int, store: str, world: int, out: str) -> None:
 def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, specs: list,
          shared_by: float, concurrent: int, out: str) -> None:
     import shardwise
-    from shardwise.profile import measure_collectives, measure_specs
+    from shardwise.profile import measure_collectives, measure_optimizer, measure_specs
     from shardwise.runtime import traffic
 
     torch.set_num_threads(threads(world))
@@ -228,6 +228,7 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
         # plan's groups of that size are priced by the fit of their kind (Gloo's all_gather,
         # reduce_scatter and all_to_all are not all-reduces); smaller groups stay analytic.
         fits = measure_collectives(repeats=3, subgroups=True)
+        ops["optimizer"] = measure_optimizer()  # AdamW's step, every rank at once
         ops["collectives"] = fits["collectives"]
         ops["skipped"].update(fits["skipped"])
         model = build(model_name)

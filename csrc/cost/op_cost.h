@@ -67,6 +67,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -119,6 +120,10 @@ class CostModel {
   // Whether node_time reads NodeContext::local_shapes: planners compute them only then
   // (the search prices millions of contexts; most models never look at shapes).
   virtual bool wants_local_shapes() const { return false; }
+  // The optimizer step's seconds per parameter element a rank holds the state of, where it
+  // was measured (a profile); none: the planners' bandwidth rule (every byte of the states
+  // read and written at optimizer_memory_efficiency of the device's memory bandwidth).
+  virtual std::optional<double> optimizer_seconds_per_element() const { return std::nullopt; }
 };
 
 // Each operand's shape (inputs then outputs) with its batch dim scaled by `batch_scale`

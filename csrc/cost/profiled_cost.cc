@@ -160,6 +160,11 @@ std::string rank_signature(const ir::Graph& graph, const ir::Node& node, Precisi
 }
 
 void validate_profile(const Profile& profile) {
+  if (profile.optimizer) {
+    const double s = profile.optimizer->seconds_per_element;
+    if (!std::isfinite(s) || s <= 0)
+      invalid("optimizer.seconds_per_element", fmt::format("must be finite seconds > 0, got {}", s));
+  }
   for (const auto& [signature, op] : profile.ops) {
     check_seconds(fmt::format("ops[\"{}\"].forward", signature), op.forward);
     check_seconds(fmt::format("ops[\"{}\"].backward", signature), op.backward);
@@ -187,13 +192,17 @@ json profile_to_json(const Profile& profile) {
     for (const auto& [n, fit] : fits) per_size[std::to_string(n)] = {{"alpha", fit.alpha}, {"beta", fit.beta}};
     collectives[std::string(collective_kind_name(kind))] = std::move(per_size);
   }
-  return {{"format", kFormat},  {"version", kVersion},  {"device", profile.device},
-          {"ops", std::move(ops)}, {"skipped", std::move(skipped)}, {"collectives", std::move(collectives)}};
+  json out = {{"format", kFormat},  {"version", kVersion},  {"device", profile.device},
+              {"ops", std::move(ops)}, {"skipped", std::move(skipped)}, {"collectives", std::move(collectives)}};
+  if (profile.optimizer)
+    out["optimizer"] = {{"name", profile.optimizer->name},
+                        {"seconds_per_element", profile.optimizer->seconds_per_element}};
+  return out;
 }
 
 Profile profile_from_json(const json& j) {
   object_at(j, "(top level)");
-  check_keys(j, "(top level)", {"format", "version", "device", "ops", "skipped", "collectives"});
+  check_keys(j, "(top level)", {"format", "version", "device", "ops", "skipped", "collectives", "optimizer"});
   if (auto it = j.find("format"); it != j.end() && string_value(*it, "format") != kFormat) {
     fail("format", fmt::format("expected \"{}\", found \"{}\"", kFormat, it->get<std::string>()));
   }
@@ -229,6 +238,14 @@ Profile profile_from_json(const json& j) {
                                                                number_at(entry, "beta", path)};
       }
     }
+  }
+  if (auto it = j.find("optimizer"); it != j.end()) {
+    object_at(*it, "optimizer");
+    check_keys(*it, "optimizer", {"name", "seconds_per_element"});
+    auto name = it->find("name");
+    if (name == it->end()) fail("optimizer", "missing \"name\"");
+    p.optimizer = MeasuredOptimizer{string_value(*name, "optimizer.name"),
+                                    number_at(*it, "seconds_per_element", "optimizer")};
   }
   validate_profile(p);
   return p;

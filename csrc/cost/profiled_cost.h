@@ -68,6 +68,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <vector>
@@ -123,11 +124,22 @@ struct AlphaBetaFit {
   friend bool operator==(const AlphaBetaFit&, const AlphaBetaFit&) = default;
 };
 
+// The optimizer's step as measured: seconds per parameter element a rank holds the state of
+// (shardwise.profile.measure_optimizer: torch.optim's AdamW, foreach, in the parameters'
+// dtype, with every rank of the node stepping at once as a step's ranks do).
+struct MeasuredOptimizer {
+  std::string name;  // e.g. "AdamW"
+  double seconds_per_element = 0;
+
+  friend bool operator==(const MeasuredOptimizer&, const MeasuredOptimizer&) = default;
+};
+
 struct Profile {
   std::string device;                                          // e.g. "cpu", "NVIDIA H100 80GB HBM3"
   std::map<std::string, MeasuredOp, std::less<>> ops;          // node signature -> times
   std::map<std::string, std::string, std::less<>> skipped;     // node signature -> why not measured
   std::map<CollectiveKind, std::map<int, AlphaBetaFit>> collectives;  // kind -> group size -> fit
+  std::optional<MeasuredOptimizer> optimizer;                  // none: the analytic bandwidth rule
 
   friend bool operator==(const Profile&, const Profile&) = default;
 };
@@ -139,8 +151,9 @@ void validate_profile(const Profile& profile);
 //   {"format": "shardwise.profile", "version": 1, "device": "cpu",
 //    "ops": {"<signature>": {"forward": 2.0e-5, "backward": 5.0e-5}, ...},
 //    "skipped": {"<signature>": "reason", ...},
-//    "collectives": {"all_reduce": {"2": {"alpha": 1.0e-4, "beta": 2.0e-9}}, ...}}
-// "format", "version", "skipped" and "collectives" are optional on input.
+//    "collectives": {"all_reduce": {"2": {"alpha": 1.0e-4, "beta": 2.0e-9}}, ...},
+//    "optimizer": {"name": "AdamW", "seconds_per_element": 3.0e-9}}
+// "format", "version", "skipped", "collectives" and "optimizer" are optional on input.
 nlohmann::json profile_to_json(const Profile& profile);
 Profile profile_from_json(const nlohmann::json& json);
 std::string profile_to_json_string(const Profile& profile, int indent = -1);
@@ -177,6 +190,9 @@ class ProfiledCostModel final : public CostModel {
 
   // True when the profile holds any op: the planner then says the shapes each rank runs.
   bool wants_local_shapes() const override { return !profile_.ops.empty(); }
+  std::optional<double> optimizer_seconds_per_element() const override {
+    return profile_.optimizer ? std::optional<double>(profile_.optimizer->seconds_per_element) : std::nullopt;
+  }
 
   Provenance provenance(const ir::Graph& graph, const ir::Node& node) const;
   Provenance collective_provenance(CollectiveKind kind, int group_size) const;

@@ -127,8 +127,10 @@ double ShardingModel::optimizer_seconds(ir::ValueId leaf, int axis, const LeafCh
   const ir::Value& v = graph_.value(leaf);
   if (v.role != ir::ValueRole::Parameter || !facts_->requires_grad[static_cast<std::size_t>(leaf)]) return 0;
   const double state_held = memory().leaf_held(leaf, axis, choice).state_held;
+  const double elements = static_cast<double>(v.type.numel()) * state_held;
+  if (const std::optional<double> measured = model_.optimizer_seconds_per_element()) return elements * *measured;
   // Read and write every byte of the rank's share of the states (cost/plan_cost.h's rule).
-  return static_cast<double>(v.type.numel()) * state_held * 2.0 * facts_->memory.bytes_per_parameter() /
+  return elements * 2.0 * facts_->memory.bytes_per_parameter() /
          (facts_->device->memory_bandwidth * options_.optimizer_memory_efficiency);
 }
 

@@ -409,3 +409,38 @@ def test_an_op_is_timed_after_the_caches_are_flushed_and_its_produced_inputs_rea
     assert fwd > 0 and bwd > 0
     assert seen[:3] == [[(8, 4)]] * 3  # forward: the activation only
     assert seen[3:] == [[(8, 6)]] * 4  # backward (a warm-up and 3 samples): the output gradient
+
+
+def test_the_optimizer_step_is_timed_cold_and_prices_the_plans_optimizer(tiny, monkeypatch):
+    """measure_optimizer times AdamW's step after a cache flush per sample; a profile holding it
+    prices a plan's optimizer as the rank's parameter elements x its seconds per element
+    (the analytic rule, without it, is another figure)."""
+    import sys
+
+    profile_module = sys.modules["shardwise.profile"]  # the module (shardwise.profile is the function)
+    flushes = []
+    real_flush = profile_module._flush_caches
+    monkeypatch.setattr(profile_module, "_flush_caches", lambda device, produced=(): (flushes.append(device),
+                                                                                       real_flush(device)))
+    step = torch.optim.AdamW.step
+    steps = []
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: (steps.append(len(flushes)),
+                                                                           step(self, *a, **k))[1])
+    measured = profile_module.measure_optimizer(1 << 16, tensors=4, repeats=3)
+    assert measured["name"] == "AdamW" and measured["seconds_per_element"] > 0
+    assert steps == [0, 1, 2, 3]  # the states made, then each timed step after its own flush
+    graph, prof = tiny
+    doc = json.loads(prof.to_json())
+    doc["optimizer"] = {"name": "AdamW", "seconds_per_element": 1e-6}
+    with_optimizer = shardwise.Profile.from_json(json.dumps(doc))
+    assert json.loads(with_optimizer.to_json())["optimizer"] == doc["optimizer"]
+    cluster = shardwise.Cluster.preset("cpu", nodes=1)
+    kw = dict(global_batch=4, micro_batch=4, precision="f32")
+    plan = shardwise.Plan.manual(graph, cluster, profile=with_optimizer, **kw)
+    elements = sum(math.prod(p.shape) for p in TinyGPT().parameters())
+    assert plan.breakdown()["optimizer"] == pytest.approx(elements * 1e-6, rel=1e-9)
+    assert "optimizer" in json.loads(prof.to_json())  # shardwise.profile measures it by default
+    doc.pop("optimizer")
+    without = shardwise.Plan.manual(graph, cluster, profile=shardwise.Profile.from_json(json.dumps(doc)), **kw)
+    assert without.breakdown()["optimizer"] == pytest.approx(
+        shardwise.Plan.manual(graph, cluster, **kw).breakdown()["optimizer"])  # the analytic rule

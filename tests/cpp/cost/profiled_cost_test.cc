@@ -166,6 +166,28 @@ TEST(ProfiledCost, JsonRoundTrip) {
   EXPECT_TRUE(minimal.collectives.empty());
 }
 
+// A measured optimizer step (shardwise.profile.measure_optimizer) round-trips, is refused when
+// it is not a positive time, and is what the model answers; without one, nothing (the
+// planners' bandwidth rule).
+TEST(ProfiledCost, AMeasuredOptimizerStepIsKeptAndAnswered) {
+  ir::Graph g = two_layer_graph();
+  Profile p = hand_profile(g);
+  EXPECT_FALSE(ProfiledCostModel(p).optimizer_seconds_per_element().has_value());
+  p.optimizer = MeasuredOptimizer{"AdamW", 3.0e-9};
+  EXPECT_EQ(profile_from_json_string(profile_to_json_string(p)), p);
+  EXPECT_DOUBLE_EQ(*ProfiledCostModel(p).optimizer_seconds_per_element(), 3.0e-9);
+  EXPECT_FALSE(AnalyticCostModel{}.optimizer_seconds_per_element().has_value());
+  EXPECT_NE(error_of<support::ValidationError>([] {
+              profile_from_json_string(
+                  R"({"device": "cpu", "ops": {}, "optimizer": {"name": "AdamW", "seconds_per_element": 0}})");
+            }).find("optimizer.seconds_per_element"),
+            std::string::npos);
+  EXPECT_NE(error_of<support::ParseError>([] {
+              profile_from_json_string(R"({"device": "cpu", "ops": {}, "optimizer": {"name": "AdamW", "s": 1}})");
+            }).find("optimizer"),
+            std::string::npos);
+}
+
 TEST(ProfiledCost, BadProfilesAreClearErrors) {
   EXPECT_NE(error_of<support::ValidationError>([] {
               profile_from_json_string(R"({"device": "cpu", "ops": {"x": {"forward": -1, "backward": 0}}})");

@@ -19,6 +19,7 @@
 #include "cost/cluster.h"
 #include "cost/cluster_presets.h"
 #include "cost/layer_structure.h"
+#include "cost/profiled_cost.h"
 #include "models/gpt.h"
 #include "plan/plan.h"
 #include "search/spmd_search.h"
@@ -304,6 +305,33 @@ TEST(PlanPrice, AStageLayoutSplittingMoreThanTheBatchOnTheDataAxisPricesItsColle
   const PricedPlan priced = price_plan(g, cluster, cost::AnalyticCostModel{}, data);
   EXPECT_TRUE(priced.stage_layout);
   EXPECT_GT(priced.plan.predicted->breakdown.at("tensor_parallel"), 0);
+}
+
+// A profile's measured optimizer step prices the optimizer in both planners: the evaluator's
+// degrees and the SPMD model's plan, each rank's parameter elements x the measured seconds.
+TEST(PlanPrice, AMeasuredOptimizerStepPricesTheOptimizer) {
+  const ir::Graph g = gpt(8);
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  double elements = 0;
+  for (const ir::Value& v : g.values())
+    if (v.role == ir::ValueRole::Parameter) elements += static_cast<double>(v.type.numel());
+  cost::Profile profile;
+  profile.device = "test";
+  profile.optimizer = cost::MeasuredOptimizer{"AdamW", 2.0e-9};
+  const cost::ProfiledCostModel measured(profile);
+  plan::Plan p;
+  p.data = 8;
+  p.global_batch = 8;
+  p.micro_batch = 1;
+  const PricedPlan by_degrees = price_plan(g, cluster, measured, p);
+  EXPECT_NEAR(by_degrees.plan.predicted->breakdown.at("optimizer"), elements * 2.0e-9, 1e-9 * elements * 2.0e-9);
+  const plan::Plan sharded = searched(g, cluster, {8, 1});
+  ASSERT_TRUE(sharded.sharding.has_value());
+  const PricedPlan again = price_plan(g, cluster, measured, sharded);
+  const PricedPlan analytic = price_plan(g, cluster, cost::AnalyticCostModel{}, sharded);
+  EXPECT_NE(again.plan.predicted->breakdown.at("optimizer"), analytic.plan.predicted->breakdown.at("optimizer"));
+  if (sharded.sharding->zero.empty())
+    EXPECT_NEAR(again.plan.predicted->breakdown.at("optimizer"), elements * 2.0e-9, 1e-9 * elements * 2.0e-9);
 }
 
 // 4 A100 + 4 V100: the batch shared unevenly by the balance LP. The search records the step
