@@ -228,7 +228,7 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
         # plan's groups of that size are priced by the fit of their kind (Gloo's all_gather,
         # reduce_scatter and all_to_all are not all-reduces); smaller groups stay analytic.
         fits = measure_collectives(repeats=3, subgroups=True)
-        ops["optimizer"] = measure_optimizer()  # AdamW's step, every rank at once
+        ops["optimizer"] = measure_optimizer(group=dist.group.WORLD)  # AdamW's step, every rank at once
         ops["collectives"] = fits["collectives"]
         ops["skipped"].update(fits["skipped"])
         model = build(model_name)

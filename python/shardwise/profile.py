@@ -658,10 +658,11 @@ def measure_optimizer(elements: int = 4 << 20, *, tensors: int = 16, dtype: torc
     """The optimizer part of a profile document: {"name": "AdamW", "seconds_per_element": s}.
     ``torch.optim.AdamW`` (its default implementation) steps ``elements`` parameters of
     ``dtype`` in ``tensors`` tensors, each sample after a cache flush (a step's optimizer
-    finds its states cold); the median sample over the elements. With a process group
-    (``group``, or the default one when initialised), every rank steps at once, as a step's
-    ranks do (on shared cores they share them), and the slowest rank's median is kept: every
-    rank's profile says the same. The cost model prices a rank's optimizer as the elements it
+    finds its states cold); the median sample over the elements. With ``group`` (a process
+    group, ``dist.group.WORLD`` for the default one; every rank of it must call this), its
+    ranks step at once, as a step's ranks do (on shared cores they share them), and the
+    slowest rank's median is kept: every rank's profile says the same. Without, this process
+    alone. The cost model prices a rank's optimizer as the elements it
     holds the state of times this (the analytic rule reads and writes the states at 75% of
     the memory bandwidth; on this 2-core machine AdamW ran at about half of that)."""
     import torch.distributed as dist
@@ -675,7 +676,7 @@ def measure_optimizer(elements: int = 4 << 20, *, tensors: int = 16, dtype: torc
         q.grad = torch.randn_like(q)
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     optimizer.step()  # the states made (the first step allocates them)
-    live = dist.is_available() and dist.is_initialized()
+    live = group is not None and dist.is_available() and dist.is_initialized()
     samples = []
     for _ in range(repeats):
         if live:
@@ -764,6 +765,7 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
         doc["skipped"].update(measured["skipped"])
     else:
         doc["collectives"] = {}
-    if optimizer:
-        doc["optimizer"] = measure_optimizer(repeats=repeats, device=device, group=group if live else None)
+    if optimizer:  # with the group's ranks at once only where all of them call profile() (collectives)
+        doc["optimizer"] = measure_optimizer(repeats=repeats, device=device,
+                                             group=(group or dist.group.WORLD) if live and collectives else None)
     return Profile.from_json(json.dumps(doc))
