@@ -125,7 +125,7 @@ struct AlphaBetaFit {
 };
 
 // The optimizer's step as measured: seconds per parameter element a rank holds the state of
-// (shardwise.profile.measure_optimizer: torch.optim's AdamW, foreach, in the parameters'
+// (shardwise.profile.measure_optimizer: torch.optim's AdamW, its default implementation, in the parameters'
 // dtype, with every rank of the node stepping at once as a step's ranks do).
 struct MeasuredOptimizer {
   std::string name;  // e.g. "AdamW"

@@ -51,8 +51,8 @@ from ._logging import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["Profile", "profile", "measure_collectives", "measure_optimizer", "measure_specs", "plan_specs", "graph_specs", "sharing",
-           "DEFAULT_COLLECTIVE_SIZES"]
+__all__ = ["Profile", "profile", "measure_collectives", "measure_optimizer", "measure_specs", "plan_specs",
+           "graph_specs", "sharing", "DEFAULT_COLLECTIVE_SIZES"]
 
 DEFAULT_COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -662,9 +662,9 @@ def measure_optimizer(elements: int = 4 << 20, *, tensors: int = 16, dtype: torc
     group, ``dist.group.WORLD`` for the default one; every rank of it must call this), its
     ranks step at once, as a step's ranks do (on shared cores they share them), and the
     slowest rank's median is kept: every rank's profile says the same. Without, this process
-    alone. The cost model prices a rank's optimizer as the elements it
-    holds the state of times this (the analytic rule reads and writes the states at 75% of
-    the memory bandwidth; on this 2-core machine AdamW ran at about half of that)."""
+    alone. The cost model prices a rank's optimizer as the elements it holds the state of
+    times this (the analytic rule reads and writes the states at 75% of the memory
+    bandwidth; on this 2-core machine, 4 processes, AdamW's step took over twice that)."""
     import torch.distributed as dist
 
     if elements < tensors or tensors < 1:
@@ -688,7 +688,7 @@ def measure_optimizer(elements: int = 4 << 20, *, tensors: int = 16, dtype: torc
         samples.append(time.perf_counter() - t0)
     seconds = statistics.median(samples)
     if live:
-        t = torch.tensor([seconds], dtype=torch.float64)
+        t = torch.tensor([seconds], dtype=torch.float64, device=device)  # NCCL reduces CUDA tensors only
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         seconds = float(t.item())
     return {"name": "AdamW", "seconds_per_element": max(seconds, 1e-12) / (each * tensors)}
