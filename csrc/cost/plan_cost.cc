@@ -13,6 +13,7 @@
 #include "analysis/flops.h"
 #include "analysis/fp8_linears.h"
 #include "cost/layer_balance.h"
+#include "cost/optimizer_cost.h"
 #include "cost/pipeline_transfers.h"
 #include "ops/op_table.h"
 #include "schedule/schedules.h"
@@ -594,11 +595,9 @@ void PlanEvaluator::data_parallel_and_optimizer() {
     dp_total = std::max(dp_total, sync);
     dp_exposed = std::max(dp_exposed, exposed);
     double held = params / (plan_.zero_stage >= 1 ? d : 1);  // (this stage's d)
-    const std::optional<double> measured = model_.optimizer_seconds_per_element();
-    optimizer = std::max(optimizer, measured ? held * *measured
-                                             : held * 2.0 * mem_.bytes_per_parameter() /
-                                                   (stage_device_[static_cast<std::size_t>(s)]->memory_bandwidth *
-                                                    constants_.optimizer_memory_efficiency));
+    optimizer = std::max(optimizer, optimizer_step_seconds(model_, held, mem_.bytes_per_parameter(),
+                                                           stage_device_[static_cast<std::size_t>(s)]->memory_bandwidth,
+                                                           constants_.optimizer_memory_efficiency));
   }
   out_.data_parallel = dp_exposed;
   out_.data_parallel_total = dp_total;

@@ -12,6 +12,7 @@
 
 #include "analysis/flops.h"
 #include "cost/collective_cost.h"
+#include "cost/optimizer_cost.h"
 #include "ir/fingerprint.h"
 #include "ops/op_table.h"
 #include "search/parameter_collectives.h"
@@ -127,11 +128,9 @@ double ShardingModel::optimizer_seconds(ir::ValueId leaf, int axis, const LeafCh
   const ir::Value& v = graph_.value(leaf);
   if (v.role != ir::ValueRole::Parameter || !facts_->requires_grad[static_cast<std::size_t>(leaf)]) return 0;
   const double state_held = memory().leaf_held(leaf, axis, choice).state_held;
-  const double elements = static_cast<double>(v.type.numel()) * state_held;
-  if (const std::optional<double> measured = model_.optimizer_seconds_per_element()) return elements * *measured;
-  // Read and write every byte of the rank's share of the states (cost/plan_cost.h's rule).
-  return elements * 2.0 * facts_->memory.bytes_per_parameter() /
-         (facts_->device->memory_bandwidth * options_.optimizer_memory_efficiency);
+  return cost::optimizer_step_seconds(model_, static_cast<double>(v.type.numel()) * state_held,
+                                      facts_->memory.bytes_per_parameter(), facts_->device->memory_bandwidth,
+                                      options_.optimizer_memory_efficiency);
 }
 
 double ShardingModel::zero_broadcast_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const {
