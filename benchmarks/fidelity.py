@@ -304,17 +304,28 @@ def make_plan(shardwise, row: tuple, cluster, graphs: dict):
         least = shardwise.plan(graph, with_memory(1), global_batch=BATCH, mesh=mesh, zero=False)
         memory = (least.predicted_memory()[0] + replicated.predicted_memory()[0]) / 2
         return shardwise.plan(graph, with_memory(memory), global_batch=BATCH, mesh=mesh, zero=False), graph
-    # Captured as parallelize captures a pipelined plan's model: at one micro-batch of the data
-    # axis; completed here with its stages' layout on the profiled cluster (what the run uses).
+    # Completed here with its stages' layout on the profiled cluster (what the run uses).
+    graph = pipeline_graph(shardwise, graphs, model_name, d)
+    plan = shardwise.Plan.manual(graph, cluster, pipeline=d["pipeline"], data=d["data"], tensor=1,
+                                 global_batch=BATCH, micro_batch=d["micro_batch"], schedule=kind,
+                                 virtual_stages=d.get("virtual_stages", 1), recompute=d.get("recompute", False))
+    return plan.complete(graph, cluster), graph
+
+
+def pipeline_graph(shardwise, graphs: dict, model_name: str, d: dict):
+    """A pipelined plan's graph, captured as parallelize captures its model: at one micro-batch
+    of the data axis (kept in ``graphs`` by model and rows)."""
     rows = d["micro_batch"] * d["data"]
     key = f"{model_name}@{rows}"
     if key not in graphs:
         ids, y = batch()
         graphs[key] = shardwise.capture(build(model_name), (ids[:rows], y[:rows]))
-    plan = shardwise.Plan.manual(graphs[key], cluster, pipeline=d["pipeline"], data=d["data"], tensor=1,
-                                 global_batch=BATCH, micro_batch=d["micro_batch"], schedule=kind,
-                                 virtual_stages=d.get("virtual_stages", 1), recompute=d.get("recompute", False))
-    return plan.complete(graphs[key], cluster), graphs[key]
+    return graphs[key]
+
+
+def load_profile(shardwise, measured_ops: dict):
+    """The shardwise.Profile of the op times a plan's processes measured (``_run``'s "ops")."""
+    return shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1, **measured_ops}))
 
 
 def reprice(shardwise, rows: list[dict], cluster, table: dict) -> None:
@@ -328,16 +339,9 @@ def reprice(shardwise, rows: list[dict], cluster, table: dict) -> None:
         if "plan_json" not in r:
             raise SystemExit(f"{r['plan']}: the saved run has no plan and op times (saved before --reprice)")
         plan = shardwise.Plan.from_json(r["plan_json"])
-        model_name, kind, d = table[r["plan"]]
-        graph = graphs[model_name]
-        if kind not in ("spmd", "zero", "tight", "recompute", "selective", "fp8"):  # pipelines: as make_plan
-            rows_per = d["micro_batch"] * d["data"]
-            key = f"{model_name}@{rows_per}"
-            if key not in graphs:
-                ids, y = batch()
-                graphs[key] = shardwise.capture(build(model_name), (ids[:rows_per], y[:rows_per]))
-            graph = graphs[key]
-        ops = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1, **r["profile"]}))
+        model_name, _, d = table[r["plan"]]
+        graph = pipeline_graph(shardwise, graphs, model_name, d) if "pipeline" in d else graphs[model_name]
+        ops = load_profile(shardwise, r["profile"])
         before = r["predicted_step"]
         profiled = plan.price(graph, cluster, profile=ops)
         analytic = plan.price(graph, cluster)
@@ -427,8 +431,7 @@ def main() -> None:
         specs = plan_specs(graph, cluster, [plan])
         measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, specs, shared_by,
                                      concurrent))
-        ops = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1,
-                                                      **measured["ops"]}))
+        ops = load_profile(shardwise, measured["ops"])
         profiled = plan.price(graph, cluster, profile=ops)
         rows.append({"plan": name, "layout": layout(plan), "predicted_step": profiled.predicted_step_time(),
                      "plan_json": plan.to_json(), "profile": measured["ops"],

@@ -636,21 +636,36 @@ def _fit_kind(kind: str, sizes: Iterable[int], size: int, mine, everyone, device
                 raw()
 
         call()  # warm-up (and the first connection)
-        samples = []
-        for _ in range(repeats):
-            dist.barrier(group=everyone)
-            _sync(device)
-            t0 = time.perf_counter()
-            call()
-            _sync(device)
-            samples.append(time.perf_counter() - t0)
         # The slowest rank's median: a collective ends when its last member does, and every
         # rank then fits the same line.
-        t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=everyone)
         xs.append(moved)
-        ts.append(float(t.item()))
+        ts.append(_slowest_median(call, device, repeats, everyone if everyone is not None else dist.group.WORLD))
     return _fit_alpha_beta(xs, ts)
+
+
+def _slowest_median(call: Callable[[], Any], device: torch.device, repeats: int, group,
+                    prepare: Callable[[], Any] = lambda: None) -> float:
+    """Median seconds of ``call``, each sample after ``prepare`` (untimed); with ``group`` (a
+    process group whose every rank calls this) each sample starts with its ranks together and
+    the slowest rank's median is returned on all of them. ``group`` None: this process alone."""
+    import torch.distributed as dist
+
+    samples = []
+    for _ in range(repeats):
+        if group is not None:
+            dist.barrier(group=group)
+        prepare()
+        _sync(device)
+        t0 = time.perf_counter()
+        call()
+        _sync(device)
+        samples.append(time.perf_counter() - t0)
+    seconds = statistics.median(samples)
+    if group is not None:
+        t = torch.tensor([seconds], dtype=torch.float64, device=device)  # NCCL reduces CUDA tensors only
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        seconds = float(t.item())
+    return seconds
 
 
 def measure_optimizer(elements: int = 4 << 20, *, tensors: int = 16, dtype: torch.dtype = torch.float32,
@@ -677,20 +692,8 @@ def measure_optimizer(elements: int = 4 << 20, *, tensors: int = 16, dtype: torc
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     optimizer.step()  # the states made (the first step allocates them)
     live = group is not None and dist.is_available() and dist.is_initialized()
-    samples = []
-    for _ in range(repeats):
-        if live:
-            dist.barrier(group=group)
-        _flush_caches(device)
-        t0 = time.perf_counter()
-        optimizer.step()
-        _sync(device)
-        samples.append(time.perf_counter() - t0)
-    seconds = statistics.median(samples)
-    if live:
-        t = torch.tensor([seconds], dtype=torch.float64, device=device)  # NCCL reduces CUDA tensors only
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        seconds = float(t.item())
+    seconds = _slowest_median(optimizer.step, device, repeats, group if live else None,
+                              prepare=lambda: _flush_caches(device))
     return {"name": "AdamW", "seconds_per_element": max(seconds, 1e-12) / (each * tensors)}
 
 
