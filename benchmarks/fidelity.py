@@ -224,9 +224,10 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
         # compute_alone): what Plan.price(profile=) prices the plan with.
         ops = measure_specs(specs, progress=False, budget_s=120, group=dist.group.WORLD, shared_by=shared_by,
                             concurrent=concurrent)
-        # And every collective kind over all the ranks, fitted to alpha + beta x bytes: the
-        # plan's groups of that size are priced by the fit of their kind (Gloo's all_gather,
-        # reduce_scatter and all_to_all are not all-reduces); smaller groups stay analytic.
+        # And every collective kind over all the ranks and over each smaller group size that
+        # divides them (its groups at once), fitted to alpha + beta x bytes: the plan's groups
+        # of each size are priced by the fit of their kind (Gloo's all_gather, reduce_scatter
+        # and all_to_all are not all-reduces).
         fits = measure_collectives(repeats=3, subgroups=True)
         ops["optimizer"] = measure_optimizer(group=dist.group.WORLD)  # AdamW's step, every rank at once
         ops["collectives"] = fits["collectives"]
