@@ -62,6 +62,10 @@ struct Index {
   int statistics = 0;
   // A Whole index addressed by the values of another operand (see above). Not part of str().
   bool lookup = false;
+  // A Whole index of self-attention's sequence, carried by the query, key and value rows and
+  // the output's: split only by ring attention (the key and value blocks passed around the
+  // axis' ranks, ops/distributed_kernels.h), on one axis, in equal blocks. Not part of str().
+  bool ring = false;
   // Split unevenly by another mesh axis (search::local_rule): its size is the largest
   // rank's share, and the shares differ, so no further axis may split it. Not part of str().
   bool uneven = false;

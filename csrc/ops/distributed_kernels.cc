@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "ops/random_draws.h"
+
 namespace shardwise::ops {
 namespace {
 
@@ -55,10 +57,20 @@ bool has_statistics_kernel(const ir::Node& node, const std::set<std::string>& op
   return statistics_kernel(node, ops).has_value();
 }
 
+constexpr std::string_view kRingAttention = "shardwise::ring_attention";
+
 bool is_statistics_kernel(std::string_view kernel) {
+  if (kernel == kRingAttention) return true;
   for (const auto& [op, entry] : statistics_table())
     if (entry.name == kernel) return true;
   return false;
+}
+
+std::optional<std::string_view> ring_kernel(const ir::Node& node) {
+  const bool attention = node.op == "aten::scaled_dot_product_attention" && node.inputs.size() >= 3 &&
+                         node.inputs.size() <= 4;  // q, k, v and the mask
+  if (!attention || draws(node)) return std::nullopt;
+  return kRingAttention;
 }
 
 }  // namespace shardwise::ops

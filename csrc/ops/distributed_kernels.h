@@ -16,6 +16,11 @@
 //                                        variance, over the split batch or spatial dims
 //                                        (SyncBatchNorm); the running statistics from them
 //    Losses without class weights only (a weighted mean's denominator is not a row statistic).
+//  - ring: self-attention's sequence split (Index::ring), the key and value blocks passed
+//    around the axis' ranks, each block's partial output merged by its log-sum-exp
+//    (python/shardwise/runtime/ring_attention.py; ring attention, Liu et al. 2023):
+//      aten::scaled_dot_product_attention  shardwise::ring_attention  without dropout (its
+//                                          draws would not be one device's)
 // The search offers and prices a statistics or lookup split only where this table has a
 // kernel (search/sharding_strategies.cc), and the rewrite emits the kernel the table names
 // (transform/spmd_rewrite.h, transform/rank_graph.h): the plan is what runs.
@@ -39,6 +44,10 @@ const std::set<std::string>& statistics_kernel_ops();  // every op of the statis
 std::optional<std::string_view> statistics_kernel(const ir::Node& node,
                                                   const std::set<std::string>& ops = statistics_kernel_ops());
 bool has_statistics_kernel(const ir::Node& node, const std::set<std::string>& ops = statistics_kernel_ops());
-bool is_statistics_kernel(std::string_view kernel);  // a name of the table's kernels
+bool is_statistics_kernel(std::string_view kernel);  // a name of the table's kernels (ring's too)
+
+// The runtime's kernel for `node`'s sequence split over a ring ("shardwise::ring_attention"),
+// or nullopt: not an attention the kernel runs (another op, dropout).
+std::optional<std::string_view> ring_kernel(const ir::Node& node);
 
 }  // namespace shardwise::ops

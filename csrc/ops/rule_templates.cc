@@ -1134,18 +1134,34 @@ std::optional<DimRule> attention(const Args& args, const RuleOperands& ops) {
     k_batch.push_back(k[d] == 1 && q[d] != 1 ? DimIndices{} : q_dims.back());
     v_batch.push_back(v[d] == 1 && q[d] != 1 ? DimIndices{} : q_dims.back());
   }
-  // is_causal masks score (i, j) by j > i in the shard's own positions: a shard of s would
-  // mask by its local row numbers, not the global ones (no kernel here takes an offset), so
-  // causal attention keeps s whole.
-  const int s = b.add("s", q[batch], args.boolean(1) ? IndexKind::Whole : IndexKind::Spatial);
+  // is_causal masks score (i, j) by j > i in the shard's own positions: a local split of s
+  // would mask by its local row numbers, not the global ones, so causal attention keeps s
+  // whole for the local kernels. Self-attention that is causal or masked (where a split of the
+  // query rows alone would read whole keys and values beside its mask rows) shares s between
+  // the query, key and value rows instead: ring attention splits them together (Index::ring,
+  // ops/distributed_kernels.h); the mask's key columns keep T, whole. Unmasked, non-causal
+  // attention keeps its local split of the query rows.
+  const bool causal = args.boolean(1);
+  const bool ring = q[batch] == k[batch] && k[batch] == v[batch] && (causal || ops.inputs.size() > 3);
+  const int s = b.add("s", q[batch], causal || ring ? IndexKind::Whole : IndexKind::Spatial);
+  b.rule.indices[static_cast<std::size_t>(s)].ring = ring;
   const int d = b.add("D", q[batch + 1], IndexKind::Whole);
-  const int t = b.add("T", k[batch], IndexKind::Whole);
+  // The keys' own index, for the key and value rows apart from the queries' and for the
+  // scores' columns (a mask's, the math kernel's probabilities): a rule has no unused index.
+  bool probabilities = false;
+  for (int o = 1; o < ops.output_count; ++o) {
+    const Shape* shape = ops.output_shape(static_cast<std::size_t>(o));
+    probabilities = probabilities || (shape && shape->size() == q.size() && shape->back() == k[batch] &&
+                                      (*shape)[shape->size() - 2] == q[batch]);
+  }
+  const int t = !ring || ops.inputs.size() > 3 || probabilities ? b.add("T", k[batch], IndexKind::Whole) : -1;
   const int e = b.add("e", v[batch + 1]);
+  const int rows = ring ? s : t;  // the key and value rows' index
   OperandDims scores = q_dims, k_dims = k_batch, v_dims = v_batch, out = q_dims;
   q_dims.insert(q_dims.end(), {{s}, {d}});
-  k_dims.insert(k_dims.end(), {{t}, {d}});
-  v_dims.insert(v_dims.end(), {{t}, {e}});
-  scores.insert(scores.end(), {{s}, {t}});
+  k_dims.insert(k_dims.end(), {{rows}, {d}});
+  v_dims.insert(v_dims.end(), {{rows}, {e}});
+  scores.insert(scores.end(), {{s}, t >= 0 ? DimIndices{t} : DimIndices{}});
   b.rule.inputs = {q_dims, k_dims, v_dims};
   for (std::size_t i = 3; i < ops.inputs.size(); ++i)
     b.rule.inputs.push_back(b.align(scores, ops.input_shape(i), true));
@@ -1160,7 +1176,7 @@ std::optional<DimRule> attention(const Args& args, const RuleOperands& ops) {
       return std::nullopt;
     } else if (b.rule.shape_of(stats) == *shape) {
       b.rule.outputs.push_back(stats);
-    } else if (b.rule.shape_of(scores) == *shape) {
+    } else if (t >= 0 && b.rule.shape_of(scores) == *shape) {
       b.rule.outputs.push_back(scores);  // the math kernel's probabilities: [..., s, t]
     } else {
       OperandDims dims;

@@ -83,8 +83,62 @@ cost::OpTime ShardingModel::base_time(ir::NodeId node, int axis, const Strategy&
       context.operand_shards[n.inputs.size() + o] *= divisor(s.outputs[o], size);
     if (s.index >= 0) context.work_shards *= size;
   }
-  if (model_.wants_local_shapes()) context.local_shapes = local_shapes(node, axis, choice);
-  return model_.node_time(graph_, n, device, options_.precision, context);
+  // A ring's blocks are not the op at the rank's shapes (its rows see every block): the
+  // whole node's time divided by the work shards, the slowest rank's share.
+  const bool ring = ring_axis(node, axis, choice) >= 0;
+  if (model_.wants_local_shapes() && !ring) context.local_shapes = local_shapes(node, axis, choice);
+  cost::OpTime time = model_.node_time(graph_, n, device, options_.precision, context);
+  if (ring) {
+    const double factor = ring_compute_factor(node, axis, choice);
+    time.forward *= factor;
+    time.backward *= factor;
+  }
+  return time;
+}
+
+int ShardingModel::ring_axis(ir::NodeId node, int axis, const Strategy& choice) const {
+  const auto& rule = facts_->rules[static_cast<std::size_t>(node)];
+  if (!rule) return -1;
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    const Strategy& s = decisions_.strategy_on(b, node, axis, choice);
+    if (s.index >= 0 && !s.partial && rule->indices.at(static_cast<std::size_t>(s.index)).ring &&
+        options_.mesh[static_cast<std::size_t>(b)] > 1)
+      return b;
+  }
+  return -1;
+}
+
+double ShardingModel::ring_compute_factor(ir::NodeId node, int axis, const Strategy& choice) const {
+  const int b = ring_axis(node, axis, choice);
+  const auto causal = graph_.node(node).attrs.find("is_causal");
+  if (b < 0 || causal == graph_.node(node).attrs.end() || !std::holds_alternative<bool>(causal->second) ||
+      !std::get<bool>(causal->second))
+    return 1.0;
+  const double n = options_.mesh[static_cast<std::size_t>(b)];
+  return (2 * n - 1) / n;
+}
+
+ShardingModel::RingHops ShardingModel::ring_hops(ir::NodeId node, int axis, const Strategy& choice) const {
+  if (ring_axis(node, axis, choice) != axis) return {};
+  const ir::Node& n = graph_.node(node);
+  double bytes = 0;
+  for (std::size_t i : {std::size_t{1}, std::size_t{2}}) {  // key and value
+    double held = 1;
+    for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b)
+      held *= held_fraction(decisions_.strategy_on(b, node, axis, choice).inputs.at(i),
+                            options_.mesh[static_cast<std::size_t>(b)]);
+    bytes += facts_->value_bytes(n.inputs.at(i)) * held;
+  }
+  // The ring's slowest hop: between the axis' first and last rank, the widest pair it spans.
+  const std::vector<int> ranks = axis_ranks(axis);
+  const std::vector<int> pair = {ranks.front(), ranks.back()};
+  auto hop = [&](double b) {
+    return model_.collective_time(cluster_, cost::CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(b),
+                                  cost::Algorithm::Auto);
+  };
+  const double hops = static_cast<double>(ranks.size()) - 1;
+  const double forward = node_time(node, axis, choice, *facts_->device).forward;
+  return {bytes, std::max(0.0, hops * hop(bytes) - forward) + hops * hop(2 * bytes) + hop(bytes)};
 }
 
 std::vector<std::vector<std::int64_t>> ShardingModel::local_shapes(ir::NodeId node, int axis,
@@ -406,7 +460,7 @@ void ShardingModel::problem_nodes(AxisProblem& ap) const {
       const double amax = fp8_amax_seconds(axis, fp8_amax_elements(node.id, axis, s).first);
       const double compute =
           node_compute(node.id, axis, s, *facts_->device) * balanced_compute_factor(node.id, axis, s);
-      c.cost.push_back(n * (compute + statistics_seconds(axis, s) + amax));
+      c.cost.push_back(n * (compute + statistics_seconds(axis, s) + amax + ring_hops(node.id, axis, s).seconds));
       c.memory.push_back(memory_count * memory.node_memory(node.id, axis, s));
     }
     ap.node_id[u] = static_cast<int>(ap.problem.nodes.size());
@@ -646,6 +700,15 @@ void ShardingModel::tally_statistics(int axis, Tally& out) const {
       out.by_node[u].collectives += folding.instances[u] * amax;
       out.collectives.push_back({"all_reduce", graph_.value(node.outputs[0]).name, axis,
                                  forward ? "forward" : "backward", elements * 4, folding.instances[u], amax});
+    }
+    if (const RingHops ring = ring_hops(node.id, axis, s); ring.seconds > 0) {
+      out.statistics += folding.instances[u] * ring.seconds;
+      out.by_node[u].collectives += folding.instances[u] * ring.seconds;
+      const double hops = options_.mesh[a] - 1.0;
+      out.collectives.push_back({"send_recv", graph_.value(node.outputs[0]).name, axis, "forward", hops * ring.block_bytes,
+                                 folding.instances[u], 0.0});
+      out.collectives.push_back({"send_recv", graph_.value(node.outputs[0]).name, axis, "backward",
+                                 (2 * hops + 1) * ring.block_bytes, folding.instances[u], ring.seconds});
     }
     const double seconds = statistics_seconds(axis, s);
     if (seconds <= 0) continue;

@@ -210,6 +210,20 @@ class ShardingModel {
   // its axis' group after the step (runtime/optim.py), blocking: exposed.
   double zero_broadcast_seconds(ir::ValueId leaf, int axis, const LeafChoice& choice) const;
   double statistics_seconds(int axis, const Strategy& choice) const;
+  // Ring attention (a split of an Index::ring, ops/distributed_kernels.h): the axis that
+  // splits the node's sequence under `choice` on `axis` (the other axes as decided), or -1.
+  int ring_axis(ir::NodeId node, int axis, const Strategy& choice) const;
+  // What the slowest rank of a causal ring computes over the mean: rank n - 1's rows see every
+  // block, (2n - 1) / n of the balanced share (runtime/ring_attention.py's contiguous layout).
+  double ring_compute_factor(ir::NodeId node, int axis, const Strategy& choice) const;
+  // The key and value blocks' hops when `choice` splits the ring on `axis`: in forward n - 1
+  // hops beside the blocks' compute (what outlasts it), in backward n - 1 hops of a block with
+  // its gradients and one of the gradients, after each block's compute. 0 for other choices.
+  struct RingHops {
+    double block_bytes = 0;  // a rank's key and value rows
+    double seconds = 0;
+  };
+  RingHops ring_hops(ir::NodeId node, int axis, const Strategy& choice) const;
   // An FP8 linear whose contraction dim `choice` splits on `axis` (runtime/fp8.py): the amaxes
   // of x's rows and W's rows (K split, forward) or of dy's rows and W's columns (N split,
   // backward), one float each, in one all-reduce(MAX) over the axis. {elements, forward?};

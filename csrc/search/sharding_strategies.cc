@@ -112,7 +112,14 @@ void drop_batch_splits(std::vector<Strategy>& strategies, const ir::Graph& graph
   };
   collect(full.inputs, node.inputs);
   collect(full.outputs, node.outputs);
-  std::erase_if(strategies, [&](const Strategy& s) { return !s.partial && batch_indices.contains(s.index); });
+  // Ring attention (context parallelism) replicates the weights over its axis as a batch split
+  // does, its gradients summed over the axis: data parallelism over tokens, kept off an axis
+  // the user gave to the model (Megatron-LM's context-parallel ranks are data-parallel ones
+  // for the weights).
+  std::erase_if(strategies, [&](const Strategy& s) {
+    return !s.partial && (batch_indices.contains(s.index) ||
+                          (s.index >= 0 && full.indices.at(static_cast<std::size_t>(s.index)).ring));
+  });
 }
 
 // A split the runtime has no distributed kernel for would run whole on gathered operands,
@@ -124,6 +131,7 @@ void drop_kernelless_splits(std::vector<Strategy>& strategies, const ops::DimRul
     const ops::Index& index = rule.indices.at(static_cast<std::size_t>(s.index));
     if (index.kind != ops::IndexKind::Whole) return false;
     if (index.lookup) return !ops::lookup_kernel_ops().contains(node.op);
+    if (index.ring) return !ops::ring_kernel(node);
     if (index.statistics == 0) return false;
     const auto kernel = ops::statistics_kernel(node);
     // The vocabulary kernels take this rank's classes as one block (transform/spmd_rewrite.cc).

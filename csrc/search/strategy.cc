@@ -38,7 +38,7 @@ bool splittable(const ops::Index& index) {
       // extreme lives on one rank), so only additive reductions split.
       return index.reduction == ops::Reduction::Sum || index.reduction == ops::Reduction::Mean;
     case ops::IndexKind::Whole:
-      return index.statistics > 0 || index.lookup;
+      return index.statistics > 0 || index.lookup || index.ring;
   }
   return false;
 }
@@ -188,6 +188,7 @@ std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_si
     for (auto g : groups) {
       const std::int64_t parts = n * g;
       if (index.size < parts) continue;
+      if (index.ring && (g != 1 || index.size % parts != 0)) continue;  // ring attention's blocks are equal
       Strategy s = split_strategy(rule, *layout, static_cast<int>(k), g);
       if (index.size % parts != 0 &&
           (g != 1 || index.size < kUnevenMinimumShare * parts || !make_uneven(s, uneven_ratios(index.size, axis_size))))
@@ -222,6 +223,7 @@ ops::DimRule local_rule(const ops::DimRule& rule, const Strategy& strategy, int 
     throw support::ValidationError(
         fmt::format("index {} of size {} does not split over {} ranks", index.label, index.size, axis_size));
   }
+  index.ring = false;  // one ring: no other axis splits the sequence ring attention splits
   if (index.size % axis_size != 0) {
     index.size = index.size / axis_size + 1;  // the largest share
     index.uneven = true;

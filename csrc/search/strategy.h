@@ -21,7 +21,10 @@
 //   lookup        (the ids) -> Replicate; outputs not carrying i -> Partial(sum): each rank
 //                 looks up the addresses in its range, zeros elsewhere (the vocabulary-
 //                 parallel embedding, from the rule).
-//   i Whole without statistics or lookup, Reduced with Max / Min, size 1: never split.
+//   i Whole with  the query, key and value rows and the output's -> Shard, gradients the
+//   ring          same (ring attention passes the key and value blocks around the axis): in
+//                 equal blocks only, and on one axis (local_rule clears the mark).
+//   i Whole without statistics, lookup or ring, Reduced with Max / Min, size 1: never split.
 //
 // Dims and groups: the dim of an operand carrying i is listed as indices major to minor
 // (DimIndices); the Shard's groups = (product of the sizes of the indices major to i in

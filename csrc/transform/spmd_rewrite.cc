@@ -355,6 +355,12 @@ bool SpmdRewriter::decide_kernels(const ir::Node& node, NodeRewrite& rw) const {
     if (index.kind != ops::IndexKind::Whole) continue;
     if (index.lookup && options_.lookup_ops.contains(node.op)) {
       rw.lookup_axes.push_back(static_cast<int>(a));
+    } else if (const auto ring = ops::ring_kernel(node);
+               index.ring && ring && rw.statistics_axis < 0 && !s.inputs.empty() && s.inputs[0].is_shard()) {
+      // Ring attention over the query rows' dim; the key and value blocks travel the axis.
+      rw.statistics_axis = static_cast<int>(a);
+      rw.statistics_dim = s.inputs[0].dim;
+      rw.kernel = std::string(*ring);
     } else if (const auto kernel = ops::statistics_kernel(node, options_.statistics_ops);
                index.statistics > 0 && rw.statistics_axis < 0 && kernel && !s.inputs.empty() &&
                s.inputs[0].is_shard() && (s.groups == 1 || !kernel->starts_with("shardwise::vocab_"))) {

@@ -22,7 +22,9 @@
 //    statistics_axis (cross entropy over a vocabulary-parallel LM head's logits: row max, sum
 //    of exponentials, target logit; layer norm over a split hidden dim: mean and variance;
 //    training batch norm over a split batch: SyncBatchNorm). A loss with class weights has
-//    no such kernel and runs whole.
+//    no such kernel and runs whole. Self-attention's sequence split as a ring (Index::ring)
+//    runs the same way: `shardwise::ring_attention` over the query rows' dim, its key and
+//    value blocks passed around statistics_axis (runtime/ring_attention.py).
 //  - Whole: every operand gathered, the op run on whole tensors, the outputs replicated
 //    (readers then cut what they need). The fallback that keeps every plan correct: a split
 //    with statistics the runtime has no distributed kernel for (a weighted loss, a second

@@ -8,6 +8,7 @@
   log-softmax over a split dim, layer norm and RMS norm over a split normalised dim, and
   training batch norm over a split batch or spatial dim (SyncBatchNorm, its running
   statistics updated from the whole batch's).
+- ``ring_attention``: self-attention over a split sequence (ring_attention.py).
 
 Each kernel takes the aten op's own arguments, this rank's operands in place of the whole
 ones. Half-precision operands are combined in float32 and the result returned in the
@@ -235,6 +236,21 @@ def _nll_loss(split: _Split, log_probs, target, weight=None, reduction: int = 1,
     return _reduce_loss(loss, labels, log_probs, reduction, ignore_index)
 
 
+# ---- attention over a split sequence ----------------------------------------------------------
+def _ring_attention(split: _Split, query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                    scale=None, enable_gqa: bool = False):
+    """Ring attention (ring_attention.py) over the query rows' dim, split in equal blocks on
+    the axis: this rank's block starts where its place on the ring says."""
+    from .ring_attention import ring_attention
+
+    rows = split.stop - split.start
+    if rows * (split.size // max(rows, 1)) != split.size or split.start % max(rows, 1):
+        raise NotImplementedError(f"ring attention: rows [{split.start}, {split.stop}) of {split.size} are not one of "
+                                  "equal consecutive blocks (the contiguous layout)")
+    return ring_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, group=split.group,
+                          layout="contiguous", first_row=split.start)
+
+
 _KERNELS = {
     "shardwise::vocab_cross_entropy": _cross_entropy,
     "shardwise::vocab_nll_loss": _nll_loss,
@@ -243,4 +259,5 @@ _KERNELS = {
     "shardwise::split_layer_norm": _layer_norm,
     "shardwise::split_rms_norm": _rms_norm,
     "shardwise::sync_batch_norm": _sync_batch_norm,
+    "shardwise::ring_attention": _ring_attention,
 }

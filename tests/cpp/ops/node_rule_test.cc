@@ -362,21 +362,27 @@ TEST(NodeRuleTest, ScaledDotProductAttention) {
                        {f32({2, 12, 16, 32})}, {{"scale", 0.125}}));
   EXPECT_EQ(rule.str(),
             "b h s D, b h T D, b h T e, b 1 s T -> b h s e  [b=2, h=12, s=16, D=64 whole, T=20 whole, e=32]");
-  // A [s, t] mask broadcasts over batch and heads.
-  EXPECT_EQ(
-      rule_str("aten::scaled_dot_product_attention",
-               {f32({2, 4, 8, 16}), f32({2, 4, 8, 16}), f32({2, 4, 8, 16}), boolean({8, 8})}, {f32({2, 4, 8, 16})}),
-      "b h s D, b h T D, b h T e, s T -> b h s e  [b=2, h=4, s=8, D=16 whole, T=8 whole, e=16]");
+  EXPECT_FALSE(rule.indices[2].ring);  // cross-attention: 16 queries over 20 keys
+  // A [s, t] mask broadcasts over batch and heads. Masked self-attention shares s between the
+  // query, key and value rows, split only by ring attention; the mask's columns keep T.
+  const auto masked = rule_of(one_node("aten::scaled_dot_product_attention",
+                                       {f32({2, 4, 8, 16}), f32({2, 4, 8, 16}), f32({2, 4, 8, 16}), boolean({8, 8})},
+                                       {f32({2, 4, 8, 16})}));
+  EXPECT_EQ(masked.str(), "b h s D, b h s D, b h s e, s T -> b h s e  [b=2, h=4, s=8 whole, D=16 whole, T=8 whole, e=16]");
+  EXPECT_TRUE(masked.indices[2].ring);
+  EXPECT_FALSE(masked.indices[4].ring);
   // Grouped-query attention: q heads are (g r), k/v heads g, so kv groups stay splittable.
   EXPECT_EQ(
       rule_str("aten::scaled_dot_product_attention", {f32({2, 8, 16, 64}), f32({2, 2, 16, 64}), f32({2, 2, 16, 64})},
                {f32({2, 8, 16, 64})}, {{"enable_gqa", true}}),
       "b (g r) s D, b g T D, b g T e -> b (g r) s e  [b=2, g=2, r=4, s=16, D=64 whole, T=16 whole, e=64]");
-  // is_causal: the mask is by position within the call, so a shard of s would mask by its
-  // local rows; s stays whole.
-  EXPECT_EQ(rule_str("aten::scaled_dot_product_attention", {f32({2, 4, 8, 16}), f32({2, 4, 8, 16}), f32({2, 4, 8, 16})},
-                     {f32({2, 4, 8, 16})}, {{"is_causal", true}}),
-            "b h s D, b h T D, b h T e -> b h s e  [b=2, h=4, s=8 whole, D=16 whole, T=8 whole, e=16]");
+  // is_causal: the mask is by position within the call, so a local shard of s would mask by
+  // its local rows; s is whole, the query, key and value rows' one index, for ring attention.
+  const auto causal = rule_of(one_node("aten::scaled_dot_product_attention",
+                                       {f32({2, 4, 8, 16}), f32({2, 4, 8, 16}), f32({2, 4, 8, 16})},
+                                       {f32({2, 4, 8, 16})}, {{"is_causal", true}}));
+  EXPECT_EQ(causal.str(), "b h s D, b h s D, b h s e -> b h s e  [b=2, h=4, s=8 whole, D=16 whole, e=16]");
+  EXPECT_TRUE(causal.indices[2].ring);
   EXPECT_EQ(inferred("aten::scaled_dot_product_attention",
                      {f32({2, 4, 8, 16}), f32({2, 4, 10, 16}), f32({2, 4, 10, 32})}, {f32({2, 4, 8, 32})}),
             (std::vector<Shape>{{2, 4, 8, 32}}));
@@ -385,7 +391,7 @@ TEST(NodeRuleTest, ScaledDotProductAttention) {
   EXPECT_EQ(rule_str("aten::scaled_dot_product_attention",
                      {f32({4, 4, 16, 16}), f32({4, 1, 16, 16}), f32({4, 1, 16, 16}), boolean({4, 1, 16, 16})},
                      {f32({4, 4, 16, 16})}),
-            "b h s D, b 1 T D, b 1 T e, b 1 s T -> b h s e  [b=4, h=4, s=16, D=16 whole, T=16 whole, e=16]");
+            "b h s D, b 1 s D, b 1 s e, b 1 s T -> b h s e  [b=4, h=4, s=16 whole, D=16 whole, T=16 whole, e=16]");
 }
 
 TEST(NodeRuleTest, CrossEntropyReducesTheBatch) {

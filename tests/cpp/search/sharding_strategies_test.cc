@@ -114,5 +114,41 @@ TEST_F(ShardingStrategiesTest, ALeafDimAnotherAxisCutsMustDivideAgain) {
   EXPECT_FALSE(c.strategies().leaf_placement_fits(c.value("fc.weight"), 0, S(0, 3)));
 }
 
+// One sequence of 64 tokens, 4 heads of 16, its attention causal (or with a dropout).
+ir::Graph causal_attention(const std::string& dropout) {
+  return ir::parse_graph(R"(graph(%q: f32[b1,4,64,16], %k: f32[b1,4,64,16], %v: f32[b1,4,64,16]) {
+  %a: f32[b1,4,64,16] = aten::scaled_dot_product_attention(%q, %k, %v) {attn_mask=none, dropout_p=)" +
+                         dropout + R"(, is_causal=true, scale=none} @attn
+  return (%a)
+})");
+}
+
+TEST_F(ShardingStrategiesTest, CausalAttentionSplitsItsSequenceOnlyAsARingOnAnAxisThatMayCarryTheBatch) {
+  const ir::Graph g = causal_attention("0.0");
+  const cost::Cluster two = one_link(2);
+  const Candidate& c = candidate(g, two, f32_options({2}, 1));
+  const std::vector<Strategy> strategies = c.strategies().node_strategies(c.producer("a"), 0);
+  // The query, key and value rows split together (ring attention), the output's rows with them;
+  // the heads as before. No local split of the query rows alone (causal).
+  EXPECT_TRUE(offers(strategies, {S(2), S(2), S(2)}, {S(2), S(2), S(2)}, {S(2)}));
+  EXPECT_TRUE(offers(strategies, {S(1), S(1), S(1)}, {S(1), S(1), S(1)}, {S(1)}));
+  EXPECT_FALSE(offers(strategies, {S(2), R(), R()}, {S(2), P(), P()}, {S(2)}));
+  // Kept off an axis the user gave the model (the ring replicates the weights over it), and
+  // off an attention that draws a dropout (the kernel would not draw one device's).
+  ShardingModelOptions model_axis = f32_options({2}, 1);
+  model_axis.batch_axes = {false};
+  const Candidate& m = candidate(g, two, model_axis);
+  EXPECT_FALSE(offers(m.strategies().node_strategies(m.producer("a"), 0), {S(2), S(2), S(2)}, {S(2), S(2), S(2)},
+                      {S(2)}));
+  const ir::Graph dropped = causal_attention("0.1");
+  const Candidate& d = candidate(dropped, two, f32_options({2}, 1));
+  EXPECT_FALSE(offers(d.strategies().node_strategies(d.producer("a"), 0), {S(2), S(2), S(2)}, {S(2), S(2), S(2)},
+                      {S(2)}));
+  // 64 tokens do not split unevenly as a ring: not over 3 ranks (the heads, 4, do not either).
+  const cost::Cluster three = one_link(3);
+  const Candidate& t = candidate(g, three, f32_options({3}, 1));
+  for (const Strategy& s : t.strategies().node_strategies(t.producer("a"), 0)) EXPECT_FALSE(s.inputs[1].is_shard());
+}
+
 }  // namespace
 }  // namespace shardwise::search

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -332,6 +333,59 @@ TEST(SpmdSearch, GqaKeysAndValuesShareTheQueriesGather) {
     for (const char* row : {"o", "down"}) EXPECT_EQ(at(p, fmt::format("{}{}.weight", row, l), 1), "S(1)") << row << l;
   }
   for (const auto& c : p.predicted->collectives) EXPECT_NE(c.kind, "all_to_all") << c.value;
+}
+
+// One attention block over one sequence of 4,096 tokens (hidden 256, 4 heads of 64), causal.
+ir::Graph long_sequence_block() {
+  return with_mean_loss(R"(graph(%x: f32[b1,4096,256]) {
+  %q.weight: f32[256,256] parameter
+  %k.weight: f32[256,256] parameter
+  %v.weight: f32[256,256] parameter
+  %o.weight: f32[256,256] parameter
+  %q: f32[b1,4096,256] = aten::linear(%x, %q.weight) {bias=none}
+  %k: f32[b1,4096,256] = aten::linear(%x, %k.weight) {bias=none}
+  %v: f32[b1,4096,256] = aten::linear(%x, %v.weight) {bias=none}
+  %qv: f32[b1,4096,4,64] = aten::view(%q) {size=[1,4096,4,64]}
+  %kv: f32[b1,4096,4,64] = aten::view(%k) {size=[1,4096,4,64]}
+  %vv: f32[b1,4096,4,64] = aten::view(%v) {size=[1,4096,4,64]}
+  %qt: f32[b1,4,4096,64] = aten::transpose.int(%qv) {dim0=1, dim1=2}
+  %kt: f32[b1,4,4096,64] = aten::transpose.int(%kv) {dim0=1, dim1=2}
+  %vt: f32[b1,4,4096,64] = aten::transpose.int(%vv) {dim0=1, dim1=2}
+  %a: f32[b1,4,4096,64] = aten::scaled_dot_product_attention(%qt, %kt, %vt) {attn_mask=none, dropout_p=0.0, enable_gqa=false, is_causal=true, scale=none}
+  %at: f32[b1,4096,4,64] = aten::transpose.int(%a) {dim0=1, dim1=2}
+  %ar: f32[b1,4096,256] = aten::reshape(%at) {shape=[1,4096,256]}
+  %y: f32[b1,4096,256] = aten::linear(%ar, %o.weight) {bias=none}
+)", "y");
+}
+
+TEST(SpmdSearch, OneLongSequenceOnTheDataAxisRunsItsCausalAttentionAsARing) {
+  // One sequence, eight data ranks: the batch cannot split, the sequence can, attention's too
+  // as ring attention (context parallelism): each rank's key and value rows, in bf16 (the
+  // search's precision here) 2 x 4 x 512 x 64 x 2 = 524,288 bytes, hop 7 times in forward,
+  // then 7 times with their gradients (twice the bytes) and once as gradients alone in backward.
+  const ir::Graph g = long_sequence_block();
+  SpmdSearchOptions o;
+  o.global_batch = 1;
+  o.mesh = std::vector<int>{8, 1};
+  const SpmdSearchResult r = search_spmd(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(r.fits);
+  EXPECT_EQ(r.plan.sharding->strategies.at("a").at(0), "split s");
+  EXPECT_EQ(at(r.plan, "a", 0), "S(2)");
+  std::map<std::string, double> bytes;
+  double seconds = 0;
+  for (const auto& c : r.plan.predicted->collectives)
+    if (c.kind == "send_recv" && c.value == "a") {
+      bytes[c.phase] += c.bytes;
+      seconds += c.seconds * c.count;
+    }
+  EXPECT_EQ(bytes, (std::map<std::string, double>{{"backward", 15 * 524288.0}, {"forward", 7 * 524288.0}}));
+  EXPECT_GT(seconds, 0);
+  // On a mesh the user names data 1 x tensor 8 the tensor axis keeps to the model: no ring.
+  o.mesh = std::vector<int>{1, 8};
+  o.batch_on_tensor_axis = false;
+  const SpmdSearchResult t = search_spmd(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(t.fits);
+  EXPECT_NE(t.plan.sharding->strategies.at("a").at(1), "split s");
 }
 
 TEST(SpmdSearch, GptConv1DsRunTheirSequenceCollectivesAsStridedRings) {
