@@ -95,6 +95,24 @@ double work_scale(const ir::Graph& graph, const ir::Node& node, const NodeContex
   return scale;
 }
 
+// An attention's two products divide apart: the scores Q K^T by what splits the query's rows
+// (batch, heads, sequence: q's shards), the weighted sum P V by what splits the output (those,
+// and the value's columns e). A split of e alone leaves every rank all the scores. {scores'
+// scale, products' scale}; the products' FLOPs are the two in the ratio of D to e.
+std::pair<double, double> attention_work_scales(const ir::Graph& graph, const ir::Node& node,
+                                                const NodeContext& context) {
+  const double whole = work_scale(graph, node, context);
+  if (context.operand_shards.empty() || node.inputs.size() < 3 || node.outputs.empty()) return {whole, whole};
+  const double batch = whole * context.work_shards;
+  const double scores = batch / context.operand_shards[0];
+  const double weighted = batch / context.operand_shards[node.inputs.size()];
+  const auto& q = graph.value(node.inputs[0]).type.shape;
+  const auto& v = graph.value(node.inputs[2]).type.shape;
+  if (q.empty() || v.empty()) return {whole, whole};
+  const double d = static_cast<double>(q.back()), e = static_cast<double>(v.back());
+  return {scores, (d * scores + e * weighted) / (d + e)};
+}
+
 }  // namespace
 
 double attention_causal_fraction(std::int64_t queries, std::int64_t keys, bool causal, std::int64_t block) {
@@ -199,9 +217,11 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   if (kind == ops::FlopsKind::Contraction || kind == ops::FlopsKind::Convolution ||
       kind == ops::FlopsKind::Attention) {
     analysis::NodeFlops flops = analysis::node_flops(ops::OpTable::builtin(), graph, node);
-    double scale = work_scale(graph, node, context);
-    double matmul = static_cast<double>(flops.matmul) * scale;
     const bool attention = kind == ops::FlopsKind::Attention;
+    const auto [scores_scale, scale] =
+        attention ? attention_work_scales(graph, node, context)
+                  : std::pair{work_scale(graph, node, context), work_scale(graph, node, context)};
+    double matmul = static_cast<double>(flops.matmul) * scale;
     const bool unfused = attention && ops::op_base_name(node.op) == "aten::_scaled_dot_product_attention_math";
     const bool flash = attention && !unfused;
     if (flash) matmul *= causal_fraction(graph, node, constants_.attention_block);
@@ -229,7 +249,7 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
     // the tiles in registers: no bytes cross memory, and its FLOPs are not priced apart.
     // The math kernel computes every score and moves unfused_attention_score_bytes each.
     if (unfused && spec->flops.per_element > 0) {
-      double scores = static_cast<double>(flops.total - flops.matmul) * scale / spec->flops.per_element;
+      double scores = static_cast<double>(flops.total - flops.matmul) * scores_scale / spec->flops.per_element;
       double softmax = scores * constants_.unfused_attention_score_bytes / bandwidth;
       time.forward += softmax;
       time.backward += constants_.memory_backward_factor * softmax;

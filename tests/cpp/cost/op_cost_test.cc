@@ -158,6 +158,29 @@ TEST(OpCost, FusedAttentionIsItsComputedProductsWithoutScoreBytes) {
   EXPECT_NEAR(split.forward, c.forward / 4, 1e-12);
 }
 
+TEST(OpCost, AnAttentionSplitOnlyByTheValuesColumnsComputesEveryScore) {
+  // Split 4 ways by e (the value's columns: q and k whole, v and the output a quarter), each
+  // rank computes every score Q K^T and a quarter of P V: (1 + 1/4) / 2 of the products, on
+  // 1 + 1 + 1/4 + 1/4 of the operands' elements. By heads, a quarter of both.
+  AnalyticCostModel model;
+  const std::int64_t s = 2048;
+  const ir::Graph g = attention_graph(false, s);
+  NodeContext by_e;
+  by_e.operand_shards = {1, 1, 4, 4};
+  by_e.work_shards = 4;
+  const double heads = 4 * 32, d = 128, products = 4.0 * heads * s * s * d;
+  const double matmul = products * (1 + 0.25) / 2, elements = heads * s * d * 2.5;
+  const double intensity = matmul / (2 * elements);
+  EXPECT_NEAR(model.node_time(g, g.node(0), a100(), Precision::BF16, by_e).forward,
+              matmul / (3.12e14 * 0.75 * intensity / (intensity + 96)), 1e-12);
+  NodeContext by_heads;
+  by_heads.operand_shards = {4, 4, 4, 4};
+  by_heads.work_shards = 4;
+  const double quarter = products / 4, quarter_intensity = quarter / (2 * heads * s * d);
+  EXPECT_NEAR(model.node_time(g, g.node(0), a100(), Precision::BF16, by_heads).forward,
+              quarter / (3.12e14 * 0.75 * quarter_intensity / (quarter_intensity + 96)), 1e-12);
+}
+
 TEST(OpCost, TheMathKernelComputesEveryScoreAndMovesNineBytesEach) {
   // The same causal attention as the math kernel: every score, Q K V O intensity, 9 bytes a
   // score (Megatron-LM 2021's kernel, fitted on its Table 1), backward 2 x.
