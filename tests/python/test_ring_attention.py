@@ -2,8 +2,10 @@
 its rows of the sequence, and its output rows and the gradients of its q, k, v rows equal one
 device's scaled_dot_product_attention over the whole sequence in float64, on real Gloo ranks:
 contiguous and zig-zag layouts, causal, a boolean padding-and-causal mask, an additive mask,
-grouped-query heads, a row that sees no key. No op of the forward makes a tensor with the whole
-sequence's length, and autograd keeps the rank's own rows only."""
+grouped-query heads, a row that sees no key, values of another head size than the keys (torch's
+fused CPU kernel computes the blocks where it can, the reference path the others). No op of the
+forward makes a tensor with the whole sequence's length, and autograd keeps the rank's own rows
+only."""
 from __future__ import annotations
 
 import pytest
@@ -25,8 +27,9 @@ def _case(name: str, seq: int):
     kv_heads = 2 if name == "gqa" else H
     q = torch.randn(B, H, seq, D, generator=g, dtype=torch.float64)
     k = torch.randn(B, kv_heads, seq, D, generator=g, dtype=torch.float64)
-    v = torch.randn(B, kv_heads, seq, D, generator=g, dtype=torch.float64)
-    dout = torch.randn(B, H, seq, D, generator=g, dtype=torch.float64)
+    e = D // 2 if name == "wide_values" else D
+    v = torch.randn(B, kv_heads, seq, e, generator=g, dtype=torch.float64)
+    dout = torch.randn(B, H, seq, e, generator=g, dtype=torch.float64)
     mask = None
     if name in ("padding", "empty_row"):  # causal and left padding, as transformers builds it
         keep = torch.ones(B, seq, dtype=torch.bool)
@@ -56,7 +59,7 @@ class _Shapes(TorchDispatchMode):
 
 def _scenario_matches_one_device(rank: int, world: int, name: str, layout: str, seq: int):
     q, k, v, dout, mask = _case(name, seq)
-    causal = name in ("causal", "gqa")
+    causal = name in ("causal", "gqa", "wide_values")
     gqa = name == "gqa"
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
     expected = F.scaled_dot_product_attention(*ref, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
@@ -85,7 +88,8 @@ def _scenario_matches_one_device(rank: int, world: int, name: str, layout: str, 
 
 
 CASES = [("plain", "contiguous", 2), ("causal", "contiguous", 2), ("causal", "zigzag", 2), ("causal", "zigzag", 4),
-         ("padding", "zigzag", 2), ("empty_row", "contiguous", 2), ("additive", "contiguous", 4), ("gqa", "zigzag", 2)]
+         ("padding", "zigzag", 2), ("empty_row", "contiguous", 2), ("additive", "contiguous", 4), ("gqa", "zigzag", 2),
+         ("wide_values", "zigzag", 2)]
 
 
 @pytest.mark.parametrize("name,layout,world", CASES, ids=[f"{n}-{lay}-{w}" for n, lay, w in CASES])
@@ -95,8 +99,9 @@ def test_ring_attention_equals_one_device_and_holds_its_rows_only(name, layout, 
     assert r["out"] < TOLERANCE, r
     assert max(r["grads"]) < TOLERANCE, r
     assert r["whole_length_ops"] == [], r  # no scores, K or V over the whole sequence
-    kv_heads = 2 if name == "gqa" else H
-    own = {(B, H, r["rows"], D), (B, kv_heads, r["rows"], D), (B, H, r["rows"])}
+    kv_heads, e = (2 if name == "gqa" else H), (D // 2 if name == "wide_values" else D)
+    own = {(B, H, r["rows"], D), (B, kv_heads, r["rows"], D), (B, kv_heads, r["rows"], e), (B, H, r["rows"], e),
+           (B, H, r["rows"])}
     assert r["saved"] and set(map(tuple, r["saved"])) <= own, r  # q, k, v, output, log-sum-exp
 
 
@@ -105,15 +110,13 @@ def _scenario_counts_causal_pairs(rank: int, world: int, layout: str):
     import shardwise.runtime.ring_attention as ring
 
     calls = []
-    scores = ring._Attention.scores
+    block = ring._Attention.block
 
-    def counted(self, q, qc, k, kc):
-        s = scores(self, q, qc, k, kc)
-        if s is not None:
-            calls.append(s.shape[-2] * s.shape[-1])
-        return s
+    def counted(self, q, qc, k, v, kc):
+        calls.append(qc.size * kc.size)
+        return block(self, q, qc, k, v, kc)
 
-    ring._Attention.scores = counted
+    ring._Attention.block = counted
     q, k, v, _, _ = _case("causal", 16)
     rows = SequenceLayout(layout, 16, world)
     ring_attention(*[rows.shard(t, 2, rank) for t in (q, k, v)], is_causal=True,

@@ -135,21 +135,76 @@ class _Attention:
     mask: torch.Tensor | None
     groups: int
 
-    def scores(self, q: torch.Tensor, qc: _Chunk, k: torch.Tensor, kc: _Chunk) -> torch.Tensor | None:
-        """q chunk `qc`'s scores against k chunk `kc` (masked with -inf), None when every key
-        follows every query (causal)."""
-        if self.causal and kc.start >= qc.start + qc.size:
+    def visible(self, qc: _Chunk, kc: _Chunk) -> bool:
+        """Whether any key of `kc` is visible to a query of `qc` (causal: not all after)."""
+        return not (self.causal and kc.start >= qc.start + qc.size)
+
+    def diagonal(self, qc: _Chunk, kc: _Chunk) -> bool:
+        """Causal chunks that overlap the diagonal (equal chunks: the same positions)."""
+        return self.causal and kc.start + kc.size - 1 > qc.start
+
+    def mask_block(self, qc: _Chunk, kc: _Chunk) -> torch.Tensor | None:
+        """The mask's rows of `qc` and columns of `kc`, or None."""
+        if self.mask is None:
             return None
+        m = self.mask.narrow(-1, kc.start, kc.size)
+        return m.narrow(-2, qc.row, qc.size) if m.shape[-2] != 1 else m
+
+    def fused(self, q: torch.Tensor, v: torch.Tensor, qc: _Chunk, kc: _Chunk) -> bool:
+        """Whether torch's fused CPU kernel computes the block (it takes one head size for
+        q, k and v, and a causal block only on the diagonal itself)."""
+        aligned = not self.diagonal(qc, kc) or (qc.start == kc.start and qc.size == kc.size)
+        return q.device.type == "cpu" and q.shape[-1] == v.shape[-1] and aligned
+
+    def additive(self, m: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """A block of the mask as the fused kernel takes it: added to the scores, in q's dtype."""
+        if m is None or m.dtype != torch.bool:
+            return None if m is None else m.to(dtype)
+        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, -math.inf)
+
+    def scores(self, q: torch.Tensor, qc: _Chunk, k: torch.Tensor, kc: _Chunk) -> torch.Tensor:
+        """q chunk `qc`'s scores against k chunk `kc`, masked with -inf (the reference path)."""
         s = torch.matmul(q.narrow(-2, qc.row, qc.size), k.narrow(-2, kc.row, kc.size).transpose(-2, -1)) * self.scale
-        if self.causal and kc.start + kc.size - 1 > qc.start:  # the chunks overlap the diagonal
+        if self.diagonal(qc, kc):
             qpos = torch.arange(qc.start, qc.start + qc.size, device=s.device)
             kpos = torch.arange(kc.start, kc.start + kc.size, device=s.device)
             s = s.masked_fill(kpos[None, :] > qpos[:, None], -math.inf)
-        if self.mask is not None:
-            m = self.mask.narrow(-1, kc.start, kc.size)
-            m = m.narrow(-2, qc.row, qc.size) if m.shape[-2] != 1 else m
+        m = self.mask_block(qc, kc)
+        if m is not None:
             s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.to(s.dtype)
         return s
+
+    def block(self, q, qc: _Chunk, k, v, kc: _Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's output rows and their log-sum-exp (-inf where the block shows a row no key)."""
+        qb, kb, vb = q.narrow(-2, qc.row, qc.size), k.narrow(-2, kc.row, kc.size), v.narrow(-2, kc.row, kc.size)
+        if self.fused(q, v, qc, kc):
+            m = self.mask_block(qc, kc)
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                qb, kb, vb, 0.0, self.diagonal(qc, kc), attn_mask=self.additive(m, q.dtype), scale=self.scale)
+            if m is not None:  # the kernel gives a row that sees no key a log-sum-exp of 0
+                seen = (m if m.dtype == torch.bool else ~torch.isneginf(m)).any(-1).expand_as(lse)
+                lse = torch.where(seen, lse.to(q.dtype), -math.inf)
+            return out, lse.to(q.dtype)
+        s = self.scores(q, qc, k, kc)
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - _finite(lse).unsqueeze(-1))
+        return torch.matmul(p, vb), lse
+
+    def block_grads(self, q, qc: _Chunk, k, v, kc: _Chunk, out, lse, dout, delta):
+        """The block's share of dq (q chunk `qc`'s rows) and of dk, dv (k chunk `kc`'s rows),
+        from the whole call's output rows and log-sum-exp."""
+        qb, kb, vb = q.narrow(-2, qc.row, qc.size), k.narrow(-2, kc.row, kc.size), v.narrow(-2, kc.row, kc.size)
+        do = dout.narrow(-2, qc.row, qc.size)
+        rows_lse = lse.narrow(-1, qc.row, qc.size)
+        if self.fused(q, v, qc, kc):
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                do, qb, kb, vb, out.narrow(-2, qc.row, qc.size).contiguous(), _finite(rows_lse).contiguous(), 0.0,
+                self.diagonal(qc, kc), attn_mask=self.additive(self.mask_block(qc, kc), q.dtype), scale=self.scale)
+        s = self.scores(q, qc, k, kc)
+        p = torch.where(torch.isneginf(rows_lse).unsqueeze(-1), 0, torch.exp(s - _finite(rows_lse).unsqueeze(-1)))
+        dp = torch.matmul(do, vb.transpose(-2, -1))
+        ds = p * (dp - delta.narrow(-1, qc.row, qc.size).unsqueeze(-1)) * self.scale
+        return torch.matmul(ds, kb), torch.matmul(ds.transpose(-2, -1), qb), torch.matmul(p.transpose(-2, -1), do)
 
     def expand(self, kv: torch.Tensor) -> torch.Tensor:
         """Key or value heads repeated for their query heads (grouped-query attention)."""
@@ -169,50 +224,46 @@ def _finite(m: torch.Tensor) -> torch.Tensor:
 
 
 class _Rows:
-    """One query chunk's running max, sum of exponentials and weighted values."""
+    """One query chunk's output rows and log-sum-exp over the blocks merged so far."""
 
-    def __init__(self, q: torch.Tensor, qc: _Chunk, dv: int):
-        shape = q.shape[:-2] + (qc.size,)
-        self.m = torch.full(shape, -math.inf, dtype=q.dtype, device=q.device)
-        self.l = torch.zeros(shape, dtype=q.dtype, device=q.device)
-        self.acc = torch.zeros(shape + (dv,), dtype=q.dtype, device=q.device)
+    def __init__(self):
+        self.out: torch.Tensor | None = None
+        self.lse: torch.Tensor | None = None
 
-    def add(self, s: torch.Tensor, v: torch.Tensor) -> None:
-        m = torch.maximum(self.m, s.amax(-1))
-        shift = _finite(m)
-        p = torch.exp(s - shift.unsqueeze(-1))
-        rescale = torch.exp(self.m - shift)
-        self.l = self.l * rescale + p.sum(-1)
-        self.acc = self.acc * rescale.unsqueeze(-1) + torch.matmul(p, v)
-        self.m = m
+    def add(self, out: torch.Tensor, lse: torch.Tensor) -> None:
+        if self.out is None:
+            self.out, self.lse = out, lse
+            return
+        total = torch.logaddexp(self.lse, lse)
+        shift = _finite(total)
+        self.out = self.out * torch.exp(self.lse - shift).unsqueeze(-1) + out * torch.exp(lse - shift).unsqueeze(-1)
+        self.lse = total
 
-    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def result(self, like: torch.Tensor, qc: _Chunk, dv: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The output rows (0 where no key is visible, as torch's kernels give) and their log-sum-exp."""
-        seen = self.l > 0
-        out = torch.where(seen.unsqueeze(-1), self.acc / torch.where(seen, self.l, 1).unsqueeze(-1), 0)
-        lse = torch.where(seen, _finite(self.m) + torch.log(torch.where(seen, self.l, 1)), -math.inf)
-        return out, lse
+        if self.out is None:  # no block had a visible key (not under a causal layout)
+            shape = like.shape[:-2] + (qc.size,)
+            return like.new_zeros(shape + (dv,)), like.new_full(shape, -math.inf)
+        return torch.where(torch.isneginf(self.lse).unsqueeze(-1), 0, self.out), self.lse
 
 
 def _forward(a: _Attention, q, k, v):
     qchunks = _chunks(a.layout, a.ring.rank)
-    rows = [_Rows(q, qc, v.shape[-1]) for qc in qchunks]
+    rows = [_Rows() for _ in qchunks]
     kv = torch.cat([k.flatten(), v.flatten()])
     for step in range(a.ring.size):
         works = []
         if step + 1 < a.ring.size:
             incoming, works = a.ring.start(kv)
-        kb, vb = kv[:k.numel()].view_as(k), kv[k.numel():].view_as(v)
-        kb, vb = a.expand(kb), a.expand(vb)
+        kb, vb = a.expand(kv[:k.numel()].view_as(k)), a.expand(kv[k.numel():].view_as(v))
         for kc in _chunks(a.layout, a.ring.source(step)):
             for qc, r in zip(qchunks, rows):
-                s = a.scores(q, qc, kb, kc)
-                if s is not None:
-                    r.add(s, vb.narrow(-2, kc.row, kc.size))
+                if a.visible(qc, kc):
+                    r.add(*a.block(q, qc, kb, vb, kc))
         _wait(works)
         if works:
             kv = incoming
-    results = [r.result() for r in rows]
+    results = [r.result(q, qc, v.shape[-1]) for r, qc in zip(rows, qchunks)]
     return torch.cat([o for o, _ in results], -2), torch.cat([lse for _, lse in results], -1)
 
 
@@ -228,17 +279,12 @@ def _backward(a: _Attention, q, k, v, out, lse, dout):
         dk, dv = torch.zeros_like(kb), torch.zeros_like(vb)
         for kc in _chunks(a.layout, a.ring.source(step)):
             for qc in qchunks:
-                s = a.scores(q, qc, kb, kc)
-                if s is None:
+                if not a.visible(qc, kc):
                     continue
-                rows_lse = lse.narrow(-1, qc.row, qc.size)
-                p = torch.where(torch.isneginf(rows_lse).unsqueeze(-1), 0, torch.exp(s - _finite(rows_lse).unsqueeze(-1)))
-                do = dout.narrow(-2, qc.row, qc.size)
-                dv.narrow(-2, kc.row, kc.size).add_(torch.matmul(p.transpose(-2, -1), do))
-                dp = torch.matmul(do, vb.narrow(-2, kc.row, kc.size).transpose(-2, -1))
-                ds = p * (dp - delta.narrow(-1, qc.row, qc.size).unsqueeze(-1)) * a.scale
-                dq.narrow(-2, qc.row, qc.size).add_(torch.matmul(ds, kb.narrow(-2, kc.row, kc.size)))
-                dk.narrow(-2, kc.row, kc.size).add_(torch.matmul(ds.transpose(-2, -1), q.narrow(-2, qc.row, qc.size)))
+                dq_b, dk_b, dv_b = a.block_grads(q, qc, kb, vb, kc, out, lse, dout, delta)
+                dq.narrow(-2, qc.row, qc.size).add_(dq_b)
+                dk.narrow(-2, kc.row, kc.size).add_(dk_b)
+                dv.narrow(-2, kc.row, kc.size).add_(dv_b)
         grads = grads + torch.cat([a.fold(dk).flatten(), a.fold(dv).flatten()])
         if a.ring.size == 1:
             break
