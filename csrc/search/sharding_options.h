@@ -52,6 +52,9 @@ struct ShardingModelOptions {
   // rows, or a contraction's Partial output's one reduce-scatter, hidden under (n-1)/n of
   // the contraction's products at the interference price, forward and backward.
   bool collective_matmul = false;
+  // Ring attention (context parallelism: Index::ring, ops/distributed_kernels.h) offered
+  // where the kernel runs; false: self-attention's sequence is never split.
+  bool ring_attention = true;
   // Activation-gradient all-reduces beside their reader's weight gradient
   // (plan::Sharding::async_gradients, transform/async_gradients.h); false: exposed.
   bool async_gradients = true;

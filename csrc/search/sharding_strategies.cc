@@ -125,13 +125,14 @@ void drop_batch_splits(std::vector<Strategy>& strategies, const ir::Graph& graph
 // A split the runtime has no distributed kernel for would run whole on gathered operands,
 // not as priced (compute / n and the statistics' all-reduce): not offered
 // (ops/distributed_kernels.h).
-void drop_kernelless_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule, const ir::Node& node) {
+void drop_kernelless_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule, const ir::Node& node,
+                            bool ring_attention) {
   std::erase_if(strategies, [&](const Strategy& s) {
     if (s.partial || s.index < 0) return false;
     const ops::Index& index = rule.indices.at(static_cast<std::size_t>(s.index));
     if (index.kind != ops::IndexKind::Whole) return false;
     if (index.lookup) return !ops::lookup_kernel_ops().contains(node.op);
-    if (index.ring) return !ops::ring_kernel(node);
+    if (index.ring) return !ring_attention || !ops::ring_kernel(node);
     if (index.statistics == 0) return false;
     const auto kernel = ops::statistics_kernel(node);
     // The vocabulary kernels take this rank's classes as one block (transform/spmd_rewrite.cc).
@@ -208,7 +209,7 @@ std::vector<Strategy> StrategyEnumerator::node_strategies(ir::NodeId node, int a
   drop_uneven_batch_splits(strategies, facts_.graph, n);
   if (!options_.batch_axes.empty() && !options_.batch_axes.at(static_cast<std::size_t>(axis)))
     drop_batch_splits(strategies, facts_.graph, *rule, n);
-  drop_kernelless_splits(strategies, *rule, n);
+  drop_kernelless_splits(strategies, *rule, n, options_.ring_attention);
   if (passes_partial_sums(facts_.graph, n)) strategies.push_back(partial_strategy(*rule));
   return strategies;
 }

@@ -98,6 +98,8 @@ struct SpmdSearchOptions {
   // (search/parameter_collectives.h, MatmulCollective): priced so, and the plan says so
   // (plan::Sharding::collective_matmul) for the rewrite and the runtime.
   bool collective_matmul = false;
+  // Self-attention's sequence split as ring attention (ShardingModelOptions::ring_attention).
+  bool context_parallel = true;
   std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
   // The graph standing for a pipeline stage's share of it (ShardingModelOptions'): the
   // fractions of its parameter states and of one micro-batch's saved activations the stage's

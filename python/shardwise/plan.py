@@ -172,21 +172,25 @@ class Plan:
     def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
                memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None,
                recompute: bool | str = True, zero: bool = True, progress=None, collective_matmul: bool = False,
-               batch_on_tensor_axis: bool | None = None, profile=None) -> "Plan":
+               batch_on_tensor_axis: bool | None = None, profile=None, context_parallel: bool = True) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
         cluster's cost model. See ``shardwise.plan``. ``batch_on_tensor_axis``: whether the
         mesh's tensor axis may split the batch too; None: not on a ``mesh`` given (its tensor
         axis splits weights, heads and sequences, as the name says), freely on a searched one.
         ``profile``: a ``shardwise.Profile`` whose measured op and collective times the search
-        prices with where it has them (see ``Plan.manual``); None: the analytic model."""
+        prices with where it has them (see ``Plan.manual``); None: the analytic model.
+        ``context_parallel``: whether self-attention's sequence may be split over an axis that
+        may carry the batch, as ring attention (``runtime/ring_attention.py``); False keeps
+        every attention's sequence whole on each rank."""
         if batch_on_tensor_axis is None:
             batch_on_tensor_axis = mesh is None
         result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
                                 None if mesh is None else [int(x) for x in mesh], float(memory_fraction),
                                 _precision(graph, precision), recompute is not False, bool(zero), progress,
                                 bool(collective_matmul), bool(batch_on_tensor_axis),
-                                "" if isinstance(recompute, bool) else _recompute(recompute), _profile_json(profile))
+                                "" if isinstance(recompute, bool) else _recompute(recompute), _profile_json(profile),
+                                bool(context_parallel))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     @classmethod

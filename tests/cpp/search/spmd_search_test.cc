@@ -380,6 +380,13 @@ TEST(SpmdSearch, OneLongSequenceOnTheDataAxisRunsItsCausalAttentionAsARing) {
     }
   EXPECT_EQ(bytes, (std::map<std::string, double>{{"backward", 15 * 524288.0}, {"forward", 7 * 524288.0}}));
   EXPECT_GT(seconds, 0);
+  // Without context parallelism the sequence's attention is never split.
+  o.context_parallel = false;
+  const SpmdSearchResult off = search_spmd(g, cost::preset("dgx-a100", 1), cost::AnalyticCostModel{}, o);
+  ASSERT_TRUE(off.fits);
+  EXPECT_NE(off.plan.sharding->strategies.at("a").at(0), "split s");
+  EXPECT_GT(off.plan.predicted->step_time, r.plan.predicted->step_time);
+  o.context_parallel = true;
   // On a mesh the user names data 1 x tensor 8 the tensor axis keeps to the model: no ring.
   o.mesh = std::vector<int>{1, 8};
   o.batch_on_tensor_axis = false;
