@@ -6,11 +6,18 @@ dgx-h100 preset. Each length runs in a fresh process, so its peak resident set (
 its own: the interpreter, torch and transformers imported, the capture and the plan. CPU
 seconds are process time (capture: ``shardwise.capture``; plan: ``shardwise.plan``).
 Issue 48's bar: 131,072 tokens captured and planned in at most 10 s and 2 GB, growing at most
-linearly; a batch of 16 x 8,192 captured in at most 4 s of CPU. The step-time comparison of
-context-parallel plans against the best plan without them is not here yet (issue 48, item 1).
-Timing never fails anything.
+linearly; a batch of 16 x 8,192 captured in at most 4 s of CPU.
+
+``--train`` measures instead what context parallelism buys here: a small transformers LLaMA
+(float32) trained on one sequence of ``--train-seq`` tokens on 1, 2 and 4 Gloo processes, each
+world with the search's plan on a data axis of that many ranks with ring attention allowed
+and without it (``Plan.search(context_parallel=False)``: the best plan that keeps every
+attention's sequence whole), side by side in one run: the median step time and the peak tensor
+memory per rank (benchmarks/_tensor_memory.py, the largest rank), and their ratios allowed /
+off. Timing never fails anything.
 
     python benchmarks/long_context.py [--lengths 8192 32768 131072] [--layers 32] [--record]
+    python benchmarks/long_context.py --train [--train-seq 4096] [--record]
 """
 from __future__ import annotations
 
@@ -49,6 +56,130 @@ def _one(layers: int, seq: int, batch: int, nodes: int, global_batch: int) -> di
             "plan": repr(plan), "fits": bool(plan.fits), "step": plan.predicted_step_time()}
 
 
+TRAIN_VOCAB = 512
+
+
+def _train_model(seq: int):
+    """The LLaMA with its loss (shardwise.models.CausalLMWithLoss), so that the graph the plan
+    is searched on is the one parallelize captures."""
+    import torch
+    import transformers
+
+    from shardwise.models import CausalLMWithLoss
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=2,
+                                   num_key_value_heads=2, vocab_size=TRAIN_VOCAB, max_position_embeddings=seq,
+                                   attn_implementation="sdpa")
+    return CausalLMWithLoss(transformers.LlamaForCausalLM(cfg))
+
+
+def _train_batch(seq: int) -> tuple:
+    import torch
+
+    ids = torch.randint(0, TRAIN_VOCAB, (1, seq), generator=torch.Generator().manual_seed(1))
+    return ids, torch.roll(ids, -1, dims=1)
+
+
+def _train_rank(rank: int, store: str, world: int, seq: int, ring: bool, steps: int, out: str) -> None:
+    """One rank of a run: the search's plan on a data axis of `world` ranks (ring attention
+    allowed or not), a warm-up step, `steps` timed, then one more under the peak counter."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import shardwise
+    from _tensor_memory import PeakTensorBytes, live_storages
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    try:
+        model, batch = _train_model(seq), _train_batch(seq)
+        graph = shardwise.capture(_train_model(seq), batch)
+        plan = shardwise.Plan.search(graph, shardwise.Cluster.preset("cpu", world), mesh=(world, 1), global_batch=1,
+                                     precision="f32", context_parallel=ring)
+        before = live_storages()
+        engine = shardwise.parallelize(model, batch, plan=plan, verify=False)
+        optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)
+        times = []
+        for step in range(1 + steps):
+            dist.barrier()
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            engine.train_step(*batch)
+            optimizer.step()
+            dist.barrier()
+            if step:
+                times.append(time.perf_counter() - start)
+        optimizer.zero_grad()
+        with PeakTensorBytes(exclude=before) as tensors:
+            engine.train_step(*batch)
+            optimizer.step()
+        peak = torch.tensor([float(tensors.peak)])
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        rings = sum(1 for line in engine.rank_ir.splitlines() if "= shardwise::ring_attention(" in line)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"step": statistics.median(times), "memory": float(peak[0]), "rings": rings,
+                           "predicted": plan.predicted_step_time()}, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _train_run(world: int, seq: int, ring: bool, steps: int) -> dict:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        mp.spawn(_train_rank, args=(os.path.join(tmp, "store"), world, seq, ring, steps, out), nprocs=world, join=True)
+        with open(out) as f:
+            return json.load(f)
+
+
+def train_comparison(seq: int, worlds: list[int], steps: int, record_it: bool) -> None:
+    from _machine import machine_line
+
+    print(machine_line())
+    header = ["processes", "ring attention", "ring calls", "step (s)", "peak MB per rank", "predicted step (s)",
+              "allowed / off: step", "allowed / off: memory"]
+    table = []
+    for world in worlds:
+        runs = {ring: _train_run(world, seq, ring, steps) for ring in ((True, False) if world > 1 else (False,))}
+        without = runs[False]
+        for ring, r in runs.items():
+            row = [world, "allowed" if ring else "off", r["rings"], r["step"], r["memory"] / 1e6, r["predicted"],
+                   r["step"] / without["step"] if ring else None, r["memory"] / without["memory"] if ring else None]
+            table.append(row)
+            print(f"  {world} processes, ring attention {row[1]}: {row[2]} ring calls, step {row[3]:.3f} s, peak "
+                  f"{row[4]:.1f} MB a rank", flush=True)
+    print(f"\nLLaMA (2 layers, hidden 128, 2 heads of 64), float32, one sequence of {seq} tokens, AdamW")
+    print("| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
+    for row in table:
+        cells = [f"{c:.3f}" if isinstance(c, float) else ("-" if c is None else str(c)) for c in row]
+        print("| " + " | ".join(cells) + " |")
+    if record_it:
+        from _machine import cpu_model
+        from _results import record
+        import torch
+
+        record("long_context_train", table, {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}",
+            "columns": header,
+            "formats": {"step (s)": ".3f", "peak MB per rank": ".1f", "predicted step (s)": ".4f",
+                        "allowed / off: step": ".2f", "allowed / off: memory": ".2f"},
+            "notes": f"transformers LLaMA (2 layers, hidden 128, 2 heads of 64, vocabulary {TRAIN_VOCAB}), float32, one "
+                     f"sequence of {seq} tokens, Gloo processes on this machine's cores; each world's plan: "
+                     "Plan.search on a data axis of that many ranks, ring attention allowed or not (off: "
+                     "context_parallel=False); ring calls: the ring attentions in rank 0's program; median of the "
+                     "timed steps after a warm-up, peak tensor memory of the largest rank "
+                     "(benchmarks/_tensor_memory.py)."})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768, 131072])
@@ -58,6 +189,10 @@ def main() -> None:
                     help="also capture 16 x 8,192 (issue 48's batch bar)")
     ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--train", action="store_true", help="measure ring attention's plans training instead")
+    ap.add_argument("--train-seq", type=int, default=4096)
+    ap.add_argument("--train-worlds", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's JSON arguments
     from _results import add_record_argument, record
 
@@ -65,6 +200,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.one:
         print(json.dumps(_one(**json.loads(args.one))))
+        return
+    if args.train:
+        train_comparison(args.train_seq, args.train_worlds, args.train_steps, args.record)
         return
     from _machine import machine_line
 

@@ -5,7 +5,10 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
     traffic            bytes per collective kind, counted by the calls  ()
     transport          the runtime's own torch.distributed calls  (traffic)
     reshard            resharding steps with their autograd  (mesh)
-    kernels            distributed kernels: split lookups, statistics  (mesh)
+    ring_attention     attention over a sequence split across a group, its key and value
+                       blocks passed around the ring (context parallelism)  (transport)
+    kernels            distributed kernels: split lookups, statistics, ring attention  (mesh,
+                       ring_attention)
     parameter_gathers  sharded weights prefetched, released, gathered again  (reshard,
                        transport)
     recompute          checkpointed segments of recomputed blocks  ()

@@ -24,6 +24,7 @@ import math
 import torch
 
 from .mesh import _Mesh
+from .ring_attention import ring_attention
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -241,8 +242,6 @@ def _ring_attention(split: _Split, query, key, value, attn_mask=None, dropout_p:
                     scale=None, enable_gqa: bool = False):
     """Ring attention (ring_attention.py) over the query rows' dim, split in equal blocks on
     the axis: this rank's block starts where its place on the ring says."""
-    from .ring_attention import ring_attention
-
     rows = split.stop - split.start
     if rows * (split.size // max(rows, 1)) != split.size or split.start % max(rows, 1):
         raise NotImplementedError(f"ring attention: rows [{split.start}, {split.stop}) of {split.size} are not one of "
