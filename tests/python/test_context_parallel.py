@@ -2,30 +2,47 @@
 their sequence split over the ranks, attention run as ring attention (runtime/ring_attention.py,
 the rewrite's `shardwise::ring_attention`), trained 3 AdamW steps in float64 on real Gloo ranks
 against the same loop on one device: causal, and with a padding mask (the capture keeps the
-mask; the labels of the padding are -100). The plan is the search's own at one sequence of 256
-tokens, where splitting the sequence is what it finds; the test asserts that it did."""
+mask; the labels of the padding are -100), the loss transformers' own (which it computes in
+float32) or the next-token cross entropy in float64. The plan is the search's own at one
+sequence of 256 tokens, where splitting the sequence is what it finds; the test asserts that it
+did."""
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 import shardwise
 from conftest import spawn_scenario
 
-# Parameters within 1e-9 of one device (measured: 5e-14 .. 3e-13). transformers computes the
-# loss in float32 (it upcasts the logits, here down from float64), so the token mean summed in
-# another order agrees to float32's 1e-7 (measured 1.1e-7 .. 2.3e-7), as test_training_loops says.
-STEPS, SEQ, TOLERANCE, LOSS_TOLERANCE = 3, 256, 1e-9, 1e-6
+# Parameters, and a float64 loss, within 1e-9 of one device (measured: parameters 5e-14 ..
+# 3e-13). transformers computes its loss in float32 (it upcasts the logits, here down from
+# float64), so its token mean summed in another order agrees to float32's 1e-7 (measured 1.1e-7
+# .. 2.3e-7), as test_training_loops says.
+STEPS, SEQ, TOLERANCE, FLOAT32_LOSS_TOLERANCE = 3, 256, 1e-9, 1e-6
 
 
-def _model(name: str):
+class _NextTokenLoss(torch.nn.Module):
+    """The causal LM's next-token cross entropy in the model's dtype (float64 here)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, input_ids, labels, attention_mask=None):
+        logits = self.m(input_ids=input_ids, attention_mask=attention_mask).logits
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def _model(name: str, loss: str = "transformers"):
     torch.manual_seed(0)
     common = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=64, max_position_embeddings=SEQ, attn_implementation="sdpa")
     cfg = transformers.LlamaConfig(**common) if name == "llama" else transformers.Qwen2Config(**common)
     cls = transformers.LlamaForCausalLM if name == "llama" else transformers.Qwen2ForCausalLM
-    return cls(cfg).double().train()
+    model = cls(cfg).double().train()
+    return model if loss == "transformers" else _NextTokenLoss(model)
 
 
 def _batch(step: int, padded: bool) -> dict:
@@ -40,19 +57,24 @@ def _batch(step: int, padded: bool) -> dict:
     return batch
 
 
-def _scenario_trains_as_one_device(rank: int, world: int, name: str, padded: bool):
-    engine = shardwise.parallelize(_model(name), _batch(0, padded), cluster=shardwise.Cluster.preset("cpu", world),
-                                   mesh=(world, 1))
+def _loss(model, batch):
+    out = model(**batch)
+    return out if isinstance(out, torch.Tensor) else out.loss
+
+
+def _scenario_trains_as_one_device(rank: int, world: int, name: str, padded: bool, loss_kind: str):
+    engine = shardwise.parallelize(_model(name, loss_kind), _batch(0, padded),
+                                   cluster=shardwise.Cluster.preset("cpu", world), mesh=(world, 1))
     plan = engine.plan
     optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
-    reference = _model(name)
+    reference = _model(name, loss_kind)
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     losses, ref_losses = [], []
     for step in range(STEPS):
         losses.append(float(engine.train_step(**_batch(step, padded))))
         optimizer.step()
         optimizer.zero_grad()
-        loss = reference(**_batch(step, padded)).loss
+        loss = _loss(reference, _batch(step, padded))
         loss.backward()
         ref_losses.append(float(loss))
         ref_optimizer.step()
@@ -67,14 +89,19 @@ def _scenario_trains_as_one_device(rank: int, world: int, name: str, padded: boo
             "whole": engine.whole_nodes}
 
 
-@pytest.mark.parametrize("name,padded,world", [("llama", False, 2), ("qwen2", True, 2), ("llama", True, 4)],
-                         ids=["llama-causal-2", "qwen2-padded-2", "llama-padded-4"])
-def test_a_sequence_split_over_a_ring_trains_as_one_device(name, padded, world):
-    r = spawn_scenario(__name__, world, "trains_as_one_device", name, padded)
+CASES = [("llama", False, 2, "transformers"), ("qwen2", True, 2, "float64"), ("llama", True, 4, "transformers"),
+         ("qwen2", False, 4, "float64")]
+
+
+@pytest.mark.parametrize("name,padded,world,loss_kind", CASES,
+                         ids=[f"{n}-{'padded' if p else 'causal'}-{w}-{k}" for n, p, w, k in CASES])
+def test_a_sequence_split_over_a_ring_trains_as_one_device(name, padded, world, loss_kind):
+    r = spawn_scenario(__name__, world, "trains_as_one_device", name, padded, loss_kind)
     assert r["strategies"] and all(s[0] == "split s" for s in r["strategies"].values()), r["strategies"]
     assert r["attention"] and all("shardwise::ring_attention" in line for line in r["attention"]), r["attention"]
     for line in r["attention"]:  # rank 0's rows of the whole sequence (the kernel takes q, k, v alike)
         assert f",{SEQ // world},8] = " in line and f"size={SEQ}, start=0, stop={SEQ // world}" in line, line
+    loss_tolerance = FLOAT32_LOSS_TOLERANCE if loss_kind == "transformers" else TOLERANCE
     for a, b in zip(r["losses"], r["ref_losses"]):
-        assert abs(a - b) <= LOSS_TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+        assert abs(a - b) <= loss_tolerance * abs(b), (r["losses"], r["ref_losses"])
     assert r["errors"] and max(r["errors"].values()) < TOLERANCE, r["errors"]
