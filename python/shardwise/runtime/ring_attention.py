@@ -5,12 +5,16 @@ with the causal load balance of zig-zag layouts).
 Each rank holds its rows of the query, key and value sequences (``[batch, heads, rows, dim]``)
 and a ``SequenceLayout`` says which global positions those rows are. The key and value blocks
 travel the ring (group rank i sends to i + 1 and receives from i - 1), the next block in flight
-while the current one is computed. Each block's scores are merged into the rows' running max,
-sum of exponentials and weighted values, the merge flash attention makes within one device, so
-the result is softmax(Q K^T * scale + mask) V over the whole sequence, in the compute dtype
-(float32 for half operands, as the statistics kernels do). A rank holds its own rows' scores
-against one chunk of keys at a time and at most two blocks of K and V; autograd keeps the
-rank's own q, k, v, output and log-sum-exp.
+while the current one is computed. Each block's output rows and log-sum-exp (torch's fused CPU
+kernel, ``_scaled_dot_product_flash_attention_for_cpu``, where it takes the block: one head
+size for q, k and v; a reference path of explicit scores elsewhere) are merged by their
+log-sum-exp, the merge flash attention makes within one device, so the result is
+softmax(Q K^T * scale + mask) V over the whole sequence, in the compute dtype (float32 for half
+operands, as the statistics kernels do). A rank holds at most two blocks of K and V, and no
+block's scores whole where the fused kernel runs (the reference path: one chunk pair's);
+autograd keeps the rank's own q, k, v, output and log-sum-exp. Backward gives the fused
+kernel's backward the whole call's output and log-sum-exp, so each block's gradients are its
+share of the whole call's.
 
 Backward is the same ring: a block's K and V travel with the gradients accumulated for them,
 and one more hop after the full turn brings each rank its own block's dK and dV. Causal
@@ -219,7 +223,7 @@ class _Attention:
 
 
 def _finite(m: torch.Tensor) -> torch.Tensor:
-    """The running max with rows that have seen no key (-inf) at 0, so exp(s - m) is 0, not NaN."""
+    """A max or log-sum-exp with the rows that see no key (-inf) at 0, so exp(s - m) is 0, not NaN."""
     return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
 
 
