@@ -85,11 +85,11 @@ cost::OpTime ShardingModel::base_time(ir::NodeId node, int axis, const Strategy&
   }
   // A ring's blocks are not the op at the rank's shapes (its rows see every block): the
   // whole node's time divided by the work shards, the slowest rank's share.
-  const bool ring = ring_axis(node, axis, choice) >= 0;
-  if (model_.wants_local_shapes() && !ring) context.local_shapes = local_shapes(node, axis, choice);
+  const int ring = ring_axis(node, axis, choice);
+  if (model_.wants_local_shapes() && ring < 0) context.local_shapes = local_shapes(node, axis, choice);
   cost::OpTime time = model_.node_time(graph_, n, device, options_.precision, context);
-  if (ring) {
-    const double factor = ring_compute_factor(node, axis, choice);
+  if (ring >= 0) {
+    const double factor = ring_compute_factor(node, ring);
     time.forward *= factor;
     time.backward *= factor;
   }
@@ -108,13 +108,12 @@ int ShardingModel::ring_axis(ir::NodeId node, int axis, const Strategy& choice) 
   return -1;
 }
 
-double ShardingModel::ring_compute_factor(ir::NodeId node, int axis, const Strategy& choice) const {
-  const int b = ring_axis(node, axis, choice);
-  const auto causal = graph_.node(node).attrs.find("is_causal");
-  if (b < 0 || causal == graph_.node(node).attrs.end() || !std::holds_alternative<bool>(causal->second) ||
-      !std::get<bool>(causal->second))
-    return 1.0;
-  const double n = options_.mesh[static_cast<std::size_t>(b)];
+double ShardingModel::ring_compute_factor(ir::NodeId node, int ring_axis) const {
+  const ir::Attributes& attrs = graph_.node(node).attrs;
+  const auto causal = attrs.find("is_causal");
+  const bool* is_causal = causal == attrs.end() ? nullptr : std::get_if<bool>(&causal->second);
+  if (is_causal == nullptr || !*is_causal) return 1.0;
+  const double n = options_.mesh[static_cast<std::size_t>(ring_axis)];
   return (2 * n - 1) / n;
 }
 

@@ -213,9 +213,10 @@ class ShardingModel {
   // Ring attention (a split of an Index::ring, ops/distributed_kernels.h): the axis that
   // splits the node's sequence under `choice` on `axis` (the other axes as decided), or -1.
   int ring_axis(ir::NodeId node, int axis, const Strategy& choice) const;
-  // What the slowest rank of a causal ring computes over the mean: rank n - 1's rows see every
-  // block, (2n - 1) / n of the balanced share (runtime/ring_attention.py's contiguous layout).
-  double ring_compute_factor(ir::NodeId node, int axis, const Strategy& choice) const;
+  // What the slowest rank of a causal ring on `ring_axis` computes over the mean: rank n - 1's
+  // rows see every block, (2n - 1) / n of the balanced share (runtime/ring_attention.py's
+  // contiguous layout); 1 for attention that is not causal.
+  double ring_compute_factor(ir::NodeId node, int ring_axis) const;
   // The key and value blocks' hops when `choice` splits the ring on `axis`: in forward n - 1
   // hops beside the blocks' compute (what outlasts it), in backward n - 1 hops of a block with
   // its gradients and one of the gradients, after each block's compute. 0 for other choices.

@@ -80,8 +80,14 @@ def _scenario_matches_one_device(rank: int, world: int, name: str, layout: str, 
         dist.all_gather(parts, t.contiguous())
         return rows.unshard(parts, 2)
 
+    refused = []  # a block the caller places elsewhere than the ring does
+    for wrong in ({"length": seq + 2 * world}, {"first_row": rows.chunks(rank)[0][0] + 1}):
+        try:
+            ring_attention(*mine, enable_gqa=gqa, group=dist.group.WORLD.group_name, layout=layout, **wrong)
+        except ValueError as e:
+            refused.append(str(e))
     err = lambda got, want: float((got - want).abs().max() / want.abs().max())  # noqa: E731
-    return {"out": err(whole(out.detach()), expected.detach()),
+    return {"refused": refused, "out": err(whole(out.detach()), expected.detach()),
             "grads": [err(whole(m.grad), r.grad) for m, r in zip(mine, ref)],
             "whole_length_ops": sorted({f for f, shape in forward_ops.shapes if seq in shape}),
             "saved": saved, "rows": rows.rows(rank)}
@@ -99,6 +105,7 @@ def test_ring_attention_equals_one_device_and_holds_its_rows_only(name, layout, 
     assert r["out"] < TOLERANCE, r
     assert max(r["grads"]) < TOLERANCE, r
     assert r["whole_length_ops"] == [], r  # no scores, K or V over the whole sequence
+    assert len(r["refused"]) == 2 and "a sequence of" in r["refused"][0] and "holds rows from" in r["refused"][1], r
     kv_heads, e = (2 if name == "gqa" else H), (D // 2 if name == "wide_values" else D)
     own = {(B, H, r["rows"], D), (B, kv_heads, r["rows"], D), (B, kv_heads, r["rows"], e), (B, H, r["rows"], e),
            (B, H, r["rows"])}

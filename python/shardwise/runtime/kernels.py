@@ -241,13 +241,10 @@ def _nll_loss(split: _Split, log_probs, target, weight=None, reduction: int = 1,
 def _ring_attention(split: _Split, query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                     scale=None, enable_gqa: bool = False):
     """Ring attention (ring_attention.py) over the query rows' dim, split in equal blocks on
-    the axis: this rank's block starts where its place on the ring says."""
-    rows = split.stop - split.start
-    if rows * (split.size // max(rows, 1)) != split.size or split.start % max(rows, 1):
-        raise NotImplementedError(f"ring attention: rows [{split.start}, {split.stop}) of {split.size} are not one of "
-                                  "equal consecutive blocks (the contiguous layout)")
+    the axis: ring_attention checks this rank's block [start, stop) of `size` against its place
+    on the ring."""
     return ring_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, group=split.group,
-                          layout="contiguous", first_row=split.start)
+                          layout="contiguous", first_row=split.start, length=split.size)
 
 
 _KERNELS = {

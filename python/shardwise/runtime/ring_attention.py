@@ -328,11 +328,12 @@ class _RingAttention(torch.autograd.Function):
 
 def ring_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale=None,
                    enable_gqa: bool = False, *, group: str, layout: str = "contiguous",
-                   first_row: int | None = None) -> torch.Tensor:
+                   first_row: int | None = None, length: int | None = None) -> torch.Tensor:
     """``scaled_dot_product_attention`` of this rank's query rows over the whole sequence, whose
     rows the ranks of `group` (a process group's name) hold as `layout` says. Every rank calls
     it with its own rows of query, key and value (and of the mask: its key columns whole).
-    `first_row`, where the caller knows it, is checked against the layout's."""
+    `first_row` and `length` (the whole sequence's), where the caller knows them, are checked
+    against the ring's layout."""
     if dropout_p:
         raise NotImplementedError(f"ring attention: dropout_p={dropout_p} (its draws would differ from one device's); "
                                   "the rewrite keeps such an attention's sequence whole")
@@ -345,6 +346,9 @@ def ring_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is
     ring = _Ring(group)
     rows = query.shape[-2]
     seq = SequenceLayout(layout, rows * ring.size, ring.size)
+    if length is not None and length != seq.length:
+        raise ValueError(f"ring attention: {ring.size} ranks of {rows} rows hold {seq.length} of a sequence of {length}: "
+                         "a ring splits it in equal blocks, one a rank")
     if first_row is not None and seq.chunks(ring.rank)[0][0] != first_row:
         raise ValueError(f"ring attention: rank {ring.rank} of the ring holds rows from {first_row}, where the "
                          f"{layout} layout puts {seq.chunks(ring.rank)[0][0]}")
