@@ -15,6 +15,7 @@
 #include "cost/layer_balance.h"
 #include "cost/optimizer_cost.h"
 #include "cost/pipeline_transfers.h"
+#include "ops/distributed_kernels.h"
 #include "ops/op_table.h"
 #include "schedule/schedules.h"
 #include "support/error.h"
@@ -32,6 +33,9 @@ struct PartCost : PartLoad {
   // three times over (|t|, the scaled float32 copy, the float8 one: search::ShardingModel's
   // fp8_cast_bytes): transient, so the most of any node, not a sum.
   double fp8_cast_bytes = 0;
+  // Context parallelism: the ring attention's exposed sends per micro-batch (inside forward
+  // and backward already; PlanCost::context_parallel).
+  double ring_seconds = 0;
 };
 
 // A node's cast transient in an fp8 plan (PartCost::fp8_cast_bytes), 0 if it is no FP8 linear.
@@ -65,7 +69,7 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
                     const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure,
                     const CostModel& model,
                     const DeviceType& device, Precision precision, double batch_scale, int t,
-                    std::set<ir::ValueId>* seen_params) {
+                    std::set<ir::ValueId>* seen_params, bool row_shapes = true) {
   PartCost out;
   for (ir::NodeId id : nodes) {
     const ir::Node& node = graph.node(id);
@@ -76,7 +80,7 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     context.split = it == split.end() || t == 1 ? TensorSplit::None : it->second;
     // A node the split leaves whole runs at its batch-scaled shapes; a split node's
     // per-rank shapes are the SPMD search's to say (the stage layout), not this sketch's.
-    if (model.wants_local_shapes() && context.split == TensorSplit::None)
+    if (model.wants_local_shapes() && context.split == TensorSplit::None && row_shapes)
       context.local_shapes = batch_scaled_shapes(graph, node, batch_scale);
     OpTime time = model.node_time(graph, node, device, precision, context);
     if (precision == Precision::FP8)
@@ -132,7 +136,7 @@ double shared_compute_factor(const Cluster& cluster, const std::vector<std::pair
 }  // namespace
 
 std::map<std::string, double> PlanCost::breakdown() const {
-  return {{"compute", compute},
+  std::map<std::string, double> out{{"compute", compute},
           {"tensor_parallel", tensor_parallel},
           {"pipeline_p2p", pipeline_p2p},
           {"pipeline_transfer", pipeline_transfer},
@@ -141,6 +145,8 @@ std::map<std::string, double> PlanCost::breakdown() const {
           {"data_parallel_total", data_parallel_total},
           {"data_parallel_overlapped", data_parallel_overlapped ? 1.0 : 0.0},
           {"optimizer", optimizer}};
+  if (context_parallel > 0) out["context_parallel"] = context_parallel;
+  return out;
 }
 
 PlanCost evaluate(const ir::Graph& graph, const Cluster& cluster, const plan::Plan& plan, const CostModel& model,
@@ -193,6 +199,9 @@ class PlanEvaluator {
 
  private:
   Parts price_parts(const DeviceType& on, double scale, int width) const;
+  void check_context() const;
+  void add_ring(PartCost& part, const std::vector<ir::NodeId>& nodes, const std::map<ir::NodeId, TensorSplit>& split,
+                const DeviceType& on, double scale, int width) const;
   TensorParallel tensor_parallel(int width, int first, double scale) const;
   void scale_stage_devices();
   double boundary_transfer() const;
@@ -205,7 +214,7 @@ class PlanEvaluator {
   const CostModel& model_;
   const PlanCostConstants& constants_;
   const StageLayoutPrices* layout_;
-  const int t_, p_, v_;
+  const int t_, p_, v_, c_;  // c_: context (plan.h)
   const std::int64_t m_;
   Precision precision_ = Precision::BF16;
   const DeviceType* device_ = nullptr;  // the slowest type: it sets the pace
@@ -222,7 +231,7 @@ class PlanEvaluator {
   std::vector<int> device_layers_;
   std::vector<int> chunk_layers_;  // by virtual stage (chunk)
   double transfer_ = 0;
-  double worst_compute_ = 0, worst_tp_ = 0, worst_backward_ = 0, t_mb_ = 0;
+  double worst_compute_ = 0, worst_tp_ = 0, worst_backward_ = 0, worst_ring_ = 0, t_mb_ = 0;
   std::vector<double> device_params_, device_backward_, device_tensor_sync_, device_compute_;
   MemoryConstants mem_;
   PlanCost out_;
@@ -241,6 +250,7 @@ PlanEvaluator::PlanEvaluator(const LayerStructure& structure, const ir::Graph& g
       t_(plan.tensor),
       p_(plan.pipeline),
       v_(plan.virtual_stages),
+      c_(plan.context),
       m_(plan.num_micro_batches()) {
   std::optional<Precision> precision = parse_precision(plan.precision);
   if (!precision) throw ValidationError(fmt::format("evaluate: unknown precision '{}'", plan.precision));
@@ -261,7 +271,10 @@ PlanEvaluator::PlanEvaluator(const LayerStructure& structure, const ir::Graph& g
   if (p * v > std::max(num_layers_, 1))
     throw ValidationError(fmt::format(
         "evaluate: pipeline {} x virtual_stages {} = {} chunks but the graph has {} layers", p, v, p * v, num_layers_));
-  batch_scale_ = static_cast<double>(plan.micro_batch) / structure.graph_batch;
+ // A rank of a context-parallel plan holds 1/c of each row's tokens: every tensor with a
+  // batch dim scaled by it (attention's share is add_ring's).
+  batch_scale_ = static_cast<double>(plan.micro_batch) / structure.graph_batch / c_;
+  if (c_ > 1) check_context();
   recompute_ = plan.recompute != plan::Recompute::None;
   mem_ = constants.memory.value_or(memory_constants(model_state_precision(precision_, graph)));
 }
@@ -274,17 +287,92 @@ Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) 
   std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
   if (layers)
     out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, on, precision_,
-                           scale, width, &seen_layer);
+                           scale, width, &seen_layer, c_ == 1);
   out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_, scale,
-                       width, &seen_pre);
+                       width, &seen_pre, c_ == 1);
   out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_, scale,
-                        width, &seen_post);
+                        width, &seen_post, c_ == 1);
+  if (c_ > 1) {
+    if (layers) add_ring(out.layer, layers->nodes.front(), structure_.layer_split, on, scale, width);
+    add_ring(out.pre, structure_.pre, structure_.outside_split, on, scale, width);
+    add_ring(out.post, structure_.post, structure_.outside_split, on, scale, width);
+  }
   if (!layers) {
     out.post.forward += out.pre.forward;
     out.post.backward += out.pre.backward;
     out.post.matmul_flops += out.pre.matmul_flops;
+    out.post.ring_seconds += out.pre.ring_seconds;
   }
   return out;
+}
+
+// A context-parallel plan runs every attention as a ring over its c ranks (the SPMD search's
+// Index::ring, runtime/ring_attention.py): each must have the ring kernel (no dropout), be
+// self-attention (queries and keys one sequence) and have a sequence the c ranks divide in
+// equal blocks. Anything else is no plan the runtime runs: refused by name.
+void PlanEvaluator::check_context() const {
+  int attentions = 0;
+  for (const ir::Node& node : graph_.nodes()) {
+    if (node.op != "aten::scaled_dot_product_attention") continue;
+    ++attentions;
+    const std::string& name = graph_.value(node.outputs.at(0)).name;
+    if (!ops::ring_kernel(node))
+      throw ValidationError(fmt::format("evaluate: context {}: attention '{}' ({}) has no ring kernel (dropout)", c_,
+                                        name, node.op));
+    const auto& q = graph_.value(node.inputs.at(0)).type.shape;
+    const auto& k = graph_.value(node.inputs.at(1)).type.shape;
+    const std::int64_t rows = q.size() >= 2 ? q[q.size() - 2] : 0;
+    if (k.size() < 2 || rows != k[k.size() - 2])
+      throw ValidationError(fmt::format("evaluate: context {}: attention '{}' attends across two sequences (queries "
+                                        "{}, keys {}): only self-attention runs as a ring",
+                                        c_, name, rows, k.size() >= 2 ? k[k.size() - 2] : 0));
+    if (rows % c_ != 0)
+      throw ValidationError(fmt::format("evaluate: context {}: attention '{}' has a sequence of {} that {} ranks do "
+                                        "not split in equal blocks",
+                                        c_, name, rows, c_));
+  }
+  if (attentions == 0)
+    throw ValidationError(fmt::format("evaluate: context {}: the graph has no attention to run as a ring", c_));
+}
+
+// Each attention of `nodes` as its ring runs it on the rank that waits longest (priced as
+// search::ShardingModel prices the SPMD search's ring): the rank's queries against every
+// block, x (2c - 1) / c where causal (the contiguous layout's last rank computes the most);
+// the forward's c - 1 hops of the rank's keys and values exposed where they outlast it, the
+// backward's c - 1 hops of them with their gradients and one of the gradients alone exposed.
+void PlanEvaluator::add_ring(PartCost& part, const std::vector<ir::NodeId>& nodes,
+                             const std::map<ir::NodeId, TensorSplit>& split, const DeviceType& on, double scale,
+                             int width) const {
+  const std::vector<int> pair = {0, (c_ - 1) * width};  // the ring's widest hop
+  auto hop = [&](double bytes) {
+    return model_.collective_time(cluster_, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
+                                  Algorithm::Auto);
+  };
+  const double hops = c_ - 1;
+  for (ir::NodeId id : nodes) {
+    const ir::Node& node = graph_.node(id);
+    if (!ops::ring_kernel(node)) continue;
+    auto it = split.find(id);
+    NodeContext context;
+    context.batch_scale = scale;
+    context.shards = width;
+    context.split = it == split.end() || width == 1 ? TensorSplit::None : it->second;
+    const OpTime time = model_.node_time(graph_, node, on, precision_, context);
+    const auto causal = node.attrs.find("is_causal");
+    const bool* is_causal = causal == node.attrs.end() ? nullptr : std::get_if<bool>(&causal->second);
+    const double factor = is_causal != nullptr && *is_causal ? (2.0 * c_ - 1) / c_ : 1.0;
+    const double heads = context.split == TensorSplit::None ? 1.0 : width;
+    const double kv = static_cast<double>(graph_.value(node.inputs.at(1)).type.bytes() +
+                                          graph_.value(node.inputs.at(2)).type.bytes()) *
+                      scale / heads;
+    const double forward_wait = std::max(0.0, hops * hop(kv) - factor * time.forward);
+    const double backward_wait = hops * hop(2 * kv) + hop(kv);
+    const double forward_extra = (factor - 1) * time.forward + forward_wait;
+    part.forward += forward_extra;
+    part.backward += (factor - 1) * time.backward + backward_wait;
+    if (!structure_.selective_kept[static_cast<std::size_t>(id)]) part.selective_forward += forward_extra;
+    part.ring_seconds += forward_wait + backward_wait;
+  }
 }
 
 // Tensor-parallel all-reduces per micro-batch on `width` ranks from `first`, at `scale`.
@@ -428,7 +516,7 @@ void PlanEvaluator::balance_stages() {
 double PlanEvaluator::boundary_transfer() const {
   double transfer = 0;
   if (p_ > 1 && plan_.stage_meshes.empty()) {
-    std::vector<int> pair = {0, t_ * plan_.data};
+    std::vector<int> pair = {0, t_ * plan_.stage_data()};
     transfer = model_.collective_time(cluster_, CollectiveKind::SendRecv, pair,
                                       static_cast<std::int64_t>(boundary_bytes_), Algorithm::Auto);
   }
@@ -492,9 +580,13 @@ void PlanEvaluator::bottleneck() {
     compute *= stage_scale_[static_cast<std::size_t>(s)];
     backward *= stage_scale_[static_cast<std::size_t>(s)];
     double tp = layers_here * here.tp.layer + (s == 0 ? here.tp.pre : 0.0) + (s == last_device_ ? here.tp.post : 0.0);
+    const double ring = (layers_here * here.layer.ring_seconds + (s == 0 ? here.pre.ring_seconds : 0.0) +
+                         (s == last_device_ ? here.post.ring_seconds : 0.0)) *
+                        stage_scale_[static_cast<std::size_t>(s)];
     out_.stage_times.push_back(compute + tp);
     device_compute_[static_cast<std::size_t>(s)] = compute;
-    if (compute + tp > worst_compute_ + worst_tp_) worst_compute_ = compute, worst_tp_ = tp, worst_backward_ = backward;
+    if (compute + tp > worst_compute_ + worst_tp_)
+      worst_compute_ = compute, worst_tp_ = tp, worst_backward_ = backward, worst_ring_ = ring;
     device_params_[static_cast<std::size_t>(s)] = params;
     device_backward_[static_cast<std::size_t>(s)] = backward;
     if (layout_ != nullptr)
@@ -512,6 +604,7 @@ void PlanEvaluator::time_step() {
   t_mb_ = worst_compute_ + worst_tp_;
   const double md = static_cast<double>(m_);
   out_.compute = md * worst_compute_;
+  out_.context_parallel = md * worst_ring_;
   out_.tensor_parallel = md * worst_tp_;
   out_.pipeline_transfer = transfer_;
   out_.pipeline_p2p =
@@ -525,8 +618,15 @@ void PlanEvaluator::time_step() {
     // ZB-V's chunks are half a stage each: (p - 1)(F + B - W) / 2 (schedules.h's ZB-V reaches
     // it at p = 2, 4, 8 with m = p to 4p: its list schedule below 2p micro-batches, torch's
     // order from there).
+    // Fewer micro-batches than stages leave no other micro-batch's work to fill with: the
+    // first micro-batch's forwards and the last one's backwards run stage after stage, and
+    // only a stage's own W waits beside the earlier stages' backwards: (p - 1)(F + B) (with
+    // one micro-batch on 2 stages: F F B B, then W beside the first stage's B).
     const double weight = worst_backward_ / 2.0;
-    out_.pipeline_bubble = (p - 1) * std::max(0.0, t_mb_ - 2.0 * weight) / (v_shape_ ? 2.0 : 1.0);
+    if (m_ < p)
+      out_.pipeline_bubble = (p - 1) * std::max(0.0, t_mb_ - weight);
+    else
+      out_.pipeline_bubble = (p - 1) * std::max(0.0, t_mb_ - 2.0 * weight) / (v_shape_ ? 2.0 : 1.0);
   }
   out_.bubble_fraction = out_.pipeline_bubble / (md * t_mb_);
   // Ranks that share a node's cores (Node::compute_alone > 1): while a pipeline's other stages

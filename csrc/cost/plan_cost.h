@@ -99,6 +99,10 @@ struct PlanCost {
   double optimizer = 0;
   double data_parallel_total = 0;  // the whole synchronisation, before overlap
   bool data_parallel_overlapped = false;
+  // Context parallelism (plan.context > 1): m x the ring attention's exposed sends on the
+  // bottleneck device, already inside `compute` (an attention block waits for its keys and
+  // values as a kernel would): shown apart, not summed again. Breakdown key only when > 0.
+  double context_parallel = 0;
 
   // Per micro-batch, what balances the stages (layer_balance.h): one layer's compute and
   // tensor-parallel time, and the first and last stage's time outside the layers.

@@ -70,6 +70,25 @@ void validate_sharding(const Plan& plan) {
   validate_sharding_section(*plan.sharding, plan.data, plan.tensor, "plan.sharding");
 }
 
+// Context parallelism (plan.h's context): a stage's first axis splits either the rows or each
+// row's sequence, so data 1 beside it; an SPMD plan, or stages on meshes of their own, say it
+// by their meshes' data axis instead.
+void validate_context(const Plan& plan) {
+  if (plan.context == 1) return;
+  if (plan.data != 1)
+    throw ValidationError(fmt::format(
+        "plan.context: {} with data {}: a stage's first mesh axis splits either the batch's rows or each row's "
+        "sequence, not both (a third mesh axis is not run); use data 1 with context {}, or data {} alone",
+        plan.context, plan.data, plan.context, plan.data * plan.context));
+  if (plan.sharding.has_value())
+    throw ValidationError(fmt::format("plan.context: {} with a sharding (an SPMD plan's data axis of {} ranks splits "
+                                      "the sequence where it is wider than the batch: give data {} instead)",
+                                      plan.context, plan.context, plan.context));
+  if (!plan.stage_meshes.empty())
+    throw ValidationError(fmt::format("plan.context: {} with stage_meshes (each stage's mesh gives its own ranks)",
+                                      plan.context));
+}
+
 // Stages on sub-meshes of their own (plan.h's stage_meshes) and their layouts.
 void validate_stage_meshes(const Plan& plan) {
   if (plan.stage_meshes.empty()) {
@@ -270,14 +289,14 @@ MicroBatchSemantics micro_batch_semantics_from_name(std::string_view name) {
 }
 
 int Plan::world_size() const {
-  if (stage_meshes.empty()) return data * tensor * pipeline;
+  if (stage_meshes.empty()) return data * context * tensor * pipeline;
   int world = 0;
   for (const std::vector<int>& mesh : stage_meshes) world += mesh.at(0) * mesh.at(1);
   return world;
 }
 
 std::vector<int> Plan::stage_mesh(int stage) const {
-  if (stage_meshes.empty()) return {data, tensor};
+  if (stage_meshes.empty()) return {stage_data(), tensor};
   return stage_meshes.at(static_cast<std::size_t>(stage));
 }
 
@@ -287,7 +306,7 @@ int Plan::stage_size(int stage) const {
 }
 
 int Plan::stage_first_rank(int stage) const {
-  if (stage_meshes.empty()) return stage_group(stage) * data * tensor;
+  if (stage_meshes.empty()) return stage_group(stage) * stage_data() * tensor;
   int first = 0;
   for (int s = 0; s < stage; ++s) first += stage_size(s);
   return first;
@@ -319,12 +338,13 @@ const std::vector<std::string>& sharding_entry(const std::map<std::string, std::
 }
 
 void validate(const Plan& plan, std::optional<int> world_size) {
-  if (plan.data < 1 || plan.tensor < 1 || plan.pipeline < 1)
-    throw ValidationError(fmt::format("plan: degrees must be >= 1 (data {}, tensor {}, pipeline {})", plan.data,
-                                      plan.tensor, plan.pipeline));
+  if (plan.data < 1 || plan.tensor < 1 || plan.pipeline < 1 || plan.context < 1)
+    throw ValidationError(fmt::format("plan: degrees must be >= 1 (data {}, tensor {}, pipeline {}, context {})",
+                                      plan.data, plan.tensor, plan.pipeline, plan.context));
+  validate_context(plan);
   // world_size() is an int product: reject degrees it would overflow (data 65536 x
   // tensor 65536 was signed overflow, undefined behaviour, in validate(plan, world)).
-  const std::int64_t world = std::int64_t{plan.data} * plan.tensor;
+  const std::int64_t world = std::int64_t{plan.data} * plan.tensor * plan.context;
   if (world > std::numeric_limits<int>::max() / plan.pipeline)
     throw ValidationError(fmt::format("plan: world size t {} x p {} x d {} exceeds {}", plan.tensor, plan.pipeline,
                                       plan.data, std::numeric_limits<int>::max()));
@@ -333,8 +353,10 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     if (!plan.stage_meshes.empty())
       throw ValidationError(fmt::format("plan: world size {} != the stage meshes' {} ranks", *world_size,
                                         plan.world_size()));
-    throw ValidationError(fmt::format("plan: world size {} != t {} x p {} x d {} = {}", *world_size, plan.tensor,
-                                      plan.pipeline, plan.data, plan.world_size()));
+    throw ValidationError(fmt::format("plan: world size {} != t {} x p {} x d {}{} = {}", *world_size, plan.tensor,
+                                      plan.pipeline, plan.data,
+                                      plan.context > 1 ? fmt::format(" x c {}", plan.context) : std::string(),
+                                      plan.world_size()));
   }
   if (plan.micro_batch < 1 || plan.global_batch < 1)
     throw ValidationError(fmt::format("plan: global_batch ({}) and micro_batch ({}) must be >= 1",
@@ -351,7 +373,8 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     if (plan.global_batch % per_step != 0)
       throw ValidationError(fmt::format("plan: global_batch {} is not divisible by micro_batch {} x data {} = {}",
                                         plan.global_batch, plan.micro_batch, plan.data, per_step));
-    if (plan.stage_sharding.has_value()) validate_sharding_section(*plan.stage_sharding, plan.data, plan.tensor, "plan.stage_sharding");
+    if (plan.stage_sharding.has_value())
+      validate_sharding_section(*plan.stage_sharding, plan.stage_data(), plan.tensor, "plan.stage_sharding");
   }
   auto hex16 = [](const std::string& text) {
     return text.size() == 16 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
@@ -432,7 +455,7 @@ Plan stage_plan(const Plan& plan) {
                                       "degrees is completed first (shardwise.Plan.complete)",
                                       plan.pipeline, plan.data, plan.tensor));
   Plan stage;
-  stage.data = plan.data;
+  stage.data = plan.stage_data();
   stage.tensor = plan.tensor;
   stage.global_batch = plan.micro_batch * plan.data;
   stage.micro_batch = stage.global_batch;
@@ -530,6 +553,7 @@ json plan_degrees(const Plan& plan) {
            {"zero_stage", plan.zero_stage},
            {"layers_per_stage", plan.layers_per_stage},
            {"precision", plan.precision}};
+  if (plan.context > 1) out["context"] = plan.context;
   if (!plan.stage_groups.empty()) out["stage_groups"] = plan.stage_groups;
   if (!plan.stage_meshes.empty()) out["stage_meshes"] = plan.stage_meshes;
   if (plan.micro_batch_semantics != MicroBatchSemantics::Exact)
@@ -584,7 +608,7 @@ Plan plan_from_json(const json& in) {
   static const std::set<std::string> known = {"format",      "version",    "data",           "tensor",
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
-                                              "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings",
+                                              "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings", "context",
                                               "precision", "micro_batch_semantics", "fused_accumulation", "sharding",
                                               "stage_sharding", "programs", "predicted"};
   for (const auto& [key, value] : in.items())
@@ -605,6 +629,7 @@ Plan plan_from_json(const json& in) {
   if (in.contains("recompute")) plan.recompute = recompute_from_name(field<std::string>(in, "recompute"));
   if (in.contains("zero_stage")) plan.zero_stage = field<int>(in, "zero_stage");
   if (in.contains("layers_per_stage")) plan.layers_per_stage = field<std::vector<int>>(in, "layers_per_stage");
+  if (in.contains("context")) plan.context = field<int>(in, "context");
   if (in.contains("stage_groups")) plan.stage_groups = field<std::vector<int>>(in, "stage_groups");
   if (in.contains("stage_meshes")) plan.stage_meshes = field<std::vector<std::vector<int>>>(in, "stage_meshes");
   if (in.contains("stage_shardings")) {

@@ -4,8 +4,16 @@
 // it, users write it by hand (shardwise.Plan.manual), every rank checks its hash.
 //
 // Contract:
-//  - world size = data x tensor x pipeline. Rank layout (Megatron-LM's): tensor innermost,
-//    then data, then pipeline: rank = t_idx + tensor * (d_idx + data * p_idx).
+//  - world size = data x context x tensor x pipeline. Rank layout (Megatron-LM's): tensor
+//    innermost, then context, then data, then pipeline:
+//    rank = t_idx + tensor * (c_idx + context * (d_idx + data * p_idx)).
+//  - context: ranks that split each row's sequence (context parallelism: ring attention,
+//    runtime/ring_attention.py). A stage's mesh is {data x context, tensor}: its first axis
+//    holds a micro-batch's micro_batch x data rows, and where it is wider than the rows it
+//    splits their sequence (the SPMD search's ring). Written only when > 1 (plans without it
+//    keep their hash). validate(): data 1 beside context > 1 (one axis splits either the
+//    rows or each row's sequence, not both: a third mesh axis is not run), and no sharding
+//    or stage_meshes beside it (an SPMD plan's data axis says it: mesh {c, t}).
 //  - global_batch = micro_batch x data x num_micro_batches(); validate() rejects a global
 //    batch that micro_batch x data does not divide, naming the numbers.
 //  - layers_per_stage: empty = balanced (the evaluator splits the repeated blocks evenly);
@@ -211,6 +219,7 @@ struct Predicted {
 
 struct Plan {
   int data = 1;
+  int context = 1;  // ranks splitting each row's sequence (see above); data 1 beside it
   int tensor = 1;
   int pipeline = 1;
   std::int64_t global_batch = 1;
@@ -233,7 +242,9 @@ struct Plan {
   std::optional<Predicted> predicted;
 
   int world_size() const;
-  // Stage `stage`'s sub-mesh {data, tensor} (stage_meshes, else the plan's), its number of
+  // The ranks of a stage's first mesh axis: data x context.
+  int stage_data() const { return data * context; }
+  // Stage `stage`'s sub-mesh {data x context, tensor} (stage_meshes, else the plan's), its number of
   // ranks and its first rank (the stages' blocks in rank order: stage_groups, or stage_meshes'
   // running sum).
   std::vector<int> stage_mesh(int stage) const;

@@ -122,9 +122,11 @@ py::dict plan_joint_dict(const ir::Graph& graph, const cost::Cluster& cluster, s
                          const std::string& level, double memory_fraction, const std::string& precision,
                          std::optional<py::function> progress,
                          std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts,
-                         bool allow_zero, const std::string& micro_batch_semantics, const std::string& profile) {
+                         bool allow_zero, const std::string& micro_batch_semantics, const std::string& profile,
+                         bool context_parallel) {
   const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
   search::JointPlanOptions options;
+  options.context_parallel = context_parallel;
   options.micro_batch_semantics = plan::micro_batch_semantics_from_name(micro_batch_semantics);
   options.stage_layouts = stage_layouts;
   options.allow_zero = allow_zero;
@@ -319,7 +321,9 @@ void bind_planners(py::module_& m) {
         py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
         py::arg("progress") = py::none(), py::arg("network") = py::none(), py::arg("stage_layouts") = true,
         py::arg("allow_zero") = true, py::arg("micro_batch_semantics") = "exact", py::arg("profile_json") = "",
-        "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h); profile_json as search_plan's.");
+        py::arg("context_parallel") = true,
+        "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h); profile_json as search_plan's; "
+        "context_parallel: whether candidates may split each row's sequence (plan.context).");
 }
 
 }  // namespace

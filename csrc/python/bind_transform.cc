@@ -260,7 +260,7 @@ std::string plan_programs(const ir::Graph& graph, const std::string& plan_json) 
     }
     return programs_hash(per_rank);
   }
-  const int distinct = p.sharding ? p.world_size() : p.data * p.tensor;
+  const int distinct = p.sharding ? p.world_size() : p.stage_data() * p.tensor;
   std::vector<std::string> made;
   for (int r = 0; r < distinct; ++r) made.push_back(hex(program_hash(graph, p, r)));
   for (int r = 0; r < p.world_size(); ++r) per_rank.push_back(made[r % distinct]);

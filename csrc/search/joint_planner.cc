@@ -14,6 +14,8 @@
 #include "cost/layer_balance.h"
 #include "cost/layer_structure.h"
 #include "cost/pipeline_transfers.h"
+#include "ops/distributed_kernels.h"
+#include "ops/op_table.h"
 #include "schedule/adaptive_kfkb.h"
 #include "schedule/simulator.h"
 #include "search/stage_layout.h"
@@ -98,7 +100,7 @@ plan::Plan retimed(plan::Plan plan, double step_time) {
 // order. At most 120 sequences (p <= 5, or few kinds); beyond that the kinds fastest first
 // and slowest first.
 std::vector<std::vector<int>> stage_orders(const cost::Cluster& cluster, const plan::Plan& plan) {
-  const int p = plan.pipeline, block = plan.data * plan.tensor;
+  const int p = plan.pipeline, block = plan.stage_data() * plan.tensor;
   const auto precision = cost::parse_precision(plan.precision);
   std::vector<std::pair<double, std::string>> kinds;  // per block: (speed, name)
   for (int g = 0; g < p; ++g) {
@@ -138,6 +140,22 @@ std::vector<std::vector<int>> stage_orders(const cost::Cluster& cluster, const p
   return sequences;
 }
 
+// The sequence length of the graph's attention when every attention can run as a ring (the
+// ring kernel, self-attention, one length: cost/plan_cost.h's context parallelism), else 0.
+std::int64_t ring_sequence(const ir::Graph& graph) {
+  std::int64_t sequence = 0;
+  for (const ir::Node& node : graph.nodes()) {
+    if (node.op != "aten::scaled_dot_product_attention") continue;
+    if (!ops::ring_kernel(node)) return 0;
+    const auto& q = graph.value(node.inputs.at(0)).type.shape;
+    const auto& k = graph.value(node.inputs.at(1)).type.shape;
+    if (q.size() < 2 || k.size() < 2 || q[q.size() - 2] != k[k.size() - 2]) return 0;
+    if (sequence != 0 && sequence != q[q.size() - 2]) return 0;
+    sequence = q[q.size() - 2];
+  }
+  return sequence;
+}
+
 // `step` among the ten best steps so far (ascending).
 void record_best(std::vector<double>& ten_best, double step) {
   ten_best.insert(std::upper_bound(ten_best.begin(), ten_best.end(), step), step);
@@ -148,9 +166,10 @@ void log_choice(const JointPlanResult& result, bool thorough) {
   const plan::Plan& p = result.plan;
   support::log(support::LogLevel::Info,
                fmt::format("joint planner ({}): {} combinations, {} stage layouts searched, in {:.2f} s; chose "
-                           "t{} p{} d{}, micro-batch {}, {}{}{}{}", thorough ? "thorough" : "fast", result.evaluated,
+                           "t{} p{} d{}{}, micro-batch {}, {}{}{}{}", thorough ? "thorough" : "fast", result.evaluated,
                            result.stage_layout_searches, result.search_seconds,
-                           p.tensor, p.pipeline, p.data, p.micro_batch, plan::schedule_name(p.schedule),
+                           p.tensor, p.pipeline, p.data, p.context > 1 ? fmt::format(" c{}", p.context) : std::string(),
+                           p.micro_batch, plan::schedule_name(p.schedule),
                            p.virtual_stages > 1 ? fmt::format(" (v={})", p.virtual_stages)
                            : p.schedule == plan::Schedule::KFKB ? fmt::format(" (k={})", p.kfkb_k)
                                                                 : std::string(),
@@ -181,6 +200,7 @@ class JointPlanner {
     one_micro_batch_ = options.micro_batch_semantics == plan::MicroBatchSemantics::Exact &&
                        analysis::batch_coupling(ops::OpTable::builtin(), graph).coupled();
     for (const cost::Node& node : cluster.nodes()) per_node_ = std::max(per_node_, node.device_count());
+    if (options.context_parallel) ring_sequence_ = ring_sequence(graph);
     // (mixed: the smallest device's, for what has no stage to hold it against: kFkB's groups)
     double capacity = std::numeric_limits<double>::infinity();
     for (const cost::DeviceType& type : cluster.device_types())
@@ -207,6 +227,7 @@ class JointPlanner {
  private:
   void enumerate(bool with_zero);
   void enumerate_uniform(std::int64_t t, bool with_zero);
+  void enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_t d, std::int64_t c, bool with_zero);
   void enumerate_stage_meshes(std::int64_t t);
   bool fits(const cost::PlanCost& cost) const {  // homogeneous: one capacity; mixed: each stage its own
     return mixed_ ? cost.memory_use <= options_.memory_fraction : cost.memory_per_rank <= result_.memory_limit;
@@ -231,6 +252,9 @@ class JointPlanner {
   std::int64_t layers_ = 0;
   bool one_micro_batch_ = false;
   int per_node_ = 0;
+  // The sequence every attention runs as a ring over (ring_sequence): 0 = no context
+  // parallelism (no attention, one without a ring kernel, or options.context_parallel off).
+  std::int64_t ring_sequence_ = 0;
   JointPlanResult result_;
   std::vector<plan::Plan> space_;
   std::vector<JointCandidate> fitting_;
@@ -265,8 +289,16 @@ void JointPlanner::enumerate_uniform(std::int64_t t, bool with_zero) {
   const int world = cluster_.world_size();
   for (std::int64_t p : divisors(world / t)) {
     if (p > layers_) continue;
-    const std::int64_t d = world / (t * p);
-    if (options_.global_batch % d != 0) continue;
+    const std::int64_t n = world / (t * p);
+    if (options_.global_batch % n == 0) enumerate_degrees(t, p, n, 1, with_zero);
+    // The same ranks splitting each row's sequence instead (plan.h's context: data 1 beside it).
+    if (n > 1 && ring_sequence_ > 0 && ring_sequence_ % n == 0) enumerate_degrees(t, p, 1, n, with_zero);
+  }
+}
+
+void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_t d, std::int64_t c,
+                                     bool with_zero) {
+  {
     for (std::int64_t b : divisors(options_.global_batch / d)) {
       if (one_micro_batch_ ? b * d != options_.global_batch
                            : (thorough_ ? b > options_.max_micro_batch : (b != 1 && b != 2 && b != 4)))
@@ -289,9 +321,10 @@ void JointPlanner::enumerate_uniform(std::int64_t t, bool with_zero) {
         for (plan::Recompute recompute : kRecomputeChoices)
           for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
             if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
-            if (zero == 1 && d == 1) continue;  // nothing to shard it over
+            if (zero == 1 && d * c == 1) continue;  // nothing to shard it over
             plan::Plan candidate;
             candidate.data = static_cast<int>(d);
+            candidate.context = static_cast<int>(c);
             candidate.tensor = static_cast<int>(t);
             candidate.pipeline = static_cast<int>(p);
             candidate.global_batch = options_.global_batch;
@@ -299,7 +332,7 @@ void JointPlanner::enumerate_uniform(std::int64_t t, bool with_zero) {
             candidate.schedule = schedule;
             candidate.virtual_stages = v;
             candidate.recompute = recompute;
-            candidate.zero_stage = d > 1 ? zero : 0;
+            candidate.zero_stage = d * c > 1 ? zero : 0;
             candidate.precision = options_.precision;
             candidate.micro_batch_semantics = options_.micro_batch_semantics;
             space_.push_back(std::move(candidate));
@@ -435,6 +468,9 @@ const std::optional<StageLayout>* JointPlanner::search_layout(const StageLayoutK
 void JointPlanner::reprice(std::size_t i) {
   JointCandidate& c = fitting_[i];
   if (c.plan.tensor == 1) return;  // nothing to lay out: Megatron's prices are the graph's
+  // A stage layout is searched at whole rows on {1, t}: a context-parallel plan keeps the
+  // evaluator's ring prices (the runtime's layout of {c, t} is the SPMD search's ring).
+  if (c.plan.context > 1) return;
   const StageLayoutKey key = stage_layout_key(structure_, c.plan);
   auto priced = [&](const std::optional<StageLayout>* layout) -> std::optional<JointCandidate> {
     if (layout == nullptr || !*layout) return std::nullopt;
@@ -498,6 +534,7 @@ void JointPlanner::reprice_with_stage_layouts() {
 // The searched stage layout's prices of `plan`'s family, where one was searched: its own,
 // else its family's.
 const cost::StageLayoutPrices* JointPlanner::searched_prices(const plan::Plan& plan) const {
+  if (plan.context > 1) return nullptr;  // (reprice: not searched at a sequence block)
   const StageLayoutKey key = stage_layout_key(structure_, plan);
   const std::optional<StageLayout>* found = nullptr;
   if (auto own = layouts_.find(key); own != layouts_.end()) {

@@ -6,6 +6,11 @@
 //   r.plan;          // e.g. t 8, p 8, d 16, micro-batch 1, interleaved-1f1b v 3, recompute
 //
 // The space (every combination is a plan::Plan the evaluator prices):
+//  - context c (plan.context, with d = 1): the same world / (t p) ranks splitting each row's
+//    sequence (ring attention) rather than the rows, where every attention runs as a ring and
+//    c divides the sequence; then a micro-batch is b rows over the c ranks, b dividing the
+//    global batch (Llama 3 405B at 131,072 tokens: t 8, c 16, p 16). Priced by the evaluator
+//    (cost/plan_cost.h); the stage layouts' pass leaves these alone (it searches whole rows).
 //  - t: a divisor of the world size and of a node's devices (tensor parallelism on the
 //    fastest links) and of the attention head count (each rank holds whole heads); p: a divisor of world / t no larger than the number of layers; d = world / (t p),
 //    dividing the global batch;
@@ -101,6 +106,10 @@ struct JointPlanOptions {
   // Price the best candidates with their stages' layout as the SPMD search finds it
   // (search/stage_layout.h) rather than Megatron's; false: Megatron's layout alone.
   bool stage_layouts = true;
+  // Candidates whose stages split each row's sequence over their data ranks (plan.context,
+  // ring attention) where every attention can run as a ring; false: none
+  // (shardwise.plan(context_parallel=False)).
+  bool context_parallel = true;
   // Called every 64 candidates and at the end of each pass with (done, total); may throw to
   // stop the search.
   std::function<void(int, int)> progress;

@@ -39,7 +39,7 @@ MemoryShares first_stage_shares(const cost::LayerStructure& structure, const pla
                                    : 1.0;
   const cost::MemoryConstants states =
       cost::memory_constants(cost::parse_precision(plan.precision).value_or(cost::Precision::BF16));
-  const double zero = cost::model_state_bytes(1, plan.data, plan.zero_stage, states).total() /
+  const double zero = cost::model_state_bytes(1, plan.stage_data(), plan.zero_stage, states).total() /
                       cost::model_state_bytes(1, 1, 0, states).total();
   const double in_flight = cost::stage_micro_batches_in_flight(plan.schedule, plan.pipeline, plan.virtual_stages,
                                                                plan.kfkb_k, plan.num_micro_batches());
@@ -91,7 +91,7 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
   out.pre = part(structure.pre);
   out.post = part(structure.post);
   const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
-  out.boundary_bytes = structure.layer_input_bytes * batch_scale *
+  out.boundary_bytes = structure.layer_input_bytes * batch_scale / plan.context *
                        (structure.layer_input >= 0 ? found.held_fraction_of(structure.layer_input, kTensorAxis) : 1.0);
   return out;
 }
@@ -155,15 +155,15 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
                                                              const cost::LayerStructure& structure,
                                                              const cost::Cluster& cluster, const cost::CostModel& model,
                                                              const plan::Plan& plan) {
-  if (!plan.stage_sharding || plan.data * plan.tensor <= 1 || !structure.layers || !plan.stage_meshes.empty())
+  if (!plan.stage_sharding || plan.stage_data() * plan.tensor <= 1 || !structure.layers || !plan.stage_meshes.empty())
     return std::nullopt;
   const plan::Sharding& running = *plan.stage_sharding;
   if (running.mesh.size() != 2 || running.mesh[1] != plan.tensor)
     throw support::ValidationError(fmt::format("plan: stage_sharding mesh [{}] for tensor degree {}",
                                                fmt::join(running.mesh, ", "), plan.tensor));
-  if (running.mesh[0] != plan.data)
-    throw support::ValidationError(fmt::format("plan: stage_sharding mesh [{}] for data degree {}",
-                                               fmt::join(running.mesh, ", "), plan.data));
+  if (running.mesh[0] != plan.stage_data())
+    throw support::ValidationError(fmt::format("plan: stage_sharding mesh [{}] for data x context {}",
+                                               fmt::join(running.mesh, ", "), plan.stage_data()));
   // Adopted as it runs: on the {d, t} sub-mesh at one micro-batch of the data axis (the rows
   // it was searched at, so every strategy reads its rule at the batch it was written for: at
   // one row a flattening view's batch dim is a unit dim and its indices shift), each rank's
@@ -174,9 +174,9 @@ std::optional<cost::StageLayoutPrices> stage_sharding_prices(const ir::Graph& gr
   adopted.zero.clear();
   for (const auto& [name, axes] : running.zero)
     if (std::ranges::find(axes, 1) != axes.end()) adopted.zero[name] = {1};
-  const cost::Cluster ranks = cost::first_ranks(cluster, plan.data * plan.tensor);
+  const cost::Cluster ranks = cost::first_ranks(cluster, plan.stage_data() * plan.tensor);
   ShardingModelOptions mo = stage_model_options(structure, ranks, plan, cost::kMemoryFraction);
-  mo.mesh = {plan.data, plan.tensor};
+  mo.mesh = {plan.stage_data(), plan.tensor};
   mo.global_batch = plan.micro_batch * plan.data;
   mo.batch_axes = {true, false};
   mo.collective_matmul = running.collective_matmul;
@@ -213,7 +213,7 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   options.activation_memory_scale = shares.activations;
   options.global_batch = rows;
   options.level = level;
-  options.mesh = mesh.empty() ? std::vector<int>{plan.data, plan.tensor} : std::move(mesh);
+  options.mesh = mesh.empty() ? std::vector<int>{plan.stage_data(), plan.tensor} : std::move(mesh);
   options.batch_on_tensor_axis = false;  // the plan's degrees say which axis is the data's
   options.memory_fraction = memory_fraction;
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
@@ -265,14 +265,15 @@ bool captured_at(const ir::Graph& graph, std::int64_t rows) {
 std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, const cost::Cluster& cluster,
                                                       const plan::Plan& plan, SearchLevel level,
                                                       double memory_fraction, const cost::CostModel* model) {
-  if (plan.sharding.has_value() || plan.data * plan.tensor == 1 || !plan.stage_meshes.empty()) return std::nullopt;
+  if (plan.sharding.has_value() || plan.stage_data() * plan.tensor == 1 || !plan.stage_meshes.empty())
+    return std::nullopt;
   if (plan.pipeline == 1 && plan.num_micro_batches() <= 1) return std::nullopt;
   if (!captured_at(graph, plan.micro_batch * plan.data)) return std::nullopt;
-  const int size = plan.data * plan.tensor;
+  const int size = plan.stage_data() * plan.tensor;
   if (cluster.world_size() < size)
     throw support::ValidationError(
         fmt::format("stage sharding: the cluster has {} devices, a stage's sub-mesh data {} x tensor {} = {}",
-                    cluster.world_size(), plan.data, plan.tensor, size));
+                    cluster.world_size(), plan.stage_data(), plan.tensor, size));
   const cost::Cluster sub_mesh = cluster.world_size() == size ? cluster : cost::first_ranks(cluster, size);
   // Under the first stage's memory, the most any stage holds (as search_stage_layout). A graph
   // without repeated layers has no share to take (its stages are cut by cost): the whole

@@ -170,7 +170,7 @@ def run_run(args: argparse.Namespace) -> int:
         with open(args.plan) as f:
             doc = json.load(f)
         world = (sum(a * b for a, b in doc["stage_meshes"]) if doc.get("stage_meshes")
-                 else doc["data"] * doc["tensor"] * doc["pipeline"])
+                 else doc["data"] * doc.get("context", 1) * doc["tensor"] * doc["pipeline"])
         ranks_per_node = (doc.get("predicted") or {}).get("ranks_per_node") or []
         if not ranks_per_node:  # an older or hand-written plan: its ranks on nnodes equal nodes
             nodes = args.nnodes or 1

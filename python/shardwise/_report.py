@@ -225,7 +225,7 @@ def mesh_text(plan, values: dict | None = None) -> str:
         inner = [f"stage {s}: " + (_degrees_phrase(a, b, shardings[s], values) or "one device")
                  for s, (a, b) in enumerate(d["stage_meshes"])]
         return (parts[0] + ", each on its own mesh: " if parts else "") + "; ".join(inner)
-    inner = _degrees_phrase(d["data"], d["tensor"], d.get("stage_sharding"), values)
+    inner = _degrees_phrase(d["data"] * d.get("context", 1), d["tensor"], d.get("stage_sharding"), values)
     if inner:
         parts.append(inner)
     return " x ".join(parts) if parts else "one device"
@@ -240,7 +240,7 @@ def world_size(plan) -> int:
         for s in d["sharding"]["mesh"]:
             n *= s
         return n
-    return d["data"] * d["tensor"] * d["pipeline"]
+    return d["data"] * d.get("context", 1) * d["tensor"] * d["pipeline"]
 
 
 # ---- the step's time by part -------------------------------------------------------------
@@ -407,6 +407,8 @@ def _plan_lines(plan, values: dict | None, hardware: dict | None) -> list[str]:
             lines.append(f"batch     global {d['global_batch']} in {m} {rows}")
         else:
             per = f" on each of {data} batch ranks" if data > 1 else ""
+            if d.get("context", 1) > 1:
+                per = f", each row's sequence split over {d['context']} ranks (ring attention)"
             batches = f"{m} micro-batch{'es' if m != 1 else ''} of {d['micro_batch']}"
             lines.append(f"batch     global {d['global_batch']}: {batches}{per}"
                          + ("" if m > 1 or d["pipeline"] > 1 else " (one step, no accumulation)"))

@@ -427,9 +427,12 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     world, rank = dist.get_world_size(), dist.get_rank()
     cluster, level = options.cluster, options.level
     p, v, d, t = plan.pipeline, plan.virtual_stages, plan.data, plan.tensor
-    meshes = plan.stage_meshes or [[d, t]] * p
+    # A stage's first axis: the data ranks, or (plan.context) the ranks splitting each row's
+    # sequence, which its layout (the SPMD search's ring) says how.
+    meshes = plan.stage_meshes or [[d * plan.context, t]] * p
     if sum(a * b for a, b in meshes) != world:
-        sizes = " + ".join(f"{a} x {b}" for a, b in meshes) if plan.stage_meshes else f"{p} x data {d} x tensor {t}"
+        sizes = (" + ".join(f"{a} x {b}" for a, b in meshes) if plan.stage_meshes
+                 else f"{p} x data {d}{f' x context {plan.context}' if plan.context > 1 else ''} x tensor {t}")
         raise ValidationError(f"parallelize: the plan has pipeline {sizes} = {sum(a * b for a, b in meshes)} ranks, "
                               f"the job {world}")
     global_batch, mb = int(batch[0].shape[0]), int(plan.micro_batch)

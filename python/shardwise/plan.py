@@ -107,14 +107,17 @@ class Plan:
 
     # ---- construction -------------------------------------------------------
     @classmethod
-    def manual(cls, graph, cluster, *, tensor: int = 1, pipeline: int = 1, data: int | None = None,
+    def manual(cls, graph, cluster, *, tensor: int = 1, pipeline: int = 1, data: int | None = None, context: int = 1,
                global_batch: int, micro_batch: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
                kfkb_k: int = 1, recompute: bool | str = True, zero: int = 0, precision: str | None = None,
                layers_per_stage: list[int] | None = None, profile=None, cost_model=None,
                stage_groups: list[int] | None = None,
                stage_meshes: list[list[int]] | None = None, micro_batch_semantics: str = "exact") -> "Plan":
         """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
-        graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p).
+        graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p x context).
+        ``context``: ranks that split each row's sequence (context parallelism: every attention
+        runs as a ring, ``runtime/ring_attention.py``), with ``data`` 1 beside it; a stage's mesh
+        is then {context, tensor} and a micro-batch ``micro_batch`` rows.
         Raises shardwise.ValidationError naming the numbers when the plan is inconsistent
         (t x p x d != world size, global batch not divisible by micro batch x data, ...).
         ``recompute``: True or "full" (each repeated block's forward run again in backward),
@@ -142,7 +145,7 @@ class Plan:
                                          f"{tensor}: each stage's mesh gives its own (leave them 1)")
             data = 1
         if data is None:
-            data = max(1, cluster.world_size // (tensor * pipeline))
+            data = max(1, cluster.world_size // (tensor * pipeline * max(1, int(context))))
         try:
             name = _C.canonical_schedule(str(schedule).lower())
         except _C.ValidationError as e:
@@ -154,6 +157,8 @@ class Plan:
                "virtual_stages": virtual_stages, "kfkb_k": kfkb_k,
                "recompute": _recompute(recompute), "zero_stage": zero,
                "layers_per_stage": list(layers_per_stage or []), "precision": _precision(graph, precision)}
+        if int(context) != 1:
+            doc["context"] = int(context)
         if stage_groups:
             doc["stage_groups"] = [int(g) for g in stage_groups]
         if stage_meshes:
@@ -197,7 +202,7 @@ class Plan:
     def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast",
               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, progress=None,
               network: NetworkCondition | None = None, stage_layouts: bool = True, zero: bool = True,
-              micro_batch_semantics: str = "exact", profile=None) -> "Plan":
+              micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
@@ -206,12 +211,16 @@ class Plan:
         Megatron's layout, the one Plan.manual is priced with. ``zero`` False: no candidate
         shards the optimizer states (ZeRO-1). ``micro_batch_semantics``: "exact" (default) keeps a
         graph whose rows meet in batch statistics in one micro-batch per step (see
-        ``Plan.manual``); "per_micro_batch" lets it take any. ``profile``: as ``Plan.search``'s."""
+        ``Plan.manual``); "per_micro_batch" lets it take any. ``profile``: as ``Plan.search``'s.
+        ``context_parallel``: whether candidates may split each row's sequence over a stage's
+        data ranks (``Plan.manual``'s ``context``) where every attention runs as a ring; False:
+        none."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
                                _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero),
-                               _semantics(micro_batch_semantics, "Plan.joint"), _profile_json(profile))
+                               _semantics(micro_batch_semantics, "Plan.joint"), _profile_json(profile),
+                               bool(context_parallel))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     def alternatives(self) -> list["Plan"]:
@@ -242,6 +251,12 @@ class Plan:
         sharded plan: global batch / micro-batch); the core's count (plan::Plan)."""
         d = self._doc
         return _C.plan_num_micro_batches(d["global_batch"], d["micro_batch"], d["data"], bool(d.get("sharding")))
+
+    @property
+    def context(self) -> int:
+        """Ranks splitting each row's sequence (context parallelism, ring attention); 1 when
+        the plan does not say. A stage's mesh is {data x context, tensor} (csrc/plan/plan.h)."""
+        return self._doc.get("context", 1)
 
     @property
     def micro_batch_semantics(self) -> str:
@@ -314,7 +329,7 @@ class Plan:
         pipelined = d["pipeline"] > 1 or self.num_micro_batches() > 1
         if d.get("stage_meshes"):
             return bool(d.get("stage_shardings")) or all(a * b == 1 for a, b in d["stage_meshes"])
-        return pipelined and (d["data"] * d["tensor"] == 1 or bool(d.get("stage_sharding")))
+        return pipelined and (d["data"] * d.get("context", 1) * d["tensor"] == 1 or bool(d.get("stage_sharding")))
 
 
     def complete(self, graph, cluster, *, level: str = "fast", profile=None) -> "Plan":
@@ -521,7 +536,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
          memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool | str = True,
          zero: bool = True, progress=None, pipeline: bool | None = None,
          network: NetworkCondition | None = None, collective_matmul: bool = False,
-         micro_batch_semantics: str = "exact", profile=None) -> Plan:
+         micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
 
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
@@ -558,6 +573,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ``profile``: a ``shardwise.Profile`` (``shardwise.profile(model, inputs)``): every planner
     prices with its measured op and collective times where it has them, the analytic model
     elsewhere; ``Plan.price(graph, cluster, profile=)`` prices the plan again so.
+    ``context_parallel``: whether a plan may split each row's sequence over ranks, every
+    attention run as a ring (``runtime/ring_attention.py``; the joint planner's ``context``
+    degree, the SPMD search's sequence split of an axis wider than the batch); False: never.
     ``progress(done, total)`` is called after each candidate. The graph must have been
     captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
 
@@ -586,21 +604,25 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
                                      "joint planner's stages run their collectives plainly")
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                           precision=precision, progress=progress, network=network, zero=zero,
-                          micro_batch_semantics=micro_batch_semantics, profile=profile)
+                          micro_batch_semantics=micro_batch_semantics, profile=profile,
+                          context_parallel=context_parallel)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
-                        progress=progress, collective_matmul=collective_matmul, profile=profile)
+                        progress=progress, collective_matmul=collective_matmul, profile=profile,
+                        context_parallel=context_parallel)
     if both:
         joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                            precision=precision, progress=progress, zero=zero,
-                           micro_batch_semantics=micro_batch_semantics, profile=profile)
+                           micro_batch_semantics=micro_batch_semantics, profile=profile,
+                           context_parallel=context_parallel)
         if joint.fits and (found.fits is False or joint.predicted_step_time() < found.predicted_step_time()):
             return joint
         return found
     if choose and mesh is None:
         joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
                                      memory_fraction=memory_fraction, precision=precision, progress=progress,
-                                     zero=zero, micro_batch_semantics=micro_batch_semantics, profile=profile)
+                                     zero=zero, micro_batch_semantics=micro_batch_semantics, profile=profile,
+                                     context_parallel=context_parallel)
         if joint is not None:
             return joint
     return found
@@ -608,7 +630,8 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
 
 def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, level: str, memory_fraction: float,
                          precision: str | None = None, progress=None, zero: bool = True,
-                         micro_batch_semantics: str = "exact", profile=None) -> Plan | None:
+                         micro_batch_semantics: str = "exact", profile=None,
+                         context_parallel: bool = True) -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
     stages), if that fits; else None. Only for models with repeated layers (what the joint
@@ -621,13 +644,14 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
         return None
     joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                        precision=precision, progress=progress, zero=zero, micro_batch_semantics=micro_batch_semantics,
-                       profile=profile)
+                       profile=profile, context_parallel=context_parallel)
     if not joint.fits:
         coupling = _C.batch_coupling(graph._core)
         if micro_batch_semantics == "exact" and coupling["sites"]:
             loose = Plan.joint(graph, cluster, global_batch=global_batch, level=level,
                                memory_fraction=memory_fraction, precision=precision, zero=zero,
-                               micro_batch_semantics="per_micro_batch", profile=profile)
+                               micro_batch_semantics="per_micro_batch", profile=profile,
+                               context_parallel=context_parallel)
             if loose.fits:
                 raise _C.ValidationError(
                     f"plan: no plan of the whole batch {global_batch} fits in memory, and a plan in micro-batches "

@@ -46,6 +46,45 @@ TEST(PlanCost, AnFp8PlanHoldsItsLargestCastThreeTimesOver) {
   EXPECT_THROW(evaluate(g, preset("dgx-a100", 1), fp8, model), support::ValidationError);  // no FP8 units
 }
 
+// Context parallelism (plan.context): each rank of a stage holds half of every row's tokens,
+// so at the same micro-batch count the saved activations halve exactly; the causal ring's
+// last rank computes (2c - 1) / c of its share of attention and waits for the sends the
+// blocks do not hide (context_parallel, shown apart from the compute that holds it).
+TEST(PlanCost, AContextSplitHoldsHalfOfEachSequenceAndPricesTheRing) {
+  const ir::Graph g = models::build_gpt({.layers = 4, .hidden = 1024, .heads = 16, .seq = 8192, .vocab = 32000});
+  const Cluster c = preset("dgx-h100", 1);
+  AnalyticCostModel model;
+  plan::Plan rows;  // two micro-batches of one row on each of 2 data ranks
+  rows.tensor = 2, rows.pipeline = 2, rows.data = 2, rows.global_batch = 4, rows.micro_batch = 1;
+  plan::Plan ring = rows;  // two micro-batches of one row split over 2 context ranks
+  ring.data = 1, ring.context = 2, ring.global_batch = 2;
+  const PlanCost a = evaluate(g, c, rows, model);
+  const PlanCost b = evaluate(g, c, ring, model);
+  ASSERT_EQ(a.micro_batches, 2);
+  ASSERT_EQ(b.micro_batches, 2);
+  EXPECT_NEAR(b.memory_breakdown.at("activations"), a.memory_breakdown.at("activations") / 2,
+              1e-9 * a.memory_breakdown.at("activations"));
+  EXPECT_EQ(a.breakdown().count("context_parallel"), 0u);
+  EXPECT_GT(b.context_parallel, 0);
+  EXPECT_EQ(b.breakdown().at("context_parallel"), b.context_parallel);
+  EXPECT_LT(b.context_parallel, b.compute);
+  // Half the tokens, but attention's causal share is 3/2 of half on the last rank: more than
+  // half the compute, less than all of it.
+  EXPECT_GT(b.compute, a.compute / 2);
+  EXPECT_LT(b.compute, a.compute);
+  // Gradients are reduced over the 2 context ranks as over 2 data ranks.
+  EXPECT_GT(b.data_parallel_total, 0);
+  // A sequence the ranks do not split evenly is no plan the runtime runs: refused by name.
+  const ir::Graph odd = models::build_gpt({.layers = 4, .hidden = 1024, .heads = 16, .seq = 8191, .vocab = 32000});
+  try {
+    evaluate(odd, c, ring, model);
+    ADD_FAILURE() << "a sequence of 8191 over 2 context ranks was priced";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("has a sequence of 8191 that 2 ranks do not split"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(PlanCost, FindsMegatronPairsAndCountsAllReduces) {
   ir::Graph g = tiny_gpt();
   Cluster c = preset("dgx-a100", 1);
@@ -229,6 +268,25 @@ TEST(PlanCost, ZeroBubbleH1FillsTheBubbleWithWeightGradientsAtOneFOneBsMemory) {
   EXPECT_GT(zv.pipeline_bubble, (stages - 1) * t_v / 6);
   p.recompute = plan::Recompute::Full;  // the runtime cannot split a recomputed block's backward
   EXPECT_THROW(plan::validate(p), support::ValidationError);
+
+  // One micro-batch on 2 stages leaves nothing to fill with: F F B B, and only the second
+  // stage's W beside the first stage's B. The bubble is (p - 1)(t - W) under either schedule,
+  // no V halving: against 1F1B's (p - 1) t, a W saved, not two.
+  p.recompute = plan::Recompute::None;
+  p.global_batch = 2;  // m = 2 / (1 x 2) = 1
+  p.schedule = plan::Schedule::OneFOneB;
+  p.virtual_stages = 1;
+  const PlanCost alone = evaluate(g, c, p, model);
+  p.schedule = plan::Schedule::ZeroBubbleH1;
+  const PlanCost zb_alone = evaluate(g, c, p, model);
+  ASSERT_EQ(zb_alone.micro_batches, 1);
+  const double saved_alone = alone.pipeline_bubble - zb_alone.pipeline_bubble;
+  EXPECT_GT(saved_alone, 0.0);
+  EXPECT_LT(saved_alone, (stages - 1) * alone.compute / 2);  // W is at most a third of t
+  p.schedule = plan::Schedule::ZeroBubbleV;
+  p.virtual_stages = 2;
+  const PlanCost zv_alone = evaluate(g, c, p, model);
+  EXPECT_GT(zv_alone.pipeline_bubble, (stages - 1) * (zv_alone.compute + zv_alone.tensor_parallel) / 2);
 }
 
 // A split backward (ZB-H1, ZB-V) holds, besides its saved tensors from F to W, the gradients

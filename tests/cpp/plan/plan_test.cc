@@ -96,6 +96,39 @@ TEST(Plan, FusedAccumulationIsWrittenOnlyWhenOff) {
   EXPECT_THROW(plan_from_json(doc), support::ParseError);
 }
 
+// Context parallelism (plan.context) is written only when > 1, so plans without it keep their
+// text and hash; a stage's mesh is {data x context, tensor}; data beside it is refused.
+TEST(Plan, ContextIsWrittenOnlyWhenItSplitsTheSequence) {
+  Plan p;
+  p.tensor = 2;
+  p.pipeline = 2;
+  p.global_batch = 4;
+  EXPECT_EQ(plan_to_json(p).count("context"), 0u);
+  Plan ring = p;
+  ring.context = 4;
+  EXPECT_EQ(plan_to_json(ring)["context"], 4);
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(ring)), ring);
+  EXPECT_NE(plan_hash(ring), plan_hash(p));
+  EXPECT_EQ(ring.world_size(), 16);
+  EXPECT_EQ(ring.stage_mesh(1), (std::vector<int>{4, 2}));
+  EXPECT_EQ(ring.stage_first_rank(1), 8);
+  EXPECT_EQ(ring.num_micro_batches(), 4);  // a micro-batch is one row over the 4 context ranks
+  validate(ring, 16);
+  EXPECT_THROW(validate(ring, 8), support::ValidationError);
+  Plan both = ring;
+  both.data = 2;
+  both.global_batch = 8;
+  try {
+    validate(both);
+    ADD_FAILURE() << "data 2 beside context 4 was accepted";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.context: 4 with data 2"), std::string::npos) << e.what();
+  }
+  Plan none = ring;
+  none.context = 0;
+  EXPECT_THROW(validate(none), support::ValidationError);
+}
+
 // A sharding's async_gradients (the async-gradient pass, on by default) is written only when
 // off, so a sharding without it keeps its text and hash.
 TEST(Plan, AsyncGradientsAreWrittenOnlyWhenOff) {

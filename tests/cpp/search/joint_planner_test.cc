@@ -50,6 +50,43 @@ TEST(JointPlanner, Gpt3OnAThousandA100sBeatsMegatronsConfigurationUnderTheSameMo
   for (std::size_t i = 1; i < r.best.size(); ++i) EXPECT_LE(r.best[i - 1].step_time, r.best[i].step_time);
 }
 
+// A long sequence a step (GPT 8 x 4096 at 32,768 tokens, 16 H100s): one row gives no data
+// parallelism, so without context parallelism the 16 ranks are tensor x pipeline degrees (a
+// pipeline of one micro-batch idles); with it, ranks split the row's sequence (plan.context,
+// ring attention) and the plan is faster under the same evaluator.
+TEST(JointPlanner, ALongSequenceOnFewRowsSplitsItsSequenceOverRanks) {
+  ir::Graph g = gpt(8, 4096, 32, 32768, 32000);
+  const cost::Cluster cluster = cost::preset("dgx-h100", 2);
+  const cost::AnalyticCostModel model;
+  JointPlanOptions options;
+  options.global_batch = 1;
+  const JointPlanResult ring = plan_joint(g, cluster, model, options);
+  options.context_parallel = false;
+  const JointPlanResult rows = plan_joint(g, cluster, model, options);
+  ASSERT_TRUE(rows.fits);
+  ASSERT_TRUE(ring.fits);
+  EXPECT_EQ(rows.plan.context, 1);
+  for (const JointCandidate& c : rows.best) EXPECT_EQ(c.plan.context, 1);
+  // The best candidate splits the row's sequence; a plan of one stage and one micro-batch
+  // comes back complete as the SPMD search's plan of its {c, t} mesh, whose data axis is
+  // wider than the batch: what it splits instead of rows (the sequence, heads inside
+  // attention, or a ring) is that search's choice, exact either way.
+  const plan::Plan& best = ring.best.front().plan;
+  EXPECT_GT(best.context, 1);
+  EXPECT_EQ(best.data, 1);
+  EXPECT_GT(best.predicted->breakdown.at("context_parallel"), 0);
+  EXPECT_LT(ring.best.front().step_time, rows.best.front().step_time);
+  EXPECT_NE(plan_report(best, 80e9).find("(ring attention)"), std::string::npos) << plan_report(best, 80e9);
+  if (best.pipeline == 1 && best.num_micro_batches() == 1) {
+    ASSERT_TRUE(ring.plan.sharding.has_value());
+    EXPECT_EQ(ring.plan.data, best.context);
+    EXPECT_EQ(ring.plan.global_batch, 1);
+  } else {
+    EXPECT_EQ(ring.plan.context, best.context);
+  }
+  EXPECT_LT(ring.plan.predicted->step_time, rows.plan.predicted->step_time);
+}
+
 // Stages on sub-meshes of their own widths (plan.stage_meshes): 3 A100s of 4 GiB, GPT 4 x 2048.
 // Three replicas do not fit, nor do two stages of one rank; three stages of one rank each do,
 // as does one rank holding the embedding and a layer and two data-parallel ranks holding the
