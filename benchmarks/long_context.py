@@ -18,6 +18,13 @@ off. Timing never fails anything.
 
     python benchmarks/long_context.py [--lengths 8192 32768 131072] [--layers 32] [--record]
     python benchmarks/long_context.py --train [--train-seq 4096] [--record]
+    python benchmarks/long_context.py --at-scale [--record]
+
+``--at-scale`` plans Llama 3 405B's shape (transformers, 126 layers, meta device) at 131,072
+tokens, 16 sequences a step, on 2,048 H100s (the dgx-h100 preset, 256 nodes) with
+``shardwise.plan``, context parallelism allowed and off (``context_parallel=False``), side by
+side: the plan, its predicted step, TFLOP/s and memory per GPU, the communication by kind
+(seconds exposed), and the CPU seconds of the capture and of each plan.
 """
 from __future__ import annotations
 
@@ -54,6 +61,59 @@ def _one(layers: int, seq: int, batch: int, nodes: int, global_batch: int) -> di
     return {"seq": seq, "batch": batch, "capture_cpu": captured - start, "plan_cpu": planned - captured,
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "causal_folded": folded,
             "plan": repr(plan), "fits": bool(plan.fits), "step": plan.predicted_step_time()}
+
+
+def at_scale(nodes: int, seq: int, global_batch: int, record_results: bool) -> None:
+    """Llama 3 405B's shape at `seq` tokens on `nodes` DGX H100s, planned with context
+    parallelism allowed and off, side by side (the module's docstring)."""
+    import time
+
+    import torch
+
+    import shardwise
+    from _machine import machine_line
+    from _results import record
+    from published import llama_module
+
+    print(machine_line())
+    ids = torch.zeros(2, seq, dtype=torch.long, device="meta")
+    start = time.process_time()
+    graph = shardwise.capture(llama_module("405B", seq), {"input_ids": ids, "labels": ids})
+    capture = time.process_time() - start
+    cluster = shardwise.Cluster.preset("dgx-h100", nodes=nodes)
+    header = ["context parallelism", "plan", "predicted step (s)", "TFLOP/s per GPU", "memory per GPU (GB)",
+              "exposed communication (s)", "plan CPU (s)"]
+    table = []
+    for allowed in (True, False):
+        start = time.process_time()
+        plan = shardwise.plan(graph, cluster, global_batch=global_batch, context_parallel=allowed)
+        seconds = time.process_time() - start
+        predicted = plan._doc["predicted"]
+        kinds = ("tensor_parallel", "context_parallel", "pipeline_p2p", "data_parallel")
+        comms = ", ".join(f"{k} {predicted['breakdown'][k]:.2f}" for k in kinds if predicted["breakdown"].get(k))
+        degrees = (f"t {plan.tensor} c {plan.context} p {plan.pipeline} d {plan.data}, micro-batch {plan.micro_batch}, "
+                   f"{plan.schedule}" + (f" v {plan.virtual_stages}" if plan.virtual_stages > 1 else "")
+                   + f", recompute {plan.recompute}, ZeRO {plan.zero_stage}")
+        table.append(["allowed" if allowed else "off", degrees, predicted["step_time"],
+                      predicted["tflops_per_device"], predicted["memory_per_rank"] / 1e9, comms, seconds])
+    print(f"\nLlama 3 405B shape (126 layers), {seq} tokens x {global_batch} sequences, dgx-h100 x{nodes} "
+          f"({8 * nodes} GPUs); capture {capture:.2f} s CPU")
+    print("| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
+    for row in table:
+        print(f"| {row[0]} | {row[1]} | {row[2]:.2f} | {row[3]:.1f} | {row[4]:.1f} | {row[5]} | {row[6]:.2f} |")
+    if record_results:
+        from _machine import cpu_model
+
+        record("long_context_at_scale", table, {
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}",
+            "columns": header,
+            "formats": {"predicted step (s)": ".2f", "TFLOP/s per GPU": ".1f", "memory per GPU (GB)": ".1f",
+                        "plan CPU (s)": ".2f"},
+            "notes": f"Llama 3 405B shape (transformers, 126 layers, bf16, meta device) at {seq} tokens, "
+                     f"{global_batch} sequences a step, dgx-h100 x{nodes}: shardwise.plan with context "
+                     f"parallelism allowed and off (context_parallel=False); capture {capture:.2f} s CPU. "
+                     "Exposed communication: the plan's seconds by kind (context_parallel: the ring's sends "
+                     "waited for, inside the step's compute). Predictions of the analytic model, not measurements."})
 
 
 TRAIN_VOCAB = 512
@@ -193,6 +253,8 @@ def main() -> None:
     ap.add_argument("--train-seq", type=int, default=4096)
     ap.add_argument("--train-worlds", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--train-steps", type=int, default=3)
+    ap.add_argument("--at-scale", action="store_true",
+                    help="plan Llama 3 405B at 131,072 tokens on 2,048 H100s with and without context parallelism")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's JSON arguments
     from _results import add_record_argument, record
 
@@ -200,6 +262,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.one:
         print(json.dumps(_one(**json.loads(args.one))))
+        return
+    if args.at_scale:
+        at_scale(256, 131072, 16, args.record)
         return
     if args.train:
         train_comparison(args.train_seq, args.train_worlds, args.train_steps, args.record)

@@ -16,7 +16,7 @@ device and captured), giving predicted tokens per second per GPU and memory per 
 same way, with its CPU seconds. Ratios are predicted / published. Never fails.
 
 Rows the runtime cannot express are listed with the reason and not priced (context
-parallelism: issue 48).
+parallelism beside data parallelism: ``plan.context`` runs with data 1 only, issue 48).
 
     python benchmarks/published.py [--rows calibration|check|all] [--no-search] [--record]
 """
@@ -55,7 +55,7 @@ class Row:
     zero: int = 0               # 3: FSDP / ZeRO-3 over the data ranks
     recompute: str = "none"     # "none", "full", "selective"
     recompute_layers: int | None = None  # Megatron's recompute_num_layers: that many layers fully recomputed
-    context: int = 1            # context-parallel degree (not expressible: issue 48)
+    context: int = 1            # context-parallel degree (plan.context: with data 1 only)
     tokens_per_gpu: float | None = None   # published tokens / s / GPU
     tflops_per_gpu: float | None = None   # published model TFLOP/s / GPU (the source's accounting)
     memory_gib: float | None = None       # published peak memory per GPU
@@ -180,7 +180,8 @@ def price(graph, cluster, row: Row) -> dict:
     recompute_num_layers of k of L layers is priced as none + k/L of (full - none), in time
     and in memory alike (the runtime recomputes every repeated block or none, so the plan
     itself cannot say k of L)."""
-    common = dict(tensor=row.tensor, pipeline=row.pipeline, data=row.data, global_batch=row.global_batch,
+    common = dict(tensor=row.tensor, pipeline=row.pipeline, data=row.data, context=row.context,
+                  global_batch=row.global_batch,
                   micro_batch=row.micro_batch, zero=row.zero, precision=row.precision,
                   schedule="interleaved-1f1b" if row.virtual_stages > 1 else "1f1b",
                   virtual_stages=row.virtual_stages)
@@ -256,9 +257,10 @@ def run_rows(rows: list[Row], kind: str, with_search: bool, cache: dict) -> list
                               else "rc ?" if row.choose else f"rc {row.recompute}")),
                 "published": row.tokens_per_gpu or row.tflops_per_gpu,
                 "unit": "tok/s" if row.tokens_per_gpu else "TFLOP/s"}
-        if row.context > 1:
-            out.append({**base, "note": "context parallelism: not expressible (issue 48); not priced"})
-            print(f"{row.label:<40} {base['config']}: not priced (context parallel {row.context}: issue 48)", flush=True)
+        if row.context > 1 and row.data > 1:
+            note = "context parallelism beside data parallelism: plan.context runs with data 1 only (issue 48); not priced"
+            out.append({**base, "note": note})
+            print(f"{row.label:<40} {base['config']}: not priced ({note})", flush=True)
             continue
         graph = llama_graph(row.model, row.seq, cache)
         cluster = cluster_for(row)

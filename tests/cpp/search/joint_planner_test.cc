@@ -87,6 +87,33 @@ TEST(JointPlanner, ALongSequenceOnFewRowsSplitsItsSequenceOverRanks) {
   EXPECT_LT(ring.plan.predicted->step_time, rows.plan.predicted->step_time);
 }
 
+// Llama 3 405B's scale (126 layers of 16,384, 128 heads) at 131,072 tokens, 16 sequences a step,
+// on 2,048 H100s: without context parallelism the data ranks stop at the batch's 16 rows, so
+// each holds one micro-batch and a 16-stage pipeline idles most of the step; with it the
+// planner splits each sequence over 16 ranks of each stage (Llama 3's own t 8, cp 16, p 16), its
+// pipeline fed by 16 micro-batches, at less than a third of the step.
+TEST(JointPlanner, Llama405BScaleAt131072TokensSplitsItsSequences) {
+  ir::Graph g = gpt(126, 16384, 128, 131072, 128256);
+  const cost::Cluster cluster = cost::preset("dgx-h100", 256);
+  const cost::AnalyticCostModel model;
+  JointPlanOptions options;
+  options.global_batch = 16;
+  const JointPlanResult ring = plan_joint(g, cluster, model, options);
+  options.context_parallel = false;
+  const JointPlanResult rows = plan_joint(g, cluster, model, options);
+  ASSERT_TRUE(ring.fits);
+  ASSERT_TRUE(rows.fits);
+  EXPECT_EQ(rows.plan.context, 1);
+  EXPECT_EQ(ring.plan.context * ring.plan.tensor * ring.plan.pipeline, 2048);
+  EXPECT_GT(ring.plan.context, 1);
+  EXPECT_EQ(ring.plan.num_micro_batches(), 16);
+  EXPECT_LT(3 * ring.plan.predicted->step_time, rows.plan.predicted->step_time);
+  EXPECT_GT(ring.plan.predicted->breakdown.at("context_parallel"), 0);
+  EXPECT_LT(ring.plan.predicted->breakdown.at("pipeline_bubble"), rows.plan.predicted->breakdown.at("pipeline_bubble"));
+  std::printf("with context parallelism: %s\nwithout: %s\n", plan_report(ring.plan, 80e9).c_str(),
+              plan_report(rows.plan, 80e9).c_str());
+}
+
 // Stages on sub-meshes of their own widths (plan.stage_meshes): 3 A100s of 4 GiB, GPT 4 x 2048.
 // Three replicas do not fit, nor do two stages of one rank; three stages of one rank each do,
 // as does one rank holding the embedding and a layer and two data-parallel ranks holding the
