@@ -107,15 +107,16 @@ def test_a_sequence_split_over_a_ring_trains_as_one_device(name, padded, world, 
     assert r["errors"] and max(r["errors"].values()) < TOLERANCE, r["errors"]
 
 
-def _scenario_pipeline_with_context_trains_as_one_device(rank: int, world: int):
+def _scenario_pipeline_with_context_trains_as_one_device(rank: int, world: int, recompute: bool):
     """Pipeline 2 x context 2 (plan.context: each stage's 2 ranks split each row's sequence),
-    two micro-batches of one row, the plan given by its degrees and completed by the runtime."""
+    two micro-batches of one row, the plan given by its degrees and completed by the runtime;
+    with `recompute`, every block's forward (its ring too) runs again in its backward."""
     batch = {k: torch.cat([v, _batch(9, False)[k]]) for k, v in _batch(0, False).items()}  # two rows
     model = _model("llama", "float64")
     cluster = shardwise.Cluster.preset("cpu", world)
     graph = shardwise.capture(_model("llama", "float64"), batch)
     plan = shardwise.Plan.manual(graph, cluster, pipeline=2, context=2, global_batch=2, micro_batch=1,
-                                 recompute=False)
+                                 recompute=recompute)
     engine = shardwise.parallelize(model, batch, cluster=cluster, plan=plan)
     optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
     reference = _model("llama", "float64")
@@ -136,14 +137,17 @@ def _scenario_pipeline_with_context_trains_as_one_device(rank: int, world: int):
               for key, t in reference.state_dict().items() if key in state}
     sharding = engine.plan.stage_sharding
     return {"losses": losses, "ref_losses": ref_losses, "errors": errors, "context": engine.plan.context,
+            "recompute": engine.plan.recompute,
             "mesh": sharding["mesh"] if sharding else None, "micro_batches": engine.plan.num_micro_batches(),
             "attention": {k: v for k, v in (sharding or {}).get("strategies", {}).items() if "scaled_dot" in k},
             "predicted": plan.predicted_step_time()}
 
 
-def test_pipeline_stages_whose_ranks_split_each_sequence_train_as_one_device():
-    r = spawn_scenario(__name__, 4, "pipeline_with_context_trains_as_one_device")
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
+def test_pipeline_stages_whose_ranks_split_each_sequence_train_as_one_device(recompute):
+    r = spawn_scenario(__name__, 4, "pipeline_with_context_trains_as_one_device", recompute)
     assert r["context"] == 2 and r["mesh"] == [2, 1] and r["micro_batches"] == 2, r
+    assert r["recompute"] == ("full" if recompute else "none"), r["recompute"]
     # The stage's 2 ranks hold one row between them: every attention runs its sequence as a ring.
     assert r["attention"] and all(s[0] == "split s" for s in r["attention"].values()), r["attention"]
     assert r["predicted"] > 0
