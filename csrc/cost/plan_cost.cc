@@ -335,17 +335,29 @@ void PlanEvaluator::check_context() const {
     throw ValidationError(fmt::format("evaluate: context {}: the graph has no attention to run as a ring", c_));
 }
 
-// Each attention of `nodes` as its ring runs it on the rank that waits longest (priced as
-// search::ShardingModel prices the SPMD search's ring): the rank's queries against every
-// block, x (2c - 1) / c where causal (the contiguous layout's last rank computes the most);
-// the forward's c - 1 hops of the rank's keys and values exposed where they outlast it, the
-// backward's c - 1 hops of them with their gradients and one of the gradients alone exposed.
+// Each attention of `nodes` on the c ranks that split its sequence, the cheaper of the two
+// ways the SPMD search lays a stage's {c, t} mesh out (its choice at run time):
+//  - as its ring runs it on the rank that waits longest (priced as search::ShardingModel
+//    prices the SPMD search's ring): the rank's queries against every block, x (2c - 1) / c
+//    where causal (the contiguous layout's last rank computes the most); the forward's c - 1
+//    hops of the rank's keys and values exposed where they outlast it, the backward's c - 1
+//    hops of them with their gradients and one of the gradients alone exposed;
+//  - where the c ranks divide each tensor rank's query and key heads, as the heads split
+//    (DeepSpeed-Ulysses: the search's resharding of q, k, v from the sequence to the heads
+//    and of the output back, an all-to-all of each rank's block each way, and the same four
+//    for their gradients, exposed): whole sequences over a c-th of the heads, no imbalance.
 void PlanEvaluator::add_ring(PartCost& part, const std::vector<ir::NodeId>& nodes,
                              const std::map<ir::NodeId, TensorSplit>& split, const DeviceType& on, double scale,
                              int width) const {
   const std::vector<int> pair = {0, (c_ - 1) * width};  // the ring's widest hop
   auto hop = [&](double bytes) {
     return model_.collective_time(cluster_, CollectiveKind::SendRecv, pair, static_cast<std::int64_t>(bytes),
+                                  Algorithm::Auto);
+  };
+  std::vector<int> axis;  // the c ranks of one tensor coordinate
+  for (int j = 0; j < c_; ++j) axis.push_back(j * width);
+  auto all_to_all = [&](double bytes) {
+    return model_.collective_time(cluster_, CollectiveKind::AllToAll, axis, static_cast<std::int64_t>(bytes),
                                   Algorithm::Auto);
   };
   const double hops = c_ - 1;
@@ -365,11 +377,30 @@ void PlanEvaluator::add_ring(PartCost& part, const std::vector<ir::NodeId>& node
     const double kv = static_cast<double>(graph_.value(node.inputs.at(1)).type.bytes() +
                                           graph_.value(node.inputs.at(2)).type.bytes()) *
                       scale / heads;
-    const double forward_wait = std::max(0.0, hops * hop(kv) - factor * time.forward);
-    const double backward_wait = hops * hop(2 * kv) + hop(kv);
-    const double forward_extra = (factor - 1) * time.forward + forward_wait;
+    double forward_wait = std::max(0.0, hops * hop(kv) - factor * time.forward);
+    double backward_wait = hops * hop(2 * kv) + hop(kv);
+    double forward_extra = (factor - 1) * time.forward + forward_wait;
+    double backward_extra = (factor - 1) * time.backward + backward_wait;
+    const auto head_count = [&](std::size_t i) {
+      const auto& shape = graph_.value(node.inputs.at(i)).type.shape;
+      return shape.size() >= 3 ? shape[shape.size() - 3] : 0;
+    };
+    const std::int64_t per_rank_heads = static_cast<std::int64_t>(heads);
+    const bool heads_divide = head_count(0) > 0 && head_count(1) > 0 && head_count(0) % (per_rank_heads * c_) == 0 &&
+                              head_count(1) % (per_rank_heads * c_) == 0;
+    if (heads_divide) {
+      const double q = static_cast<double>(graph_.value(node.inputs.at(0)).type.bytes()) * scale / heads;
+      const double out = static_cast<double>(graph_.value(node.outputs.at(0)).type.bytes()) * scale / heads;
+      const double k = static_cast<double>(graph_.value(node.inputs.at(1)).type.bytes()) * scale / heads;
+      const double v = static_cast<double>(graph_.value(node.inputs.at(2)).type.bytes()) * scale / heads;
+      const double exchange = all_to_all(q) + all_to_all(k) + all_to_all(v) + all_to_all(out);
+      if (2 * exchange < forward_extra + backward_extra) {
+        forward_wait = backward_wait = exchange;
+        forward_extra = backward_extra = exchange;
+      }
+    }
     part.forward += forward_extra;
-    part.backward += (factor - 1) * time.backward + backward_wait;
+    part.backward += backward_extra;
     if (!structure_.selective_kept[static_cast<std::size_t>(id)]) part.selective_forward += forward_extra;
     part.ring_seconds += forward_wait + backward_wait;
   }
@@ -428,6 +459,9 @@ void PlanEvaluator::price_parts_and_stages() {
     static_cast<PartLoad&>(layer_) = layout_->layer;
     static_cast<PartLoad&>(pre_cost_) = layout_->pre;
     static_cast<PartLoad&>(post_cost_) = layout_->post;
+    // The layout's own prices hold its sequence split's sends among its collectives (both
+    // axes': tensor_parallel): the graph's ring estimate is not shown beside them.
+    layer_.ring_seconds = pre_cost_.ring_seconds = post_cost_.ring_seconds = 0;
   }
   scale_stage_devices();
   // One rank's share of a layer's input (Megatron: scattered over the t ranks).

@@ -7,8 +7,8 @@
 //
 // The space (every combination is a plan::Plan the evaluator prices):
 //  - context c (plan.context, with d = 1): the same world / (t p) ranks splitting each row's
-//    sequence (ring attention) rather than the rows, where every attention runs as a ring and
-//    c divides the sequence; then a micro-batch is b rows over the c ranks, b dividing the
+//    sequence (ring attention, or its heads exchanged all-to-all: cost/plan_cost.h) rather
+//    than the rows, where every attention runs as a ring and c divides the sequence; then a micro-batch is b rows over the c ranks, b dividing the
 //    global batch (Llama 3 405B at 131,072 tokens: t 8, c 16, p 16). Priced by the evaluator
 //    (cost/plan_cost.h); the stage layouts' pass leaves these alone (it searches whole rows).
 //  - t: a divisor of the world size and of a node's devices (tensor parallelism on the

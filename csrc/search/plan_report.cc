@@ -79,7 +79,7 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
     out += fmt::format("plan     data {}{} x tensor {} x pipeline {}, global batch {}, micro-batch {}, schedule {}{}, "
                        "recompute {}, ZeRO {}\n",
                        plan.data,
-                       plan.context > 1 ? fmt::format(" x context {} (ring attention)", plan.context) : std::string(),
+                       plan.context > 1 ? fmt::format(" x context {} (each sequence split)", plan.context) : std::string(),
                        plan.tensor, plan.pipeline, plan.global_batch, plan.micro_batch,
                        plan::schedule_name(plan.schedule),
                        plan.virtual_stages > 1 ? fmt::format(" (v={})", plan.virtual_stages)
@@ -110,7 +110,7 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
       }
       if (name == "pipeline_transfer") continue;
       std::string part = fmt::format("{} {}", name, seconds_text(seconds));
-      if (name == "context_parallel") part += " (ring sends waited for, within compute)";
+      if (name == "context_parallel") part += " (the sequence split's sends waited for, within compute)";
       if (name == "pipeline_p2p" && transfer != p.breakdown.end() && transfer->second > 0)
         part += fmt::format(" ({} a send)", seconds_text(transfer->second));
       parts.push_back(part);

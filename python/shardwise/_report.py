@@ -408,7 +408,7 @@ def _plan_lines(plan, values: dict | None, hardware: dict | None) -> list[str]:
         else:
             per = f" on each of {data} batch ranks" if data > 1 else ""
             if d.get("context", 1) > 1:
-                per = f", each row's sequence split over {d['context']} ranks (ring attention)"
+                per = f", each row's sequence split over {d['context']} ranks (ring attention, or heads exchanged all-to-all)"
             batches = f"{m} micro-batch{'es' if m != 1 else ''} of {d['micro_batch']}"
             lines.append(f"batch     global {d['global_batch']}: {batches}{per}"
                          + ("" if m > 1 or d["pipeline"] > 1 else " (one step, no accumulation)"))

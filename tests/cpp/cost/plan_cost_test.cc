@@ -47,11 +47,13 @@ TEST(PlanCost, AnFp8PlanHoldsItsLargestCastThreeTimesOver) {
 }
 
 // Context parallelism (plan.context): each rank of a stage holds half of every row's tokens,
-// so at the same micro-batch count the saved activations halve exactly; the causal ring's
+// so at the same micro-batch count the saved activations halve exactly; with 2 heads on 2
+// tensor ranks the 2 context ranks cannot split heads, so attention runs as a ring, whose
 // last rank computes (2c - 1) / c of its share of attention and waits for the sends the
-// blocks do not hide (context_parallel, shown apart from the compute that holds it).
+// blocks do not hide (context_parallel, shown apart from the compute that holds it). With 16
+// heads the heads' all-to-all is cheaper than the ring's imbalance, and is priced instead.
 TEST(PlanCost, AContextSplitHoldsHalfOfEachSequenceAndPricesTheRing) {
-  const ir::Graph g = models::build_gpt({.layers = 4, .hidden = 1024, .heads = 16, .seq = 8192, .vocab = 32000});
+  const ir::Graph g = models::build_gpt({.layers = 4, .hidden = 1024, .heads = 2, .seq = 8192, .vocab = 32000});
   const Cluster c = preset("dgx-h100", 1);
   AnalyticCostModel model;
   plan::Plan rows;  // two micro-batches of one row on each of 2 data ranks
@@ -74,6 +76,13 @@ TEST(PlanCost, AContextSplitHoldsHalfOfEachSequenceAndPricesTheRing) {
   EXPECT_LT(b.compute, a.compute);
   // Gradients are reduced over the 2 context ranks as over 2 data ranks.
   EXPECT_GT(b.data_parallel_total, 0);
+  const ir::Graph heads = models::build_gpt({.layers = 4, .hidden = 1024, .heads = 16, .seq = 8192, .vocab = 32000});
+  const PlanCost h = evaluate(heads, c, ring, model);
+  EXPECT_NEAR(h.memory_breakdown.at("activations"), b.memory_breakdown.at("activations"),
+              1e-9 * b.memory_breakdown.at("activations"));
+  EXPECT_GT(h.context_parallel, 0);
+  EXPECT_LT(h.compute, b.compute);  // no causal imbalance: whole sequences over half the heads
+  EXPECT_GT(h.compute, a.compute / 2);
   // A sequence the ranks do not split evenly is no plan the runtime runs: refused by name.
   const ir::Graph odd = models::build_gpt({.layers = 4, .hidden = 1024, .heads = 16, .seq = 8191, .vocab = 32000});
   try {

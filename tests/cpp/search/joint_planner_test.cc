@@ -76,7 +76,9 @@ TEST(JointPlanner, ALongSequenceOnFewRowsSplitsItsSequenceOverRanks) {
   EXPECT_EQ(best.data, 1);
   EXPECT_GT(best.predicted->breakdown.at("context_parallel"), 0);
   EXPECT_LT(ring.best.front().step_time, rows.best.front().step_time);
-  EXPECT_NE(plan_report(best, 80e9).find("(ring attention)"), std::string::npos) << plan_report(best, 80e9);
+  EXPECT_NE(plan_report(best, 80e9).find(fmt::format("x context {} (each sequence split)", best.context)),
+            std::string::npos)
+      << plan_report(best, 80e9);
   if (best.pipeline == 1 && best.num_micro_batches() == 1) {
     ASSERT_TRUE(ring.plan.sharding.has_value());
     EXPECT_EQ(ring.plan.data, best.context);
@@ -108,7 +110,9 @@ TEST(JointPlanner, Llama405BScaleAt131072TokensSplitsItsSequences) {
   EXPECT_GT(ring.plan.context, 1);
   EXPECT_EQ(ring.plan.num_micro_batches(), 16);
   EXPECT_LT(3 * ring.plan.predicted->step_time, rows.plan.predicted->step_time);
-  EXPECT_GT(ring.plan.predicted->breakdown.at("context_parallel"), 0);
+  // Priced by the evaluator, the sequence split's exposed sends are shown apart; the plan comes
+  // back complete, priced with its stages' searched layout, whose collectives hold them.
+  EXPECT_GT(ring.best.front().plan.predicted->breakdown.at("context_parallel"), 0);
   EXPECT_LT(ring.plan.predicted->breakdown.at("pipeline_bubble"), rows.plan.predicted->breakdown.at("pipeline_bubble"));
   std::printf("with context parallelism: %s\nwithout: %s\n", plan_report(ring.plan, 80e9).c_str(),
               plan_report(rows.plan, 80e9).c_str());
