@@ -388,7 +388,8 @@ class Plan:
             return (f"Plan(mesh={d['sharding']['mesh']}, level={d['sharding']['level']!r}, "
                     f"global_batch={d['global_batch']}, recompute={d['sharding']['recompute']})")
         degrees = (f"stage_meshes={d['stage_meshes']}" if d.get("stage_meshes")
-                   else f"t={d['tensor']}, p={d['pipeline']}, d={d['data']}")
+                   else f"t={d['tensor']}, p={d['pipeline']}, d={d['data']}"
+                   + (f", c={d['context']}" if d.get("context", 1) > 1 else ""))
         return (f"Plan({degrees}, global_batch={d['global_batch']}, "
                 f"micro_batch={d['micro_batch']}, schedule={d['schedule']!r}, v={d['virtual_stages']}, "
                 f"recompute={d['recompute']!r}, zero={d['zero_stage']})")

@@ -35,9 +35,12 @@ FP8_TOLERANCE = 1e-4  # relative, losses: float32 sums in another order (the doc
 # Parameters after 3 AdamW steps, relative to each tensor's largest magnitude: Adam divides by
 # the root of the squared gradient, so an element whose gradient is near zero moves by up to lr
 # whatever its size, and float32 rounding there shows at 1e-4 (the float32 run against float32
-# on one device does the same). The float32 run's parameters differ from the FP8 reference's by
-# at least FLOAT32_GAP x this.
-PARAMETER_TOLERANCE = 1e-3
+# on one device does the same). The CPU's float8 product need not sum a block of 2 rows in the
+# order it sums 4: on an AMD EPYC, GPT-2 split into 2-row blocks (data, pipeline, ZB-H1) is
+# 8.6e-3 off (an Intel Xeon: below 1e-3; LLaMA 1e-5 on both), a few elements of near-zero
+# gradient moved by Adam a fraction of lr. The float32 run's parameters differ from the FP8
+# reference's by at least FLOAT32_GAP x this (measured 0.55 to 1.09): the run is FP8's arithmetic.
+PARAMETER_TOLERANCE = 1e-2
 FLOAT32_GAP = 5.0  # losses: the float32 run's differ from the FP8 one's by 5x FP8_TOLERANCE or more
 
 

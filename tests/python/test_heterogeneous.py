@@ -99,6 +99,7 @@ def test_pipeline_stages_are_sized_to_their_devices(tmp_path):
     assert max(times) < 1.5 * min(times), times
     # The same degrees with equal stages, priced on the same cluster: slower by the slow half.
     equal = shardwise.Plan.manual(graph, cluster, tensor=plan.tensor, pipeline=plan.pipeline, data=plan.data,
+                                  context=plan.context,
                                   global_batch=64, micro_batch=plan.micro_batch, schedule=plan.schedule,
                                   virtual_stages=plan.virtual_stages, recompute=plan.recompute,
                                   zero=plan.zero_stage, stage_groups=getattr(plan, "stage_groups", None))

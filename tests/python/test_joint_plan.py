@@ -144,7 +144,7 @@ def _fits(plan, gib: int) -> bool:
 
 def _twin(gpt3, cluster, plan, schedule: str, virtual_stages: int = 1, recompute: bool = False):
     return shardwise.Plan.manual(gpt3, cluster, tensor=plan.tensor, pipeline=plan.pipeline, data=plan.data,
-                                 global_batch=1536, micro_batch=plan.micro_batch, schedule=schedule,
+                                 context=plan.context, global_batch=1536, micro_batch=plan.micro_batch, schedule=schedule,
                                  virtual_stages=virtual_stages, recompute=recompute)
 
 
