@@ -75,6 +75,22 @@ NodeFlops attention(const ir::Graph& graph, const ir::Node& node, int softmax_pe
   return out;
 }
 
+// Each of T tokens through its K experts: the gate and up product (N = 2I rows of H), the
+// down product (H rows of I), and the gating (act(gate) * up) per intermediate element.
+NodeFlops experts(const ir::Graph& graph, const ir::Node& node, int per_element) {
+  if (node.inputs.size() < 5) return {};
+  const auto& hidden = graph.value(node.inputs[0]).type.shape;
+  const auto& index = graph.value(node.inputs[1]).type.shape;
+  const auto& gate_up = graph.value(node.inputs[3]).type.shape;
+  const auto& down = graph.value(node.inputs[4]).type.shape;
+  if (hidden.size() != 2 || index.size() != 2 || gate_up.size() != 3 || down.size() != 3) return {};
+  const std::int64_t routed = hidden[0] * index[1];
+  NodeFlops out;
+  out.matmul = 2 * routed * (gate_up[1] * gate_up[2] + down[1] * down[2]);
+  out.total = out.matmul + per_element * routed * down[2];
+  return out;
+}
+
 }  // namespace
 
 NodeFlops node_flops(const ops::OpTable& table, const ir::Graph& graph, const ir::Node& node) {
@@ -102,6 +118,8 @@ NodeFlops node_flops(const ops::OpTable& table, const ir::Graph& graph, const ir
     }
     case ops::FlopsKind::Attention:
       return attention(graph, node, spec->flops.per_element);
+    case ops::FlopsKind::Experts:
+      return experts(graph, node, spec->flops.per_element);
   }
   return {};
 }

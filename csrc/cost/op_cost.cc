@@ -215,7 +215,7 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   }
 
   if (kind == ops::FlopsKind::Contraction || kind == ops::FlopsKind::Convolution ||
-      kind == ops::FlopsKind::Attention) {
+      kind == ops::FlopsKind::Attention || kind == ops::FlopsKind::Experts) {
     analysis::NodeFlops flops = analysis::node_flops(ops::OpTable::builtin(), graph, node);
     const bool attention = kind == ops::FlopsKind::Attention;
     const auto [scores_scale, scale] =

@@ -10,8 +10,9 @@
 namespace shardwise::ops {
 namespace {
 
-constexpr std::array<std::string_view, 6> kFlopsKindNames{"zero",        "per_output_element", "per_input_element",
-                                                          "contraction", "convolution",        "attention"};
+constexpr std::array<std::string_view, 7> kFlopsKindNames{"zero",        "per_output_element", "per_input_element",
+                                                          "contraction", "convolution",        "attention",
+                                                          "experts"};
 
 }  // namespace
 

@@ -36,6 +36,7 @@ enum class FlopsKind : std::uint8_t {
                      // additive operand such as a bias)
   Convolution,       // 2 x output elements x (weight elements / output channels)
   Attention,         // 2*B*s*t*(d + e) for the two products + per_element x B*s*t (softmax)
+  Experts,           // a mixture of experts' routed products: 2*T*K*(N*H + H*I) + per_element x T*K*I
 };
 std::string_view flops_kind_name(FlopsKind kind);
 

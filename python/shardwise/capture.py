@@ -29,6 +29,7 @@ from torch.export.graph_signature import InputKind
 from . import _C
 from ._logging import get_logger
 from ._causal_masks import fold_causal_masks
+from ._moe_experts import experts_as_one_op
 from ._functionalize import functionalize
 from ._fx_import import CaptureError, _Builder, document, flatten_names, op_name, walk_graph
 from ._inputs import bind_inputs, forward_signature, input_names, split_call, tensor_leaves
@@ -323,7 +324,8 @@ def capture(
     if method == "torchscript":
         from ._torchscript import import_torchscript
 
-        return Graph._from_core(import_torchscript(model, _unaliased(named)), batch_dim=batch_dim)
+        with experts_as_one_op(model):
+            return Graph._from_core(import_torchscript(model, _unaliased(named)), batch_dim=batch_dim)
     graph, _ = _capture_with_sources(model, named, method, batch_dim)
     return graph
 
@@ -347,7 +349,14 @@ def _unaliased(named: dict) -> dict:
 def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batch_dim: int | None,
                           prefix: str = "model."):
     """The Graph and the capture's _Builder, whose `sources` map every IR node back to the
-    ATen FX node it came from (the rewrite lowers those again, per rank)."""
+    ATen FX node it came from (the rewrite lowers those again, per rank). A mixture of
+    experts' experts are captured as one op (_moe_experts.py)."""
+    with experts_as_one_op(model):
+        return _capture_with_sources_of(model, named, method, batch_dim, prefix)
+
+
+def _capture_with_sources_of(model: torch.nn.Module, named: dict, method: str, batch_dim: int | None,
+                             prefix: str):
     root = _named_root(model, prefix)  # parallelize's wrapper: name the user's model
     named = _unaliased(named)
     if method == "export":

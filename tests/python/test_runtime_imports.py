@@ -30,6 +30,7 @@ ALLOWED = {
     "shardwise._inputs": "binding a model's call by name (what the batch binding and capture share)",
     "shardwise.materialize": "a rank's local shard of a placed tensor",
     "shardwise._tensor_names": "which names of a module's tensors are one (tied weights; capture reads it too)",
+    "shardwise._moe_experts": "a mixture of experts' experts as one op (capture takes it; verification runs it)",
 }
 
 

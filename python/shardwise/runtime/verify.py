@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from .. import _C
+from .._moe_experts import experts_as_one_op
 from .._fx_import import CaptureError
 from .._logging import get_logger
 from .lower import _build_module
@@ -59,7 +60,10 @@ def verify_capture(wrapper: torch.nn.Module, named: dict, graph, builder, tensor
     for name, t in [*wrapper.named_parameters(), *wrapper.named_buffers()]:  # tied weights under their first name
         eager_state[name] = t.detach().clone().requires_grad_(t.requires_grad)
     seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
-    with torch.random.fork_rng():
+    # A mixture of experts' experts run eagerly as the capture took them: shardwise::moe_experts,
+    # transformers' eager loop over the experts (_moe_experts.py; its own grouped matmul, the
+    # default, has no float64 kernel on the CPU).
+    with torch.random.fork_rng(), experts_as_one_op(wrapper):
         torch.manual_seed(seed)
         eager_loss = torch.func.functional_call(wrapper, eager_state, (), named, tie_weights=True, strict=False)
         eager_loss.backward()
