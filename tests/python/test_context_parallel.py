@@ -62,29 +62,36 @@ def _loss(model, batch):
     return out if isinstance(out, torch.Tensor) else out.loss
 
 
-def _scenario_trains_as_one_device(rank: int, world: int, name: str, padded: bool, loss_kind: str):
-    engine = shardwise.parallelize(_model(name, loss_kind), _batch(0, padded),
-                                   cluster=shardwise.Cluster.preset("cpu", world), mesh=(world, 1))
-    plan = engine.plan
+def _train_beside_one_device(engine, reference, batch_of) -> dict:
+    """STEPS AdamW steps of `engine` and of `reference` on one device, on `batch_of(step)`:
+    both runs' losses and the engine's parameters' errors against the reference's (relative to
+    each tensor's largest magnitude)."""
     optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
-    reference = _model(name, loss_kind)
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     losses, ref_losses = [], []
     for step in range(STEPS):
-        losses.append(float(engine.train_step(**_batch(step, padded))))
+        losses.append(float(engine.train_step(**batch_of(step))))
         optimizer.step()
         optimizer.zero_grad()
-        loss = _loss(reference, _batch(step, padded))
+        loss = _loss(reference, batch_of(step))
         loss.backward()
-        ref_losses.append(float(loss))
+        ref_losses.append(loss.item())
         ref_optimizer.step()
         ref_optimizer.zero_grad()
     state = engine.full_state_dict()
     errors = {key: float((state[key] - t).abs().max() / t.abs().max().clamp_min(1e-6))
               for key, t in reference.state_dict().items() if key in state}
+    return {"losses": losses, "ref_losses": ref_losses, "errors": errors}
+
+
+def _scenario_trains_as_one_device(rank: int, world: int, name: str, padded: bool, loss_kind: str):
+    engine = shardwise.parallelize(_model(name, loss_kind), _batch(0, padded),
+                                   cluster=shardwise.Cluster.preset("cpu", world), mesh=(world, 1))
+    plan = engine.plan
+    trained = _train_beside_one_device(engine, _model(name, loss_kind), lambda step: _batch(step, padded))
     attention = [line.split(" @")[0] for line in engine.rank_ir.splitlines()
                  if line.strip().startswith("%scaled_dot_product_attention")]
-    return {"losses": losses, "ref_losses": ref_losses, "errors": errors, "attention": attention,
+    return {**trained, "attention": attention,
             "strategies": {k: v for k, v in plan.strategies().items() if "scaled_dot_product" in k},
             "whole": engine.whole_nodes}
 
@@ -118,25 +125,11 @@ def _scenario_pipeline_with_context_trains_as_one_device(rank: int, world: int, 
     plan = shardwise.Plan.manual(graph, cluster, pipeline=2, context=2, global_batch=2, micro_batch=1,
                                  recompute=recompute)
     engine = shardwise.parallelize(model, batch, cluster=cluster, plan=plan)
-    optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
-    reference = _model("llama", "float64")
-    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    losses, ref_losses = [], []
-    for step in range(STEPS):
-        rows = {k: torch.cat([v, _batch(step + 10, False)[k]]) for k, v in _batch(step, False).items()}
-        losses.append(float(engine.train_step(**rows)))
-        optimizer.step()
-        optimizer.zero_grad()
-        loss = _loss(reference, rows)
-        loss.backward()
-        ref_losses.append(float(loss))
-        ref_optimizer.step()
-        ref_optimizer.zero_grad()
-    state = engine.full_state_dict()
-    errors = {key: float((state[key] - t).abs().max() / t.abs().max().clamp_min(1e-6))
-              for key, t in reference.state_dict().items() if key in state}
+    trained = _train_beside_one_device(
+        engine, _model("llama", "float64"),
+        lambda step: {k: torch.cat([v, _batch(step + 10, False)[k]]) for k, v in _batch(step, False).items()})
     sharding = engine.plan.stage_sharding
-    return {"losses": losses, "ref_losses": ref_losses, "errors": errors, "context": engine.plan.context,
+    return {**trained, "context": engine.plan.context,
             "recompute": engine.plan.recompute,
             "mesh": sharding["mesh"] if sharding else None, "micro_batches": engine.plan.num_micro_batches(),
             "attention": {k: v for k, v in (sharding or {}).get("strategies", {}).items() if "scaled_dot" in k},
