@@ -363,7 +363,7 @@ constexpr Row kRows[] = {
     // sum, named by its arange block) trained 1.3e-3 off one device's loss on 2 ranks, not yet
     // understood, so it is not offered. The gate and up halves of N are concatenated: N and I
     // stay whole too (no strided split yet).
-    {"shardwise::moe_experts", "tH,tK,tK,ENH,EHI,E->tH", Experts, 1},
+    {"shardwise_moe::experts", "tH,tK,tK,ENH,EHI,E->tH", Experts, 1},
     // indices_present: where the index list held None (x[..., [-2], :]), so the rule
     // knows which dims the tensors index.
     {"aten::index.Tensor", "index(indices_present)", Zero, 0},

@@ -1,4 +1,4 @@
-"""A mixture of experts' expert computation as one op: ``shardwise::moe_experts``.
+"""A mixture of experts' expert computation as one op: ``shardwise_moe::experts``.
 
 transformers' MoE models (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 and every other class
 decorated with ``use_experts_implementation``) keep their experts as two stacked weights,
@@ -55,7 +55,7 @@ def _experts(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, expert
     return out
 
 
-@torch.library.custom_op("shardwise::moe_experts", mutates_args=())
+@torch.library.custom_op("shardwise_moe::experts", mutates_args=())
 def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                 gate_up_proj: torch.Tensor, down_proj: torch.Tensor, expert_ids: torch.Tensor,
                 act: str) -> torch.Tensor:
@@ -98,7 +98,7 @@ moe_experts.register_autograd(_backward, setup_context=_setup_context)
 
 def _one_op_forward(self, hidden_states, top_k_index, top_k_weights):
     ids = torch.arange(self.gate_up_proj.shape[0], device=hidden_states.device)
-    return torch.ops.shardwise.moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
+    return torch.ops.shardwise_moe.experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
                                            self.down_proj, ids, self.config.hidden_act)
 
 
@@ -121,7 +121,7 @@ def _takes(module: torch.nn.Module) -> bool:
 @contextlib.contextmanager
 def experts_as_one_op(model: torch.nn.Module):
     """Within it, every experts module of `model` the op computes (``_takes``) runs as
-    ``shardwise::moe_experts``; each is restored after, whatever happens."""
+    ``shardwise_moe::experts``; each is restored after, whatever happens."""
     patched = [m for m in model.modules() if _takes(m)]
     for m in patched:
         m.forward = types.MethodType(_one_op_forward, m)

@@ -39,6 +39,9 @@ TENSOR = "<tensor>"  # every tensor operand, when two calls' other arguments are
 FUSED_ACCUMULATION = "shardwise.fused_accumulation"  # transform/fused_weight_accumulation.h
 WEIGHT_CUT = "shardwise.weight_cut"  # transform/weight_gradient_split.h
 FP8_K_AXES, FP8_N_AXES = "shardwise.fp8_k_axes", "shardwise.fp8_n_axes"  # rank_graph.h: an FP8 linear
+# Ops the capture records from the model outside aten (not the rewrite's collectives): called as
+# the IR names them, like an ATen op (python/shardwise/_moe_experts.py).
+CAPTURED_OPS = {"shardwise_moe::experts"}
 
 
 def _module(node: torch.fx.Node) -> str | None:
@@ -124,7 +127,8 @@ def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[s
 
     # An FP8 linear runs as fp8_linear, its input gradient's all-reduce (an asynchronous
     # gradient) inside it (runtime/lower.py: the FP8 emitter comes first).
-    ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes() if n["op"].startswith("aten::") and (
+    ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes()
+                if (n["op"].startswith("aten::") or n["op"] in CAPTURED_OPS) and (
         FP8_K_AXES in n["attrs"] or not RUNTIME_MODULE_MARKS.intersection(n["attrs"]))]
     made = [(node, _aten_call(node)) for node in flat_nodes(module)]
     made = [(node, call) for node, call in made if call is not None and call[0] not in VALUE_IDENTITIES]

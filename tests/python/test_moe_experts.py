@@ -1,6 +1,6 @@
 """Mixtures of experts captured with their experts as one op (issue 48): transformers' Mixtral,
 Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 with their default experts implementation are captured with
-each MoE layer's experts as ``shardwise::moe_experts`` (python/shardwise/_moe_experts.py), whose
+each MoE layer's experts as ``shardwise_moe::experts`` (python/shardwise/_moe_experts.py), whose
 rule says what the computation is, so nothing in them is an op without a rule; the op computes
 what transformers' eager experts compute, gradients included; and the models train on 2 Gloo
 ranks, the tokens split over the data axis, equal to the same loop on one device in float64."""
@@ -60,7 +60,7 @@ def _moe_layers(model) -> int:
 def test_default_experts_capture_as_one_op_with_a_rule(name):
     model = _model(name)
     graph = shardwise.capture(model, _batch(0))
-    experts = [n for n in graph.nodes() if n["op"] == "shardwise::moe_experts"]
+    experts = [n for n in graph.nodes() if n["op"] == "shardwise_moe::experts"]
     assert len(experts) == _moe_layers(model) > 0
     assert graph.unknown_ops() == [], [u.op for u in graph.unknown_ops()]
     assert graph.num_parameters() == sum(p.numel() for p in model.parameters())
@@ -105,7 +105,7 @@ def _scenario_trains_as_one_device(rank: int, world: int, name: str):
     state = engine.full_state_dict()
     errors = {k: float((state[k] - t).abs().max() / t.abs().max().clamp_min(1e-6))
               for k, t in reference.state_dict().items() if k in state and t.is_floating_point()}
-    strategies = {k: v for k, v in engine.plan.strategies().items() if k.startswith("moe_experts")}
+    strategies = {k: v for k, v in engine.plan.strategies().items() if (k == "experts" or k.startswith("experts_"))}
     return {"losses": losses, "ref_losses": ref_losses, "errors": errors, "strategies": strategies}
 
 

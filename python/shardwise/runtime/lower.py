@@ -604,7 +604,7 @@ def _emit_call(lowering: _Lowering, node: dict, read: _Read) -> torch.fx.Node:
 # Which emitter makes a node's call: the first whose test takes it, in this order.
 _EMITTERS = (
     (lambda lowering, node, read: read.kernel == LOOKUP, _emit_lookup),
-    # a kernel of its own (the captured op's own name is no kernel: shardwise::moe_experts)
+    # a kernel of its own (the captured op's own name is no kernel: shardwise_moe::experts)
     (lambda lowering, node, read: read.kernel.startswith("shardwise::") and read.kernel != node["op"],
      _emit_statistics),
     (lambda lowering, node, read: read.marks.get(ONE_DEVICE_RANDOM, False), _emit_one_device_random),

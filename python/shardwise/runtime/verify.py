@@ -60,7 +60,7 @@ def verify_capture(wrapper: torch.nn.Module, named: dict, graph, builder, tensor
     for name, t in [*wrapper.named_parameters(), *wrapper.named_buffers()]:  # tied weights under their first name
         eager_state[name] = t.detach().clone().requires_grad_(t.requires_grad)
     seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
-    # A mixture of experts' experts run eagerly as the capture took them: shardwise::moe_experts,
+    # A mixture of experts' experts run eagerly as the capture took them: shardwise_moe::experts,
     # transformers' eager loop over the experts (_moe_experts.py; its own grouped matmul, the
     # default, has no float64 kernel on the CPU).
     with torch.random.fork_rng(), experts_as_one_op(wrapper):
