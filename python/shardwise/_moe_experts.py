@@ -103,15 +103,18 @@ def _one_op_forward(self, hidden_states, top_k_index, top_k_weights):
 
 
 def _takes(module: torch.nn.Module) -> bool:
-    """Whether `module` is a transformers experts module of the layout the op computes."""
+    """Whether `module` is a transformers experts module of the layout the op computes (its
+    attributes first: a model without such a module never imports transformers here)."""
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == 3
+            and down.dim() == 3 and hasattr(module, "is_concatenated")):
+        return False
     try:
         from transformers.integrations.moe import _default_apply_gate
     except ImportError:  # an older transformers: no experts interface
         return False
-    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     config = getattr(module, "config", None)
-    return (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == 3
-            and down.dim() == 3 and getattr(module, "is_concatenated", False) is True
+    return (getattr(module, "is_concatenated", False) is True
             and getattr(module, "is_transposed", True) is False and getattr(module, "has_bias", True) is False
             and getattr(module, "has_gate", False) is True and getattr(module, "has_post_expert_norm", True) is False
             and getattr(type(module), "_apply_gate", None) is _default_apply_gate
