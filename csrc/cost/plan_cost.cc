@@ -271,7 +271,7 @@ PlanEvaluator::PlanEvaluator(const LayerStructure& structure, const ir::Graph& g
   if (p * v > std::max(num_layers_, 1))
     throw ValidationError(fmt::format(
         "evaluate: pipeline {} x virtual_stages {} = {} chunks but the graph has {} layers", p, v, p * v, num_layers_));
- // A rank of a context-parallel plan holds 1/c of each row's tokens: every tensor with a
+  // A rank of a context-parallel plan holds 1/c of each row's tokens: every tensor with a
   // batch dim scaled by it (attention's share is add_ring's).
   batch_scale_ = static_cast<double>(plan.micro_batch) / structure.graph_batch / c_;
   if (c_ > 1) check_context();
@@ -319,13 +319,11 @@ void PlanEvaluator::check_context() const {
     if (!ops::ring_kernel(node))
       throw ValidationError(fmt::format("evaluate: context {}: attention '{}' ({}) has no ring kernel (dropout)", c_,
                                         name, node.op));
-    const auto& q = graph_.value(node.inputs.at(0)).type.shape;
-    const auto& k = graph_.value(node.inputs.at(1)).type.shape;
-    const std::int64_t rows = q.size() >= 2 ? q[q.size() - 2] : 0;
-    if (k.size() < 2 || rows != k[k.size() - 2])
-      throw ValidationError(fmt::format("evaluate: context {}: attention '{}' attends across two sequences (queries "
-                                        "{}, keys {}): only self-attention runs as a ring",
-                                        c_, name, rows, k.size() >= 2 ? k[k.size() - 2] : 0));
+    const std::int64_t rows = ops::ring_rows(graph_, node);
+    if (rows == 0)
+      throw ValidationError(fmt::format("evaluate: context {}: attention '{}' attends across two sequences: only "
+                                        "self-attention runs as a ring",
+                                        c_, name));
     if (rows % c_ != 0)
       throw ValidationError(fmt::format("evaluate: context {}: attention '{}' has a sequence of {} that {} ranks do "
                                         "not split in equal blocks",

@@ -73,4 +73,12 @@ std::optional<std::string_view> ring_kernel(const ir::Node& node) {
   return kRingAttention;
 }
 
+std::int64_t ring_rows(const ir::Graph& graph, const ir::Node& node) {
+  if (!ring_kernel(node)) return 0;
+  const auto& q = graph.value(node.inputs.at(0)).type.shape;
+  const auto& k = graph.value(node.inputs.at(1)).type.shape;
+  if (q.size() < 2 || k.size() < 2 || q[q.size() - 2] != k[k.size() - 2]) return 0;
+  return q[q.size() - 2];
+}
+
 }  // namespace shardwise::ops

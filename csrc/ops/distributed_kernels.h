@@ -50,4 +50,9 @@ bool is_statistics_kernel(std::string_view kernel);  // a name of the table's ke
 // or nullopt: not an attention the kernel runs (another op, dropout).
 std::optional<std::string_view> ring_kernel(const ir::Node& node);
 
+// The sequence length of `node` in `graph` when it runs as a ring (ring_kernel, and
+// self-attention: queries and keys one sequence), else 0. What a context-parallel plan asks of
+// every attention (cost/plan_cost.h, search/joint_planner.h).
+std::int64_t ring_rows(const ir::Graph& graph, const ir::Node& node);
+
 }  // namespace shardwise::ops

@@ -146,12 +146,9 @@ std::int64_t ring_sequence(const ir::Graph& graph) {
   std::int64_t sequence = 0;
   for (const ir::Node& node : graph.nodes()) {
     if (node.op != "aten::scaled_dot_product_attention") continue;
-    if (!ops::ring_kernel(node)) return 0;
-    const auto& q = graph.value(node.inputs.at(0)).type.shape;
-    const auto& k = graph.value(node.inputs.at(1)).type.shape;
-    if (q.size() < 2 || k.size() < 2 || q[q.size() - 2] != k[k.size() - 2]) return 0;
-    if (sequence != 0 && sequence != q[q.size() - 2]) return 0;
-    sequence = q[q.size() - 2];
+    const std::int64_t rows = ops::ring_rows(graph, node);
+    if (rows == 0 || (sequence != 0 && sequence != rows)) return 0;
+    sequence = rows;
   }
   return sequence;
 }
@@ -298,46 +295,44 @@ void JointPlanner::enumerate_uniform(std::int64_t t, bool with_zero) {
 
 void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_t d, std::int64_t c,
                                      bool with_zero) {
-  {
-    for (std::int64_t b : divisors(options_.global_batch / d)) {
-      if (one_micro_batch_ ? b * d != options_.global_batch
-                           : (thorough_ ? b > options_.max_micro_batch : (b != 1 && b != 2 && b != 4)))
-        continue;
-      const std::int64_t m = options_.global_batch / (d * b);
-      std::vector<std::pair<plan::Schedule, int>> schedules = {{plan::Schedule::OneFOneB, 1}};
-      if (p > 1 && m % p == 0) {
-        const std::vector<int> vs = thorough_ ? std::vector<int>{2, 3, 4, 6, 8} : std::vector<int>{2, 4};
-        for (int v : vs)
-          if (p * v <= layers_) schedules.emplace_back(plan::Schedule::Interleaved1F1B, v);
-      }
-      // ZB-H1, ZB-V and DualPipeV without recomputation only: the runtime does not split a recomputed
-      // block's backward (plan.h), so where memory needs recomputation they are no candidates.
-      if (p > 1) schedules.emplace_back(plan::Schedule::ZeroBubbleH1, 1);
-      if (p > 1 && 2 * p <= layers_) schedules.emplace_back(plan::Schedule::ZeroBubbleV, 2);
-      // DualPipeV: ZB-V's price (it reaches ZB-V's bound), one chunk more held; at least
-      // a micro-batch per stage.
-      if (p > 1 && 2 * p <= layers_ && m >= 2 * p) schedules.emplace_back(plan::Schedule::DualPipeV, 2);
-      for (const auto& [schedule, v] : schedules)
-        for (plan::Recompute recompute : kRecomputeChoices)
-          for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
-            if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
-            if (zero == 1 && d * c == 1) continue;  // nothing to shard it over
-            plan::Plan candidate;
-            candidate.data = static_cast<int>(d);
-            candidate.context = static_cast<int>(c);
-            candidate.tensor = static_cast<int>(t);
-            candidate.pipeline = static_cast<int>(p);
-            candidate.global_batch = options_.global_batch;
-            candidate.micro_batch = b;
-            candidate.schedule = schedule;
-            candidate.virtual_stages = v;
-            candidate.recompute = recompute;
-            candidate.zero_stage = d * c > 1 ? zero : 0;
-            candidate.precision = options_.precision;
-            candidate.micro_batch_semantics = options_.micro_batch_semantics;
-            space_.push_back(std::move(candidate));
-          }
+  for (std::int64_t b : divisors(options_.global_batch / d)) {
+    if (one_micro_batch_ ? b * d != options_.global_batch
+                         : (thorough_ ? b > options_.max_micro_batch : (b != 1 && b != 2 && b != 4)))
+      continue;
+    const std::int64_t m = options_.global_batch / (d * b);
+    std::vector<std::pair<plan::Schedule, int>> schedules = {{plan::Schedule::OneFOneB, 1}};
+    if (p > 1 && m % p == 0) {
+      const std::vector<int> vs = thorough_ ? std::vector<int>{2, 3, 4, 6, 8} : std::vector<int>{2, 4};
+      for (int v : vs)
+        if (p * v <= layers_) schedules.emplace_back(plan::Schedule::Interleaved1F1B, v);
     }
+    // ZB-H1, ZB-V and DualPipeV without recomputation only: the runtime does not split a recomputed
+    // block's backward (plan.h), so where memory needs recomputation they are no candidates.
+    if (p > 1) schedules.emplace_back(plan::Schedule::ZeroBubbleH1, 1);
+    if (p > 1 && 2 * p <= layers_) schedules.emplace_back(plan::Schedule::ZeroBubbleV, 2);
+    // DualPipeV: ZB-V's price (it reaches ZB-V's bound), one chunk more held; at least
+    // a micro-batch per stage.
+    if (p > 1 && 2 * p <= layers_ && m >= 2 * p) schedules.emplace_back(plan::Schedule::DualPipeV, 2);
+    for (const auto& [schedule, v] : schedules)
+      for (plan::Recompute recompute : kRecomputeChoices)
+        for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
+          if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
+          if (zero == 1 && d * c == 1) continue;  // nothing to shard it over
+          plan::Plan candidate;
+          candidate.data = static_cast<int>(d);
+          candidate.context = static_cast<int>(c);
+          candidate.tensor = static_cast<int>(t);
+          candidate.pipeline = static_cast<int>(p);
+          candidate.global_batch = options_.global_batch;
+          candidate.micro_batch = b;
+          candidate.schedule = schedule;
+          candidate.virtual_stages = v;
+          candidate.recompute = recompute;
+          candidate.zero_stage = d * c > 1 ? zero : 0;
+          candidate.precision = options_.precision;
+          candidate.micro_batch_semantics = options_.micro_batch_semantics;
+          space_.push_back(std::move(candidate));
+        }
   }
 }
 
