@@ -16,8 +16,8 @@ std::set<int> indices_of(const ops::OperandDims& operand) {
   return out;
 }
 
-// 2 x every index size; an operand with no reduced index in a rule that has some (a bias,
-// an accumulator) is added once per output element.
+// 2 x every index size; an added term (a bias, an accumulator: DimRule::added) is added once
+// per output element.
 NodeFlops contraction(const ops::DimRule& rule, const ir::Graph& graph, const ir::Node& node) {
   NodeFlops out;
   std::int64_t product = 1;
@@ -29,13 +29,8 @@ NodeFlops contraction(const ops::DimRule& rule, const ir::Graph& graph, const ir
   out.matmul = 2 * product;
   out.total = out.matmul;
   if (any_reduced && !node.outputs.empty()) {
-    for (const auto& operand : rule.inputs) {
-      const auto ids = indices_of(operand);
-      const bool additive = std::none_of(ids.begin(), ids.end(), [&](int id) {
-        return rule.indices[static_cast<std::size_t>(id)].kind == ops::IndexKind::Reduced;
-      });
-      if (additive) out.total += numel(graph, node.outputs[0]);
-    }
+    for (std::size_t input = 0; input < rule.inputs.size(); ++input)
+      if (rule.is_added(input)) out.total += numel(graph, node.outputs[0]);
   }
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <unordered_set>
 
@@ -55,6 +56,10 @@ int DimRule::find(std::string_view label) const {
     if (indices[i].label == label) return static_cast<int>(i);
   }
   return -1;
+}
+
+bool DimRule::is_added(std::size_t input) const {
+  return std::find(added.begin(), added.end(), static_cast<int>(input)) != added.end();
 }
 
 std::int64_t DimRule::dims_size(const DimIndices& dims) const {
@@ -132,6 +137,12 @@ void check_structure(const DimRule& rule) {
     if (!used[i]) {
       throw support::ValidationError(
           fmt::format("dimension rule: index '{}' is used by no operand", rule.indices[i].label));
+    }
+  }
+  for (int input : rule.added) {
+    if (input < 0 || static_cast<std::size_t>(input) >= rule.inputs.size()) {
+      throw support::ValidationError(
+          fmt::format("dimension rule: added term {} is no input of {}", input, rule.inputs.size()));
     }
   }
 }

@@ -109,9 +109,18 @@ struct DimRule {
   std::vector<OperandDims> outputs;  // one per output of the node
   std::optional<CountedMean> counted_mean;  // see CountedMean; not part of str()
   std::vector<Addressing> addressed;        // see Addressing; not part of str()
+  // Inputs that are a term added to the op's sum over its Reduced indices (addmm's bias,
+  // linear's, a convolution's), not a factor of every term of it. The difference shows when a
+  // Reduced index the input does not carry is split: an added term must enter the ranks'
+  // partial sums once (Partial), while a factor multiplies each rank's partial sum
+  // (replicated; a mixture of experts' tokens against the experts a rank holds, an einsum's
+  // third operand). Every input not listed is a factor. Not part of str().
+  std::vector<int> added;
 
   // Id of the index with this label, or -1.
   int find(std::string_view label) const;
+  // Whether input `input` is an added term (see `added`).
+  bool is_added(std::size_t input) const;
   // Product of the sizes of the indices (1 for an empty list): the size the dim must have.
   std::int64_t dims_size(const DimIndices& dims) const;
   // Shape implied for one operand.

@@ -257,6 +257,8 @@ std::optional<DimRule> instantiate_pattern(const EinsumPattern& pattern, const R
     return dims;
   };
   for (const auto& bound : inputs) rule.inputs.push_back(to_dims(bound));
+  for (std::size_t i = 0; i < operands.inputs.size(); ++i)
+    if (pattern.inputs[i].added) rule.added.push_back(static_cast<int>(i));
   for (const auto& bound : outputs) rule.outputs.push_back(to_dims(bound));
   return rule;
 }

@@ -5,9 +5,10 @@
 // the dim's size divided by its known factors; an index only outputs carry gets its size
 // from the outputs (check mode) or stays unknown (infer mode: the result is nullopt).
 // Ellipsis indices are labelled "_0", "_1", ... major to minor; metadata-only operands
-// ('_') get Spatial indices "m<operand>.<dim>" that no output carries.
+// ('_') get Spatial indices "m<operand>.<dim>" that no output carries. Operands marked '+' are
+// the rule's added terms (DimRule::added).
 //
-// Worked example: "...k,nk,n?->...n" on f32[2,16,768], f32[3072,768], f32[3072]
+// Worked example: "...k,nk,+n?->...n" on f32[2,16,768], f32[3072,768], f32[3072]
 //   indices _0=2, _1=16, k=768 reduced, n=3072;  inputs  (_0 _1 k), (n k), (n);
 //   outputs (_0 _1 n)
 //

@@ -36,13 +36,13 @@ constexpr Row kRows[] = {
     // ---- contractions ----------------------------------------------------
     {"aten::mm", "mk,kn->mn", Contraction, 0},
     {"aten::bmm", "bmk,bkn->bmn", Contraction, 0},
-    {"aten::addmm", "~mn,mk,kn->mn", Contraction, 0},  // GPT-2's Conv1D: bias, x, w
-    {"aten::baddbmm", "~bmn,bmk,bkn->bmn", Contraction, 0},
-    {"aten::addbmm", "~mn,bmk,bkn->mn", Contraction, 0},
-    {"aten::linear", "...k,nk,n?->...n", Contraction, 0},
+    {"aten::addmm", "+~mn,mk,kn->mn", Contraction, 0},  // GPT-2's Conv1D: bias, x, w
+    {"aten::baddbmm", "+~bmn,bmk,bkn->bmn", Contraction, 0},
+    {"aten::addbmm", "+~mn,bmk,bkn->mn", Contraction, 0},
+    {"aten::linear", "...k,nk,+n?->...n", Contraction, 0},
     {"aten::matmul", "matmul()", Contraction, 0},
     {"aten::mv", "mk,k->m", Contraction, 0},
-    {"aten::addmv", "~m,mk,k->m", Contraction, 0},
+    {"aten::addmv", "+~m,mk,k->m", Contraction, 0},
     {"aten::dot", "k,k->()", Contraction, 0},
     {"aten::vdot", "k,k->()", Contraction, 0},
     {"aten::einsum", "einsum(equation)", Contraction, 0},
@@ -359,11 +359,11 @@ constexpr Row kRows[] = {
     // A mixture of experts' experts as one op (python/shardwise/_moe_experts.py): hidden [t, H],
     // top_k_index and top_k_weights [t, K], gate_up_proj [E, N = 2I, H], down_proj [E, H, I],
     // expert_ids [E] (an arange) -> [t, H]. Tokens are independent: a split of t is a batch
-    // split. The experts stay whole for now: a split of them (each rank its experts' partial
-    // sum, named by its arange block) trained 1.3e-3 off one device's loss on 2 ranks, not yet
-    // understood, so it is not offered. The gate and up halves of N are concatenated: N and I
-    // stay whole too (no strided split yet).
-    {"shardwise_moe::experts", "tH,tK,tK,ENH,EHI,E->tH", Experts, 1},
+    // split. The experts are summed over: a split of them leaves each rank the partial sum of
+    // its own experts (named by its block of the arange), the tokens and their routing factors
+    // of every term, whole on each rank. The gate and up halves of N are concatenated: N and I
+    // stay whole (no strided split yet).
+    {"shardwise_moe::experts", "tH,tK,tK,eNH,eHI,e->tH", Experts, 1},
     // indices_present: where the index list held None (x[..., [-2], :]), so the rule
     // knows which dims the tensors index.
     {"aten::index.Tensor", "index(indices_present)", Zero, 0},

@@ -995,7 +995,10 @@ std::optional<DimRule> conv(const Args& args, const RuleOperands& ops) {
   for (int w = 0; w < window; ++w) weight_dims.push_back(b.whole_or_unit(weight[2 + static_cast<std::size_t>(w)]));
   for (int w = 0; w < window; ++w) out_dims.push_back(b.whole_or_unit(out[c_at + 1 + static_cast<std::size_t>(w)]));
   b.rule.inputs = {in_dims, weight_dims};
-  if (ops.inputs.size() > 2) b.rule.inputs.push_back({channel_dims(g, co)});  // bias
+  if (ops.inputs.size() > 2) {
+    b.rule.inputs.push_back({channel_dims(g, co)});  // the bias, added once
+    b.rule.added.push_back(2);
+  }
   b.rule.outputs.push_back(std::move(out_dims));
   return std::move(b.rule);
 }

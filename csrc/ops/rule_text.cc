@@ -39,6 +39,10 @@ PatternOperand parse_operand(std::string_view rule, std::string_view operand, st
     return out;
   }
   if (operand == "()") return out;
+  if (i < operand.size() && operand[i] == '+') {
+    out.added = true;
+    ++i;
+  }
   if (i < operand.size() && operand[i] == '~') {
     out.broadcast = true;
     ++i;
@@ -50,6 +54,7 @@ PatternOperand parse_operand(std::string_view rule, std::string_view operand, st
   }
   if (operand.substr(i, end - i) == "_") {
     if (out.broadcast) fail(rule, base, "'_' (a metadata-only operand) does not broadcast");
+    if (out.added) fail(rule, base, "'_' (a metadata-only operand) is no term of a sum");
     out.metadata = true;
     return out;
   }
@@ -111,8 +116,8 @@ void check_pattern(std::string_view rule, const EinsumPattern& pattern) {
     if (!in.optional && seen_optional) fail(rule, 0, "a required operand follows an optional one");
   }
   for (const auto& out : pattern.outputs) {
-    if (out.broadcast || out.optional || out.metadata) {
-      fail(rule, rule.find("->"), "outputs take no '~', '?' or '_' markers");
+    if (out.added || out.broadcast || out.optional || out.metadata) {
+      fail(rule, rule.find("->"), "outputs take no '+', '~', '?' or '_' markers");
     }
   }
   // Letters in both cases would read as two indices that look like one.

@@ -11,8 +11,11 @@
 //            right-aligned across operands, a size-1 input dim broadcasts
 //   ()       the whole operand is a rank-0 tensor ("k,k->()" is a dot product)
 // and operand markers:
-//   ~x       (prefix) the operand broadcasts against the others: it may lack leading
-//            dims and a size-1 dim ties to no index ("~mn" accepts [n], [1,n], [m,n])
+//   +x       (prefix) the operand is a term added to the sum over the reduced indices (a
+//            bias), not a factor of every term: under a split of a reduced index it lacks, it
+//            enters the partial sums once; every unmarked operand is a factor, as in einsum
+//   ~x       (prefix, after any '+') the operand broadcasts against the others: it may lack
+//            leading dims and a size-1 dim ties to no index ("~mn" accepts [n], [1,n], [m,n])
 //   x?       (suffix) an optional operand, absent when the node omits it; optional
 //            operands come last and are matched in order
 //   _        an operand read for metadata only (dtype, device, shape), any rank
@@ -20,8 +23,8 @@
 //
 // Worked examples:
 //   "mk,kn->mn"           aten::mm:     m, n spatial; k reduced (split k: Partial(sum))
-//   "~mn,mk,kn->mn"       aten::addmm:  bias broadcast against the product
-//   "...k,nk,n?->...n"    aten::linear: any leading dims, optional bias
+//   "+~mn,mk,kn->mn"      aten::addmm:  bias added, broadcast against the product
+//   "...k,nk,+n?->...n"   aten::linear: any leading dims, optional bias
 //   "Ve,...->...e"        aten::embedding: vocabulary Whole, ids of any rank
 //   "...,_?->..."         aten::to.*:   the optional second tensor only gives a dtype
 //
@@ -57,6 +60,7 @@ struct PatternDim {
 
 struct PatternOperand {
   std::vector<PatternDim> dims;
+  bool added = false;      // '+'
   bool broadcast = false;  // '~'
   bool optional = false;   // '?'
   bool metadata = false;   // '_'

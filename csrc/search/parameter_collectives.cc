@@ -42,8 +42,8 @@ ParameterOverlap regather_overlap() { return ParameterOverlap::Exposed; }
 
 namespace {
 
-// Does operand `operand` of `rule` carry a reduced index (a contraction's factor, not a bias)?
-// nullopt: it carries a lookup's index (a table, which backward does not read).
+// Does operand `operand` of `rule` carry a reduced index? nullopt: it carries a lookup's index
+// (a table, which backward does not read).
 std::optional<bool> carries_reduced(const ops::DimRule& rule, std::size_t operand) {
   bool reduced = false;
   for (const auto& dim : rule.inputs[operand])
@@ -61,13 +61,13 @@ bool backward_reads(const ops::DimRule& rule, std::size_t operand, const std::ve
   if (operand >= rule.inputs.size()) return true;
   bool contraction = false;
   for (const ops::Index& index : rule.indices) contraction = contraction || index.kind == ops::IndexKind::Reduced;
-  const std::optional<bool> reduced = carries_reduced(rule, operand);
-  if (!reduced) return false;
+  if (!carries_reduced(rule, operand)) return false;
   if (!contraction) return true;
-  if (!*reduced) return false;
+  if (rule.is_added(operand)) return false;
   // A contraction reads a factor only to make another factor's gradient.
   for (std::size_t j = 0; j < rule.inputs.size(); ++j)
-    if (j != operand && (j >= needs_gradient.size() || needs_gradient[j]) && carries_reduced(rule, j).value_or(false))
+    if (j != operand && (j >= needs_gradient.size() || needs_gradient[j]) && !rule.is_added(j) &&
+        carries_reduced(rule, j).has_value())
       return true;
   return false;
 }

@@ -74,8 +74,8 @@ ParameterOverlap forward_gather_overlap(const ShardingSpec& held, const Sharding
 ParameterOverlap regather_overlap();
 
 // Does backward read operand `operand` of a node with `rule` (is it saved for the gradient
-// formulas)? Not an additive operand of a contraction (a bias: its gradient is a sum of the
-// output's), nor a lookup's table (embedding's backward reads the ids), nor a contraction's
+// formulas)? Not an added term of a contraction (a bias, DimRule::added: its gradient is
+// a sum of the output's), nor a lookup's table (embedding's backward reads the ids), nor a contraction's
 // factor whose fellow factors need no gradient (`needs_gradient`: per operand of the node,
 // analysis/gradient_flow.h; the first linear of a model, whose input is data, reads only that
 // input in backward). A gathered parameter backward does not read is not gathered again for it.

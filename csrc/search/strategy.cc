@@ -94,7 +94,8 @@ Strategy split_strategy(const ops::DimRule& rule, const ops::DimRule& layout, in
   Strategy s;
   s.index = i;
   s.groups = groups;
-  for (const auto& operand : layout.inputs) {
+  for (std::size_t input = 0; input < layout.inputs.size(); ++input) {
+    const ops::OperandDims& operand = layout.inputs[input];
     if (auto c = find_carrier(layout, operand, i)) {
       s.inputs.push_back(Placement::shard(c->dim, c->major * groups));
       s.input_grads.push_back(s.inputs.back());
@@ -108,9 +109,17 @@ Strategy split_strategy(const ops::DimRule& rule, const ops::DimRule& layout, in
         s.input_grads.push_back(Placement::partial(ops::Reduction::Sum));
         break;
       case ops::IndexKind::Reduced:
-        // An additive operand (addmm's bias) must enter the partial sum once, not n times.
-        s.inputs.push_back(Placement::partial(index.reduction));
-        s.input_grads.push_back(Placement::replicate());
+        if (layout.is_added(input)) {
+          // An added term (addmm's bias) must enter the partial sum once, not n times.
+          s.inputs.push_back(Placement::partial(index.reduction));
+          s.input_grads.push_back(Placement::replicate());
+        } else {
+          // A factor of every term multiplies each rank's partial sum whole, and meets only
+          // this rank's terms: its gradient is a partial sum (a mixture of experts' tokens
+          // against the experts a rank holds).
+          s.inputs.push_back(Placement::replicate());
+          s.input_grads.push_back(Placement::partial(ops::Reduction::Sum));
+        }
         break;
       case ops::IndexKind::Whole:
         // The combined statistics make every rank's rows exact. Where the outputs keep the

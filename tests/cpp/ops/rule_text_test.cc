@@ -32,8 +32,13 @@ TEST(RuleTextTest, ParsesMarkersEllipsisGroupsAndScalars) {
   EXPECT_TRUE(linear.inputs[2].optional);
   EXPECT_EQ(letters(linear.outputs[0]), "...n");
 
-  auto addmm = pattern("~mn,mk,kn->mn");
+  auto addmm = pattern("+~mn,mk,kn->mn");
   EXPECT_TRUE(addmm.inputs[0].broadcast);
+  EXPECT_TRUE(addmm.inputs[0].added);
+  EXPECT_FALSE(addmm.inputs[1].added);
+  auto biased = pattern("...k,nk,+n?->...n");
+  EXPECT_TRUE(biased.inputs[2].added && biased.inputs[2].optional);
+  EXPECT_FALSE(linear.inputs[2].added);  // unmarked: a factor, as in einsum
 
   auto heads = pattern("bs(hd)->bshd");
   EXPECT_EQ(letters(heads.inputs[0]), "bs(hd)");
@@ -93,6 +98,8 @@ TEST(RuleTextTest, RejectsMalformedRules) {
            "m.k->m",        // a lone dot
            "(ab->ab",       // unclosed group
            "~_->",          // a metadata operand does not broadcast
+           "+_,ab->ab",     // nor is it a term of a sum
+           "ab->+ab",       // marker on an output
            "slice(dim=",    // unclosed call
            "slice(1x)",     // neither name nor literal
            "slice(dim=x)",  // fallback is not a literal

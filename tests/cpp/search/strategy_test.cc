@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -86,6 +87,32 @@ TEST(StrategyTest, AddmmSplitsKWithThePartialBiasAddedOnce) {
                 "split m | in R S(0) R | grad P(sum) S(0) P(sum) | out S(0)",
                 "split k | in P(sum) S(1) S(0) | grad R S(1) S(0) | out P(sum)",
             }));
+}
+
+TEST(StrategyTest, AFactorWithoutTheSummedIndexMultipliesEachPartialSumWhole) {
+  // out[i] = sum_j x[i, j] y[j] z[i]: z is a factor of every term, not a term added to the
+  // sum, so a split of j leaves it whole on each rank (zeroing it on all ranks but one would
+  // zero their partial sums), and each rank's gradient of it is a share of the sum.
+  const auto rule = rule_of("aten::einsum", {f32({8, 16}), f32({16}), f32({8})}, {f32({8})},
+                            {{"equation", std::string("ij,j,i->i")}});
+  ASSERT_TRUE(rule.added.empty());
+  const auto lines = describe(rule, enumerate_strategies(rule, 2));
+  EXPECT_NE(std::find(lines.begin(), lines.end(), "split j | in S(1) S(0) R | grad S(1) S(0) P(sum) | out P(sum)"),
+            lines.end())
+      << ::testing::PrintToString(lines);
+}
+
+TEST(StrategyTest, TheExpertsSplitLeavesTheTokensWholeOnEachRank) {
+  // shardwise_moe::experts: hidden [t, H], top-k index and weights [t, K], gate_up [E, 2I, H],
+  // down [E, H, I], expert ids [E]. Each rank sums its own experts over every token.
+  const auto rule = rule_of("shardwise_moe::experts",
+                            {f32({64, 32}), i64({64, 2}), f32({64, 2}), f32({4, 128, 32}), f32({4, 32, 64}), i64({4})},
+                            {f32({64, 32})}, {{"act", std::string("silu")}});
+  const auto lines = describe(rule, enumerate_strategies(rule, 2));
+  EXPECT_NE(std::find(lines.begin(), lines.end(),
+                      "split e | in R R R S(0) S(0) S(0) | grad P(sum) P(sum) P(sum) S(0) S(0) S(0) | out P(sum)"),
+            lines.end())
+      << ::testing::PrintToString(lines);
 }
 
 TEST(StrategyTest, MeanReductionLeavesPartialMean) {
