@@ -294,6 +294,34 @@ def _scenario_counted_losses(rank, world, mesh):
             "strategy": engine.plan.strategies()["cross_entropy_loss"]}
 
 
+class WeightedSummedLoss(nn.Module):
+    """Class-weighted cross entropy summed over the rows (a buffer of class weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 8)
+        self.register_buffer("classes", torch.linspace(0.5, 2.0, 8))
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.lin(x), y, weight=self.classes, reduction="sum")
+
+
+def _scenario_weighted_sum(rank, world):
+    torch.manual_seed(0)
+    model, reference = WeightedSummedLoss().double(), WeightedSummedLoss().double()
+    reference.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 16, generator=g, dtype=torch.float64), torch.randint(0, 8, (32,), generator=g)
+    engine = shardwise.parallelize(model, (x, y), cluster=shardwise.Cluster.preset("cpu", world), mesh=(world, 1))
+    loss = engine.train_step(x, y)
+    ref = reference(x, y)
+    ref.backward()
+    grads = engine._full_grads()
+    return {"loss": float(loss), "ref": float(ref.detach()), "strategy": engine.plan.strategies()["cross_entropy_loss"],
+            "error": max(((grads[n] - p.grad).abs().max() / p.grad.abs().max()).item()
+                         for n, p in reference.named_parameters())}
+
+
 def _scenario_var_args(rank, world, mesh):
     torch.manual_seed(0)
     model, reference = VarArgs().double(), VarArgs().double()
@@ -456,6 +484,15 @@ def test_means_the_data_counts_stay_global_with_weights_smoothing_and_masks(mesh
     # Before: each rank's mean over its own count (the last rank's: 0 / 0), averaged.
     r = _spawn(4, "counted_losses", mesh)
     assert r["strategy"] == ["split n" if size > 1 else "replicate" for size in mesh], r
+    assert abs(r["loss"] - r["ref"]) / r["ref"] < 1e-12 and r["error"] < 1e-12, r
+
+
+def test_a_class_weighted_summed_loss_over_split_rows_weighs_every_rank_s_rows():
+    # Before: the class weights, lacking the summed rows, were taken for a term added to the sum
+    # (as addmm's bias) and zeroed on all ranks but one: the loss was rank 0's rows only (48.5
+    # of 94.6). They multiply every row's term: whole on each rank (csrc/ops/dim_rule.h, added).
+    r = _spawn(2, "weighted_sum")
+    assert r["strategy"][0] == "split n", r
     assert abs(r["loss"] - r["ref"]) / r["ref"] < 1e-12 and r["error"] < 1e-12, r
 
 
