@@ -104,16 +104,18 @@ def _scenario_trains_as_one_device(rank: int, world: int, name: str, experts: in
         ref_optimizer.step()
         ref_optimizer.zero_grad()
     held = _experts_held(engine, optimizer)
+    every_rank = [None] * world
+    torch.distributed.all_gather_object(every_rank, sorted({h["rows"] for h in held.values()}))
     state = engine.full_state_dict()
     errors = {k: float((state[k] - t).abs().max() / t.abs().max().clamp_min(1e-6))
               for k, t in reference.state_dict().items() if k in state and t.is_floating_point()}
     sharding = engine.plan.stage_sharding or engine.plan.sharding
     strategies = {k: v for k, v in sharding["strategies"].items() if k == "experts" or k.startswith("experts_")}
     return {"losses": losses, "ref_losses": ref_losses, "errors": errors, "strategies": strategies, "held": held,
-            "mesh": sharding["mesh"]}
+            "mesh": sharding["mesh"], "rows_by_rank": every_rank}
 
 
-def _check(r: dict, experts: int, ways: int) -> None:
+def _check(r: dict, experts: int, ways: int, rank0_rows: int | None = None) -> None:
     # The experts of each layer are split `ways` ways over the mesh's axes; on another axis
     # they are replicated, or their tokens split (data parallel for them).
     for node, per_axis in r["strategies"].items():
@@ -121,8 +123,8 @@ def _check(r: dict, experts: int, ways: int) -> None:
     split = [math.prod(n for n, s in zip(r["mesh"], v) if s == "split e") for v in r["strategies"].values()]
     assert split and all(n == ways for n in split), (r["mesh"], r["strategies"])
     # Each rank holds its experts only, and steps only their optimizer state.
-    assert r["held"] and all(h["rows"] == experts // ways and h["state_rows"] == [experts // ways]
-                             for h in r["held"].values()), r["held"]
+    rows = experts // ways if rank0_rows is None else rank0_rows
+    assert r["held"] and all(h["rows"] == rows and h["state_rows"] == [rows] for h in r["held"].values()), r["held"]
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= 1e-6 * abs(b), (r["losses"], r["ref_losses"])  # transformers' float32 loss
     assert r["errors"] and max(r["errors"].values()) < TOLERANCE, sorted(r["errors"].items(), key=lambda kv: -kv[1])[:4]
@@ -137,6 +139,14 @@ def test_each_model_trains_its_experts_split_two_ways_as_one_device(name):
 def test_experts_split_four_ways_train_as_one_device():
     r = spawn_scenario(__name__, 4, "trains_as_one_device", "mixtral", 8, [4, 1], 1)
     _check(r, 8, 4)
+    assert r["rows_by_rank"] == [[2]] * 4, r["rows_by_rank"]
+
+
+def test_an_expert_count_the_axis_does_not_divide_splits_unevenly_as_one_device():
+    # 17 experts on 2 ranks: 9 and 8 (each rank's arange block starts where its experts do).
+    r = spawn_scenario(__name__, 2, "trains_as_one_device", "mixtral", 17, [2, 1], 1)
+    _check(r, 17, 2, rank0_rows=9)
+    assert r["rows_by_rank"] == [[9], [8]], r["rows_by_rank"]
 
 
 def test_experts_split_beside_data_parallelism_train_as_one_device():
