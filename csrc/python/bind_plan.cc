@@ -69,13 +69,15 @@ py::dict search_plan_dict(const ir::Graph& graph, const cost::Cluster& cluster, 
                           const std::string& level, std::optional<std::vector<int>> mesh, double memory_fraction,
                           const std::string& precision, bool allow_recompute, bool allow_zero,
                           std::optional<py::function> progress, bool collective_matmul, bool batch_on_tensor_axis,
-                          const std::string& recompute, const std::string& profile, bool context_parallel) {
+                          const std::string& recompute, const std::string& profile, bool context_parallel,
+                          bool expert_parallel) {
   const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
   search::SpmdSearchOptions options;
   if (!recompute.empty()) options.recompute = plan::recompute_from_name(recompute);
   options.batch_on_tensor_axis = batch_on_tensor_axis;
   options.collective_matmul = collective_matmul;
   options.context_parallel = context_parallel;
+  options.expert_parallel = expert_parallel;
   options.global_batch = global_batch;
   options.level = search::search_level_from_name(level);
   options.mesh = std::move(mesh);
@@ -311,11 +313,12 @@ void bind_planners(py::module_& m) {
         py::arg("mesh") = py::none(), py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
         py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
         py::arg("collective_matmul") = false, py::arg("batch_on_tensor_axis") = true, py::arg("recompute") = "",
-        py::arg("profile_json") = "", py::arg("context_parallel") = true,
+        py::arg("profile_json") = "", py::arg("context_parallel") = true, py::arg("expert_parallel") = true,
         "The SPMD sharding search (csrc/search/spmd_search.h); recompute= \"none\", \"full\" or \"selective\": only "
         "that recomputation (\"\": none, and selective and full where allow_recompute); profile_json: a "
         "shardwise.Profile's JSON, priced with it (cost/profiled_cost.h), \"\": the analytic model; "
-        "context_parallel: whether self-attention's sequence may be split as ring attention.");
+        "context_parallel: whether self-attention's sequence may be split as ring attention; expert_parallel: "
+        "whether a mixture of experts' experts may be split over ranks.");
   m.def("plan_joint", &plan_joint_dict,
         py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
         py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",

@@ -55,6 +55,9 @@ struct ShardingModelOptions {
   // Ring attention (context parallelism: Index::ring, ops/distributed_kernels.h) offered
   // where the kernel runs; false: self-attention's sequence is never split.
   bool ring_attention = true;
+  // A mixture of experts' experts split over an axis (expert parallelism: the experts op's
+  // summed index, shardwise_moe::experts); false: every rank holds every expert of a layer.
+  bool expert_parallel = true;
   // Activation-gradient all-reduces beside their reader's weight gradient
   // (plan::Sharding::async_gradients, transform/async_gradients.h); false: exposed.
   bool async_gradients = true;

@@ -140,6 +140,16 @@ void drop_kernelless_splits(std::vector<Strategy>& strategies, const ops::DimRul
   });
 }
 
+// Expert parallelism off (ShardingModelOptions::expert_parallel): no split of a mixture of
+// experts' experts, the index its stacked expert weights carry in dim 0.
+void drop_expert_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule, const ir::Node& node) {
+  if (ops::op_base_name(node.op) != "shardwise_moe::experts" || rule.inputs.size() < 4 || rule.inputs[3].empty() ||
+      rule.inputs[3][0].empty())
+    return;
+  const int experts = rule.inputs[3][0].front();
+  std::erase_if(strategies, [&](const Strategy& s) { return !s.partial && s.index == experts; });
+}
+
 }  // namespace
 
 std::vector<std::optional<ops::DimRule>> rules_at_batch(const ir::Graph& graph, double batch_scale) {
@@ -210,6 +220,7 @@ std::vector<Strategy> StrategyEnumerator::node_strategies(ir::NodeId node, int a
   if (!options_.batch_axes.empty() && !options_.batch_axes.at(static_cast<std::size_t>(axis)))
     drop_batch_splits(strategies, facts_.graph, *rule, n);
   drop_kernelless_splits(strategies, *rule, n, options_.ring_attention);
+  if (!options_.expert_parallel) drop_expert_splits(strategies, *rule, n);
   if (passes_partial_sums(facts_.graph, n)) strategies.push_back(partial_strategy(*rule));
   return strategies;
 }

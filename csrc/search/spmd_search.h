@@ -100,6 +100,8 @@ struct SpmdSearchOptions {
   bool collective_matmul = false;
   // Self-attention's sequence split as ring attention (ShardingModelOptions::ring_attention).
   bool context_parallel = true;
+  // A mixture of experts' experts split over ranks (ShardingModelOptions::expert_parallel).
+  bool expert_parallel = true;
   std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
   // The graph standing for a pipeline stage's share of it (ShardingModelOptions'): the
   // fractions of its parameter states and of one micro-batch's saved activations the stage's

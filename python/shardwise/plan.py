@@ -177,7 +177,8 @@ class Plan:
     def search(cls, graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[int, int] | None = None,
                memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None,
                recompute: bool | str = True, zero: bool = True, progress=None, collective_matmul: bool = False,
-               batch_on_tensor_axis: bool | None = None, profile=None, context_parallel: bool = True) -> "Plan":
+               batch_on_tensor_axis: bool | None = None, profile=None, context_parallel: bool = True,
+               expert_parallel: bool = True) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
         cluster's cost model. See ``shardwise.plan``. ``batch_on_tensor_axis``: whether the
@@ -187,7 +188,9 @@ class Plan:
         prices with where it has them (see ``Plan.manual``); None: the analytic model.
         ``context_parallel``: whether self-attention's sequence may be split over an axis that
         may carry the batch, as ring attention (``runtime/ring_attention.py``); False keeps
-        every attention's sequence whole on each rank."""
+        every attention's sequence whole on each rank. ``expert_parallel``: whether a mixture of
+        experts' experts (``shardwise_moe::experts``) may be split over an axis, each rank
+        holding its block of them; False: every rank holds every expert."""
         if batch_on_tensor_axis is None:
             batch_on_tensor_axis = mesh is None
         result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
@@ -195,7 +198,7 @@ class Plan:
                                 _precision(graph, precision), recompute is not False, bool(zero), progress,
                                 bool(collective_matmul), bool(batch_on_tensor_axis),
                                 "" if isinstance(recompute, bool) else _recompute(recompute), _profile_json(profile),
-                                bool(context_parallel))
+                                bool(context_parallel), bool(expert_parallel))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     @classmethod
@@ -537,7 +540,8 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
          memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, recompute: bool | str = True,
          zero: bool = True, progress=None, pipeline: bool | None = None,
          network: NetworkCondition | None = None, collective_matmul: bool = False,
-         micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True) -> Plan:
+         micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True,
+         expert_parallel: bool = True) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
 
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
@@ -577,6 +581,10 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ``context_parallel``: whether a plan may split each row's sequence over ranks, every
     attention run as a ring (``runtime/ring_attention.py``; the joint planner's ``context``
     degree, the SPMD search's sequence split of an axis wider than the batch); False: never.
+    ``expert_parallel``: whether the SPMD search may split a mixture of experts' experts over
+    an axis (``Plan.search``); False is the SPMD search's alone (``pipeline=False`` or ``mesh=``:
+    the joint planner's stages are completed by it with the split allowed), and with it no
+    fallback to micro-batches is tried.
     ``progress(done, total)`` is called after each candidate. The graph must have been
     captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
 
@@ -592,11 +600,14 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     # Where the joint planner may choose: several nodes, a model with repeated layers, no
     # SPMD-only option. On a mixed cluster there it runs beside the SPMD search, and the
     # faster of uneven batch shares and stages sized to their devices wins.
-    joint_may = (choose and mesh is None and cluster.num_nodes > 1 and not collective_matmul
+    joint_may = (choose and mesh is None and cluster.num_nodes > 1 and not collective_matmul and expert_parallel
                  and bool(graph.repeated_blocks()))
     both = joint_may and cluster.heterogeneous
     if choose:
         pipeline = joint_may and not cluster.heterogeneous
+    if pipeline and not expert_parallel:
+        raise _C.ValidationError("plan: expert_parallel=False is the SPMD search's (pipeline=False, or mesh=); the "
+                                 "joint planner's stages are laid out with the experts' split allowed")
     if pipeline:
         if mesh is not None:
             raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
@@ -610,7 +621,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress, collective_matmul=collective_matmul, profile=profile,
-                        context_parallel=context_parallel)
+                        context_parallel=context_parallel, expert_parallel=expert_parallel)
     if both:
         joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                            precision=precision, progress=progress, zero=zero,
@@ -619,7 +630,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         if joint.fits and (found.fits is False or joint.predicted_step_time() < found.predicted_step_time()):
             return joint
         return found
-    if choose and mesh is None:
+    if choose and mesh is None and expert_parallel:
         joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
                                      memory_fraction=memory_fraction, precision=precision, progress=progress,
                                      zero=zero, micro_batch_semantics=micro_batch_semantics, profile=profile,

@@ -253,6 +253,15 @@ def test_long_context_captures_and_plans_each_length_in_its_own_process():
         assert float(row[5]) > 0 and float(row[2]) > 0, out  # each process's own peak resident set and CPU time
 
 
+def test_moe_runs_expert_parallelism_beside_the_plan_without_it():
+    out = _run("moe.py", "--worlds", "2", "--steps", "1")
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in out.splitlines() if line.startswith("| 2 |")}
+    assert set(rows) == {"allowed", "off"}, out
+    assert rows["allowed"][2] == "split e / replicate" and rows["off"][2] == "split t / replicate", out
+    # Each rank holds half the experts: its peak tensor memory is below the replicated plan's.
+    assert float(rows["allowed"][7].strip(" |")) < 1, out
+
+
 def test_heterogeneous_plans_beat_equal_shares_and_match_the_exhaustive_split():
     out = _run("heterogeneous.py", "--quick")
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| a100+half") or

@@ -160,3 +160,20 @@ def test_experts_split_beside_data_parallelism_train_as_one_device():
 def test_experts_split_in_each_pipeline_stage_train_as_one_device():
     r = spawn_scenario(__name__, 4, "trains_as_one_device", "deepseek_v3", 8, [2, 1], 2)
     _check(r, 8, 2)
+
+
+def test_the_search_splits_experts_only_where_allowed():
+    graph = shardwise.capture(_model("mixtral", 8), _batch(0))
+    cluster = shardwise.Cluster.preset("cpu", 4)
+
+    def experts_splits(plan):
+        return {k: v for k, v in plan.sharding["strategies"].items() if k.startswith("experts")}
+
+    allowed = shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(4, 1))
+    off = shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(4, 1), expert_parallel=False)
+    assert experts_splits(allowed) and all(v == ["split e", "replicate"] for v in experts_splits(allowed).values())
+    assert experts_splits(off) and all("split e" not in v for v in experts_splits(off).values()), experts_splits(off)
+    held = off.sharding["placements"]
+    assert all(held[n] == ["R", "R"] for n in held if n.endswith("experts.gate_up_proj")), held
+    with pytest.raises(shardwise.ValidationError, match="expert_parallel=False is the SPMD search's"):
+        shardwise.plan(graph, cluster, global_batch=ROWS, pipeline=True, expert_parallel=False)
