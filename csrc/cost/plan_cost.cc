@@ -16,6 +16,7 @@
 #include "cost/optimizer_cost.h"
 #include "cost/pipeline_transfers.h"
 #include "ops/distributed_kernels.h"
+#include "ops/experts.h"
 #include "ops/op_table.h"
 #include "schedule/schedules.h"
 #include "support/error.h"
@@ -36,6 +37,9 @@ struct PartCost : PartLoad {
   // Context parallelism: the ring attention's exposed sends per micro-batch (inside forward
   // and backward already; PlanCost::context_parallel).
   double ring_seconds = 0;
+  // Expert parallelism: the token dispatch's seconds per micro-batch (inside forward and
+  // backward already; PlanCost::expert_parallel).
+  double dispatch_seconds = 0;
 };
 
 // A node's cast transient in an fp8 plan (PartCost::fp8_cast_bytes), 0 if it is no FP8 linear.
@@ -103,7 +107,13 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
       const ir::Value& value = graph.value(in);
       if (value.role != ir::ValueRole::Parameter || !seen_params->insert(in).second) continue;
       double n = static_cast<double>(value.type.numel());
-      out.parameters += structure.sharded_params.contains(in) ? n / t : n;
+      const double held = structure.sharded_params.contains(in) ? n / t : n;
+      out.parameters += held;
+      for (std::size_t i = 0; i < node.inputs.size(); ++i)
+        if (node.inputs[i] == in && ops::is_expert_weight(node, i)) {
+          out.expert_parameters += held;
+          break;
+        }
     }
   }
   return out;
@@ -146,6 +156,7 @@ std::map<std::string, double> PlanCost::breakdown() const {
           {"data_parallel_overlapped", data_parallel_overlapped ? 1.0 : 0.0},
           {"optimizer", optimizer}};
   if (context_parallel > 0) out["context_parallel"] = context_parallel;
+  if (expert_parallel > 0) out["expert_parallel"] = expert_parallel;
   return out;
 }
 
@@ -200,6 +211,8 @@ class PlanEvaluator {
  private:
   Parts price_parts(const DeviceType& on, double scale, int width) const;
   void check_context() const;
+  void check_experts() const;
+  void add_dispatch(PartCost& part, const std::vector<ir::NodeId>& nodes, double scale, int width) const;
   void add_ring(PartCost& part, const std::vector<ir::NodeId>& nodes, const std::map<ir::NodeId, TensorSplit>& split,
                 const DeviceType& on, double scale, int width) const;
   TensorParallel tensor_parallel(int width, int first, double scale) const;
@@ -214,7 +227,7 @@ class PlanEvaluator {
   const CostModel& model_;
   const PlanCostConstants& constants_;
   const StageLayoutPrices* layout_;
-  const int t_, p_, v_, c_;  // c_: context (plan.h)
+  const int t_, p_, v_, c_, e_;  // c_: context, e_: expert (plan.h)
   const std::int64_t m_;
   Precision precision_ = Precision::BF16;
   const DeviceType* device_ = nullptr;  // the slowest type: it sets the pace
@@ -231,8 +244,10 @@ class PlanEvaluator {
   std::vector<int> device_layers_;
   std::vector<int> chunk_layers_;  // by virtual stage (chunk)
   double transfer_ = 0;
-  double worst_compute_ = 0, worst_tp_ = 0, worst_backward_ = 0, worst_ring_ = 0, t_mb_ = 0;
-  std::vector<double> device_params_, device_backward_, device_tensor_sync_, device_compute_;
+  double worst_compute_ = 0, worst_tp_ = 0, worst_backward_ = 0, worst_ring_ = 0, worst_dispatch_ = 0, t_mb_ = 0;
+  // device_expert_params_: of device_params_, the stacked expert weights (held whole here: a
+  // plan's expert degree divides them in memory() and data_parallel_and_optimizer()).
+  std::vector<double> device_params_, device_expert_params_, device_backward_, device_tensor_sync_, device_compute_;
   MemoryConstants mem_;
   PlanCost out_;
 };
@@ -251,6 +266,7 @@ PlanEvaluator::PlanEvaluator(const LayerStructure& structure, const ir::Graph& g
       p_(plan.pipeline),
       v_(plan.virtual_stages),
       c_(plan.context),
+      e_(plan.expert),
       m_(plan.num_micro_batches()) {
   std::optional<Precision> precision = parse_precision(plan.precision);
   if (!precision) throw ValidationError(fmt::format("evaluate: unknown precision '{}'", plan.precision));
@@ -275,6 +291,7 @@ PlanEvaluator::PlanEvaluator(const LayerStructure& structure, const ir::Graph& g
   // batch dim scaled by it (attention's share is add_ring's).
   batch_scale_ = static_cast<double>(plan.micro_batch) / structure.graph_batch / c_;
   if (c_ > 1) check_context();
+  if (e_ > 1) check_experts();
   recompute_ = plan.recompute != plan::Recompute::None;
   mem_ = constants.memory.value_or(memory_constants(model_state_precision(precision_, graph)));
 }
@@ -331,6 +348,54 @@ void PlanEvaluator::check_context() const {
   }
   if (attentions == 0)
     throw ValidationError(fmt::format("evaluate: context {}: the graph has no attention to run as a ring", c_));
+}
+
+// An expert-parallel plan splits every experts op's experts over its e ranks, as many each:
+// a graph without one, or an experts op e does not divide, is no plan the runtime runs.
+void PlanEvaluator::check_experts() const {
+  int layers = 0;
+  for (const ir::Node& node : graph_.nodes()) {
+    if (!ops::is_experts(node)) continue;
+    ++layers;
+    const std::int64_t experts = ops::expert_count(graph_, node);
+    if (experts % e_ != 0)
+      throw ValidationError(fmt::format("evaluate: expert {}: the {} experts of {} do not split over {} ranks evenly",
+                                        e_, experts, node.module_path.empty() ? "the model" : node.module_path, e_));
+  }
+  if (layers == 0)
+    throw ValidationError(fmt::format("evaluate: expert {}: the graph has no mixture of experts (shardwise_moe::experts) "
+                                      "to split",
+                                      e_));
+}
+
+// Each experts op of `nodes` with its experts split over the stage's e data ranks (plan.expert;
+// the SPMD completion's split of the experts over the first mesh axis): its tokens (hidden
+// state, top-k index and weights) gathered from the e ranks before it and its output's sum
+// reduce-scattered back to them after; in backward the output's gradient gathered and the
+// hidden state's reduce-scattered. Exposed: the program waits on each. A rank's experts then
+// see e x its tokens over 1 / e of the experts: the compute is the graph's (routing balanced).
+void PlanEvaluator::add_dispatch(PartCost& part, const std::vector<ir::NodeId>& nodes, double scale, int width) const {
+  std::vector<int> axis;  // the e ranks of one tensor coordinate
+  for (int j = 0; j < e_; ++j) axis.push_back(j * width);
+  auto collective = [&](CollectiveKind kind, double bytes) {
+    return model_.collective_time(cluster_, kind, axis, static_cast<std::int64_t>(bytes), Algorithm::Auto);
+  };
+  for (ir::NodeId id : nodes) {
+    const ir::Node& node = graph_.node(id);
+    if (!ops::is_experts(node)) continue;
+    auto bytes = [&](ir::ValueId v) { return static_cast<double>(graph_.value(v).type.bytes()) * scale; };
+    const double tokens = bytes(node.inputs[0]) + bytes(node.inputs[1]) + bytes(node.inputs[2]);
+    const double output = bytes(node.outputs.at(0));
+    // All-gather and reduce-scatter take the gathered (whole) size: e x this rank's share.
+    const double forward = collective(CollectiveKind::AllGather, e_ * tokens) +
+                           collective(CollectiveKind::ReduceScatter, e_ * output);
+    const double backward = collective(CollectiveKind::AllGather, e_ * output) +
+                            collective(CollectiveKind::ReduceScatter, e_ * bytes(node.inputs[0]));
+    part.forward += forward;
+    part.backward += backward;
+    if (!structure_.selective_kept[static_cast<std::size_t>(id)]) part.selective_forward += forward;
+    part.dispatch_seconds += forward + backward;
+  }
 }
 
 // Each attention of `nodes` on the c ranks that split its sequence, the cheaper of the two
@@ -460,6 +525,18 @@ void PlanEvaluator::price_parts_and_stages() {
     // The layout's own prices hold its sequence split's sends among its collectives (both
     // axes': tensor_parallel): the graph's ring estimate is not shown beside them.
     layer_.ring_seconds = pre_cost_.ring_seconds = post_cost_.ring_seconds = 0;
+  }
+  // The experts' dispatch over the data axis: no stage layout (its search has a data axis of
+  // 1) prices it, so it is added to whichever prices the parts. (Without repeated layers the
+  // whole graph is the post part: price_parts merged pre into it.)
+  if (e_ > 1) {
+    if (structure_.layers) {
+      add_dispatch(layer_, structure_.layers->nodes.front(), batch_scale_, t_);
+      add_dispatch(pre_cost_, structure_.pre, batch_scale_, t_);
+    } else {
+      add_dispatch(post_cost_, structure_.pre, batch_scale_, t_);
+    }
+    add_dispatch(post_cost_, structure_.post, batch_scale_, t_);
   }
   scale_stage_devices();
   // One rank's share of a layer's input (Megatron: scattered over the t ranks).
@@ -595,7 +672,7 @@ double PlanEvaluator::shared_pre_post_parameters(int tensor) const {
 // The bottleneck device: each device's compute, backward and parameters per micro-batch.
 void PlanEvaluator::bottleneck() {
   const std::size_t p = static_cast<std::size_t>(p_);
-  device_params_.assign(p, 0), device_backward_.assign(p, 0);
+  device_params_.assign(p, 0), device_expert_params_.assign(p, 0), device_backward_.assign(p, 0);
   device_tensor_sync_.assign(p, 0);  // searched layouts only
   device_compute_.assign(p, 0);      // per micro-batch
   for (int s = 0; s < p_; ++s) {
@@ -604,10 +681,13 @@ void PlanEvaluator::bottleneck() {
     double compute = layers_here * here.layer_compute;
     double backward = layers_here * here.layer.backward;
     double params = layers_here * here.layer.parameters;
+    double expert_params = layers_here * here.layer.expert_parameters;
     if (s == 0)
-      compute += here.pre.forward + here.pre.backward, backward += here.pre.backward, params += here.pre.parameters;
+      compute += here.pre.forward + here.pre.backward, backward += here.pre.backward, params += here.pre.parameters,
+          expert_params += here.pre.expert_parameters;
     if (s == last_device_)
-      compute += here.post.forward + here.post.backward, backward += here.post.backward, params += here.post.parameters;
+      compute += here.post.forward + here.post.backward, backward += here.post.backward,
+          params += here.post.parameters, expert_params += here.post.expert_parameters;
     if (s == 0 && s == last_device_) params -= shared_pre_post_parameters(here.tensor);
     compute *= stage_scale_[static_cast<std::size_t>(s)];
     backward *= stage_scale_[static_cast<std::size_t>(s)];
@@ -615,11 +695,15 @@ void PlanEvaluator::bottleneck() {
     const double ring = (layers_here * here.layer.ring_seconds + (s == 0 ? here.pre.ring_seconds : 0.0) +
                          (s == last_device_ ? here.post.ring_seconds : 0.0)) *
                         stage_scale_[static_cast<std::size_t>(s)];
+    const double dispatch = layers_here * here.layer.dispatch_seconds + (s == 0 ? here.pre.dispatch_seconds : 0.0) +
+                            (s == last_device_ ? here.post.dispatch_seconds : 0.0);
     out_.stage_times.push_back(compute + tp);
     device_compute_[static_cast<std::size_t>(s)] = compute;
     if (compute + tp > worst_compute_ + worst_tp_)
-      worst_compute_ = compute, worst_tp_ = tp, worst_backward_ = backward, worst_ring_ = ring;
+      worst_compute_ = compute, worst_tp_ = tp, worst_backward_ = backward, worst_ring_ = ring,
+      worst_dispatch_ = dispatch;
     device_params_[static_cast<std::size_t>(s)] = params;
+    device_expert_params_[static_cast<std::size_t>(s)] = expert_params;
     device_backward_[static_cast<std::size_t>(s)] = backward;
     if (layout_ != nullptr)
       device_tensor_sync_[static_cast<std::size_t>(s)] = layers_here * layout_->layer.gradient_sync +
@@ -637,6 +721,7 @@ void PlanEvaluator::time_step() {
   const double md = static_cast<double>(m_);
   out_.compute = md * worst_compute_;
   out_.context_parallel = md * worst_ring_;
+  out_.expert_parallel = md * worst_dispatch_;
   out_.tensor_parallel = md * worst_tp_;
   out_.pipeline_transfer = transfer_;
   out_.pipeline_p2p =
@@ -682,7 +767,10 @@ void PlanEvaluator::data_parallel_and_optimizer() {
   double dp_exposed = 0, dp_total = 0, optimizer = 0;
   const double interference = constants_.overlap_interference.value_or(overlap_interference(cluster_));
   for (int s = 0; s < p; ++s) {
-    double params = device_params_[static_cast<std::size_t>(s)];
+    // Split over the data axis (plan.expert: the whole of it), a rank's experts are its own:
+    // their gradients are reduced over no rank and their states sharded by no ZeRO.
+    const double experts = device_expert_params_[static_cast<std::size_t>(s)];
+    const double params = device_params_[static_cast<std::size_t>(s)] - (e_ > 1 ? experts : 0.0);
     const StagePrice& here = price_[static_cast<std::size_t>(s)];
     const int d = here.data;  // this stage's data width (stage_meshes: its own)
     std::vector<int> dp_ranks;
@@ -726,7 +814,7 @@ void PlanEvaluator::data_parallel_and_optimizer() {
     exposed += device_tensor_sync_[static_cast<std::size_t>(s)];
     dp_total = std::max(dp_total, sync);
     dp_exposed = std::max(dp_exposed, exposed);
-    double held = params / (plan_.zero_stage >= 1 ? d : 1);  // (this stage's d)
+    double held = params / (plan_.zero_stage >= 1 ? d : 1) + (e_ > 1 ? experts / e_ : 0.0);  // (this stage's d)
     optimizer = std::max(optimizer, optimizer_step_seconds(model_, held, mem_.bytes_per_parameter(),
                                                            stage_device_[static_cast<std::size_t>(s)]->memory_bandwidth,
                                                            constants_.optimizer_memory_efficiency));
@@ -783,8 +871,13 @@ void PlanEvaluator::memory() {
   if (plan::splits_backward(plan_.schedule) && p > 1) split = cached_pipeline_schedule(plan_);
   for (int s = 0; s < p; ++s) {
     const StagePrice& here = price_[static_cast<std::size_t>(s)];
+    const double experts = e_ > 1 ? device_expert_params_[static_cast<std::size_t>(s)] : 0.0;
     ModelStateBytes states =
-        model_state_bytes(device_params_[static_cast<std::size_t>(s)], here.data, plan_.zero_stage, mem_);
+        model_state_bytes(device_params_[static_cast<std::size_t>(s)] - experts, here.data, plan_.zero_stage, mem_);
+    if (experts > 0) {
+      const ModelStateBytes own = model_state_bytes(experts / e_, 1, plan_.zero_stage, mem_);
+      states.weights += own.weights, states.gradients += own.gradients, states.optimizer += own.optimizer;
+    }
     // A split backward holds its saved tensors to W and, between B and W, the gradients B
     // left: priced by liveness over the rank's own list (it takes no recomputation: plan.h).
     const double acts = split != nullptr ? split_backward_bytes(*split, s) : in_flight_bytes(s, in_flight);

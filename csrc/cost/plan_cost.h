@@ -103,6 +103,11 @@ struct PlanCost {
   // bottleneck device, already inside `compute` (an attention block waits for its keys and
   // values as a kernel would): shown apart, not summed again. Breakdown key only when > 0.
   double context_parallel = 0;
+  // Expert parallelism (plan.expert > 1): m x the experts' token dispatch on the bottleneck
+  // device (each MoE layer's tokens gathered over the expert ranks before its experts and their
+  // sum reduce-scattered after, and both again for the gradients: exposed, the program waits
+  // on them), already inside `compute`: shown apart. Breakdown key only when > 0.
+  double expert_parallel = 0;
 
   // Per micro-batch, what balances the stages (layer_balance.h): one layer's compute and
   // tensor-parallel time, and the first and last stage's time outside the layers.
@@ -148,6 +153,7 @@ struct PartLoad {
   double forward = 0;           // compute seconds
   double backward = 0;          // compute seconds, without a recomputed forward
   double parameters = 0;        // elements held by one rank
+  double expert_parameters = 0;  // of them, a mixture of experts' stacked expert weights (ops/experts.h)
   double activation_bytes = 0;  // saved outputs, one rank, at the micro-batch
   // Selective recomputation (analysis/selective_recompute.h): the forward seconds of the ops it
   // runs again, and the bytes of the outputs it keeps, one rank.

@@ -50,6 +50,11 @@ void validate(const GptConfig& c) {
     throw support::ValidationError(
         fmt::format("build_gpt: GptConfig.hidden ({}) must be a multiple of GptConfig.heads ({})", c.hidden, c.heads));
   }
+  if (c.experts < 0 || (c.experts > 0 && (c.experts_per_token < 1 || c.experts_per_token > c.experts))) {
+    throw support::ValidationError(fmt::format(
+        "build_gpt: GptConfig.experts ({}) must be 0 or positive, with experts_per_token ({}) between 1 and it",
+        c.experts, c.experts_per_token));
+  }
   if (c.positions != 0 && c.positions < c.seq) {
     // wpe has one row per position: GPT-2 fails to index a longer sequence.
     throw support::ValidationError(
@@ -87,6 +92,7 @@ class Namer {
 struct LayerParams {
   ValueId ln_1_weight, ln_1_bias, c_attn_weight, c_attn_bias, attn_proj_weight, attn_proj_bias;
   ValueId ln_2_weight, ln_2_bias, c_fc_weight, c_fc_bias, mlp_proj_weight, mlp_proj_bias;
+  ValueId router_weight = -1, gate_up_weight = -1, down_weight = -1;  // GptConfig::experts > 0
 };
 
 class GptBuilder {
@@ -156,6 +162,14 @@ class GptBuilder {
       l.attn_proj_bias = param(p + "attn.c_proj.bias", {h_});
       l.ln_2_weight = param(p + "ln_2.weight", {h_});
       l.ln_2_bias = param(p + "ln_2.bias", {h_});
+      if (c_.experts > 0) {
+        const std::int64_t e = c_.experts;
+        l.router_weight = param(p + "mlp.gate.weight", {e, h_});
+        l.gate_up_weight = param(p + "mlp.experts.gate_up_proj", {e, 2 * f_, h_});
+        l.down_weight = param(p + "mlp.experts.down_proj", {e, h_, f_});
+        layers_.push_back(l);
+        continue;
+      }
       l.c_fc_weight = param(p + "mlp.c_fc.weight", {h_, f_});
       l.c_fc_bias = param(p + "mlp.c_fc.bias", {f_});
       l.mlp_proj_weight = param(p + "mlp.c_proj.weight", {f_, h_});
@@ -248,9 +262,13 @@ class GptBuilder {
     x = op("aten::add.Tensor", "add", {x, residual}, act({b_, s_, h_}), {{"alpha", std::int64_t{1}}}, p);
     const ValueId residual_2 = x;
     x = layer_norm(x, w.ln_2_weight, w.ln_2_bias, p + ".ln_2");
-    x = conv1d(x, w.c_fc_weight, w.c_fc_bias, h_, f_, p + ".mlp.c_fc");
-    x = gelu_new(x, p + ".mlp.act");
-    x = conv1d(x, w.mlp_proj_weight, w.mlp_proj_bias, f_, h_, p + ".mlp.c_proj");
+    if (c_.experts > 0) {
+      x = mixture_of_experts(x, w, p + ".mlp");
+    } else {
+      x = conv1d(x, w.c_fc_weight, w.c_fc_bias, h_, f_, p + ".mlp.c_fc");
+      x = gelu_new(x, p + ".mlp.act");
+      x = conv1d(x, w.mlp_proj_weight, w.mlp_proj_bias, f_, h_, p + ".mlp.c_proj");
+    }
     x = dropout(x, p + ".mlp.dropout");
     return op("aten::add.Tensor", "add", {residual_2, x}, act({b_, s_, h_}), {{"alpha", std::int64_t{1}}}, p);
   }
@@ -321,6 +339,31 @@ class GptBuilder {
     x = op("aten::transpose.int", "transpose", {x}, act({b_, s_, nh_, hd_}),
            {{"dim0", std::int64_t{1}}, {"dim1", std::int64_t{2}}}, m);
     return op("aten::reshape", "reshape", {x}, act({b_, s_, h_}), {{"shape", Shape{b_, s_, -1}}}, m);
+  }
+
+  // GptConfig::experts: the tokens flattened, routed (linear, softmax, top-k: Mixtral's router
+  // without its renormalisation) and run through the experts op, shaped back.
+  ValueId mixture_of_experts(ValueId x, const LayerParams& w, const std::string& m) {
+    const std::int64_t e = c_.experts, k = c_.experts_per_token, tokens = b_ * s_;
+    x = op("aten::view", "view", {x}, act({tokens, h_}), {{"size", Shape{-1, h_}}}, m);
+    ValueId scores = op("aten::linear", "linear", {x, w.router_weight}, act({tokens, e}), {{"bias", ir::NoneAttr{}}},
+                        m + ".gate");
+    scores = op("aten::softmax.int", "softmax", {scores}, act({tokens, e}),
+                {{"dim", std::int64_t{-1}}, {"dtype", ir::NoneAttr{}}}, m + ".gate");
+    const auto topk = g_.add_node("aten::topk", {scores},
+                                  {{names_("getitem"), act({tokens, k})}, {names_("getitem"), typed(DType::I64, {tokens, k})}},
+                                  {{"dim", std::int64_t{-1}}, {"k", k}, {"largest", true}, {"sorted", true}}, m + ".gate");
+    const ValueId weights = g_.node(topk).outputs[0], index = g_.node(topk).outputs[1];
+    const ValueId ids = op("aten::arange", "arange", {}, typed(DType::I64, {e}),
+                           {{"device", std::string("meta")},
+                            {"dtype", ir::NoneAttr{}},
+                            {"end", e},
+                            {"layout", ir::NoneAttr{}},
+                            {"pin_memory", false}},
+                           m + ".experts");
+    x = op("shardwise_moe::experts", "experts", {x, index, weights, w.gate_up_weight, w.down_weight, ids},
+           act({tokens, h_}), {{"act", std::string("silu")}}, m + ".experts");
+    return op("aten::view", "view", {x}, act({b_, s_, h_}), {{"size", Shape{b_, s_, h_}}}, m);
   }
 
   // NewGELUActivation: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))).

@@ -92,6 +92,14 @@ struct GptConfig {
   double dropout = 0.1;               // embd_pdrop = resid_pdrop (eval mode: train=false)
   double layer_norm_eps = 1e-5;       // layer_norm_epsilon
   GptAttention attention = GptAttention::Sdpa;
+  // > 0: each layer's MLP is a mixture of that many experts of ffn_hidden (not GPT-2: a
+  // planner's test model, shaped as transformers' Mixtral block is captured): the router
+  // mlp.gate.weight [E, h] (linear, softmax, top-k of experts_per_token), then the experts as
+  // one op, shardwise_moe::experts, on mlp.experts.gate_up_proj [E, 2f, h] and
+  // mlp.experts.down_proj [E, h, f] (python/shardwise/_moe_experts.py), in place of mlp.c_fc
+  // and mlp.c_proj.
+  int experts = 0;
+  int experts_per_token = 2;
 };
 
 ir::Graph build_gpt(const GptConfig& config);

@@ -89,6 +89,28 @@ void validate_context(const Plan& plan) {
                                       plan.context));
 }
 
+// Expert parallelism (plan.h's expert): over a stage's whole first mesh axis, the one the
+// runtime splits the experts over; an SPMD plan, or stages on meshes of their own, say it by
+// their layouts instead.
+void validate_expert(const Plan& plan) {
+  if (plan.expert == 1) return;
+  if (plan.expert < 1 || plan.expert != plan.stage_data())
+    throw ValidationError(fmt::format(
+        "plan.expert: {} with data {} x context {}: the experts are split over a stage's whole first mesh axis "
+        "(each rank its block, the axis' tokens gathered to them) or not at all; use expert {} or 1",
+        plan.expert, plan.data, plan.context, plan.stage_data()));
+  if (plan.sharding.has_value())
+    throw ValidationError(fmt::format("plan.expert: {} with a sharding (an SPMD plan's layout says where the experts "
+                                      "are split)",
+                                      plan.expert));
+  if (!plan.stage_meshes.empty())
+    throw ValidationError(fmt::format("plan.expert: {} with stage_meshes (each stage's layout says it)", plan.expert));
+  if (plan.zero_stage > 1)
+    throw ValidationError(fmt::format("plan.expert: {} with zero_stage {}: the experts' split holds each rank's "
+                                      "experts whole; use zero_stage 0 or 1",
+                                      plan.expert, plan.zero_stage));
+}
+
 // Stages on sub-meshes of their own (plan.h's stage_meshes) and their layouts.
 void validate_stage_meshes(const Plan& plan) {
   if (plan.stage_meshes.empty()) {
@@ -342,6 +364,7 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     throw ValidationError(fmt::format("plan: degrees must be >= 1 (data {}, tensor {}, pipeline {}, context {})",
                                       plan.data, plan.tensor, plan.pipeline, plan.context));
   validate_context(plan);
+  validate_expert(plan);
   // world_size() is an int product: reject degrees it would overflow (data 65536 x
   // tensor 65536 was signed overflow, undefined behaviour, in validate(plan, world)).
   const std::int64_t world = std::int64_t{plan.data} * plan.tensor * plan.context;
@@ -554,6 +577,7 @@ json plan_degrees(const Plan& plan) {
            {"layers_per_stage", plan.layers_per_stage},
            {"precision", plan.precision}};
   if (plan.context > 1) out["context"] = plan.context;
+  if (plan.expert > 1) out["expert"] = plan.expert;
   if (!plan.stage_groups.empty()) out["stage_groups"] = plan.stage_groups;
   if (!plan.stage_meshes.empty()) out["stage_meshes"] = plan.stage_meshes;
   if (plan.micro_batch_semantics != MicroBatchSemantics::Exact)
@@ -608,7 +632,7 @@ Plan plan_from_json(const json& in) {
   static const std::set<std::string> known = {"format",      "version",    "data",           "tensor",
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
-                                              "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings", "context",
+                                              "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings", "context", "expert",
                                               "precision", "micro_batch_semantics", "fused_accumulation", "sharding",
                                               "stage_sharding", "programs", "predicted"};
   for (const auto& [key, value] : in.items())
@@ -630,6 +654,7 @@ Plan plan_from_json(const json& in) {
   if (in.contains("zero_stage")) plan.zero_stage = field<int>(in, "zero_stage");
   if (in.contains("layers_per_stage")) plan.layers_per_stage = field<std::vector<int>>(in, "layers_per_stage");
   if (in.contains("context")) plan.context = field<int>(in, "context");
+  if (in.contains("expert")) plan.expert = field<int>(in, "expert");
   if (in.contains("stage_groups")) plan.stage_groups = field<std::vector<int>>(in, "stage_groups");
   if (in.contains("stage_meshes")) plan.stage_meshes = field<std::vector<std::vector<int>>>(in, "stage_meshes");
   if (in.contains("stage_shardings")) {

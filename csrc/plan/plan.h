@@ -14,6 +14,12 @@
 //    keep their hash). validate(): data 1 beside context > 1 (one axis splits either the
 //    rows or each row's sequence, not both: a third mesh axis is not run), and no sharding
 //    or stage_meshes beside it (an SPMD plan's data axis says it: mesh {c, t}).
+//  - expert: ranks that split a mixture of experts' experts (expert parallelism: each holds its
+//    block of each layer's experts, the experts op's split, shardwise_moe::experts). 1, or a
+//    stage's whole first mesh axis (data x context): the runtime splits the experts over that
+//    axis, its tokens gathered before them and their sum reduce-scattered after (the SPMD
+//    completion of the stages' layout requires it there, and forbids it there at 1). Written
+//    only when > 1. validate(): no sharding or stage_meshes beside it, ZeRO stage 0 or 1.
 //  - global_batch = micro_batch x data x num_micro_batches(); validate() rejects a global
 //    batch that micro_batch x data does not divide, naming the numbers.
 //  - layers_per_stage: empty = balanced (the evaluator splits the repeated blocks evenly);
@@ -220,6 +226,7 @@ struct Predicted {
 struct Plan {
   int data = 1;
   int context = 1;  // ranks splitting each row's sequence (see above); data 1 beside it
+  int expert = 1;   // ranks splitting each layer's experts (see above): 1 or data x context
   int tensor = 1;
   int pipeline = 1;
   std::int64_t global_batch = 1;

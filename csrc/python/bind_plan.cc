@@ -125,10 +125,11 @@ py::dict plan_joint_dict(const ir::Graph& graph, const cost::Cluster& cluster, s
                          std::optional<py::function> progress,
                          std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts,
                          bool allow_zero, const std::string& micro_batch_semantics, const std::string& profile,
-                         bool context_parallel) {
+                         bool context_parallel, bool expert_parallel) {
   const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
   search::JointPlanOptions options;
   options.context_parallel = context_parallel;
+  options.expert_parallel = expert_parallel;
   options.micro_batch_semantics = plan::micro_batch_semantics_from_name(micro_batch_semantics);
   options.stage_layouts = stage_layouts;
   options.allow_zero = allow_zero;
@@ -324,9 +325,10 @@ void bind_planners(py::module_& m) {
         py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
         py::arg("progress") = py::none(), py::arg("network") = py::none(), py::arg("stage_layouts") = true,
         py::arg("allow_zero") = true, py::arg("micro_batch_semantics") = "exact", py::arg("profile_json") = "",
-        py::arg("context_parallel") = true,
+        py::arg("context_parallel") = true, py::arg("expert_parallel") = true,
         "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h); profile_json as search_plan's; "
-        "context_parallel: whether candidates may split each row's sequence (plan.context).");
+        "context_parallel: whether candidates may split each row's sequence (plan.context); expert_parallel: "
+        "whether candidates may split the experts over their stages' data ranks (plan.expert).");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "cost/layer_structure.h"
 #include "cost/pipeline_transfers.h"
 #include "ops/distributed_kernels.h"
+#include "ops/experts.h"
 #include "ops/op_table.h"
 #include "schedule/adaptive_kfkb.h"
 #include "schedule/simulator.h"
@@ -198,6 +199,9 @@ class JointPlanner {
                        analysis::batch_coupling(ops::OpTable::builtin(), graph).coupled();
     for (const cost::Node& node : cluster.nodes()) per_node_ = std::max(per_node_, node.device_count());
     if (options.context_parallel) ring_sequence_ = ring_sequence(graph);
+    if (options.expert_parallel)
+      for (const ir::Node& node : graph.nodes())
+        if (const std::int64_t e = ops::expert_count(graph, node); e > 0) expert_counts_.push_back(e);
     // (mixed: the smallest device's, for what has no stage to hold it against: kFkB's groups)
     double capacity = std::numeric_limits<double>::infinity();
     for (const cost::DeviceType& type : cluster.device_types())
@@ -252,6 +256,9 @@ class JointPlanner {
   // The sequence every attention runs as a ring over (ring_sequence): 0 = no context
   // parallelism (no attention, one without a ring kernel, or options.context_parallel off).
   std::int64_t ring_sequence_ = 0;
+  // The expert count of each mixture of experts' experts op: a candidate splits them over its
+  // stages' data ranks (plan.expert) where that many divide every one.
+  std::vector<std::int64_t> expert_counts_;
   JointPlanResult result_;
   std::vector<plan::Plan> space_;
   std::vector<JointCandidate> fitting_;
@@ -331,6 +338,16 @@ void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_
           candidate.zero_stage = d * c > 1 ? zero : 0;
           candidate.precision = options_.precision;
           candidate.micro_batch_semantics = options_.micro_batch_semantics;
+          // The same plan with its experts split over each stage's data ranks (plan.expert).
+          const std::int64_t n = d * c;
+          const bool experts_split =
+              n > 1 && !expert_counts_.empty() &&
+              std::all_of(expert_counts_.begin(), expert_counts_.end(), [&](std::int64_t e) { return e % n == 0; });
+          if (experts_split) {
+            plan::Plan split = candidate;
+            split.expert = static_cast<int>(n);
+            space_.push_back(std::move(split));
+          }
           space_.push_back(std::move(candidate));
         }
   }

@@ -110,6 +110,10 @@ struct JointPlanOptions {
   // ring attention) where every attention can run as a ring; false: none
   // (shardwise.plan(context_parallel=False)).
   bool context_parallel = true;
+  // Candidates whose stages split each mixture of experts layer's experts over their data ranks
+  // (plan.expert) where those ranks divide every layer's experts; false: none (their stages'
+  // tensor axis may still split them: the stage layout's choice).
+  bool expert_parallel = true;
   // Called every 64 candidates and at the end of each pass with (done, total); may throw to
   // stop the search.
   std::function<void(int, int)> progress;

@@ -86,6 +86,11 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
                        : plan.schedule == plan::Schedule::KFKB ? fmt::format(" (k={})", plan.kfkb_k)
                                                                 : std::string(),
                        plan::recompute_name(plan.recompute), plan.zero_stage);
+    if (plan.expert > 1)
+      out += fmt::format("experts  each layer's experts split over the {} ranks of a stage's first axis (expert "
+                         "parallelism): each holds and steps 1/{} of them, their tokens gathered to them and the sum "
+                         "reduce-scattered back\n",
+                         plan.expert, plan.expert);
     if (!plan.layers_per_stage.empty())
       out += fmt::format("stages   layers per stage {}\n", fmt::join(plan.layers_per_stage, " / "));
     if (plan.micro_batch_semantics == plan::MicroBatchSemantics::PerMicroBatch && plan.num_micro_batches() > 1)
@@ -111,6 +116,7 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
       if (name == "pipeline_transfer") continue;
       std::string part = fmt::format("{} {}", name, seconds_text(seconds));
       if (name == "context_parallel") part += " (the sequence split's sends waited for, within compute)";
+      if (name == "expert_parallel") part += " (the experts' token gathers and reduce-scatters, within compute)";
       if (name == "pipeline_p2p" && transfer != p.breakdown.end() && transfer->second > 0)
         part += fmt::format(" ({} a send)", seconds_text(transfer->second));
       parts.push_back(part);

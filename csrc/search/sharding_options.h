@@ -58,6 +58,10 @@ struct ShardingModelOptions {
   // A mixture of experts' experts split over an axis (expert parallelism: the experts op's
   // summed index, shardwise_moe::experts); false: every rank holds every expert of a layer.
   bool expert_parallel = true;
+  // Where the experts split on the first mesh axis is the plan's, not the search's: true, split
+  // there (plan.expert over a stage's data axis); false, not there (plan.expert 1, which the
+  // joint planner priced without it); none: the search's choice.
+  std::optional<bool> experts_on_first_axis;
   // Activation-gradient all-reduces beside their reader's weight gradient
   // (plan::Sharding::async_gradients, transform/async_gradients.h); false: exposed.
   bool async_gradients = true;

@@ -1,5 +1,7 @@
 #include "search/sharding_strategies.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -7,6 +9,7 @@
 #include <utility>
 
 #include "ops/distributed_kernels.h"
+#include "ops/experts.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "search/sharding_facts.h"
@@ -143,11 +146,22 @@ void drop_kernelless_splits(std::vector<Strategy>& strategies, const ops::DimRul
 // Expert parallelism off (ShardingModelOptions::expert_parallel): no split of a mixture of
 // experts' experts, the index its stacked expert weights carry in dim 0.
 void drop_expert_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule, const ir::Node& node) {
-  if (ops::op_base_name(node.op) != "shardwise_moe::experts" || rule.inputs.size() < 4 || rule.inputs[3].empty() ||
-      rule.inputs[3][0].empty())
-    return;
+  if (!ops::is_experts(node) || rule.inputs.size() < 4 || rule.inputs[3].empty() || rule.inputs[3][0].empty()) return;
   const int experts = rule.inputs[3][0].front();
   std::erase_if(strategies, [&](const Strategy& s) { return !s.partial && s.index == experts; });
+}
+
+// plan.expert: the experts split over the first axis and nothing else (ShardingModelOptions::
+// experts_on_first_axis); refused by name where the axis cannot split them.
+void keep_expert_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule, const ir::Node& node, int ranks) {
+  if (!ops::is_experts(node) || rule.inputs.size() < 4 || rule.inputs[3].empty() || rule.inputs[3][0].empty()) return;
+  const int experts = rule.inputs[3][0].front();
+  std::erase_if(strategies, [&](const Strategy& s) { return s.partial || s.index != experts; });
+  if (strategies.empty())
+    throw support::ValidationError(fmt::format(
+        "plan.expert: the {} experts of {} ({}) do not split over {} ranks; use expert 1", rule.indices.at(
+            static_cast<std::size_t>(experts)).size, node.module_path.empty() ? std::string("the model") : node.module_path,
+        node.op, ranks));
 }
 
 }  // namespace
@@ -220,7 +234,9 @@ std::vector<Strategy> StrategyEnumerator::node_strategies(ir::NodeId node, int a
   if (!options_.batch_axes.empty() && !options_.batch_axes.at(static_cast<std::size_t>(axis)))
     drop_batch_splits(strategies, facts_.graph, *rule, n);
   drop_kernelless_splits(strategies, *rule, n, options_.ring_attention);
-  if (!options_.expert_parallel) drop_expert_splits(strategies, *rule, n);
+  if (!options_.expert_parallel || (axis == 0 && options_.experts_on_first_axis == false))
+    drop_expert_splits(strategies, *rule, n);
+  if (axis == 0 && options_.experts_on_first_axis == true) keep_expert_splits(strategies, *rule, n, options_.mesh[0]);
   if (passes_partial_sums(facts_.graph, n)) strategies.push_back(partial_strategy(*rule));
   return strategies;
 }

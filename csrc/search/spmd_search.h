@@ -102,6 +102,8 @@ struct SpmdSearchOptions {
   bool context_parallel = true;
   // A mixture of experts' experts split over ranks (ShardingModelOptions::expert_parallel).
   bool expert_parallel = true;
+  // ShardingModelOptions::experts_on_first_axis (a plan's expert degree, when completing it).
+  std::optional<bool> experts_on_first_axis;
   std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
   // The graph standing for a pipeline stage's share of it (ShardingModelOptions'): the
   // fractions of its parameter states and of one micro-batch's saved activations the stage's

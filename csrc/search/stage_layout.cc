@@ -13,6 +13,7 @@
 #include "analysis/batch_dim.h"
 #include "cost/layer_balance.h"
 #include "cost/memory_cost.h"
+#include "ops/experts.h"
 #include "search/placement.h"
 #include "search/plan_price.h"
 #include "search/sharding_model.h"
@@ -78,10 +79,14 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
       out.selective_forward += price.selective_forward;
       out.selective_kept_bytes += price.selective_kept_bytes;
       out.weight_gradient_bytes += price.output_bytes * held_share(id);
-      for (ir::ValueId in : graph.node(id).inputs) {
+      const ir::Node& node = graph.node(id);
+      for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+        const ir::ValueId in = node.inputs[i];
         const ir::Value& value = graph.value(in);
         if (value.role != ir::ValueRole::Parameter || !seen.insert(in).second) continue;
-        out.parameters += static_cast<double>(value.type.numel()) * found.held_fraction_of(in, 0);
+        const double held = static_cast<double>(value.type.numel()) * found.held_fraction_of(in, 0);
+        out.parameters += held;
+        if (ops::is_expert_weight(node, i)) out.expert_parameters += held;
       }
     }
     return out;
@@ -215,6 +220,9 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   options.level = level;
   options.mesh = mesh.empty() ? std::vector<int>{plan.stage_data(), plan.tensor} : std::move(mesh);
   options.batch_on_tensor_axis = false;  // the plan's degrees say which axis is the data's
+  // The experts split over the data axis where the plan says so (plan.expert), and only there:
+  // what the evaluator priced.
+  if (options.mesh->front() > 1) options.experts_on_first_axis = plan.expert > 1;
   options.memory_fraction = memory_fraction;
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
   const cost::AnalyticCostModel analytic;

@@ -108,6 +108,7 @@ class Plan:
     # ---- construction -------------------------------------------------------
     @classmethod
     def manual(cls, graph, cluster, *, tensor: int = 1, pipeline: int = 1, data: int | None = None, context: int = 1,
+               expert: int = 1,
                global_batch: int, micro_batch: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
                kfkb_k: int = 1, recompute: bool | str = True, zero: int = 0, precision: str | None = None,
                layers_per_stage: list[int] | None = None, profile=None, cost_model=None,
@@ -117,7 +118,9 @@ class Plan:
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p x context).
         ``context``: ranks that split each row's sequence (context parallelism: every attention
         runs as a ring, ``runtime/ring_attention.py``), with ``data`` 1 beside it; a stage's mesh
-        is then {context, tensor} and a micro-batch ``micro_batch`` rows.
+        is then {context, tensor} and a micro-batch ``micro_batch`` rows. ``expert``: ranks that
+        split each mixture of experts layer's experts (expert parallelism), 1 or a stage's whole
+        first axis (data x context): each holds its block, the axis' tokens gathered to them.
         Raises shardwise.ValidationError naming the numbers when the plan is inconsistent
         (t x p x d != world size, global batch not divisible by micro batch x data, ...).
         ``recompute``: True or "full" (each repeated block's forward run again in backward),
@@ -159,6 +162,8 @@ class Plan:
                "layers_per_stage": list(layers_per_stage or []), "precision": _precision(graph, precision)}
         if int(context) != 1:
             doc["context"] = int(context)
+        if int(expert) != 1:
+            doc["expert"] = int(expert)
         if stage_groups:
             doc["stage_groups"] = [int(g) for g in stage_groups]
         if stage_meshes:
@@ -205,7 +210,8 @@ class Plan:
     def joint(cls, graph, cluster, *, global_batch: int, level: str = "fast",
               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, progress=None,
               network: NetworkCondition | None = None, stage_layouts: bool = True, zero: bool = True,
-              micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True) -> "Plan":
+              micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True,
+              expert_parallel: bool = True) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
@@ -217,13 +223,15 @@ class Plan:
         ``Plan.manual``); "per_micro_batch" lets it take any. ``profile``: as ``Plan.search``'s.
         ``context_parallel``: whether candidates may split each row's sequence over a stage's
         data ranks (``Plan.manual``'s ``context``) where every attention runs as a ring; False:
-        none."""
+        none. ``expert_parallel``: whether candidates may split each mixture of experts layer's
+        experts over a stage's data ranks (``Plan.manual``'s ``expert``); False: none (a stage's
+        tensor axis may still split them, as its layout search finds)."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
                                _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero),
                                _semantics(micro_batch_semantics, "Plan.joint"), _profile_json(profile),
-                               bool(context_parallel))
+                               bool(context_parallel), bool(expert_parallel))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     def alternatives(self) -> list["Plan"]:
@@ -260,6 +268,12 @@ class Plan:
         """Ranks splitting each row's sequence (context parallelism, ring attention); 1 when
         the plan does not say. A stage's mesh is {data x context, tensor} (csrc/plan/plan.h)."""
         return self._doc.get("context", 1)
+
+    @property
+    def expert(self) -> int:
+        """Ranks splitting each mixture of experts layer's experts (expert parallelism); 1 when
+        the plan does not say (an SPMD plan's sharding says where its experts are split)."""
+        return self._doc.get("expert", 1)
 
     @property
     def micro_batch_semantics(self) -> str:
@@ -392,7 +406,8 @@ class Plan:
                     f"global_batch={d['global_batch']}, recompute={d['sharding']['recompute']})")
         degrees = (f"stage_meshes={d['stage_meshes']}" if d.get("stage_meshes")
                    else f"t={d['tensor']}, p={d['pipeline']}, d={d['data']}"
-                   + (f", c={d['context']}" if d.get("context", 1) > 1 else ""))
+                   + (f", c={d['context']}" if d.get("context", 1) > 1 else "")
+                   + (f", e={d['expert']}" if d.get("expert", 1) > 1 else ""))
         return (f"Plan({degrees}, global_batch={d['global_batch']}, "
                 f"micro_batch={d['micro_batch']}, schedule={d['schedule']!r}, v={d['virtual_stages']}, "
                 f"recompute={d['recompute']!r}, zero={d['zero_stage']})")
@@ -581,10 +596,10 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ``context_parallel``: whether a plan may split each row's sequence over ranks, every
     attention run as a ring (``runtime/ring_attention.py``; the joint planner's ``context``
     degree, the SPMD search's sequence split of an axis wider than the batch); False: never.
-    ``expert_parallel``: whether the SPMD search may split a mixture of experts' experts over
-    an axis (``Plan.search``); False is the SPMD search's alone (``pipeline=False`` or ``mesh=``:
-    the joint planner's stages are completed by it with the split allowed), and with it no
-    fallback to micro-batches is tried.
+    ``expert_parallel``: whether a plan may split each mixture of experts layer's experts over
+    ranks (the SPMD search's split of them over any axis; the joint planner's ``expert`` degree
+    over a stage's data ranks); False: the SPMD search never does, the joint planner keeps them
+    whole over its data ranks.
     ``progress(done, total)`` is called after each candidate. The graph must have been
     captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
 
@@ -600,14 +615,11 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     # Where the joint planner may choose: several nodes, a model with repeated layers, no
     # SPMD-only option. On a mixed cluster there it runs beside the SPMD search, and the
     # faster of uneven batch shares and stages sized to their devices wins.
-    joint_may = (choose and mesh is None and cluster.num_nodes > 1 and not collective_matmul and expert_parallel
+    joint_may = (choose and mesh is None and cluster.num_nodes > 1 and not collective_matmul
                  and bool(graph.repeated_blocks()))
     both = joint_may and cluster.heterogeneous
     if choose:
         pipeline = joint_may and not cluster.heterogeneous
-    if pipeline and not expert_parallel:
-        raise _C.ValidationError("plan: expert_parallel=False is the SPMD search's (pipeline=False, or mesh=); the "
-                                 "joint planner's stages are laid out with the experts' split allowed")
     if pipeline:
         if mesh is not None:
             raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
@@ -617,7 +629,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                           precision=precision, progress=progress, network=network, zero=zero,
                           micro_batch_semantics=micro_batch_semantics, profile=profile,
-                          context_parallel=context_parallel)
+                          context_parallel=context_parallel, expert_parallel=expert_parallel)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress, collective_matmul=collective_matmul, profile=profile,
@@ -626,15 +638,15 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                            precision=precision, progress=progress, zero=zero,
                            micro_batch_semantics=micro_batch_semantics, profile=profile,
-                           context_parallel=context_parallel)
+                           context_parallel=context_parallel, expert_parallel=expert_parallel)
         if joint.fits and (found.fits is False or joint.predicted_step_time() < found.predicted_step_time()):
             return joint
         return found
-    if choose and mesh is None and expert_parallel:
+    if choose and mesh is None:
         joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
                                      memory_fraction=memory_fraction, precision=precision, progress=progress,
                                      zero=zero, micro_batch_semantics=micro_batch_semantics, profile=profile,
-                                     context_parallel=context_parallel)
+                                     context_parallel=context_parallel, expert_parallel=expert_parallel)
         if joint is not None:
             return joint
     return found
@@ -643,7 +655,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
 def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, level: str, memory_fraction: float,
                          precision: str | None = None, progress=None, zero: bool = True,
                          micro_batch_semantics: str = "exact", profile=None,
-                         context_parallel: bool = True) -> Plan | None:
+                         context_parallel: bool = True, expert_parallel: bool = True) -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
     stages), if that fits; else None. Only for models with repeated layers (what the joint
@@ -656,14 +668,14 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
         return None
     joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                        precision=precision, progress=progress, zero=zero, micro_batch_semantics=micro_batch_semantics,
-                       profile=profile, context_parallel=context_parallel)
+                       profile=profile, context_parallel=context_parallel, expert_parallel=expert_parallel)
     if not joint.fits:
         coupling = _C.batch_coupling(graph._core)
         if micro_batch_semantics == "exact" and coupling["sites"]:
             loose = Plan.joint(graph, cluster, global_batch=global_batch, level=level,
                                memory_fraction=memory_fraction, precision=precision, zero=zero,
                                micro_batch_semantics="per_micro_batch", profile=profile,
-                               context_parallel=context_parallel)
+                               context_parallel=context_parallel, expert_parallel=expert_parallel)
             if loose.fits:
                 raise _C.ValidationError(
                     f"plan: no plan of the whole batch {global_batch} fits in memory, and a plan in micro-batches "

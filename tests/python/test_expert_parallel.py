@@ -12,6 +12,7 @@ router auxiliary loss on where the model has one) train under it equal to the sa
 device in float64: 2 and 4 ways, beside data parallelism, and in a pipeline's stages."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -80,13 +81,14 @@ def _experts_held(engine, optimizer) -> dict:
     return held
 
 
-def _scenario_trains_as_one_device(rank: int, world: int, name: str, experts: int, mesh: list, pipeline: int):
+def _scenario_trains_as_one_device(rank: int, world: int, name: str, experts: int, mesh: list, pipeline: int,
+                                   expert: int = 1):
     model, cluster = _model(name, experts), shardwise.Cluster.preset("cpu", world)
     if pipeline > 1:
         graph = shardwise.capture(model, _batch(0))
         # One micro-batch: a router's load-balancing loss over a micro-batch is not the batch's.
         plan = shardwise.Plan.manual(graph, cluster, pipeline=pipeline, global_batch=ROWS,
-                                     micro_batch=ROWS // (world // pipeline), recompute=False)
+                                     micro_batch=ROWS // (world // pipeline), recompute=False, expert=expert)
         engine = shardwise.parallelize(model, _batch(0), cluster=cluster, plan=plan)
     else:
         engine = shardwise.parallelize(model, _batch(0), cluster=cluster, mesh=tuple(mesh))
@@ -158,8 +160,23 @@ def test_experts_split_beside_data_parallelism_train_as_one_device():
 
 
 def test_experts_split_in_each_pipeline_stage_train_as_one_device():
-    r = spawn_scenario(__name__, 4, "trains_as_one_device", "deepseek_v3", 8, [2, 1], 2)
+    # plan.expert 2: each stage's 2 data ranks split its layers' experts (the plan's degree,
+    # priced so, and the stage layout completed with it).
+    r = spawn_scenario(__name__, 4, "trains_as_one_device", "deepseek_v3", 8, [2, 1], 2, 2)
     _check(r, 8, 2)
+
+
+def test_a_pipelined_plan_without_an_expert_degree_keeps_the_experts_whole_on_its_data_axis():
+    # What the evaluator priced (plan.expert 1) is what the stage layout runs: the experts may
+    # split over the tensor axis (here 1), never over the data axis.
+    graph = shardwise.capture(_model("deepseek_v3", 8), _batch(0))
+    cluster = shardwise.Cluster.preset("cpu", 4)
+    for expert in (1, 2):
+        plan = shardwise.Plan.manual(graph, cluster, pipeline=2, global_batch=ROWS, micro_batch=4, recompute=False,
+                                     expert=expert).complete(graph, cluster)
+        strategies = {k: v for k, v in plan.stage_sharding["strategies"].items() if k.startswith("experts")}
+        assert strategies and all(v[0] == ("split e" if expert > 1 else v[0]) for v in strategies.values())
+        assert all((v[0] == "split e") == (expert > 1) for v in strategies.values()), (expert, strategies)
 
 
 def test_the_search_splits_experts_only_where_allowed():
@@ -175,5 +192,7 @@ def test_the_search_splits_experts_only_where_allowed():
     assert experts_splits(off) and all("split e" not in v for v in experts_splits(off).values()), experts_splits(off)
     held = off.sharding["placements"]
     assert all(held[n] == ["R", "R"] for n in held if n.endswith("experts.gate_up_proj")), held
-    with pytest.raises(shardwise.ValidationError, match="expert_parallel=False is the SPMD search's"):
-        shardwise.plan(graph, cluster, global_batch=ROWS, pipeline=True, expert_parallel=False)
+    # The joint planner: a plan whose stages split the experts over their data ranks is one of
+    # its candidates (plan.expert), none with it off.
+    joint = shardwise.plan(graph, cluster, global_batch=ROWS, pipeline=True, expert_parallel=False)
+    assert joint.expert == 1 and "expert" not in json.loads(joint.to_json())

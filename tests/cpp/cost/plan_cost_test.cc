@@ -52,6 +52,47 @@ TEST(PlanCost, AnFp8PlanHoldsItsLargestCastThreeTimesOver) {
 // last rank computes (2c - 1) / c of its share of attention and waits for the sends the
 // blocks do not hide (context_parallel, shown apart from the compute that holds it). With 16
 // heads the heads' all-to-all is cheaper than the ring's imbalance, and is priced instead.
+// plan.expert: each rank of a stage's data axis holds a quarter of every layer's experts (and
+// their gradients and optimizer states, reduced over no rank), and pays the tokens' gathers and
+// the outputs' reduce-scatters around each experts op, exposed inside compute.
+TEST(PlanCost, AnExpertSplitHoldsAQuarterOfTheExpertsAndPricesTheirDispatch) {
+  const ir::Graph g = models::build_gpt(
+      {.layers = 4, .hidden = 1024, .heads = 16, .seq = 2048, .vocab = 32000, .ffn_hidden = 2048, .experts = 8});
+  const Cluster c = preset("dgx-h100", 1);
+  AnalyticCostModel model;
+  plan::Plan rows;
+  rows.pipeline = 2, rows.data = 4, rows.global_batch = 16, rows.micro_batch = 1;
+  plan::Plan split = rows;
+  split.expert = 4;
+  const PlanCost a = evaluate(g, c, rows, model);
+  const PlanCost b = evaluate(g, c, split, model);
+  // A stage's 2 layers hold 2 x 50.3M expert parameters beside 2 x 4.2M others and the
+  // embedding's 34.8M: three quarters of the experts dropped is about half of the rank's states.
+  for (const char* kind : {"weights", "gradients", "optimizer"}) {
+    const double saved = 1 - b.memory_breakdown.at(kind) / a.memory_breakdown.at(kind);
+    EXPECT_GT(saved, 0.45) << kind;
+    EXPECT_LT(saved, 0.75) << kind;
+  }
+  EXPECT_EQ(a.breakdown().count("expert_parallel"), 0u);
+  EXPECT_GT(b.expert_parallel, 0);
+  EXPECT_EQ(b.breakdown().at("expert_parallel"), b.expert_parallel);
+  EXPECT_NEAR(b.compute - a.compute, b.expert_parallel, 1e-9 * b.compute);
+  EXPECT_LT(b.data_parallel_total, a.data_parallel_total);  // the experts' gradients reduced over no rank
+  // An expert count the ranks do not divide, or a graph without experts, is refused by name.
+  const ir::Graph six = models::build_gpt(
+      {.layers = 4, .hidden = 1024, .heads = 16, .seq = 2048, .vocab = 32000, .ffn_hidden = 2048, .experts = 6});
+  try {
+    evaluate(six, c, split, model);
+    ADD_FAILURE() << "6 experts over 4 ranks were priced";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("the 6 experts of transformer.h.0.mlp.experts do not split over 4 ranks"),
+              std::string::npos)
+        << e.what();
+  }
+  const ir::Graph dense = models::build_gpt({.layers = 4, .hidden = 1024, .heads = 16, .seq = 2048, .vocab = 32000});
+  EXPECT_THROW(evaluate(dense, c, split, model), support::ValidationError);
+}
+
 TEST(PlanCost, AContextSplitHoldsHalfOfEachSequenceAndPricesTheRing) {
   const ir::Graph g = models::build_gpt({.layers = 4, .hidden = 1024, .heads = 2, .seq = 8192, .vocab = 32000});
   const Cluster c = preset("dgx-h100", 1);

@@ -98,6 +98,34 @@ TEST(Plan, FusedAccumulationIsWrittenOnlyWhenOff) {
 
 // Context parallelism (plan.context) is written only when > 1, so plans without it keep their
 // text and hash; a stage's mesh is {data x context, tensor}; data beside it is refused.
+TEST(Plan, ExpertIsWrittenOnlyWhenItSplitsTheExpertsOverAStagesWholeDataAxis) {
+  Plan p;
+  p.data = 4;
+  p.pipeline = 2;
+  p.global_batch = 8;
+  EXPECT_EQ(plan_to_json(p).count("expert"), 0u);
+  Plan split = p;
+  split.expert = 4;
+  EXPECT_EQ(plan_to_json(split)["expert"], 4);
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(split)), split);
+  EXPECT_NE(plan_hash(split), plan_hash(p));
+  validate(split, 8);
+  Plan part = split;
+  part.expert = 2;  // half the data axis: a third mesh axis the runtime does not run
+  try {
+    validate(part);
+    ADD_FAILURE() << "expert 2 of data 4 was accepted";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.expert: 2 with data 4 x context 1"), std::string::npos) << e.what();
+  }
+  Plan zero3 = split;
+  zero3.zero_stage = 3;
+  EXPECT_THROW(validate(zero3), support::ValidationError);
+  Plan ring = p;  // over data x context: the context ranks' tokens are gathered too
+  ring.data = 1, ring.context = 4, ring.expert = 4, ring.global_batch = 2;
+  validate(ring, 8);
+}
+
 TEST(Plan, ContextIsWrittenOnlyWhenItSplitsTheSequence) {
   Plan p;
   p.tensor = 2;

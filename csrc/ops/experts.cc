@@ -1,0 +1,21 @@
+#include "ops/experts.h"
+
+#include "ops/op_table.h"
+
+namespace shardwise::ops {
+
+bool is_experts(const ir::Node& node) {
+  return op_base_name(node.op) == "shardwise_moe::experts" && node.inputs.size() >= 5;
+}
+
+bool is_expert_weight(const ir::Node& node, std::size_t input) {
+  return is_experts(node) && (input == 3 || input == 4);
+}
+
+std::int64_t expert_count(const ir::Graph& graph, const ir::Node& node) {
+  if (!is_experts(node)) return 0;
+  const auto& shape = graph.value(node.inputs[3]).type.shape;
+  return shape.empty() ? 0 : shape.front();
+}
+
+}  // namespace shardwise::ops

@@ -1,0 +1,22 @@
+// A mixture of experts' experts as one op, shardwise_moe::experts (python/shardwise/_moe_experts.py):
+// hidden [t, H], top-k index and weights [t, K], the stacked expert weights gate_up [E, 2I, H]
+// and down [E, H, I], expert ids [E]. What expert parallelism splits (the experts, E) and what
+// its pricing counts (the stacked weights, the tokens dispatched), read in one place.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ir/graph.h"
+
+namespace shardwise::ops {
+
+bool is_experts(const ir::Node& node);
+
+// Whether input `input` of `node` is a stacked expert weight (an experts op's inputs 3 and 4).
+bool is_expert_weight(const ir::Node& node, std::size_t input);
+
+// The number of experts of an experts op (its gate_up weight's dim 0), else 0.
+std::int64_t expert_count(const ir::Graph& graph, const ir::Node& node);
+
+}  // namespace shardwise::ops
