@@ -8,6 +8,7 @@
 #include "analysis/saved_for_backward.h"
 #include "analysis/selective_recompute.h"
 #include "analysis/weight_gradient_split.h"
+#include "ops/experts.h"
 #include "ops/op_table.h"
 
 namespace shardwise::cost {
@@ -157,6 +158,17 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
 
   Users users = users_of(graph);
   if (out.layers) find_groups(graph, out.layers->nodes.front(), users, out);
+  // A mixture of experts' experts op splits its experts over the t ranks (the tokens are on
+  // every tensor rank already): each rank computes its experts' share of every token, a partial
+  // sum all-reduced as a row-parallel end's (the SPMD search's split of the experts on the
+  // tensor axis: what a searched stage layout runs; where t does not divide the experts it
+  // prices that layout's own choice).
+  if (out.layers)
+    for (ir::NodeId id : out.layers->nodes.front())
+      if (ops::is_experts(graph.node(id)) && !out.layer_split.contains(id)) {
+        out.layer_split[id] = TensorSplit::Row;
+        out.row_ends.push_back(id);
+      }
   outside_splits(graph, out.post, users, out.outside_split);
   outside_splits(graph, out.pre, users, out.outside_split);
   for (auto [nodes, lookups] : {std::pair{&out.pre, &out.pre_lookups}, std::pair{&out.post, &out.post_lookups}})

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include <cctype>
 #include <map>
 #include <tuple>
@@ -68,6 +70,23 @@ std::string readable_placement(const std::string& text) {
   return fmt::format("{}[{}]", text.substr(0, open), fmt::join(runs, ", "));
 }
 
+namespace {
+
+// The experts ops (shardwise_moe::experts, whose outputs a capture names "experts", "experts_1",
+// ...) a pipelined plan's stage layout splits by their experts on the tensor axis.
+int experts_split_on_tensor_axis(const plan::Plan& plan) {
+  if (!plan.stage_sharding || plan.tensor < 2) return 0;
+  int layers = 0;
+  for (const auto& [name, per_axis] : plan.stage_sharding->strategies) {
+    const bool experts = name == "experts" || (name.starts_with("experts_") && name.size() > 8 &&
+                                               std::all_of(name.begin() + 8, name.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }));
+    if (experts && per_axis.size() == 2 && per_axis[1] == "split e") ++layers;
+  }
+  return layers;
+}
+
+}  // namespace
+
 std::string plan_report(const plan::Plan& plan, double memory_capacity) {
   std::string out;
   if (plan.sharding) {
@@ -91,6 +110,10 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
                          "parallelism): each holds and steps 1/{} of them, their tokens gathered to them and the sum "
                          "reduce-scattered back\n",
                          plan.expert, plan.expert);
+    else if (const int layers = experts_split_on_tensor_axis(plan); layers > 0)
+      out += fmt::format("experts  each of {} layers' experts split over the {} tensor ranks of its stage (expert "
+                         "parallelism): each holds and steps 1/{} of them for every token, the sum all-reduced\n",
+                         layers, plan.tensor, plan.tensor);
     if (!plan.layers_per_stage.empty())
       out += fmt::format("stages   layers per stage {}\n", fmt::join(plan.layers_per_stage, " / "));
     if (plan.micro_batch_semantics == plan::MicroBatchSemantics::PerMicroBatch && plan.num_micro_batches() > 1)

@@ -429,6 +429,13 @@ def _plan_lines(plan, values: dict | None, hardware: dict | None) -> list[str]:
                                                                                          "and weights")
             text += f"; ZeRO-{zero}: {what} sharded over the batch ranks"
         lines.append(text)
+        # The experts ops (shardwise_moe::experts: outputs "experts", "experts_1", ...) the stages'
+        # layout splits over the tensor axis (plan.expert says the data axis' split, above).
+        strategies = (d.get("stage_sharding") or {}).get("strategies", {})
+        split = [k for k, v in strategies.items() if re.fullmatch(r"experts(_\d+)?", k) and v[1:] == ["split e"]]
+        if split and d.get("expert", 1) == 1:
+            lines.append(f"experts   each of {len(split)} layers' experts split over the {d['tensor']} tensor ranks "
+                         f"of its stage (expert parallelism): each holds 1/{d['tensor']} of them for every token")
         if d.get("layers_per_stage"):
             lines.append(f"stages    layers per stage {' / '.join(map(str, d['layers_per_stage']))}")
         if plan.micro_batch_semantics == "per_micro_batch" and m > 1:

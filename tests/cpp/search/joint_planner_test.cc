@@ -14,6 +14,7 @@
 #include "cost/plan_cost.h"
 #include "models/gpt.h"
 #include "search/plan_report.h"
+#include "search/stage_layout.h"
 #include "support/error.h"
 #include "test_graphs.h"
 
@@ -120,12 +121,13 @@ TEST(JointPlanner, Llama405BScaleAt131072TokensSplitsItsSequences) {
 }
 
 // A mixture of experts of DeepSeek-V3's width (hidden 7168, 256 experts of 2048, top 8; 32
-// layers) on 256 H100s: kept whole over the data ranks, its experts fit only in a 32-stage
-// pipeline of 4 data ranks (5.9 s a step, a second of it bubble); split over each stage's 16
-// data ranks (plan.expert), a 16-stage pipeline fits and is faster (4.5 s), and the report says
-// how the experts are held.
+// layers) on 256 H100s, with 7 heads, so no tensor axis (which would split the experts inside
+// a node: the next test): kept whole over the data ranks, its experts fit only in a 32-stage
+// pipeline whose ranks split each sequence (7.2 s a step, 1.3 s of it bubble); split over each
+// stage's 16 data ranks (plan.expert), a 16-stage pipeline fits and is faster (4.5 s), and the
+// report says how the experts are held.
 TEST(JointPlanner, AMixtureOfExpertsTooLargeToReplicateSplitsItsExperts) {
-  ir::Graph g = models::build_gpt({.layers = 32, .hidden = 7168, .heads = 128, .seq = 4096, .vocab = 129280,
+  ir::Graph g = models::build_gpt({.layers = 32, .hidden = 7168, .heads = 7, .seq = 4096, .vocab = 129280,
                                    .ffn_hidden = 2048, .experts = 256, .experts_per_token = 8});
   const cost::Cluster cluster = cost::preset("dgx-h100", 32);
   const cost::AnalyticCostModel model;
@@ -144,6 +146,47 @@ TEST(JointPlanner, AMixtureOfExpertsTooLargeToReplicateSplitsItsExperts) {
   EXPECT_NE(report.find("experts  each layer's experts split over the"), std::string::npos) << report;
   std::printf("experts split: %s\nwhole: %s (fits %d)\n", report.c_str(), plan_report(whole.plan, 80e9).c_str(),
               whole.fits);
+}
+
+// At DeepSeek-V3's scale (61 layers of its width, 256 experts of 2048, top 8; 4,096 tokens x
+// 15,360 sequences on 2,048 H100s): the planner splits each layer's experts over the 8 tensor
+// ranks of a node (their tokens are on every tensor rank already: one all-reduce of the sum over
+// NVLink), not over the data ranks (every token gathered across the network), and the report
+// says so (benchmarks/moe.py --at-scale plans transformers' DeepseekV3ForCausalLM so).
+TEST(JointPlanner, DeepSeekV3ScaleSplitsItsExpertsOverEachNodesTensorRanks) {
+  ir::Graph g = models::build_gpt({.layers = 61, .hidden = 7168, .heads = 128, .seq = 4096, .vocab = 129280,
+                                   .ffn_hidden = 2048, .experts = 256, .experts_per_token = 8});
+  const cost::Cluster cluster = cost::preset("dgx-h100", 256);
+  const cost::AnalyticCostModel model;
+  JointPlanOptions options;
+  options.global_batch = 15360;
+  const JointPlanResult split = plan_joint(g, cluster, model, options);
+  options.expert_parallel = false;
+  const JointPlanResult whole = plan_joint(g, cluster, model, options);
+  ASSERT_TRUE(split.fits);
+  EXPECT_EQ(split.plan.tensor, 8);
+  // The stages' layout, as the runtime completes the plan on its capture at a micro-batch of
+  // the data axis (the graph above is at batch 1: the plan comes back without it).
+  plan::Plan completed = split.plan;
+  const ir::Graph rows = models::build_gpt({.layers = 61, .hidden = 7168, .heads = 128, .seq = 4096,
+                                            .vocab = 129280, .batch = static_cast<int>(completed.micro_batch *
+                                                                                        completed.data),
+                                            .ffn_hidden = 2048, .experts = 256, .experts_per_token = 8});
+  completed.stage_sharding = complete_stage_sharding(rows, cluster, completed, SearchLevel::Fast);
+  ASSERT_TRUE(completed.stage_sharding.has_value());
+  int experts = 0;
+  for (const auto& [name, per_axis] : completed.stage_sharding->strategies)
+    if (name.starts_with("experts")) {
+      ++experts;
+      EXPECT_EQ(per_axis.at(1), "split e") << name;
+    }
+  EXPECT_GT(experts, 0);
+  const std::string report = plan_report(completed, 80e9);
+  EXPECT_NE(report.find("layers' experts split over the 8 tensor ranks"), std::string::npos) << report;
+  // The data-axis split (plan.expert) was a candidate, priced and passed over.
+  EXPECT_EQ(split.plan.expert, 1);
+  EXPECT_EQ(whole.plan.predicted->step_time, split.plan.predicted->step_time);
+  std::printf("%s\n", report.c_str());
 }
 
 // Stages on sub-meshes of their own widths (plan.stage_meshes): 3 A100s of 4 GiB, GPT 4 x 2048.
