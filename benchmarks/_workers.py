@@ -1,7 +1,8 @@
 """Pieces the multi-process benchmarks share (ddp.py, fsdp.py, tensor_parallel.py, pipeline.py,
 pipeline_memory.py): the TinyGPT size arguments, two TinyGPTs with the same weights in a Gloo
 worker, a hand-written pipeline plan, the alternating timed rounds, a profiled step with its
-torch.profiler summary, and the end of a worker."""
+torch.profiler summary, the end of a worker, and the timed steps and peak memory of
+long_context.py's and moe.py's runs."""
 from __future__ import annotations
 
 import json
@@ -238,3 +239,35 @@ def finish_worker() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def timed_steps_and_peak(engine, optimizer, batch: tuple, steps: int, before: dict) -> tuple[float, float]:
+    """A warm-up step, `steps` timed (between barriers), then one more under the peak tensor
+    counter (benchmarks/_tensor_memory.py), `before` (the storages alive before the engine was
+    made) excluded: the median step's seconds and the largest rank's peak tensor bytes. Every
+    rank calls it."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from _tensor_memory import PeakTensorBytes
+
+    times = []
+    for step in range(1 + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        engine.train_step(*batch)
+        optimizer.step()
+        dist.barrier()
+        if step:
+            times.append(time.perf_counter() - start)
+    optimizer.zero_grad()
+    with PeakTensorBytes(exclude=before) as tensors:
+        engine.train_step(*batch)
+        optimizer.step()
+    peak = torch.tensor([float(tensors.peak)])
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return statistics.median(times), float(peak[0])

@@ -144,14 +144,12 @@ def _train_batch(seq: int) -> tuple:
 def _train_rank(rank: int, store: str, world: int, seq: int, ring: bool, steps: int, out: str) -> None:
     """One rank of a run: the search's plan on a data axis of `world` ranks (ring attention
     allowed or not), a warm-up step, `steps` timed, then one more under the peak counter."""
-    import statistics
-    import time
-
     import torch
     import torch.distributed as dist
 
     import shardwise
-    from _tensor_memory import PeakTensorBytes, live_storages
+    from _tensor_memory import live_storages
+    from _workers import timed_steps_and_peak
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
@@ -163,26 +161,11 @@ def _train_rank(rank: int, store: str, world: int, seq: int, ring: bool, steps: 
         before = live_storages()
         engine = shardwise.parallelize(model, batch, plan=plan, verify=False)
         optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)
-        times = []
-        for step in range(1 + steps):
-            dist.barrier()
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            engine.train_step(*batch)
-            optimizer.step()
-            dist.barrier()
-            if step:
-                times.append(time.perf_counter() - start)
-        optimizer.zero_grad()
-        with PeakTensorBytes(exclude=before) as tensors:
-            engine.train_step(*batch)
-            optimizer.step()
-        peak = torch.tensor([float(tensors.peak)])
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        step_seconds, peak = timed_steps_and_peak(engine, optimizer, batch, steps, before)
         rings = sum(1 for line in engine.rank_ir.splitlines() if "= shardwise::ring_attention(" in line)
         if rank == 0:
             with open(out, "w") as f:
-                json.dump({"step": statistics.median(times), "memory": float(peak[0]), "rings": rings,
+                json.dump({"step": step_seconds, "memory": peak, "rings": rings,
                            "predicted": plan.predicted_step_time()}, f)
         dist.barrier()
     finally:

@@ -58,14 +58,12 @@ def _batch() -> tuple:
 def _rank(rank: int, store: str, world: int, allowed: bool, steps: int, out: str) -> None:
     """One rank of a run: the search's plan on a data axis of `world` ranks (experts' split
     allowed or not), a warm-up step, `steps` timed, then one more under the peak counter."""
-    import statistics
-    import time
-
     import torch
     import torch.distributed as dist
 
     import shardwise
-    from _tensor_memory import PeakTensorBytes, live_storages
+    from _tensor_memory import live_storages
+    from _workers import timed_steps_and_peak
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
@@ -77,26 +75,11 @@ def _rank(rank: int, store: str, world: int, allowed: bool, steps: int, out: str
         before = live_storages()
         engine = shardwise.parallelize(model, batch, plan=plan, verify=False)
         optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)
-        times = []
-        for step in range(1 + steps):
-            dist.barrier()
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            engine.train_step(*batch)
-            optimizer.step()
-            dist.barrier()
-            if step:
-                times.append(time.perf_counter() - start)
-        optimizer.zero_grad()
-        with PeakTensorBytes(exclude=before) as tensors:
-            engine.train_step(*batch)
-            optimizer.step()
-        peak = torch.tensor([float(tensors.peak)])
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        step_seconds, peak = timed_steps_and_peak(engine, optimizer, batch, steps, before)
         strategy = sorted({" / ".join(v) for k, v in plan.sharding["strategies"].items() if k.startswith("experts")})
         if rank == 0:
             with open(out, "w") as f:
-                json.dump({"step": statistics.median(times), "memory": float(peak[0]), "strategy": ", ".join(strategy),
+                json.dump({"step": step_seconds, "memory": peak, "strategy": ", ".join(strategy),
                            "predicted": plan.predicted_step_time()}, f)
         dist.barrier()
     finally:

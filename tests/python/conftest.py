@@ -353,6 +353,29 @@ def _scenario_rank(rank: int, world: int, store: str, module: str, name: str, ar
         dist.destroy_process_group()
 
 
+def train_beside_one_device(engine, reference, batch_of, steps: int, loss_of=lambda model, batch: model(**batch).loss,
+                            lr: float = 1e-2) -> dict:
+    """`steps` AdamW steps of `engine` and of `reference` (the same model on one device) on
+    `batch_of(step)`: both runs' losses, the engine's parameters' errors against the reference's
+    (relative to each tensor's largest magnitude) and the engine's optimizer."""
+    optimizer = engine.optimizer(torch.optim.AdamW, lr=lr)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=lr)
+    losses, ref_losses = [], []
+    for step in range(steps):
+        losses.append(float(engine.train_step(**batch_of(step))))
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = loss_of(reference, batch_of(step))
+        loss.backward()
+        ref_losses.append(loss.item())
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+    state = engine.full_state_dict()
+    errors = {key: float((state[key] - t).abs().max() / t.abs().max().clamp_min(1e-6))
+              for key, t in reference.state_dict().items() if key in state and t.is_floating_point()}
+    return {"losses": losses, "ref_losses": ref_losses, "errors": errors, "optimizer": optimizer}
+
+
 def spawn_scenario(module: str, world: int, name: str, *args):
     """`world` Gloo processes (a FileStore in a temporary directory) each running
     ``module._scenario_<name>(rank, world, *args)``; returns rank 0's result (JSON). A test file

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import transformers
 
 import shardwise
-from conftest import spawn_scenario
+from conftest import spawn_scenario, train_beside_one_device
 
 # Parameters, and a float64 loss, within 1e-9 of one device (measured: parameters 5e-14 ..
 # 3e-13). transformers computes its loss in float32 (it upcasts the logits, here down from
@@ -62,33 +62,18 @@ def _loss(model, batch):
     return out if isinstance(out, torch.Tensor) else out.loss
 
 
-def _train_beside_one_device(engine, reference, batch_of) -> dict:
-    """STEPS AdamW steps of `engine` and of `reference` on one device, on `batch_of(step)`:
-    both runs' losses and the engine's parameters' errors against the reference's (relative to
-    each tensor's largest magnitude)."""
-    optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
-    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    losses, ref_losses = [], []
-    for step in range(STEPS):
-        losses.append(float(engine.train_step(**batch_of(step))))
-        optimizer.step()
-        optimizer.zero_grad()
-        loss = _loss(reference, batch_of(step))
-        loss.backward()
-        ref_losses.append(loss.item())
-        ref_optimizer.step()
-        ref_optimizer.zero_grad()
-    state = engine.full_state_dict()
-    errors = {key: float((state[key] - t).abs().max() / t.abs().max().clamp_min(1e-6))
-              for key, t in reference.state_dict().items() if key in state}
-    return {"losses": losses, "ref_losses": ref_losses, "errors": errors}
+def _trained(engine, reference, batch_of) -> dict:
+    """The engine and the reference trained side by side (conftest.train_beside_one_device)."""
+    trained = train_beside_one_device(engine, reference, batch_of, STEPS, loss_of=_loss)
+    trained.pop("optimizer")
+    return trained
 
 
 def _scenario_trains_as_one_device(rank: int, world: int, name: str, padded: bool, loss_kind: str):
     engine = shardwise.parallelize(_model(name, loss_kind), _batch(0, padded),
                                    cluster=shardwise.Cluster.preset("cpu", world), mesh=(world, 1))
     plan = engine.plan
-    trained = _train_beside_one_device(engine, _model(name, loss_kind), lambda step: _batch(step, padded))
+    trained = _trained(engine, _model(name, loss_kind), lambda step: _batch(step, padded))
     attention = [line.split(" @")[0] for line in engine.rank_ir.splitlines()
                  if line.strip().startswith("%scaled_dot_product_attention")]
     return {**trained, "attention": attention,
@@ -125,7 +110,7 @@ def _scenario_pipeline_with_context_trains_as_one_device(rank: int, world: int, 
     plan = shardwise.Plan.manual(graph, cluster, pipeline=2, context=2, global_batch=2, micro_batch=1,
                                  recompute=recompute)
     engine = shardwise.parallelize(model, batch, cluster=cluster, plan=plan)
-    trained = _train_beside_one_device(
+    trained = _trained(
         engine, _model("llama", "float64"),
         lambda step: {k: torch.cat([v, _batch(step + 10, False)[k]]) for k, v in _batch(step, False).items()})
     sharding = engine.plan.stage_sharding

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import shardwise
-from conftest import spawn_scenario
+from conftest import spawn_scenario, train_beside_one_device
 
 transformers = pytest.importorskip("transformers")
 
@@ -92,29 +92,14 @@ def _scenario_trains_as_one_device(rank: int, world: int, name: str, experts: in
         engine = shardwise.parallelize(model, _batch(0), cluster=cluster, plan=plan)
     else:
         engine = shardwise.parallelize(model, _batch(0), cluster=cluster, mesh=tuple(mesh))
-    optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
-    reference = _model(name, experts, "eager")
-    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    losses, ref_losses = [], []
-    for step in range(STEPS):
-        losses.append(float(engine.train_step(**_batch(step))))
-        optimizer.step()
-        optimizer.zero_grad()
-        loss = reference(**_batch(step)).loss
-        loss.backward()
-        ref_losses.append(loss.item())
-        ref_optimizer.step()
-        ref_optimizer.zero_grad()
-    held = _experts_held(engine, optimizer)
+    trained = train_beside_one_device(engine, _model(name, experts, "eager"), _batch, STEPS)
+    held = _experts_held(engine, trained["optimizer"])
     every_rank = [None] * world
     torch.distributed.all_gather_object(every_rank, sorted({h["rows"] for h in held.values()}))
-    state = engine.full_state_dict()
-    errors = {k: float((state[k] - t).abs().max() / t.abs().max().clamp_min(1e-6))
-              for k, t in reference.state_dict().items() if k in state and t.is_floating_point()}
     sharding = engine.plan.stage_sharding or engine.plan.sharding
     strategies = {k: v for k, v in sharding["strategies"].items() if k == "experts" or k.startswith("experts_")}
-    return {"losses": losses, "ref_losses": ref_losses, "errors": errors, "strategies": strategies, "held": held,
-            "mesh": sharding["mesh"], "rows_by_rank": every_rank}
+    return {"losses": trained["losses"], "ref_losses": trained["ref_losses"], "errors": trained["errors"],
+            "strategies": strategies, "held": held, "mesh": sharding["mesh"], "rows_by_rank": every_rank}
 
 
 def _check(r: dict, experts: int, ways: int, rank0_rows: int | None = None) -> None:

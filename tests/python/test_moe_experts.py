@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import shardwise
-from conftest import spawn_scenario
+from conftest import spawn_scenario, train_beside_one_device
 from shardwise._moe_experts import experts_as_one_op
 
 transformers = pytest.importorskip("transformers")
@@ -89,24 +89,10 @@ def test_the_op_computes_transformers_eager_experts_gradients_included(name):
 def _scenario_trains_as_one_device(rank: int, world: int, name: str):
     engine = shardwise.parallelize(_model(name), _batch(0), cluster=shardwise.Cluster.preset("cpu", world),
                                    mesh=(world, 1))
-    optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
-    reference = _model(name, "eager")
-    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    losses, ref_losses = [], []
-    for step in range(STEPS):
-        losses.append(float(engine.train_step(**_batch(step))))
-        optimizer.step()
-        optimizer.zero_grad()
-        loss = reference(**_batch(step)).loss
-        loss.backward()
-        ref_losses.append(loss.item())
-        ref_optimizer.step()
-        ref_optimizer.zero_grad()
-    state = engine.full_state_dict()
-    errors = {k: float((state[k] - t).abs().max() / t.abs().max().clamp_min(1e-6))
-              for k, t in reference.state_dict().items() if k in state and t.is_floating_point()}
+    trained = train_beside_one_device(engine, _model(name, "eager"), _batch, STEPS)
     strategies = {k: v for k, v in engine.plan.strategies().items() if (k == "experts" or k.startswith("experts_"))}
-    return {"losses": losses, "ref_losses": ref_losses, "errors": errors, "strategies": strategies}
+    return {"losses": trained["losses"], "ref_losses": trained["ref_losses"], "errors": trained["errors"],
+            "strategies": strategies}
 
 
 @pytest.mark.parametrize("name", sorted(_CONFIGS))
