@@ -181,3 +181,16 @@ def test_the_search_splits_experts_only_where_allowed():
     # its candidates (plan.expert), none with it off.
     joint = shardwise.plan(graph, cluster, global_batch=ROWS, pipeline=True, expert_parallel=False)
     assert joint.expert == 1 and "expert" not in json.loads(joint.to_json())
+
+
+def test_the_report_says_where_a_stage_layout_splits_the_experts():
+    graph = shardwise.capture(_model("mixtral", 8), _batch(0))
+    cluster = shardwise.Cluster.preset("cpu", 4)
+    tensor = shardwise.Plan.manual(graph, cluster, pipeline=2, tensor=2, data=1, global_batch=ROWS, micro_batch=ROWS,
+                                   recompute=False).complete(graph, cluster)
+    strategies = {k: v for k, v in tensor.stage_sharding["strategies"].items() if k.startswith("experts")}
+    assert strategies and all(v == ["replicate", "split e"] for v in strategies.values()), strategies
+    assert "experts   each of 2 layers' experts split over the 2 tensor ranks of its stage" in tensor.report()
+    data = shardwise.Plan.manual(graph, cluster, pipeline=2, data=2, expert=2, global_batch=ROWS, micro_batch=4,
+                                 recompute=False)
+    assert "each layer's experts split over those 2 ranks (expert parallelism" in data.report()
