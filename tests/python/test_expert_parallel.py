@@ -123,8 +123,9 @@ def test_each_model_trains_its_experts_split_two_ways_as_one_device(name):
     _check(r, 8, 2)
 
 
-def test_experts_split_four_ways_train_as_one_device():
-    r = spawn_scenario(__name__, 4, "trains_as_one_device", "mixtral", 8, [4, 1], 1)
+@pytest.mark.parametrize("name", sorted(_HEADS))
+def test_each_model_trains_its_experts_split_four_ways_as_one_device(name):
+    r = spawn_scenario(__name__, 4, "trains_as_one_device", name, 8, [4, 1], 1)
     _check(r, 8, 4)
     assert r["rows_by_rank"] == [[2]] * 4, r["rows_by_rank"]
 
