@@ -353,11 +353,13 @@ def _scenario_rank(rank: int, world: int, store: str, module: str, name: str, ar
         dist.destroy_process_group()
 
 
-def train_beside_one_device(engine, reference, batch_of, steps: int, loss_of=lambda model, batch: model(**batch).loss,
-                            lr: float = 1e-2) -> dict:
-    """`steps` AdamW steps of `engine` and of `reference` (the same model on one device) on
-    `batch_of(step)`: both runs' losses, the engine's parameters' errors against the reference's
-    (relative to each tensor's largest magnitude) and the engine's optimizer."""
+def train_keyword_batches_beside_one_device(engine, reference, batch_of, steps: int,
+                                            loss_of=lambda model, batch: model(**batch).loss, lr: float = 1e-2) -> dict:
+    """`steps` AdamW steps of `engine` (its own optimizer, over its shards) and of `reference`
+    (the same model on one device) on the keyword batch `batch_of(step)` (a transformers model's
+    dict): both runs' losses, the engine's parameters' errors against the reference's (relative
+    to each tensor's largest magnitude) and the engine's optimizer. train_beside_one_device is
+    the same for positional batches, losses only."""
     optimizer = engine.optimizer(torch.optim.AdamW, lr=lr)
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=lr)
     losses, ref_losses = [], []

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import transformers
 
 import shardwise
-from conftest import spawn_scenario, train_beside_one_device
+from conftest import spawn_scenario, train_keyword_batches_beside_one_device
 
 # Parameters, and a float64 loss, within 1e-9 of one device (measured: parameters 5e-14 ..
 # 3e-13). transformers computes its loss in float32 (it upcasts the logits, here down from
@@ -63,8 +63,8 @@ def _loss(model, batch):
 
 
 def _trained(engine, reference, batch_of) -> dict:
-    """The engine and the reference trained side by side (conftest.train_beside_one_device)."""
-    trained = train_beside_one_device(engine, reference, batch_of, STEPS, loss_of=_loss)
+    """The engine and the reference trained side by side (conftest.train_keyword_batches_beside_one_device)."""
+    trained = train_keyword_batches_beside_one_device(engine, reference, batch_of, STEPS, loss_of=_loss)
     trained.pop("optimizer")
     return trained
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import shardwise
-from conftest import spawn_scenario, train_beside_one_device
+from conftest import spawn_scenario, train_keyword_batches_beside_one_device
 
 transformers = pytest.importorskip("transformers")
 
@@ -92,7 +92,7 @@ def _scenario_trains_as_one_device(rank: int, world: int, name: str, experts: in
         engine = shardwise.parallelize(model, _batch(0), cluster=cluster, plan=plan)
     else:
         engine = shardwise.parallelize(model, _batch(0), cluster=cluster, mesh=tuple(mesh))
-    trained = train_beside_one_device(engine, _model(name, experts, "eager"), _batch, STEPS)
+    trained = train_keyword_batches_beside_one_device(engine, _model(name, experts, "eager"), _batch, STEPS)
     held = _experts_held(engine, trained["optimizer"])
     every_rank = [None] * world
     torch.distributed.all_gather_object(every_rank, sorted({h["rows"] for h in held.values()}))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import shardwise
-from conftest import spawn_scenario, train_beside_one_device
+from conftest import spawn_scenario, train_keyword_batches_beside_one_device
 from shardwise._moe_experts import experts_as_one_op
 
 transformers = pytest.importorskip("transformers")
@@ -89,7 +89,7 @@ def test_the_op_computes_transformers_eager_experts_gradients_included(name):
 def _scenario_trains_as_one_device(rank: int, world: int, name: str):
     engine = shardwise.parallelize(_model(name), _batch(0), cluster=shardwise.Cluster.preset("cpu", world),
                                    mesh=(world, 1))
-    trained = train_beside_one_device(engine, _model(name, "eager"), _batch, STEPS)
+    trained = train_keyword_batches_beside_one_device(engine, _model(name, "eager"), _batch, STEPS)
     strategies = {k: v for k, v in engine.plan.strategies().items() if (k == "experts" or k.startswith("experts_"))}
     return {"losses": trained["losses"], "ref_losses": trained["ref_losses"], "errors": trained["errors"],
             "strategies": strategies}
