@@ -101,7 +101,8 @@ double EdgePricer::edge_seconds(int axis, ir::ValueId value, int consumer, int o
     // interference price whatever the solver charges for parameter collectives (the weight
     // gradient's product, as long as the input gradient's, covers it; evaluate() caps it).
     const double reduction_weight =
-        !parameter && reduction != ParameterOverlap::Exposed ? options_.overlap_interference : weight(reduction);
+        !parameter && reduction != ParameterOverlap::Exposed ? options_.overlap_interference
+                                                             : weight(reduction) * (parameter ? options_.step_share : 1.0);
     seconds += reduction_weight * gradient_share(value, produced, gradient) *
                reshard_seconds(axis, value, gradient, canonical, bytes,
                                parameter ? parameter_latency_share(value, consumer, reduction, canonical.is_replicate(),

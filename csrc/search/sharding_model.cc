@@ -440,7 +440,7 @@ void ShardingModel::problem_nodes(AxisProblem& ap) const {
                            held_fraction(choice.placement, options_.mesh[static_cast<std::size_t>(axis)]));
         } else {
           c.cost.push_back((whole ? 0.0 : 1e-12 * static_cast<double>(value.type.numel())) +
-                           instances *
+                           instances * options_.step_share *
                                (optimizer_seconds(leaf, axis, choice) + zero_broadcast_seconds(leaf, axis, choice)));
         }
         c.memory.push_back(memory.leaf_memory(leaf, axis, choice) * instances);
@@ -822,7 +822,8 @@ void ShardingModel::tally_reshardings(int axis, Tally& out) const {
              : reduction == ParameterOverlap::BesideBackward ? out.activation_backward
                                                              : out.activations,
              parameter ? price.gradient_sync : price.collectives,
-             pricer.gradient_share(group.value, produced, reader.input_grads[op]),
+             pricer.gradient_share(group.value, produced, reader.input_grads[op]) *
+                 (parameter ? options_.step_share : 1.0),  // once a step (ShardingModelOptions)
              // a stage's price (node_prices) counts an activation's hidden all-reduce at
              // the interference, as the solver does (edge_seconds)
              !parameter && reduction == ParameterOverlap::BesideBackward ? options_.overlap_interference : 1.0,
@@ -877,14 +878,15 @@ ShardingEvaluation ShardingModel::evaluate() const {
   double optimizer = 0, broadcasts = 0;
   for (const ir::Value& v : graph_.values()) {
     if (!is_leaf(v)) continue;
-    optimizer += optimizer_seconds(v.id, -1, {});
+    optimizer += options_.step_share * optimizer_seconds(v.id, -1, {});
     for (int a = 0; a < static_cast<int>(options_.mesh.size()); ++a) {
       const LeafChoice& choice = decisions_.leaves[static_cast<std::size_t>(a)][static_cast<std::size_t>(v.id)];
       const double seconds = zero_broadcast_seconds(v.id, a, choice);
       if (seconds <= 0) continue;
-      broadcasts += seconds;
-      out.collectives.push_back(
-          {"broadcast", v.name, a, "step", facts_->value_bytes(v.id) * decisions_.held_except(v.id, a), 1.0, seconds});
+      broadcasts += options_.step_share * seconds;
+      out.collectives.push_back({"broadcast", v.name, a, "step",
+                                 facts_->value_bytes(v.id) * decisions_.held_except(v.id, a), options_.step_share,
+                                 seconds});
     }
   }
   // The asynchronous all-reduces of activation gradients hide under the weight gradients'

@@ -58,6 +58,14 @@ struct ShardingModelOptions {
   // A mixture of experts' experts split over an axis (expert parallelism: the experts op's
   // summed index, shardwise_moe::experts); false: every rank holds every expert of a layer.
   bool expert_parallel = true;
+  // The share of a step's once-a-step work this graph pays: the parameters' gradient
+  // reductions, the optimizer step and ZeRO's broadcasts run once a step, after every
+  // micro-batch. 1: the graph is the whole step; 1/m: it is one of the m micro-batches a
+  // stage runs in a step (a stage layout searched at one micro-batch, search/stage_layout.cc).
+  // Charged in full per micro-batch, a layout that gathers a mixture of experts' tokens over
+  // the data axis (no gradient reduction of its experts there) looked cheaper than splitting
+  // them, at DeepSeek-V3's 1,920 micro-batches a step by two orders of magnitude.
+  double step_share = 1;
   // Where the experts split on the first mesh axis is the plan's, not the search's: true, split
   // there (plan.expert over a stage's data axis); false, not there (plan.expert 1, which the
   // joint planner priced without it); none: the search's choice.

@@ -177,6 +177,7 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   mo.ring_attention = options.context_parallel;
   mo.expert_parallel = options.expert_parallel;
   mo.experts_on_first_axis = options.experts_on_first_axis;
+  mo.step_share = options.step_share;
   mo.allow_zero = options.allow_zero;
   mo.memory = options.memory;
   mo.parameter_memory_scale = options.parameter_memory_scale;

@@ -104,6 +104,7 @@ struct SpmdSearchOptions {
   bool expert_parallel = true;
   // ShardingModelOptions::experts_on_first_axis (a plan's expert degree, when completing it).
   std::optional<bool> experts_on_first_axis;
+  double step_share = 1;  // ShardingModelOptions::step_share (a stage layout at one micro-batch)
   std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
   // The graph standing for a pipeline stage's share of it (ShardingModelOptions'): the
   // fractions of its parameter states and of one micro-batch's saved activations the stage's

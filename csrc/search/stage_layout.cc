@@ -24,20 +24,23 @@ namespace shardwise::search {
 namespace {
 
 struct MemoryShares {
-  double parameters = 1;   // of the graph's parameter states, on the first stage's ranks
+  double parameters = 1;   // of the graph's parameter states, on the most loaded stage's ranks
   double activations = 1;  // of one micro-batch's saved activations of the whole graph
 };
 
-MemoryShares first_stage_shares(const cost::LayerStructure& structure, const plan::Plan& plan) {
+// The shares of the graph's memory that the most loaded stage holds: the most layers any
+// device holds (not the first stage's: a joint plan gives the first stage fewer layers for its
+// embedding and its micro-batches in flight, DeepSeek-V3's 1 of 61 beside 2 elsewhere, and a
+// layout chosen under 1/61 of the memory was priced at 127 GB where the devices hold 80), with
+// the first stage's micro-batches in flight (the most of any stage): a bound, not the stage.
+MemoryShares stage_memory_shares(const cost::LayerStructure& structure, const plan::Plan& plan) {
   const int layers = structure.num_layers();
   const int chunks = plan.pipeline * plan.virtual_stages;
   std::vector<int> chunk_layers = plan.layers_per_stage.empty() ? cost::even_layers(layers, chunks)
                                                                 : plan.layers_per_stage;
-  const double share = layers > 0 ? cost::layers_per_device(chunk_layers, plan.pipeline,
-                                                                  plan::v_shaped(plan.schedule))
-                                              .front() /
-                                         static_cast<double>(layers)
-                                   : 1.0;
+  const std::vector<int> on_device = cost::layers_per_device(chunk_layers, plan.pipeline, plan::v_shaped(plan.schedule));
+  const double share =
+      layers > 0 && !on_device.empty() ? *std::ranges::max_element(on_device) / static_cast<double>(layers) : 1.0;
   const cost::MemoryConstants states =
       cost::memory_constants(cost::parse_precision(plan.precision).value_or(cost::Precision::BF16));
   const double zero = cost::model_state_bytes(1, plan.stage_data(), plan.zero_stage, states).total() /
@@ -107,7 +110,7 @@ ShardingModelOptions stage_model_options(const cost::LayerStructure& structure,
                                                         double memory_fraction) {
   const std::optional<cost::Precision> precision = cost::parse_precision(plan.precision);
   if (!precision) throw support::ValidationError(fmt::format("stage layout: unknown precision '{}'", plan.precision));
-  const MemoryShares shares = first_stage_shares(structure, plan);
+  const MemoryShares shares = stage_memory_shares(structure, plan);
   ShardingModelOptions mo;
   mo.mesh = {1, plan.tensor};
   mo.global_batch = plan.micro_batch;
@@ -126,7 +129,7 @@ ShardingModelOptions stage_model_options(const cost::LayerStructure& structure,
 }  // namespace
 
 StageLayoutKey stage_layout_key(const cost::LayerStructure& structure, const plan::Plan& plan) {
-  const MemoryShares shares = first_stage_shares(structure, plan);
+  const MemoryShares shares = stage_memory_shares(structure, plan);
   return {plan.tensor, plan.micro_batch, static_cast<int>(plan.recompute),
           std::llround(shares.parameters * 1000), std::llround(shares.activations * 1000)};
 }
@@ -217,6 +220,9 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   options.parameter_memory_scale = shares.parameters;
   options.activation_memory_scale = shares.activations;
   options.global_batch = rows;
+  // Rows of one micro-batch: the step runs the plan's micro-batches through it, and reduces
+  // the gradients (steps the optimizer, broadcasts ZeRO's shards) once.
+  if (rows < plan.global_batch) options.step_share = 1.0 / static_cast<double>(std::max<std::int64_t>(1, plan.num_micro_batches()));
   options.level = level;
   options.mesh = mesh.empty() ? std::vector<int>{plan.stage_data(), plan.tensor} : std::move(mesh);
   options.batch_on_tensor_axis = false;  // the plan's degrees say which axis is the data's
@@ -287,7 +293,7 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
   // without repeated layers has no share to take (its stages are cut by cost): the whole
   // graph at one micro-batch, as before.
   const cost::LayerStructure structure = cost::find_layer_structure(graph);
-  const MemoryShares shares = structure.layers ? first_stage_shares(structure, plan) : MemoryShares{};
+  const MemoryShares shares = structure.layers ? stage_memory_shares(structure, plan) : MemoryShares{};
   const SpmdSearchResult found = search_plan_mesh(graph, sub_mesh, plan, plan.micro_batch * plan.data, level,
                                                  memory_fraction, model, {}, /*allow_zero=*/false, shares);
   if (!found.plan.sharding) return std::nullopt;

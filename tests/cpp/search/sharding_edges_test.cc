@@ -65,6 +65,20 @@ TEST_F(ShardingEdgesTest, AReplicatedWeightPaysItsBucketsShareOfTheGradientsAllR
   expect_seconds(c.edges().edge_seconds(0, w, linear, 1, R(), R(), P(), 0.5), 2.1143625e-5);
 }
 
+TEST_F(ShardingEdgesTest, OneOfAStepsMicroBatchesPaysItsShareOfTheGradientReduction) {
+  // A stage layout's graph is one of m micro-batches a step runs before it reduces the
+  // gradients once (ShardingModelOptions::step_share = 1/m): the same all-reduce as above,
+  // 4.228725e-5 s, a quarter of it at m = 4; an activation's gathers are each micro-batch's.
+  ShardingModelOptions o = f32_options({4}, 16);
+  o.bucket_bytes = 16384;
+  o.step_share = 0.25;
+  const Candidate& c = candidate(o);
+  const ir::ValueId w = c.value("fc.weight");
+  const int linear = c.producer("y");
+  expect_seconds(c.edges().edge_seconds(0, w, linear, 1, R(), R(), P()), 4.228725e-5 / 4);
+  expect_seconds(c.edges().edge_seconds(0, c.value("y"), c.producer("t"), 0, S(1), R(), R()), 3.3072e-5);
+}
+
 TEST_F(ShardingEdgesTest, AShardedWeightIsGatheredAndItsGradientReduceScattered) {
   const Candidate& c = candidate(f32_options({4}, 16));
   const ir::ValueId w = c.value("fc.weight");

@@ -134,6 +134,8 @@ TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
   // micro-batches in flight of those layers' activations (2 x 2 / 4 of one micro-batch's).
   options.parameter_memory_scale = 0.5;
   options.activation_memory_scale = 1.0;
+  // One of the step's 16 / (2 x 2) = 4 micro-batches: a quarter of its gradient reductions.
+  options.step_share = 0.25;
   const SpmdSearchResult direct = search_spmd(batch4, cost::first_ranks(cluster, 4), cost::AnalyticCostModel{},
                                               options);
   EXPECT_EQ(*s, *direct.plan.sharding);
@@ -203,6 +205,7 @@ TEST(StageLayout, TheStagesLayoutIsChosenUnderTheFirstStagesMemory) {
     options.memory_fraction = fraction;
     options.parameter_memory_scale = parameters;  // 2 of 4 layers' states (no ZeRO)
     options.activation_memory_scale = activations;  // 1F1B: p = 2 micro-batches of 2 of 4 layers
+    options.step_share = 0.25;                      // one of 4 micro-batches a step
     return *search_spmd(batch4, cost::first_ranks(cluster, 4), cost::AnalyticCostModel{}, options).plan.sharding;
   };
   int parted = 0;
