@@ -369,32 +369,30 @@ void PlanEvaluator::check_experts() const {
 }
 
 // Each experts op of `nodes` with its experts split over the stage's e data ranks (plan.expert;
-// the SPMD completion's split of the experts over the first mesh axis): its tokens (hidden
-// state, top-k index and weights) gathered from the e ranks before it and its output's sum
-// reduce-scattered back to them after; in backward the output's gradient gathered and the
-// hidden state's reduce-scattered. Exposed: the program waits on each. A rank's experts then
-// see e x its tokens over 1 / e of the experts: the compute is the graph's (routing balanced).
+// the SPMD completion's dispatch of its tokens over the first mesh axis, search's
+// Strategy::dispatch): each rank's routed rows (its tokens x top-k: hidden vector, weight and
+// expert id) go to their experts' ranks and the results come back by all-to-all, and the
+// gradients the same way in backward (the runtime's shardwise::experts_all_to_all): four
+// all-to-alls of those rows, exposed (the program waits on each). The compute is the graph's:
+// routing balanced, each rank's experts receive as many rows as it sends. (check_experts:
+// e divides the experts.)
 void PlanEvaluator::add_dispatch(PartCost& part, const std::vector<ir::NodeId>& nodes, double scale, int width) const {
   std::vector<int> axis;  // the e ranks of one tensor coordinate
   for (int j = 0; j < e_; ++j) axis.push_back(j * width);
-  auto collective = [&](CollectiveKind kind, double bytes) {
-    return model_.collective_time(cluster_, kind, axis, static_cast<std::int64_t>(bytes), Algorithm::Auto);
-  };
   for (ir::NodeId id : nodes) {
     const ir::Node& node = graph_.node(id);
     if (!ops::is_experts(node)) continue;
-    auto bytes = [&](ir::ValueId v) { return static_cast<double>(graph_.value(v).type.bytes()) * scale; };
-    const double tokens = bytes(node.inputs[0]) + bytes(node.inputs[1]) + bytes(node.inputs[2]);
-    const double output = bytes(node.outputs.at(0));
-    // All-gather and reduce-scatter take the gathered (whole) size: e x this rank's share.
-    const double forward = collective(CollectiveKind::AllGather, e_ * tokens) +
-                           collective(CollectiveKind::ReduceScatter, e_ * output);
-    const double backward = collective(CollectiveKind::AllGather, e_ * output) +
-                            collective(CollectiveKind::ReduceScatter, e_ * bytes(node.inputs[0]));
-    part.forward += forward;
-    part.backward += backward;
-    if (!structure_.selective_kept[static_cast<std::size_t>(id)]) part.selective_forward += forward;
-    part.dispatch_seconds += forward + backward;
+    const auto& routing = graph_.value(node.inputs[1]).type.shape;  // [t, K]
+    if (routing.size() != 2) continue;
+    const double rows = static_cast<double>(routing[0]) * scale * static_cast<double>(routing[1]);
+    const double hidden = static_cast<double>(graph_.value(node.inputs[0]).type.bytes()) * scale;
+    const double routed = static_cast<double>(routing[1]) * hidden + 16.0 * rows;
+    const double one = model_.collective_time(cluster_, CollectiveKind::AllToAll, axis,
+                                              static_cast<std::int64_t>(routed), Algorithm::Auto);
+    part.forward += 2 * one;
+    part.backward += 2 * one;
+    if (!structure_.selective_kept[static_cast<std::size_t>(id)]) part.selective_forward += 2 * one;
+    part.dispatch_seconds += 4 * one;
   }
 }
 

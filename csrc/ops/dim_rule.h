@@ -66,6 +66,11 @@ struct Index {
   // the output's: split only by ring attention (the key and value blocks passed around the
   // axis' ranks, ops/distributed_kernels.h), on one axis, in equal blocks. Not part of str().
   bool ring = false;
+  // A Spatial index (a mixture of experts' tokens) whose split may carry the index `dispatch`
+  // (its experts) on the same axis: each rank holds its block of both, and its tokens travel
+  // to their experts' ranks and back by all-to-all (ops/distributed_kernels.h's dispatch
+  // kernel). -1: none. Not part of str().
+  int dispatch = -1;
   // Split unevenly by another mesh axis (search::local_rule): its size is the largest
   // rank's share, and the shares differ, so no further axis may split it. Not part of str().
   bool uneven = false;

@@ -60,7 +60,7 @@ bool has_statistics_kernel(const ir::Node& node, const std::set<std::string>& op
 constexpr std::string_view kRingAttention = "shardwise::ring_attention";
 
 bool is_statistics_kernel(std::string_view kernel) {
-  if (kernel == kRingAttention) return true;
+  if (kernel == kRingAttention || kernel == kExpertsAllToAll) return true;
   for (const auto& [op, entry] : statistics_table())
     if (entry.name == kernel) return true;
   return false;

@@ -21,6 +21,10 @@
 //    (python/shardwise/runtime/ring_attention.py; ring attention, Liu et al. 2023):
 //      aten::scaled_dot_product_attention  shardwise::ring_attention  without dropout (its
 //                                          draws would not be one device's)
+//  - dispatch: a mixture of experts' tokens split with its experts (Index::dispatch), each
+//    rank's tokens sent to their experts' ranks and the results back by all-to-all with
+//    per-rank counts, dropless (python/shardwise/runtime/expert_dispatch.py):
+//      shardwise_moe::experts              shardwise::experts_all_to_all
 // The search offers and prices a statistics or lookup split only where this table has a
 // kernel (search/sharding_strategies.cc), and the rewrite emits the kernel the table names
 // (transform/spmd_rewrite.h, transform/rank_graph.h): the plan is what runs.
@@ -49,6 +53,9 @@ bool is_statistics_kernel(std::string_view kernel);  // a name of the table's ke
 // The runtime's kernel for `node`'s sequence split over a ring ("shardwise::ring_attention"),
 // or nullopt: not an attention the kernel runs (another op, dropout).
 std::optional<std::string_view> ring_kernel(const ir::Node& node);
+
+// The dispatch kernel's name (a node whose strategy dispatches its tokens runs it).
+inline constexpr std::string_view kExpertsAllToAll = "shardwise::experts_all_to_all";
 
 // The sequence length of `node` in `graph` when it runs as a ring (ring_kernel, and
 // self-attention: queries and keys one sequence), else 0. What a context-parallel plan asks of

@@ -18,4 +18,12 @@ std::int64_t expert_count(const ir::Graph& graph, const ir::Node& node) {
   return shape.empty() ? 0 : shape.front();
 }
 
+void mark_dispatch(DimRule& rule) {
+  if (rule.inputs.size() < 4 || rule.inputs[0].empty() || rule.inputs[0][0].size() != 1 || rule.inputs[3].empty() ||
+      rule.inputs[3][0].size() != 1)
+    return;
+  const int tokens = rule.inputs[0][0].front(), experts = rule.inputs[3][0].front();
+  if (tokens != experts) rule.indices.at(static_cast<std::size_t>(tokens)).dispatch = experts;
+}
+
 }  // namespace shardwise::ops

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "ir/graph.h"
+#include "ops/dim_rule.h"
 
 namespace shardwise::ops {
 
@@ -18,5 +19,9 @@ bool is_expert_weight(const ir::Node& node, std::size_t input);
 
 // The number of experts of an experts op (its gate_up weight's dim 0), else 0.
 std::int64_t expert_count(const ir::Graph& graph, const ir::Node& node);
+
+// Marks an experts op's rule: its tokens' index may carry its experts' (Index::dispatch).
+// The rule's token index is the hidden input's dim 0, the experts' the gate_up weight's.
+void mark_dispatch(DimRule& rule);
 
 }  // namespace shardwise::ops

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "ops/einsum_rule.h"
+#include "ops/experts.h"
 #include "ops/rule_templates.h"
 #include "support/error.h"
 
@@ -102,7 +103,9 @@ std::optional<DimRule> instantiate_rule(const OpSpec& spec, const RuleOperands& 
 std::optional<DimRule> dim_rule_for(const OpTable& table, const ir::Graph& graph, const ir::Node& node) {
   const OpSpec* spec = table.find(node.op);
   if (!spec) return std::nullopt;
-  return instantiate_rule(*spec, operands_of(graph, node, true), describe_node(graph, node));
+  std::optional<DimRule> rule = instantiate_rule(*spec, operands_of(graph, node, true), describe_node(graph, node));
+  if (rule && is_experts(node)) mark_dispatch(*rule);
+  return rule;
 }
 
 std::optional<std::vector<Shape>> infer_output_shapes(const OpTable& table, const ir::Graph& graph,

@@ -107,8 +107,8 @@ std::string plan_report(const plan::Plan& plan, double memory_capacity) {
                        plan::recompute_name(plan.recompute), plan.zero_stage);
     if (plan.expert > 1)
       out += fmt::format("experts  each layer's experts split over the {} ranks of a stage's first axis (expert "
-                         "parallelism): each holds and steps 1/{} of them, their tokens gathered to them and the sum "
-                         "reduce-scattered back\n",
+                         "parallelism): each holds and steps 1/{} of them, each rank's routed tokens sent to their "
+                         "experts' ranks and back by all-to-all\n",
                          plan.expert, plan.expert);
     else if (const int layers = experts_split_on_tensor_axis(plan); layers > 0)
       out += fmt::format("experts  each of {} layers' experts split over the {} tensor ranks of its stage (expert "

@@ -140,6 +140,27 @@ ShardingModel::RingHops ShardingModel::ring_hops(ir::NodeId node, int axis, cons
   return {bytes, std::max(0.0, hops * hop(bytes) - forward) + hops * hop(2 * bytes) + hop(bytes)};
 }
 
+ShardingModel::DispatchTraffic ShardingModel::dispatch_traffic(ir::NodeId node, int axis,
+                                                              const Strategy& choice) const {
+  if (!choice.dispatch || options_.mesh[static_cast<std::size_t>(axis)] <= 1) return {};
+  const ir::Node& n = graph_.node(node);
+  const auto& routing = graph_.value(n.inputs.at(1)).type;  // top-k index [t, K]
+  const double top_k = routing.shape.size() == 2 ? static_cast<double>(routing.shape[1]) : 1.0;
+  double held = 1;
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b)
+    held *= held_fraction(decisions_.strategy_on(b, node, axis, choice).inputs.at(0),
+                          options_.mesh[static_cast<std::size_t>(b)]);
+  const ir::TensorType& hidden = graph_.value(n.inputs.at(0)).type;
+  const double rows = hidden.shape.empty() ? 0.0 : static_cast<double>(hidden.shape[0]) * facts_->batch_scale * held;
+  // Each routed row: the token's hidden vector, and its weight and expert id (8 bytes each).
+  const double row_bytes =
+      (hidden.shape.empty() ? 0.0 : static_cast<double>(hidden.shape.back() * ir::dtype_bytes(hidden.dtype))) + 16.0;
+  const double bytes = rows * top_k * row_bytes;
+  const double one = model_.collective_time(cluster_, cost::CollectiveKind::AllToAll, axis_ranks(axis),
+                                            static_cast<std::int64_t>(bytes), cost::Algorithm::Auto);
+  return {bytes, 4 * one};
+}
+
 std::vector<std::vector<std::int64_t>> ShardingModel::local_shapes(ir::NodeId node, int axis,
                                                                    const Strategy& choice) const {
   const ir::Node& n = graph_.node(node);
@@ -459,7 +480,8 @@ void ShardingModel::problem_nodes(AxisProblem& ap) const {
       const double amax = fp8_amax_seconds(axis, fp8_amax_elements(node.id, axis, s).first);
       const double compute =
           node_compute(node.id, axis, s, *facts_->device) * balanced_compute_factor(node.id, axis, s);
-      c.cost.push_back(n * (compute + statistics_seconds(axis, s) + amax + ring_hops(node.id, axis, s).seconds));
+      c.cost.push_back(n * (compute + statistics_seconds(axis, s) + amax + ring_hops(node.id, axis, s).seconds +
+                            dispatch_traffic(node.id, axis, s).seconds));
       c.memory.push_back(memory_count * memory.node_memory(node.id, axis, s));
     }
     ap.node_id[u] = static_cast<int>(ap.problem.nodes.size());
@@ -708,6 +730,13 @@ void ShardingModel::tally_statistics(int axis, Tally& out) const {
                                  folding.instances[u], 0.0});
       out.collectives.push_back({"send_recv", graph_.value(node.outputs[0]).name, axis, "backward",
                                  (2 * hops + 1) * ring.block_bytes, folding.instances[u], ring.seconds});
+    }
+    if (const DispatchTraffic dispatch = dispatch_traffic(node.id, axis, s); dispatch.seconds > 0) {
+      out.statistics += folding.instances[u] * dispatch.seconds;
+      out.by_node[u].collectives += folding.instances[u] * dispatch.seconds;
+      for (const char* phase : {"forward", "backward"})
+        out.collectives.push_back({"all_to_all", graph_.value(node.outputs[0]).name, axis, phase, 2 * dispatch.bytes,
+                                   folding.instances[u], dispatch.seconds / 2});
     }
     const double seconds = statistics_seconds(axis, s);
     if (seconds <= 0) continue;

@@ -225,6 +225,16 @@ class ShardingModel {
     double seconds = 0;
   };
   RingHops ring_hops(ir::NodeId node, int axis, const Strategy& choice) const;
+  // A mixture of experts' tokens dispatched on `axis` (Strategy::dispatch): a rank's routed
+  // rows (its tokens x top-k, with their weights and expert ids) sent to their experts' ranks
+  // and the results back by all-to-all, forward; the gradients the same way back, backward:
+  // four all-to-alls of `bytes`, exposed. {} for other choices. Balanced routing (each rank
+  // receives what it sends); the imbalance of a real router is not priced.
+  struct DispatchTraffic {
+    double bytes = 0;  // a rank's routed rows
+    double seconds = 0;
+  };
+  DispatchTraffic dispatch_traffic(ir::NodeId node, int axis, const Strategy& choice) const;
   // An FP8 linear whose contraction dim `choice` splits on `axis` (runtime/fp8.py): the amaxes
   // of x's rows and W's rows (K split, forward) or of dy's rows and W's columns (N split,
   // backward), one float each, in one all-reduce(MAX) over the axis. {elements, forward?};

@@ -67,8 +67,10 @@ std::optional<ops::DimRule> rule_at_batch(const ops::OpTable& table, const ir::G
   operands.attrs = &node.attrs;
   try {
     auto rebuilt = ops::instantiate_rule(*spec, operands, ops::describe_node(graph, node));
-    if (rebuilt && rebuilt->inputs.size() == rule->inputs.size() && rebuilt->outputs.size() == rule->outputs.size())
+    if (rebuilt && rebuilt->inputs.size() == rule->inputs.size() && rebuilt->outputs.size() == rule->outputs.size()) {
+      if (ops::is_experts(node)) ops::mark_dispatch(*rebuilt);  // as dim_rule_for marks it
       return rebuilt;
+    }
   } catch (const support::Error&) {
   }
   scale_batch_indices(*rule, graph, node, scale);
@@ -144,19 +146,25 @@ void drop_kernelless_splits(std::vector<Strategy>& strategies, const ops::DimRul
 }
 
 // Expert parallelism off (ShardingModelOptions::expert_parallel): no split of a mixture of
-// experts' experts, the index its stacked expert weights carry in dim 0.
+// experts' experts, the index its stacked expert weights carry in dim 0, alone or with its
+// tokens (a dispatch).
 void drop_expert_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule, const ir::Node& node) {
   if (!ops::is_experts(node) || rule.inputs.size() < 4 || rule.inputs[3].empty() || rule.inputs[3][0].empty()) return;
   const int experts = rule.inputs[3][0].front();
-  std::erase_if(strategies, [&](const Strategy& s) { return !s.partial && s.index == experts; });
+  std::erase_if(strategies, [&](const Strategy& s) { return !s.partial && (s.index == experts || s.dispatch); });
 }
 
 // plan.expert: the experts split over the first axis and nothing else (ShardingModelOptions::
-// experts_on_first_axis); refused by name where the axis cannot split them.
+// experts_on_first_axis), their tokens dispatched to them by all-to-all where the axis splits
+// both evenly (what the evaluator prices, cost/plan_cost.h), else gathered to every rank;
+// refused by name where the axis cannot split them.
 void keep_expert_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule, const ir::Node& node, int ranks) {
   if (!ops::is_experts(node) || rule.inputs.size() < 4 || rule.inputs[3].empty() || rule.inputs[3][0].empty()) return;
   const int experts = rule.inputs[3][0].front();
-  std::erase_if(strategies, [&](const Strategy& s) { return s.partial || s.index != experts; });
+  const bool dispatch = std::ranges::any_of(strategies, [](const Strategy& s) { return s.dispatch; });
+  std::erase_if(strategies, [&](const Strategy& s) {
+    return s.partial || (dispatch ? !s.dispatch : s.index != experts);
+  });
   if (strategies.empty())
     throw support::ValidationError(fmt::format(
         "plan.expert: the {} experts of {} ({}) do not split over {} ranks; use expert 1", rule.indices.at(

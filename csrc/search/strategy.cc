@@ -151,6 +151,28 @@ Strategy split_strategy(const ops::DimRule& rule, const ops::DimRule& layout, in
   return s;
 }
 
+// Index i split with the index it carries (Index::dispatch) on one axis of n ranks: the
+// operands carrying that index take its Shard as well (each rank holds its block of the
+// experts, gradients complete: every token routed to them reaches them). Equal blocks of
+// both, neither cut by another axis unevenly; else none.
+std::optional<Strategy> dispatch_strategy(const ops::DimRule& rule, const ops::DimRule& layout, int i,
+                                          std::int64_t n) {
+  const ops::Index& index = rule.indices.at(static_cast<std::size_t>(i));
+  if (index.dispatch < 0 || index.kind != ops::IndexKind::Spatial) return std::nullopt;
+  const ops::Index& carried = rule.indices.at(static_cast<std::size_t>(index.dispatch));
+  if (index.uneven || carried.uneven || index.size % n != 0 || carried.size % n != 0) return std::nullopt;
+  Strategy s = split_strategy(rule, layout, i, 1);
+  const Strategy other = split_strategy(rule, layout, index.dispatch, 1);
+  for (std::size_t input = 0; input < s.inputs.size(); ++input) {
+    if (!other.inputs[input].is_shard()) continue;
+    if (s.inputs[input].is_shard()) return std::nullopt;  // an operand carrying both
+    s.inputs[input] = other.inputs[input];
+    s.input_grads[input] = other.input_grads[input];
+  }
+  s.dispatch = true;
+  return s;
+}
+
 bool same_placements(const Strategy& a, const Strategy& b) {
   return a.inputs == b.inputs && a.input_grads == b.input_grads && a.outputs == b.outputs &&
          a.statistics_elements == b.statistics_elements;
@@ -170,6 +192,7 @@ std::string Strategy::str(const ops::DimRule& rule) const {
         fmt::format("strategy splits index {}, the rule has {} indices", index, rule.indices.size()));
   }
   const auto& label = rule.indices[static_cast<std::size_t>(index)].label;
+  if (dispatch) return fmt::format("dispatch {}", label);
   if (groups == 1) return fmt::format("split {}", label);
   return fmt::format("split {} g{}", label, groups);
 }
@@ -206,6 +229,7 @@ std::vector<Strategy> enumerate_strategies(const ops::DimRule& rule, int axis_si
           std::any_of(out.begin(), out.end(), [&](const Strategy& earlier) { return same_placements(earlier, s); });
       if (!seen) out.push_back(std::move(s));
     }
+    if (auto s = dispatch_strategy(rule, *layout, static_cast<int>(k), n)) out.push_back(std::move(*s));
   }
   return out;
 }
@@ -233,6 +257,10 @@ ops::DimRule local_rule(const ops::DimRule& rule, const Strategy& strategy, int 
         fmt::format("index {} of size {} does not split over {} ranks", index.label, index.size, axis_size));
   }
   index.ring = false;  // one ring: no other axis splits the sequence ring attention splits
+  if (strategy.dispatch) {  // both blocks, equal (dispatch_strategy)
+    out.indices.at(static_cast<std::size_t>(index.dispatch)).size /= axis_size;
+    index.dispatch = -1;  // one all-to-all: no other axis dispatches these tokens
+  }
   if (index.size % axis_size != 0) {
     index.size = index.size / axis_size + 1;  // the largest share
     index.uneven = true;

@@ -90,8 +90,12 @@ struct Strategy {
   std::vector<Placement> outputs;      // placement of each output
   std::int64_t statistics_elements = 0;  // all-reduced in forward and in backward (Whole split)
   bool partial = false;                  // partial passthrough (index -1, see the header)
+  // Index `index` split with the index its rule marks to travel with it (ops::Index::dispatch:
+  // a mixture of experts' tokens with its experts): the operands carrying either are Shard,
+  // the tokens reach their experts' ranks by all-to-all. Equal blocks of both only.
+  bool dispatch = false;
 
-  // "replicate", "split k", "split n g3"; the index label comes from the rule.
+  // "replicate", "split k", "split n g3", "dispatch t"; the index label comes from the rule.
   std::string str(const ops::DimRule& rule) const;
 
   friend bool operator==(const Strategy&, const Strategy&) = default;

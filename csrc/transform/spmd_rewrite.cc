@@ -12,6 +12,7 @@
 #include "analysis/gradient_flow.h"
 #include "analysis/repeated_blocks.h"
 #include "analysis/selective_recompute.h"
+#include "ops/distributed_kernels.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "ops/random_draws.h"
@@ -42,7 +43,8 @@ std::vector<std::string> texts(const ShardingSpec& spec) {
   return out;
 }
 
-// The strategy a plan names by `text` ("replicate", "partial", "split n", "split n g3") for
+// The strategy a plan names by `text` ("replicate", "partial", "split n", "split n g3",
+// "dispatch t") for
 // `node` with `rule` (already local to the other axes' splits) on an axis of n ranks.
 Strategy strategy_from_text(const ir::Graph& graph, const ir::Node& node, const std::optional<ops::DimRule>& rule,
                             const std::string& text, int axis, int n, const ops::DimRule* layout = nullptr) {
@@ -65,7 +67,8 @@ Strategy strategy_from_text(const ir::Graph& graph, const ir::Node& node, const 
         throw ValidationError(fmt::format("plan: {}: unreadable strategy '{}'", where(), text));
       groups = std::stoll(groups_text.substr(1));
     }
-    const int index = verb == "split" ? rule->find(label) : -1;
+    const bool dispatch = verb == "dispatch";
+    const int index = verb == "split" || dispatch ? rule->find(label) : -1;
     if (index < 0)
       throw ValidationError(fmt::format("plan: {}: strategy '{}' names no index of the rule {}", where(), text,
                                         rule->str()));
@@ -73,7 +76,7 @@ Strategy strategy_from_text(const ir::Graph& graph, const ir::Node& node, const 
     if (groups > 1) options.strided.emplace_back(rule->indices[static_cast<std::size_t>(index)].size, groups);
     bool found = false;
     for (Strategy& candidate : search::enumerate_strategies(*rule, n, options, layout)) {
-      if (candidate.index == index && candidate.groups == groups) {
+      if (candidate.index == index && candidate.groups == groups && candidate.dispatch == dispatch) {
         s = std::move(candidate);
         found = true;
         break;
@@ -352,6 +355,17 @@ bool SpmdRewriter::decide_kernels(const ir::Node& node, NodeRewrite& rw) const {
     // (rewrite_node), any other runs whole.
     if (node.inputs.empty() && !is_arange(node.op)) whole = true;
     const ops::Index& index = rule->indices[static_cast<std::size_t>(s.index)];
+    if (s.dispatch) {
+      // The tokens' rows of input 0 split, each rank's experts theirs: the all-to-all kernel.
+      if (rw.statistics_axis >= 0 || s.inputs.empty() || !s.inputs[0].is_shard()) {
+        whole = true;
+        continue;
+      }
+      rw.statistics_axis = static_cast<int>(a);
+      rw.statistics_dim = s.inputs[0].dim;
+      rw.kernel = std::string(ops::kExpertsAllToAll);
+      continue;
+    }
     if (index.kind != ops::IndexKind::Whole) continue;
     if (index.lookup && options_.lookup_ops.contains(node.op)) {
       rw.lookup_axes.push_back(static_cast<int>(a));

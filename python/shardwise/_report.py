@@ -411,7 +411,8 @@ def _plan_lines(plan, values: dict | None, hardware: dict | None) -> list[str]:
                 per = f", each row's sequence split over {d['context']} ranks (ring attention, or heads exchanged all-to-all)"
             if d.get("expert", 1) > 1:
                 per += (f"; each layer's experts split over those {d['expert']} ranks (expert parallelism: a rank "
-                        f"holds 1/{d['expert']} of them, the tokens gathered to it)")
+                        f"holds 1/{d['expert']} of them, each rank's tokens sent to their experts' ranks and back by "
+                        "all-to-all)")
             batches = f"{m} micro-batch{'es' if m != 1 else ''} of {d['micro_batch']}"
             lines.append(f"batch     global {d['global_batch']}: {batches}{per}"
                          + ("" if m > 1 or d["pipeline"] > 1 else " (one step, no accumulation)"))

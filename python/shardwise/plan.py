@@ -120,7 +120,8 @@ class Plan:
         runs as a ring, ``runtime/ring_attention.py``), with ``data`` 1 beside it; a stage's mesh
         is then {context, tensor} and a micro-batch ``micro_batch`` rows. ``expert``: ranks that
         split each mixture of experts layer's experts (expert parallelism), 1 or a stage's whole
-        first axis (data x context): each holds its block, the axis' tokens gathered to them.
+        first axis (data x context): each holds its block, and each rank's routed tokens go to
+        their experts' ranks and back by all-to-all (``runtime/expert_dispatch.py``).
         Raises shardwise.ValidationError naming the numbers when the plan is inconsistent
         (t x p x d != world size, global batch not divisible by micro batch x data, ...).
         ``recompute``: True or "full" (each repeated block's forward run again in backward),

@@ -257,7 +257,9 @@ def test_moe_runs_expert_parallelism_beside_the_plan_without_it():
     out = _run("moe.py", "--worlds", "2", "--steps", "1")
     rows = {line.split(" | ")[1]: line.split(" | ") for line in out.splitlines() if line.startswith("| 2 |")}
     assert set(rows) == {"allowed", "off"}, out
-    assert rows["allowed"][2] == "split e / replicate" and rows["off"][2] == "split t / replicate", out
+    # Allowed: each rank's tokens sent to its experts' ranks by all-to-all (the data axis
+    # divides both the tokens and the 8 experts).
+    assert rows["allowed"][2] == "dispatch t / replicate" and rows["off"][2] == "split t / replicate", out
     # Each rank holds half the experts: its peak tensor memory is below the replicated plan's.
     assert float(rows["allowed"][7].strip(" |")) < 1, out
 

@@ -1,11 +1,14 @@
 """Expert parallelism (issue 48): a mixture of experts' experts split over a mesh axis, each
 rank holding only its block of them. The experts op's rule (csrc/ops/op_table_builtin.cc) sums
 over the experts; its tokens and routing are factors of every term (DimRule::added says which
-operands are added terms instead), so a split of the experts leaves the tokens whole on each
-rank and each rank's output the partial sum of its own experts. On the data axis, whose ranks
-hold different rows, the program gathers the tokens before the experts and reduce-scatters
-their sum after (Megatron's all-gather token dispatcher): expert parallelism found by the
-search, with no kernel of its own.
+operands are added terms instead), so a split of the experts alone leaves the tokens whole on
+each rank and each rank's output the partial sum of its own experts: on the data axis, whose
+ranks hold different rows, the program then gathers the tokens before the experts and
+reduce-scatters their sum after (Megatron's all-gather token dispatcher). Where the axis
+divides both the tokens and the experts, the rule's token index carries the experts with it
+(`dispatch t`, Index::dispatch): each rank keeps its tokens, and its routed rows go to their
+experts' ranks and back by all-to-all (runtime/expert_dispatch.py), what the search and the
+evaluator price for a plan's expert degree.
 
 transformers' Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 (default experts implementation,
 router auxiliary loss on where the model has one) train under it equal to the same loop on one
@@ -24,6 +27,11 @@ from conftest import spawn_scenario, train_keyword_batches_beside_one_device
 transformers = pytest.importorskip("transformers")
 
 STEPS, ROWS, SEQ, VOCAB, TOLERANCE = 3, 8, 32, 64, 1e-9
+# transformers' DeepseekV3TopkRouter computes its logits in float32 (`.type(torch.float32)`) in
+# a float64 model: its weight's gradient is a float32 sum over the batch, which a split batch
+# rounds differently, as DDP's would (3e-7 relative for 256 rows in 4 blocks against one).
+# Its rows split 4 ways, the parameters agree to float32's rounding; everything else is float64.
+FLOAT32_ROUTER_TOLERANCE = {"deepseek_v3": 2e-6}
 # Experts large beside the rest (8 of 512 x 64), so the search splits them: replicated, every
 # rank would hold and step all of them for an eighth of the model's tokens each.
 _COMMON = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
@@ -102,19 +110,20 @@ def _scenario_trains_as_one_device(rank: int, world: int, name: str, experts: in
             "strategies": strategies, "held": held, "mesh": sharding["mesh"], "rows_by_rank": every_rank}
 
 
-def _check(r: dict, experts: int, ways: int, rank0_rows: int | None = None) -> None:
+def _check(r: dict, experts: int, ways: int, rank0_rows: int | None = None, tolerance: float = TOLERANCE) -> None:
     # The experts of each layer are split `ways` ways over the mesh's axes; on another axis
     # they are replicated, or their tokens split (data parallel for them).
     for node, per_axis in r["strategies"].items():
-        assert all(s in ("split e", "split t", "replicate") for s in per_axis), (node, per_axis)
-    split = [math.prod(n for n, s in zip(r["mesh"], v) if s == "split e") for v in r["strategies"].values()]
+        assert all(s in ("split e", "dispatch t", "split t", "replicate") for s in per_axis), (node, per_axis)
+    split = [math.prod(n for n, s in zip(r["mesh"], v) if s in ("split e", "dispatch t"))
+             for v in r["strategies"].values()]
     assert split and all(n == ways for n in split), (r["mesh"], r["strategies"])
     # Each rank holds its experts only, and steps only their optimizer state.
     rows = experts // ways if rank0_rows is None else rank0_rows
     assert r["held"] and all(h["rows"] == rows and h["state_rows"] == [rows] for h in r["held"].values()), r["held"]
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= 1e-6 * abs(b), (r["losses"], r["ref_losses"])  # transformers' float32 loss
-    assert r["errors"] and max(r["errors"].values()) < TOLERANCE, sorted(r["errors"].items(), key=lambda kv: -kv[1])[:4]
+    assert r["errors"] and max(r["errors"].values()) < tolerance, sorted(r["errors"].items(), key=lambda kv: -kv[1])[:4]
 
 
 @pytest.mark.parametrize("name", sorted(_HEADS))
@@ -126,8 +135,11 @@ def test_each_model_trains_its_experts_split_two_ways_as_one_device(name):
 @pytest.mark.parametrize("name", sorted(_HEADS))
 def test_each_model_trains_its_experts_split_four_ways_as_one_device(name):
     r = spawn_scenario(__name__, 4, "trains_as_one_device", name, 8, [4, 1], 1)
-    _check(r, 8, 4)
+    _check(r, 8, 4, tolerance=FLOAT32_ROUTER_TOLERANCE.get(name, TOLERANCE))
     assert r["rows_by_rank"] == [[2]] * 4, r["rows_by_rank"]
+    # Each rank's tokens go to their experts' ranks and back by all-to-all: no rank gathers
+    # the batch's tokens (runtime/expert_dispatch.py).
+    assert all(v == ["dispatch t", "replicate"] for v in r["strategies"].values()), r["strategies"]
 
 
 def test_an_expert_count_the_axis_does_not_divide_splits_unevenly_as_one_device():
@@ -161,8 +173,11 @@ def test_a_pipelined_plan_without_an_expert_degree_keeps_the_experts_whole_on_it
         plan = shardwise.Plan.manual(graph, cluster, pipeline=2, global_batch=ROWS, micro_batch=4, recompute=False,
                                      expert=expert).complete(graph, cluster)
         strategies = {k: v for k, v in plan.stage_sharding["strategies"].items() if k.startswith("experts")}
-        assert strategies and all(v[0] == ("split e" if expert > 1 else v[0]) for v in strategies.values())
-        assert all((v[0] == "split e") == (expert > 1) for v in strategies.values()), (expert, strategies)
+        # plan.expert's split is the dispatch the evaluator prices (its tokens to their experts
+        # by all-to-all), never the experts' split alone or none.
+        assert strategies and all((v[0] == "dispatch t") == (expert > 1) for v in strategies.values()), (expert,
+                                                                                                         strategies)
+        assert all(v[0] != "split e" for v in strategies.values()), (expert, strategies)
 
 
 def test_the_search_splits_experts_only_where_allowed():
@@ -174,8 +189,9 @@ def test_the_search_splits_experts_only_where_allowed():
 
     allowed = shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(4, 1))
     off = shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(4, 1), expert_parallel=False)
-    assert experts_splits(allowed) and all(v == ["split e", "replicate"] for v in experts_splits(allowed).values())
-    assert experts_splits(off) and all("split e" not in v for v in experts_splits(off).values()), experts_splits(off)
+    assert experts_splits(allowed) and all(v == ["dispatch t", "replicate"] for v in experts_splits(allowed).values())
+    assert experts_splits(off) and all("split e" not in v and "dispatch t" not in v
+                                       for v in experts_splits(off).values()), experts_splits(off)
     held = off.sharding["placements"]
     assert all(held[n] == ["R", "R"] for n in held if n.endswith("experts.gate_up_proj")), held
     # The joint planner: a plan whose stages split the experts over their data ranks is one of

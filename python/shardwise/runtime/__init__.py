@@ -7,8 +7,10 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
     reshard            resharding steps with their autograd  (mesh)
     ring_attention     attention over a sequence split across a group, its key and value
                        blocks passed around the ring (context parallelism)  (transport)
-    kernels            distributed kernels: split lookups, statistics, ring attention  (mesh,
-                       ring_attention)
+    expert_dispatch    a mixture of experts' tokens sent to their experts' ranks and back by
+                       all-to-all (expert parallelism)  (transport)
+    kernels            distributed kernels: split lookups, statistics, ring attention, expert
+                       dispatch  (expert_dispatch, mesh, ring_attention)
     parameter_gathers  sharded weights prefetched, released, gathered again  (reshard,
                        transport)
     recompute          checkpointed segments of recomputed blocks  ()

@@ -9,6 +9,8 @@
   training batch norm over a split batch or spatial dim (SyncBatchNorm, its running
   statistics updated from the whole batch's).
 - ``ring_attention``: self-attention over a split sequence (ring_attention.py).
+- ``experts_all_to_all``: a mixture of experts' tokens split with its experts, each rank's
+  routed rows sent to their experts' ranks and back (expert_dispatch.py).
 
 Each kernel takes the aten op's own arguments, this rank's operands in place of the whole
 ones. Half-precision operands are combined in float32 and the result returned in the
@@ -24,6 +26,7 @@ import math
 import torch
 
 from .mesh import _Mesh
+from .expert_dispatch import experts_all_to_all
 from .ring_attention import ring_attention
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -247,6 +250,15 @@ def _ring_attention(split: _Split, query, key, value, attn_mask=None, dropout_p:
                           layout="contiguous", first_row=split.start, length=split.size)
 
 
+# ---- a mixture of experts' tokens dispatched to their experts' ranks --------------------------
+def _experts_all_to_all(split: _Split, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, expert_ids,
+                        act: str):
+    """shardwise_moe::experts on this rank's tokens (rows of dim 0) and experts, the rows
+    exchanged over the axis' group by all-to-all (expert_dispatch.py)."""
+    return experts_all_to_all(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, expert_ids, act,
+                              group=split.group)
+
+
 _KERNELS = {
     "shardwise::vocab_cross_entropy": _cross_entropy,
     "shardwise::vocab_nll_loss": _nll_loss,
@@ -256,4 +268,5 @@ _KERNELS = {
     "shardwise::split_rms_norm": _rms_norm,
     "shardwise::sync_batch_norm": _sync_batch_norm,
     "shardwise::ring_attention": _ring_attention,
+    "shardwise::experts_all_to_all": _experts_all_to_all,
 }

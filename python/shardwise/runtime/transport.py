@@ -117,6 +117,21 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, async_
 
 
 @_eager
+def all_to_all(output: torch.Tensor, input: torch.Tensor, output_splits: list[int], input_splits: list[int],
+               group=None) -> None:
+    """Rank r's rows of `input` (dim 0, ``input_splits[r]`` of them, in rank order) to rank r,
+    whose rows arrive in `output` in rank order, ``output_splits[r]`` from rank r
+    (``dist.all_to_all_single``), through host copies where ``on_host`` says so."""
+    traffic.count("all_to_all", input)
+    if not on_host(input, group):
+        dist.all_to_all_single(output, input, output_splits, input_splits, group=group)
+        return
+    host = torch.empty(output.shape, dtype=output.dtype, device="cpu")
+    dist.all_to_all_single(host, input.cpu(), output_splits, input_splits, group=group)
+    output.copy_(host)
+
+
+@_eager
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False):
     traffic.count("broadcast", tensor)
     return _collective(dist.broadcast, tensor, group, async_op, src=src)

@@ -115,6 +115,33 @@ TEST(StrategyTest, TheExpertsSplitLeavesTheTokensWholeOnEachRank) {
       << ::testing::PrintToString(lines);
 }
 
+TEST(StrategyTest, TheExpertsDispatchSplitsTheTokensAndTheExpertsTogether) {
+  // dispatch t: each rank its block of the tokens and its block of the experts (the tokens
+  // travel to their experts by all-to-all): no Partial anywhere, the weights' gradients
+  // complete on their rank. Offered only where the axis divides both.
+  const auto rule = rule_of("shardwise_moe::experts",
+                            {f32({64, 32}), i64({64, 2}), f32({64, 2}), f32({4, 128, 32}), f32({4, 32, 64}), i64({4})},
+                            {f32({64, 32})}, {{"act", std::string("silu")}});
+  const auto lines = describe(rule, enumerate_strategies(rule, 2));
+  EXPECT_NE(std::find(lines.begin(), lines.end(),
+                      "dispatch t | in S(0) S(0) S(0) S(0) S(0) S(0) | grad S(0) S(0) S(0) S(0) S(0) S(0) | out S(0)"),
+            lines.end())
+      << ::testing::PrintToString(lines);
+  // After it, one rank's rule: both indices cut, and no second dispatch.
+  const auto strategies = enumerate_strategies(rule, 2);
+  const auto it = std::find_if(strategies.begin(), strategies.end(), [](const Strategy& s) { return s.dispatch; });
+  ASSERT_NE(it, strategies.end());
+  const ops::DimRule local = local_rule(rule, *it, 2);
+  EXPECT_EQ(local.indices[static_cast<std::size_t>(local.find("t"))].size, 32);
+  EXPECT_EQ(local.indices[static_cast<std::size_t>(local.find("e"))].size, 2);
+  EXPECT_EQ(local.indices[static_cast<std::size_t>(local.find("t"))].dispatch, -1);
+  // 3 experts on 2 ranks: no equal blocks, no dispatch (the experts' own split remains).
+  const auto odd = rule_of("shardwise_moe::experts",
+                           {f32({64, 32}), i64({64, 2}), f32({64, 2}), f32({3, 128, 32}), f32({3, 32, 64}), i64({3})},
+                           {f32({64, 32})}, {{"act", std::string("silu")}});
+  for (const auto& label : labels(odd, enumerate_strategies(odd, 2))) EXPECT_NE(label, "dispatch t");
+}
+
 TEST(StrategyTest, MeanReductionLeavesPartialMean) {
   const auto rule = rule_of("aten::mean.dim", {f32({4, 16})}, {f32({4})}, {{"dim", Ints{1}}});
   ASSERT_EQ(rule.str(), "d0 r0 -> d0  [d0=4, r0=16 reduced(mean)]");
