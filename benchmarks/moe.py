@@ -4,7 +4,7 @@ transformers' Mixtral (2 layers, hidden 128, 8 experts of 1,024, top 2; default 
 captured as one op: python/shardwise/_moe_experts.py), float32, trained on Gloo processes of
 this machine: each world's plan is the SPMD search on a data axis of that many ranks with the
 experts' split allowed (``expert_parallel=True``: the search splits them, each rank holding its
-block, the tokens gathered before them and their sum reduce-scattered after) and off (every
+block, its routed tokens sent to their experts' ranks and back by all-to-all) and off (every
 rank holds every expert, data parallelism for them). Printed per run: the experts' strategy,
 the median step after a warm-up, the peak tensor memory of the largest rank
 (benchmarks/_tensor_memory.py), the plan's predicted step, and allowed / off ratios.
@@ -182,7 +182,7 @@ def at_scale(nodes: int, seq: int, global_batch: int, record_results: bool) -> N
                      "completed on a capture at its micro-batch, as parallelize does: where the experts are split), "
                      "beside Plan.manual at DeepSeek-V3's degrees with the experts over each stage's data ranks; "
                      f"capture {capture:.2f} s CPU. Exposed communication: the plan's seconds by kind "
-                     "(expert_parallel: the experts' token gathers and reduce-scatters, inside compute). "
+                     "(expert_parallel: the experts' all-to-all dispatch and combine, inside compute). "
                      "Predictions of the analytic model, not measurements."})
 
 
