@@ -102,31 +102,34 @@ TEST(StrategyTest, AFactorWithoutTheSummedIndexMultipliesEachPartialSumWhole) {
       << ::testing::PrintToString(lines);
 }
 
+// shardwise_moe::experts: hidden [t=64, H=32], top-k index and weights [t, K=2], gate_up
+// [E, 2I=128, H], down [E, H, I=64], expert ids [E].
+ops::DimRule experts_rule(std::int64_t experts) {
+  return rule_of("shardwise_moe::experts",
+                 {f32({64, 32}), i64({64, 2}), f32({64, 2}), f32({experts, 128, 32}), f32({experts, 32, 64}),
+                  i64({experts})},
+                 {f32({64, 32})}, {{"act", std::string("silu")}});
+}
+
+// `line` (describe's form) is one of the strategies `rule` offers on an axis of n ranks.
+void expect_offered(const ops::DimRule& rule, int n, const std::string& line) {
+  const auto lines = describe(rule, enumerate_strategies(rule, n));
+  EXPECT_NE(std::find(lines.begin(), lines.end(), line), lines.end()) << ::testing::PrintToString(lines);
+}
+
 TEST(StrategyTest, TheExpertsSplitLeavesTheTokensWholeOnEachRank) {
   // shardwise_moe::experts: hidden [t, H], top-k index and weights [t, K], gate_up [E, 2I, H],
   // down [E, H, I], expert ids [E]. Each rank sums its own experts over every token.
-  const auto rule = rule_of("shardwise_moe::experts",
-                            {f32({64, 32}), i64({64, 2}), f32({64, 2}), f32({4, 128, 32}), f32({4, 32, 64}), i64({4})},
-                            {f32({64, 32})}, {{"act", std::string("silu")}});
-  const auto lines = describe(rule, enumerate_strategies(rule, 2));
-  EXPECT_NE(std::find(lines.begin(), lines.end(),
-                      "split e | in R R R S(0) S(0) S(0) | grad P(sum) P(sum) P(sum) S(0) S(0) S(0) | out P(sum)"),
-            lines.end())
-      << ::testing::PrintToString(lines);
+  expect_offered(experts_rule(4), 2,
+                 "split e | in R R R S(0) S(0) S(0) | grad P(sum) P(sum) P(sum) S(0) S(0) S(0) | out P(sum)");
 }
 
 TEST(StrategyTest, TheExpertsDispatchSplitsTheTokensAndTheExpertsTogether) {
   // dispatch t: each rank its block of the tokens and its block of the experts (the tokens
   // travel to their experts by all-to-all): no Partial anywhere, the weights' gradients
   // complete on their rank. Offered only where the axis divides both.
-  const auto rule = rule_of("shardwise_moe::experts",
-                            {f32({64, 32}), i64({64, 2}), f32({64, 2}), f32({4, 128, 32}), f32({4, 32, 64}), i64({4})},
-                            {f32({64, 32})}, {{"act", std::string("silu")}});
-  const auto lines = describe(rule, enumerate_strategies(rule, 2));
-  EXPECT_NE(std::find(lines.begin(), lines.end(),
-                      "dispatch t | in S(0) S(0) S(0) S(0) S(0) S(0) | grad S(0) S(0) S(0) S(0) S(0) S(0) | out S(0)"),
-            lines.end())
-      << ::testing::PrintToString(lines);
+  const auto rule = experts_rule(4);
+  expect_offered(rule, 2, "dispatch t | in S(0) S(0) S(0) S(0) S(0) S(0) | grad S(0) S(0) S(0) S(0) S(0) S(0) | out S(0)");
   // After it, one rank's rule: both indices cut, and no second dispatch.
   const auto strategies = enumerate_strategies(rule, 2);
   const auto it = std::find_if(strategies.begin(), strategies.end(), [](const Strategy& s) { return s.dispatch; });
@@ -136,9 +139,7 @@ TEST(StrategyTest, TheExpertsDispatchSplitsTheTokensAndTheExpertsTogether) {
   EXPECT_EQ(local.indices[static_cast<std::size_t>(local.find("e"))].size, 2);
   EXPECT_EQ(local.indices[static_cast<std::size_t>(local.find("t"))].dispatch, -1);
   // 3 experts on 2 ranks: no equal blocks, no dispatch (the experts' own split remains).
-  const auto odd = rule_of("shardwise_moe::experts",
-                           {f32({64, 32}), i64({64, 2}), f32({64, 2}), f32({3, 128, 32}), f32({3, 32, 64}), i64({3})},
-                           {f32({64, 32})}, {{"act", std::string("silu")}});
+  const auto odd = experts_rule(3);
   for (const auto& label : labels(odd, enumerate_strategies(odd, 2))) EXPECT_NE(label, "dispatch t");
 }
 
