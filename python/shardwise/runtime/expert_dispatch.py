@@ -50,8 +50,9 @@ def _owners(expert_ids: torch.Tensor, group, device) -> tuple[torch.Tensor, int]
     (its first id and count: the rewrite gives each rank a contiguous block of the arange)."""
     size = dist.get_world_size(group)
     first = int(expert_ids[0]) if expert_ids.numel() else 0
-    mine = torch.tensor([first, expert_ids.numel()], dtype=torch.int64)
-    blocks = torch.empty(2 * size, dtype=torch.int64)
+    # On the tokens' device: NCCL takes no host tensor.
+    mine = torch.tensor([first, expert_ids.numel()], dtype=torch.int64, device=device)
+    blocks = torch.empty(2 * size, dtype=torch.int64, device=device)
     transport.all_gather(blocks, mine, group=group)
     blocks = blocks.view(size, 2).tolist()
     end = max(f + n for f, n in blocks)
