@@ -56,10 +56,10 @@ def _owners(expert_ids: torch.Tensor, group, device) -> tuple[torch.Tensor, int]
     transport.all_gather(blocks, mine, group=group)
     blocks = blocks.view(size, 2).tolist()
     end = max(f + n for f, n in blocks)
-    owner = torch.full((end,), -1, dtype=torch.int64)
+    owner = torch.full((end,), -1, dtype=torch.int64, device=device)
     for r, (f, n) in enumerate(blocks):
         owner[f:f + n] = r
-    return owner.to(device), first
+    return owner, first
 
 
 def experts_all_to_all(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, expert_ids, act: str, *,
