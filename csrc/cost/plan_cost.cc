@@ -382,11 +382,8 @@ void PlanEvaluator::add_dispatch(PartCost& part, const std::vector<ir::NodeId>& 
   for (ir::NodeId id : nodes) {
     const ir::Node& node = graph_.node(id);
     if (!ops::is_experts(node)) continue;
-    const auto& routing = graph_.value(node.inputs[1]).type.shape;  // [t, K]
-    if (routing.size() != 2) continue;
-    const double rows = static_cast<double>(routing[0]) * scale * static_cast<double>(routing[1]);
-    const double hidden = static_cast<double>(graph_.value(node.inputs[0]).type.bytes()) * scale;
-    const double routed = static_cast<double>(routing[1]) * hidden + 16.0 * rows;
+    const double routed = ops::routed_bytes(graph_, node, scale);
+    if (routed <= 0) continue;
     const double one = model_.collective_time(cluster_, CollectiveKind::AllToAll, axis,
                                               static_cast<std::int64_t>(routed), Algorithm::Auto);
     part.forward += 2 * one;

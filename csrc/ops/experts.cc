@@ -4,8 +4,16 @@
 
 namespace shardwise::ops {
 
-bool is_experts(const ir::Node& node) {
-  return op_base_name(node.op) == "shardwise_moe::experts" && node.inputs.size() >= 5;
+bool is_experts_op(std::string_view op) { return op_base_name(op) == "shardwise_moe::experts"; }
+
+bool is_experts(const ir::Node& node) { return is_experts_op(node.op) && node.inputs.size() >= 5; }
+
+double routed_bytes(const ir::Graph& graph, const ir::Node& node, double token_share) {
+  const ir::TensorType& hidden = graph.value(node.inputs.at(0)).type;
+  const auto& routing = graph.value(node.inputs.at(1)).type.shape;  // top-k index [t, K]
+  if (hidden.shape.empty() || routing.size() != 2) return 0;
+  const double rows = static_cast<double>(routing[0]) * token_share * static_cast<double>(routing[1]);
+  return rows * (static_cast<double>(hidden.shape.back() * ir::dtype_bytes(hidden.dtype)) + 16.0);
 }
 
 bool is_expert_weight(const ir::Node& node, std::size_t input) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "ir/graph.h"
 #include "ops/dim_rule.h"
@@ -13,6 +14,13 @@
 namespace shardwise::ops {
 
 bool is_experts(const ir::Node& node);
+bool is_experts_op(std::string_view op);  // "shardwise_moe::experts", with or without an overload
+
+// The bytes of a rank's routed rows when it holds `token_share` of an experts op's tokens:
+// each token's K rows, a row its hidden vector, its routing weight and its expert id (8
+// bytes each). What one all-to-all of the dispatch moves (search/sharding_model.cc,
+// cost/plan_cost.cc price it alike).
+double routed_bytes(const ir::Graph& graph, const ir::Node& node, double token_share);
 
 // Whether input `input` of `node` is a stacked expert weight (an experts op's inputs 3 and 4).
 bool is_expert_weight(const ir::Node& node, std::size_t input);

@@ -94,6 +94,7 @@ std::optional<DimRule> instantiate_rule(const OpSpec& spec, const RuleOperands& 
       throw support::ValidationError(
           fmt::format("the rule gives {} outputs, the node has {}", rule->outputs.size(), bound.output_count));
     }
+    if (is_experts_op(spec.name)) mark_dispatch(*rule);
     return rule;
   } catch (const support::ValidationError& e) {
     throw support::ValidationError(fmt::format("{}: {} {}", context, e.what(), operands_str(bound)));
@@ -103,9 +104,7 @@ std::optional<DimRule> instantiate_rule(const OpSpec& spec, const RuleOperands& 
 std::optional<DimRule> dim_rule_for(const OpTable& table, const ir::Graph& graph, const ir::Node& node) {
   const OpSpec* spec = table.find(node.op);
   if (!spec) return std::nullopt;
-  std::optional<DimRule> rule = instantiate_rule(*spec, operands_of(graph, node, true), describe_node(graph, node));
-  if (rule && is_experts(node)) mark_dispatch(*rule);
-  return rule;
+  return instantiate_rule(*spec, operands_of(graph, node, true), describe_node(graph, node));
 }
 
 std::optional<std::vector<Shape>> infer_output_shapes(const OpTable& table, const ir::Graph& graph,

@@ -14,6 +14,7 @@
 #include "cost/collective_cost.h"
 #include "cost/optimizer_cost.h"
 #include "ir/fingerprint.h"
+#include "ops/experts.h"
 #include "ops/op_table.h"
 #include "search/parameter_collectives.h"
 #include "search/resharding.h"
@@ -143,19 +144,11 @@ ShardingModel::RingHops ShardingModel::ring_hops(ir::NodeId node, int axis, cons
 ShardingModel::DispatchTraffic ShardingModel::dispatch_traffic(ir::NodeId node, int axis,
                                                               const Strategy& choice) const {
   if (!choice.dispatch || options_.mesh[static_cast<std::size_t>(axis)] <= 1) return {};
-  const ir::Node& n = graph_.node(node);
-  const auto& routing = graph_.value(n.inputs.at(1)).type;  // top-k index [t, K]
-  const double top_k = routing.shape.size() == 2 ? static_cast<double>(routing.shape[1]) : 1.0;
-  double held = 1;
+  double held = 1;  // of the tokens, on this rank
   for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b)
     held *= held_fraction(decisions_.strategy_on(b, node, axis, choice).inputs.at(0),
                           options_.mesh[static_cast<std::size_t>(b)]);
-  const ir::TensorType& hidden = graph_.value(n.inputs.at(0)).type;
-  const double rows = hidden.shape.empty() ? 0.0 : static_cast<double>(hidden.shape[0]) * facts_->batch_scale * held;
-  // Each routed row: the token's hidden vector, and its weight and expert id (8 bytes each).
-  const double row_bytes =
-      (hidden.shape.empty() ? 0.0 : static_cast<double>(hidden.shape.back() * ir::dtype_bytes(hidden.dtype))) + 16.0;
-  const double bytes = rows * top_k * row_bytes;
+  const double bytes = ops::routed_bytes(graph_, graph_.node(node), facts_->batch_scale * held);
   const double one = model_.collective_time(cluster_, cost::CollectiveKind::AllToAll, axis_ranks(axis),
                                             static_cast<std::int64_t>(bytes), cost::Algorithm::Auto);
   return {bytes, 4 * one};

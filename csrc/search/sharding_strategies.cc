@@ -67,10 +67,8 @@ std::optional<ops::DimRule> rule_at_batch(const ops::OpTable& table, const ir::G
   operands.attrs = &node.attrs;
   try {
     auto rebuilt = ops::instantiate_rule(*spec, operands, ops::describe_node(graph, node));
-    if (rebuilt && rebuilt->inputs.size() == rule->inputs.size() && rebuilt->outputs.size() == rule->outputs.size()) {
-      if (ops::is_experts(node)) ops::mark_dispatch(*rebuilt);  // as dim_rule_for marks it
+    if (rebuilt && rebuilt->inputs.size() == rule->inputs.size() && rebuilt->outputs.size() == rule->outputs.size())
       return rebuilt;
-    }
   } catch (const support::Error&) {
   }
   scale_batch_indices(*rule, graph, node, scale);
