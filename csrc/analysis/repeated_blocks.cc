@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 
@@ -229,6 +230,18 @@ const RepeatedBlockGroup* largest_group(const std::vector<RepeatedBlockGroup>& g
     for (const auto& b : g.nodes) size += b.size();
     if (size > best) best = size, largest = &g;
   }
+  return largest;
+}
+
+ir::ValueId block_checkpoint(const ir::Graph& graph, const std::vector<ir::NodeId>& block) {
+  const std::set<ir::NodeId> inside(block.begin(), block.end());
+  ir::ValueId largest = -1;
+  for (ir::NodeId id : block)
+    for (ir::ValueId in : graph.node(id).inputs) {
+      const ir::Value& v = graph.value(in);
+      if (!v.producer || inside.contains(*v.producer)) continue;
+      if (largest < 0 || v.type.numel() > graph.value(largest).type.numel()) largest = in;
+    }
   return largest;
 }
 

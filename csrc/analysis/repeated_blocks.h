@@ -44,4 +44,9 @@ std::vector<RepeatedBlockGroup> find_repeated_blocks(const ir::Graph& graph);
 // there is none; the first on a tie. Points into `groups`.
 const RepeatedBlockGroup* largest_group(const std::vector<RepeatedBlockGroup>& groups);
 
+// A block's checkpoint under recomputation: the largest activation (a value some node makes)
+// it reads from outside itself, -1 when it reads none (the first layer reading only the graph's
+// input). What a recomputed block keeps from its forward to its backward.
+ir::ValueId block_checkpoint(const ir::Graph& graph, const std::vector<ir::NodeId>& block);
+
 }  // namespace shardwise::analysis

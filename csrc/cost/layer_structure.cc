@@ -147,6 +147,15 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
   std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
   if (const analysis::RepeatedBlockGroup* largest = analysis::largest_group(groups)) out.layers = *largest;
 
+  out.outer_block.assign(graph.nodes().size(), -1);
+  for (const analysis::RepeatedBlockGroup& group : groups) {
+    if (out.layers && group == *out.layers) continue;
+    for (const auto& block : group.nodes) {
+      for (ir::NodeId id : block) out.outer_block[static_cast<std::size_t>(id)] = static_cast<int>(out.outer_block_checkpoint.size());
+      out.outer_block_checkpoint.push_back(analysis::block_checkpoint(graph, block));
+    }
+  }
+
   std::set<ir::NodeId> in_layers;
   if (out.layers)
     for (const auto& b : out.layers->nodes) in_layers.insert(b.begin(), b.end());

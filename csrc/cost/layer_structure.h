@@ -59,6 +59,14 @@ struct LayerStructure {
   // or ZB-V's V), so the evaluator counts it once there.
   std::set<ir::ValueId> pre_and_post_params;
 
+  // Repeated blocks outside the layers (find_repeated_blocks' other groups: DeepSeek-V3's dense
+  // first layers before its mixture-of-experts layers, an encoder's blocks before a decoder's),
+  // which recomputation checkpoints as it does the layers: per node, the instance it is in
+  // (numbered over those groups; -1: none), and per instance its checkpoint
+  // (analysis::block_checkpoint; -1: none).
+  std::vector<int> outer_block;
+  std::vector<ir::ValueId> outer_block_checkpoint;
+
   std::vector<std::int64_t> activation_bytes;  // analysis::saved_bytes_by_node: what autograd keeps, by node
   std::vector<bool> selective_kept;  // analysis::kept_by_selective_recompute, by node
   // analysis::weight_gradient_held_bytes, by node: what a split backward (ZB-H1, ZB-V,

@@ -69,12 +69,24 @@ double recomputed_forward(const PartCost& layer, plan::Recompute recompute) {
   return 0.0;
 }
 
+// A part's blocks outside the layers as the plan runs them: recomputation keeps their
+// checkpoints (and, selective, the outputs it keeps) in place of their saved bytes and runs
+// their forward again in the backward, as it does the layers'.
+void checkpoint_outer_blocks(PartLoad& part, plan::Recompute recompute) {
+  if (recompute == plan::Recompute::None) return;
+  const PartLoad::Blocks& b = part.blocks;
+  const bool selective = recompute == plan::Recompute::Selective;
+  part.activation_bytes += b.checkpoint_bytes + (selective ? b.selective_kept_bytes : 0.0) - b.activation_bytes;
+  part.backward += selective ? b.selective_forward : b.forward;
+}
+
 PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
                     const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure,
                     const CostModel& model,
                     const DeviceType& device, Precision precision, double batch_scale, int t,
                     std::set<ir::ValueId>* seen_params, bool row_shapes = true) {
   PartCost out;
+  OuterBlockTally blocks(structure);
   for (ir::NodeId id : nodes) {
     const ir::Node& node = graph.node(id);
     auto it = split.find(id);
@@ -97,12 +109,15 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     const auto at = static_cast<std::size_t>(id);
     out.activation_bytes += static_cast<double>(structure.activation_bytes[at]) * batch_scale * split_share;
     out.weight_gradient_bytes += static_cast<double>(structure.weight_gradient_held[at]) * batch_scale * split_share;
-    if (structure.selective_kept[at]) {
+    double kept = 0;
+    if (structure.selective_kept[at])
       for (ir::ValueId v : node.outputs)
-        out.selective_kept_bytes += static_cast<double>(graph.value(v).type.bytes()) * batch_scale * split_share;
-    } else {
-      out.selective_forward += time.forward;
-    }
+        kept += static_cast<double>(graph.value(v).type.bytes()) * batch_scale * split_share;
+    const double selective_forward = structure.selective_kept[at] ? 0.0 : time.forward;
+    out.selective_kept_bytes += kept;
+    out.selective_forward += selective_forward;
+    blocks.add(id, time.forward, selective_forward,
+               static_cast<double>(structure.activation_bytes[at]) * batch_scale * split_share, kept);
     for (ir::ValueId in : node.inputs) {
       const ir::Value& value = graph.value(in);
       if (value.role != ir::ValueRole::Parameter || !seen_params->insert(in).second) continue;
@@ -116,6 +131,9 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
         }
     }
   }
+  // A checkpoint outside the layers is whole on every tensor rank (Megatron: no sequence split there).
+  out.blocks = blocks.finish(
+      [&](ir::ValueId v) { return static_cast<double>(graph.value(v).type.bytes()) * batch_scale; });
   return out;
 }
 
@@ -144,6 +162,17 @@ double shared_compute_factor(const Cluster& cluster, const std::vector<std::pair
 }
 
 }  // namespace
+
+void OuterBlockTally::add(ir::NodeId id, double forward, double selective_forward, double activation_bytes,
+                          double selective_kept_bytes) {
+  const int block = structure_.outer_block[static_cast<std::size_t>(id)];
+  if (block < 0) return;
+  sum_.forward += forward;
+  sum_.selective_forward += selective_forward;
+  sum_.activation_bytes += activation_bytes;
+  sum_.selective_kept_bytes += selective_kept_bytes;
+  saved_by_block_[block] += activation_bytes;
+}
 
 std::map<std::string, double> PlanCost::breakdown() const {
   std::map<std::string, double> out{{"compute", compute},
@@ -314,6 +343,8 @@ Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) 
     add_ring(out.pre, structure_.pre, structure_.outside_split, on, scale, width);
     add_ring(out.post, structure_.post, structure_.outside_split, on, scale, width);
   }
+  checkpoint_outer_blocks(out.pre, plan_.recompute);
+  checkpoint_outer_blocks(out.post, plan_.recompute);
   if (!layers) {
     out.post.forward += out.pre.forward;
     out.post.backward += out.pre.backward;
@@ -517,6 +548,8 @@ void PlanEvaluator::price_parts_and_stages() {
     static_cast<PartLoad&>(layer_) = layout_->layer;
     static_cast<PartLoad&>(pre_cost_) = layout_->pre;
     static_cast<PartLoad&>(post_cost_) = layout_->post;
+    checkpoint_outer_blocks(pre_cost_, plan_.recompute);
+    checkpoint_outer_blocks(post_cost_, plan_.recompute);
     // The layout's own prices hold its sequence split's sends among its collectives (both
     // axes': tensor_parallel): the graph's ring estimate is not shown beside them.
     layer_.ring_seconds = pre_cost_.ring_seconds = post_cost_.ring_seconds = 0;
@@ -851,10 +884,18 @@ double PlanEvaluator::in_flight_bytes(int s, double in_flight) const {
       here.boundary_bytes + (plan_.recompute == plan::Recompute::Selective ? here.layer.selective_kept_bytes : 0.0);
   double acts = stage_activation_bytes(here.layer.activation_bytes, kept_bytes,
                                        device_layers_[static_cast<std::size_t>(s)], flight, recompute_);
-  // The layers before the first block and after the last (embedding, head and loss) keep
-  // theirs for every micro-batch their stage holds, as the blocks do (not recomputed).
-  if (s == 0) acts += flight * here.pre.activation_bytes;
-  if (s == last_device_) acts += flight * here.post.activation_bytes;
+  // The nodes before the first layer and after the last (embedding, head and loss) keep
+  // theirs for every micro-batch their stage holds (repeated blocks among them: their
+  // checkpoints, checkpoint_outer_blocks); a block recomputed in the backward holds its saved
+  // bytes meanwhile, as a layer does (one recomputation at a time: the larger of the two).
+  const double layer_transient = recompute_ && device_layers_[static_cast<std::size_t>(s)] > 0
+                                     ? here.layer.activation_bytes : 0.0;
+  double block_transient = 0;
+  if (s == 0) acts += flight * here.pre.activation_bytes, block_transient = here.pre.blocks.largest_block_bytes;
+  if (s == last_device_)
+    acts += flight * here.post.activation_bytes,
+        block_transient = std::max(block_transient, here.post.blocks.largest_block_bytes);
+  if (recompute_) acts += std::max(0.0, block_transient - layer_transient);
   return acts;
 }
 

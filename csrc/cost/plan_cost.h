@@ -8,7 +8,9 @@
 // Structure, found from the graph alone (no layer names):
 //  - Layers: the largest group of analysis::find_repeated_blocks (most nodes in all). Nodes
 //    before its first layer are "pre" (first pipeline stage), after its last "post" (last
-//    stage). Every layer is costed as the first one.
+//    stage). Every layer is costed as the first one. The other groups' blocks among them
+//    (DeepSeek-V3's dense first layers) are priced with them, and recomputed as the layers
+//    are: each keeps its checkpoint per micro-batch, its forward runs again in the backward.
 //  - Tensor parallelism (degree t), Megatron-style, from the dataflow of one layer
 //    (layer_structure.h): column-parallel weighted contractions (several may feed one
 //    group: q, k, v; SwiGLU's gate and up) whose outputs reach one row-parallel weighted
@@ -62,6 +64,7 @@
 // 2 pairs per layer, bubble (2-1)/m of the ideal time).
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -162,6 +165,40 @@ struct PartLoad {
   // A split backward (a zero-bubble schedule): the gradients its B leaves at the weight-reading
   // nodes' outputs for its W (analysis/weight_gradient_split.h), one rank, at the micro-batch.
   double weight_gradient_bytes = 0;
+  // Of the above, the nodes of repeated blocks outside the layers (LayerStructure::outer_block:
+  // DeepSeek-V3's dense first layers), which recomputation checkpoints as it does the layers.
+  struct Blocks {
+    double forward = 0, selective_forward = 0;              // theirs, and the ops selective runs again
+    double activation_bytes = 0, selective_kept_bytes = 0;  // theirs, and the outputs selective keeps
+    double checkpoint_bytes = 0;     // the blocks' checkpoints (what a recomputed block keeps)
+    double largest_block_bytes = 0;  // the most one block saves: held while its backward recomputes it
+  } blocks;
+};
+
+// PartLoad::Blocks summed over a part's nodes as its pricer (the evaluator's graph pricing, a
+// searched stage layout's) visits them, one rank's figures at the micro-batch.
+class OuterBlockTally {
+ public:
+  explicit OuterBlockTally(const LayerStructure& structure) : structure_(structure) {}
+  // Node `id`'s figures; nothing when it is in no block outside the layers.
+  void add(ir::NodeId id, double forward, double selective_forward, double activation_bytes,
+           double selective_kept_bytes);
+  // `checkpoint_bytes(v)`: one rank's bytes of checkpoint value v at the micro-batch.
+  template <typename BytesOf>
+  PartLoad::Blocks finish(BytesOf checkpoint_bytes) const {
+    PartLoad::Blocks out = sum_;
+    for (const auto& [block, saved] : saved_by_block_) {
+      out.largest_block_bytes = std::max(out.largest_block_bytes, saved);
+      const ir::ValueId checkpoint = structure_.outer_block_checkpoint[static_cast<std::size_t>(block)];
+      if (checkpoint >= 0) out.checkpoint_bytes += checkpoint_bytes(checkpoint);
+    }
+    return out;
+  }
+
+ private:
+  const LayerStructure& structure_;
+  PartLoad::Blocks sum_;
+  std::map<int, double> saved_by_block_;
 };
 
 // A searched layout of a stage's tensor-parallel ranks (search/stage_layout.h finds it with

@@ -55,6 +55,10 @@ void validate(const GptConfig& c) {
         "build_gpt: GptConfig.experts ({}) must be 0 or positive, with experts_per_token ({}) between 1 and it",
         c.experts, c.experts_per_token));
   }
+  if (c.dense_layers < 0 || c.dense_layers > c.layers) {
+    throw support::ValidationError(fmt::format(
+        "build_gpt: GptConfig.dense_layers ({}) must be between 0 and GptConfig.layers ({})", c.dense_layers, c.layers));
+  }
   if (c.positions != 0 && c.positions < c.seq) {
     // wpe has one row per position: GPT-2 fails to index a longer sequence.
     throw support::ValidationError(
@@ -162,7 +166,7 @@ class GptBuilder {
       l.attn_proj_bias = param(p + "attn.c_proj.bias", {h_});
       l.ln_2_weight = param(p + "ln_2.weight", {h_});
       l.ln_2_bias = param(p + "ln_2.bias", {h_});
-      if (c_.experts > 0) {
+      if (c_.experts > 0 && i >= c_.dense_layers) {
         const std::int64_t e = c_.experts;
         l.router_weight = param(p + "mlp.gate.weight", {e, h_});
         l.gate_up_weight = param(p + "mlp.experts.gate_up_proj", {e, 2 * f_, h_});
@@ -262,7 +266,7 @@ class GptBuilder {
     x = op("aten::add.Tensor", "add", {x, residual}, act({b_, s_, h_}), {{"alpha", std::int64_t{1}}}, p);
     const ValueId residual_2 = x;
     x = layer_norm(x, w.ln_2_weight, w.ln_2_bias, p + ".ln_2");
-    if (c_.experts > 0) {
+    if (w.router_weight >= 0) {
       x = mixture_of_experts(x, w, p + ".mlp");
     } else {
       x = conv1d(x, w.c_fc_weight, w.c_fc_bias, h_, f_, p + ".mlp.c_fc");

@@ -100,6 +100,9 @@ struct GptConfig {
   // and mlp.c_proj.
   int experts = 0;
   int experts_per_token = 2;
+  // With experts: the first dense_layers layers keep the dense MLP (DeepSeek-V3's
+  // first_k_dense_replace), two families of repeated blocks.
+  int dense_layers = 0;
 };
 
 ir::Graph build_gpt(const GptConfig& config);

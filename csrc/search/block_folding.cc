@@ -79,18 +79,9 @@ void fold_leaves(const ir::Graph& graph, BlockFolding& out) {
 }
 
 // Checkpoints when recomputing: the largest activation each block reads from outside.
-void find_block_inputs(const ir::Graph& graph, const analysis::RepeatedBlockGroup& layers, BlockFolding& out) {
-  for (const auto& block : layers.nodes) {
-    std::set<ir::NodeId> inside(block.begin(), block.end());
-    ir::ValueId largest = -1;
-    for (ir::NodeId id : block)
-      for (ir::ValueId in : graph.node(id).inputs) {
-        const ir::Value& v = graph.value(in);
-        if (!v.producer || inside.contains(*v.producer)) continue;
-        if (largest < 0 || v.type.numel() > graph.value(largest).type.numel()) largest = in;
-      }
-    if (largest >= 0) out.block_inputs.push_back(largest);
-  }
+void find_block_inputs(const ir::Graph& graph, const analysis::RepeatedBlockGroup& blocks, BlockFolding& out) {
+  for (const auto& block : blocks.nodes)
+    if (const ir::ValueId in = analysis::block_checkpoint(graph, block); in >= 0) out.block_inputs.push_back(in);
 }
 
 }  // namespace
@@ -110,14 +101,18 @@ BlockFolding fold_repeated_blocks(const ir::Graph& graph, const std::vector<std:
   for (const ir::Value& value : graph.values())
     if (is_leaf(value)) out.rep_leaf[static_cast<std::size_t>(value.id)] = value.id;
 
-  // The largest group: a transformer's layers.
+  // The largest group (a transformer's layers) folds; every group's blocks are checkpointed
+  // (DeepSeek-V3's dense first layers as well as its mixture-of-experts layers), as the
+  // runtime runs them (transform/spmd_rewrite.cc, mark_recompute).
   const std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);
   const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups);
   if (layers == nullptr) return out;
-  mark_blocks(*layers, saved, out);
+  for (const analysis::RepeatedBlockGroup& group : groups) {
+    mark_blocks(group, saved, out);
+    find_block_inputs(graph, group, out);
+  }
   fold_nodes(graph, rules, *layers, out);
   fold_leaves(graph, out);
-  find_block_inputs(graph, *layers, out);
   return out;
 }
 

@@ -69,11 +69,14 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
     for (ir::ValueId o : graph.node(id).outputs) whole += graph.value(o).type.bytes();
     return whole > 0 ? static_cast<double>(held) / static_cast<double>(whole) : 0.0;
   };
+  const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
   auto part = [&](const std::vector<ir::NodeId>& nodes) {
     cost::PartPrice out;
+    cost::OuterBlockTally blocks(structure);
     std::set<ir::ValueId> seen;
     for (ir::NodeId id : nodes) {
       const NodePrice& price = prices[static_cast<std::size_t>(id)];
+      blocks.add(id, price.forward, price.selective_forward, price.activation_bytes, price.selective_kept_bytes);
       out.forward += price.forward;
       out.backward += price.backward;
       out.collectives += both_axes[static_cast<std::size_t>(id)].collectives;
@@ -92,13 +95,16 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
         if (ops::is_expert_weight(node, i)) out.expert_parameters += held;
       }
     }
+    out.blocks = blocks.finish([&](ir::ValueId v) {
+      return static_cast<double>(graph.value(v).type.bytes()) * batch_scale / plan.context *
+             found.held_fraction_of(v, kTensorAxis);
+    });
     return out;
   };
   cost::StageLayoutPrices out;
   out.layer = part(structure.layers->nodes.front());
   out.pre = part(structure.pre);
   out.post = part(structure.post);
-  const double batch_scale = static_cast<double>(plan.micro_batch) / structure.graph_batch;
   out.boundary_bytes = structure.layer_input_bytes * batch_scale / plan.context *
                        (structure.layer_input >= 0 ? found.held_fraction_of(structure.layer_input, kTensorAxis) : 1.0);
   return out;

@@ -591,23 +591,27 @@ void SpmdRewriter::emit_leaves(RewriteBuilder& builder) const {
   }
 }
 
-// Recomputation: every instance of the largest group of repeated blocks (a transformer's
-// layers) is one checkpointed region, as the search prices it (search/block_folding.h:
-// in-block nodes recompute their forward in backward and keep one instance's activations).
+// Recomputation: every instance of every group of repeated blocks (a transformer's layers;
+// DeepSeek-V3's dense first layers beside its mixture-of-experts ones) is one checkpointed
+// region, numbered in order over the groups, as the search and the evaluator price it
+// (search/block_folding.h, cost::checkpoint_outer_blocks: block nodes recompute their forward
+// in backward and the block keeps its checkpoint).
 void SpmdRewriter::mark_recompute() {
   if (sharding_.recompute == plan::Recompute::None) return;
-  const auto groups = analysis::find_repeated_blocks(graph_);
   // Selective: the nodes whose outputs are kept (none under full recomputation).
   const std::vector<bool> kept = sharding_.recompute == plan::Recompute::Selective
                                      ? analysis::kept_by_selective_recompute(graph_)
                                      : std::vector<bool>(nodes_.size(), false);
-  if (const analysis::RepeatedBlockGroup* layers = analysis::largest_group(groups))
-    for (std::size_t k = 0; k < layers->nodes.size(); ++k)
-      for (ir::NodeId id : layers->nodes[k]) {
+  int region = 0;
+  for (const analysis::RepeatedBlockGroup& group : analysis::find_repeated_blocks(graph_))
+    for (const std::vector<ir::NodeId>& block : group.nodes) {
+      for (ir::NodeId id : block) {
         NodeRewrite& rw = rewrites_[static_cast<std::size_t>(id)];
-        rw.recompute_block = static_cast<int>(k);
+        rw.recompute_block = region;
         rw.recompute_keeps = kept[static_cast<std::size_t>(id)];
       }
+      ++region;
+    }
 }
 
 // Operand i of `node`: its forward and backward steps, whether it is gathered again for

@@ -1,9 +1,11 @@
 #include "cost/plan_cost.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "cost/cluster_presets.h"
@@ -234,6 +236,56 @@ TEST(PlanCost, RecomputationAndInterleaving) {
   p.virtual_stages = 2;
   PlanCost inter = evaluate(g, c, p, model);
   EXPECT_NEAR(inter.bubble_fraction, 1.0 / (2 * 4), 1e-12);  // (p - 1) / (v m)
+}
+
+// A model with two families of repeated blocks (DeepSeek-V3's dense first layers, then its
+// mixture-of-experts layers): recomputation checkpoints both, as the runtime does. The dense
+// family sits before the layers (the largest family), so its blocks are priced with the
+// embedding, and under full recomputation each micro-batch keeps only their checkpoints (each
+// block's residual input), the block recomputed in the backward holding its saved bytes
+// meanwhile (here larger than a layer's, whose experts save less than a dense MLP), and their
+// forward runs again. By hand from the structure: one stage, GPipe, m = 2 micro-batches in flight.
+TEST(PlanCost, RecomputationCheckpointsEveryFamilyOfRepeatedBlocks) {
+  const ir::Graph g = models::build_gpt({.layers = 6, .hidden = 64, .heads = 4, .seq = 16, .vocab = 128,
+                                         .ffn_hidden = 256, .experts = 4, .dense_layers = 2});
+  const LayerStructure structure = find_layer_structure(g);
+  ASSERT_EQ(structure.num_layers(), 4);
+  ASSERT_EQ(structure.outer_block_checkpoint.size(), 2U);  // transformer.h.0 and .1
+  const Cluster c = preset("dgx-h100", 1);
+  AnalyticCostModel model;
+  plan::Plan p;
+  p.schedule = plan::Schedule::GPipe;
+  p.micro_batch = 1;
+  p.data = 8;
+  p.global_batch = 16;  // m = 16 / (1 x 8) = 2
+  const PlanCost none = evaluate(g, c, p, model);
+  p.recompute = plan::Recompute::Full;
+  const PlanCost full = evaluate(g, c, p, model);
+
+  const DeviceType& device = c.device_of(0);
+  auto saved = [&](ir::NodeId id) { return static_cast<double>(structure.activation_bytes[static_cast<std::size_t>(id)]); };
+  auto forward = [&](ir::NodeId id) { return model.node_time(g, g.node(id), device, Precision::BF16, {}).forward; };
+  double layer = 0, layer_forward = 0, outside = 0, dense = 0, dense_forward = 0, checkpoints = 0;
+  std::vector<double> per_block(2, 0.0);
+  for (ir::NodeId id : structure.layers->nodes.front()) layer += saved(id), layer_forward += forward(id);
+  for (const ir::Node& node : g.nodes()) {
+    const int block = structure.outer_block[static_cast<std::size_t>(node.id)];
+    if (block < 0) continue;
+    EXPECT_TRUE(node.module_path.starts_with(fmt::format("transformer.h.{}", block))) << node.module_path;
+    dense += saved(node.id), dense_forward += forward(node.id);
+    per_block[static_cast<std::size_t>(block)] += saved(node.id);
+  }
+  for (ir::NodeId id : structure.pre) outside += saved(id);
+  for (ir::NodeId id : structure.post) outside += saved(id);
+  for (ir::ValueId v : structure.outer_block_checkpoint) checkpoints += static_cast<double>(g.value(v).type.bytes());
+  const double largest = std::max(per_block[0], per_block[1]);
+  ASSERT_GT(largest, layer);
+  const double m = 2, layers = 4, kept = structure.layer_input_bytes;
+  EXPECT_DOUBLE_EQ(none.memory_breakdown.at("activations"), m * (layers * layer + outside));
+  EXPECT_NEAR(full.memory_breakdown.at("activations"),
+              m * (layers * kept + outside - dense + checkpoints) + layer + (largest - layer),
+              1e-9 * none.memory_breakdown.at("activations"));
+  EXPECT_NEAR(full.compute - none.compute, m * (layers * layer_forward + dense_forward), 1e-9 * full.compute);
 }
 
 // Selective recomputation sits between none and full in both prices: it runs again only the

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "analysis/saved_for_backward.h"
+#include "models/gpt.h"
 #include "search/sharding_strategies.h"
 #include "sharding_parts.h"
 
@@ -58,6 +59,32 @@ TEST(BlockFoldingTest, FullRecomputationRunsEveryNodeOfALayerAgain) {
     EXPECT_FALSE(none.checkpointed(node));
     EXPECT_FALSE(none.runs_again(node));
   }
+}
+
+// Two families of repeated blocks (models::GptConfig::dense_layers: two dense layers, then
+// three mixture-of-experts ones): the larger folds, and recomputation checkpoints the blocks of
+// both, one checkpoint each (its residual input; the first layer reads the embeddings' sum).
+TEST(BlockFoldingTest, RecomputationCheckpointsTheBlocksOfEveryFamily) {
+  const ir::Graph g = models::build_gpt(
+      {.layers = 5, .hidden = 32, .heads = 2, .seq = 8, .vocab = 64, .experts = 4, .dense_layers = 2});
+  const BlockFolding none = fold(g, plan::Recompute::None);
+  const BlockFolding full = fold(g, plan::Recompute::Full);
+  EXPECT_EQ(full.block_inputs.size(), 5U);
+  EXPECT_EQ(none.block_inputs.size(), 5U);  // the checkpoints are found either way, held only when recomputing
+  int dense_nodes = 0, folded = 0;
+  for (const ir::Node& node : g.nodes()) {
+    const auto u = static_cast<std::size_t>(node.id);
+    const bool dense = node.module_path.starts_with("transformer.h.0") || node.module_path.starts_with("transformer.h.1");
+    if (dense) {
+      ++dense_nodes;
+      EXPECT_TRUE(full.checkpointed(u)) << node.module_path;
+      EXPECT_FALSE(none.checkpointed(u));
+      EXPECT_TRUE(full.represents_itself(u));  // the smaller family is not folded
+    }
+    if (!full.represents_itself(u)) ++folded;
+  }
+  EXPECT_GT(dense_nodes, 0);
+  EXPECT_GT(folded, 0);  // layers 3 and 4 fold into layer 2
 }
 
 }  // namespace
