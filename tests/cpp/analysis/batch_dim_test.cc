@@ -78,5 +78,28 @@ TEST(BatchDimTest, Gpt2ActivationsCarryTheBatch) {
   }
 }
 
+// DeepSeek-V3's attention (transformers) builds its keys in k.new_empty([b, heads, s, d]) and
+// fills it by slice_scatter: the new tensor is the batch's, its dim 0 the batch dim (then what
+// reads it follows). A tensor made at another size than the batch (a [1, ...] table) is not.
+TEST(BatchDimTest, ATensorMadeAtTheBatchsSizeAndFilledWithTheBatchIsBatched) {
+  ir::Graph g;
+  const auto x = g.add_value("x", f32({2, 4, 8}, 0), ir::ValueRole::Input);
+  auto out = [&](ir::NodeId n) { return g.node(n).outputs[0]; };
+  const auto made = out(g.add_node("aten::new_empty", {x}, {{"made", f32({2, 4, 12})}},
+                                   {{"size", std::vector<std::int64_t>{2, 4, 12}}}));
+  const auto filled = out(g.add_node("aten::slice_scatter", {made, x}, {{"filled", f32({2, 4, 12})}},
+                                     {{"dim", std::int64_t{2}}, {"start", std::int64_t{0}}, {"end", std::int64_t{8}},
+                                      {"step", std::int64_t{1}}}));
+  g.add_node("aten::relu", {made}, {{"read_again", f32({2, 4, 12})}});
+  const auto table = out(g.add_node("aten::new_zeros", {x}, {{"table", f32({1, 4, 8})}},
+                                    {{"size", std::vector<std::int64_t>{1, 4, 8}}}));
+  g.add_node("aten::add.Tensor", {x, table}, {{"sum", f32({2, 4, 8})}}, {{"alpha", std::int64_t{1}}});
+  EXPECT_TRUE(propagate_batch_dim(ops::OpTable::builtin(), g));
+  EXPECT_EQ(g.value(made).type.batch_dim, 0);
+  EXPECT_EQ(g.value(filled).type.batch_dim, 0);
+  EXPECT_EQ(batch_of(g, "read_again"), 0);  // the propagation ran again from it
+  EXPECT_FALSE(g.value(table).type.batch_dim.has_value());
+}
+
 }  // namespace
 }  // namespace shardwise::analysis
