@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -290,18 +291,11 @@ class Follower {
     }
   }
 
-  // Whether the node reads only metadata of input k (dtype, shape: type_as's second operand):
-  // every index of it is spatial and carried by no output (ops/dim_rule.h).
+  // Whether the node reads only metadata of input k (dtype, shape: type_as's second operand),
+  // or nothing of it that an index names (ops/dim_rule.h).
   static bool metadata_only(const ops::DimRule& rule, std::size_t k) {
-    for (const ops::DimIndices& dim : rule.inputs[k])
-      for (int index : dim) {
-        if (rule.indices[static_cast<std::size_t>(index)].kind != ops::IndexKind::Spatial) return false;
-        for (const ops::OperandDims& output : rule.outputs)
-          for (const ops::DimIndices& out_dim : output)
-            for (int carried : out_dim)
-              if (carried == index) return false;
-      }
-    return true;
+    const bool indexed = std::ranges::any_of(rule.inputs[k], [](const ops::DimIndices& dim) { return !dim.empty(); });
+    return !indexed || rule.reads_metadata_only(k);
   }
 
   // An output with `dims` (its rule dims) carries the batch index `index`: Rows at that dim,

@@ -58,6 +58,19 @@ int DimRule::find(std::string_view label) const {
   return -1;
 }
 
+bool DimRule::reads_metadata_only(std::size_t input) const {
+  bool any = false;
+  for (const DimIndices& dim : inputs.at(input))
+    for (int index : dim) {
+      any = true;
+      if (indices[static_cast<std::size_t>(index)].kind != IndexKind::Spatial) return false;
+      for (const OperandDims& output : outputs)
+        for (const DimIndices& out_dim : output)
+          if (std::ranges::find(out_dim, index) != out_dim.end()) return false;
+    }
+  return any;
+}
+
 bool DimRule::is_added(std::size_t input) const {
   return std::find(added.begin(), added.end(), static_cast<int>(input)) != added.end();
 }

@@ -126,6 +126,10 @@ struct DimRule {
   int find(std::string_view label) const;
   // Whether input `input` is an added term (see `added`).
   bool is_added(std::size_t input) const;
+  // Whether the op reads input `input` for its metadata only (type, device, shape:
+  // new_empty's self, view_as' second operand): it has indices, every one Spatial and carried
+  // by no output. Its placement changes nothing: any shard of it serves.
+  bool reads_metadata_only(std::size_t input) const;
   // Product of the sizes of the indices (1 for an empty list): the size the dim must have.
   std::int64_t dims_size(const DimIndices& dims) const;
   // Shape implied for one operand.

@@ -26,10 +26,13 @@ ShardingSpec one_axis_varied(std::size_t axes, int axis, const Placement& at_axi
 
 }  // namespace
 
-EdgeGroups group_edges(const ir::Graph& graph, const BlockFolding& folding) {
+EdgeGroups group_edges(const ir::Graph& graph, const BlockFolding& folding,
+                       const std::vector<std::optional<ops::DimRule>>& rules) {
   EdgeGroups edges;
   for (const ir::Node& node : graph.nodes()) {
+    const std::optional<ops::DimRule>& rule = rules[static_cast<std::size_t>(node.id)];
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+      if (rule && rule->reads_metadata_only(i)) continue;  // read as it is held (transform/spmd_rewrite.cc)
       const ir::Value& value = graph.value(node.inputs[i]);
       EdgeKey key{};
       if (is_leaf(value)) {

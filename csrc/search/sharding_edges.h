@@ -37,8 +37,11 @@ struct EdgeGroup {
 };
 using EdgeGroups = std::map<EdgeKey, EdgeGroup>;
 
-// Every (value, reader, operand) of the graph, grouped by their representatives.
-EdgeGroups group_edges(const ir::Graph& graph, const BlockFolding& folding);
+// Every (value, reader, operand) of the graph, grouped by their representatives; not an
+// operand its reader reads for metadata only (DimRule::reads_metadata_only: no resharding,
+// whatever its placement).
+EdgeGroups group_edges(const ir::Graph& graph, const BlockFolding& folding,
+                       const std::vector<std::optional<ops::DimRule>>& rules);
 
 // The units of grouped parameter collectives (parameter_collectives.h, parameter_units).
 struct ParameterUnits {

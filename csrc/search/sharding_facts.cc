@@ -110,7 +110,7 @@ ShardingFacts::ShardingFacts(const ir::Graph& graph, const cost::Cluster& cluste
   folding = fold_repeated_blocks(graph, rules, saved_tensors, options.recompute);
   units = count_parameter_units(graph);
   strided = strided_sizes(rules);
-  edges = group_edges(graph, folding);
+  edges = group_edges(graph, folding, rules);
 }
 
 double ShardingFacts::value_bytes(ir::ValueId value) const {

@@ -625,6 +625,10 @@ void SpmdRewriter::operand_steps(const ir::Node& node, std::size_t i, int unit) 
   const ir::Value& v = graph_.value(node.inputs[i]);
   const auto id = static_cast<std::size_t>(v.id);
   op.produced = produced_[id];
+  // An operand read for its metadata only (new_empty's self) is read as it is held: its
+  // dtype and device are every shard's; the search prices no resharding of it (group_edges).
+  const bool metadata = rule && rule->reads_metadata_only(i);
+  if (metadata) op.required = op.produced;
   op.local_shape = local_shape(v, op.required);
   op.forward = reshard_actions(op.produced, op.required);
   op.regather = v.role == ir::ValueRole::Parameter && rw.recompute_block < 0 &&
@@ -640,7 +644,7 @@ void SpmdRewriter::operand_steps(const ir::Node& node, std::size_t i, int unit) 
       throw ValidationError(fmt::format("internal: a prefetched gather of '{}' is not one all-gather ({} steps)",
                                         v.name, op.forward.size()));
   }
-  op.gradient = gradient_[id];
+  op.gradient = gradient_[id] && !metadata;
   if (op.gradient) op.backward = backward_steps(grads_[n][i], id);
   if (op.gradient && v.role == ir::ValueRole::Parameter) {
     op.scatter = search::gradient_scatter_overlap(grads_[n][i], canonical_[id]);

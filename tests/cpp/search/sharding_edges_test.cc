@@ -11,6 +11,9 @@
 #include <map>
 #include <vector>
 
+#include "analysis/saved_for_backward.h"
+#include "ir/parser.h"
+#include "search/sharding_strategies.h"
 #include "sharding_parts.h"
 
 namespace shardwise::search {
@@ -39,6 +42,22 @@ TEST_F(ShardingEdgesTest, EveryReadIsGroupedByItsRepresentatives) {
   for (const auto& [key, group] : c.facts.edges) counts[key] = group.count;
   EXPECT_EQ(counts, expected);
   EXPECT_EQ(c.facts.edges.at({linear, false, tanh, 0}).value, c.value("h0"));
+}
+
+// x.new_empty(size) reads x for its dtype and device only (DimRule::reads_metadata_only): no
+// edge, so no placement of x costs that read anything (the rewrite reads x as it is held).
+TEST(GroupEdges, AnOperandReadForItsMetadataHasNoEdge) {
+  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b8,4]) {
+  %made: f32[b8,6] = aten::new_empty(%x) {size=[8,6]}
+  %filled: f32[b8,6] = aten::slice_scatter(%made, %x) {dim=1, start=0, end=4, step=1}
+  return (%filled)
+})");
+  const auto rules = rules_at_batch(g, 1.0);
+  const EdgeGroups edges =
+      group_edges(g, fold_repeated_blocks(g, rules, analysis::saved_tensors(g), plan::Recompute::None), rules);
+  std::vector<std::pair<int, int>> reads;  // (consumer, operand)
+  for (const auto& [key, group] : edges) reads.emplace_back(key.consumer, key.operand);
+  EXPECT_EQ(reads, (std::vector<std::pair<int, int>>{{1, 0}, {1, 1}}));  // the slice_scatter's two
 }
 
 TEST_F(ShardingEdgesTest, AnActivationGatheredForItsReaderPaysOneAllGather) {

@@ -240,6 +240,47 @@ plan::Sharding positions_plan(const ir::Graph& g, const std::string& placement) 
   return s;
 }
 
+// x.new_empty(size) reads x for its dtype and device only (DimRule::reads_metadata_only): x is
+// read as it is held, with no resharding into the strategy's placement of it (Replicate: its
+// metadata index is not split) and no gradient, and the search prices no edge for the read
+// (search::group_edges); the made tensor is created at its local size.
+TEST(SpmdRewrite, AnOperandReadForItsMetadataIsReadAsItIsHeld) {
+  ir::Graph g;
+  const ir::ValueId x = g.add_value("x", ir::TensorType{ir::DType::F32, {8, 4}, 0}, ir::ValueRole::Input);
+  auto out = [&](ir::NodeId n) { return g.node(n).outputs[0]; };
+  const ir::ValueId a = out(g.add_node("aten::relu", {x}, {{"a", {ir::DType::F32, {8, 4}, 0}}}, {}, ""));
+  const ir::ValueId made = out(g.add_node("aten::new_empty", {a}, {{"made", {ir::DType::F32, {8, 6}, 0}}},
+                                          {{"size", std::vector<std::int64_t>{8, 6}}}, ""));
+  const ir::ValueId filled = out(g.add_node("aten::slice_scatter", {made, a}, {{"filled", {ir::DType::F32, {8, 6}, 0}}},
+                                            {{"dim", std::int64_t{1}}, {"start", std::int64_t{0}},
+                                             {"end", std::int64_t{4}}, {"step", std::int64_t{1}}},
+                                            ""));
+  g.set_outputs({filled});
+  // Each node split on the index its output's dim 0 carries, on the tensor axis of {1, 2}.
+  auto rows = [&](int node) {
+    const auto rule = ops::dim_rule_for(ops::OpTable::builtin(), g, g.node(node));
+    EXPECT_TRUE(rule->reads_metadata_only(0) == (node == 1));
+    return "split " + rule->indices[static_cast<std::size_t>(rule->outputs[0][0][0])].label;
+  };
+  plan::Sharding s;
+  s.mesh = {1, 2};
+  s.axis_names = {"data", "tensor"};
+  s.level = "manual";
+  s.placements = {{"x", {"R", "S(0)"}}, {"a", {"R", "S(0)"}}, {"made", {"R", "S(0)"}}, {"filled", {"R", "S(0)"}}};
+  s.strategies = {{"a", {"replicate", rows(0)}}, {"made", {"replicate", rows(1)}}, {"filled", {"replicate", rows(2)}}};
+  s.leaves = {"x"};
+  const RankProgram p = rank_program(g, s, 1);
+  const NodeRewrite& create = p.nodes[1];
+  ASSERT_EQ(create.op, "aten::new_empty");
+  EXPECT_EQ(create.inputs[0].required, create.inputs[0].produced);
+  EXPECT_TRUE(create.inputs[0].forward.empty());
+  EXPECT_FALSE(create.inputs[0].gradient);
+  EXPECT_EQ(create.inputs[0].local_shape, (Shape{4, 4}));
+  EXPECT_EQ(std::get<std::vector<std::int64_t>>(create.attrs.at("size")), (Shape{4, 6}));
+  // The slice_scatter reads a as its source: that read is data, split as held.
+  EXPECT_TRUE(p.nodes[2].inputs[1].forward.empty());
+}
+
 TEST(SpmdRewrite, AnArangeSplitIntoBlocksStartsAtItsBlock) {
   // arange(start 3, end 27, step 2): 12 values split 3 ways; rank 5 (coordinates 1, 2) holds
   // indices [8, 12), the values 19 .. 25.
