@@ -606,16 +606,18 @@ FastOptions ShardingModel::solver_seeds(AxisProblem& ap, bool seeds_only) const 
     if (ap.node_id[u] < 0) continue;
     const auto& options = ap.strategies[u];
     const ir::Node& node = graph_.node(static_cast<ir::NodeId>(u));
+    // Data parallelism: the first strategy that splits an output's batch; where none does, the
+    // first that splits an input's (a loss). Not one splitting only an input that it reads for
+    // metadata (new_empty's): its output would be whole, computed on every rank.
+    int output_batch = -1, input_batch = -1;
     for (std::size_t c = 0; c < options.size(); ++c) {
       if (options[c] == decisions_.nodes[a][u]) current[static_cast<std::size_t>(ap.node_id[u])] = static_cast<int>(c);
-      bool batch = false;
-      for (std::size_t o = 0; o < node.outputs.size(); ++o)
-        batch = batch || shards_batch(node.outputs[o], options[c].outputs[o]);
-      for (std::size_t i = 0; i < node.inputs.size(); ++i)
-        batch = batch || shards_batch(node.inputs[i], options[c].inputs[i]);
-      int& dp = data_parallel[static_cast<std::size_t>(ap.node_id[u])];
-      if (batch && dp == 0) dp = static_cast<int>(c);
+      for (std::size_t o = 0; o < node.outputs.size() && output_batch < 0; ++o)
+        if (shards_batch(node.outputs[o], options[c].outputs[o])) output_batch = static_cast<int>(c);
+      for (std::size_t i = 0; i < node.inputs.size() && input_batch < 0; ++i)
+        if (shards_batch(node.inputs[i], options[c].inputs[i])) input_batch = static_cast<int>(c);
     }
+    data_parallel[static_cast<std::size_t>(ap.node_id[u])] = std::max(0, output_batch >= 0 ? output_batch : input_batch);
   }
   for (std::size_t v = 0; v < graph_.values().size(); ++v) {
     if (ap.leaf_id[v] < 0) continue;
