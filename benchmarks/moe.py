@@ -133,20 +133,27 @@ def at_scale(nodes: int, seq: int, global_batch: int, record_results: bool) -> N
     header = ["plan", "degrees", "experts split over", "fits", "predicted step (s)", "TFLOP/s per GPU",
               "memory per GPU (GB)", "exposed communication (s)", "plan CPU (s)"]
     table = []
-    start = time.process_time()
-    searched = shardwise.plan(graph, cluster, global_batch=global_batch)
-    seconds = time.process_time() - start
-    # The stages' layout as parallelize completes it, on a capture at a micro-batch of the data
-    # axis: where its experts are split, and the report that says so.
-    rows = searched.micro_batch * searched.data * searched.context
-    at_rows = torch.zeros(rows, seq, dtype=torch.long, device="meta")
-    searched = searched.complete(shardwise.capture(deepseek_v3_module(seq), {"input_ids": at_rows, "labels": at_rows}),
-                                 cluster)
+    def planned(expert_parallel: bool):
+        start = time.process_time()
+        found = shardwise.plan(graph, cluster, global_batch=global_batch, expert_parallel=expert_parallel)
+        seconds = time.process_time() - start
+        # The stages' layout as parallelize completes it, on a capture at a micro-batch of the
+        # data axis: where its experts are split, and the report that says so.
+        rows = found.micro_batch * found.data * found.context
+        at_rows = torch.zeros(rows, seq, dtype=torch.long, device="meta")
+        capture_at_rows = shardwise.capture(deepseek_v3_module(seq), {"input_ids": at_rows, "labels": at_rows})
+        return found.complete(capture_at_rows, cluster), seconds
+
+    searched, seconds = planned(True)
+    unsplit, unsplit_seconds = planned(False)
+    capacity = cluster.device_of(0)["memory_bytes"] * shardwise._C.MEMORY_FRACTION
     # DeepSeek-V3's own degrees (its report: pipeline 16, no tensor parallelism, experts over
     # the data ranks): plan.expert splits them over a stage's whole data axis, 128 ranks here.
     own = shardwise.Plan.manual(graph, cluster, tensor=1, pipeline=16, expert=cluster.world_size // 16,
                                 global_batch=global_batch, micro_batch=1, recompute="full", zero=1)
-    for name, plan, cpu in (("shardwise.plan", searched, seconds), ("DeepSeek-V3's degrees", own, None)):
+    for name, plan, cpu in (("shardwise.plan", searched, seconds),
+                            ("shardwise.plan, expert_parallel=False", unsplit, unsplit_seconds),
+                            ("DeepSeek-V3's degrees", own, None)):
         predicted = plan._doc["predicted"]
         kinds = ("expert_parallel", "tensor_parallel", "context_parallel", "pipeline_p2p", "data_parallel")
         comms = ", ".join(f"{k} {predicted['breakdown'][k]:.2f}" for k in kinds if predicted["breakdown"].get(k))
@@ -158,7 +165,8 @@ def at_scale(nodes: int, seq: int, global_batch: int, record_results: bool) -> N
         tensor_split = any(k.startswith("experts") and v[1:] == ["split e"] for k, v in strategies.items())
         where = (f"{plan.expert} data ranks" if plan.expert > 1 else f"{plan.tensor} tensor ranks" if tensor_split
                  else "none")
-        table.append([name, degrees, where, "yes" if plan.fits else "no", predicted["step_time"],
+        fits = predicted["memory_per_rank"] <= capacity  # the planners' bound: memory_fraction of the device
+        table.append([name, degrees, where, "yes" if fits else "no", predicted["step_time"],
                       predicted["tflops_per_device"], predicted["memory_per_rank"] / 1e9, comms, cpu])
         print(plan.report(), flush=True)
     print(f"\nDeepSeek-V3 shape (61 layers, {graph.num_parameters() / 1e9:.0f}B parameters), {seq} tokens x "
@@ -180,7 +188,9 @@ def at_scale(nodes: int, seq: int, global_batch: int, record_results: bool) -> N
                      f"{graph.num_parameters() / 1e9:.0f}B parameters, bf16, meta device) at {seq} tokens, "
                      f"{global_batch} sequences a step, dgx-h100 x{nodes}: shardwise.plan (its stages' layout "
                      "completed on a capture at its micro-batch, as parallelize does: where the experts are split), "
+                     "the same with the experts' split off (expert_parallel=False), "
                      "beside Plan.manual at DeepSeek-V3's degrees with the experts over each stage's data ranks; "
+                     f"fits: within {shardwise._C.MEMORY_FRACTION:.0%} of a device's memory, the planners' bound; "
                      f"capture {capture:.2f} s CPU. Exposed communication: the plan's seconds by kind "
                      "(expert_parallel: the experts' all-to-all dispatch and combine, inside compute). "
                      "Predictions of the analytic model, not measurements."})

@@ -142,6 +142,16 @@ void note_params(const ir::Graph& graph, const std::map<ir::NodeId, TensorSplit>
 
 }  // namespace
 
+LayerStructure with_whole_experts(LayerStructure structure, const ir::Graph& graph) {
+  std::erase_if(structure.layer_split, [&](const auto& entry) { return ops::is_experts(graph.node(entry.first)); });
+  std::erase_if(structure.row_ends, [&](ir::NodeId id) { return ops::is_experts(graph.node(id)); });
+  for (const ir::Node& node : graph.nodes())
+    if (ops::is_experts(node))
+      for (std::size_t i = 0; i < node.inputs.size(); ++i)
+        if (ops::is_expert_weight(node, i)) structure.sharded_params.erase(node.inputs[i]);
+  return structure;
+}
+
 LayerStructure find_layer_structure(const ir::Graph& graph) {
   LayerStructure out;
   std::vector<analysis::RepeatedBlockGroup> groups = analysis::find_repeated_blocks(graph);

@@ -85,4 +85,9 @@ struct LayerStructure {
 
 LayerStructure find_layer_structure(const ir::Graph& graph);
 
+// `structure` with each mixture of experts' experts op left whole on the tensor ranks (not a
+// row-parallel end, its expert weights not sharded): a plan whose layout keeps every expert on
+// every rank (plan::Plan::split_experts false).
+LayerStructure with_whole_experts(LayerStructure structure, const ir::Graph& graph);
+
 }  // namespace shardwise::cost

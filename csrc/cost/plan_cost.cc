@@ -959,6 +959,10 @@ PlanCost evaluate(const LayerStructure& structure, const ir::Graph& graph, const
                   const plan::Plan& plan, const CostModel& model, const PlanCostConstants& constants,
                   const StageLayoutPrices* layout) {
   plan::validate(plan, cluster.world_size());
+  if (!plan.split_experts && std::ranges::any_of(structure.row_ends, [&](ir::NodeId id) {
+        return ops::is_experts(graph.node(id));
+      }))
+    return evaluate(with_whole_experts(structure, graph), graph, cluster, plan, model, constants, layout);
   PlanEvaluator evaluation(structure, graph, cluster, plan, model, constants, layout);
   evaluation.price_parts_and_stages();
   evaluation.balance_stages();

@@ -93,6 +93,10 @@ void validate_context(const Plan& plan) {
 // runtime splits the experts over; an SPMD plan, or stages on meshes of their own, say it by
 // their layouts instead.
 void validate_expert(const Plan& plan) {
+  if (plan.expert > 1 && !plan.split_experts)
+    throw ValidationError(fmt::format("plan.expert: {} with split_experts false: the experts are split over the data "
+                                      "ranks or kept whole; use expert 1, or split_experts true",
+                                      plan.expert));
   if (plan.expert == 1) return;
   if (plan.expert < 1 || plan.expert != plan.stage_data())
     throw ValidationError(fmt::format(
@@ -583,6 +587,7 @@ json plan_degrees(const Plan& plan) {
   if (plan.micro_batch_semantics != MicroBatchSemantics::Exact)
     out["micro_batch_semantics"] = micro_batch_semantics_name(plan.micro_batch_semantics);
   if (!plan.fused_accumulation) out["fused_accumulation"] = false;
+  if (!plan.split_experts) out["split_experts"] = false;
   return out;
 }
 
@@ -633,7 +638,7 @@ Plan plan_from_json(const json& in) {
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
                                               "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings", "context", "expert",
-                                              "precision", "micro_batch_semantics", "fused_accumulation", "sharding",
+                                              "precision", "micro_batch_semantics", "fused_accumulation", "split_experts", "sharding",
                                               "stage_sharding", "programs", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
@@ -667,6 +672,7 @@ Plan plan_from_json(const json& in) {
   if (in.contains("micro_batch_semantics"))
     plan.micro_batch_semantics = micro_batch_semantics_from_name(field<std::string>(in, "micro_batch_semantics"));
   if (in.contains("fused_accumulation")) plan.fused_accumulation = field<bool>(in, "fused_accumulation");
+  if (in.contains("split_experts")) plan.split_experts = field<bool>(in, "split_experts");
   if (in.contains("sharding")) plan.sharding = sharding_from_json(in.at("sharding"));
   if (in.contains("stage_sharding")) plan.stage_sharding = sharding_from_json(in.at("stage_sharding"), "plan.stage_sharding");
   if (in.contains("programs")) {

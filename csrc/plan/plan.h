@@ -50,6 +50,10 @@
 //    marks a contraction (python/shardwise/runtime/fused_accumulation.py). true (default, not
 //    written, so plans without it keep their hash) or false: the stages leave it to autograd
 //    (the control arm of benchmarks/fused_accumulation.py).
+//  - split_experts: whether the stages' layout may split a mixture of experts' experts over
+//    its tensor ranks (search/stage_layout.h: ShardingModelOptions::expert_parallel); true
+//    (default, not written, so plans without it keep their hash) or false: every rank of a
+//    stage holds every expert (shardwise.plan(expert_parallel=False)); with expert > 1, refused.
 //  - predicted: set by the evaluator (cost/plan_cost.h); not part of the hash, so costing a
 //    plan twice, or with another model, keeps its identity.
 //  - sharding: set by the SPMD search (search/spmd_search.h), see Sharding; part of the hash.
@@ -242,6 +246,7 @@ struct Plan {
   std::string precision = "bf16";
   MicroBatchSemantics micro_batch_semantics = MicroBatchSemantics::Exact;
   bool fused_accumulation = true;
+  bool split_experts = true;  // see above
   std::optional<Sharding> sharding;
   std::optional<Sharding> stage_sharding;
   std::vector<Sharding> stage_shardings;  // with stage_meshes: one per stage (complete plans)

@@ -111,8 +111,9 @@ struct JointPlanOptions {
   // (shardwise.plan(context_parallel=False)).
   bool context_parallel = true;
   // Candidates whose stages split each mixture of experts layer's experts over their data ranks
-  // (plan.expert) where those ranks divide every layer's experts; false: none (their stages'
-  // tensor axis may still split them: the stage layout's choice).
+  // (plan.expert) where those ranks divide every layer's experts, or over their tensor ranks
+  // where their layout does; false: neither (plan.split_experts false: every rank of a stage
+  // holds every expert).
   bool expert_parallel = true;
   // Called every 64 candidates and at the end of each pass with (done, total); may throw to
   // stop the search.

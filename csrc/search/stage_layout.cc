@@ -129,6 +129,7 @@ ShardingModelOptions stage_model_options(const cost::LayerStructure& structure,
   mo.parameter_memory_scale = shares.parameters;
   mo.activation_memory_scale = shares.activations;
   mo.require_batch_index = false;
+  mo.expert_parallel = plan.split_experts;
   // The stage's rows are its data axis' (as completion searches and the runtime runs it:
   // complete_stage_sharding): a tensor axis splitting the graph's batch would price a
   // micro-batch of one row as split over the t ranks where the graph was captured at t rows.
@@ -238,6 +239,7 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   // The experts split over the data axis where the plan says so (plan.expert), and only there:
   // what the evaluator priced.
   if (options.mesh->front() > 1) options.experts_on_first_axis = plan.expert > 1;
+  options.expert_parallel = plan.split_experts;
   options.memory_fraction = memory_fraction;
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
   const cost::AnalyticCostModel analytic;

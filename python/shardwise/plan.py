@@ -225,8 +225,9 @@ class Plan:
         ``context_parallel``: whether candidates may split each row's sequence over a stage's
         data ranks (``Plan.manual``'s ``context``) where every attention runs as a ring; False:
         none. ``expert_parallel``: whether candidates may split each mixture of experts layer's
-        experts over a stage's data ranks (``Plan.manual``'s ``expert``); False: none (a stage's
-        tensor axis may still split them, as its layout search finds)."""
+        experts over a stage's data ranks (``Plan.manual``'s ``expert``), or its layout over its
+        tensor ranks; False: neither (the plan's ``split_experts`` false: every rank of a stage
+        holds every expert, however the plan is completed)."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
@@ -599,8 +600,8 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     degree, the SPMD search's sequence split of an axis wider than the batch); False: never.
     ``expert_parallel``: whether a plan may split each mixture of experts layer's experts over
     ranks (the SPMD search's split of them over any axis; the joint planner's ``expert`` degree
-    over a stage's data ranks); False: the SPMD search never does, the joint planner keeps them
-    whole over its data ranks.
+    over a stage's data ranks, its stages' layout over their tensor ranks); False: never (a
+    joint plan's ``split_experts`` false: its stages' layout keeps every expert on every rank).
     ``progress(done, total)`` is called after each candidate. The graph must have been
     captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
 

@@ -198,6 +198,16 @@ def test_the_search_splits_experts_only_where_allowed():
     # its candidates (plan.expert), none with it off.
     joint = shardwise.plan(graph, cluster, global_batch=ROWS, pipeline=True, expert_parallel=False)
     assert joint.expert == 1 and "expert" not in json.loads(joint.to_json())
+    # ... and its plan says so (split_experts), so that its stages' layout, completed where it
+    # runs, keeps every expert on every tensor rank too.
+    assert json.loads(joint.to_json())["split_experts"] is False
+    doc = json.loads(shardwise.Plan.manual(graph, cluster, pipeline=2, tensor=2, data=1, global_batch=ROWS,
+                                           micro_batch=ROWS, recompute=False).to_json())
+    doc.pop("predicted", None)
+    doc["split_experts"] = False
+    whole = shardwise.Plan.from_json(json.dumps(doc)).complete(graph, cluster)
+    strategies = {k: v for k, v in whole.stage_sharding["strategies"].items() if k.startswith("experts")}
+    assert strategies and all("split e" not in v and "dispatch t" not in v for v in strategies.values()), strategies
 
 
 def test_the_report_says_where_a_stage_layout_splits_the_experts():

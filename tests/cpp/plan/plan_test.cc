@@ -96,6 +96,32 @@ TEST(Plan, FusedAccumulationIsWrittenOnlyWhenOff) {
   EXPECT_THROW(plan_from_json(doc), support::ParseError);
 }
 
+// split_experts: on by default and not written; off round-trips, is part of the hash (the
+// stages' layout keeps every expert on every rank), and is refused beside an expert degree.
+TEST(Plan, SplitExpertsIsWrittenOnlyWhenOffAndRefusedBesideAnExpertDegree) {
+  Plan p = example();
+  EXPECT_TRUE(p.split_experts);
+  EXPECT_EQ(plan_to_json(p).count("split_experts"), 0u);
+  Plan off = p;
+  off.split_experts = false;
+  EXPECT_EQ(plan_to_json(off)["split_experts"], false);
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(off)), off);
+  EXPECT_NE(plan_hash(off), plan_hash(p));
+  Plan both;
+  both.data = 4;
+  both.pipeline = 2;
+  both.global_batch = 8;
+  both.expert = 4;
+  EXPECT_NO_THROW(validate(both, 8));
+  both.split_experts = false;
+  try {
+    validate(both, 8);
+    FAIL() << "expert 4 with split_experts false";
+  } catch (const support::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.expert: 4 with split_experts false"), std::string::npos) << e.what();
+  }
+}
+
 // Context parallelism (plan.context) is written only when > 1, so plans without it keep their
 // text and hash; a stage's mesh is {data x context, tensor}; data beside it is refused.
 TEST(Plan, ExpertIsWrittenOnlyWhenItSplitsTheExpertsOverAStagesWholeDataAxis) {
