@@ -176,13 +176,19 @@ def _spawn(name: str) -> dict:
             return json.load(f)
 
 
+def _expect_one_device(r: dict, parameter_tolerance: float = TOLERANCE) -> None:
+    """Both runs' losses within TOLERANCE of one device's, their parameters (and buffers)
+    within `parameter_tolerance`."""
+    for run in (r["False"], r["True"]):
+        for a, b in zip(run["losses"], r["ref_losses"]):
+            assert abs(a - b) <= TOLERANCE * abs(b), (run["losses"], r["ref_losses"])
+        assert run["error"] < parameter_tolerance, run["error"]
+
+
 def test_recomputed_plan_checkpoints_each_layer_and_equals_one_device():
     r = _spawn("gpt2")
     plain, recomputed = r["False"], r["True"]
-    for run in (plain, recomputed):
-        for a, b in zip(run["losses"], r["ref_losses"]):
-            assert abs(a - b) <= TOLERANCE * abs(b), (run["losses"], r["ref_losses"])
-        assert run["error"] < TOLERANCE, run["error"]
+    _expect_one_device(r)
     assert plain["blocks"] == [] and recomputed["blocks"] == ["0", "1", "2"]  # one region per layer
     # The layers' activations are made again in backward, not kept: what the step holds
     # between forward and backward shrinks (the search prices one layer's instead of three).
@@ -195,12 +201,8 @@ def test_recomputed_blocks_write_batch_norm_state_once():
     # Running statistics and num_batches_tracked after 2 steps equal one device's: the
     # copy into the state is skipped when backward runs a block again.
     r = _spawn("batchnorm")
-    plain, recomputed = r["False"], r["True"]
-    assert recomputed["blocks"] == ["0", "1"]
-    for run in (plain, recomputed):
-        for a, b in zip(run["losses"], r["ref_losses"]):
-            assert abs(a - b) <= TOLERANCE * abs(b), (run["losses"], r["ref_losses"])
-        assert run["error"] < TOLERANCE, run["error"]  # the state dict: buffers included
+    assert r["True"]["blocks"] == ["0", "1"]
+    _expect_one_device(r)  # the state dict: buffers included
 
 
 def test_recomputation_checkpoints_every_family_of_repeated_blocks():
@@ -212,10 +214,7 @@ def test_recomputation_checkpoints_every_family_of_repeated_blocks():
     # parameters agree to float32's rounding; the recomputed run equals the plain one to float64's.
     r = _spawn("deepseek_v3")
     plain, recomputed = r["False"], r["True"]
-    for run in (plain, recomputed):
-        for a, b in zip(run["losses"], r["ref_losses"]):
-            assert abs(a - b) <= TOLERANCE * abs(b), (run["losses"], r["ref_losses"])
-        assert run["error"] < FLOAT32_ROUTER_TOLERANCE, run["error"]
+    _expect_one_device(r, FLOAT32_ROUTER_TOLERANCE)
     assert recomputed["from_plain"] < TOLERANCE, recomputed["from_plain"]
     assert plain["blocks"] == [] and recomputed["blocks"] == ["0", "1", "2", "3"]
     # (2,560,072 bytes plain, 1,648,712 recomputed: the embedding, head and loss keep theirs)

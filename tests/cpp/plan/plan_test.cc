@@ -78,35 +78,32 @@ TEST(Plan, NonFiniteFiguresRoundTrip) {
   EXPECT_THROW(plan_from_json(doc), support::ParseError);
 }
 
-// Fused accumulation: on by default and not written (a plan without it keeps its hash); off
+// A boolean field on by default: not written (a plan without it keeps its hash); off, it
 // round-trips, is part of the hash (the stages run other programs), and must be a boolean.
-TEST(Plan, FusedAccumulationIsWrittenOnlyWhenOff) {
-  Plan p = example();
-  EXPECT_TRUE(p.fused_accumulation);
-  EXPECT_EQ(plan_to_json(p).count("fused_accumulation"), 0u);
+void expect_written_only_when_off(bool Plan::*field, const std::string& key) {
+  const Plan p = example();
+  EXPECT_TRUE(p.*field);
+  EXPECT_EQ(plan_to_json(p).count(key), 0u);
   Plan off = p;
-  off.fused_accumulation = false;
-  EXPECT_EQ(plan_to_json(off)["fused_accumulation"], false);
+  off.*field = false;
+  EXPECT_EQ(plan_to_json(off)[key], false);
   EXPECT_EQ(plan_from_json_string(plan_to_json_string(off)), off);
   EXPECT_NE(plan_hash(off), plan_hash(p));
   nlohmann::json doc = plan_to_json(p);
-  doc["fused_accumulation"] = true;
+  doc[key] = true;
   EXPECT_EQ(plan_from_json(doc), p);
-  doc["fused_accumulation"] = "no";
-  EXPECT_THROW(plan_from_json(doc), support::ParseError);
+  doc[key] = "no";
+  EXPECT_THROW(plan_from_json(doc), support::ParseError) << key;
 }
 
-// split_experts: on by default and not written; off round-trips, is part of the hash (the
-// stages' layout keeps every expert on every rank), and is refused beside an expert degree.
+TEST(Plan, FusedAccumulationIsWrittenOnlyWhenOff) {
+  expect_written_only_when_off(&Plan::fused_accumulation, "fused_accumulation");
+}
+
+// split_experts: the stages' layout keeps every expert on every rank; refused beside an expert
+// degree.
 TEST(Plan, SplitExpertsIsWrittenOnlyWhenOffAndRefusedBesideAnExpertDegree) {
-  Plan p = example();
-  EXPECT_TRUE(p.split_experts);
-  EXPECT_EQ(plan_to_json(p).count("split_experts"), 0u);
-  Plan off = p;
-  off.split_experts = false;
-  EXPECT_EQ(plan_to_json(off)["split_experts"], false);
-  EXPECT_EQ(plan_from_json_string(plan_to_json_string(off)), off);
-  EXPECT_NE(plan_hash(off), plan_hash(p));
+  expect_written_only_when_off(&Plan::split_experts, "split_experts");
   Plan both;
   both.data = 4;
   both.pipeline = 2;
