@@ -346,7 +346,9 @@ std::optional<plan::Sharding> complete_stage_sharding(const ir::Graph& graph, co
                                                  memory_fraction, model, {}, /*allow_zero=*/false, shares);
   std::optional<plan::Sharding> searched;
   if (found.plan.sharding) searched = with_plan_zero(*found.plan.sharding, graph, plan);
-  if (!structure.layers) return searched;
+  // The two are compared as the whole plan runs them: on a cluster of the plan's world (one of
+  // a stage's sub-mesh alone, as a test's or a user's may be, prices no pipeline).
+  if (!structure.layers || cluster.world_size() != plan.world_size()) return searched;
   const cost::AnalyticCostModel analytic;
   const cost::CostModel& pricing = model != nullptr ? *model : static_cast<const cost::CostModel&>(analytic);
   std::optional<plan::Sharding> lifted =
