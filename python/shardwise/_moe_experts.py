@@ -36,8 +36,12 @@ import torch.nn.functional as F
 
 
 def _activation(name: str):
-    from transformers.activations import ACT2FN
-
+    """transformers' activation of that name; without transformers (a model written like
+    torchtitan's, _grouped_experts.py), torch's."""
+    try:
+        from transformers.activations import ACT2FN
+    except ImportError:
+        return {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}[name]
     return ACT2FN[name]
 
 

@@ -29,6 +29,7 @@ from torch.export.graph_signature import InputKind
 from . import _C
 from ._logging import get_logger
 from ._causal_masks import fold_causal_masks
+from ._grouped_experts import fold_routed_experts, grouped_mm_capturable
 from ._moe_experts import experts_as_one_op
 from ._functionalize import functionalize
 from ._fx_import import CaptureError, _Builder, document, flatten_names, op_name, walk_graph
@@ -139,6 +140,7 @@ def _capture_export_once(model: torch.nn.Module, named: dict, batch_dim: int | N
         env[node] = name if name in builder.names else builder.leaf(name, val, role)
     functionalize(ep.graph, constants=[node for spec, node in zip(ep.graph_signature.input_specs, placeholders)
                                        if spec.kind == InputKind.CONSTANT_TENSOR])
+    fold_routed_experts(ep.graph)
     fold_causal_masks(ep.graph)
     results = walk_graph(ep.graph, builder, env, ep.graph_module)
     return document(builder, flatten_names(results)), builder
@@ -196,6 +198,7 @@ def _capture_fx(model: torch.nn.Module, named: dict, batch_dim: int | None, pref
             env[node] = builder.leaf(name, val, "constant")
             builder.constants[name] = val
     functionalize(lowered.graph)
+    fold_routed_experts(lowered.graph)
     fold_causal_masks(lowered.graph)
     results = walk_graph(lowered.graph, builder, env, lowered)
     return document(builder, flatten_names(results)), builder
@@ -350,8 +353,8 @@ def _capture_with_sources(model: torch.nn.Module, named: dict, method: str, batc
                           prefix: str = "model."):
     """The Graph and the capture's _Builder, whose `sources` map every IR node back to the
     ATen FX node it came from (the rewrite lowers those again, per rank). A mixture of
-    experts' experts are captured as one op (_moe_experts.py)."""
-    with experts_as_one_op(model):
+    experts' experts are captured as one op (_moe_experts.py, _grouped_experts.py)."""
+    with experts_as_one_op(model), grouped_mm_capturable():
         return _capture_with_sources_of(model, named, method, batch_dim, prefix)
 
 

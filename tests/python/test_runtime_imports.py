@@ -31,6 +31,7 @@ ALLOWED = {
     "shardwise.materialize": "a rank's local shard of a placed tensor",
     "shardwise._tensor_names": "which names of a module's tensors are one (tied weights; capture reads it too)",
     "shardwise._moe_experts": "a mixture of experts' experts as one op (capture takes it; verification runs it)",
+    "shardwise._grouped_experts": "torch._grouped_mm in any dtype (capture traces it; verification runs it)",
 }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from .. import _C
+from .._grouped_experts import grouped_mm_capturable
 from .._moe_experts import experts_as_one_op
 from .._fx_import import CaptureError
 from .._logging import get_logger
@@ -63,7 +64,7 @@ def verify_capture(wrapper: torch.nn.Module, named: dict, graph, builder, tensor
     # A mixture of experts' experts run eagerly as the capture took them: shardwise_moe::experts,
     # transformers' eager loop over the experts (_moe_experts.py; its own grouped matmul, the
     # default, has no float64 kernel on the CPU).
-    with torch.random.fork_rng(), experts_as_one_op(wrapper):
+    with torch.random.fork_rng(), experts_as_one_op(wrapper), grouped_mm_capturable():
         torch.manual_seed(seed)
         eager_loss = torch.func.functional_call(wrapper, eager_state, (), named, tie_weights=True, strict=False)
         eager_loss.backward()
