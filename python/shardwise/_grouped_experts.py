@@ -268,9 +268,9 @@ def _match(scatter) -> _RoutedExperts | None:
     return m
 
 
-def _add(graph, target, args, kwargs=None, like=None):
+def _add(graph, target, args, kwargs=None, like=None, name=None):
     """A new call of `target` with its fake value (and `like`'s module stack: its module path)."""
-    node = graph.call_function(target, tuple(args), kwargs or {})
+    node = graph.create_node("call_function", target, tuple(args), kwargs or {}, name=name)
     values = [_val(a) if isinstance(a, torch.fx.Node) else a for a in args]
     values = [[_val(v) if isinstance(v, torch.fx.Node) else v for v in a] if isinstance(a, list) else a for a in values]
     mode = torch._guards.detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
@@ -315,7 +315,8 @@ def fold_routed_experts(graph: torch.fx.Graph) -> int:
             expert_ids = _add(graph, aten.arange.default, [m.experts],
                               {"device": _val(m.x).device, "pin_memory": False}, like=scatter)
             experts = _add(graph, torch.ops.shardwise_moe.experts.default,
-                           [m.x, ids, scores, gate_up, down, expert_ids, "silu"], like=scatter)
+                           [m.x, ids, scores, gate_up, down, expert_ids, "silu"], like=scatter,
+                           name="experts")  # as transformers' experts are named (the plan report reads it)
         scatter.replace_all_uses_with(experts)
         _erase_dead(graph, scatter)
         folded += 1
