@@ -88,6 +88,7 @@ def at_scale(nodes: int, seq: int, global_batch: int, record_results: bool) -> N
         start = time.process_time()
         plan = shardwise.plan(graph, cluster, global_batch=global_batch, context_parallel=allowed)
         seconds = time.process_time() - start
+        print(plan.report(), flush=True)
         predicted = plan._doc["predicted"]
         kinds = ("tensor_parallel", "context_parallel", "pipeline_p2p", "data_parallel")
         comms = ", ".join(f"{k} {predicted['breakdown'][k]:.2f}" for k in kinds if predicted["breakdown"].get(k))

@@ -153,6 +153,23 @@ py::dict plan_joint_dict(const ir::Graph& graph, const cost::Cluster& cluster, s
   out["search_seconds"] = r.search_seconds;
   out["memory_capacity"] = r.memory_limit;
   out["report"] = search::plan_report(r.plan, r.memory_limit);
+  py::list reasons;
+  for (const search::SplitReason& reason : r.split_reasons) {
+    auto candidate = [](const search::JointCandidate& c) {
+      py::dict d;
+      d["plan"] = plan::plan_to_json_string(c.plan);
+      d["step_time"] = c.step_time;
+      d["memory_per_rank"] = c.memory_per_rank;
+      d["fits"] = c.fits;
+      return d;
+    };
+    py::dict d;
+    d["split"] = reason.split;
+    d["with"] = candidate(reason.with);
+    d["without"] = reason.without ? py::object(candidate(*reason.without)) : py::none();
+    reasons.append(d);
+  }
+  out["split_reasons"] = reasons;
   return out;
 }
 

@@ -223,7 +223,16 @@ class JointPlanner {
   }
   void reprice_with_stage_layouts();
   void time_on_the_network();
-  JointPlanResult choose(std::chrono::steady_clock::time_point start);
+  void search() {
+    price_the_space();
+    reprice_with_stage_layouts();
+    time_on_the_network();
+  }
+  // The fastest fitting candidate, or fitting none the one needing the least memory (nullptr:
+  // none could be priced).
+  const JointCandidate* best();
+  JointPlanResult choose(std::chrono::steady_clock::time_point start,
+                         const std::optional<JointCandidate>& without_context);
 
  private:
   void enumerate(bool with_zero);
@@ -267,6 +276,7 @@ class JointPlanner {
   // the stage layouts' pass takes them.
   std::vector<JointCandidate> near_fitting_;
   JointCandidate least_memory_;
+  void explain_splits(const JointCandidate& chosen, const std::optional<JointCandidate>& without_context);
   std::map<StageLayoutKey, std::optional<StageLayout>> layouts_;
   // A layout found for one plan serves every plan with its (t, micro-batch, recomputation or
   // none): the memory shares and the kind of recomputation only matter where memory binds (a
@@ -644,10 +654,17 @@ void JointPlanner::group_into_kfkb(JointCandidate& c, const schedule::Simulation
 // complete so the runtime searches nothing (stage_layout.h): a pipelined plan whose stages'
 // layout it writes is priced again with that layout (search/plan_price.h), so the figure
 // recorded is the one the plan gets read back.
-JointPlanResult JointPlanner::choose(std::chrono::steady_clock::time_point start) {
+const JointCandidate* JointPlanner::best() {
   // Stable: ties keep the enumeration order (smaller t, p, b first).
   std::stable_sort(fitting_.begin(), fitting_.end(),
                    [](const JointCandidate& a, const JointCandidate& b) { return a.step_time < b.step_time; });
+  if (!fitting_.empty()) return &fitting_.front();
+  return std::isfinite(least_memory_.memory_per_rank) ? &least_memory_ : nullptr;
+}
+
+JointPlanResult JointPlanner::choose(std::chrono::steady_clock::time_point start,
+                                     const std::optional<JointCandidate>& without_context) {
+  if (const JointCandidate* chosen = best()) explain_splits(*chosen, without_context);
   if (!fitting_.empty()) {
     result_.plan = fitting_.front().plan;
     result_.searched_layout = fitting_.front().searched_layout;
@@ -666,6 +683,39 @@ JointPlanResult JointPlanner::choose(std::chrono::steady_clock::time_point start
   return std::move(result_);
 }
 
+// The chosen plan's splits, each beside the plan without it (SplitReason).
+void JointPlanner::explain_splits(const JointCandidate& priced, const std::optional<JointCandidate>& without_context) {
+  const plan::Plan& chosen = priced.plan;
+  if (chosen.context > 1) result_.split_reasons.push_back({"context", priced, without_context});
+  const bool may_split_experts = chosen.split_experts && (chosen.expert > 1 || chosen.tensor > 1);
+  if (expert_counts_.empty() || !may_split_experts || !chosen.stage_meshes.empty()) return;
+  plan::Plan whole = chosen;
+  whole.expert = 1;
+  whole.split_experts = false;
+  whole.predicted.reset();
+  try {
+    // Priced as the chosen plan was: under its stages' searched layout (searched again with
+    // every expert whole; not kept, the layouts' key does not tell the two apart) or under
+    // the evaluator's own.
+    std::optional<StageLayout> layout;
+    if (priced.searched_layout) {
+      layout = search_stage_layout(graph_, structure_, cluster_, model_, whole,
+                                   {options_.level, options_.memory_fraction});
+      ++result_.stage_layout_searches;
+      if (!layout) return;  // (no layout found: no reason given)
+    }
+    const cost::PlanCost kept =
+        cost::evaluate(structure_, graph_, cluster_, whole, model_, {}, layout ? &layout->prices : nullptr);
+    ++result_.evaluated;
+    result_.split_reasons.push_back(
+        {"experts", priced,
+         JointCandidate{cost::with_prediction(whole, kept), kept.step_time, kept.memory_per_rank, fits(kept),
+                        layout.has_value()}});
+  } catch (const ValidationError&) {
+    // (a plan the evaluator cannot price without the split: no reason given)
+  }
+}
+
 }  // namespace
 
 JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster, const cost::CostModel& model,
@@ -675,10 +725,20 @@ JointPlanResult plan_joint(const ir::Graph& graph, const cost::Cluster& cluster,
     throw ValidationError(fmt::format("joint planner: global batch {} < 1", options.global_batch));
   if (options.network) check_network(*options.network);
   JointPlanner planner(graph, cluster, model, options);
-  planner.price_the_space();
-  planner.reprice_with_stage_layouts();
-  planner.time_on_the_network();
-  return planner.choose(start);
+  planner.search();
+  // A plan that splits each row's sequence is chosen over the best plan that does not: the
+  // search with context parallelism off (its candidates are cheaper to price: no ring), for
+  // the report's reason (SplitReason).
+  std::optional<JointCandidate> without_context;
+  if (const JointCandidate* chosen = planner.best(); chosen != nullptr && chosen->plan.context > 1) {
+    JointPlanOptions off = options;
+    off.context_parallel = false;
+    off.progress = nullptr;
+    JointPlanner unsplit(graph, cluster, model, off);
+    unsplit.search();
+    if (const JointCandidate* found = unsplit.best()) without_context = *found;
+  }
+  return planner.choose(start, without_context);
 }
 
 }  // namespace shardwise::search

@@ -133,6 +133,21 @@ struct JointCandidate {
   bool searched_layout = false;  // priced with its stages' searched layout (stage_layout.h)
 };
 
+// Why the chosen plan splits what it splits (each row's sequence, each layer's experts): the
+// plan it was chosen over without that split, priced by the same evaluator. "context": the plan
+// the same search chooses with context parallelism off (before its completion; none fitting,
+// the one needing the least memory); "experts": the chosen plan's own degrees with
+// every expert whole on every rank (plan.expert 1, split_experts false), priced as the chosen
+// plan was (its stages' layout searched again so, or the evaluator's own layout), where the
+// chosen plan splits experts over a stage's data (plan.expert) or, with its tensor degree > 1,
+// may split them over its tensor ranks. `with`: the chosen candidate as the search priced it
+// (before its completion).
+struct SplitReason {
+  std::string split;  // "context" or "experts"
+  JointCandidate with;
+  std::optional<JointCandidate> without;  // none: no plan without the split (16 rows, 8 layers, 2,048 GPUs)
+};
+
 struct JointPlanResult {
   plan::Plan plan;  // predicted filled in
   bool fits = false;
@@ -140,6 +155,7 @@ struct JointPlanResult {
   int stage_layout_searches = 0;         // SPMD searches of a stage's layout (stage_layout.h)
   bool searched_layout = false;          // the plan is priced with its stages' searched layout
   std::vector<JointCandidate> best;      // the 10 best that fit, best first
+  std::vector<SplitReason> split_reasons;  // one per split the chosen plan makes (above)
   double memory_limit = 0;
   double search_seconds = 0;
 };

@@ -442,7 +442,50 @@ def _plan_lines(plan, values: dict | None, hardware: dict | None) -> list[str]:
         if plan.micro_batch_semantics == "per_micro_batch" and m > 1:
             lines.append("micro-batches per micro-batch: batch statistics are each micro-batch's and a loss that is "
                          "not a sum over samples is the mean of the micro-batches' (not one device's step)")
-    return lines
+    return lines + _reason_lines(plan)
+
+
+def _reason_lines(plan) -> list[str]:
+    """The joint planner's reasons (_reason_line) for the splits the plan makes as it runs:
+    each row's sequence (plan.context), each layer's experts (plan.expert, or its layout's
+    split of them over any axis)."""
+    d = plan._doc
+    strategies = (d.get("stage_sharding") or d.get("sharding") or {}).get("strategies", {})
+    experts = any(re.fullmatch(r"experts(_\d+)?", k) and any(s in ("split e", "dispatch t") for s in v)
+                  for k, v in strategies.items())
+    shown = {"context": d.get("context", 1) > 1, "experts": d.get("expert", 1) > 1 or experts}
+    return [_reason_line(r) for r in (plan.__dict__.get("_result") or {}).get("split_reasons", [])
+            if shown.get(r["split"])]
+
+
+def _degrees_text(d: dict) -> str:
+    parts = [f"{d.get(k, 1)} {k}" for k in ("data", "context", "tensor") if d.get(k, 1) > 1]
+    return " x ".join(parts or ["1 rank"]) + f", {d['pipeline']} stage{'s' if d['pipeline'] != 1 else ''}"
+
+
+def _reason_line(reason: dict) -> str:
+    """Why the plan splits each row's sequence or each layer's experts: the plan it was chosen
+    over without that split, as the joint planner priced both (csrc/search/joint_planner.h,
+    SplitReason)."""
+    import json
+
+    with_, without = reason["with"], reason["without"]
+
+    def priced(c: dict) -> str:
+        return (f"{seconds_text(c['step_time'])} a step, {bytes_text(c['memory_per_rank'])} a GPU"
+                + ("" if c["fits"] else ", does not fit"))
+
+    if reason["split"] == "context":
+        if without is None:
+            return (f"why       sequence split: {priced(with_)} as the search priced it; without it no plan of "
+                    "these rows and layers occupies every device")
+        what, other = "sequence split", f"the best plan without it ({_degrees_text(json.loads(without['plan']))})"
+    else:
+        what, other = "experts split", "the same degrees with every expert on every rank"
+    ratio = without["step_time"] / with_["step_time"] if with_["step_time"] > 0 else float("inf")
+    # Nothing fitting, the planner chose the plan needing the least memory.
+    versus = f"({ratio:.2g}x the step)" if with_["fits"] else "(nothing fits: the plan needing the least memory)"
+    return f"why       {what}: {priced(with_)} as the search priced it; {other}: {priced(without)} {versus}"
 
 
 def _prediction_lines(plan, values: dict | None, hardware: dict | None) -> list[str]:

@@ -366,8 +366,11 @@ class Plan:
         if self.is_complete():
             return self
         done = _C.complete_plan(graph._core, cluster._core, self.to_json(), level, _profile_json(profile))
-        return Plan(json.loads(done["plan"]), None if done["fits"] is None else {"fits": done["fits"]},
-                    **_context_of(graph, cluster))
+        result = {} if done["fits"] is None else {"fits": done["fits"]}
+        # The same degrees: the planner's reasons for its splits still hold (the report's "why").
+        if self._result and self._result.get("split_reasons"):
+            result["split_reasons"] = self._result["split_reasons"]
+        return Plan(json.loads(done["plan"]), result or None, **_context_of(graph, cluster))
 
     def price(self, graph, cluster, *, profile=None) -> "Plan":
         """The plan priced again on ``graph`` and ``cluster`` by the one evaluator

@@ -391,3 +391,19 @@ def spawn_scenario(module: str, world: int, name: str, *args):
         run_ranks(_scenario_rank, args=(world, os.path.join(tmp, "store"), module, name, args, result), nprocs=world)
         with open(result) as f:
             return json.load(f)
+
+
+def benchmark_module(name: str, file: str):
+    """benchmarks/<file> imported as the module `name` (registered in sys.modules: dataclasses
+    look their module up while a class is built); the benchmarks folder is not a package."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

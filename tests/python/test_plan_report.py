@@ -220,3 +220,35 @@ def test_cli_tables_name_the_same_figures(pipelined):
     for label in ("exposed communication", "pipeline sends", "pipeline bubble", "optimizer state", "device capacity"):
         assert label in text, (label, text)
     assert "TFLOP/s per device" not in text and "pipeline_p2p" not in text and "data x tensor" not in text
+
+
+def test_a_sequence_split_says_why_beside_the_best_plan_without_it():
+    # Llama 3 405B's width (16 of its layers) at 131,072 tokens, 16 sequences on 2,048 H100s:
+    # the joint planner splits each sequence, and its report names the plan it was chosen over,
+    # the one it chooses with context parallelism off.
+    from conftest import benchmark_module
+
+    llama_module = benchmark_module("published_benchmark", "published.py").llama_module
+    ids = torch.zeros(2, 131072, dtype=torch.long, device="meta")
+    graph = shardwise.capture(llama_module("405B", 131072, layers=16), {"input_ids": ids, "labels": ids})
+    cluster = shardwise.Cluster.preset("dgx-h100", nodes=256)
+    split = shardwise.plan(graph, cluster, global_batch=16)
+    off = shardwise.plan(graph, cluster, global_batch=16, context_parallel=False)
+    assert split.context > 1 and off.context == 1
+    why = [line for line in split.report().splitlines() if line.startswith("why")]
+    assert len(why) == 1, split.report()
+    degrees = f"{off.data} data x {off.tensor} tensor, {off.pipeline} stages"
+    assert why[0].startswith("why       sequence split: ") and f"the best plan without it ({degrees})" in why[0], why
+    ratio = float(re.search(r"\(([\d.]+)x the step\)", why[0]).group(1))
+    assert ratio > 1, why
+    assert not [line for line in off.report().splitlines() if line.startswith("why")], off.report()
+
+
+def test_an_experts_split_reason_names_the_same_degrees_with_every_expert_whole():
+    from shardwise._report import _reason_line
+
+    reason = {"split": "experts", "with": {"plan": "{}", "step_time": 43.8, "memory_per_rank": 63.6e9, "fits": True},
+              "without": {"plan": "{}", "step_time": 99.3, "memory_per_rank": 375e9, "fits": False}}
+    assert _reason_line(reason) == ("why       experts split: 43.8 s a step, 63.6 GB a GPU as the search priced it; "
+                                    "the same degrees with every expert on every rank: 99.3 s a step, 375 GB a GPU, "
+                                    "does not fit (2.3x the step)")

@@ -4,19 +4,13 @@ does not (benchmarks/README.md, "published.py"), and nothing here pretends it do
 
 These check predictions (arithmetic on transformers' Llama 3 8B captured on the meta device),
 never wall-clock time."""
-import importlib.util
-import pathlib
-import sys
-
 import pytest
+
+from conftest import benchmark_module
 
 pytest.importorskip("transformers")
 
-_path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "published.py"
-_spec = importlib.util.spec_from_file_location("published_benchmark", _path)
-published = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = published  # dataclasses look their module up while the class is built
-_spec.loader.exec_module(published)
+published = benchmark_module("published_benchmark", "published.py")
 
 GB = 1e9
 GIB = 1024 ** 3

@@ -116,6 +116,18 @@ TEST(JointPlanner, Llama405BScaleAt131072TokensSplitsItsSequences) {
   // back complete, priced with its stages' searched layout, whose collectives hold them.
   EXPECT_GT(ring.best.front().plan.predicted->breakdown.at("context_parallel"), 0);
   EXPECT_LT(ring.plan.predicted->breakdown.at("pipeline_bubble"), rows.plan.predicted->breakdown.at("pipeline_bubble"));
+  // The reason, for the report: the plan the search chooses with context parallelism off.
+  ASSERT_EQ(ring.split_reasons.size(), 1u);
+  const SplitReason& why = ring.split_reasons.front();
+  EXPECT_EQ(why.split, "context");
+  EXPECT_EQ(why.with.plan.context, ring.plan.context);
+  ASSERT_TRUE(why.without.has_value());
+  EXPECT_EQ(why.without->plan.context, 1);
+  EXPECT_EQ(std::tuple(why.without->plan.data, why.without->plan.tensor, why.without->plan.pipeline),
+            std::tuple(rows.plan.data, rows.plan.tensor, rows.plan.pipeline));
+  EXPECT_TRUE(why.without->fits);
+  EXPECT_LT(3 * why.with.step_time, why.without->step_time);
+  EXPECT_TRUE(rows.split_reasons.empty());
   std::printf("with context parallelism: %s\nwithout: %s\n", plan_report(ring.plan, 80e9).c_str(),
               plan_report(rows.plan, 80e9).c_str());
 }
@@ -144,6 +156,17 @@ TEST(JointPlanner, AMixtureOfExpertsTooLargeToReplicateSplitsItsExperts) {
   EXPECT_GT(split.plan.predicted->breakdown.at("expert_parallel"), 0);
   const std::string report = plan_report(split.plan, 80e9);
   EXPECT_NE(report.find("experts  each layer's experts split over the"), std::string::npos) << report;
+  // The reason: the same degrees with every expert whole on every rank fit nowhere.
+  const auto why = std::ranges::find(split.split_reasons, std::string("experts"), &SplitReason::split);
+  ASSERT_NE(why, split.split_reasons.end());
+  EXPECT_EQ(why->with.plan.expert, split.plan.expert);
+  ASSERT_TRUE(why->without.has_value());
+  EXPECT_EQ(why->without->plan.expert, 1);
+  EXPECT_FALSE(why->without->plan.split_experts);
+  EXPECT_TRUE(why->with.fits);
+  EXPECT_FALSE(why->without->fits);
+  EXPECT_GT(why->without->memory_per_rank, why->with.memory_per_rank);
+  EXPECT_TRUE(std::ranges::none_of(whole.split_reasons, [](const SplitReason& r) { return r.split == "experts"; }));
   std::printf("experts split: %s\nwhole: %s (fits %d)\n", report.c_str(), plan_report(whole.plan, 80e9).c_str(),
               whole.fits);
 }
@@ -191,7 +214,18 @@ TEST(JointPlanner, DeepSeekV3ScaleSplitsItsExpertsOverEachNodesTensorRanks) {
   EXPECT_FALSE(whole.plan.split_experts);
   EXPECT_EQ(whole.plan.expert, 1);
   EXPECT_GT(whole.plan.predicted->step_time, 2 * split.plan.predicted->step_time);
-  std::printf("%s\n", report.c_str());
+  // The reason the plan gives: its own degrees with every expert whole, priced alike.
+  ASSERT_EQ(split.split_reasons.size(), 1u);
+  const SplitReason& why = split.split_reasons.front();
+  EXPECT_EQ(why.split, "experts");
+  ASSERT_TRUE(why.without.has_value());
+  EXPECT_EQ(why.without->plan.tensor, 8);
+  EXPECT_FALSE(why.without->plan.split_experts);
+  EXPECT_TRUE(why.with.fits);
+  EXPECT_TRUE(!why.without->fits || why.without->step_time > why.with.step_time);
+  std::printf("%s\nwith the split: %.2f s, %.1f GB (fits %d); without: %.2f s, %.1f GB (fits %d)\n", report.c_str(),
+              why.with.step_time, why.with.memory_per_rank / 1e9, why.with.fits, why.without->step_time,
+              why.without->memory_per_rank / 1e9, why.without->fits);
 }
 
 // Stages on sub-meshes of their own widths (plan.stage_meshes): 3 A100s of 4 GiB, GPT 4 x 2048.
