@@ -251,6 +251,7 @@ class JointPlanner {
   const cost::StageLayoutPrices* searched_prices(const plan::Plan& plan) const;
   void group_into_kfkb(JointCandidate& c, const schedule::SimulationCosts& costs, std::vector<double>& ten_best,
                        std::vector<JointCandidate>& kfkb_plans);
+  void explain_splits(const JointCandidate& chosen, const std::optional<JointCandidate>& without_context);
 
   const ir::Graph& graph_;
   const cost::Cluster& cluster_;
@@ -276,7 +277,6 @@ class JointPlanner {
   // the stage layouts' pass takes them.
   std::vector<JointCandidate> near_fitting_;
   JointCandidate least_memory_;
-  void explain_splits(const JointCandidate& chosen, const std::optional<JointCandidate>& without_context);
   std::map<StageLayoutKey, std::optional<StageLayout>> layouts_;
   // A layout found for one plan serves every plan with its (t, micro-batch, recomputation or
   // none): the memory shares and the kind of recomputation only matter where memory binds (a
@@ -650,10 +650,6 @@ void JointPlanner::group_into_kfkb(JointCandidate& c, const schedule::Simulation
   }
 }
 
-// The fastest fitting candidate (or, fitting none, the one needing the least memory), made
-// complete so the runtime searches nothing (stage_layout.h): a pipelined plan whose stages'
-// layout it writes is priced again with that layout (search/plan_price.h), so the figure
-// recorded is the one the plan gets read back.
 const JointCandidate* JointPlanner::best() {
   // Stable: ties keep the enumeration order (smaller t, p, b first).
   std::stable_sort(fitting_.begin(), fitting_.end(),
@@ -662,6 +658,10 @@ const JointCandidate* JointPlanner::best() {
   return std::isfinite(least_memory_.memory_per_rank) ? &least_memory_ : nullptr;
 }
 
+// The fastest fitting candidate (or, fitting none, the one needing the least memory), with
+// the reasons for its splits, made complete so the runtime searches nothing (stage_layout.h):
+// a pipelined plan whose stages' layout it writes is priced again with that layout
+// (search/plan_price.h), so the figure recorded is the one the plan gets read back.
 JointPlanResult JointPlanner::choose(std::chrono::steady_clock::time_point start,
                                      const std::optional<JointCandidate>& without_context) {
   if (const JointCandidate* chosen = best()) explain_splits(*chosen, without_context);

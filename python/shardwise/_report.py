@@ -12,6 +12,7 @@ JSON) keep the core's keys; nothing here changes them.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -467,8 +468,6 @@ def _reason_line(reason: dict) -> str:
     """Why the plan splits each row's sequence or each layer's experts: the plan it was chosen
     over without that split, as the joint planner priced both (csrc/search/joint_planner.h,
     SplitReason)."""
-    import json
-
     with_, without = reason["with"], reason["without"]
 
     def priced(c: dict) -> str:
