@@ -407,3 +407,45 @@ def benchmark_module(name: str, file: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def token_batch(step: int, rows: int, seq: int, vocab: int) -> dict:
+    """A causal-LM keyword batch of random token ids, seeded by `step` (labels = the ids)."""
+    ids = torch.randint(0, vocab, (rows, seq), generator=torch.Generator().manual_seed(step))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def experts_trained_beside_one_device(world: int, model, reference, batch_of, steps: int, rows: int, mesh: list,
+                                      pipeline: int, expert: int, weights: tuple, loss_of=None) -> dict:
+    """A mixture-of-experts model parallelized on `mesh` (or, with `pipeline` > 1, in stages of
+    one micro-batch of the data axis, plan.expert `expert`), trained beside `reference` on one
+    device (train_keyword_batches_beside_one_device): the losses and errors, each experts op's
+    strategy, the stacked expert weights this rank holds (names ending in `weights`: their rows
+    and their optimizer state's) and every rank's rows."""
+    import re
+
+    import shardwise
+
+    cluster = shardwise.Cluster.preset("cpu", world)
+    if pipeline > 1:
+        graph = shardwise.capture(model, batch_of(0))
+        # One micro-batch: a router's load-balancing loss over a micro-batch is not the batch's.
+        plan = shardwise.Plan.manual(graph, cluster, pipeline=pipeline, global_batch=rows,
+                                     micro_batch=rows // (world // pipeline), recompute=False, expert=expert)
+        engine = shardwise.parallelize(model, batch_of(0), cluster=cluster, plan=plan)
+    else:
+        engine = shardwise.parallelize(model, batch_of(0), cluster=cluster, mesh=tuple(mesh))
+    extra = {} if loss_of is None else {"loss_of": loss_of}
+    trained = train_keyword_batches_beside_one_device(engine, reference, batch_of, steps, **extra)
+    held = {}
+    for n, p in engine.named_parameters():
+        if n.endswith(weights):
+            state = trained["optimizer"].state.get(p, {})
+            held[n] = {"rows": p.shape[0], "state_rows": sorted({t.shape[0] for t in state.values()
+                                                                 if isinstance(t, torch.Tensor) and t.dim() == 3})}
+    every_rank = [None] * world
+    torch.distributed.all_gather_object(every_rank, sorted({h["rows"] for h in held.values()}))
+    sharding = engine.plan.stage_sharding or engine.plan.sharding
+    strategies = {k: v for k, v in sharding["strategies"].items() if re.fullmatch(r"experts(_\d+)?", k)}
+    return {"losses": trained["losses"], "ref_losses": trained["ref_losses"], "errors": trained["errors"],
+            "strategies": strategies, "held": held, "mesh": sharding["mesh"], "rows_by_rank": every_rank}

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import shardwise
-from conftest import spawn_scenario, train_keyword_batches_beside_one_device
+from conftest import experts_trained_beside_one_device, spawn_scenario, token_batch
 
 transformers = pytest.importorskip("transformers")
 
@@ -74,40 +74,14 @@ def _model(name: str, experts: int, implementation: str | None = None) -> torch.
 
 
 def _batch(step: int) -> dict:
-    ids = torch.randint(0, VOCAB, (ROWS, SEQ), generator=torch.Generator().manual_seed(step))
-    return {"input_ids": ids, "labels": ids.clone()}
-
-
-def _experts_held(engine, optimizer) -> dict:
-    """Every expert weight this rank holds: its rows (experts) and its optimizer state's."""
-    held = {}
-    for n, p in engine.named_parameters():
-        if n.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            state = optimizer.state.get(p, {})
-            held[n] = {"rows": p.shape[0], "state_rows": sorted({t.shape[0] for t in state.values()
-                                                                 if isinstance(t, torch.Tensor) and t.dim() == 3})}
-    return held
+    return token_batch(step, ROWS, SEQ, VOCAB)
 
 
 def _scenario_trains_as_one_device(rank: int, world: int, name: str, experts: int, mesh: list, pipeline: int,
                                    expert: int = 1):
-    model, cluster = _model(name, experts), shardwise.Cluster.preset("cpu", world)
-    if pipeline > 1:
-        graph = shardwise.capture(model, _batch(0))
-        # One micro-batch: a router's load-balancing loss over a micro-batch is not the batch's.
-        plan = shardwise.Plan.manual(graph, cluster, pipeline=pipeline, global_batch=ROWS,
-                                     micro_batch=ROWS // (world // pipeline), recompute=False, expert=expert)
-        engine = shardwise.parallelize(model, _batch(0), cluster=cluster, plan=plan)
-    else:
-        engine = shardwise.parallelize(model, _batch(0), cluster=cluster, mesh=tuple(mesh))
-    trained = train_keyword_batches_beside_one_device(engine, _model(name, experts, "eager"), _batch, STEPS)
-    held = _experts_held(engine, trained["optimizer"])
-    every_rank = [None] * world
-    torch.distributed.all_gather_object(every_rank, sorted({h["rows"] for h in held.values()}))
-    sharding = engine.plan.stage_sharding or engine.plan.sharding
-    strategies = {k: v for k, v in sharding["strategies"].items() if k == "experts" or k.startswith("experts_")}
-    return {"losses": trained["losses"], "ref_losses": trained["ref_losses"], "errors": trained["errors"],
-            "strategies": strategies, "held": held, "mesh": sharding["mesh"], "rows_by_rank": every_rank}
+    return experts_trained_beside_one_device(world, _model(name, experts), _model(name, experts, "eager"), _batch,
+                                             STEPS, ROWS, mesh, pipeline, expert,
+                                             ("experts.gate_up_proj", "experts.down_proj"))
 
 
 def _check(r: dict, experts: int, ways: int, rank0_rows: int | None = None, tolerance: float = TOLERANCE) -> None:

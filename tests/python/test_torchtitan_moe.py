@@ -7,13 +7,12 @@ no float64 kernel on the CPU); the capture takes the grouped-matmul program."""
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
 
 import shardwise
-from conftest import spawn_scenario, train_keyword_batches_beside_one_device
+from conftest import experts_trained_beside_one_device, spawn_scenario, token_batch
 from torchtitan_moe import Decoder
 
 STEPS, ROWS, SEQ, VOCAB, TOLERANCE = 3, 8, 16, 64, 1e-9
@@ -27,40 +26,14 @@ def _model(experts: int, use_grouped_mm: bool = True, counts: str = "routing_map
 
 
 def _batch(step: int) -> dict:
-    ids = torch.randint(0, VOCAB, (ROWS, SEQ), generator=torch.Generator().manual_seed(step))
-    return {"input_ids": ids, "labels": ids.clone()}
-
-
-def _experts_held(engine, optimizer) -> dict:
-    """Every stacked expert weight this rank holds: its rows (experts) and its optimizer state's."""
-    held = {}
-    for n, p in engine.named_parameters():
-        if n.endswith(("experts.w1", "experts.w2", "experts.w3")):
-            state = optimizer.state.get(p, {})
-            held[n] = {"rows": p.shape[0], "state_rows": sorted({t.shape[0] for t in state.values()
-                                                                 if isinstance(t, torch.Tensor) and t.dim() == 3})}
-    return held
+    return token_batch(step, ROWS, SEQ, VOCAB)
 
 
 def _scenario_trains_as_one_device(rank: int, world: int, experts: int, mesh: list, pipeline: int, expert: int = 1,
                                    counts: str = "routing_map"):
-    model, cluster = _model(experts, counts=counts), shardwise.Cluster.preset("cpu", world)
-    if pipeline > 1:
-        graph = shardwise.capture(model, _batch(0))
-        plan = shardwise.Plan.manual(graph, cluster, pipeline=pipeline, global_batch=ROWS,
-                                     micro_batch=ROWS // (world // pipeline), recompute=False, expert=expert)
-        engine = shardwise.parallelize(model, _batch(0), cluster=cluster, plan=plan)
-    else:
-        engine = shardwise.parallelize(model, _batch(0), cluster=cluster, mesh=tuple(mesh))
-    trained = train_keyword_batches_beside_one_device(engine, _model(experts, False, counts), _batch, STEPS,
-                                                      loss_of=lambda m, b: m(**b))
-    held = _experts_held(engine, trained["optimizer"])
-    every_rank = [None] * world
-    torch.distributed.all_gather_object(every_rank, sorted({h["rows"] for h in held.values()}))
-    sharding = engine.plan.stage_sharding or engine.plan.sharding
-    strategies = {k: v for k, v in sharding["strategies"].items() if re.fullmatch(r"experts(_\d+)?", k)}
-    return {"losses": trained["losses"], "ref_losses": trained["ref_losses"], "errors": trained["errors"],
-            "strategies": strategies, "held": held, "mesh": sharding["mesh"], "rows_by_rank": every_rank}
+    return experts_trained_beside_one_device(world, _model(experts, counts=counts), _model(experts, False, counts),
+                                             _batch, STEPS, ROWS, mesh, pipeline, expert,
+                                             ("experts.w1", "experts.w2", "experts.w3"), loss_of=lambda m, b: m(**b))
 
 
 def _check(r: dict, experts: int, ways: int, stages: int = 1) -> None:
