@@ -245,24 +245,56 @@ def falcon(**config):
     return transformers.FalconForCausalLM(cfg).eval(), _ids()
 
 
-@pytest.mark.parametrize("config", [{"multi_query": True}, {"new_decoder_architecture": True, "num_kv_heads": 2}],
-                         ids=["multi-query", "grouped-kv"])
+class _FusedQkvAttention(nn.Module):
+    """Falcon's multi-query split as transformers 4.x wrote it (5.x slices instead):
+    fused_qkv[..., [-2], :] picks the key head through aten::index.Tensor with None entries."""
+
+    def __init__(self, hidden: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.query_key_value = nn.Linear(hidden, hidden + 2 * self.head_dim)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        fused = self.query_key_value(x).view(b, s, self.heads + 2, self.head_dim)
+        return fused[..., :-2, :].sum(-2) * fused[..., [-2], :].squeeze(-2) + fused[..., [-1], :].squeeze(-2)
+
+
+class _WithFusedQkv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = _FusedQkvAttention()
+
+    def forward(self, x):
+        return self.attention(x).square().mean()
+
+
 @pytest.mark.parametrize("method", ["export", "torchscript"])
-def test_falcon_list_index_after_ellipsis_indexes_the_right_dim(config, method):
-    """fused_qkv[..., [-2], :] (and qkv[:, :, :, [-2]]) index a trailing dim through
-    aten::index.Tensor with None entries; the rule reads indices_present, so the shape
-    check infers [b, s, 1, d] rather than indexing dim 0, and the batch dim runs through."""
-    model, inputs = falcon(**config)
-    graph = _capture_quietly(model, inputs, method)
+def test_a_list_index_after_an_ellipsis_indexes_the_right_dim(method):
+    """fused_qkv[..., [-2], :] indexes a trailing dim through aten::index.Tensor with None
+    entries; the rule reads indices_present, so the shape check infers [b, s, 1, d] rather
+    than indexing dim 0, and the batch dim runs through."""
+    graph = _capture_quietly(_WithFusedQkv(), (torch.randn(BATCH, 8, 64),), method)
     assert graph.unknown_ops() == []
     values = _values(graph)
     picks = [n for n in graph.nodes() if n["op"] == "aten::index.Tensor" and "attention" in n["module"]]
-    assert picks, "no fused-qkv index node"
+    assert len(picks) == 2, "no fused-qkv index node"
     for node in picks:
         present = node["attrs"]["indices_present"]
         assert present[-1] == 1 and not any(present[:-1])
         out = values[node["outputs"][0]]
         assert out["shape"][0] == BATCH and out["shape"][-2] == 1 and out["batch_dim"] == 0
+    plan = shardwise.plan(graph, shardwise.Cluster.preset("cpu", 4), global_batch=4, mesh=(1, 4))
+    assert plan.strategies()
+
+
+@pytest.mark.parametrize("config", [{"multi_query": True}, {"new_decoder_architecture": True, "num_kv_heads": 2}],
+                         ids=["multi-query", "grouped-kv"])
+@pytest.mark.parametrize("method", ["export", "torchscript"])
+def test_falcon_captures_and_plans(config, method):
+    model, inputs = falcon(**config)
+    graph = _capture_quietly(model, inputs, method)
+    assert graph.unknown_ops() == []
     plan = shardwise.plan(graph, shardwise.Cluster.preset("cpu", 4), global_batch=4, mesh=(1, 4))
     assert plan.strategies()
 
