@@ -12,6 +12,7 @@
 #include "analysis/gradient_flow.h"
 #include "analysis/repeated_blocks.h"
 #include "analysis/selective_recompute.h"
+#include "analysis/state_values.h"
 #include "ops/distributed_kernels.h"
 #include "ops/node_rule.h"
 #include "ops/op_table.h"
@@ -267,6 +268,7 @@ class SpmdRewriter {
   void place_leaves();
   void rewrite_node(const ir::Node& node);
   void mark_gradients();
+  void defer_replicated_reductions();
   void emit_leaves(RewriteBuilder& builder) const;
   void mark_recompute();
   void plan_operand_steps();
@@ -543,6 +545,7 @@ void SpmdRewriter::mark_gradients() {
     const auto id = static_cast<std::size_t>(v.id);
     for (const Placement& p : produced_[id]) canonical_[id].push_back(search::gradient_placement(p));
   }
+  defer_replicated_reductions();
   for (const ir::Value& v : values_) {
     const auto id = static_cast<std::size_t>(v.id);
     if (v.producer || !gradient_[id]) continue;
@@ -560,6 +563,47 @@ void SpmdRewriter::mark_gradients() {
         canonical_[id][a] = Placement::partial();
         reduce_axes_[id].push_back(static_cast<int>(a));
       }
+    }
+  }
+}
+
+// A value made from the model's state alone (analysis/state_values.h), Replicate on an axis
+// and made by a node that reads every operand Replicate there, whose readers all give a
+// Partial(sum) gradient on that axis keeps that gradient Partial: its producer's backward is
+// linear in the gradient and its saved operands are the same on every rank, so the ranks'
+// partial gradients sum where they reach a parameter, which the engine reduces in its buckets
+// (mark_gradients), as DDP reduces a learned position embedding read as wpe(arange(T)), instead
+// of an all-reduce of the value's gradient, exposed in backward. Readers first (reverse node
+// order), so a chain of such values passes the Partial gradient up to its parameters. (Values
+// made from an input are left alone, though a replicated input is the same on every rank of
+// the axis too: the search prices only this case, search/sharding_edges.h.)
+void SpmdRewriter::defer_replicated_reductions() {
+  const std::vector<bool> state = analysis::state_values(graph_);
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> readers(values_.size());
+  for (const ir::Node& node : nodes_)
+    for (std::size_t i = 0; i < node.inputs.size(); ++i)
+      readers[static_cast<std::size_t>(node.inputs[i])].emplace_back(static_cast<std::size_t>(node.id), i);
+  const std::vector<ir::ValueId>& outputs = graph_.outputs();
+  for (auto node = nodes_.rbegin(); node != nodes_.rend(); ++node) {
+    const auto n = static_cast<std::size_t>(node->id);
+    if (node->outputs.size() != 1) continue;
+    const auto out = static_cast<std::size_t>(node->outputs[0]);
+    if (!state[out] || !gradient_[out] || readers[out].empty() ||
+        std::find(outputs.begin(), outputs.end(), node->outputs[0]) != outputs.end())
+      continue;
+    for (std::size_t a = 0; a < axes_; ++a) {
+      if (sharding_.mesh[a] <= 1 || !produced_[out][a].is_replicate()) continue;
+      bool alike = true;
+      for (std::size_t i = 0; i < node->inputs.size() && alike; ++i)
+        alike = rewrites_[n].inputs[i].required[a].is_replicate() && grads_[n][i][a].is_replicate();
+      for (const auto& [reader, i] : readers[out]) {
+        const Placement& g = grads_[reader][i][a];
+        alike = alike && g.is_partial() && g.reduction == ops::Reduction::Sum;
+      }
+      if (!alike) continue;
+      canonical_[out][a] = Placement::partial();
+      for (std::size_t i = 0; i < node->inputs.size(); ++i)
+        if (gradient_[static_cast<std::size_t>(node->inputs[i])]) grads_[n][i][a] = Placement::partial();
     }
   }
 }

@@ -272,6 +272,19 @@ def test_data_parallel_mlp_equals_one_device():
     assert r["roundtrip"] == r["losses"]  # the plan saved as JSON and loaded again: identical
 
 
+def test_a_learned_position_embedding_is_reduced_in_the_buckets_as_ddp_reduces_it():
+    # TinyGPT adds wpe(arange(T)), the same on every data rank, to each row's token embedding:
+    # every rank's gradient of that replicated output is its rows' share, and the ranks' shares
+    # sum in wpe's gradient, which the engine reduces in its buckets after backward (DDP's
+    # reduction), not by an all-reduce of the output's gradient, exposed in backward.
+    r = _spawn(2, "tiny_gpt", mesh=(2, 1))
+    _check(r)
+    ir = r["rank_ir"]
+    assert "shardwise::reduce_gradient(%wpe.weight) {axes=[0]" in ir, ir
+    backward_reductions = [line for line in ir.splitlines() if "shardwise::all_reduce" in line and 'pass="backward"' in line]
+    assert not any("embedding" in line for line in backward_reductions), backward_reductions
+
+
 def test_data_and_tensor_parallel_mlp_in_float32_within_the_issues_bar():
     # float32 (the rest run float64, see the module docstring): a 2 x 1 data-parallel plan and
     # a 1 x 2 plan of the same MLP, losses and parameters within 1e-5 of one device.

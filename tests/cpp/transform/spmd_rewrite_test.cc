@@ -83,6 +83,57 @@ TEST(SpmdRewrite, AReplicatedActivationReadByAColumnSplitGetsItsGradientReduced)
   EXPECT_EQ(search::spec_str(p.leaves[1].gradient), "[P(sum), R]");
 }
 
+// x + wpe(arange(4)): a learned position embedding, the same on every data rank, added to
+// each row of a batch split over the data axis (TinyGPT's, GPT-2's).
+ir::Graph learned_positions_graph() {
+  ir::Graph g;
+  auto out = [&](ir::NodeId n) { return g.node(n).outputs[0]; };
+  const ir::ValueId wpe = g.add_value("wpe", ir::TensorType{ir::DType::F32, {4, 8}, {}}, ir::ValueRole::Parameter);
+  const ir::ValueId x = g.add_value("x", ir::TensorType{ir::DType::F32, {2, 4, 8}, 0}, ir::ValueRole::Input);
+  const ir::ValueId positions =
+      out(g.add_node("aten::arange", {}, {{"positions", {ir::DType::I64, {4}, {}}}}, {{"end", std::int64_t{4}}}, ""));
+  const ir::ValueId pe = out(g.add_node("aten::embedding", {wpe, positions}, {{"pe", {ir::DType::F32, {4, 8}, {}}}},
+                                        {{"padding_idx", std::int64_t{-1}}, {"scale_grad_by_freq", false},
+                                         {"sparse", false}},
+                                        "wpe"));
+  const ir::NodeId add = g.add_node("aten::add.Tensor", {x, pe}, {{"y", {ir::DType::F32, {2, 4, 8}, 0}}},
+                                    {{"alpha", std::int64_t{1}}}, "");
+  g.set_outputs({out(add)});
+  return g;
+}
+
+TEST(SpmdRewrite, AReplicatedValueMadeFromParametersHasItsGradientReducedWithTheirs) {
+  ir::Graph g = learned_positions_graph();
+  const auto add_rule = ops::dim_rule_for(ops::OpTable::builtin(), g, g.node(2));
+  plan::Sharding s;
+  s.mesh = {2};
+  s.axis_names = {"data"};
+  s.level = "manual";
+  s.placements = {{"wpe", {"R"}}, {"x", {"S(0)"}}, {"positions", {"R"}}, {"pe", {"R"}}, {"y", {"S(0)"}}};
+  s.strategies = {{"positions", {"replicate"}}, {"pe", {"replicate"}},
+                  {"y", {"split " + add_rule->indices[0].label}}};
+  s.leaves = {"wpe", "x"};
+  RankProgram p = rank_program(g, s, 1);
+  // The add gives pe's gradient Partial (each rank's rows' sum); pe is the same on both ranks,
+  // so the embedding's backward of that partial gradient is wpe's partial gradient: no
+  // all-reduce of pe's gradient in backward, wpe's reduced after it in the buckets, as DDP does.
+  EXPECT_EQ(str(p.nodes[2].inputs[1].backward), Steps{});
+  EXPECT_EQ(str(p.nodes[1].inputs[0].backward), Steps{});
+  ASSERT_EQ(p.leaves[0].value, "wpe");
+  EXPECT_EQ(p.leaves[0].reduce_axes, (std::vector<int>{0}));
+  EXPECT_EQ(search::spec_str(p.leaves[0].gradient), "[P(sum)]");
+  // pe read whole by a second, replicated reader too (its gradient whole there): the partial
+  // one is reduced where pe's gradients meet, and wpe's is whole.
+  const ir::ValueId pe = g.node(1).outputs[0];
+  g.add_node("aten::relu", {pe}, {{"r", {ir::DType::F32, {4, 8}, {}}}}, {}, "");
+  g.set_outputs({g.node(2).outputs[0], g.node(3).outputs[0]});
+  s.placements["r"] = {"R"};
+  s.strategies["r"] = {"replicate"};
+  p = rank_program(g, s, 1);
+  EXPECT_EQ(str(p.nodes[2].inputs[1].backward), Steps{"all_reduce(axis 0, sum)"});
+  EXPECT_TRUE(p.leaves[0].reduce_axes.empty());
+}
+
 TEST(SpmdRewrite, WholeNodesRunOnGatheredOperands) {
   ir::Graph g = mlp();
   RewriteOptions options;
