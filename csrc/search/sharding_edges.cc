@@ -97,22 +97,31 @@ double EdgePricer::edge_seconds(int axis, ir::ValueId value, int consumer, int o
   if (!parameter && facts_.folding.runs_again(static_cast<std::size_t>(consumer))) seconds += gather;
   if (facts_.requires_grad[static_cast<std::size_t>(value)]) {
     const Placement canonical = gradient_placement(produced);
+    // A parameter's, or one reduced with its parameters' gradients (reduced_with_parameters).
+    const bool bucketed = parameter || reduced_with_parameters(value, produced, gradient);
     const ParameterOverlap reduction =
-        parameter ? parameter_gradient_at(axis, value, consumer, operand, produced, gradient)
-                  : activation_gradient_at(axis, value, consumer, operand, produced, wanted, gradient);
+        bucketed ? parameter_gradient_at(axis, value, consumer, operand, produced, gradient)
+                 : activation_gradient_at(axis, value, consumer, operand, produced, wanted, gradient);
     // An activation's gradient beside its reader's weight gradient: hidden at the
     // interference price whatever the solver charges for parameter collectives (the weight
     // gradient's product, as long as the input gradient's, covers it; evaluate() caps it).
     const double reduction_weight =
-        !parameter && reduction != ParameterOverlap::Exposed ? options_.overlap_interference
-                                                             : weight(reduction) * (parameter ? options_.step_share : 1.0);
+        !bucketed && reduction != ParameterOverlap::Exposed ? options_.overlap_interference
+                                                            : weight(reduction) * (bucketed ? options_.step_share : 1.0);
     seconds += reduction_weight * gradient_share(value, produced, gradient) *
                reshard_seconds(axis, value, gradient, canonical, bytes,
-                               parameter ? parameter_latency_share(value, consumer, reduction, canonical.is_replicate(),
-                                                                   bytes)
-                                         : 1.0);
+                               bucketed ? parameter_latency_share(value, consumer, reduction, canonical.is_replicate(),
+                                                                  bytes)
+                                        : 1.0);
   }
   return seconds;
+}
+
+bool EdgePricer::reduced_with_parameters(ir::ValueId value, const Placement& produced,
+                                         const Placement& gradient) const {
+  const auto v = static_cast<std::size_t>(value);
+  return facts_.graph.value(value).producer && facts_.from_state[v] && produced.is_replicate() &&
+         gradient.is_partial() && gradient.reduction == ops::Reduction::Sum;
 }
 
 int EdgePricer::forward_passes(ir::ValueId value, int consumer, int operand) const {
@@ -240,7 +249,7 @@ double EdgePricer::reshard_seconds(int axis, ir::ValueId value, const Placement&
   const Placement source = as_run(axis, value, from), target = as_run(axis, value, to);
   const double whole =
       reshard_time(facts_.model, facts_.cluster, ranks, source, target, static_cast<std::int64_t>(bytes));
-  if (whole <= 0 || latency_share >= 1.0 || facts_.graph.value(value).role != ir::ValueRole::Parameter) return whole;
+  if (whole <= 0 || latency_share >= 1.0) return whole;
   // The latency part: the same collective on one byte.
   const double latency = reshard_time(facts_.model, facts_.cluster, ranks, source, target, 1);
   return whole - latency * (1.0 - latency_share);

@@ -75,6 +75,12 @@ class EdgePricer {
   // weight is released after its read, FSDP / ZeRO-3), or, in a recomputed block, for the
   // recomputed forward, whose copy backward uses.
   int forward_passes(ir::ValueId value, int consumer, int operand) const;
+  // An activation computed from the model's state alone (ShardingFacts::from_state), held
+  // `produced` Replicate, whose reader gives `gradient` Partial(sum): the rewrite reduces that
+  // gradient where it reaches the parameters, with theirs, in the buckets (an approximation
+  // where another reader gives it otherwise: the rewrite then reduces it on the way, exposed);
+  // priced as a replicated parameter's gradient of the activation's bytes.
+  bool reduced_with_parameters(ir::ValueId value, const Placement& produced, const Placement& gradient) const;
   // Where the backward steps of activation `value` into `consumer`'s `operand` run, with
   // `produced` -> `wanted` and `gradient` on `axis` and the other axes as decided
   // (activation_gradient_overlap, parameter_collectives.h).

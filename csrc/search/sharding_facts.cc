@@ -10,6 +10,7 @@
 #include "analysis/batch_dim.h"
 #include "analysis/gradient_flow.h"
 #include "analysis/saved_for_backward.h"
+#include "analysis/state_values.h"
 #include "search/sharding_options.h"
 #include "search/sharding_strategies.h"
 #include "support/error.h"
@@ -83,6 +84,7 @@ void trace_gradient_flow(const analysis::SavedTensors& saved, ShardingFacts& fac
     for (ir::ValueId in : node.inputs) facts.reads[static_cast<std::size_t>(in)] += 1;
   // Gradients flow into floating parameters and everything computed from them.
   facts.requires_grad = analysis::gradient_flow(graph);
+  facts.from_state = analysis::state_values(graph);
 }
 
 }  // namespace

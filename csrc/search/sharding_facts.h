@@ -55,6 +55,7 @@ struct ShardingFacts {
 
   std::vector<std::optional<ops::DimRule>> rules;  // per node, at the global batch (rules_at_batch)
   std::vector<bool> requires_grad;                 // per value
+  std::vector<bool> from_state;                    // per value: made from the model's state alone (state_values.h)
   std::vector<double> reads;                       // per value: (node, input) reads
   std::vector<double> saved;                       // per value: the share autograd keeps (saved_for_backward.h)
   BlockFolding folding;

@@ -836,22 +836,24 @@ void ShardingModel::tally_reshardings(int axis, Tally& out) const {
              pricer.forward_passes(group.value, key.consumer, key.operand) - 1, 1.0, gather_latency);
     if (facts_->requires_grad[static_cast<std::size_t>(group.value)]) {
       const Placement canonical = gradient_placement(produced);
+      // A parameter's, or one the rewrite reduces with its parameters' (edge_seconds).
+      const bool bucketed = parameter || pricer.reduced_with_parameters(group.value, produced, reader.input_grads[op]);
       const ParameterOverlap reduction =
-          parameter ? pricer.parameter_gradient_at(axis, group.value, key.consumer, key.operand, produced,
-                                                   reader.input_grads[op])
-                    : pricer.activation_gradient_at(axis, group.value, key.consumer, key.operand, produced,
-                                                    reader.inputs[op], reader.input_grads[op]);
-      record(reader.input_grads[op], canonical, parameter ? "step" : "backward",
-             parameter                                        ? beside(reduction)
+          bucketed ? pricer.parameter_gradient_at(axis, group.value, key.consumer, key.operand, produced,
+                                                  reader.input_grads[op])
+                   : pricer.activation_gradient_at(axis, group.value, key.consumer, key.operand, produced,
+                                                   reader.inputs[op], reader.input_grads[op]);
+      record(reader.input_grads[op], canonical, bucketed ? "step" : "backward",
+             bucketed                                         ? beside(reduction)
              : reduction == ParameterOverlap::BesideBackward ? out.activation_backward
                                                              : out.activations,
-             parameter ? price.gradient_sync : price.collectives,
+             bucketed ? price.gradient_sync : price.collectives,
              pricer.gradient_share(group.value, produced, reader.input_grads[op]) *
-                 (parameter ? options_.step_share : 1.0),  // once a step (ShardingModelOptions)
+                 (bucketed ? options_.step_share : 1.0),  // once a step (ShardingModelOptions)
              // a stage's price (node_prices) counts an activation's hidden all-reduce at
              // the interference, as the solver does (edge_seconds)
-             !parameter && reduction == ParameterOverlap::BesideBackward ? options_.overlap_interference : 1.0,
-             !parameter                     ? 1.0
+             !bucketed && reduction == ParameterOverlap::BesideBackward ? options_.overlap_interference : 1.0,
+             !bucketed                      ? 1.0
              : canonical.is_replicate()      ? std::min(1.0, bytes / options_.bucket_bytes)
              : reduction == ParameterOverlap::BesideBackward ? grouped_share(key.consumer, group.value, 1)
                                                              : 1.0);

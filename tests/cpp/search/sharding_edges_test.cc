@@ -98,6 +98,36 @@ TEST_F(ShardingEdgesTest, OneOfAStepsMicroBatchesPaysItsShareOfTheGradientReduct
   expect_seconds(c.edges().edge_seconds(0, c.value("y"), c.producer("t"), 0, S(1), R(), R()), 3.3072e-5);
 }
 
+// A learned position embedding, x + wpe(arange(8)): pe is made from the model's state alone,
+// the same on every rank that holds it whole, so the rewrite reduces the add's partial
+// gradient of it where it reaches wpe, in the buckets (transform/spmd_rewrite.cc): priced as
+// a replicated weight's gradient of pe's 8 x 16 x 4 = 512 bytes, not an all-reduce exposed.
+TEST_F(ShardingEdgesTest, AValueMadeFromTheStateAlonePaysItsBucketsShareOfTheReduction) {
+  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b8,8,16]) {
+  %wpe: f32[8,16] parameter
+  %pos: i64[8] = aten::arange() {end=8}
+  %pe: f32[8,16] = aten::embedding(%wpe, %pos) {padding_idx=-1, scale_grad_by_freq=false, sparse=false}
+  %y: f32[b8,8,16] = aten::add.Tensor(%x, %pe) {alpha=1}
+  return (%y)
+})");
+  ShardingModelOptions o = f32_options({4}, 8);
+  o.bucket_bytes = 16384;  // pe's 512 bytes: 1/32 of a bucket
+  const Candidate& c = candidate(g, four, o);
+  EXPECT_TRUE(c.facts.from_state[static_cast<std::size_t>(c.value("pos"))]);
+  EXPECT_TRUE(c.facts.from_state[static_cast<std::size_t>(c.value("pe"))]);
+  EXPECT_FALSE(c.facts.from_state[static_cast<std::size_t>(c.value("y"))]);
+  const ir::ValueId pe = c.value("pe");
+  const int add = c.producer("y");
+  EXPECT_TRUE(c.edges().reduced_with_parameters(pe, R(), P()));
+  EXPECT_FALSE(c.edges().reduced_with_parameters(c.value("wpe"), R(), P()));  // a parameter's own rule
+  EXPECT_FALSE(c.edges().reduced_with_parameters(pe, R(), R()));
+  // all-reduce of 512 bytes = 2 x (0.75 x 512e-9 + 3e-5) = 6.0768e-5, less 31/32 of the
+  // latency of the same all-reduce on one byte (2 x (0.75e-9 + 3e-5) = 6.00015e-5).
+  expect_seconds(c.edges().edge_seconds(0, pe, add, 1, R(), R(), P()), 6.0768e-5 - 31.0 / 32.0 * 6.00015e-5);
+  // y, made from the input: an activation's all-reduce, whole.
+  EXPECT_FALSE(c.edges().reduced_with_parameters(c.value("y"), R(), P()));
+}
+
 TEST_F(ShardingEdgesTest, AShardedWeightIsGatheredAndItsGradientReduceScattered) {
   const Candidate& c = candidate(f32_options({4}, 16));
   const ir::ValueId w = c.value("fc.weight");
