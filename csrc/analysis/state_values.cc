@@ -16,8 +16,15 @@ std::vector<bool> state_values(const ir::Graph& graph) {
     if (node.outputs.size() != 1 || node.op.starts_with("shardwise::") ||
         ops::random_draw(node.op) != ops::RandomDraw::None)
       continue;
-    state[static_cast<std::size_t>(node.outputs[0])] = std::all_of(
-        node.inputs.begin(), node.inputs.end(), [&](ir::ValueId in) { return state[static_cast<std::size_t>(in)]; });
+    // A cast between floating dtypes ends the chain: one device sums the batch's share of the
+    // cast's gradient in the cast's dtype, so a sum deferred past it would be taken in another
+    // precision (DeepSeek-V3's router reads its float64 weight cast to float32).
+    const ir::DType dtype = graph.value(node.outputs[0]).type.dtype;
+    state[static_cast<std::size_t>(node.outputs[0])] =
+        std::all_of(node.inputs.begin(), node.inputs.end(), [&](ir::ValueId in) {
+          const ir::DType from = graph.value(in).type.dtype;
+          return state[static_cast<std::size_t>(in)] && (from == dtype || !ir::is_floating(from));
+        });
   }
   return state;
 }

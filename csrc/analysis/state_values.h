@@ -1,6 +1,7 @@
 // Which values the model's state alone makes: parameters, buffers and constants, and what
 // one-output ATen ops that draw nothing compute from them alone (a learned position
-// embedding, wpe(arange(T)): arange reads nothing). A rank that holds such a value
+// embedding, wpe(arange(T)): arange reads nothing), in the dtype of the floating state it
+// reads (a cast from float64 to float32 makes a value of its own). A rank that holds such a value
 // Replicate holds the same tensor as every other rank of the axis, whatever the batch.
 // One definition for the two readers: the rewrite, which keeps such a value's Partial(sum)
 // gradient Partial down to its parameters (transform/spmd_rewrite.cc,

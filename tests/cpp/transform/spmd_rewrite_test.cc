@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/state_values.h"
 #include "ops/node_rule.h"
 #include "ir/printer.h"
 #include "ops/op_table.h"
@@ -131,6 +132,33 @@ TEST(SpmdRewrite, AReplicatedValueMadeFromParametersHasItsGradientReducedWithThe
   s.strategies["r"] = {"replicate"};
   p = rank_program(g, s, 1);
   EXPECT_EQ(str(p.nodes[2].inputs[1].backward), Steps{"all_reduce(axis 0, sum)"});
+  EXPECT_TRUE(p.leaves[0].reduce_axes.empty());
+}
+
+// A float64 weight cast to float32 before a batch-split add (DeepSeek-V3's router reads its
+// weight so): one device sums the batch's share of the cast's gradient in float32, so the
+// rewrite reduces it there, as it did, not after the cast back to float64.
+TEST(SpmdRewrite, AReplicatedCastOfAWeightHasItsGradientReducedInTheCastsDtype) {
+  ir::Graph g;
+  const ir::ValueId w = g.add_value("w", ir::TensorType{ir::DType::F64, {4, 8}, {}}, ir::ValueRole::Parameter);
+  const ir::ValueId x = g.add_value("x", ir::TensorType{ir::DType::F32, {2, 4, 8}, 0}, ir::ValueRole::Input);
+  const ir::NodeId cast = g.add_node("aten::to.dtype", {w}, {{"w32", {ir::DType::F32, {4, 8}, {}}}},
+                                     {{"dtype", std::string{"f32"}}}, "");
+  const ir::NodeId add = g.add_node("aten::add.Tensor", {x, g.node(cast).outputs[0]},
+                                    {{"y", {ir::DType::F32, {2, 4, 8}, 0}}}, {{"alpha", std::int64_t{1}}}, "");
+  g.set_outputs({g.node(add).outputs[0]});
+  EXPECT_FALSE(analysis::state_values(g)[static_cast<std::size_t>(g.node(cast).outputs[0])]);
+  const auto add_rule = ops::dim_rule_for(ops::OpTable::builtin(), g, g.node(add));
+  plan::Sharding s;
+  s.mesh = {2};
+  s.axis_names = {"data"};
+  s.level = "manual";
+  s.placements = {{"w", {"R"}}, {"x", {"S(0)"}}, {"w32", {"R"}}, {"y", {"S(0)"}}};
+  s.strategies = {{"w32", {"replicate"}}, {"y", {"split " + add_rule->indices[0].label}}};
+  s.leaves = {"w", "x"};
+  const RankProgram p = rank_program(g, s, 1);
+  EXPECT_EQ(str(p.nodes[1].inputs[1].backward), Steps{"all_reduce(axis 0, sum)"});
+  ASSERT_EQ(p.leaves[0].value, "w");
   EXPECT_TRUE(p.leaves[0].reduce_axes.empty());
 }
 
