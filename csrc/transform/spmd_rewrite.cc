@@ -268,7 +268,6 @@ class SpmdRewriter {
   void place_leaves();
   void rewrite_node(const ir::Node& node);
   void mark_gradients();
-  void defer_replicated_reductions();
   void emit_leaves(RewriteBuilder& builder) const;
   void mark_recompute();
   void plan_operand_steps();
@@ -286,6 +285,10 @@ class SpmdRewriter {
   double uneven_mean_scale(const ir::Node& node, const NodeRewrite& rw, bool whole) const;
   std::vector<ReshardAction> backward_steps(const ShardingSpec& from, std::size_t value) const;
   void operand_steps(const ir::Node& node, std::size_t i, int unit);
+  // Per value: its reads, (node id, operand index).
+  using Reads = std::vector<std::vector<std::pair<std::size_t, std::size_t>>>;
+  bool read_as_partial_sum(const Reads& reads, std::size_t value, std::size_t axis) const;
+  void defer_replicated_reductions(const Reads& reads);
   int group_of(int unit, int kind, int axis, ir::DType dtype) {
     auto [it, fresh] = groups_.emplace(std::tuple{unit, kind, axis, static_cast<int>(dtype)},
                                        static_cast<int>(groups_.size()));
@@ -545,21 +548,16 @@ void SpmdRewriter::mark_gradients() {
     const auto id = static_cast<std::size_t>(v.id);
     for (const Placement& p : produced_[id]) canonical_[id].push_back(search::gradient_placement(p));
   }
-  defer_replicated_reductions();
+  Reads reads(values_.size());
+  for (const ir::Node& node : nodes_)
+    for (std::size_t i = 0; i < node.inputs.size(); ++i)
+      reads[static_cast<std::size_t>(node.inputs[i])].emplace_back(static_cast<std::size_t>(node.id), i);
+  defer_replicated_reductions(reads);
   for (const ir::Value& v : values_) {
     const auto id = static_cast<std::size_t>(v.id);
     if (v.producer || !gradient_[id]) continue;
     for (std::size_t a = 0; a < axes_; ++a) {
-      if (!produced_[id][a].is_replicate()) continue;
-      bool all_partial = true, any = false;
-      for (const ir::Node& node : nodes_)
-        for (std::size_t i = 0; i < node.inputs.size(); ++i)
-          if (node.inputs[i] == v.id) {
-            any = true;
-            const Placement& g = grads_[static_cast<std::size_t>(node.id)][i][a];
-            all_partial = all_partial && g.is_partial() && g.reduction == ops::Reduction::Sum;
-          }
-      if (any && all_partial) {
+      if (produced_[id][a].is_replicate() && read_as_partial_sum(reads, id, a)) {
         canonical_[id][a] = Placement::partial();
         reduce_axes_[id].push_back(static_cast<int>(a));
       }
@@ -577,35 +575,36 @@ void SpmdRewriter::mark_gradients() {
 // order), so a chain of such values passes the Partial gradient up to its parameters. (Values
 // made from an input are left alone, though a replicated input is the same on every rank of
 // the axis too: the search prices only this case, search/sharding_edges.h.)
-void SpmdRewriter::defer_replicated_reductions() {
+void SpmdRewriter::defer_replicated_reductions(const Reads& reads) {
   const std::vector<bool> state = analysis::state_values(graph_);
-  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> readers(values_.size());
-  for (const ir::Node& node : nodes_)
-    for (std::size_t i = 0; i < node.inputs.size(); ++i)
-      readers[static_cast<std::size_t>(node.inputs[i])].emplace_back(static_cast<std::size_t>(node.id), i);
   const std::vector<ir::ValueId>& outputs = graph_.outputs();
   for (auto node = nodes_.rbegin(); node != nodes_.rend(); ++node) {
     const auto n = static_cast<std::size_t>(node->id);
     if (node->outputs.size() != 1) continue;
     const auto out = static_cast<std::size_t>(node->outputs[0]);
-    if (!state[out] || !gradient_[out] || readers[out].empty() ||
+    if (!state[out] || !gradient_[out] ||
         std::find(outputs.begin(), outputs.end(), node->outputs[0]) != outputs.end())
       continue;
     for (std::size_t a = 0; a < axes_; ++a) {
       if (sharding_.mesh[a] <= 1 || !produced_[out][a].is_replicate()) continue;
-      bool alike = true;
+      bool alike = read_as_partial_sum(reads, out, a);
       for (std::size_t i = 0; i < node->inputs.size() && alike; ++i)
         alike = rewrites_[n].inputs[i].required[a].is_replicate() && grads_[n][i][a].is_replicate();
-      for (const auto& [reader, i] : readers[out]) {
-        const Placement& g = grads_[reader][i][a];
-        alike = alike && g.is_partial() && g.reduction == ops::Reduction::Sum;
-      }
       if (!alike) continue;
       canonical_[out][a] = Placement::partial();
       for (std::size_t i = 0; i < node->inputs.size(); ++i)
         if (gradient_[static_cast<std::size_t>(node->inputs[i])]) grads_[n][i][a] = Placement::partial();
     }
   }
+}
+
+// Whether `value` is read at all and every read gives its gradient Partial(sum) on `axis`.
+bool SpmdRewriter::read_as_partial_sum(const Reads& reads, std::size_t value, std::size_t axis) const {
+  const auto& of = reads[value];
+  return !of.empty() && std::all_of(of.begin(), of.end(), [&](const auto& read) {
+    const Placement& g = grads_[read.first][read.second][axis];
+    return g.is_partial() && g.reduction == ops::Reduction::Sum;
+  });
 }
 
 // The backward steps of an edge: the reader's gradient to the value's canonical one. A value
