@@ -1,6 +1,8 @@
-"""GPT-2 124M in bf16 on one GPU: shardwise's engine against the eager model, side by side.
+"""GPT-2 124M or a LLaMA of 1.2B in bf16 on one GPU: shardwise's engine against the eager model, side by side.
 
     python benchmarks/gpu.py                      # CUDA: GPT-2 124M, batch 8 x 1024, bf16
+    python benchmarks/gpu.py --model llama        # CUDA: Llama 3.2 1B's shape (1.24B), batch 4 x 2048, bf16
+    python benchmarks/gpu.py --compile            # + ours compiled and the eager model under torch.compile
     python benchmarks/gpu.py --smoke              # anywhere: a 2-layer GPT-2, batch 2 x 64 (CI's CPU run)
     python benchmarks/gpu.py --json report.json   # the figures as JSON too
     python benchmarks/gpu.py --record             # + the table into results/gpu.json and the README
@@ -12,14 +14,20 @@ the step-time ratio measures what the rewrite and the runtime add to the eager s
 Printed, each measured in this run:
  - step time: the median of --steps timed AdamW steps after --warmup, engine and eager,
    measured alternately in blocks (engine, eager, engine, eager) so drift hits both; the
-   ratio engine / eager (issue 22's target: at most 1.02);
+   ratio engine / eager (issue 22's target: at most 1.02). With --compile two more sides in
+   the same blocks: ours compiled (``parallelize(..., compile=True)``: the rank program through
+   inductor) and the eager model under ``torch.compile`` (the whole model and its loss, inductor's
+   defaults), each compile time the first step's; the ratio ours compiled / eager compiled
+   (issue 49's target: at most 1.0, i.e. MFU at least the compiled eager model's);
  - model FLOP/s and MFU: model FLOPs per step = 3 x the forward's matmul FLOPs (every
    Linear / Conv1D and the tied LM head, 2 x rows x in x out each, plus attention's
-   scores and weighted sum, 2 x 2 x batch x seq^2 x hidden per layer, causal or not), no
-   recomputation counted; MFU against the bf16 peak of a timed 8192^3 matmul on this GPU
+   scores and weighted sum, 2 x 2 x batch x seq^2 x hidden per layer, causal or not; LLaMA's
+   q, k, v, o and its three MLP products likewise), no recomputation counted; MFU against the bf16 peak of a timed 8192^3 matmul on this GPU
    and against the datasheet's dense bf16 peak where the card is known;
- - peak memory: torch.cuda.max_memory_allocated over the engine's steps against the plan's
-   predicted memory per rank (target: within 10%), and the eager run's peak beside it.
+ - peak memory: torch.cuda.max_memory_allocated over each side's steps, less what the other
+   sides hold (the allocation at the start of its block less its own parameters, gradients
+   and optimizer state), against the plan's predicted memory per rank (issue 46's target:
+   within 15%), and the eager run's peak beside it.
 Timing never fails a test: tests/python/test_benchmarks.py runs --smoke on the CPU and checks
 that every figure is printed.
 """
@@ -34,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -52,13 +61,42 @@ class WithLoss(nn.Module):
 
 
 def model_flops(config, batch: int, seq: int) -> float:
-    """Training FLOPs of one step of GPT-2 (forward x 3), no recomputation."""
-    h, layers, vocab = config.n_embd, config.n_layer, config.vocab_size
-    inner = config.n_inner or 4 * h
+    """Training FLOPs of one step of GPT-2 or LLaMA (forward x 3), no recomputation."""
     tokens = batch * seq
-    per_layer = 2 * tokens * (h * 3 * h + h * h + h * inner + inner * h) + 2 * 2 * batch * seq * seq * h
+    if config.model_type == "gpt2":
+        h, layers, vocab = config.n_embd, config.n_layer, config.vocab_size
+        inner = config.n_inner or 4 * h
+        products = h * 3 * h + h * h + h * inner + inner * h
+    else:  # llama: q and o h x h, k and v h x (kv heads x head dim), gate, up and down h x inner
+        h, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
+        kv = config.num_key_value_heads * (getattr(config, "head_dim", None) or h // config.num_attention_heads)
+        products = 2 * h * h + 2 * h * kv + 3 * h * config.intermediate_size
+    per_layer = 2 * tokens * products + 2 * 2 * batch * seq * seq * h
     head = 2 * tokens * h * vocab
     return 3.0 * (layers * per_layer + head)
+
+
+def model_config(transformers, name: str, smoke: bool, seq: int):
+    """GPT-2 124M, or Llama 3.2 1B's shape (16 layers, hidden 2048, GQA 32 / 8 heads, MLP 8192,
+    vocabulary 128,256, tied embeddings: 1.24B parameters); a 2-layer toy of each with --smoke."""
+    if name == "gpt2":
+        if smoke:
+            config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=seq)
+        else:
+            config = transformers.GPT2Config(n_positions=max(seq, 1024))  # GPT-2 124M
+        for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
+            setattr(config, key, 0.0)
+        return config, transformers.GPT2LMHeadModel
+    if smoke:
+        config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=seq,
+                                          tie_word_embeddings=True)
+    else:
+        config = transformers.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                                          num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                                          max_position_embeddings=max(seq, 2048), rope_theta=500000.0,
+                                          tie_word_embeddings=True)
+    return config, transformers.LlamaForCausalLM
 
 
 def _sync(device: torch.device) -> None:
@@ -75,7 +113,11 @@ def timed_matmul_peak(device: torch.device, n: int = 8192) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a 2-layer GPT-2 at batch 2 x 64 (any device)")
+    parser.add_argument("--smoke", action="store_true", help="a 2-layer model at batch 2 x 64 (any device)")
+    parser.add_argument("--model", default="gpt2", choices=["gpt2", "llama"],
+                        help="gpt2: GPT-2 124M, batch 8 x 1024; llama: Llama 3.2 1B's shape, batch 4 x 2048")
+    parser.add_argument("--compile", action="store_true",
+                        help="also ours compiled (parallelize(compile=True)) and the eager model under torch.compile")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--seq", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
@@ -96,22 +138,18 @@ def main(argv=None) -> int:
     import shardwise
 
     device = shardwise.local_device()
-    batch = args.batch or (2 if args.smoke else 8)
-    seq = args.seq or (64 if args.smoke else 1024)
+    llama = args.model == "llama"
+    batch = args.batch or (2 if args.smoke else 4 if llama else 8)
+    seq = args.seq or (64 if args.smoke else 2048 if llama else 1024)
     steps = args.steps or (4 if args.smoke else 10)
-    if args.smoke:
-        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=seq)
-    else:
-        config = transformers.GPT2Config(n_positions=max(seq, 1024))  # GPT-2 124M
-    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
-        setattr(config, name, 0.0)
+    config, model_class = model_config(transformers, args.model, args.smoke, seq)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group(shardwise.backend_for(device), store=dist.FileStore(os.path.join(tmp, "store"), 1),
                                 rank=0, world_size=1)
         try:
-            figures = _measure(args, shardwise, transformers, config, device, dtype, batch, seq, steps)
+            figures = _measure(args, shardwise, model_class, config, device, dtype, batch, seq, steps)
         finally:
             dist.destroy_process_group()
     for key, value in figures.items():
@@ -120,11 +158,11 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
     if args.record:
-        record("gpu", _recorded(figures), {
+        record("gpu" if args.model == "gpt2" and not args.compile else f"gpu-{args.model}", _recorded(figures), {
             "machine": f"{figures['device']}, torch {figures['torch']}"
                        + (_cuda_versions() if device.type == "cuda" else ""),
             "notes": f"{figures['model']}, {figures['dtype']}, batch {figures['batch x seq']}, AdamW, one process; "
-                     f"median of {steps} steps after {args.warmup}, engine and eager timed alternately."})
+                     f"median of {steps} steps after {args.warmup}, the sides timed alternately."})
     return 0
 
 
@@ -154,6 +192,13 @@ RECORDED = [
     ("predicted memory per rank (MiB)", "predicted memory MiB", ""),
     ("measured / predicted memory", "measured / predicted memory", "within 10%"),
     ("capture + plan + rewrite (s)", "capture + plan + rewrite s", ""),
+    ("step, ours compiled (ms)", "engine compiled step ms (median)", ""),
+    ("step, eager compiled (ms)", "eager compiled step ms (median)", ""),
+    ("ratio ours compiled / eager compiled", "step ratio engine compiled / eager compiled", "<= 1.0"),
+    ("ratio ours compiled / ours eager", "step ratio engine compiled / engine", ""),
+    ("MFU ours compiled vs the datasheet", "MFU engine compiled (vs datasheet)", "report"),
+    ("MFU eager compiled vs the datasheet", "MFU eager compiled (vs datasheet)", "report"),
+    ("compile time, ours / eager (s)", "compile s (engine compiled, eager compiled)", ""),
 ]
 
 
@@ -165,84 +210,127 @@ def _recorded(figures: dict) -> list[list]:
                      if figures.get("predicted step ms") else None)
         else:
             value = figures.get(key)
+        if key is not None and key not in figures:
+            continue  # a side this run did not measure (--compile)
         rows.append({"figure": label, "value": value, "target": target or None})
     return rows
 
 
-def _measure(args, shardwise, transformers, config, device, dtype, batch, seq, steps) -> dict:
+class Side:
+    """One way of running the step: its step function, and what it holds between steps (its
+    parameters, their gradients and its optimizer's state), which the memory figures of the
+    other sides leave out."""
+
+    def __init__(self, name: str, step: Callable, optimizer, modules=()):
+        self.name, self.step, self.optimizer, self.modules = name, step, optimizer, modules
+        self.times: list[float] = []
+        self.peak = None
+        self.first_step_s = None
+
+    def held_bytes(self) -> int:
+        tensors = [p for group in self.optimizer.param_groups for p in group["params"]]
+        tensors += [p.grad for p in tensors if p.grad is not None]
+        tensors += [v for state in self.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+        tensors += [b for m in self.modules for b in m.buffers()]
+        storages = {}
+        for t in tensors:
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
+
+def _measure(args, shardwise, model_class, config, device, dtype, batch, seq, steps) -> dict:
     torch.manual_seed(0)
-    model = WithLoss(transformers.GPT2LMHeadModel(config)).to(device=device, dtype=dtype)
-    eager = copy.deepcopy(model)
+    model = WithLoss(model_class(config)).to(device=device, dtype=dtype)
+    copies = [copy.deepcopy(model) for _ in range(3 if args.compile else 1)]
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1)).to(device)
     data = (ids, ids)
     params = sum(p.numel() for p in model.parameters())
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    t0 = time.perf_counter()
-    engine = shardwise.parallelize(model, data, cluster=shardwise.Cluster.detect(), precision=args.precision)
-    setup_s = time.perf_counter() - t0
-    optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)
-    eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=1e-4)
-
-    def engine_step():
-        optimizer.zero_grad(set_to_none=True)
-        loss = engine.train_step(*data)
-        optimizer.step()
-        return loss
-
     from shardwise.runtime import fp8
 
-    def eager_step():
-        eager_optimizer.zero_grad(set_to_none=True)
-        with fp8.one_device() if args.precision == "fp8" else contextlib.nullcontext():
-            loss = eager(*data)
-        loss.backward()
-        eager_optimizer.step()
-        return loss
+    def eager_side(name, module):
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
 
-    def timed(step, n):
-        times = []
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            with fp8.one_device() if args.precision == "fp8" else contextlib.nullcontext():
+                loss = module(*data)
+            loss.backward()
+            optimizer.step()
+            return loss
+        return Side(name, step, optimizer, (module,))
+
+    def engine_side(name, engine):
+        optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            loss = engine.train_step(*data)
+            optimizer.step()
+            return loss
+        return Side(name, step, optimizer)
+
+    cluster = shardwise.Cluster.detect()
+    t0 = time.perf_counter()
+    engine = shardwise.parallelize(model, data, cluster=cluster, precision=args.precision)
+    setup_s = time.perf_counter() - t0
+    sides = [engine_side("engine", engine), eager_side("eager", copies[0])]
+    if args.compile:
+        compiled_engine = shardwise.parallelize(copies[1], data, cluster=cluster, precision=args.precision,
+                                                compile=True)
+        sides += [engine_side("engine compiled", compiled_engine),
+                  eager_side("eager compiled", torch.compile(copies[2]))]
+
+    def timed(side, n):
+        if device.type == "cuda":
+            others = torch.cuda.memory_allocated(device) - side.held_bytes()
+            torch.cuda.reset_peak_memory_stats(device)
         for _ in range(n):
             _sync(device)
             start = time.perf_counter()
-            step()
+            side.step()
             _sync(device)
-            times.append(time.perf_counter() - start)
-        return times
+            side.times.append(time.perf_counter() - start)
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device) - others
+            side.peak = max(side.peak or 0, peak)
 
     losses = []
-    for _ in range(args.warmup):
-        losses.append((float(engine_step()), float(eager_step())))
-    engine_peak = eager_peak = None
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    engine_times = timed(engine_step, (steps + 1) // 2)
-    if device.type == "cuda":
-        engine_peak = torch.cuda.max_memory_allocated(device) - base
-        torch.cuda.reset_peak_memory_stats(device)
-    eager_times = timed(eager_step, (steps + 1) // 2)
-    if device.type == "cuda":
-        eager_peak = torch.cuda.max_memory_allocated(device) - base
-    engine_times += timed(engine_step, steps // 2)
-    eager_times += timed(eager_step, steps // 2)
-    engine_s, eager_s = statistics.median(engine_times), statistics.median(eager_times)
+    for i in range(args.warmup):
+        row = []
+        for side in sides:
+            _sync(device)
+            start = time.perf_counter()
+            row.append(float(side.step().detach()))
+            _sync(device)
+            if i == 0:
+                side.first_step_s = time.perf_counter() - start
+        losses.append(row)
+    for n in ((steps + 1) // 2, steps // 2):
+        for side in sides:
+            timed(side, n)
+    by_name = {side.name: side for side in sides}
+    median = {side.name: statistics.median(side.times) for side in sides}
+    engine_s, eager_s = median["engine"], median["eager"]
     flops = model_flops(config, batch, seq)
 
     if args.profile:
-        _profile(args.profile, device, {"engine": engine_step, "eager": eager_step})
+        _profile(args.profile, device, {side.name: side.step for side in sides})
 
     predicted_bytes, breakdown = engine.plan.predicted_memory()
+    name = "GPT-2" if config.model_type == "gpt2" else "LLaMA"
+    layers = getattr(config, "n_layer", None) or config.num_hidden_layers
+    hidden = getattr(config, "n_embd", None) or config.hidden_size
     figures = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "model": f"GPT-2 ({params / 1e6:.1f}M parameters, {config.n_layer} layers, hidden {config.n_embd})",
+        "model": f"{name} ({params / 1e6:.1f}M parameters, {layers} layers, hidden {hidden})",
         "dtype": str(dtype).replace("torch.", "") + (", linears in fp8" if args.precision == "fp8" else ""),
         "batch x seq": f"{batch} x {seq}",
         "capture + plan + rewrite s": round(setup_s, 2),
         "plan": engine.plan.report().splitlines()[0] if engine.plan.report() else "",
-        "first losses (engine, eager)": [[round(a, 6), round(b, 6)] for a, b in losses],
+        "sides": [side.name for side in sides],
+        "first losses (engine, eager)": [[round(v, 6) for v in row] for row in losses],
         "engine step ms (median)": round(engine_s * 1e3, 3),
         "eager step ms (median)": round(eager_s * 1e3, 3),
         "step ratio engine / eager": round(engine_s / eager_s, 4),
@@ -253,19 +341,42 @@ def _measure(args, shardwise, transformers, config, device, dtype, batch, seq, s
         "predicted memory MiB": round(predicted_bytes / 2**20, 1) if predicted_bytes else None,
         "predicted memory breakdown MiB": {k: round(v / 2**20, 1) for k, v in (breakdown or {}).items()},
     }
+    if figures["predicted step ms"]:
+        figures["measured / predicted step"] = round(engine_s * 1e3 / figures["predicted step ms"], 4)
+    if args.compile:
+        compiled_s, compiled_eager_s = median["engine compiled"], median["eager compiled"]
+        figures.update({
+            "engine compiled step ms (median)": round(compiled_s * 1e3, 3),
+            "eager compiled step ms (median)": round(compiled_eager_s * 1e3, 3),
+            "step ratio engine compiled / eager compiled": round(compiled_s / compiled_eager_s, 4),
+            "step ratio engine compiled / engine": round(compiled_s / engine_s, 4),
+            "step ratio eager compiled / eager": round(compiled_eager_s / eager_s, 4),
+            "compile s (engine compiled, eager compiled)": [round(by_name["engine compiled"].first_step_s, 1),
+                                                            round(by_name["eager compiled"].first_step_s, 1)],
+        })
     if device.type == "cuda":
         peak = timed_matmul_peak(device)
-        name = torch.cuda.get_device_name(device)
-        sheet = next((v for k, v in DATASHEET_BF16.items() if k in name), None)
+        gpu = torch.cuda.get_device_name(device)
+        sheet = next((v for k, v in DATASHEET_BF16.items() if k in gpu), None)
         figures.update({
             "bf16 matmul 8192^3 TFLOP/s": round(peak / 1e12, 1),
             "MFU engine (vs timed matmul)": round(flops / engine_s / peak, 4),
             "MFU engine (vs datasheet)": round(flops / engine_s / sheet, 4) if sheet else None,
             "MFU eager (vs datasheet)": round(flops / eager_s / sheet, 4) if sheet else None,
-            "engine peak memory MiB": round(engine_peak / 2**20, 1),
-            "eager peak memory MiB": round(eager_peak / 2**20, 1),
-            "measured / predicted memory": round(engine_peak / predicted_bytes, 4) if predicted_bytes else None,
+            "engine peak memory MiB": round(by_name["engine"].peak / 2**20, 1),
+            "eager peak memory MiB": round(by_name["eager"].peak / 2**20, 1),
+            "measured / predicted memory": round(by_name["engine"].peak / predicted_bytes, 4)
+            if predicted_bytes else None,
         })
+        if args.compile:
+            figures.update({
+                "MFU engine compiled (vs datasheet)": round(flops / median["engine compiled"] / sheet, 4)
+                if sheet else None,
+                "MFU eager compiled (vs datasheet)": round(flops / median["eager compiled"] / sheet, 4)
+                if sheet else None,
+                "engine compiled peak memory MiB": round(by_name["engine compiled"].peak / 2**20, 1),
+                "eager compiled peak memory MiB": round(by_name["eager compiled"].peak / 2**20, 1),
+            })
     return figures
 
 

@@ -4,6 +4,7 @@
 #   scripts/gpu_check.sh [REPORT_DIR]          default REPORT_DIR: $OUT if set, else build/gpu_check
 #   scripts/gpu_check.sh --no-build [DIR]      use the shardwise already importable (CI's CPU run)
 #   scripts/gpu_check.sh --smoke [DIR]         the benchmark at its smoke size (any device)
+#   scripts/gpu_check.sh --no-tests [DIR]      the build and the benchmark only (a short device lease)
 #
 # 1. Installs what is missing against the torch already there (torch itself is never
 #    installed or replaced): cmake and ninja from PyPI; on a machine without a network,
@@ -12,9 +13,12 @@
 # 3. Runs the GPU tests (pytest -m gpu: NCCL collectives, ranks sharing one GPU over Gloo,
 #    pipelines, ZeRO, the bf16 policy, Cluster.detect on CUDA); skipped with the reason
 #    where there is no CUDA.
-# 4. Runs benchmarks/gpu.py (GPT-2 124M in bf16 on one GPU: step time against eager, MFU,
-#    peak memory against the plan's prediction), and again with --precision fp8 (the linears
-#    in float8, the eager model under runtime.fp8.one_device()) where the GPU has FP8 units.
+# 4. Runs benchmarks/gpu.py for each model of GPU_CHECK_MODELS (default "gpt2 llama": GPT-2 124M
+#    and Llama 3.2 1B's shape, bf16, one GPU: step time against eager, MFU, step time and peak
+#    memory against the plan's prediction; on CUDA with --compile too: ours compiled against the
+#    eager model under torch.compile), then each again with --precision fp8 (the linears in
+#    float8, the eager model under runtime.fp8.one_device()) where the GPU has FP8 units.
+#    Figures in REPORT_DIR/gpu.json (gpt2), gpu_llama.json, gpu_fp8.json, gpu_llama_fp8.json.
 # 5. Writes REPORT_DIR/gpu_check.md (the card, the versions, the test summary and the
 #    figures), with the logs beside it. Exit status: non-zero when the build or a test failed.
 #    (The extension needs no library beyond torch's: nothing to source before a later command.)
@@ -23,10 +27,12 @@ cd "$(dirname "$0")/.."
 
 build=1
 smoke=0
+tests=1
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
     --no-build) build=0 ;;
     --smoke) smoke=1 ;;
+    --no-tests) tests=0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -77,7 +83,7 @@ fi
 built=$status
 
 # ---- 3. the GPU tests ----------------------------------------------------------------------------
-if ((status == 0)); then
+if ((status == 0 && tests)); then
   note "pytest -m gpu"
   # GPU_CHECK_TESTS: a pytest -k expression, to run some of them (a short device lease).
   select=(); [[ -n ${GPU_CHECK_TESTS:-} ]] && select=(-k "$GPU_CHECK_TESTS")
@@ -90,24 +96,36 @@ if ((status == 0)); then
 fi
 
 # ---- 4. the benchmark ------------------------------------------------------------------------------
+# One benchmarks/gpu.py run: its name (the JSON and log file stem), then its arguments.
+bench() {
+  local stem=$1; shift
+  local args=(--json "$report/$stem.json" "$@")
+  ((smoke)) && args+=(--smoke)
+  note "benchmarks/gpu.py ${*}"
+  timeout "${GPU_CHECK_BENCH_TIMEOUT:-900}" $PY -u benchmarks/gpu.py "${args[@]}" "${extra[@]}" >"$report/$stem.log" 2>&1 ||
+    { status=1; note "$stem failed"; tail -30 "$report/$stem.log"; }
+  grep -v "^\[transformers\]\|Warning\|warn" "$report/$stem.log" | tail -40
+}
 if ((built == 0)); then
-  note "benchmarks/gpu.py"
-  bench_args=(--json "$report/gpu.json")
-  ((smoke)) && bench_args+=(--smoke)
   # GPU_CHECK_BENCH_ARGS: more arguments for benchmarks/gpu.py (--profile FILE, --steps N).
   read -r -a extra <<<"${GPU_CHECK_BENCH_ARGS:-}"
-  bench_args+=("${extra[@]}")
-  timeout "${GPU_CHECK_BENCH_TIMEOUT:-900}" $PY -u benchmarks/gpu.py "${bench_args[@]}" >"$report/benchmark.log" 2>&1 ||
-    { status=1; note "benchmark failed"; tail -30 "$report/benchmark.log"; }
-  grep -v "^\[transformers\]\|Warning\|warn" "$report/benchmark.log" | tail -30
+  cuda=0
+  $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" && cuda=1
   # FP8 (runtime/fp8.py) where the GPU has FP8 units (compute capability 8.9+: Ada, Hopper).
-  if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9) else 1)"; then
-    note "benchmarks/gpu.py --precision fp8"
-    fp8_args=("${bench_args[@]}")
-    fp8_args[1]="$report/gpu_fp8.json"
-    timeout "${GPU_CHECK_BENCH_TIMEOUT:-900}" $PY -u benchmarks/gpu.py "${fp8_args[@]}" --precision fp8 \
-      >"$report/benchmark_fp8.log" 2>&1 || { status=1; note "fp8 benchmark failed"; tail -30 "$report/benchmark_fp8.log"; }
-    grep -v "^\[transformers\]\|Warning\|warn" "$report/benchmark_fp8.log" | tail -30
+  fp8=0
+  $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9) else 1)" && fp8=1
+  [[ ${GPU_CHECK_FP8:-1} == 0 ]] && fp8=0  # GPU_CHECK_FP8=0: not the FP8 runs (a short lease)
+  read -r -a models <<<"${GPU_CHECK_MODELS:-gpt2 llama}"
+  for model in "${models[@]}"; do
+    stem=gpu; [[ $model != gpt2 ]] && stem=gpu_$model
+    compiled=(); ((cuda)) && compiled=(--compile)  # compiling a CPU toy would only slow CI's run
+    bench "$stem" --model "$model" "${compiled[@]}"
+  done
+  if ((fp8)); then
+    for model in "${models[@]}"; do
+      stem=gpu_fp8; [[ $model != gpt2 ]] && stem=gpu_${model}_fp8
+      bench "$stem" --model "$model" --precision fp8
+    done
   fi
 fi
 
@@ -124,17 +142,14 @@ fi
   grep -E "passed|failed|skipped|error|PASSED|FAILED|SKIPPED|^cuda|^cpu" "$report/tests.log" 2>/dev/null | tail -40
   echo '```'
   echo
-  echo "## benchmarks/gpu.py"
-  echo '```'
-  cat "$report/gpu.json" 2>/dev/null || echo "no figures (see benchmark.log)"
-  echo '```'
-  if [[ -f "$report/gpu_fp8.json" ]]; then
+  for stem in gpu gpu_llama gpu_fp8 gpu_llama_fp8; do
+    [[ -f "$report/$stem.log" ]] || continue
+    echo "## benchmarks/gpu.py: $stem"
+    echo '```'
+    cat "$report/$stem.json" 2>/dev/null || echo "no figures (see $stem.log)"
+    echo '```'
     echo
-    echo "## benchmarks/gpu.py --precision fp8"
-    echo '```'
-    cat "$report/gpu_fp8.json"
-    echo '```'
-  fi
+  done
   echo
   echo "status: $([[ $status == 0 ]] && echo ok || echo FAILED)"
 } >"$report/gpu_check.md"

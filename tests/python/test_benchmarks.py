@@ -176,6 +176,9 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     assert figures["device"] == "cpu" and figures["step ratio engine / eager"] > 0, figures
     losses = figures["first losses (engine, eager)"]
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in losses), losses  # the engine computes what eager does
+    llama = json.loads((tmp_path / "gpu_llama.json").read_text())  # the LLaMA beside GPT-2
+    assert llama["model"].startswith("LLaMA") and llama["predicted step ms"] > 0, llama
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in llama["first losses (engine, eager)"]), llama
 
 
 def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_prediction(tmp_path):
