@@ -99,13 +99,17 @@ def _quick_export():
         from torch.fx._lazy_graph_module import _use_lazy_graph_module
     except ImportError:  # pragma: no cover - private in torch 2.13; without it, eager modules
         _use_lazy_graph_module = None
-    before = fx_config.do_not_emit_stack_traces
-    fx_config.do_not_emit_stack_traces = True
+    # torch 2.11 has no such setting (its exports emit stack traces): nothing to switch there.
+    has_setting = hasattr(fx_config, "do_not_emit_stack_traces")
+    before = getattr(fx_config, "do_not_emit_stack_traces", None)
+    if has_setting:
+        fx_config.do_not_emit_stack_traces = True
     try:
         with _use_lazy_graph_module(True) if _use_lazy_graph_module else contextlib.nullcontext():
             yield
     finally:
-        fx_config.do_not_emit_stack_traces = before
+        if has_setting:
+            fx_config.do_not_emit_stack_traces = before
 
 
 def _capture_export_once(model: torch.nn.Module, named: dict, batch_dim: int | None, prefix: str) -> tuple:
