@@ -126,6 +126,9 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", default=None, choices=["fp8"],
                         help="fp8: the plan's linears in float8 (runtime/fp8.py), the eager model's under "
                              "shardwise.runtime.fp8.one_device(); needs FP8 units (compute capability 8.9+) on CUDA")
+    parser.add_argument("--profiled", action="store_true",
+                        help="also price the plan with its ops timed on this device at the shapes it runs them "
+                             "(shardwise.profile's plan_specs / measure_specs and AdamW's step: Plan.price(profile=))")
     parser.add_argument("--profile", default=None,
                         help="also write the top kernels of 3 engine and 3 eager steps (torch.profiler) to this file")
     from _results import add_record_argument, record
@@ -227,6 +230,11 @@ class Side:
         self.peak = None
         self.first_step_s = None
 
+    def state_bytes(self) -> int:
+        """The optimizer's state alone (AdamW's moments, in the parameters' dtype)."""
+        return sum(v.untyped_storage().nbytes() for state in self.optimizer.state.values()
+                   for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+
     def held_bytes(self) -> int:
         tensors = [p for group in self.optimizer.param_groups for p in group["params"]]
         tensors += [p.grad for p in tensors if p.grad is not None]
@@ -317,6 +325,7 @@ def _measure(args, shardwise, model_class, config, device, dtype, batch, seq, st
     if args.profile:
         _profile(args.profile, device, {side.name: side.step for side in sides})
 
+    profiled = _profiled_prediction(shardwise, copies[0], data, cluster, batch, args) if args.profiled else {}
     predicted_bytes, breakdown = engine.plan.predicted_memory()
     name = "GPT-2" if config.model_type == "gpt2" else "LLaMA"
     layers = getattr(config, "n_layer", None) or config.num_hidden_layers
@@ -343,6 +352,9 @@ def _measure(args, shardwise, model_class, config, device, dtype, batch, seq, st
     }
     if figures["predicted step ms"]:
         figures["measured / predicted step"] = round(engine_s * 1e3 / figures["predicted step ms"], 4)
+    if profiled:
+        figures.update(profiled)
+        figures["measured / predicted step (profiled)"] = round(engine_s * 1e3 / profiled["predicted step ms (profiled)"], 4)
     if args.compile:
         compiled_s, compiled_eager_s = median["engine compiled"], median["eager compiled"]
         figures.update({
@@ -364,6 +376,7 @@ def _measure(args, shardwise, model_class, config, device, dtype, batch, seq, st
             "MFU engine (vs datasheet)": round(flops / engine_s / sheet, 4) if sheet else None,
             "MFU eager (vs datasheet)": round(flops / eager_s / sheet, 4) if sheet else None,
             "engine peak memory MiB": round(by_name["engine"].peak / 2**20, 1),
+            "engine optimizer state MiB (held)": round(by_name["engine"].state_bytes() / 2**20, 1),
             "eager peak memory MiB": round(by_name["eager"].peak / 2**20, 1),
             "measured / predicted memory": round(by_name["engine"].peak / predicted_bytes, 4)
             if predicted_bytes else None,
@@ -378,6 +391,30 @@ def _measure(args, shardwise, model_class, config, device, dtype, batch, seq, st
                 "eager compiled peak memory MiB": round(by_name["eager compiled"].peak / 2**20, 1),
             })
     return figures
+
+
+def _profiled_prediction(shardwise, module, data, cluster, batch, args) -> dict:
+    """The plan the search finds for this device, priced with its own ops timed here at the
+    shapes it runs them and AdamW's step timed on this device's parameters' dtype (the
+    profiled cost model, profiled_cost.h), beside the analytic model's figure for the same plan."""
+    from shardwise.profile import measure_optimizer, measure_specs, plan_specs
+
+    start = time.perf_counter()
+    graph = shardwise.capture(module, data)
+    found = shardwise.plan(graph, cluster, global_batch=batch, precision=args.precision)
+    specs = plan_specs(graph, cluster, [found])
+    ops = measure_specs(specs, budget_s=60, progress=False)
+    dtype = next(module.parameters()).dtype
+    ops["optimizer"] = measure_optimizer(elements=64 << 20, dtype=dtype)
+    doc = {"format": "shardwise.profile", "version": 1, **ops}
+    priced = found.price(graph, cluster, profile=shardwise.Profile.from_json(json.dumps(doc)))
+    return {
+        "predicted step ms (profiled)": round(priced.predicted_step_time() * 1e3, 3),
+        "predicted step ms (analytic, same plan)": round(found.predicted_step_time() * 1e3, 3),
+        "profiled breakdown ms": {k: round(v * 1e3, 3) for k, v in priced.breakdown().items() if v},
+        "profiled ops measured / asked": f"{len(ops['ops'])} / {len(specs)}",
+        "profile s": round(time.perf_counter() - start, 1),
+    }
 
 
 def _profile(path: str, device: torch.device, steps: dict) -> None:

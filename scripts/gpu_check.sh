@@ -16,8 +16,9 @@
 # 4. Runs benchmarks/gpu.py for each model of GPU_CHECK_MODELS (default "gpt2 llama": GPT-2 124M
 #    and Llama 3.2 1B's shape, bf16, one GPU: step time against eager, MFU, step time and peak
 #    memory against the plan's prediction; on CUDA with --compile too: ours compiled against the
-#    eager model under torch.compile), then each again with --precision fp8 (the linears in
-#    float8, the eager model under runtime.fp8.one_device()) where the GPU has FP8 units.
+#    eager model under torch.compile; --profiled: the plan priced with its ops timed on the
+#    GPU), then each again with --precision fp8 (the linears in float8, the eager model under
+#    runtime.fp8.one_device()) where the GPU has FP8 units.
 #    Figures in REPORT_DIR/gpu.json (gpt2), gpu_llama.json, gpu_fp8.json, gpu_llama_fp8.json.
 # 5. Writes REPORT_DIR/gpu_check.md (the card, the versions, the test summary and the
 #    figures), with the logs beside it. Exit status: non-zero when the build or a test failed.
@@ -118,13 +119,15 @@ if ((built == 0)); then
   read -r -a models <<<"${GPU_CHECK_MODELS:-gpt2 llama}"
   for model in "${models[@]}"; do
     stem=gpu; [[ $model != gpt2 ]] && stem=gpu_$model
-    compiled=(); ((cuda)) && compiled=(--compile)  # compiling a CPU toy would only slow CI's run
-    bench "$stem" --model "$model" "${compiled[@]}"
+    # Compiling a CPU toy and timing its ops would only slow CI's run. GPU_CHECK_COMPILE=0: not
+    # the compiled sides (a short lease).
+    cuda_only=(); ((cuda)) && cuda_only=(--profiled) && [[ ${GPU_CHECK_COMPILE:-1} != 0 ]] && cuda_only+=(--compile)
+    bench "$stem" --model "$model" "${cuda_only[@]}"
   done
   if ((fp8)); then
     for model in "${models[@]}"; do
       stem=gpu_fp8; [[ $model != gpt2 ]] && stem=gpu_${model}_fp8
-      bench "$stem" --model "$model" --precision fp8
+      bench "$stem" --model "$model" --precision fp8 --profiled
     done
   fi
 fi
