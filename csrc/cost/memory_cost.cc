@@ -16,6 +16,22 @@ MemoryConstants memory_constants(Precision precision) {
   return {};
 }
 
+std::optional<MemoryConstants> state_dtype_memory(const std::string& state_dtype) {
+  if (state_dtype.empty()) return std::nullopt;
+  double b = 0;
+  if (state_dtype == "bf16" || state_dtype == "f16") b = 2;
+  if (state_dtype == "f32") b = 4;
+  if (b == 0)
+    throw support::ValidationError(fmt::format("state_dtype: unknown '{}' (known: bf16, f16, f32)", state_dtype));
+  return MemoryConstants{.weight_bytes = b, .gradient_bytes = b, .optimizer_bytes = 2 * b};
+}
+
+MemoryConstants plan_memory_constants(const plan::Plan& plan, const ir::Graph& graph) {
+  if (auto own = state_dtype_memory(plan.state_dtype)) return *own;
+  return memory_constants(
+      model_state_precision(parse_precision(plan.precision).value_or(Precision::BF16), graph));
+}
+
 Precision model_state_precision(Precision precision, const ir::Graph& graph) {
   if (precision != Precision::FP8) return precision;
   return parse_precision(analysis::training_precision(graph)).value_or(Precision::BF16);

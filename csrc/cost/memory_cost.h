@@ -25,6 +25,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "cost/cluster.h"
 #include "ir/graph.h"
@@ -46,6 +48,18 @@ struct MemoryConstants {
 // torch trains a float32 model, weights 4, gradients 4 and Adam's two moments 8, no master
 // copy. The total is 16 either way; what differs is what ZeRO divides (the optimizer's 8 or 12).
 MemoryConstants memory_constants(Precision precision);
+
+// The model states of a run that keeps no master copy: the optimizer steps the parameters in
+// `state_dtype` ("bf16", "f16", "f32": plan::Plan::state_dtype), b bytes an element of weight
+// and of gradient and 2b of Adam's moments (bf16: 2 + 2 + 4, where the mixed-precision
+// convention holds 16); none for "" (the precision's convention applies).
+// Worked example: a bf16 model of 1.236e9 parameters under torch.optim.AdamW holds 4.94 GB of
+// moments (an H200 measured 4,714 MiB), not the 14.8 GB of fp32 master weights and moments.
+std::optional<MemoryConstants> state_dtype_memory(const std::string& state_dtype);
+
+// A plan's model states per parameter: its state_dtype's, else its precision's convention for
+// the graph (memory_constants(model_state_precision(...))).
+MemoryConstants plan_memory_constants(const plan::Plan& plan, const ir::Graph& graph);
 
 // The precision a plan's model states are held in: the plan's, but for "fp8" (float8 is only the
 // linears' operands, cast at each use) the graph's own (analysis::training_precision: a bf16

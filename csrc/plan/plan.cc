@@ -453,6 +453,9 @@ void validate(const Plan& plan, std::optional<int> world_size) {
   if (std::find(kPrecisions.begin(), kPrecisions.end(), plan.precision) == kPrecisions.end())
     throw ValidationError(
         fmt::format("plan.precision: unknown '{}' (known: f32, tf32, bf16, f16, fp8)", plan.precision));
+  if (!plan.state_dtype.empty() && plan.state_dtype != "bf16" && plan.state_dtype != "f16" && plan.state_dtype != "f32")
+    throw ValidationError(fmt::format("plan.state_dtype: unknown '{}' (known: bf16, f16, f32; empty: the precision's "
+                                      "master weights)", plan.state_dtype));
 }
 
 Plan stage_plan(const Plan& plan, int stage) {
@@ -468,6 +471,7 @@ Plan stage_plan(const Plan& plan, int stage) {
   out.micro_batch = plan.micro_batch;
   out.recompute = plan.recompute;
   out.precision = plan.precision;
+  out.state_dtype = plan.state_dtype;
   out.sharding = plan.stage_shardings.at(static_cast<std::size_t>(stage));
   out.sharding->recompute = plan.recompute;
   validate(out);
@@ -488,6 +492,7 @@ Plan stage_plan(const Plan& plan) {
   stage.micro_batch = stage.global_batch;
   stage.recompute = plan.recompute;
   stage.precision = plan.precision;
+  stage.state_dtype = plan.state_dtype;
   stage.sharding = plan.stage_sharding;
   // The plan's own recompute decides the stages' (an edit of it reaches the run).
   stage.sharding->recompute = plan.recompute;
@@ -580,6 +585,7 @@ json plan_degrees(const Plan& plan) {
            {"zero_stage", plan.zero_stage},
            {"layers_per_stage", plan.layers_per_stage},
            {"precision", plan.precision}};
+  if (!plan.state_dtype.empty()) out["state_dtype"] = plan.state_dtype;
   if (plan.context > 1) out["context"] = plan.context;
   if (plan.expert > 1) out["expert"] = plan.expert;
   if (!plan.stage_groups.empty()) out["stage_groups"] = plan.stage_groups;
@@ -638,7 +644,7 @@ Plan plan_from_json(const json& in) {
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
                                               "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings", "context", "expert",
-                                              "precision", "micro_batch_semantics", "fused_accumulation", "split_experts", "sharding",
+                                              "precision", "state_dtype", "micro_batch_semantics", "fused_accumulation", "split_experts", "sharding",
                                               "stage_sharding", "programs", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
@@ -669,6 +675,7 @@ Plan plan_from_json(const json& in) {
       plan.stage_shardings.push_back(sharding_from_json(list[s], fmt::format("plan.stage_shardings[{}]", s)));
   }
   if (in.contains("precision")) plan.precision = field<std::string>(in, "precision");
+  if (in.contains("state_dtype")) plan.state_dtype = field<std::string>(in, "state_dtype");
   if (in.contains("micro_batch_semantics"))
     plan.micro_batch_semantics = micro_batch_semantics_from_name(field<std::string>(in, "micro_batch_semantics"));
   if (in.contains("fused_accumulation")) plan.fused_accumulation = field<bool>(in, "fused_accumulation");

@@ -43,6 +43,9 @@
 //    exactly 2); kfkb_k > 1 only with KFKB.
 //  - precision: "f32", "tf32", "bf16", "f16" or "fp8" (cost::Precision names; fp8: linears in
 //    float8, the rest in bf16, analysis/fp8_linears.h).
+//  - state_dtype: "" (default, not written: the precision's master weights) or the dtype the
+//    optimizer steps the parameters in without a master copy ("bf16", "f16", "f32"); it prices
+//    the model states (cost::plan_memory_constants).
 //  - micro_batch_semantics: "exact" (default, not written) or "per_micro_batch" (written
 //    only when set, so plans without it keep their hash): see MicroBatchSemantics.
 //  - fused_accumulation: a pipelined plan's stages add each micro-batch's weight gradient into
@@ -244,6 +247,11 @@ struct Plan {
   std::vector<int> stage_groups;  // pipeline stage -> its block of d x t ranks; empty = in order
   std::vector<std::vector<int>> stage_meshes;  // per pipeline stage [data, tensor]; empty = all {data, tensor}
   std::string precision = "bf16";
+  // The dtype the optimizer steps the parameters in, with their gradients and Adam's moments,
+  // where the run keeps no master copy in another ("bf16", "f16", "f32": what torch.optim does
+  // with a model's own parameters; parallelize sets it from the model's); "": the precision's
+  // mixed-precision convention (cost/memory_cost.h: Megatron's fp32 master and moments).
+  std::string state_dtype;
   MicroBatchSemantics micro_batch_semantics = MicroBatchSemantics::Exact;
   bool fused_accumulation = true;
   bool split_experts = true;  // see above

@@ -347,6 +347,7 @@ void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_
           candidate.recompute = recompute;
           candidate.zero_stage = d * c > 1 ? zero : 0;
           candidate.precision = options_.precision;
+          candidate.state_dtype = options_.state_dtype;
           candidate.micro_batch_semantics = options_.micro_batch_semantics;
           candidate.split_experts = options_.expert_parallel;
           // The same plan with its experts split over each stage's data ranks (plan.expert).
@@ -390,6 +391,7 @@ void JointPlanner::enumerate_stage_meshes(std::int64_t t) {
           candidate.schedule = schedule;
           candidate.recompute = recompute;
           candidate.precision = options_.precision;
+          candidate.state_dtype = options_.state_dtype;
           candidate.micro_batch_semantics = options_.micro_batch_semantics;
           candidate.split_experts = options_.expert_parallel;
           candidate.stage_meshes = {{static_cast<int>(a), static_cast<int>(t)},

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <numeric>
 #include <utility>
 
@@ -18,6 +19,23 @@
 namespace shardwise::search {
 
 namespace {
+
+// The bytes of the floating dtype most of the graph's parameter elements are in (its
+// activations' where it has no floating parameter): what the model computes in as captured.
+double graph_float_bytes(const ir::Graph& graph) {
+  std::map<std::int64_t, std::int64_t> elements;  // element bytes -> parameter elements
+  for (bool parameters : {true, false}) {
+    for (const ir::Value& value : graph.values()) {
+      const bool wanted = parameters ? value.role == ir::ValueRole::Parameter : value.role == ir::ValueRole::Activation;
+      if (wanted && ir::is_floating(value.type.dtype)) elements[ir::dtype_bytes(value.type.dtype)] += value.type.numel();
+    }
+    if (!elements.empty()) break;
+  }
+  std::int64_t bytes = 4, most = -1;
+  for (const auto& [size, count] : elements)
+    if (count > most) bytes = size, most = count;
+  return static_cast<double>(bytes);
+}
 
 using support::ValidationError;
 
@@ -63,6 +81,7 @@ void price_devices_and_batch(const ShardingModelOptions& options, ShardingFacts&
   const cost::Precision states = cost::model_state_precision(options.precision, graph);
   facts.memory = options.memory.value_or(cost::memory_constants(states));
   facts.float_bytes = states == cost::Precision::F32 || states == cost::Precision::TF32 ? 4 : 2;
+  facts.float_scale = facts.float_bytes / graph_float_bytes(graph);
   if (options.precision == cost::Precision::FP8)
     for (const ir::Node& node : graph.nodes()) facts.fp8_linears.push_back(analysis::fp8_linear(graph, node));
 }
@@ -117,7 +136,10 @@ ShardingFacts::ShardingFacts(const ir::Graph& graph, const cost::Cluster& cluste
 
 double ShardingFacts::value_bytes(ir::ValueId value) const {
   const ir::Value& v = graph.value(value);
-  double element = ir::is_floating(v.type.dtype) ? float_bytes : ir::dtype_bytes(v.type.dtype);
+  // A floating value scaled by the plan's precision against the graph's, never wider than
+  // its own dtype or the plan's (a bf16 graph's float32 upcast stays 4 bytes in f32).
+  const double own = static_cast<double>(ir::dtype_bytes(v.type.dtype));
+  double element = ir::is_floating(v.type.dtype) ? std::min(own * float_scale, std::max(own, float_bytes)) : own;
   double bytes = static_cast<double>(v.type.numel()) * element;
   // An activation without a batch dim (a position embedding's [1, s, h] rows, a causal mask,
   // a rotary table) is the same size at every batch; where the capture's batch of 1 left the

@@ -47,7 +47,12 @@ struct ShardingFacts {
   std::vector<std::vector<double>> axis_speed_shares;  // per axis: each rank's speed / the sum (empty: even)
   double batch_scale = 1;     // the global batch / the capture's
   bool batch_traced = false;  // the capture's batch > 1: activations carry their batch dims
-  double float_bytes = 2;
+  double float_bytes = 2;  // an element of the model states' precision
+  // A floating value's bytes per byte of its dtype (value_bytes): 1 when the plan trains in
+  // the graph's own precision (a bf16 graph's float32 upcasts, a loss' log-probabilities, are
+  // float32 as they run); the ratio of the two where it prices a graph in another (a float32
+  // capture planned in bf16: 0.5), no value wider than its dtype or the plan's.
+  double float_scale = 1;
   // Indexed by NodeId: the node as an FP8 linear where the plan's precision is fp8 (analysis/
   // fp8_linears.h), found once; empty for other precisions.
   std::vector<std::optional<analysis::Fp8Linear>> fp8_linears;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "ops/op_table.h"
 #include "search/sharding_facts.h"
 #include "search/sharding_options.h"
 
@@ -91,6 +92,36 @@ double ShardingMemory::activation_bytes() const {
     bytes += count * node_memory(node.id, 0, decisions_.nodes[0][u]);
   }
   return bytes + recompute_checkpoint_bytes();
+}
+
+double ShardingMemory::backward_working_bytes() const {
+  double peak = 0;
+  for (const ir::Node& node : facts_.graph.nodes()) {
+    const auto u = static_cast<std::size_t>(node.id);
+    if (!facts_.folding.represents_itself(u)) continue;
+    // One operand's gradient as this rank holds it: its share over every axis, as the node's
+    // strategy on each axis places that operand.
+    auto gradient = [&](ir::ValueId value, auto placement_of) {
+      if (!facts_.requires_grad[static_cast<std::size_t>(value)]) return 0.0;
+      double held = 1;
+      for (std::size_t a = 0; a < options_.mesh.size(); ++a)
+        held *= held_fraction(placement_of(decisions_.nodes[a][u]), options_.mesh[a]);
+      return facts_.value_bytes(value) * held;
+    };
+    double bytes = 0;
+    for (std::size_t i = 0; i < node.inputs.size(); ++i)
+      if (facts_.graph.value(node.inputs[i]).role == ir::ValueRole::Activation)
+        bytes += gradient(node.inputs[i], [i](const Strategy& s) { return s.inputs[i]; });
+    // A cross-entropy is a log-softmax then a negative log-likelihood in autograd: its backward
+    // makes the log-probabilities' gradient (input-sized; saved_for_backward keeps the
+    // log-probabilities themselves) and from it the input's, both held at once.
+    if (ops::op_base_name(node.op) == "aten::cross_entropy_loss")
+      bytes += gradient(node.inputs[0], [](const Strategy& s) { return s.inputs[0]; });
+    for (std::size_t o = 0; o < node.outputs.size(); ++o)
+      bytes += gradient(node.outputs[o], [o](const Strategy& s) { return s.outputs[o]; });
+    peak = std::max(peak, bytes);
+  }
+  return peak * options_.activation_memory_scale;
 }
 
 double ShardingMemory::gathered_parameter_bytes() const {

@@ -52,6 +52,13 @@ class ShardingMemory {
   double recompute_checkpoint_bytes() const;
   // Saved activations and the checkpoints.
   double activation_bytes() const;
+  // What a backward holds beyond the saved activations: the largest, over the nodes, of the
+  // gradients one node's backward holds at once, those of its outputs (read) and of its
+  // inputs (made), for the values a gradient reaches, as this rank holds them. In a language
+  // model it is the loss' cross-entropy over the vocabulary: its log-probabilities' float32
+  // gradient and its input's, 2 x tokens x vocabulary x 4 bytes (GPT-2's 3.1 GiB at 8 x 1,024
+  // tokens: a third of the peak an H200 measured, which the saved tensors alone left out).
+  double backward_working_bytes() const;
   // The weights readers gather beyond the rank's stored share (FSDP-style: held only while
   // their unit runs): the two largest units' (one gathered, the next prefetched), part of the
   // peak, not of the sum.

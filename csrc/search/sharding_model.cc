@@ -49,6 +49,8 @@ double ShardingModel::held_fraction_of(ir::ValueId value, int first_axis) const 
 
 double ShardingModel::activation_bytes() const { return memory().activation_bytes(); }
 
+double ShardingModel::backward_working_bytes() const { return memory().backward_working_bytes(); }
+
 double ShardingModel::parameter_bytes() const { return parameter_bytes_by_kind().total(); }
 
 cost::ModelStateBytes ShardingModel::parameter_bytes_by_kind() const { return memory().parameter_bytes_by_kind(); }
@@ -934,7 +936,8 @@ ShardingEvaluation ShardingModel::evaluate() const {
   double acts = activation_bytes();
   const double gathered = gathered_parameter_bytes();
   const double casts = fp8_cast_bytes();
-  out.memory_per_rank = states.total() + acts + gathered + casts;
+  double working = backward_working_bytes();
+  out.memory_per_rank = states.total() + acts + working + gathered + casts;
   out.fits = out.memory_per_rank <= options_.memory_limit;
   if (const std::optional<UnevenShares> shares = uneven_shares()) {
     // The batch's uneven shares (set_input_ratios: the balance LP's, hetero_balance.h), priced
@@ -954,18 +957,20 @@ ShardingEvaluation ShardingModel::evaluate() const {
       const double scale = shares->ratios[i] * n;
       paced = std::max(paced, compute_seconds(device) * scale);
       most = std::max(most, scale);
-      out.fits = out.fits && states.total() + acts * scale + gathered + casts <=
+      out.fits = out.fits && states.total() + (acts + working) * scale + gathered + casts <=
                                  static_cast<double>(device.memory_bytes) * fraction;
     }
     out.step_time += paced - compute;
     out.breakdown["compute"] = paced;
     acts *= most;
-    out.memory_per_rank = states.total() + acts + gathered + casts;
+    working *= most;
+    out.memory_per_rank = states.total() + acts + working + gathered + casts;
   }
   out.memory_breakdown = {{"weights", states.weights},
                           {"gradients", states.gradients},
                           {"optimizer", states.optimizer},
                           {"activations", acts},
+                          {"backward_working", working},
                           {"gathered_parameters", gathered}};
   if (casts > 0) out.memory_breakdown["fp8_casts"] = casts;
   double flops = 0;

@@ -130,6 +130,8 @@ class ShardingModel {
   double compute_seconds(const cost::DeviceType& device) const;
   // Parameter-state and activation bytes of the most loaded rank, split for balance.
   double activation_bytes() const;
+  // The gradients one node's backward holds beyond the saved activations, at their largest (ShardingMemory).
+  double backward_working_bytes() const;
   double parameter_bytes() const;
   // parameter_bytes() by kind: weights (and non-trainable leaves), gradients, optimizer state.
   cost::ModelStateBytes parameter_bytes_by_kind() const;

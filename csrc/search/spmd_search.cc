@@ -179,7 +179,7 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   mo.experts_on_first_axis = options.experts_on_first_axis;
   mo.step_share = options.step_share;
   mo.allow_zero = options.allow_zero;
-  mo.memory = options.memory;
+  mo.memory = options.memory ? options.memory : cost::state_dtype_memory(options.state_dtype);
   mo.parameter_memory_scale = options.parameter_memory_scale;
   mo.activation_memory_scale = options.activation_memory_scale;
   mo.beam_width = options.beam_width;
@@ -197,7 +197,7 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
     // Every group along the axis is alike in the presets (a run of devices per node); the
     // first one stands for all.
     std::vector<int> ranks = sm.axis_ranks(axis);
-    const double activations = sm.activation_bytes();
+    const double activations = sm.activation_bytes() + sm.backward_working_bytes();
     const double parameters = sm.parameter_bytes() + sm.gathered_parameter_bytes() + sm.fp8_cast_bytes();
     const double per_rank_batch = static_cast<double>(options.global_batch) / static_cast<double>(ranks.size());
     const double comm = out.evaluation.step_time - out.evaluation.breakdown.at("compute");
@@ -300,6 +300,7 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
   plan.recompute = sharding.recompute;
   plan.zero_stage = sharding.zero.empty() ? 0 : 1;  // the optimizer state's sharding: ZeRO-1
   plan.precision = std::string(cost::precision_name(options.precision));
+  plan.state_dtype = options.state_dtype;
   plan.sharding = sharding;
   plan.sharding->level = std::string(search_level_name(options.level));
   const ShardingEvaluation& e = best->evaluation;

@@ -105,7 +105,8 @@ struct SpmdSearchOptions {
   // ShardingModelOptions::experts_on_first_axis (a plan's expert degree, when completing it).
   std::optional<bool> experts_on_first_axis;
   double step_share = 1;  // ShardingModelOptions::step_share (a stage layout at one micro-batch)
-  std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
+  std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: state_dtype's, else the precision's
+  std::string state_dtype;  // plan::Plan::state_dtype: priced so and written into the plan
   // The graph standing for a pipeline stage's share of it (ShardingModelOptions'): the
   // fractions of its parameter states and of one micro-batch's saved activations the stage's
   // ranks hold, so that its layout is chosen under the memory the stage has (stage_layout.h).

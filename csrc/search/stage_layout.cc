@@ -41,8 +41,9 @@ MemoryShares stage_memory_shares(const cost::LayerStructure& structure, const pl
   const std::vector<int> on_device = cost::layers_per_device(chunk_layers, plan.pipeline, plan::v_shaped(plan.schedule));
   const double share =
       layers > 0 && !on_device.empty() ? *std::ranges::max_element(on_device) / static_cast<double>(layers) : 1.0;
-  const cost::MemoryConstants states =
-      cost::memory_constants(cost::parse_precision(plan.precision).value_or(cost::Precision::BF16));
+  const cost::MemoryConstants states = cost::state_dtype_memory(plan.state_dtype)
+                                            .value_or(cost::memory_constants(
+                                                cost::parse_precision(plan.precision).value_or(cost::Precision::BF16)));
   const double zero = cost::model_state_bytes(1, plan.stage_data(), plan.zero_stage, states).total() /
                       cost::model_state_bytes(1, 1, 0, states).total();
   const double in_flight = cost::stage_micro_batches_in_flight(plan.schedule, plan.pipeline, plan.virtual_stages,
@@ -121,6 +122,7 @@ ShardingModelOptions stage_model_options(const cost::LayerStructure& structure,
   mo.mesh = {1, plan.tensor};
   mo.global_batch = plan.micro_batch;
   mo.precision = *precision;
+  mo.memory = cost::state_dtype_memory(plan.state_dtype);
   mo.memory_limit = static_cast<double>(ranks.device_of(0).memory_bytes) * memory_fraction;
   mo.recompute = plan.recompute;
   mo.allow_zero = false;
@@ -242,6 +244,7 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   options.expert_parallel = plan.split_experts;
   options.memory_fraction = memory_fraction;
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
+  options.state_dtype = plan.state_dtype;
   const cost::AnalyticCostModel analytic;
   return search_spmd(graph, cluster, model != nullptr ? *model : static_cast<const cost::CostModel&>(analytic),
                      options);

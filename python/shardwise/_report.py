@@ -344,12 +344,13 @@ def memory_parts(plan, values: dict | None = None) -> tuple[list[tuple[str, floa
     if "parameters" in parts:  # a plan written before the core split its model states by kind
         out.append(("weights, gradients and optimizer state", parts.pop("parameters")))
     names = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
-             "activations": "activations", "gathered_parameters": "gathered weights (in use)",
-             "fp8_casts": "FP8 casts (transient copies)"}
-    for key in ("weights", "gradients", "optimizer", "activations", "gathered_parameters", "fp8_casts"):
+             "activations": "activations", "backward_working": "backward working set (gradients in flight)",
+             "gathered_parameters": "gathered weights (in use)", "fp8_casts": "FP8 casts (transient copies)"}
+    for key in ("weights", "gradients", "optimizer", "activations", "backward_working", "gathered_parameters",
+                "fp8_casts"):
         if key in parts:
             value = parts.pop(key)
-            if value > 0 or key not in ("gathered_parameters", "fp8_casts"):
+            if value > 0 or key not in ("backward_working", "gathered_parameters", "fp8_casts"):
                 out.append((names[key], value))
     out += [(key.replace("_", " "), value) for key, value in sorted(parts.items()) if value > 0]
     return out, note

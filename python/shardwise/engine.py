@@ -207,10 +207,11 @@ def _plan_at_batch(plan: Plan, rows: int) -> Plan:
 
 
 def _recapture(wrapper: _Trainable, cluster, level: str, precision: str, memory_fraction: float | None = None,
-               zero: bool = True, batch_on_tensor_axis: bool = True) -> Recapture:
+               zero: bool = True, batch_on_tensor_axis: bool = True, state_dtype: str | None = None) -> Recapture:
     """How an engine captures `wrapper` again and searches its mesh again (runtime/engine_base.py),
-    in the precision of the plan it runs (and with ZeRO allowed or not, as parallelize was)."""
-    options = {"precision": precision, "zero": zero}
+    in the precision and model states of the plan it runs (and with ZeRO allowed or not, as
+    parallelize was)."""
+    options = {"precision": precision, "zero": zero, "state_dtype": state_dtype}
     if memory_fraction is not None:
         options["memory_fraction"] = memory_fraction
     return Recapture(
@@ -220,6 +221,21 @@ def _recapture(wrapper: _Trainable, cluster, level: str, precision: str, memory_
                                                      global_batch=rows, level=level, mesh=mesh,
                                                      batch_on_tensor_axis=batch_on_tensor_axis, **options),
         at_batch=_plan_at_batch)
+
+
+def state_dtype(model: torch.nn.Module) -> str | None:
+    """The dtype torch.optim steps `model`'s own parameters in (most of their elements'), as a
+    plan's state_dtype: "bf16", "f16" or "f32". The run keeps no other master copy: under a
+    mixed-precision policy the model's (float32) parameters are the masters and the program
+    computes in casts of them. None for float64 (priced as float32, the precision's convention)
+    or a model without trainable floating parameters."""
+    counts: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.requires_grad and p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    if not counts:
+        return None
+    return {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(max(counts, key=counts.get))
 
 
 def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Callable | None = None,
@@ -309,7 +325,8 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
         searched = plan is None
         if searched:
             plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
-                               memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero)
+                               memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
+                               state_dtype=state_dtype(model))
         else:  # a plan given by its degrees: completed on this capture (Plan.complete)
             log.info("parallelize: the plan gives no sharding of its %d x %d mesh: searching it once (the "
                      "engine's plan holds it: save that one to run it without a search)", plan.data, plan.tensor)
@@ -317,7 +334,8 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
         if searched and mesh is None:  # nothing fits at once: maybe in micro-batches, as shardwise.plan does
             joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
                                          memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
-                                         micro_batch_semantics=micro_batch_semantics or "exact")
+                                         micro_batch_semantics=micro_batch_semantics or "exact",
+                                         state_dtype=state_dtype(model))
             if joint is not None:
                 return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)
@@ -347,7 +365,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                   parameters=parameters, tensors=tensors, trainable=trainable,
                   kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}),
                   recapture=_recapture(wrapper, cluster, level, plan.precision, _MEMORY_FRACTION, zero,
-                                       batch_on_tensor_axis=free_batch),
+                                       batch_on_tensor_axis=free_batch, state_dtype=plan.state_dtype),
                   policy=policy, static=static, compute_dtypes=compute, shapes=shapes, compile_options=compiled)
 
 
@@ -543,7 +561,8 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                           micro_batch=rows, num_micro_batches=m, shapes=tuple(tuple(x.shape) for x in batch),
                           parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
                           links=links, mesh=mesh, sharding=sharded,
-                          recapture=_recapture(wrapper, stage_cluster, level, plan.precision),
+                          recapture=_recapture(wrapper, stage_cluster, level, plan.precision,
+                                               state_dtype=plan.state_dtype),
                           kept=keep_state(model, set(first.owners)),
                           policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks,
                           loss_combination=combination, compile_options=options.compile_options)

@@ -113,7 +113,8 @@ class Plan:
                kfkb_k: int = 1, recompute: bool | str = True, zero: int = 0, precision: str | None = None,
                layers_per_stage: list[int] | None = None, profile=None, cost_model=None,
                stage_groups: list[int] | None = None,
-               stage_meshes: list[list[int]] | None = None, micro_batch_semantics: str = "exact") -> "Plan":
+               stage_meshes: list[list[int]] | None = None, micro_batch_semantics: str = "exact",
+               state_dtype: str | None = None) -> "Plan":
         """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p x context).
         ``context``: ranks that split each row's sequence (context parallelism: every attention
@@ -139,7 +140,12 @@ class Plan:
         micro-batches for a graph whose rows meet in batch statistics (batch norm in training, a
         router's load-balancing loss: csrc/analysis/batch_coupling.h), naming the op and module;
         "per_micro_batch" accepts it, each micro-batch's statistics its own and such a loss the
-        mean of the micro-batches' (gradient accumulation's usual meaning; the report says so)."""
+        mean of the micro-batches' (gradient accumulation's usual meaning; the report says so).
+        ``state_dtype``: the dtype the optimizer steps the parameters in, with their gradients
+        and Adam's moments, for a run that keeps no master copy ("bf16", "f16", "f32": torch.optim
+        on the model's own parameters, as ``parallelize`` runs them); None: the precision's
+        mixed-precision convention (fp32 master weights and moments beside bf16 weights and
+        gradients, as Megatron-LM trains)."""
         if stage_meshes:
             stage_meshes = [[int(x) for x in mesh] for mesh in stage_meshes]
             if pipeline == 1:
@@ -170,6 +176,8 @@ class Plan:
         if stage_meshes:
             doc["stage_meshes"] = stage_meshes
         doc["micro_batch_semantics"] = _semantics(micro_batch_semantics, "Plan.manual")
+        if state_dtype:
+            doc["state_dtype"] = str(state_dtype)
         if profile is not None and cost_model is not None and profile is not cost_model:
             raise _C.ValidationError("Plan.manual: give profile= or cost_model=, not both")
         profile = profile if profile is not None else cost_model
@@ -184,7 +192,7 @@ class Plan:
                memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None,
                recompute: bool | str = True, zero: bool = True, progress=None, collective_matmul: bool = False,
                batch_on_tensor_axis: bool | None = None, profile=None, context_parallel: bool = True,
-               expert_parallel: bool = True) -> "Plan":
+               expert_parallel: bool = True, state_dtype: str | None = None) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
         cluster's cost model. See ``shardwise.plan``. ``batch_on_tensor_axis``: whether the
@@ -196,7 +204,8 @@ class Plan:
         may carry the batch, as ring attention (``runtime/ring_attention.py``); False keeps
         every attention's sequence whole on each rank. ``expert_parallel``: whether a mixture of
         experts' experts (``shardwise_moe::experts``) may be split over an axis, each rank
-        holding its block of them; False: every rank holds every expert."""
+        holding its block of them; False: every rank holds every expert. ``state_dtype``: as
+        ``Plan.manual``'s."""
         if batch_on_tensor_axis is None:
             batch_on_tensor_axis = mesh is None
         result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
@@ -204,7 +213,7 @@ class Plan:
                                 _precision(graph, precision), recompute is not False, bool(zero), progress,
                                 bool(collective_matmul), bool(batch_on_tensor_axis),
                                 "" if isinstance(recompute, bool) else _recompute(recompute), _profile_json(profile),
-                                bool(context_parallel), bool(expert_parallel))
+                                bool(context_parallel), bool(expert_parallel), str(state_dtype or ""))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     @classmethod
@@ -212,7 +221,7 @@ class Plan:
               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, progress=None,
               network: NetworkCondition | None = None, stage_layouts: bool = True, zero: bool = True,
               micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True,
-              expert_parallel: bool = True) -> "Plan":
+              expert_parallel: bool = True, state_dtype: str | None = None) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
@@ -227,13 +236,13 @@ class Plan:
         none. ``expert_parallel``: whether candidates may split each mixture of experts layer's
         experts over a stage's data ranks (``Plan.manual``'s ``expert``), or its layout over its
         tensor ranks; False: neither (the plan's ``split_experts`` false: every rank of a stage
-        holds every expert, however the plan is completed)."""
+        holds every expert, however the plan is completed). ``state_dtype``: as ``Plan.manual``'s."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
                                _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero),
                                _semantics(micro_batch_semantics, "Plan.joint"), _profile_json(profile),
-                               bool(context_parallel), bool(expert_parallel))
+                               bool(context_parallel), bool(expert_parallel), str(state_dtype or ""))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     def alternatives(self) -> list["Plan"]:
@@ -258,6 +267,12 @@ class Plan:
         if name in doc:
             return doc[name]
         raise AttributeError(name)
+
+    @property
+    def state_dtype(self) -> str | None:
+        """The dtype the run steps the parameters in without a master copy ("bf16", "f16",
+        "f32"), which prices the model states; None: the precision's mixed-precision convention."""
+        return self._doc.get("state_dtype") or None
 
     def num_micro_batches(self) -> int:
         """m: global batch / (micro-batch x data) micro-batches per step on each data rank (a
@@ -561,7 +576,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
          zero: bool = True, progress=None, pipeline: bool | None = None,
          network: NetworkCondition | None = None, collective_matmul: bool = False,
          micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True,
-         expert_parallel: bool = True) -> Plan:
+         expert_parallel: bool = True, state_dtype: str | None = None) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
 
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
@@ -605,6 +620,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ranks (the SPMD search's split of them over any axis; the joint planner's ``expert`` degree
     over a stage's data ranks, its stages' layout over their tensor ranks); False: never (a
     joint plan's ``split_experts`` false: its stages' layout keeps every expert on every rank).
+    ``state_dtype``: the dtype a run steps the parameters in without a master copy ("bf16",
+    "f16", "f32"), which prices the model states (``Plan.manual``'s); None: the precision's
+    mixed-precision convention. ``parallelize`` passes its model's.
     ``progress(done, total)`` is called after each candidate. The graph must have been
     captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
 
@@ -634,16 +652,18 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                           precision=precision, progress=progress, network=network, zero=zero,
                           micro_batch_semantics=micro_batch_semantics, profile=profile,
-                          context_parallel=context_parallel, expert_parallel=expert_parallel)
+                          context_parallel=context_parallel, expert_parallel=expert_parallel,
+                          state_dtype=state_dtype)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress, collective_matmul=collective_matmul, profile=profile,
-                        context_parallel=context_parallel, expert_parallel=expert_parallel)
+                        context_parallel=context_parallel, expert_parallel=expert_parallel, state_dtype=state_dtype)
     if both:
         joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                            precision=precision, progress=progress, zero=zero,
                            micro_batch_semantics=micro_batch_semantics, profile=profile,
-                           context_parallel=context_parallel, expert_parallel=expert_parallel)
+                           context_parallel=context_parallel, expert_parallel=expert_parallel,
+                           state_dtype=state_dtype)
         if joint.fits and (found.fits is False or joint.predicted_step_time() < found.predicted_step_time()):
             return joint
         return found
@@ -651,7 +671,8 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
         joint = micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
                                      memory_fraction=memory_fraction, precision=precision, progress=progress,
                                      zero=zero, micro_batch_semantics=micro_batch_semantics, profile=profile,
-                                     context_parallel=context_parallel, expert_parallel=expert_parallel)
+                                     context_parallel=context_parallel, expert_parallel=expert_parallel,
+                                     state_dtype=state_dtype)
         if joint is not None:
             return joint
     return found
@@ -660,7 +681,8 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
 def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, level: str, memory_fraction: float,
                          precision: str | None = None, progress=None, zero: bool = True,
                          micro_batch_semantics: str = "exact", profile=None,
-                         context_parallel: bool = True, expert_parallel: bool = True) -> Plan | None:
+                         context_parallel: bool = True, expert_parallel: bool = True,
+                         state_dtype: str | None = None) -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
     stages), if that fits; else None. Only for models with repeated layers (what the joint
@@ -673,14 +695,16 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
         return None
     joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                        precision=precision, progress=progress, zero=zero, micro_batch_semantics=micro_batch_semantics,
-                       profile=profile, context_parallel=context_parallel, expert_parallel=expert_parallel)
+                       profile=profile, context_parallel=context_parallel, expert_parallel=expert_parallel,
+                       state_dtype=state_dtype)
     if not joint.fits:
         coupling = _C.batch_coupling(graph._core)
         if micro_batch_semantics == "exact" and coupling["sites"]:
             loose = Plan.joint(graph, cluster, global_batch=global_batch, level=level,
                                memory_fraction=memory_fraction, precision=precision, zero=zero,
                                micro_batch_semantics="per_micro_batch", profile=profile,
-                               context_parallel=context_parallel, expert_parallel=expert_parallel)
+                               context_parallel=context_parallel, expert_parallel=expert_parallel,
+                               state_dtype=state_dtype)
             if loose.fits:
                 raise _C.ValidationError(
                     f"plan: no plan of the whole batch {global_batch} fits in memory, and a plan in micro-batches "

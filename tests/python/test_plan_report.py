@@ -119,14 +119,16 @@ def test_searched_tiny_gpt_report(tiny_gpt):
     parts, bubble = time_parts(plan, plan._report_values())
     assert bubble is None and sum(p.seconds for p in parts) == pytest.approx(step, rel=1e-9)
     # Memory by kind: the search's parameter states split into weights, gradients, optimizer state.
-    _memory(plan, cluster, report, ["weights", "gradients", "optimizer state", "activations"])
+    _memory(plan, cluster, report, ["weights", "gradients", "optimizer state", "activations",
+                                    "backward working set (gradients in flight)"])
     _no_internal_keys(plan, report)
     assert "all-reduce" in report  # the collectives table, by the names NCCL's users know
     # The machine-readable figures keep the core's keys.
     assert {"gradient_sync", "gradient_sync_total", "activations_beside_backward_total"} <= set(b)
     # The core splits the model states by kind, with a manual plan's keys; the parts add up.
     total, memory = plan.predicted_memory()
-    assert set(memory) == {"weights", "gradients", "optimizer", "activations", "gathered_parameters"}
+    assert set(memory) == {"weights", "gradients", "optimizer", "activations", "backward_working",
+                           "gathered_parameters"}
     assert sum(memory.values()) == pytest.approx(total, rel=1e-12)
     # A float32 plan: Adam's two moments, 8 bytes a parameter, to its gradient's 4 (no master copy).
     assert json.loads(plan.to_json())["precision"] == "f32"

@@ -48,6 +48,24 @@ TEST(PlanCost, AnFp8PlanHoldsItsLargestCastThreeTimesOver) {
   EXPECT_THROW(evaluate(g, preset("dgx-a100", 1), fp8, model), support::ValidationError);  // no FP8 units
 }
 
+// plan.state_dtype: a run stepping its bf16 parameters in bf16 holds 2 + 2 + 4 bytes a
+// parameter where the mixed-precision convention holds 2 + 2 + 12: the optimizer's share a
+// third, its step shorter, everything else as it was.
+TEST(PlanCost, AStateDtypeWithoutMasterCopyHoldsAThirdOfTheOptimizerState) {
+  const ir::Graph g = tiny_gpt();
+  const Cluster c = preset("dgx-h100", 1);
+  AnalyticCostModel model;
+  plan::Plan own = tiny_plan();
+  own.state_dtype = "bf16";
+  const PlanCost mixed = evaluate(g, c, tiny_plan(), model), plain = evaluate(g, c, own, model);
+  EXPECT_DOUBLE_EQ(plain.memory_breakdown.at("optimizer"), mixed.memory_breakdown.at("optimizer") / 3);
+  EXPECT_DOUBLE_EQ(plain.memory_breakdown.at("weights"), mixed.memory_breakdown.at("weights"));
+  EXPECT_DOUBLE_EQ(plain.memory_breakdown.at("activations"), mixed.memory_breakdown.at("activations"));
+  // The optimizer's step reads and writes fewer bytes; the rest of the step is the same.
+  EXPECT_LT(plain.breakdown().at("optimizer"), mixed.breakdown().at("optimizer"));
+  EXPECT_DOUBLE_EQ(plain.breakdown().at("compute"), mixed.breakdown().at("compute"));
+}
+
 // Context parallelism (plan.context): each rank of a stage holds half of every row's tokens,
 // so at the same micro-batch count the saved activations halve exactly; with 2 heads on 2
 // tensor ranks the 2 context ranks cannot split heads, so attention runs as a ring, whose

@@ -53,6 +53,16 @@ TEST(Plan, JsonRoundTripAndHash) {
   Plan other = p;
   other.micro_batch = 1;
   EXPECT_NE(plan_hash(other), plan_hash(p));
+
+  // The dtype a run steps its parameters in: written only when set (older plans keep their
+  // hash), read back, and checked.
+  EXPECT_EQ(plan_to_json(p).count("state_dtype"), 0u);
+  Plan own = p;
+  own.state_dtype = "bf16";
+  EXPECT_EQ(plan_from_json_string(plan_to_json_string(own)), own);
+  EXPECT_NE(plan_hash(own), plan_hash(p));
+  own.state_dtype = "fp8";
+  EXPECT_THROW(validate(own), support::ValidationError);
 }
 
 // JSON has no inf or nan: predicted figures that are not finite (a plan that fits nowhere

@@ -79,6 +79,61 @@ TEST_F(ShardingMemoryTest, SavedOutputsAsAutogradKeepsThem) {
   EXPECT_DOUBLE_EQ(candidate(o).memory().node_memory(tanh, 0, rows), 2048);
 }
 
+TEST_F(ShardingMemoryTest, ABackwardHoldsItsLargestNodesGradientsBeyondTheSavedTensors) {
+  Candidate& c = candidate(f32_options({4}, 16));
+  // tanh's backward reads t's gradient and makes y's: 4,096 + 4,096 bytes (add's reads z's and
+  // makes t's: as many; the shift is a buffer, no gradient). The linear's makes none for its
+  // input x and reads y's: 4,096. The largest: 8,192.
+  EXPECT_DOUBLE_EQ(c.memory().backward_working_bytes(), 8192);
+  // Every node split by rows over 4: a quarter of each gradient.
+  for (const char* value : {"y", "t", "z"})
+    c.decisions.nodes[0][static_cast<std::size_t>(c.producer(value))] = c.producing(value, 0, S(0));
+  EXPECT_DOUBLE_EQ(c.memory().backward_working_bytes(), 2048);
+  // Not part of the saved activations: tanh's output alone, split.
+  EXPECT_DOUBLE_EQ(c.memory().activation_bytes(), 1024);
+}
+
+TEST_F(ShardingMemoryTest, ACrossEntropysBackwardHoldsItsLogProbabilitiesGradientAndItsInputs) {
+  // A language model's head: h [b8, 32] -> linear by head.weight [1000, 32] -> logits [b8, 1000]
+  // -> cross-entropy against the labels. At 16 rows the logits are 16 x 1,000 x 4 = 64,000 bytes.
+  const ir::Graph head = ir::parse_graph(R"(graph(%h: f32[b8,32], %labels: i64[b8]) {
+  %head.weight: f32[1000,32] parameter
+  %logits: f32[b8,1000] = aten::linear(%h, %head.weight) @head
+  %loss: f32[] = aten::cross_entropy_loss(%logits, %labels) @loss
+  return (%loss)
+})");
+  const Candidate& c = candidate(head, four, f32_options({4}, 16));
+  // The cross-entropy's backward: the log-probabilities' gradient and the logits', 2 x 64,000
+  // (the loss' own, a scalar, 4 more); the linear's reads the logits' alone.
+  EXPECT_DOUBLE_EQ(c.memory().backward_working_bytes(), 2 * 64000 + 4);
+  // Saved: the log-probabilities, logits-sized (the linear keeps h too, but a batch input is the
+  // caller's, counted by no node).
+  EXPECT_DOUBLE_EQ(c.memory().activation_bytes(), 64000);
+}
+
+TEST_F(ShardingMemoryTest, ABf16ModelsFloat32UpcastIsHeldInFloat32) {
+  // transformers' loss: the bf16 logits cast to float32 before the cross-entropy. At 16 rows
+  // the logits are 16 x 1,000 x 2 = 32,000 bytes, their float32 copy 64,000.
+  const ir::Graph head = ir::parse_graph(R"(graph(%h: bf16[b8,32], %labels: i64[b8]) {
+  %head.weight: bf16[1000,32] parameter
+  %logits: bf16[b8,1000] = aten::linear(%h, %head.weight) @head
+  %up: f32[b8,1000] = aten::to.dtype(%logits) {dtype="torch.float32"} @loss
+  %loss: f32[] = aten::cross_entropy_loss(%up, %labels) @loss
+  return (%loss)
+})");
+  ShardingModelOptions o = f32_options({4}, 16);
+  o.precision = cost::Precision::BF16;
+  const Candidate& c = candidate(head, four, o);
+  // The log-probabilities autograd keeps are float32: 64,000 bytes, not bf16's 32,000.
+  EXPECT_DOUBLE_EQ(c.memory().activation_bytes(), 64000);
+  // The cross-entropy's backward: two float32 gradients and the scalar loss'.
+  EXPECT_DOUBLE_EQ(c.memory().backward_working_bytes(), 2 * 64000 + 4);
+  // The same graph priced in float32: its bf16 values twice their size, the float32 ones theirs.
+  o.precision = cost::Precision::F32;
+  EXPECT_DOUBLE_EQ(candidate(head, four, o).memory().activation_bytes(), 64000);
+  EXPECT_DOUBLE_EQ(candidate(head, four, o).facts.value_bytes(candidate(head, four, o).value("logits")), 64000);
+}
+
 TEST_F(ShardingMemoryTest, TheDecisionsStatesAndTheWeightsTheyGather) {
   Candidate& c = candidate(f32_options({4}, 16));
   // Everything whole: fc.weight's 8,192 / 8,192 / 16,384 and shift's 256 bytes of weight.
