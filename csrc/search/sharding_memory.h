@@ -58,6 +58,8 @@ class ShardingMemory {
   // model it is the loss' cross-entropy over the vocabulary: its log-probabilities' float32
   // gradient and its input's, 2 x tokens x vocabulary x 4 bytes (GPT-2's 3.1 GiB at 8 x 1,024
   // tokens: a third of the peak an H200 measured, which the saved tensors alone left out).
+  // ShardingModel::evaluate adds what of it exceeds the parameters' gradients: at that peak
+  // (a one-micro-batch step's first backward nodes) no parameter has a gradient yet.
   double backward_working_bytes() const;
   // The weights readers gather beyond the rank's stored share (FSDP-style: held only while
   // their unit runs): the two largest units' (one gathered, the next prefetched), part of the

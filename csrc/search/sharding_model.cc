@@ -936,7 +936,11 @@ ShardingEvaluation ShardingModel::evaluate() const {
   double acts = activation_bytes();
   const double gathered = gathered_parameter_bytes();
   const double casts = fp8_cast_bytes();
-  double working = backward_working_bytes();
+  // The backward's gradients in flight beyond the parameters' own: where a one-micro-batch step
+  // peaks in its first backward nodes (the loss's), no parameter has a gradient yet (zero_grad
+  // leaves them None), so only what exceeds the parameters' gradients adds to the sum.
+  const double in_flight = backward_working_bytes();
+  double working = std::max(0.0, in_flight - states.gradients);
   out.memory_per_rank = states.total() + acts + working + gathered + casts;
   out.fits = out.memory_per_rank <= options_.memory_limit;
   if (const std::optional<UnevenShares> shares = uneven_shares()) {
@@ -957,13 +961,14 @@ ShardingEvaluation ShardingModel::evaluate() const {
       const double scale = shares->ratios[i] * n;
       paced = std::max(paced, compute_seconds(device) * scale);
       most = std::max(most, scale);
-      out.fits = out.fits && states.total() + (acts + working) * scale + gathered + casts <=
+      const double beyond = std::max(0.0, in_flight * scale - states.gradients);
+      out.fits = out.fits && states.total() + acts * scale + beyond + gathered + casts <=
                                  static_cast<double>(device.memory_bytes) * fraction;
     }
     out.step_time += paced - compute;
     out.breakdown["compute"] = paced;
     acts *= most;
-    working *= most;
+    working = std::max(0.0, in_flight * most - states.gradients);
     out.memory_per_rank = states.total() + acts + working + gathered + casts;
   }
   out.memory_breakdown = {{"weights", states.weights},
