@@ -322,8 +322,7 @@ PlanEvaluator::PlanEvaluator(const LayerStructure& structure, const ir::Graph& g
   if (c_ > 1) check_context();
   if (e_ > 1) check_experts();
   recompute_ = plan.recompute != plan::Recompute::None;
-  mem_ = constants.memory.value_or(
-      state_dtype_memory(plan.state_dtype).value_or(memory_constants(model_state_precision(precision_, graph))));
+  mem_ = constants.memory.value_or(plan_memory_constants(plan, graph));
 }
 
 // The three parts on one rank of `on` running `scale` of the graph's batch, split `width`

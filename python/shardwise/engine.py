@@ -323,10 +323,11 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
         if cluster.world_size != world:
             raise ValidationError(f"parallelize: the cluster has {cluster.world_size} devices, the job {world} ranks")
         searched = plan is None
+        states = state_dtype(model)  # what the engine's optimizer will step: the plan prices it
         if searched:
             plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                                memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
-                               state_dtype=state_dtype(model))
+                               state_dtype=states)
         else:  # a plan given by its degrees: completed on this capture (Plan.complete)
             log.info("parallelize: the plan gives no sharding of its %d x %d mesh: searching it once (the "
                      "engine's plan holds it: save that one to run it without a search)", plan.data, plan.tensor)
@@ -335,7 +336,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
             joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
                                          memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
                                          micro_batch_semantics=micro_batch_semantics or "exact",
-                                         state_dtype=state_dtype(model))
+                                         state_dtype=states)
             if joint is not None:
                 return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)
