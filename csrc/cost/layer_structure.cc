@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "analysis/batch_dim.h"
+#include "analysis/gradient_flow.h"
 #include "analysis/saved_for_backward.h"
 #include "analysis/selective_recompute.h"
 #include "analysis/weight_gradient_split.h"
@@ -218,6 +219,7 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
   out.pre_and_post_params = parameters_read_by_both(graph, out.pre, out.post);
   out.activation_bytes = analysis::saved_bytes_by_node(graph);
   out.selective_kept = analysis::kept_by_selective_recompute(graph);
+  out.gradient_flow = analysis::gradient_flow(graph);
   out.weight_gradient_held = analysis::weight_gradient_held_bytes(graph);
   out.graph_batch = static_cast<int>(std::max<std::int64_t>(1, analysis::input_batch(graph)));
 

@@ -69,6 +69,7 @@ struct LayerStructure {
 
   std::vector<std::int64_t> activation_bytes;  // analysis::saved_bytes_by_node: what autograd keeps, by node
   std::vector<bool> selective_kept;  // analysis::kept_by_selective_recompute, by node
+  std::vector<bool> gradient_flow;   // analysis::gradient_flow: by value, whether backward makes its gradient
   // analysis::weight_gradient_held_bytes, by node: what a split backward (ZB-H1, ZB-V,
   // DualPipeV) holds from a micro-batch's B to its W
   std::vector<std::int64_t> weight_gradient_held;

@@ -66,6 +66,7 @@
 //     (2.039e12 * 0.75) = 21.9 us, backward 43.9 us.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -144,11 +145,20 @@ struct AnalyticConstants {
   friend bool operator==(const AnalyticConstants&, const AnalyticConstants&) = default;
 };
 
-// The bytes an FP8 cast holds at once of an operand of `bytes` (`element_bytes` an element):
-// |t| in its dtype, the scaled float32 copy and the float8 one (runtime/fp8.py's quantize).
-// The memory models add the largest such transient of a plan (plan_cost, ShardingModel).
-inline double fp8_cast_copies_bytes(double bytes, double element_bytes) {
-  return bytes * (element_bytes + 4.0 + 1.0) / element_bytes;
+// What an FP8 linear's casts hold at once beyond their operands, as runtime/fp8.py runs them:
+// each operand's |t| (its own dtype, 2 or 4 bytes an element) is freed once its amax is taken;
+// then its scaled float32 copy and its float8 one are held together (5 bytes an element); the
+// second operand (W) is cast beside the first's float8 copy (x in forward, dY in backward).
+// `first` and `second` in elements, as one rank holds them.
+inline constexpr double kFp8CastBytesPerElement = 4.0 + 1.0;
+inline double fp8_cast_transient_bytes(double first, double second) {
+  return std::max(kFp8CastBytesPerElement * first, first + kFp8CastBytesPerElement * second);
+}
+// An FP8 linear's backward at its peak, beyond the saved activations: dY (`dy_bytes`, the
+// gradient it reads) beside dY's and W^T's casts, then beside their float8 copies and the
+// input's gradient (`dx_bytes`) the product makes. `dy`, `w`: elements.
+inline double fp8_backward_working_bytes(double dy_bytes, double dx_bytes, double dy, double w) {
+  return dy_bytes + std::max(fp8_cast_transient_bytes(dy, w), dy + w + dx_bytes);
 }
 
 // The precision `node` computes in under a plan in `precision`: the plan's, but for "fp8" the

@@ -30,9 +30,9 @@ using support::ValidationError;
 // the graph's under any layout: the FLOP accounting and an fp8 plan's cast transient.
 struct PartCost : PartLoad {
   double matmul_flops = 0;  // forward, at the graph's batch, whole (unsharded)
-  // An fp8 plan: the largest operand one of its FP8 linears casts, one rank, at the micro-batch,
-  // three times over (|t|, the scaled float32 copy, the float8 one: search::ShardingModel's
-  // fp8_cast_bytes): transient, so the most of any node, not a sum.
+  // An fp8 plan: the most one of its FP8 linears' forward casts hold at once, one rank, at the
+  // micro-batch (cost::fp8_cast_transient_bytes; search::ShardingMemory::fp8_cast_bytes):
+  // transient, so the most of any node, not a sum.
   double fp8_cast_bytes = 0;
   // Context parallelism: the ring attention's exposed sends per micro-batch (inside forward
   // and backward already; PlanCost::context_parallel).
@@ -42,21 +42,51 @@ struct PartCost : PartLoad {
   double dispatch_seconds = 0;
 };
 
-// A node's cast transient in an fp8 plan (PartCost::fp8_cast_bytes), 0 if it is no FP8 linear.
+// One rank's shares of a node's operands under a Megatron split of t: the activations a Row or
+// All split divides (inputs) and what a Column or All split divides (outputs); weights any split.
+struct SplitShares {
+  double input = 1, output = 1, weight = 1;
+  SplitShares(TensorSplit split, int t) {
+    const double share = 1.0 / static_cast<double>(t);
+    const bool all = split == TensorSplit::All;
+    if (split == TensorSplit::Row || all) input = share;
+    if (split == TensorSplit::Column || all) output = share;
+    if (split != TensorSplit::None) weight = share;
+  }
+};
+
+// A node's forward cast transient in an fp8 plan (PartCost::fp8_cast_bytes), 0 if it is no FP8
+// linear: x's casts, then W's beside x's float8 copy (cost::fp8_cast_transient_bytes).
 double fp8_cast_bytes(const ir::Graph& graph, const ir::Node& node, double batch_scale, TensorSplit split, int t) {
   const auto linear = analysis::fp8_linear(graph, node);
   if (!linear) return 0;
-  const ir::Value& x = graph.value(node.inputs[linear->input]);
-  const ir::Value& w = graph.value(node.inputs[linear->weight]);
-  const ir::Value& y = graph.value(node.outputs[0]);
-  const double shards = static_cast<double>(t);
-  const bool all = split == TensorSplit::All;
-  const double x_bytes =
-      static_cast<double>(x.type.bytes()) * batch_scale / (split == TensorSplit::Row || all ? shards : 1);
-  const double y_bytes =
-      static_cast<double>(y.type.bytes()) * batch_scale / (split == TensorSplit::Column || all ? shards : 1);
-  const double w_bytes = static_cast<double>(w.type.bytes()) / (split != TensorSplit::None ? shards : 1);
-  return fp8_cast_copies_bytes(std::max({x_bytes, y_bytes, w_bytes}), ir::dtype_bytes(x.type.dtype));
+  const SplitShares shares(split, t);
+  const double x = static_cast<double>(graph.value(node.inputs[linear->input]).type.numel()) * batch_scale * shares.input;
+  const double w = static_cast<double>(graph.value(node.inputs[linear->weight]).type.numel()) * shares.weight;
+  return fp8_cast_transient_bytes(x, w);
+}
+
+// What a node's backward holds at once beyond the saved activations (PartLoad::
+// backward_working_bytes; search::ShardingMemory::node_backward_working_bytes, the SPMD
+// search's): the gradients of its outputs (read) and of its activation inputs (made); a
+// cross-entropy its log-probabilities' too; an FP8 linear of an fp8 plan its dY and W^T casts.
+double backward_working_bytes(const ir::Graph& graph, const ir::Node& node, const std::vector<bool>& flow,
+                              double batch_scale, TensorSplit split, int t, bool fp8) {
+  const SplitShares shares(split, t);
+  auto gradient = [&](ir::ValueId v, double share) {
+    return flow[static_cast<std::size_t>(v)] ? static_cast<double>(graph.value(v).type.bytes()) * batch_scale * share
+                                             : 0.0;
+  };
+  double inputs = 0, outputs = 0;
+  for (ir::ValueId in : node.inputs)
+    if (graph.value(in).role == ir::ValueRole::Activation) inputs += gradient(in, shares.input);
+  if (ops::op_base_name(node.op) == "aten::cross_entropy_loss") inputs += gradient(node.inputs[0], shares.input);
+  for (ir::ValueId out : node.outputs) outputs += gradient(out, shares.output);
+  const auto linear = fp8 && outputs > 0 ? analysis::fp8_linear(graph, node) : std::nullopt;
+  if (!linear) return inputs + outputs;
+  const double dy = static_cast<double>(graph.value(node.outputs[0]).type.numel()) * batch_scale * shares.output;
+  const double w = static_cast<double>(graph.value(node.inputs[linear->weight]).type.numel()) * shares.weight;
+  return fp8_backward_working_bytes(outputs, inputs, dy, w);
 }
 
 // The forward seconds a recomputed layer runs again in its backward.
@@ -99,8 +129,11 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     if (model.wants_local_shapes() && context.split == TensorSplit::None && row_shapes)
       context.local_shapes = batch_scaled_shapes(graph, node, batch_scale);
     OpTime time = model.node_time(graph, node, device, precision, context);
-    if (precision == Precision::FP8)
-      out.fp8_cast_bytes = std::max(out.fp8_cast_bytes, fp8_cast_bytes(graph, node, batch_scale, context.split, t));
+    const bool fp8 = precision == Precision::FP8;
+    if (fp8) out.fp8_cast_bytes = std::max(out.fp8_cast_bytes, fp8_cast_bytes(graph, node, batch_scale, context.split, t));
+    out.backward_working_bytes =
+        std::max(out.backward_working_bytes, backward_working_bytes(graph, node, structure.gradient_flow, batch_scale,
+                                                                    context.split, t, fp8));
     out.forward += time.forward;
     out.backward += time.backward;
     out.matmul_flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph, node).matmul);
@@ -917,10 +950,18 @@ void PlanEvaluator::memory() {
     // A split backward holds its saved tensors to W and, between B and W, the gradients B
     // left: priced by liveness over the rank's own list (it takes no recomputation: plan.h).
     const double acts = split != nullptr ? split_backward_bytes(*split, s) : in_flight_bytes(s, in_flight);
-    double casts = device_layers_[static_cast<std::size_t>(s)] > 0 ? here.layer.fp8_cast_bytes : 0.0;
-    if (s == 0) casts = std::max(casts, here.pre.fp8_cast_bytes);
-    if (s == last_device_) casts = std::max(casts, here.post.fp8_cast_bytes);
-    double total = states.total() + acts + casts;
+    // The transients, each the most of the stage's parts: the backward's gradients in flight
+    // beyond the parameters' (at a stage's first backward no parameter has a gradient yet),
+    // and an fp8 plan's forward casts, at another moment: the larger of the two.
+    auto most = [&](double PartCost::*field) {
+      double bytes = device_layers_[static_cast<std::size_t>(s)] > 0 ? here.layer.*field : 0.0;
+      if (s == 0) bytes = std::max(bytes, here.pre.*field);
+      if (s == last_device_) bytes = std::max(bytes, here.post.*field);
+      return bytes;
+    };
+    const double casts = most(&PartCost::fp8_cast_bytes);
+    const double working = std::max(0.0, most(&PartCost::backward_working_bytes) - states.gradients);
+    double total = states.total() + acts + std::max(working, casts);
     out_.memory_use = std::max(
         out_.memory_use, total / static_cast<double>(stage_device_[static_cast<std::size_t>(s)]->memory_bytes));
     if (total > out_.memory_per_rank) {
@@ -929,8 +970,9 @@ void PlanEvaluator::memory() {
                                {"gradients", states.gradients},
                                {"optimizer", states.optimizer},
                                {"activations", acts},
+                               {"backward_working", working},
                                {"stage", static_cast<double>(s)}};
-      if (casts > 0) out_.memory_breakdown["fp8_casts"] = casts;
+      if (casts > 0) out_.memory_breakdown["fp8_casts"] = std::max(0.0, casts - working);
     }
   }
 }

@@ -158,6 +158,9 @@ struct PartLoad {
   double parameters = 0;        // elements held by one rank
   double expert_parameters = 0;  // of them, a mixture of experts' stacked expert weights (ops/experts.h)
   double activation_bytes = 0;  // saved outputs, one rank, at the micro-batch
+  // The most one node's backward holds at once beyond the saved activations: the gradients of
+  // its outputs and activation inputs (an FP8 linear's casts too), one rank, at the micro-batch.
+  double backward_working_bytes = 0;
   // Selective recomputation (analysis/selective_recompute.h): the forward seconds of the ops it
   // runs again, and the bytes of the outputs it keeps, one rank.
   double selective_forward = 0;

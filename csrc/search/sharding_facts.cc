@@ -139,13 +139,18 @@ double ShardingFacts::value_bytes(ir::ValueId value) const {
   // A floating value scaled by the plan's precision against the graph's, never wider than
   // its own dtype or the plan's (a bf16 graph's float32 upcast stays 4 bytes in f32).
   const double own = static_cast<double>(ir::dtype_bytes(v.type.dtype));
-  double element = ir::is_floating(v.type.dtype) ? std::min(own * float_scale, std::max(own, float_bytes)) : own;
-  double bytes = static_cast<double>(v.type.numel()) * element;
+  const double element = ir::is_floating(v.type.dtype) ? std::min(own * float_scale, std::max(own, float_bytes)) : own;
+  return value_elements(value) * element;
+}
+
+double ShardingFacts::value_elements(ir::ValueId value) const {
+  const ir::Value& v = graph.value(value);
+  const double elements = static_cast<double>(v.type.numel());
   // An activation without a batch dim (a position embedding's [1, s, h] rows, a causal mask,
   // a rotary table) is the same size at every batch; where the capture's batch of 1 left the
   // batch dims untraced (batch_dim.h ties no index to a unit dim), every activation scales.
-  if (!scales_with_batch(v) || (batch_traced && !v.type.batch_dim)) return bytes;
-  return bytes * batch_scale;
+  if (!scales_with_batch(v) || (batch_traced && !v.type.batch_dim)) return elements;
+  return elements * batch_scale;
 }
 
 }  // namespace shardwise::search

@@ -36,6 +36,8 @@ struct ShardingFacts {
   // The whole tensor's bytes at the global batch, in the model states' precision for
   // floating values.
   double value_bytes(ir::ValueId value) const;
+  // Its elements at the search's batch (value_bytes without the dtype).
+  double value_elements(ir::ValueId value) const;
 
   const ir::Graph& graph;
   const cost::Cluster& cluster;

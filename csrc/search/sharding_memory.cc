@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "cost/op_cost.h"
 #include "ops/op_table.h"
 #include "search/sharding_facts.h"
 #include "search/sharding_options.h"
@@ -94,33 +95,46 @@ double ShardingMemory::activation_bytes() const {
   return bytes + recompute_checkpoint_bytes();
 }
 
+double ShardingMemory::operand_share(ir::NodeId node, std::size_t index, bool output) const {
+  const auto u = static_cast<std::size_t>(node);
+  double held = 1;
+  for (std::size_t a = 0; a < options_.mesh.size(); ++a) {
+    const Strategy& s = decisions_.nodes[a][u];
+    held *= held_fraction(output ? s.outputs[index] : s.inputs[index], options_.mesh[a]);
+  }
+  return held;
+}
+
+double ShardingMemory::node_backward_working_bytes(ir::NodeId id) const {
+  const ir::Node& node = facts_.graph.node(id);
+  // One operand's gradient as this rank holds it: its share over every axis, as the node's
+  // strategy on each axis places that operand.
+  auto gradient = [&](ir::ValueId value, std::size_t index, bool output) {
+    if (!facts_.requires_grad[static_cast<std::size_t>(value)]) return 0.0;
+    return facts_.value_bytes(value) * operand_share(id, index, output);
+  };
+  double inputs = 0, outputs = 0;
+  for (std::size_t i = 0; i < node.inputs.size(); ++i)
+    if (facts_.graph.value(node.inputs[i]).role == ir::ValueRole::Activation)
+      inputs += gradient(node.inputs[i], i, false);
+  // A cross-entropy is a log-softmax then a negative log-likelihood in autograd: its backward
+  // makes the log-probabilities' gradient (input-sized; saved_for_backward keeps the
+  // log-probabilities themselves) and from it the input's, both held at once.
+  if (ops::op_base_name(node.op) == "aten::cross_entropy_loss") inputs += gradient(node.inputs[0], 0, false);
+  for (std::size_t o = 0; o < node.outputs.size(); ++o) outputs += gradient(node.outputs[o], o, true);
+  const auto& linear = facts_.fp8_linears.empty() ? std::nullopt : facts_.fp8_linears[static_cast<std::size_t>(id)];
+  if (!linear || outputs == 0) return inputs + outputs;
+  // An FP8 linear casts dY and W^T before its products (cost::fp8_backward_working_bytes).
+  const double dy = facts_.value_elements(node.outputs[0]) * operand_share(id, 0, true);
+  const double w = facts_.value_elements(node.inputs[linear->weight]) * operand_share(id, linear->weight, false);
+  return cost::fp8_backward_working_bytes(outputs, inputs, dy, w);
+}
+
 double ShardingMemory::backward_working_bytes() const {
   double peak = 0;
-  for (const ir::Node& node : facts_.graph.nodes()) {
-    const auto u = static_cast<std::size_t>(node.id);
-    if (!facts_.folding.represents_itself(u)) continue;
-    // One operand's gradient as this rank holds it: its share over every axis, as the node's
-    // strategy on each axis places that operand.
-    auto gradient = [&](ir::ValueId value, auto placement_of) {
-      if (!facts_.requires_grad[static_cast<std::size_t>(value)]) return 0.0;
-      double held = 1;
-      for (std::size_t a = 0; a < options_.mesh.size(); ++a)
-        held *= held_fraction(placement_of(decisions_.nodes[a][u]), options_.mesh[a]);
-      return facts_.value_bytes(value) * held;
-    };
-    double bytes = 0;
-    for (std::size_t i = 0; i < node.inputs.size(); ++i)
-      if (facts_.graph.value(node.inputs[i]).role == ir::ValueRole::Activation)
-        bytes += gradient(node.inputs[i], [i](const Strategy& s) { return s.inputs[i]; });
-    // A cross-entropy is a log-softmax then a negative log-likelihood in autograd: its backward
-    // makes the log-probabilities' gradient (input-sized; saved_for_backward keeps the
-    // log-probabilities themselves) and from it the input's, both held at once.
-    if (ops::op_base_name(node.op) == "aten::cross_entropy_loss")
-      bytes += gradient(node.inputs[0], [](const Strategy& s) { return s.inputs[0]; });
-    for (std::size_t o = 0; o < node.outputs.size(); ++o)
-      bytes += gradient(node.outputs[o], [o](const Strategy& s) { return s.outputs[o]; });
-    peak = std::max(peak, bytes);
-  }
+  for (const ir::Node& node : facts_.graph.nodes())
+    if (facts_.folding.represents_itself(static_cast<std::size_t>(node.id)))
+      peak = std::max(peak, node_backward_working_bytes(node.id));
   return peak * options_.activation_memory_scale;
 }
 
@@ -159,17 +173,10 @@ double ShardingMemory::fp8_cast_bytes() const {
   for (const ir::Node& node : facts_.graph.nodes()) {
     const auto& linear = facts_.fp8_linears[static_cast<std::size_t>(node.id)];
     if (!linear) continue;
-    const auto u = static_cast<std::size_t>(node.id);
-    auto as_read = [&](ir::ValueId value, auto placement_of) {
-      double held = 1;
-      for (std::size_t a = 0; a < options_.mesh.size(); ++a)
-        held *= held_fraction(placement_of(decisions_.nodes[a][u]), options_.mesh[a]);
-      return facts_.value_bytes(value) * held;
+    auto elements = [&](std::size_t operand) {
+      return facts_.value_elements(node.inputs[operand]) * operand_share(node.id, operand, false);
     };
-    const double x = as_read(node.inputs[linear->input], [&](const Strategy& s) { return s.inputs[linear->input]; });
-    const double w = as_read(node.inputs[linear->weight], [&](const Strategy& s) { return s.inputs[linear->weight]; });
-    const double dy = as_read(node.outputs[0], [](const Strategy& s) { return s.outputs[0]; });
-    peak = std::max(peak, cost::fp8_cast_copies_bytes(std::max({x, w, dy}), facts_.float_bytes));
+    peak = std::max(peak, cost::fp8_cast_transient_bytes(elements(linear->input), elements(linear->weight)));
   }
   return peak;
 }

@@ -59,18 +59,24 @@ class ShardingMemory {
   // gradient and its input's, 2 x tokens x vocabulary x 4 bytes (GPT-2's 3.1 GiB at 8 x 1,024
   // tokens: a third of the peak an H200 measured, which the saved tensors alone left out).
   // ShardingModel::evaluate adds what of it exceeds the parameters' gradients: at that peak
-  // (a one-micro-batch step's first backward nodes) no parameter has a gradient yet.
+  // (a one-micro-batch step's first backward nodes) no parameter has a gradient yet. An FP8
+  // linear's also holds its dY and W^T casts (cost::fp8_backward_working_bytes).
   double backward_working_bytes() const;
+  // One node's, at this rank's shares (not scaled by activation_memory_scale).
+  double node_backward_working_bytes(ir::NodeId node) const;
   // The weights readers gather beyond the rank's stored share (FSDP-style: held only while
   // their unit runs): the two largest units' (one gathered, the next prefetched), part of the
   // peak, not of the sum.
   double gathered_parameter_bytes() const;
-  // An fp8 plan's transient cast copies (runtime/fp8.py's quantize): the largest operand an FP8
-  // linear casts, as the rank reads it, held three times over at once (|t| in its dtype, the
-  // scaled float32 copy, the float8 one); 0 for other precisions.
+  // An fp8 plan's forward cast copies (runtime/fp8.py's quantize): the most an FP8 linear's
+  // casts of x and W hold at once, as the rank reads them (cost::fp8_cast_transient_bytes); 0
+  // for other precisions. Transient beside the backward's working set (evaluate takes the
+  // larger of the two); the backward's casts are in backward_working_bytes.
   double fp8_cast_bytes() const;
 
  private:
+  // The share of operand `index` (an output where `output`) of `node` this rank holds.
+  double operand_share(ir::NodeId node, std::size_t index, bool output) const;
   const ShardingFacts& facts_;
   const ShardingDecisions& decisions_;
   const ShardingModelOptions& options_;

@@ -132,6 +132,8 @@ class ShardingModel {
   double activation_bytes() const;
   // The gradients one node's backward holds beyond the saved activations, at their largest (ShardingMemory).
   double backward_working_bytes() const;
+  // One node's (ShardingMemory::node_backward_working_bytes): a stage layout's parts take their most.
+  double node_backward_working_bytes(ir::NodeId node) const;
   double parameter_bytes() const;
   // parameter_bytes() by kind: weights (and non-trainable leaves), gradients, optimizer state.
   cost::ModelStateBytes parameter_bytes_by_kind() const;

@@ -77,6 +77,7 @@ cost::StageLayoutPrices layout_prices(const ShardingModel& found, const ir::Grap
     std::set<ir::ValueId> seen;
     for (ir::NodeId id : nodes) {
       const NodePrice& price = prices[static_cast<std::size_t>(id)];
+      out.backward_working_bytes = std::max(out.backward_working_bytes, found.node_backward_working_bytes(id));
       blocks.add(id, price.forward, price.selective_forward, price.activation_bytes, price.selective_kept_bytes);
       out.forward += price.forward;
       out.backward += price.backward;

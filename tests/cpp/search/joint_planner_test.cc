@@ -357,13 +357,15 @@ TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulationAndTurnsToKfkb) {
     fmt::print("{}: {:.4f} s a step; {} (planned in {:.2f} s)\n",
                r == &varying ? "halved every other 0.1 s" : r == &steady ? "steady, simulated" : "evaluator alone",
                r->plan.predicted->step_time, report.substr(0, report.find('\n')), r->search_seconds);
-    // Every candidate's breakdown still adds up to its step time.
+    // Every candidate's breakdown still adds up to its step time (the sequence split's and the
+    // experts' waits are shown apart from the compute they are inside: plan_cost.h).
     for (const JointCandidate& c : r->best) {
       double sum = 0;
       for (const auto& [part, seconds] : c.plan.predicted->breakdown)
-        if (part != "data_parallel_total" && part != "data_parallel_overlapped" && part != "pipeline_transfer")
+        if (part != "data_parallel_total" && part != "data_parallel_overlapped" && part != "pipeline_transfer" &&
+            part != "context_parallel" && part != "expert_parallel")
           sum += seconds;
-      EXPECT_NEAR(sum, c.step_time, 1e-9 * c.step_time);
+      EXPECT_NEAR(sum, c.step_time, 1e-9 * c.step_time) << plan_report(c.plan);
       EXPECT_LE(c.memory_per_rank, varying.memory_limit);
     }
     for (std::size_t i = 1; i < r->best.size(); ++i) EXPECT_LE(r->best[i - 1].step_time, r->best[i].step_time);
@@ -430,13 +432,15 @@ TEST(JointPlanner, TheTenBestArePricedWithTheirStagesSearchedLayout) {
   EXPECT_EQ(megatron.stage_layout_searches, 0);
   // Every one of the ten best with a tensor axis is priced with its stages' searched layout,
   // unless the budget ran out first (reprice_with_stage_layouts): since zero-bubble plans are
-  // priced with the gradients they hold from B to W, two of them no longer fit here, and the
-  // tenth best (t 8 p 2 d 2, micro-batch 1, 1F1B) comes after the twelfth search.
+  // priced with the gradients they hold from B to W, two of them no longer fit here, and since
+  // the stages' backward working sets are priced (the loss' vocabulary-sized gradients) the
+  // ninth and tenth best (t 8 p 2 d 2, micro-batch 1, 1F1B; t 4 c 2 p 4) come after the
+  // twelfth search.
   for (const JointCandidate& c : searched.best)
     EXPECT_TRUE(c.searched_layout == (c.plan.tensor > 1) ||
                 (c.plan.tensor > 1 && searched.stage_layout_searches == 12))
         << c.plan.tensor << " " << c.plan.micro_batch;
-  EXPECT_GE(std::ranges::count_if(searched.best, [](const JointCandidate& c) { return c.searched_layout; }), 9);
+  EXPECT_GE(std::ranges::count_if(searched.best, [](const JointCandidate& c) { return c.searched_layout; }), 8);
   for (const JointCandidate& c : megatron.best) EXPECT_FALSE(c.searched_layout);
   EXPECT_GT(searched.plan.tensor, 1);
   EXPECT_TRUE(searched.searched_layout);

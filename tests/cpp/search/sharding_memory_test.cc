@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cost/cluster_presets.h"
 #include "sharding_parts.h"
 
 namespace shardwise::search {
@@ -91,6 +92,27 @@ TEST_F(ShardingMemoryTest, ABackwardHoldsItsLargestNodesGradientsBeyondTheSavedT
   EXPECT_DOUBLE_EQ(c.memory().backward_working_bytes(), 2048);
   // Not part of the saved activations: tanh's output alone, split.
   EXPECT_DOUBLE_EQ(c.memory().activation_bytes(), 1024);
+}
+
+TEST_F(ShardingMemoryTest, AnFp8LinearsCastsHoldFiveBytesAnElementOfWhatTheyCast) {
+  // fc in an fp8 plan: x [16, 32] (512 elements) and fc.weight [64, 32] (2,048) cast in forward,
+  // y's gradient [16, 64] (1,024) and the weight's transpose in backward. A cast holds the
+  // operand's scaled float32 copy and its float8 one at once (|t| is freed before them): 5
+  // bytes an element; the weight is cast beside the first operand's float8 copy.
+  ShardingModelOptions o = f32_options({4}, 16);
+  o.precision = cost::Precision::FP8;
+  const cost::Cluster h100s = cost::first_ranks(cost::preset("dgx-h100", 1), 4);  // FP8 units
+  Candidate& c = candidate(graph, h100s, o);
+  EXPECT_DOUBLE_EQ(c.memory().fp8_cast_bytes(), 512 + 5 * 2048);
+  // Backward, beside y's float32 gradient (4,096 bytes): dY's copies, then the weight's beside
+  // dY's float8 one; more than tanh's two gradients (8,192).
+  const double linear = 4096 + 1024 + 5 * 2048;
+  EXPECT_DOUBLE_EQ(c.memory().node_backward_working_bytes(c.producer("y")), linear);
+  EXPECT_DOUBLE_EQ(c.memory().backward_working_bytes(), linear);
+  // The rows split over 4: a quarter of x and of dY, the weight whole.
+  c.decisions.nodes[0][static_cast<std::size_t>(c.producer("y"))] = c.producing("y", 0, S(0));
+  EXPECT_DOUBLE_EQ(c.memory().fp8_cast_bytes(), 128 + 5 * 2048);
+  EXPECT_DOUBLE_EQ(c.memory().node_backward_working_bytes(c.producer("y")), 1024 + 256 + 5 * 2048);
 }
 
 TEST_F(ShardingMemoryTest, ACrossEntropysBackwardHoldsItsLogProbabilitiesGradientAndItsInputs) {
