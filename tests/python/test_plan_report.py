@@ -179,7 +179,11 @@ def test_pipelined_manual_plan_report(pipelined):
     assert "parameter gathers" not in report  # ZeRO-1 gathers no parameters
     parts, bubble = time_parts(plan)
     assert bubble is not None and sum(p.seconds for p in parts) == pytest.approx(step, rel=1e-9)
-    _memory(plan, cluster, report, ["weights", "gradients", "optimizer state", "activations"])
+    # The most loaded stage here is the last, whose loss' backward holds the vocabulary's
+    # gradients beyond the parameters' (the degrees evaluator prices them as the search does).
+    beyond = plan.predicted_memory()[1]["backward_working"]
+    _memory(plan, cluster, report, ["weights", "gradients", "optimizer state", "activations"]
+            + (["backward working set (gradients in flight)"] if beyond > 0 else []))
     stage = int(plan.predicted_memory()[1]["stage"])
     _line(report, rf"^memory per device .*, pipeline stage {stage}, the most loaded$")
     _no_internal_keys(plan, report)
@@ -206,7 +210,7 @@ def test_a_plan_read_back_says_why_it_has_no_mfu_until_told_its_devices(pipeline
     report = back.report()
     _line(report, r"^predicted step [\d.]+ ms, MFU not available: the plan does not say which devices it runs on "
                   rf"\({re.escape(flops_text(plan.predicted_tflops_per_device() * 1e12))} of model FLOPs per device")
-    _line(report, r"^memory per device [\d.]+ MB \(device capacity unknown")
+    _line(report, r"^memory per device [\d.]+ [MG]B \(device capacity unknown")
     assert "0.0 TFLOP/s" not in report
     assert back.report(cluster) == plan.report()
 

@@ -54,16 +54,21 @@ def test_megatron_bridge_8b_fp8_configuration_is_priced_and_fits(index, cache):
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["T1 8 GPUs", "T3 128 GPUs"])
-def test_torchtitan_8b_memory_within_10_percent_of_published(index, cache):
+def test_torchtitan_8b_memory_at_most_a_fifth_above_published(index, cache):
     """A check row, never fitted on: torchtitan's eager FSDP run of Llama 3.1 8B with
-    selective recomputation (the kernels this runtime runs) measured 82.4 GiB on 8 GPUs and
-    67.0 GiB on 128. The evaluator's memory per GPU is within 10% of each."""
+    selective recomputation measured 82.4 GiB on 8 GPUs and 67.0 GiB on 128 (its peak reserved
+    memory). The evaluator prices this runtime's selective recomputation, which keeps every
+    product's output (analysis/selective_recompute.h), where torchtitan's op policy of 2024-12
+    recomputes every other matmul (about 20 GB less here), and the loss' backward over the
+    vocabulary (16.8 GB of float32 gradients at 2 x 8,192 tokens): its memory per GPU is at or
+    above each published figure, and within a fifth of it. (Until 2026-12-04 the degrees
+    evaluator left the loss' gradients out; the rows were then within 10%: 0.93 and 0.93.)"""
     row = published.CHECK[index]
     assert row.memory_gib is not None and row.device == published.TT_DEVICE
     graph = published.llama_graph(row.model, row.seq, cache)
     priced = published.price(graph, published.cluster_for(row), row)
     ratio = priced["memory"] / (row.memory_gib * GIB)
-    assert 0.9 <= ratio <= 1.1, f"predicted {priced['memory'] / GIB:.1f} GiB, published {row.memory_gib}"
+    assert 1.0 <= ratio <= 1.2, f"predicted {priced['memory'] / GIB:.1f} GiB, published {row.memory_gib}"
 
 
 def test_rows_with_context_parallelism_are_listed_not_priced(cache):
