@@ -233,7 +233,7 @@ def search(graph, cluster, row: Row) -> dict:
 
 
 def describe(plan) -> str:
-    parts = [f"t{plan.tensor} p{plan.pipeline} d{plan.data}"]
+    parts = [f"t{plan.tensor} p{plan.pipeline} d{plan.data}" + (f" cp{plan.context}" if plan.context > 1 else "")]
     if plan.pipeline > 1:
         parts.append(f"{plan.schedule} v{plan.virtual_stages}")
     parts.append(f"mb {plan.micro_batch} rc {plan.recompute} z{plan.zero_stage} {plan.precision}")
