@@ -345,7 +345,7 @@ def memory_parts(plan, values: dict | None = None) -> tuple[list[tuple[str, floa
         out.append(("weights, gradients and optimizer state", parts.pop("parameters")))
     names = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
              "activations": "activations", "backward_working": "backward working set (gradients in flight)",
-             "gathered_parameters": "gathered weights (in use)", "fp8_casts": "FP8 casts (transient copies)"}
+             "gathered_parameters": "gathered weights (in use)", "fp8_casts": "FP8 casts (forward copies, beyond the backward's)"}
     for key in ("weights", "gradients", "optimizer", "activations", "backward_working", "gathered_parameters",
                 "fp8_casts"):
         if key in parts:
