@@ -12,6 +12,7 @@
 
 #include "analysis/flops.h"
 #include "analysis/fp8_linears.h"
+#include "cost/backward_working.h"
 #include "cost/layer_balance.h"
 #include "cost/optimizer_cost.h"
 #include "cost/pipeline_transfers.h"
@@ -67,26 +68,24 @@ double fp8_cast_bytes(const ir::Graph& graph, const ir::Node& node, double batch
 }
 
 // What a node's backward holds at once beyond the saved activations (PartLoad::
-// backward_working_bytes; search::ShardingMemory::node_backward_working_bytes, the SPMD
-// search's): the gradients of its outputs (read) and of its activation inputs (made); a
-// cross-entropy its log-probabilities' too; an FP8 linear of an fp8 plan its dY and W^T casts.
+// backward_working_bytes; cost::node_backward_working_bytes, the rule the SPMD search prices
+// too), one rank's shares of its operands under the Megatron split, activations at the batch.
 double backward_working_bytes(const ir::Graph& graph, const ir::Node& node, const std::vector<bool>& flow,
                               double batch_scale, TensorSplit split, int t, bool fp8) {
   const SplitShares shares(split, t);
-  auto gradient = [&](ir::ValueId v, double share) {
-    return flow[static_cast<std::size_t>(v)] ? static_cast<double>(graph.value(v).type.bytes()) * batch_scale * share
-                                             : 0.0;
+  const auto linear = fp8 ? analysis::fp8_linear(graph, node) : std::nullopt;
+  auto held = [&](ir::ValueId v, std::size_t index, bool output) {
+    const double share = output ? shares.output : linear && index == linear->weight ? shares.weight : shares.input;
+    return share * (graph.value(v).role == ir::ValueRole::Activation ? batch_scale : 1.0);
   };
-  double inputs = 0, outputs = 0;
-  for (ir::ValueId in : node.inputs)
-    if (graph.value(in).role == ir::ValueRole::Activation) inputs += gradient(in, shares.input);
-  if (ops::op_base_name(node.op) == "aten::cross_entropy_loss") inputs += gradient(node.inputs[0], shares.input);
-  for (ir::ValueId out : node.outputs) outputs += gradient(out, shares.output);
-  const auto linear = fp8 && outputs > 0 ? analysis::fp8_linear(graph, node) : std::nullopt;
-  if (!linear) return inputs + outputs;
-  const double dy = static_cast<double>(graph.value(node.outputs[0]).type.numel()) * batch_scale * shares.output;
-  const double w = static_cast<double>(graph.value(node.inputs[linear->weight]).type.numel()) * shares.weight;
-  return fp8_backward_working_bytes(outputs, inputs, dy, w);
+  return node_backward_working_bytes(
+      graph, node, flow, linear,
+      [&](ir::ValueId v, std::size_t i, bool output) {
+        return static_cast<double>(graph.value(v).type.bytes()) * held(v, i, output);
+      },
+      [&](ir::ValueId v, std::size_t i, bool output) {
+        return static_cast<double>(graph.value(v).type.numel()) * held(v, i, output);
+      });
 }
 
 // The forward seconds a recomputed layer runs again in its backward.

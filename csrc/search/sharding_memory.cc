@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include "cost/backward_working.h"
 #include "cost/op_cost.h"
-#include "ops/op_table.h"
 #include "search/sharding_facts.h"
 #include "search/sharding_options.h"
 
@@ -106,28 +106,16 @@ double ShardingMemory::operand_share(ir::NodeId node, std::size_t index, bool ou
 }
 
 double ShardingMemory::node_backward_working_bytes(ir::NodeId id) const {
-  const ir::Node& node = facts_.graph.node(id);
-  // One operand's gradient as this rank holds it: its share over every axis, as the node's
+  static const std::optional<analysis::Fp8Linear> none;
+  const auto& linear = facts_.fp8_linears.empty() ? none : facts_.fp8_linears[static_cast<std::size_t>(id)];
+  // Each operand's gradient as this rank holds it: its share over every axis, as the node's
   // strategy on each axis places that operand.
-  auto gradient = [&](ir::ValueId value, std::size_t index, bool output) {
-    if (!facts_.requires_grad[static_cast<std::size_t>(value)]) return 0.0;
-    return facts_.value_bytes(value) * operand_share(id, index, output);
-  };
-  double inputs = 0, outputs = 0;
-  for (std::size_t i = 0; i < node.inputs.size(); ++i)
-    if (facts_.graph.value(node.inputs[i]).role == ir::ValueRole::Activation)
-      inputs += gradient(node.inputs[i], i, false);
-  // A cross-entropy is a log-softmax then a negative log-likelihood in autograd: its backward
-  // makes the log-probabilities' gradient (input-sized; saved_for_backward keeps the
-  // log-probabilities themselves) and from it the input's, both held at once.
-  if (ops::op_base_name(node.op) == "aten::cross_entropy_loss") inputs += gradient(node.inputs[0], 0, false);
-  for (std::size_t o = 0; o < node.outputs.size(); ++o) outputs += gradient(node.outputs[o], o, true);
-  const auto& linear = facts_.fp8_linears.empty() ? std::nullopt : facts_.fp8_linears[static_cast<std::size_t>(id)];
-  if (!linear || outputs == 0) return inputs + outputs;
-  // An FP8 linear casts dY and W^T before its products (cost::fp8_backward_working_bytes).
-  const double dy = facts_.value_elements(node.outputs[0]) * operand_share(id, 0, true);
-  const double w = facts_.value_elements(node.inputs[linear->weight]) * operand_share(id, linear->weight, false);
-  return cost::fp8_backward_working_bytes(outputs, inputs, dy, w);
+  return cost::node_backward_working_bytes(
+      facts_.graph, facts_.graph.node(id), facts_.requires_grad, linear,
+      [&](ir::ValueId v, std::size_t i, bool output) { return facts_.value_bytes(v) * operand_share(id, i, output); },
+      [&](ir::ValueId v, std::size_t i, bool output) {
+        return facts_.value_elements(v) * operand_share(id, i, output);
+      });
 }
 
 double ShardingMemory::backward_working_bytes() const {
