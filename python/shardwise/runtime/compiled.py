@@ -8,7 +8,10 @@ cannot trace runs eagerly between compiled pieces (a graph break): the runtime's
 collectives (transport.py: asynchronous gathers and reduce-scatters, ``Work.wait``), the core's
 slice bounds (``_C.block_bounds``) and the runtime's bookkeeping inside a recomputed block, so
 far, and the runtime's modules that keep state between calls (ZeRO's prefetched gathers and
-regathers, asynchronous gradients, collective matmul's rings, FP8's scales: _stateful_modules);
+regathers, asynchronous gradients, collective matmul's rings, an FP8 linear's amax all-reduces:
+_stateful_modules). An FP8 linear with no collective (its contraction dims whole on the rank)
+is traced: inductor fuses its casts (abs, amax, scale, cast) with the ops around them, which is
+what the cost model prices for a compiled plan (csrc/cost/op_cost.h);
 the breaks are counted and logged with the compile time of each program. A compiled
 pipeline runs without fused weight-gradient accumulation (engine.py turns it off: its in-place
 backward would run eagerly between compiled pieces, a break at every linear). A counted loss'
@@ -96,11 +99,12 @@ class CompiledProgram:
         return out
 
 
-def _stateful_modules() -> list[type]:
+def _stateful_modules() -> list[tuple[type, str]]:
     """The runtime's modules that keep Python state between calls or across forward and
     backward: the prefetched gathers in flight and the regathered units (parameter_gathers.py),
     the asynchronous all-reduces beside weight gradients (async_gradients.py), the rings of a
-    collective matmul (collective_matmul.py) and FP8's scales and amax all-reduces (fp8.py).
+    collective matmul (collective_matmul.py) and the FP8 linears whose amaxes are all-reduced or
+    whose input gradient is (fp8.py: ``Fp8Linears.with_collectives``; the others are traced).
     Traced, dynamo guards on that state and recompiles as it changes; past its recompile limit
     it ran part of a step traced and part not, and a 2 x 2 training loop's loss came out 1e-3
     off one device's (ZeRO's prefetch). They run eagerly between compiled pieces."""
@@ -109,14 +113,15 @@ def _stateful_modules() -> list[type]:
     from .fp8 import Fp8Linears
     from .parameter_gathers import PrefetchStart, PrefetchWait, Regather
 
-    return [PrefetchStart, PrefetchWait, Regather, AsyncGradient, CollectiveMatmul, Fp8Linears]
+    return [(PrefetchStart, "forward"), (PrefetchWait, "forward"), (Regather, "forward"), (AsyncGradient, "forward"),
+            (CollectiveMatmul, "forward"), (Fp8Linears, "with_collectives")]
 
 
 def _run_eagerly_under_compile() -> None:
-    """The transport's collectives (transport.EAGER) and each of _stateful_modules()'s forward
+    """The transport's collectives (transport.EAGER) and each of _stateful_modules()' methods
     replaced by their torch.compiler.disable'd forms, once (when the first program is compiled:
     disable imports dynamo)."""
-    owned = [(transport, name) for name in transport.EAGER] + [(cls, "forward") for cls in _stateful_modules()]
+    owned = [(transport, name) for name in transport.EAGER] + _stateful_modules()
     for owner, name in owned:
         fn = getattr(owner, name)
         if not getattr(fn, "_shardwise_eager", False):

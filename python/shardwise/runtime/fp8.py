@@ -175,6 +175,13 @@ class Fp8Linears(torch.nn.Module):
         return tuple(self._mesh.group_names[a] for a in axes) if axes else ()
 
     def forward(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict) -> torch.Tensor:
+        if not k_axes and not n_axes and async_step is None:  # no collective: traced where compiled
+            return fp8_call(_BY_NAME[op], args, kwargs)
+        return self.with_collectives(op, k_axes, n_axes, async_step, args, kwargs)
+
+    def with_collectives(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict) -> torch.Tensor:
+        """The call whose amaxes are all-reduced (K or N split) or whose input gradient is: run
+        eagerly between compiled pieces (runtime/compiled.py)."""
         grad_group = None
         if async_step is not None:
             grad_group = self._mesh.groups[self._steps[async_step]["axis"]]
