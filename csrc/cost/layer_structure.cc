@@ -217,9 +217,21 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
     }
 
   out.pre_and_post_params = parameters_read_by_both(graph, out.pre, out.post);
-  out.activation_bytes = analysis::saved_bytes_by_node(graph);
   out.selective_kept = analysis::kept_by_selective_recompute(graph);
   out.gradient_flow = analysis::gradient_flow(graph);
+  out.compiled = analysis::compiled_fusion(graph);
+  {  // what autograd keeps, by node: eager, and compiled
+    const std::vector<std::int64_t> eager = analysis::saved_for_backward(graph);
+    const std::vector<std::int64_t> compiled = analysis::compiled_saved_bytes(graph, eager, out.compiled);
+    out.activation_bytes.assign(graph.nodes().size(), 0);
+    out.compiled_activation_bytes.assign(graph.nodes().size(), 0);
+    for (const ir::Node& node : graph.nodes()) {
+      for (ir::ValueId v : node.outputs) {
+        out.activation_bytes[static_cast<std::size_t>(node.id)] += eager[static_cast<std::size_t>(v)];
+        out.compiled_activation_bytes[static_cast<std::size_t>(node.id)] += compiled[static_cast<std::size_t>(v)];
+      }
+    }
+  }
   out.weight_gradient_held = analysis::weight_gradient_held_bytes(graph);
   out.graph_batch = static_cast<int>(std::max<std::int64_t>(1, analysis::input_batch(graph)));
 

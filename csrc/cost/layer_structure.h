@@ -28,6 +28,7 @@
 #include <set>
 #include <vector>
 
+#include "analysis/compiled_fusion.h"
 #include "analysis/repeated_blocks.h"
 #include "cost/op_cost.h"
 #include "ir/graph.h"
@@ -70,6 +71,8 @@ struct LayerStructure {
   std::vector<std::int64_t> activation_bytes;  // analysis::saved_bytes_by_node: what autograd keeps, by node
   std::vector<bool> selective_kept;  // analysis::kept_by_selective_recompute, by node
   std::vector<bool> gradient_flow;   // analysis::gradient_flow: by value, whether backward makes its gradient
+  analysis::FusedValues compiled;    // analysis::compiled_fusion: what a compiled plan's kernels keep in registers
+  std::vector<std::int64_t> compiled_activation_bytes;  // activation_bytes of a compiled plan (compiled_saved_bytes)
   // analysis::weight_gradient_held_bytes, by node: what a split backward (ZB-H1, ZB-V,
   // DualPipeV) holds from a micro-batch's B to its W
   std::vector<std::int64_t> weight_gradient_held;

@@ -29,28 +29,12 @@
 #include <string_view>
 #include <variant>
 
+#include "analysis/compiled_fusion.h"
 #include "analysis/flops.h"
 #include "ops/op_table.h"
 
 namespace shardwise::cost {
 namespace {
-
-// Zero-FLOP ops that return a view of their input: no data moves.
-constexpr std::array<std::string_view, 19> kAliasOps = {
-    "aten::view",   "aten::reshape", "aten::_unsafe_view", "aten::alias",     "aten::transpose",
-    "aten::permute", "aten::t",      "aten::unsqueeze",    "aten::squeeze",   "aten::expand",
-    "aten::split",  "aten::split_with_sizes", "aten::slice", "aten::select",  "aten::unbind",
-    "aten::detach", "aten::as_strided", "aten::chunk",     "aten::narrow"};
-
-bool is_alias(const ir::Graph& graph, const ir::Node& node) {
-  std::string_view base = ops::op_base_name(node.op);
-  if (std::find(kAliasOps.begin(), kAliasOps.end(), base) != kAliasOps.end()) return true;
-  // `to` without a dtype change returns its input (copy=false).
-  if (base == "aten::to" && !node.inputs.empty() && !node.outputs.empty()) {
-    return graph.value(node.inputs[0]).type.dtype == graph.value(node.outputs[0]).type.dtype;
-  }
-  return false;
-}
 
 // Activations and inputs scale with the batch; parameters, buffers and constants do not.
 // (Not batch_dim: a graph built at batch 1 loses it through [b*s, h] views.)
@@ -198,19 +182,26 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   double bandwidth = device.memory_bandwidth * constants_.memory_efficiency;
   OpTime time;
 
+  // A lookup (embedding) scatters its output gradient into a dense gradient of the whole
+  // table: zeroed, then written, on every rank that holds the table (a vocabulary split
+  // divides it). Compiled or not.
+  const bool lookup = spec != nullptr && spec->lookup && !node.inputs.empty() &&
+                      ir::is_floating(graph.value(node.inputs[0]).type.dtype);
+  const double table_gradient = lookup ? 2.0 * local_bytes(graph.value(node.inputs[0]), context, false, 0) / bandwidth : 0.0;
+  if (context.compiled != nullptr && (kind == ops::FlopsKind::Zero || kind == ops::FlopsKind::PerOutputElement ||
+                                      kind == ops::FlopsKind::PerInputElement)) {
+    time = compiled_memory_time(graph, node, *context.compiled, context, bandwidth, kind == ops::FlopsKind::Zero);
+    time.backward += table_gradient;
+    return time;
+  }
   if (kind == ops::FlopsKind::Zero) {
-    if (is_alias(graph, node)) return time;
+    if (analysis::is_alias(graph, node)) return time;
     double bytes = 0;
     for (std::size_t o = 0; o < node.outputs.size(); ++o) {
       bytes += 2.0 * local_bytes(graph.value(node.outputs[o]), context, true, node.inputs.size() + o);
     }
     time.forward = bytes / bandwidth;
-    time.backward = constants_.memory_backward_factor * time.forward;
-    // A lookup (embedding) scatters its output gradient into a dense gradient of the whole
-    // table: zeroed, then written, on every rank that holds the table (a vocabulary split
-    // divides it).
-    if (spec != nullptr && spec->lookup && !node.inputs.empty() && ir::is_floating(graph.value(node.inputs[0]).type.dtype))
-      time.backward += 2.0 * local_bytes(graph.value(node.inputs[0]), context, false, 0) / bandwidth;
+    time.backward = constants_.memory_backward_factor * time.forward + table_gradient;
     return time;
   }
 
@@ -278,6 +269,29 @@ OpTime AnalyticCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   return time;
 }
 
+// A memory-bound node of a compiled program: the bytes of the operands that cross memory
+// (analysis/compiled_fusion.h). A copy or gather (`zero_flops`: cat, embedding, index) reads at
+// most what it writes: a lookup reads its rows, not the table.
+OpTime AnalyticCostModel::compiled_memory_time(const ir::Graph& graph, const ir::Node& node,
+                                               const analysis::FusedValues& fused, const NodeContext& context,
+                                               double bandwidth, bool zero_flops) const {
+  OpTime time;
+  if (analysis::is_alias(graph, node)) return time;
+  double read = 0, written = 0, made = 0;
+  for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+    if (fused.read_from_memory(node.inputs[i], node.id)) read += local_bytes(graph.value(node.inputs[i]), context, false, i);
+  }
+  for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+    const double bytes = local_bytes(graph.value(node.outputs[o]), context, true, node.inputs.size() + o);
+    made += bytes;
+    if (!fused.in_registers(node.outputs[o])) written += bytes;
+  }
+  if (zero_flops) read = std::min(read, made);
+  time.forward = (read + written) / bandwidth;
+  time.backward = constants_.memory_backward_factor * time.forward;
+  return time;
+}
+
 // An FP8 linear (analysis/fp8_linears.h): forward, x W^T at the fp8 peak after the casts of x
 // and W; backward, dx = dy W at the fp8 peak after the casts of dy and W (column scales) and
 // dW = dy^T x at the peak of the node's dtype. A cast runs as runtime/fp8.py's quantize does:
@@ -289,13 +303,21 @@ OpTime AnalyticCostModel::fp8_linear_time(const ir::Graph& graph, const ir::Node
                                           const analysis::Fp8Linear& linear, const DeviceType& device,
                                           const NodeContext& context, double peak_work) const {
   const double bandwidth = device.memory_bandwidth * constants_.memory_efficiency;
+  const ir::Value& x = graph.value(node.inputs[linear.input]);
+  const ir::Value& w = graph.value(node.inputs[linear.weight]);
+  // Compiled, a linear whose weight is whole on the rank (no amax all-reduce, so the runtime
+  // traces it: runtime/compiled.py) has its casts fused: one kernel per operand reads it twice
+  // (the row's amax, then the scaled cast) and writes its float8 copy, 2b + 1 bytes an element,
+  // the transposed W written in the layout _scaled_mm takes.
+  const bool fused = context.compiled != nullptr &&
+                     local_elements(w, context, false, linear.weight) >= static_cast<double>(w.type.numel());
   auto cast_seconds = [&](const ir::Value& value, bool output, std::size_t index, double extra_per_element) {
+    if (fused) return (2.0 * local_bytes(value, context, output, index) + local_elements(value, context, output, index)) /
+                      bandwidth;
     return (4.0 * local_bytes(value, context, output, index) +
             (9.0 + extra_per_element) * local_elements(value, context, output, index)) /
            bandwidth;
   };
-  const ir::Value& x = graph.value(node.inputs[linear.input]);
-  const ir::Value& w = graph.value(node.inputs[linear.weight]);
   const ir::Value& y = graph.value(node.outputs[0]);
   const double fp8_product = peak_work / device.peak_flops.at(Precision::FP8);
   OpTime time;

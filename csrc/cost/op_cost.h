@@ -48,6 +48,14 @@
 //       backward = memory_backward_factor x forward (read the output gradient and the saved
 //                  inputs, write the input gradients)
 //   aliases (view, reshape, transpose, split, expand, ... and a `to` that keeps the dtype): 0
+//   compiled (NodeContext::compiled: a plan with `compile`, torch.compile's inductor): a
+//       memory-bound node's bytes are only its operands that cross memory
+//       (analysis/compiled_fusion.h): inputs it reads from memory, outputs it writes; a copy
+//       or gather reads at most what it writes. Products and attention as eager. An FP8
+//       linear's casts, where its weight is whole on the rank (no amax all-reduce: the
+//       runtime traces it), fused: each operand read twice (amax, scaled cast) and its float8
+//       copy written, 2b + 1 bytes an element; with a split weight as eager (the runtime
+//       runs that linear eagerly between compiled pieces).
 //
 // NodeContext scales one node to a plan: batch_scale multiplies every activation and input
 // (not parameters, buffers, constants) (a graph built at batch 1 costed at micro-batch 4: 4), and a tensor-parallel
@@ -72,6 +80,7 @@
 #include <span>
 #include <vector>
 
+#include "analysis/compiled_fusion.h"
 #include "analysis/fp8_linears.h"
 #include "cost/cluster.h"
 #include "cost/collective_cost.h"
@@ -97,6 +106,9 @@ struct NodeContext {
   // (CostModel::wants_local_shapes): a profile measured at the shapes each rank runs
   // (profiled_cost.h) answers by them. Empty: the planner did not say.
   std::vector<std::vector<std::int64_t>> local_shapes;
+  // The node runs in a compiled program (a plan's `compile`, analysis/compiled_fusion.h): a
+  // memory-bound node moves only its operands that cross memory. Null: eager.
+  const analysis::FusedValues* compiled = nullptr;
 };
 
 struct OpTime {
@@ -199,6 +211,8 @@ class AnalyticCostModel final : public CostModel {
                          std::int64_t bytes, Algorithm algorithm) const override;
 
  private:
+  OpTime compiled_memory_time(const ir::Graph& graph, const ir::Node& node, const analysis::FusedValues& fused,
+                              const NodeContext& context, double bandwidth, bool zero_flops) const;
   OpTime fp8_linear_time(const ir::Graph& graph, const ir::Node& node, const analysis::Fp8Linear& linear,
                          const DeviceType& device, const NodeContext& context, double peak_work) const;
 

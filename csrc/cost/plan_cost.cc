@@ -112,8 +112,8 @@ void checkpoint_outer_blocks(PartLoad& part, plan::Recompute recompute) {
 PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
                     const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure,
                     const CostModel& model,
-                    const DeviceType& device, Precision precision, double batch_scale, int t,
-                    std::set<ir::ValueId>* seen_params, bool row_shapes = true) {
+                    const DeviceType& device, Precision precision, const analysis::FusedValues* compiled,
+                    double batch_scale, int t, std::set<ir::ValueId>* seen_params, bool row_shapes = true) {
   PartCost out;
   OuterBlockTally blocks(structure);
   for (ir::NodeId id : nodes) {
@@ -123,6 +123,7 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     context.batch_scale = batch_scale;
     context.shards = t;
     context.split = it == split.end() || t == 1 ? TensorSplit::None : it->second;
+    context.compiled = compiled;
     // A node the split leaves whole runs at its batch-scaled shapes; a split node's
     // per-rank shapes are the SPMD search's to say (the stage layout), not this sketch's.
     if (model.wants_local_shapes() && context.split == TensorSplit::None && row_shapes)
@@ -139,7 +140,10 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     // Saved activations: what autograd keeps of the node's outputs (analysis/saved_for_backward.h).
     const double split_share = context.split == TensorSplit::Column || context.split == TensorSplit::All ? 1.0 / t : 1.0;
     const auto at = static_cast<std::size_t>(id);
-    out.activation_bytes += static_cast<double>(structure.activation_bytes[at]) * batch_scale * split_share;
+    const double saved = static_cast<double>(compiled != nullptr ? structure.compiled_activation_bytes[at]
+                                                                 : structure.activation_bytes[at]) *
+                         batch_scale * split_share;
+    out.activation_bytes += saved;
     out.weight_gradient_bytes += static_cast<double>(structure.weight_gradient_held[at]) * batch_scale * split_share;
     double kept = 0;
     if (structure.selective_kept[at])
@@ -148,8 +152,7 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     const double selective_forward = structure.selective_kept[at] ? 0.0 : time.forward;
     out.selective_kept_bytes += kept;
     out.selective_forward += selective_forward;
-    blocks.add(id, time.forward, selective_forward,
-               static_cast<double>(structure.activation_bytes[at]) * batch_scale * split_share, kept);
+    blocks.add(id, time.forward, selective_forward, saved, kept);
     for (ir::ValueId in : node.inputs) {
       const ir::Value& value = graph.value(in);
       if (value.role != ir::ValueRole::Parameter || !seen_params->insert(in).second) continue;
@@ -271,6 +274,8 @@ class PlanEvaluator {
 
  private:
   Parts price_parts(const DeviceType& on, double scale, int width) const;
+  // What the plan's programs fuse where it compiles them (plan.compile); null: eager.
+  const analysis::FusedValues* compiled() const { return plan_.compile ? &structure_.compiled : nullptr; }
   void check_context() const;
   void check_experts() const;
   void add_dispatch(PartCost& part, const std::vector<ir::NodeId>& nodes, double scale, int width) const;
@@ -365,10 +370,10 @@ Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) 
   std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
   if (layers)
     out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, on, precision_,
-                           scale, width, &seen_layer, c_ == 1);
-  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_, scale,
+                           compiled(), scale, width, &seen_layer, c_ == 1);
+  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_, compiled(), scale,
                        width, &seen_pre, c_ == 1);
-  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_, scale,
+  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_, compiled(), scale,
                         width, &seen_post, c_ == 1);
   if (c_ > 1) {
     if (layers) add_ring(out.layer, layers->nodes.front(), structure_.layer_split, on, scale, width);
@@ -490,6 +495,7 @@ void PlanEvaluator::add_ring(PartCost& part, const std::vector<ir::NodeId>& node
     context.batch_scale = scale;
     context.shards = width;
     context.split = it == split.end() || width == 1 ? TensorSplit::None : it->second;
+    context.compiled = compiled();
     const OpTime time = model_.node_time(graph_, node, on, precision_, context);
     const auto causal = node.attrs.find("is_causal");
     const bool* is_causal = causal == node.attrs.end() ? nullptr : std::get_if<bool>(&causal->second);
@@ -563,9 +569,9 @@ void PlanEvaluator::scale_stage_devices() {
     std::set<ir::ValueId> seen;
     const PartCost here =
         layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, *slowest,
-                            precision_, batch_scale_, t_, &seen)
+                            precision_, compiled(), batch_scale_, t_, &seen)
                : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, *slowest,
-                            precision_, batch_scale_, t_, &seen);
+                            precision_, compiled(), batch_scale_, t_, &seen);
     stage_scale_[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
   }
 }

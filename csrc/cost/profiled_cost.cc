@@ -266,6 +266,18 @@ ProfiledCostModel::ProfiledCostModel(Profile profile, AnalyticCostModel fallback
 
 OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node, const DeviceType& device,
                                     Precision precision, const NodeContext& context) const {
+  if (context.compiled != nullptr) {
+    // A compiled program's node: the eager measurement, scaled by what the fused kernels save
+    // under the analytic model (products and attention keep their measured time).
+    NodeContext eager = context;
+    eager.compiled = nullptr;
+    OpTime out = node_time(graph, node, device, precision, eager);
+    const OpTime fused = fallback_.node_time(graph, node, device, precision, context);
+    const OpTime unfused = fallback_.node_time(graph, node, device, precision, eager);
+    if (unfused.forward > 0) out.forward *= fused.forward / unfused.forward;
+    if (unfused.backward > 0) out.backward *= fused.backward / unfused.backward;
+    return out;
+  }
   OpTime analytic = fallback_.node_time(graph, node, device, precision, context);
   // The profile timed the node in the model's dtype; an FP8 linear runs other kernels.
   const bool fp8 = runs_fp8(graph, node, precision);

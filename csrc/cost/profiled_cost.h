@@ -37,6 +37,9 @@
 //    The measured numbers describe the profile's device at the graph's dtypes; the plan's
 //    Precision and the cluster's DeviceType change only the analytic fallback. Costing a
 //    profile measured on one device against a cluster of another is the caller's choice.
+//  - node_time of a compiled plan's node (NodeContext::compiled): the eager answer above,
+//    scaled by the analytic model's compiled / eager ratio (a fused kernel's saved bytes; a
+//    product's time unchanged). The profile measures eager kernels only.
 //  - collective_time: alpha + beta x bytes when (kind, ranks.size()) was fitted, else the
 //    fallback's alpha-beta model on the cluster. The algorithm argument is ignored for a
 //    measured fit: the live library picked its own. One rank or zero bytes cost 0.

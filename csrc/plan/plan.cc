@@ -472,6 +472,7 @@ Plan stage_plan(const Plan& plan, int stage) {
   out.recompute = plan.recompute;
   out.precision = plan.precision;
   out.state_dtype = plan.state_dtype;
+  out.compile = plan.compile;
   out.sharding = plan.stage_shardings.at(static_cast<std::size_t>(stage));
   out.sharding->recompute = plan.recompute;
   validate(out);
@@ -493,6 +494,7 @@ Plan stage_plan(const Plan& plan) {
   stage.recompute = plan.recompute;
   stage.precision = plan.precision;
   stage.state_dtype = plan.state_dtype;
+  stage.compile = plan.compile;
   stage.sharding = plan.stage_sharding;
   // The plan's own recompute decides the stages' (an edit of it reaches the run).
   stage.sharding->recompute = plan.recompute;
@@ -594,6 +596,7 @@ json plan_degrees(const Plan& plan) {
     out["micro_batch_semantics"] = micro_batch_semantics_name(plan.micro_batch_semantics);
   if (!plan.fused_accumulation) out["fused_accumulation"] = false;
   if (!plan.split_experts) out["split_experts"] = false;
+  if (plan.compile) out["compile"] = true;
   return out;
 }
 
@@ -644,7 +647,7 @@ Plan plan_from_json(const json& in) {
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
                                               "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings", "context", "expert",
-                                              "precision", "state_dtype", "micro_batch_semantics", "fused_accumulation", "split_experts", "sharding",
+                                              "precision", "state_dtype", "micro_batch_semantics", "fused_accumulation", "split_experts", "compile", "sharding",
                                               "stage_sharding", "programs", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
@@ -680,6 +683,7 @@ Plan plan_from_json(const json& in) {
     plan.micro_batch_semantics = micro_batch_semantics_from_name(field<std::string>(in, "micro_batch_semantics"));
   if (in.contains("fused_accumulation")) plan.fused_accumulation = field<bool>(in, "fused_accumulation");
   if (in.contains("split_experts")) plan.split_experts = field<bool>(in, "split_experts");
+  if (in.contains("compile")) plan.compile = field<bool>(in, "compile");
   if (in.contains("sharding")) plan.sharding = sharding_from_json(in.at("sharding"));
   if (in.contains("stage_sharding")) plan.stage_sharding = sharding_from_json(in.at("stage_sharding"), "plan.stage_sharding");
   if (in.contains("programs")) {

@@ -57,6 +57,10 @@
 //    its tensor ranks (search/stage_layout.h: ShardingModelOptions::expert_parallel); true
 //    (default, not written, so plans without it keep their hash) or false: every rank of a
 //    stage holds every expert (shardwise.plan(expert_parallel=False)); with expert > 1, refused.
+//  - compile: the ranks run their programs through torch.compile (parallelize(compile=...),
+//    runtime/compiled.py), and the plan is priced so (cost/op_cost.h: memory-bound ops fused,
+//    analysis/compiled_fusion.h). false (default, not written, so plans without it keep their
+//    hash) or true.
 //  - predicted: set by the evaluator (cost/plan_cost.h); not part of the hash, so costing a
 //    plan twice, or with another model, keeps its identity.
 //  - sharding: set by the SPMD search (search/spmd_search.h), see Sharding; part of the hash.
@@ -255,6 +259,7 @@ struct Plan {
   MicroBatchSemantics micro_batch_semantics = MicroBatchSemantics::Exact;
   bool fused_accumulation = true;
   bool split_experts = true;  // see above
+  bool compile = false;       // see above
   std::optional<Sharding> sharding;
   std::optional<Sharding> stage_sharding;
   std::vector<Sharding> stage_shardings;  // with stage_meshes: one per stage (complete plans)

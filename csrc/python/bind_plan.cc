@@ -70,9 +70,10 @@ py::dict search_plan_dict(const ir::Graph& graph, const cost::Cluster& cluster, 
                           const std::string& precision, bool allow_recompute, bool allow_zero,
                           std::optional<py::function> progress, bool collective_matmul, bool batch_on_tensor_axis,
                           const std::string& recompute, const std::string& profile, bool context_parallel,
-                          bool expert_parallel, const std::string& state_dtype) {
+                          bool expert_parallel, const std::string& state_dtype, bool compile) {
   const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
   search::SpmdSearchOptions options;
+  options.compile = compile;
   (void)cost::state_dtype_memory(state_dtype);  // checked here, named in the plan
   options.state_dtype = state_dtype;
   if (!recompute.empty()) options.recompute = plan::recompute_from_name(recompute);
@@ -127,9 +128,11 @@ py::dict plan_joint_dict(const ir::Graph& graph, const cost::Cluster& cluster, s
                          std::optional<py::function> progress,
                          std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts,
                          bool allow_zero, const std::string& micro_batch_semantics, const std::string& profile,
-                         bool context_parallel, bool expert_parallel, const std::string& state_dtype) {
+                         bool context_parallel, bool expert_parallel, const std::string& state_dtype,
+                         bool compile) {
   const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
   search::JointPlanOptions options;
+  options.compile = compile;
   (void)cost::state_dtype_memory(state_dtype);  // checked here, named in the plan
   options.state_dtype = state_dtype;
   options.context_parallel = context_parallel;
@@ -336,21 +339,24 @@ void bind_planners(py::module_& m) {
         py::arg("allow_recompute") = true, py::arg("allow_zero") = true, py::arg("progress") = py::none(),
         py::arg("collective_matmul") = false, py::arg("batch_on_tensor_axis") = true, py::arg("recompute") = "",
         py::arg("profile_json") = "", py::arg("context_parallel") = true, py::arg("expert_parallel") = true,
-        py::arg("state_dtype") = "",
+        py::arg("state_dtype") = "", py::arg("compile") = false,
         "The SPMD sharding search (csrc/search/spmd_search.h); recompute= \"none\", \"full\" or \"selective\": only "
         "that recomputation (\"\": none, and selective and full where allow_recompute); profile_json: a "
         "shardwise.Profile's JSON, priced with it (cost/profiled_cost.h), \"\": the analytic model; "
         "context_parallel: whether self-attention's sequence may be split as ring attention; expert_parallel: "
-        "whether a mixture of experts' experts may be split over ranks.");
+        "whether a mixture of experts' experts may be split over ranks; compile: the programs run under "
+        "torch.compile, priced so (plan.compile).");
   m.def("plan_joint", &plan_joint_dict,
         py::arg("graph"), py::arg("cluster"), py::arg("global_batch"), py::arg("level") = "fast",
         py::arg("memory_fraction") = cost::kMemoryFraction, py::arg("precision") = "bf16",
         py::arg("progress") = py::none(), py::arg("network") = py::none(), py::arg("stage_layouts") = true,
         py::arg("allow_zero") = true, py::arg("micro_batch_semantics") = "exact", py::arg("profile_json") = "",
         py::arg("context_parallel") = true, py::arg("expert_parallel") = true, py::arg("state_dtype") = "",
+        py::arg("compile") = false,
         "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h); profile_json as search_plan's; "
         "context_parallel: whether candidates may split each row's sequence (plan.context); expert_parallel: "
-        "whether candidates may split the experts over their stages' data ranks (plan.expert).");
+        "whether candidates may split the experts over their stages' data ranks (plan.expert); compile: as "
+        "search_plan's.");
 }
 
 }  // namespace

@@ -348,6 +348,7 @@ void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_
           candidate.zero_stage = d * c > 1 ? zero : 0;
           candidate.precision = options_.precision;
           candidate.state_dtype = options_.state_dtype;
+          candidate.compile = options_.compile;
           candidate.micro_batch_semantics = options_.micro_batch_semantics;
           candidate.split_experts = options_.expert_parallel;
           // The same plan with its experts split over each stage's data ranks (plan.expert).
@@ -392,6 +393,7 @@ void JointPlanner::enumerate_stage_meshes(std::int64_t t) {
           candidate.recompute = recompute;
           candidate.precision = options_.precision;
           candidate.state_dtype = options_.state_dtype;
+          candidate.compile = options_.compile;
           candidate.micro_batch_semantics = options_.micro_batch_semantics;
           candidate.split_experts = options_.expert_parallel;
           candidate.stage_meshes = {{static_cast<int>(a), static_cast<int>(t)},

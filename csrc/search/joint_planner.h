@@ -99,6 +99,7 @@ struct JointPlanOptions {
   SearchLevel level = SearchLevel::Fast;
   std::string precision = "bf16";
   std::string state_dtype;  // plan::Plan::state_dtype of every candidate
+  bool compile = false;     // plan::Plan::compile of every candidate
   double memory_fraction = cost::kMemoryFraction;  // of each device's memory the plan may use
   int max_micro_batch = 16;  // thorough's cap on b
   // Candidates with ZeRO-1 (optimizer states sharded over the data axis); false: none

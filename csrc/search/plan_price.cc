@@ -18,6 +18,7 @@ ShardingModelOptions sharding_model_options(const plan::Plan& plan, const plan::
   mo.global_batch = plan.global_batch;
   mo.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
   mo.memory = cost::state_dtype_memory(plan.state_dtype);
+  mo.compile = plan.compile;
   double memory_limit = std::numeric_limits<double>::infinity();
   for (int r = 0; r < cluster.world_size(); ++r)
     memory_limit = std::min(memory_limit, static_cast<double>(cluster.device_of(r).memory_bytes));

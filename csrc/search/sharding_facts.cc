@@ -84,6 +84,7 @@ void price_devices_and_batch(const ShardingModelOptions& options, ShardingFacts&
   facts.float_scale = facts.float_bytes / graph_float_bytes(graph);
   if (options.precision == cost::Precision::FP8)
     for (const ir::Node& node : graph.nodes()) facts.fp8_linears.push_back(analysis::fp8_linear(graph, node));
+  if (options.compile) facts.compiled = analysis::compiled_fusion(graph);
 }
 
 // Per value what autograd saves of it, how often it is read and whether a gradient flows
@@ -125,7 +126,8 @@ ShardingFacts::ShardingFacts(const ir::Graph& graph, const cost::Cluster& cluste
     throw ValidationError(fmt::format("spmd search: mesh of {} ranks on a cluster of {}", world, cluster.world_size()));
   // Each step reads what the ones before it set.
   price_devices_and_batch(options, *this);
-  const analysis::SavedTensors saved_tensors = analysis::saved_tensors(graph);
+  analysis::SavedTensors saved_tensors = analysis::saved_tensors(graph);
+  if (options.compile) saved_tensors.bytes = analysis::compiled_saved_bytes(graph, saved_tensors.bytes, compiled);
   trace_gradient_flow(saved_tensors, *this);
   rules = rules_at_batch(graph, batch_scale);
   folding = fold_repeated_blocks(graph, rules, saved_tensors, options.recompute);

@@ -58,6 +58,9 @@ struct ShardingFacts {
   // Indexed by NodeId: the node as an FP8 linear where the plan's precision is fp8 (analysis/
   // fp8_linears.h), found once; empty for other precisions.
   std::vector<std::optional<analysis::Fp8Linear>> fp8_linears;
+  // Where the plan is compiled (options.compile): which values its fused kernels keep in
+  // registers (analysis/compiled_fusion.h), found once; empty otherwise.
+  analysis::FusedValues compiled;
   cost::MemoryConstants memory;  // options.memory, or the precision's (cost/memory_cost.h)
 
   std::vector<std::optional<ops::DimRule>> rules;  // per node, at the global batch (rules_at_batch)

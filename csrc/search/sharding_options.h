@@ -20,6 +20,9 @@ struct ShardingModelOptions {
   std::vector<int> mesh;  // axis sizes, outermost first
   std::int64_t global_batch = 1;
   cost::Precision precision = cost::Precision::BF16;
+  // The ranks run compiled programs (plan::Plan::compile): memory-bound ops priced fused
+  // (analysis/compiled_fusion.h, cost/op_cost.h).
+  bool compile = false;
   double memory_limit = 0;  // bytes per rank
   plan::Recompute recompute = plan::Recompute::None;
   bool allow_zero = true;

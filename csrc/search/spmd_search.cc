@@ -171,6 +171,7 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
   mo.mesh = mesh;
   mo.global_batch = options.global_batch;
   mo.precision = options.precision;
+  mo.compile = options.compile;
   mo.memory_limit = memory_limit;
   mo.recompute = recompute;
   mo.collective_matmul = options.collective_matmul;
@@ -301,6 +302,7 @@ SpmdSearchResult search_spmd(const ir::Graph& graph, const cost::Cluster& cluste
   plan.zero_stage = sharding.zero.empty() ? 0 : 1;  // the optimizer state's sharding: ZeRO-1
   plan.precision = std::string(cost::precision_name(options.precision));
   plan.state_dtype = options.state_dtype;
+  plan.compile = options.compile;
   plan.sharding = sharding;
   plan.sharding->level = std::string(search_level_name(options.level));
   const ShardingEvaluation& e = best->evaluation;

@@ -83,6 +83,7 @@ struct SpmdSearchOptions {
   std::int64_t global_batch = 0;  // required
   SearchLevel level = SearchLevel::Fast;
   cost::Precision precision = cost::Precision::BF16;
+  bool compile = false;  // the plan's programs run compiled (plan::Plan::compile), priced so
   double memory_fraction = cost::kMemoryFraction;  // of each device's memory the plan may use
   std::optional<std::vector<int>> mesh;  // {data, tensor}; default: searched
   // With a given mesh: whether its tensor axis may split the batch too. False (a mesh the user

@@ -123,6 +123,7 @@ ShardingModelOptions stage_model_options(const cost::LayerStructure& structure,
   mo.mesh = {1, plan.tensor};
   mo.global_batch = plan.micro_batch;
   mo.precision = *precision;
+  mo.compile = plan.compile;
   mo.memory = cost::state_dtype_memory(plan.state_dtype);
   mo.memory_limit = static_cast<double>(ranks.device_of(0).memory_bytes) * memory_fraction;
   mo.recompute = plan.recompute;
@@ -246,6 +247,7 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   options.memory_fraction = memory_fraction;
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
   options.state_dtype = plan.state_dtype;
+  options.compile = plan.compile;
   const cost::AnalyticCostModel analytic;
   return search_spmd(graph, cluster, model != nullptr ? *model : static_cast<const cost::CostModel&>(analytic),
                      options);

@@ -431,6 +431,8 @@ def _plan_lines(plan, values: dict | None, hardware: dict | None) -> list[str]:
             what = {1: "optimizer state", 2: "optimizer state and gradients"}.get(zero, "optimizer state, gradients "
                                                                                          "and weights")
             text += f"; ZeRO-{zero}: {what} sharded over the batch ranks"
+        if d.get("compile"):
+            text += "; programs compiled (torch.compile: memory-bound ops priced fused)"
         lines.append(text)
         # The experts ops (shardwise_moe::experts: outputs "experts", "experts_1", ...) the stages'
         # layout splits over the tensor axis (plan.expert says the data axis' split, above).

@@ -207,11 +207,12 @@ def _plan_at_batch(plan: Plan, rows: int) -> Plan:
 
 
 def _recapture(wrapper: _Trainable, cluster, level: str, precision: str, memory_fraction: float | None = None,
-               zero: bool = True, batch_on_tensor_axis: bool = True, state_dtype: str | None = None) -> Recapture:
+               zero: bool = True, batch_on_tensor_axis: bool = True, state_dtype: str | None = None,
+               compile: bool = False) -> Recapture:
     """How an engine captures `wrapper` again and searches its mesh again (runtime/engine_base.py),
     in the precision and model states of the plan it runs (and with ZeRO allowed or not, as
-    parallelize was)."""
-    options = {"precision": precision, "zero": zero, "state_dtype": state_dtype}
+    parallelize was, and priced compiled where it runs so)."""
+    options = {"precision": precision, "zero": zero, "state_dtype": state_dtype, "compile": compile}
     if memory_fraction is not None:
         options["memory_fraction"] = memory_fraction
     return Recapture(
@@ -275,7 +276,9 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     (inductor, its defaults), one of its modes ("max-autotune", ...), or a dict of its keyword
     arguments; what dynamo cannot trace runs eagerly between compiled pieces. SPMD rank programs
     and each pipeline stage's program (forward, and its backward through AOTAutograd); a
-    schedule that splits a stage's backward into B and W (zero bubble) is refused with it.
+    schedule that splits a stage's backward into B and W (zero bubble) is refused with it. A
+    plan parallelize searches is then priced as compiled (the plan's ``compile``: memory-bound
+    ops fused, csrc/analysis/compiled_fusion.h); a plan given keeps the pricing it was made with.
     Every rank must call this with the same arguments;
     the plan's hash is checked across ranks before the first collective.
     """
@@ -327,7 +330,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
         if searched:
             plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                                memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
-                               state_dtype=states)
+                               state_dtype=states, compile=compiled is not None)
         else:  # a plan given by its degrees: completed on this capture (Plan.complete)
             log.info("parallelize: the plan gives no sharding of its %d x %d mesh: searching it once (the "
                      "engine's plan holds it: save that one to run it without a search)", plan.data, plan.tensor)
@@ -336,7 +339,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
             joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
                                          memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
                                          micro_batch_semantics=micro_batch_semantics or "exact",
-                                         state_dtype=states)
+                                         state_dtype=states, compile=compiled is not None)
             if joint is not None:
                 return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)
@@ -366,7 +369,8 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                   parameters=parameters, tensors=tensors, trainable=trainable,
                   kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}),
                   recapture=_recapture(wrapper, cluster, level, plan.precision, _MEMORY_FRACTION, zero,
-                                       batch_on_tensor_axis=free_batch, state_dtype=plan.state_dtype),
+                                       batch_on_tensor_axis=free_batch, state_dtype=plan.state_dtype,
+                                       compile=compiled is not None),
                   policy=policy, static=static, compute_dtypes=compute, shapes=shapes, compile_options=compiled)
 
 
@@ -563,7 +567,8 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                           parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
                           links=links, mesh=mesh, sharding=sharded,
                           recapture=_recapture(wrapper, stage_cluster, level, plan.precision,
-                                               state_dtype=plan.state_dtype),
+                                               state_dtype=plan.state_dtype,
+                                               compile=options.compile_options is not None),
                           kept=keep_state(model, set(first.owners)),
                           policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks,
                           loss_combination=combination, compile_options=options.compile_options)

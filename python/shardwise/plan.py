@@ -114,7 +114,7 @@ class Plan:
                layers_per_stage: list[int] | None = None, profile=None, cost_model=None,
                stage_groups: list[int] | None = None,
                stage_meshes: list[list[int]] | None = None, micro_batch_semantics: str = "exact",
-               state_dtype: str | None = None) -> "Plan":
+               state_dtype: str | None = None, compile: bool = False) -> "Plan":
         """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p x context).
         ``context``: ranks that split each row's sequence (context parallelism: every attention
@@ -145,7 +145,9 @@ class Plan:
         and Adam's moments, for a run that keeps no master copy ("bf16", "f16", "f32": torch.optim
         on the model's own parameters, as ``parallelize`` runs them); None: the precision's
         mixed-precision convention (fp32 master weights and moments beside bf16 weights and
-        gradients, as Megatron-LM trains)."""
+        gradients, as Megatron-LM trains). ``compile``: the ranks run their programs through
+        ``torch.compile`` (``parallelize(..., compile=True)``), priced so: memory-bound ops
+        fused between the products (csrc/analysis/compiled_fusion.h); the plan's ``compile``."""
         if stage_meshes:
             stage_meshes = [[int(x) for x in mesh] for mesh in stage_meshes]
             if pipeline == 1:
@@ -178,6 +180,8 @@ class Plan:
         doc["micro_batch_semantics"] = _semantics(micro_batch_semantics, "Plan.manual")
         if state_dtype:
             doc["state_dtype"] = str(state_dtype)
+        if compile:
+            doc["compile"] = True
         if profile is not None and cost_model is not None and profile is not cost_model:
             raise _C.ValidationError("Plan.manual: give profile= or cost_model=, not both")
         profile = profile if profile is not None else cost_model
@@ -192,7 +196,7 @@ class Plan:
                memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None,
                recompute: bool | str = True, zero: bool = True, progress=None, collective_matmul: bool = False,
                batch_on_tensor_axis: bool | None = None, profile=None, context_parallel: bool = True,
-               expert_parallel: bool = True, state_dtype: str | None = None) -> "Plan":
+               expert_parallel: bool = True, state_dtype: str | None = None, compile: bool = False) -> "Plan":
         """The SPMD sharding search (csrc/search/spmd_search.h): where every parameter and
         activation lives on a {data, tensor} mesh, chosen from the graph's op rules and the
         cluster's cost model. See ``shardwise.plan``. ``batch_on_tensor_axis``: whether the
@@ -204,8 +208,8 @@ class Plan:
         may carry the batch, as ring attention (``runtime/ring_attention.py``); False keeps
         every attention's sequence whole on each rank. ``expert_parallel``: whether a mixture of
         experts' experts (``shardwise_moe::experts``) may be split over an axis, each rank
-        holding its block of them; False: every rank holds every expert. ``state_dtype``: as
-        ``Plan.manual``'s."""
+        holding its block of them; False: every rank holds every expert. ``state_dtype`` and
+        ``compile``: as ``Plan.manual``'s."""
         if batch_on_tensor_axis is None:
             batch_on_tensor_axis = mesh is None
         result = _C.search_plan(graph._core, cluster._core, int(global_batch), str(level),
@@ -213,7 +217,7 @@ class Plan:
                                 _precision(graph, precision), recompute is not False, bool(zero), progress,
                                 bool(collective_matmul), bool(batch_on_tensor_axis),
                                 "" if isinstance(recompute, bool) else _recompute(recompute), _profile_json(profile),
-                                bool(context_parallel), bool(expert_parallel), str(state_dtype or ""))
+                                bool(context_parallel), bool(expert_parallel), str(state_dtype or ""), bool(compile))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     @classmethod
@@ -221,7 +225,7 @@ class Plan:
               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, progress=None,
               network: NetworkCondition | None = None, stage_layouts: bool = True, zero: bool = True,
               micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True,
-              expert_parallel: bool = True, state_dtype: str | None = None) -> "Plan":
+              expert_parallel: bool = True, state_dtype: str | None = None, compile: bool = False) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
@@ -236,13 +240,15 @@ class Plan:
         none. ``expert_parallel``: whether candidates may split each mixture of experts layer's
         experts over a stage's data ranks (``Plan.manual``'s ``expert``), or its layout over its
         tensor ranks; False: neither (the plan's ``split_experts`` false: every rank of a stage
-        holds every expert, however the plan is completed). ``state_dtype``: as ``Plan.manual``'s."""
+        holds every expert, however the plan is completed). ``state_dtype`` and ``compile``: as
+        ``Plan.manual``'s."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
                                _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero),
                                _semantics(micro_batch_semantics, "Plan.joint"), _profile_json(profile),
-                               bool(context_parallel), bool(expert_parallel), str(state_dtype or ""))
+                               bool(context_parallel), bool(expert_parallel), str(state_dtype or ""),
+                               bool(compile))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     def alternatives(self) -> list["Plan"]:
@@ -273,6 +279,12 @@ class Plan:
         """The dtype the run steps the parameters in without a master copy ("bf16", "f16",
         "f32"), which prices the model states; None: the precision's mixed-precision convention."""
         return self._doc.get("state_dtype") or None
+
+    @property
+    def compile(self) -> bool:
+        """Whether the ranks run the plan's programs through torch.compile, and the plan is
+        priced so (``Plan.manual``'s ``compile``)."""
+        return bool(self._doc.get("compile", False))
 
     def num_micro_batches(self) -> int:
         """m: global batch / (micro-batch x data) micro-batches per step on each data rank (a
@@ -576,7 +588,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
          zero: bool = True, progress=None, pipeline: bool | None = None,
          network: NetworkCondition | None = None, collective_matmul: bool = False,
          micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True,
-         expert_parallel: bool = True, state_dtype: str | None = None) -> Plan:
+         expert_parallel: bool = True, state_dtype: str | None = None, compile: bool = False) -> Plan:
     """Search a plan for ``graph`` on ``cluster`` at ``global_batch``.
 
     ``pipeline``: True runs the joint planner (pipeline x data x tensor degrees, micro-batch,
@@ -623,6 +635,9 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     ``state_dtype``: the dtype a run steps the parameters in without a master copy ("bf16",
     "f16", "f32"), which prices the model states (``Plan.manual``'s); None: the precision's
     mixed-precision convention. ``parallelize`` passes its model's.
+    ``compile``: the plan's programs run under ``torch.compile`` and are priced so (memory-bound
+    ops fused between the products: csrc/analysis/compiled_fusion.h); ``parallelize(...,
+    compile=)`` passes it.
     ``progress(done, total)`` is called after each candidate. The graph must have been
     captured at a batch of at least 2 (any size: it is scaled to ``global_batch``).
 
@@ -653,17 +668,18 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
                           precision=precision, progress=progress, network=network, zero=zero,
                           micro_batch_semantics=micro_batch_semantics, profile=profile,
                           context_parallel=context_parallel, expert_parallel=expert_parallel,
-                          state_dtype=state_dtype)
+                          state_dtype=state_dtype, compile=compile)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress, collective_matmul=collective_matmul, profile=profile,
-                        context_parallel=context_parallel, expert_parallel=expert_parallel, state_dtype=state_dtype)
+                        context_parallel=context_parallel, expert_parallel=expert_parallel, state_dtype=state_dtype,
+                        compile=compile)
     if both:
         joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                            precision=precision, progress=progress, zero=zero,
                            micro_batch_semantics=micro_batch_semantics, profile=profile,
                            context_parallel=context_parallel, expert_parallel=expert_parallel,
-                           state_dtype=state_dtype)
+                           state_dtype=state_dtype, compile=compile)
         if joint.fits and (found.fits is False or joint.predicted_step_time() < found.predicted_step_time()):
             return joint
         return found
@@ -672,7 +688,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
                                      memory_fraction=memory_fraction, precision=precision, progress=progress,
                                      zero=zero, micro_batch_semantics=micro_batch_semantics, profile=profile,
                                      context_parallel=context_parallel, expert_parallel=expert_parallel,
-                                     state_dtype=state_dtype)
+                                     state_dtype=state_dtype, compile=compile)
         if joint is not None:
             return joint
     return found
@@ -682,7 +698,7 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
                          precision: str | None = None, progress=None, zero: bool = True,
                          micro_batch_semantics: str = "exact", profile=None,
                          context_parallel: bool = True, expert_parallel: bool = True,
-                         state_dtype: str | None = None) -> Plan | None:
+                         state_dtype: str | None = None, compile: bool = False) -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
     stages), if that fits; else None. Only for models with repeated layers (what the joint
@@ -696,7 +712,7 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
     joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                        precision=precision, progress=progress, zero=zero, micro_batch_semantics=micro_batch_semantics,
                        profile=profile, context_parallel=context_parallel, expert_parallel=expert_parallel,
-                       state_dtype=state_dtype)
+                       state_dtype=state_dtype, compile=compile)
     if not joint.fits:
         coupling = _C.batch_coupling(graph._core)
         if micro_batch_semantics == "exact" and coupling["sites"]:
@@ -704,7 +720,7 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
                                memory_fraction=memory_fraction, precision=precision, zero=zero,
                                micro_batch_semantics="per_micro_batch", profile=profile,
                                context_parallel=context_parallel, expert_parallel=expert_parallel,
-                               state_dtype=state_dtype)
+                               state_dtype=state_dtype, compile=compile)
             if loose.fits:
                 raise _C.ValidationError(
                     f"plan: no plan of the whole batch {global_batch} fits in memory, and a plan in micro-batches "

@@ -1,4 +1,6 @@
 
+import json
+
 import pytest
 
 import shardwise
@@ -203,7 +205,13 @@ def test_every_planner_records_the_price_the_one_evaluator_gives_its_plan(family
                                                               collective_matmul=True),
         "search": shardwise.Plan.search(g, c, global_batch=8),
         "joint": shardwise.Plan.joint(g, c, global_batch=8, stage_layouts=False),
+        "manual 2x2x2 compiled": shardwise.Plan.manual(g, c, tensor=2, pipeline=2, data=2, global_batch=8,
+                                                       recompute="selective", compile=True),
+        "completed pipeline 2x2x2 compiled": shardwise.Plan.manual(
+            g, c, tensor=2, pipeline=2, data=2, global_batch=16, micro_batch=4, compile=True).complete(g, c),
+        "search 2x4 compiled": shardwise.Plan.search(g, c, global_batch=8, mesh=(2, 4), compile=True),
     }
+    assert all(plan.compile == name.endswith("compiled") for name, plan in plans.items())
     assert plans["completed 2x4"].sharding is not None
     assert plans["completed pipeline 2x2x2"].stage_sharding is not None
     tensor_split = sum(s[1] != "replicate" for p in plans.values() if p.sharding for s in p.strategies().values())
@@ -233,3 +241,34 @@ def test_the_joint_planners_pipelined_plan_is_priced_with_the_stage_layout_it_wr
     other_rows = shardwise.models.gpt(layers=8, hidden=4096, heads=32, seq=2048, vocab=50304, batch=2)
     unlaid = shardwise.Plan.joint(other_rows, c, global_batch=32, memory_fraction=0.3)
     assert unlaid.stage_sharding is None and unlaid.searched_layout()
+
+
+def test_a_compiled_plan_is_priced_with_its_memory_bound_ops_fused():
+    """plan.compile (parallelize(compile=True)): inductor fuses the memory-bound ops between the
+    products (csrc/analysis/compiled_fusion.h), so the same degrees are priced with less
+    compute time and fewer saved activations (AOTAutograd recomputes what a fused kernel kept
+    in registers: RMSNorm's float32 copies, SwiGLU's SiLU); the products' FLOPs are the same.
+    The plan says so in its JSON and hash."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=8, num_key_value_heads=4,
+                                   intermediate_size=768, vocab_size=512, max_position_embeddings=64, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    ids = torch.zeros(8, 64, dtype=torch.long, device="meta")
+    g = shardwise.capture(model, {"input_ids": ids, "labels": ids})
+    c = shardwise.Cluster.preset("dgx-a100", nodes=1)
+    for degrees in ({"data": 8}, {"tensor": 2, "data": 4}, {"tensor": 2, "pipeline": 2, "data": 2}):
+        eager = shardwise.Plan.manual(g, c, global_batch=32, recompute=False, **degrees)
+        compiled = shardwise.Plan.manual(g, c, global_batch=32, recompute=False, compile=True, **degrees)
+        assert not eager.compile and compiled.compile and json.loads(compiled.to_json())["compile"] is True
+        assert "compile" not in json.loads(eager.to_json()) and compiled.hash() != eager.hash()
+        assert shardwise.Plan.from_json(compiled.to_json()).compile
+        assert compiled.breakdown()["compute"] < 0.95 * eager.breakdown()["compute"], degrees
+        assert compiled.predicted_memory()[1]["activations"] < 0.9 * eager.predicted_memory()[1]["activations"], degrees
+        assert compiled.predicted_tflops_per_device() * compiled.predicted_step_time() == pytest.approx(
+            eager.predicted_tflops_per_device() * eager.predicted_step_time(), rel=1e-9)
+    searched = shardwise.plan(g, c, global_batch=32, compile=True)
+    assert searched.compile
+

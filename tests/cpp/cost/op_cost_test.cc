@@ -252,3 +252,53 @@ TEST(OpCost, EfficiencyCurveSaturates) {
 
 }  // namespace
 }  // namespace shardwise::cost
+
+namespace shardwise::cost {
+namespace {
+
+// A compiled plan's memory-bound nodes move only what crosses memory (analysis/compiled_fusion.h):
+// mm -> gelu -> mul(., s) -> mm, and add(m, z) after the second product. Each [64, 64] bf16
+// tensor is 8,192 bytes.
+TEST(OpCost, ACompiledPlansPointwiseChainMovesOnlyWhatCrossesMemory) {
+  ir::Graph g;
+  auto t = [] { return ir::TensorType{ir::DType::BF16, {64, 64}, {}}; };
+  const auto x = g.add_value("x", t(), ir::ValueRole::Input);
+  const auto w = g.add_value("w", t(), ir::ValueRole::Parameter);
+  const auto s = g.add_value("s", t(), ir::ValueRole::Input);
+  auto node = [&](const char* op, std::vector<ir::ValueId> in, const char* name) {
+    return g.add_node(op, std::move(in), {{name, t()}});
+  };
+  const ir::NodeId mm = node("aten::mm", {x, w}, "y");
+  const ir::NodeId gelu = node("aten::gelu", {g.node(mm).outputs[0]}, "g");
+  const ir::NodeId mul = node("aten::mul.Tensor", {g.node(gelu).outputs[0], s}, "m");
+  const ir::NodeId mm2 = node("aten::mm", {g.node(mul).outputs[0], w}, "z");
+  const ir::NodeId add = node("aten::add.Tensor", {g.node(mul).outputs[0], g.node(mm2).outputs[0]}, "out");
+  g.set_outputs({g.node(add).outputs[0]});
+  const analysis::FusedValues fused = analysis::compiled_fusion(g);
+  AnalyticCostModel model;
+  const double bandwidth = 2.039e12 * 0.75, tensor = 8192;
+  NodeContext compiled;
+  compiled.compiled = &fused;
+  auto time = [&](ir::NodeId n, const NodeContext& context) {
+    return model.node_time(g, g.node(n), a100(), Precision::BF16, context);
+  };
+  // gelu reads y and writes nothing (g stays in registers); mul reads s and writes m; the add
+  // reads m and z again and writes the output.
+  EXPECT_NEAR(time(gelu, compiled).forward, tensor / bandwidth, 1e-18);
+  EXPECT_NEAR(time(mul, compiled).forward, 2 * tensor / bandwidth, 1e-18);
+  EXPECT_NEAR(time(add, compiled).forward, 3 * tensor / bandwidth, 1e-18);
+  EXPECT_NEAR(time(gelu, compiled).backward, 2 * tensor / bandwidth, 1e-18);  // memory_backward_factor
+  // Eager: gelu writes g (2 tensors), mul reads it as a fused pointwise pair would (2).
+  EXPECT_NEAR(time(gelu, {}).forward, 2 * tensor / bandwidth, 1e-18);
+  EXPECT_NEAR(time(mul, {}).forward, 2 * tensor / bandwidth, 1e-18);
+  // Products are their library kernels either way.
+  EXPECT_EQ(time(mm, compiled), time(mm, {}));
+  // Split four ways (every operand), a quarter of the bytes.
+  NodeContext split = compiled;
+  split.shards = 4;
+  split.split = TensorSplit::All;
+  EXPECT_NEAR(time(mul, split).forward, 2 * tensor / 4 / bandwidth, 1e-18);
+}
+
+}  // namespace
+}  // namespace shardwise::cost
