@@ -18,7 +18,9 @@ LlamaForCausalLM (RMSNorm, rotary positions, SwiGLU, grouped-query attention) bu
 config at the same hidden size, both in float32 with ``--layers`` layers (at least the world,
 for the pipeline). Reported: the median step time of each side (forward, backward, gradient
 reduction, AdamW step), ours compiled / ours eager, ours compiled / the faster compiled peer,
-the pipeline's compiled / eager, and each compiled side's first step (its compile, on the CPU).
+the pipeline's compiled / eager, what the planner predicts for those two ratios (each side's
+plan priced as it runs, eager or compiled: ``plan.compile``, docs/cost-model.md, "Compiled
+programs"), and each compiled side's first step (its compile, on the CPU).
 The issue's targets: ours compiled <= 0.87x ours eager and <= 1.0x the compiled peer. Timing
 never fails anything.
 """
@@ -79,8 +81,10 @@ def _engines(kind: str, args, world: int, batch: tuple) -> dict:
     cluster = shardwise.Cluster.preset("cpu", world)
     vocab = 256
     graph = shardwise.capture(_model(kind, args, vocab), tuple(t[:args.batch // (2 * world)] for t in batch))
-    pipeline = shardwise.Plan.manual(graph, cluster, pipeline=world, data=1, tensor=1, global_batch=args.batch,
-                                     micro_batch=args.batch // (2 * world), schedule="1f1b", recompute=False)
+    pipeline = {compiled: shardwise.Plan.manual(graph, cluster, pipeline=world, data=1, tensor=1,
+                                                global_batch=args.batch, micro_batch=args.batch // (2 * world),
+                                                schedule="1f1b", recompute=False, compile=compiled)
+                for compiled in (False, True)}  # priced eager and compiled (plan.compile)
     sides = {}
     for name in SIDES:
         model = _model(kind, args, vocab)
@@ -88,7 +92,8 @@ def _engines(kind: str, args, world: int, batch: tuple) -> dict:
             sides[name] = shardwise.parallelize(model, batch, mesh=(world, 1), cluster=cluster,
                                                 compile=name == "ours compiled")
         elif name.startswith("pipeline"):
-            sides[name] = shardwise.parallelize(model, batch, plan=pipeline, compile=name == "pipeline compiled")
+            compiled = name == "pipeline compiled"
+            sides[name] = shardwise.parallelize(model, batch, plan=pipeline[compiled], compile=compiled)
         elif name == "DDP eager":
             sides[name] = torch.nn.parallel.DistributedDataParallel(model)
         elif name == "DDP compiled":
@@ -136,8 +141,12 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
             stacked[name] /= world
         base = stacked["ours eager"]
         diff = max(((v - base).abs() / base.abs()).max().item() for v in stacked.values())
+        # What the planner predicts for each of our sides (their plans: searched, or the pipeline's
+        # Plan.manual, each priced eager or compiled as it runs; the cpu preset's device).
+        predicted = {name: sides[name].plan.predicted_step_time() for name in SIDES
+                     if name.startswith(("ours", "pipeline"))}
         results[kind] = {"median": {k: statistics.median(v) for k, v in times.items()}, "first": first,
-                         "loss_diff": diff}
+                         "loss_diff": diff, "predicted": predicted}
         del sides, optimizers
     if rank == 0:
         with open(out, "w") as f:
@@ -146,14 +155,17 @@ def _worker(rank: int, world: int, store: str, args, out: str) -> None:
 
 
 COLUMNS = ["model", "world", *(f"{s} ms" for s in SIDES), "compiled / eager", "compiled / best compiled peer",
-           "pipeline compiled / eager", "ours first s", "pipeline first s", "DDP first s", "loss diff"]
+           "pipeline compiled / eager", "predicted compiled / eager", "predicted pipeline compiled / eager",
+           "ours first s", "pipeline first s", "DDP first s", "loss diff"]
 
 
 def _row(kind: str, world: int, r: dict) -> list:
     m, first = r["median"], r["first"]
     peer = min(m["DDP compiled"], m["FSDP2 compiled"])
     return [kind, world, *(m[s] * 1e3 for s in SIDES), m["ours compiled"] / m["ours eager"], m["ours compiled"] / peer,
-            m["pipeline compiled"] / m["pipeline eager"], first["ours compiled"], first["pipeline compiled"],
+            m["pipeline compiled"] / m["pipeline eager"],
+            r["predicted"]["ours compiled"] / r["predicted"]["ours eager"],
+            r["predicted"]["pipeline compiled"] / r["predicted"]["pipeline eager"], first["ours compiled"], first["pipeline compiled"],
             first["DDP compiled"], r["loss_diff"]]
 
 
@@ -185,6 +197,7 @@ def main() -> None:
             "columns": COLUMNS,
             "formats": {**{f"{s} ms": ".1f" for s in SIDES}, "compiled / eager": ".2f",
                         "compiled / best compiled peer": ".2f", "pipeline compiled / eager": ".2f",
+                        "predicted compiled / eager": ".3f", "predicted pipeline compiled / eager": ".3f",
                         "ours first s": ".1f", "pipeline first s": ".1f", "DDP first s": ".1f", "loss diff": ".1e"},
             "notes": f"{size_line(args)}; models {args.models}, float32; load average {load_before:.2f} before, "
                      f"{os.getloadavg()[0]:.2f} after."})

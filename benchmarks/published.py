@@ -60,6 +60,10 @@ class Row:
     tflops_per_gpu: float | None = None   # published model TFLOP/s / GPU (the source's accounting)
     memory_gib: float | None = None       # published peak memory per GPU
     device: str = "h100-sxm5-80gb"
+    # Priced as a compiled plan (Plan.manual's compile: memory-bound ops fused, an FP8 linear's
+    # casts too where its weight is whole on the rank): the runs that use fused kernels
+    # (Megatron-Bridge's Transformer Engine), the nearest this runtime runs being torch.compile.
+    compile: bool = False
     choose: bool = False        # the source leaves v and recomputation out: price_unpublished picks
     notes: list[str] = field(default_factory=list)
 
@@ -77,19 +81,19 @@ CALIBRATION = [
     # DGX-H100, FP8 current scaling; 8B: FSDP over 8, MBS 1, GA 16, recompute_num_layers 5 (the
     # H100 FP8-CS recipe, llama3_workload_base_configs.py).
     Row(f"{MB} 25.11", "8B", 8, "fp8", 128, 1, 8192, zero=3, recompute_layers=5, tokens_per_gpu=14451,
-        tflops_per_gpu=744),
+        tflops_per_gpu=744, compile=True),
     Row(f"{MB} 25.09", "8B", 8, "fp8", 128, 1, 8192, zero=3, recompute_layers=5, tokens_per_gpu=14079,
-        tflops_per_gpu=725),
+        tflops_per_gpu=725, compile=True),
     # 70B: TP 4, PP 8, VP 5, DP 2, MBS 1.
     Row(f"{MB} 25.11", "70B", 64, "fp8", 128, 1, 8192, tensor=4, pipeline=8, virtual_stages=5,
-        tokens_per_gpu=1602, tflops_per_gpu=719),
+        tokens_per_gpu=1602, tflops_per_gpu=719, compile=True),
     Row(f"{MB} 25.09", "70B", 64, "fp8", 128, 1, 8192, tensor=4, pipeline=8, virtual_stages=5,
-        tokens_per_gpu=1619, tflops_per_gpu=727),
+        tokens_per_gpu=1619, tflops_per_gpu=727, compile=True),
     Row(f"{MB} 26.02", "70B", 64, "fp8", 256, 1, 8192, tensor=4, pipeline=8, virtual_stages=5,
-        tokens_per_gpu=1621, tflops_per_gpu=728),
+        tokens_per_gpu=1621, tflops_per_gpu=728, compile=True),
     # 405B: TP 8, PP 8, CP 2, VP 8.
     Row(f"{MB} 25.11", "405B", 1024, "fp8", 512, 1, 8192, tensor=8, pipeline=8, virtual_stages=8, context=2,
-        tokens_per_gpu=292, tflops_per_gpu=737),
+        tokens_per_gpu=292, tflops_per_gpu=737, compile=True),
 ]
 
 TT = "torchtitan 2024-12"
@@ -184,7 +188,7 @@ def price(graph, cluster, row: Row) -> dict:
                   global_batch=row.global_batch,
                   micro_batch=row.micro_batch, zero=row.zero, precision=row.precision,
                   schedule="interleaved-1f1b" if row.virtual_stages > 1 else "1f1b",
-                  virtual_stages=row.virtual_stages)
+                  virtual_stages=row.virtual_stages, compile=row.compile)
     if row.recompute_layers is None:
         plan = as_run(graph, cluster, shardwise.Plan.manual(graph, cluster, recompute=row.recompute, **common))
         step, memory = plan.predicted_step_time(), plan.predicted_memory()[0]
@@ -225,7 +229,8 @@ def price_unpublished(graph, cluster, row: Row, capacity: float) -> dict:
 def search(graph, cluster, row: Row) -> dict:
     """shardwise.plan on the same cluster, batch and sequence: its plan, tokens/s/GPU, CPU s."""
     cpu, wall = time.process_time(), time.perf_counter()
-    plan = shardwise.plan(graph, cluster, global_batch=row.global_batch, precision=row.precision)
+    plan = shardwise.plan(graph, cluster, global_batch=row.global_batch, precision=row.precision,
+                          compile=row.compile)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     step = plan.predicted_step_time()
     return {"plan": plan, "tokens": row.global_batch * row.seq / step / row.gpus, "cpu": cpu, "wall": wall,
@@ -236,7 +241,8 @@ def describe(plan) -> str:
     parts = [f"t{plan.tensor} p{plan.pipeline} d{plan.data}" + (f" cp{plan.context}" if plan.context > 1 else "")]
     if plan.pipeline > 1:
         parts.append(f"{plan.schedule} v{plan.virtual_stages}")
-    parts.append(f"mb {plan.micro_batch} rc {plan.recompute} z{plan.zero_stage} {plan.precision}")
+    parts.append(f"mb {plan.micro_batch} rc {plan.recompute} z{plan.zero_stage} {plan.precision}"
+                 + (" compiled" if plan.compile else ""))
     return " ".join(parts)
 
 
@@ -254,7 +260,8 @@ def run_rows(rows: list[Row], kind: str, with_search: bool, cache: dict) -> list
                 "config": (f"t{row.tensor} p{row.pipeline} v{'?' if row.choose else row.virtual_stages} d{row.data} "
                            f"cp{row.context} mb{row.micro_batch} B{row.global_batch} s{row.seq} z{row.zero} "
                            + (f"rc {row.recompute_layers}/{LLAMA3[row.model][0]} layers" if row.recompute_layers
-                              else "rc ?" if row.choose else f"rc {row.recompute}")),
+                              else "rc ?" if row.choose else f"rc {row.recompute}")
+                           + (" compiled" if row.compile else "")),
                 "published": row.tokens_per_gpu or row.tflops_per_gpu,
                 "unit": "tok/s" if row.tokens_per_gpu else "TFLOP/s"}
         if row.context > 1 and row.data > 1:
