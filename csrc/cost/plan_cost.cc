@@ -113,7 +113,8 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
                     const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure,
                     const CostModel& model,
                     const DeviceType& device, Precision precision, const analysis::FusedValues* compiled,
-                    double batch_scale, int t, std::set<ir::ValueId>* seen_params, bool row_shapes = true) {
+                    bool weights_regathered, double batch_scale, int t, std::set<ir::ValueId>* seen_params,
+                    bool row_shapes = true) {
   PartCost out;
   OuterBlockTally blocks(structure);
   for (ir::NodeId id : nodes) {
@@ -124,6 +125,7 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     context.shards = t;
     context.split = it == split.end() || t == 1 ? TensorSplit::None : it->second;
     context.compiled = compiled;
+    context.weight_regathered = weights_regathered;
     // A node the split leaves whole runs at its batch-scaled shapes; a split node's
     // per-rank shapes are the SPMD search's to say (the stage layout), not this sketch's.
     if (model.wants_local_shapes() && context.split == TensorSplit::None && row_shapes)
@@ -276,6 +278,9 @@ class PlanEvaluator {
   Parts price_parts(const DeviceType& on, double scale, int width) const;
   // What the plan's programs fuse where it compiles them (plan.compile); null: eager.
   const analysis::FusedValues* compiled() const { return plan_.compile ? &structure_.compiled : nullptr; }
+  // ZeRO-3 shards the weights over the batch ranks, gathered for each read and again for the
+  // backward (the runtime's regather).
+  bool weights_regathered() const { return plan_.zero_stage >= 3 && plan_.stage_data() > 1; }
   void check_context() const;
   void check_experts() const;
   void add_dispatch(PartCost& part, const std::vector<ir::NodeId>& nodes, double scale, int width) const;
@@ -370,10 +375,10 @@ Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) 
   std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
   if (layers)
     out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, on, precision_,
-                           compiled(), scale, width, &seen_layer, c_ == 1);
-  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_, compiled(), scale,
+                           compiled(), weights_regathered(), scale, width, &seen_layer, c_ == 1);
+  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_, compiled(), weights_regathered(), scale,
                        width, &seen_pre, c_ == 1);
-  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_, compiled(), scale,
+  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_, compiled(), weights_regathered(), scale,
                         width, &seen_post, c_ == 1);
   if (c_ > 1) {
     if (layers) add_ring(out.layer, layers->nodes.front(), structure_.layer_split, on, scale, width);
@@ -496,6 +501,7 @@ void PlanEvaluator::add_ring(PartCost& part, const std::vector<ir::NodeId>& node
     context.shards = width;
     context.split = it == split.end() || width == 1 ? TensorSplit::None : it->second;
     context.compiled = compiled();
+    context.weight_regathered = weights_regathered();
     const OpTime time = model_.node_time(graph_, node, on, precision_, context);
     const auto causal = node.attrs.find("is_causal");
     const bool* is_causal = causal == node.attrs.end() ? nullptr : std::get_if<bool>(&causal->second);
@@ -569,9 +575,9 @@ void PlanEvaluator::scale_stage_devices() {
     std::set<ir::ValueId> seen;
     const PartCost here =
         layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, *slowest,
-                            precision_, compiled(), batch_scale_, t_, &seen)
+                            precision_, compiled(), weights_regathered(), batch_scale_, t_, &seen)
                : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, *slowest,
-                            precision_, compiled(), batch_scale_, t_, &seen);
+                            precision_, compiled(), weights_regathered(), batch_scale_, t_, &seen);
     stage_scale_[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
   }
 }

@@ -1,7 +1,6 @@
 """benchmarks/published.py's rows (issue 46, item 6): published H100 runs priced by the
-evaluator. What holds today is asserted: the +-10% throughput bar on the 8B calibration rows,
-priced as compiled plans; it does not hold on the 70B rows (benchmarks/README.md,
-"published.py"), and nothing here pretends it does.
+evaluator. What holds today is asserted; the +-10% throughput bar on the calibration rows
+does not (benchmarks/README.md, "published.py"), and nothing here pretends it does.
 
 These check predictions (arithmetic on transformers' Llama 3 8B captured on the meta device),
 never wall-clock time."""
@@ -55,23 +54,25 @@ def test_megatron_bridge_8b_fp8_configuration_is_priced_and_fits(index, cache):
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["25.11", "25.09"])
-def test_megatron_bridge_8b_fp8_compiled_is_priced_within_a_tenth_of_published(index, cache):
-    """A calibration row (issue 46's bar): the published 8B FP8 configuration, priced as a
-    compiled plan (Transformer Engine's fused kernels; here inductor's: memory-bound ops and the
-    FP8 casts fused, csrc/analysis/compiled_fusion.h), within 10% of the published tokens per
-    second (measured 2026-12-04: 0.91x and 0.94x). The same plan priced eager, as the runtime
-    runs it without compile, is 0.60x: its casts and elementwise ops unfused."""
+def test_megatron_bridge_8b_fp8_compiled_is_priced_faster_and_smaller_than_eager(index, cache):
+    """A calibration row priced as a compiled plan (Transformer Engine's fused kernels; here
+    inductor's: memory-bound ops fused, what a fused kernel keeps in registers not saved,
+    csrc/analysis/compiled_fusion.h): faster and smaller than the same plan eager, the products'
+    FLOPs the same. Its FP8 casts stay eager: FSDP regathers each weight for the backward, and
+    the runtime runs such a linear eagerly between compiled pieces (measured 2026-12-04: 0.69x
+    / 0.71x of the published tokens per second compiled, 0.60x / 0.61x eager; the +-10% bar is
+    not met)."""
     row = published.CALIBRATION[index]
-    assert row.compile
+    assert row.compile and row.zero == 3
     graph = published.llama_graph(row.model, row.seq, cache)
     cluster = published.cluster_for(row)
     priced = published.price(graph, cluster, row)
-    assert priced["plan"].compile
-    ratio = priced["tokens"] / row.tokens_per_gpu
-    assert abs(ratio - 1) <= 0.10, f"{ratio:.3f}x published"
-    assert priced["memory"] <= 80 * GB, f"{priced['memory'] / GB:.1f} GB"
     eager = published.price(graph, cluster, published.Row(**{**row.__dict__, "compile": False}))
-    assert eager["tokens"] < 0.8 * priced["tokens"], (eager["tokens"], priced["tokens"])
+    assert priced["plan"].compile and not eager["plan"].compile
+    assert priced["tokens"] > 1.1 * eager["tokens"], (priced["tokens"], eager["tokens"])
+    assert priced["memory"] < 0.85 * eager["memory"], (priced["memory"] / GB, eager["memory"] / GB)
+    assert priced["plan"].predicted_tflops_per_device() * priced["plan"].predicted_step_time() == pytest.approx(
+        eager["plan"].predicted_tflops_per_device() * eager["plan"].predicted_step_time(), rel=1e-9)
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["T1 8 GPUs", "T3 128 GPUs"])
