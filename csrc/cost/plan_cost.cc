@@ -112,20 +112,17 @@ void checkpoint_outer_blocks(PartLoad& part, plan::Recompute recompute) {
 PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
                     const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure,
                     const CostModel& model,
-                    const DeviceType& device, Precision precision, const analysis::FusedValues* compiled,
-                    bool weights_regathered, double batch_scale, int t, std::set<ir::ValueId>* seen_params,
-                    bool row_shapes = true) {
+                    const DeviceType& device, Precision precision, const NodeContext& program,
+                    double batch_scale, int t, std::set<ir::ValueId>* seen_params, bool row_shapes = true) {
   PartCost out;
   OuterBlockTally blocks(structure);
   for (ir::NodeId id : nodes) {
     const ir::Node& node = graph.node(id);
     auto it = split.find(id);
-    NodeContext context;
+    NodeContext context = program;
     context.batch_scale = batch_scale;
     context.shards = t;
     context.split = it == split.end() || t == 1 ? TensorSplit::None : it->second;
-    context.compiled = compiled;
-    context.weight_regathered = weights_regathered;
     // A node the split leaves whole runs at its batch-scaled shapes; a split node's
     // per-rank shapes are the SPMD search's to say (the stage layout), not this sketch's.
     if (model.wants_local_shapes() && context.split == TensorSplit::None && row_shapes)
@@ -142,8 +139,8 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     // Saved activations: what autograd keeps of the node's outputs (analysis/saved_for_backward.h).
     const double split_share = context.split == TensorSplit::Column || context.split == TensorSplit::All ? 1.0 / t : 1.0;
     const auto at = static_cast<std::size_t>(id);
-    const double saved = static_cast<double>(compiled != nullptr ? structure.compiled_activation_bytes[at]
-                                                                 : structure.activation_bytes[at]) *
+    const double saved = static_cast<double>(program.compiled != nullptr ? structure.compiled_activation_bytes[at]
+                                                                         : structure.activation_bytes[at]) *
                          batch_scale * split_share;
     out.activation_bytes += saved;
     out.weight_gradient_bytes += static_cast<double>(structure.weight_gradient_held[at]) * batch_scale * split_share;
@@ -276,11 +273,15 @@ class PlanEvaluator {
 
  private:
   Parts price_parts(const DeviceType& on, double scale, int width) const;
-  // What the plan's programs fuse where it compiles them (plan.compile); null: eager.
-  const analysis::FusedValues* compiled() const { return plan_.compile ? &structure_.compiled : nullptr; }
-  // ZeRO-3 shards the weights over the batch ranks, gathered for each read and again for the
-  // backward (the runtime's regather).
-  bool weights_regathered() const { return plan_.zero_stage >= 3 && plan_.stage_data() > 1; }
+  // How the plan's programs run every node: compiled (plan.compile: what their kernels fuse;
+  // null: eager), and with each weight gathered again for the backward where ZeRO-3 shards the
+  // weights over the batch ranks (the runtime's regather).
+  NodeContext program_context() const {
+    NodeContext context;
+    context.compiled = plan_.compile ? &structure_.compiled : nullptr;
+    context.weight_regathered = plan_.zero_stage >= 3 && plan_.stage_data() > 1;
+    return context;
+  }
   void check_context() const;
   void check_experts() const;
   void add_dispatch(PartCost& part, const std::vector<ir::NodeId>& nodes, double scale, int width) const;
@@ -375,11 +376,11 @@ Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) 
   std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
   if (layers)
     out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, on, precision_,
-                           compiled(), weights_regathered(), scale, width, &seen_layer, c_ == 1);
-  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_, compiled(), weights_regathered(), scale,
-                       width, &seen_pre, c_ == 1);
-  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_, compiled(), weights_regathered(), scale,
-                        width, &seen_post, c_ == 1);
+                           program_context(), scale, width, &seen_layer, c_ == 1);
+  out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_,
+                       program_context(), scale, width, &seen_pre, c_ == 1);
+  out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_,
+                        program_context(), scale, width, &seen_post, c_ == 1);
   if (c_ > 1) {
     if (layers) add_ring(out.layer, layers->nodes.front(), structure_.layer_split, on, scale, width);
     add_ring(out.pre, structure_.pre, structure_.outside_split, on, scale, width);
@@ -496,12 +497,10 @@ void PlanEvaluator::add_ring(PartCost& part, const std::vector<ir::NodeId>& node
     const ir::Node& node = graph_.node(id);
     if (!ops::ring_kernel(node)) continue;
     auto it = split.find(id);
-    NodeContext context;
+    NodeContext context = program_context();
     context.batch_scale = scale;
     context.shards = width;
     context.split = it == split.end() || width == 1 ? TensorSplit::None : it->second;
-    context.compiled = compiled();
-    context.weight_regathered = weights_regathered();
     const OpTime time = model_.node_time(graph_, node, on, precision_, context);
     const auto causal = node.attrs.find("is_causal");
     const bool* is_causal = causal == node.attrs.end() ? nullptr : std::get_if<bool>(&causal->second);
@@ -575,9 +574,9 @@ void PlanEvaluator::scale_stage_devices() {
     std::set<ir::ValueId> seen;
     const PartCost here =
         layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, *slowest,
-                            precision_, compiled(), weights_regathered(), batch_scale_, t_, &seen)
+                            precision_, program_context(), batch_scale_, t_, &seen)
                : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, *slowest,
-                            precision_, compiled(), weights_regathered(), batch_scale_, t_, &seen);
+                            precision_, program_context(), batch_scale_, t_, &seen);
     stage_scale_[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
   }
 }
