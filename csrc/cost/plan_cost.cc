@@ -35,6 +35,10 @@ struct PartCost : PartLoad {
   // micro-batch (cost::fp8_cast_transient_bytes; search::ShardingMemory::fp8_cast_bytes):
   // transient, so the most of any node, not a sum.
   double fp8_cast_bytes = 0;
+  // An fp8 plan whose weights are gathered for their reads (ZeRO-3): the float8 W^T copies its
+  // FP8 linears save for backward, one rank's elements (1 byte each; in activation_bytes too).
+  // Those weights are gathered once a forward pass, not again for the backward.
+  double float8_weight_elements = 0;
   // Context parallelism: the ring attention's exposed sends per micro-batch (inside forward
   // and backward already; PlanCost::context_parallel).
   double ring_seconds = 0;
@@ -112,7 +116,7 @@ void checkpoint_outer_blocks(PartLoad& part, plan::Recompute recompute) {
 PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
                     const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure,
                     const CostModel& model,
-                    const DeviceType& device, Precision precision, const NodeContext& program,
+                    const DeviceType& device, Precision precision, const NodeContext& program, bool gathers_weights,
                     double batch_scale, int t, std::set<ir::ValueId>* seen_params, bool row_shapes = true) {
   PartCost out;
   OuterBlockTally blocks(structure);
@@ -139,10 +143,18 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     // Saved activations: what autograd keeps of the node's outputs (analysis/saved_for_backward.h).
     const double split_share = context.split == TensorSplit::Column || context.split == TensorSplit::All ? 1.0 / t : 1.0;
     const auto at = static_cast<std::size_t>(id);
-    const double saved = static_cast<double>(program.compiled != nullptr ? structure.compiled_activation_bytes[at]
+    double saved = static_cast<double>(program.compiled != nullptr ? structure.compiled_activation_bytes[at]
                                                                          : structure.activation_bytes[at]) *
                          batch_scale * split_share;
     out.activation_bytes += saved;
+    // A gathered weight's float8 W^T, saved by its FP8 linear in place of W (1 byte an element).
+    if (fp8 && gathers_weights)
+      if (const auto linear = analysis::fp8_linear(graph, node)) {
+        const double copy = static_cast<double>(graph.value(node.inputs[linear->weight]).type.numel()) *
+                            SplitShares(context.split, t).weight;
+        out.activation_bytes += copy, saved += copy;
+        out.float8_weight_elements += copy;
+      }
     out.weight_gradient_bytes += static_cast<double>(structure.weight_gradient_held[at]) * batch_scale * split_share;
     double kept = 0;
     if (structure.selective_kept[at])
@@ -274,14 +286,15 @@ class PlanEvaluator {
  private:
   Parts price_parts(const DeviceType& on, double scale, int width) const;
   // How the plan's programs run every node: compiled (plan.compile: what their kernels fuse;
-  // null: eager), and with each weight gathered again for the backward where ZeRO-3 shards the
-  // weights over the batch ranks (the runtime's regather).
+  // null: eager).
   NodeContext program_context() const {
     NodeContext context;
     context.compiled = plan_.compile ? &structure_.compiled : nullptr;
-    context.weight_regathered = plan_.zero_stage >= 3 && plan_.stage_data() > 1;
     return context;
   }
+  // ZeRO-3 shards the weights over the batch ranks and gathers each for its read: an FP8
+  // linear then saves the float8 copy of its W^T for backward (transform/fp8_axes.h).
+  bool gathers_weights() const { return plan_.zero_stage >= 3 && plan_.stage_data() > 1; }
   void check_context() const;
   void check_experts() const;
   void add_dispatch(PartCost& part, const std::vector<ir::NodeId>& nodes, double scale, int width) const;
@@ -376,11 +389,11 @@ Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) 
   std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
   if (layers)
     out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, on, precision_,
-                           program_context(), scale, width, &seen_layer, c_ == 1);
+                           program_context(), gathers_weights(), scale, width, &seen_layer, c_ == 1);
   out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_,
-                       program_context(), scale, width, &seen_pre, c_ == 1);
+                       program_context(), gathers_weights(), scale, width, &seen_pre, c_ == 1);
   out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_,
-                        program_context(), scale, width, &seen_post, c_ == 1);
+                        program_context(), gathers_weights(), scale, width, &seen_post, c_ == 1);
   if (c_ > 1) {
     if (layers) add_ring(out.layer, layers->nodes.front(), structure_.layer_split, on, scale, width);
     add_ring(out.pre, structure_.pre, structure_.outside_split, on, scale, width);
@@ -574,9 +587,9 @@ void PlanEvaluator::scale_stage_devices() {
     std::set<ir::ValueId> seen;
     const PartCost here =
         layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, *slowest,
-                            precision_, program_context(), batch_scale_, t_, &seen)
+                            precision_, program_context(), gathers_weights(), batch_scale_, t_, &seen)
                : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, *slowest,
-                            precision_, program_context(), batch_scale_, t_, &seen);
+                            precision_, program_context(), gathers_weights(), batch_scale_, t_, &seen);
     stage_scale_[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
   }
 }
@@ -874,7 +887,13 @@ void PlanEvaluator::data_parallel_and_optimizer() {
       const auto reduced = static_cast<std::int64_t>(params * constants_.grad_reduce_bytes_per_param);
       double scatter =
           model_.collective_time(cluster_, CollectiveKind::ReduceScatter, dp_ranks, reduced, Algorithm::Ring);
-      double per_mb = gather * (recompute_ ? 3 : 2) + scatter;
+      // Each weight is gathered for the forward and again for the backward (and for a
+      // recomputed forward), but an FP8 linear's, whose float8 W^T is saved, only for its forwards.
+      double float8 = device_layers_[static_cast<std::size_t>(s)] * here.layer.float8_weight_elements;
+      if (s == 0) float8 += here.pre.float8_weight_elements;
+      if (s == last_device_) float8 += here.post.float8_weight_elements;
+      const double saved_share = params > 0 ? std::min(1.0, float8 / params) : 0.0;
+      double per_mb = gather * ((recompute_ ? 3 : 2) - saved_share) + scatter;
       sync = md * per_mb;
       const double paced = t_mb_ + out_.pipeline_p2p / md;  // a micro-batch's share of the step
       exposed = md * (std::max(0.0, per_mb - paced) + interference * std::min(per_mb, paced));

@@ -132,6 +132,8 @@ int EdgePricer::forward_passes(ir::ValueId value, int consumer, int operand) con
   const auto c = static_cast<std::size_t>(consumer);
   if (facts_.folding.runs_again(c)) return 2;
   const auto o = static_cast<std::size_t>(operand);
+  // An FP8 linear saves the float8 copy of its gathered W^T for backward (transform/fp8_axes.h).
+  if (!facts_.fp8_linears.empty() && facts_.fp8_linears[c] && facts_.fp8_linears[c]->weight == o) return 1;
   return facts_.rules[c] && !backward_reads(*facts_.rules[c], o,
                                             analysis::operand_gradients(facts_.graph.node(consumer),
                                                                         facts_.requires_grad))

@@ -90,9 +90,24 @@ double ShardingMemory::activation_bytes() const {
     const auto u = static_cast<std::size_t>(node.id);
     if (!facts_.folding.represents_itself(u)) continue;
     const double count = facts_.folding.recomputed(u) ? 1.0 : facts_.folding.instances[u];
-    bytes += count * node_memory(node.id, 0, decisions_.nodes[0][u]);
+    bytes += count * (node_memory(node.id, 0, decisions_.nodes[0][u]) +
+                      float8_weight_bytes(node.id) * options_.activation_memory_scale);
   }
   return bytes + recompute_checkpoint_bytes();
+}
+
+double ShardingMemory::float8_weight_bytes(ir::NodeId id) const {
+  if (facts_.fp8_linears.empty()) return 0;
+  const auto& linear = facts_.fp8_linears[static_cast<std::size_t>(id)];
+  if (!linear) return 0;
+  const ir::Node& node = facts_.graph.node(id);
+  const ir::ValueId weight = node.inputs[linear->weight];
+  // (Only where backward reads W: x takes a gradient.)
+  if (facts_.graph.value(weight).role != ir::ValueRole::Parameter ||
+      !facts_.requires_grad[static_cast<std::size_t>(node.inputs[linear->input])])
+    return 0;
+  const double read = operand_share(id, linear->weight, false);
+  return read > decisions_.held_all(weight) ? facts_.value_elements(weight) * read : 0.0;
 }
 
 double ShardingMemory::operand_share(ir::NodeId node, std::size_t index, bool output) const {

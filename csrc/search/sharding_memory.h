@@ -50,8 +50,13 @@ class ShardingMemory {
   cost::ModelStateBytes parameter_bytes_by_kind() const;
   // The checkpoints a recomputation keeps (block_folding.h), 0 without one.
   double recompute_checkpoint_bytes() const;
-  // Saved activations and the checkpoints.
+  // Saved activations and the checkpoints, and the float8 copies of gathered weights below.
   double activation_bytes() const;
+  // An FP8 linear whose weight is gathered for its read (held sharded, read beyond the rank's
+  // share) and whose x takes a gradient saves the float8 copy of W^T for its backward in place
+  // of W, which is released and not gathered again (transform/fp8_axes.h): 1 byte an element
+  // of the weight as read; 0 for any other node. Priced in the tally, not in each axis' choice.
+  double float8_weight_bytes(ir::NodeId node) const;
   // What a backward holds beyond the saved activations: the largest, over the nodes, of the
   // gradients one node's backward holds at once, those of its outputs (read) and of its
   // inputs (made), for the values a gradient reaches, as this rank holds them. In a language

@@ -91,15 +91,7 @@ cost::OpTime ShardingModel::base_time(ir::NodeId node, int axis, const Strategy&
   }
   // A ring's blocks are not the op at the rank's shapes (its rows see every block): the
   // whole node's time divided by the work shards, the slowest rank's share.
-  if (options_.compile) {
-    context.compiled = &facts_->compiled;
-    // An FP8 linear's weight held sharded (ZeRO-3) is gathered again for the backward: the
-    // runtime runs that linear eagerly (its held placement as the decisions stand).
-    if (!facts_->fp8_linears.empty()) {
-      if (const auto& linear = facts_->fp8_linears[static_cast<std::size_t>(node)])
-        context.weight_regathered = decisions_.held_all(n.inputs[linear->weight]) < 1;
-    }
-  }
+  if (options_.compile) context.compiled = &facts_->compiled;
   const int ring = ring_axis(node, axis, choice);
   if (model_.wants_local_shapes() && ring < 0) context.local_shapes = local_shapes(node, axis, choice);
   cost::OpTime time = model_.node_time(graph_, n, device, options_.precision, context);

@@ -134,6 +134,7 @@ class GraphEmitter {
     if (const auto axes = fp8_ ? fp8_axes(global_, rw) : std::nullopt) {
       attrs[std::string(kFp8KAxesAttr)] = std::vector<std::int64_t>(axes->k_axes.begin(), axes->k_axes.end());
       attrs[std::string(kFp8NAxesAttr)] = std::vector<std::int64_t>(axes->n_axes.begin(), axes->n_axes.end());
+      if (axes->float8_weight) attrs[std::string(kFp8Float8WeightAttr)] = true;
     }
     if (rw.mode == NodeMode::Whole) {
       attrs[std::string(kWholeAttr)] = true;

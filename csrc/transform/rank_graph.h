@@ -57,7 +57,9 @@
 //    operand's mask or values, as one device draws them, and keeps its block.
 //    Where the plan runs in fp8 (RewriteOptions::fp8), each FP8 linear (analysis/fp8_linears.h)
 //    carries {shardwise.fp8_k_axes=[..], shardwise.fp8_n_axes=[..]}: the mesh axes its
-//    forward's and its input gradient's amaxes are a max over (transform/fp8_axes.h).
+//    forward's and its input gradient's amaxes are a max over (transform/fp8_axes.h); one
+//    whose weight is gathered for its read also {shardwise.fp8_saves_float8_weight=true}: it
+//    saves the float8 copy of W^T for backward, and its gather is not marked regather.
 //    A counted mean split over ranks (CountedRewrite) runs with {reduction=2} (sum) into
 //    `<out>.sum`, then `%out = shardwise::counted_mean(%out.sum, %out.count) {shares}`, where
 //    `%out.count: i64[]` is an input of the rank graph: the count of the targets in the whole

@@ -21,6 +21,7 @@
 #include "search/sharding_strategies.h"
 #include "support/enum_names.h"
 #include "support/error.h"
+#include "transform/fp8_axes.h"
 #include "transform/local_shard.h"
 
 namespace shardwise::transform {
@@ -674,12 +675,11 @@ void SpmdRewriter::operand_steps(const ir::Node& node, std::size_t i, int unit) 
   if (metadata) op.required = op.produced;
   op.local_shape = local_shape(v, op.required);
   op.forward = reshard_actions(op.produced, op.required);
-  op.regather = v.role == ir::ValueRole::Parameter && rw.recompute_block < 0 &&
-                (!rule || search::backward_reads(*rule, i, analysis::operand_gradients(node, gradient_))) &&
-                std::any_of(op.forward.begin(), op.forward.end(), [](const ReshardAction& step) {
-                  return step.kind == ReshardKind::AllGather || step.kind == ReshardKind::AllToAll ||
-                         step.kind == ReshardKind::AllReduce;
-                });
+  const bool read_by_backward = v.role == ir::ValueRole::Parameter && gathered_for_read(op) &&
+                                (!rule || search::backward_reads(*rule, i, analysis::operand_gradients(node, gradient_)));
+  // An FP8 linear's backward reads the float8 copy of W^T its forward saved, not W (fp8_axes.h).
+  op.float8_saved = read_by_backward && saves_float8_weight(graph_, node, i, options_.fp8);
+  op.regather = read_by_backward && rw.recompute_block < 0 && !op.float8_saved;
   if (v.role == ir::ValueRole::Parameter) {
     op.gather = search::forward_gather_overlap(op.produced, op.required, rw.recompute_block >= 0);
     if (op.gather == search::ParameterOverlap::BesideForward &&
@@ -738,6 +738,13 @@ void SpmdRewriter::emit(RewriteBuilder& builder) {
 }
 
 }  // namespace
+
+bool gathered_for_read(const OperandRewrite& op) {
+  return std::any_of(op.forward.begin(), op.forward.end(), [](const ReshardAction& step) {
+    return step.kind == ReshardKind::AllGather || step.kind == ReshardKind::AllToAll ||
+           step.kind == ReshardKind::AllReduce;
+  });
+}
 
 std::vector<std::vector<double>> input_batch_ratios(
     const ir::Graph& graph, std::size_t axes,

@@ -108,6 +108,10 @@ struct OperandRewrite {
   // runtime releases the gathered weight after the read and runs the forward steps again
   // when backward needs it (search/parameter_collectives.h).
   bool regather = false;
+  // The weight of an FP8 linear (a plan in fp8), gathered for this read, whose backward reads it
+  // (x takes a gradient): the call saves the float8 copy of W^T for backward in its place, so
+  // the weight is released and not gathered again (regather is false; transform/fp8_axes.h).
+  bool float8_saved = false;
   // Where a parameter's forward gather runs (search/parameter_collectives.h): BesideForward
   // when the runtime prefetches it (its forward steps are then one all-gather), else Exposed.
   search::ParameterOverlap gather = search::ParameterOverlap::Exposed;
@@ -122,6 +126,10 @@ struct OperandRewrite {
   int gather_group = -1;
   int scatter_group = -1;
 };
+
+// The operand's forward steps move data between ranks (an all-gather, all-to-all or
+// all-reduce): for a parameter, a weight held sharded and gathered for this read.
+bool gathered_for_read(const OperandRewrite& op);
 
 struct OutputRewrite {
   std::string value;

@@ -39,6 +39,7 @@ TENSOR = "<tensor>"  # every tensor operand, when two calls' other arguments are
 FUSED_ACCUMULATION = "shardwise.fused_accumulation"  # transform/fused_weight_accumulation.h
 WEIGHT_CUT = "shardwise.weight_cut"  # transform/weight_gradient_split.h
 FP8_K_AXES, FP8_N_AXES = "shardwise.fp8_k_axes", "shardwise.fp8_n_axes"  # rank_graph.h: an FP8 linear
+FP8_FLOAT8_WEIGHT = "shardwise.fp8_saves_float8_weight"  # ... that saves its gathered weight's float8 W^T
 # Ops the capture records from the model outside aten (not the rewrite's collectives): called as
 # the IR names them, like an ATen op (python/shardwise/_moe_experts.py).
 CAPTURED_OPS = {"shardwise_moe::experts"}
@@ -108,9 +109,10 @@ def _fp8_args(node: torch.fx.Node) -> tuple | None:
 
 
 def _fp8_axes(node: torch.fx.Node) -> tuple | None:
-    """(k axes, n axes) of a call made through ``fp8_linear``, else None."""
+    """(k axes, n axes, whether it saves its weight's float8 copy) of a call made through
+    ``fp8_linear``, else None."""
     args = _fp8_args(node)
-    return None if args is None else (tuple(args[1]), tuple(args[2]))
+    return None if args is None else (tuple(args[1]), tuple(args[2]), bool(args[6]) if len(args) > 6 else False)
 
 
 def _aten_call(node: torch.fx.Node) -> tuple | None:
@@ -145,8 +147,8 @@ def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[s
         if fused != (FUSED_ACCUMULATION in node["attrs"]):
             mismatches.append(f"{node['outputs'][0]} ({node['op']}): fused accumulation "
                               f"{'un' if fused else ''}marked in the IR, {'' if fused else 'not '}run so")
-        marked = (tuple(node["attrs"][FP8_K_AXES]), tuple(node["attrs"][FP8_N_AXES])) \
-            if FP8_K_AXES in node["attrs"] else None
+        marked = (tuple(node["attrs"][FP8_K_AXES]), tuple(node["attrs"][FP8_N_AXES]),
+                  node["attrs"].get(FP8_FLOAT8_WEIGHT) is True) if FP8_K_AXES in node["attrs"] else None
         if _fp8_axes(made_by) != marked:
             mismatches.append(f"{node['outputs'][0]} ({node['op']}): FP8 axes {marked} in the IR, "
                               f"{_fp8_axes(made_by)} in the program")

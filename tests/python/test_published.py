@@ -58,10 +58,10 @@ def test_megatron_bridge_8b_fp8_compiled_is_priced_faster_and_smaller_than_eager
     """A calibration row priced as a compiled plan (Transformer Engine's fused kernels; here
     inductor's: memory-bound ops fused, what a fused kernel keeps in registers not saved,
     csrc/analysis/compiled_fusion.h): faster and smaller than the same plan eager, the products'
-    FLOPs the same. Its FP8 casts stay eager: FSDP regathers each weight for the backward, and
-    the runtime runs such a linear eagerly between compiled pieces (measured 2026-12-04: 0.69x
-    / 0.71x of the published tokens per second compiled, 0.60x / 0.61x eager; the +-10% bar is
-    not met)."""
+    FLOPs the same. Its FP8 linears save their gathered weights' float8 W^T for the backward
+    (no regather), so they are traced and their casts fused (2026-12-04: 0.92x / 0.95x of the
+    published tokens per second compiled at 62.5 GB; 0.69x / 0.71x while FSDP regathered the
+    weights and the casts stayed eager)."""
     row = published.CALIBRATION[index]
     assert row.compile and row.zero == 3
     graph = published.llama_graph(row.model, row.seq, cache)

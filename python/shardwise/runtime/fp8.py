@@ -18,6 +18,14 @@ in backward a column-parallel one splits N) needs the whole row's amax: the core
 mesh axes (``k_axes``, ``n_axes``) and the amaxes are all-reduced with MAX over them first
 (x's and W's in one call).
 
+A weight held sharded and gathered for its read (ZeRO-3 / FSDP; the rank graph's
+``shardwise.fp8_saves_float8_weight``) is not saved for backward: the call casts the float8
+copy of W^T that dx's product reads (its column scales too) in the forward and saves that, as
+torchao's float8 FSDP and Transformer Engine keep a float8 weight, so the gathered weight is
+released after the read and never gathered again (1 byte an element held, where a regather
+moved the weight again); the numbers are the same, the cast reading the same W. With no amax
+all-reduce such a call is traced under compile as any other.
+
 ``one_device()`` runs the same arithmetic on one device: a TorchFunctionMode that routes a
 model's own linear / addmm / mm calls on a weight parameter, under the same rule, through the
 same function. It is the reference FP8 plans are checked against (tests/python/test_fp8.py).
@@ -95,16 +103,31 @@ def _weight_nk(op, weight: torch.Tensor) -> torch.Tensor:
     return weight if op is _LINEAR else weight.t()
 
 
+def _weight_columns(op, weight: torch.Tensor, n_groups: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """W's columns over N as rows ([K, N]) in float8, scaled per column (a max over
+    `n_groups` where they split N), and their inverse scales: what dx = dy W multiplies."""
+    w_kn = _weight_nk(op, weight).t()
+    (w_amax,) = _amaxes([(w_kn, 1)], n_groups)
+    return _cast(w_kn, w_amax)
+
+
 class _Fp8Linear(torch.autograd.Function):
-    """forward(op, k_groups, n_groups, grad_group, beta, alpha, x, weight, bias): the call of
-    `op` with its product in float8 (the module docstring); `grad_group`: x's gradient
-    all-reduced there asynchronously while dW is computed (runtime/async_gradients.py)."""
+    """forward(op, k_groups, n_groups, grad_group, float8_weight, beta, alpha, x, weight, bias):
+    the call of `op` with its product in float8 (the module docstring); `grad_group`: x's
+    gradient all-reduced there asynchronously while dW is computed (runtime/async_gradients.py).
+    `float8_weight` (the rank graph's ``shardwise.fp8_saves_float8_weight``: a weight gathered
+    for this read): backward's float8 copy of W^T is cast here and saved in place of W, which
+    is then released and never gathered again; the same numbers, as the cast reads the same W."""
 
     @staticmethod
-    def forward(ctx, op, k_groups, n_groups, grad_group, beta, alpha, x, weight, bias):
+    def forward(ctx, op, k_groups, n_groups, grad_group, float8_weight, beta, alpha, x, weight, bias):
         ctx.op, ctx.n_groups, ctx.grad_group, ctx.beta, ctx.alpha = op, n_groups, grad_group, beta, alpha
         ctx.bias_shape = bias.shape if bias is not None else None
-        ctx.save_for_backward(x, weight)
+        ctx.float8_weight = float8_weight
+        if float8_weight:
+            ctx.save_for_backward(x, *_weight_columns(op, weight, n_groups))
+        else:
+            ctx.save_for_backward(x, weight)
         x_rows, w_nk = _rows(x), _weight_nk(op, weight)
         x_amax, w_amax = _amaxes([(x_rows, 1), (w_nk, 1)], k_groups)
         (x_q, x_scale), (w_q, w_scale) = _cast(x_rows, x_amax), _cast(w_nk, w_amax)
@@ -122,16 +145,23 @@ class _Fp8Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[6:9]
+        if ctx.float8_weight:
+            x, w_q, w_scale = ctx.saved_tensors
+        else:
+            x, weight = ctx.saved_tensors
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[7:10]
         op, alpha = ctx.op, ctx.alpha
         grad_rows = _rows(grad)
         grad_x = grad_weight = grad_bias = None
         work = None
         if needs_x:
-            w_kn = _weight_nk(op, weight).t()  # [K, N]: W's columns over N as rows
-            g_amax, w_amax = _amaxes([(grad_rows, 1), (w_kn, 1)], ctx.n_groups)
-            (g_q, g_scale), (w_q, w_scale) = _cast(grad_rows, g_amax), _cast(w_kn, w_amax)
+            if ctx.float8_weight:
+                (g_amax,) = _amaxes([(grad_rows, 1)], ctx.n_groups)
+            else:
+                w_kn = _weight_nk(op, weight).t()  # [K, N]: W's columns over N as rows
+                g_amax, w_amax = _amaxes([(grad_rows, 1), (w_kn, 1)], ctx.n_groups)
+                w_q, w_scale = _cast(w_kn, w_amax)
+            g_q, g_scale = _cast(grad_rows, g_amax)
             grad_x = _scaled_product(g_q, g_scale, w_q, w_scale, grad.dtype).reshape(x.shape)
             if alpha != 1:
                 grad_x = grad_x * alpha
@@ -146,18 +176,19 @@ class _Fp8Linear(torch.autograd.Function):
             grad_bias = bias_gradient(op, ctx.beta, grad, ctx.bias_shape)
         if work is not None:
             work.wait()
-        return None, None, None, None, None, None, grad_x, grad_weight, grad_bias
+        return None, None, None, None, None, None, None, grad_x, grad_weight, grad_bias
 
 
 def fp8_call(op, args: tuple, kwargs: dict, k_groups: tuple[str, ...] = (), n_groups: tuple[str, ...] = (),
-             grad_group=None) -> torch.Tensor:
+             grad_group=None, float8_weight: bool = False) -> torch.Tensor:
     """The call of `op` (aten linear, addmm or mm) on its arguments as the program passes them,
-    its product in float8."""
+    its product in float8; `float8_weight`: saving W's float8 copy for backward, not W."""
     x, weight, bias, beta, alpha = contraction_operands(op, args, kwargs)
     if x.dtype not in _DTYPES or weight.dtype != x.dtype:
         raise ValidationError(f"fp8: {op} computes in float8 from float32 or bfloat16 operands, got {x.dtype} and "
                               f"{weight.dtype}; a float64 model has no FP8 plan (train it in float32 or bf16)")
-    return _Fp8Linear.apply(op, tuple(k_groups), tuple(n_groups), grad_group, beta, alpha, x, weight, bias)
+    return _Fp8Linear.apply(op, tuple(k_groups), tuple(n_groups), grad_group, bool(float8_weight), beta, alpha, x,
+                            weight, bias)
 
 
 class Fp8Linears(torch.nn.Module):
@@ -174,21 +205,25 @@ class Fp8Linears(torch.nn.Module):
     def _groups(self, axes) -> tuple[str, ...]:
         return tuple(self._mesh.group_names[a] for a in axes) if axes else ()
 
-    def forward(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict) -> torch.Tensor:
+    def forward(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict,
+                float8_weight: bool = False) -> torch.Tensor:
         if not k_axes and not n_axes and async_step is None:  # no collective: traced where compiled
-            return fp8_call(_BY_NAME[op], args, kwargs)
-        return self.with_collectives(op, k_axes, n_axes, async_step, args, kwargs)
+            return fp8_call(_BY_NAME[op], args, kwargs, float8_weight=float8_weight)
+        return self.with_collectives(op, k_axes, n_axes, async_step, args, kwargs, float8_weight)
 
-    def with_collectives(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict) -> torch.Tensor:
+    def with_collectives(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict,
+                         float8_weight: bool = False) -> torch.Tensor:
         """The call whose amaxes are all-reduced (K or N split) or whose input gradient is: run
         eagerly between compiled pieces (runtime/compiled.py)."""
         grad_group = None
         if async_step is not None:
             grad_group = self._mesh.groups[self._steps[async_step]["axis"]]
-        return fp8_call(_BY_NAME[op], args, kwargs, self._groups(k_axes), self._groups(n_axes), grad_group)
+        return fp8_call(_BY_NAME[op], args, kwargs, self._groups(k_axes), self._groups(n_axes), grad_group,
+                        float8_weight)
 
 
 FP8_K_AXES, FP8_N_AXES = "shardwise.fp8_k_axes", "shardwise.fp8_n_axes"  # an FP8 linear's amax axes (rank_graph.h)
+FP8_FLOAT8_WEIGHT = "shardwise.fp8_saves_float8_weight"  # its gathered weight saved as float8 W^T (fp8_axes.h)
 
 
 class Fp8Emitter:
@@ -220,7 +255,7 @@ class Fp8Emitter:
         taken = read.taken.get(ASYNC_GRADIENT_EMITTER.name)
         return lowering.graph.call_module(self.name, (
             SPLIT_OPS[read.target], tuple(read.marks[FP8_K_AXES]), tuple(read.marks[FP8_N_AXES]),
-            taken[1] if taken is not None else None, tuple(args), kwargs))
+            taken[1] if taken is not None else None, tuple(args), kwargs, bool(read.marks.get(FP8_FLOAT8_WEIGHT))))
 
 
 FP8_EMITTER = Fp8Emitter()

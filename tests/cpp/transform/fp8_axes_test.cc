@@ -83,6 +83,40 @@ TEST(Fp8Axes, TheRankGraphMarksEachFp8LinearWithItsAxes) {
   EXPECT_EQ(fused_accumulation_operand(call_named(marked, "y")), -1);
 }
 
+// ZeRO-3 on the same mesh: both weights also held split on the data axis and gathered there
+// for their reads. In float32 fc2's gathered weight is released and gathered again for dx
+// (fc1's x, an input, takes no gradient: its backward reads no W). Run in fp8, fc2 saves the
+// float8 copy of its W^T for backward instead, so its weight is not gathered again, and its
+// call says so; fc1 saves none; a weight held as read is saved as it is.
+TEST(Fp8Axes, AGatheredWeightIsSavedAsFloat8AndNotGatheredAgain) {
+  const ir::Graph g = mlp();
+  plan::Sharding zero3 = testing_plans::megatron_mlp();
+  zero3.placements["fc1.weight"] = {"S(1)", "S(0)"};
+  zero3.placements["fc2.weight"] = {"S(0)", "S(1)"};
+  RewriteOptions options;
+  const RankProgram plain = rank_program(g, zero3, 3, options);
+  EXPECT_FALSE(node_named(plain, g, "h").inputs[1].regather);
+  EXPECT_TRUE(node_named(plain, g, "y").inputs[1].regather);
+  EXPECT_FALSE(node_named(plain, g, "y").inputs[1].float8_saved);
+  options.fp8 = true;
+  const RankProgram fp8 = rank_program(g, zero3, 3, options);
+  const ir::Graph marked = rank_graph(g, zero3, 3, options).graph;
+  for (const std::string name : {"h", "y"}) {
+    const NodeRewrite& call = node_named(fp8, g, name);
+    EXPECT_TRUE(gathered_for_read(call.inputs[1])) << name;
+    EXPECT_FALSE(call.inputs[1].regather) << name;
+    ASSERT_TRUE(fp8_axes(g, call).has_value());
+    EXPECT_EQ(fp8_axes(g, call)->float8_weight, name == "y") << name;
+    const auto axes = marked_fp8_axes(call_named(marked, name));
+    ASSERT_TRUE(axes.has_value());
+    EXPECT_EQ(axes->float8_weight, name == "y") << name;
+  }
+  const RankProgram held = rank_program(g, testing_plans::megatron_mlp(), 3, options);
+  EXPECT_FALSE(fp8_axes(g, node_named(held, g, "y"))->float8_weight);
+  EXPECT_FALSE(marked_fp8_axes(call_named(rank_graph(g, testing_plans::megatron_mlp(), 3, options).graph, "y"))
+                   ->float8_weight);
+}
+
 // One of the two marks alone is a broken graph: refused, naming both.
 TEST(Fp8Axes, OneMarkWithoutTheOtherIsRefused) {
   ir::Graph g = mlp();
