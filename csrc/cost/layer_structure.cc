@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "analysis/batch_dim.h"
+#include "analysis/fp8_linears.h"
 #include "analysis/gradient_flow.h"
 #include "analysis/saved_for_backward.h"
 #include "analysis/selective_recompute.h"
@@ -233,6 +234,20 @@ LayerStructure find_layer_structure(const ir::Graph& graph) {
     }
   }
   out.weight_gradient_held = analysis::weight_gradient_held_bytes(graph);
+  {  // FP8 linears where the async-gradient rule's per-node part holds (the split says the rest)
+    const std::vector<std::vector<ir::NodeId>> users = graph.users_by_value();
+    out.async_gradient_site.assign(graph.nodes().size(), false);
+    for (const ir::Node& node : graph.nodes()) {
+      const auto linear = analysis::fp8_linear(graph, node);
+      if (!linear) continue;
+      const ir::ValueId x = node.inputs[linear->input], w = node.inputs[linear->weight];
+      const auto xi = static_cast<std::size_t>(x);
+      out.async_gradient_site[static_cast<std::size_t>(node.id)] =
+          graph.value(x).producer.has_value() && out.gradient_flow[xi] &&
+          out.gradient_flow[static_cast<std::size_t>(w)] && users[xi].size() == 1 &&
+          std::count(node.inputs.begin(), node.inputs.end(), x) == 1;
+    }
+  }
   out.graph_batch = static_cast<int>(std::max<std::int64_t>(1, analysis::input_batch(graph)));
 
   // The layer's input (the residual stream): the batched activation its first node reads

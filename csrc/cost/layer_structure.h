@@ -76,6 +76,12 @@ struct LayerStructure {
   // analysis::weight_gradient_held_bytes, by node: what a split backward (ZB-H1, ZB-V,
   // DualPipeV) holds from a micro-batch's B to its W
   std::vector<std::int64_t> weight_gradient_held;
+  // By node: an FP8 linear (analysis/fp8_linears.h) whose input gradient, where all-reduced over
+  // the tensor ranks (a column split), the runtime runs beside its weight gradient: the rule of
+  // search::activation_gradient_overlap and transform/async_gradients.h (its input an
+  // activation read by it alone, its weight a trainable parameter). Compiled, such a linear
+  // runs eagerly (NodeContext::async_input_gradient).
+  std::vector<bool> async_gradient_site;
   // The greatest common divisor of the head counts of the first layer's attention inputs
   // (q, k, v of rank 4 or more: [..., heads, seq, head_dim]; grouped-query attention's k and v have fewer);
   // 0 when the layers have no attention. A tensor degree must divide it.

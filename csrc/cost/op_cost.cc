@@ -305,13 +305,12 @@ OpTime AnalyticCostModel::fp8_linear_time(const ir::Graph& graph, const ir::Node
   const double bandwidth = device.memory_bandwidth * constants_.memory_efficiency;
   const ir::Value& x = graph.value(node.inputs[linear.input]);
   const ir::Value& w = graph.value(node.inputs[linear.weight]);
-  // Compiled, a linear whose weight is whole on the rank as it reads it (no amax all-reduce;
-  // a gathered weight saves its float8 W^T, so no regather either: the runtime traces it,
-  // runtime/compiled.py) has its casts fused: one kernel per operand reads it twice (the row's
-  // amax, then the scaled cast) and writes its float8 copy, 2b + 1 bytes an element, the
-  // transposed W written in the layout _scaled_mm takes.
-  const bool fused = context.compiled != nullptr &&
-                     local_elements(w, context, false, linear.weight) >= static_cast<double>(w.type.numel());
+  // Compiled, the runtime traces an FP8 linear (runtime/compiled.py; its amax all-reduce, where
+  // the weight is split, a traced op; a gathered weight's float8 W^T saved, no regather) unless
+  // its input gradient is all-reduced asynchronously: its casts fused, one kernel per operand
+  // reading it twice (the row's amax, then the scaled cast) and writing its float8 copy, 2b + 1
+  // bytes an element, the transposed W written in the layout _scaled_mm takes.
+  const bool fused = context.compiled != nullptr && !context.async_input_gradient;
   auto cast_seconds = [&](const ir::Value& value, bool output, std::size_t index, double extra_per_element) {
     if (fused) return (2.0 * local_bytes(value, context, output, index) + local_elements(value, context, output, index)) /
                       bandwidth;

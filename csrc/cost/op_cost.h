@@ -52,11 +52,12 @@
 //       memory-bound node's bytes are only its operands that cross memory
 //       (analysis/compiled_fusion.h): inputs it reads from memory, outputs it writes; a copy
 //       or gather reads at most what it writes. Products and attention as eager. An FP8
-//       linear's casts, where its weight is whole on the rank as it reads it (held or
-//       gathered: a gathered one saves its float8 W^T, so no amax all-reduce and no regather
-//       keeps the runtime from tracing it), fused: each operand read twice (amax, scaled
-//       cast) and its float8 copy written, 2b + 1 bytes an element; with a split weight as
-//       eager (the runtime runs that linear eagerly between compiled pieces).
+//       linear's casts fused (the runtime traces it: its amax all-reduce, where its weight is
+//       split, is a traced op; a gathered weight saves its float8 W^T, no regather): each
+//       operand read twice (amax, scaled cast) and its float8 copy written, 2b + 1 bytes an
+//       element; as eager where its input gradient is all-reduced asynchronously
+//       (NodeContext::async_input_gradient: the runtime runs that linear eagerly between
+//       compiled pieces).
 //
 // NodeContext scales one node to a plan: batch_scale multiplies every activation and input
 // (not parameters, buffers, constants) (a graph built at batch 1 costed at micro-batch 4: 4), and a tensor-parallel
@@ -110,6 +111,10 @@ struct NodeContext {
   // The node runs in a compiled program (a plan's `compile`, analysis/compiled_fusion.h): a
   // memory-bound node moves only its operands that cross memory. Null: eager.
   const analysis::FusedValues* compiled = nullptr;
+  // The node's input gradient is all-reduced beside its weight gradient (the runtime's
+  // asynchronous gradient, transform/async_gradients.h, runtime/async_gradients.py): a
+  // compiled plan runs such an FP8 linear eagerly between compiled pieces, its casts unfused.
+  bool async_input_gradient = false;
 };
 
 struct OpTime {

@@ -113,20 +113,34 @@ void checkpoint_outer_blocks(PartLoad& part, plan::Recompute recompute) {
   part.backward += selective ? b.selective_forward : b.forward;
 }
 
+// How a plan's programs run every node: the context each node's price starts from (compiled
+// or eager: plan.compile); whether ZeRO-3 gathers each weight for its read (an FP8 linear then
+// saves the float8 copy of its W^T for backward: transform/fp8_axes.h); whether a column
+// split's input-gradient all-reduce runs beside the weight gradient (plan::Sharding::
+// async_gradients: such an FP8 linear runs eagerly when compiled).
+struct Program {
+  NodeContext context;
+  bool gathers_weights = false;
+  bool async_gradients = true;
+};
+
 PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes,
                     const std::map<ir::NodeId, TensorSplit>& split, const LayerStructure& structure,
                     const CostModel& model,
-                    const DeviceType& device, Precision precision, const NodeContext& program, bool gathers_weights,
+                    const DeviceType& device, Precision precision, const Program& program,
                     double batch_scale, int t, std::set<ir::ValueId>* seen_params, bool row_shapes = true) {
   PartCost out;
   OuterBlockTally blocks(structure);
   for (ir::NodeId id : nodes) {
     const ir::Node& node = graph.node(id);
     auto it = split.find(id);
-    NodeContext context = program;
+    NodeContext context = program.context;
     context.batch_scale = batch_scale;
     context.shards = t;
     context.split = it == split.end() || t == 1 ? TensorSplit::None : it->second;
+    context.async_input_gradient = program.async_gradients && context.split == TensorSplit::Column &&
+                                   static_cast<std::size_t>(id) < structure.async_gradient_site.size() &&
+                                   structure.async_gradient_site[static_cast<std::size_t>(id)];
     // A node the split leaves whole runs at its batch-scaled shapes; a split node's
     // per-rank shapes are the SPMD search's to say (the stage layout), not this sketch's.
     if (model.wants_local_shapes() && context.split == TensorSplit::None && row_shapes)
@@ -143,12 +157,12 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     // Saved activations: what autograd keeps of the node's outputs (analysis/saved_for_backward.h).
     const double split_share = context.split == TensorSplit::Column || context.split == TensorSplit::All ? 1.0 / t : 1.0;
     const auto at = static_cast<std::size_t>(id);
-    double saved = static_cast<double>(program.compiled != nullptr ? structure.compiled_activation_bytes[at]
+    double saved = static_cast<double>(program.context.compiled != nullptr ? structure.compiled_activation_bytes[at]
                                                                          : structure.activation_bytes[at]) *
                          batch_scale * split_share;
     out.activation_bytes += saved;
     // A gathered weight's float8 W^T, saved by its FP8 linear in place of W (1 byte an element).
-    if (fp8 && gathers_weights)
+    if (fp8 && program.gathers_weights)
       if (const auto linear = analysis::fp8_linear(graph, node)) {
         const double copy = static_cast<double>(graph.value(node.inputs[linear->weight]).type.numel()) *
                             SplitShares(context.split, t).weight;
@@ -285,16 +299,14 @@ class PlanEvaluator {
 
  private:
   Parts price_parts(const DeviceType& on, double scale, int width) const;
-  // How the plan's programs run every node: compiled (plan.compile: what their kernels fuse;
-  // null: eager).
-  NodeContext program_context() const {
-    NodeContext context;
-    context.compiled = plan_.compile ? &structure_.compiled : nullptr;
-    return context;
+  // How the plan's programs run every node (Program).
+  Program program() const {
+    Program out;
+    out.context.compiled = plan_.compile ? &structure_.compiled : nullptr;
+    out.gathers_weights = plan_.zero_stage >= 3 && plan_.stage_data() > 1;
+    out.async_gradients = !plan_.sharding || plan_.sharding->async_gradients;
+    return out;
   }
-  // ZeRO-3 shards the weights over the batch ranks and gathers each for its read: an FP8
-  // linear then saves the float8 copy of its W^T for backward (transform/fp8_axes.h).
-  bool gathers_weights() const { return plan_.zero_stage >= 3 && plan_.stage_data() > 1; }
   void check_context() const;
   void check_experts() const;
   void add_dispatch(PartCost& part, const std::vector<ir::NodeId>& nodes, double scale, int width) const;
@@ -389,11 +401,11 @@ Parts PlanEvaluator::price_parts(const DeviceType& on, double scale, int width) 
   std::set<ir::ValueId> seen_layer, seen_pre, seen_post;
   if (layers)
     out.layer = cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, on, precision_,
-                           program_context(), gathers_weights(), scale, width, &seen_layer, c_ == 1);
+                           program(), scale, width, &seen_layer, c_ == 1);
   out.pre = cost_nodes(graph_, structure_.pre, structure_.outside_split, structure_, model_, on, precision_,
-                       program_context(), gathers_weights(), scale, width, &seen_pre, c_ == 1);
+                       program(), scale, width, &seen_pre, c_ == 1);
   out.post = cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, on, precision_,
-                        program_context(), gathers_weights(), scale, width, &seen_post, c_ == 1);
+                        program(), scale, width, &seen_post, c_ == 1);
   if (c_ > 1) {
     if (layers) add_ring(out.layer, layers->nodes.front(), structure_.layer_split, on, scale, width);
     add_ring(out.pre, structure_.pre, structure_.outside_split, on, scale, width);
@@ -510,7 +522,7 @@ void PlanEvaluator::add_ring(PartCost& part, const std::vector<ir::NodeId>& node
     const ir::Node& node = graph_.node(id);
     if (!ops::ring_kernel(node)) continue;
     auto it = split.find(id);
-    NodeContext context = program_context();
+    NodeContext context = program().context;
     context.batch_scale = scale;
     context.shards = width;
     context.split = it == split.end() || width == 1 ? TensorSplit::None : it->second;
@@ -587,9 +599,9 @@ void PlanEvaluator::scale_stage_devices() {
     std::set<ir::ValueId> seen;
     const PartCost here =
         layers ? cost_nodes(graph_, layers->nodes.front(), structure_.layer_split, structure_, model_, *slowest,
-                            precision_, program_context(), gathers_weights(), batch_scale_, t_, &seen)
+                            precision_, program(), batch_scale_, t_, &seen)
                : cost_nodes(graph_, structure_.post, structure_.outside_split, structure_, model_, *slowest,
-                            precision_, program_context(), gathers_weights(), batch_scale_, t_, &seen);
+                            precision_, program(), batch_scale_, t_, &seen);
     stage_scale_[static_cast<std::size_t>(s)] = (here.forward + here.backward) / reference_time;
   }
 }

@@ -75,6 +75,23 @@ cost::OpTime ShardingModel::node_time(ir::NodeId node, int axis, const Strategy&
   return time;
 }
 
+bool ShardingModel::async_input_gradient(ir::NodeId node, int axis, const Strategy& choice,
+                                         std::size_t input) const {
+  // On any axis, as the decisions stand (the choice on `axis`): the rule the runtime's
+  // async-gradient pass follows (EdgePricer::activation_gradient_at, transform/async_gradients.h).
+  const EdgePricer pricer = edge_pricer();
+  const ir::ValueId x = graph_.node(node).inputs[input];
+  for (int b = 0; b < static_cast<int>(options_.mesh.size()); ++b) {
+    if (options_.mesh[static_cast<std::size_t>(b)] <= 1) continue;
+    const Strategy& s = decisions_.strategy_on(b, node, axis, choice);
+    const Placement produced = decisions_.value_placement(b, x);
+    if (pricer.activation_gradient_at(b, x, node, static_cast<int>(input), produced, s.inputs[input],
+                                      s.input_grads[input]) == ParameterOverlap::BesideBackward)
+      return true;
+  }
+  return false;
+}
+
 cost::OpTime ShardingModel::base_time(ir::NodeId node, int axis, const Strategy& choice,
                                       const cost::DeviceType& device) const {
   const ir::Node& n = graph_.node(node);
@@ -91,7 +108,12 @@ cost::OpTime ShardingModel::base_time(ir::NodeId node, int axis, const Strategy&
   }
   // A ring's blocks are not the op at the rank's shapes (its rows see every block): the
   // whole node's time divided by the work shards, the slowest rank's share.
-  if (options_.compile) context.compiled = &facts_->compiled;
+  if (options_.compile) {
+    context.compiled = &facts_->compiled;
+    if (!facts_->fp8_linears.empty())
+      if (const auto& linear = facts_->fp8_linears[static_cast<std::size_t>(node)])
+        context.async_input_gradient = async_input_gradient(node, axis, choice, linear->input);
+  }
   const int ring = ring_axis(node, axis, choice);
   if (model_.wants_local_shapes() && ring < 0) context.local_shapes = local_shapes(node, axis, choice);
   cost::OpTime time = model_.node_time(graph_, n, device, options_.precision, context);

@@ -154,6 +154,9 @@ class ShardingModel {
   // The parts, as views of this model's facts, decisions and options (made on each use: a
   // copy of the model must not point into the original).
   StrategyEnumerator strategy_enumerator() const { return {*facts_, decisions_, options_}; }
+  // Whether `node`'s operand `input` (an FP8 linear's x) has its gradient all-reduced beside
+  // the weight gradient on some axis: a compiled plan runs that linear eagerly (op_cost.h).
+  bool async_input_gradient(ir::NodeId node, int axis, const Strategy& choice, std::size_t input) const;
   EdgePricer edge_pricer() const { return {*facts_, decisions_, options_}; }
   ShardingMemory memory() const { return {*facts_, decisions_, options_}; }
   const BlockFolding& folding() const { return facts_->folding; }

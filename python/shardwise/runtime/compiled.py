@@ -8,10 +8,11 @@ cannot trace runs eagerly between compiled pieces (a graph break): the runtime's
 collectives (transport.py: asynchronous gathers and reduce-scatters, ``Work.wait``), the core's
 slice bounds (``_C.block_bounds``) and the runtime's bookkeeping inside a recomputed block, so
 far, and the runtime's modules that keep state between calls (ZeRO's prefetched gathers and
-regathers, asynchronous gradients, collective matmul's rings, an FP8 linear's amax all-reduces:
-_stateful_modules). An FP8 linear with no collective (its contraction dims whole on the rank)
-is traced: inductor fuses its casts (abs, amax, scale, cast) with the ops around them, which is
-what the cost model prices for a compiled plan (csrc/cost/op_cost.h);
+regathers, asynchronous gradients, collective matmul's rings, an FP8 linear whose input
+gradient is all-reduced asynchronously: _stateful_modules). Every other FP8 linear is traced,
+its amaxes' all-reduce (a split contraction dim) a traced op: inductor fuses its casts (abs,
+amax, scale, cast) with the ops around them, which is what the cost model prices for a
+compiled plan (csrc/cost/op_cost.h);
 the breaks are counted and logged with the compile time of each program. A compiled
 pipeline runs without fused weight-gradient accumulation (engine.py turns it off: its in-place
 backward would run eagerly between compiled pieces, a break at every linear). A counted loss'
@@ -103,8 +104,8 @@ def _stateful_modules() -> list[tuple[type, str]]:
     """The runtime's modules that keep Python state between calls or across forward and
     backward: the prefetched gathers in flight and the regathered units (parameter_gathers.py),
     the asynchronous all-reduces beside weight gradients (async_gradients.py), the rings of a
-    collective matmul (collective_matmul.py) and the FP8 linears whose amaxes are all-reduced or
-    whose input gradient is (fp8.py: ``Fp8Linears.with_collectives``; the others are traced).
+    collective matmul (collective_matmul.py) and the FP8 linears whose input gradient is
+    all-reduced asynchronously (fp8.py: ``Fp8Linears.with_collectives``; the others are traced).
     Traced, dynamo guards on that state and recompiles as it changes; past its recompile limit
     it ran part of a step traced and part not, and a 2 x 2 training loop's loss came out 1e-3
     off one device's (ZeRO's prefetch). They run eagerly between compiled pieces."""

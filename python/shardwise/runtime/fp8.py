@@ -207,14 +207,18 @@ class Fp8Linears(torch.nn.Module):
 
     def forward(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict,
                 float8_weight: bool = False) -> torch.Tensor:
-        if not k_axes and not n_axes and async_step is None:  # no collective: traced where compiled
-            return fp8_call(_BY_NAME[op], args, kwargs, float8_weight=float8_weight)
+        # Traced where compiled, amaxes all-reduced or not (torch.ops.shardwise.all_reduce is an op
+        # with a fake kernel, as the rank program's own collectives); the cost model prices its
+        # casts fused (csrc/cost/op_cost.h).
+        if async_step is None:
+            return fp8_call(_BY_NAME[op], args, kwargs, self._groups(k_axes), self._groups(n_axes),
+                            float8_weight=float8_weight)
         return self.with_collectives(op, k_axes, n_axes, async_step, args, kwargs, float8_weight)
 
     def with_collectives(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict,
                          float8_weight: bool = False) -> torch.Tensor:
-        """The call whose amaxes are all-reduced (K or N split) or whose input gradient is: run
-        eagerly between compiled pieces (runtime/compiled.py)."""
+        """The call whose input gradient is all-reduced asynchronously beside dW (a Work waited
+        for in its backward): run eagerly between compiled pieces (runtime/compiled.py)."""
         grad_group = None
         if async_step is not None:
             grad_group = self._mesh.groups[self._steps[async_step]["axis"]]

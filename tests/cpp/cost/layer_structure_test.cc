@@ -73,6 +73,22 @@ TEST(LayerStructure, SeveralColumnProjectionsShareOneRowEnd) {
   EXPECT_DOUBLE_EQ(s.layer_input_bytes, 4 * 64 * 4);
 }
 
+// The FP8 linears whose input gradient the runtime's async-gradient pass would all-reduce
+// beside dW (where a column split all-reduces it): an input read by the linear alone, so not
+// q and k (one h), nor gate and up (one r, which the residual add reads too); o, down and the
+// head read theirs alone. Compiled, those run eagerly (NodeContext::async_input_gradient).
+TEST(LayerStructure, AsyncGradientSitesAreTheLinearsThatReadTheirInputAlone) {
+  ir::Graph g = gated_decoder(2);
+  LayerStructure s = find_layer_structure(g);
+  ASSERT_EQ(s.async_gradient_site.size(), g.nodes().size());
+  std::vector<std::string> sites;
+  for (const ir::Node& node : g.nodes())
+    if (s.async_gradient_site[static_cast<std::size_t>(node.id)]) sites.push_back(op_path(g, node.id));
+  std::sort(sites.begin(), sites.end());
+  EXPECT_EQ(sites, (std::vector<std::string>{"head", "layers.0.attn.o", "layers.0.mlp.down", "layers.1.attn.o",
+                                             "layers.1.mlp.down"}));
+}
+
 TEST(LayerStructure, TensorParallelWeightsAreOneTthOfTheWhole) {
   ir::Graph g = gated_decoder(4);
   Cluster c = preset("dgx-a100", 1);

@@ -93,10 +93,14 @@ TEST(OpCost, AnFp8LinearRunsItsProductsAtTheFp8PeakAndPaysItsCasts) {
   const double fused_x = x_elems * 5 / bandwidth, fused_w = w_elems * 5 / bandwidth;
   EXPECT_NEAR(c.forward, flops / (1.979e15 * eff) + fused_x + fused_w, 1e-12);
   EXPECT_NEAR(c.backward, flops / (1.979e15 * eff) + flops / (9.895e14 * eff) + fused_x + fused_w, 1e-12);
-  // Its weight split (amaxes all-reduced): run eagerly, as eager casts.
+  // Its weight split (amaxes all-reduced, a traced op): fused too, at the rank's shares; its
+  // input gradient all-reduced beside dW (an asynchronous gradient): run eagerly, eager casts.
   NodeContext split = compiled;
   split.shards = 4;
   split.split = TensorSplit::Column;
+  const OpTime cs = model.node_time(g, g.node(0), h100, Precision::FP8, split);
+  EXPECT_NEAR(cs.forward, flops / 4 / (1.979e15 * e) + fused_x + fused_w / 4, 1e-12);
+  split.async_input_gradient = true;
   EXPECT_EQ(model.node_time(g, g.node(0), h100, Precision::FP8, split),
             model.node_time(g, g.node(0), h100, Precision::FP8, {1.0, 4, TensorSplit::Column}));
 }
