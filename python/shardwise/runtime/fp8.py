@@ -23,8 +23,9 @@ A weight held sharded and gathered for its read (ZeRO-3 / FSDP; the rank graph's
 copy of W^T that dx's product reads (its column scales too) in the forward and saves that, as
 torchao's float8 FSDP and Transformer Engine keep a float8 weight, so the gathered weight is
 released after the read and never gathered again (1 byte an element held, where a regather
-moved the weight again); the numbers are the same, the cast reading the same W. With no amax
-all-reduce such a call is traced under compile as any other.
+moved the weight again); the numbers are the same, the cast reading the same W. Such a call
+is traced under compile as any other (only one whose input gradient is all-reduced
+asynchronously runs eagerly: ``Fp8Linears.with_collectives``).
 
 ``one_device()`` runs the same arithmetic on one device: a TorchFunctionMode that routes a
 model's own linear / addmm / mm calls on a weight parameter, under the same rule, through the
