@@ -138,6 +138,28 @@ def tight_plan(graph, world: int, rows: int, mesh: tuple[int, int]):
                           precision=TIGHT_PRECISION, zero=False)
 
 
+def zero3_plan(plan, model, world: int, precision: str | None = None):
+    """`plan` (data parallel on a (world, 1) mesh) with every parameter that a dim of allows it
+    sharded over the data axis: ZeRO-3, whatever the search would pick; in `precision` where
+    given (unpriced: price it on the graph)."""
+    import json
+
+    import shardwise
+
+    doc = json.loads(plan.to_json())
+    for key in ("predicted", "programs"):
+        doc.pop(key, None)
+    placements = doc["sharding"]["placements"]
+    for name, tensor in model.named_parameters():
+        dims = [d for d in range(tensor.dim()) if tensor.shape[d] % world == 0]
+        if name in placements and dims:
+            placements[name] = [f"S({dims[0]})", "R"]
+    doc["sharding"]["zero"] = {}
+    if precision is not None:
+        doc["precision"] = precision
+    return shardwise.Plan.from_json(json.dumps(doc))
+
+
 def accumulation_cluster(graph, world: int, rows: int, precision: str | None = TIGHT_PRECISION, zero: bool = False):
     """A CPU cluster on which no plan of the whole batch `rows` in one micro-batch fits in
     memory but a plan in micro-batches does (the gradient accumulation or pipeline the search

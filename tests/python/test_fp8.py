@@ -23,7 +23,7 @@ import torch
 
 import shardwise
 from conftest import (op_counts, parameter_error, spawn_scenario, tight_plan, train_engine_counting_ops,
-                      train_one_device)
+                      train_one_device, zero3_plan)
 from rank_ir_check import engine_against_rank_ir
 from shardwise.models import CausalLMWithLoss
 from shardwise.runtime import fp8
@@ -248,17 +248,7 @@ def _zero3(graph, world: int, precision: str):
     (ZeRO-3 / FSDP: each gathered for its read), in `precision`, priced."""
     cluster = shardwise.Cluster.preset("cpu", world)
     searched = shardwise.plan(graph, cluster, global_batch=ROWS, mesh=(world, 1), zero=False, recompute=False)
-    doc = json.loads(searched.to_json())
-    for key in ("predicted", "programs"):
-        doc.pop(key, None)
-    placements = doc["sharding"]["placements"]
-    for name, tensor in _llama().named_parameters():
-        dims = [d for d in range(tensor.dim()) if tensor.shape[d] % world == 0]
-        if name in placements and dims:
-            placements[name] = [f"S({dims[0]})", "R"]
-    doc["sharding"]["zero"] = {}
-    doc["precision"] = precision
-    return shardwise.Plan.from_json(json.dumps(doc)).price(graph, cluster)
+    return zero3_plan(searched, _llama(), world, precision).price(graph, cluster)
 
 
 def _gathered(plan) -> float:
@@ -283,15 +273,16 @@ def _scenario_fp8_zero3(rank: int, world: int) -> dict:
     with fp8.one_device():
         ref_losses = train_one_device(reference, _batch, STEPS, torch.optim.AdamW(reference.parameters(), lr=1e-2))
     code = engine.code
+    in_f32 = _zero3(graph, world, "f32")  # the same plan in float32: its gathered weights regathered
     return {"losses": losses, "ref_losses": ref_losses, "error": parameter_error(engine.full_state_dict(), reference),
             "lowered": engine_against_rank_ir(engine), "code": code,
             "saved_marks": engine.rank_ir.count("shardwise.fp8_saves_float8_weight=true"),
             "saving_calls": len(re.findall(r"fp8_linear\('aten::\w+', \([^)]*\), \([^)]*\), None, .*, True\)", code)),
             "sharded": sum(1 for p in plan.placements().values() if p[0].startswith("S")),
             "moved": moved.get("all_gather", {}).get("bytes", 0), "predicted": _gathered(plan),
-            "predicted_f32": _gathered(_zero3(graph, world, "f32")),
+            "predicted_f32": _gathered(in_f32),
             "activations": plan.predicted_memory()[1].get("activations", 0.0),
-            "activations_f32": _zero3(graph, world, "f32").predicted_memory()[1].get("activations", 0.0)}
+            "activations_f32": in_f32.predicted_memory()[1].get("activations", 0.0)}
 
 
 def test_a_zero3_fp8_plan_saves_its_float8_weights_instead_of_gathering_them_again():

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shardwise
-from conftest import run_ranks, train_one_device
+from conftest import run_ranks, train_one_device, zero3_plan
 
 ROWS, STEPS, TOLERANCE = 8, 3, 1e-9
 MLP_ROWS = 64  # enough rows that the search splits the batch (at 8 it splits the products)
@@ -77,14 +77,14 @@ def _case(name: str):
                                       zero=False, recompute=False)
             # The plan's collectives are what the run must move (the search itself picks ZeRO-3
             # only where memory asks and the gathers beat splitting the products).
-            return _zero3(searched, _model(), world).price(graph, cluster)
+            return zero3_plan(searched, _model(), world).price(graph, cluster)
 
         return _model, _batch, plan
 
     def zero3(graph, world):  # every weight sharded over the data axis, whatever the search picks
         searched = shardwise.plan(graph, shardwise.Cluster.preset("cpu", world), global_batch=ROWS, mesh=(world, 1),
                                   zero=False, recompute=False)
-        return _zero3(searched, _layers(), world)
+        return zero3_plan(searched, _layers(), world)
 
     return _layers, _layers_batch, zero3
 
@@ -210,21 +210,6 @@ def _layers():
 def _layers_batch(step: int):
     g = torch.Generator().manual_seed(100 + step)
     return torch.randn(ROWS, 16, generator=g, dtype=torch.float64), torch.randint(0, 5, (ROWS,), generator=g)
-
-
-def _zero3(plan, model: nn.Module, world: int):
-    """`plan` (data parallel on a (world, 1) mesh) with every parameter that a dim of allows it
-    sharded over the data axis: ZeRO-3, whatever the search would pick."""
-    doc = json.loads(plan.to_json())
-    for key in ("predicted", "programs"):
-        doc.pop(key, None)
-    placements = doc["sharding"]["placements"]
-    for name, tensor in model.named_parameters():
-        dims = [d for d in range(tensor.dim()) if tensor.shape[d] % world == 0]
-        if name in placements and dims:
-            placements[name] = [f"S({dims[0]})", "R"]
-    doc["sharding"]["zero"] = {}
-    return shardwise.Plan.from_json(json.dumps(doc))
 
 
 def test_a_units_gathers_and_reduce_scatters_are_one_flattened_collective_each():
