@@ -25,6 +25,7 @@ import shardwise
 from conftest import (op_counts, parameter_error, spawn_scenario, tight_plan, train_engine_counting_ops,
                       train_one_device, zero3_plan)
 from rank_ir_check import engine_against_rank_ir
+from shardwise.runtime.compiled import runs_eagerly
 from shardwise.models import CausalLMWithLoss
 from shardwise.runtime import fp8
 
@@ -166,6 +167,9 @@ def _scenario_fp8_compiled(rank: int, world: int, layout: str) -> dict:
                                           engine.code)),
             "amax_axes": sum(1 for k, n in calls if k != "()" or n != "()"),
             "breaks": sum(r["graph_breaks"] or 0 for r in engine.compile_report()),
+            "eager_pieces": sum(r["eager_pieces"] for r in engine.compile_report()),
+            "fp8_eager": sum(1 for run in engine._runs() for n in run.module.graph.nodes
+                             if n.target == "fp8_linear" and runs_eagerly(run.module, n)),
             "compiled": [r["compile_seconds"] is not None for r in engine.compile_report()]}
 
 
@@ -175,20 +179,24 @@ def test_compiled_fp8_plans_equal_the_same_arithmetic_on_one_device(layout):
     prices for a compiled plan), whether its weight is whole on the rank (data parallelism) or
     split, its amaxes all-reduced (tensor parallelism: torch.ops.shardwise.all_reduce, a traced
     op), or gathered (ZeRO-3: its float8 W^T saved, no regather); only one whose input gradient
-    is all-reduced asynchronously beside dW runs eagerly between compiled pieces
-    (Fp8Linears.with_collectives). Each trains as the same FP8 arithmetic on one device."""
+    is all-reduced asynchronously beside dW runs eagerly, a piece of its own between compiled
+    pieces (Fp8Linears.with_collectives; compiled.compiled_in_pieces), as do ZeRO-3's
+    prefetches and regathers. Each trains as the same FP8 arithmetic on one device."""
     r = spawn_scenario(__name__, 2, "fp8_compiled", layout)
     print(f"llama {layout} compiled: losses {r['losses']} one device {r['ref_losses']}; parameters {r['error']:.2e}; "
           f"fp8 calls {r['fp8_calls']} (amax axes {r['amax_axes']}); "
-          f"graph breaks {r['breaks']}, async {r['async_calls']}; reasons {[x.splitlines()[1] for x in r['reasons']]}")
+          f"graph breaks {r['breaks']}, eager pieces {r['eager_pieces']}, async {r['async_calls']}; "
+          f"reasons {[x.splitlines()[1] for x in r['reasons']]}")
     assert r["compiled"] and all(r["compiled"]), r
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= FP8_TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
     assert r["error"] < PARAMETER_TOLERANCE, r["error"]
     assert r["fp8_calls"] > 0, r
-    # Traced: no FP8 call breaks the graph but one with an asynchronous input gradient.
+    # Traced: no FP8 call breaks a compiled piece; those with an asynchronous input gradient, and
+    # only those, run in the program's eager pieces.
     fp8_breaks = [reason for reason in r["reasons"] if "Fp8Linears" in reason or "fp8" in reason.lower()]
-    assert (fp8_breaks != []) == (r["async_calls"] > 0), (fp8_breaks, r["async_calls"])
+    assert fp8_breaks == [], fp8_breaks
+    assert r["fp8_eager"] == r["async_calls"], r
     assert (r["amax_axes"] > 0) == (layout == "tensor"), r
 
 

@@ -247,7 +247,8 @@ def _worker(rank: int, world: int, store: str, layout: str, result: str, compile
                            # Each program (SPMD, or each pipeline stage's) against its rank IR,
                            # collectives included (rank_ir_check.py).
                            "lowered": engine_against_rank_ir(engine),
-                           "compiled": compiled_programs(engine), "recompiled": recompiled}, f)
+                           "compiled": compiled_programs(engine), "recompiled": recompiled,
+                           "compile_report": engine.compile_report()}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()

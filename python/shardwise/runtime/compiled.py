@@ -3,17 +3,21 @@
 A rank program is a ``torch.fx.GraphModule``: what ``torch.compile`` takes. The engine keeps
 the lowered module (its ``code``, its marks, what the node-for-node check reads) and calls
 the compiled one, made once per program (an SPMD program, or a pipeline stage's, per mode and
-batch shapes) and compiled on its first call, forward and backward (AOTAutograd). What dynamo
-cannot trace runs eagerly between compiled pieces (a graph break): the runtime's own
-collectives (transport.py: asynchronous gathers and reduce-scatters, ``Work.wait``), the core's
-slice bounds (``_C.block_bounds``) and the runtime's bookkeeping inside a recomputed block, so
-far, and the runtime's modules that keep state between calls (ZeRO's prefetched gathers and
-regathers, asynchronous gradients, collective matmul's rings, an FP8 linear whose input
-gradient is all-reduced asynchronously: _stateful_modules). Every other FP8 linear is traced,
+batch shapes) and compiled on its first call, forward and backward (AOTAutograd). The
+runtime's modules that keep state between calls (ZeRO's prefetched gathers and regathers,
+asynchronous gradients, collective matmul's rings, an FP8 linear whose input gradient is
+all-reduced asynchronously: _stateful_modules) run eagerly: the program is cut at their
+calls into pieces (``compiled_in_pieces``), each run of other nodes compiled, each run of
+their calls run as it is, rather than left to dynamo's graph breaks, whose resume functions
+cost most of a compile. Inside a compiled piece what dynamo cannot trace still breaks it
+(the transport's asynchronous collectives and their ``Work.wait``, the runtime's bookkeeping
+inside a recomputed block); the core's slice bounds (``reshard.block_bounds``) are a constant
+to it at static shapes. Every other FP8 linear is traced,
 its amaxes' all-reduce (a split contraction dim) a traced op: inductor fuses its casts (abs,
 amax, scale, cast) with the ops around them, which is what the cost model prices for a
 compiled plan (csrc/cost/op_cost.h);
-the breaks are counted and logged with the compile time of each program. A compiled
+the eager pieces and dynamo's breaks are counted and logged with the compile time of each
+program. A compiled
 pipeline runs without fused weight-gradient accumulation (engine.py turns it off: its in-place
 backward would run eagerly between compiled pieces, a break at every linear). A counted loss'
 count, a float that changes from step to step, goes in as a 0-dim tensor (dynamo takes a float
@@ -77,7 +81,7 @@ class CompiledProgram:
         self.compile_seconds: float | None = None
         self.graph_breaks: int | None = None
         _run_eagerly_under_compile()
-        self._compiled = torch.compile(module, **options)
+        self._compiled, self.eager_pieces = compiled_in_pieces(module, options)
 
     def __call__(self, *args):
         # A counted loss' count (a float: runtime/counted.py) as a 0-dim tensor, which dynamo
@@ -95,8 +99,8 @@ class CompiledProgram:
         out = self._compiled(*args)
         self.compile_seconds = time.perf_counter() - start
         self.graph_breaks = sum(counters["graph_break"].values()) - breaks
-        log.info("%s: compiled in %.1f s (forward; backward compiles on its first run), %d graph breaks",
-                 self.name, self.compile_seconds, self.graph_breaks)
+        log.info("%s: compiled in %.1f s (forward; backward compiles on its first run), %d pieces run eagerly, "
+                 "%d graph breaks", self.name, self.compile_seconds, self.eager_pieces, self.graph_breaks)
         return out
 
 
@@ -122,6 +126,11 @@ def _run_eagerly_under_compile() -> None:
     """The transport's collectives (transport.EAGER) and each of _stateful_modules()' methods
     replaced by their torch.compiler.disable'd forms, once (when the first program is compiled:
     disable imports dynamo)."""
+    import torch._dynamo
+
+    from . import reshard
+
+    torch._dynamo.assume_constant_result(reshard.block_bounds)  # (sets a mark on it; dynamo is imported now)
     owned = [(transport, name) for name in transport.EAGER] + _stateful_modules()
     for owner, name in owned:
         fn = getattr(owner, name)
@@ -129,6 +138,49 @@ def _run_eagerly_under_compile() -> None:
             fn = torch.compiler.disable(fn)
             fn._shardwise_eager = True
             setattr(owner, name, fn)
+
+
+def runs_eagerly(module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether `node` calls one of the runtime's stateful modules by its forward, or a module
+    whose ``calls_eagerly(node.args)`` says this call runs its stateful method (fp8.Fp8Linears)."""
+    if node.op != "call_module":
+        return False
+    target = module.get_submodule(node.target)
+    eager = tuple(kind for kind, method in _stateful_modules() if method == "forward")
+    calls_eagerly = getattr(target, "calls_eagerly", None)
+    return isinstance(target, eager) or (calls_eagerly is not None and calls_eagerly(node.args))
+
+
+def compiled_in_pieces(module: torch.fx.GraphModule, options: dict) -> tuple[torch.nn.Module, int]:
+    """`module` cut at its calls of the runtime's stateful modules (each maximal run of them one
+    eager piece, each run of the other nodes between them one piece under torch.compile), and
+    the number of eager pieces. Cut here rather than by dynamo's graph breaks: at each break
+    dynamo writes a resume function from the whole program's bytecode, which cost most of the
+    compile (a tensor-parallel Qwen2 of 2 layers, rank 0 of 4: 70 of 120 s at 31 breaks), and a
+    piece's bytecode is a piece's length. A program without such calls is compiled whole."""
+    from torch.fx.passes.split_module import split_module
+
+    ops = [n for n in module.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    if not any(runs_eagerly(module, n) for n in ops):
+        return torch.compile(module, **options), 0
+    piece, eager_of, last = {}, {}, None
+    for n in ops:
+        eager = runs_eagerly(module, n)
+        if eager != last:
+            eager_of[len(eager_of)] = eager
+            last = eager
+        piece[n] = len(eager_of) - 1
+    pieces = split_module(module, module, lambda n: piece[n], keep_original_order=True)
+    # The program's hooks (lower.py: Regather.new_pass before each forward) run around the
+    # pieces as around the program: the same hook tables, not copies.
+    for table in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                  "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
+        setattr(pieces, table, getattr(module, table))
+    for index, eager in eager_of.items():
+        if not eager:
+            name = f"submod_{index}"
+            setattr(pieces, name, torch.compile(getattr(pieces, name), **options))
+    return pieces, sum(eager_of.values())
 
 
 def runner(module: torch.fx.GraphModule, options: dict | None, name: str) -> Callable:

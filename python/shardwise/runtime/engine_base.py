@@ -265,11 +265,13 @@ class EngineBase:
     def compile_report(self) -> list[dict]:
         """Each program the engine runs compiled (``parallelize(..., compile=...)``; an SPMD
         program, or a pipeline stage's, per mode and batch shapes): its name, the seconds its
-        first call took (the compile; None before that call) and dynamo's graph breaks in it.
-        Empty for an eager engine."""
+        first call took (the compile; None before that call), dynamo's graph breaks in it and
+        its pieces run eagerly between compiled ones (compiled.compiled_in_pieces). Empty for
+        an eager engine."""
         from .compiled import CompiledProgram
 
-        return [{"program": run.name, "compile_seconds": run.compile_seconds, "graph_breaks": run.graph_breaks}
+        return [{"program": run.name, "compile_seconds": run.compile_seconds, "graph_breaks": run.graph_breaks,
+                 "eager_pieces": run.eager_pieces}
                 for run in self._runs() if isinstance(run, CompiledProgram)]
 
     def _runs(self) -> list:

@@ -211,10 +211,17 @@ class Fp8Linears(torch.nn.Module):
         # Traced where compiled, amaxes all-reduced or not (torch.ops.shardwise.all_reduce is an op
         # with a fake kernel, as the rank program's own collectives); the cost model prices its
         # casts fused (csrc/cost/op_cost.h).
-        if async_step is None:
+        if not self.calls_eagerly((op, k_axes, n_axes, async_step)):
             return fp8_call(_BY_NAME[op], args, kwargs, self._groups(k_axes), self._groups(n_axes),
                             float8_weight=float8_weight)
         return self.with_collectives(op, k_axes, n_axes, async_step, args, kwargs, float8_weight)
+
+    @staticmethod
+    def calls_eagerly(node_args: tuple) -> bool:
+        """Whether the program's call with these arguments (op, k_axes, n_axes, async_step, ...)
+        runs ``with_collectives`` (forward's test): under compile, an eager piece of its own
+        (compiled.compiled_in_pieces)."""
+        return node_args[3] is not None
 
     def with_collectives(self, op: str, k_axes, n_axes, async_step, args: tuple, kwargs: dict,
                          float8_weight: bool = False) -> torch.Tensor:

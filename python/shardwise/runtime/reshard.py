@@ -15,6 +15,13 @@ from .. import _C
 from .._C import ValidationError
 from .mesh import _Mesh
 
+def block_bounds(size: int, ranks: int, rank: int, ratios: list[float]) -> tuple[int, int]:
+    """This rank's [begin, end) of `size` rows cut in `ranks` blocks (``_C.block_bounds``: the
+    bounds local_shard gave the shard). A constant to dynamo at static shapes
+    (compiled.py marks it, assume_constant_result), not a graph break."""
+    return tuple(_C.block_bounds(size, ranks, rank, ratios))
+
+
 def _grouped(x: torch.Tensor, dim: int, groups: int) -> tuple[torch.Tensor, int]:
     """`x` with `dim` viewed as [groups, size / groups] (strided shards), and the dim to cut."""
     return (x, dim) if groups == 1 else (x.unflatten(dim, (groups, -1)), dim + 1)
@@ -49,7 +56,7 @@ def _apply_step(x: torch.Tensor, step: dict, mesh: _Mesh) -> torch.Tensor:
     if kind == "slice":
         y, d = _grouped(x, a["dim"], a["groups"])
         try:  # the bounds local_shard gave this rank's shard
-            begin, end = _C.block_bounds(y.shape[d], n, k, list(a["ratios"]))
+            begin, end = block_bounds(y.shape[d], n, k, list(a["ratios"]))
         except ValidationError as e:
             raise ValidationError(f"resharding step {step['text']!r} on a tensor of shape {tuple(x.shape)}: {e}") from e
         return _ungrouped(y.narrow(d, begin, end - begin), a["dim"], a["groups"]).contiguous()
