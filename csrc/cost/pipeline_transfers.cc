@@ -87,19 +87,20 @@ double critical_transfers(plan::Schedule schedule, int ranks, int micro_batches,
   return count;
 }
 
-std::shared_ptr<const schedule::PipelineSchedule> cached_pipeline_schedule(const plan::Plan& plan) {
+std::shared_ptr<const std::vector<schedule::LivenessMoments>> cached_liveness_moments(const plan::Plan& plan) {
+  using Moments = std::vector<schedule::LivenessMoments>;
   const int m = static_cast<int>(plan.num_micro_batches());
   const auto key = std::make_tuple(plan.schedule, plan.pipeline, m, plan.virtual_stages, plan.kfkb_k);
   static std::mutex mutex;
-  static std::map<std::tuple<plan::Schedule, int, int, int, int>, std::shared_ptr<const schedule::PipelineSchedule>>
-      cache;
+  static std::map<std::tuple<plan::Schedule, int, int, int, int>, std::shared_ptr<const Moments>> cache;
   {
     const std::lock_guard<std::mutex> lock(mutex);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
   }
-  auto lists = std::make_shared<const schedule::PipelineSchedule>(pipeline_schedule(plan));
+  auto moments = std::make_shared<Moments>();
+  for (const auto& list : pipeline_schedule(plan).per_rank) moments->push_back(schedule::liveness_moments(list));
   const std::lock_guard<std::mutex> lock(mutex);
-  return cache.emplace(key, std::move(lists)).first->second;
+  return cache.emplace(key, std::move(moments)).first->second;
 }
 
 }  // namespace shardwise::cost

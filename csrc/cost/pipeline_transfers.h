@@ -29,6 +29,7 @@
 
 #include "plan/plan.h"
 #include "schedule/action.h"
+#include "schedule/schedules.h"
 #include "schedule/simulator.h"
 
 namespace shardwise::cost {
@@ -37,9 +38,10 @@ namespace shardwise::cost {
 schedule::PipelineSchedule pipeline_schedule(plan::Schedule schedule, int ranks, int micro_batches,
                                              int virtual_stages, int kfkb_k);
 schedule::PipelineSchedule pipeline_schedule(const plan::Plan& plan);
-// The same lists, made once per (schedule, p, m, v, k) and shared: what the evaluator's
-// liveness over a split backward's lists reads (plan_cost.cc), plan after plan of a search.
-std::shared_ptr<const schedule::PipelineSchedule> cached_pipeline_schedule(const plan::Plan& plan);
+// Each rank's liveness over those lists (schedule::liveness_moments), made once per
+// (schedule, p, m, v, k) and shared: what the evaluator prices a split backward's memory by
+// (plan_cost.cc), plan after plan of a search.
+std::shared_ptr<const std::vector<schedule::LivenessMoments>> cached_liveness_moments(const plan::Plan& plan);
 
 // The simulator's compute costs of one micro-batch of `per_micro_batch` seconds on each of
 // `chunks` chunks of v per rank, as the evaluator prices it: forward a third, backward two

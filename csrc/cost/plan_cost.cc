@@ -293,7 +293,7 @@ class PlanEvaluator {
   void data_parallel_and_optimizer();
   void memory();
   PlanCost flops();
-  double split_backward_bytes(const schedule::PipelineSchedule& lists, int s) const;
+  double split_backward_bytes(const schedule::LivenessMoments& liveness, int s) const;
   double in_flight_bytes(int s, double in_flight) const;
   double shared_pre_post_parameters(int tensor) const;
 
@@ -933,7 +933,7 @@ void PlanEvaluator::data_parallel_and_optimizer() {
 // Rank s's saved tensors and held gradients at their peak under a split backward: each
 // chunk g it runs keeps its layers' (and the embedding's, the head's) saved bytes from F to W
 // and their weight-reading outputs' gradients from B to W.
-double PlanEvaluator::split_backward_bytes(const schedule::PipelineSchedule& lists, int s) const {
+double PlanEvaluator::split_backward_bytes(const schedule::LivenessMoments& liveness, int s) const {
   const StagePrice& here = price_[static_cast<std::size_t>(s)];
   const int chunks = p_ * v_;
   std::vector<double> saved(static_cast<std::size_t>(chunks), 0.0), held(static_cast<std::size_t>(chunks), 0.0);
@@ -946,7 +946,7 @@ double PlanEvaluator::split_backward_bytes(const schedule::PipelineSchedule& lis
     if (g == 0) kept += here.pre.activation_bytes, gradients += here.pre.weight_gradient_bytes;
     if (g == chunks - 1) kept += here.post.activation_bytes, gradients += here.post.weight_gradient_bytes;
   }
-  return schedule::peak_bytes_held(lists.per_rank[static_cast<std::size_t>(s)], saved, held);
+  return schedule::peak_bytes_held(liveness, saved, held);
 }
 
 // Rank s's saved activations when its backward runs whole: `in_flight` micro-batches on the
@@ -977,8 +977,8 @@ double PlanEvaluator::in_flight_bytes(int s, double in_flight) const {
 void PlanEvaluator::memory() {
   const int p = p_;
   double in_flight = stage_micro_batches_in_flight(plan_.schedule, p, v_, plan_.kfkb_k, m_);
-  std::shared_ptr<const schedule::PipelineSchedule> split;
-  if (plan::splits_backward(plan_.schedule) && p > 1) split = cached_pipeline_schedule(plan_);
+  std::shared_ptr<const std::vector<schedule::LivenessMoments>> split;
+  if (plan::splits_backward(plan_.schedule) && p > 1) split = cached_liveness_moments(plan_);
   for (int s = 0; s < p; ++s) {
     const StagePrice& here = price_[static_cast<std::size_t>(s)];
     const double experts = e_ > 1 ? device_expert_params_[static_cast<std::size_t>(s)] : 0.0;
@@ -990,7 +990,8 @@ void PlanEvaluator::memory() {
     }
     // A split backward holds its saved tensors to W and, between B and W, the gradients B
     // left: priced by liveness over the rank's own list (it takes no recomputation: plan.h).
-    const double acts = split != nullptr ? split_backward_bytes(*split, s) : in_flight_bytes(s, in_flight);
+    const double acts = split != nullptr ? split_backward_bytes((*split)[static_cast<std::size_t>(s)], s)
+                                         : in_flight_bytes(s, in_flight);
     // The transients, each the most of the stage's parts: the backward's gradients in flight
     // beyond the parameters' (at a stage's first backward no parameter has a gradient yet),
     // and an fp8 plan's forward casts, at another moment: the larger of the two.

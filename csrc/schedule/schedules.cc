@@ -384,13 +384,14 @@ int peak_in_flight(const std::vector<Action>& rank_actions) {
   return peak;
 }
 
-double peak_bytes_held(const std::vector<Action>& rank_actions, const std::vector<double>& saved,
-                       const std::vector<double>& held) {
-  auto at = [](const std::vector<double>& bytes, int stage) {
-    return stage >= 0 && static_cast<std::size_t>(stage) < bytes.size() ? bytes[static_cast<std::size_t>(stage)] : 0.0;
-  };
+LivenessMoments liveness_moments(const std::vector<Action>& rank_actions) {
   const bool split = std::any_of(rank_actions.begin(), rank_actions.end(),
                                  [](const Action& a) { return a.kind == ActionKind::WeightGradient; });
+  LivenessMoments out;
+  std::map<int, std::size_t> slot;  // stage -> its index in out.stages
+  for (const Action& a : rank_actions)
+    if (a.is_compute() && a.stage >= 0 && slot.emplace(a.stage, slot.size()).second) out.stages.push_back(a.stage);
+  const std::size_t n = out.stages.size();
   // A B whose W is the next compute: one full backward (no held gradients; frees at once).
   std::vector<bool> fused(rank_actions.size(), false);
   for (std::size_t i = 0; split && i < rank_actions.size(); ++i) {
@@ -401,23 +402,58 @@ double peak_bytes_held(const std::vector<Action>& rank_actions, const std::vecto
                next->stage == rank_actions[i].stage && next->micro_batch == rank_actions[i].micro_batch;
   }
   std::set<std::pair<int, int>> apart;  // (stage, micro-batch) past a split B, before its W
-  double now = 0, peak = 0;
+  std::vector<int> now(2 * n, 0);
+  std::set<std::vector<int>> seen;
   for (std::size_t i = 0; i < rank_actions.size(); ++i) {
     const Action& a = rank_actions[i];
-    const std::pair<int, int> key{a.stage, a.micro_batch};
+    if (!a.is_compute() || a.stage < 0) continue;
+    const std::size_t g = slot.at(a.stage);
+    bool grew = false;
     if (a.kind == ActionKind::Forward) {
-      now += at(saved, a.stage);
+      ++now[g], grew = true;
     } else if (a.kind == ActionKind::Backward && (!split || fused[i])) {
-      now -= at(saved, a.stage);
+      --now[g];
     } else if (a.kind == ActionKind::Backward) {
-      now += at(held, a.stage);
-      apart.insert(key);
-    } else if (a.kind == ActionKind::WeightGradient && apart.erase(key) > 0) {
-      now -= at(saved, a.stage) + at(held, a.stage);
+      ++now[n + g], grew = true;
+      apart.insert({a.stage, a.micro_batch});
+    } else if (a.kind == ActionKind::WeightGradient && apart.erase({a.stage, a.micro_batch}) > 0) {
+      --now[g], --now[n + g];
     }
-    peak = std::max(peak, now);
+    if (grew) seen.insert(now);
+  }
+  // Keep the moments no other covers in every count.
+  const std::vector<std::vector<int>> all(seen.begin(), seen.end());
+  auto covers = [](const std::vector<int>& x, const std::vector<int>& y) {
+    return x != y && std::equal(x.begin(), x.end(), y.begin(), [](int a, int b) { return a >= b; });
+  };
+  for (const auto& m : all)
+    if (std::none_of(all.begin(), all.end(), [&](const std::vector<int>& other) { return covers(other, m); }))
+      out.moments.push_back(m);
+  return out;
+}
+
+double peak_bytes_held(const LivenessMoments& moments, const std::vector<double>& saved,
+                       const std::vector<double>& held) {
+  auto at = [](const std::vector<double>& bytes, int stage) {
+    const double b = stage >= 0 && static_cast<std::size_t>(stage) < bytes.size() ? bytes[static_cast<std::size_t>(stage)]
+                                                                                  : 0.0;
+    if (b < 0) throw support::ValidationError(fmt::format("peak_bytes_held: stage {} holds {} bytes", stage, b));
+    return b;
+  };
+  const std::size_t n = moments.stages.size();
+  double peak = 0;
+  for (const auto& m : moments.moments) {
+    double bytes = 0;
+    for (std::size_t g = 0; g < n; ++g)
+      bytes += m[g] * at(saved, moments.stages[g]) + m[n + g] * at(held, moments.stages[g]);
+    peak = std::max(peak, bytes);
   }
   return peak;
+}
+
+double peak_bytes_held(const std::vector<Action>& rank_actions, const std::vector<double>& saved,
+                       const std::vector<double>& held) {
+  return peak_bytes_held(liveness_moments(rank_actions), saved, held);
 }
 
 void validate(const PipelineSchedule& s) {
@@ -453,32 +489,40 @@ void validate(const PipelineSchedule& s) {
   }
 
   // Pass 2: sends and receives pair up one to one. A message is keyed by
-  // (is-gradient, producing stage, micro-batch).
-  using Key = std::tuple<bool, int, int>;
-  std::map<Key, std::pair<int, Action>> sends;
-  std::map<Key, std::pair<int, Action>> recvs;
+  // (is-gradient, producing stage, micro-batch): a slot of a flat table, in that key's order
+  // (a search validates every list it simulates: a map per message cost a tenth of a plan).
+  const auto cells = static_cast<std::size_t>(stages) * static_cast<std::size_t>(m);
+  auto cell = [m](int g, int i) { return static_cast<std::size_t>(g) * static_cast<std::size_t>(m) + static_cast<std::size_t>(i); };
+  struct Posted {
+    int rank = -1;
+    Action action;
+  };
+  std::vector<Posted> sends(2 * cells), recvs(2 * cells);
+  auto slot = [&](bool grad, int g, int i) { return (grad ? cells : 0) + cell(g, i); };
   for (int r = 0; r < s.ranks; ++r) {
     for (const Action& a : s.per_rank[static_cast<std::size_t>(r)]) {
       if (a.is_send()) {
-        const Key key{a.kind == ActionKind::SendGradient, a.stage, a.micro_batch};
-        if (!sends.emplace(key, std::pair{r, a}).second) fail(r, a, "sent twice");
+        Posted& at = sends[slot(a.kind == ActionKind::SendGradient, a.stage, a.micro_batch)];
+        if (at.rank >= 0) fail(r, a, "sent twice");
+        at = {r, a};
       } else if (a.is_recv()) {
         const bool grad = a.kind == ActionKind::RecvGradient;
-        const Key key{grad, grad ? a.stage + 1 : a.stage - 1, a.micro_batch};
-        if (!recvs.emplace(key, std::pair{r, a}).second) fail(r, a, "received twice");
+        Posted& at = recvs[slot(grad, grad ? a.stage + 1 : a.stage - 1, a.micro_batch)];
+        if (at.rank >= 0) fail(r, a, "received twice");
+        at = {r, a};
       }
     }
   }
-  for (const auto& [key, ra] : sends) {
-    if (!recvs.contains(key)) fail(ra.first, ra.second, fmt::format("no matching receive on rank {}", ra.second.peer));
+  for (std::size_t k = 0; k < sends.size(); ++k) {
+    if (sends[k].rank >= 0 && recvs[k].rank < 0)
+      fail(sends[k].rank, sends[k].action, fmt::format("no matching receive on rank {}", sends[k].action.peer));
   }
-  for (const auto& [key, ra] : recvs) {
-    if (!sends.contains(key)) fail(ra.first, ra.second, fmt::format("no matching send on rank {}", ra.second.peer));
+  for (std::size_t k = 0; k < recvs.size(); ++k) {
+    if (recvs[k].rank >= 0 && sends[k].rank < 0)
+      fail(recvs[k].rank, recvs[k].action, fmt::format("no matching send on rank {}", recvs[k].action.peer));
   }
 
   // Pass 3: each forward and backward exactly once.
-  const auto cells = static_cast<std::size_t>(stages) * static_cast<std::size_t>(m);
-  auto cell = [m](int g, int i) { return static_cast<std::size_t>(g) * static_cast<std::size_t>(m) + static_cast<std::size_t>(i); };
   std::vector<int> fwd_count(cells, 0), bwd_count(cells, 0), weight_count(cells, 0);
   bool split = false;  // a zero-bubble schedule: every backward in two parts
   for (const auto& list : s.per_rank) {

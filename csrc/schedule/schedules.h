@@ -129,4 +129,21 @@ int peak_in_flight(const std::vector<Action>& rank_actions);
 double peak_bytes_held(const std::vector<Action>& rank_actions, const std::vector<double>& saved,
                        const std::vector<double>& held);
 
+// The same liveness as counts, for pricing one list many times (a search's plans differ in
+// their bytes, not their lists): at each moment a forward or a split B adds to what the rank
+// holds, how many micro-batches' saved tensors and held gradients it keeps of each stage it
+// runs; only the moments whose counts no other moment's equal or exceed, stage by stage, are
+// kept. Bytes are never negative, so every pricing's peak is at one of those moments, and a
+// steady schedule repeats a few of them (ZB-H1 at p = 8 and m = 960 keeps a handful of its
+// thousands of actions).
+struct LivenessMoments {
+  std::vector<int> stages;                // the stages the list runs, each once
+  std::vector<std::vector<int>> moments;  // per moment: saved counts of `stages`, then held counts
+};
+LivenessMoments liveness_moments(const std::vector<Action>& rank_actions);
+// peak_bytes_held of the list `moments` came from. Throws support::ValidationError on a
+// negative byte count (the moments keep only what is largest for bytes >= 0).
+double peak_bytes_held(const LivenessMoments& moments, const std::vector<double>& saved,
+                       const std::vector<double>& held);
+
 }  // namespace shardwise::schedule

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <random>
 
 #include "schedule/simulator.h"
 
@@ -280,6 +281,61 @@ TEST(Schedules, PeakBytesHeldCountsGradientsFromBToWOnlyWhereTheyRunApart) {
         << r;
   // Rank 1 with held gradients as large as the saved tensors: 3 + 2 x 1 beats 4.
   EXPECT_DOUBLE_EQ(peak_bytes_held(zb.per_rank[1], one, one), 5);
+}
+
+// The liveness as counts (liveness_moments): a search prices one list thousands of times, so
+// the moments are made once and a pricing is a few dot products. Each pricing equals the
+// running total's largest value over the list, for any bytes; a steady schedule keeps as few
+// moments at 960 micro-batches as at 16, and the same peak.
+TEST(Schedules, LivenessMomentsPriceAsTheListDoesAndStayFewAsMicroBatchesGrow) {
+  const int p = 4;
+  std::mt19937 random(7);
+  std::uniform_real_distribution<double> bytes(0.0, 10.0);
+  auto running_peak = [](const std::vector<Action>& list, const std::vector<double>& saved,
+                         const std::vector<double>& held) {  // the list walked, B/W pairs matched by hand
+    double now = 0, peak = 0;
+    std::vector<std::pair<int, int>> apart;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      const double s = saved[static_cast<std::size_t>(a.stage)], h = held[static_cast<std::size_t>(a.stage)];
+      auto next = std::find_if(list.begin() + static_cast<std::ptrdiff_t>(i) + 1, list.end(),
+                               [](const Action& b) { return b.is_compute(); });
+      const bool has_w = std::any_of(list.begin(), list.end(),
+                                     [](const Action& b) { return b.kind == ActionKind::WeightGradient; });
+      const bool whole = !has_w || (next != list.end() && next->kind == ActionKind::WeightGradient &&
+                                    next->stage == a.stage && next->micro_batch == a.micro_batch);
+      if (a.kind == ActionKind::Forward) now += s;
+      if (a.kind == ActionKind::Backward && whole) now -= s;
+      if (a.kind == ActionKind::Backward && !whole) now += h, apart.emplace_back(a.stage, a.micro_batch);
+      if (a.kind == ActionKind::WeightGradient) {
+        auto it = std::find(apart.begin(), apart.end(), std::pair{a.stage, a.micro_batch});
+        if (it != apart.end()) now -= s + h, apart.erase(it);
+      }
+      peak = std::max(peak, now);
+    }
+    return peak;
+  };
+  auto schedules = [&](int m) {
+    return std::vector<PipelineSchedule>{gpipe(p, m), one_f_one_b(p, m), zero_bubble_h1(p, m), zero_bubble_v(p, m),
+                                         dual_pipe_v(p, m), interleaved_1f1b(p, m, 2)};
+  };
+  const std::vector<PipelineSchedule> few = schedules(16), many = schedules(960);
+  for (int trial = 0; trial < 5; ++trial) {
+    std::vector<double> saved(2 * p), held(2 * p);
+    for (int g = 0; g < 2 * p; ++g) saved[static_cast<std::size_t>(g)] = bytes(random), held[static_cast<std::size_t>(g)] = bytes(random);
+    for (std::size_t k = 0; k < few.size(); ++k)
+      for (int r = 0; r < p; ++r) {
+        const auto& list = few[k].per_rank[static_cast<std::size_t>(r)];
+        const auto& long_list = many[k].per_rank[static_cast<std::size_t>(r)];
+        const LivenessMoments moments = liveness_moments(list), long_moments = liveness_moments(long_list);
+        EXPECT_NEAR(peak_bytes_held(moments, saved, held), running_peak(list, saved, held), 1e-9) << k << " " << r;
+        if (k == 0) continue;  // GPipe holds every micro-batch: its peak grows with m
+        EXPECT_NEAR(peak_bytes_held(long_moments, saved, held), peak_bytes_held(moments, saved, held), 1e-9)
+            << k << " " << r;
+        EXPECT_LE(long_moments.moments.size(), 4u * p) << k << " " << r << ": of " << long_list.size();
+      }
+  }
+  EXPECT_THROW(peak_bytes_held(liveness_moments(few[1].per_rank[0]), {-1.0}, {}), support::ValidationError);
 }
 
 }  // namespace
