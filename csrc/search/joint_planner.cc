@@ -39,6 +39,19 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
   return out;
 }
 
+// Interleaved 1F1B's chunks per rank priced at p stages of `layers`: 2 and 4 (3, 6 and 8 too
+// when thorough), and every v up to 8 that cuts the layers into p x v equal chunks, as
+// Megatron-LM's virtual pipeline does (Llama 3 70B's 80 layers on 8 stages: v = 5, its published
+// configuration, which {2, 4} never priced). Each at most a layer a chunk.
+std::vector<int> interleaved_chunks(std::int64_t p, std::int64_t layers, bool thorough) {
+  std::vector<int> out = thorough ? std::vector<int>{2, 3, 4, 6, 8} : std::vector<int>{2, 4};
+  for (int v = 2; v <= 8; ++v)
+    if (layers % (p * v) == 0 && std::ranges::find(out, v) == out.end()) out.push_back(v);
+  std::erase_if(out, [&](int v) { return p * v > layers; });
+  std::ranges::sort(out);
+  return out;
+}
+
 void check_network(const NetworkCondition& network) {
   const auto& durations = network.durations;
   const auto& scale = network.bandwidth_scale;
@@ -319,9 +332,7 @@ void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_
     const std::int64_t m = options_.global_batch / (d * b);
     std::vector<std::pair<plan::Schedule, int>> schedules = {{plan::Schedule::OneFOneB, 1}};
     if (p > 1 && m % p == 0) {
-      const std::vector<int> vs = thorough_ ? std::vector<int>{2, 3, 4, 6, 8} : std::vector<int>{2, 4};
-      for (int v : vs)
-        if (p * v <= layers_) schedules.emplace_back(plan::Schedule::Interleaved1F1B, v);
+      for (int v : interleaved_chunks(p, layers_, thorough_)) schedules.emplace_back(plan::Schedule::Interleaved1F1B, v);
     }
     // ZB-H1, ZB-V and DualPipeV without recomputation only: the runtime does not split a recomputed
     // block's backward (plan.h), so where memory needs recomputation they are no candidates.

@@ -228,6 +228,31 @@ TEST(JointPlanner, DeepSeekV3ScaleSplitsItsExpertsOverEachNodesTensorRanks) {
               why.without->memory_per_rank / 1e9, why.without->fits);
 }
 
+// Megatron-LM's virtual pipeline cuts the layers into p x v equal chunks (Llama 3 70B: 80 layers,
+// p 8, v 5); the planner prices every such v up to 8 beside 2 and 4. GPT 20 x 8000 with 5 heads
+// (no tensor axis on 4 ranks) on 4 A100s of 80 GB: only 4 stages hold it, and its activations
+// only with recomputation (no zero-bubble schedule, which takes none), so the bubble is
+// interleaving's to cut: v = 5 (a layer a chunk) is the fastest, ahead of v = 4 and v = 2.
+TEST(JointPlanner, PricesEveryVirtualStageCountThatCutsTheLayersEvenly) {
+  ir::Graph g = gpt(20, 8000, 5, 4096, 32000);
+  nlohmann::json doc = nlohmann::json::parse(cost::cluster_to_json_string(cost::preset("dgx-a100", 1)));
+  doc["nodes"][0]["count"] = 4;
+  const cost::Cluster cluster = cost::cluster_from_json_string(doc.dump());
+  const cost::AnalyticCostModel model;
+  JointPlanOptions options;
+  options.global_batch = 16;
+  options.stage_layouts = false;
+  const JointPlanResult r = plan_joint(g, cluster, model, options);
+  ASSERT_TRUE(r.fits);
+  std::string listed;
+  for (const JointCandidate& c : r.best)
+    listed += fmt::format("\n  p {} d {} b {} {} v {} {:.3f} s", c.plan.pipeline, c.plan.data, c.plan.micro_batch,
+                          plan::schedule_name(c.plan.schedule), c.plan.virtual_stages, c.step_time);
+  EXPECT_EQ(r.plan.pipeline, 4) << listed;
+  EXPECT_EQ(r.plan.schedule, plan::Schedule::Interleaved1F1B) << listed;
+  EXPECT_EQ(r.plan.virtual_stages, 5) << listed;
+}
+
 // Stages on sub-meshes of their own widths (plan.stage_meshes): 3 A100s of 4 GiB, GPT 4 x 2048.
 // Three replicas do not fit, nor do two stages of one rank; three stages of one rank each do,
 // as does one rank holding the embedding and a layer and two data-parallel ranks holding the
