@@ -23,6 +23,15 @@ namespace {
 
 using testing::gpt;
 
+// One DGX A100 node cut to `devices` GPUs, each of `memory_bytes` where given.
+cost::Cluster a100_node(int devices, std::int64_t memory_bytes = 0) {
+  nlohmann::json doc = nlohmann::json::parse(cost::cluster_to_json_string(cost::preset("dgx-a100", 1)));
+  doc["nodes"][0]["count"] = devices;
+  if (memory_bytes > 0)
+    for (auto& d : doc["device_types"]) d["memory_bytes"] = memory_bytes;
+  return cost::cluster_from_json_string(doc.dump());
+}
+
 TEST(JointPlanner, Gpt3OnAThousandA100sBeatsMegatronsConfigurationUnderTheSameModel) {
   ir::Graph g = gpt(96, 12288, 96);
   const cost::Cluster cluster = cost::preset("dgx-a100", 128);
@@ -235,9 +244,7 @@ TEST(JointPlanner, DeepSeekV3ScaleSplitsItsExpertsOverEachNodesTensorRanks) {
 // interleaving's to cut: v = 5 (a layer a chunk) is the fastest, ahead of v = 4 and v = 2.
 TEST(JointPlanner, PricesEveryVirtualStageCountThatCutsTheLayersEvenly) {
   ir::Graph g = gpt(20, 8000, 5, 4096, 32000);
-  nlohmann::json doc = nlohmann::json::parse(cost::cluster_to_json_string(cost::preset("dgx-a100", 1)));
-  doc["nodes"][0]["count"] = 4;
-  const cost::Cluster cluster = cost::cluster_from_json_string(doc.dump());
+  const cost::Cluster cluster = a100_node(4);
   const cost::AnalyticCostModel model;
   JointPlanOptions options;
   options.global_batch = 16;
@@ -259,10 +266,7 @@ TEST(JointPlanner, PricesEveryVirtualStageCountThatCutsTheLayersEvenly) {
 // rest and the LM head, which the planner picks: faster than every plan of equal stages.
 TEST(JointPlanner, StagesOfDifferentWidthsWhereTheWorldSplitsNoOtherWay) {
   ir::Graph g = gpt(4, 2048, 16, 1024, 50304);
-  nlohmann::json doc = nlohmann::json::parse(cost::cluster_to_json_string(cost::preset("dgx-a100", 1)));
-  doc["nodes"][0]["count"] = 3;
-  for (auto& d : doc["device_types"]) d["memory_bytes"] = std::int64_t{4} << 30;
-  const cost::Cluster cluster = cost::cluster_from_json_string(doc.dump());
+  const cost::Cluster cluster = a100_node(3, std::int64_t{4} << 30);
   const cost::AnalyticCostModel model;
   JointPlanOptions options;
   options.global_batch = 60;
@@ -301,11 +305,10 @@ TEST(JointPlanner, ThoroughIsNeverWorseThanFastAndBothAreDeterministic) {
 
 TEST(JointPlanner, TightMemoryTurnsToZeroAndRecomputationOrReportsTheLeast) {
   ir::Graph g = gpt(24, 2048, 16);
-  nlohmann::json j = cost::cluster_to_json(cost::preset("dgx-a100", 1));
-  for (auto& d : j["device_types"]) d["memory_bytes"] = std::int64_t{1} << 30;  // 1 GiB: nothing fits
   JointPlanOptions options;
   options.global_batch = 64;
-  JointPlanResult r = plan_joint(g, cost::cluster_from_json(j), cost::AnalyticCostModel{}, options);
+  // 1 GiB a device: nothing fits.
+  JointPlanResult r = plan_joint(g, a100_node(8, std::int64_t{1} << 30), cost::AnalyticCostModel{}, options);
   EXPECT_FALSE(r.fits);
   EXPECT_GT(r.plan.predicted->memory_per_rank, r.memory_limit);
 }
