@@ -297,6 +297,7 @@ TEST(Schedules, LivenessMomentsPriceAsTheListDoesAndStayFewAsMicroBatchesGrow) {
     std::vector<std::pair<int, int>> apart;
     for (std::size_t i = 0; i < list.size(); ++i) {
       const Action& a = list[i];
+      if (!a.is_compute()) continue;
       const double s = saved[static_cast<std::size_t>(a.stage)], h = held[static_cast<std::size_t>(a.stage)];
       auto next = std::find_if(list.begin() + static_cast<std::ptrdiff_t>(i) + 1, list.end(),
                                [](const Action& b) { return b.is_compute(); });
