@@ -39,9 +39,9 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
     state              what a rank holds of the model's state (boxes)  ()
     stage_links        which ranks of two pipeline stages exchange a value crossing their cut,
                        and on which channel  (reshard)
-    compiled           rank programs run through torch.compile, the runtime's stateful
-                       modules eagerly  (async_gradients, collective_matmul, fp8,
-                       parameter_gathers, transport)
+    compiled           rank programs run through torch.compile, cut into pieces at the
+                       runtime's stateful modules, which run eagerly  (async_gradients,
+                       collective_matmul, fp8, parameter_gathers, reshard, transport)
     engine_base        the training loop's controls  (batch, compiled, grad_norm, optim,
                        precision)
     spmd_engine        the SPMD engine (shardwise.Engine)  (engine_base, lower, buckets, state,
