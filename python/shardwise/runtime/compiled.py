@@ -161,11 +161,11 @@ def compiled_in_pieces(module: torch.fx.GraphModule, options: dict) -> tuple[tor
     from torch.fx.passes.split_module import split_module
 
     ops = [n for n in module.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
-    if not any(runs_eagerly(module, n) for n in ops):
+    eagerly = [runs_eagerly(module, n) for n in ops]
+    if not any(eagerly):
         return torch.compile(module, **options), 0
     piece, eager_of, last = {}, {}, None
-    for n in ops:
-        eager = runs_eagerly(module, n)
+    for n, eager in zip(ops, eagerly):
         if eager != last:
             eager_of[len(eager_of)] = eager
             last = eager
