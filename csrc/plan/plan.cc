@@ -458,25 +458,37 @@ void validate(const Plan& plan, std::optional<int> world_size) {
                                       "master weights)", plan.state_dtype));
 }
 
+namespace {
+
+// One stage of `plan` as a plan of its own: a step of `rows` rows in one micro-batch on a
+// data x tensor mesh, in the plan's recompute, precision, state dtype and compile setting, laid
+// out by `sharding`. The plan's own recompute decides the stage's (an edit of it reaches the run).
+Plan one_stage_of(const Plan& plan, int data, int tensor, std::int64_t rows, const Sharding& sharding) {
+  Plan stage;
+  stage.data = data;
+  stage.tensor = tensor;
+  stage.global_batch = rows;
+  stage.micro_batch = rows;
+  stage.recompute = plan.recompute;
+  stage.precision = plan.precision;
+  stage.state_dtype = plan.state_dtype;
+  stage.compile = plan.compile;
+  stage.sharding = sharding;
+  stage.sharding->recompute = plan.recompute;
+  validate(stage);
+  return stage;
+}
+
+}  // namespace
+
 Plan stage_plan(const Plan& plan, int stage) {
   if (plan.stage_meshes.empty()) return stage_plan(plan);
   if (plan.stage_shardings.empty())
     throw ValidationError(fmt::format("plan: no stage_shardings for the stage meshes: a plan given by its meshes is "
                                       "completed first (shardwise.Plan.complete)"));
-  Plan out;
   const std::vector<int> mesh = plan.stage_mesh(stage);
-  out.data = mesh.at(0);
-  out.tensor = mesh.at(1);
-  out.global_batch = plan.micro_batch;
-  out.micro_batch = plan.micro_batch;
-  out.recompute = plan.recompute;
-  out.precision = plan.precision;
-  out.state_dtype = plan.state_dtype;
-  out.compile = plan.compile;
-  out.sharding = plan.stage_shardings.at(static_cast<std::size_t>(stage));
-  out.sharding->recompute = plan.recompute;
-  validate(out);
-  return out;
+  return one_stage_of(plan, mesh.at(0), mesh.at(1), plan.micro_batch,
+                      plan.stage_shardings.at(static_cast<std::size_t>(stage)));
 }
 
 Plan stage_plan(const Plan& plan) {
@@ -486,20 +498,7 @@ Plan stage_plan(const Plan& plan) {
     throw ValidationError(fmt::format("plan: no stage_sharding (pipeline {}, data {}, tensor {}): a plan given by its "
                                       "degrees is completed first (shardwise.Plan.complete)",
                                       plan.pipeline, plan.data, plan.tensor));
-  Plan stage;
-  stage.data = plan.stage_data();
-  stage.tensor = plan.tensor;
-  stage.global_batch = plan.micro_batch * plan.data;
-  stage.micro_batch = stage.global_batch;
-  stage.recompute = plan.recompute;
-  stage.precision = plan.precision;
-  stage.state_dtype = plan.state_dtype;
-  stage.compile = plan.compile;
-  stage.sharding = plan.stage_sharding;
-  // The plan's own recompute decides the stages' (an edit of it reaches the run).
-  stage.sharding->recompute = plan.recompute;
-  validate(stage);
-  return stage;
+  return one_stage_of(plan, plan.stage_data(), plan.tensor, plan.micro_batch * plan.data, *plan.stage_sharding);
 }
 
 namespace {

@@ -456,22 +456,26 @@ double peak_bytes_held(const std::vector<Action>& rank_actions, const std::vecto
   return peak_bytes_held(liveness_moments(rank_actions), saved, held);
 }
 
-void validate(const PipelineSchedule& s) {
-  if (s.ranks < 1 || s.micro_batches < 1 || s.virtual_stages < 1) {
-    throw support::ValidationError(fmt::format("schedule: ranks ({}), micro_batches ({}) and virtual_stages ({}) must be >= 1",
-                                               s.ranks, s.micro_batches, s.virtual_stages));
+namespace {
+
+[[noreturn]] void fail(int r, const Action& a, const std::string& why) {
+  throw support::ValidationError(fmt::format("rank {}: {}: {}", r, to_string(a), why));
+}
+
+// (stage, micro-batch) -> a slot of a flat table, in that key's order (a search validates every
+// list it simulates: a map per message cost a tenth of a plan).
+struct Cells {
+  int micro_batches;
+  std::size_t count;
+  std::size_t operator()(int g, int i) const {
+    return static_cast<std::size_t>(g) * static_cast<std::size_t>(micro_batches) + static_cast<std::size_t>(i);
   }
-  if (static_cast<int>(s.per_rank.size()) != s.ranks) {
-    throw support::ValidationError(
-        fmt::format("schedule: {} action lists for {} ranks", s.per_rank.size(), s.ranks));
-  }
+};
+
+// Pass 1: every action is well-formed and owned by its rank.
+void check_actions_are_owned(const PipelineSchedule& s) {
   const int stages = s.total_stages();
   const int m = s.micro_batches;
-  auto fail = [](int r, const Action& a, const std::string& why) {
-    throw support::ValidationError(fmt::format("rank {}: {}: {}", r, to_string(a), why));
-  };
-
-  // Pass 1: every action is well-formed and owned by its rank.
   for (int r = 0; r < s.ranks; ++r) {
     for (const Action& a : s.per_rank[static_cast<std::size_t>(r)]) {
       if (a.kind == ActionKind::OptimizerStep || a.kind == ActionKind::GradSync) continue;
@@ -487,18 +491,17 @@ void validate(const PipelineSchedule& s) {
       }
     }
   }
+}
 
-  // Pass 2: sends and receives pair up one to one. A message is keyed by
-  // (is-gradient, producing stage, micro-batch): a slot of a flat table, in that key's order
-  // (a search validates every list it simulates: a map per message cost a tenth of a plan).
-  const auto cells = static_cast<std::size_t>(stages) * static_cast<std::size_t>(m);
-  auto cell = [m](int g, int i) { return static_cast<std::size_t>(g) * static_cast<std::size_t>(m) + static_cast<std::size_t>(i); };
+// Pass 2: sends and receives pair up one to one. A message is keyed by (is-gradient, producing
+// stage, micro-batch).
+void check_messages_pair(const PipelineSchedule& s, const Cells& cell) {
   struct Posted {
     int rank = -1;
     Action action;
   };
-  std::vector<Posted> sends(2 * cells), recvs(2 * cells);
-  auto slot = [&](bool grad, int g, int i) { return (grad ? cells : 0) + cell(g, i); };
+  std::vector<Posted> sends(2 * cell.count), recvs(2 * cell.count);
+  auto slot = [&](bool grad, int g, int i) { return (grad ? cell.count : 0) + cell(g, i); };
   for (int r = 0; r < s.ranks; ++r) {
     for (const Action& a : s.per_rank[static_cast<std::size_t>(r)]) {
       if (a.is_send()) {
@@ -521,10 +524,13 @@ void validate(const PipelineSchedule& s) {
     if (recvs[k].rank >= 0 && sends[k].rank < 0)
       fail(recvs[k].rank, recvs[k].action, fmt::format("no matching send on rank {}", recvs[k].action.peer));
   }
+}
 
-  // Pass 3: each forward and backward exactly once.
-  std::vector<int> fwd_count(cells, 0), bwd_count(cells, 0), weight_count(cells, 0);
-  bool split = false;  // a zero-bubble schedule: every backward in two parts
+// Pass 3: each forward and backward exactly once (and each weight gradient, in a zero-bubble
+// schedule: every backward in two parts).
+void check_each_computes_once(const PipelineSchedule& s, const Cells& cell) {
+  std::vector<int> fwd_count(cell.count, 0), bwd_count(cell.count, 0), weight_count(cell.count, 0);
+  bool split = false;
   for (const auto& list : s.per_rank) {
     for (const Action& a : list) {
       if (a.kind == ActionKind::Forward) ++fwd_count[cell(a.stage, a.micro_batch)];
@@ -533,8 +539,8 @@ void validate(const PipelineSchedule& s) {
       split = split || a.kind == ActionKind::WeightGradient;
     }
   }
-  for (int g = 0; g < stages; ++g) {
-    for (int i = 0; i < m; ++i) {
+  for (int g = 0; g < s.total_stages(); ++g) {
+    for (int i = 0; i < s.micro_batches; ++i) {
       for (const auto& [counts, what] : {std::pair{&fwd_count, "forward"}, std::pair{&bwd_count, "backward"},
                                          std::pair{&weight_count, "weight gradient"}}) {
         const int n = (*counts)[cell(g, i)];
@@ -546,11 +552,14 @@ void validate(const PipelineSchedule& s) {
       }
     }
   }
+}
 
-  // Pass 4: abstract execution. Only receives block; every other unmet dependency is
-  // an ordering error within one rank's list.
-  std::vector<char> fwd_done(cells, 0), bwd_done(cells, 0), act_sent(cells, 0), grad_sent(cells, 0), act_in(cells, 0),
-      grad_in(cells, 0), weight_done(cells, 0);
+// Pass 4: abstract execution. Only receives block; every other unmet dependency is an ordering
+// error within one rank's list.
+void check_runs_to_the_end(const PipelineSchedule& s, const Cells& cell) {
+  const int stages = s.total_stages();
+  std::vector<char> fwd_done(cell.count, 0), bwd_done(cell.count, 0), act_sent(cell.count, 0), grad_sent(cell.count, 0),
+      act_in(cell.count, 0), grad_in(cell.count, 0), weight_done(cell.count, 0);
   std::vector<std::size_t> pc(static_cast<std::size_t>(s.ranks), 0);
   for (bool progress = true; progress;) {
     progress = false;
@@ -611,6 +620,24 @@ void validate(const PipelineSchedule& s) {
     const auto at = pc[static_cast<std::size_t>(r)];
     if (at < list.size()) fail(r, list[at], "deadlock: waits for a send that can never be issued");
   }
+}
+
+}  // namespace
+
+void validate(const PipelineSchedule& s) {
+  if (s.ranks < 1 || s.micro_batches < 1 || s.virtual_stages < 1) {
+    throw support::ValidationError(fmt::format("schedule: ranks ({}), micro_batches ({}) and virtual_stages ({}) must be >= 1",
+                                               s.ranks, s.micro_batches, s.virtual_stages));
+  }
+  if (static_cast<int>(s.per_rank.size()) != s.ranks) {
+    throw support::ValidationError(
+        fmt::format("schedule: {} action lists for {} ranks", s.per_rank.size(), s.ranks));
+  }
+  const Cells cells{s.micro_batches, static_cast<std::size_t>(s.total_stages()) * static_cast<std::size_t>(s.micro_batches)};
+  check_actions_are_owned(s);
+  check_messages_pair(s, cells);
+  check_each_computes_once(s, cells);
+  check_runs_to_the_end(s, cells);
 }
 
 }  // namespace shardwise::schedule

@@ -252,6 +252,7 @@ class JointPlanner {
   void enumerate_uniform(std::int64_t t, bool with_zero);
   void enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_t d, std::int64_t c, bool with_zero);
   void enumerate_stage_meshes(std::int64_t t);
+  plan::Plan candidate_of(std::int64_t micro_batch, plan::Schedule schedule, plan::Recompute recompute) const;
   bool fits(const cost::PlanCost& cost) const {  // homogeneous: one capacity; mixed: each stage its own
     return mixed_ ? cost.memory_use <= options_.memory_fraction : cost.memory_per_rank <= result_.memory_limit;
   }
@@ -346,22 +347,13 @@ void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_
         for (int zero : with_zero ? std::vector<int>{1} : std::vector<int>{0}) {
           if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
           if (zero == 1 && d * c == 1) continue;  // nothing to shard it over
-          plan::Plan candidate;
+          plan::Plan candidate = candidate_of(b, schedule, recompute);
           candidate.data = static_cast<int>(d);
           candidate.context = static_cast<int>(c);
           candidate.tensor = static_cast<int>(t);
           candidate.pipeline = static_cast<int>(p);
-          candidate.global_batch = options_.global_batch;
-          candidate.micro_batch = b;
-          candidate.schedule = schedule;
           candidate.virtual_stages = v;
-          candidate.recompute = recompute;
           candidate.zero_stage = d * c > 1 ? zero : 0;
-          candidate.precision = options_.precision;
-          candidate.state_dtype = options_.state_dtype;
-          candidate.compile = options_.compile;
-          candidate.micro_batch_semantics = options_.micro_batch_semantics;
-          candidate.split_experts = options_.expert_parallel;
           // The same plan with its experts split over each stage's data ranks (plan.expert).
           const std::int64_t n = d * c;
           const bool experts_split =
@@ -381,6 +373,24 @@ void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_
 // data widths a and n - a (n = world / t), a != n - a, each splitting a micro-batch of rows a
 // multiple of both. Small jobs only (n <= 16): where a stage of one more or one fewer data
 // rank is a real step, not noise.
+// A candidate of the search's batch in micro-batches of `micro_batch` rows, run by `schedule`
+// with `recompute`, in the options' precision, state dtype, compile setting, micro-batch
+// semantics and expert split: what every candidate shares; the caller sets its degrees.
+plan::Plan JointPlanner::candidate_of(std::int64_t micro_batch, plan::Schedule schedule,
+                                      plan::Recompute recompute) const {
+  plan::Plan candidate;
+  candidate.global_batch = options_.global_batch;
+  candidate.micro_batch = micro_batch;
+  candidate.schedule = schedule;
+  candidate.recompute = recompute;
+  candidate.precision = options_.precision;
+  candidate.state_dtype = options_.state_dtype;
+  candidate.compile = options_.compile;
+  candidate.micro_batch_semantics = options_.micro_batch_semantics;
+  candidate.split_experts = options_.expert_parallel;
+  return candidate;
+}
+
 void JointPlanner::enumerate_stage_meshes(std::int64_t t) {
   const std::int64_t n = cluster_.world_size() / t;
   if (n < 3 || n > 16 || layers_ < 2) return;
@@ -396,17 +406,8 @@ void JointPlanner::enumerate_stage_meshes(std::int64_t t) {
       for (plan::Schedule schedule : {plan::Schedule::OneFOneB, plan::Schedule::ZeroBubbleH1})
         for (plan::Recompute recompute : kRecomputeChoices) {
           if (plan::splits_backward(schedule) && recompute != plan::Recompute::None) continue;
-          plan::Plan candidate;
+          plan::Plan candidate = candidate_of(rows, schedule, recompute);
           candidate.pipeline = 2;
-          candidate.global_batch = options_.global_batch;
-          candidate.micro_batch = rows;
-          candidate.schedule = schedule;
-          candidate.recompute = recompute;
-          candidate.precision = options_.precision;
-          candidate.state_dtype = options_.state_dtype;
-          candidate.compile = options_.compile;
-          candidate.micro_batch_semantics = options_.micro_batch_semantics;
-          candidate.split_experts = options_.expert_parallel;
           candidate.stage_meshes = {{static_cast<int>(a), static_cast<int>(t)},
                                     {static_cast<int>(n - a), static_cast<int>(t)}};
           space_.push_back(std::move(candidate));
