@@ -9,7 +9,9 @@
 
 How (the data flow of docs/ARCHITECTURE.md):
  1. capture: the model and its loss as one ATen graph (torch.export), at the global batch;
- 2. plan: the SPMD search (or the plan given), checked to be the same on every rank (hash);
+ 2. plan: the SPMD search (or the plan given), run on rank 0 and broadcast where every rank asks
+    the same of it (runtime/engine_base.py, planned_once), checked to be the same on every rank
+    (hash);
  3. rewrite: the core's rank program (csrc/transform/spmd_rewrite.h) says, per node, what
     each operand needs and which collectives bring it there, forward and backward;
  4. lowering (runtime/lower.py): each IR node becomes the ATen call it was captured from, on
@@ -60,7 +62,7 @@ from .plan import Plan, micro_batch_fallback
 from .runtime.batch import TARGET, BatchBinding, call_arguments, map_tensors
 from .runtime.compiled import compile_options
 from .runtime.counted import Counter
-from .runtime.engine_base import CollectiveError, Recapture, check_same_plan, check_same_programs
+from .runtime.engine_base import CollectiveError, Recapture, check_same_plan, check_same_programs, planned_once
 from .runtime.lower import _build_module, _rank_program
 from .runtime.mesh import _Mesh
 from .runtime.pipeline_engine import PipelineEngine, stage_program
@@ -327,21 +329,29 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
             raise ValidationError(f"parallelize: the cluster has {cluster.world_size} devices, the job {world} ranks")
         searched = plan is None
         states = state_dtype(model)  # what the engine's optimizer will step: the plan prices it
-        if searched:
-            plan = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
-                               memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
-                               state_dtype=states, compile=compiled is not None)
-        else:  # a plan given by its degrees: completed on this capture (Plan.complete)
+        if not searched:  # a plan given by its degrees: completed on this capture (Plan.complete)
             log.info("parallelize: the plan gives no sharding of its %d x %d mesh: searching it once (the "
                      "engine's plan holds it: save that one to run it without a search)", plan.data, plan.tensor)
-            plan = plan.complete(graph, cluster, level=level)
-        if searched and mesh is None:  # nothing fits at once: maybe in micro-batches, as shardwise.plan does
-            joint = micro_batch_fallback(plan, graph, cluster, global_batch=global_batch, level=level,
-                                         memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
-                                         micro_batch_semantics=micro_batch_semantics or "exact",
-                                         state_dtype=states, compile=compiled is not None)
-            if joint is not None:
-                return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
+
+        def choose(given=plan):  # (on rank 0 alone: planned_once)
+            if given is not None:
+                return given.complete(graph, cluster, level=level), None
+            found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
+                                memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
+                                state_dtype=states, compile=compiled is not None)
+            if mesh is not None:
+                return found, None
+            # nothing fits at once: maybe in micro-batches, as shardwise.plan does
+            return found, micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
+                                               memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
+                                               micro_batch_semantics=micro_batch_semantics or "exact",
+                                               state_dtype=states, compile=compiled is not None)
+
+        asked = repr((cluster.to_json(), None if plan is None else plan.to_json(), global_batch, level, mesh,
+                      _MEMORY_FRACTION, precision, zero, states, compiled is not None, micro_batch_semantics))
+        plan, joint = planned_once(choose, graph, asked)
+        if joint is not None:
+            return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
         _check_fits(plan, cluster, type(model).__name__)
     sharding = plan.sharding
     size = 1
@@ -516,7 +526,8 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
         job = job_cluster()
         log.info("parallelize: the plan gives no layout for its stages' sub-meshes %s: searching it once "
                  "(the engine's plan holds it: save that one to run it without a search)", meshes)
-        plan = plan.complete(graph, job, level=level)
+        plan = planned_once(lambda given=plan: given.complete(graph, job, level=level), graph,
+                            repr((job.to_json(), plan.to_json(), level)))
         check_same_plan(plan, rank)
     layouts = [(tuple(m), None) for m in meshes]
     if plan.stage_meshes:

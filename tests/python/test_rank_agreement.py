@@ -100,3 +100,48 @@ def test_ranks_that_would_run_different_nodes_whole_stop_before_their_first_coll
         assert r["error"] is not None, (rank, r)  # no rank went on
         assert "job_rank_graph" in r["error"] and f"rank {rank} runs whole" in r["error"], r["error"]
         assert forced[0] in r["error"], r["error"]  # the node, named on both ranks
+
+
+def _scenario_plan_made_once(rank: int, world: int) -> list[dict]:
+    from shardwise.plan import Plan
+
+    real = Plan.search.__func__
+    searches = []
+
+    def counted(cls, *args, **kwargs):
+        searches.append(kwargs.get("mesh"))
+        if kwargs.get("level") == "thorough":  # the second call below: a refusal made on rank 0
+            raise shardwise.ValidationError(f"refused on rank {dist.get_rank()}")
+        return real(cls, *args, **kwargs)
+
+    Plan.search = classmethod(counted)
+    try:
+        cluster = shardwise.Cluster.preset("cpu", world)
+        engine = shardwise.parallelize(_model(), _batch(0), mesh=(world, 1), cluster=cluster)
+        searched = len(searches)
+        try:
+            shardwise.parallelize(_model(), _batch(0), mesh=(world, 1), cluster=cluster, level="thorough")
+            refused = None
+        except shardwise.ValidationError as e:
+            refused = str(e)
+    finally:
+        Plan.search = classmethod(real)
+    mine = {"searched": searched, "plan": engine.plan.hash(), "report": engine.plan.report(),
+            "refused": refused, "searches": len(searches)}
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def test_the_plan_is_searched_on_rank_0_and_broadcast_and_its_refusal_raised_on_every_rank():
+    # Every rank asks the same search (engine_base.planned_once): rank 0 alone searches, the
+    # others take its plan (with the report their own capture gives it); a refusal of rank 0's
+    # search is raised on every rank, of its type and with its message, and no rank waits.
+    from conftest import spawn_scenario
+
+    ranks = spawn_scenario(__name__, 2, "plan_made_once")
+    assert [r["searched"] for r in ranks] == [1, 0], ranks
+    assert ranks[0]["plan"] == ranks[1]["plan"] and ranks[0]["report"] == ranks[1]["report"]
+    assert "mesh" in ranks[1]["report"], ranks[1]["report"]
+    assert [r["refused"] for r in ranks] == ["refused on rank 0"] * 2, ranks
+    assert [r["searches"] for r in ranks] == [2, 0], ranks
