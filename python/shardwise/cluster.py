@@ -93,9 +93,10 @@ class Cluster:
           - memory_bandwidth: the catalogue's figure, else a conservative guess (not measured).
         CPU (otherwise): one process per rank, sharing this machine's cores and memory; FLOP/s
         and memory bandwidth are estimates from the catalogue's per-core figures, or, with
-        ``measure_compute``, measured as on CUDA: a timed square GEMM per precision (n = 1024;
-        tf32 is f32 on a CPU) and a timed copy, on every rank at once, so that ranks sharing
-        cores measure their share (about a second).
+        ``measure_compute``, measured as on CUDA: a timed square GEMM per precision (n = 1024,
+        or the largest power of two from 256 whose run takes at most 0.1 s: a CPU's f16 without
+        half-precision units; tf32 is f32 on a CPU) and a timed copy, on every rank at once, so
+        that ranks sharing cores measure their share (about a second).
         When the processes share fewer cores than their threads, a process computing alone
         (a pipeline stage while the others wait) runs faster than its share: the node's
         ``compute_alone`` is min(threads, cores) / (cores / processes), and the evaluator
@@ -440,7 +441,7 @@ def _measure_device(device: dict, where, world: int, sources: dict[str, str], es
 
 
 GEMM_SIZE = 4096  # large enough for cuBLAS to reach its peak on an A100 / H100, ~0.2 GB in f32
-CPU_GEMM_SIZE = 1024  # a CPU's BLAS is near its peak here; 2 GFLOP, ~0.1 s per run on a core
+CPU_GEMM_SIZE = 1024  # a CPU's BLAS is near its peak here; 2 GFLOP, ~0.02-0.1 s per f32 run on a core
 _GEMM_WARMUPS, _GEMM_REPEATS = 2, 5
 
 
@@ -550,15 +551,37 @@ def _time_fp8_gemm(n: int, device) -> float:
                                                     out_dtype=torch.bfloat16), device)
 
 
+# A CPU's GEMM is timed at the largest size up to CPU_GEMM_SIZE whose run is predicted (n^3 from
+# the size below) to take at most this long: a CPU without half-precision units runs f16 through
+# a slow path (a 1024 x 1024 product in 2.2 s on a 2-core Xeon, against 0.02 s in f32), and detect
+# times _GEMM_WARMUPS + _GEMM_REPEATS runs of each precision on every rank at once.
+_CPU_GEMM_RUN_SECONDS = 0.1
+_CPU_GEMM_SMALLEST = 256
+
+
+def _time_cpu_gemm(precision: str, device) -> tuple[int, float]:
+    """(n, seconds of one n x n GEMM at ``precision``): timed at 256, then at each doubling up to
+    CPU_GEMM_SIZE while the next size's run is predicted within _CPU_GEMM_RUN_SECONDS."""
+    n = _CPU_GEMM_SMALLEST
+    seconds = _time_square_gemm(n, precision, device)
+    while n < CPU_GEMM_SIZE and seconds * 8 <= _CPU_GEMM_RUN_SECONDS:
+        n *= 2
+        seconds = _time_square_gemm(n, precision, device)
+    return n, seconds
+
+
 def _measure_peak_flops(device, precisions: Iterable[str]) -> dict[str, float]:
     """FLOP/s of a square GEMM (2 n^3 floating-point operations) on ``device`` for each
     precision; a precision whose timing fails, or gives no positive finite figure, is left
     out (with a warning) for the caller to estimate."""
-    n = _gemm_size(device)
     measured = {}
     for precision in precisions:
+        n = _gemm_size(device)
         try:
-            seconds = _time_square_gemm(n, precision, device)
+            if device.type == "cpu":
+                n, seconds = _time_cpu_gemm(precision, device)
+            else:
+                seconds = _time_square_gemm(n, precision, device)
         except Exception as e:  # noqa: BLE001 - any failure leaves the estimate, never breaks detect()
             log.warning("detect: timing a %dx%d %s GEMM on %s failed (%s: %s); using the estimate",
                         n, n, precision, device, type(e).__name__, e)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 import pytest
 
 import shardwise
@@ -160,14 +162,38 @@ def test_detect_measures_a_cpu_when_asked(monkeypatch):
 
     monkeypatch.setattr(cluster_module, "_time_square_gemm", time_square_gemm)
     c = Cluster.detect(measure_compute=True)
-    n = cluster_module.CPU_GEMM_SIZE
-    # fp8: torch._scaled_mm with rowwise scales, the product an fp8 plan's linears run
-    assert sorted(timed) == sorted((n, p, "cpu") for p in ("f32", "tf32", "bf16", "f16", "fp8"))
+    # fp8: torch._scaled_mm with rowwise scales, the product an fp8 plan's linears run. Each
+    # precision timed at 256 and at each doubling up to 1024 while a run stays short
+    # (_time_cpu_gemm; f16 on a CPU without half-precision units stops early).
+    assert {p for _, p, _ in timed} == {"f32", "tf32", "bf16", "f16", "fp8"}
+    for p in ("f32", "tf32", "bf16", "f16", "fp8"):
+        sizes = [n for n, q, where in timed if q == p and where == "cpu"]
+        assert sizes == [256 * 2 ** k for k in range(len(sizes))] and sizes[-1] <= cluster_module.CPU_GEMM_SIZE, timed
     cpu = c.device_of(0)
     assert all(v > 0 for v in cpu["peak_flops"].values()) and cpu["memory_bandwidth"] > 0
     assert cpu["peak_flops"] != Cluster.detect().device_of(0)["peak_flops"]  # not the estimates
     assert "measured: memory_bandwidth, peak_flops;" in c.name, c.name
     assert Cluster.from_json(c.to_json()) == c
+
+
+def test_a_cpu_gemm_is_timed_at_the_largest_size_whose_run_stays_short(monkeypatch):
+    # f16 through a CPU's slow path: a 512 x 512 product in 0.09 s predicts 0.72 s at 1024, past
+    # _CPU_GEMM_RUN_SECONDS; f32 reaches 1024. The peak is the one of the size last timed.
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    per_cube = {"f32": 0.02 / 1024 ** 3, "f16": 0.09 / 512 ** 3}
+    timed = []
+
+    def time_square_gemm(n, precision, device):
+        timed.append((n, precision))
+        return per_cube[precision] * n ** 3
+
+    monkeypatch.setattr(cluster_module, "_time_square_gemm", time_square_gemm)
+    assert cluster_module._time_cpu_gemm("f32", torch.device("cpu")) == (1024, pytest.approx(0.02))
+    assert cluster_module._time_cpu_gemm("f16", torch.device("cpu")) == (512, pytest.approx(0.09))
+    assert timed == [(256, "f32"), (512, "f32"), (1024, "f32"), (256, "f16"), (512, "f16")]
+    peaks = cluster_module._measure_peak_flops(torch.device("cpu"), ["f32", "f16"])
+    assert peaks["f16"] == pytest.approx(shardwise._C.peak_for_measured_gemm(2 * 512 ** 3 / 0.09, 512))
+    assert peaks["f32"] == pytest.approx(shardwise._C.peak_for_measured_gemm(2 * 1024 ** 3 / 0.02, 1024))
 
 
 @pytest.mark.parametrize("cores, processes, threads, alone", [
