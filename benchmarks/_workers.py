@@ -147,15 +147,32 @@ def size_line(args) -> str:
             f"median of {args.steps} steps after {args.warmup} of warm-up, one thread per process")
 
 
-def run_world(worker: Callable, world: int, args) -> dict:
-    """`worker(rank, world, store, args, out)` in `world` spawned processes; rank 0's JSON from `out`."""
-    import tempfile
+# What every rank of a benchmark imports before its first line: a spawned interpreter imports
+# torch, shardwise and transformers again in each rank (4.6 s of CPU each on a 2-core Xeon, so
+# 9 s of wall time for 4 ranks, at every spawn: fidelity.py spawns 3 times). Ranks are forks of a
+# forkserver that imported them once (tests/python/conftest.py's run_ranks does the same).
+RANK_PRELOAD = ["torch", "torch.distributed", "torch.export._trace", "shardwise", "transformers",
+                "transformers.models.gpt2.modeling_gpt2"]
+
+
+def spawn_ranks(fn: Callable, args: tuple, nprocs: int) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs, join=True)``, its ranks forked from a
+    forkserver that has imported RANK_PRELOAD (started at the first call, kept for the next)."""
+    import multiprocessing
 
     import torch.multiprocessing as mp
 
+    multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def run_world(worker: Callable, world: int, args) -> dict:
+    """`worker(rank, world, store, args, out)` in `world` ranks (spawn_ranks); rank 0's JSON from `out`."""
+    import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")
-        mp.spawn(worker, args=(world, os.path.join(tmp, "store"), args, out), nprocs=world, join=True)
+        spawn_ranks(worker, (world, os.path.join(tmp, "store"), args, out), world)
         with open(out) as f:
             return json.load(f)
 

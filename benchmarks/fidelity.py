@@ -56,12 +56,12 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine_line  # noqa: E402
 from _tensor_memory import PeakTensorBytes, live_storages  # noqa: E402
+from _workers import spawn_ranks  # noqa: E402
 
 WORLD = 4  # the processes of a run (--world 2 runs PLANS_2)
 
@@ -271,7 +271,7 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
 def _spawn(fn, world: int, *args) -> dict | str:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        mp.spawn(fn, args=(os.path.join(tmp, "store"), world, *args, out), nprocs=world, join=True)
+        spawn_ranks(fn, (os.path.join(tmp, "store"), world, *args, out), world)
         with open(out) as f:
             return f.read()
 

@@ -89,11 +89,11 @@ def _rank(rank: int, store: str, world: int, allowed: bool, steps: int, out: str
 def _run(world: int, allowed: bool, steps: int) -> dict:
     import tempfile
 
-    import torch.multiprocessing as mp
+    from _workers import spawn_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        mp.spawn(_rank, args=(os.path.join(tmp, "store"), world, allowed, steps, out), nprocs=world, join=True)
+        spawn_ranks(_rank, (os.path.join(tmp, "store"), world, allowed, steps, out), world)
         with open(out) as f:
             return json.load(f)
 

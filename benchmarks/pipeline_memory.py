@@ -44,10 +44,9 @@ import weakref
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from _machine import cpu_model
-from _workers import finish_worker, pipeline_plan
+from _workers import finish_worker, pipeline_plan, spawn_ranks
 
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v")
 
@@ -293,7 +292,7 @@ def main() -> None:
         predicted = _predicted(args, world, m)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "out")
-            mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), args, out), nprocs=world, join=True)
+            spawn_ranks(_worker, (world, os.path.join(tmp, "store"), args, out), world)
             reports = json.load(open(out))
         for schedule in SCHEDULES:
             for rank, report in enumerate(reports):

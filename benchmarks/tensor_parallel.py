@@ -30,11 +30,10 @@ import types
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from _machine import cpu_model
-from _workers import add_size_arguments, finish_worker, profile_steps, timed_rounds
+from _workers import add_size_arguments, finish_worker, profile_steps, timed_rounds, spawn_ranks
 
 
 def _tp_block_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,7 +144,7 @@ def main() -> None:
     for world in (int(w) for w in args.worlds.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "out")
-            mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), args, out), nprocs=world, join=True)
+            spawn_ranks(_worker, (world, os.path.join(tmp, "store"), args, out), world)
             first, shown, *rest = open(out).read().split("\n", 2)
             ours, theirs, first_diff, max_diff, ours_cpu, theirs_cpu, paired = (float(x) for x in first.split())
         print(f"world {world}: shardwise's placements (tensor axis) of blocks.0: {shown}")

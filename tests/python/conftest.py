@@ -298,9 +298,11 @@ def parameter_error(full: dict, reference: nn.Module) -> float:
 # What every rank imports before it runs a line of its test: a spawned interpreter paid for these
 # again in each rank (about 6 s of CPU for torch, shardwise and transformers' GPT-2 and LLaMA, so
 # 24 s for a 4-rank job on 2 cores). A forkserver imports them once a session, and each rank
-# is a fork of it.
-RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "shardwise", "transformers",
-                "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama"]
+# is a fork of it. torch.export's tracer (torch.export._trace, with dynamo and sympy behind it) is
+# imported by a rank's first capture: 2 s of CPU a rank, 12% of the ranks' time in an 8-rank test
+# (py-spy, 2026-12-05).
+RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.export._trace", "shardwise",
+                "transformers", "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama"]
 
 
 def _rank_in_parents_environment(rank: int, environment: dict, fn, *args) -> None:
