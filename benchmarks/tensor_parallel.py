@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from _machine import cpu_model
-from _workers import add_size_arguments, finish_worker, profile_steps, timed_rounds, spawn_ranks
+from _workers import add_size_arguments, finish_worker, profile_steps, spawn_ranks, timed_rounds
 
 
 def _tp_block_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -574,9 +574,10 @@ def _measure_peak_flops(device, precisions: Iterable[str]) -> dict[str, float]:
     """FLOP/s of a square GEMM (2 n^3 floating-point operations) on ``device`` for each
     precision; a precision whose timing fails, or gives no positive finite figure, is left
     out (with a warning) for the caller to estimate."""
+    size = _gemm_size(device)
     measured = {}
     for precision in precisions:
-        n = _gemm_size(device)
+        n = size
         try:
             if device.type == "cpu":
                 n, seconds = _time_cpu_gemm(precision, device)

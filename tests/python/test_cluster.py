@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 import pytest
+import torch
 
 import shardwise
 from shardwise import Cluster, _C
