@@ -369,10 +369,6 @@ void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_
   }
 }
 
-// Two stages on sub-meshes of their own widths (plan.stage_meshes, Alpa's inter-op stages): a
-// data widths a and n - a (n = world / t), a != n - a, each splitting a micro-batch of rows a
-// multiple of both. Small jobs only (n <= 16): where a stage of one more or one fewer data
-// rank is a real step, not noise.
 // A candidate of the search's batch in micro-batches of `micro_batch` rows, run by `schedule`
 // with `recompute`, in the options' precision, state dtype, compile setting, micro-batch
 // semantics and expert split: what every candidate shares; the caller sets its degrees.
@@ -391,6 +387,10 @@ plan::Plan JointPlanner::candidate_of(std::int64_t micro_batch, plan::Schedule s
   return candidate;
 }
 
+// Two stages on sub-meshes of their own widths (plan.stage_meshes, Alpa's inter-op stages): a
+// data widths a and n - a (n = world / t), a != n - a, each splitting a micro-batch of rows a
+// multiple of both. Small jobs only (n <= 16): where a stage of one more or one fewer data
+// rank is a real step, not noise.
 void JointPlanner::enumerate_stage_meshes(std::int64_t t) {
   const std::int64_t n = cluster_.world_size() / t;
   if (n < 3 || n > 16 || layers_ < 2) return;
