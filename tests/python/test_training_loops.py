@@ -147,16 +147,24 @@ def _worker(rank: int, world: int, store: str, layout: str, result: str, compile
         pipelined = "pipeline" in LAYOUTS[layout]
         example = collate(0, 0)
 
+        # The plan's inputs are the same for every engine built below (one capture of qwen2 and,
+        # sharded, one tight cluster searched from it), so they are made once a rank.
+        made = {}
+
         def build(model, **options):
             plan, mesh = None, LAYOUTS[layout].get("mesh")
             cluster = shardwise.Cluster.preset("cpu", world)
+            if not made and (pipelined or LAYOUTS[layout].get("sharded")):
+                made["graph"] = shardwise.capture(qwen2(), example)
             if pipelined:
                 p, d = LAYOUTS[layout]["pipeline"], LAYOUTS[layout]["data"]
-                plan = shardwise.Plan.manual(shardwise.capture(qwen2(), example), cluster, pipeline=p, data=d,
+                plan = shardwise.Plan.manual(made["graph"], cluster, pipeline=p, data=d,
                                              global_batch=ROWS, micro_batch=ROWS // (2 * d), recompute=False,
                                              precision="f32")
             elif LAYOUTS[layout].get("sharded"):  # (the optimizer's states kept whole: tight_cluster)
-                cluster = tight_cluster(shardwise.capture(qwen2(), example), world, ROWS, mesh)
+                if "cluster" not in made:
+                    made["cluster"] = tight_cluster(made["graph"], world, ROWS, mesh)
+                cluster = made["cluster"]
                 options.update(precision=TIGHT_PRECISION, zero=False)
             if compiled:  # AOTAutograd's graphs, run by the ATen ops they traced: one device's numbers
                 options.update(compile={"backend": "aot_eager"})
