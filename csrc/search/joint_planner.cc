@@ -721,7 +721,9 @@ void JointPlanner::complete_the_best() {
   std::erase_if(fits_only_completed_,
                 [&](const JointCandidate& c) { return c.step_time > kCompletedGain * best_step; });
   std::stable_sort(fits_only_completed_.begin(), fits_only_completed_.end(),
-                   [](const JointCandidate& a, const JointCandidate& b) { return a.memory_per_rank < b.memory_per_rank; });
+                   [](const JointCandidate& a, const JointCandidate& b) {
+                     return a.memory_per_rank < b.memory_per_rank;
+                   });
   for (std::size_t i = 0; i < std::min(kCompletedBeyond, fits_only_completed_.size()); ++i) {
     completed(fits_only_completed_[i]);
     fitting_.push_back(std::move(fits_only_completed_[i]));
