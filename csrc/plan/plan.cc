@@ -461,18 +461,16 @@ void validate(const Plan& plan, std::optional<int> world_size) {
 namespace {
 
 // One stage of `plan` as a plan of its own: a step of `rows` rows in one micro-batch on a
-// data x tensor mesh, in the plan's recompute, precision, state dtype and compile setting, laid
-// out by `sharding`. The plan's own recompute decides the stage's (an edit of it reaches the run).
+// data x tensor mesh, in the plan's recompute and run settings, laid out by `sharding`. The
+// plan's own recompute decides the stage's (an edit of it reaches the run).
 Plan one_stage_of(const Plan& plan, int data, int tensor, std::int64_t rows, const Sharding& sharding) {
   Plan stage;
+  static_cast<RunSettings&>(stage) = plan;
   stage.data = data;
   stage.tensor = tensor;
   stage.global_batch = rows;
   stage.micro_batch = rows;
   stage.recompute = plan.recompute;
-  stage.precision = plan.precision;
-  stage.state_dtype = plan.state_dtype;
-  stage.compile = plan.compile;
   stage.sharding = sharding;
   stage.sharding->recompute = plan.recompute;
   validate(stage);

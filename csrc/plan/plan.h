@@ -93,7 +93,10 @@
 //                  "breakdown": {"compute": ...}, "memory_breakdown": {"parameters": ...}}}
 //
 // Worked example:
-//   Plan p{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
+//   Plan p;
+//   p.data = p.tensor = p.pipeline = 2;
+//   p.global_batch = 16;
+//   p.micro_batch = 2;
 //   p.world_size();         // 8
 //   p.num_micro_batches();  // 16 / (2 * 2) = 4
 //   validate(p, 8);         // ok; validate(p, 16) throws "world size 16 != t 2 x p 2 x d 2 = 8"
@@ -234,7 +237,24 @@ struct Predicted {
   friend bool operator==(const Predicted&, const Predicted&) = default;
 };
 
-struct Plan {
+// How every rank computes its step, whatever its layout: precision, state_dtype,
+// micro_batch_semantics and compile (see above). A plan's stages run them as the plan does, and
+// a search gives every candidate the ones it was asked for (search::JointPlanOptions): one
+// value, copied whole, so that no copy forgets a field.
+struct RunSettings {
+  std::string precision = "bf16";
+  // The dtype the optimizer steps the parameters in, with their gradients and Adam's moments,
+  // where the run keeps no master copy in another ("bf16", "f16", "f32": what torch.optim does
+  // with a model's own parameters; parallelize sets it from the model's); "": the precision's
+  // mixed-precision convention (cost/memory_cost.h: Megatron's fp32 master and moments).
+  std::string state_dtype;
+  MicroBatchSemantics micro_batch_semantics = MicroBatchSemantics::Exact;
+  bool compile = false;
+
+  friend bool operator==(const RunSettings&, const RunSettings&) = default;
+};
+
+struct Plan : RunSettings {
   int data = 1;
   int context = 1;  // ranks splitting each row's sequence (see above); data 1 beside it
   int expert = 1;   // ranks splitting each layer's experts (see above): 1 or data x context
@@ -250,16 +270,8 @@ struct Plan {
   std::vector<int> layers_per_stage;
   std::vector<int> stage_groups;  // pipeline stage -> its block of d x t ranks; empty = in order
   std::vector<std::vector<int>> stage_meshes;  // per pipeline stage [data, tensor]; empty = all {data, tensor}
-  std::string precision = "bf16";
-  // The dtype the optimizer steps the parameters in, with their gradients and Adam's moments,
-  // where the run keeps no master copy in another ("bf16", "f16", "f32": what torch.optim does
-  // with a model's own parameters; parallelize sets it from the model's); "": the precision's
-  // mixed-precision convention (cost/memory_cost.h: Megatron's fp32 master and moments).
-  std::string state_dtype;
-  MicroBatchSemantics micro_batch_semantics = MicroBatchSemantics::Exact;
   bool fused_accumulation = true;
   bool split_experts = true;  // see above
-  bool compile = false;       // see above
   std::optional<Sharding> sharding;
   std::optional<Sharding> stage_sharding;
   std::vector<Sharding> stage_shardings;  // with stage_meshes: one per stage (complete plans)

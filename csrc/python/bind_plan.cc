@@ -230,7 +230,10 @@ void bind_plan_document(py::module_& m) {
       "plan_num_micro_batches",
       [](std::int64_t global_batch, std::int64_t micro_batch, int data, bool sharded) {
         // The count reads four fields: a plan of them alone, not the document parsed again.
-        plan::Plan p{.data = data, .global_batch = global_batch, .micro_batch = micro_batch};
+        plan::Plan p;
+        p.data = data;
+        p.global_batch = global_batch;
+        p.micro_batch = micro_batch;
         if (sharded) p.sharding = plan::Sharding{};
         return p.num_micro_batches();
       },

@@ -379,19 +379,16 @@ void JointPlanner::enumerate_degrees(std::int64_t t, std::int64_t p, std::int64_
 }
 
 // A candidate of the search's batch in micro-batches of `micro_batch` rows, run by `schedule`
-// with `recompute`, in the options' precision, state dtype, compile setting, micro-batch
-// semantics and expert split: what every candidate shares; the caller sets its degrees.
+// with `recompute`, in the options' run settings and expert split: what every candidate
+// shares; the caller sets its degrees.
 plan::Plan JointPlanner::candidate_of(std::int64_t micro_batch, plan::Schedule schedule,
                                       plan::Recompute recompute) const {
   plan::Plan candidate;
+  static_cast<plan::RunSettings&>(candidate) = options_;
   candidate.global_batch = options_.global_batch;
   candidate.micro_batch = micro_batch;
   candidate.schedule = schedule;
   candidate.recompute = recompute;
-  candidate.precision = options_.precision;
-  candidate.state_dtype = options_.state_dtype;
-  candidate.compile = options_.compile;
-  candidate.micro_batch_semantics = options_.micro_batch_semantics;
   candidate.split_experts = options_.expert_parallel;
   return candidate;
 }

@@ -93,13 +93,16 @@ struct NetworkCondition {
   std::vector<double> bandwidth_scale;
 };
 
-struct JointPlanOptions {
+// The run settings (precision, state_dtype, compile, micro_batch_semantics) are every
+// candidate's (plan::RunSettings). micro_batch_semantics Exact: where the graph couples the
+// rows of its batch (analysis/batch_coupling.h: batch norm in training, a router's
+// load-balancing loss) only plans of one micro-batch are candidates (micro_batch x data =
+// global batch), so the plan computes the batch's step; PerMicroBatch: every micro-batch size,
+// and the plan carries the choice (plan/plan.h).
+struct JointPlanOptions : plan::RunSettings {
   std::int64_t global_batch = 0;  // required
   std::optional<NetworkCondition> network;  // none: a steady network (the evaluator alone)
   SearchLevel level = SearchLevel::Fast;
-  std::string precision = "bf16";
-  std::string state_dtype;  // plan::Plan::state_dtype of every candidate
-  bool compile = false;     // plan::Plan::compile of every candidate
   double memory_fraction = cost::kMemoryFraction;  // of each device's memory the plan may use
   int max_micro_batch = 16;  // thorough's cap on b
   // Candidates with ZeRO-1 (optimizer states sharded over the data axis); false: none
@@ -120,11 +123,6 @@ struct JointPlanOptions {
   // Called every 64 candidates and at the end of each pass with (done, total); may throw to
   // stop the search.
   std::function<void(int, int)> progress;
-  // Exact: where the graph couples the rows of its batch (analysis/batch_coupling.h: batch
-  // norm in training, a router's load-balancing loss) only plans of one micro-batch are
-  // candidates (micro_batch x data = global batch), so the plan computes the batch's step;
-  // PerMicroBatch: every micro-batch size, and the plan carries the choice (plan/plan.h).
-  plan::MicroBatchSemantics micro_batch_semantics = plan::MicroBatchSemantics::Exact;
 };
 
 struct JointCandidate {

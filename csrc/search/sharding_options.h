@@ -16,48 +16,27 @@
 
 namespace shardwise::search {
 
-struct ShardingModelOptions {
-  std::vector<int> mesh;  // axis sizes, outermost first
-  std::int64_t global_batch = 1;
+// What a layout search is asked (SpmdSearchOptions) and each of its candidates' models is
+// built with (ShardingModelOptions) alike: both derive from it, and a candidate copies it from
+// the search whole, so that no copy forgets a field.
+struct LayoutSettings {
   cost::Precision precision = cost::Precision::BF16;
   // The ranks run compiled programs (plan::Plan::compile): memory-bound ops priced fused
   // (analysis/compiled_fusion.h, cost/op_cost.h).
   bool compile = false;
-  double memory_limit = 0;  // bytes per rank
-  plan::Recompute recompute = plan::Recompute::None;
-  bool allow_zero = true;
-  std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
+  bool allow_zero = true;  // ZeRO choices (optimizer states, gradients, weights over an axis)
   int beam_width = kBeamWidth;  // search/spmd_problem.h
-  // Parameter collectives (gradient reduction, ZeRO/FSDP weight gathers) run beside compute:
-  // the gathers beside the forward, the gradient reductions beside the backward. One
-  // second of them hidden that way still costs overlap_interference seconds (the cost
-  // model's constant, cost/constants.h: NCCL kernels share SMs and HBM with the GEMMs); the
-  // rest is exposed.
-  double overlap_interference = cost::kOverlapInterference;
-  // Parameter collectives run in buckets (the runtime's gradient buckets, cost/constants.h;
-  // FSDP gathers a unit at a time): a parameter smaller than a bucket pays its share of one
-  // collective's latency, not a whole one (a layer norm's 4 KB gradient is not a 42 us all-reduce).
-  double bucket_bytes = static_cast<double>(cost::kGradientBucketBytes);
-  // Fraction of HBM bandwidth the optimizer step reaches (cost/constants.h).
-  double optimizer_memory_efficiency = cost::kOptimizerMemoryEfficiency;
   // The graph standing for a pipeline stage's share of it (search/stage_layout.h): a rank
   // holds this fraction of the parameter states and of the saved activations of the whole
   // graph at one micro-batch (1F1B's first stage: 1/p of the layers, ~p micro-batches in
   // flight). Memory only; times are the whole graph's.
   double parameter_memory_scale = 1;
-  // Mesh axes on which the batch may be split (empty: every axis). A mesh the user gives as
-  // {data, tensor} keeps the batch off its tensor axis: no strategy there shards a value
-  // along its batch dim (tensor parallelism splits weights, heads and sequences, not rows).
-  std::vector<bool> batch_axes;
   double activation_memory_scale = 1;
   // Tensor-parallel collective matmuls (search/parameter_collectives.h, MatmulCollective;
   // plan::Sharding::collective_matmul): an activation's one all-gather into a contraction's
   // rows, or a contraction's Partial output's one reduce-scatter, hidden under (n-1)/n of
   // the contraction's products at the interference price, forward and backward.
   bool collective_matmul = false;
-  // Ring attention (context parallelism: Index::ring, ops/distributed_kernels.h) offered
-  // where the kernel runs; false: self-attention's sequence is never split.
-  bool ring_attention = true;
   // A mixture of experts' experts split over an axis (expert parallelism: the experts op's
   // summed index, shardwise_moe::experts); false: every rank holds every expert of a layer.
   bool expert_parallel = true;
@@ -73,6 +52,33 @@ struct ShardingModelOptions {
   // there (plan.expert over a stage's data axis); false, not there (plan.expert 1, which the
   // joint planner priced without it); none: the search's choice.
   std::optional<bool> experts_on_first_axis;
+};
+
+struct ShardingModelOptions : LayoutSettings {
+  std::vector<int> mesh;  // axis sizes, outermost first
+  std::int64_t global_batch = 1;
+  double memory_limit = 0;  // bytes per rank
+  plan::Recompute recompute = plan::Recompute::None;
+  std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: the precision's
+  // Parameter collectives (gradient reduction, ZeRO/FSDP weight gathers) run beside compute:
+  // the gathers beside the forward, the gradient reductions beside the backward. One
+  // second of them hidden that way still costs overlap_interference seconds (the cost
+  // model's constant, cost/constants.h: NCCL kernels share SMs and HBM with the GEMMs); the
+  // rest is exposed.
+  double overlap_interference = cost::kOverlapInterference;
+  // Parameter collectives run in buckets (the runtime's gradient buckets, cost/constants.h;
+  // FSDP gathers a unit at a time): a parameter smaller than a bucket pays its share of one
+  // collective's latency, not a whole one (a layer norm's 4 KB gradient is not a 42 us all-reduce).
+  double bucket_bytes = static_cast<double>(cost::kGradientBucketBytes);
+  // Fraction of HBM bandwidth the optimizer step reaches (cost/constants.h).
+  double optimizer_memory_efficiency = cost::kOptimizerMemoryEfficiency;
+  // Mesh axes on which the batch may be split (empty: every axis). A mesh the user gives as
+  // {data, tensor} keeps the batch off its tensor axis: no strategy there shards a value
+  // along its batch dim (tensor parallelism splits weights, heads and sequences, not rows).
+  std::vector<bool> batch_axes;
+  // Ring attention (context parallelism: Index::ring, ops/distributed_kernels.h) offered
+  // where the kernel runs; false: self-attention's sequence is never split.
+  bool ring_attention = true;
   // Activation-gradient all-reduces beside their reader's weight gradient
   // (plan::Sharding::async_gradients, transform/async_gradients.h); false: exposed.
   bool async_gradients = true;

@@ -168,22 +168,13 @@ Outcome run_candidate(const ir::Graph& graph, const cost::Cluster& cluster, cons
                       bool thorough,
                       double memory_limit, FastSolveMemo& memo) {
   ShardingModelOptions mo;
+  static_cast<LayoutSettings&>(mo) = options;
   mo.mesh = mesh;
   mo.global_batch = options.global_batch;
-  mo.precision = options.precision;
-  mo.compile = options.compile;
   mo.memory_limit = memory_limit;
   mo.recompute = recompute;
-  mo.collective_matmul = options.collective_matmul;
   mo.ring_attention = options.context_parallel;
-  mo.expert_parallel = options.expert_parallel;
-  mo.experts_on_first_axis = options.experts_on_first_axis;
-  mo.step_share = options.step_share;
-  mo.allow_zero = options.allow_zero;
   mo.memory = options.memory ? options.memory : cost::state_dtype_memory(options.state_dtype);
-  mo.parameter_memory_scale = options.parameter_memory_scale;
-  mo.activation_memory_scale = options.activation_memory_scale;
-  mo.beam_width = options.beam_width;
   mo.overlap_interference = options.overlap_interference.value_or(cost::overlap_interference(cluster));
   mo.solve_memo = &memo;
   mo.optimizer_memory_efficiency = cost::PlanCostConstants{}.optimizer_memory_efficiency;

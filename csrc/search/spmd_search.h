@@ -71,6 +71,7 @@
 #include "cost/plan_cost.h"
 #include "ir/graph.h"
 #include "plan/plan.h"
+#include "search/sharding_options.h"
 #include "search/spmd_problem.h"
 
 namespace shardwise::search {
@@ -79,11 +80,14 @@ enum class SearchLevel : std::uint8_t { Fast, Thorough };
 std::string_view search_level_name(SearchLevel level);  // "fast", "thorough"
 SearchLevel search_level_from_name(std::string_view name);  // ValidationError on others
 
-struct SpmdSearchOptions {
+// The layout settings (search/sharding_options.h) are every candidate's: its model is built
+// with them (collective_matmul: the plan says so too, plan::Sharding::collective_matmul, for the
+// rewrite and the runtime; experts_on_first_axis: a plan's expert degree, when completing it;
+// step_share: a stage layout at one micro-batch; the memory scales: the graph standing for a
+// pipeline stage's share of it, so that its layout is chosen under the memory the stage has).
+struct SpmdSearchOptions : LayoutSettings {
   std::int64_t global_batch = 0;  // required
   SearchLevel level = SearchLevel::Fast;
-  cost::Precision precision = cost::Precision::BF16;
-  bool compile = false;  // the plan's programs run compiled (plan::Plan::compile), priced so
   double memory_fraction = cost::kMemoryFraction;  // of each device's memory the plan may use
   std::optional<std::vector<int>> mesh;  // {data, tensor}; default: searched
   // With a given mesh: whether its tensor axis may split the batch too. False (a mesh the user
@@ -94,26 +98,10 @@ struct SpmdSearchOptions {
   bool allow_recompute = true;
   // Only this recomputation (every mesh searched with it alone; allow_recompute ignored).
   std::optional<plan::Recompute> recompute;
-  bool allow_zero = true;
-  // Tensor-parallel collectives run as collective matmuls where they can
-  // (search/parameter_collectives.h, MatmulCollective): priced so, and the plan says so
-  // (plan::Sharding::collective_matmul) for the rewrite and the runtime.
-  bool collective_matmul = false;
   // Self-attention's sequence split as ring attention (ShardingModelOptions::ring_attention).
   bool context_parallel = true;
-  // A mixture of experts' experts split over ranks (ShardingModelOptions::expert_parallel).
-  bool expert_parallel = true;
-  // ShardingModelOptions::experts_on_first_axis (a plan's expert degree, when completing it).
-  std::optional<bool> experts_on_first_axis;
-  double step_share = 1;  // ShardingModelOptions::step_share (a stage layout at one micro-batch)
   std::optional<cost::MemoryConstants> memory;  // model states per parameter; none: state_dtype's, else the precision's
   std::string state_dtype;  // plan::Plan::state_dtype: priced so and written into the plan
-  // The graph standing for a pipeline stage's share of it (ShardingModelOptions'): the
-  // fractions of its parameter states and of one micro-batch's saved activations the stage's
-  // ranks hold, so that its layout is chosen under the memory the stage has (stage_layout.h).
-  double parameter_memory_scale = 1;
-  double activation_memory_scale = 1;
-  int beam_width = kBeamWidth;  // search/spmd_problem.h
   // Seconds of step time one second of parameter collectives hidden under compute still
   // costs (cost/constants.h).
   // Unset: the cluster's (cost::overlap_interference: measured, or kOverlapInterference).

@@ -16,6 +16,15 @@ namespace {
 
 using testing::gpt;
 
+// A plan of these degrees and batch, the rest its defaults (plan::Plan derives from its run
+// settings: no designated initializer).
+plan::Plan degrees(int data, int tensor, int pipeline, std::int64_t global_batch, std::int64_t micro_batch) {
+  plan::Plan plan;
+  plan.data = data, plan.tensor = tensor, plan.pipeline = pipeline;
+  plan.global_batch = global_batch, plan.micro_batch = micro_batch;
+  return plan;
+}
+
 void print(const char* name, const cost::PartPrice& p) {
   fmt::print("{:<6} forward {:.4g} s, backward {:.4g} s, collectives {:.4g} s, gradient sync {:.4g} s, {:.4g} "
              "parameters, {:.4g} B saved\n",
@@ -31,7 +40,7 @@ TEST(StageLayout, GptStagesAreLaidOutAsMegatronWithSequenceParallelism) {
   const cost::Cluster cluster = cost::preset("dgx-a100", 4);
   const cost::AnalyticCostModel model;
   const cost::LayerStructure structure = cost::find_layer_structure(g);
-  const plan::Plan plan{.data = 2, .tensor = 8, .pipeline = 2, .global_batch = 256, .micro_batch = 1};
+  const plan::Plan plan = degrees(2, 8, 2, 256, 1);
   const std::optional<StageLayout> layout = search_stage_layout(g, structure, cluster, model, plan, {});
   ASSERT_TRUE(layout);
   print("layer", layout->prices.layer);
@@ -66,7 +75,7 @@ TEST(StageLayout, GptStagesAreLaidOutAsMegatronWithSequenceParallelism) {
 TEST(StageLayout, PlansThatDifferOnlyInWhatTheLayoutCannotSeeShareOne) {
   ir::Graph g = gpt(8, 2048, 16);
   const cost::LayerStructure structure = cost::find_layer_structure(g);
-  const plan::Plan a{.data = 2, .tensor = 8, .pipeline = 2, .global_batch = 256, .micro_batch = 1};
+  const plan::Plan a = degrees(2, 8, 2, 256, 1);
   plan::Plan b = a;  // twice the micro-batches: 1F1B still holds p of them in flight
   b.global_batch = 512;
   EXPECT_EQ(stage_layout_key(structure, a), stage_layout_key(structure, b));
@@ -84,7 +93,7 @@ TEST(StageLayout, TensorDegreeOneHasNothingToLayOut) {
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
   const cost::AnalyticCostModel model;
   const cost::LayerStructure structure = cost::find_layer_structure(g);
-  plan::Plan one{.data = 8, .tensor = 1, .pipeline = 1, .global_batch = 8, .micro_batch = 1};
+  plan::Plan one = degrees(8, 1, 1, 8, 1);
   EXPECT_FALSE(search_stage_layout(g, structure, cluster, model, one, {}));
 }
 
@@ -94,7 +103,7 @@ TEST(StageLayout, ABatchOneGraphIsLaidOutAtMoreRows) {
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
   const cost::AnalyticCostModel model;
   const cost::LayerStructure structure = cost::find_layer_structure(g);
-  plan::Plan rows{.data = 1, .tensor = 4, .pipeline = 2, .global_batch = 16, .micro_batch = 1};
+  plan::Plan rows = degrees(1, 4, 2, 16, 1);
   const std::optional<StageLayout> one = search_stage_layout(g, structure, cluster, model, rows, {});
   rows.micro_batch = 4;
   const std::optional<StageLayout> four = search_stage_layout(g, structure, cluster, model, rows, {});
@@ -120,7 +129,7 @@ TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
   const ir::Graph g = gpt(4, 256, 4, 128, 1000);  // captured at batch 1
   const ir::Graph batch4 = testing::gpt_at_batch(4, 256, 4, 128, 1000, 4);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
-  plan::Plan plan{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
+  plan::Plan plan = degrees(2, 2, 2, 16, 2);
   EXPECT_FALSE(complete_stage_sharding(g, cluster, plan, SearchLevel::Fast));
   const std::optional<plan::Sharding> s = complete_stage_sharding(batch4, cluster, plan, SearchLevel::Fast);
   ASSERT_TRUE(s);
@@ -154,7 +163,8 @@ TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
 
   // zero_stage 1: every floating parameter the layout holds whole on the data axis has its
   // optimizer state sharded over it (what the evaluator prices); the layout is the same.
-  plan::Plan zero1{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 2, .zero_stage = 1};
+  plan::Plan zero1 = degrees(2, 2, 2, 16, 2);
+  zero1.zero_stage = 1;
   const std::optional<plan::Sharding> z = complete_stage_sharding(batch4, cluster, zero1, SearchLevel::Fast);
   ASSERT_TRUE(z);
   EXPECT_EQ(z->placements, s->placements);
@@ -179,11 +189,11 @@ TEST(StageLayout, CompleteStageShardingIsTheSubMeshSearch) {
     EXPECT_NE(std::string(e.what()).find("plan.zero_stage: 3 with pipeline 2"), std::string::npos) << e.what();
   }
 
-  plan::Plan whole{.data = 1, .tensor = 1, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
+  plan::Plan whole = degrees(1, 1, 2, 16, 2);
   EXPECT_FALSE(complete_stage_sharding(batch4, cluster, whole, SearchLevel::Fast));
 
   // One micro-batch of the data axis is 2 rows, the graph was captured at 4.
-  plan::Plan other_rows{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 1};
+  plan::Plan other_rows = degrees(2, 2, 2, 16, 1);
   EXPECT_FALSE(complete_stage_sharding(batch4, cluster, other_rows, SearchLevel::Fast));
   EXPECT_TRUE(complete_stage_sharding(testing::gpt_at_batch(4, 256, 4, 128, 1000, 2), cluster, other_rows,
                                       SearchLevel::Fast));
@@ -205,7 +215,7 @@ std::pair<bool, double> priced_with(const ir::Graph& graph, const cost::Cluster&
 TEST(StageLayout, TheStagesLayoutIsChosenUnderTheFirstStagesMemory) {
   const ir::Graph batch4 = testing::gpt_at_batch(4, 256, 4, 128, 1000, 4);
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
-  const plan::Plan plan{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
+  const plan::Plan plan = degrees(2, 2, 2, 16, 2);
   auto search = [&](double fraction, double parameters, double activations) {
     SpmdSearchOptions options;
     options.global_batch = 4;
@@ -245,7 +255,7 @@ TEST(StageLayout, ACompletedPlanRunsALayoutPricedAtMostAsItWasChosen) {
   const cost::Cluster cluster = cost::preset("dgx-a100", 1);
   const ir::Graph batch4 = testing::gpt_at_batch(4, 256, 4, 128, 1000, 4);
   const cost::LayerStructure structure = cost::find_layer_structure(batch4);
-  const plan::Plan plan{.data = 2, .tensor = 2, .pipeline = 2, .global_batch = 16, .micro_batch = 2};
+  const plan::Plan plan = degrees(2, 2, 2, 16, 2);
   for (double fraction : {cost::kMemoryFraction, 1e-3, 5e-4, 4e-4, 3e-4, 2e-4}) {
     const std::optional<StageLayout> layout =
         search_stage_layout(batch4, structure, cluster, cost::AnalyticCostModel{}, plan, {.memory_fraction = fraction});
