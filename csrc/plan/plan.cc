@@ -403,6 +403,12 @@ void validate(const Plan& plan, std::optional<int> world_size) {
     if (plan.stage_sharding.has_value())
       validate_sharding_section(*plan.stage_sharding, plan.stage_data(), plan.tensor, "plan.stage_sharding");
   }
+  // A plan asking for rings whose layout runs none: the runtime reads the layout's.
+  for (const auto& [layout, where] : {std::pair{&plan.sharding, "sharding"}, std::pair{&plan.stage_sharding, "stage_sharding"}})
+    if (plan.collective_matmul && layout->has_value() && !(*layout)->collective_matmul)
+      throw ValidationError(fmt::format("plan.collective_matmul: true, but plan.{}.collective_matmul is false (a "
+                                        "layout searched without collective matmuls; complete the plan again)",
+                                        where));
   auto hex16 = [](const std::string& text) {
     return text.size() == 16 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
   };
@@ -594,6 +600,7 @@ json plan_degrees(const Plan& plan) {
   if (!plan.fused_accumulation) out["fused_accumulation"] = false;
   if (!plan.split_experts) out["split_experts"] = false;
   if (plan.compile) out["compile"] = true;
+  if (plan.collective_matmul) out["collective_matmul"] = true;
   return out;
 }
 
@@ -644,7 +651,7 @@ Plan plan_from_json(const json& in) {
                                               "pipeline",    "global_batch", "micro_batch",  "schedule",
                                               "virtual_stages", "kfkb_k",  "recompute",      "zero_stage",
                                               "layers_per_stage", "stage_groups", "stage_meshes", "stage_shardings", "context", "expert",
-                                              "precision", "state_dtype", "micro_batch_semantics", "fused_accumulation", "split_experts", "compile", "sharding",
+                                              "precision", "state_dtype", "micro_batch_semantics", "fused_accumulation", "split_experts", "compile", "collective_matmul", "sharding",
                                               "stage_sharding", "programs", "predicted"};
   for (const auto& [key, value] : in.items())
     if (!known.contains(key)) throw ParseError(fmt::format("plan.{}: unknown key", key));
@@ -681,6 +688,7 @@ Plan plan_from_json(const json& in) {
   if (in.contains("fused_accumulation")) plan.fused_accumulation = field<bool>(in, "fused_accumulation");
   if (in.contains("split_experts")) plan.split_experts = field<bool>(in, "split_experts");
   if (in.contains("compile")) plan.compile = field<bool>(in, "compile");
+  if (in.contains("collective_matmul")) plan.collective_matmul = field<bool>(in, "collective_matmul");
   if (in.contains("sharding")) plan.sharding = sharding_from_json(in.at("sharding"));
   if (in.contains("stage_sharding")) plan.stage_sharding = sharding_from_json(in.at("stage_sharding"), "plan.stage_sharding");
   if (in.contains("programs")) {

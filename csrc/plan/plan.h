@@ -61,6 +61,13 @@
 //    runtime/compiled.py), and the plan is priced so (cost/op_cost.h: memory-bound ops fused,
 //    analysis/compiled_fusion.h). false (default, not written, so plans without it keep their
 //    hash) or true.
+//  - collective_matmul: the plan's tensor-parallel collectives run inside their contractions
+//    as rings where its layout lets them (search/parameter_collectives.h, MatmulCollective;
+//    transform/collective_matmul.h): completing the plan searches its layout so
+//    (SpmdSearchOptions::collective_matmul) and the layout says so (Sharding::collective_matmul,
+//    what the rewrite and the runtime read). false (default, not written, so plans without it
+//    keep their hash) or true. Megatron's layout, which prices a plan given by degrees alone,
+//    has no sequence parallelism and so no ring: such a plan is priced so once completed.
 //  - predicted: set by the evaluator (cost/plan_cost.h); not part of the hash, so costing a
 //    plan twice, or with another model, keeps its identity.
 //  - sharding: set by the SPMD search (search/spmd_search.h), see Sharding; part of the hash.
@@ -238,7 +245,7 @@ struct Predicted {
 };
 
 // How every rank computes its step, whatever its layout: precision, state_dtype,
-// micro_batch_semantics and compile (see above). A plan's stages run them as the plan does, and
+// micro_batch_semantics, compile and collective_matmul (see above). A plan's stages run them as the plan does, and
 // a search gives every candidate the ones it was asked for (search::JointPlanOptions): one
 // value, copied whole, so that no copy forgets a field.
 struct RunSettings {
@@ -250,6 +257,7 @@ struct RunSettings {
   std::string state_dtype;
   MicroBatchSemantics micro_batch_semantics = MicroBatchSemantics::Exact;
   bool compile = false;
+  bool collective_matmul = false;
 
   friend bool operator==(const RunSettings&, const RunSettings&) = default;
 };

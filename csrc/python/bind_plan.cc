@@ -129,10 +129,11 @@ py::dict plan_joint_dict(const ir::Graph& graph, const cost::Cluster& cluster, s
                          std::optional<std::pair<std::vector<double>, std::vector<double>>> network, bool stage_layouts,
                          bool allow_zero, const std::string& micro_batch_semantics, const std::string& profile,
                          bool context_parallel, bool expert_parallel, const std::string& state_dtype,
-                         bool compile) {
+                         bool compile, bool collective_matmul) {
   const std::unique_ptr<cost::CostModel> model = cost_model_of(profile);
   search::JointPlanOptions options;
   options.compile = compile;
+  options.collective_matmul = collective_matmul;
   (void)cost::state_dtype_memory(state_dtype);  // checked here, named in the plan
   options.state_dtype = state_dtype;
   options.context_parallel = context_parallel;
@@ -355,11 +356,12 @@ void bind_planners(py::module_& m) {
         py::arg("progress") = py::none(), py::arg("network") = py::none(), py::arg("stage_layouts") = true,
         py::arg("allow_zero") = true, py::arg("micro_batch_semantics") = "exact", py::arg("profile_json") = "",
         py::arg("context_parallel") = true, py::arg("expert_parallel") = true, py::arg("state_dtype") = "",
-        py::arg("compile") = false,
+        py::arg("compile") = false, py::arg("collective_matmul") = false,
         "The joint pipeline x data x tensor planner (csrc/search/joint_planner.h); profile_json as search_plan's; "
         "context_parallel: whether candidates may split each row's sequence (plan.context); expert_parallel: "
         "whether candidates may split the experts over their stages' data ranks (plan.expert); compile: as "
-        "search_plan's.");
+        "search_plan's; collective_matmul: every candidate's (plan.collective_matmul), its stage layouts searched "
+        "and priced with the rings.");
 }
 
 }  // namespace

@@ -134,6 +134,7 @@ ShardingModelOptions stage_model_options(const cost::LayerStructure& structure,
   mo.activation_memory_scale = shares.activations;
   mo.require_batch_index = false;
   mo.expert_parallel = plan.split_experts;
+  mo.collective_matmul = plan.collective_matmul;  // its sequence-parallel collectives as rings, priced so
   // The stage's rows are its data axis' (as completion searches and the runtime runs it:
   // complete_stage_sharding): a tensor axis splitting the graph's batch would price a
   // micro-batch of one row as split over the t ranks where the graph was captured at t rows.
@@ -248,6 +249,7 @@ SpmdSearchResult search_plan_mesh(const ir::Graph& graph, const cost::Cluster& c
   options.precision = cost::parse_precision(plan.precision).value_or(cost::Precision::BF16);
   options.state_dtype = plan.state_dtype;
   options.compile = plan.compile;
+  options.collective_matmul = plan.collective_matmul;
   const cost::AnalyticCostModel analytic;
   return search_spmd(graph, cluster, model != nullptr ? *model : static_cast<const cost::CostModel&>(analytic),
                      options);
@@ -426,6 +428,7 @@ CompletedPlan complete_plan(const ir::Graph& graph, const cost::Cluster& cluster
     throw support::ValidationError(fmt::format("complete plan: the cluster has {} devices, the plan data {} x tensor {}",
                                                cluster.world_size(), plan.data, plan.tensor));
   SpmdSearchResult found = search_plan_mesh(graph, cluster, plan, plan.global_batch, level, memory_fraction, model);
+  found.plan.collective_matmul = plan.collective_matmul;  // what it asked, and its sharding runs
   return {std::move(found.plan), found.fits};
 }
 

@@ -114,7 +114,7 @@ class Plan:
                layers_per_stage: list[int] | None = None, profile=None, cost_model=None,
                stage_groups: list[int] | None = None,
                stage_meshes: list[list[int]] | None = None, micro_batch_semantics: str = "exact",
-               state_dtype: str | None = None, compile: bool = False) -> "Plan":
+               state_dtype: str | None = None, compile: bool = False, collective_matmul: bool = False) -> "Plan":
         """An expert configuration, costed on ``cluster`` for ``graph`` (any batch size: the
         graph is scaled to ``micro_batch``). ``data`` defaults to world size / (t x p x context).
         ``context``: ranks that split each row's sequence (context parallelism: every attention
@@ -147,7 +147,12 @@ class Plan:
         mixed-precision convention (fp32 master weights and moments beside bf16 weights and
         gradients, as Megatron-LM trains). ``compile``: the ranks run their programs through
         ``torch.compile`` (``parallelize(..., compile=True)``), priced so: memory-bound ops
-        fused between the products (csrc/analysis/compiled_fusion.h); the plan's ``compile``."""
+        fused between the products (csrc/analysis/compiled_fusion.h); the plan's ``compile``.
+        ``collective_matmul``: the tensor-parallel collectives run inside their contractions as
+        rings where the layout lets them (Megatron's tp_comm_overlap; ``shardwise.plan``'s), the
+        plan's ``collective_matmul``: ``Plan.complete`` searches its layout so, and the plan is
+        priced with the rings once completed (Megatron's layout, which prices a plan given by
+        degrees, has no sequence parallelism and so no ring)."""
         if stage_meshes:
             stage_meshes = [[int(x) for x in mesh] for mesh in stage_meshes]
             if pipeline == 1:
@@ -182,6 +187,8 @@ class Plan:
             doc["state_dtype"] = str(state_dtype)
         if compile:
             doc["compile"] = True
+        if collective_matmul:
+            doc["collective_matmul"] = True
         if profile is not None and cost_model is not None and profile is not cost_model:
             raise _C.ValidationError("Plan.manual: give profile= or cost_model=, not both")
         profile = profile if profile is not None else cost_model
@@ -225,7 +232,8 @@ class Plan:
               memory_fraction: float = _C.MEMORY_FRACTION, precision: str | None = None, progress=None,
               network: NetworkCondition | None = None, stage_layouts: bool = True, zero: bool = True,
               micro_batch_semantics: str = "exact", profile=None, context_parallel: bool = True,
-              expert_parallel: bool = True, state_dtype: str | None = None, compile: bool = False) -> "Plan":
+              expert_parallel: bool = True, state_dtype: str | None = None, compile: bool = False,
+              collective_matmul: bool = False) -> "Plan":
         """The joint planner (csrc/search/joint_planner.h): pipeline x data x tensor degrees,
         micro-batch, schedule, virtual stages, recomputation and ZeRO stage, searched over the
         evaluator that prices Plan.manual. See ``shardwise.plan``. ``stage_layouts``: the best
@@ -240,15 +248,16 @@ class Plan:
         none. ``expert_parallel``: whether candidates may split each mixture of experts layer's
         experts over a stage's data ranks (``Plan.manual``'s ``expert``), or its layout over its
         tensor ranks; False: neither (the plan's ``split_experts`` false: every rank of a stage
-        holds every expert, however the plan is completed). ``state_dtype`` and ``compile``: as
-        ``Plan.manual``'s."""
+        holds every expert, however the plan is completed). ``state_dtype``, ``compile`` and
+        ``collective_matmul``: as ``Plan.manual``'s (every candidate's; the stage layouts it prices
+        and completes are searched with the rings)."""
         links = None if network is None else ([float(x) for x in network.durations],
                                               [float(x) for x in network.bandwidth])
         result = _C.plan_joint(graph._core, cluster._core, int(global_batch), str(level), float(memory_fraction),
                                _precision(graph, precision), progress, links, bool(stage_layouts), bool(zero),
                                _semantics(micro_batch_semantics, "Plan.joint"), _profile_json(profile),
                                bool(context_parallel), bool(expert_parallel), str(state_dtype or ""),
-                               bool(compile))
+                               bool(compile), bool(collective_matmul))
         return cls(json.loads(result["plan"]), result, **_context_of(graph, cluster))
 
     def alternatives(self) -> list["Plan"]:
@@ -285,6 +294,12 @@ class Plan:
         """Whether the ranks run the plan's programs through torch.compile, and the plan is
         priced so (``Plan.manual``'s ``compile``)."""
         return bool(self._doc.get("compile", False))
+
+    @property
+    def collective_matmul(self) -> bool:
+        """Whether the plan's tensor-parallel collectives run inside their contractions as rings
+        where its layout lets them (``Plan.manual``'s ``collective_matmul``)."""
+        return bool(self._doc.get("collective_matmul", False))
 
     def num_micro_batches(self) -> int:
         """m: global batch / (micro-batch x data) micro-batches per step on each data rank (a
@@ -610,13 +625,12 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     in the model's dtype: csrc/analysis/fp8_linears.h; refused on a cluster with a device
     without FP8 units); None (default): the model's, as captured (a bf16 model, or one
     captured under a mixed-precision policy, trains in bf16; a float32 or float64 model in f32).
-    ``collective_matmul``: the SPMD search prices, and the plan runs, a tensor-parallel
+    ``collective_matmul``: the search prices, and the plan runs, a tensor-parallel
     all-gather into a matmul (and a matmul's output reduce-scattered) as a ring whose blocks
     travel while the blocks before them are multiplied (collective matmul / async tensor
-    parallelism, ``runtime/collective_matmul.py``); the plan's ``sharding.collective_matmul``.
-    It is the SPMD search's: with it, ``pipeline=None`` means the SPMD search and
-    ``pipeline=True`` is refused (the joint planner's stages run plain collectives, and so
-    does the micro-batch fallback where nothing fits at once).
+    parallelism, ``runtime/collective_matmul.py``): the SPMD search's plan's
+    ``sharding.collective_matmul``; the joint planner's plan's ``collective_matmul``, its
+    stages' layouts searched, priced and run with the rings (``Plan.joint``).
     ``network``: a ``NetworkCondition`` for the links between pipeline stages; the joint
     planner then times its pipelined plans on it and may pick kFkB (implies the joint planner).
     ``micro_batch_semantics``: "exact" (default): a plan in micro-batches only for a graph whose
@@ -653,22 +667,18 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
     # Where the joint planner may choose: several nodes, a model with repeated layers, no
     # SPMD-only option. On a mixed cluster there it runs beside the SPMD search, and the
     # faster of uneven batch shares and stages sized to their devices wins.
-    joint_may = (choose and mesh is None and cluster.num_nodes > 1 and not collective_matmul
-                 and bool(graph.repeated_blocks()))
+    joint_may = choose and mesh is None and cluster.num_nodes > 1 and bool(graph.repeated_blocks())
     both = joint_may and cluster.heterogeneous
     if choose:
         pipeline = joint_may and not cluster.heterogeneous
     if pipeline:
         if mesh is not None:
             raise _C.ValidationError("plan: mesh= fixes the SPMD search's {data, tensor} mesh; not with pipeline=True")
-        if collective_matmul:
-            raise _C.ValidationError("plan: collective_matmul= is the SPMD search's (pipeline=False, or mesh=); the "
-                                     "joint planner's stages run their collectives plainly")
         return Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                           precision=precision, progress=progress, network=network, zero=zero,
                           micro_batch_semantics=micro_batch_semantics, profile=profile,
                           context_parallel=context_parallel, expert_parallel=expert_parallel,
-                          state_dtype=state_dtype, compile=compile)
+                          state_dtype=state_dtype, compile=compile, collective_matmul=collective_matmul)
     found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
                         memory_fraction=memory_fraction, precision=precision, recompute=recompute, zero=zero,
                         progress=progress, collective_matmul=collective_matmul, profile=profile,
@@ -679,7 +689,7 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
                            precision=precision, progress=progress, zero=zero,
                            micro_batch_semantics=micro_batch_semantics, profile=profile,
                            context_parallel=context_parallel, expert_parallel=expert_parallel,
-                           state_dtype=state_dtype, compile=compile)
+                           state_dtype=state_dtype, compile=compile, collective_matmul=collective_matmul)
         if joint.fits and (found.fits is False or joint.predicted_step_time() < found.predicted_step_time()):
             return joint
         return found
@@ -688,7 +698,8 @@ def plan(graph, cluster, *, global_batch: int, level: str = "fast", mesh: tuple[
                                      memory_fraction=memory_fraction, precision=precision, progress=progress,
                                      zero=zero, micro_batch_semantics=micro_batch_semantics, profile=profile,
                                      context_parallel=context_parallel, expert_parallel=expert_parallel,
-                                     state_dtype=state_dtype, compile=compile)
+                                     state_dtype=state_dtype, compile=compile,
+                                     collective_matmul=collective_matmul)
         if joint is not None:
             return joint
     return found
@@ -698,7 +709,8 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
                          precision: str | None = None, progress=None, zero: bool = True,
                          micro_batch_semantics: str = "exact", profile=None,
                          context_parallel: bool = True, expert_parallel: bool = True,
-                         state_dtype: str | None = None, compile: bool = False) -> Plan | None:
+                         state_dtype: str | None = None, compile: bool = False,
+                         collective_matmul: bool = False) -> Plan | None:
     """When the SPMD search's plan ``found`` fits under no sharding of one step of the whole
     batch: the joint planner's plan, in micro-batches (gradient accumulation, pipeline
     stages), if that fits; else None. Only for models with repeated layers (what the joint
@@ -712,7 +724,7 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
     joint = Plan.joint(graph, cluster, global_batch=global_batch, level=level, memory_fraction=memory_fraction,
                        precision=precision, progress=progress, zero=zero, micro_batch_semantics=micro_batch_semantics,
                        profile=profile, context_parallel=context_parallel, expert_parallel=expert_parallel,
-                       state_dtype=state_dtype, compile=compile)
+                       state_dtype=state_dtype, compile=compile, collective_matmul=collective_matmul)
     if not joint.fits:
         coupling = _C.batch_coupling(graph._core)
         if micro_batch_semantics == "exact" and coupling["sites"]:
@@ -720,7 +732,7 @@ def micro_batch_fallback(found: Plan, graph, cluster, *, global_batch: int, leve
                                memory_fraction=memory_fraction, precision=precision, zero=zero,
                                micro_batch_semantics="per_micro_batch", profile=profile,
                                context_parallel=context_parallel, expert_parallel=expert_parallel,
-                               state_dtype=state_dtype, compile=compile)
+                               state_dtype=state_dtype, compile=compile, collective_matmul=collective_matmul)
             if loose.fits:
                 raise _C.ValidationError(
                     f"plan: no plan of the whole batch {global_batch} fits in memory, and a plan in micro-batches "

@@ -29,8 +29,8 @@ import torch.nn as nn
 
 import shardwise
 from conftest import (TIGHT_PRECISION, finish_rank, memory_between, parameter_error, spawn_reports, tight_cluster,
-                      train_one_device)
-from rank_ir_check import lowered_against_rank_ir
+                      train_one_device, with_memory, without_call_overhead)
+from rank_ir_check import engine_against_rank_ir
 
 transformers = pytest.importorskip("transformers")
 
@@ -106,7 +106,7 @@ def _train(name: str, plan: shardwise.Plan) -> dict:
         optimizer.zero_grad()
     return {"losses": losses, "eval": engine.eval_step(*_batch(STEPS)).item(), "state": engine.full_state_dict(),
             "traffic": moved, "rank_ir": engine.rank_ir, "code": engine.code,
-            "lowered": lowered_against_rank_ir(engine.module, engine.rank_ir)}
+            "lowered": engine_against_rank_ir(engine)}
 
 
 def _worker(rank: int, world: int, store: str, result: str, name: str, plan_json: str) -> None:
@@ -291,8 +291,50 @@ def test_the_runtime_refuses_a_ring_it_cannot_run_exactly():
             ring("gather", "aten::addmm", 1, forward, backward, args, {})
 
 
-def test_the_joint_planner_refuses_collective_matmul_rather_than_ignore_it():
+def _pipelined_plan(name: str, collective_matmul: bool) -> shardwise.Plan:
+    """2 stages of a 2-rank tensor axis, given by its degrees and completed (the stages' layout
+    searched at one micro-batch of one row, as parallelize captures it)."""
+    ids = torch.randint(0, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(0))
+    graph = shardwise.capture(_model(name), (ids, ids.clone()))
+    cluster = with_memory(without_call_overhead(shardwise.Cluster.preset("cpu", WORLD)), 3e6)
+    plan = shardwise.Plan.manual(graph, cluster, tensor=2, pipeline=2, data=1, global_batch=ROWS, micro_batch=1,
+                                 precision=TIGHT_PRECISION, recompute=False, collective_matmul=collective_matmul)
+    return plan.complete(graph, cluster)
+
+
+def test_a_pipelined_plan_given_by_degrees_runs_its_tensor_collectives_as_rings():
+    # Megatron's tp_comm_overlap for a plan of degrees (issue 46: not expressible before):
+    # Plan.manual(collective_matmul=True) completed searches its stages' layout with the rings
+    # priced (sequence parallelism, each all-gather into a column-parallel product and each
+    # reduce-scatter out of a row-parallel one fused), and each stage runs them, equal to one
+    # device, its program its stage's rank IR node for node.
+    plan = _pipelined_plan("gpt2", collective_matmul=True)
+    assert plan.collective_matmul and plan.stage_sharding["collective_matmul"] is True
+    plain = _pipelined_plan("gpt2", collective_matmul=False)
+    assert not plain.collective_matmul and not plain.stage_sharding.get("collective_matmul", False)
+    # Written only when set (plans without it keep their hash), and read back.
+    assert json.loads(plan.to_json())["collective_matmul"] is True
+    assert "collective_matmul" not in json.loads(plain.to_json())
+    assert shardwise.Plan.from_json(plan.to_json()).collective_matmul and plan.hash() != plain.hash()
+    assert plan.predicted_step_time() < plain.predicted_step_time()
+    reports = _trained_on_the_mesh("gpt2", plan)
+    for r in reports:  # each stage's column- and row-parallel products of its block
+        assert r["code"].count("self.collective_matmul('gather'") >= 2, r["code"]
+        assert r["code"].count("self.collective_matmul('scatter'") >= 2, r["code"]
+        assert r["lowered"]["collectives"] > 4, r["lowered"]
+        assert 'overlap="matmul"' in r["rank_ir"]
+
+
+def test_the_joint_planner_plans_with_collective_matmul_where_asked():
     graph = shardwise.capture(_model("bert"), _batch(0))
-    with pytest.raises(shardwise.ValidationError, match="collective_matmul= is the SPMD search's"):
-        shardwise.plan(graph, shardwise.Cluster.preset("cpu", WORLD), global_batch=ROWS, pipeline=True,
-                       collective_matmul=True)
+    plan = shardwise.plan(graph, shardwise.Cluster.preset("cpu", WORLD), global_batch=ROWS, pipeline=True,
+                          collective_matmul=True)
+    # Every candidate's; the plan completed (here one stage: the SPMD search's layout) runs the rings.
+    layout = "sharding" if plan.sharding is not None else "stage_sharding"
+    assert plan.collective_matmul and getattr(plan, layout)["collective_matmul"] is True
+    # A layout that runs none under a plan that asks for them is refused, not run plainly.
+    doc = json.loads(plan.to_json())
+    doc[layout]["collective_matmul"] = False
+    with pytest.raises(shardwise.ValidationError,
+                       match=f"plan.collective_matmul: true, but plan.{layout}.collective_matmul is false"):
+        shardwise.Plan.from_json(json.dumps(doc))
