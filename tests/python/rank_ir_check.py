@@ -33,8 +33,8 @@ from shardwise import _C
 # The marks of ATen nodes the runtime runs as one of its own modules (rank_graph.h), whose
 # region steps the collectives' comparison checks; a node run whole, or in a recomputed block,
 # is a plain call.
-RUNTIME_MODULE_MARKS = {"shardwise.one_device_random", "shardwise.async_gradient", "shardwise.gather_matmul",
-                        "shardwise.matmul_scatter"}
+RING_MARKS = {"shardwise.gather_matmul", "shardwise.matmul_scatter"}  # transform/collective_matmul.h
+RUNTIME_MODULE_MARKS = {"shardwise.one_device_random", "shardwise.async_gradient", *RING_MARKS}
 TENSOR = "<tensor>"  # every tensor operand, when two calls' other arguments are compared
 FUSED_ACCUMULATION = "shardwise.fused_accumulation"  # transform/fused_weight_accumulation.h
 WEIGHT_CUT = "shardwise.weight_cut"  # transform/weight_gradient_split.h
@@ -128,10 +128,12 @@ def _aten_calls(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[s
     from shardwise.runtime.lower import _LAYOUT_FREE
 
     # An FP8 linear runs as fp8_linear, its input gradient's all-reduce (an asynchronous
-    # gradient) inside it (runtime/lower.py: the FP8 emitter comes first).
+    # gradient) inside it (runtime/lower.py: the FP8 emitter comes first), unless it runs a
+    # ring (its products in float8 inside collective_matmul: _ring_fp8 checks those).
     ir_nodes = [n for n in shardwise.Graph.from_text(rank_ir).nodes()
                 if (n["op"].startswith("aten::") or n["op"] in CAPTURED_OPS) and (
-        FP8_K_AXES in n["attrs"] or not RUNTIME_MODULE_MARKS.intersection(n["attrs"]))]
+        (FP8_K_AXES in n["attrs"] and not RING_MARKS.intersection(n["attrs"]))
+        or not RUNTIME_MODULE_MARKS.intersection(n["attrs"]))]
     made = [(node, _aten_call(node)) for node in flat_nodes(module)]
     made = [(node, call) for node, call in made if call is not None and call[0] not in VALUE_IDENTITIES]
     calls = [call for _, call in made]
@@ -203,11 +205,29 @@ def _collectives(module: torch.fx.GraphModule, rank_ir: str) -> tuple[int, list[
     return sum(ir.values()), mismatches
 
 
+def _ring_fp8(module: torch.fx.GraphModule, rank_ir: str) -> list[str]:
+    """As multisets: the FP8 marks (k axes, n axes, float8 weight) of each ring's contraction in
+    the rank IR (None for one that is no FP8 linear) against each ``collective_matmul`` call's
+    ``fp8`` argument: a ring runs its products in float8 exactly where the IR says so."""
+    def marks(attrs: dict):
+        if FP8_K_AXES not in attrs:
+            return None
+        return tuple(attrs[FP8_K_AXES]), tuple(attrs[FP8_N_AXES]), attrs.get(FP8_FLOAT8_WEIGHT) is True
+
+    ir = Counter(marks(n["attrs"]) for n in shardwise.Graph.from_text(rank_ir).nodes()
+                 if RING_MARKS.intersection(n["attrs"]))
+    rings = [call[2] for call in map(_call, flat_nodes(module)) if call is not None and call[1] == "collective_matmul"]
+    program = Counter((tuple(a[7][0]), tuple(a[7][1]), bool(a[7][2])) if len(a) > 7 else None for a in rings)
+    return [f"rings with FP8 marks {key}: {ir[key]} in the IR, {program[key]} in the program"
+            for key in set(ir) | set(program) if ir[key] != program[key]]
+
+
 def lowered_against_rank_ir(module: torch.fx.GraphModule, rank_ir: str) -> dict:
     """{calls, collectives: how many were compared; mismatches: each difference, in words}."""
     calls, call_mismatches = _aten_calls(module, rank_ir)
     regions, region_mismatches = _collectives(module, rank_ir)
-    return {"calls": calls, "collectives": regions, "mismatches": call_mismatches + region_mismatches}
+    return {"calls": calls, "collectives": regions,
+            "mismatches": call_mismatches + region_mismatches + _ring_fp8(module, rank_ir)}
 
 
 def engine_against_rank_ir(engine) -> dict | None:

@@ -131,13 +131,13 @@ def _worker(rank: int, world: int, store: str, result: str, name: str, plan_json
         events.append("issue")
         return [Recorded(w, i == 0) for i, w in enumerate(exchange(self, send, receive))]
 
-    def recorded_forward(self, x):
+    def recorded_forward(self, x, *scales):
         events.append("product")
-        return forward(self, x)
+        return forward(self, x, *scales)
 
-    def recorded_input_gradient(self, grad):
+    def recorded_input_gradient(self, grad, *scales):
         events.append("product")
-        return input_gradient(self, grad)
+        return input_gradient(self, grad, *scales)
 
     def restore():
         ring.exchange, contraction.forward, contraction.input_gradient = exchange, forward, input_gradient

@@ -22,12 +22,13 @@ import pytest
 import torch
 
 import shardwise
-from conftest import (op_counts, parameter_error, spawn_scenario, tight_plan, train_engine_counting_ops,
-                      train_one_device, zero3_plan)
+from conftest import (TIGHT_PRECISION, op_counts, parameter_error, spawn_scenario, tight_cluster, tight_plan,
+                      train_engine_counting_ops, train_one_device, zero3_plan)
 from rank_ir_check import engine_against_rank_ir
 from shardwise.runtime.compiled import runs_eagerly
 from shardwise.models import CausalLMWithLoss
 from shardwise.runtime import fp8
+from shardwise.runtime.collective_matmul import CollectiveMatmul
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,7 +83,12 @@ def _fp8_engine(model_of, layout: str, world: int, compile: bool = False):
     if layout == "zero3":  # every weight sharded on the data axis, gathered for its read
         return shardwise.parallelize(model_of(), _batch(0), plan=_zero3(shardwise.capture(model_of(), _batch(0)), world,
                                                                         "fp8"), compile=compile)
-    if layout == "data":
+    if layout == "ring":  # tensor parallelism with its collectives run inside the products (collective matmul)
+        graph = shardwise.capture(model_of(), _batch(0))
+        searched = shardwise.plan(graph, tight_cluster(graph, world, ROWS, (1, world)), global_batch=ROWS,
+                                  mesh=(1, world), precision=TIGHT_PRECISION, zero=False, recompute=False,
+                                  collective_matmul=True)
+    elif layout == "data":
         searched = shardwise.parallelize(model_of(), _batch(0), mesh=(world, 1), cluster=cluster, verify=False,
                                          precision="fp8").plan
     else:  # memory that holds the model only with its weights split on the tensor axis
@@ -118,6 +124,9 @@ def _scenario_fp8(rank: int, world: int, model_name: str, layout: str) -> dict:
             # The program that ran is its rank IR, node for node: an FP8 call exactly where
             # the IR marks an FP8 linear, with the marked axes (rank_ir_check.py).
             "lowered": engine_against_rank_ir(engine), "fp8_marks": sum(ir.count("shardwise.fp8_k_axes=") for ir in irs),
+            # FP8 linears that run a ring (their products in float8 inside collective_matmul).
+            "fp8_rings": sum(1 for ir in irs for line in ir.splitlines() if "shardwise.fp8_k_axes=" in line and (
+                "shardwise.gather_matmul=" in line or "shardwise.matmul_scatter=" in line)),
             "error": parameter_error(state, reference),
             "f32_error": parameter_error(dict(plain.named_parameters()), reference),
             "scaled_mm": counts["aten._scaled_mm"], "mm": counts["aten.mm"] + counts["aten.addmm"],
@@ -147,6 +156,25 @@ def test_fp8_plans_run_their_linears_in_float8_and_equal_the_same_arithmetic_on_
         assert r["split_on_tensor"] > 0 and r["amax_axes"] > 0, r
 
 
+@pytest.mark.parametrize("model_name", ["gpt2", "llama"])
+def test_an_fp8_linear_runs_its_tensor_collective_as_a_ring_in_float8(model_name):
+    # Sequence parallelism with collective matmuls (Megatron's tp_comm_overlap under FP8):
+    # each ring's products run in float8 block by block (runtime/fp8.py, Fp8Products), a
+    # block's rows scaled by their own amaxes (taken once before the ring where the rows are
+    # whole on the rank, over the ranks that split K or N), so they are the whole call's rows.
+    r = spawn_scenario(__name__, 2, "fp8", model_name, "ring")
+    print(f"{model_name} ring: losses {r['losses']} one device {r['ref_losses']}; parameters {r['error']:.2e}; "
+          f"fp8 rings {r['fp8_rings']}, fp8 calls {r['fp8_calls']}")
+    for a, b in zip(r["losses"], r["ref_losses"]):
+        assert abs(a - b) <= FP8_TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
+    assert r["error"] < PARAMETER_TOLERANCE, r["error"]
+    assert r["fp8_rings"] > 0 and r["scaled_mm"] > 0, r
+    # Every FP8 linear of the IR ran in float8: through fp8_linear, or in its ring with its marks.
+    assert r["fp8_marks"] == r["fp8_calls"] + r["fp8_rings"] and r["lowered"]["mismatches"] == [], r["lowered"]
+    gap = max(abs(a - b) / abs(b) for a, b in zip(r["f32_losses"][1:], r["ref_losses"][1:]))
+    assert gap > FLOAT32_GAP * FP8_TOLERANCE, (gap, r)
+
+
 def _scenario_fp8_compiled(rank: int, world: int, layout: str) -> dict:
     engine = _fp8_engine(_llama, layout, world, compile=True)
     optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-2)
@@ -170,10 +198,17 @@ def _scenario_fp8_compiled(rank: int, world: int, layout: str) -> dict:
             "eager_pieces": sum(r["eager_pieces"] for r in engine.compile_report()),
             "fp8_eager": sum(1 for run in engine._runs() for n in run.module.graph.nodes
                              if n.target == "fp8_linear" and runs_eagerly(run.module, n)),
+            # A ring runs eagerly; its FP8 casts compiled (collective_matmul.CollectiveMatmul.compile_inner).
+            "fp8_rings": sum(1 for line in engine.rank_ir.splitlines() if "shardwise.fp8_k_axes=" in line and (
+                "shardwise.gather_matmul=" in line or "shardwise.matmul_scatter=" in line)),
+            "ring_casts_compiled": [m._casts is not None and hasattr(m._casts.cast, "_torchdynamo_orig_callable")
+                                    for run in engine._runs() for m in run.module.modules()
+                                    if isinstance(m, CollectiveMatmul)],
+            "lowered": engine_against_rank_ir(engine),
             "compiled": [r["compile_seconds"] is not None for r in engine.compile_report()]}
 
 
-@pytest.mark.parametrize("layout", ["data", "tensor", "zero3"])
+@pytest.mark.parametrize("layout", ["data", "tensor", "zero3", "ring"])
 def test_compiled_fp8_plans_equal_the_same_arithmetic_on_one_device(layout):
     """Under compile an FP8 linear is traced, its casts fused by inductor (what the cost model
     prices for a compiled plan), whether its weight is whole on the rank (data parallelism) or
@@ -197,7 +232,11 @@ def test_compiled_fp8_plans_equal_the_same_arithmetic_on_one_device(layout):
     fp8_breaks = [reason for reason in r["reasons"] if "Fp8Linears" in reason or "fp8" in reason.lower()]
     assert fp8_breaks == [], fp8_breaks
     assert r["fp8_eager"] == r["async_calls"], r
-    assert (r["amax_axes"] > 0) == (layout == "tensor"), r
+    assert r["lowered"]["mismatches"] == [], r["lowered"]
+    if layout == "ring":  # the rings run eagerly, their FP8 products' casts compiled (fused, as priced)
+        assert r["fp8_rings"] > 0 and r["ring_casts_compiled"] and all(r["ring_casts_compiled"]), r
+    else:
+        assert (r["amax_axes"] > 0) == (layout == "tensor"), r
 
 
 def test_an_fp8_plan_is_priced_at_the_fp8_peak_and_refused_where_the_devices_have_none():

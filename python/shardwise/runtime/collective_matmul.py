@@ -137,19 +137,25 @@ def ring_reduce_scatter(ring: _Ring, part) -> torch.Tensor:
 
 class _Contraction:
     """The op's products on one block of rows: forward, and the input's and weight's
-    gradients (autograd's formulas for linear, addmm, mm)."""
+    gradients (autograd's formulas for linear, addmm, mm). An FP8 linear's products
+    (runtime/fp8.py, Fp8Products) scale each row by its own amax: ``row_scales`` gives what a
+    whole tensor's rows need (a max over ranks taken once, before the ring) for the blocks
+    cut from it (``scales``: the block's rows' amaxes); these products need none."""
 
     def __init__(self, op, beta, alpha, weight, bias):
         self.op, self.beta, self.alpha, self.weight, self.bias = op, beta, alpha, weight, bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def row_scales(self, t: torch.Tensor, forward: bool) -> torch.Tensor | None:
+        return None
+
+    def forward(self, x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
         if self.op is _LINEAR:
             return torch.nn.functional.linear(x, self.weight, self.bias)
         if self.op is _ADDMM:
             return torch.addmm(self.bias, x, self.weight, beta=self.beta, alpha=self.alpha)
         return torch.mm(x, self.weight)
 
-    def input_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+    def input_gradient(self, grad: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
         if self.op is _LINEAR:
             return grad @ self.weight
         out = grad @ self.weight.t()
@@ -180,29 +186,63 @@ def _add(total, value):
     return value if total is None else total + value
 
 
+def _products(op, beta, alpha, weight, bias, fp8, columns: tuple | None = None) -> _Contraction:
+    """The products a ring runs: the op's, or an FP8 linear's (`fp8`: runtime/fp8.py's
+    Fp8Spec, the call's amax groups and whether it saves its weight's float8 columns;
+    `columns`: those columns and their scales as backward kept them, in place of `weight`)."""
+    if fp8 is None:
+        return _Contraction(op, beta, alpha, weight, bias)
+    from .fp8 import Fp8Products  # fp8.py reads this module's marks
+
+    return Fp8Products(op, beta, alpha, weight, bias, fp8, columns)
+
+
+def _backward_products(ctx, kept: list) -> _Contraction:
+    """Backward's products from what forward saved of the weight (_saved_weight)."""
+    if len(kept) == 1:
+        return _products(ctx.op, ctx.beta, ctx.alpha, kept[0], None, ctx.fp8)
+    return _products(ctx.op, ctx.beta, ctx.alpha, None, None, ctx.fp8, tuple(kept))
+
+
+def _saved_weight(product: _Contraction, weight: torch.Tensor, fp8) -> tuple:
+    """What backward keeps of the weight: the weight, or its float8 columns and their scales
+    (an FP8 linear that saves them instead of a gathered weight)."""
+    if fp8 is not None and fp8.float8_weight:
+        return product.weight_columns()
+    return (weight,)
+
+
+def _take(layout: "_Blocks", t: torch.Tensor | None, j: int) -> torch.Tensor | None:
+    return None if t is None else layout.take(t, j)
+
+
 class _GatherMatmul(torch.autograd.Function):
-    """forward(op, ring, layout, beta, alpha, x, weight, bias) -> (the product, the gathered x);
-    `layout` (_Blocks) says where the blocks lie along the gathered dim."""
+    """forward(op, ring, layout, beta, alpha, fp8, x, weight, bias) -> (the product, the
+    gathered x); `layout` (_Blocks) says where the blocks lie along the gathered dim; `fp8`
+    (runtime/fp8.py's Fp8Spec, or None): the products in float8."""
 
     @staticmethod
-    def forward(ctx, op, ring, layout, beta, alpha, x, weight, bias):
-        product = _Contraction(op, beta, alpha, weight, bias)
+    def forward(ctx, op, ring, layout, beta, alpha, fp8, x, weight, bias):
+        product = _products(op, beta, alpha, weight, bias, fp8)
         outputs: list[torch.Tensor | None] = [None] * ring.n
         blocks = ring_gather(x, layout.dim, ring, lambda j, block: outputs.__setitem__(j, product.forward(block)))
         gathered = layout.join(blocks)
         traffic.count("all_gather", gathered)
-        ctx.op, ctx.ring, ctx.layout, ctx.beta, ctx.alpha = op, ring, layout, beta, alpha
+        ctx.op, ctx.ring, ctx.layout, ctx.beta, ctx.alpha, ctx.fp8 = op, ring, layout, beta, alpha, fp8
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(gathered, weight)
+        ctx.save_for_backward(gathered, *_saved_weight(product, weight, fp8))
         return layout.join(outputs), gathered
 
     @staticmethod
     def backward(ctx, grad, grad_gathered):
-        gathered, weight = ctx.saved_tensors
-        product = _Contraction(ctx.op, ctx.beta, ctx.alpha, weight, None)
-        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[5:8]
+        gathered, *kept = ctx.saved_tensors
+        product = _backward_products(ctx, kept)
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[6:9]
         ring, block = ctx.ring, ctx.layout.take
         grad_weight = grad_bias = grad_x = None
+        # Every row of the output gradient is here: its scales (a max over the ranks that split
+        # N) are taken once, before the ring.
+        scales = product.row_scales(grad, forward=False) if grad is not None and needs_x else None
 
         def part(j: int) -> torch.Tensor:
             # Block j's input gradient, sent on; its weight gradient beside it. The gathered
@@ -213,7 +253,7 @@ class _GatherMatmul(torch.autograd.Function):
                 g = block(grad, j)
                 if needs_weight:
                     grad_weight = _add(grad_weight, product.weight_gradient(g, block(gathered, j)))
-                out = product.input_gradient(g)
+                out = product.input_gradient(g, _take(ctx.layout, scales, j))
             return _add(out, block(grad_gathered, j)) if grad_gathered is not None else out
 
         if needs_x:
@@ -224,28 +264,30 @@ class _GatherMatmul(torch.autograd.Function):
                 grad_weight = _add(grad_weight, product.weight_gradient(block(grad, j), block(gathered, j)))
         if needs_bias and ctx.has_bias and grad is not None:
             grad_bias = product.bias_gradient(grad)
-        return None, None, None, None, None, grad_x, grad_weight, grad_bias
+        return None, None, None, None, None, None, grad_x, grad_weight, grad_bias
 
 
 class _MatmulScatter(torch.autograd.Function):
-    """forward(op, ring, layout, beta, alpha, x, weight, bias) -> this rank's block (`layout`,
-    _Blocks) of the product summed over the ring."""
+    """forward(op, ring, layout, beta, alpha, fp8, x, weight, bias) -> this rank's block
+    (`layout`, _Blocks) of the product summed over the ring; `fp8` as _GatherMatmul's."""
 
     @staticmethod
-    def forward(ctx, op, ring, layout, beta, alpha, x, weight, bias):
-        product = _Contraction(op, beta, alpha, weight, bias)
-        out = ring_reduce_scatter(ring, lambda j: product.forward(layout.take(x, j)))
+    def forward(ctx, op, ring, layout, beta, alpha, fp8, x, weight, bias):
+        product = _products(op, beta, alpha, weight, bias, fp8)
+        # Every row of x is here: its scales (a max over the ranks that split K) once, before the ring.
+        scales = product.row_scales(x, forward=True)
+        out = ring_reduce_scatter(ring, lambda j: product.forward(layout.take(x, j), _take(layout, scales, j)))
         traffic.count("reduce_scatter", _whole(out, layout.dim, ring.n))
-        ctx.op, ctx.ring, ctx.layout, ctx.beta, ctx.alpha = op, ring, layout, beta, alpha
+        ctx.op, ctx.ring, ctx.layout, ctx.beta, ctx.alpha, ctx.fp8 = op, ring, layout, beta, alpha, fp8
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(x, *_saved_weight(product, weight, fp8))
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        product = _Contraction(ctx.op, ctx.beta, ctx.alpha, weight, None)
-        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[5:8]
+        x, *kept = ctx.saved_tensors
+        product = _backward_products(ctx, kept)
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[6:9]
         ring, layout = ctx.ring, ctx.layout
         grads_x: list[torch.Tensor | None] = [None] * ring.n
         grad_weight = grad_bias = None
@@ -263,7 +305,7 @@ class _MatmulScatter(torch.autograd.Function):
         ring_gather(grad, layout.dim, ring, each)
         traffic.count("all_gather", _whole(grad, layout.dim, ring.n))
         grad_x = layout.join(grads_x) if needs_x else None
-        return None, None, None, None, None, grad_x, grad_weight, grad_bias
+        return None, None, None, None, None, None, grad_x, grad_weight, grad_bias
 
 
 class CollectiveMatmul(torch.nn.Module):
@@ -272,13 +314,23 @@ class CollectiveMatmul(torch.nn.Module):
     on operand `operand` runs inside it as a ring. `kind` "gather": args hold the operand's
     local block; returns (the product, the gathered operand). "scatter": returns this rank's
     block of the reduce-scattered product. The steps are the rank IR's, by text (registered
-    with the Reshard module); `backward_step` None where the operand has no gradient."""
+    with the Reshard module); `backward_step` None where the operand has no gradient. An FP8
+    linear's ring has an eighth argument, ``fp8``: (k axes, n axes, whether it saves its
+    weight's float8 columns), the rank IR's marks (runtime/fp8.py)."""
 
     def __init__(self, mesh: _Mesh, steps: dict):
         super().__init__()
         self._mesh = mesh
         self._steps = steps
         self._rings: dict[int, _Ring] = {}
+        self._casts = None  # an FP8 ring's casts: eager (None), or compiled (compile_inner)
+
+    def compile_inner(self, options: dict) -> None:
+        """In a compiled program (runtime/compiled.py): the ring runs eagerly, an FP8 ring's
+        amaxes and casts each compiled with the program's options (fp8.Casts.compiled)."""
+        from .fp8 import Casts
+
+        self._casts = Casts.compiled(options)
 
     def _ring(self, axis: int) -> _Ring:
         if axis not in self._rings:
@@ -286,7 +338,7 @@ class CollectiveMatmul(torch.nn.Module):
         return self._rings[axis]
 
     def forward(self, kind: str, op: str, operand: int, forward_step: str, backward_step: str | None,
-                args: tuple, kwargs: dict):
+                args: tuple, kwargs: dict, fp8: tuple | None = None):
         target = _BY_NAME.get(op)
         forward = self._steps[forward_step]
         expected = {"gather": ("all_gather", "reduce_scatter"), "scatter": ("reduce_scatter", "all_gather")}[kind]
@@ -304,8 +356,13 @@ class CollectiveMatmul(torch.nn.Module):
         if backward is None and x.requires_grad and kind == "gather":
             raise ValidationError(f"collective_matmul: {op}'s input needs a gradient but its gather has no "
                                   "backward step")
+        spec = None
+        if fp8 is not None:
+            from .fp8 import EAGER_CASTS, Fp8Spec
+
+            spec = Fp8Spec.of(self._mesh, target, x, weight, *fp8, casts=self._casts or EAGER_CASTS)
         function = _GatherMatmul if kind == "gather" else _MatmulScatter
-        return function.apply(target, ring, layout, beta, alpha, x, weight, bias)
+        return function.apply(target, ring, layout, beta, alpha, spec, x, weight, bias)
 
 
 GATHER_MARK, SCATTER_MARK = "shardwise.gather_matmul", "shardwise.matmul_scatter"  # transform/collective_matmul.h
@@ -359,17 +416,20 @@ class RingEmitter:
                                   "and its operand's gradient all-reduce beside its weight gradient; the ring would "
                                   "drop the all-reduce (transform/collective_matmul.h leaves such a call alone)")
         graph = lowering.graph
+        from .fp8 import fp8_marks  # fp8.py reads this module's marks
+
+        fp8 = fp8_marks(read.marks)  # an FP8 linear's products run in the ring in float8
         if self.name in read.taken:
             i, forward, backward, key = read.taken[self.name]
             ring = graph.call_module(self.name, ("gather", op, i, forward[0], backward[0] if backward else None,
-                                                 tuple(args), kwargs))
+                                                 tuple(args), kwargs) + fp8)
             product = graph.call_function(operator.getitem, (ring, 0))
             lowering.reshards[key] = graph.call_function(operator.getitem, (ring, 1))  # its other readers'
             return product
         region = lowering.region_read_from(read.first, RING_OVERLAP)
         forward, backward = lowering.step_texts(region["forward"]), lowering.step_texts(region["backward"])
         return graph.call_module(self.name, ("scatter", op, read.marks[SCATTER_MARK], forward[0],
-                                             backward[0] if backward else None, tuple(args), kwargs))
+                                             backward[0] if backward else None, tuple(args), kwargs) + fp8)
 
 
 RING_EMITTER = RingEmitter()

@@ -160,6 +160,9 @@ def compiled_in_pieces(module: torch.fx.GraphModule, options: dict) -> tuple[tor
     piece's bytecode is a piece's length. A program without such calls is compiled whole."""
     from torch.fx.passes.split_module import split_module
 
+    for sub in module.modules():  # an eager module's own compiled kernels (a ring's FP8 casts)
+        if hasattr(sub, "compile_inner"):
+            sub.compile_inner(options)
     ops = [n for n in module.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
     eagerly = [runs_eagerly(module, n) for n in ops]
     if not any(eagerly):

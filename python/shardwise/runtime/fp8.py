@@ -27,6 +27,13 @@ moved the weight again); the numbers are the same, the cast reading the same W. 
 is traced under compile as any other (only one whose input gradient is all-reduced
 asynchronously runs eagerly: ``Fp8Linears.with_collectives``).
 
+A linear whose tensor-parallel collective runs inside it as a ring (runtime/collective_matmul.py)
+runs these products block by block inside the ring (``Fp8Products``): a block's rows are
+scaled by their own amaxes, so its products are the whole call's rows. Where a whole tensor's
+rows are on the rank (a row-parallel product's x, a column-parallel one's output gradient) their
+amaxes, all-reduced over the ranks that split K or N, are taken once before the ring. A ring is
+one of the runtime's stateful modules, run eagerly between compiled pieces (runtime/compiled.py).
+
 ``one_device()`` runs the same arithmetic on one device: a TorchFunctionMode that routes a
 model's own linear / addmm / mm calls on a weight parameter, under the same rule, through the
 same function. It is the reference FP8 plans are checked against (tests/python/test_fp8.py).
@@ -34,6 +41,7 @@ same function. It is the reference FP8 plans are checked against (tests/python/t
 from __future__ import annotations
 
 import contextlib
+from typing import Callable, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -42,7 +50,7 @@ from .._C import ValidationError
 from . import transport
 from .async_gradients import (ASYNC_GRADIENT_EMITTER, _ADDMM, _BY_NAME, _LINEAR, _MM, SPLIT_OPS, bias_gradient,
                               contraction_operands)
-from .collective_matmul import GATHER_MARK, SCATTER_MARK
+from .collective_matmul import GATHER_MARK, SCATTER_MARK, _Contraction
 from .mesh import _Mesh
 
 FP8 = torch.float8_e4m3fn
@@ -112,6 +120,23 @@ def _weight_columns(op, weight: torch.Tensor, n_groups: tuple[str, ...]) -> tupl
     return _cast(w_kn, w_amax)
 
 
+def _forward_product(x: torch.Tensor, x_cast: tuple, w_cast: tuple, bias, beta, alpha) -> torch.Tensor:
+    """y = alpha x W^T + beta bias from x's rows and W's rows over K in float8 (each with its
+    inverse scales), in x's shape and dtype. A linear layer's bias is added by the product (as
+    addmm adds it); the CPU kernel adds it in the output's dtype, CUDA's writes bf16 first, so
+    there it is added after."""
+    (x_q, x_scale), (w_q, w_scale) = x_cast, w_cast
+    fused = bias is not None and bias.dim() == 1 and beta == 1 and alpha == 1 and bias.dtype == x.dtype \
+        and not x.is_cuda
+    y = _scaled_product(x_q, x_scale, w_q, w_scale, x.dtype, bias if fused else None)
+    y = y.reshape(*x.shape[:-1], w_q.shape[0])
+    if alpha != 1:
+        y = y * alpha
+    if bias is not None and not fused:
+        y = y + (bias * beta if beta != 1 else bias)
+    return y
+
+
 class _Fp8Linear(torch.autograd.Function):
     """forward(op, k_groups, n_groups, grad_group, float8_weight, beta, alpha, x, weight, bias):
     the call of `op` with its product in float8 (the module docstring); `grad_group`: x's
@@ -131,18 +156,7 @@ class _Fp8Linear(torch.autograd.Function):
             ctx.save_for_backward(x, weight)
         x_rows, w_nk = _rows(x), _weight_nk(op, weight)
         x_amax, w_amax = _amaxes([(x_rows, 1), (w_nk, 1)], k_groups)
-        (x_q, x_scale), (w_q, w_scale) = _cast(x_rows, x_amax), _cast(w_nk, w_amax)
-        # A linear layer's bias is added by the product (as addmm adds it); the CPU kernel adds
-        # it in the output's dtype, CUDA's writes bf16 first, so there it is added after.
-        fused = bias is not None and bias.dim() == 1 and beta == 1 and alpha == 1 and bias.dtype == x.dtype \
-            and not x.is_cuda
-        y = _scaled_product(x_q, x_scale, w_q, w_scale, x.dtype, bias if fused else None)
-        y = y.reshape(*x.shape[:-1], w_q.shape[0])
-        if alpha != 1:
-            y = y * alpha
-        if bias is not None and not fused:
-            y = y + (bias * beta if beta != 1 else bias)
-        return y
+        return _forward_product(x, _cast(x_rows, x_amax), _cast(w_nk, w_amax), bias, beta, alpha)
 
     @staticmethod
     def backward(ctx, grad):
@@ -190,6 +204,105 @@ def fp8_call(op, args: tuple, kwargs: dict, k_groups: tuple[str, ...] = (), n_gr
                               f"{weight.dtype}; a float64 model has no FP8 plan (train it in float32 or bf16)")
     return _Fp8Linear.apply(op, tuple(k_groups), tuple(n_groups), grad_group, bool(float8_weight), beta, alpha, x,
                             weight, bias)
+
+
+class Casts(NamedTuple):
+    """How a block's amaxes and scaled casts run: eagerly (``_row_amax``, ``_cast``), or, in a
+    compiled program, each one kernel compiled with the program's options (``Casts.compiled``):
+    the ring itself runs eagerly between compiled pieces (runtime/compiled.py), its casts as
+    the traced FP8 linears' are fused, which is what the cost model prices for both."""
+    amax: Callable
+    cast: Callable
+
+    @staticmethod
+    def compiled(options: dict) -> "Casts":
+        return Casts(torch.compile(_row_amax, **options), torch.compile(_cast, **options))
+
+
+def _row_amax(t: torch.Tensor, dim: int) -> torch.Tensor:
+    return t.detach().abs().amax(dim=dim, keepdim=True).float()
+
+
+EAGER_CASTS = Casts(_row_amax, _cast)
+
+
+class Fp8Spec(NamedTuple):
+    """What an FP8 linear run inside a ring (runtime/collective_matmul.py) needs besides the
+    op's: the process groups its amaxes are a max over where they split K (forward) and N
+    (backward), whether it saves its weight's float8 columns for backward, and how its casts
+    run (Casts)."""
+    k_groups: tuple[str, ...]
+    n_groups: tuple[str, ...]
+    float8_weight: bool
+    casts: Casts = EAGER_CASTS
+
+    @staticmethod
+    def of(mesh: _Mesh, op, x: torch.Tensor, weight: torch.Tensor, k_axes, n_axes, float8_weight,
+           casts: Casts = EAGER_CASTS) -> "Fp8Spec":
+        if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+            raise ValidationError(f"fp8: {op} computes in float8 from float32 or bfloat16 operands, got {x.dtype} "
+                                  f"and {weight.dtype}; a float64 model has no FP8 plan (train it in float32 or bf16)")
+        return Fp8Spec(tuple(mesh.group_names[a] for a in k_axes), tuple(mesh.group_names[a] for a in n_axes),
+                       bool(float8_weight), casts)
+
+
+class Fp8Products(_Contraction):
+    """An FP8 linear's products on blocks of rows (a ring's: runtime/collective_matmul.py), the
+    arithmetic of _Fp8Linear: each row of x (forward) and of the output gradient (backward) is
+    scaled by its own amax, W's rows over K and columns over N by theirs, so a block's float8
+    operands are the whole call's rows and its products the whole product's rows. Where a
+    whole tensor's rows are on this rank (`row_scales`: a scatter's x, a gather's output
+    gradient) their amaxes, a max over the groups that split the summed dim, are taken once
+    before the ring, and a block reads its rows' (`scales`); a block that travels takes its
+    own (its rows whole on the ranks of those groups). dW = dy^T x in the input's precision."""
+
+    def __init__(self, op, beta, alpha, weight, bias, spec: Fp8Spec, columns: tuple | None = None):
+        super().__init__(op, beta, alpha, weight, bias)
+        self.spec = spec
+        self._rows_q: tuple | None = None  # W's rows over K in float8 and their inverse scales
+        self._columns = columns  # W's columns over N likewise: what dx = dy W multiplies
+
+    def _amax(self, t: torch.Tensor, dim: int, groups: tuple[str, ...]) -> torch.Tensor:
+        """_amaxes' for one tensor, the local amax by the spec's casts."""
+        amax = self.spec.casts.amax(t, dim)
+        for group in groups:
+            amax = torch.ops.shardwise.all_reduce(amax, "max", group)
+        return amax
+
+    def row_scales(self, t: torch.Tensor, forward: bool) -> torch.Tensor:
+        return self._amax(t, t.dim() - 1, self.spec.k_groups if forward else self.spec.n_groups)
+
+    def weight_rows(self) -> tuple:
+        if self._rows_q is None:
+            w_nk = _weight_nk(self.op, self.weight)
+            self._rows_q = self.spec.casts.cast(w_nk, self._amax(w_nk, 1, self.spec.k_groups))
+        return self._rows_q
+
+    def weight_columns(self) -> tuple:
+        if self._columns is None:  # as _weight_columns
+            w_kn = _weight_nk(self.op, self.weight).t()
+            self._columns = self.spec.casts.cast(w_kn, self._amax(w_kn, 1, self.spec.n_groups))
+        return self._columns
+
+    def forward(self, x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+        amax = self.row_scales(x, forward=True) if scales is None else scales
+        x_cast = self.spec.casts.cast(_rows(x), _rows(amax))
+        return _forward_product(x, x_cast, self.weight_rows(), self.bias, self.beta, self.alpha)
+
+    def input_gradient(self, grad: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+        amax = self.row_scales(grad, forward=False) if scales is None else scales
+        w_q, w_scale = self.weight_columns()
+        g_q, g_scale = self.spec.casts.cast(_rows(grad), _rows(amax))
+        out = _scaled_product(g_q, g_scale, w_q, w_scale, grad.dtype).reshape(*grad.shape[:-1], w_q.shape[0])
+        return out * self.alpha if self.alpha != 1 else out
+
+
+def fp8_marks(marks: dict) -> tuple:
+    """A call's FP8 marks as a ring's last argument, ``((k axes, n axes, float8 weight),)``;
+    () for a call that is no FP8 linear."""
+    if FP8_K_AXES not in marks:
+        return ()
+    return ((tuple(marks[FP8_K_AXES]), tuple(marks[FP8_N_AXES]), bool(marks.get(FP8_FLOAT8_WEIGHT))),)
 
 
 class Fp8Linears(torch.nn.Module):
@@ -242,8 +355,9 @@ class Fp8Emitter:
     """The emitter of the rank graph's FP8 linears (``{shardwise.fp8_k_axes=[..],
     shardwise.fp8_n_axes=[..]}``, where the plan runs in fp8), one of runtime/lower.py's
     ``FEATURES``, asked before the others: the call runs through ``self.fp8_linear``, which runs
-    the async-gradient emitter's all-reduce itself (``read.taken["async_gradient"]``); a ring
-    it refuses."""
+    the async-gradient emitter's all-reduce itself (``read.taken["async_gradient"]``). One that
+    runs a ring it leaves to the ring's emitter, which runs its products in float8
+    (``fp8_marks``, Fp8Products)."""
 
     name = "fp8_linear"  # the lowering's module: root.fp8_linear
 
@@ -254,13 +368,9 @@ class Fp8Emitter:
         return False
 
     def takes(self, lowering, read) -> bool:
-        return FP8_K_AXES in read.marks
+        return FP8_K_AXES in read.marks and GATHER_MARK not in read.marks and SCATTER_MARK not in read.marks
 
     def emit(self, lowering, read, args: tuple, kwargs: dict):
-        ring = next((mark for mark in (GATHER_MARK, SCATTER_MARK) if mark in read.marks), None)  # a ring: refused
-        if ring is not None:
-            raise ValidationError(f"parallelize: '{read.first}' ({read.target}) would run collective_matmul in "
-                                  f"float8 ({ring}), which the runtime cannot: plan it without collective_matmul")
         if read.target not in SPLIT_OPS:
             raise ValidationError(f"parallelize: the core marks '{read.first}' ({read.target}) as an FP8 linear, "
                                   f"which the runtime runs only for {', '.join(SPLIT_OPS.values())}")

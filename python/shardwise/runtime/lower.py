@@ -71,7 +71,8 @@ _BY_NAME = {str(op): op for op in _MASKS | _LIKE}
 # (it makes this call) and emit(lowering, read, args, kwargs) (the call). It reads the rank IR
 # only: the call's marks (read.marks) and its operands' regions (_C.rank_ir_operands), and it
 # uses the lowering's mesh, graph, root, reshards, step_texts and region_read_from.
-# The order, and why: FP8 first (it runs an asynchronous all-reduce itself and refuses a ring);
+# The order, and why: FP8 first (it runs an asynchronous all-reduce itself, and leaves a call
+# that runs a ring to the ring's emitter, which runs its products in float8);
 # the ring before the asynchronous all-reduce (the core never marks both; the ring refuses
 # it); fused accumulation last (a stage's call that runs one of the others keeps autograd's
 # accumulation: speed, not numbers).

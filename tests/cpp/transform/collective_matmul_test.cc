@@ -206,6 +206,25 @@ TEST(CollectiveMatmul, AProductWhoseInputGradientIsReducedBesideItsWeightsHasNoR
   EXPECT_EQ(overlap(g, "plain.r1"), "matmul");
 }
 
+TEST(CollectiveMatmul, AnFp8LinearRingsAsAnyProduct) {
+  // A plan in fp8 marks its linears (transform/fp8_axes.h); the runtime runs their float8
+  // products block by block inside the ring (runtime/fp8.py, Fp8Products), so the pass marks
+  // them as any contraction, keeping the FP8 marks.
+  const ir::Graph before = ir::parse_graph(R"(graph(%x: f32[8,16]) {
+  %w: f32[16,16] parameter
+  %fp8: f32[8,16] = aten::linear(%x, %w) {bias=none, shardwise.fp8_k_axes=[1], shardwise.fp8_n_axes=[]}
+  %fp8.r1: f32[4,16] = shardwise::reduce_scatter(%fp8) {axis=1, dim=0, group=[0,1], overlap="exposed"}
+  %fp8.r1.b: f32[4,16] = shardwise::all_gather(%fp8.r1) {axis=1, dim=0, group=[0,1], overlap="exposed", pass="backward"}
+  %y: f32[4,16] = aten::neg(%fp8.r1.b)
+  return (%y)
+})");
+  ir::Graph g = before;
+  fuse_collective_matmuls(g);
+  EXPECT_TRUE(call(g, "fp8").attrs.contains("shardwise.matmul_scatter"));
+  EXPECT_TRUE(call(g, "fp8").attrs.contains("shardwise.fp8_k_axes"));
+  EXPECT_EQ(overlap(g, "fp8.r1"), "matmul");
+}
+
 TEST(CollectiveMatmulRows, OnlyTheContractionsRowsMayBeCut) {
   const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[4,8,16], %a: f32[8,16]) {
   %w: f32[32,16] parameter
