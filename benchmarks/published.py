@@ -64,6 +64,10 @@ class Row:
     # casts too where its weight is whole on the rank): the runs that use fused kernels
     # (Megatron-Bridge's Transformer Engine), the nearest this runtime runs being torch.compile.
     compile: bool = False
+    # The tensor-parallel collectives run inside their products (Megatron's tp_comm_overlap,
+    # Transformer Engine's userbuffers): priced as the runtime's collective matmuls
+    # (Plan.manual's collective_matmul), the stages' layout searched with them.
+    collective_matmul: bool = False
     choose: bool = False        # the source leaves v and recomputation out: price_unpublished picks
     notes: list[str] = field(default_factory=list)
 
@@ -84,16 +88,17 @@ CALIBRATION = [
         tflops_per_gpu=744, compile=True),
     Row(f"{MB} 25.09", "8B", 8, "fp8", 128, 1, 8192, zero=3, recompute_layers=5, tokens_per_gpu=14079,
         tflops_per_gpu=725, compile=True),
-    # 70B: TP 4, PP 8, VP 5, DP 2, MBS 1.
+    # 70B: TP 4, PP 8, VP 5, DP 2, MBS 1; TP communication overlap (llama3_llm_pretrain.py's
+    # llama3_70b_h100_config: tp_comm_overlap_cfg userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192).
     Row(f"{MB} 25.11", "70B", 64, "fp8", 128, 1, 8192, tensor=4, pipeline=8, virtual_stages=5,
-        tokens_per_gpu=1602, tflops_per_gpu=719, compile=True),
+        tokens_per_gpu=1602, tflops_per_gpu=719, compile=True, collective_matmul=True),
     Row(f"{MB} 25.09", "70B", 64, "fp8", 128, 1, 8192, tensor=4, pipeline=8, virtual_stages=5,
-        tokens_per_gpu=1619, tflops_per_gpu=727, compile=True),
+        tokens_per_gpu=1619, tflops_per_gpu=727, compile=True, collective_matmul=True),
     Row(f"{MB} 26.02", "70B", 64, "fp8", 256, 1, 8192, tensor=4, pipeline=8, virtual_stages=5,
-        tokens_per_gpu=1621, tflops_per_gpu=728, compile=True),
-    # 405B: TP 8, PP 8, CP 2, VP 8.
+        tokens_per_gpu=1621, tflops_per_gpu=728, compile=True, collective_matmul=True),
+    # 405B: TP 8, PP 8, CP 2, VP 8 (TP communication overlap, as 70B's).
     Row(f"{MB} 25.11", "405B", 1024, "fp8", 512, 1, 8192, tensor=8, pipeline=8, virtual_stages=8, context=2,
-        tokens_per_gpu=292, tflops_per_gpu=737, compile=True),
+        tokens_per_gpu=292, tflops_per_gpu=737, compile=True, collective_matmul=True),
 ]
 
 TT = "torchtitan 2024-12"
@@ -188,7 +193,8 @@ def price(graph, cluster, row: Row) -> dict:
                   global_batch=row.global_batch,
                   micro_batch=row.micro_batch, zero=row.zero, precision=row.precision,
                   schedule="interleaved-1f1b" if row.virtual_stages > 1 else "1f1b",
-                  virtual_stages=row.virtual_stages, compile=row.compile)
+                  virtual_stages=row.virtual_stages, compile=row.compile,
+                  collective_matmul=row.collective_matmul)
     if row.recompute_layers is None:
         plan = as_run(graph, cluster, shardwise.Plan.manual(graph, cluster, recompute=row.recompute, **common))
         step, memory = plan.predicted_step_time(), plan.predicted_memory()[0]
@@ -230,7 +236,7 @@ def search(graph, cluster, row: Row) -> dict:
     """shardwise.plan on the same cluster, batch and sequence: its plan, tokens/s/GPU, CPU s."""
     cpu, wall = time.process_time(), time.perf_counter()
     plan = shardwise.plan(graph, cluster, global_batch=row.global_batch, precision=row.precision,
-                          compile=row.compile)
+                          compile=row.compile, collective_matmul=row.collective_matmul)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     step = plan.predicted_step_time()
     return {"plan": plan, "tokens": row.global_batch * row.seq / step / row.gpus, "cpu": cpu, "wall": wall,
@@ -242,7 +248,7 @@ def describe(plan) -> str:
     if plan.pipeline > 1:
         parts.append(f"{plan.schedule} v{plan.virtual_stages}")
     parts.append(f"mb {plan.micro_batch} rc {plan.recompute} z{plan.zero_stage} {plan.precision}"
-                 + (" compiled" if plan.compile else ""))
+                 + (" compiled" if plan.compile else "") + (" tp-overlap" if plan.collective_matmul else ""))
     return " ".join(parts)
 
 
@@ -261,7 +267,8 @@ def run_rows(rows: list[Row], kind: str, with_search: bool, cache: dict) -> list
                            f"cp{row.context} mb{row.micro_batch} B{row.global_batch} s{row.seq} z{row.zero} "
                            + (f"rc {row.recompute_layers}/{LLAMA3[row.model][0]} layers" if row.recompute_layers
                               else "rc ?" if row.choose else f"rc {row.recompute}")
-                           + (" compiled" if row.compile else "")),
+                           + (" compiled" if row.compile else "")
+                           + (" tp-overlap" if row.collective_matmul else "")),
                 "published": row.tokens_per_gpu or row.tflops_per_gpu,
                 "unit": "tok/s" if row.tokens_per_gpu else "TFLOP/s"}
         if row.context > 1 and row.data > 1:

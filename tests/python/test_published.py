@@ -1,6 +1,6 @@
 """benchmarks/published.py's rows (issue 46, item 6): published H100 runs priced by the
-evaluator. What holds today is asserted; the +-10% throughput bar on the calibration rows
-does not (benchmarks/README.md, "published.py"), and nothing here pretends it does.
+evaluator. What holds today is asserted: the +-10% throughput bar holds on 4 of the 5 priced
+calibration rows (benchmarks/README.md, "published.py"), and the tests say which.
 
 These check predictions (arithmetic on transformers' Llama 3 8B captured on the meta device),
 never wall-clock time."""
@@ -46,7 +46,8 @@ def test_megatron_bridge_8b_fp8_configuration_is_priced_and_fits(index, cache):
     priced = published.price(graph, published.cluster_for(row), row)
     assert priced["plan"].precision == "fp8"
     assert priced["memory"] <= 80 * GB, f"{priced['memory'] / GB:.1f} GB"
-    assert priced["tokens"] > 0
+    # Within issue 46's 10% of the published tokens per second (0.92x and 0.95x).
+    assert 0.9 <= published.published_ratio(row, priced)[1] <= 1.1, published.published_ratio(row, priced)
     # 5 of 32 layers recomputed: between the plans that recompute none and all of them.
     kept = published.price(graph, published.cluster_for(row), published.Row(
         **{**row.__dict__, "recompute_layers": None, "recompute": "none"}))
@@ -129,6 +130,28 @@ def test_the_joint_planner_chooses_among_its_best_plans_priced_as_completed(cach
     assert other.predicted_memory()[0] <= shardwise._C.MEMORY_FRACTION * published.memory_of(cluster)
     assert found.fits and found.pipeline > 1
     assert found.predicted_step_time() <= other.predicted_step_time() * (1 + 1e-9), (found.report(), other.report())
+
+
+def test_the_70b_rows_tensor_collectives_run_as_rings_and_are_priced_so(cache):
+    """Megatron-Bridge's 70B H100 recipe overlaps its tensor-parallel communication
+    (tp_comm_overlap); the rows are priced with the runtime's collective matmuls
+    (plan.collective_matmul: the stages' layout searched with the rings, their FP8 products run
+    in the ring, runtime/fp8.py's Fp8Products): faster than the same plan without them, and
+    within 10% of the published throughput on the 25.11 and 26.02 rows (0.90x; 25.09's
+    1,619 tok/s is 0.895x: outside, as benchmarks/README.md's table says)."""
+    row = published.CALIBRATION[2]
+    graph = published.llama_graph(row.model, row.seq, cache)
+    cluster = published.cluster_for(row)
+    rings = published.price(graph, cluster, row)
+    plain = published.price(graph, cluster, published.Row(**{**row.__dict__, "collective_matmul": False}))
+    assert rings["plan"].collective_matmul and rings["plan"].stage_sharding["collective_matmul"] is True
+    assert rings["step"] < 0.95 * plain["step"], (rings["step"], plain["step"])
+    assert rings["memory"] <= 80 * GB
+    for index in (2, 4):
+        row = published.CALIBRATION[index]
+        priced = published.price(published.llama_graph(row.model, row.seq, cache), published.cluster_for(row), row)
+        ratio = published.published_ratio(row, priced)[1]
+        assert 0.9 <= ratio <= 1.1, (row.label, ratio)
 
 
 def test_rows_with_context_parallelism_are_listed_not_priced(cache):
