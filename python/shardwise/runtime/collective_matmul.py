@@ -148,6 +148,10 @@ class _Contraction:
     def row_scales(self, t: torch.Tensor, forward: bool) -> torch.Tensor | None:
         return None
 
+    def prepare(self, forward: bool) -> None:
+        """What the products need of the weight that takes a collective (an FP8 weight's amaxes
+        over ranks), made before the ring starts: no collective beside its transfers."""
+
     def forward(self, x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
         if self.op is _LINEAR:
             return torch.nn.functional.linear(x, self.weight, self.bias)
@@ -224,6 +228,7 @@ class _GatherMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op, ring, layout, beta, alpha, fp8, x, weight, bias):
         product = _products(op, beta, alpha, weight, bias, fp8)
+        product.prepare(forward=True)
         outputs: list[torch.Tensor | None] = [None] * ring.n
         blocks = ring_gather(x, layout.dim, ring, lambda j, block: outputs.__setitem__(j, product.forward(block)))
         gathered = layout.join(blocks)
@@ -243,6 +248,8 @@ class _GatherMatmul(torch.autograd.Function):
         # Every row of the output gradient is here: its scales (a max over the ranks that split
         # N) are taken once, before the ring.
         scales = product.row_scales(grad, forward=False) if grad is not None and needs_x else None
+        if needs_x:
+            product.prepare(forward=False)
 
         def part(j: int) -> torch.Tensor:
             # Block j's input gradient, sent on; its weight gradient beside it. The gathered
@@ -276,6 +283,7 @@ class _MatmulScatter(torch.autograd.Function):
         product = _products(op, beta, alpha, weight, bias, fp8)
         # Every row of x is here: its scales (a max over the ranks that split K) once, before the ring.
         scales = product.row_scales(x, forward=True)
+        product.prepare(forward=True)
         out = ring_reduce_scatter(ring, lambda j: product.forward(layout.take(x, j), _take(layout, scales, j)))
         traffic.count("reduce_scatter", _whole(out, layout.dim, ring.n))
         ctx.op, ctx.ring, ctx.layout, ctx.beta, ctx.alpha, ctx.fp8 = op, ring, layout, beta, alpha, fp8
@@ -288,6 +296,8 @@ class _MatmulScatter(torch.autograd.Function):
         x, *kept = ctx.saved_tensors
         product = _backward_products(ctx, kept)
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad[6:9]
+        if needs_x:
+            product.prepare(forward=False)
         ring, layout = ctx.ring, ctx.layout
         grads_x: list[torch.Tensor | None] = [None] * ring.n
         grad_weight = grad_bias = None

@@ -272,6 +272,12 @@ class Fp8Products(_Contraction):
     def row_scales(self, t: torch.Tensor, forward: bool) -> torch.Tensor:
         return self._amax(t, t.dim() - 1, self.spec.k_groups if forward else self.spec.n_groups)
 
+    def prepare(self, forward: bool) -> None:
+        if forward:
+            self.weight_rows()
+        else:
+            self.weight_columns()
+
     def weight_rows(self) -> tuple:
         if self._rows_q is None:
             w_nk = _weight_nk(self.op, self.weight)
