@@ -87,14 +87,16 @@ int main(int argc, char** argv) {
   plan::Plan interleaved{.data = 1, .tensor = 2, .pipeline = 2, .global_batch = 8, .micro_batch = 1,
                          .schedule = plan::Schedule::Interleaved1F1B, .virtual_stages = 2,
                          .recompute = plan::Recompute::Full, .zero_stage = 1,
-                         .layers_per_stage = {3, 3, 3, 3}, .precision = "f16"};
+                         .layers_per_stage = {3, 3, 3, 3}};
+  interleaved.precision = "f16";  // a run setting (plan::RunSettings, Plan's base): not designated
   interleaved.predicted = plan::Predicted{.step_time = 12.3, .tflops_per_device = 141.0, .memory_per_rank = 6.1e10,
                                           .breakdown = {{"compute", 10.0}, {"bubble", 2.3}},
                                           .memory_breakdown = {{"parameters", 1e9}}};
   write(out / "plan_json", "interleaved.json", plan::plan_to_json_string(interleaved, 2));
   plan::Plan kfkb{.pipeline = 4, .global_batch = 32, .micro_batch = 4, .schedule = plan::Schedule::KFKB, .kfkb_k = 2};
   write(out / "plan_json", "kfkb.json", plan::plan_to_json_string(kfkb));
-  plan::Plan sharded{.data = 2, .tensor = 2, .global_batch = 8, .micro_batch = 8, .precision = "f32"};
+  plan::Plan sharded{.data = 2, .tensor = 2, .global_batch = 8, .micro_batch = 8};
+  sharded.precision = "f32";
   sharded.sharding = plan::Sharding{
       .mesh = {2, 2},
       .axis_names = {"data", "tensor"},
@@ -110,7 +112,8 @@ int main(int argc, char** argv) {
                        .count = 1, .seconds = 1e-5}}};
   write(out / "plan_json", "sharded.json", plan::plan_to_json_string(sharded));
   plan::Plan meshes{.pipeline = 2, .global_batch = 8, .micro_batch = 4, .recompute = plan::Recompute::None,
-                    .layers_per_stage = {3, 1}, .stage_meshes = {{1, 1}, {2, 1}}, .precision = "f32"};
+                    .layers_per_stage = {3, 1}, .stage_meshes = {{1, 1}, {2, 1}}};
+  meshes.precision = "f32";
   for (const std::vector<int>& mesh : meshes.stage_meshes)
     meshes.stage_shardings.push_back(plan::Sharding{.mesh = mesh,
                                                     .axis_names = {"data", "tensor"},
@@ -132,8 +135,8 @@ int main(int argc, char** argv) {
                                        .megatron_tflops_per_device = 120.0};
   write(out / "plan_json", "complete.json", plan::plan_to_json_string(complete));
   // Non-finite figures ({"float": "inf"}: JSON has none) and the micro-batch opt-in.
-  plan::Plan non_finite{.pipeline = 2, .global_batch = 8, .micro_batch = 2,
-                        .micro_batch_semantics = plan::MicroBatchSemantics::PerMicroBatch};
+  plan::Plan non_finite{.pipeline = 2, .global_batch = 8, .micro_batch = 2};
+  non_finite.micro_batch_semantics = plan::MicroBatchSemantics::PerMicroBatch;
   non_finite.predicted = plan::Predicted{.step_time = std::numeric_limits<double>::infinity(),
                                          .tflops_per_device = 0.0,
                                          .memory_per_rank = 1e9,
