@@ -16,12 +16,12 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
     recompute          checkpointed segments of recomputed blocks  ()
     async_gradients    an activation's gradient all-reduced beside its reader's weight gradient
                        (Megatron's asynchronous tensor-parallel all-reduce)  (mesh, transport)
-    collective_matmul  all-gathers and reduce-scatters run inside their matmuls, as rings
-                       (collective matmul, async TP)  (async_gradients, mesh, traffic,
-                       transport)
     fp8                linear layers' products in float8 (torch._scaled_mm, rowwise scales),
-                       and the same arithmetic on one device  (async_gradients,
-                       collective_matmul, mesh, transport)
+                       and the same arithmetic on one device  (async_gradients, mesh,
+                       transport)
+    collective_matmul  all-gathers and reduce-scatters run inside their matmuls, as rings
+                       (collective matmul, async TP), an FP8 linear's in float8
+                       (async_gradients, fp8, mesh, traffic, transport)
     fused_accumulation a stage's weight gradients added into .grad by the products and lookups
                        that make them (addmm_, index_add_)  (async_gradients)
     weight_split       a stage's backward as B and W (zero-bubble schedules)

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from .._C import ValidationError
+from . import fp8 as fp8_ops
 from . import traffic, transport
 from .async_gradients import ASYNC_GRADIENT_MARK, _ADDMM, _BY_NAME, _LINEAR, SPLIT_OPS, _rows, contraction_operands
 from .mesh import _Mesh
@@ -138,7 +139,7 @@ def ring_reduce_scatter(ring: _Ring, part) -> torch.Tensor:
 class _Contraction:
     """The op's products on one block of rows: forward, and the input's and weight's
     gradients (autograd's formulas for linear, addmm, mm). An FP8 linear's products
-    (runtime/fp8.py, Fp8Products) scale each row by its own amax: ``row_scales`` gives what a
+    (Fp8Products, below) scale each row by its own amax: ``row_scales`` gives what a
     whole tensor's rows need (a max over ranks taken once, before the ring) for the blocks
     cut from it (``scales``: the block's rows' amaxes); these products need none."""
 
@@ -190,14 +191,69 @@ def _add(total, value):
     return value if total is None else total + value
 
 
+class Fp8Products(_Contraction):
+    """An FP8 linear's products on blocks of rows (a ring's), the arithmetic of runtime/fp8.py's
+    _Fp8Linear: each row of x (forward) and of the output gradient (backward) is
+    scaled by its own amax, W's rows over K and columns over N by theirs, so a block's float8
+    operands are the whole call's rows and its products the whole product's rows. Where a
+    whole tensor's rows are on this rank (`row_scales`: a scatter's x, a gather's output
+    gradient) their amaxes, a max over the groups that split the summed dim, are taken once
+    before the ring, and a block reads its rows' (`scales`); a block that travels takes its
+    own (its rows whole on the ranks of those groups). dW = dy^T x in the input's precision."""
+
+    def __init__(self, op, beta, alpha, weight, bias, spec: fp8_ops.Fp8Spec, columns: tuple | None = None):
+        super().__init__(op, beta, alpha, weight, bias)
+        self.spec = spec
+        self._rows_q: tuple | None = None  # W's rows over K in float8 and their inverse scales
+        self._columns = columns  # W's columns over N likewise: what dx = dy W multiplies
+
+    def _amax(self, t: torch.Tensor, dim: int, groups: tuple[str, ...]) -> torch.Tensor:
+        """_amaxes' for one tensor, the local amax by the spec's casts."""
+        amax = self.spec.casts.amax(t, dim)
+        for group in groups:
+            amax = torch.ops.shardwise.all_reduce(amax, "max", group)
+        return amax
+
+    def row_scales(self, t: torch.Tensor, forward: bool) -> torch.Tensor:
+        return self._amax(t, t.dim() - 1, self.spec.k_groups if forward else self.spec.n_groups)
+
+    def prepare(self, forward: bool) -> None:
+        if forward:
+            self.weight_rows()
+        else:
+            self.weight_columns()
+
+    def weight_rows(self) -> tuple:
+        if self._rows_q is None:
+            w_nk = fp8_ops._weight_nk(self.op, self.weight)
+            self._rows_q = self.spec.casts.cast(w_nk, self._amax(w_nk, 1, self.spec.k_groups))
+        return self._rows_q
+
+    def weight_columns(self) -> tuple:
+        if self._columns is None:  # as _weight_columns
+            w_kn = fp8_ops._weight_nk(self.op, self.weight).t()
+            self._columns = self.spec.casts.cast(w_kn, self._amax(w_kn, 1, self.spec.n_groups))
+        return self._columns
+
+    def forward(self, x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+        amax = self.row_scales(x, forward=True) if scales is None else scales
+        x_cast = self.spec.casts.cast(_rows(x), _rows(amax))
+        return fp8_ops._forward_product(x, x_cast, self.weight_rows(), self.bias, self.beta, self.alpha)
+
+    def input_gradient(self, grad: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+        amax = self.row_scales(grad, forward=False) if scales is None else scales
+        w_q, w_scale = self.weight_columns()
+        g_q, g_scale = self.spec.casts.cast(_rows(grad), _rows(amax))
+        out = fp8_ops._scaled_product(g_q, g_scale, w_q, w_scale, grad.dtype).reshape(*grad.shape[:-1], w_q.shape[0])
+        return out * self.alpha if self.alpha != 1 else out
+
+
 def _products(op, beta, alpha, weight, bias, fp8, columns: tuple | None = None) -> _Contraction:
     """The products a ring runs: the op's, or an FP8 linear's (`fp8`: runtime/fp8.py's
     Fp8Spec, the call's amax groups and whether it saves its weight's float8 columns;
     `columns`: those columns and their scales as backward kept them, in place of `weight`)."""
     if fp8 is None:
         return _Contraction(op, beta, alpha, weight, bias)
-    from .fp8 import Fp8Products  # fp8.py reads this module's marks
-
     return Fp8Products(op, beta, alpha, weight, bias, fp8, columns)
 
 
@@ -338,9 +394,7 @@ class CollectiveMatmul(torch.nn.Module):
     def compile_inner(self, options: dict) -> None:
         """In a compiled program (runtime/compiled.py): the ring runs eagerly, an FP8 ring's
         amaxes and casts each compiled with the program's options (fp8.Casts.compiled)."""
-        from .fp8 import Casts
-
-        self._casts = Casts.compiled(options)
+        self._casts = fp8_ops.Casts.compiled(options)
 
     def _ring(self, axis: int) -> _Ring:
         if axis not in self._rings:
@@ -368,9 +422,7 @@ class CollectiveMatmul(torch.nn.Module):
                                   "backward step")
         spec = None
         if fp8 is not None:
-            from .fp8 import EAGER_CASTS, Fp8Spec
-
-            spec = Fp8Spec.of(self._mesh, target, x, weight, *fp8, casts=self._casts or EAGER_CASTS)
+            spec = fp8_ops.Fp8Spec.of(self._mesh, target, x, weight, *fp8, casts=self._casts or fp8_ops.EAGER_CASTS)
         function = _GatherMatmul if kind == "gather" else _MatmulScatter
         return function.apply(target, ring, layout, beta, alpha, spec, x, weight, bias)
 
@@ -426,9 +478,7 @@ class RingEmitter:
                                   "and its operand's gradient all-reduce beside its weight gradient; the ring would "
                                   "drop the all-reduce (transform/collective_matmul.h leaves such a call alone)")
         graph = lowering.graph
-        from .fp8 import fp8_marks  # fp8.py reads this module's marks
-
-        fp8 = fp8_marks(read.marks)  # an FP8 linear's products run in the ring in float8
+        fp8 = fp8_ops.fp8_marks(read.marks)  # an FP8 linear's products run in the ring in float8
         if self.name in read.taken:
             i, forward, backward, key = read.taken[self.name]
             ring = graph.call_module(self.name, ("gather", op, i, forward[0], backward[0] if backward else None,

@@ -28,7 +28,7 @@ is traced under compile as any other (only one whose input gradient is all-reduc
 asynchronously runs eagerly: ``Fp8Linears.with_collectives``).
 
 A linear whose tensor-parallel collective runs inside it as a ring (runtime/collective_matmul.py)
-runs these products block by block inside the ring (``Fp8Products``): a block's rows are
+runs these products block by block inside the ring (``collective_matmul.Fp8Products``): a block's rows are
 scaled by their own amaxes, so its products are the whole call's rows. Where a whole tensor's
 rows are on the rank (a row-parallel product's x, a column-parallel one's output gradient) their
 amaxes, all-reduced over the ranks that split K or N, are taken once before the ring. A ring is
@@ -50,7 +50,6 @@ from .._C import ValidationError
 from . import transport
 from .async_gradients import (ASYNC_GRADIENT_EMITTER, _ADDMM, _BY_NAME, _LINEAR, _MM, SPLIT_OPS, bias_gradient,
                               contraction_operands)
-from .collective_matmul import GATHER_MARK, SCATTER_MARK, _Contraction
 from .mesh import _Mesh
 
 FP8 = torch.float8_e4m3fn
@@ -246,63 +245,6 @@ class Fp8Spec(NamedTuple):
                        bool(float8_weight), casts)
 
 
-class Fp8Products(_Contraction):
-    """An FP8 linear's products on blocks of rows (a ring's: runtime/collective_matmul.py), the
-    arithmetic of _Fp8Linear: each row of x (forward) and of the output gradient (backward) is
-    scaled by its own amax, W's rows over K and columns over N by theirs, so a block's float8
-    operands are the whole call's rows and its products the whole product's rows. Where a
-    whole tensor's rows are on this rank (`row_scales`: a scatter's x, a gather's output
-    gradient) their amaxes, a max over the groups that split the summed dim, are taken once
-    before the ring, and a block reads its rows' (`scales`); a block that travels takes its
-    own (its rows whole on the ranks of those groups). dW = dy^T x in the input's precision."""
-
-    def __init__(self, op, beta, alpha, weight, bias, spec: Fp8Spec, columns: tuple | None = None):
-        super().__init__(op, beta, alpha, weight, bias)
-        self.spec = spec
-        self._rows_q: tuple | None = None  # W's rows over K in float8 and their inverse scales
-        self._columns = columns  # W's columns over N likewise: what dx = dy W multiplies
-
-    def _amax(self, t: torch.Tensor, dim: int, groups: tuple[str, ...]) -> torch.Tensor:
-        """_amaxes' for one tensor, the local amax by the spec's casts."""
-        amax = self.spec.casts.amax(t, dim)
-        for group in groups:
-            amax = torch.ops.shardwise.all_reduce(amax, "max", group)
-        return amax
-
-    def row_scales(self, t: torch.Tensor, forward: bool) -> torch.Tensor:
-        return self._amax(t, t.dim() - 1, self.spec.k_groups if forward else self.spec.n_groups)
-
-    def prepare(self, forward: bool) -> None:
-        if forward:
-            self.weight_rows()
-        else:
-            self.weight_columns()
-
-    def weight_rows(self) -> tuple:
-        if self._rows_q is None:
-            w_nk = _weight_nk(self.op, self.weight)
-            self._rows_q = self.spec.casts.cast(w_nk, self._amax(w_nk, 1, self.spec.k_groups))
-        return self._rows_q
-
-    def weight_columns(self) -> tuple:
-        if self._columns is None:  # as _weight_columns
-            w_kn = _weight_nk(self.op, self.weight).t()
-            self._columns = self.spec.casts.cast(w_kn, self._amax(w_kn, 1, self.spec.n_groups))
-        return self._columns
-
-    def forward(self, x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
-        amax = self.row_scales(x, forward=True) if scales is None else scales
-        x_cast = self.spec.casts.cast(_rows(x), _rows(amax))
-        return _forward_product(x, x_cast, self.weight_rows(), self.bias, self.beta, self.alpha)
-
-    def input_gradient(self, grad: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
-        amax = self.row_scales(grad, forward=False) if scales is None else scales
-        w_q, w_scale = self.weight_columns()
-        g_q, g_scale = self.spec.casts.cast(_rows(grad), _rows(amax))
-        out = _scaled_product(g_q, g_scale, w_q, w_scale, grad.dtype).reshape(*grad.shape[:-1], w_q.shape[0])
-        return out * self.alpha if self.alpha != 1 else out
-
-
 def fp8_marks(marks: dict) -> tuple:
     """A call's FP8 marks as a ring's last argument, ``((k axes, n axes, float8 weight),)``;
     () for a call that is no FP8 linear."""
@@ -360,10 +302,10 @@ FP8_FLOAT8_WEIGHT = "shardwise.fp8_saves_float8_weight"  # its gathered weight s
 class Fp8Emitter:
     """The emitter of the rank graph's FP8 linears (``{shardwise.fp8_k_axes=[..],
     shardwise.fp8_n_axes=[..]}``, where the plan runs in fp8), one of runtime/lower.py's
-    ``FEATURES``, asked before the others: the call runs through ``self.fp8_linear``, which runs
+    ``FEATURES``, asked after the ring's and before the others: the call runs through ``self.fp8_linear``, which runs
     the async-gradient emitter's all-reduce itself (``read.taken["async_gradient"]``). One that
-    runs a ring it leaves to the ring's emitter, which runs its products in float8
-    (``fp8_marks``, Fp8Products)."""
+    runs a ring is the ring's emitter's, asked before this one, which runs its products in
+    float8 (``fp8_marks``, collective_matmul.Fp8Products)."""
 
     name = "fp8_linear"  # the lowering's module: root.fp8_linear
 
@@ -374,7 +316,7 @@ class Fp8Emitter:
         return False
 
     def takes(self, lowering, read) -> bool:
-        return FP8_K_AXES in read.marks and GATHER_MARK not in read.marks and SCATTER_MARK not in read.marks
+        return FP8_K_AXES in read.marks  # (one that runs a ring: the ring's emitter took it, before this one)
 
     def emit(self, lowering, read, args: tuple, kwargs: dict):
         if read.target not in SPLIT_OPS:

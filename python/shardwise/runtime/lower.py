@@ -71,13 +71,12 @@ _BY_NAME = {str(op): op for op in _MASKS | _LIKE}
 # (it makes this call) and emit(lowering, read, args, kwargs) (the call). It reads the rank IR
 # only: the call's marks (read.marks) and its operands' regions (_C.rank_ir_operands), and it
 # uses the lowering's mesh, graph, root, reshards, step_texts and region_read_from.
-# The order, and why: FP8 first (it runs an asynchronous all-reduce itself, and leaves a call
-# that runs a ring to the ring's emitter, which runs its products in float8);
-# the ring before the asynchronous all-reduce (the core never marks both; the ring refuses
-# it); fused accumulation last (a stage's call that runs one of the others keeps autograd's
-# accumulation: speed, not numbers).
-FEATURES = (FP8_EMITTER,  # an FP8 linear (runtime/fp8.py; the rank graph's marks where the plan runs in fp8)
-            RING_EMITTER,  # collective matmul (transform/collective_matmul.h)
+# The order, and why: the ring first (it runs an FP8 linear's products in float8 itself, and
+# the core never marks a ring beside an asynchronous all-reduce: the ring refuses it); FP8 next
+# (it runs an asynchronous all-reduce itself); fused accumulation last (a stage's call that
+# runs one of the others keeps autograd's accumulation: speed, not numbers).
+FEATURES = (RING_EMITTER,  # collective matmul (transform/collective_matmul.h)
+            FP8_EMITTER,  # an FP8 linear (runtime/fp8.py; the rank graph's marks where the plan runs in fp8)
             ASYNC_GRADIENT_EMITTER,  # an all-reduce beside a weight gradient (transform/async_gradients.h)
             FUSED_ACCUMULATION_EMITTER)  # a stage's weight gradient into .grad (fused_weight_accumulation.h)
 
