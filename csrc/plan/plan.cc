@@ -404,7 +404,8 @@ void validate(const Plan& plan, std::optional<int> world_size) {
       validate_sharding_section(*plan.stage_sharding, plan.stage_data(), plan.tensor, "plan.stage_sharding");
   }
   // A plan asking for rings whose layout runs none: the runtime reads the layout's.
-  for (const auto& [layout, where] : {std::pair{&plan.sharding, "sharding"}, std::pair{&plan.stage_sharding, "stage_sharding"}})
+  for (const auto& [layout, where] :
+       {std::pair{&plan.sharding, "sharding"}, std::pair{&plan.stage_sharding, "stage_sharding"}})
     if (plan.collective_matmul && layout->has_value() && !(*layout)->collective_matmul)
       throw ValidationError(fmt::format("plan.collective_matmul: true, but plan.{}.collective_matmul is false (a "
                                         "layout searched without collective matmuls; complete the plan again)",

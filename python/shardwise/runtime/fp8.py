@@ -302,10 +302,10 @@ FP8_FLOAT8_WEIGHT = "shardwise.fp8_saves_float8_weight"  # its gathered weight s
 class Fp8Emitter:
     """The emitter of the rank graph's FP8 linears (``{shardwise.fp8_k_axes=[..],
     shardwise.fp8_n_axes=[..]}``, where the plan runs in fp8), one of runtime/lower.py's
-    ``FEATURES``, asked after the ring's and before the others: the call runs through ``self.fp8_linear``, which runs
-    the async-gradient emitter's all-reduce itself (``read.taken["async_gradient"]``). One that
-    runs a ring is the ring's emitter's, asked before this one, which runs its products in
-    float8 (``fp8_marks``, collective_matmul.Fp8Products)."""
+    ``FEATURES``, asked after the ring's and before the others: the call runs through
+    ``self.fp8_linear``, which runs the async-gradient emitter's all-reduce itself
+    (``read.taken["async_gradient"]``). One that runs a ring is the ring's emitter's, which
+    runs its products in float8 (``fp8_marks``, collective_matmul.Fp8Products)."""
 
     name = "fp8_linear"  # the lowering's module: root.fp8_linear
 
