@@ -101,6 +101,13 @@ def _fp8_engine(model_of, layout: str, world: int, compile: bool = False):
                                  compile=compile)
 
 
+def _fp8_rings(irs: list[str]) -> int:
+    """The FP8 linears of these rank IRs that run a ring (their products in float8 inside
+    collective_matmul)."""
+    return sum(1 for ir in irs for line in ir.splitlines() if "shardwise.fp8_k_axes=" in line and (
+        "shardwise.gather_matmul=" in line or "shardwise.matmul_scatter=" in line))
+
+
 def _scenario_fp8(rank: int, world: int, model_name: str, layout: str) -> dict:
     model_of = _MODELS[model_name]
     engine = _fp8_engine(model_of, layout, world)
@@ -124,9 +131,7 @@ def _scenario_fp8(rank: int, world: int, model_name: str, layout: str) -> dict:
             # The program that ran is its rank IR, node for node: an FP8 call exactly where
             # the IR marks an FP8 linear, with the marked axes (rank_ir_check.py).
             "lowered": engine_against_rank_ir(engine), "fp8_marks": sum(ir.count("shardwise.fp8_k_axes=") for ir in irs),
-            # FP8 linears that run a ring (their products in float8 inside collective_matmul).
-            "fp8_rings": sum(1 for ir in irs for line in ir.splitlines() if "shardwise.fp8_k_axes=" in line and (
-                "shardwise.gather_matmul=" in line or "shardwise.matmul_scatter=" in line)),
+            "fp8_rings": _fp8_rings(irs),
             "error": parameter_error(state, reference),
             "f32_error": parameter_error(dict(plain.named_parameters()), reference),
             "scaled_mm": counts["aten._scaled_mm"], "mm": counts["aten.mm"] + counts["aten.addmm"],
@@ -159,7 +164,7 @@ def test_fp8_plans_run_their_linears_in_float8_and_equal_the_same_arithmetic_on_
 @pytest.mark.parametrize("model_name", ["gpt2", "llama"])
 def test_an_fp8_linear_runs_its_tensor_collective_as_a_ring_in_float8(model_name):
     # Sequence parallelism with collective matmuls (Megatron's tp_comm_overlap under FP8):
-    # each ring's products run in float8 block by block (runtime/fp8.py, Fp8Products), a
+    # each ring's products run in float8 block by block (collective_matmul.Fp8Products), a
     # block's rows scaled by their own amaxes (taken once before the ring where the rows are
     # whole on the rank, over the ranks that split K or N), so they are the whole call's rows.
     r = spawn_scenario(__name__, 2, "fp8", model_name, "ring")
@@ -199,8 +204,7 @@ def _scenario_fp8_compiled(rank: int, world: int, layout: str) -> dict:
             "fp8_eager": sum(1 for run in engine._runs() for n in run.module.graph.nodes
                              if n.target == "fp8_linear" and runs_eagerly(run.module, n)),
             # A ring runs eagerly; its FP8 casts compiled (collective_matmul.CollectiveMatmul.compile_inner).
-            "fp8_rings": sum(1 for line in engine.rank_ir.splitlines() if "shardwise.fp8_k_axes=" in line and (
-                "shardwise.gather_matmul=" in line or "shardwise.matmul_scatter=" in line)),
+            "fp8_rings": _fp8_rings([engine.rank_ir]),
             "ring_casts_compiled": [m._casts is not None and hasattr(m._casts.cast, "_torchdynamo_orig_callable")
                                     for run in engine._runs() for m in run.module.modules()
                                     if isinstance(m, CollectiveMatmul)],

@@ -136,7 +136,7 @@ def test_the_70b_rows_tensor_collectives_run_as_rings_and_are_priced_so(cache):
     """Megatron-Bridge's 70B H100 recipe overlaps its tensor-parallel communication
     (tp_comm_overlap); the rows are priced with the runtime's collective matmuls
     (plan.collective_matmul: the stages' layout searched with the rings, their FP8 products run
-    in the ring, runtime/fp8.py's Fp8Products): faster than the same plan without them, and
+    in the ring, runtime/collective_matmul.py's Fp8Products): faster than the same plan without them, and
     within 10% of the published throughput on the 25.11 and 26.02 rows (0.90x; 25.09's
     1,619 tok/s is 0.895x: outside, as benchmarks/README.md's table says)."""
     row = published.CALIBRATION[2]

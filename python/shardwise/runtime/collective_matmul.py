@@ -208,11 +208,7 @@ class Fp8Products(_Contraction):
         self._columns = columns  # W's columns over N likewise: what dx = dy W multiplies
 
     def _amax(self, t: torch.Tensor, dim: int, groups: tuple[str, ...]) -> torch.Tensor:
-        """_amaxes' for one tensor, the local amax by the spec's casts."""
-        amax = self.spec.casts.amax(t, dim)
-        for group in groups:
-            amax = torch.ops.shardwise.all_reduce(amax, "max", group)
-        return amax
+        return fp8_ops._amaxes([(t, dim)], groups, self.spec.casts.amax)[0]
 
     def row_scales(self, t: torch.Tensor, forward: bool) -> torch.Tensor:
         return self._amax(t, t.dim() - 1, self.spec.k_groups if forward else self.spec.n_groups)
@@ -230,9 +226,8 @@ class Fp8Products(_Contraction):
         return self._rows_q
 
     def weight_columns(self) -> tuple:
-        if self._columns is None:  # as _weight_columns
-            w_kn = fp8_ops._weight_nk(self.op, self.weight).t()
-            self._columns = self.spec.casts.cast(w_kn, self._amax(w_kn, 1, self.spec.n_groups))
+        if self._columns is None:
+            self._columns = fp8_ops._weight_columns(self.op, self.weight, self.spec.n_groups, *self.spec.casts)
         return self._columns
 
     def forward(self, x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:

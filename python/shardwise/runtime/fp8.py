@@ -59,11 +59,17 @@ _MULTIPLE = 16  # K and N (analysis/fp8_linears.h)
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _amaxes(parts: list[tuple[torch.Tensor, int]], groups: tuple[str, ...]) -> list[torch.Tensor]:
-    """The amax of each 2-D tensor over its dim (keepdim, float32); where `groups` split that
-    dim, the max over them, every part in one all-reduce (priced so: search::ShardingModel's
-    fp8_amax_elements)."""
-    amaxes = [t.detach().abs().amax(dim=dim, keepdim=True).float() for t, dim in parts]
+def _row_amax(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """`t`'s amax over `dim` (keepdim, float32)."""
+    return t.detach().abs().amax(dim=dim, keepdim=True).float()
+
+
+def _amaxes(parts: list[tuple[torch.Tensor, int]], groups: tuple[str, ...],
+            amax: Callable = _row_amax) -> list[torch.Tensor]:
+    """The amax of each tensor over its dim (keepdim, float32; `amax` computes it: _row_amax, or
+    its compiled form); where `groups` split that dim, the max over them, every part in one
+    all-reduce (priced so: search::ShardingModel's fp8_amax_elements)."""
+    amaxes = [amax(t, dim) for t, dim in parts]
     if not groups:
         return amaxes
     flat = torch.cat([a.reshape(-1) for a in amaxes])
@@ -111,12 +117,21 @@ def _weight_nk(op, weight: torch.Tensor) -> torch.Tensor:
     return weight if op is _LINEAR else weight.t()
 
 
-def _weight_columns(op, weight: torch.Tensor, n_groups: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+def _weight_columns(op, weight: torch.Tensor, n_groups: tuple[str, ...], amax: Callable = _row_amax,
+                    cast: Callable = _cast) -> tuple[torch.Tensor, torch.Tensor]:
     """W's columns over N as rows ([K, N]) in float8, scaled per column (a max over
-    `n_groups` where they split N), and their inverse scales: what dx = dy W multiplies."""
+    `n_groups` where they split N), and their inverse scales: what dx = dy W multiplies.
+    `amax` and `cast`: _row_amax and _cast, or their compiled forms (Casts)."""
     w_kn = _weight_nk(op, weight).t()
-    (w_amax,) = _amaxes([(w_kn, 1)], n_groups)
-    return _cast(w_kn, w_amax)
+    (w_amax,) = _amaxes([(w_kn, 1)], n_groups, amax)
+    return cast(w_kn, w_amax)
+
+
+def _check_operands(op, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """An FP8 product's operands: float32 or bfloat16, one dtype."""
+    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        raise ValidationError(f"fp8: {op} computes in float8 from float32 or bfloat16 operands, got {x.dtype} and "
+                              f"{weight.dtype}; a float64 model has no FP8 plan (train it in float32 or bf16)")
 
 
 def _forward_product(x: torch.Tensor, x_cast: tuple, w_cast: tuple, bias, beta, alpha) -> torch.Tensor:
@@ -198,9 +213,7 @@ def fp8_call(op, args: tuple, kwargs: dict, k_groups: tuple[str, ...] = (), n_gr
     """The call of `op` (aten linear, addmm or mm) on its arguments as the program passes them,
     its product in float8; `float8_weight`: saving W's float8 copy for backward, not W."""
     x, weight, bias, beta, alpha = contraction_operands(op, args, kwargs)
-    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
-        raise ValidationError(f"fp8: {op} computes in float8 from float32 or bfloat16 operands, got {x.dtype} and "
-                              f"{weight.dtype}; a float64 model has no FP8 plan (train it in float32 or bf16)")
+    _check_operands(op, x, weight)
     return _Fp8Linear.apply(op, tuple(k_groups), tuple(n_groups), grad_group, bool(float8_weight), beta, alpha, x,
                             weight, bias)
 
@@ -216,10 +229,6 @@ class Casts(NamedTuple):
     @staticmethod
     def compiled(options: dict) -> "Casts":
         return Casts(torch.compile(_row_amax, **options), torch.compile(_cast, **options))
-
-
-def _row_amax(t: torch.Tensor, dim: int) -> torch.Tensor:
-    return t.detach().abs().amax(dim=dim, keepdim=True).float()
 
 
 EAGER_CASTS = Casts(_row_amax, _cast)
@@ -238,9 +247,7 @@ class Fp8Spec(NamedTuple):
     @staticmethod
     def of(mesh: _Mesh, op, x: torch.Tensor, weight: torch.Tensor, k_axes, n_axes, float8_weight,
            casts: Casts = EAGER_CASTS) -> "Fp8Spec":
-        if x.dtype not in _DTYPES or weight.dtype != x.dtype:
-            raise ValidationError(f"fp8: {op} computes in float8 from float32 or bfloat16 operands, got {x.dtype} "
-                                  f"and {weight.dtype}; a float64 model has no FP8 plan (train it in float32 or bf16)")
+        _check_operands(op, x, weight)
         return Fp8Spec(tuple(mesh.group_names[a] for a in k_axes), tuple(mesh.group_names[a] for a in n_axes),
                        bool(float8_weight), casts)
 

@@ -208,7 +208,7 @@ TEST(CollectiveMatmul, AProductWhoseInputGradientIsReducedBesideItsWeightsHasNoR
 
 TEST(CollectiveMatmul, AnFp8LinearRingsAsAnyProduct) {
   // A plan in fp8 marks its linears (transform/fp8_axes.h); the runtime runs their float8
-  // products block by block inside the ring (runtime/fp8.py, Fp8Products), so the pass marks
+  // products block by block inside the ring (runtime/collective_matmul.py, Fp8Products), so the pass marks
   // them as any contraction, keeping the FP8 marks.
   const ir::Graph before = ir::parse_graph(R"(graph(%x: f32[8,16]) {
   %w: f32[16,16] parameter
