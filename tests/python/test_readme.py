@@ -104,9 +104,15 @@ def test_the_training_script_and_its_checkpoint_lines_run_under_torchrun(tmp_pat
     assert len(train) == 1, "the README's training block (python, unmarked, with init_process_group)"
     checkpoint = [_training_page_checkpoint_block()]
     assert "shardwise.local_device()" in train[0] and "shardwise.backend_for(" in train[0]
+    # The script destroys its process group before it exits, as torch asks (a Gloo rank that
+    # exits with its groups alive may abort in teardown); the checkpoint lines go before that.
+    lines = train[0].splitlines(keepends=True)
+    teardown = [line for line in lines if line.startswith("dist.destroy_process_group()")]
+    assert teardown and lines[-1] == teardown[0], "the README's training block ends with dist.destroy_process_group()"
     # One write per rank (print writes the line and its newline apart: ranks interleave them).
-    (tmp_path / "train.py").write_text(train[0] + checkpoint[0]
-                                       + "import sys; sys.stdout.write(f'checkpoint step {step}\\n')\n")
+    (tmp_path / "train.py").write_text("".join(lines[:-1]) + checkpoint[0]
+                                       + "import sys; sys.stdout.write(f'checkpoint step {step}\\n')\n"
+                                       + teardown[0])
     torchrun = shutil.which("torchrun")
     if torchrun is None:
         pytest.fail("torchrun is not on PATH (it comes with torch)")
