@@ -18,6 +18,7 @@
 #include "cost/pipeline_transfers.h"
 #include "ops/distributed_kernels.h"
 #include "ops/experts.h"
+#include "ops/node_rule.h"
 #include "ops/op_table.h"
 #include "schedule/schedules.h"
 #include "support/error.h"
@@ -431,19 +432,18 @@ void PlanEvaluator::check_context() const {
   for (const ir::Node& node : graph_.nodes()) {
     if (node.op != "aten::scaled_dot_product_attention") continue;
     ++attentions;
-    const std::string& name = graph_.value(node.outputs.at(0)).name;
+    const std::string where = ops::describe_node(graph_, node);  // the layer named by its module
     if (!ops::ring_kernel(node))
-      throw ValidationError(fmt::format("evaluate: context {}: attention '{}' ({}) has no ring kernel (dropout)", c_,
-                                        name, node.op));
+      throw ValidationError(fmt::format("evaluate: context {}: attention {} has no ring kernel (dropout)", c_, where));
     const std::int64_t rows = ops::ring_rows(graph_, node);
     if (rows == 0)
-      throw ValidationError(fmt::format("evaluate: context {}: attention '{}' attends across two sequences: only "
+      throw ValidationError(fmt::format("evaluate: context {}: attention {} attends across two sequences: only "
                                         "self-attention runs as a ring",
-                                        c_, name));
+                                        c_, where));
     if (rows % c_ != 0)
-      throw ValidationError(fmt::format("evaluate: context {}: attention '{}' has a sequence of {} that {} ranks do "
+      throw ValidationError(fmt::format("evaluate: context {}: attention {} has a sequence of {} that {} ranks do "
                                         "not split in equal blocks",
-                                        c_, name, rows, c_));
+                                        c_, where, rows, c_));
   }
   if (attentions == 0)
     throw ValidationError(fmt::format("evaluate: context {}: the graph has no attention to run as a ring", c_));

@@ -132,3 +132,19 @@ def test_pipeline_stages_whose_ranks_split_each_sequence_train_as_one_device(rec
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= TOLERANCE * abs(b), (r["losses"], r["ref_losses"])
     assert r["errors"] and max(r["errors"].values()) < TOLERANCE, r["errors"]
+
+
+def test_a_sequence_the_context_ranks_do_not_divide_is_refused_naming_the_layer():
+    # 255 tokens over 2 context ranks: no equal blocks, so no ring the runtime runs; the plan is
+    # refused with the attention's module and the numbers, and the search keeps the attention
+    # whole instead (no ring among its strategies).
+    ids = torch.randint(0, 64, (2, 255), generator=torch.Generator().manual_seed(0))
+    graph = shardwise.capture(_model("llama"), {"input_ids": ids, "labels": ids})
+    cluster = shardwise.Cluster.preset("cpu", 4)
+    with pytest.raises(shardwise.ValidationError,
+                       match=r"context 2: attention .*\(module 'model\.layers\.0\.self_attn'\) has a sequence of 255 "
+                             r"that 2 ranks do not split in equal blocks"):
+        shardwise.Plan.manual(graph, cluster, pipeline=2, context=2, global_batch=2, micro_batch=1, recompute=False)
+    searched = shardwise.plan(graph, cluster, global_batch=2, mesh=(4, 1))
+    attention = {k: v for k, v in searched.strategies().items() if "scaled_dot_product" in k}
+    assert attention and all("split s" not in v for v in attention.values()), attention

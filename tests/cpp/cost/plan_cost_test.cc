@@ -149,13 +149,16 @@ TEST(PlanCost, AContextSplitHoldsHalfOfEachSequenceAndPricesTheRing) {
   EXPECT_GT(h.context_parallel, 0);
   EXPECT_LT(h.compute, b.compute);  // no causal imbalance: whole sequences over half the heads
   EXPECT_GT(h.compute, a.compute / 2);
-  // A sequence the ranks do not split evenly is no plan the runtime runs: refused by name.
+  // A sequence the ranks do not split evenly is no plan the runtime runs: refused, naming the
+  // layer (its module) and the numbers.
   const ir::Graph odd = models::build_gpt({.layers = 4, .hidden = 1024, .heads = 16, .seq = 8191, .vocab = 32000});
   try {
     evaluate(odd, c, ring, model);
     ADD_FAILURE() << "a sequence of 8191 over 2 context ranks was priced";
   } catch (const support::ValidationError& e) {
-    EXPECT_NE(std::string(e.what()).find("has a sequence of 8191 that 2 ranks do not split"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("(module 'transformer.h.0.attn') has a sequence of 8191 that 2 ranks do "
+                                         "not split"),
+              std::string::npos)
         << e.what();
   }
 }
