@@ -6,6 +6,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "schedule/early_receives.h"
 #include "schedule/schedules.h"
 
 namespace shardwise::cost {
@@ -27,8 +28,10 @@ double exact_transfers(plan::Schedule kind, int p, int m, int v, int k) {
 
 }  // namespace
 
-schedule::PipelineSchedule pipeline_schedule(plan::Schedule schedule, int ranks, int micro_batches,
-                                             int virtual_stages, int kfkb_k) {
+namespace {
+
+schedule::PipelineSchedule generated_schedule(plan::Schedule schedule, int ranks, int micro_batches,
+                                              int virtual_stages, int kfkb_k) {
   switch (schedule) {
     case plan::Schedule::GPipe: return schedule::gpipe(ranks, micro_batches);
     case plan::Schedule::Interleaved1F1B: return schedule::interleaved_1f1b(ranks, micro_batches, virtual_stages);
@@ -39,6 +42,15 @@ schedule::PipelineSchedule pipeline_schedule(plan::Schedule schedule, int ranks,
     case plan::Schedule::OneFOneB: break;
   }
   return schedule::one_f_one_b(ranks, micro_batches);
+}
+
+}  // namespace
+
+// Every schedule with its receives posted one computation early (schedule/early_receives.h):
+// the lists the executor runs and the simulator prices.
+schedule::PipelineSchedule pipeline_schedule(plan::Schedule schedule, int ranks, int micro_batches,
+                                             int virtual_stages, int kfkb_k) {
+  return schedule::post_receives_early(generated_schedule(schedule, ranks, micro_batches, virtual_stages, kfkb_k));
 }
 
 schedule::SimulationCosts micro_batch_costs(plan::Schedule schedule, int chunks, int virtual_stages,

@@ -1,13 +1,17 @@
 // How many of a pipeline's sends a step waits for: the transfers on the critical path of the
-// schedule's action lists (schedule/schedules.h), as the simulator (schedule/simulator.h)
-// times the runtime's sends and receives: asynchronous beside compute, a transfer starting
-// once its receive is posted, one channel's transfers in order.
+// schedule's action lists (schedule/schedules.h, receives posted early), as the simulator
+// (schedule/simulator.h) times the runtime's sends and receives: asynchronous beside compute, a
+// transfer starting once its receive is posted, one channel's transfers in order.
 //
 // The evaluator (plan_cost.h) prices a pipeline's communication as this count times one
 // send's seconds. It used to charge 2 v sends per micro-batch, exposed, and (p - 1) / v
-// micro-batches' more in the bubble, whatever the schedule: 1F1B at p = 2 waits for 9 at
-// m = 8 (not 18), kFkB with k = 2 at p = 4 for 13 at m = 16 (not 38), while ZB-H1 at p = 4
-// waits for 48 (not 38): its weight gradients fill the bubble the sends used to hide in.
+// micro-batches' more in the bubble, whatever the schedule. The lists post each receive one
+// computation before the compute that reads it (schedule/early_receives.h), so a transfer
+// runs beside that computation: 1F1B at p = 2 waits for 8 at m = 8 (9 with each receive
+// posted where it is read; 18 charged once), at p = 4 for 28 at m = 16 (35), GPipe and
+// DualPipeV at p = 4 only for the fill and drain's 6 (36 and 37), interleaved 1F1B (v = 2) for
+// 14 (53), while ZB-H1 at p = 4 waits for 34 (48), more than 1F1B: its weight gradients fill
+// the slack the sends would hide in.
 //
 // The count is the step's slope in the transfer time at zero (each path's length is its
 // compute plus its transfers times the transfer time: the slope is the most transfers on a

@@ -576,19 +576,34 @@ void check_runs_to_the_end(const PipelineSchedule& s, const Cells& cell) {
           if (!needed[cell(g, i)]) fail(r, a, why);
           done[cell(g, i)] = 1;
         };
+        // A received input: posted by an earlier Recv on this rank (else an ordering error),
+        // waited for here until its sender has issued the Send (the executor waits at the
+        // compute that reads it, not at the Recv).
+        auto waits_for = [&](const std::vector<char>& posted, const std::vector<char>& sent, std::size_t from,
+                             const std::string& why) {
+          if (!posted[cell(g, i)]) fail(r, a, why);
+          return !sent[from];
+        };
         switch (a.kind) {
           case ActionKind::Forward:
-            if (g > 0 && !(s.rank_of_stage(g - 1) == r ? fwd_done[cell(g - 1, i)] : act_in[cell(g, i)])) {
-              fail(r, a, fmt::format("runs before its input (forward of stage {} or its receive) is available", g - 1));
+            if (g > 0 && s.rank_of_stage(g - 1) == r) {
+              if (!fwd_done[cell(g - 1, i)]) fail(r, a, fmt::format("runs before the forward of stage {}", g - 1));
+            } else if (g > 0) {
+              blocked = waits_for(act_in, act_sent, cell(g - 1, i),
+                                  fmt::format("runs before its input (the receive from stage {}) is posted", g - 1));
             }
-            fwd_done[cell(g, i)] = 1;
+            if (!blocked) fwd_done[cell(g, i)] = 1;
             break;
           case ActionKind::Backward:
             if (!fwd_done[cell(g, i)]) fail(r, a, "runs before its forward");
-            if (g + 1 < stages && !(s.rank_of_stage(g + 1) == r ? bwd_done[cell(g + 1, i)] : grad_in[cell(g, i)])) {
-              fail(r, a, fmt::format("runs before its output gradient (backward of stage {} or its receive) is available", g + 1));
+            if (g + 1 < stages && s.rank_of_stage(g + 1) == r) {
+              if (!bwd_done[cell(g + 1, i)]) fail(r, a, fmt::format("runs before the backward of stage {}", g + 1));
+            } else if (g + 1 < stages) {
+              blocked = waits_for(grad_in, grad_sent, cell(g + 1, i),
+                                  fmt::format("runs before its output gradient (the receive from stage {}) is posted",
+                                              g + 1));
             }
-            bwd_done[cell(g, i)] = 1;
+            if (!blocked) bwd_done[cell(g, i)] = 1;
             break;
           case ActionKind::WeightGradient:
             after(bwd_done, "runs before the backward of its input gradient", weight_done);
@@ -600,12 +615,10 @@ void check_runs_to_the_end(const PipelineSchedule& s, const Cells& cell) {
             after(bwd_done, "sends a gradient before its backward ran", grad_sent);
             break;
           case ActionKind::RecvActivation:
-            blocked = !act_sent[cell(g - 1, i)];
-            if (!blocked) act_in[cell(g, i)] = 1;
+            act_in[cell(g, i)] = 1;
             break;
           case ActionKind::RecvGradient:
-            blocked = !grad_sent[cell(g + 1, i)];
-            if (!blocked) grad_in[cell(g, i)] = 1;
+            grad_in[cell(g, i)] = 1;
             break;
           case ActionKind::OptimizerStep:
           case ActionKind::GradSync: break;
@@ -618,7 +631,7 @@ void check_runs_to_the_end(const PipelineSchedule& s, const Cells& cell) {
   for (int r = 0; r < s.ranks; ++r) {
     const auto& list = s.per_rank[static_cast<std::size_t>(r)];
     const auto at = pc[static_cast<std::size_t>(r)];
-    if (at < list.size()) fail(r, list[at], "deadlock: waits for a send that can never be issued");
+    if (at < list.size()) fail(r, list[at], "deadlock: waits for a received value whose send can never be issued");
   }
 }
 

@@ -9,7 +9,10 @@
 //
 // Communication: the generators put a Recv right before the compute that consumes it
 // and a Send right after the compute that produced it, whenever the neighbouring stage
-// lives on another rank. Sends are asynchronous (see simulator.h); receives block.
+// lives on another rank. Sends and receives are asynchronous (see simulator.h): a receive
+// is posted where it stands and waited for by the compute that reads it. The lists that
+// are run and priced post each receive one computation earlier (early_receives.h, applied
+// by cost::pipeline_schedule).
 // Every rank ends with one OptimizerStep.
 //
 // Compute orders (rank r, p ranks, m micro-batches):
@@ -106,9 +109,10 @@ PipelineSchedule dual_pipe_v(int ranks, int micro_batches);
 //     B(g+1, i) -- on the same rank earlier in its list, or via a matching Recv;
 //     a Send comes after the compute that produced its payload;
 //   - every Send has exactly one matching Recv and vice versa;
-//   - the lists cannot deadlock (receives taken as blocking where they stand, stricter
-//     than the runtime, which posts them there and waits at the reading compute;
-//     asynchronous sends).
+//   - the lists cannot deadlock, run as the executor runs them: a receive posted where it
+//     stands (a compute reading a value whose receive is not yet posted is an ordering
+//     error), waited for by the compute that reads it; asynchronous sends. (Receives used to
+//     be taken as blocking where they stood, which refused lists that post them early.)
 // Throws support::ValidationError naming the rank and the action at fault.
 void validate(const PipelineSchedule& schedule);
 

@@ -23,7 +23,7 @@ def test_inspect_reports_a_bad_model_spec_as_an_error():
 
 def test_plan_on_a_varying_network_between_stages(tmp_path):
     # 4 DGX A100 nodes of 1.25 GiB devices over 10 Gb/s, bandwidth halved every other 0.1 s:
-    # kFkB (tests/cpp/search/joint_planner_test.cc's cluster).
+    # DualPipeV, timed on that network (tests/cpp/search/joint_planner_test.cc's cluster).
     import json
 
     import shardwise
@@ -38,7 +38,7 @@ def test_plan_on_a_varying_network_between_stages(tmp_path):
             "256", "--format", "text", "--network"]
     proc = subprocess.run(args + ["0.1:1,0.1:0.5"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "schedule  kFkB (k=2)" in proc.stdout, proc.stdout
+    assert "schedule  DualPipeV" in proc.stdout, proc.stdout
     proc = subprocess.run(args + ["0.1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "--network '0.1': expected SECONDS:BANDWIDTH_SCALE" in proc.stderr
 

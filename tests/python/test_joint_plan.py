@@ -99,14 +99,15 @@ def _slow_links_cluster() -> shardwise.Cluster:
     return shardwise.Cluster.from_json(json.dumps(doc))
 
 
-def test_a_varying_network_between_stages_turns_the_plan_to_kfkb(tmp_path):
+def test_a_varying_network_between_stages_is_timed_by_simulation(tmp_path):
     # The model must be cut into stages, and the sends between them are long next to a
-    # stage's compute. With the bandwidth halved every other 0.1 s, groups of k micro-batches
-    # hide their sends (Ada-Grouper): a group's receives are posted together, so its later
-    # transfers run beside its first forwards (a transfer starts once its receive is posted,
-    # as on Gloo and NCCL: schedule/simulator.h). On this steady network 1F1B wins (t 8 p 2
-    # sends 1 MB per micro-batch over 10 Gb/s beside 5 ms of compute). k = 1 on a free
-    # network: adaptive_kfkb_test.cc.)
+    # stage's compute (t 8 p 2 sends 1 MB per micro-batch over 10 Gb/s beside about 5 ms of
+    # compute). With the bandwidth halved every other 0.1 s the plans are timed by simulating
+    # their lists (a transfer starts once its receive is posted, as on Gloo and NCCL:
+    # schedule/simulator.h). kFkB won there while every other schedule posted each receive
+    # where it was read and kFkB a group's together; since every list posts each receive one
+    # computation early (schedule/early_receives.h) a V schedule hides its sends too and wins
+    # (tests/cpp/search/joint_planner_test.cc says by how much).
     graph = shardwise.models.gpt(layers=8, hidden=2048, heads=16, seq=2048, vocab=51200)
     cluster = _slow_links_cluster()
     steady = shardwise.plan(graph, cluster, global_batch=256,
@@ -116,12 +117,14 @@ def test_a_varying_network_between_stages_turns_the_plan_to_kfkb(tmp_path):
     print(f"steady: {steady.schedule} {steady.predicted_step_time():.4f} s; halved every other 0.1 s: "
           f"{varying.schedule} k={varying.kfkb_k} {varying.predicted_step_time():.4f} s")
     assert steady.fits and varying.fits and varying.pipeline > 1
-    assert varying.schedule == "kfkb" and varying.kfkb_k >= 2
-    assert f"schedule  kFkB (k={varying.kfkb_k})" in varying.report()
-    # No faster than on the steady network (as fast where kFkB's groups hide even the halved
-    # sends: tests/cpp/search/joint_planner_test.cc says when).
-    assert varying.predicted_step_time() >= steady.predicted_step_time()
-    assert varying.simulation().ranks == varying.pipeline  # the timeline draws the kFkB plan
+    assert varying.schedule in ("dualpipe-v", "zb-v"), varying.schedule
+    # Slower than on the steady network: the halved sends are not all hidden.
+    assert varying.predicted_step_time() > steady.predicted_step_time()
+    assert varying.simulation().ranks == varying.pipeline  # the timeline draws the plan
+    # A kFkB plan says its group in the report (Plan.manual of the same degrees).
+    kfkb = shardwise.Plan.manual(graph, cluster, tensor=8, pipeline=2, data=2, global_batch=256, schedule="kfkb",
+                                 kfkb_k=2)
+    assert "schedule  kFkB (k=2)" in kfkb.report()
     with pytest.raises(shardwise.ValidationError, match="pipeline"):
         shardwise.plan(graph, cluster, global_batch=256, pipeline=False,
                        network=shardwise.NetworkCondition(durations=(0.1,), bandwidth=(1.0,)))

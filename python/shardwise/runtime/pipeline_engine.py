@@ -4,8 +4,9 @@ stage (v model chunks per rank with interleaved 1F1B), driven by the schedule's 
 The action lists are the C++ schedules' (csrc/schedule/schedules.h, the same lists the
 simulator costs): "F3@s1" forward of micro-batch 3 on virtual stage 1, "SA3@s1->r2" send its
 activations, "RA3@s2<-r1" receive them, "B3@s1" backward, "SG3@s1->r0" / "RG3@s0<-r1" the
-gradients. Receives are posted (``dist.irecv``) when the list reaches them and waited just
-before the forward or backward that needs them; sends are issued (``dist.isend``) and waited
+gradients. Receives are posted (``dist.irecv``) when the list reaches them (one computation
+before the one that reads them: csrc/schedule/early_receives.h) and waited just before the
+forward or backward that needs them; sends are issued (``dist.isend``) and waited
 at the end of the step (both through runtime/transport.py: staged through host memory on
 Gloo with CUDA tensors). Each travels on its link's channel for its way and kind, with tag 0,
 so receives meet sends by their order, on Gloo as on NCCL, which ignores tags; the core checks

@@ -365,12 +365,13 @@ TEST(PlanCost, ZeroBubbleH1FillsTheBubbleWithWeightGradientsAtOneFOneBsMemory) {
   // stage's backward: 1F1B's (p - 1) t less (p - 1) times that backward, which is more than a
   // third and less than all of a micro-batch's compute on the stage (backward ~ 2 x forward).
   EXPECT_DOUBLE_EQ(zb.compute, one.compute);
-  // The sends each step waits for (pipeline_transfers.h) at p = 2, m = 4: 1F1B 5, ZB-H1 6 (its
-  // W fills the slack one of 1F1B's sends hid in); 2 v m + 2 (p - 1) = 10 was the old charge.
+  // The sends each step waits for (pipeline_transfers.h) at p = 2, m = 4: one a micro-batch in
+  // both, their receives posted a computation early (with each posted where it is read, 1F1B
+  // waited for 5 and ZB-H1 for 6); 2 v m + 2 (p - 1) = 10 was the old charge.
   EXPECT_GT(one.pipeline_transfer, 0.0);
   EXPECT_DOUBLE_EQ(zb.pipeline_transfer, one.pipeline_transfer);
-  EXPECT_NEAR(one.pipeline_p2p, 5 * one.pipeline_transfer, 1e-12 * one.pipeline_p2p);
-  EXPECT_NEAR(zb.pipeline_p2p, 6 * zb.pipeline_transfer, 1e-12 * zb.pipeline_p2p);
+  EXPECT_NEAR(one.pipeline_p2p, 4 * one.pipeline_transfer, 1e-12 * one.pipeline_p2p);
+  EXPECT_NEAR(zb.pipeline_p2p, 4 * zb.pipeline_transfer, 1e-12 * zb.pipeline_p2p);
   const double m = 4, stages = 2, per_micro_batch = one.compute / m;
   const double saved = one.pipeline_bubble - zb.pipeline_bubble;
   EXPECT_GT(saved, (stages - 1) * per_micro_batch / 3);

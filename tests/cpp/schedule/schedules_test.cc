@@ -92,10 +92,16 @@ TEST(ValidateTest, RejectsOutOfOrderAndDeadlock) {
   EXPECT_EQ(validation_error_of([&] { validate(s); }),
             "rank 0: SA0@s0->r1: sends an activation before its forward ran");
   auto d = gpipe(2, 1);
-  // Rank 0 waits for the gradient before sending the activation: neither side moves.
-  std::swap(d.per_rank[0][1], d.per_rank[0][2]);
+  // Rank 0 runs its backward before it sends the activation (F0 RG0 B0 SA0): B0 waits for a
+  // gradient that rank 1 computes from that activation, so neither side moves. (Receives are
+  // posted, not blocking: F0 RG0 SA0 B0, the receive before the send, runs.)
+  auto posted_first = d;
+  std::swap(posted_first.per_rank[0][1], posted_first.per_rank[0][2]);
+  EXPECT_EQ(validation_error_of([&] { validate(posted_first); }), "<no error>");
+  d.per_rank[0] = {Action::forward(0, 0), Action{ActionKind::RecvGradient, 0, 0, 1}, Action::backward(0, 0),
+                   Action{ActionKind::SendActivation, 0, 0, 1}, Action::optimizer_step()};
   EXPECT_EQ(validation_error_of([&] { validate(d); }),
-            "rank 0: RG0@s0<-r1: deadlock: waits for a send that can never be issued");
+            "rank 0: B0@s0: deadlock: waits for a received value whose send can never be issued");
 }
 
 }  // namespace

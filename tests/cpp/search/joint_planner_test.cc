@@ -368,7 +368,7 @@ cost::Cluster slow_links_cluster() {
   return cost::cluster_from_json(j);
 }
 
-TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulationAndTurnsToKfkb) {
+TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulation) {
   ir::Graph g = gpt(8, 2048, 16);
   const cost::Cluster cluster = slow_links_cluster();
   const cost::AnalyticCostModel model;
@@ -400,40 +400,40 @@ TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulationAndTurnsToKfkb) {
   }
   // The simulator times the sends as the runtime runs them (each starts once its receive is
   // posted, the reading compute waits for it); the evaluator charges the ones on its lists'
-  // critical path (cost/pipeline_transfers.h), exact while sends are short beside compute.
-  // Held here: the simulation never prices the steady network slower than the evaluator's
-  // best, and within 3% of it (issue 46: one evaluator). With activations counted as autograd
-  // keeps them (the devices cut from 2 GiB to 1.25 GiB to keep the model split) both pick 1F1B
-  // at d2 t8 p2, 0.7871 s; with every output counted and flash attention, the simulation
-  // picked kFkB k = 2 at d4 t4 (0.772 s) and the evaluator 1F1B at d2 t8 (0.787 s).
-  EXPECT_LE(steady.plan.predicted->step_time, steady_evaluator.plan.predicted->step_time * (1 + 1e-9));
+  // critical path (cost/pipeline_transfers.h): the step's slope at zero transfer time, the
+  // least slope, exact while sends are short beside the computation they hide behind. Since
+  // each receive is posted one computation early (schedule/early_receives.h) that is one
+  // chunk's compute, and here a send (0.85 ms) is nearly as long as one: the simulation prices
+  // the plan both pick (DualPipeV, d2 t8 p2) 1.7% above the evaluator (0.6998 against
+  // 0.6881 s). Held: within 3% (issue 46: one evaluator).
   EXPECT_NEAR(steady.plan.predicted->step_time, steady_evaluator.plan.predicted->step_time,
               0.03 * steady_evaluator.plan.predicted->step_time);
   EXPECT_GE(varying.plan.predicted->step_time, steady.plan.predicted->step_time);
-  // (Whether a steady network already favours kFkB depends on how long a send is next to a
-  // micro-batch's compute: Ada-Grouper's gain. Here t 8 p 2 sends 1 MB per micro-batch over
-  // 10 Gb/s beside about 4 ms of compute: on the steady network the simulation's kFkB and the
-  // evaluator's 1F1B are within 2% (above). Before the
-  // simulator modelled the receive that starts a transfer, kFkB k = 2 won there at 0.838 s,
-  // on overlap the runtime does not have. k = 1 on a free network: adaptive_kfkb_test.cc.)
-  // On the varying network groups of k micro-batches hide their sends: kFkB wins, and beats
-  // its own 1F1B twin (same degrees and micro-batch) by more than Ada-Grouper's 1%.
-  ASSERT_EQ(varying.plan.schedule, plan::Schedule::KFKB) << plan_report(varying.plan);
-  EXPECT_GE(varying.plan.kfkb_k, 2);
-  EXPECT_TRUE(varying.searched_layout);  // priced with its 1F1B twin's stage layout
-  EXPECT_NE(plan_report(varying.plan).find(fmt::format("kfkb (k={})", varying.plan.kfkb_k)), std::string::npos);
+  // On the varying network kFkB k = 2 used to win (0.838 s before the simulator modelled the
+  // receive that starts a transfer; then over its 1F1B twin by more than Ada-Grouper's 1%):
+  // its group's receives were posted before the group's first compute while every other
+  // schedule posted each where it was read. With each receive posted one computation early in
+  // every schedule, the V schedules hide their sends too and win: DualPipeV, 0.7455 s. kFkB
+  // (k = 2, recompute selective, 1.031 s) still beats its own 1F1B twin, which is not among
+  // the ten best (slower than the tenth).
+  EXPECT_NE(varying.plan.schedule, plan::Schedule::KFKB) << plan_report(varying.plan);
+  auto kfkb = std::find_if(varying.best.begin(), varying.best.end(),
+                           [](const JointCandidate& c) { return c.plan.schedule == plan::Schedule::KFKB; });
+  ASSERT_NE(kfkb, varying.best.end());  // 1F1B plans timed as kFkB too (time_on_the_network)
+  EXPECT_GE(kfkb->plan.kfkb_k, 2);
+  EXPECT_NE(plan_report(kfkb->plan).find(fmt::format("kfkb (k={})", kfkb->plan.kfkb_k)), std::string::npos);
   auto twin = std::find_if(varying.best.begin(), varying.best.end(), [&](const JointCandidate& c) {
-    return c.plan.schedule == plan::Schedule::OneFOneB && c.plan.tensor == varying.plan.tensor &&
-           c.plan.pipeline == varying.plan.pipeline && c.plan.micro_batch == varying.plan.micro_batch &&
-           c.plan.recompute == varying.plan.recompute && c.plan.zero_stage == varying.plan.zero_stage &&
-           c.plan.layers_per_stage == varying.plan.layers_per_stage;
+    return c.plan.schedule == plan::Schedule::OneFOneB && c.plan.tensor == kfkb->plan.tensor &&
+           c.plan.pipeline == kfkb->plan.pipeline && c.plan.micro_batch == kfkb->plan.micro_batch &&
+           c.plan.recompute == kfkb->plan.recompute && c.plan.zero_stage == kfkb->plan.zero_stage &&
+           c.plan.layers_per_stage == kfkb->plan.layers_per_stage;
   });
-  // (The twin may have left the ten best, which ZB-H1 plans also enter: then it is slower
-  // than the tenth.)
-  const double twin_step = twin != varying.best.end() ? twin->step_time : varying.best.back().step_time;
-  EXPECT_GT(twin_step, 1.01 * varying.plan.predicted->step_time);
-  // k times the activations in flight: more memory than the twin.
-  if (twin != varying.best.end()) EXPECT_GT(varying.plan.predicted->memory_per_rank, twin->memory_per_rank);
+  if (twin != varying.best.end()) {
+    EXPECT_GT(twin->step_time, kfkb->step_time);
+    EXPECT_GT(kfkb->memory_per_rank, twin->memory_per_rank);  // k times the activations in flight
+  } else {
+    EXPECT_GE(varying.best.back().step_time, kfkb->step_time);
+  }
   // Deterministic.
   EXPECT_EQ(plan_joint(g, cluster, model, options).plan, varying.plan);
 }
@@ -464,10 +464,13 @@ TEST(JointPlanner, TheTenBestArePricedWithTheirStagesSearchedLayout) {
   // the stages' backward working sets are priced (the loss' vocabulary-sized gradients) the
   // ninth and tenth best (t 8 p 2 d 2, micro-batch 1, 1F1B; t 4 c 2 p 4) come after the
   // twelfth search.
+  // A context-parallel candidate keeps the evaluator's ring prices (reprice: no layout is
+  // searched at a sequence block); since receives are posted early (schedule/early_receives.h)
+  // two of them (t 4 c 2 p 4, interleaved) are among the ten best.
   for (const JointCandidate& c : searched.best)
-    EXPECT_TRUE(c.searched_layout == (c.plan.tensor > 1) ||
+    EXPECT_TRUE(c.searched_layout == (c.plan.tensor > 1 && c.plan.context == 1) ||
                 (c.plan.tensor > 1 && searched.stage_layout_searches == 12))
-        << c.plan.tensor << " " << c.plan.micro_batch;
+        << c.plan.tensor << " " << c.plan.micro_batch << " c " << c.plan.context << " " << plan_report(c.plan);
   EXPECT_GE(std::ranges::count_if(searched.best, [](const JointCandidate& c) { return c.searched_layout; }), 8);
   for (const JointCandidate& c : megatron.best) EXPECT_FALSE(c.searched_layout);
   EXPECT_GT(searched.plan.tensor, 1);
