@@ -81,8 +81,10 @@ def _scenario_trains_as_one_device(rank: int, world: int, name: str, padded: boo
             "whole": engine.whole_nodes}
 
 
+# Each model split 2 and 4 ways, causal and padded, each with both losses among its cases.
 CASES = [("llama", False, 2, "transformers"), ("qwen2", True, 2, "float64"), ("llama", True, 4, "transformers"),
-         ("qwen2", False, 4, "float64")]
+         ("qwen2", False, 4, "float64"), ("llama", True, 2, "float64"), ("qwen2", False, 2, "transformers"),
+         ("llama", False, 4, "float64"), ("qwen2", True, 4, "transformers")]
 
 
 @pytest.mark.parametrize("name,padded,world,loss_kind", CASES,
