@@ -55,12 +55,13 @@
 // that beats 1F1B by more than 1% joins the candidates as a kFkB plan (its memory from the
 // evaluator). Plans whose compute, tensor-parallel, gradient and optimizer parts alone
 // reach the tenth best step so far are dropped unsimulated (a step is never shorter).
-// Example (joint_planner_test.cc): GPT, 8 layers of 2048, on 4 DGX A100 nodes of 2 GiB
-// devices over 10 Gb/s: the evaluator alone picks t 8 p 2 ZB-H1 (0.978 s); a steady network
-// t 8 p 2 1F1B (0.874 s), and one whose bandwidth halves every other 0.1 s t 8 p 2 kFkB with
-// k = 2 (0.918 s, 0.925 of its 1F1B twin). At a fifth of the bandwidth (benchmarks/
-// joint_planner.py) no pipeline: t 8 p 1 d 4, 1.012 s (kFkB k = 2 at 0.976 s before a
-// channel's transfers ran in turn).
+// Example (joint_planner_test.cc): GPT, 8 layers of 2048, on 4 DGX A100 nodes of 1.25 GiB
+// devices over 10 Gb/s: the evaluator alone, a steady network and one whose bandwidth halves
+// every other 0.1 s all pick d 2 t 8 p 2 DualPipeV (0.688, 0.700 and 0.746 s). Until every
+// list posted each receive one computation early (schedule/early_receives.h) the varying
+// network picked kFkB with k = 2 (0.918 s, 0.925 of its 1F1B twin, on 2 GiB devices then): its
+// group's receives were the only ones posted ahead of the compute before them. At a fifth of
+// the bandwidth (benchmarks/joint_planner.py, 2026-11) no pipeline: t 8 p 1 d 4, 1.012 s.
 //
 // The best plan that fits (memory per rank <= the smallest device's memory x
 // memory_fraction) has the lowest predicted step time; ties go to the earlier candidate in
