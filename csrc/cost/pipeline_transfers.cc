@@ -12,24 +12,7 @@
 namespace shardwise::cost {
 namespace {
 
-// Exact transfers on the critical path at m micro-batches: the step's slope in a transfer time
-// far below every slack of the unit costs (the smallest is a fraction of a chunk's forward),
-// rounded (a path's transfer count is a whole number).
-double exact_transfers(plan::Schedule kind, int p, int m, int v, int k) {
-  const schedule::PipelineSchedule lists = pipeline_schedule(kind, p, m, v, k);
-  schedule::SimulationCosts costs = micro_batch_costs(kind, p * v, v, 3.0);  // forward 1 / v a chunk
-  costs.boundary_bytes.assign(static_cast<std::size_t>(p * v - 1), 1.0);
-  const double free = schedule::simulate(lists, costs).step_time;
-  constexpr double kTransfer = 1e-6;
-  costs.transfer = schedule::constant_transfer(kTransfer);
-  const double timed = schedule::simulate(lists, costs).step_time;
-  return std::round((timed - free) / kTransfer);
-}
-
-}  // namespace
-
-namespace {
-
+// The generator's lists, each receive just before the compute that reads it.
 schedule::PipelineSchedule generated_schedule(plan::Schedule schedule, int ranks, int micro_batches,
                                               int virtual_stages, int kfkb_k) {
   switch (schedule) {
@@ -42,6 +25,20 @@ schedule::PipelineSchedule generated_schedule(plan::Schedule schedule, int ranks
     case plan::Schedule::OneFOneB: break;
   }
   return schedule::one_f_one_b(ranks, micro_batches);
+}
+
+// Exact transfers on the critical path at m micro-batches: the step's slope in a transfer time
+// far below every slack of the unit costs (the smallest is a fraction of a chunk's forward),
+// rounded (a path's transfer count is a whole number).
+double exact_transfers(plan::Schedule kind, int p, int m, int v, int k) {
+  const schedule::PipelineSchedule lists = pipeline_schedule(kind, p, m, v, k);
+  schedule::SimulationCosts costs = micro_batch_costs(kind, p * v, v, 3.0);  // forward 1 / v a chunk
+  costs.boundary_bytes.assign(static_cast<std::size_t>(p * v - 1), 1.0);
+  const double free = schedule::simulate(lists, costs).step_time;
+  constexpr double kTransfer = 1e-6;
+  costs.transfer = schedule::constant_transfer(kTransfer);
+  const double timed = schedule::simulate(lists, costs).step_time;
+  return std::round((timed - free) / kTransfer);
 }
 
 }  // namespace
