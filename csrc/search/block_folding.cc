@@ -18,7 +18,12 @@ bool is_leaf(const ir::Value& value) { return !value.producer.has_value(); }
 // backward (torch.utils.checkpoint's early stop): program order is node order.
 void mark_blocks(const analysis::RepeatedBlockGroup& layers, const analysis::SavedTensors& saved, BlockFolding& out) {
   for (const auto& block : layers.nodes) {
-    for (ir::NodeId id : block) out.in_block[static_cast<std::size_t>(id)] = true;
+    const int number = static_cast<int>(out.checkpoint_of.size());
+    out.checkpoint_of.push_back(-1);
+    for (ir::NodeId id : block) {
+      out.in_block[static_cast<std::size_t>(id)] = true;
+      out.block_of[static_cast<std::size_t>(id)] = number;
+    }
     std::vector<ir::NodeId> order(block.begin(), block.end());
     std::ranges::sort(order);
     bool later = false;
@@ -81,7 +86,10 @@ void fold_leaves(const ir::Graph& graph, BlockFolding& out) {
 // Checkpoints when recomputing: the largest activation each block reads from outside.
 void find_block_inputs(const ir::Graph& graph, const analysis::RepeatedBlockGroup& blocks, BlockFolding& out) {
   for (const auto& block : blocks.nodes)
-    if (const ir::ValueId in = analysis::block_checkpoint(graph, block); in >= 0) out.block_inputs.push_back(in);
+    if (const ir::ValueId in = analysis::block_checkpoint(graph, block); in >= 0) {
+      out.block_inputs.push_back(in);
+      out.checkpoint_of[static_cast<std::size_t>(out.block_of[static_cast<std::size_t>(block.front())])] = in;
+    }
 }
 
 }  // namespace
@@ -95,6 +103,7 @@ BlockFolding fold_repeated_blocks(const ir::Graph& graph, const std::vector<std:
   for (std::size_t i = 0; i < num_nodes; ++i) out.rep_node[i] = static_cast<ir::NodeId>(i);
   out.instances.assign(num_nodes, 1.0);
   out.in_block.assign(num_nodes, false);
+  out.block_of.assign(num_nodes, -1);
   out.up_to_last_save.assign(num_nodes, false);
   out.selective_kept = analysis::kept_by_selective_recompute(graph);
   out.rep_leaf.assign(graph.values().size(), -1);

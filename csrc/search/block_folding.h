@@ -37,6 +37,11 @@ struct BlockFolding {
   std::vector<bool> up_to_last_save;   // per node of a block: at or before its last node that saves
   std::vector<bool> selective_kept;    // per node: analysis::kept_by_selective_recompute
   std::vector<ir::ValueId> block_inputs;  // the checkpointed values when recomputing
+  // Every group's blocks, numbered in order (groups in order, then their members): per node
+  // its block's number, -1 outside any; per block its checkpoint (analysis::block_checkpoint,
+  // -1 where it reads no activation from outside).
+  std::vector<int> block_of;
+  std::vector<ir::ValueId> checkpoint_of;
   plan::Recompute recompute = plan::Recompute::None;
 
   bool represents_itself(std::size_t node) const { return rep_node[node] == static_cast<ir::NodeId>(node); }

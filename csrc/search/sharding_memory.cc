@@ -7,6 +7,7 @@
 #include "cost/op_cost.h"
 #include "search/sharding_facts.h"
 #include "search/sharding_options.h"
+#include "search/block_folding.h"
 
 namespace shardwise::search {
 
@@ -139,6 +140,101 @@ double ShardingMemory::backward_working_bytes() const {
     if (facts_.folding.represents_itself(static_cast<std::size_t>(node.id)))
       peak = std::max(peak, node_backward_working_bytes(node.id));
   return peak * options_.activation_memory_scale;
+}
+
+std::vector<double> ShardingMemory::saved_by_node() const {
+  const ir::Graph& graph = facts_.graph;
+  const BlockFolding& folding = facts_.folding;
+  // A value's readers may save it as they read it, gathered beyond its producer's share (a
+  // sequence-parallel layer norm's output, all-gathered for the projection that saves it):
+  // each saved value is charged at the most any reader of it holds.
+  std::vector<double> read_share(graph.values().size(), 0.0);
+  for (const ir::Node& node : graph.nodes()) {
+    const ir::NodeId rep = folding.rep_node[static_cast<std::size_t>(node.id)];
+    for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+      double& most = read_share[static_cast<std::size_t>(node.inputs[i])];
+      most = std::max(most, operand_share(rep, i, false));
+    }
+  }
+  std::vector<double> saved(graph.nodes().size(), 0.0);
+  for (const ir::Node& node : graph.nodes()) {
+    const ir::NodeId rep = folding.rep_node[static_cast<std::size_t>(node.id)];
+    const bool whole = folding.kept_whole(static_cast<std::size_t>(rep));
+    double bytes = 0;
+    for (std::size_t o = 0; o < node.outputs.size(); ++o) {
+      const auto v = static_cast<std::size_t>(node.outputs[o]);
+      const double kept = whole ? 1.0 : facts_.saved[v];
+      if (kept > 0)
+        bytes += kept * facts_.value_bytes(node.outputs[o]) * std::max(operand_share(rep, o, true), read_share[v]);
+    }
+    saved[static_cast<std::size_t>(node.id)] = (bytes + float8_weight_bytes(rep)) * options_.activation_memory_scale;
+  }
+  return saved;
+}
+
+StepPeak ShardingMemory::step_peak(double activation_scale) const {
+  const ir::Graph& graph = facts_.graph;
+  const BlockFolding& folding = facts_.folding;
+  const std::size_t num_nodes = graph.nodes().size();
+  std::vector<double> saved = saved_by_node(), working(num_nodes);
+  std::vector<double> rebuilt(folding.checkpoint_of.size(), 0.0);  // per block: its recomputed set
+  std::vector<std::size_t> first_of(folding.checkpoint_of.size(), num_nodes);
+  StepPeak held;  // the forward's end
+  for (std::size_t u = 0; u < num_nodes; ++u) {
+    saved[u] *= activation_scale;
+    // (A folded node's representative, instance 0's, comes before it in node order.)
+    const auto rep = static_cast<std::size_t>(folding.rep_node[u]);
+    working[u] = rep < u ? working[rep]
+                         : activation_scale * node_backward_working_bytes(static_cast<ir::NodeId>(u)) *
+                               options_.activation_memory_scale;
+    const int block = folding.block_of.empty() ? -1 : folding.block_of[u];
+    if (block >= 0) first_of[static_cast<std::size_t>(block)] = std::min(first_of[static_cast<std::size_t>(block)], u);
+    if (folding.recomputed(u))
+      rebuilt[static_cast<std::size_t>(block)] += saved[u];
+    else
+      held.saved += saved[u];
+  }
+  // A block's checkpoint, held from the forward until its backward ends; not again where a node
+  // outside every recomputed block already keeps that tensor (the embedding's output, which
+  // the first layer's norm saves).
+  auto checkpoint_bytes = [&](int block) {
+    const ir::ValueId v = options_.recompute == plan::Recompute::None || block < 0
+                              ? -1
+                              : folding.checkpoint_of[static_cast<std::size_t>(block)];
+    if (v < 0) return 0.0;
+    const std::optional<ir::NodeId> producer = graph.value(v).producer;
+    if (producer && facts_.saved[static_cast<std::size_t>(v)] > 0 &&
+        !folding.recomputed(static_cast<std::size_t>(*producer)))
+      return 0.0;
+    return activation_scale * facts_.value_bytes(v) * decisions_.held_all(v) * options_.activation_memory_scale;
+  };
+  for (std::size_t b = 0; b < folding.checkpoint_of.size(); ++b) held.saved += checkpoint_bytes(static_cast<int>(b));
+  StepPeak peak = held;
+  peak.casts = activation_scale * fp8_cast_bytes();
+  std::vector<bool> has_gradient(graph.values().size(), false);
+  int rebuilding = -1;  // the recomputed block whose backward runs
+  for (std::size_t u = num_nodes; u-- > 0;) {
+    const ir::Node& node = graph.node(static_cast<ir::NodeId>(u));
+    const int block = folding.block_of.empty() ? -1 : folding.block_of[u];
+    if (block != rebuilding && block >= 0 && folding.checkpointed(u)) {
+      rebuilding = block;
+      held.saved += rebuilt[static_cast<std::size_t>(block)];
+    }
+    for (ir::ValueId in : node.inputs) {
+      const ir::Value& v = graph.value(in);
+      if (v.role != ir::ValueRole::Parameter || has_gradient[static_cast<std::size_t>(in)]) continue;
+      has_gradient[static_cast<std::size_t>(in)] = true;
+      held.gradients += leaf_memory_by_kind(in, -1, {}).gradients;
+    }
+    StepPeak here = held;
+    here.working = working[u];
+    if (here.total() > peak.total()) peak = here;
+    held.saved -= saved[u];
+    if (block >= 0 && first_of[static_cast<std::size_t>(block)] == u) held.saved -= checkpoint_bytes(block);
+  }
+  StepPeak end;  // the optimizer's step: every gradient
+  end.gradients = held.gradients;
+  return end.total() > peak.total() ? end : peak;
 }
 
 double ShardingMemory::gathered_parameter_bytes() const {

@@ -13,6 +13,8 @@
 // its block is recomputed), the outputs selective recomputation keeps whole.
 #pragma once
 
+#include <vector>
+
 #include "cost/memory_cost.h"
 #include "ir/graph.h"
 #include "search/sharding_decisions.h"
@@ -28,6 +30,19 @@ struct ShardingModelOptions;
 struct LeafShares {
   double held = 1;
   double state_held = 1;
+};
+
+// What a step holds beside its weights and optimizer state at the moment it holds the most
+// (ShardingMemory::step_peak): saved activations and checkpoints, the parameters' gradients
+// made so far, and the transient of that moment (one node's backward gradients in flight, or
+// an fp8 plan's forward casts).
+struct StepPeak {
+  double saved = 0;
+  double gradients = 0;
+  double working = 0;
+  double casts = 0;
+
+  double total() const { return saved + gradients + working + casts; }
 };
 
 class ShardingMemory {
@@ -69,6 +84,20 @@ class ShardingMemory {
   double backward_working_bytes() const;
   // One node's, at this rank's shares (not scaled by activation_memory_scale).
   double node_backward_working_bytes(ir::NodeId node) const;
+  // The step's peak by liveness over the program, node order being program order. The
+  // forward ends holding every saved activation (a recomputed block: its checkpoint only), the
+  // moment an fp8 plan's casts are priced at. The backward then runs the nodes in reverse: at
+  // each, the saved activations of the nodes not yet run backward, a recomputed block's
+  // rebuilt set from its first node backward to its last (its checkpoint until then), the
+  // gradients of the parameters whose readers have all run backward (zero_grad leaves none
+  // before), and the node's own gradients in flight (node_backward_working_bytes). The step
+  // ends holding every gradient. A saved value is freed with its producer's backward (its
+  // readers' run first: an upper bound). `activation_scale` multiplies what scales with the
+  // batch (saved, working, casts): a rank's uneven share. Replaces the sum of every saved
+  // activation, one recomputed block and every gradient, which no moment holds at once: a
+  // recomputed GPT-2's loss holds its log-probabilities and their gradients before any layer
+  // is rebuilt (benchmarks/fidelity.py: 1.27x the measured peak).
+  StepPeak step_peak(double activation_scale = 1) const;
   // The weights readers gather beyond the rank's stored share (FSDP-style: held only while
   // their unit runs): the two largest units' (one gathered, the next prefetched), part of the
   // peak, not of the sum.
@@ -80,6 +109,10 @@ class ShardingMemory {
   double fp8_cast_bytes() const;
 
  private:
+  // Per node (every instance, as its representative is decided): the bytes its outputs keep
+  // for the backward (a recomputed node's: what its block's backward rebuilds), each saved
+  // value at the largest share any reader of it holds.
+  std::vector<double> saved_by_node() const;
   // The share of operand `index` (an output where `output`) of `node` this rank holds.
   double operand_share(ir::NodeId node, std::size_t index, bool output) const;
   const ShardingFacts& facts_;

@@ -957,27 +957,20 @@ ShardingEvaluation ShardingModel::evaluate() const {
                    {"statistics", statistics},
                    {"optimizer", optimizer},
                    {"zero_broadcast", broadcasts}};
-  // The keys of a manual plan's breakdown (cost/plan_cost.cc), so one report reads both.
+  // Memory: the weights and optimizer state, the gathered weights' peak (two units, at any
+  // moment), and what the step holds at its fullest moment by liveness (ShardingMemory::step_peak:
+  // saved activations, gradients made so far, one node's transient), each part as it stands at
+  // that moment, so the parts sum to the total.
+  const ShardingMemory memory = this->memory();
   const cost::ModelStateBytes states = parameter_bytes_by_kind();
-  double acts = activation_bytes();
   const double gathered = gathered_parameter_bytes();
-  const double casts = fp8_cast_bytes();
-  // The backward's gradients in flight beyond the parameters' own: where a one-micro-batch step
-  // peaks in its first backward nodes (the loss's), no parameter has a gradient yet (zero_grad
-  // leaves them None), so only what exceeds the parameters' gradients adds to the sum.
-  const double in_flight = backward_working_bytes();
-  double working = std::max(0.0, in_flight - states.gradients);
-  // An fp8 plan's forward casts are transient too, at another moment than the backward's
-  // peak: the larger of the two, not their sum (an H200 measured the same peak in fp8 as in
-  // bf16 for a 1B LLaMA whose head's casts were priced 7 GB on top of it).
-  auto transient = [&casts](double backward) { return std::max(backward, casts); };
-  out.memory_per_rank = states.total() + acts + transient(working) + gathered;
-  out.fits = out.memory_per_rank <= options_.memory_limit;
+  StepPeak peak = memory.step_peak();
+  out.fits = states.weights + states.optimizer + gathered + peak.total() <= options_.memory_limit;
   if (const std::optional<UnevenShares> shares = uneven_shares()) {
     // The batch's uneven shares (set_input_ratios: the balance LP's, hetero_balance.h), priced
     // as the LP prices them: rank i of the axis' group computes its share, ratio x n of the
-    // even one, at its own device's speed, and the slowest of them sets the step; its saved
-    // activations scale with its share, against its own device's memory.
+    // even one, at its own device's speed, and the slowest of them sets the step; what scales
+    // with the batch scales with its share, against its own device's memory.
     const double n = static_cast<double>(shares->ranks.size());
     // memory_limit is the smallest device's memory x the plan's fraction of it.
     double smallest = std::numeric_limits<double>::infinity();
@@ -991,24 +984,21 @@ ShardingEvaluation ShardingModel::evaluate() const {
       const double scale = shares->ratios[i] * n;
       paced = std::max(paced, compute_seconds(device) * scale);
       most = std::max(most, scale);
-      const double beyond = std::max(0.0, in_flight * scale - states.gradients);
-      out.fits = out.fits && states.total() + acts * scale + transient(beyond) + gathered <=
+      out.fits = out.fits && states.weights + states.optimizer + gathered + memory.step_peak(scale).total() <=
                                  static_cast<double>(device.memory_bytes) * fraction;
     }
     out.step_time += paced - compute;
     out.breakdown["compute"] = paced;
-    acts *= most;
-    working = std::max(0.0, in_flight * most - states.gradients);
-    out.memory_per_rank = states.total() + acts + transient(working) + gathered;
+    peak = memory.step_peak(most);
   }
+  out.memory_per_rank = states.weights + states.optimizer + gathered + peak.total();
   out.memory_breakdown = {{"weights", states.weights},
-                          {"gradients", states.gradients},
+                          {"gradients", peak.gradients},
                           {"optimizer", states.optimizer},
-                          {"activations", acts},
-                          {"backward_working", working},
+                          {"activations", peak.saved},
+                          {"backward_working", peak.working},
                           {"gathered_parameters", gathered}};
-  // The parts sum to the total: the forward casts as what they hold beyond the backward's.
-  if (casts > 0) out.memory_breakdown["fp8_casts"] = std::max(0.0, casts - working);
+  if (memory.fp8_cast_bytes() > 0) out.memory_breakdown["fp8_casts"] = peak.casts;
   double flops = 0;
   for (const ir::Node& node : graph_.nodes())
     flops += static_cast<double>(analysis::node_flops(ops::OpTable::builtin(), graph_, node).matmul);

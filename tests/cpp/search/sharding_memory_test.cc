@@ -189,5 +189,50 @@ TEST_F(ShardingMemoryTest, FullRecomputationKeepsOneLayerAndTheCheckpoints) {
   EXPECT_DOUBLE_EQ(full.memory().activation_bytes(), 2048 + 2048);
 }
 
+// The step's peak by liveness (ShardingMemory::step_peak) on stem_two_layers: x -> stem linear
+// -> s -> (linear, tanh) -> a0 -> (linear, tanh) -> a1, float32, every rank holding every row.
+// Saved: s (the first layer's linear keeps its input), a0 and a1 (each tanh keeps its output);
+// a tanh's or a linear's backward holds its output's gradient and its input's (the stem's: its
+// output's only: x is a batch input). Each weight's gradient: 64 x 64 x 4 = 16,384 bytes.
+TEST_F(ShardingMemoryTest, TheStepPeaksAtOneMomentOfTheBackwardNotAtTheSumOfItsParts) {
+  const ir::Graph g = stem_two_layers();
+  // At 16 rows an activation is 4,096 bytes. Backward, in reverse: tanh1 holds 12,288 saved +
+  // 8,192 in flight; linear1 8,192 + 16,384 of gradient + 8,192; tanh0 the same; linear0 4,096
+  // + 32,768 + 8,192; the stem 4,096 (s) + 49,152 + 4,096 = 57,344, the most; the end 49,152.
+  const StepPeak small = candidate(g, four, f32_options({4}, 16)).memory().step_peak();
+  EXPECT_DOUBLE_EQ(small.saved, 4096);
+  EXPECT_DOUBLE_EQ(small.gradients, 3 * 16384);
+  EXPECT_DOUBLE_EQ(small.working, 4096);
+  EXPECT_DOUBLE_EQ(small.total(), 57344);  // every saved activation and gradient: 61,440
+  // At 256 rows (65,536 bytes an activation) tanh1's moment is the most: every saved
+  // activation, no gradient yet, and its two gradients in flight.
+  const StepPeak large = candidate(g, four, f32_options({4}, 256)).memory().step_peak();
+  EXPECT_DOUBLE_EQ(large.saved, 3 * 65536);
+  EXPECT_DOUBLE_EQ(large.gradients, 0);
+  EXPECT_DOUBLE_EQ(large.working, 2 * 65536);
+  // A rank with twice the rows (an uneven share) holds twice what scales with them, the same
+  // gradients.
+  EXPECT_DOUBLE_EQ(candidate(g, four, f32_options({4}, 256)).memory().step_peak(2).total(), 2 * 5 * 65536);
+}
+
+TEST_F(ShardingMemoryTest, ARecomputedBlockIsRebuiltAtItsBackwardBesideTheCheckpoints) {
+  const ir::Graph g = stem_two_layers();
+  ShardingModelOptions o = f32_options({4}, 256);
+  o.recompute = plan::Recompute::Full;
+  const Candidate& full = candidate(g, four, o);
+  // The forward ends holding s (which the stem's output keeps: the first layer's checkpoint is
+  // that tensor, not a second one) and a0 (layer 1's checkpoint); layer 1's backward rebuilds a1
+  // beside them and holds its tanh's two gradients: 3 x 65,536 + 2 x 65,536, where the sum of
+  // the parts (the checkpoints, one layer rebuilt, the stem's s, every gradient and the working
+  // set beyond them) came to 393,216.
+  const StepPeak peak = full.memory().step_peak();
+  EXPECT_DOUBLE_EQ(peak.saved, 3 * 65536);
+  EXPECT_DOUBLE_EQ(peak.gradients, 0);
+  EXPECT_DOUBLE_EQ(peak.total(), 5 * 65536);
+  EXPECT_DOUBLE_EQ(full.memory().activation_bytes() + 3 * 16384 + (2 * 65536 - 3 * 16384), 393216);
+  // Later moments hold less: layer 0's backward rebuilds a0 after layer 1's checkpoint (that
+  // same a0, kept from the forward) is freed: s, a0 and 16,384 of gradient, 131,072 in flight.
+}
+
 }  // namespace
 }  // namespace shardwise::search
