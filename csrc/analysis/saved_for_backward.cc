@@ -52,6 +52,16 @@ bool is_view(const ir::Graph& graph, const ir::Node& node) {
 
 }  // namespace
 
+std::vector<ir::ValueId> view_roots(const ir::Graph& graph) {
+  std::vector<ir::ValueId> root(graph.values().size());
+  for (const ir::Value& value : graph.values()) root[static_cast<std::size_t>(value.id)] = value.id;
+  for (const ir::Node& node : graph.nodes())
+    if (is_view(graph, node))
+      for (ir::ValueId out : node.outputs)
+        root[static_cast<std::size_t>(out)] = root[static_cast<std::size_t>(node.inputs[0])];
+  return root;
+}
+
 SavedTensors saved_tensors(const ir::Graph& graph) {
   const std::size_t num_values = graph.values().size();
   const std::vector<bool> requires_grad = gradient_flow(graph);

@@ -36,6 +36,10 @@ namespace shardwise::analysis {
 // and constants (model state, not activations).
 std::vector<std::int64_t> saved_for_backward(const ir::Graph& graph);
 
+// Indexed by ValueId: the value at the root of its view chain (itself unless a view op made it:
+// view, reshape, transpose, a same-dtype to, ...), the one a kept view is charged to.
+std::vector<ir::ValueId> view_roots(const ir::Graph& graph);
+
 // Indexed by NodeId: the saved bytes of the node's outputs (the activations it holds).
 std::vector<std::int64_t> saved_bytes_by_node(const ir::Graph& graph);
 

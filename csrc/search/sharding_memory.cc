@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "analysis/saved_for_backward.h"
 #include "cost/backward_working.h"
 #include "cost/op_cost.h"
 #include "search/sharding_facts.h"
@@ -146,13 +147,15 @@ std::vector<double> ShardingMemory::saved_by_node() const {
   const ir::Graph& graph = facts_.graph;
   const BlockFolding& folding = facts_.folding;
   // A value's readers may save it as they read it, gathered beyond its producer's share (a
-  // sequence-parallel layer norm's output, all-gathered for the projection that saves it):
-  // each saved value is charged at the most any reader of it holds.
+  // sequence-parallel layer norm's output, flattened, then all-gathered for the projection that
+  // saves it): each saved value is charged at the most any reader of it, or of a view of it
+  // (saved views are charged to their root: analysis::saved_for_backward), holds.
+  const std::vector<ir::ValueId> roots = analysis::view_roots(graph);
   std::vector<double> read_share(graph.values().size(), 0.0);
   for (const ir::Node& node : graph.nodes()) {
     const ir::NodeId rep = folding.rep_node[static_cast<std::size_t>(node.id)];
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
-      double& most = read_share[static_cast<std::size_t>(node.inputs[i])];
+      double& most = read_share[static_cast<std::size_t>(roots[static_cast<std::size_t>(node.inputs[i])])];
       most = std::max(most, operand_share(rep, i, false));
     }
   }

@@ -84,6 +84,13 @@ TEST(SavedForBackwardTest, ViewsChargeTheirBaseOnceDropoutKeepsAByteMaskTheLossI
   EXPECT_EQ(at(saved, d), 2 * 8 * 12 * 4 + 2 * 8 * 12);       // the loss's log-softmax and the mask
   EXPECT_EQ(at(saved, flat), 0);                              // a view: charged to d
   EXPECT_EQ(at(saved, x), 2 * 8 * 12 * 4);
+  // The roots those charges go to (view_roots): a split's parts are views of qkv, the flattened
+  // d of d; what a node computes is its own root.
+  const std::vector<ir::ValueId> roots = view_roots(g);
+  for (auto part : parts) EXPECT_EQ(roots[static_cast<std::size_t>(part)], qkv);
+  EXPECT_EQ(roots[static_cast<std::size_t>(flat)], d);
+  EXPECT_EQ(roots[static_cast<std::size_t>(d)], d);
+  EXPECT_EQ(roots[static_cast<std::size_t>(o)], o);
 }
 
 }  // namespace

@@ -234,5 +234,30 @@ TEST_F(ShardingMemoryTest, ARecomputedBlockIsRebuiltAtItsBackwardBesideTheCheckp
   // same a0, kept from the forward) is freed: s, a0 and 16,384 of gradient, 131,072 in flight.
 }
 
+// A saved value is charged at the largest share a reader of it, or of a view of it, holds: here
+// a row-split h, flattened, read whole by a second linear that saves what it reads (the
+// all-gathered copy, as a sequence-parallel norm's output is gathered for the projection).
+TEST_F(ShardingMemoryTest, AValueSavedThroughAViewIsChargedAtTheShareItsReaderHolds) {
+  const ir::Graph g = ir::parse_graph(R"(graph(%x: f32[b8,64]) {
+  %w0: f32[64,64] parameter
+  %w1: f32[64,64] parameter
+  %h: f32[b8,64] = aten::linear(%x, %w0) @a
+  %flat: f32[b8,64] = aten::view(%h) {size=[8,64]}
+  %y: f32[b8,64] = aten::linear(%flat, %w1) @b
+  return (%y)
+})");
+  Candidate& c = candidate(g, four, f32_options({4}, 16));
+  c.decisions.nodes[0][static_cast<std::size_t>(c.producer("h"))] = c.producing("h", 0, S(0));
+  c.decisions.nodes[0][static_cast<std::size_t>(c.producer("flat"))] = c.producing("flat", 0, S(0));
+  c.decisions.nodes[0][static_cast<std::size_t>(c.producer("y"))] = c.producing("y", 0, R());
+  // h: 16 x 64 x 4 = 4,096 bytes whole, as the second linear reads (and keeps) it, where its
+  // producer holds a quarter. The peak is the first linear's moment: h, both weights' gradients
+  // (2 x 16,384) and h's quarter of gradient in flight.
+  const StepPeak peak = c.memory().step_peak();
+  EXPECT_DOUBLE_EQ(peak.saved, 4096);
+  EXPECT_DOUBLE_EQ(peak.gradients, 2 * 16384);
+  EXPECT_DOUBLE_EQ(peak.working, 1024);
+}
+
 }  // namespace
 }  // namespace shardwise::search
