@@ -160,14 +160,16 @@ def zero3_plan(plan, model, world: int, precision: str | None = None):
     return shardwise.Plan.from_json(json.dumps(doc))
 
 
-def accumulation_cluster(graph, world: int, rows: int, precision: str | None = TIGHT_PRECISION, zero: bool = False):
+def accumulation_cluster(graph, world: int, rows: int, precision: str | None = TIGHT_PRECISION, zero: bool = False,
+                         toward_whole: float = 0.5):
     """A CPU cluster on which no plan of the whole batch `rows` in one micro-batch fits in
     memory but a plan in micro-batches does (the gradient accumulation or pipeline the search
     falls back to when memory is short, as on a real cluster): halfway between the least the
     joint planner's plans need, micro-batches allowed, and the least the SPMD search's need
     (for a graph with batch statistics, also the joint planner's plans of one micro-batch). Priced in
     TIGHT_PRECISION without ZeRO by default, as ``tight_cluster``: parallelize on it with the same
-    `precision` and `zero` (None and True: parallelize's defaults)."""
+    `precision` and `zero` (None and True: parallelize's defaults). `toward_whole`: where between
+    the two (0.5: halfway; less leaves room for fewer plans of micro-batches)."""
     import shardwise
 
     tiny = with_memory(shardwise.Cluster.preset("cpu", world), 1)
@@ -181,7 +183,7 @@ def accumulation_cluster(graph, world: int, rows: int, precision: str | None = T
     split = shardwise.Plan.joint(graph, tiny, global_batch=rows, precision=precision, zero=zero,
                                  micro_batch_semantics="per_micro_batch").predicted_memory()[0]
     assert split < whole, f"micro-batches save no memory on this graph ({split} >= {whole} bytes)"
-    return with_memory(tiny, (split + whole) / 2 / shardwise._C.MEMORY_FRACTION)
+    return with_memory(tiny, (split + toward_whole * (whole - split)) / shardwise._C.MEMORY_FRACTION)
 
 
 def op_counts():
