@@ -6,9 +6,9 @@
 #include "analysis/saved_for_backward.h"
 #include "cost/backward_working.h"
 #include "cost/op_cost.h"
+#include "search/block_folding.h"
 #include "search/sharding_facts.h"
 #include "search/sharding_options.h"
-#include "search/block_folding.h"
 
 namespace shardwise::search {
 
