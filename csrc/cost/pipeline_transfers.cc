@@ -1,6 +1,7 @@
 #include "cost/pipeline_transfers.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,7 +42,87 @@ double exact_transfers(plan::Schedule kind, int p, int m, int v, int k) {
   return std::round((timed - free) / kTransfer);
 }
 
+// The step's growth, in units of a stage's forward (a micro-batch is 3), when every send takes
+// `transfer` units: the simulation with the sends against the one without.
+double exact_exposed(plan::Schedule kind, int p, int m, int v, int k, double transfer) {
+  const schedule::PipelineSchedule lists = pipeline_schedule(kind, p, m, v, k);
+  schedule::SimulationCosts costs = micro_batch_costs(kind, p * v, v, 3.0);
+  costs.boundary_bytes.assign(static_cast<std::size_t>(p * v - 1), 1.0);
+  const double free = schedule::simulate(lists, costs).step_time;
+  costs.transfer = schedule::constant_transfer(transfer);
+  return schedule::simulate(lists, costs).step_time - free;
+}
+
+// At m micro-batches: exact up to 16 periods (p k), beyond them the steady state's slope over
+// 4 periods of m's residue, extended (as critical_transfers).
+double exposed_at(plan::Schedule kind, int p, int m, int v, int k, double transfer) {
+  const int period = p * k;
+  if (m <= 16 * period) return exact_exposed(kind, p, m, v, k, transfer);
+  const int upper = 15 * period + m % period, lower = upper - 4 * period;
+  const double at_upper = exact_exposed(kind, p, upper, v, k, transfer);
+  const double at_lower = exact_exposed(kind, p, lower, v, k, transfer);
+  return at_upper + (at_upper - at_lower) / (4 * period) * (m - upper);
+}
+
+// A send up to an eighth of a chunk's forward is short: every send on the critical path at
+// zero waits its whole length and no other path overtakes it (the count is exact there; the
+// first kinks found, every schedule at p 4 to 16: DualPipeV at a quarter of a chunk's
+// forward, interleaved 1F1B (v 6, p 16) at three quarters).
+constexpr double kShortOfAChunk = 1.0 / 8;
+// The grid the longer sends are simulated at: 8 points an octave (9% apart).
+constexpr double kGridPerOctave = 8;
+
+// Per (schedule, p, m, v, k): the simulated growth at each grid point asked for, and the
+// largest point at which it was the count's (the step is convex in the send's length and
+// linear from zero to there, so every shorter send is the count's too).
+struct ExposedCurve {
+  std::map<int, double> at;
+  int linear_to = std::numeric_limits<int>::min();
+};
+
 }  // namespace
+
+double exposed_transfer_seconds(plan::Schedule schedule, int ranks, int micro_batches, int virtual_stages,
+                                int kfkb_k, double transfer_seconds, double per_micro_batch_seconds) {
+  if (ranks <= 1 || transfer_seconds <= 0) return 0.0;
+  const double count = critical_transfers(schedule, ranks, micro_batches, virtual_stages, kfkb_k);
+  if (!(per_micro_batch_seconds > 0)) return count * transfer_seconds;
+  const int v = plan::v_shaped(schedule) ? 2 : virtual_stages;
+  const int k = schedule == plan::Schedule::KFKB ? kfkb_k : 1;
+  const double unit = per_micro_batch_seconds / 3;  // a stage's forward
+  const double ratio = transfer_seconds / unit;
+  if (ratio <= kShortOfAChunk / v) return count * transfer_seconds;
+  // The nearest grid points below and above, interpolated: a chord of a convex piecewise
+  // linear function over 9% of its argument.
+  const int lo_index = static_cast<int>(std::floor(std::log2(ratio) * kGridPerOctave)), hi_index = lo_index + 1;
+  auto grid = [](int index) { return std::exp2(index / kGridPerOctave); };
+  static std::mutex mutex;
+  static std::map<std::tuple<plan::Schedule, int, int, int, int>, ExposedCurve> curves;
+  const auto key = std::make_tuple(schedule, ranks, micro_batches, v, k);
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (hi_index <= curves[key].linear_to) return count * transfer_seconds;
+  }
+  auto exposed = [&](int index) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      const ExposedCurve& curve = curves[key];
+      if (auto it = curve.at.find(index); it != curve.at.end()) return it->second;
+    }
+    const double units = exposed_at(schedule, ranks, micro_batches, v, k, grid(index));
+    const std::lock_guard<std::mutex> lock(mutex);
+    ExposedCurve& curve = curves[key];
+    curve.at.emplace(index, units);
+    if (units <= count * grid(index) * (1 + 1e-9)) curve.linear_to = std::max(curve.linear_to, index);
+    return units;
+  };
+  const double hi = exposed(hi_index);
+  if (hi <= count * grid(hi_index) * (1 + 1e-9)) return count * transfer_seconds;
+  const double lo = exposed(lo_index);
+  const double units = lo + (hi - lo) * (ratio - grid(lo_index)) / (grid(hi_index) - grid(lo_index));
+  // Never below the short sends' figure: a longer send hides no more of itself.
+  return std::max(count * transfer_seconds, units * unit);
+}
 
 // Every schedule with its receives posted one computation early (schedule/early_receives.h):
 // the lists the executor runs and the simulator prices.

@@ -247,6 +247,7 @@ std::map<std::string, double> PlanCost::breakdown() const {
           {"optimizer", optimizer}};
   if (context_parallel > 0) out["context_parallel"] = context_parallel;
   if (expert_parallel > 0) out["expert_parallel"] = expert_parallel;
+  if (zero_broadcast > 0) out["zero_broadcast"] = zero_broadcast;
   return out;
 }
 
@@ -283,6 +284,16 @@ struct StagePrice {
 // One evaluation of a plan: its phases (the graph's parts priced, the stages balanced, the
 // step timed, data parallelism and the optimizer, memory, FLOPs) as methods over the state
 // they share, run in that order by evaluate().
+// What a stage holds at its fullest moment beyond its model states and the activations it keeps,
+// and the breakdown's parts of it.
+struct StageTransient {
+  double bytes = 0;
+  double activations = 0;       // a recomputed layer or block, rebuilt for its backward
+  double backward_working = 0;  // gradients in flight
+  double fp8_casts = 0;         // an fp8 plan's forward casts beyond the working set
+  bool casts = false;           // the plan casts at all (the breakdown then names them)
+};
+
 class PlanEvaluator {
  public:
   PlanEvaluator(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
@@ -296,6 +307,8 @@ class PlanEvaluator {
   PlanCost flops();
   double split_backward_bytes(const schedule::LivenessMoments& liveness, int s) const;
   double in_flight_bytes(int s, double in_flight) const;
+  double rebuilt_bytes(int s) const;
+  StageTransient stage_transient(int s, double gradients) const;
   double shared_pre_post_parameters(int tensor) const;
 
  private:
@@ -712,7 +725,7 @@ void PlanEvaluator::balance_stages() {
 }
 
 // One transfer across a stage cut, each way (an activation forward, its gradient back): the
-// slowest boundary's. The step waits for critical_transfers() of them (pipeline_transfers.h).
+// slowest boundary's. The step waits for exposed_transfer_seconds() of them (pipeline_transfers.h).
 // Stages of their own meshes: between equal meshes a rank sends its shard to the same
 // coordinate (one rank's share: whole / (d t)); between different ones the value is gathered
 // whole on the sending sub-mesh (an all-gather of its shards) and sent whole to every
@@ -820,8 +833,8 @@ void PlanEvaluator::time_step() {
   out_.expert_parallel = md * worst_dispatch_;
   out_.tensor_parallel = md * worst_tp_;
   out_.pipeline_transfer = transfer_;
-  out_.pipeline_p2p =
-      p > 1 ? critical_transfers(plan_.schedule, p, static_cast<int>(m_), v, plan_.kfkb_k) * transfer_ : 0.0;
+  out_.pipeline_p2p = exposed_transfer_seconds(plan_.schedule, p, static_cast<int>(m_), v, plan_.kfkb_k, transfer_,
+                                                t_mb_);
   out_.pipeline_bubble = (p - 1) / static_cast<double>(v) * t_mb_;
   if (plan::splits_backward(plan_.schedule)) {
     // ZB-H1's bubble, (p - 1)(F + B - W) (Qi et al. 2024, and schedules.h): the weight
@@ -860,7 +873,7 @@ void PlanEvaluator::time_step() {
 void PlanEvaluator::data_parallel_and_optimizer() {
   const int p = p_, v = v_;
   const double md = static_cast<double>(m_);
-  double dp_exposed = 0, dp_total = 0, optimizer = 0;
+  double dp_exposed = 0, dp_total = 0, optimizer = 0, broadcast = 0;
   const double interference = constants_.overlap_interference.value_or(overlap_interference(cluster_));
   for (int s = 0; s < p; ++s) {
     // Split over the data axis (plan.expert: the whole of it), a rank's experts are its own:
@@ -920,14 +933,21 @@ void PlanEvaluator::data_parallel_and_optimizer() {
     optimizer = std::max(optimizer, optimizer_step_seconds(model_, held, mem_.bytes_per_parameter(),
                                                            stage_device_[static_cast<std::size_t>(s)]->memory_bandwidth,
                                                            constants_.optimizer_memory_efficiency));
+    // ZeRO 1-2: each owner broadcasts the parameters it stepped (one flat broadcast per owner,
+    // runtime/optim.py): the stage's whole weights cross its data group once, exposed.
+    if (d > 1 && (plan_.zero_stage == 1 || plan_.zero_stage == 2))
+      broadcast = std::max(broadcast, model_.collective_time(cluster_, CollectiveKind::Broadcast, dp_ranks,
+                                                             static_cast<std::int64_t>(params * mem_.weight_bytes),
+                                                             Algorithm::Auto));
   }
   out_.data_parallel = dp_exposed;
   out_.data_parallel_total = dp_total;
   out_.data_parallel_overlapped =
       std::any_of(price_.begin(), price_.end(), [](const StagePrice& here) { return here.data > 1; });
   out_.optimizer = optimizer;
+  out_.zero_broadcast = broadcast;
   out_.step_time = out_.compute + out_.tensor_parallel + out_.pipeline_p2p + out_.pipeline_bubble +
-                   out_.data_parallel + out_.optimizer;
+                   out_.data_parallel + out_.optimizer + out_.zero_broadcast;
 }
 
 // Rank s's saved tensors and held gradients at their peak under a split backward: each
@@ -973,6 +993,50 @@ double PlanEvaluator::in_flight_bytes(int s, double in_flight) const {
   return acts;
 }
 
+// What a recomputing stage rebuilds at once for a backward (part of in_flight_bytes): a layer's
+// saved set, or a larger checkpointed block among its embedding's and head's.
+double PlanEvaluator::rebuilt_bytes(int s) const {
+  if (!recompute_) return 0;
+  const StagePrice& here = price_[static_cast<std::size_t>(s)];
+  double most = device_layers_[static_cast<std::size_t>(s)] > 0 ? here.layer.activation_bytes : 0.0;
+  if (s == 0) most = std::max(most, here.pre.blocks.largest_block_bytes);
+  if (s == last_device_) most = std::max(most, here.post.blocks.largest_block_bytes);
+  return most;
+}
+
+// The transients of stage s, each at its own moment, so the larger counts: the backward's
+// gradients in flight (the most of the stage's parts), a recomputed layer rebuilt with its own,
+// an fp8 plan's forward casts. At a stage's first backward no parameter has a gradient yet
+// (zero_grad leaves none), so a one-micro-batch step holds only what exceeds the parameters'
+// gradients; from the second micro-batch on every gradient exists, and a 1F1B-like stage runs
+// each later backward with as many micro-batches in flight as its first, so what is in flight
+// comes on top of them (GPipe's first backward holds all m micro-batches and no gradient: the
+// one-micro-batch rule). The loss' working set comes before any layer of its stage is rebuilt.
+StageTransient PlanEvaluator::stage_transient(int s, double gradients) const {
+  const StagePrice& here = price_[static_cast<std::size_t>(s)];
+  const bool layers = device_layers_[static_cast<std::size_t>(s)] > 0;
+  auto most = [&](double PartCost::*field) {
+    double bytes = layers ? here.layer.*field : 0.0;
+    if (s == 0) bytes = std::max(bytes, here.pre.*field);
+    if (s == last_device_) bytes = std::max(bytes, here.post.*field);
+    return bytes;
+  };
+  const bool gradients_held = m_ > 1 && plan_.schedule != plan::Schedule::GPipe;
+  auto beyond = [&](double in_flight) { return gradients_held ? in_flight : std::max(0.0, in_flight - gradients); };
+  const double working = beyond(most(&PartCost::backward_working_bytes));
+  const double casts = most(&PartCost::fp8_cast_bytes);
+  const double rebuilt = rebuilt_bytes(s);
+  const double rebuild = rebuilt > 0 ? rebuilt + beyond(layers ? here.layer.backward_working_bytes : 0.0) : 0.0;
+  StageTransient out;
+  out.casts = casts > 0;
+  if (rebuild > std::max(working, casts)) {
+    out.bytes = rebuild, out.activations = rebuilt, out.backward_working = rebuild - rebuilt;
+  } else {
+    out.bytes = std::max(working, casts), out.backward_working = working, out.fp8_casts = std::max(0.0, casts - working);
+  }
+  return out;
+}
+
 // Memory per rank: the most loaded pipeline stage's.
 void PlanEvaluator::memory() {
   const int p = p_;
@@ -990,20 +1054,12 @@ void PlanEvaluator::memory() {
     }
     // A split backward holds its saved tensors to W and, between B and W, the gradients B
     // left: priced by liveness over the rank's own list (it takes no recomputation: plan.h).
+    // Otherwise what the micro-batches in flight keep; a recomputation's rebuilt set is a
+    // transient (stage_transient).
     const double acts = split != nullptr ? split_backward_bytes((*split)[static_cast<std::size_t>(s)], s)
-                                         : in_flight_bytes(s, in_flight);
-    // The transients, each the most of the stage's parts: the backward's gradients in flight
-    // beyond the parameters' (at a stage's first backward no parameter has a gradient yet),
-    // and an fp8 plan's forward casts, at another moment: the larger of the two.
-    auto most = [&](double PartCost::*field) {
-      double bytes = device_layers_[static_cast<std::size_t>(s)] > 0 ? here.layer.*field : 0.0;
-      if (s == 0) bytes = std::max(bytes, here.pre.*field);
-      if (s == last_device_) bytes = std::max(bytes, here.post.*field);
-      return bytes;
-    };
-    const double casts = most(&PartCost::fp8_cast_bytes);
-    const double working = std::max(0.0, most(&PartCost::backward_working_bytes) - states.gradients);
-    double total = states.total() + acts + std::max(working, casts);
+                                         : in_flight_bytes(s, in_flight) - rebuilt_bytes(s);
+    const StageTransient transient = stage_transient(s, states.gradients);
+    const double total = states.total() + acts + transient.bytes;
     out_.memory_use = std::max(
         out_.memory_use, total / static_cast<double>(stage_device_[static_cast<std::size_t>(s)]->memory_bytes));
     if (total > out_.memory_per_rank) {
@@ -1011,10 +1067,10 @@ void PlanEvaluator::memory() {
       out_.memory_breakdown = {{"weights", states.weights},
                                {"gradients", states.gradients},
                                {"optimizer", states.optimizer},
-                               {"activations", acts},
-                               {"backward_working", working},
+                               {"activations", acts + transient.activations},
+                               {"backward_working", transient.backward_working},
                                {"stage", static_cast<double>(s)}};
-      if (casts > 0) out_.memory_breakdown["fp8_casts"] = std::max(0.0, casts - working);
+      if (transient.casts) out_.memory_breakdown["fp8_casts"] = transient.fp8_casts;
     }
   }
 }

@@ -50,7 +50,11 @@
 //    all-gather of the weights for forward, recomputation and backward, and a reduce-scatter
 //    of the gradients, overlapped with that micro-batch's compute (exposed = the excess).
 //  - Optimizer step: 2 x bytes_per_parameter per parameter held (read + write), memory-bound.
-//  step_time = ideal + bubble + data_parallel (exposed) + optimizer.
+//  - ZeRO 1-2 broadcast: the runtime steps each parameter on one owner of its data group and
+//    broadcasts it to the rest after the step (runtime/optim.py), before the next forward may
+//    read it: a broadcast of the stage's weights over its data ranks, exposed (the SPMD
+//    search's zero_broadcast, sharding_model.cc).
+//  step_time = ideal + bubble + data_parallel (exposed) + optimizer + zero_broadcast.
 //
 // TFLOP/s per device: model FLOPs, the standard definition (PaLM's MFU; what the SPMD search
 // reports too): 3 x the graph's forward matmul FLOPs (forward, 2 x backward) per sample, x
@@ -100,6 +104,7 @@ struct PlanCost {
   double pipeline_bubble = 0;  // (p - 1) / v x T_mb
   double data_parallel = 0;    // exposed gradient synchronisation
   double optimizer = 0;
+  double zero_broadcast = 0;   // the owners' parameters broadcast after the step (ZeRO 1-2); key only when > 0
   double data_parallel_total = 0;  // the whole synchronisation, before overlap
   bool data_parallel_overlapped = false;
   // Context parallelism (plan.context > 1): m x the ring attention's exposed sends on the

@@ -79,18 +79,24 @@ schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const Network
   return costs;
 }
 
-// What no schedule shortens: the bottleneck device's compute and tensor-parallel time, the
-// exposed gradient synchronisation and the optimizer step (a simulated step's floor).
-double fixed_seconds(const plan::Plan& plan) {
+// What follows a pipeline's flush as the evaluator has it: the exposed gradient
+// synchronisation, the optimizer step and ZeRO's parameter broadcast (a key only when > 0).
+double after_flush_seconds(const plan::Plan& plan) {
   const auto& b = plan.predicted->breakdown;
-  return b.at("compute") + b.at("tensor_parallel") + b.at("data_parallel") + b.at("optimizer");
+  const auto broadcast = b.find("zero_broadcast");
+  return b.at("data_parallel") + b.at("optimizer") + (broadcast == b.end() ? 0.0 : broadcast->second);
 }
 
-// The step of a pipeline the simulator timed: its flush, then the evaluator's exposed
-// gradient synchronisation and optimizer step.
-double after_flush(const plan::Plan& plan, double pipeline_seconds) {
+// What no schedule shortens: the bottleneck device's compute and tensor-parallel time and
+// what follows the flush (a simulated step's floor).
+double fixed_seconds(const plan::Plan& plan) {
   const auto& b = plan.predicted->breakdown;
-  return pipeline_seconds + b.at("data_parallel") + b.at("optimizer");
+  return b.at("compute") + b.at("tensor_parallel") + after_flush_seconds(plan);
+}
+
+// The step of a pipeline the simulator timed: its flush, then what follows it.
+double after_flush(const plan::Plan& plan, double pipeline_seconds) {
+  return pipeline_seconds + after_flush_seconds(plan);
 }
 
 // The plan with its predicted step time replaced by `step_time` (simulated): the compute,
@@ -224,15 +230,29 @@ class JointPlanner {
   }
 
   // Every combination of degrees priced under Megatron's layout: without ZeRO, then with it
-  // where asked (thorough, or when nothing fits without).
+  // where asked: every combination (thorough, or when nothing fits without), else each one
+  // that did not fit without it. ZeRO-1 shards the optimizer state and adds the owners'
+  // broadcast: it can only pay where the combination needs the memory (a plan without
+  // recomputation that fits only so: Llama 3 8B on 8 H100s, t 1 p 2 d 4).
   void price_the_space() {
     enumerate(false);
-    price_space();
-    if (options_.allow_zero && (thorough_ || fitting_.empty())) {
+    const std::vector<bool> fitted = price_space();
+    if (!options_.allow_zero) return;
+    std::vector<plan::Plan> space;
+    if (thorough_ || fitting_.empty()) {
       space_.clear();
       enumerate(true);
-      price_space();
+      space = std::move(space_);
+    } else {
+      for (std::size_t i = 0; i < space_.size(); ++i) {
+        const plan::Plan& p = space_[i];
+        if (fitted[i] || p.data * p.context <= 1 || !p.stage_meshes.empty()) continue;
+        space.push_back(p);
+        space.back().zero_stage = 1;
+      }
     }
+    space_ = std::move(space);
+    price_space();
   }
   void reprice_with_stage_layouts();
   void time_on_the_network();
@@ -266,7 +286,7 @@ class JointPlanner {
   void complete_the_best();
   std::optional<cost::PlanCost> price(const plan::Plan& candidate);
   void price_balanced(const plan::Plan& candidate);
-  void price_space();
+  std::vector<bool> price_space();
   static StageLayoutKey family_of(const StageLayoutKey& key);
   const std::optional<StageLayout>* search_layout(const StageLayoutKey& key, const plan::Plan& plan);
   void reprice(std::size_t i);
@@ -470,25 +490,32 @@ void JointPlanner::price_balanced(const plan::Plan& candidate) {
   price(uneven);
 }
 
-void JointPlanner::price_space() {
+// Prices every combination of space_; returns, for each, whether any of its variants (its
+// layers balanced by time, its stage orders) fit.
+std::vector<bool> JointPlanner::price_space() {
   if (support::log_enabled(support::LogLevel::Info))
     support::log(support::LogLevel::Info, fmt::format("joint planner ({}): pricing {} combinations",
                                                       thorough_ ? "thorough" : "fast", space_.size()));
+  std::vector<bool> fitted(space_.size(), false);
   for (std::size_t i = 0; i < space_.size(); ++i) {
     if (options_.progress && i % 64 == 0) options_.progress(static_cast<int>(i), static_cast<int>(space_.size()));
+    const std::size_t fitting_before = fitting_.size();
     price_balanced(space_[i]);
-    if (!mixed_ || space_[i].pipeline == 1 || !space_[i].stage_meshes.empty()) continue;
-    // Which stage runs on which block of ranks (plan.stage_groups): every order of the
-    // blocks' device kinds (the first stage holds the most micro-batches, the last the LM
-    // head), each kind's blocks in rank order.
-    for (const std::vector<int>& order : stage_orders(cluster_, space_[i])) {
-      plan::Plan ordered = space_[i];
-      ordered.stage_groups = order;
-      price_balanced(ordered);
+    if (mixed_ && space_[i].pipeline > 1 && space_[i].stage_meshes.empty()) {
+      // Which stage runs on which block of ranks (plan.stage_groups): every order of the
+      // blocks' device kinds (the first stage holds the most micro-batches, the last the LM
+      // head), each kind's blocks in rank order.
+      for (const std::vector<int>& order : stage_orders(cluster_, space_[i])) {
+        plan::Plan ordered = space_[i];
+        ordered.stage_groups = order;
+        price_balanced(ordered);
+      }
     }
+    fitted[i] = fitting_.size() > fitting_before;
   }
   // The pass is done: a progress bar ends full (a second, finer pass starts its own count).
   if (options_.progress) options_.progress(static_cast<int>(space_.size()), static_cast<int>(space_.size()));
+  return fitted;
 }
 
 StageLayoutKey JointPlanner::family_of(const StageLayoutKey& key) {
@@ -683,7 +710,10 @@ const JointCandidate* JointPlanner::best() {
 }
 
 constexpr std::size_t kCompletedFitting = 3;
-constexpr std::size_t kCompletedBeyond = 2;
+// Four (two until 2026-12-05): with ZeRO-1's twins priced by the fast search, Llama 3 70B at
+// batch 128 on 64 H100s has t4 p8 d2 v5 with ZeRO-1 (the published layout; 71.0 GB completed)
+// among the four, not the two, that may fit only completed with the least memory.
+constexpr std::size_t kCompletedBeyond = 4;
 // How much faster than Megatron's layout prices it a completed plan may be: completion
 // brought Llama 3 70B's t4 p8 d2 v5 from 12.9 s to 12.3 s (1.05x; sequence parallelism's
 // elementwise ops split t ways). One observation, not a bound.

@@ -27,7 +27,8 @@
 //  - layers per stage: balanced by count (the evaluator's default), and, for p > 1, balanced
 //    by time when that differs (cost/layer_balance.h: the stages holding the embedding and
 //    the LM head get fewer layers), each priced with its own memory per stage.
-// `fast` tries b in {1, 2, 4}, v in {2, 4} and ZeRO 1 only when nothing fits without it;
+// `fast` tries b in {1, 2, 4}, v in {2, 4} and ZeRO 1 for the combinations that do not fit
+// without it (every combination when none does);
 // `thorough` every b up to max_micro_batch, v in {2, 3, 4, 6, 8}, both ZeRO stages. A graph
 // whose rows meet in batch statistics (JointPlanOptions::micro_batch_semantics) takes only
 // b = global batch / d, whatever the level: one micro-batch per step.

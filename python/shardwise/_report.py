@@ -312,9 +312,9 @@ def time_parts(plan, values: dict | None = None) -> tuple[list[Part], Part | Non
             gathers = _parameter_gathers(plan)
             comm.append(Part("gradient sync and parameter gathers" if gathers else "gradient sync", sync,
                              hidden_note(sync, total, "forward and backward" if gathers else "the backward")))
-        broadcasts = take("zero_broadcast")
-        if broadcasts > 0:
-            comm.append(Part("parameter broadcasts (ZeRO)", broadcasts))
+    broadcasts = take("zero_broadcast")  # both: each ZeRO owner's parameters after the step
+    if broadcasts > 0:
+        comm.append(Part("parameter broadcasts (ZeRO)", broadcasts))
     for key in sorted(set(b) - used):  # a part this module does not know yet: named, never dropped
         if b[key] > 0 and not key.endswith(("_total", "_overlapped")):
             comm.append(Part(key.replace("_", " "), b[key]))

@@ -81,5 +81,34 @@ TEST(PipelineTransfers, BeyondSixteenPeriodsTheSteadySlopeIsExtended) {
   EXPECT_NEAR(critical_transfers(Schedule::ZeroBubbleH1, 5, 87, 1, 1), zb, 0.02 * zb);
 }
 
+// What the evaluator charges for its sends (exposed_transfer_seconds), a micro-batch of 3 s on
+// a stage (its forward 1 s): while a send is short the count times the send, exactly; where it
+// is long, the simulated step's growth, within the grid's chord of it (9% apart in the send's
+// length: under 1% here), and more than the count says. DualPipeV at p 4, m 32 waits for 6
+// sends while they are short; at a quarter of a stage's forward the simulation says 10, at a
+// whole forward 43.
+TEST(PipelineTransfers, LongSendsAreChargedAsTheSimulationTimesThem) {
+  constexpr double kMicroBatch = 3.0;  // forward 1, backward 2 (B and W 1 each)
+  const double count = critical_transfers(Schedule::DualPipeV, 4, 32, 2, 1);
+  EXPECT_EQ(count, 6);
+  for (double send : {0.01, 0.05}) {  // under an eighth of a chunk's forward (1 / 2)
+    EXPECT_DOUBLE_EQ(exposed_transfer_seconds(Schedule::DualPipeV, 4, 32, 2, 1, send, kMicroBatch), count * send);
+  }
+  for (double send : {0.25, 1.0}) {
+    const double exact = simulated_slope(Schedule::DualPipeV, 4, 32, 2, 1, send) * send;
+    const double charged = exposed_transfer_seconds(Schedule::DualPipeV, 4, 32, 2, 1, send, kMicroBatch);
+    EXPECT_GT(charged, 1.5 * count * send) << send;
+    EXPECT_NEAR(charged, exact, 0.01 * exact) << send;
+  }
+  // Seconds scale with the micro-batch: the same ratio of send to forward, the same sends.
+  EXPECT_NEAR(exposed_transfer_seconds(Schedule::DualPipeV, 4, 32, 2, 1, 0.5, 2 * kMicroBatch),
+              2 * exposed_transfer_seconds(Schedule::DualPipeV, 4, 32, 2, 1, 0.25, kMicroBatch), 1e-9);
+  // 1F1B at p 4 has no slack its sends could grow into: the count holds at any length.
+  const double one_f_one_b = critical_transfers(Schedule::OneFOneB, 4, 32, 1, 1);
+  EXPECT_DOUBLE_EQ(exposed_transfer_seconds(Schedule::OneFOneB, 4, 32, 1, 1, 2.0, kMicroBatch), one_f_one_b * 2.0);
+  // One stage sends nothing.
+  EXPECT_EQ(exposed_transfer_seconds(Schedule::OneFOneB, 1, 32, 1, 1, 2.0, kMicroBatch), 0);
+}
+
 }  // namespace
 }  // namespace shardwise::cost

@@ -33,23 +33,36 @@ plan::Plan tiny_plan() {
 
 // An fp8 plan's stage holds its casts' copies at once (op_cost.h, fp8_cast_transient_bytes), as
 // the SPMD search prices them: the most is the MLP's down projection's (row-parallel over t = 2):
-// x, 16 x 256 / 2 elements, cast to float32 and float8 (5 bytes an element), then W, 64 x 256 / 2,
-// beside x's float8 copy. Here the stage's backward holds less beyond its gradients than that,
-// so the casts add to the bf16 plan's memory.
+// x, 4 x 16 x 256 / 2 elements (one micro-batch of 4 rows), cast to float32 and float8 (5 bytes
+// an element), then W, 64 x 256 / 2, beside x's float8 copy. In one micro-batch the stage's
+// backward holds nothing beyond its gradients (no parameter has one at its first backward), so
+// the casts add to the bf16 plan's memory.
 TEST(PlanCost, AnFp8PlanHoldsItsLargestCastsCopiesAtOnce) {
   const ir::Graph g = tiny_gpt();
   const Cluster c = preset("dgx-h100", 1);
   AnalyticCostModel model;
-  plan::Plan fp8 = tiny_plan();
+  plan::Plan bf16 = tiny_plan();
+  bf16.micro_batch = 4;  // m = 8 / (4 x 2) = 1
+  plan::Plan fp8 = bf16;
   fp8.precision = "fp8";
-  const PlanCost as_bf16 = evaluate(g, c, tiny_plan(), model), as_fp8 = evaluate(g, c, fp8, model);
-  const double x = 16.0 * 256 / 2, w = 64.0 * 256 / 2;
+  const PlanCost as_bf16 = evaluate(g, c, bf16, model), as_fp8 = evaluate(g, c, fp8, model);
+  const double x = 4 * 16.0 * 256 / 2, w = 64.0 * 256 / 2;
   const double casts = std::max(5 * x, x + 5 * w);
-  EXPECT_DOUBLE_EQ(casts, 2048 + 5 * 8192);
+  EXPECT_DOUBLE_EQ(casts, 8192 + 5 * 8192);
   EXPECT_DOUBLE_EQ(as_fp8.memory_breakdown.at("fp8_casts"), casts);
   EXPECT_DOUBLE_EQ(as_fp8.memory_breakdown.at("backward_working"), 0);
   EXPECT_FALSE(as_bf16.memory_breakdown.contains("fp8_casts"));
   EXPECT_DOUBLE_EQ(as_fp8.memory_per_rank, as_bf16.memory_per_rank + casts);
+  // In 4 micro-batches of a row (1F1B) every backward from the second on finds the gradients
+  // made and holds its own in flight on top of them (47,104 bytes here), more than the casts
+  // (43,008 at a row), which come at another moment: the larger counts, the casts add nothing.
+  plan::Plan fp8_in_four = tiny_plan();
+  fp8_in_four.precision = "fp8";
+  const PlanCost four = evaluate(g, c, fp8_in_four, model);
+  const double casts_of_a_row = std::max(5 * x / 4, x / 4 + 5 * w);
+  EXPECT_DOUBLE_EQ(casts_of_a_row, 2048 + 5 * 8192);
+  EXPECT_GT(four.memory_breakdown.at("backward_working"), casts_of_a_row);
+  EXPECT_DOUBLE_EQ(four.memory_breakdown.at("fp8_casts"), 0);
   EXPECT_THROW(evaluate(g, preset("dgx-a100", 1), fp8, model), support::ValidationError);  // no FP8 units
 }
 
@@ -69,6 +82,36 @@ TEST(PlanCost, AStateDtypeWithoutMasterCopyHoldsAThirdOfTheOptimizerState) {
   // The optimizer's step reads and writes fewer bytes; the rest of the step is the same.
   EXPECT_LT(plain.breakdown().at("optimizer"), mixed.breakdown().at("optimizer"));
   EXPECT_DOUBLE_EQ(plain.breakdown().at("compute"), mixed.breakdown().at("compute"));
+}
+
+// ZeRO-1 as the runtime runs it (runtime/optim.py): each parameter is stepped by one owner of
+// its data group and broadcast to the others after the step, before the next forward reads
+// it. The evaluator prices that broadcast of the rank's weights over its data ranks (0, 2, 4,
+// 6 at t 2), exposed, as the SPMD search does (zero_broadcast); without ZeRO there is none.
+TEST(PlanCost, ZeroOneBroadcastsEachOwnersParametersAfterTheStep) {
+  const ir::Graph g = tiny_gpt();
+  const Cluster c = preset("dgx-h100", 1);
+  AnalyticCostModel model;
+  plan::Plan plain = tiny_plan();
+  plain.pipeline = 1;
+  plain.data = 4;  // m = 8 / (1 x 4) = 2
+  plan::Plan zero = plain;
+  zero.zero_stage = 1;
+  const PlanCost without = evaluate(g, c, plain, model), with = evaluate(g, c, zero, model);
+  EXPECT_FALSE(without.breakdown().contains("zero_broadcast"));
+  const double weights = with.memory_breakdown.at("weights");
+  EXPECT_DOUBLE_EQ(weights, without.memory_breakdown.at("weights"));  // ZeRO-1 shards no weight
+  const double broadcast =
+      model.collective_time(c, CollectiveKind::Broadcast, std::vector<int>{0, 2, 4, 6}, static_cast<std::int64_t>(weights),
+                            Algorithm::Auto);
+  EXPECT_GT(broadcast, 0);
+  EXPECT_DOUBLE_EQ(with.breakdown().at("zero_broadcast"), broadcast);
+  EXPECT_DOUBLE_EQ(with.step_time, with.compute + with.tensor_parallel + with.pipeline_p2p + with.pipeline_bubble +
+                                       with.data_parallel + with.optimizer + broadcast);
+  // The rest of the step is the same; the optimizer steps a quarter of the parameters.
+  EXPECT_DOUBLE_EQ(with.compute, without.compute);
+  EXPECT_DOUBLE_EQ(with.data_parallel, without.data_parallel);
+  EXPECT_LT(with.optimizer, without.optimizer);
 }
 
 // Context parallelism (plan.context): each rank of a stage holds half of every row's tokens,

@@ -181,11 +181,11 @@ TEST(JointPlanner, AMixtureOfExpertsTooLargeToReplicateSplitsItsExperts) {
 }
 
 // At DeepSeek-V3's scale (61 layers of its width, 256 experts of 2048, top 8; 4,096 tokens x
-// 15,360 sequences on 2,048 H100s): the planner splits each layer's experts over the 8 tensor
-// ranks of a node (their tokens are on every tensor rank already: one all-reduce of the sum over
+// 15,360 sequences on 2,048 H100s): the planner splits each layer's experts over the tensor
+// ranks of its stage, inside a node (their tokens are on every tensor rank already: one all-reduce of the sum over
 // NVLink), not over the data ranks (every token gathered across the network), and the report
 // says so (benchmarks/moe.py --at-scale plans transformers' DeepseekV3ForCausalLM so).
-TEST(JointPlanner, DeepSeekV3ScaleSplitsItsExpertsOverEachNodesTensorRanks) {
+TEST(JointPlanner, DeepSeekV3ScaleSplitsItsExpertsOverItsStagesTensorRanks) {
   ir::Graph g = models::build_gpt({.layers = 61, .hidden = 7168, .heads = 128, .seq = 4096, .vocab = 129280,
                                    .ffn_hidden = 2048, .experts = 256, .experts_per_token = 8});
   const cost::Cluster cluster = cost::preset("dgx-h100", 256);
@@ -196,7 +196,9 @@ TEST(JointPlanner, DeepSeekV3ScaleSplitsItsExpertsOverEachNodesTensorRanks) {
   options.expert_parallel = false;
   const JointPlanResult whole = plan_joint(g, cluster, model, options);
   ASSERT_TRUE(split.fits);
-  EXPECT_EQ(split.plan.tensor, 8);
+  // t 4 with ZeRO-1 (t 8 without ZeRO before the fast search priced ZeRO-1 where a
+  // combination needs it): 15.36 s a step.
+  EXPECT_GT(split.plan.tensor, 1);
   // The stages' layout, as the runtime completes the plan on its capture at a micro-batch of
   // the data axis (the graph above is at batch 1: the plan comes back without it).
   plan::Plan completed = split.plan;
@@ -214,7 +216,9 @@ TEST(JointPlanner, DeepSeekV3ScaleSplitsItsExpertsOverEachNodesTensorRanks) {
     }
   EXPECT_GT(experts, 0);
   const std::string report = plan_report(completed, 80e9);
-  EXPECT_NE(report.find("layers' experts split over the 8 tensor ranks"), std::string::npos) << report;
+  EXPECT_NE(report.find(fmt::format("layers' experts split over the {} tensor ranks", split.plan.tensor)),
+            std::string::npos)
+      << report;
   // The data-axis split (plan.expert) was a candidate, priced and passed over.
   EXPECT_EQ(split.plan.expert, 1);
   EXPECT_TRUE(split.plan.split_experts);
@@ -228,7 +232,7 @@ TEST(JointPlanner, DeepSeekV3ScaleSplitsItsExpertsOverEachNodesTensorRanks) {
   const SplitReason& why = split.split_reasons.front();
   EXPECT_EQ(why.split, "experts");
   ASSERT_TRUE(why.without.has_value());
-  EXPECT_EQ(why.without->plan.tensor, 8);
+  EXPECT_EQ(why.without->plan.tensor, split.plan.tensor);
   EXPECT_FALSE(why.without->plan.split_experts);
   EXPECT_TRUE(why.with.fits);
   EXPECT_TRUE(!why.without->fits || why.without->step_time > why.with.step_time);
@@ -260,18 +264,28 @@ TEST(JointPlanner, PricesEveryVirtualStageCountThatCutsTheLayersEvenly) {
   EXPECT_EQ(r.plan.virtual_stages, 5) << listed;
 }
 
-// Stages on sub-meshes of their own widths (plan.stage_meshes): 3 A100s of 4 GiB, GPT 4 x 2048.
-// Three replicas do not fit, nor do two stages of one rank; three stages of one rank each do,
-// as does one rank holding the embedding and a layer and two data-parallel ranks holding the
-// rest and the LM head, which the planner picks: faster than every plan of equal stages.
+// Stages on sub-meshes of their own widths (plan.stage_meshes): 3 A100s of 4.25 GiB (4 GiB
+// until a 1F1B stage's later backwards were priced with the gradients made beside those in
+// flight: the plan below is 4.01 GB, above 0.9 x 4 GiB), GPT 4 x 2048.
+// Without ZeRO, three replicas do not fit, nor do two stages of one rank; three stages of one
+// rank each do, as does one rank holding the embedding and a layer and two data-parallel ranks
+// holding the rest and the LM head, which the planner picks: faster than every plan of equal
+// stages. (Three replicas sharding their optimizer state fit, and are faster still: with ZeRO
+// the fast search picks them.)
 TEST(JointPlanner, StagesOfDifferentWidthsWhereTheWorldSplitsNoOtherWay) {
   ir::Graph g = gpt(4, 2048, 16, 1024, 50304);
-  const cost::Cluster cluster = a100_node(3, std::int64_t{4} << 30);
+  const cost::Cluster cluster = a100_node(3, std::int64_t{17} << 28);
   const cost::AnalyticCostModel model;
   JointPlanOptions options;
   options.global_batch = 60;
   options.stage_layouts = false;
+  const JointPlanResult replicas = plan_joint(g, cluster, model, options);
+  options.allow_zero = false;
   const JointPlanResult r = plan_joint(g, cluster, model, options);
+  ASSERT_TRUE(replicas.fits);
+  EXPECT_EQ(replicas.plan.data, 3);
+  EXPECT_EQ(replicas.plan.zero_stage, 1);
+  EXPECT_LT(replicas.plan.predicted->step_time, r.plan.predicted->step_time);
   ASSERT_TRUE(r.fits);
   ASSERT_EQ(r.plan.stage_meshes.size(), 2u) << plan::plan_to_json_string(r.plan);
   EXPECT_EQ(r.plan.world_size(), 3);
@@ -301,6 +315,27 @@ TEST(JointPlanner, ThoroughIsNeverWorseThanFastAndBothAreDeterministic) {
   ASSERT_TRUE(fast.fits && thorough.fits);
   EXPECT_LE(thorough.plan.predicted->step_time, fast.plan.predicted->step_time);
   EXPECT_GT(thorough.evaluated, fast.evaluated);
+}
+
+// fast prices ZeRO-1 for the combinations that do not fit without it, even where others do:
+// GPT-3 1.3B at batch 64 on 8 GPUs of 16 GiB fits as t 2 p 2 d 2 without ZeRO, and faster as 8
+// data ranks whose optimizer state is sharded (the broadcast after the step included).
+TEST(JointPlanner, FastTriesZeroWhereACombinationNeedsItThoughOthersFitWithout) {
+  ir::Graph g = gpt(24, 2048, 16);
+  const cost::Cluster cluster = a100_node(8, std::int64_t{16} << 30);
+  const cost::AnalyticCostModel model;
+  JointPlanOptions options;
+  options.global_batch = 64;
+  options.allow_zero = false;
+  const JointPlanResult without = plan_joint(g, cluster, model, options);
+  options.allow_zero = true;
+  const JointPlanResult with = plan_joint(g, cluster, model, options);
+  ASSERT_TRUE(without.fits && with.fits);
+  EXPECT_EQ(without.plan.zero_stage, 0);
+  EXPECT_EQ(with.plan.zero_stage, 1);
+  EXPECT_GT(with.plan.data, 1);
+  EXPECT_LT(with.plan.predicted->step_time, without.plan.predicted->step_time);
+  EXPECT_GT(with.plan.predicted->breakdown.at("zero_broadcast"), 0);
 }
 
 TEST(JointPlanner, TightMemoryTurnsToZeroAndRecomputationOrReportsTheLeast) {
@@ -361,9 +396,9 @@ TEST(JointPlanner, StagesBalancedByTimeWhenTheHeadIsHeavy) {
 // GPT with 8 layers of hidden 2048 on 4 DGX A100 nodes whose devices hold 1.25 GiB and whose
 // nodes talk over 10 Gb/s Ethernet: the model must be cut into stages, and the sends
 // between them are long next to a stage's compute.
-cost::Cluster slow_links_cluster() {
+cost::Cluster slow_links_cluster(std::int64_t memory_bytes = std::int64_t{5} << 28) {  // 1.25 GiB
   nlohmann::json j = cost::cluster_to_json(cost::preset("dgx-a100", 4));
-  for (auto& d : j["device_types"]) d["memory_bytes"] = std::int64_t{5} << 28;  // 1.25 GiB
+  for (auto& d : j["device_types"]) d["memory_bytes"] = memory_bytes;
   j["links"][1]["bandwidth"] = 1.25e9;
   return cost::cluster_from_json(j);
 }
@@ -399,40 +434,47 @@ TEST(JointPlanner, AVaryingNetworkTimesPipelinesBySimulation) {
     for (std::size_t i = 1; i < r->best.size(); ++i) EXPECT_LE(r->best[i - 1].step_time, r->best[i].step_time);
   }
   // The simulator times the sends as the runtime runs them (each starts once its receive is
-  // posted, the reading compute waits for it); the evaluator charges the ones on its lists'
-  // critical path (cost/pipeline_transfers.h): the step's slope at zero transfer time, the
-  // least slope, exact while sends are short beside the computation they hide behind. Since
-  // each receive is posted one computation early (schedule/early_receives.h) that is one
-  // chunk's compute, and here a send (0.85 ms) is nearly as long as one: the simulation prices
-  // the plan both pick (DualPipeV, d2 t8 p2) 1.7% above the evaluator (0.6998 against
-  // 0.6881 s). Held: within 3% (issue 46: one evaluator).
+  // posted, the reading compute waits for it); the evaluator charges the sends on its lists'
+  // critical path while they are short, and simulates the lists at the send's length where
+  // they are not (cost/pipeline_transfers.h, exposed_transfer_seconds). Here a send (0.85 ms
+  // at t 8, 1.68 ms at t 4) is as long as the computation it hides behind, or longer: with the
+  // count alone the evaluator priced the plan both picked (DualPipeV, d2 t8 p2) 1.7% below the
+  // simulation, and one with ZeRO-1 at t 4 6.3% below (0.6306 against 0.6700 s), and picked
+  // it. Now both pick DualPipeV d2 t8 p2 and price it within 0.1% (0.7004 against 0.6998 s).
   EXPECT_NEAR(steady.plan.predicted->step_time, steady_evaluator.plan.predicted->step_time,
-              0.03 * steady_evaluator.plan.predicted->step_time);
+              0.01 * steady_evaluator.plan.predicted->step_time);
+  EXPECT_EQ(steady.plan.schedule, steady_evaluator.plan.schedule);
   EXPECT_GE(varying.plan.predicted->step_time, steady.plan.predicted->step_time);
   // On the varying network kFkB k = 2 used to win (0.838 s before the simulator modelled the
   // receive that starts a transfer; then over its 1F1B twin by more than Ada-Grouper's 1%):
   // its group's receives were posted before the group's first compute while every other
   // schedule posted each where it was read. With each receive posted one computation early in
-  // every schedule, the V schedules hide their sends too and win: DualPipeV, 0.7455 s. kFkB
-  // (k = 2, recompute selective, 1.031 s) still beats its own 1F1B twin, which is not among
-  // the ten best (slower than the tenth).
+  // every schedule, the V schedules hide their sends too and win: DualPipeV, 0.7455 s.
   EXPECT_NE(varying.plan.schedule, plan::Schedule::KFKB) << plan_report(varying.plan);
-  auto kfkb = std::find_if(varying.best.begin(), varying.best.end(),
+  // 1F1B plans are timed as kFkB too (time_on_the_network). Here ZeRO-1's plans fill the ten
+  // best; on 1 GiB devices without ZeRO, where the plans that hold their micro-batches need
+  // recomputation (which no V schedule takes), kFkB (k = 2, full recomputation, 1.109 s)
+  // is among them, ahead of its own 1F1B twin, which is not (slower than the tenth).
+  JointPlanOptions tight = options;
+  tight.allow_zero = false;
+  const JointPlanResult grouped = plan_joint(g, slow_links_cluster(std::int64_t{1} << 30), model, tight);
+  ASSERT_TRUE(grouped.fits);
+  auto kfkb = std::find_if(grouped.best.begin(), grouped.best.end(),
                            [](const JointCandidate& c) { return c.plan.schedule == plan::Schedule::KFKB; });
-  ASSERT_NE(kfkb, varying.best.end());  // 1F1B plans timed as kFkB too (time_on_the_network)
+  ASSERT_NE(kfkb, grouped.best.end());
   EXPECT_GE(kfkb->plan.kfkb_k, 2);
   EXPECT_NE(plan_report(kfkb->plan).find(fmt::format("kfkb (k={})", kfkb->plan.kfkb_k)), std::string::npos);
-  auto twin = std::find_if(varying.best.begin(), varying.best.end(), [&](const JointCandidate& c) {
+  auto twin = std::find_if(grouped.best.begin(), grouped.best.end(), [&](const JointCandidate& c) {
     return c.plan.schedule == plan::Schedule::OneFOneB && c.plan.tensor == kfkb->plan.tensor &&
            c.plan.pipeline == kfkb->plan.pipeline && c.plan.micro_batch == kfkb->plan.micro_batch &&
            c.plan.recompute == kfkb->plan.recompute && c.plan.zero_stage == kfkb->plan.zero_stage &&
            c.plan.layers_per_stage == kfkb->plan.layers_per_stage;
   });
-  if (twin != varying.best.end()) {
+  if (twin != grouped.best.end()) {
     EXPECT_GT(twin->step_time, kfkb->step_time);
     EXPECT_GT(kfkb->memory_per_rank, twin->memory_per_rank);  // k times the activations in flight
   } else {
-    EXPECT_GE(varying.best.back().step_time, kfkb->step_time);
+    EXPECT_GE(grouped.best.back().step_time, kfkb->step_time);
   }
   // Deterministic.
   EXPECT_EQ(plan_joint(g, cluster, model, options).plan, varying.plan);
@@ -466,12 +508,14 @@ TEST(JointPlanner, TheTenBestArePricedWithTheirStagesSearchedLayout) {
   // twelfth search.
   // A context-parallel candidate keeps the evaluator's ring prices (reprice: no layout is
   // searched at a sequence block); since receives are posted early (schedule/early_receives.h)
-  // two of them (t 4 c 2 p 4, interleaved) are among the ten best.
+  // two of them (t 4 c 2 p 4, interleaved) are among the ten best; since the fast search
+  // prices ZeRO-1 for the combinations that need it, five (c 4 t 2 and c 2 t 4, ZeRO-1), and
+  // five with a tensor axis, every one searched.
   for (const JointCandidate& c : searched.best)
     EXPECT_TRUE(c.searched_layout == (c.plan.tensor > 1 && c.plan.context == 1) ||
                 (c.plan.tensor > 1 && searched.stage_layout_searches == 12))
         << c.plan.tensor << " " << c.plan.micro_batch << " c " << c.plan.context << " " << plan_report(c.plan);
-  EXPECT_GE(std::ranges::count_if(searched.best, [](const JointCandidate& c) { return c.searched_layout; }), 8);
+  EXPECT_GE(std::ranges::count_if(searched.best, [](const JointCandidate& c) { return c.searched_layout; }), 5);
   for (const JointCandidate& c : megatron.best) EXPECT_FALSE(c.searched_layout);
   EXPECT_GT(searched.plan.tensor, 1);
   EXPECT_TRUE(searched.searched_layout);
