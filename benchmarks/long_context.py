@@ -90,7 +90,7 @@ def at_scale(nodes: int, seq: int, global_batch: int, record_results: bool) -> N
         seconds = time.process_time() - start
         print(plan.report(), flush=True)
         predicted = plan._doc["predicted"]
-        kinds = ("tensor_parallel", "context_parallel", "pipeline_p2p", "data_parallel")
+        kinds = ("tensor_parallel", "context_parallel", "pipeline_p2p", "data_parallel", "zero_broadcast")
         comms = ", ".join(f"{k} {predicted['breakdown'][k]:.2f}" for k in kinds if predicted["breakdown"].get(k))
         degrees = (f"t {plan.tensor} c {plan.context} p {plan.pipeline} d {plan.data}, micro-batch {plan.micro_batch}, "
                    f"{plan.schedule}" + (f" v {plan.virtual_stages}" if plan.virtual_stages > 1 else "")

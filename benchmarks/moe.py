@@ -155,7 +155,8 @@ def at_scale(nodes: int, seq: int, global_batch: int, record_results: bool) -> N
                             ("shardwise.plan, expert_parallel=False", unsplit, unsplit_seconds),
                             ("DeepSeek-V3's degrees", own, None)):
         predicted = plan._doc["predicted"]
-        kinds = ("expert_parallel", "tensor_parallel", "context_parallel", "pipeline_p2p", "data_parallel")
+        kinds = ("expert_parallel", "tensor_parallel", "context_parallel", "pipeline_p2p", "data_parallel",
+                 "zero_broadcast")
         comms = ", ".join(f"{k} {predicted['breakdown'][k]:.2f}" for k in kinds if predicted["breakdown"].get(k))
         degrees = (f"t {plan.tensor} p {plan.pipeline} d {plan.data}" + (f" c {plan.context}" if plan.context > 1 else "")
                    + (f" e {plan.expert}" if plan.expert > 1 else "") + f", micro-batch {plan.micro_batch}, "

@@ -99,7 +99,8 @@ def overlap_line(label: str, plan) -> str:
 
 def breakdown_line(label: str, plan) -> str:
     br = plan.breakdown()
-    parts = ["compute", "tensor_parallel", "pipeline_p2p", "pipeline_bubble", "data_parallel", "optimizer"]
+    parts = ["compute", "tensor_parallel", "pipeline_p2p", "pipeline_bubble", "data_parallel", "optimizer",
+             "zero_broadcast"]
     return (f"      {label:<9} step {plan.predicted_step_time():6.2f} s = "
             + " + ".join(f"{k.replace('pipeline_', 'pp_').replace('_parallel', '')} {br.get(k, 0.0):.2f}"
                          for k in parts)
