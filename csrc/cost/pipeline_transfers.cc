@@ -66,8 +66,9 @@ double exposed_at(plan::Schedule kind, int p, int m, int v, int k, double transf
 
 // A send up to an eighth of a chunk's forward is short: every send on the critical path at
 // zero waits its whole length and no other path overtakes it (the count is exact there; the
-// first kinks found, every schedule at p 4 to 16: DualPipeV at a quarter of a chunk's
-// forward, interleaved 1F1B (v 6, p 16) at three quarters).
+// first kinks in the schedules tried, 1F1B, interleaved, ZB-H1, ZB-V and DualPipeV at p 4, 8
+// and 16: DualPipeV's between an eighth and a quarter of a chunk's forward, interleaved
+// 1F1B's (v 6, p 16) beyond three quarters, 1F1B's none up to two stage forwards).
 constexpr double kShortOfAChunk = 1.0 / 8;
 // The grid the longer sends are simulated at: 8 points an octave (9% apart).
 constexpr double kGridPerOctave = 8;

@@ -281,9 +281,6 @@ struct StagePrice {
   double boundary_bytes = 0;  // one rank's share of a layer's input (what its 1F1B keeps per micro-batch)
 };
 
-// One evaluation of a plan: its phases (the graph's parts priced, the stages balanced, the
-// step timed, data parallelism and the optimizer, memory, FLOPs) as methods over the state
-// they share, run in that order by evaluate().
 // What a stage holds at its fullest moment beyond its model states and the activations it keeps,
 // and the breakdown's parts of it.
 struct StageTransient {
@@ -294,6 +291,9 @@ struct StageTransient {
   bool casts = false;           // the plan casts at all (the breakdown then names them)
 };
 
+// One evaluation of a plan: its phases (the graph's parts priced, the stages balanced, the
+// step timed, data parallelism and the optimizer, memory, FLOPs) as methods over the state
+// they share, run in that order by evaluate().
 class PlanEvaluator {
  public:
   PlanEvaluator(const LayerStructure& structure, const ir::Graph& graph, const Cluster& cluster,
