@@ -28,40 +28,38 @@ schedule::PipelineSchedule generated_schedule(plan::Schedule schedule, int ranks
   return schedule::one_f_one_b(ranks, micro_batches);
 }
 
-// Exact transfers on the critical path at m micro-batches: the step's slope in a transfer time
-// far below every slack of the unit costs (the smallest is a fraction of a chunk's forward),
-// rounded (a path's transfer count is a whole number).
-double exact_transfers(plan::Schedule kind, int p, int m, int v, int k) {
-  const schedule::PipelineSchedule lists = pipeline_schedule(kind, p, m, v, k);
-  schedule::SimulationCosts costs = micro_batch_costs(kind, p * v, v, 3.0);  // forward 1 / v a chunk
-  costs.boundary_bytes.assign(static_cast<std::size_t>(p * v - 1), 1.0);
-  const double free = schedule::simulate(lists, costs).step_time;
-  constexpr double kTransfer = 1e-6;
-  costs.transfer = schedule::constant_transfer(kTransfer);
-  const double timed = schedule::simulate(lists, costs).step_time;
-  return std::round((timed - free) / kTransfer);
-}
-
 // The step's growth, in units of a stage's forward (a micro-batch is 3), when every send takes
 // `transfer` units: the simulation with the sends against the one without.
 double exact_exposed(plan::Schedule kind, int p, int m, int v, int k, double transfer) {
   const schedule::PipelineSchedule lists = pipeline_schedule(kind, p, m, v, k);
-  schedule::SimulationCosts costs = micro_batch_costs(kind, p * v, v, 3.0);
+  schedule::SimulationCosts costs = micro_batch_costs(kind, p * v, v, 3.0);  // forward 1 / v a chunk
   costs.boundary_bytes.assign(static_cast<std::size_t>(p * v - 1), 1.0);
   const double free = schedule::simulate(lists, costs).step_time;
   costs.transfer = schedule::constant_transfer(transfer);
   return schedule::simulate(lists, costs).step_time - free;
 }
 
-// At m micro-batches: exact up to 16 periods (p k), beyond them the steady state's slope over
-// 4 periods of m's residue, extended (as critical_transfers).
-double exposed_at(plan::Schedule kind, int p, int m, int v, int k, double transfer) {
-  const int period = p * k;
-  if (m <= 16 * period) return exact_exposed(kind, p, m, v, k, transfer);
+// Exact transfers on the critical path at m micro-batches: the step's slope in a transfer time
+// far below every slack of the unit costs (the smallest is a fraction of a chunk's forward),
+// rounded (a path's transfer count is a whole number).
+double exact_transfers(plan::Schedule kind, int p, int m, int v, int k) {
+  constexpr double kTransfer = 1e-6;
+  return std::round(exact_exposed(kind, p, m, v, k, kTransfer) / kTransfer);
+}
+
+// `exact` (a figure of the lists at a micro-batch count) at m micro-batches of a schedule whose
+// lists repeat every `period` (p k: whole interleaved rounds and kFkB groups): exact up to 16
+// periods, beyond them the steady state's slope over 4 periods of m's residue, extended.
+template <typename Exact>
+double at_micro_batches(int period, int m, Exact exact) {
+  if (m <= 16 * period) return exact(m);
   const int upper = 15 * period + m % period, lower = upper - 4 * period;
-  const double at_upper = exact_exposed(kind, p, upper, v, k, transfer);
-  const double at_lower = exact_exposed(kind, p, lower, v, k, transfer);
+  const double at_upper = exact(upper), at_lower = exact(lower);
   return at_upper + (at_upper - at_lower) / (4 * period) * (m - upper);
+}
+
+double exposed_at(plan::Schedule kind, int p, int m, int v, int k, double transfer) {
+  return at_micro_batches(p * k, m, [&](int n) { return exact_exposed(kind, p, n, v, k, transfer); });
 }
 
 // A send up to an eighth of a chunk's forward is short: every send on the critical path at
@@ -162,17 +160,8 @@ double critical_transfers(plan::Schedule schedule, int ranks, int micro_batches,
     const std::lock_guard<std::mutex> lock(mutex);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
   }
-  const int period = ranks * k;  // a whole number of interleaved rounds and kFkB groups
-  double count = 0;
-  if (micro_batches <= 16 * period) {
-    count = exact_transfers(schedule, ranks, micro_batches, v, k);
-  } else {
-    // The steady state's slope over 4 periods of the same residue, extended.
-    const int upper = 15 * period + micro_batches % period, lower = upper - 4 * period;
-    const double at_upper = exact_transfers(schedule, ranks, upper, v, k);
-    const double at_lower = exact_transfers(schedule, ranks, lower, v, k);
-    count = at_upper + (at_upper - at_lower) / (4 * period) * (micro_batches - upper);
-  }
+  const double count = at_micro_batches(ranks * k, micro_batches,
+                                        [&](int n) { return exact_transfers(schedule, ranks, n, v, k); });
   const std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, count);
   return count;
