@@ -13,7 +13,7 @@ from typing import Callable
 
 
 def pipeline_plan(global_batch: int, micro_batch: int, schedule: str, stages: int):
-    """A pipeline plan with data = tensor = 1 (as tests/python/test_parallelize.py writes one)."""
+    """A pipeline plan with data = tensor = 1 (as tests/python/engine/test_parallelize.py writes one)."""
     import shardwise
 
     doc = {"format": "shardwise.plan", "version": 1, "data": 1, "tensor": 1, "pipeline": stages,

@@ -28,7 +28,7 @@ Printed, each measured in this run:
    sides hold (the allocation at the start of its block less its own parameters, gradients
    and optimizer state), against the plan's predicted memory per rank (issue 46's target:
    within 15%), and the eager run's peak beside it.
-Timing never fails a test: tests/python/test_benchmarks.py runs --smoke on the CPU and checks
+Timing never fails a test: tests/python/benchmarks/test_benchmarks.py runs --smoke on the CPU and checks
 that every figure is printed.
 """
 from __future__ import annotations

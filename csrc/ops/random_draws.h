@@ -18,7 +18,7 @@
 // The rewrite decides this (transform/spmd_rewrite.h: NodeRewrite::one_device_random and the
 // Whole mode) and the runtime lowers the decision (python/shardwise/runtime/lower.py:
 // OneDeviceRandom). The list below is torch's `nondeterministic_seeded` tag for these ops;
-// tests/python/test_random_ops.py checks every op of the builtin table against the tag.
+// tests/python/runtime/test_random_ops.py checks every op of the builtin table against the tag.
 //
 // Worked example:
 //   random_draw("aten::dropout")        // RandomDraw::Mask

@@ -14,7 +14,7 @@ device would: the batch is the global one) and ``shardwise.parallelize`` splits 
 says (data, tensor or pipeline parallelism over the job's ranks). The losses, gradient norms,
 learning rates and evaluation losses every rank logs are those of the same script on one device
 without shardwise (``transformers.Trainer`` in one process), within rounding; the test
-(tests/python/test_trainer_integration.py) measures them on 4 Gloo processes.
+(tests/python/integrations/test_trainer_integration.py) measures them on 4 Gloo processes.
 
 Why a subclass of ``Trainer``, not a ``TrainerCallback``: a callback only observes the loop
 (``on_step_end``, ``on_save``...); it cannot replace the forward and backward, the optimizer,

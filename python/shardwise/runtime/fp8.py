@@ -36,7 +36,7 @@ one of the runtime's stateful modules, run eagerly between compiled pieces (runt
 
 ``one_device()`` runs the same arithmetic on one device: a TorchFunctionMode that routes a
 model's own linear / addmm / mm calls on a weight parameter, under the same rule, through the
-same function. It is the reference FP8 plans are checked against (tests/python/test_fp8.py).
+same function. It is the reference FP8 plans are checked against (tests/python/runtime/test_fp8.py).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 // The SPMD search end to end on the C++-built GPT (models/gpt.h); the transformers models
-// are searched from Python (tests/python/test_spmd_search.py).
+// are searched from Python (tests/python/plan/test_spmd_search.py).
 #include "search/spmd_search.h"
 
 #include <gtest/gtest.h>

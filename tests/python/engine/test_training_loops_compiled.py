@@ -15,6 +15,7 @@ from test_training_loops import LAYOUTS, _spawn, check_loop
 pytest.importorskip("transformers")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_users_hugging_face_loop_compiled_equals_one_device(layout):
     r = _spawn(layout, compiled=True)

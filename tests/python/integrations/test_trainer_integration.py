@@ -29,7 +29,7 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 EXAMPLE = os.path.join(ROOT, "examples", "hf_trainer.py")
 TOLERANCE = 1e-9
 WORLD = 4

@@ -37,7 +37,7 @@ def gpu(test):
 
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5}
-BF16_TOLERANCE = 2e-2  # as tests/python/test_training_loops.py states it for the bf16 policy
+BF16_TOLERANCE = 2e-2  # as tests/python/engine/test_training_loops.py states it for the bf16 policy
 STEPS = 4
 
 
@@ -212,7 +212,7 @@ def test_data_by_tensor_plan_on_four_ranks_sharing_one_gpu_equals_one_device():
 @gpu
 def test_data_by_tensor_plan_in_float32_within_1e_5():
     # Losses only: in float32, AdamW turns rounding noise on gradients that are zero in theory
-    # (attention's key bias) into lr-sized steps (tests/python/test_parallelize.py says more).
+    # (attention's key bias) into lr-sized steps (tests/python/engine/test_parallelize.py says more).
     r = _spawn(_train, 4, {"dtype": "float32", "mesh": [2, 2]})
     print(f"cuda float32: losses {r['loss_error']:.1e}")
     assert r["devices"] == ["cuda"] and r["loss_error"] < TOLERANCE[torch.float32], r

@@ -280,6 +280,7 @@ def _spawn(layout: str, compiled: bool) -> dict:
             return json.load(f)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_users_hugging_face_loop_equals_one_device(layout):
     check_loop(layout, _spawn(layout, compiled=False))

@@ -272,6 +272,7 @@ def _spawn(world, name, *args):
 
 
 # ---- tests ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sum_losses_are_summed_over_micro_batches_in_pipelines_accumulation_and_the_automatic_plan():
     # Before: the pipeline engine divided every loss by m: a sum loss and its gradients came
     # out 1/m of one device's (torchtitan's loss on 2 x 2: half).

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "16"]
 
 
@@ -113,6 +113,7 @@ def test_fused_accumulation_side_by_side_fuses_and_matches_the_plain_stages():
         assert float(line.rsplit("losses differ by ", 1)[1]) < 1e-4, out  # (0 on this CPU, as above)
 
 
+@pytest.mark.slow
 def test_pipeline_skips_only_the_torch_schedules_named():
     # What the benchmark does when one of torch's schedules fails (torch 2.11's ZBV on Gloo):
     # the run is repeated without that one, and every other schedule stays side by side.
@@ -136,6 +137,7 @@ def test_pipeline_memory_matches_the_simulator():
     assert [int(r[6]) for r in rows] == [8, 8, 2, 1, 2, 2, 4, 4, 5, 5]
 
 
+@pytest.mark.slow
 def test_model_zoo_captures_and_plans_by_every_method(tmp_path):
     import json
 
@@ -151,6 +153,7 @@ def test_model_zoo_captures_and_plans_by_every_method(tmp_path):
         assert rebuilt == nodes > 100 and r["details"]["ir calls"] == [], (name, r["details"])
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_its_cpu_parts(tmp_path):
     """scripts/gpu_check.sh on this CPU machine (--no-build: the shardwise already installed;
     --smoke: benchmarks/gpu.py at toy size): the GPU tests are collected and skipped with their
@@ -181,6 +184,7 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in llama["first losses (engine, eager)"]), llama
 
 
+@pytest.mark.slow
 def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_prediction(tmp_path):
     import json
 

@@ -9,7 +9,7 @@ import pytest
 
 import shardwise
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
@@ -42,6 +42,7 @@ def test_edit_plan(tmp_path):
     assert "step 2: loss" in out and "gpipe, micro-batch 2" in out
 
 
+@pytest.mark.slow
 def test_train_gpt2(tmp_path):
     pytest.importorskip("transformers")
     out = _torchrun("train_gpt2.py", tmp_path)

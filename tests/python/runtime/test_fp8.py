@@ -212,6 +212,7 @@ def _scenario_fp8_compiled(rank: int, world: int, layout: str) -> dict:
             "compiled": [r["compile_seconds"] is not None for r in engine.compile_report()]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["data", "tensor", "zero3", "ring"])
 def test_compiled_fp8_plans_equal_the_same_arithmetic_on_one_device(layout):
     """Under compile an FP8 linear is traced, its casts fused by inductor (what the cost model

@@ -35,7 +35,7 @@ import shardwise
 from conftest import finish_rank, parameter_error, spawn_reports, train_beside_one_device
 from rank_ir_check import engine_against_rank_ir
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "golden"
 UPDATE = os.environ.get("SHARDWISE_UPDATE_GOLDENS") == "1"
 ROWS, MICRO, STEPS, TOLERANCE = 8, 4, 3, 1e-9
 
@@ -84,19 +84,19 @@ CASES = {
                   "ZeRO-3 units on a data axis of 2, rank 1: every parameter stored as its half (S(0) on the\n"
                   "data axis), gathered before its use in its module's unit group (prefetched beside the\n"
                   "forward; a weight gathered again for backward) and its gradient reduce-scattered back to\n"
-                  "the half beside the backward. tests/python/test_golden_runs.py trains this program."),
+                  "the half beside the backward. tests/python/runtime/test_golden_runs.py trains this program."),
     "tensor_pipeline_stage": Case(4, 3, "rank-graph",
                                   "Two blocks on 2 pipeline stages x a tensor axis of 2 (1F1B), rank 3 of the job:\n"
                                   "stage 1's rank 1 of its sub-mesh, the rank program rewritten for the sub-mesh and\n"
                                   "cut (transform/stage_rank_graph.h), the stage passes run as the plan's defaults\n"
                                   "run them: each contraction reading its weight shard as it is adds its weight\n"
                                   "gradient into .grad in place (fused accumulation). The input is the capture at a\n"
-                                  "micro-batch of 4 rows. tests/python/test_golden_runs.py trains this program."),
+                                  "micro-batch of 4 rows. tests/python/runtime/test_golden_runs.py trains this program."),
     "zero_bubble_stage": Case(2, 1, "rank-graph,weight-gradient-split",
                               "Two blocks on 2 pipeline stages under ZB-H1, rank 1 (stage 1): the stage's backward\n"
                               "split into B and W at each weight read (weight_cut), the weights' gradients added\n"
                               "into .grad in place. The input is the capture at a micro-batch of 4 rows.\n"
-                              "tests/python/test_golden_runs.py trains this program."),
+                              "tests/python/runtime/test_golden_runs.py trains this program."),
 }
 
 

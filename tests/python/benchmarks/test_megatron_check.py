@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-_path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "megatron.py"
+_path = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "megatron.py"
 _spec = importlib.util.spec_from_file_location("megatron_benchmark", _path)
 megatron = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(megatron)

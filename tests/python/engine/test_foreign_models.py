@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import shardwise
 from conftest import TIGHT_PRECISION, parameter_error, spawn_scenario, tight_cluster
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))  # spawned ranks inherit it
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "benchmarks"))  # spawned ranks inherit it
 from foreign.nanogpt import GPT, GPTConfig  # noqa: E402
 
 STEPS = 3

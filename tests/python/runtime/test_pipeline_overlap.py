@@ -109,6 +109,7 @@ def test_pipeline_buckets_are_issued_in_backward_and_train_as_one_device(schedul
     assert r["error"] < TOLERANCE, r["error"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "dualpipe-v"])
 def test_pipeline_stages_reduce_scatter_their_sharded_weights_beside_backward_and_train_as_one_device(schedule):
     # 2 stages x 2 data ranks, every stage weight sharded over the data axis (ZeRO-3 inside the

@@ -69,6 +69,7 @@ def _run_ranks(target, world: int, tmp: str, out: str, fault: str) -> list:
     return procs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["kill", "stall"])
 def test_a_dead_or_stalled_rank_makes_the_others_fail_within_the_timeout(fault):
     world = 3

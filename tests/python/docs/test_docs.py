@@ -36,7 +36,7 @@ import pytest
 
 import shardwise
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PAGES = ["docs/plan-format.md", "docs/op-rules.md", "docs/planning.md"]
 TORCHRUN_PAGES = ["docs/training.md"]
 # Pages whose relative links must reach a file (and an anchor, a heading of that file).
@@ -130,6 +130,7 @@ def test_the_planning_page_writes_what_it_says(ran):
         assert os.path.exists(os.path.join(directory, name)), f"docs/planning.md's blocks wrote no {name}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", TORCHRUN_PAGES)
 def test_torchrun_blocks_run_under_torchrun(page, tmp_path):
     blocks = [b for b in _of(page, "python") if b.tag == "torchrun"]

@@ -181,6 +181,7 @@ def _worker(rank: int, world: int, store: str, result: str, case: str, schedule:
 @pytest.mark.parametrize("schedule", ["zb-h1", "zb-v", "dualpipe-v"])
 @pytest.mark.parametrize("case,stages", [("gpt2", 2), ("gpt2", 4), ("two_branch", 2), ("two_branch", 4),
                                          ("weight_across", 2)])
+@pytest.mark.slow
 def test_zero_bubble_splits_backward_and_trains_as_one_device(case, stages, schedule):
     reports = spawn_reports(_worker, stages, case, schedule)
     if case == "weight_across":  # the gain's double is sent on: the weight-output path ran

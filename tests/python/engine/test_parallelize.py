@@ -510,6 +510,7 @@ def test_two_branch_model_split_across_four_pipeline_stages():
     _check(r)
 
 
+@pytest.mark.slow
 def test_data_by_tensor_by_pipeline_hybrid_at_world_size_eight():
     # 2 pipeline stages, each on a 2 x 2 {data, tensor} sub-mesh sharded by the search (little
     # memory per rank, so the tensor axis shards the weights too); 2 micro-batches of 2 x 2 rows.

@@ -169,6 +169,7 @@ def test_one_device_to_two_plans_and_back_is_bitwise_equal(tmp_path):
     assert back_optimizer.param_groups[0]["lr"] == LR
 
 
+@pytest.mark.slow
 def test_resumed_training_gives_the_losses_of_the_run_that_never_stopped_and_another_model_is_refused(tmp_path):
     tmp = str(tmp_path)
     ckpt = os.path.join(tmp, "step2")
@@ -233,13 +234,14 @@ def test_boxes_of_strided_and_uneven_shards_cover_the_rank_s_slice():
     assert len(_boxes([4, 12], ["S(1,g3)"], [2], 1)) == 3  # q, k and v of the same heads
 
 
+@pytest.mark.slow
 def test_training_resumes_under_torchrun(tmp_path):
     """The README job: `python -m shardwise train --save DIR`, then `--resume DIR` in a new
     torchrun, prints the losses the uninterrupted run printed."""
     torchrun = shutil.which("torchrun")
     if torchrun is None:
         pytest.fail("torchrun is not on PATH (it comes with torch)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(os.path.dirname(__file__), "..", "..",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(os.path.dirname(__file__), "..", "..", "..",
                                                                                     "python"),
                                                                        os.environ.get("PYTHONPATH")]))}
 
@@ -369,6 +371,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_a_killed_job_from_its_last_checkpoint_with_the_losses_of_an_uninterrupted_run(tmp_path):
     torchrun = shutil.which("torchrun")
     if torchrun is None:
@@ -380,7 +383,7 @@ def test_torchrun_restarts_a_killed_job_from_its_last_checkpoint_with_the_losses
     # Gloo address (pytorch/pytorch#135712): here 2 of 4 restarts failed or hung that way
     # without it, 9 of 9 passed with it. The README's restart recipe sets it too.
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(os.path.dirname(__file__), "..", "..", "python"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"),
                                                        os.environ.get("PYTHONPATH")]))}
 
     def run(name: str, die_at: int) -> dict[int, tuple[str, int]]:

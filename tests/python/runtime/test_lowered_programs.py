@@ -40,7 +40,7 @@ from shardwise.runtime.pipeline_engine import stage_program
 from conftest import tight_cluster
 from rank_ir_check import lowered_against_rank_ir
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "benchmarks"))
 import model_zoo as zoo  # noqa: E402
 
 WORLD = 4
@@ -132,6 +132,7 @@ def _quiet():
     logging.getLogger("shardwise").setLevel(level)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_every_rank_program_lowers_to_its_rank_ir_node_for_node(name):
     spec = next(s for s in zoo.ZOO if s.name == name)

@@ -1,6 +1,6 @@
 """Tensors follow the model's device: the CPU side of the CUDA path (issue 22).
 
-The CUDA runs themselves are tests/python/test_gpu.py (``pytest -m gpu``); these run everywhere:
+The CUDA runs themselves are tests/python/engine/test_gpu.py (``pytest -m gpu``); these run everywhere:
  - every tensor-creating call of the package names its device (a scan of the source: a
    factory without ``device=`` makes a CPU tensor beside a CUDA model, which fails only on a GPU);
  - ``local_device`` / ``backend_for``: LOCAL_RANK picks the GPU, ranks outnumbering GPUs share them over Gloo;

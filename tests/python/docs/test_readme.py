@@ -4,7 +4,8 @@
   the checkpoint lines of docs/training.md: the script a reader copies into train.py.
 - It stays short: at most 150 lines, and the install, run and test commands on its first screen.
 - Its layout table names exactly the folders of the tree: every top-level folder and every
-  layer of csrc/, and nothing that is not there.
+  layer of csrc/, and nothing that is not there; tests/python's folders are the areas its
+  README's table names (issue 47, item 5).
 - Every shell command in a ```bash / ```sh block runs somewhere: in CI (.ci/run, scripts/test.sh
   or a script they run), or where RUN_BY says (a test, or a script CI runs); or it is marked
   `<!-- gpu-only -->`.
@@ -13,8 +14,8 @@
 Markers: an HTML comment on the line right before a fence applies to that block.
 `<!-- gpu-only -->` blocks need a GPU and are never run here; `<!-- file: PATH -->` blocks are
 compared with the file, not run. (The capture and planning examples that were here are in
-docs/planning.md, the full training loop in docs/training.md: tests/python/test_docs.py runs them;
-the CLI lines: test_cli.py; the examples: test_examples.py.)
+docs/planning.md, the full training loop in docs/training.md: tests/python/docs/test_docs.py runs them;
+the CLI lines: tests/python/cli/test_cli.py; the examples: tests/python/docs/test_examples.py.)
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 MAX_LINES = 150
 FIRST_SCREEN = 40
@@ -46,12 +47,12 @@ RUN_BY = {
     "pip install --no-build-isolation .": "scripts/check_pip_install.sh",
     # quickstart.sh installs (scripts/install.sh, which scripts/test.sh runs first), then runs this
     # job with 4 processes; the test runs the same job with 2 processes and 3 steps.
-    "bash scripts/quickstart.sh": "test_parallelize.py::test_readme_training_job_runs_under_torchrun",
+    "bash scripts/quickstart.sh": "engine/test_parallelize.py::test_readme_training_job_runs_under_torchrun",
     "torchrun --standalone --nproc-per-node 4 -m shardwise train":
-        "test_parallelize.py::test_readme_training_job_runs_under_torchrun",
+        "engine/test_parallelize.py::test_readme_training_job_runs_under_torchrun",
     # The README's train.py: the python block with init_process_group, as written.
     "torchrun --nproc-per-node 4 train.py":
-        "test_readme.py::test_the_training_script_and_its_checkpoint_lines_run_under_torchrun",
+        "docs/test_readme.py::test_the_training_script_and_its_checkpoint_lines_run_under_torchrun",
 }
 # Where CI runs commands: .ci/run, and every script it reaches through `bash scripts/NAME.sh`.
 CI_ENTRY = ".ci/run"
@@ -171,6 +172,35 @@ def test_the_layout_table_lists_the_folders_that_exist():
     listed_layers = {p.split("/")[1] for p in paths if p.startswith("csrc/") and p.count("/") == 1}
     assert listed_layers == layers, (f"csrc/ layers not in the layout table: {sorted(layers - listed_layers)}; "
                                      f"in the table but not in csrc/: {sorted(listed_layers - layers)}")
+
+
+TESTS = ROOT / "tests" / "python"
+
+
+def _test_areas() -> dict[str, list[str]]:
+    """tests/python/README.md's table: each test folder -> the package paths it names (under
+    python/shardwise; a parenthesised cell names the project's own folders instead)."""
+    rows = [line for line in (TESTS / "README.md").read_text().splitlines() if line.startswith("| `")]
+    assert rows, "tests/python/README.md has no table of test folders"
+    areas = {}
+    for row in rows:
+        folder, package = row.split("|")[1:3]
+        areas[folder.strip().strip("`")] = [] if "(" in package else re.findall(r"`([^`]+)`", package)
+    return areas
+
+
+def test_the_test_folders_are_the_package_areas_their_table_names():
+    areas = _test_areas()
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert set(areas) == folders, (f"test folders not in tests/python/README.md: {sorted(folders - set(areas))}; "
+                                   f"in its table but not in the tree: {sorted(set(areas) - folders)}")
+    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert not loose, f"test files outside an area folder of tests/python: {loose}"
+    empty = sorted(a for a in areas if not list((TESTS / a).glob("test_*.py")))
+    assert not empty, f"test folders with no test file: {empty}"
+    package = ROOT / "python" / "shardwise"
+    missing = sorted(f"{a}: {p}" for a, paths in areas.items() for p in paths if not (package / p).exists())
+    assert not missing, f"tests/python/README.md names package paths that do not exist: {missing}"
 
 
 # ---- every shell command runs somewhere ---------------------------------------------------------

@@ -98,6 +98,7 @@ def _scenario_compiled(rank: int, world: int, compile_option, recompute: bool | 
                                                            ({"backend": "aot_eager"}, 1e-10, "selective"),
                                                            (True, 1e-6, False)],
                          ids=["aot_eager", "aot_eager-recomputed", "aot_eager-selective", "inductor"])
+@pytest.mark.slow
 def test_a_compiled_tensor_parallel_program_trains_as_one_device(option, tolerance, recompute):
     r = spawn_scenario(__name__, 2, "compiled", option, recompute)
     assert r["compiled_once"] and r["code"], r
@@ -185,6 +186,7 @@ AOT = {"backend": "aot_eager"}
                          [("1f1b", 1, 1, True, AOT, 1e-10), ("interleaved-1f1b", 2, 1, False, AOT, 1e-10),
                           ("1f1b", 1, 2, True, AOT, 1e-10), ("1f1b", 1, 1, True, True, 1e-6)],
                          ids=["1f1b", "interleaved", "data-2-in-micro-batches", "inductor"])
+@pytest.mark.slow
 def test_a_compiled_pipeline_trains_as_one_device(schedule, virtual, data, fused, option, tolerance):
     r = spawn_scenario(__name__, 2, "pipeline", schedule, virtual, data, fused, option)
     assert r["all_compiled"] and r["stages"] == 2 * virtual, r  # training's stages and eval's, each compiled
