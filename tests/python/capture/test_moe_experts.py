@@ -18,6 +18,13 @@ transformers = pytest.importorskip("transformers")
 # 8 x 32 tokens: at 4 x 16 the search keeps DeepSeek-V3 whole on every rank (cheaper under its
 # model for so few tokens on 2 processes sharing 2 cores); at 8 x 32 it splits them.
 STEPS, ROWS, SEQ, VOCAB, TOLERANCE = 3, 8, 32, 64, 1e-9
+# transformers' DeepseekV3TopkRouter computes its logits in float32 in a float64 model
+# (`.type(torch.float32)`): its weight's gradient is a float32 sum over the tokens, which a
+# split batch rounds otherwise, as DDP's would (4e-7 relative for 256 rows in two blocks against
+# one, here). Three AdamW steps, whose update is the gradient's sign where it is near zero, carry
+# that to 4.9e-5 on the router's weight, 3e-6 on the rest (Intel Xeon, 2026-12-06; the first two
+# steps' losses equal to the last digit). On an AMD EPYC it met 1e-9. The bar for it is float32's.
+FLOAT32_ROUTER_TOLERANCE = {"deepseek_v3": 1e-4}
 _COMMON = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
                max_position_embeddings=64)
 _CONFIGS = {
@@ -101,5 +108,5 @@ def test_a_mixture_of_experts_trains_with_its_tokens_split_as_one_device(name):
     assert r["strategies"] and all(s[0] == "split t" for s in r["strategies"].values()), r["strategies"]
     for a, b in zip(r["losses"], r["ref_losses"]):
         assert abs(a - b) <= 1e-6 * abs(b), (r["losses"], r["ref_losses"])  # transformers' float32 loss
-    assert r["errors"] and max(r["errors"].values()) < TOLERANCE, r["errors"]
+    assert r["errors"] and max(r["errors"].values()) < FLOAT32_ROUTER_TOLERANCE.get(name, TOLERANCE), r["errors"]
 
