@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "analysis/batch_dim.h"
@@ -22,6 +23,7 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "transform/fp8_axes.h"
+#include "transform/job_groups.h"
 #include "transform/job_rank_graph.h"
 #include "transform/rank_passes.h"
 #include "transform/rank_graph.h"
@@ -282,25 +284,24 @@ py::dict pipeline_stages(const ir::Graph& graph, int stages, const std::vector<i
   return out;
 }
 
-// Every axis' groups of mesh ranks (transform::axis_group), in creation order.
-std::vector<std::vector<std::vector<std::int64_t>>> axis_groups(const std::vector<int>& mesh) {
-  int world = 1;
-  for (int size : mesh) {
-    if (size < 1) throw support::ValidationError(fmt::format("axis_groups: a mesh axis of size {}", size));
-    world *= size;
-  }
-  // Per axis, every group of ranks that differ only in their coordinate on it, each in
-  // coordinate order, the groups in order of their first rank: the groups the rank IR's
-  // group= attributes name (transform::axis_group), made in this order on every rank.
-  std::vector<std::vector<std::vector<std::int64_t>>> out(mesh.size());
-  for (std::size_t a = 0; a < mesh.size(); ++a) {
-    std::set<std::vector<std::int64_t>> seen;
-    for (int r = 0; r < world; ++r) {
-      auto group = transform::axis_group(mesh, static_cast<int>(a), r);
-      if (seen.insert(group).second) out[a].push_back(std::move(group));
-    }
-  }
+// The groups a job makes, as the runtime makes them (runtime/groups.py): {kind, ranks, block,
+// axis, channel (sender, receiver, gradient), leaf, whole}, in the order every rank makes them.
+py::list job_group_dicts(const std::vector<transform::JobGroup>& groups) {
+  py::list out;
+  for (const transform::JobGroup& g : groups)
+    out.append(py::dict(py::arg("kind") = transform::job_group_kind_name(g.kind), py::arg("ranks") = g.ranks,
+                        py::arg("block") = g.block, py::arg("axis") = g.axis,
+                        py::arg("channel") = py::make_tuple(g.channel.sender, g.channel.receiver, g.channel.gradient),
+                        py::arg("leaf") = g.leaf, py::arg("whole") = g.whole));
   return out;
+}
+
+transform::PipelineBlocks pipeline_blocks(const std::vector<std::vector<int>>& ranks,
+                                          const std::vector<std::vector<int>>& meshes,
+                                          const std::vector<int>& layouts) {
+  transform::PipelineBlocks blocks{ranks, meshes, layouts};
+  transform::check_blocks(blocks);
+  return blocks;
 }
 
 // A leaf of the program: its placement, gradient and the axes it is copied on.
@@ -491,8 +492,41 @@ void bind_transform(py::module_& m) {
         py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},
         "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h: balanced by forward FLOPs, or the "
         "given layers per stage): {nodes, stage_of_node, stage_cost}. rank_program cuts by stage_of_node.");
-  m.def("axis_groups", &axis_groups,
-        py::arg("mesh"), "Every axis' groups of mesh ranks (transform/rank_graph.h: axis_group), in creation order.");
+  m.def("axis_groups", &transform::mesh_axis_groups,
+        py::arg("mesh"), "Every axis' groups of mesh ranks (transform/job_groups.h: mesh_axis_groups), in creation order.");
+  // The groups a pipeline job makes beyond the DeviceMesh's (transform/job_groups.h): blocks
+  // are the pipeline ranks' global ranks, meshes their sub-meshes, layouts their layout numbers.
+  m.def(
+      "sub_mesh_groups",
+      [](const std::vector<std::vector<int>>& blocks, const std::vector<std::vector<int>>& meshes) {
+        return job_group_dicts(transform::sub_mesh_groups(pipeline_blocks(blocks, meshes, {})));
+      },
+      py::arg("blocks"), py::arg("meshes"),
+      "Blocks of their own sizes (a plan's stage_meshes): each block's axis groups, then the block whole, block by "
+      "block (transform/job_groups.h), as dicts {kind, ranks, block, axis, ...}.");
+  m.def(
+      "channel_groups",
+      [](const std::vector<std::vector<int>>& blocks, const std::vector<std::tuple<int, int, bool>>& channels) {
+        std::vector<schedule::P2PChannel> typed;
+        for (const auto& [sender, receiver, gradient] : channels) typed.push_back({sender, receiver, gradient});
+        std::vector<std::vector<int>> sizes;  // (a channel needs each block's ranks only)
+        for (const auto& block : blocks) sizes.push_back({static_cast<int>(block.size())});
+        return job_group_dicts(transform::channel_groups(pipeline_blocks(blocks, sizes, {}), typed));
+      },
+      py::arg("blocks"), py::arg("channels"),
+      "The two-rank groups of a schedule's channels ((sender, receiver, gradient) of pipeline ranks), in their "
+      "order (transform/job_groups.h).");
+  m.def(
+      "shared_leaf_groups",
+      [](const std::vector<std::vector<int>>& blocks, const std::vector<std::vector<int>>& meshes,
+         const std::vector<int>& layouts, const std::map<std::string, std::vector<int>>& owners) {
+        std::map<std::string, std::set<int>> readers;
+        for (const auto& [leaf, ranks] : owners) readers[leaf] = {ranks.begin(), ranks.end()};
+        return job_group_dicts(transform::shared_leaf_groups(pipeline_blocks(blocks, meshes, layouts), readers));
+      },
+      py::arg("blocks"), py::arg("meshes"), py::arg("layouts"), py::arg("owners"),
+      "The groups summing the gradients of leaves several pipeline ranks read (owners: leaf -> pipeline ranks), "
+      "leaves in name order (transform/job_groups.h).");
   m.def(
       "reshard_actions",
       [](const std::vector<std::string>& from, const std::vector<std::string>& to) {

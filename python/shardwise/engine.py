@@ -63,6 +63,7 @@ from .runtime.batch import TARGET, BatchBinding, call_arguments, map_tensors
 from .runtime.compiled import compile_options
 from .runtime.counted import Counter
 from .runtime.engine_base import CollectiveError, Recapture, check_same_plan, check_same_programs, planned_once
+from .runtime.groups import make_groups
 from .runtime.lower import _build_module, _rank_program
 from .runtime.mesh import _Mesh
 from .runtime.pipeline_engine import PipelineEngine, stage_program
@@ -532,7 +533,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     layouts = [(tuple(m), None) for m in meshes]
     if plan.stage_meshes:
         if any(a * b > 1 for a, b in meshes):  # every rank makes every stage's groups
-            mesh = _Mesh([d, t], local, blocks=[(block[0], m) for block, m in zip(blocks, meshes)])
+            mesh = _Mesh([d, t], local, blocks=list(zip(blocks, meshes)))
         layouts = [(tuple(m), json.dumps(s, sort_keys=True) if a * b > 1 else None)
                    for m, s, (a, b) in zip(meshes, plan.stage_shardings or [None] * p, meshes)]
         if size > 1:
@@ -555,22 +556,13 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
                           parameters, m, compute_dtypes=compute, split_backward=any(a[0] == "W" for a in actions),
                           stage_ranks=schedule.stage_ranks)
-    shared = []
-    for x in sorted(first.owners):  # every rank creates every group, in the same order
-        owners = sorted(first.owners[x])
-        if len(owners) < 2:
-            continue
-        if len({layouts[o] for o in owners}) == 1:  # one layout: the same coordinate's ranks
-            for coordinate in range(len(blocks[owners[0]])):
-                ranks = [blocks[o][coordinate] for o in owners]
-                group = dist.new_group(ranks)
-                if rank in ranks:
-                    shared.append((x, group, False))
-        else:  # layouts that differ: the gradient summed whole over all their ranks
-            ranks = [r for o in owners for r in blocks[o]]
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                shared.append((x, group, True))
+    # Each leaf several pipeline ranks read: its gradient summed over them (by coordinate where
+    # their layouts agree, whole where they differ), every group made on every rank in the
+    # core's order (transform/job_groups.h).
+    layout_ids = [layouts.index(layout) for layout in layouts]
+    shared = [(spec["leaf"], group, spec["whole"]) for spec, group in make_groups(
+        _C.shared_leaf_groups(blocks, [list(m) for m in meshes], layout_ids,
+                              {x: sorted(o) for x, o in first.owners.items()}))]
     log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank,
              sorted(first.stages), p * v, m, rows, plan.schedule, [d, t])
     return PipelineEngine(model=model, wrapper=wrapper, binding=binding, plan=plan, first=first, actions=actions,

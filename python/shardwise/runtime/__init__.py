@@ -1,7 +1,8 @@
 """The runtime: what a rank runs. Modules import downward only (no cycles); each line names a
 module of this folder, what it does, and (in parentheses) the modules of this folder it imports:
 
-    mesh               the mesh as one rank sees it (groups per axis)  ()
+    groups             process groups made in the order the core lists them  ()
+    mesh               the mesh as one rank sees it (groups per axis)  (groups)
     traffic            bytes per collective kind, counted by the calls  ()
     transport          the runtime's own torch.distributed calls  (traffic)
     reshard            resharding steps with their autograd  (mesh)
@@ -38,7 +39,7 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
     verify             the capture against the eager model  (counted, lower)
     state              what a rank holds of the model's state (boxes)  ()
     stage_links        which ranks of two pipeline stages exchange a value crossing their cut,
-                       and on which channel  (reshard)
+                       and on which channel  (groups, reshard)
     compiled           rank programs run through torch.compile, cut into pieces at the
                        runtime's stateful modules, which run eagerly  (async_gradients,
                        collective_matmul, fp8, parameter_gathers, reshard, transport)
@@ -52,7 +53,7 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
 Outside the package it imports only lower-level modules (_C, _logging, _teardown, _fx_import,
 _aten_call, _inputs, _tensor_names, materialize); capture and plan reach the engines as a ``Recapture`` parallelize
 fills in. shardwise.parallelize (shardwise/engine.py), capture, plan, checkpoint and the CLI sit
-above; tests/python/test_runtime_imports.py keeps it so, and tests/python/test_docs.py checks this
+above; tests/python/runtime/test_runtime_imports.py keeps it so, and tests/python/docs/test_docs.py checks this
 map against the folder. Why it is built this way: docs/design/training-loop.md. Which facts it
 reads from the core and which it still decides itself: README.md here.
 """

@@ -5,6 +5,7 @@ import torch.distributed as dist
 
 from .. import _C, _teardown
 from .._C import ValidationError
+from .groups import make_groups
 
 
 class _Mesh:
@@ -13,12 +14,12 @@ class _Mesh:
     With `pipeline` > 1 the job is pipeline x mesh (Megatron's layout: the pipeline outermost):
     the mesh is the rank's pipeline stage's sub-mesh, `rank` the rank within it.
 
-    `blocks`: stages on sub-meshes of their own sizes (plan.stage_meshes): every stage's (first
-    global rank, [data, tensor]); this rank's mesh is the one whose block holds it. Every rank
-    makes every stage's groups, in stage order (making a group is collective)."""
+    `blocks`: stages on sub-meshes of their own sizes (plan.stage_meshes): every stage's (global
+    ranks, [data, tensor]); this rank's mesh is the one whose block holds it. Every rank makes
+    every stage's groups, in the core's order (making a group is collective)."""
 
     def __init__(self, sizes: list[int], rank: int, pipeline: int = 1,
-                 blocks: list[tuple[int, list[int]]] | None = None):
+                 blocks: list[tuple[list[int], list[int]]] | None = None):
         _teardown.hold(self)  # its groups are destroyed before the interpreter's finalization
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -59,27 +60,21 @@ class _Mesh:
             every = tuple(range(len(self.sizes)))
             self._axes_groups[every] = self.device_mesh[tuple(names)]._flatten().get_group()
 
-    def _from_blocks(self, blocks: list[tuple[int, list[int]]]) -> None:
-        """The groups of this rank's block, every block's made on every rank (dist.new_group)."""
+    def _from_blocks(self, blocks: list[tuple[list[int], list[int]]]) -> None:
+        """The groups of this rank's block: every block's made on every rank, as the core lists
+        them (``_C.sub_mesh_groups``: each block's axis groups, then the block whole)."""
         self.device_mesh = None
-        me = dist.get_rank()
         self.stage_group = None
         self.groups = [None] * len(self.sizes)
         self._axes_groups = {}
-        for first, (data, tensor) in blocks:
-            if data * tensor == 1:
-                continue
-            for axis, sets in enumerate(_C.axis_groups([data, tensor])):  # the data axis', then the tensor axis'
-                for local in sets:
-                    members = [first + r for r in local]
-                    group = dist.new_group(members)
-                    if me in members:
-                        self.groups[axis] = group
-                        self._axes_groups[(axis,)] = group
-            every = dist.new_group(list(range(first, first + data * tensor)))
-            if first <= me < first + data * tensor:
-                self._axes_groups[(0, 1)] = every
-                self.stage_group = every
+        specs = _C.sub_mesh_groups([list(ranks) for ranks, _ in blocks], [list(m) for _, m in blocks])
+        for spec, group in make_groups(specs):
+            if spec["kind"] == "axis":
+                self.groups[spec["axis"]] = group
+                self._axes_groups[(spec["axis"],)] = group
+            else:  # the block whole
+                self._axes_groups[tuple(range(len(self.sizes)))] = group
+                self.stage_group = group
         # (a rank on a stage of one rank made the others' groups only: it has no mesh)
         self.group_names = [g.group_name if g is not None else None for g in self.groups]
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from .. import _C
 from .._C import ValidationError
 from ..materialize import local_tensor
+from .groups import make_groups
 from .reshard import gather_whole
 
 
@@ -43,15 +44,12 @@ class StageLinks:
         """The process groups of the schedule's channels (sender and receiver pipeline ranks,
         gradient or not; ``Simulation.p2p_channels``), one per pair of global ranks they link:
         receiver k of the receiving block with the sender serving it (k mod the sender block's
-        size, by coordinate when the sizes agree). Collective: every rank makes every group, in
-        the channels' order."""
-        for sender, receiver, gradient in channels:
-            senders, receivers = self.blocks[sender], self.blocks[receiver]
-            for k, dst in enumerate(receivers):
-                src = senders[k % len(senders)]
-                group = dist.new_group([src, dst])
-                if self.rank in (src, dst):
-                    self._channels[(src, dst, bool(gradient))] = group
+        size, by coordinate when the sizes agree), as the core lists them (``_C.channel_groups``,
+        csrc/transform/job_groups.h). Collective: every rank makes every group, in that order."""
+        specs = _C.channel_groups(self.blocks, [tuple(c) for c in channels])
+        for spec, group in make_groups(specs):
+            src, dst = spec["ranks"]
+            self._channels[(src, dst, bool(spec["channel"][2]))] = group
 
     def channel(self, src: int, dst: int, gradient: bool):
         """The process group that carries `src`'s values (or gradients) to `dst` (global ranks)."""
