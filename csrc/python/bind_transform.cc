@@ -497,6 +497,15 @@ void bind_transform(py::module_& m) {
   // The groups a pipeline job makes beyond the DeviceMesh's (transform/job_groups.h): blocks
   // are the pipeline ranks' global ranks, meshes their sub-meshes, layouts their layout numbers.
   m.def(
+      "pipeline_blocks",
+      [](const std::string& plan_json) {
+        const transform::PipelineBlocks b = transform::pipeline_blocks(plan::plan_from_json_string(plan_json));
+        return py::dict(py::arg("ranks") = b.ranks, py::arg("meshes") = b.meshes, py::arg("layouts") = b.layouts);
+      },
+      py::arg("plan_json"),
+      "A pipelined plan's blocks (transform/job_groups.h): {ranks: each pipeline rank's global ranks, meshes: its "
+      "sub-mesh [data x context, tensor], layouts: its layout number (equal: values cross by coordinate)}.");
+  m.def(
       "sub_mesh_groups",
       [](const std::vector<std::vector<int>>& blocks, const std::vector<std::vector<int>>& meshes) {
         return job_group_dicts(transform::sub_mesh_groups(pipeline_blocks(blocks, meshes, {})));

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "support/error.h"
@@ -49,6 +51,28 @@ const char* job_group_kind_name(JobGroupKind kind) {
     case JobGroupKind::SharedLeaf: return "shared_leaf";
   }
   return "?";
+}
+
+PipelineBlocks pipeline_blocks(const plan::Plan& plan) {
+  PipelineBlocks blocks;
+  // (the sub-mesh and, on more than one rank with stage_meshes, its layout) of each number
+  std::vector<std::pair<std::vector<int>, std::optional<plan::Sharding>>> seen;
+  for (int s = 0; s < plan.pipeline; ++s) {
+    std::vector<int> ranks(static_cast<std::size_t>(plan.stage_size(s)));
+    for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = plan.stage_first_rank(s) + static_cast<int>(i);
+    blocks.ranks.push_back(std::move(ranks));
+    blocks.meshes.push_back(plan.stage_mesh(s));
+    std::optional<plan::Sharding> layout;
+    if (!plan.stage_meshes.empty() && plan.stage_size(s) > 1 && !plan.stage_shardings.empty())
+      layout = plan.stage_shardings.at(static_cast<std::size_t>(s));
+    std::pair<std::vector<int>, std::optional<plan::Sharding>> key{plan.stage_mesh(s), std::move(layout)};
+    if (plan.stage_meshes.empty()) key = {};
+    auto at = std::find(seen.begin(), seen.end(), key);
+    blocks.layouts.push_back(static_cast<int>(at - seen.begin()));
+    if (at == seen.end()) seen.push_back(std::move(key));
+  }
+  check_blocks(blocks);
+  return blocks;
 }
 
 void check_blocks(const PipelineBlocks& blocks) {

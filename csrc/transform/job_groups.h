@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/plan.h"
 #include "schedule/p2p_channels.h"
 
 namespace shardwise::transform {
@@ -50,6 +51,12 @@ struct JobGroup {
   bool whole = false;              // SharedLeaf: its readers' layouts differ, so its gradient
                                    // is summed whole over all their ranks, not by coordinate
 };
+
+// A pipelined plan's blocks: stage s's ranks (plan.h: stage_first_rank, stage_size), its
+// sub-mesh (stage_mesh: {data x context, tensor}, or its stage_meshes entry) and its layout
+// number: with stage_meshes, stages of one sub-mesh and one layout (stage_shardings; a stage of
+// one rank has none) share a number, in order of first appearance; else every stage 0.
+PipelineBlocks pipeline_blocks(const plan::Plan& plan);
 
 // The checked form of `blocks`: every block non-empty, its sub-mesh's product its rank count,
 // no rank in two blocks, one layout number per block. Throws support::ValidationError.

@@ -463,7 +463,9 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     p, v, d, t = plan.pipeline, plan.virtual_stages, plan.data, plan.tensor
     # A stage's first axis: the data ranks, or (plan.context) the ranks splitting each row's
     # sequence, which its layout (the SPMD search's ring) says how.
-    meshes = plan.stage_meshes or [[d * plan.context, t]] * p
+    # Each pipeline rank's block of global ranks, its sub-mesh and its layout number: the core's
+    # (transform/job_groups.h: pipeline_blocks; the layouts once the plan is complete, below).
+    meshes = _C.pipeline_blocks(plan.to_json())["meshes"]
     if sum(a * b for a, b in meshes) != world:
         sizes = (" + ".join(f"{a} x {b}" for a, b in meshes) if plan.stage_meshes
                  else f"{p} x data {d}{f' x context {plan.context}' if plan.context > 1 else ''} x tensor {t}")
@@ -497,7 +499,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                        dict(zip(binding.names, (x.narrow(0, 0, rows) for x in batch))), compute)
     # Pipeline rank -> its block of ranks (plan.stage_groups: a heterogeneous cluster's stages on
     # the devices that suit them; plan.stage_meshes: blocks of their own sizes; in order by default).
-    blocks = [plan.stage_ranks(s) for s in range(p)]
+    blocks = _C.pipeline_blocks(plan.to_json())["ranks"]
     pipeline_rank = next(s for s, block in enumerate(blocks) if rank in block)
     local = blocks[pipeline_rank].index(rank)
     d, t = meshes[pipeline_rank]
@@ -530,12 +532,11 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
         plan = planned_once(lambda given=plan: given.complete(graph, job, level=level), graph,
                             repr((job.to_json(), plan.to_json(), level)))
         check_same_plan(plan, rank)
-    layouts = [(tuple(m), None) for m in meshes]
+    # Stages of one layout number exchange by coordinate (runtime/stage_links.py).
+    layouts = _C.pipeline_blocks(plan.to_json())["layouts"]
     if plan.stage_meshes:
         if any(a * b > 1 for a, b in meshes):  # every rank makes every stage's groups
             mesh = _Mesh([d, t], local, blocks=list(zip(blocks, meshes)))
-        layouts = [(tuple(m), json.dumps(s, sort_keys=True) if a * b > 1 else None)
-                   for m, s, (a, b) in zip(meshes, plan.stage_shardings or [None] * p, meshes)]
         if size > 1:
             sharded = plan.stage_plan(pipeline_rank)
             _check_made_for(sharded.sharding, graph, binding.names)
@@ -559,9 +560,8 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     # Each leaf several pipeline ranks read: its gradient summed over them (by coordinate where
     # their layouts agree, whole where they differ), every group made on every rank in the
     # core's order (transform/job_groups.h).
-    layout_ids = [layouts.index(layout) for layout in layouts]
     shared = [(spec["leaf"], group, spec["whole"]) for spec, group in make_groups(
-        _C.shared_leaf_groups(blocks, [list(m) for m in meshes], layout_ids,
+        _C.shared_leaf_groups(blocks, meshes, layouts,
                               {x: sorted(o) for x, o in first.owners.items()}))]
     log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank,
              sorted(first.stages), p * v, m, rows, plan.schedule, [d, t])

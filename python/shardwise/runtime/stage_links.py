@@ -30,12 +30,13 @@ class StageLinks:
     """Every pipeline rank's block of global ranks and layout, seen from this rank.
 
     `blocks[q]`: the global ranks of pipeline rank q's sub-mesh, in sub-mesh order;
-    `layouts[q]`: what makes two stages exchange by coordinate when equal (sub-mesh sizes and
-    the sharding's JSON); `me`: this rank's pipeline rank; `mesh`: its sub-mesh (None: one rank)."""
+    `layouts[q]`: q's layout number (the core's ``_C.pipeline_blocks``: equal for stages of one
+    sub-mesh and sharding, which exchange by coordinate); `me`: this rank's pipeline rank;
+    `mesh`: its sub-mesh (None: one rank)."""
 
     def __init__(self, blocks: list[list[int]], layouts: list, me: int, local: int, mesh=None):
         self.blocks, self.me, self.local, self.mesh = blocks, me, local, mesh
-        # Asked at every send and receive: compared once here (a layout holds a sharding's JSON).
+        # Asked at every send and receive: compared once here.
         self._alike = [layout == layouts[me] for layout in layouts]
         self.rank = blocks[me][local]  # this rank's global rank
         self._channels: dict[tuple[int, int, bool], object] = {}

@@ -71,6 +71,36 @@ TEST(JobGroups, SharedLeavesSumByCoordinateOrWholeWhereLayoutsDiffer) {
   EXPECT_TRUE(whole[0].whole);
 }
 
+// The plan's blocks: Megatron's layout (every stage one {data, tensor} sub-mesh, one layout),
+// stages placed on other blocks (stage_groups), and stages of their own sizes, whose layout is
+// their sub-mesh and sharding (a stage of one rank has none).
+TEST(JobGroups, APlansBlocksAreItsStagesRanksMeshesAndLayouts) {
+  plan::Plan p;
+  p.pipeline = 2;
+  p.data = 2;
+  p.tensor = 2;
+  PipelineBlocks b = pipeline_blocks(p);
+  EXPECT_EQ(b.ranks, (std::vector<Ranks>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(b.meshes, (std::vector<Ranks>{{2, 2}, {2, 2}}));
+  EXPECT_EQ(b.layouts, (Ranks{0, 0}));
+  p.stage_groups = {1, 0};
+  EXPECT_EQ(pipeline_blocks(p).ranks, (std::vector<Ranks>{{4, 5, 6, 7}, {0, 1, 2, 3}}));
+
+  plan::Plan own;
+  own.pipeline = 3;
+  own.stage_meshes = {{1, 1}, {2, 1}, {2, 1}};
+  b = pipeline_blocks(own);
+  EXPECT_EQ(b.ranks, (std::vector<Ranks>{{0}, {1, 2}, {3, 4}}));
+  EXPECT_EQ(b.layouts, (Ranks{0, 1, 1}));  // no shardings yet: the sub-mesh alone
+  plan::Sharding a, c;
+  a.mesh = c.mesh = {2, 1};
+  c.placements["w"] = {"S(0)", "R"};
+  own.stage_shardings = {plan::Sharding{}, a, c};
+  EXPECT_EQ(pipeline_blocks(own).layouts, (Ranks{0, 1, 2}));
+  own.stage_shardings = {a, a, a};  // (a stage of one rank: its sharding is no layout)
+  EXPECT_EQ(pipeline_blocks(own).layouts, (Ranks{0, 1, 1}));
+}
+
 TEST(JobGroups, BlocksThatDisagreeWithTheirMeshesAreRefused) {
   EXPECT_THROW(check_blocks({{{0, 1}}, {{3, 1}}, {}}), support::ValidationError);         // 2 ranks, 3 in the mesh
   EXPECT_THROW(check_blocks({{{0, 1}, {1, 2}}, {{2}, {2}}, {}}), support::ValidationError);  // rank 1 twice
