@@ -338,6 +338,12 @@ int Plan::stage_first_rank(int stage) const {
   return first;
 }
 
+std::vector<int> Plan::stage_ranks(int stage) const {
+  std::vector<int> ranks(static_cast<std::size_t>(stage_size(stage)));
+  for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = stage_first_rank(stage) + static_cast<int>(i);
+  return ranks;
+}
+
 int Plan::stage_of_rank(int rank) const {
   for (int s = 0; s < pipeline; ++s) {
     const int first = stage_first_rank(s);

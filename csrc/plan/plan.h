@@ -295,6 +295,8 @@ struct Plan : RunSettings {
   std::vector<int> stage_mesh(int stage) const;
   int stage_size(int stage) const;
   int stage_first_rank(int stage) const;
+  // Its global ranks: stage_size(stage) of them from stage_first_rank(stage).
+  std::vector<int> stage_ranks(int stage) const;
   // The pipeline stage rank `rank` runs (ValidationError outside the plan's world).
   int stage_of_rank(int rank) const;
   // The block of data x tensor ranks pipeline stage `stage` runs on (stage_groups, else itself).

@@ -256,9 +256,7 @@ void bind_plan_document(py::module_& m) {
         if (stage < 0 || stage >= p.pipeline)
           throw support::ValidationError("stage_ranks: stage " + std::to_string(stage) + " of a plan of " +
                                          std::to_string(p.pipeline) + " stages");
-        std::vector<int> ranks(static_cast<std::size_t>(p.stage_size(stage)));
-        for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = p.stage_first_rank(stage) + static_cast<int>(i);
-        return ranks;
+        return p.stage_ranks(stage);
       },
       py::arg("plan_json"), py::arg("stage"),
       "The global ranks pipeline stage `stage` runs on (plan/plan.h: stage_first_rank, stage_size).");

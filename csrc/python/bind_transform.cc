@@ -296,14 +296,6 @@ py::list job_group_dicts(const std::vector<transform::JobGroup>& groups) {
   return out;
 }
 
-transform::PipelineBlocks pipeline_blocks(const std::vector<std::vector<int>>& ranks,
-                                          const std::vector<std::vector<int>>& meshes,
-                                          const std::vector<int>& layouts) {
-  transform::PipelineBlocks blocks{ranks, meshes, layouts};
-  transform::check_blocks(blocks);
-  return blocks;
-}
-
 // A leaf of the program: its placement, gradient and the axes it is copied on.
 py::dict leaf_dict(const transform::LeafRewrite& l) {
   py::dict d;
@@ -508,7 +500,7 @@ void bind_transform(py::module_& m) {
   m.def(
       "sub_mesh_groups",
       [](const std::vector<std::vector<int>>& blocks, const std::vector<std::vector<int>>& meshes) {
-        return job_group_dicts(transform::sub_mesh_groups(pipeline_blocks(blocks, meshes, {})));
+        return job_group_dicts(transform::sub_mesh_groups({blocks, meshes, {}}));
       },
       py::arg("blocks"), py::arg("meshes"),
       "Blocks of their own sizes (a plan's stage_meshes): each block's axis groups, then the block whole, block by "
@@ -520,7 +512,7 @@ void bind_transform(py::module_& m) {
         for (const auto& [sender, receiver, gradient] : channels) typed.push_back({sender, receiver, gradient});
         std::vector<std::vector<int>> sizes;  // (a channel needs each block's ranks only)
         for (const auto& block : blocks) sizes.push_back({static_cast<int>(block.size())});
-        return job_group_dicts(transform::channel_groups(pipeline_blocks(blocks, sizes, {}), typed));
+        return job_group_dicts(transform::channel_groups({blocks, sizes, {}}, typed));
       },
       py::arg("blocks"), py::arg("channels"),
       "The two-rank groups of a schedule's channels ((sender, receiver, gradient) of pipeline ranks), in their "
@@ -531,7 +523,7 @@ void bind_transform(py::module_& m) {
          const std::vector<int>& layouts, const std::map<std::string, std::vector<int>>& owners) {
         std::map<std::string, std::set<int>> readers;
         for (const auto& [leaf, ranks] : owners) readers[leaf] = {ranks.begin(), ranks.end()};
-        return job_group_dicts(transform::shared_leaf_groups(pipeline_blocks(blocks, meshes, layouts), readers));
+        return job_group_dicts(transform::shared_leaf_groups({blocks, meshes, layouts}, readers));
       },
       py::arg("blocks"), py::arg("meshes"), py::arg("layouts"), py::arg("owners"),
       "The groups summing the gradients of leaves several pipeline ranks read (owners: leaf -> pipeline ranks), "

@@ -58,9 +58,7 @@ PipelineBlocks pipeline_blocks(const plan::Plan& plan) {
   // (the sub-mesh and, on more than one rank with stage_meshes, its layout) of each number
   std::vector<std::pair<std::vector<int>, std::optional<plan::Sharding>>> seen;
   for (int s = 0; s < plan.pipeline; ++s) {
-    std::vector<int> ranks(static_cast<std::size_t>(plan.stage_size(s)));
-    for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = plan.stage_first_rank(s) + static_cast<int>(i);
-    blocks.ranks.push_back(std::move(ranks));
+    blocks.ranks.push_back(plan.stage_ranks(s));
     blocks.meshes.push_back(plan.stage_mesh(s));
     std::optional<plan::Sharding> layout;
     if (!plan.stage_meshes.empty() && plan.stage_size(s) > 1 && !plan.stage_shardings.empty())

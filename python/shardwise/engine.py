@@ -465,7 +465,8 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     # sequence, which its layout (the SPMD search's ring) says how.
     # Each pipeline rank's block of global ranks, its sub-mesh and its layout number: the core's
     # (transform/job_groups.h: pipeline_blocks; the layouts once the plan is complete, below).
-    meshes = _C.pipeline_blocks(plan.to_json())["meshes"]
+    job_blocks = _C.pipeline_blocks(plan.to_json())
+    meshes = job_blocks["meshes"]
     if sum(a * b for a, b in meshes) != world:
         sizes = (" + ".join(f"{a} x {b}" for a, b in meshes) if plan.stage_meshes
                  else f"{p} x data {d}{f' x context {plan.context}' if plan.context > 1 else ''} x tensor {t}")
@@ -499,7 +500,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                        dict(zip(binding.names, (x.narrow(0, 0, rows) for x in batch))), compute)
     # Pipeline rank -> its block of ranks (plan.stage_groups: a heterogeneous cluster's stages on
     # the devices that suit them; plan.stage_meshes: blocks of their own sizes; in order by default).
-    blocks = _C.pipeline_blocks(plan.to_json())["ranks"]
+    blocks = job_blocks["ranks"]
     pipeline_rank = next(s for s, block in enumerate(blocks) if rank in block)
     local = blocks[pipeline_rank].index(rank)
     d, t = meshes[pipeline_rank]
