@@ -24,6 +24,7 @@
 #include "ir/printer.h"
 #include "transform/fp8_axes.h"
 #include "transform/job_groups.h"
+#include "transform/pipeline_job.h"
 #include "transform/job_rank_graph.h"
 #include "transform/rank_passes.h"
 #include "transform/rank_graph.h"
@@ -486,37 +487,33 @@ void bind_transform(py::module_& m) {
         "given layers per stage): {nodes, stage_of_node, stage_cost}. rank_program cuts by stage_of_node.");
   m.def("axis_groups", &transform::mesh_axis_groups,
         py::arg("mesh"), "Every axis' groups of mesh ranks (transform/job_groups.h: mesh_axis_groups), in creation order.");
-  // The groups a pipeline job makes beyond the DeviceMesh's (transform/job_groups.h): blocks
-  // are the pipeline ranks' global ranks, meshes their sub-meshes, layouts their layout numbers.
+  // A pipeline job (transform/pipeline_job.h) and the groups it makes beyond the DeviceMesh's
+  // (transform/job_groups.h): blocks are the pipeline ranks' global ranks, meshes their
+  // sub-meshes, layouts their layout numbers.
   m.def(
-      "pipeline_blocks",
-      [](const std::string& plan_json) {
-        const transform::PipelineBlocks b = transform::pipeline_blocks(plan::plan_from_json_string(plan_json));
-        return py::dict(py::arg("ranks") = b.ranks, py::arg("meshes") = b.meshes, py::arg("layouts") = b.layouts);
+      "pipeline_job",
+      [](const std::string& plan_json, int world, int rank) {
+        const transform::PipelineJob job =
+            transform::make_pipeline_job(plan::plan_from_json_string(plan_json), world, rank);
+        py::list actions;  // the executor's form, as Simulation.action_list gives it
+        for (const schedule::Action& a : job.actions)
+          actions.append(py::make_tuple(std::string(schedule::action_kind_code(a.kind)), a.micro_batch, a.stage,
+                                        a.peer));
+        py::list channels;
+        for (const schedule::P2PChannel& c : job.channels)
+          channels.append(py::make_tuple(c.sender, c.receiver, c.gradient));
+        return py::dict(py::arg("ranks") = job.blocks.ranks, py::arg("meshes") = job.blocks.meshes,
+                        py::arg("layouts") = job.blocks.layouts, py::arg("pipeline_rank") = job.pipeline_rank,
+                        py::arg("local") = job.local, py::arg("micro_batches") = job.micro_batches,
+                        py::arg("stage_ranks") = job.stage_ranks, py::arg("actions") = actions,
+                        py::arg("split_backward") = job.split_backward, py::arg("channels") = channels,
+                        py::arg("groups") = job_group_dicts(job.groups));
       },
-      py::arg("plan_json"),
-      "A pipelined plan's blocks (transform/job_groups.h): {ranks: each pipeline rank's global ranks, meshes: its "
-      "sub-mesh [data x context, tensor], layouts: its layout number (equal: values cross by coordinate)}.");
-  m.def(
-      "sub_mesh_groups",
-      [](const std::vector<std::vector<int>>& blocks, const std::vector<std::vector<int>>& meshes) {
-        return job_group_dicts(transform::sub_mesh_groups({blocks, meshes, {}}));
-      },
-      py::arg("blocks"), py::arg("meshes"),
-      "Blocks of their own sizes (a plan's stage_meshes): each block's axis groups, then the block whole, block by "
-      "block (transform/job_groups.h), as dicts {kind, ranks, block, axis, ...}.");
-  m.def(
-      "channel_groups",
-      [](const std::vector<std::vector<int>>& blocks, const std::vector<std::tuple<int, int, bool>>& channels) {
-        std::vector<schedule::P2PChannel> typed;
-        for (const auto& [sender, receiver, gradient] : channels) typed.push_back({sender, receiver, gradient});
-        std::vector<std::vector<int>> sizes;  // (a channel needs each block's ranks only)
-        for (const auto& block : blocks) sizes.push_back({static_cast<int>(block.size())});
-        return job_group_dicts(transform::channel_groups({blocks, sizes, {}}, typed));
-      },
-      py::arg("blocks"), py::arg("channels"),
-      "The two-rank groups of a schedule's channels ((sender, receiver, gradient) of pipeline ranks), in their "
-      "order (transform/job_groups.h).");
+      py::arg("plan_json"), py::arg("world"), py::arg("rank"),
+      "The pipeline job `rank` runs (transform/pipeline_job.h): {ranks, meshes, layouts (every pipeline rank's "
+      "block), pipeline_rank, local (this rank's block and place in it), micro_batches, stage_ranks, actions "
+      "((kind, micro_batch, stage, peer), this pipeline rank's), split_backward, channels, groups (every group "
+      "beyond the DeviceMesh's, in the order every rank makes them)}.");
   m.def(
       "shared_leaf_groups",
       [](const std::vector<std::vector<int>>& blocks, const std::vector<std::vector<int>>& meshes,

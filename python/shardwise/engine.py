@@ -385,14 +385,14 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
                   policy=policy, static=static, compute_dtypes=compute, shapes=shapes, compile_options=compiled)
 
 
-def _refuse_compiled_split_backward(compiled: dict | None, plan: Plan, schedule) -> None:
+def _refuse_compiled_split_backward(compiled: dict | None, plan: Plan, split_backward: bool) -> None:
     """A schedule that splits a stage's backward into B and W (zero bubble: runtime/weight_split.py)
     reads its weights through fresh leaves and asks autograd for one site's gradients at a time;
     a compiled stage's backward is one AOTAutograd function, which would compute W's products
     in B as well. Refused with ``compile``, never run eagerly in silence (issue 49)."""
     if compiled is None:
         return
-    if any(action[0] == "W" for r in range(plan.pipeline) for action in schedule.action_list(r)):
+    if split_backward:  # (some rank's action list has a W: the job's split_backward)
         raise ValidationError(f"parallelize: compile= does not run the B/W split of zero-bubble schedules yet: "
                               f"{plan.schedule} splits each stage's backward into its input and weight "
                               "gradients; run it with compile=False, or a schedule that does not split "
@@ -461,25 +461,19 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     world, rank = dist.get_world_size(), dist.get_rank()
     cluster, level = options.cluster, options.level
     p, v, d, t = plan.pipeline, plan.virtual_stages, plan.data, plan.tensor
-    # A stage's first axis: the data ranks, or (plan.context) the ranks splitting each row's
-    # sequence, which its layout (the SPMD search's ring) says how.
-    # Each pipeline rank's block of global ranks, its sub-mesh and its layout number: the core's
-    # (transform/job_groups.h: pipeline_blocks; the layouts once the plan is complete, below).
-    job_blocks = _C.pipeline_blocks(plan.to_json())
-    meshes = job_blocks["meshes"]
-    if sum(a * b for a, b in meshes) != world:
-        sizes = (" + ".join(f"{a} x {b}" for a, b in meshes) if plan.stage_meshes
-                 else f"{p} x data {d}{f' x context {plan.context}' if plan.context > 1 else ''} x tensor {t}")
-        raise ValidationError(f"parallelize: the plan has pipeline {sizes} = {sum(a * b for a, b in meshes)} ranks, "
-                              f"the job {world}")
+    # The job this rank runs: every pipeline rank's block of global ranks, sub-mesh and layout
+    # number, this rank's block and place in it, the micro-batches, the schedule's placement of
+    # the stages, this rank's action list, the channels and every group to make, in order: the
+    # core's (transform/pipeline_job.h), which refuses a plan of another world size. (A stage's
+    # first axis: the data ranks, or, with plan.context, the ranks splitting each row's sequence.)
+    job = _C.pipeline_job(plan.to_json(), world, rank)
     global_batch, mb = int(batch[0].shape[0]), int(plan.micro_batch)
     rows = mb * d  # one micro-batch across the data axis
     if plan.global_batch != global_batch or global_batch % rows:
         raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch} in micro-batches of "
                               f"{mb} x data {d}; the example batch has {global_batch}")
-    m = plan.num_micro_batches()
-    schedule = _C.simulate_schedule(plan.schedule, p, m, virtual_stages=v, k=plan.kfkb_k)
-    _refuse_compiled_split_backward(options.compile_options, plan, schedule)  # before any work
+    m = job["micro_batches"]
+    _refuse_compiled_split_backward(options.compile_options, plan, job["split_backward"])  # before any work
     if options.compile_options is not None and plan.fused_accumulation:
         # A compiled stage accumulates its weight gradients through AOTAutograd's backward: the
         # fused accumulation's in-place backward (runtime/fused_accumulation.py) would run
@@ -500,9 +494,8 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                        dict(zip(binding.names, (x.narrow(0, 0, rows) for x in batch))), compute)
     # Pipeline rank -> its block of ranks (plan.stage_groups: a heterogeneous cluster's stages on
     # the devices that suit them; plan.stage_meshes: blocks of their own sizes; in order by default).
-    blocks = job_blocks["ranks"]
-    pipeline_rank = next(s for s, block in enumerate(blocks) if rank in block)
-    local = blocks[pipeline_rank].index(rank)
+    blocks, meshes = job["ranks"], job["meshes"]
+    pipeline_rank, local = job["pipeline_rank"], job["local"]
     d, t = meshes[pipeline_rank]
     size = d * t
     sharded, mesh = None, None
@@ -512,57 +505,53 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     detected = cluster or Cluster.detect()
 
     def job_cluster():
-        job = detected
-        if job.world_size not in ((world, size) if not plan.stage_meshes else (world,)):
-            raise ValidationError(f"parallelize: the cluster has {job.world_size} devices, the job {world} ranks")
-        return job
+        if detected.world_size not in ((world, size) if not plan.stage_meshes else (world,)):
+            raise ValidationError(f"parallelize: the cluster has {detected.world_size} devices, the job {world} ranks")
+        return detected
 
     def stage_cluster():  # what the eval-mode program's layout is searched on, if it needs its own
-        job = job_cluster()
+        devices = job_cluster()
         if plan.stage_meshes:
-            return job.rank_range(blocks[pipeline_rank][0], size)
-        return job if job.world_size == size else job.first_ranks(size)
+            return devices.rank_range(blocks[pipeline_rank][0], size)
+        return devices if devices.world_size == size else devices.first_ranks(size)
 
     if not plan.is_complete():
         # A plan given by its degrees: completed once with its stages' layout, searched on the
         # job's first d x t devices (every stage's sub-mesh is alike) as the joint planner
         # completes its plans (csrc/search/stage_layout.h). The engine's plan is the complete one.
-        job = job_cluster()
+        devices = job_cluster()
         log.info("parallelize: the plan gives no layout for its stages' sub-meshes %s: searching it once "
                  "(the engine's plan holds it: save that one to run it without a search)", meshes)
-        plan = planned_once(lambda given=plan: given.complete(graph, job, level=level), graph,
-                            repr((job.to_json(), plan.to_json(), level)))
+        plan = planned_once(lambda given=plan: given.complete(graph, devices, level=level), graph,
+                            repr((devices.to_json(), plan.to_json(), level)))
         check_same_plan(plan, rank)
-    # Stages of one layout number exchange by coordinate (runtime/stage_links.py).
-    layouts = _C.pipeline_blocks(plan.to_json())["layouts"]
-    if plan.stage_meshes:
-        if any(a * b > 1 for a, b in meshes):  # every rank makes every stage's groups
-            mesh = _Mesh([d, t], local, blocks=list(zip(blocks, meshes)))
-        if size > 1:
-            sharded = plan.stage_plan(pipeline_rank)
-            _check_made_for(sharded.sharding, graph, binding.names)
-        else:
-            mesh = None
-    elif size > 1:
-        sharded = plan.stage_plan()
-        _check_made_for(sharded.sharding, graph, binding.names)
+        # (the layouts are the complete plan's: the job again)
+        job = _C.pipeline_job(plan.to_json(), world, rank)
+    if not plan.stage_meshes and size > 1:  # every stage alike: torch's DeviceMesh, pipeline x sub-mesh
         mesh = _Mesh([d, t], local, pipeline=p)
-    links = StageLinks(blocks, layouts, pipeline_rank, local, mesh)
+    # Every other group, on every rank in the core's order (the sub-meshes of stages of their own
+    # sizes, then the schedule's channels, which the core proved its lists receive in their
+    # senders' order and cannot hang where receives meet sends by order: NCCL).
+    made = make_groups(job["groups"])
+    if size > 1:
+        sharded = plan.stage_plan(pipeline_rank) if plan.stage_meshes else plan.stage_plan()
+        _check_made_for(sharded.sharding, graph, binding.names)
+        if plan.stage_meshes:
+            mesh = _Mesh([d, t], local, made=made)
+    # Stages of one layout number exchange by coordinate (runtime/stage_links.py).
+    links = StageLinks(blocks, job["layouts"], pipeline_rank, local, mesh, made=made)
     plan = check_same_programs(plan, graph, rank)
     parameters: dict[str, torch.Tensor] = {}
-    # The schedule's channels, once the core proved its lists receive in their senders' order and cannot
-    # hang where receives meet sends by order (NCCL): every rank makes every channel's groups.
-    links.open_channels(schedule.p2p_channels())
     # The schedule's peers are pipeline ranks (runtime/stage_links.py: which of their ranks).
-    actions = schedule.action_list(pipeline_rank)  # (kind, micro-batch, stage, peer), typed
+    actions = job["actions"]  # (kind, micro-batch, stage, peer)
     first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
-                          parameters, m, compute_dtypes=compute, split_backward=any(a[0] == "W" for a in actions),
-                          stage_ranks=schedule.stage_ranks)
+                          parameters, m, compute_dtypes=compute, split_backward=job["split_backward"],
+                          stage_ranks=job["stage_ranks"])
     # Each leaf several pipeline ranks read: its gradient summed over them (by coordinate where
     # their layouts agree, whole where they differ), every group made on every rank in the
     # core's order (transform/job_groups.h).
     shared = [(spec["leaf"], group, spec["whole"]) for spec, group in make_groups(
-        _C.shared_leaf_groups(blocks, meshes, layouts,
+        _C.shared_leaf_groups(blocks, meshes, job["layouts"],
                               {x: sorted(o) for x, o in first.owners.items()}))]
     log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank,
              sorted(first.stages), p * v, m, rows, plan.schedule, [d, t])
@@ -574,5 +563,5 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                                                state_dtype=plan.state_dtype,
                                                compile=options.compile_options is not None),
                           kept=keep_state(model, set(first.owners)),
-                          policy=options.policy, compute_dtypes=compute, stage_ranks=schedule.stage_ranks,
+                          policy=options.policy, compute_dtypes=compute, stage_ranks=job["stage_ranks"],
                           loss_combination=combination, compile_options=options.compile_options)

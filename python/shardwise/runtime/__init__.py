@@ -2,7 +2,7 @@
 module of this folder, what it does, and (in parentheses) the modules of this folder it imports:
 
     groups             process groups made in the order the core lists them  ()
-    mesh               the mesh as one rank sees it (groups per axis)  (groups)
+    mesh               the mesh as one rank sees it (groups per axis)  ()
     traffic            bytes per collective kind, counted by the calls  ()
     transport          the runtime's own torch.distributed calls  (traffic)
     reshard            resharding steps with their autograd  (mesh)
@@ -39,7 +39,7 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
     verify             the capture against the eager model  (counted, lower)
     state              what a rank holds of the model's state (boxes)  ()
     stage_links        which ranks of two pipeline stages exchange a value crossing their cut,
-                       and on which channel  (groups, reshard)
+                       and on which channel  (reshard)
     compiled           rank programs run through torch.compile, cut into pieces at the
                        runtime's stateful modules, which run eagerly  (async_gradients,
                        collective_matmul, fp8, parameter_gathers, reshard, transport)

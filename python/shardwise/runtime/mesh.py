@@ -5,7 +5,6 @@ import torch.distributed as dist
 
 from .. import _C, _teardown
 from .._C import ValidationError
-from .groups import make_groups
 
 
 class _Mesh:
@@ -14,12 +13,12 @@ class _Mesh:
     With `pipeline` > 1 the job is pipeline x mesh (Megatron's layout: the pipeline outermost):
     the mesh is the rank's pipeline stage's sub-mesh, `rank` the rank within it.
 
-    `blocks`: stages on sub-meshes of their own sizes (plan.stage_meshes): every stage's (global
-    ranks, [data, tensor]); this rank's mesh is the one whose block holds it. Every rank makes
-    every stage's groups, in the core's order (making a group is collective)."""
+    `made`: stages on sub-meshes of their own sizes (plan.stage_meshes): the job's groups this
+    rank is in, as ``groups.make_groups`` made them from the core's list (every rank makes every
+    stage's groups, in that order: making a group is collective); the mesh takes its block's."""
 
     def __init__(self, sizes: list[int], rank: int, pipeline: int = 1,
-                 blocks: list[tuple[list[int], list[int]]] | None = None):
+                 made: list[tuple[dict, object]] | None = None):
         _teardown.hold(self)  # its groups are destroyed before the interpreter's finalization
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -33,8 +32,8 @@ class _Mesh:
         self.axis_groups = _C.axis_groups(self.sizes)
         mine = [next(g for g in groups if rank in g) for groups in self.axis_groups]
         self.coords = [g.index(rank) for g in mine]
-        if blocks is not None:
-            self._from_blocks(blocks)
+        if made is not None:
+            self._from_groups(made)
             return
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         names = tuple(f"axis{a}" for a in range(len(self.sizes)))
@@ -60,22 +59,20 @@ class _Mesh:
             every = tuple(range(len(self.sizes)))
             self._axes_groups[every] = self.device_mesh[tuple(names)]._flatten().get_group()
 
-    def _from_blocks(self, blocks: list[tuple[list[int], list[int]]]) -> None:
-        """The groups of this rank's block: every block's made on every rank, as the core lists
-        them (``_C.sub_mesh_groups``: each block's axis groups, then the block whole)."""
+    def _from_groups(self, made: list[tuple[dict, object]]) -> None:
+        """The groups of this rank's block, among the job's groups it is in (the core's
+        ``sub_mesh_groups``: each block's axis groups, then the block whole)."""
         self.device_mesh = None
         self.stage_group = None
         self.groups = [None] * len(self.sizes)
         self._axes_groups = {}
-        specs = _C.sub_mesh_groups([list(ranks) for ranks, _ in blocks], [list(m) for _, m in blocks])
-        for spec, group in make_groups(specs):
+        for spec, group in made:
             if spec["kind"] == "axis":
                 self.groups[spec["axis"]] = group
                 self._axes_groups[(spec["axis"],)] = group
-            else:  # the block whole
+            elif spec["kind"] == "sub_mesh":  # the block whole
                 self._axes_groups[tuple(range(len(self.sizes)))] = group
                 self.stage_group = group
-        # (a rank on a stage of one rank made the others' groups only: it has no mesh)
         self.group_names = [g.group_name if g is not None else None for g in self.groups]
 
     def axes_group(self, axes: tuple[int, ...]) -> tuple:

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from .. import _C
 from .._C import ValidationError
 from ..materialize import local_tensor
-from .groups import make_groups
 from .reshard import gather_whole
 
 
@@ -30,27 +29,24 @@ class StageLinks:
     """Every pipeline rank's block of global ranks and layout, seen from this rank.
 
     `blocks[q]`: the global ranks of pipeline rank q's sub-mesh, in sub-mesh order;
-    `layouts[q]`: q's layout number (the core's ``_C.pipeline_blocks``: equal for stages of one
+    `layouts[q]`: q's layout number (the core's job, ``_C.pipeline_job``: equal for stages of one
     sub-mesh and sharding, which exchange by coordinate); `me`: this rank's pipeline rank;
-    `mesh`: its sub-mesh (None: one rank)."""
+    `mesh`: its sub-mesh (None: one rank); `made`: the job's groups this rank is in
+    (``groups.make_groups``), of which the channels' are its links: one two-rank group per pair
+    of global ranks a channel links (receiver k of the receiving block with the sender serving
+    it, k mod the sender block's size: csrc/transform/job_groups.h, channel_groups)."""
 
-    def __init__(self, blocks: list[list[int]], layouts: list, me: int, local: int, mesh=None):
+    def __init__(self, blocks: list[list[int]], layouts: list, me: int, local: int, mesh=None,
+                 made: list[tuple[dict, object]] = ()):
         self.blocks, self.me, self.local, self.mesh = blocks, me, local, mesh
         # Asked at every send and receive: compared once here.
         self._alike = [layout == layouts[me] for layout in layouts]
         self.rank = blocks[me][local]  # this rank's global rank
         self._channels: dict[tuple[int, int, bool], object] = {}
-
-    def open_channels(self, channels: list[tuple[int, int, bool]]) -> None:
-        """The process groups of the schedule's channels (sender and receiver pipeline ranks,
-        gradient or not; ``Simulation.p2p_channels``), one per pair of global ranks they link:
-        receiver k of the receiving block with the sender serving it (k mod the sender block's
-        size, by coordinate when the sizes agree), as the core lists them (``_C.channel_groups``,
-        csrc/transform/job_groups.h). Collective: every rank makes every group, in that order."""
-        specs = _C.channel_groups(self.blocks, [tuple(c) for c in channels])
-        for spec, group in make_groups(specs):
-            src, dst = spec["ranks"]
-            self._channels[(src, dst, bool(spec["channel"][2]))] = group
+        for spec, group in made:
+            if spec["kind"] == "channel":
+                src, dst = spec["ranks"]
+                self._channels[(src, dst, bool(spec["channel"][2]))] = group
 
     def channel(self, src: int, dst: int, gradient: bool):
         """The process group that carries `src`'s values (or gradients) to `dst` (global ranks)."""

@@ -109,15 +109,13 @@ def _pipeline_programs(spec, whole: Captured, micro: dict, options: dict, checke
     if not plan.is_complete():
         plan = plan.complete(c.graph, cluster)
     size = plan.data * plan.tensor
-    schedule = _C.simulate_schedule(plan.schedule, plan.pipeline, plan.num_micro_batches(),
-                                    virtual_stages=plan.virtual_stages, k=plan.kfkb_k)
     for rank in range(WORLD):
-        pipeline_rank, local = divmod(rank, size)
-        split = any(action[0] == "W" for action in schedule.action_list(pipeline_rank))
+        job = _C.pipeline_job(plan.to_json(), WORLD, rank)  # (as parallelize reads it)
+        pipeline_rank, local = job["pipeline_rank"], job["local"]
         stages = stage_program(c.graph, c.builder, plan, plan.stage_plan() if size > 1 else None,
                                FakeMesh([plan.data, plan.tensor], local) if size > 1 else None, pipeline_rank, c.names,
-                               c.tensors, c.trainable, {}, plan.num_micro_batches(), split_backward=split,
-                               stage_ranks=schedule.stage_ranks)
+                               c.tensors, c.trainable, {}, job["micro_batches"], split_backward=job["split_backward"],
+                               stage_ranks=job["stage_ranks"])
         for g, stage in stages.stages.items():
             _compared(checked, f"{options['schedule']} rank {rank} stage {g}", stage["module"], stage["rank_ir"])
 
