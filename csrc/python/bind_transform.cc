@@ -381,7 +381,7 @@ void add_stages(py::dict& out, const transform::RankGraph& rank_ir, const ir::Gr
 py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json, int rank,
                            const std::vector<std::string>& whole_nodes, const std::vector<std::string>& lookup_ops,
                            bool adapt_to_shapes, const std::string& recompute_name, bool fp8,
-                           std::int64_t micro_batches, const std::vector<int>& stage_of_node, int stages,
+                           std::int64_t micro_batches, int stages, const std::vector<int>& layers_per_stage,
                            bool fused_accumulation, bool split_backward) {
   const plan::Recompute recompute = plan::recompute_from_name(recompute_name);
   if (recompute != plan::Recompute::None && !plan_json.empty())
@@ -417,7 +417,11 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   out["mesh"] = program.mesh;
   out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
   out["stage_rank_irs"] = py::list();
-  if (stages > 0) add_stages(out, rank_ir, graph, stage_of_node, stages, {split_backward, fused_accumulation});
+  // The stage of every captured node: the one assignment the planner priced and program_hash
+  // hashes (search/stage_assignment.h: the plan's layers per stage, else balanced by FLOPs).
+  if (stages > 0)
+    add_stages(out, rank_ir, graph, search::assign_stages(graph, stages, layers_per_stage).stage_of_node, stages,
+               {split_backward, fused_accumulation});
   out["rank"] = program.rank;
   out["whole"] = rank_ir.whole;  // the nodes run whole (their calls marked shardwise.whole)
   out["leaves"] = leaves;
@@ -538,15 +542,16 @@ void bind_transform(py::module_& m) {
   m.def("rank_program", &rank_program_dict,
         py::arg("graph"), py::arg("plan_json"), py::arg("rank"), py::arg("whole_nodes") = std::vector<std::string>{},
         py::arg("lookup_ops") = lookup_kernel_ops(), py::arg("adapt_to_shapes") = false, py::arg("recompute") = "none",
-        py::arg("fp8") = false, py::arg("micro_batches") = 1, py::arg("stage_of_node") = std::vector<int>{},
-        py::arg("stages") = 0, py::arg("fused_accumulation") = false, py::arg("split_backward") = false,
+        py::arg("fp8") = false, py::arg("micro_batches") = 1, py::arg("stages") = 0,
+        py::arg("layers_per_stage") = std::vector<int>{}, py::arg("fused_accumulation") = false,
+        py::arg("split_backward") = false,
         "One rank's program of a searched plan as the job runs it (csrc/transform/spmd_rewrite.h; "
         "job_rank_graph.h: a node any rank runs whole runs whole on every rank); plan_json \"\": replicated, "
         "each repeated block recomputed as recompute= says (\"none\", \"full\", \"selective\"); its FP8 linears "
         "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
         "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count); "
-        "stages > 0: also the program cut into that many pipeline stages by stage_of_node (one per captured node: "
-        "transform/stage_rank_graph.h), printed, as stage_rank_irs, after the stage passes (transform/rank_passes.h: "
+        "stages > 0: also the program cut into that many pipeline stages (search/stage_assignment.h: the "
+        "layers_per_stage given, else balanced by forward FLOPs; transform/stage_rank_graph.h), printed, as stage_rank_irs, after the stage passes (transform/rank_passes.h: "
         "split_backward, a schedule's B/W split; fused_accumulation, the plan's), their marks on its nodes.");
   m.def(
       "rank_graph",

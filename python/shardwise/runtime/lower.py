@@ -708,13 +708,14 @@ def _write_state(leaf: torch.Tensor, value: torch.Tensor) -> None:
 
 
 class StageCut(NamedTuple):
-    """How a pipelined job cuts its rank program (transform/stage_rank_graph.h): the stage of
-    each captured node, how many stages, and which stage passes run (transform/rank_passes.h):
-    fused weight-gradient accumulation (the plan's fused_accumulation) and the B/W split of
-    backward (a zero-bubble schedule's)."""
+    """How a pipelined job cuts its rank program (transform/stage_rank_graph.h): how many
+    stages, the plan's layers per stage (none: the core balances them by forward FLOPs; the
+    core assigns every node its stage either way, search/stage_assignment.h), and which stage
+    passes run (transform/rank_passes.h): fused weight-gradient accumulation (the plan's
+    fused_accumulation) and the B/W split of backward (a zero-bubble schedule's)."""
 
-    stage_of_node: tuple = ()
     count: int = 0
+    layers_per_stage: tuple = ()
     fused_accumulation: bool = False
     split_backward: bool = False
 
@@ -768,8 +769,9 @@ def _local_rank_program(graph, plan_json: str, rank: int, adapt_to_shapes: bool,
     block, and the seeded random ops whose draws on a block could not be one device's).
     `adapt_to_shapes`: the plan was made at other batch shapes (spmd_rewrite.h)."""
     program = _C.rank_program(graph._core, plan_json, rank, adapt_to_shapes=adapt_to_shapes,
-                              micro_batches=micro_batches, stage_of_node=list(stages.stage_of_node),
-                              stages=stages.count, fused_accumulation=stages.fused_accumulation,
+                              micro_batches=micro_batches, stages=stages.count,
+                              layers_per_stage=list(stages.layers_per_stage),
+                              fused_accumulation=stages.fused_accumulation,
                               split_backward=stages.split_backward)
     whole = program["whole"]
     if whole:

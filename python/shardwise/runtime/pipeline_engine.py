@@ -107,9 +107,10 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     ZB-V's V: csrc/schedule/action.h)."""
     p, v = plan.pipeline, plan.virtual_stages
     stages = p * v
-    cut = _C.pipeline_stages(graph._core, stages, list(plan.layers_per_stage or []))
-    # The core cuts the rank program too: each stage's rank IR (transform/stage_rank_graph.h).
-    by_stage = StageCut(tuple(cut["stage_of_node"]), stages, plan.fused_accumulation, split_backward)
+    # The core assigns every node its stage (the plan's layers per stage, or balanced by forward
+    # FLOPs: search/stage_assignment.h) and cuts the rank program there: each stage's rank IR
+    # (transform/stage_rank_graph.h).
+    by_stage = StageCut(stages, tuple(plan.layers_per_stage or ()), plan.fused_accumulation, split_backward)
     if sharded is not None:
         program, whole = _rank_program(graph, sharded.to_json(), mesh.rank, group=mesh.stage_group,
                                        micro_batches=micro_batches, stages=by_stage)
@@ -118,7 +119,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
         # were not: a pure pipeline's recompute=True ran, and held, every activation).
         program, whole = _C.rank_program(graph._core, "", 0, recompute=plan.recompute,
                                          fp8=plan.precision == "fp8", micro_batches=micro_batches,
-                                         stage_of_node=list(by_stage.stage_of_node), stages=stages,
+                                         stages=stages, layers_per_stage=list(by_stage.layers_per_stage),
                                          fused_accumulation=by_stage.fused_accumulation,
                                          split_backward=split_backward), []
 
