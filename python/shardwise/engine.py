@@ -62,7 +62,7 @@ from .plan import Plan, micro_batch_fallback
 from .runtime.batch import TARGET, BatchBinding, call_arguments, map_tensors
 from .runtime.compiled import compile_options
 from .runtime.counted import Counter
-from .runtime.engine_base import CollectiveError, Recapture, check_same_plan, check_same_programs, planned_once
+from .runtime.engine_base import CollectiveError, Recapture, check_same_job, check_same_plan, planned_once
 from .runtime.groups import make_groups
 from .runtime.lower import _build_module, _rank_program
 from .runtime.mesh import _Mesh
@@ -364,8 +364,7 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
         raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch}, the example batch "
                               f"has {global_batch}")
     _check_made_for(sharding, graph, input_names)
-    check_same_plan(plan, rank)
-    plan = check_same_programs(plan, graph, rank)
+    plan = check_same_job(plan, graph, rank)  # one gather: the plan's hash and every rank program's
     mesh = _Mesh(sharding["mesh"], rank)  # from here on, the rank's view of the plan's mesh
 
     program, whole = _rank_program(graph, plan.to_json(), rank)
@@ -524,7 +523,6 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
                  "(the engine's plan holds it: save that one to run it without a search)", meshes)
         plan = planned_once(lambda given=plan: given.complete(graph, devices, level=level), graph,
                             repr((devices.to_json(), plan.to_json(), level)))
-        check_same_plan(plan, rank)
         # (the layouts are the complete plan's: the job again)
         job = _C.pipeline_job(plan.to_json(), world, rank)
     if not plan.stage_meshes and size > 1:  # every stage alike: torch's DeviceMesh, pipeline x sub-mesh
@@ -540,7 +538,7 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
             mesh = _Mesh([d, t], local, made=made)
     # Stages of one layout number exchange by coordinate (runtime/stage_links.py).
     links = StageLinks(blocks, job["layouts"], pipeline_rank, local, mesh, made=made)
-    plan = check_same_programs(plan, graph, rank)
+    plan = check_same_job(plan, graph, rank)  # (the complete plan's hash, and its rank programs')
     parameters: dict[str, torch.Tensor] = {}
     # The schedule's peers are pipeline ranks (runtime/stage_links.py: which of their ranks).
     actions = job["actions"]  # (kind, micro-batch, stage, peer)

@@ -171,21 +171,38 @@ def check_same_plan(plan, rank: int) -> None:
     digest = plan.hash()
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, digest)
-    differ = [r for r, d in enumerate(everyone) if d != everyone[0]]
+    _refuse_different_plans(everyone, rank)
+
+
+def _refuse_different_plans(digests: list, rank: int) -> None:
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
     if differ:
-        raise ValidationError(f"parallelize: ranks hold different plans (rank 0: {everyone[0]}, "
-                              + ", ".join(f"rank {r}: {everyone[r]}" for r in differ) + f"); this is rank {rank}")
+        raise ValidationError(f"parallelize: ranks hold different plans (rank 0: {digests[0]}, "
+                              + ", ".join(f"rank {r}: {digests[r]}" for r in differ) + f"); this is rank {rank}")
 
 
-def check_same_programs(plan, graph, rank: int):
-    """The plan with its rank programs' hash recorded (``Plan.programs``): every rank hashes the
-    program the core makes for it (_C.program_hash), the hashes are gathered in rank order and
-    combined. A plan that recorded another hash for itself (made by another version of the
-    rewrite, or for another graph) is refused on every rank, naming both."""
-    mine = _C.program_hash(graph._core, plan.to_json(), rank)
+def check_same_job(plan, graph, rank: int):
+    """The job's one agreement check, before its first collective of the step: every rank
+    holds `plan` (its hash) and the rank programs the core makes from it (_C.program_hash,
+    gathered in rank order and combined: the plan's ``programs``), both in one gather; else
+    every rank raises, naming the ranks that differ (a rank whose core refused its program
+    names itself on every rank, never leaving the others waiting). Returns the plan with the
+    hash recorded; a plan that recorded another one (made by another version of the rewrite,
+    or for another graph) is refused on every rank, naming both."""
+    digest = plan.hash()
+    try:
+        mine, error = _C.program_hash(graph._core, plan.to_json(), rank), None
+    except _C.ShardwiseError as e:
+        mine, error = None, e
     everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    made = _C.programs_hash(everyone)
+    dist.all_gather_object(everyone, (digest, mine, None if error is None else str(error)))
+    _refuse_different_plans([d for d, _, _ in everyone], rank)
+    if error is not None:
+        raise error
+    failed = [(r, message) for r, (_, _, message) in enumerate(everyone) if message is not None]
+    if failed:
+        raise ValidationError(f"parallelize: rank {failed[0][0]}: {failed[0][1]}; this is rank {rank}")
+    made = _C.programs_hash([m for _, m, _ in everyone])
     recorded = plan.programs  # None when not recorded, or recorded before an edit of the plan
     if recorded and recorded != made:
         raise ValidationError(f"parallelize: the plan records rank programs {recorded}, this job makes {made} from "

@@ -145,3 +145,36 @@ def test_the_plan_is_searched_on_rank_0_and_broadcast_and_its_refusal_raised_on_
     assert "mesh" in ranks[1]["report"], ranks[1]["report"]
     assert [r["refused"] for r in ranks] == ["refused on rank 0"] * 2, ranks
     assert [r["searches"] for r in ranks] == [2, 0], ranks
+
+
+def _scenario_program_refused_on_one_rank(rank: int, world: int) -> list[dict]:
+    from shardwise.runtime import engine_base
+
+    real = engine_base._C.program_hash
+
+    def refused_on_rank_1(graph, plan_json, r):
+        if dist.get_rank() == 1:
+            raise shardwise.ValidationError("rewrite: refused here")
+        return real(graph, plan_json, r)
+
+    engine_base._C.program_hash = refused_on_rank_1
+    try:
+        shardwise.parallelize(_model(), _batch(0), mesh=(world, 1), cluster=shardwise.Cluster.preset("cpu", world))
+        error = None
+    except shardwise.ValidationError as e:
+        error = str(e)
+    finally:
+        engine_base._C.program_hash = real
+    everyone = [None] * world
+    dist.all_gather_object(everyone, error)
+    return everyone
+
+
+def test_a_rank_whose_core_refuses_its_program_is_named_on_every_rank_at_the_one_agreement_check():
+    # The plan's hash and every rank program's are gathered once (engine_base.check_same_job):
+    # a rank whose core raised there raises its own error, the others name it, none waits.
+    from conftest import spawn_scenario
+
+    errors = spawn_scenario(__name__, 2, "program_refused_on_one_rank")
+    assert errors[1] == "rewrite: refused here", errors
+    assert errors[0] is not None and "rank 1: rewrite: refused here" in errors[0], errors
