@@ -7,16 +7,18 @@
         engine.clip_grad_norm_(1.0)
         opt.step(); opt.zero_grad()
 
-How (the data flow of docs/ARCHITECTURE.md):
- 1. capture: the model and its loss as one ATen graph (torch.export), at the global batch;
- 2. plan: the SPMD search (or the plan given), run on rank 0 and broadcast where every rank asks
-    the same of it (runtime/engine_base.py, planned_once), checked to be the same on every rank
-    (hash);
- 3. rewrite: the core's rank program (csrc/transform/spmd_rewrite.h) says, per node, what
-    each operand needs and which collectives bring it there, forward and backward;
- 4. lowering (runtime/lower.py): each IR node becomes the ATen call it was captured from, on
+How (the data flow of docs/ARCHITECTURE.md); ``parallelize`` reads as these steps:
+ 1. capture (``_capture``): the model and its loss as one ATen graph (torch.export), at the
+    global batch;
+ 2. plan (``_spmd_plan``): the SPMD search (or the plan given, completed), run on rank 0 and
+    broadcast where every rank asks the same of it (runtime/engine_base.py, planned_once);
+ 3. job (``_spmd_job``; a pipeline's: ``_parallelize_pipeline`` with the core's
+    ``_C.pipeline_job``): the plan and every rank's program agreed on in one gather (their
+    hashes: check_same_job); the core's rank program (csrc/transform/spmd_rewrite.h) says, per
+    node, what each operand needs and which collectives bring it there, forward and backward;
+    the lowering (runtime/lower.py) makes each IR node the ATen call it was captured from, on
     local shapes, in a ``torch.fx.GraphModule`` per rank (``engine.code`` prints it);
- 5. run (runtime/engine_base.py): ``train_step`` binds the batch by name, the ranks agree on
+ 4. engine (runtime/engine_base.py): ``train_step`` binds the batch by name, the ranks agree on
     it, each keeps its share (the inputs' placements), runs the module, calls backward and
     reduces the gradients the program left Partial (data parallelism) in buckets.
 
@@ -289,21 +291,9 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     if not dist.is_initialized():
         raise ValidationError("parallelize: call torch.distributed.init_process_group() first (torchrun sets "
                               "the environment for it)")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    args, kwargs = call_arguments(tuple(example_inputs) if not isinstance(example_inputs, dict)
-                              else (example_inputs,), {})
-    kwargs.update(example_kwargs or {})
-    binding, named = BatchBinding.capture(model, args, kwargs, loss_fn)
-    batch = [named_tensor for named_tensor in binding.bind(args, kwargs, "parallelize").values()]
-    policy = policy_of(mixed_precision)
-    named = map_tensors(named, lambda t: cast_input(t, policy))
-    batch = list(cast_inputs(dict(zip(binding.names, batch)), policy).values())
-    wrapper = _Trainable(compute_copy(model, policy), loss_fn)  # the model as the program computes it
-    options = _Options(cluster=cluster, level=level, verify=verify, policy=policy, static=static,
+    call = _user_call(model, example_inputs, example_kwargs, loss_fn, mixed_precision)
+    options = _Options(cluster=cluster, level=level, verify=verify, policy=call.policy, static=static,
                        micro_batch_semantics=micro_batch_semantics, compile_options=compiled)
-
     if plan is None and os.environ.get("SHARDWISE_PLAN"):  # `python -m shardwise run --plan` sets it
         plan = _plan_file(os.environ["SHARDWISE_PLAN"])
     # A search of our own on a mesh we choose splits the batch on any axis; a mesh or a plan
@@ -314,46 +304,137 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     # A pipeline plan, or one that accumulates gradients over micro-batches (the joint
     # planner's pipeline 1 with m > 1): captured there, at one micro-batch, run by the schedule.
     if plan is not None and not plan.sharding and (plan.pipeline > 1 or plan.num_micro_batches() > 1):
-        return _parallelize_pipeline(wrapper, named, binding, plan, batch, model, options)
-    graph, builder = _capture_with_sources(wrapper, named, "export", 0, prefix="model.model.")
-    _warn_unknown_ops(graph)
-    input_names = binding.names
-    tensors, trainable = _model_tensors(model, builder)
-    compute = _compute_dtypes(wrapper, builder, tensors)
-    if should_verify(model, verify):
-        verify_capture(wrapper, named, graph, builder, tensors, trainable, input_names, dict(zip(input_names, batch)),
-                       compute)
-    global_batch = int(batch[0].shape[0])
-    if plan is None or not plan.sharding:
-        cluster = cluster or Cluster.detect()
-        if cluster.world_size != world:
-            raise ValidationError(f"parallelize: the cluster has {cluster.world_size} devices, the job {world} ranks")
-        searched = plan is None
-        states = state_dtype(model)  # what the engine's optimizer will step: the plan prices it
-        if not searched:  # a plan given by its degrees: completed on this capture (Plan.complete)
-            log.info("parallelize: the plan gives no sharding of its %d x %d mesh: searching it once (the "
-                     "engine's plan holds it: save that one to run it without a search)", plan.data, plan.tensor)
+        return _parallelize_pipeline(call.wrapper, call.named, call.binding, plan, call.batch, model, options)
 
-        def choose(given=plan):  # (on rank 0 alone: planned_once)
-            if given is not None:
-                return given.complete(graph, cluster, level=level), None
-            found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
-                                memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
-                                state_dtype=states, compile=compiled is not None)
-            if mesh is not None:
-                return found, None
-            # nothing fits at once: maybe in micro-batches, as shardwise.plan does
-            return found, micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
-                                               memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
-                                               micro_batch_semantics=micro_batch_semantics or "exact",
-                                               state_dtype=states, compile=compiled is not None)
-
-        asked = repr((cluster.to_json(), None if plan is None else plan.to_json(), global_batch, level, mesh,
-                      _MEMORY_FRACTION, precision, zero, states, compiled is not None, micro_batch_semantics))
-        plan, joint = planned_once(choose, graph, asked)
+    captured = _capture(model, call, verify)                                           # 1. capture
+    if plan is None or not plan.sharding:                                              # 2. plan
+        plan, joint = _spmd_plan(model, captured, plan, options, int(call.batch[0].shape[0]), mesh=mesh,
+                                 precision=precision, zero=zero)
         if joint is not None:
-            return _parallelize_pipeline(wrapper, named, binding, joint, batch, model, options)
+            return _parallelize_pipeline(call.wrapper, call.named, call.binding, joint, call.batch, model, options)
+    job = _spmd_job(captured, plan, call)                                              # 3. job
+    return Engine(model=model, wrapper=call.wrapper, binding=call.binding, plan=job.plan, mesh=job.mesh,  # 4. engine
+                  first=job.first, parameters=job.parameters, tensors=captured.tensors,
+                  trainable=captured.trainable, kept=keep_state(model, job.leaves),
+                  recapture=_recapture(call.wrapper, options.cluster, level, job.plan.precision, _MEMORY_FRACTION,
+                                       zero, batch_on_tensor_axis=free_batch, state_dtype=job.plan.state_dtype,
+                                       compile=compiled is not None),
+                  policy=call.policy, static=static, compute_dtypes=captured.compute,
+                  shapes=tuple(tuple(t.shape) for t in call.batch), compile_options=compiled)
+
+
+@dataclass
+class _Call:
+    """The user's call as the program takes it: the batch bound by the model's signature, by
+    name (``named``: IR name -> tensor; ``batch``: the tensors in the binding's order), cast
+    as the mixed-precision policy says, and the model with its loss as the program computes it."""
+
+    binding: BatchBinding
+    named: dict
+    batch: list
+    wrapper: _Trainable
+    policy: Policy | None
+
+
+def _user_call(model: torch.nn.Module, example_inputs: Any, example_kwargs: dict | None, loss_fn: Callable | None,
+               mixed_precision) -> _Call:
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    args, kwargs = call_arguments(tuple(example_inputs) if not isinstance(example_inputs, dict)
+                                  else (example_inputs,), {})
+    kwargs.update(example_kwargs or {})
+    binding, named = BatchBinding.capture(model, args, kwargs, loss_fn)
+    batch = [named_tensor for named_tensor in binding.bind(args, kwargs, "parallelize").values()]
+    policy = policy_of(mixed_precision)
+    named = map_tensors(named, lambda t: cast_input(t, policy))
+    batch = list(cast_inputs(dict(zip(binding.names, batch)), policy).values())
+    return _Call(binding, named, batch, _Trainable(compute_copy(model, policy), loss_fn), policy)
+
+
+@dataclass
+class _Captured:
+    """The model and its loss as one ATen graph at the global batch, with what the lowering
+    reads beside it: each node's FX source (``builder``), the model's tensors by IR name, the
+    trainable ones, and the dtypes the program computes held tensors in where they differ."""
+
+    graph: Any
+    builder: Any
+    tensors: dict
+    trainable: set
+    compute: dict
+
+
+def _capture(model: torch.nn.Module, call: _Call, verify: bool | str) -> _Captured:
+    """Captures the call (torch.export), warns of ops no rule knows, and runs the capture
+    against the eager model once where ``verify`` asks (runtime/verify.py)."""
+    graph, builder = _capture_with_sources(call.wrapper, call.named, "export", 0, prefix="model.model.")
+    _warn_unknown_ops(graph)
+    tensors, trainable = _model_tensors(model, builder)
+    compute = _compute_dtypes(call.wrapper, builder, tensors)
+    if should_verify(model, verify):
+        names = call.binding.names
+        verify_capture(call.wrapper, call.named, graph, builder, tensors, trainable, names,
+                       dict(zip(names, call.batch)), compute)
+    return _Captured(graph, builder, tensors, trainable, compute)
+
+
+def _spmd_plan(model: torch.nn.Module, captured: _Captured, plan: Plan | None, options: _Options, global_batch: int,
+               *, mesh: tuple[int, int] | None, precision: str | None, zero: bool) -> tuple[Plan, Plan | None]:
+    """The plan to run: a plan given by its degrees completed on this capture (Plan.complete),
+    else the SPMD search's (on ``mesh`` when given; without one, where nothing fits at once, the
+    joint planner's plan with micro-batches, returned second, as shardwise.plan does); made on
+    rank 0 alone and broadcast (planned_once). Sets ``options.cluster`` to the one planned on."""
+    world = dist.get_world_size()
+    graph, level, compiled = captured.graph, options.level, options.compile_options is not None
+    semantics = options.micro_batch_semantics
+    cluster = options.cluster = options.cluster or Cluster.detect()
+    if cluster.world_size != world:
+        raise ValidationError(f"parallelize: the cluster has {cluster.world_size} devices, the job {world} ranks")
+    states = state_dtype(model)  # what the engine's optimizer will step: the plan prices it
+    if plan is not None:
+        log.info("parallelize: the plan gives no sharding of its %d x %d mesh: searching it once (the "
+                 "engine's plan holds it: save that one to run it without a search)", plan.data, plan.tensor)
+
+    def choose(given=plan):  # (on rank 0 alone: planned_once)
+        if given is not None:
+            return given.complete(graph, cluster, level=level), None
+        found = Plan.search(graph, cluster, global_batch=global_batch, level=level, mesh=mesh,
+                            memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
+                            state_dtype=states, compile=compiled)
+        if mesh is not None:
+            return found, None
+        # nothing fits at once: maybe in micro-batches, as shardwise.plan does
+        return found, micro_batch_fallback(found, graph, cluster, global_batch=global_batch, level=level,
+                                           memory_fraction=_MEMORY_FRACTION, precision=precision, zero=zero,
+                                           micro_batch_semantics=semantics or "exact",
+                                           state_dtype=states, compile=compiled)
+
+    asked = repr((cluster.to_json(), None if plan is None else plan.to_json(), global_batch, level, mesh,
+                  _MEMORY_FRACTION, precision, zero, states, compiled, semantics))
+    plan, joint = planned_once(choose, graph, asked)
+    if joint is None:
         _check_fits(plan, cluster, type(model).__name__)
+    return plan, joint
+
+
+@dataclass
+class _SpmdJob:
+    """What this rank runs of an SPMD plan: the plan (its programs' hash recorded), the rank's
+    view of its mesh, the lowered program and the parameters it holds, and the leaves it reads."""
+
+    plan: Plan
+    mesh: _Mesh
+    first: _Program
+    parameters: dict
+    leaves: set
+
+
+def _spmd_job(captured: _Captured, plan: Plan, call: _Call) -> _SpmdJob:
+    """The plan checked against this job and capture, agreed on by every rank (one gather:
+    check_same_job), and this rank's program: the core's rank program (the nodes any rank runs
+    whole run whole on every rank), lowered into a GraphModule on the rank's mesh."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    graph, input_names, global_batch = captured.graph, call.binding.names, int(call.batch[0].shape[0])
     sharding = plan.sharding
     size = 1
     for s in sharding["mesh"]:
@@ -366,22 +447,14 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     _check_made_for(sharding, graph, input_names)
     plan = check_same_job(plan, graph, rank)  # one gather: the plan's hash and every rank program's
     mesh = _Mesh(sharding["mesh"], rank)  # from here on, the rank's view of the plan's mesh
-
     program, whole = _rank_program(graph, plan.to_json(), rank)
     parameters: dict[str, torch.Tensor] = {}
-    module = _build_module(program, builder.sources, mesh, tensors, input_names, trainable, parameters=parameters,
-                           compute_dtypes=compute)
-    counter = Counter.build(graph, builder, tensors, trainable, module.counted, input_names)
+    module = _build_module(program, captured.builder.sources, mesh, captured.tensors, input_names,
+                           captured.trainable, parameters=parameters, compute_dtypes=captured.compute)
+    counter = Counter.build(graph, captured.builder, captured.tensors, captured.trainable, module.counted, input_names)
     leaves = {leaf["value"]: leaf for leaf in program["leaves"]}
     first = _Program(module, program, plan, whole, [leaves[n]["placement"] for n in input_names], counter)
-    shapes = tuple(tuple(t.shape) for t in batch)
-    return Engine(model=model, wrapper=wrapper, binding=binding, plan=plan, mesh=mesh, first=first,
-                  parameters=parameters, tensors=tensors, trainable=trainable,
-                  kept=keep_state(model, {leaf["value"] for leaf in program["leaves"]}),
-                  recapture=_recapture(wrapper, cluster, level, plan.precision, _MEMORY_FRACTION, zero,
-                                       batch_on_tensor_axis=free_batch, state_dtype=plan.state_dtype,
-                                       compile=compiled is not None),
-                  policy=policy, static=static, compute_dtypes=compute, shapes=shapes, compile_options=compiled)
+    return _SpmdJob(plan, mesh, first, parameters, set(leaves))
 
 
 def _refuse_compiled_split_backward(compiled: dict | None, plan: Plan, split_backward: bool) -> None:

@@ -17,7 +17,6 @@ says why one per way and kind, and proves the schedules' lists run on them in or
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from .. import _C
 from .._C import ValidationError
