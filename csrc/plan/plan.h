@@ -79,7 +79,8 @@
 //    runtime runs it and searches nothing. validate() requires no `sharding` beside it and
 //    its mesh = {data, tensor}.
 //  - programs: the hash of the rank programs the plan makes (16 hex digits: every rank's
-//    program hash in rank order, the bindings' program_hash) and the hash of the plan they
+//    program hash in rank order, transform/job_program.h: its rank graph and, pipelined, every
+//    stage graph after its passes, as the runtime lowers them) and the hash of the plan they
 //    were made from. Derived, so not part of the hash. The runtime refuses a plan whose
 //    programs come out otherwise (another version of the rewrite, or another graph); a
 //    record made for another plan hash (the plan was edited since) is stale and not checked.

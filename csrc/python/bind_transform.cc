@@ -18,12 +18,12 @@
 #include "python/bindings.h"
 #include "python/ir_dicts.h"
 #include "support/error.h"
-#include "support/fnv1a.h"
 #include <fmt/format.h>
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "transform/fp8_axes.h"
 #include "transform/job_groups.h"
+#include "transform/job_program.h"
 #include "transform/pipeline_job.h"
 #include "transform/job_rank_graph.h"
 #include "transform/rank_passes.h"
@@ -147,19 +147,6 @@ py::dict rank_ir_operands(const ir::Graph& rank_graph) {
   return d;
 }
 
-// Every value replicated on a one-rank mesh: what a stage of a plan without data or tensor
-// parallelism runs.
-plan::Sharding replicated(const ir::Graph& graph) {
-  plan::Sharding s;
-  s.mesh = {1};
-  s.axis_names = {"data"};
-  s.level = "replicated";
-  for (const ir::Value& v : graph.values()) s.placements[v.name] = {"R"};
-  for (const ir::Node& n : graph.nodes())
-    if (!n.outputs.empty()) s.strategies[graph.value(n.outputs[0]).name] = {"replicate"};
-  return s;
-}
-
 // The sharding a rank program is made for, and the rewrite's options: `plan_json` empty is
 // every value replicated on a one-rank mesh (the whole graph, as one device runs it).
 std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Graph& graph, const std::string& plan_json,
@@ -171,8 +158,7 @@ std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Gr
                                                                   std::int64_t micro_batches = 1) {
   plan::Plan p;
   if (plan_json.empty()) {
-    p.sharding = replicated(graph);
-    p.sharding->recompute = recompute;  // a pipeline stage on one rank recomputes as its plan says
+    p.sharding = transform::replicated_sharding(graph, recompute);  // a stage of one rank recomputes as its plan says
   } else {
     p = plan::plan_from_json_string(plan_json);
     if (fp8 != nullptr) *fp8 = p.precision == "fp8";  // its linears run in float8 (analysis/fp8_linears.h)
@@ -198,76 +184,6 @@ std::pair<plan::Sharding, transform::RewriteOptions> rewrite_inputs(const ir::Gr
 
 std::vector<std::string> lookup_kernel_ops() {
   return {ops::lookup_kernel_ops().begin(), ops::lookup_kernel_ops().end()};
-}
-
-// The hash of `rank`'s program under a complete plan (plan.h's `programs`): FNV-1a 64 of its
-// rank graph as printed, the one the job runs (job_rank_graph.h: the nodes any rank runs whole
-// run whole on every rank); a pipelined plan's is its stage sub-mesh rank's, continued from the stage of
-// every node (search/stage_assignment.h). `graph`: captured at the plan's global batch (a
-// sharded plan) or at one micro-batch of the data axis (a pipelined one).
-std::uint64_t program_hash(const ir::Graph& graph, const plan::Plan& plan, int rank) {
-  transform::RewriteOptions options;
-  const std::vector<std::string> lookup = lookup_kernel_ops();
-  options.lookup_ops = {lookup.begin(), lookup.end()};
-  options.micro_batches = std::max<std::int64_t>(1, plan.num_micro_batches());  // as the runtime's programs count
-  if (rank < 0 || rank >= plan.world_size())
-    throw support::ValidationError("program_hash: rank " + std::to_string(rank) + " of a plan of " +
-                                   std::to_string(plan.world_size()) + " ranks");
-  if (plan.sharding)
-    return support::fnv1a64(ir::print_graph(transform::job_rank_graph(graph, *plan.sharding, rank, options).graph));
-  const int stage = plan.stage_meshes.empty() ? 0 : plan.stage_of_rank(rank);
-  const int size = plan.stage_size(stage);
-  std::string cut;
-  for (int stage : search::assign_stages(graph, plan.pipeline * plan.virtual_stages, plan.layers_per_stage)
-                       .stage_of_node)
-    cut += std::to_string(stage) + ",";
-  plan::Sharding sharding = size == 1 ? replicated(graph) : *plan::stage_plan(plan, stage).sharding;
-  if (size == 1) sharding.recompute = plan.recompute;  // as the stage runs it
-  // The rank within its stage's sub-mesh (every stage's is alike without stage_meshes).
-  const int local = plan.stage_meshes.empty() ? rank % size : rank - plan.stage_first_rank(stage);
-  return support::fnv1a64(ir::print_graph(transform::job_rank_graph(graph, sharding, local, options).graph),
-                          support::fnv1a64(cut));
-}
-
-std::string hex(std::uint64_t hash) { return fmt::format("{:016x}", hash); }
-
-// Every rank's hashes in rank order, as one (plan.h's `programs`).
-std::string programs_hash(const std::vector<std::string>& per_rank) {
-  std::uint64_t h = support::kFnv1aOffsetBasis;
-  for (const auto& r : per_rank) h = support::fnv1a64(r, h);
-  return hex(h);
-}
-
-// The hash of every rank's program under a complete plan (plan.h: programs).
-std::string plan_programs(const ir::Graph& graph, const std::string& plan_json) {
-  const plan::Plan p = plan::plan_from_json_string(plan_json);
-  py::gil_scoped_release release;
-  // A pipelined plan's ranks run their sub-mesh rank's program: each is made once (per
-  // stage layout, where stages have meshes of their own).
-  std::vector<std::string> per_rank;
-  if (!p.stage_meshes.empty()) {
-    std::map<std::pair<int, int>, std::string> made;  // (first stage of its layout, local rank)
-    for (int r = 0; r < p.world_size(); ++r) {
-      const int stage = p.stage_of_rank(r);
-      int alike = stage;
-      for (int s = 0; s < stage; ++s)
-        if (p.stage_meshes[static_cast<std::size_t>(s)] == p.stage_meshes[static_cast<std::size_t>(stage)] &&
-            (p.stage_shardings.empty() || p.stage_shardings[static_cast<std::size_t>(s)] ==
-                                              p.stage_shardings[static_cast<std::size_t>(stage)])) {
-          alike = s;
-          break;
-        }
-      const std::pair key{alike, r - p.stage_first_rank(stage)};
-      if (!made.contains(key)) made.emplace(key, hex(program_hash(graph, p, p.stage_first_rank(alike) + key.second)));
-      per_rank.push_back(made.at(key));
-    }
-    return programs_hash(per_rank);
-  }
-  const int distinct = p.sharding ? p.world_size() : p.stage_data() * p.tensor;
-  std::vector<std::string> made;
-  for (int r = 0; r < distinct; ++r) made.push_back(hex(program_hash(graph, p, r)));
-  for (int r = 0; r < p.world_size(); ++r) per_rank.push_back(made[r % distinct]);
-  return programs_hash(per_rank);
 }
 
 // Contiguous pipeline stages of a graph (the binding's docstring).
@@ -361,21 +277,6 @@ py::dict node_dict(const ir::Graph& graph, const transform::NodeRewrite& n, cons
   return d;
 }
 
-// A pipelined program: each stage's part of it (transform/stage_rank_graph.h) after the stage
-// passes (rank_passes.h), printed. The passes' marks are on its nodes (where backward splits
-// into B and W, and the weight values sent: transform/weight_gradient_split.h; the calls that
-// accumulate their weight gradient in place: transform/fused_weight_accumulation.h), which the
-// lowering reads as it walks each stage's IR.
-void add_stages(py::dict& out, const transform::RankGraph& rank_ir, const ir::Graph& graph,
-                const std::vector<int>& stage_of_node, int stages, const transform::StagePassOptions& options) {
-  py::list stage_irs;
-  for (ir::Graph& stage : transform::cut_rank_graph(rank_ir, graph, stage_of_node, stages)) {
-    transform::run_stage_passes(stage, options);
-    stage_irs.append(ir::print_graph(stage));
-  }
-  out["stage_rank_irs"] = stage_irs;
-}
-
 // One rank's program as the job runs it, as the runtime's lowering reads it (the binding's
 // docstring).
 py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json, int rank,
@@ -396,7 +297,10 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   options.fp8 = fp8 || fp8_plan;  // the rank graph marks the FP8 linears (rank_graph.h)
   // The rank graph's program as the job runs it: nodes whose local call the ops' shape
   // rules refuse on any rank's block run whole on every rank (job_rank_graph.h).
-  const transform::RankGraph rank_ir = transform::job_rank_graph(graph, sharding, rank, options);
+  // (the function the job's program hash is made by: transform/job_program.h)
+  const transform::RankProgramGraphs made = transform::build_rank_program(
+      graph, sharding, rank, options, {stages, layers_per_stage, {split_backward, fused_accumulation}});
+  const transform::RankGraph& rank_ir = made.rank;
   const transform::RankProgram& program = rank_ir.program;
   py::list leaves, nodes, outputs;
   std::size_t fp8_linears = 0;
@@ -416,12 +320,16 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
   py::dict out;
   out["mesh"] = program.mesh;
   out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
-  out["stage_rank_irs"] = py::list();
-  // The stage of every captured node: the one assignment the planner priced and program_hash
-  // hashes (search/stage_assignment.h: the plan's layers per stage, else balanced by FLOPs).
-  if (stages > 0)
-    add_stages(out, rank_ir, graph, search::assign_stages(graph, stages, layers_per_stage).stage_of_node, stages,
-               {split_backward, fused_accumulation});
+  // A pipelined program: each stage's part of it (transform/stage_rank_graph.h: the stage of
+  // every node the assignment the planner priced, search/stage_assignment.h) after the stage
+  // passes (rank_passes.h), printed. The passes' marks are on its nodes (where backward splits
+  // into B and W, and the weight values sent: transform/weight_gradient_split.h; the calls that
+  // accumulate their weight gradient in place: transform/fused_weight_accumulation.h), which the
+  // lowering reads as it walks each stage's IR.
+  py::list stage_irs;
+  for (const ir::Graph& stage : made.stages) stage_irs.append(ir::print_graph(stage));
+  out["stage_rank_irs"] = stage_irs;
+  out["hash"] = transform::hex_hash(transform::program_hash(made));  // (as program_hash hashes it)
   out["rank"] = program.rank;
   out["whole"] = rank_ir.whole;  // the nodes run whole (their calls marked shardwise.whole)
   out["leaves"] = leaves;
@@ -476,15 +384,22 @@ void bind_transform(py::module_& m) {
       [](const ir::Graph& graph, const std::string& plan_json, int rank) {
         const plan::Plan p = plan::plan_from_json_string(plan_json);
         py::gil_scoped_release release;
-        return hex(program_hash(graph, p, rank));
+        return transform::hex_hash(transform::program_hash(transform::job_program(graph, p, rank)));
       },
       py::arg("graph"), py::arg("plan_json"), py::arg("rank"),
-      "The hash of one rank's program under a complete plan (plan.h: programs).");
-  m.def("programs_hash", &programs_hash, py::arg("per_rank"),
+      "The hash of the program one rank runs under a complete plan (transform/job_program.h: its rank graph "
+      "and, pipelined, each stage's graph after the stage passes; plan.h: programs).");
+  m.def("programs_hash", &transform::combined_programs_hash, py::arg("per_rank"),
         "Every rank's program hash, in rank order, as the plan's `programs`.");
-  m.def("plan_programs", &plan_programs,
-        py::arg("graph"), py::arg("plan_json"),
-        "The hash of every rank's program under a complete plan (plan.h: programs).");
+  m.def(
+      "plan_programs",
+      [](const ir::Graph& graph, const std::string& plan_json) {
+        const plan::Plan p = plan::plan_from_json_string(plan_json);
+        py::gil_scoped_release release;
+        return transform::plan_programs_hash(graph, p);
+      },
+      py::arg("graph"), py::arg("plan_json"),
+      "The hash of every rank's program under a complete plan (transform/job_program.h; plan.h: programs).");
   m.def("pipeline_stages", &pipeline_stages,
         py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},
         "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h: balanced by forward FLOPs, or the "
@@ -552,7 +467,8 @@ void bind_transform(py::module_& m) {
         "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count); "
         "stages > 0: also the program cut into that many pipeline stages (search/stage_assignment.h: the "
         "layers_per_stage given, else balanced by forward FLOPs; transform/stage_rank_graph.h), printed, as stage_rank_irs, after the stage passes (transform/rank_passes.h: "
-        "split_backward, a schedule's B/W split; fused_accumulation, the plan's), their marks on its nodes.");
+        "split_backward, a schedule's B/W split; fused_accumulation, the plan's), their marks on its nodes; hash: "
+        "the program's (transform/job_program.h), as program_hash gives it for the plan's own program.");
   m.def(
       "rank_graph",
       [](const ir::Graph& graph, const std::string& plan_json, int rank, const std::vector<std::string>& whole_nodes,

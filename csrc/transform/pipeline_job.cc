@@ -27,7 +27,16 @@ std::string stage_sizes(const plan::Plan& plan, const PipelineBlocks& blocks) {
   return sizes + fmt::format(" x tensor {}", plan.tensor);
 }
 
+bool splits(const schedule::PipelineSchedule& schedule) {
+  for (const auto& list : schedule.per_rank)
+    for (const schedule::Action& a : list)
+      if (a.kind == schedule::ActionKind::WeightGradient) return true;
+  return false;
+}
+
 }  // namespace
+
+bool schedule_splits_backward(const plan::Plan& plan) { return splits(cost::pipeline_schedule(plan)); }
 
 PipelineJob make_pipeline_job(const plan::Plan& plan, int world, int rank) {
   PipelineJob job;
@@ -51,9 +60,7 @@ PipelineJob make_pipeline_job(const plan::Plan& plan, int world, int rank) {
   // The schedule the planner priced (one dispatch: cost::pipeline_schedule).
   const schedule::PipelineSchedule schedule = cost::pipeline_schedule(plan);
   for (int g = 0; g < schedule.total_stages(); ++g) job.stage_ranks.push_back(schedule.rank_of_stage(g));
-  for (const auto& list : schedule.per_rank)
-    for (const schedule::Action& a : list)
-      job.split_backward = job.split_backward || a.kind == schedule::ActionKind::WeightGradient;
+  job.split_backward = splits(schedule);
   for (const schedule::Action& a : schedule.per_rank.at(static_cast<std::size_t>(job.pipeline_rank)))
     if (a.is_compute() || a.is_send() || a.is_recv()) job.actions.push_back(a);
   job.channels = schedule::p2p_channels(schedule);

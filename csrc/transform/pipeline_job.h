@@ -43,6 +43,9 @@ struct PipelineJob {
   std::vector<JobGroup> groups;
 };
 
+// Whether any rank's action list of the plan's schedule splits a stage's backward into B and W.
+bool schedule_splits_backward(const plan::Plan& plan);
+
 // The job `rank` (of `world`) runs under a pipelined `plan`. Throws support::ValidationError
 // when the plan's stages hold another number of ranks than the job, when `rank` is outside it,
 // or when the schedule's lists cannot run on channels (p2p_channels.h).

@@ -76,6 +76,7 @@ class StageProgram:
     reads: dict             # leaf name -> the virtual stages of this rank that read it
     produced: dict          # value -> its placement on the stage sub-mesh (what crosses a cut is held so)
     shapes: dict            # value -> its whole shape
+    program_hash: str       # of the rank program cut (transform/job_program.h: the one the ranks agree on)
 
 
 def stage_io(rank_ir: str, input_names: list[str]) -> dict:
@@ -189,7 +190,7 @@ def stage_program(graph, builder, plan, sharded, mesh, pipeline_rank: int, input
     here = {x: sorted(g for g in gs if stage_ranks[g] == pipeline_rank) for x, gs in reads.items()}
     return StageProgram(mine, meta, owners, leaves, reduce, whole,
                         {n: leaves[n]["placement"] for n in input_names if n in leaves}, counter, counted, loss_dtype,
-                        {x: gs for x, gs in here.items() if gs}, produced, shapes)
+                        {x: gs for x, gs in here.items() if gs}, produced, shapes, program["hash"])
 
 
 def full_backward(tensors: list, grads: list) -> None:

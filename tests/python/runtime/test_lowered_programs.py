@@ -15,6 +15,8 @@ coordinates: ``FakeMesh``):
   (conftest.tight_cluster); each of the 4 ranks' programs;
 - pipelines of 2 stages: tensor 2 under 1F1B (each stage's sub-mesh sharded), and data 2
   under ZB-H1 (backward split into B and W, fused gradient accumulation); each rank's stage.
+Each rank's program lowered hashes as the one the job's ranks agree on (``_C.program_hash``,
+transform/job_program.h: the rank graph and every stage graph after its passes).
 A model without repeated layers has no pipeline plan: the plan is refused, as asserted.
 A model whose micro-batches would change what it computes (batch statistics, a loss not linear
 in the batch) runs its pipeline in one micro-batch.
@@ -81,6 +83,14 @@ def _compared(checked: list, where: str, module, rank_ir: str) -> None:
     checked.append({"where": where, **result})
 
 
+def _hashed(checked: list, where: str, lowered: str, graph, plan, rank: int) -> None:
+    """The hash of the program lowered (its rank graph and stage graphs, as the lowering read
+    them) against the one the ranks agree on (_C.program_hash: transform/job_program.h)."""
+    agreed = _C.program_hash(graph._core, plan.to_json(), rank)
+    checked.append({"where": f"{where} (hash)", "calls": 1, "collectives": 0,
+                    "mismatches": [] if lowered == agreed else [f"lowered {lowered}, agreed {agreed}"]})
+
+
 def _spmd_programs(c: Captured, checked: list) -> None:
     for mesh, options in SPMD_PLANS:
         plan = shardwise.Plan.search(c.graph, tight_cluster(c.graph, WORLD, zoo.BATCH, mesh), global_batch=zoo.BATCH,
@@ -90,6 +100,7 @@ def _spmd_programs(c: Captured, checked: list) -> None:
             module = lower._build_module(program, c.builder.sources, FakeMesh(mesh, rank), c.tensors, c.names,
                                          c.trainable, parameters={})
             _compared(checked, f"mesh {mesh} rank {rank}", module, program["rank_ir"])
+            _hashed(checked, f"mesh {mesh} rank {rank}", program["hash"], c.graph, plan, rank)
 
 
 def _pipeline_programs(spec, whole: Captured, micro: dict, options: dict, checked: list) -> None:
@@ -118,6 +129,7 @@ def _pipeline_programs(spec, whole: Captured, micro: dict, options: dict, checke
                                stage_ranks=job["stage_ranks"])
         for g, stage in stages.stages.items():
             _compared(checked, f"{options['schedule']} rank {rank} stage {g}", stage["module"], stage["rank_ir"])
+        _hashed(checked, f"{options['schedule']} rank {rank}", stages.program_hash, c.graph, plan, rank)
 
 
 @pytest.fixture(autouse=True)
