@@ -304,14 +304,14 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     # A pipeline plan, or one that accumulates gradients over micro-batches (the joint
     # planner's pipeline 1 with m > 1): captured there, at one micro-batch, run by the schedule.
     if plan is not None and not plan.sharding and (plan.pipeline > 1 or plan.num_micro_batches() > 1):
-        return _parallelize_pipeline(call.wrapper, call.named, call.binding, plan, call.batch, model, options)
+        return _parallelize_pipeline(call, plan, model, options)
 
     captured = _capture(model, call, verify)                                           # 1. capture
     if plan is None or not plan.sharding:                                              # 2. plan
         plan, joint = _spmd_plan(model, captured, plan, options, int(call.batch[0].shape[0]), mesh=mesh,
                                  precision=precision, zero=zero)
         if joint is not None:
-            return _parallelize_pipeline(call.wrapper, call.named, call.binding, joint, call.batch, model, options)
+            return _parallelize_pipeline(call, joint, model, options)
     job = _spmd_job(captured, plan, call)                                              # 3. job
     return Engine(model=model, wrapper=call.wrapper, binding=call.binding, plan=job.plan, mesh=job.mesh,  # 4. engine
                   first=job.first, parameters=job.parameters, tensors=captured.tensors,
@@ -515,8 +515,7 @@ def _loss_combination(wrapper: _Trainable, named: dict, graph, plan: Plan, m: in
     return _C.batch_coupling(graph._core)["loss"]
 
 
-def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBinding, plan: Plan, batch: list,
-                          model: torch.nn.Module, options: _Options):
+def _parallelize_pipeline(call: _Call, plan: Plan, model: torch.nn.Module, options: _Options):
     """A pipeline plan (Plan.manual with pipeline > 1, or pipeline 1 with several micro-batches:
     gradient accumulation on one stage): the graph captured at one micro-batch of the data
     axis (micro_batch x data rows), sharded over each stage's {data, tensor} sub-mesh as the
@@ -531,19 +530,17 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
     layout (stage_shardings); a value crossing between stages of different layouts goes whole
     and is cut to the receiver's placement (runtime/stage_links.py)."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    cluster, level = options.cluster, options.level
-    p, v, d, t = plan.pipeline, plan.virtual_stages, plan.data, plan.tensor
     # The job this rank runs: every pipeline rank's block of global ranks, sub-mesh and layout
     # number, this rank's block and place in it, the micro-batches, the schedule's placement of
     # the stages, this rank's action list, the channels and every group to make, in order: the
     # core's (transform/pipeline_job.h), which refuses a plan of another world size. (A stage's
     # first axis: the data ranks, or, with plan.context, the ranks splitting each row's sequence.)
     job = _C.pipeline_job(plan.to_json(), world, rank)
-    global_batch, mb = int(batch[0].shape[0]), int(plan.micro_batch)
-    rows = mb * d  # one micro-batch across the data axis
+    global_batch, mb = int(call.batch[0].shape[0]), int(plan.micro_batch)
+    rows = mb * plan.data  # one micro-batch across the data axis
     if plan.global_batch != global_batch or global_batch % rows:
         raise ValidationError(f"parallelize: the plan is for global batch {plan.global_batch} in micro-batches of "
-                              f"{mb} x data {d}; the example batch has {global_batch}")
+                              f"{mb} x data {plan.data}; the example batch has {global_batch}")
     m = job["micro_batches"]
     _refuse_compiled_split_backward(options.compile_options, plan, job["split_backward"])  # before any work
     if options.compile_options is not None and plan.fused_accumulation:
@@ -555,84 +552,111 @@ def _parallelize_pipeline(wrapper: _Trainable, named: dict, binding: BatchBindin
         log.info("parallelize: compile= runs the stages without fused weight-gradient accumulation (the compiled "
                  "backward accumulates them)")
     check_same_plan(plan, rank)
-    micro = map_tensors(named, lambda x: x.narrow(0, 0, rows))
-    graph, builder = _capture_with_sources(wrapper, micro, "export", 0, prefix="model.model.")
-    _warn_unknown_ops(graph)
-    combination = _loss_combination(wrapper, named, graph, plan, m, global_batch)
-    tensors, trainable = _model_tensors(model, builder)
-    compute = _compute_dtypes(wrapper, builder, tensors)
-    if should_verify(model, options.verify):
-        verify_capture(wrapper, micro, graph, builder, tensors, trainable, binding.names,
-                       dict(zip(binding.names, (x.narrow(0, 0, rows) for x in batch))), compute)
-    # Pipeline rank -> its block of ranks (plan.stage_groups: a heterogeneous cluster's stages on
-    # the devices that suit them; plan.stage_meshes: blocks of their own sizes; in order by default).
-    blocks, meshes = job["ranks"], job["meshes"]
-    pipeline_rank, local = job["pipeline_rank"], job["local"]
-    d, t = meshes[pipeline_rank]
-    size = d * t
-    sharded, mesh = None, None
-
+    micro = _Call(call.binding, map_tensors(call.named, lambda x: x.narrow(0, 0, rows)),
+                  [x.narrow(0, 0, rows) for x in call.batch], call.wrapper, call.policy)
+    captured = _capture(model, micro, options.verify)                        # 1. capture, one micro-batch
+    combination = _loss_combination(call.wrapper, call.named, captured.graph, plan, m, global_batch)
     # Detected here, on every rank together (Cluster.detect is collective under a process
     # group), not where a later step first needs it (the eval-mode layout's search).
-    detected = cluster or Cluster.detect()
-
-    def job_cluster():
-        if detected.world_size not in ((world, size) if not plan.stage_meshes else (world,)):
-            raise ValidationError(f"parallelize: the cluster has {detected.world_size} devices, the job {world} ranks")
-        return detected
-
-    def stage_cluster():  # what the eval-mode program's layout is searched on, if it needs its own
-        devices = job_cluster()
-        if plan.stage_meshes:
-            return devices.rank_range(blocks[pipeline_rank][0], size)
-        return devices if devices.world_size == size else devices.first_ranks(size)
-
-    if not plan.is_complete():
+    clusters = _PipelineClusters(options.cluster or Cluster.detect(), plan, job)
+    if not plan.is_complete():                                               # 2. plan
         # A plan given by its degrees: completed once with its stages' layout, searched on the
         # job's first d x t devices (every stage's sub-mesh is alike) as the joint planner
         # completes its plans (csrc/search/stage_layout.h). The engine's plan is the complete one.
-        devices = job_cluster()
+        devices = clusters.job()
         log.info("parallelize: the plan gives no layout for its stages' sub-meshes %s: searching it once "
-                 "(the engine's plan holds it: save that one to run it without a search)", meshes)
-        plan = planned_once(lambda given=plan: given.complete(graph, devices, level=level), graph,
-                            repr((devices.to_json(), plan.to_json(), level)))
-        # (the layouts are the complete plan's: the job again)
-        job = _C.pipeline_job(plan.to_json(), world, rank)
-    if not plan.stage_meshes and size > 1:  # every stage alike: torch's DeviceMesh, pipeline x sub-mesh
-        mesh = _Mesh([d, t], local, pipeline=p)
+                 "(the engine's plan holds it: save that one to run it without a search)", job["meshes"])
+        plan = planned_once(lambda given=plan: given.complete(captured.graph, devices, level=options.level),
+                            captured.graph, repr((devices.to_json(), plan.to_json(), options.level)))
+        job = _C.pipeline_job(plan.to_json(), world, rank)  # (the layouts are the complete plan's)
+    stages = _pipeline_stages(captured, plan, job, call.binding.names)      # 3. job
+    first, plan = stages.first, stages.plan
+    log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank,
+             sorted(first.stages), plan.pipeline * plan.virtual_stages, m, rows, plan.schedule,
+             job["meshes"][job["pipeline_rank"]])
+    return PipelineEngine(model=model, wrapper=call.wrapper, binding=call.binding, plan=plan, first=first,  # 4. engine
+                          actions=job["actions"], micro_batch=rows, num_micro_batches=m,
+                          shapes=tuple(tuple(x.shape) for x in call.batch), parameters=stages.parameters,
+                          tensors=captured.tensors, trainable=captured.trainable, shared=stages.shared,
+                          links=stages.links, mesh=stages.mesh, sharding=stages.sharded,
+                          recapture=_recapture(call.wrapper, clusters.stage, options.level, plan.precision,
+                                               state_dtype=plan.state_dtype,
+                                               compile=options.compile_options is not None),
+                          kept=keep_state(model, set(first.owners)),
+                          policy=options.policy, compute_dtypes=captured.compute, stage_ranks=job["stage_ranks"],
+                          loss_combination=combination, compile_options=options.compile_options)
+
+
+class _PipelineClusters:
+    """The devices a pipeline job's layouts are searched on: the job's (a plan's completion),
+    and its stage's (the eval-mode program's layout, should it need its own)."""
+
+    def __init__(self, detected, plan: Plan, job: dict):
+        self._detected, self._stage_meshes = detected, bool(plan.stage_meshes)
+        self._first = job["ranks"][job["pipeline_rank"]][0]
+        d, t = job["meshes"][job["pipeline_rank"]]
+        self._size, self._world = d * t, dist.get_world_size()
+
+    def job(self):
+        sizes = (self._world,) if self._stage_meshes else (self._world, self._size)
+        if self._detected.world_size not in sizes:
+            raise ValidationError(f"parallelize: the cluster has {self._detected.world_size} devices, the job "
+                                  f"{self._world} ranks")
+        return self._detected
+
+    def stage(self):
+        devices = self.job()
+        if self._stage_meshes:
+            return devices.rank_range(self._first, self._size)
+        return devices if devices.world_size == self._size else devices.first_ranks(self._size)
+
+
+@dataclass
+class _PipelineStages:
+    """What this rank runs of a complete pipelined plan: the plan (its programs' hash recorded),
+    its stage's sub-mesh (None: one rank) and layout, the links between stages, its stages'
+    program, the groups summing the leaves several pipeline ranks read, its parameters."""
+
+    plan: Plan
+    mesh: _Mesh | None
+    sharded: Plan | None
+    links: StageLinks
+    first: Any
+    shared: list
+    parameters: dict
+
+
+def _pipeline_stages(captured: _Captured, plan: Plan, job: dict, input_names: list[str]) -> _PipelineStages:
+    """The job's groups made (every rank, in the core's order), the plan and every rank's
+    program agreed on in one gather (check_same_job), and this rank's stages lowered."""
+    rank = dist.get_rank()
+    blocks, meshes = job["ranks"], job["meshes"]
+    pipeline_rank, local = job["pipeline_rank"], job["local"]
+    d, t = meshes[pipeline_rank]
+    sharded, mesh = None, None
+    if not plan.stage_meshes and d * t > 1:  # every stage alike: torch's DeviceMesh, pipeline x sub-mesh
+        mesh = _Mesh([d, t], local, pipeline=plan.pipeline)
     # Every other group, on every rank in the core's order (the sub-meshes of stages of their own
     # sizes, then the schedule's channels, which the core proved its lists receive in their
     # senders' order and cannot hang where receives meet sends by order: NCCL).
     made = make_groups(job["groups"])
-    if size > 1:
+    if d * t > 1:
         sharded = plan.stage_plan(pipeline_rank) if plan.stage_meshes else plan.stage_plan()
-        _check_made_for(sharded.sharding, graph, binding.names)
+        _check_made_for(sharded.sharding, captured.graph, input_names)
         if plan.stage_meshes:
             mesh = _Mesh([d, t], local, made=made)
-    # Stages of one layout number exchange by coordinate (runtime/stage_links.py).
+    # Stages of one layout number exchange by coordinate (runtime/stage_links.py); the
+    # schedule's peers are pipeline ranks (which of their ranks: StageLinks).
     links = StageLinks(blocks, job["layouts"], pipeline_rank, local, mesh, made=made)
-    plan = check_same_job(plan, graph, rank)  # (the complete plan's hash, and its rank programs')
+    plan = check_same_job(plan, captured.graph, rank)  # (the complete plan's hash, and its rank programs')
     parameters: dict[str, torch.Tensor] = {}
-    # The schedule's peers are pipeline ranks (runtime/stage_links.py: which of their ranks).
-    actions = job["actions"]  # (kind, micro-batch, stage, peer)
-    first = stage_program(graph, builder, plan, sharded, mesh, pipeline_rank, binding.names, tensors, trainable,
-                          parameters, m, compute_dtypes=compute, split_backward=job["split_backward"],
+    first = stage_program(captured.graph, captured.builder, plan, sharded, mesh, pipeline_rank, input_names,
+                          captured.tensors, captured.trainable, parameters, job["micro_batches"],
+                          compute_dtypes=captured.compute, split_backward=job["split_backward"],
                           stage_ranks=job["stage_ranks"])
     # Each leaf several pipeline ranks read: its gradient summed over them (by coordinate where
     # their layouts agree, whole where they differ), every group made on every rank in the
     # core's order (transform/job_groups.h).
     shared = [(spec["leaf"], group, spec["whole"]) for spec, group in make_groups(
-        _C.shared_leaf_groups(blocks, meshes, job["layouts"],
-                              {x: sorted(o) for x, o in first.owners.items()}))]
-    log.info("rank %d: pipeline stages %s of %d, %d micro-batches of %d rows, %s, sub-mesh %s", rank,
-             sorted(first.stages), p * v, m, rows, plan.schedule, [d, t])
-    return PipelineEngine(model=model, wrapper=wrapper, binding=binding, plan=plan, first=first, actions=actions,
-                          micro_batch=rows, num_micro_batches=m, shapes=tuple(tuple(x.shape) for x in batch),
-                          parameters=parameters, tensors=tensors, trainable=trainable, shared=shared,
-                          links=links, mesh=mesh, sharding=sharded,
-                          recapture=_recapture(wrapper, stage_cluster, level, plan.precision,
-                                               state_dtype=plan.state_dtype,
-                                               compile=options.compile_options is not None),
-                          kept=keep_state(model, set(first.owners)),
-                          policy=options.policy, compute_dtypes=compute, stage_ranks=job["stage_ranks"],
-                          loss_combination=combination, compile_options=options.compile_options)
+        _C.shared_leaf_groups(blocks, meshes, job["layouts"], {x: sorted(o) for x, o in first.owners.items()}))]
+    return _PipelineStages(plan, mesh, sharded, links, first, shared, parameters)

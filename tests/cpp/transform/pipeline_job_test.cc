@@ -12,6 +12,17 @@ namespace {
 
 using Ranks = std::vector<int>;
 
+// A plan by its degrees: `pipeline` stages of `data` ranks, micro-batches of `micro` rows per
+// data rank.
+plan::Plan degrees(int pipeline, int data, int global_batch, int micro) {
+  plan::Plan p;
+  p.pipeline = pipeline;
+  p.data = data;
+  p.global_batch = global_batch;
+  p.micro_batch = micro;
+  return p;
+}
+
 std::string codes(const std::vector<schedule::Action>& actions) {
   std::string out;
   for (const schedule::Action& a : actions)
@@ -26,12 +37,7 @@ std::string codes(const std::vector<schedule::Action>& actions) {
 // 1 -> 0, a two-rank group per coordinate of each. No sub-mesh groups: one shape, torch's
 // DeviceMesh makes them.
 TEST(PipelineJob, OneFOneBOnTwoStagesOfDataTwo) {
-  plan::Plan p;
-  p.pipeline = 2;
-  p.data = 2;
-  p.global_batch = 8;
-  p.micro_batch = 1;
-  const PipelineJob job = make_pipeline_job(p, 4, 3);
+  const PipelineJob job = make_pipeline_job(degrees(2, 2, 8, 1), 4, 3);
   EXPECT_EQ(job.blocks.ranks, (std::vector<Ranks>{{0, 1}, {2, 3}}));
   EXPECT_EQ(job.pipeline_rank, 1);
   EXPECT_EQ(job.local, 1);
@@ -54,11 +60,8 @@ TEST(PipelineJob, OneFOneBOnTwoStagesOfDataTwo) {
 // then the channels': activations from the one rank to each of the block's two, gradients
 // back from the block's rank serving receiver 0 (0 mod 2: rank 1) alone.
 TEST(PipelineJob, StageMeshesMakeTheirSubMeshGroupsBeforeTheChannels) {
-  plan::Plan p;
-  p.pipeline = 2;
+  plan::Plan p = degrees(2, 1, 4, 2);
   p.stage_meshes = {{1, 1}, {2, 1}};
-  p.global_batch = 4;
-  p.micro_batch = 2;
   const PipelineJob job = make_pipeline_job(p, 3, 0);
   EXPECT_EQ(job.pipeline_rank, 0);
   EXPECT_EQ(job.local, 0);
@@ -78,23 +81,16 @@ TEST(PipelineJob, StageMeshesMakeTheirSubMeshGroupsBeforeTheChannels) {
 
 // ZB-V: two chunks per rank in a V (stage 3 on rank 0), backward split into B and W.
 TEST(PipelineJob, ZeroBubbleVPlacesItsStagesInAVAndSplitsBackward) {
-  plan::Plan p;
-  p.pipeline = 2;
+  plan::Plan p = degrees(2, 1, 4, 1);
   p.virtual_stages = 2;
   p.schedule = plan::Schedule::ZeroBubbleV;
-  p.global_batch = 4;
-  p.micro_batch = 1;
   const PipelineJob job = make_pipeline_job(p, 2, 0);
   EXPECT_EQ(job.stage_ranks, (Ranks{0, 1, 1, 0}));
   EXPECT_TRUE(job.split_backward);
 }
 
 TEST(PipelineJob, AJobOfAnotherSizeOrARankOutsideItIsRefused) {
-  plan::Plan p;
-  p.pipeline = 2;
-  p.data = 2;
-  p.global_batch = 4;
-  p.micro_batch = 1;
+  const plan::Plan p = degrees(2, 2, 4, 1);
   try {
     make_pipeline_job(p, 3, 0);
     FAIL() << "a plan of 4 ranks ran on 3";
