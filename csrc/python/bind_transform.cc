@@ -403,7 +403,8 @@ void bind_transform(py::module_& m) {
   m.def("pipeline_stages", &pipeline_stages,
         py::arg("graph"), py::arg("stages"), py::arg("layers_per_stage") = std::vector<int>{},
         "Contiguous pipeline stages of a graph (csrc/search/stage_assignment.h: balanced by forward FLOPs, or the "
-        "given layers per stage): {nodes, stage_of_node, stage_cost}. rank_program cuts by stage_of_node.");
+        "given layers per stage): {nodes, stage_of_node, stage_cost}, the assignment rank_program makes itself "
+        "when it cuts.");
   m.def("axis_groups", &transform::mesh_axis_groups,
         py::arg("mesh"), "Every axis' groups of mesh ranks (transform/job_groups.h: mesh_axis_groups), in creation order.");
   // A pipeline job (transform/pipeline_job.h) and the groups it makes beyond the DeviceMesh's
@@ -466,7 +467,8 @@ void bind_transform(py::module_& m) {
         "(analysis/fp8_linears.h) marked with their amax axes where the plan's precision is fp8, or where fp8=True "
         "for a replicated program; micro_batches: the step's (a counted mean's share of the step's count); "
         "stages > 0: also the program cut into that many pipeline stages (search/stage_assignment.h: the "
-        "layers_per_stage given, else balanced by forward FLOPs; transform/stage_rank_graph.h), printed, as stage_rank_irs, after the stage passes (transform/rank_passes.h: "
+        "layers_per_stage given, else balanced by forward FLOPs; transform/stage_rank_graph.h), printed, as "
+        "stage_rank_irs, after the stage passes (transform/rank_passes.h: "
         "split_backward, a schedule's B/W split; fused_accumulation, the plan's), their marks on its nodes; hash: "
         "the program's (transform/job_program.h), as program_hash gives it for the plan's own program.");
   m.def(
