@@ -45,9 +45,7 @@ Simulation simulate_schedule(const std::string& name, int stages, int micro_batc
   Simulation s;
   s.schedule = make_schedule(name, stages, micro_batches, virtual_stages, k);
   const int v = s.schedule.virtual_stages;
-  bool split = false;
-  for (const auto& list : s.schedule.per_rank)
-    for (const schedule::Action& a : list) split = split || a.kind == schedule::ActionKind::WeightGradient;
+  const bool split = s.schedule.splits_backward();
   const auto n = static_cast<std::size_t>(s.schedule.total_stages());
   schedule::SimulationCosts costs;
   costs.forward.assign(n, forward / v);

@@ -319,17 +319,18 @@ py::dict rank_program_dict(const ir::Graph& graph, const std::string& plan_json,
         "csrc/analysis/fp8_linears.h); plan it in the model's precision");
   py::dict out;
   out["mesh"] = program.mesh;
-  out["rank_ir"] = ir::print_graph(rank_ir.graph);  // the same program in the IR (rank_graph.h)
+  const std::string printed = ir::print_graph(rank_ir.graph);
+  out["rank_ir"] = printed;  // the same program in the IR (rank_graph.h)
   // A pipelined program: each stage's part of it (transform/stage_rank_graph.h: the stage of
   // every node the assignment the planner priced, search/stage_assignment.h) after the stage
   // passes (rank_passes.h), printed. The passes' marks are on its nodes (where backward splits
   // into B and W, and the weight values sent: transform/weight_gradient_split.h; the calls that
   // accumulate their weight gradient in place: transform/fused_weight_accumulation.h), which the
   // lowering reads as it walks each stage's IR.
-  py::list stage_irs;
-  for (const ir::Graph& stage : made.stages) stage_irs.append(ir::print_graph(stage));
+  std::vector<std::string> stage_irs;
+  for (const ir::Graph& stage : made.stages) stage_irs.push_back(ir::print_graph(stage));
   out["stage_rank_irs"] = stage_irs;
-  out["hash"] = transform::hex_hash(transform::program_hash(made));  // (as program_hash hashes it)
+  out["hash"] = transform::hex_hash(transform::printed_program_hash(printed, stage_irs));  // (program_hash's)
   out["rank"] = program.rank;
   out["whole"] = rank_ir.whole;  // the nodes run whole (their calls marked shardwise.whole)
   out["leaves"] = leaves;

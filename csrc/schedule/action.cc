@@ -27,6 +27,13 @@ std::string to_string(const Action& a) {
   return std::string(code);
 }
 
+bool PipelineSchedule::splits_backward() const {
+  for (const auto& list : per_rank)
+    for (const Action& a : list)
+      if (a.kind == ActionKind::WeightGradient) return true;
+  return false;
+}
+
 std::string to_string(const std::vector<Action>& actions) {
   std::string out;
   for (const auto& a : actions) {

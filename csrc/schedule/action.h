@@ -86,6 +86,8 @@ struct PipelineSchedule {
   int rank_of_stage(int stage) const {
     return v_shape ? (stage < ranks ? stage : 2 * ranks - 1 - stage) : stage % ranks;
   }
+  // Whether any rank's list splits a stage's backward into B and W (has a WeightGradient).
+  bool splits_backward() const;
 };
 
 // Space-separated text of one rank's actions, e.g. "F0@s0 F1@s0 B0@s0 ...".

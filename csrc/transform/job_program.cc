@@ -62,10 +62,16 @@ RankProgramGraphs job_program(const ir::Graph& graph, const plan::Plan& plan, in
   return build_rank_program(graph, sharding, local, options, cut);
 }
 
-std::uint64_t program_hash(const RankProgramGraphs& program) {
-  std::uint64_t h = support::fnv1a64(ir::print_graph(program.rank.graph));
-  for (const ir::Graph& stage : program.stages) h = support::fnv1a64(ir::print_graph(stage), h);
+std::uint64_t printed_program_hash(const std::string& rank_graph, const std::vector<std::string>& stages) {
+  std::uint64_t h = support::fnv1a64(rank_graph);
+  for (const std::string& stage : stages) h = support::fnv1a64(stage, h);
   return h;
+}
+
+std::uint64_t program_hash(const RankProgramGraphs& program) {
+  std::vector<std::string> stages;
+  for (const ir::Graph& stage : program.stages) stages.push_back(ir::print_graph(stage));
+  return printed_program_hash(ir::print_graph(program.rank.graph), stages);
 }
 
 std::string hex_hash(std::uint64_t hash) { return fmt::format("{:016x}", hash); }

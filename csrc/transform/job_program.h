@@ -57,8 +57,10 @@ RankProgramGraphs build_rank_program(const ir::Graph& graph, const plan::Shardin
 // pipelined plan whose stages need a layout it does not carry.
 RankProgramGraphs job_program(const ir::Graph& graph, const plan::Plan& plan, int rank);
 
-// FNV-1a 64 of the printed rank graph, continued over each stage's printed graph in order.
+// FNV-1a 64 of the printed rank graph, continued over each stage's printed graph in order
+// (printed_program_hash: of texts printed already, as the runtime's rank_program has them).
 std::uint64_t program_hash(const RankProgramGraphs& program);
+std::uint64_t printed_program_hash(const std::string& rank_graph, const std::vector<std::string>& stages);
 
 // Every rank's program hash under a complete plan, combined in rank order (plan.h's
 // `programs`): ranks that run alike programs (a pipeline's stages of one layout, at one place

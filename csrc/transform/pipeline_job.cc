@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <string>
 
@@ -27,16 +26,9 @@ std::string stage_sizes(const plan::Plan& plan, const PipelineBlocks& blocks) {
   return sizes + fmt::format(" x tensor {}", plan.tensor);
 }
 
-bool splits(const schedule::PipelineSchedule& schedule) {
-  for (const auto& list : schedule.per_rank)
-    for (const schedule::Action& a : list)
-      if (a.kind == schedule::ActionKind::WeightGradient) return true;
-  return false;
-}
-
 }  // namespace
 
-bool schedule_splits_backward(const plan::Plan& plan) { return splits(cost::pipeline_schedule(plan)); }
+bool schedule_splits_backward(const plan::Plan& plan) { return cost::pipeline_schedule(plan).splits_backward(); }
 
 PipelineJob make_pipeline_job(const plan::Plan& plan, int world, int rank) {
   PipelineJob job;
@@ -48,19 +40,14 @@ PipelineJob make_pipeline_job(const plan::Plan& plan, int world, int rank) {
                                                stage_sizes(plan, job.blocks), ranks, world));
   if (rank < 0 || rank >= world)
     throw support::ValidationError(fmt::format("parallelize: rank {} of a job of {}", rank, world));
-  for (std::size_t q = 0; q < job.blocks.ranks.size(); ++q) {
-    const auto& block = job.blocks.ranks[q];
-    if (auto at = std::find(block.begin(), block.end(), rank); at != block.end()) {
-      job.pipeline_rank = static_cast<int>(q);
-      job.local = static_cast<int>(at - block.begin());
-    }
-  }
+  job.pipeline_rank = plan.stage_of_rank(rank);  // (its block is plan.stage_ranks: from its first rank)
+  job.local = rank - plan.stage_first_rank(job.pipeline_rank);
   job.micro_batches = static_cast<int>(plan.num_micro_batches());
 
   // The schedule the planner priced (one dispatch: cost::pipeline_schedule).
   const schedule::PipelineSchedule schedule = cost::pipeline_schedule(plan);
   for (int g = 0; g < schedule.total_stages(); ++g) job.stage_ranks.push_back(schedule.rank_of_stage(g));
-  job.split_backward = splits(schedule);
+  job.split_backward = schedule.splits_backward();
   for (const schedule::Action& a : schedule.per_rank.at(static_cast<std::size_t>(job.pipeline_rank)))
     if (a.is_compute() || a.is_send() || a.is_recv()) job.actions.push_back(a);
   job.channels = schedule::p2p_channels(schedule);
