@@ -39,6 +39,10 @@ common=(-G Ninja -DSHARDWISE_BUILD_PYTHON=OFF "-DCMAKE_CXX_COMPILER=$CLANG" -DCM
 # Every report fails, leaks included; UBSan prints a stack (its fatality is compiled in).
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# ccache and the precompiled headers (SHARDWISE_PCH, CMakeLists.txt): a compile that reads one is
+# cached only when ccache may ignore the header's defines and timestamps, and the file times of
+# a fresh clone's headers.
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 
 start=$SECONDS
 # One tree: the core compiled once with ASan, UBSan and libFuzzer's coverage instrumentation,
