@@ -44,6 +44,7 @@ picks one and builds it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import warnings
@@ -64,7 +65,8 @@ from .plan import Plan, micro_batch_fallback
 from .runtime.batch import TARGET, BatchBinding, call_arguments, map_tensors
 from .runtime.compiled import compile_options
 from .runtime.counted import Counter
-from .runtime.engine_base import CollectiveError, Recapture, check_same_job, check_same_plan, planned_once
+from .runtime.engine_base import (CollectiveError, Recapture, check_same_job, check_same_plan, once_on_rank_zero,
+                                  planned_once)
 from .runtime.groups import make_groups
 from .runtime.lower import _build_module, _rank_program
 from .runtime.mesh import _Mesh
@@ -373,8 +375,12 @@ def _capture(model: torch.nn.Module, call: _Call, verify: bool | str) -> _Captur
     compute = _compute_dtypes(call.wrapper, builder, tensors)
     if should_verify(model, verify):
         names = call.binding.names
-        verify_capture(call.wrapper, call.named, graph, builder, tensors, trainable, names,
-                       dict(zip(names, call.batch)), compute)
+        # On rank 0 alone where every rank captured the same program (its IR, shapes and dtypes
+        # included): the check is of the capture against the model's code, the same on every
+        # rank; ranks sharing a machine's cores each ran it before.
+        asked = "verify the capture " + hashlib.sha256(str(graph._core).encode()).hexdigest()
+        once_on_rank_zero(lambda: verify_capture(call.wrapper, call.named, graph, builder, tensors, trainable, names,
+                                                 dict(zip(names, call.batch)), compute), graph, asked)
     return _Captured(graph, builder, tensors, trainable, compute)
 
 

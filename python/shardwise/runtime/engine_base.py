@@ -126,29 +126,25 @@ class Recapture:
     at_batch: Callable[[Any, int], Any]
 
 
-def planned_once(choose: Callable[[], Any], graph, asked: str) -> Any:
-    """``choose()`` (a search, a plan's completion: whatever makes the job's plans) run on rank
-    0 alone, its result broadcast to every rank, when every rank asks the same of it: `asked`
-    names all that choose() reads besides `graph` (the cluster, the options, a given plan), and
-    it is compared across the ranks with the graph's fingerprint first. The search is
-    deterministic, so each rank would find the same plans; where the ranks share a machine's
-    cores (CPU processes), the others' searches only took rank 0's cores. Plans (or a tuple of
-    plans and None) travel pickled without their graph, which each rank's own capture takes back
-    for report(). An error on rank 0 is raised on every rank, of its type, with its message (no
-    rank waits for a plan that never comes). Ranks that ask different things each run choose()
-    themselves, as before, and the plans' hash check that follows names the ranks that differ.
-    Collective over the default group."""
+def once_on_rank_zero(make: Callable[[], Any], graph, asked: str) -> Any:
+    """``make()`` run on rank 0 alone, its result broadcast to every rank, when every rank asks
+    the same of it: `asked` names all that make() reads besides `graph`, and it is compared across
+    the ranks with the graph's fingerprint first. Where the ranks share a machine's cores (CPU
+    processes), the others' runs of a deterministic make() only took rank 0's cores. An error on
+    rank 0 is raised on every rank, of its type, with its message (no rank waits for a result
+    that never comes). Ranks that ask different things each run make() themselves. Collective
+    over the default group."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return choose()
+        return make()
     digest = hashlib.sha256(f"{graph._core.fingerprint()}\n{asked}".encode()).hexdigest()
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, digest)
     if any(d != everyone[0] for d in everyone):
-        return choose()
+        return make()
     box: list = [None]
     if dist.get_rank() == 0:
         try:
-            box[0] = ("made", choose())
+            box[0] = ("made", make())
         except Exception as e:  # every rank raises it below
             box[0] = ("refused", type(e), str(e))
     dist.broadcast_object_list(box, src=0)
@@ -159,7 +155,17 @@ def planned_once(choose: Callable[[], Any], graph, asked: str) -> Any:
         except Exception:  # a type that is not made from its message alone
             error = RuntimeError(f"{kind.__name__}: {message}")
         raise error
-    made = box[0][1]
+    return box[0][1]
+
+
+def planned_once(choose: Callable[[], Any], graph, asked: str) -> Any:
+    """``choose()`` (a search, a plan's completion: whatever makes the job's plans) run on rank
+    0 alone and broadcast where every rank asks the same search (once_on_rank_zero): the search
+    is deterministic, so each rank would find the same plans. Plans (or a tuple of plans and
+    None) travel pickled without their graph, which each rank's own capture takes back for
+    report(). Ranks that ask different things each search, as before, and the plans' hash check
+    that follows names the ranks that differ."""
+    made = once_on_rank_zero(choose, graph, asked)
     for plan in made if isinstance(made, tuple) else (made,):
         if plan is not None and plan.__dict__.get("_graph") is None:
             plan._graph = graph

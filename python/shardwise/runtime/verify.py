@@ -13,9 +13,11 @@ Both run on copies of the parameters and buffers (the user's model is left as it
 norm's running statistics included), from the same generator state (dropout draws the same
 masks). A failure raises CaptureError naming the parameter, the loss and the figures.
 
-The check runs a forward and backward of the whole model on the global batch on every rank,
-so ``parallelize`` runs it only for models whose parameters take less than
-``_VERIFY_BYTES`` (and never on the meta device); ``verify=True`` / ``False`` decides.
+The check runs a forward and backward of the whole model on the global batch, on rank 0 alone
+where every rank captured the same program (``engine._capture``: the check is of the capture
+against the model's code, and its error is raised on every rank), so ``parallelize`` runs it
+only for models whose parameters take less than ``_VERIFY_BYTES`` (and never on the meta
+device); ``verify=True`` / ``False`` decides. It leaves the random generators as they were.
 """
 from __future__ import annotations
 
@@ -60,7 +62,11 @@ def verify_capture(wrapper: torch.nn.Module, named: dict, graph, builder, tensor
     eager_state = {}
     for name, t in [*wrapper.named_parameters(), *wrapper.named_buffers()]:  # tied weights under their first name
         eager_state[name] = t.detach().clone().requires_grad_(t.requires_grad)
-    seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
+    # The seed from the generator without advancing it: parallelize draws nothing a run on one
+    # device would not, and rank 0 alone runs this check where the ranks captured one program
+    # (engine._capture), whose generators must stay equal for a mask drawn whole on each rank.
+    with torch.random.fork_rng(devices=[]):
+        seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
     # A mixture of experts' experts run eagerly as the capture took them: shardwise_moe::experts,
     # transformers' eager loop over the experts (_moe_experts.py; its own grouped matmul, the
     # default, has no float64 kernel on the CPU).

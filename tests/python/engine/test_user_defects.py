@@ -188,17 +188,47 @@ def _scenario_pipeline_loss(rank, world, dtype):
 
 
 def _scenario_unverified_capture(rank, world):
-    """Capture with its writes left as they were (the defect): parallelize must refuse."""
+    """Capture with its writes left as they were (the defect): parallelize must refuse, on every
+    rank; the ranks, which captured one program, check it once (rank 0's run)."""
     import sys
 
+    import torch.distributed as dist
+
+    engine_module = sys.modules["shardwise.engine"]
+    checks, check = [], engine_module.verify_capture
+    engine_module.verify_capture = lambda *a, **k: checks.append(1) or check(*a, **k)
     sys.modules["shardwise.capture"].functionalize = lambda graph, constants=(): 0
     torch.manual_seed(0)
     x, y = torch.randn(8, 8, dtype=torch.float64), torch.randint(0, 3, (8,))
+    error = None
     try:
         shardwise.parallelize(WritesIntoABuffer().double(), (x, y))
     except shardwise.CaptureError as e:
-        return {"error": str(e)}
-    return {"error": None}
+        error = str(e)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, {"error": error, "checks": len(checks)})
+    return {"error": error, "ranks": everyone}
+
+
+def _scenario_verified_once(rank, world):
+    """A capture that holds: checked on rank 0 alone, and no rank's generator moved by it."""
+    import sys
+
+    import torch.distributed as dist
+
+    engine_module = sys.modules["shardwise.engine"]
+    checks, check = [], engine_module.verify_capture
+    engine_module.verify_capture = lambda *a, **k: checks.append(check(*a, **k))
+    torch.manual_seed(0)
+    model = WritesIntoABuffer().double()
+    x, y = torch.randn(8, 8, dtype=torch.float64), torch.randint(0, 3, (8,))
+    before = torch.get_rng_state()
+    shardwise.parallelize(model, (x, y))
+    moved = not torch.equal(before, torch.get_rng_state())
+    everyone = [None] * world
+    dist.all_gather_object(everyone, {"checks": len(checks), "moved": moved,
+                                      "state": hash(torch.get_rng_state().numpy().tobytes())})
+    return {"ranks": everyone}
 
 
 def _scenario_shapes(rank, world, mesh):
@@ -446,11 +476,25 @@ def test_positional_labels_bind_as_python_binds_them_and_the_error_says_how_to_p
     assert r["error"] and "labels=" in r["error"], r
 
 
-def test_a_capture_that_drops_a_write_is_refused_before_training():
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_capture_that_drops_a_write_is_refused_before_training(world):
     # The check of parallelize (runtime/verify.py): the captured program run whole against the
-    # eager model. With capture's writes dropped (as before the fix), it names what differs.
-    r = _spawn(1, "unverified_capture")
+    # eager model. With capture's writes dropped (as before the fix), it names what differs, on
+    # every rank, though rank 0 alone ran the check (every rank captured the same program).
+    r = _spawn(world, "unverified_capture")
     assert r["error"] and "captured program" in r["error"], r
+    assert [e["error"] for e in r["ranks"]] == [r["error"]] * world, r
+    assert [e["checks"] for e in r["ranks"]] == [1] + [0] * (world - 1), r
+
+
+def test_the_capture_is_checked_on_rank_zero_alone_and_moves_no_generator():
+    # Before: each rank ran the check (a forward and backward of the whole model at the global
+    # batch: the ranks of a CPU job share its cores) and drew its seed from the generator. With
+    # rank 0 alone drawing, rank 0's dropout masks would differ from the other ranks'.
+    r = _spawn(2, "verified_once")
+    assert [e["checks"] for e in r["ranks"]] == [1, 0], r
+    assert not any(e["moved"] for e in r["ranks"]), r
+    assert r["ranks"][0]["state"] == r["ranks"][1]["state"], r
 
 
 @pytest.mark.parametrize("mesh", [(2, 1), (1, 2)])
