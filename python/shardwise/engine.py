@@ -262,8 +262,9 @@ def parallelize(model: torch.nn.Module, example_inputs: Any = (), loss_fn: Calla
     SHARDWISE_PLAN, or None (the search on ``cluster``, default ``Cluster.detect()``, at
     ``level``, on the {data, tensor} ``mesh`` when given). ``static``: refuse batches of other
     shapes instead of capturing them again. ``verify``: run the captured program whole once
-    against the eager model before anything else (runtime/verify.py; "auto": for models under
-    256 MiB of parameters, not on the meta device). ``mixed_precision``: FSDP2's
+    against the eager model before anything else, on rank 0 where every rank captured the same
+    program (runtime/verify.py; "auto": for models under 256 MiB of parameters, not on the meta
+    device). ``mixed_precision``: FSDP2's
     ``MixedPrecisionPolicy`` (or a dict of its fields): compute in ``param_dtype`` on master
     weights of the model's dtype, reduce gradients in ``reduce_dtype`` (runtime/precision.py).
     ``precision``: what the search prices the plan in ("f32", "tf32", "bf16", "f16"), or "fp8",
