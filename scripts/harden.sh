@@ -8,7 +8,7 @@
 #   2. the libFuzzer targets of tests/fuzz (plan, cluster, profile and graph JSON readers, the
 #      IR text parser), built in the same tree (the core compiled once, with libFuzzer's
 #      coverage instrumentation as well: SHARDWISE_FUZZ), each run for SHARDWISE_FUZZ_SECONDS
-#      (default 30) over a scratch copy of its seed corpus tests/fuzz/corpus/<target> (the
+#      (default 20) over a scratch copy of its seed corpus tests/fuzz/corpus/<target> (the
 #      checked-in corpus is never grown); their runs and findings go to build/fuzz.
 # Exits non-zero on any failing test or fuzz finding (crash, sanitizer report, uncaught
 # exception, broken round trip, timeout > 10 s per input, memory > 2 GB). A finding's input
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 
 CLANG=${CLANG:-clang++-19}
 JOBS=${SHARDWISE_JOBS:-2}
-FUZZ_SECONDS=${SHARDWISE_FUZZ_SECONDS:-30}
+FUZZ_SECONDS=${SHARDWISE_FUZZ_SECONDS:-20}
 TARGETS=(plan_json cluster_json profile_json graph_json ir_text)
 
 if ! command -v "$CLANG" >/dev/null 2>&1; then

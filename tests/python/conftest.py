@@ -121,9 +121,8 @@ def memory_between(graph, world: int, fraction: float, **search):
     """A CPU cluster of `world` ranks without per-call overhead whose memory for plans is
     `fraction` of the way from the least a plan of `search`'s options (shardwise.plan's keywords)
     needs to what the replicated one needs, as the cost model predicts them."""
-    import torch.distributed as dist
-
     import shardwise
+    from shardwise.runtime.engine_base import once_on_rank_zero
 
     cluster = without_call_overhead(shardwise.Cluster.preset("cpu", world))
 
@@ -132,23 +131,20 @@ def memory_between(graph, world: int, fraction: float, **search):
         least = shardwise.plan(graph, with_memory(cluster, 1), **search).predicted_memory()[0]
         return least * (1 - fraction) + replicated * fraction  # 0.5: exactly (least + replicated) / 2
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        # The ranks of a test ask it of one graph: rank 0's two searches serve them all (the
-        # ranks of a CPU job share its cores).
-        box = [usable() if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        memory = box[0]
-    else:
-        memory = usable()
+    # The ranks of a test that ask it of one graph: rank 0's two searches serve them all (the
+    # ranks of a CPU job share its cores).
+    memory = once_on_rank_zero(usable, graph, f"memory_between {world} {fraction} {sorted(search.items())}")
     return with_memory(cluster, memory / shardwise._C.MEMORY_FRACTION)  # what plans may use
 
 
 def tight_plan(graph, world: int, rows: int, mesh: tuple[int, int]):
     """The search's plan for `graph` on ``tight_cluster``: weights sharded on the tensor axis."""
     import shardwise
+    from shardwise.runtime.engine_base import planned_once
 
-    return shardwise.plan(graph, tight_cluster(graph, world, rows, mesh), global_batch=rows, mesh=mesh,
-                          precision=TIGHT_PRECISION, zero=False)
+    cluster = tight_cluster(graph, world, rows, mesh)
+    return planned_once(lambda: shardwise.plan(graph, cluster, global_batch=rows, mesh=mesh, precision=TIGHT_PRECISION,
+                                               zero=False), graph, f"tight_plan {world} {rows} {mesh}")
 
 
 def zero3_plan(plan, model, world: int, precision: str | None = None):
