@@ -121,6 +121,13 @@ struct OpTime {
   double forward = 0;   // seconds
   double backward = 0;  // seconds
   bool contraction = false;  // priced on the matmul curve (for reports)
+  // Seconds the node adds to a step beyond `forward` and `backward` when it runs inside a block
+  // recomputed under the selective policy (runtime/recompute.py: torch.utils.checkpoint with a
+  // policy function under a Python dispatch mode): its forward in the policy's caching mode, and
+  // its replay in backward, returned from the cache where kept or run again otherwise. Measured
+  // by a profile (profiled_cost.h, "selective"); < 0 where not measured, and the evaluators
+  // take the rule of analysis/selective_recompute.h (a kept node 0, any other its forward).
+  double selective_extra = -1;
 
   friend bool operator==(const OpTime&, const OpTime&) = default;
 };

@@ -175,7 +175,11 @@ PartCost cost_nodes(const ir::Graph& graph, const std::vector<ir::NodeId>& nodes
     if (structure.selective_kept[at])
       for (ir::ValueId v : node.outputs)
         kept += static_cast<double>(graph.value(v).type.bytes()) * batch_scale * split_share;
-    const double selective_forward = structure.selective_kept[at] ? 0.0 : time.forward;
+    // What the selective policy adds: measured where the profile has it (OpTime::selective_extra:
+    // the dispatch mode's own seconds included), else the forward of what it does not keep.
+    const double selective_forward = time.selective_extra >= 0     ? time.selective_extra
+                                     : structure.selective_kept[at] ? 0.0
+                                                                    : time.forward;
     out.selective_kept_bytes += kept;
     out.selective_forward += selective_forward;
     blocks.add(id, time.forward, selective_forward, saved, kept);

@@ -166,8 +166,9 @@ struct PartLoad {
   // The most one node's backward holds at once beyond the saved activations: the gradients of
   // its outputs and activation inputs (an FP8 linear's casts too), one rank, at the micro-batch.
   double backward_working_bytes = 0;
-  // Selective recomputation (analysis/selective_recompute.h): the forward seconds of the ops it
-  // runs again, and the bytes of the outputs it keeps, one rank.
+  // Selective recomputation (analysis/selective_recompute.h): the seconds it adds to the step (the
+  // forward of the ops it runs again, or what a profile measured under its policy:
+  // OpTime::selective_extra), and the bytes of the outputs it keeps, one rank.
   double selective_forward = 0;
   double selective_kept_bytes = 0;
   // A split backward (a zero-bubble schedule): the gradients its B leaves at the weight-reading

@@ -168,6 +168,8 @@ void validate_profile(const Profile& profile) {
   for (const auto& [signature, op] : profile.ops) {
     check_seconds(fmt::format("ops[\"{}\"].forward", signature), op.forward);
     check_seconds(fmt::format("ops[\"{}\"].backward", signature), op.backward);
+    if (op.selective >= 0 || !std::isfinite(op.selective))
+      check_seconds(fmt::format("ops[\"{}\"].selective", signature), op.selective);
   }
   for (const auto& [kind, fits] : profile.collectives) {
     for (const auto& [n, fit] : fits) {
@@ -183,7 +185,10 @@ void validate_profile(const Profile& profile) {
 
 json profile_to_json(const Profile& profile) {
   json ops = json::object();
-  for (const auto& [signature, op] : profile.ops) ops[signature] = {{"forward", op.forward}, {"backward", op.backward}};
+  for (const auto& [signature, op] : profile.ops) {
+    ops[signature] = {{"forward", op.forward}, {"backward", op.backward}};
+    if (op.selective >= 0) ops[signature]["selective"] = op.selective;
+  }
   json skipped = json::object();
   for (const auto& [signature, why] : profile.skipped) skipped[signature] = why;
   json collectives = json::object();
@@ -219,8 +224,13 @@ Profile profile_from_json(const json& j) {
   for (const auto& [signature, entry] : object_at(*ops, "ops").items()) {
     const std::string path = fmt::format("ops[\"{}\"]", signature);
     object_at(entry, path);
-    check_keys(entry, path, {"forward", "backward"});
-    p.ops[signature] = {number_at(entry, "forward", path), number_at(entry, "backward", path)};
+    check_keys(entry, path, {"forward", "backward", "selective"});
+    double selective = -1.0;  // not measured
+    if (entry.contains("selective")) {
+      selective = number_at(entry, "selective", path);
+      check_seconds(path + ".selective", selective);  // present: measured seconds, never the sentinel
+    }
+    p.ops[signature] = {number_at(entry, "forward", path), number_at(entry, "backward", path), selective};
   }
   if (auto it = j.find("skipped"); it != j.end()) {
     for (const auto& [signature, why] : object_at(*it, "skipped").items()) {
@@ -276,6 +286,7 @@ OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node
     const OpTime unfused = fallback_.node_time(graph, node, device, precision, eager);
     if (unfused.forward > 0) out.forward *= fused.forward / unfused.forward;
     if (unfused.backward > 0) out.backward *= fused.backward / unfused.backward;
+    out.selective_extra = -1;  // AOTAutograd partitions the policy's saves: no dispatch mode runs
     return out;
   }
   OpTime analytic = fallback_.node_time(graph, node, device, precision, context);
@@ -288,6 +299,8 @@ OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node
       OpTime out = analytic;
       out.forward = local->second.forward;
       out.backward = local->second.backward;
+      if (local->second.selective >= 0)
+        out.selective_extra = std::max(0.0, local->second.selective - local->second.forward);
       return out;
     }
   }
@@ -305,8 +318,10 @@ OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   OpTime out = analytic;
   out.forward = it->second.forward;
   out.backward = it->second.backward;
+  if (it->second.selective >= 0) out.selective_extra = std::max(0.0, it->second.selective - it->second.forward);
   if (unscaled) return out;
   const OpTime base = fallback_.node_time(graph, node, device, precision, NodeContext{});
+  if (base.forward > 0 && out.selective_extra >= 0) out.selective_extra *= analytic.forward / base.forward;
   if (base.forward > 0) out.forward *= analytic.forward / base.forward;
   if (base.backward > 0) out.backward *= analytic.backward / base.backward;
   return out;

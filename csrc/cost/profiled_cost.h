@@ -115,6 +115,11 @@ std::string rank_signature(const ir::Graph& graph, const ir::Node& node, Precisi
 struct MeasuredOp {
   double forward = 0;   // seconds, one call
   double backward = 0;  // seconds, one call (0: no differentiable input)
+  // Seconds of one call under selective recomputation's policy, forward and replay together
+  // (profile.py runs it in the runtime's own checkpoint contexts); < 0: not measured. On this
+  // CPU the policy's dispatch mode costs 20 to 180 us an op beyond the op (2026-12-06), more
+  // than the cheap ops it recomputes: OpTime::selective_extra = selective - forward.
+  double selective = -1;
 
   friend bool operator==(const MeasuredOp&, const MeasuredOp&) = default;
 };
@@ -152,7 +157,7 @@ void validate_profile(const Profile& profile);
 
 // JSON (version 1):
 //   {"format": "shardwise.profile", "version": 1, "device": "cpu",
-//    "ops": {"<signature>": {"forward": 2.0e-5, "backward": 5.0e-5}, ...},
+//    "ops": {"<signature>": {"forward": 2.0e-5, "backward": 5.0e-5}, ...},  ("selective": s, optional)
 //    "skipped": {"<signature>": "reason", ...},
 //    "collectives": {"all_reduce": {"2": {"alpha": 1.0e-4, "beta": 2.0e-9}}, ...},
 //    "optimizer": {"name": "AdamW", "seconds_per_element": 3.0e-9}}

@@ -86,6 +86,13 @@ void bind_profile(py::module_& m) {
           py::gil_scoped_release release;
           (void)search::price_plan(graph, cluster, recorder, p);
         }
+        // A plan that recomputes selectively runs its ops under the policy's dispatch mode: the
+        // profile times them so too (OpTime::selective_extra).
+        const auto selective_of = [](const std::optional<plan::Sharding>& s) {
+          return s && s->recompute == plan::Recompute::Selective;
+        };
+        const bool selective =
+            p.recompute == plan::Recompute::Selective || selective_of(p.sharding) || selective_of(p.stage_sharding);
         py::list out;
         for (const auto& [signature, op] : recorder.records()) {
           py::dict d;
@@ -93,6 +100,7 @@ void bind_profile(py::module_& m) {
           d["node"] = static_cast<int>(op.node);
           d["shapes"] = op.shapes;
           d["fp8"] = op.fp8;
+          d["selective"] = selective;
           out.append(d);
         }
         return out;
@@ -100,7 +108,8 @@ void bind_profile(py::module_& m) {
       py::arg("graph"), py::arg("cluster"), py::arg("plan_json"),
       "Every node the evaluator prices for the plan, at the shapes one rank runs it (cost/recording_cost.h): "
       "[{signature, node (index), shapes (inputs then outputs), fp8 (an FP8 linear of an fp8 plan: measure it as "
-      "runtime/fp8.py runs it)}], one per distinct signature.");
+      "runtime/fp8.py runs it), selective (the plan recomputes selectively: time it under the policy too)}], one per "
+      "distinct signature.");
   m.def(
       "evaluate_plan_profiled",
       [](const ir::Graph& graph, const cost::Cluster& cluster, const std::string& text,

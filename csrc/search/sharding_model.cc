@@ -71,8 +71,15 @@ double ShardingModel::node_compute(ir::NodeId node, int axis, const Strategy& ch
 cost::OpTime ShardingModel::node_time(ir::NodeId node, int axis, const Strategy& choice,
                                       const cost::DeviceType& device) const {
   cost::OpTime time = base_time(node, axis, choice, device);
-  if (folding().reruns_forward(static_cast<std::size_t>(node))) time.backward += time.forward;
+  time.backward += recompute_seconds(static_cast<std::size_t>(node), time);
   return time;
+}
+
+double ShardingModel::recompute_seconds(std::size_t node, const cost::OpTime& time) const {
+  const BlockFolding& folding = this->folding();
+  if (folding.recompute == plan::Recompute::Selective && folding.runs_again(node) && time.selective_extra >= 0)
+    return time.selective_extra;
+  return folding.reruns_forward(node) ? time.forward : 0.0;
 }
 
 bool ShardingModel::async_input_gradient(ir::NodeId node, int axis, const Strategy& choice,
@@ -716,7 +723,7 @@ ShardingModel::Tally ShardingModel::tally(int first_axis) const {
     const auto u = static_cast<std::size_t>(node.id);
     if (!folding.represents_itself(u)) continue;
     const cost::OpTime time = base_time(node.id, -1, decisions_.nodes[0][u], *facts_->device);
-    const double recomputed = folding.reruns_forward(u) ? time.forward : 0.0;
+    const double recomputed = recompute_seconds(u, time);
     out.by_node[u].forward = folding.instances[u] * time.forward;
     out.by_node[u].backward = folding.instances[u] * time.backward;
     out.forward += folding.instances[u] * time.forward;

@@ -199,6 +199,10 @@ class ShardingModel {
   cost::OpTime node_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
   // The same without the recomputed forward.
   cost::OpTime base_time(ir::NodeId node, int axis, const Strategy& choice, const cost::DeviceType& device) const;
+  // What recomputation adds to the node's backward, `time` its base_time: a full block's node
+  // its forward again; a selective block's its measured extra under the policy where the
+  // profile has it (cost::OpTime::selective_extra), else its forward unless kept.
+  double recompute_seconds(std::size_t node, const cost::OpTime& time) const;
   // The node's operand shapes on one rank (the largest block) under `choice` on `axis` and the other
   // axes' decisions: NodeContext::local_shapes, for a model that wants them.
   std::vector<std::vector<std::int64_t>> local_shapes(ir::NodeId node, int axis, const Strategy& choice) const;

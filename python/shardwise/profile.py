@@ -287,6 +287,8 @@ def plan_specs(graph, cluster, plans: Iterable) -> list[dict]:
                 spec = _spec(nodes[op["node"]], values, op["signature"], op["shapes"])
                 spec["fp8"] = op["fp8"]  # an FP8 linear of an fp8 plan: timed as runtime/fp8.py runs it
                 out[op["signature"]] = spec
+            # Under selective recomputation's policy too, where any plan recomputes so (_selective_seconds).
+            out[op["signature"]]["selective"] = out[op["signature"]].get("selective", False) or op["selective"]
     return list(out.values())
 
 
@@ -365,7 +367,26 @@ def _autograd_overhead(device: torch.device, repeats: int) -> float:
     return statistics.median(one() for _ in range(max(3, repeats)))
 
 
-def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, float]:
+def _selective_seconds(op, args, kwargs, device, repeats, min_sample_s, activations) -> float:
+    """Seconds of one call as a selectively recomputed block runs it (runtime/recompute.py): its
+    forward in the policy's caching mode, then its replay in the recompute mode (the output
+    returned from the cache where the policy keeps it, computed again otherwise). The mode is a
+    Python TorchDispatchMode: on a CPU it costs 20 to 180 us an op beyond the op itself, more
+    than the cheap ops the policy recomputes (2026-12-06: a GPT-2 block of 35 ops, 4 x 128 rows,
+    6 ms a block with every output kept), which the op's forward alone does not show."""
+    from .runtime.recompute import _selective_contexts
+
+    def both():
+        forward, replay = _selective_contexts()
+        with forward:
+            op(*args, **kwargs)
+        with replay:
+            op(*args, **kwargs)
+
+    return _median_time(both, device, repeats, min_sample_s, activations)
+
+
+def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, float, float | None]:
     op, args, kwargs, wrt, activations = _build_call(spec, device)
     if spec.get("fp8"):
         from .runtime.fp8 import fp8_call
@@ -405,7 +426,9 @@ def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, f
         except Exception as e:  # noqa: BLE001
             raise _Skip(f"backward failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         backward = statistics.median(run_backward() for _ in range(repeats))
-    return forward, backward
+    selective = (_selective_seconds(op, args, kwargs, device, repeats, min_sample_s, activations)
+                 if spec.get("selective") else None)
+    return forward, backward, selective
 
 
 def _progress(total: int, enabled: bool):
@@ -477,7 +500,7 @@ def _measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progr
     every sample of a few."""
     if group is not None:
         import torch.distributed as dist
-    samples: dict[str, list[tuple[float, float]]] = {}
+    samples: dict[str, list[tuple[float, float, float | None]]] = {}
     skipped: dict[str, str] = {}
     overheads = []
     start = time.perf_counter()
@@ -517,11 +540,13 @@ def _measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progr
     for sig, taken in samples.items():
         if sig in skipped:  # a later pass failed where an earlier did not
             continue
-        fwd = statistics.median(f for f, _ in taken)
-        bwd = statistics.median(b for _, b in taken)
+        fwd = statistics.median(f for f, _, _ in taken)
+        bwd = statistics.median(b for _, b, _ in taken)
         # An op with a backward keeps a floor of 1 ns: measured, not "free".
         ops[sig] = {"forward": max(fwd, 1e-9) * shared_by,
                     "backward": max(bwd - overhead, 1e-9) * shared_by if bwd > 0 else 0.0}
+        if taken[0][2] is not None:
+            ops[sig]["selective"] = max(statistics.median(s for _, _, s in taken), 1e-9) * shared_by
     log.info("shardwise.profile: %d signatures measured, %d skipped in %.1f s (autograd overhead %.1f us "
              "subtracted from each backward)", len(ops), len(skipped), time.perf_counter() - start, overhead * 1e6)
     return {"device": _device_name(device), "ops": ops, "skipped": skipped}

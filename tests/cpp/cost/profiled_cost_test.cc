@@ -188,6 +188,34 @@ TEST(ProfiledCost, AMeasuredOptimizerStepIsKeptAndAnswered) {
             std::string::npos);
 }
 
+// An op timed under selective recomputation's policy (profile.py, _selective_seconds) keeps the
+// seconds in the JSON and answers OpTime::selective_extra = selective - forward, at the rank's
+// shapes as is and scaled like the forward otherwise; an op without it answers -1 (the
+// evaluators' rule), a compiled plan's node too (no dispatch mode runs there). A negative or
+// non-finite "selective" in a file is refused by name.
+TEST(ProfiledCost, AnOpTimedUnderTheSelectivePolicyAnswersItsExtraSeconds) {
+  ir::Graph g = two_layer_graph();
+  Profile p = hand_profile(g);
+  EXPECT_LT(ProfiledCostModel(p).node_time(g, g.node(1), test_device("dev"), Precision::F32, {}).selective_extra, 0);
+  MeasuredOp& op = p.ops.at(node_signature(g, g.node(1)));
+  op.selective = op.forward + 3.0e-5;
+  EXPECT_EQ(profile_from_json_string(profile_to_json_string(p)), p);
+  ProfiledCostModel model(p);
+  const DeviceType dev = test_device("dev");
+  EXPECT_NEAR(model.node_time(g, g.node(1), dev, Precision::F32, {}).selective_extra, 3.0e-5, 1e-15);
+  NodeContext quarter{.batch_scale = 0.25};
+  const OpTime scaled = model.node_time(g, g.node(1), dev, Precision::F32, quarter);
+  EXPECT_NEAR(scaled.selective_extra / 3.0e-5, scaled.forward / op.forward, 1e-12);
+  const analysis::FusedValues fused;
+  NodeContext compiled{.compiled = &fused};
+  EXPECT_LT(model.node_time(g, g.node(1), dev, Precision::F32, compiled).selective_extra, 0);
+  EXPECT_NE(error_of<support::ValidationError>([] {
+              profile_from_json_string(
+                  R"({"device": "cpu", "ops": {"x": {"forward": 1, "backward": 0, "selective": -1}}})");
+            }).find("selective"),
+            std::string::npos);
+}
+
 TEST(ProfiledCost, BadProfilesAreClearErrors) {
   EXPECT_NE(error_of<support::ValidationError>([] {
               profile_from_json_string(R"({"device": "cpu", "ops": {"x": {"forward": -1, "backward": 0}}})");

@@ -114,6 +114,53 @@ TEST(LocalShapes, AProfileOfTheRecordedShapesPricesEveryNodeMeasured) {
   }
 }
 
+// Selective recomputation's policy runs every op of a recomputed block under a Python dispatch
+// mode, which costs more than the ops it recomputes on a CPU (profile.py, _selective_seconds). A
+// profile that measured an op so ("selective") prices its extra seconds (selective - forward) in
+// the backward of every node run again, kept or not, in both evaluators (the SPMD search's
+// tally and the degrees evaluator's layers); without it, the rule stands (a kept node 0, any
+// other its forward); a plan recomputed in full never reads it.
+TEST(LocalShapes, AMeasuredSelectivePolicyIsPricedInTheBackwardOfEveryNodeRunAgain) {
+  const ir::Graph g = gpt8();
+  const cost::Cluster cluster = cost::preset("dgx-a100", 1);
+  plan::Plan pipeline;  // the degrees evaluator's
+  pipeline.data = 4;
+  pipeline.pipeline = 2;
+  pipeline.global_batch = 8;
+  pipeline.micro_batch = 1;
+  pipeline.recompute = plan::Recompute::Selective;
+  plan::Plan full_pipeline = pipeline;
+  full_pipeline.recompute = plan::Recompute::Full;
+  const std::vector<std::pair<std::string, plan::Plan>> cases = {
+      {"spmd 8 x 1 selective", searched(g, cluster, {8, 1}, plan::Recompute::Selective)},
+      {"spmd 4 x 2 selective", searched(g, cluster, {4, 2}, plan::Recompute::Selective)},
+      {"pipeline 2 x data 4 selective", pipeline},
+      {"spmd 8 x 1 full", searched(g, cluster, {8, 1}, plan::Recompute::Full)},
+      {"pipeline 2 x data 4 full", full_pipeline}};
+  for (const auto& [name, p] : cases) {
+    SCOPED_TRACE(name);
+    const bool selective = name.find("selective") != std::string::npos;
+    const auto records = recorded(g, cluster, p);
+    const auto step = [&](double extra) {  // extra < 0: the profile has no "selective" entries
+      cost::Profile profile;
+      profile.device = "test";
+      for (const auto& [signature, op] : records) profile.ops[signature] = {1e-3, 2e-3, extra < 0 ? -1 : 1e-3 + extra};
+      const cost::ProfiledCostModel model(profile);
+      return price_plan(g, cluster, model, p).plan.predicted->step_time;
+    };
+    const double rule = step(-1), none = step(0), one = step(1e-4), two = step(2e-4);
+    if (!selective) {  // full recomputation runs every forward again, measured or not
+      EXPECT_DOUBLE_EQ(none, rule);
+      EXPECT_DOUBLE_EQ(two, rule);
+      continue;
+    }
+    EXPECT_LT(none, rule);  // the rule runs the forward (1 ms) of what is not kept again
+    EXPECT_GT(one, none);   // every node run again pays the measured extra, in proportion
+    EXPECT_NEAR(two - none, 2 * (one - none), 1e-9 * two);
+    EXPECT_GT(step(1e-3), rule);  // kept nodes pay it too: above the rule where extra = forward
+  }
+}
+
 // An fp8 plan's FP8 linears are recorded and found under "fp8:" keys only: a measurement of
 // the linear in the model's dtype, at the same shapes, does not price its float8 run.
 TEST(LocalShapes, AnFp8PlansLinearsAreMeasuredAsTheyRunInFloat8) {

@@ -280,6 +280,35 @@ def test_an_fp8_plans_linears_are_marked_to_be_timed_as_fp8_runs_them(data_plan)
     assert not any(s["fp8"] for s in plan_specs(graph, cluster, [data_plan[2]]))  # the float32 plan
 
 
+def test_a_selective_plans_ops_are_timed_under_its_policy_and_priced_so(data_plan):
+    """A plan that recomputes selectively runs its blocks' ops under the policy's dispatch mode
+    (runtime/recompute.py): plan_local_ops marks its calls, the profile times each under the
+    runtime's own contexts too ("selective": the forward in the caching mode and its replay),
+    and the evaluator charges what that adds beyond the forward in the backward of each node
+    run again (csrc/cost/op_cost.h, OpTime::selective_extra), kept nodes included."""
+    from shardwise.profile import measure_specs, plan_specs
+
+    graph, cluster, plain = data_plan
+    plan = shardwise.plan(graph, cluster, global_batch=2, mesh=(2, 1), zero=False, recompute="selective")
+    specs = plan_specs(graph, cluster, [plan])
+    assert specs and all(s["selective"] for s in specs)
+    assert not any(s["selective"] for s in plan_specs(graph, cluster, [plain]))
+    doc = measure_specs(specs, budget_s=30, repeats=3, progress=False)
+    ops = doc["ops"]
+    assert ops and all("selective" in op for op in ops.values())
+    # Every op runs at least once more under the policy than its forward alone, in its mode.
+    assert sum(op["selective"] for op in ops.values()) > sum(op["forward"] for op in ops.values())
+    prof = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1, **doc}))
+    assert prof.ops == ops  # the core keeps the key
+    without = {**doc, "ops": {sig: {"forward": op["forward"], "backward": op["backward"]} for sig, op in ops.items()}}
+    rule = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1, **without}))
+    measured = plan.price(graph, cluster, profile=prof).predicted_step_time()
+    assert measured > plan.price(graph, cluster, profile=rule).predicted_step_time()
+    # A plan without selective recomputation never reads it.
+    assert plain.price(graph, cluster, profile=prof).predicted_step_time() == pytest.approx(
+        plain.price(graph, cluster, profile=rule).predicted_step_time(), rel=1e-12)
+
+
 def test_a_profile_at_the_ranks_shapes_prices_the_plan_from_its_measurements(data_plan):
     from shardwise.profile import measure_specs, plan_specs
 
@@ -350,13 +379,13 @@ def test_shared_by_states_the_times_at_the_rate_ranks_sharing_cores_compute(data
 
     graph, cluster, plan = data_plan
     specs = plan_specs(graph, cluster, [plan])[:3]
-    monkeypatch.setattr(profile_module, "_measure_node", lambda *a, **k: (1e-3, 3e-3))
+    monkeypatch.setattr(profile_module, "_measure_node", lambda *a, **k: (1e-3, 3e-3, 5e-3))
     monkeypatch.setattr(profile_module, "_autograd_overhead", lambda *a: 1e-3)
     alone = measure_specs(specs, progress=False)
     shared = measure_specs(specs, progress=False, shared_by=2.0)
     for s in specs:
-        assert alone["ops"][s["signature"]] == {"forward": 1e-3, "backward": 2e-3}
-        assert shared["ops"][s["signature"]] == {"forward": 2e-3, "backward": 4e-3}
+        assert alone["ops"][s["signature"]] == {"forward": 1e-3, "backward": 2e-3, "selective": 5e-3}
+        assert shared["ops"][s["signature"]] == {"forward": 2e-3, "backward": 4e-3, "selective": 1e-2}
 
 
 def test_an_ops_samples_are_taken_one_per_pass_and_their_median_kept(data_plan, monkeypatch):
@@ -375,7 +404,7 @@ def test_an_ops_samples_are_taken_one_per_pass_and_their_median_kept(data_plan, 
         assert repeats == 1
         calls.append(spec["signature"])
         slow = 10.0 if len(calls) <= len(specs) else 1.0  # the whole first pass ran slow
-        return 1e-3 * slow, 3e-3 * slow
+        return 1e-3 * slow, 3e-3 * slow, None  # not a selective plan's: no policy timing
 
     monkeypatch.setattr(profile_module, "_measure_node", one_sample)
     monkeypatch.setattr(profile_module, "_autograd_overhead", lambda *a: 1e-3)
@@ -405,7 +434,7 @@ def test_an_op_is_timed_after_the_caches_are_flushed_and_its_produced_inputs_rea
             "inputs": [{"shape": [8, 4], "dtype": "f32", "role": "activation"},
                        {"shape": [4, 6], "dtype": "f32", "role": "parameter"}],
             "outputs": [{"shape": [8, 6], "dtype": "f32"}]}
-    fwd, bwd = profile_module._measure_node(spec, torch.device("cpu"), 1, 3, 0.0)
+    fwd, bwd, _ = profile_module._measure_node(spec, torch.device("cpu"), 1, 3, 0.0)
     assert fwd > 0 and bwd > 0
     assert seen[:3] == [[(8, 4)]] * 3  # forward: the activation only
     assert seen[3:] == [[(8, 6)]] * 4  # backward (a warm-up and 3 samples): the output gradient
