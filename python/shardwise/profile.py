@@ -54,7 +54,11 @@ log = get_logger(__name__)
 __all__ = ["Profile", "profile", "measure_collectives", "measure_optimizer", "measure_specs", "plan_specs",
            "graph_specs", "sharing", "DEFAULT_COLLECTIVE_SIZES"]
 
-DEFAULT_COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
+# Up to 16 MB: a step's gradient buckets are 25 MB (DDP's cap, _C.GRADIENT_BUCKET_BYTES) and its
+# tensor-parallel activations several MB. Fitted on 4 KB to 4 MB only, the slope came from the two
+# largest points and a shared host's noise there: four Gloo ranks on 2 cores (2026-12-06) priced
+# a 17 MB all-reduce at 18 to 22 ms where it ran 28 to 32; with 16 MB in the fit, 26 to 34.
+DEFAULT_COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
