@@ -130,7 +130,7 @@ class Profile:
 
     @property
     def ops(self) -> dict[str, dict]:
-        """signature -> {"forward": s, "backward": s}."""
+        """signature -> {"forward": s, "backward": s} (and "selective": s where timed under that policy)."""
         return dict(self._doc.get("ops", {}))
 
     @property
