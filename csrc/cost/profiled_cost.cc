@@ -299,8 +299,7 @@ OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node
       OpTime out = analytic;
       out.forward = local->second.forward;
       out.backward = local->second.backward;
-      if (local->second.selective >= 0)
-        out.selective_extra = std::max(0.0, local->second.selective - local->second.forward);
+      out.selective_extra = local->second.selective_extra();
       return out;
     }
   }
@@ -318,7 +317,7 @@ OpTime ProfiledCostModel::node_time(const ir::Graph& graph, const ir::Node& node
   OpTime out = analytic;
   out.forward = it->second.forward;
   out.backward = it->second.backward;
-  if (it->second.selective >= 0) out.selective_extra = std::max(0.0, it->second.selective - it->second.forward);
+  out.selective_extra = it->second.selective_extra();
   if (unscaled) return out;
   const OpTime base = fallback_.node_time(graph, node, device, precision, NodeContext{});
   if (base.forward > 0 && out.selective_extra >= 0) out.selective_extra *= analytic.forward / base.forward;

@@ -68,6 +68,7 @@
 //   m.coverage(g);                // {nodes_measured 1, nodes_analytic (the rest), ...}
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -120,6 +121,9 @@ struct MeasuredOp {
   // CPU the policy's dispatch mode costs 20 to 180 us an op beyond the op (2026-12-06), more
   // than the cheap ops it recomputes: OpTime::selective_extra = selective - forward.
   double selective = -1;
+
+  // OpTime::selective_extra of this measurement: selective - forward (>= 0), or -1 unmeasured.
+  double selective_extra() const { return selective >= 0 ? std::max(0.0, selective - forward) : -1.0; }
 
   friend bool operator==(const MeasuredOp&, const MeasuredOp&) = default;
 };
