@@ -182,14 +182,22 @@ Tensor all_gather_kernel(const Tensor& x, int64_t dim, const std::string& group)
   if (on_host(g, x)) return all_gather_kernel(x.cpu(), dim, group).to(x.device());
   dim = check_dim("all_gather", g, x, dim);
   if (x.is_complex()) return as_complex(all_gather_kernel(as_real(x), dim, group));
-  // Gathering along dim 0 of x with dim moved first is concatenation along dim.
-  Tensor input = x.movedim(dim, 0).contiguous();
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape[0] *= g.world;
-  Tensor output = at::empty(shape, input.options());
+  // The ranks' x gathered flat as rows of [world, *x.shape]; row r moved to just before dim and
+  // merged with it is concatenation along dim. Only that merge copies (none along dim 0): moving
+  // dim first on the way in would copy the input too.
+  // (The process group wants the output as x's shape with dim 0 times world: the same bytes.)
+  Tensor input = x.contiguous();
+  std::vector<int64_t> flat = input.sizes().vec();
+  flat[0] *= g.world;
+  Tensor output = at::empty(flat, input.options());
   count(kAllGather, output);
   wait("all_gather", g, g.pg->_allgather_base(output, input));
-  return output.movedim(0, dim).contiguous();
+  if (dim == 0) return output;
+  std::vector<int64_t> rows = input.sizes().vec();
+  rows.insert(rows.begin(), g.world);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[dim] *= g.world;
+  return output.view(rows).movedim(0, dim).reshape(shape);
 }
 
 Tensor reduce_scatter_kernel(const Tensor& x, int64_t dim, const std::string& group) {
@@ -198,15 +206,22 @@ Tensor reduce_scatter_kernel(const Tensor& x, int64_t dim, const std::string& gr
   dim = check_dim("reduce_scatter", g, x, dim);
   check_splits("reduce_scatter", g, x, dim);
   if (x.is_complex()) return as_complex(reduce_scatter_kernel(as_real(x), dim, group));
-  Tensor input = x.movedim(dim, 0).contiguous();
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape[0] /= g.world;
+  // Rank r's chunk along dim made row r of [world, *chunk]: the one copy, on the way in. The
+  // reduced row comes back in x's own layout, so nothing is moved on the way out.
+  std::vector<int64_t> split = x.sizes().vec();
+  split[dim] /= g.world;
+  std::vector<int64_t> shape = split;
+  split.insert(split.begin() + dim, g.world);
+  Tensor rows = x.reshape(split).movedim(dim, 0).contiguous();
+  std::vector<int64_t> flat = shape;  // the rows as the process group wants them: [world * chunk0, ...]
+  flat[0] *= g.world;
+  Tensor input = rows.view(flat);
   Tensor output = at::empty(shape, input.options());
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   count(kReduceScatter, input);
   wait("reduce_scatter", g, g.pg->_reduce_scatter_base(output, input, options));
-  return output.movedim(0, dim).contiguous();
+  return output;
 }
 
 Tensor all_to_all_kernel(const Tensor& x, int64_t split_dim, int64_t concat_dim, const std::string& group) {

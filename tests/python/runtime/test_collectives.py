@@ -106,6 +106,23 @@ def _complex_values(rank: int, world: int) -> None:
         C.all_reduce(z(rank), "max")
 
 
+def _every_dim_and_layout(rank: int, world: int) -> None:
+    # The kernels gather flat and reduce-scatter rows of [world, chunk...]: each dim of a 3-D
+    # tensor, negative dims, and inputs that are not contiguous (a transpose, a strided slice).
+    shape = (2 * world, 3 * world, 4 * world)
+    xs = [_input(r, shape).detach() for r in range(world)]
+    layouts = {"contiguous": lambda t: t, "transposed": lambda t: t.transpose(0, 2),
+               "strided": lambda t: t[:, :, ::2]}
+    for layout, view in layouts.items():
+        views = [view(x) for x in xs]
+        for dim in (0, 1, 2, -1):
+            got = C.all_gather(views[rank], dim=dim)
+            assert torch.equal(got, torch.cat(views, dim=dim)), (layout, dim)
+            got = C.reduce_scatter(views[rank], dim=dim)
+            assert torch.equal(got, sum(views).chunk(world, dim=dim)[rank]), (layout, dim)
+            assert got.is_contiguous(), (layout, dim)
+
+
 def _megatron_mlp_matches_one_device(rank: int, world: int) -> None:
     torch.manual_seed(1)
     x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
@@ -338,6 +355,11 @@ def _traffic_is_counted_by_the_calls(rank: int, world: int) -> None:
     assert got == want, (rank, got)
     traffic.reset()
     assert traffic.snapshot() == {}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gather_and_scatter_along_every_dim_of_any_layout(world):
+    _spawn("_every_dim_and_layout", world)
 
 
 def test_complex_tensors_cross_as_their_real_view():
