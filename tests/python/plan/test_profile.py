@@ -296,14 +296,21 @@ def test_a_selective_plans_ops_are_timed_under_its_policy_and_priced_so(data_pla
     doc = measure_specs(specs, budget_s=30, repeats=3, progress=False)
     ops = doc["ops"]
     assert ops and all("selective" in op for op in ops.values())
-    # Every op runs at least once more under the policy than its forward alone, in its mode.
-    assert sum(op["selective"] for op in ops.values()) > sum(op["forward"] for op in ops.values())
+    # Timed (seconds of the forward in its mode and the replay), not copied from the forward.
+    assert all(math.isfinite(op["selective"]) and op["selective"] > 0 for op in ops.values())
+    assert any(op["selective"] != op["forward"] for op in ops.values())
     prof = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1, **doc}))
     assert prof.ops == ops  # the core keeps the key
     without = {**doc, "ops": {sig: {"forward": op["forward"], "backward": op["backward"]} for sig, op in ops.items()}}
     rule = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1, **without}))
-    measured = plan.price(graph, cluster, profile=prof).predicted_step_time()
-    assert measured > plan.price(graph, cluster, profile=rule).predicted_step_time()
+    # Priced from the entries, not from how this machine's timings fell (the measured extra is
+    # near the rule's forward for a recomputed op, and a loaded run may time it under): each op's
+    # extra 1 ms above its forward prices every node run again above the rule (the rule: a
+    # recomputed node its forward, a kept one nothing).
+    above = {**doc, "ops": {sig: {**op, "selective": 2 * op["forward"] + 1e-3} for sig, op in ops.items()}}
+    above = shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1, **above}))
+    assert plan.price(graph, cluster, profile=above).predicted_step_time() > \
+        plan.price(graph, cluster, profile=rule).predicted_step_time()
     # A plan without selective recomputation never reads it.
     assert plain.price(graph, cluster, profile=prof).predicted_step_time() == pytest.approx(
         plain.price(graph, cluster, profile=rule).predicted_step_time(), rel=1e-12)
