@@ -87,6 +87,11 @@ def _train(engine, optimizer, steps: range) -> list[float]:
 
 # ---- the ranks ---------------------------------------------------------------------------------
 def _job(rank: int, world: int, store_path: str, spec: dict) -> None:
+    # One thread a rank, as conftest's scenarios run: the losses are compared bit for bit, and a
+    # rank left at the default threads runs MKL's float64 products with its dynamic thread
+    # count on (torch.set_num_threads turns it off), which may split a product differently from
+    # run to run on a loaded machine (one resumed loss 4.5e-15 apart, once in the suite).
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     try:
         engine, optimizer = _engine(spec["layout"], world)
