@@ -193,11 +193,7 @@ Tensor all_gather_kernel(const Tensor& x, int64_t dim, const std::string& group)
   count(kAllGather, output);
   wait("all_gather", g, g.pg->_allgather_base(output, input));
   if (dim == 0) return output;
-  std::vector<int64_t> rows = input.sizes().vec();
-  rows.insert(rows.begin(), g.world);
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape[dim] *= g.world;
-  return output.view(rows).movedim(0, dim).reshape(shape);
+  return output.unflatten(0, {g.world, input.size(0)}).movedim(0, dim).flatten(dim, dim + 1);
 }
 
 Tensor reduce_scatter_kernel(const Tensor& x, int64_t dim, const std::string& group) {
@@ -208,15 +204,10 @@ Tensor reduce_scatter_kernel(const Tensor& x, int64_t dim, const std::string& gr
   if (x.is_complex()) return as_complex(reduce_scatter_kernel(as_real(x), dim, group));
   // Rank r's chunk along dim made row r of [world, *chunk]: the one copy, on the way in. The
   // reduced row comes back in x's own layout, so nothing is moved on the way out.
-  std::vector<int64_t> split = x.sizes().vec();
-  split[dim] /= g.world;
-  std::vector<int64_t> shape = split;
-  split.insert(split.begin() + dim, g.world);
-  Tensor rows = x.reshape(split).movedim(dim, 0).contiguous();
-  std::vector<int64_t> flat = shape;  // the rows as the process group wants them: [world * chunk0, ...]
-  flat[0] *= g.world;
-  Tensor input = rows.view(flat);
-  Tensor output = at::empty(shape, input.options());
+  // (The process group wants the rows flat along dim 0, [world * chunk0, ...]: the same bytes.)
+  Tensor rows = x.unflatten(dim, {g.world, x.size(dim) / g.world}).movedim(dim, 0).contiguous();
+  Tensor input = rows.flatten(0, 1);
+  Tensor output = at::empty(rows.sizes().slice(1), input.options());
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   count(kReduceScatter, input);
