@@ -150,5 +150,36 @@ TEST_F(ShardingStrategiesTest, CausalAttentionSplitsItsSequenceOnlyAsARingOnAnAx
   for (const Strategy& s : t.strategies().node_strategies(t.producer("a"), 0)) EXPECT_FALSE(s.inputs[1].is_shard());
 }
 
+// A language model's loss over 1,000 classes on a 2 x 2 mesh. The rewrite runs a node on one
+// combining kernel over one axis (transform/spmd_rewrite.cc, decide_kernels): with the classes
+// split on axis 0 (the vocabulary-parallel loss), axis 1 is not offered that split again,
+// which would run the loss whole on gathered logits where it was priced split four ways; the
+// loss' rows still split on axis 1. With axis 0 replicated, axis 1 offers the class split.
+TEST_F(ShardingStrategiesTest, AVocabularyParallelLossSplitsItsClassesOnOneAxisOnly) {
+  const ir::Graph head = ir::parse_graph(R"(graph(%logits: f32[b8,1000], %labels: i64[b8]) {
+  %loss: f32[] = aten::cross_entropy_loss(%logits, %labels) @loss
+  return (%loss)
+})");
+  Candidate& c = candidate(head, four, f32_options({2, 2}, 16));
+  const ir::NodeId loss = c.producer("loss");
+  auto class_split = [&](int axis) {
+    for (const Strategy& s : c.strategies().node_strategies(loss, axis))
+      if (s.inputs[0] == S(1)) return true;
+    return false;
+  };
+  auto row_split = [&](int axis) {
+    for (const Strategy& s : c.strategies().node_strategies(loss, axis))
+      if (s.inputs[0] == S(0)) return true;
+    return false;
+  };
+  ASSERT_TRUE(class_split(0));
+  ASSERT_TRUE(class_split(1));
+  for (const Strategy& s : c.strategies().node_strategies(loss, 0))
+    if (s.inputs[0] == S(1)) c.decisions.nodes[0][static_cast<std::size_t>(loss)] = s;
+  EXPECT_FALSE(class_split(1));
+  EXPECT_TRUE(row_split(1));
+  EXPECT_TRUE(class_split(0));  // axis 0's own choices are its own
+}
+
 }  // namespace
 }  // namespace shardwise::search
