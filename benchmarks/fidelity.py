@@ -213,7 +213,7 @@ def _detect(rank: int, store: str, world: int, out: str) -> None:
 def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, specs: list,
          shared_by: float, concurrent: int, out: str) -> None:
     import shardwise
-    from shardwise.profile import measure_collectives, measure_optimizer, measure_specs
+    from shardwise.profile import measure_collectives, measure_optimizer, measure_specs, measure_sync_wait
     from shardwise.runtime import traffic
 
     torch.set_num_threads(threads(world))
@@ -232,6 +232,9 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
         ops["optimizer"] = measure_optimizer(group=dist.group.WORLD)  # AdamW's step, every rank at once
         ops["collectives"] = fits["collectives"]
         ops["skipped"].update(fits["skipped"])
+        # What each collective the program waits on costs beyond its fit: the ranks' arrival
+        # after their compute (profiled_cost.h, sync_wait).
+        ops["sync_wait"] = measure_sync_wait(group=dist.group.WORLD)
         model = build(model_name)
         ids, y = batch()
         before = live_storages()  # the user's module: not the plan's

@@ -165,6 +165,7 @@ void validate_profile(const Profile& profile) {
     if (!std::isfinite(s) || s <= 0)
       invalid("optimizer.seconds_per_element", fmt::format("must be finite seconds > 0, got {}", s));
   }
+  check_seconds("sync_wait", profile.sync_wait);
   for (const auto& [signature, op] : profile.ops) {
     check_seconds(fmt::format("ops[\"{}\"].forward", signature), op.forward);
     check_seconds(fmt::format("ops[\"{}\"].backward", signature), op.backward);
@@ -202,12 +203,14 @@ json profile_to_json(const Profile& profile) {
   if (profile.optimizer)
     out["optimizer"] = {{"name", profile.optimizer->name},
                         {"seconds_per_element", profile.optimizer->seconds_per_element}};
+  if (profile.sync_wait > 0) out["sync_wait"] = profile.sync_wait;
   return out;
 }
 
 Profile profile_from_json(const json& j) {
   object_at(j, "(top level)");
-  check_keys(j, "(top level)", {"format", "version", "device", "ops", "skipped", "collectives", "optimizer"});
+  check_keys(j, "(top level)",
+             {"format", "version", "device", "ops", "skipped", "collectives", "optimizer", "sync_wait"});
   if (auto it = j.find("format"); it != j.end() && string_value(*it, "format") != kFormat) {
     fail("format", fmt::format("expected \"{}\", found \"{}\"", kFormat, it->get<std::string>()));
   }
@@ -257,6 +260,7 @@ Profile profile_from_json(const json& j) {
     p.optimizer = MeasuredOptimizer{string_value(*name, "optimizer.name"),
                                     number_at(*it, "seconds_per_element", "optimizer")};
   }
+  if (j.contains("sync_wait")) p.sync_wait = number_at(j, "sync_wait", "(top level)");
   validate_profile(p);
   return p;
 }
@@ -338,13 +342,14 @@ double ProfiledCostModel::collective_time(const Cluster& cluster, CollectiveKind
   const AlphaBetaFit* fit = find_fit(kind, static_cast<int>(ranks.size()));
   if (fit == nullptr) {
     collective_analytic_.fetch_add(1, std::memory_order_relaxed);
-    return fallback_.collective_time(cluster, kind, ranks, bytes, algorithm);
+    const double alone = fallback_.collective_time(cluster, kind, ranks, bytes, algorithm);
+    return alone > 0 ? alone + profile_.sync_wait : alone;
   }
   collective_measured_.fetch_add(1, std::memory_order_relaxed);
   if (bytes < 0) throw support::ValidationError(fmt::format("{}: bytes must be >= 0, got {}", collective_kind_name(kind), bytes));
   // As the analytic model: one rank or nothing to move costs nothing (the library returns).
   if (ranks.size() <= 1 || bytes == 0) return 0;
-  return fit->time(bytes);
+  return fit->time(bytes) + profile_.sync_wait;
 }
 
 Provenance ProfiledCostModel::provenance(const ir::Graph& graph, const ir::Node& node) const {

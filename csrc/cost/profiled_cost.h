@@ -41,8 +41,15 @@
 //    scaled by the analytic model's compiled / eager ratio (a fused kernel's saved bytes; a
 //    product's time unchanged). The profile measures eager kernels only.
 //  - collective_time: alpha + beta x bytes when (kind, ranks.size()) was fitted, else the
-//    fallback's alpha-beta model on the cluster. The algorithm argument is ignored for a
-//    measured fit: the live library picked its own. One rank or zero bytes cost 0.
+//    fallback's alpha-beta model on the cluster, plus the profile's sync_wait either way. The
+//    algorithm argument is ignored for a measured fit: the live library picked its own. One
+//    rank or zero bytes cost 0.
+//  - sync_wait: what a blocking collective costs in a program beyond its fit, which is timed
+//    back to back with its ranks started together: after each rank has computed, it waits
+//    for the last of them to arrive and for the library's threads to wake (profile.py,
+//    measure_sync_wait: 10 ms of compute on every rank, then a small all-reduce, against the
+//    two apart). On this 2-core CPU 1 ms a call at 2 processes, 1-4 ms at 4 (2026-12-06);
+//    every collective and every pipeline send a program waits on pays it once.
 //  - provenance / coverage: which numbers are measured. provenance(graph, node) and
 //    collective_provenance(kind, n) answer statically; coverage(graph) counts the graph's
 //    nodes; calls() counts what node_time / collective_time actually answered since
@@ -152,6 +159,7 @@ struct Profile {
   std::map<std::string, std::string, std::less<>> skipped;     // node signature -> why not measured
   std::map<CollectiveKind, std::map<int, AlphaBetaFit>> collectives;  // kind -> group size -> fit
   std::optional<MeasuredOptimizer> optimizer;                  // none: the analytic bandwidth rule
+  double sync_wait = 0;  // seconds a blocking collective waits beyond its fit (header comment); 0: not measured
 
   friend bool operator==(const Profile&, const Profile&) = default;
 };
@@ -164,8 +172,10 @@ void validate_profile(const Profile& profile);
 //    "ops": {"<signature>": {"forward": 2.0e-5, "backward": 5.0e-5}, ...},  ("selective": s, optional)
 //    "skipped": {"<signature>": "reason", ...},
 //    "collectives": {"all_reduce": {"2": {"alpha": 1.0e-4, "beta": 2.0e-9}}, ...},
-//    "optimizer": {"name": "AdamW", "seconds_per_element": 3.0e-9}}
-// "format", "version", "skipped", "collectives" and "optimizer" are optional on input.
+//    "optimizer": {"name": "AdamW", "seconds_per_element": 3.0e-9},
+//    "sync_wait": 1.0e-3}
+// "format", "version", "skipped", "collectives", "optimizer" and "sync_wait" are optional on
+// input; "sync_wait" is written only when above 0.
 nlohmann::json profile_to_json(const Profile& profile);
 Profile profile_from_json(const nlohmann::json& json);
 std::string profile_to_json_string(const Profile& profile, int indent = -1);

@@ -143,6 +143,11 @@ class Profile:
         """kind -> group size -> {"alpha": s, "beta": s/byte}."""
         return {k: {int(n): dict(f) for n, f in v.items()} for k, v in self._doc.get("collectives", {}).items()}
 
+    @property
+    def sync_wait(self) -> float:
+        """Seconds a blocking collective waits in a program beyond its fit (measure_sync_wait; 0: not measured)."""
+        return float(self._doc.get("sync_wait", 0.0))
+
     def coverage(self, graph) -> dict:
         """{nodes_measured, nodes_analytic, provenance: ["measured" | "analytic", per node]}
         of ``graph`` under this profile (as the core model sees it)."""
@@ -171,6 +176,8 @@ class Profile:
             for n, f in sorted(fits.items()):
                 lines.append(f"  {kind} x{n}: alpha {f['alpha'] * 1e6:.1f} us, beta {f['beta'] * 1e9:.3f} ns/B "
                              f"({1 / f['beta'] / 1e9 if f['beta'] > 0 else float('inf'):.2f} GB/s)")
+        if self.sync_wait > 0:
+            lines.append(f"  sync wait: {self.sync_wait * 1e3:.2f} ms a blocking collective, beyond its fit")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -697,6 +704,69 @@ def _slowest_median(call: Callable[[], Any], device: torch.device, repeats: int,
     return seconds
 
 
+def measure_sync_wait(*, compute_s: float = 0.01, iterations: int = 12, rounds: int = 5, group=None,
+                      device: "str | torch.device | None" = None) -> float:
+    """Seconds a blocking collective costs in a program beyond its fit (``Profile.sync_wait``;
+    csrc/cost/profiled_cost.h): every rank of ``group`` computes about ``compute_s`` (a matmul
+    loop, all ranks at once, as a program's ranks run), then all-reduces a small buffer;
+    against the compute alone and the all-reduce alone, what is left is the wait for the last
+    rank to arrive and for the library's threads to wake, which a fit timed back to back with
+    its ranks started together leaves out. Every rank must call it (collective); 0 when
+    torch.distributed is not initialised or the group has one rank. On this 2-core CPU
+    (2026-12-06): about 1 ms at 2 Gloo processes, 1-4 ms at 4 (more the longer the compute).
+    ``rounds`` x ``iterations`` of each loop: about 2.5 s at 2 processes, 5 s at 4."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) < 2:
+        return 0.0
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+            else torch.device("cpu")
+    device = torch.device(device)
+    a = torch.randn(256, 256, device=device)
+    small = torch.zeros(256, device=device)
+
+    def timed(fn) -> float:
+        fn()  # warm-up
+        dist.barrier(group=group)
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            fn()
+        _sync(device)
+        return (time.perf_counter() - t0) / iterations
+
+    def mean_over_ranks(seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64, device=device)
+        dist.all_reduce(t, group=group)
+        return float(t.item()) / dist.get_world_size(group)
+
+    # The compute's length in products, as the ranks run them together (on shared cores, slower).
+    one = mean_over_ranks(timed(lambda: a @ a))
+    products = max(1, round(compute_s / max(one, 1e-7)))
+
+    def compute():
+        for _ in range(products):
+            a @ a
+
+    def collective():
+        dist.all_reduce(small, group=group)
+
+    def both():
+        compute()
+        collective()
+
+    # Each the ranks' mean: a rank's compute is what the evaluator prices; a synchronised loop's
+    # ranks agree anyway. The median of `rounds` (one round's figure moves by 1 ms here).
+    waits = []
+    for _ in range(rounds):
+        alone = mean_over_ranks(timed(compute))
+        reduce = mean_over_ranks(timed(collective))
+        together = mean_over_ranks(timed(both))
+        waits.append(together - alone - reduce)
+    return max(0.0, statistics.median(waits))
+
+
 def measure_optimizer(elements: int = 4 << 20, *, tensors: int = 16, dtype: torch.dtype = torch.float32,
                       device: "str | torch.device | None" = None, repeats: int = 5, group=None) -> dict:
     """The optimizer part of a profile document: {"name": "AdamW", "seconds_per_element": s}.
@@ -795,6 +865,7 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
         measured = measure_collectives(sizes=collective_sizes, repeats=repeats, group=group)
         doc["collectives"] = measured["collectives"]
         doc["skipped"].update(measured["skipped"])
+        doc["sync_wait"] = measure_sync_wait(group=group)
     else:
         doc["collectives"] = {}
     if optimizer:  # with the group's ranks at once only where all of them call profile() (collectives)

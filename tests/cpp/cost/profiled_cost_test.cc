@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "test_clusters.h"
@@ -185,6 +187,35 @@ TEST(ProfiledCost, AMeasuredOptimizerStepIsKeptAndAnswered) {
   EXPECT_NE(error_of<support::ParseError>([] {
               profile_from_json_string(R"({"device": "cpu", "ops": {}, "optimizer": {"name": "AdamW", "s": 1}})");
             }).find("optimizer"),
+            std::string::npos);
+}
+
+// A measured sync wait (profile.py, measure_sync_wait) is what every collective a program
+// waits on costs beyond its fit: added once to a fitted call and to an analytic one, not to
+// a call that moves nothing; it round-trips, a profile without it reads 0 and writes no key,
+// and a negative one is refused by name.
+TEST(ProfiledCost, AMeasuredSyncWaitIsAddedToEveryCollectiveCall) {
+  ir::Graph g = two_layer_graph();
+  Profile p = hand_profile(g);
+  const Cluster c = flat_cluster(4);
+  const std::vector<int> pair = {0, 1}, four = {0, 1, 2, 3};
+  const ProfiledCostModel without(p);
+  p.sync_wait = 2.5e-3;
+  const ProfiledCostModel with(p);
+  for (auto [kind, ranks] : {std::pair{CollectiveKind::AllReduce, pair}, std::pair{CollectiveKind::AllReduce, four},
+                             std::pair{CollectiveKind::SendRecv, pair}}) {
+    const double before = without.collective_time(c, kind, ranks, 1 << 20, Algorithm::Auto);
+    EXPECT_GT(before, 0);
+    EXPECT_NEAR(with.collective_time(c, kind, ranks, 1 << 20, Algorithm::Auto) - before, 2.5e-3, 1e-15);
+  }
+  EXPECT_EQ(with.collective_time(c, CollectiveKind::AllReduce, pair, 0, Algorithm::Auto), 0.0);
+  EXPECT_EQ(with.collective_time(c, CollectiveKind::AllGather, pair, 0, Algorithm::Auto), 0.0);
+  EXPECT_EQ(profile_from_json_string(profile_to_json_string(p)), p);
+  EXPECT_EQ(profile_to_json(hand_profile(g)).count("sync_wait"), 0u);
+  EXPECT_EQ(profile_from_json_string(R"({"device": "cpu", "ops": {}})").sync_wait, 0.0);
+  EXPECT_NE(error_of<support::ValidationError>([] {
+              profile_from_json_string(R"({"device": "cpu", "ops": {}, "sync_wait": -1e-3})");
+            }).find("sync_wait"),
             std::string::npos);
 }
 

@@ -14,7 +14,7 @@ import torch
 import shardwise
 from shardwise import _C
 from shardwise.models import TinyGPT
-from shardwise.profile import _fit_alpha_beta, measure_collectives
+from shardwise.profile import _fit_alpha_beta, measure_collectives, measure_sync_wait
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +200,63 @@ def test_gloo_collectives_fit_every_group_size_a_mesh_axis_runs(tmp_path):
     _, provenance = prof.collective_time(cluster, "all_gather", [0, 1, 2], 1 << 20)
     assert provenance == "analytic"  # no fit of 3 ranks: 3 does not divide 4
 
+
+
+
+def _sync_wait_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=20))
+    try:
+        torch.set_num_threads(1)
+        wait = measure_sync_wait(compute_s=0.002, iterations=4, rounds=3)
+        with open(f"{out_path}.{rank}", "w") as f:
+            json.dump(wait, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_sync_wait_is_measured_by_every_rank_together_and_agreed(tmp_path):
+    """measure_sync_wait is collective: both ranks run it (no hang) and answer one figure, the
+    ranks' figures agreed (a rank alone would answer its own); a finite time >= 0. Its size is
+    the host's (no bound asserted); without a process group it is 0."""
+    import torch.multiprocessing as mp
+
+    store, out = str(tmp_path / "store"), str(tmp_path / "wait")
+    ctx = mp.spawn(_sync_wait_worker, args=(2, store, out), nprocs=2, join=False)
+    _join_or_fail(ctx)
+    waits = [json.load(open(f"{out}.{r}")) for r in range(2)]
+    assert waits[0] == waits[1], waits
+    assert math.isfinite(waits[0]) and waits[0] >= 0
+    assert measure_sync_wait() == 0.0  # no process group in this process
+
+
+def test_a_profiles_sync_wait_is_paid_by_each_collective_a_plan_waits_on(tiny):
+    """Profile.sync_wait (csrc/cost/profiled_cost.h) is added to every collective call: a
+    tensor-parallel plan, which waits on collectives inside every layer, is priced higher by
+    it, more than a data-parallel one, whose gradient buckets run beside backward; and each
+    call by exactly the wait."""
+    graph, prof = tiny
+    cluster = shardwise.Cluster.preset("cpu", 2)
+    fits = {"all_reduce": {"2": {"alpha": 1e-4, "beta": 1e-9}}, "all_gather": {"2": {"alpha": 1e-4, "beta": 1e-9}},
+            "reduce_scatter": {"2": {"alpha": 1e-4, "beta": 1e-9}}}
+    doc = json.loads(prof.to_json())
+    without = shardwise.Profile.from_json(json.dumps({**doc, "collectives": fits}))
+    wait = 5e-3
+    waiting = shardwise.Profile.from_json(json.dumps({**doc, "collectives": fits, "sync_wait": wait}))
+    assert waiting.sync_wait == wait and without.sync_wait == 0.0
+    assert "sync wait: 5.00 ms" in waiting.summary()
+    for kind in ("all_reduce", "all_to_all"):  # a fitted kind and an analytic one
+        assert waiting.collective_time(cluster, kind, [0, 1], 1 << 20)[0] == pytest.approx(
+            without.collective_time(cluster, kind, [0, 1], 1 << 20)[0] + wait)
+    rise = {}
+    for name, kwargs in {"tensor": {"tensor": 2}, "data": {"data": 2}}.items():
+        plan = shardwise.Plan.manual(graph, cluster, global_batch=2, recompute=False, **kwargs)
+        rise[name] = (plan.price(graph, cluster, profile=waiting).predicted_step_time() -
+                      plan.price(graph, cluster, profile=without).predicted_step_time())
+    assert rise["tensor"] >= 4 * wait, rise  # at least a forward and a backward collective in each of 2 layers
+    assert rise["tensor"] > rise["data"] >= 0, rise
 
 
 def test_the_planners_price_with_a_profile_and_price_their_plans_again_so(tiny):
