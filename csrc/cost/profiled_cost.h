@@ -48,8 +48,9 @@
 //    back to back with its ranks started together: after each rank has computed, it waits
 //    for the last of them to arrive and for the library's threads to wake (profile.py,
 //    measure_sync_wait: 10 ms of compute on every rank, then a small all-reduce, against the
-//    two apart). On this 2-core CPU 1 ms a call at 2 processes, 1-4 ms at 4 (2026-12-06);
-//    every collective and every pipeline send a program waits on pays it once.
+//    two apart). On this 2-core CPU 0 to 2.3 ms a call at 2 processes, 0 to 4.3 at 4
+//    (2026-12-06, each benchmarks/fidelity.py plan's own); every collective and every
+//    pipeline send a program waits on pays it once.
 //  - provenance / coverage: which numbers are measured. provenance(graph, node) and
 //    collective_provenance(kind, n) answer statically; coverage(graph) counts the graph's
 //    nodes; calls() counts what node_time / collective_time actually answered since

@@ -713,7 +713,8 @@ def measure_sync_wait(*, compute_s: float = 0.01, iterations: int = 12, rounds: 
     rank to arrive and for the library's threads to wake, which a fit timed back to back with
     its ranks started together leaves out. Every rank must call it (collective); 0 when
     torch.distributed is not initialised or the group has one rank. On this 2-core CPU
-    (2026-12-06): about 1 ms at 2 Gloo processes, 1-4 ms at 4 (more the longer the compute).
+    (2026-12-06, each fidelity.py plan's processes): 0 to 2.3 ms at 2 Gloo processes, 0 to 4.3
+    at 4; one measurement is noisy, the host's load moves it.
     ``rounds`` x ``iterations`` of each loop: about 2.5 s at 2 processes, 5 s at 4."""
     import torch.distributed as dist
 
