@@ -148,7 +148,7 @@ void drop_kernelless_splits(std::vector<Strategy>& strategies, const ops::DimRul
 // ranks of its axis (statistics, ring attention, an experts' dispatch).
 enum class KernelUse : std::uint8_t { None, Lookup, Combining };
 
-KernelUse kernel_use(const Strategy& s, const ops::DimRule& rule, const ir::Node& node) {
+KernelUse kernel_use(const Strategy& s, const ops::DimRule& rule) {
   if (s.partial || s.index < 0) return KernelUse::None;
   if (s.dispatch) return KernelUse::Combining;
   const ops::Index& index = rule.indices.at(static_cast<std::size_t>(s.index));
@@ -162,13 +162,13 @@ KernelUse kernel_use(const Strategy& s, const ops::DimRule& rule, const ir::Node
 // vocabulary-parallel loss split on both axes of a 2 x 2 mesh gathered its [tokens, vocab]
 // logits to every rank, 32 MB, where it was priced as a 4-way split: benchmarks/fidelity.py,
 // 2026-12-06). Not offered where another axis of the node already takes one (`others`).
-void drop_second_kernel_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule, const ir::Node& node,
+void drop_second_kernel_splits(std::vector<Strategy>& strategies, const ops::DimRule& rule,
                                const std::vector<KernelUse>& others) {
   const bool combining = std::ranges::find(others, KernelUse::Combining) != others.end();
   const bool lookup = std::ranges::find(others, KernelUse::Lookup) != others.end();
   if (!combining && !lookup) return;
   std::erase_if(strategies, [&](const Strategy& s) {
-    const KernelUse use = kernel_use(s, rule, node);
+    const KernelUse use = kernel_use(s, rule);
     return (use == KernelUse::Combining && (combining || lookup)) || (use == KernelUse::Lookup && combining);
   });
 }
@@ -273,8 +273,8 @@ std::vector<Strategy> StrategyEnumerator::node_strategies(ir::NodeId node, int a
   std::vector<KernelUse> others;
   for (std::size_t b = 0; b < options_.mesh.size(); ++b)
     if (static_cast<int>(b) != axis)
-      others.push_back(kernel_use(decisions_.nodes[b][static_cast<std::size_t>(node)], *rule, n));
-  drop_second_kernel_splits(strategies, *rule, n, others);
+      others.push_back(kernel_use(decisions_.nodes[b][static_cast<std::size_t>(node)], *rule));
+  drop_second_kernel_splits(strategies, *rule, others);
   if (!options_.expert_parallel || (axis == 0 && options_.experts_on_first_axis == false))
     drop_expert_splits(strategies, *rule, n);
   if (axis == 0 && options_.experts_on_first_axis == true) keep_expert_splits(strategies, *rule, n, options_.mesh[0]);
