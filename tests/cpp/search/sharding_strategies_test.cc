@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "sharding_parts.h"
@@ -162,23 +163,18 @@ TEST_F(ShardingStrategiesTest, AVocabularyParallelLossSplitsItsClassesOnOneAxisO
 })");
   Candidate& c = candidate(head, four, f32_options({2, 2}, 16));
   const ir::NodeId loss = c.producer("loss");
-  auto class_split = [&](int axis) {
-    for (const Strategy& s : c.strategies().node_strategies(loss, axis))
-      if (s.inputs[0] == S(1)) return true;
-    return false;
+  // Whether `axis` offers a strategy reading the logits as `logits`.
+  auto reads = [&](int axis, const Placement& logits) {
+    return std::ranges::any_of(c.strategies().node_strategies(loss, axis),
+                               [&](const Strategy& s) { return s.inputs[0] == logits; });
   };
-  auto row_split = [&](int axis) {
-    for (const Strategy& s : c.strategies().node_strategies(loss, axis))
-      if (s.inputs[0] == S(0)) return true;
-    return false;
-  };
-  ASSERT_TRUE(class_split(0));
-  ASSERT_TRUE(class_split(1));
+  ASSERT_TRUE(reads(0, S(1)));
+  ASSERT_TRUE(reads(1, S(1)));
   for (const Strategy& s : c.strategies().node_strategies(loss, 0))
     if (s.inputs[0] == S(1)) c.decisions.nodes[0][static_cast<std::size_t>(loss)] = s;
-  EXPECT_FALSE(class_split(1));
-  EXPECT_TRUE(row_split(1));
-  EXPECT_TRUE(class_split(0));  // axis 0's own choices are its own
+  EXPECT_FALSE(reads(1, S(1)));
+  EXPECT_TRUE(reads(1, S(0)));
+  EXPECT_TRUE(reads(0, S(1)));  // axis 0's own choices are its own
 }
 
 }  // namespace

@@ -201,8 +201,6 @@ def test_gloo_collectives_fit_every_group_size_a_mesh_axis_runs(tmp_path):
     assert provenance == "analytic"  # no fit of 3 ranks: 3 does not divide 4
 
 
-
-
 def _sync_wait_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     import torch.distributed as dist
 

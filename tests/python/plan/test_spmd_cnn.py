@@ -91,17 +91,17 @@ def _summary(plan, model) -> str:
             f"fc.bias {placements['fc.bias']}, {conv} {placements[conv]}")
 
 
-def _assert_trunk_data_parallel(plan, model) -> None:
+def _assert_trunk_data_parallel(plan, model, weights: list[str]) -> None:
     """Every convolution computes its batch shard and nothing less (no tensor split of its
-    channels); its weight is whole, or held sharded on the batch's axis and gathered for its
-    reads (FSDP: a reduce-scatter and a gather priced against the all-reduce)."""
+    channels); each of `weights` is whole, or held sharded on the batch's axis and gathered for
+    its reads (FSDP: a reduce-scatter and a gather priced against the all-reduce)."""
     placements, mesh = plan.placements(), plan.sharding["mesh"]
     batch_axes = [a for a, p in enumerate(placements["x"]) if p == "S(0)"]
     convs = {k: v for k, v in plan.sharding["strategies"].items() if k.startswith("conv2d")}
     assert convs
     for node, per_axis in convs.items():
         assert all(s == "split n" for s, size in zip(per_axis, mesh) if size > 1), (node, per_axis)
-    for name in _conv_weights(model):
+    for name in weights:
         assert all(p == "R" or (a in batch_axes and p.startswith("S(")) for a, p in enumerate(placements[name])), \
             (name, placements[name], plan.report())
 
@@ -124,7 +124,14 @@ def test_resnet_large_batch_is_pure_data_parallel(imagenet_1k):
     placements = plan.placements()
     # The images are split on their batch dimension over all 8 GPUs of the node.
     assert _split_ways(plan, "x", "S(0)") == 8, (placements["x"], plan.report())
-    _assert_trunk_data_parallel(plan, model)
+    # The 1000-class head may split its classes on another axis (a few us either way); batch
+    # norm's weights are whole.
+    _assert_trunk_data_parallel(plan, model, [n for n, _ in model.named_parameters() if not n.startswith("fc.")])
+    norms = [f"{m}.{p}" for m, mod in model.named_modules() if isinstance(mod, nn.BatchNorm2d)
+             for p in ("weight", "bias")]
+    assert norms
+    for name in norms:
+        assert placements[name] == ["R"] * len(plan.sharding["mesh"]), (name, placements[name])
 
 
 @pytest.fixture(scope="module")
@@ -151,4 +158,4 @@ def test_resnet_100k_class_head_is_sharded(classes_100k):
     assert all(c["bytes"] < whole_gradient for c in head_traffic), head_traffic
     # The trunk stays data parallel, the images split over all 8 GPUs.
     assert _split_ways(plan, "x", "S(0)") == 8, (placements["x"], plan.report())
-    _assert_trunk_data_parallel(plan, model)
+    _assert_trunk_data_parallel(plan, model, _conv_weights(model))
