@@ -252,6 +252,7 @@ std::map<std::string, double> PlanCost::breakdown() const {
   if (context_parallel > 0) out["context_parallel"] = context_parallel;
   if (expert_parallel > 0) out["expert_parallel"] = expert_parallel;
   if (zero_broadcast > 0) out["zero_broadcast"] = zero_broadcast;
+  if (shared_weight_sync > 0) out["shared_weight_sync"] = shared_weight_sync;
   return out;
 }
 
@@ -314,6 +315,7 @@ class PlanEvaluator {
   double rebuilt_bytes(int s) const;
   StageTransient stage_transient(int s, double gradients) const;
   double shared_pre_post_parameters(int tensor) const;
+  double shared_weight_sync() const;
 
  private:
   Parts price_parts(const DeviceType& on, double scale, int width) const;
@@ -950,8 +952,34 @@ void PlanEvaluator::data_parallel_and_optimizer() {
       std::any_of(price_.begin(), price_.end(), [](const StagePrice& here) { return here.data > 1; });
   out_.optimizer = optimizer;
   out_.zero_broadcast = broadcast;
+  out_.shared_weight_sync = shared_weight_sync();
   out_.step_time = out_.compute + out_.tensor_parallel + out_.pipeline_p2p + out_.pipeline_bubble +
-                   out_.data_parallel + out_.optimizer + out_.zero_broadcast;
+                   out_.data_parallel + out_.optimizer + out_.zero_broadcast + out_.shared_weight_sync;
+}
+
+// The tied weights' gradients summed among the first and the last pipeline rank after the
+// step (plan_cost.h): one all-reduce a weight, the groups of every sub-mesh coordinate at once.
+// Nothing where one rank runs both ends (one stage; ZB-V's V puts the last chunk on rank 0).
+double PlanEvaluator::shared_weight_sync() const {
+  if (last_device_ == 0) return 0;
+  const StagePrice& first = price_.front();
+  const StagePrice& last = price_[static_cast<std::size_t>(last_device_)];
+  const bool one_layout = first.data == last.data && first.tensor == last.tensor;
+  std::vector<int> ranks = {first.first, last.first};
+  if (!one_layout) {
+    ranks.clear();
+    for (const StagePrice* here : {&first, &last})
+      for (int r = here->first; r < here->first + here->data * here->tensor; ++r) ranks.push_back(r);
+  }
+  double seconds = 0;
+  for (ir::ValueId id : structure_.pre_and_post_params) {
+    double n = static_cast<double>(graph_.value(id).type.numel());
+    if (one_layout && structure_.sharded_params.contains(id)) n /= first.tensor;
+    seconds += model_.collective_time(cluster_, CollectiveKind::AllReduce, ranks,
+                                      static_cast<std::int64_t>(n * constants_.grad_reduce_bytes_per_param),
+                                      Algorithm::Auto);
+  }
+  return seconds;
 }
 
 // Rank s's saved tensors and held gradients at their peak under a split backward: each

@@ -54,7 +54,14 @@
 //    broadcasts it to the rest after the step (runtime/optim.py), before the next forward may
 //    read it: a broadcast of the stage's weights over its data ranks, exposed (the SPMD
 //    search's zero_broadcast, sharding_model.cc).
-//  step_time = ideal + bubble + data_parallel (exposed) + optimizer + zero_broadcast.
+//  - Tied weights across stages: a weight the nodes before the layers and after them both
+//    read (a tied embedding and LM head), on different pipeline ranks, has its gradient
+//    all-reduced among its readers after the step's gradient synchronisation, one call a
+//    weight (runtime/pipeline_engine.py; Megatron-LM's embedding group): exposed. Readers of
+//    one layout: one group per sub-mesh coordinate, the weight's share at it; layouts that
+//    differ: every rank of both stages, the weight whole.
+//  step_time = ideal + bubble + data_parallel (exposed) + optimizer + zero_broadcast
+//              + shared_weight_sync.
 //
 // TFLOP/s per device: model FLOPs, the standard definition (PaLM's MFU; what the SPMD search
 // reports too): 3 x the graph's forward matmul FLOPs (forward, 2 x backward) per sample, x
@@ -105,6 +112,10 @@ struct PlanCost {
   double data_parallel = 0;    // exposed gradient synchronisation
   double optimizer = 0;
   double zero_broadcast = 0;   // the owners' parameters broadcast after the step (ZeRO 1-2); key only when > 0
+  // A weight read before the layers and after them (a tied embedding and LM head) on two
+  // pipeline ranks: its gradient all-reduced among them after the step, one call a weight
+  // (runtime/pipeline_engine.py, Megatron-LM's embedding group), exposed. Key only when > 0.
+  double shared_weight_sync = 0;
   double data_parallel_total = 0;  // the whole synchronisation, before overlap
   bool data_parallel_overlapped = false;
   // Context parallelism (plan.context > 1): m x the ring attention's exposed sends on the

@@ -84,11 +84,14 @@ schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const Network
 }
 
 // What follows a pipeline's flush as the evaluator has it: the exposed gradient
-// synchronisation, the optimizer step and ZeRO's parameter broadcast (a key only when > 0).
+// synchronisation, the optimizer step, ZeRO's parameter broadcast and the tied weights'
+// all-reduce (keys only when > 0).
 double after_flush_seconds(const plan::Plan& plan) {
   const auto& b = plan.predicted->breakdown;
-  const auto broadcast = b.find("zero_broadcast");
-  return b.at("data_parallel") + b.at("optimizer") + (broadcast == b.end() ? 0.0 : broadcast->second);
+  double out = b.at("data_parallel") + b.at("optimizer");
+  for (const char* key : {"zero_broadcast", "shared_weight_sync"})
+    if (const auto it = b.find(key); it != b.end()) out += it->second;
+  return out;
 }
 
 // What no schedule shortens: the bottleneck device's compute and tensor-parallel time and

@@ -315,6 +315,9 @@ def time_parts(plan, values: dict | None = None) -> tuple[list[Part], Part | Non
     broadcasts = take("zero_broadcast")  # both: each ZeRO owner's parameters after the step
     if broadcasts > 0:
         comm.append(Part("parameter broadcasts (ZeRO)", broadcasts))
+    tied = take("shared_weight_sync")  # a tied embedding and head on two pipeline ranks
+    if tied > 0:
+        comm.append(Part("tied weights' gradient sync", tied))
     for key in sorted(set(b) - used):  # a part this module does not know yet: named, never dropped
         if b[key] > 0 and not key.endswith(("_total", "_overlapped")):
             comm.append(Part(key.replace("_", " "), b[key]))

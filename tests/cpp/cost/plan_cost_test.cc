@@ -225,8 +225,10 @@ TEST(PlanCost, FindsMegatronPairsAndCountsAllReduces) {
 
   // 1F1B bubble: (p - 1) / m of the ideal time.
   EXPECT_NEAR(cost.bubble_fraction, 1.0 / 4, 1e-12);
+  // The tied embedding's gradient summed between the first and last stage after the step.
+  EXPECT_GT(cost.shared_weight_sync, 0);
   EXPECT_NEAR(cost.step_time, cost.compute + cost.tensor_parallel + cost.pipeline_p2p + cost.pipeline_bubble +
-                                  cost.data_parallel + cost.optimizer,
+                                  cost.data_parallel + cost.optimizer + cost.shared_weight_sync,
               1e-15);
   // p > 1: each bucket is issued in the last backward that completes it (runtime/buckets.py),
   // so the reduction hides behind the stage's last chunk and the cooldown after it, less the
@@ -518,6 +520,37 @@ TEST(PlanCost, ATiedEmbeddingIsHeldOnceWhereTheFirstAndLastStageShareARank) {
   const PlanCost zv = evaluate(tied, c, v, model);
   ASSERT_DOUBLE_EQ(zv.memory_breakdown.at("stage"), 0.0);
   EXPECT_DOUBLE_EQ(zv.memory_breakdown.at("weights"), (parameters - 2 * layer) * bf16.weight_bytes);
+}
+
+// Where the embedding and the head are on different pipeline ranks, the tied table's gradient is
+// all-reduced between them after the step (runtime/pipeline_engine.py): priced, exposed, once a
+// weight; where one rank runs both (one stage, ZB-V's V), nothing.
+TEST(PlanCost, ATiedEmbeddingOnTwoPipelineRanksHasItsGradientSummedAfterTheStep) {
+  const ir::Graph tied = tiny_gpt();
+  const Cluster c = preset("dgx-a100", 1);
+  AnalyticCostModel model;
+  plan::Plan p;
+  p.pipeline = 2, p.data = 4, p.global_batch = 16, p.micro_batch = 1;
+  p.recompute = plan::Recompute::None;
+  const PlanCost two = evaluate(tied, c, p, model);
+  const double table = 128 * 64;  // wte, models/gpt.h: the head reads it
+  const std::vector<int> readers = {0, 4};  // the first stage's rank 0 and the last stage's
+  const double expected = model.collective_time(c, CollectiveKind::AllReduce, readers,
+                                                static_cast<std::int64_t>(table * 4), Algorithm::Auto);
+  ASSERT_GT(expected, 0);
+  EXPECT_DOUBLE_EQ(two.shared_weight_sync, expected);
+  EXPECT_DOUBLE_EQ(two.breakdown().at("shared_weight_sync"), expected);
+  const double parts = two.compute + two.tensor_parallel + two.pipeline_p2p + two.pipeline_bubble +
+                       two.data_parallel + two.optimizer + two.zero_broadcast;
+  EXPECT_DOUBLE_EQ(two.step_time, parts + expected);
+
+  plan::Plan v = p;
+  v.virtual_stages = 2, v.schedule = plan::Schedule::ZeroBubbleV;
+  EXPECT_EQ(evaluate(tied, c, v, model).shared_weight_sync, 0.0);
+  EXPECT_FALSE(evaluate(tied, c, v, model).breakdown().contains("shared_weight_sync"));
+  plan::Plan one = p;
+  one.pipeline = 1, one.data = 8;
+  EXPECT_EQ(evaluate(tied, c, one, model).shared_weight_sync, 0.0);
 }
 
 // Four CPU processes sharing a machine's cores: a pipeline's busy stage runs faster while the

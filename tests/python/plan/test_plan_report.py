@@ -174,9 +174,13 @@ def test_pipelined_manual_plan_report(pipelined):
     _line(report, row("optimizer step", b["optimizer"]) + "$")
     # ZeRO-1: each owner broadcasts the parameters it stepped, after the step (runtime/optim.py)
     assert b["zero_broadcast"] > 0
-    exposed = b["tensor_parallel"] + b["pipeline_p2p"] + b["data_parallel"] + b["zero_broadcast"]
+    # The tied embedding and head on the two stages: its gradient summed between them after the step
+    assert b["shared_weight_sync"] > 0
+    exposed = (b["tensor_parallel"] + b["pipeline_p2p"] + b["data_parallel"] + b["zero_broadcast"]
+               + b["shared_weight_sync"])
     _line(report, row("exposed communication", exposed) + "$")
     _line(report, row("parameter broadcasts (ZeRO)", b["zero_broadcast"], "    ") + "$")
+    _line(report, row("tied weights' gradient sync", b["shared_weight_sync"], "    ") + "$")
     _line(report, row("tensor-parallel", b["tensor_parallel"], "    ") + "$")
     _line(report, row("pipeline sends", b["pipeline_p2p"], "    ")
           + rf"  {re.escape(seconds_text(b['pipeline_transfer']))} each$")
