@@ -28,14 +28,13 @@ import os
 import resource
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _workers import spawn_ranks  # noqa: E402
+from _workers import finish_worker, run_world  # noqa: E402
 
 _ACTIONS = {"full_backward": "B", "backward_weight": "W"}
 _ENGINE_METHODS = {"_backward_input": "B input", "_wait": "wait", "_broadcast_loss": "loss broadcast"}
@@ -63,54 +62,51 @@ def _instrument(table: dict) -> None:
     engine.PipelineEngine._call = staticmethod(_timed(table, "F", engine.PipelineEngine._call))
 
 
-def _rank(rank: int, store: str, world: int, rows: list, steps: int, warmup: int, out: str) -> None:
+def _rank(rank: int, world: int, store: str, args: tuple, out: str) -> None:
     import fidelity
     import shardwise
 
+    rows, steps, warmup = args
     torch.set_num_threads(fidelity.threads(world))
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     actions = collections.defaultdict(lambda: (0.0, 0.0))
     _instrument(actions)
     report = []
-    try:
-        for row in rows:
-            model = fidelity.build(row["plan"].split()[0])
-            ids, y = fidelity.batch()
-            engine = shardwise.parallelize(model, (ids, y), plan=shardwise.Plan.from_json(row["plan_json"]),
-                                           verify=False)
-            optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)
+    for row in rows:
+        model = fidelity.build(row["plan"].split()[0])
+        ids, y = fidelity.batch()
+        engine = shardwise.parallelize(model, (ids, y), plan=shardwise.Plan.from_json(row["plan_json"]),
+                                       verify=False)
+        optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)
 
-            def step():
-                optimizer.zero_grad()
-                engine.train_step(ids, y)
-                optimizer.step()
+        def step():
+            optimizer.zero_grad()
+            engine.train_step(ids, y)
+            optimizer.step()
 
-            for _ in range(warmup):
-                step()
-            actions.clear()
-            samples = []
-            for _ in range(steps):
-                dist.barrier()
-                before, cpu, wall = resource.getrusage(resource.RUSAGE_THREAD), time.process_time(), time.perf_counter()
-                step()
-                after = resource.getrusage(resource.RUSAGE_THREAD)
-                samples.append((time.process_time() - cpu, after.ru_utime - before.ru_utime,
-                                after.ru_stime - before.ru_stime, after.ru_nvcsw - before.ru_nvcsw,
-                                after.ru_nivcsw - before.ru_nivcsw))
-                dist.barrier()
-                samples[-1] = (time.perf_counter() - wall, *samples[-1])
-            mine = [statistics.median(s[i] for s in samples) for i in range(6)]
-            mine.append({k: (w / steps, c / steps) for k, (w, c) in actions.items()})
-            everyone = [None] * world
-            dist.all_gather_object(everyone, mine)
-            report.append(everyone)
-            del engine, optimizer
-        if rank == 0:
-            with open(out, "w") as f:
-                json.dump(report, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        for _ in range(warmup):
+            step()
+        actions.clear()
+        samples = []
+        for _ in range(steps):
+            dist.barrier()
+            before, cpu, wall = resource.getrusage(resource.RUSAGE_THREAD), time.process_time(), time.perf_counter()
+            step()
+            after = resource.getrusage(resource.RUSAGE_THREAD)
+            samples.append((time.process_time() - cpu, after.ru_utime - before.ru_utime,
+                            after.ru_stime - before.ru_stime, after.ru_nvcsw - before.ru_nvcsw,
+                            after.ru_nivcsw - before.ru_nivcsw))
+            dist.barrier()
+            samples[-1] = (time.perf_counter() - wall, *samples[-1])
+        mine = [statistics.median(s[i] for s in samples) for i in range(6)]
+        mine.append({k: (w / steps, c / steps) for k, (w, c) in actions.items()})
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+        report.append(everyone)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(report, f)
+    finish_worker()
 
 
 def main() -> None:
@@ -127,13 +123,10 @@ def main() -> None:
     if missing:
         raise SystemExit(f"not in {args.from_json} (with its plan): {', '.join(missing)}")
     rows = [saved[p] for p in args.plans]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        spawn_ranks(_rank, (os.path.join(tmp, "store"), args.world, rows, args.steps, args.warmup, out), args.world)
-        with open(out) as f:
-            report = json.load(f)
+    report = run_world(_rank, args.world, (rows, args.steps, args.warmup))
     cores = os.cpu_count() or 1
-    print("| plan | rank | step (s) | process CPU | main user | main system | switches vol / invol | actions: wall / main-thread CPU (ms) |")
+    print("| plan | rank | step (s) | process CPU | main user | main system | switches vol / invol | "
+          "actions: wall / main-thread CPU (ms) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for row, ranks in zip(rows, report):
         for r, (wall, cpu, user, system, vol, invol, acts) in enumerate(ranks):

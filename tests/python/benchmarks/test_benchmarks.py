@@ -207,6 +207,19 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
         assert nbytes <= 0 or data["traffic"].get(kind, {}).get("bytes", 0) > 0, (kind, data)
     assert rows["gpt2 pipeline 2 x data 2, 1F1B"]["traffic"]["send"]["calls"] > 0
 
+    # step_cpu.py runs the saved plans again: a row per rank, the engine's actions for the
+    # pipeline's ranks only, and the ranks' CPU over the cores beside each plan's prediction.
+    out = _run("step_cpu.py", "--from-json", str(tmp_path / "fidelity.json"), "--steps", "1", "--warmup", "1",
+               "gpt2 data 4", "gpt2 pipeline 2 x data 2, 1F1B")
+    lines = [line for line in out.splitlines() if line.startswith("| gpt2")]
+    ranks = {(line.split(" | ")[0][2:], line.split(" | ")[1]): line for line in lines}
+    assert set(ranks) == {(p, r) for p in rows for r in ("0", "1", "2", "3", "pool")}, out
+    for plan in rows:
+        assert f"predicted {rows[plan]['predicted_step']:.3f} s" in ranks[(plan, "pool")], out
+    pipeline = [ranks[("gpt2 pipeline 2 x data 2, 1F1B", r)] for r in "0123"]
+    assert all(" F " in line and " B " in line for line in pipeline), out
+    assert not any(" F " in ranks[("gpt2 data 4", r)] for r in "0123"), out
+
 
 def test_peak_tensor_bytes_counts_what_is_held_and_the_largest_step_allocation_without_excluded_tensors():
     import importlib.util
