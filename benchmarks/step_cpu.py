@@ -52,7 +52,8 @@ def _timed(table: dict, name: str, fn):
 
 
 def _instrument(table: dict) -> None:
-    """Wall clock of the pipeline engine's actions into ``table`` (the module's own functions)."""
+    """Wall clock and main-thread CPU of the pipeline engine's actions into ``table`` (the module's own
+    functions, wrapped in place)."""
     import shardwise.runtime.pipeline_engine as engine
 
     for fn, name in _ACTIONS.items():
@@ -92,12 +93,11 @@ def _rank(rank: int, world: int, store: str, args: tuple, out: str) -> None:
             dist.barrier()
             before, cpu, wall = resource.getrusage(resource.RUSAGE_THREAD), time.process_time(), time.perf_counter()
             step()
-            after = resource.getrusage(resource.RUSAGE_THREAD)
-            samples.append((time.process_time() - cpu, after.ru_utime - before.ru_utime,
+            after, cpu = resource.getrusage(resource.RUSAGE_THREAD), time.process_time() - cpu
+            dist.barrier()
+            samples.append((time.perf_counter() - wall, cpu, after.ru_utime - before.ru_utime,
                             after.ru_stime - before.ru_stime, after.ru_nvcsw - before.ru_nvcsw,
                             after.ru_nivcsw - before.ru_nivcsw))
-            dist.barrier()
-            samples[-1] = (time.perf_counter() - wall, *samples[-1])
         mine = [statistics.median(s[i] for s in samples) for i in range(6)]
         mine.append({k: (w / steps, c / steps) for k, (w, c) in actions.items()})
         everyone = [None] * world
