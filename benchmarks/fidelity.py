@@ -364,6 +364,12 @@ def predicted_traffic(plan) -> dict:
     return out
 
 
+def _sliced(profile: dict) -> str:
+    """The profile's time-slicing factor where its ranks outnumbered the cores (profile.py)."""
+    factor = profile.get("time_slicing", 1.0)
+    return f", x{factor:.3f} for the time-sliced cores" if factor > 1.0 else ""
+
+
 def _mb(x: float | None) -> str:
     return "-" if x is None else f"{x / 1e6:.2f}"
 
@@ -445,7 +451,8 @@ def main() -> None:
                      **{k: measured[k] for k in ("step", "steps", "memory", "resident", "held", "traffic", "loss")}})
         r = rows[-1]
         print(f"  {name}: step {r['step']:.3f} s measured, {r['predicted_step']:.3f} s predicted ({len(ops.ops)} of "
-              f"{len(specs)} ops measured at the rank's shapes; {r['analytic_step']:.3f} s by the analytic model); "
+              f"{len(specs)} ops measured at the rank's shapes{_sliced(measured['ops'])}; {r['analytic_step']:.3f} s "
+              "by the analytic model); "
               f"memory {_mb(r['memory'])} MB measured ({_mb(r['held'])} held between steps, resident growth "
               f"{_mb(r['resident'])}), {_mb(r['predicted_memory'])} MB predicted", flush=True)
     report(args, rows, cluster, world, steps)

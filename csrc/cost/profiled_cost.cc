@@ -166,6 +166,8 @@ void validate_profile(const Profile& profile) {
       invalid("optimizer.seconds_per_element", fmt::format("must be finite seconds > 0, got {}", s));
   }
   check_seconds("sync_wait", profile.sync_wait);
+  if (!(profile.time_slicing >= 1.0 && profile.time_slicing <= 2.0))
+    invalid("time_slicing", fmt::format("must be a factor in [1, 2], got {}", profile.time_slicing));
   for (const auto& [signature, op] : profile.ops) {
     check_seconds(fmt::format("ops[\"{}\"].forward", signature), op.forward);
     check_seconds(fmt::format("ops[\"{}\"].backward", signature), op.backward);
@@ -204,13 +206,15 @@ json profile_to_json(const Profile& profile) {
     out["optimizer"] = {{"name", profile.optimizer->name},
                         {"seconds_per_element", profile.optimizer->seconds_per_element}};
   if (profile.sync_wait > 0) out["sync_wait"] = profile.sync_wait;
+  if (profile.time_slicing > 1.0) out["time_slicing"] = profile.time_slicing;
   return out;
 }
 
 Profile profile_from_json(const json& j) {
   object_at(j, "(top level)");
   check_keys(j, "(top level)",
-             {"format", "version", "device", "ops", "skipped", "collectives", "optimizer", "sync_wait"});
+             {"format", "version", "device", "ops", "skipped", "collectives", "optimizer", "sync_wait",
+               "time_slicing"});
   if (auto it = j.find("format"); it != j.end() && string_value(*it, "format") != kFormat) {
     fail("format", fmt::format("expected \"{}\", found \"{}\"", kFormat, it->get<std::string>()));
   }
@@ -261,6 +265,7 @@ Profile profile_from_json(const json& j) {
                                     number_at(*it, "seconds_per_element", "optimizer")};
   }
   if (j.contains("sync_wait")) p.sync_wait = number_at(j, "sync_wait", "(top level)");
+  if (j.contains("time_slicing")) p.time_slicing = number_at(j, "time_slicing", "(top level)");
   validate_profile(p);
   return p;
 }

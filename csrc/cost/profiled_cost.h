@@ -51,6 +51,8 @@
 //    two apart). On this 2-core CPU 0 to 2.3 ms a call at 2 processes, 0 to 4.3 at 4
 //    (2026-12-06, each benchmarks/fidelity.py plan's own); every collective and every
 //    pipeline send a program waits on pays it once.
+//  - time_slicing: the ops' times already include it (node_time reads them as they are); a
+//    record of the factor, not a term.
 //  - provenance / coverage: which numbers are measured. provenance(graph, node) and
 //    collective_provenance(kind, n) answer statically; coverage(graph) counts the graph's
 //    nodes; calls() counts what node_time / collective_time actually answered since
@@ -161,6 +163,10 @@ struct Profile {
   std::map<CollectiveKind, std::map<int, AlphaBetaFit>> collectives;  // kind -> group size -> fit
   std::optional<MeasuredOptimizer> optimizer;                  // none: the analytic bandwidth rule
   double sync_wait = 0;  // seconds a blocking collective waits beyond its fit (header comment); 0: not measured
+  // What the op times were multiplied by for the CPU a rank loses to the scheduler slicing its
+  // core between more ranks than cores (profile.py, measure_time_slicing): folded into `ops`
+  // already, kept so a profile says what it holds. 1: none (a GPU, or a core a rank).
+  double time_slicing = 1.0;
 
   friend bool operator==(const Profile&, const Profile&) = default;
 };
@@ -174,9 +180,10 @@ void validate_profile(const Profile& profile);
 //    "skipped": {"<signature>": "reason", ...},
 //    "collectives": {"all_reduce": {"2": {"alpha": 1.0e-4, "beta": 2.0e-9}}, ...},
 //    "optimizer": {"name": "AdamW", "seconds_per_element": 3.0e-9},
-//    "sync_wait": 1.0e-3}
-// "format", "version", "skipped", "collectives", "optimizer" and "sync_wait" are optional on
-// input; "sync_wait" is written only when above 0.
+//    "sync_wait": 1.0e-3, "time_slicing": 1.06}
+// "format", "version", "skipped", "collectives", "optimizer", "sync_wait" and "time_slicing"
+// are optional on input; "sync_wait" is written only when above 0, "time_slicing" (in [1, 2])
+// only when above 1.
 nlohmann::json profile_to_json(const Profile& profile);
 Profile profile_from_json(const nlohmann::json& json);
 std::string profile_to_json_string(const Profile& profile, int indent = -1);

@@ -52,7 +52,7 @@ from ._logging import get_logger
 log = get_logger(__name__)
 
 __all__ = ["Profile", "profile", "measure_collectives", "measure_optimizer", "measure_specs", "plan_specs",
-           "graph_specs", "sharing", "DEFAULT_COLLECTIVE_SIZES"]
+           "graph_specs", "sharing", "measure_time_slicing", "DEFAULT_COLLECTIVE_SIZES"]
 
 # Up to 16 MB: a step's gradient buckets are 25 MB (DDP's cap, _C.GRADIENT_BUCKET_BYTES) and its
 # tensor-parallel activations several MB. Fitted on 4 KB to 4 MB only, the slope came from the two
@@ -148,6 +148,12 @@ class Profile:
         """Seconds a blocking collective waits in a program beyond its fit (measure_sync_wait; 0: not measured)."""
         return float(self._doc.get("sync_wait", 0.0))
 
+    @property
+    def time_slicing(self) -> float:
+        """What the op times were multiplied by for the CPU a rank loses when its node's ranks
+        outnumber its cores (measure_time_slicing; already in ``ops``); 1.0: none."""
+        return float(self._doc.get("time_slicing", 1.0))
+
     def coverage(self, graph) -> dict:
         """{nodes_measured, nodes_analytic, provenance: ["measured" | "analytic", per node]}
         of ``graph`` under this profile (as the core model sees it)."""
@@ -178,6 +184,8 @@ class Profile:
                              f"({1 / f['beta'] / 1e9 if f['beta'] > 0 else float('inf'):.2f} GB/s)")
         if self.sync_wait > 0:
             lines.append(f"  sync wait: {self.sync_wait * 1e3:.2f} ms a blocking collective, beyond its fit")
+        if self.time_slicing > 1.0:
+            lines.append(f"  op times include x{self.time_slicing:.3f} for cores time-sliced between ranks")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -475,7 +483,7 @@ def measure_ops(graph, *, device: "str | torch.device | None" = None, budget_s: 
 
 def measure_specs(specs: list[dict], *, device: "str | torch.device | None" = None, budget_s: float = 30.0,
                   warmup: int = 1, repeats: int = 5, min_sample_s: float = 2e-4, progress: bool = True,
-                  group=None, shared_by: float = 1.0, concurrent: int = 1) -> dict:
+                  group=None, shared_by: float = 1.0, concurrent: int = 1, time_slicing: bool = True) -> dict:
     """Times each spec (graph_specs, plan_specs) once: {"device", "ops", "skipped"}.
 
     ``group``: a process group whose every rank calls this with the same specs (collective);
@@ -487,13 +495,20 @@ def measure_specs(specs: list[dict], *, device: "str | torch.device | None" = No
     one, alone on a core). ``shared_by``: what the times are multiplied by, how many times
     slower a rank computes when its node runs all its ranks than when it runs ``concurrent``
     of them: the node's compute_alone (cost/cluster.h: 2 for 4 single-threaded processes on 2
-    cores), so the figures are the rate every rank shares, as Cluster.detect's peak FLOP/s."""
+    cores), so the figures are the rate every rank shares, as Cluster.detect's peak FLOP/s.
+    Where the group has more ranks than ``concurrent`` (and ``time_slicing``), that rate is
+    also what the slices cost: ``measure_time_slicing`` over the same specs, first, multiplies
+    ``shared_by`` and is recorded as the document's "time_slicing" (above 1 only)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if group is not None:
         import torch.distributed as dist
 
-        doc = [_measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progress, shared_by,
+        sliced = measure_time_slicing(specs, concurrent=concurrent, group=group, device=device) \
+            if time_slicing else 1.0
+        doc = [_measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progress, shared_by * sliced,
                               group, dist.get_rank(group) < max(1, concurrent))]
+        if sliced > 1.0:
+            doc[0]["time_slicing"] = sliced
         dist.broadcast_object_list(doc, src=dist.get_global_rank(group, 0), group=group)
         return doc[0]
     return _measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progress, shared_by, None, True)
@@ -561,6 +576,80 @@ def _measure_specs(specs, device, budget_s, warmup, repeats, min_sample_s, progr
     log.info("shardwise.profile: %d signatures measured, %d skipped in %.1f s (autograd overhead %.1f us "
              "subtracted from each backward)", len(ops), len(skipped), time.perf_counter() - start, overhead * 1e6)
     return {"device": _device_name(device), "ops": ops, "skipped": skipped}
+
+
+def _op_pass(specs: list[dict], device: torch.device) -> "Callable[[], None] | None":
+    """One pass over ``specs``' rebuilt calls, forward, without autograd: the ops a step runs
+    at its shapes, on inputs of their own (a step's working set, about); None when none runs."""
+    calls = []
+    for spec in specs:
+        if spec.get("fp8"):
+            continue  # their scaled calls need the runtime's wrapper; the rest are the same ops
+        try:
+            op, args, kwargs, _, _ = _build_call(spec, device)
+            with torch.no_grad():
+                op(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - what cannot be rebuilt is left out of the pass
+            continue
+        calls.append((op, args, kwargs))
+    if not calls:
+        return None
+
+    def run() -> None:
+        with torch.no_grad():
+            for op, args, kwargs in calls:
+                op(*args, **kwargs)
+    return run
+
+
+def measure_time_slicing(specs: list[dict], *, concurrent: int, group=None, seconds: float = 1.0,
+                         rounds: int = 2, device: "str | torch.device | None" = None) -> float:
+    """How many times more CPU a rank's ops take when its node runs all its ranks on fewer
+    cores than ranks (the scheduler slices each core between them) than when ``concurrent``
+    of them run, one a core: ``measure_specs``'s figures come from short samples, each within
+    one slice, which never pay for the caches another process left cold at every switch. Every
+    rank of ``group`` runs passes over ``specs``' calls (``_op_pass``) for ``seconds``, first
+    the group's first ``concurrent`` ranks alone (the others wait), then all of them; the
+    ranks' mean CPU a pass (the thread's clock), all over alone, the median of ``rounds``,
+    clamped to [1, 2]. 1.0 without a group, with ``concurrent`` ranks or more than it has,
+    or a CUDA device (a GPU is no CPU slice). On this 2-core box, 4 Gloo processes (2026-12-06):
+    a forward and backward of fidelity.py's GPT-2 at 4 rows took 1.05x the CPU of 2
+    processes, at 2 rows 1.075x. Collective: every rank of the group calls it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1.0
+    size = dist.get_world_size(group)
+    device = torch.device(device or "cpu")
+    if device.type != "cpu" or size <= max(1, concurrent):
+        return 1.0
+    run = _op_pass(specs, device)
+    ran = torch.tensor([1.0 if run is not None else 0.0], dtype=torch.float64)
+    dist.all_reduce(ran, op=dist.ReduceOp.MIN, group=group)
+    if not ran.item():
+        return 1.0
+    mine = dist.get_rank(group)
+
+    def cpu_per_pass(active: bool) -> torch.Tensor:
+        dist.barrier(group=group)
+        if not active:
+            out = torch.zeros(2, dtype=torch.float64)
+        else:
+            run()  # after the wait: the caches as the pass leaves them
+            passes, cpu0, wall0 = 0, time.thread_time(), time.perf_counter()
+            while time.perf_counter() - wall0 < seconds:
+                run()
+                passes += 1
+            out = torch.tensor([(time.thread_time() - cpu0) / passes, 1.0], dtype=torch.float64)
+        dist.all_reduce(out, group=group)
+        return out[0] / out[1]
+
+    ratios = []
+    for _ in range(max(1, rounds)):
+        alone = cpu_per_pass(mine < concurrent)
+        together = cpu_per_pass(True)
+        ratios.append(float(together / alone))
+    return min(2.0, max(1.0, statistics.median(ratios)))
 
 
 # ---- collective measurement -----------------------------------------------------------

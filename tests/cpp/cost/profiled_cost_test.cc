@@ -219,6 +219,30 @@ TEST(ProfiledCost, AMeasuredSyncWaitIsAddedToEveryCollectiveCall) {
             std::string::npos);
 }
 
+// The time-slicing factor (profile.py, measure_time_slicing) is folded into the op times by the
+// profiler; the profile records it: it round-trips, a profile without it reads 1 and writes no
+// key, it prices nothing itself, and a factor outside [1, 2] is refused by name.
+TEST(ProfiledCost, ATimeSlicingFactorIsRecordedNotPriced) {
+  ir::Graph g = two_layer_graph();
+  Profile p = hand_profile(g);
+  const DeviceType dev = test_device("dev");
+  const ProfiledCostModel plain(p);
+  p.time_slicing = 1.07;
+  const ProfiledCostModel sliced(p);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(sliced.node_time(g, g.node(i), dev, Precision::F32, {}),
+              plain.node_time(g, g.node(i), dev, Precision::F32, {}));
+  EXPECT_EQ(profile_from_json_string(profile_to_json_string(p)), p);
+  EXPECT_DOUBLE_EQ(profile_to_json(p).at("time_slicing").get<double>(), 1.07);
+  EXPECT_EQ(profile_to_json(hand_profile(g)).count("time_slicing"), 0u);
+  EXPECT_EQ(profile_from_json_string(R"({"device": "cpu", "ops": {}})").time_slicing, 1.0);
+  for (const char* bad : {R"({"device": "cpu", "ops": {}, "time_slicing": 0.9})",
+                          R"({"device": "cpu", "ops": {}, "time_slicing": 2.5})"}) {
+    EXPECT_NE(error_of<support::ValidationError>([bad] { profile_from_json_string(bad); }).find("time_slicing"),
+              std::string::npos);
+  }
+}
+
 // An op timed under selective recomputation's policy (profile.py, _selective_seconds) keeps the
 // seconds in the JSON and answers OpTime::selective_extra = selective - forward, at the rank's
 // shapes as is and scaled like the forward otherwise; an op without it answers -1 (the

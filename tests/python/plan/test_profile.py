@@ -450,6 +450,81 @@ def test_shared_by_states_the_times_at_the_rate_ranks_sharing_cores_compute(data
         assert shared["ops"][s["signature"]] == {"forward": 2e-3, "backward": 4e-3, "selective": 1e-2}
 
 
+def _slicing_worker(rank: int, world: int, store_path: str, specs: list, out_path: str) -> None:
+    import torch.distributed as dist
+
+    from shardwise.profile import measure_time_slicing
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    try:
+        torch.set_num_threads(1)
+        got = {"sliced": measure_time_slicing(specs, concurrent=1, seconds=0.2, rounds=1),
+               "one_a_core": measure_time_slicing(specs, concurrent=world, seconds=0.2, rounds=1)}
+        with open(f"{out_path}.{rank}", "w") as f:
+            json.dump(got, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_time_slicing_factor_is_measured_by_every_rank_together_and_agreed(data_plan, tmp_path):
+    """measure_time_slicing is collective: with fewer ranks at a time than the group has
+    (concurrent=1 of 2) both ranks run the passes (no hang) and answer one figure, a factor in
+    [1, 2]; with a core a rank (concurrent = the group) there is no slicing to measure: 1.0,
+    as without a process group."""
+    import torch.multiprocessing as mp
+
+    from shardwise.profile import measure_time_slicing, plan_specs
+
+    graph, cluster, plan = data_plan
+    specs = plan_specs(graph, cluster, [plan])
+    store, out = str(tmp_path / "store"), str(tmp_path / "slicing")
+    ctx = mp.spawn(_slicing_worker, args=(2, store, specs, out), nprocs=2, join=False)
+    _join_or_fail(ctx)
+    got = [json.load(open(f"{out}.{r}")) for r in range(2)]
+    assert got[0] == got[1], got
+    assert 1.0 <= got[0]["sliced"] <= 2.0 and got[0]["one_a_core"] == 1.0
+    assert measure_time_slicing(specs, concurrent=1) == 1.0  # no process group in this process
+
+
+def test_measured_time_slicing_multiplies_the_shared_rate_and_is_recorded(data_plan, tmp_path, monkeypatch):
+    """Where a group's ranks outnumber the ranks that time at once, measure_specs multiplies
+    its times by measure_time_slicing's factor beside shared_by, and the document (and the
+    Profile, which the C++ core reads) says so; with time_slicing=False, or a factor of 1,
+    neither."""
+    import sys
+
+    import torch.distributed as dist
+
+    from shardwise.profile import measure_specs, plan_specs
+
+    profile_module = sys.modules["shardwise.profile"]
+    graph, cluster, plan = data_plan
+    specs = plan_specs(graph, cluster, [plan])[:3]
+    monkeypatch.setattr(profile_module, "_measure_node", lambda *a, **k: (1e-3, 3e-3, None))
+    monkeypatch.setattr(profile_module, "_autograd_overhead", lambda *a: 1e-3)
+    asked = []
+    monkeypatch.setattr(profile_module, "measure_time_slicing",
+                        lambda specs, concurrent, group, device: asked.append(concurrent) or 1.25)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        sliced = measure_specs(specs, progress=False, group=dist.group.WORLD, shared_by=2.0, concurrent=1)
+        unsliced = measure_specs(specs, progress=False, group=dist.group.WORLD, shared_by=2.0, concurrent=1,
+                                 time_slicing=False)
+    finally:
+        dist.destroy_process_group()
+    assert asked == [1]
+    for s in specs:
+        assert sliced["ops"][s["signature"]] == {"forward": 2.5e-3, "backward": 5e-3}
+        assert unsliced["ops"][s["signature"]] == {"forward": 2e-3, "backward": 4e-3}
+    assert sliced["time_slicing"] == 1.25 and "time_slicing" not in unsliced
+    doc = {"format": "shardwise.profile", "version": 1, "collectives": {}, **sliced}
+    prof = shardwise.Profile.from_json(json.dumps(doc))
+    assert prof.time_slicing == 1.25 and "x1.250" in prof.summary()
+    priced = plan.price(graph, cluster, profile=prof)  # the core reads the key
+    assert priced.predicted_step_time() > 0
+
+
 def test_an_ops_samples_are_taken_one_per_pass_and_their_median_kept(data_plan, monkeypatch):
     # A machine that runs slow for a while must slow one sample of every op, not every sample
     # of a few: the list is walked `repeats` times, one sample of each op per pass.
