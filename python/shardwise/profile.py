@@ -583,10 +583,12 @@ def _op_pass(specs: list[dict], device: torch.device) -> "Callable[[], None] | N
     at its shapes, on inputs of their own (a step's working set, about); None when none runs."""
     calls = []
     for spec in specs:
-        if spec.get("fp8"):
-            continue  # their scaled calls need the runtime's wrapper; the rest are the same ops
         try:
             op, args, kwargs, _, _ = _build_call(spec, device)
+            if spec.get("fp8"):  # the rank program's scaled call, as _measure_node times it
+                from .runtime.fp8 import fp8_call
+
+                op = (lambda aten: lambda *a, **k: fp8_call(aten, a, k))(op)
             with torch.no_grad():
                 op(*args, **kwargs)
         except Exception:  # noqa: BLE001 - what cannot be rebuilt is left out of the pass
