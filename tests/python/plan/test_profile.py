@@ -487,6 +487,26 @@ def test_the_time_slicing_factor_is_measured_by_every_rank_together_and_agreed(d
     assert measure_time_slicing(specs, concurrent=1) == 1.0  # no process group in this process
 
 
+def test_the_time_slicing_pass_runs_an_fp8_plans_linears_as_its_program_calls_them(data_plan, monkeypatch):
+    """The pass measure_time_slicing times holds every spec it can rebuild, an FP8 linear
+    through runtime/fp8.py's call (left out, an FP8 plan's pass held its elementwise ops only)."""
+    from shardwise.profile import _op_pass, plan_specs
+    from shardwise.runtime import fp8
+
+    graph, cluster, _ = data_plan
+    plan = shardwise.plan(graph, cluster, global_batch=2, mesh=(2, 1), zero=False, recompute=False, precision="fp8")
+    specs = plan_specs(graph, cluster, [plan])
+    scaled = []
+    real = fp8.fp8_call
+    monkeypatch.setattr(fp8, "fp8_call", lambda op, a, k: scaled.append(op) or real(op, a, k))
+    run = _op_pass(specs, torch.device("cpu"))
+    assert run is not None
+    scaled.clear()
+    run()
+    assert len(scaled) == sum(1 for s in specs if s["fp8"]) > 0
+    assert _op_pass([], torch.device("cpu")) is None
+
+
 def test_measured_time_slicing_multiplies_the_shared_rate_and_is_recorded(data_plan, tmp_path, monkeypatch):
     """Where a group's ranks outnumber the ranks that time at once, measure_specs multiplies
     its times by measure_time_slicing's factor beside shared_by, and the document (and the
