@@ -626,7 +626,7 @@ def measure_time_slicing(specs: list[dict], *, concurrent: int, group=None, seco
     if device.type != "cpu" or size <= max(1, concurrent):
         return 1.0
     run = _op_pass(specs, device)
-    ran = torch.tensor([1.0 if run is not None else 0.0], dtype=torch.float64)
+    ran = torch.tensor([1.0 if run is not None else 0.0], dtype=torch.float64, device=device)
     dist.all_reduce(ran, op=dist.ReduceOp.MIN, group=group)
     if not ran.item():
         return 1.0
@@ -635,14 +635,14 @@ def measure_time_slicing(specs: list[dict], *, concurrent: int, group=None, seco
     def cpu_per_pass(active: bool) -> torch.Tensor:
         dist.barrier(group=group)
         if not active:
-            out = torch.zeros(2, dtype=torch.float64)
+            out = torch.zeros(2, dtype=torch.float64, device=device)
         else:
             run()  # after the wait: the caches as the pass leaves them
             passes, cpu0, wall0 = 0, time.thread_time(), time.perf_counter()
             while time.perf_counter() - wall0 < seconds:
                 run()
                 passes += 1
-            out = torch.tensor([(time.thread_time() - cpu0) / passes, 1.0], dtype=torch.float64)
+            out = torch.tensor([(time.thread_time() - cpu0) / passes, 1.0], dtype=torch.float64, device=device)
         dist.all_reduce(out, group=group)
         return out[0] / out[1]
 
