@@ -405,13 +405,19 @@ def _selective_seconds(op, args, kwargs, device, repeats, min_sample_s, activati
     return _median_time(both, device, repeats, min_sample_s, activations)
 
 
+def _as_ranks_call(spec: dict, op):
+    """``op`` as the rank program calls it: an FP8 linear (the spec's "fp8") through
+    runtime/fp8.py's scaled call, anything else as rebuilt."""
+    if not spec.get("fp8"):
+        return op
+    from .runtime.fp8 import fp8_call
+
+    return lambda *a, **k: fp8_call(op, a, k)
+
+
 def _measure_node(spec, device, warmup, repeats, min_sample_s) -> tuple[float, float, float | None]:
     op, args, kwargs, wrt, activations = _build_call(spec, device)
-    if spec.get("fp8"):
-        from .runtime.fp8 import fp8_call
-
-        aten = op
-        op = lambda *a, **k: fp8_call(aten, a, k)  # noqa: E731 - the rank program's call
+    op = _as_ranks_call(spec, op)
     try:
         for _ in range(warmup):
             out = op(*args, **kwargs)
@@ -585,10 +591,7 @@ def _op_pass(specs: list[dict], device: torch.device) -> "Callable[[], None] | N
     for spec in specs:
         try:
             op, args, kwargs, _, _ = _build_call(spec, device)
-            if spec.get("fp8"):  # the rank program's scaled call, as _measure_node times it
-                from .runtime.fp8 import fp8_call
-
-                op = (lambda aten: lambda *a, **k: fp8_call(aten, a, k))(op)
+            op = _as_ranks_call(spec, op)
             with torch.no_grad():
                 op(*args, **kwargs)
         except Exception:  # noqa: BLE001 - what cannot be rebuilt is left out of the pass
@@ -613,8 +616,9 @@ def measure_time_slicing(specs: list[dict], *, concurrent: int, group=None, seco
     rank of ``group`` runs passes over ``specs``' calls (``_op_pass``) for ``seconds``, first
     the group's first ``concurrent`` ranks alone (the others wait), then all of them; the
     ranks' mean CPU a pass (the thread's clock), all over alone, the median of ``rounds``,
-    clamped to [1, 2]. 1.0 without a group, with ``concurrent`` ranks or more than it has,
-    or a CUDA device (a GPU is no CPU slice). On this 2-core box, 4 Gloo processes (2026-12-06):
+    clamped to [1, 2]. 1.0 where torch.distributed is not initialised, where the group (None:
+    the default one) has ``concurrent`` ranks or fewer, or on a CUDA device (a GPU is no CPU
+    slice). On this 2-core box, 4 Gloo processes (2026-12-06):
     a forward and backward of fidelity.py's GPT-2 at 4 rows took 1.05x the CPU of 2
     processes, at 2 rows 1.075x. Collective: every rank of the group calls it."""
     import torch.distributed as dist
