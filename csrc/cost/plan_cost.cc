@@ -311,6 +311,7 @@ class PlanEvaluator {
   void memory();
   PlanCost flops();
   double split_backward_bytes(const schedule::LivenessMoments& liveness, int s) const;
+  double accumulation_seconds(int s, double params) const;
   double in_flight_bytes(int s, double in_flight) const;
   double rebuilt_bytes(int s) const;
   StageTransient stage_transient(int s, double gradients) const;
@@ -806,6 +807,8 @@ void PlanEvaluator::bottleneck() {
     if (s == 0 && s == last_device_) params -= shared_pre_post_parameters(here.tensor);
     compute *= stage_scale_[static_cast<std::size_t>(s)];
     backward *= stage_scale_[static_cast<std::size_t>(s)];
+    const double accumulate = accumulation_seconds(s, params);
+    compute += accumulate, backward += accumulate;
     double tp = layers_here * here.tp.layer + (s == 0 ? here.tp.pre : 0.0) + (s == last_device_ ? here.tp.post : 0.0);
     const double ring = (layers_here * here.layer.ring_seconds + (s == 0 ? here.pre.ring_seconds : 0.0) +
                          (s == last_device_ ? here.post.ring_seconds : 0.0)) *
@@ -825,6 +828,31 @@ void PlanEvaluator::bottleneck() {
                                                           (s == 0 ? layout_->pre.gradient_sync : 0.0) +
                                                           (s == last_device_ ? layout_->post.gradient_sync : 0.0);
   }
+}
+
+// A micro-batch's share of adding the stage's gradients into .grad. Each micro-batch's backward
+// after the first adds what it made into the gradient the earlier ones left (autograd's
+// AccumulateGrad: an add_ that reads both and writes one), unless the runtime writes it there
+// itself: a pipelined plan's fused accumulation (runtime/fused_accumulation.py) does so for the
+// products' and lookups' weights, except in a parameter's last backward of the step on a stage
+// with data ranks (its bucket's hook counts that one: autograd adds it, once a step), and not at
+// all where the plan turns it off or for ZeRO-3's gathered weights, which reach their shards
+// through the gather's backward. At the stage device's memory bandwidth, at the analytic model's
+// efficiency of a memory-bound kernel (the rate Cluster.detect's copy is written for). Not
+// priced: the fused plans' few terms autograd still adds (biases, norms). Worked example (the
+// 4-process GPT-2 of benchmarks/fidelity.py, "pipeline 2 x data 2" without the fusion, first
+// stage): 2.66 M float32 gradients x 12 bytes, 4 micro-batches, 10.5 GB/s x 0.75: 3/4 x 31.9 MB /
+// 7.9 GB/s = 3.0 ms a micro-batch; with it, 1/4 of one add: 1.0 ms.
+double PlanEvaluator::accumulation_seconds(int s, double params) const {
+  const StagePrice& here = price_[static_cast<std::size_t>(s)];
+  const double md = static_cast<double>(m_);
+  if (m_ <= 1) return 0.0;
+  const bool shards = plan_.zero_stage >= 3 && here.data > 1;
+  double adds = md - 1;  // a step's adds of the stage's gradients
+  if (plan_.fused_accumulation && !shards) adds = here.data > 1 ? 1.0 : 0.0;
+  const double elements = shards ? params / here.data : params;
+  const double bytes = adds / md * 3.0 * elements * mem_.gradient_bytes;
+  return bytes / (stage_device_[static_cast<std::size_t>(s)]->memory_bandwidth * AnalyticConstants{}.memory_efficiency);
 }
 
 // The step's compute, tensor-parallel time, pipeline transfers and bubble.

@@ -68,6 +68,12 @@ class _GradientBuckets:
         """The next backward accumulates `params`' gradients for the last time this step."""
         self._armed.update(id(p) for p in params)
 
+    def counts(self, param: torch.Tensor) -> bool:
+        """Whether a gradient of `param` accumulated now would count towards its bucket (what
+        ``_ready`` does with it): not before the step, and in a pipeline only once armed. Where
+        it would not, the accumulation may skip autograd and this hook (runtime/fused_accumulation.py)."""
+        return self._active and (not self._armed_only or id(param) in self._armed)
+
     def _ready(self, param: torch.Tensor) -> None:
         if not self._active:
             return  # a backward outside train_step: nothing to reduce

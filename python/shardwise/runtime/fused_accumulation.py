@@ -28,8 +28,11 @@ Under autocast the call is the op itself, with autograd's backward. Accumulated 
 only where autograd would do just that: the weight operand is a leaf
 parameter or its ``t()`` (not a gathered shard or a cast: those reach the leaf through their
 own backward), the backward builds no graph (``create_graph``), the gradient has the
-parameter's dtype, and the parameter has no hook that watches its gradient arrive (a
-data-parallel bucket's post-accumulate hook, a user's ``register_hook``). Otherwise the
+parameter's dtype, and no hook of the parameter would do anything with the gradient now (a
+user's ``register_hook`` or post-accumulate hook always would; a data-parallel bucket's
+post-accumulate hook only in the backward the pipeline engine arms it for, the parameter's last
+of the step, which autograd runs and the hook counts: the earlier micro-batches of a stage with
+data ranks accumulate in place, the last adds its term as autograd does). Otherwise the
 weight's gradient goes back to autograd as before. The sums are the same: on the CPU (MKL)
 ``addmm_`` rounds the product and then its sum with ``.grad``, as ``mm`` and ``add_`` do, and
 float32 losses equal the unfused stages' bit for bit (benchmarks/fused_accumulation.py); a
@@ -44,6 +47,7 @@ import torch
 from .._C import ValidationError
 from .async_gradients import (SPLIT_OPS, _BY_NAME, _LINEAR, _rows, bias_gradient, contraction, contraction_operands,
                               input_gradient)
+from .buckets import _GradientBuckets
 
 _PHASE = [None]
 
@@ -71,9 +75,25 @@ def _parameter_of(weight: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
     return None
 
 
+def _no_hook_counts(param: torch.Tensor) -> bool:
+    """Whether no post-accumulate hook of `param` would do anything with a gradient now: it has
+    none, or only data-parallel buckets' (runtime/buckets.py) that would not count it yet (a
+    pipeline's earlier micro-batches: the engine arms a parameter before its last backward, and
+    that one goes through autograd and the hook). Any other hook (a user's) keeps autograd's."""
+    hooks = param._post_accumulate_grad_hooks
+    if hooks is None:
+        return True
+    for hook in hooks.values():
+        owner = getattr(hook, "__self__", None)
+        if not isinstance(owner, _GradientBuckets) or hook.__func__ is not _GradientBuckets._ready or \
+                owner.counts(param):
+            return False
+    return True
+
+
 def _accumulates_in_place(param: torch.Tensor, grad: torch.Tensor) -> bool:
     return (param.requires_grad and not torch.is_grad_enabled() and grad.dtype == param.dtype
-            and param._post_accumulate_grad_hooks is None and not param._backward_hooks
+            and _no_hook_counts(param) and not param._backward_hooks
             and (param.grad is None or (param.grad.layout == torch.strided and param.grad.dtype == param.dtype)))
 
 

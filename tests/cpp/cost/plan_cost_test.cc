@@ -5,12 +5,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <set>
 #include <vector>
 #include <nlohmann/json.hpp>
 
 #include "cost/cluster_presets.h"
 #include "cost/collective_cost.h"
 #include "cost/layer_structure.h"
+#include "cost/memory_cost.h"
 #include "cost/pipeline_transfers.h"
 #include "models/gpt.h"
 #include "schedule/schedules.h"
@@ -588,6 +590,64 @@ TEST(PlanCost, RanksSharingCoresPriceAPipelineByTheBusierOfItsPathAndTheirPool) 
   data.micro_batch = 2;
   EXPECT_DOUBLE_EQ(evaluate(g, shared_cores(2.0), data, model).step_time,
                    evaluate(g, shared_cores(1.0), data, model).step_time);
+}
+
+// Each micro-batch after the first adds its gradients into .grad where the runtime does not write
+// them there itself (runtime/fused_accumulation.py), at the device's memory bandwidth (read both,
+// write one): a plan that turns the fusion off, every micro-batch; a stage with data ranks, the
+// last (its buckets' hooks count that backward); ZeRO-3, into its shards. A stage of one data
+// rank with the fusion pays nothing. Stage times are per micro-batch, so a plan of one
+// micro-batch is the same stages without any accumulation.
+TEST(PlanCost, UnfusedGradientAccumulationAddsEachLaterMicroBatchsGradients) {
+  const ir::Graph g = tiny_gpt();
+  const Cluster c = shared_cores(1.0);  // 4 ranks with their own devices
+  AnalyticCostModel model;
+  auto stages = [&](int pipeline, int data, int micro_batches, bool fused, int zero) {
+    plan::Plan p;
+    p.pipeline = pipeline, p.data = data, p.global_batch = data * micro_batches, p.micro_batch = 1;
+    p.fused_accumulation = fused, p.zero_stage = zero;
+    return evaluate(g, c, p, model).stage_times;
+  };
+  auto added = [&](int pipeline, int data, int micro_batches, bool fused, int zero) {
+    const std::vector<double> many = stages(pipeline, data, micro_batches, fused, zero);
+    const std::vector<double> one = stages(pipeline, data, 1, fused, zero);
+    std::vector<double> out;
+    for (std::size_t s = 0; s < many.size(); ++s) out.push_back(many[s] - one[s]);
+    return out;
+  };
+  for (double d : added(4, 1, 8, true, 0)) EXPECT_EQ(d, 0.0);  // fused: nothing added
+
+  // Unfused on 4 stages of one layer each: the middle stages add one layer's gradients, 7 of 8
+  // micro-batches, 3 passes of 4 bytes (float32) an element.
+  const std::vector<double> unfused = added(4, 1, 8, false, 0);
+  const LayerStructure structure = find_layer_structure(g);
+  ASSERT_TRUE(structure.layers.has_value());
+  std::set<ir::ValueId> weights;
+  for (ir::NodeId id : structure.layers->nodes.front())
+    for (ir::ValueId in : g.node(id).inputs)
+      if (g.value(in).role == ir::ValueRole::Parameter) weights.insert(in);
+  double elements = 0;
+  for (ir::ValueId w : weights) elements += static_cast<double>(g.value(w).type.numel());
+  const double bandwidth = c.device_of(0).memory_bandwidth * AnalyticConstants{}.memory_efficiency;
+  const double gradient_bytes = plan_memory_constants(plan::Plan{}, g).gradient_bytes;
+  ASSERT_EQ(unfused.size(), 4u);
+  EXPECT_NEAR(unfused[1], 7.0 / 8.0 * 3.0 * gradient_bytes * elements / bandwidth, 1e-9 * unfused[1]);
+  EXPECT_NEAR(unfused[2], unfused[1], 1e-12 * unfused[1]);
+  EXPECT_GT(unfused[0], unfused[1]);  // the embeddings too
+  const std::vector<double> longer = added(4, 1, 16, false, 0);
+  EXPECT_NEAR(longer[1], unfused[1] * (15.0 / 16.0) / (7.0 / 8.0), 1e-9 * unfused[1]);
+
+  // Two data ranks: the fusion writes in place until a parameter's last backward of the step,
+  // which its bucket's hook counts: autograd adds that one (1 of 8 micro-batches' share, a
+  // seventh of the unfused plan's 7); ZeRO-3 adds into its shards (half) every time.
+  const std::vector<double> hooked = added(2, 2, 8, true, 0), plain = added(2, 2, 8, false, 0),
+                            sharded = added(2, 2, 8, true, 3);
+  ASSERT_EQ(hooked.size(), 2u);
+  for (std::size_t s = 0; s < 2; ++s) {
+    EXPECT_GT(hooked[s], 0.0);
+    EXPECT_NEAR(hooked[s], plain[s] / 7.0, 1e-9 * plain[s]);
+    EXPECT_NEAR(sharded[s], plain[s] / 2.0, 1e-9 * plain[s]);
+  }
 }
 
 TEST(PlanCost, DataParallelOnlyOverlapsAndMismatchesAreErrors) {
