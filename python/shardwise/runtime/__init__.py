@@ -5,6 +5,7 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
     mesh               the mesh as one rank sees it (groups per axis)  ()
     traffic            bytes per collective kind, counted by the calls  ()
     transport          the runtime's own torch.distributed calls  (traffic)
+    buckets            gradient reduction in buckets  (transport)
     reshard            resharding steps with their autograd  (mesh)
     ring_attention     attention over a sequence split across a group, its key and value
                        blocks passed around the ring (context parallelism)  (transport)
@@ -24,13 +25,12 @@ module of this folder, what it does, and (in parentheses) the modules of this fo
                        (collective matmul, async TP), an FP8 linear's in float8
                        (async_gradients, fp8, mesh, traffic, transport)
     fused_accumulation a stage's weight gradients added into .grad by the products and lookups
-                       that make them (addmm_, index_add_)  (async_gradients)
+                       that make them (addmm_, index_add_)  (async_gradients, buckets)
     weight_split       a stage's backward as B and W (zero-bubble schedules)
                        (fused_accumulation)
     lower              rank program -> torch.fx.GraphModule  (async_gradients,
                        collective_matmul, fp8, fused_accumulation, kernels, mesh,
                        parameter_gathers, recompute, reshard, weight_split)
-    buckets            gradient reduction in buckets  (transport)
     batch              binding a step's arguments by name  ()
     counted            the counts of losses whose mean the data counts  (lower)
     optim              torch.optim optimizers over an engine's shards  (transport)
