@@ -844,9 +844,9 @@ void PlanEvaluator::bottleneck() {
 // stage): 2.66 M float32 gradients x 12 bytes, 4 micro-batches, 10.5 GB/s x 0.75: 3/4 x 31.9 MB /
 // 7.9 GB/s = 3.0 ms a micro-batch; with it, 1/4 of one add: 1.0 ms.
 double PlanEvaluator::accumulation_seconds(int s, double params) const {
+  if (m_ <= 1) return 0.0;
   const StagePrice& here = price_[static_cast<std::size_t>(s)];
   const double md = static_cast<double>(m_);
-  if (m_ <= 1) return 0.0;
   const bool shards = plan_.zero_stage >= 3 && here.data > 1;
   double adds = md - 1;  // a step's adds of the stage's gradients
   if (plan_.fused_accumulation && !shards) adds = here.data > 1 ? 1.0 : 0.0;

@@ -75,12 +75,9 @@ class _GradientBuckets:
         return self._active and (not self._armed_only or id(param) in self._armed)
 
     def _ready(self, param: torch.Tensor) -> None:
-        if not self._active:
-            return  # a backward outside train_step: nothing to reduce
-        if self._armed_only:
-            if id(param) not in self._armed:
-                return  # an earlier micro-batch's backward: more gradient will come
-            self._armed.discard(id(param))  # counted once, whatever runs after
+        if not self.counts(param):
+            return  # a backward outside train_step, or an earlier micro-batch's: more will come
+        self._armed.discard(id(param))  # counted once, whatever runs after
         i = self._bucket_of[param]
         self._waiting[i] -= 1
         if self._waiting[i] == 0:

@@ -83,12 +83,8 @@ def _no_hook_counts(param: torch.Tensor) -> bool:
     hooks = param._post_accumulate_grad_hooks
     if hooks is None:
         return True
-    for hook in hooks.values():
-        owner = getattr(hook, "__self__", None)
-        if not isinstance(owner, _GradientBuckets) or hook.__func__ is not _GradientBuckets._ready or \
-                owner.counts(param):
-            return False
-    return True
+    return all(getattr(hook, "__func__", None) is _GradientBuckets._ready and not hook.__self__.counts(param)
+               for hook in hooks.values())
 
 
 def _accumulates_in_place(param: torch.Tensor, grad: torch.Tensor) -> bool:
