@@ -775,14 +775,29 @@ def _measure_links(links: list[dict], world: int, per_node: int, sources: dict[s
 _OVERLAP_BYTES = 8 << 20
 
 
-def _measure_overlap(doc: dict, world: int, sources: dict[str, str], repeats: int = 3) -> None:
+def _interference_of_rounds(rounds: list[tuple[float, float, float]]) -> float | None:
+    """What a collective beside compute adds, from rounds of (collective alone, compute alone,
+    both together) seconds: each round's (together - the longer alone) / the shorter alone,
+    clamped to [0, 20], and the median over the rounds; None without a round to read. Each
+    round's three figures are timed one after the other, so a host that changes speed (a
+    neighbour's load, a frequency step) moves a round's three together; one figure read slow
+    in a round moves only that round, which the median sets aside."""
+    per_round = []
+    for reduce_alone, compute_alone, together in rounds:
+        shorter, longer = sorted((compute_alone, reduce_alone))
+        if shorter > 0 and math.isfinite(together):
+            per_round.append(min(20.0, max(0.0, (together - longer) / shorter)))
+    return statistics.median(per_round) if per_round else None
+
+
+def _measure_overlap(doc: dict, world: int, sources: dict[str, str], rounds: int = 9) -> None:
     """Sets every node's ``overlap_interference`` (csrc/cost/cluster.h) from a GEMM loop and
     an all-reduce over the default group timed alone and together, on every rank at once
-    (the slowest rank's times): (together - max(alone)) / min(alone), clamped to [0, 20]. A
+    (the slowest rank's times), in `rounds` rounds of the three: ``_interference_of_rounds``.
+    Timed as three blocks of medians (every all-reduce first, then the GEMMs, then both), one
+    fidelity run read 0.11 where the runs beside it read 0.96 and 1.01, and a plan with its
+    collectives beside compute was priced as if they cost nothing (docs/cost-model.md). A
     failure leaves the constant and logs why. Collective: every rank must call it."""
-    import statistics
-    import time
-
     import torch
     import torch.distributed as dist
 
@@ -793,19 +808,16 @@ def _measure_overlap(doc: dict, world: int, sources: dict[str, str], repeats: in
         buffer = torch.ones(_OVERLAP_BYTES // 4, device=cpu)
         a, b = torch.randn(256, 256, device=cpu), torch.randn(256, 256, device=cpu)
 
-        def timed(run) -> float:
-            samples = []
-            for _ in range(repeats):
-                dist.barrier()
-                start = time.perf_counter()
-                run()
-                samples.append(time.perf_counter() - start)
-            return statistics.median(samples)
+        def timed_once(run) -> float:
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            return time.perf_counter() - start
 
-        reduce_alone = timed(lambda: dist.all_reduce(buffer))
-        one = timed(lambda: torch.mm(a, b))
+        reduce_first = statistics.median(timed_once(lambda: dist.all_reduce(buffer)) for _ in range(3))
+        one = statistics.median(timed_once(lambda: torch.mm(a, b)) for _ in range(3))
         # Every rank runs the same number of GEMMs (the slowest rank's count).
-        count = int(_agree_across_ranks([max(1.0, reduce_alone / max(one, 1e-9))], world, "max")[0])
+        count = int(_agree_across_ranks([max(1.0, reduce_first / max(one, 1e-9))], world, "max")[0])
 
         def compute() -> None:
             for _ in range(count):
@@ -816,21 +828,22 @@ def _measure_overlap(doc: dict, world: int, sources: dict[str, str], repeats: in
             compute()
             work.wait()
 
-        compute_alone = timed(compute)
-        together = timed(both)
-        compute_alone, reduce_alone, together = _agree_across_ranks([compute_alone, reduce_alone, together],
-                                                                    world, "max")
-        shorter, longer = sorted((compute_alone, reduce_alone))
-        interference = min(20.0, max(0.0, (together - longer) / shorter)) if shorter > 0 else None
+        samples = []
+        for _ in range(rounds):
+            samples += [timed_once(lambda: dist.all_reduce(buffer)), timed_once(compute), timed_once(both)]
+        samples = _agree_across_ranks(samples, world, "max")
+        timed = [tuple(samples[i:i + 3]) for i in range(0, len(samples), 3)]
+        interference = _interference_of_rounds(timed)
     except Exception as e:  # noqa: BLE001 - a failed measurement keeps the constant, never breaks detect()
         log.warning("detect: measuring a collective beside compute failed (%s: %s); keeping the constant",
                     type(e).__name__, e)
         return
     if interference is None or not math.isfinite(interference):
         return
-    log.info("detect: a %d-byte all-reduce beside %d GEMMs: %.1f ms alone, compute %.1f ms alone, %.1f ms together: "
-             "overlap_interference %.2f", _OVERLAP_BYTES, count, reduce_alone * 1e3, compute_alone * 1e3,
-             together * 1e3, interference)
+    reduce_alone, compute_alone, together = (statistics.median(t[i] for t in timed) for i in range(3))
+    log.info("detect: a %d-byte all-reduce beside %d GEMMs, %d rounds: %.1f ms alone, compute %.1f ms alone, "
+             "%.1f ms together (medians): overlap_interference %.2f", _OVERLAP_BYTES, count, rounds,
+             reduce_alone * 1e3, compute_alone * 1e3, together * 1e3, interference)
     for node in doc["nodes"]:
         node["overlap_interference"] = interference
     sources["overlap_interference"] = "measured"

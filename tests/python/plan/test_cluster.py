@@ -375,6 +375,23 @@ def test_link_fit_splits_alpha_into_call_and_latency_within_bounds():
     assert cluster_module._split_alpha(0.4e-3, 0.1e-3, 2.0) == (0.0, pytest.approx(0.2e-3))
 
 
+def test_overlap_interference_is_the_median_of_paired_rounds():
+    rounds = [(0.010, 0.010, 0.020), (0.010, 0.011, 0.021), (0.012, 0.010, 0.022)]
+    # Each round: (together - the longer alone) / the shorter alone: 1.0, 1.0, 1.0.
+    assert cluster_module._interference_of_rounds(rounds) == pytest.approx(1.0)
+    # A round whose all-reduce alone was read slow (the host slowed for it alone) reads 0 there;
+    # the median keeps the others'. Timed in blocks (the measurement before: every all-reduce,
+    # then every GEMM loop, then both), a slow spell over the all-reduces' block read them all at
+    # 0.025 and the medians (0.025, 0.0105, 0.021) gave 0: a collective beside compute free.
+    slow = [(0.025, 0.010, 0.021), (0.025, 0.011, 0.021), (0.010, 0.010, 0.020), (0.010, 0.011, 0.021),
+            (0.012, 0.010, 0.022)]
+    assert cluster_module._interference_of_rounds(slow) == pytest.approx(1.0)
+    assert cluster_module._interference_of_rounds([(0.010, 0.010, 0.5)]) == 20.0  # clamped
+    assert cluster_module._interference_of_rounds([(0.010, 0.010, 0.005)]) == 0.0
+    assert cluster_module._interference_of_rounds([(0.010, 0.0, 0.02)]) is None  # nothing to divide by
+    assert cluster_module._interference_of_rounds([]) is None
+
+
 def _measure_links_job(rank: int, world: int, tmp: str) -> None:
     import os
 
