@@ -135,9 +135,14 @@ def main() -> None:
                   f"{vol:.0f} / {invol:.0f} | {parts} |")
         pool = sum(x[1] for x in ranks) / min(cores, len(ranks))
         step = statistics.median(x[0] for x in ranks)
+        # A pipeline's stages as priced (seconds a micro-batch at the ranks' shared rate, before
+        # the pool): beside each rank's F and B actions above. Runs saved before 2026-12-07 lack them.
+        stages = json.loads(row["plan_json"]).get("predicted", {}).get("stage_times") or []
+        priced = ("; stages priced " + ", ".join(f"{t * 1e3:.1f}" for t in stages) + " ms a micro-batch"
+                  if stages else "")
         print(f"| {row['plan']} | pool | {step:.3f} | {pool:.3f} s over {min(cores, len(ranks))} cores "
               f"({pool / step:.0%} of the step) | predicted {row['predicted_step']:.3f} s, fidelity run measured "
-              f"{row['step']:.3f} | | | |")
+              f"{row['step']:.3f}{priced} | | | |")
 
 
 if __name__ == "__main__":

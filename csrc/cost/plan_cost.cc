@@ -1182,7 +1182,9 @@ plan::Plan with_prediction(plan::Plan plan, const PlanCost& cost) {
   predicted.memory_breakdown = cost.memory_breakdown;
   predicted.ranks_per_node = cost.ranks_per_node;
   predicted.stage_devices = cost.stage_devices;
-  if (!cost.stage_devices.empty()) predicted.stage_times = cost.stage_times;
+  // Every pipeline's stages (a homogeneous one's too: its first and last stages hold the
+  // embedding, head and loss), what Plan.simulation() scales each stage by.
+  if (!cost.stage_devices.empty() || cost.stage_times.size() > 1) predicted.stage_times = cost.stage_times;
   plan.predicted = std::move(predicted);
   return plan;
 }

@@ -240,7 +240,9 @@ struct Predicted {
   // A heterogeneous cluster's pipeline: the device type each stage runs on (cost/plan_cost.h);
   // empty otherwise, and then not written.
   std::vector<std::string> stage_devices;
-  std::vector<double> stage_times;  // with stage_devices: each stage's seconds per micro-batch
+  // A pipeline's (a plan of several stages, on any cluster): each device's seconds per
+  // micro-batch (compute and tensor parallelism, before ranks that share cores are pooled).
+  std::vector<double> stage_times;
 
   friend bool operator==(const Predicted&, const Predicted&) = default;
 };

@@ -556,8 +556,9 @@ class Plan:
         """The plan's pipeline schedule run through the simulator (csrc/schedule/simulator.h)
         with the predicted per-micro-batch times of its bottleneck stage: forward and backward
         1 : 2 of the compute, the breakdown's pipeline_transfer per send. A plan without pipeline
-        simulates one stage. On a heterogeneous cluster each stage takes its own time (the
-        prediction's stage_times) and the rows are named by its device type."""
+        simulates one stage. Each stage takes its own time (the prediction's stage_times: the
+        first and last stages hold the embedding, head and loss); on a heterogeneous cluster
+        the rows are named by its device type."""
         from .simulate import simulate
 
         pred = self._predicted()["breakdown"]

@@ -219,6 +219,11 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     pipeline = [ranks[("gpt2 pipeline 2 x data 2, 1F1B", r)] for r in "0123"]
     assert all(" F " in line and " B " in line for line in pipeline), out
     assert not any(" F " in ranks[("gpt2 data 4", r)] for r in "0123"), out
+    # The pipeline's two stages as priced, beside its ranks' actions; one stage has none.
+    assert ranks[("gpt2 pipeline 2 x data 2, 1F1B", "pool")].count(" ms a micro-batch") == 1, out
+    priced = ranks[("gpt2 pipeline 2 x data 2, 1F1B", "pool")].split("stages priced ")[1].split(" ms")[0]
+    assert len(priced.split(", ")) == 2 and all(float(t) > 0 for t in priced.split(", ")), out
+    assert "stages priced" not in ranks[("gpt2 data 4", "pool")], out
 
 
 def test_peak_tensor_bytes_counts_what_is_held_and_the_largest_step_allocation_without_excluded_tensors():

@@ -101,3 +101,22 @@ def test_zero_bubble_h1_fills_1f1bs_bubble_with_weight_gradients(tmp_path):
     assert shardwise.simulate("zb-h1", stages=8, micro_batches=16, weight_fraction=0.0).step_time >= 69.0
     with pytest.raises(shardwise.ValidationError, match="weight_fraction"):
         shardwise.simulate("zb-h1", stages=2, micro_batches=2, weight_fraction=1.5)
+
+
+def test_a_homogeneous_pipelines_stages_are_simulated_at_their_own_times():
+    # The first stage holds the embedding, the last the head and the loss over a large
+    # vocabulary: their times differ from a middle stage's, and the plan's simulation (its
+    # timeline, its Chrome trace) draws each rank at its own stage's time, not all at the
+    # slowest's (before: stage times were written for heterogeneous clusters only).
+    graph = shardwise.models.gpt(layers=8, hidden=256, heads=4, seq=128, vocab=50304, batch=8)
+    cluster = shardwise.Cluster.preset("dgx-a100", 1)
+    plan = shardwise.Plan.manual(graph, cluster, tensor=1, pipeline=4, data=2, global_batch=16, micro_batch=1,
+                                 schedule="1f1b")
+    times = json.loads(plan.to_json())["predicted"]["stage_times"]
+    assert len(times) == 4 and min(times) > 0
+    assert times[3] > 1.2 * times[1], times  # the head and the loss over 50,304 classes
+    busy = plan.simulation().busy
+    for rank in range(4):
+        assert busy[rank] / busy[1] == pytest.approx(times[rank] / times[1], rel=1e-6), (busy, times)
+    spmd = shardwise.Plan.manual(graph, cluster, tensor=1, pipeline=1, data=8, global_batch=16)
+    assert "stage_times" not in json.loads(spmd.to_json())["predicted"]  # one stage: nothing to scale
