@@ -1,5 +1,6 @@
 #include "cost/pipeline_transfers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -142,6 +143,71 @@ schedule::SimulationCosts micro_batch_costs(plan::Schedule schedule, int chunks,
     costs.weight.assign(n, third);
   }
   return costs;
+}
+
+namespace {
+
+// The flush of `lists` with chunk g at its rank's times (the forward the rest of the backward).
+double flush_seconds(const schedule::PipelineSchedule& lists, const std::vector<double>& seconds,
+                     const std::vector<double>& backward) {
+  const int chunks = lists.total_stages(), v = lists.virtual_stages;
+  const bool split = lists.splits_backward();
+  schedule::SimulationCosts costs;
+  for (int g = 0; g < chunks; ++g) {
+    const auto r = static_cast<std::size_t>(lists.rank_of_stage(g));
+    const double b = std::clamp(backward[r], 0.0, seconds[r]);
+    costs.forward.push_back((seconds[r] - b) / v);
+    costs.backward.push_back((split ? b / 2 : b) / v);
+    if (split) costs.weight.push_back(b / 2 / v);
+  }
+  return schedule::simulate(lists, costs).step_time;
+}
+
+}  // namespace
+
+double uneven_bubble_scale(plan::Schedule schedule, int ranks, int micro_batches, int virtual_stages, int kfkb_k,
+                           const std::vector<double>& device_seconds, const std::vector<double>& device_backward) {
+  if (ranks <= 1 || device_seconds.size() != static_cast<std::size_t>(ranks) ||
+      device_backward.size() != device_seconds.size())
+    return 1.0;
+  const double worst = std::ranges::max(device_seconds);
+  if (!(worst > 0) || std::ranges::min(device_seconds) >= worst * (1 - 1e-9)) return 1.0;
+  const int v = plan::v_shaped(schedule) ? 2 : virtual_stages;
+  const int period = ranks * (schedule == plan::Schedule::KFKB ? kfkb_k : 1);
+  const int m = micro_batches <= 4 * period ? micro_batches : 4 * period + micro_batches % period;
+  // The scale depends on the times only over the slowest device's: a search prices plan after
+  // plan of the same few stage layouts, so each is simulated once, its times rounded to 1e-4 of
+  // the slowest (a step's 0.01% at most).
+  std::vector<double> seconds, backward;
+  std::vector<long> key_times;
+  for (std::size_t r = 0; r < device_seconds.size(); ++r) {
+    seconds.push_back(std::round(device_seconds[r] / worst * 1e4) / 1e4);
+    backward.push_back(std::round(std::clamp(device_backward[r], 0.0, device_seconds[r]) / worst * 1e4) / 1e4);
+    key_times.push_back(std::lround(seconds.back() * 1e4)), key_times.push_back(std::lround(backward.back() * 1e4));
+  }
+  using Key = std::tuple<plan::Schedule, int, int, int, int, std::vector<long>>;
+  static std::mutex mutex;
+  static std::map<std::tuple<plan::Schedule, int, int, int, int>, std::shared_ptr<const schedule::PipelineSchedule>>
+      lists_cache;
+  static std::map<Key, double> scale_cache;
+  const auto shape = std::make_tuple(schedule, ranks, m, v, kfkb_k);
+  const Key key = std::tuple_cat(shape, std::make_tuple(key_times));
+  std::shared_ptr<const schedule::PipelineSchedule> cached;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = scale_cache.find(key); it != scale_cache.end()) return it->second;
+    auto& slot = lists_cache[shape];
+    if (!slot) slot = std::make_shared<const schedule::PipelineSchedule>(pipeline_schedule(schedule, ranks, m, v, kfkb_k));
+    cached = slot;
+  }
+  const std::size_t busiest = static_cast<std::size_t>(std::ranges::max_element(seconds) - seconds.begin());
+  const std::vector<double> equal(seconds.size(), seconds[busiest]), equal_backward(seconds.size(), backward[busiest]);
+  const double busy = m * seconds[busiest];
+  const double even = flush_seconds(*cached, equal, equal_backward) - busy;
+  const double scale = even > busy * 1e-9 ? std::max(0.0, flush_seconds(*cached, seconds, backward) - busy) / even : 1.0;
+  const std::lock_guard<std::mutex> lock(mutex);
+  scale_cache.emplace(key, scale);
+  return scale;
 }
 
 schedule::PipelineSchedule pipeline_schedule(const plan::Plan& plan) {

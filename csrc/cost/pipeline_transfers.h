@@ -71,4 +71,19 @@ double critical_transfers(plan::Schedule schedule, int ranks, int micro_batches,
 double exposed_transfer_seconds(plan::Schedule schedule, int ranks, int micro_batches, int virtual_stages,
                                 int kfkb_k, double transfer_seconds, double per_micro_batch_seconds);
 
+// What stages of unequal times do to the bubble: the flush's idle time on the busiest device
+// (the simulated step less m x its micro-batch time) with each device's own times, over the same
+// with every device at the busiest one's (the lists of the schedule, no sends); 1 where the
+// devices are equal or the equal pipeline has no bubble. `device_seconds`: each pipeline rank's
+// seconds a micro-batch (all its chunks), `device_backward`: of them the backward's (W half of it
+// where the schedule splits it). The evaluator's bubble (plan_cost.cc) is the equal pipeline's,
+// in closed form, times this. Why: a stage waits only for the stages before and after it, so the
+// fill and drain a 1F1B step pays are the other stages' times, not (p - 1) of the slowest: the
+// 2-process GPT-2 of benchmarks/fidelity.py (a last stage with the LM head, 40.1 ms a micro-batch,
+// the first 26.9) idles 26.9 ms, where (p - 1) x 40.1 was priced; interleaved 1F1B and ZB-V there
+// idle 0 at m >= 2p. Simulated at m, or beyond 4 p k micro-batches at 4 p k + m mod p k (the
+// idle time stops changing by 3 p k in every case tried: p 2 to 8, the schedules above).
+double uneven_bubble_scale(plan::Schedule schedule, int ranks, int micro_batches, int virtual_stages, int kfkb_k,
+                           const std::vector<double>& device_seconds, const std::vector<double>& device_backward);
+
 }  // namespace shardwise::cost

@@ -76,6 +76,19 @@ schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const Network
   const double m = static_cast<double>(plan.num_micro_batches());
   schedule::SimulationCosts costs = cost::micro_batch_costs(plan.schedule, chunks, plan.virtual_stages,
                                                             (b.at("compute") + b.at("tensor_parallel")) / m);
+  // Each rank's chunks at its own share of the slowest device's time (stage_times), as the
+  // evaluator prices an uneven pipeline's bubble (cost/pipeline_transfers.h, uneven_bubble_scale).
+  const auto& times = plan.predicted->stage_times;
+  if (times.size() == static_cast<std::size_t>(plan.pipeline)) {
+    const double slowest = std::ranges::max(times);
+    const schedule::PipelineSchedule lists = cost::pipeline_schedule(plan);
+    for (int g = 0; g < chunks && slowest > 0; ++g) {
+      const double share = times[static_cast<std::size_t>(lists.rank_of_stage(g))] / slowest;
+      const auto c = static_cast<std::size_t>(g);
+      costs.forward[c] *= share, costs.backward[c] *= share;
+      if (!costs.weight.empty()) costs.weight[c] *= share;
+    }
+  }
   costs.boundary_bytes.assign(static_cast<std::size_t>(chunks - 1), b.at("pipeline_transfer"));
   costs.transfer = schedule::periodic_bandwidth(network.durations, network.bandwidth_scale);
   // The gradient synchronisation and optimizer step follow the flush, as the evaluator has

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "schedule/simulator.h"
 
@@ -108,6 +110,41 @@ TEST(PipelineTransfers, LongSendsAreChargedAsTheSimulationTimesThem) {
   EXPECT_DOUBLE_EQ(exposed_transfer_seconds(Schedule::OneFOneB, 4, 32, 1, 1, 2.0, kMicroBatch), one_f_one_b * 2.0);
   // One stage sends nothing.
   EXPECT_EQ(exposed_transfer_seconds(Schedule::OneFOneB, 1, 32, 1, 1, 2.0, kMicroBatch), 0);
+}
+
+// An uneven pipeline's bubble against the equal one's (uneven_bubble_scale), checked by hand on
+// 2 stages of 26.9 and 40.1 (ms a micro-batch, backward two thirds: the 2-process GPT-2 of
+// benchmarks/fidelity.py, its LM head on the last stage).
+TEST(PipelineTransfers, UnevenStagesIdleForTheOtherStagesOnly) {
+  const double light = 26.9, heavy = 40.1;
+  const std::vector<double> last{light, heavy}, first{heavy, light}, even{heavy, heavy};
+  const auto backward = [](const std::vector<double>& t) { return std::vector<double>{t[0] * 2 / 3, t[1] * 2 / 3}; };
+  const auto scale = [&](Schedule kind, int m, int v, const std::vector<double>& t) {
+    return uneven_bubble_scale(kind, 2, m, v, 1, t, backward(t));
+  };
+  EXPECT_EQ(scale(Schedule::OneFOneB, 8, 1, even), 1.0);
+  // GPipe: the slow stage's m micro-batches and the other's one (its first forward before, its
+  // last backward after): the bubble is the light stage's time, whichever it is.
+  EXPECT_NEAR(scale(Schedule::GPipe, 8, 1, last), light / heavy, 1e-4);  // times rounded to 1e-4
+  EXPECT_NEAR(scale(Schedule::GPipe, 8, 1, first), light / heavy, 1e-4);
+  // 1F1B with the slow stage last: the same. With it first, the slow stage waits twice: for
+  // its first gradient, the light stage's forward and backward beyond its own second forward
+  // (F_l + B_l - F_h), and for its last, the same beyond its backward (F_l + B_l - B_h): in all
+  // 2 t_l - t_h, 13.7 ms.
+  EXPECT_NEAR(scale(Schedule::OneFOneB, 8, 1, last), light / heavy, 1e-4);
+  EXPECT_NEAR(scale(Schedule::OneFOneB, 8, 1, first), (2 * light - heavy) / heavy, 1e-4);
+  // Beyond 4 p micro-batches the lists are simulated at 4 p + m mod p: the same figure.
+  EXPECT_NEAR(scale(Schedule::OneFOneB, 41, 1, first), (2 * light - heavy) / heavy, 1e-4);
+  // Schedules that fill the bubble with other chunks or weight gradients keep some share of it.
+  for (auto [kind, v] : {std::pair{Schedule::Interleaved1F1B, 2}, {Schedule::ZeroBubbleH1, 1},
+                         {Schedule::ZeroBubbleV, 2}}) {
+    const double s = scale(kind, 8, v, last);
+    EXPECT_GE(s, 0.0);
+    EXPECT_LT(s, 1.0);
+  }
+  // Not a pipeline, or no times: no scale.
+  EXPECT_EQ(uneven_bubble_scale(Schedule::OneFOneB, 1, 8, 1, 1, {heavy}, {heavy / 2}), 1.0);
+  EXPECT_EQ(uneven_bubble_scale(Schedule::OneFOneB, 2, 8, 1, 1, {}, {}), 1.0);
 }
 
 }  // namespace

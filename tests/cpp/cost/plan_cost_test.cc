@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <set>
@@ -225,8 +226,14 @@ TEST(PlanCost, FindsMegatronPairsAndCountsAllReduces) {
   double one = collective_time(c, CollectiveKind::AllReduce, tp, 16 * 64 * 2);
   EXPECT_NEAR(cost.tensor_parallel, 4 * (2 * 2 * 2 + 2) * one, 1e-12);
 
-  // 1F1B bubble: (p - 1) / m of the ideal time.
-  EXPECT_NEAR(cost.bubble_fraction, 1.0 / 4, 1e-12);
+  // 1F1B's bubble is (p - 1) / m of the ideal time where the stages are equal; here the first
+  // stage (the lookups) is the slower, and a slow first stage waits only for the second's
+  // forward and backward beyond its own (pipeline_transfers.h, uneven_bubble_scale; its figures
+  // are checked by hand in pipeline_transfers_test.cc): less than that, never nothing.
+  ASSERT_EQ(cost.stage_times.size(), 2u);
+  EXPECT_GT(cost.stage_times[0], cost.stage_times[1]);
+  EXPECT_LT(cost.bubble_fraction, 1.0 / 4);
+  EXPECT_GT(cost.bubble_fraction, 0.0);
   // The tied embedding's gradient summed between the first and last stage after the step.
   EXPECT_GT(cost.shared_weight_sync, 0);
   EXPECT_NEAR(cost.step_time, cost.compute + cost.tensor_parallel + cost.pipeline_p2p + cost.pipeline_bubble +
@@ -285,7 +292,12 @@ TEST(PlanCost, StageMeshesPriceEachStageOnItsOwnWidth) {
   EXPECT_LT(std::abs(u.stage_times[0] / u.stage_times[1] - 1.0), 0.6) << u.stage_times[0] << " " << u.stage_times[1];
   plan::Plan even = uneven;
   even.layers_per_stage = {2, 2};
-  EXPECT_LT(u.step_time, evaluate(g, c, even, model).step_time);  // the narrow stage with half the layers is slower
+  // The narrow stage with half the layers is the slower stage: the whole step's m micro-batches
+  // run at its pace. (Its step need not be: a slow first stage idles for little of the second's,
+  // pipeline_transfers.h.)
+  const PlanCost e = evaluate(g, c, even, model);
+  EXPECT_LT(*std::ranges::max_element(u.stage_times), *std::ranges::max_element(e.stage_times));
+  EXPECT_LT(u.compute, e.compute);
   // Between meshes of different shapes the boundary value goes whole (gathered on the
   // sender's sub-mesh): priced, not free.
   EXPECT_GT(u.pipeline_p2p, 0.0);
@@ -308,7 +320,9 @@ TEST(PlanCost, RecomputationAndInterleaving) {
   p.schedule = plan::Schedule::Interleaved1F1B;
   p.virtual_stages = 2;
   PlanCost inter = evaluate(g, c, p, model);
-  EXPECT_NEAR(inter.bubble_fraction, 1.0 / (2 * 4), 1e-12);  // (p - 1) / (v m)
+  // (p - 1) / (v m) with equal stages; the slower first stage's share of it here (above).
+  EXPECT_LT(inter.bubble_fraction, 1.0 / (2 * 4));
+  EXPECT_LT(inter.bubble_fraction, rec.bubble_fraction);  // interleaving shrinks it
 }
 
 // A model with two families of repeated blocks (DeepSeek-V3's dense first layers, then its
@@ -421,8 +435,10 @@ TEST(PlanCost, ZeroBubbleH1FillsTheBubbleWithWeightGradientsAtOneFOneBsMemory) {
   EXPECT_NEAR(zb.pipeline_p2p, 4 * zb.pipeline_transfer, 1e-12 * zb.pipeline_p2p);
   const double m = 4, stages = 2, per_micro_batch = one.compute / m;
   const double saved = one.pipeline_bubble - zb.pipeline_bubble;
-  EXPECT_GT(saved, (stages - 1) * per_micro_batch / 3);
-  EXPECT_LT(saved, (stages - 1) * per_micro_batch);
+  // Equal stages would save (p - 1) x W, a third of a micro-batch; the first stage is the slower
+  // here, so both bubbles are the second stage's share of the equal ones (uneven_bubble_scale).
+  EXPECT_GT(saved, 0.0);
+  EXPECT_LT(saved, (stages - 1) * per_micro_batch / 3);
   EXPECT_NEAR(zb.step_time, one.step_time - saved + (zb.pipeline_p2p - one.pipeline_p2p), 1e-15);
   // Memory: the first stage holds p micro-batches in both; ZB-H1's later stage holds p too
   // (schedules.h), each with the head's and the loss's activations besides, which makes it

@@ -268,7 +268,9 @@ TEST(StageLayout, ACompletedPlanRunsALayoutPricedAtMostAsItWasChosen) {
     plan::Plan with = plan;
     with.stage_sharding = *completed;
     const cost::PlanCost done = price_plan(batch4, cluster, cost::AnalyticCostModel{}, with, fraction).degrees;
-    const auto as_chosen = std::pair(chosen.memory_use > fraction, chosen.step_time * (1 + 1e-6));
+    // Within 0.1%: the chosen price's stages other than the slowest are the {1, t} layout's, the
+    // completed plan's its own, and an uneven pipeline's bubble follows them (4e-4: +0.05%).
+    const auto as_chosen = std::pair(chosen.memory_use > fraction, chosen.step_time * (1 + 1e-3));
     const bool no_worse = std::pair(done.memory_use > fraction, done.step_time) <= as_chosen;
     // Where nothing fits the completion keeps to the least memory, not the time (2e-4: 2.70e-4
     // of a device chosen and completed alike, 3.5% slower than the {1, t} prices it was chosen
