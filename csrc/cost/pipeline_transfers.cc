@@ -160,7 +160,7 @@ double flush_seconds(const schedule::PipelineSchedule& lists, const std::vector<
     costs.backward.push_back((split ? b / 2 : b) / v);
     if (split) costs.weight.push_back(b / 2 / v);
   }
-  return schedule::simulate(lists, costs).step_time;
+  return schedule::simulated_step_time(lists, costs);
 }
 
 }  // namespace
@@ -197,7 +197,10 @@ double uneven_bubble_scale(plan::Schedule schedule, int ranks, int micro_batches
     const std::lock_guard<std::mutex> lock(mutex);
     if (auto it = scale_cache.find(key); it != scale_cache.end()) return it->second;
     auto& slot = lists_cache[shape];
-    if (!slot) slot = std::make_shared<const schedule::PipelineSchedule>(pipeline_schedule(schedule, ranks, m, v, kfkb_k));
+    if (!slot) {
+      slot = std::make_shared<const schedule::PipelineSchedule>(pipeline_schedule(schedule, ranks, m, v, kfkb_k));
+      schedule::validate(*slot);  // once: simulated_step_time takes valid lists
+    }
     cached = slot;
   }
   const std::size_t busiest = static_cast<std::size_t>(std::ranges::max_element(seconds) - seconds.begin());

@@ -76,8 +76,11 @@ const char* interval_kind_name(IntervalKind kind) {
   return "?";
 }
 
-SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& costs) {
-  validate(s);
+namespace {
+
+// The simulation of lists validate() accepted; `record`: the timelines, busy times and peaks
+// too (simulate's result), else only step_time (simulated_step_time's).
+SimulationResult run_lists(const PipelineSchedule& s, const SimulationCosts& costs, bool record) {
   const int stages = s.total_stages();
   if (static_cast<int>(costs.forward.size()) != stages || static_cast<int>(costs.backward.size()) != stages) {
     throw support::ValidationError(fmt::format("simulate: need forward and backward times for {} virtual stages, got {} and {}",
@@ -166,10 +169,10 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
             ++timed;
             free_at = arrival;
             const auto sender = static_cast<std::size_t>(s.rank_of_stage(from));
-            out.timelines[sender].push_back({IntervalKind::Send, start, arrival, i, from});
+            if (record) out.timelines[sender].push_back({IntervalKind::Send, start, arrival, i, from});
             sends_done[sender] = std::max(sends_done[sender], arrival);
             if (arrival > now) {
-              tl.push_back({IntervalKind::RecvWait, now, arrival, i, g});
+              if (record) tl.push_back({IntervalKind::RecvWait, now, arrival, i, g});
               now = arrival;
             }
             *posted = -2.0;  // received
@@ -179,15 +182,16 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
                            : a.kind == ActionKind::Backward ? costs.backward[u]
                            : u < costs.weight.size()        ? costs.weight[u]
                                                             : 0.0;
-          tl.push_back({a.kind == ActionKind::Forward    ? IntervalKind::Forward
-                        : a.kind == ActionKind::Backward ? IntervalKind::Backward
-                                                         : IntervalKind::WeightGradient,
-                        now, now + d, i, g});
+          if (record)
+            tl.push_back({a.kind == ActionKind::Forward    ? IntervalKind::Forward
+                          : a.kind == ActionKind::Backward ? IntervalKind::Backward
+                                                           : IntervalKind::WeightGradient,
+                          now, now + d, i, g});
           now += d;
           out.busy[r] += d;
         } else {
           const double d = a.kind == ActionKind::OptimizerStep ? costs.optimizer_step : costs.grad_sync;
-          if (d > 0.0) tl.push_back({IntervalKind::Update, now, now + d, -1, -1});
+          if (d > 0.0 && record) tl.push_back({IntervalKind::Update, now, now + d, -1, -1});
           now += d;
         }
         progress = true;
@@ -199,6 +203,7 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
   for (std::size_t r = 0; r < ranks; ++r) clock[r] = std::max(clock[r], sends_done[r]);
 
   out.step_time = *std::max_element(clock.begin(), clock.end());
+  if (!record) return out;
   for (std::size_t r = 0; r < ranks; ++r) {
     // Fill the gaps between the rank's own (non-send) intervals with Idle so the
     // timeline tiles [0, step_time].
@@ -223,6 +228,17 @@ SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& cost
   out.bubble_fraction = rank_time > 0.0 ? (rank_time - total_busy) / rank_time : 0.0;
   out.bubble_overhead = max_busy > 0.0 ? (out.step_time - max_busy) / max_busy : 0.0;
   return out;
+}
+
+}  // namespace
+
+SimulationResult simulate(const PipelineSchedule& s, const SimulationCosts& costs) {
+  validate(s);
+  return run_lists(s, costs, /*record=*/true);
+}
+
+double simulated_step_time(const PipelineSchedule& s, const SimulationCosts& costs) {
+  return run_lists(s, costs, /*record=*/false).step_time;
 }
 
 }  // namespace shardwise::schedule

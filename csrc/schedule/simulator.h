@@ -103,5 +103,9 @@ struct SimulationResult {
 // Validates the schedule (schedules.h validate()) and simulates it.
 // Throws support::ValidationError if costs do not cover every virtual stage.
 SimulationResult simulate(const PipelineSchedule& schedule, const SimulationCosts& costs);
+// simulate's step_time alone, without its timelines, for a caller that times lists many times
+// (cost/pipeline_transfers.h). The lists must be ones validate() accepted: not checked here.
+// Throws support::ValidationError if costs do not cover every virtual stage.
+double simulated_step_time(const PipelineSchedule& schedule, const SimulationCosts& costs);
 
 }  // namespace shardwise::schedule
