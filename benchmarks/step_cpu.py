@@ -109,6 +109,26 @@ def _rank(rank: int, world: int, store: str, args: tuple, out: str) -> None:
     finish_worker()
 
 
+def profiled_stage_times(path: str, rows: list[dict], world: int) -> dict[str, list[float]]:
+    """Each saved pipeline plan's stage times as fidelity.py predicted it: priced with the op
+    times its run measured (fidelity.py --reprice's pricing), not the analytic model's."""
+    import fidelity
+    import shardwise
+
+    with open(path) as f:
+        cluster = shardwise.Cluster.from_json(json.dumps(json.load(f)["cluster"]))
+    table, graphs, out = fidelity.TABLES[world], {}, {}
+    for row in rows:
+        model_name, _, d = table[row["plan"]]
+        if model_name not in graphs:
+            graphs[model_name] = shardwise.capture(fidelity.build(model_name), fidelity.batch())
+        graph = fidelity.pipeline_graph(shardwise, graphs, model_name, d) if "pipeline" in d else graphs[model_name]
+        plan = shardwise.Plan.from_json(row["plan_json"])
+        priced = plan.price(graph, cluster, profile=fidelity.load_profile(shardwise, row["profile"]))
+        out[row["plan"]] = json.loads(priced.to_json()).get("predicted", {}).get("stage_times") or []
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from-json", required=True, help="a fidelity.py --json run (its plans and predictions)")
@@ -123,6 +143,7 @@ def main() -> None:
     if missing:
         raise SystemExit(f"not in {args.from_json} (with its plan): {', '.join(missing)}")
     rows = [saved[p] for p in args.plans]
+    stage_times = profiled_stage_times(args.from_json, rows, args.world)
     report = run_world(_rank, args.world, (rows, args.steps, args.warmup))
     cores = os.cpu_count() or 1
     print("| plan | rank | step (s) | process CPU | main user | main system | switches vol / invol | "
@@ -135,9 +156,10 @@ def main() -> None:
                   f"{vol:.0f} / {invol:.0f} | {parts} |")
         pool = sum(x[1] for x in ranks) / min(cores, len(ranks))
         step = statistics.median(x[0] for x in ranks)
-        # A pipeline's stages as priced (seconds a micro-batch at the ranks' shared rate, before
-        # the pool): beside each rank's F and B actions above. Runs saved before 2026-12-07 lack them.
-        stages = json.loads(row["plan_json"]).get("predicted", {}).get("stage_times") or []
+        # A pipeline's stages as the run's prediction priced them (its own op times; seconds a
+        # micro-batch at the ranks' shared rate, before the pool): beside each rank's F and B
+        # actions above. Not the saved plan's own stage_times: those are the analytic model's.
+        stages = stage_times[row["plan"]]
         priced = ("; stages priced " + ", ".join(f"{t * 1e3:.1f}" for t in stages) + " ms a micro-batch"
                   if stages else "")
         print(f"| {row['plan']} | pool | {step:.3f} | {pool:.3f} s over {min(cores, len(ranks))} cores "
