@@ -79,10 +79,11 @@ double exposed_transfer_seconds(plan::Schedule schedule, int ranks, int micro_ba
 // where the schedule splits it). The evaluator's bubble (plan_cost.cc) is the equal pipeline's,
 // in closed form, times this. Why: a stage waits only for the stages before and after it, so the
 // fill and drain a 1F1B step pays are the other stages' times, not (p - 1) of the slowest: the
-// 2-process GPT-2 of benchmarks/fidelity.py (a last stage with the LM head, 40.1 ms a micro-batch,
-// the first 26.9) idles 26.9 ms, where (p - 1) x 40.1 was priced; interleaved 1F1B and ZB-V there
-// idle 0 at m >= 2p. Simulated at m, or beyond 4 p k micro-batches at 4 p k + m mod p k (the
-// idle time stops changing by 3 p k in every case tried: p 2 to 8, the schedules above).
+// 2-process GPT-2 of benchmarks/fidelity.py at 8 micro-batches (a last stage with the LM head,
+// 45.6 ms a micro-batch as profiled, the first 28.2) idles 28.2 ms where 45.6 was priced;
+// interleaved 1F1B 13.6 (21.5), ZB-H1 8.7 (14.0); ZB-V, whose heavy chunks share rank 0, none
+// (7.4). Simulated at m, or beyond 4 p k micro-batches at 4 p k + m mod p k (the idle time stops
+// changing by 3 p k in every case tried: p 2 to 8, the schedules above).
 double uneven_bubble_scale(plan::Schedule schedule, int ranks, int micro_batches, int virtual_stages, int kfkb_k,
                            const std::vector<double>& device_seconds, const std::vector<double>& device_backward);
 
