@@ -113,8 +113,8 @@ TEST(PipelineTransfers, LongSendsAreChargedAsTheSimulationTimesThem) {
 }
 
 // An uneven pipeline's bubble against the equal one's (uneven_bubble_scale), checked by hand on
-// 2 stages of 26.9 and 40.1 (ms a micro-batch, backward two thirds: the 2-process GPT-2 of
-// benchmarks/fidelity.py, its LM head on the last stage).
+// 2 stages of 26.9 and 40.1 (ms a micro-batch, backward two thirds: the analytic model's stages
+// of the 2-process GPT-2 of benchmarks/fidelity.py, its LM head on the last stage).
 TEST(PipelineTransfers, UnevenStagesIdleForTheOtherStagesOnly) {
   const double light = 26.9, heavy = 40.1;
   const std::vector<double> last{light, heavy}, first{heavy, light}, even{heavy, heavy};
