@@ -81,9 +81,11 @@ schedule::SimulationCosts simulation_costs(const plan::Plan& plan, const Network
   const auto& times = plan.predicted->stage_times;
   if (times.size() == static_cast<std::size_t>(plan.pipeline)) {
     const double slowest = std::ranges::max(times);
-    const schedule::PipelineSchedule lists = cost::pipeline_schedule(plan);
+    schedule::PipelineSchedule placement;  // where each chunk runs: no lists needed
+    placement.ranks = plan.pipeline;
+    placement.v_shape = plan::v_shaped(plan.schedule);
     for (int g = 0; g < chunks && slowest > 0; ++g) {
-      const double share = times[static_cast<std::size_t>(lists.rank_of_stage(g))] / slowest;
+      const double share = times[static_cast<std::size_t>(placement.rank_of_stage(g))] / slowest;
       const auto c = static_cast<std::size_t>(g);
       costs.forward[c] *= share, costs.backward[c] *= share;
       if (!costs.weight.empty()) costs.weight[c] *= share;
