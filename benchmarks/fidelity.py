@@ -332,9 +332,9 @@ def load_profile(shardwise, measured_ops: dict):
     return shardwise.Profile.from_json(json.dumps({"format": "shardwise.profile", "version": 1, **measured_ops}))
 
 
-def reprice(shardwise, rows: list[dict], cluster, table: dict) -> None:
-    """Each saved row priced again, in place, from its saved plan and op times (--reprice): what a
-    change to the cost model does to the same measurements, without running the plans again."""
+def saved_plans(shardwise, rows: list[dict], table: dict):
+    """Each saved row's (plan, the graph it is priced on), the models captured once each: what
+    --reprice and step_cpu.py price a saved run's plans with."""
     graphs = {}
     for model_name in sorted({table[r["plan"]][0] for r in rows}):
         ids, y = batch()
@@ -342,9 +342,15 @@ def reprice(shardwise, rows: list[dict], cluster, table: dict) -> None:
     for r in rows:
         if "plan_json" not in r:
             raise SystemExit(f"{r['plan']}: the saved run has no plan and op times (saved before --reprice)")
-        plan = shardwise.Plan.from_json(r["plan_json"])
         model_name, _, d = table[r["plan"]]
         graph = pipeline_graph(shardwise, graphs, model_name, d) if "pipeline" in d else graphs[model_name]
+        yield shardwise.Plan.from_json(r["plan_json"]), graph
+
+
+def reprice(shardwise, rows: list[dict], cluster, table: dict) -> None:
+    """Each saved row priced again, in place, from its saved plan and op times (--reprice): what a
+    change to the cost model does to the same measurements, without running the plans again."""
+    for r, (plan, graph) in zip(rows, saved_plans(shardwise, rows, table)):
         ops = load_profile(shardwise, r["profile"])
         before = r["predicted_step"]
         profiled = plan.price(graph, cluster, profile=ops)

@@ -117,13 +117,8 @@ def profiled_stage_times(path: str, rows: list[dict], world: int) -> dict[str, l
 
     with open(path) as f:
         cluster = shardwise.Cluster.from_json(json.dumps(json.load(f)["cluster"]))
-    table, graphs, out = fidelity.TABLES[world], {}, {}
-    for row in rows:
-        model_name, _, d = table[row["plan"]]
-        if model_name not in graphs:
-            graphs[model_name] = shardwise.capture(fidelity.build(model_name), fidelity.batch())
-        graph = fidelity.pipeline_graph(shardwise, graphs, model_name, d) if "pipeline" in d else graphs[model_name]
-        plan = shardwise.Plan.from_json(row["plan_json"])
+    out = {}
+    for row, (plan, graph) in zip(rows, fidelity.saved_plans(shardwise, rows, fidelity.TABLES[world])):
         priced = plan.price(graph, cluster, profile=fidelity.load_profile(shardwise, row["profile"]))
         out[row["plan"]] = json.loads(priced.to_json()).get("predicted", {}).get("stage_times") or []
     return out

@@ -179,12 +179,12 @@ double uneven_bubble_scale(plan::Schedule schedule, int ranks, int micro_batches
   // simulated once, its times rounded to 1e-4 of the slowest (a step's 0.01% at most). A search
   // meets mostly new ones (GPT-3 175B on 1,024 GPUs: 11,400), so the cache is emptied past 2^16
   // entries rather than grow with every search a process runs.
+  std::vector<long> key_times;  // each device's time, then its backward's, in 1e-4 of the slowest
   std::vector<double> seconds, backward;
-  std::vector<long> key_times;
   for (std::size_t r = 0; r < device_seconds.size(); ++r) {
-    seconds.push_back(std::round(device_seconds[r] / worst * 1e4) / 1e4);
-    backward.push_back(std::round(std::clamp(device_backward[r], 0.0, device_seconds[r]) / worst * 1e4) / 1e4);
-    key_times.push_back(std::lround(seconds.back() * 1e4)), key_times.push_back(std::lround(backward.back() * 1e4));
+    key_times.push_back(std::lround(device_seconds[r] / worst * 1e4));
+    key_times.push_back(std::lround(std::clamp(device_backward[r], 0.0, device_seconds[r]) / worst * 1e4));
+    seconds.push_back(key_times[2 * r] / 1e4), backward.push_back(key_times[2 * r + 1] / 1e4);
   }
   using Key = std::tuple<plan::Schedule, int, int, int, int, std::vector<long>>;
   static std::mutex mutex;

@@ -890,11 +890,8 @@ void PlanEvaluator::time_step() {
   }
   // Stages of unequal times idle for the others' fill and drain, not (p - 1) of the slowest's
   // (pipeline_transfers.h, uneven_bubble_scale): the formula above is the equal pipeline's.
-  std::vector<double> device_seconds, device_backward;
-  for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s)
-    device_seconds.push_back(out_.stage_times[s]), device_backward.push_back(device_backward_[s]);
   out_.pipeline_bubble *= uneven_bubble_scale(plan_.schedule, p, static_cast<int>(m_), v, plan_.kfkb_k,
-                                              device_seconds, device_backward);
+                                              out_.stage_times, device_backward_);
   out_.bubble_fraction = out_.pipeline_bubble / (md * t_mb_);
   // Ranks that share a node's cores (Node::compute_alone > 1): while a pipeline's other stages
   // wait, a busy stage runs faster, but the node's ranks together never exceed their shared
