@@ -197,23 +197,31 @@ def _rss_kib(field: str) -> int:
 
 def _detect(rank: int, store: str, world: int, out: str) -> None:
     import shardwise
+    from shardwise.profile import measure_sync_wait, sharing
 
     torch.set_num_threads(threads(world))
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
         cluster = shardwise.Cluster.detect(measure_links=True, measure_compute=True)
+        # What a collective a program waits on costs beyond its fit (profiled_cost.h, sync_wait):
+        # the ranks' and cores', not a plan's, so measured once for every plan of the run, and
+        # over more rounds than profile() takes. Each plan measuring its own (until 2026-12-07)
+        # read 0 to 1.7 ms at 2 processes and 0 to 3.6 at 4 within one run, and reordered plans.
+        shared_cores = sharing(cluster, rank)[0] > 1
+        wait = measure_sync_wait(group=dist.group.WORLD, rounds=15, shared_cores=shared_cores)
         if rank == 0:
             with open(out, "w") as f:
-                f.write(cluster.to_json())
+                json.dump({"cluster": json.loads(cluster.to_json()), "sync_wait": wait,
+                           "shared_cores": shared_cores}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
 def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, specs: list,
-         shared_by: float, concurrent: int, out: str) -> None:
+         shared_by: float, concurrent: int, sync_wait: float, out: str) -> None:
     import shardwise
-    from shardwise.profile import measure_collectives, measure_optimizer, measure_specs, measure_sync_wait
+    from shardwise.profile import measure_collectives, measure_optimizer, measure_specs
     from shardwise.runtime import traffic
 
     torch.set_num_threads(threads(world))
@@ -232,9 +240,7 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
         ops["optimizer"] = measure_optimizer(group=dist.group.WORLD)  # AdamW's step, every rank at once
         ops["collectives"] = fits["collectives"]
         ops["skipped"].update(fits["skipped"])
-        # What each collective the program waits on costs beyond its fit: the ranks' arrival
-        # after their compute (profiled_cost.h, sync_wait).
-        ops["sync_wait"] = measure_sync_wait(group=dist.group.WORLD)
+        ops["sync_wait"] = sync_wait  # the run's (_detect)
         model = build(model_name)
         ids, y = batch()
         before = live_storages()  # the user's module: not the plan's
@@ -427,7 +433,8 @@ def main() -> None:
             reprice(shardwise, saved["rows"], cluster, table)
         report(args, saved["rows"], cluster, world, len(saved["rows"][0]["steps"]))
         return
-    cluster = shardwise.Cluster.from_json(_spawn(_detect, world))
+    detected = json.loads(_spawn(_detect, world))
+    cluster = shardwise.Cluster.from_json(json.dumps(detected["cluster"]))
     device = cluster.device_of(0)
     print(f"profiled: {cluster.name}\n  peak f32 {device['peak_flops']['f32'] / 1e9:.1f} GFLOP/s per rank, "
           f"bf16 {device['peak_flops']['bf16'] / 1e9:.1f}, memory bandwidth {device['memory_bandwidth'] / 1e9:.2f} "
@@ -435,7 +442,9 @@ def main() -> None:
                                       f"{link['latency'] * 1e6:.0f} us"
                                       for link in json.loads(cluster.to_json())["links"])
           + f"; a collective beside compute adds {shardwise._C.cluster_overlap_interference(cluster._core):.2f} of "
-          "its time (overlap_interference)")
+          "its time (overlap_interference); a blocking collective waits "
+          f"{detected['sync_wait'] * 1e3:.2f} ms beyond its fit (sync_wait, "
+          f"{'ranks sharing cores' if detected['shared_cores'] else 'a core each'})")
     shared_by, concurrent = sharing(cluster, 0)  # one node: every rank's
     graphs = {}
     for model_name in sorted({table[n][0] for n in names}):
@@ -446,7 +455,7 @@ def main() -> None:
         plan, graph = make_plan(shardwise, table[name], cluster, graphs)
         specs = plan_specs(graph, cluster, [plan])
         measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, specs, shared_by,
-                                     concurrent))
+                                     concurrent, detected["sync_wait"]))
         ops = load_profile(shardwise, measured["ops"])
         profiled = plan.price(graph, cluster, profile=ops)
         rows.append({"plan": name, "layout": layout(plan), "predicted_step": profiled.predicted_step_time(),

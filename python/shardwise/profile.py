@@ -774,6 +774,29 @@ def _fit_kind(kind: str, sizes: Iterable[int], size: int, mine, everyone, device
     return _fit_alpha_beta(xs, ts)
 
 
+def _matmul_loop(seconds: float, device: torch.device, group) -> Callable[[], None]:
+    """A loop of 256 x 256 products that takes about ``seconds`` with every rank of ``group``
+    running it at once (on shared cores, fewer products); every rank must call this."""
+    import torch.distributed as dist
+
+    a = torch.randn(256, 256, device=device)
+    a @ a  # warm-up
+    dist.barrier(group=group)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(8):
+        a @ a
+    _sync(device)
+    t = torch.tensor([(time.perf_counter() - t0) / 8], dtype=torch.float64, device=device)
+    dist.all_reduce(t, group=group)
+    products = max(1, round(seconds / max(float(t.item()) / dist.get_world_size(group), 1e-7)))
+
+    def loop() -> None:
+        for _ in range(products):
+            a @ a
+    return loop
+
+
 def _slowest_median(call: Callable[[], Any], device: torch.device, repeats: int, group,
                     prepare: Callable[[], Any] = lambda: None) -> float:
     """Median seconds of ``call``, each sample after ``prepare`` (untimed); with ``group`` (a
@@ -800,17 +823,30 @@ def _slowest_median(call: Callable[[], Any], device: torch.device, repeats: int,
 
 
 def measure_sync_wait(*, compute_s: float = 0.01, iterations: int = 12, rounds: int = 5, group=None,
-                      device: "str | torch.device | None" = None) -> float:
+                      device: "str | torch.device | None" = None, shared_cores: bool | None = None) -> float:
     """Seconds a blocking collective costs in a program beyond its fit (``Profile.sync_wait``;
     csrc/cost/profiled_cost.h): every rank of ``group`` computes about ``compute_s`` (a matmul
-    loop, all ranks at once, as a program's ranks run), then all-reduces a small buffer;
-    against the compute alone and the all-reduce alone, what is left is the wait for the last
-    rank to arrive and for the library's threads to wake, which a fit timed back to back with
-    its ranks started together leaves out. Every rank must call it (collective); 0 when
-    torch.distributed is not initialised or the group has one rank. On this 2-core CPU
-    (2026-12-06, each fidelity.py plan's processes): 0 to 2.3 ms at 2 Gloo processes, 0 to 4.3
-    at 4; one measurement is noisy, the host's load moves it.
-    ``rounds`` x ``iterations`` of each loop: about 2.5 s at 2 processes, 5 s at 4."""
+    loop, all ranks at once, as a program's ranks run), then all-reduces a small buffer. A fit
+    times each collective back to back, its ranks started together; in a program each rank
+    arrives after its own compute and waits for the last one and for the library's threads to
+    wake. Every rank must call it (collective); 0 when torch.distributed is not initialised or
+    the group has one rank. The median of ``rounds`` (one round's figure moves by a millisecond).
+
+    How the wait costs the step depends on whether the ranks share cores (``shared_cores``;
+    None: decided by ``ranks_share_cores``, every rank the same way):
+
+    - each rank on its own core (or GPU): a waiting rank's core idles, so the step pays each
+      call's whole time after the compute. Measured per call: the mean over calls (a program
+      pays the slow ones too) less the call's median alone, started together, as a fit times it.
+      On this 2-core CPU, 2 Gloo processes (2026-12-07): 0.9 to 1.7 ms, where a tensor-parallel
+      plan's 2 MB gathers and reduce-scatters ran 1.1 to 2.2 ms over their fits and copies
+      (torch.profiler, rank programs of benchmarks/fidelity.py).
+    - ranks sharing cores: a waiting rank's core runs another rank's compute, which the op times
+      already price at the shared rate; the per-call time would count it twice (6 to 8 ms at 4
+      processes). Measured as the step grows instead: the loop of compute and all-reduce less
+      the compute loop and the all-reduce loop, each timed alone. 0.8 to 3.3 ms at 4 processes.
+
+    ``rounds`` x ``iterations`` of each loop: about 1 s at 2 processes, 3 s at 4."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) < 2:
@@ -819,7 +855,8 @@ def measure_sync_wait(*, compute_s: float = 0.01, iterations: int = 12, rounds: 
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
             else torch.device("cpu")
     device = torch.device(device)
-    a = torch.randn(256, 256, device=device)
+    if shared_cores is None:
+        shared_cores = ranks_share_cores(group, device)
     small = torch.zeros(256, device=device)
 
     def timed(fn) -> float:
@@ -838,29 +875,67 @@ def measure_sync_wait(*, compute_s: float = 0.01, iterations: int = 12, rounds: 
         return float(t.item()) / dist.get_world_size(group)
 
     # The compute's length in products, as the ranks run them together (on shared cores, slower).
-    one = mean_over_ranks(timed(lambda: a @ a))
-    products = max(1, round(compute_s / max(one, 1e-7)))
-
-    def compute():
-        for _ in range(products):
-            a @ a
+    compute = _matmul_loop(compute_s, device, group)
 
     def collective():
         dist.all_reduce(small, group=group)
+
+    def each_call(after: Callable[[], Any]) -> list[float]:
+        """Seconds of each of `iterations` all-reduces, each after `after` (untimed)."""
+        samples = []
+        for _ in range(iterations):
+            after()
+            _sync(device)
+            t0 = time.perf_counter()
+            collective()
+            _sync(device)
+            samples.append(time.perf_counter() - t0)
+        return samples
 
     def both():
         compute()
         collective()
 
     # Each the ranks' mean: a rank's compute is what the evaluator prices; a synchronised loop's
-    # ranks agree anyway. The median of `rounds` (one round's figure moves by 1 ms here).
+    # ranks agree anyway.
     waits = []
     for _ in range(rounds):
-        alone = mean_over_ranks(timed(compute))
-        reduce = mean_over_ranks(timed(collective))
-        together = mean_over_ranks(timed(both))
-        waits.append(together - alone - reduce)
+        if shared_cores:
+            alone = mean_over_ranks(timed(compute))
+            reduce = mean_over_ranks(timed(collective))
+            together = mean_over_ranks(timed(both))
+            waits.append(together - alone - reduce)
+        else:
+            collective()  # warm-up
+            started = each_call(lambda: dist.barrier(group=group))
+            dist.barrier(group=group)
+            waits.append(mean_over_ranks(statistics.mean(each_call(compute)))
+                         - mean_over_ranks(statistics.median(started)))
     return max(0.0, statistics.median(waits))
+
+
+def ranks_share_cores(group=None, device: "str | torch.device | None" = None) -> bool:
+    """Whether some rank of ``group`` shares its host's cores with others (collective: every
+    rank answers the same). CUDA ranks each have their device: False. Otherwise a host whose
+    ranks x torch threads exceed the cores this process may run on."""
+    import socket
+
+    import torch.distributed as dist
+
+    if device is not None and torch.device(device).type == "cuda":
+        return False
+    hosts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    here = hosts.count(socket.gethostname())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    mine = torch.tensor([1.0 if cores_shared(here, torch.get_num_threads(), cores) else 0.0])
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
+    return bool(mine.item() > 0)
+
+
+def cores_shared(ranks: int, threads: int, cores: int) -> bool:
+    """True when `ranks` processes of `threads` torch threads each outnumber `cores`."""
+    return ranks * max(1, threads) > max(1, cores)
 
 
 def measure_optimizer(elements: int = 4 << 20, *, tensors: int = 16, dtype: torch.dtype = torch.float32,
@@ -961,7 +1036,8 @@ def profile(model_or_graph, example_inputs: Any = (), *, budget_s: float = 30.0,
         measured = measure_collectives(sizes=collective_sizes, repeats=repeats, group=group)
         doc["collectives"] = measured["collectives"]
         doc["skipped"].update(measured["skipped"])
-        doc["sync_wait"] = measure_sync_wait(group=group)
+        # Where the plans' cluster says how the ranks share cores, that; else this host's count.
+        doc["sync_wait"] = measure_sync_wait(group=group, shared_cores=shared_by > 1 if shared else None)
     else:
         doc["collectives"] = {}
     if optimizer:  # with the group's ranks at once only where all of them call profile() (collectives)

@@ -206,6 +206,10 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     for kind, nbytes in data["predicted_traffic"].items():
         assert nbytes <= 0 or data["traffic"].get(kind, {}).get("bytes", 0) > 0, (kind, data)
     assert rows["gpt2 pipeline 2 x data 2, 1F1B"]["traffic"]["send"]["calls"] > 0
+    # The wait a blocking collective adds is the run's, measured once with the cluster: every plan
+    # is priced with the same figure (each measuring its own had scattered them), and it is shown.
+    assert len({r["profile"].get("sync_wait", 0.0) for r in rows.values()}) == 1, rows
+    assert "beyond its fit (sync_wait, " in out
 
     # step_cpu.py runs the saved plans again: a row per rank, the engine's actions for the
     # pipeline's ranks only, and the ranks' CPU over the cores beside each plan's prediction.

@@ -14,7 +14,7 @@ import torch
 import shardwise
 from shardwise import _C
 from shardwise.models import TinyGPT
-from shardwise.profile import _fit_alpha_beta, measure_collectives, measure_sync_wait
+from shardwise.profile import _fit_alpha_beta, cores_shared, measure_collectives, measure_sync_wait, ranks_share_cores
 
 
 @pytest.fixture(scope="module")
@@ -208,26 +208,43 @@ def _sync_wait_worker(rank: int, world: int, store_path: str, out_path: str) -> 
                             timeout=timedelta(seconds=20))
     try:
         torch.set_num_threads(1)
-        wait = measure_sync_wait(compute_s=0.002, iterations=4, rounds=3)
+        # Both estimators, and the host's own choice: each is collective (a rank that took the
+        # other branch would leave its peer waiting: a hang, which _join_or_fail reports).
+        waits = [measure_sync_wait(compute_s=0.002, iterations=4, rounds=3, shared_cores=shared)
+                 for shared in (True, False, None)]
         with open(f"{out_path}.{rank}", "w") as f:
-            json.dump(wait, f)
+            json.dump(waits + [ranks_share_cores()], f)
     finally:
         dist.destroy_process_group()
 
 
 def test_the_sync_wait_is_measured_by_every_rank_together_and_agreed(tmp_path):
     """measure_sync_wait is collective: both ranks run it (no hang) and answer one figure, the
-    ranks' figures agreed (a rank alone would answer its own); a finite time >= 0. Its size is
-    the host's (no bound asserted); without a process group it is 0."""
+    ranks' figures agreed (a rank alone would answer its own); a finite time >= 0, whether the
+    ranks are taken to share cores (the step's growth) or not (each call's time after the
+    compute). Its size is the host's (no bound asserted); without a process group it is 0.
+    ranks_share_cores answers the same on every rank."""
     import torch.multiprocessing as mp
 
     store, out = str(tmp_path / "store"), str(tmp_path / "wait")
     ctx = mp.spawn(_sync_wait_worker, args=(2, store, out), nprocs=2, join=False)
     _join_or_fail(ctx)
-    waits = [json.load(open(f"{out}.{r}")) for r in range(2)]
-    assert waits[0] == waits[1], waits
-    assert math.isfinite(waits[0]) and waits[0] >= 0
+    answers = [json.load(open(f"{out}.{r}")) for r in range(2)]
+    assert answers[0] == answers[1], answers
+    for wait in answers[0][:3]:
+        assert math.isfinite(wait) and wait >= 0
+    assert isinstance(answers[0][3], bool)
     assert measure_sync_wait() == 0.0  # no process group in this process
+
+
+def test_ranks_share_cores_when_their_threads_outnumber_the_cores():
+    """The choice of measure_sync_wait's estimator: 2 ranks of 1 thread on 2 cores each have one
+    (a waiting rank's core idles); 4 on 2, or 2 of 2 threads on 2, share them."""
+    assert not cores_shared(2, 1, 2)
+    assert not cores_shared(1, 8, 8)
+    assert cores_shared(4, 1, 2)
+    assert cores_shared(2, 2, 2)
+    assert cores_shared(3, 0, 2)  # no threads reported: one each
 
 
 def test_a_profiles_sync_wait_is_paid_by_each_collective_a_plan_waits_on(tiny):
