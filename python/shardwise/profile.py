@@ -774,6 +774,20 @@ def _fit_kind(kind: str, sizes: Iterable[int], size: int, mine, everyone, device
     return _fit_alpha_beta(xs, ts)
 
 
+def _timed_calls(call: Callable[[], Any], device: torch.device, repeats: int,
+                 before: Callable[[], Any] = lambda: None) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``call``, each after ``before`` (untimed)."""
+    samples = []
+    for _ in range(repeats):
+        before()
+        _sync(device)
+        t0 = time.perf_counter()
+        call()
+        _sync(device)
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
 def _matmul_loop(seconds: float, device: torch.device, group) -> Callable[[], None]:
     """A loop of 256 x 256 products that takes about ``seconds`` with every rank of ``group``
     running it at once (on shared cores, fewer products); every rank must call this."""
@@ -804,17 +818,12 @@ def _slowest_median(call: Callable[[], Any], device: torch.device, repeats: int,
     the slowest rank's median is returned on all of them. ``group`` None: this process alone."""
     import torch.distributed as dist
 
-    samples = []
-    for _ in range(repeats):
+    def before() -> None:
         if group is not None:
             dist.barrier(group=group)
         prepare()
-        _sync(device)
-        t0 = time.perf_counter()
-        call()
-        _sync(device)
-        samples.append(time.perf_counter() - t0)
-    seconds = statistics.median(samples)
+
+    seconds = statistics.median(_timed_calls(call, device, repeats, before))
     if group is not None:
         t = torch.tensor([seconds], dtype=torch.float64, device=device)  # NCCL reduces CUDA tensors only
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
@@ -880,18 +889,6 @@ def measure_sync_wait(*, compute_s: float = 0.01, iterations: int = 12, rounds: 
     def collective():
         dist.all_reduce(small, group=group)
 
-    def each_call(after: Callable[[], Any]) -> list[float]:
-        """Seconds of each of `iterations` all-reduces, each after `after` (untimed)."""
-        samples = []
-        for _ in range(iterations):
-            after()
-            _sync(device)
-            t0 = time.perf_counter()
-            collective()
-            _sync(device)
-            samples.append(time.perf_counter() - t0)
-        return samples
-
     def both():
         compute()
         collective()
@@ -907,10 +904,10 @@ def measure_sync_wait(*, compute_s: float = 0.01, iterations: int = 12, rounds: 
             waits.append(together - alone - reduce)
         else:
             collective()  # warm-up
-            started = each_call(lambda: dist.barrier(group=group))
+            started = _timed_calls(collective, device, iterations, lambda: dist.barrier(group=group))
             dist.barrier(group=group)
-            waits.append(mean_over_ranks(statistics.mean(each_call(compute)))
-                         - mean_over_ranks(statistics.median(started)))
+            after = _timed_calls(collective, device, iterations, compute)
+            waits.append(mean_over_ranks(statistics.mean(after)) - mean_over_ranks(statistics.median(started)))
     return max(0.0, statistics.median(waits))
 
 
