@@ -919,13 +919,15 @@ def ranks_share_cores(group=None, device: "str | torch.device | None" = None) ->
 
     import torch.distributed as dist
 
-    if device is not None and torch.device(device).type == "cuda":
+    if device is None:
+        device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    if torch.device(device).type == "cuda":
         return False
     hosts: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(hosts, socket.gethostname(), group=group)
     here = hosts.count(socket.gethostname())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    mine = torch.tensor([1.0 if cores_shared(here, torch.get_num_threads(), cores) else 0.0])
+    mine = torch.tensor([1.0 if cores_shared(here, torch.get_num_threads(), cores) else 0.0], device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
     return bool(mine.item() > 0)
 
