@@ -788,29 +788,6 @@ def _timed_calls(call: Callable[[], Any], device: torch.device, repeats: int,
     return samples
 
 
-def _matmul_loop(seconds: float, device: torch.device, group) -> Callable[[], None]:
-    """A loop of 256 x 256 products that takes about ``seconds`` with every rank of ``group``
-    running it at once (on shared cores, fewer products); every rank must call this."""
-    import torch.distributed as dist
-
-    a = torch.randn(256, 256, device=device)
-    a @ a  # warm-up
-    dist.barrier(group=group)
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(8):
-        a @ a
-    _sync(device)
-    t = torch.tensor([(time.perf_counter() - t0) / 8], dtype=torch.float64, device=device)
-    dist.all_reduce(t, group=group)
-    products = max(1, round(seconds / max(float(t.item()) / dist.get_world_size(group), 1e-7)))
-
-    def loop() -> None:
-        for _ in range(products):
-            a @ a
-    return loop
-
-
 def _slowest_median(call: Callable[[], Any], device: torch.device, repeats: int, group,
                     prepare: Callable[[], Any] = lambda: None) -> float:
     """Median seconds of ``call``, each sample after ``prepare`` (untimed); with ``group`` (a
@@ -866,6 +843,7 @@ def measure_sync_wait(*, compute_s: float = 0.01, iterations: int = 12, rounds: 
     device = torch.device(device)
     if shared_cores is None:
         shared_cores = ranks_share_cores(group, device)
+    a = torch.randn(256, 256, device=device)
     small = torch.zeros(256, device=device)
 
     def timed(fn) -> float:
@@ -884,7 +862,12 @@ def measure_sync_wait(*, compute_s: float = 0.01, iterations: int = 12, rounds: 
         return float(t.item()) / dist.get_world_size(group)
 
     # The compute's length in products, as the ranks run them together (on shared cores, slower).
-    compute = _matmul_loop(compute_s, device, group)
+    one = mean_over_ranks(timed(lambda: a @ a))
+    products = max(1, round(compute_s / max(one, 1e-7)))
+
+    def compute():
+        for _ in range(products):
+            a @ a
 
     def collective():
         dist.all_reduce(small, group=group)
