@@ -7,7 +7,11 @@ share; all-reduce times fitted into the link), and every plan below is priced on
 description. Then, for a GPT-2-like and a LLaMA-like model (transformers, float32, sized so
 a step takes tenths of a second), each plan runs in 4 fresh Gloo processes:
 
-- step time: the median of the timed steps (wall clock, between barriers, rank 0);
+- step time: the median of the timed steps (wall clock, between barriers, rank 0), after
+  --warmup untimed ones: a data- or tensor-parallel plan's first steps after its ops were
+  timed in the same processes ran up to 1.7x its later ones (2026-12-07, 2 processes: "gpt2
+  data 2" 0.61, 0.36, 0.44, 0.38 and then 0.34-0.39 s; a pipeline's within 5% from its
+  first), and a median of 5 steps after one warm-up held two of them;
 - peak memory per rank: the bytes of tensors alive at once in one more step, the analogue of
   torch.cuda.max_memory_allocated (benchmarks/_tensor_memory.py: the tensors the engine and
   optimizer hold between steps, without the user's module, plus the CPU allocator's peak over
@@ -35,7 +39,7 @@ prices it): data-parallel plans searched with full recomputation, or with select
 products' and attention's outputs kept, the rest run again: ``shardwise.plan(...,
 recompute="selective")``), and 4-stage pipelines with full and with selective recomputation.
 
-    python benchmarks/fidelity.py [--world 4|2] [--steps 5] [--svg benchmarks/images/fidelity.svg]
+    python benchmarks/fidelity.py [--world 4|2] [--steps 9] [--warmup 3] [--svg benchmarks/images/fidelity.svg]
                                   [--json out.json] [--only "gpt2 data 4" ...] [--record]
                                   [--from-json out.json]  (report a saved run again)
 
@@ -218,8 +222,8 @@ def _detect(rank: int, store: str, world: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, specs: list,
-         shared_by: float, concurrent: int, sync_wait: float, out: str) -> None:
+def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, warmup: int,
+         specs: list, shared_by: float, concurrent: int, sync_wait: float, out: str) -> None:
     import shardwise
     from shardwise.profile import measure_collectives, measure_optimizer, measure_specs
     from shardwise.runtime import traffic
@@ -249,7 +253,7 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
         engine = shardwise.parallelize(model, (ids, y), plan=shardwise.Plan.from_json(plan_json), verify=False)
         optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)  # ZeRO plans shard its state
         times, moved = [], None
-        for step in range(1 + steps):  # one warm-up step
+        for step in range(warmup + steps):
             dist.barrier()
             traffic.reset()
             start = time.perf_counter()
@@ -257,7 +261,7 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
             loss = engine.train_step(ids, y)
             optimizer.step()
             dist.barrier()
-            if step:
+            if step >= warmup:
                 times.append(time.perf_counter() - start)
                 moved = moved or traffic.snapshot()
         resident = float(_rss_kib("VmHWM") - base) * 1024
@@ -388,7 +392,8 @@ def _mb(x: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=9, help="timed steps (their median is the step time)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     parser.add_argument("--smoke", action="store_true", help="two plans, one step (tests)")
     parser.add_argument("--svg", default=None, help="write the predicted-vs-measured scatter here")
     parser.add_argument("--json", default=None)
@@ -417,7 +422,7 @@ def main() -> None:
     unknown = [n for n in names if n not in table]
     if unknown:
         parser.error(f"unknown plans {unknown}; known at --world {world}: {list(table)}")
-    steps = 1 if args.smoke else args.steps
+    steps, warmup = (1, 1) if args.smoke else (args.steps, args.warmup)
     print(machine_line())
     if args.from_json:
         with open(args.from_json) as f:
@@ -431,7 +436,8 @@ def main() -> None:
                          f"{world}: {foreign}); pass the --world it ran at")
         if args.reprice:
             reprice(shardwise, saved["rows"], cluster, table)
-        report(args, saved["rows"], cluster, world, len(saved["rows"][0]["steps"]))
+        report(args, saved["rows"], cluster, world, len(saved["rows"][0]["steps"]),
+               saved["rows"][0].get("warmup", 1))  # runs saved before --warmup had one
         return
     detected = json.loads(_spawn(_detect, world))
     cluster = shardwise.Cluster.from_json(json.dumps(detected["cluster"]))
@@ -454,14 +460,14 @@ def main() -> None:
     for name in names:
         plan, graph = make_plan(shardwise, table[name], cluster, graphs)
         specs = plan_specs(graph, cluster, [plan])
-        measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, specs, shared_by,
-                                     concurrent, detected["sync_wait"]))
+        measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, warmup, specs,
+                                     shared_by, concurrent, detected["sync_wait"]))
         ops = load_profile(shardwise, measured["ops"])
         profiled = plan.price(graph, cluster, profile=ops)
         rows.append({"plan": name, "layout": layout(plan), "predicted_step": profiled.predicted_step_time(),
                      "plan_json": plan.to_json(), "profile": measured["ops"],
                      "analytic_step": plan.predicted_step_time(), "ops_measured": len(ops.ops),
-                     "ops_asked": len(specs),
+                     "ops_asked": len(specs), "warmup": warmup,
                      "predicted_memory": plan.predicted_memory()[0], "predicted_traffic": predicted_traffic(plan),
                      **{k: measured[k] for k in ("step", "steps", "memory", "resident", "held", "traffic", "loss")}})
         r = rows[-1]
@@ -470,16 +476,16 @@ def main() -> None:
               "by the analytic model); "
               f"memory {_mb(r['memory'])} MB measured ({_mb(r['held'])} held between steps, resident growth "
               f"{_mb(r['resident'])}), {_mb(r['predicted_memory'])} MB predicted", flush=True)
-    report(args, rows, cluster, world, steps)
+    report(args, rows, cluster, world, steps, warmup)
 
 
-def report(args, rows: list[dict], cluster, world: int, steps: int) -> None:
+def report(args, rows: list[dict], cluster, world: int, steps: int, warmup: int) -> None:
     """The table, the figures against the bar, and (--svg, --json, --record) their files."""
     import shardwise
 
     device = cluster.device_of(0)
     print(f"\n{len(rows)} plans, {world} Gloo processes, batch {BATCH} x seq {SEQ}, float32, "
-          f"median of {steps} steps")
+          f"median of {steps} steps after {warmup} untimed")
     print("| plan | layout | step measured (s) | predicted (s) | predicted / measured | analytic (s) | "
           "peak memory measured (MB) | predicted (MB) | predicted / measured | resident growth (MB) | "
           "bytes per step measured, rank 0 (MB by kind) | predicted (MB by kind) |")
@@ -528,7 +534,8 @@ def report(args, rows: list[dict], cluster, world: int, steps: int) -> None:
                         "analytic (s)": ".3f",
                         "peak memory measured (MB)": ".2f", "predicted (MB)": ".2f",
                         "memory predicted / measured": ".2f", "resident growth (MB)": ".2f"},
-            "notes": f"{world} Gloo processes, batch {BATCH} x seq {SEQ}, float32, median of {steps} steps. Profiled: "
+            "notes": f"{world} Gloo processes, batch {BATCH} x seq {SEQ}, float32, median of {steps} steps "
+                     f"after {warmup} untimed. Profiled: "
                      f"peak f32 {device['peak_flops']['f32'] / 1e9:.1f} GFLOP/s per rank, bf16 "
                      f"{device['peak_flops']['bf16'] / 1e9:.1f}, memory bandwidth "
                      f"{device['memory_bandwidth'] / 1e9:.2f} GB/s; links "

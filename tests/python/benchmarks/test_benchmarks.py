@@ -190,6 +190,7 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
 
     out = _run("fidelity.py", "--smoke", "--json", str(tmp_path / "fidelity.json"))
     assert "step time predicted / measured" in out and "Kendall tau, step time: " in out
+    assert "median of 1 steps after 1 untimed" in out
     result = json.loads((tmp_path / "fidelity.json").read_text())
     # The cluster the plans are priced on was measured here, not taken from the catalogue.
     assert "measured: " in result["cluster"]["name"] and "peak_flops" in result["cluster"]["name"].split(";")[0]
@@ -198,6 +199,7 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     for r in rows.values():
         assert r["step"] > 0 and r["predicted_step"] > 0 and r["memory"] > 0 and r["predicted_memory"] > 0, r
         assert r["memory"] > r["held"] > 0 and r["resident"] > 0, r  # a step allocates beyond what is held
+        assert r["warmup"] == 1 and len(r["steps"]) == 1, r  # --smoke: one untimed step, one timed
     # Counted by the collective calls: every kind of collective the data-parallel plan lists
     # (which ones depends on the layout searched on the measured cluster) moved bytes, and the
     # pipeline sends between its stages.
