@@ -97,19 +97,20 @@ double EdgePricer::edge_seconds(int axis, ir::ValueId value, int consumer, int o
   if (!parameter && facts_.folding.runs_again(static_cast<std::size_t>(consumer))) seconds += gather;
   if (facts_.requires_grad[static_cast<std::size_t>(value)]) {
     const Placement canonical = gradient_placement(produced);
+    const Placement handed = reduced_gradient(value, produced, gradient);
     // A parameter's, or one reduced with its parameters' gradients (reduced_with_parameters).
-    const bool bucketed = parameter || reduced_with_parameters(value, produced, gradient);
+    const bool bucketed = parameter || reduced_with_parameters(value, produced, handed);
     const ParameterOverlap reduction =
-        bucketed ? parameter_gradient_at(axis, value, consumer, operand, produced, gradient)
-                 : activation_gradient_at(axis, value, consumer, operand, produced, wanted, gradient);
+        bucketed ? parameter_gradient_at(axis, value, consumer, operand, produced, handed)
+                 : activation_gradient_at(axis, value, consumer, operand, produced, wanted, handed);
     // An activation's gradient beside its reader's weight gradient: hidden at the
     // interference price whatever the solver charges for parameter collectives (the weight
     // gradient's product, as long as the input gradient's, covers it; evaluate() caps it).
     const double reduction_weight =
         !bucketed && reduction != ParameterOverlap::Exposed ? options_.overlap_interference
                                                             : weight(reduction) * (bucketed ? options_.step_share : 1.0);
-    seconds += reduction_weight * gradient_share(value, produced, gradient) *
-               reshard_seconds(axis, value, gradient, canonical, bytes,
+    seconds += reduction_weight * gradient_share(value, produced, handed) *
+               reshard_seconds(axis, value, handed, canonical, bytes,
                                bucketed ? parameter_latency_share(value, consumer, reduction, canonical.is_replicate(),
                                                                   bytes)
                                         : 1.0);
@@ -279,6 +280,14 @@ double EdgePricer::gradient_share(ir::ValueId value, const Placement& produced, 
       !is_leaf(facts_.graph.value(value)) || facts_.reads[v] <= 1)
     return 1.0;
   return 1.0 / facts_.reads[v];
+}
+
+Placement EdgePricer::reduced_gradient(ir::ValueId value, const Placement& produced, const Placement& gradient) const {
+  const ir::Value& v = facts_.graph.value(value);
+  if (gradient.is_replicate() && produced.is_replicate() && v.role == ir::ValueRole::Parameter &&
+      facts_.requires_grad[static_cast<std::size_t>(value)] && facts_.reads[static_cast<std::size_t>(value)] > 1)
+    return Placement::partial();
+  return gradient;
 }
 
 Placement EdgePricer::as_run(int axis, ir::ValueId value, const Placement& p) const {

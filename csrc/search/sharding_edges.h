@@ -127,6 +127,14 @@ class EdgePricer {
   // reader's gradient is Partial, the common case; an approximation of a hyper-edge
   // otherwise). A leaf sharded on the axis is reduce-scattered at each read: 1 each.
   double gradient_share(ir::ValueId value, const Placement& produced, const Placement& gradient) const;
+  // The gradient a read hands its leaf's reduction: `gradient`, except a whole one (Replicate)
+  // of a parameter replicated on the axis and read by several nodes, which is Partial(sum): the
+  // rewrite reduces such a leaf's summed gradient once in the buckets where any read's is
+  // Partial, the whole reads' added on one rank (transform/spmd_rewrite.cc, reduced_whole), so
+  // each read pays its 1/n like the others. Where every read's is whole nothing is reduced, which
+  // this prices as one reduction (one edge cannot see the others; such a plan computes every
+  // read of the weight on every rank of the axis).
+  Placement reduced_gradient(ir::ValueId value, const Placement& produced, const Placement& gradient) const;
   // `p` as the runtime holds it on `axis`: on an axis over devices of different speeds, a
   // split of the value's batch dim takes uneven shares (the balance LP's, known only after
   // the search; priced here at the devices' speed shares), and uneven blocks move by

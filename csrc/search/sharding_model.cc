@@ -871,19 +871,19 @@ void ShardingModel::tally_reshardings(int axis, Tally& out) const {
              pricer.forward_passes(group.value, key.consumer, key.operand) - 1, 1.0, gather_latency);
     if (facts_->requires_grad[static_cast<std::size_t>(group.value)]) {
       const Placement canonical = gradient_placement(produced);
+      const Placement handed = pricer.reduced_gradient(group.value, produced, reader.input_grads[op]);
       // A parameter's, or one the rewrite reduces with its parameters' (edge_seconds).
-      const bool bucketed = parameter || pricer.reduced_with_parameters(group.value, produced, reader.input_grads[op]);
+      const bool bucketed = parameter || pricer.reduced_with_parameters(group.value, produced, handed);
       const ParameterOverlap reduction =
-          bucketed ? pricer.parameter_gradient_at(axis, group.value, key.consumer, key.operand, produced,
-                                                  reader.input_grads[op])
+          bucketed ? pricer.parameter_gradient_at(axis, group.value, key.consumer, key.operand, produced, handed)
                    : pricer.activation_gradient_at(axis, group.value, key.consumer, key.operand, produced,
-                                                   reader.inputs[op], reader.input_grads[op]);
-      record(reader.input_grads[op], canonical, bucketed ? "step" : "backward",
+                                                   reader.inputs[op], handed);
+      record(handed, canonical, bucketed ? "step" : "backward",
              bucketed                                         ? beside(reduction)
              : reduction == ParameterOverlap::BesideBackward ? out.activation_backward
                                                              : out.activations,
              bucketed ? price.gradient_sync : price.collectives,
-             pricer.gradient_share(group.value, produced, reader.input_grads[op]) *
+             pricer.gradient_share(group.value, produced, handed) *
                  (bucketed ? options_.step_share : 1.0),  // once a step (ShardingModelOptions)
              // a stage's price (node_prices) counts an activation's hidden all-reduce at
              // the interference, as the solver does (edge_seconds)

@@ -289,6 +289,7 @@ class SpmdRewriter {
   // Per value: its reads, (node id, operand index).
   using Reads = std::vector<std::vector<std::pair<std::size_t, std::size_t>>>;
   bool read_as_partial_sum(const Reads& reads, std::size_t value, std::size_t axis) const;
+  bool reduced_whole(const Reads& reads, std::size_t value, std::size_t axis) const;
   void defer_replicated_reductions(const Reads& reads);
   int group_of(int unit, int kind, int axis, ir::DType dtype) {
     auto [it, fresh] = groups_.emplace(std::tuple{unit, kind, axis, static_cast<int>(dtype)},
@@ -541,8 +542,9 @@ void SpmdRewriter::rewrite_node(const ir::Node& node) {
 }
 
 // Which values carry gradients (floating parameters and what floating values they reach),
-// and their canonical gradient placements: a parameter whose readers all give Partial(sum)
-// on an axis where it is replicated keeps it Partial there for the engine's bucketed reduction.
+// and their canonical gradient placements: a parameter replicated on an axis whose reads give
+// Partial(sum) there keeps its gradient Partial for the engine's bucketed reduction
+// (reduced_whole: a tied weight's whole reads add theirs on one rank).
 void SpmdRewriter::mark_gradients() {
   gradient_ = analysis::gradient_flow(graph_);
   for (const ir::Value& v : values_) {
@@ -558,7 +560,7 @@ void SpmdRewriter::mark_gradients() {
     const auto id = static_cast<std::size_t>(v.id);
     if (v.producer || !gradient_[id]) continue;
     for (std::size_t a = 0; a < axes_; ++a) {
-      if (produced_[id][a].is_replicate() && read_as_partial_sum(reads, id, a)) {
+      if (produced_[id][a].is_replicate() && reduced_whole(reads, id, a)) {
         canonical_[id][a] = Placement::partial();
         reduce_axes_[id].push_back(static_cast<int>(a));
       }
@@ -606,6 +608,24 @@ bool SpmdRewriter::read_as_partial_sum(const Reads& reads, std::size_t value, st
     const Placement& g = grads_[read.first][read.second][axis];
     return g.is_partial() && g.reduction == ops::Reduction::Sum;
   });
+}
+
+// Whether `value`'s reads give its gradient Partial(sum) on `axis`, some of them, the others
+// a whole gradient (Replicate): the sum is then reduced once, whole, in the engine's buckets,
+// each whole contribution kept on one rank (its backward step ZeroOthers). A tied embedding
+// whose lookup's gradient is whole (its output's gradient gathered) and whose head's is
+// Partial had the head's all-reduced at its read instead: the same bytes, exposed in backward,
+// where the search prices each read's share of one bucketed reduction
+// (search::EdgePricer::reduced_gradient).
+bool SpmdRewriter::reduced_whole(const Reads& reads, std::size_t value, std::size_t axis) const {
+  bool partial = false;
+  for (const auto& [node, operand] : reads[value]) {
+    const Placement& g = grads_[node][operand][axis];
+    const bool sum = g.is_partial() && g.reduction == ops::Reduction::Sum;
+    if (!sum && !g.is_replicate()) return false;
+    partial = partial || sum;
+  }
+  return partial;
 }
 
 // The backward steps of an edge: the reader's gradient to the value's canonical one. A value

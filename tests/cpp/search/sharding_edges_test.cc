@@ -172,6 +172,23 @@ TEST_F(ShardingEdgesTest, ATiedWeightsReadersShareOneReduction) {
   EXPECT_DOUBLE_EQ(c.edges().gradient_share(w, R(), P()), 0.5);
   EXPECT_DOUBLE_EQ(c.edges().gradient_share(w, S(0), P()), 1.0);
   EXPECT_DOUBLE_EQ(c.edges().gradient_share(w, R(), R()), 1.0);
+  // A read whose gradient of it is already whole (its input the same on every rank) hands it
+  // to the same reduction, Partial: the rewrite reduces the sum once where any read's is
+  // Partial, the whole one added on one rank (spmd_rewrite.cc, reduced_whole). It pays its
+  // half like a Partial read: the head's share alone had priced the tied embedding's
+  // all-reduce at half of what ran (fidelity run x: 14.87 MB listed, 16.96 measured).
+  EXPECT_EQ(c.edges().reduced_gradient(w, R(), R()), P());
+  EXPECT_EQ(c.edges().reduced_gradient(w, R(), P()), P());
+  EXPECT_EQ(c.edges().reduced_gradient(w, S(0), R()), R());  // sharded: each read its own
+  EXPECT_EQ(c.edges().reduced_gradient(c.value("x"), R(), R()), R());  // not a parameter
+  const int a = c.producer("y1");
+  EXPECT_GT(c.edges().edge_seconds(0, w, a, 1, R(), R(), R()), 0.0);
+  expect_seconds(c.edges().edge_seconds(0, w, a, 1, R(), R(), R()), c.edges().edge_seconds(0, w, a, 1, R(), R(), P()));
+  // A weight read once keeps a whole gradient whole: nothing to reduce.
+  const Candidate& single = candidate(f32_options({4}, 16));
+  EXPECT_EQ(single.edges().reduced_gradient(single.value("fc.weight"), R(), R()), R());
+  expect_seconds(single.edges().edge_seconds(0, single.value("fc.weight"), single.producer("y"), 1, R(), R(), R()),
+                 0.0);
 }
 
 TEST_F(ShardingEdgesTest, CollectiveMatmulsPayTheInterferenceOnTheirCollectives) {

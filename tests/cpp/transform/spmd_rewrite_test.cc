@@ -84,6 +84,47 @@ TEST(SpmdRewrite, AReplicatedActivationReadByAColumnSplitGetsItsGradientReduced)
   EXPECT_EQ(search::spec_str(p.leaves[1].gradient), "[P(sum), R]");
 }
 
+// w read twice (a tied weight): by x's rows, split over the data axis (a Partial gradient of
+// w), and by c, the same on every rank (a whole gradient).
+TEST(SpmdRewrite, ATiedWeightsWholeAndPartialGradientsAreReducedOnceInTheBuckets) {
+  ir::Graph g;
+  auto f32 = [](std::vector<std::int64_t> shape, std::optional<int> batch = std::nullopt) {
+    return ir::TensorType{ir::DType::F32, std::move(shape), batch};
+  };
+  const ir::ValueId x = g.add_value("x", f32({8, 16}, 0), ir::ValueRole::Input);
+  const ir::ValueId c = g.add_value("c", f32({4, 16}), ir::ValueRole::Input);
+  const ir::ValueId w = g.add_value("w", f32({32, 16}), ir::ValueRole::Parameter);
+  const ir::NodeId a = g.add_node("aten::linear", {x, w}, {{"h", f32({8, 32}, 0)}}, {}, "rows");
+  const ir::NodeId b = g.add_node("aten::linear", {c, w}, {{"k", f32({4, 32})}}, {}, "whole");
+  g.set_outputs({g.node(a).outputs[0], g.node(b).outputs[0]});
+  plan::Sharding s;
+  s.mesh = {2};
+  s.axis_names = {"data"};
+  s.level = "manual";
+  s.placements = {{"x", {"S(0)"}}, {"c", {"R"}}, {"w", {"R"}}, {"h", {"S(0)"}}, {"k", {"R"}}};
+  s.strategies = {{"h", {"split _0"}}, {"k", {"replicate"}}};
+  s.leaves = {"x", "c", "w"};
+  for (int rank = 0; rank < 2; ++rank) {
+    RankProgram p = rank_program(g, s, rank);
+    ASSERT_EQ(p.leaves.size(), 3u);
+    ASSERT_EQ(p.leaves[2].value, "w");
+    // The sum of the two reads' gradients reduced once, whole, by the engine's buckets: the
+    // whole one kept on rank 0 (the others add zeros), the Partial one as it is. Before, the
+    // Partial read's gradient was all-reduced at its read, in backward.
+    EXPECT_EQ(p.leaves[2].reduce_axes, (std::vector<int>{0}));
+    EXPECT_EQ(search::spec_str(p.leaves[2].gradient), "[P(sum)]");
+    EXPECT_EQ(str(p.nodes[0].inputs[1].backward), Steps{});
+    EXPECT_EQ(str(p.nodes[1].inputs[1].backward), Steps{"zero_others(axis 0)"});
+  }
+  // Both reads whole: nothing to reduce.
+  s.placements["x"] = s.placements["h"] = {"R"};
+  s.strategies["h"] = {"replicate"};
+  RankProgram whole = rank_program(g, s, 0);
+  EXPECT_TRUE(whole.leaves[2].reduce_axes.empty());
+  EXPECT_EQ(search::spec_str(whole.leaves[2].gradient), "[R]");
+  EXPECT_EQ(str(whole.nodes[1].inputs[1].backward), Steps{});
+}
+
 // x + wpe(arange(4)): a learned position embedding, the same on every data rank, added to
 // each row of a batch split over the data axis (TinyGPT's, GPT-2's).
 ir::Graph learned_positions_graph() {
