@@ -5,20 +5,26 @@ The local CPU "cluster" is profiled into a cluster description first: 4 Gloo pro
 precision and a timed copy on every rank at once, so ranks sharing cores measure their
 share; all-reduce times fitted into the link), and every plan below is priced on that one
 description. Then, for a GPT-2-like and a LLaMA-like model (transformers, float32, sized so
-a step takes tenths of a second), each plan runs in 4 fresh Gloo processes:
+a step takes tenths of a second), every plan runs in the same 4 fresh Gloo processes, each
+built in turn (its memory measured then), and their steps are timed in rounds: each round
+runs one step of every plan, starting one plan further on each round:
 
-- step time: the median of the timed steps (wall clock, between barriers, rank 0), after
-  --warmup untimed ones: a data- or tensor-parallel plan's first steps after its ops were
-  timed in the same processes ran up to 1.7x its later ones (2026-12-07, 2 processes: "gpt2
-  data 2" 0.61, 0.36, 0.44, 0.38 and then 0.34-0.39 s; a pipeline's within 5% from its
-  first), and a median of 5 steps after one warm-up held two of them;
-- peak memory per rank: the bytes of tensors alive at once in one more step, the analogue of
-  torch.cuda.max_memory_allocated (benchmarks/_tensor_memory.py: the tensors the engine and
-  optimizer hold between steps, without the user's module, plus the CPU allocator's peak over
-  the step), the largest over the ranks. Beside it, the growth of the process's peak
-  resident set (VmHWM, reset through /proc/self/clear_refs) from before the engine is built
-  to after the last step: that includes the interpreter's heap, the captured graphs and
-  what malloc keeps, which no plan decides and a GPU would not hold;
+- step time: the median of the plan's timed steps (wall clock, between barriers, rank 0),
+  after --warmup untimed rounds: a data- or tensor-parallel plan's first steps after its ops
+  were timed ran up to 1.7x its later ones (2026-12-07, 2 processes: "gpt2 data 2" 0.61,
+  0.36, 0.44, 0.38 and then 0.34-0.39 s; a pipeline's within 5% from its first). In rounds,
+  a slow minute of this shared host falls on every plan alike; timed one plan after the
+  other (until 2026-12-07), it fell on the plans timed in it: the same pipeline measured
+  0.549 and 0.629 s in two runs 15 minutes apart, and the plans' order moved more than
+  their prices did;
+- peak memory per rank: the bytes of tensors alive at once in the plan's second step, the
+  analogue of torch.cuda.max_memory_allocated (benchmarks/_tensor_memory.py: the tensors the
+  engine and optimizer hold between steps, without the user's module or the plans built
+  before it, plus the CPU allocator's peak over the step), the largest over the ranks.
+  Beside it, the growth of the process's peak resident set (VmHWM, reset through
+  /proc/self/clear_refs) from before the engine is built to after that step: that includes
+  the interpreter's heap, the captured graphs and what malloc keeps (less where an earlier
+  plan's freed memory is reused), which no plan decides and a GPU would not hold;
 - bytes per collective kind per step, counted by the collective ops themselves
   (shardwise.runtime.traffic), rank 0's, beside the plan's own list of collectives
   (SPMD plans; the evaluator that prices pipelines lists none).
@@ -26,9 +32,11 @@ a step takes tenths of a second), each plan runs in 4 fresh Gloo processes:
 Plans: the SPMD search on the plan's {data, tensor} mesh (``shardwise.plan(..., mesh=)``),
 or the evaluator for pipelines (``Plan.manual``), both in f32 (the models' dtype), on the
 detected cluster. Predictions: each plan priced again (``Plan.price(..., profile=)``) with its
-own ops timed at the shapes each rank runs them (``shardwise.profile.plan_specs``: the calls
-the evaluator prices, recorded; issue 46, item 7), measured in the plan's processes right
-before its run by as many ranks at once as there are cores (the others waiting), times the
+ops timed at the shapes each rank runs them (``shardwise.profile.plan_specs``: the calls
+the evaluator prices, recorded; issue 46, item 7): the distinct calls of all the plans,
+measured in the plans' processes in 5 passes over the list (one sample of each call a pass,
+the median kept), a pass before every other timed round of steps, so that prices and steps
+are taken in the same minutes, by as many ranks at once as there are cores (the others waiting), times the
 node's compute_alone (2 for 4 processes on 2 cores); every collective kind is timed over all
 the ranks too and fitted (``measure_collectives``), and over every smaller group size that
 divides them (pairs on 4 ranks: both pairs at once, as a mesh axis runs them), pricing the
@@ -222,8 +230,11 @@ def _detect(rank: int, store: str, world: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, steps: int, warmup: int,
+def _run(rank: int, store: str, world: int, plans: list[tuple[str, str]], steps: int, warmup: int,
          specs: list, shared_by: float, concurrent: int, sync_wait: float, out: str) -> None:
+    """Every plan of the run in the same processes: each built and its memory measured in
+    turn, then their steps timed in interleaved rounds, with passes over all their ops between
+    the rounds. ``plans``: (plan JSON, model name) each."""
     import shardwise
     from shardwise.profile import measure_collectives, measure_optimizer, measure_specs
     from shardwise.runtime import traffic
@@ -231,54 +242,113 @@ def _run(rank: int, store: str, world: int, plan_json: str, model_name: str, ste
     torch.set_num_threads(threads(world))
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
-        # The plan's ops at the shapes each rank runs (issue 46, item 7), timed by as many ranks
-        # at once as there are cores, the others waiting, at the rate the ranks share (x
-        # compute_alone): what Plan.price(profile=) prices the plan with.
-        ops = measure_specs(specs, progress=False, budget_s=120, group=dist.group.WORLD, shared_by=shared_by,
-                            concurrent=concurrent)
-        # And every collective kind over all the ranks and over each smaller group size that
+        # Every collective kind over all the ranks and over each smaller group size that
         # divides them (its groups at once), fitted to alpha + beta x bytes: the plan's groups
         # of each size are priced by the fit of their kind (Gloo's all_gather, reduce_scatter
         # and all_to_all are not all-reduces).
         fits = measure_collectives(repeats=3, subgroups=True)
-        ops["optimizer"] = measure_optimizer(group=dist.group.WORLD)  # AdamW's step, every rank at once
+        optimizer = measure_optimizer(group=dist.group.WORLD)  # AdamW's step, every rank at once
+        ids, y = batch()
+        runs = [_built(shardwise, plan_json, model_name, ids, y) for plan_json, model_name in plans]
+        # Each round runs one step of every plan, starting one plan further on each round: a
+        # slow minute of this shared host, or a plan that leaves the caches or the heap to the
+        # next one unlike the others, falls on every plan alike, not on the plans timed then.
+        # Before every other timed round, one pass over every plan's ops at the shapes each
+        # rank runs them (issue 46, item 7; one spec per distinct call of all the plans),
+        # timed by as many ranks at once as there are cores, the others waiting, at the rate
+        # the ranks share (x compute_alone): each op's median over the passes is what
+        # Plan.price(profile=) prices every plan with. So the prices and the steps are taken
+        # in the same minutes: the host's speed moved by 15% from one minute to the next here
+        # (2026-12-07, AMD EPYC), which, with the ops timed before the steps, scaled every
+        # prediction against every measurement alike.
+        passes = []
+        for turn in range(warmup + steps):
+            if turn >= warmup and (turn - warmup) % 2 == 0 and len(passes) < _PROFILE_PASSES:
+                passes.append(measure_specs(specs, progress=False, repeats=1, group=dist.group.WORLD,
+                                            budget_s=(120 + 20 * len(plans)) / _PROFILE_PASSES,
+                                            shared_by=shared_by, concurrent=concurrent))
+            for k in range(len(runs)):
+                run = runs[(k + turn) % len(runs)]
+                dist.barrier()
+                traffic.reset()
+                start = time.perf_counter()
+                run["loss"] = run["step"]()
+                dist.barrier()
+                if turn >= warmup:
+                    run["times"].append(time.perf_counter() - start)
+                    run["traffic"] = run["traffic"] or traffic.snapshot()
+        ops = _median_profile(passes)
+        ops["optimizer"] = optimizer
         ops["collectives"] = fits["collectives"]
         ops["skipped"].update(fits["skipped"])
         ops["sync_wait"] = sync_wait  # the run's (_detect)
-        model = build(model_name)
-        ids, y = batch()
-        before = live_storages()  # the user's module: not the plan's
-        _peak_rss_reset()
-        base = _rss_kib("VmRSS")
-        engine = shardwise.parallelize(model, (ids, y), plan=shardwise.Plan.from_json(plan_json), verify=False)
-        optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)  # ZeRO plans shard its state
-        times, moved = [], None
-        for step in range(warmup + steps):
-            dist.barrier()
-            traffic.reset()
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            loss = engine.train_step(ids, y)
-            optimizer.step()
-            dist.barrier()
-            if step >= warmup:
-                times.append(time.perf_counter() - start)
-                moved = moved or traffic.snapshot()
-        resident = float(_rss_kib("VmHWM") - base) * 1024
-        optimizer.zero_grad()
-        with PeakTensorBytes(exclude=before) as tensors:  # one more step, untimed
-            engine.train_step(ids, y)
-            optimizer.step()
-        peak = torch.tensor([float(tensors.peak), resident, float(tensors.live)])
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        results = []
+        for run in runs:
+            peak = torch.tensor(run["peak"])
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+            results.append({"step": statistics.median(run["times"]), "steps": run["times"],
+                            "memory": float(peak[0]), "resident": float(peak[1]), "held": float(peak[2]),
+                            "traffic": run["traffic"], "loss": float(run["loss"])})
         if rank == 0:
             with open(out, "w") as f:
-                json.dump({"step": statistics.median(times), "steps": times, "memory": float(peak[0]),
-                           "resident": float(peak[1]), "held": float(peak[2]),
-                           "traffic": moved, "loss": float(loss), "ops": ops}, f)
+                json.dump({"plans": results, "ops": ops}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+_PROFILE_PASSES = 5  # the op timings' samples (shardwise.profile's default repeats)
+
+
+def _median_profile(passes: list[dict]) -> dict:
+    """One profile document from passes of measure_specs (one sample of each op each): each
+    op's forward, backward (and selective) the median over the passes that measured it; an op
+    that no pass measured keeps the first pass's reason for skipping it."""
+    ops: dict[str, dict] = {}
+    for sig in dict.fromkeys(sig for p in passes for sig in p["ops"]):
+        taken = [p["ops"][sig] for p in passes if sig in p["ops"]]
+        ops[sig] = {key: statistics.median(t[key] for t in taken) for key in taken[0]}
+    skipped: dict[str, str] = {}
+    for p in passes:
+        for sig, why in p["skipped"].items():
+            if sig not in ops:
+                skipped.setdefault(sig, why)
+    doc = {"device": passes[0]["device"], "ops": ops, "skipped": skipped}
+    slicing = [p.get("time_slicing", 1.0) for p in passes]
+    if max(slicing) > 1.0:
+        doc["time_slicing"] = statistics.median(slicing)
+    return doc
+
+
+def _built(shardwise, plan_json: str, model_name: str, ids, y) -> dict:
+    """One plan's engine and optimizer, built beside the plans before it, and its peak memory:
+    the tensors alive at once in its second step (the first makes the optimizer's state), not
+    counting what existed before its engine (the user's module, the other plans'), and the
+    growth of the resident set's peak from before the engine to after that step."""
+    from shardwise.runtime import traffic
+
+    model = build(model_name)
+    before = live_storages()  # the user's module and the plans built before: not this plan's
+    _peak_rss_reset()
+    base = _rss_kib("VmRSS")
+    engine = shardwise.parallelize(model, (ids, y), plan=shardwise.Plan.from_json(plan_json), verify=False)
+    optimizer = engine.optimizer(torch.optim.AdamW, lr=1e-4)  # ZeRO plans shard its state
+
+    def step():
+        optimizer.zero_grad()
+        loss = engine.train_step(ids, y)
+        optimizer.step()
+        return loss
+
+    step()
+    optimizer.zero_grad()
+    with PeakTensorBytes(exclude=before) as tensors:
+        engine.train_step(ids, y)
+        optimizer.step()
+    resident = float(_rss_kib("VmHWM") - base) * 1024
+    traffic.reset()
+    return {"step": step, "times": [], "traffic": None, "loss": None,
+            "peak": [float(tensors.peak), resident, float(tensors.live)]}
 
 
 def _spawn(fn, world: int, *args) -> dict | str:
@@ -456,24 +526,31 @@ def main() -> None:
     for model_name in sorted({table[n][0] for n in names}):
         ids, y = batch()
         graphs[model_name] = shardwise.capture(build(model_name), (ids, y))
+    planned = [make_plan(shardwise, table[name], cluster, graphs) for name in names]
+    specs: dict[str, dict] = {}  # one per distinct call of all the plans (plan_specs' merge)
+    for plan, graph in planned:
+        for spec in plan_specs(graph, cluster, [plan]):
+            kept = specs.setdefault(spec["signature"], spec)
+            kept["selective"] = kept.get("selective", False) or spec.get("selective", False)
+    measured = json.loads(_spawn(_run, world, [(plan.to_json(), table[name][0]) for name, (plan, _) in
+                                               zip(names, planned)],
+                                 steps, warmup, list(specs.values()), shared_by, concurrent, detected["sync_wait"]))
+    ops = load_profile(shardwise, measured["ops"])
+    print(f"  {len(ops.ops)} of {len(specs)} distinct ops of the {len(names)} plans measured at the ranks' shapes"
+          f"{_sliced(measured['ops'])}, in passes between the steps' rounds ({warmup} untimed and {steps} timed, "
+          "one step of every plan a round)", flush=True)
     rows = []
-    for name in names:
-        plan, graph = make_plan(shardwise, table[name], cluster, graphs)
-        specs = plan_specs(graph, cluster, [plan])
-        measured = json.loads(_spawn(_run, world, plan.to_json(), table[name][0], steps, warmup, specs,
-                                     shared_by, concurrent, detected["sync_wait"]))
-        ops = load_profile(shardwise, measured["ops"])
+    for name, (plan, graph), run in zip(names, planned, measured["plans"]):
         profiled = plan.price(graph, cluster, profile=ops)
         rows.append({"plan": name, "layout": layout(plan), "predicted_step": profiled.predicted_step_time(),
                      "plan_json": plan.to_json(), "profile": measured["ops"],
                      "analytic_step": plan.predicted_step_time(), "ops_measured": len(ops.ops),
-                     "ops_asked": len(specs), "warmup": warmup,
+                     "ops_asked": len(specs), "warmup": warmup, "interleaved": True,
                      "predicted_memory": plan.predicted_memory()[0], "predicted_traffic": predicted_traffic(plan),
-                     **{k: measured[k] for k in ("step", "steps", "memory", "resident", "held", "traffic", "loss")}})
+                     **{k: run[k] for k in ("step", "steps", "memory", "resident", "held", "traffic", "loss")}})
         r = rows[-1]
-        print(f"  {name}: step {r['step']:.3f} s measured, {r['predicted_step']:.3f} s predicted ({len(ops.ops)} of "
-              f"{len(specs)} ops measured at the rank's shapes{_sliced(measured['ops'])}; {r['analytic_step']:.3f} s "
-              "by the analytic model); "
+        print(f"  {name}: step {r['step']:.3f} s measured, {r['predicted_step']:.3f} s predicted "
+              f"({r['analytic_step']:.3f} s by the analytic model); "
               f"memory {_mb(r['memory'])} MB measured ({_mb(r['held'])} held between steps, resident growth "
               f"{_mb(r['resident'])}), {_mb(r['predicted_memory'])} MB predicted", flush=True)
     report(args, rows, cluster, world, steps, warmup)
@@ -485,7 +562,8 @@ def report(args, rows: list[dict], cluster, world: int, steps: int, warmup: int)
 
     device = cluster.device_of(0)
     print(f"\n{len(rows)} plans, {world} Gloo processes, batch {BATCH} x seq {SEQ}, float32, "
-          f"median of {steps} steps after {warmup} untimed")
+          f"median of {steps} steps after {warmup} untimed"
+          + (", every plan a step a round" if rows[0].get("interleaved") else ""))
     print("| plan | layout | step measured (s) | predicted (s) | predicted / measured | analytic (s) | "
           "peak memory measured (MB) | predicted (MB) | predicted / measured | resident growth (MB) | "
           "bytes per step measured, rank 0 (MB by kind) | predicted (MB by kind) |")
@@ -542,8 +620,10 @@ def report(args, rows: list[dict], cluster, world: int, steps: int, warmup: int)
                      + ", ".join(f"{x['name']} {x['bandwidth'] / 1e9:.2f} GB/s, {x['latency'] * 1e6:.0f} us"
                                  for x in link)
                      + f"; overlap_interference {shardwise._C.cluster_overlap_interference(cluster._core):.2f}"
-                     + ". Predicted: each plan priced with its ops timed at its ranks' shapes in its own processes "
-                     "before its run (the analytic model's figure beside it)"
+                     + ". Predicted: each plan priced with its ops timed at its ranks' shapes"
+                     + (", every plan's ops timed in passes between the steps' interleaved rounds, in the plans' "
+                        "processes" if rows[0].get("interleaved") else " in its own processes before its run")
+                     + " (the analytic model's figure beside it)"
                      + f". Step time predicted / measured: median {statistics.median(ratios):.2f}, range "
                      f"{min(ratios):.2f} to {max(ratios):.2f}; peak memory (tensors): median "
                      f"{statistics.median(memory_ratios):.2f}, range {min(memory_ratios):.2f} to "

@@ -190,7 +190,7 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
 
     out = _run("fidelity.py", "--smoke", "--json", str(tmp_path / "fidelity.json"))
     assert "step time predicted / measured" in out and "Kendall tau, step time: " in out
-    assert "median of 1 steps after 1 untimed" in out
+    assert "median of 1 steps after 1 untimed, every plan a step a round" in out
     result = json.loads((tmp_path / "fidelity.json").read_text())
     # The cluster the plans are priced on was measured here, not taken from the catalogue.
     assert "measured: " in result["cluster"]["name"] and "peak_flops" in result["cluster"]["name"].split(";")[0]
@@ -211,6 +211,11 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     # The wait a blocking collective adds is the run's, measured once with the cluster: every plan
     # is priced with the same figure (each measuring its own had scattered them), and it is shown.
     assert len({r["profile"].get("sync_wait", 0.0) for r in rows.values()}) == 1, rows
+    # Every plan's ops were timed together, once, and the plans' steps in the same rounds: one
+    # profile prices both plans.
+    profiles = [r["profile"] for r in rows.values()]
+    assert profiles[0] == profiles[1] and all(r["interleaved"] for r in rows.values()), rows
+    assert all(r["ops_measured"] == len(profiles[0]["ops"]) for r in rows.values()), rows
     assert "beyond its fit (sync_wait, " in out
 
     # step_cpu.py runs the saved plans again: a row per rank, the engine's actions for the
