@@ -325,8 +325,6 @@ def _built(shardwise, plan_json: str, model_name: str, ids, y) -> dict:
     the tensors alive at once in its second step (the first makes the optimizer's state), not
     counting what existed before its engine (the user's module, the other plans'), and the
     growth of the resident set's peak from before the engine to after that step."""
-    from shardwise.runtime import traffic
-
     model = build(model_name)
     before = live_storages()  # the user's module and the plans built before: not this plan's
     _peak_rss_reset()
@@ -346,7 +344,6 @@ def _built(shardwise, plan_json: str, model_name: str, ids, y) -> dict:
         engine.train_step(ids, y)
         optimizer.step()
     resident = float(_rss_kib("VmHWM") - base) * 1024
-    traffic.reset()
     return {"step": step, "times": [], "traffic": None, "loss": None,
             "peak": [float(tensors.peak), resident, float(tensors.live)]}
 
