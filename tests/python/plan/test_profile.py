@@ -388,6 +388,45 @@ def test_a_selective_plans_ops_are_timed_under_its_policy_and_priced_so(data_pla
         plain.price(graph, cluster, profile=rule).predicted_step_time(), rel=1e-12)
 
 
+def test_a_selective_ops_calls_are_timed_inside_one_pair_of_modes_as_a_block_runs_them(monkeypatch):
+    """A recomputed block enters the policy's modes once and runs its ops one after the other
+    in them: a cheap op is timed as many calls inside one forward mode and one replay (each
+    kept output taken back in order), and one call's seconds are the sample's over its calls,
+    not one call a pair of modes entered cold."""
+    import importlib
+
+    from shardwise.runtime import recompute
+
+    profile = importlib.import_module("shardwise.profile")  # (shardwise.profile is the function)
+    pairs, calls = [0], [0]
+    real = recompute._selective_contexts
+
+    def counted():
+        pairs[0] += 1
+        return real()
+
+    monkeypatch.setattr(recompute, "_selective_contexts", counted)
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def view(t):
+        calls[0] += 1
+        return torch.ops.aten.view.default(t, [8, 4])
+
+    seconds = profile._selective_seconds(view, (x,), {}, torch.device("cpu"), 3, 1e-2, [x])
+    assert math.isfinite(seconds) and seconds > 0
+    assert calls[0] > 4 * pairs[0]  # (forward and replay: 2 calls a pair when one call a pair)
+    # The kept outputs come back in order: a kept op's replay under many calls is its cache.
+    mm_calls, pairs_before = [], pairs[0]
+    w = torch.randn(8, 8, requires_grad=True)
+
+    def mm(a, b):
+        mm_calls.append(1)
+        return torch.ops.aten.mm.default(a, b)
+
+    assert profile._selective_seconds(mm, (x, w), {}, torch.device("cpu"), 2, 1e-2, [x]) > 0
+    assert len(mm_calls) > 4 * (pairs[0] - pairs_before)
+
+
 def test_a_profile_at_the_ranks_shapes_prices_the_plan_from_its_measurements(data_plan):
     from shardwise.profile import measure_specs, plan_specs
 
