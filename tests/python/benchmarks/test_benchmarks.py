@@ -208,9 +208,11 @@ def test_fidelity_profiles_the_machine_and_measures_each_plan_beside_its_predict
     for kind, nbytes in data["predicted_traffic"].items():
         assert nbytes <= 0 or data["traffic"].get(kind, {}).get("bytes", 0) > 0, (kind, data)
     assert rows["gpt2 pipeline 2 x data 2, 1F1B"]["traffic"]["send"]["calls"] > 0
-    # The wait a blocking collective adds is the run's, measured once with the cluster: every plan
-    # is priced with the same figure (each measuring its own had scattered them), and it is shown.
-    assert len({r["profile"].get("sync_wait", 0.0) for r in rows.values()}) == 1, rows
+    # The wait a blocking collective adds is the run's, measured beside the op passes in the plans'
+    # processes (the median of the passes'): every plan is priced with the same figure (each
+    # measuring its own had scattered them), and it is shown.
+    assert len({r["profile"].get("sync_wait", -1.0) for r in rows.values()}) == 1, rows
+    assert rows["gpt2 data 4"]["profile"]["sync_wait"] >= 0.0, rows
     # Every plan's ops were timed together, once, and the plans' steps in the same rounds: one
     # profile prices both plans.
     profiles = [r["profile"] for r in rows.values()]
@@ -276,7 +278,7 @@ def test_fidelity_states_issue_46s_bar_from_its_rows():
     ]
     bar = fidelity.against_the_bar(rows)
     assert "Within 25% in step time: 2 of 3; within 15% in memory: 2 of 3." in bar, bar
-    assert "Kendall tau, step time: 0.33; peak memory: 0.67." in bar, bar
+    assert "Kendall tau, step time: 0.333; peak memory: 0.67." in bar, bar  # (3 places: 0.6985 < 0.7)
     assert "measured against the fastest measured: gpt2 1.50, llama 1.00." in bar, bar
 
 
