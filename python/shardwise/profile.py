@@ -344,17 +344,21 @@ def _flush_caches(device: torch.device, produced: "list[torch.Tensor]" = ()) -> 
     _sync(device)
 
 
+def _calls_per_sample(fn: Callable[[], Any], device: torch.device, min_sample_s: float) -> int:
+    """How many calls of ``fn`` (timed once, now) make a sample of at least ``min_sample_s``, at most 100."""
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return max(1, min(100, int(min_sample_s / max(time.perf_counter() - t0, 1e-7))))
+
+
 def _median_time(fn: Callable[[], Any], device: torch.device, repeats: int, min_sample_s: float,
                  produced: "list[torch.Tensor]" = ()) -> float:
     """Median seconds of one call, each sample started as a step would (_flush_caches); calls
     are batched so a sample lasts >= min_sample_s (a microsecond op is otherwise lost in the
     clock's and Python's noise)."""
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    one = max(time.perf_counter() - t0, 1e-7)
-    inner = max(1, min(100, int(min_sample_s / one)))
+    inner = _calls_per_sample(fn, device, min_sample_s)
     samples = []
     for _ in range(repeats):
         _flush_caches(device, produced)
@@ -412,12 +416,8 @@ def _selective_seconds(op, args, kwargs, device, repeats, min_sample_s, activati
     # after _flush_caches, timed the mode's code cold: 0.2 ms on a view op that costs 5 us
     # (2026-12-08, AMD EPYC), the selective plans of fidelity.py priced 1.08-1.12x of measured.
     once = both(1)
-    once()
-    _sync(device)
-    t0 = time.perf_counter()
-    once()
-    _sync(device)
-    calls = max(1, min(100, int(min_sample_s / max(time.perf_counter() - t0, 1e-7))))
+    once()  # (warm: the pair timed below is not the first)
+    calls = _calls_per_sample(once, device, min_sample_s)
     return _median_time(both(calls), device, repeats, min_sample_s, activations) / calls
 
 
